@@ -1,0 +1,24 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""nemo_ais: Adaptive Importance Sampling (AIS) for FP8-rollout RL on NeMo-RL.
+
+Subpackages:
+  * ``nemo_ais.core``    -- the method (weights, statistics, diagnostics, mixer, loss); pure torch.
+  * ``nemo_ais.fp8``     -- blockwise FP8 quantization, weight-sync stream, KV scales, FP8 twin.
+  * ``nemo_ais.nemo_rl`` -- NeMo-RL v0.7.0 adapter (imports NeMo-RL lazily).
+  * ``nemo_ais.megatron``-- Megatron-Core process-group helpers (imports megatron lazily).
+  * ``nemo_ais.embedded``-- the one-CPU GRPO experiment behind ``nemo-ais run``.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,234 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Validated configuration for the AIS correction and the clipped GRPO loss.
+
+Two pydantic v2 models, both ``extra="forbid"`` and ``frozen=True``:
+
+* :class:`CorrectionConfig` -- the ``loss_fn.ais`` section: which correction mode
+  multiplies the policy-gradient loss, and every constant of the AIS mixer.
+  The formulas these constants feed are a documented **[reconstruction]** of
+  "AIS: Adaptive Importance Sampling for Quantized RL" (arXiv 2605.13907); the
+  paper's exact formulas are not public. See ``docs/method.md``.
+* :class:`PGLossConfig` -- the clipped-surrogate knobs. Field names and meanings
+  follow NeMo-RL v0.7.0's ``ClippedPGLossConfig`` where the two overlap.
+
+Ratio direction, everywhere in this package: ``rho = pi_old / mu``, the BF16
+trainer's probability of a sampled token over the (FP8) rollout engine's.
+
+Use :func:`validate_section` at a boundary (YAML, CLI, NeMo-RL adapter): it turns
+pydantic's error into a ``ValueError`` that names the full field path, the value,
+the allowed range and a hint, e.g.::
+
+    loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "CorrectionConfig",
+    "CorrectionMode",
+    "PGLossConfig",
+    "validate_section",
+]
+
+CorrectionMode = Literal["none", "tis", "icepop", "seq_mask_geo", "ais"]
+
+# float32 exp() overflows above ~88.7; the clamp bound must stay below that.
+_MAX_LOG_RATIO_CLAMP = 80.0
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class CorrectionConfig(_Section):
+    """The ``loss_fn.ais`` section: correction mode and AIS mixer constants.
+
+    Modes (per-token weight multiplying the clipped actor loss, rho = pi_old/mu):
+
+    ============== ===================================== =========================
+    mode           weight                                bounds used
+    ============== ===================================== =========================
+    none           1                                     --
+    tis            clamp(rho, floor, C)                  weight_cap, weight_floor
+    icepop         rho * 1[lo <= rho <= hi]              icepop_min, icepop_max
+    seq_mask_geo   rho * 1[lo <= rho_geo,i <= hi]        seq_mask_min, seq_mask_max
+    ais            (1 - alpha) + alpha * min(rho, C)     weight_cap + mixer below
+    ============== ===================================== =========================
+    """
+
+    mode: CorrectionMode = Field(
+        "ais", description="Correction mode; one of none, tis, icepop, seq_mask_geo, ais."
+    )
+    # --- truncation (tis and ais) -------------------------------------------------------
+    weight_cap: float = Field(
+        2.0,
+        gt=1.0,
+        description="C: token weights are min(rho, C) in tis and ais (C <= 1 removes up-weighting).",
+    )
+    weight_floor: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="Optional lower clamp of the tis weight (None = no floor, as NeMo-RL's tis).",
+    )
+    # --- masking modes --------------------------------------------------------------------
+    icepop_min: float = Field(0.5, gt=0.0, description="icepop: lower bound lo of rho.")
+    icepop_max: float = Field(5.0, gt=0.0, description="icepop: upper bound hi of rho.")
+    seq_mask_min: float = Field(
+        0.999, gt=0.0, description="seq_mask_geo: lower bound of the geometric-mean ratio."
+    )
+    seq_mask_max: float = Field(
+        1.002, gt=0.0, description="seq_mask_geo: upper bound of the geometric-mean ratio."
+    )
+    # --- AIS diagnostics [reconstruction] --------------------------------------------------
+    seq_weight: Literal["geometric", "product"] = Field(
+        "geometric",
+        description="Sequence weight W_i for the ESS: exp(mean_t l) (geometric) or exp(sum_t l).",
+    )
+    log_ratio_clamp: float = Field(
+        20.0,
+        gt=0.0,
+        le=_MAX_LOG_RATIO_CLAMP,
+        description="|l| is clamped to this before exp() (raw l is kept for metrics).",
+    )
+    severity_scale: float = Field(0.02, gt=0.0, description="tau: g_sev = 1 - exp(-D / tau).")
+    reliability_floor: float = Field(
+        0.5, ge=0.0, lt=1.0, description="r_min: g_rel = clip((R - r_min) / (1 - r_min), 0, 1)."
+    )
+    variance_tolerance: float = Field(
+        1.0, gt=0.0, description="kappa: g_var = 1 / (1 + CV^2 / kappa)."
+    )
+    # --- mixer ----------------------------------------------------------------------------
+    mixer: Literal["product", "constant"] = Field(
+        "product",
+        description="product: alpha = g_sev * g_rel * g_var; constant: alpha = constant_alpha.",
+    )
+    constant_alpha: float = Field(
+        1.0, ge=0.0, le=1.0, description="alpha used by mixer=constant (fixed-alpha ablations)."
+    )
+    use_severity_gate: bool = Field(True, description="False replaces g_sev by 1 (ablation).")
+    use_reliability_gate: bool = Field(True, description="False replaces g_rel by 1 (ablation).")
+    use_variance_gate: bool = Field(True, description="False replaces g_var by 1 (ablation).")
+    ema: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="beta: alpha_t = beta * alpha_{t-1} + (1 - beta) * alpha_raw (0 = no smoothing).",
+    )
+    alpha_min: float = Field(0.0, ge=0.0, le=1.0, description="Lower clamp of alpha.")
+    alpha_max: float = Field(1.0, ge=0.0, le=1.0, description="Upper clamp of alpha.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> CorrectionConfig:
+        for lo_name, hi_name in (
+            ("icepop_min", "icepop_max"),
+            ("seq_mask_min", "seq_mask_max"),
+        ):
+            lo, hi = getattr(self, lo_name), getattr(self, hi_name)
+            if not lo < hi:
+                raise ValueError(
+                    f"{lo_name}={lo} must be < {hi_name}={hi} (the kept interval [lo, hi] is empty)"
+                )
+        if self.alpha_min > self.alpha_max:
+            raise ValueError(f"alpha_min={self.alpha_min} must be <= alpha_max={self.alpha_max}")
+        return self
+
+
+class PGLossConfig(_Section):
+    """Clipped GRPO surrogate; names and semantics follow NeMo-RL's ``ClippedPGLossConfig``.
+
+    ``L = -sum w_hat * max-side-clipped(r * A) * m / N`` with ``r = exp(logp_theta - logp_old)``
+    clipped to ``[1 - ratio_clip_min, 1 + ratio_clip_max]``, optional dual clip ``c`` for
+    negative advantages, plus ``reference_policy_kl_penalty * KL(pi_theta || pi_ref)``.
+    """
+
+    ratio_clip_min: float = Field(0.2, ge=0.0, lt=1.0, description="eps_low of the ratio clip.")
+    ratio_clip_max: float = Field(0.2, ge=0.0, description="eps_high of the ratio clip.")
+    ratio_clip_c: float | None = Field(
+        None, gt=1.0, description="Dual-clip constant c (> 1) for A < 0; None disables it."
+    )
+    reference_policy_kl_penalty: float = Field(
+        0.0, ge=0.0, description="Coefficient of the KL penalty to the reference policy."
+    )
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="KL estimator (http://joschu.net/blog/kl-approx.html)."
+    )
+    kl_input_clamp_value: float | None = Field(
+        20.0, gt=0.0, description="Clamp of log(pi_ref/pi_theta) before the KL estimator."
+    )
+    kl_output_clamp_value: float | None = Field(
+        10.0, gt=0.0, description="Clamp of each per-token KL value."
+    )
+    token_level_loss: bool = Field(
+        True,
+        description="True: normalise by global valid tokens; False: per-sequence mean, "
+        "normalised by global valid sequences.",
+    )
+    disable_ppo_ratio: bool = Field(
+        False, description="Use logp_theta * A (REINFORCE) instead of the clipped ratio."
+    )
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def validate_section(model: type[_M], data: Any, path: str) -> _M:
+    """Validate ``data`` as ``model``; on failure raise one ``ValueError`` naming ``path.field``.
+
+    Args:
+        model: the pydantic model class (e.g. :class:`CorrectionConfig`).
+        data: a mapping (dict, OmegaConf container converted to dict) or an instance.
+        path: dotted prefix of the section in the user's config, e.g. ``"loss_fn.ais"``.
+
+    Returns:
+        The validated, frozen model instance.
+
+    Raises:
+        ValueError: one line per problem: ``path.field=value is invalid: reason (hint)``.
+    """
+    if isinstance(data, model):
+        return data
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise TypeError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ValueError(_format_errors(model, err, path)) from None
+
+
+def _format_errors(model: type[BaseModel], err: ValidationError, path: str) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"])
+        where = f"{path}.{field}" if field else path
+        if e["type"] == "extra_forbidden":
+            allowed = ", ".join(sorted(model.model_fields))
+            lines.append(f"{where} is not a known field (allowed: {allowed})")
+            continue
+        value = e.get("input")
+        info = model.model_fields.get(field.split(".")[0]) if field else None
+        hint = f" ({info.description})" if info is not None and info.description else ""
+        reason = e["msg"].removeprefix("Value error, ").replace("Input should be ", "expected ")
+        if field:
+            lines.append(f"{where}={value!r} is invalid: {reason}{hint}")
+        else:  # cross-field rule: the message starts with the offending field's name
+            lines.append(f"{path}.{reason}")
+    return "\n".join(lines)
