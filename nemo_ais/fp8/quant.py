@@ -1,0 +1,342 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Blockwise FP8 (E4M3) quantization in pure PyTorch, bit-exact by construction.
+
+The rollout engine (vLLM) runs W8A8 FP8 linear layers with DeepSeek-V3-style block
+scaling; the trainer re-quantizes its BF16 weights at every weight sync. This module is
+the reference quantizer (see ``docs/fp8.md`` and the conventions it cites):
+
+1. Tile the last two dims into ``block = (bn, bk)`` tiles (weights: 128x128 over
+   ``[out, in]``; activations: 1x128 groups along the hidden dim). Dims that are not a
+   multiple of the tile are zero-padded, and the result is cropped back.
+2. ``amax`` = max |x| per tile in fp32, floored at ``eps`` (``eps = 0`` is Transformer
+   Engine's rule: ``amax == 0`` gives scale 1).
+3. Dequant scale ``s`` and the quantized value ``q``, in fp32, by one of three formula
+   families (they are NOT bit-identical; they differ by at most one FP8 step):
+
+   * ``"a"``: ``s = amax / 448``, ``q = x * (1 / s)``  (DeepGEMM, vLLM ``per_block_cast_to_fp8``)
+   * ``"b"``: ``s = amax / 448``, ``q = x / s``        (vLLM per-token-group activation quant)
+   * ``"c"``: ``m = 448 / amax``, ``q = x * m``, ``s = 1 / m``  (TE reference, NeMo-RL)
+
+   With ``ue8m0=True`` the scale is a power of two: ``s = 2^ceil(log2(amax / 448))`` for
+   ``"a"``/``"b"`` (DeepGEMM / vLLM / DeepSeek round the dequant scale up) and
+   ``m = 2^floor(log2(448 / amax))``, ``s = 1 / m`` for ``"c"`` (TE rounds the quant
+   multiplier down). Powers of two are taken with ``frexp``, exactly, never ``log2``.
+4. Clamp ``q`` to ``[-448, 448]`` (PyTorch's cast does not saturate on every version)
+   and cast to ``torch.float8_e4m3fn`` with round-to-nearest-even.
+
+The stored scale is the DEQUANT multiplier: ``x ~= q * s`` (vLLM's ``weight_scale_inv``).
+Non-finite input raises ``ValueError`` naming the tensor, before anything is cast.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "E4M3_MAX",
+    "Family",
+    "dequantize_activations",
+    "dequantize_blockwise",
+    "quantize_activations",
+    "quantize_blockwise",
+]
+
+Family = Literal["a", "b", "c"]
+
+FP8_DTYPE = torch.float8_e4m3fn
+E4M3_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+_FP32_MAX = float(torch.finfo(torch.float32).max)
+_FAMILIES = ("a", "b", "c")
+_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _check_args(name: str, family: str, eps: float, block: tuple[int, int]) -> None:
+    """Validate the scalar arguments shared by every entry point."""
+    if family not in _FAMILIES:
+        raise ValueError(f"{name}: family={family!r} is invalid: expected one of {_FAMILIES}")
+    if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{name}: eps={eps!r} is invalid: expected a finite float >= 0")
+    if len(block) != 2 or any(not isinstance(b, int) or b <= 0 for b in block):
+        raise ValueError(f"{name}: block={block!r} is invalid: expected two positive ints")
+
+
+def _check_finite_tiles(x: torch.Tensor, amax: torch.Tensor, name: str) -> None:
+    """Raise if any tile amax is non-finite (NaN/Inf propagate into amax, so this is free)."""
+    if bool(torch.isfinite(amax).all()):
+        return
+    bad = ~torch.isfinite(x)
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    raise ValueError(
+        f"{name}: got {int(bad.sum())} non-finite value(s) in {list(x.shape)} {x.dtype} "
+        f"(first at index {first}: {x[first].item()}), expected finite values; "
+        "refusing to quantize NaN/Inf into the FP8 engine"
+    )
+
+
+def _tiles(x3: torch.Tensor, bn: int, bk: int) -> torch.Tensor:
+    """Zero-pad ``[E, N, K]`` to whole tiles and view it as ``[E, N/bn, bn, K/bk, bk]``."""
+    e, n, k = x3.shape
+    pad_n, pad_k = -n % bn, -k % bk
+    if pad_n or pad_k:
+        x3 = F.pad(x3, (0, pad_k, 0, pad_n))
+    return x3.view(e, (n + pad_n) // bn, bn, (k + pad_k) // bk, bk)
+
+
+def _ceil_pow2(v: torch.Tensor) -> torch.Tensor:
+    """Smallest power of two >= v (v > 0), exactly: v = m * 2^e with m in [0.5, 1)."""
+    mant, expo = torch.frexp(v)
+    return torch.ldexp(torch.ones_like(v), expo - (mant == 0.5).to(expo.dtype))
+
+
+def _floor_pow2(v: torch.Tensor) -> torch.Tensor:
+    """Largest power of two <= v (v > 0), exactly."""
+    _, expo = torch.frexp(v)
+    return torch.ldexp(torch.ones_like(v), expo - 1)
+
+
+def _scales(
+    amax: torch.Tensor, family: str, eps: float, ue8m0: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tile (dequant scale s, quant multiplier m) in fp32; family "b" divides by s.
+
+    ``amax`` is floored at ``eps``; a tile whose floored amax is 0 (only with ``eps = 0``)
+    gets ``s = m = 1``, so its codes are 0 and its scale finite (TE's rule).
+    """
+    amax = amax.clamp_min(eps) if eps > 0 else amax
+    zero = amax == 0
+    one = torch.ones_like(amax)
+    if family == "c":
+        m = E4M3_MAX / amax
+        m = _floor_pow2(m) if ue8m0 else m
+        m = torch.where(zero, one, m).clamp_max(_FP32_MAX)
+        return 1.0 / m, m
+    s = amax / E4M3_MAX
+    s = _ceil_pow2(s) if ue8m0 else s
+    s = torch.where(zero, one, s)
+    # A tiny nonzero amax (eps = 0) can underflow s to 0; keep 0 / s and 0 * m finite.
+    s = torch.where(s == 0, torch.full_like(s, torch.finfo(torch.float32).smallest_normal), s)
+    return s, (1.0 / s).clamp_max(_FP32_MAX)
+
+
+def _quantize_tiles(
+    x: torch.Tensor,
+    x3: torch.Tensor,
+    block: tuple[int, int],
+    family: str,
+    eps: float,
+    ue8m0: bool,
+    name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x3 = x`` viewed as ``[E, N, K]``; returns q ``[E, N, K]``, s ``[E, nb, kb]``."""
+    e, n, k = x3.shape
+    bn, bk = block
+    xf = x3.to(torch.float32).contiguous()  # no copy for contiguous fp32 input
+    owned = xf.data_ptr() != x3.data_ptr()
+    t = _tiles(xf, bn, bk)
+    owned = owned or t.data_ptr() != xf.data_ptr()
+    # step 2: amax per tile, as max(max x, -min x): two reductions and no |x| temporary
+    amax = torch.maximum(t.amax(dim=(2, 4)), t.amin(dim=(2, 4)).neg())
+    _check_finite_tiles(x, amax, name)
+    # step 3: scales, then q in fp32 (in place when the fp32 tiles are already a copy)
+    s, m = _scales(amax, family, eps, ue8m0)
+    if family == "b":
+        div = s[:, :, None, :, None]
+        q = t.div_(div) if owned else t / div
+    else:
+        mul = m[:, :, None, :, None]
+        q = t.mul_(mul) if owned else t * mul
+    # step 4: saturate, cast (round-to-nearest-even), crop the padding
+    q8 = q.clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    q8 = q8.view(e, q8.shape[1] * bn, q8.shape[3] * bk)
+    if q8.shape[1] != n or q8.shape[2] != k:
+        q8 = q8[:, :n, :k].contiguous()
+    return q8, s
+
+
+def quantize_blockwise(
+    x: torch.Tensor,
+    block: tuple[int, int] = (128, 128),
+    family: Family = "a",
+    eps: float = 1e-4,
+    ue8m0: bool = False,
+    *,
+    name: str = "x",
+    backend: Literal["torch", "te", "auto"] = "torch",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blockwise FP8 E4M3 quantization of a weight, ``x ~= q * s`` per ``block`` tile.
+
+    Args:
+        x: ``[N, K]`` weight (``[out, in]``) or ``[E, N, K]`` stacked MoE experts; fp32,
+            bf16, fp16 or fp64 (computed in fp32). Any N, K (zero-padded, then cropped).
+        block: tile ``(bn, bk)``; 128x128 is the DeepSeek-V3 / vLLM block-FP8 layout.
+        family: scale/multiply formula, ``"a"`` (canonical), ``"b"`` or ``"c"`` (module doc).
+        eps: floor of the per-tile amax; 0 selects TE's rule (amax == 0 gives scale 1).
+        ue8m0: power-of-two scales (module doc, step 3).
+        name: tensor name used in error messages.
+        backend: ``"torch"`` (this exact reference), ``"te"`` (Transformer Engine's
+            blockwise quantizer, CUDA only, see :mod:`nemo_ais.fp8.te_backend`) or
+            ``"auto"`` (TE when importable and ``x`` is on CUDA, else torch).
+
+    Returns:
+        ``(q, s)``: ``q`` ``torch.float8_e4m3fn`` with ``x``'s shape; ``s`` fp32 dequant
+        scales ``[ceil(N/bn), ceil(K/bk)]`` (``[E, ...]`` for 3-D input). Not differentiable.
+        An all-zero tile gives ``q = 0`` and a finite scale (``eps / 448``, or 1 if eps = 0).
+
+    Raises:
+        ValueError: non-finite values in ``x`` (count and first index), a bad shape,
+            dtype, family, eps or block.
+    """
+    _check_args(name, family, eps, block)
+    if x.dim() not in (2, 3) or x.dtype not in _FLOAT_INPUTS:
+        raise ValueError(
+            f"{name}: got {list(x.shape)} {x.dtype}, expected a 2-D [N, K] or 3-D [E, N, K] "
+            f"floating tensor ({', '.join(str(d) for d in _FLOAT_INPUTS)})"
+        )
+    if backend != "torch":
+        from nemo_ais.fp8 import te_backend
+
+        if te_backend.use_te(x, backend, name=name):
+            return te_backend.quantize_blockwise_te(x, block, family, eps, ue8m0, name=name)
+    with torch.no_grad():
+        x3 = x if x.dim() == 3 else x.unsqueeze(0)
+        q, s = _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
+    return (q, s) if x.dim() == 3 else (q[0], s[0])
+
+
+def _dequantize_tiles(
+    q3: torch.Tensor, s3: torch.Tensor, block: tuple[int, int], dtype: torch.dtype
+) -> torch.Tensor:
+    """``q3 [E, N, K] * s3 [E, nb, kb]`` broadcast per tile, computed in fp32."""
+    e, n, k = q3.shape
+    t = _tiles(q3.to(torch.float32), *block)
+    x = t.mul_(s3[:, :, None, :, None]).view(e, t.shape[1] * block[0], t.shape[3] * block[1])
+    return x[:, :n, :k].to(dtype)
+
+
+def _check_dequant(
+    q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], lead: int, name: str
+) -> None:
+    """Validate ``q``/``scale`` dtypes and that ``scale`` has one entry per tile."""
+    if q.dtype != FP8_DTYPE:
+        raise ValueError(f"{name}: got q of dtype {q.dtype}, expected {FP8_DTYPE}")
+    expected = (
+        *q.shape[:lead],
+        *(-(-q.shape[lead + i] // block[i]) for i in range(q.dim() - lead)),
+    )
+    if tuple(scale.shape) != expected or scale.dtype != torch.float32:
+        raise ValueError(
+            f"{name}: got scale {list(scale.shape)} {scale.dtype}, expected "
+            f"{list(expected)} torch.float32 for q {list(q.shape)} and block {tuple(block)}"
+        )
+
+
+def dequantize_blockwise(
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int] = (128, 128),
+    dtype: torch.dtype = torch.float32,
+    *,
+    name: str = "q",
+) -> torch.Tensor:
+    """Inverse of :func:`quantize_blockwise`: ``x = q * s`` per tile, in fp32, then ``dtype``.
+
+    Args:
+        q: ``[N, K]`` or ``[E, N, K]`` ``torch.float8_e4m3fn`` codes.
+        scale: fp32 dequant scales ``[ceil(N/bn), ceil(K/bk)]`` (``[E, ...]`` for 3-D q).
+        block: the tile used to quantize.
+        dtype: output dtype.
+        name: tensor name used in error messages.
+
+    Returns:
+        Tensor of ``q``'s shape and ``dtype``.
+    """
+    _check_args(name, "a", 0.0, block)
+    if q.dim() not in (2, 3):
+        raise ValueError(f"{name}: got {list(q.shape)}, expected [N, K] or [E, N, K]")
+    _check_dequant(q, scale, block, q.dim() - 2, name)
+    with torch.no_grad():
+        if q.dim() == 3:
+            return _dequantize_tiles(q, scale, tuple(block), dtype)
+        return _dequantize_tiles(q[None], scale[None], tuple(block), dtype)[0]
+
+
+def quantize_activations(
+    x: torch.Tensor,
+    group: int = 128,
+    family: Family = "b",
+    eps: float = 1e-10,
+    ue8m0: bool = False,
+    *,
+    name: str = "x",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token-group FP8 quantization of activations (1 x ``group`` tiles).
+
+    Same steps as :func:`quantize_blockwise` with tile ``(1, group)`` over the last dim;
+    the defaults (family ``"b"``, eps 1e-10) follow vLLM's per-token-group quant.
+
+    Args:
+        x: ``[..., K]`` floating activations (at least 1-D).
+        group: group size along the last dim (K need not be a multiple: zero padding).
+        family, eps, ue8m0, name: as in :func:`quantize_blockwise`.
+
+    Returns:
+        ``(q, s)``: ``q`` float8_e4m3fn of ``x``'s shape; ``s`` fp32 ``[..., ceil(K/group)]``.
+
+    Raises:
+        ValueError: non-finite input (count and first index), bad dtype or arguments.
+    """
+    _check_args(name, family, eps, (1, group))
+    if x.dim() < 1 or x.dtype not in _FLOAT_INPUTS:
+        raise ValueError(
+            f"{name}: got {list(x.shape)} {x.dtype}, expected a [..., K] floating tensor"
+        )
+    with torch.no_grad():
+        x3 = x.reshape(1, -1, x.shape[-1])
+        q, s = _quantize_tiles(x, x3, (1, group), family, eps, ue8m0, name)
+    return q.view(x.shape), s.view(*x.shape[:-1], s.shape[-1])
+
+
+def dequantize_activations(
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    group: int = 128,
+    dtype: torch.dtype = torch.float32,
+    *,
+    name: str = "q",
+) -> torch.Tensor:
+    """Inverse of :func:`quantize_activations`: ``x = q * s`` per 1 x ``group`` tile.
+
+    Args:
+        q: ``[..., K]`` float8_e4m3fn codes.
+        scale: fp32 ``[..., ceil(K/group)]``.
+        group: the group size used to quantize.
+        dtype: output dtype.
+        name: tensor name used in error messages.
+
+    Returns:
+        Tensor of ``q``'s shape and ``dtype``.
+    """
+    _check_args(name, "a", 0.0, (1, group))
+    if q.dim() < 1:
+        raise ValueError(f"{name}: got a 0-dim tensor, expected [..., K]")
+    _check_dequant(q, scale, (group,), q.dim() - 1, name)
+    with torch.no_grad():
+        q3 = q.reshape(1, -1, q.shape[-1])
+        s3 = scale.reshape(1, -1, scale.shape[-1])
+        return _dequantize_tiles(q3, s3, (1, group), dtype).view(q.shape)
