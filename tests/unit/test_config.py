@@ -1,0 +1,336 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Every validator of ``CorrectionConfig`` and ``PGLossConfig``, through ``validate_section``.
+
+Each invalid case asserts that ONE ``ValueError`` is raised and that its message names the
+full dotted path of the offending field (``loss_fn.ais.<field>`` / ``loss_fn.<field>``) and
+the value that arrived. A coverage test checks that every model field has at least one
+invalid case here, so a new field without a validator test fails CI.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pydantic
+import pytest
+
+from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
+
+AIS_PATH = "loss_fn.ais"
+PG_PATH = "loss_fn"
+
+# (field, bad value, fragment of the reason). The reason fragments are pydantic's wording
+# after validate_section's rewrite ("Input should be" -> "expected").
+CORRECTION_BAD = [
+    # mode: Literal choices
+    ("mode", "foo", "expected 'none', 'tis', 'icepop', 'seq_mask_geo' or 'ais'"),
+    ("mode", None, "expected 'none'"),
+    ("mode", "AIS", "expected 'none'"),  # choices are case-sensitive
+    # weight_cap: C > 1 (C <= 1 removes up-weighting)
+    ("weight_cap", 1.0, "greater than 1"),
+    ("weight_cap", 0.8, "greater than 1"),
+    ("weight_cap", -2.0, "greater than 1"),
+    ("weight_cap", math.nan, "greater than 1"),
+    ("weight_cap", "x", "valid number"),
+    ("weight_cap", [2.0], "valid number"),
+    # weight_floor: None or [0, 1)
+    ("weight_floor", 1.0, "less than 1"),
+    ("weight_floor", -0.1, "greater than or equal to 0"),
+    ("weight_floor", "low", "valid number"),
+    # icepop / seq_mask bounds: > 0 each
+    ("icepop_min", 0.0, "greater than 0"),
+    ("icepop_min", -1.0, "greater than 0"),
+    ("icepop_max", 0.0, "greater than 0"),
+    ("icepop_max", "hi", "valid number"),
+    ("seq_mask_min", 0.0, "greater than 0"),
+    ("seq_mask_max", -1.0, "greater than 0"),
+    ("seq_mask_max", None, "valid number"),
+    # seq_weight: Literal
+    ("seq_weight", "arithmetic", "expected 'geometric' or 'product'"),
+    # log_ratio_clamp: (0, 80] (float32 exp overflows above ~88.7)
+    ("log_ratio_clamp", 0.0, "greater than 0"),
+    ("log_ratio_clamp", -1.0, "greater than 0"),
+    ("log_ratio_clamp", 80.5, "less than or equal to 80"),
+    ("log_ratio_clamp", 1e9, "less than or equal to 80"),
+    # severity_scale tau > 0, reliability_floor r_min in [0, 1), variance_tolerance kappa > 0
+    ("severity_scale", 0.0, "greater than 0"),
+    ("severity_scale", -0.02, "greater than 0"),
+    ("reliability_floor", 1.0, "less than 1"),
+    ("reliability_floor", -0.5, "greater than or equal to 0"),
+    ("variance_tolerance", 0.0, "greater than 0"),
+    ("variance_tolerance", "big", "valid number"),
+    # mixer: Literal; constant_alpha in [0, 1]
+    ("mixer", "sum", "expected 'product' or 'constant'"),
+    ("constant_alpha", 1.5, "less than or equal to 1"),
+    ("constant_alpha", -0.1, "greater than or equal to 0"),
+    # gate switches: booleans
+    ("use_severity_gate", "maybe", "valid boolean"),
+    ("use_reliability_gate", "sometimes", "valid boolean"),
+    ("use_variance_gate", 2, "valid boolean"),
+    # EMA beta in [0, 1)
+    ("ema", 1.0, "less than 1"),
+    ("ema", 1.5, "less than 1"),
+    ("ema", -0.1, "greater than or equal to 0"),
+    ("ema", None, "valid number"),
+    # alpha clamp bounds in [0, 1]
+    ("alpha_min", -0.1, "greater than or equal to 0"),
+    ("alpha_min", 1.1, "less than or equal to 1"),
+    ("alpha_max", -0.1, "greater than or equal to 0"),
+    ("alpha_max", 1.1, "less than or equal to 1"),
+]
+
+PG_BAD = [
+    ("ratio_clip_min", 1.0, "less than 1"),
+    ("ratio_clip_min", -0.1, "greater than or equal to 0"),
+    ("ratio_clip_min", "eps", "valid number"),
+    ("ratio_clip_max", -0.1, "greater than or equal to 0"),
+    ("ratio_clip_c", 1.0, "greater than 1"),
+    ("ratio_clip_c", 0.5, "greater than 1"),
+    ("reference_policy_kl_penalty", -0.01, "greater than or equal to 0"),
+    ("reference_policy_kl_type", "k4", "expected 'k1', 'k2' or 'k3'"),
+    ("kl_input_clamp_value", 0.0, "greater than 0"),
+    ("kl_output_clamp_value", -1.0, "greater than 0"),
+    ("token_level_loss", "maybe", "valid boolean"),
+    ("disable_ppo_ratio", "x", "valid boolean"),
+]
+
+
+def _case_id(case):
+    field, value, _ = case
+    return f"{field}={value!r}"
+
+
+@pytest.mark.parametrize("case", CORRECTION_BAD, ids=_case_id)
+def test_correction_field_rejected_with_full_path(case):
+    field, value, reason = case
+    with pytest.raises(ValueError, match=field) as info:
+        validate_section(CorrectionConfig, {field: value}, AIS_PATH)
+    msg = str(info.value)
+    # Exactly one problem reported, on the offending field, with its full path and value.
+    assert msg.count("\n") == 0, msg
+    assert msg.startswith(f"{AIS_PATH}.{field}={value!r} is invalid: "), msg
+    assert reason in msg, msg
+    # The hint is the field's description (what the constant means).
+    assert CorrectionConfig.model_fields[field].description in msg, msg
+
+
+@pytest.mark.parametrize("case", PG_BAD, ids=_case_id)
+def test_pg_field_rejected_with_full_path(case):
+    field, value, reason = case
+    with pytest.raises(ValueError, match=field) as info:
+        validate_section(PGLossConfig, {field: value}, PG_PATH)
+    msg = str(info.value)
+    assert msg.startswith(f"{PG_PATH}.{field}={value!r} is invalid: "), msg
+    assert reason in msg, msg
+    assert PGLossConfig.model_fields[field].description in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("model", "bad", "path"),
+    [(CorrectionConfig, CORRECTION_BAD, AIS_PATH), (PGLossConfig, PG_BAD, PG_PATH)],
+    ids=["CorrectionConfig", "PGLossConfig"],
+)
+def test_every_field_has_an_invalid_case(model, bad, path):
+    covered = {field for field, _, _ in bad}
+    assert covered == set(model.model_fields), (
+        f"fields of {model.__name__} without a validator test: "
+        f"{sorted(set(model.model_fields) - covered)}"
+    )
+
+
+# ---- cross-field rules (model_validator) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "expected"),
+    [
+        # lo > hi and lo == hi: the kept interval [lo, hi] is empty
+        (
+            {"icepop_min": 2.0, "icepop_max": 1.0},
+            "icepop_min",
+            "loss_fn.ais.icepop_min=2.0 must be < icepop_max=1.0",
+        ),
+        (
+            {"icepop_min": 1.0, "icepop_max": 1.0},
+            "icepop_min",
+            "loss_fn.ais.icepop_min=1.0 must be < icepop_max=1.0",
+        ),
+        # only one side given: checked against the other side's default (5.0)
+        (
+            {"icepop_min": 6.0},
+            "icepop_min",
+            "loss_fn.ais.icepop_min=6.0 must be < icepop_max=5.0",
+        ),
+        (
+            {"seq_mask_min": 1.01},
+            "seq_mask_min",
+            "loss_fn.ais.seq_mask_min=1.01 must be < seq_mask_max=1.002",
+        ),
+        (
+            {"seq_mask_min": 1.0, "seq_mask_max": 0.9},
+            "seq_mask_min",
+            "loss_fn.ais.seq_mask_min=1.0 must be < seq_mask_max=0.9",
+        ),
+        (
+            {"alpha_min": 0.6, "alpha_max": 0.5},
+            "alpha_min",
+            "loss_fn.ais.alpha_min=0.6 must be <= alpha_max=0.5",
+        ),
+        (
+            {"alpha_max": 0.0, "alpha_min": 0.1},
+            "alpha_min",
+            "alpha_min=0.1 must be <= alpha_max=0.0",
+        ),
+    ],
+)
+def test_cross_field_rules(data, field, expected):
+    with pytest.raises(ValueError, match=field) as info:
+        validate_section(CorrectionConfig, data, AIS_PATH)
+    assert expected in str(info.value)
+    assert str(info.value).startswith(f"{AIS_PATH}.{field}=")
+
+
+def test_cross_field_rules_keep_asymmetric_and_equal_bounds():
+    # Asymmetric intervals around 1 are allowed (the method doc asks to test them) and
+    # alpha_min == alpha_max pins alpha.
+    cfg = validate_section(
+        CorrectionConfig,
+        {
+            "icepop_min": 0.9,
+            "icepop_max": 3.0,
+            "seq_mask_min": 0.5,
+            "seq_mask_max": 1.0001,
+            "alpha_min": 0.3,
+            "alpha_max": 0.3,
+        },
+        AIS_PATH,
+    )
+    assert (cfg.icepop_min, cfg.icepop_max) == (0.9, 3.0)
+    assert (cfg.seq_mask_min, cfg.seq_mask_max) == (0.5, 1.0001)
+    assert cfg.alpha_min == cfg.alpha_max == 0.3
+
+
+# ---- unknown keys, several problems at once -------------------------------------------
+
+
+def test_unknown_key_names_path_and_allowed_fields():
+    with pytest.raises(ValueError, match="weight_capp") as info:
+        validate_section(CorrectionConfig, {"weight_capp": 3.0}, AIS_PATH)
+    msg = str(info.value)
+    assert msg.startswith("loss_fn.ais.weight_capp is not a known field (allowed: ")
+    allowed = re.search(r"\(allowed: (.*)\)$", msg).group(1).split(", ")
+    assert allowed == sorted(CorrectionConfig.model_fields)
+
+
+def test_unknown_key_in_pg_section():
+    with pytest.raises(ValueError, match=r"loss_fn\.ratio_clip is not a known field"):
+        validate_section(PGLossConfig, {"ratio_clip": 0.2}, PG_PATH)
+
+
+def test_several_problems_one_line_each():
+    with pytest.raises(ValueError) as info:
+        validate_section(CorrectionConfig, {"weight_cap": 0.5, "ema": 2.0, "bogus": 1}, AIS_PATH)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 3, lines
+    assert any(line.startswith("loss_fn.ais.weight_cap=0.5 is invalid") for line in lines)
+    assert any(line.startswith("loss_fn.ais.ema=2.0 is invalid") for line in lines)
+    assert any(line.startswith("loss_fn.ais.bogus is not a known field") for line in lines)
+
+
+def test_style_guide_example_message():
+    # The example quoted in style.md / config.py: path, value, allowed range, hint.
+    with pytest.raises(ValueError) as info:
+        validate_section(CorrectionConfig, {"weight_cap": 0.8}, AIS_PATH)
+    assert re.fullmatch(
+        r"loss_fn\.ais\.weight_cap=0\.8 is invalid: expected greater than 1 \(C: .*\)",
+        str(info.value),
+    ), str(info.value)
+
+
+# ---- validate_section plumbing -------------------------------------------------------------
+
+
+def test_non_mapping_is_a_type_error_naming_the_path():
+    with pytest.raises(TypeError, match=r"loss_fn\.ais: expected a mapping of fields, got list"):
+        validate_section(CorrectionConfig, [("mode", "tis")], AIS_PATH)
+    with pytest.raises(TypeError, match=r"loss_fn: expected a mapping of fields, got str"):
+        validate_section(PGLossConfig, "ratio_clip_min=0.2", PG_PATH)
+
+
+def test_none_gives_defaults_and_instance_passes_through():
+    cfg = validate_section(CorrectionConfig, None, AIS_PATH)
+    assert cfg == CorrectionConfig()
+    same = validate_section(CorrectionConfig, cfg, AIS_PATH)
+    assert same is cfg
+    pg = PGLossConfig(ratio_clip_c=3.0)
+    assert validate_section(PGLossConfig, pg, PG_PATH) is pg
+
+
+def test_defaults_match_method_doc():
+    # Defaults stated in ais_method.md ([reconstruction] constants) and NeMo-RL's loss.
+    cfg = CorrectionConfig()
+    assert cfg.mode == "ais"
+    assert cfg.weight_cap == 2.0
+    assert cfg.weight_floor is None
+    assert (cfg.icepop_min, cfg.icepop_max) == (0.5, 5.0)
+    assert (cfg.seq_mask_min, cfg.seq_mask_max) == (0.999, 1.002)
+    assert cfg.seq_weight == "geometric"
+    assert cfg.log_ratio_clamp == 20.0
+    assert cfg.severity_scale == 0.02
+    assert cfg.reliability_floor == 0.5
+    assert cfg.variance_tolerance == 1.0
+    assert cfg.mixer == "product"
+    assert cfg.use_severity_gate and cfg.use_reliability_gate and cfg.use_variance_gate
+    assert cfg.ema == 0.0
+    assert (cfg.alpha_min, cfg.alpha_max) == (0.0, 1.0)
+    pg = PGLossConfig()
+    assert (pg.ratio_clip_min, pg.ratio_clip_max, pg.ratio_clip_c) == (0.2, 0.2, None)
+    assert pg.reference_policy_kl_type == "k3"
+    assert pg.token_level_loss is True and pg.disable_ppo_ratio is False
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"mode": m} for m in ("none", "tis", "icepop", "seq_mask_geo", "ais")]
+    + [
+        {"weight_cap": 1.0001},
+        {"weight_floor": 0.0},
+        {"weight_floor": 0.999},
+        {"log_ratio_clamp": 80.0},
+        {"reliability_floor": 0.0},
+        {"ema": 0.0},
+        {"ema": 0.999},
+        {"constant_alpha": 0.0, "mixer": "constant"},
+        {"seq_weight": "product"},
+        {"alpha_min": 1.0, "alpha_max": 1.0},
+    ],
+    ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()),
+)
+def test_boundary_values_accepted(data):
+    cfg = validate_section(CorrectionConfig, data, AIS_PATH)
+    for key, value in data.items():
+        assert getattr(cfg, key) == value
+
+
+def test_pg_boundary_values_accepted():
+    pg = validate_section(
+        PGLossConfig,
+        {
+            "ratio_clip_min": 0.0,
+            "ratio_clip_max": 0.0,
+            "ratio_clip_c": 1.0001,
+            "kl_input_clamp_value": None,
+            "kl_output_clamp_value": None,
+        },
+        PG_PATH,
+    )
+    assert pg.ratio_clip_c == 1.0001 and pg.kl_input_clamp_value is None
+
+
+@pytest.mark.parametrize("model", [CorrectionConfig, PGLossConfig])
+def test_models_are_frozen(model):
+    cfg = model()
+    field = next(iter(model.model_fields))
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        setattr(cfg, field, getattr(cfg, field))
