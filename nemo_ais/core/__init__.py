@@ -1,0 +1,59 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The AIS method: weights, statistics, diagnostics, mixer and the clipped GRPO loss.
+
+Pure torch (imports only torch, the stdlib and :mod:`nemo_ais.config`). Ratio direction
+everywhere: rho = pi_old / mu, l = log pi_old - log mu (``prev_logprobs -
+generation_logprobs``). Formulas marked [reconstruction] are our design for
+arXiv 2605.13907; see ``docs/method.md``.
+"""
+
+from nemo_ais.core.diagnostics import (
+    AISDiagnostics,
+    AISState,
+    compute_diagnostics,
+    diagnostics_from_stats,
+)
+from nemo_ais.core.loss import LossOutput, clipped_pg_loss
+from nemo_ais.core.metrics import METRICS, MetricSpec, metric_normalizations
+from nemo_ais.core.stats import (
+    NUM_SLOTS,
+    STATS_BYTES,
+    AISStats,
+    Slot,
+    compute_statistics,
+    reduce_statistics,
+)
+from nemo_ais.core.weights import WEIGHT_FNS, correction_weights, log_ratio
+
+__all__ = [
+    "METRICS",
+    "NUM_SLOTS",
+    "STATS_BYTES",
+    "WEIGHT_FNS",
+    "AISDiagnostics",
+    "AISState",
+    "AISStats",
+    "LossOutput",
+    "MetricSpec",
+    "Slot",
+    "clipped_pg_loss",
+    "compute_diagnostics",
+    "compute_statistics",
+    "correction_weights",
+    "diagnostics_from_stats",
+    "log_ratio",
+    "metric_normalizations",
+    "reduce_statistics",
+]

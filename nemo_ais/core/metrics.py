@@ -1,0 +1,135 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Telemetry of :func:`~nemo_ais.core.loss.clipped_pg_loss` in NeMo-RL's *summable* form.
+
+NeMo-RL SUMS every metric a loss returns over micro-batches and data-parallel ranks
+(only ``probs_ratio_min/max`` and ``probs_ratio_clamped_min/max`` are min/max-reduced;
+we emit none of those). Hence each value is emitted already divided by the GLOBAL
+normaliser:
+
+* TOKENS:    a per-token mean is emitted as ``sum_local(x * m) / global_valid_tokens``;
+  a global scalar s (alpha, R, ...) as ``s * local_valid_toks / global_valid_toks``.
+* SEQUENCES: ``sum_local(x_i) / global_valid_seqs``.
+* NONE:      a count, summed as is.
+* LOSS:      TOKENS if ``token_level_loss`` else SEQUENCES (``loss``, ``kl_penalty``).
+
+Globally empty batch (global_valid_tokens = 0): every ``ais/*`` value is emitted as 0
+except ``ais/empty_batch``, emitted as 1 by every call, so its sum is >= 1 exactly when
+the global batch was empty (healthy value: 0).
+
+:data:`METRICS` is the single table of names, formulas, normalisers and healthy ranges;
+``docs/metrics.md`` mirrors it and a test checks the emitted keys against both.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from nemo_ais.core.diagnostics import AISDiagnostics
+
+__all__ = [
+    "AIS_PREFIX",
+    "LOSS",
+    "METRICS",
+    "NONE",
+    "SEQUENCES",
+    "TOKENS",
+    "MetricSpec",
+    "ais_metrics",
+    "metric_normalizations",
+]
+
+TOKENS = "tokens"
+SEQUENCES = "sequences"
+NONE = "none"
+LOSS = "loss"  # TOKENS if token_level_loss else SEQUENCES
+AIS_PREFIX = "ais/"
+
+
+class MetricSpec(NamedTuple):
+    """One row of the metrics table."""
+
+    name: str
+    formula: str
+    normalizer: str
+    healthy: str
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("loss", "sum_t w_hat * clip_loss * m / N + KL term", LOSS, "finite"),
+    MetricSpec("num_valid_samples", "#sequences with >= 1 valid token", NONE, "> 0"),
+    MetricSpec("probs_ratio", "mean_t r, r = pi_theta / pi_old", TOKENS, "~1 (0.9-1.1)"),
+    MetricSpec("probs_ratio_clamped", "mean_t clip(r, 1 - eps_low, 1 + eps_high)", TOKENS, "~1"),
+    MetricSpec("kl_penalty", "KL term / reference_policy_kl_penalty (0 if off)", LOSS, ">= 0"),
+    MetricSpec(
+        "sampling_importance_ratio", "mean_t w_hat (the applied correction weight)", TOKENS, "~1"
+    ),
+    MetricSpec("ais/alpha", "clamp(EMA(alpha_raw), alpha_min, alpha_max)", TOKENS, "[0, 1]"),
+    MetricSpec("ais/alpha_raw", "g_sev * g_rel * g_var (or constant_alpha)", TOKENS, "[0, 1]"),
+    MetricSpec("ais/g_sev", "1 - exp(-D / tau)", TOKENS, "[0, 1]; rises with mismatch"),
+    MetricSpec("ais/g_rel", "clip((R - r_min) / (1 - r_min), 0, 1)", TOKENS, "[0, 1]; ~1"),
+    MetricSpec("ais/g_var", "1 / (1 + CV^2 / kappa)", TOKENS, "(0, 1]; ~1"),
+    MetricSpec("ais/ess_seq", "R = (sum W)^2 / (N sum W^2)", TOKENS, "(0, 1]; > 0.9 healthy"),
+    MetricSpec("ais/severity", "D = mean_t |l|", TOKENS, ">= 0; < 0.05 for FP8"),
+    MetricSpec("ais/cv_w", "sqrt(CV^2) of w = min(rho, C)", TOKENS, ">= 0; < 0.3"),
+    MetricSpec("ais/cv2", "n sum w^2 / (sum w)^2 - 1", TOKENS, ">= 0; < 0.1"),
+    MetricSpec(
+        "ais/kl_k1", "mean_t -l  (KL(mu || pi_old), samples ~ mu)", TOKENS, "~0; |.| < 1e-2"
+    ),
+    MetricSpec("ais/kl_k3", "mean_t exp(l) - 1 - l", TOKENS, ">= 0; < 1e-2"),
+    MetricSpec("ais/w_mean", "mean_t min(rho, C)", TOKENS, "~1"),
+    MetricSpec("ais/frac_capped", "#{rho > C} / n_tok", TOKENS, "[0, 1]; < 1e-3"),
+    MetricSpec(
+        "ais/token_mult_prob_error", "mean_t exp(|l|) (NeMo-RL's metric)", TOKENS, ">= 1; < 1.05"
+    ),
+    MetricSpec("ais/raw_ratio_mean", "mean_t exp(l) (not capped)", TOKENS, "~1"),
+    MetricSpec("ais/n_seq", "N: sequences with >= 1 valid token (global)", TOKENS, "> 0"),
+    MetricSpec("ais/n_tok", "n: valid tokens (global)", TOKENS, "> 0"),
+    MetricSpec("ais/empty_batch", "1 if no valid token in the global batch", TOKENS, "0"),
+)
+
+
+def metric_normalizations(token_level_loss: bool = True) -> dict[str, str]:
+    """Metric name -> normaliser (``tokens`` / ``sequences`` / ``none``), LOSS resolved."""
+    loss_norm = TOKENS if token_level_loss else SEQUENCES
+    return {m.name: loss_norm if m.normalizer == LOSS else m.normalizer for m in METRICS}
+
+
+def ais_metrics(
+    diagnostics: AISDiagnostics, n_tok_local: torch.Tensor, global_n_tok: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """``ais/<field>`` -> s * n_tok_local / global_n_tok, 0-dim detached tensors.
+
+    Args:
+        diagnostics: the global batch's :class:`AISDiagnostics`.
+        n_tok_local: 0-dim valid-token count of this call.
+        global_n_tok: 0-dim global valid-token count (the loss normaliser).
+
+    Returns:
+        One entry per ``ais/*`` row of :data:`METRICS`. With ``global_n_tok == 0`` all are 0
+        except ``ais/empty_batch`` = 1 (see the module docstring).
+    """
+    is_empty = global_n_tok == 0
+    scale = torch.where(is_empty, 0, n_tok_local / torch.where(is_empty, 1, global_n_tok))
+    values = diagnostics.as_dict()
+    out = {}
+    for spec in METRICS:
+        if spec.name.startswith(AIS_PREFIX):
+            out[spec.name] = (values[spec.name.removeprefix(AIS_PREFIX)] * scale).detach()
+    out[AIS_PREFIX + "empty_batch"] = torch.where(
+        is_empty, diagnostics.empty_batch, out[AIS_PREFIX + "empty_batch"]
+    ).detach()
+    return out

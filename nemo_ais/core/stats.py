@@ -1,0 +1,190 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Sufficient statistics of the AIS diagnostics: one fixed-size float64 vector per rank.
+
+Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu):
+
+1. l_it = log pi_old,it - log mu_it; l^c_it = clamp(l_it, -L, L), L = ``log_ratio_clamp``
+   (raw l is kept for the severity and k1 sums).
+2. Sequence sums over sequences with >= 1 valid token (N of them):
+       log W_i = clamp(mean_t l^c_it, -L, L)   (seq_weight=geometric)
+               = clamp(sum_t  l^c_it, -L, L)   (seq_weight=product)
+       n_seq = N,  sum W_i,  sum W_i^2
+3. Token sums over valid tokens (m_it = 1):
+       w_it = min(exp l^c_it, C)
+       n_tok, sum |l|, sum w, sum w^2,
+       sum k1 = sum -l,  sum k3 = sum exp(l^c) - 1 - l^c      (KL(mu || pi_old), samples ~ mu)
+       n_capped = #{exp l^c > C},  sum exp l^c (raw ratio),  sum exp |l^c|
+4. Bad-input counts (NaN / inf) per tensor, so every rank raises together after step 5.
+5. ONE ``all_reduce(SUM)`` of the vector over ``group`` (None: single process, no
+   collective). ``NUM_SLOTS`` float64 values = ``STATS_BYTES`` bytes on the wire.
+
+A rank with no valid tokens contributes a vector of zeros and still joins the collective.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from nemo_ais.config import CorrectionConfig
+from nemo_ais.core import validation
+
+__all__ = [
+    "NUM_SLOTS",
+    "STATS_BYTES",
+    "AISStats",
+    "Slot",
+    "compute_statistics",
+    "reduce_statistics",
+]
+
+
+class Slot(enum.IntEnum):
+    """Index of each sufficient statistic in :attr:`AISStats.vector`."""
+
+    N_SEQ = 0
+    W_SEQ_SUM = enum.auto()
+    W_SEQ_SQ_SUM = enum.auto()
+    N_TOK = enum.auto()
+    ABS_LOG_RHO_SUM = enum.auto()
+    W_TOK_SUM = enum.auto()
+    W_TOK_SQ_SUM = enum.auto()
+    K1_SUM = enum.auto()
+    K3_SUM = enum.auto()
+    N_CAPPED = enum.auto()
+    RHO_RAW_SUM = enum.auto()
+    EXP_ABS_LOG_RHO_SUM = enum.auto()
+    N_BAD_OLD = enum.auto()
+    N_BAD_ROLLOUT = enum.auto()
+    N_BAD_MASK = enum.auto()
+
+
+NUM_SLOTS = len(Slot)
+STATS_BYTES = NUM_SLOTS * torch.finfo(torch.float64).bits // torch.iinfo(torch.uint8).bits
+STATS_DTYPE = torch.float64
+
+
+@dataclass(frozen=True)
+class AISStats:
+    """Float64 vector ``[NUM_SLOTS]`` of sums (local, or global after :func:`reduce_statistics`)."""
+
+    vector: torch.Tensor
+
+    def __getitem__(self, slot: Slot) -> torch.Tensor:
+        """0-dim float64 tensor of one slot."""
+        return self.vector[slot]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes moved by the all-reduce."""
+        return self.vector.numel() * self.vector.element_size()
+
+
+def _log_rho64(logp_old, logp_rollout, valid):
+    """Step 1: float64 raw l and the mask of valid, finite positions."""
+    log_rho = logp_old.detach().to(STATS_DTYPE) - logp_rollout.detach().to(STATS_DTYPE)
+    ok = valid & torch.isfinite(log_rho)
+    return torch.where(ok, log_rho, torch.zeros((), dtype=STATS_DTYPE, device=ok.device)), ok
+
+
+def _sequence_sums(log_rho_c, ok, config):
+    """Step 2: n_seq, sum W, sum W^2 over sequences with a valid token."""
+    n_tok_seq = ok.sum(dim=-1)
+    has_tok_seq = n_tok_seq > 0
+    log_w_seq = log_rho_c.sum(dim=-1)
+    if config.seq_weight == "geometric":
+        log_w_seq = log_w_seq / n_tok_seq.clamp(min=1)
+    log_w_seq = log_w_seq.clamp(min=-config.log_ratio_clamp, max=config.log_ratio_clamp)
+    w_seq = torch.exp(log_w_seq) * has_tok_seq
+    return [has_tok_seq.sum().to(STATS_DTYPE), w_seq.sum(), w_seq.square().sum()]
+
+
+def _token_sums(log_rho, log_rho_c, ok, config):
+    """Step 3: token-level sums over valid tokens."""
+    m = ok.to(STATS_DTYPE)
+    rho = torch.exp(log_rho_c) * m
+    w_tok = rho.clamp(max=config.weight_cap)
+    k3_tok = (rho - m) - log_rho_c
+    return [
+        m.sum(),
+        log_rho.abs().sum(),
+        w_tok.sum(),
+        w_tok.square().sum(),
+        -log_rho.sum(),
+        k3_tok.sum(),
+        (rho > config.weight_cap).sum().to(STATS_DTYPE),
+        rho.sum(),
+        (torch.exp(log_rho_c.abs()) * m).sum(),
+    ]
+
+
+@torch.no_grad()
+def compute_statistics(
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    mask: torch.Tensor,
+    config: CorrectionConfig,
+) -> AISStats:
+    """Steps 1-4: this rank's sufficient statistics (no communication, no host sync).
+
+    Args:
+        logp_old: ``[B, T]`` trainer log-probs (``prev_logprobs``), any float dtype.
+        logp_rollout: ``[B, T]`` rollout log-probs (``generation_logprobs``).
+        mask: ``[B, T]`` bool or float in {0, 1} (token_mask x sample_mask).
+        config: the ``loss_fn.ais`` section.
+
+    Returns:
+        :class:`AISStats` with a float64 ``[NUM_SLOTS]`` vector on ``logp_old.device``;
+        zeros for an empty batch (B = 0, T = 0 or all masked). NaN / inf inputs are
+        counted in the ``N_BAD_*`` slots and excluded from the sums.
+
+    Raises:
+        TypeError, ValueError: wrong type, shape or device (raised locally at once).
+    """
+    validation.check_like("prev_logprobs", logp_old, logp_old, "prev_logprobs")
+    validation.check_like("generation_logprobs", logp_rollout, logp_old, "prev_logprobs")
+    validation.check_mask(mask, logp_old, "prev_logprobs")
+    valid = validation.valid_positions(mask)
+    log_rho, ok = _log_rho64(logp_old, logp_rollout, valid)  # step 1
+    clamp = config.log_ratio_clamp
+    log_rho_c = log_rho.clamp(min=-clamp, max=clamp)
+    seq_sums = _sequence_sums(log_rho_c, ok, config)  # step 2
+    tok_sums = _token_sums(log_rho, log_rho_c, ok, config)  # step 3
+    bad = validation.bad_value_counts(  # step 4
+        {"prev_logprobs": logp_old, "generation_logprobs": logp_rollout}, mask, valid
+    )
+    vector = torch.cat([torch.stack(seq_sums + tok_sums), bad.to(logp_old.device)])
+    return AISStats(vector)
+
+
+def reduce_statistics(
+    stats: AISStats, group: torch.distributed.ProcessGroup | None = None
+) -> AISStats:
+    """Step 5: sum the statistics over ``group`` with exactly ONE ``all_reduce(SUM)``.
+
+    Args:
+        stats: this rank's :class:`AISStats`.
+        group: the data-parallel process group; None = single process (no collective).
+
+    Returns:
+        Global :class:`AISStats` (a new tensor; the input is not modified).
+    """
+    if group is None:
+        return stats
+    vector = stats.vector.clone()
+    torch.distributed.all_reduce(vector, op=torch.distributed.ReduceOp.SUM, group=group)
+    return AISStats(vector)

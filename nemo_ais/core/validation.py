@@ -1,0 +1,159 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Input checks at the core boundary (the NeMo-RL adapter and the recipe call through here).
+
+Rules, applied to ``[B, T]`` response-aligned tensors:
+
+* every log-prob tensor is a floating tensor of the same shape and device as the
+  reference one (``prev_logprobs`` / ``logp_old``); dtypes may differ (all are upcast);
+* ``mask`` is bool, integer or floating, same shape, values in {0, 1};
+* ``advantages`` is ``[B, T]`` or ``[B]``;
+* a log-prob value is *bad* when it is NaN or +inf anywhere, or -inf at a valid
+  position (``mask == 1``). -inf at masked positions (padding, tokens filtered by
+  top-k/top-p that the caller masked out) is ignored. Advantages must be finite at
+  valid positions.
+
+Shape, dtype and device errors are raised at once (they are programming errors and
+identical on every rank). Value errors are counted with one fused reduction so the
+caller pays at most one host sync; :func:`raise_for_bad_values` builds the message
+(count and first index) only on the error path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+__all__ = [
+    "bad_value_counts",
+    "check_like",
+    "check_mask",
+    "describe",
+    "raise_for_bad_values",
+    "valid_positions",
+]
+
+
+def describe(t: torch.Tensor) -> str:
+    """``[4, 128] float32`` style description of a tensor."""
+    return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+
+def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:
+    """Raise if ``t`` is not a floating tensor shaped and placed like ``ref``.
+
+    Raises:
+        TypeError: ``t`` is not a tensor or not floating point.
+        ValueError: shape or device differs from ``ref``.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: got {type(t).__name__}, expected a torch.Tensor like {ref_name}")
+    if not t.is_floating_point():
+        raise TypeError(
+            f"{name}: got {describe(t)}, expected a floating tensor {list(ref.shape)} like {ref_name}"
+        )
+    if t.shape != ref.shape:
+        raise ValueError(
+            f"{name}: got {describe(t)}, expected {list(ref.shape)} {str(ref.dtype).removeprefix('torch.')} like {ref_name}"
+        )
+    if t.device != ref.device:
+        raise ValueError(f"{name}: got device {t.device}, expected {ref.device} like {ref_name}")
+
+
+def check_mask(mask: object, ref: torch.Tensor, ref_name: str) -> None:
+    """Raise if ``mask`` is not a bool/integer/floating tensor shaped like ``ref``."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask: got {type(mask).__name__}, expected a torch.Tensor like {ref_name}")
+    if mask.is_complex():
+        raise TypeError(f"mask: got {describe(mask)}, expected bool or floating values in {{0, 1}}")
+    if mask.shape != ref.shape:
+        raise ValueError(
+            f"mask: got {describe(mask)}, expected {list(ref.shape)} (bool or float) like {ref_name}"
+        )
+    if mask.device != ref.device:
+        raise ValueError(f"mask: got device {mask.device}, expected {ref.device} like {ref_name}")
+
+
+def valid_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Bool ``[B, T]``: positions where ``mask == 1``."""
+    return mask.bool() if mask.dtype == torch.bool else mask == 1
+
+
+def _bad_logprob(t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Bool ``[B, T]``: NaN or +inf anywhere, -inf where valid."""
+    return torch.isnan(t) | (t == torch.inf) | ((t == -torch.inf) & valid)
+
+
+def _bad_mask(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return torch.zeros_like(mask)
+    return (mask != 0) & (mask != 1)
+
+
+def bad_value_counts(
+    logprobs: Mapping[str, torch.Tensor], mask: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """Count bad values per tensor, as one float64 vector ``[len(logprobs) + 1]`` (mask last).
+
+    No host sync: the caller decides when to read it (``.tolist()`` once).
+    """
+    counts = [_bad_logprob(t, valid).sum() for t in logprobs.values()]
+    counts.append(_bad_mask(mask).sum())
+    return torch.stack(counts).to(torch.float64)
+
+
+def _bad_positions(name: str, t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    if name == "mask":
+        return _bad_mask(t)
+    if name == "advantages":
+        return ~torch.isfinite(t) & valid
+    return _bad_logprob(t, valid)
+
+
+def raise_for_bad_values(
+    tensors: Mapping[str, torch.Tensor],
+    valid: torch.Tensor,
+    counts: list[float],
+    where: str = "",
+) -> None:
+    """Raise ``ValueError`` for the first tensor whose count is non-zero (error path only).
+
+    Args:
+        tensors: name -> tensor, in the order of ``counts``.
+        valid: bool ``[B, T]`` valid positions.
+        counts: bad-value counts (possibly summed over a process group).
+        where: suffix for the message, e.g. ``" (summed over the process group)"``.
+
+    Raises:
+        ValueError: names the tensor, the count and the first local bad index.
+    """
+    for (name, t), count in zip(tensors.items(), counts, strict=True):
+        if count == 0:
+            continue
+        bad = _bad_positions(name, t, valid if t.dim() == valid.dim() else valid.any(-1))
+        idx = torch.nonzero(bad)
+        first = tuple(idx[0].tolist()) if idx.numel() else "none on this rank"
+        if name == "mask":
+            value = t[first].item() if idx.numel() else "-"
+            raise ValueError(
+                f"mask: {int(count)} values not in {{0, 1}}{where}; first at index {first} "
+                f"(value {value}); expected token_mask * sample_mask with values 0 or 1"
+            )
+        value = t[first].item() if idx.numel() else "-"
+        raise ValueError(
+            f"{name}: {int(count)} non-finite values{where} (NaN, +inf, or -inf at a valid "
+            f"position); first at index {first} (value {value}). -inf is accepted only where "
+            f"mask == 0: mask out tokens excluded by top-k/top-p sampling"
+        )

@@ -1,0 +1,160 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-token correction weights, one small function per mode (ratio rho = pi_old / mu).
+
+Algorithm box (``docs/method.md``; **[reconstruction]** of arXiv 2605.13907 where marked):
+
+1. log-ratio        l_it = log pi_old,it - log mu_it        (prev_logprobs - generation_logprobs)
+                    rho_it = exp(l_it) = pi_old / mu        (trainer over rollout engine)
+2. weight w_hat_it, by mode (chosen once from :data:`WEIGHT_FNS`):
+
+   ============= ============================================ ==================================
+   mode          w_hat_it                                     config fields
+   ============= ============================================ ==================================
+   none          1                                            --
+   tis           clamp(rho, floor, C)                         weight_cap C, weight_floor
+   icepop        rho * 1[lo <= rho <= hi]                     icepop_min lo, icepop_max hi
+   seq_mask_geo  rho * 1[lo <= exp(mean_t l_it) <= hi]        seq_mask_min lo, seq_mask_max hi
+   ais           (1 - alpha) + alpha * min(rho, C)            weight_cap C; alpha from the
+                 **[reconstruction]**                         diagnostics (one per global batch)
+   ============= ============================================ ==================================
+
+3. w_hat_it = 0 where m_it = 0, so the weight doubles as the weighted mask of the loss.
+
+Weights are detached (no gradient flows through mu or pi_old). ``tis`` and ``ais``
+cap rho at C, so exp() overflow (l > 88 in float32) gives C, never inf; ``icepop``
+drops such tokens; ``seq_mask_geo`` takes rho = exp(clamp(l, +-log_ratio_clamp)).
+NeMo-RL's ``seq-mask-tis`` is our ``seq_mask_geo``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from nemo_ais.config import CorrectionConfig
+
+__all__ = ["WEIGHT_FNS", "WeightFn", "compute_dtype", "correction_weights", "log_ratio"]
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (bf16/fp16 inputs are upcast)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def log_ratio(
+    logp_old: torch.Tensor, logp_rollout: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """Step 1: l = log pi_old - log mu at valid positions, 0 elsewhere.
+
+    Args:
+        logp_old: ``[B, T]`` trainer log-probs (``prev_logprobs``), any float dtype.
+        logp_rollout: ``[B, T]`` rollout log-probs (``generation_logprobs``).
+        valid: bool ``[B, T]``, ``mask == 1``.
+
+    Returns:
+        ``[B, T]`` detached, float32 (float64 if an input is float64). Masked positions
+        hold 0, so -inf padding never produces NaN.
+    """
+    dtype = compute_dtype(logp_old, logp_rollout)
+    log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)
+    return torch.where(valid, log_rho, torch.zeros((), dtype=dtype, device=log_rho.device))
+
+
+def _w_none(log_rho, valid, config, alpha):
+    """w_hat = 1."""
+    return valid.to(log_rho.dtype)
+
+
+def _w_tis(log_rho, valid, config, alpha):
+    """w_hat = clamp(rho, floor, C); floor = weight_floor or 0 (NeMo-RL ``tis``)."""
+    floor = config.weight_floor if config.weight_floor is not None else 0
+    w_tok = torch.exp(log_rho).clamp_(min=floor, max=config.weight_cap)
+    return w_tok.mul_(valid)
+
+
+def _w_icepop(log_rho, valid, config, alpha):
+    """w_hat = rho * 1[lo <= rho <= hi] (NeMo-RL ``icepop``)."""
+    rho = torch.exp(log_rho)
+    kept = (rho >= config.icepop_min) & (rho <= config.icepop_max) & valid
+    return torch.where(kept, rho, torch.zeros((), dtype=rho.dtype, device=rho.device))
+
+
+def _w_seq_mask_geo(log_rho, valid, config, alpha):
+    """w_hat = rho * 1[lo <= rho_geo,i <= hi], rho_geo,i = exp(mean_t l_it) (NeMo-RL ``seq-mask-tis``)."""
+    n_tok_seq = valid.sum(dim=-1).clamp(min=1)
+    rho_geo_seq = torch.exp(log_rho.sum(dim=-1) / n_tok_seq)
+    kept_seq = (rho_geo_seq >= config.seq_mask_min) & (rho_geo_seq <= config.seq_mask_max)
+    clamp = config.log_ratio_clamp
+    rho = torch.exp(log_rho.clamp(min=-clamp, max=clamp))
+    return rho.mul_(valid & kept_seq.unsqueeze(-1))
+
+
+def _w_ais(log_rho, valid, config, alpha):
+    """w_hat = (1 - alpha) + alpha * min(rho, C) ([reconstruction])."""
+    w_tok = torch.exp(log_rho).clamp_(max=config.weight_cap)
+    w_hat = w_tok.mul_(alpha).add_(1 - alpha)
+    return w_hat.mul_(valid)
+
+
+class WeightFn(NamedTuple):
+    """A mode's weight function and whether it needs the mixing coefficient alpha."""
+
+    fn: Callable[[torch.Tensor, torch.Tensor, CorrectionConfig, float], torch.Tensor]
+    needs_alpha: bool
+
+
+WEIGHT_FNS: dict[str, WeightFn] = {
+    "none": WeightFn(_w_none, needs_alpha=False),
+    "tis": WeightFn(_w_tis, needs_alpha=False),
+    "icepop": WeightFn(_w_icepop, needs_alpha=False),
+    "seq_mask_geo": WeightFn(_w_seq_mask_geo, needs_alpha=False),
+    "ais": WeightFn(_w_ais, needs_alpha=True),
+}
+
+
+@torch.no_grad()
+def correction_weights(
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    mask: torch.Tensor,
+    config: CorrectionConfig,
+    alpha: float | None = None,
+) -> torch.Tensor:
+    """Steps 1-3: the detached per-token weight w_hat of ``config.mode``.
+
+    Args:
+        logp_old: ``[B, T]`` trainer log-probs at the start of the step (``prev_logprobs``).
+        logp_rollout: ``[B, T]`` rollout-engine log-probs (``generation_logprobs``).
+        mask: ``[B, T]`` bool or float in {0, 1} (token_mask x sample_mask).
+        config: the ``loss_fn.ais`` section.
+        alpha: mixing coefficient (``AISDiagnostics.alpha``); required for mode ``ais``.
+
+    Returns:
+        ``[B, T]`` detached weights, float32 (float64 for float64 input), 0 where mask == 0.
+
+    Raises:
+        ValueError: mode ``ais`` without ``alpha``.
+    """
+    weight_fn = WEIGHT_FNS[config.mode]
+    if weight_fn.needs_alpha and alpha is None:
+        raise ValueError(
+            f"correction_weights: mode {config.mode!r} needs alpha (pass AISDiagnostics.alpha "
+            "from compute_diagnostics)"
+        )
+    valid = mask if mask.dtype == torch.bool else mask == 1
+    log_rho = log_ratio(logp_old, logp_rollout, valid)
+    return weight_fn.fn(log_rho, valid, config, alpha)
