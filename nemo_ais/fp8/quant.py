@@ -89,6 +89,11 @@ def _check_finite_tiles(x: torch.Tensor, amax: torch.Tensor, name: str) -> None:
     )
 
 
+def _cast_e4m3(q: torch.Tensor) -> torch.Tensor:
+    """Saturate fp32 ``q`` to [-448, 448] in place, then cast with round-to-nearest-even."""
+    return q.clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+
+
 def _tiles(x3: torch.Tensor, bn: int, bk: int) -> torch.Tensor:
     """Zero-pad ``[E, N, K]`` to whole tiles and view it as ``[E, N/bn, bn, K/bk, bk]``."""
     e, n, k = x3.shape
@@ -122,16 +127,18 @@ def _scales(
     zero = amax == 0
     one = torch.ones_like(amax)
     if family == "c":
-        m = E4M3_MAX / amax
+        # NOT `E4M3_MAX / amax`: torch evaluates scalar / tensor as reciprocal(amax) * 448,
+        # two roundings; the convention is one correctly rounded fp32 division.
+        m = torch.full_like(amax, E4M3_MAX).div_(amax)
         m = _floor_pow2(m) if ue8m0 else m
         m = torch.where(zero, one, m).clamp_max(_FP32_MAX)
-        return 1.0 / m, m
+        return torch.reciprocal(m), m
     s = amax / E4M3_MAX
     s = _ceil_pow2(s) if ue8m0 else s
     s = torch.where(zero, one, s)
     # A tiny nonzero amax (eps = 0) can underflow s to 0; keep 0 / s and 0 * m finite.
     s = torch.where(s == 0, torch.full_like(s, torch.finfo(torch.float32).smallest_normal), s)
-    return s, (1.0 / s).clamp_max(_FP32_MAX)
+    return s, torch.reciprocal(s).clamp_max(_FP32_MAX)
 
 
 def _quantize_tiles(
@@ -162,7 +169,7 @@ def _quantize_tiles(
         mul = m[:, :, None, :, None]
         q = t.mul_(mul) if owned else t * mul
     # step 4: saturate, cast (round-to-nearest-even), crop the padding
-    q8 = q.clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    q8 = _cast_e4m3(q)
     q8 = q8.view(e, q8.shape[1] * bn, q8.shape[3] * bk)
     if q8.shape[1] != n or q8.shape[2] != k:
         q8 = q8[:, :n, :k].contiguous()
