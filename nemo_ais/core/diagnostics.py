@@ -126,11 +126,16 @@ def _severity(n_tok: float, abs_log_rho_sum: float) -> float:
     return abs_log_rho_sum / n_tok if n_tok > 0 else 0.0
 
 
-def _cv2(n_tok: float, w_sum: float, w_sq_sum: float) -> float:
-    """Step 3: CV^2 = n sum w^2 / (sum w)^2 - 1, floored at 0 against rounding; 0 if n = 0."""
-    if n_tok == 0 or w_sum == 0:
+def _cv2(n_tok: float, w_dev_sum: float, w_dev_sq_sum: float) -> float:
+    """Step 3: CV^2 = (n sum w^2 - (sum w)^2) / (sum w)^2 from u = w - 1 (shift-invariant).
+
+    n sum w^2 - (sum w)^2 = n sum u^2 - (sum u)^2, and sum w = n + sum u; the shift avoids
+    the cancellation of n sum w^2 / (sum w)^2 - 1 when w ~ 1. 0 if n = 0; floored at 0.
+    """
+    w_sum = n_tok + w_dev_sum
+    if n_tok == 0 or w_sum <= 0:
         return 0.0
-    return max(0.0, n_tok * w_sq_sum / (w_sum * w_sum) - 1)
+    return max(0.0, (n_tok * w_dev_sq_sum - w_dev_sum * w_dev_sum) / (w_sum * w_sum))
 
 
 def _gates(severity: float, ess_seq: float, cv2: float, config: CorrectionConfig):
@@ -204,7 +209,7 @@ def _diagnostics_from_sums(
         return _empty_diagnostics()
     ess_seq = _reliability(s[Slot.N_SEQ], s[Slot.W_SEQ_SUM], s[Slot.W_SEQ_SQ_SUM])  # step 1
     severity = _severity(n_tok, s[Slot.ABS_LOG_RHO_SUM])  # step 2
-    cv2 = _cv2(n_tok, s[Slot.W_TOK_SUM], s[Slot.W_TOK_SQ_SUM])  # step 3
+    cv2 = _cv2(n_tok, s[Slot.W_TOK_DEV_SUM], s[Slot.W_TOK_DEV_SQ_SUM])  # step 3
     g_sev, g_rel, g_var = _gates(severity, ess_seq, cv2, config)  # step 4
     alpha_raw = _MIXERS[config.mixer](g_sev, g_rel, g_var, config)  # step 5
     alpha = _smooth(alpha_raw, config, state)  # step 6
@@ -220,7 +225,7 @@ def _diagnostics_from_sums(
         cv2=cv2,
         kl_k1=s[Slot.K1_SUM] / n_tok,
         kl_k3=s[Slot.K3_SUM] / n_tok,
-        w_mean=s[Slot.W_TOK_SUM] / n_tok,
+        w_mean=1 + s[Slot.W_TOK_DEV_SUM] / n_tok,
         frac_capped=s[Slot.N_CAPPED] / n_tok,
         token_mult_prob_error=s[Slot.EXP_ABS_LOG_RHO_SUM] / n_tok,
         raw_ratio_mean=s[Slot.RHO_RAW_SUM] / n_tok,

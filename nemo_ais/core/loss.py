@@ -53,7 +53,7 @@ from nemo_ais.config import CorrectionConfig, PGLossConfig
 from nemo_ais.core import metrics as ais_metrics_lib
 from nemo_ais.core import validation
 from nemo_ais.core.diagnostics import AISDiagnostics, AISState, compute_diagnostics
-from nemo_ais.core.weights import WEIGHT_FNS, compute_dtype, log_ratio
+from nemo_ais.core.weights import WEIGHT_FNS, compute_dtype
 
 __all__ = ["LossOutput", "clipped_pg_loss"]
 
@@ -113,6 +113,9 @@ def _check_structure(curr_logprobs, prev_logprobs, generation_logprobs, advantag
 
 def _check_values(named: dict[str, torch.Tensor], mask, advantages, valid) -> None:
     """Step 1b: ONE fused host sync; the error path names tensor, count and first index."""
+    finite, mask_ok = validation.fast_check([*named.values(), advantages], mask, valid)
+    if finite and mask_ok:
+        return
     counts = validation.bad_value_counts(named, mask, valid)
     adv_valid = valid if advantages.dim() == valid.dim() else valid.any(dim=-1)
     bad_adv = (~torch.isfinite(advantages) & adv_valid).sum().to(counts.dtype)
@@ -302,8 +305,8 @@ def clipped_pg_loss(
         curr_logprobs, prev_logprobs, reference_logprobs if use_kl else None, advantages, mask
     )
     alpha = diagnostics.alpha if diagnostics is not None else None
-    log_rho = log_ratio(prev_logprobs, generation_logprobs, valid)
-    w_hat = weight_fn.fn(log_rho, valid, config, alpha).to(x.m.dtype)  # step 3
+    w_hat = weight_fn.fn(prev_logprobs, generation_logprobs, valid, config, alpha)  # step 3
+    w_hat = w_hat.to(x.m.dtype)
     sur = _surrogate(x, pg, config.log_ratio_clamp)  # step 4
     loss_tok = w_hat * sur.clip_loss
     n_tok = _normaliser(global_valid_tokens, x.m.sum())

@@ -23,7 +23,8 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu
        n_seq = N,  sum W_i,  sum W_i^2
 3. Token sums over valid tokens (m_it = 1):
        w_it = min(exp l^c_it, C)
-       n_tok, sum |l|, sum w, sum w^2,
+       n_tok, sum |l|, sum (w - 1), sum (w - 1)^2   (shifted by 1: w ~ 1, so CV^2 keeps
+                                                      its precision, see diagnostics step 3)
        sum k1 = sum -l,  sum k3 = sum exp(l^c) - 1 - l^c      (KL(mu || pi_old), samples ~ mu)
        n_capped = #{exp l^c > C},  sum exp l^c (raw ratio),  sum exp |l^c|
 4. Bad-input counts (NaN / inf) per tensor, so every rank raises together after step 5.
@@ -61,8 +62,8 @@ class Slot(enum.IntEnum):
     W_SEQ_SQ_SUM = enum.auto()
     N_TOK = enum.auto()
     ABS_LOG_RHO_SUM = enum.auto()
-    W_TOK_SUM = enum.auto()
-    W_TOK_SQ_SUM = enum.auto()
+    W_TOK_DEV_SUM = enum.auto()
+    W_TOK_DEV_SQ_SUM = enum.auto()
     K1_SUM = enum.auto()
     K3_SUM = enum.auto()
     N_CAPPED = enum.auto()
@@ -117,13 +118,13 @@ def _token_sums(log_rho, log_rho_c, ok, config):
     """Step 3: token-level sums over valid tokens."""
     m = ok.to(STATS_DTYPE)
     rho = torch.exp(log_rho_c) * m
-    w_tok = rho.clamp(max=config.weight_cap)
+    w_dev = rho.clamp(max=config.weight_cap) - m
     k3_tok = (rho - m) - log_rho_c
     return [
         m.sum(),
         log_rho.abs().sum(),
-        w_tok.sum(),
-        w_tok.square().sum(),
+        w_dev.sum(),
+        w_dev.square().sum(),
         -log_rho.sum(),
         k3_tok.sum(),
         (rho > config.weight_cap).sum().to(STATS_DTYPE),

@@ -19,10 +19,10 @@ Rules, applied to ``[B, T]`` response-aligned tensors:
   reference one (``prev_logprobs`` / ``logp_old``); dtypes may differ (all are upcast);
 * ``mask`` is bool, integer or floating, same shape, values in {0, 1};
 * ``advantages`` is ``[B, T]`` or ``[B]``;
-* a log-prob value is *bad* when it is NaN or +inf anywhere, or -inf at a valid
-  position (``mask == 1``). -inf at masked positions (padding, tokens filtered by
-  top-k/top-p that the caller masked out) is ignored. Advantages must be finite at
-  valid positions.
+* a log-prob or advantage value is *bad* when it is NaN or +-inf at a valid position
+  (``mask == 1``). Masked positions are ignored whatever they hold (padding, -inf of
+  tokens excluded by top-k/top-p that the caller masked out, NaN): they never enter
+  any arithmetic (every input is passed through ``torch.where(valid, x, 0)`` first).
 
 Shape, dtype and device errors are raised at once (they are programming errors and
 identical on every rank). Value errors are counted with one fused reduction so the
@@ -32,6 +32,7 @@ caller pays at most one host sync; :func:`raise_for_bad_values` builds the messa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -41,6 +42,7 @@ __all__ = [
     "check_like",
     "check_mask",
     "describe",
+    "fast_check",
     "raise_for_bad_values",
     "valid_positions",
 ]
@@ -92,14 +94,35 @@ def valid_positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _bad_logprob(t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Bool ``[B, T]``: NaN or +inf anywhere, -inf where valid."""
-    return torch.isnan(t) | (t == torch.inf) | ((t == -torch.inf) & valid)
+    """Bool ``[B, T]``: NaN or +-inf at a valid position."""
+    return ~torch.isfinite(t) & valid
 
 
 def _bad_mask(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return torch.zeros_like(mask)
     return (mask != 0) & (mask != 1)
+
+
+def fast_check(
+    tensors: list[torch.Tensor], mask: torch.Tensor, valid: torch.Tensor
+) -> tuple[bool, bool]:
+    """One host sync: (all tensors finite at valid positions, mask values all in {0, 1}).
+
+    Uses sum_valid(sum of tensors) being finite (NaN / inf propagate through the sum) and
+    sum |m (1 - m)| == 0 (zero exactly for m in {0, 1}). A false alarm (a finite sum that
+    overflows) only sends the caller to the exact per-tensor count.
+    """
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = total + (t.unsqueeze(-1) if t.dim() < total.dim() else t)
+    zero = torch.zeros((), dtype=total.dtype, device=total.device)
+    checks = [torch.where(valid, total, zero).sum().to(torch.float64)]
+    if mask.dtype != torch.bool:
+        checks.append((mask * (1 - mask)).abs().sum().to(torch.float64))
+    values = torch.stack(checks).tolist()
+    finite = math.isfinite(values[0])
+    return finite, len(values) == 1 or values[1] == 0
 
 
 def bad_value_counts(
@@ -117,8 +140,6 @@ def bad_value_counts(
 def _bad_positions(name: str, t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     if name == "mask":
         return _bad_mask(t)
-    if name == "advantages":
-        return ~torch.isfinite(t) & valid
     return _bad_logprob(t, valid)
 
 
@@ -153,7 +174,7 @@ def raise_for_bad_values(
             )
         value = t[first].item() if idx.numel() else "-"
         raise ValueError(
-            f"{name}: {int(count)} non-finite values{where} (NaN, +inf, or -inf at a valid "
-            f"position); first at index {first} (value {value}). -inf is accepted only where "
-            f"mask == 0: mask out tokens excluded by top-k/top-p sampling"
+            f"{name}: {int(count)} non-finite values (NaN or +-inf) at valid positions{where}; "
+            f"first at index {first} (value {value}); expected finite values where mask == 1 "
+            f"(mask out tokens excluded by top-k/top-p sampling, whose log-prob is -inf)"
         )

@@ -74,27 +74,30 @@ def log_ratio(
     return torch.where(valid, log_rho, torch.zeros((), dtype=dtype, device=log_rho.device))
 
 
-def _w_none(log_rho, valid, config, alpha):
-    """w_hat = 1."""
-    return valid.to(log_rho.dtype)
+def _w_none(logp_old, logp_rollout, valid, config, alpha):
+    """w_hat = 1 (the ratio is never computed)."""
+    return valid.to(compute_dtype(logp_old, logp_rollout))
 
 
-def _w_tis(log_rho, valid, config, alpha):
+def _w_tis(logp_old, logp_rollout, valid, config, alpha):
     """w_hat = clamp(rho, floor, C); floor = weight_floor or 0 (NeMo-RL ``tis``)."""
+    log_rho = log_ratio(logp_old, logp_rollout, valid)
     floor = config.weight_floor if config.weight_floor is not None else 0
     w_tok = torch.exp(log_rho).clamp_(min=floor, max=config.weight_cap)
     return w_tok.mul_(valid)
 
 
-def _w_icepop(log_rho, valid, config, alpha):
+def _w_icepop(logp_old, logp_rollout, valid, config, alpha):
     """w_hat = rho * 1[lo <= rho <= hi] (NeMo-RL ``icepop``)."""
+    log_rho = log_ratio(logp_old, logp_rollout, valid)
     rho = torch.exp(log_rho)
     kept = (rho >= config.icepop_min) & (rho <= config.icepop_max) & valid
     return torch.where(kept, rho, torch.zeros((), dtype=rho.dtype, device=rho.device))
 
 
-def _w_seq_mask_geo(log_rho, valid, config, alpha):
+def _w_seq_mask_geo(logp_old, logp_rollout, valid, config, alpha):
     """w_hat = rho * 1[lo <= rho_geo,i <= hi], rho_geo,i = exp(mean_t l_it) (NeMo-RL ``seq-mask-tis``)."""
+    log_rho = log_ratio(logp_old, logp_rollout, valid)
     n_tok_seq = valid.sum(dim=-1).clamp(min=1)
     rho_geo_seq = torch.exp(log_rho.sum(dim=-1) / n_tok_seq)
     kept_seq = (rho_geo_seq >= config.seq_mask_min) & (rho_geo_seq <= config.seq_mask_max)
@@ -103,8 +106,9 @@ def _w_seq_mask_geo(log_rho, valid, config, alpha):
     return rho.mul_(valid & kept_seq.unsqueeze(-1))
 
 
-def _w_ais(log_rho, valid, config, alpha):
+def _w_ais(logp_old, logp_rollout, valid, config, alpha):
     """w_hat = (1 - alpha) + alpha * min(rho, C) ([reconstruction])."""
+    log_rho = log_ratio(logp_old, logp_rollout, valid)
     w_tok = torch.exp(log_rho).clamp_(max=config.weight_cap)
     w_hat = w_tok.mul_(alpha).add_(1 - alpha)
     return w_hat.mul_(valid)
@@ -113,7 +117,9 @@ def _w_ais(log_rho, valid, config, alpha):
 class WeightFn(NamedTuple):
     """A mode's weight function and whether it needs the mixing coefficient alpha."""
 
-    fn: Callable[[torch.Tensor, torch.Tensor, CorrectionConfig, float], torch.Tensor]
+    fn: Callable[
+        [torch.Tensor, torch.Tensor, torch.Tensor, CorrectionConfig, float | None], torch.Tensor
+    ]
     needs_alpha: bool
 
 
@@ -156,5 +162,4 @@ def correction_weights(
             "from compute_diagnostics)"
         )
     valid = mask if mask.dtype == torch.bool else mask == 1
-    log_rho = log_ratio(logp_old, logp_rollout, valid)
-    return weight_fn.fn(log_rho, valid, config, alpha)
+    return weight_fn.fn(logp_old, logp_rollout, valid, config, alpha)

@@ -1,0 +1,255 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Float64 plain-loop oracles, re-derived from ais_method.md (docs/method.md).
+
+Imports nothing from ``nemo_ais.core``: every formula is written again, one token at a
+time, in Python floats. Inputs are nested lists (``tensor.tolist()``); ``mask`` holds
+0/1. Ratio direction: rho = pi_old / mu, l = logp_old - logp_rollout.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _valid(mask, i, t):
+    return mask[i][t] == 1
+
+
+def log_ratio(logp_old, logp_rollout, mask):
+    """l_it = logp_old - logp_rollout at valid positions, 0 elsewhere."""
+    return [
+        [
+            (logp_old[i][t] - logp_rollout[i][t]) if _valid(mask, i, t) else 0.0
+            for t in range(len(mask[i]))
+        ]
+        for i in range(len(mask))
+    ]
+
+
+def weights(mode, logp_old, logp_rollout, mask, cfg, alpha=None):
+    """Per-token weight w_hat of each mode; 0 at masked positions."""
+    out = []
+    for i in range(len(mask)):
+        row = []
+        ls = [logp_old[i][t] - logp_rollout[i][t] for t in range(len(mask[i])) if mask[i][t] == 1]
+        geo = math.exp(sum(ls) / len(ls)) if ls else 1.0
+        for t in range(len(mask[i])):
+            if mask[i][t] != 1:
+                row.append(0.0)
+                continue
+            ell = logp_old[i][t] - logp_rollout[i][t]
+            rho = math.exp(min(ell, 700.0))
+            if mode == "none":
+                w = 1.0
+            elif mode == "tis":
+                floor = cfg.weight_floor if cfg.weight_floor is not None else 0.0
+                w = min(max(rho, floor), cfg.weight_cap)
+            elif mode == "icepop":
+                w = rho if cfg.icepop_min <= rho <= cfg.icepop_max else 0.0
+            elif mode == "seq_mask_geo":
+                c = cfg.log_ratio_clamp
+                rho_c = math.exp(min(max(ell, -c), c))
+                w = rho_c if cfg.seq_mask_min <= geo <= cfg.seq_mask_max else 0.0
+            elif mode == "ais":
+                w = (1 - alpha) + alpha * min(rho, cfg.weight_cap)
+            else:
+                raise ValueError(mode)
+            row.append(w)
+        out.append(row)
+    return out
+
+
+def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
+    """R, D, CV^2, k1, k3, gates and alpha over the whole batch (a dict of floats)."""
+    c = cfg.log_ratio_clamp
+    cap = cfg.weight_cap
+    big_w = []
+    toks = []
+    for i in range(len(mask)):
+        ls = [logp_old[i][t] - logp_rollout[i][t] for t in range(len(mask[i])) if mask[i][t] == 1]
+        if not ls:
+            continue
+        lcs = [min(max(ell, -c), c) for ell in ls]
+        log_w = sum(lcs) / len(lcs) if cfg.seq_weight == "geometric" else sum(lcs)
+        big_w.append(math.exp(min(max(log_w, -c), c)))
+        toks.extend(ls)
+    n_tok = len(toks)
+    if n_tok == 0:
+        return dict(
+            alpha=0.0,
+            alpha_raw=0.0,
+            g_sev=0.0,
+            g_rel=1.0,
+            g_var=1.0,
+            ess_seq=1.0,
+            severity=0.0,
+            cv_w=0.0,
+            cv2=0.0,
+            kl_k1=0.0,
+            kl_k3=0.0,
+            w_mean=1.0,
+            frac_capped=0.0,
+            token_mult_prob_error=1.0,
+            raw_ratio_mean=1.0,
+            n_seq=0.0,
+            n_tok=0.0,
+            empty_batch=1.0,
+        )
+    n_seq = len(big_w)
+    ess = min(1.0, sum(big_w) ** 2 / (n_seq * sum(w * w for w in big_w)))
+    severity = sum(abs(ell) for ell in toks) / n_tok
+    lcs = [min(max(ell, -c), c) for ell in toks]
+    w = [min(math.exp(lc), cap) for lc in lcs]
+    mean_w = math.fsum(w) / n_tok
+    var_w = math.fsum((x - mean_w) ** 2 for x in w) / n_tok  # two-pass, no cancellation
+    cv2 = var_w / (mean_w * mean_w)  # = (sum w^2 / n) / (sum w / n)^2 - 1
+    g_sev = 1 - math.exp(-severity / cfg.severity_scale) if cfg.use_severity_gate else 1.0
+    r_min = cfg.reliability_floor
+    g_rel = min(1.0, max(0.0, (ess - r_min) / (1 - r_min))) if cfg.use_reliability_gate else 1.0
+    g_var = 1 / (1 + cv2 / cfg.variance_tolerance) if cfg.use_variance_gate else 1.0
+    alpha_raw = g_sev * g_rel * g_var if cfg.mixer == "product" else cfg.constant_alpha
+    prev = alpha_raw if prev_alpha is None else prev_alpha
+    alpha = cfg.ema * prev + (1 - cfg.ema) * alpha_raw
+    alpha = min(cfg.alpha_max, max(cfg.alpha_min, alpha))
+    return dict(
+        alpha=alpha,
+        alpha_raw=alpha_raw,
+        g_sev=g_sev,
+        g_rel=g_rel,
+        g_var=g_var,
+        ess_seq=ess,
+        severity=severity,
+        cv_w=math.sqrt(cv2),
+        cv2=cv2,
+        kl_k1=sum(-ell for ell in toks) / n_tok,
+        kl_k3=sum(math.exp(lc) - 1 - lc for lc in lcs) / n_tok,
+        w_mean=mean_w,
+        frac_capped=sum(1 for lc in lcs if math.exp(lc) > cap) / n_tok,
+        token_mult_prob_error=sum(math.exp(abs(lc)) for lc in lcs) / n_tok,
+        raw_ratio_mean=sum(math.exp(lc) for lc in lcs) / n_tok,
+        n_seq=float(n_seq),
+        n_tok=float(n_tok),
+        empty_batch=0.0,
+    )
+
+
+def _kl_token(theta, ref, pg):
+    """(value, d value / d theta) of beta * clamp(s * k(x)), x = ref - theta, s = 1 in value."""
+    x = ref - theta
+    in_clamped = False
+    if pg.kl_input_clamp_value is not None and abs(x) > pg.kl_input_clamp_value:
+        x = math.copysign(pg.kl_input_clamp_value, x)
+        in_clamped = True
+    kind = pg.reference_policy_kl_type
+    k = {"k1": -x, "k2": x * x / 2, "k3": math.exp(x) - 1 - x}[kind]
+    dk_dx = {"k1": -1.0, "k2": x, "k3": math.exp(x) - 1}[kind]
+    # d/dtheta [s * k]: s' = 1 (score function) unless the input clamp is active; x' = -1.
+    grad = 0.0 if in_clamped else k - dk_dx
+    out = pg.kl_output_clamp_value
+    if out is not None and abs(k) > out:
+        k = math.copysign(out, k)
+        grad = 0.0
+    beta = pg.reference_policy_kl_penalty
+    return beta * k, beta * grad
+
+
+def _surrogate_token(theta, old, adv, pg, log_clamp):
+    """(clip_loss, d clip_loss / d theta) of the PPO/GRPO token surrogate."""
+    if pg.disable_ppo_ratio:
+        return -adv * theta, -adv
+    lr = theta - old
+    ellgrad = 1.0
+    if abs(lr) > log_clamp:
+        lr = math.copysign(log_clamp, lr)
+        ellgrad = 0.0
+    r = math.exp(lr)
+    lo, hi = 1 - pg.ratio_clip_min, 1 + pg.ratio_clip_max
+    r_clip = min(max(r, lo), hi)
+    inside = lo < r < hi
+    l1, l2 = -adv * r, -adv * r_clip
+    d1 = -adv * r * ellgrad
+    d2 = d1 if inside else 0.0
+    if l1 > l2:
+        val, d = l1, d1
+    elif l2 > l1:
+        val, d = l2, d2
+    else:
+        val, d = l1, (d1 + d2) / 2
+    if pg.ratio_clip_c is not None and adv < 0:
+        l3 = -adv * pg.ratio_clip_c
+        if l3 < val:
+            val, d = l3, 0.0
+    return val, d
+
+
+def clipped_pg_loss(
+    logp_theta,
+    logp_old,
+    logp_rollout,
+    adv,
+    mask,
+    cfg,
+    pg,
+    *,
+    alpha=None,
+    logp_ref=None,
+    n_tok=None,
+    n_seq=None,
+):
+    """(loss, grad[B][T] w.r.t. logp_theta) of the weighted clipped surrogate (+ KL)."""
+    w = weights(cfg.mode, logp_old, logp_rollout, mask, cfg, alpha)
+    n_tok_local = sum(1 for row in mask for m in row if m == 1)
+    n_seq_local = sum(1 for row in mask if any(m == 1 for m in row))
+    n_tok = n_tok_local if n_tok is None else n_tok
+    n_seq = n_seq_local if n_seq is None else n_seq
+    n_tok = n_tok if n_tok > 0 else 1
+    n_seq = n_seq if n_seq > 0 else 1
+    loss = 0.0
+    grad = [[0.0] * len(row) for row in mask]
+    for i in range(len(mask)):
+        n_i = sum(1 for m in mask[i] if m == 1)
+        denom = n_tok if pg.token_level_loss else n_seq * max(n_i, 1)
+        a_i = adv[i]
+        for t in range(len(mask[i])):
+            if mask[i][t] != 1:
+                continue
+            a = a_i[t] if isinstance(a_i, list) else a_i
+            val, d = _surrogate_token(logp_theta[i][t], logp_old[i][t], a, pg, cfg.log_ratio_clamp)
+            tok, dtok = w[i][t] * val, w[i][t] * d
+            if pg.reference_policy_kl_penalty > 0:
+                kv, kd = _kl_token(logp_theta[i][t], logp_ref[i][t], pg)
+                tok, dtok = tok + kv, dtok + kd
+            loss += tok / denom
+            grad[i][t] = dtok / denom
+    return loss, grad
+
+
+def random_batch(batch, length, *, scale=0.05, p_mask=0.2, seed=0, dtype=None):
+    """Test data: dict of torch tensors (logp_old, logp_rollout, logp_theta, logp_ref, adv, mask).
+
+    ``logp_rollout = logp_old + scale * noise`` (an FP8-like mismatch); masked positions
+    of ``logp_rollout`` hold -inf to check that padding never leaks. Every row keeps at
+    least one valid token unless ``p_mask >= 1``.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    dtype = dtype or torch.float64
+    logp_old = -torch.rand(batch, length, generator=g, dtype=torch.float64) * 3 - 0.01
+    logp_rollout = logp_old + scale * torch.randn(batch, length, generator=g, dtype=torch.float64)
+    logp_theta = logp_old + 0.1 * torch.randn(batch, length, generator=g, dtype=torch.float64)
+    logp_ref = logp_old + 0.2 * torch.randn(batch, length, generator=g, dtype=torch.float64)
+    adv = torch.randn(batch, generator=g, dtype=torch.float64)
+    mask = (torch.rand(batch, length, generator=g) >= p_mask).to(torch.float64)
+    if p_mask < 1 and length > 0:
+        mask[:, 0] = 1
+    logp_rollout = torch.where(mask == 1, logp_rollout, -torch.inf)
+    out = dict(
+        logp_old=logp_old,
+        logp_rollout=logp_rollout,
+        logp_theta=logp_theta,
+        logp_ref=logp_ref,
+        adv=adv,
+        mask=mask,
+    )
+    return {k: v.to(dtype) if k != "mask" else v for k, v in out.items()}
