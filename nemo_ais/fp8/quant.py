@@ -218,7 +218,7 @@ def quantize_blockwise(
     if backend != "torch":
         from nemo_ais.fp8 import te_backend
 
-        if te_backend.use_te(x, backend, name=name):
+        if te_backend.use_te(x, backend, name=name, family=family, block=block):
             return te_backend.quantize_blockwise_te(x, block, family, eps, ue8m0, name=name)
     with torch.no_grad():
         x3 = x if x.dim() == 3 else x.unsqueeze(0)

@@ -288,3 +288,20 @@ def test_activation_1d_and_group_size():
     codes, scales = quantize_oracle(x[None].numpy(), (1, 32), "b", 1e-10, True)
     _assert_equal(_codes(q), codes[0], "1-D codes")
     _assert_equal(_bits(s), scales[0].view(np.int32), "1-D scales")
+
+
+def test_backend_selection_without_te_or_cuda():
+    x = _weight((200, 300))
+    q, s = quantize_blockwise(x, family="c", eps=0.0, backend="auto")  # CPU: torch reference
+    q_ref, s_ref = quantize_blockwise(x, family="c", eps=0.0)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+    with pytest.raises(ValueError, match=r"w: backend='cuda' is invalid"):
+        quantize_blockwise(x, backend="cuda", name="w")
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"nemo-ais\[te\]"):
+            quantize_blockwise(x, family="c", backend="te")
+    else:
+        with pytest.raises(ValueError, match="needs a CUDA tensor"):
+            quantize_blockwise(x, family="c", backend="te")

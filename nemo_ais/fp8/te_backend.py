@@ -1,0 +1,165 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Transformer Engine backend for :func:`nemo_ais.fp8.quantize_blockwise` (CUDA only).
+
+Wraps TE 2.x's ``Float8BlockQuantizer`` (``transformer_engine.pytorch.tensor.
+float8_blockwise_tensor``) with 2-D 128x128 block scaling and returns our convention:
+``(q float8_e4m3fn [N, K], s fp32 [ceil(N/128), ceil(K/128)])``, ``s`` the dequant
+multiplier (TE's row-wise ``scale_inv``, whose inner dim TE pads to a multiple of 4 for
+its GEMM; we crop it).
+
+TE's formula is family ``"c"``: ``m = 448 / max(amax, eps)`` (``amax == 0`` gives
+``m = 1``, an infinite ``m`` becomes the largest fp32), ``q = x * m``, ``s = 1 / m``;
+``force_pow_2_scales`` rounds ``m`` down to a power of two (our ``ue8m0`` for family
+``"c"``). Other families or tiles are not available from TE: ``backend="te"`` raises,
+``backend="auto"`` falls back to the torch reference. ``tests/gpu/test_te_backend.py``
+compares the two bit for bit.
+
+Transformer Engine is imported lazily, only here; install it with ``pip install
+'nemo-ais[te]'``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["is_available", "quantize_blockwise_te", "use_te"]
+
+_TE_BLOCK = (128, 128)
+_TE_FAMILY = "c"
+
+
+def _import_te() -> tuple[Any, Any]:
+    """Return (``Float8BlockQuantizer``, ``transformer_engine_torch``) or raise ImportError."""
+    try:
+        import transformer_engine_torch as tex
+        from transformer_engine.pytorch.tensor.float8_blockwise_tensor import (
+            Float8BlockQuantizer,
+        )
+    except ImportError as err:
+        raise ImportError(
+            "backend='te' needs Transformer Engine 2.x with PyTorch support: "
+            "pip install 'nemo-ais[te]' (on a CUDA machine)"
+        ) from err
+    return Float8BlockQuantizer, tex
+
+
+def is_available() -> bool:
+    """True if Transformer Engine's blockwise quantizer imports and CUDA is available."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        _import_te()
+    except ImportError:
+        return False
+    return True
+
+
+def use_te(
+    x: torch.Tensor,
+    backend: str,
+    *,
+    name: str = "x",
+    family: str = _TE_FAMILY,
+    block: tuple[int, int] = _TE_BLOCK,
+) -> bool:
+    """Resolve ``backend`` ("torch" | "te" | "auto") for ``x``: True means use TE.
+
+    ``"auto"`` picks TE only when it is importable, ``x`` is on CUDA and the request is
+    one TE implements (family ``"c"``, 128x128 tiles); otherwise the torch reference.
+
+    Raises:
+        ValueError: unknown backend, or ``"te"`` with a CPU tensor / another family or block.
+        ImportError: ``"te"`` without Transformer Engine (names the ``nemo-ais[te]`` extra).
+    """
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        supported = family == _TE_FAMILY and tuple(block) == _TE_BLOCK
+        return bool(supported and x.is_cuda and is_available())
+    if backend != "te":
+        raise ValueError(
+            f"{name}: backend={backend!r} is invalid: expected 'torch', 'te' or 'auto'"
+        )
+    _import_te()
+    if not x.is_cuda:
+        raise ValueError(f"{name}: backend='te' needs a CUDA tensor, got device {x.device}")
+    if family != _TE_FAMILY or tuple(block) != _TE_BLOCK:
+        raise ValueError(
+            f"{name}: backend='te' implements family='c' with block=(128, 128) only, got "
+            f"family={family!r} block={tuple(block)}; use backend='torch' for the others"
+        )
+    return True
+
+
+def _quantize_2d(x2: torch.Tensor, quantizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """One 2-D tensor through TE; returns (q as float8_e4m3fn, cropped fp32 scale)."""
+    n, k = x2.shape
+    qt = quantizer(x2.contiguous())
+    q = qt._rowwise_data.view(torch.float8_e4m3fn).reshape(n, k)
+    nb, kb = -(-n // _TE_BLOCK[0]), -(-k // _TE_BLOCK[1])
+    scale = qt._rowwise_scale_inv
+    if scale.dim() != 2 or scale.shape[0] < nb or scale.shape[1] < kb:
+        raise RuntimeError(
+            f"unexpected Transformer Engine scale layout {list(scale.shape)} for [{n}, {k}]: "
+            f"expected at least [{nb}, {kb}] (GEMM-ready 2-D block scaling)"
+        )
+    return q, scale[:nb, :kb].to(torch.float32).contiguous()
+
+
+def quantize_blockwise_te(
+    x: torch.Tensor,
+    block: tuple[int, int] = _TE_BLOCK,
+    family: str = _TE_FAMILY,
+    eps: float = 0.0,
+    ue8m0: bool = False,
+    *,
+    name: str = "x",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TE's 128x128 blockwise E4M3 quantization with our return convention.
+
+    Args:
+        x: CUDA ``[N, K]`` or ``[E, N, K]`` floating tensor (experts are quantized one by
+            one so that tiles never straddle two experts).
+        block, family: must be ``(128, 128)`` and ``"c"`` (TE's formula).
+        eps: TE's ``amax_epsilon``.
+        ue8m0: TE's ``force_pow_2_scales``.
+        name: tensor name used in error messages.
+
+    Returns:
+        ``(q, s)`` exactly as :func:`nemo_ais.fp8.quantize_blockwise`.
+
+    Raises:
+        ValueError: non-finite input (checked here: TE would map an infinite amax to
+            scale 1 and sync it silently), or an unsupported family/block.
+    """
+    from nemo_ais.fp8.quant import _check_finite_tiles
+
+    use_te(x, "te", name=name, family=family, block=block)
+    _check_finite_tiles(x, x.abs().amax().reshape(1).float(), name)
+    quantizer_cls, tex = _import_te()
+    quantizer = quantizer_cls(
+        tex.DType.kFloat8E4M3,
+        rowwise=True,
+        columnwise=False,
+        amax_epsilon=float(eps),
+        force_pow_2_scales=bool(ue8m0),
+        block_scaling_dim=2,
+    )
+    if x.dim() == 2:
+        return _quantize_2d(x, quantizer)
+    pairs = [_quantize_2d(x[e], quantizer) for e in range(x.shape[0])]
+    return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
