@@ -1,0 +1,248 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Bad input at the core boundary: a clear error naming the tensor, or a documented finite result."""
+
+from __future__ import annotations
+
+import oracles
+import pytest
+import torch
+
+from nemo_ais.config import CorrectionConfig, PGLossConfig
+from nemo_ais.core import clipped_pg_loss, compute_diagnostics
+
+B, T = 4, 8
+AIS = CorrectionConfig(mode="ais")
+
+
+def _batch(dtype=torch.float32):
+    return oracles.random_batch(B, T, scale=0.05, seed=21, dtype=dtype)
+
+
+def _loss(b, cfg=AIS, pg=None, **kw):
+    theta = (
+        b["logp_theta"].clone().requires_grad_()
+        if b["logp_theta"].is_floating_point()
+        else b["logp_theta"]
+    )
+    args = dict(
+        curr_logprobs=theta,
+        prev_logprobs=b["logp_old"],
+        generation_logprobs=b["logp_rollout"],
+        advantages=b["adv"],
+        mask=b["mask"],
+    )
+    args.update(kw)
+    out = clipped_pg_loss(**args, config=cfg, pg=pg, reference_logprobs=b.get("ref"))
+    out.loss.backward()
+    return out, theta.grad
+
+
+def _assert_finite(out, grad):
+    assert torch.isfinite(out.loss)
+    assert grad is None or torch.isfinite(grad).all()
+    for name, value in out.metrics.items():
+        assert value.dim() == 0 and torch.isfinite(value), name
+
+
+# --- non-finite values: ValueError naming the tensor, the count and the first index --------
+
+
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("curr_logprobs", "logp_theta"),
+        ("prev_logprobs", "logp_old"),
+        ("generation_logprobs", "logp_rollout"),
+    ],
+)
+@pytest.mark.parametrize("bad", [torch.nan, torch.inf, -torch.inf])
+def test_non_finite_logprob_at_valid_position(name, key, bad):
+    b = _batch()
+    b["logp_rollout"] = b["logp_old"] + 0.01  # no -inf padding anywhere in this test
+    b[key] = b[key].clone()
+    b[key][2, 3] = bad
+    b[key][3, 5] = bad
+    b["mask"][2, 3] = b["mask"][3, 5] = 1
+    with pytest.raises(
+        ValueError, match=rf"{name}: 2 non-finite values .* first at index \(2, 3\)"
+    ):
+        _loss(b)
+
+
+def test_non_finite_reference_logprobs():
+    b = _batch()
+    b["ref"] = b["logp_ref"].clone()
+    b["ref"][1, 0] = torch.nan
+    with pytest.raises(ValueError, match=r"reference_logprobs: 1 non-finite .* \(1, 0\)"):
+        _loss(b, pg=PGLossConfig(reference_policy_kl_penalty=0.1))
+
+
+def test_non_finite_advantage():
+    b = _batch()
+    b["adv"] = b["adv"].clone()
+    b["adv"][2] = torch.inf
+    with pytest.raises(ValueError, match=r"advantages: 1 non-finite .* \(2,\)"):
+        _loss(b)
+
+
+def test_non_finite_in_compute_diagnostics():
+    b = _batch()
+    b["logp_old"][0, 0] = torch.nan
+    with pytest.raises(ValueError, match=r"prev_logprobs: 1 non-finite .* \(0, 0\)"):
+        compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS)
+
+
+# --- masked garbage is ignored (documented) ----------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["none", "tis", "icepop", "seq_mask_geo", "ais"])
+def test_neg_inf_and_nan_at_masked_positions_are_ignored(mode):
+    b = _batch()
+    b["mask"][:, -3:] = 0
+    clean = {k: v.clone() for k, v in b.items()}
+    for key in ("logp_theta", "logp_old"):
+        b[key][:, -3:] = -torch.inf
+    b["logp_rollout"][:, -2:] = torch.nan
+    cfg = CorrectionConfig(mode=mode)
+    out, grad = _loss(b, cfg)
+    ref, ref_grad = _loss(clean, cfg)
+    _assert_finite(out, grad)
+    assert torch.equal(out.loss, ref.loss) and torch.equal(grad, ref_grad)
+    assert (grad[:, -3:] == 0).all()
+
+
+# --- huge log-ratios: finite thanks to the clamps ------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["none", "tis", "icepop", "seq_mask_geo", "ais"])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_log_ratios_of_1e4_stay_finite(mode, sign):
+    b = _batch()
+    b["logp_rollout"] = b["logp_old"] - sign * 1e4  # l = +-1e4 between pi_old and mu
+    b["logp_theta"] = b["logp_old"] + sign * 1e4  # and between pi_theta and pi_old
+    b["ref"] = b["logp_old"] - 1e4
+    pg = PGLossConfig(reference_policy_kl_penalty=0.1)
+    out, grad = _loss(b, CorrectionConfig(mode=mode), pg)
+    _assert_finite(out, grad)
+    diag = compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS)
+    assert all(torch.isfinite(torch.tensor(v)) for v in diag.as_dict().values())
+    assert 0 <= diag.alpha <= 1
+
+
+# --- shape / dtype / device ----------------------------------------------------------------
+
+
+def test_shape_mismatch_message():
+    b = _batch()
+    b["logp_rollout"] = torch.zeros(B, T - 1, dtype=torch.float16)
+    msg = r"generation_logprobs: got \[4, 7\] float16, expected \[4, 8\] float32 like prev_logprobs"
+    with pytest.raises(ValueError, match=msg):
+        _loss(b)
+
+
+def test_integer_logprobs_rejected():
+    b = _batch()
+    b["logp_old"] = torch.zeros(B, T, dtype=torch.int64)
+    with pytest.raises((TypeError, ValueError), match="prev_logprobs"):
+        _loss(b)
+
+
+def test_curr_logprobs_not_a_tensor():
+    b = _batch()
+    b["logp_theta"] = b["logp_theta"].tolist()
+    with pytest.raises(TypeError, match="curr_logprobs: got list"):
+        clipped_pg_loss(b["logp_theta"], b["logp_old"], b["logp_rollout"], b["adv"], b["mask"], AIS)
+
+
+def test_prev_logprobs_wrong_rank():
+    b = _batch()
+    with pytest.raises(ValueError, match=r"prev_logprobs: got \[32\] float32, expected a \[B, T\]"):
+        _loss(b, prev_logprobs=b["logp_old"].reshape(-1))
+
+
+def test_advantages_wrong_shape():
+    b = _batch()
+    with pytest.raises(ValueError, match=r"advantages: got \[3\] .* expected \[4, 8\] or \[4\]"):
+        _loss(b, advantages=b["adv"][:3])
+
+
+def test_mask_wrong_shape():
+    b = _batch()
+    with pytest.raises(ValueError, match=r"mask: got \[4, 9\]"):
+        _loss(b, mask=torch.ones(B, T + 1))
+
+
+def test_device_mismatch_message():
+    b = _batch()
+    meta = b["logp_rollout"].to("meta")
+    with pytest.raises(ValueError, match="generation_logprobs: got device meta, expected cpu"):
+        _loss(b, generation_logprobs=meta)
+
+
+# --- mask values ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0.5, -1.0, 2.0, torch.nan])
+def test_mask_values_not_binary(value):
+    b = _batch()
+    b["mask"][1, 2] = value
+    with pytest.raises(ValueError, match=r"mask: 1 values not in \{0, 1\}.*\(1, 2\)"):
+        _loss(b)
+    with pytest.raises(ValueError, match=r"mask: 1 values not in \{0, 1\}"):
+        compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS)
+
+
+def test_bool_and_integer_masks_equal_float_mask():
+    b = _batch()
+    ref, g_ref = _loss(b)
+    for mask in (b["mask"].bool(), b["mask"].long()):
+        out, g = _loss(b, mask=mask)
+        assert torch.equal(out.loss, ref.loss) and torch.equal(g, g_ref)
+
+
+def test_missing_reference_logprobs():
+    b = _batch()
+    with pytest.raises(ValueError, match="reference_logprobs: got None"):
+        _loss(b, pg=PGLossConfig(reference_policy_kl_penalty=0.1))
+
+
+# --- degenerate batches: documented finite results ----------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(0, T), (B, 0), (0, 0)])
+@pytest.mark.parametrize("mode", ["none", "ais"])
+def test_empty_batch_shapes(shape, mode):
+    z = torch.zeros(shape)
+    theta = z.clone().requires_grad_()
+    out = clipped_pg_loss(theta, z, z, torch.zeros(shape[0]), z, CorrectionConfig(mode=mode))
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and theta.grad.shape == shape
+    _assert_finite(out, theta.grad)
+    if mode == "ais":
+        assert out.metrics["ais/empty_batch"].item() == 1.0
+        assert out.metrics["ais/alpha"].item() == 0.0
+
+
+@pytest.mark.parametrize("token_level", [True, False])
+def test_all_tokens_masked(token_level):
+    b = _batch()
+    b["mask"].zero_()
+    b["logp_rollout"].fill_(-torch.inf)
+    b["ref"] = b["logp_ref"]
+    out, grad = _loss(
+        b, pg=PGLossConfig(token_level_loss=token_level, reference_policy_kl_penalty=0.1)
+    )
+    _assert_finite(out, grad)
+    assert out.loss.item() == 0.0 and (grad == 0).all()
+    assert out.metrics["ais/empty_batch"].item() == 1.0 and out.metrics["ais/alpha"].item() == 0.0
+    diag = compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS)
+    assert diag.alpha == 0.0 and diag.empty_batch == 1.0
+
+
+def test_bf16_inputs_finite_and_close():
+    b16 = _batch(torch.bfloat16)
+    b32 = {k: v.float() for k, v in b16.items()}
+    out16, g16 = _loss(b16)
+    out32, _ = _loss(b32)
+    _assert_finite(out16, g16.float())
+    torch.testing.assert_close(out16.loss, out32.loss, rtol=1e-6, atol=1e-7)
