@@ -1,0 +1,65 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Megatron-Core process-group getters used by the NeMo-RL seam (megatron imported lazily).
+
+The AIS statistics of a global batch are summed over exactly the group that NeMo-RL's
+Megatron worker uses for ``global_valid_seqs`` / ``global_valid_toks``:
+``parallel_state.get_data_parallel_group()`` (context-parallel ranks excluded: they hold
+the same sequences, so including them would count every token ``cp`` times). Never WORLD:
+WORLD also spans tensor- and pipeline-parallel ranks that hold identical data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "MEGATRON_INSTALL_HINT",
+    "get_data_parallel_group",
+    "get_data_parallel_world_size",
+    "is_pipeline_last_stage",
+]
+
+MEGATRON_INSTALL_HINT = (
+    "megatron-core is required for nemo_ais.megatron: `pip install nemo-ais[megatron]` "
+    "(or run inside NeMo-RL's Megatron worker environment)"
+)
+
+
+def _parallel_state() -> Any:
+    try:
+        from megatron.core import parallel_state
+    except ImportError as err:  # pragma: no cover - exercised only without megatron-core
+        raise ImportError(MEGATRON_INSTALL_HINT) from err
+    if not parallel_state.model_parallel_is_initialized():
+        raise RuntimeError(
+            "megatron.core.parallel_state is not initialized: the AIS statistics can only be "
+            "reduced inside a Megatron worker (after initialize_model_parallel)"
+        )
+    return parallel_state
+
+
+def get_data_parallel_group() -> Any:
+    """Megatron's data-parallel group (without context-parallel ranks): the AIS reduce group."""
+    return _parallel_state().get_data_parallel_group(with_context_parallel=False)
+
+
+def get_data_parallel_world_size() -> int:
+    """Size of :func:`get_data_parallel_group`."""
+    return _parallel_state().get_data_parallel_world_size(with_context_parallel=False)
+
+
+def is_pipeline_last_stage() -> bool:
+    """True on the pipeline stage that computes the loss (virtual stages ignored)."""
+    return _parallel_state().is_pipeline_last_stage(ignore_virtual=True)

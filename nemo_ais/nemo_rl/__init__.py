@@ -1,0 +1,83 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""NeMo-RL v0.7.0 adapter for AIS (NeMo-RL is imported lazily).
+
+``import nemo_ais.nemo_rl`` works without NeMo-RL; the framework-independent prepare step
+(:mod:`nemo_ais.nemo_rl.seam`) is always available. The NeMo-RL classes are resolved on
+first use::
+
+    from nemo_ais.nemo_rl import AISClippedPGLossFn, AISLossConfig   # needs NeMo-RL
+
+and raise ``ImportError`` with installation instructions when NeMo-RL is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from nemo_ais.nemo_rl.seam import (
+    GLOBAL_BATCH_KEY,
+    core_inputs,
+    global_batch_diagnostics,
+    prepare_global_batches,
+    split_global_batches,
+)
+
+__all__ = [
+    "GLOBAL_BATCH_KEY",
+    "NEMO_RL_INSTALL_HINT",
+    "NEMO_RL_VERSION",
+    "AISClippedPGLossFn",
+    "AISLossConfig",
+    "core_inputs",
+    "global_batch_diagnostics",
+    "prepare_global_batches",
+    "split_global_batches",
+    "validate_loss_config",
+]
+
+NEMO_RL_VERSION = "0.7.0"
+NEMO_RL_INSTALL_HINT = (
+    f"NeMo-RL v{NEMO_RL_VERSION} is required for nemo_ais.nemo_rl's NeMo-RL classes. It is "
+    "not on PyPI (the `nemo-rl` name there is a placeholder): `git clone --branch "
+    f"v{NEMO_RL_VERSION} https://github.com/NVIDIA-NeMo/RL` and use its uv environment "
+    "(`uv run ...`) or put the checkout on PYTHONPATH, then `pip install nemo-ais[nemo-rl]`"
+)
+
+# public name -> submodule that defines it (imports nemo_rl)
+_LAZY = {
+    "AISClippedPGLossFn": "nemo_ais.nemo_rl.loss",
+    "AISLossConfig": "nemo_ais.nemo_rl.loss",
+    "validate_loss_config": "nemo_ais.nemo_rl.loss",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and err.name.split(".")[0] == "nemo_rl":
+            raise ImportError(f"{name}: {NEMO_RL_INSTALL_HINT}") from err
+        raise
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

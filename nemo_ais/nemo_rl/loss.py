@@ -1,0 +1,253 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""NeMo-RL v0.7.0 loss adapter: ``AISLossConfig`` and ``AISClippedPGLossFn`` (no loss math).
+
+``AISClippedPGLossFn`` extends NeMo-RL's ``ClippedPGLossFn``:
+
+* ``loss_fn.ais.mode: none`` (or no ``ais`` section): ``super().__call__`` unchanged, so
+  NeMo-RL's own options (including its ``tis`` / ``icepop`` / ``seq-mask-tis``) behave
+  exactly as upstream.
+* any other mode: the NeMo-RL data keys are mapped to core names by
+  :func:`nemo_ais.nemo_rl.seam.core_inputs` and the loss is
+  :func:`nemo_ais.core.clipped_pg_loss` with the diagnostics that the worker's prepare
+  step attached for this micro-batch's global batch (see :mod:`nemo_ais.nemo_rl.seam`).
+  No collective runs inside a loss call.
+
+Metrics in AIS mode: NeMo-RL's own keys (``token_mult_prob_error``, ``gen_kl_error``, ...,
+which ``grpo_train`` reads unconditionally) come from ``ClippedPGLossFn`` itself, evaluated
+without gradient and with NeMo-RL's correction off (the config forbids it with AIS);
+``loss``, ``probs_ratio``, ``probs_ratio_clamped``, ``kl_penalty``,
+``sampling_importance_ratio`` and every ``ais/*`` key come from core. All are python
+floats already divided by the global valid token (or sequence) count, so GRPO's SUM over
+micro-batches and data-parallel ranks gives the global value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
+from pydantic import Field, field_validator, model_validator
+
+from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
+from nemo_ais.core import AISDiagnostics, metric_normalizations
+from nemo_ais.nemo_rl.seam import loss_from_prepared
+
+__all__ = [
+    "NEMO_RL_METRIC_KEYS",
+    "AISClippedPGLossFn",
+    "AISLossConfig",
+    "core_metric_keys",
+    "pg_loss_config",
+    "validate_loss_config",
+]
+
+# Keys whose value comes from core in AIS mode (same definitions as NeMo-RL's, with the
+# AIS weight as the applied correction); every other key of NeMo-RL's dict is NeMo-RL's.
+_CORE_KEYS = ("loss", "probs_ratio", "probs_ratio_clamped", "kl_penalty")
+_CORE_KEYS += ("sampling_importance_ratio",)
+# NeMo-RL v0.7.0 ClippedPGLossFn keys (no truncated IS): what grpo_train may read.
+NEMO_RL_METRIC_KEYS = (
+    "loss",
+    "probs_ratio",
+    "probs_ratio_clamped",
+    "probs_ratio_min",
+    "probs_ratio_max",
+    "probs_ratio_clamped_min",
+    "probs_ratio_clamped_max",
+    "kl_penalty",
+    "token_mult_prob_error",
+    "gen_kl_error",
+    "policy_kl_error",
+    "js_divergence_error",
+    "sampling_importance_ratio",
+    "num_valid_samples",
+    "approx_entropy",
+    "positive_nll_loss",
+)
+# NeMo-RL options that AIS replaces (conflict) or that core does not implement.
+_CONFLICTS = {
+    "use_importance_sampling_correction": (
+        False,
+        "AIS is itself the importance-sampling correction; enabling both weights the loss twice",
+    ),
+    "truncated_importance_sampling_type": (
+        None,
+        "AIS replaces NeMo-RL's truncated IS; use loss_fn.ais.mode (tis, icepop, seq_mask_geo)",
+    ),
+    "sequence_level_importance_ratios": (False, "not supported with AIS (GSPO ratios)"),
+    "force_on_policy_ratio": (False, "AIS needs prev_logprobs, which this option skips"),
+    "use_cispo": (False, "not supported with AIS"),
+    "use_on_policy_kl_approximation": (False, "not supported with AIS"),
+    "positive_example_nll_weight": (0.0, "not supported with AIS (VAPO NLL term)"),
+}
+
+
+def _ais_off() -> CorrectionConfig:
+    return CorrectionConfig(mode="none")
+
+
+class AISLossConfig(ClippedPGLossConfig):
+    """NeMo-RL's ``ClippedPGLossConfig`` plus the validated ``loss_fn.ais`` section.
+
+    A missing ``ais`` section means ``mode: none`` (exactly ``ClippedPGLossFn``).
+    """
+
+    ais: CorrectionConfig = Field(
+        default_factory=_ais_off,
+        description="AIS correction (nemo_ais.config.CorrectionConfig); absent = mode none.",
+    )
+
+    @field_validator("ais", mode="before")
+    @classmethod
+    def _validate_ais(cls, value: Any) -> CorrectionConfig:
+        return validate_section(CorrectionConfig, value, "loss_fn.ais")
+
+    @model_validator(mode="after")
+    def _check_conflicts(self) -> AISLossConfig:
+        if self.ais.mode == "none":
+            return self
+        for field, (off, why) in _CONFLICTS.items():
+            value = getattr(self, field)
+            if value != off:
+                raise ValueError(
+                    f"loss_fn.{field}={value!r} conflicts with loss_fn.ais.mode="
+                    f"{self.ais.mode!r}: {why} (set loss_fn.{field}: "
+                    f"{'null' if off is None else str(off).lower()}, or loss_fn.ais.mode: none "
+                    "to use NeMo-RL's own loss)"
+                )
+        return self
+
+
+def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AISLossConfig:
+    """Validate a ``loss_fn`` section (dict or NeMo-RL config) as :class:`AISLossConfig`.
+
+    Raises:
+        ValueError: one line per problem naming ``loss_fn.<field>`` (``loss_fn.ais.<field>``
+            for our section) with the value, the expected range and a hint.
+    """
+    if isinstance(loss_fn, AISLossConfig):
+        return loss_fn
+    data = loss_fn.model_dump() if isinstance(loss_fn, ClippedPGLossConfig) else dict(loss_fn)
+    data["ais"] = validate_section(CorrectionConfig, data.get("ais"), "loss_fn.ais")
+    try:
+        return AISLossConfig.model_validate(data)
+    except ValueError as err:  # pydantic's ValidationError is a ValueError
+        errors = getattr(err, "errors", None)
+        if errors is None:
+            raise
+        lines = []
+        for e in errors():
+            where = ".".join(str(p) for p in e["loc"])
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"loss_fn.{where}={e.get('input')!r} is invalid: {msg}" if where else msg)
+        raise ValueError("\n".join(lines)) from None
+
+
+def pg_loss_config(cfg: ClippedPGLossConfig) -> PGLossConfig:
+    """The clipped-surrogate knobs of a NeMo-RL loss config as core's :class:`PGLossConfig`."""
+    return PGLossConfig(
+        ratio_clip_min=cfg.ratio_clip_min,
+        ratio_clip_max=cfg.ratio_clip_max,
+        ratio_clip_c=cfg.ratio_clip_c,
+        reference_policy_kl_penalty=0.0
+        if cfg.use_kl_in_reward
+        else cfg.reference_policy_kl_penalty,
+        reference_policy_kl_type=cfg.reference_policy_kl_type,
+        kl_input_clamp_value=cfg.kl_input_clamp_value,
+        kl_output_clamp_value=cfg.kl_output_clamp_value,
+        token_level_loss=cfg.token_level_loss,
+        disable_ppo_ratio=cfg.disable_ppo_ratio,
+    )
+
+
+def core_metric_keys(token_level_loss: bool = True) -> dict[str, str]:
+    """Keys core contributes in AIS mode -> normaliser (``tokens``/``sequences``/``none``)."""
+    norms = metric_normalizations(token_level_loss)
+    return {k: v for k, v in norms.items() if k in _CORE_KEYS or k.startswith("ais/")}
+
+
+class AISClippedPGLossFn(ClippedPGLossFn):
+    """``ClippedPGLossFn`` whose actor loss is weighted by the AIS correction of core.
+
+    Args:
+        cfg: an :class:`AISLossConfig`, or anything :func:`validate_loss_config` accepts.
+
+    Attributes:
+        ais: the validated ``loss_fn.ais`` section.
+        metric_normalizations: metric name -> ``tokens`` / ``sequences`` / ``none`` for
+            the keys core adds (NeMo-RL v0.7.0 has no such attribute on its losses; newer
+            versions' entries, if any, are kept).
+    """
+
+    def __init__(self, cfg: AISLossConfig | Mapping[str, Any] | ClippedPGLossConfig):
+        cfg = validate_loss_config(cfg)
+        super().__init__(cfg)
+        self.ais = cfg.ais
+        self.pg = pg_loss_config(cfg)
+        inherited = dict(getattr(self, "metric_normalizations", None) or {})
+        self.metric_normalizations = {**inherited, **core_metric_keys(cfg.token_level_loss)}
+        self._diagnostics: tuple[AISDiagnostics, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        """True when ``loss_fn.ais.mode`` is not ``none``."""
+        return self.ais.mode != "none"
+
+    def attach_diagnostics(self, diagnostics: Sequence[AISDiagnostics]) -> None:
+        """Store the prepared diagnostics, one per global batch of this ``train()`` call."""
+        self._diagnostics = tuple(diagnostics)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The driver pickles the loss to every worker on every train() call: never ship
+        # diagnostics of a previous call.
+        state = self.__dict__.copy()
+        state["_diagnostics"] = ()
+        return state
+
+    def __call__(
+        self,
+        next_token_logprobs: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """NeMo-RL's loss contract: ``(loss, metrics)`` with float metrics (see module doc)."""
+        if not self.enabled:
+            return super().__call__(next_token_logprobs, data, global_valid_seqs, global_valid_toks)
+        if self.pg.reference_policy_kl_penalty > 0 and "curr_logprobs_unfiltered" in data:
+            raise NotImplementedError(
+                "loss_fn.ais with top-k/top-p training sampling and a KL penalty: NeMo-RL's "
+                "unfiltered log-probs for the KL term are not supported yet (set "
+                "loss_fn.reference_policy_kl_penalty: 0 or disable top-k/top-p)"
+            )
+        out = loss_from_prepared(
+            next_token_logprobs,
+            data,
+            self._diagnostics,
+            self.ais,
+            self.pg,
+            global_valid_seqs=global_valid_seqs,
+            global_valid_toks=global_valid_toks,
+        )
+        with torch.no_grad():
+            _, metrics = super().__call__(
+                next_token_logprobs.detach(), data, global_valid_seqs, global_valid_toks
+            )
+        for key in self.metric_normalizations:
+            if key in out.metrics:
+                metrics[key] = float(out.metrics[key])
+        return out.loss, metrics

@@ -1,0 +1,342 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The per-global-batch AIS "prepare" step, independent of NeMo-RL (plain torch).
+
+A NeMo-RL policy worker trains on its data-parallel shard of several global batches per
+``train()`` call, and calls the loss once per micro-batch -- or once per packed sequence
+(``sequence_packing`` without ``fuse_loss``), only on the last pipeline stage, with extra
+dummy micro-batches on some DTensor ranks. A collective inside the loss would therefore
+deadlock. Instead, each worker runs this step at the top of ``train()``, before its
+micro-batch loop::
+
+    for every global batch g, in order (same count on every rank of the DP group):
+        s_g   = compute_statistics(this rank's rows of g)       # local, no communication
+        S_g   = reduce_statistics(s_g, dp_group)                # exactly ONE all_reduce
+        d_g   = diagnostics_from_stats(S_g, config, state)      # alpha, identical everywhere
+    tag every row of the shard with its global-batch index g     # column GLOBAL_BATCH_KEY
+    loss_fn.attach_diagnostics([d_0, d_1, ...])                  # read by every loss call
+
+The loss then looks up ``d_g`` through the row tag of whatever micro-batch (or packed
+sequence) it receives: it never communicates, so the number of loss calls per rank is
+free to differ. The statistics depend only on ``prev_logprobs``, ``generation_logprobs``
+and the masks, all known before the first forward pass.
+
+:func:`core_inputs` is the ONE place where NeMo-RL's data keys are mapped to the core
+names (``prev_logprobs -> logp_old``, ``generation_logprobs -> logp_rollout``,
+``token_mask[:, 1:] * sample_mask -> mask``, ...). Both the prepare step and the loss use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from nemo_ais.config import CorrectionConfig, PGLossConfig
+from nemo_ais.core import (
+    AISDiagnostics,
+    AISState,
+    LossOutput,
+    clipped_pg_loss,
+    compute_statistics,
+    diagnostics_from_stats,
+    reduce_statistics,
+)
+
+__all__ = [
+    "GLOBAL_BATCH_KEY",
+    "CoreInputs",
+    "DiagnosticsSink",
+    "core_inputs",
+    "global_batch_diagnostics",
+    "global_batch_index",
+    "loss_from_prepared",
+    "num_global_batches",
+    "prepare_global_batches",
+    "split_global_batches",
+]
+
+# Row tag added to the worker's data: index of the global batch the row belongs to.
+# A [B] int64 column: NeMo-RL's slicing, packing and micro-batching keep it on every row.
+GLOBAL_BATCH_KEY = "ais_global_batch"
+# Rows past the last full global batch (NeMo-RL never trains on them).
+_UNUSED_ROW = -1
+
+
+class CoreInputs(NamedTuple):
+    """NeMo-RL loss data mapped to core names; all ``[B, S - 1]`` (response-aligned)."""
+
+    logp_old: torch.Tensor
+    logp_rollout: torch.Tensor
+    mask: torch.Tensor
+    adv: torch.Tensor | None
+    logp_ref: torch.Tensor | None
+
+
+class DiagnosticsSink(Protocol):
+    """What the prepare step attaches the per-global-batch diagnostics to (the loss)."""
+
+    def attach_diagnostics(self, diagnostics: Sequence[AISDiagnostics]) -> None:
+        """Store one :class:`AISDiagnostics` per global batch, in order."""
+
+
+def _tensor(data: Mapping[str, Any], key: str, ndim: int) -> torch.Tensor:
+    value = data.get(key)
+    if not isinstance(value, torch.Tensor):
+        raise KeyError(
+            f"{key}: missing from the loss data (got keys {sorted(data)}); "
+            f"NeMo-RL's GRPO puts it in every training batch"
+        )
+    if value.dim() != ndim:
+        raise ValueError(
+            f"{key}: got {list(value.shape)} {value.dtype}, expected a {ndim}-D tensor "
+            f"({'[B, S]' if ndim == 2 else '[B]'})"
+        )
+    return value
+
+
+def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> CoreInputs:
+    """Map NeMo-RL's ``ClippedPGLossDataDict`` keys to the core tensor names.
+
+    ``[:, 1:]`` drops the first position (no next-token log-prob), as ``ClippedPGLossFn``.
+
+    Args:
+        data: a (micro-)batch with ``prev_logprobs``, ``generation_logprobs``,
+            ``token_mask`` (``[B, S]``), ``sample_mask`` (``[B]``) and, when
+            ``with_loss_terms``, ``advantages`` (``[B, S]``) and optionally
+            ``reference_policy_logprobs`` (``[B, S]``).
+        with_loss_terms: also map ``advantages`` / ``reference_policy_logprobs``.
+
+    Returns:
+        :class:`CoreInputs`; ``mask = token_mask[:, 1:] * sample_mask[:, None]`` in the
+        dtype of ``token_mask`` (values in {0, 1}).
+
+    Raises:
+        KeyError: a required key is missing. ValueError: a tensor has the wrong rank or
+        ``generation_logprobs`` / ``token_mask`` / ``sample_mask`` do not match
+        ``prev_logprobs`` in shape.
+    """
+    prev = _tensor(data, "prev_logprobs", 2)
+    gen = _tensor(data, "generation_logprobs", 2)
+    token_mask = _tensor(data, "token_mask", 2)
+    sample_mask = _tensor(data, "sample_mask", 1)
+    for name, t in (("generation_logprobs", gen), ("token_mask", token_mask)):
+        if t.shape != prev.shape:
+            raise ValueError(
+                f"{name}: got {list(t.shape)}, expected {list(prev.shape)} like prev_logprobs"
+            )
+    if sample_mask.shape[0] != prev.shape[0]:
+        raise ValueError(
+            f"sample_mask: got {list(sample_mask.shape)}, expected [{prev.shape[0]}] "
+            "(one entry per row of prev_logprobs)"
+        )
+    mask = token_mask[:, 1:] * sample_mask.to(token_mask.dtype).unsqueeze(-1)
+    adv = ref = None
+    if with_loss_terms:
+        adv = _tensor(data, "advantages", 2)[:, 1:]
+        ref_full = data.get("reference_policy_logprobs")
+        ref = ref_full[:, 1:] if isinstance(ref_full, torch.Tensor) else None
+    return CoreInputs(prev[:, 1:], gen[:, 1:], mask, adv, ref)
+
+
+def num_global_batches(data: Any, local_batch_size: int) -> int:
+    """Global batches in a worker's shard, computed locally (no collective).
+
+    With sequence packing NeMo-RL records one element count per global batch
+    (``elem_counts_per_gb``); otherwise every global batch has ``local_batch_size`` rows.
+    The driver shards every rank with the same number of global batches, so the result is
+    identical on every rank of the data-parallel group.
+    """
+    counts = getattr(data, "elem_counts_per_gb", None)
+    if counts is not None:
+        return len(counts)
+    if local_batch_size <= 0:
+        raise ValueError(f"local_batch_size={local_batch_size} must be > 0 (gbs // dp_size)")
+    return _rows(data) // local_batch_size
+
+
+def _rows(data: Mapping[str, Any]) -> int:
+    return int(_tensor(data, "sample_mask", 1).shape[0])
+
+
+def _slice_rows(data: Mapping[str, Any], start: int, end: int) -> dict[str, Any]:
+    return {k: v[start:end] if isinstance(v, torch.Tensor) else v for k, v in data.items()}
+
+
+def split_global_batches(data: Any, local_batch_size: int) -> list[Mapping[str, Any]]:
+    """This rank's rows of each global batch, in order.
+
+    Uses ``data.get_batch(i, batch_size=...)`` when ``data`` is a NeMo-RL
+    ``BatchedDataDict`` (the worker's own split, packing-aware); plain mappings of tensors
+    are sliced in blocks of ``local_batch_size`` rows.
+    """
+    n = num_global_batches(data, local_batch_size)
+    if hasattr(data, "get_batch"):
+        return [data.get_batch(batch_idx=i, batch_size=local_batch_size) for i in range(n)]
+    return [_slice_rows(data, i * local_batch_size, (i + 1) * local_batch_size) for i in range(n)]
+
+
+def global_batch_diagnostics(
+    batches: Sequence[Mapping[str, Any]],
+    config: CorrectionConfig,
+    *,
+    group: torch.distributed.ProcessGroup | None,
+    state: AISState | None = None,
+    device: torch.device | str | None = None,
+) -> list[AISDiagnostics]:
+    """Diagnostics of each global batch: local statistics -> ONE all-reduce -> alpha.
+
+    Args:
+        batches: this rank's rows of each global batch, in global-batch order (every rank
+            of ``group`` must pass the same number; a rank may have zero rows or zero
+            valid tokens in any of them).
+        config: the ``loss_fn.ais`` section.
+        group: the data-parallel group (None: one process, no collective).
+        state: EMA state of alpha, advanced once per global batch (None: no smoothing
+            state, e.g. in eval mode).
+        device: where the statistics are reduced (``cuda`` for NCCL groups); None keeps
+            the device of ``prev_logprobs``.
+
+    Returns:
+        One :class:`AISDiagnostics` per global batch, identical on every rank.
+    """
+    out = []
+    for batch in batches:
+        x = core_inputs(batch, with_loss_terms=False)
+        logp_old, logp_rollout, mask = (t.to(device) for t in x[:3]) if device else x[:3]
+        local = compute_statistics(logp_old, logp_rollout, mask, config)
+        reduced = reduce_statistics(local, group)  # the ONE collective of this global batch
+        out.append(diagnostics_from_stats(reduced, config, state))
+    return out
+
+
+def _row_tags(batches: Sequence[Mapping[str, Any]], total_rows: int) -> torch.Tensor:
+    sizes = [_rows(b) for b in batches]
+    tags = [torch.full((n,), g, dtype=torch.int64) for g, n in enumerate(sizes)]
+    tail = torch.full((total_rows - sum(sizes),), _UNUSED_ROW, dtype=torch.int64)
+    return torch.cat([*tags, tail])
+
+
+def prepare_global_batches(
+    data: MutableMapping[str, Any],
+    sink: DiagnosticsSink,
+    config: CorrectionConfig,
+    *,
+    local_batch_size: int,
+    group: torch.distributed.ProcessGroup | None,
+    state: AISState | None = None,
+    device: torch.device | str | None = None,
+    split: Callable[[Any, int], Sequence[Mapping[str, Any]]] = split_global_batches,
+) -> list[AISDiagnostics]:
+    """The worker's prepare step: diagnostics per global batch, row tags, attach to the loss.
+
+    Args:
+        data: the worker's shard (``BatchedDataDict`` or a dict of tensors); gains the
+            ``[B]`` int64 column :data:`GLOBAL_BATCH_KEY` (-1 for rows past the last full
+            global batch).
+        sink: the loss object (``attach_diagnostics``).
+        config: the ``loss_fn.ais`` section.
+        local_batch_size: rows of one global batch on this rank (``gbs // dp_size``).
+        group: the data-parallel group; see :func:`global_batch_diagnostics`.
+        state: EMA state (None in eval mode).
+        device: reduction device (``cuda`` for NCCL).
+        split: how to cut ``data`` into global batches (the worker's own ``get_batch``).
+
+    Returns:
+        The diagnostics, one per global batch (also attached to ``sink``).
+    """
+    batches = split(data, local_batch_size)
+    diagnostics = global_batch_diagnostics(batches, config, group=group, state=state, device=device)
+    tags = _row_tags(batches, _rows(data))
+    data[GLOBAL_BATCH_KEY] = tags.to(_tensor(data, "sample_mask", 1).device)
+    sink.attach_diagnostics(diagnostics)
+    return diagnostics
+
+
+def global_batch_index(data: Mapping[str, Any]) -> int | None:
+    """Global-batch index of a (micro-)batch from its row tags; None if untagged.
+
+    Raises:
+        ValueError: the rows belong to different global batches, or to none (tag -1).
+    """
+    tags = data.get(GLOBAL_BATCH_KEY)
+    if tags is None:
+        return None
+    if tags.numel() == 0:
+        return _UNUSED_ROW
+    lo, hi = int(tags.min()), int(tags.max())
+    if lo != hi or lo == _UNUSED_ROW:
+        raise ValueError(
+            f"{GLOBAL_BATCH_KEY}: a loss call received rows of global batches {lo}..{hi}; "
+            "expected all rows from one global batch (the worker's micro-batches never "
+            "straddle global batches; -1 marks rows outside every global batch)"
+        )
+    return lo
+
+
+def loss_from_prepared(
+    logp_theta: torch.Tensor,
+    data: Mapping[str, Any],
+    diagnostics: Sequence[AISDiagnostics],
+    config: CorrectionConfig,
+    pg: PGLossConfig,
+    *,
+    global_valid_seqs: torch.Tensor | float | None,
+    global_valid_toks: torch.Tensor | float | None,
+) -> LossOutput:
+    """One loss call (micro-batch or packed sequence) with the prepared diagnostics.
+
+    No collective: the diagnostics of the call's global batch are looked up through the
+    row tags (:data:`GLOBAL_BATCH_KEY`) and passed to :func:`nemo_ais.core.clipped_pg_loss`.
+
+    Args:
+        logp_theta: ``[B, S - 1]`` current log-probs of the sampled tokens (with grad).
+        data: the call's NeMo-RL data (keys as :func:`core_inputs`, plus the row tags).
+        diagnostics: what the prepare step produced for this ``train()`` call.
+        config: the ``loss_fn.ais`` section.
+        pg: the clipped-surrogate knobs.
+        global_valid_seqs: NeMo-RL's global valid-sequence count of the global batch.
+        global_valid_toks: NeMo-RL's global valid-token count of the global batch.
+
+    Returns:
+        core's :class:`~nemo_ais.core.LossOutput` (metrics as 0-dim tensors).
+
+    Raises:
+        RuntimeError: nothing was prepared for this global batch (the loss is used
+            outside the AIS workers, or the prepare step was skipped).
+    """
+    index = global_batch_index(data)
+    if index is None or not 0 <= index < len(diagnostics):
+        raise RuntimeError(
+            f"loss_fn.ais.mode={config.mode!r}: no AIS diagnostics were prepared for this "
+            f"micro-batch (global batch {index}, {len(diagnostics)} prepared). Train through "
+            "the AIS policy workers (launchers/run_grpo_ais.py passes policy_factory), or call "
+            "nemo_ais.nemo_rl.prepare_global_batches(data, loss_fn, ...) on the worker's data "
+            "before its micro-batch loop."
+        )
+    x = core_inputs(data)
+    return clipped_pg_loss(
+        logp_theta,
+        x.logp_old,
+        x.logp_rollout,
+        x.adv,
+        x.mask,
+        config,
+        pg=pg,
+        reference_logprobs=x.logp_ref if pg.reference_policy_kl_penalty > 0 else None,
+        diagnostics=diagnostics[index],
+        global_valid_tokens=global_valid_toks,
+        global_valid_seqs=global_valid_seqs,
+    )
