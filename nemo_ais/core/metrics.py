@@ -83,19 +83,19 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ais/g_rel", "clip((R - r_min) / (1 - r_min), 0, 1)", TOKENS, "[0, 1]; ~1"),
     MetricSpec("ais/g_var", "1 / (1 + CV^2 / kappa)", TOKENS, "(0, 1]; ~1"),
     MetricSpec("ais/ess_seq", "R = (sum W)^2 / (N sum W^2)", TOKENS, "(0, 1]; > 0.9 healthy"),
-    MetricSpec("ais/severity", "D = mean_t |l|", TOKENS, ">= 0; < 0.05 for FP8"),
+    MetricSpec("ais/severity", "D = mean_t abs(l)", TOKENS, ">= 0; < 0.05 for FP8"),
     MetricSpec("ais/cv_w", "sqrt(CV^2) of w = min(rho, C)", TOKENS, ">= 0; < 0.3"),
     MetricSpec("ais/cv2", "n sum w^2 / (sum w)^2 - 1", TOKENS, ">= 0; < 0.1"),
     MetricSpec(
-        "ais/kl_k1", "mean_t -l  (KL(mu || pi_old), samples ~ mu)", TOKENS, "~0; |.| < 1e-2"
+        "ais/kl_k1", "mean_t -l (KL(mu ‖ pi_old), samples from mu)", TOKENS, "~0; abs < 1e-2"
     ),
     MetricSpec("ais/kl_k3", "mean_t exp(l) - 1 - l", TOKENS, ">= 0; < 1e-2"),
     MetricSpec("ais/w_mean", "mean_t min(rho, C)", TOKENS, "~1"),
     MetricSpec("ais/frac_capped", "#{rho > C} / n_tok", TOKENS, "[0, 1]; < 1e-3"),
     MetricSpec(
-        "ais/token_mult_prob_error", "mean_t exp(|l|) (NeMo-RL's metric)", TOKENS, ">= 1; < 1.05"
+        "ais/token_mult_prob_error", "mean_t exp(abs(l)) (NeMo-RL's metric)", TOKENS, ">= 1; < 1.05"
     ),
-    MetricSpec("ais/raw_ratio_mean", "mean_t exp(l) (not capped)", TOKENS, "~1"),
+    MetricSpec("ais/raw_ratio_mean", "mean_t exp(l) (not capped; E_mu[rho] = 1)", TOKENS, "~1"),
     MetricSpec("ais/n_seq", "N: sequences with >= 1 valid token (global)", TOKENS, "> 0"),
     MetricSpec("ais/n_tok", "n: valid tokens (global)", TOKENS, "> 0"),
     MetricSpec("ais/empty_batch", "1 if no valid token in the global batch", TOKENS, "0"),
