@@ -1,0 +1,87 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Self-tests of the gloo harness: results, collective counting, failures and deadlocks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from _harness import (
+    assert_same_bits,
+    count_collectives,
+    float_bits,
+    free_port,
+    run_distributed,
+)
+from torch.distributed import all_reduce as imported_all_reduce
+
+pytestmark = pytest.mark.distributed
+
+
+def _count_worker(rank: int, world_size: int, scale: float) -> dict:
+    with count_collectives(module_prefixes=(__name__,)) as counter:
+        t = torch.full((3,), scale * rank, dtype=torch.float64)
+        dist.all_reduce(t)
+        imported_all_reduce(t, op=dist.ReduceOp.MAX)  # bound by name: caught too
+        objs = [None] * world_size
+        dist.all_gather_object(objs, {"rank": rank})  # calls all_gather inside: counted once
+        dist.barrier()
+    return {
+        "t": t.tolist(),
+        "names": counter.names(),
+        "nbytes": [c.nbytes for c in counter.calls],
+        "ops": [c.op for c in counter.calls],
+        "objs": objs,
+        "env": (dist.get_rank(), dist.get_world_size(), torch.get_num_threads()),
+    }
+
+
+def test_results_and_collective_counts_two_ranks():
+    results = run_distributed(_count_worker, 2, args=(2.0,), timeout=120)
+    # sum of [0, 2] = 2, then MAX over identical values = 2
+    for rank, res in enumerate(results):
+        assert res["t"] == [2.0, 2.0, 2.0]
+        assert res["names"] == ["all_reduce", "all_reduce", "all_gather_object", "barrier"]
+        assert res["nbytes"][:2] == [24, 24]
+        assert res["ops"][:2] == [str(dist.ReduceOp.SUM), str(dist.ReduceOp.MAX)]
+        assert res["objs"] == [{"rank": 0}, {"rank": 1}]
+        assert res["env"] == (rank, 2, 1)
+
+
+def _raise_worker(rank: int, world_size: int) -> None:
+    raise ValueError(f"boom on rank {rank}")
+
+
+def _hang_worker(rank: int, world_size: int) -> None:
+    time.sleep(600)
+
+
+def test_rank_exception_is_reported_with_traceback():
+    with pytest.raises(RuntimeError, match=r"(?s)rank 0 ---.*ValueError: boom on rank 0"):
+        run_distributed(_raise_worker, 1, timeout=120)
+
+
+def test_deadlock_fails_with_timeout_and_kills_ranks():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"did not finish within 10 s"):
+        run_distributed(_hang_worker, 1, timeout=10)
+    assert time.monotonic() - start < 60
+
+
+def test_counter_without_process_group_and_restores_functions():
+    original = dist.all_reduce
+    with count_collectives() as counter:
+        assert dist.all_reduce is not original
+    assert dist.all_reduce is original
+    assert len(counter) == 0 and counter.count("all_reduce") == 0
+
+
+def test_float_bits_and_assert_same_bits():
+    assert float_bits(1.0) == "3ff0000000000000"
+    assert float_bits(torch.tensor(-0.0)) == "8000000000000000"
+    assert_same_bits([{"a": 0.1 + 0.2}, {"a": 0.30000000000000004}])
+    with pytest.raises(AssertionError, match=r"'a' differs across ranks"):
+        assert_same_bits([{"a": 0.0}, {"a": -0.0}])
+    assert 1024 <= free_port() < 65536
