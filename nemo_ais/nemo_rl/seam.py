@@ -120,8 +120,8 @@ def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> Cor
         with_loss_terms: also map ``advantages`` / ``reference_policy_logprobs``.
 
     Returns:
-        :class:`CoreInputs`; ``mask = token_mask[:, 1:] * sample_mask[:, None]`` in the
-        dtype of ``token_mask`` (values in {0, 1}).
+        :class:`CoreInputs`; ``mask = token_mask[:, 1:] * sample_mask[:, None]`` cast to
+        the dtype of ``prev_logprobs`` (NeMo-RL's masks may be int64; values in {0, 1}).
 
     Raises:
         KeyError: a required key is missing. ValueError: a tensor has the wrong rank or
@@ -142,7 +142,7 @@ def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> Cor
             f"sample_mask: got {list(sample_mask.shape)}, expected [{prev.shape[0]}] "
             "(one entry per row of prev_logprobs)"
         )
-    mask = token_mask[:, 1:] * sample_mask.to(token_mask.dtype).unsqueeze(-1)
+    mask = (token_mask[:, 1:] * sample_mask.unsqueeze(-1)).to(prev.dtype)
     adv = ref = None
     if with_loss_terms:
         adv = _tensor(data, "advantages", 2)[:, 1:]

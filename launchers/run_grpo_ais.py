@@ -1,0 +1,301 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""GRPO with AIS on NeMo-RL v0.7.0: the entry point behind ``launchers/*.sh`` and ``ray.sub``.
+
+Mirrors NeMo-RL's ``examples/run_grpo.py`` and changes four things:
+
+1. ``loss_fn`` (with our ``loss_fn.ais`` section) is validated as
+   :class:`~nemo_ais.nemo_rl.AISLossConfig` BEFORE Ray starts, so a bad config fails in
+   seconds, naming ``loss_fn.ais.<field>``.
+2. With AIS on, ``setup()`` gets a ``policy_factory`` that builds NeMo-RL's ``Policy``
+   with ``worker_extension_cls_fqn`` = our AIS worker for the configured backend (Megatron,
+   DTensor v1/v2): it runs the per-global-batch prepare step (one all-reduce of the AIS
+   statistics over the data-parallel group) before NeMo-RL's micro-batch loop.
+3. ``setup()`` hard-codes ``ClippedPGLossFn``; the returned loss is replaced by
+   :class:`~nemo_ais.nemo_rl.AISClippedPGLossFn` (:func:`swap_loss`).
+4. ``nemo_ais`` is put on ``PYTHONPATH`` so Ray workers (which inherit the driver's
+   environment) can unpickle the loss and import the AIS workers.
+
+NeMo-RL's FP8-rollout and async-GRPO guards assert
+``loss_fn.use_importance_sampling_correction``. AIS *is* the importance-sampling
+correction, and combining it with NeMo-RL's own one is a config error, so the config
+handed to ``setup()`` (only) reports the flag as on when ``loss_fn.ais`` owns the
+correction; the loss itself is built from the user's config (:func:`nemo_rl_view`).
+
+Usage (inside NeMo-RL's environment, e.g. ``uv run`` from a NeMo-RL v0.7.0 checkout)::
+
+    python launchers/run_grpo_ais.py --config configs/nemo_rl/<config>.yaml loss_fn.ais.mode=ais
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import pprint
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO_ROOT))
+
+from nemo_ais.nemo_rl import NEMO_RL_INSTALL_HINT  # noqa: E402
+from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS  # noqa: E402
+
+__all__ = [
+    "ais_worker_fqn",
+    "ensure_worker_pythonpath",
+    "load_config_dict",
+    "main",
+    "make_policy_factory",
+    "nemo_rl_view",
+    "parse_args",
+    "register_ais_workers",
+    "swap_loss",
+    "validate_ais",
+]
+
+_MEGATRON = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
+_DTENSOR = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
+_DTENSOR_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"
+_ASYNC_UNSUPPORTED = ("use_dynamic_sampling", "reward_scaling", "reward_shaping")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """``--config PATH`` plus Hydra-style overrides (``a.b=1``, ``+new.key=2``)."""
+    parser = argparse.ArgumentParser(description="GRPO + AIS on NeMo-RL v0.7.0")
+    parser.add_argument("--config", required=True, help="NeMo-RL GRPO YAML (defaults: allowed)")
+    return parser.parse_known_args(argv)
+
+
+def load_config_dict(config_path: str, overrides: Sequence[str]) -> dict[str, Any]:
+    """NeMo-RL's loader: ``defaults:`` inheritance, Hydra overrides, resolved to a dict."""
+    from nemo_rl.utils.config import load_config, parse_hydra_overrides
+    from omegaconf import OmegaConf
+
+    config = load_config(config_path)
+    if overrides:
+        config = parse_hydra_overrides(config, list(overrides))
+    return OmegaConf.to_container(config, resolve=True)
+
+
+def validate_ais(config: dict[str, Any]) -> Any:
+    """``config["loss_fn"]`` as an :class:`AISLossConfig` (raises ``ValueError``)."""
+    from nemo_ais.nemo_rl import validate_loss_config
+
+    return validate_loss_config(config.get("loss_fn") or {})
+
+
+def nemo_rl_view(config: dict[str, Any], ais_cfg: Any) -> dict[str, Any]:
+    """The config handed to NeMo-RL's ``setup()``.
+
+    NeMo-RL asserts ``loss_fn.use_importance_sampling_correction`` for FP8 rollouts and
+    async GRPO. When ``loss_fn.ais`` owns the correction -- AIS on, or an explicit
+    ``loss_fn.ais.mode: none`` (the uncorrected FP8 arm of the evaluation protocol) -- the
+    flag reads True in this view only. The ``ClippedPGLossFn`` that ``setup()`` builds
+    from it is discarded by :func:`swap_loss`; the loss that trains is built from the
+    user's config.
+    """
+    loss_cfg = config.get("loss_fn") or {}
+    owns_correction = ais_cfg.ais.mode != "none" or (
+        "ais" in loss_cfg and not loss_cfg.get("use_importance_sampling_correction", False)
+    )
+    if not owns_correction:
+        return config
+    view = copy.deepcopy(config)
+    view["loss_fn"]["use_importance_sampling_correction"] = True
+    return view
+
+
+def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
+    """The AIS worker extending the NeMo-RL worker that ``Policy`` would pick."""
+    if policy_cfg.get("quant_cfg") is not None:
+        raise ValueError("policy.quant_cfg (ModelOpt workers) is not supported with loss_fn.ais")
+    if (policy_cfg.get("megatron_cfg") or {}).get("enabled", False):
+        return AIS_WORKER_FQNS[_MEGATRON]
+    dtensor = policy_cfg.get("dtensor_cfg") or {}
+    if dtensor.get("enabled", False):
+        return AIS_WORKER_FQNS[_DTENSOR_V2 if dtensor.get("_v2", False) else _DTENSOR]
+    raise ValueError(
+        "policy.megatron_cfg.enabled or policy.dtensor_cfg.enabled must be true "
+        "(NeMo-RL needs a training backend)"
+    )
+
+
+def register_ais_workers() -> None:
+    """Give each AIS worker the Python environment of the NeMo-RL worker it extends."""
+    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
+
+    for base, ours in AIS_WORKER_FQNS.items():
+        ACTOR_ENVIRONMENT_REGISTRY.setdefault(ours, ACTOR_ENVIRONMENT_REGISTRY[base])
+
+
+def make_policy_factory(config: dict[str, Any], ais_cfg: Any) -> Callable[..., Any] | None:
+    """``setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker (None: off)."""
+    if ais_cfg.ais.mode == "none":
+        return None
+    if (config.get("data_plane") or {}).get("enabled", False):
+        raise ValueError(
+            "data_plane.enabled=true (TransferQueue) is not supported with loss_fn.ais"
+        )
+    from nemo_rl.models.policy.lm_policy import Policy
+
+    worker_fqn = ais_worker_fqn(config["policy"])
+    register_ais_workers()
+
+    def make_policy(**kwargs: Any) -> Any:
+        return Policy(**kwargs, worker_extension_cls_fqn=worker_fqn)
+
+    return make_policy
+
+
+def swap_loss(loss_fn: Any, ais_cfg: Any) -> Any:
+    """Replace the ``ClippedPGLossFn`` returned by ``setup()`` with the AIS loss.
+
+    Raises:
+        TypeError: ``setup()`` returned something else (a NeMo-RL change to re-check).
+    """
+    from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
+
+    from nemo_ais.nemo_rl import AISClippedPGLossFn
+
+    if type(loss_fn) is not ClippedPGLossFn:
+        raise TypeError(
+            f"grpo.setup() returned {type(loss_fn).__name__}, expected ClippedPGLossFn "
+            "(NeMo-RL v0.7.0); the AIS loss swap must be re-checked for this version"
+        )
+    return AISClippedPGLossFn(ais_cfg)
+
+
+def ensure_worker_pythonpath(environ: dict[str, str] | None = None) -> str:
+    """Prepend this checkout to ``PYTHONPATH`` (Ray workers inherit the driver's env)."""
+    environ = os.environ if environ is None else environ
+    parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in parts:
+        parts.insert(0, str(REPO_ROOT))
+    environ["PYTHONPATH"] = os.pathsep.join(parts)
+    return environ["PYTHONPATH"]
+
+
+def _check_async(config: dict[str, Any]) -> None:
+    grpo = config["grpo"]
+    for feature in _ASYNC_UNSUPPORTED:
+        value = grpo.get(feature)
+        on = value.get("enabled", False) if isinstance(value, dict) else bool(value)
+        if on:
+            raise NotImplementedError(f"grpo.{feature} is not supported with async GRPO")
+    if config["data"].get("use_multiple_dataloader", False):
+        raise NotImplementedError("data.use_multiple_dataloader is not supported with async GRPO")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Load + validate the config, start Ray, ``setup()``, swap the loss, train."""
+    try:
+        from nemo_rl.algorithms import grpo
+    except ImportError as err:
+        raise ImportError(NEMO_RL_INSTALL_HINT) from err
+    from nemo_rl.algorithms.utils import get_tokenizer
+    from nemo_rl.data.utils import setup_response_data
+    from nemo_rl.distributed.virtual_cluster import init_ray
+    from nemo_rl.models.generation import configure_generation_config
+    from nemo_rl.utils.config import register_omegaconf_resolvers
+    from nemo_rl.utils.logger import get_next_experiment_dir
+
+    register_omegaconf_resolvers()
+    args, overrides = parse_args(argv)
+    raw = load_config_dict(args.config, overrides)
+    ais_cfg = validate_ais(raw)  # before Ray: config errors surface in seconds
+    print(f"loss_fn.ais: {ais_cfg.ais.model_dump()}")
+    config = grpo.MasterConfig(**nemo_rl_view(raw, ais_cfg))
+    pprint.pprint(config)
+    config.logger["log_dir"] = get_next_experiment_dir(config.logger["log_dir"])
+
+    ensure_worker_pythonpath()
+    init_ray()
+    tokenizer = get_tokenizer(config.policy["tokenizer"])
+    megatron_cfg = config.policy.get("megatron_cfg") or {}
+    config.policy["generation"] = configure_generation_config(
+        config.policy["generation"],
+        tokenizer,
+        has_refit_draft_weights=bool(config.policy["draft"]["enabled"]),
+        trains_mtp=bool(megatron_cfg.get("mtp_num_layers")),
+    )
+    dataset, val_dataset, task_to_env, val_task_to_env = setup_response_data(
+        tokenizer, config.data, config.env
+    )
+    (
+        policy,
+        policy_generation,
+        _nemo_gym,
+        _clusters,
+        dataloader,
+        val_dataloader,
+        loss_fn,
+        logger,
+        checkpointer,
+        grpo_state,
+        master_config,
+        teacher_worker_groups,
+        alias_to_group_alias,
+    ) = grpo.setup(
+        config,
+        tokenizer,
+        dataset,
+        val_dataset,
+        policy_factory=make_policy_factory(raw, ais_cfg),
+    )
+    loss_fn = swap_loss(loss_fn, ais_cfg)
+
+    async_cfg = config.grpo.get("async_grpo") or {}
+    if async_cfg.get("enabled", False):
+        _check_async(raw)
+        grpo.async_grpo_train(
+            policy=policy,
+            policy_generation=policy_generation,
+            dataloader=dataloader,
+            val_dataloader=val_dataloader,
+            tokenizer=tokenizer,
+            loss_fn=loss_fn,
+            task_to_env=task_to_env,
+            val_task_to_env=val_task_to_env,
+            logger=logger,
+            checkpointer=checkpointer,
+            grpo_save_state=grpo_state,
+            master_config=master_config,
+            max_trajectory_age_steps=async_cfg["max_trajectory_age_steps"],
+            teacher_worker_groups=teacher_worker_groups,
+            alias_to_group_alias=alias_to_group_alias,
+        )
+        return
+    grpo.grpo_train(
+        policy,
+        policy_generation,
+        dataloader,
+        val_dataloader,
+        tokenizer,
+        loss_fn,
+        task_to_env,
+        val_task_to_env,
+        logger,
+        checkpointer,
+        grpo_state,
+        master_config,
+    )
+
+
+if __name__ == "__main__":
+    main()

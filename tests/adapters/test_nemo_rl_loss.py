@@ -1,0 +1,218 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""AISClippedPGLossFn against NeMo-RL v0.7.0's own ClippedPGLossFn (needs NeMo-RL importable).
+
+Data follow NeMo-RL's CPU test pattern (tests/unit/algorithms/test_loss_functions.py):
+a ``BatchedDataDict`` with int64 ``token_mask`` (first position 0) and ``sample_mask``,
+``[B, S]`` advantages / log-probs, and ``next_token_logprobs`` ``[B, S - 1]``. Values are
+random float64 here (more positions than the hand-built upstream cases).
+
+* AIS off (no ``ais`` section, or ``mode: none``): loss, gradient and metrics are
+  bit-identical to ``ClippedPGLossFn`` (delegation), also with NeMo-RL's own tis on.
+* ``mode: ais`` with ``mixer: constant``, ``constant_alpha: 1``, ``weight_cap: C`` equals
+  NeMo-RL's ``truncated_importance_sampling_type: tis`` with ratio C: loss and gradient to
+  rtol 1e-12 (float64; the two differ only in summation order), shared metrics likewise.
+  ``constant_alpha: 0`` equals NeMo-RL without correction.
+* Metric keys / normalisations / NeMo-RL's summing rule (micro-batches sum to the whole).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import pytest
+import torch
+
+pytest.importorskip("nemo_rl", reason="NeMo-RL v0.7.0 is not importable (put it on PYTHONPATH)")
+
+from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
+from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+from nemo_ais.nemo_rl import AISClippedPGLossFn, AISLossConfig, validate_loss_config
+from nemo_ais.nemo_rl.loss import NEMO_RL_METRIC_KEYS
+from nemo_ais.nemo_rl.seam import GLOBAL_BATCH_KEY, prepare_global_batches
+
+pytestmark = pytest.mark.nemo_rl
+
+B, S = 6, 12
+CAP = 1.5
+RTOL = 1e-12  # float64; only the order of the sums differs
+
+
+def _data(seed=0, b=B, s=S, mismatch=0.3):
+    g = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    token_mask = torch.ones(b, s, dtype=torch.int64)
+    token_mask[:, 0] = 0
+    lengths = torch.randint(3, s + 1, (b,), generator=g)
+    token_mask[torch.arange(s)[None, :] >= lengths[:, None]] = 0
+    sample_mask = torch.ones(b, dtype=torch.int64)
+    sample_mask[1] = 0
+    gen = -2.0 * torch.rand(b, s, generator=g, dtype=f64) - 0.05
+    prev = gen + mismatch * torch.randn(b, s, generator=g, dtype=f64)
+    data = BatchedDataDict(
+        {
+            "input_ids": torch.randint(0, 8, (b, s), generator=g),
+            "token_mask": token_mask,
+            "sample_mask": sample_mask,
+            "advantages": torch.randn(b, 1, generator=g, dtype=f64).expand(b, s).clone(),
+            "prev_logprobs": prev,
+            "generation_logprobs": gen,
+            "reference_policy_logprobs": prev + 0.1 * torch.randn(b, s, generator=g, dtype=f64),
+        }
+    )
+    curr = prev[:, 1:] + 0.15 * torch.randn(b, s - 1, generator=g, dtype=f64)
+    return data, curr
+
+
+def _counts(data):
+    mask = data["token_mask"][:, 1:] * data["sample_mask"].unsqueeze(-1)
+    return torch.tensor(float(data["sample_mask"].sum())), torch.tensor(float(mask.sum()))
+
+
+def _run(loss_fn, data, curr, counts=None):
+    lp = curr.clone().requires_grad_(True)
+    gvs, gvt = counts if counts is not None else _counts(data)
+    loss, metrics = loss_fn(
+        next_token_logprobs=lp, data=data, global_valid_seqs=gvs, global_valid_toks=gvt
+    )
+    loss.backward()
+    return loss.detach(), lp.grad, metrics
+
+
+def _prepared(loss_fn, data):
+    prepare_global_batches(
+        data, loss_fn, loss_fn.ais, local_batch_size=data.size, group=None, state=None
+    )
+    return loss_fn
+
+
+BASE = {"reference_policy_kl_penalty": 0.01, "ratio_clip_c": 3.0}
+NEMO_TIS = {
+    "use_importance_sampling_correction": True,
+    "truncated_importance_sampling_type": "tis",
+    "truncated_importance_sampling_ratio": CAP,
+}
+ALPHA1 = {"mode": "ais", "mixer": "constant", "constant_alpha": 1.0, "weight_cap": CAP}
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {},
+        {"ais": {"mode": "none"}},
+        {**BASE, "token_level_loss": False},
+        {**BASE, **NEMO_TIS, "ais": {"mode": "none"}},
+    ],
+    ids=["no-section", "mode-none", "seq-level", "nemo-rl-tis"],
+)
+def test_ais_off_is_exactly_clipped_pg_loss(cfg):
+    data, curr = _data()
+    ref = _run(ClippedPGLossFn(ClippedPGLossConfig(**cfg)), data, curr)
+    ours = _run(AISClippedPGLossFn(cfg), data, curr)
+    assert torch.equal(ours[0], ref[0])
+    assert torch.equal(ours[1], ref[1])
+    assert ours[2] == ref[2]
+
+
+@pytest.mark.parametrize("token_level_loss", [True, False])
+def test_alpha_one_equals_nemo_rl_tis(token_level_loss):
+    data, curr = _data(seed=1)
+    common = {**BASE, "token_level_loss": token_level_loss}
+    ref = _run(ClippedPGLossFn(ClippedPGLossConfig(**common, **NEMO_TIS)), data, curr)
+    ours = _run(_prepared(AISClippedPGLossFn({**common, "ais": ALPHA1}), data), data, curr)
+    assert math.isclose(float(ours[0]), float(ref[0]), rel_tol=RTOL)
+    torch.testing.assert_close(ours[1], ref[1], rtol=RTOL, atol=1e-15)
+    shared = set(ref[2]) - {"is_oob_ratio"}
+    for key in sorted(shared):
+        assert math.isclose(ours[2][key], ref[2][key], rel_tol=RTOL, abs_tol=1e-15), key
+    assert ours[2]["ais/alpha"] == pytest.approx(1.0, rel=RTOL)  # one global batch, one call
+    # NeMo-RL's out-of-bound fraction is #{rho > C} here (floor 0): our ais/frac_capped
+    assert ours[2]["ais/frac_capped"] == pytest.approx(ref[2]["is_oob_ratio"], rel=RTOL)
+
+
+def test_alpha_zero_equals_nemo_rl_uncorrected():
+    data, curr = _data(seed=2)
+    ref = _run(ClippedPGLossFn(ClippedPGLossConfig(**BASE)), data, curr)
+    cfg = {**BASE, "ais": {**ALPHA1, "constant_alpha": 0.0}}
+    ours = _run(_prepared(AISClippedPGLossFn(cfg), data), data, curr)
+    assert math.isclose(float(ours[0]), float(ref[0]), rel_tol=RTOL)
+    torch.testing.assert_close(ours[1], ref[1], rtol=RTOL, atol=1e-15)
+
+
+def test_ais_metrics_keys_and_normalizations():
+    data, curr = _data(seed=3)
+    loss_fn = _prepared(AISClippedPGLossFn({**BASE, "ais": {"mode": "ais"}}), data)
+    metrics = _run(loss_fn, data, curr)[2]
+    ais_keys = {k for k in metrics if k.startswith("ais/")}
+    assert set(NEMO_RL_METRIC_KEYS) <= set(metrics)  # grpo_train reads some of them
+    assert ais_keys == {k for k in loss_fn.metric_normalizations if k.startswith("ais/")}
+    assert set(loss_fn.metric_normalizations) <= set(metrics)
+    assert all(type(v) in (float, int) for v in metrics.values())
+    # NeMo-RL min/max-reduces every key containing "_min"/"_max": AIS keys must not
+    assert not [k for k in ais_keys if "_min" in k or "_max" in k]
+    assert set(loss_fn.metric_normalizations.values()) <= {"tokens", "sequences", "none"}
+    assert 0.0 <= metrics["ais/alpha"] <= 1.0
+
+
+def test_micro_batches_sum_to_the_global_batch():
+    data, curr = _data(seed=4)
+    loss_fn = _prepared(AISClippedPGLossFn({**BASE, "ais": {"mode": "ais"}}), data)
+    whole = _run(loss_fn, data, curr)
+    counts = _counts(data)
+    parts = [
+        _run(loss_fn, data.slice(a, b), curr[a:b], counts) for a, b in ((0, 2), (2, 5), (5, B))
+    ]
+    assert math.isclose(sum(float(p[0]) for p in parts), float(whole[0]), rel_tol=1e-12)
+    for key, value in whole[2].items():
+        if "_min" in key or "_max" in key:
+            continue
+        total = sum(p[2][key] for p in parts)
+        assert math.isclose(total, value, rel_tol=1e-9, abs_tol=1e-12), key
+
+
+def test_unprepared_loss_raises_with_instructions():
+    data, curr = _data()
+    with pytest.raises(RuntimeError, match="prepare_global_batches"):
+        _run(AISClippedPGLossFn({"ais": {"mode": "ais"}}), data, curr)
+
+
+def test_pickle_drops_prepared_diagnostics():
+    data, _ = _data()
+    loss_fn = _prepared(AISClippedPGLossFn({"ais": {"mode": "tis"}}), data)
+    assert len(loss_fn._diagnostics) == 1 and GLOBAL_BATCH_KEY in data
+    clone = pickle.loads(pickle.dumps(loss_fn))
+    assert clone._diagnostics == () and clone.ais == loss_fn.ais
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("use_importance_sampling_correction", True),
+        ("truncated_importance_sampling_type", "icepop"),
+        ("force_on_policy_ratio", True),
+        ("sequence_level_importance_ratios", True),
+        ("use_cispo", True),
+    ],
+)
+def test_conflicting_nemo_rl_options_are_config_errors(field, value):
+    with pytest.raises(ValueError, match=rf"loss_fn\.{field}=.*conflicts with loss_fn\.ais\.mode"):
+        validate_loss_config({field: value, "ais": {"mode": "ais"}})
+
+
+def test_invalid_ais_field_names_the_path():
+    with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.8 is invalid"):
+        validate_loss_config({"ais": {"weight_cap": 0.8}})
+    with pytest.raises(ValueError, match=r"loss_fn\.ais\.not_a_field is not a known field"):
+        validate_loss_config({"ais": {"not_a_field": 1}})
+    with pytest.raises(ValueError, match=r"loss_fn\.ratio_clip_min"):
+        validate_loss_config({"ratio_clip_min": "wide"})
+
+
+def test_config_is_a_clipped_pg_loss_config():
+    cfg = validate_loss_config({"ais": {"mode": "ais", "weight_cap": 3.0}})
+    assert isinstance(cfg, AISLossConfig) and isinstance(cfg, ClippedPGLossConfig)
+    assert cfg.ais.weight_cap == 3.0
+    assert validate_loss_config({}).ais.mode == "none"  # no section: AIS off
+    # NeMo-RL's MasterConfig keeps our section (ClippedPGLossConfig allows extra keys)
+    assert ClippedPGLossConfig(ais={"mode": "ais"}).ais == {"mode": "ais"}
