@@ -223,12 +223,12 @@ def _diagnostics_from_sums(
         severity=severity,
         cv_w=math.sqrt(cv2),
         cv2=cv2,
-        kl_k1=s[Slot.K1_SUM] / n_tok,
-        kl_k3=s[Slot.K3_SUM] / n_tok,
+        kl_k1=-s[Slot.LOG_RHO_SUM] / n_tok,
+        kl_k3=(s[Slot.RHO_DEV_SUM] - s[Slot.LOG_RHO_CLAMPED_SUM]) / n_tok,
         w_mean=1 + s[Slot.W_TOK_DEV_SUM] / n_tok,
         frac_capped=s[Slot.N_CAPPED] / n_tok,
-        token_mult_prob_error=s[Slot.EXP_ABS_LOG_RHO_SUM] / n_tok,
-        raw_ratio_mean=s[Slot.RHO_RAW_SUM] / n_tok,
+        token_mult_prob_error=1 + s[Slot.EXP_ABS_DEV_SUM] / n_tok,
+        raw_ratio_mean=1 + s[Slot.RHO_DEV_SUM] / n_tok,
         n_seq=s[Slot.N_SEQ],
         n_tok=n_tok,
         empty_batch=0.0,
@@ -236,8 +236,7 @@ def _diagnostics_from_sums(
 
 
 _BAD_SLOTS = {
-    "prev_logprobs": Slot.N_BAD_OLD,
-    "generation_logprobs": Slot.N_BAD_ROLLOUT,
+    "prev_logprobs/generation_logprobs": Slot.N_BAD_LOGPROBS,
     "mask": Slot.N_BAD_MASK,
 }
 
@@ -301,16 +300,16 @@ def compute_diagnostics(
     local_stats = compute_statistics(prev_logprobs, generation_logprobs, mask, config)
     global_stats = reduce_statistics(local_stats, group)
     s = _sums(global_stats)
-    counts = [s[slot] for slot in _BAD_SLOTS.values()]
-    if any(counts):
-        validation.raise_for_bad_values(
-            {
-                "prev_logprobs": prev_logprobs,
-                "generation_logprobs": generation_logprobs,
-                "mask": mask,
-            },
-            validation.valid_positions(mask),
-            counts,
-            where=" (summed over the process group)" if group is not None else "",
+    if s[Slot.N_BAD_LOGPROBS] > 0 or s[Slot.N_BAD_MASK] > 0:
+        valid = validation.valid_positions(mask)
+        named = {"prev_logprobs": prev_logprobs, "generation_logprobs": generation_logprobs}
+        counts = validation.bad_value_counts(named, mask, valid).tolist()
+        where = "" if group is None else " on this rank (the process group has "
+        where += "" if group is None else f"{int(s[Slot.N_BAD_LOGPROBS] + s[Slot.N_BAD_MASK])})"
+        validation.raise_for_bad_values({**named, "mask": mask}, valid, counts, where)
+        raise ValueError(  # every rank raises, also those whose own shard is clean
+            f"prev_logprobs/generation_logprobs/mask: {int(s[Slot.N_BAD_LOGPROBS])} non-finite "
+            f"log-prob values and {int(s[Slot.N_BAD_MASK])} mask values not in {{0, 1}} on other "
+            "ranks of the process group"
         )
     return _diagnostics_from_sums(s, config, state)

@@ -21,13 +21,15 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu
        log W_i = clamp(mean_t l^c_it, -L, L)   (seq_weight=geometric)
                = clamp(sum_t  l^c_it, -L, L)   (seq_weight=product)
        n_seq = N,  sum W_i,  sum W_i^2
-3. Token sums over valid tokens (m_it = 1):
-       w_it = min(exp l^c_it, C)
-       n_tok, sum |l|, sum (w - 1), sum (w - 1)^2   (shifted by 1: w ~ 1, so CV^2 keeps
-                                                      its precision, see diagnostics step 3)
-       sum k1 = sum -l,  sum k3 = sum exp(l^c) - 1 - l^c      (KL(mu || pi_old), samples ~ mu)
-       n_capped = #{exp l^c > C},  sum exp l^c (raw ratio),  sum exp |l^c|
-4. Bad-input counts (NaN / inf) per tensor, so every rank raises together after step 5.
+3. Token sums over valid tokens (m_it = 1), w_it = min(exp l^c_it, C):
+       n_tok,  sum |l|,  sum l,  sum l^c,  n_capped = #{l^c > log C},
+       sum (w - 1),  sum (w - 1)^2,  sum expm1(l^c),  sum expm1(|l^c|)
+   Every token quantity is shifted to vanish at l = 0 (expm1 instead of exp), so masked
+   positions (l := 0) contribute nothing without a mask multiply, and the small
+   differences the diagnostics need (CV^2, k3) keep their float64 precision:
+       k1 = -sum l / n,  k3 = (sum expm1(l^c) - sum l^c) / n   (KL(mu || pi_old), samples ~ mu)
+4. Bad-input counts: valid positions with a non-finite l, and mask values not in {0, 1},
+   so every rank raises together after step 5.
 5. ONE ``all_reduce(SUM)`` of the vector over ``group`` (None: single process, no
    collective). ``NUM_SLOTS`` float64 values = ``STATS_BYTES`` bytes on the wire.
 
@@ -62,15 +64,14 @@ class Slot(enum.IntEnum):
     W_SEQ_SQ_SUM = enum.auto()
     N_TOK = enum.auto()
     ABS_LOG_RHO_SUM = enum.auto()
+    LOG_RHO_SUM = enum.auto()
+    LOG_RHO_CLAMPED_SUM = enum.auto()
+    N_CAPPED = enum.auto()
     W_TOK_DEV_SUM = enum.auto()
     W_TOK_DEV_SQ_SUM = enum.auto()
-    K1_SUM = enum.auto()
-    K3_SUM = enum.auto()
-    N_CAPPED = enum.auto()
-    RHO_RAW_SUM = enum.auto()
-    EXP_ABS_LOG_RHO_SUM = enum.auto()
-    N_BAD_OLD = enum.auto()
-    N_BAD_ROLLOUT = enum.auto()
+    RHO_DEV_SUM = enum.auto()
+    EXP_ABS_DEV_SUM = enum.auto()
+    N_BAD_LOGPROBS = enum.auto()
     N_BAD_MASK = enum.auto()
 
 
@@ -96,15 +97,14 @@ class AISStats:
 
 
 def _log_rho64(logp_old, logp_rollout, valid):
-    """Step 1: float64 raw l and the mask of valid, finite positions."""
+    """Step 1: float64 raw l (0 where invalid or non-finite) and the valid-and-finite mask."""
     log_rho = logp_old.detach().to(STATS_DTYPE) - logp_rollout.detach().to(STATS_DTYPE)
     ok = valid & torch.isfinite(log_rho)
     return torch.where(ok, log_rho, torch.zeros((), dtype=STATS_DTYPE, device=ok.device)), ok
 
 
-def _sequence_sums(log_rho_c, ok, config):
+def _sequence_sums(log_rho_c, n_tok_seq, config):
     """Step 2: n_seq, sum W, sum W^2 over sequences with a valid token."""
-    n_tok_seq = ok.sum(dim=-1)
     has_tok_seq = n_tok_seq > 0
     log_w_seq = log_rho_c.sum(dim=-1)
     if config.seq_weight == "geometric":
@@ -114,23 +114,32 @@ def _sequence_sums(log_rho_c, ok, config):
     return [has_tok_seq.sum().to(STATS_DTYPE), w_seq.sum(), w_seq.square().sum()]
 
 
-def _token_sums(log_rho, log_rho_c, ok, config):
-    """Step 3: token-level sums over valid tokens."""
-    m = ok.to(STATS_DTYPE)
-    rho = torch.exp(log_rho_c) * m
-    w_dev = rho.clamp(max=config.weight_cap) - m
-    k3_tok = (rho - m) - log_rho_c
+def _token_sums(log_rho, log_rho_c, n_tok, config):
+    """Step 3: token sums; every summand is 0 where l = 0, so masked positions drop out."""
+    abs_log_rho = log_rho.abs()
+    rho_dev = torch.expm1(log_rho_c)
+    w_dev = rho_dev.clamp(max=config.weight_cap - 1)
+    exp_abs_dev = torch.expm1(abs_log_rho.clamp(max=config.log_ratio_clamp))
     return [
-        m.sum(),
-        log_rho.abs().sum(),
+        n_tok,
+        abs_log_rho.sum(),
+        log_rho.sum(),
+        log_rho_c.sum(),
+        (rho_dev > config.weight_cap - 1).sum().to(STATS_DTYPE),
         w_dev.sum(),
         w_dev.square().sum(),
-        -log_rho.sum(),
-        k3_tok.sum(),
-        (rho > config.weight_cap).sum().to(STATS_DTYPE),
-        rho.sum(),
-        (torch.exp(log_rho_c.abs()) * m).sum(),
+        rho_dev.sum(),
+        exp_abs_dev.sum(),
     ]
+
+
+def _bad_counts(valid, n_tok, mask):
+    """Step 4: #valid positions with a non-finite l; #mask values not in {0, 1}."""
+    n_bad_logprobs = valid.sum().to(STATS_DTYPE) - n_tok
+    if mask.dtype == torch.bool:
+        return [n_bad_logprobs, torch.zeros_like(n_bad_logprobs)]
+    n_bad_mask = torch.count_nonzero(mask * (1 - mask)).to(STATS_DTYPE)
+    return [n_bad_logprobs, n_bad_mask]
 
 
 @torch.no_grad()
@@ -152,6 +161,7 @@ def compute_statistics(
         :class:`AISStats` with a float64 ``[NUM_SLOTS]`` vector on ``logp_old.device``;
         zeros for an empty batch (B = 0, T = 0 or all masked). NaN / inf inputs are
         counted in the ``N_BAD_*`` slots and excluded from the sums.
+        NaN at masked positions is ignored.
 
     Raises:
         TypeError, ValueError: wrong type, shape or device (raised locally at once).
@@ -163,13 +173,12 @@ def compute_statistics(
     log_rho, ok = _log_rho64(logp_old, logp_rollout, valid)  # step 1
     clamp = config.log_ratio_clamp
     log_rho_c = log_rho.clamp(min=-clamp, max=clamp)
-    seq_sums = _sequence_sums(log_rho_c, ok, config)  # step 2
-    tok_sums = _token_sums(log_rho, log_rho_c, ok, config)  # step 3
-    bad = validation.bad_value_counts(  # step 4
-        {"prev_logprobs": logp_old, "generation_logprobs": logp_rollout}, mask, valid
-    )
-    vector = torch.cat([torch.stack(seq_sums + tok_sums), bad.to(logp_old.device)])
-    return AISStats(vector)
+    n_tok_seq = ok.sum(dim=-1).to(STATS_DTYPE)
+    n_tok = n_tok_seq.sum()
+    seq_sums = _sequence_sums(log_rho_c, n_tok_seq, config)  # step 2
+    tok_sums = _token_sums(log_rho, log_rho_c, n_tok, config)  # step 3
+    bad = _bad_counts(valid, n_tok, mask)  # step 4
+    return AISStats(torch.stack(seq_sums + tok_sums + bad))
 
 
 def reduce_statistics(

@@ -107,11 +107,16 @@ def _w_seq_mask_geo(logp_old, logp_rollout, valid, config, alpha):
 
 
 def _w_ais(logp_old, logp_rollout, valid, config, alpha):
-    """w_hat = (1 - alpha) + alpha * min(rho, C) ([reconstruction])."""
-    log_rho = log_ratio(logp_old, logp_rollout, valid)
-    w_tok = torch.exp(log_rho).clamp_(max=config.weight_cap)
+    """w_hat = (1 - alpha) + alpha * min(rho, C) ([reconstruction]).
+
+    Hot path (every micro-batch): five elementwise ops, no sanitising pass; garbage at
+    masked positions (inf, NaN) is dropped by the final ``where``.
+    """
+    dtype = compute_dtype(logp_old, logp_rollout)
+    log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)
+    w_tok = torch.exp_(log_rho).clamp_(max=config.weight_cap)
     w_hat = w_tok.mul_(alpha).add_(1 - alpha)
-    return w_hat.mul_(valid)
+    return torch.where(valid, w_hat, torch.zeros((), dtype=dtype, device=w_hat.device))
 
 
 class WeightFn(NamedTuple):

@@ -197,6 +197,6 @@ def test_bf16_diagnostics_match_float64_of_the_same_values():
 
 def test_diagnostics_from_stats_raises_on_bad_counts():
     vector = torch.zeros(NUM_SLOTS, dtype=torch.float64)
-    vector[Slot.N_BAD_ROLLOUT] = 2
-    with pytest.raises(ValueError, match="generation_logprobs: 2 bad values"):
+    vector[Slot.N_BAD_LOGPROBS] = 2
+    with pytest.raises(ValueError, match="prev_logprobs/generation_logprobs: 2 bad values"):
         diagnostics_from_stats(AISStats(vector), CorrectionConfig())
