@@ -17,6 +17,14 @@ Pure PyTorch; the Transformer Engine backend (:mod:`nemo_ais.fp8.te_backend`) is
 lazily. Conventions: ``docs/fp8.md``.
 """
 
+from nemo_ais.fp8.kv_scales import (
+    KVScaleCalibrator,
+    KVScaleConfig,
+    KVScales,
+    collect_engine_kv_scales,
+    kv_scale_names,
+    verify_kv_scales,
+)
 from nemo_ais.fp8.quant import (
     E4M3_MAX,
     dequantize_activations,
@@ -24,11 +32,22 @@ from nemo_ais.fp8.quant import (
     quantize_activations,
     quantize_blockwise,
 )
+from nemo_ais.fp8.stream import Fp8SyncConfig, Fp8SyncPlan, fp8_weight_stream, plan_fp8_sync
 
 __all__ = [
     "E4M3_MAX",
+    "Fp8SyncConfig",
+    "Fp8SyncPlan",
+    "KVScaleCalibrator",
+    "KVScaleConfig",
+    "KVScales",
+    "collect_engine_kv_scales",
     "dequantize_activations",
     "dequantize_blockwise",
+    "fp8_weight_stream",
+    "kv_scale_names",
+    "plan_fp8_sync",
     "quantize_activations",
     "quantize_blockwise",
+    "verify_kv_scales",
 ]

@@ -1,0 +1,264 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""FP8 KV-cache scale calibration: percentile semantics, hooks, names and the loaded-scale check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from nemo_ais.fp8.kv_scales import (
+    FP32_MIN_SENTINEL,
+    KVScaleCalibrator,
+    KVScaleConfig,
+    collect_engine_kv_scales,
+    engine_name,
+    kv_scale_names,
+    percentile_amax,
+    verify_kv_scales,
+)
+
+E4M3_MAX = 448.0
+
+
+@pytest.mark.parametrize(
+    ("n", "p", "expected"),
+    [
+        # |arange(1001)| at 99.9 %: position 0.999 * 1000 = 999 -> 999 (up to the fp64
+        # rounding of 0.999 * 1000, which numpy shares)
+        (1001, 99.9, 999.0),
+        (11, 95.0, 9.5),  # position 9.5 -> halfway between 9 and 10
+        (1000, 99.9, 998.001),  # position 998.001 -> 998 + 0.001
+        (7, 100.0, 6.0),  # 100 % = max
+        (1, 50.0, 0.0),
+    ],
+)
+def test_percentile_on_arange(n, p, expected):
+    x = -torch.arange(n, dtype=torch.float32)  # the sign is dropped: |x|
+    got = percentile_amax(x, p).item()
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert got == np.percentile(np.arange(n, dtype=np.float64), p)
+
+
+def test_percentile_matches_numpy_on_random_data():
+    x = torch.randn(3, 70, 33)
+    for p in (50.0, 99.0, 99.9, 99.99, 100.0):
+        want = np.percentile(np.abs(x.numpy().astype(np.float64)), p)
+        assert percentile_amax(x, p).item() == pytest.approx(want, rel=1e-12)
+
+
+def test_calibrator_max_over_observations_and_scale_formula():
+    cal = KVScaleCalibrator(2)
+    cal.observe(0, "k", torch.arange(1001.0).view(7, 11, 13))  # 99.9 % -> 999
+    cal.observe(0, "k", 3 * torch.arange(501.0))  # position 499.5 -> (1497 + 1500) / 2
+    cal.observe(0, "k", torch.full((10,), 2.0))  # smaller: the max keeps 1498.5
+    for layer in range(2):
+        for kind in "qv":
+            cal.observe(layer, kind, torch.ones(5))
+    cal.observe(1, "k", torch.zeros(4, 8))  # all-zero: amax floored at 1e-4
+    scales = cal.compute_scales()
+    # 0.999 * 500 rounds to 499.50000000000006 in fp64 (numpy gets the same): rel 1e-12
+    assert scales.amax[0, 1].item() == pytest.approx(1498.5, rel=1e-12)
+    assert scales.scale[0, 1].item() == pytest.approx(1498.5 * 1.05 / E4M3_MAX, rel=1e-12)
+    assert scales.scale[1, 1].item() == pytest.approx(1e-4 * 1.05 / E4M3_MAX, rel=1e-15)
+    assert scales.scale[0, 0].item() == pytest.approx(1.05 / E4M3_MAX, rel=1e-15)
+    out = scales.to_vllm()
+    assert out == {
+        "model.layers.0.self_attn.attn.q_scale": pytest.approx(1.05 / 448),
+        "model.layers.0.self_attn.k_scale": pytest.approx(1498.5 * 1.05 / 448),
+        "model.layers.0.self_attn.v_scale": pytest.approx(1.05 / 448),
+        "model.layers.1.self_attn.attn.q_scale": pytest.approx(1.05 / 448),
+        "model.layers.1.self_attn.k_scale": pytest.approx(1e-4 * 1.05 / 448),
+        "model.layers.1.self_attn.v_scale": pytest.approx(1.05 / 448),
+    }
+    named = dict(scales.named_tensors())
+    assert named["model.layers.0.self_attn.k_scale"].dtype == torch.float32
+    assert named["model.layers.0.self_attn.k_scale"].shape == ()
+
+
+def test_custom_percentile_margin_and_kv_only():
+    cfg = KVScaleConfig(percentile=50.0, margin=2.0, include_q=False)
+    cal = KVScaleCalibrator(1, cfg)
+    cal.observe(0, "k", torch.arange(11.0))  # median 5
+    cal.observe(0, "v", torch.arange(5.0))  # median 2
+    scales = cal.compute_scales()  # q never observed: fine when include_q=False
+    assert scales.to_vllm() == {
+        "model.layers.0.self_attn.k_scale": pytest.approx(5 * 2 / 448, rel=1e-15),
+        "model.layers.0.self_attn.v_scale": pytest.approx(2 * 2 / 448, rel=1e-15),
+    }
+
+
+def test_missing_and_nonfinite_observations_raise():
+    cal = KVScaleCalibrator(2)
+    cal.observe(0, "k", torch.ones(3))
+    with pytest.raises(
+        ValueError,
+        match=r"no activations observed for 5 layer/kind pair\(s\) \(layer 0 q, layer 0 v, layer 1 q",
+    ):
+        cal.compute_scales()
+    cal = KVScaleCalibrator(1)
+    for kind in "qkv":
+        cal.observe(0, kind, torch.ones(3))
+    cal.observe(0, "v", torch.tensor([1.0, float("nan")]))
+    with pytest.raises(
+        ValueError, match=r"non-finite activations in 1 layer/kind pair\(s\) \(layer 0 v\)"
+    ):
+        cal.compute_scales()
+    with pytest.raises(ValueError, match=r"layer=2 kind='k' is invalid"):
+        cal.observe(2, "k", torch.ones(1))
+    with pytest.raises(ValueError, match=r"kind='o' is invalid"):
+        cal.observe(0, "o", torch.ones(1))
+
+
+class _Attn(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (
+            nn.Linear(d, d),
+            nn.Linear(d, d // 2),
+            nn.Linear(d, d // 2),
+        )
+        self.o_proj = nn.Linear(d, d)
+
+    def forward(self, h):
+        return h + self.o_proj(self.q_proj(h)) + 0 * (self.k_proj(h).sum() + self.v_proj(h).sum())
+
+
+class _Layer(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.self_attn = _Attn(d)
+
+    def forward(self, h):
+        return self.self_attn(h)
+
+
+class _Body(nn.Module):
+    def __init__(self, d: int, n: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Layer(d) for _ in range(n))
+
+    def forward(self, h):
+        for layer in self.layers:
+            h = layer(h)
+        return h
+
+
+class _TinyHF(nn.Module):
+    """The HF module layout (model.layers.N.self_attn.{q,k,v}_proj), without transformers."""
+
+    def __init__(self, d: int = 16, n: int = 3) -> None:
+        super().__init__()
+        self.model = _Body(d, n)
+
+    def forward(self, h):
+        return self.model(h)
+
+
+def test_hooks_record_projection_outputs_with_token_mask():
+    torch.manual_seed(0)
+    model = _TinyHF()
+    h = torch.randn(2, 5, 16)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    h[0, 3:] = 100.0  # padding with huge activations must be ignored under the mask
+    cal = KVScaleCalibrator(3, KVScaleConfig(percentile=99.0))
+    with torch.no_grad(), cal.install_hooks(model):
+        cal.token_mask = mask
+        model(h)
+    cal.token_mask = None
+    assert all(not m._forward_hooks for m in model.modules())  # removed on exit
+    # oracle: recompute layer 1 inputs and projection outputs by hand
+    with torch.no_grad():
+        h1 = model.model.layers[0](h)
+        attn = model.model.layers[1].self_attn
+        for j, proj in enumerate((attn.q_proj, attn.k_proj, attn.v_proj)):
+            valid = proj(h1)[mask.bool()].abs().double().numpy()
+            assert cal.local_amax()[1, j].item() == pytest.approx(
+                np.percentile(valid, 99.0), rel=1e-6
+            )
+    scales = cal.compute_scales()
+    assert len(scales.to_vllm()) == 9
+    with pytest.raises(ValueError, match="found no"):
+        cal.install_hooks(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="layer 2 >= num_layers=2"):
+        KVScaleCalibrator(2).install_hooks(model)
+
+
+def test_names_and_engine_remap():
+    names = kv_scale_names(7)
+    assert names == {
+        "q": "model.layers.7.self_attn.attn.q_scale",
+        "k": "model.layers.7.self_attn.k_scale",
+        "v": "model.layers.7.self_attn.v_scale",
+    }
+    assert engine_name(names["k"]) == "model.layers.7.self_attn.attn.k_scale"
+    assert engine_name(names["q"]) == names["q"]
+
+
+class _Engine(nn.Module):
+    """Engine-side attention holding vLLM-style scale parameters (sentinel-initialised)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleList()
+        for _ in range(n):
+            layer = nn.Module()
+            layer.self_attn = nn.Module()
+            layer.self_attn.attn = nn.Module()
+            for kind in "qkv":
+                p = nn.Parameter(torch.tensor(FP32_MIN_SENTINEL), requires_grad=False)
+                layer.self_attn.attn.register_parameter(f"{kind}_scale", p)
+            self.model.layers.append(layer)
+
+    def load(self, named):
+        params = dict(self.named_parameters())
+        for name, value in named:
+            params[engine_name(name)].data.copy_(value)
+
+
+def test_verify_detects_default_sentinel_and_mismatch():
+    cal = KVScaleCalibrator(2)
+    for layer in range(2):
+        for kind in "qkv":
+            cal.observe(layer, kind, torch.arange(100.0) * (layer + 1))
+    scales = cal.compute_scales()
+    sent = scales.to_vllm()
+    engine = _Engine(2)
+    with pytest.raises(ValueError, match=r"\(6 of 6\):\n.*never loaded"):
+        verify_kv_scales(collect_engine_kv_scales(engine), sent)
+    engine.load(scales.named_tensors())
+    verify_kv_scales(collect_engine_kv_scales(engine), sent)  # all loaded: passes
+    engine.model.layers[1].self_attn.attn.v_scale.data.fill_(1.0)  # fell back to 1.0
+    engine.model.layers[0].self_attn.attn.k_scale.data.mul_(1.01)
+    with pytest.raises(ValueError, match=r"\(2 of 6\)") as info:
+        verify_kv_scales(collect_engine_kv_scales(engine), sent)
+    msg = str(info.value)
+    assert "model.layers.1.self_attn.v_scale: left at its default 1.0" in msg
+    assert "model.layers.0.self_attn.k_scale: engine holds" in msg
+    with pytest.raises(ValueError, match="not found in the engine"):
+        verify_kv_scales({}, {"model.layers.0.self_attn.k_scale": 0.5})
+    with pytest.raises(ValueError, match=r"invalid value -0\.5"):
+        verify_kv_scales(
+            {"model.layers.0.self_attn.attn.k_scale": -0.5},
+            {"model.layers.0.self_attn.k_scale": 0.5},
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"percentile": 0.0}, "percentile"),
+        ({"percentile": 100.5}, "percentile"),
+        ({"margin": 0.9}, "margin"),
+        ({"amax_floor": 0.0}, "amax_floor"),
+        ({"pct": 99.0}, "pct"),
+    ],
+)
+def test_config_validation(kwargs, match):
+    with pytest.raises(ValidationError, match=match):
+        KVScaleConfig(**kwargs)
+    with pytest.raises(ValueError, match="num_layers=0"):
+        KVScaleCalibrator(0)
