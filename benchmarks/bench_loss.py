@@ -25,7 +25,7 @@ warm-up:
 
 Also reports the bytes moved by the statistics all-reduce.
 
-Usage: ``python benchmarks/bench_loss.py [--repeats 9] [--threads 2] [--no-record]``
+Usage: ``python -m benchmarks.bench_loss [--repeats 9] [--threads 2 [1 ...]] [--no-record]``
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 
 from benchmarks._record import record_section
 from nemo_ais.config import CorrectionConfig
-from nemo_ais.core import STATS_BYTES, clipped_pg_loss, compute_diagnostics
+from nemo_ais.core import NUM_SLOTS, STATS_BYTES, clipped_pg_loss, compute_diagnostics
 
 SHAPES = [(8, 1024), (64, 1024), (64, 4096)]
 MODES = ["none", "tis", "ais", "ais+diag"]
@@ -71,52 +71,60 @@ def step(b: dict[str, torch.Tensor], mode: str, diag) -> None:
     out.loss.backward()
 
 
-def time_shape(batch: int, length: int, repeats: int, warmup: int) -> dict[str, float]:
+def time_shape(batch: int, length: int, repeats: int, warmup: int):
+    """Median wall-clock and process-CPU seconds per mode (modes interleaved per repeat)."""
     b = make_batch(batch, length)
     diag = compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig())
-    times: dict[str, list[float]] = {m: [] for m in MODES}
+    wall: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
     for i in range(warmup + repeats):
         for mode in MODES:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             step(b, mode, diag)
-            elapsed = time.perf_counter() - start
             if i >= warmup:
-                times[mode].append(elapsed)
-    return {m: statistics.median(v) for m, v in times.items()}
+                wall[mode].append(time.perf_counter() - start)
+                cpu[mode].append(time.process_time() - start_cpu)
+    return (
+        {m: statistics.median(v) for m, v in wall.items()},
+        {m: statistics.median(v) for m, v in cpu.items()},
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[2])
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     lines = [
-        "| B x T | none (ms) | tis (ms) | ais (ms) | ais+diag (ms) | ais / none | ais+diag / none |",
-        "|---|---|---|---|---|---|---|",
+        "| threads | B x T | none (ms) | tis (ms) | ais (ms) | ais+diag (ms) | ais / none | "
+        "ais / none (CPU time) | ais+diag / none |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for batch, length in SHAPES:
-        t = time_shape(batch, length, args.repeats, args.warmup)
-        ms = {m: v * 1e3 for m, v in t.items()}
+    for threads, (batch, length) in [(n, shape) for n in args.threads for shape in SHAPES]:
+        torch.set_num_threads(threads)
+        wall, cpu = time_shape(batch, length, args.repeats, args.warmup)
+        ms = {m: v * 1e3 for m, v in wall.items()}
         lines.append(
-            f"| {batch} x {length} | {ms['none']:.2f} | {ms['tis']:.2f} | {ms['ais']:.2f} | "
-            f"{ms['ais+diag']:.2f} | {t['ais'] / t['none']:.3f} | {t['ais+diag'] / t['none']:.3f} |"
+            f"| {threads} | {batch} x {length} | {ms['none']:.2f} | {ms['tis']:.2f} | {ms['ais']:.2f} | "
+            f"{ms['ais+diag']:.2f} | {wall['ais'] / wall['none']:.3f} | "
+            f"{cpu['ais'] / cpu['none']:.3f} | {wall['ais+diag'] / wall['none']:.3f} |"
         )
         print(lines[-1], flush=True)
     body = "\n".join(
         [
             "Forward + backward of `clipped_pg_loss` (fp32, CPU), median of "
-            f"{args.repeats} interleaved repeats after {args.warmup} warm-up rounds. `ais` has the "
-            "global batch's diagnostics precomputed (the per-micro-batch cost); `ais+diag` computes "
-            "them in the call (once per global batch: float64 statistics + one host sync).",
+            f"{args.repeats} interleaved repeats after {args.warmup} warm-up rounds (wall clock; "
+            "the CPU-time column uses `time.process_time`, less sensitive to other load on a "
+            "shared machine). `ais` has the global batch's diagnostics precomputed (the "
+            "per-micro-batch cost); `ais+diag` computes them in the call (once per global "
+            "batch: float64 statistics + one host sync).",
             "",
             *lines,
             "",
             f"Statistics all-reduce: ONE `all_reduce(SUM)` of {STATS_BYTES} bytes "
-            f"({STATS_BYTES // torch.finfo(torch.float64).bits * 8} float64 values) per global batch, "
-            "independent of B x T.",
+            f"({NUM_SLOTS} float64 values) per global batch, independent of B x T.",
         ]
     )
     print()
