@@ -64,6 +64,7 @@ E4M3_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
 _FP32_MAX = float(torch.finfo(torch.float32).max)
 _FAMILIES = ("a", "b", "c")
 _FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_BAND_ELEMS = 1 << 20  # fp32 elements of the per-band working copy (4 MiB)
 
 
 def _check_args(name: str, family: str, eps: float, block: tuple[int, int]) -> None:
@@ -89,9 +90,9 @@ def _check_finite_tiles(x: torch.Tensor, amax: torch.Tensor, name: str) -> None:
     )
 
 
-def _cast_e4m3(q: torch.Tensor) -> torch.Tensor:
-    """Saturate fp32 ``q`` to [-448, 448] in place, then cast with round-to-nearest-even."""
-    return q.clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+def _saturate_(q: torch.Tensor) -> torch.Tensor:
+    """Clamp fp32 ``q`` to [-448, 448] in place: PyTorch's E4M3 cast need not saturate."""
+    return q.clamp_(-E4M3_MAX, E4M3_MAX)
 
 
 def _tiles(x3: torch.Tensor, bn: int, bk: int) -> torch.Tensor:
@@ -141,6 +142,11 @@ def _scales(
     return s, torch.reciprocal(s).clamp_max(_FP32_MAX)
 
 
+def _band_rows(bn: int, k_pad: int) -> int:
+    """Rows per band: whole tile rows, about ``_BAND_ELEMS`` fp32 elements (cache-sized)."""
+    return bn * max(1, _BAND_ELEMS // (bn * k_pad))
+
+
 def _quantize_tiles(
     x: torch.Tensor,
     x3: torch.Tensor,
@@ -150,29 +156,44 @@ def _quantize_tiles(
     ue8m0: bool,
     name: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize ``x3 = x`` viewed as ``[E, N, K]``; returns q ``[E, N, K]``, s ``[E, nb, kb]``."""
+    """Quantize ``x3 = x`` viewed as ``[E, N, K]``; returns q ``[E, N, K]``, s ``[E, nb, kb]``.
+
+    Works band by band (a band = whole rows of tiles, ~4 MiB of fp32): each band is
+    copied (and converted) into one reusable zero-padded fp32 scratch buffer, where the
+    amax, the scaling and the clamp run in place on cache-resident data; the cast writes
+    straight into the FP8 output. Every tile of a band is processed at once (no loop
+    over tiles) and no full-size fp32 temporary is ever allocated.
+    """
     e, n, k = x3.shape
     bn, bk = block
-    xf = x3.to(torch.float32).contiguous()  # no copy for contiguous fp32 input
-    owned = xf.data_ptr() != x3.data_ptr()
-    t = _tiles(xf, bn, bk)
-    owned = owned or t.data_ptr() != xf.data_ptr()
-    # step 2: amax per tile, as max(max x, -min x): two reductions and no |x| temporary
-    amax = torch.maximum(t.amax(dim=(2, 4)), t.amin(dim=(2, 4)).neg())
+    nb, kb = -(-n // bn), -(-k // bk)
+    rows_per_band = _band_rows(bn, kb * bk)
+    scratch = torch.zeros(min(rows_per_band, nb * bn), kb * bk, dtype=torch.float32)
+    q8 = torch.empty(e, n, k, dtype=FP8_DTYPE)
+    amax = torch.empty(e, nb, kb, dtype=torch.float32)
+    s = torch.empty(e, nb, kb, dtype=torch.float32)
+    for ei in range(e):
+        for r0 in range(0, n, rows_per_band):
+            r1 = min(r0 + rows_per_band, n)
+            rows_pad = -(-(r1 - r0) // bn) * bn
+            buf = scratch[:rows_pad]
+            buf[: r1 - r0, :k].copy_(x3[ei, r0:r1])  # fp32 conversion happens here
+            if rows_pad > r1 - r0:
+                buf[r1 - r0 :].zero_()  # zero padding of the last tile row
+            t = buf.view(rows_pad // bn, bn, kb, bk)
+            # step 2: amax per tile, as max(max x, -min x) (no |x| temporary)
+            a = torch.maximum(t.amax(dim=(1, 3)), t.amin(dim=(1, 3)).neg())
+            # step 3: scales and q = x * m (or x / s) in place
+            sb, mb = _scales(a, family, eps, ue8m0)
+            if family == "b":
+                t.div_(sb[:, None, :, None])
+            else:
+                t.mul_(mb[:, None, :, None])
+            # step 4: saturate and cast (round-to-nearest-even) into the output
+            tiles = slice(r0 // bn, r0 // bn + rows_pad // bn)
+            amax[ei, tiles], s[ei, tiles] = a, sb
+            q8[ei, r0:r1].copy_(_saturate_(buf)[: r1 - r0, :k])
     _check_finite_tiles(x, amax, name)
-    # step 3: scales, then q in fp32 (in place when the fp32 tiles are already a copy)
-    s, m = _scales(amax, family, eps, ue8m0)
-    if family == "b":
-        div = s[:, :, None, :, None]
-        q = t.div_(div) if owned else t / div
-    else:
-        mul = m[:, :, None, :, None]
-        q = t.mul_(mul) if owned else t * mul
-    # step 4: saturate, cast (round-to-nearest-even), crop the padding
-    q8 = _cast_e4m3(q)
-    q8 = q8.view(e, q8.shape[1] * bn, q8.shape[3] * bk)
-    if q8.shape[1] != n or q8.shape[2] != k:
-        q8 = q8[:, :n, :k].contiguous()
     return q8, s
 
 

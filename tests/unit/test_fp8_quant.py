@@ -21,7 +21,7 @@ from nemo_ais.fp8 import (
     quantize_activations,
     quantize_blockwise,
 )
-from nemo_ais.fp8.quant import _cast_e4m3
+from nemo_ais.fp8.quant import _saturate_
 
 TE_SHAPES = [
     (128, 128),
@@ -181,7 +181,7 @@ def test_block_max_maps_to_448_and_out_of_range_saturates():
     # 448 * s is the block amax up to one fp32 rounding
     assert abs(float(s) * E4M3_MAX - float(amax)) <= float(amax) * 2**-23
     big = torch.tensor([464.0, 500.0, 1e6, -1e30, 447.0, -448.0])
-    got = _cast_e4m3(big.clone()).float()
+    got = _saturate_(big.clone()).to(torch.float8_e4m3fn).float()
     assert got.tolist() == [448.0, 448.0, 448.0, -448.0, 448.0, -448.0]
 
 
@@ -305,3 +305,12 @@ def test_backend_selection_without_te_or_cuda():
     else:
         with pytest.raises(ValueError, match="needs a CUDA tensor"):
             quantize_blockwise(x, family="c", backend="te")
+
+
+def test_activations_spanning_several_bands_bit_exact():
+    # 3000 rows x 384: the quantizer's ~4 MiB working bands hold 2730 rows, so two bands
+    x = _weight((2, 1500, 384)).reshape(2, 1500, 384)
+    q, s = quantize_activations(x, family="a", eps=1e-4)
+    codes, scales = quantize_oracle(x.reshape(3000, 384).numpy(), (1, 128), "a", 1e-4)
+    _assert_equal(_codes(q).reshape(3000, 384), codes, "multi-band activation codes")
+    _assert_equal(_bits(s).reshape(3000, 3), scales.view(np.int32), "multi-band activation scales")
