@@ -1,0 +1,782 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Simulated FP8 rollout engine: the "FP8 twin" of a Hugging Face causal LM.
+
+The twin stands in for vLLM with ``precision: fp8`` (and optionally
+``kv_cache_dtype: fp8``) on one CPU machine, so the rollout-training mismatch that AIS
+corrects is real and measurable without a GPU. What it simulates (``docs/fp8.md``):
+
+1. Build: a deep copy of the trainer's model. Every ``nn.Linear`` inside a decoder
+   layer (q/k/v/o_proj, gate/up/down_proj, per-expert linears) becomes a W8A8
+   :class:`~nemo_ais.fp8.fp8_linear.Fp8Linear`; embeddings, ``lm_head``, norms, MoE
+   routers and the first/last ``num_*_layers_in_bf16`` decoder layers stay unquantized.
+2. Refit (:meth:`Fp8Twin.sync_weights`): every step the trainer's weights are
+   re-quantized blockwise (128x128, E4M3) and copied in; the rest is copied as is.
+3. FP8 KV cache (optional): per layer, ``k_scale = P_p(|K|) * margin / 448`` (and
+   ``v_scale`` likewise) from a calibration forward, recalibrated after every refit;
+   K (after RoPE) and V are fake-quantized to E4M3 with that per-tensor scale when
+   they are written to the cache, so attention reads the FP8 values, in prefill and
+   in decode, as in vLLM's fp8 KV cache. Queries and the attention math stay in the
+   compute dtype.
+4. Generation (:func:`generate`): a sampling loop with HF's KV cache; the reported
+   log-prob of a sampled token is ``log softmax(logits / temperature)`` of the
+   UNFILTERED tempered distribution (``logprobs_mode="unfiltered"``): top-k/top-p
+   change what is sampled, not the reported log-prob (module-level docs below).
+
+With ``Fp8RolloutConfig(enabled=False)`` the twin is an exact copy of the original
+model (the BF16 arm's rollout engine): same code path, bit-identical log-probs.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal, NamedTuple
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+from transformers import DynamicCache
+
+from nemo_ais.fp8.fp8_linear import Fp8Linear
+from nemo_ais.fp8.quant import E4M3_MAX, Family
+
+__all__ = [
+    "Fp8RolloutConfig",
+    "Fp8Twin",
+    "GenerationOutput",
+    "KVScales",
+    "LogprobsMode",
+    "MismatchStats",
+    "generate",
+    "logprob_mismatch",
+    "score_responses",
+]
+
+logger = logging.getLogger(__name__)
+
+LogprobsMode = Literal["unfiltered", "processed"]
+
+FP8_DTYPE = torch.float8_e4m3fn
+_COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+# A decoder layer's index in a HF module name: "model.layers.3.self_attn.q_proj".
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# Linear layers inside a decoder layer that vLLM keeps in BF16 (MoE routers).
+_ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate"})
+
+
+class Fp8RolloutConfig(BaseModel):
+    """How the twin simulates vLLM's FP8 rollout (``docs/fp8.md``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    enabled: bool = Field(
+        True, description="False = the twin is an exact copy of the model (the BF16 arm)."
+    )
+    weight_block: tuple[int, int] = Field(
+        (128, 128), description="Weight quantization tile (out, in); 128x128 as in vLLM."
+    )
+    activation_group: int = Field(
+        128, gt=0, description="Per-token activation group size along the hidden dim."
+    )
+    weight_family: Family = Field(
+        "a", description="Weight quant formula family (docs/fp8.md); 'a' = vLLM/DeepGEMM."
+    )
+    activation_family: Family = Field(
+        "b", description="Activation quant formula family; 'b' = vLLM per-token-group quant."
+    )
+    ue8m0: bool = Field(False, description="Power-of-two (UE8M0) scales for weights and acts.")
+    weight_eps: float = Field(1e-4, ge=0.0, description="Floor of a weight tile's amax.")
+    activation_eps: float = Field(1e-10, ge=0.0, description="Floor of an act group's amax.")
+    num_first_layers_in_bf16: int = Field(
+        0, ge=0, description="Keep the first N decoder layers unquantized (NeMo-RL key)."
+    )
+    num_last_layers_in_bf16: int = Field(
+        0, ge=0, description="Keep the last N decoder layers unquantized (NeMo-RL key)."
+    )
+    kv_cache_fp8: bool = Field(False, description="Simulate vLLM's FP8 (E4M3) KV cache.")
+    kv_calibration_percentile: float = Field(
+        99.9, gt=0.0, le=100.0, description="Percentile of |K|, |V| used as the amax."
+    )
+    kv_calibration_margin: float = Field(
+        1.05, ge=1.0, description="Multiplies the calibrated amax (headroom for outliers)."
+    )
+    kv_amax_floor: float = Field(
+        1e-4, gt=0.0, description="Floor of the calibrated amax (all-zero K/V stay finite)."
+    )
+    compute_dtype: Literal["float32", "bfloat16", "float64"] | None = Field(
+        None, description="Cast the twin to this dtype before quantizing; None keeps the model's."
+    )
+
+    @model_validator(mode="after")
+    def _check_block(self) -> Fp8RolloutConfig:
+        if any(b <= 0 for b in self.weight_block):
+            raise ValueError(
+                f"weight_block={self.weight_block} is invalid: expected two positive ints "
+                "(vLLM block FP8 uses (128, 128))"
+            )
+        return self
+
+    @property
+    def torch_compute_dtype(self) -> torch.dtype | None:
+        """``compute_dtype`` as a ``torch.dtype`` (None = keep the model's dtype)."""
+        return None if self.compute_dtype is None else _COMPUTE_DTYPES[self.compute_dtype]
+
+
+class GenerationOutput(NamedTuple):
+    """Result of :func:`generate`; ``T = max_new_tokens``.
+
+    Attributes:
+        sequences: ``[B, P + T]`` int64, the (left-padded) prompt then the response.
+        response_ids: ``[B, T]`` int64; positions after EOS hold ``pad_token_id``.
+        response_mask: ``[B, T]`` int64 in {0, 1}: 1 up to and including the first EOS.
+        logprobs: ``[B, T]`` float32 log-prob of each sampled token under the engine
+            (the ``generation_logprobs``); 0 where ``response_mask`` is 0.
+    """
+
+    sequences: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+
+
+class KVScales(NamedTuple):
+    """Per-layer FP8 KV-cache dequant scales, ``x ~= q * scale``: two fp32 ``[L]`` tensors."""
+
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+
+
+class MismatchStats(NamedTuple):
+    """Token-level mismatch between two log-prob tensors (python floats).
+
+    Attributes:
+        mean_abs_delta: masked mean of ``|logp_a - logp_b|``.
+        token_mult_prob_error: masked mean of ``exp(|logp_a - logp_b|)`` (NeMo-RL's metric).
+        exp_mean_abs_delta: ``exp(mean_abs_delta)`` (a lower bound of the above, Jensen).
+        max_abs_delta: masked max of ``|logp_a - logp_b|``.
+        n_tok: number of valid tokens.
+    """
+
+    mean_abs_delta: float
+    token_mult_prob_error: float
+    exp_mean_abs_delta: float
+    max_abs_delta: float
+    n_tok: int
+
+
+# --------------------------------------------------------------------------------------
+# Log-probs and sampling
+# --------------------------------------------------------------------------------------
+
+
+def _check_sampling(temperature: float, top_k: int, top_p: float, mode: str) -> None:
+    """Validate the sampling arguments shared by :func:`generate` and :func:`score_responses`."""
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(
+            f"temperature={temperature!r} is invalid: expected a finite float > 0 "
+            "(use top_k=1 for greedy decoding)"
+        )
+    if not (isinstance(top_k, int) and top_k >= 0):
+        raise ValueError(f"top_k={top_k!r} is invalid: expected an int >= 0 (0 = off)")
+    if not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p={top_p!r} is invalid: expected 0 < top_p <= 1 (1 = off)")
+    if mode not in ("unfiltered", "processed"):
+        raise ValueError(f"logprobs_mode={mode!r} is invalid: expected 'unfiltered' or 'processed'")
+
+
+def _filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k set and outside the top-p nucleus to ``-inf``.
+
+    Top-k keeps every logit >= the k-th largest. Top-p keeps, in descending order, the
+    tokens whose preceding cumulative probability is < ``top_p`` (so always the top one).
+    """
+    if 0 < top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, -math.inf)
+    return scaled
+
+
+def _token_logprobs(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    mode: LogprobsMode,
+) -> torch.Tensor:
+    """``log softmax(logits / temperature)[tokens]`` in fp32 (filtered first if "processed")."""
+    scaled = logits.float() / temperature
+    if mode == "processed":
+        scaled = _filter_top_k_top_p(scaled, top_k, top_p)
+    logp = torch.log_softmax(scaled, dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _sample(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Sample one token per row: ``argmax(p / E)``, ``E ~ Exp(1)`` (exact categorical draw).
+
+    ``p`` is the tempered, top-k/top-p filtered distribution; with ``top_k=1`` only the
+    argmax has mass, so the draw is greedy.
+    """
+    scaled = _filter_top_k_top_p(logits.float() / temperature, top_k, top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / race).argmax(dim=-1)
+
+
+# --------------------------------------------------------------------------------------
+# Generation and scoring with any HF causal LM
+# --------------------------------------------------------------------------------------
+
+
+def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """Prompts must be ``[B, P]`` int with a LEFT-padded {0, 1} mask of the same shape."""
+    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"input_ids: got {list(input_ids.shape)} {input_ids.dtype}, expected [B, P] int64"
+        )
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask: got {list(attention_mask.shape)}, expected "
+            f"{list(input_ids.shape)} like input_ids"
+        )
+    mask = attention_mask.to(torch.int64)
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask: expected values in {0, 1}")
+    if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask.sum(-1) == 0).any()):
+        row = int(((mask[:, 1:] < mask[:, :-1]).any(-1) | (mask.sum(-1) == 0)).nonzero()[0])
+        raise ValueError(
+            f"attention_mask: row {row} is not a non-empty LEFT-padded prompt "
+            "(expected zeros, then at least one 1, then ones only)"
+        )
+
+
+def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids for a left-padded mask: 0 at the first real token (pads get 0)."""
+    return (attention_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)
+
+
+def _eos_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
+    if eos_token_id is None:
+        return []
+    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    logprobs_mode: LogprobsMode = "unfiltered",
+    past_key_values: DynamicCache | None = None,
+) -> GenerationOutput:
+    """Sample ``max_new_tokens`` per prompt from a HF causal LM, with log-probs.
+
+    One prefill forward, then one single-token forward per step through HF's KV cache.
+    At step t: ``z = logits / temperature`` (fp32); the token is drawn from ``z``
+    filtered by top-k/top-p (exponential race, :func:`_sample`) with ``generator``;
+    the reported log-prob is ``log_softmax(z)[token]``, the UNFILTERED tempered
+    distribution (``logprobs_mode="unfiltered"``, the architecture contract): it is what
+    a trainer that only divides its logits by the temperature computes as
+    ``prev_logprobs``, so ``prev - generation`` measures engine mismatch alone. Filtering
+    would add ``-log(kept mass)`` to every token, a bias the trainer does not see.
+    ``logprobs_mode="processed"`` reports ``log_softmax(filter(z))[token]`` instead, as
+    vLLM's ``processed_logprobs`` (NeMo-RL v0.7.0 then filters its trainer logits too).
+
+    After a row's first EOS, its tokens are ``pad_token_id``, its mask 0 and its
+    log-probs 0; the loop stops once every row is done (the rest is padding).
+
+    Args:
+        model: a HF causal LM (e.g. ``Qwen2ForCausalLM``); run as is (call ``eval()``).
+        input_ids: ``[B, P]`` int64 prompts, LEFT-padded.
+        attention_mask: ``[B, P]`` {0, 1}, zeros (padding) then ones.
+        max_new_tokens: T >= 1.
+        temperature: > 0. top_k: 0 = off. top_p: 1 = off.
+        generator: ``torch.Generator`` on the model's device; same state -> same tokens.
+        eos_token_id: an id or ids that end a response (None = never).
+        pad_token_id: fills positions after EOS (default: the first EOS id, else 0).
+        logprobs_mode: "unfiltered" (default) or "processed" (see above).
+        past_key_values: an empty cache to use (the twin passes its FP8 KV cache).
+
+    Returns:
+        :class:`GenerationOutput` (``sequences`` [B, P+T], ``response_ids``,
+        ``response_mask``, ``logprobs`` [B, T] float32). Nothing requires grad.
+
+    Raises:
+        ValueError: bad shapes, a mask that is not left-padded, bad sampling arguments.
+    """
+    _check_prompt(input_ids, attention_mask)
+    _check_sampling(temperature, top_k, top_p, logprobs_mode)
+    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: expected an int >= 1")
+    eos = _eos_ids(eos_token_id)
+    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
+    batch, device = input_ids.shape[0], input_ids.device
+    cache = past_key_values if past_key_values is not None else DynamicCache()
+    eos_t = torch.tensor(eos, dtype=torch.int64, device=device)
+
+    tokens = torch.full((batch, max_new_tokens), pad, dtype=torch.int64, device=device)
+    mask = torch.zeros((batch, max_new_tokens), dtype=torch.int64, device=device)
+    logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    attn = attention_mask.to(torch.int64)
+    position = _positions(attn)
+    step_ids, step_pos = input_ids.to(torch.int64), position
+    for t in range(max_new_tokens):
+        out = model(
+            input_ids=step_ids,
+            attention_mask=attn,
+            position_ids=step_pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1]
+        token = _sample(logits, temperature, top_k, top_p, generator)
+        logp = _token_logprobs(logits, token, temperature, top_k, top_p, logprobs_mode)
+        live = ~done
+        tokens[:, t] = torch.where(live, token, pad)
+        mask[:, t] = live.to(torch.int64)
+        logprobs[:, t] = torch.where(live, logp, torch.zeros_like(logp))
+        done = done | (live & torch.isin(token, eos_t))
+        if bool(done.all()):
+            break
+        step_ids = tokens[:, t : t + 1]
+        step_pos = step_pos[:, -1:] + 1
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
+
+    sequences = torch.cat([input_ids.to(torch.int64), tokens], dim=-1)
+    return GenerationOutput(sequences, tokens, mask, logprobs)
+
+
+@torch.no_grad()
+def score_responses(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    logprobs_mode: LogprobsMode = "unfiltered",
+    past_key_values: DynamicCache | None = None,
+) -> torch.Tensor:
+    """Teacher-forced log-probs of ``response_ids`` after the prompts, in one forward.
+
+    ``logp[b, t] = log_softmax(logits[b, P - 1 + t] / temperature)[response_ids[b, t]]``
+    over ``[prompt, response]`` (prompt left-padded; response positions all attended,
+    which cannot change a valid token's log-prob: causal attention never looks ahead).
+
+    Args:
+        model: a HF causal LM.
+        input_ids, attention_mask: ``[B, P]`` left-padded prompts, as for :func:`generate`.
+        response_ids: ``[B, T]`` int64 response tokens (positions past EOS are scored too;
+            multiply by ``response_mask``).
+        temperature, top_k, top_p, logprobs_mode: as for :func:`generate`.
+        past_key_values: an empty cache routed through the forward (the twin's FP8 KV
+            cache); None runs without a cache.
+
+    Returns:
+        ``[B, T]`` float32 log-probs, not requiring grad.
+    """
+    _check_prompt(input_ids, attention_mask)
+    _check_sampling(temperature, top_k, top_p, logprobs_mode)
+    if response_ids.dim() != 2 or response_ids.shape[0] != input_ids.shape[0]:
+        raise ValueError(
+            f"response_ids: got {list(response_ids.shape)}, expected [{input_ids.shape[0]}, T]"
+        )
+    prompt_len, resp_len = input_ids.shape[1], response_ids.shape[1]
+    ids = torch.cat([input_ids, response_ids], dim=-1).to(torch.int64)
+    attn = torch.cat([attention_mask, torch.ones_like(response_ids)], dim=-1).to(torch.int64)
+    out = model(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=_positions(attn),
+        past_key_values=past_key_values,
+        use_cache=past_key_values is not None,
+        logits_to_keep=resp_len + 1,
+    )
+    logits = out.logits[:, :resp_len]
+    assert logits.shape[1] == resp_len and prompt_len >= 1
+    return _token_logprobs(
+        logits, response_ids.to(torch.int64), temperature, top_k, top_p, logprobs_mode
+    )
+
+
+def logprob_mismatch(
+    logp_a: torch.Tensor, logp_b: torch.Tensor, mask: torch.Tensor
+) -> MismatchStats:
+    """Mismatch of two ``[B, T]`` log-prob tensors over the valid tokens of ``mask``.
+
+    ``delta = |logp_a - logp_b|``; mean, NeMo-RL's ``token_mult_prob_error`` (masked mean
+    of ``exp(delta)``), ``exp(mean delta)`` and max, in float64. An empty mask gives
+    zeros and ``token_mult_prob_error = 1`` (no mismatch), ``n_tok = 0``.
+    """
+    if logp_a.shape != logp_b.shape or mask.shape != logp_a.shape:
+        raise ValueError(
+            f"logprob_mismatch: got logp_a {list(logp_a.shape)}, logp_b "
+            f"{list(logp_b.shape)}, mask {list(mask.shape)}, expected one [B, T] shape"
+        )
+    m = mask.to(torch.float64)
+    delta = (logp_a.double() - logp_b.double()).abs() * m
+    n_tok = int(m.sum())
+    if n_tok == 0:
+        return MismatchStats(0.0, 1.0, 1.0, 0.0, 0)
+    mean = float(delta.sum()) / n_tok
+    mult = float((torch.exp(delta) * m).sum()) / n_tok
+    return MismatchStats(mean, mult, math.exp(mean), float(delta.max()), n_tok)
+
+
+# --------------------------------------------------------------------------------------
+# FP8 KV cache
+# --------------------------------------------------------------------------------------
+
+
+def _fake_quant_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per-tensor E4M3 round trip: ``clamp(x / s, ±448) -> e4m3 -> * s`` (vLLM fp8 KV)."""
+    q = (x.float() / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    return (q.float() * scale).to(x.dtype)
+
+
+class _Fp8KVCache(DynamicCache):
+    """HF ``DynamicCache`` whose writes are fake-quantized to E4M3 with per-layer scales.
+
+    ``update`` receives K after RoPE and V, exactly what vLLM writes into its FP8 cache;
+    the returned (cached + new) states are the dequantized FP8 values, so the current
+    step's attention also reads FP8 K/V, as vLLM's attention reads its cache.
+    """
+
+    def __init__(self, scales: KVScales) -> None:
+        super().__init__()
+        self.scales = scales
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        key_states = _fake_quant_kv(key_states, self.scales.k_scale[layer_idx])
+        value_states = _fake_quant_kv(value_states, self.scales.v_scale[layer_idx])
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+class _KVObserver(DynamicCache):
+    """HF ``DynamicCache`` that records the ``percentile`` of |K| and |V| per layer.
+
+    Only positions where ``token_mask`` ([B, S]) is 1 count (padding is ignored).
+    """
+
+    def __init__(self, token_mask: torch.Tensor, percentile: float) -> None:
+        super().__init__()
+        self.token_mask = token_mask.bool()
+        self.percentile = percentile
+        self.amax: dict[int, tuple[float, float]] = {}
+
+    def _amax(self, x: torch.Tensor) -> float:
+        # x: [B, H, S, D] -> valid |x| values; nearest-rank percentile via kthvalue.
+        vals = x.transpose(1, 2)[self.token_mask].abs().float().flatten()
+        rank = max(1, math.ceil(self.percentile / 100.0 * vals.numel()))
+        return float(vals.kthvalue(rank).values)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self.amax[layer_idx] = (self._amax(key_states), self._amax(value_states))
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# The twin
+# --------------------------------------------------------------------------------------
+
+
+def _num_layers(model: nn.Module) -> int:
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text.num_hidden_layers)
+
+
+def _fp8_linear_names(model: nn.Module, config: Fp8RolloutConfig) -> list[str]:
+    """Names of the ``nn.Linear`` modules vLLM would run in FP8 (module doc, step 1)."""
+    n_layers = _num_layers(model)
+    first, last = config.num_first_layers_in_bf16, config.num_last_layers_in_bf16
+    if first + last > n_layers:
+        raise ValueError(
+            f"num_first_layers_in_bf16={first} + num_last_layers_in_bf16={last} is invalid: "
+            f"expected <= the model's {n_layers} decoder layers"
+        )
+    names = []
+    for name, module in model.named_modules():
+        match = _LAYER_RE.search(name)
+        if not isinstance(module, nn.Linear) or match is None:
+            continue
+        layer = int(match.group(1))
+        if layer < first or layer >= n_layers - last:
+            continue
+        if name.rsplit(".", 1)[-1] in _ROUTER_NAMES:
+            continue
+        names.append(name)
+    return names
+
+
+def _check_finite(name: str, tensor: torch.Tensor) -> None:
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        bad = ~torch.isfinite(tensor)
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"sync_weights: {name} has {int(bad.sum())} non-finite value(s) (first at index "
+            f"{first}), expected finite values; refusing to sync NaN/Inf into the engine"
+        )
+
+
+class Fp8Twin:
+    """Simulated FP8 rollout engine of a HF causal LM (module doc).
+
+    Attributes:
+        model: the twin (a deep copy of the original, eval mode). Do not call
+            ``.to(dtype)`` on it: that would cast the FP8 codes (use ``compute_dtype``).
+        config: the :class:`Fp8RolloutConfig`.
+        fp8_module_names: names of the linears running W8A8 (empty if disabled).
+        kv_scales: the current :class:`KVScales`, or None until calibrated (FP8 KV only).
+    """
+
+    def __init__(self, model: nn.Module, config: Fp8RolloutConfig | None = None) -> None:
+        self.config = config if config is not None else Fp8RolloutConfig()
+        twin = copy.deepcopy(model)
+        # eval() only: requires_grad flags are kept, since flipping them can change which
+        # CPU GEMM kernel runs (and so the last bits); every call runs under no_grad.
+        twin.eval()
+        self.fp8_module_names: tuple[str, ...] = ()
+        if self.config.enabled:
+            if self.config.torch_compute_dtype is not None:
+                twin.to(self.config.torch_compute_dtype)
+            self.fp8_module_names = tuple(_fp8_linear_names(twin, self.config))
+            for name in self.fp8_module_names:
+                self._replace_linear(twin, name)
+        self.model = twin
+        self.num_layers = _num_layers(twin)
+        self.kv_scales: KVScales | None = None
+        self._targets = self._sync_targets()
+
+    @property
+    def kv_cache_fp8(self) -> bool:
+        """Whether the FP8 KV cache is simulated (``enabled and kv_cache_fp8``)."""
+        return self.config.enabled and self.config.kv_cache_fp8
+
+    def _replace_linear(self, twin: nn.Module, name: str) -> None:
+        cfg = self.config
+        parent_name, _, child = name.rpartition(".")
+        parent = twin.get_submodule(parent_name)
+        fp8 = Fp8Linear.from_linear(
+            getattr(parent, child),
+            name=f"{name}.weight",
+            weight_block=cfg.weight_block,
+            activation_group=cfg.activation_group,
+            weight_family=cfg.weight_family,
+            activation_family=cfg.activation_family,
+            weight_eps=cfg.weight_eps,
+            activation_eps=cfg.activation_eps,
+            ue8m0=cfg.ue8m0,
+        )
+        setattr(parent, child, fp8)
+
+    def _sync_targets(self) -> dict[str, Callable[[torch.Tensor], None]]:
+        """Map each trainer tensor name to the function that loads it into the twin."""
+        targets: dict[str, Callable[[torch.Tensor], None]] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            targets[name] = self._copier(name, param)
+        for name, buf in self.model.named_buffers(remove_duplicate=False):
+            if not name.endswith((".weight_scale_inv", ".weight_dequant")):
+                targets[name] = self._copier(name, buf)
+        for name in self.fp8_module_names:
+            module = self.model.get_submodule(name)
+            targets[f"{name}.weight"] = module.load_weight
+            if module.bias is not None:
+                targets[f"{name}.bias"] = module.load_bias
+        return targets
+
+    @staticmethod
+    def _copier(name: str, target: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        def copy_(tensor: torch.Tensor) -> None:
+            if tensor.shape != target.shape:
+                raise ValueError(
+                    f"sync_weights: {name} got {list(tensor.shape)}, expected {list(target.shape)}"
+                )
+            target.copy_(tensor)
+
+        return copy_
+
+    @torch.no_grad()
+    def sync_weights(
+        self,
+        weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        *,
+        calibration_input_ids: torch.Tensor | None = None,
+        calibration_attention_mask: torch.Tensor | None = None,
+    ) -> int:
+        """Refit: load the trainer's current weights, re-quantizing the FP8 linears.
+
+        Accepts a ``state_dict`` or a stream of ``(name, tensor)`` with the original
+        model's (HF) names; a partial set updates only those tensors. Every refit makes
+        the KV scales stale: they are recalibrated here from the calibration batch if
+        one is given, else on the next :meth:`generate` / :meth:`score` batch.
+
+        Returns:
+            The number of tensors loaded.
+
+        Raises:
+            ValueError: an unknown name, a shape mismatch or non-finite values (nothing
+                after the offending tensor is loaded).
+        """
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        n_loaded = 0
+        for name, tensor in items:
+            if name not in self._targets:
+                raise ValueError(
+                    f"sync_weights: unknown tensor name {name!r}, expected a name of the "
+                    f"original model's state_dict (e.g. {next(iter(self._targets))!r})"
+                )
+            _check_finite(name, tensor)
+            self._targets[name](tensor.detach())
+            n_loaded += 1
+        self.kv_scales = None
+        if self.kv_cache_fp8 and calibration_input_ids is not None:
+            if calibration_attention_mask is None:
+                calibration_attention_mask = torch.ones_like(calibration_input_ids)
+            self.calibrate_kv_scales(calibration_input_ids, calibration_attention_mask)
+        return n_loaded
+
+    @torch.no_grad()
+    def calibrate_kv_scales(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> KVScales:
+        """Per-layer FP8 KV scales from one forward of the twin (KV unquantized).
+
+        ``k_scale[l] = max(P_p(|K_l|), floor) * margin / 448`` over the non-padding
+        positions (``p`` = ``kv_calibration_percentile``, nearest rank), ``v_scale``
+        likewise; K is taken after RoPE, as it is cached. The result is stored in
+        :attr:`kv_scales` and used until the next :meth:`sync_weights`.
+
+        Returns:
+            :class:`KVScales`, two fp32 ``[num_layers]`` tensors, finite and > 0.
+        """
+        _check_prompt(input_ids, attention_mask)
+        cfg = self.config
+        observer = _KVObserver(attention_mask, cfg.kv_calibration_percentile)
+        self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=_positions(attention_mask),
+            past_key_values=observer,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if sorted(observer.amax) != list(range(self.num_layers)):
+            raise RuntimeError(
+                f"calibrate_kv_scales: observed layers {sorted(observer.amax)}, expected "
+                f"0..{self.num_layers - 1} (does the model route past_key_values.update?)"
+            )
+        amax = torch.tensor([observer.amax[i] for i in range(self.num_layers)])
+        scale = amax.clamp_min(cfg.kv_amax_floor) * cfg.kv_calibration_margin / E4M3_MAX
+        self.kv_scales = KVScales(scale[:, 0].contiguous(), scale[:, 1].contiguous())
+        logger.debug("calibrated FP8 KV scales: %s", self.kv_scales)
+        return self.kv_scales
+
+    def _cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DynamicCache | None:
+        """A fresh cache for one call: FP8 KV (calibrating first if stale) or None."""
+        if not self.kv_cache_fp8:
+            return None
+        if self.kv_scales is None:
+            self.calibrate_kv_scales(input_ids, attention_mask)
+        assert self.kv_scales is not None
+        return _Fp8KVCache(self.kv_scales)
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        logprobs_mode: LogprobsMode = "unfiltered",
+    ) -> GenerationOutput:
+        """:func:`generate` with the twin, arguments as there.
+
+        With the FP8 KV cache, stale scales (after a refit) are first recalibrated on
+        these prompts, as vLLM's ``calculate_kv_scales`` does on its first batch.
+        """
+        return generate(
+            self.model,
+            input_ids,
+            attention_mask,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            generator=generator,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            logprobs_mode=logprobs_mode,
+            past_key_values=self._cache(input_ids, attention_mask),
+        )
+
+    def score(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        logprobs_mode: LogprobsMode = "unfiltered",
+    ) -> torch.Tensor:
+        """:func:`score_responses` under the twin (FP8 KV cache included): ``[B, T]`` fp32."""
+        return score_responses(
+            self.model,
+            input_ids,
+            attention_mask,
+            response_ids,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            logprobs_mode=logprobs_mode,
+            past_key_values=self._cache(input_ids, attention_mask),
+        )

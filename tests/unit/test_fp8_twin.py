@@ -1,0 +1,536 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Simulated FP8 rollout engine (nemo_ais.fp8.twin) against independent oracles.
+
+Tiny HF models are built offline from a config with random init (HF default
+``initializer_range=0.02``; nothing is fetched). Their W8A8 mismatch (token_mult_prob_error
+~1.01-1.02) is in the range reported for real FP8 rollouts (1.01-1.05).
+"""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from pydantic import ValidationError
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.cache_utils import DynamicCache
+
+from nemo_ais.fp8.fp8_linear import Fp8Linear
+from nemo_ais.fp8.quant import (
+    dequantize_activations,
+    dequantize_blockwise,
+    quantize_activations,
+    quantize_blockwise,
+)
+from nemo_ais.fp8.twin import (
+    Fp8RolloutConfig,
+    Fp8Twin,
+    generate,
+    logprob_mismatch,
+    score_responses,
+)
+
+VOCAB = 512
+E4M3_MAX = 448.0
+
+
+def _tiny(kind="qwen2", hidden=128, layers=3, seed=0, init=0.02):
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        initializer_range=init,
+    )
+    torch.manual_seed(seed)
+    if kind == "llama":
+        return LlamaForCausalLM(LlamaConfig(**common)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return _tiny("qwen2")
+
+
+def _prompts(batch=8, length=12, seed=1, pad_rows=(0, 3)):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, VOCAB, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    for i, row in enumerate(pad_rows):  # left-pad a few rows by 2, 4, ... tokens
+        mask[row, : 2 * (i + 1)] = 0
+        ids[row, : 2 * (i + 1)] = 0
+    return ids, mask
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------------------
+# disabled twin == original, bit for bit
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_disabled_twin_is_exact_copy(kind):
+    model = _tiny(kind, layers=2)
+    twin = Fp8Twin(model, Fp8RolloutConfig(enabled=False, kv_cache_fp8=True))
+    assert twin.fp8_module_names == ()
+    ids, mask = _prompts()
+    kw = dict(max_new_tokens=10, temperature=0.9, generator=None, eos_token_id=5)
+    ref = generate(model, ids, mask, **{**kw, "generator": _gen(7)})
+    out = twin.generate(ids, mask, **{**kw, "generator": _gen(7)})
+    for name in ("sequences", "response_ids", "response_mask", "logprobs"):
+        assert torch.equal(getattr(out, name), getattr(ref, name)), name
+    assert twin.kv_scales is None  # disabled: no FP8 KV cache either
+    scored_ref = score_responses(model, ids, mask, ref.response_ids, temperature=0.9)
+    scored = twin.score(ids, mask, ref.response_ids, temperature=0.9)
+    assert torch.equal(scored, scored_ref)
+
+
+# --------------------------------------------------------------------------------------
+# W8A8 linear
+# --------------------------------------------------------------------------------------
+
+
+def _ref_blockwise_fake_quant(w, block=128, eps=1e-4):
+    """Family "a" per 128x128 tile with plain loops: s = amax/448, q = rne(x * (1/s)) * s."""
+    out = torch.empty_like(w)
+    for i in range(0, w.shape[0], block):
+        for j in range(0, w.shape[1], block):
+            tile = w[i : i + block, j : j + block]
+            s = torch.clamp(tile.abs().max(), min=eps) / E4M3_MAX
+            q = (tile * (1.0 / s)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+            out[i : i + block, j : j + block] = q.float() * s
+    return out
+
+
+def test_fp8_linear_equals_independent_reference():
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(272, 300, bias=True)  # neither dim a multiple of 128
+    fp8 = Fp8Linear.from_linear(lin, name="proj.weight")
+    x = torch.randn(3, 5, 272) * 3.0
+    # composed separately from the quantizer's public functions
+    w_q, s_w = quantize_blockwise(lin.weight.detach(), (128, 128), "a", 1e-4)
+    x_q, s_x = quantize_activations(x, 128, "b", 1e-10)
+    w_dq = dequantize_blockwise(w_q, s_w, (128, 128))
+    x_dq = dequantize_activations(x_q, s_x, 128)
+    ref = (x_dq.reshape(-1, 272) @ w_dq.t()).reshape(3, 5, 300) + lin.bias.detach()
+    y = fp8(x)
+    assert torch.equal(fp8.weight.view(torch.uint8), w_q.view(torch.uint8))
+    assert torch.equal(fp8.weight_scale_inv, s_w)
+    assert torch.equal(y, ref), (y - ref).abs().max()
+    # the dequantized weight against a plain-loop oracle of the tile rule
+    assert torch.equal(fp8.weight_dequant, _ref_blockwise_fake_quant(lin.weight.detach()))
+    # and the fp32 GEMM against float64 on the same FP8 operands (accumulation order only)
+    ref64 = x_dq.double() @ w_dq.double().t() + lin.bias.double()
+    torch.testing.assert_close(y.double(), ref64, rtol=1e-5, atol=1e-4)
+    # it is a real quantization: not the fp32 linear
+    assert (y - lin(x)).abs().max() > 1e-3
+
+
+def test_fp8_linear_rejects_bad_weight():
+    fp8 = Fp8Linear(torch.randn(16, 32), name="layer.q_proj.weight")
+    with pytest.raises(ValueError, match=r"layer.q_proj.weight: got \[16, 31\]"):
+        fp8.load_weight(torch.randn(16, 31))
+    bad = torch.randn(16, 32)
+    bad[2, 3] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        fp8.load_weight(bad)
+
+
+# --------------------------------------------------------------------------------------
+# which modules are FP8 and which stay high precision
+# --------------------------------------------------------------------------------------
+
+
+def test_bf16_kept_modules_are_bit_identical(qwen):
+    cfg = Fp8RolloutConfig(num_first_layers_in_bf16=1, num_last_layers_in_bf16=1)
+    twin = Fp8Twin(qwen, cfg)
+    projs = [
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ]
+    expected = tuple(f"model.layers.1.{p}" for p in projs)
+    assert twin.fp8_module_names == expected
+    twin_params = dict(twin.model.named_parameters())
+    n_checked = 0
+    for name, param in qwen.named_parameters():
+        fp8_weight = any(name == f"{m}.weight" for m in expected)
+        if fp8_weight:
+            assert name not in twin_params  # replaced by FP8 codes + scales
+            module = twin.model.get_submodule(name.rsplit(".", 1)[0])
+            assert isinstance(module, Fp8Linear)
+            assert module.weight.dtype == torch.float8_e4m3fn
+            continue
+        # embeddings, lm_head, norms, biases, layers 0 and 2: bit-identical
+        assert torch.equal(twin_params[name], param), name
+        n_checked += 1
+    assert n_checked == len(list(qwen.parameters())) - len(expected)
+    assert "lm_head.weight" in twin_params and "model.embed_tokens.weight" in twin_params
+
+
+def test_bf16_layer_counts_validated(qwen):
+    with pytest.raises(
+        ValueError, match="num_first_layers_in_bf16=2 \\+ num_last_layers_in_bf16=2"
+    ):
+        Fp8Twin(qwen, Fp8RolloutConfig(num_first_layers_in_bf16=2, num_last_layers_in_bf16=2))
+
+
+def test_config_validation():
+    with pytest.raises(ValidationError, match="extra"):
+        Fp8RolloutConfig(unknown_field=1)
+    with pytest.raises(ValidationError, match="weight_block"):
+        Fp8RolloutConfig(weight_block=(128, 0))
+    with pytest.raises(ValidationError, match="kv_calibration_margin"):
+        Fp8RolloutConfig(kv_calibration_margin=0.5)
+    with pytest.raises(ValidationError, match="activation_family"):
+        Fp8RolloutConfig(activation_family="d")
+    cfg = Fp8RolloutConfig()
+    with pytest.raises(ValidationError, match="frozen"):
+        cfg.enabled = False
+
+
+# --------------------------------------------------------------------------------------
+# mismatch: nonzero, measured, in a sensible band
+# --------------------------------------------------------------------------------------
+
+
+def test_w8a8_mismatch_is_nonzero_and_bounded(qwen):
+    twin = Fp8Twin(qwen, Fp8RolloutConfig())
+    ids, mask = _prompts()
+    out = twin.generate(ids, mask, max_new_tokens=16, generator=_gen(0))
+    ref = score_responses(qwen, ids, mask, out.response_ids)
+    stats = logprob_mismatch(out.logprobs, ref, out.response_mask)
+    print(f"\nW8A8 twin vs fp32 model: {stats}")
+    assert stats.n_tok == 8 * 16
+    assert 1e-3 < stats.mean_abs_delta < 0.2
+    assert 1.0 < stats.token_mult_prob_error < 1.5
+    assert stats.exp_mean_abs_delta <= stats.token_mult_prob_error  # Jensen
+    # scoring under the twin sees the same engine (up to FP8 rounding flips caused by
+    # the different fp32 summation order of a full forward vs the incremental one)
+    twin_scored = twin.score(ids, mask, out.response_ids)
+    assert logprob_mismatch(twin_scored, out.logprobs, out.response_mask).mean_abs_delta < (
+        stats.mean_abs_delta / 2
+    )
+
+
+def test_logprob_mismatch_hand_worked():
+    a = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, 0.0, 0.0]])
+    b = torch.tensor([[-1.5, -2.0, -2.0], [-0.5, 9.0, 0.0]])
+    m = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    # |delta| on valid tokens: 0.5, 0, 1, 0 -> mean 0.375, max 1
+    s = logprob_mismatch(a, b, m)
+    assert s.n_tok == 4 and s.mean_abs_delta == 0.375 and s.max_abs_delta == 1.0
+    assert math.isclose(s.token_mult_prob_error, (math.exp(0.5) + 1 + math.e + 1) / 4)
+    assert math.isclose(s.exp_mean_abs_delta, math.exp(0.375))
+    empty = logprob_mismatch(a, b, torch.zeros_like(m))
+    assert empty.token_mult_prob_error == 1.0 and empty.n_tok == 0
+
+
+# --------------------------------------------------------------------------------------
+# weight refit
+# --------------------------------------------------------------------------------------
+
+
+def test_sync_weights_requantizes_and_is_idempotent():
+    model = _tiny(layers=2)
+    twin = Fp8Twin(model, Fp8RolloutConfig())
+    ids, mask = _prompts()
+    resp = torch.randint(4, VOCAB, (8, 6), generator=_gen(2))
+    before = twin.score(ids, mask, resp)
+    # the trainer takes a step: every weight moves
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    n = twin.sync_weights(model.state_dict())
+    assert n == len(model.state_dict())
+    q_proj = twin.model.model.layers[1].self_attn.q_proj
+    w_new = model.model.layers[1].self_attn.q_proj.weight.detach()
+    w_q, s_w = quantize_blockwise(w_new)
+    assert torch.equal(q_proj.weight.view(torch.uint8), w_q.view(torch.uint8))
+    assert torch.equal(q_proj.weight_scale_inv, s_w)
+    assert torch.equal(twin.model.lm_head.weight, model.lm_head.weight)
+    after = twin.score(ids, mask, resp)
+    assert (after - before).abs().max() > 1e-3
+    # the refit is idempotent, and a stream of (name, tensor) pairs is equivalent
+    state = {k: v.clone() for k, v in twin.model.state_dict().items()}
+    twin.sync_weights(iter(list(model.state_dict().items())))
+    for k, v in twin.model.state_dict().items():
+        assert torch.equal(
+            v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v,
+            state[k].view(torch.uint8) if v.dtype == torch.float8_e4m3fn else state[k],
+        ), k
+    assert torch.equal(twin.score(ids, mask, resp), after)
+    # a fresh twin of the stepped model is the same engine
+    assert torch.equal(Fp8Twin(model, Fp8RolloutConfig()).score(ids, mask, resp), after)
+
+
+def test_sync_weights_rejects_bad_tensors(qwen):
+    twin = Fp8Twin(qwen, Fp8RolloutConfig())
+    with pytest.raises(ValueError, match=r"unknown tensor name 'model\.layers\.0\.foo\.weight'"):
+        twin.sync_weights({"model.layers.0.foo.weight": torch.zeros(1)})
+    bad = qwen.model.layers[0].mlp.up_proj.weight.detach().clone()
+    bad[1, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.up_proj.weight has 1 non-finite"):
+        twin.sync_weights([("model.layers.0.mlp.up_proj.weight", bad)])
+    with pytest.raises(ValueError, match=r"model.norm.weight got \[3\], expected \[128\]"):
+        twin.sync_weights([("model.norm.weight", torch.ones(3))])
+
+
+# --------------------------------------------------------------------------------------
+# FP8 KV cache
+# --------------------------------------------------------------------------------------
+
+
+def _kv_scale_oracle(model, ids, mask, percentile=99.9, margin=1.05):
+    """Percentile of |K| / |V| (post-RoPE, non-pad) from a plain HF cache, sorted by hand."""
+    cache = DynamicCache()
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    model(
+        input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+    )
+    scales = []
+    for layer in cache.layers:
+        row = []
+        for x in (layer.keys, layer.values):
+            vals = torch.sort(x.permute(0, 2, 1, 3)[mask.bool()].abs().flatten()).values
+            rank = math.ceil(percentile / 100 * vals.numel())  # nearest rank, 1-based
+            row.append(float(vals[rank - 1]) * margin / E4M3_MAX)
+        scales.append(row)
+    return torch.tensor(scales)
+
+
+def test_fp8_kv_cache_scales_and_mismatch(qwen):
+    ids, mask = _prompts()
+    w8a8 = Fp8Twin(qwen, Fp8RolloutConfig())
+    kv = Fp8Twin(qwen, Fp8RolloutConfig(kv_cache_fp8=True))
+    scales = kv.calibrate_kv_scales(ids, mask)
+    for s in scales:
+        assert s.shape == (3,) and s.dtype == torch.float32
+        assert bool(torch.isfinite(s).all()) and bool((s > 0).all()) and bool((s != 1.0).all())
+    # oracle: same percentile from the K/V a plain cache holds after the W8A8 forward
+    oracle = _kv_scale_oracle(w8a8.model, ids, mask)
+    torch.testing.assert_close(torch.stack(scales, -1), oracle, rtol=1e-6, atol=0)
+
+    out = w8a8.generate(ids, mask, max_new_tokens=16, generator=_gen(0))
+    ref = score_responses(qwen, ids, mask, out.response_ids)
+    kv_scored = kv.score(ids, mask, out.response_ids)
+    w8a8_scored = w8a8.score(ids, mask, out.response_ids)
+    m = out.response_mask
+    base = logprob_mismatch(w8a8_scored, ref, m)
+    with_kv = logprob_mismatch(kv_scored, ref, m)
+    print(f"\nW8A8: {base}\nW8A8 + FP8 KV: {with_kv}")
+    # FP8 KV is a second, independent error source: it moves the log-probs by an amount
+    # of the same order as W8A8 does. It need not increase |delta| on every batch (the two
+    # errors can partly cancel), so the bound is on the shift itself.
+    shift = logprob_mismatch(kv_scored, w8a8_scored, m)
+    print(f"FP8 KV vs W8A8 only: {shift}")
+    assert shift.mean_abs_delta > 0.1 * base.mean_abs_delta
+    assert 1.0 < with_kv.token_mult_prob_error < 1.5
+
+
+def test_kv_scales_recalibrated_after_sync(qwen):
+    ids, mask = _prompts()
+    twin = Fp8Twin(qwen, Fp8RolloutConfig(kv_cache_fp8=True))
+    assert twin.kv_scales is None
+    twin.generate(ids, mask, max_new_tokens=2, generator=_gen(0))  # calibrates on prompts
+    first = twin.kv_scales
+    assert first is not None
+    k0 = "model.layers.0.self_attn.k_proj.weight"
+    scaled = {k0: qwen.state_dict()[k0] * 1.5}
+    twin.sync_weights(scaled)
+    assert twin.kv_scales is None  # stale after every refit
+    twin.sync_weights(scaled, calibration_input_ids=ids, calibration_attention_mask=mask)
+    # layer 0: K = RoPE(1.5 W_k x + b) with b = 0 at init, so its scale grows 1.5x (the
+    # 1.5x weight is re-quantized: 1.5 is exact in FP8 scaling, up to the amax floor);
+    # V of layer 0 does not depend on W_k at all: bit-identical scale
+    assert float(qwen.model.layers[0].self_attn.k_proj.bias.detach().abs().max()) == 0.0
+    torch.testing.assert_close(twin.kv_scales.k_scale[0], first.k_scale[0] * 1.5, rtol=1e-5, atol=0)
+    assert torch.equal(twin.kv_scales.v_scale[0], first.v_scale[0])
+    assert not torch.equal(twin.kv_scales.v_scale[1:], first.v_scale[1:])  # downstream moved
+
+
+# --------------------------------------------------------------------------------------
+# generation loop
+# --------------------------------------------------------------------------------------
+
+
+def test_generate_logprobs_match_teacher_forcing(qwen):
+    ids, mask = _prompts()
+    out = generate(qwen, ids, mask, max_new_tokens=12, temperature=0.7, generator=_gen(4))
+    scored = score_responses(qwen, ids, mask, out.response_ids, temperature=0.7)
+    # incremental (KV cache) vs one full forward, fp32: summation order only
+    torch.testing.assert_close(out.logprobs, scored, rtol=0, atol=2e-5)
+    assert torch.equal(out.sequences[:, :12], ids)
+    assert torch.equal(out.sequences[:, 12:], out.response_ids)
+    assert out.logprobs.dtype == torch.float32 and bool((out.logprobs <= 0).all())
+
+
+def test_generation_is_deterministic_given_generator(qwen):
+    ids, mask = _prompts()
+    a = generate(qwen, ids, mask, max_new_tokens=8, generator=_gen(11))
+    b = generate(qwen, ids, mask, max_new_tokens=8, generator=_gen(11))
+    c = generate(qwen, ids, mask, max_new_tokens=8, generator=_gen(12))
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_top_k_1_is_greedy(qwen):
+    ids, mask = _prompts()
+    out = generate(qwen, ids, mask, max_new_tokens=6, top_k=1, generator=_gen(5))
+    # oracle: recompute the full sequence at every step, no cache, take argmax
+    seq, attn = ids.clone(), mask.clone()
+    for t in range(6):
+        pos = (attn.cumsum(-1) - 1).clamp_min(0)
+        logits = qwen(input_ids=seq, attention_mask=attn, position_ids=pos).logits[:, -1]
+        greedy = logits.argmax(-1)
+        assert torch.equal(out.response_ids[:, t], greedy), t
+        seq = torch.cat([seq, greedy[:, None]], -1)
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
+
+
+def test_exponential_race_samples_the_softmax():
+    # a one-token "model": logits fixed, 4000 rows; frequencies vs softmax(z / T)
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5])
+    model = _ScriptedLM([logits] * 1)
+    ids = torch.zeros(4000, 1, dtype=torch.long)
+    out = generate(
+        model, ids, torch.ones_like(ids), max_new_tokens=1, temperature=1.5, generator=_gen(0)
+    )
+    freq = torch.bincount(out.response_ids[:, 0], minlength=5).double() / 4000
+    p = torch.softmax(logits.double() / 1.5, -1)
+    # 4 sigma of a binomial proportion at n = 4000
+    assert bool(((freq - p).abs() <= 4 * (p * (1 - p) / 4000).sqrt()).all()), (freq, p)
+    torch.testing.assert_close(out.logprobs[:, 0].double(), p.log()[out.response_ids[:, 0]])
+
+
+class _ScriptedLM(torch.nn.Module):
+    """Returns scripted logits for step t (same for every row unless 2-D per-row given)."""
+
+    def __init__(self, script):
+        super().__init__()
+        self.script = script
+        self.calls = 0
+
+    def forward(
+        self, input_ids, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep
+    ):
+        step = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        b = input_ids.shape[0]
+        logits = step.expand(b, -1) if step.dim() == 1 else step
+        return SimpleNamespace(logits=logits[:, None, :].float())
+
+
+def test_eos_and_response_mask_hand_built():
+    # vocab 5, EOS = 4, greedy. Row 0 emits EOS at step 1, row 1 at step 2, row 2 never.
+    big = 10.0
+
+    def step(tokens):
+        z = torch.zeros(3, 5)
+        z[torch.arange(3), torch.tensor(tokens)] = big
+        return z
+
+    script = [step([1, 2, 3]), step([4, 2, 3]), step([1, 4, 3]), step([4, 4, 3])]
+    ids = torch.tensor([[0, 7, 8], [6, 7, 8], [0, 0, 8]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    out = generate(
+        _ScriptedLM(script),
+        ids,
+        mask,
+        max_new_tokens=4,
+        top_k=1,
+        eos_token_id=4,
+        pad_token_id=0,
+        generator=_gen(0),
+    )
+    assert out.response_ids.tolist() == [[1, 4, 0, 0], [2, 2, 4, 0], [3, 3, 3, 3]]
+    assert out.response_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    # log p of the argmax when one logit is 10 and four are 0: -log(1 + 4 e^-10)
+    lp = -math.log1p(4 * math.exp(-big))
+    expected = torch.tensor(out.response_mask.tolist(), dtype=torch.float64) * lp
+    torch.testing.assert_close(out.logprobs.double(), expected, rtol=0, atol=1e-7)
+    assert out.sequences.tolist()[2] == [0, 0, 8, 3, 3, 3, 3]
+
+
+def test_generation_stops_when_all_rows_end():
+    script = [torch.tensor([0.0, 0.0, 0.0, 0.0, 20.0])]  # EOS first, every row
+    lm = _ScriptedLM(script)
+    ids = torch.ones(2, 2, dtype=torch.long)
+    out = generate(
+        lm, ids, torch.ones_like(ids), max_new_tokens=5, top_k=1, eos_token_id=4, pad_token_id=1
+    )
+    assert lm.calls == 1
+    assert out.response_ids.tolist() == [[4, 1, 1, 1, 1]] * 2
+    assert out.response_mask.tolist() == [[1, 0, 0, 0, 0]] * 2
+    assert out.logprobs[:, 1:].abs().sum() == 0
+
+
+def test_left_padding_equals_unpadded(qwen):
+    ids, mask = _prompts(batch=4, pad_rows=(1, 2))
+    twin = Fp8Twin(qwen, Fp8RolloutConfig())
+    for engine in (qwen, twin.model):
+        batch = generate(engine, ids, mask, max_new_tokens=8, top_k=1)
+        for row in (1, 2):
+            start = int((mask[row] == 0).sum())
+            alone = generate(
+                engine,
+                ids[row : row + 1, start:],
+                mask[row : row + 1, start:],
+                max_new_tokens=8,
+                top_k=1,
+            )
+            assert torch.equal(alone.response_ids[0], batch.response_ids[row])
+            # fp32 with different batch shapes: only the GEMM summation order differs.
+            # Under W8A8 a last-bit difference can flip one activation's FP8 rounding
+            # (one E4M3 step), so there the bound is on the mean over the tokens.
+            delta = (alone.logprobs[0] - batch.logprobs[row]).abs()
+            if engine is qwen:
+                assert float(delta.max()) <= 2e-5, delta
+            else:
+                assert float(delta.mean()) <= 1e-3, delta
+
+
+def test_logprobs_mode_unfiltered_vs_processed(qwen):
+    ids, mask = _prompts()
+    kw = dict(max_new_tokens=6, temperature=0.8, top_k=5, top_p=0.9)
+    raw = generate(qwen, ids, mask, generator=_gen(3), **kw)
+    proc = generate(qwen, ids, mask, generator=_gen(3), logprobs_mode="processed", **kw)
+    assert torch.equal(raw.response_ids, proc.response_ids)  # mode changes reports only
+    # oracle: unfiltered = tempered log-softmax; processed = that minus log(kept mass)
+    unf = score_responses(qwen, ids, mask, raw.response_ids, temperature=0.8)
+    torch.testing.assert_close(raw.logprobs, unf, rtol=0, atol=2e-5)
+    assert bool((proc.logprobs > raw.logprobs).all())  # renormalised over a subset
+    scored = score_responses(
+        qwen,
+        ids,
+        mask,
+        raw.response_ids,
+        logprobs_mode="processed",
+        **{k: kw[k] for k in ("temperature", "top_k", "top_p")},
+    )
+    torch.testing.assert_close(proc.logprobs, scored, rtol=0, atol=2e-5)
+
+
+def test_generate_rejects_bad_input(qwen):
+    ids, mask = _prompts()
+    right = mask.flip(-1)
+    with pytest.raises(ValueError, match="LEFT-padded"):
+        generate(qwen, ids, right, max_new_tokens=2)
+    with pytest.raises(ValueError, match="temperature=0"):
+        generate(qwen, ids, mask, max_new_tokens=2, temperature=0)
+    with pytest.raises(ValueError, match="attention_mask: got"):
+        generate(qwen, ids, mask[:, 1:], max_new_tokens=2)
+    with pytest.raises(ValueError, match="top_p=0"):
+        generate(qwen, ids, mask, max_new_tokens=2, top_p=0.0)
