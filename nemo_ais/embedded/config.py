@@ -1,0 +1,447 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Validated configuration of the embedded recipe (``nemo-ais run``).
+
+The YAML (``configs/local/*.yaml``) uses NeMo-RL-style sections; each is validated by a
+pydantic model with ``extra="forbid"``, so an unknown or malformed key fails with a
+``ValueError`` naming its full path (``grpo.num_prompts_per_step=0 is invalid: ...``):
+
+============== ============================================================================
+section        model
+============== ============================================================================
+grpo           :class:`GRPOSection` (prompts x generations per step, steps, advantages)
+loss_fn        :class:`~nemo_ais.config.PGLossConfig` (clipped surrogate) plus ``ais:``
+               validated by :class:`~nemo_ais.config.CorrectionConfig`
+policy         :class:`PolicySection` (tiny Qwen2, optimizer, batch sizes, warm start)
+rollout        :class:`RolloutSection` (sampling) plus ``fp8:`` validated by
+               :class:`~nemo_ais.fp8.twin.Fp8RolloutConfig`
+data           :class:`DataSection` (the arithmetic task)
+logger         :class:`LoggerSection` (run directory, progress bar, plots)
+checkpointing  :class:`CheckpointingSection`
+cluster        :class:`ClusterSection` (data-parallel world size, threads)
+experiment     :class:`ExperimentSection` (seeds and arms; an arm is a config override)
+============== ============================================================================
+
+:func:`load_config` reads a YAML file (``defaults:`` inheritance), applies dotted
+``key=value`` overrides (OmegaConf) and returns the plain dict; :func:`resolve_arm` merges
+one arm's override and validates the result into a :class:`RecipeConfig`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
+from nemo_ais.fp8.twin import Fp8RolloutConfig
+
+__all__ = [
+    "CONFIG_DIR",
+    "RecipeConfig",
+    "config_hash",
+    "load_config",
+    "resolve_arm",
+    "validate_config",
+]
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "local"
+SECTIONS = (
+    "grpo",
+    "loss_fn",
+    "policy",
+    "rollout",
+    "data",
+    "logger",
+    "checkpointing",
+    "cluster",
+    "experiment",
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class GRPOSection(_Section):
+    """``grpo``: one step = ``num_prompts_per_step`` prompts x ``num_generations_per_prompt``."""
+
+    num_prompts_per_step: int = Field(8, ge=1, description="Prompts per step (NeMo-RL key).")
+    num_generations_per_prompt: int = Field(
+        8, ge=2, description="G samples per prompt; the group baseline needs G >= 2."
+    )
+    max_num_steps: int = Field(60, ge=1, description="GRPO steps per (arm, seed) run.")
+    normalize_rewards: bool = Field(
+        True, description="Divide group-centred rewards by the group std (NeMo-RL key)."
+    )
+    use_leave_one_out_baseline: bool = Field(
+        False, description="Baseline = mean of the OTHER G-1 rewards (NeMo-RL key)."
+    )
+    advantage_std_eps: float = Field(
+        1e-6, gt=0.0, description="A = (r - mean) / (std + eps); a zero-std group gets A = 0."
+    )
+    val_period: int = Field(
+        10, ge=0, description="Held-out evaluation every N steps (0: only at start and end)."
+    )
+
+
+class ModelSection(_Section):
+    """``policy.model``: the tiny ``Qwen2Config`` (random init, fp32)."""
+
+    hidden_size: int = Field(256, ge=8, description="Multiple of 128 keeps FP8 blocks real.")
+    intermediate_size: int = Field(512, ge=8, description="MLP width.")
+    num_hidden_layers: int = Field(2, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(4, ge=1, description="Query heads.")
+    num_key_value_heads: int = Field(4, ge=1, description="KV heads (GQA if fewer).")
+    init_seed: int = Field(0, ge=0, description="Seed of the random initialisation.")
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelSection:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be divisible by "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be divisible by "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        return self
+
+
+class OptimizerSection(_Section):
+    """``policy.optimizer``: AdamW."""
+
+    lr: float = Field(1e-4, gt=0.0, description="Learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    eps: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
+
+
+class WarmStartSection(_Section):
+    """``policy.warm_start``: supervised fine-tuning before GRPO, cached by config hash."""
+
+    steps: int = Field(600, ge=0, description="SFT steps (0: GRPO starts from random init).")
+    batch_size: int = Field(64, ge=1, description="SFT problems per step.")
+    lr: float = Field(1e-3, gt=0.0, description="SFT AdamW learning rate (constant).")
+    seed: int = Field(0, ge=0, description="Seed of the SFT problem stream.")
+    cache_dir: str = Field(
+        "runs/.cache", description="Where warmstart-<hash>.pt is cached (shared by runs)."
+    )
+
+
+class PolicySection(_Section):
+    """``policy``: model, optimizer and batch sizes (NeMo-RL key names)."""
+
+    model: ModelSection = Field(default_factory=ModelSection, description="Model shape.")
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="AdamW.")
+    warm_start: WarmStartSection = Field(
+        default_factory=WarmStartSection, description="Supervised warm start."
+    )
+    train_global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Samples per optimizer step; must divide the rollout batch "
+        "(None: the whole rollout batch, one optimizer step per GRPO step).",
+    )
+    train_micro_batch_size: int = Field(
+        32, ge=1, description="Samples per forward/backward on one rank."
+    )
+    max_grad_norm: float | None = Field(
+        1.0, gt=0.0, description="Clip the global gradient norm (None: no clipping)."
+    )
+
+
+class RolloutSection(_Section):
+    """``rollout``: sampling knobs of the (FP8 twin) rollout engine."""
+
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
+    top_k: int = Field(0, ge=0, description="Top-k filter (0: off).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Top-p filter (1: off).")
+    prompts_per_chunk: int = Field(
+        4,
+        ge=1,
+        description="Prompts per generate() call; each chunk has its own RNG stream, so "
+        "results do not depend on the DP world size.",
+    )
+    fp8: dict[str, Any] = Field(
+        default_factory=dict, description="Fp8RolloutConfig fields (validated separately)."
+    )
+
+
+class DataSection(_Section):
+    """``data``: the verifiable arithmetic task."""
+
+    task: str = Field("addition", pattern="^addition$", description="Only 'addition'.")
+    num_digits: int = Field(2, ge=1, le=6, description="Digits per operand.")
+    reverse_answer: bool = Field(
+        True, description="Write the sum least-significant digit first (easier to learn)."
+    )
+    reward: Literal["digits", "exact"] = Field(
+        "digits",
+        description="digits: dense per-position credit (1 iff exact); exact: 1 iff exact.",
+    )
+    eval_size: int = Field(256, ge=1, description="Held-out evaluation problems.")
+    eval_seed: int = Field(1234, ge=0, description="Seed of the held-out set.")
+
+
+class LoggerSection(_Section):
+    """``logger``: where outputs go."""
+
+    run_dir: str = Field("runs", description="Parent directory of runs.")
+    name: str = Field(
+        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name: outputs go to run_dir/name."
+    )
+    progress_bar: bool = Field(True, description="Show tqdm progress bars.")
+    plots: bool = Field(True, description="Write PNG plots and summary.md at the end.")
+
+
+class CheckpointingSection(_Section):
+    """``checkpointing``: atomic per-(arm, seed) checkpoints for resume."""
+
+    enabled: bool = Field(True, description="Write checkpoints (needed to resume).")
+    save_period: int = Field(10, ge=1, description="Checkpoint every N steps (and at the end).")
+
+
+class ClusterSection(_Section):
+    """``cluster``: the data-parallel trainer processes (gloo on 127.0.0.1)."""
+
+    dp_size: int = Field(2, ge=1, description="Trainer processes (1: run in this process).")
+    num_threads_per_rank: int = Field(1, ge=1, description="torch intra-op threads per rank.")
+    timeout_s: float = Field(600.0, gt=0.0, description="gloo collective timeout.")
+
+
+class ExperimentSection(_Section):
+    """``experiment``: every arm runs with every seed; an arm is a config override."""
+
+    seeds: list[int] = Field([0, 1, 2], min_length=1, description="Seeds of the runs.")
+    arms: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Arm name -> nested override of this config."
+    )
+    include: list[str] | None = Field(None, description="Arms to run (None: all, in order).")
+
+    @model_validator(mode="after")
+    def _check_arms(self) -> ExperimentSection:
+        if not self.arms:
+            raise ValueError("arms is empty: expected at least one arm (e.g. bf16: {})")
+        for name, override in self.arms.items():
+            if "experiment" in (override or {}):
+                raise ValueError(f"arms.{name} must not override the experiment section")
+        unknown = [a for a in self.include or [] if a not in self.arms]
+        if unknown:
+            raise ValueError(f"include={unknown} names unknown arms (known: {list(self.arms)})")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds={self.seeds} has duplicates")
+        return self
+
+    @property
+    def arm_names(self) -> list[str]:
+        """Arms to run, in order."""
+        return list(self.include) if self.include is not None else list(self.arms)
+
+
+_SECTION_MODELS: dict[str, type[BaseModel]] = {
+    "grpo": GRPOSection,
+    "policy": PolicySection,
+    "rollout": RolloutSection,
+    "data": DataSection,
+    "logger": LoggerSection,
+    "checkpointing": CheckpointingSection,
+    "cluster": ClusterSection,
+    "experiment": ExperimentSection,
+}
+
+
+@dataclass(frozen=True)
+class RecipeConfig:
+    """One validated configuration (an arm's override already applied)."""
+
+    grpo: GRPOSection
+    pg: PGLossConfig
+    correction: CorrectionConfig
+    policy: PolicySection
+    rollout: RolloutSection
+    fp8: Fp8RolloutConfig
+    data: DataSection
+    logger: LoggerSection
+    checkpointing: CheckpointingSection
+    cluster: ClusterSection
+    experiment: ExperimentSection
+    raw: dict[str, Any]
+
+    @property
+    def rollout_batch_size(self) -> int:
+        """Samples per GRPO step: prompts x generations."""
+        return self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
+
+    @property
+    def train_global_batch_size(self) -> int:
+        """Samples per optimizer step."""
+        return self.policy.train_global_batch_size or self.rollout_batch_size
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read ``path`` and resolve its ``defaults:`` (file names relative to it)."""
+    if path in seen:
+        raise ValueError(f"{path}: circular defaults: {' -> '.join(map(str, (*seen, path)))}")
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    try:
+        node = OmegaConf.load(path)
+    except (OmegaConfBaseException, Exception) as err:
+        raise ValueError(f"{path}: malformed YAML: {err}") from None
+    if not isinstance(node, DictConfig):
+        raise ValueError(f"{path}: expected a mapping of sections at the top level")
+    data = OmegaConf.to_container(node, resolve=False)
+    defaults = data.pop("defaults", None) or []
+    if isinstance(defaults, str):
+        defaults = [defaults]
+    base: dict[str, Any] = {}
+    for name in defaults:
+        base = _merge(base, _read_yaml((path.parent / name).resolve(), (*seen, path)))
+    return _merge(base, data)
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Load a YAML config with ``defaults:`` inheritance and dotted ``key=value`` overrides.
+
+    Args:
+        path: the YAML file.
+        overrides: e.g. ``["grpo.max_num_steps=10", "loss_fn.ais.ema=0.5"]`` (OmegaConf
+            dotlist syntax; values are parsed as YAML).
+
+    Returns:
+        The merged, interpolation-resolved config as a plain dict (validated by
+        :func:`validate_config`).
+
+    Raises:
+        ValueError: malformed YAML or override, or an invalid / unknown key (named).
+    """
+    data = _read_yaml(Path(path).resolve())
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ValueError(f"override {bad[0]!r} is invalid: expected key.path=value")
+    try:
+        merged = OmegaConf.merge(OmegaConf.create(data), OmegaConf.from_dotlist(list(overrides)))
+        resolved = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"invalid override or interpolation: {err}") from None
+    validate_config(resolved)
+    return resolved
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def validate_config(data: dict[str, Any]) -> RecipeConfig:
+    """Validate the base config and every arm's merged config; return the base one.
+
+    Raises:
+        ValueError: names the key path (for an arm: ``experiment.arms.<name>: ...``).
+    """
+    base = resolve_arm(data, None)
+    for arm in base.experiment.arms:
+        try:
+            resolve_arm(data, arm)
+        except ValueError as err:
+            raise ValueError(f"experiment.arms.{arm}: {err}") from None
+    return base
+
+
+def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
+    """Merge arm ``arm``'s override (None: none) into ``data`` and validate every section.
+
+    Raises:
+        ValueError: an unknown top-level section or key, or an invalid value, named by path.
+    """
+    data = _plain(data)
+    if not isinstance(data, dict):
+        raise ValueError(f"config: expected a mapping of sections, got {type(data).__name__}")
+    unknown = [k for k in data if k not in SECTIONS]
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a known section (allowed: {', '.join(SECTIONS)})")
+    if arm is not None:
+        arms = (data.get("experiment") or {}).get("arms") or {}
+        if arm not in arms:
+            raise ValueError(f"experiment.arms.{arm}: unknown arm (known: {list(arms)})")
+        data = _merge(data, arms[arm] or {})
+    sec = {
+        name: validate_section(model, data.get(name), name)
+        for name, model in _SECTION_MODELS.items()
+    }
+    loss_fn = dict(data.get("loss_fn") or {})
+    ais = loss_fn.pop("ais", None)
+    pg = validate_section(PGLossConfig, loss_fn, "loss_fn")
+    correction = validate_section(CorrectionConfig, ais, "loss_fn.ais")
+    fp8 = validate_section(Fp8RolloutConfig, sec["rollout"].fp8, "rollout.fp8")
+    cfg = RecipeConfig(pg=pg, correction=correction, fp8=fp8, raw=data, **sec)
+    _check_batching(cfg)
+    return cfg
+
+
+def _check_batching(cfg: RecipeConfig) -> None:
+    """Cross-section rules of the batch layout (chunks, DP ranks, optimizer steps)."""
+    grpo, rollout = cfg.grpo, cfg.rollout
+    if grpo.num_prompts_per_step % rollout.prompts_per_chunk:
+        raise ValueError(
+            f"grpo.num_prompts_per_step={grpo.num_prompts_per_step} must be a multiple of "
+            f"rollout.prompts_per_chunk={rollout.prompts_per_chunk}"
+        )
+    num_chunks = grpo.num_prompts_per_step // rollout.prompts_per_chunk
+    if num_chunks % cfg.cluster.dp_size:
+        raise ValueError(
+            f"cluster.dp_size={cfg.cluster.dp_size} must divide the {num_chunks} rollout chunks "
+            f"(grpo.num_prompts_per_step / rollout.prompts_per_chunk): each rank owns whole chunks"
+        )
+    gbs = cfg.train_global_batch_size
+    if cfg.rollout_batch_size % gbs:
+        raise ValueError(
+            f"policy.train_global_batch_size={gbs} must divide the rollout batch "
+            f"{cfg.rollout_batch_size} (num_prompts_per_step x num_generations_per_prompt)"
+        )
+    num_minibatches = cfg.rollout_batch_size // gbs
+    chunk_samples = rollout.prompts_per_chunk * grpo.num_generations_per_prompt
+    if chunk_samples % num_minibatches:
+        raise ValueError(
+            f"policy.train_global_batch_size={gbs} gives {num_minibatches} optimizer steps per "
+            f"GRPO step, which must divide the {chunk_samples} samples of a rollout chunk "
+            "(rollout.prompts_per_chunk x grpo.num_generations_per_prompt)"
+        )
+
+
+def config_hash(obj: Any, length: int = 12) -> str:
+    """Stable short hash of a JSON-serialisable object (cache keys, run identity)."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]

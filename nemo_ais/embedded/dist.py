@@ -1,0 +1,165 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Data-parallel harness of the embedded recipe: gloo processes on 127.0.0.1.
+
+``launch(fn, world_size, ...)`` runs ``fn(ctx, *args)`` on every rank: in this process when
+``world_size == 1`` (no process group, every collective is skipped), else in
+``world_size`` processes started with ``torch.multiprocessing`` (spawn) that join one gloo
+group on a free local port. A rank's :class:`RecipeError` reaches the parent as the same
+exception with the same message (through a queue), not as a wrapped traceback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = [
+    "DistContext",
+    "RecipeError",
+    "all_reduce_sum",
+    "find_free_port",
+    "launch",
+]
+
+
+class RecipeError(RuntimeError):
+    """An expected failure of the embedded recipe, with a message for the user."""
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This rank's place in the data-parallel group (``group`` None: single process)."""
+
+    rank: int
+    world_size: int
+    group: dist.ProcessGroup | None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes metrics, checkpoints and progress."""
+        return self.rank == 0
+
+
+def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """In-place SUM over the DP group (no-op for one process); returns ``tensor``."""
+    if ctx.group is not None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=ctx.group)
+    return tensor
+
+
+def find_free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    timeout_s: float,
+    num_threads: int,
+    errors: Any,
+    fn: Callable[..., None],
+    args: tuple,
+) -> None:
+    torch.set_num_threads(num_threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    try:
+        fn(DistContext(rank, world_size, dist.group.WORLD), *args)
+    except RecipeError as err:
+        errors.put((rank, "RecipeError", str(err)))
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        errors.put((rank, "KeyboardInterrupt", ""))
+        raise SystemExit(130) from None
+    except BaseException as err:
+        errors.put((rank, type(err).__name__, traceback.format_exc()))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch(
+    fn: Callable[..., None],
+    args: tuple,
+    *,
+    world_size: int,
+    num_threads: int = 1,
+    timeout_s: float = 600.0,
+) -> None:
+    """Run ``fn(ctx, *args)`` on ``world_size`` data-parallel ranks.
+
+    Raises:
+        RecipeError: a rank raised one (its message), or a rank failed (its traceback).
+        KeyboardInterrupt: the run was interrupted (Ctrl-C reaches every rank).
+    """
+    if world_size == 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(num_threads)
+        try:
+            fn(DistContext(0, 1, None), *args)
+        finally:
+            torch.set_num_threads(threads)
+        return
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    port = find_free_port()
+    try:
+        mp.start_processes(
+            _worker,
+            args=(world_size, port, timeout_s, num_threads, errors, fn, args),
+            nprocs=world_size,
+            join=True,
+            start_method="spawn",
+        )
+    except mp.ProcessRaisedException as err:
+        _reraise(errors, err)
+    except mp.ProcessExitedException as err:
+        _reraise(errors, err)
+
+
+def _reraise(errors: Any, err: Exception) -> None:
+    reports = []
+    while not errors.empty():
+        reports.append(errors.get())
+    for _, kind, _ in reports:
+        if kind == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+    for _rank, kind, message in sorted(reports):
+        if kind == "RecipeError":
+            raise RecipeError(message) from None
+    if reports:
+        rank, kind, message = sorted(reports)[0]
+        raise RecipeError(f"trainer rank {rank} failed with {kind}:\n{message}") from None
+    raise RecipeError(f"a trainer process failed: {err}") from None

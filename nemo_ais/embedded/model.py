@@ -1,0 +1,125 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The embedded policy: a tiny ``Qwen2ForCausalLM`` built offline, fp32 on CPU.
+
+Random init from a ``Qwen2Config`` (nothing fetched from a hub). ``hidden_size`` and
+``intermediate_size`` are multiples of 128 so the FP8 twin's 128x128 weight blocks and 1x128
+activation groups are real blocks, not padding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+__all__ = ["build_model", "greedy_decode", "response_logprobs"]
+
+
+def build_model(
+    *,
+    vocab_size: int,
+    max_seq_len: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    init_seed: int,
+    pad_token_id: int = 0,
+    bos_token_id: int = 1,
+    eos_token_id: int = 2,
+) -> Qwen2ForCausalLM:
+    """A randomly initialised fp32 ``Qwen2ForCausalLM`` (seeded by ``init_seed``; no dropout)."""
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_seq_len,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        use_cache=True,
+    )
+    config._attn_implementation = "eager"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed)
+        model = Qwen2ForCausalLM(config)
+    return model.to(torch.float32)
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    sequences: torch.Tensor,
+    prompt_len: int,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Log-probs of the response tokens under ``model`` (teacher forcing), the trainer side.
+
+    ``logp[b, t] = log softmax(logits[b, prompt_len + t - 1] / temperature)[sequences[b, prompt_len + t]]``.
+
+    Args:
+        sequences: ``[B, prompt_len + T]`` int64, prompts (equal length, unpadded) then the
+            responses right-padded with any id (padding positions are masked by the caller;
+            causal attention keeps them from influencing earlier positions).
+        prompt_len: number of prompt tokens.
+        temperature: the sampling temperature the rollout used.
+
+    Returns:
+        ``[B, T]`` float32; carries grad if ``model`` does.
+    """
+    logits = model(input_ids=sequences, use_cache=False).logits[:, prompt_len - 1 : -1]
+    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
+    return logp_all.gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def greedy_decode(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+) -> torch.Tensor:
+    """Greedy decoding with the KV cache (held-out evaluation and warm-start monitoring).
+
+    Args:
+        prompt_ids: ``[B, P]`` int64 equal-length prompts.
+
+    Returns:
+        ``[B, max_new_tokens]`` int64 response ids; positions after ``<eos>`` hold ``pad_token_id``.
+    """
+    out = model(input_ids=prompt_ids, use_cache=True)
+    past = out.past_key_values
+    next_tok = out.logits[:, -1].argmax(-1)
+    done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
+    tokens = []
+    for t in range(max_new_tokens):
+        tok = torch.where(done, torch.full_like(next_tok, pad_token_id), next_tok)
+        tokens.append(tok)
+        done = done | (tok == eos_token_id)
+        if t + 1 == max_new_tokens or bool(done.all()):
+            break
+        out = model(input_ids=tok[:, None], past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        next_tok = out.logits[:, -1].argmax(-1)
+    resp = torch.full((prompt_ids.shape[0], max_new_tokens), pad_token_id, dtype=torch.long)
+    resp[:, : len(tokens)] = torch.stack(tokens, dim=1)
+    return resp

@@ -1,0 +1,642 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""GRPO with an FP8 rollout engine and the AIS correction, on one CPU machine.
+
+A torchtune-style recipe: ``build_*(cfg)`` functions, :meth:`GRPORecipe.setup` lists the
+builder calls (with the ordering constraints), :meth:`GRPORecipe.train` is one visible
+loop::
+
+    rollout (FP8 twin, synced) -> trainer log-probs -> group advantages
+      -> per global batch: AIS statistics -> ONE all-reduce -> diagnostics
+      -> per micro-batch: core clipped loss (nemo_ais.core.clipped_pg_loss) -> backward
+      -> gradient all-reduce (SUM) -> optimizer step -> log -> checkpoint
+
+The recipe holds no loss math: the clipped surrogate and every correction weight come from
+:func:`nemo_ais.core.clipped_pg_loss`, the code the NeMo-RL adapter calls on a cluster.
+
+Data parallel: each of ``cluster.dp_size`` gloo ranks generates and trains on its chunks
+(:mod:`nemo_ais.embedded.rollout`). The loss is normalised by the GLOBAL valid-token
+count, so per-rank gradients are SUMMED (one all-reduce of the flattened gradients).
+:func:`run_experiment` is the entry point of ``nemo-ais run``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from nemo_ais.core import (
+    AISDiagnostics,
+    AISState,
+    clipped_pg_loss,
+    compute_statistics,
+    diagnostics_from_stats,
+    reduce_statistics,
+)
+from nemo_ais.embedded.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from nemo_ais.embedded.config import RecipeConfig, resolve_arm, validate_config
+from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum, launch
+from nemo_ais.embedded.model import greedy_decode, response_logprobs
+from nemo_ais.embedded.rollout import (
+    RolloutBatch,
+    chunk_range,
+    generate_rollouts,
+    group_advantages,
+)
+from nemo_ais.embedded.task import AdditionTask, seeded_generator
+from nemo_ais.embedded.warmstart import build_task, build_untrained_policy, warm_start
+from nemo_ais.fp8.twin import Fp8Twin
+
+__all__ = [
+    "GRPORecipe",
+    "NonFiniteError",
+    "build_optimizer",
+    "build_policy",
+    "build_rollout_engine",
+    "run_experiment",
+]
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+# Keys that may change between an interrupted run and its resumption.
+_RESUME_FREE_KEYS = ("logger.progress_bar", "logger.plots", "cluster", "experiment.include")
+# The weight each mode puts on the fully corrected gradient (alpha of the interpolation).
+_APPLIED_ALPHA = {"none": 0.0, "tis": 1.0, "icepop": 1.0, "seq_mask_geo": 1.0}
+
+
+class NonFiniteError(RecipeError):
+    """A loss, gradient or parameter became NaN/inf during training."""
+
+
+# --------------------------------------------------------------------------------------
+# builders
+# --------------------------------------------------------------------------------------
+
+
+def build_policy(cfg: RecipeConfig, task: AdditionTask, warm_start_file: Path | None):
+    """The fp32 Qwen2 policy: random init, then the warm-start weights if given."""
+    policy = build_untrained_policy(cfg, task)
+    if warm_start_file is not None:
+        blob = torch.load(warm_start_file, map_location="cpu", weights_only=True)
+        policy.load_state_dict(blob["state_dict"])
+    return policy.train()
+
+
+def build_optimizer(cfg: RecipeConfig, policy: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW of ``policy.optimizer`` (the GRPO optimizer; a fresh one per run)."""
+    opt = cfg.policy.optimizer
+    return torch.optim.AdamW(
+        policy.parameters(),
+        lr=opt.lr,
+        betas=opt.betas,
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+    )
+
+
+def build_rollout_engine(cfg: RecipeConfig, policy: torch.nn.Module) -> Fp8Twin:
+    """The simulated FP8 rollout engine (``rollout.fp8``; ``enabled: false`` = BF16 arm)."""
+    return Fp8Twin(policy, cfg.fp8)
+
+
+# --------------------------------------------------------------------------------------
+# metrics file (rank 0)
+# --------------------------------------------------------------------------------------
+
+
+class MetricsFile:
+    """Append-only JSON lines, flushed per record; resume drops records past a checkpoint."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record and flush it to disk."""
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+
+    def truncate_run(self, arm: str, seed: int, keep_through_step: int) -> None:
+        """Drop ``(arm, seed)`` records with ``step > keep_through_step`` (-1: all of them)."""
+        if not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a crash: drop it
+                continue
+            if rec.get("arm") == arm and rec.get("seed") == seed:
+                if rec.get("step", 0) > keep_through_step:
+                    continue
+            kept.append(line)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(f"{ln}\n" for ln in kept))
+        os.replace(tmp, self.path)
+
+
+# --------------------------------------------------------------------------------------
+# the recipe
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepStats:
+    """What one GRPO step's optimisation reports (global values, identical on all ranks)."""
+
+    loss: float
+    grad_norm: float
+    core: dict[str, float]
+    diagnostics: dict[str, float]
+
+
+class GRPORecipe:
+    """One (arm, seed) GRPO run on one data-parallel rank.
+
+    Args:
+        cfg: the arm's validated config.
+        arm: arm name (e.g. ``fp8-ais``); seed: the run's seed.
+        ctx: this rank's :class:`~nemo_ais.embedded.dist.DistContext`.
+        run_dir: the run's output directory.
+        warm_start_file: cached warm-start weights (None: random init).
+        progress: rank 0's progress bar shared by all runs (or None).
+    """
+
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        *,
+        arm: str,
+        seed: int,
+        ctx: DistContext,
+        run_dir: Path,
+        warm_start_file: Path | None,
+        progress: Any = None,
+    ) -> None:
+        self.cfg, self.arm, self.seed, self.ctx = cfg, arm, seed, ctx
+        self.run_dir = Path(run_dir)
+        self.warm_start_file = warm_start_file
+        self.progress = progress
+        self.metrics = MetricsFile(self.run_dir / METRICS_FILE) if ctx.is_main else None
+        self.ckpt_path = checkpoint_path(self.run_dir, arm, seed)
+
+    # ---------------------------------------------------------------- setup
+    def setup(self) -> None:
+        """Build everything; the order of the calls matters where commented."""
+        cfg = self.cfg
+        # 1. the task first: its tokenizer fixes the model's vocabulary and lengths.
+        self.task = build_task(cfg)
+        # 2. the policy: random init, then the warm start (trained by the launcher).
+        self.policy = build_policy(cfg, self.task, self.warm_start_file)
+        # 3. the optimizer after the policy: it holds the policy's parameters.
+        self.optimizer = build_optimizer(cfg, self.policy)
+        # 4. the rollout engine after the policy is final: the twin deep-copies its modules
+        #    (it is re-synced from the trainer before every rollout anyway).
+        self.engine = build_rollout_engine(cfg, self.policy)
+        # 5. the AIS EMA state (persistent across steps, saved in checkpoints).
+        self.ais_state = AISState()
+        # 6. last: the checkpoint restores policy, optimizer, AIS state and RNG in place.
+        self.start_step, self.finished = self._load_checkpoint()
+        self.num_chunks = cfg.grpo.num_prompts_per_step // cfg.rollout.prompts_per_chunk
+        self.my_chunks = chunk_range(self.num_chunks, self.ctx.rank, self.ctx.world_size)
+
+    # ---------------------------------------------------------------- train
+    def train(self) -> None:
+        """The GRPO loop: rollout -> logprobs -> advantages -> core loss -> step -> log -> ckpt."""
+        cfg = self.cfg
+        if self.finished:
+            return
+        if self.start_step == 0:
+            self._evaluate(0)
+        for step in range(self.start_step + 1, cfg.grpo.max_num_steps + 1):
+            t0 = time.perf_counter()
+            batch = self._rollout(step)  # 1. sync the engine, sample this rank's chunks
+            t1 = time.perf_counter()
+            logp_old = self._logprobs(batch.sequences, grad=False)  # 2. pi_old, no grad
+            t2 = time.perf_counter()
+            adv = group_advantages(  # 3. group-normalised advantages (groups are local)
+                batch.rewards,
+                cfg.grpo.num_generations_per_prompt,
+                normalize=cfg.grpo.normalize_rewards,
+                leave_one_out=cfg.grpo.use_leave_one_out_baseline,
+                eps=cfg.grpo.advantage_std_eps,
+            )
+            stats = []
+            for idx in self._minibatches(len(batch)):  # one optimizer step per global batch
+                diag = self._diagnostics(step, logp_old[idx], batch, idx)  # ONE all-reduce
+                core = self._accumulate_gradients(step, batch, idx, logp_old, adv, diag)  # 4.
+                grad_norm = self._optimizer_step(step)  # 5. grad all-reduce, clip, step
+                stats.append(StepStats(core.pop("loss"), grad_norm, core, diag.as_dict()))
+            t3 = time.perf_counter()
+            self._log(
+                step,
+                batch,
+                stats,
+                {"rollout": t1 - t0, "logprobs": t2 - t1, "train": t3 - t2, "step": t3 - t0},
+            )  # 6.
+            if (
+                cfg.grpo.val_period and step % cfg.grpo.val_period == 0
+            ) or step == cfg.grpo.max_num_steps:
+                self._evaluate(step)
+            self._save_checkpoint(step)  # 7.
+            if self.progress is not None:
+                self.progress.update(1)
+
+    # ---------------------------------------------------------------- steps of the loop
+    def _rollout(self, step: int) -> RolloutBatch:
+        cfg = self.cfg
+        problems = self.task.sample_train(
+            cfg.grpo.num_prompts_per_step, seeded_generator("prompts", self.seed, step)
+        )
+        # Refit: every rank re-quantizes the same trainer weights; the FP8 KV scales (if
+        # any) are calibrated on the step's GLOBAL prompts, identical on every rank.
+        self.engine.sync_weights(
+            self.policy.state_dict(), calibration_input_ids=self.task.prompt_ids(problems)
+        )
+        return generate_rollouts(
+            self.engine,
+            self.task,
+            problems,
+            self.my_chunks,
+            prompts_per_chunk=cfg.rollout.prompts_per_chunk,
+            num_generations=cfg.grpo.num_generations_per_prompt,
+            seed=self.seed,
+            step=step,
+            temperature=cfg.rollout.temperature,
+            top_k=cfg.rollout.top_k,
+            top_p=cfg.rollout.top_p,
+            reward=cfg.data.reward,
+        )
+
+    def _logprobs(self, sequences: torch.Tensor, *, grad: bool) -> torch.Tensor:
+        """Trainer log-probs of the response tokens, in micro-batches."""
+        mbs = self.cfg.policy.train_micro_batch_size
+        with torch.set_grad_enabled(grad):
+            parts = [
+                response_logprobs(
+                    self.policy,
+                    sequences[i : i + mbs],
+                    self.task.prompt_len,
+                    self.cfg.rollout.temperature,
+                )
+                for i in range(0, sequences.shape[0], mbs)
+            ]
+        return torch.cat(parts)
+
+    def _minibatches(self, n_local: int) -> list[torch.Tensor]:
+        """Local sample indices of each global batch: the k-th slice of every local chunk.
+
+        Global batch k is the k-th slice of EVERY chunk, so its composition does not depend
+        on the DP world size (``config._check_batching`` guarantees the slices are whole).
+        """
+        k_total = self.cfg.rollout_batch_size // self.cfg.train_global_batch_size
+        chunk = self.cfg.rollout.prompts_per_chunk * self.cfg.grpo.num_generations_per_prompt
+        per = chunk // k_total
+        starts = range(0, n_local, chunk)
+        return [
+            torch.cat([torch.arange(s + k * per, s + (k + 1) * per) for s in starts])
+            for k in range(k_total)
+        ]
+
+    def _diagnostics(self, step, logp_old, batch: RolloutBatch, idx) -> AISDiagnostics:
+        """AIS diagnostics of one global batch: local statistics -> ONE all-reduce -> alpha."""
+        cfg = self.cfg
+        local = compute_statistics(
+            logp_old, batch.logp_rollout[idx], batch.mask[idx], cfg.correction
+        )
+        try:
+            global_stats = reduce_statistics(local, self.ctx.group)
+            return diagnostics_from_stats(global_stats, cfg.correction, self.ais_state)
+        except ValueError as err:  # raised on every rank alike (from reduced values)
+            raise NonFiniteError(
+                self._where(step, f"bad log-probs in the rollout batch: {err}")
+            ) from None
+
+    def _accumulate_gradients(self, step, batch, idx, logp_old, adv, diag) -> dict[str, float]:
+        """Core clipped loss on each micro-batch of this rank's share; gradients accumulate."""
+        cfg = self.cfg
+        self.optimizer.zero_grad(set_to_none=False)
+        sums: dict[str, torch.Tensor] = {}
+        mbs = cfg.policy.train_micro_batch_size
+        for i in range(0, len(idx), mbs):
+            mb = idx[i : i + mbs]
+            logp_theta = self._logprobs(batch.sequences[mb], grad=True)
+            out = clipped_pg_loss(
+                logp_theta,
+                logp_old[mb],
+                batch.logp_rollout[mb],
+                adv[mb],
+                batch.mask[mb],
+                cfg.correction,
+                pg=cfg.pg,
+                diagnostics=diag,
+                global_valid_tokens=diag.n_tok,
+                global_valid_seqs=diag.n_seq,
+            )
+            out.loss.backward()
+            for key in ("loss", "probs_ratio", "probs_ratio_clamped", "sampling_importance_ratio"):
+                sums[key] = sums.get(key, 0.0) + out.metrics[key].detach().double()
+        # the per-micro-batch metrics are already normalised by GLOBAL counts: sum over ranks
+        keys = sorted(sums)
+        vec = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64) for k in keys])
+        all_reduce_sum(vec, self.ctx)
+        return dict(zip(keys, vec.tolist(), strict=True))
+
+    def _optimizer_step(self, step: int) -> float:
+        """SUM the gradients over ranks (one all-reduce), clip, check finite, AdamW step."""
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        all_reduce_sum(flat, self.ctx)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+        max_norm = self.cfg.policy.max_grad_norm
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
+        )
+        if not math.isfinite(grad_norm):
+            raise NonFiniteError(self._where(step, f"non-finite gradient norm ({grad_norm})"))
+        self.optimizer.step()
+        norm = float(torch.stack([p.detach().norm() for p in params]).norm())
+        if not math.isfinite(norm):
+            raise NonFiniteError(
+                self._where(step, "non-finite parameters after the optimizer step")
+            )
+        return grad_norm
+
+    def _log(self, step, batch: RolloutBatch, stats: list[StepStats], times) -> None:
+        """One ``train`` record per step (rank 0); rollout statistics are summed over ranks."""
+        lengths = batch.mask.sum(dim=1)
+        vec = torch.tensor(
+            [
+                float(batch.rewards.sum()),
+                float(batch.correct.sum()),
+                float(len(batch)),
+                float(lengths.sum()),
+            ],
+            dtype=torch.float64,
+        )
+        all_reduce_sum(vec, self.ctx)
+        reward_sum, correct_sum, n, len_sum = vec.tolist()
+        loss = sum(s.loss for s in stats) / len(stats)
+        if not math.isfinite(loss):
+            raise NonFiniteError(self._where(step, f"non-finite loss ({loss})"))
+        if self.metrics is None:
+            return
+        mean = lambda key, src: sum(getattr(s, src)[key] for s in stats) / len(stats)  # noqa: E731
+        record = {
+            "kind": "train",
+            "arm": self.arm,
+            "seed": self.seed,
+            "step": step,
+            "reward": reward_sum / n,
+            "accuracy": correct_sum / n,  # fraction of rollout samples exactly right
+            "response_length": len_sum / n,
+            "loss": loss,
+            "grad_norm": sum(s.grad_norm for s in stats) / len(stats),
+            "alpha": self._applied_alpha(stats),
+            "probs_ratio": mean("probs_ratio", "core"),
+            "sampling_importance_ratio": mean("sampling_importance_ratio", "core"),
+            **{f"ais/{k}": mean(k, "diagnostics") for k in stats[0].diagnostics},
+            **{f"time/{k}": v for k, v in times.items()},
+        }
+        self.metrics.write(record)
+        if self.progress is not None:
+            self.progress.set_postfix(
+                arm=self.arm, seed=self.seed, reward=f"{record['reward']:.2f}"
+            )
+
+    def _applied_alpha(self, stats: list[StepStats]) -> float:
+        """Position between uncorrected (0) and fully weighted (1) gradient actually used."""
+        mode = self.cfg.correction.mode
+        if mode == "ais":
+            return sum(s.diagnostics["alpha"] for s in stats) / len(stats)
+        return _APPLIED_ALPHA[mode]
+
+    @torch.no_grad()
+    def _evaluate(self, step: int) -> None:
+        """Held-out greedy accuracy of the TRAINER policy (eval set split over ranks)."""
+        t0 = time.perf_counter()
+        problems = self.task.eval_problems
+        per = -(-len(problems) // self.ctx.world_size)
+        mine = problems[self.ctx.rank * per : (self.ctx.rank + 1) * per]
+        correct, reward = 0.0, 0.0
+        if mine:
+            self.policy.eval()
+            responses = greedy_decode(
+                self.policy,
+                self.task.prompt_ids(mine),
+                max_new_tokens=self.task.max_response_len,
+                eos_token_id=self.task.tokenizer.eos_id,
+                pad_token_id=self.task.tokenizer.pad_id,
+            )
+            self.policy.train()
+            correct = float(self.task.correct(mine, responses).sum())
+            reward = float(self.task.rewards(mine, responses, kind=self.cfg.data.reward).sum())
+        vec = all_reduce_sum(torch.tensor([correct, reward], dtype=torch.float64), self.ctx)
+        if self.metrics is not None:
+            self.metrics.write(
+                {
+                    "kind": "val",
+                    "arm": self.arm,
+                    "seed": self.seed,
+                    "step": step,
+                    "accuracy": float(vec[0]) / len(problems),
+                    "reward": float(vec[1]) / len(problems),
+                    "num_problems": len(problems),
+                    "time/eval": time.perf_counter() - t0,
+                }
+            )
+
+    # ---------------------------------------------------------------- checkpoints
+    def _save_checkpoint(self, step: int) -> None:
+        cfg = self.cfg
+        last = step == cfg.grpo.max_num_steps
+        if not self.ctx.is_main or not cfg.checkpointing.enabled:
+            return
+        if step % cfg.checkpointing.save_period and not last:
+            return
+        save_checkpoint(
+            self.ckpt_path,
+            step=step,
+            finished=last,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            ais_state=self.ais_state.state_dict(),
+            extra={"arm": self.arm, "seed": self.seed},
+        )
+
+    def _load_checkpoint(self) -> tuple[int, bool]:
+        blob = load_checkpoint(self.ckpt_path) if self.cfg.checkpointing.enabled else None
+        if blob is None:
+            if self.metrics is not None:
+                self.metrics.truncate_run(self.arm, self.seed, -1)
+            return 0, False
+        self.policy.load_state_dict(blob["policy"])
+        self.optimizer.load_state_dict(blob["optimizer"])
+        self.ais_state.load_state_dict(blob["ais_state"])
+        torch.set_rng_state(blob["torch_rng_state"])
+        step = int(blob["step"])
+        if self.metrics is not None:
+            self.metrics.truncate_run(self.arm, self.seed, step)
+        if self.progress is not None:
+            self.progress.update(step)
+        return step, bool(blob["finished"])
+
+    def _where(self, step: int, what: str) -> str:
+        return (
+            f"{what} at step {step} (arm {self.arm}, seed {self.seed}); metrics up to the last "
+            f"completed step are in {self.run_dir / METRICS_FILE}. Lower "
+            f"policy.optimizer.lr (now {self.cfg.policy.optimizer.lr}) or set "
+            "policy.max_grad_norm."
+        )
+
+
+# --------------------------------------------------------------------------------------
+# experiment driver (all arms x seeds)
+# --------------------------------------------------------------------------------------
+
+
+def _runs(base: RecipeConfig) -> list[tuple[str, int]]:
+    return [(arm, seed) for arm in base.experiment.arm_names for seed in base.experiment.seeds]
+
+
+def _worker(ctx: DistContext, raw: dict[str, Any], run_dir: str, warm_file: str | None) -> None:
+    """Every (arm, seed) run, in order, on this rank."""
+    base = resolve_arm(raw, None)
+    torch.set_num_threads(base.cluster.num_threads_per_rank)
+    runs = _runs(base)
+    progress = None
+    if ctx.is_main and base.logger.progress_bar:
+        progress = tqdm(total=len(runs) * base.grpo.max_num_steps, desc="GRPO steps", unit="step")
+    try:
+        for arm, seed in runs:
+            recipe = GRPORecipe(
+                resolve_arm(raw, arm),
+                arm=arm,
+                seed=seed,
+                ctx=ctx,
+                run_dir=Path(run_dir),
+                warm_start_file=Path(warm_file) if warm_file else None,
+                progress=progress,
+            )
+            recipe.setup()
+            recipe.train()
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) -> Path:
+    """Create (or reopen) ``logger.run_dir/logger.name`` and pin its config.
+
+    Raises:
+        RecipeError: the directory is not writable, or holds a run with another config.
+    """
+    run_dir = Path(base.logger.run_dir) / base.logger.name
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise RecipeError(
+            f"run directory {run_dir} is not writable ({err.strerror or err}); choose another "
+            "with logger.run_dir=<dir> or logger.name=<name>"
+        ) from None
+    cfg_file = run_dir / CONFIG_FILE
+    if overwrite:
+        for name in (METRICS_FILE, CONFIG_FILE, "summary.md"):
+            (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    elif cfg_file.is_file():
+        old = _flat(yaml.safe_load(cfg_file.read_text()) or {})
+        new = _flat(json.loads(json.dumps(raw)))
+        free = lambda k: any(k == f or k.startswith(f + ".") for f in _RESUME_FREE_KEYS)  # noqa: E731
+        diff = sorted(k for k in set(old) | set(new) if not free(k) and old.get(k) != new.get(k))
+        if diff:
+            shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
+            raise RecipeError(
+                f"{run_dir} holds a run with a different config ({shown}); resume it with the "
+                "same config, pick another logger.name, or pass --overwrite to start over"
+            )
+    cfg_file.write_text(yaml.safe_dump(json.loads(json.dumps(raw)), sort_keys=False))
+    return run_dir
+
+
+def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
+    """``nemo-ais run``: warm start, every arm x seed on the DP ranks, then the report.
+
+    Re-running with the same config resumes from the last checkpoints (finished runs are
+    skipped, records past a checkpoint are recomputed).
+
+    Returns:
+        The run directory.
+
+    Raises:
+        ValueError: an invalid config (the key path is named).
+        RecipeError: a run failed with a user-facing message (e.g. :class:`NonFiniteError`).
+        KeyboardInterrupt: interrupted; the checkpoints written so far are kept.
+    """
+    from nemo_ais.embedded.report import write_report
+
+    base = validate_config(raw)
+    run_dir = prepare_run_dir(raw, base, overwrite)
+    task = build_task(base)
+    warm_file = None
+    if base.policy.warm_start.steps > 0:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(base.cluster.dp_size * base.cluster.num_threads_per_rank)
+        try:
+            warm_file = warm_start(base, task, progress=base.logger.progress_bar)
+        finally:
+            torch.set_num_threads(threads)
+    launch(
+        _worker,
+        (raw, str(run_dir), str(warm_file) if warm_file else None),
+        world_size=base.cluster.dp_size,
+        num_threads=base.cluster.num_threads_per_rank,
+        timeout_s=base.cluster.timeout_s,
+    )
+    if base.logger.plots:
+        write_report(run_dir)
+    return run_dir

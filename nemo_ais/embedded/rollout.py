@@ -1,0 +1,167 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Rollouts of the embedded recipe: chunked generation with the FP8 twin, group advantages.
+
+World-size invariance. The step's prompts are cut into chunks of ``prompts_per_chunk``
+prompts; chunk ``c`` is generated in ONE ``generate`` call (its prompts x G samples) with
+its own generator ``seeded_generator("rollout", seed, step, c)``, and rank ``r`` of ``W``
+owns the contiguous chunks ``[r * C/W, (r+1) * C/W)``. A chunk's samples therefore never
+depend on ``W`` (same inputs, same shapes, same random stream), so a 2-process run
+samples exactly what a 1-process run samples. A group (the G samples of one prompt) lives
+in one chunk, so advantages need no communication.
+
+Every arm uses the same generators at the same (seed, step): the arms see common random
+numbers, which makes their comparison paired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nemo_ais.embedded.task import AdditionTask, Problem, seeded_generator
+from nemo_ais.fp8.twin import Fp8Twin
+
+__all__ = ["RolloutBatch", "chunk_range", "generate_rollouts", "group_advantages"]
+
+
+@dataclass
+class RolloutBatch:
+    """This rank's share of one GRPO step, ``n`` = local prompts x G, prompt-major.
+
+    Attributes:
+        problems: ``n`` problems (each prompt repeated G times).
+        sequences: ``[n, P + T]`` int64 prompt + response (padding after EOS).
+        mask: ``[n, T]`` float32 in {0, 1}: response tokens up to and including EOS.
+        logp_rollout: ``[n, T]`` float32 rollout-engine log-probs (0 on padding).
+        rewards: ``[n]`` float32 in [0, 1] (``data.reward``).
+        correct: ``[n]`` float32 in {0, 1}, exact match (the accuracy).
+    """
+
+    problems: list[Problem]
+    sequences: torch.Tensor
+    mask: torch.Tensor
+    logp_rollout: torch.Tensor
+    rewards: torch.Tensor
+    correct: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+
+def chunk_range(num_chunks: int, rank: int, world_size: int) -> range:
+    """Chunks owned by ``rank``: a contiguous block of ``num_chunks / world_size``."""
+    if num_chunks % world_size:
+        raise ValueError(
+            f"{num_chunks} rollout chunks cannot be split over cluster.dp_size={world_size} "
+            "ranks: grpo.num_prompts_per_step / rollout.prompts_per_chunk must be a multiple "
+            "of cluster.dp_size"
+        )
+    per_rank = num_chunks // world_size
+    return range(rank * per_rank, (rank + 1) * per_rank)
+
+
+@torch.no_grad()
+def generate_rollouts(
+    engine: Fp8Twin,
+    task: AdditionTask,
+    problems: list[Problem],
+    chunks: range,
+    *,
+    prompts_per_chunk: int,
+    num_generations: int,
+    seed: int,
+    step: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    reward: str = "digits",
+) -> RolloutBatch:
+    """Generate G samples for each prompt of ``chunks`` (of the step's global ``problems``).
+
+    Args:
+        engine: the rollout engine, already synced with the trainer's weights.
+        problems: every prompt of this step (identical on all ranks).
+        chunks: the chunk indices this rank generates.
+
+    Returns:
+        :class:`RolloutBatch` with the rewards filled in.
+    """
+    tok = task.tokenizer
+    parts = []
+    mine: list[Problem] = []
+    for c in chunks:
+        chunk = problems[c * prompts_per_chunk : (c + 1) * prompts_per_chunk]
+        prompt_ids = task.prompt_ids(chunk).repeat_interleave(num_generations, dim=0)
+        out = engine.generate(
+            prompt_ids,
+            torch.ones_like(prompt_ids),
+            max_new_tokens=task.max_response_len,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            generator=seeded_generator("rollout", seed, step, c),
+            eos_token_id=tok.eos_id,
+            pad_token_id=tok.pad_id,
+        )
+        parts.append(out)
+        mine.extend(p for p in chunk for _ in range(num_generations))
+    sequences = torch.cat([o.sequences for o in parts])
+    response_ids = torch.cat([o.response_ids for o in parts])
+    return RolloutBatch(
+        problems=mine,
+        sequences=sequences,
+        mask=torch.cat([o.response_mask for o in parts]).to(torch.float32),
+        logp_rollout=torch.cat([o.logprobs for o in parts]).to(torch.float32),
+        rewards=task.rewards(mine, response_ids, kind=reward),
+        correct=task.correct(mine, response_ids),
+    )
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    num_generations: int,
+    *,
+    normalize: bool,
+    leave_one_out: bool,
+    eps: float,
+) -> torch.Tensor:
+    """GRPO advantages from rewards grouped by prompt (G consecutive samples per group).
+
+    ``A_i = (r_i - b_i) / (std_g + eps)`` with ``b_i`` the group mean (or the mean of the
+    other G - 1 rewards if ``leave_one_out``) and ``std_g`` the unbiased group std; without
+    ``normalize`` the division is skipped. A group whose rewards are all equal gets
+    ``A = 0`` exactly (it carries no signal), never a division by zero.
+
+    Args:
+        rewards: ``[n]`` float, ``n`` a multiple of ``num_generations``.
+
+    Returns:
+        ``[n]`` float32 advantages.
+    """
+    if rewards.ndim != 1 or rewards.numel() % num_generations:
+        raise ValueError(
+            f"rewards: got {tuple(rewards.shape)}, expected [n] with n a multiple of "
+            f"num_generations={num_generations}"
+        )
+    r = rewards.to(torch.float64).view(-1, num_generations)
+    g = num_generations
+    mean = r.mean(dim=1, keepdim=True)
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (g - 1) if leave_one_out else mean
+    adv = r - baseline
+    if normalize:
+        std = r.std(dim=1, keepdim=True, correction=1)
+        adv = torch.where(std > 0, adv / (std + eps), torch.zeros_like(adv))
+    return adv.view(-1).to(torch.float32)

@@ -1,0 +1,65 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Character-level tokenizer of the embedded arithmetic task (built locally, nothing fetched).
+
+Vocabulary: three special tokens (``<pad>``, ``<bos>``, ``<eos>``), the ten digits, ``+``
+and ``=``; ``vocab_size`` is rounded up to a multiple of 8 (unused ids are never produced).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["CharTokenizer"]
+
+_SPECIALS = ("<pad>", "<bos>", "<eos>")
+_CHARS = "0123456789+="
+
+
+class CharTokenizer:
+    """Maps characters to ids and back; ``pad_id=0``, ``bos_id=1``, ``eos_id=2``."""
+
+    def __init__(self, chars: str = _CHARS) -> None:
+        if len(set(chars)) != len(chars):
+            raise ValueError(f"chars={chars!r} is invalid: expected distinct characters")
+        self.itos: list[str] = [*_SPECIALS, *chars]
+        self.stoi: dict[str, int] = {c: i for i, c in enumerate(self.itos)}
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        self.vocab_size = -(-len(self.itos) // 8) * 8
+
+    def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
+        """Ids of ``text`` (optionally framed by ``<bos>``/``<eos>``).
+
+        Raises:
+            ValueError: ``text`` holds a character outside the vocabulary.
+        """
+        bad = sorted({c for c in text if c not in self.stoi or c in _SPECIALS})
+        if bad:
+            raise ValueError(f"text={text!r} is invalid: characters {bad} are not in {_CHARS!r}")
+        ids = [self.stoi[c] for c in text]
+        return [self.bos_id] * bos + ids + [self.eos_id] * eos
+
+    def decode(self, ids: Sequence[int] | torch.Tensor, *, stop_at_eos: bool = True) -> str:
+        """Text of ``ids``: special tokens are dropped; stops at the first ``<eos>`` by default."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        out = []
+        for i in ids:
+            if i == self.eos_id and stop_at_eos:
+                break
+            if i >= len(_SPECIALS) and i < len(self.itos):
+                out.append(self.itos[i])
+        return "".join(out)
