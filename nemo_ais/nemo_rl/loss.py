@@ -100,6 +100,13 @@ def _ais_off() -> CorrectionConfig:
     return CorrectionConfig(mode="none")
 
 
+def _validate_ais_section(value: Any) -> CorrectionConfig:
+    """``loss_fn.ais``; absent (None) means AIS off, not CorrectionConfig's default mode."""
+    if value is None:
+        return _ais_off()
+    return validate_section(CorrectionConfig, value, "loss_fn.ais")
+
+
 class AISLossConfig(ClippedPGLossConfig):
     """NeMo-RL's ``ClippedPGLossConfig`` plus the validated ``loss_fn.ais`` section.
 
@@ -114,7 +121,7 @@ class AISLossConfig(ClippedPGLossConfig):
     @field_validator("ais", mode="before")
     @classmethod
     def _validate_ais(cls, value: Any) -> CorrectionConfig:
-        return validate_section(CorrectionConfig, value, "loss_fn.ais")
+        return _validate_ais_section(value)
 
     @model_validator(mode="after")
     def _check_conflicts(self) -> AISLossConfig:
@@ -142,7 +149,7 @@ def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AI
     if isinstance(loss_fn, AISLossConfig):
         return loss_fn
     data = loss_fn.model_dump() if isinstance(loss_fn, ClippedPGLossConfig) else dict(loss_fn)
-    data["ais"] = validate_section(CorrectionConfig, data.get("ais"), "loss_fn.ais")
+    data["ais"] = _validate_ais_section(data.get("ais"))
     try:
         return AISLossConfig.model_validate(data)
     except ValueError as err:  # pydantic's ValidationError is a ValueError

@@ -1,0 +1,222 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The NeMo-RL seam without NeMo-RL: key mapping, global-batch split, row tags, worker mixin.
+
+Runs in CI (no NeMo-RL). The multi-process collective pattern is in
+``tests/distributed/test_nemo_rl_seam.py``; NeMo-RL-backed checks in ``test_nemo_rl_loss.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import nemo_ais.nemo_rl as ais_nemo_rl
+from nemo_ais.config import CorrectionConfig, PGLossConfig
+from nemo_ais.core import AISState, compute_diagnostics
+from nemo_ais.nemo_rl.seam import (
+    GLOBAL_BATCH_KEY,
+    core_inputs,
+    global_batch_index,
+    loss_from_prepared,
+    num_global_batches,
+    prepare_global_batches,
+    split_global_batches,
+)
+from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin, ais_state_path
+
+CONFIG = CorrectionConfig(mode="ais", severity_scale=0.05, ema=0.5)
+HAVE_NEMO_RL = importlib.util.find_spec("nemo_rl") is not None
+
+
+def _data(b=4, s=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gen = -torch.rand(b, s, generator=g, dtype=torch.float64) - 0.1
+    return {
+        "input_ids": torch.zeros(b, s, dtype=torch.int64),
+        "advantages": torch.randn(b, s, generator=g, dtype=torch.float64),
+        "prev_logprobs": gen + 0.3 * torch.randn(b, s, generator=g, dtype=torch.float64),
+        "generation_logprobs": gen,
+        "token_mask": torch.tensor([[0, 1, 1, 1, 0]] * b, dtype=torch.int64),
+        "sample_mask": torch.tensor([1, 0, 1, 1][:b], dtype=torch.int64),
+    }
+
+
+def test_import_without_nemo_rl_and_lazy_error():
+    assert ais_nemo_rl.GLOBAL_BATCH_KEY == "ais_global_batch"
+    if HAVE_NEMO_RL:
+        pytest.skip("NeMo-RL is importable here: the missing-NeMo-RL error cannot be shown")
+    with pytest.raises(ImportError, match=r"NeMo-RL v0\.7\.0 is required"):
+        ais_nemo_rl.AISClippedPGLossFn  # noqa: B018
+    with pytest.raises(AttributeError):
+        ais_nemo_rl.not_a_name  # noqa: B018
+
+
+def test_core_inputs_maps_keys_and_masks():
+    d = _data()
+    x = core_inputs(d)
+    assert torch.equal(x.logp_old, d["prev_logprobs"][:, 1:])
+    assert torch.equal(x.logp_rollout, d["generation_logprobs"][:, 1:])
+    assert torch.equal(x.adv, d["advantages"][:, 1:])
+    assert x.logp_ref is None
+    # token_mask[:, 1:] = [1, 1, 1, 0] per row, times sample_mask [1, 0, 1, 1]
+    expected = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]])
+    assert torch.equal(x.mask, expected.to(torch.float64))
+    assert x.mask.dtype == torch.float64  # int64 NeMo-RL masks become the log-prob dtype
+
+
+@pytest.mark.parametrize(
+    ("mutate", "error", "match"),
+    [
+        (lambda d: d.pop("generation_logprobs"), KeyError, "generation_logprobs: missing"),
+        (
+            lambda d: d.update(generation_logprobs=d["generation_logprobs"][:, :4]),
+            ValueError,
+            r"generation_logprobs: got \[4, 4\], expected \[4, 5\] like prev_logprobs",
+        ),
+        (
+            lambda d: d.update(sample_mask=d["sample_mask"][:3]),
+            ValueError,
+            r"sample_mask: got \[3\], expected \[4\]",
+        ),
+        (
+            lambda d: d.update(token_mask=d["token_mask"][0]),
+            ValueError,
+            "token_mask: got .* expected a 2-D tensor",
+        ),
+    ],
+)
+def test_core_inputs_errors_name_the_tensor(mutate, error, match):
+    d = _data()
+    mutate(d)
+    with pytest.raises(error, match=match):
+        core_inputs(d)
+
+
+class _Packed(dict):
+    elem_counts_per_gb = (1, 3)
+
+    def get_batch(self, batch_idx, batch_size=None):
+        start = sum(self.elem_counts_per_gb[:batch_idx])
+        return {k: v[start : start + self.elem_counts_per_gb[batch_idx]] for k, v in self.items()}
+
+
+class _Sink:
+    diagnostics = None
+
+    def attach_diagnostics(self, diagnostics):
+        self.diagnostics = tuple(diagnostics)
+
+
+def test_split_and_tags_plain_and_packed():
+    plain = _data(b=4)
+    plain = {k: torch.cat([v, v[:1]]) for k, v in plain.items()}  # 5 rows, gbs 2: 1 unused
+    assert num_global_batches(plain, 2) == 2
+    assert [b["sample_mask"].shape[0] for b in split_global_batches(plain, 2)] == [2, 2]
+    prepare_global_batches(plain, _Sink(), CONFIG, local_batch_size=2, group=None)
+    assert plain[GLOBAL_BATCH_KEY].tolist() == [0, 0, 1, 1, -1]
+    packed = _Packed(_data(b=4))
+    assert num_global_batches(packed, 99) == 2  # elem_counts_per_gb wins
+    sink = _Sink()
+    prepare_global_batches(packed, sink, CONFIG, local_batch_size=2, group=None)
+    assert packed[GLOBAL_BATCH_KEY].tolist() == [0, 1, 1, 1]
+    assert len(sink.diagnostics) == 2
+
+
+def test_global_batch_index_rejects_mixed_rows():
+    assert global_batch_index({}) is None
+    assert global_batch_index({GLOBAL_BATCH_KEY: torch.tensor([2, 2])}) == 2
+    with pytest.raises(ValueError, match=r"global batches 0\.\.1"):
+        global_batch_index({GLOBAL_BATCH_KEY: torch.tensor([0, 1])})
+    with pytest.raises(ValueError, match="-1 marks rows outside"):
+        global_batch_index({GLOBAL_BATCH_KEY: torch.tensor([-1])})
+
+
+def test_prepared_diagnostics_equal_core_on_each_global_batch():
+    d = _data(b=4, seed=3)
+    sink, state, ref_state = _Sink(), AISState(), AISState()
+    prepare_global_batches(d, sink, CONFIG, local_batch_size=2, group=None, state=state)
+    for g in range(2):
+        x = core_inputs({k: v[2 * g : 2 * g + 2] for k, v in d.items()})
+        ref = compute_diagnostics(x.logp_old, x.logp_rollout, x.mask, CONFIG, state=ref_state)
+        assert sink.diagnostics[g] == ref
+    assert state.state_dict() == ref_state.state_dict()
+
+
+def test_loss_from_prepared_requires_preparation():
+    d = _data()
+    lp = d["prev_logprobs"][:, 1:].clone()
+    with pytest.raises(RuntimeError, match="no AIS diagnostics were prepared"):
+        loss_from_prepared(
+            lp, d, (), CONFIG, PGLossConfig(), global_valid_seqs=3.0, global_valid_toks=9.0
+        )
+
+
+class _FakeWorker:
+    """Stands in for a NeMo-RL worker implementation: records what train() saw."""
+
+    def __init__(self, config, weights_path=None):
+        self.cfg = config
+        self.seen = []
+
+    def train(self, data, loss_fn, eval_mode=False, gbs=None, mbs=None, check_dim_skip_keys=None):
+        self.seen.append((data[GLOBAL_BATCH_KEY].tolist(), loss_fn.diagnostics, eval_mode))
+        return {"ok": True}
+
+    def save_checkpoint(self, weights_path, optimizer_path=None):
+        os.makedirs(weights_path, exist_ok=True)
+
+
+class _Worker(AISTrainMixin, _FakeWorker):
+    def _ais_dp_group(self):
+        return dist.group.WORLD
+
+
+class _Loss(_Sink):
+    enabled = True
+    ais = CONFIG
+
+
+@pytest.fixture
+def one_rank_world(tmp_path):
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def test_worker_mixin_prepares_saves_and_restores_state(one_rank_world, tmp_path):
+    worker = _Worker({"train_global_batch_size": 2}, weights_path=None)
+    loss = _Loss()
+    assert worker.train(data=_data(b=4), loss_fn=loss, gbs=2) == {"ok": True}
+    tags, diags, _ = worker.seen[0]
+    assert tags == [0, 0, 1, 1] and len(diags) == 2
+    assert worker.ais_state.num_updates == 2
+    worker.train(data=_data(b=4), loss_fn=loss, eval_mode=True)  # gbs from cfg; no EMA step
+    assert worker.ais_state.num_updates == 2
+    weights = str(tmp_path / "step_3" / "policy" / "weights")
+    worker.save_checkpoint(weights)
+    with open(ais_state_path(weights)) as f:
+        saved = json.load(f)
+    assert saved == worker.ais_state.state_dict()
+    assert math.isfinite(saved["alpha"])
+    restored = _Worker({"train_global_batch_size": 2}, weights_path=weights)
+    assert restored.ais_state.state_dict() == saved
+
+
+def test_worker_mixin_leaves_plain_losses_alone(one_rank_world):
+    worker = _Worker({"train_global_batch_size": 2})
+
+    class Plain:
+        diagnostics = None
+
+    data = _data(b=4)
+    data[GLOBAL_BATCH_KEY] = torch.full((4,), 7)  # untouched marker
+    worker.train(data=data, loss_fn=Plain(), gbs=2)
+    assert worker.seen[0][0] == [7, 7, 7, 7] and worker.ais_state.num_updates == 0
