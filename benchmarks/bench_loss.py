@@ -31,6 +31,7 @@ Usage: ``python -m benchmarks.bench_loss [--repeats 9] [--threads 2 [1 ...]] [--
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[2])
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
     lines = [
         "| threads | B x T | none (ms) | tis (ms) | ais (ms) | ais+diag (ms) | ais / none | "
         "ais / none (CPU time) | ais+diag / none |",
@@ -122,6 +124,11 @@ def main() -> None:
             "batch: float64 statistics + one host sync).",
             "",
             *lines,
+            "",
+            f"Load average during the run: {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at "
+            f"end, on {os.cpu_count()} cores. On a shared machine the multi-thread rows are "
+            "dominated by intra-op threads waiting for a core; the 1-thread rows and the "
+            "CPU-time column are then the meaningful comparison.",
             "",
             f"Statistics all-reduce: ONE `all_reduce(SUM)` of {STATS_BYTES} bytes "
             f"({NUM_SLOTS} float64 values) per global batch, independent of B x T.",
