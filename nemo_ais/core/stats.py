@@ -95,6 +95,51 @@ class AISStats:
         """Bytes moved by the all-reduce."""
         return self.vector.numel() * self.vector.element_size()
 
+    @classmethod
+    def from_sums(
+        cls,
+        *,
+        n_seq: float,
+        w_seq_sum: float,
+        w_seq_sq_sum: float,
+        n_tok: float,
+        abs_log_rho_sum: float = 0,
+        w_tok_sum: float | None = None,
+        w_tok_sq_sum: float | None = None,
+        log_rho_sum: float = 0,
+        log_rho_clamped_sum: float = 0,
+        n_capped: float = 0,
+        rho_sum: float | None = None,
+        exp_abs_log_rho_sum: float | None = None,
+    ) -> AISStats:
+        """Build statistics from textbook (unshifted) sums, e.g. sum w and sum w^2.
+
+        For tests and tools that construct diagnostics directly, independent of the slot
+        layout. Omitted token sums default to the no-mismatch values (w = rho = 1).
+        """
+        w_tok_sum = n_tok if w_tok_sum is None else w_tok_sum
+        w_tok_sq_sum = n_tok if w_tok_sq_sum is None else w_tok_sq_sum
+        rho_sum = n_tok if rho_sum is None else rho_sum
+        exp_abs_log_rho_sum = n_tok if exp_abs_log_rho_sum is None else exp_abs_log_rho_sum
+        values = {
+            Slot.N_SEQ: n_seq,
+            Slot.W_SEQ_SUM: w_seq_sum,
+            Slot.W_SEQ_SQ_SUM: w_seq_sq_sum,
+            Slot.N_TOK: n_tok,
+            Slot.ABS_LOG_RHO_SUM: abs_log_rho_sum,
+            Slot.LOG_RHO_SUM: log_rho_sum,
+            Slot.LOG_RHO_CLAMPED_SUM: log_rho_clamped_sum,
+            Slot.N_CAPPED: n_capped,
+            Slot.W_TOK_DEV_SUM: w_tok_sum - n_tok,  # sum (w - 1)
+            Slot.W_TOK_DEV_SQ_SUM: w_tok_sq_sum - 2 * w_tok_sum + n_tok,  # sum (w - 1)^2
+            Slot.RHO_DEV_SUM: rho_sum - n_tok,
+            Slot.EXP_ABS_DEV_SUM: exp_abs_log_rho_sum - n_tok,
+        }
+        vector = torch.zeros(NUM_SLOTS, dtype=STATS_DTYPE)
+        for slot, value in values.items():
+            vector[slot] = value
+        return cls(vector)
+
 
 def _log_rho64(logp_old, logp_rollout, valid):
     """Step 1: float64 raw l (0 where invalid or non-finite) and the valid-and-finite mask."""

@@ -200,3 +200,27 @@ def test_diagnostics_from_stats_raises_on_bad_counts():
     vector[Slot.N_BAD_LOGPROBS] = 2
     with pytest.raises(ValueError, match="prev_logprobs/generation_logprobs: 2 bad values"):
         diagnostics_from_stats(AISStats(vector), CorrectionConfig())
+
+
+def test_from_sums_matches_computed_statistics():
+    b = oracles.random_batch(6, 9, scale=0.2, seed=8)
+    cfg = CorrectionConfig(weight_cap=1.1)
+    stats = compute_statistics(b["logp_old"], b["logp_rollout"], b["mask"], cfg)
+    ell = (b["logp_old"] - b["logp_rollout"])[b["mask"] == 1]
+    w = torch.exp(ell).clamp(max=1.1)
+    v = stats.vector
+    rebuilt = AISStats.from_sums(
+        n_seq=v[Slot.N_SEQ].item(),
+        w_seq_sum=v[Slot.W_SEQ_SUM].item(),
+        w_seq_sq_sum=v[Slot.W_SEQ_SQ_SUM].item(),
+        n_tok=float(ell.numel()),
+        abs_log_rho_sum=ell.abs().sum().item(),
+        w_tok_sum=w.sum().item(),
+        w_tok_sq_sum=w.square().sum().item(),
+        log_rho_sum=ell.sum().item(),
+        log_rho_clamped_sum=ell.sum().item(),
+        n_capped=float((torch.exp(ell) > 1.1).sum()),
+        rho_sum=torch.exp(ell).sum().item(),
+        exp_abs_log_rho_sum=torch.exp(ell.abs()).sum().item(),
+    )
+    torch.testing.assert_close(rebuilt.vector, v, rtol=1e-9, atol=1e-11)
