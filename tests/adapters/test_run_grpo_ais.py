@@ -1,0 +1,142 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""launchers/run_grpo_ais.py: what can run without GPUs, vLLM or a Ray cluster.
+
+Argument parsing, NeMo-RL's config loader with Hydra overrides, AIS validation before Ray,
+the config view handed to ``setup()``, the worker selection / registration, the policy
+factory and the loss swap. Needs NeMo-RL v0.7.0 importable (marked ``nemo_rl``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nemo_rl", reason="NeMo-RL v0.7.0 is not importable (put it on PYTHONPATH)")
+
+from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
+
+from nemo_ais.nemo_rl import AISClippedPGLossFn
+
+pytestmark = pytest.mark.nemo_rl
+
+LAUNCHER = Path(__file__).resolve().parents[2] / "launchers" / "run_grpo_ais.py"
+_spec = importlib.util.spec_from_file_location("run_grpo_ais", LAUNCHER)
+run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run)
+
+
+def test_parse_args_keeps_hydra_overrides():
+    args, overrides = run.parse_args(
+        ["--config", "x.yaml", "loss_fn.ais.mode=ais", "+loss_fn.ais.weight_cap=3.0"]
+    )
+    assert args.config == "x.yaml"
+    assert overrides == ["loss_fn.ais.mode=ais", "+loss_fn.ais.weight_cap=3.0"]
+
+
+def test_load_config_dict_inherits_and_overrides(tmp_path):
+    pytest.importorskip("hydra", reason="hydra-core (NeMo-RL's override parser) missing")
+    (tmp_path / "base.yaml").write_text(
+        "loss_fn:\n  ratio_clip_min: 0.2\n  ais:\n    mode: none\npolicy:\n  x: 1\n"
+    )
+    (tmp_path / "arm.yaml").write_text("defaults: base.yaml\nloss_fn:\n  ais:\n    mode: ais\n")
+    cfg = run.load_config_dict(
+        str(tmp_path / "arm.yaml"), ["+loss_fn.ais.weight_cap=3.0", "loss_fn.ratio_clip_min=0.1"]
+    )
+    assert cfg["loss_fn"] == {"ratio_clip_min": 0.1, "ais": {"mode": "ais", "weight_cap": 3.0}}
+    assert cfg["policy"] == {"x": 1}
+    assert run.validate_ais(cfg).ais.weight_cap == 3.0
+    # a key absent from the YAML needs Hydra's "+" (NeMo-RL's rule), with a hint
+    with pytest.raises(Exception, match=r"\+loss_fn\.ais\.weight_cap"):
+        run.load_config_dict(str(tmp_path / "arm.yaml"), ["loss_fn.ais.weight_cap=3.0"])
+
+
+def test_validation_fails_before_ray_with_the_field_path():
+    with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
+        run.validate_ais({"loss_fn": {"ais": {"mode": "ais", "weight_cap": 0.5}}})
+    with pytest.raises(ValueError, match=r"loss_fn\.use_importance_sampling_correction=True"):
+        run.validate_ais(
+            {"loss_fn": {"use_importance_sampling_correction": True, "ais": {"mode": "ais"}}}
+        )
+
+
+def test_nemo_rl_view_sets_the_is_flag_only_when_ais_owns_the_correction():
+    on = {"loss_fn": {"ais": {"mode": "ais"}}}
+    view = run.nemo_rl_view(on, run.validate_ais(on))
+    assert view["loss_fn"]["use_importance_sampling_correction"] is True
+    assert "use_importance_sampling_correction" not in on["loss_fn"]  # user config untouched
+    explicit_off = {"loss_fn": {"ais": {"mode": "none"}}}  # the uncorrected FP8 arm
+    view = run.nemo_rl_view(explicit_off, run.validate_ais(explicit_off))
+    assert view["loss_fn"]["use_importance_sampling_correction"] is True
+    plain = {"loss_fn": {"ratio_clip_min": 0.2}}  # no section: NeMo-RL as is
+    assert run.nemo_rl_view(plain, run.validate_ais(plain)) is plain
+    nemo_tis = {"loss_fn": {"use_importance_sampling_correction": True, "ais": {"mode": "none"}}}
+    assert run.nemo_rl_view(nemo_tis, run.validate_ais(nemo_tis)) is nemo_tis
+
+
+@pytest.mark.parametrize(
+    ("policy", "worker"),
+    [
+        ({"megatron_cfg": {"enabled": True}}, "megatron.AISMegatronPolicyWorker"),
+        ({"dtensor_cfg": {"enabled": True}}, "dtensor.AISDTensorPolicyWorker"),
+        ({"dtensor_cfg": {"enabled": True, "_v2": True}}, "dtensor_v2.AISDTensorPolicyWorkerV2"),
+    ],
+)
+def test_ais_worker_follows_the_backend(policy, worker):
+    assert run.ais_worker_fqn(policy) == "nemo_ais.nemo_rl.workers." + worker
+
+
+def test_ais_worker_errors():
+    with pytest.raises(ValueError, match="quant_cfg"):
+        run.ais_worker_fqn({"quant_cfg": {}, "megatron_cfg": {"enabled": True}})
+    with pytest.raises(ValueError, match=r"megatron_cfg\.enabled or policy\.dtensor_cfg\.enabled"):
+        run.ais_worker_fqn({})
+
+
+def test_register_ais_workers_copies_the_python_environment():
+    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
+
+    run.register_ais_workers()
+    for base, ours in run.AIS_WORKER_FQNS.items():
+        assert ACTOR_ENVIRONMENT_REGISTRY[ours] == ACTOR_ENVIRONMENT_REGISTRY[base]
+
+
+def test_policy_factory_passes_the_worker_extension(monkeypatch):
+    calls = []
+    fake = types.ModuleType("nemo_rl.models.policy.lm_policy")
+    fake.Policy = lambda **kw: calls.append(kw) or "policy"
+    monkeypatch.setitem(sys.modules, "nemo_rl.models.policy.lm_policy", fake)
+    cfg = {"loss_fn": {"ais": {"mode": "ais"}}, "policy": {"megatron_cfg": {"enabled": True}}}
+    factory = run.make_policy_factory(cfg, run.validate_ais(cfg))
+    assert factory(cluster="c", config={}) == "policy"
+    assert calls == [
+        {
+            "cluster": "c",
+            "config": {},
+            "worker_extension_cls_fqn": "nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker",
+        }
+    ]
+    off = {"loss_fn": {}, "policy": {}}
+    assert run.make_policy_factory(off, run.validate_ais(off)) is None
+    with pytest.raises(ValueError, match="data_plane"):
+        run.make_policy_factory({**cfg, "data_plane": {"enabled": True}}, run.validate_ais(cfg))
+
+
+def test_swap_loss_replaces_clipped_pg_loss_only():
+    cfg = {"loss_fn": {"ais": {"mode": "ais", "weight_cap": 3.0}}}
+    ais_cfg = run.validate_ais(cfg)
+    swapped = run.swap_loss(ClippedPGLossFn(ClippedPGLossConfig()), ais_cfg)
+    assert isinstance(swapped, AISClippedPGLossFn) and swapped.ais.weight_cap == 3.0
+    with pytest.raises(TypeError, match="expected ClippedPGLossFn"):
+        run.swap_loss(swapped, ais_cfg)
+
+
+def test_worker_pythonpath_is_prepended_once():
+    env = {"PYTHONPATH": os.pathsep.join(["/a", "/b"])}
+    first = run.ensure_worker_pythonpath(env)
+    assert first.split(os.pathsep) == [str(run.REPO_ROOT), "/a", "/b"]
+    assert run.ensure_worker_pythonpath(env) == first
