@@ -21,8 +21,9 @@ dropped tail of the rollout batch). Pure Python: imports omegaconf, yaml and
 
 Checks (each returns a :class:`CheckResult`; ``fail`` makes :func:`validate_config` raise):
 
-1. ``loss_fn.ais`` validates as :class:`~nemo_ais.config.CorrectionConfig`, and is not
-   combined with NeMo-RL's own importance-sampling knobs (that would weight twice).
+1. ``loss_fn.ais`` validates as :class:`~nemo_ais.config.CorrectionConfig`; unless its
+   mode is ``none``, NeMo-RL's own importance-sampling knobs (and the other loss options
+   in :data:`AIS_CONFLICTS`) are off (both on would weight tokens twice).
 2. FP8 rollout flags (NeMo-RL v0.7.0 ``grpo.setup`` / ``init_fp8`` rules): an FP8 KV
    cache needs ``precision: fp8``, the Megatron backend, pipeline size 1 and no async GRPO.
 3. Megatron layout: ``world = nodes x gpus_per_node`` divisible by ``TP x PP x CP``
@@ -37,16 +38,16 @@ Checks (each returns a :class:`CheckResult`; ``fail`` makes :func:`validate_conf
 6. vLLM FP8 shards: with ``precision: fp8`` every per-rank weight dimension that is
    block-quantized (Q, K, V, O, gate/up, down; experts) must be divisible by 128.
 
-CLI::
+CLI (the launchers run the file directly, which skips ``nemo_ais.nemo_rl/__init__``
+and its torch import)::
 
     python -m nemo_ais.nemo_rl.cluster_check configs/nemo_rl/qwen3_8b_2n8g_fp8.yaml \
-        [key=value ...] [--get cluster.num_nodes]
+        [key=value ...] [--quiet] [--get cluster.num_nodes]
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
@@ -60,6 +61,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from nemo_ais.config import CorrectionConfig, validate_section
 
 __all__ = [
+    "AIS_CONFLICTS",
     "FP8_BLOCK",
     "MODEL_DIMS",
     "CheckResult",
@@ -78,7 +80,18 @@ __all__ = [
 FP8_BLOCK = 128
 """Block size of DeepSeek-style FP8 weights in vLLM/DeepGEMM (128 x 128 tiles)."""
 
-_IS_KNOBS = ("use_importance_sampling_correction", "truncated_importance_sampling_type")
+# NeMo-RL loss_fn options that must stay at their "off" value when loss_fn.ais.mode is not
+# none (the same table as nemo_ais.nemo_rl.loss, which imports NeMo-RL; an adapter test
+# checks the two agree). With mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged.
+AIS_CONFLICTS: dict[str, Any] = {
+    "use_importance_sampling_correction": False,
+    "truncated_importance_sampling_type": None,
+    "sequence_level_importance_ratios": False,
+    "force_on_policy_ratio": False,
+    "use_cispo": False,
+    "use_on_policy_kl_approximation": False,
+    "positive_example_nll_weight": 0.0,
+}
 _FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
 _KV_DTYPES = ("auto", *_FP8_KV_DTYPES)
 
@@ -343,12 +356,15 @@ def _check_ais(cfg: dict[str, Any], report: _Report) -> None:
     except (TypeError, ValueError) as err:
         problems.append(str(err).replace("\n", "; "))
         ais = None
-    for knob in _IS_KNOBS:
-        if loss.get(knob):
+    raw = loss["ais"] if isinstance(loss["ais"], dict) else {}
+    mode = ais.mode if ais else raw.get("mode", "ais")
+    for knob, off in AIS_CONFLICTS.items():
+        if mode != "none" and loss.get(knob, off) != off:
             problems.append(
-                f"loss_fn.{knob}={loss[knob]!r} together with loss_fn.ais: the AIS loss owns "
-                f"the importance-sampling correction (set loss_fn.ais.mode instead and "
-                f"loss_fn.{knob} to false/null, or tokens are weighted twice)"
+                f"loss_fn.{knob}={loss[knob]!r} conflicts with loss_fn.ais.mode={mode!r}: the "
+                f"AIS loss owns the importance-sampling correction (set loss_fn.{knob}: "
+                f"{'null' if off is None else str(off).lower()}, or loss_fn.ais.mode: none to "
+                f"use NeMo-RL's own loss; both on would weight tokens twice)"
             )
     report.add("loss_fn.ais", problems, f"mode={ais.mode if ais else '?'}, validated")
 
@@ -376,7 +392,7 @@ def _check_fp8_rollout(cfg: dict[str, Any], report: _Report) -> None:
         if pp != 1:
             problems.append(
                 f"an FP8 KV cache needs policy.megatron_cfg.pipeline_model_parallel_size=1 "
-                f"(got {pp}; NeMo-RL v0.7.0 calibrates KV scales on one pipeline stage)"
+                f"(got {pp}; asserted by NeMo-RL v0.7.0 grpo.setup)"
             )
         if _get(cfg, "grpo.async_grpo.enabled", False):
             problems.append("an FP8 KV cache does not support grpo.async_grpo.enabled=true")
@@ -528,13 +544,13 @@ def _fp8_shards(dims: ModelDims, tp: int, ep: int) -> dict[str, float]:
     Output dim of column-parallel layers, input dim of row-parallel ones; K = hidden is
     never split. Values are floats when TP does not divide a dim (then never a multiple).
     """
-    shards = {
+    kv_per_rank = max(dims.num_key_value_heads / tp, 1)  # vLLM replicates KV heads if TP > kv
+    shards: dict[str, float] = {
         "hidden_size (K of q/k/v, gate/up)": dims.hidden_size,
-        "q_proj out / o_proj in = heads x head_dim / TP": dims.num_attention_heads
-        * dims.head_dim
-        // tp,
-        "k/v_proj out = max(kv_heads / TP, 1) x head_dim": max(dims.num_key_value_heads // tp, 1)
-        * dims.head_dim,
+        "q_proj out / o_proj in = heads x head_dim / TP": (
+            dims.num_attention_heads * dims.head_dim / tp
+        ),
+        "k/v_proj out = max(kv_heads / TP, 1) x head_dim": kv_per_rank * dims.head_dim,
     }
     if dims.num_experts:
         # With expert parallelism vLLM keeps each expert whole on one rank.
@@ -609,21 +625,30 @@ def validate_config(cfg: dict[str, Any], source: str = "config") -> list[CheckRe
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: print the check results of each config; exit 1 if any check fails."""
+    """CLI: print the check results of each config; exit 1 if any check fails.
+
+    ``--get KEY`` (for scripts, repeatable) runs the checks silently, prints failures to
+    stderr and exits 1, or prints the resolved values (one line per config) and exits 0.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m nemo_ais.nemo_rl.cluster_check",
-        description="Check NeMo-RL GRPO+AIS configs offline (parallel sizes, FP8 shards, loss_fn.ais).",
+        description="Check NeMo-RL GRPO+AIS configs offline (parallel sizes, FP8 shards, "
+        "loss_fn.ais).",
     )
     parser.add_argument("configs", nargs="+", help="YAML files, then Hydra-style overrides (k=v)")
     parser.add_argument(
-        "--get", metavar="KEY", help="print one resolved value (e.g. cluster.num_nodes) and exit"
+        "--get",
+        metavar="KEY",
+        action="append",
+        help="if the checks pass, print this resolved value (repeatable: one line, space-separated)",
     )
-    parser.add_argument("--quiet", action="store_true", help="print failures only")
+    parser.add_argument("--quiet", action="store_true", help="print failures only (to stderr)")
     args = parser.parse_args(argv)
     paths = [a for a in args.configs if a.endswith((".yaml", ".yml")) and "=" not in a]
     overrides = [a for a in args.configs if a not in paths]
     if not paths:
         parser.error("give at least one .yaml config")
+    quiet = args.quiet or args.get is not None
     n_failed = 0
     for path in paths:
         try:
@@ -632,30 +657,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{path}: cannot load: {err}", file=sys.stderr)
             n_failed += 1
             continue
-        if args.get:
-            value = _get(cfg, args.get)
-            if value is None:
-                print(f"{path}: {args.get} is not set", file=sys.stderr)
-                return 1
-            print(value)
-            continue
         results = check_config(cfg)
         failed = [r for r in results if r.status == "fail"]
         n_failed += bool(failed)
-        if not args.quiet:
-            lay = "" if is_mixin(cfg) else _layout_line(cfg)
-            print(f"{path}{lay}")
-        for r in results:
-            if not args.quiet or r.status == "fail":
-                print(
-                    f"  {r}", file=sys.stderr if r.status == "fail" and args.quiet else sys.stdout
-                )
+        if not quiet:
+            print(path + ("" if is_mixin(cfg) else _layout_line(cfg)))
+            print("\n".join(f"  {r}" for r in results))
+        elif failed:
+            print(f"{path}:", *(f"  {r}" for r in failed), sep="\n", file=sys.stderr)
+        if args.get and not failed:
+            values = [_get(cfg, key) for key in args.get]
+            unset = [key for key, value in zip(args.get, values, strict=True) if value is None]
+            if unset:
+                print(f"{path}: {', '.join(unset)} not set", file=sys.stderr)
+                n_failed += 1
+            else:
+                print(*values)
     return 1 if n_failed else 0
 
 
 def _layout_line(cfg: dict[str, Any]) -> str:
     nodes, gpus = _get(cfg, "cluster.num_nodes", 1), _get(cfg, "cluster.gpus_per_node", 1)
-    return f" ({_get(cfg, 'policy.model_name')}, {nodes} node(s) x {gpus} GPU(s) = {math.prod((nodes, gpus))})"
+    return f" ({_get(cfg, 'policy.model_name')}, {nodes} node(s) x {gpus} GPU(s) = {nodes * gpus})"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+# Usage: launchers/local_grpo_ais.sh [--dry-run] [--skip-check] CONFIG [OVERRIDE ...]
+#
+# Runs NeMo-RL v0.7.0 GRPO with the AIS loss on this machine (one node, Ray started by
+# NeMo-RL): `uv run python launchers/run_grpo_ais.py --config CONFIG [OVERRIDE ...]`
+# from the NeMo-RL checkout, with nemo_ais on PYTHONPATH (Ray workers inherit it).
+#
+#   CONFIG      a YAML under configs/nemo_rl/ (cluster.num_nodes must be 1)
+#   OVERRIDE    Hydra-style: key=value, +new.key=value, ~key
+#   --dry-run   print the commands (cd, environment, launch line) instead of running them
+#   --skip-check  do not run the offline config check first
+#   -h, --help  this text
+#
+# Environment:
+#   NEMO_RL_DIR   (required) NeMo-RL v0.7.0 checkout; the job runs there, in its uv env
+#   NEMO_AIS_DIR  nemo_ais checkout put on PYTHONPATH (default: this script's repository)
+#   RUNNER        launcher of the entry point (default: "uv run python"; e.g. "python"
+#                 inside an activated NeMo-RL environment)
+#   PYTHON        interpreter for the offline check (default: python3; needs pydantic,
+#                 omegaconf, pyyaml -- not NeMo-RL)
+set -euo pipefail
+
+usage() { sed -n '16,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+# Shell-quote one word, readably: bare if safe, else in single quotes.
+shq() {
+  if [[ "$1" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then
+    printf '%s' "$1"
+  else
+    local q="'"
+    printf "'%s'" "${1//$q/$q\\$q$q}"
+  fi
+}
+shq_words() { local w out=(); for w in "$@"; do out+=("$(shq "$w")"); done; printf '%s' "${out[*]}"; }
+die() { echo "local_grpo_ais.sh: error: $*" >&2; exit 2; }
+
+dry_run=0
+check=1
+positional=()
+while (($#)); do
+  case "$1" in
+    -h | --help) usage; exit 0 ;;
+    --dry-run) dry_run=1 ;;
+    --skip-check) check=0 ;;
+    --) shift; positional+=("$@"); break ;;
+    -*) die "unknown option $1 (see --help)" ;;
+    *) positional+=("$1") ;;
+  esac
+  shift
+done
+((${#positional[@]})) || die "missing CONFIG (see --help)"
+config="${positional[0]}"
+overrides=("${positional[@]:1}")
+
+[[ -f "$config" ]] || die "config $config does not exist"
+config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"
+NEMO_AIS_DIR="${NEMO_AIS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+[[ -n "${NEMO_RL_DIR:-}" ]] || die "NEMO_RL_DIR is not set: export NEMO_RL_DIR=/path/to/NeMo-RL (a v0.7.0 checkout)"
+[[ -d "$NEMO_RL_DIR/nemo_rl" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR is not a NeMo-RL checkout (no nemo_rl/ package in it)"
+read -r -a runner <<< "${RUNNER:-uv run python}"
+pythonpath="$NEMO_AIS_DIR${PYTHONPATH:+:$PYTHONPATH}"
+
+if ((check)); then
+  # The file, not `-m nemo_ais.nemo_rl...`: skips the adapter package's torch import.
+  nodes="$(PYTHONPATH="$pythonpath" "${PYTHON:-python3}" "$NEMO_AIS_DIR/nemo_ais/nemo_rl/cluster_check.py" \
+    --get cluster.num_nodes "$config" "${overrides[@]}")" \
+    || die "$config fails the offline checks above (python -m nemo_ais.nemo_rl.cluster_check $config)"
+  [[ "$nodes" == 1 ]] || die "$config runs on cluster.num_nodes=$nodes: use launchers/slurm_grpo_ais.sh"
+fi
+
+launch=("${runner[@]}" "$NEMO_AIS_DIR/launchers/run_grpo_ais.py" --config "$config" "${overrides[@]}")
+if ((dry_run)); then
+  printf 'cd %s\n' "$(shq "$NEMO_RL_DIR")"
+  printf 'export PYTHONPATH=%s\n' "$(shq "$pythonpath")"
+  printf '%s\n' "$(shq_words "${launch[@]}")"
+  exit 0
+fi
+cd "$NEMO_RL_DIR"
+export PYTHONPATH="$pythonpath"
+exec "${launch[@]}"

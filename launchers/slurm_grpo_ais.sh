@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+# Usage: launchers/slurm_grpo_ais.sh [--dry-run] [--skip-check] CONFIG [OVERRIDE ...]
+#
+# Submits NeMo-RL v0.7.0 GRPO with the AIS loss as a multi-node Slurm job through
+# NeMo-RL's ray.sub: `sbatch --nodes=N ... $NEMO_RL_DIR/ray.sub`, submitted from the
+# NeMo-RL checkout (ray.sub's working directory), with
+#   COMMAND = export PYTHONPATH=$NEMO_AIS_DIR:... && uv run python \
+#             $NEMO_AIS_DIR/launchers/run_grpo_ais.py --config CONFIG [OVERRIDE ...]
+# nemo_ais is on PYTHONPATH in the driver and NeMo-RL forwards it to the Ray workers.
+# N and GPUS_PER_NODE come from the config's cluster section (after the overrides).
+#
+#   CONFIG        a YAML under configs/nemo_rl/
+#   OVERRIDE      Hydra-style: key=value, +new.key=value, ~key
+#   --dry-run     print the commands (cd, environment, sbatch line) instead of submitting
+#   --skip-check  do not run the offline config check (then NUM_NODES and GPUS_PER_NODE
+#                 must be set)
+#   -h, --help    this text
+#
+# Environment (required):
+#   NEMO_RL_DIR   NeMo-RL v0.7.0 checkout, on a filesystem the compute nodes see
+#   CONTAINER     container image for ray.sub (e.g. a NeMo-RL v0.7.0 .sqsh)
+#   ACCOUNT       Slurm account
+#   PARTITION     Slurm partition
+# Environment (optional):
+#   NEMO_AIS_DIR  nemo_ais checkout (default: this script's repository)
+#   JOB_NAME      default: nemo-ais-<config file name without .yaml>
+#   TIME          wall-clock limit (default: 04:00:00)
+#   NUM_NODES, GPUS_PER_NODE   must equal the config's cluster.num_nodes / gpus_per_node
+#   GRES          e.g. gpu:8, adds --gres=$GRES (clusters that need it)
+#   HF_HOME       Hugging Face cache: mounted and exported to the job
+#   EXTRA_MOUNTS  comma-separated src:dst container mounts to add
+#   SBATCH_ARGS   extra sbatch arguments (space-separated)
+#   PYTHON        interpreter for the offline check (default: python3; no NeMo-RL needed)
+set -euo pipefail
+
+usage() { sed -n '16,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+# Shell-quote one word, readably: bare if safe, else in single quotes.
+shq() {
+  if [[ "$1" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then
+    printf '%s' "$1"
+  else
+    local q="'"
+    printf "'%s'" "${1//$q/$q\\$q$q}"
+  fi
+}
+shq_words() { local w out=(); for w in "$@"; do out+=("$(shq "$w")"); done; printf '%s' "${out[*]}"; }
+die() { echo "slurm_grpo_ais.sh: error: $*" >&2; exit 2; }
+
+dry_run=0
+check=1
+positional=()
+while (($#)); do
+  case "$1" in
+    -h | --help) usage; exit 0 ;;
+    --dry-run) dry_run=1 ;;
+    --skip-check) check=0 ;;
+    --) shift; positional+=("$@"); break ;;
+    -*) die "unknown option $1 (see --help)" ;;
+    *) positional+=("$1") ;;
+  esac
+  shift
+done
+((${#positional[@]})) || die "missing CONFIG (see --help)"
+config="${positional[0]}"
+overrides=("${positional[@]:1}")
+
+[[ -f "$config" ]] || die "config $config does not exist"
+config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"
+NEMO_AIS_DIR="${NEMO_AIS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+missing=()
+for var in NEMO_RL_DIR CONTAINER ACCOUNT PARTITION; do
+  [[ -n "${!var:-}" ]] || missing+=("$var")
+done
+((${#missing[@]} == 0)) || die "set ${missing[*]} (see --help): e.g. NEMO_RL_DIR=/path/to/NeMo-RL \
+CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
+[[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 checkout)"
+
+if ((check)); then
+  # The file, not `-m nemo_ais.nemo_rl...`: skips the adapter package's torch import.
+  read -r cfg_nodes cfg_gpus < <(PYTHONPATH="$NEMO_AIS_DIR${PYTHONPATH:+:$PYTHONPATH}" \
+    "${PYTHON:-python3}" "$NEMO_AIS_DIR/nemo_ais/nemo_rl/cluster_check.py" \
+    --get cluster.num_nodes --get cluster.gpus_per_node "$config" "${overrides[@]}") || true
+  [[ -n "${cfg_nodes:-}" && -n "${cfg_gpus:-}" ]] \
+    || die "$config fails the offline checks above (python -m nemo_ais.nemo_rl.cluster_check $config)"
+  for pair in "NUM_NODES:$cfg_nodes:num_nodes" "GPUS_PER_NODE:$cfg_gpus:gpus_per_node"; do
+    IFS=: read -r var want key <<< "$pair"
+    [[ -z "${!var:-}" || "${!var}" == "$want" ]] \
+      || die "$var=${!var} but the config has cluster.$key=$want (override it: cluster.$key=${!var})"
+  done
+  NUM_NODES="$cfg_nodes"
+  GPUS_PER_NODE="$cfg_gpus"
+else
+  [[ -n "${NUM_NODES:-}" && -n "${GPUS_PER_NODE:-}" ]] \
+    || die "--skip-check needs NUM_NODES and GPUS_PER_NODE (the config's cluster.num_nodes / gpus_per_node)"
+fi
+
+mounts="$NEMO_RL_DIR:$NEMO_RL_DIR,$NEMO_AIS_DIR:$NEMO_AIS_DIR"
+case "$config" in
+  "$NEMO_AIS_DIR"/* | "$NEMO_RL_DIR"/*) ;;
+  *) mounts+=",$(dirname "$config"):$(dirname "$config")" ;;
+esac
+job_env=""
+if [[ -n "${HF_HOME:-}" ]]; then
+  mounts+=",$HF_HOME:$HF_HOME"
+  job_env+="export HF_HOME=$(shq "$HF_HOME") && "
+fi
+[[ -z "${EXTRA_MOUNTS:-}" ]] || mounts+=",$EXTRA_MOUNTS"
+
+entry=(uv run python "$NEMO_AIS_DIR/launchers/run_grpo_ais.py" --config "$config" "${overrides[@]}")
+command="${job_env}export PYTHONPATH=$(shq "$NEMO_AIS_DIR"):\${PYTHONPATH:-} && $(shq_words "${entry[@]}")"
+job_name="${JOB_NAME:-nemo-ais-$(basename "$config" .yaml)}"
+
+sbatch_cmd=(sbatch "--nodes=$NUM_NODES" "--account=$ACCOUNT" "--partition=$PARTITION"
+  "--job-name=$job_name" "--time=${TIME:-04:00:00}")
+[[ -z "${GRES:-}" ]] || sbatch_cmd+=("--gres=$GRES")
+if [[ -n "${SBATCH_ARGS:-}" ]]; then
+  read -r -a extra <<< "$SBATCH_ARGS"
+  sbatch_cmd+=("${extra[@]}")
+fi
+sbatch_cmd+=("$NEMO_RL_DIR/ray.sub")
+job_vars=(COMMAND CONTAINER MOUNTS GPUS_PER_NODE)
+COMMAND="$command"
+MOUNTS="$mounts"
+
+if ((dry_run)); then
+  printf 'cd %s\n' "$(shq "$NEMO_RL_DIR")"
+  for var in "${job_vars[@]}"; do printf 'export %s=%s\n' "$var" "$(shq "${!var}")"; done
+  printf '%s\n' "$(shq_words "${sbatch_cmd[@]}")"
+  exit 0
+fi
+cd "$NEMO_RL_DIR"
+export "${job_vars[@]}"
+exec "${sbatch_cmd[@]}"
