@@ -168,10 +168,11 @@ def _quantize_tiles(
     bn, bk = block
     nb, kb = -(-n // bn), -(-k // bk)
     rows_per_band = _band_rows(bn, kb * bk)
-    scratch = torch.zeros(min(rows_per_band, nb * bn), kb * bk, dtype=torch.float32)
-    q8 = torch.empty(e, n, k, dtype=FP8_DTYPE)
-    amax = torch.empty(e, nb, kb, dtype=torch.float32)
-    s = torch.empty(e, nb, kb, dtype=torch.float32)
+    dev = x3.device
+    scratch = torch.zeros(min(rows_per_band, nb * bn), kb * bk, dtype=torch.float32, device=dev)
+    q8 = torch.empty(e, n, k, dtype=FP8_DTYPE, device=dev)
+    amax = torch.empty(e, nb, kb, dtype=torch.float32, device=dev)
+    s = torch.empty(e, nb, kb, dtype=torch.float32, device=dev)
     for ei in range(e):
         for r0 in range(0, n, rows_per_band):
             r1 = min(r0 + rows_per_band, n)

@@ -11,7 +11,6 @@ from nemo_ais.fp8 import quantize_blockwise
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.te,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
@@ -26,7 +25,7 @@ TE_SHAPES = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def _needs_te():
     pytest.importorskip("transformer_engine.pytorch.tensor.float8_blockwise_tensor")
 
@@ -44,6 +43,8 @@ def _first_mismatch(a: torch.Tensor, b: torch.Tensor, what: str) -> str | None:
 @pytest.mark.parametrize("eps", [0.0, 1e-4])
 @pytest.mark.parametrize("ue8m0", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.te
+@pytest.mark.usefixtures("_needs_te")
 def test_te_matches_torch_family_c(shape, eps, ue8m0, dtype):
     g = torch.Generator(device="cuda").manual_seed(shape[0])
     x = torch.randn(shape, generator=g, device="cuda").to(dtype)
@@ -58,6 +59,8 @@ def test_te_matches_torch_family_c(shape, eps, ue8m0, dtype):
     assert msg is None, msg
 
 
+@pytest.mark.te
+@pytest.mark.usefixtures("_needs_te")
 def test_auto_picks_te_for_family_c_on_cuda_and_torch_otherwise():
     x = torch.randn(256, 384, device="cuda")
     q_auto, s_auto = quantize_blockwise(x, family="c", eps=0.0, backend="auto")
@@ -68,6 +71,8 @@ def test_auto_picks_te_for_family_c_on_cuda_and_torch_otherwise():
         quantize_blockwise(x, family="a", backend="te")
 
 
+@pytest.mark.te
+@pytest.mark.usefixtures("_needs_te")
 def test_te_backend_rejects_nan_and_handles_experts():
     x = torch.randn(2, 200, 300, device="cuda")
     q, s = quantize_blockwise(x, family="c", eps=0.0, backend="te")
@@ -77,3 +82,16 @@ def test_te_backend_rejects_nan_and_handles_experts():
     x[1, 5, 7] = float("nan")
     with pytest.raises(ValueError, match="w: got 1 non-finite"):
         quantize_blockwise(x, family="c", eps=0.0, backend="te", name="w")
+
+
+@pytest.mark.parametrize("family", ["a", "b", "c"])
+def test_torch_reference_on_cuda_matches_cpu(family):
+    # the pure-torch path runs unchanged on CUDA tensors; results must equal the CPU bits
+    x = torch.randn(2000, 1024, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    q_gpu, s_gpu = quantize_blockwise(x.cuda(), family=family)
+    q_cpu, s_cpu = quantize_blockwise(x, family=family)
+    assert q_gpu.device.type == "cuda" and s_gpu.device.type == "cuda"
+    msg = _first_mismatch(q_gpu.view(torch.uint8), q_cpu.view(torch.uint8), "codes")
+    assert msg is None, msg
+    msg = _first_mismatch(s_gpu.view(torch.int32), s_cpu.view(torch.int32), "scale bits")
+    assert msg is None, msg
