@@ -37,7 +37,7 @@ the reference quantizer (see ``docs/fp8.md`` and the conventions it cites):
    and cast to ``torch.float8_e4m3fn`` with round-to-nearest-even.
 
 The stored scale is the DEQUANT multiplier: ``x ~= q * s`` (vLLM's ``weight_scale_inv``).
-Non-finite input raises ``ValueError`` naming the tensor, before anything is cast.
+Non-finite input raises ``ValueError`` naming the tensor; nothing is returned for it.
 """
 
 from __future__ import annotations
