@@ -76,39 +76,46 @@ class _Inputs(NamedTuple):
     m: torch.Tensor
 
 
-def _check_structure(curr_logprobs, prev_logprobs, generation_logprobs, advantages, mask, ref):
-    """Step 1a: types, shapes and devices (raises at once)."""
-    ref_name = "prev_logprobs"
-    if not isinstance(prev_logprobs, torch.Tensor) or prev_logprobs.dim() != 2:
-        got = (
-            validation.describe(prev_logprobs)
-            if isinstance(prev_logprobs, torch.Tensor)
-            else type(prev_logprobs).__name__
+def _what(t: object) -> str:
+    return validation.describe(t) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _check_structure(named: dict[str, torch.Tensor | None], mask, pg: PGLossConfig) -> dict:
+    """Step 1a: types, shapes and devices of the log-probs and mask (raises at once).
+
+    Returns:
+        The log-prob tensors whose values step 1b checks (reference only if the KL is on).
+    """
+    prev = named["prev_logprobs"]
+    if not isinstance(prev, torch.Tensor) or prev.dim() != 2:
+        raise ValueError(f"prev_logprobs: got {_what(prev)}, expected a [B, T] floating tensor")
+    if pg.reference_policy_kl_penalty > 0 and named["reference_logprobs"] is None:
+        raise ValueError(
+            "reference_logprobs: got None, expected [B, T] log-probs because "
+            f"reference_policy_kl_penalty={pg.reference_policy_kl_penalty} > 0"
         )
-        raise ValueError(f"prev_logprobs: got {got}, expected a [B, T] floating tensor")
-    validation.check_like(ref_name, prev_logprobs, prev_logprobs, ref_name)
-    validation.check_like("curr_logprobs", curr_logprobs, prev_logprobs, ref_name)
-    validation.check_like("generation_logprobs", generation_logprobs, prev_logprobs, ref_name)
-    if ref is not None:
-        validation.check_like("reference_logprobs", ref, prev_logprobs, ref_name)
-    validation.check_mask(mask, prev_logprobs, ref_name)
+    if pg.reference_policy_kl_penalty == 0:
+        named = {k: v for k, v in named.items() if k != "reference_logprobs"}
+    for name, t in named.items():
+        validation.check_like(name, t, prev, "prev_logprobs")
+    validation.check_mask(mask, prev, "prev_logprobs")
+    return named
+
+
+def _check_advantages(advantages, prev: torch.Tensor) -> None:
+    """Step 1a: advantages are a floating ``[B, T]`` or ``[B]`` tensor on prev's device."""
     if not isinstance(advantages, torch.Tensor) or not advantages.is_floating_point():
-        got = (
-            validation.describe(advantages)
-            if isinstance(advantages, torch.Tensor)
-            else type(advantages).__name__
+        raise TypeError(
+            f"advantages: got {_what(advantages)}, expected a floating tensor [B, T] or [B]"
         )
-        raise TypeError(f"advantages: got {got}, expected a floating tensor [B, T] or [B]")
-    shape = tuple(prev_logprobs.shape)
+    shape = tuple(prev.shape)
     if tuple(advantages.shape) not in (shape, shape[:1]):
         raise ValueError(
             f"advantages: got {validation.describe(advantages)}, expected {list(shape)} or "
             f"[{shape[0]}] (broadcast over T) like prev_logprobs"
         )
-    if advantages.device != prev_logprobs.device:
-        raise ValueError(
-            f"advantages: got device {advantages.device}, expected {prev_logprobs.device}"
-        )
+    if advantages.device != prev.device:
+        raise ValueError(f"advantages: got device {advantages.device}, expected {prev.device}")
 
 
 def _check_values(named: dict[str, torch.Tensor], mask, advantages, valid) -> None:
@@ -125,9 +132,8 @@ def _check_values(named: dict[str, torch.Tensor], mask, advantages, valid) -> No
         validation.raise_for_bad_values(tensors, valid, counts)
 
 
-def _prepare(curr_logprobs, prev_logprobs, reference_logprobs, advantages, mask) -> _Inputs:
+def _prepare(curr_logprobs, prev_logprobs, reference_logprobs, advantages, valid) -> _Inputs:
     """Step 1c: upcast to float32 (float64 stays) and zero every masked position."""
-    valid = validation.valid_positions(mask)
     tensors = [t for t in (curr_logprobs, prev_logprobs, reference_logprobs) if t is not None]
     dtype = compute_dtype(*tensors, advantages)
     zero = torch.zeros((), dtype=dtype, device=valid.device)
@@ -282,40 +288,31 @@ def clipped_pg_loss(
     """
     pg = pg if pg is not None else PGLossConfig()
     weight_fn = WEIGHT_FNS[config.mode]
-    _check_structure(  # step 1a
-        curr_logprobs, prev_logprobs, generation_logprobs, advantages, mask, reference_logprobs
-    )
-    use_kl = pg.reference_policy_kl_penalty > 0
-    if use_kl and reference_logprobs is None:
-        raise ValueError(
-            f"reference_logprobs: got None, expected [B, T] log-probs because "
-            f"reference_policy_kl_penalty={pg.reference_policy_kl_penalty} > 0"
-        )
-    if weight_fn.needs_alpha and diagnostics is None:  # step 2 (before any local raise)
+    named = {
+        "curr_logprobs": curr_logprobs,
+        "prev_logprobs": prev_logprobs,
+        "generation_logprobs": generation_logprobs,
+        "reference_logprobs": reference_logprobs,
+    }
+    named = _check_structure(named, mask, pg)  # step 1a
+    _check_advantages(advantages, prev_logprobs)
+    if weight_fn.needs_alpha and diagnostics is None:  # step 2, before any local raise
         diagnostics = compute_diagnostics(
             prev_logprobs, generation_logprobs, mask, config, group=group, state=state
         )
-    named = {"curr_logprobs": curr_logprobs, "prev_logprobs": prev_logprobs}
-    named["generation_logprobs"] = generation_logprobs
-    if use_kl:
-        named["reference_logprobs"] = reference_logprobs
     valid = validation.valid_positions(mask)
     _check_values(named, mask, advantages, valid)  # step 1b
-    x = _prepare(
-        curr_logprobs, prev_logprobs, reference_logprobs if use_kl else None, advantages, mask
-    )
-    alpha = diagnostics.alpha if diagnostics is not None else None
+    logp_ref = named.get("reference_logprobs")
+    x = _prepare(curr_logprobs, prev_logprobs, logp_ref, advantages, valid)  # step 1c
+    alpha = None if diagnostics is None else diagnostics.alpha
     w_hat = weight_fn.fn(prev_logprobs, generation_logprobs, valid, config, alpha)  # step 3
-    w_hat = w_hat.to(x.m.dtype)
     sur = _surrogate(x, pg, config.log_ratio_clamp)  # step 4
-    loss_tok = w_hat * sur.clip_loss
+    loss_tok = w_hat.to(x.m.dtype) * sur.clip_loss
+    kl_tok = None if logp_ref is None else _kl_penalty(x, pg)  # step 5
     n_tok = _normaliser(global_valid_tokens, x.m.sum())
     n_seq = _normaliser(global_valid_seqs, x.valid.any(dim=-1).sum().to(x.m.dtype))
-    kl_value = None
-    if use_kl:
-        kl_tok = _kl_penalty(x, pg)  # step 5
-        kl_value = _reduce(kl_tok, x, pg.token_level_loss, n_tok, n_seq).detach()
-        loss_tok = loss_tok + kl_tok
+    loss_tok = loss_tok if kl_tok is None else loss_tok + kl_tok
     loss = _reduce(loss_tok, x, pg.token_level_loss, n_tok, n_seq)  # step 6
+    kl_value = None if kl_tok is None else _reduce(kl_tok, x, pg.token_level_loss, n_tok, n_seq)
     metrics = _metrics(loss, kl_value, sur, w_hat, x, n_tok, diagnostics, global_valid_tokens, pg)
     return LossOutput(loss, metrics)  # step 7
