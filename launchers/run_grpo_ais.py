@@ -25,7 +25,9 @@ Mirrors NeMo-RL's ``examples/run_grpo.py`` and changes four things:
 3. ``setup()`` hard-codes ``ClippedPGLossFn``; the returned loss is replaced by
    :class:`~nemo_ais.nemo_rl.AISClippedPGLossFn` (:func:`swap_loss`).
 4. ``nemo_ais`` is put on ``PYTHONPATH`` so Ray workers (which inherit the driver's
-   environment) can unpickle the loss and import the AIS workers.
+   environment) can unpickle the loss and import the AIS workers; with an
+   ``ais_fp8_refit`` section the vLLM workers also quantize the synced weights with
+   :mod:`nemo_ais.fp8` (:func:`configure_fp8_refit`, :mod:`nemo_ais.nemo_rl.refit`).
 
 NeMo-RL's FP8-rollout and async-GRPO guards assert
 ``loss_fn.use_importance_sampling_correction``. AIS *is* the importance-sampling
@@ -58,6 +60,7 @@ from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS  # noqa: E402
 
 __all__ = [
     "ais_worker_fqn",
+    "configure_fp8_refit",
     "ensure_worker_pythonpath",
     "load_config_dict",
     "main",
@@ -191,6 +194,42 @@ def ensure_worker_pythonpath(environ: dict[str, str] | None = None) -> str:
     return environ["PYTHONPATH"]
 
 
+def configure_fp8_refit(config: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
+    """Arm the AIS FP8 refit hook in the vLLM workers from the ``ais_fp8_refit`` section.
+
+    The section holds :class:`nemo_ais.fp8.Fp8SyncConfig` fields (absent: NeMo-RL's own
+    FP8 refit). ``tp_size`` defaults to ``policy.generation.vllm_cfg.tensor_parallel_size``
+    (each rank's shard must be a multiple of the 128 block). Sets ``NEMO_AIS_FP8_REFIT``
+    and puts ``nemo_ais/nemo_rl/_vllm_hook`` (its ``sitecustomize``) on ``PYTHONPATH``.
+
+    Returns:
+        The validated config, or None when the section is absent or ``enabled: false``.
+    """
+    from nemo_ais.config import validate_section
+    from nemo_ais.fp8 import Fp8SyncConfig
+    from nemo_ais.nemo_rl.refit import ENV_VAR
+
+    section = config.get("ais_fp8_refit")
+    if section is None:
+        return None
+    vllm_cfg = ((config.get("policy") or {}).get("generation") or {}).get("vllm_cfg") or {}
+    section = {"tp_size": vllm_cfg.get("tensor_parallel_size", 1), **section}
+    refit = validate_section(Fp8SyncConfig, section, "ais_fp8_refit")
+    if not refit.enabled:
+        return None
+    if vllm_cfg.get("precision") != "fp8":
+        raise ValueError(
+            f"ais_fp8_refit.enabled=True needs policy.generation.vllm_cfg.precision: fp8 "
+            f"(got {vllm_cfg.get('precision')!r}): it replaces the FP8 engine's weight refit"
+        )
+    environ = os.environ if environ is None else environ
+    environ[ENV_VAR] = refit.model_dump_json()
+    hook_dir = str(REPO_ROOT / "nemo_ais" / "nemo_rl" / "_vllm_hook")
+    parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    environ["PYTHONPATH"] = os.pathsep.join([hook_dir, *(p for p in parts if p != hook_dir)])
+    return refit
+
+
 def _check_async(config: dict[str, Any]) -> None:
     grpo = config["grpo"]
     for feature in _ASYNC_UNSUPPORTED:
@@ -225,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     config.logger["log_dir"] = get_next_experiment_dir(config.logger["log_dir"])
 
     ensure_worker_pythonpath()
+    refit = configure_fp8_refit(raw)  # before Ray: workers inherit the environment
+    print(f"ais_fp8_refit: {refit.model_dump() if refit else 'off (NeMo-RL quantizer)'}")
     init_ray()
     tokenizer = get_tokenizer(config.policy["tokenizer"])
     megatron_cfg = config.policy.get("megatron_cfg") or {}

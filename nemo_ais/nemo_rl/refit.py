@@ -1,0 +1,209 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""FP8 refit seam: the vLLM worker quantizes synced weights with :mod:`nemo_ais.fp8`.
+
+NeMo-RL v0.7.0 quantizes the BF16 weights it streams into an FP8 vLLM engine inside the
+vLLM worker process: ``VllmInternalWorkerExtension._load_weights`` calls
+``nemo_rl.models.generation.vllm.quantization.fp8.load_weights(weights, model_runner)``,
+which casts every tensor the engine holds in FP8 (``_is_fp8_weight``) with its own
+blockwise quantizer. v0.7.0 offers no seam for another quantizer: the vLLM
+``worker_extension_cls`` is hard-coded. So this module replaces that ONE module attribute,
+in the vLLM worker process only, after checking the recorded upstream signatures
+(:data:`RECORDED_SIGNATURES`; a mismatch raises instead of patching):
+
+* :func:`refit_pairs` -- for each ``(name, tensor)`` the engine holds in FP8, the pairs of
+  :func:`nemo_ais.fp8.fp8_weight_stream` (``(name, q_fp8)``, ``(name_scale_inv, scale)``,
+  canonical scale family, zero padding, NaN/Inf refused, TP shard checked); every other
+  tensor passes through unchanged. One tensor at a time (no materialised model).
+* :func:`install` -- swaps ``fp8.load_weights`` for :func:`ais_load_weights` (idempotent).
+* :func:`install_on_import` -- a ``sys.meta_path`` hook that runs :func:`install` when
+  the vLLM worker process imports that module. It is armed by
+  ``nemo_ais/nemo_rl/_vllm_hook/sitecustomize.py`` when the environment variable
+  :data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.fp8.Fp8SyncConfig`) is set;
+  ``launchers/run_grpo_ais.py`` sets both from the ``ais_fp8_refit`` config section.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from nemo_ais.fp8 import Fp8SyncConfig, fp8_weight_stream
+
+__all__ = [
+    "ENV_VAR",
+    "RECORDED_SIGNATURES",
+    "TARGET_MODULE",
+    "ais_load_weights",
+    "check_signatures",
+    "config_from_env",
+    "install",
+    "install_on_import",
+    "refit_pairs",
+]
+
+logger = logging.getLogger(__name__)
+
+TARGET_MODULE = "nemo_rl.models.generation.vllm.quantization.fp8"
+ENV_VAR = "NEMO_AIS_FP8_REFIT"
+# NeMo-RL v0.7.0: the functions the patch replaces or calls, with their signatures.
+RECORDED_SIGNATURES = {
+    f"{TARGET_MODULE}.load_weights": "(weights, model_runner)",
+    f"{TARGET_MODULE}._is_fp8_weight": "(name, model)",
+    "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension._load_weights": (
+        "(self, weights)"
+    ),
+}
+_PATCHED = "__nemo_ais_refit__"
+
+
+def check_signatures(
+    module: Any, names: Iterable[str] = ("load_weights", "_is_fp8_weight")
+) -> None:
+    """Raise if an upstream function differs from :data:`RECORDED_SIGNATURES`.
+
+    Raises:
+        RuntimeError: naming the function, the recorded and the found signature.
+    """
+    for name in names:
+        qualname = f"{module.__name__}.{name}"
+        fn = getattr(module, name, None)
+        found = "<missing>" if fn is None else str(inspect.signature(fn))
+        recorded = RECORDED_SIGNATURES[f"{TARGET_MODULE}.{name}"]
+        if found != recorded:
+            raise RuntimeError(
+                f"{qualname}: signature {found}, recorded {recorded} (NeMo-RL v0.7.0). The AIS "
+                "FP8 refit patch targets v0.7.0; re-check nemo_ais/nemo_rl/refit.py against "
+                f"this NeMo-RL version or unset {ENV_VAR}."
+            )
+
+
+def refit_pairs(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    is_fp8_weight: Callable[[str], bool],
+    config: Fp8SyncConfig,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` -> vLLM ``load_weights`` pairs, quantizing what the engine holds in FP8.
+
+    Raises:
+        ValueError: the engine holds ``name`` in FP8 but the stream would keep it in BF16
+            (the two layouts disagree), or the stream's own errors (NaN/Inf, TP shard).
+    """
+    for name, tensor in weights:
+        if not is_fp8_weight(name):
+            yield name, tensor
+            continue
+        pairs = list(fp8_weight_stream([(name, tensor)], config))
+        if len(pairs) != 2:
+            raise ValueError(
+                f"{name}: the vLLM engine holds it in FP8 but nemo_ais.fp8 would keep it in "
+                f"BF16 ({list(tensor.shape)} {tensor.dtype}); align the engine's FP8 layers "
+                "with the refit stream's rules (num_first/last_layers_in_bf16, keep_patterns)"
+            )
+        yield from pairs
+
+
+def ais_load_weights(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    model_runner: Any,
+    *,
+    config: Fp8SyncConfig,
+    is_fp8_weight: Callable[[str, Any], bool],
+) -> None:
+    """Drop-in for NeMo-RL's ``fp8.load_weights``: stream quantized pairs into vLLM."""
+    model = model_runner.model
+    model.load_weights(refit_pairs(weights, lambda name: is_fp8_weight(name, model), config))
+
+
+def install(module: Any, config: Fp8SyncConfig) -> bool:
+    """Replace ``module.load_weights`` (NeMo-RL's FP8 refit) by :func:`ais_load_weights`.
+
+    Returns:
+        True if patched now, False if it already was.
+
+    Raises:
+        RuntimeError: the upstream signatures differ from the recorded ones.
+    """
+    if getattr(module.load_weights, _PATCHED, False):
+        return False
+    check_signatures(module)
+    original = module.load_weights
+
+    def load_weights(weights, model_runner):
+        return ais_load_weights(
+            weights, model_runner, config=config, is_fp8_weight=module._is_fp8_weight
+        )
+
+    setattr(load_weights, _PATCHED, True)
+    load_weights.__wrapped__ = original
+    module.load_weights = load_weights
+    logger.info("nemo_ais: %s.load_weights now quantizes with nemo_ais.fp8", module.__name__)
+    return True
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader, config: Fp8SyncConfig):
+        self.inner, self.config = inner, config
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        install(module, self.config)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self, target: str, config: Fp8SyncConfig):
+        self.target, self.config = target, config
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.target:
+            return None
+        sys.meta_path.remove(self)  # find the real spec without recursing into this hook
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Loader(spec.loader, self.config)
+        return spec
+
+
+def install_on_import(config: Fp8SyncConfig, target: str = TARGET_MODULE) -> None:
+    """Patch ``target`` when it is imported (now, if it already is)."""
+    module = sys.modules.get(target)
+    if module is not None:
+        install(module, config)
+        return
+    if not any(isinstance(f, _Finder) and f.target == target for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder(target, config))
+
+
+def config_from_env(environ: dict[str, str] | None = None) -> Fp8SyncConfig | None:
+    """The :class:`Fp8SyncConfig` in :data:`ENV_VAR` (None when unset)."""
+    raw = (os.environ if environ is None else environ).get(ENV_VAR)
+    if not raw:
+        return None
+    return Fp8SyncConfig.model_validate(json.loads(raw))
