@@ -37,7 +37,8 @@ so alpha is bit-identical on every rank that holds the same reduced vector.
 
 Globally empty batch (no valid token anywhere): alpha = alpha_raw = 0, empty_batch = 1,
 R = 1, D = 0, CV^2 = 0, k1 = k3 = 0, w_mean = raw_ratio_mean = token_mult_prob_error = 1,
-frac_capped = 0, g_sev = 0, g_rel = g_var = 1; the EMA state is left unchanged.
+frac_capped = 0, g_sev = 0, g_rel = g_var = 1; the EMA value is left unchanged (an empty
+batch carries no evidence), its update counter still advances.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ class AISState:
 
     Attributes:
         alpha: last smoothed alpha (None before the first non-empty batch).
-        num_updates: number of ``compute_diagnostics`` calls that advanced the state.
+        num_updates: number of ``compute_diagnostics`` calls that were given this state
+            (each advances it exactly once; an empty batch leaves ``alpha`` unchanged).
     """
 
     alpha: float | None = None
@@ -206,6 +208,8 @@ def _diagnostics_from_sums(
     n_tok = s[Slot.N_TOK]
     if n_tok == 0:
         logger.warning("AIS: globally empty batch (no valid token); alpha = 0, ais/empty_batch = 1")
+        if state is not None:
+            state.num_updates += 1
         return _empty_diagnostics()
     ess_seq = _reliability(s[Slot.N_SEQ], s[Slot.W_SEQ_SUM], s[Slot.W_SEQ_SQ_SUM])  # step 1
     severity = _severity(n_tok, s[Slot.ABS_LOG_RHO_SUM])  # step 2
@@ -249,7 +253,7 @@ def diagnostics_from_stats(
     Args:
         global_stats: statistics already summed over the data-parallel group.
         config: the ``loss_fn.ais`` section.
-        state: EMA state; advanced once (unless the batch is globally empty).
+        state: EMA state; advanced once (a globally empty batch keeps its alpha).
 
     Returns:
         :class:`AISDiagnostics`; the documented finite result for an empty batch.

@@ -13,6 +13,9 @@
 # limitations under the License.
 """Telemetry of :func:`~nemo_ais.core.loss.clipped_pg_loss` in NeMo-RL's *summable* form.
 
+Ratio direction of every ``ais/*`` value: rho = pi_old / mu, l = log pi_old - log mu. The
+diagnostic formulas are a **[reconstruction]** (``docs/method.md``).
+
 NeMo-RL SUMS every metric a loss returns over micro-batches and data-parallel ranks
 (only ``probs_ratio_min/max`` and ``probs_ratio_clamped_min/max`` are min/max-reduced;
 we emit none of those). Hence each value is emitted already divided by the GLOBAL

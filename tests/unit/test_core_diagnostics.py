@@ -110,7 +110,7 @@ def test_globally_empty_batch(cfg):
     assert d.alpha == 0.0 and d.empty_batch == 1.0
     assert all(math.isfinite(v) for v in d.as_dict().values())
     _assert_diag(d, _oracle(b, cfg))
-    assert state.state_dict() == {"alpha": 0.4, "num_updates": 3}  # empty batch: state kept
+    assert state.state_dict() == {"alpha": 0.4, "num_updates": 4}  # counted, alpha kept
     for shape in [(0, 5), (4, 0)]:
         z = torch.zeros(shape)
         assert compute_diagnostics(z, z, z, cfg).empty_batch == 1.0
