@@ -246,3 +246,25 @@ def test_bf16_inputs_finite_and_close():
     out32, _ = _loss(b32)
     _assert_finite(out16, g16.float())
     torch.testing.assert_close(out16.loss, out32.loss, rtol=1e-6, atol=1e-7)
+
+
+def test_bad_values_on_another_rank_raise_here_too(monkeypatch):
+    # Simulate the all-reduce bringing in one NaN from another rank: this rank's shard is
+    # clean but must raise with everyone else (no rank may continue into the next collective).
+    import nemo_ais.core.diagnostics as diagnostics_module
+    from nemo_ais.core import AISStats, Slot
+
+    def fake_reduce(stats, group):
+        vector = stats.vector.clone()
+        vector[Slot.N_BAD_LOGPROBS] += 1
+        return AISStats(vector)
+
+    monkeypatch.setattr(diagnostics_module, "reduce_statistics", fake_reduce)
+    b = _batch()
+    with pytest.raises(ValueError, match="on other ranks of the process group"):
+        compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS, group=object())
+    b["logp_old"][1, 0] = torch.nan
+    with pytest.raises(
+        ValueError, match=r"prev_logprobs: 1 non-finite .* on this rank \(the process group has 2\)"
+    ):
+        compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS, group=object())
