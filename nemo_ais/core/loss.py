@@ -87,8 +87,7 @@ def _check_structure(named: dict[str, torch.Tensor | None], mask, pg: PGLossConf
         The log-prob tensors whose values step 1b checks (reference only if the KL is on).
     """
     prev = named["prev_logprobs"]
-    if not isinstance(prev, torch.Tensor) or prev.dim() != 2:
-        raise ValueError(f"prev_logprobs: got {_what(prev)}, expected a [B, T] floating tensor")
+    validation.check_2d("prev_logprobs", prev)
     if pg.reference_policy_kl_penalty > 0 and named["reference_logprobs"] is None:
         raise ValueError(
             "reference_logprobs: got None, expected [B, T] log-probs because "

@@ -211,6 +211,7 @@ def compute_statistics(
     Raises:
         TypeError, ValueError: wrong type, shape or device (raised locally at once).
     """
+    validation.check_2d("prev_logprobs", logp_old)
     validation.check_like("prev_logprobs", logp_old, logp_old, "prev_logprobs")
     validation.check_like("generation_logprobs", logp_rollout, logp_old, "prev_logprobs")
     validation.check_mask(mask, logp_old, "prev_logprobs")

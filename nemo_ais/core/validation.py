@@ -39,6 +39,7 @@ import torch
 
 __all__ = [
     "bad_value_counts",
+    "check_2d",
     "check_like",
     "check_mask",
     "describe",
@@ -51,6 +52,13 @@ __all__ = [
 def describe(t: torch.Tensor) -> str:
     """``[4, 128] float32`` style description of a tensor."""
     return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+
+def check_2d(name: str, t: object) -> None:
+    """Raise ``ValueError`` unless ``t`` is a ``[B, T]`` tensor."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        got = describe(t) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name}: got {got}, expected a [B, T] floating tensor")
 
 
 def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:

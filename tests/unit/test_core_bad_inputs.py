@@ -268,3 +268,10 @@ def test_bad_values_on_another_rank_raise_here_too(monkeypatch):
         ValueError, match=r"prev_logprobs: 1 non-finite .* on this rank \(the process group has 2\)"
     ):
         compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS, group=object())
+
+
+def test_compute_diagnostics_wants_2d():
+    b = _batch()
+    flat = b["logp_old"].reshape(-1)
+    with pytest.raises(ValueError, match=r"prev_logprobs: got \[32\] float32, expected a \[B, T\]"):
+        compute_diagnostics(flat, flat, torch.ones(32), AIS)
