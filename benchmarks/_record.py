@@ -54,7 +54,10 @@ def machine_line() -> str:
 
 def record_section(name: str, title: str, body_md: str, path: Path = BENCH_MD) -> None:
     """Replace (or append) section ``name`` of ``docs/benchmarks.md``."""
-    cmd = "python " + " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    script = Path(sys.argv[0])
+    # Benchmarks import each other as the ``benchmarks`` package: record the ``-m`` form.
+    target = f"-m benchmarks.{script.stem}" if script.parent.name == "benchmarks" else str(script)
+    cmd = " ".join(["python", target, *sys.argv[1:]])
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     block = (
         f"<!-- bench:{name} -->\n## {title}\n\n"
