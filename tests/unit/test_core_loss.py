@@ -254,3 +254,33 @@ def test_bf16_inputs_close_to_fp32(mode):
     assert torch.isfinite(out16.loss) and torch.isfinite(g16.float()).all()
     torch.testing.assert_close(out16.loss, out32.loss, rtol=1e-6, atol=1e-7)  # computed in fp32
     torch.testing.assert_close(g16.float(), g32, rtol=1e-2, atol=1e-4)  # grad stored in bf16
+
+
+def _count_host_syncs(monkeypatch):
+    calls = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *a, _original=original, _name=name, **k):
+            calls.append(_name)
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    return calls
+
+
+def test_one_host_sync_per_call(monkeypatch):
+    b = oracles.random_batch(4, 6, seed=13, dtype=torch.float32)
+    cfg = CorrectionConfig(mode="ais")
+    pg = PGLossConfig(reference_policy_kl_penalty=0.1, ratio_clip_c=3.0)
+    calls = _count_host_syncs(monkeypatch)
+    diag = compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], cfg)
+    assert calls == ["tolist"]  # the reduced statistics, read once per global batch
+    calls.clear()
+    theta = b["logp_theta"].clone().requires_grad_()
+    out = clipped_pg_loss(
+        theta, b["logp_old"], b["logp_rollout"], b["adv"], b["mask"], cfg, pg=pg,
+        reference_logprobs=b["logp_ref"], diagnostics=diag,
+    )  # fmt: skip
+    out.loss.backward()
+    assert calls == ["tolist"]  # the fused value check of the micro-batch
