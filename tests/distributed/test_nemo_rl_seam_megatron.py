@@ -1,0 +1,90 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The seam with Megatron-Core's real process groups (4 gloo ranks, TP = 1, CP = 2, DP = 2).
+
+``nemo_ais.megatron.get_data_parallel_group()`` after ``initialize_model_parallel`` must be
+the group NeMo-RL's Megatron worker sums ``global_valid_toks`` over: context-parallel
+siblings hold the same sequences (NeMo-RL replicates the data over CP), so they are NOT
+in it -- alpha over the DP group equals the single-process alpha of the DP shards,
+with no CP double counting, and each rank runs one all-reduce per global batch on that
+group (never WORLD).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from _harness import assert_same_bits, count_collectives, run_distributed
+
+from nemo_ais.config import CorrectionConfig
+from nemo_ais.core import compute_diagnostics
+from nemo_ais.nemo_rl.seam import core_inputs, prepare_global_batches
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+pytestmark = [pytest.mark.distributed, pytest.mark.megatron]
+
+CONFIG = CorrectionConfig(mode="ais", severity_scale=0.05)
+ROWS, SEQ, N_GB = 3, 7, 2
+
+
+def _shard(dp_rank: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(77 + dp_rank)
+    n = ROWS * N_GB
+    gen = -2.0 * torch.rand(n, SEQ, generator=g, dtype=torch.float64) - 0.05
+    token_mask = torch.ones(n, SEQ, dtype=torch.int64)
+    token_mask[:, 0] = 0
+    return {
+        "prev_logprobs": gen + 0.25 * torch.randn(n, SEQ, generator=g, dtype=torch.float64),
+        "generation_logprobs": gen,
+        "token_mask": token_mask,
+        "sample_mask": torch.ones(n, dtype=torch.int64),
+    }
+
+
+class _Sink:
+    def attach_diagnostics(self, diagnostics):
+        self.diagnostics = diagnostics
+
+
+def _rank_fn(rank, world_size):
+    from megatron.core import parallel_state
+
+    from nemo_ais.megatron import get_data_parallel_group, get_data_parallel_world_size
+
+    parallel_state.initialize_model_parallel(context_parallel_size=2)
+    group = get_data_parallel_group()
+    dp_rank = parallel_state.get_data_parallel_rank()
+    sink = _Sink()
+    with count_collectives() as counter:
+        prepare_global_batches(_shard(dp_rank), sink, CONFIG, local_batch_size=ROWS, group=group)
+    return {
+        "dp_ranks": dist.get_process_group_ranks(group),
+        "dp_size": get_data_parallel_world_size(),
+        "cp_rank": parallel_state.get_context_parallel_rank(),
+        "alpha": [d.alpha for d in sink.diagnostics],
+        "n_tok": [d.n_tok for d in sink.diagnostics],
+        "calls": [(c.name, c.group is group) for c in counter.calls],
+    }
+
+
+def test_megatron_dp_group_excludes_cp_siblings():
+    results = run_distributed(_rank_fn, world_size=4, timeout=150)
+    groups = {tuple(r["dp_ranks"]) for r in results}
+    assert len(groups) == 2 and all(len(g) == 2 for g in groups)
+    assert all(r["dp_size"] == 2 for r in results)
+    # CP siblings (same DP group position, different cp rank) are never in one DP group
+    for r in results:
+        assert len({results[i]["cp_rank"] for i in r["dp_ranks"]}) == 1
+    assert_same_bits([{f"gb{g}": a for g, a in enumerate(r["alpha"])} for r in results])
+    shards = [_shard(0), _shard(1)]
+    for g in range(N_GB):
+        rows = slice(g * ROWS, (g + 1) * ROWS)
+        full = {k: torch.cat([s[k][rows] for s in shards]) for k in shards[0]}
+        x = core_inputs(full, with_loss_terms=False)
+        ref = compute_diagnostics(x.logp_old, x.logp_rollout, x.mask, CONFIG)
+        assert math.isclose(results[0]["alpha"][g], ref.alpha, rel_tol=1e-12)
+        assert results[0]["n_tok"][g] == ref.n_tok  # no CP double counting
+    for r in results:
+        assert r["calls"] == [("all_reduce", True)] * N_GB
