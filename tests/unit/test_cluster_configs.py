@@ -1,0 +1,455 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""configs/nemo_rl/: every YAML loads, validates and has a consistent parallel layout.
+
+The checks themselves (nemo_ais.nemo_rl.cluster_check) are tested on broken variants of
+the real configs: each broken override must fail the named check with a message that
+names the offending field and the numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nemo_ais.config import CorrectionConfig
+from nemo_ais.nemo_rl import cluster_check as cc
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "nemo_rl"
+ALL_YAML = sorted(CONFIG_DIR.rglob("*.yaml"))
+BASE = CONFIG_DIR / "grpo_ais_base.yaml"
+QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
+MOE = CONFIG_DIR / "qwen3_30b_a3b_2n8g_fp8_ep8.yaml"
+LLAMA = CONFIG_DIR / "llama3.1_8b_2n8g_fp8_pp2.yaml"
+SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(CONFIG_DIR))
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def test_config_tree_is_complete():
+    names = {_rel(p) for p in ALL_YAML}
+    for arm in ("bf16", "fp8_none", "fp8_tis", "fp8_ais"):
+        assert f"arms/{arm}.yaml" in names
+        assert f"experiments/qwen3_8b_{arm}.yaml" in names
+        assert f"experiments/smoke_{arm}.yaml" in names
+    for path in (BASE, QWEN8B, MOE, LLAMA, SMOKE):
+        assert path.is_file()
+
+
+@pytest.mark.parametrize("path", ALL_YAML, ids=_rel)
+def test_every_yaml_loads_and_passes_checks(path):
+    cfg = cc.load_config(path)
+    assert "defaults" not in cfg
+    flat = _flat(cfg)
+    unresolved = [k for k, v in flat.items() if isinstance(v, str) and "${" in v]
+    assert not unresolved, f"{_rel(path)}: unresolved interpolations {unresolved}"
+    results = cc.validate_config(cfg, _rel(path))  # raises on any failed check
+    names = {r.name for r in results}
+    if cc.is_mixin(cfg):
+        assert _rel(path).startswith("arms/")
+        assert names == {"loss_fn.ais"}
+    else:
+        assert {
+            "loss_fn.ais",
+            "fp8_rollout",
+            "megatron_parallel",
+            "batch",
+            "vllm_parallel",
+        } <= names
+        assert all(r.status == "ok" for r in results), [str(r) for r in results]
+
+
+@pytest.mark.parametrize("path", ALL_YAML, ids=_rel)
+def test_every_yaml_header_says_what_hardware_and_launch(path):
+    header = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line.lower())
+    text = "\n".join(header)
+    assert header, f"{_rel(path)} has no header comment"
+    for word in ("runs", "hardware", "launch"):
+        assert word in text, f"{_rel(path)}: header does not say its {word}"
+
+
+def test_exemplar_ais_keys_equal_correction_config_fields_and_defaults():
+    raw = cc.load_config(BASE)["loss_fn"]["ais"]
+    assert set(raw) == set(CorrectionConfig.model_fields)
+    defaults = CorrectionConfig()
+    assert raw == defaults.model_dump()
+
+
+def test_exemplar_keeps_nemo_rl_importance_sampling_off():
+    loss = cc.load_config(BASE)["loss_fn"]
+    for knob, off in cc.AIS_CONFLICTS.items():
+        assert loss[knob] == off, knob
+
+
+# Hand-worked layouts (see each YAML's header): world = nodes x gpus; DP = world/(TP PP CP).
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (QWEN8B, dict(world=16, tp=2, pp=1, cp=1, ep=1, etp=1, dp=8, vllm_tp=1, vllm_engines=16)),
+        (MOE, dict(world=16, tp=2, pp=1, cp=1, ep=8, etp=1, dp=8, vllm_tp=2, vllm_engines=8)),
+        (LLAMA, dict(world=16, tp=1, pp=2, cp=1, ep=1, etp=1, dp=8, vllm_tp=1, vllm_engines=16)),
+        (SMOKE, dict(world=1, tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, vllm_tp=1, vllm_engines=1)),
+    ],
+    ids=lambda x: x.name if isinstance(x, Path) else "",
+)
+def test_parallel_layout_hand_worked(path, expected):
+    lay = cc.parallel_layout(cc.load_config(path))
+    assert {k: getattr(lay, k) for k in expected} == expected
+
+
+def test_moe_config_expert_arithmetic():
+    cfg = cc.load_config(MOE)
+    dims = cc.find_model_dims(cfg["policy"]["model_name"])
+    lay = cc.parallel_layout(cfg)
+    assert dims.num_experts == 128 and dims.num_experts % lay.ep == 0  # 16 experts per rank
+    assert (lay.world // lay.pp) % (lay.ep * lay.etp) == 0  # expert DP = 16 / 8 = 2
+    assert dims.moe_intermediate_size / lay.vllm_tp == 384 == 3 * cc.FP8_BLOCK
+    four_nodes = cc.load_config(MOE, ["cluster.num_nodes=4"])
+    assert cc.parallel_layout(four_nodes).dp == 16
+    cc.validate_config(four_nodes)
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_smoke_config_fits_any_gpu_count_on_one_node(gpus):
+    cc.validate_config(cc.load_config(SMOKE, [f"cluster.gpus_per_node={gpus}"]))
+
+
+def _arm_cfgs(prefix: str) -> dict[str, dict[str, object]]:
+    arms = ("bf16", "fp8_none", "fp8_tis", "fp8_ais")
+    return {
+        a: _flat(cc.load_config(CONFIG_DIR / "experiments" / f"{prefix}_{a}.yaml")) for a in arms
+    }
+
+
+_RUN_NAME_KEYS = {"logger.wandb.name", "logger.log_dir", "checkpointing.checkpoint_dir"}
+
+
+@pytest.mark.parametrize("prefix", ["qwen3_8b", "smoke"])
+def test_arms_differ_only_in_rollout_precision_and_correction_mode(prefix):
+    arms = _arm_cfgs(prefix)
+    ref = arms["fp8_ais"]
+    modes = {"bf16": "none", "fp8_none": "none", "fp8_tis": "tis", "fp8_ais": "ais"}
+    for arm, flat in arms.items():
+        assert flat.keys() == ref.keys(), arm
+        diff = {k for k in ref if flat[k] != ref[k]} - _RUN_NAME_KEYS
+        if arm == "bf16":
+            assert flat["policy.generation.vllm_cfg.precision"] == "bfloat16"
+            assert flat["policy.generation.vllm_cfg.kv_cache_dtype"] == "auto"
+            assert diff == {
+                "loss_fn.ais.mode",
+                "policy.generation.vllm_cfg.precision",
+                "policy.generation.vllm_cfg.kv_cache_dtype",
+                "policy.generation.vllm_cfg.use_deep_gemm",
+            }
+        else:
+            assert flat["policy.generation.vllm_cfg.precision"] == "fp8"
+            assert diff == (set() if arm == "fp8_ais" else {"loss_fn.ais.mode"})
+        assert flat["loss_fn.ais.mode"] == modes[arm]
+    names = {flat["logger.wandb.name"] for flat in arms.values()}
+    assert len(names) == 4  # separate log / checkpoint directories per arm
+
+
+# ---------------------------------------------------------------------------------------
+# Broken variants: each must FAIL the named check with a message naming field and numbers.
+# ---------------------------------------------------------------------------------------
+
+BROKEN = [
+    # (config, overrides, failing check, message fragment)
+    (
+        QWEN8B,
+        ["policy.megatron_cfg.tensor_model_parallel_size=3"],
+        "megatron_parallel",
+        "GPUs = cluster.num_nodes x cluster.gpus_per_node = 16 is not divisible by TP x PP x CP = 3 x 1 x 1 = 3",
+    ),
+    (
+        QWEN8B,
+        ["cluster.gpus_per_node=3", "cluster.num_nodes=1"],
+        "megatron_parallel",
+        "= 3 is not divisible by TP x PP x CP = 2 x 1 x 1 = 2",
+    ),
+    (
+        MOE,
+        ["policy.megatron_cfg.expert_model_parallel_size=3"],
+        "megatron_parallel",
+        "expert_model_parallel_size=3 does not divide the 128 experts",
+    ),
+    (
+        MOE,
+        ["policy.megatron_cfg.expert_model_parallel_size=32"],
+        "megatron_parallel",
+        "ETP x EP = 1 x 32 = 32 must divide GPUs / PP = 16 / 1",
+    ),
+    (
+        MOE,
+        ["policy.megatron_cfg.sequence_parallel=false"],
+        "megatron_parallel",
+        "needs policy.megatron_cfg.sequence_parallel=true",
+    ),
+    (
+        QWEN8B,
+        ["policy.megatron_cfg.expert_model_parallel_size=2"],
+        "megatron_parallel",
+        "expert_model_parallel_size=2 > 1 for a dense model",
+    ),
+    (
+        LLAMA,
+        ["cluster.num_nodes=3", "policy.megatron_cfg.pipeline_model_parallel_size=3"],
+        "megatron_parallel",
+        "pipeline_model_parallel_size=3 does not divide the 32 layers",
+    ),
+    (
+        QWEN8B,
+        ["policy.megatron_cfg.tensor_model_parallel_size=4"],
+        "megatron_parallel",
+        "TP=4 >= 4 needs policy.train_micro_batch_size (1) == policy.logprob_batch_size (2)",
+    ),
+    (
+        MOE,
+        ["policy.generation.vllm_cfg.tensor_parallel_size=4"],
+        "vllm_fp8_shards",
+        "moe_intermediate / 4 = 192 is not divisible by 128",
+    ),
+    (
+        SMOKE,
+        [
+            "policy.model_name=Qwen/Qwen2.5-1.5B",
+            "cluster.gpus_per_node=4",
+            "policy.generation.vllm_cfg.tensor_parallel_size=4",
+        ],
+        "vllm_fp8_shards",
+        "intermediate / TP = 2240 is not divisible by 128",
+    ),
+    (
+        QWEN8B,
+        ["policy.generation.vllm_cfg.tensor_parallel_size=3"],
+        "vllm_parallel",
+        "vLLM TP x PP = 3 x 1 = 3 must divide the 16 GPUs",
+    ),
+    (
+        MOE,
+        ["policy.generation.vllm_cfg.expert_parallel_size=3"],
+        "vllm_parallel",
+        "expert_parallel_size=3 must be a multiple of tensor_parallel_size=2",
+    ),
+    (
+        LLAMA,
+        ["policy.generation.vllm_cfg.pipeline_parallel_size=2"],
+        "vllm_parallel",
+        "pipeline_parallel_size=2 > 1 needs policy.generation.vllm_cfg.async_engine=true",
+    ),
+    (
+        QWEN8B,
+        ["policy.train_global_batch_size=384"],
+        "batch",
+        "64 x 8 = 512 is not a multiple of policy.train_global_batch_size=384",
+    ),
+    (
+        SMOKE,
+        ["cluster.gpus_per_node=8", "policy.train_micro_batch_size=8"],
+        "batch",
+        "policy.train_global_batch_size=32 is not divisible by DP x policy.train_micro_batch_size = 8 x 8 = 64",
+    ),
+    (SMOKE, ["+loss_fn.ais.bogus=1"], "loss_fn.ais", "loss_fn.ais.bogus is not a known field"),
+    (SMOKE, ["loss_fn.ais.weight_cap=0.8"], "loss_fn.ais", "loss_fn.ais.weight_cap=0.8 is invalid"),
+    (
+        SMOKE,
+        ["loss_fn.ais.icepop_min=6.0"],
+        "loss_fn.ais",
+        "icepop_min=6.0 must be < icepop_max=5.0",
+    ),
+    (
+        SMOKE,
+        ["loss_fn.use_importance_sampling_correction=true"],
+        "loss_fn.ais",
+        "loss_fn.use_importance_sampling_correction=True conflicts with loss_fn.ais.mode='ais'",
+    ),
+    (
+        SMOKE,
+        ["loss_fn.truncated_importance_sampling_type=tis", "loss_fn.ais.mode=tis"],
+        "loss_fn.ais",
+        "loss_fn.truncated_importance_sampling_type='tis' conflicts with loss_fn.ais.mode='tis'",
+    ),
+    (
+        LLAMA,
+        ["policy.generation.vllm_cfg.kv_cache_dtype=fp8"],
+        "fp8_rollout",
+        "an FP8 KV cache needs policy.megatron_cfg.pipeline_model_parallel_size=1 (got 2",
+    ),
+    (
+        SMOKE,
+        ["policy.generation.vllm_cfg.precision=bfloat16"],
+        "fp8_rollout",
+        "kv_cache_dtype='fp8' needs policy.generation.vllm_cfg.precision='fp8'",
+    ),
+    (
+        SMOKE,
+        ["policy.generation.vllm_cfg.kv_cache_dtype=int8"],
+        "fp8_rollout",
+        "kv_cache_dtype='int8' is invalid",
+    ),
+    (
+        SMOKE,
+        ["policy.generation.vllm_cfg.num_last_layers_in_bf16=29"],
+        "fp8_rollout",
+        "= 29 exceeds the model's 28 layers",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "overrides", "check", "fragment"),
+    BROKEN,
+    ids=[f"{b[2]}-{i}" for i, b in enumerate(BROKEN)],
+)
+def test_broken_variant_fails_named_check(path, overrides, check, fragment):
+    cfg = cc.load_config(path, overrides)
+    failed = {r.name: r.detail for r in cc.check_config(cfg) if r.status == "fail"}
+    assert check in failed, f"expected {check} to fail, failures: {failed}"
+    assert fragment in failed[check]
+    with pytest.raises(ValueError, match=r"check\(s\) failed") as info:
+        cc.validate_config(cfg, path.name)
+    assert fragment in str(info.value) and path.name in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "overrides"),
+    [
+        # NeMo-RL's own TIS with our loss in mode none: exactly ClippedPGLossFn (allowed).
+        (
+            SMOKE,
+            [
+                "loss_fn.ais.mode=none",
+                "loss_fn.use_importance_sampling_correction=true",
+                "loss_fn.truncated_importance_sampling_type=tis",
+                "loss_fn.truncated_importance_sampling_ratio=2.0",
+            ],
+        ),
+        # vLLM expert parallelism keeps experts whole: TP=4 is fine for the MoE then.
+        (
+            MOE,
+            [
+                "policy.generation.vllm_cfg.tensor_parallel_size=4",
+                "policy.generation.vllm_cfg.expert_parallel_size=4",
+            ],
+        ),
+        # More KV-head replication than heads (TP 8 > 8 kv heads is not needed; 4 kv at TP 8).
+        (
+            MOE,
+            [
+                "policy.generation.vllm_cfg.tensor_parallel_size=8",
+                "policy.generation.vllm_cfg.expert_parallel_size=8",
+            ],
+        ),
+        (QWEN8B, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
+        (LLAMA, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
+    ],
+)
+def test_legal_variants_pass(path, overrides):
+    cc.validate_config(cc.load_config(path, overrides))
+
+
+def test_unknown_model_warns_and_skips_shape_checks():
+    cfg = cc.load_config(SMOKE, ["policy.model_name=/ckpt/my-model"])
+    results = {r.name: r for r in cc.check_config(cfg)}
+    assert results["model_dims"].status == "warn"
+    assert "'/ckpt/my-model' is not in MODEL_DIMS" in results["model_dims"].detail
+    assert "vllm_fp8_shards" not in results
+    cc.validate_config(cfg)  # warnings do not fail
+
+
+def test_model_dims_lookup_by_basename():
+    assert cc.find_model_dims("Qwen/Qwen3-8B") is cc.MODEL_DIMS["qwen3-8b"]
+    assert cc.find_model_dims("/models/Qwen3-8B/") is cc.MODEL_DIMS["qwen3-8b"]
+    assert cc.find_model_dims("meta-llama/Llama-3.1-8B-Instruct").intermediate_size == 14336
+    moe = cc.find_model_dims("Qwen/Qwen3-30B-A3B")
+    assert (moe.num_experts, moe.moe_intermediate_size, moe.num_layers) == (128, 768, 48)
+
+
+# ---------------------------------------------------------------------------------------
+# Loader semantics (NeMo-RL's load_config: defaults, _override_, Hydra-style overrides)
+# ---------------------------------------------------------------------------------------
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_loader_defaults_order_override_marker_and_interpolation(tmp_path):
+    _write(tmp_path / "a.yaml", "x: 1\nsec: {p: 1, q: 2}\nn: ${mul:${x}, 3}\n")
+    _write(tmp_path / "sub" / "b.yaml", "defaults: ../a.yaml\nx: 2\n")
+    _write(tmp_path / "c.yaml", "y: 7\nsec: {_override_: true, r: 3}\n")
+    child = _write(tmp_path / "child.yaml", "defaults: [sub/b.yaml, c.yaml]\ny: 8\n")
+    cfg = cc.load_config(child)
+    # b overrides a (x=2), c's _override_ replaces sec, the child wins (y=8), mul resolves.
+    assert cfg == {"x": 2, "sec": {"r": 3}, "n": 6, "y": 8}
+
+
+def test_loader_overrides(tmp_path):
+    path = _write(tmp_path / "a.yaml", "a: {b: 1, c: [1, 2]}\n")
+    assert cc.load_config(path, ["a.b=null", "+a.d=x", "++a.e=3", "~a.c"]) == {
+        "a": {"b": None, "d": "x", "e": 3}
+    }
+    with pytest.raises(ValueError, match=r"a\.z is not in the config \(write \+a\.z=\.\.\. to add"):
+        cc.load_config(path, ["a.z=1"])
+    with pytest.raises(ValueError, match="expected key=value"):
+        cc.load_config(path, ["a.b"])
+    with pytest.raises(ValueError, match=r"~a\.q.*not in the config"):
+        cc.load_config(path, ["~a.q"])
+
+
+def test_loader_errors(tmp_path):
+    _write(tmp_path / "x.yaml", "defaults: y.yaml\n")
+    _write(tmp_path / "y.yaml", "defaults: x.yaml\n")
+    with pytest.raises(ValueError, match="inheritance cycle"):
+        cc.load_config(tmp_path / "x.yaml")
+    missing = _write(tmp_path / "m.yaml", "defaults: nope.yaml\n")
+    with pytest.raises(
+        FileNotFoundError, match=r"nope\.yaml does not exist \(a defaults: entry of"
+    ):
+        cc.load_config(missing)
+    listy = _write(tmp_path / "l.yaml", "- 1\n- 2\n")
+    with pytest.raises(TypeError, match="expected a YAML mapping"):
+        cc.load_config(listy)
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------
+
+
+def test_cli_prints_results_and_exit_codes(capsys):
+    assert cc.main([str(QWEN8B)]) == 0
+    out = capsys.readouterr().out
+    assert "(Qwen/Qwen3-8B, 2 node(s) x 8 GPU(s) = 16)" in out
+    assert "[OK  ] megatron_parallel: GPUs=16: TP=2 PP=1 CP=1 -> DP=8" in out
+    assert cc.main([str(QWEN8B), "policy.train_global_batch_size=384"]) == 1
+    assert "[FAIL] batch:" in capsys.readouterr().out
+
+
+def test_cli_get_and_quiet(capsys):
+    assert cc.main(["--get", "cluster.num_nodes", "--get", "cluster.gpus_per_node", str(MOE)]) == 0
+    assert capsys.readouterr().out == "2 8\n"
+    assert cc.main(["--get", "cluster.num_nodes", str(MOE), "cluster.num_nodes=3"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "[FAIL] batch: policy.train_global_batch_size=512 is not divisible by DP" in captured.err
+    assert cc.main(["--quiet", str(SMOKE)]) == 0
+    assert capsys.readouterr().out == ""
