@@ -124,3 +124,34 @@ def test_config_round_trips_through_the_environment():
     assert refit.config_from_env(env) == Fp8SyncConfig(tp_size=2, ue8m0=True)
     assert refit.config_from_env({}) is None
     assert json.loads(env[refit.ENV_VAR])["tp_size"] == 2
+
+
+def _launcher():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "launchers" / "run_grpo_ais.py"
+    spec = importlib.util.spec_from_file_location("run_grpo_ais_refit", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # top level imports nemo_ais only (no NeMo-RL)
+    return module
+
+
+def test_launcher_arms_the_hook_only_for_fp8_rollouts():
+    run = _launcher()
+    fp8 = {"policy": {"generation": {"vllm_cfg": {"precision": "fp8", "tensor_parallel_size": 4}}}}
+    env = {"PYTHONPATH": "/x"}
+    assert run.configure_fp8_refit(fp8, env) is None  # no section: NeMo-RL's quantizer
+    assert env == {"PYTHONPATH": "/x"}
+    cfg = run.configure_fp8_refit({**fp8, "ais_fp8_refit": {"ue8m0": True}}, env)
+    assert cfg == Fp8SyncConfig(tp_size=4, ue8m0=True)  # TP size taken from vllm_cfg
+    assert refit.config_from_env(env) == cfg
+    hook = env["PYTHONPATH"].split(":")[0]
+    assert hook.endswith("nemo_ais/nemo_rl/_vllm_hook")
+    assert (run.REPO_ROOT / "nemo_ais/nemo_rl/_vllm_hook/sitecustomize.py").exists()
+    bf16 = {"policy": {"generation": {"vllm_cfg": {"precision": "bfloat16"}}}}
+    with pytest.raises(ValueError, match=r"needs policy\.generation\.vllm_cfg\.precision: fp8"):
+        run.configure_fp8_refit({**bf16, "ais_fp8_refit": {}}, {})
+    with pytest.raises(ValueError, match=r"ais_fp8_refit\.famly is not a known field"):
+        run.configure_fp8_refit({**fp8, "ais_fp8_refit": {"famly": "a"}}, {})
+    assert run.configure_fp8_refit({**fp8, "ais_fp8_refit": {"enabled": False}}, {}) is None
