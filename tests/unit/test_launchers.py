@@ -1,0 +1,308 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""launchers/*.sh: syntax, --help, exact --dry-run output, errors, and dry-run == real run.
+
+The "real run" tests put a fake ``sbatch`` (or RUNNER) on PATH that records its argv,
+working directory and environment, so we check that what --dry-run prints is exactly
+what the launcher executes. No Slurm, NeMo-RL or GPU is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = REPO / "launchers" / "local_grpo_ais.sh"
+SLURM = REPO / "launchers" / "slurm_grpo_ais.sh"
+CFG = REPO / "configs" / "nemo_rl"
+QWEN8B = CFG / "qwen3_8b_2n8g_fp8.yaml"
+MOE = CFG / "qwen3_30b_a3b_2n8g_fp8_ep8.yaml"
+SMOKE = CFG / "smoke_qwen3_0.6b_1n.yaml"
+ENTRY = REPO / "launchers" / "run_grpo_ais.py"
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+# Records argv (one per line), cwd and selected environment variables.
+_RECORDER = """#!/usr/bin/env bash
+{{
+  echo "cwd=$PWD"
+  for v in COMMAND CONTAINER MOUNTS GPUS_PER_NODE PYTHONPATH; do echo "env:$v=${{!v-<unset>}}"; done
+  for a in "$@"; do echo "arg=$a"; done
+}} > {out}
+"""
+
+
+@pytest.fixture
+def nemo_rl_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "NeMo-RL"
+    (root / "nemo_rl").mkdir(parents=True)
+    (root / "ray.sub").write_text("#!/bin/bash\n")
+    return root
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONPATH": "",
+        "PYTHON": sys.executable,
+    }
+    env.update(extra)
+    return env
+
+
+def _run(script: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(script), *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _slurm_env(nemo_rl_dir: Path, **extra: str) -> dict[str, str]:
+    return _env(
+        NEMO_RL_DIR=str(nemo_rl_dir),
+        CONTAINER="/images/nemo_rl-v0.7.0.sqsh",
+        ACCOUNT="my_acct",
+        PARTITION="batch",
+        **extra,
+    )
+
+
+@pytest.mark.parametrize("script", [LOCAL, SLURM], ids=lambda p: p.name)
+def test_syntax_and_help(script):
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    assert os.access(script, os.X_OK), f"{script.name} is not executable"
+    text = script.read_text()
+    assert "set -euo pipefail" in text
+    res = _run(script, "--help", env=_env())
+    assert res.returncode == 0
+    assert res.stdout.startswith(f"Usage: launchers/{script.name} [--dry-run]")
+    assert "--dry-run" in res.stdout and "NEMO_RL_DIR" in res.stdout
+
+
+# ------------------------------------------------------------------------------- local
+
+
+def test_local_dry_run_exact(nemo_rl_dir):
+    res = _run(
+        LOCAL,
+        "--dry-run",
+        SMOKE,
+        "grpo.max_num_steps=2",
+        "logger.wandb.name=it's me",
+        env=_env(NEMO_RL_DIR=str(nemo_rl_dir)),
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        f"cd {nemo_rl_dir}",
+        f"export PYTHONPATH={REPO}",
+        f"uv run python {ENTRY} --config {SMOKE} grpo.max_num_steps=2 'logger.wandb.name=it'\\''s me'",
+    ]
+    # The printed lines are valid shell that re-creates the same argv.
+    assert shlex.split(res.stdout.splitlines()[2])[-1] == "logger.wandb.name=it's me"
+
+
+def test_local_real_run_matches_dry_run(nemo_rl_dir, tmp_path):
+    record = tmp_path / "record.txt"
+    runner = tmp_path / "fake_runner"
+    runner.write_text(_RECORDER.format(out=record))
+    runner.chmod(0o755)
+    env = _env(NEMO_RL_DIR=str(nemo_rl_dir), RUNNER=f"{runner} -u", PYTHONPATH="/opt/x")
+    dry = _run(LOCAL, "--dry-run", SMOKE, "loss_fn.ais.mode=tis", env=env)
+    assert dry.returncode == 0, dry.stderr
+    real = _run(LOCAL, SMOKE, "loss_fn.ais.mode=tis", env=env)
+    assert real.returncode == 0, real.stderr
+    lines = record.read_text().splitlines()
+    assert lines[0] == f"cwd={nemo_rl_dir}"
+    assert f"env:PYTHONPATH={REPO}:/opt/x" in lines
+    argv = [line.removeprefix("arg=") for line in lines if line.startswith("arg=")]
+    assert dry.stdout.splitlines() == [
+        f"cd {nemo_rl_dir}",
+        f"export PYTHONPATH={REPO}:/opt/x",
+        shlex.join([str(runner), *argv]),
+    ]
+    assert argv == ["-u", str(ENTRY), "--config", str(SMOKE), "loss_fn.ais.mode=tis"]
+
+
+def test_local_errors(nemo_rl_dir, tmp_path):
+    res = _run(LOCAL, "--dry-run", SMOKE, env=_env())
+    assert res.returncode == 2
+    assert "NEMO_RL_DIR is not set" in res.stderr
+    res = _run(LOCAL, "--dry-run", SMOKE, env=_env(NEMO_RL_DIR=str(tmp_path)))
+    assert res.returncode == 2 and "is not a NeMo-RL checkout" in res.stderr
+    res = _run(LOCAL, "--dry-run", tmp_path / "nope.yaml", env=_env(NEMO_RL_DIR=str(nemo_rl_dir)))
+    assert res.returncode == 2 and "nope.yaml does not exist" in res.stderr
+    res = _run(LOCAL, "--dry-run", QWEN8B, env=_env(NEMO_RL_DIR=str(nemo_rl_dir)))
+    assert res.returncode == 2
+    assert "runs on cluster.num_nodes=2: use launchers/slurm_grpo_ais.sh" in res.stderr
+    res = _run(LOCAL, "--bogus", SMOKE, env=_env(NEMO_RL_DIR=str(nemo_rl_dir)))
+    assert res.returncode == 2 and "unknown option --bogus" in res.stderr
+    assert res.stdout == ""
+
+
+def test_local_refuses_a_broken_layout(nemo_rl_dir):
+    res = _run(
+        LOCAL,
+        "--dry-run",
+        SMOKE,
+        "policy.megatron_cfg.tensor_model_parallel_size=3",
+        env=_env(NEMO_RL_DIR=str(nemo_rl_dir)),
+    )
+    assert res.returncode == 2
+    assert res.stdout == ""  # nothing printed as "would run"
+    assert (
+        "[FAIL] megatron_parallel: GPUs = cluster.num_nodes x cluster.gpus_per_node = 1"
+        in res.stderr
+    )
+    assert "fails the offline checks above" in res.stderr
+
+
+# ------------------------------------------------------------------------------- slurm
+
+
+def test_slurm_dry_run_exact(nemo_rl_dir):
+    res = _run(SLURM, "--dry-run", QWEN8B, "loss_fn.ais.mode=tis", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0, res.stderr
+    command = (
+        f"export PYTHONPATH={REPO}:${{PYTHONPATH:-}} && uv run python {ENTRY} "
+        f"--config {QWEN8B} loss_fn.ais.mode=tis"
+    )
+    assert res.stdout.splitlines() == [
+        f"cd {nemo_rl_dir}",
+        f"export COMMAND='{command}'",
+        "export CONTAINER=/images/nemo_rl-v0.7.0.sqsh",
+        f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO}",
+        "export GPUS_PER_NODE=8",
+        f"sbatch --nodes=2 --account=my_acct --partition=batch "
+        f"--job-name=nemo-ais-qwen3_8b_2n8g_fp8 --time=04:00:00 {nemo_rl_dir}/ray.sub",
+    ]
+
+
+def test_slurm_dry_run_options_and_node_override(nemo_rl_dir):
+    env = _slurm_env(
+        nemo_rl_dir,
+        HF_HOME="/data/hf",
+        GRES="gpu:8",
+        TIME="1:00:00",
+        JOB_NAME="moe4",
+        SBATCH_ARGS="--exclusive --mem=0",
+        EXTRA_MOUNTS="/scratch:/scratch",
+        NUM_NODES="4",
+    )
+    res = _run(SLURM, "--dry-run", MOE, "cluster.num_nodes=4", env=env)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[1] == (
+        f"export COMMAND='export HF_HOME=/data/hf && export PYTHONPATH={REPO}:${{PYTHONPATH:-}} "
+        f"&& uv run python {ENTRY} --config {MOE} cluster.num_nodes=4'"
+    )
+    assert lines[3] == (
+        f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO},/data/hf:/data/hf,/scratch:/scratch"
+    )
+    assert lines[5] == (
+        f"sbatch --nodes=4 --account=my_acct --partition=batch --job-name=moe4 --time=1:00:00 "
+        f"--gres=gpu:8 --exclusive --mem=0 {nemo_rl_dir}/ray.sub"
+    )
+
+
+def test_slurm_real_run_matches_dry_run(nemo_rl_dir, tmp_path):
+    record = tmp_path / "record.txt"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "sbatch").write_text(_RECORDER.format(out=record))
+    (bindir / "sbatch").chmod(0o755)
+    env = _slurm_env(nemo_rl_dir, PATH=f"{bindir}:{os.environ['PATH']}")
+    dry = _run(SLURM, "--dry-run", QWEN8B, "grpo.seed=7", env=env)
+    real = _run(SLURM, QWEN8B, "grpo.seed=7", env=env)
+    assert dry.returncode == 0 and real.returncode == 0, (dry.stderr, real.stderr)
+    lines = record.read_text().splitlines()
+    argv = [line.removeprefix("arg=") for line in lines if line.startswith("arg=")]
+    recorded_env = dict(
+        line.removeprefix("env:").split("=", 1) for line in lines if line.startswith("env:")
+    )
+    # Re-play the dry-run's exports in a shell and compare with what sbatch received.
+    replay = subprocess.run(
+        ["bash", "-c", dry.stdout.rsplit("\n", 2)[0] + '\nprintf "%s\\n" "$COMMAND" "$MOUNTS"'],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_env(),
+    ).stdout.splitlines()
+    assert lines[0] == f"cwd={nemo_rl_dir}"
+    assert replay == [recorded_env["COMMAND"], recorded_env["MOUNTS"]]
+    assert recorded_env["CONTAINER"] == "/images/nemo_rl-v0.7.0.sqsh"
+    assert recorded_env["GPUS_PER_NODE"] == "8"
+    assert dry.stdout.splitlines()[-1] == shlex.join(["sbatch", *argv])
+
+
+def test_slurm_missing_env_names_every_variable(nemo_rl_dir):
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_env(NEMO_RL_DIR=str(nemo_rl_dir)))
+    assert res.returncode == 2
+    assert "set CONTAINER ACCOUNT PARTITION (see --help)" in res.stderr
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_env())
+    assert "set NEMO_RL_DIR CONTAINER ACCOUNT PARTITION" in res.stderr
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir.parent))
+    assert res.returncode == 2 and "has no ray.sub" in res.stderr
+
+
+def test_slurm_node_count_must_match_config(nemo_rl_dir):
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, NUM_NODES="4"))
+    assert res.returncode == 2
+    assert (
+        "NUM_NODES=4 but the config has cluster.num_nodes=2 (override it: cluster.num_nodes=4)"
+        in res.stderr
+    )
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, GPUS_PER_NODE="4"))
+    assert "GPUS_PER_NODE=4 but the config has cluster.gpus_per_node=8" in res.stderr
+
+
+def test_slurm_refuses_a_broken_layout(nemo_rl_dir):
+    res = _run(
+        SLURM,
+        "--dry-run",
+        MOE,
+        "policy.generation.vllm_cfg.tensor_parallel_size=4",
+        env=_slurm_env(nemo_rl_dir),
+    )
+    assert res.returncode == 2 and res.stdout == ""
+    assert (
+        "[FAIL] vllm_fp8_shards: expert gate/up out / down in = moe_intermediate / 4 = 192"
+        in res.stderr
+    )
+
+
+def test_slurm_skip_check_needs_sizes_and_then_runs_without_python(nemo_rl_dir):
+    env = _slurm_env(nemo_rl_dir, PYTHON="/nonexistent/python")
+    res = _run(SLURM, "--dry-run", "--skip-check", QWEN8B, env=env)
+    assert res.returncode == 2 and "--skip-check needs NUM_NODES and GPUS_PER_NODE" in res.stderr
+    res = _run(
+        SLURM,
+        "--dry-run",
+        "--skip-check",
+        QWEN8B,
+        env={**env, "NUM_NODES": "2", "GPUS_PER_NODE": "8"},
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1].startswith("sbatch --nodes=2 ")
+
+
+def test_slurm_config_outside_the_repo_is_mounted(nemo_rl_dir, tmp_path):
+    outside = tmp_path / "mine"
+    outside.mkdir()
+    cfg = outside / "my.yaml"
+    cfg.write_text(f"defaults: {QWEN8B}\n")
+    res = _run(SLURM, "--dry-run", cfg, env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[3] == (
+        f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO},{outside}:{outside}"
+    )
