@@ -142,7 +142,10 @@ class WarmStartSection(_Section):
 
     steps: int = Field(600, ge=0, description="SFT steps (0: GRPO starts from random init).")
     batch_size: int = Field(64, ge=1, description="SFT problems per step.")
-    lr: float = Field(1e-3, gt=0.0, description="SFT AdamW learning rate (constant).")
+    lr: float = Field(1e-3, gt=0.0, description="SFT AdamW peak learning rate.")
+    warmup_steps: int = Field(
+        20, ge=0, description="Linear learning-rate warmup steps (then constant)."
+    )
     seed: int = Field(0, ge=0, description="Seed of the SFT problem stream.")
     cache_dir: str = Field(
         "runs/.cache", description="Where warmstart-<hash>.pt is cached (shared by runs)."
@@ -268,6 +271,13 @@ _SECTION_MODELS: dict[str, type[BaseModel]] = {
     "checkpointing": CheckpointingSection,
     "cluster": ClusterSection,
     "experiment": ExperimentSection,
+}
+
+
+_NESTED_MODELS: dict[tuple[str, str], type[BaseModel]] = {
+    ("policy", "model"): ModelSection,
+    ("policy", "optimizer"): OptimizerSection,
+    ("policy", "warm_start"): WarmStartSection,
 }
 
 
@@ -397,6 +407,10 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
         if arm not in arms:
             raise ValueError(f"experiment.arms.{arm}: unknown arm (known: {list(arms)})")
         data = _merge(data, arms[arm] or {})
+    for (section, sub), model in _NESTED_MODELS.items():  # nested first: precise key paths
+        parent = data.get(section)
+        if isinstance(parent, dict) and parent.get(sub) is not None:
+            validate_section(model, parent[sub], f"{section}.{sub}")
     sec = {
         name: validate_section(model, data.get(name), name)
         for name, model in _SECTION_MODELS.items()

@@ -145,10 +145,15 @@ def warm_start(cfg: RecipeConfig, task: AdditionTask, *, progress: bool = True) 
     model = build_untrained_policy(cfg, task)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
+    # linear warmup: without it the tiny model often stalls on a plateau for hundreds of steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / max(1, ws.warmup_steps))
+    )
     bar = tqdm(range(ws.steps), desc="warm start (SFT)", disable=not progress, leave=False)
     loss = float("nan")
     for step in bar:
         loss = _sft_step(model, optimizer, task, step, ws.batch_size, ws.seed)
+        schedule.step()
         if not torch.isfinite(torch.tensor(loss)):
             raise FloatingPointError(
                 f"warm start: non-finite SFT loss at step {step}; lower policy.warm_start.lr"

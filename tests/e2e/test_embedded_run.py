@@ -1,0 +1,201 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""End-to-end tests of `nemo-ais run`: outputs, resume, DP equivalence, failure modes.
+
+Every run here is a few GRPO steps of the tiny policy; they go through the real CLI entry
+point (``nemo_ais.cli.main``), the real FP8 twin and the real core loss.
+"""
+
+import json
+import math
+
+import pytest
+import yaml
+
+import nemo_ais.embedded.recipe as recipe_mod
+from nemo_ais.cli import main
+from nemo_ais.embedded.checkpoint import checkpoint_path
+from nemo_ais.embedded.config import CONFIG_DIR, load_config
+
+pytestmark = pytest.mark.timeout(300)
+
+# One tiny config for the resume / DP / failure tests: one arm, 4 prompts x 4 samples in
+# two chunks (so two DP ranks own one chunk each), 4 steps, checkpoints every 2.
+TINY = [
+    "grpo.num_prompts_per_step=4",
+    "grpo.num_generations_per_prompt=4",
+    "rollout.prompts_per_chunk=2",
+    "grpo.max_num_steps=4",
+    "grpo.val_period=2",
+    "checkpointing.save_period=2",
+    "data.eval_size=32",
+    "policy.train_micro_batch_size=8",
+    "experiment.include=[fp8-ais]",
+    "experiment.seeds=[0]",
+    # a larger lr so the policy visibly moves within 4 steps (resume must replay it)
+    "policy.optimizer.lr=1e-3",
+    "logger.progress_bar=false",
+    "logger.plots=false",
+]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    # one warm start for the whole module (its cache is keyed by config, not by run)
+    return tmp_path_factory.mktemp("warmstart_cache")
+
+
+def _run(tmp_path, cache_dir, name, *extra):
+    argv = [
+        "run",
+        "--quick",
+        f"logger.run_dir={tmp_path}",
+        f"logger.name={name}",
+        f"policy.warm_start.cache_dir={cache_dir}",
+        *extra,
+    ]
+    return main(argv)
+
+
+def _records(run_dir, kind=None):
+    out = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in out if kind is None or r["kind"] == kind]
+
+
+def _strip_times(records):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+def test_quick_preset_outputs_are_sensible(tmp_path, cache_dir, capsys):
+    assert _run(tmp_path, cache_dir, "quick", "logger.progress_bar=false") == 0
+    run_dir = tmp_path / "quick"
+    for name in ("metrics.jsonl", "summary.md", "reward.png", "accuracy.png", "diagnostics.png"):
+        assert (run_dir / name).stat().st_size > 0, name
+    train = _records(run_dir, "train")
+    arms = ["bf16", "fp8-none", "fp8-tis", "fp8-ais"]
+    assert sorted({r["arm"] for r in train}) == sorted(arms)
+    assert len(train) == 4 * 4  # 4 arms x 4 steps (quick: 1 seed)
+    for r in train:
+        for k, v in r.items():
+            if isinstance(v, float):
+                assert math.isfinite(v), (r["arm"], r["step"], k)
+        assert 0.0 <= r["reward"] <= 1.0 and 0.0 <= r["accuracy"] <= 1.0
+        assert 0.0 <= r["alpha"] <= 1.0 and 0.0 <= r["ais/alpha"] <= 1.0
+        assert 0.0 < r["ais/ess_seq"] <= 1.0
+        assert r["ais/n_tok"] > 0 and r["ais/empty_batch"] == 0.0
+        if r["arm"] == "bf16":
+            # the BF16 twin is the trainer's model; what remains is fp32 rounding between
+            # the KV-cached decode and the full-sequence forward (~1e-7), no FP8 error
+            assert r["ais/severity"] < 1e-5
+        else:
+            assert r["ais/severity"] > 1e-3  # W8A8 FP8 moves log-probs by ~5e-3 here
+    applied = {r["arm"]: r["alpha"] for r in train}
+    assert applied["bf16"] == 0.0 and applied["fp8-none"] == 0.0 and applied["fp8-tis"] == 1.0
+    assert 0.0 < applied["fp8-ais"] < 1.0
+    val = _records(run_dir, "val")
+    assert {(r["arm"], r["step"]) for r in val} == {(a, s) for a in arms for s in (0, 2, 4)}
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in val)
+    summary = (run_dir / "summary.md").read_text()
+    assert all(f"| {a} |" in summary for a in arms)
+    # the report subcommand redraws everything from metrics.jsonl alone
+    (run_dir / "summary.md").unlink()
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "summary.md").read_text() == summary
+    # a finished run re-launched is a no-op (every (arm, seed) is complete)
+    before = (run_dir / "metrics.jsonl").read_text()
+    assert _run(tmp_path, cache_dir, "quick", "logger.progress_bar=false") == 0
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_interrupt_then_resume_equals_uninterrupted(tmp_path, cache_dir, monkeypatch, capsys):
+    assert _run(tmp_path, cache_dir, "straight", *TINY) == 0
+    straight = _records(tmp_path / "straight")
+
+    original_log = recipe_mod.GRPORecipe._log
+
+    def log_then_interrupt(self, step, *args, **kwargs):
+        original_log(self, step, *args, **kwargs)
+        if step == 3:  # after the step-2 checkpoint and the step-3 record: mid-run
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(recipe_mod.GRPORecipe, "_log", log_then_interrupt)
+    assert _run(tmp_path, cache_dir, "resumed", *TINY) == 130
+    assert "re-run the same command to resume" in capsys.readouterr().err
+    run_dir = tmp_path / "resumed"
+    assert checkpoint_path(run_dir, "fp8-ais", 0).is_file()  # the checkpoint is kept
+    assert max(r["step"] for r in _records(run_dir, "train")) == 3  # step 3 was logged
+
+    monkeypatch.setattr(recipe_mod.GRPORecipe, "_log", original_log)
+    assert _run(tmp_path, cache_dir, "resumed", *TINY) == 0
+    resumed = _records(run_dir)
+    # exact: every random stream is keyed by (seed, step, chunk) and the checkpoint holds
+    # policy, AdamW state and the AIS EMA state; the re-done step 3 replaces the old record
+    assert _strip_times(resumed) == _strip_times(straight)
+    assert [r["step"] for r in _records(run_dir, "train")] == [1, 2, 3, 4]
+
+
+@pytest.mark.distributed
+def test_two_dp_processes_equal_one(tmp_path, cache_dir):
+    assert _run(tmp_path, cache_dir, "dp1", *TINY, "cluster.dp_size=1") == 0
+    assert _run(tmp_path, cache_dir, "dp2", *TINY, "cluster.dp_size=2") == 0
+    one, two = _records(tmp_path / "dp1"), _records(tmp_path / "dp2")
+    assert [(r["kind"], r["step"]) for r in one] == [(r["kind"], r["step"]) for r in two]
+    # Same samples by construction (per-chunk generators). What differs is fp32 summation
+    # order: gradients (sum of two rank sums vs one sum) and per-rank float32 reward sums,
+    # ~1e-7 relative per step; after 4 AdamW steps that stays below 1e-5.
+    for a, b in zip(_strip_times(one), _strip_times(two), strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            if isinstance(a[k], float):
+                assert math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-6), (a["step"], k)
+            else:
+                assert a[k] == b[k], (a["step"], k)
+
+
+def test_nan_in_training_stops_with_a_clear_message(tmp_path, cache_dir, monkeypatch, capsys):
+    original = recipe_mod.GRPORecipe._logprobs
+    calls = {"n": 0}
+
+    def nan_at_step_2(self, sequences, *, grad):
+        out = original(self, sequences, grad=grad)
+        if not grad:
+            calls["n"] += 1
+            if calls["n"] == 2:  # the trainer log-probs of step 2
+                out = out * float("nan")
+        return out
+
+    monkeypatch.setattr(recipe_mod.GRPORecipe, "_logprobs", nan_at_step_2)
+    assert _run(tmp_path, cache_dir, "nan", *TINY) == 1
+    err = capsys.readouterr().err
+    assert "step 2 (arm fp8-ais, seed 0)" in err and "prev_logprobs" in err
+    train = _records(tmp_path / "nan", "train")
+    assert [r["step"] for r in train] == [1]  # metrics so far are flushed, step 2 is not
+
+
+def test_nan_gradient_is_detected(tmp_path, cache_dir, monkeypatch, capsys):
+    original = recipe_mod.clipped_pg_loss
+
+    def nan_loss(*args, **kwargs):
+        out = original(*args, **kwargs)
+        return out._replace(loss=out.loss * float("nan"))
+
+    monkeypatch.setattr(recipe_mod, "clipped_pg_loss", nan_loss)
+    assert _run(tmp_path, cache_dir, "nangrad", *TINY) == 1
+    err = capsys.readouterr().err
+    assert "non-finite gradient norm" in err and "step 1 (arm fp8-ais, seed 0)" in err
+
+
+def test_unwritable_run_dir_and_config_mismatch(tmp_path, cache_dir, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    assert main(["run", "--quick", f"logger.run_dir={blocker}"]) == 1
+    assert "is not writable" in capsys.readouterr().err
+    # a run directory holding another config is not silently mixed with a new one
+    run_dir = tmp_path / "mix"
+    run_dir.mkdir()
+    overrides = [f"logger.run_dir={tmp_path}", "logger.name=mix", *TINY]
+    old = load_config(CONFIG_DIR / "quick.yaml", [*overrides, "grpo.max_num_steps=99"])
+    old["policy"]["warm_start"]["cache_dir"] = str(cache_dir)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(old))
+    assert _run(tmp_path, cache_dir, "mix", *TINY) == 1
+    err = capsys.readouterr().err
+    assert "different config" in err and "grpo.max_num_steps: 99 -> 4" in err
