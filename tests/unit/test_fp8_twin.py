@@ -52,6 +52,16 @@ def _tiny(kind="qwen2", hidden=128, layers=3, seed=0, init=0.02):
     return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # These GEMMs are tiny: one intra-op thread is as fast on an idle machine and avoids
+    # a >10x slowdown from OpenMP spin-waiting when the cores are shared.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def qwen():
     return _tiny("qwen2")
@@ -312,7 +322,7 @@ def _kv_scale_oracle(model, ids, mask, percentile=99.9, margin=1.05):
 
 
 def test_fp8_kv_cache_scales_and_mismatch(qwen):
-    ids, mask = _prompts()
+    ids, mask = _prompts(batch=64)
     w8a8 = Fp8Twin(qwen, Fp8RolloutConfig())
     kv = Fp8Twin(qwen, Fp8RolloutConfig(kv_cache_fp8=True))
     scales = kv.calibrate_kv_scales(ids, mask)
@@ -332,11 +342,13 @@ def test_fp8_kv_cache_scales_and_mismatch(qwen):
     with_kv = logprob_mismatch(kv_scored, ref, m)
     print(f"\nW8A8: {base}\nW8A8 + FP8 KV: {with_kv}")
     # FP8 KV is a second, independent error source: it moves the log-probs by an amount
-    # of the same order as W8A8 does. It need not increase |delta| on every batch (the two
-    # errors can partly cancel), so the bound is on the shift itself.
+    # of the same order as W8A8 does, and on average it adds to the mismatch (over 1024
+    # tokens and prompt seeds 0-3: x1.05-1.15; on a few hundred tokens the two errors can
+    # partly cancel, which is why this test uses 64 prompts).
     shift = logprob_mismatch(kv_scored, w8a8_scored, m)
     print(f"FP8 KV vs W8A8 only: {shift}")
     assert shift.mean_abs_delta > 0.1 * base.mean_abs_delta
+    assert with_kv.mean_abs_delta > base.mean_abs_delta
     assert 1.0 < with_kv.token_mult_prob_error < 1.5
 
 
