@@ -8,6 +8,8 @@ names the offending field and the numbers.
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,16 @@ QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
 MOE = CONFIG_DIR / "qwen3_30b_a3b_2n8g_fp8_ep8.yaml"
 LLAMA = CONFIG_DIR / "llama3.1_8b_2n8g_fp8_pp2.yaml"
 SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+
+
+@functools.cache
+def _cached(path: Path, overrides: tuple[str, ...]) -> dict:
+    return cc.load_config(path, list(overrides))
+
+
+def _load(path: Path, overrides=()) -> dict:
+    """cc.load_config, memoized (0.2 s per load on a 2-core CI machine); returns a copy."""
+    return copy.deepcopy(_cached(path, tuple(overrides)))
 
 
 def _rel(path: Path) -> str:
@@ -50,7 +62,7 @@ def test_config_tree_is_complete():
 
 @pytest.mark.parametrize("path", ALL_YAML, ids=_rel)
 def test_every_yaml_loads_and_passes_checks(path):
-    cfg = cc.load_config(path)
+    cfg = _load(path)
     assert "defaults" not in cfg
     flat = _flat(cfg)
     unresolved = [k for k, v in flat.items() if isinstance(v, str) and "${" in v]
@@ -85,14 +97,14 @@ def test_every_yaml_header_says_what_hardware_and_launch(path):
 
 
 def test_exemplar_ais_keys_equal_correction_config_fields_and_defaults():
-    raw = cc.load_config(BASE)["loss_fn"]["ais"]
+    raw = _load(BASE)["loss_fn"]["ais"]
     assert set(raw) == set(CorrectionConfig.model_fields)
     defaults = CorrectionConfig()
     assert raw == defaults.model_dump()
 
 
 def test_exemplar_keeps_nemo_rl_importance_sampling_off():
-    loss = cc.load_config(BASE)["loss_fn"]
+    loss = _load(BASE)["loss_fn"]
     for knob, off in cc.AIS_CONFLICTS.items():
         assert loss[knob] == off, knob
 
@@ -109,32 +121,30 @@ def test_exemplar_keeps_nemo_rl_importance_sampling_off():
     ids=lambda x: x.name if isinstance(x, Path) else "",
 )
 def test_parallel_layout_hand_worked(path, expected):
-    lay = cc.parallel_layout(cc.load_config(path))
+    lay = cc.parallel_layout(_load(path))
     assert {k: getattr(lay, k) for k in expected} == expected
 
 
 def test_moe_config_expert_arithmetic():
-    cfg = cc.load_config(MOE)
+    cfg = _load(MOE)
     dims = cc.find_model_dims(cfg["policy"]["model_name"])
     lay = cc.parallel_layout(cfg)
     assert dims.num_experts == 128 and dims.num_experts % lay.ep == 0  # 16 experts per rank
     assert (lay.world // lay.pp) % (lay.ep * lay.etp) == 0  # expert DP = 16 / 8 = 2
     assert dims.moe_intermediate_size / lay.vllm_tp == 384 == 3 * cc.FP8_BLOCK
-    four_nodes = cc.load_config(MOE, ["cluster.num_nodes=4"])
+    four_nodes = _load(MOE, ["cluster.num_nodes=4"])
     assert cc.parallel_layout(four_nodes).dp == 16
     cc.validate_config(four_nodes)
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 4, 8])
 def test_smoke_config_fits_any_gpu_count_on_one_node(gpus):
-    cc.validate_config(cc.load_config(SMOKE, [f"cluster.gpus_per_node={gpus}"]))
+    cc.validate_config(_load(SMOKE, [f"cluster.gpus_per_node={gpus}"]))
 
 
 def _arm_cfgs(prefix: str) -> dict[str, dict[str, object]]:
     arms = ("bf16", "fp8_none", "fp8_tis", "fp8_ais")
-    return {
-        a: _flat(cc.load_config(CONFIG_DIR / "experiments" / f"{prefix}_{a}.yaml")) for a in arms
-    }
+    return {a: _flat(_load(CONFIG_DIR / "experiments" / f"{prefix}_{a}.yaml")) for a in arms}
 
 
 _RUN_NAME_KEYS = {"logger.wandb.name", "logger.log_dir", "checkpointing.checkpoint_dir"}
@@ -318,7 +328,7 @@ BROKEN = [
     ids=[f"{b[2]}-{i}" for i, b in enumerate(BROKEN)],
 )
 def test_broken_variant_fails_named_check(path, overrides, check, fragment):
-    cfg = cc.load_config(path, overrides)
+    cfg = _load(path, overrides)
     failed = {r.name: r.detail for r in cc.check_config(cfg) if r.status == "fail"}
     assert check in failed, f"expected {check} to fail, failures: {failed}"
     assert fragment in failed[check]
@@ -361,11 +371,11 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
     ],
 )
 def test_legal_variants_pass(path, overrides):
-    cc.validate_config(cc.load_config(path, overrides))
+    cc.validate_config(_load(path, overrides))
 
 
 def test_unknown_model_warns_and_skips_shape_checks():
-    cfg = cc.load_config(SMOKE, ["policy.model_name=/ckpt/my-model"])
+    cfg = _load(SMOKE, ["policy.model_name=/ckpt/my-model"])
     results = {r.name: r for r in cc.check_config(cfg)}
     assert results["model_dims"].status == "warn"
     assert "'/ckpt/my-model' is not in MODEL_DIMS" in results["model_dims"].detail
