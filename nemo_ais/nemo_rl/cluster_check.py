@@ -665,7 +665,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(f"  {r}" for r in results))
         elif failed:
             print(f"{path}:", *(f"  {r}" for r in failed), sep="\n", file=sys.stderr)
-        if args.get and not failed:
+        if args.get and is_mixin(cfg):
+            print(
+                f"{path}: an arm mixin (no policy/cluster section), not a full config: name it "
+                f"after a model config in a defaults: list (see configs/nemo_rl/experiments/)",
+                file=sys.stderr,
+            )
+            n_failed += 1
+        elif args.get and not failed:
             values = [_get(cfg, key) for key in args.get]
             unset = [key for key, value in zip(args.get, values, strict=True) if value is None]
             if unset:

@@ -150,6 +150,14 @@ def test_local_errors(nemo_rl_dir, tmp_path):
     assert res.stdout == ""
 
 
+def test_local_refuses_an_arm_mixin(nemo_rl_dir):
+    res = _run(
+        LOCAL, "--dry-run", CFG / "arms" / "fp8_ais.yaml", env=_env(NEMO_RL_DIR=str(nemo_rl_dir))
+    )
+    assert res.returncode == 2 and res.stdout == ""
+    assert "fp8_ais.yaml: an arm mixin (no policy/cluster section), not a full config" in res.stderr
+
+
 def test_local_refuses_a_broken_layout(nemo_rl_dir):
     res = _run(
         LOCAL,
