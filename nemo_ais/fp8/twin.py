@@ -24,11 +24,12 @@ corrects is real and measurable without a GPU. What it simulates (``docs/fp8.md`
 2. Refit (:meth:`Fp8Twin.sync_weights`): every step the trainer's weights are
    re-quantized blockwise (128x128, E4M3) and copied in; the rest is copied as is.
 3. FP8 KV cache (optional): per layer, ``k_scale = P_p(|K|) * margin / 448`` (and
-   ``v_scale`` likewise) from a calibration forward, recalibrated after every refit;
-   K (after RoPE) and V are fake-quantized to E4M3 with that per-tensor scale when
-   they are written to the cache, so attention reads the FP8 values, in prefill and
-   in decode, as in vLLM's fp8 KV cache. Queries and the attention math stay in the
-   compute dtype.
+   ``v_scale`` likewise) from a calibration forward, recalibrated after every refit,
+   by :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` (NeMo-RL's trainer-side rule:
+   hooks on the ``k_proj`` / ``v_proj`` outputs). The engine then applies them as vLLM
+   does: K (after RoPE) and V are fake-quantized to E4M3 with that per-tensor scale
+   when they are written to the cache, so attention reads the FP8 values, in prefill
+   and in decode. Queries and the attention math stay in the compute dtype.
 4. Generation (:func:`generate`): a sampling loop with HF's KV cache; the reported
    log-prob of a sampled token is ``log softmax(logits / temperature)`` of the
    UNFILTERED tempered distribution (``logprobs_mode="unfiltered"``): top-k/top-p
@@ -53,13 +54,13 @@ from torch import nn
 from transformers import DynamicCache
 
 from nemo_ais.fp8.fp8_linear import Fp8Linear
+from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
 from nemo_ais.fp8.quant import E4M3_MAX, Family
 
 __all__ = [
     "Fp8RolloutConfig",
     "Fp8Twin",
     "GenerationOutput",
-    "KVScales",
     "LogprobsMode",
     "MismatchStats",
     "generate",
@@ -113,7 +114,7 @@ class Fp8RolloutConfig(BaseModel):
         99.9, gt=0.0, le=100.0, description="Percentile of |K|, |V| used as the amax."
     )
     kv_calibration_margin: float = Field(
-        1.05, ge=1.0, description="Multiplies the calibrated amax (headroom for outliers)."
+        1.05, ge=1.0, le=4.0, description="Multiplies the calibrated amax (outlier headroom)."
     )
     kv_amax_floor: float = Field(
         1e-4, gt=0.0, description="Floor of the calibrated amax (all-zero K/V stay finite)."
@@ -152,13 +153,6 @@ class GenerationOutput(NamedTuple):
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     logprobs: torch.Tensor
-
-
-class KVScales(NamedTuple):
-    """Per-layer FP8 KV-cache dequant scales, ``x ~= q * scale``: two fp32 ``[L]`` tensors."""
-
-    k_scale: torch.Tensor
-    v_scale: torch.Tensor
 
 
 class MismatchStats(NamedTuple):
@@ -486,34 +480,13 @@ class _Fp8KVCache(DynamicCache):
 
     def __init__(self, scales: KVScales) -> None:
         super().__init__()
-        self.scales = scales
+        # columns (q, k, v) of the calibrated table; the engine holds them as fp32
+        self.k_scale = scales.scale[:, 1].to(torch.float32)
+        self.v_scale = scales.scale[:, 2].to(torch.float32)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        key_states = _fake_quant_kv(key_states, self.scales.k_scale[layer_idx])
-        value_states = _fake_quant_kv(value_states, self.scales.v_scale[layer_idx])
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-
-
-class _KVObserver(DynamicCache):
-    """HF ``DynamicCache`` that records the ``percentile`` of |K| and |V| per layer.
-
-    Only positions where ``token_mask`` ([B, S]) is 1 count (padding is ignored).
-    """
-
-    def __init__(self, token_mask: torch.Tensor, percentile: float) -> None:
-        super().__init__()
-        self.token_mask = token_mask.bool()
-        self.percentile = percentile
-        self.amax: dict[int, tuple[float, float]] = {}
-
-    def _amax(self, x: torch.Tensor) -> float:
-        # x: [B, H, S, D] -> valid |x| values; nearest-rank percentile via kthvalue.
-        vals = x.transpose(1, 2)[self.token_mask].abs().float().flatten()
-        rank = max(1, math.ceil(self.percentile / 100.0 * vals.numel()))
-        return float(vals.kthvalue(rank).values)
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        self.amax[layer_idx] = (self._amax(key_states), self._amax(value_states))
+        key_states = _fake_quant_kv(key_states, self.k_scale[layer_idx])
+        value_states = _fake_quant_kv(value_states, self.v_scale[layer_idx])
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
@@ -569,7 +542,9 @@ class Fp8Twin:
             ``.to(dtype)`` on it: that would cast the FP8 codes (use ``compute_dtype``).
         config: the :class:`Fp8RolloutConfig`.
         fp8_module_names: names of the linears running W8A8 (empty if disabled).
-        kv_scales: the current :class:`KVScales`, or None until calibrated (FP8 KV only).
+        kv_scales: the current :class:`~nemo_ais.fp8.kv_scales.KVScales` (``scale`` is
+            float64 ``[layers, 3]``, columns q, k, v; q is not simulated and stays 1.0),
+            or None until calibrated (FP8 KV only).
     """
 
     def __init__(self, model: nn.Module, config: Fp8RolloutConfig | None = None) -> None:
@@ -680,38 +655,51 @@ class Fp8Twin:
 
     @torch.no_grad()
     def calibrate_kv_scales(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        model: nn.Module | None = None,
     ) -> KVScales:
-        """Per-layer FP8 KV scales from one forward of the twin (KV unquantized).
+        """Per-layer FP8 KV scales from one forward pass (KV unquantized), stored for use.
 
-        ``k_scale[l] = max(P_p(|K_l|), floor) * margin / 448`` over the non-padding
-        positions (``p`` = ``kv_calibration_percentile``, nearest rank), ``v_scale``
-        likewise; K is taken after RoPE, as it is cached. The result is stored in
-        :attr:`kv_scales` and used until the next :meth:`sync_weights`.
+        ``scale = max(P_p(|x|), floor) * margin / 448`` for x = the ``k_proj`` / ``v_proj``
+        outputs at non-padding positions (``p``, margin, floor from the config), computed
+        by :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` (K before RoPE, NeMo-RL's
+        rule; the cache applies the scale to K after RoPE, as vLLM does). The result is
+        stored in :attr:`kv_scales` and used until the next :meth:`sync_weights`.
+
+        Args:
+            input_ids, attention_mask: a left-padded ``[B, S]`` calibration batch.
+            model: the model to observe: None = the twin itself (engine-side, like
+                vLLM's ``calculate_kv_scales``); pass the trainer's model for NeMo-RL's
+                trainer-side calibration.
 
         Returns:
-            :class:`KVScales`, two fp32 ``[num_layers]`` tensors, finite and > 0.
+            :class:`~nemo_ais.fp8.kv_scales.KVScales`; K and V scales finite and > 0.
         """
         _check_prompt(input_ids, attention_mask)
         cfg = self.config
-        observer = _KVObserver(attention_mask, cfg.kv_calibration_percentile)
-        self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=_positions(attention_mask),
-            past_key_values=observer,
-            use_cache=True,
-            logits_to_keep=1,
+        observed = self.model if model is None else model
+        calibrator = KVScaleCalibrator(
+            self.num_layers,
+            KVScaleConfig(
+                percentile=cfg.kv_calibration_percentile,
+                margin=cfg.kv_calibration_margin,
+                amax_floor=cfg.kv_amax_floor,
+                include_q=False,
+            ),
         )
-        if sorted(observer.amax) != list(range(self.num_layers)):
-            raise RuntimeError(
-                f"calibrate_kv_scales: observed layers {sorted(observer.amax)}, expected "
-                f"0..{self.num_layers - 1} (does the model route past_key_values.update?)"
+        calibrator.token_mask = attention_mask
+        with calibrator.install_hooks(observed):
+            observed(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=_positions(attention_mask),
+                logits_to_keep=1,
             )
-        amax = torch.tensor([observer.amax[i] for i in range(self.num_layers)])
-        scale = amax.clamp_min(cfg.kv_amax_floor) * cfg.kv_calibration_margin / E4M3_MAX
-        self.kv_scales = KVScales(scale[:, 0].contiguous(), scale[:, 1].contiguous())
-        logger.debug("calibrated FP8 KV scales: %s", self.kv_scales)
+        self.kv_scales = calibrator.compute_scales()
+        logger.debug("calibrated FP8 KV scales (q, k, v): %s", self.kv_scales.scale)
         return self.kv_scales
 
     def _cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DynamicCache | None:

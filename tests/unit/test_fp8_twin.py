@@ -13,7 +13,6 @@ import pytest
 import torch
 from pydantic import ValidationError
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-from transformers.cache_utils import DynamicCache
 
 from nemo_ais.fp8.fp8_linear import Fp8Linear
 from nemo_ais.fp8.quant import (
@@ -304,34 +303,51 @@ def test_sync_weights_rejects_bad_tensors(qwen):
 
 
 def _kv_scale_oracle(model, ids, mask, percentile=99.9, margin=1.05):
-    """Percentile of |K| / |V| (post-RoPE, non-pad) from a plain HF cache, sorted by hand."""
-    cache = DynamicCache()
+    """numpy-style percentile (torch.quantile, float64) of the non-pad k/v_proj outputs."""
+    seen = {}
+    hooks = [
+        layer.self_attn.get_submodule(f"{kind}_proj").register_forward_hook(
+            lambda _m, _i, out, key=(i, kind): seen.__setitem__(key, out)
+        )
+        for i, layer in enumerate(model.model.layers)
+        for kind in ("k", "v")
+    ]
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
-    model(
-        input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
-    )
-    scales = []
-    for layer in cache.layers:
-        row = []
-        for x in (layer.keys, layer.values):
-            vals = torch.sort(x.permute(0, 2, 1, 3)[mask.bool()].abs().flatten()).values
-            rank = math.ceil(percentile / 100 * vals.numel())  # nearest rank, 1-based
-            row.append(float(vals[rank - 1]) * margin / E4M3_MAX)
-        scales.append(row)
-    return torch.tensor(scales)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    for h in hooks:
+        h.remove()
+    scales = [
+        [
+            float(
+                torch.quantile(
+                    seen[(i, kind)][mask.bool()].abs().double().flatten(), percentile / 100
+                )
+            )
+            * margin
+            / E4M3_MAX
+            for kind in ("k", "v")
+        ]
+        for i in range(len(model.model.layers))
+    ]
+    return torch.tensor(scales, dtype=torch.float64)
 
 
 def test_fp8_kv_cache_scales_and_mismatch(qwen):
     ids, mask = _prompts(batch=64)
     w8a8 = Fp8Twin(qwen, Fp8RolloutConfig())
     kv = Fp8Twin(qwen, Fp8RolloutConfig(kv_cache_fp8=True))
-    scales = kv.calibrate_kv_scales(ids, mask)
-    for s in scales:
-        assert s.shape == (3,) and s.dtype == torch.float32
-        assert bool(torch.isfinite(s).all()) and bool((s > 0).all()) and bool((s != 1.0).all())
-    # oracle: same percentile from the K/V a plain cache holds after the W8A8 forward
+    scales = kv.calibrate_kv_scales(ids, mask).scale[:, 1:]  # columns k, v
+    assert scales.shape == (3, 2)
+    assert bool(torch.isfinite(scales).all()) and bool((scales > 0).all())
+    assert bool((scales != 1.0).all())  # never the silent default
+    # oracle: percentile of the k/v_proj outputs of the same (W8A8) forward
     oracle = _kv_scale_oracle(w8a8.model, ids, mask)
-    torch.testing.assert_close(torch.stack(scales, -1), oracle, rtol=1e-6, atol=0)
+    torch.testing.assert_close(scales, oracle, rtol=1e-6, atol=0)
+    # trainer-side calibration (NeMo-RL): observe the fp32 model instead
+    trainer_side = Fp8Twin(qwen, Fp8RolloutConfig(kv_cache_fp8=True))
+    got = trainer_side.calibrate_kv_scales(ids, mask, model=qwen).scale[:, 1:]
+    torch.testing.assert_close(got, _kv_scale_oracle(qwen, ids, mask), rtol=1e-6, atol=0)
 
     out = w8a8.generate(ids, mask, max_new_tokens=16, generator=_gen(0))
     ref = score_responses(qwen, ids, mask, out.response_ids)
@@ -364,13 +380,16 @@ def test_kv_scales_recalibrated_after_sync(qwen):
     twin.sync_weights(scaled)
     assert twin.kv_scales is None  # stale after every refit
     twin.sync_weights(scaled, calibration_input_ids=ids, calibration_attention_mask=mask)
-    # layer 0: K = RoPE(1.5 W_k x + b) with b = 0 at init, so its scale grows 1.5x (the
-    # 1.5x weight is re-quantized: 1.5 is exact in FP8 scaling, up to the amax floor);
-    # V of layer 0 does not depend on W_k at all: bit-identical scale
+    # layer 0: k_proj output = (1.5 W_k) x + b with b = 0 at init; 1.5 W_k re-quantizes
+    # to the same codes with 1.5x scales, and x (the normed embedding) is unchanged, so
+    # its k scale grows 1.5x (to fp32 rounding)
     assert float(qwen.model.layers[0].self_attn.k_proj.bias.detach().abs().max()) == 0.0
-    torch.testing.assert_close(twin.kv_scales.k_scale[0], first.k_scale[0] * 1.5, rtol=1e-5, atol=0)
-    assert torch.equal(twin.kv_scales.v_scale[0], first.v_scale[0])
-    assert not torch.equal(twin.kv_scales.v_scale[1:], first.v_scale[1:])  # downstream moved
+    k_new, k_old = twin.kv_scales.scale[:, 1], first.scale[:, 1]
+    torch.testing.assert_close(k_new[0], k_old[0] * 1.5, rtol=1e-6, atol=0)
+    # V of layer 0 does not depend on W_k at all: bit-identical scale; later layers move
+    v_new, v_old = twin.kv_scales.scale[:, 2], first.scale[:, 2]
+    assert torch.equal(v_new[0], v_old[0])
+    assert not torch.equal(v_new[1:], v_old[1:])
 
 
 # --------------------------------------------------------------------------------------
