@@ -27,6 +27,10 @@ What one forward computes, for ``x [..., K]`` and a weight ``W [N, K]``:
 
 Since every operand of step 3 is exactly representable, the only difference from a
 real FP8 GEMM is the summation order of the fp32 accumulation.
+
+:class:`Fp8Experts` applies the same to the fused MoE experts of transformers 5
+(``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``, as vLLM's ``w13`` / ``w2``): one
+:class:`Fp8Linear` per expert and projection, both expert GEMMs W8A8.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from nemo_ais.fp8.quant import (
     quantize_blockwise,
 )
 
-__all__ = ["Fp8Linear"]
+__all__ = ["Fp8Experts", "Fp8Linear"]
 
 
 class Fp8Linear(nn.Module):
@@ -149,3 +153,90 @@ class Fp8Linear(nn.Module):
             f"group={self.activation_group}, families=({self.weight_family!r}, "
             f"{self.activation_family!r}), ue8m0={self.ue8m0}"
         )
+
+
+class Fp8Experts(nn.Module):
+    """W8A8 replacement of a transformers-5 fused MoE experts module (module doc).
+
+    Supports the standard layout (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3 experts):
+    ``gate_up_proj [E, 2I, H]`` concatenated ``[gate; up]``, ``down_proj [E, H, I]``,
+    no bias, ``act_fn``, and ``forward(hidden_states [T, H], top_k_index [T, k],
+    top_k_weights [T, k])``. Per expert ``e`` and routed token ``t``:
+    ``y_t += w_tk * down_e(act(gate_e(x_t)) * up_e(x_t))`` with every projection an
+    :class:`Fp8Linear` (so the down input is re-quantized per token, as in vLLM's FP8
+    fused MoE). The router is not part of this module and stays unquantized.
+
+    Raises:
+        NotImplementedError: another layout (transposed, biased, interleaved, ...).
+    """
+
+    def __init__(self, experts: nn.Module, *, name: str = "experts", **quant_kwargs) -> None:
+        super().__init__()
+        layout = {
+            "has_gate": True,
+            "has_bias": False,
+            "is_transposed": False,
+            "is_concatenated": True,
+            "has_post_expert_norm": False,
+        }
+        odd = {k: getattr(experts, k) for k, v in layout.items() if getattr(experts, k, v) != v}
+        gate_up = getattr(experts, "gate_up_proj", None)
+        down = getattr(experts, "down_proj", None)
+        if (
+            odd
+            or not isinstance(gate_up, torch.Tensor)
+            or not isinstance(down, torch.Tensor)
+            or gate_up.dim() != 3
+            or down.shape != (gate_up.shape[0], gate_up.shape[2], gate_up.shape[1] // 2)
+        ):
+            raise NotImplementedError(
+                f"{name}: unsupported MoE experts layout ({type(experts).__name__}, {odd or ''}"
+                f"gate_up_proj {getattr(gate_up, 'shape', None)}, down_proj "
+                f"{getattr(down, 'shape', None)}); expected gate_up_proj [E, 2I, H] and "
+                "down_proj [E, H, I], concatenated, not transposed, no bias"
+            )
+        self.name = name
+        self.num_experts = gate_up.shape[0]
+        self.act_fn = experts.act_fn
+        self.gate_up_proj = nn.ModuleList(
+            Fp8Linear(w, name=f"{name}.gate_up_proj[{e}]", **quant_kwargs)
+            for e, w in enumerate(gate_up.detach())
+        )
+        self.down_proj = nn.ModuleList(
+            Fp8Linear(w, name=f"{name}.down_proj[{e}]", **quant_kwargs)
+            for e, w in enumerate(down.detach())
+        )
+
+    def _loader(self, linears: nn.ModuleList, param: str):
+        def load(weight: torch.Tensor) -> None:
+            if weight.dim() != 3 or weight.shape[0] != self.num_experts:
+                raise ValueError(
+                    f"{self.name}.{param}: got {list(weight.shape)}, expected "
+                    f"[{self.num_experts}, N, K]"
+                )
+            for linear, w in zip(linears, weight, strict=True):
+                linear.load_weight(w)
+
+        return load
+
+    def loaders(self) -> dict[str, object]:
+        """``{relative parameter name: load function}`` for the refit (fused 3-D tensors)."""
+        return {
+            "gate_up_proj": self._loader(self.gate_up_proj, "gate_up_proj"),
+            "down_proj": self._loader(self.down_proj, "down_proj"),
+        }
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """Routed W8A8 experts: ``[T, H]`` -> ``[T, H]`` in ``hidden_states.dtype``."""
+        out = torch.zeros_like(hidden_states)
+        for e in torch.unique(top_k_index).tolist():
+            if not 0 <= e < self.num_experts:
+                continue  # HF marks dropped (capacity / EP) routes with an out-of-range id
+            token_idx, k_pos = torch.where(top_k_index == e)
+            gate, up = self.gate_up_proj[e](hidden_states[token_idx]).chunk(2, dim=-1)
+            y = self.down_proj[e](self.act_fn(gate) * up)
+            y = y * top_k_weights[token_idx, k_pos, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out

@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from transformers import DynamicCache
 
-from nemo_ais.fp8.fp8_linear import Fp8Linear
+from nemo_ais.fp8.fp8_linear import Fp8Experts, Fp8Linear
 from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
 from nemo_ais.fp8.quant import E4M3_MAX, Family
 
@@ -501,8 +501,17 @@ def _num_layers(model: nn.Module) -> int:
     return int(text.num_hidden_layers)
 
 
+def _is_fused_experts(module: nn.Module) -> bool:
+    """A transformers-5 fused MoE experts module (3-D ``gate_up_proj`` / ``down_proj``)."""
+    weight = getattr(module, "gate_up_proj", None)
+    return isinstance(weight, torch.Tensor) and weight.dim() == 3
+
+
 def _fp8_linear_names(model: nn.Module, config: Fp8RolloutConfig) -> list[str]:
-    """Names of the ``nn.Linear`` modules vLLM would run in FP8 (module doc, step 1)."""
+    """Names of the modules vLLM would run in FP8 (module doc, step 1).
+
+    ``nn.Linear`` layers and fused MoE experts inside FP8 decoder layers, minus routers.
+    """
     n_layers = _num_layers(model)
     first, last = config.num_first_layers_in_bf16, config.num_last_layers_in_bf16
     if first + last > n_layers:
@@ -513,7 +522,7 @@ def _fp8_linear_names(model: nn.Module, config: Fp8RolloutConfig) -> list[str]:
     names = []
     for name, module in model.named_modules():
         match = _LAYER_RE.search(name)
-        if not isinstance(module, nn.Linear) or match is None:
+        if match is None or not (isinstance(module, nn.Linear) or _is_fused_experts(module)):
             continue
         layer = int(match.group(1))
         if layer < first or layer >= n_layers - last:
@@ -559,7 +568,7 @@ class Fp8Twin:
                 twin.to(self.config.torch_compute_dtype)
             self.fp8_module_names = tuple(_fp8_linear_names(twin, self.config))
             for name in self.fp8_module_names:
-                self._replace_linear(twin, name)
+                self._replace_module(twin, name)
         self.model = twin
         self.num_layers = _num_layers(twin)
         self.kv_scales: KVScales | None = None
@@ -570,13 +579,9 @@ class Fp8Twin:
         """Whether the FP8 KV cache is simulated (``enabled and kv_cache_fp8``)."""
         return self.config.enabled and self.config.kv_cache_fp8
 
-    def _replace_linear(self, twin: nn.Module, name: str) -> None:
+    def _replace_module(self, twin: nn.Module, name: str) -> None:
         cfg = self.config
-        parent_name, _, child = name.rpartition(".")
-        parent = twin.get_submodule(parent_name)
-        fp8 = Fp8Linear.from_linear(
-            getattr(parent, child),
-            name=f"{name}.weight",
+        quant = dict(
             weight_block=cfg.weight_block,
             activation_group=cfg.activation_group,
             weight_family=cfg.weight_family,
@@ -585,6 +590,13 @@ class Fp8Twin:
             activation_eps=cfg.activation_eps,
             ue8m0=cfg.ue8m0,
         )
+        parent_name, _, child = name.rpartition(".")
+        parent = twin.get_submodule(parent_name)
+        module = getattr(parent, child)
+        if isinstance(module, nn.Linear):
+            fp8 = Fp8Linear.from_linear(module, name=f"{name}.weight", **quant)
+        else:
+            fp8 = Fp8Experts(module, name=name, **quant)
         setattr(parent, child, fp8)
 
     def _sync_targets(self) -> dict[str, Callable[[torch.Tensor], None]]:
@@ -593,10 +605,15 @@ class Fp8Twin:
         for name, param in self.model.named_parameters(remove_duplicate=False):
             targets[name] = self._copier(name, param)
         for name, buf in self.model.named_buffers(remove_duplicate=False):
-            if not name.endswith((".weight_scale_inv", ".weight_dequant")):
+            # FP8 codes, scales and caches are written by the load functions below
+            if not name.endswith((".weight", ".weight_scale_inv", ".weight_dequant")):
                 targets[name] = self._copier(name, buf)
         for name in self.fp8_module_names:
             module = self.model.get_submodule(name)
+            if isinstance(module, Fp8Experts):
+                for param, load in module.loaders().items():
+                    targets[f"{name}.{param}"] = load
+                continue
             targets[f"{name}.weight"] = module.load_weight
             if module.bias is not None:
                 targets[f"{name}.bias"] = module.load_bias
