@@ -140,8 +140,8 @@ class OptimizerSection(_Section):
 class WarmStartSection(_Section):
     """``policy.warm_start``: supervised fine-tuning before GRPO, cached by config hash."""
 
-    steps: int = Field(600, ge=0, description="SFT steps (0: GRPO starts from random init).")
-    batch_size: int = Field(64, ge=1, description="SFT problems per step.")
+    steps: int = Field(200, ge=0, description="SFT steps (0: GRPO starts from random init).")
+    batch_size: int = Field(128, ge=1, description="SFT problems per step.")
     lr: float = Field(1e-3, gt=0.0, description="SFT AdamW peak learning rate.")
     warmup_steps: int = Field(
         20, ge=0, description="Linear learning-rate warmup steps (then constant)."

@@ -1,0 +1,142 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Wall time of `nemo-ais run` (the default experiment, or --quick) -> docs/benchmarks.md "run".
+
+Runs the CLI in a subprocess and reports its wall time, the CPU time of it and all its
+trainer processes (user + sys), the machine's load average before and after (the CI machine
+may be shared: CPU time / cores is the uncontended lower bound of the wall time), and the
+per-phase split from metrics.jsonl.
+
+    python benchmarks/bench_embedded.py                 # default run, fresh run directory
+    python benchmarks/bench_embedded.py --quick
+    python benchmarks/bench_embedded.py --keep-cache    # reuse a cached warm start
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks._record import record_section
+
+
+def _cpu_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _phase_table(run_dir: Path) -> str:
+    sums: dict[str, float] = defaultdict(float)
+    n_steps = 0
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        for k, v in rec.items():
+            if k.startswith("time/"):
+                sums[k[5:]] += v
+        n_steps += rec["kind"] == "train"
+    rows = [f"| {k} | {v:.1f} |" for k, v in sorted(sums.items())]
+    return (
+        f"Per-phase wall time on rank 0, summed over {n_steps} GRPO steps (all arms x seeds):\n\n"
+        "| phase | seconds |\n|---|---|\n" + "\n".join(rows)
+    )
+
+
+def measure(quick: bool, root: Path, keep_cache: bool, overrides: list[str]) -> dict:
+    """Run the CLI once; wall time, CPU time of it and its trainer processes, load."""
+    cache = root / ".cache"
+    if not keep_cache:
+        shutil.rmtree(cache, ignore_errors=True)
+    name = "quick" if quick else "default"
+    cmd = [
+        sys.executable,
+        "-m",
+        "nemo_ais",
+        "run",
+        *(["--quick"] if quick else []),
+        "--overwrite",
+        f"logger.run_dir={root}",
+        f"logger.name={name}",
+        f"policy.warm_start.cache_dir={cache}",
+        "logger.progress_bar=false",
+        *overrides,
+    ]
+    load0 = os.getloadavg()[0]
+    cpu0 = _cpu_children()
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, check=False)
+    wall = time.perf_counter() - t0
+    cpu = _cpu_children() - cpu0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
+    return {
+        "preset": f"nemo-ais run{' --quick' if quick else ''} {' '.join(overrides)}".strip(),
+        "warm": "reused" if keep_cache else "trained",
+        "wall": wall,
+        "cpu": cpu,
+        "load": (load0, os.getloadavg()[0]),
+        "run_dir": root / name,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-quick", action="store_true", help="Time only the default run.")
+    parser.add_argument("--skip-default", action="store_true", help="Time only --quick.")
+    parser.add_argument("--keep-cache", action="store_true", help="Reuse a cached warm start.")
+    parser.add_argument("--run-root", default="runs/bench")
+    parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides for the default run.")
+    args = parser.parse_args()
+
+    root = Path(args.run_root)
+    rows = []
+    if not args.skip_quick:
+        rows.append(measure(True, root, args.keep_cache, []))
+    if not args.skip_default:
+        rows.append(measure(False, root, args.keep_cache, args.overrides))
+    cores = os.cpu_count() or 1
+    table = [
+        "| command | warm start | wall time (s) | CPU time, all processes (s) "
+        "| CPU / cores (s) | load avg 1 min before / after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        table.append(
+            f"| `{r['preset']}` | {r['warm']} | **{r['wall']:.1f}** | {r['cpu']:.1f} | "
+            f"{r['cpu'] / cores:.1f} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |"
+        )
+    body = (
+        "\n".join(table)
+        + "\n\n"
+        + _phase_table(rows[-1]["run_dir"])
+        + f"\n\nThe machine has {cores} cores. CPU / cores is the uncontended lower bound of "
+        f"the wall time; a load average above {cores} means other processes competed for the "
+        "cores during the measurement (the wall time is then an upper bound for an idle "
+        "machine)."
+    )
+    print(body)
+    if not args.no_record:
+        record_section("run", "Embedded experiment wall time (`nemo-ais run`)", body)
+
+
+if __name__ == "__main__":
+    main()
