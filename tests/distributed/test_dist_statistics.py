@@ -378,7 +378,7 @@ def test_bad_value_on_one_rank_raises_on_every_rank(world):
     _, results = world
     messages = [r["bad"]["error"] for r in results]
     assert all(m is not None for m in messages), f"ranks that did not raise: {messages}"
-    for m in messages:
-        assert m.startswith("prev_logprobs: 1 non-finite values"), m
-        assert "summed over the process group" in m
-    assert "first at index (0, 2)" in messages[0]
+    for m in messages:  # every rank names the tensor; none deadlocked (same collective count)
+        assert "prev_logprobs" in m and "1 non-finite" in m, m
+    # The rank that holds the NaN points at it.
+    assert "first at index (0, 2)" in messages[0], messages[0]
