@@ -57,8 +57,13 @@ __all__ = [
 
 # Keys whose value comes from core in AIS mode (same definitions as NeMo-RL's, with the
 # AIS weight as the applied correction); every other key of NeMo-RL's dict is NeMo-RL's.
-_CORE_KEYS = ("loss", "probs_ratio", "probs_ratio_clamped", "kl_penalty")
-_CORE_KEYS += ("sampling_importance_ratio",)
+_CORE_KEYS = (
+    "loss",
+    "probs_ratio",
+    "probs_ratio_clamped",
+    "kl_penalty",
+    "sampling_importance_ratio",
+)
 # NeMo-RL v0.7.0 ClippedPGLossFn keys (no truncated IS): what grpo_train may read.
 NEMO_RL_METRIC_KEYS = (
     "loss",
@@ -165,20 +170,24 @@ def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AI
 
 
 def pg_loss_config(cfg: ClippedPGLossConfig) -> PGLossConfig:
-    """The clipped-surrogate knobs of a NeMo-RL loss config as core's :class:`PGLossConfig`."""
-    return PGLossConfig(
-        ratio_clip_min=cfg.ratio_clip_min,
-        ratio_clip_max=cfg.ratio_clip_max,
-        ratio_clip_c=cfg.ratio_clip_c,
-        reference_policy_kl_penalty=0.0
-        if cfg.use_kl_in_reward
-        else cfg.reference_policy_kl_penalty,
-        reference_policy_kl_type=cfg.reference_policy_kl_type,
-        kl_input_clamp_value=cfg.kl_input_clamp_value,
-        kl_output_clamp_value=cfg.kl_output_clamp_value,
-        token_level_loss=cfg.token_level_loss,
-        disable_ppo_ratio=cfg.disable_ppo_ratio,
-    )
+    """The clipped-surrogate knobs of a NeMo-RL loss config as core's :class:`PGLossConfig`.
+
+    Raises:
+        ValueError: naming ``loss_fn.<field>`` (e.g. ``ratio_clip_c`` must be > 1).
+    """
+    kl_penalty = 0.0 if cfg.use_kl_in_reward else cfg.reference_policy_kl_penalty
+    fields = {
+        "ratio_clip_min": cfg.ratio_clip_min,
+        "ratio_clip_max": cfg.ratio_clip_max,
+        "ratio_clip_c": cfg.ratio_clip_c,
+        "reference_policy_kl_penalty": kl_penalty,
+        "reference_policy_kl_type": cfg.reference_policy_kl_type,
+        "kl_input_clamp_value": cfg.kl_input_clamp_value,
+        "kl_output_clamp_value": cfg.kl_output_clamp_value,
+        "token_level_loss": cfg.token_level_loss,
+        "disable_ppo_ratio": cfg.disable_ppo_ratio,
+    }
+    return validate_section(PGLossConfig, fields, "loss_fn")
 
 
 def core_metric_keys(token_level_loss: bool = True) -> dict[str, str]:
@@ -204,7 +213,8 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         cfg = validate_loss_config(cfg)
         super().__init__(cfg)
         self.ais = cfg.ais
-        self.pg = pg_loss_config(cfg)
+        # mode none must construct whatever ClippedPGLossFn constructs: no core checks then
+        self.pg = pg_loss_config(cfg) if cfg.ais.mode != "none" else None
         inherited = dict(getattr(self, "metric_normalizations", None) or {})
         self.metric_normalizations = {**inherited, **core_metric_keys(cfg.token_level_loss)}
         self._diagnostics: tuple[AISDiagnostics, ...] = ()

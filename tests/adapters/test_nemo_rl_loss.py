@@ -210,6 +210,12 @@ def test_invalid_ais_field_names_the_path():
         validate_loss_config({"ratio_clip_min": "wide"})
 
 
+def test_surrogate_knobs_are_checked_only_with_ais_on():
+    with pytest.raises(ValueError, match=r"loss_fn\.ratio_clip_c=0\.5 is invalid"):
+        AISClippedPGLossFn({"ratio_clip_c": 0.5, "ais": {"mode": "ais"}})
+    assert AISClippedPGLossFn({"ratio_clip_c": 0.5}).pg is None  # as ClippedPGLossFn
+
+
 def test_config_is_a_clipped_pg_loss_config():
     cfg = validate_loss_config({"ais": {"mode": "ais", "weight_cap": 3.0}})
     assert isinstance(cfg, AISLossConfig) and isinstance(cfg, ClippedPGLossConfig)
