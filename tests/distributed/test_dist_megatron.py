@@ -26,7 +26,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from _data import concat_shards, make_shards
+from _dist_data import concat_shards, make_shards
 from _harness import assert_same_bits, count_collectives, run_distributed
 
 from nemo_ais.config import CorrectionConfig

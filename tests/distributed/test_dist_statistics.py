@@ -30,7 +30,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from _data import Shard, concat_shards, make_shards
+from _dist_data import Shard, concat_shards, make_shards
 from _harness import assert_same_bits, count_collectives, run_distributed
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig
