@@ -259,7 +259,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     raw = load_config_dict(args.config, overrides)
     ais_cfg = validate_ais(raw)  # before Ray: config errors surface in seconds
     print(f"loss_fn.ais: {ais_cfg.ais.model_dump()}")
-    config = grpo.MasterConfig(**nemo_rl_view(raw, ais_cfg))
+    view = nemo_rl_view(raw, ais_cfg)
+    if ais_cfg.ais.mode == "none" and view is not raw:
+        print(
+            "WARNING: loss_fn.ais.mode=none: training WITHOUT importance-sampling correction "
+            "(the uncorrected arm); NeMo-RL's FP8/async guards are bypassed on purpose"
+        )
+    config = grpo.MasterConfig(**view)
     pprint.pprint(config)
     config.logger["log_dir"] = get_next_experiment_dir(config.logger["log_dir"])
 
