@@ -61,37 +61,34 @@ def prompts(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def time_generate(fn, repeats: int) -> float:
-    fn(torch.Generator().manual_seed(0))  # warm-up
-    times = []
-    for r in range(repeats):
-        g = torch.Generator().manual_seed(r)
-        t0 = time.perf_counter()
-        fn(g)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def speed_table(repeats: int) -> str:
+    """Median seconds per engine; repeats interleaved round-robin so load drift hits all."""
     model = tiny_qwen2(256)
     ids, mask = prompts()
+    twin = Fp8Twin(model, Fp8RolloutConfig())
+    twin_kv = Fp8Twin(model, Fp8RolloutConfig(kv_cache_fp8=True))
     engines = {
-        "fp32 model (plain HF forward)": model,
-        "twin, W8A8": Fp8Twin(model, Fp8RolloutConfig()),
-        "twin, W8A8 + FP8 KV": Fp8Twin(model, Fp8RolloutConfig(kv_cache_fp8=True)),
+        "fp32 model (plain HF forward)": lambda g: generate(
+            model, ids, mask, max_new_tokens=NEW, generator=g
+        ),
+        "twin, W8A8": lambda g: twin.generate(ids, mask, max_new_tokens=NEW, generator=g),
+        "twin, W8A8 + FP8 KV": lambda g: twin_kv.generate(
+            ids, mask, max_new_tokens=NEW, generator=g
+        ),
     }
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for fn in engines.values():  # warm-up
+        fn(torch.Generator().manual_seed(0))
+    for r in range(repeats):
+        for name, fn in engines.items():
+            g = torch.Generator().manual_seed(r)
+            t0 = time.perf_counter()
+            fn(g)
+            times[name].append(time.perf_counter() - t0)
     rows = ["| engine | seconds (median) | tokens/s | vs fp32 |", "|---|---|---|---|"]
-    base = None
-    for name, engine in engines.items():
-        gen = (
-            engine.generate
-            if isinstance(engine, Fp8Twin)
-            else (lambda *a, _m=engine, **k: generate(_m, *a, **k))
-        )
-        sec = time_generate(
-            lambda g, _gen=gen: _gen(ids, mask, max_new_tokens=NEW, generator=g), repeats
-        )
-        base = base or sec
+    base = statistics.median(next(iter(times.values())))
+    for name, ts in times.items():
+        sec = statistics.median(ts)
         rows.append(f"| {name} | {sec:.3f} | {BATCH * NEW / sec:.0f} | {sec / base:.2f}x |")
     return "\n".join(rows)
 

@@ -646,5 +646,22 @@ def test_moe_twin_sync_and_mismatch():
     for e, linear in enumerate(twin.model.model.layers[0].mlp.experts.down_proj):
         assert torch.equal(linear.weight.view(torch.uint8), q[e].view(torch.uint8))
         assert torch.equal(linear.weight_scale_inv, s[e])
-    with pytest.raises(ValueError, match=r"experts\.down_proj: got \[128, 128\], expected \[4, N, K\]"):
+    with pytest.raises(
+        ValueError, match=r"experts\.down_proj: got \[128, 128\], expected \[4, N, K\]"
+    ):
         twin.sync_weights({name: new[0]})
+
+
+def test_compute_dtype_bfloat16(qwen):
+    twin = Fp8Twin(qwen, Fp8RolloutConfig(compute_dtype="bfloat16"))
+    assert qwen.lm_head.weight.dtype == torch.float32  # the original is untouched
+    assert torch.equal(twin.model.lm_head.weight, qwen.lm_head.weight.to(torch.bfloat16))
+    fp8 = twin.model.model.layers[0].mlp.down_proj
+    # quantized from the bf16-cast weight, as vLLM quantizes the BF16 checkpoint
+    w_q, _ = quantize_blockwise(qwen.model.layers[0].mlp.down_proj.weight.detach().bfloat16())
+    assert torch.equal(fp8.weight.view(torch.uint8), w_q.view(torch.uint8))
+    ids, mask = _prompts()
+    out = twin.generate(ids, mask, max_new_tokens=4, generator=_gen(0))
+    ref = score_responses(qwen, ids, mask, out.response_ids)
+    stats = logprob_mismatch(out.logprobs, ref, out.response_mask)
+    assert out.logprobs.dtype == torch.float32 and 1e-3 < stats.mean_abs_delta < 0.2
