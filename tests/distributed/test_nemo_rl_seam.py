@@ -11,7 +11,8 @@ whose count differs per rank. ONE spawn of 4 ranks runs every scenario:
   NeMo-RL packing layout (``elem_counts_per_gb`` differs per rank and per global batch);
   rank 2 has zero valid tokens everywhere, rank 3 has 0 rows in global batch 1; rank r
   calls the loss once per packed sequence (rank 0: 3 calls, rank 1: 5 calls per global
-  batch, ...). EMA state (ema=0.5) advanced once per global batch.
+  batch, ...), then pads with dummy calls on its own rows up to the largest count, as the
+  DTensor worker does. EMA state (ema=0.5) advanced once per global batch.
 * ``pp``: PP = 2 x DP = 2: DP groups {0, 1} (stage 0) and {2, 3} (stage 1); both stages
   hold the same shards (NeMo-RL replicates data over PP), every rank prepares, only the
   last stage calls the loss.
@@ -134,7 +135,12 @@ def _train_call(data, group, state, all_rank_batches, calls_loss, eval_mode=Fals
             gvs, gvt = _global_counts([b[g] for b in all_rank_batches])
             rows = data.get_batch(g)
             total = 0.0
-            for i in range(rows["sample_mask"].shape[0]):  # packing: one call per sequence
+            n_rows = rows["sample_mask"].shape[0]
+            # DTensor-style padding: every rank makes max-rows calls per global batch,
+            # re-using its own rows as dummies (their loss and metrics are discarded)
+            n_calls = max(len(b[g]["sample_mask"]) for b in all_rank_batches) if n_rows else 0
+            for j in range(n_calls):  # packing: one call per sequence
+                i = j % n_rows
                 row = {k: v[i : i + 1] for k, v in rows.items()}
                 row[GLOBAL_BATCH_KEY] = data[GLOBAL_BATCH_KEY][
                     sum(data.elem_counts_per_gb[:g]) + i : sum(data.elem_counts_per_gb[:g]) + i + 1
@@ -149,8 +155,9 @@ def _train_call(data, group, state, all_rank_batches, calls_loss, eval_mode=Fals
                     global_valid_seqs=gvs,
                     global_valid_toks=gvt,
                 )
-                total += float(res.loss)
-                calls += 1
+                if j < n_rows:
+                    total += float(res.loss)
+                    calls += 1
             losses.append(total)
     out.update(loss=losses, loss_calls=calls, in_loss=in_loss.count())
     return out
