@@ -87,7 +87,7 @@ def _calls(counter) -> list[dict]:
     ]
 
 
-def _loss_run(x: Shard, diagnostics, pg: PGLossConfig, n_tok, n_seq, group=None):
+def _loss_run(x: Shard, diagnostics, pg: PGLossConfig, n_tok, n_seq, group=None, cfg=CONFIG):
     curr = x.curr.clone().requires_grad_(True)
     with count_collectives() as counter:
         out = clipped_pg_loss(
@@ -96,7 +96,7 @@ def _loss_run(x: Shard, diagnostics, pg: PGLossConfig, n_tok, n_seq, group=None)
             x.gen,
             x.adv,
             x.mask,
-            CONFIG,
+            cfg,
             pg=pg,
             reference_logprobs=x.ref,
             diagnostics=diagnostics,
@@ -154,6 +154,9 @@ def _rank_main(rank: int, world_size: int, specs, empty_specs, seed: int) -> dic
     for key, pg in PG.items():
         res[key] = _loss_run(x, diag, pg, n_tok, n_seq)
     res["loss_self"] = _loss_run(x, None, PG["loss_tok"], n_tok, n_seq, group=group)
+    for mode in ("none", "tis", "icepop", "seq_mask_geo"):  # no alpha: never communicates
+        cfg = CorrectionConfig(mode=mode)
+        res[f"loss_{mode}"] = _loss_run(x, None, PG["loss_tok"], n_tok, n_seq, group, cfg)
 
     state = AISState()
     alphas, calls = [], []
@@ -281,6 +284,8 @@ def test_exactly_one_small_all_reduce_per_statistics_computation(world):
         # precomputed diagnostics: the loss itself never communicates
         assert res["loss_tok"]["calls"] == [] and res["loss_seq"]["calls"] == []
         assert res["empty"]["loss"]["calls"] == []
+        for mode in ("none", "tis", "icepop", "seq_mask_geo"):
+            assert res[f"loss_{mode}"]["calls"] == [], f"rank {r}: mode {mode} communicated"
 
 
 def test_group_none_is_local_and_silent_inside_a_world(world):
@@ -336,6 +341,26 @@ def test_loss_and_gradients_sum_to_single_process(world, key):
 
     summed = {k: math.fsum(res[key]["metrics"][k] for res in results) for k in out.metrics}
     _assert_dict_close(summed, {k: v.item() for k, v in out.metrics.items()}, f"{key} metrics")
+
+
+@pytest.mark.parametrize("mode", ["none", "tis", "icepop", "seq_mask_geo"])
+def test_other_modes_sum_to_single_process(world, mode):
+    n, results = world
+    g = _oracle_batch(n)
+    curr = g.curr.clone().requires_grad_(True)
+    want = clipped_pg_loss(
+        curr, g.prev, g.gen, g.adv, g.mask, CorrectionConfig(mode=mode), pg=PG["loss_tok"],
+        reference_logprobs=g.ref,
+    )  # fmt: skip
+    want.loss.backward()
+    total = math.fsum(res[f"loss_{mode}"]["loss"] for res in results)
+    assert _close(total, want.loss.item()), (mode, total, want.loss.item())
+    grads = []
+    for res, x in zip(results, make_shards(SHARD_SPECS[n], SEED), strict=True):
+        b, t = x.mask.shape
+        grad = torch.tensor(res[f"loss_{mode}"]["grad"], dtype=torch.float64).reshape(b, t)
+        grads.append(torch.nn.functional.pad(grad, (0, g.mask.shape[1] - t)))
+    torch.testing.assert_close(torch.cat(grads), curr.grad, rtol=RTOL, atol=ATOL)
 
 
 def test_ema_state_advances_identically(world):

@@ -222,6 +222,45 @@ def test_loss_and_grads_finite_for_finite_inputs(cfg, dtype, pg, data):
     assert not bad, bad
 
 
+@pytest.mark.parametrize("mode", ["tis", "ais"])
+def test_loss_finite_float32_at_max_log_ratio_clamp(mode):
+    # Regression for a float32 overflow found by the finiteness property on a larger batch:
+    # log_ratio_clamp = 80 is accepted by CorrectionConfig (it keeps exp() finite in
+    # float32), but the per-token terms are then up to |A| * C * e^80 ~ 1.1e36 and their
+    # float32 SUM over ~300+ tokens exceeds float32 max (3.4e38): loss = inf for finite
+    # inputs. Here: log pi_theta - log pi_old = 100 (clamped to 80), A = -10, C = 2,
+    # T = 4096 tokens. Expected: a finite loss (e.g. accumulate the loss sum in float64,
+    # or bound the PPO-ratio clamp separately), as the contract "finite for any finite
+    # input, including at the clamp bounds" (style.md) requires.
+    cfg = CorrectionConfig(mode=mode, log_ratio_clamp=80.0, weight_cap=2.0)
+    t = 4096
+    gen = torch.full((1, t), -1.0)
+    prev = gen + 85.0  # l = 85: beyond the clamp, rho capped at C
+    curr = (prev + 100.0).requires_grad_(True)
+    out = clipped_pg_loss(curr, prev, gen, torch.tensor([-10.0]), torch.ones(1, t), cfg)
+    out.loss.backward()
+    assert torch.isfinite(curr.grad).all()
+    assert torch.isfinite(out.loss), f"float32 loss overflowed: {out.loss.item()}"
+    bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
+    assert not bad, bad
+
+
+@_settings(30)
+@given(cfg=configs(mode="ais"), x=batches())
+def test_mask_dtype_and_layout_do_not_matter(cfg, x):
+    base = compute_statistics(x["prev"], x["gen"], x["mask"], cfg).vector
+    valid = x["mask"].bool()
+    for mask in (valid, valid.long(), valid.to(torch.uint8), valid.float()):
+        got = compute_statistics(x["prev"], x["gen"], mask, cfg).vector
+        assert torch.equal(got, base), mask.dtype
+    # non-contiguous views (NeMo-RL slices [:, 1:] of bigger tensors)
+    wide = torch.cat([x["prev"], x["gen"]], dim=1)
+    t = x["prev"].shape[1]
+    got = compute_statistics(wide[:, :t], wide[:, t:], x["mask"].t().contiguous().t(), cfg)
+    # strides change torch's summation order: equal up to float64 re-association
+    torch.testing.assert_close(got.vector, base, rtol=RTOL, atol=1e-12)
+
+
 # ---- monotonicity of each gate (through diagnostics_from_stats) ----------------------------------
 
 
