@@ -14,7 +14,7 @@ import torch
 from pydantic import ValidationError
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from nemo_ais.fp8.fp8_linear import Fp8Experts, Fp8Linear
+from nemo_ais.fp8.fp8_linear import Fp8Experts, Fp8Linear, _fake_quant_groups_b
 from nemo_ais.fp8.quant import (
     dequantize_activations,
     dequantize_blockwise,
@@ -119,17 +119,20 @@ def _ref_blockwise_fake_quant(w, block=128, eps=1e-4):
     return out
 
 
-def test_fp8_linear_equals_independent_reference():
+# K = 272: neither dim a multiple of 128 (reference activation path); K = 256: the fused
+# activation fake-quant path
+@pytest.mark.parametrize("k", [272, 256])
+def test_fp8_linear_equals_independent_reference(k):
     torch.manual_seed(3)
-    lin = torch.nn.Linear(272, 300, bias=True)  # neither dim a multiple of 128
+    lin = torch.nn.Linear(k, 300, bias=True)
     fp8 = Fp8Linear.from_linear(lin, name="proj.weight")
-    x = torch.randn(3, 5, 272) * 3.0
+    x = torch.randn(3, 5, k) * 3.0
     # composed separately from the quantizer's public functions
     w_q, s_w = quantize_blockwise(lin.weight.detach(), (128, 128), "a", 1e-4)
     x_q, s_x = quantize_activations(x, 128, "b", 1e-10)
     w_dq = dequantize_blockwise(w_q, s_w, (128, 128))
     x_dq = dequantize_activations(x_q, s_x, 128)
-    ref = (x_dq.reshape(-1, 272) @ w_dq.t()).reshape(3, 5, 300) + lin.bias.detach()
+    ref = (x_dq.reshape(-1, k) @ w_dq.t()).reshape(3, 5, 300) + lin.bias.detach()
     y = fp8(x)
     assert torch.equal(fp8.weight.view(torch.uint8), w_q.view(torch.uint8))
     assert torch.equal(fp8.weight_scale_inv, s_w)
@@ -141,6 +144,24 @@ def test_fp8_linear_equals_independent_reference():
     torch.testing.assert_close(y.double(), ref64, rtol=1e-5, atol=1e-4)
     # it is a real quantization: not the fp32 linear
     assert (y - lin(x)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_activation_fake_quant_is_bit_identical(dtype):
+    torch.manual_seed(4)
+    x = torch.randn(5, 3, 512) * torch.logspace(-12, 6, 512)  # 18 decades across groups
+    x[0, 0, :128] = 0.0  # an all-zero group: q = 0, finite scale
+    x[1, 2, 130] = -1e30  # one huge value: its group saturates nothing, others unaffected
+    x = x.to(dtype)
+    ref = dequantize_activations(*quantize_activations(x, 128, "b", 1e-10), 128)
+    got = _fake_quant_groups_b(x, 128, 1e-10, "x")
+    assert torch.equal(got, ref), (got - ref).abs().max()
+    bad = x.clone()
+    bad[2, 1, 7] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"x: got 1 non-finite value\(s\).*first at index \(2, 1, 7\)"
+    ):
+        _fake_quant_groups_b(bad, 128, 1e-10, "x")
 
 
 def test_fp8_linear_rejects_bad_weight():
