@@ -36,6 +36,7 @@ real FP8 GEMM is the summation order of the fp32 accumulation.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nemo_ais.fp8.quant import (
@@ -181,7 +182,7 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``y = dq(q(x)) @ dq(q(W))^T (+ bias)`` in fp32, returned in ``x.dtype``."""
         x_dq = self.quantize_input(x)
-        y = torch.matmul(x_dq, self.weight_dequant.t())
+        y = F.linear(x_dq, self.weight_dequant)
         if self.bias is not None:
             y = y + self.bias.to(torch.float32)
         return y.to(x.dtype)
