@@ -29,6 +29,15 @@ Three tools, all plain functions (no pytest fixtures, so adapter tests can reuse
   ``dist.all_reduce`` or a name it imported with ``from torch.distributed import ...``
   (module attributes of ``nemo_ais.*`` bound to a collective are patched too). Nested
   calls (``all_gather_object`` calling ``all_gather``) count once.
+* Import: test files in ``tests/distributed`` do ``from _harness import ...`` (pytest's
+  default ``prepend`` import mode puts the test's directory on ``sys.path``). Elsewhere::
+
+      sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "distributed"))
+      from _harness import run_distributed
+
+  The function given to :func:`run_distributed` must be importable by the spawned ranks
+  under its module name (a module-level function of a test module is; a lambda or a
+  closure is not). The ranks inherit the parent's ``sys.path``.
 * :func:`float_bits` / :func:`assert_same_bits` compare floats by their IEEE-754 bit
   pattern, which is what "bit-identical across ranks" means (``0.0 != -0.0`` there, and
   ``nan`` equals itself only if the payload matches).
@@ -337,6 +346,8 @@ def _worker(
     if outcome["ok"] and dist.is_initialized():
         dist.destroy_process_group()
     # Skip interpreter teardown: a rank whose peers died can hang in gloo's destructors.
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)
 
 
@@ -346,6 +357,9 @@ def _read_result(result_dir: str, rank: int) -> dict[str, Any] | None:
         return None
     with open(path, "rb") as f:
         return pickle.load(f)
+
+
+_PORT_IN_USE = ("address already in use", "eaddrinuse")
 
 
 def run_distributed(
@@ -380,7 +394,16 @@ def run_distributed(
     """
     if world_size < 1:
         raise ValueError(f"world_size: got {world_size}, expected >= 1")
-    kwargs = dict(kwargs or {})
+    try:
+        return _run_once(fn, world_size, args, dict(kwargs or {}), timeout, backend)
+    except RuntimeError as err:
+        # free_port() is racy on a shared machine: retry once on a fresh port.
+        if not any(s in str(err).lower() for s in _PORT_IN_USE):
+            raise
+        return _run_once(fn, world_size, args, dict(kwargs or {}), timeout, backend)
+
+
+def _run_once(fn, world_size, args, kwargs, timeout, backend) -> list[Any]:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="nemo_ais_dist_") as result_dir:
         port = free_port()
