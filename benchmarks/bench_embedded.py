@@ -18,9 +18,9 @@ trainer processes (user + sys), the machine's load average before and after (the
 may be shared: CPU time / cores is the uncontended lower bound of the wall time), and the
 per-phase split from metrics.jsonl.
 
-    python benchmarks/bench_embedded.py                 # default run, fresh run directory
-    python benchmarks/bench_embedded.py --quick
-    python benchmarks/bench_embedded.py --keep-cache    # reuse a cached warm start
+    python -m benchmarks.bench_embedded                 # --quick, then the default run
+    python -m benchmarks.bench_embedded --skip-quick    # only the default run
+    python -m benchmarks.bench_embedded --keep-cache    # reuse a cached warm start
 """
 
 from __future__ import annotations

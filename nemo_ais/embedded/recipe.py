@@ -625,7 +625,9 @@ def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
     warm_file = None
     if base.policy.warm_start.steps > 0:
         threads = torch.get_num_threads()
-        torch.set_num_threads(base.cluster.dp_size * base.cluster.num_threads_per_rank)
+        # one rank's thread budget: on 2 shared cores a second intra-op thread mostly spins
+        # (measured 3x the CPU time for a slower step)
+        torch.set_num_threads(base.cluster.num_threads_per_rank)
         try:
             warm_file = warm_start(base, task, progress=base.logger.progress_bar)
         finally:
