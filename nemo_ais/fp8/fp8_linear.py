@@ -145,6 +145,38 @@ class Fp8Linear(nn.Module):
         self.weight_dequant = dequantize_blockwise(w_q, s_w, self.weight_block, torch.float32)
 
     @torch.no_grad()
+    def load_quantized(self, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> None:
+        """Load already-quantized codes and scales (a vLLM-format refit stream) as is.
+
+        Raises:
+            ValueError: codes not ``float8_e4m3fn [out, in]``, or scales not fp32 with one
+                finite, positive entry per block.
+        """
+        expected = (self.out_features, self.in_features)
+        if weight.dtype != torch.float8_e4m3fn or tuple(weight.shape) != expected:
+            raise ValueError(
+                f"{self.name}: got codes {list(weight.shape)} {weight.dtype}, expected "
+                f"{list(expected)} torch.float8_e4m3fn"
+            )
+        blocks = tuple(-(-n // b) for n, b in zip(expected, self.weight_block, strict=True))
+        s = weight_scale_inv
+        if s.dtype != torch.float32 or tuple(s.shape) != blocks:
+            raise ValueError(
+                f"{self.name}_scale_inv: got {list(s.shape)} {s.dtype}, expected "
+                f"{list(blocks)} torch.float32 for block {self.weight_block}"
+            )
+        if not bool((torch.isfinite(s) & (s > 0)).all()):
+            raise ValueError(
+                f"{self.name}_scale_inv: {int((~(torch.isfinite(s) & (s > 0))).sum())} "
+                "scale(s) not finite and > 0 (a never-loaded or corrupted scale)"
+            )
+        self.weight = weight.detach().clone()
+        self.weight_scale_inv = s.detach().clone()
+        self.weight_dequant = dequantize_blockwise(
+            self.weight, self.weight_scale_inv, self.weight_block, torch.float32
+        )
+
+    @torch.no_grad()
     def load_bias(self, bias: torch.Tensor) -> None:
         """Copy a new bias (kept in high precision, as vLLM does)."""
         if self.bias is None or bias.shape != self.bias.shape:

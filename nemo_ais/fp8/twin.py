@@ -76,6 +76,9 @@ FP8_DTYPE = torch.float8_e4m3fn
 _COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 # A decoder layer's index in a HF module name: "model.layers.3.self_attn.q_proj".
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# KV-cache scale names of a refit stream (kv_scales.kv_scale_names, or vLLM's remapped).
+_KV_SCALE_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(?:attn\.)?([qkv])_scale$")
+_SCALE_SUFFIX = "_scale_inv"  # "<...>.weight" -> "<...>.weight_scale_inv"
 # Linear layers inside a decoder layer that vLLM keeps in BF16 (MoE routers).
 _ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate"})
 
@@ -573,6 +576,11 @@ class Fp8Twin:
         self.num_layers = _num_layers(twin)
         self.kv_scales: KVScales | None = None
         self._targets = self._sync_targets()
+        self._fp8_weights = {
+            f"{n}.weight": m
+            for n in self.fp8_module_names
+            if isinstance(m := self.model.get_submodule(n), Fp8Linear)
+        }
 
     @property
     def kv_cache_fp8(self) -> bool:
@@ -641,34 +649,85 @@ class Fp8Twin:
         """Refit: load the trainer's current weights, re-quantizing the FP8 linears.
 
         Accepts a ``state_dict`` or a stream of ``(name, tensor)`` with the original
-        model's (HF) names; a partial set updates only those tensors. Every refit makes
-        the KV scales stale: they are recalibrated here from the calibration batch if
-        one is given, else on the next :meth:`generate` / :meth:`score` batch.
+        model's (HF) names; a partial set updates only those tensors. An FP8 linear's
+        weight is either high precision (re-quantized here) or, as vLLM receives it from
+        :func:`~nemo_ais.fp8.stream.fp8_weight_stream`, ``(name, float8_e4m3fn codes)``
+        plus ``(name + "_scale_inv", fp32 scales)``, loaded as is. KV-cache scales sent
+        with the refit (``model.layers.N.self_attn.k_scale`` / ``v_scale``, e.g.
+        :meth:`~nemo_ais.fp8.kv_scales.KVScales.named_tensors`) become :attr:`kv_scales`
+        (every layer's K and V are then required). Otherwise every refit makes the KV
+        scales stale: they are recalibrated here from the calibration batch if one is
+        given, else on the next :meth:`generate` / :meth:`score` batch.
 
         Returns:
             The number of tensors loaded.
 
         Raises:
-            ValueError: an unknown name, a shape mismatch or non-finite values (nothing
-                after the offending tensor is loaded).
+            ValueError: an unknown name, a shape mismatch, non-finite values (nothing
+                after the offending tensor is loaded), FP8 codes without their scales
+                (or the reverse), or KV scales missing for some layer.
         """
         items = weights.items() if isinstance(weights, Mapping) else weights
         n_loaded = 0
+        pending: dict[str, dict[str, torch.Tensor]] = {}  # FP8 weight name -> codes/scale
+        kv_sent: dict[tuple[int, str], float] = {}
         for name, tensor in items:
-            if name not in self._targets:
+            weight_name = name[: -len(_SCALE_SUFFIX)] if name.endswith(_SCALE_SUFFIX) else name
+            kv_match = _KV_SCALE_RE.search(name)
+            if weight_name in self._fp8_weights and (
+                name != weight_name or tensor.dtype == FP8_DTYPE
+            ):
+                part = "scale" if name != weight_name else "codes"
+                pending.setdefault(weight_name, {})[part] = tensor
+                if len(pending[weight_name]) == 2:
+                    got = pending.pop(weight_name)
+                    self._fp8_weights[weight_name].load_quantized(got["codes"], got["scale"])
+            elif kv_match is not None:
+                _check_finite(name, tensor)
+                kv_sent[(int(kv_match.group(1)), kv_match.group(2))] = float(tensor)
+            elif name in self._targets:
+                _check_finite(name, tensor)
+                self._targets[name](tensor.detach())
+            else:
                 raise ValueError(
                     f"sync_weights: unknown tensor name {name!r}, expected a name of the "
-                    f"original model's state_dict (e.g. {next(iter(self._targets))!r})"
+                    f"original model's state_dict (e.g. {next(iter(self._targets))!r}), "
+                    "its '.weight_scale_inv' or a KV-cache scale"
                 )
-            _check_finite(name, tensor)
-            self._targets[name](tensor.detach())
             n_loaded += 1
-        self.kv_scales = None
-        if self.kv_cache_fp8 and calibration_input_ids is not None:
+        if pending:
+            first = next(iter(pending))
+            raise ValueError(
+                f"sync_weights: {first} got only its {next(iter(pending[first]))} in FP8 "
+                f"format, expected both '{first}' (float8_e4m3fn) and '{first}{_SCALE_SUFFIX}'"
+            )
+        self.kv_scales = self._received_kv_scales(kv_sent) if kv_sent else None
+        if self.kv_cache_fp8 and self.kv_scales is None and calibration_input_ids is not None:
             if calibration_attention_mask is None:
                 calibration_attention_mask = torch.ones_like(calibration_input_ids)
             self.calibrate_kv_scales(calibration_input_ids, calibration_attention_mask)
         return n_loaded
+
+    def _received_kv_scales(self, sent: dict[tuple[int, str], float]) -> KVScales:
+        """KV scales sent with the refit -> :class:`KVScales` (``amax = scale * 448``)."""
+        missing = [
+            f"layer {i} {kind}"
+            for i in range(self.num_layers)
+            for kind in ("k", "v")
+            if (i, kind) not in sent
+        ]
+        bad = {k: v for k, v in sent.items() if not v > 0}
+        if missing or bad:
+            raise ValueError(
+                f"sync_weights: KV-cache scales incomplete or invalid (missing: "
+                f"{', '.join(missing[:6]) or 'none'}; not > 0: {bad or 'none'}), expected a "
+                f"positive k_scale and v_scale for each of the {self.num_layers} layers"
+            )
+        scale = torch.ones(self.num_layers, 3, dtype=torch.float64)
+        for (layer, kind), value in sent.items():
+            scale[layer, "qkv".index(kind)] = value
+        include_q = all((i, "q") in sent for i in range(self.num_layers))
+        return KVScales(scale * E4M3_MAX, scale, include_q)
 
     @torch.no_grad()
     def calibrate_kv_scales(

@@ -306,6 +306,63 @@ def test_sync_weights_requantizes_and_is_idempotent():
     assert torch.equal(Fp8Twin(model, Fp8RolloutConfig()).score(ids, mask, resp), after)
 
 
+def _fp8_state(twin):
+    return {
+        k: v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v
+        for k, v in twin.model.state_dict().items()
+    }
+
+
+def test_sync_weights_from_the_vllm_refit_stream():
+    """The twin as the consumer of stream.fp8_weight_stream: same engine as re-quantizing."""
+    from nemo_ais.fp8.stream import Fp8SyncConfig, fp8_weight_stream
+
+    model = _tiny(layers=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    from_hp = Fp8Twin(model, Fp8RolloutConfig())  # quantized from the stepped weights
+    twin = Fp8Twin(_tiny(layers=2), Fp8RolloutConfig())
+    stream = list(fp8_weight_stream(model.state_dict().items(), Fp8SyncConfig()))
+    assert any(t.dtype == torch.float8_e4m3fn for _, t in stream)
+    assert twin.sync_weights(stream) == len(stream)
+    got, ref = _fp8_state(twin), _fp8_state(from_hp)
+    assert got.keys() == ref.keys()
+    for k in ref:
+        assert torch.equal(got[k], ref[k]), k
+    ids, mask = _prompts()
+    resp = torch.randint(4, VOCAB, (8, 5), generator=_gen(1))
+    assert torch.equal(twin.score(ids, mask, resp), from_hp.score(ids, mask, resp))
+    # codes without their scales (or the reverse) are refused
+    name = "model.layers.0.self_attn.q_proj.weight"
+    codes = dict(stream)[name]
+    with pytest.raises(ValueError, match=r"q_proj\.weight got only its codes"):
+        twin.sync_weights([(name, codes)])
+    with pytest.raises(ValueError, match="scale_inv: got \\[1, 2\\]"):
+        twin.sync_weights([(name, codes), (name + "_scale_inv", torch.ones(1, 2))])
+
+
+def test_kv_scales_sent_with_the_refit(qwen):
+    from nemo_ais.fp8.kv_scales import KVScaleCalibrator
+
+    ids, mask = _prompts()
+    calibrator = KVScaleCalibrator(3)
+    calibrator.token_mask = mask
+    with torch.no_grad(), calibrator.install_hooks(qwen):
+        qwen(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0))
+    sent = calibrator.compute_scales()
+    twin = Fp8Twin(qwen, Fp8RolloutConfig(kv_cache_fp8=True))
+    twin.sync_weights(sent.named_tensors())  # q, k, v scales of 3 layers
+    # the engine holds exactly what was sent (fp32 on the wire), not a recalibration
+    assert torch.equal(twin.kv_scales.scale, sent.scale.float().double())
+    assert twin.kv_scales.to_vllm() == pytest.approx(sent.to_vllm(), rel=1e-7)
+    cache = twin._cache(ids, mask)
+    assert torch.equal(cache.k_scale, sent.scale[:, 1].float())
+    partial = [(n, t) for n, t in sent.named_tensors() if "layers.2." not in n]
+    with pytest.raises(ValueError, match="missing: layer 2 k, layer 2 v"):
+        twin.sync_weights(partial)
+
+
 def test_sync_weights_rejects_bad_tensors(qwen):
     twin = Fp8Twin(qwen, Fp8RolloutConfig())
     with pytest.raises(ValueError, match=r"unknown tensor name 'model\.layers\.0\.foo\.weight'"):
