@@ -19,13 +19,16 @@ corrects is real and measurable without a GPU. What it simulates (``docs/fp8.md`
 
 1. Build: a deep copy of the trainer's model. Every ``nn.Linear`` inside a decoder
    layer (q/k/v/o_proj, gate/up/down_proj, per-expert linears) becomes a W8A8
-   :class:`~nemo_ais.fp8.fp8_linear.Fp8Linear`; embeddings, ``lm_head``, norms, MoE
+   :class:`~nemo_ais.fp8.fp8_linear.Fp8Linear`, fused transformers-5 MoE experts an
+   :class:`~nemo_ais.fp8.fp8_linear.Fp8Experts`; embeddings, ``lm_head``, norms, MoE
    routers and the first/last ``num_*_layers_in_bf16`` decoder layers stay unquantized.
 2. Refit (:meth:`Fp8Twin.sync_weights`): every step the trainer's weights are
-   re-quantized blockwise (128x128, E4M3) and copied in; the rest is copied as is.
+   re-quantized blockwise (128x128, E4M3), or taken as FP8 codes + scales from the
+   vLLM-format stream (:func:`~nemo_ais.fp8.stream.fp8_weight_stream`); the rest is
+   copied as is.
 3. FP8 KV cache (optional): per layer, ``k_scale = P_p(|K|) * margin / 448`` (and
-   ``v_scale`` likewise) from a calibration forward, recalibrated after every refit,
-   by :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` (NeMo-RL's trainer-side rule:
+   ``v_scale`` likewise), sent with the refit or calibrated by the twin after every
+   refit with :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` (NeMo-RL's rule:
    hooks on the ``k_proj`` / ``v_proj`` outputs). The engine then applies them as vLLM
    does: K (after RoPE) and V are fake-quantized to E4M3 with that per-tensor scale
    when they are written to the cache, so attention reads the FP8 values, in prefill
@@ -33,7 +36,7 @@ corrects is real and measurable without a GPU. What it simulates (``docs/fp8.md`
 4. Generation (:func:`generate`): a sampling loop with HF's KV cache; the reported
    log-prob of a sampled token is ``log softmax(logits / temperature)`` of the
    UNFILTERED tempered distribution (``logprobs_mode="unfiltered"``): top-k/top-p
-   change what is sampled, not the reported log-prob (module-level docs below).
+   change what is sampled, not the reported log-prob (why: :func:`generate`).
 
 With ``Fp8RolloutConfig(enabled=False)`` the twin is an exact copy of the original
 model (the BF16 arm's rollout engine): same code path, bit-identical log-probs.
