@@ -1,0 +1,250 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""FP8 KV-cache scale calibration of a Megatron-Core GPT model, in NeMo-RL's result format.
+
+The trainer-side half of NeMo-RL v0.7.0's ``calibrate_qkv_fp8_scales``, computed with
+:class:`nemo_ais.fp8.kv_scales.KVScaleCalibrator`:
+
+1. Hook every ``decoder.layers.N.self_attention.core_attention`` (forward PRE-hook).
+   Megatron-Core's ``SelfAttention.forward`` calls ``core_attention(query, key, value,
+   attention_mask, ...)`` after ``linear_qkv``, the q/k layernorms and RoPE, so its inputs
+   are exactly what vLLM's FP8 KV cache stores: K after k-norm and RoPE, V as projected
+   (and Q as the FP8 attention kernel sees it). Shapes ``[s, b, heads, dim]`` (or
+   ``[t, heads, dim]`` for packed THD); with GQA, K/V have ``num_query_groups`` heads; with
+   tensor parallelism each rank sees its own heads.
+2. Per observation (one micro-batch of one layer on one rank), ``percentile(|x|, p)``;
+   per layer and kind, the max over observations. The layer key is the GLOBAL layer
+   index ``self_attention.layer_number - 1`` (Megatron numbers layers from 1 across all
+   pipeline stages), never the local position in the stage's ``ModuleList``.
+3. Combine ranks with ONE ``all_reduce(MAX)`` of a fixed-size ``[2, num_layers, 3]``
+   float64 table (amax and non-finite flags) over ``group``. Layers not on this pipeline
+   stage hold the "unobserved" value -1, so every rank makes the same single collective
+   whatever its stage. The group must span every rank that holds a layer or a shard of
+   one: TP ranks hold different heads, PP stages different layers, DP/CP ranks different
+   tokens. In a NeMo-RL policy worker that is the default (WORLD) group (it holds exactly
+   the policy's ranks). MAX is idempotent, so ranks that hold identical activations
+   (none here) could not bias it, unlike a SUM. The max over ranks of per-rank
+   percentiles is >= the percentile of the union, so splitting heads or tokens over ranks
+   never gives a smaller (clipping) scale than one process would.
+4. ``scale = max(amax, 1e-4) * margin / 448``; the result dict maps vLLM parameter names
+   to floats, as ``convert_calibration_to_vllm_format`` does upstream.
+
+This module imports no Megatron or NeMo-RL code (it finds the modules by name and
+attributes), so it is unit-testable with any module tree of the same shape.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from pydantic import ValidationError
+from torch import nn
+
+from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
+
+__all__ = [
+    "FP8_FORMAT",
+    "calibrate_qkv_fp8_scales",
+    "find_attention_layers",
+    "install_core_attention_hooks",
+    "kv_calibration_config",
+    "nemo_rl_calibration_result",
+    "reduce_kv_scales",
+]
+
+FP8_FORMAT = "fp8"  # NeMo-RL's "format" entry
+_SELF_ATTN_RE = re.compile(r"(?:^|\.)decoder\.layers\.(\d+)\.self_attention$")
+_QKV_ARGS = ("query", "key", "value")
+
+
+def kv_calibration_config(percentile: float, margin: float, include_q: bool) -> KVScaleConfig:
+    """Validated calibration constants; a bad value raises ``ValueError`` naming the argument."""
+    if not isinstance(include_q, bool):
+        raise ValueError(f"include_q={include_q!r} is invalid: expected a bool")
+    try:
+        return KVScaleConfig(percentile=percentile, margin=margin, include_q=include_q)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}={e.get('input')!r} is invalid: {e['msg']}"
+            for e in err.errors()
+        )
+        raise ValueError(
+            f"calibrate_qkv_fp8_scales: {problems} (percentile in (0, 100], margin in [1, 4])"
+        ) from None
+
+
+def find_attention_layers(model: nn.Module | Sequence[nn.Module]) -> dict[int, nn.Module]:
+    """``{global layer index: self_attention module}`` of a Megatron-Core GPT model.
+
+    Args:
+        model: the model, possibly wrapped (DDP / Float16Module), or a list of virtual
+            pipeline chunks.
+
+    Returns:
+        Every ``*.decoder.layers.N.self_attention`` that has a ``core_attention`` child,
+        keyed by ``layer_number - 1`` (global across pipeline stages), sorted.
+
+    Raises:
+        ValueError: no such module, multi-latent attention (its cache is not K/V), or two
+            modules with the same global index.
+    """
+    chunks = [model] if isinstance(model, nn.Module) else list(model)
+    layers: dict[int, nn.Module] = {}
+    for chunk in chunks:
+        for name, module in chunk.named_modules():
+            if _SELF_ATTN_RE.search(name) is None or not hasattr(module, "core_attention"):
+                continue
+            if type(module).__name__.startswith("MLA"):
+                raise ValueError(
+                    f"{name}: {type(module).__name__} (multi-latent attention) is not "
+                    "supported: FP8 KV-cache calibration expects separate K/V heads"
+                )
+            layer = int(module.layer_number) - 1
+            if layer in layers:
+                raise ValueError(f"{name}: global layer index {layer} appears twice")
+            layers[layer] = module
+    if not layers:
+        raise ValueError(
+            "found no '*.decoder.layers.N.self_attention' module with a 'core_attention' "
+            "child: expected a Megatron-Core GPT model (or its DDP / Float16Module wrapper)"
+        )
+    return dict(sorted(layers.items()))
+
+
+def install_core_attention_hooks(
+    model: nn.Module | Sequence[nn.Module], calibrator: KVScaleCalibrator
+) -> list[torch.utils.hooks.RemovableHandle]:
+    """Forward pre-hooks feeding each ``core_attention``'s query/key/value to ``calibrator``.
+
+    Q is observed only when ``calibrator.config.include_q``.
+
+    Returns:
+        The hook handles (call ``.remove()`` on each).
+
+    Raises:
+        ValueError: see :func:`find_attention_layers`; a global layer index outside
+            ``[0, calibrator.num_layers)``.
+    """
+    kinds = ("q", "k", "v") if calibrator.config.include_q else ("k", "v")
+    handles = []
+    for layer, attention in find_attention_layers(model).items():
+        if not 0 <= layer < calibrator.num_layers:
+            raise ValueError(
+                f"attention layer_number={layer + 1} is outside the model's "
+                f"num_layers={calibrator.num_layers}"
+            )
+        hook = _qkv_pre_hook(calibrator, layer, kinds)
+        handles.append(attention.core_attention.register_forward_pre_hook(hook, with_kwargs=True))
+    return handles
+
+
+def _qkv_pre_hook(calibrator: KVScaleCalibrator, layer: int, kinds: tuple[str, ...]) -> Callable:
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        qkv = list(args[:3]) + [kwargs.get(name) for name in _QKV_ARGS[len(args[:3]) :]]
+        for kind, name, x in zip(("q", "k", "v"), _QKV_ARGS, qkv, strict=True):
+            if kind not in kinds:
+                continue
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(
+                    f"layer {layer} core_attention: {name} is {type(x).__name__}, expected a "
+                    "tensor as argument (query, key, value, ...)"
+                )
+            calibrator.observe(layer, kind, x)
+
+    return hook
+
+
+def reduce_kv_scales(
+    calibrator: KVScaleCalibrator,
+    group: dist.ProcessGroup | None,
+    device: torch.device | None = None,
+) -> KVScales:
+    """Combine ranks with ONE ``all_reduce(MAX)`` of the ``[2, layers, 3]`` table on ``device``.
+
+    ``device`` is where the collective runs (a CUDA device for NCCL groups; None = CPU).
+    After the call the calibrator holds the global table. Raises ``ValueError`` on every
+    rank together for non-finite activations or a layer/kind no rank observed
+    (:meth:`KVScaleCalibrator.compute_scales`).
+    """
+    if group is not None:
+        # [tracking] KVScaleCalibrator.compute_scales reduces CPU tensors, which NCCL
+        # rejects; this reduces the same table on `device` and lets it finish on CPU.
+        table = torch.stack([calibrator._amax, calibrator._nonfinite]).to(device or "cpu")
+        dist.all_reduce(table, op=dist.ReduceOp.MAX, group=group)
+        table = table.cpu()
+        calibrator._amax, calibrator._nonfinite = table[0].clone(), table[1].clone()
+    return calibrator.compute_scales(group=None)
+
+
+def nemo_rl_calibration_result(
+    scales: KVScales, percentile: float, margin: float
+) -> dict[str, Any]:
+    """NeMo-RL v0.7.0's return value: ``{"format", "percentile", "margin", "layers"}``.
+
+    ``layers`` is the flat ``{vLLM parameter name: float}`` dict that upstream builds with
+    ``convert_calibration_to_vllm_format`` and the driver passes as ``kv_scales`` to the
+    refit: ``model.layers.N.self_attn.attn.q_scale`` (``include_q`` only),
+    ``model.layers.N.self_attn.k_scale`` and ``.v_scale`` for every global layer N.
+    """
+    return {
+        "format": FP8_FORMAT,
+        "percentile": float(percentile),
+        "margin": float(margin),
+        "layers": scales.to_vllm(),
+    }
+
+
+def calibrate_qkv_fp8_scales(
+    model: nn.Module | Sequence[nn.Module],
+    run_forward: Callable[[], Any],
+    *,
+    num_layers: int,
+    percentile: float = 99.9,
+    margin: float = 1.05,
+    include_q: bool = False,
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+) -> dict[str, Any]:
+    """Hook, run the forward passes, reduce over ``group`` and return NeMo-RL's dict.
+
+    Args:
+        model: this rank's Megatron-Core model (its pipeline stage's layers).
+        run_forward: runs every calibration forward pass on this rank (e.g. the worker's
+            ``get_logprobs`` on its data shard); its result is discarded.
+        num_layers: the model's total (global) number of transformer layers.
+        percentile: percentile of ``|x|`` per observation, in (0, 100].
+        margin: head-room factor, in [1, 4].
+        include_q: also calibrate Q (``q_scale``); K/V only otherwise.
+        group: the group spanning every rank of the model (None = one process).
+        device: device of the collective (the CUDA device for NCCL).
+
+    Returns:
+        ``{"format": "fp8", "percentile": float, "margin": float, "layers": {name: float}}``,
+        identical on every rank of ``group``.
+    """
+    config = kv_calibration_config(percentile, margin, include_q)  # validated constants
+    calibrator = KVScaleCalibrator(num_layers, config)
+    handles = install_core_attention_hooks(model, calibrator)  # step 1
+    try:
+        with torch.no_grad():
+            run_forward()  # step 2: observe every micro-batch
+    finally:
+        for handle in handles:
+            handle.remove()
+    scales = reduce_kv_scales(calibrator, group, device)  # steps 3-4
+    return nemo_rl_calibration_result(scales, percentile, margin)
