@@ -208,12 +208,17 @@ def _normaliser(value, default: torch.Tensor) -> torch.Tensor:
 
 
 def _reduce(loss_tok: torch.Tensor, x: _Inputs, token_level: bool, n_tok, n_seq) -> torch.Tensor:
-    """Step 6: token-level sum / N_tok, or sum of per-sequence means / N_seq."""
+    """Step 6: token-level sum / N_tok, or sum of per-sequence means / N_seq.
+
+    Each term is divided by its normaliser BEFORE the sum: a float32 sum of large finite
+    per-token terms (ratios near exp(log_ratio_clamp)) would overflow to inf even though
+    the mean is finite.
+    """
     if token_level:
-        return loss_tok.sum() / n_tok
-    n_tok_seq = x.m.sum(dim=-1)
-    loss_seq = loss_tok.sum(dim=-1) / torch.where(n_tok_seq > 0, n_tok_seq, 1)
-    return loss_seq.sum() / n_seq
+        return (loss_tok / n_tok).sum()
+    n_tok_seq = x.m.sum(dim=-1, keepdim=True)
+    loss_seq = (loss_tok / torch.where(n_tok_seq > 0, n_tok_seq, 1)).sum(dim=-1)
+    return (loss_seq / n_seq).sum()
 
 
 @torch.no_grad()
