@@ -35,6 +35,7 @@ the allowed range and a hint, e.g.::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -53,7 +54,11 @@ _MAX_LOG_RATIO_CLAMP = 80.0
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # strict: no silent coercion (True is not 1.0, "2" is not 2.0; ints are still floats);
+    # allow_inf_nan=False: a non-finite constant never reaches the mixer.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False
+    )
 
 
 class CorrectionConfig(_Section):
@@ -206,6 +211,8 @@ def validate_section(model: type[_M], data: Any, path: str) -> _M:
         return data
     if data is None:
         data = {}
+    if isinstance(data, Mapping) and not isinstance(data, dict):
+        data = dict(data)  # e.g. an OmegaConf DictConfig section (flat: scalar values)
     if not isinstance(data, dict):
         raise TypeError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     try:

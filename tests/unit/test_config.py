@@ -31,7 +31,12 @@ CORRECTION_BAD = [
     ("weight_cap", 1.0, "greater than 1"),
     ("weight_cap", 0.8, "greater than 1"),
     ("weight_cap", -2.0, "greater than 1"),
-    ("weight_cap", math.nan, "greater than 1"),
+    ("weight_cap", math.nan, "finite number"),  # strict + allow_inf_nan=False
+    ("weight_cap", math.inf, "finite number"),
+    ("weight_cap", "3", "valid number"),  # no string coercion (strict)
+    ("severity_scale", math.inf, "finite number"),
+    ("alpha_min", True, "valid number"),  # a bool is not a float (strict)
+    ("use_severity_gate", 1, "valid boolean"),
     ("weight_cap", "x", "valid number"),
     ("weight_cap", [2.0], "valid number"),
     # weight_floor: None or [0, 1)
