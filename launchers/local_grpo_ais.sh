@@ -34,40 +34,10 @@
 #                 omegaconf, pyyaml -- not NeMo-RL)
 set -euo pipefail
 
-usage() { sed -n '16,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
-# Shell-quote one word, readably: bare if safe, else in single quotes.
-shq() {
-  if [[ "$1" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then
-    printf '%s' "$1"
-  else
-    local q="'"
-    printf "'%s'" "${1//$q/$q\\$q$q}"
-  fi
-}
-shq_words() { local w out=(); for w in "$@"; do out+=("$(shq "$w")"); done; printf '%s' "${out[*]}"; }
-die() { echo "local_grpo_ais.sh: error: $*" >&2; exit 2; }
-
-dry_run=0
-check=1
-positional=()
-while (($#)); do
-  case "$1" in
-    -h | --help) usage; exit 0 ;;
-    --dry-run) dry_run=1 ;;
-    --skip-check) check=0 ;;
-    --) shift; positional+=("$@"); break ;;
-    -*) die "unknown option $1 (see --help)" ;;
-    *) positional+=("$1") ;;
-  esac
-  shift
-done
-((${#positional[@]})) || die "missing CONFIG (see --help)"
-config="${positional[0]}"
-overrides=("${positional[@]:1}")
-
-[[ -f "$config" ]] || die "config $config does not exist"
-config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"
-NEMO_AIS_DIR="${NEMO_AIS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+SCRIPT_NAME=local_grpo_ais.sh
+# shellcheck source=launchers/_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+parse_args "$@"
 [[ -n "${NEMO_RL_DIR:-}" ]] || die "NEMO_RL_DIR is not set: export NEMO_RL_DIR=/path/to/NeMo-RL (a v0.7.0 checkout)"
 [[ -d "$NEMO_RL_DIR/nemo_rl" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR is not a NeMo-RL checkout (no nemo_rl/ package in it)"
 read -r -a runner <<< "${RUNNER:-uv run python}"

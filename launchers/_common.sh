@@ -1,0 +1,57 @@
+# shellcheck shell=bash
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+# Shared by local_grpo_ais.sh and slurm_grpo_ais.sh (sourced, not run): usage text,
+# shell quoting, errors and the common command line
+#   [--dry-run] [--skip-check] CONFIG [OVERRIDE ...]
+# Callers set SCRIPT_NAME, then call `parse_args "$@"`, which sets dry_run, check, config
+# (absolute path), overrides (array) and NEMO_AIS_DIR.
+
+# The calling script's header comment, from its "Usage:" line down to `set -euo`.
+usage() { sed -n '16,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+# Shell-quote one word, readably: bare if safe, else in single quotes.
+shq() {
+  if [[ "$1" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then
+    printf '%s' "$1"
+  else
+    local q="'"
+    printf "'%s'" "${1//$q/$q\\$q$q}"
+  fi
+}
+shq_words() { local w out=(); for w in "$@"; do out+=("$(shq "$w")"); done; printf '%s' "${out[*]}"; }
+die() { echo "$SCRIPT_NAME: error: $*" >&2; exit 2; }
+
+parse_args() {
+  dry_run=0
+  check=1
+  local positional=()
+  while (($#)); do
+    case "$1" in
+      -h | --help) usage; exit 0 ;;
+      --dry-run) dry_run=1 ;;
+      --skip-check) check=0 ;;
+      --) shift; positional+=("$@"); break ;;
+      -*) die "unknown option $1 (see --help)" ;;
+      *) positional+=("$1") ;;
+    esac
+    shift
+  done
+  ((${#positional[@]})) || die "missing CONFIG (see --help)"
+  config="${positional[0]}"
+  overrides=("${positional[@]:1}")
+  [[ -f "$config" ]] || die "config $config does not exist"
+  config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"
+  NEMO_AIS_DIR="${NEMO_AIS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+}
