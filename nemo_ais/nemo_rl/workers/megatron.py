@@ -49,10 +49,11 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
         """NeMo-RL's KV-scale calibration, computed by :mod:`nemo_ais.megatron.kv_calibration`.
 
         Same signature and result as v0.7.0 (``{"format", "percentile", "margin",
-        "layers": {vLLM scale name: float}}``). Differences: Q/K/V are read at the
-        ``core_attention`` inputs (after q/k-norm and RoPE) per micro-batch as
-        ``percentile(|x|)`` (upstream: a percentile over per-micro-batch amaxes); layer
-        keys are global across pipeline stages; ranks are combined by ONE
+        "layers": {vLLM scale name: float}}``); Q/K/V are read, as upstream, at the
+        ``core_attention`` inputs (after q/k-norm and RoPE). Differences: per micro-batch
+        ``percentile(|x|)``, max over micro-batches (upstream: a percentile over
+        per-micro-batch amaxes); layer keys are global across pipeline stages; ranks are
+        combined by ONE
         ``all_reduce(MAX)`` over the default group (every TP/PP/CP/DP rank of the policy)
         instead of ``all_gather_object`` + ``broadcast_object_list``; ``include_q=False``
         returns K/V names only (upstream's converter needs ``q_scale``); the
