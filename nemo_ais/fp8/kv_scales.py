@@ -31,9 +31,11 @@ Following NeMo-RL's trainer-side calibration:
 
 :func:`verify_kv_scales` checks what the engine holds afterwards: a scale never loaded
 (vLLM initialises them to ``finfo(float32).min``), left at its default 1.0, or different
-from what was sent raises ``ValueError``. [reconstruction] K is observed before RoPE (and
-before a ``k_norm``), as NeMo-RL's hooks do; RoPE rotates pairs of channels, so the
-post-RoPE amax can differ slightly, which the margin covers.
+from what was sent raises ``ValueError``. [reconstruction] :meth:`KVScaleCalibrator.install_hooks` observes the HF ``k_proj``
+output, i.e. K before RoPE (and before a ``k_norm``). NeMo-RL v0.7.0's Megatron worker, and
+our override of it (:mod:`nemo_ais.megatron.kv_calibration`), observe the attention inputs
+after q/k-norm and RoPE, which is what vLLM's FP8 cache stores; RoPE rotates pairs of
+channels, so the two amax values can differ slightly, which the margin covers.
 """
 
 from __future__ import annotations
@@ -218,8 +220,15 @@ class KVScaleCalibrator:
         """This rank's float64 ``[layers, 3]`` table (-1 where nothing was observed)."""
         return self._amax.clone()
 
-    def compute_scales(self, group: dist.ProcessGroup | None = None) -> KVScales:
+    def compute_scales(
+        self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None
+    ) -> KVScales:
         """Combine ranks (one all_reduce MAX if ``group``) and form the scales.
+
+        Args:
+            group: process group to combine over; None = this process only.
+            device: where the collective runs (a CUDA device for an NCCL group; None = CPU,
+                for gloo). The result is always on CPU.
 
         Raises:
             ValueError: from globally reduced values only (all ranks raise together):
@@ -228,7 +237,9 @@ class KVScaleCalibrator:
         """
         table = torch.stack([self._amax, self._nonfinite])
         if group is not None:
+            table = table.to(device or "cpu")
             dist.all_reduce(table, op=dist.ReduceOp.MAX, group=group)
+            table = table.cpu()
         amax, nonfinite = table[0], table[1]
         kinds = KINDS if self.config.include_q else KINDS[1:]
         cols = [KINDS.index(k) for k in kinds]

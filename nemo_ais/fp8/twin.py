@@ -744,7 +744,7 @@ class Fp8Twin:
 
         ``scale = max(P_p(|x|), floor) * margin / 448`` for x = the ``k_proj`` / ``v_proj``
         outputs at non-padding positions (``p``, margin, floor from the config), computed
-        by :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` (K before RoPE, NeMo-RL's
+        by :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` (K before RoPE, the HF-hook
         rule; the cache applies the scale to K after RoPE, as vLLM does). The result is
         stored in :attr:`kv_scales` and used until the next :meth:`sync_weights`.
 

@@ -177,18 +177,10 @@ def reduce_kv_scales(
     """Combine ranks with ONE ``all_reduce(MAX)`` of the ``[2, layers, 3]`` table on ``device``.
 
     ``device`` is where the collective runs (a CUDA device for NCCL groups; None = CPU).
-    After the call the calibrator holds the global table. Raises ``ValueError`` on every
-    rank together for non-finite activations or a layer/kind no rank observed
-    (:meth:`KVScaleCalibrator.compute_scales`).
+    Raises ``ValueError`` on every rank together for non-finite activations or a layer/kind
+    no rank observed (:meth:`KVScaleCalibrator.compute_scales`).
     """
-    if group is not None:
-        # [tracking] KVScaleCalibrator.compute_scales reduces CPU tensors, which NCCL
-        # rejects; this reduces the same table on `device` and lets it finish on CPU.
-        table = torch.stack([calibrator._amax, calibrator._nonfinite]).to(device or "cpu")
-        dist.all_reduce(table, op=dist.ReduceOp.MAX, group=group)
-        table = table.cpu()
-        calibrator._amax, calibrator._nonfinite = table[0].clone(), table[1].clone()
-    return calibrator.compute_scales(group=None)
+    return calibrator.compute_scales(group=group, device=device)
 
 
 def nemo_rl_calibration_result(

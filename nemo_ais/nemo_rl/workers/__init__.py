@@ -15,7 +15,9 @@
 
 Each module subclasses one of NeMo-RL's worker implementations with
 :class:`~nemo_ais.nemo_rl.workers.mixin.AISTrainMixin`, which runs the per-global-batch
-AIS prepare step (:mod:`nemo_ais.nemo_rl.seam`) at the top of ``train()``. The modules
+AIS prepare step (:mod:`nemo_ais.nemo_rl.seam`) at the top of ``train()``. The Megatron
+worker also overrides ``calibrate_qkv_fp8_scales`` with our FP8 KV-scale calibration
+(:mod:`nemo_ais.megatron.kv_calibration`). The modules
 import NeMo-RL, Megatron or Automodel: they are imported by fully-qualified name inside
 the Ray worker processes only, never by the driver.
 
