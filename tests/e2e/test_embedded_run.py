@@ -7,6 +7,11 @@ point (``nemo_ais.cli.main``), the real FP8 twin and the real core loss.
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import yaml
@@ -199,3 +204,39 @@ def test_unwritable_run_dir_and_config_mismatch(tmp_path, cache_dir, capsys):
     assert _run(tmp_path, cache_dir, "mix", *TINY) == 1
     err = capsys.readouterr().err
     assert "different config" in err and "grpo.max_num_steps: 99 -> 4" in err
+
+
+@pytest.mark.distributed
+def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_path, cache_dir):
+    # a real SIGINT to the whole process group (what Ctrl-C does) while 2 ranks train
+    args = [
+        f"logger.run_dir={tmp_path}",
+        f"policy.warm_start.cache_dir={cache_dir}",
+        *TINY,
+        "grpo.max_num_steps=8",
+        "cluster.dp_size=2",
+    ]
+    assert _run(tmp_path, cache_dir, "straight2", *args) == 0  # also fills the warm-start cache
+    cmd = [sys.executable, "-m", "nemo_ais", "run", "--quick", "logger.name=ctrlc", *args]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: (signal.signal(signal.SIGINT, signal.SIG_DFL), os.setpgrp()),
+    )
+    ckpt = checkpoint_path(tmp_path / "ctrlc", "fp8-ais", 0)
+    deadline = time.monotonic() + 240
+    while not ckpt.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    if proc.returncode == 0:  # the run finished before the signal: nothing to resume
+        pytest.skip("the run completed before SIGINT arrived")
+    assert proc.returncode == 130, out
+    assert "re-run the same command to resume" in out
+    assert ckpt.is_file()
+    assert _run(tmp_path, cache_dir, "ctrlc", *args) == 0
+    assert _strip_times(_records(tmp_path / "ctrlc")) == _strip_times(
+        _records(tmp_path / "straight2")
+    )
