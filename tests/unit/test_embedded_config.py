@@ -82,3 +82,20 @@ def test_cli_help(argv, capsys):
 def test_report_on_missing_dir(tmp_path, capsys):
     assert main(["report", str(tmp_path / "none")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_default_yaml_is_an_exemplar_of_every_section_model():
+    import yaml
+
+    from nemo_ais.embedded import config as cfg_mod
+
+    data = yaml.safe_load(DEFAULT.read_text())
+    for name, model in cfg_mod._SECTION_MODELS.items():
+        assert set(data[name]) == set(model.model_fields), name
+    for (section, sub), model in cfg_mod._NESTED_MODELS.items():
+        assert set(data[section][sub]) == set(model.model_fields), f"{section}.{sub}"
+    # and the YAML values are the models' defaults, so docs and code cannot drift apart
+    base = resolve_arm(load_config(DEFAULT), None)
+    for name, model in cfg_mod._SECTION_MODELS.items():
+        if name not in ("experiment", "rollout"):
+            assert getattr(base, name) == model(), name
