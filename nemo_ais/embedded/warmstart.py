@@ -24,8 +24,6 @@ The file is written atomically (temporary file + rename).
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from nemo_ais.embedded.checkpoint import atomic_torch_save
 from nemo_ais.embedded.config import RecipeConfig, config_hash
 from nemo_ais.embedded.model import build_model, greedy_decode
 from nemo_ais.embedded.task import AdditionTask, seeded_generator
@@ -81,18 +80,6 @@ def _cache_key(cfg: RecipeConfig) -> dict[str, Any]:
 def warm_start_path(cfg: RecipeConfig) -> Path:
     """``<cache_dir>/warmstart-<hash of model, data and warm-start config>.pt``."""
     return Path(cfg.policy.warm_start.cache_dir) / f"warmstart-{config_hash(_cache_key(cfg))}.pt"
-
-
-def _atomic_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 @torch.no_grad()
@@ -172,5 +159,5 @@ def warm_start(cfg: RecipeConfig, task: AdditionTask, *, progress: bool = True) 
         "greedy_accuracy": acc,
         "final_loss": loss,
     }
-    _atomic_save(blob, path)
+    atomic_torch_save(blob, path)
     return path
