@@ -50,7 +50,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -67,6 +67,7 @@ __all__ = [
     "CheckResult",
     "ModelDims",
     "ParallelLayout",
+    "ais_conflicts",
     "apply_overrides",
     "check_config",
     "find_model_dims",
@@ -81,17 +82,45 @@ FP8_BLOCK = 128
 """Block size of DeepSeek-style FP8 weights in vLLM/DeepGEMM (128 x 128 tiles)."""
 
 # NeMo-RL loss_fn options that must stay at their "off" value when loss_fn.ais.mode is not
-# none (the same table as nemo_ais.nemo_rl.loss, which imports NeMo-RL; an adapter test
-# checks the two agree). With mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged.
-AIS_CONFLICTS: dict[str, Any] = {
-    "use_importance_sampling_correction": False,
-    "truncated_importance_sampling_type": None,
-    "sequence_level_importance_ratios": False,
-    "force_on_policy_ratio": False,
-    "use_cispo": False,
-    "use_on_policy_kl_approximation": False,
-    "positive_example_nll_weight": 0.0,
+# none: (off value, why). With mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged.
+# The one table for both this offline check and nemo_ais.nemo_rl.loss.AISLossConfig.
+_AIS_CONFLICT_TABLE: dict[str, tuple[Any, str]] = {
+    "use_importance_sampling_correction": (
+        False,
+        "AIS is itself the importance-sampling correction; enabling both weights the loss twice",
+    ),
+    "truncated_importance_sampling_type": (
+        None,
+        "AIS replaces NeMo-RL's truncated IS; use loss_fn.ais.mode (tis, icepop, seq_mask_geo)",
+    ),
+    "sequence_level_importance_ratios": (False, "not supported with AIS (GSPO ratios)"),
+    "force_on_policy_ratio": (False, "AIS needs prev_logprobs, which this option skips"),
+    "use_cispo": (False, "not supported with AIS"),
+    "use_on_policy_kl_approximation": (False, "not supported with AIS"),
+    "positive_example_nll_weight": (0.0, "not supported with AIS (VAPO NLL term)"),
 }
+AIS_CONFLICTS: dict[str, Any] = {knob: off for knob, (off, _) in _AIS_CONFLICT_TABLE.items()}
+"""NeMo-RL ``loss_fn`` option -> the value it must keep when ``loss_fn.ais.mode`` is not none."""
+
+
+def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
+    """One message per NeMo-RL ``loss_fn`` option that conflicts with ``loss_fn.ais.mode``.
+
+    Args:
+        loss_fn: the ``loss_fn`` section (absent keys count as off).
+        mode: the validated ``loss_fn.ais.mode``; ``"none"`` conflicts with nothing.
+    """
+    if mode == "none":
+        return []
+    return [
+        f"loss_fn.{knob}={loss_fn[knob]!r} conflicts with loss_fn.ais.mode={mode!r}: {why} "
+        f"(set loss_fn.{knob}: {'null' if off is None else str(off).lower()}, or "
+        "loss_fn.ais.mode: none to use NeMo-RL's own loss)"
+        for knob, (off, why) in _AIS_CONFLICT_TABLE.items()
+        if loss_fn.get(knob, off) != off
+    ]
+
+
 _FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
 _KV_DTYPES = ("auto", *_FP8_KV_DTYPES)
 
@@ -358,14 +387,7 @@ def _check_ais(cfg: dict[str, Any], report: _Report) -> None:
         ais = None
     raw = loss["ais"] if isinstance(loss["ais"], dict) else {}
     mode = ais.mode if ais else raw.get("mode", "ais")
-    for knob, off in AIS_CONFLICTS.items():
-        if mode != "none" and loss.get(knob, off) != off:
-            problems.append(
-                f"loss_fn.{knob}={loss[knob]!r} conflicts with loss_fn.ais.mode={mode!r}: the "
-                f"AIS loss owns the importance-sampling correction (set loss_fn.{knob}: "
-                f"{'null' if off is None else str(off).lower()}, or loss_fn.ais.mode: none to "
-                f"use NeMo-RL's own loss; both on would weight tokens twice)"
-            )
+    problems += ais_conflicts(loss, mode)
     report.add("loss_fn.ais", problems, f"mode={ais.mode if ais else '?'}, validated")
 
 

@@ -44,6 +44,7 @@ from pydantic import Field, field_validator, model_validator
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
 from nemo_ais.core import AISDiagnostics, metric_normalizations
+from nemo_ais.nemo_rl.cluster_check import AIS_CONFLICTS, ais_conflicts
 from nemo_ais.nemo_rl.seam import loss_from_prepared
 
 __all__ = [
@@ -83,22 +84,6 @@ NEMO_RL_METRIC_KEYS = (
     "approx_entropy",
     "positive_nll_loss",
 )
-# NeMo-RL options that AIS replaces (conflict) or that core does not implement.
-_CONFLICTS = {
-    "use_importance_sampling_correction": (
-        False,
-        "AIS is itself the importance-sampling correction; enabling both weights the loss twice",
-    ),
-    "truncated_importance_sampling_type": (
-        None,
-        "AIS replaces NeMo-RL's truncated IS; use loss_fn.ais.mode (tis, icepop, seq_mask_geo)",
-    ),
-    "sequence_level_importance_ratios": (False, "not supported with AIS (GSPO ratios)"),
-    "force_on_policy_ratio": (False, "AIS needs prev_logprobs, which this option skips"),
-    "use_cispo": (False, "not supported with AIS"),
-    "use_on_policy_kl_approximation": (False, "not supported with AIS"),
-    "positive_example_nll_weight": (0.0, "not supported with AIS (VAPO NLL term)"),
-}
 
 
 def _ais_off() -> CorrectionConfig:
@@ -130,17 +115,9 @@ class AISLossConfig(ClippedPGLossConfig):
 
     @model_validator(mode="after")
     def _check_conflicts(self) -> AISLossConfig:
-        if self.ais.mode == "none":
-            return self
-        for field, (off, why) in _CONFLICTS.items():
-            value = getattr(self, field)
-            if value != off:
-                raise ValueError(
-                    f"loss_fn.{field}={value!r} conflicts with loss_fn.ais.mode="
-                    f"{self.ais.mode!r}: {why} (set loss_fn.{field}: "
-                    f"{'null' if off is None else str(off).lower()}, or loss_fn.ais.mode: none "
-                    "to use NeMo-RL's own loss)"
-                )
+        problems = ais_conflicts({f: getattr(self, f) for f in AIS_CONFLICTS}, self.ais.mode)
+        if problems:
+            raise ValueError(problems[0])
         return self
 
 
