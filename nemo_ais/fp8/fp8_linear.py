@@ -42,6 +42,7 @@ from torch import nn
 from nemo_ais.fp8.quant import (
     E4M3_MAX,
     Family,
+    check_finite,
     dequantize_activations,
     dequantize_blockwise,
     quantize_activations,
@@ -64,13 +65,7 @@ def _fake_quant_groups_b(x: torch.Tensor, group: int, eps: float, name: str) -> 
     """
     xg = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // group, group)
     amax = xg.abs().amax(dim=-1, keepdim=True)
-    if not bool(torch.isfinite(amax).all()):
-        bad = ~torch.isfinite(x)
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"{name}: got {int(bad.sum())} non-finite value(s) in {list(x.shape)} {x.dtype} "
-            f"(first at index {first}), expected finite activations"
-        )
+    check_finite(x, name, amax=amax, what="activations", action="")
     s = amax.clamp_min(eps) / E4M3_MAX
     q = (xg / s).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return (q.to(torch.float32) * s).reshape(x.shape)

@@ -77,16 +77,33 @@ def _check_args(name: str, family: str, eps: float, block: tuple[int, int]) -> N
         raise ValueError(f"{name}: block={block!r} is invalid: expected two positive ints")
 
 
-def _check_finite_tiles(x: torch.Tensor, amax: torch.Tensor, name: str) -> None:
-    """Raise if any tile amax is non-finite (NaN/Inf propagate into amax, so this is free)."""
-    if bool(torch.isfinite(amax).all()):
+def check_finite(
+    x: torch.Tensor,
+    name: str,
+    *,
+    amax: torch.Tensor | None = None,
+    what: str = "values",
+    action: str = "refusing to quantize NaN/Inf into the FP8 engine",
+) -> None:
+    """Raise ``ValueError`` naming ``name``, the count and the first index of NaN/Inf in ``x``.
+
+    Args:
+        x: the tensor to check; non-floating tensors pass.
+        name: the tensor's name for the message (e.g. its HF parameter name).
+        amax: an |x| reduction the caller already computed (NaN/Inf propagate into it):
+            the finite case then costs a check of ``amax`` instead of a pass over ``x``.
+        what: what ``x`` holds, for "expected finite <what>".
+        action: the consequence appended to the message ("" for none).
+    """
+    probe = x if amax is None else amax
+    if not x.is_floating_point() or bool(torch.isfinite(probe).all()):
         return
     bad = ~torch.isfinite(x)
     first = tuple(int(i) for i in bad.nonzero()[0])
     raise ValueError(
         f"{name}: got {int(bad.sum())} non-finite value(s) in {list(x.shape)} {x.dtype} "
-        f"(first at index {first}: {x[first].item()}), expected finite values; "
-        "refusing to quantize NaN/Inf into the FP8 engine"
+        f"(first at index {first}: {x[first].item()}), expected finite {what}"
+        + (f"; {action}" if action else "")
     )
 
 
@@ -194,7 +211,7 @@ def _quantize_tiles(
             tiles = slice(r0 // bn, r0 // bn + rows_pad // bn)
             amax[ei, tiles], s[ei, tiles] = a, sb
             q8[ei, r0:r1].copy_(_saturate_(buf)[: r1 - r0, :k])
-    _check_finite_tiles(x, amax, name)
+    check_finite(x, name, amax=amax)
     return q8, s
 
 

@@ -47,7 +47,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nemo_ais.fp8.quant import quantize_blockwise
+from nemo_ais.fp8.quant import check_finite, quantize_blockwise
 
 __all__ = [
     "Fp8SyncConfig",
@@ -300,19 +300,6 @@ def plan_fp8_sync(
     return Fp8SyncPlan(tuple(entries))
 
 
-def _check_finite(name: str, tensor: torch.Tensor) -> None:
-    """Raise on NaN/Inf in a tensor that is passed through in BF16."""
-    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
-        return
-    bad = ~torch.isfinite(tensor)
-    first = tuple(int(i) for i in bad.nonzero()[0])
-    raise ValueError(
-        f"{name}: got {int(bad.sum())} non-finite value(s) in {list(tensor.shape)} "
-        f"{tensor.dtype} (first at index {first}), expected finite values; refusing to "
-        "sync NaN/Inf into the engine"
-    )
-
-
 def fp8_weight_stream(
     named_tensors: Iterable[tuple[str, torch.Tensor]], config: Fp8SyncConfig
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -336,7 +323,7 @@ def fp8_weight_stream(
         entry = plan_tensor(name, tensor.shape, tensor.dtype, config)
         if entry.action == "keep":
             if config.check_finite:
-                _check_finite(name, tensor)
+                check_finite(tensor, name, action="refusing to sync NaN/Inf into the engine")
             yield name, tensor
             del tensor
             continue

@@ -146,10 +146,10 @@ def quantize_blockwise_te(
         ValueError: non-finite input (checked here: TE would map an infinite amax to
             scale 1 and sync it silently), or an unsupported family/block.
     """
-    from nemo_ais.fp8.quant import _check_finite_tiles
+    from nemo_ais.fp8.quant import check_finite
 
     use_te(x, "te", name=name, family=family, block=block)
-    _check_finite_tiles(x, x.abs().amax().reshape(1).float(), name)
+    check_finite(x, name, amax=x.abs().amax())
     quantizer_cls, tex = _import_te()
     quantizer = quantizer_cls(
         tex.DType.kFloat8E4M3,

@@ -58,7 +58,7 @@ from transformers import DynamicCache
 
 from nemo_ais.fp8.fp8_linear import Fp8Experts, Fp8Linear
 from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
-from nemo_ais.fp8.quant import E4M3_MAX, Family
+from nemo_ais.fp8.quant import E4M3_MAX, Family, check_finite
 
 __all__ = [
     "Fp8RolloutConfig",
@@ -82,6 +82,7 @@ _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # KV-cache scale names of a refit stream (kv_scales.kv_scale_names, or vLLM's remapped).
 _KV_SCALE_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(?:attn\.)?([qkv])_scale$")
 _SCALE_SUFFIX = "_scale_inv"  # "<...>.weight" -> "<...>.weight_scale_inv"
+_SYNC_NONFINITE = "refusing to sync NaN/Inf into the engine"
 # Linear layers inside a decoder layer that vLLM keeps in BF16 (MoE routers).
 _ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate"})
 
@@ -539,16 +540,6 @@ def _fp8_linear_names(model: nn.Module, config: Fp8RolloutConfig) -> list[str]:
     return names
 
 
-def _check_finite(name: str, tensor: torch.Tensor) -> None:
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-        bad = ~torch.isfinite(tensor)
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"sync_weights: {name} has {int(bad.sum())} non-finite value(s) (first at index "
-            f"{first}), expected finite values; refusing to sync NaN/Inf into the engine"
-        )
-
-
 class Fp8Twin:
     """Simulated FP8 rollout engine of a HF causal LM (module doc).
 
@@ -686,10 +677,10 @@ class Fp8Twin:
                     got = pending.pop(weight_name)
                     self._fp8_weights[weight_name].load_quantized(got["codes"], got["scale"])
             elif kv_match is not None:
-                _check_finite(name, tensor)
+                check_finite(tensor, f"sync_weights: {name}", action=_SYNC_NONFINITE)
                 kv_sent[(int(kv_match.group(1)), kv_match.group(2))] = float(tensor)
             elif name in self._targets:
-                _check_finite(name, tensor)
+                check_finite(tensor, f"sync_weights: {name}", action=_SYNC_NONFINITE)
                 self._targets[name](tensor.detach())
             else:
                 raise ValueError(

@@ -369,7 +369,9 @@ def test_sync_weights_rejects_bad_tensors(qwen):
         twin.sync_weights({"model.layers.0.foo.weight": torch.zeros(1)})
     bad = qwen.model.layers[0].mlp.up_proj.weight.detach().clone()
     bad[1, 2] = float("inf")
-    with pytest.raises(ValueError, match=r"model.layers.0.mlp.up_proj.weight has 1 non-finite"):
+    with pytest.raises(
+        ValueError, match=r"sync_weights: model\.layers\.0\.mlp\.up_proj\.weight: got 1 non-finite"
+    ):
         twin.sync_weights([("model.layers.0.mlp.up_proj.weight", bad)])
     with pytest.raises(ValueError, match=r"model.norm.weight got \[3\], expected \[128\]"):
         twin.sync_weights([("model.norm.weight", torch.ones(3))])
