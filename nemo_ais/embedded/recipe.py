@@ -51,9 +51,7 @@ from nemo_ais.core import (
     AISDiagnostics,
     AISState,
     clipped_pg_loss,
-    compute_statistics,
-    diagnostics_from_stats,
-    reduce_statistics,
+    compute_diagnostics,
 )
 from nemo_ais.embedded.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from nemo_ais.embedded.config import RecipeConfig, resolve_arm, validate_config
@@ -327,12 +325,15 @@ class GRPORecipe:
     def _diagnostics(self, step, logp_old, batch: RolloutBatch, idx) -> AISDiagnostics:
         """AIS diagnostics of one global batch: local statistics -> ONE all-reduce -> alpha."""
         cfg = self.cfg
-        local = compute_statistics(
-            logp_old, batch.logp_rollout[idx], batch.mask[idx], cfg.correction
-        )
         try:
-            global_stats = reduce_statistics(local, self.ctx.group)
-            return diagnostics_from_stats(global_stats, cfg.correction, self.ais_state)
+            return compute_diagnostics(
+                logp_old,
+                batch.logp_rollout[idx],
+                batch.mask[idx],
+                cfg.correction,
+                group=self.ctx.group,
+                state=self.ais_state,
+            )
         except ValueError as err:  # raised on every rank alike (from reduced values)
             raise NonFiniteError(
                 self._where(step, f"bad log-probs in the rollout batch: {err}")

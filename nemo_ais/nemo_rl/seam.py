@@ -21,6 +21,7 @@ deadlock. Instead, each worker runs this step at the top of ``train()``, before 
 micro-batch loop::
 
     for every global batch g, in order (same count on every rank of the DP group):
+        # d_g = core.compute_diagnostics(rows of g, config, dp_group, state), i.e.
         s_g   = compute_statistics(this rank's rows of g)       # local, no communication
         S_g   = reduce_statistics(s_g, dp_group)                # exactly ONE all_reduce
         d_g   = diagnostics_from_stats(S_g, config, state)      # alpha, identical everywhere
@@ -50,9 +51,7 @@ from nemo_ais.core import (
     AISState,
     LossOutput,
     clipped_pg_loss,
-    compute_statistics,
-    diagnostics_from_stats,
-    reduce_statistics,
+    compute_diagnostics,
 )
 
 __all__ = [
@@ -216,9 +215,8 @@ def global_batch_diagnostics(
     for batch in batches:
         x = core_inputs(batch, with_loss_terms=False)
         logp_old, logp_rollout, mask = (t.to(device) for t in x[:3]) if device else x[:3]
-        local = compute_statistics(logp_old, logp_rollout, mask, config)
-        reduced = reduce_statistics(local, group)  # the ONE collective of this global batch
-        out.append(diagnostics_from_stats(reduced, config, state))
+        # the ONE collective of this global batch (statistics -> all_reduce -> alpha)
+        out.append(compute_diagnostics(logp_old, logp_rollout, mask, config, group, state))
     return out
 
 
