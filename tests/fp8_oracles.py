@@ -151,3 +151,16 @@ def first_mismatch(actual: np.ndarray, expected: np.ndarray, what: str) -> str |
         f"{what}: {len(diff)} mismatch(es), first at index {idx}: "
         f"got {actual[idx]!r}, expected {expected[idx]!r}"
     )
+
+
+# Transformer Engine's exact-match suite (fp8_conventions.md): the shapes every quantizer
+# backend is checked on, bit for bit.
+TE_SHAPES = [
+    (128, 128),
+    (256, 272),
+    (303, 300),
+    (305, 256),
+    (2000, 2000),
+    (2048, 2000),
+    (2000, 1024),
+]

@@ -49,6 +49,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import importlib.util
 import inspect
 import os
 import pickle
@@ -62,12 +63,14 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 __all__ = [
     "COLLECTIVE_NAMES",
+    "MEGATRON_MARKS",
     "CollectiveCall",
     "CollectiveCounter",
     "assert_same_bits",
@@ -75,6 +78,17 @@ __all__ = [
     "float_bits",
     "free_port",
     "run_distributed",
+]
+
+# pytestmark of the tests that build Megatron-Core process groups on gloo.
+MEGATRON_MARKS = [
+    pytest.mark.distributed,
+    pytest.mark.megatron,
+    pytest.mark.skipif(
+        importlib.util.find_spec("megatron") is None
+        or importlib.util.find_spec("megatron.core") is None,
+        reason="megatron-core not installed (pip install 'nemo-ais[megatron]')",
+    ),
 ]
 
 # Every public collective / point-to-point entry point of torch.distributed (those that

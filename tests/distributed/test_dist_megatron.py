@@ -19,7 +19,6 @@ metrics use the diagnostics' own counts) -- which is what the test asserts.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 
@@ -27,20 +26,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist_data import concat_shards, make_shards
-from _harness import assert_same_bits, count_collectives, run_distributed
+from _harness import MEGATRON_MARKS, assert_same_bits, count_collectives, run_distributed
 
 from nemo_ais.config import CorrectionConfig
 from nemo_ais.core import STATS_BYTES, clipped_pg_loss, compute_diagnostics, compute_statistics
 
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.megatron,
-    pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None
-        or importlib.util.find_spec("megatron.core") is None,
-        reason="megatron-core not installed (pip install 'nemo-ais[megatron]')",
-    ),
-]
+pytestmark = MEGATRON_MARKS
 
 TP, DP = 2, 2
 SEED = 77

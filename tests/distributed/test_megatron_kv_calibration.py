@@ -24,7 +24,6 @@ combined scales equal the max over ranks of each rank's single-process result.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import types
 import warnings
@@ -34,20 +33,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _harness import count_collectives, run_distributed
+from _harness import MEGATRON_MARKS, count_collectives, run_distributed
 
 from nemo_ais.fp8.kv_scales import kv_scale_names
 from nemo_ais.megatron.kv_calibration import calibrate_qkv_fp8_scales
 
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.megatron,
-    pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None
-        or importlib.util.find_spec("megatron.core") is None,
-        reason="megatron-core not installed (pip install 'nemo-ais[megatron]')",
-    ),
-]
+pytestmark = MEGATRON_MARKS
 
 LAYERS, HIDDEN, HEADS, GROUPS, VOCAB, SEQ, BATCH = 2, 32, 4, 2, 64, 8, 2
 HEAD_DIM = HIDDEN // HEADS

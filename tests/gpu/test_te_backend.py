@@ -6,22 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from fp8_oracles import TE_SHAPES
 
 from nemo_ais.fp8 import quantize_blockwise
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
-
-TE_SHAPES = [
-    (128, 128),
-    (256, 272),
-    (303, 300),
-    (305, 256),
-    (2000, 2000),
-    (2048, 2000),
-    (2000, 1024),
 ]
 
 

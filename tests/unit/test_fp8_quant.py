@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from fp8_oracles import (
+    TE_SHAPES,
     decode_e4m3,
     dequantize_oracle,
     encode_e4m3,
@@ -23,15 +24,6 @@ from nemo_ais.fp8 import (
 )
 from nemo_ais.fp8.quant import _saturate_
 
-TE_SHAPES = [
-    (128, 128),
-    (256, 272),
-    (303, 300),
-    (305, 256),
-    (2000, 2000),
-    (2048, 2000),
-    (2000, 1024),
-]
 FAMILY_EPS = [("a", 1e-4), ("b", 1e-4), ("c", 0.0)]  # DeepGEMM/vLLM, vLLM act-style, TE
 
 
