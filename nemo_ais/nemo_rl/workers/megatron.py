@@ -53,9 +53,9 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
         ``core_attention`` inputs (after q/k-norm and RoPE). Differences: per micro-batch
         ``percentile(|x|)``, max over micro-batches (upstream: a percentile over
         per-micro-batch amaxes); layer keys are global across pipeline stages; ranks are
-        combined by ONE
-        ``all_reduce(MAX)`` over the default group (every TP/PP/CP/DP rank of the policy)
-        instead of ``all_gather_object`` + ``broadcast_object_list``; ``include_q=False``
+        combined by ONE ``all_reduce(MAX)`` over the default group (every TP/PP/CP/DP rank
+        of the policy) instead of ``all_gather_object`` + ``broadcast_object_list``;
+        ``include_q=False``
         returns K/V names only (upstream's converter needs ``q_scale``); the
         ``FP8_MAX_Q/K/V`` environment overrides are not read (448).
         """
