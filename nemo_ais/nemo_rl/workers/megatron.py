@@ -55,9 +55,8 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
         per-micro-batch amaxes); layer keys are global across pipeline stages; ranks are
         combined by ONE ``all_reduce(MAX)`` over the default group (every TP/PP/CP/DP rank
         of the policy) instead of ``all_gather_object`` + ``broadcast_object_list``;
-        ``include_q=False``
-        returns K/V names only (upstream's converter needs ``q_scale``); the
-        ``FP8_MAX_Q/K/V`` environment overrides are not read (448).
+        ``include_q=False`` returns K/V names only (upstream's converter needs
+        ``q_scale``); the ``FP8_MAX_Q/K/V`` environment overrides are not read (448).
         """
         self.model.eval()
         return calibrate_qkv_fp8_scales(
