@@ -19,7 +19,9 @@ first use::
 
     from nemo_ais.nemo_rl import AISClippedPGLossFn, AISLossConfig   # needs NeMo-RL
 
-and raise ``ImportError`` with installation instructions when NeMo-RL is missing.
+and raise :class:`NeMoRLNotInstalledError` (an ``AttributeError``, so ``hasattr`` and
+``getattr(module, name, default)`` keep their meaning) with installation instructions when
+NeMo-RL is missing.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "NEMO_RL_VERSION",
     "AISClippedPGLossFn",
     "AISLossConfig",
+    "NeMoRLNotInstalledError",
     "core_inputs",
     "global_batch_diagnostics",
     "prepare_global_batches",
@@ -55,6 +58,15 @@ NEMO_RL_INSTALL_HINT = (
     f"v{NEMO_RL_VERSION} https://github.com/NVIDIA-NeMo/RL` and use its uv environment "
     "(`uv run ...`) or put the checkout on PYTHONPATH, then `pip install nemo-ais[nemo-rl]`"
 )
+
+
+class NeMoRLNotInstalledError(AttributeError):
+    """A NeMo-RL class of this package was asked for, but NeMo-RL is not importable.
+
+    An ``AttributeError`` because it is raised by the module ``__getattr__`` (PEP 562):
+    ``hasattr(nemo_ais.nemo_rl, "AISLossConfig")`` is then False instead of raising.
+    """
+
 
 # public name -> submodule that defines it (imports nemo_rl)
 _LAZY = {
@@ -72,7 +84,7 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name is not None and err.name.split(".")[0] == "nemo_rl":
-            raise ImportError(f"{name}: {NEMO_RL_INSTALL_HINT}") from err
+            raise NeMoRLNotInstalledError(f"{name}: {NEMO_RL_INSTALL_HINT}") from err
         raise
     value = getattr(module, name)
     globals()[name] = value

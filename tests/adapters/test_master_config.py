@@ -10,19 +10,14 @@ PYTHONPATH, e.g. (see docs/cluster.md)::
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.nemo_rl
 
-if sys.version_info < (3, 12):  # NeMo-RL's grpo module raises a pydantic error on import there
-    pytest.skip("NeMo-RL's GRPO MasterConfig needs Python >= 3.12", allow_module_level=True)
-
-grpo = pytest.importorskip("nemo_rl.algorithms.grpo", reason="needs NeMo-RL v0.7.0")
-nemo_rl_config = pytest.importorskip("nemo_rl.utils.config")
-
+import nemo_rl.utils.config as nemo_rl_config  # noqa: E402
+from nemo_rl.algorithms import grpo  # noqa: E402  (Python 3.11: tests/_nemo_rl_env shim)
 from omegaconf import OmegaConf  # noqa: E402
 
 from nemo_ais.nemo_rl import cluster_check as cc  # noqa: E402

@@ -41,7 +41,6 @@ RECORDED_SIGNATURE = (
     "percentile: float=99.9, margin: float=1.05, include_q: bool=False -> dict[str, Any]"
 )
 OUR_WORKER = Path(__file__).parents[2] / "nemo_ais" / "nemo_rl" / "workers" / "megatron.py"
-HAVE_NEMO_RL = importlib.util.find_spec("nemo_rl") is not None
 
 
 # ---- stand-in worker -----------------------------------------------------------------------
@@ -252,7 +251,6 @@ def upstream_fp8_utils():
 
 
 @pytest.mark.nemo_rl
-@pytest.mark.skipif(not HAVE_NEMO_RL, reason="NeMo-RL v0.7.0 is not on the path")
 def test_upstream_signature_is_the_recorded_one_and_ours_matches():
     fn = _upstream_method()
     got = ast.unparse(fn.args) + " -> " + ast.unparse(fn.returns)
@@ -264,7 +262,6 @@ def test_upstream_signature_is_the_recorded_one_and_ours_matches():
 
 
 @pytest.mark.nemo_rl
-@pytest.mark.skipif(not HAVE_NEMO_RL, reason="NeMo-RL v0.7.0 is not on the path")
 def test_result_structure_is_what_nemo_rl_returns(upstream_fp8_utils, worker_cls):
     convert_calibration_to_vllm_format = upstream_fp8_utils.convert_calibration_to_vllm_format
     get_vllm_qkv_scale_names = upstream_fp8_utils.get_vllm_qkv_scale_names

@@ -20,11 +20,9 @@ from __future__ import annotations
 import math
 import pickle
 
+import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
 import torch
-
-pytest.importorskip("nemo_rl", reason="NeMo-RL v0.7.0 is not importable (put it on PYTHONPATH)")
-
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 

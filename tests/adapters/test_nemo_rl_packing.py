@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import math
 
+import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
 import torch
-
-pytest.importorskip("nemo_rl", reason="NeMo-RL v0.7.0 is not importable (put it on PYTHONPATH)")
-
 from nemo_rl.algorithms.loss import SequencePackingLossWrapper, prepare_loss_input
 from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl.distributed.model_utils import get_next_token_logprobs_from_logits

@@ -22,8 +22,9 @@ from nemo_ais.nemo_rl.refit import RECORDED_SIGNATURES
 pytestmark = pytest.mark.nemo_rl
 
 _SPEC = importlib.util.find_spec("nemo_rl")
-if _SPEC is None or not _SPEC.submodule_search_locations:
-    pytest.skip("NeMo-RL v0.7.0 source is not on the path", allow_module_level=True)
+assert _SPEC is not None and _SPEC.submodule_search_locations, (
+    "tests/conftest.py puts NeMo-RL on the path"
+)
 ROOT = Path(next(iter(_SPEC.submodule_search_locations)))
 
 

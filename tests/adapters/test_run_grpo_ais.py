@@ -14,10 +14,8 @@ import sys
 import types
 from pathlib import Path
 
+import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
-
-pytest.importorskip("nemo_rl", reason="NeMo-RL v0.7.0 is not importable (put it on PYTHONPATH)")
-
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
@@ -39,7 +37,6 @@ def test_parse_args_keeps_hydra_overrides():
 
 
 def test_load_config_dict_inherits_and_overrides(tmp_path):
-    pytest.importorskip("hydra", reason="hydra-core (NeMo-RL's override parser) missing")
     (tmp_path / "base.yaml").write_text(
         "loss_fn:\n  ratio_clip_min: 0.2\n  ais:\n    mode: none\npolicy:\n  x: 1\n"
     )
@@ -214,7 +211,6 @@ env: {}
 
 @pytest.mark.parametrize("async_grpo", [False, True])
 def test_main_validates_before_ray_and_trains_with_the_ais_loss(tmp_path, monkeypatch, async_grpo):
-    pytest.importorskip("hydra", reason="hydra-core (NeMo-RL's override parser) missing")
     import nemo_rl.algorithms
 
     fake = _FakeNeMoRL()
