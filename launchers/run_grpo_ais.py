@@ -47,7 +47,7 @@ import copy
 import os
 import pprint
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,11 @@ if str(REPO_ROOT) not in sys.path:  # running from a checkout without `pip insta
     sys.path.insert(0, str(REPO_ROOT))
 
 from nemo_ais.nemo_rl import NEMO_RL_INSTALL_HINT  # noqa: E402
-from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS  # noqa: E402
+from nemo_ais.nemo_rl.policy_factory import (  # noqa: E402
+    ais_worker_fqn,
+    make_policy_factory,
+    register_ais_workers,
+)
 
 __all__ = [
     "ais_worker_fqn",
@@ -72,9 +76,6 @@ __all__ = [
     "validate_ais",
 ]
 
-_MEGATRON = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
-_DTENSOR = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
-_DTENSOR_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"
 _ASYNC_UNSUPPORTED = ("use_dynamic_sampling", "reward_scaling", "reward_shaping")
 
 
@@ -122,48 +123,6 @@ def nemo_rl_view(config: dict[str, Any], ais_cfg: Any) -> dict[str, Any]:
     view = copy.deepcopy(config)
     view["loss_fn"]["use_importance_sampling_correction"] = True
     return view
-
-
-def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
-    """The AIS worker extending the NeMo-RL worker that ``Policy`` would pick."""
-    if policy_cfg.get("quant_cfg") is not None:
-        raise ValueError("policy.quant_cfg (ModelOpt workers) is not supported with loss_fn.ais")
-    if (policy_cfg.get("megatron_cfg") or {}).get("enabled", False):
-        return AIS_WORKER_FQNS[_MEGATRON]
-    dtensor = policy_cfg.get("dtensor_cfg") or {}
-    if dtensor.get("enabled", False):
-        return AIS_WORKER_FQNS[_DTENSOR_V2 if dtensor.get("_v2", False) else _DTENSOR]
-    raise ValueError(
-        "policy.megatron_cfg.enabled or policy.dtensor_cfg.enabled must be true "
-        "(NeMo-RL needs a training backend)"
-    )
-
-
-def register_ais_workers() -> None:
-    """Give each AIS worker the Python environment of the NeMo-RL worker it extends."""
-    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
-
-    for base, ours in AIS_WORKER_FQNS.items():
-        ACTOR_ENVIRONMENT_REGISTRY.setdefault(ours, ACTOR_ENVIRONMENT_REGISTRY[base])
-
-
-def make_policy_factory(config: dict[str, Any], ais_cfg: Any) -> Callable[..., Any] | None:
-    """``setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker (None: off)."""
-    if ais_cfg.ais.mode == "none":
-        return None
-    if (config.get("data_plane") or {}).get("enabled", False):
-        raise ValueError(
-            "data_plane.enabled=true (TransferQueue) is not supported with loss_fn.ais"
-        )
-    from nemo_rl.models.policy.lm_policy import Policy
-
-    worker_fqn = ais_worker_fqn(config["policy"])
-    register_ais_workers()
-
-    def make_policy(**kwargs: Any) -> Any:
-        return Policy(**kwargs, worker_extension_cls_fqn=worker_fqn)
-
-    return make_policy
 
 
 def swap_loss(loss_fn: Any, ais_cfg: Any) -> Any:

@@ -19,6 +19,7 @@ import pytest
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
+from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -98,7 +99,7 @@ def test_register_ais_workers_copies_the_python_environment():
     from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
 
     run.register_ais_workers()
-    for base, ours in run.AIS_WORKER_FQNS.items():
+    for base, ours in AIS_WORKER_FQNS.items():
         assert ACTOR_ENVIRONMENT_REGISTRY[ours] == ACTOR_ENVIRONMENT_REGISTRY[base]
 
 
