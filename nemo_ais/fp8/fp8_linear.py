@@ -66,7 +66,8 @@ def _fake_quant_groups_b(x: torch.Tensor, group: int, eps: float, name: str) -> 
     xg = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // group, group)
     amax = xg.abs().amax(dim=-1, keepdim=True)
     check_finite(x, name, amax=amax, what="activations", action="")
-    s = amax.clamp_min(eps) / E4M3_MAX
+    s = amax.clamp_min(eps)
+    s = s / torch.full_like(s, E4M3_MAX)  # tensor / tensor: one rounding on CUDA too (quant.py)
     q = (xg / s).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return (q.to(torch.float32) * s).reshape(x.shape)
 
