@@ -19,6 +19,9 @@
 # Callers set SCRIPT_NAME, then call `parse_args "$@"`, which sets dry_run, check, config
 # (absolute path), overrides (array) and NEMO_AIS_DIR.
 
+# shellcheck source=launchers/_pythonpath.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_pythonpath.sh"
+
 # The calling script's header comment, from its "Usage:" line down to `set -euo`.
 usage() { sed -n '16,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 # Shell-quote one word, readably: bare if safe, else in single quotes.
@@ -54,4 +57,5 @@ parse_args() {
   [[ -f "$config" ]] || die "config $config does not exist"
   config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"
   NEMO_AIS_DIR="${NEMO_AIS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+  [[ "$NEMO_AIS_DIR" != *:* ]] || die "NEMO_AIS_DIR=$NEMO_AIS_DIR contains ':' (it must be one PYTHONPATH entry)"
 }

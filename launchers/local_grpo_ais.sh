@@ -41,7 +41,7 @@ parse_args "$@"
 [[ -n "${NEMO_RL_DIR:-}" ]] || die "NEMO_RL_DIR is not set: export NEMO_RL_DIR=/path/to/NeMo-RL (a v0.7.0 checkout)"
 [[ -d "$NEMO_RL_DIR/nemo_rl" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR is not a NeMo-RL checkout (no nemo_rl/ package in it)"
 read -r -a runner <<< "${RUNNER:-uv run python}"
-pythonpath="$NEMO_AIS_DIR${PYTHONPATH:+:$PYTHONPATH}"
+pythonpath="$(pythonpath_with "$NEMO_AIS_DIR")"   # no empty entry (= the cwd)
 
 if ((check)); then
   # The file, not `-m nemo_ais.nemo_rl...`: skips the adapter package's torch import.

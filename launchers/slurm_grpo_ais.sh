@@ -18,8 +18,11 @@
 # Submits NeMo-RL v0.7.0 GRPO with the AIS loss as a multi-node Slurm job through
 # NeMo-RL's ray.sub: `sbatch --nodes=N ... $NEMO_RL_DIR/ray.sub`, submitted from the
 # NeMo-RL checkout (ray.sub's working directory), with
-#   COMMAND = export PYTHONPATH=$NEMO_AIS_DIR:... && uv run python \
+#   COMMAND = source $NEMO_AIS_DIR/launchers/_pythonpath.sh &&
+#             export PYTHONPATH="$(pythonpath_with $NEMO_AIS_DIR)" && uv run python \
 #             $NEMO_AIS_DIR/launchers/run_grpo_ais.py --config CONFIG [OVERRIDE ...]
+# (PYTHONPATH = nemo_ais, then the container's non-empty entries: never an empty entry,
+# which would put the working directory on every Ray worker's sys.path.)
 # nemo_ais is on PYTHONPATH in the driver and NeMo-RL forwards it to the Ray workers.
 # N and GPUS_PER_NODE come from the config's cluster section (after the overrides).
 #
@@ -61,7 +64,7 @@ CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 
 if ((check)); then
   # The file, not `-m nemo_ais.nemo_rl...`: skips the adapter package's torch import.
-  read -r cfg_nodes cfg_gpus < <(PYTHONPATH="$NEMO_AIS_DIR${PYTHONPATH:+:$PYTHONPATH}" \
+  read -r cfg_nodes cfg_gpus < <(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" \
     "${PYTHON:-python3}" "$NEMO_AIS_DIR/nemo_ais/nemo_rl/cluster_check.py" \
     --get cluster.num_nodes --get cluster.gpus_per_node "$config" "${overrides[@]}") || true
   [[ -n "${cfg_nodes:-}" && -n "${cfg_gpus:-}" ]] \
@@ -91,7 +94,10 @@ fi
 [[ -z "${EXTRA_MOUNTS:-}" ]] || mounts+=",$EXTRA_MOUNTS"
 
 entry=(uv run python "$NEMO_AIS_DIR/launchers/run_grpo_ais.py" --config "$config" "${overrides[@]}")
-command="${job_env}export PYTHONPATH=$(shq "$NEMO_AIS_DIR"):\${PYTHONPATH:-} && $(shq_words "${entry[@]}")"
+# PYTHONPATH is joined in the job (the container's own value is only known there), by
+# _pythonpath.sh: nemo_ais first, no empty entry.
+command="${job_env}source $(shq "$NEMO_AIS_DIR/launchers/_pythonpath.sh") && \
+export PYTHONPATH=\"\$(pythonpath_with $(shq "$NEMO_AIS_DIR"))\" && $(shq_words "${entry[@]}")"
 job_name="${JOB_NAME:-nemo-ais-$(basename "$config" .yaml)}"
 
 sbatch_cmd=(sbatch "--nodes=$NUM_NODES" "--account=$ACCOUNT" "--partition=$PARTITION"

@@ -28,6 +28,11 @@ ENTRY = REPO / "launchers" / "run_grpo_ais.py"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
+# What the Slurm COMMAND runs first: PYTHONPATH is joined in the job, by _pythonpath.sh.
+_JOB_PYTHONPATH = (
+    f'source {REPO}/launchers/_pythonpath.sh && export PYTHONPATH="$(pythonpath_with {REPO})"'
+)
+
 # Records argv (one per line), cwd and selected environment variables.
 _RECORDER = """#!/usr/bin/env bash
 {{
@@ -181,10 +186,7 @@ def test_local_refuses_a_broken_layout(nemo_rl_dir):
 def test_slurm_dry_run_exact(nemo_rl_dir):
     res = _run(SLURM, "--dry-run", QWEN8B, "loss_fn.ais.mode=tis", env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 0, res.stderr
-    command = (
-        f"export PYTHONPATH={REPO}:${{PYTHONPATH:-}} && uv run python {ENTRY} "
-        f"--config {QWEN8B} loss_fn.ais.mode=tis"
-    )
+    command = f"{_JOB_PYTHONPATH} && uv run python {ENTRY} --config {QWEN8B} loss_fn.ais.mode=tis"
     assert res.stdout.splitlines() == [
         f"cd {nemo_rl_dir}",
         f"export COMMAND='{command}'",
@@ -211,7 +213,7 @@ def test_slurm_dry_run_options_and_node_override(nemo_rl_dir):
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[1] == (
-        f"export COMMAND='export HF_HOME=/data/hf && export PYTHONPATH={REPO}:${{PYTHONPATH:-}} "
+        f"export COMMAND='export HF_HOME=/data/hf && {_JOB_PYTHONPATH} "
         f"&& uv run python {ENTRY} --config {MOE} cluster.num_nodes=4'"
     )
     assert lines[3] == (
@@ -314,3 +316,118 @@ def test_slurm_config_outside_the_repo_is_mounted(nemo_rl_dir, tmp_path):
     assert res.stdout.splitlines()[3] == (
         f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO},{outside}:{outside}"
     )
+
+
+# ------------------------------------------------------------------ PYTHONPATH: no empty entry
+# An empty PYTHONPATH entry (leading/trailing ':' or '::') is the working directory: on the
+# driver's and every Ray worker's sys.path it lets any file there shadow a module.
+
+UNSET = None  # PYTHONPATH not in the environment at all
+
+
+def _assert_clean_pythonpath(value: str, first: str) -> None:
+    assert value.split(":")[0] == first, value
+    assert "" not in value.split(":"), f"empty PYTHONPATH entry in {value!r}"
+    assert not value.startswith(":") and not value.endswith(":") and "::" not in value, value
+
+
+def _env_with_pythonpath(inherited: str | None, **extra: str) -> dict[str, str]:
+    env = _env(**extra)
+    if inherited is UNSET:
+        del env["PYTHONPATH"]
+    else:
+        env["PYTHONPATH"] = inherited
+    return env
+
+
+@pytest.mark.parametrize(
+    ("inherited", "expected"),
+    [
+        (UNSET, "/repo"),
+        ("", "/repo"),
+        ("/a", "/repo:/a"),
+        ("/a:/b", "/repo:/a:/b"),
+        (":/a::/b:", "/repo:/a:/b"),  # empty entries in the inherited value are dropped too
+        ("::", "/repo"),
+        ("/repo:/a", "/repo:/a"),  # not repeated
+        ("/a b:/c", "/repo:/a b:/c"),
+    ],
+)
+def test_pythonpath_with_never_has_an_empty_entry(inherited, expected):
+    script = (
+        f"source {shlex.quote(str(REPO / 'launchers' / '_pythonpath.sh'))}; pythonpath_with /repo"
+    )
+    res = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        env=_env_with_pythonpath(inherited),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == expected + "\n"
+    _assert_clean_pythonpath(res.stdout.strip(), "/repo")
+
+
+@pytest.mark.parametrize("inherited", [UNSET, "", "/opt/x", "/opt/x::/opt/y:"])
+def test_local_pythonpath_has_no_empty_entry(nemo_rl_dir, tmp_path, inherited):
+    record = tmp_path / "record.txt"
+    runner = tmp_path / "fake_runner"
+    runner.write_text(_RECORDER.format(out=record))
+    runner.chmod(0o755)
+    env = _env_with_pythonpath(inherited, NEMO_RL_DIR=str(nemo_rl_dir), RUNNER=str(runner))
+    real = _run(LOCAL, SMOKE, env=env)
+    assert real.returncode == 0, real.stderr
+    lines = record.read_text().splitlines()
+    pythonpath = next(x for x in lines if x.startswith("env:PYTHONPATH=")).split("=", 1)[1]
+    _assert_clean_pythonpath(pythonpath, str(REPO))
+    assert pythonpath == ":".join([str(REPO), *filter(None, (inherited or "").split(":"))])
+    dry = _run(LOCAL, "--dry-run", SMOKE, env=env)
+    assert dry.stdout.splitlines()[1] == f"export PYTHONPATH={shlex.quote(pythonpath)}"
+
+
+@pytest.mark.parametrize("container_pythonpath", [UNSET, "", "/opt/nemo-rl", "/opt/a::/opt/b:"])
+def test_slurm_job_pythonpath_has_no_empty_entry(nemo_rl_dir, tmp_path, container_pythonpath):
+    """Run the job's COMMAND as ray.sub does (`bash -c "$COMMAND"` in the container)."""
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0, res.stderr
+    exports = res.stdout.rsplit("\n", 2)[0]
+    command = subprocess.run(
+        ["bash", "-c", exports + '\nprintf "%s" "$COMMAND"'],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_env(),
+    ).stdout
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    record = tmp_path / "record.txt"
+    (bindir / "uv").write_text(_RECORDER.format(out=record))
+    (bindir / "uv").chmod(0o755)
+    job = subprocess.run(
+        ["bash", "-c", command],
+        env=_env_with_pythonpath(container_pythonpath, PATH=f"{bindir}:{os.environ['PATH']}"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert job.returncode == 0, job.stderr
+    lines = record.read_text().splitlines()
+    pythonpath = next(x for x in lines if x.startswith("env:PYTHONPATH=")).split("=", 1)[1]
+    _assert_clean_pythonpath(pythonpath, str(REPO))
+    kept = list(filter(None, (container_pythonpath or "").split(":")))
+    assert pythonpath == ":".join([str(REPO), *kept])
+    argv = [x.removeprefix("arg=") for x in lines if x.startswith("arg=")]
+    assert argv == ["run", "python", str(ENTRY), "--config", str(QWEN8B)]
+
+
+def test_nemo_ais_dir_with_a_colon_is_refused(nemo_rl_dir, tmp_path):
+    res = _run(
+        LOCAL,
+        "--dry-run",
+        SMOKE,
+        env=_env(NEMO_RL_DIR=str(nemo_rl_dir), NEMO_AIS_DIR=f"{tmp_path}/a:b"),
+    )
+    assert res.returncode == 2 and res.stdout == ""
+    assert "contains ':' (it must be one PYTHONPATH entry)" in res.stderr

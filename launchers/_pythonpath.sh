@@ -1,0 +1,32 @@
+# shellcheck shell=bash
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+# Defines `pythonpath_with DIR`: prints DIR, then every non-empty entry of the inherited
+# $PYTHONPATH except DIR itself, joined by ':'. Never an empty entry: an empty entry (a
+# leading or trailing ':' or a '::', e.g. from `DIR:${PYTHONPATH:-}` with PYTHONPATH unset)
+# means the working directory, and on the driver's and every Ray worker's sys.path it lets
+# any file there shadow a module of the same name.
+# Sourced by _common.sh (both launchers) and by the Slurm job's COMMAND, which runs it in
+# the container, where the image's own PYTHONPATH is known.
+
+pythonpath_with() {
+  local out="$1" entry
+  local -a entries=()
+  IFS=: read -r -a entries <<< "${PYTHONPATH:-}"
+  for entry in "${entries[@]}"; do
+    [[ -z "$entry" || "$entry" == "$1" ]] || out+=":$entry"
+  done
+  printf '%s\n' "$out"
+}
