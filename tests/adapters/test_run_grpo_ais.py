@@ -103,25 +103,15 @@ def test_register_ais_workers_copies_the_python_environment():
         assert ACTOR_ENVIRONMENT_REGISTRY[ours] == ACTOR_ENVIRONMENT_REGISTRY[base]
 
 
-def test_policy_factory_passes_the_worker_extension(monkeypatch):
-    calls = []
-    fake = types.ModuleType("nemo_rl.models.policy.lm_policy")
-    fake.Policy = lambda **kw: calls.append(kw) or "policy"
-    monkeypatch.setitem(sys.modules, "nemo_rl.models.policy.lm_policy", fake)
-    cfg = {"loss_fn": {"ais": {"mode": "ais"}}, "policy": {"megatron_cfg": {"enabled": True}}}
-    factory = run.make_policy_factory(cfg, run.validate_ais(cfg))
-    assert factory(cluster="c", config={}) == "policy"
-    assert calls == [
-        {
-            "cluster": "c",
-            "config": {},
-            "worker_extension_cls_fqn": "nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker",
-        }
-    ]
-    off = {"loss_fn": {}, "policy": {}}
-    assert run.make_policy_factory(off, run.validate_ais(off)) is None
+def test_policy_factory_for_every_mode_and_data_plane_error():
+    # upstream's real Policy built through the factory, per arm: tests/upstream/test_arms.py
+    for mode in ("none", "tis", "ais"):
+        cfg = {"loss_fn": {"ais": {"mode": mode}}, "policy": {"megatron_cfg": {"enabled": True}}}
+        assert callable(run.make_policy_factory(cfg, run.validate_ais(cfg)))
+    off = {"loss_fn": {}, "policy": {"megatron_cfg": {"enabled": True}}}  # no section: none
+    assert callable(run.make_policy_factory(off, run.validate_ais(off)))
     with pytest.raises(ValueError, match="data_plane"):
-        run.make_policy_factory({**cfg, "data_plane": {"enabled": True}}, run.validate_ais(cfg))
+        run.make_policy_factory({**off, "data_plane": {"enabled": True}}, run.validate_ais(off))
 
 
 def test_swap_loss_replaces_clipped_pg_loss_only():
@@ -138,101 +128,3 @@ def test_worker_pythonpath_is_prepended_once():
     first = run.ensure_worker_pythonpath(env)
     assert first.split(os.pathsep) == [str(run.REPO_ROOT), "/a", "/b"]
     assert run.ensure_worker_pythonpath(env) == first
-
-
-class _FakeNeMoRL:
-    """Stands in for the NeMo-RL entry points main() calls (v0.7.0's grpo module needs
-    Python 3.13 to import; the flow around it is what is tested here)."""
-
-    def __init__(self):
-        self.events = []
-
-    def modules(self):
-        grpo = types.ModuleType("nemo_rl.algorithms.grpo")
-        grpo.MasterConfig = self.master_config
-        grpo.setup = self.setup
-        grpo.grpo_train = lambda *args: self.events.append(("grpo_train", args[5]))
-        grpo.async_grpo_train = lambda **kw: self.events.append(("async", kw["loss_fn"]))
-        utils = types.ModuleType("nemo_rl.algorithms.utils")
-        utils.get_tokenizer = lambda cfg: "tokenizer"
-        data = types.ModuleType("nemo_rl.data.utils")
-        data.setup_response_data = lambda tok, data_cfg, env_cfg: ("ds", "val", "t2e", "v2e")
-        vc = types.ModuleType("nemo_rl.distributed.virtual_cluster")
-        vc.init_ray = lambda: self.events.append(("init_ray", os.environ.get("PYTHONPATH")))
-        gen = types.ModuleType("nemo_rl.models.generation")
-        gen.configure_generation_config = lambda cfg, tok, **kw: cfg
-        logger = types.ModuleType("nemo_rl.utils.logger")
-        logger.get_next_experiment_dir = lambda d: d
-        return {
-            "nemo_rl.algorithms.grpo": grpo,
-            "nemo_rl.algorithms.utils": utils,
-            "nemo_rl.data.utils": data,
-            "nemo_rl.distributed.virtual_cluster": vc,
-            "nemo_rl.models.generation": gen,
-            "nemo_rl.utils.logger": logger,
-        }
-
-    def master_config(self, **cfg):
-        self.events.append(("master_config", cfg["loss_fn"]))
-        return types.SimpleNamespace(**cfg)
-
-    def setup(self, config, tokenizer, dataset, val_dataset, policy_factory=None):
-        self.events.append(("setup", policy_factory is not None))
-        loss = ClippedPGLossFn(ClippedPGLossConfig())
-        return (
-            "policy",
-            "gen",
-            None,
-            "clusters",
-            "dl",
-            "vdl",
-            loss,
-            "log",
-            "ckpt",
-            {},
-            config,
-            {},
-            {},
-        )
-
-
-YAML = """
-grpo: {async_grpo: {enabled: false, max_trajectory_age_steps: 1}}
-loss_fn: {ais: {mode: ais}}
-policy:
-  tokenizer: {name: x}
-  draft: {enabled: false}
-  megatron_cfg: {enabled: true}
-  generation: {vllm_cfg: {precision: fp8, tensor_parallel_size: 1}}
-logger: {log_dir: logs}
-data: {}
-env: {}
-"""
-
-
-@pytest.mark.parametrize("async_grpo", [False, True])
-def test_main_validates_before_ray_and_trains_with_the_ais_loss(tmp_path, monkeypatch, async_grpo):
-    import nemo_rl.algorithms
-
-    fake = _FakeNeMoRL()
-    for name, module in fake.modules().items():
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(
-        nemo_rl.algorithms, "grpo", sys.modules["nemo_rl.algorithms.grpo"], raising=False
-    )
-    monkeypatch.setattr(run, "make_policy_factory", lambda cfg, ais: lambda **kw: None)
-    monkeypatch.setenv("PYTHONPATH", "")
-    (tmp_path / "c.yaml").write_text(YAML)
-    argv = ["--config", str(tmp_path / "c.yaml"), f"grpo.async_grpo.enabled={async_grpo}"]
-    run.main(argv)
-    names = [e[0] for e in fake.events]
-    assert names == ["master_config", "init_ray", "setup", "async" if async_grpo else "grpo_train"]
-    assert fake.events[0][1]["use_importance_sampling_correction"] is True  # NeMo-RL's view
-    assert str(run.REPO_ROOT) in fake.events[1][1].split(os.pathsep)  # workers import nemo_ais
-    assert fake.events[2][1] is True  # policy_factory passed
-    assert isinstance(fake.events[3][1], AISClippedPGLossFn)
-
-    fake.events.clear()
-    with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
-        run.main([*argv, "+loss_fn.ais.weight_cap=0.5"])
-    assert fake.events == []  # nothing started

@@ -1,0 +1,220 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""launchers/run_grpo_ais.py main() through NeMo-RL v0.7.0's REAL driver code, every config.
+
+For every full config under ``configs/nemo_rl/`` (recursive, arm mixins excluded) the
+launcher runs with upstream's real ``load_config`` / ``parse_hydra_overrides`` /
+``register_omegaconf_resolvers``, real ``MasterConfig``, real ``get_next_experiment_dir``
+and real ``configure_generation_config``. Stubbed, at the narrowest boundary, only what
+needs a cluster, a download or a GPU; each stub records what crossed it:
+
+* ``init_ray`` (starts Ray): records the worker environment at that moment;
+* ``get_tokenizer`` (HF download): records its config, returns :class:`_Tokenizer`;
+* ``setup_response_data`` (dataset download): records its arguments;
+* ``grpo.setup`` (Ray actors, vLLM, Megatron): records (config, tokenizer, dataset,
+  val_dataset, policy_factory) and returns what upstream's setup returns, with the real
+  ``ClippedPGLossFn`` built from the config it received;
+* ``grpo.grpo_train`` / ``grpo.async_grpo_train`` (the GPU loops): record their arguments.
+
+Each stub replaces the name in the module where ``main()`` looks it up (``main()``
+imports them at call time).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+from pathlib import Path
+
+import nemo_rl.algorithms.utils as nrl_algo_utils
+import nemo_rl.data.utils as nrl_data_utils
+import nemo_rl.distributed.virtual_cluster as nrl_virtual_cluster
+import pytest
+from nemo_rl.algorithms import grpo
+from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
+from nemo_rl.models.generation import configure_generation_config
+
+from nemo_ais.nemo_rl import AISClippedPGLossFn
+from nemo_ais.nemo_rl import cluster_check as cc
+
+pytestmark = pytest.mark.nemo_rl
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO_ROOT / "configs" / "nemo_rl"
+FULL_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not cc.is_mixin(cc.load_config(p)))
+
+_spec = importlib.util.spec_from_file_location(
+    "run_grpo_ais", REPO_ROOT / "launchers" / "run_grpo_ais.py"
+)
+run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run)
+
+
+class _Tokenizer:
+    """What ``configure_generation_config`` reads from a tokenizer (Qwen3's ids)."""
+
+    pad_token_id = 151643
+    eos_token_id = 151645
+
+
+class _Driver:
+    """Recording stand-ins for the cluster / download / GPU boundaries of main()."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+        self.tokenizer = _Tokenizer()
+        self.datasets = (object(), object(), {"math": object()}, {"math": object()})
+
+    def _names(self) -> list[str]:
+        return [name for name, _ in self.events]
+
+    def init_ray(self, *args, **kwargs):
+        env = {k: os.environ.get(k) for k in ("PYTHONPATH", "NEMO_AIS_FP8_REFIT")}
+        self.events.append(("init_ray", {"args": args, "kwargs": kwargs, "env": env}))
+
+    def get_tokenizer(self, tokenizer_config, *args, **kwargs):
+        self.events.append(("get_tokenizer", {"config": copy.deepcopy(tokenizer_config)}))
+        return self.tokenizer
+
+    def setup_response_data(self, tokenizer, data_config, env_configs=None, *args, **kwargs):
+        self.events.append(
+            (
+                "setup_response_data",
+                {"tokenizer": tokenizer, "data": data_config, "env": env_configs},
+            )
+        )
+        return self.datasets
+
+    def setup(
+        self, master_config, tokenizer, dataset, val_dataset, processor=None, policy_factory=None
+    ):
+        self.events.append(
+            (
+                "setup",
+                {
+                    "config": master_config,
+                    "tokenizer": tokenizer,
+                    "dataset": dataset,
+                    "val_dataset": val_dataset,
+                    "policy_factory": policy_factory,
+                },
+            )
+        )
+        # What upstream's setup() returns in the loss slot: ClippedPGLossFn(master_config.loss_fn).
+        loss_fn = ClippedPGLossFn(master_config.loss_fn)
+        return ("policy", "policy_generation", None, ("train_cluster", "inference_cluster"),
+                "dataloader", "val_dataloader", loss_fn, "logger", "checkpointer",
+                {"current_step": 0}, master_config, {}, {})  # fmt: skip
+
+    def grpo_train(self, *args):
+        self.events.append(("grpo_train", {"args": args}))
+
+    def async_grpo_train(self, **kwargs):
+        self.events.append(("async_grpo_train", kwargs))
+
+
+@pytest.fixture
+def driver(monkeypatch, tmp_path):
+    d = _Driver()
+    monkeypatch.setattr(nrl_virtual_cluster, "init_ray", d.init_ray)
+    monkeypatch.setattr(nrl_algo_utils, "get_tokenizer", d.get_tokenizer)
+    monkeypatch.setattr(nrl_data_utils, "setup_response_data", d.setup_response_data)
+    monkeypatch.setattr(grpo, "setup", d.setup)
+    monkeypatch.setattr(grpo, "grpo_train", d.grpo_train)
+    monkeypatch.setattr(grpo, "async_grpo_train", d.async_grpo_train)
+    # main() edits the worker environment; restore it after each test.
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delenv("NEMO_AIS_FP8_REFIT", raising=False)
+    monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
+    return d
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(CONFIG_DIR))
+
+
+def test_every_shipped_full_config_is_driven():
+    assert len(FULL_CONFIGS) == 13, [_rel(p) for p in FULL_CONFIGS]
+
+
+@pytest.mark.parametrize("path", FULL_CONFIGS, ids=_rel)
+def test_main_reaches_setup_and_trains_with_upstreams_driver_code(driver, path):
+    raw = run.load_config_dict(str(path), [])
+    ais_cfg = run.validate_ais(raw)
+
+    run.main(["--config", str(path)])
+
+    assert driver._names() == [
+        "init_ray",
+        "get_tokenizer",
+        "setup_response_data",
+        "setup",
+        "grpo_train",
+    ]
+    events = dict(driver.events)
+    # Ray workers inherit the driver's environment: this checkout is importable there.
+    assert str(run.REPO_ROOT) in events["init_ray"]["env"]["PYTHONPATH"].split(os.pathsep)
+    assert events["get_tokenizer"]["config"] == raw["policy"]["tokenizer"]
+
+    setup = events["setup"]
+    config = setup["config"]
+    assert isinstance(config, grpo.MasterConfig)
+    assert setup["tokenizer"] is driver.tokenizer
+    assert (setup["dataset"], setup["val_dataset"]) == driver.datasets[:2]
+    assert events["setup_response_data"]["data"] == raw["data"]
+    assert events["setup_response_data"]["env"] == raw["env"]
+    # policy.generation exactly as upstream's configure_generation_config makes it.
+    expected_generation = configure_generation_config(
+        copy.deepcopy(raw["policy"]["generation"]),
+        _Tokenizer(),
+        has_refit_draft_weights=False,
+        trains_mtp=bool(raw["policy"]["megatron_cfg"].get("mtp_num_layers")),
+    )
+    assert config.policy["generation"] == expected_generation
+    assert config.policy["generation"]["_pad_token_id"] == _Tokenizer.pad_token_id
+    assert config.policy["generation"]["stop_token_ids"] == [_Tokenizer.eos_token_id]
+    assert config.policy["generation"]["vllm_cfg"]["load_format"] == "dummy"
+    assert config.policy["draft"] == raw["policy"]["draft"]
+    assert config.policy["draft"]["enabled"] is False
+    # loss_fn view: loss_fn.ais owns the correction, so NeMo-RL's FP8 guard reads it as on.
+    assert config.loss_fn.use_importance_sampling_correction is True
+    assert raw["loss_fn"]["use_importance_sampling_correction"] is False
+    if ais_cfg.ais.mode != "none":
+        assert callable(setup["policy_factory"])
+    # The next experiment directory under the configured log_dir (upstream's helper).
+    assert config.logger["log_dir"] == os.path.join(raw["logger"]["log_dir"], "exp_001")
+
+    args = events["grpo_train"]["args"]
+    assert len(args) == 12
+    loss_fn = args[5]
+    assert isinstance(loss_fn, AISClippedPGLossFn)
+    assert loss_fn.ais == ais_cfg.ais
+    assert args[4] is driver.tokenizer
+    assert args[6] is driver.datasets[2] and args[7] is driver.datasets[3]
+    assert args[11] is config
+
+
+def test_main_runs_async_grpo_with_the_ais_loss(driver):
+    path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+    # async GRPO needs a BF16 KV cache (upstream's setup asserts it; so does cluster_check)
+    run.main(
+        [
+            "--config",
+            str(path),
+            "grpo.async_grpo.enabled=true",
+            "grpo.async_grpo.max_trajectory_age_steps=2",
+            "policy.generation.vllm_cfg.kv_cache_dtype=auto",
+        ]
+    )
+    assert driver._names()[-1] == "async_grpo_train"
+    kwargs = driver.events[-1][1]
+    assert isinstance(kwargs["loss_fn"], AISClippedPGLossFn)
+    assert kwargs["max_trajectory_age_steps"] == 2
+    assert kwargs["master_config"].grpo["async_grpo"]["enabled"] is True
+
+
+def test_bad_ais_config_fails_before_ray(driver):
+    path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+    with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
+        run.main(["--config", str(path), "loss_fn.ais.weight_cap=0.5"])
+    assert driver.events == []
