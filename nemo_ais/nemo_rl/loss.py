@@ -15,9 +15,13 @@
 
 ``AISClippedPGLossFn`` extends NeMo-RL's ``ClippedPGLossFn``:
 
-* ``loss_fn.ais.mode: none`` (or no ``ais`` section): ``super().__call__`` unchanged, so
+* ``loss_fn.ais.mode: none`` (or no ``ais`` section): loss, gradient and NeMo-RL's
+  metrics are ``super().__call__`` unchanged (bit-identical to ``ClippedPGLossFn``), so
   NeMo-RL's own options (including its ``tis`` / ``icepop`` / ``seq-mask-tis``) behave
-  exactly as upstream.
+  exactly as upstream. The AIS worker prepares the statistics for this mode too, and the
+  ``ais/*`` telemetry of the prepared diagnostics is added to the metrics (weights are 1;
+  ``ais/alpha`` is what mode ``ais`` would have used). Without a prepare step (the loss
+  used outside the AIS workers) mode ``none`` returns NeMo-RL's metrics only.
 * any other mode: the NeMo-RL data keys are mapped to core names by
   :func:`nemo_ais.nemo_rl.seam.core_inputs` and the loss is
   :func:`nemo_ais.core.clipped_pg_loss` with the diagnostics that the worker's prepare
@@ -44,8 +48,10 @@ from pydantic import Field, field_validator, model_validator
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
 from nemo_ais.core import AISDiagnostics, metric_normalizations
+from nemo_ais.core.metrics import ais_metrics
+from nemo_ais.core.weights import compute_dtype
 from nemo_ais.nemo_rl.cluster_check import AIS_CONFLICTS, ais_conflicts
-from nemo_ais.nemo_rl.seam import loss_from_prepared
+from nemo_ais.nemo_rl.seam import core_inputs, global_batch_index, loss_from_prepared
 
 __all__ = [
     "NEMO_RL_METRIC_KEYS",
@@ -198,7 +204,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
 
     @property
     def enabled(self) -> bool:
-        """True when ``loss_fn.ais.mode`` is not ``none``."""
+        """True when ``loss_fn.ais.mode`` is not ``none`` (core weights the loss)."""
         return self.ais.mode != "none"
 
     def attach_diagnostics(self, diagnostics: Sequence[AISDiagnostics]) -> None:
@@ -221,7 +227,13 @@ class AISClippedPGLossFn(ClippedPGLossFn):
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """NeMo-RL's loss contract: ``(loss, metrics)`` with float metrics (see module doc)."""
         if not self.enabled:
-            return super().__call__(next_token_logprobs, data, global_valid_seqs, global_valid_toks)
+            loss, metrics = super().__call__(
+                next_token_logprobs, data, global_valid_seqs, global_valid_toks
+            )
+            return loss, {
+                **metrics,
+                **self._telemetry(next_token_logprobs, data, global_valid_toks),
+            }
         if self.pg.reference_policy_kl_penalty > 0 and "curr_logprobs_unfiltered" in data:
             raise NotImplementedError(
                 "loss_fn.ais with top-k/top-p training sampling and a KL penalty: NeMo-RL's "
@@ -245,3 +257,23 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             if key in out.metrics:
                 metrics[key] = float(out.metrics[key])
         return out.loss, metrics
+
+    def _telemetry(
+        self,
+        next_token_logprobs: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_toks: torch.Tensor,
+    ) -> dict[str, float]:
+        """``ais/*`` of the call's prepared global batch, summable form; {} if unprepared.
+
+        Counted in core's compute dtype, so the values equal those of the weighted modes.
+        """
+        index = global_batch_index(data)
+        if index is None or not 0 <= index < len(self._diagnostics):
+            return {}
+        x = core_inputs(data)
+        dtype = compute_dtype(next_token_logprobs, x.logp_old, x.adv)
+        n_tok_local = x.mask.to(dtype).sum()
+        global_n_tok = torch.as_tensor(global_valid_toks, dtype=dtype, device=x.mask.device)
+        out = ais_metrics(self._diagnostics[index], n_tok_local, global_n_tok)
+        return {key: float(value) for key, value in out.items()}

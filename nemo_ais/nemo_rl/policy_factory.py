@@ -56,13 +56,24 @@ def register_ais_workers() -> None:
         ACTOR_ENVIRONMENT_REGISTRY.setdefault(ours, ACTOR_ENVIRONMENT_REGISTRY[base])
 
 
-def make_policy_factory(config: dict[str, Any], ais_cfg: Any) -> Callable[..., Any] | None:
-    """``setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker (None: off)."""
-    if ais_cfg.ais.mode == "none":
-        return None
+def make_policy_factory(config: dict[str, Any], ais_cfg: Any) -> Callable[..., Any]:
+    """``setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker.
+
+    Every ``loss_fn.ais.mode`` gets the same worker, ``none`` included: the arms of a
+    comparison then differ only in rollout precision and correction mode (same KV-scale
+    calibration, same prepare step and ``ais/*`` telemetry; ``none`` applies weight 1,
+    bit-identical to ``ClippedPGLossFn``).
+
+    Raises:
+        ValueError: ``data_plane.enabled`` (TransferQueue's ``TQPolicy`` is not an AIS
+            worker), or no supported training backend (:func:`ais_worker_fqn`).
+    """
+    del ais_cfg  # the worker does not depend on the mode (kept for the launcher's call)
     if (config.get("data_plane") or {}).get("enabled", False):
         raise ValueError(
-            "data_plane.enabled=true (TransferQueue) is not supported with loss_fn.ais"
+            "data_plane.enabled=true (TransferQueue) is not supported with the nemo_ais "
+            "launcher (every arm, loss_fn.ais.mode=none included, trains on the AIS worker); "
+            "set data_plane.enabled=false"
         )
     from nemo_rl.models.policy.lm_policy import Policy
 

@@ -113,6 +113,25 @@ def test_ais_off_is_exactly_clipped_pg_loss(cfg):
     assert ours[2] == ref[2]
 
 
+@pytest.mark.parametrize("nemo_cfg", [{}, {**BASE, **NEMO_TIS}], ids=["uncorrected", "nemo-rl-tis"])
+def test_prepared_mode_none_is_clipped_pg_loss_plus_telemetry(nemo_cfg):
+    data, curr = _data(seed=5)
+    ref = _run(ClippedPGLossFn(ClippedPGLossConfig(**nemo_cfg)), data, curr)
+    ours = _run(
+        _prepared(AISClippedPGLossFn({**nemo_cfg, "ais": {"mode": "none"}}), data), data, curr
+    )
+    assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])  # weights exactly 1
+    assert {k: ours[2][k] for k in ref[2]} == ref[2]
+    ais_keys = {k for k in ours[2] if k.startswith("ais/")}
+    assert set(ours[2]) == set(ref[2]) | ais_keys
+    # the same telemetry as a weighted mode on the same batch (statistics ignore the mode)
+    data_tis, _ = _data(seed=5)
+    tis = _run(_prepared(AISClippedPGLossFn({"ais": {"mode": "tis"}}), data_tis), data_tis, curr)
+    assert {k: ours[2][k] for k in ais_keys} == {k: tis[2][k] for k in ais_keys}
+    assert ais_keys == {k for k in tis[2] if k.startswith("ais/")}
+    assert ours[2]["ais/n_tok"] == pytest.approx(float(_counts(data)[1]))  # one call: whole
+
+
 @pytest.mark.parametrize("token_level_loss", [True, False])
 def test_alpha_one_equals_nemo_rl_tis(token_level_loss):
     data, curr = _data(seed=1)

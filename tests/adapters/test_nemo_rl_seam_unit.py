@@ -232,6 +232,19 @@ def test_worker_mixin_prepares_saves_and_restores_state(one_rank_world, tmp_path
     assert restored.ais_state.state_dict() == saved
 
 
+def test_worker_mixin_prepares_mode_none_too(one_rank_world):
+    worker = _Worker({"train_global_batch_size": 2})
+
+    class NoneLoss(_Sink):  # AISClippedPGLossFn with mode none: enabled is False
+        enabled = False
+        ais = CorrectionConfig(mode="none")
+
+    worker.train(data=_data(b=4), loss_fn=NoneLoss(), gbs=2)
+    tags, diags, _ = worker.seen[0]
+    assert tags == [0, 0, 1, 1] and len(diags) == 2  # statistics for the telemetry
+    assert worker.ais_state.num_updates == 2
+
+
 def test_worker_mixin_leaves_plain_losses_alone(one_rank_world):
     worker = _Worker({"train_global_batch_size": 2})
 

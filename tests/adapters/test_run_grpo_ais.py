@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
-import types
 from pathlib import Path
 
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)

@@ -41,7 +41,8 @@ def ais_state_path(weights_path: str) -> str:
 class AISTrainMixin:
     """Put before a NeMo-RL policy worker implementation in the bases.
 
-    ``train(data, loss_fn, ...)``: when ``loss_fn`` is an enabled AIS loss, runs
+    ``train(data, loss_fn, ...)``: when ``loss_fn`` is an AIS loss (any mode, ``none``
+    included: its statistics feed the ``ais/*`` telemetry, its weights stay 1), runs
     :func:`~nemo_ais.nemo_rl.seam.prepare_global_batches` on this worker's shard over the
     data-parallel group returned by :meth:`_ais_dp_group` -- one all-reduce per global
     batch, on every rank of every pipeline stage (all stages hold the data; a DP group
@@ -78,7 +79,7 @@ class AISTrainMixin:
         **kwargs: Any,
     ) -> dict[str, Any]:
         """AIS prepare step, then NeMo-RL's ``train`` unchanged."""
-        if getattr(loss_fn, "enabled", False) and hasattr(loss_fn, "attach_diagnostics"):
+        if hasattr(loss_fn, "attach_diagnostics"):  # any AIS loss; NeMo-RL's own: untouched
             group = self._ais_dp_group()
             global_batch_size = gbs if gbs is not None else self.cfg["train_global_batch_size"]
             prepare_global_batches(
