@@ -23,6 +23,7 @@ from nemo_ais.fp8.kv_scales import (
     KVScales,
     collect_engine_kv_scales,
     kv_scale_names,
+    require_calibrated_kv_scales,
     verify_kv_scales,
 )
 from nemo_ais.fp8.quant import (
@@ -49,5 +50,6 @@ __all__ = [
     "plan_fp8_sync",
     "quantize_activations",
     "quantize_blockwise",
+    "require_calibrated_kv_scales",
     "verify_kv_scales",
 ]

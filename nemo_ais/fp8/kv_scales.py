@@ -62,6 +62,7 @@ __all__ = [
     "engine_name",
     "kv_scale_names",
     "percentile_amax",
+    "require_calibrated_kv_scales",
     "verify_kv_scales",
 ]
 
@@ -365,4 +366,41 @@ def verify_kv_scales(
         raise ValueError(
             f"FP8 KV-cache scales not loaded correctly ({len(problems)} of {len(expected)}):\n"
             + "\n".join(problems)
+        )
+
+
+def require_calibrated_kv_scales(scales: Mapping[str, float] | None, num_layers: int) -> None:
+    """Refit guard: every Q/K/V scale of every layer is calibrated, so none streams as 1.0.
+
+    NeMo-RL's refit streams ``scales.get(name, 1.0)`` for each of :func:`kv_scale_names`
+    of layers ``0..num_layers-1`` when the FP8 KV cache is on.
+
+    Args:
+        scales: vLLM name -> scale about to be streamed (None: never calibrated).
+        num_layers: the model's (global) number of attention layers.
+
+    Raises:
+        ValueError: naming, per layer, each scale that is missing (never calibrated), left
+            at the default 1.0, or not a finite value > 0.
+    """
+    scales = {} if scales is None else scales
+    problems = []
+    for layer in range(num_layers):
+        bad = []
+        for name in kv_scale_names(layer).values():
+            value = scales.get(name)
+            if value is None:
+                bad.append(f"{name} never calibrated")
+            elif float(value) == 1.0:
+                bad.append(f"{name} left at the default 1.0")
+            elif not math.isfinite(float(value)) or float(value) <= 0:
+                bad.append(f"{name}={float(value)!r} is not a finite scale > 0")
+        if bad:
+            problems.append(f"layer {layer}: " + ", ".join(bad))
+    if problems:
+        raise ValueError(
+            f"FP8 KV cache is on but the refit would stream default KV scales to vLLM "
+            f"({len(problems)} of {num_layers} layers):\n" + "\n".join(problems) + "\n"
+            "Run calibrate_qkv_fp8_scales(data, include_q=True) on the policy before the refit "
+            "(NeMo-RL's grpo_train does when vllm_cfg.kv_cache_dtype is fp8)."
         )

@@ -11,7 +11,18 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""AIS Megatron policy worker (import only inside a NeMo-RL Megatron worker process)."""
+"""AIS Megatron policy worker (import only inside a NeMo-RL Megatron worker process).
+
+FP8 KV-cache scales and the refit: NeMo-RL v0.7.0's ``grpo.refit_policy_generation``
+passes the calibrated ``kv_scales`` only on the non-colocated path
+(``broadcast_weights_for_collective(kv_scales=...)``); the colocated path calls
+``stream_weights_via_ipc_zmq(buffer_size_bytes=...)`` without them, and upstream's
+``_iter_params_with_optional_kv_scales`` then streams every q/k/v scale as 1.0 (so does
+``weight_sync.IPCWeightSynchronizer``). This worker remembers the scales of its last
+calibration and streams them when a refit passes none, and refuses (``ValueError`` naming
+the layer) a refit with the FP8 KV cache on whose scales would be defaults. Every worker
+holds the same scales (the calibration ends in one all-reduce), so all raise together.
+"""
 
 from typing import Any
 
@@ -20,11 +31,19 @@ import torch
 from nemo_rl.models.policy.utils import get_runtime_env_for_policy_worker
 from nemo_rl.models.policy.workers.megatron_policy_worker import MegatronPolicyWorkerImpl
 
+from nemo_ais.fp8.kv_scales import require_calibrated_kv_scales
 from nemo_ais.megatron import get_data_parallel_group
 from nemo_ais.megatron.kv_calibration import calibrate_qkv_fp8_scales
 from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin
 
-__all__ = ["AISMegatronPolicyWorker"]
+__all__ = ["AISMegatronPolicyWorker", "fp8_kv_cache_enabled"]
+
+
+def fp8_kv_cache_enabled(policy_cfg: Any) -> bool:
+    """``policy.generation`` is vLLM with ``vllm_cfg.kv_cache_dtype`` fp8* (upstream's test)."""
+    generation = policy_cfg.get("generation") or {}
+    kv_cache_dtype = (generation.get("vllm_cfg") or {}).get("kv_cache_dtype") or "auto"
+    return generation.get("backend") == "vllm" and str(kv_cache_dtype).startswith("fp8")
 
 
 @ray.remote(
@@ -32,6 +51,8 @@ __all__ = ["AISMegatronPolicyWorker"]
 )  # pragma: no cover
 class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
     """``MegatronPolicyWorker`` + the AIS prepare step + our FP8 KV-scale calibration."""
+
+    _ais_kv_scales: dict[str, float] | None = None  # the last calibration's "layers"
 
     def _ais_dp_group(self):
         return get_data_parallel_group()
@@ -59,7 +80,7 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
         ``q_scale``); the ``FP8_MAX_Q/K/V`` environment overrides are not read (448).
         """
         self.model.eval()
-        return calibrate_qkv_fp8_scales(
+        result = calibrate_qkv_fp8_scales(
             self.model,
             lambda: self.get_logprobs(
                 data=data, micro_batch_size=micro_batch_size, require_router_replay=False
@@ -71,3 +92,29 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
             group=torch.distributed.group.WORLD if torch.distributed.is_initialized() else None,
             device=self._ais_device(),
         )
+        self._ais_kv_scales = dict(result["layers"])  # for refits that pass none (colocated)
+        return result
+
+    def _ais_refit_kv_scales(self, kv_scales: dict[str, float] | None) -> dict[str, float] | None:
+        """The scales a refit streams: the driver's, else the last calibration's; checked.
+
+        Raises:
+            ValueError: FP8 KV cache on and a layer's q/k/v scale would stream as a default.
+        """
+        if not fp8_kv_cache_enabled(self.cfg):
+            return kv_scales
+        scales = kv_scales if kv_scales is not None else self._ais_kv_scales
+        require_calibrated_kv_scales(scales, self.megatron_bridge.transformer_config.num_layers)
+        return scales
+
+    def stream_weights_via_ipc_zmq(
+        self, buffer_size_bytes: int = 0, kv_scales: dict[str, float] | None = None
+    ) -> None:
+        """Upstream's colocated refit, with the calibrated KV scales it is not given."""
+        super().stream_weights_via_ipc_zmq(
+            buffer_size_bytes=buffer_size_bytes, kv_scales=self._ais_refit_kv_scales(kv_scales)
+        )
+
+    def broadcast_weights_for_collective(self, kv_scales: dict[str, float] | None = None) -> None:
+        """Upstream's non-colocated refit, with the same scale check."""
+        super().broadcast_weights_for_collective(kv_scales=self._ais_refit_kv_scales(kv_scales))

@@ -1,0 +1,474 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Calibrated FP8 KV-cache scales reach vLLM through upstream's real refit (issue 11, defect 3).
+
+What runs for real:
+
+* NeMo-RL v0.7.0's ``grpo.refit_policy_generation`` (colocated and not), its ``Policy``
+  (built with ``Policy.__new__``: its ``__init__`` starts Ray actors on GPUs) and its
+  ``RayWorkerGroup`` dispatch (``run_all_workers_single_data`` / ``_sharded_data`` /
+  ``MultiWorkerFuture``, built with ``__new__``), ``Policy.calibrate_qkv_fp8_scales``;
+* upstream's ``MegatronPolicyWorkerImpl.stream_weights_via_ipc_zmq`` /
+  ``broadcast_weights_for_collective`` / ``_iter_params_with_optional_kv_scales`` (where
+  the q/k/v scales are merged into the streamed tensors);
+* our ``AISMegatronPolicyWorker`` (the class under ``@ray.remote``, via
+  ``__ray_actor_class__``, built with ``__new__``) and its KV calibration, on a tiny
+  megatron-core 0.16.1 ``GPTModel`` (GQA, q/k-norm, RoPE; fp32 on CPU, one gloo rank).
+
+Stubbed, each at the narrowest boundary and recording what crosses it:
+
+* the Ray actor: an in-process handle runs the real worker method and returns
+  ``ray.put(result)``; the GPU-memory methods (``offload_before_refit``,
+  ``offload_after_refit``, ``get_free_memory_bytes``) are recorded and not run;
+* the transport: ``stream_weights_via_ipc_zmq_impl`` (CUDA IPC over ZMQ) and
+  ``packed_broadcast_producer`` (NCCL) record every ``(name, tensor)`` and hand them to
+* the vLLM side (``VllmGeneration`` cannot run on CPU): records what it receives;
+* the forward pass of ``get_logprobs`` (Megatron pipeline schedule on CUDA) is the tiny
+  model's forward over the shard it is given; ``megatron_bridge`` (Megatron-Bridge is not
+  installable on CPU: it needs Transformer Engine and ``transformers<5``) exports the
+  model's parameters and gives the transformer config;
+* CUDA-only calls: ``torch.tensor(..., device="cuda")`` lands on CPU, NVTX ranges are
+  no-ops, RoPE's ``torch.cuda.current_device()`` is ``"cpu"``, no CUDA RNG tracker;
+* import-time placeholders so upstream's worker module imports: ``megatron.bridge.*`` and
+  four names megatron-core 0.16.1 lacks (v0.7.0 builds against a newer one). Each
+  placeholder raises if it is ever called; the test asserts none was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import socket
+import sys
+import types
+import warnings
+from typing import ClassVar
+
+import nemo_rl  # noqa: F401  (required: tests/conftest.py)
+import pytest
+import ray
+import torch
+import torch.distributed as dist
+
+from nemo_ais.fp8.kv_scales import verify_kv_scales
+
+pytestmark = [pytest.mark.nemo_rl, pytest.mark.megatron]
+
+UPSTREAM_WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
+OUR_WORKER = "nemo_ais.nemo_rl.workers.megatron"
+# names megatron-core 0.16.1 lacks; only imported (never called) on this path
+MCORE_MISSING = {
+    "megatron.core.inference.engines.dynamic_engine": ("EngineState",),
+    "megatron.core.transformer.enums": ("InferenceCudaGraphScope",),
+    "megatron.core.inference.utils": ("device_memory_summary",),
+}
+MCORE_MISSING_MODULES = ("megatron.core.inference.config",)
+GPU_ONLY_METHODS = ("offload_before_refit", "offload_after_refit", "get_free_memory_bytes")
+LAYERS, HIDDEN, HEADS, GROUPS, VOCAB, SEQ = 2, 32, 4, 2, 64, 8
+
+
+# ---- import-time placeholders ---------------------------------------------------------------
+
+
+class _Placeholder:
+    used: ClassVar[list[str]] = []
+
+    def __new__(cls, *args, **kwargs):
+        _Placeholder.used.append(cls.__qualname__)
+        raise RuntimeError(f"{cls.__qualname__} is an import placeholder (no CPU build)")
+
+
+def _placeholder(module: str, name: str) -> type:
+    return type(name, (_Placeholder,), {"__module__": module, "__qualname__": f"{module}.{name}"})
+
+
+class _PlaceholderModule(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = _placeholder(self.__name__, name)
+        setattr(self, name, value)
+        return value
+
+
+class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``megatron.bridge.*`` and the megatron-core modules v0.7.0 needs but 0.16.1 lacks."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.startswith("megatron.bridge") or fullname in MCORE_MISSING_MODULES:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _PlaceholderModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module) -> None:
+        self.created.append(module.__name__)
+
+
+@pytest.fixture(scope="module")
+def worker_modules():
+    """Upstream's real Megatron worker module and ours, importable on CPU."""
+    finder = _PlaceholderFinder()
+    sys.meta_path.insert(0, finder)
+    added = []
+    for module, names in MCORE_MISSING.items():
+        mod = importlib.import_module(module)
+        for name in names:
+            if not hasattr(mod, name):
+                setattr(mod, name, _placeholder(module, name))
+                added.append((mod, name))
+    before = set(sys.modules)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            upstream = importlib.import_module(UPSTREAM_WORKER)
+            ours = importlib.import_module(OUR_WORKER)
+        yield types.SimpleNamespace(upstream=upstream, ours=ours, placeholders=finder.created)
+    finally:
+        sys.meta_path.remove(finder)
+        for mod, name in added:
+            delattr(mod, name)
+        for name in set(sys.modules) - before:  # nothing else may see the placeholders
+            if name.startswith(("megatron.bridge", "nemo_rl.", "nemo_ais.nemo_rl.workers")):
+                sys.modules.pop(name, None)
+        for name in MCORE_MISSING_MODULES:
+            sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+# ---- CUDA-only calls --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cpu_shims(monkeypatch):
+    import megatron.core.tensor_parallel as tp
+
+    record = {"cuda_tensors": 0, "nvtx": []}
+    real_tensor = torch.tensor
+
+    def tensor(*args, device=None, **kwargs):
+        if device is not None and str(device).startswith("cuda"):
+            record["cuda_tensors"] += 1
+            device = "cpu"
+        return real_tensor(*args, device=device, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", tensor)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", record["nvtx"].append)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # RoPE's inv_freq.to()
+    tracker = types.SimpleNamespace(fork=lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(tp, "get_cuda_rng_tracker", lambda *a, **k: tracker)
+    return record
+
+
+@pytest.fixture
+def one_rank():
+    """One gloo rank with megatron-core's model-parallel groups (TP = PP = 1)."""
+    from megatron.core import parallel_state
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(create_gloo_process_groups=False)
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def _gpt():
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(
+        num_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        num_query_groups=GROUPS,
+        qk_layernorm=True,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+    )
+    torch.manual_seed(1234)
+    model = GPTModel(
+        config=cfg,
+        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=True),
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        position_embedding_type="rope",
+    )
+    return model.eval(), cfg
+
+
+# ---- the stand-ins ----------------------------------------------------------------------------
+
+
+class _Bridge:
+    """Megatron-Bridge's ``AutoBridge``: transformer config + HF export of the model."""
+
+    def __init__(self, model, transformer_config) -> None:
+        self.model, self.transformer_config = model, transformer_config
+        self.exports = 0
+
+    def export_hf_weights(self, models, show_progress=False, conversion_tasks=None):
+        assert models == [self.model]
+        self.exports += 1
+        for name, param in self.model.named_parameters():
+            yield name, param.detach()
+
+
+class _VllmSide:
+    """The generation engine: records the tensors the transport delivers to it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.inbox: list[tuple[str, torch.Tensor]] = []
+        self.received: list[tuple[str, torch.Tensor]] = []
+
+    def prepare_for_generation(self, tags=None):
+        self.calls.append(("prepare_for_generation", tags))
+
+    def _update(self, method: str) -> list:
+        self.calls.append((method,))
+        self.received, self.inbox = self.inbox, []
+        return [ray.put(bool(self.received))]
+
+    def update_weights_via_ipc_zmq(self):
+        return self._update("update_weights_via_ipc_zmq")
+
+    def update_weights_from_collective(self):
+        return self._update("update_weights_from_collective")
+
+    def scales(self) -> dict[str, float]:
+        return {n: float(t) for n, t in self.received if n.endswith("_scale")}
+
+
+class _ActorHandle:
+    """A Ray actor handle over an in-process worker: ``handle.method.remote(**kw)``.
+
+    Top-level ``ObjectRef`` arguments are resolved as Ray does; the result is
+    ``ray.put``; an exception propagates at ``.remote()`` (Ray raises it at ``ray.get``).
+    """
+
+    def __init__(self, worker) -> None:
+        self.worker, self.calls = worker, []
+
+    def __getattr__(self, method: str):
+        def remote(*args, **kwargs):
+            args = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args]
+            kwargs = {
+                k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in kwargs.items()
+            }
+            self.calls.append((method, kwargs))
+            if method in GPU_ONLY_METHODS:
+                return ray.put(None)
+            return ray.put(getattr(self.worker, method)(*args, **kwargs))
+
+        return types.SimpleNamespace(remote=remote)
+
+
+def _worker(worker_modules, kv_cache_dtype: str):
+    """Our real worker class, built without its GPU ``__init__``."""
+    cls = worker_modules.ours.AISMegatronPolicyWorker.__ray_actor_class__
+    assert issubclass(cls, worker_modules.upstream.MegatronPolicyWorkerImpl)
+    worker = cls.__new__(cls)
+    model, transformer_config = _gpt()
+    worker.cfg = {"generation": {"backend": "vllm", "vllm_cfg": {"kv_cache_dtype": kv_cache_dtype}}}
+    worker.model = model
+    worker.megatron_bridge = _Bridge(model, transformer_config)
+    worker.refit_conversion_tasks = None
+    worker.draft_model = None
+    worker.rank = 0
+    worker.zmq_socket = "zmq-socket"  # maybe_init_zmq() keeps an existing socket
+    worker.model_update_group = "nccl-group"
+    worker.forward_calls = []
+
+    def get_logprobs(*, data, micro_batch_size=None, require_router_replay=True):
+        # the forward of upstream's get_logprobs (a Megatron schedule on CUDA)
+        worker.forward_calls.append((data["input_ids"].clone(), require_router_replay))
+        ids = data["input_ids"]
+        pos = torch.arange(ids.shape[1]).expand_as(ids)
+        mask = torch.ones(1, 1, ids.shape[1], ids.shape[1], dtype=torch.bool).triu(1)
+        return model(ids, pos, mask)
+
+    worker.get_logprobs = get_logprobs
+    return worker
+
+
+@pytest.fixture
+def make_policy():
+    """Upstream's real ``Policy`` over upstream's real ``RayWorkerGroup`` dispatch."""
+    policies = []
+    yield lambda worker: _policy(worker, policies)
+    for policy in policies:  # Policy.__del__ would shut the (stand-in) actors down
+        del policy.worker_group
+
+
+def _policy(worker, policies):
+    from nemo_rl.distributed.named_sharding import NamedSharding
+    from nemo_rl.distributed.worker_groups import RayWorkerGroup
+    from nemo_rl.models.policy.lm_policy import Policy
+
+    sharding = NamedSharding(
+        layout=[[[[0]]]],
+        names=["pipeline_parallel", "data_parallel", "context_parallel", "tensor_parallel"],
+    )
+    group = RayWorkerGroup.__new__(RayWorkerGroup)
+    group._workers = [_ActorHandle(worker)]
+    group.sharding_annotations = sharding
+    policy = Policy.__new__(Policy)
+    policy.worker_group = group
+    policy.sharding_annotations = sharding
+    policy.use_dynamic_batches = False
+    policy.use_sequence_packing = False
+    policy.cfg = worker.cfg
+    policies.append(policy)
+    return policy, group._workers[0]
+
+
+@pytest.fixture
+def transport(worker_modules, monkeypatch):
+    """Record every (name, tensor) the worker sends; deliver it to the vLLM side."""
+    import nemo_rl.models.policy.utils as policy_utils
+
+    record = types.SimpleNamespace(ipc=[], nccl=[], vllm=_VllmSide())
+
+    def ipc(params_generator, buffer_size_bytes, zmq_socket, rank, worker_name):
+        sent = [(n, t.detach().clone()) for n, t in params_generator]
+        record.ipc.append({"buffer_size_bytes": buffer_size_bytes, "socket": zmq_socket})
+        record.vllm.inbox.extend(sent)
+
+    def nccl(iterator, group, src, post_iter_func):
+        sent = [(n, post_iter_func((n, t)).detach().clone()) for n, t in iterator]
+        record.nccl.append({"group": group, "src": src})
+        record.vllm.inbox.extend(sent)
+
+    monkeypatch.setattr(policy_utils, "stream_weights_via_ipc_zmq_impl", ipc)
+    monkeypatch.setattr(worker_modules.upstream, "packed_broadcast_producer", nccl)
+    return record
+
+
+def _calibration_data():
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, VOCAB, (4, SEQ), generator=g)
+    return BatchedDataDict({"input_ids": ids, "input_lengths": torch.full((4,), SEQ)})
+
+
+def _scale_names() -> list[str]:
+    from nemo_rl.models.generation.vllm.quantization.fp8_train_utils import (
+        get_vllm_qkv_scale_names,
+    )
+
+    return [n for i in range(LAYERS) for n in get_vllm_qkv_scale_names(i).values()]
+
+
+def _refit(policy, vllm, colocated: bool, kv_scales):
+    from nemo_rl.algorithms.grpo import refit_policy_generation
+
+    refit_policy_generation(
+        policy, vllm, colocated, _refit_buffer_size_gb=0.001, kv_scales=kv_scales
+    )
+
+
+# ---- tests ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
+def test_calibrated_scales_reach_vllm(
+    worker_modules, local_ray, cpu_shims, one_rank, transport, make_policy, colocated
+):
+    worker = _worker(worker_modules, kv_cache_dtype="fp8")
+    policy, handle = make_policy(worker)
+    data = _calibration_data()
+
+    # what grpo_train does before a refit when vLLM needs KV scales
+    kv_scales = policy.calibrate_qkv_fp8_scales(data, include_q=True)["layers"]
+    _refit(policy, transport.vllm, colocated, kv_scales)
+
+    assert len(worker.forward_calls) == 1
+    assert torch.equal(worker.forward_calls[0][0], data["input_ids"])  # the whole DP shard
+    calibrate, *refit = handle.calls
+    assert calibrate[0] == "calibrate_qkv_fp8_scales" and calibrate[1]["include_q"] is True
+    streamed = "stream_weights_via_ipc_zmq" if colocated else "broadcast_weights_for_collective"
+    assert [c[0] for c in refit if c[0] not in GPU_ONLY_METHODS] == [streamed]
+    # the upstream defect: the colocated branch forwards no kv_scales to the worker
+    sent = next(kw for m, kw in refit if m == streamed)
+    assert sent["kv_scales"] == (None if colocated else kv_scales)
+    assert len(transport.ipc if colocated else transport.nccl) == 1
+
+    names = _scale_names()
+    assert sorted(kv_scales) == sorted(names)
+    assert all(0 < v < 1 for v in kv_scales.values())  # calibrated: none is the 1.0 default
+    received = transport.vllm.scales()
+    assert list(received) == names  # appended after the weights, in upstream's order
+    for name in names:  # fp32 scalars of exactly the calibrated floats
+        assert received[name] == float(torch.tensor(kv_scales[name], dtype=torch.float32)), name
+    verify_kv_scales(received, kv_scales)  # none missing, none left at 1.0
+    weights = [n for n, _ in transport.vllm.received if not n.endswith("_scale")]
+    assert weights == [n for n, _ in worker.model.named_parameters()]
+    assert cpu_shims["cuda_tensors"] == len(names)
+    assert _Placeholder.used == []
+
+
+@pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
+def test_refit_without_calibration_fails_naming_the_layer(
+    worker_modules, local_ray, cpu_shims, one_rank, transport, make_policy, colocated
+):
+    worker = _worker(worker_modules, kv_cache_dtype="fp8")
+    policy, _ = make_policy(worker)
+    with pytest.raises(
+        ValueError, match=r"layer 0: .*model\.layers\.0\.self_attn\.k_scale never calibrated"
+    ):
+        _refit(policy, transport.vllm, colocated, kv_scales=None)
+    assert transport.vllm.inbox == [] and transport.vllm.received == []  # nothing was sent
+
+
+def test_partial_calibration_fails_naming_the_missing_layer(
+    worker_modules, local_ray, cpu_shims, one_rank, transport, make_policy
+):
+    worker = _worker(worker_modules, kv_cache_dtype="fp8")
+    policy, _ = make_policy(worker)
+    kv_scales = policy.calibrate_qkv_fp8_scales(_calibration_data(), include_q=True)["layers"]
+    partial = {n: v for n, v in kv_scales.items() if not n.startswith("model.layers.1.")}
+    with pytest.raises(
+        ValueError, match=r"layer 1: model\.layers\.1\.self_attn\.attn\.q_scale never calibrated"
+    ):
+        _refit(policy, transport.vllm, colocated=False, kv_scales=partial)
+    defaults = dict(kv_scales, **{"model.layers.1.self_attn.v_scale": 1.0})
+    with pytest.raises(
+        ValueError, match=r"layer 1: model\.layers\.1\.self_attn\.v_scale left at the default 1\.0"
+    ):
+        _refit(policy, transport.vllm, colocated=False, kv_scales=defaults)
+
+
+def test_bf16_kv_cache_streams_no_scales_and_needs_no_calibration(
+    worker_modules, local_ray, cpu_shims, one_rank, transport, make_policy
+):
+    worker = _worker(worker_modules, kv_cache_dtype="auto")
+    policy, _ = make_policy(worker)
+    _refit(policy, transport.vllm, colocated=True, kv_scales=None)
+    assert transport.vllm.scales() == {}
+    assert [n for n, _ in transport.vllm.received] == [
+        n for n, _ in worker.model.named_parameters()
+    ]
