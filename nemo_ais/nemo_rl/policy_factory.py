@@ -14,19 +14,26 @@
 """``grpo.setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker.
 
 The AIS worker is picked per training backend (:func:`ais_worker_fqn`), registered in
-NeMo-RL's actor environment registry (:func:`register_ais_workers`) and passed to
+NeMo-RL's actor environment registry with its base worker's prebuilt venv
+(:func:`register_ais_workers`, :func:`ais_worker_python`) and passed to
 ``Policy`` as ``worker_extension_cls_fqn`` (:func:`make_policy_factory`). NeMo-RL is
 imported inside the functions only, so importing this module needs no NeMo-RL.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS
 
-__all__ = ["ais_worker_fqn", "make_policy_factory", "register_ais_workers"]
+__all__ = [
+    "ais_worker_fqn",
+    "ais_worker_python",
+    "make_policy_factory",
+    "register_ais_workers",
+]
 
 _MEGATRON = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
 _DTENSOR = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
@@ -48,12 +55,49 @@ def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
     )
 
 
-def register_ais_workers() -> None:
-    """Give each AIS worker the Python environment of the NeMo-RL worker it extends."""
-    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
+def ais_worker_python(base_fqn: str) -> str:
+    """The Python executable of the NeMo-RL worker ``base_fqn``, for the AIS worker on top.
+
+    Upstream's worker group builds a venv named after the actor's fqn on every node when
+    the registry entry starts with ``uv`` (``utils/venvs.py``), and the container prebuilds
+    venvs only under upstream's fqns. So the AIS worker runs in its base worker's venv:
+
+    1. a non-``uv`` entry (``NEMO_RL_PY_EXECUTABLES_SYSTEM=1``): used as is;
+    2. ``<NEMO_RL_VENV_DIR or upstream's DEFAULT_VENV_DIR>/<base_fqn>/bin/python`` when it
+       exists (the prebuilt venv), unless ``NRL_FORCE_REBUILD_VENVS=true``;
+    3. otherwise upstream's ``create_local_venv_on_each_node(<base entry>,
+       venv_name=base_fqn)`` builds (or, on nodes that have it, reuses) the venv under the
+       BASE name, so it is shared with upstream's worker and built once. Needs Ray started.
+
+    Returns:
+        The path (or command) to register for the AIS worker.
+    """
+    from nemo_rl.distributed.ray_actor_environment_registry import get_actor_python_env
+    from nemo_rl.utils import venvs
+
+    entry = get_actor_python_env(base_fqn)
+    if not entry.startswith("uv"):
+        return entry
+    venv_dir = os.path.normpath(os.environ.get("NEMO_RL_VENV_DIR", venvs.DEFAULT_VENV_DIR))
+    prebuilt = os.path.join(venv_dir, base_fqn, "bin", "python")
+    force = os.environ.get("NRL_FORCE_REBUILD_VENVS", "false").lower() == "true"
+    if os.path.exists(prebuilt) and not force:
+        return prebuilt
+    return venvs.create_local_venv_on_each_node(py_executable=entry, venv_name=base_fqn)
+
+
+def register_ais_workers(worker_fqn: str | None = None) -> None:
+    """Register the AIS worker(s) with the Python of the NeMo-RL worker they extend.
+
+    Args:
+        worker_fqn: the one AIS worker to register (what the policy factory uses); None
+            registers all three. See :func:`ais_worker_python` for what is registered.
+    """
+    from nemo_rl.distributed import ray_actor_environment_registry as registry
 
     for base, ours in AIS_WORKER_FQNS.items():
-        ACTOR_ENVIRONMENT_REGISTRY.setdefault(ours, ACTOR_ENVIRONMENT_REGISTRY[base])
+        if worker_fqn is None or ours == worker_fqn:
+            registry.ACTOR_ENVIRONMENT_REGISTRY[ours] = ais_worker_python(base)
 
 
 def make_policy_factory(config: dict[str, Any], ais_cfg: Any) -> Callable[..., Any]:
@@ -78,9 +122,9 @@ def make_policy_factory(config: dict[str, Any], ais_cfg: Any) -> Callable[..., A
     from nemo_rl.models.policy.lm_policy import Policy
 
     worker_fqn = ais_worker_fqn(config["policy"])
-    register_ais_workers()
 
     def make_policy(**kwargs: Any) -> Any:
+        register_ais_workers(worker_fqn)  # here: Ray is up if a venv must be built
         return Policy(**kwargs, worker_extension_cls_fqn=worker_fqn)
 
     return make_policy

@@ -93,12 +93,24 @@ def test_ais_worker_errors():
         run.ais_worker_fqn({})
 
 
-def test_register_ais_workers_copies_the_python_environment():
-    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
+def test_register_ais_workers_uses_the_prebuilt_base_venvs(tmp_path, monkeypatch):
+    # upstream's worker-group resolution of these entries: tests/upstream/test_worker_venv.py
+    from nemo_rl.distributed import ray_actor_environment_registry as registry
 
+    monkeypatch.setattr(
+        registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY)
+    )
+    monkeypatch.setenv("NEMO_RL_VENV_DIR", str(tmp_path))
+    monkeypatch.delenv("NRL_FORCE_REBUILD_VENVS", raising=False)
+    for base in AIS_WORKER_FQNS:
+        (tmp_path / base / "bin").mkdir(parents=True)
+        (tmp_path / base / "bin" / "python").touch()
     run.register_ais_workers()
     for base, ours in AIS_WORKER_FQNS.items():
-        assert ACTOR_ENVIRONMENT_REGISTRY[ours] == ACTOR_ENVIRONMENT_REGISTRY[base]
+        entry = registry.ACTOR_ENVIRONMENT_REGISTRY[ours]
+        base_entry = registry.ACTOR_ENVIRONMENT_REGISTRY[base]
+        expected = str(tmp_path / base / "bin" / "python")
+        assert entry == (expected if base_entry.startswith("uv") else base_entry)
 
 
 def test_policy_factory_for_every_mode_and_data_plane_error():

@@ -97,9 +97,12 @@ def ray_boundary(monkeypatch, tmp_path):
     venv_python.parent.mkdir(parents=True)
     venv_python.touch()
     monkeypatch.setenv("NEMO_RL_VENV_DIR", str(tmp_path / "venvs"))
+    monkeypatch.delenv("NRL_FORCE_REBUILD_VENVS", raising=False)
     monkeypatch.setattr(
         registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY)
     )
+    monkeypatch.setitem(registry.ACTOR_ENVIRONMENT_REGISTRY, MEGATRON_BASE, "uv run --extra mcore")
+    seen["venv_python"] = str(venv_python)
     return seen
 
 
@@ -136,8 +139,8 @@ def test_every_arm_builds_the_same_ais_worker(arms, ray_boundary, model):
     assert len(groups) == len(ARMS) and len(ray_boundary["queues"]) == len(ARMS)
     fqns = [g["builder"].ray_actor_class_fqn for g in groups]
     assert fqns == [MEGATRON_AIS_WORKER] * len(ARMS), dict(zip(ARMS, fqns, strict=True))
-    # one Python environment for the AIS worker, whatever the arm
-    assert registry.get_actor_python_env(MEGATRON_AIS_WORKER)
+    # one Python environment for the AIS worker, whatever the arm: the base's prebuilt venv
+    assert registry.get_actor_python_env(MEGATRON_AIS_WORKER) == ray_boundary["venv_python"]
     # the worker's config differs between arms only in the rollout precision
     configs = [g["builder"].args[0] for g in groups]
     for arm, cfg in zip(ARMS[1:], configs[1:], strict=True):
