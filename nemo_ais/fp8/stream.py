@@ -29,6 +29,11 @@ FP8 rollout engine. This module turns an iterator of unfused HF ``(name, tensor)
 3. Quantize with :func:`nemo_ais.fp8.quantize_blockwise` and yield ``(name, q_fp8)`` then
    ``(name[:-len(".weight")] + ".weight_scale_inv", scale_fp32)``; kept tensors pass
    through as ``(name, tensor)``. Non-finite values raise ``ValueError`` naming the tensor.
+   ``Fp8SyncConfig.backend`` picks the quantizer: ``"auto"`` (default) runs Transformer
+   Engine's blockwise quantizer when it is importable, the tensor is on CUDA and the
+   request is one TE implements (family ``"c"``, 128x128 tiles; bit-identical to the torch
+   reference, ``tests/gpu/test_te_backend.py``), else the torch reference; ``"te"`` and
+   ``"torch"`` force one (:func:`nemo_ais.fp8.te_backend.use_te`).
 
 One tensor at a time: the stream holds at most one quantized tensor (and its scale)
 and drops its own reference to each input before asking for the next, so its peak extra
@@ -105,6 +110,12 @@ class Fp8SyncConfig(BaseModel):
     check_finite: bool = Field(
         True, description="Also refuse NaN/Inf in tensors kept in BF16 (one extra pass)."
     )
+    backend: Literal["auto", "torch", "te"] = Field(
+        "auto",
+        description="Quantizer: 'auto' = Transformer Engine when importable, on CUDA and "
+        "family 'c' with 128x128 tiles (same bits as the torch reference), else torch; "
+        "'te' requires TE (pip install 'nemo-ais[te]'), 'torch' never uses it.",
+    )
 
     @field_validator("keep_patterns")
     @classmethod
@@ -122,6 +133,16 @@ class Fp8SyncConfig(BaseModel):
         if min(block) <= 0:
             raise ValueError(f"block={block} is invalid: expected two positive ints")
         return block
+
+    @model_validator(mode="after")
+    def _te_implements_family_c(self) -> Fp8SyncConfig:
+        if self.backend == "te" and (self.family != "c" or tuple(self.block) != (128, 128)):
+            raise ValueError(
+                f"backend='te' with family={self.family!r} block={tuple(self.block)} is "
+                "invalid: Transformer Engine implements family 'c' with 128x128 tiles only "
+                "(use backend 'auto' or 'torch' for the others)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _last_layers_need_count(self) -> Fp8SyncConfig:
@@ -328,7 +349,13 @@ def fp8_weight_stream(
             del tensor
             continue
         q, s = quantize_blockwise(
-            tensor, config.block, config.family, config.eps, config.ue8m0, name=name
+            tensor,
+            config.block,
+            config.family,
+            config.eps,
+            config.ue8m0,
+            name=name,
+            backend=config.backend,
         )
         del tensor  # the input is no longer needed by the stream
         yield name, q

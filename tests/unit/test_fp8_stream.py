@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import weakref
 
@@ -277,8 +278,96 @@ def test_stream_holds_at_most_one_quantized_tensor():
         ({"tp_size": 0}, "tp_size"),
         ({"family": "d"}, "family"),
         ({"bogus": 1}, "bogus"),
+        ({"backend": "te"}, r"backend='te' with family='a' block=\(128, 128\) is invalid"),
+        ({"backend": "te", "family": "c", "block": (64, 128)}, "implements family 'c' with"),
+        ({"backend": "triton"}, "backend"),
     ],
 )
 def test_config_validation(kwargs, match):
     with pytest.raises(ValidationError, match=match):
         Fp8SyncConfig(**kwargs)
+
+
+# ---- quantizer backend (Transformer Engine or the torch reference) -------------------------
+
+TE_MODULE = "transformer_engine.pytorch.tensor.float8_blockwise_tensor"
+
+
+def _te_importable() -> bool:
+    try:
+        return importlib.util.find_spec(TE_MODULE) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.fixture
+def backend_calls(monkeypatch):
+    """Record every backend decision (``te_backend.use_te``) and every TE quantization."""
+    from nemo_ais.fp8 import te_backend
+
+    calls = {"use_te": [], "te": []}
+    real_use_te, real_te = te_backend.use_te, te_backend.quantize_blockwise_te
+
+    def use_te(x, backend, *, name="x", family="c", block=(128, 128)):
+        picked = real_use_te(x, backend, name=name, family=family, block=block)
+        calls["use_te"].append((name, backend, family, tuple(block), x.device.type, picked))
+        return picked
+
+    def quantize_blockwise_te(x, *args, name="x", **kwargs):
+        calls["te"].append(name)
+        return real_te(x, *args, name=name, **kwargs)
+
+    monkeypatch.setattr(te_backend, "use_te", use_te)
+    monkeypatch.setattr(te_backend, "quantize_blockwise_te", quantize_blockwise_te)
+    return calls
+
+
+@pytest.mark.skipif(_te_importable(), reason="Transformer Engine installed: see the te test")
+@pytest.mark.parametrize("family", ["a", "c"])
+def test_auto_backend_without_te_is_the_torch_reference(backend_calls, family):
+    assert Fp8SyncConfig().backend == "auto"  # the default
+    tensors = _tensors(_qwen2_shapes(n_layers=1))
+    out = dict(fp8_weight_stream(tensors, Fp8SyncConfig(family=family)))
+    quantized = [n for n, _ in tensors if n.endswith("_proj.weight")]
+    # the stream asks the backend switch once per quantized tensor, with its config ...
+    assert backend_calls["use_te"] == [
+        (n, "auto", family, (128, 128), "cpu", False) for n in quantized
+    ]
+    assert backend_calls["te"] == []  # ... and TE is absent: the torch reference runs
+    for name, x in tensors:
+        if name in quantized:
+            q_ref, s_ref = quantize_blockwise(x, family=family, name=name)
+            assert torch.equal(out[name].view(torch.uint8), q_ref.view(torch.uint8)), name
+            assert torch.equal(out[scale_name(name)], s_ref), name
+
+
+@pytest.mark.skipif(_te_importable(), reason="Transformer Engine installed: see the te test")
+def test_te_backend_without_te_names_the_extra(backend_calls):
+    tensors = _tensors(_qwen2_shapes(n_layers=1))
+    stream = fp8_weight_stream(tensors, Fp8SyncConfig(backend="te", family="c"))
+    with pytest.raises(ImportError, match=r"pip install 'nemo-ais\[te\]'"):
+        list(stream)
+    torch_only = list(fp8_weight_stream(tensors, Fp8SyncConfig(backend="torch", family="c")))
+    assert len(torch_only) == len(tensors) + 7
+    assert backend_calls["use_te"] == [] and backend_calls["te"] == []  # never consulted
+
+
+@pytest.mark.te
+@pytest.mark.gpu
+def test_auto_backend_uses_te_on_cuda_with_the_same_bits(backend_calls):
+    pytest.importorskip(TE_MODULE)
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    tensors = [(n, x.cuda()) for n, x in _tensors(_qwen2_shapes(n_layers=1))]
+    quantized = [n for n, _ in tensors if n.endswith("_proj.weight")]
+    out = dict(fp8_weight_stream(tensors, Fp8SyncConfig(family="c", eps=0.0)))
+    assert backend_calls["te"] == quantized  # TE quantized every projection
+    for name, x in tensors:
+        if name in quantized:
+            q_ref, s_ref = quantize_blockwise(x.cpu(), family="c", eps=0.0, name=name)
+            assert torch.equal(out[name].cpu().view(torch.uint8), q_ref.view(torch.uint8))
+            assert torch.equal(out[scale_name(name)].cpu(), s_ref), name
+    # family 'a' is not TE's formula: auto keeps the torch reference on CUDA too
+    backend_calls["te"].clear()
+    list(fp8_weight_stream(tensors, Fp8SyncConfig(family="a")))
+    assert backend_calls["te"] == []
