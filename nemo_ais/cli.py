@@ -16,8 +16,11 @@
 ``nemo-ais run [--quick] [--config FILE] [--overwrite] [key=value ...]`` runs the four-arm
 FP8 / AIS GRPO experiment of ``configs/local/default.yaml`` (``--quick``:
 ``configs/local/quick.yaml``); ``nemo-ais report RUN_DIR`` redraws its plots and summary.
-Exit codes: 0 success, 1 a run failed (message printed), 2 bad config or arguments,
-130 interrupted (checkpoints kept; re-run the same command to resume).
+``nemo-ais analyze LOG_DIR`` replays the AIS diagnostics and every correction mode over a
+NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``).
+Exit codes: 0 success, 1 a run failed or bad log input (message printed), 2 bad config or
+arguments, 3 ``analyze --fail-on-alarm`` and an alarm fired, 130 interrupted (checkpoints
+kept; re-run the same command to resume).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ examples:
   nemo-ais run grpo.max_num_steps=100 rollout.fp8.kv_cache_fp8=true logger.name=kv
   nemo-ais run experiment.include=[bf16,fp8-ais] experiment.seeds=[0]
   nemo-ais report runs/default
+  nemo-ais analyze logs/exp_001 loss_fn.ais.ema=0.9    # a NeMo-RL run's train_data_step*.jsonl
 
 Re-running the same command resumes an interrupted run from its last checkpoints.
 """
@@ -56,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="Log at INFO level.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,report}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,report,analyze}")
     sub.required = True
 
     run = sub.add_parser(
@@ -97,7 +101,43 @@ def build_parser() -> argparse.ArgumentParser:
         "RUN_DIR/metrics.jsonl (or a metrics file).",
     )
     report.add_argument("run_dir", type=Path, help="A run directory (or its metrics.jsonl).")
+    _add_analyze_parser(sub)
     return parser
+
+
+def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
+    analyze = sub.add_parser(
+        "analyze",
+        help="Replay AIS diagnostics and every correction mode over a NeMo-RL run's step logs.",
+        description="Read LOG_DIR/train_data_step{N}.jsonl (NeMo-RL's per-step batch logs, "
+        "in order of N), compute per step the AIS diagnostics, alpha and the weights of "
+        "tis/icepop/seq_mask_geo/ais with the core code, run the refit guard, and write "
+        "analysis.jsonl, report.md and PNG plots to OUT.",
+    )
+    analyze.add_argument("log_dir", type=Path, help="NeMo-RL logger.log_dir of one run.")
+    analyze.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="loss_fn.ais.<field>=value or alarms.<field>=value, e.g. loss_fn.ais.ema=0.9.",
+    )
+    analyze.add_argument(
+        "--out", type=Path, default=None, help="Output directory (default LOG_DIR/ais_analysis)."
+    )
+    analyze.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="YAML with loss_fn.ais (e.g. the run's NeMo-RL config) and/or alarms sections.",
+    )
+    analyze.add_argument(
+        "--skip-bad-rows", action="store_true", help="Count and skip bad rows instead of failing."
+    )
+    analyze.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    analyze.add_argument("--no-plots", action="store_true", help="Skip the PNG plots.")
+    analyze.add_argument(
+        "--fail-on-alarm", action="store_true", help="Exit with code 3 if an alarm fired."
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -140,14 +180,53 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze(args: argparse.Namespace) -> int:
+    from nemo_ais.analyze import BadInputError, analyze_run, load_analysis_config
+
+    try:
+        config, alarm_config = load_analysis_config(args.config, args.overrides)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        print(f"nemo-ais analyze: invalid config: {err}", file=sys.stderr)
+        return 2
+    try:
+        result = analyze_run(
+            args.log_dir,
+            args.out,
+            config,
+            alarm_config,
+            skip_bad_rows=args.skip_bad_rows,
+            progress=not args.no_progress,
+            plots=not args.no_plots,
+        )
+    except BadInputError as err:
+        print(f"nemo-ais analyze: {err}", file=sys.stderr)
+        return 1
+    skipped = f"; {result.bad_rows} bad rows skipped" if result.bad_rows else ""
+    print(
+        f"nemo-ais analyze: {len(result.rows)} steps, {len(result.alarms)} alarm(s){skipped}; "
+        f"see {result.out_dir / 'report.md'}"
+    )
+    for alarm in result.alarms[:10]:
+        print(f"  alarm: {alarm}")
+    return 3 if args.fail_on_alarm and result.alarms else 0
+
+
+_COMMANDS = {"run": _run, "report": _report, "analyze": _analyze}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nemo-ais`` console script and ``python -m nemo_ais``."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # analyze: key=value overrides may follow the options
+        if args.command != "analyze" or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides += extra
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return _run(args) if args.command == "run" else _report(args)
+    return _COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,60 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Offline analysis of NeMo-RL step logs (``nemo-ais analyze``) and the refit guard.
+
+* :func:`analyze_run`: replay the AIS diagnostics, alpha and every correction mode's
+  weights over ``<log_dir>/train_data_step{N}.jsonl`` with the core code; write
+  ``analysis.jsonl``, ``report.md`` and plots (``docs/analyze.md``).
+* :class:`AlarmMonitor` / :class:`AlarmConfig`: the refit guard, pure logic usable online
+  in the AIS worker (one :meth:`AlarmMonitor.observe` per global batch).
+"""
+
+from nemo_ais.analyze.alarms import (
+    ALARM_KINDS,
+    Alarm,
+    AlarmConfig,
+    AlarmMonitor,
+    PositionProfile,
+    RefitAlarmError,
+    alarm_metrics,
+    position_profile,
+)
+from nemo_ais.analyze.analysis import (
+    ANALYSIS_FILE,
+    DEFAULT_OUT,
+    AnalysisResult,
+    analysis_row,
+    analyze_run,
+    load_analysis_config,
+)
+from nemo_ais.analyze.reader import BadInputError, find_step_files
+
+__all__ = [
+    "ALARM_KINDS",
+    "ANALYSIS_FILE",
+    "DEFAULT_OUT",
+    "Alarm",
+    "AlarmConfig",
+    "AlarmMonitor",
+    "AnalysisResult",
+    "BadInputError",
+    "PositionProfile",
+    "RefitAlarmError",
+    "alarm_metrics",
+    "analysis_row",
+    "analyze_run",
+    "find_step_files",
+    "load_analysis_config",
+    "position_profile",
+]

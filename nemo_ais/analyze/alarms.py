@@ -1,0 +1,314 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Refit guard: per-step alarms on the rollout-training mismatch, offline and online.
+
+Pure logic (no I/O, no module state): :class:`AlarmMonitor` keeps the recent history of
+one run and :meth:`AlarmMonitor.observe` names every alarm of a step with its evidence.
+``nemo-ais analyze`` calls it once per ``train_data_step{N}.jsonl``; the AIS worker can
+call the same method once per global batch, after ``compute_diagnostics``, log
+:func:`alarm_metrics` and (``fail_on_alarm: true``) let :class:`RefitAlarmError` fail the
+step. Ratio direction: l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
+
+Alarms (thresholds are :class:`AlarmConfig` fields; a heuristic of this project, not of
+the AIS paper):
+
+1. ``nonfinite``: valid positions whose ``prev_logprobs`` or ``generation_logprobs`` is
+   NaN or +-inf (a broken refit or engine; such positions are excluded from the
+   diagnostics, as NeMo-RL's loss masks -inf log-probs).
+2. ``tmpe_jump`` / ``severity_jump``: ``token_mult_prob_error - 1`` (resp. the severity D)
+   exceeds ``jump_factor`` x its median over the previous ``window`` steps and that
+   median by at least ``min_jump`` (needs ``min_history`` earlier steps). A refit that
+   left stale or mis-scaled FP8 weights shows up as such a jump.
+3. ``kv_scale_position``: in sequences of at least ``kv_min_length`` positions, the mean
+   |l| over the last quarter of positions is ``kv_ratio`` x that of the first quarter
+   (and higher by ``min_jump``): mismatch growing with position, the signature of FP8
+   KV-cache scales left at their default of 1.0 (quantization error accumulating in the
+   attention over a long context).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from nemo_ais.core import log_ratio
+
+__all__ = [
+    "ALARM_KINDS",
+    "Alarm",
+    "AlarmConfig",
+    "AlarmMonitor",
+    "PositionProfile",
+    "RefitAlarmError",
+    "alarm_metrics",
+    "position_profile",
+]
+
+ALARM_KINDS = ("nonfinite", "tmpe_jump", "severity_jump", "kv_scale_position")
+ALARM_PREFIX = "ais_alarm/"
+_QUARTERS = 4
+
+
+class AlarmConfig(BaseModel):
+    """Thresholds of the refit guard (``alarms.<field>=value`` on the command line)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    window: int = Field(10, ge=1, description="Steps in the recent baseline (median).")
+    min_history: int = Field(
+        3, ge=1, description="Earlier steps needed before a jump alarm can fire."
+    )
+    jump_factor: float = Field(
+        3.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
+    )
+    min_jump: float = Field(
+        0.01,
+        ge=0.0,
+        description="...and value - median >= min_jump (tmpe excess or D; also the KV check).",
+    )
+    kv_min_length: int = Field(
+        256, ge=_QUARTERS, description="Shortest valid span (positions) for the KV-scale check."
+    )
+    kv_ratio: float = Field(
+        2.0, gt=1.0, description="KV alarm: late-quarter mean |l| / early-quarter mean |l|."
+    )
+    kv_min_tokens: int = Field(
+        256, ge=1, description="Valid tokens needed in each compared quarter."
+    )
+    fail_on_alarm: bool = Field(
+        False, description="Online: raise RefitAlarmError (fail the step) when an alarm fires."
+    )
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """One fired alarm: its kind, the step and the evidence (one sentence)."""
+
+    kind: str
+    step: int
+    evidence: str
+
+    def __str__(self) -> str:
+        return f"step {self.step}: {self.kind}: {self.evidence}"
+
+
+class RefitAlarmError(RuntimeError):
+    """Raised by :meth:`AlarmMonitor.observe` when ``fail_on_alarm`` is set and alarms fired."""
+
+
+@dataclass
+class PositionProfile:
+    """Per-position sums over valid tokens: sum |l| and count (index = position in the sequence).
+
+    Additive: profiles of chunks (or of data-parallel ranks, all-reduced) merge by
+    :meth:`merge`.
+    """
+
+    abs_log_rho_sum: torch.Tensor
+    n_tok: torch.Tensor
+
+    @classmethod
+    def empty(cls) -> PositionProfile:
+        """A profile with no position."""
+        zero = torch.zeros(0, dtype=torch.float64)
+        return cls(zero, zero.clone())
+
+    def merge(self, other: PositionProfile) -> PositionProfile:
+        """Sum of two profiles (the longer one sets the length)."""
+        n = max(self.n_tok.numel(), other.n_tok.numel())
+        out = PositionProfile(
+            torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+        )
+        for p in (self, other):
+            out.abs_log_rho_sum[: p.n_tok.numel()] += p.abs_log_rho_sum
+            out.n_tok[: p.n_tok.numel()] += p.n_tok
+        return out
+
+    def quarters(self) -> tuple[int, list[tuple[int, int, float, float]]] | None:
+        """(span, [(start, end, mean |l|, tokens) per quarter]) over the valid span; None if empty."""
+        filled = torch.nonzero(self.n_tok > 0)
+        if filled.numel() == 0:
+            return None
+        start, end = int(filled[0]), int(filled[-1]) + 1
+        span = end - start
+        edges = [start + (span * q) // _QUARTERS for q in range(_QUARTERS + 1)]
+        out = []
+        for lo, hi in itertools.pairwise(edges):
+            n = float(self.n_tok[lo:hi].sum())
+            s = float(self.abs_log_rho_sum[lo:hi].sum())
+            out.append((lo, hi, s / n if n > 0 else 0.0, n))
+        return span, out
+
+
+@torch.no_grad()
+def position_profile(
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    offset: int = 1,
+) -> PositionProfile:
+    """Per-position sum |l| and valid-token count of a ``[B, T]`` batch (core ``log_ratio``).
+
+    Args:
+        logp_old: ``[B, T]`` ``prev_logprobs`` (aligned like the loss: ``[:, 1:]``).
+        logp_rollout: ``[B, T]`` ``generation_logprobs``, same alignment.
+        mask: ``[B, T]`` bool or {0, 1}; positions to count (non-finite ones excluded).
+        offset: position of column 0 in the sequence (1 after NeMo-RL's ``[:, 1:]``).
+
+    Returns:
+        :class:`PositionProfile` of length ``offset + T`` (float64, on the CPU).
+    """
+    valid = mask if mask.dtype == torch.bool else mask == 1
+    abs_log_rho = log_ratio(logp_old, logp_rollout, valid).abs().to(torch.float64)
+    pad = torch.zeros(offset, dtype=torch.float64)
+    return PositionProfile(
+        torch.cat([pad, abs_log_rho.sum(dim=0).cpu()]),
+        torch.cat([pad, valid.sum(dim=0).to(torch.float64).cpu()]),
+    )
+
+
+def _get(diagnostics: Any, name: str) -> float:
+    if isinstance(diagnostics, Mapping):
+        return float(diagnostics[name])
+    return float(getattr(diagnostics, name))
+
+
+class AlarmMonitor:
+    """Recent history of one run and the alarm rules; one :meth:`observe` per step.
+
+    Args:
+        config: the thresholds.
+    """
+
+    def __init__(self, config: AlarmConfig | None = None) -> None:
+        self.config = config or AlarmConfig()
+        self._history: dict[str, deque[float]] = {
+            name: deque(maxlen=self.config.window) for name in ("tmpe_excess", "severity")
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-python history (for a checkpoint)."""
+        return {name: list(h) for name, h in self._history.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`."""
+        for name, values in state.items():
+            self._history[name] = deque(map(float, values), maxlen=self.config.window)
+
+    def _jump(self, step: int, name: str, kind: str, value: float, label: str) -> Alarm | None:
+        history = self._history[name]
+        if len(history) < self.config.min_history:
+            return None
+        median = statistics.median(history)
+        if value > self.config.jump_factor * median and value - median >= self.config.min_jump:
+            ratio = f"{value / median:.1f}x" if median > 0 else "from 0"
+            return Alarm(
+                kind,
+                step,
+                f"{label} {value:.4g} vs {median:.4g} median of the previous {len(history)} "
+                f"steps ({ratio}; threshold {self.config.jump_factor}x)",
+            )
+        return None
+
+    def _kv(self, step: int, profile: PositionProfile | None) -> Alarm | None:
+        quarters = profile.quarters() if profile is not None else None
+        if quarters is None or quarters[0] < self.config.kv_min_length:
+            return None
+        _span, parts = quarters
+        (lo0, hi0, early, n0), (lo3, hi3, late, n3) = parts[0], parts[-1]
+        if min(n0, n3) < self.config.kv_min_tokens:
+            return None
+        if late > self.config.kv_ratio * early and late - early >= self.config.min_jump:
+            ratio = f"{late / early:.1f}x" if early > 0 else "from 0"
+            return Alarm(
+                "kv_scale_position",
+                step,
+                f"mean |log-ratio| {late:.4g} at positions {lo3}-{hi3 - 1} vs {early:.4g} at "
+                f"positions {lo0}-{hi0 - 1} ({ratio}; {int(n3)} and {int(n0)} tokens): mismatch "
+                "grows with position, as with FP8 KV-cache scales left at 1.0",
+            )
+        return None
+
+    def observe(
+        self,
+        step: int,
+        diagnostics: Any,
+        *,
+        n_nonfinite: int = 0,
+        nonfinite_where: str = "",
+        profile: PositionProfile | None = None,
+    ) -> list[Alarm]:
+        """Check one step and add it to the history.
+
+        Args:
+            step: the step number (for the evidence).
+            diagnostics: :class:`~nemo_ais.core.AISDiagnostics` (or a mapping with the same
+                field names) of the step's global batch.
+            n_nonfinite: valid positions with a NaN / inf log-prob (excluded upstream).
+            nonfinite_where: where the first one is (for the evidence).
+            profile: per-position |l| sums (:func:`position_profile`), or None.
+
+        Returns:
+            The fired alarms, in :data:`ALARM_KINDS` order (empty if none).
+
+        Raises:
+            RefitAlarmError: ``fail_on_alarm`` is set and an alarm fired (the history is
+                updated first).
+        """
+        alarms: list[Alarm] = []
+        if n_nonfinite > 0:
+            where = f"; first {nonfinite_where}" if nonfinite_where else ""
+            alarms.append(
+                Alarm(
+                    "nonfinite",
+                    step,
+                    f"{n_nonfinite} valid positions with a NaN/inf log-prob{where}",
+                )
+            )
+        empty = _get(diagnostics, "empty_batch") > 0
+        tmpe_excess = _get(diagnostics, "token_mult_prob_error") - 1
+        severity = _get(diagnostics, "severity")
+        if not empty:
+            for alarm in (
+                self._jump(
+                    step, "tmpe_excess", "tmpe_jump", tmpe_excess, "token_mult_prob_error - 1"
+                ),
+                self._jump(step, "severity", "severity_jump", severity, "severity D"),
+                self._kv(step, profile),
+            ):
+                if alarm is not None:
+                    alarms.append(alarm)
+            if math.isfinite(tmpe_excess) and math.isfinite(severity):
+                self._history["tmpe_excess"].append(tmpe_excess)
+                self._history["severity"].append(severity)
+        if alarms and self.config.fail_on_alarm:
+            raise RefitAlarmError(
+                "AIS refit guard (alarms.fail_on_alarm=true): " + "; ".join(map(str, alarms))
+            )
+        return alarms
+
+
+def alarm_metrics(alarms: list[Alarm]) -> dict[str, float]:
+    """``ais_alarm/<kind>`` -> 1.0 if that alarm fired, else 0.0, for every kind."""
+    fired = {a.kind for a in alarms}
+    return {ALARM_PREFIX + kind: float(kind in fired) for kind in ALARM_KINDS}

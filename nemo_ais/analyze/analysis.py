@@ -1,0 +1,229 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``nemo-ais analyze``: replay every correction mode over a NeMo-RL run's step logs.
+
+For each ``LOG_DIR/train_data_step{N}.jsonl`` in order of N (:mod:`.reader`), the core
+code computes the AIS statistics, diagnostics and alpha (EMA state carried across steps)
+and the weights of ``tis``, ``icepop``, ``seq_mask_geo`` and ``ais`` (:mod:`.replay`);
+the refit guard (:mod:`.alarms`) checks the step. Outputs in ``OUT`` (default
+``LOG_DIR/ais_analysis``): ``analysis.jsonl`` (one row per step, written as the steps are
+read), ``report.md`` and PNG plots (:mod:`.report`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm.auto import tqdm
+
+from nemo_ais.analyze.alarms import AlarmConfig, AlarmMonitor, alarm_metrics
+from nemo_ais.analyze.reader import BadInputError, find_step_files
+from nemo_ais.analyze.replay import StepResult, replay_step
+from nemo_ais.analyze.report import write_report
+from nemo_ais.config import CorrectionConfig, validate_section
+from nemo_ais.core import METRICS
+
+__all__ = [
+    "ANALYSIS_FILE",
+    "DEFAULT_OUT",
+    "AnalysisResult",
+    "analysis_row",
+    "analyze_run",
+    "load_analysis_config",
+]
+
+ANALYSIS_FILE = "analysis.jsonl"
+DEFAULT_OUT = "ais_analysis"
+_AIS_FIELDS = [m.name for m in METRICS if m.name.startswith("ais/")]
+_SECTIONS = {"loss_fn.ais": CorrectionConfig, "alarms": AlarmConfig}
+
+
+@dataclass
+class AnalysisResult:
+    """What :func:`analyze_run` produced."""
+
+    out_dir: Path
+    rows: list[dict[str, Any]]
+    files: list[Path]
+    bad_rows: int
+
+    @property
+    def alarms(self) -> list[str]:
+        """Every fired alarm (``step N: kind: evidence``), in step order."""
+        return [a for r in self.rows for a in r["alarms"]]
+
+
+def analysis_row(result: StepResult, alarms: Sequence[Any]) -> dict[str, Any]:
+    """One ``analysis.jsonl`` row: ``step``, the docs/metrics.md ``ais/*`` names, the rest."""
+    diag = result.diagnostics.as_dict()
+    quarters = result.profile.quarters()
+    row: dict[str, Any] = {"step": result.step}
+    row.update({name: diag[name.removeprefix("ais/")] for name in _AIS_FIELDS})
+    row["analysis/ess_tok"] = 1 / (1 + diag["cv2"])  # ESS/n = 1/(1 + CV^2) (docs/method.md)
+    for mode, summary in result.weights.items():
+        row.update({f"weights/{mode}/{k}": v for k, v in summary.items()})
+    row.update(
+        {
+            "analysis/rows": result.counts.rows,
+            "analysis/bad_rows": result.counts.bad_rows,
+            "analysis/positions": result.n_positions,
+            "analysis/nonfinite": result.n_nonfinite,
+            "analysis/span": quarters[0] if quarters else 0,
+            "analysis/abs_log_rho_by_quarter": [q[2] for q in quarters[1]] if quarters else [],
+        }
+    )
+    row.update(alarm_metrics(list(alarms)))
+    row["alarms"] = [str(a) for a in alarms]
+    return row
+
+
+def load_analysis_config(
+    path: Path | str | None, overrides: Sequence[str] = ()
+) -> tuple[CorrectionConfig, AlarmConfig]:
+    """The ``loss_fn.ais`` and ``alarms`` sections from a YAML file and ``key=value`` overrides.
+
+    The file may be a NeMo-RL run config (``defaults:`` inheritance is resolved; only
+    ``loss_fn.ais`` and a top-level ``alarms`` section are read) or an embedded one.
+    Overrides are ``loss_fn.ais.<field>=value`` or ``alarms.<field>=value`` (YAML values).
+
+    Raises:
+        FileNotFoundError: the file (or a ``defaults:`` parent) does not exist.
+        ValueError: a malformed override or an invalid field (named with its path).
+    """
+    sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    if path is not None:
+        from nemo_ais.nemo_rl.cluster_check import load_config
+
+        data = load_config(path)
+        sections["loss_fn.ais"] = dict((data.get("loss_fn") or {}).get("ais") or {})
+        sections["alarms"] = dict(data.get("alarms") or {})
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section, _, leaf = key.rpartition(".")
+        if not sep or section not in sections or not leaf:
+            raise ValueError(
+                f"override {item!r} is invalid: expected loss_fn.ais.<field>=value or "
+                "alarms.<field>=value"
+            )
+        try:
+            sections[section][leaf] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ValueError(f"override {item!r}: value is not YAML ({err})") from None
+    return (
+        validate_section(CorrectionConfig, sections["loss_fn.ais"], "loss_fn.ais"),
+        validate_section(AlarmConfig, sections["alarms"], "alarms"),
+    )
+
+
+def analyze_run(
+    log_dir: Path | str,
+    out_dir: Path | str | None = None,
+    config: CorrectionConfig | None = None,
+    alarm_config: AlarmConfig | None = None,
+    *,
+    skip_bad_rows: bool = False,
+    progress: bool = False,
+    plots: bool = True,
+    chunk_tokens: int = 1 << 20,
+    memory_budget_bytes: int = 128 << 20,
+) -> AnalysisResult:
+    """Analyse every step of ``log_dir``; write ``analysis.jsonl``, ``report.md`` and plots.
+
+    Args:
+        log_dir: a NeMo-RL ``logger.log_dir`` holding ``train_data_step{N}.jsonl`` files.
+        out_dir: output directory (default ``log_dir/ais_analysis``).
+        config: the ``loss_fn.ais`` section (default: the defaults of CorrectionConfig).
+        alarm_config: refit-guard thresholds (``fail_on_alarm`` is ignored offline).
+        skip_bad_rows: count and skip bad rows instead of stopping at the first.
+        progress: show a progress bar (bytes read) on stderr.
+        plots: draw the PNG plots.
+        chunk_tokens: positions per chunk read at once (bounds the memory).
+        memory_budget_bytes: per step, aligned chunks kept in memory for the ``ais`` pass;
+            the rest is spilled to a temporary directory.
+
+    Returns:
+        :class:`AnalysisResult`.
+
+    Raises:
+        BadInputError: ``file:line: problem`` for the first bad input.
+    """
+    log_dir = Path(log_dir)
+    config = config or CorrectionConfig()
+    alarm_config = (alarm_config or AlarmConfig()).model_copy(update={"fail_on_alarm": False})
+    files = find_step_files(log_dir)
+    out = Path(out_dir) if out_dir is not None else log_dir / DEFAULT_OUT
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BadInputError(
+            out, 0, f"cannot create the output directory ({err.strerror})"
+        ) from None
+    from nemo_ais.core import AISState
+
+    state, monitor = AISState(), AlarmMonitor(alarm_config)
+    rows: list[dict[str, Any]] = []
+    bad_rows, rows_read, bad_examples = 0, 0, []
+    bar = tqdm(
+        total=sum(f.nbytes for f in files),
+        unit="B",
+        unit_scale=True,
+        desc="nemo-ais analyze",
+        disable=not progress,
+        leave=False,
+    )
+    try:
+        with (out / ANALYSIS_FILE).open("w") as f:
+            for step_file in files:
+                bar.set_postfix_str(f"step {step_file.step}", refresh=False)
+                result = replay_step(
+                    step_file,
+                    config,
+                    state,
+                    chunk_tokens=chunk_tokens,
+                    memory_budget_bytes=memory_budget_bytes,
+                    skip_bad_rows=skip_bad_rows,
+                    on_bytes=bar.update,
+                )
+                fired = monitor.observe(
+                    result.step,
+                    result.diagnostics,
+                    n_nonfinite=result.n_nonfinite,
+                    nonfinite_where=result.first_nonfinite,
+                    profile=result.profile,
+                )
+                row = analysis_row(result, fired)
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                rows.append(row)
+                bad_rows += result.counts.bad_rows
+                rows_read += result.counts.rows
+                bad_examples += result.counts.bad_examples[: 3 - len(bad_examples)]
+    finally:
+        bar.close()
+    meta = {
+        "log_dir": str(log_dir),
+        "files": len(files),
+        "rows_read": rows_read,
+        "bad_rows": bad_rows,
+        "bad_examples": bad_examples,
+        "config": config.model_dump(exclude_defaults=True),
+        "alarm_config": alarm_config.model_dump(exclude_defaults=True, exclude={"fail_on_alarm"}),
+    }
+    write_report(out, rows, meta, plots=plots)
+    return AnalysisResult(out, rows, [f.path for f in files], bad_rows)

@@ -1,0 +1,312 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Streaming reader of NeMo-RL's ``<log_dir>/train_data_step{N}.jsonl`` files.
+
+NeMo-RL v0.7.0 (``Logger.log_batched_dict_as_jsonl``, called by ``grpo_train``) writes one
+JSON object per sample, each value wrapped as a batch of one: ``token_ids``,
+``token_loss_mask``, ``generation_logprobs``, ``prev_logprobs``, ``advantages`` are
+``[[v_0, ..., v_{S-1}]]`` (position j: token j and its log-prob given tokens < j, 0 on
+the prompt), ``sample_loss_mask``, ``rewards``, ``input_lengths`` are ``[x]``, plus
+``content`` and ``idx``. NaN and +-inf are written as ``NaN`` / ``Infinity``.
+
+The reader aligns each row as NeMo-RL's loss does: ``x[:, 1:]`` for the log-probs and
+``mask = token_loss_mask[:, 1:] * sample_loss_mask``, and yields chunks of at most
+``chunk_tokens`` positions (``[B, T]`` float64 tensors, rows padded with mask 0), so the
+memory held is bounded by the chunk, never by the file.
+
+Bad input raises :class:`BadInputError` (``file:line: problem``); with
+``skip_bad_rows`` a bad row is counted and skipped instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "REQUIRED_KEYS",
+    "BadInputError",
+    "Chunk",
+    "StepFile",
+    "find_step_files",
+    "iter_chunks",
+]
+
+STEP_FILE = re.compile(r"^train_data_step(\d+)\.jsonl$")
+REQUIRED_KEYS = ("prev_logprobs", "generation_logprobs", "token_loss_mask", "sample_loss_mask")
+# Per-position lists that NeMo-RL writes with one value per token of the sequence.
+_PER_TOKEN_KEYS = (
+    "token_ids",
+    "token_loss_mask",
+    "generation_logprobs",
+    "prev_logprobs",
+    "advantages",
+)
+_DTYPE = torch.float64
+
+try:  # optional fast path; it rejects NaN/Infinity, which then go through json
+    import orjson as _orjson
+
+    _FAST_ERRORS: tuple[type[Exception], ...] = (_orjson.JSONDecodeError,)
+    _fast_loads: Callable[[bytes], object] | None = _orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    _FAST_ERRORS, _fast_loads = (), None
+
+
+class BadInputError(ValueError):
+    """Bad log input: ``str()`` is one line, ``file:line: problem`` (line 0: the file)."""
+
+    def __init__(self, path: Path | str, line: int, problem: str) -> None:
+        self.path, self.line, self.problem = Path(path), line, problem
+        super().__init__(f"{path}:{line}: {problem}")
+
+
+class _RowError(ValueError):
+    """A problem with one row (becomes a :class:`BadInputError` with the line number)."""
+
+
+@dataclass(frozen=True)
+class StepFile:
+    """One ``train_data_step{N}.jsonl``: the step N, its path and size in bytes."""
+
+    step: int
+    path: Path
+    nbytes: int
+
+
+@dataclass
+class Chunk:
+    """Aligned rows of one step: ``[B, T]`` float64 log-probs and the bool mask.
+
+    ``valid`` excludes the non-finite positions (counted in ``n_nonfinite``; the first
+    one is described by ``first_nonfinite``). ``lines`` are the file's line numbers.
+    """
+
+    logp_old: torch.Tensor
+    logp_rollout: torch.Tensor
+    valid: torch.Tensor
+    lines: list[int]
+    n_nonfinite: int = 0
+    first_nonfinite: str = ""
+
+    @property
+    def num_positions(self) -> int:
+        """B x T."""
+        return self.valid.numel()
+
+
+@dataclass
+class ReadCounts:
+    """Rows read and bad rows skipped in one file; the first skipped row's message."""
+
+    rows: int = 0
+    bad_rows: int = 0
+    lines: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+
+
+def find_step_files(log_dir: Path | str) -> list[StepFile]:
+    """Every ``train_data_step{N}.jsonl`` directly in ``log_dir``, ordered by N.
+
+    Raises:
+        BadInputError: ``log_dir`` is not a directory, holds no step file (sub-directories
+            that do are named), or two files have the same N.
+    """
+    log_dir = Path(log_dir)
+    if not log_dir.is_dir():
+        raise BadInputError(log_dir, 0, "not a directory (expected a NeMo-RL log_dir)")
+    found: dict[int, Path] = {}
+    for path in log_dir.iterdir():
+        match = STEP_FILE.match(path.name)
+        if match is None or not path.is_file():
+            continue
+        step = int(match.group(1))
+        if step in found:
+            raise BadInputError(path, 0, f"step {step} also in {found[step].name}")
+        found[step] = path
+    if not found:
+        nested = sorted(
+            {p.parent for p in log_dir.glob("*/train_data_step*.jsonl") if STEP_FILE.match(p.name)}
+        )
+        hint = (
+            f"; found some in {', '.join(map(str, nested[:3]))}: pass one of those"
+            if nested
+            else " (NeMo-RL writes them to logger.log_dir during GRPO training)"
+        )
+        raise BadInputError(log_dir, 0, f"no train_data_step{{N}}.jsonl files{hint}")
+    return [StepFile(s, found[s], found[s].stat().st_size) for s in sorted(found)]
+
+
+def _loads(raw: bytes) -> object:
+    if _fast_loads is not None:
+        try:
+            return _fast_loads(raw)
+        except _FAST_ERRORS:
+            pass
+    return json.loads(raw)
+
+
+def _unwrap(key: str, value: object) -> object:
+    """NeMo-RL wraps each value as a batch of one: ``[[...]]`` -> ``[...]``, ``[x]`` -> ``x``."""
+    if isinstance(value, list) and len(value) == 1:
+        return value[0]
+    raise _RowError(
+        f"{key}: expected a batch of one ([[...]] or [x], as NeMo-RL's logger writes), got "
+        f"{_short(value)}"
+    )
+
+
+def _short(value: object) -> str:
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return f"{type(value).__name__} {value!r}"[:60]
+
+
+def _vector(key: str, value: object) -> torch.Tensor:
+    inner = _unwrap(key, value)
+    if not isinstance(inner, list):
+        raise _RowError(f"{key}: expected [[numbers]], got [{_short(inner)}]")
+    try:
+        return torch.tensor(inner, dtype=_DTYPE)
+    except (TypeError, ValueError, RuntimeError):
+        bad = next(
+            (v for v in inner if isinstance(v, bool) or not isinstance(v, int | float)), None
+        )
+        raise _RowError(f"{key}: expected numbers, found {bad!r}") from None
+
+
+def _parse_row(raw: bytes, is_last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(prev, gen, mask) of one row, aligned ``[1:]``; raises :class:`_RowError`."""
+    try:
+        row = _loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        cut = is_last and not raw.endswith(b"\n")
+        what = "truncated line (no newline at the end of the file)" if cut else "not valid JSON"
+        raise _RowError(f"{what}: {err}") from None
+    if not isinstance(row, dict):
+        raise _RowError(f"expected a JSON object per line, got {type(row).__name__}")
+    missing = [k for k in REQUIRED_KEYS if k not in row]
+    if missing:
+        raise _RowError(
+            f"missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)}; has "
+            f"{', '.join(sorted(row))})"
+        )
+    prev = _vector("prev_logprobs", row["prev_logprobs"])
+    gen = _vector("generation_logprobs", row["generation_logprobs"])
+    token_mask = _vector("token_loss_mask", row["token_loss_mask"])
+    lengths = {k: len(_unwrap(k, row[k])) for k in _PER_TOKEN_KEYS if isinstance(row.get(k), list)}
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{k} {n}" for k, n in lengths.items())
+        raise _RowError(f"lists have mismatched lengths: {shown}")
+    sample_mask = _unwrap("sample_loss_mask", row["sample_loss_mask"])
+    if isinstance(sample_mask, bool) or not isinstance(sample_mask, int | float):
+        raise _RowError(f"sample_loss_mask: expected [0 or 1], got [{_short(sample_mask)}]")
+    if sample_mask not in (0, 1):
+        raise _RowError(f"sample_loss_mask: expected 0 or 1, got {sample_mask}")
+    bad_mask = torch.nonzero((token_mask != 0) & (token_mask != 1))
+    if bad_mask.numel():
+        j = int(bad_mask[0])
+        raise _RowError(
+            f"token_loss_mask: value {float(token_mask[j])} at position {j}, expected 0 or 1"
+        )
+    return prev[1:], gen[1:], token_mask[1:] * sample_mask
+
+
+def _chunk(rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], path: Path) -> Chunk:
+    width = max((r[1].numel() for r in rows), default=0)
+    shape = (len(rows), width)
+    logp_old, logp_rollout = torch.zeros(shape, dtype=_DTYPE), torch.zeros(shape, dtype=_DTYPE)
+    valid = torch.zeros(shape, dtype=torch.bool)
+    for i, (_, prev, gen, mask) in enumerate(rows):
+        n = prev.numel()
+        logp_old[i, :n], logp_rollout[i, :n], valid[i, :n] = prev, gen, mask == 1
+    finite = torch.isfinite(logp_old) & torch.isfinite(logp_rollout)
+    bad = valid & ~finite
+    chunk = Chunk(
+        logp_old=torch.where(finite, logp_old, 0.0),
+        logp_rollout=torch.where(finite, logp_rollout, 0.0),
+        valid=valid & finite,
+        lines=[r[0] for r in rows],
+    )
+    if bad.any():
+        i, j = (int(v) for v in torch.nonzero(bad)[0])
+        chunk.n_nonfinite = int(bad.sum())
+        which = "prev_logprobs" if not math.isfinite(logp_old[i, j]) else "generation_logprobs"
+        value = float(logp_old[i, j] if which == "prev_logprobs" else logp_rollout[i, j])
+        chunk.first_nonfinite = f"{path.name}:{rows[i][0]} {which}[{j + 1}] = {value}"
+    return chunk
+
+
+def iter_chunks(
+    step_file: StepFile,
+    *,
+    chunk_tokens: int,
+    skip_bad_rows: bool = False,
+    counts: ReadCounts | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> Iterator[Chunk]:
+    """Stream one step file as aligned chunks of at most ``chunk_tokens`` positions.
+
+    Args:
+        step_file: the file.
+        chunk_tokens: positions (rows x aligned length) per chunk; a longer row is its own chunk.
+        skip_bad_rows: count and skip bad rows instead of raising.
+        counts: filled with rows read / bad rows skipped.
+        on_bytes: called with the bytes of each line read (progress bar).
+
+    Raises:
+        BadInputError: the first bad row (unless ``skip_bad_rows``), or an empty file.
+    """
+    counts = counts if counts is not None else ReadCounts()
+    path = step_file.path
+    rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    width = 0
+    with path.open("rb") as f:
+        lineno = 0
+        raw = f.readline()
+        while raw:
+            nxt = f.readline()
+            lineno += 1
+            if on_bytes is not None:
+                on_bytes(len(raw))
+            try:
+                if not raw.strip():
+                    raise _RowError("empty line")
+                prev, gen, mask = _parse_row(raw, is_last=not nxt)
+            except _RowError as err:
+                if not skip_bad_rows:
+                    raise BadInputError(path, lineno, str(err)) from None
+                counts.bad_rows += 1
+                if len(counts.bad_examples) < 3:
+                    counts.bad_examples.append(f"{path.name}:{lineno}: {err}")
+                raw = nxt
+                continue
+            counts.rows += 1
+            if rows and max(width, prev.numel()) * (len(rows) + 1) > chunk_tokens:
+                yield _chunk(rows, path)
+                rows, width = [], 0
+            rows.append((lineno, prev, gen, mask))
+            width = max(width, prev.numel())
+            raw = nxt
+        counts.lines = lineno
+    if lineno == 0:
+        raise BadInputError(path, 0, "empty file (no rows)")
+    if rows:
+        yield _chunk(rows, path)

@@ -1,0 +1,249 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Replay one logged step through the core: statistics, diagnostics, alpha, mode weights.
+
+Per ``train_data_step{N}.jsonl`` (one global batch), with the core code only:
+
+1. pass 1, per chunk of rows: :func:`~nemo_ais.core.compute_statistics` (the float64
+   sufficient-statistics vector, summed over chunks exactly as the all-reduce sums it over
+   data-parallel ranks), :func:`~nemo_ais.core.correction_weights` of ``tis``, ``icepop``
+   and ``seq_mask_geo``, and the per-position |l| profile of the refit guard;
+2. :func:`~nemo_ais.core.diagnostics_from_stats` on the summed vector: R, D, CV^2, KL,
+   ``token_mult_prob_error``, the gates and alpha (the EMA ``state`` is carried from
+   step to step, as the AIS worker carries it);
+3. pass 2, over the chunks kept from pass 1 (in memory up to a budget, then spilled to a
+   temporary directory): the ``ais`` weights with that alpha.
+
+Weight summary of a mode (w_hat over the n valid tokens): mean, max, the fraction capped
+or masked (``tis``: w_hat at the cap C or the floor; ``icepop``/``seq_mask_geo``:
+w_hat = 0; ``ais``: rho >= C, i.e. w_hat at (1 - alpha) + alpha C, when alpha > 0) and
+the effective sample size ratio (sum w_hat)^2 / (n sum w_hat^2).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from nemo_ais.analyze.alarms import PositionProfile, position_profile
+from nemo_ais.analyze.reader import BadInputError, Chunk, ReadCounts, StepFile, iter_chunks
+from nemo_ais.config import CorrectionConfig
+from nemo_ais.core import (
+    AISDiagnostics,
+    AISState,
+    AISStats,
+    compute_statistics,
+    correction_weights,
+    diagnostics_from_stats,
+)
+
+__all__ = ["MODES", "StepResult", "WeightSums", "replay_step"]
+
+MODES = ("tis", "icepop", "seq_mask_geo", "ais")
+_BYTES_PER_POSITION = 2 * 8 + 1  # two float64 log-probs and a bool mask
+
+
+def _tis_affected(w, valid, config, alpha):
+    floor = config.weight_floor if config.weight_floor is not None else -math.inf
+    return valid & ((w >= config.weight_cap) | (w <= floor))
+
+
+def _masked(w, valid, config, alpha):
+    return valid & (w == 0)
+
+
+def _ais_affected(w, valid, config, alpha):
+    if alpha <= 0:
+        return torch.zeros_like(valid)
+    return valid & (w >= (1 - alpha) + alpha * config.weight_cap)
+
+
+# Which valid tokens a mode caps or masks, given its weights w_hat.
+_AFFECTED: dict[str, Callable[..., torch.Tensor]] = {
+    "tis": _tis_affected,
+    "icepop": _masked,
+    "seq_mask_geo": _masked,
+    "ais": _ais_affected,
+}
+
+
+@dataclass
+class WeightSums:
+    """Running sums of one mode's weights over a step's valid tokens."""
+
+    n_tok: int = 0
+    w_sum: float = 0.0
+    w_sq_sum: float = 0.0
+    w_max: float = 0.0
+    n_affected: int = 0
+
+    def add(self, w_hat: torch.Tensor, valid: torch.Tensor, affected: torch.Tensor) -> None:
+        """Add one chunk's weights (0 at masked positions)."""
+        w = w_hat.to(torch.float64)
+        self.n_tok += int(valid.sum())
+        self.w_sum += float(w.sum())
+        self.w_sq_sum += float(w.square().sum())
+        if valid.any():
+            self.w_max = max(self.w_max, float(w[valid].max()))
+        self.n_affected += int(affected.sum())
+
+    def summary(self) -> dict[str, float]:
+        """mean, max, frac_capped_or_masked, ess (0 when every weight is 0)."""
+        n = max(self.n_tok, 1)
+        ess = self.w_sum**2 / (n * self.w_sq_sum) if self.w_sq_sum > 0 else 0.0
+        return {
+            "mean": self.w_sum / n,
+            "max": self.w_max,
+            "frac_capped_or_masked": self.n_affected / n,
+            "ess": min(1.0, ess),
+        }
+
+
+@dataclass
+class StepResult:
+    """Everything the analysis knows about one step."""
+
+    step: int
+    path: Path
+    diagnostics: AISDiagnostics
+    weights: dict[str, dict[str, float]]
+    counts: ReadCounts
+    n_tok: int
+    n_positions: int
+    n_nonfinite: int = 0
+    first_nonfinite: str = ""
+    profile: PositionProfile = field(default_factory=PositionProfile.empty)
+
+
+class _ChunkStore:
+    """Chunks of pass 1 for pass 2: in memory up to ``budget_bytes``, then on disk."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget, self.used = budget_bytes, 0
+        self.memory: list[Chunk] = []
+        self.files: list[Path] = []
+        self.tmp: Path | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        size = chunk.num_positions * _BYTES_PER_POSITION
+        if self.used + size <= self.budget:
+            self.memory.append(chunk)
+            self.used += size
+            return
+        if self.tmp is None:
+            self.tmp = Path(tempfile.mkdtemp(prefix="nemo_ais_analyze_"))
+        path = self.tmp / f"{len(self.files)}.pt"
+        torch.save((chunk.logp_old, chunk.logp_rollout, chunk.valid), path)
+        self.files.append(path)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        for c in self.memory:
+            yield c.logp_old, c.logp_rollout, c.valid
+        for path in self.files:
+            yield torch.load(path, weights_only=True)
+
+    def close(self) -> None:
+        self.memory.clear()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def replay_step(
+    step_file: StepFile,
+    config: CorrectionConfig,
+    state: AISState | None = None,
+    *,
+    chunk_tokens: int = 1 << 20,
+    memory_budget_bytes: int = 128 << 20,
+    skip_bad_rows: bool = False,
+    on_bytes: Callable[[int], None] | None = None,
+) -> StepResult:
+    """Steps 1-3 of the module docstring for one step file.
+
+    Args:
+        step_file: the ``train_data_step{N}.jsonl`` file.
+        config: the ``loss_fn.ais`` section the diagnostics and weights use.
+        state: AIS EMA state, advanced once (carry it across steps).
+        chunk_tokens: positions per chunk (bounds the memory of pass 1).
+        memory_budget_bytes: chunks kept in memory for pass 2; the rest is spilled.
+        skip_bad_rows: count and skip bad rows instead of raising.
+        on_bytes: progress callback (bytes read).
+
+    Returns:
+        :class:`StepResult`.
+
+    Raises:
+        BadInputError: a bad row (unless skipped), an empty file, or no valid token.
+    """
+    counts = ReadCounts()
+    modes = {m: config.model_copy(update={"mode": m}) for m in MODES}
+    sums = {m: WeightSums() for m in MODES}
+    vector: torch.Tensor | None = None
+    profile = PositionProfile.empty()
+    n_tok = n_positions = n_nonfinite = 0
+    first_nonfinite = ""
+    store = _ChunkStore(memory_budget_bytes)
+    try:
+        for chunk in iter_chunks(  # step 1 (pass 1)
+            step_file,
+            chunk_tokens=chunk_tokens,
+            skip_bad_rows=skip_bad_rows,
+            counts=counts,
+            on_bytes=on_bytes,
+        ):
+            old, rollout, valid = chunk.logp_old, chunk.logp_rollout, chunk.valid
+            local = compute_statistics(old, rollout, valid, config).vector
+            vector = local if vector is None else vector + local
+            for m in ("tis", "icepop", "seq_mask_geo"):
+                w_hat = correction_weights(old, rollout, valid, modes[m])
+                sums[m].add(w_hat, valid, _AFFECTED[m](w_hat, valid, modes[m], None))
+            profile = profile.merge(position_profile(old, rollout, valid))
+            n_tok += int(valid.sum())
+            n_positions += chunk.num_positions
+            if chunk.n_nonfinite and not first_nonfinite:
+                first_nonfinite = chunk.first_nonfinite
+            n_nonfinite += chunk.n_nonfinite
+            store.add(chunk)
+        if vector is None or n_tok == 0:
+            skipped = f", {counts.bad_rows} bad rows skipped" if counts.bad_rows else ""
+            raise BadInputError(
+                step_file.path,
+                counts.lines,
+                f"no valid token in {counts.rows} rows{skipped} (token_loss_mask[1:] x "
+                "sample_loss_mask is 0 everywhere, or every valid log-prob is NaN/inf)",
+            )
+        diagnostics = diagnostics_from_stats(AISStats(vector), config, state)  # step 2
+        for old, rollout, valid in store:  # step 3 (pass 2)
+            w_hat = correction_weights(old, rollout, valid, modes["ais"], alpha=diagnostics.alpha)
+            sums["ais"].add(w_hat, valid, _ais_affected(w_hat, valid, config, diagnostics.alpha))
+    finally:
+        store.close()
+    return StepResult(
+        step=step_file.step,
+        path=step_file.path,
+        diagnostics=diagnostics,
+        weights={m: s.summary() for m, s in sums.items()},
+        counts=counts,
+        n_tok=n_tok,
+        n_positions=n_positions,
+        n_nonfinite=n_nonfinite,
+        first_nonfinite=first_nonfinite,
+        profile=profile,
+    )

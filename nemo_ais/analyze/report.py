@@ -1,0 +1,308 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``report.md`` and the PNG plots of an analysis, from its per-step rows alone.
+
+The rows are those of ``analysis.jsonl`` (``step``, the ``ais/*`` names of
+``docs/metrics.md``, ``weights/<mode>/*``, ``analysis/*``, ``ais_alarm/*``, ``alarms``).
+Every statement of the report is a number read off these rows: the fitted trend of the
+mismatch (:mod:`nemo_ais.analyze.trend`), the steps where an alarm fired, and the
+recommendation (e.g. "alpha > 0.5 on 85% of steps from step 120 on").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from nemo_ais.analyze.replay import MODES
+from nemo_ais.analyze.trend import Trend, fit_trend
+
+__all__ = ["PLOTS", "REPORT_FILE", "onset", "recommendations", "write_report"]
+
+REPORT_FILE = "report.md"
+PLOTS = ("diagnostics.png", "alpha.png", "weights.png")
+TREND_KEYS = (
+    ("ais/severity", "severity D (mean abs log-ratio)"),
+    ("ais/token_mult_prob_error", "token_mult_prob_error"),
+    ("ais/kl_k3", "KL(mu ‖ pi_old), k3"),
+    ("ais/ess_seq", "sequence ESS ratio R"),
+    ("ais/alpha", "alpha"),
+)
+SUMMARY_KEYS = (
+    "ais/alpha",
+    "ais/severity",
+    "ais/token_mult_prob_error",
+    "ais/ess_seq",
+    "analysis/ess_tok",
+    "ais/cv_w",
+    "ais/kl_k1",
+    "ais/kl_k3",
+    "ais/frac_capped",
+)
+_DIAG_PANELS = (
+    (("ais/severity",), "severity D"),
+    (("ais/token_mult_prob_error",), "token_mult_prob_error"),
+    (("ais/ess_seq", "analysis/ess_tok"), "ESS ratio (sequence, token)"),
+    (("ais/cv_w",), "CV of w = min(rho, C)"),
+    (("ais/kl_k1", "ais/kl_k3"), "KL(mu || pi_old): k1, k3"),
+    (("ais/frac_capped",), "fraction rho > C"),
+)
+_MAX_ALARM_ROWS = 50
+ALPHA_HIGH, ALPHA_LOW, ESS_LOW, SHARE = 0.5, 0.1, 0.7, 0.8
+
+
+def _col(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows]
+
+
+def onset(
+    steps: list[int], values: list[float], test, share: float = SHARE, min_steps: int = 3
+) -> tuple[int, float, int, int] | None:
+    """Earliest step from which ``test(v)`` holds on >= ``share`` of the remaining steps.
+
+    Returns:
+        (step, achieved share, steps where it holds, remaining steps), or None if no
+        suffix of at least ``min_steps`` steps qualifies.
+    """
+    hits = [1 if test(v) else 0 for v in values]
+    suffix = 0
+    best = None
+    for i in range(len(values) - 1, -1, -1):
+        suffix += hits[i]
+        remaining = len(values) - i
+        if remaining >= min_steps and suffix / remaining >= share:
+            best = (steps[i], suffix / remaining, suffix, remaining)
+    return best
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else str(x)
+
+
+def _trend_line(label: str, trend: Trend | None) -> str:
+    if trend is None:
+        return f"| {label} | - | - | too few steps |"
+    pct = round(trend.level * 100)
+    return (
+        f"| {label} | {_fmt(trend.slope)} | [{_fmt(trend.lo)}, {_fmt(trend.hi)}] ({pct}%) | "
+        f"{trend.direction} |"
+    )
+
+
+def recommendations(rows: list[dict[str, Any]], alarms: list[str]) -> list[str]:
+    """Data-stated recommendation lines (each a fact from the rows and what it implies)."""
+    steps = [int(r["step"]) for r in rows]
+    alpha = _col(rows, "ais/alpha")
+    out = []
+    high = onset(steps, alpha, lambda a: a > ALPHA_HIGH)
+    low_share = sum(a < ALPHA_LOW for a in alpha) / len(alpha)
+    if high is not None:
+        step, share, k, m = high
+        out.append(
+            f"alpha > {ALPHA_HIGH} on {share:.0%} of steps from step {step} on ({k} of {m}): "
+            "the mismatch is large enough that AIS applies mostly the importance-weighted "
+            "gradient; run this FP8 configuration with AIS (or TIS), not uncorrected."
+        )
+    elif low_share >= SHARE:
+        out.append(
+            f"alpha < {ALPHA_LOW} on {low_share:.0%} of steps: the mismatch stays small; "
+            "uncorrected FP8 is close to what AIS would apply."
+        )
+    else:
+        out.append(
+            f"alpha is mixed: median {statistics.median(alpha):.2f}, > {ALPHA_HIGH} on "
+            f"{sum(a > ALPHA_HIGH for a in alpha) / len(alpha):.0%} of steps, < {ALPHA_LOW} on "
+            f"{low_share:.0%}: the correction matters on part of the run; keep AIS on."
+        )
+    ess = onset(steps, _col(rows, "ais/ess_seq"), lambda r: r < ESS_LOW)
+    if ess is not None:
+        step, share, k, m = ess
+        out.append(
+            f"ess_seq < {ESS_LOW} on {share:.0%} of steps from step {step} on ({k} of {m}): "
+            "the uncorrected rollout's sequence weights are degenerate there (the AIS paper "
+            "reports this decay for uncorrected FP8 runs)."
+        )
+    for mode in ("icepop", "seq_mask_geo"):
+        frac = _col(rows, f"weights/{mode}/frac_capped_or_masked")
+        worst = max(range(len(frac)), key=frac.__getitem__)
+        out.append(
+            f"{mode} would mask a median {statistics.median(frac):.1%} of the valid tokens per "
+            f"step (max {frac[worst]:.1%} at step {steps[worst]})"
+            + (": a large share of the batch would be discarded." if frac[worst] > 0.2 else ".")
+        )
+    if alarms:
+        out.append(
+            f"{len(alarms)} alarm(s), the first: {alarms[0]}. Check the FP8 refit (weights and "
+            "KV-cache scales) around that step."
+        )
+    return out
+
+
+def _plot(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [int(r["step"]) for r in rows]
+    alarm_steps = [int(r["step"]) for r in rows if r.get("alarms")]
+
+    def mark(ax):
+        for s in alarm_steps:
+            ax.axvline(s, color="tab:red", ls="--", lw=0.8, alpha=0.6)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+
+    written = []
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for ax, (keys, title) in zip(axes.flat, _DIAG_PANELS, strict=True):
+        for key in keys:
+            ax.plot(steps, _col(rows, key), marker=".", label=key)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+        mark(ax)
+    fig.suptitle("AIS diagnostics per step (red dashes: alarms)")
+    fig.tight_layout()
+    written.append(out_dir / PLOTS[0])
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for key in ("ais/alpha", "ais/alpha_raw", "ais/g_sev", "ais/g_rel", "ais/g_var"):
+        ax.plot(steps, _col(rows, key), marker="." if key == "ais/alpha" else None, label=key)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title("alpha and its gates per step")
+    ax.legend(fontsize=8)
+    mark(ax)
+    fig.tight_layout()
+    written.append(out_dir / PLOTS[1])
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for mode in MODES:
+        axes[0].plot(steps, _col(rows, f"weights/{mode}/ess"), label=mode)
+        axes[1].plot(steps, _col(rows, f"weights/{mode}/frac_capped_or_masked"), label=mode)
+    axes[0].set_title("token ESS ratio of each mode's weights")
+    axes[1].set_title("fraction of valid tokens capped or masked")
+    for ax in axes:
+        ax.legend(fontsize=8)
+        mark(ax)
+    fig.tight_layout()
+    written.append(out_dir / PLOTS[2])
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+    return written
+
+
+def _summary_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| metric | first | median | last | min | max |", "|---|---|---|---|---|---|"]
+    for key in SUMMARY_KEYS:
+        v = _col(rows, key)
+        lines.append(
+            f"| `{key}` | {_fmt(v[0])} | {_fmt(statistics.median(v))} | {_fmt(v[-1])} | "
+            f"{_fmt(min(v))} | {_fmt(max(v))} |"
+        )
+    return lines
+
+
+def _modes_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| mode | mean w (median over steps) | max w (max) | capped or masked (median) | "
+        "ESS ratio (median, last) |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in MODES:
+        p = f"weights/{mode}/"
+        ess = _col(rows, p + "ess")
+        lines.append(
+            f"| `{mode}` | {_fmt(statistics.median(_col(rows, p + 'mean')))} | "
+            f"{_fmt(max(_col(rows, p + 'max')))} | "
+            f"{statistics.median(_col(rows, p + 'frac_capped_or_masked')):.2%} | "
+            f"{_fmt(statistics.median(ess))}, {_fmt(ess[-1])} |"
+        )
+    return lines
+
+
+def write_report(
+    out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *, plots: bool = True
+) -> list[Path]:
+    """Write ``report.md`` (and the PNG plots) for the analysed rows.
+
+    Args:
+        out_dir: the analysis directory.
+        rows: the ``analysis.jsonl`` rows, ordered by step (at least one).
+        meta: ``log_dir``, ``files``, ``rows_read``, ``bad_rows``, ``bad_examples``,
+            ``config`` and ``alarm_config`` (dicts of the fields not at their default).
+        plots: also draw the PNGs.
+
+    Returns:
+        The files written.
+    """
+    out_dir = Path(out_dir)
+    steps = [int(r["step"]) for r in rows]
+    alarms = [a for r in rows for a in r.get("alarms", [])]
+    jumps = {int(r["step"]) for r in rows for a in r.get("alarms", []) if "_jump: " in a}
+    fit_rows = [r for r in rows if int(r["step"]) not in jumps]
+    written = _plot(rows, out_dir) if plots else []
+    md = [
+        "# AIS analysis of a NeMo-RL run",
+        "",
+        f"- Logs: `{meta['log_dir']}` ({len(rows)} steps, {steps[0]}..{steps[-1]}; "
+        f"{meta['rows_read']} rows, {sum(int(r['ais/n_tok']) for r in rows)} valid tokens)",
+        f"- Bad rows skipped: {meta['bad_rows']}"
+        + (f" (e.g. `{meta['bad_examples'][0]}`)" if meta["bad_examples"] else ""),
+        f"- `loss_fn.ais` (fields not at their default): `{meta['config'] or 'none'}`",
+        f"- Alarm thresholds (not at their default): `{meta['alarm_config'] or 'none'}`",
+        "- Formulas: docs/metrics.md; the AIS diagnostics and alpha are a [reconstruction] "
+        "of arXiv 2605.13907 (docs/method.md). Each step file is one global batch; alpha "
+        "carries the EMA state from step to step.",
+        "",
+        "## Trend of the mismatch",
+        "",
+        "Least-squares slope per step; `grows`/`falls` when the confidence interval excludes 0"
+        + (
+            f". Steps with a jump alarm ({', '.join(map(str, sorted(jumps)))}) are left out "
+            f"of the fit ({len(fit_rows)} of {len(rows)} steps fitted)."
+            if jumps
+            else f" ({len(rows)} steps fitted)."
+        ),
+        "",
+        "| metric | slope / step | CI | trend |",
+        "|---|---|---|---|",
+    ]
+    fit_steps = [int(r["step"]) for r in fit_rows]
+    for key, label in TREND_KEYS:
+        md.append(_trend_line(f"`{key}` ({label})", fit_trend(fit_steps, _col(fit_rows, key))))
+    md += ["", "## Per-step values", "", *_summary_table(rows), "", "## Alarms", ""]
+    if alarms:
+        md += ["| step | alarm | evidence |", "|---|---|---|"]
+        shown = [(r["step"], a) for r in rows for a in r.get("alarms", [])][:_MAX_ALARM_ROWS]
+        for step, alarm in shown:
+            _, kind, evidence = alarm.split(": ", 2)
+            md.append(f"| {step} | {kind} | {evidence} |")
+        if len(alarms) > _MAX_ALARM_ROWS:
+            md.append(f"\n... {len(alarms)} alarms in all; every one is in analysis.jsonl.")
+    else:
+        md.append("No alarm fired.")
+    md += ["", "## What each correction mode would have applied", "", *_modes_table(rows)]
+    md += ["", "## Recommendation", ""]
+    md += [f"- {line}" for line in recommendations(rows, alarms)]
+    if written:
+        md += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in written]
+    report = out_dir / REPORT_FILE
+    report.write_text("\n".join(md) + "\n")
+    return [report, *written]

@@ -1,0 +1,155 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""``nemo-ais analyze`` on logs written by NeMo-RL's real logger, against the float64 oracle.
+
+The synthetic run's rollout mismatch grows step by step (tests/unit/test_analyze_logs.py);
+every per-step ``ais/*`` value, alpha with its EMA carried across steps, and every mode's
+weight summary is checked against ``tests/oracles.py`` (plain loops, no nemo_ais.core) on
+the loss's alignment ``[:, 1:]`` x sample mask; the report must find the growing trend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import oracles
+import pytest
+from test_analyze_logs import aligned, write_run
+
+from nemo_ais.analyze import analyze_run, load_analysis_config
+from nemo_ais.analyze.report import onset
+from nemo_ais.analyze.trend import fit_trend, t_quantile
+from nemo_ais.cli import main
+from nemo_ais.config import CorrectionConfig
+from nemo_ais.core import METRICS
+
+REL = 1e-12  # float64 sums in another order than the oracle's loops
+STEPS = list(range(1, 9))
+
+
+def _close(got, want, key):
+    assert math.isclose(got, want, rel_tol=REL, abs_tol=1e-15), (key, got, want)
+
+
+def _oracle_weights(mode, old, roll, mask, cfg, alpha):
+    w = oracles.weights(mode, old, roll, mask, cfg, alpha)
+    vals = [w[i][t] for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t] == 1]
+    rho = [
+        math.exp(old[i][t] - roll[i][t])
+        for i in range(len(mask))
+        for t in range(len(mask[i]))
+        if mask[i][t] == 1
+    ]
+    if mode == "tis":
+        hit = [x >= cfg.weight_cap for x in vals]
+    elif mode == "ais":
+        hit = [alpha > 0 and r >= cfg.weight_cap for r in rho]
+    else:
+        hit = [x == 0 for x in vals]
+    n, s, sq = len(vals), math.fsum(vals), math.fsum(x * x for x in vals)
+    return {
+        "mean": s / n,
+        "max": max(vals),
+        "frac_capped_or_masked": sum(hit) / n,
+        "ess": s * s / (n * sq) if sq else 0.0,
+    }
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("logs")
+    return log_dir, write_run(log_dir, STEPS)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        CorrectionConfig(ema=0.5),
+        CorrectionConfig(weight_cap=1.05, seq_weight="product", icepop_min=0.97, icepop_max=1.03),
+    ],
+    ids=["ema", "tight"],
+)
+def test_every_step_matches_the_float64_oracle(run, tmp_path, cfg):
+    log_dir, data = run
+    result = analyze_run(log_dir, tmp_path / "out", cfg, plots=False, chunk_tokens=40)
+    assert [r["step"] for r in result.rows] == STEPS
+    prev_alpha = None
+    for row in result.rows:
+        old, roll, mask = aligned(data[row["step"]])
+        want = oracles.diagnostics(old, roll, mask, cfg, prev_alpha)
+        prev_alpha = want["alpha"]
+        for key, value in want.items():
+            _close(row[f"ais/{key}"], value, key)
+        _close(row["analysis/ess_tok"], 1 / (1 + want["cv2"]), "ess_tok")
+        for mode in ("tis", "icepop", "seq_mask_geo", "ais"):
+            for key, value in _oracle_weights(mode, old, roll, mask, cfg, want["alpha"]).items():
+                _close(row[f"weights/{mode}/{key}"], value, f"{mode}/{key}")
+    lines = (tmp_path / "out" / "analysis.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == result.rows
+    metric_names = {m.name for m in METRICS if m.name.startswith("ais/")}
+    assert metric_names <= set(result.rows[0])
+
+
+def test_report_finds_the_growing_mismatch(run, tmp_path):
+    log_dir, _ = run
+    assert main(["analyze", str(log_dir), "--out", str(tmp_path), "--no-progress"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "analysis.jsonl").read_text().splitlines()]
+    severity = [r["ais/severity"] for r in rows]
+    assert severity == sorted(severity)  # the synthetic run's mismatch grows
+    trend = fit_trend([r["step"] for r in rows], severity)
+    assert trend.direction == "grows" and trend.lo > 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| `ais/severity` (severity D (mean abs log-ratio)) |" in report
+    line = next(x for x in report.splitlines() if x.startswith("| `ais/severity`"))
+    assert line.rstrip().endswith("| grows |")
+    assert "## Recommendation" in report and "alpha" in report
+    for png in ("diagnostics.png", "alpha.png", "weights.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+        assert f"]({png})" in report
+
+
+def test_recommendation_states_the_alpha_onset():
+    # from step 4 on: 5 of 6 > 0.5 (83%); from step 3 on: 5 of 7 (71% < 80%)
+    assert onset(list(range(10)), [0.1] * 5 + [0.9] * 5, lambda a: a > 0.5) == (4, 5 / 6, 5, 6)
+    # from step 2 on: 6 of 8 > 0.5 (75% < 80%); from step 3 on: 6 of 7 (86%)
+    values = [0.9, 0.1, 0.1, 0.9, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9]
+    assert onset(list(range(10)), values, lambda a: a > 0.5) == (3, 6 / 7, 6, 7)
+    assert onset([1, 2], [0.9, 0.9], lambda a: a > 0.5) is None  # fewer than 3 steps
+
+
+def test_t_quantile_and_trend_ci():
+    # Student-t table, 0.975 quantile
+    for df, want in ((1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (10, 2.2281)):
+        assert t_quantile(0.975, df) == pytest.approx(want, rel=1.3e-3)
+    # y = 2 s exactly: slope 2, zero-width CI
+    trend = fit_trend([1, 2, 3, 4], [2, 4, 6, 8])
+    assert (trend.slope, trend.lo, trend.hi, trend.direction) == (2, 2, 2, "grows")
+    # by hand: s = 1..4, y = 1, 3, 2, 4: S_xx = 5, S_xy = 4, b = 0.8, SSE = 1.8,
+    # se = sqrt(1.8 / 2 / 5) = 0.42426, t(0.975, 2) = 4.3027 -> half width 1.8254
+    trend = fit_trend([1, 2, 3, 4], [1, 3, 2, 4])
+    assert trend.slope == pytest.approx(0.8)
+    assert trend.hi - trend.slope == pytest.approx(4.302653 * math.sqrt(0.18), rel=1e-6)
+    assert trend.direction == "flat"
+    assert fit_trend([1, 2], [1, 2]) is None
+
+
+def test_config_file_and_overrides(tmp_path):
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(
+        "loss_fn:\n  ais:\n    ema: 0.5\n    weight_cap: 3.0\nalarms:\n  window: 4\n"
+    )
+    cfg, alarms = load_analysis_config(cfg_file, ["loss_fn.ais.ema=0.25", "alarms.jump_factor=5"])
+    assert (cfg.ema, cfg.weight_cap, alarms.window, alarms.jump_factor) == (0.25, 3.0, 4, 5.0)
+    with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
+        load_analysis_config(None, ["loss_fn.ais.weight_cap=0.5"])
+    with pytest.raises(ValueError, match=r"expected loss_fn\.ais\.<field>=value"):
+        load_analysis_config(None, ["grpo.max_num_steps=3"])
+    with pytest.raises(ValueError, match=r"alarms\.windw is not a known field"):
+        load_analysis_config(None, ["alarms.windw=3"])
+
+
+def test_cli_config_error_exits_2(run, tmp_path, capsys):
+    log_dir, _ = run
+    assert main(["analyze", str(log_dir), "--out", str(tmp_path), "loss_fn.ais.ema=2"]) == 2
+    err = capsys.readouterr().err
+    assert "loss_fn.ais.ema=2" in err and "Traceback" not in err
