@@ -1,0 +1,161 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Bad log input: one line naming file, line and problem; exit code 1; no traceback.
+
+Each case starts from a run logged by NeMo-RL's real logger and damages one file the way
+a crash, a disk or a hand edit would; ``--skip-bad-rows`` counts bad rows and continues.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from test_analyze_logs import write_run
+
+from nemo_ais.analyze import analyze_run
+from nemo_ais.cli import main
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("pristine")
+    write_run(log_dir, [1, 2])
+    return {p.name: p.read_bytes() for p in log_dir.glob("train_data_step*.jsonl")}
+
+
+@pytest.fixture
+def log_dir(tmp_path, pristine):
+    out = tmp_path / "logs"
+    out.mkdir()
+    for name, blob in pristine.items():
+        (out / name).write_bytes(blob)
+    return out
+
+
+def _edit_row(path, line, edit):
+    lines = path.read_text().splitlines(keepends=True)
+    row = json.loads(lines[line - 1])
+    edit(row)
+    lines[line - 1] = json.dumps(row) + "\n"
+    path.write_text("".join(lines))
+
+
+def _fails_with(capsys, log_dir, where, problem, *extra):
+    code = main(["analyze", str(log_dir), "--no-progress", "--no-plots", *extra])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err.count("\n") == 1, err  # exactly one line
+    assert "Traceback" not in err
+    assert where in err and problem in err, err
+    return err
+
+
+def test_truncated_line(capsys, log_dir):
+    path = log_dir / "train_data_step2.jsonl"
+    blob = path.read_bytes()
+    path.write_bytes(blob[: len(blob) - 100])  # a writer cut off in the last row
+    _fails_with(capsys, log_dir, "train_data_step2.jsonl:8:", "truncated line")
+
+
+def test_non_json_line(capsys, log_dir):
+    path = log_dir / "train_data_step1.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = "Logged data to somewhere\n"
+    path.write_text("".join(lines))
+    _fails_with(capsys, log_dir, "train_data_step1.jsonl:3:", "not valid JSON")
+
+
+def test_mismatched_lengths(capsys, log_dir):
+    _edit_row(log_dir / "train_data_step2.jsonl", 5, lambda r: r["prev_logprobs"][0].pop())
+    _fails_with(
+        capsys,
+        log_dir,
+        "train_data_step2.jsonl:5:",
+        "mismatched lengths: token_ids 24, token_loss_mask 24, generation_logprobs 24, "
+        "prev_logprobs 23",
+    )
+
+
+def test_missing_key(capsys, log_dir):
+    _edit_row(log_dir / "train_data_step1.jsonl", 4, lambda r: r.pop("generation_logprobs"))
+    _fails_with(capsys, log_dir, "train_data_step1.jsonl:4:", "missing key(s) generation_logprobs")
+
+
+def test_empty_directory(capsys, tmp_path):
+    _fails_with(capsys, tmp_path, str(tmp_path), "no train_data_step{N}.jsonl files")
+
+
+def test_nested_run_directory_is_named(capsys, tmp_path, log_dir):
+    _fails_with(capsys, log_dir.parent, str(log_dir.parent), f"found some in {log_dir}")
+
+
+def test_file_with_no_valid_token(capsys, log_dir):
+    path = log_dir / "train_data_step2.jsonl"
+    for line in range(1, 9):
+        _edit_row(path, line, lambda r: r.update(sample_loss_mask=[0.0]))
+    _fails_with(capsys, log_dir, "train_data_step2.jsonl:8:", "no valid token in 8 rows")
+
+
+def test_empty_file(capsys, log_dir):
+    (log_dir / "train_data_step3.jsonl").write_text("")
+    _fails_with(capsys, log_dir, "train_data_step3.jsonl:0:", "empty file")
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda r: r["prev_logprobs"][0].__setitem__(5, None), "prev_logprobs: expected numbers"),
+        (lambda r: r.update(sample_loss_mask=[0.5]), "sample_loss_mask: expected 0 or 1"),
+        (lambda r: r["token_loss_mask"][0].__setitem__(6, 2), "token_loss_mask: value 2.0"),
+        (
+            lambda r: r.update(prev_logprobs=[[0.0], [0.0]]),
+            "prev_logprobs: expected a batch of one",
+        ),
+    ],
+)
+def test_malformed_values(capsys, log_dir, edit, problem):
+    _edit_row(log_dir / "train_data_step1.jsonl", 2, edit)
+    _fails_with(capsys, log_dir, "train_data_step1.jsonl:2:", problem)
+
+
+def test_skip_bad_rows_counts_and_equals_the_clean_analysis(tmp_path, log_dir, capsys):
+    path = log_dir / "train_data_step1.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    clean_dir = tmp_path / "clean"
+    clean_dir.mkdir()
+    (clean_dir / "train_data_step1.jsonl").write_text("".join(lines[:2] + lines[4:]))
+    (clean_dir / "train_data_step2.jsonl").write_bytes(
+        (log_dir / "train_data_step2.jsonl").read_bytes()
+    )
+    lines[2] = "{not json\n"
+    lines[3] = json.dumps({k: v for k, v in json.loads(lines[3]).items() if k != "prev_logprobs"})
+    path.write_text("".join(lines[:3]) + lines[3] + "\n" + "".join(lines[4:]))
+    code = main(["analyze", str(log_dir), "--no-progress", "--no-plots", "--skip-bad-rows"])
+    assert code == 0
+    assert "2 bad rows skipped" in capsys.readouterr().out
+    skipped = analyze_run(log_dir, tmp_path / "a", skip_bad_rows=True, plots=False)
+    clean = analyze_run(clean_dir, tmp_path / "b", plots=False)
+    assert skipped.bad_rows == 2
+    assert [r["analysis/bad_rows"] for r in skipped.rows] == [2, 0]
+    report = (tmp_path / "a" / "report.md").read_text()
+    assert "Bad rows skipped: 2 (e.g. `train_data_step1.jsonl:3: not valid JSON" in report
+    for got, want in zip(skipped.rows, clean.rows, strict=True):
+        for key in want:
+            if key.startswith(("ais/", "weights/")):
+                assert math.isclose(got[key], want[key], rel_tol=1e-12, abs_tol=1e-15), key
+
+
+def test_console_script_prints_no_traceback(log_dir):
+    (log_dir / "train_data_step1.jsonl").write_text('{"idx": 0}\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemo_ais", "analyze", str(log_dir), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert "train_data_step1.jsonl:1: missing key(s)" in proc.stderr
