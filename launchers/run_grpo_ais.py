@@ -157,9 +157,12 @@ def configure_fp8_refit(config: dict[str, Any], environ: dict[str, str] | None =
     """Arm the AIS FP8 refit hook in the vLLM workers from the ``ais_fp8_refit`` section.
 
     The section holds :class:`nemo_ais.fp8.Fp8SyncConfig` fields (absent: NeMo-RL's own
-    FP8 refit). ``tp_size`` defaults to ``policy.generation.vllm_cfg.tensor_parallel_size``
-    (each rank's shard must be a multiple of the 128 block). Sets ``NEMO_AIS_FP8_REFIT``
-    and puts ``nemo_ais/nemo_rl/_vllm_hook`` (its ``sitecustomize``) on ``PYTHONPATH``.
+    FP8 refit). Defaults from ``policy.generation.vllm_cfg``, so the stream matches the
+    engine: ``tp_size`` = ``tensor_parallel_size`` (each rank's shard must be a multiple
+    of the 128 block), ``ue8m0`` = ``pow2_weight_scaling_factors``,
+    ``num_first_layers_in_bf16`` / ``num_last_layers_in_bf16`` = the same keys. Sets
+    ``NEMO_AIS_FP8_REFIT`` and puts ``nemo_ais/nemo_rl/_vllm_hook`` (its
+    ``sitecustomize``) first on ``PYTHONPATH``.
 
     Returns:
         The validated config, or None when the section is absent or ``enabled: false``.
@@ -172,7 +175,13 @@ def configure_fp8_refit(config: dict[str, Any], environ: dict[str, str] | None =
     if section is None:
         return None
     vllm_cfg = ((config.get("policy") or {}).get("generation") or {}).get("vllm_cfg") or {}
-    section = {"tp_size": vllm_cfg.get("tensor_parallel_size", 1), **section}
+    engine = {
+        "tp_size": vllm_cfg.get("tensor_parallel_size", 1),
+        "ue8m0": vllm_cfg.get("pow2_weight_scaling_factors", False),
+        "num_first_layers_in_bf16": vllm_cfg.get("num_first_layers_in_bf16", 0),
+        "num_last_layers_in_bf16": vllm_cfg.get("num_last_layers_in_bf16", 0),
+    }
+    section = {**engine, **section}
     refit = validate_section(Fp8SyncConfig, section, "ais_fp8_refit")
     if not refit.enabled:
         return None

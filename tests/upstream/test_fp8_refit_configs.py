@@ -1,0 +1,133 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Every shipped FP8 config arms the AIS FP8 refit; BF16 ones do not (issue 11, defect 6).
+
+Each full config under ``configs/nemo_rl/`` (recursive, arm mixins excluded) is loaded
+with the launcher's ``load_config_dict`` (NeMo-RL's real ``load_config``, resolvers and
+``OmegaConf.to_container``) and passed to the launcher's real ``configure_fp8_refit``
+with a private environment dict. For an FP8 rollout (``vllm_cfg.precision: fp8``) it must
+return an enabled :class:`~nemo_ais.fp8.Fp8SyncConfig` with ``backend: auto`` whose JSON is
+in ``NEMO_AIS_FP8_REFIT`` and put ``nemo_ais/nemo_rl/_vllm_hook`` first on ``PYTHONPATH``;
+for a BF16 rollout it must leave the environment untouched. Then, for the smoke config:
+NeMo-RL's real ``init_ray`` (the Ray start stubbed: ``ray.init`` records its
+``runtime_env``, ``ray.cluster_resources`` is an external cluster's) hands
+both variables to every Ray worker, and a fresh interpreter started with that environment
+(as a vLLM worker is) has the import hook that patches NeMo-RL's FP8 refit installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nemo_rl.distributed.virtual_cluster as nrl_virtual_cluster
+import pytest
+from nemo_rl.utils.config import register_omegaconf_resolvers
+
+from nemo_ais.fp8 import Fp8SyncConfig
+from nemo_ais.nemo_rl import cluster_check as cc
+from nemo_ais.nemo_rl.refit import ENV_VAR, TARGET_MODULE
+
+pytestmark = pytest.mark.nemo_rl
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO_ROOT / "configs" / "nemo_rl"
+FULL_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not cc.is_mixin(cc.load_config(p)))
+HOOK_DIR = REPO_ROOT / "nemo_ais" / "nemo_rl" / "_vllm_hook"
+
+_spec = importlib.util.spec_from_file_location(
+    "run_grpo_ais_fp8_refit", REPO_ROOT / "launchers" / "run_grpo_ais.py"
+)
+run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run)
+
+
+def _load(path: Path) -> dict:
+    register_omegaconf_resolvers()
+    return run.load_config_dict(str(path), [])
+
+
+def _vllm_cfg(cfg: dict) -> dict:
+    return cfg["policy"]["generation"]["vllm_cfg"]
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(CONFIG_DIR))
+
+
+def test_the_shipped_configs_cover_fp8_and_bf16_rollouts():
+    precisions = {_rel(p): _vllm_cfg(_load(p))["precision"] for p in FULL_CONFIGS}
+    fp8 = sorted(k for k, v in precisions.items() if v == "fp8")
+    assert "grpo_ais_base.yaml" in fp8 and "qwen3_8b_2n8g_fp8.yaml" in fp8
+    assert "experiments/qwen3_8b_fp8_ais.yaml" in fp8
+    assert sorted(k for k, v in precisions.items() if v != "fp8") == [
+        "experiments/qwen3_8b_bf16.yaml",
+        "experiments/smoke_bf16.yaml",
+    ]
+
+
+@pytest.mark.parametrize("path", FULL_CONFIGS, ids=_rel)
+def test_every_fp8_config_arms_the_refit_hook_and_bf16_ones_do_not(path):
+    cfg = _load(path)
+    env = {"PYTHONPATH": "/opt/site:/x"}
+    refit = run.configure_fp8_refit(cfg, env)
+    vllm_cfg = _vllm_cfg(cfg)
+    if vllm_cfg["precision"] != "fp8":
+        assert refit is None and env == {"PYTHONPATH": "/opt/site:/x"}
+        return
+    assert isinstance(refit, Fp8SyncConfig) and refit.enabled
+    assert refit.backend == "auto"
+    assert refit.family == "c"  # Transformer Engine's formula: auto may pick TE
+    assert refit.tp_size == vllm_cfg["tensor_parallel_size"]
+    assert refit.ue8m0 == vllm_cfg["pow2_weight_scaling_factors"]
+    assert refit.num_first_layers_in_bf16 == vllm_cfg["num_first_layers_in_bf16"]
+    assert refit.num_last_layers_in_bf16 == vllm_cfg["num_last_layers_in_bf16"]
+    assert Fp8SyncConfig.model_validate(json.loads(env[ENV_VAR])) == refit
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(HOOK_DIR), "/opt/site", "/x"]
+    assert (HOOK_DIR / "sitecustomize.py").is_file()
+
+
+@pytest.fixture
+def smoke_env(monkeypatch):
+    """The launcher's environment after configure_fp8_refit on the smoke config."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    refit = run.configure_fp8_refit(_load(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"))
+    assert refit is not None
+    return refit
+
+
+def test_nemo_rl_init_ray_forwards_the_hook_to_every_worker(smoke_env, monkeypatch):
+    calls = []
+
+    def ray_init(*args, **kwargs):  # the Ray start; record what every worker will inherit
+        calls.append(kwargs)
+
+    monkeypatch.setattr(nrl_virtual_cluster.ray, "init", ray_init)
+    # an attached, externally managed cluster (as under ray.sub): init_ray returns
+    monkeypatch.setattr(nrl_virtual_cluster.ray, "cluster_resources", lambda: {"GPU": 8.0})
+    nrl_virtual_cluster.init_ray()
+    assert len(calls) == 1 and calls[0]["address"] == "auto"
+    worker_env = calls[0]["runtime_env"]["env_vars"]
+    assert Fp8SyncConfig.model_validate_json(worker_env[ENV_VAR]) == smoke_env
+    assert worker_env["PYTHONPATH"].split(os.pathsep)[0] == str(HOOK_DIR)
+
+
+def test_a_fresh_worker_interpreter_installs_the_refit_hook(smoke_env):
+    probe = (
+        "import sys; from nemo_ais.nemo_rl import refit; "
+        "hooks = [f for f in sys.meta_path if isinstance(f, refit._Finder)]; "
+        "print(hooks[0].target, hooks[0].config.model_dump_json())"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO_ROOT)])
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    target, config = out.stdout.split(" ", 1)
+    assert target == TARGET_MODULE
+    assert Fp8SyncConfig.model_validate_json(config) == smoke_env
