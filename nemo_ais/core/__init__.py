@@ -28,6 +28,7 @@ from nemo_ais.core.diagnostics import (
 from nemo_ais.core.loss import LossOutput, clipped_pg_loss
 from nemo_ais.core.metrics import METRICS, MetricSpec, metric_normalizations
 from nemo_ais.core.stats import (
+    BAD_INPUT_SLOTS,
     NUM_SLOTS,
     STATS_BYTES,
     AISStats,
@@ -38,6 +39,7 @@ from nemo_ais.core.stats import (
 from nemo_ais.core.weights import WEIGHT_FNS, correction_weights, log_ratio
 
 __all__ = [
+    "BAD_INPUT_SLOTS",
     "METRICS",
     "NUM_SLOTS",
     "STATS_BYTES",

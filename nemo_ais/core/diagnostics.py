@@ -35,6 +35,15 @@ Determinism: the reduced float64 vector is read to the host ONCE (the only host 
 per global batch) and every formula above is evaluated in Python floats (IEEE float64),
 so alpha is bit-identical on every rank that holds the same reduced vector.
 
+Bad input on any rank (agreed, never raised alone): a rank whose input fails a check
+(missing key, type/dtype, shape/device, non-finite log-prob or mask value at a valid
+position) still joins the ONE statistics all-reduce, with flags in the same vector
+(:mod:`nemo_ais.core.stats`, step 4). The reduced flags are identical everywhere, so every
+rank takes the failure path together: ONE ``all_gather_object`` of each rank's local error
+text (failure path only; the OK path stays at one all-reduce), then every rank raises the
+same ``ValueError``, which names each bad rank with its own message (field, what arrived,
+what was expected). ``group=None`` raises the local error as is, as before.
+
 Globally empty batch (no valid token anywhere): alpha = alpha_raw = 0, empty_batch = 1,
 R = 1, D = 0, CV^2 = 0, k1 = k3 = 0, w_mean = raw_ratio_mean = token_mult_prob_error = 1,
 frac_capped = 0, g_sev = 0, g_rel = g_var = 1; the EMA value is left unchanged (an empty
@@ -53,7 +62,13 @@ import torch
 
 from nemo_ais.config import CorrectionConfig
 from nemo_ais.core import validation
-from nemo_ais.core.stats import AISStats, Slot, compute_statistics, reduce_statistics
+from nemo_ais.core.stats import (
+    BAD_INPUT_SLOTS,
+    AISStats,
+    Slot,
+    compute_statistics,
+    reduce_statistics,
+)
 
 __all__ = [
     "AISDiagnostics",
@@ -239,10 +254,27 @@ def _diagnostics_from_sums(
     )
 
 
-_BAD_SLOTS = {
-    "prev_logprobs/generation_logprobs": Slot.N_BAD_LOGPROBS,
-    "mask": Slot.N_BAD_MASK,
+# Bad-input flag -> how the agreed error's summary counts it (step 4 of stats).
+_BAD_INPUT_LABELS = {
+    Slot.N_MISSING_KEY: "rank(s) with a missing key",
+    Slot.N_BAD_DTYPE: "rank(s) with a wrong type or dtype",
+    Slot.N_BAD_SHAPE: "rank(s) with a wrong shape or device",
+    Slot.N_BAD_LOGPROBS: "non-finite prev_logprobs/generation_logprobs value(s)",
+    Slot.N_BAD_MASK: "mask value(s) not in {0, 1}",
 }
+
+
+def _has_bad_input(s: dict[Slot, float]) -> bool:
+    return any(s[slot] > 0 for slot in BAD_INPUT_SLOTS)
+
+
+def _bad_input_summary(s: dict[Slot, float], group_size: int | None) -> str:
+    """``AIS statistics: bad input on 1 of 2 ranks ... (1 rank(s) with a missing key)``."""
+    kinds = ", ".join(f"{int(s[k])} {label}" for k, label in _BAD_INPUT_LABELS.items() if s[k])
+    if group_size is None:
+        return f"AIS statistics: bad input summed over the process group ({kinds})"
+    where = f"{int(s[Slot.N_BAD_RANKS])} of {group_size} ranks of the process group"
+    return f"AIS statistics: bad input on {where} ({kinds})"
 
 
 def diagnostics_from_stats(
@@ -259,16 +291,70 @@ def diagnostics_from_stats(
         :class:`AISDiagnostics`; the documented finite result for an empty batch.
 
     Raises:
-        ValueError: the statistics count bad input values (on every rank alike).
+        ValueError: the statistics flag bad input (the same summary on every rank; use
+            :func:`compute_diagnostics` for each bad rank's own message).
     """
     s = _sums(global_stats)
-    for name, slot in _BAD_SLOTS.items():
-        if s[slot] > 0:
-            raise ValueError(
-                f"{name}: {int(s[slot])} bad values (NaN, inf, or mask not in {{0, 1}}) "
-                "summed over the process group"
-            )
+    if _has_bad_input(s):
+        raise ValueError(_bad_input_summary(s, None))
     return _diagnostics_from_sums(s, config, state)
+
+
+def _local_statistics(logp_old, logp_rollout, mask, config, group, input_error):
+    """Steps 1-4 on this rank; with a group, a structural error becomes flags, not a raise."""
+    if input_error is None:
+        try:
+            return compute_statistics(logp_old, logp_rollout, mask, config), None
+        except (TypeError, ValueError) as err:
+            input_error = err
+    if group is None:
+        raise input_error
+    device = logp_old.device if isinstance(logp_old, torch.Tensor) else None
+    return AISStats.from_input_error(input_error, device), input_error
+
+
+def _error_text(error: Exception) -> str:
+    """The message of a local error (a ``KeyError``'s without the repr quotes)."""
+    return str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+
+
+def _local_bad_values(logp_old, logp_rollout, mask) -> str | None:
+    """Message naming the tensor, count and first index of this rank's bad values, if any."""
+    valid = validation.valid_positions(mask)
+    named = {"prev_logprobs": logp_old, "generation_logprobs": logp_rollout}
+    counts = validation.bad_value_counts(named, mask, valid).tolist()
+    try:
+        validation.raise_for_bad_values({**named, "mask": mask}, valid, counts)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _gather_error_texts(local_text: str | None, group) -> list[tuple[int, int, str]]:
+    """Failure path only: ``(group rank, global rank, text)`` of every bad rank, in order.
+
+    ``all_gather_object`` pickles through tensors on the group's device (for NCCL, the
+    current CUDA device, which Megatron/NeMo-RL workers set at start-up).
+    """
+    entries = [None] * torch.distributed.get_world_size(group)
+    me = (torch.distributed.get_rank(group), torch.distributed.get_rank(), local_text)
+    torch.distributed.all_gather_object(entries, me, group=group)
+    return [entry for entry in entries if entry[2] is not None]
+
+
+def _raise_bad_input(s, local_error, logp_old, logp_rollout, mask, group) -> None:
+    """Raise on every rank: the local error (group None), else the SAME agreed message."""
+    if local_error is not None:
+        local_text = _error_text(local_error)
+    else:
+        local_text = _local_bad_values(logp_old, logp_rollout, mask)
+    if group is None:  # single process: the local message, as before
+        raise ValueError(local_text or _bad_input_summary(s, None))
+    bad = _gather_error_texts(local_text, group)  # same list on every rank
+    size = torch.distributed.get_world_size(group)
+    lines = [f"  rank {r}{'' if r == g else f' (global rank {g})'}: {text}" for r, g, text in bad]
+    message = "\n".join([f"{_bad_input_summary(s, size)}; every rank raises this error:", *lines])
+    raise ValueError(message) from local_error
 
 
 def compute_diagnostics(
@@ -278,6 +364,8 @@ def compute_diagnostics(
     config: CorrectionConfig,
     group: torch.distributed.ProcessGroup | None = None,
     state: AISState | None = None,
+    *,
+    input_error: Exception | None = None,
 ) -> AISDiagnostics:
     """Statistics -> ONE all-reduce -> diagnostics, for one global batch.
 
@@ -291,29 +379,26 @@ def compute_diagnostics(
         config: the ``loss_fn.ais`` section.
         group: data-parallel process group; None = single process, no collective.
         state: EMA state of alpha, advanced exactly once.
+        input_error: an error the caller met while building this rank's inputs (e.g. an
+            adapter's ``KeyError`` for a missing key); the tensors then only give the
+            device of the statistics (empty ones will do). With a group, this rank joins
+            the all-reduce flagged and every rank raises; with None it is raised as is.
 
     Returns:
         :class:`AISDiagnostics` (python floats, bit-identical on every rank).
 
     Raises:
-        TypeError, ValueError: bad type/shape/device (locally, before the collective).
-        ValueError: NaN / inf / mask values not in {0, 1} anywhere in the group, raised on
-            every rank after the collective, naming the tensor, the global count and the
-            first local index.
+        TypeError, ValueError, KeyError: ``group=None``: the local error (type, shape,
+            device, ``input_error``; NaN / inf / mask values with the count and first index).
+        ValueError: with a group, bad input on ANY rank: every rank raises the same message
+            after the all-reduce and one ``all_gather_object`` of the error texts, naming
+            each bad rank with its own message.
     """
-    local_stats = compute_statistics(prev_logprobs, generation_logprobs, mask, config)
-    global_stats = reduce_statistics(local_stats, group)
+    local_stats, local_error = _local_statistics(  # steps 1-4, never raises with a group
+        prev_logprobs, generation_logprobs, mask, config, group, input_error
+    )
+    global_stats = reduce_statistics(local_stats, group)  # step 5: the ONE all-reduce
     s = _sums(global_stats)
-    if s[Slot.N_BAD_LOGPROBS] > 0 or s[Slot.N_BAD_MASK] > 0:
-        valid = validation.valid_positions(mask)
-        named = {"prev_logprobs": prev_logprobs, "generation_logprobs": generation_logprobs}
-        counts = validation.bad_value_counts(named, mask, valid).tolist()
-        where = "" if group is None else " on this rank (the process group has "
-        where += "" if group is None else f"{int(s[Slot.N_BAD_LOGPROBS] + s[Slot.N_BAD_MASK])})"
-        validation.raise_for_bad_values({**named, "mask": mask}, valid, counts, where)
-        raise ValueError(  # every rank raises, also those whose own shard is clean
-            f"prev_logprobs/generation_logprobs/mask: {int(s[Slot.N_BAD_LOGPROBS])} non-finite "
-            f"log-prob values and {int(s[Slot.N_BAD_MASK])} mask values not in {{0, 1}} on other "
-            "ranks of the process group"
-        )
+    if _has_bad_input(s):  # identical on every rank: all take the failure path together
+        _raise_bad_input(s, local_error, prev_logprobs, generation_logprobs, mask, group)
     return _diagnostics_from_sums(s, config, state)

@@ -16,7 +16,9 @@
 Algorithm box (ratio rho = pi_old / mu; r = pi_theta / pi_old; **[reconstruction]** marks
 our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 
-1. validate          shapes / dtypes / devices at once; values with one fused check
+1. validate          shapes / dtypes / devices at once (if step 2 communicates, a failure
+                     is flagged in its all-reduce instead, so every rank raises together);
+                     values with one fused check
 2. diagnostics       mode ais without precomputed diagnostics: statistics -> ONE all-reduce
                      over ``group`` -> alpha  (:func:`~nemo_ais.core.compute_diagnostics`)
 3. weight            w_hat_it = WEIGHT_FNS[mode](l_it)                  (detached, 0 where m = 0)
@@ -288,7 +290,9 @@ def clipped_pg_loss(
 
     Raises:
         TypeError, ValueError: the tensor's name, what arrived and what was expected; for
-            NaN / inf / mask values the count and the first index.
+            NaN / inf / mask values the count and the first index. When step 2 runs the
+            all-reduce over ``group``, a type / shape error of any rank is raised on every
+            rank, as one agreed ``ValueError`` (see :func:`compute_diagnostics`).
     """
     pg = pg if pg is not None else PGLossConfig()
     weight_fn = WEIGHT_FNS[config.mode]
@@ -298,11 +302,18 @@ def clipped_pg_loss(
         "generation_logprobs": generation_logprobs,
         "reference_logprobs": reference_logprobs,
     }
-    named = _check_structure(named, mask, pg)  # step 1a
-    _check_advantages(advantages, prev_logprobs)
+    collective = weight_fn.needs_alpha and diagnostics is None and group is not None
+    input_error = None
+    try:
+        named = _check_structure(named, mask, pg)  # step 1a
+        _check_advantages(advantages, prev_logprobs)
+    except (TypeError, ValueError) as err:
+        if not collective:
+            raise
+        input_error = err  # step 2 joins the all-reduce flagged; every rank raises there
     if weight_fn.needs_alpha and diagnostics is None:  # step 2, before any local raise
         diagnostics = compute_diagnostics(
-            prev_logprobs, generation_logprobs, mask, config, group=group, state=state
+            prev_logprobs, generation_logprobs, mask, config, group, state, input_error=input_error
         )
     valid = validation.valid_positions(mask)
     _check_values(named, mask, advantages, valid)  # step 1b

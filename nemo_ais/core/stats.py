@@ -28,8 +28,12 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu
    positions (l := 0) contribute nothing without a mask multiply, and the small
    differences the diagnostics need (CV^2, k3) keep their float64 precision:
        k1 = -sum l / n,  k3 = (sum expm1(l^c) - sum l^c) / n   (KL(mu || pi_old), samples ~ mu)
-4. Bad-input counts: valid positions with a non-finite l, and mask values not in {0, 1},
-   so every rank raises together after step 5.
+4. Bad-input flags, so every rank raises together after step 5 (none raises alone):
+       n_bad_logprobs = #valid positions with a non-finite l,  n_bad_mask = #mask not in {0, 1}
+       n_bad_ranks    = 1 if this rank's input failed any check, else 0
+       n_missing_key, n_bad_dtype, n_bad_shape = 1 for the kind of a structural error
+   A rank whose input fails a structural check (missing key, type/dtype, shape/device)
+   sends :meth:`AISStats.from_input_error` (zeros + its flags) instead of raising.
 5. ONE ``all_reduce(SUM)`` of the vector over ``group`` (None: single process, no
    collective). ``NUM_SLOTS`` float64 values = ``STATS_BYTES`` bytes on the wire.
 
@@ -47,6 +51,7 @@ from nemo_ais.config import CorrectionConfig
 from nemo_ais.core import validation
 
 __all__ = [
+    "BAD_INPUT_SLOTS",
     "NUM_SLOTS",
     "STATS_BYTES",
     "AISStats",
@@ -73,8 +78,28 @@ class Slot(enum.IntEnum):
     EXP_ABS_DEV_SUM = enum.auto()
     N_BAD_LOGPROBS = enum.auto()
     N_BAD_MASK = enum.auto()
+    N_BAD_RANKS = enum.auto()
+    N_MISSING_KEY = enum.auto()
+    N_BAD_DTYPE = enum.auto()
+    N_BAD_SHAPE = enum.auto()
 
 
+# Slots that flag bad input; any of them > 0 after the all-reduce fails the global batch.
+BAD_INPUT_SLOTS = (
+    Slot.N_BAD_LOGPROBS,
+    Slot.N_BAD_MASK,
+    Slot.N_BAD_RANKS,
+    Slot.N_MISSING_KEY,
+    Slot.N_BAD_DTYPE,
+    Slot.N_BAD_SHAPE,
+)
+# Structural error type -> its flag (KeyError: an adapter's missing key; TypeError: type or
+# dtype; ValueError: shape, rank or device), checked in this order.
+_ERROR_KIND_SLOTS = (
+    (KeyError, Slot.N_MISSING_KEY),
+    (TypeError, Slot.N_BAD_DTYPE),
+    (ValueError, Slot.N_BAD_SHAPE),
+)
 NUM_SLOTS = len(Slot)
 STATS_BYTES = NUM_SLOTS * torch.finfo(torch.float64).bits // torch.iinfo(torch.uint8).bits
 STATS_DTYPE = torch.float64
@@ -140,6 +165,29 @@ class AISStats:
             vector[slot] = value
         return cls(vector)
 
+    @classmethod
+    def from_input_error(
+        cls, error: Exception, device: torch.device | str | None = None
+    ) -> AISStats:
+        """Step 4 for a rank whose input failed a structural check: zeros plus its flags.
+
+        Sent through the all-reduce in place of raising, so the rank still joins the
+        collective and every rank of the group raises together.
+
+        Args:
+            error: the local ``KeyError`` (missing key), ``TypeError`` (type or dtype) or
+                ``ValueError`` (shape, rank or device); any other type counts as a shape error.
+            device: where the vector lives (the reduction device; None: CPU).
+
+        Returns:
+            :class:`AISStats` with ``N_BAD_RANKS = 1`` and the slot of the error's kind = 1.
+        """
+        kind = next((slot for t, slot in _ERROR_KIND_SLOTS if isinstance(error, t)), None)
+        vector = torch.zeros(NUM_SLOTS, dtype=STATS_DTYPE, device=device)
+        vector[Slot.N_BAD_RANKS] = 1
+        vector[Slot.N_BAD_SHAPE if kind is None else kind] = 1
+        return cls(vector)
+
 
 def _log_rho64(logp_old, logp_rollout, valid):
     """Step 1: float64 raw l (0 where invalid or non-finite) and the valid-and-finite mask."""
@@ -179,12 +227,14 @@ def _token_sums(log_rho, log_rho_c, n_tok, config):
 
 
 def _bad_counts(valid, n_tok, mask):
-    """Step 4: #valid positions with a non-finite l; #mask values not in {0, 1}."""
+    """Step 4: #non-finite l at valid positions, #mask values not in {0, 1}, rank flags."""
     n_bad_logprobs = valid.sum().to(STATS_DTYPE) - n_tok
-    if mask.dtype == torch.bool:
-        return [n_bad_logprobs, torch.zeros_like(n_bad_logprobs)]
-    n_bad_mask = torch.count_nonzero(mask * (1 - mask)).to(STATS_DTYPE)
-    return [n_bad_logprobs, n_bad_mask]
+    zero = torch.zeros_like(n_bad_logprobs)
+    n_bad_mask = zero
+    if mask.dtype != torch.bool:
+        n_bad_mask = torch.count_nonzero(mask * (1 - mask)).to(STATS_DTYPE)
+    n_bad_ranks = (n_bad_logprobs + n_bad_mask > 0).to(STATS_DTYPE)
+    return [n_bad_logprobs, n_bad_mask, n_bad_ranks, zero, zero, zero]  # no structural error
 
 
 @torch.no_grad()
@@ -209,7 +259,9 @@ def compute_statistics(
         NaN at masked positions is ignored.
 
     Raises:
-        TypeError, ValueError: wrong type, shape or device (raised locally at once).
+        TypeError, ValueError: wrong type, shape or device (raised locally at once; a
+            distributed caller sends :meth:`AISStats.from_input_error` instead, as
+            :func:`~nemo_ais.core.compute_diagnostics` does).
     """
     validation.check_2d("prev_logprobs", logp_old)
     validation.check_like("prev_logprobs", logp_old, logp_old, "prev_logprobs")

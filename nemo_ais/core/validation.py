@@ -24,10 +24,13 @@ Rules, applied to ``[B, T]`` response-aligned tensors:
   tokens excluded by top-k/top-p that the caller masked out, NaN): they never enter
   any arithmetic (every input is passed through ``torch.where(valid, x, 0)`` first).
 
-Shape, dtype and device errors are raised at once (they are programming errors and
-identical on every rank). Value errors are counted with one fused reduction so the
-caller pays at most one host sync; :func:`raise_for_bad_values` builds the message
-(count and first index) only on the error path.
+Shape, dtype and device errors are raised at once; a distributed caller
+(:func:`~nemo_ais.core.compute_diagnostics` with a group) catches them and flags them in
+its statistics all-reduce, because they can differ between ranks (one rank's bad batch)
+and a rank raising alone would leave its peers blocked in the collective. Value errors
+are counted with one fused reduction so the caller pays at most one host sync;
+:func:`raise_for_bad_values` builds the message (count and first index) only on the
+error path.
 """
 
 from __future__ import annotations

@@ -28,6 +28,15 @@ micro-batch loop::
     tag every row of the shard with its global-batch index g     # column GLOBAL_BATCH_KEY
     loss_fn.attach_diagnostics([d_0, d_1, ...])                  # read by every loss call
 
+Bad input on one rank (a missing key, a wrong shape or dtype, NaN / inf at a valid
+position) never makes that rank raise alone, which would leave its peers blocked in the
+all-reduce: the rank joins the all-reduce of the global batch with an error flag
+(``compute_diagnostics(..., input_error=...)``), and every rank of the group raises the
+same ``ValueError`` naming each bad rank and its message. A rank that cannot even split
+its shard joins the first global batch's all-reduce flagged. (Limit: if every other rank
+has zero global batches, they run no collective and that rank waits in it until the
+group's timeout; the driver gives every rank the same number of global batches.)
+
 The loss then looks up ``d_g`` through the row tag of whatever micro-batch (or packed
 sequence) it receives: it never communicates, so the number of loss calls per rank is
 free to differ. The statistics depend only on ``prev_logprobs``, ``generation_logprobs``
@@ -93,15 +102,15 @@ class DiagnosticsSink(Protocol):
 
 def _tensor(data: Mapping[str, Any], key: str, ndim: int) -> torch.Tensor:
     value = data.get(key)
+    form = "[B, S]" if ndim == 2 else "[B]"
     if not isinstance(value, torch.Tensor):
         raise KeyError(
-            f"{key}: missing from the loss data (got keys {sorted(data)}); "
-            f"NeMo-RL's GRPO puts it in every training batch"
+            f"{key}: missing from the loss data (got keys {sorted(data)}); expected a "
+            f"{form} tensor, which NeMo-RL's GRPO puts in every training batch"
         )
     if value.dim() != ndim:
         raise ValueError(
-            f"{key}: got {list(value.shape)} {value.dtype}, expected a {ndim}-D tensor "
-            f"({'[B, S]' if ndim == 2 else '[B]'})"
+            f"{key}: got {list(value.shape)} {value.dtype}, expected a {ndim}-D tensor ({form})"
         )
     return value
 
@@ -163,11 +172,19 @@ def num_global_batches(data: Any, local_batch_size: int) -> int:
         return len(counts)
     if local_batch_size <= 0:
         raise ValueError(f"local_batch_size={local_batch_size} must be > 0 (gbs // dp_size)")
-    return _rows(data) // local_batch_size
+    return _shard_rows(data) // local_batch_size
 
 
 def _rows(data: Mapping[str, Any]) -> int:
     return int(_tensor(data, "sample_mask", 1).shape[0])
+
+
+def _shard_rows(data: Mapping[str, Any]) -> int:
+    """Rows of a shard from any batched tensor (a missing key is reported per global batch)."""
+    if isinstance(data.get("sample_mask"), torch.Tensor):
+        return _rows(data)
+    sizes = (v.shape[0] for v in data.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return int(next(sizes, 0))
 
 
 def _slice_rows(data: Mapping[str, Any], start: int, end: int) -> dict[str, Any]:
@@ -210,14 +227,40 @@ def global_batch_diagnostics(
 
     Returns:
         One :class:`AISDiagnostics` per global batch, identical on every rank.
+
+    Raises:
+        KeyError, ValueError, TypeError: ``group=None``: as :func:`core_inputs` and
+            :func:`~nemo_ais.core.compute_diagnostics`. ValueError: with a group, bad input
+            on any rank, raised on every rank with the same message (no rank raises alone).
     """
     out = []
     for batch in batches:
-        x = core_inputs(batch, with_loss_terms=False)
-        logp_old, logp_rollout, mask = (t.to(device) for t in x[:3]) if device else x[:3]
+        (logp_old, logp_rollout, mask), input_error = _statistics_inputs(batch, device)
         # the ONE collective of this global batch (statistics -> all_reduce -> alpha)
-        out.append(compute_diagnostics(logp_old, logp_rollout, mask, config, group, state))
+        out.append(
+            compute_diagnostics(
+                logp_old, logp_rollout, mask, config, group, state, input_error=input_error
+            )
+        )
     return out
+
+
+def _statistics_inputs(batch: Mapping[str, Any], device) -> tuple[tuple, Exception | None]:
+    """``((logp_old, logp_rollout, mask), None)``, or empty tensors and the mapping error."""
+    try:
+        x = core_inputs(batch, with_loss_terms=False)
+    except (KeyError, TypeError, ValueError) as err:
+        return _no_inputs(batch, device), err
+    return tuple(t.to(device) if device else t for t in x[:3]), None
+
+
+def _no_inputs(data: Any, device) -> tuple[torch.Tensor, ...]:
+    """Empty stand-ins on the reduction device, for a rank that joins the collective flagged."""
+    if device is None:
+        values = data.values() if isinstance(data, Mapping) else ()
+        device = next((v.device for v in values if isinstance(v, torch.Tensor)), None)
+    empty = torch.zeros(0, 0, device=device)
+    return empty, empty, empty
 
 
 def _row_tags(batches: Sequence[Mapping[str, Any]], total_rows: int) -> torch.Tensor:
@@ -254,8 +297,17 @@ def prepare_global_batches(
 
     Returns:
         The diagnostics, one per global batch (also attached to ``sink``).
+
+    Raises:
+        ValueError: with a group, bad input on any rank (every rank raises the same
+            message; see the module docstring). ``group=None``: the local error as is.
     """
-    batches = split(data, local_batch_size)
+    try:
+        batches = split(data, local_batch_size)
+    except (KeyError, TypeError, ValueError) as err:
+        # join the first global batch's all-reduce, flagged: raises on every rank
+        compute_diagnostics(*_no_inputs(data, device), config, group, state, input_error=err)
+        raise  # not reached: compute_diagnostics raises whenever input_error is given
     diagnostics = global_batch_diagnostics(batches, config, group=group, state=state, device=device)
     tags = _row_tags(batches, _rows(data))
     data[GLOBAL_BATCH_KEY] = tags.to(_tensor(data, "sample_mask", 1).device)

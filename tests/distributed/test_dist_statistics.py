@@ -20,7 +20,9 @@ Scenarios per rank:
 * ``loss_self``: ``clipped_pg_loss(diagnostics=None, group=WORLD)``: 1 collective.
 * ``ema``: three global batches with ``ema=0.5`` and an :class:`AISState` per rank.
 * ``empty``: every rank's mask all 0 (global batch empty).
-* ``bad``: a NaN at a valid position on rank 0 only: every rank must raise together.
+* ``bad``: a NaN at a valid position on rank 0 only: every rank must raise together, with
+  the same message (the failure path adds ONE ``all_gather_object`` of the error texts;
+  more bad-rank cases in ``test_bad_rank_agreement.py``).
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ def _rank_main(rank: int, world_size: int, specs, empty_specs, seed: int) -> dic
             raised = None
         except ValueError as err:
             raised = str(err)
-    res["bad"] = {"error": raised, "calls": len(counter)}
+    res["bad"] = {"error": raised, "calls": counter.names()}
     return res
 
 
@@ -294,7 +296,7 @@ def test_exactly_one_small_all_reduce_per_statistics_computation(world):
         _assert_one_stats_all_reduce(res["loss_self"]["calls"], res["sum_op"], f"rank {r} loss")
         _assert_one_stats_all_reduce(res["empty"]["calls"], res["sum_op"], f"rank {r} empty")
         assert res["ema"]["calls"] == [1] * EMA_STEPS
-        assert res["bad"]["calls"] == 1
+        assert res["bad"]["calls"] == ["all_reduce", "all_gather_object"]  # failure path
         # precomputed diagnostics: the loss itself never communicates
         assert res["loss_tok"]["calls"] == [] and res["loss_seq"]["calls"] == []
         assert res["empty"]["loss"]["calls"] == []
@@ -414,10 +416,11 @@ def test_globally_empty_batch(world):
 
 
 def test_bad_value_on_one_rank_raises_on_every_rank(world):
-    _, results = world
+    n, results = world
     messages = [r["bad"]["error"] for r in results]
     assert all(m is not None for m in messages), f"ranks that did not raise: {messages}"
-    for m in messages:  # every rank names the tensor; none deadlocked (same collective count)
-        assert "prev_logprobs" in m and "1 non-finite" in m, m
-    # The rank that holds the NaN points at it.
+    assert len(set(messages)) == 1, f"messages differ across ranks: {messages}"
+    # Every rank names the bad rank, the tensor, the count and the first bad index.
+    assert f"bad input on 1 of {n} ranks" in messages[0], messages[0]
+    assert "rank 0: prev_logprobs: 1 non-finite" in messages[0], messages[0]
     assert "first at index (0, 2)" in messages[0], messages[0]

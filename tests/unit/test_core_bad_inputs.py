@@ -248,26 +248,63 @@ def test_bf16_inputs_finite_and_close():
     torch.testing.assert_close(out16.loss, out32.loss, rtol=1e-6, atol=1e-7)
 
 
-def test_bad_values_on_another_rank_raise_here_too(monkeypatch):
-    # Simulate the all-reduce bringing in one NaN from another rank: this rank's shard is
-    # clean but must raise with everyone else (no rank may continue into the next collective).
+def _fake_group(monkeypatch, other_rank_flags: dict, other_rank_text: str | None):
+    """Stand-ins for the two collectives: rank 1 of 2 adds ``other_rank_flags`` / its text."""
     import nemo_ais.core.diagnostics as diagnostics_module
-    from nemo_ais.core import AISStats, Slot
+    from nemo_ais.core import AISStats
 
     def fake_reduce(stats, group):
         vector = stats.vector.clone()
-        vector[Slot.N_BAD_LOGPROBS] += 1
+        for slot, value in other_rank_flags.items():
+            vector[slot] += value
         return AISStats(vector)
 
+    def fake_gather(local_text, group):
+        entries = [(0, 0, local_text), (1, 1, other_rank_text)]
+        return [entry for entry in entries if entry[2] is not None]
+
     monkeypatch.setattr(diagnostics_module, "reduce_statistics", fake_reduce)
+    monkeypatch.setattr(diagnostics_module, "_gather_error_texts", fake_gather)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+
+
+def test_bad_values_on_another_rank_raise_here_too(monkeypatch):
+    # The all-reduce brings in one NaN from rank 1: this rank's (0) shard is clean but it
+    # must raise with everyone else (no rank may continue into the next collective).
+    from nemo_ais.core import Slot
+
+    text = "generation_logprobs: 1 non-finite values (NaN or +-inf) at valid positions"
+    _fake_group(monkeypatch, {Slot.N_BAD_LOGPROBS: 1, Slot.N_BAD_RANKS: 1}, text)
     b = _batch()
-    with pytest.raises(ValueError, match="on other ranks of the process group"):
+    with pytest.raises(ValueError) as clean_here:
         compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS, group=object())
-    b["logp_old"][1, 0] = torch.nan
-    with pytest.raises(
-        ValueError, match=r"prev_logprobs: 1 non-finite .* on this rank \(the process group has 2\)"
-    ):
+    msg = str(clean_here.value)
+    assert msg.startswith("AIS statistics: bad input on 1 of 2 ranks of the process group")
+    assert f"\n  rank 1: {text}" in msg and "rank 0:" not in msg
+    b["logp_old"][1, 0] = torch.nan  # now this rank is bad too: both are listed, in order
+    with pytest.raises(ValueError, match=r"(?s)2 of 2 ranks.*rank 0: prev_logprobs: 1 non-finite"
+                       r".*\(1, 0\).*rank 1: generation_logprobs"):  # fmt: skip
         compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS, group=object())
+
+
+def test_structural_error_joins_the_collective_with_a_group(monkeypatch):
+    # With a group a shape error is flagged in the all-reduce instead of raised alone.
+    _fake_group(monkeypatch, {}, None)
+    b = _batch()
+    short = b["logp_rollout"][:, :-1]
+    with pytest.raises(ValueError, match=r"1 rank\(s\) with a wrong shape.*\n  rank 0: "
+                       r"generation_logprobs: got \[4, 7\]"):  # fmt: skip
+        compute_diagnostics(b["logp_old"], short, b["mask"], AIS, group=object())
+    with pytest.raises(ValueError, match=r"rank 0: advantages: got \[3\]"):
+        _loss(b, advantages=b["adv"][:3], group=object())
+
+
+def test_input_error_without_a_group_is_raised_as_is():
+    b = _batch()
+    missing = KeyError("token_mask: missing from the loss data")
+    with pytest.raises(KeyError, match="token_mask: missing") as info:
+        compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS, input_error=missing)
+    assert info.value is missing
 
 
 def test_compute_diagnostics_wants_2d():

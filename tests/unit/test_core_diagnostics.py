@@ -11,6 +11,7 @@ import torch
 
 from nemo_ais.config import CorrectionConfig
 from nemo_ais.core import (
+    BAD_INPUT_SLOTS,
     NUM_SLOTS,
     STATS_BYTES,
     AISState,
@@ -195,11 +196,50 @@ def test_bf16_diagnostics_match_float64_of_the_same_values():
     assert d16 == d64  # upcast of bf16 to float64 is exact
 
 
-def test_diagnostics_from_stats_raises_on_bad_counts():
+@pytest.mark.parametrize(
+    ("slot", "match"),
+    [
+        (Slot.N_BAD_LOGPROBS, r"2 non-finite prev_logprobs/generation_logprobs value"),
+        (Slot.N_BAD_MASK, r"2 mask value\(s\) not in \{0, 1\}"),
+        (Slot.N_MISSING_KEY, r"2 rank\(s\) with a missing key"),
+        (Slot.N_BAD_DTYPE, r"2 rank\(s\) with a wrong type or dtype"),
+        (Slot.N_BAD_SHAPE, r"2 rank\(s\) with a wrong shape or device"),
+        (Slot.N_BAD_RANKS, r"bad input summed over the process group"),
+    ],
+)
+def test_diagnostics_from_stats_raises_on_bad_counts(slot, match):
     vector = torch.zeros(NUM_SLOTS, dtype=torch.float64)
-    vector[Slot.N_BAD_LOGPROBS] = 2
-    with pytest.raises(ValueError, match="prev_logprobs/generation_logprobs: 2 bad values"):
+    vector[slot] = 2
+    with pytest.raises(ValueError, match=match):
         diagnostics_from_stats(AISStats(vector), CorrectionConfig())
+
+
+@pytest.mark.parametrize(
+    ("error", "slot"),
+    [
+        (KeyError("token_mask: missing"), Slot.N_MISSING_KEY),
+        (TypeError("prev_logprobs: got int64"), Slot.N_BAD_DTYPE),
+        (ValueError("mask: got [4, 9]"), Slot.N_BAD_SHAPE),
+        (RuntimeError("anything else"), Slot.N_BAD_SHAPE),
+    ],
+)
+def test_input_error_statistics_flag_the_rank_and_the_kind(error, slot):
+    stats = AISStats.from_input_error(error)
+    assert stats.vector.dtype == torch.float64 and stats.vector.shape == (NUM_SLOTS,)
+    want = torch.zeros(NUM_SLOTS, dtype=torch.float64)
+    want[Slot.N_BAD_RANKS] = want[slot] = 1  # every sum is 0: nothing else to contribute
+    assert torch.equal(stats.vector, want)
+
+
+def test_bad_values_flag_the_rank_once():
+    b = oracles.random_batch(3, 5, scale=0.1, seed=4)
+    b["mask"][:] = 1
+    b["logp_old"][0, :2] = torch.nan  # two bad values, one bad rank
+    v = compute_statistics(b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig()).vector
+    assert v[Slot.N_BAD_LOGPROBS] == 2 and v[Slot.N_BAD_RANKS] == 1
+    assert v[Slot.N_MISSING_KEY] == v[Slot.N_BAD_DTYPE] == v[Slot.N_BAD_SHAPE] == 0
+    clean = compute_statistics(b["logp_rollout"], b["logp_rollout"], b["mask"], CorrectionConfig())
+    assert all(clean.vector[slot] == 0 for slot in BAD_INPUT_SLOTS)
 
 
 def test_from_sums_matches_computed_statistics():
