@@ -1,17 +1,18 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """``AISMegatronPolicyWorker.calibrate_qkv_fp8_scales`` keeps NeMo-RL v0.7.0's contract.
 
-* Without NeMo-RL: the worker module is imported with ``ray`` and the two NeMo-RL modules
-  it imports replaced by stand-ins (NeMo-RL's Megatron worker needs Megatron-Bridge and
-  CUDA), and the override runs on a stand-in worker whose model has Megatron-Core's
-  module names (``decoder.layers.N.self_attention.core_attention`` with ``layer_number``)
-  and whose ``get_logprobs`` calls each ``core_attention(query, key, value, mask)``. The
-  scales are checked against ``numpy.percentile`` of the tensors it passed.
-* With NeMo-RL (marker ``nemo_rl``): the result has exactly the structure upstream returns
-  -- ``layers`` keyed like ``convert_calibration_to_vllm_format`` of ``layer_N`` entries,
-  in the same order -- and a version guard compares the upstream method's signature (read
-  from source: that module is not importable without Megatron-Bridge) with the one
-  recorded for v0.7.0 and with our override's.
+The worker class is the real one (the class under ``@ray.remote``), imported with NeMo-RL's
+real Megatron worker module as its base (``tests/_megatron_worker.py``: placeholders only
+for Megatron-Bridge, which does not install on CPU, and for four names megatron-core
+0.16.1 lacks). The override runs on a stand-in ``self`` (upstream's ``__init__`` needs
+GPUs) whose model has Megatron-Core's module names
+(``decoder.layers.N.self_attention.core_attention`` with ``layer_number``) and whose
+``get_logprobs`` calls each ``core_attention(query, key, value, mask)``. The scales are
+checked against ``numpy.percentile`` of the tensors it passed; the result has exactly the
+structure upstream returns -- ``layers`` keyed like ``convert_calibration_to_vllm_format``
+of ``layer_N`` entries, in the same order -- and a version guard compares the upstream
+method's signature with the one recorded for v0.7.0 and with our override's. A real
+``GPTModel`` is calibrated in ``tests/distributed/test_megatron_kv_calibration.py``.
 """
 
 from __future__ import annotations
@@ -20,20 +21,19 @@ import ast
 import importlib
 import importlib.util
 import math
-import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _megatron_worker import Placeholder, megatron_worker_modules
 from torch import nn
 
 from nemo_ais.fp8.kv_scales import kv_scale_names
 
 LAYERS, PERCENTILE, MARGIN = 3, 99.0, 1.05
 E4M3_MAX, FLOOR = 448.0, 1e-4
-UPSTREAM_FN = "nemo_rl.models.policy.workers.megatron_policy_worker"
 UPSTREAM_CLASS = "MegatronPolicyWorkerImpl"
 # ast.unparse of the v0.7.0 arguments and return annotation
 RECORDED_SIGNATURE = (
@@ -105,26 +105,14 @@ class _StandInWorker:
         return {"logprobs": None}
 
 
-@pytest.fixture
-def worker_cls(monkeypatch):
-    """``AISMegatronPolicyWorker`` imported with stand-ins for ray and NeMo-RL."""
-
-    class _Impl:  # NeMo-RL's MegatronPolicyWorkerImpl
-        pass
-
-    fake_ray = types.ModuleType("ray")
-    fake_ray.remote = lambda **kwargs: lambda cls: cls
-    utils = types.ModuleType("nemo_rl.models.policy.utils")
-    utils.get_runtime_env_for_policy_worker = lambda name: {}
-    impl = types.ModuleType(UPSTREAM_FN)
-    impl.MegatronPolicyWorkerImpl = _Impl
-    monkeypatch.setitem(sys.modules, "ray", fake_ray)
-    monkeypatch.setitem(sys.modules, "nemo_rl.models.policy.utils", utils)
-    monkeypatch.setitem(sys.modules, UPSTREAM_FN, impl)
-    monkeypatch.delitem(sys.modules, "nemo_ais.nemo_rl.workers.megatron", raising=False)
-    module = importlib.import_module("nemo_ais.nemo_rl.workers.megatron")
-    yield module.AISMegatronPolicyWorker
-    sys.modules.pop("nemo_ais.nemo_rl.workers.megatron", None)
+@pytest.fixture(scope="module")
+def worker_cls():
+    """The real ``AISMegatronPolicyWorker`` class (under Ray's actor wrapper)."""
+    with megatron_worker_modules() as modules:
+        cls = modules.ours.AISMegatronPolicyWorker.__ray_actor_class__
+        assert issubclass(cls, modules.upstream.MegatronPolicyWorkerImpl)
+        yield cls
+    assert Placeholder.used == []
 
 
 def _calibrate(worker_cls, **kwargs):
@@ -149,7 +137,7 @@ def _oracle(seeds, include_q: bool) -> dict[str, float]:
     return out
 
 
-# ---- without NeMo-RL ----------------------------------------------------------------------
+# ---- the override on a stand-in self -------------------------------------------------------
 
 
 @pytest.mark.parametrize("include_q", [True, False])
@@ -208,7 +196,7 @@ def test_override_refuses_nonfinite_activations(worker_cls):
         worker_cls.calibrate_qkv_fp8_scales(worker, data={})
 
 
-# ---- with NeMo-RL --------------------------------------------------------------------------
+# ---- against NeMo-RL's source and converter -------------------------------------------------
 
 
 def _upstream_method() -> ast.FunctionDef:
@@ -246,7 +234,7 @@ def _shape(fn: ast.FunctionDef) -> list[tuple[str, str, str | None]]:
 
 @pytest.fixture
 def upstream_fp8_utils():
-    """NeMo-RL's converter module, imported before ``worker_cls`` stubs ``ray``."""
+    """NeMo-RL's converter module."""
     return importlib.import_module("nemo_rl.models.generation.vllm.quantization.fp8_train_utils")
 
 

@@ -28,118 +28,37 @@ Stubbed, each at the narrowest boundary and recording what crosses it:
   model's parameters and gives the transformer config;
 * CUDA-only calls: ``torch.tensor(..., device="cuda")`` lands on CPU, NVTX ranges are
   no-ops, RoPE's ``torch.cuda.current_device()`` is ``"cpu"``, no CUDA RNG tracker;
-* import-time placeholders so upstream's worker module imports: ``megatron.bridge.*`` and
-  four names megatron-core 0.16.1 lacks (v0.7.0 builds against a newer one). Each
-  placeholder raises if it is ever called; the test asserts none was.
+* import-time placeholders so upstream's worker module imports (``tests/_megatron_worker.py``):
+  ``megatron.bridge.*`` and four names megatron-core 0.16.1 lacks (v0.7.0 builds against a
+  newer one). Each placeholder raises if it is ever called; the test asserts none was.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.abc
-import importlib.machinery
 import socket
-import sys
 import types
-import warnings
-from typing import ClassVar
 
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
 import ray
 import torch
 import torch.distributed as dist
+from _megatron_worker import Placeholder, megatron_worker_modules
 
 from nemo_ais.fp8.kv_scales import verify_kv_scales
 
 pytestmark = [pytest.mark.nemo_rl, pytest.mark.megatron]
 
-UPSTREAM_WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
-OUR_WORKER = "nemo_ais.nemo_rl.workers.megatron"
-# names megatron-core 0.16.1 lacks; only imported (never called) on this path
-MCORE_MISSING = {
-    "megatron.core.inference.engines.dynamic_engine": ("EngineState",),
-    "megatron.core.transformer.enums": ("InferenceCudaGraphScope",),
-    "megatron.core.inference.utils": ("device_memory_summary",),
-}
-MCORE_MISSING_MODULES = ("megatron.core.inference.config",)
 GPU_ONLY_METHODS = ("offload_before_refit", "offload_after_refit", "get_free_memory_bytes")
 LAYERS, HIDDEN, HEADS, GROUPS, VOCAB, SEQ = 2, 32, 4, 2, 64, 8
-
-
-# ---- import-time placeholders ---------------------------------------------------------------
-
-
-class _Placeholder:
-    used: ClassVar[list[str]] = []
-
-    def __new__(cls, *args, **kwargs):
-        _Placeholder.used.append(cls.__qualname__)
-        raise RuntimeError(f"{cls.__qualname__} is an import placeholder (no CPU build)")
-
-
-def _placeholder(module: str, name: str) -> type:
-    return type(name, (_Placeholder,), {"__module__": module, "__qualname__": f"{module}.{name}"})
-
-
-class _PlaceholderModule(types.ModuleType):
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value = _placeholder(self.__name__, name)
-        setattr(self, name, value)
-        return value
-
-
-class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``megatron.bridge.*`` and the megatron-core modules v0.7.0 needs but 0.16.1 lacks."""
-
-    def __init__(self) -> None:
-        self.created: list[str] = []
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname.startswith("megatron.bridge") or fullname in MCORE_MISSING_MODULES:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _PlaceholderModule(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module) -> None:
-        self.created.append(module.__name__)
 
 
 @pytest.fixture(scope="module")
 def worker_modules():
     """Upstream's real Megatron worker module and ours, importable on CPU."""
-    finder = _PlaceholderFinder()
-    sys.meta_path.insert(0, finder)
-    added = []
-    for module, names in MCORE_MISSING.items():
-        mod = importlib.import_module(module)
-        for name in names:
-            if not hasattr(mod, name):
-                setattr(mod, name, _placeholder(module, name))
-                added.append((mod, name))
-    before = set(sys.modules)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            upstream = importlib.import_module(UPSTREAM_WORKER)
-            ours = importlib.import_module(OUR_WORKER)
-        yield types.SimpleNamespace(upstream=upstream, ours=ours, placeholders=finder.created)
-    finally:
-        sys.meta_path.remove(finder)
-        for mod, name in added:
-            delattr(mod, name)
-        for name in set(sys.modules) - before:  # nothing else may see the placeholders
-            if name.startswith(("megatron.bridge", "nemo_rl.", "nemo_ais.nemo_rl.workers")):
-                sys.modules.pop(name, None)
-        for name in MCORE_MISSING_MODULES:
-            sys.modules.pop(name, None)
+    with megatron_worker_modules() as modules:
+        yield modules
 
 
 @pytest.fixture(scope="module")
@@ -428,7 +347,7 @@ def test_calibrated_scales_reach_vllm(
     weights = [n for n, _ in transport.vllm.received if not n.endswith("_scale")]
     assert weights == [n for n, _ in worker.model.named_parameters()]
     assert cpu_shims["cuda_tensors"] == len(names)
-    assert _Placeholder.used == []
+    assert Placeholder.used == []
 
 
 @pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
