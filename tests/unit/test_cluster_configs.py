@@ -225,7 +225,7 @@ BROKEN = [
     ),
     (
         QWEN8B,
-        ["policy.megatron_cfg.tensor_model_parallel_size=4"],
+        ["policy.megatron_cfg.tensor_model_parallel_size=4", "policy.logprob_batch_size=2"],
         "megatron_parallel",
         "TP=4 >= 4 needs policy.train_micro_batch_size (1) == policy.logprob_batch_size (2)",
     ),
