@@ -402,5 +402,6 @@ def require_calibrated_kv_scales(scales: Mapping[str, float] | None, num_layers:
             f"FP8 KV cache is on but the refit would stream default KV scales to vLLM "
             f"({len(problems)} of {num_layers} layers):\n" + "\n".join(problems) + "\n"
             "Run calibrate_qkv_fp8_scales(data, include_q=True) on the policy before the refit "
-            "(NeMo-RL's grpo_train does when vllm_cfg.kv_cache_dtype is fp8)."
+            "(NeMo-RL's grpo_train does when vllm_cfg.kv_cache_dtype is fp8, except for the "
+            "refit before the initial validation: set grpo.val_at_start: false)."
         )

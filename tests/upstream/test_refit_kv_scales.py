@@ -356,10 +356,13 @@ def test_refit_without_calibration_fails_naming_the_layer(
 ):
     worker = _worker(worker_modules, kv_cache_dtype="fp8")
     policy, _ = make_policy(worker)
+    # what grpo_train does before the initial validation (val_at_start): no calibration yet
     with pytest.raises(
         ValueError, match=r"layer 0: .*model\.layers\.0\.self_attn\.k_scale never calibrated"
-    ):
+    ) as err:
         _refit(policy, transport.vllm, colocated, kv_scales=None)
+    assert f"layer {LAYERS - 1}: " in str(err.value)  # every layer is named
+    assert "grpo.val_at_start: false" in str(err.value)  # the actionable hint
     assert transport.vllm.inbox == [] and transport.vllm.received == []  # nothing was sent
 
 
