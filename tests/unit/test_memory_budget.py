@@ -274,3 +274,16 @@ def test_cli_prints_the_table_and_fails_on_overflow(capsys):
     assert out[2].startswith("| qwen3_8b_2n8g_fp8 | Qwen/Qwen3-8B; 16 GPUs: TP2 PP1 CP1 DP8")
     assert mb.main([str(MOE), "--gpu-gib", "40"]) == 1
     assert "qwen3_30b_a3b_2n8g_fp8_ep8: train needs" in capsys.readouterr().err
+
+
+def test_docs_table_is_the_generated_one():
+    """docs/cluster.md carries the table this command prints for the shipped configs."""
+    # The command's order: configs/nemo_rl/*.yaml, then configs/nemo_rl/experiments/*.yaml.
+    paths = sorted(CONFIG_DIR.glob("*.yaml")) + sorted(CONFIG_DIR.glob("experiments/*.yaml"))
+    assert set(paths) == set(FULL_CONFIGS)
+    table = mb.markdown_table([mb.budget(_cached(p), name=p.stem) for p in paths])
+    assert table in (REPO / "docs" / "cluster.md").read_text(), (
+        "docs/cluster.md is stale: paste the output of "
+        "`python -m nemo_ais.nemo_rl.memory_budget configs/nemo_rl/*.yaml "
+        "configs/nemo_rl/experiments/*.yaml`"
+    )
