@@ -234,15 +234,21 @@ def global_batch_diagnostics(
             on any rank, raised on every rank with the same message (no rank raises alone).
     """
     out = []
-    for batch in batches:
-        (logp_old, logp_rollout, mask), input_error = _statistics_inputs(batch, device)
+    for g, batch in enumerate(batches):
+        inputs, input_error = _statistics_inputs(batch, device)
         # the ONE collective of this global batch (statistics -> all_reduce -> alpha)
-        out.append(
-            compute_diagnostics(
-                logp_old, logp_rollout, mask, config, group, state, input_error=input_error
-            )
-        )
+        out.append(_agreed_diagnostics(g, inputs, config, group, state, input_error))
     return out
+
+
+def _agreed_diagnostics(g, inputs, config, group, state, input_error) -> AISDiagnostics:
+    """``compute_diagnostics``; with a group, its agreed error names the global batch g."""
+    try:
+        return compute_diagnostics(*inputs, config, group, state, input_error=input_error)
+    except ValueError as err:
+        if group is None:
+            raise
+        raise ValueError(f"global batch {g}: {err}") from err  # g is the same on every rank
 
 
 def _statistics_inputs(batch: Mapping[str, Any], device) -> tuple[tuple, Exception | None]:
@@ -306,7 +312,7 @@ def prepare_global_batches(
         batches = split(data, local_batch_size)
     except (KeyError, TypeError, ValueError) as err:
         # join the first global batch's all-reduce, flagged: raises on every rank
-        compute_diagnostics(*_no_inputs(data, device), config, group, state, input_error=err)
+        _agreed_diagnostics(0, _no_inputs(data, device), config, group, state, err)
         raise  # not reached: compute_diagnostics raises whenever input_error is given
     diagnostics = global_batch_diagnostics(batches, config, group=group, state=state, device=device)
     tags = _row_tags(batches, _rows(data))

@@ -22,7 +22,8 @@ harness timeout bounds the run, so a hang fails the test instead of blocking it.
   core ``clipped_pg_loss(group=...)`` (advantages shape), and the NeMo-RL seam
   ``prepare_global_batches`` on upstream's real ``BatchedDataDict`` (missing
   ``generation_logprobs``, missing ``sample_mask``, ``token_mask`` shape, integer
-  ``prev_logprobs``, NaN ``generation_logprobs``).
+  ``prev_logprobs``, NaN ``generation_logprobs`` in global batch 1, a shard that fails to
+  split into global batches).
 * world 4, uneven shards, rank 1 with B = 0 (core) / no valid sample (seam): bad rank 2
   (missing key, NaN), and two bad ranks at once (2 and 3, different errors).
 """
@@ -133,6 +134,10 @@ def _nan_generation_logprobs(data):
     data["generation_logprobs"][GB_ROWS, 3] = float("nan")  # global batch 1, valid position
 
 
+def _failing_split(data, local_batch_size):
+    raise ValueError("get_batch: expected 2 global batches in this shard, found 3 (a split error)")
+
+
 SEAM_CASES = {
     "seam_missing_key": _drop_generation_logprobs,
     "seam_missing_sample_mask": _drop_sample_mask,
@@ -149,11 +154,14 @@ EXPECT = {
     "inf": ["prev_logprobs: 1 non-finite", "first at index (0, 1)", "expected finite"],
     "mask": ["mask: 1 values not in {0, 1}", "first at index (0, 0)", "expected token_mask"],
     "loss_shape": ["advantages: got [1]", "expected [2, 4] or [2]"],
-    "seam_missing_key": ["generation_logprobs: missing", "expected a [B, S] tensor"],
-    "seam_missing_sample_mask": ["sample_mask: missing", "expected a [B] tensor"],
-    "seam_shape": ["token_mask: got [2, 5]", "expected [2, 6] like prev_logprobs"],
-    "seam_dtype": ["prev_logprobs: got [2, 5] int64", "expected a floating tensor"],
-    "seam_nan": ["generation_logprobs: 1 non-finite", "first at index (0, 2)"],
+    # the seam names the global batch where the ranks stopped (all of them, together)
+    "seam_missing_key": ["global batch 0: ", "generation_logprobs: missing", "a [B, S] tensor"],
+    "seam_missing_sample_mask": ["global batch 0: ", "sample_mask: missing", "a [B] tensor"],
+    "seam_shape": ["global batch 0: ", "token_mask: got [2, 5]", "expected [2, 6] like prev"],
+    "seam_dtype": ["global batch 0: ", "prev_logprobs: got [2, 5] int64", "a floating tensor"],
+    "seam_nan": ["global batch 1: ", "generation_logprobs: 1 non-finite", "index (0, 2)"],
+    # the bad rank cannot split its shard: it joins global batch 0's all-reduce, flagged
+    "seam_split": ["global batch 0: ", "get_batch: expected 2 global batches", "found 3"],
 }
 
 
@@ -198,10 +206,13 @@ def _loss_call(rank, bad_ranks, x):
 
 def _seam_call(rank, bad_ranks, case, no_valid_sample=False):
     data = _nemo_rl_shard(rank, no_valid_sample)
-    if rank in bad_ranks:
+    split = {}
+    if rank in bad_ranks and case is _failing_split:
+        split = {"split": _failing_split}
+    elif rank in bad_ranks:
         case(data)
     return lambda: prepare_global_batches(
-        data, _Sink(), CONFIG, local_batch_size=GB_ROWS, group=dist.group.WORLD
+        data, _Sink(), CONFIG, local_batch_size=GB_ROWS, group=dist.group.WORLD, **split
     )
 
 
@@ -212,6 +223,7 @@ def _rank_main_2(rank: int, world_size: int) -> dict:
     out["loss_shape"] = _attempt(_loss_call(rank, bad, x))
     for name, case in SEAM_CASES.items():
         out[name] = _attempt(_seam_call(rank, bad, case))
+    out["seam_split"] = _attempt(_seam_call(rank, bad, _failing_split))
     out["clean"] = _attempt(_core_call(rank, set(), x, None))  # the group still works
     return out
 
@@ -262,7 +274,7 @@ def _check_agreement(results: list[dict], name: str, bad_ranks: list[int], expec
     return message
 
 
-@pytest.mark.parametrize("name", [*CORE_CASES, "loss_shape", *SEAM_CASES])
+@pytest.mark.parametrize("name", [*CORE_CASES, "loss_shape", *SEAM_CASES, "seam_split"])
 def test_one_bad_rank_of_two_every_rank_raises_the_same_error(two_ranks, name):
     message = _check_agreement(two_ranks, name, [1], EXPECT[name])
     assert "rank 0:" not in message  # the clean rank is not blamed
