@@ -516,13 +516,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = [a for a in args.configs if a.endswith((".yaml", ".yml")) and "=" not in a]
     overrides = [a for a in args.configs if a not in paths]
-    budgets = []
+    budgets, problems = [], []
     for path in paths:
-        cfg = load_config(path, overrides)
-        if not is_mixin(cfg):
-            budgets.append(budget(cfg, name=Path(path).stem, gpu_gib=args.gpu_gib))
+        try:
+            cfg = load_config(path, overrides)
+            if not is_mixin(cfg):
+                budgets.append(budget(cfg, name=Path(path).stem, gpu_gib=args.gpu_gib))
+        except (OSError, KeyError, TypeError, ValueError) as err:
+            problems.append(f"{path}: cannot budget: {err}")
     print(markdown_table(budgets))
-    problems = [p for b in budgets for p in b.problems()]
+    problems += [p for b in budgets for p in b.problems()]
     print(*problems, sep="\n", file=sys.stderr)
     return 1 if problems else 0
 

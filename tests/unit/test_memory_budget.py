@@ -274,6 +274,10 @@ def test_cli_prints_the_table_and_fails_on_overflow(capsys):
     assert out[2].startswith("| qwen3_8b_2n8g_fp8 | Qwen/Qwen3-8B; 16 GPUs: TP2 PP1 CP1 DP8")
     assert mb.main([str(MOE), "--gpu-gib", "40"]) == 1
     assert "qwen3_30b_a3b_2n8g_fp8_ep8: train needs" in capsys.readouterr().err
+    assert mb.main([str(QWEN8B), "policy.model_name=org/Mystery-7B"]) == 1
+    assert "qwen3_8b_2n8g_fp8.yaml: cannot budget: \"policy.model_name='org/Mystery-7B'" in (
+        capsys.readouterr().err
+    )
 
 
 def test_docs_table_is_the_generated_one():
