@@ -35,8 +35,12 @@ def nemo_rl_logger(log_dir):
     )
 
 
-def synthetic_step(step, *, batch=8, length=24, scale=0.02, seed=0, jump=None):
-    """train_data of one step: float32 log-probs, a dropped sample, -inf padding."""
+def synthetic_step(step, *, batch=8, length=24, scale=0.02, seed=0, jump=None, kv=False):
+    """train_data of one step: float32 log-probs, a dropped sample, -inf padding.
+
+    ``jump``: this step's noise scale instead of ``scale * step``; ``kv``: the noise grows
+    10x from the first to the last position (the default-KV-scale signature).
+    """
     g = torch.Generator().manual_seed(1000 * seed + step)
     lengths = torch.randint(PROMPT + 3, length + 1, (batch,), generator=g)
     pos = torch.arange(length)
@@ -45,6 +49,8 @@ def synthetic_step(step, *, batch=8, length=24, scale=0.02, seed=0, jump=None):
     sample_mask[-1] = 0  # a filtered sample: its tokens must not count
     prev = -torch.rand(batch, length, generator=g) * 3 - 0.01
     sigma = scale * step if jump is None else jump
+    if kv:
+        sigma = sigma * (1 + 9 * pos / length)
     gen = prev + sigma * torch.randn(batch, length, generator=g)
     prev = torch.where(pos >= PROMPT, prev, 0.0)  # NeMo-RL: 0 on the prompt
     gen = torch.where(pos >= PROMPT, gen, 0.0)

@@ -1,0 +1,140 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The refit guard: each alarm rule by hand, online (as the AIS worker calls it) and offline."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from test_analyze_logs import write_run
+
+from nemo_ais.analyze import (
+    ALARM_KINDS,
+    AlarmConfig,
+    AlarmMonitor,
+    RefitAlarmError,
+    alarm_metrics,
+    analyze_run,
+    position_profile,
+)
+from nemo_ais.config import CorrectionConfig
+from nemo_ais.core import compute_diagnostics
+
+
+def _diag(tmpe, severity, empty=0.0):
+    return {"token_mult_prob_error": tmpe, "severity": severity, "empty_batch": empty}
+
+
+def test_jump_fires_only_after_history_and_above_both_thresholds():
+    monitor = AlarmMonitor(AlarmConfig(min_history=3, jump_factor=3.0, min_jump=0.01))
+    assert monitor.observe(1, _diag(1.5, 0.5)) == []  # no history yet
+    monitor = AlarmMonitor(AlarmConfig(min_history=3, jump_factor=3.0, min_jump=0.01))
+    for step in range(1, 4):
+        assert monitor.observe(step, _diag(1.02, 0.02)) == []
+    # tmpe excess 0.05 = 2.5x the median 0.02: below the factor
+    assert monitor.observe(4, _diag(1.05, 0.02)) == []
+    (alarm,) = monitor.observe(5, _diag(1.10, 0.02))  # 0.10 = 5x 0.02 (median of 4 steps)
+    assert (alarm.kind, alarm.step) == ("tmpe_jump", 5)
+    assert "0.1 vs 0.02 median of the previous 4 steps (5.0x; threshold 3.0x)" in alarm.evidence
+    # 4x a tiny median but only +0.003: below min_jump
+    quiet = AlarmMonitor(AlarmConfig(min_history=1))
+    quiet.observe(1, _diag(1.001, 0.001))
+    assert quiet.observe(2, _diag(1.004, 0.004)) == []
+
+
+def test_empty_batch_neither_fires_nor_enters_the_history():
+    monitor = AlarmMonitor(AlarmConfig(min_history=1))
+    assert monitor.observe(1, _diag(1.0, 0.0, empty=1.0)) == []
+    assert monitor.state_dict() == {"tmpe_excess": [], "severity": []}
+
+
+def test_nonfinite_names_the_count_and_first_position():
+    (alarm,) = AlarmMonitor().observe(
+        7, _diag(1.01, 0.01), n_nonfinite=3, nonfinite_where="f.jsonl:2 prev_logprobs[5] = nan"
+    )
+    assert str(alarm) == (
+        "step 7: nonfinite: 3 valid positions with a NaN/inf log-prob; first "
+        "f.jsonl:2 prev_logprobs[5] = nan"
+    )
+
+
+def _kv_batch(growth, length=512, batch=4):
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(batch, length, generator=g) - 0.1
+    sigma = 0.01 * (1 + growth * torch.arange(length) / length)
+    return old, old + sigma * torch.randn(batch, length, generator=g), torch.ones(batch, length)
+
+
+def test_kv_scale_alarm_on_mismatch_growing_with_position():
+    monitor = AlarmMonitor()
+    (alarm,) = monitor.observe(3, _diag(1.01, 0.01), profile=position_profile(*_kv_batch(9.0)))
+    assert alarm.kind == "kv_scale_position"
+    assert "at positions 385-512 vs" in alarm.evidence and "positions 1-128" in alarm.evidence
+    assert monitor.observe(4, _diag(1.01, 0.01), profile=position_profile(*_kv_batch(0.0))) == []
+    short = position_profile(*_kv_batch(9.0, length=128))  # span 128 < kv_min_length
+    assert AlarmMonitor().observe(5, _diag(1.01, 0.01), profile=short) == []
+
+
+def test_position_profile_is_additive_and_skips_masked_positions():
+    old, roll, mask = _kv_batch(1.0, length=8, batch=4)
+    mask[:, 6:] = 0
+    roll[:, 6:] = -math.inf
+    whole = position_profile(old, roll, mask)
+    halves = position_profile(old[:2], roll[:2], mask[:2]).merge(
+        position_profile(old[2:], roll[2:], mask[2:])
+    )
+    assert torch.allclose(whole.abs_log_rho_sum, halves.abs_log_rho_sum, rtol=0, atol=1e-15)
+    assert whole.n_tok.tolist() == [0, 4, 4, 4, 4, 4, 4, 0, 0]  # offset 1, last two masked
+    assert torch.isfinite(whole.abs_log_rho_sum).all()
+
+
+def test_online_use_in_a_worker_logs_metrics_and_fails_when_configured():
+    """What the AIS worker would do once per global batch, after compute_diagnostics."""
+    cfg = CorrectionConfig()
+    monitor = AlarmMonitor(AlarmConfig(min_history=2, fail_on_alarm=True))
+    g = torch.Generator().manual_seed(1)
+    for step, sigma in enumerate([0.01, 0.01, 0.01, 0.3], start=1):
+        old = -torch.rand(8, 32, generator=g) - 0.1
+        roll = old + sigma * torch.randn(8, 32, generator=g)
+        mask = torch.ones(8, 32)
+        diag = compute_diagnostics(old, roll, mask, cfg)
+        if sigma < 0.1:
+            alarms = monitor.observe(step, diag, profile=position_profile(old, roll, mask))
+            assert alarm_metrics(alarms) == {f"ais_alarm/{k}": 0.0 for k in ALARM_KINDS}
+            continue
+        with pytest.raises(RefitAlarmError, match=r"step 4: tmpe_jump: .*step 4: severity_jump"):
+            monitor.observe(step, diag, profile=position_profile(old, roll, mask))
+    assert len(monitor.state_dict()["severity"]) == 4  # the failing step entered the history
+    restored = AlarmMonitor(AlarmConfig(min_history=2))
+    restored.load_state_dict(monitor.state_dict())
+    assert restored.state_dict() == monitor.state_dict()
+
+
+def test_offline_report_names_each_alarm_with_its_step(tmp_path):
+    log_dir = tmp_path / "logs"
+    steps = {s: {} for s in range(1, 9)}
+    steps[6] = {"jump": 0.8}
+    steps[8] = {"kv": True, "length": 640, "batch": 24, "jump": 0.01}
+    write_run(log_dir, steps)
+    path = log_dir / "train_data_step4.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    row = json.loads(lines[1])
+    row["prev_logprobs"][0][10] = float("nan")  # a valid position (token_loss_mask = 1)
+    lines[1] = json.dumps(row) + "\n"
+    path.write_text("".join(lines))
+    result = analyze_run(log_dir, tmp_path / "out", plots=False)
+    fired = {(r["step"], a.split(": ")[1]) for r in result.rows for a in r["alarms"]}
+    assert fired == {
+        (4, "nonfinite"),
+        (6, "tmpe_jump"),
+        (6, "severity_jump"),
+        (8, "kv_scale_position"),
+    }
+    nonfinite = next(a for a in result.alarms if "nonfinite" in a)
+    assert "first train_data_step4.jsonl:2 prev_logprobs[10] = nan" in nonfinite
+    assert result.rows[3]["analysis/nonfinite"] == 1 and result.rows[3]["ais_alarm/nonfinite"] == 1
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| 6 | tmpe_jump |" in report and "| 8 | kv_scale_position |" in report
+    assert "Steps with a jump alarm (6) are left out of the fit" in report
