@@ -258,6 +258,7 @@ class GRPORecipe:
                 stats,
                 {"rollout": t1 - t0, "logprobs": t2 - t1, "train": t3 - t2, "step": t3 - t0},
             )  # 6.
+            self._log_train_data(step, batch, logp_old, adv)  # 6b. NeMo-RL-layout batch log
             if (
                 cfg.grpo.val_period and step % cfg.grpo.val_period == 0
             ) or step == cfg.grpo.max_num_steps:
@@ -435,6 +436,58 @@ class GRPORecipe:
                 arm=self.arm, seed=self.seed, reward=f"{record['reward']:.2f}"
             )
 
+    def _log_train_data(self, step, batch: RolloutBatch, logp_old, adv) -> None:
+        """Write the step's global batch as NeMo-RL's ``train_data_step{N}.jsonl`` (rank 0).
+
+        Same layout and keys as NeMo-RL v0.7.0's ``grpo_train`` logging step
+        (``Logger.log_batched_dict_as_jsonl``): one JSON object per sample, each value a
+        batch of one; per-token lists span prompt + response, position j holding token j
+        and its log-prob (0 on the prompt), so the loss's ``[:, 1:]`` alignment applies.
+        ``nemo-ais analyze <run_dir>/logs/<arm>_seed<seed>`` reads them. The rows of all
+        ranks are gathered with one all-reduce (rank order = chunk order).
+        """
+        prompt_len = self.task.prompt_len
+        n, resp_len = batch.mask.shape
+        fields = [
+            batch.sequences.to(torch.float64),
+            batch.mask.to(torch.float64),
+            batch.logp_rollout.to(torch.float64),
+            logp_old.detach().to(torch.float64),
+            adv.to(torch.float64).unsqueeze(-1),
+            batch.rewards.to(torch.float64).unsqueeze(-1),
+        ]
+        local = torch.cat(fields, dim=1)
+        rows = torch.zeros((n * self.ctx.world_size, local.shape[1]), dtype=torch.float64)
+        rows[self.ctx.rank * n : (self.ctx.rank + 1) * n] = local
+        all_reduce_sum(rows, self.ctx)
+        if not self.ctx.is_main:
+            return
+        seq, mask, logp_rollout, logp_prev, adv_all, rewards = torch.split(
+            rows, [prompt_len + resp_len, resp_len, resp_len, resp_len, 1, 1], dim=1
+        )
+        pad = [0.0] * prompt_len
+        log_dir = self.run_dir / "logs" / f"{self.arm}_seed{self.seed}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = log_dir / f"train_data_step{step}.jsonl"
+        tmp = path.with_suffix(".jsonl.tmp")
+        with tmp.open("w") as f:
+            for i in range(rows.shape[0]):
+                ids = [int(t) for t in seq[i].tolist()]
+                sample = {
+                    "content": [self.task.tokenizer.decode(ids)],
+                    "rewards": [float(rewards[i])],
+                    "input_lengths": [prompt_len + int(mask[i].sum())],
+                    "token_ids": [ids],
+                    "token_loss_mask": [[0] * prompt_len + [int(m) for m in mask[i].tolist()]],
+                    "sample_loss_mask": [1.0],
+                    "advantages": [[float(adv_all[i])] * (prompt_len + resp_len)],
+                    "generation_logprobs": [pad + logp_rollout[i].tolist()],
+                    "prev_logprobs": [pad + logp_prev[i].tolist()],
+                    "idx": i,
+                }
+                f.write(json.dumps(sample) + "\n")
+        os.replace(tmp, path)
+
     def _applied_alpha(self, stats: list[StepStats]) -> float:
         """Position between uncorrected (0) and fully weighted (1) gradient actually used."""
         mode = self.cfg.correction.mode
@@ -589,6 +642,7 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
         for name in (METRICS_FILE, CONFIG_FILE, "summary.md"):
             (run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(run_dir / "logs", ignore_errors=True)
     elif cfg_file.is_file():
         old = _flat(yaml.safe_load(cfg_file.read_text()) or {})
         new = _flat(json.loads(json.dumps(raw)))
