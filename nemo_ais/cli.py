@@ -201,6 +201,12 @@ def _analyze(args: argparse.Namespace) -> int:
     except BadInputError as err:
         print(f"nemo-ais analyze: {err}", file=sys.stderr)
         return 1
+    except OSError as err:  # unreadable file, full disk: one line, no traceback
+        print(
+            f"nemo-ais analyze: {err.filename or args.log_dir}: {err.strerror or err}",
+            file=sys.stderr,
+        )
+        return 1
     skipped = f"; {result.bad_rows} bad rows skipped" if result.bad_rows else ""
     print(
         f"nemo-ais analyze: {len(result.rows)} steps, {len(result.alarms)} alarm(s){skipped}; "

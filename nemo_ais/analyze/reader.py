@@ -211,7 +211,11 @@ def _parse_row(raw: bytes, is_last: bool) -> tuple[torch.Tensor, torch.Tensor, t
     prev = _vector("prev_logprobs", row["prev_logprobs"])
     gen = _vector("generation_logprobs", row["generation_logprobs"])
     token_mask = _vector("token_loss_mask", row["token_loss_mask"])
-    lengths = {k: len(_unwrap(k, row[k])) for k in _PER_TOKEN_KEYS if isinstance(row.get(k), list)}
+    lengths = {
+        k: len(v[0])
+        for k, v in ((k, row.get(k)) for k in _PER_TOKEN_KEYS)
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list)
+    }
     if len(set(lengths.values())) > 1:
         shown = ", ".join(f"{k} {n}" for k, n in lengths.items())
         raise _RowError(f"lists have mismatched lengths: {shown}")

@@ -153,3 +153,24 @@ def test_cli_config_error_exits_2(run, tmp_path, capsys):
     assert main(["analyze", str(log_dir), "--out", str(tmp_path), "loss_fn.ais.ema=2"]) == 2
     err = capsys.readouterr().err
     assert "loss_fn.ais.ema=2" in err and "Traceback" not in err
+
+
+def test_spilled_chunks_give_the_same_rows(run, tmp_path, monkeypatch):
+    log_dir, _ = run
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "spill"))
+    (tmp_path / "spill").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    in_memory = analyze_run(log_dir, tmp_path / "a", plots=False)
+    spilled = analyze_run(
+        log_dir, tmp_path / "b", plots=False, chunk_tokens=40, memory_budget_bytes=0
+    )
+    for got, want in zip(spilled.rows, in_memory.rows, strict=True):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            if isinstance(value, float):
+                _close(got[key], value, key)
+            else:
+                assert got[key] == value, key
+    assert list((tmp_path / "spill").iterdir()) == []  # the spill directories are removed
