@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import oracles
 import pytest
@@ -140,6 +141,9 @@ def test_config_file_and_overrides(tmp_path):
     )
     cfg, alarms = load_analysis_config(cfg_file, ["loss_fn.ais.ema=0.25", "alarms.jump_factor=5"])
     assert (cfg.ema, cfg.weight_cap, alarms.window, alarms.jump_factor) == (0.25, 3.0, 4, 5.0)
+    # a NeMo-RL cluster config of this project (defaults: inheritance): its loss_fn.ais
+    nemo_rl_cfg = Path(__file__).parents[2] / "configs" / "nemo_rl" / "qwen3_8b_2n8g_fp8.yaml"
+    assert load_analysis_config(nemo_rl_cfg)[0].mode == "ais"
     with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
         load_analysis_config(None, ["loss_fn.ais.weight_cap=0.5"])
     with pytest.raises(ValueError, match=r"expected loss_fn\.ais\.<field>=value"):
