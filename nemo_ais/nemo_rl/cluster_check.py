@@ -17,9 +17,16 @@ Catches, on a laptop and without NeMo-RL, the layout mistakes that otherwise sur
 minutes into a multi-node Slurm job (an assert in ``Policy``/``VllmGeneration``, a
 DeepGEMM shape error in vLLM's FP8 block-quantized linear layers, or a silently
 dropped tail of the rollout batch). Pure Python: imports omegaconf, yaml and
-:mod:`nemo_ais.config`, never NeMo-RL, Megatron, vLLM or torch.
+:mod:`nemo_ais.config`, never Megatron, vLLM or torch. Configs are loaded by NeMo-RL's own
+``load_config`` / ``parse_hydra_overrides`` when NeMo-RL is importable, else by
+:func:`load_config_fallback`, a re-implementation proven equal by a test.
 
 Checks (each returns a :class:`CheckResult`; ``fail`` makes :func:`validate_config` raise):
+
+0. Every key NeMo-RL v0.7.0's entry point, ``setup()``, logger and checkpoint manager read
+   unguarded is present (:data:`ENTRY_POINT_KEYS`, e.g. ``policy.draft.enabled``), and
+   ``checkpointing.model_save_format`` is null unless ``policy.dtensor_cfg._v2`` (else
+   ``Policy.save_checkpoint`` raises at the first save).
 
 1. ``loss_fn.ais`` validates as :class:`~nemo_ais.config.CorrectionConfig`; unless its
    mode is ``none``, NeMo-RL's own importance-sampling knobs (and the other loss options
@@ -48,6 +55,7 @@ and its torch import)::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -62,6 +70,7 @@ from nemo_ais.config import CorrectionConfig, validate_section
 
 __all__ = [
     "AIS_CONFLICTS",
+    "ENTRY_POINT_KEYS",
     "FP8_BLOCK",
     "MODEL_DIMS",
     "CheckResult",
@@ -73,6 +82,7 @@ __all__ = [
     "find_model_dims",
     "is_mixin",
     "load_config",
+    "load_config_fallback",
     "main",
     "parallel_layout",
     "validate_config",
@@ -204,8 +214,51 @@ class ParallelLayout:
 
 
 # ----------------------------------------------------------------------------------------
-# Loading: NeMo-RL's `defaults:` inheritance, re-implemented (never imported)
+# Loading: NeMo-RL's own loader when importable; else a re-implementation of it
 # ----------------------------------------------------------------------------------------
+
+
+def _nemo_rl_config() -> Any:
+    """``nemo_rl.utils.config`` (NeMo-RL's loader: omegaconf + hydra), or None if absent."""
+    try:
+        import nemo_rl.utils.config as nemo_rl_config
+    except ImportError:
+        return None
+    return nemo_rl_config
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Load a config exactly as NeMo-RL's entry point does, apply overrides, resolve.
+
+    With NeMo-RL importable this IS its loader: ``register_omegaconf_resolvers``,
+    ``load_config`` and ``parse_hydra_overrides`` from ``nemo_rl.utils.config``, then
+    ``OmegaConf.to_container(resolve=True)`` (``examples/run_grpo.py``). Without it (a
+    laptop, the launchers' pre-flight check) :func:`load_config_fallback`, a
+    re-implementation that a test proves equal on every shipped config and override example.
+
+    Returns:
+        A plain, fully interpolated ``dict`` (without the ``defaults`` key).
+
+    Raises:
+        FileNotFoundError: the file or one of its ``defaults`` does not exist.
+        ValueError: a malformed or unknown-key override (NeMo-RL's message), or (fallback)
+            an inheritance cycle.
+    """
+    upstream = _nemo_rl_config()
+    if upstream is None:
+        return load_config_fallback(path, overrides)
+    upstream.register_omegaconf_resolvers()
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"config {path} does not exist")
+    cfg = upstream.load_config(str(path))
+    if overrides:
+        try:
+            cfg = upstream.parse_hydra_overrides(cfg, list(overrides))
+        except upstream.OverridesError as err:
+            raise ValueError(str(err)) from err
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    return data
 
 
 def _register_resolvers() -> None:
@@ -260,40 +313,83 @@ def _load_tree(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     return _merge(merged, cfg)
 
 
-def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
-    """Apply Hydra-style overrides: ``a.b=v`` (existing key), ``+a.b=v`` / ``++a.b=v`` (add), ``~a.b``.
+# Hydra's override grammar for unquoted scalars (what parse_hydra_overrides produces).
+_INT = re.compile(r"[+-]?(0|[1-9](_?[0-9])*)")
+_FLOAT = re.compile(
+    r"[+-]?(([0-9](_?[0-9])*)?\.[0-9](_?[0-9])*|[0-9](_?[0-9])*\.?)([eE][+-]?[0-9](_?[0-9])*)?"
+    r"|[+-]?(inf|nan)",
+    re.IGNORECASE,
+)
 
-    Values are parsed as YAML (``null``, ``true``, ``8``, ``[1, 2]``). As in NeMo-RL
-    (struct mode), setting a key that does not exist without ``+`` is an error.
+
+def _parse_value(raw: str) -> Any:
+    """An override value as Hydra types it (null, bool, int, float, list/dict, else str)."""
+    text = raw.strip()
+    if text.lower() == "null":
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if _INT.fullmatch(text):
+        return int(text.replace("_", ""))
+    if _FLOAT.fullmatch(text):
+        return float(text.replace("_", ""))
+    if text.startswith(("[", "{")):
+        return yaml.safe_load(text)
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
+    """Apply Hydra overrides as NeMo-RL's ``parse_hydra_overrides`` does (struct mode).
+
+    ``a.b=v`` sets an existing key (merging a dict value), ``+a.b=v`` adds a key that is
+    absent or null, ``++a.b=v`` adds or sets, ``~a.b`` (or ``~a.b=v``, if the value is v)
+    deletes. Values are typed like Hydra's (``null``, ``true``, ``8``, ``1e-6``, ``[1, 2]``;
+    anything else, e.g. ``00:03:45:00``, a string).
     """
     for item in overrides:
-        if item.startswith("~"):
-            key = item[1:].split("=", 1)[0]
+        key, eq, raw = item.partition("=")
+        if key.startswith("~"):
+            key = key[1:]
+            current = OmegaConf.select(cfg, key, throw_on_missing=False)
+            if current is None:
+                raise ValueError(f"override {item!r}: {key} is not in the config (or is null)")
+            if eq and _parse_value(raw) != current:
+                raise ValueError(f"override {item!r}: {key} is {current!r}, not {raw}")
             parent_key, _, leaf = key.rpartition(".")
             parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-            if not isinstance(parent, DictConfig) or leaf not in parent:
-                raise ValueError(f"override {item!r}: {key} is not in the config")
             parent.pop(leaf)
             continue
-        if "=" not in item:
+        if not eq:
             raise ValueError(f"override {item!r}: expected key=value, +key=value or ~key")
-        key, raw = item.split("=", 1)
-        add = key.startswith("+")
-        key = key.lstrip("+")
-        if not add and OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
-            raise ValueError(
-                f"override {item!r}: {key} is not in the config (write +{key}=... to add a key)"
-            )
-        OmegaConf.update(cfg, key, yaml.safe_load(raw), merge=False, force_add=True)
+        value = _parse_value(raw)
+        if key.startswith("++"):
+            OmegaConf.update(cfg, key[2:], value, merge=True, force_add=True)
+        elif key.startswith("+"):
+            key = key[1:]
+            current = OmegaConf.select(cfg, key, throw_on_missing=False)
+            if current is not None and not isinstance(value, (dict, list)):
+                raise ValueError(
+                    f"override {item!r}: {key} is already in the config (write {item[1:]} to "
+                    f"set it, or +{item} to add or set)"
+                )
+            OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+        else:
+            if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+                raise ValueError(
+                    f"override {item!r}: {key} is not in the config (write +{key}=... to add a key)"
+                )
+            OmegaConf.update(cfg, key, value, merge=True)
     return cfg
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Load a YAML config the way NeMo-RL's ``load_config`` does, apply overrides, resolve.
+def load_config_fallback(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """NeMo-RL's ``load_config`` + ``parse_hydra_overrides``, re-implemented (no NeMo-RL, no hydra).
 
     ``defaults:`` (a path or a list of paths, relative to the file that names them or
     absolute) is resolved depth-first, later entries and the child winning; a section
-    with ``_override_: true`` replaces the inherited one.
+    with ``_override_: true`` replaces the inherited one; then :func:`apply_overrides`.
 
     Returns:
         A plain, fully interpolated ``dict`` (without the ``defaults`` key).
@@ -389,6 +485,90 @@ def _check_ais(cfg: dict[str, Any], report: _Report) -> None:
     mode = ais.mode if ais else raw.get("mode", "ais")
     problems += ais_conflicts(loss, mode)
     report.add("loss_fn.ais", problems, f"mode={ais.mode if ais else '?'}, validated")
+
+
+# Keys NeMo-RL v0.7.0 reads unguarded (``cfg["key"]``) between its entry point and the first
+# checkpoint: (dotted key, who reads it, the flag that makes it read; None = always). A
+# missing one is a KeyError after Ray has started (examples/run_grpo.py: policy.draft).
+ENTRY_POINT_KEYS: tuple[tuple[str, str, str | None], ...] = (
+    ("policy.draft.enabled", "examples/run_grpo.py main()", None),
+    ("policy.tokenizer.name", "algorithms/utils.py get_tokenizer()", None),
+    ("policy.generation.backend", "models/generation configure_generation_config()", None),
+    ("policy.generation.stop_token_ids", "configure_generation_config()", None),
+    ("policy.generation.stop_strings", "configure_generation_config()", None),
+    ("policy.generation.colocated.enabled", "algorithms/grpo.py setup()", None),
+    ("policy.generation.vllm_cfg.precision", "grpo.py setup()", None),
+    ("policy.generation.vllm_cfg.kv_cache_dtype", "grpo.py setup()", None),
+    ("policy.dtensor_cfg.enabled", "grpo.py setup() (FP8 KV cache)", None),
+    ("policy.dynamic_batching.enabled", "models/policy/lm_policy.py Policy", None),
+    ("policy.train_global_batch_size", "grpo.py setup()", None),
+    ("grpo.seed", "grpo.py setup()", None),
+    ("grpo.batch_multiplier", "grpo.py setup()", None),
+    ("grpo.use_dynamic_sampling", "grpo.py setup()", None),
+    ("grpo.val_period", "grpo.py setup()", None),
+    ("grpo.val_batch_size", "grpo.py setup()", None),
+    ("data.use_multiple_dataloader", "grpo.py setup(), examples/run_grpo.py main()", None),
+    ("data.shuffle", "grpo.py setup()", None),
+    ("data.num_workers", "grpo.py setup()", None),
+    ("checkpointing.enabled", "examples/run_grpo.py main()", None),
+    ("checkpointing.checkpoint_dir", "utils/checkpoint.py CheckpointManager", None),
+    ("checkpointing.metric_name", "CheckpointManager", None),
+    ("checkpointing.higher_is_better", "CheckpointManager", None),
+    ("checkpointing.keep_top_k", "CheckpointManager", None),
+    ("checkpointing.save_optimizer", "CheckpointManager", None),
+    ("checkpointing.checkpoint_must_save_by", "grpo.py grpo_train()", None),
+    ("logger.log_dir", "examples/run_grpo.py main()", None),
+    ("logger.wandb", "utils/logger.py Logger", "logger.wandb_enabled"),
+    ("logger.swanlab", "Logger", "logger.swanlab_enabled"),
+    ("logger.tensorboard", "Logger", "logger.tensorboard_enabled"),
+    ("logger.mlflow", "Logger", "logger.mlflow_enabled"),
+    ("logger.gpu_monitoring.collection_interval", "Logger", "logger.monitor_gpus"),
+    (
+        "grpo.async_grpo.max_trajectory_age_steps",
+        "examples/run_grpo.py main()",
+        "grpo.async_grpo.enabled",
+    ),
+    ("policy.dynamic_batching.train_mb_tokens", "Policy", "policy.dynamic_batching.enabled"),
+    ("policy.dynamic_batching.sequence_length_round", "Policy", "policy.dynamic_batching.enabled"),
+    ("policy.sequence_packing.train_mb_tokens", "Policy", "policy.sequence_packing.enabled"),
+    ("policy.draft.loss_weight", "models/megatron/train.py", "policy.draft.enabled"),
+)
+
+
+def _has(cfg: dict[str, Any], dotted: str) -> bool:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _check_entry_point(cfg: dict[str, Any], report: _Report) -> None:
+    problems = [
+        f"{key} is missing: NeMo-RL v0.7.0 reads it unguarded ({reader}"
+        f"{f', with {flag}=true' if flag else ''}) and stops with KeyError '{key.rsplit('.', 1)[-1]}'"
+        f" (add it; configs/nemo_rl/grpo_ais_base.yaml has every one)"
+        for key, reader, flag in ENTRY_POINT_KEYS
+        if (flag is None or _get(cfg, flag, False)) and not _has(cfg, key)
+    ]
+    report.add(
+        "entry_point_keys", problems, f"all {len(ENTRY_POINT_KEYS)} upstream lookups present"
+    )
+
+
+def _check_checkpointing(cfg: dict[str, Any], report: _Report) -> None:
+    fmt = _get(cfg, "checkpointing.model_save_format")
+    problems = []
+    if _get(cfg, "checkpointing.enabled", False) and fmt is not None:
+        if not _get(cfg, "policy.dtensor_cfg._v2", False):
+            problems.append(
+                f"checkpointing.model_save_format={fmt!r} is invalid without "
+                f"policy.dtensor_cfg._v2=true: expected null (NeMo-RL v0.7.0's "
+                f"Policy.save_checkpoint raises at the first save; the Megatron and DTensor v1 "
+                f"workers take no format, torch_save | safetensors are for DTensor v2)"
+            )
+    report.add("checkpointing", problems, f"model_save_format={fmt!r}")
 
 
 def _check_fp8_rollout(cfg: dict[str, Any], report: _Report) -> None:
@@ -623,6 +803,8 @@ def check_config(cfg: dict[str, Any]) -> list[CheckResult]:
     if _get(cfg, "policy.generation.colocated.enabled", True) is False:
         report.warn("layout", "non-colocated generation: the GPU split is not checked")
     lay = parallel_layout(cfg)
+    _check_entry_point(cfg, report)
+    _check_checkpointing(cfg, report)
     _check_fp8_rollout(cfg, report)
     _check_megatron(cfg, lay, dims, report)
     _check_batch(cfg, lay, report)

@@ -75,6 +75,8 @@ def test_every_yaml_loads_and_passes_checks(path):
     else:
         assert {
             "loss_fn.ais",
+            "entry_point_keys",
+            "checkpointing",
             "fp8_rollout",
             "megatron_parallel",
             "batch",
@@ -147,7 +149,13 @@ def _arm_cfgs(prefix: str) -> dict[str, dict[str, object]]:
     return {a: _flat(_load(CONFIG_DIR / "experiments" / f"{prefix}_{a}.yaml")) for a in arms}
 
 
-_RUN_NAME_KEYS = {"logger.wandb.name", "logger.log_dir", "checkpointing.checkpoint_dir"}
+_RUN_NAME_KEYS = {
+    "logger.wandb.name",
+    "logger.swanlab.name",
+    "logger.mlflow.run_name",
+    "logger.log_dir",
+    "checkpointing.checkpoint_dir",
+}
 
 
 @pytest.mark.parametrize("prefix", ["qwen3_8b", "smoke"])
@@ -166,6 +174,7 @@ def test_arms_differ_only_in_rollout_precision_and_correction_mode(prefix):
                 "policy.generation.vllm_cfg.precision",
                 "policy.generation.vllm_cfg.kv_cache_dtype",
                 "policy.generation.vllm_cfg.use_deep_gemm",
+                "ais_fp8_refit.enabled",  # no FP8 weights to quantize at refit
             }
         else:
             assert flat["policy.generation.vllm_cfg.precision"] == "fp8"
@@ -319,6 +328,27 @@ BROKEN = [
         "fp8_rollout",
         "= 29 exceeds the model's 28 layers",
     ),
+    (
+        QWEN8B,
+        ["~policy.draft"],
+        "entry_point_keys",
+        "policy.draft.enabled is missing: NeMo-RL v0.7.0 reads it unguarded "
+        "(examples/run_grpo.py main())",
+    ),
+    (
+        SMOKE,
+        ["logger.mlflow_enabled=true", "~logger.mlflow"],
+        "entry_point_keys",
+        "logger.mlflow is missing: NeMo-RL v0.7.0 reads it unguarded (Logger, with "
+        "logger.mlflow_enabled=true)",
+    ),
+    (
+        QWEN8B,
+        ["checkpointing.model_save_format=safetensors"],
+        "checkpointing",
+        "checkpointing.model_save_format='safetensors' is invalid without "
+        "policy.dtensor_cfg._v2=true: expected null",
+    ),
 ]
 
 
@@ -368,6 +398,9 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
         ),
         (QWEN8B, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
         (LLAMA, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
+        # A save format is NeMo-RL's DTensor v2 field; no save, no check.
+        (QWEN8B, ["checkpointing.model_save_format=safetensors", "+policy.dtensor_cfg._v2=true"]),
+        (SMOKE, ["checkpointing.model_save_format=safetensors"]),
     ],
 )
 def test_legal_variants_pass(path, overrides):
@@ -392,7 +425,8 @@ def test_model_dims_lookup_by_basename():
 
 
 # ---------------------------------------------------------------------------------------
-# Loader semantics (NeMo-RL's load_config: defaults, _override_, Hydra-style overrides)
+# Fallback loader semantics (NeMo-RL's load_config: defaults, _override_, Hydra overrides);
+# tests/adapters/test_master_config.py proves it equal to NeMo-RL's on every shipped config
 # ---------------------------------------------------------------------------------------
 
 
@@ -407,37 +441,37 @@ def test_loader_defaults_order_override_marker_and_interpolation(tmp_path):
     _write(tmp_path / "sub" / "b.yaml", "defaults: ../a.yaml\nx: 2\n")
     _write(tmp_path / "c.yaml", "y: 7\nsec: {_override_: true, r: 3}\n")
     child = _write(tmp_path / "child.yaml", "defaults: [sub/b.yaml, c.yaml]\ny: 8\n")
-    cfg = cc.load_config(child)
+    cfg = cc.load_config_fallback(child)
     # b overrides a (x=2), c's _override_ replaces sec, the child wins (y=8), mul resolves.
     assert cfg == {"x": 2, "sec": {"r": 3}, "n": 6, "y": 8}
 
 
 def test_loader_overrides(tmp_path):
     path = _write(tmp_path / "a.yaml", "a: {b: 1, c: [1, 2]}\n")
-    assert cc.load_config(path, ["a.b=null", "+a.d=x", "++a.e=3", "~a.c"]) == {
+    assert cc.load_config_fallback(path, ["a.b=null", "+a.d=x", "++a.e=3", "~a.c"]) == {
         "a": {"b": None, "d": "x", "e": 3}
     }
     with pytest.raises(ValueError, match=r"a\.z is not in the config \(write \+a\.z=\.\.\. to add"):
-        cc.load_config(path, ["a.z=1"])
+        cc.load_config_fallback(path, ["a.z=1"])
     with pytest.raises(ValueError, match="expected key=value"):
-        cc.load_config(path, ["a.b"])
+        cc.load_config_fallback(path, ["a.b"])
     with pytest.raises(ValueError, match=r"~a\.q.*not in the config"):
-        cc.load_config(path, ["~a.q"])
+        cc.load_config_fallback(path, ["~a.q"])
 
 
 def test_loader_errors(tmp_path):
     _write(tmp_path / "x.yaml", "defaults: y.yaml\n")
     _write(tmp_path / "y.yaml", "defaults: x.yaml\n")
     with pytest.raises(ValueError, match="inheritance cycle"):
-        cc.load_config(tmp_path / "x.yaml")
+        cc.load_config_fallback(tmp_path / "x.yaml")
     missing = _write(tmp_path / "m.yaml", "defaults: nope.yaml\n")
     with pytest.raises(
         FileNotFoundError, match=r"nope\.yaml does not exist \(a defaults: entry of"
     ):
-        cc.load_config(missing)
+        cc.load_config_fallback(missing)
     listy = _write(tmp_path / "l.yaml", "- 1\n- 2\n")
     with pytest.raises(TypeError, match="expected a YAML mapping"):
-        cc.load_config(listy)
+        cc.load_config_fallback(listy)
 
 
 # ---------------------------------------------------------------------------------------
