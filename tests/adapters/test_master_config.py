@@ -1,11 +1,10 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """configs/nemo_rl/ against NeMo-RL v0.7.0 itself: its loader and its GRPO MasterConfig.
 
-Skips cleanly without NeMo-RL (this project's CI). To run it: Python >= 3.12 (NeMo-RL's
-TypedDict configs need it for pydantic), torch, and a NeMo-RL v0.7.0 checkout on
-PYTHONPATH, e.g. (see docs/cluster.md)::
-
-    PYTHONPATH=/path/to/NeMo-RL:. python3.13 -m pytest tests/adapters/test_master_config.py
+NeMo-RL is the vendored v0.7.0 source (tests/conftest.py; Python 3.11 via the harness's
+TypedDict shim). ``cluster_check.load_config`` IS NeMo-RL's loader when NeMo-RL is
+importable; its fallback (no NeMo-RL: a laptop, the launchers' pre-flight check) must give
+exactly upstream's dict, or the same refusal, for every shipped config and override example.
 """
 
 from __future__ import annotations
@@ -48,15 +47,120 @@ def test_config_is_a_valid_grpo_master_config(path):
     grpo.MasterConfig.model_validate(config)  # raises pydantic.ValidationError
 
 
-@pytest.mark.parametrize("path", FULL_CONFIGS, ids=_rel)
-def test_our_loader_equals_nemo_rl_loader(path):
-    assert cc.load_config(path) == _nemo_rl_load(path)
+ALL_CONFIGS = sorted(CONFIG_DIR.rglob("*.yaml"))  # arm mixins included
+QWEN8B = "qwen3_8b_2n8g_fp8.yaml"
+
+# (config, overrides): the override examples of docs/ and configs/ on the config they are
+# documented for, then Hydra's typing and struct rules where YAML would read differently.
+OVERRIDE_EXAMPLES: dict[str, tuple[str, list[str]]] = {
+    "nodes (docs/cluster.md)": ("qwen3_30b_a3b_2n8g_fp8_ep8.yaml", ["cluster.num_nodes=4"]),
+    "gpus (smoke header)": ("smoke_qwen3_0.6b_1n.yaml", ["cluster.gpus_per_node=8"]),
+    "vllm tp (docs/cluster.md)": (QWEN8B, ["policy.generation.vllm_cfg.tensor_parallel_size=4"]),
+    "nemo-rl tis arm (docs/cluster.md)": (
+        "experiments/qwen3_8b_fp8_none.yaml",
+        [
+            "loss_fn.ais.mode=none",
+            "loss_fn.use_importance_sampling_correction=true",
+            "loss_fn.truncated_importance_sampling_type=tis",
+            "loss_fn.truncated_importance_sampling_ratio=2.0",
+        ],
+    ),
+    "mode tis (docs/cluster.md)": (QWEN8B, ["loss_fn.ais.mode=tis"]),
+    "mode on a mixin": ("arms/fp8_none.yaml", ["loss_fn.ais.mode=tis"]),
+    "bad cap (docs/nemo_rl.md)": (QWEN8B, ["loss_fn.ais.weight_cap=0.8"]),
+    # docs/nemo_rl.md: "+" on a key the YAML has; NeMo-RL refuses it, so must the fallback
+    "plus on existing (docs/nemo_rl.md)": (
+        QWEN8B,
+        ["loss_fn.ais.mode=ais", "+loss_fn.ais.ema=0.9"],
+    ),
+    "new key (docs/cluster.md)": (QWEN8B, ["+new.k=v"]),
+    "new key (launchers/README.md)": ("arms/bf16.yaml", ["+new.key=value"]),
+    "unknown key": (QWEN8B, ["new.k=v"]),
+    "typing": (
+        QWEN8B,
+        [
+            "checkpointing.checkpoint_must_save_by=00:03:45:00",  # YAML 1.1: 13500
+            "policy.megatron_cfg.optimizer.lr=1e-6",  # YAML 1.1: a string
+            "logger.wandb.name=on",  # YAML 1.1: True
+            "grpo.val_batch_size=null",
+            "policy.megatron_cfg.env_vars={A: '1'}",
+        ],
+    ),
+    "delete / force-add / add-to-null": (
+        QWEN8B,
+        [
+            "~policy.draft",
+            "++grpo.seed=7",
+            "++grpo.new_knob=[1, 2]",
+            "+policy.optimizer={name: adam}",
+            "grpo.async_grpo.enabled=true",
+        ],
+    ),
+    "dict value merges": (QWEN8B, ["policy.megatron_cfg.optimizer={lr: 2.0e-6}"]),
+    "delete with a wrong value": (QWEN8B, ["~grpo.seed=41"]),
+    "delete a null": (QWEN8B, ["~policy.optimizer"]),
+}
 
 
-def test_our_overrides_equal_nemo_rl_overrides():
+def _outcome(load, path: Path, overrides: list[str]):
+    try:
+        return load(path, overrides)
+    except Exception as err:  # both must refuse the same overrides
+        return ("raises", type(err).__name__)
+
+
+def _same(path: Path, overrides: list[str]):
+    upstream = _outcome(_nemo_rl_load, path, overrides)
+    fallback = _outcome(cc.load_config_fallback, path, overrides)
+    if isinstance(upstream, tuple):
+        assert upstream == ("raises", "OverridesError")
+        assert fallback == ("raises", "ValueError")
+    else:
+        assert fallback == upstream
+    return upstream
+
+
+@pytest.mark.parametrize("path", ALL_CONFIGS, ids=_rel)
+def test_fallback_loader_equals_nemo_rl_loader(path):
+    assert isinstance(_same(path, []), dict)
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides"), OVERRIDE_EXAMPLES.values(), ids=OVERRIDE_EXAMPLES.keys()
+)
+def test_fallback_overrides_equal_nemo_rl_overrides(config, overrides):
+    _same(CONFIG_DIR / config, overrides)
+
+
+def test_examples_exercise_both_outcomes():
+    refused = [
+        name
+        for name, (config, overrides) in OVERRIDE_EXAMPLES.items()
+        if isinstance(_outcome(_nemo_rl_load, CONFIG_DIR / config, overrides), tuple)
+    ]
+    assert refused == [
+        "plus on existing (docs/nemo_rl.md)",
+        "unknown key",
+        "delete with a wrong value",
+        "delete a null",
+    ]
+    path = CONFIG_DIR / QWEN8B
+    typed = _nemo_rl_load(path, OVERRIDE_EXAMPLES["typing"][1])
+    assert typed["checkpointing"]["checkpoint_must_save_by"] == "00:03:45:00"
+    assert typed["policy"]["megatron_cfg"]["optimizer"]["lr"] == 1e-6
+    assert typed["logger"]["wandb"]["name"] == "on"
+    merged = _nemo_rl_load(path, OVERRIDE_EXAMPLES["dict value merges"][1])
+    base = _nemo_rl_load(path)["policy"]["megatron_cfg"]["optimizer"]
+    assert merged["policy"]["megatron_cfg"]["optimizer"] == {**base, "lr": 2.0e-6}  # merged
+
+
+def test_load_config_is_nemo_rl_loader_when_importable():
     path = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
-    overrides = ["loss_fn.ais.mode=tis", "cluster.num_nodes=4", "+policy.extra_knob=3"]
-    assert cc.load_config(path, overrides) == _nemo_rl_load(path, overrides)
+    assert cc._nemo_rl_config() is nemo_rl_config
+    assert cc.load_config(path) == _nemo_rl_load(path)
+    # NeMo-RL's own refusal (Hydra's message), raised as ValueError for the CLI
+    with pytest.raises(ValueError, match=r"Could not append to config.*loss_fn\.ais\.ema"):
+        cc.load_config(path, ["+loss_fn.ais.ema=0.9"])
 
 
 @pytest.mark.parametrize("path", FULL_CONFIGS, ids=_rel)
