@@ -227,6 +227,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     raw = load_config_dict(args.config, overrides)
     ais_cfg = validate_ais(raw)  # before Ray: config errors surface in seconds
     print(f"loss_fn.ais: {ais_cfg.ais.model_dump()}")
+    # Upstream picks the policy factory in the launcher too (TQPolicy when data_plane.enabled,
+    # then _select_trainer -> grpo_train_sync). Every arm here trains on the AIS worker, which
+    # is composed with Policy only; TQ's trainer also refits and recalibrates KV scales on its
+    # own path. So data_plane.enabled is refused, for every mode, before Ray starts.
+    policy_factory = make_policy_factory(raw, ais_cfg)
     view = nemo_rl_view(raw, ais_cfg)
     if ais_cfg.ais.mode == "none" and view is not raw:
         print(
@@ -242,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"ais_fp8_refit: {refit.model_dump() if refit else 'off (NeMo-RL quantizer)'}")
     init_ray()
     tokenizer = get_tokenizer(config.policy["tokenizer"])
+    if config.policy["generation"] is None:  # upstream asserts it here
+        raise ValueError("policy.generation is null: GRPO needs a generation config (vllm_cfg)")
     megatron_cfg = config.policy.get("megatron_cfg") or {}
     config.policy["generation"] = configure_generation_config(
         config.policy["generation"],
@@ -271,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tokenizer,
         dataset,
         val_dataset,
-        policy_factory=make_policy_factory(raw, ais_cfg),
+        policy_factory=policy_factory,
     )
     loss_fn = swap_loss(loss_fn, ais_cfg)
 

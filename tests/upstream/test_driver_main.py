@@ -179,8 +179,7 @@ def test_main_reaches_setup_and_trains_with_upstreams_driver_code(driver, path):
     # loss_fn view: loss_fn.ais owns the correction, so NeMo-RL's FP8 guard reads it as on.
     assert config.loss_fn.use_importance_sampling_correction is True
     assert raw["loss_fn"]["use_importance_sampling_correction"] is False
-    if ais_cfg.ais.mode != "none":
-        assert callable(setup["policy_factory"])
+    assert callable(setup["policy_factory"])  # every arm, mode none included: the AIS worker
     # The next experiment directory under the configured log_dir (upstream's helper).
     assert config.logger["log_dir"] == os.path.join(raw["logger"]["log_dir"], "exp_001")
 
@@ -217,4 +216,18 @@ def test_bad_ais_config_fails_before_ray(driver):
     path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
     with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
         run.main(["--config", str(path), "loss_fn.ais.weight_cap=0.5"])
+    assert driver.events == []
+
+
+def test_data_plane_is_refused_before_ray_for_every_mode(driver):
+    # Upstream's run_grpo.py builds TQPolicy and runs grpo_train_sync for data_plane.enabled;
+    # the AIS worker is not composed with TQPolicy, so every arm refuses it, before Ray starts.
+    path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+    for mode in ("none", "tis", "ais"):
+        with pytest.raises(
+            ValueError, match=r"data_plane\.enabled=true .*set data_plane\.enabled=false"
+        ):
+            run.main(
+                ["--config", str(path), f"loss_fn.ais.mode={mode}", "+data_plane.enabled=true"]
+            )
     assert driver.events == []
