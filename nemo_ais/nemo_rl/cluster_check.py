@@ -26,7 +26,8 @@ Checks (each returns a :class:`CheckResult`; ``fail`` makes :func:`validate_conf
 0. Every key NeMo-RL v0.7.0's entry point, ``setup()``, logger and checkpoint manager read
    unguarded is present (:data:`ENTRY_POINT_KEYS`, e.g. ``policy.draft.enabled``), and
    ``checkpointing.model_save_format`` is null unless ``policy.dtensor_cfg._v2`` (else
-   ``Policy.save_checkpoint`` raises at the first save).
+   ``Policy.save_checkpoint`` raises at the first save); ``data_plane.enabled`` is off (the
+   launcher refuses TransferQueue for every arm).
 
 1. ``loss_fn.ais`` validates as :class:`~nemo_ais.config.CorrectionConfig`; unless its
    mode is ``none``, NeMo-RL's own importance-sampling knobs (and the other loss options
@@ -552,6 +553,12 @@ def _check_entry_point(cfg: dict[str, Any], report: _Report) -> None:
         for key, reader, flag in ENTRY_POINT_KEYS
         if (flag is None or _get(cfg, flag, False)) and not _has(cfg, key)
     ]
+    if _get(cfg, "data_plane.enabled", False):
+        problems.append(
+            "data_plane.enabled=true (TransferQueue: TQPolicy + grpo_train_sync) is not "
+            "supported by launchers/run_grpo_ais.py (every arm trains on the AIS worker); "
+            "set data_plane.enabled=false"
+        )
     report.add(
         "entry_point_keys", problems, f"all {len(ENTRY_POINT_KEYS)} upstream lookups present"
     )

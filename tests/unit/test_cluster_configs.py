@@ -343,6 +343,12 @@ BROKEN = [
         "logger.mlflow_enabled=true)",
     ),
     (
+        SMOKE,
+        ["+data_plane.enabled=true"],
+        "entry_point_keys",
+        "data_plane.enabled=true (TransferQueue: TQPolicy + grpo_train_sync) is not supported",
+    ),
+    (
         QWEN8B,
         ["checkpointing.model_save_format=safetensors"],
         "checkpointing",
