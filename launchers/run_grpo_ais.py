@@ -18,10 +18,14 @@ Mirrors NeMo-RL's ``examples/run_grpo.py`` and changes four things:
 1. ``loss_fn`` (with our ``loss_fn.ais`` section) is validated as
    :class:`~nemo_ais.nemo_rl.AISLossConfig` BEFORE Ray starts, so a bad config fails in
    seconds, naming ``loss_fn.ais.<field>``.
-2. With AIS on, ``setup()`` gets a ``policy_factory`` that builds NeMo-RL's ``Policy``
-   with ``worker_extension_cls_fqn`` = our AIS worker for the configured backend (Megatron,
-   DTensor v1/v2): it runs the per-global-batch prepare step (one all-reduce of the AIS
-   statistics over the data-parallel group) before NeMo-RL's micro-batch loop.
+2. Every arm (``loss_fn.ais.mode: none`` included) hands ``setup()`` a ``policy_factory``
+   that builds NeMo-RL's ``Policy`` with ``worker_extension_cls_fqn`` = our AIS worker for
+   the configured backend (Megatron, DTensor v1/v2): it runs the per-global-batch prepare
+   step (one all-reduce of the AIS statistics over the data-parallel group) before
+   NeMo-RL's micro-batch loop. Upstream's TransferQueue path (``data_plane.enabled``:
+   ``TQPolicy`` + ``grpo_train_sync``) is refused before Ray starts; the trainer is always
+   ``grpo_train`` (or ``async_grpo_train``), as upstream's ``_select_trainer`` picks it
+   with the data plane off.
 3. ``setup()`` hard-codes ``ClippedPGLossFn``; the returned loss is replaced by
    :class:`~nemo_ais.nemo_rl.AISClippedPGLossFn` (:func:`swap_loss`).
 4. ``nemo_ais`` is put on ``PYTHONPATH`` so Ray workers (which inherit the driver's
