@@ -60,6 +60,7 @@ if str(REPO_ROOT) not in sys.path:  # running from a checkout without `pip insta
     sys.path.insert(0, str(REPO_ROOT))
 
 from nemo_ais.nemo_rl import NEMO_RL_INSTALL_HINT  # noqa: E402
+from nemo_ais.nemo_rl.cluster_check import fp8_kv_refit_problems  # noqa: E402
 from nemo_ais.nemo_rl.policy_factory import (  # noqa: E402
     ais_worker_fqn,
     make_policy_factory,
@@ -230,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args, overrides = parse_args(argv)
     raw = load_config_dict(args.config, overrides)
     ais_cfg = validate_ais(raw)  # before Ray: config errors surface in seconds
+    kv_problems = fp8_kv_refit_problems(raw)
+    if kv_problems:
+        raise ValueError("; ".join(kv_problems))
     print(f"loss_fn.ais: {ais_cfg.ais.model_dump()}")
     # Upstream picks the policy factory in the launcher too (TQPolicy when data_plane.enabled,
     # then _select_trainer -> grpo_train_sync). Every arm here trains on the AIS worker, which

@@ -578,6 +578,27 @@ def _check_checkpointing(cfg: dict[str, Any], report: _Report) -> None:
     report.add("checkpointing", problems, f"model_save_format={fmt!r}")
 
 
+def fp8_kv_refit_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """Settings with which calibrated FP8 KV scales cannot reach vLLM at every refit.
+
+    NeMo-RL v0.7.0's ``grpo_train`` refits before the first KV calibration when
+    ``grpo.val_at_start`` is true (a TODO in its source): the engine would validate, and
+    the first step would roll out, with every q/k/v scale at 1.0. The AIS Megatron worker
+    refuses such a refit; the launcher refuses the config before Ray starts.
+
+    Returns:
+        One message per problem, naming the field (empty if fine or no FP8 KV cache).
+    """
+    kv = str(_get(cfg, "policy.generation.vllm_cfg.kv_cache_dtype", "auto") or "auto")
+    if not kv.startswith("fp8") or not _get(cfg, "grpo.val_at_start", False):
+        return []
+    return [
+        f"grpo.val_at_start=true with policy.generation.vllm_cfg.kv_cache_dtype={kv!r} is "
+        "invalid: expected false (NeMo-RL v0.7.0 refits before the first KV-scale "
+        "calibration, so the engine would run with every q/k/v scale at 1.0)"
+    ]
+
+
 def _check_fp8_rollout(cfg: dict[str, Any], report: _Report) -> None:
     vllm = _get(cfg, "policy.generation.vllm_cfg", {})
     precision = vllm.get("precision")
@@ -605,6 +626,7 @@ def _check_fp8_rollout(cfg: dict[str, Any], report: _Report) -> None:
             )
         if _get(cfg, "grpo.async_grpo.enabled", False):
             problems.append("an FP8 KV cache does not support grpo.async_grpo.enabled=true")
+        problems += fp8_kv_refit_problems(cfg)
     if precision == "fp8":
         dims = find_model_dims(_get(cfg, "policy.model_name", ""))
         n_bf16 = int(vllm.get("num_first_layers_in_bf16", 0)) + int(

@@ -350,6 +350,13 @@ BROKEN = [
     ),
     (
         QWEN8B,
+        ["grpo.val_at_start=true"],
+        "fp8_rollout",
+        "grpo.val_at_start=true with policy.generation.vllm_cfg.kv_cache_dtype='fp8' is "
+        "invalid: expected false",
+    ),
+    (
+        QWEN8B,
         ["checkpointing.model_save_format=safetensors"],
         "checkpointing",
         "checkpointing.model_save_format='safetensors' is invalid without "

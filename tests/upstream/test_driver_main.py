@@ -231,3 +231,16 @@ def test_data_plane_is_refused_before_ray_for_every_mode(driver):
                 ["--config", str(path), f"loss_fn.ais.mode={mode}", "+data_plane.enabled=true"]
             )
     assert driver.events == []
+
+
+def test_val_at_start_with_fp8_kv_cache_is_refused_before_ray(driver):
+    # grpo_train refits for the initial validation before any KV calibration (v0.7.0):
+    # the worker's guard would stop that refit on the cluster; the launcher stops it here.
+    path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+    with pytest.raises(ValueError, match=r"grpo\.val_at_start=true with .*kv_cache_dtype='fp8'"):
+        run.main(["--config", str(path), "grpo.val_at_start=true"])
+    assert driver.events == []
+    # a BF16 KV cache (the bf16 arm) needs no calibration: accepted, reaches setup()
+    bf16 = CONFIG_DIR / "experiments" / "smoke_bf16.yaml"
+    run.main(["--config", str(bf16), "grpo.val_at_start=true"])
+    assert [name for name, _ in driver.events][-2:] == ["setup", "grpo_train"]
