@@ -18,11 +18,9 @@ pytestmark = pytest.mark.nemo_rl
 import nemo_rl.utils.config as nemo_rl_config  # noqa: E402
 from nemo_rl.algorithms import grpo  # noqa: E402  (Python 3.11: tests/_nemo_rl_env shim)
 from omegaconf import OmegaConf  # noqa: E402
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS  # noqa: E402
 
 from nemo_ais.nemo_rl import cluster_check as cc  # noqa: E402
-
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "nemo_rl"
-FULL_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not cc.is_mixin(cc.load_config(p)))
 
 
 def _nemo_rl_load(path: Path, overrides: list[str] = ()) -> dict:

@@ -8,13 +8,13 @@ factory and the loss swap. Needs NeMo-RL v0.7.0 importable (marked ``nemo_rl``).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
+from shipped_configs import launcher
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
 from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS
@@ -22,9 +22,7 @@ from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS
 pytestmark = pytest.mark.nemo_rl
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "launchers" / "run_grpo_ais.py"
-_spec = importlib.util.spec_from_file_location("run_grpo_ais", LAUNCHER)
-run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(run)
+run = launcher()
 
 
 def test_parse_args_keeps_hydra_overrides():

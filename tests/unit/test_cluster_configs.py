@@ -13,11 +13,11 @@ import functools
 from pathlib import Path
 
 import pytest
+from shipped_configs import CONFIG_DIR, flat
 
 from nemo_ais.config import CorrectionConfig
 from nemo_ais.nemo_rl import cluster_check as cc
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "nemo_rl"
 ALL_YAML = sorted(CONFIG_DIR.rglob("*.yaml"))
 BASE = CONFIG_DIR / "grpo_ais_base.yaml"
 QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
@@ -40,16 +40,6 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(CONFIG_DIR))
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def test_config_tree_is_complete():
     names = {_rel(p) for p in ALL_YAML}
     for arm in ("bf16", "fp8_none", "fp8_tis", "fp8_ais"):
@@ -64,8 +54,8 @@ def test_config_tree_is_complete():
 def test_every_yaml_loads_and_passes_checks(path):
     cfg = _load(path)
     assert "defaults" not in cfg
-    flat = _flat(cfg)
-    unresolved = [k for k, v in flat.items() if isinstance(v, str) and "${" in v]
+    leaves = flat(cfg)
+    unresolved = [k for k, v in leaves.items() if isinstance(v, str) and "${" in v]
     assert not unresolved, f"{_rel(path)}: unresolved interpolations {unresolved}"
     results = cc.validate_config(cfg, _rel(path))  # raises on any failed check
     names = {r.name for r in results}
@@ -146,7 +136,7 @@ def test_smoke_config_fits_any_gpu_count_on_one_node(gpus):
 
 def _arm_cfgs(prefix: str) -> dict[str, dict[str, object]]:
     arms = ("bf16", "fp8_none", "fp8_tis", "fp8_ais")
-    return {a: _flat(_load(CONFIG_DIR / "experiments" / f"{prefix}_{a}.yaml")) for a in arms}
+    return {a: flat(_load(CONFIG_DIR / "experiments" / f"{prefix}_{a}.yaml")) for a in arms}
 
 
 _RUN_NAME_KEYS = {
@@ -163,12 +153,12 @@ def test_arms_differ_only_in_rollout_precision_and_correction_mode(prefix):
     arms = _arm_cfgs(prefix)
     ref = arms["fp8_ais"]
     modes = {"bf16": "none", "fp8_none": "none", "fp8_tis": "tis", "fp8_ais": "ais"}
-    for arm, flat in arms.items():
-        assert flat.keys() == ref.keys(), arm
-        diff = {k for k in ref if flat[k] != ref[k]} - _RUN_NAME_KEYS
+    for arm, leaves in arms.items():
+        assert leaves.keys() == ref.keys(), arm
+        diff = {k for k in ref if leaves[k] != ref[k]} - _RUN_NAME_KEYS
         if arm == "bf16":
-            assert flat["policy.generation.vllm_cfg.precision"] == "bfloat16"
-            assert flat["policy.generation.vllm_cfg.kv_cache_dtype"] == "auto"
+            assert leaves["policy.generation.vllm_cfg.precision"] == "bfloat16"
+            assert leaves["policy.generation.vllm_cfg.kv_cache_dtype"] == "auto"
             assert diff == {
                 "loss_fn.ais.mode",
                 "policy.generation.vllm_cfg.precision",
@@ -177,10 +167,10 @@ def test_arms_differ_only_in_rollout_precision_and_correction_mode(prefix):
                 "ais_fp8_refit.enabled",  # no FP8 weights to quantize at refit
             }
         else:
-            assert flat["policy.generation.vllm_cfg.precision"] == "fp8"
+            assert leaves["policy.generation.vllm_cfg.precision"] == "fp8"
             assert diff == (set() if arm == "fp8_ais" else {"loss_fn.ais.mode"})
-        assert flat["loss_fn.ais.mode"] == modes[arm]
-    names = {flat["logger.wandb.name"] for flat in arms.values()}
+        assert leaves["loss_fn.ais.mode"] == modes[arm]
+    names = {leaves["logger.wandb.name"] for leaves in arms.values()}
     assert len(names) == 4  # separate log / checkpoint directories per arm
 
 

@@ -13,13 +13,12 @@ import re
 from pathlib import Path
 
 import pytest
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS
 
 from nemo_ais.nemo_rl import cluster_check as cc
 from nemo_ais.nemo_rl import memory_budget as mb
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO / "configs" / "nemo_rl"
-FULL_CONFIGS = [p for p in sorted(CONFIG_DIR.rglob("*.yaml")) if not cc.is_mixin(cc.load_config(p))]
 QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
 MOE = CONFIG_DIR / "qwen3_30b_a3b_2n8g_fp8_ep8.yaml"
 LLAMA = CONFIG_DIR / "llama3.1_8b_2n8g_fp8_pp2.yaml"

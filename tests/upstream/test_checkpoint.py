@@ -18,7 +18,6 @@ real Ray ``ObjectRef``s, so upstream's ``ray.get`` runs unpatched (``local_ray``
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -26,20 +25,15 @@ import pytest
 from nemo_rl.algorithms import grpo
 from nemo_rl.models.policy.lm_policy import Policy
 from nemo_rl.utils.checkpoint import CheckpointManager
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS, launcher
 
 from nemo_ais.nemo_rl import cluster_check as cc
 
 pytestmark = pytest.mark.nemo_rl
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "configs" / "nemo_rl"
-FULL_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not cc.is_mixin(cc.load_config(p)))
 
-_spec = importlib.util.spec_from_file_location(
-    "run_grpo_ais", REPO_ROOT / "launchers" / "run_grpo_ais.py"
-)
-run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(run)
+run = launcher()
 
 
 class _RecordingWorkerGroup:

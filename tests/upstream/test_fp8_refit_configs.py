@@ -26,16 +26,14 @@ from pathlib import Path
 import nemo_rl.distributed.virtual_cluster as nrl_virtual_cluster
 import pytest
 from nemo_rl.utils.config import register_omegaconf_resolvers
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS
 
 from nemo_ais.fp8 import Fp8SyncConfig
-from nemo_ais.nemo_rl import cluster_check as cc
 from nemo_ais.nemo_rl.refit import ENV_VAR, TARGET_MODULE
 
 pytestmark = pytest.mark.nemo_rl
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "configs" / "nemo_rl"
-FULL_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not cc.is_mixin(cc.load_config(p)))
 HOOK_DIR = REPO_ROOT / "nemo_ais" / "nemo_rl" / "_vllm_hook"
 
 _spec = importlib.util.spec_from_file_location(

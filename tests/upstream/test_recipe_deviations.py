@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from shipped_configs import CONFIG_DIR, flat
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO / "configs" / "nemo_rl"
 DOCS = REPO / "docs" / "cluster.md"
 
 # Ours -> the upstream recipe it follows (relative to NeMo-RL's examples/configs/).
@@ -152,22 +152,12 @@ _ABSENT_DEFAULTS = {
 _ABSENT = "<absent>"
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 @functools.cache
 def _resolved(path: str) -> dict[str, object]:
     from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
 
     register_omegaconf_resolvers()
-    return _flat(OmegaConf.to_container(load_config(path), resolve=True))
+    return flat(OmegaConf.to_container(load_config(path), resolve=True))
 
 
 def _upstream_path(recipe: str) -> str:

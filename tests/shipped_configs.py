@@ -1,0 +1,43 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The shipped NeMo-RL configs and the launcher module, as the tests load them.
+
+``from shipped_configs import CONFIG_DIR, FULL_CONFIGS, flat, launcher`` (``tests/`` is on
+``sys.path`` under pytest's default import mode, as for ``oracles``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from nemo_ais.nemo_rl import cluster_check as cc
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "configs" / "nemo_rl"
+LAUNCHER = REPO_ROOT / "launchers" / "run_grpo_ais.py"
+# every full config (arm mixins, which hold only loss_fn.ais, excluded)
+FULL_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not cc.is_mixin(cc.load_config(p)))
+
+
+def launcher() -> ModuleType:
+    """``launchers/run_grpo_ais.py`` as the module ``run_grpo_ais`` (loaded once)."""
+    module = sys.modules.get("run_grpo_ais")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("run_grpo_ais", LAUNCHER)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["run_grpo_ais"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def flat(d: dict, prefix: str = "") -> dict[str, object]:
+    """``{"a.b.c": leaf}`` of a nested config dict (an empty dict is a leaf)."""
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
