@@ -77,10 +77,7 @@ def _seed():
 ALLOWED_SKIP = re.compile(r"CUDA|GPU|transformer.engine|Transformer Engine|vLLM|vllm", re.I)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    outcome = yield
-    report = outcome.get_result()
+def _refuse_disallowed_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
     if not report.skipped or getattr(report, "wasxfail", None) is not None:
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -90,3 +87,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             f"skipped for a reason this suite does not allow (only CUDA/GPU, Transformer "
             f"Engine or vLLM may be absent): {reason}"
         )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    _refuse_disallowed_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    # module-level pytest.skip / importorskip: the whole file would vanish from the run
+    outcome = yield
+    _refuse_disallowed_skip(outcome.get_result())

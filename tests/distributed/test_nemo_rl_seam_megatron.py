@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 import torch.distributed as dist
-from _harness import assert_same_bits, count_collectives, run_distributed
+from _harness import MEGATRON_MARKS, assert_same_bits, count_collectives, run_distributed
 
 from nemo_ais.config import CorrectionConfig
 from nemo_ais.core import compute_diagnostics
 from nemo_ais.nemo_rl.seam import core_inputs, prepare_global_batches
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed")
-pytestmark = [pytest.mark.distributed, pytest.mark.megatron]
+pytestmark = MEGATRON_MARKS
 
 CONFIG = CorrectionConfig(mode="ais", severity_scale=0.05)
 ROWS, SEQ, N_GB = 3, 7, 2
