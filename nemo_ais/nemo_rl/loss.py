@@ -35,6 +35,13 @@ without gradient and with NeMo-RL's correction off (the config forbids it with A
 ``sampling_importance_ratio`` and every ``ais/*`` key come from core. All are python
 floats already divided by the global valid token (or sequence) count, so GRPO's SUM over
 micro-batches and data-parallel ranks gives the global value.
+
+Refit guard (``loss_fn.ais_alarms``, :class:`AISAlarmsConfig`; absent = off): the AIS
+worker observes each global batch's diagnostics with an
+:class:`~nemo_ais.analyze.AlarmMonitor` and attaches the outcome (:meth:`attach_alarms`);
+every loss call of that global batch then emits ``ais_alarm/<kind>`` (1 if it fired, else
+0) as s * local_valid_toks / global_valid_toks, like the ``ais/*`` global scalars, in every
+mode (``none`` included).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import torch
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 from pydantic import Field, field_validator, model_validator
 
+from nemo_ais.analyze.alarms import ALARM_KINDS, ALARM_PREFIX, AlarmConfig
 from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
 from nemo_ais.core import AISDiagnostics, metric_normalizations
 from nemo_ais.core.metrics import ais_metrics
@@ -54,7 +62,9 @@ from nemo_ais.nemo_rl.cluster_check import AIS_CONFLICTS, ais_conflicts
 from nemo_ais.nemo_rl.seam import core_inputs, global_batch_index, loss_from_prepared
 
 __all__ = [
+    "ALARM_METRIC_KEYS",
     "NEMO_RL_METRIC_KEYS",
+    "AISAlarmsConfig",
     "AISClippedPGLossFn",
     "AISLossConfig",
     "core_metric_keys",
@@ -92,6 +102,25 @@ NEMO_RL_METRIC_KEYS = (
 )
 
 
+# ``ais_alarm/<kind>``: 1 if the refit guard fired on the global batch (tokens normaliser).
+ALARM_METRIC_KEYS = tuple(ALARM_PREFIX + kind for kind in ALARM_KINDS)
+
+
+class AISAlarmsConfig(AlarmConfig):
+    """``loss_fn.ais_alarms``: the refit guard in the AIS worker (docs/analyze.md).
+
+    The thresholds of :class:`~nemo_ais.analyze.AlarmConfig`, plus ``enabled``. Online the
+    worker runs the diagnostics-based alarms (``tmpe_jump``, ``severity_jump``) on the
+    global batch's diagnostics, identical on every rank: no extra collective. The
+    ``kv_*`` thresholds are used offline only (``nemo-ais analyze``); non-finite
+    log-probs at valid positions already fail the prepare step with a ``ValueError``.
+    """
+
+    enabled: bool = Field(
+        True, description="Observe every global batch and log ais_alarm/* (absent section: off)."
+    )
+
+
 def _ais_off() -> CorrectionConfig:
     return CorrectionConfig(mode="none")
 
@@ -103,21 +132,42 @@ def _validate_ais_section(value: Any) -> CorrectionConfig:
     return validate_section(CorrectionConfig, value, "loss_fn.ais")
 
 
+def _alarms_off() -> AISAlarmsConfig:
+    return AISAlarmsConfig(enabled=False)
+
+
+def _validate_alarms_section(value: Any) -> AISAlarmsConfig:
+    """``loss_fn.ais_alarms``; absent (None) means the refit guard is off."""
+    if value is None:
+        return _alarms_off()
+    return validate_section(AISAlarmsConfig, value, "loss_fn.ais_alarms")
+
+
 class AISLossConfig(ClippedPGLossConfig):
     """NeMo-RL's ``ClippedPGLossConfig`` plus the validated ``loss_fn.ais`` section.
 
-    A missing ``ais`` section means ``mode: none`` (exactly ``ClippedPGLossFn``).
+    A missing ``ais`` section means ``mode: none`` (exactly ``ClippedPGLossFn``); a missing
+    ``ais_alarms`` section means no refit guard.
     """
 
     ais: CorrectionConfig = Field(
         default_factory=_ais_off,
         description="AIS correction (nemo_ais.config.CorrectionConfig); absent = mode none.",
     )
+    ais_alarms: AISAlarmsConfig = Field(
+        default_factory=_alarms_off,
+        description="Refit guard in the AIS worker (AISAlarmsConfig); absent = off.",
+    )
 
     @field_validator("ais", mode="before")
     @classmethod
     def _validate_ais(cls, value: Any) -> CorrectionConfig:
         return _validate_ais_section(value)
+
+    @field_validator("ais_alarms", mode="before")
+    @classmethod
+    def _validate_ais_alarms(cls, value: Any) -> AISAlarmsConfig:
+        return _validate_alarms_section(value)
 
     @model_validator(mode="after")
     def _check_conflicts(self) -> AISLossConfig:
@@ -132,12 +182,14 @@ def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AI
 
     Raises:
         ValueError: one line per problem naming ``loss_fn.<field>`` (``loss_fn.ais.<field>``
-            for our section) with the value, the expected range and a hint.
+            and ``loss_fn.ais_alarms.<field>`` for our sections) with the value, the
+            expected range and a hint.
     """
     if isinstance(loss_fn, AISLossConfig):
         return loss_fn
     data = loss_fn.model_dump() if isinstance(loss_fn, ClippedPGLossConfig) else dict(loss_fn)
     data["ais"] = _validate_ais_section(data.get("ais"))
+    data["ais_alarms"] = _validate_alarms_section(data.get("ais_alarms"))
     try:
         return AISLossConfig.model_validate(data)
     except ValueError as err:  # pydantic's ValidationError is a ValueError
@@ -187,9 +239,11 @@ class AISClippedPGLossFn(ClippedPGLossFn):
 
     Attributes:
         ais: the validated ``loss_fn.ais`` section.
+        ais_alarms: the validated ``loss_fn.ais_alarms`` section (``enabled`` False if absent).
         metric_normalizations: metric name -> ``tokens`` / ``sequences`` / ``none`` for
-            the keys core adds (NeMo-RL v0.7.0 has no such attribute on its losses; newer
-            versions' entries, if any, are kept).
+            the keys core adds, and ``ais_alarm/*`` when the refit guard is enabled
+            (NeMo-RL v0.7.0 has no such attribute on its losses; newer versions' entries,
+            if any, are kept).
     """
 
     def __init__(self, cfg: AISLossConfig | Mapping[str, Any] | ClippedPGLossConfig):
@@ -200,7 +254,11 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         self.pg = pg_loss_config(cfg) if cfg.ais.mode != "none" else None
         inherited = dict(getattr(self, "metric_normalizations", None) or {})
         self.metric_normalizations = {**inherited, **core_metric_keys(cfg.token_level_loss)}
+        self.ais_alarms = cfg.ais_alarms
+        if self.ais_alarms.enabled:  # global scalars, emitted like ais/alpha
+            self.metric_normalizations.update(dict.fromkeys(ALARM_METRIC_KEYS, "tokens"))
         self._diagnostics: tuple[AISDiagnostics, ...] = ()
+        self._alarms: tuple[Mapping[str, float], ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -210,12 +268,21 @@ class AISClippedPGLossFn(ClippedPGLossFn):
     def attach_diagnostics(self, diagnostics: Sequence[AISDiagnostics]) -> None:
         """Store the prepared diagnostics, one per global batch of this ``train()`` call."""
         self._diagnostics = tuple(diagnostics)
+        self._alarms = ()
+
+    def attach_alarms(self, alarms: Sequence[Mapping[str, float]]) -> None:
+        """Store the refit guard's ``ais_alarm/<kind>`` values (0/1), one dict per global batch.
+
+        Called by the AIS worker after :meth:`attach_diagnostics` when ``ais_alarms.enabled``.
+        """
+        self._alarms = tuple(dict(a) for a in alarms)
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver pickles the loss to every worker on every train() call: never ship
-        # diagnostics of a previous call.
+        # diagnostics or alarms of a previous call.
         state = self.__dict__.copy()
         state["_diagnostics"] = ()
+        state["_alarms"] = ()
         return state
 
     def __call__(
@@ -256,6 +323,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         for key in self.metric_normalizations:
             if key in out.metrics:
                 metrics[key] = float(out.metrics[key])
+        metrics.update(self._alarm_telemetry(next_token_logprobs, data, global_valid_toks))
         return out.loss, metrics
 
     def _telemetry(
@@ -271,9 +339,38 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         index = global_batch_index(data)
         if index is None or not 0 <= index < len(self._diagnostics):
             return {}
+        n_tok_local, global_n_tok = self._token_counts(next_token_logprobs, data, global_valid_toks)
+        out = ais_metrics(self._diagnostics[index], n_tok_local, global_n_tok)
+        return {
+            **{key: float(value) for key, value in out.items()},
+            **self._alarm_telemetry(next_token_logprobs, data, global_valid_toks),
+        }
+
+    @staticmethod
+    def _token_counts(
+        next_token_logprobs: torch.Tensor, data: Mapping[str, Any], global_valid_toks: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this call's valid tokens, the global count), in core's compute dtype."""
         x = core_inputs(data)
         dtype = compute_dtype(next_token_logprobs, x.logp_old, x.adv)
-        n_tok_local = x.mask.to(dtype).sum()
         global_n_tok = torch.as_tensor(global_valid_toks, dtype=dtype, device=x.mask.device)
-        out = ais_metrics(self._diagnostics[index], n_tok_local, global_n_tok)
-        return {key: float(value) for key, value in out.items()}
+        return x.mask.to(dtype).sum(), global_n_tok
+
+    def _alarm_telemetry(
+        self,
+        next_token_logprobs: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_toks: Any,
+    ) -> dict[str, float]:
+        """``ais_alarm/*`` of the call's global batch as s * local / global toks; {} if none.
+
+        A global scalar s in NeMo-RL's summable form (0 when the global count is 0), so
+        GRPO's sum over micro-batches and data-parallel ranks gives s.
+        """
+        index = global_batch_index(data)
+        if index is None or not 0 <= index < len(self._alarms):
+            return {}
+        n_tok_local, global_n_tok = self._token_counts(next_token_logprobs, data, global_valid_toks)
+        is_empty = global_n_tok == 0
+        scale = torch.where(is_empty, 0, n_tok_local / torch.where(is_empty, 1, global_n_tok))
+        return {key: float(value * scale) for key, value in self._alarms[index].items()}

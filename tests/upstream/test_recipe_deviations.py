@@ -132,6 +132,7 @@ _INERT_PREFIXES = (
     "logger.",  # names and output paths only
     "checkpointing.checkpoint_dir",
     "loss_fn.ais.",  # ours; upstream has no such section
+    "loss_fn.ais_alarms.",  # ours (the refit guard; logs metrics, fail_on_alarm off)
     "ais_fp8_refit.",  # ours (the FP8 refit through nemo_ais's quantizer)
     "policy.dtensor_cfg.",  # DTensor backend off on both sides (enabled is compared)
     "policy.optimizer",  # DTensor optimizer / scheduler: null with Megatron

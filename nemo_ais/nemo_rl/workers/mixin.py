@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The worker-side AIS hook: prepare step before ``train()``, EMA state with checkpoints.
+"""The worker-side AIS hook: prepare step and refit guard before ``train()``, state with checkpoints.
 
 Plain torch (no NeMo-RL import), so it is unit-testable on CPU with a stand-in worker.
 """
@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from nemo_ais.core import AISState
+from nemo_ais.analyze.alarms import AlarmConfig, AlarmMonitor, RefitAlarmError, alarm_metrics
+from nemo_ais.core import AISDiagnostics, AISState
 from nemo_ais.nemo_rl.seam import prepare_global_batches
 
-__all__ = ["AISTrainMixin", "ais_state_path"]
+__all__ = ["AISTrainMixin", "ais_alarm_state_path", "ais_state_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,11 @@ logger = logging.getLogger(__name__)
 def ais_state_path(weights_path: str) -> str:
     """Where the EMA state of alpha is saved next to a policy checkpoint's weights."""
     return os.path.normpath(weights_path) + ".ais_state.json"
+
+
+def ais_alarm_state_path(weights_path: str) -> str:
+    """Where the refit guard's recent history is saved, next to :func:`ais_state_path`."""
+    return os.path.normpath(weights_path) + ".ais_alarms.json"
 
 
 class AISTrainMixin:
@@ -49,16 +55,29 @@ class AISTrainMixin:
     never mixes stages, so all its ranks make the same calls) -- then calls the base
     ``train``. The EMA state advances once per global batch (not in ``eval_mode``) and
     is saved / restored with the policy checkpoint.
+
+    Refit guard (``loss_fn.ais_alarms.enabled``, not in ``eval_mode``): after the prepare
+    step, one :class:`~nemo_ais.analyze.AlarmMonitor` per worker observes each global
+    batch's diagnostics -- identical on every rank, so every rank decides the same and,
+    with ``fail_on_alarm``, raises :class:`~nemo_ais.analyze.RefitAlarmError` together
+    before the optimizer step (no extra collective). The outcome is attached to the loss,
+    which logs ``ais_alarm/<kind>``. The monitor's history is saved / restored with the
+    checkpoint (:func:`ais_alarm_state_path`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ais_state = AISState()
+        self.ais_alarm_monitor: AlarmMonitor | None = None
+        self._ais_alarm_history: dict[str, Any] = {}
         weights_path = kwargs.get("weights_path")
         if weights_path and os.path.exists(ais_state_path(weights_path)):
             with open(ais_state_path(weights_path)) as f:
                 self.ais_state.load_state_dict(json.load(f))
             logger.info("restored AIS state %s", self.ais_state.state_dict())
+        if weights_path and os.path.exists(ais_alarm_state_path(weights_path)):
+            with open(ais_alarm_state_path(weights_path)) as f:
+                self._ais_alarm_history = json.load(f)
 
     def _ais_dp_group(self) -> torch.distributed.ProcessGroup:
         """The group NeMo-RL sums ``global_valid_toks`` over (backend specific)."""
@@ -82,7 +101,7 @@ class AISTrainMixin:
         if hasattr(loss_fn, "attach_diagnostics"):  # any AIS loss; NeMo-RL's own: untouched
             group = self._ais_dp_group()
             global_batch_size = gbs if gbs is not None else self.cfg["train_global_batch_size"]
-            prepare_global_batches(
+            diagnostics = prepare_global_batches(
                 data,
                 loss_fn,
                 loss_fn.ais,
@@ -91,12 +110,60 @@ class AISTrainMixin:
                 state=None if eval_mode else self.ais_state,
                 device=self._ais_device(),
             )
+            alarms = getattr(loss_fn, "ais_alarms", None)
+            if alarms is not None and alarms.enabled and not eval_mode:
+                loss_fn.attach_alarms(self._ais_observe_alarms(alarms, diagnostics))
         return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, **kwargs)
 
+    def _ais_monitor(self, config: AlarmConfig) -> AlarmMonitor:
+        """The worker's monitor; rebuilt (history kept) if the thresholds changed."""
+        thresholds = AlarmConfig(**config.model_dump(include=set(AlarmConfig.model_fields)))
+        thresholds = thresholds.model_copy(update={"fail_on_alarm": False})  # raised here
+        monitor = self.ais_alarm_monitor
+        if monitor is None or monitor.config != thresholds:
+            history = monitor.state_dict() if monitor is not None else self._ais_alarm_history
+            monitor = self.ais_alarm_monitor = AlarmMonitor(thresholds)
+            monitor.load_state_dict(history)
+        return monitor
+
+    def _ais_observe_alarms(
+        self, config: Any, diagnostics: list[AISDiagnostics]
+    ) -> list[dict[str, float]]:
+        """Observe each global batch; ``ais_alarm/*`` per batch, or raise (fail_on_alarm).
+
+        The alarm's step is the global batch's number since the start of training
+        (``ais_state.num_updates``, restored with the checkpoint; equal to the GRPO step
+        when each step trains one global batch).
+
+        Raises:
+            RefitAlarmError: ``config.fail_on_alarm`` and an alarm fired (every rank).
+        """
+        monitor = self._ais_monitor(config)
+        first = self.ais_state.num_updates - len(diagnostics) + 1
+        out = []
+        for g, d in enumerate(diagnostics):
+            fired = monitor.observe(first + g, d)
+            for alarm in fired:
+                logger.warning("AIS refit guard: global batch %d of this step: %s", g, alarm)
+            if fired and config.fail_on_alarm:
+                raise RefitAlarmError(
+                    f"AIS refit guard (loss_fn.ais_alarms.fail_on_alarm=true) failed the step: "
+                    f"global batch {first + g} since the start of training (global batch {g} "
+                    f"of {len(diagnostics)} in this train() call): "
+                    + "; ".join(f"{a.kind}: {a.evidence}" for a in fired)
+                    + ". Check the FP8 refit (weights and KV-cache scales) of this step, or set "
+                    "loss_fn.ais_alarms.fail_on_alarm=false to only log ais_alarm/*."
+                )
+            out.append(alarm_metrics(fired))
+        return out
+
     def save_checkpoint(self, weights_path: str, *args: Any, **kwargs: Any) -> Any:
-        """NeMo-RL's checkpoint, plus the AIS EMA state (global rank 0 writes it)."""
+        """NeMo-RL's checkpoint, plus the AIS EMA state and refit-guard history (rank 0)."""
         out = super().save_checkpoint(weights_path, *args, **kwargs)
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             with open(ais_state_path(weights_path), "w") as f:
                 json.dump(self.ais_state.state_dict(), f)
+            if self.ais_alarm_monitor is not None:
+                with open(ais_alarm_state_path(weights_path), "w") as f:
+                    json.dump(self.ais_alarm_monitor.state_dict(), f)
         return out
