@@ -29,10 +29,10 @@ import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
 import torch
 import torch.distributed as dist
+from _ray_boundary import MEGATRON_AIS_WORKER, ActorBoundary, AtRayBoundary, cluster_for
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_rl.distributed import ray_actor_environment_registry as registry
 from nemo_rl.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl.models.policy import lm_policy
 from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
 from omegaconf import OmegaConf
 
@@ -46,8 +46,6 @@ pytestmark = pytest.mark.nemo_rl
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "configs" / "nemo_rl" / "experiments"
 MODELS = ("qwen3_8b", "smoke")
 ARMS = ("bf16", "fp8_none", "fp8_tis", "fp8_ais")
-MEGATRON_AIS_WORKER = "nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker"
-MEGATRON_BASE = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
 # what the arms may change in the policy config (rollout precision only)
 ROLLOUT_KEYS = {"precision", "kv_cache_dtype", "use_deep_gemm"}
 GBS, MBS = 8, 4  # one global batch of two micro-batches on one DP rank
@@ -64,55 +62,19 @@ def arms():
     return {m: {a: _load(m, a) for a in ARMS} for m in MODELS}
 
 
-class _AtRayBoundary(Exception):
-    """Raised by the recording ``RayWorkerGroup``: nothing past it needs Ray."""
-
-
-class _Cluster:
-    """Stand-in ``RayVirtualCluster`` (a Ray placement group): what ``Policy`` reads."""
-
-    def __init__(self, cluster_cfg: dict):
-        self.num_gpus_per_node = cluster_cfg["gpus_per_node"]
-        self._world_size = cluster_cfg["num_nodes"] * cluster_cfg["gpus_per_node"]
-        self._sorted_bundle_indices = None
-
-    def world_size(self) -> int:
-        return self._world_size
-
-
 @pytest.fixture
 def ray_boundary(monkeypatch, tmp_path):
-    """Record what reaches actor creation in ``lm_policy``; stop there."""
-    seen: dict[str, list] = {"queues": [], "groups": []}
-
-    def record_group(cluster, builder, **kwargs):
-        seen["groups"].append({"cluster": cluster, "builder": builder, **kwargs})
-        raise _AtRayBoundary
-
-    monkeypatch.setattr(lm_policy, "RayQueue", lambda *a, **k: seen["queues"].append((a, k)))
-    monkeypatch.setattr(lm_policy, "RayWorkerGroup", record_group)
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")  # Policy requires it for Megatron
-    # the container's prebuilt venv of upstream's Megatron worker (see test_worker_venv.py)
-    venv_python = tmp_path / "venvs" / MEGATRON_BASE / "bin" / "python"
-    venv_python.parent.mkdir(parents=True)
-    venv_python.touch()
-    monkeypatch.setenv("NEMO_RL_VENV_DIR", str(tmp_path / "venvs"))
-    monkeypatch.delenv("NRL_FORCE_REBUILD_VENVS", raising=False)
-    monkeypatch.setattr(
-        registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY)
-    )
-    monkeypatch.setitem(registry.ACTOR_ENVIRONMENT_REGISTRY, MEGATRON_BASE, "uv run --extra mcore")
-    seen["venv_python"] = str(venv_python)
-    return seen
+    """Record what reaches actor creation in ``lm_policy``; stop there (``_ray_boundary``)."""
+    return ActorBoundary(stop=True).install(monkeypatch, tmp_path)
 
 
 def _build_policy(raw: dict) -> None:
     """What ``grpo.setup`` does with ``policy_factory`` (its ``init_policy`` kwargs)."""
     factory = make_policy_factory(raw, validate_loss_config(raw["loss_fn"]))
     assert factory is not None, f"loss_fn.ais.mode={raw['loss_fn']['ais']['mode']}: no factory"
-    with pytest.raises(_AtRayBoundary):
+    with pytest.raises(AtRayBoundary):
         factory(
-            cluster=_Cluster(raw["cluster"]),
+            cluster=cluster_for(raw["cluster"]),
             config=copy.deepcopy(raw["policy"]),
             tokenizer=None,
             processor=None,
@@ -135,12 +97,12 @@ def _diff(a, b, path=()):
 def test_every_arm_builds_the_same_ais_worker(arms, ray_boundary, model):
     for arm in ARMS:
         _build_policy(arms[model][arm])
-    groups = ray_boundary["groups"]
-    assert len(groups) == len(ARMS) and len(ray_boundary["queues"]) == len(ARMS)
+    groups = ray_boundary.groups
+    assert len(groups) == len(ARMS) and len(ray_boundary.queues) == len(ARMS)
     fqns = [g["builder"].ray_actor_class_fqn for g in groups]
     assert fqns == [MEGATRON_AIS_WORKER] * len(ARMS), dict(zip(ARMS, fqns, strict=True))
     # one Python environment for the AIS worker, whatever the arm: the base's prebuilt venv
-    assert registry.get_actor_python_env(MEGATRON_AIS_WORKER) == ray_boundary["venv_python"]
+    assert registry.get_actor_python_env(MEGATRON_AIS_WORKER) == ray_boundary.venv_python
     # the worker's config differs between arms only in the rollout precision
     configs = [g["builder"].args[0] for g in groups]
     for arm, cfg in zip(ARMS[1:], configs[1:], strict=True):

@@ -8,7 +8,7 @@ and real ``configure_generation_config``. Stubbed, at the narrowest boundary, on
 needs a cluster, a download or a GPU; each stub records what crossed it:
 
 * ``init_ray`` (starts Ray): records the worker environment at that moment;
-* ``get_tokenizer`` (HF download): records its config, returns :class:`_Tokenizer`;
+* ``get_tokenizer`` (HF download): records its config, returns :class:`Tokenizer`;
 * ``setup_response_data`` (dataset download): records its arguments;
 * ``grpo.setup`` (Ray actors, vLLM, Megatron): records (config, tokenizer, dataset,
   val_dataset, policy_factory) and returns what upstream's setup returns, with the real
@@ -16,7 +16,8 @@ needs a cluster, a download or a GPU; each stub records what crossed it:
 * ``grpo.grpo_train`` / ``grpo.async_grpo_train`` (the GPU loops): record their arguments.
 
 Each stub replaces the name in the module where ``main()`` looks it up (``main()``
-imports them at call time).
+imports them at call time; the stand-ins live in ``_ray_boundary.py``). Upstream's REAL
+``grpo.setup`` runs to its return, for every config, in ``test_setup_real.py``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,8 @@ import copy
 import os
 from pathlib import Path
 
-import nemo_rl.algorithms.utils as nrl_algo_utils
-import nemo_rl.data.utils as nrl_data_utils
-import nemo_rl.distributed.virtual_cluster as nrl_virtual_cluster
 import pytest
+from _ray_boundary import DriverBoundary, Tokenizer
 from nemo_rl.algorithms import grpo
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
 from nemo_rl.models.generation import configure_generation_config
@@ -43,40 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 run = launcher()
 
 
-class _Tokenizer:
-    """What ``configure_generation_config`` reads from a tokenizer (Qwen3's ids)."""
-
-    pad_token_id = 151643
-    eos_token_id = 151645
-
-
-class _Driver:
-    """Recording stand-ins for the cluster / download / GPU boundaries of main()."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict]] = []
-        self.tokenizer = _Tokenizer()
-        self.datasets = (object(), object(), {"math": object()}, {"math": object()})
-
-    def _names(self) -> list[str]:
-        return [name for name, _ in self.events]
-
-    def init_ray(self, *args, **kwargs):
-        env = {k: os.environ.get(k) for k in ("PYTHONPATH", "NEMO_AIS_FP8_REFIT")}
-        self.events.append(("init_ray", {"args": args, "kwargs": kwargs, "env": env}))
-
-    def get_tokenizer(self, tokenizer_config, *args, **kwargs):
-        self.events.append(("get_tokenizer", {"config": copy.deepcopy(tokenizer_config)}))
-        return self.tokenizer
-
-    def setup_response_data(self, tokenizer, data_config, env_configs=None, *args, **kwargs):
-        self.events.append(
-            (
-                "setup_response_data",
-                {"tokenizer": tokenizer, "data": data_config, "env": env_configs},
-            )
-        )
-        return self.datasets
+class _Driver(DriverBoundary):
+    """``_ray_boundary.DriverBoundary`` plus a recording stand-in for all of ``grpo.setup``."""
 
     def setup(
         self, master_config, tokenizer, dataset, val_dataset, processor=None, policy_factory=None
@@ -99,22 +66,12 @@ class _Driver:
                 "dataloader", "val_dataloader", loss_fn, "logger", "checkpointer",
                 {"current_step": 0}, master_config, {}, {})  # fmt: skip
 
-    def grpo_train(self, *args):
-        self.events.append(("grpo_train", {"args": args}))
-
-    def async_grpo_train(self, **kwargs):
-        self.events.append(("async_grpo_train", kwargs))
-
 
 @pytest.fixture
 def driver(monkeypatch, tmp_path):
     d = _Driver()
-    monkeypatch.setattr(nrl_virtual_cluster, "init_ray", d.init_ray)
-    monkeypatch.setattr(nrl_algo_utils, "get_tokenizer", d.get_tokenizer)
-    monkeypatch.setattr(nrl_data_utils, "setup_response_data", d.setup_response_data)
+    d.install(monkeypatch)
     monkeypatch.setattr(grpo, "setup", d.setup)
-    monkeypatch.setattr(grpo, "grpo_train", d.grpo_train)
-    monkeypatch.setattr(grpo, "async_grpo_train", d.async_grpo_train)
     # main() edits the worker environment; restore it after each test.
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     monkeypatch.delenv("NEMO_AIS_FP8_REFIT", raising=False)
@@ -137,7 +94,7 @@ def test_main_reaches_setup_and_trains_with_upstreams_driver_code(driver, path):
 
     run.main(["--config", str(path)])
 
-    assert driver._names() == [
+    assert driver.names() == [
         "init_ray",
         "get_tokenizer",
         "setup_response_data",
@@ -159,13 +116,13 @@ def test_main_reaches_setup_and_trains_with_upstreams_driver_code(driver, path):
     # policy.generation exactly as upstream's configure_generation_config makes it.
     expected_generation = configure_generation_config(
         copy.deepcopy(raw["policy"]["generation"]),
-        _Tokenizer(),
+        Tokenizer(),
         has_refit_draft_weights=False,
         trains_mtp=bool(raw["policy"]["megatron_cfg"].get("mtp_num_layers")),
     )
     assert config.policy["generation"] == expected_generation
-    assert config.policy["generation"]["_pad_token_id"] == _Tokenizer.pad_token_id
-    assert config.policy["generation"]["stop_token_ids"] == [_Tokenizer.eos_token_id]
+    assert config.policy["generation"]["_pad_token_id"] == Tokenizer.pad_token_id
+    assert config.policy["generation"]["stop_token_ids"] == [Tokenizer.eos_token_id]
     assert config.policy["generation"]["vllm_cfg"]["load_format"] == "dummy"
     assert config.policy["draft"] == raw["policy"]["draft"]
     assert config.policy["draft"]["enabled"] is False
@@ -198,7 +155,7 @@ def test_main_runs_async_grpo_with_the_ais_loss(driver):
             "policy.generation.vllm_cfg.kv_cache_dtype=auto",
         ]
     )
-    assert driver._names()[-1] == "async_grpo_train"
+    assert driver.names()[-1] == "async_grpo_train"
     kwargs = driver.events[-1][1]
     assert isinstance(kwargs["loss_fn"], AISClippedPGLossFn)
     assert kwargs["max_trajectory_age_steps"] == 2

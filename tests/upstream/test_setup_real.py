@@ -1,0 +1,251 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""launchers/run_grpo_ais.py main() through NeMo-RL v0.7.0's REAL ``grpo.setup()``, every config.
+
+``tests/upstream/test_driver_main.py`` stops at ``grpo.setup`` (fast, many variants). Here
+``setup()`` is upstream's own, run to its ``return`` for every full config under
+``configs/nemo_rl/``: its logger (tensorboard, under ``tmp_path``), checkpoint manager,
+``StatefulDataLoader`` over tiny in-memory datasets, ``ClippedPGLossFn``, the FP8 /
+KV-cache / pipeline / batch asserts, the real ``RayVirtualCluster`` (no placement group
+is created), ``init_policy`` -> our ``policy_factory`` -> upstream's real ``Policy`` and
+``RayWorkerBuilder``, ``prepare_refit_info`` and the timing log.
+
+``setup()`` calls, in order (v0.7.0; what is real, what is stood in, see ``_ray_boundary``):
+``set_seed`` real; ``Logger`` real (``RayGpuMonitorLogger``, a Ray metrics thread, stood in
+when ``logger.monitor_gpus``); ``CheckpointManager`` + ``get_latest_checkpoint_path`` +
+``load_training_info`` + ``get_resume_paths`` real; ``StatefulDataLoader`` real (datasets
+from the stood-in ``setup_response_data``); ``ClippedPGLossFn`` real;
+``extract_necessary_env_names``, ``_should_use_nemo_gym``, ``opd`` checks,
+``prepare_segment_topology`` real (no Ray with ``segment_size: null``);
+``RayVirtualCluster`` real (recorded); ``VllmGeneration`` + ``finish_generation`` +
+``prepare_refit_info`` STOOD IN (vLLM engines on GPUs); ``configure_vllm_for_router_replay``
+real; ``policy_factory`` (ours) -> ``Policy.__init__`` real up to ``RayQueue`` /
+``RayWorkerGroup`` (STOOD IN: actor creation) and ``get_default_hf_config`` (STOOD IN: HF
+download; a real ``transformers`` config of the model's shapes); ``FLOPTracker`` real;
+``policy.print_node_ip_and_gpu_id`` / ``policy.prepare_refit_info`` real, their
+``ray.get`` on the stood-in workers' ``ray.put`` answers real (local Ray, 1 CPU);
+``logger.log_metrics`` real. Not on any shipped config's path (not colocated, NeMo-Gym,
+OPD teachers, SGLang / Megatron generation backends) is not exercised.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import pytest
+from _ray_boundary import (
+    MEGATRON_AIS_WORKER,
+    REFIT_INFO,
+    ActorBoundary,
+    DriverBoundary,
+    Tokenizer,
+    tiny_datasets,
+)
+from nemo_rl.algorithms import grpo
+from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
+from nemo_rl.distributed import ray_actor_environment_registry as registry
+from nemo_rl.models.generation import configure_generation_config
+from nemo_rl.models.policy.lm_policy import Policy
+from nemo_rl.utils.checkpoint import CheckpointManager
+from nemo_rl.utils.logger import Logger
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS, launcher
+
+from nemo_ais.nemo_rl import AISClippedPGLossFn
+from nemo_ais.nemo_rl.policy_factory import ais_worker_fqn
+
+pytestmark = pytest.mark.nemo_rl
+
+run = launcher()
+SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+
+
+class _Run:
+    """Everything recorded while ``main()`` ran with upstream's real ``setup()``."""
+
+    def __init__(self, driver: DriverBoundary, actors: ActorBoundary) -> None:
+        self.driver = driver
+        self.actors = actors
+        self.setup_calls: list[dict] = []
+        self.factory_calls: list[dict] = []
+
+
+@pytest.fixture
+def real_setup(monkeypatch, tmp_path, local_ray):
+    """Install the boundaries; spy (not stub) on ``grpo.setup`` and our policy factory."""
+    actors = ActorBoundary(stop=False).install(monkeypatch, tmp_path)
+    rec = _Run(DriverBoundary(), actors)
+
+    def use_config(raw: dict) -> None:
+        train, val = tiny_datasets(raw)
+        rec.driver.datasets = (train, val, {"math": None}, {"math": None})
+
+    rec.use_config = use_config
+    rec.driver.install(monkeypatch)
+
+    real = grpo.setup
+
+    def spy_setup(*args, **kwargs):
+        call = {"args": args, "kwargs": kwargs}
+        rec.setup_calls.append(call)
+        call["returned"] = real(*args, **kwargs)
+        return call["returned"]
+
+    monkeypatch.setattr(grpo, "setup", spy_setup)
+
+    real_factory = run.make_policy_factory
+
+    def spy_make_policy_factory(config, ais_cfg):
+        factory = real_factory(config, ais_cfg)
+
+        def spy_factory(**kwargs):
+            call = {"kwargs": kwargs}
+            rec.factory_calls.append(call)
+            call["returned"] = factory(**kwargs)
+            return call["returned"]
+
+        return spy_factory
+
+    monkeypatch.setattr(run, "make_policy_factory", spy_make_policy_factory)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delenv("NEMO_AIS_FP8_REFIT", raising=False)
+    monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
+    return rec
+
+
+def _rel(path) -> str:
+    return str(path.relative_to(CONFIG_DIR))
+
+
+def _main(rec: _Run, path, overrides=()) -> dict:
+    raw = run.load_config_dict(str(path), list(overrides))
+    rec.use_config(raw)
+    run.main(["--config", str(path), *overrides])
+    return raw
+
+
+@pytest.mark.parametrize("path", FULL_CONFIGS, ids=_rel)
+def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
+    rec = real_setup
+    raw = _main(rec, path)
+    ais_cfg = run.validate_ais(raw)
+    assert rec.driver.names() == [
+        "init_ray",
+        "get_tokenizer",
+        "setup_response_data",
+        "grpo_train",
+    ]
+
+    # ---- setup() ran to its return; main swapped the loss it returned
+    (setup_call,) = rec.setup_calls
+    config = setup_call["args"][0]
+    (policy, generation, nemo_gym, clusters, dataloader, val_dataloader, loss_fn, logger,
+     checkpointer, state, master_config, teachers, aliases) = setup_call["returned"]  # fmt: skip
+    assert type(loss_fn) is ClippedPGLossFn
+    train_args = rec.driver.event("grpo_train")["args"]
+    assert isinstance(train_args[5], AISClippedPGLossFn)
+    assert train_args[5].ais == ais_cfg.ais
+    assert train_args[0] is policy and train_args[1] is generation
+    assert master_config is config and train_args[11] is config
+    assert (nemo_gym, teachers, aliases) == (None, {}, {})
+    assert state == grpo._default_grpo_save_state()
+
+    # ---- upstream's FP8 guard read the view's flag (our loss owns the correction)
+    vllm_cfg = config.policy["generation"]["vllm_cfg"]
+    assert config.loss_fn.use_importance_sampling_correction is True
+    assert raw["loss_fn"]["use_importance_sampling_correction"] is False
+    if raw["policy"]["generation"]["vllm_cfg"]["precision"] == "fp8":
+        assert vllm_cfg["precision"] == "fp8"  # setup's assert on the flag passed above
+
+    # ---- our policy_factory built upstream's Policy with the AIS worker
+    (factory_call,) = rec.factory_calls
+    assert factory_call["returned"] is policy and type(policy) is Policy
+    kwargs = factory_call["kwargs"]
+    train_cluster, inference_cluster = clusters
+    assert train_cluster is inference_cluster  # every shipped config is colocated
+    assert kwargs["cluster"] is train_cluster and kwargs["config"] is config.policy
+    assert kwargs["tokenizer"] is rec.driver.tokenizer
+    assert kwargs["init_optimizer"] is True
+    assert kwargs["init_reference_model"] is (raw["loss_fn"]["reference_policy_kl_penalty"] > 0)
+    assert (kwargs["weights_path"], kwargs["optimizer_path"]) == (None, None)
+    (group,) = rec.actors.groups
+    builder = group["builder"]
+    assert builder.ray_actor_class_fqn == ais_worker_fqn(raw["policy"]) == MEGATRON_AIS_WORKER
+    assert builder.args[0] is config.policy
+    assert builder.kwargs["tokenizer"] is rec.driver.tokenizer
+    assert registry.get_actor_python_env(MEGATRON_AIS_WORKER) == rec.actors.venv_python
+    assert len(rec.actors.queues) == 1
+    assert rec.actors.hf_configs == [raw["policy"]["model_name"]]
+    assert policy.flops_tracker is not None  # upstream's FLOPTracker on the model's shapes
+    mcfg = raw["policy"]["megatron_cfg"]
+    model_parallel = (
+        mcfg["tensor_model_parallel_size"]
+        * mcfg["pipeline_model_parallel_size"]
+        * mcfg["context_parallel_size"]
+    )
+    world = raw["cluster"]["num_nodes"] * raw["cluster"]["gpus_per_node"]
+    assert policy.data_parallel_size == world // model_parallel
+    # setup's scheduler length: min(max_num_steps, max_num_epochs x 2 dataloader batches)
+    assert config.policy["megatron_cfg"]["train_iters"] == min(
+        raw["grpo"]["max_num_steps"], raw["grpo"]["max_num_epochs"] * 2
+    )
+    (worker_group,) = rec.actors.worker_groups
+    assert [c[0] for c in worker_group.calls] == ["report_node_ip_and_gpu_id", "prepare_refit_info"]
+
+    # ---- the real RayVirtualCluster; nothing asked Ray for a placement group
+    ((cluster, cluster_kwargs),) = rec.actors.clusters
+    assert cluster is train_cluster
+    gpus = raw["cluster"]["gpus_per_node"]
+    assert cluster_kwargs["bundle_ct_per_node_list"] == [gpus] * raw["cluster"]["num_nodes"]
+    assert cluster_kwargs["max_colocated_worker_groups"] == 2  # vLLM backend
+    assert cluster._node_placement_groups is None
+
+    # ---- vLLM got the configured generation config (configure_generation_config's output)
+    (vllm,) = rec.actors.generations
+    assert vllm is generation and vllm.cluster is inference_cluster
+    expected = configure_generation_config(
+        copy.deepcopy(raw["policy"]["generation"]),
+        Tokenizer(),
+        has_refit_draft_weights=False,
+        trains_mtp=bool(mcfg.get("mtp_num_layers")),
+    )
+    assert vllm.config["vllm_cfg"] == expected["vllm_cfg"] == vllm_cfg
+    assert vllm.config["vllm_cfg"]["load_format"] == "dummy"
+    assert vllm.config["model_name"] == raw["policy"]["model_name"]
+    assert vllm.config["vllm_kwargs"]["hf_overrides"] == raw["policy"].get(
+        "hf_config_overrides", {}
+    )
+    assert vllm.calls == [("finish_generation", ()), ("prepare_refit_info", (REFIT_INFO,))]
+
+    # ---- logger, checkpointer, dataloaders: upstream's, on the tmp dirs
+    assert isinstance(logger, Logger) and isinstance(checkpointer, CheckpointManager)
+    log_dir = config.logger["log_dir"]
+    assert os.path.isdir(os.path.join(log_dir, "tensorboard"))
+    assert [m.get("started") for m in rec.actors.gpu_monitors] == (
+        [True] if raw["logger"]["monitor_gpus"] else []
+    )
+    assert len(dataloader) == 2 and dataloader.batch_size == raw["grpo"]["num_prompts_per_step"]
+    assert (val_dataloader is not None) == (raw["grpo"]["val_period"] > 0)
+
+
+def test_upstreams_fp8_guard_runs_without_the_view(real_setup, monkeypatch):
+    """Without ``nemo_rl_view`` upstream's real FP8 assert stops setup(): the view is needed."""
+    monkeypatch.setattr(run, "nemo_rl_view", lambda raw, ais_cfg: raw)
+    with pytest.raises(AssertionError, match="Importance sampling must be enabled for vLLM FP8"):
+        _main(real_setup, SMOKE)
+    assert real_setup.factory_calls == []  # before any worker
+
+
+def test_upstreams_fp8_kv_cache_pipeline_guard_runs(real_setup, monkeypatch):
+    """Upstream's real KV-cache / PP assert (cluster_check's twin bypassed to reach it)."""
+    monkeypatch.setattr(run, "fp8_kv_refit_problems", lambda raw: [])
+    with pytest.raises(AssertionError, match="pipeline_model_parallel_size=1"):
+        _main(
+            real_setup,
+            SMOKE,
+            ["policy.megatron_cfg.pipeline_model_parallel_size=2"],
+        )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
