@@ -1,7 +1,10 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""The NeMo-RL seam without NeMo-RL: key mapping, global-batch split, row tags, worker mixin.
+"""The NeMo-RL seam's own logic: key mapping, global-batch split, row tags, worker mixin.
 
-Runs in CI (no NeMo-RL). The multi-process collective pattern is in
+NeMo-RL v0.7.0 is importable in every run (``tests/conftest.py``): the packed split runs on
+its real ``BatchedDataDict.shard_by_batch_size(..., sequence_packing_args=...)``; one test
+imports ``nemo_ais.nemo_rl`` in a subprocess where NeMo-RL is absent. The multi-process
+collective pattern is in
 ``tests/distributed/test_nemo_rl_seam.py``; NeMo-RL-backed checks in ``test_nemo_rl_loss.py``.
 """
 
@@ -120,12 +123,30 @@ def test_core_inputs_errors_name_the_tensor(mutate, error, match):
         core_inputs(d)
 
 
-class _Packed(dict):
-    elem_counts_per_gb = (1, 3)
+def _packed_rank1():
+    """DP rank 1's shard of two global batches (gbs 4, DP 2), packed by NeMo-RL's real packer.
 
-    def get_batch(self, batch_idx, batch_size=None):
-        start = sum(self.elem_counts_per_gb[:batch_idx])
-        return {k: v[start : start + self.elem_counts_per_gb[batch_idx]] for k, v in self.items()}
+    Sequence lengths [5, 1, 1, 1 | 5, 5, 1, 1] in 5-token bins: rank 1 holds 3 rows of
+    global batch 0 and 2 of global batch 1 (``elem_counts_per_gb == [3, 2]``), not
+    ``gbs / DP = 2`` each.
+    """
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    data = BatchedDataDict({k: torch.cat([v, v]) for k, v in _data(b=4).items()})
+    data["input_lengths"] = torch.tensor([5, 1, 1, 1, 5, 5, 1, 1])
+    shards, _ = data.shard_by_batch_size(
+        2,
+        batch_size=4,
+        sequence_packing_args={
+            "max_tokens_per_microbatch": 5,
+            "input_key": "input_ids",
+            "input_lengths_key": "input_lengths",
+            "algorithm": "modified_first_fit_decreasing",
+            "sequence_length_pad_multiple": 1,
+        },
+    )
+    assert shards[1].elem_counts_per_gb == [3, 2]
+    return shards[1]
 
 
 class _Sink:
@@ -142,11 +163,12 @@ def test_split_and_tags_plain_and_packed():
     assert [b["sample_mask"].shape[0] for b in split_global_batches(plain, 2)] == [2, 2]
     prepare_global_batches(plain, _Sink(), CONFIG, local_batch_size=2, group=None)
     assert plain[GLOBAL_BATCH_KEY].tolist() == [0, 0, 1, 1, -1]
-    packed = _Packed(_data(b=4))
+    packed = _packed_rank1()
     assert num_global_batches(packed, 99) == 2  # elem_counts_per_gb wins
+    assert [b["sample_mask"].shape[0] for b in split_global_batches(packed, 2)] == [3, 2]
     sink = _Sink()
     prepare_global_batches(packed, sink, CONFIG, local_batch_size=2, group=None)
-    assert packed[GLOBAL_BATCH_KEY].tolist() == [0, 1, 1, 1]
+    assert packed[GLOBAL_BATCH_KEY].tolist() == [0, 0, 0, 1, 1]
     assert len(sink.diagnostics) == 2
 
 
