@@ -19,8 +19,8 @@ FP8 / AIS GRPO experiment of ``configs/local/default.yaml`` (``--quick``:
 ``nemo-ais analyze LOG_DIR`` replays the AIS diagnostics and every correction mode over a
 NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``).
 Exit codes: 0 success, 1 a run failed or bad log input (message printed), 2 bad config or
-arguments, 3 ``analyze --fail-on-alarm`` and an alarm fired, 130 interrupted (checkpoints
-kept; re-run the same command to resume).
+arguments, 3 ``analyze --fail-on-alarm`` (or ``alarms.fail_on_alarm=true``) and an alarm
+fired, 130 interrupted (``run``: checkpoints kept; re-run the same command to resume).
 """
 
 from __future__ import annotations
@@ -136,7 +136,10 @@ def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     analyze.add_argument("--no-progress", action="store_true", help="No progress bar.")
     analyze.add_argument("--no-plots", action="store_true", help="Skip the PNG plots.")
     analyze.add_argument(
-        "--fail-on-alarm", action="store_true", help="Exit with code 3 if an alarm fired."
+        "--fail-on-alarm",
+        action="store_true",
+        help="Exit with code 3 if an alarm fired, after writing the report (also "
+        "alarms.fail_on_alarm=true).",
     )
 
 
@@ -198,12 +201,26 @@ def _analyze(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             plots=not args.no_plots,
         )
+    except KeyboardInterrupt:
+        print(
+            "nemo-ais analyze: interrupted; outputs written so far are incomplete.",
+            file=sys.stderr,
+        )
+        return 130
     except BadInputError as err:
         print(f"nemo-ais analyze: {err}", file=sys.stderr)
         return 1
     except OSError as err:  # unreadable file, full disk: one line, no traceback
         print(
             f"nemo-ais analyze: {err.filename or args.log_dir}: {err.strerror or err}",
+            file=sys.stderr,
+        )
+        return 1
+    except Exception as err:  # backstop: one line naming the input, never a traceback
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        print(
+            f"nemo-ais analyze: {args.log_dir}: unexpected {type(err).__name__}: {first} "
+            "(run with -v and report it)",
             file=sys.stderr,
         )
         return 1
@@ -214,7 +231,9 @@ def _analyze(args: argparse.Namespace) -> int:
     )
     for alarm in result.alarms[:10]:
         print(f"  alarm: {alarm}")
-    return 3 if args.fail_on_alarm and result.alarms else 0
+    # alarms.fail_on_alarm=true (the online key) means --fail-on-alarm offline
+    fail = args.fail_on_alarm or alarm_config.fail_on_alarm
+    return 3 if fail and result.alarms else 0
 
 
 _COMMANDS = {"run": _run, "report": _report, "analyze": _analyze}

@@ -24,22 +24,28 @@ Alarms (thresholds are :class:`AlarmConfig` fields; a heuristic of this project,
 the AIS paper):
 
 1. ``nonfinite``: valid positions whose ``prev_logprobs`` or ``generation_logprobs`` is
-   NaN or +-inf (a broken refit or engine; such positions are excluded from the
-   diagnostics, as NeMo-RL's loss masks -inf log-probs).
+   NaN or +-inf (a broken refit or engine). The analysis excludes them from the
+   diagnostics and counts them. NeMo-RL v0.7.0's loss does not: its
+   ``token_mult_prob_error`` is a masked mean of exp(lp_error * mask), which is inf or
+   NaN as soon as one valid log-prob is; only its importance weights are cleaned (the
+   ``use_importance_sampling_correction`` ratio goes through ``nan_to_num``).
 2. ``tmpe_jump`` / ``severity_jump``: ``token_mult_prob_error - 1`` (resp. the severity D)
    exceeds ``jump_factor`` x its median over the previous ``window`` steps and that
    median by at least ``min_jump`` (needs ``min_history`` earlier steps). A refit that
    left stale or mis-scaled FP8 weights shows up as such a jump.
-3. ``kv_scale_position``: in sequences of at least ``kv_min_length`` positions, the mean
-   |l| over the last quarter of positions is ``kv_ratio`` x that of the first quarter
-   (and higher by ``min_jump``): mismatch growing with position, the signature of FP8
-   KV-cache scales left at their default of 1.0 (quantization error accumulating in the
-   attention over a long context).
+3. ``kv_scale_position``: over the sequences whose valid span (first to last valid
+   position) is at least ``kv_min_length``, each cut into quarters of its OWN span, the
+   mean |l| over the last quarters is ``kv_ratio`` x that over the first quarters (and
+   higher by ``min_jump``): mismatch growing with position within a sequence, the
+   signature of FP8 KV-cache scales left at their default of 1.0 (quantization error
+   accumulating in the attention over a long context). Quarters relative to each
+   sequence's length keep sequences of different lengths from being compared with each
+   other (a long, uniformly mismatched sequence does not look like late-position growth).
+   Offline only: the AIS worker runs alarms 1-2 on its diagnostics (docs/analyze.md).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections import deque
@@ -86,13 +92,17 @@ class AlarmConfig(BaseModel):
         description="...and value - median >= min_jump (tmpe excess or D; also the KV check).",
     )
     kv_min_length: int = Field(
-        256, ge=_QUARTERS, description="Shortest valid span (positions) for the KV-scale check."
+        256,
+        ge=_QUARTERS,
+        description="KV check: only sequences whose valid span has >= this many positions.",
     )
     kv_ratio: float = Field(
-        2.0, gt=1.0, description="KV alarm: late-quarter mean |l| / early-quarter mean |l|."
+        2.0,
+        gt=1.0,
+        description="KV alarm: last- / first-quarter mean |l| (quarters of each sequence).",
     )
     kv_min_tokens: int = Field(
-        256, ge=1, description="Valid tokens needed in each compared quarter."
+        256, ge=1, description="KV check: valid tokens needed in the first and last quarters."
     )
     fail_on_alarm: bool = Field(
         False, description="Online: raise RefitAlarmError (fail the step) when an alarm fires."
@@ -117,46 +127,40 @@ class RefitAlarmError(RuntimeError):
 
 @dataclass
 class PositionProfile:
-    """Per-position sums over valid tokens: sum |l| and count (index = position in the sequence).
+    """Per-quarter sums over valid tokens of long sequences: sum |l|, tokens, sequences.
 
-    Additive: profiles of chunks (or of data-parallel ranks, all-reduced) merge by
-    :meth:`merge`.
+    Quarter q of a sequence covers its valid span's positions with
+    floor(4 (j - first) / span) = q. Additive: profiles of chunks (or of data-parallel
+    ranks, all-reduced) merge by :meth:`merge`.
     """
 
     abs_log_rho_sum: torch.Tensor
     n_tok: torch.Tensor
+    n_seq: int = 0
+    min_length: int = 0
 
     @classmethod
-    def empty(cls) -> PositionProfile:
-        """A profile with no position."""
-        zero = torch.zeros(0, dtype=torch.float64)
-        return cls(zero, zero.clone())
+    def empty(cls, min_length: int = 0) -> PositionProfile:
+        """A profile with no sequence."""
+        zero = torch.zeros(_QUARTERS, dtype=torch.float64)
+        return cls(zero, zero.clone(), 0, min_length)
 
     def merge(self, other: PositionProfile) -> PositionProfile:
-        """Sum of two profiles (the longer one sets the length)."""
-        n = max(self.n_tok.numel(), other.n_tok.numel())
-        out = PositionProfile(
-            torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+        """Sum of two profiles (built with the same ``min_length``)."""
+        return PositionProfile(
+            self.abs_log_rho_sum + other.abs_log_rho_sum,
+            self.n_tok + other.n_tok,
+            self.n_seq + other.n_seq,
+            max(self.min_length, other.min_length),
         )
-        for p in (self, other):
-            out.abs_log_rho_sum[: p.n_tok.numel()] += p.abs_log_rho_sum
-            out.n_tok[: p.n_tok.numel()] += p.n_tok
-        return out
 
-    def quarters(self) -> tuple[int, list[tuple[int, int, float, float]]] | None:
-        """(span, [(start, end, mean |l|, tokens) per quarter]) over the valid span; None if empty."""
-        filled = torch.nonzero(self.n_tok > 0)
-        if filled.numel() == 0:
+    def quarters(self) -> list[tuple[float, float]] | None:
+        """[(mean |l|, tokens) per quarter]; None if no sequence was long enough."""
+        if self.n_seq == 0:
             return None
-        start, end = int(filled[0]), int(filled[-1]) + 1
-        span = end - start
-        edges = [start + (span * q) // _QUARTERS for q in range(_QUARTERS + 1)]
-        out = []
-        for lo, hi in itertools.pairwise(edges):
-            n = float(self.n_tok[lo:hi].sum())
-            s = float(self.abs_log_rho_sum[lo:hi].sum())
-            out.append((lo, hi, s / n if n > 0 else 0.0, n))
-        return span, out
+        n = self.n_tok.tolist()
+        s = self.abs_log_rho_sum.tolist()
+        return [(s[q] / n[q] if n[q] > 0 else 0.0, n[q]) for q in range(_QUARTERS)]
 
 
 @torch.no_grad()
@@ -165,26 +169,39 @@ def position_profile(
     logp_rollout: torch.Tensor,
     mask: torch.Tensor,
     *,
-    offset: int = 1,
+    min_length: int = 256,
 ) -> PositionProfile:
-    """Per-position sum |l| and valid-token count of a ``[B, T]`` batch (core ``log_ratio``).
+    """Per-quarter sum |l| and token count of a ``[B, T]`` batch's long sequences (core ``log_ratio``).
+
+    Each row's quarters are relative to its own valid span (first to last valid position);
+    rows whose span is shorter than ``min_length`` are left out.
 
     Args:
         logp_old: ``[B, T]`` ``prev_logprobs`` (aligned like the loss: ``[:, 1:]``).
         logp_rollout: ``[B, T]`` ``generation_logprobs``, same alignment.
         mask: ``[B, T]`` bool or {0, 1}; positions to count (non-finite ones excluded).
-        offset: position of column 0 in the sequence (1 after NeMo-RL's ``[:, 1:]``).
+        min_length: shortest valid span counted (``AlarmConfig.kv_min_length``).
 
     Returns:
-        :class:`PositionProfile` of length ``offset + T`` (float64, on the CPU).
+        :class:`PositionProfile` (float64 sums of length 4, on the CPU).
     """
-    valid = mask if mask.dtype == torch.bool else mask == 1
-    abs_log_rho = log_ratio(logp_old, logp_rollout, valid).abs().to(torch.float64)
-    pad = torch.zeros(offset, dtype=torch.float64)
-    return PositionProfile(
-        torch.cat([pad, abs_log_rho.sum(dim=0).cpu()]),
-        torch.cat([pad, valid.sum(dim=0).to(torch.float64).cpu()]),
-    )
+    valid = (mask if mask.dtype == torch.bool else mask == 1).cpu()
+    t = valid.shape[-1]
+    has_tok = valid.any(dim=-1)
+    first = valid.to(torch.int8).argmax(dim=-1)
+    last = t - 1 - valid.flip(-1).to(torch.int8).argmax(dim=-1)
+    span = torch.where(has_tok, last - first + 1, 0)
+    long_seq = span >= min_length
+    offset = torch.arange(t)[None, :] - first[:, None]
+    quarter = (offset * _QUARTERS).div(span.clamp(min=1)[:, None], rounding_mode="floor")
+    used = valid & long_seq[:, None]
+    index = quarter.clamp(0, _QUARTERS - 1)[used]
+    abs_log_rho = log_ratio(logp_old, logp_rollout, valid.to(logp_old.device)).abs().cpu()
+    out = PositionProfile.empty(min_length)
+    out.abs_log_rho_sum.index_add_(0, index, abs_log_rho[used].to(torch.float64))
+    out.n_tok.index_add_(0, index, torch.ones(index.numel(), dtype=torch.float64))
+    out.n_seq = int(long_seq.sum())
+    return out
 
 
 def _get(diagnostics: Any, name: str) -> float:
@@ -232,10 +249,9 @@ class AlarmMonitor:
 
     def _kv(self, step: int, profile: PositionProfile | None) -> Alarm | None:
         quarters = profile.quarters() if profile is not None else None
-        if quarters is None or quarters[0] < self.config.kv_min_length:
+        if quarters is None:
             return None
-        _span, parts = quarters
-        (lo0, hi0, early, n0), (lo3, hi3, late, n3) = parts[0], parts[-1]
+        (early, n0), (late, n3) = quarters[0], quarters[-1]
         if min(n0, n3) < self.config.kv_min_tokens:
             return None
         if late > self.config.kv_ratio * early and late - early >= self.config.min_jump:
@@ -243,9 +259,10 @@ class AlarmMonitor:
             return Alarm(
                 "kv_scale_position",
                 step,
-                f"mean |log-ratio| {late:.4g} at positions {lo3}-{hi3 - 1} vs {early:.4g} at "
-                f"positions {lo0}-{hi0 - 1} ({ratio}; {int(n3)} and {int(n0)} tokens): mismatch "
-                "grows with position, as with FP8 KV-cache scales left at 1.0",
+                f"mean |log-ratio| {late:.4g} in the last quarter of each sequence vs {early:.4g} "
+                f"in the first ({ratio}; threshold {self.config.kv_ratio}x; {profile.n_seq} "
+                f"sequences spanning >= {profile.min_length} positions, {int(n3)} and {int(n0)} "
+                "tokens): mismatch grows with position, as with FP8 KV-cache scales left at 1.0",
             )
         return None
 
@@ -266,7 +283,8 @@ class AlarmMonitor:
                 field names) of the step's global batch.
             n_nonfinite: valid positions with a NaN / inf log-prob (excluded upstream).
             nonfinite_where: where the first one is (for the evidence).
-            profile: per-position |l| sums (:func:`position_profile`), or None.
+            profile: per-quarter |l| sums of long sequences (:func:`position_profile`), or
+                None (no ``kv_scale_position`` check, as online).
 
         Returns:
             The fired alarms, in :data:`ALARM_KINDS` order (empty if none).

@@ -33,7 +33,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from nemo_ais.analyze.alarms import AlarmConfig, AlarmMonitor, alarm_metrics
-from nemo_ais.analyze.reader import BadInputError, find_step_files
+from nemo_ais.analyze.reader import BadInputError, StepFile, find_step_files
 from nemo_ais.analyze.replay import StepResult, replay_step
 from nemo_ais.analyze.report import write_report
 from nemo_ais.config import CorrectionConfig, validate_section
@@ -84,8 +84,8 @@ def analysis_row(result: StepResult, alarms: Sequence[Any]) -> dict[str, Any]:
             "analysis/bad_rows": result.counts.bad_rows,
             "analysis/positions": result.n_positions,
             "analysis/nonfinite": result.n_nonfinite,
-            "analysis/span": quarters[0] if quarters else 0,
-            "analysis/abs_log_rho_by_quarter": [q[2] for q in quarters[1]] if quarters else [],
+            "analysis/kv_sequences": result.profile.n_seq,
+            "analysis/abs_log_rho_by_quarter": [q[0] for q in quarters] if quarters else [],
         }
     )
     row.update(alarm_metrics(list(alarms)))
@@ -131,6 +131,19 @@ def load_analysis_config(
     )
 
 
+def _replay(step_file: StepFile, *args: Any, **kwargs: Any) -> StepResult:
+    """:func:`replay_step`; an unexpected error becomes a one-line :class:`BadInputError`."""
+    try:
+        return replay_step(step_file, *args, **kwargs)
+    except (BadInputError, OSError):
+        raise
+    except Exception as err:  # a backstop: name the file, keep the first line only
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise BadInputError(
+            step_file.path, 0, f"unexpected {type(err).__name__} while analysing it: {first}"
+        ) from err
+
+
 def analyze_run(
     log_dir: Path | str,
     out_dir: Path | str | None = None,
@@ -149,7 +162,9 @@ def analyze_run(
         log_dir: a NeMo-RL ``logger.log_dir`` holding ``train_data_step{N}.jsonl`` files.
         out_dir: output directory (default ``log_dir/ais_analysis``).
         config: the ``loss_fn.ais`` section (default: the defaults of CorrectionConfig).
-        alarm_config: refit-guard thresholds (``fail_on_alarm`` is ignored offline).
+        alarm_config: refit-guard thresholds. ``fail_on_alarm`` does not stop the analysis
+            (every step is analysed and the report written); ``nemo-ais analyze`` maps it,
+            like ``--fail-on-alarm``, to exit code 3 when an alarm fired.
         skip_bad_rows: count and skip bad rows instead of stopping at the first.
         progress: show a progress bar (bytes read) on stderr.
         plots: draw the PNG plots.
@@ -161,11 +176,14 @@ def analyze_run(
         :class:`AnalysisResult`.
 
     Raises:
-        BadInputError: ``file:line: problem`` for the first bad input.
+        BadInputError: ``file:line: problem`` for the first bad input; any other error
+            while a step file is analysed (except ``OSError`` and ``KeyboardInterrupt``)
+            becomes ``file:0: unexpected <type>: <first line>``.
     """
     log_dir = Path(log_dir)
     config = config or CorrectionConfig()
-    alarm_config = (alarm_config or AlarmConfig()).model_copy(update={"fail_on_alarm": False})
+    alarm_config = alarm_config or AlarmConfig()
+    monitor_config = alarm_config.model_copy(update={"fail_on_alarm": False})  # never raise
     files = find_step_files(log_dir)
     out = Path(out_dir) if out_dir is not None else log_dir / DEFAULT_OUT
     try:
@@ -176,7 +194,7 @@ def analyze_run(
         ) from None
     from nemo_ais.core import AISState
 
-    state, monitor = AISState(), AlarmMonitor(alarm_config)
+    state, monitor = AISState(), AlarmMonitor(monitor_config)
     rows: list[dict[str, Any]] = []
     bad_rows, rows_read, bad_examples = 0, 0, []
     bar = tqdm(
@@ -184,14 +202,14 @@ def analyze_run(
         unit="B",
         unit_scale=True,
         desc="nemo-ais analyze",
-        disable=not progress,
+        disable=None if progress else True,  # None: off when stderr is not a terminal
         leave=False,
     )
     try:
         with (out / ANALYSIS_FILE).open("w") as f:
             for step_file in files:
                 bar.set_postfix_str(f"step {step_file.step}", refresh=False)
-                result = replay_step(
+                result = _replay(
                     step_file,
                     config,
                     state,
@@ -199,6 +217,7 @@ def analyze_run(
                     memory_budget_bytes=memory_budget_bytes,
                     skip_bad_rows=skip_bad_rows,
                     on_bytes=bar.update,
+                    kv_min_length=alarm_config.kv_min_length,
                 )
                 fired = monitor.observe(
                     result.step,

@@ -26,14 +26,14 @@ Per ``train_data_step{N}.jsonl`` (one global batch), with the core code only:
    temporary directory): the ``ais`` weights with that alpha.
 
 Weight summary of a mode (w_hat over the n valid tokens): mean, max, the fraction capped
-or masked (``tis``: w_hat at the cap C or the floor; ``icepop``/``seq_mask_geo``:
-w_hat = 0; ``ais``: rho >= C, i.e. w_hat at (1 - alpha) + alpha C, when alpha > 0) and
-the effective sample size ratio (sum w_hat)^2 / (n sum w_hat^2).
+or masked and the effective sample size ratio (sum w_hat)^2 / (n sum w_hat^2). Capped
+follows core's ``frac_capped`` (rho > C, from the step's diagnostics): ``tis``: rho > C or
+rho < floor (core's floor: ``weight_floor``, or 0 when unset, so never); ``ais``: rho > C
+when alpha > 0 (else 0: the weights are all 1); ``icepop``/``seq_mask_geo``: w_hat = 0.
 """
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -52,6 +52,7 @@ from nemo_ais.core import (
     compute_statistics,
     correction_weights,
     diagnostics_from_stats,
+    log_ratio,
 )
 
 __all__ = ["MODES", "StepResult", "WeightSums", "replay_step"]
@@ -60,27 +61,22 @@ MODES = ("tis", "icepop", "seq_mask_geo", "ais")
 _BYTES_PER_POSITION = 2 * 8 + 1  # two float64 log-probs and a bool mask
 
 
-def _tis_affected(w, valid, config, alpha):
-    floor = config.weight_floor if config.weight_floor is not None else -math.inf
-    return valid & ((w >= config.weight_cap) | (w <= floor))
+def _tis_below_floor(old, rollout, valid, config):
+    """Valid tokens that ``tis`` raises to its floor: rho < floor (core: floor 0 if unset)."""
+    floor = config.weight_floor if config.weight_floor is not None else 0
+    return valid & (torch.exp(log_ratio(old, rollout, valid)) < floor)
 
 
-def _masked(w, valid, config, alpha):
-    return valid & (w == 0)
+def _masked(old, rollout, valid, config, w_hat):
+    return valid & (w_hat == 0)
 
 
-def _ais_affected(w, valid, config, alpha):
-    if alpha <= 0:
-        return torch.zeros_like(valid)
-    return valid & (w >= (1 - alpha) + alpha * config.weight_cap)
-
-
-# Which valid tokens a mode caps or masks, given its weights w_hat.
+# Valid tokens a mode masks (or, for tis, floors), counted in pass 1; the capped share
+# (rho > C) of tis and ais is core's frac_capped, added after pass 2.
 _AFFECTED: dict[str, Callable[..., torch.Tensor]] = {
-    "tis": _tis_affected,
+    "tis": lambda old, rollout, valid, config, w_hat: _tis_below_floor(old, rollout, valid, config),
     "icepop": _masked,
     "seq_mask_geo": _masked,
-    "ais": _ais_affected,
 }
 
 
@@ -174,6 +170,7 @@ def replay_step(
     memory_budget_bytes: int = 128 << 20,
     skip_bad_rows: bool = False,
     on_bytes: Callable[[int], None] | None = None,
+    kv_min_length: int = 256,
 ) -> StepResult:
     """Steps 1-3 of the module docstring for one step file.
 
@@ -185,6 +182,7 @@ def replay_step(
         memory_budget_bytes: chunks kept in memory for pass 2; the rest is spilled.
         skip_bad_rows: count and skip bad rows instead of raising.
         on_bytes: progress callback (bytes read).
+        kv_min_length: shortest valid span of a sequence in the position profile.
 
     Returns:
         :class:`StepResult`.
@@ -196,7 +194,7 @@ def replay_step(
     modes = {m: config.model_copy(update={"mode": m}) for m in MODES}
     sums = {m: WeightSums() for m in MODES}
     vector: torch.Tensor | None = None
-    profile = PositionProfile.empty()
+    profile = PositionProfile.empty(kv_min_length)
     n_tok = n_positions = n_nonfinite = 0
     first_nonfinite = ""
     store = _ChunkStore(memory_budget_bytes)
@@ -213,8 +211,8 @@ def replay_step(
             vector = local if vector is None else vector + local
             for m in ("tis", "icepop", "seq_mask_geo"):
                 w_hat = correction_weights(old, rollout, valid, modes[m])
-                sums[m].add(w_hat, valid, _AFFECTED[m](w_hat, valid, modes[m], None))
-            profile = profile.merge(position_profile(old, rollout, valid))
+                sums[m].add(w_hat, valid, _AFFECTED[m](old, rollout, valid, modes[m], w_hat))
+            profile = profile.merge(position_profile(old, rollout, valid, min_length=kv_min_length))
             n_tok += int(valid.sum())
             n_positions += chunk.num_positions
             if chunk.n_nonfinite and not first_nonfinite:
@@ -232,14 +230,19 @@ def replay_step(
         diagnostics = diagnostics_from_stats(AISStats(vector), config, state)  # step 2
         for old, rollout, valid in store:  # step 3 (pass 2)
             w_hat = correction_weights(old, rollout, valid, modes["ais"], alpha=diagnostics.alpha)
-            sums["ais"].add(w_hat, valid, _ais_affected(w_hat, valid, config, diagnostics.alpha))
+            sums["ais"].add(w_hat, valid, torch.zeros_like(valid))
     finally:
         store.close()
+    weights = {m: s.summary() for m, s in sums.items()}
+    weights["tis"]["frac_capped_or_masked"] += diagnostics.frac_capped  # rho > C (core)
+    weights["ais"]["frac_capped_or_masked"] = (
+        diagnostics.frac_capped if diagnostics.alpha > 0 else 0.0
+    )
     return StepResult(
         step=step_file.step,
         path=step_file.path,
         diagnostics=diagnostics,
-        weights={m: s.summary() for m, s in sums.items()},
+        weights=weights,
         counts=counts,
         n_tok=n_tok,
         n_positions=n_positions,

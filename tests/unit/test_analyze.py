@@ -41,10 +41,12 @@ def _oracle_weights(mode, old, roll, mask, cfg, alpha):
         for t in range(len(mask[i]))
         if mask[i][t] == 1
     ]
+    # capped as core's frac_capped: rho > C; tis also rho < floor (core: 0 when unset)
+    floor = cfg.weight_floor if cfg.weight_floor is not None else 0.0
     if mode == "tis":
-        hit = [x >= cfg.weight_cap for x in vals]
+        hit = [r > cfg.weight_cap or r < floor for r in rho]
     elif mode == "ais":
-        hit = [alpha > 0 and r >= cfg.weight_cap for r in rho]
+        hit = [alpha > 0 and r > cfg.weight_cap for r in rho]
     else:
         hit = [x == 0 for x in vals]
     n, s, sq = len(vals), math.fsum(vals), math.fsum(x * x for x in vals)

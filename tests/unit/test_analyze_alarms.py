@@ -71,23 +71,56 @@ def test_kv_scale_alarm_on_mismatch_growing_with_position():
     monitor = AlarmMonitor()
     (alarm,) = monitor.observe(3, _diag(1.01, 0.01), profile=position_profile(*_kv_batch(9.0)))
     assert alarm.kind == "kv_scale_position"
-    assert "at positions 385-512 vs" in alarm.evidence and "positions 1-128" in alarm.evidence
+    assert "in the last quarter of each sequence vs" in alarm.evidence
+    assert "4 sequences spanning >= 256 positions, 512 and 512 tokens" in alarm.evidence
     assert monitor.observe(4, _diag(1.01, 0.01), profile=position_profile(*_kv_batch(0.0))) == []
     short = position_profile(*_kv_batch(9.0, length=128))  # span 128 < kv_min_length
+    assert short.n_seq == 0
     assert AlarmMonitor().observe(5, _diag(1.01, 0.01), profile=short) == []
 
 
-def test_position_profile_is_additive_and_skips_masked_positions():
+def test_kv_alarm_has_no_false_alarm_on_mixed_lengths():
+    """Constant per-token mismatch within each sequence, longer sequences more mismatched.
+
+    By absolute position, the last quarter of the longest span holds only the long (more
+    mismatched) sequences: > 2x the first quarter's mean |l|, a false alarm. Quarters of each
+    sequence's own span compare every sequence with itself: no alarm.
+    """
+    g = torch.Generator().manual_seed(3)
+    lengths = [256, 256, 256, 256, 1024, 1024]
+    old = -torch.rand(6, 1024, generator=g, dtype=torch.float64) - 0.1
+    mask = torch.zeros(6, 1024)
+    sigma = torch.zeros(6, 1)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+        sigma[i] = 0.01 if n == 256 else 0.06
+    roll = old + sigma * torch.randn(6, 1024, generator=g, dtype=torch.float64)
+    profile = position_profile(old, roll, mask)
+    assert profile.n_seq == 6
+    early, late = profile.quarters()[0][0], profile.quarters()[-1][0]
+    assert late / early == pytest.approx(1.0, rel=0.15)
+    assert AlarmMonitor().observe(1, _diag(1.01, 0.01), profile=profile) == []
+    # the same batch by absolute position would have fired: last quarter long rows only
+    abs_l = (old - roll).abs() * mask
+    by_abs = [abs_l[:, a : a + 256].sum() / mask[:, a : a + 256].sum() for a in (0, 768)]
+    assert by_abs[1] / by_abs[0] > 2.0
+
+
+def test_position_profile_is_additive_and_relative_to_each_sequence():
     old, roll, mask = _kv_batch(1.0, length=8, batch=4)
     mask[:, 6:] = 0
+    mask[1, 4:] = 0  # a shorter sequence: its own quarters
     roll[:, 6:] = -math.inf
-    whole = position_profile(old, roll, mask)
-    halves = position_profile(old[:2], roll[:2], mask[:2]).merge(
-        position_profile(old[2:], roll[2:], mask[2:])
+    whole = position_profile(old, roll, mask, min_length=4)
+    halves = position_profile(old[:2], roll[:2], mask[:2], min_length=4).merge(
+        position_profile(old[2:], roll[2:], mask[2:], min_length=4)
     )
     assert torch.allclose(whole.abs_log_rho_sum, halves.abs_log_rho_sum, rtol=0, atol=1e-15)
-    assert whole.n_tok.tolist() == [0, 4, 4, 4, 4, 4, 4, 0, 0]  # offset 1, last two masked
+    # spans 6, 4, 6, 6: quarters of 6 positions hold 2, 1, 2, 1; of 4 positions 1 each
+    assert whole.n_tok.tolist() == [7, 4, 7, 4] and whole.n_seq == 4
+    assert whole.n_tok.tolist() == halves.n_tok.tolist() and halves.n_seq == 4
     assert torch.isfinite(whole.abs_log_rho_sum).all()
+    assert position_profile(old, roll, mask, min_length=5).n_seq == 3  # span 4 left out
 
 
 def test_online_use_in_a_worker_logs_metrics_and_fails_when_configured():
@@ -101,11 +134,11 @@ def test_online_use_in_a_worker_logs_metrics_and_fails_when_configured():
         mask = torch.ones(8, 32)
         diag = compute_diagnostics(old, roll, mask, cfg)
         if sigma < 0.1:
-            alarms = monitor.observe(step, diag, profile=position_profile(old, roll, mask))
+            alarms = monitor.observe(step, diag)
             assert alarm_metrics(alarms) == {f"ais_alarm/{k}": 0.0 for k in ALARM_KINDS}
             continue
         with pytest.raises(RefitAlarmError, match=r"step 4: tmpe_jump: .*step 4: severity_jump"):
-            monitor.observe(step, diag, profile=position_profile(old, roll, mask))
+            monitor.observe(step, diag)
     assert len(monitor.state_dict()["severity"]) == 4  # the failing step entered the history
     restored = AlarmMonitor(AlarmConfig(min_history=2))
     restored.load_state_dict(monitor.state_dict())
@@ -138,3 +171,20 @@ def test_offline_report_names_each_alarm_with_its_step(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| 6 | tmpe_jump |" in report and "| 8 | kv_scale_position |" in report
     assert "Steps with a jump alarm (6) are left out of the fit" in report
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [([], 0), (["--fail-on-alarm"], 3), (["alarms.fail_on_alarm=true"], 3)],
+    ids=["alarms-logged", "flag", "config-key"],
+)
+def test_offline_fail_on_alarm_exits_3_after_writing_the_report(tmp_path, capsys, args, code):
+    from nemo_ais.cli import main
+
+    log_dir = tmp_path / "logs"
+    write_run(log_dir, {s: ({"jump": 0.8} if s == 5 else {}) for s in range(1, 7)})
+    out = tmp_path / "out"
+    got = main(["analyze", str(log_dir), "--out", str(out), "--no-progress", "--no-plots", *args])
+    assert got == code, capsys.readouterr()
+    assert "| 5 | tmpe_jump |" in (out / "report.md").read_text()  # written in every case
+    assert "alarm: step 5: tmpe_jump" in capsys.readouterr().out
