@@ -179,17 +179,33 @@ def _short(value: object) -> str:
     return f"{type(value).__name__} {value!r}"[:60]
 
 
-def _vector(key: str, value: object) -> torch.Tensor:
+def _vector(key: str, value: object, has_bool: bool) -> torch.Tensor:
+    """``[[v_0, ..., v_{S-1}]]`` -> a 1-D float64 tensor; only numbers (no bool, no lists)."""
     inner = _unwrap(key, value)
     if not isinstance(inner, list):
         raise _RowError(f"{key}: expected [[numbers]], got [{_short(inner)}]")
     try:
-        return torch.tensor(inner, dtype=_DTYPE)
+        out = torch.tensor(inner, dtype=_DTYPE)
     except (TypeError, ValueError, RuntimeError):
-        bad = next(
-            (v for v in inner if isinstance(v, bool) or not isinstance(v, int | float)), None
+        out = None
+    if out is None or out.dim() != 1 or has_bool:
+        j, bad = next(
+            (
+                (j, v)
+                for j, v in enumerate(inner)
+                if isinstance(v, bool) or not isinstance(v, int | float)
+            ),
+            (None, None),
         )
-        raise _RowError(f"{key}: expected numbers, found {bad!r}") from None
+        if j is not None:
+            what = "a nested list" if isinstance(bad, list) else _short(bad)
+            raise _RowError(
+                f"{key}: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found "
+                f"{what} at position {j}"
+            )
+        if out is None:  # pragma: no cover - every non-number is caught above
+            raise _RowError(f"{key}: expected a flat list of numbers")
+    return out
 
 
 def _parse_row(raw: bytes, is_last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -208,9 +224,10 @@ def _parse_row(raw: bytes, is_last: bool) -> tuple[torch.Tensor, torch.Tensor, t
             f"missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)}; has "
             f"{', '.join(sorted(row))})"
         )
-    prev = _vector("prev_logprobs", row["prev_logprobs"])
-    gen = _vector("generation_logprobs", row["generation_logprobs"])
-    token_mask = _vector("token_loss_mask", row["token_loss_mask"])
+    has_bool = b"true" in raw or b"false" in raw  # JSON booleans (cheap pre-check)
+    prev = _vector("prev_logprobs", row["prev_logprobs"], has_bool)
+    gen = _vector("generation_logprobs", row["generation_logprobs"], has_bool)
+    token_mask = _vector("token_loss_mask", row["token_loss_mask"], has_bool)
     lengths = {
         k: len(v[0])
         for k, v in ((k, row.get(k)) for k in _PER_TOKEN_KEYS)
@@ -258,6 +275,15 @@ def _chunk(rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], pat
     return chunk
 
 
+def _bad_row(path: Path, lineno: int, err: _RowError, skip: bool, counts: ReadCounts) -> None:
+    """Raise :class:`BadInputError` for a bad row, or (``skip``) count it."""
+    if not skip:
+        raise BadInputError(path, lineno, str(err)) from None
+    counts.bad_rows += 1
+    if len(counts.bad_examples) < 3:
+        counts.bad_examples.append(f"{path.name}:{lineno}: {err}")
+
+
 def iter_chunks(
     step_file: StepFile,
     *,
@@ -275,6 +301,9 @@ def iter_chunks(
         counts: filled with rows read / bad rows skipped.
         on_bytes: called with the bytes of each line read (progress bar).
 
+    Blank lines at the end of the file are skipped; a blank line followed by a row is a
+    bad row.
+
     Raises:
         BadInputError: the first bad row (unless ``skip_bad_rows``), or an empty file.
     """
@@ -284,22 +313,24 @@ def iter_chunks(
     width = 0
     with path.open("rb") as f:
         lineno = 0
+        blank = 0  # first blank line not yet followed by a row (trailing ones are skipped)
         raw = f.readline()
         while raw:
             nxt = f.readline()
             lineno += 1
             if on_bytes is not None:
                 on_bytes(len(raw))
+            if not raw.strip():
+                blank = blank or lineno
+                raw = nxt
+                continue
+            if blank:  # a blank line followed by a row: bad input at the blank line
+                _bad_row(path, blank, _RowError("empty line"), skip_bad_rows, counts)
+                blank = 0
             try:
-                if not raw.strip():
-                    raise _RowError("empty line")
                 prev, gen, mask = _parse_row(raw, is_last=not nxt)
             except _RowError as err:
-                if not skip_bad_rows:
-                    raise BadInputError(path, lineno, str(err)) from None
-                counts.bad_rows += 1
-                if len(counts.bad_examples) < 3:
-                    counts.bad_examples.append(f"{path.name}:{lineno}: {err}")
+                _bad_row(path, lineno, err, skip_bad_rows, counts)
                 raw = nxt
                 continue
             counts.rows += 1
@@ -310,7 +341,7 @@ def iter_chunks(
             width = max(width, prev.numel())
             raw = nxt
         counts.lines = lineno
-    if lineno == 0:
+    if counts.rows + counts.bad_rows == 0:
         raise BadInputError(path, 0, "empty file (no rows)")
     if rows:
         yield _chunk(rows, path)

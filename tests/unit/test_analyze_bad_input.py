@@ -114,6 +114,21 @@ def test_empty_file(capsys, log_dir):
             lambda r: r.update(prev_logprobs=[[0.0], [0.0]]),
             "prev_logprobs: expected a batch of one",
         ),
+        (  # nested three deep: once a traceback (RuntimeError: expand(...) in _chunk)
+            lambda r: r.update(prev_logprobs=[[[v] for v in r["prev_logprobs"][0]]]),
+            "prev_logprobs: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found "
+            "a nested list at position 0",
+        ),
+        (  # ragged nesting
+            lambda r: r.update(generation_logprobs=[[[0.0], [1.0, 2.0]]]),
+            "generation_logprobs: expected numbers in one flat list",
+        ),
+        (  # booleans are not numbers (torch would read them as 1.0 silently)
+            lambda r: r["token_loss_mask"][0].__setitem__(6, True),
+            "token_loss_mask: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found "
+            "bool True at position 6",
+        ),
+        (lambda r: r.update(sample_loss_mask=[True]), "sample_loss_mask: expected [0 or 1]"),
     ],
 )
 def test_malformed_values(capsys, log_dir, edit, problem):
@@ -159,3 +174,72 @@ def test_console_script_prints_no_traceback(log_dir):
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert "train_data_step1.jsonl:1: missing key(s)" in proc.stderr
+
+
+def test_trailing_blank_lines_are_skipped(tmp_path, log_dir):
+    clean = analyze_run(log_dir, tmp_path / "clean", plots=False)
+    path = log_dir / "train_data_step2.jsonl"
+    path.write_bytes(path.read_bytes() + b"\n  \n")
+    padded = analyze_run(log_dir, tmp_path / "padded", plots=False)
+    assert [r["ais/alpha"] for r in padded.rows] == [r["ais/alpha"] for r in clean.rows]
+    assert padded.bad_rows == 0
+
+
+def test_blank_line_before_a_row_is_named(capsys, log_dir):
+    path = log_dir / "train_data_step1.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([*lines[:3], "\n", *lines[3:]]))
+    _fails_with(capsys, log_dir, "train_data_step1.jsonl:4:", "empty line")
+
+
+def test_unexpected_error_in_a_step_is_one_line_naming_the_file(capsys, log_dir, monkeypatch):
+    from nemo_ais.analyze import analysis
+
+    def boom(step_file, *args, **kwargs):
+        raise RuntimeError("expand(torch.DoubleTensor{[3, 1]}, size=[3]): bad\nsecond line")
+
+    monkeypatch.setattr(analysis, "replay_step", boom)
+    err = _fails_with(
+        capsys, log_dir, "train_data_step1.jsonl:0:", "unexpected RuntimeError while analysing"
+    )
+    assert "second line" not in err
+
+
+def test_cli_backstop_turns_any_error_into_one_line(capsys, log_dir, monkeypatch):
+    import nemo_ais.analyze
+
+    def boom(*args, **kwargs):
+        raise AssertionError("internal invariant\ndetails")
+
+    monkeypatch.setattr(nemo_ais.analyze, "analyze_run", boom)
+    _fails_with(capsys, log_dir, str(log_dir), "unexpected AssertionError: internal invariant")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys, log_dir, monkeypatch):
+    from nemo_ais.analyze import analysis
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(analysis, "replay_step", interrupted)
+    code = main(["analyze", str(log_dir), "--no-plots"])
+    err = capsys.readouterr().err
+    assert code == 130
+    assert err == "nemo-ais analyze: interrupted; outputs written so far are incomplete.\n"
+
+
+def test_progress_bar_never_leaks_into_the_error_line(log_dir, tmp_path):
+    """Progress on (no --no-progress), stderr a file: exactly the one error line."""
+    _edit_row(log_dir / "train_data_step2.jsonl", 5, lambda r: r["prev_logprobs"][0].pop())
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("w") as f:
+        proc = subprocess.run(
+            [sys.executable, "-m", "nemo_ais", "analyze", str(log_dir), "--no-plots"],
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            timeout=120,
+        )
+    text = stderr.read_text()
+    assert proc.returncode == 1
+    assert text.count("\n") == 1 and "\r" not in text, repr(text)
+    assert text.startswith("nemo-ais analyze: ") and "train_data_step2.jsonl:5:" in text
