@@ -71,11 +71,16 @@ def _col(rows: list[dict[str, Any]], key: str) -> list[float]:
 def onset(
     steps: list[int], values: list[float], test, share: float = SHARE, min_steps: int = 3
 ) -> tuple[int, float, int, int] | None:
-    """Earliest step from which ``test(v)`` holds on >= ``share`` of the remaining steps.
+    """Earliest step where ``test(v)`` holds and keeps holding on >= ``share`` of the rest.
+
+    The onset step itself satisfies the condition (a run that starts low and turns high
+    reports the first high step, not a low step before it), and the condition holds on at
+    least ``share`` of the steps from it to the end, so "holds on k of m steps from step s
+    on" is a true statement about the data.
 
     Returns:
-        (step, achieved share, steps where it holds, remaining steps), or None if no
-        suffix of at least ``min_steps`` steps qualifies.
+        (step, achieved share, steps where it holds, remaining steps), or None if no such
+        step leaves at least ``min_steps`` steps.
     """
     hits = [1 if test(v) else 0 for v in values]
     suffix = 0
@@ -83,7 +88,7 @@ def onset(
     for i in range(len(values) - 1, -1, -1):
         suffix += hits[i]
         remaining = len(values) - i
-        if remaining >= min_steps and suffix / remaining >= share:
+        if hits[i] and remaining >= min_steps and suffix / remaining >= share:
             best = (steps[i], suffix / remaining, suffix, remaining)
     return best
 

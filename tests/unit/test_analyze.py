@@ -112,12 +112,28 @@ def test_report_finds_the_growing_mismatch(run, tmp_path):
 
 
 def test_recommendation_states_the_alpha_onset():
-    # from step 4 on: 5 of 6 > 0.5 (83%); from step 3 on: 5 of 7 (71% < 80%)
-    assert onset(list(range(10)), [0.1] * 5 + [0.9] * 5, lambda a: a > 0.5) == (4, 5 / 6, 5, 6)
+    # from step 4 on would be 5 of 6 > 0.5 (83%), but alpha = 0.1 at step 4: the onset is
+    # step 5, the first step where the condition holds (5 of 5)
+    assert onset(list(range(10)), [0.1] * 5 + [0.9] * 5, lambda a: a > 0.5) == (5, 1.0, 5, 5)
     # from step 2 on: 6 of 8 > 0.5 (75% < 80%); from step 3 on: 6 of 7 (86%)
     values = [0.9, 0.1, 0.1, 0.9, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9]
     assert onset(list(range(10)), values, lambda a: a > 0.5) == (3, 6 / 7, 6, 7)
     assert onset([1, 2], [0.9, 0.9], lambda a: a > 0.5) is None  # fewer than 3 steps
+
+
+def test_onset_step_itself_satisfies_the_condition():
+    """The docs example once said "alpha > 0.5 from step 1" with alpha = 0.15 at step 1."""
+    steps = list(range(1, 13))
+    alpha = [0.15, 0.3, 0.45, 0.55, 0.62, 0.4, 0.7, 0.75, 0.8, 0.82, 0.85, 0.9]
+    # by hand, suffix shares of alpha > 0.5: from step 1: 8 of 12 (67%); from step 4
+    # (0.55): 8 of 9 (89%) -> the onset; steps 2, 3 (0.3, 0.45) would give 8/11, 8/10 < 80%
+    step, share, k, m = onset(steps, alpha, lambda a: a > 0.5)
+    assert (step, k, m) == (4, 8, 9) and share == pytest.approx(8 / 9)
+    assert alpha[steps.index(step)] > 0.5
+    # a low first step followed by 80% highs: the old rule named step 1 (0.15)
+    alpha = [0.15] + [0.9] * 4 + [0.2] + [0.9] * 4
+    step, share, k, m = onset(list(range(1, 11)), alpha, lambda a: a > 0.5)
+    assert (step, k, m) == (2, 8, 9) and alpha[step - 1] > 0.5
 
 
 def test_t_quantile_and_trend_ci():
