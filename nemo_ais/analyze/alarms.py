@@ -25,10 +25,11 @@ the AIS paper):
 
 1. ``nonfinite``: valid positions whose ``prev_logprobs`` or ``generation_logprobs`` is
    NaN or +-inf (a broken refit or engine). The analysis excludes them from the
-   diagnostics and counts them. NeMo-RL v0.7.0's loss does not: its
-   ``token_mult_prob_error`` is a masked mean of exp(lp_error * mask), which is inf or
-   NaN as soon as one valid log-prob is; only its importance weights are cleaned (the
-   ``use_importance_sampling_correction`` ratio goes through ``nan_to_num``).
+   diagnostics and counts them. NeMo-RL v0.7.0's ``ClippedPGLossFn`` does not mask
+   them: its ``token_mult_prob_error`` is the masked mean of exp(|gen - prev| * mask),
+   inf or NaN as soon as one log-prob of the micro-batch is (inf * 0 is NaN); only its
+   importance weights, exp(prev - gen) and the KL term's, go through
+   ``nan_to_num(nan=0, posinf=0, neginf=0)``.
 2. ``tmpe_jump`` / ``severity_jump``: ``token_mult_prob_error - 1`` (resp. the severity D)
    exceeds ``jump_factor`` x its median over the previous ``window`` steps and that
    median by at least ``min_jump`` (needs ``min_history`` earlier steps). A refit that
