@@ -500,3 +500,29 @@ def test_cli_get_and_quiet(capsys):
     assert "[FAIL] batch: policy.train_global_batch_size=512 is not divisible by DP" in captured.err
     assert cc.main(["--quiet", str(SMOKE)]) == 0
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    ("key", "flag"),
+    [(k, f) for k, _, f in cc.ENTRY_POINT_KEYS if f is not None],
+    ids=[k for k, _, f in cc.ENTRY_POINT_KEYS if f is not None],
+)
+def test_a_flagged_entry_point_key_is_required_only_with_its_flag_on(key, flag):
+    # upstream reads these only in the branch the flag turns on (tests/upstream/
+    # test_setup_real.py drops each one, flag on, through NeMo-RL's real setup())
+    cfg = copy.deepcopy(cc.load_config(SMOKE))
+    node = cfg
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node[part]
+    node.pop(leaf, None)
+    flag_parent, _, flag_leaf = flag.rpartition(".")
+    flags = functools.reduce(lambda d, p: d[p], flag_parent.split("."), cfg)
+
+    def entry_point(on: bool) -> cc.CheckResult:
+        flags[flag_leaf] = on
+        (result,) = [r for r in cc.check_config(cfg) if r.name == "entry_point_keys"]
+        return result
+
+    assert f"{key} is missing" not in entry_point(False).detail
+    assert f"{key} is missing" in entry_point(True).detail

@@ -75,11 +75,12 @@ def tiny_datasets(raw: dict) -> tuple[list[dict], list[dict]]:
             "task_name": task,
         }
 
-    per_step = raw["grpo"]["num_prompts_per_step"]
-    if raw["grpo"]["use_dynamic_sampling"]:
-        per_step = int(per_step * raw["grpo"]["batch_multiplier"])
+    grpo_cfg = raw["grpo"]  # .get: a test may have dropped a key for upstream to miss
+    per_step = grpo_cfg.get("num_prompts_per_step", 1)
+    if grpo_cfg.get("use_dynamic_sampling"):
+        per_step = int(per_step * grpo_cfg.get("batch_multiplier", 1))
     return [datum(i) for i in range(2 * per_step)], [
-        datum(i) for i in range(raw["grpo"]["val_batch_size"])
+        datum(i) for i in range(grpo_cfg.get("val_batch_size", 1))
     ]
 
 

@@ -25,6 +25,13 @@ download; a real ``transformers`` config of the model's shapes); ``FLOPTracker``
 ``ray.get`` on the stood-in workers' ``ray.put`` answers real (local Ray, 1 CPU);
 ``logger.log_metrics`` real. Not on any shipped config's path (not colocated, NeMo-Gym,
 OPD teachers, SGLang / Megatron generation backends) is not exercised.
+
+``cluster_check.ENTRY_POINT_KEYS`` is tied to this real path both ways: each key, dropped
+from the smoke config (its feature flag on), stops upstream's real code (``MasterConfig``'s
+schema before Ray, or a ``KeyError`` inside NeMo-RL after Ray started) and is reported by
+cluster_check offline, except the keys read only after ``setup()`` (``READ_AFTER_SETUP``,
+checked against upstream's source); and a sweep over every key of the smoke config finds no
+unlisted key whose absence is a ``KeyError`` after Ray started.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import traceback
+from pathlib import Path
 
 import pytest
 from _ray_boundary import (
@@ -49,9 +58,11 @@ from nemo_rl.models.generation import configure_generation_config
 from nemo_rl.models.policy.lm_policy import Policy
 from nemo_rl.utils.checkpoint import CheckpointManager
 from nemo_rl.utils.logger import Logger
-from shipped_configs import CONFIG_DIR, FULL_CONFIGS, launcher
+from pydantic import ValidationError
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS, flat, launcher
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
+from nemo_ais.nemo_rl import cluster_check as cc
 from nemo_ais.nemo_rl.policy_factory import ais_worker_fqn
 
 pytestmark = pytest.mark.nemo_rl
@@ -245,6 +256,163 @@ def test_upstreams_fp8_kv_cache_pipeline_guard_runs(real_setup, monkeypatch):
             SMOKE,
             ["policy.megatron_cfg.pipeline_model_parallel_size=2"],
         )
+
+
+# ----------------------------------------------------------- cluster_check.ENTRY_POINT_KEYS
+#
+# Each key is dropped (deleted from the loaded dict, so no interpolation breaks first) from
+# the smoke config, with its feature flag switched on; then upstream's real code must stop
+# on it -- a pydantic ``ValidationError`` from ``MasterConfig`` naming it (before Ray) or a
+# ``KeyError`` raised inside NeMo-RL (after Ray started: the failure ENTRY_POINT_KEYS exists
+# to catch offline) -- and cluster_check must report it offline.
+
+NEMO_RL_DIR = Path(grpo.__file__).resolve().parents[2]
+# flag -> overrides that switch its feature on (smoke config; cheap, no server starts: the
+# logger backends' KeyError fires while their constructor's arguments are evaluated)
+ENABLE = {
+    "logger.wandb_enabled": ["logger.wandb_enabled=true"],
+    "logger.swanlab_enabled": ["logger.swanlab_enabled=true"],
+    "logger.tensorboard_enabled": ["logger.tensorboard_enabled=true"],
+    "logger.mlflow_enabled": ["logger.mlflow_enabled=true"],
+    "logger.monitor_gpus": ["logger.monitor_gpus=true"],
+    "grpo.async_grpo.enabled": [
+        "grpo.async_grpo.enabled=true",
+        "policy.generation.vllm_cfg.kv_cache_dtype=auto",  # async needs a BF16 KV cache
+    ],
+    "policy.dynamic_batching.enabled": [
+        "policy.dynamic_batching.enabled=true",
+        "+policy.dynamic_batching.train_mb_tokens=512",
+        "+policy.dynamic_batching.logprob_mb_tokens=512",
+        "+policy.dynamic_batching.sequence_length_round=64",
+        "policy.sequence_packing.enabled=false",
+    ],
+    "policy.sequence_packing.enabled": ["policy.sequence_packing.enabled=true"],
+    "policy.draft.enabled": ["policy.draft.enabled=true", "policy.sequence_packing.enabled=false"],
+}
+# the launcher's own FP8-refit check reads it first; with it off, upstream's setup() does
+KEY_OVERRIDES = {"policy.generation.vllm_cfg.precision": ["ais_fp8_refit.enabled=false"]}
+# Read unguarded, but only after setup() returns (training, GPU): main() -> setup() passes
+# without them; the upstream file that reads them holds the subscript.
+READ_AFTER_SETUP = {
+    "checkpointing.checkpoint_must_save_by": (
+        "nemo_rl/algorithms/grpo.py",
+        'master_config.checkpointing["checkpoint_must_save_by"]',
+    ),
+    "policy.draft.loss_weight": ("nemo_rl/models/megatron/train.py", '["draft"]["loss_weight"]'),
+}
+
+
+def _drop(raw: dict, key: str) -> dict:
+    out = copy.deepcopy(raw)
+    node = out
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node[part]
+    del node[leaf]
+    return out
+
+
+def _run_without(rec: _Run, monkeypatch, raw: dict) -> BaseException | None:
+    monkeypatch.setattr(run, "load_config_dict", lambda path, overrides: copy.deepcopy(raw))
+    rec.use_config(raw)
+    del rec.driver.events[:]
+    try:
+        run.main(["--config", str(SMOKE)])
+    except Exception as err:  # what upstream raised, judged by the caller
+        return err
+    return None
+
+
+def _upstream_stopped_on(err: BaseException | None, key: str, rec: _Run) -> str:
+    """``"schema"`` / ``"after_ray"`` if upstream's real code stopped on ``key``; else fail."""
+    leaf = key.rsplit(".", 1)[-1]
+    if isinstance(err, ValidationError):
+        assert any(
+            e["type"] == "missing" and e["loc"][-1] == leaf and e["loc"][0] == key.split(".")[0]
+            for e in err.errors()
+        ), err
+        assert "init_ray" not in rec.driver.names()  # MasterConfig(...) runs before Ray
+        return "schema"
+    assert isinstance(err, KeyError) and err.args == (leaf,), repr(err)
+    frame = traceback.extract_tb(err.__traceback__)[-1]
+    assert Path(frame.filename).resolve().is_relative_to(NEMO_RL_DIR), frame
+    assert rec.driver.names()[:1] == ["init_ray"]  # the costly case: Ray was already up
+    return "after_ray"
+
+
+def rec_trained(rec: _Run) -> int:
+    return int(rec.driver.names()[-1:] == ["grpo_train"])
+
+
+def _entry_point_fails(cfg: dict) -> str:
+    (result,) = [r for r in cc.check_config(cfg) if r.name == "entry_point_keys"]
+    assert result.status == "fail"
+    return result.detail
+
+
+@pytest.mark.parametrize(
+    ("key", "flag"),
+    [(k, f) for k, _, f in cc.ENTRY_POINT_KEYS],
+    ids=[k for k, _, _ in cc.ENTRY_POINT_KEYS],
+)
+def test_every_entry_point_key_is_read_by_upstream_and_checked_offline(
+    real_setup, monkeypatch, key, flag
+):
+    overrides = [*ENABLE.get(flag, []), *KEY_OVERRIDES.get(key, [])]
+    full = run.load_config_dict(str(SMOKE), overrides)
+    assert flag is None or cc._get(full, flag) is True
+    raw = _drop(full, key)
+    assert f"{key} is missing" in _entry_point_fails(raw)  # cluster_check, offline
+
+    err = _run_without(real_setup, monkeypatch, raw)
+    if key in READ_AFTER_SETUP:
+        assert err is None, repr(err)  # not on main() -> setup(): documented, not run here
+        path, subscript = READ_AFTER_SETUP[key]
+        assert subscript in (NEMO_RL_DIR / path).read_text()
+        return
+    _upstream_stopped_on(err, key, real_setup)
+
+
+def test_a_missing_draft_section_is_the_entry_points_key_error(real_setup, monkeypatch):
+    """Issue 11 defect 1: no ``policy.draft`` at all -> KeyError in the entry point.
+
+    Our launcher reads it as upstream's ``examples/run_grpo.py`` main() does (same
+    subscript), after Ray started; cluster_check reports it offline.
+    """
+    raw = _drop(run.load_config_dict(str(SMOKE), []), "policy.draft")
+    assert "policy.draft.enabled is missing" in _entry_point_fails(raw)
+    err = _run_without(real_setup, monkeypatch, raw)
+    assert isinstance(err, KeyError) and err.args == ("draft",)
+    frame = traceback.extract_tb(err.__traceback__)[-1]
+    assert frame.line == 'has_refit_draft_weights=bool(config.policy["draft"]["enabled"]),'
+    upstream_main = (NEMO_RL_DIR / "examples" / "run_grpo.py").read_text()
+    assert 'bool(config.policy["draft"]["enabled"])' in upstream_main
+    assert real_setup.driver.names() == ["init_ray", "get_tokenizer"]
+
+
+def test_every_key_upstream_reads_unguarded_after_ray_starts_is_listed(real_setup, monkeypatch):
+    """The other direction: ENTRY_POINT_KEYS misses no key of the smoke config that
+    main() -> setup() reads unguarded past MasterConfig's schema (a KeyError after Ray)."""
+    base = run.load_config_dict(str(SMOKE), [])
+    listed = {k for k, _, _ in cc.ENTRY_POINT_KEYS}
+    after_ray, trained = set(), 0
+    for key in sorted(flat(base)):
+        raw = _drop(base, key)
+        try:
+            grpo.MasterConfig(**run.nemo_rl_view(raw, run.validate_ais(raw)))
+        except (ValidationError, ValueError, TypeError):
+            continue  # refused before Ray, naming the key (schema or loss_fn.ais)
+        err = _run_without(real_setup, monkeypatch, raw)
+        if isinstance(err, KeyError):
+            after_ray.add(key)
+            _upstream_stopped_on(err, key, real_setup)
+        elif err is not None:
+            assert key in KEY_OVERRIDES, (key, repr(err))  # precision: our FP8-refit check
+        else:
+            trained += rec_trained(real_setup)
+    # ~150 keys pass the schema; most are read guarded (or not at all) up to grpo_train
+    assert trained > 100 and after_ray, (trained, after_ray)
+    assert after_ray <= listed, sorted(after_ray - listed)
 
 
 if __name__ == "__main__":  # pragma: no cover
