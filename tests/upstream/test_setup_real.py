@@ -373,20 +373,58 @@ def test_every_entry_point_key_is_read_by_upstream_and_checked_offline(
     _upstream_stopped_on(err, key, real_setup)
 
 
-def test_a_missing_draft_section_is_the_entry_points_key_error(real_setup, monkeypatch):
-    """Issue 11 defect 1: no ``policy.draft`` at all -> KeyError in the entry point.
+def _upstream_run_grpo(rec: _Run, monkeypatch, overrides: list[str]):
+    """Upstream's own entry point, ``examples/run_grpo.py`` main(), on the smoke config."""
+    import importlib.util
 
-    Our launcher reads it as upstream's ``examples/run_grpo.py`` main() does (same
-    subscript), after Ray started; cluster_check reports it offline.
+    spec = importlib.util.spec_from_file_location(
+        "_nemo_rl_examples_run_grpo", NEMO_RL_DIR / "examples" / "run_grpo.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rec.driver.install(monkeypatch, module)  # it imported the names at module level
+    rec.use_config(run.load_config_dict(str(SMOKE), overrides))
+    monkeypatch.setattr(sys, "argv", ["run_grpo.py", "--config", str(SMOKE), *overrides])
+    module.main()
+
+
+def test_upstreams_own_entry_point_runs_the_smoke_config_through_setup(real_setup, monkeypatch):
+    """examples/run_grpo.py (no AIS) reaches grpo_train with our config through real setup().
+
+    Upstream's FP8 guard needs its own IS flag on here (our launcher's view sets it).
     """
+    _upstream_run_grpo(real_setup, monkeypatch, ["loss_fn.use_importance_sampling_correction=true"])
+    assert real_setup.driver.names() == [
+        "init_ray",
+        "get_tokenizer",
+        "setup_response_data",
+        "grpo_train",
+    ]
+    (group,) = real_setup.actors.groups
+    assert group["builder"].ray_actor_class_fqn.endswith("MegatronPolicyWorker")
+    assert type(real_setup.driver.event("grpo_train")["args"][5]) is ClippedPGLossFn
+
+
+def test_a_missing_draft_section_is_the_entry_points_key_error(real_setup, monkeypatch):
+    """Issue 11 defect 1: no ``policy.draft`` at all -> KeyError('draft') after Ray started,
+    in upstream's own entry point and in our launcher (same subscript); cluster_check
+    reports it offline."""
+    with pytest.raises(KeyError, match="draft") as upstream:
+        _upstream_run_grpo(
+            real_setup,
+            monkeypatch,
+            ["loss_fn.use_importance_sampling_correction=true", "~policy.draft"],
+        )
+    frame = traceback.extract_tb(upstream.value.__traceback__)[-1]
+    assert Path(frame.filename).name == "run_grpo.py" and '["draft"]' in frame.line
+    assert real_setup.driver.names() == ["init_ray", "get_tokenizer"]
+
     raw = _drop(run.load_config_dict(str(SMOKE), []), "policy.draft")
     assert "policy.draft.enabled is missing" in _entry_point_fails(raw)
     err = _run_without(real_setup, monkeypatch, raw)
     assert isinstance(err, KeyError) and err.args == ("draft",)
     frame = traceback.extract_tb(err.__traceback__)[-1]
-    assert frame.line == 'has_refit_draft_weights=bool(config.policy["draft"]["enabled"]),'
-    upstream_main = (NEMO_RL_DIR / "examples" / "run_grpo.py").read_text()
-    assert 'bool(config.policy["draft"]["enabled"])' in upstream_main
+    assert Path(frame.filename).name == "run_grpo_ais.py" and '["draft"]' in frame.line
     assert real_setup.driver.names() == ["init_ray", "get_tokenizer"]
 
 
