@@ -144,7 +144,12 @@ class AISTrainMixin:
         for g, d in enumerate(diagnostics):
             fired = monitor.observe(first + g, d)
             for alarm in fired:
-                logger.warning("AIS refit guard: global batch %d of this step: %s", g, alarm)
+                logger.warning(
+                    "AIS refit guard: global batch %d since the start of training: %s: %s",
+                    first + g,
+                    alarm.kind,
+                    alarm.evidence,
+                )
             if fired and config.fail_on_alarm:
                 raise RefitAlarmError(
                     f"AIS refit guard (loss_fn.ais_alarms.fail_on_alarm=true) failed the step: "
