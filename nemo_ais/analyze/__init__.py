@@ -22,6 +22,7 @@
 
 from nemo_ais.analyze.alarms import (
     ALARM_KINDS,
+    AISAlarmsConfig,
     Alarm,
     AlarmConfig,
     AlarmMonitor,
@@ -44,6 +45,7 @@ __all__ = [
     "ALARM_KINDS",
     "ANALYSIS_FILE",
     "DEFAULT_OUT",
+    "AISAlarmsConfig",
     "Alarm",
     "AlarmConfig",
     "AlarmMonitor",

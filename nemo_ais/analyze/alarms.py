@@ -61,6 +61,7 @@ from nemo_ais.core import log_ratio
 
 __all__ = [
     "ALARM_KINDS",
+    "AISAlarmsConfig",
     "Alarm",
     "AlarmConfig",
     "AlarmMonitor",
@@ -107,6 +108,22 @@ class AlarmConfig(BaseModel):
     )
     fail_on_alarm: bool = Field(
         False, description="Online: raise RefitAlarmError (fail the step) when an alarm fires."
+    )
+
+
+class AISAlarmsConfig(AlarmConfig):
+    """``loss_fn.ais_alarms``: the refit guard in the AIS worker (docs/analyze.md).
+
+    Validated by ``AISLossConfig`` and offline by ``nemo_ais.nemo_rl.cluster_check``. The
+    thresholds of :class:`AlarmConfig`, plus ``enabled``. Online the
+    worker runs the diagnostics-based alarms (``tmpe_jump``, ``severity_jump``) on the
+    global batch's diagnostics, identical on every rank: no extra collective. The
+    ``kv_*`` thresholds are used offline only (``nemo-ais analyze``); non-finite
+    log-probs at valid positions already fail the prepare step with a ``ValueError``.
+    """
+
+    enabled: bool = Field(
+        True, description="Observe every global batch and log ais_alarm/* (absent section: off)."
     )
 
 

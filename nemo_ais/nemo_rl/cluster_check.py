@@ -67,6 +67,7 @@ from typing import Any, Literal
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from nemo_ais.analyze.alarms import AISAlarmsConfig
 from nemo_ais.config import CorrectionConfig, validate_section
 
 __all__ = [
@@ -485,6 +486,11 @@ def _check_ais(cfg: dict[str, Any], report: _Report) -> None:
     raw = loss["ais"] if isinstance(loss["ais"], dict) else {}
     mode = ais.mode if ais else raw.get("mode", "ais")
     problems += ais_conflicts(loss, mode)
+    if loss.get("ais_alarms") is not None:  # the refit guard (absent: off)
+        try:
+            validate_section(AISAlarmsConfig, loss["ais_alarms"], "loss_fn.ais_alarms")
+        except (TypeError, ValueError) as err:
+            problems.append(str(err).replace("\n", "; "))
     report.add("loss_fn.ais", problems, f"mode={ais.mode if ais else '?'}, validated")
 
 

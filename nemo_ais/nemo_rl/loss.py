@@ -53,7 +53,7 @@ import torch
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 from pydantic import Field, field_validator, model_validator
 
-from nemo_ais.analyze.alarms import ALARM_KINDS, ALARM_PREFIX, AlarmConfig
+from nemo_ais.analyze.alarms import ALARM_KINDS, ALARM_PREFIX, AISAlarmsConfig
 from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
 from nemo_ais.core import AISDiagnostics, metric_normalizations
 from nemo_ais.core.metrics import ais_metrics
@@ -104,21 +104,6 @@ NEMO_RL_METRIC_KEYS = (
 
 # ``ais_alarm/<kind>``: 1 if the refit guard fired on the global batch (tokens normaliser).
 ALARM_METRIC_KEYS = tuple(ALARM_PREFIX + kind for kind in ALARM_KINDS)
-
-
-class AISAlarmsConfig(AlarmConfig):
-    """``loss_fn.ais_alarms``: the refit guard in the AIS worker (docs/analyze.md).
-
-    The thresholds of :class:`~nemo_ais.analyze.AlarmConfig`, plus ``enabled``. Online the
-    worker runs the diagnostics-based alarms (``tmpe_jump``, ``severity_jump``) on the
-    global batch's diagnostics, identical on every rank: no extra collective. The
-    ``kv_*`` thresholds are used offline only (``nemo-ais analyze``); non-finite
-    log-probs at valid positions already fail the prepare step with a ``ValueError``.
-    """
-
-    enabled: bool = Field(
-        True, description="Observe every global batch and log ais_alarm/* (absent section: off)."
-    )
 
 
 def _ais_off() -> CorrectionConfig:

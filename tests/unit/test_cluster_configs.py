@@ -339,6 +339,12 @@ BROKEN = [
         "data_plane.enabled=true (TransferQueue: TQPolicy + grpo_train_sync) is not supported",
     ),
     (
+        SMOKE,
+        ["loss_fn.ais_alarms.jump_factor=0.5"],
+        "loss_fn.ais",
+        "loss_fn.ais_alarms.jump_factor=0.5 is invalid",
+    ),
+    (
         QWEN8B,
         ["grpo.val_at_start=true"],
         "fp8_rollout",
