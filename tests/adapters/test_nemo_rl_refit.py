@@ -1,21 +1,22 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""The FP8 refit seam without vLLM: pairs, the version-checked patch and the import hook.
+"""The FP8 refit seam: pairs, the version-checked patch and the import hook.
 
-A stand-in for NeMo-RL's ``quantization/fp8.py`` module (same function signatures as
-v0.7.0) is patched exactly as the real one would be in a vLLM worker; the upstream
-signatures themselves are checked against the NeMo-RL source in
-``test_nemo_rl_upstream_guard.py``.
+Drives NeMo-RL v0.7.0's REAL ``nemo_rl.models.generation.vllm.quantization.fp8`` (its
+``load_weights``, ``_is_fp8_weight`` and quantizer), imported with placeholders for the
+few vLLM names it imports at load (``tests/_vllm_boundary.py``; vLLM is not installable
+here). The patch is installed on that module exactly as in a vLLM worker.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import textwrap
 import types
 
 import pytest
 import torch
+from _vllm_boundary import LinearBase, import_upstream_fp8
+from torch import nn
 
 from nemo_ais.fp8 import Fp8SyncConfig, quantize_blockwise
 from nemo_ais.nemo_rl import refit
@@ -53,70 +54,100 @@ def test_refit_pairs_refuse_layout_disagreement_and_nan():
         list(refit.refit_pairs(bad, lambda name: name == Q, CONFIG))
 
 
-def _fake_nemo_rl_fp8(name="fake_nemo_rl_fp8", signature="weights, model_runner"):
-    module = types.ModuleType(name)
-    exec(  # the v0.7.0 signatures, a recording body
-        textwrap.dedent(
-            f"""
-            calls = []
-            def load_weights({signature}):
-                calls.append("nemo_rl")
-            def _is_fp8_weight(name, model):
-                return name.endswith("q_proj.weight")
-            """
-        ),
-        module.__dict__,
-    )
-    return module
+@pytest.fixture
+def upstream_fp8(monkeypatch):
+    """NeMo-RL v0.7.0's real ``quantization/fp8.py`` (vLLM names: placeholders)."""
+    yield from import_upstream_fp8(monkeypatch)
 
 
-class _Model:
+class _VllmModel(nn.Module):
+    """The module tree of a vLLM Qwen2/Llama layer as upstream's ``_is_fp8_weight`` walks it.
+
+    ``qkv_proj`` is a (placeholder) ``LinearBase`` whose weight the engine holds in FP8; the
+    layernorm is not a linear layer. ``load_weights`` records what the refit streams.
+    """
+
     def __init__(self):
+        super().__init__()
+        self.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+        attn = nn.Module()
+        attn.qkv_proj = LinearBase()
+        attn.qkv_proj.weight = nn.Parameter(
+            torch.zeros(768, 200).to(torch.float8_e4m3fn), requires_grad=False
+        )
+        layer = nn.Module()
+        layer.self_attn = attn
+        layer.input_layernorm = nn.Module()
+        layer.input_layernorm.weight = nn.Parameter(torch.ones(200, dtype=torch.bfloat16))
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleList([layer])
         self.loaded = []
 
     def load_weights(self, weights):
-        self.loaded = [(n, t.dtype) for n, t in weights]  # consumes the stream
+        self.loaded = [(n, t) for n, t in weights]  # consumes the stream
 
 
-def test_install_patches_once_and_streams_into_vllm():
-    module = _fake_nemo_rl_fp8()
-    assert refit.install(module, CONFIG) is True
-    assert refit.install(module, CONFIG) is False  # idempotent
-    runner = types.SimpleNamespace(model=_Model())
-    module.load_weights(_weights(), runner)
-    assert module.calls == []  # NeMo-RL's quantizer no longer runs
-    assert runner.model.loaded == [
-        (Q, torch.float8_e4m3fn),
-        (Q.removesuffix(".weight") + ".weight_scale_inv", torch.float32),
-        (NORM, torch.bfloat16),
+def test_real_upstream_module_has_the_recorded_signatures(upstream_fp8):
+    refit.check_signatures(upstream_fp8)  # raises on any difference
+
+
+def test_install_patches_upstreams_module_once_and_streams_into_vllm(upstream_fp8):
+    upstream_fp8.global_fp8_config = upstream_fp8.FP8Config()
+    theirs = types.SimpleNamespace(model=_VllmModel())
+    upstream_fp8.load_weights(_weights(), theirs)  # NeMo-RL's own quantizer, for the layout
+    assert refit.install(upstream_fp8, CONFIG) is True
+    assert refit.install(upstream_fp8, CONFIG) is False  # idempotent
+    ours = types.SimpleNamespace(model=_VllmModel())
+    upstream_fp8.load_weights(_weights(), ours)
+    # upstream's real _is_fp8_weight picked the FP8 tensors: same names, shapes and dtypes
+    assert [(n, t.shape, t.dtype) for n, t in ours.model.loaded] == [
+        (n, t.shape, t.dtype) for n, t in theirs.model.loaded
     ]
+    assert [n for n, _ in ours.model.loaded] == [
+        Q,
+        Q.removesuffix(".weight") + ".weight_scale_inv",
+        NORM,
+    ]
+    q_ref, s_ref = quantize_blockwise(_weights()[0][1])
+    assert torch.equal(ours.model.loaded[0][1].view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(ours.model.loaded[1][1], s_ref)
+    assert ours.model.loaded[2][1].dtype == torch.bfloat16  # BF16 tensors pass through
 
 
-def test_install_refuses_a_changed_upstream_signature():
-    module = _fake_nemo_rl_fp8(signature="weights, model_runner, extra=None")
+def test_family_c_refit_equals_upstreams_quantizer_bit_for_bit(upstream_fp8):
+    # NeMo-RL scales by m = 448 / amax and stores 1 / m: our family c, the shipped default.
+    upstream_fp8.global_fp8_config = upstream_fp8.FP8Config()
+    w = torch.randn(256, 384, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    q_up, s_up = upstream_fp8.cast_tensor_to_fp8_blockwise(w.to(torch.float), [128, 128])
+    q, s = quantize_blockwise(w, family="c")
+    assert torch.equal(q.view(torch.uint8), q_up.view(torch.uint8))
+    assert torch.equal(s, torch.squeeze(s_up, dim=-1))
+
+
+def test_install_refuses_a_changed_upstream_signature(upstream_fp8, monkeypatch):
+    def load_weights(weights, model_runner, extra=None):  # what a future NeMo-RL might ship
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(upstream_fp8, "load_weights", load_weights)
     with pytest.raises(RuntimeError, match=r"load_weights: signature .*recorded \(weights, mo"):
-        refit.install(module, CONFIG)
-    assert module.load_weights.__name__ == "load_weights" and not hasattr(
-        module.load_weights, "__wrapped__"
-    )
+        refit.install(upstream_fp8, CONFIG)
+    assert upstream_fp8.load_weights is load_weights  # left unpatched
 
 
-def test_import_hook_patches_on_first_import(tmp_path, monkeypatch):
-    pkg = tmp_path / "fake_pkg_refit"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "fp8.py").write_text(
-        "def load_weights(weights, model_runner):\n    return 'nemo_rl'\n"
-        "def _is_fp8_weight(name, model):\n    return False\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_import_hook_patches_upstreams_module_on_first_import(monkeypatch):
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    refit.install_on_import(CONFIG, target="fake_pkg_refit.fp8")
-    import fake_pkg_refit.fp8 as fp8
-
-    runner = types.SimpleNamespace(model=_Model())
-    assert fp8.load_weights(_weights(), runner) is None  # ours, not 'nemo_rl'
-    assert [n for n, _ in runner.model.loaded] == [Q, NORM]
+    refit.install_on_import(CONFIG)  # target: NeMo-RL's real module, not imported yet
+    assert refit.TARGET_MODULE not in sys.modules
+    fp8 = next(import_upstream_fp8(monkeypatch))  # what the vLLM worker's import does
+    assert getattr(fp8.load_weights, "__nemo_ais_refit__", False)
+    runner = types.SimpleNamespace(model=_VllmModel())
+    fp8.load_weights(_weights(), runner)
+    assert [n for n, _ in runner.model.loaded] == [
+        Q,
+        Q.removesuffix(".weight") + ".weight_scale_inv",
+        NORM,
+    ]
+    sys.modules.pop(refit.TARGET_MODULE, None)
 
 
 def test_config_round_trips_through_the_environment():

@@ -16,7 +16,6 @@ both variables to every Ray worker, and a fresh interpreter started with that en
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,7 +25,7 @@ from pathlib import Path
 import nemo_rl.distributed.virtual_cluster as nrl_virtual_cluster
 import pytest
 from nemo_rl.utils.config import register_omegaconf_resolvers
-from shipped_configs import CONFIG_DIR, FULL_CONFIGS
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS, launcher
 
 from nemo_ais.fp8 import Fp8SyncConfig
 from nemo_ais.nemo_rl.refit import ENV_VAR, TARGET_MODULE
@@ -36,11 +35,7 @@ pytestmark = pytest.mark.nemo_rl
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOOK_DIR = REPO_ROOT / "nemo_ais" / "nemo_rl" / "_vllm_hook"
 
-_spec = importlib.util.spec_from_file_location(
-    "run_grpo_ais_fp8_refit", REPO_ROOT / "launchers" / "run_grpo_ais.py"
-)
-run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(run)
+run = launcher()
 
 
 def _load(path: Path) -> dict:
