@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # then _select_trainer -> grpo_train_sync). Every arm here trains on the AIS worker, which
     # is composed with Policy only; TQ's trainer also refits and recalibrates KV scales on its
     # own path. So data_plane.enabled is refused, for every mode, before Ray starts.
-    policy_factory = make_policy_factory(raw, ais_cfg)
+    policy_factory = make_policy_factory(raw)
     view = nemo_rl_view(raw, ais_cfg)
     if ais_cfg.ais.mode == "none" and view is not raw:
         print(

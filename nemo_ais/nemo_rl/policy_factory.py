@@ -100,7 +100,7 @@ def register_ais_workers(worker_fqn: str | None = None) -> None:
             registry.ACTOR_ENVIRONMENT_REGISTRY[ours] = ais_worker_python(base)
 
 
-def make_policy_factory(config: dict[str, Any], ais_cfg: Any) -> Callable[..., Any]:
+def make_policy_factory(config: dict[str, Any]) -> Callable[..., Any]:
     """``setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker.
 
     Every ``loss_fn.ais.mode`` gets the same worker, ``none`` included: the arms of a
@@ -112,7 +112,6 @@ def make_policy_factory(config: dict[str, Any], ais_cfg: Any) -> Callable[..., A
         ValueError: ``data_plane.enabled`` (TransferQueue's ``TQPolicy`` is not an AIS
             worker), or no supported training backend (:func:`ais_worker_fqn`).
     """
-    del ais_cfg  # the worker does not depend on the mode (kept for the launcher's call)
     if (config.get("data_plane") or {}).get("enabled", False):
         raise ValueError(
             "data_plane.enabled=true (TransferQueue) is not supported with the nemo_ais "

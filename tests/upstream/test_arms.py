@@ -36,7 +36,7 @@ from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
 from omegaconf import OmegaConf
 
-from nemo_ais.nemo_rl import AISClippedPGLossFn, validate_loss_config
+from nemo_ais.nemo_rl import AISClippedPGLossFn
 from nemo_ais.nemo_rl.policy_factory import make_policy_factory
 from nemo_ais.nemo_rl.seam import GLOBAL_BATCH_KEY
 from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin
@@ -70,7 +70,7 @@ def ray_boundary(monkeypatch, tmp_path):
 
 def _build_policy(raw: dict) -> None:
     """What ``grpo.setup`` does with ``policy_factory`` (its ``init_policy`` kwargs)."""
-    factory = make_policy_factory(raw, validate_loss_config(raw["loss_fn"]))
+    factory = make_policy_factory(raw)
     assert factory is not None, f"loss_fn.ais.mode={raw['loss_fn']['ais']['mode']}: no factory"
     with pytest.raises(AtRayBoundary):
         factory(

@@ -106,8 +106,8 @@ def real_setup(monkeypatch, tmp_path, local_ray):
 
     real_factory = run.make_policy_factory
 
-    def spy_make_policy_factory(config, ais_cfg):
-        factory = real_factory(config, ais_cfg)
+    def spy_make_policy_factory(config):
+        factory = real_factory(config)
 
         def spy_factory(**kwargs):
             call = {"kwargs": kwargs}
