@@ -63,19 +63,20 @@ _SMALL_RUN = {
     "policy.megatron_cfg.scheduler.lr_warmup_init",
     "policy.generation.vllm_cfg.gpu_memory_utilization",
 }
+# The sequence-length budget and every key derived from it (the task's 4096 / the smoke's
+# shorter budget, against the recipe's).
+_SEQ_LEN = {
+    "policy.max_total_sequence_length",
+    "data.max_input_seq_length",
+    "grpo.reward_shaping.max_response_length",
+    "policy.generation.max_new_tokens",
+    "policy.generation.vllm_cfg.max_model_len",
+    "policy.sequence_packing.train_mb_tokens",
+    "policy.sequence_packing.logprob_mb_tokens",
+}
 # Per config: the keys allowed (and required) to differ from its upstream recipe.
 DEVIATIONS = {
-    "grpo_ais_base.yaml": _FP8_ROLLOUT
-    | _SMALL_RUN
-    | {
-        "policy.max_total_sequence_length",
-        "data.max_input_seq_length",
-        "grpo.reward_shaping.max_response_length",
-        "policy.generation.max_new_tokens",
-        "policy.generation.vllm_cfg.max_model_len",
-        "policy.sequence_packing.train_mb_tokens",
-        "policy.sequence_packing.logprob_mb_tokens",
-    },
+    "grpo_ais_base.yaml": _FP8_ROLLOUT | _SMALL_RUN | _SEQ_LEN,
     "smoke_qwen3_0.6b_1n.yaml": _FP8_ROLLOUT
     | _SMALL_RUN
     | {"grpo.max_val_samples", "grpo.val_batch_size"},
@@ -93,16 +94,10 @@ DEVIATIONS = {
         "env.math.math_verify_impl",
         "env.math.num_workers",
         "env.dapo.num_workers",
-        "policy.max_total_sequence_length",
-        "data.max_input_seq_length",
-        "grpo.reward_shaping.max_response_length",
-        "policy.generation.max_new_tokens",
-        "policy.generation.vllm_cfg.max_model_len",
-        "policy.sequence_packing.train_mb_tokens",
-        "policy.sequence_packing.logprob_mb_tokens",
         "grpo.num_prompts_per_step",
         "grpo.num_generations_per_prompt",
-    },
+    }
+    | _SEQ_LEN,
     "qwen3_30b_a3b_2n8g_fp8_ep8.yaml": _FP8_ROLLOUT
     | {
         "cluster.num_nodes",
