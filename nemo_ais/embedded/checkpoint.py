@@ -21,6 +21,11 @@ All randomness of the recipe comes from counter-based generators keyed by
 ``(seed, step, chunk)`` (:func:`nemo_ais.embedded.task.seeded_generator`), so the RNG
 state to restore is only torch's global generator (saved for completeness); this is what
 makes "N steps == N/2 + resume + N/2" exact.
+
+A file that exists but cannot be read (truncated, garbled, not a checkpoint, no read
+permission) raises :class:`UnreadableFileError`, a :class:`RecipeError` whose one-line
+message names the file and the fix; ``nemo-ais run`` prints it and exits 1. Nothing is
+deleted on the way: the other (arm, seed) runs' checkpoints and metrics stay as they were.
 """
 
 from __future__ import annotations
@@ -32,7 +37,33 @@ from typing import Any
 
 import torch
 
-__all__ = ["atomic_torch_save", "checkpoint_path", "load_checkpoint", "save_checkpoint"]
+from nemo_ais.embedded.dist import RecipeError
+
+__all__ = [
+    "UnreadableFileError",
+    "atomic_torch_save",
+    "checkpoint_path",
+    "load_checkpoint",
+    "load_file",
+    "save_checkpoint",
+]
+
+# What a run checkpoint holds (see save_checkpoint); a file without one of these is rejected.
+CHECKPOINT_KEYS = ("step", "finished", "policy", "optimizer", "ais_state", "torch_rng_state")
+# Longest excerpt of the underlying error kept in a one-line message.
+_MAX_CAUSE_CHARS = 160
+
+
+class UnreadableFileError(RecipeError):
+    """A checkpoint or cache file exists but cannot be used; the message names it and the fix."""
+
+
+def _cause(err: BaseException) -> str:
+    """``Type: first sentence of the message``, at most ``_MAX_CAUSE_CHARS`` characters."""
+    first = (str(err).strip().splitlines() or [""])[0].split(". ")[0]
+    if len(first) > _MAX_CAUSE_CHARS:
+        first = first[: _MAX_CAUSE_CHARS - 3] + "..."
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 def checkpoint_path(run_dir: Path, arm: str, seed: int) -> Path:
@@ -78,18 +109,56 @@ def save_checkpoint(
     )
 
 
+def load_file(path: Path, *, what: str, remedy: str, weights_only: bool) -> Any:
+    """``torch.load(path)`` on CPU; any failure becomes a one-line :class:`UnreadableFileError`.
+
+    Args:
+        path: an existing file.
+        what: what the file is, for the message (``"checkpoint"``).
+        remedy: what the user should do, for the message (``"delete it to ..."``).
+        weights_only: passed to ``torch.load``.
+
+    Raises:
+        UnreadableFileError: ``"<what> <path> cannot be read (<cause>); <remedy>"``.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
+    except Exception as err:  # truncated zip, garbled pickle, EACCES, EISDIR, ...
+        raise UnreadableFileError(
+            f"{what} {path} cannot be read ({_cause(err)}); {remedy}"
+        ) from None
+
+
+def checkpoint_remedy(path: Path) -> str:
+    """The fix for a bad checkpoint: delete this (arm, seed) run's file, or ``--overwrite``."""
+    return (
+        f"delete it (rm {path}) to restart only this (arm, seed) run from step 0 (other runs "
+        "keep their results), or pass --overwrite to start the whole experiment over"
+    )
+
+
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
     """The checkpoint at ``path``, or None if there is none.
 
+    Returns:
+        The dict written by :func:`save_checkpoint` (tensors on CPU), or None if ``path``
+        does not exist.
+
     Raises:
-        RuntimeError: the file exists but cannot be read (named, with the fix).
+        UnreadableFileError: the file exists but cannot be read, or is not a checkpoint
+            (a dict holding ``CHECKPOINT_KEYS`` with an integer ``step``). The message is
+            one line naming ``path`` and the fix (delete it, or ``--overwrite``).
     """
-    if not path.is_file():
+    if not path.exists():
         return None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:
-        raise RuntimeError(
-            f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); delete it to "
-            "restart this (arm, seed) run from scratch"
-        ) from None
+    blob = load_file(path, what="checkpoint", remedy=checkpoint_remedy(path), weights_only=False)
+    if not isinstance(blob, dict):
+        problem = f"holds a {type(blob).__name__}, not a checkpoint dict"
+    else:
+        missing = [k for k in CHECKPOINT_KEYS if k not in blob]
+        problem = f"lacks {', '.join(missing)}" if missing else ""
+        if not missing and (isinstance(blob["step"], bool) or not isinstance(blob["step"], int)):
+            problem = f"has step={blob['step']!r}, expected an int"
+    if problem:
+        raise UnreadableFileError(f"checkpoint {path} {problem}; {checkpoint_remedy(path)}")
+    return blob

@@ -19,6 +19,12 @@ teacher forcing on the response tokens give that. The result depends only on the
 shape, the task and the warm-start section, so it is cached as
 ``<cache_dir>/warmstart-<hash>.pt`` and shared by every arm and seed (and by later runs).
 The file is written atomically (temporary file + rename).
+
+A cache file that exists but cannot be used (truncated, garbled, no read permission, not a
+warm-start file, weights that do not fit the policy) raises
+:class:`~nemo_ais.embedded.checkpoint.UnreadableFileError`, whose one-line message names
+the file and says to delete it; ``nemo-ais run`` prints it and exits 1 before any
+(arm, seed) run starts, so no checkpoint or metric is touched.
 """
 
 from __future__ import annotations
@@ -31,12 +37,19 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from nemo_ais.embedded.checkpoint import atomic_torch_save
+from nemo_ais.embedded.checkpoint import UnreadableFileError, atomic_torch_save, load_file
 from nemo_ais.embedded.config import RecipeConfig, config_hash
+from nemo_ais.embedded.dist import RecipeError
 from nemo_ais.embedded.model import build_model, greedy_decode
 from nemo_ais.embedded.task import AdditionTask, seeded_generator
 
-__all__ = ["build_task", "build_untrained_policy", "warm_start", "warm_start_path"]
+__all__ = [
+    "build_task",
+    "build_untrained_policy",
+    "load_warm_start",
+    "warm_start",
+    "warm_start_path",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +95,50 @@ def warm_start_path(cfg: RecipeConfig) -> Path:
     return Path(cfg.policy.warm_start.cache_dir) / f"warmstart-{config_hash(_cache_key(cfg))}.pt"
 
 
+def _remedy(path: Path) -> str:
+    return (
+        f"delete it (rm {path}) and re-run to retrain the warm start (--overwrite does not "
+        "touch policy.warm_start.cache_dir)"
+    )
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    """The cache file's dict; UnreadableFileError if it cannot be read or is not one."""
+    blob = load_file(path, what="warm-start cache", remedy=_remedy(path), weights_only=True)
+    if not isinstance(blob, dict) or "key" not in blob or "state_dict" not in blob:
+        raise UnreadableFileError(
+            f"warm-start cache {path} is not a warm-start file (expected a dict with 'key' "
+            f"and 'state_dict'); {_remedy(path)}"
+        )
+    return blob
+
+
+def load_warm_start(path: Path) -> dict[str, torch.Tensor]:
+    """The policy ``state_dict`` stored in the warm-start cache file ``path`` (CPU tensors).
+
+    Raises:
+        UnreadableFileError: ``path`` cannot be read or is not a warm-start file (one line
+            naming ``path``; the fix is to delete it).
+    """
+    return _read_cache(Path(path))["state_dict"]
+
+
+def _check_fits(policy: torch.nn.Module, path: Path, state: Any) -> None:
+    """UnreadableFileError unless ``state`` has exactly ``policy``'s tensor names and shapes."""
+    expected = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
+    got = (
+        {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+        if isinstance(state, dict)
+        else {}
+    )
+    if got != expected:
+        bad = sorted(set(got) ^ set(expected)) or sorted(k for k in got if got[k] != expected[k])
+        raise UnreadableFileError(
+            f"warm-start cache {path} does not fit policy.model (first mismatching tensor: "
+            f"{bad[0] if bad else '?'}); {_remedy(path)}"
+        )
+
+
 @torch.no_grad()
 def greedy_accuracy(model: torch.nn.Module, task: AdditionTask, problems: list) -> float:
     """Fraction of ``problems`` solved exactly by greedy decoding."""
@@ -118,13 +175,16 @@ def warm_start(cfg: RecipeConfig, task: AdditionTask, *, progress: bool = True) 
     is only trusted if its stored key equals this config's key.
 
     Raises:
-        OSError: the cache directory is not writable (named).
+        UnreadableFileError: the cache file exists but cannot be read, is not a warm-start
+            file, or its weights do not fit the policy (one line naming the file; delete it).
+        RecipeError: the cache directory is not writable (named, with the config key).
     """
     path = warm_start_path(cfg)
     key = _cache_key(cfg)
-    if path.is_file():
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        if blob.get("key") == key:
+    if path.exists():
+        blob = _read_cache(path)
+        if blob["key"] == key:
+            _check_fits(build_untrained_policy(cfg, task), path, blob["state_dict"])
             logger.info("warm start: reusing %s", path)
             return path
         logger.warning("warm start: %s has a different key; retraining", path)
@@ -159,5 +219,11 @@ def warm_start(cfg: RecipeConfig, task: AdditionTask, *, progress: bool = True) 
         "greedy_accuracy": acc,
         "final_loss": loss,
     }
-    atomic_torch_save(blob, path)
+    try:
+        atomic_torch_save(blob, path)
+    except OSError as err:
+        raise RecipeError(
+            f"warm-start cache {path} cannot be written ({err.strerror or err}); choose a "
+            "writable directory with policy.warm_start.cache_dir=<dir>"
+        ) from None
     return path
