@@ -18,7 +18,7 @@ import yaml
 
 import nemo_ais.embedded.recipe as recipe_mod
 from nemo_ais.cli import main
-from nemo_ais.embedded.checkpoint import checkpoint_path
+from nemo_ais.embedded.checkpoint import checkpoint_path, load_checkpoint
 from nemo_ais.embedded.config import CONFIG_DIR, load_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -206,14 +206,34 @@ def test_unwritable_run_dir_and_config_mismatch(tmp_path, cache_dir, capsys):
     assert "different config" in err and "grpo.max_num_steps: 99 -> 4" in err
 
 
+def _wait_for(proc, marker, timeout_s):
+    """Poll until ``marker`` is a file; fail (never skip) if the run ends or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not marker.is_file():
+        if proc.poll() is not None:
+            pytest.fail(
+                f"the run exited ({proc.returncode}) before writing {marker}:\n"
+                f"{proc.communicate()[0]}"
+            )
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"no {marker} within {timeout_s} s:\n{proc.communicate()[0]}")
+        time.sleep(0.05)
+
+
 @pytest.mark.distributed
 def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_path, cache_dir):
-    # a real SIGINT to the whole process group (what Ctrl-C does) while 2 ranks train
+    # A real SIGINT to the whole process group (what Ctrl-C does) while 2 ranks train. It is
+    # sent as soon as the first checkpoint (step 2 of 8) appears: then 6 steps and 3
+    # evaluations are left, seconds of work against a 50 ms poll, and a slower machine
+    # stretches both alike. If the signal still lands too late, the test fails.
+    steps, save_period = 8, 2
     args = [
         f"logger.run_dir={tmp_path}",
         f"policy.warm_start.cache_dir={cache_dir}",
         *TINY,
-        "grpo.max_num_steps=8",
+        f"grpo.max_num_steps={steps}",
+        f"checkpointing.save_period={save_period}",
         "cluster.dp_size=2",
     ]
     assert _run(tmp_path, cache_dir, "straight2", *args) == 0  # also fills the warm-start cache
@@ -226,16 +246,18 @@ def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_pat
         preexec_fn=lambda: (signal.signal(signal.SIGINT, signal.SIG_DFL), os.setpgrp()),
     )
     ckpt = checkpoint_path(tmp_path / "ctrlc", "fp8-ais", 0)
-    deadline = time.monotonic() + 240
-    while not ckpt.is_file() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    _wait_for(proc, ckpt, timeout_s=200)  # the pytest timeout (300 s) stays the backstop
     os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    if proc.returncode == 0:  # the run finished before the signal: nothing to resume
-        pytest.skip("the run completed before SIGINT arrived")
-    assert proc.returncode == 130, out
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (
+        f"SIGINT did not interrupt the run (exit {proc.returncode}):\n{out}"
+    )
     assert "re-run the same command to resume" in out
-    assert ckpt.is_file()
+    # interrupted mid-run: an unfinished checkpoint, and metrics that stop before the end
+    blob = load_checkpoint(ckpt)
+    assert not blob["finished"] and save_period <= blob["step"] < steps, blob["step"]
+    logged = [r["step"] for r in _records(tmp_path / "ctrlc", "train")]
+    assert blob["step"] <= max(logged) < steps, logged
     assert _run(tmp_path, cache_dir, "ctrlc", *args) == 0
     assert _strip_times(_records(tmp_path / "ctrlc")) == _strip_times(
         _records(tmp_path / "straight2")
