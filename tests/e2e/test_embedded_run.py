@@ -248,7 +248,11 @@ def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_pat
     ckpt = checkpoint_path(tmp_path / "ctrlc", "fp8-ais", 0)
     _wait_for(proc, ckpt, timeout_s=200)  # the pytest timeout (300 s) stays the backstop
     os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # never leave the ranks running
+        pytest.fail(f"the run did not stop within 60 s of SIGINT:\n{proc.communicate()[0]}")
     assert proc.returncode == 130, (
         f"SIGINT did not interrupt the run (exit {proc.returncode}):\n{out}"
     )
