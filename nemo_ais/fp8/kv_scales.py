@@ -117,7 +117,16 @@ def percentile_amax(x: torch.Tensor, percentile: float) -> torch.Tensor:
 
     Returns:
         0-dim float64; NaN/Inf if ``x`` holds any (the caller flags it).
+
+    Raises:
+        ValueError: ``x`` is empty (a percentile of no values is undefined;
+            :meth:`KVScaleCalibrator.observe` skips empty activations instead).
     """
+    if x.numel() == 0:
+        raise ValueError(
+            f"percentile_amax: x is empty ({list(x.shape)} {x.dtype}), expected at least one "
+            "value (a percentile of no values is undefined)"
+        )
     a = x.detach().reshape(-1).abs().to(torch.float32)
     if not bool(torch.isfinite(a).all()):
         return torch.tensor(math.inf, dtype=torch.float64)

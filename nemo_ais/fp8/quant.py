@@ -38,6 +38,12 @@ the reference quantizer (see ``docs/fp8.md`` and the conventions it cites):
 
 The stored scale is the DEQUANT multiplier: ``x ~= q * s`` (vLLM's ``weight_scale_inv``).
 Non-finite input raises ``ValueError`` naming the tensor; nothing is returned for it.
+
+Empty input (any dim of size 0) is defined, not an error: the codes are an empty
+``float8_e4m3fn`` tensor of the input's shape and the scales have the usual shape
+``ceil(dim / tile)`` per tiled dim, which is 0 for an empty tiled dim (``[0, K]`` gives
+scales ``[0, ceil(K/bk)]``, ``[N, 0]`` gives ``[ceil(N/bn), 0]``). There is no tile, so
+there is no scale; dequantizing gives back an empty tensor of the same shape.
 """
 
 from __future__ import annotations
@@ -187,8 +193,13 @@ def _quantize_tiles(
     e, n, k = x3.shape
     bn, bk = block
     nb, kb = -(-n // bn), -(-k // bk)
-    rows_per_band = _band_rows(bn, kb * bk)
     dev = x3.device
+    if x3.numel() == 0:  # no tile: empty codes, one (absent) scale per tile
+        return (
+            torch.empty(e, n, k, dtype=FP8_DTYPE, device=dev),
+            torch.empty(e, nb, kb, dtype=torch.float32, device=dev),
+        )
+    rows_per_band = _band_rows(bn, kb * bk)
     scratch = torch.zeros(min(rows_per_band, nb * bn), kb * bk, dtype=torch.float32, device=dev)
     q8 = torch.empty(e, n, k, dtype=FP8_DTYPE, device=dev)
     amax = torch.empty(e, nb, kb, dtype=torch.float32, device=dev)
@@ -246,6 +257,8 @@ def quantize_blockwise(
         ``(q, s)``: ``q`` ``torch.float8_e4m3fn`` with ``x``'s shape; ``s`` fp32 dequant
         scales ``[ceil(N/bn), ceil(K/bk)]`` (``[E, ...]`` for 3-D input). Not differentiable.
         An all-zero tile gives ``q = 0`` and a finite scale (``eps / 448``, or 1 if eps = 0).
+        Empty ``x`` (E, N or K = 0) gives empty ``q`` and ``s`` of exactly these shapes,
+        e.g. ``[0, 300]`` -> ``s`` ``[0, 3]``, ``[300, 0]`` -> ``s`` ``[3, 0]`` (any backend).
 
     Raises:
         ValueError: non-finite values in ``x`` (count and first index), a bad shape,
@@ -260,7 +273,8 @@ def quantize_blockwise(
     if backend != "torch":
         from nemo_ais.fp8 import te_backend
 
-        if te_backend.use_te(x, backend, name=name, family=family, block=block):
+        use_te = te_backend.use_te(x, backend, name=name, family=family, block=block)
+        if use_te and x.numel() > 0:  # empty: no kernel to run, the reference result
             return te_backend.quantize_blockwise_te(x, block, family, eps, ue8m0, name=name)
     with torch.no_grad():
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
@@ -313,7 +327,7 @@ def dequantize_blockwise(
         name: tensor name used in error messages.
 
     Returns:
-        Tensor of ``q``'s shape and ``dtype``.
+        Tensor of ``q``'s shape and ``dtype`` (empty if ``q`` is).
     """
     _check_args(name, "a", 0.0, block)
     if q.dim() not in (2, 3):
@@ -346,6 +360,8 @@ def quantize_activations(
 
     Returns:
         ``(q, s)``: ``q`` float8_e4m3fn of ``x``'s shape; ``s`` fp32 ``[..., ceil(K/group)]``.
+        Empty ``x`` gives empty ``q`` and ``s`` of these shapes: ``[0, T, K]`` -> ``s``
+        ``[0, T, ceil(K/group)]``, ``[B, T, 0]`` -> ``s`` ``[B, T, 0]``.
 
     Raises:
         ValueError: non-finite input (count and first index), bad dtype or arguments.
@@ -356,7 +372,8 @@ def quantize_activations(
             f"{name}: got {list(x.shape)} {x.dtype}, expected a [..., K] floating tensor"
         )
     with torch.no_grad():
-        x3 = x.reshape(1, -1, x.shape[-1])
+        # rows spelled out: reshape(1, -1, 0) is ambiguous for empty x
+        x3 = x.reshape(1, math.prod(x.shape[:-1]), x.shape[-1])
         q, s = _quantize_tiles(x, x3, (1, group), family, eps, ue8m0, name)
     return q.view(x.shape), s.view(*x.shape[:-1], s.shape[-1])
 
@@ -379,13 +396,13 @@ def dequantize_activations(
         name: tensor name used in error messages.
 
     Returns:
-        Tensor of ``q``'s shape and ``dtype``.
+        Tensor of ``q``'s shape and ``dtype`` (empty if ``q`` is).
     """
     _check_args(name, "a", 0.0, (1, group))
     if q.dim() < 1:
         raise ValueError(f"{name}: got a 0-dim tensor, expected [..., K]")
     _check_dequant(q, scale, (group,), q.dim() - 1, name)
     with torch.no_grad():
-        q3 = q.reshape(1, -1, q.shape[-1])
-        s3 = scale.reshape(1, -1, scale.shape[-1])
+        q3 = q.reshape(1, math.prod(q.shape[:-1]), q.shape[-1])
+        s3 = scale.reshape(1, math.prod(scale.shape[:-1]), scale.shape[-1])
         return _dequantize_tiles(q3, s3, (1, group), dtype).view(q.shape)
