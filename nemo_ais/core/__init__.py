@@ -16,9 +16,11 @@
 Pure torch (imports only torch, the stdlib and :mod:`nemo_ais.config`). Ratio direction
 everywhere: rho = pi_old / mu, l = log pi_old - log mu (``prev_logprobs -
 generation_logprobs``). Formulas marked [reconstruction] are our design for
-arXiv 2605.13907; see ``docs/method.md``.
+arXiv 2605.13907; see ``docs/method.md``. :class:`~nemo_ais.config.CorrectionConfig`, the
+config every entry point takes, is re-exported here (its home is :mod:`nemo_ais.config`).
 """
 
+from nemo_ais.config import CorrectionConfig
 from nemo_ais.core.diagnostics import (
     AISDiagnostics,
     AISState,
@@ -47,6 +49,7 @@ __all__ = [
     "AISDiagnostics",
     "AISState",
     "AISStats",
+    "CorrectionConfig",
     "LossOutput",
     "MetricSpec",
     "Slot",
