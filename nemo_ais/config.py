@@ -31,6 +31,10 @@ pydantic's error into a ``ValueError`` that names the full field path, the value
 the allowed range and a hint, e.g.::
 
     loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)
+
+Functions that take a config OBJECT check its type with :func:`require_config`, so a
+plain dict is a ``TypeError`` naming the parameter and how to build the object, not an
+``AttributeError`` deep inside.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ __all__ = [
     "CorrectionConfig",
     "CorrectionMode",
     "PGLossConfig",
+    "config_type_error",
+    "require_config",
     "validate_section",
 ]
 
@@ -239,3 +245,45 @@ def _format_errors(model: type[BaseModel], err: ValidationError, path: str) -> s
         else:  # cross-field rule: the message starts with the offending field's name
             lines.append(f"{path}.{reason}")
     return "\n".join(lines)
+
+
+def config_type_error(
+    value: object, expected: type[BaseModel], where: str, *, optional: bool = False
+) -> TypeError | None:
+    """The ``TypeError`` :func:`require_config` raises for ``value``, or None if it is fine.
+
+    For callers that must not raise at once (a distributed entry point that turns a local
+    error into flags so that every rank raises together).
+    """
+    if isinstance(value, expected) or (optional and value is None):
+        return None
+    name = expected.__name__
+    got = type(value).__name__
+    accepted = f"{expected.__module__}.{name}" + (" or None" if optional else "")
+    hint = ""
+    if isinstance(value, Mapping):
+        hint = f"; build one with {name}(**d) or {name}.model_validate(d)"
+    elif isinstance(value, BaseModel):
+        hint = f" ({got} is a different section)"
+    return TypeError(f"{where}: got {got}, expected {accepted}{hint}")
+
+
+def require_config(
+    value: object, expected: type[BaseModel], where: str, *, optional: bool = False
+) -> None:
+    """Raise ``TypeError`` unless ``value`` is an ``expected`` instance (or None if ``optional``).
+
+    Args:
+        value: what the caller passed.
+        expected: the config model class (subclasses are accepted).
+        where: the parameter, prefixed by the function, e.g. ``"compute_statistics(config)"``.
+        optional: None is accepted too.
+
+    Raises:
+        TypeError: e.g. ``compute_statistics(config): got dict, expected
+            nemo_ais.config.CorrectionConfig; build one with CorrectionConfig(**d) or
+            CorrectionConfig.model_validate(d)``.
+    """
+    error = config_type_error(value, expected, where, optional=optional)
+    if error is not None:
+        raise error

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from nemo_ais.config import require_config
 from nemo_ais.core import log_ratio
 
 __all__ = [
@@ -236,7 +237,8 @@ class AlarmMonitor:
     """
 
     def __init__(self, config: AlarmConfig | None = None) -> None:
-        self.config = config or AlarmConfig()
+        require_config(config, AlarmConfig, "AlarmMonitor(config)", optional=True)
+        self.config = config if config is not None else AlarmConfig()
         self._history: dict[str, deque[float]] = {
             name: deque(maxlen=self.config.window) for name in ("tmpe_excess", "severity")
         }

@@ -36,7 +36,7 @@ from nemo_ais.analyze.alarms import AlarmConfig, AlarmMonitor, alarm_metrics
 from nemo_ais.analyze.reader import BadInputError, StepFile, find_step_files
 from nemo_ais.analyze.replay import StepResult, replay_step
 from nemo_ais.analyze.report import write_report
-from nemo_ais.config import CorrectionConfig, validate_section
+from nemo_ais.config import CorrectionConfig, require_config, validate_section
 from nemo_ais.core import METRICS
 
 __all__ = [
@@ -179,10 +179,15 @@ def analyze_run(
         BadInputError: ``file:line: problem`` for the first bad input; any other error
             while a step file is analysed (except ``OSError`` and ``KeyboardInterrupt``)
             becomes ``file:0: unexpected <type>: <first line>``.
+        TypeError: ``config`` or ``alarm_config`` is not the config object (e.g. a dict:
+            build it with ``CorrectionConfig(**d)`` / ``AlarmConfig(**d)``, or use
+            :func:`load_analysis_config`).
     """
+    require_config(config, CorrectionConfig, "analyze_run(config)", optional=True)
+    require_config(alarm_config, AlarmConfig, "analyze_run(alarm_config)", optional=True)
     log_dir = Path(log_dir)
-    config = config or CorrectionConfig()
-    alarm_config = alarm_config or AlarmConfig()
+    config = config if config is not None else CorrectionConfig()
+    alarm_config = alarm_config if alarm_config is not None else AlarmConfig()
     monitor_config = alarm_config.model_copy(update={"fail_on_alarm": False})  # never raise
     files = find_step_files(log_dir)
     out = Path(out_dir) if out_dir is not None else log_dir / DEFAULT_OUT

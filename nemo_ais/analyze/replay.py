@@ -44,7 +44,7 @@ import torch
 
 from nemo_ais.analyze.alarms import PositionProfile, position_profile
 from nemo_ais.analyze.reader import BadInputError, Chunk, ReadCounts, StepFile, iter_chunks
-from nemo_ais.config import CorrectionConfig
+from nemo_ais.config import CorrectionConfig, require_config
 from nemo_ais.core import (
     AISDiagnostics,
     AISState,
@@ -189,7 +189,9 @@ def replay_step(
 
     Raises:
         BadInputError: a bad row (unless skipped), an empty file, or no valid token.
+        TypeError: ``config`` is not a :class:`~nemo_ais.config.CorrectionConfig`.
     """
+    require_config(config, CorrectionConfig, "replay_step(config)")
     counts = ReadCounts()
     modes = {m: config.model_copy(update={"mode": m}) for m in MODES}
     sums = {m: WeightSums() for m in MODES}

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from nemo_ais.config import CorrectionConfig
+from nemo_ais.config import CorrectionConfig, config_type_error, require_config
 from nemo_ais.core import validation
 from nemo_ais.core.stats import (
     BAD_INPUT_SLOTS,
@@ -293,7 +293,9 @@ def diagnostics_from_stats(
     Raises:
         ValueError: the statistics flag bad input (the same summary on every rank; use
             :func:`compute_diagnostics` for each bad rank's own message).
+        TypeError: ``config`` is not a :class:`~nemo_ais.config.CorrectionConfig`.
     """
+    require_config(config, CorrectionConfig, "diagnostics_from_stats(config)")
     s = _sums(global_stats)
     if _has_bad_input(s):
         raise ValueError(_bad_input_summary(s, None))
@@ -392,8 +394,12 @@ def compute_diagnostics(
             device, ``input_error``; NaN / inf / mask values with the count and first index).
         ValueError: with a group, bad input on ANY rank: every rank raises the same message
             after the all-reduce and one ``all_gather_object`` of the error texts, naming
-            each bad rank with its own message.
+            each bad rank with its own message. ``config`` not a
+            :class:`~nemo_ais.config.CorrectionConfig` (e.g. a dict) is bad input too:
+            a TypeError without a group, this ValueError with one.
     """
+    if input_error is None:  # a wrong config type joins the all-reduce flagged, like bad input
+        input_error = config_type_error(config, CorrectionConfig, "compute_diagnostics(config)")
     local_stats, local_error = _local_statistics(  # steps 1-4, never raises with a group
         prev_logprobs, generation_logprobs, mask, config, group, input_error
     )

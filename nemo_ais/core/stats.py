@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_ais.config import CorrectionConfig
+from nemo_ais.config import CorrectionConfig, require_config
 from nemo_ais.core import validation
 
 __all__ = [
@@ -261,8 +261,10 @@ def compute_statistics(
     Raises:
         TypeError, ValueError: wrong type, shape or device (raised locally at once; a
             distributed caller sends :meth:`AISStats.from_input_error` instead, as
-            :func:`~nemo_ais.core.compute_diagnostics` does).
+            :func:`~nemo_ais.core.compute_diagnostics` does); ``config`` not a
+            :class:`~nemo_ais.config.CorrectionConfig` (e.g. a dict) is a TypeError.
     """
+    require_config(config, CorrectionConfig, "compute_statistics(config)")
     validation.check_2d("prev_logprobs", logp_old)
     validation.check_like("prev_logprobs", logp_old, logp_old, "prev_logprobs")
     validation.check_like("generation_logprobs", logp_rollout, logp_old, "prev_logprobs")

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import torch
 
-from nemo_ais.config import CorrectionConfig
+from nemo_ais.config import CorrectionConfig, require_config
 
 __all__ = ["WEIGHT_FNS", "WeightFn", "compute_dtype", "correction_weights", "log_ratio"]
 
@@ -159,7 +159,10 @@ def correction_weights(
 
     Raises:
         ValueError: mode ``ais`` without ``alpha``.
+        TypeError: ``config`` is not a :class:`~nemo_ais.config.CorrectionConfig` (a dict:
+            build it with ``CorrectionConfig(**d)``).
     """
+    require_config(config, CorrectionConfig, "correction_weights(config)")
     weight_fn = WEIGHT_FNS[config.mode]
     if weight_fn.needs_alpha and alpha is None:
         raise ValueError(

@@ -51,6 +51,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from nemo_ais.config import require_config
 from nemo_ais.fp8.quant import E4M3_MAX
 
 __all__ = [
@@ -182,6 +183,7 @@ class KVScaleCalibrator:
     """
 
     def __init__(self, num_layers: int, config: KVScaleConfig | None = None) -> None:
+        require_config(config, KVScaleConfig, "KVScaleCalibrator(config)", optional=True)
         if not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"num_layers={num_layers!r} is invalid: expected an int >= 1")
         self.num_layers = num_layers

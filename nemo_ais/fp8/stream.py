@@ -52,6 +52,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nemo_ais.config import require_config
 from nemo_ais.fp8.quant import check_finite, quantize_blockwise
 
 __all__ = [
@@ -286,7 +287,9 @@ def plan_tensor(
 
     Raises:
         ValueError: a quantized tensor whose per-rank shard is not a multiple of the block.
+        TypeError: ``config`` is not an :class:`Fp8SyncConfig` (a dict: ``Fp8SyncConfig(**d)``).
     """
+    require_config(config, Fp8SyncConfig, "plan_tensor(config)")
     shape = tuple(int(s) for s in shape)
     numel = 1
     for s in shape:
@@ -309,7 +312,9 @@ def plan_fp8_sync(
 
     Raises:
         ValueError: every TP-shard failure at once, one line per tensor.
+        TypeError: ``config`` is not an :class:`Fp8SyncConfig` (a dict: ``Fp8SyncConfig(**d)``).
     """
+    require_config(config, Fp8SyncConfig, "plan_fp8_sync(config)")
     entries, errors = [], []
     for name, tensor in named_tensors:
         try:
@@ -339,7 +344,16 @@ def fp8_weight_stream(
     Raises:
         ValueError: NaN/Inf in any tensor (named, with count and first index) or a TP
             shard that is not a multiple of the block; raised before that tensor is yielded.
+        TypeError: at the call, not at the first ``next``: ``config`` is not an
+            :class:`Fp8SyncConfig` (a dict: ``Fp8SyncConfig(**d)``).
     """
+    require_config(config, Fp8SyncConfig, "fp8_weight_stream(config)")
+    return _stream(named_tensors, config)
+
+
+def _stream(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], config: Fp8SyncConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in named_tensors:
         entry = plan_tensor(name, tensor.shape, tensor.dtype, config)
         if entry.action == "keep":

@@ -56,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from transformers import DynamicCache
 
+from nemo_ais.config import require_config
 from nemo_ais.fp8.fp8_linear import Fp8Experts, Fp8Linear
 from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
 from nemo_ais.fp8.quant import E4M3_MAX, Family, check_finite
@@ -554,6 +555,7 @@ class Fp8Twin:
     """
 
     def __init__(self, model: nn.Module, config: Fp8RolloutConfig | None = None) -> None:
+        require_config(config, Fp8RolloutConfig, "Fp8Twin(config)", optional=True)
         self.config = config if config is not None else Fp8RolloutConfig()
         twin = copy.deepcopy(model)
         # eval() only: requires_grad flags are kept, since flipping them can change which

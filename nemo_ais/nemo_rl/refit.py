@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from nemo_ais.config import require_config
 from nemo_ais.fp8 import Fp8SyncConfig, fp8_weight_stream
 
 __all__ = [
@@ -144,7 +145,9 @@ def install(module: Any, config: Fp8SyncConfig) -> bool:
 
     Raises:
         RuntimeError: the upstream signatures differ from the recorded ones.
+        TypeError: ``config`` is not an :class:`Fp8SyncConfig` (a dict: ``Fp8SyncConfig(**d)``).
     """
+    require_config(config, Fp8SyncConfig, "install(config)")
     if getattr(module.load_weights, _PATCHED, False):
         return False
     check_signatures(module)
@@ -192,7 +195,12 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install_on_import(config: Fp8SyncConfig, target: str = TARGET_MODULE) -> None:
-    """Patch ``target`` when it is imported (now, if it already is)."""
+    """Patch ``target`` when it is imported (now, if it already is).
+
+    Raises:
+        TypeError: ``config`` is not an :class:`Fp8SyncConfig` (checked now, not at import).
+    """
+    require_config(config, Fp8SyncConfig, "install_on_import(config)")
     module = sys.modules.get(target)
     if module is not None:
         install(module, config)
