@@ -133,6 +133,21 @@ def test_corrupt_checkpoint_names_the_file_and_keeps_every_other_file(run_copy, 
     assert _digests(run_dir) == before
 
 
+@pytest.mark.distributed
+def test_corrupt_checkpoint_on_two_dp_ranks_is_one_line(run_copy, capsys):
+    # every rank loads the checkpoint; the ranks' errors come back through the launcher
+    run_dir, _ = run_copy
+    bad = checkpoint_path(run_dir, ARMS[0], 0)
+    _garble(bad)
+    before = _digests(run_dir)
+    assert main([*ARGV, "cluster.dp_size=2"]) == 1
+    _one_line_error(capsys, f"checkpoint {bad}", f"rm {bad}", "--overwrite")
+    after = _digests(run_dir)
+    # config.yaml now pins cluster.dp_size=2 (a resume-free key); nothing else changed
+    assert after.pop(Path("config.yaml")) != before.pop(Path("config.yaml"))
+    assert after == before
+
+
 def test_following_the_checkpoint_remedy_redoes_only_that_run(run_copy, capsys):
     run_dir, _ = run_copy
     bad = checkpoint_path(run_dir, ARMS[1], 0)
