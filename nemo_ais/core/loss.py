@@ -18,7 +18,9 @@ our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 
 1. validate          shapes / dtypes / devices at once (if step 2 communicates, a failure
                      is flagged in its all-reduce instead, so every rank raises together);
-                     values with one fused check
+                     values, mask and the global normalisers N_tok / N_seq with ONE fused
+                     host sync (a count that is NaN, inf, or below this call's own count
+                     is refused)
 2. diagnostics       mode ais without precomputed diagnostics: statistics -> ONE all-reduce
                      over ``group`` -> alpha  (:func:`~nemo_ais.core.compute_diagnostics`)
 3. weight            w_hat_it = WEIGHT_FNS[mode](l_it)                  (detached, 0 where m = 0)
@@ -27,15 +29,24 @@ our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
                      clip_loss_it = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
                      dual clip (A < 0): clip_loss_it = min(clip_loss_it, -A c)
                      disable_ppo_ratio: clip_loss_it = -A log pi_theta
+                     d clip_loss / d log pi_theta = -A r on the unclipped branch, else 0
 5. KL penalty        x = clamp(log pi_ref - log pi_theta, +-kl_input_clamp_value)
                      k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x
                      kl_it = beta_kl * clamp(s_it * k(x), +-kl_output_clamp_value),
                      s_it = exp(log pi_theta - sg(log pi_theta)) (value 1, carries the score-function
-                     gradient; detached where the input clamp is active), NOT multiplied by w_hat
-6. reduce            token level:    L = sum_it (w_hat clip_loss + kl m) / N_tok
-                     sequence level: L = sum_i [sum_t (w_hat clip_loss + kl m) / n_i] / N_seq
+                     gradient), NOT multiplied by w_hat;
+                     d kl / d log pi_theta = beta_kl * (k(x) - k'(x)), 0 where a clamp is active
+6. reduce            L = sum_it c_it (w_hat clip_loss + kl),  dL/d log pi_theta = c (w_hat d clip + d kl)
+                     token level:    c_it = m_it / N_tok
+                     sequence level: c_it = m_it / (n_i N_seq)
                      N_* = global_valid_tokens / global_valid_seqs (None: this batch's count)
-7. metrics           summable form (:mod:`nemo_ais.core.metrics`)
+7. metrics           summable form (:mod:`nemo_ais.core.metrics`); optionally NeMo-RL's
+                     rollout-mismatch metrics of the call (``rollout_metrics=True``)
+
+Steps 4-6 form the gradient with the loss (no autograd graph over [B, T] intermediates);
+the loss is returned through a one-node autograd function whose backward is one multiply.
+The gradient is the one autograd would give for the formulas above (ties of max / min
+included: on a tie both branches have the same derivative).
 
 Because the gradient is linear in w_hat, alpha = 0 reproduces mode ``none`` and alpha = 1
 mode ``tis`` (cap C, no floor) exactly, and grad L_ais = (1 - alpha) grad L_none +
@@ -47,6 +58,8 @@ gradients) and finite metrics; masked positions never reach exp(), so -inf paddi
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -57,7 +70,22 @@ from nemo_ais.core import validation
 from nemo_ais.core.diagnostics import AISDiagnostics, AISState, compute_diagnostics
 from nemo_ais.core.weights import WEIGHT_FNS, compute_dtype
 
-__all__ = ["LossOutput", "clipped_pg_loss"]
+__all__ = ["ROLLOUT_METRIC_KEYS", "LossOutput", "clipped_pg_loss"]
+
+LOG_2 = math.log(2)
+
+# NeMo-RL v0.7.0 ClippedPGLossFn's rollout-mismatch keys, emitted with rollout_metrics=True
+ROLLOUT_METRIC_KEYS = (
+    "token_mult_prob_error",
+    "gen_kl_error",
+    "policy_kl_error",
+    "js_divergence_error",
+    "approx_entropy",
+    "probs_ratio_min",
+    "probs_ratio_max",
+    "probs_ratio_clamped_min",
+    "probs_ratio_clamped_max",
+)
 
 
 class LossOutput(NamedTuple):
@@ -68,14 +96,25 @@ class LossOutput(NamedTuple):
 
 
 class _Inputs(NamedTuple):
-    """Validated, upcast, sanitised (0 at masked positions) inputs."""
+    """Step-1 inputs in the compute dtype, detached, every term 0 where m = 0."""
 
-    logp_theta: torch.Tensor
-    logp_old: torch.Tensor
-    logp_ref: torch.Tensor | None
-    adv: torch.Tensor
-    valid: torch.Tensor
-    m: torch.Tensor
+    logp_theta: torch.Tensor  # log pi_theta (values only; the gradient is formed explicitly)
+    log_r: torch.Tensor  # log pi_theta - log pi_old
+    log_rho: torch.Tensor  # l = log pi_old - log mu
+    log_q: torch.Tensor | None  # log pi_ref - log pi_theta (KL on)
+    adv: torch.Tensor  # [B, T]
+    m: torch.Tensor  # float mask
+
+
+class _Counts(NamedTuple):
+    """Host-side counts read by the fused check of step 1 (python floats)."""
+
+    n_tok_local: float
+    n_seq_local: float
+    global_n_tok: float  # N_tok as given (0 when the global batch is empty)
+    n_tok: float  # the token normaliser (1 if N_tok = 0: loss 0, not NaN)
+    n_seq: float  # the sequence normaliser (likewise)
+    clean: bool  # every input finite at every position: masking by multiplication is safe
 
 
 def _what(t: object) -> str:
@@ -119,11 +158,71 @@ def _check_advantages(advantages, prev: torch.Tensor) -> None:
         raise ValueError(f"advantages: got device {advantages.device}, expected {prev.device}")
 
 
-def _check_values(named: dict[str, torch.Tensor], mask, advantages, valid) -> None:
-    """Step 1b: ONE fused host sync; the error path names tensor, count and first index."""
-    finite, mask_ok = validation.fast_check([*named.values(), advantages], mask, valid)
-    if finite and mask_ok:
-        return
+def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor) -> _Inputs:
+    """Step 1b: the differences the loss needs, upcast, detached, zeroed where m = 0."""
+    dtype = m.dtype
+    theta = theta.detach().to(dtype)
+    old = old.detach().to(dtype)
+    adv = adv.detach().to(dtype)
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+    return _Inputs(
+        logp_theta=theta,
+        log_r=(theta - old) * m,
+        log_rho=(old - rollout.detach().to(dtype)) * m,
+        log_q=None if ref is None else (ref.detach().to(dtype) - theta) * m,
+        adv=adv * m,
+        m=m,
+    )
+
+
+def _given(value) -> torch.Tensor | float | None:
+    """A global count as a float64 tensor to read in the fused sync, or as a python float."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    return None if value is None else float(value)
+
+
+def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -> _Counts:
+    """Step 1b: ONE fused host sync; the error paths name the input, count and first index.
+
+    ``bad = nan_to_num(v - v, nan=-1)`` with v the sum of the masked differences is -1
+    where a term is NaN / inf (or overflows) and 0 elsewhere, with plain float ops:
+    ``-sum(bad)`` counts such positions anywhere (masked garbage such as -inf padding
+    then needs zeroing by ``where``: ``clean=False``), ``-sum(bad * m)`` at valid ones
+    (then the exact per-tensor count names the input and raises).
+    """
+    terms = [t for t in (x.log_r, x.log_rho, x.log_q, x.adv) if t is not None]
+    v = terms[0]
+    for t in terms[1:]:
+        v = v + t
+    bad = torch.nan_to_num(v - v, nan=-1.0)
+    checks = [bad.sum(), _dot(bad, x.m)]
+    checks.append((x.m * (1 - x.m)).abs().sum())  # 0 exactly iff every m is 0 or 1
+    checks += [x.m.sum(), (x.m.sum(dim=-1) > 0).sum()]
+    given = [_given(global_tok), _given(global_seq)]
+    tensors = [g for g in given if isinstance(g, torch.Tensor)]
+    values = torch.stack([c.to(x.m.device, torch.float64) for c in checks + tensors]).tolist()
+    bad_any, bad_valid, mask_bad, n_tok_local, n_seq_local, *read = values
+    given = [read.pop(0) if isinstance(g, torch.Tensor) else g for g in given]
+    if bad_valid != 0 or mask_bad != 0:
+        _raise_for_bad_values(named, mask, advantages)  # else: an overflow, not bad input
+    global_n_tok = n_tok_local if given[0] is None else given[0]
+    global_n_seq = n_seq_local if given[1] is None else given[1]
+    validation.check_global_count("global_valid_tokens", global_n_tok, n_tok_local, "tokens")
+    validation.check_global_count("global_valid_seqs", global_n_seq, n_seq_local, "sequences")
+    return _Counts(
+        n_tok_local=n_tok_local,
+        n_seq_local=n_seq_local,
+        global_n_tok=global_n_tok,
+        n_tok=global_n_tok if global_n_tok > 0 else 1,
+        n_seq=global_n_seq if global_n_seq > 0 else 1,
+        clean=bad_any == 0,
+    )
+
+
+def _raise_for_bad_values(named, mask, advantages) -> None:
+    """Step 1b, error path: exact counts per tensor; raise for the first bad one, if any."""
+    valid = validation.valid_positions(mask)
     counts = validation.bad_value_counts(named, mask, valid)
     adv_valid = valid if advantages.dim() == valid.dim() else valid.any(dim=-1)
     bad_adv = (~torch.isfinite(advantages) & adv_valid).sum().to(counts.dtype)
@@ -133,119 +232,205 @@ def _check_values(named: dict[str, torch.Tensor], mask, advantages, valid) -> No
         validation.raise_for_bad_values(tensors, valid, counts)
 
 
-def _prepare(curr_logprobs, prev_logprobs, reference_logprobs, advantages, valid) -> _Inputs:
-    """Step 1c: upcast to float32 (float64 stays) and zero every masked position."""
-    tensors = [t for t in (curr_logprobs, prev_logprobs, reference_logprobs) if t is not None]
-    dtype = compute_dtype(*tensors, advantages)
-    zero = torch.zeros((), dtype=dtype, device=valid.device)
-    adv = advantages.to(dtype)
-    adv = adv.unsqueeze(-1).expand_as(valid) if adv.dim() == 1 else adv
+def _sanitised(curr, prev, rollout, ref, advantages, m: torch.Tensor) -> _Inputs:
+    """Step 1b, slow path (NaN / inf at masked positions): zero masked values, then derive."""
+    valid = m.bool()
+    adv_valid = valid if advantages.dim() == 2 else valid.any(dim=-1)
 
-    def clean(t):
-        return None if t is None else torch.where(valid, t.to(dtype), zero)
+    def clean(t, where=valid):
+        return None if t is None else torch.where(where, t.detach().to(m.dtype), 0)
 
-    return _Inputs(
-        logp_theta=clean(curr_logprobs),
-        logp_old=clean(prev_logprobs.detach()),
-        logp_ref=clean(None if reference_logprobs is None else reference_logprobs.detach()),
-        adv=torch.where(valid, adv, zero),
-        valid=valid,
-        m=valid.to(dtype),
-    )
+    adv = clean(advantages, adv_valid)
+    return _inputs(clean(curr), clean(prev), clean(rollout), clean(ref), adv, m)
 
 
 class _Surrogate(NamedTuple):
     clip_loss: torch.Tensor
+    d_clip_loss: torch.Tensor | None  # d clip_loss / d log pi_theta (None: no gradient)
     r: torch.Tensor
     r_clip: torch.Tensor
 
 
-def _surrogate(x: _Inputs, pg: PGLossConfig, log_ratio_clamp: float) -> _Surrogate:
-    """Step 4: per-token clipped surrogate ``[B, T]`` (with grad through logp_theta)."""
+def _surrogate(x: _Inputs, pg: PGLossConfig, log_ratio_clamp: float, grad: bool) -> _Surrogate:
+    """Step 4: per-token clipped surrogate ``[B, T]`` and its derivative in log pi_theta."""
+    neg_adv = -x.adv
     if pg.disable_ppo_ratio:
         r = x.logp_theta
         r_clip = r
+        clip_loss = neg_adv * r
+        d_clip_loss = neg_adv
     else:
-        log_r = (x.logp_theta - x.logp_old).clamp(min=-log_ratio_clamp, max=log_ratio_clamp)
+        log_r = x.log_r.clamp(min=-log_ratio_clamp, max=log_ratio_clamp)
         r = torch.exp(log_r)
         r_clip = r.clamp(min=1 - pg.ratio_clip_min, max=1 + pg.ratio_clip_max)
-    loss_unclipped = -x.adv * r
-    loss_clipped = -x.adv * r_clip
-    clip_loss = torch.maximum(loss_unclipped, loss_clipped)
+        loss_unclipped = neg_adv * r
+        loss_clipped = neg_adv * r_clip
+        clip_loss = torch.maximum(loss_unclipped, loss_clipped)
+        # -A r where the unclipped branch is taken (on a tie the clipped one agrees), 0 past
+        # the clip or the log-ratio clamp
+        unclipped = (loss_unclipped >= loss_clipped) & (log_r == x.log_r)
+        d_clip_loss = torch.where(unclipped, loss_unclipped, 0) if grad else None
     if pg.ratio_clip_c is not None:
-        loss_dual = -x.adv * pg.ratio_clip_c
-        clip_loss = torch.where(x.adv < 0, torch.minimum(clip_loss, loss_dual), clip_loss)
-    return _Surrogate(clip_loss, r, r_clip)
+        loss_dual = neg_adv * pg.ratio_clip_c
+        dual = (x.adv < 0) & (loss_dual < clip_loss)
+        clip_loss = torch.where(dual, loss_dual, clip_loss)
+        d_clip_loss = torch.where(dual, 0, d_clip_loss) if grad else None
+    return _Surrogate(clip_loss, d_clip_loss if grad else None, r, r_clip)
+
+
+class _KLEstimator(NamedTuple):
+    """k(x) and k'(x) of one estimator, given x and (k3 only) e = exp(x)."""
+
+    value: Callable
+    slope: Callable
+    uses_exp: bool = False
 
 
 _KL_ESTIMATORS = {
-    "k1": lambda log_q: -log_q,
-    "k2": lambda log_q: log_q.square() / 2,
-    "k3": lambda log_q: torch.exp(log_q) - 1 - log_q,
+    "k1": _KLEstimator(lambda x, e: -x, lambda x, e: -1),
+    "k2": _KLEstimator(lambda x, e: x.square() / 2, lambda x, e: x),
+    "k3": _KLEstimator(lambda x, e: e - 1 - x, lambda x, e: e - 1, uses_exp=True),
 }
 
 
-def _kl_penalty(x: _Inputs, pg: PGLossConfig) -> torch.Tensor:
-    """Step 5: per-token KL(pi_theta || pi_ref) penalty ``[B, T]``, NeMo-RL semantics."""
-    log_q = x.logp_ref - x.logp_theta
-    score = torch.exp(x.logp_theta - x.logp_theta.detach())
+def _kl_estimate(kind: str, x: torch.Tensor) -> tuple[torch.Tensor, Callable]:
+    """k(x) of estimator ``kind`` and a thunk for k'(x) (exp(x) computed once, k3 only)."""
+    estimator = _KL_ESTIMATORS[kind]
+    e = torch.exp(x) if estimator.uses_exp else None
+    return estimator.value(x, e), lambda: estimator.slope(x, e)
+
+
+class _KL(NamedTuple):
+    kl_tok: torch.Tensor
+    d_kl_tok: torch.Tensor | None
+
+
+def _kl_penalty(x: _Inputs, pg: PGLossConfig, grad: bool) -> _KL:
+    """Step 5: per-token KL(pi_theta || pi_ref) penalty ``[B, T]`` and its derivative."""
+    log_q = x.log_q
     if pg.kl_input_clamp_value is not None:
-        log_q_c = log_q.clamp(min=-pg.kl_input_clamp_value, max=pg.kl_input_clamp_value)
-        score = torch.where(log_q == log_q_c, score, score.detach())
-        log_q = log_q_c
-    kl_tok = score * _KL_ESTIMATORS[pg.reference_policy_kl_type](log_q)
+        log_q = log_q.clamp(min=-pg.kl_input_clamp_value, max=pg.kl_input_clamp_value)
+    k, slope = _kl_estimate(pg.reference_policy_kl_type, log_q)
+    kl_tok = k
     if pg.kl_output_clamp_value is not None:
-        kl_tok = kl_tok.clamp(min=-pg.kl_output_clamp_value, max=pg.kl_output_clamp_value)
-    return pg.reference_policy_kl_penalty * kl_tok * x.m
+        kl_tok = k.clamp(min=-pg.kl_output_clamp_value, max=pg.kl_output_clamp_value)
+    d_kl_tok = None
+    if grad:
+        # d/d theta [s k(x)] with s = 1, ds/d theta = 1, dx/d theta = -1: k - k'
+        d_kl_tok = k - slope()
+        free = None  # where no clamp is active (a clamp passes no gradient)
+        if log_q is not x.log_q:
+            free = log_q == x.log_q
+        if kl_tok is not k:
+            free = kl_tok == k if free is None else free & (kl_tok == k)
+        if free is not None:
+            d_kl_tok = torch.where(free, d_kl_tok, 0)
+        d_kl_tok = pg.reference_policy_kl_penalty * d_kl_tok
+    return _KL(pg.reference_policy_kl_penalty * kl_tok, d_kl_tok)
 
 
-def _normaliser(value, default: torch.Tensor) -> torch.Tensor:
-    """Global count as a tensor (None: ``default``); 0 is replaced by 1 (loss 0, not NaN)."""
-    n = (
-        default
-        if value is None
-        else torch.as_tensor(value, dtype=default.dtype, device=default.device)
-    )
-    return torch.where(n > 0, n, torch.ones((), dtype=n.dtype, device=n.device))
-
-
-def _reduce(loss_tok: torch.Tensor, x: _Inputs, token_level: bool, n_tok, n_seq) -> torch.Tensor:
-    """Step 6: token-level sum / N_tok, or sum of per-sequence means / N_seq.
+def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.Tensor:
+    """Step 6: c_it with L = sum_it c_it loss_it: m / N_tok, or m / (n_i N_seq).
 
     Each term is divided by its normaliser BEFORE the sum: a float32 sum of large finite
     per-token terms (ratios near exp(log_ratio_clamp)) would overflow to inf even though
     the mean is finite.
     """
     if token_level:
-        return (loss_tok / n_tok).sum()
-    n_tok_seq = x.m.sum(dim=-1, keepdim=True)
-    loss_seq = (loss_tok / torch.where(n_tok_seq > 0, n_tok_seq, 1)).sum(dim=-1)
-    return (loss_seq / n_seq).sum()
+        return m / counts.n_tok
+    n_tok_seq = m.sum(dim=-1, keepdim=True)
+    return m / (torch.where(n_tok_seq > 0, n_tok_seq, 1) * counts.n_seq)
+
+
+def _dot(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """sum_it values_it c_it (c carries the mask and the normaliser).
+
+    ``torch.sum`` (cascade summation, float32 error ~ eps log n), not ``torch.dot`` (whose
+    float32 accumulation error grows ~ eps n / lanes: 3e-6 at n = 16384).
+    """
+    return (values * coef).sum()
+
+
+class _LossWithGradient(torch.autograd.Function):
+    """The loss value, with d loss / d log pi_theta formed in steps 4-6 (backward: one multiply)."""
+
+    @staticmethod
+    def forward(ctx, logp_theta, value, grad):
+        ctx.save_for_backward(grad)
+        ctx.grad_dtype = logp_theta.dtype
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return (grad_output * grad).to(ctx.grad_dtype), None, None
 
 
 @torch.no_grad()
-def _metrics(loss, kl_value, sur, w_hat, x, n_tok, diagnostics, global_valid_tokens, pg):
+def _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg):
     """Step 7: summable metrics, 0-dim detached tensors (no host sync)."""
-    n_tok_local = x.m.sum()
-    n_seq_local = x.valid.any(dim=-1).sum().to(x.m.dtype)
+    dtype = x.m.dtype
     out = {
         "loss": loss.detach(),
-        "num_valid_samples": n_seq_local,
-        "probs_ratio": (sur.r * x.m).sum() / n_tok,
-        "probs_ratio_clamped": (sur.r_clip * x.m).sum() / n_tok,
+        "num_valid_samples": torch.tensor(counts.n_seq_local, dtype=dtype, device=x.m.device),
+        "probs_ratio": _dot(sur.r, tok_coef),
+        "probs_ratio_clamped": _dot(sur.r_clip, tok_coef),
         "kl_penalty": kl_value / pg.reference_policy_kl_penalty
         if kl_value is not None
-        else torch.zeros_like(n_tok),
-        "sampling_importance_ratio": w_hat.sum() / n_tok,
+        else torch.zeros((), dtype=dtype, device=x.m.device),
+        "sampling_importance_ratio": _dot(w_hat, tok_coef),
     }
     if diagnostics is not None:
-        global_n_tok = (
-            n_tok_local
-            if global_valid_tokens is None
-            else torch.as_tensor(global_valid_tokens, dtype=n_tok.dtype, device=n_tok.device)
-        )
+        n_tok_local = torch.tensor(counts.n_tok_local, dtype=dtype, device=x.m.device)
+        global_n_tok = torch.tensor(counts.global_n_tok, dtype=dtype, device=x.m.device)
         out.update(ais_metrics_lib.ais_metrics(diagnostics, n_tok_local, global_n_tok))
     return out
+
+
+@torch.no_grad()
+def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_ratio_clamp):
+    """Step 7b: NeMo-RL's rollout-mismatch metrics of this call, in its summable form.
+
+    token_mult_prob_error = mean_t exp(|l|), gen_kl_error = mean_t k(l) (KL(mu || pi_old)),
+    policy_kl_error = mean_t k(-l), js_divergence_error = mean_t [softplus(l) - l / 2 - log 2]
+    (= NeMo-RL's 0.5 KL(pi_old || M) + 0.5 KL(mu || M) with M the mixture, simplified),
+    approx_entropy = -mean_t exp(log pi_theta - log mu) log pi_theta, and the min / max of
+    r and of clip(r) over valid tokens (+-inf if there is none, as NeMo-RL).
+    """
+    kind = pg.reference_policy_kl_type
+    exp_l, exp_neg_l = torch.exp(x.log_rho), torch.exp(-x.log_rho)
+    gen_kl = _KL_ESTIMATORS[kind].value(x.log_rho, exp_l)
+    policy_kl = _KL_ESTIMATORS[kind].value(-x.log_rho, exp_neg_l)
+    js = torch.nn.functional.softplus(x.log_rho) - x.log_rho / 2 - LOG_2
+    ratio = (
+        sur.r
+        if not pg.disable_ppo_ratio
+        else torch.exp(x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp))
+    )
+    out = {
+        "token_mult_prob_error": _dot(torch.maximum(exp_l, exp_neg_l), tok_coef),
+        "gen_kl_error": _dot(gen_kl, tok_coef),
+        "policy_kl_error": _dot(policy_kl, tok_coef),
+        "js_divergence_error": _dot(js, tok_coef),
+        "approx_entropy": -_dot(ratio * exp_l * x.logp_theta, tok_coef),
+    }
+    return {**out, **_ratio_extremes(sur, x.m, counts, pg)}
+
+
+def _ratio_extremes(sur: _Surrogate, m: torch.Tensor, counts: _Counts, pg: PGLossConfig) -> dict:
+    """Min / max of r and clip(r) over valid tokens; +inf / -inf if there is none."""
+    if counts.n_tok_local == 0:
+        inf = torch.tensor(math.inf, dtype=m.dtype, device=m.device)
+        return dict(zip(ROLLOUT_METRIC_KEYS[5:], (inf, -inf, inf, -inf), strict=True))
+    pad = (1 - m) * torch.finfo(m.dtype).max  # pushes masked positions out of min / max
+    r_valid = sur.r * m
+    r_min, r_max = (r_valid + pad).min(), (r_valid - pad).max()
+    if pg.disable_ppo_ratio:
+        r_clip_min, r_clip_max = r_min, r_max
+    else:
+        bounds = dict(min=1 - pg.ratio_clip_min, max=1 + pg.ratio_clip_max)
+        r_clip_min, r_clip_max = r_min.clamp(**bounds), r_max.clamp(**bounds)
+    return dict(zip(ROLLOUT_METRIC_KEYS[5:], (r_min, r_max, r_clip_min, r_clip_max), strict=True))
 
 
 def clipped_pg_loss(
@@ -263,6 +448,7 @@ def clipped_pg_loss(
     state: AISState | None = None,
     global_valid_tokens: torch.Tensor | float | None = None,
     global_valid_seqs: torch.Tensor | float | None = None,
+    rollout_metrics: bool = False,
 ) -> LossOutput:
     """Clipped GRPO loss with the per-token correction weight of ``config.mode``.
 
@@ -270,7 +456,7 @@ def clipped_pg_loss(
         curr_logprobs: ``[B, T]`` log pi_theta of the sampled tokens (with grad), any float.
         prev_logprobs: ``[B, T]`` log pi_old (trainer, start of step); detached.
         generation_logprobs: ``[B, T]`` log mu (rollout engine); detached.
-        advantages: ``[B, T]`` or ``[B]`` (broadcast over T).
+        advantages: ``[B, T]`` or ``[B]`` (broadcast over T); detached (data, as in NeMo-RL).
         mask: ``[B, T]`` bool or float in {0, 1}: token_mask x sample_mask.
         config: the ``loss_fn.ais`` section (mode and mixer constants).
         pg: clipped-surrogate knobs (None: ``PGLossConfig()`` defaults, no KL term).
@@ -280,9 +466,13 @@ def clipped_pg_loss(
             only for the ``ais/*`` metrics.
         group: data-parallel group for that computation (None: single process).
         state: EMA state of alpha for that computation.
-        global_valid_tokens: token normaliser N_tok (None: this batch's valid tokens).
+        global_valid_tokens: token normaliser N_tok, a 0-dim tensor or number (None: this
+            batch's valid tokens). NeMo-RL calls it ``global_valid_toks``.
         global_valid_seqs: sequence normaliser N_seq (None: this batch's sequences with a
             valid token).
+        rollout_metrics: also return NeMo-RL's rollout-mismatch metrics of this call
+            (:data:`ROLLOUT_METRIC_KEYS`, NeMo-RL's definitions and summable form), for the
+            NeMo-RL adapter.
 
     Returns:
         ``LossOutput(loss, metrics)``: 0-dim float32 loss (float64 for float64 inputs) with
@@ -293,6 +483,9 @@ def clipped_pg_loss(
             NaN / inf / mask values the count and the first index. When step 2 runs the
             all-reduce over ``group``, a type / shape error of any rank is raised on every
             rank, as one agreed ``ValueError`` (see :func:`compute_diagnostics`).
+        ValueError: ``global_valid_tokens`` / ``global_valid_seqs`` NaN, inf, or below this
+            batch's own count (so <= 0 while it has a valid token), naming the argument.
+            0 with no valid token anywhere is the empty global batch: loss 0.
     """
     pg = pg if pg is not None else PGLossConfig()
     weight_fn = WEIGHT_FNS[config.mode]
@@ -315,19 +508,33 @@ def clipped_pg_loss(
         diagnostics = compute_diagnostics(
             prev_logprobs, generation_logprobs, mask, config, group, state, input_error=input_error
         )
-    valid = validation.valid_positions(mask)
-    _check_values(named, mask, advantages, valid)  # step 1b
     logp_ref = named.get("reference_logprobs")
-    x = _prepare(curr_logprobs, prev_logprobs, logp_ref, advantages, valid)  # step 1c
+    terms = (curr_logprobs, prev_logprobs, generation_logprobs, logp_ref, advantages)
+    dtype = compute_dtype(
+        *(t for t in (curr_logprobs, prev_logprobs, logp_ref) if t is not None), advantages
+    )
+    m = mask.to(dtype)
+    x = _inputs(*terms, m)  # step 1b
+    counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs)
+    if not counts.clean:
+        x = _sanitised(*terms, m)
+    grad = torch.is_grad_enabled() and curr_logprobs.requires_grad
     alpha = None if diagnostics is None else diagnostics.alpha
-    w_hat = weight_fn.fn(prev_logprobs, generation_logprobs, valid, config, alpha)  # step 3
-    sur = _surrogate(x, pg, config.log_ratio_clamp)  # step 4
-    loss_tok = w_hat.to(x.m.dtype) * sur.clip_loss
-    kl_tok = None if logp_ref is None else _kl_penalty(x, pg)  # step 5
-    n_tok = _normaliser(global_valid_tokens, x.m.sum())
-    n_seq = _normaliser(global_valid_seqs, x.valid.any(dim=-1).sum().to(x.m.dtype))
-    loss_tok = loss_tok if kl_tok is None else loss_tok + kl_tok
-    loss = _reduce(loss_tok, x, pg.token_level_loss, n_tok, n_seq)  # step 6
-    kl_value = None if kl_tok is None else _reduce(kl_tok, x, pg.token_level_loss, n_tok, n_seq)
-    metrics = _metrics(loss, kl_value, sur, w_hat, x, n_tok, diagnostics, global_valid_tokens, pg)
-    return LossOutput(loss, metrics)  # step 7
+    valid = m.bool()
+    w_hat = weight_fn.fn(prev_logprobs, generation_logprobs, valid, config, alpha).to(dtype)  # 3
+    sur = _surrogate(x, pg, config.log_ratio_clamp, grad)  # step 4
+    kl = None if logp_ref is None else _kl_penalty(x, pg, grad)  # step 5
+    coef = _coefficients(m, counts, pg.token_level_loss)  # step 6
+    loss_tok = w_hat * sur.clip_loss if kl is None else w_hat * sur.clip_loss + kl.kl_tok
+    loss = _dot(loss_tok, coef)
+    if grad:
+        d_loss_tok = (
+            w_hat * sur.d_clip_loss if kl is None else w_hat * sur.d_clip_loss + kl.d_kl_tok
+        )
+        loss = _LossWithGradient.apply(curr_logprobs, loss, d_loss_tok * coef)
+    kl_value = None if kl is None else _dot(kl.kl_tok, coef)
+    tok_coef = coef if pg.token_level_loss else _coefficients(m, counts, True)
+    metrics = _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg)  # step 7
+    if rollout_metrics:
+        metrics.update(_rollout_metrics(x, sur, tok_coef, counts, pg, config.log_ratio_clamp))
+    return LossOutput(loss, metrics)

@@ -44,6 +44,7 @@ import torch
 from nemo_ais.core.diagnostics import AISDiagnostics
 
 __all__ = [
+    "AIS_METRIC_NAMES",
     "AIS_PREFIX",
     "LOSS",
     "METRICS",
@@ -52,7 +53,9 @@ __all__ = [
     "TOKENS",
     "MetricSpec",
     "ais_metrics",
+    "ais_values",
     "metric_normalizations",
+    "summable_scale",
 ]
 
 TOKENS = "tokens"
@@ -111,10 +114,29 @@ def metric_normalizations(token_level_loss: bool = True) -> dict[str, str]:
     return {m.name: loss_norm if m.normalizer == LOSS else m.normalizer for m in METRICS}
 
 
+# ``ais/*`` rows of METRICS, in table order, and the AISDiagnostics field each one scales
+AIS_METRIC_NAMES = tuple(m.name for m in METRICS if m.name.startswith(AIS_PREFIX))
+_AIS_FIELDS = tuple(name.removeprefix(AIS_PREFIX) for name in AIS_METRIC_NAMES)
+
+
+def ais_values(diagnostics: AISDiagnostics) -> list[float]:
+    """The global scalars s behind :data:`AIS_METRIC_NAMES`, in that order (python floats)."""
+    return [getattr(diagnostics, f) for f in _AIS_FIELDS]
+
+
+def summable_scale(n_tok_local: torch.Tensor, global_n_tok: torch.Tensor) -> torch.Tensor:
+    """n_tok_local / global_n_tok, the factor of a global scalar's summable form; 0 if empty."""
+    is_empty = global_n_tok == 0
+    return torch.where(is_empty, 0, n_tok_local / torch.where(is_empty, 1, global_n_tok))
+
+
 def ais_metrics(
     diagnostics: AISDiagnostics, n_tok_local: torch.Tensor, global_n_tok: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     """``ais/<field>`` -> s * n_tok_local / global_n_tok, 0-dim detached tensors.
+
+    One vector multiply for all rows (same values as one multiply per row: each field is
+    rounded to the scale's dtype first either way).
 
     Args:
         diagnostics: the global batch's :class:`AISDiagnostics`.
@@ -125,14 +147,11 @@ def ais_metrics(
         One entry per ``ais/*`` row of :data:`METRICS`. With ``global_n_tok == 0`` all are 0
         except ``ais/empty_batch`` = 1 (see the module docstring).
     """
-    is_empty = global_n_tok == 0
-    scale = torch.where(is_empty, 0, n_tok_local / torch.where(is_empty, 1, global_n_tok))
-    values = diagnostics.as_dict()
-    out = {}
-    for spec in METRICS:
-        if spec.name.startswith(AIS_PREFIX):
-            out[spec.name] = (values[spec.name.removeprefix(AIS_PREFIX)] * scale).detach()
+    scale = summable_scale(n_tok_local, global_n_tok).detach()
+    fields = ais_values(diagnostics)
+    values = torch.tensor(fields, dtype=scale.dtype, device=scale.device) * scale
+    out = dict(zip(AIS_METRIC_NAMES, values.unbind(), strict=True))
     out[AIS_PREFIX + "empty_batch"] = torch.where(
-        is_empty, diagnostics.empty_batch, out[AIS_PREFIX + "empty_batch"]
+        global_n_tok == 0, diagnostics.empty_batch, out[AIS_PREFIX + "empty_batch"]
     ).detach()
     return out

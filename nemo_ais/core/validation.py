@@ -43,6 +43,7 @@ import torch
 __all__ = [
     "bad_value_counts",
     "check_2d",
+    "check_global_count",
     "check_like",
     "check_mask",
     "describe",
@@ -83,6 +84,32 @@ def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:
         )
     if t.device != ref.device:
         raise ValueError(f"{name}: got device {t.device}, expected {ref.device} like {ref_name}")
+
+
+def check_global_count(name: str, value: float, n_local: float, what: str) -> None:
+    """Raise ``ValueError`` unless a global normaliser is a finite count >= this call's own.
+
+    ``value`` is the number of valid ``what`` (tokens / sequences) of the whole global
+    batch, summed over data-parallel ranks, so it can be neither NaN, inf, nor smaller
+    than the ``n_local`` valid ``what`` of this call (in particular not <= 0 while this
+    call has any). 0 with ``n_local = 0`` is the empty global batch (loss 0).
+
+    Raises:
+        ValueError: naming ``name``, the value, what was expected and why.
+    """
+    if math.isfinite(value) and value >= n_local:
+        return
+    if math.isnan(value) or math.isinf(value):
+        why = "it is not finite"
+    elif value <= 0:
+        why = f"it is <= 0 while this call has {n_local:g} valid {what}"
+    else:
+        why = f"it is smaller than this call's own {n_local:g} valid {what}"
+    raise ValueError(
+        f"{name}={value!r} is invalid: expected a finite count >= {n_local:g} (the valid "
+        f"{what} of the whole global batch, summed over data-parallel ranks; NeMo-RL's "
+        f"global_valid_{'toks' if what == 'tokens' else 'seqs'}); {why}"
+    )
 
 
 def check_mask(mask: object, ref: torch.Tensor, ref_name: str) -> None:

@@ -7,7 +7,9 @@ Properties (ais_method.md / style.md):
   random inputs (EMA state advanced over several batches); R in (0, 1] whenever a
   sequence has a valid token; a globally empty batch gives alpha = 0.
 * loss and gradients finite for any finite inputs, including log-ratios exactly at, just
-  beyond and far beyond ``log_ratio_clamp`` (and log-probs of either sign), every mode.
+  beyond and far beyond ``log_ratio_clamp`` (and log-probs of either sign), every mode;
+  every metric too, at T up to 16384 (NeMo-RL's rollout metrics wherever their value is
+  representable).
 * each gate is monotone in its diagnostic: g_sev non-decreasing in D, g_rel
   non-decreasing in R, g_var non-increasing in CV^2 (driven through
   ``diagnostics_from_stats`` with hand-built sufficient statistics, since the gate
@@ -42,6 +44,7 @@ from nemo_ais.core import (
     compute_statistics,
     diagnostics_from_stats,
 )
+from nemo_ais.core.loss import ROLLOUT_METRIC_KEYS
 
 _EXAMPLES = int(os.environ.get("NEMO_AIS_HYPOTHESIS_EXAMPLES", "0"))
 
@@ -220,6 +223,103 @@ def test_loss_and_grads_finite_for_finite_inputs(cfg, dtype, pg, data):
     assert (curr.grad[x["mask"] == 0] == 0).all()  # masked positions get no gradient
     bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
     assert not bad, bad
+
+
+@st.composite
+def long_batches(draw, clamp: float = 20.0, dtype=torch.float64, log_ratios=None):
+    """[B, T] batches with T up to 16384: a few drawn values (extreme log-ratios included)
+    spread over the positions by a drawn seed; masked positions hold NaN / -inf garbage."""
+    b = draw(st.integers(1, 3))
+    t = draw(st.sampled_from([1, 4096, 16384]) | st.integers(1, 16384))
+    values = log_ratios if log_ratios is not None else _log_ratios(clamp)
+    pools = [draw(st.lists(values, min_size=1, max_size=6)) for _ in range(2)]
+    adv = draw(st.lists(_unit(-10.0, 10.0), min_size=b, max_size=b))
+    p_mask = draw(_unit(0.0, 1.0))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+
+    def spread(pool):
+        index = torch.randint(len(pool), (b, t), generator=g)
+        return torch.tensor(pool, dtype=torch.float64)[index]
+
+    gen = -30 * torch.rand(b, t, generator=g, dtype=torch.float64)
+    log_rho, log_r = spread(pools[0]), spread(pools[1])
+    valid = torch.rand(b, t, generator=g) >= p_mask
+    prev = gen + log_rho
+    curr = prev + log_r
+    ref = gen + log_r.flip(-1)
+
+    def garbage(x, fill):
+        return torch.where(valid, x, torch.full_like(x, fill)).to(dtype)
+
+    return {
+        "curr": garbage(curr, 50.0),
+        "prev": garbage(prev, float("nan")),
+        "gen": garbage(gen, float("-inf")),
+        "ref": garbage(ref, float("nan")),
+        "adv": torch.tensor(adv, dtype=dtype),
+        "mask": valid.to(dtype),
+    }
+
+
+_PG_CONFIGS = st.builds(
+    PGLossConfig,
+    ratio_clip_c=st.none() | _unit(1.0, 10.0, exclude_min=True),
+    reference_policy_kl_penalty=st.sampled_from([0.0, 0.1]),
+    reference_policy_kl_type=st.sampled_from(["k1", "k2", "k3"]),
+    token_level_loss=st.booleans(),
+    disable_ppo_ratio=st.booleans(),
+)
+
+
+def _finite_loss_and_metrics(x, cfg, pg, rollout_metrics):
+    curr = x["curr"].clone().requires_grad_(True)
+    n_tok = x["mask"].sum() * 3  # two more micro-batches of the global batch elsewhere
+    out = clipped_pg_loss(
+        curr, x["prev"], x["gen"], x["adv"], x["mask"], cfg, pg=pg,
+        reference_logprobs=x["ref"], state=AISState(), global_valid_tokens=n_tok,
+        rollout_metrics=rollout_metrics,
+    )  # fmt: skip
+    out.loss.backward()
+    assert torch.isfinite(out.loss), (out.loss, cfg, pg)
+    assert torch.isfinite(curr.grad).all(), (cfg, pg)
+    assert (curr.grad[x["mask"] == 0] == 0).all()
+    bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
+    if x["mask"].sum() == 0:  # NeMo-RL's defined extremes of no token: +inf / -inf
+        bad = {k: v for k, v in bad.items() if k not in ROLLOUT_METRIC_KEYS[5:]}
+    assert not bad, (bad, cfg, pg)
+    return out
+
+
+@_settings(40)
+@given(
+    cfg=configs(),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    pg=_PG_CONFIGS,
+    data=st.data(),
+)
+def test_loss_and_every_metric_finite_up_to_t16384(cfg, dtype, pg, data):
+    # Every metric is finite whenever the loss is: sums are taken of terms already divided
+    # by their normaliser, so T = 16384 ratios of e^80 (log_ratio_clamp = 80) stay finite.
+    x = data.draw(long_batches(clamp=cfg.log_ratio_clamp, dtype=dtype))
+    out = _finite_loss_and_metrics(x, cfg, pg, rollout_metrics=False)
+    if x["mask"].sum() > 0 and not pg.disable_ppo_ratio:
+        assert 0 < out.metrics["probs_ratio"].item() <= math.exp(cfg.log_ratio_clamp) * 1.0001
+
+
+@_settings(30)
+@given(
+    cfg=configs(),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    pg=_PG_CONFIGS,
+    data=st.data(),
+)
+def test_nemo_rl_rollout_metrics_finite_where_representable(cfg, dtype, pg, data):
+    # NeMo-RL's own rollout metrics (exp(|l|), exp(log pi_theta - log mu), ...) follow its
+    # definitions, which exceed float32 range once |l| + |log r| > 88; below that (here
+    # |l|, |log r| <= 40) every one is finite, at any T up to 16384.
+    ratios = st.sampled_from([0.0, 40.0, -40.0]) | _unit(-40.0, 40.0)
+    x = data.draw(long_batches(clamp=cfg.log_ratio_clamp, dtype=dtype, log_ratios=ratios))
+    _finite_loss_and_metrics(x, cfg, pg, rollout_metrics=True)
 
 
 @pytest.mark.parametrize("mode", ["tis", "ais"])

@@ -312,3 +312,80 @@ def test_compute_diagnostics_wants_2d():
     flat = b["logp_old"].reshape(-1)
     with pytest.raises(ValueError, match=r"prev_logprobs: got \[32\] float32, expected a \[B, T\]"):
         compute_diagnostics(flat, flat, torch.ones(32), AIS)
+
+
+# --- global normalisers: NaN, inf, <= 0 with valid tokens, or below this batch's own count --
+
+_BAD_COUNTS = {
+    "nan": (lambda n: torch.nan, "it is not finite"),
+    "+inf": (lambda n: torch.inf, "it is not finite"),
+    "-inf": (lambda n: -torch.inf, "it is not finite"),
+    "zero": (lambda n: 0.0, "it is <= 0 while this call has"),
+    "negative": (lambda n: -3.0, "it is <= 0 while this call has"),
+    "below-local": (lambda n: n - 1, "it is smaller than this call's own"),
+}
+
+
+@pytest.mark.parametrize("as_tensor", [True, False], ids=["0-dim-tensor", "python-float"])
+@pytest.mark.parametrize("bad", list(_BAD_COUNTS))
+@pytest.mark.parametrize(
+    "arg,local", [("global_valid_tokens", "tokens"), ("global_valid_seqs", "sequences")]
+)
+def test_bad_global_count_names_the_argument(arg, local, bad, as_tensor):
+    b = _batch()
+    n_local = {"tokens": b["mask"].sum().item(), "sequences": float(B)}[local]  # every row valid
+    make, why = _BAD_COUNTS[bad]
+    value = make(n_local)
+    value = torch.tensor(value) if as_tensor else value
+    with pytest.raises(
+        ValueError, match=rf"^{arg}=.* is invalid: expected a finite count >= "
+    ) as e:
+        _loss(b, **{arg: value})
+    assert why in str(e.value) and f">= {n_local:g} (the valid {local}" in str(e.value)
+
+
+def test_global_counts_at_or_above_the_local_ones_are_accepted():
+    # N_tok = local (one micro-batch is the whole batch) and N_tok = 3 x local (two more
+    # micro-batches elsewhere) both pass, and scale the loss by exactly 1/3.
+    b = _batch(torch.float64)
+    n_tok, n_seq = b["mask"].sum(), torch.tensor(float(B))
+    whole, _ = _loss(b, global_valid_tokens=n_tok, global_valid_seqs=n_seq)
+    third, _ = _loss(b, global_valid_tokens=3 * n_tok, global_valid_seqs=3 * n_seq)
+    assert third.loss.item() == pytest.approx(whole.loss.item() / 3, rel=1e-14)
+
+
+def test_zero_global_counts_with_no_valid_token_are_the_empty_global_batch():
+    b = _batch()
+    b["mask"].zero_()
+    out, grad = _loss(b, global_valid_tokens=torch.tensor(0.0), global_valid_seqs=0)
+    _assert_finite(out, grad)
+    assert out.loss.item() == 0.0 and (grad == 0).all()
+    assert out.metrics["ais/empty_batch"].item() == 1.0
+
+
+# --- every metric finite whenever the loss is: probs_ratio at T = 16384, clamp 80 ---------------
+
+
+@pytest.mark.parametrize("mode", ["none", "tis", "ais", "seq_mask_geo"])
+def test_probs_ratio_finite_at_t16384_with_clamp_80(mode):
+    # log pi_theta - log pi_old = 100 -> clamped to 80, so every r = e^80 ~ 5.54e34. The mean
+    # is e^80, but the float32 SUM of 16384 of them (9.1e38) exceeds float32 max (3.4e38):
+    # summing before dividing gave probs_ratio = inf next to a finite loss.
+    cfg = CorrectionConfig(
+        mode=mode, log_ratio_clamp=80.0, weight_cap=2.0, seq_mask_min=0.5, seq_mask_max=2.0
+    )
+    t = 16384
+    gen = torch.full((1, t), -1.0)
+    prev = gen + 0.01
+    curr = (prev + 100.0).requires_grad_(True)
+    out = clipped_pg_loss(
+        curr, prev, gen, torch.tensor([-1.0]), torch.ones(1, t), cfg, rollout_metrics=True
+    )
+    out.loss.backward()
+    assert torch.isfinite(curr.grad).all()
+    bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
+    assert not bad, bad
+    e80 = torch.tensor(80.0).exp().item()  # float32 e^80
+    assert out.metrics["probs_ratio"].item() == pytest.approx(e80, rel=1e-6)
+    assert out.metrics["probs_ratio_max"].item() == e80  # the element itself, no rounding
+    assert out.metrics["probs_ratio_clamped"].item() == pytest.approx(1.2, rel=1e-6)
