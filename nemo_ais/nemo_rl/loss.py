@@ -28,13 +28,26 @@
   step attached for this micro-batch's global batch (see :mod:`nemo_ais.nemo_rl.seam`).
   No collective runs inside a loss call.
 
-Metrics in AIS mode: NeMo-RL's own keys (``token_mult_prob_error``, ``gen_kl_error``, ...,
-which ``grpo_train`` reads unconditionally) come from ``ClippedPGLossFn`` itself, evaluated
-without gradient and with NeMo-RL's correction off (the config forbids it with AIS);
-``loss``, ``probs_ratio``, ``probs_ratio_clamped``, ``kl_penalty``,
-``sampling_importance_ratio`` and every ``ais/*`` key come from core. All are python
-floats already divided by the global valid token (or sequence) count, so GRPO's SUM over
-micro-batches and data-parallel ranks gives the global value.
+Metrics in AIS mode: every key comes from core's one loss call (no second pass over the
+micro-batch): NeMo-RL's rollout-mismatch keys (``token_mult_prob_error``,
+``gen_kl_error``, ``policy_kl_error``, ``js_divergence_error``, ``approx_entropy``,
+``probs_ratio_min/max``, ``probs_ratio_clamped_min/max``, which ``grpo_train`` reads
+unconditionally) with NeMo-RL's definitions (``clipped_pg_loss(..., rollout_metrics=True)``;
+a test checks them against ``ClippedPGLossFn`` itself), ``num_valid_samples`` =
+``sample_mask.sum()`` and ``positive_nll_loss`` = 0 as NeMo-RL, and ``loss``,
+``probs_ratio``, ``probs_ratio_clamped``, ``kl_penalty``, ``sampling_importance_ratio`` and
+every ``ais/*`` key with the AIS weight as the applied correction. All are python floats
+already divided by the global valid token (or sequence) count, so GRPO's SUM over
+micro-batches and data-parallel ranks gives the global value; they are read from the
+device in one host sync.
+
+Global counts: ``global_valid_toks`` / ``global_valid_seqs`` that are NaN, inf, or smaller
+than the call's own valid tokens / sequences (so <= 0 while it has any) are refused with a
+``ValueError`` naming the argument, in every mode (mode ``none`` reads them with its
+telemetry, in one host sync; the weighted modes in core's fused check).
+
+Per global batch, not per call: the diagnostics (and alarms) are attached once by the
+worker's prepare step; a call only looks up its global batch through the row tags.
 
 Refit guard (``loss_fn.ais_alarms``, :class:`AISAlarmsConfig`; absent = off): the AIS
 worker observes each global batch's diagnostics with an
@@ -47,7 +60,7 @@ mode (``none`` included).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
@@ -55,11 +68,16 @@ from pydantic import Field, field_validator, model_validator
 
 from nemo_ais.analyze.alarms import ALARM_KINDS, ALARM_PREFIX, AISAlarmsConfig
 from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
-from nemo_ais.core import AISDiagnostics, metric_normalizations
-from nemo_ais.core.metrics import ais_metrics
+from nemo_ais.core import AISDiagnostics, metric_normalizations, validation
+from nemo_ais.core.metrics import AIS_METRIC_NAMES, ais_values
 from nemo_ais.core.weights import compute_dtype
 from nemo_ais.nemo_rl.cluster_check import AIS_CONFLICTS, ais_conflicts
-from nemo_ais.nemo_rl.seam import core_inputs, global_batch_index, loss_from_prepared
+from nemo_ais.nemo_rl.seam import (
+    GLOBAL_BATCH_KEY,
+    UNUSED_ROW,
+    checked_index,
+    loss_from_prepared,
+)
 
 __all__ = [
     "ALARM_METRIC_KEYS",
@@ -104,6 +122,14 @@ NEMO_RL_METRIC_KEYS = (
 
 # ``ais_alarm/<kind>``: 1 if the refit guard fired on the global batch (tokens normaliser).
 ALARM_METRIC_KEYS = tuple(ALARM_PREFIX + kind for kind in ALARM_KINDS)
+
+
+class _CallCounts(NamedTuple):
+    """What a loss call reads in its one host sync (python floats)."""
+
+    n_tok_local: float  # valid tokens of this call
+    global_toks: float  # global_valid_toks, checked
+    index: int | None  # global batch of the call's rows (None: untagged, -1: no rows)
 
 
 def _ais_off() -> CorrectionConfig:
@@ -242,6 +268,13 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         self.ais_alarms = cfg.ais_alarms
         if self.ais_alarms.enabled:  # global scalars, emitted like ais/alpha
             self.metric_normalizations.update(dict.fromkeys(ALARM_METRIC_KEYS, "tokens"))
+        # the keys core gives in AIS mode, in output order (NeMo-RL's first)
+        self._core_metric_order = tuple(
+            k
+            for k in (*NEMO_RL_METRIC_KEYS, *self.metric_normalizations)
+            if k not in ("num_valid_samples", "positive_nll_loss")
+            and (k in NEMO_RL_METRIC_KEYS or k.startswith("ais/"))
+        )
         self._diagnostics: tuple[AISDiagnostics, ...] = ()
         self._alarms: tuple[Mapping[str, float], ...] = ()
 
@@ -277,15 +310,19 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         global_valid_seqs: torch.Tensor,
         global_valid_toks: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """NeMo-RL's loss contract: ``(loss, metrics)`` with float metrics (see module doc)."""
+        """NeMo-RL's loss contract: ``(loss, metrics)`` with float metrics (see module doc).
+
+        Raises:
+            ValueError: ``global_valid_toks`` / ``global_valid_seqs`` NaN, inf, or smaller
+                than this call's own valid tokens / sequences (so <= 0 while it has any),
+                naming the argument; bad tensors as :func:`nemo_ais.core.clipped_pg_loss`.
+        """
         if not self.enabled:
+            counts = self._call_counts(data, global_valid_seqs, global_valid_toks)
             loss, metrics = super().__call__(
                 next_token_logprobs, data, global_valid_seqs, global_valid_toks
             )
-            return loss, {
-                **metrics,
-                **self._telemetry(next_token_logprobs, data, global_valid_toks),
-            }
+            return loss, {**metrics, **self._telemetry(next_token_logprobs, data, counts)}
         if self.pg.reference_policy_kl_penalty > 0 and "curr_logprobs_unfiltered" in data:
             raise NotImplementedError(
                 "loss_fn.ais with top-k/top-p training sampling and a KL penalty: NeMo-RL's "
@@ -300,62 +337,105 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             self.pg,
             global_valid_seqs=global_valid_seqs,
             global_valid_toks=global_valid_toks,
+            rollout_metrics=True,
         )
-        with torch.no_grad():
-            _, metrics = super().__call__(
-                next_token_logprobs.detach(), data, global_valid_seqs, global_valid_toks
-            )
-        for key in self.metric_normalizations:
-            if key in out.metrics:
-                metrics[key] = float(out.metrics[key])
-        metrics.update(self._alarm_telemetry(next_token_logprobs, data, global_valid_toks))
-        return out.loss, metrics
+        counts = None  # the refit guard's values need this call's counts (one more sync)
+        if self._alarms:
+            counts = self._call_counts(data, global_valid_seqs, global_valid_toks)
+        return out.loss, self._ais_metrics(out.metrics, next_token_logprobs, data, counts)
+
+    def _ais_metrics(
+        self, core: Mapping[str, torch.Tensor], next_token_logprobs: torch.Tensor, data, counts
+    ) -> dict[str, Any]:
+        """NeMo-RL's metric dict in AIS mode from core's 0-dim tensors, in ONE host sync.
+
+        NeMo-RL's keys as ``ClippedPGLossFn`` defines them (``num_valid_samples`` is its
+        ``sample_mask.sum()``, ``positive_nll_loss`` is 0: the config forbids the VAPO
+        term with AIS), then core's ``ais/*`` keys and the refit guard's ``ais_alarm/*``.
+        """
+        sample_mask = data["sample_mask"]
+        keys = [k for k in self._core_metric_order if k in core]
+        n_valid = sample_mask.sum().to(core["loss"])
+        *values, n_valid = torch.stack([*(core[k] for k in keys), n_valid]).tolist()
+        metrics = dict(zip(keys, values, strict=True))
+        metrics["num_valid_samples"] = n_valid if sample_mask.is_floating_point() else int(n_valid)
+        metrics["positive_nll_loss"] = 0.0
+        ordered = {k: metrics[k] for k in NEMO_RL_METRIC_KEYS}
+        ordered.update(metrics)
+        if counts is not None:
+            ordered.update(self._alarm_telemetry(next_token_logprobs, data, counts))
+        return ordered
+
+    def _call_counts(
+        self, data: Mapping[str, Any], global_valid_seqs: Any, global_valid_toks: Any
+    ) -> _CallCounts:
+        """This call's valid tokens and global batch, the global counts checked: ONE host sync.
+
+        Raises:
+            ValueError: ``global_valid_toks`` / ``global_valid_seqs`` NaN, inf, or below
+                this call's own valid tokens / sequences (sequences with a valid token).
+        """
+        row_toks = data["token_mask"][:, 1:].sum(dim=-1) * data["sample_mask"]
+        scalars = [row_toks.sum(dtype=torch.float64), (row_toks > 0).sum()]
+        scalars += [
+            torch.as_tensor(v, device=row_toks.device)
+            for v in (global_valid_toks, global_valid_seqs)
+        ]
+        tags = data.get(GLOBAL_BATCH_KEY)
+        if tags is not None and tags.numel() > 0:
+            scalars += torch.aminmax(tags)
+        # float64 by type promotion: one vector, one read
+        values = torch.cat([t.reshape(1) for t in scalars]).tolist()
+        n_tok_local, n_seq_local, global_toks, global_seqs, *tag_range = values
+        validation.check_global_count("global_valid_toks", global_toks, n_tok_local, "tokens")
+        validation.check_global_count("global_valid_seqs", global_seqs, n_seq_local, "sequences")
+        index = None
+        if tags is not None:
+            index = checked_index(*map(int, tag_range)) if tag_range else UNUSED_ROW
+        return _CallCounts(n_tok_local, global_toks, index)
+
+    @staticmethod
+    def _summable(dtype: torch.dtype, counts: _CallCounts, values: Sequence[float]) -> list:
+        """Global scalars s -> s * local / global toks (0 if the global batch is empty).
+
+        The arithmetic of :func:`nemo_ais.core.metrics.ais_metrics` in core's compute
+        dtype (so mode ``none`` emits exactly the values of the weighted modes), on 0-dim
+        CPU tensors built from the counts already read (no device sync).
+        """
+        if counts.global_toks == 0:
+            return [0.0] * len(values)
+        n_tok_local = torch.tensor(counts.n_tok_local, dtype=dtype)
+        scale = n_tok_local / torch.tensor(counts.global_toks, dtype=dtype)
+        return (torch.tensor(values, dtype=dtype) * scale).tolist()
 
     def _telemetry(
-        self,
-        next_token_logprobs: torch.Tensor,
-        data: Mapping[str, Any],
-        global_valid_toks: torch.Tensor,
+        self, next_token_logprobs: torch.Tensor, data: Mapping[str, Any], counts: _CallCounts
     ) -> dict[str, float]:
         """``ais/*`` of the call's prepared global batch, summable form; {} if unprepared.
 
         Counted in core's compute dtype, so the values equal those of the weighted modes.
         """
-        index = global_batch_index(data)
-        if index is None or not 0 <= index < len(self._diagnostics):
+        if counts.index is None or not 0 <= counts.index < len(self._diagnostics):
             return {}
-        n_tok_local, global_n_tok = self._token_counts(next_token_logprobs, data, global_valid_toks)
-        out = ais_metrics(self._diagnostics[index], n_tok_local, global_n_tok)
-        return {
-            **{key: float(value) for key, value in out.items()},
-            **self._alarm_telemetry(next_token_logprobs, data, global_valid_toks),
-        }
-
-    @staticmethod
-    def _token_counts(
-        next_token_logprobs: torch.Tensor, data: Mapping[str, Any], global_valid_toks: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this call's valid tokens, the global count), in core's compute dtype."""
-        x = core_inputs(data)
-        dtype = compute_dtype(next_token_logprobs, x.logp_old, x.adv)
-        global_n_tok = torch.as_tensor(global_valid_toks, dtype=dtype, device=x.mask.device)
-        return x.mask.to(dtype).sum(), global_n_tok
+        diagnostics = self._diagnostics[counts.index]
+        dtype = compute_dtype(next_token_logprobs, data["prev_logprobs"], data["advantages"])
+        values = self._summable(dtype, counts, ais_values(diagnostics))
+        out = dict(zip(AIS_METRIC_NAMES, values, strict=True))
+        if counts.global_toks == 0:  # the documented empty-batch result (core/metrics.py)
+            out["ais/empty_batch"] = diagnostics.empty_batch
+        return {**out, **self._alarm_telemetry(next_token_logprobs, data, counts)}
 
     def _alarm_telemetry(
-        self,
-        next_token_logprobs: torch.Tensor,
-        data: Mapping[str, Any],
-        global_valid_toks: Any,
+        self, next_token_logprobs: torch.Tensor, data: Mapping[str, Any], counts: _CallCounts
     ) -> dict[str, float]:
         """``ais_alarm/*`` of the call's global batch as s * local / global toks; {} if none.
 
         A global scalar s in NeMo-RL's summable form (0 when the global count is 0), so
         GRPO's sum over micro-batches and data-parallel ranks gives s.
         """
-        index = global_batch_index(data)
-        if index is None or not 0 <= index < len(self._alarms):
+        if counts.index is None or not 0 <= counts.index < len(self._alarms):
             return {}
-        n_tok_local, global_n_tok = self._token_counts(next_token_logprobs, data, global_valid_toks)
-        is_empty = global_n_tok == 0
-        scale = torch.where(is_empty, 0, n_tok_local / torch.where(is_empty, 1, global_n_tok))
-        return {key: float(value * scale) for key, value in self._alarms[index].items()}
+        alarms = self._alarms[counts.index]
+        dtype = compute_dtype(next_token_logprobs, data["prev_logprobs"], data["advantages"])
+        values = self._summable(dtype, counts, list(alarms.values()))
+        return dict(zip(alarms, values, strict=True))

@@ -65,8 +65,10 @@ from nemo_ais.core import (
 
 __all__ = [
     "GLOBAL_BATCH_KEY",
+    "UNUSED_ROW",
     "CoreInputs",
     "DiagnosticsSink",
+    "checked_index",
     "core_inputs",
     "global_batch_diagnostics",
     "global_batch_index",
@@ -80,7 +82,7 @@ __all__ = [
 # A [B] int64 column: NeMo-RL's slicing, packing and micro-batching keep it on every row.
 GLOBAL_BATCH_KEY = "ais_global_batch"
 # Rows past the last full global batch (NeMo-RL never trains on them).
-_UNUSED_ROW = -1
+UNUSED_ROW = -1
 
 
 class CoreInputs(NamedTuple):
@@ -272,7 +274,7 @@ def _no_inputs(data: Any, device) -> tuple[torch.Tensor, ...]:
 def _row_tags(batches: Sequence[Mapping[str, Any]], total_rows: int) -> torch.Tensor:
     sizes = [_rows(b) for b in batches]
     tags = [torch.full((n,), g, dtype=torch.int64) for g, n in enumerate(sizes)]
-    tail = torch.full((total_rows - sum(sizes),), _UNUSED_ROW, dtype=torch.int64)
+    tail = torch.full((total_rows - sum(sizes),), UNUSED_ROW, dtype=torch.int64)
     return torch.cat([*tags, tail])
 
 
@@ -331,9 +333,18 @@ def global_batch_index(data: Mapping[str, Any]) -> int | None:
     if tags is None:
         return None
     if tags.numel() == 0:
-        return _UNUSED_ROW
-    lo, hi = int(tags.min()), int(tags.max())
-    if lo != hi or lo == _UNUSED_ROW:
+        return UNUSED_ROW
+    lo, hi = torch.stack(torch.aminmax(tags)).tolist()  # one host sync
+    return checked_index(lo, hi)
+
+
+def checked_index(lo: int, hi: int) -> int:
+    """The global-batch index of rows whose tags span ``lo..hi`` (read by the caller).
+
+    Raises:
+        ValueError: the rows belong to different global batches, or to none (tag -1).
+    """
+    if lo != hi or lo == UNUSED_ROW:
         raise ValueError(
             f"{GLOBAL_BATCH_KEY}: a loss call received rows of global batches {lo}..{hi}; "
             "expected all rows from one global batch (the worker's micro-batches never "
@@ -351,6 +362,7 @@ def loss_from_prepared(
     *,
     global_valid_seqs: torch.Tensor | float | None,
     global_valid_toks: torch.Tensor | float | None,
+    rollout_metrics: bool = False,
 ) -> LossOutput:
     """One loss call (micro-batch or packed sequence) with the prepared diagnostics.
 
@@ -365,6 +377,8 @@ def loss_from_prepared(
         pg: the clipped-surrogate knobs.
         global_valid_seqs: NeMo-RL's global valid-sequence count of the global batch.
         global_valid_toks: NeMo-RL's global valid-token count of the global batch.
+        rollout_metrics: also compute NeMo-RL's rollout-mismatch metrics of the call
+            (:data:`nemo_ais.core.loss.ROLLOUT_METRIC_KEYS`).
 
     Returns:
         core's :class:`~nemo_ais.core.LossOutput` (metrics as 0-dim tensors).
@@ -395,4 +409,5 @@ def loss_from_prepared(
         diagnostics=diagnostics[index],
         global_valid_tokens=global_valid_toks,
         global_valid_seqs=global_valid_seqs,
+        rollout_metrics=rollout_metrics,
     )

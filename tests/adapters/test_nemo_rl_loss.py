@@ -240,3 +240,107 @@ def test_config_is_a_clipped_pg_loss_config():
     assert validate_loss_config({}).ais.mode == "none"  # no section: AIS off
     # NeMo-RL's MasterConfig keeps our section (ClippedPGLossConfig allows extra keys)
     assert ClippedPGLossConfig(ais={"mode": "ais"}).ais == {"mode": "ais"}
+
+
+# ---- NeMo-RL's own metric keys, computed by core in the same pass ------------------------------
+
+ROLLOUT_KEYS = (
+    "token_mult_prob_error",
+    "gen_kl_error",
+    "policy_kl_error",
+    "js_divergence_error",
+    "approx_entropy",
+    "probs_ratio_min",
+    "probs_ratio_max",
+    "probs_ratio_clamped_min",
+    "probs_ratio_clamped_max",
+    "num_valid_samples",
+    "positive_nll_loss",
+)
+
+
+@pytest.mark.parametrize(
+    "nemo_cfg",
+    [
+        {},
+        {"reference_policy_kl_type": "k1", "token_level_loss": False},
+        {"reference_policy_kl_type": "k2", "ratio_clip_c": 3.0, "ratio_clip_max": 0.28},
+        {"disable_ppo_ratio": True, "reference_policy_kl_penalty": 0.0},
+    ],
+    ids=["k3-default", "k1-seq-level", "k2-dual-clip", "reinforce"],
+)
+@pytest.mark.parametrize("mode", ["ais", "tis"])
+def test_nemo_rl_metric_keys_equal_clipped_pg_loss(mode, nemo_cfg):
+    # The keys NeMo-RL defines (its rollout-mismatch diagnostics, ratio extremes, sample
+    # count) do not depend on the correction: ours must equal ClippedPGLossFn's to float64
+    # re-association (NeMo-RL's JS is 0.5 KL(P||M) + 0.5 KL(Q||M); ours the same quantity
+    # in closed form, softplus(l) - l / 2 - log 2).
+    data, curr = _data(seed=6, mismatch=0.4)
+    ref = _run(ClippedPGLossFn(ClippedPGLossConfig(**nemo_cfg)), data, curr)
+    ours = _run(
+        _prepared(AISClippedPGLossFn({**nemo_cfg, "ais": {"mode": mode}}), data), data, curr
+    )
+    for key in ROLLOUT_KEYS:
+        assert type(ours[2][key]) is type(ref[2][key]), key
+        assert math.isclose(ours[2][key], ref[2][key], rel_tol=RTOL, abs_tol=1e-15), (
+            key,
+            ours[2][key],
+            ref[2][key],
+        )
+    assert list(ours[2])[: len(NEMO_RL_METRIC_KEYS)] == list(NEMO_RL_METRIC_KEYS)
+
+
+def test_nemo_rl_metric_keys_of_an_all_masked_micro_batch():
+    # A micro-batch without a valid token (a DTensor dummy batch): NeMo-RL reports the ratio
+    # extremes as +inf / -inf and every mean as 0; so do we (it min/max-reduces those keys).
+    data, curr = _data(seed=7)
+    data["sample_mask"] = torch.zeros_like(data["sample_mask"])
+    counts = (torch.tensor(4.0), torch.tensor(30.0))  # other ranks hold the valid tokens
+    ref = _run(ClippedPGLossFn(ClippedPGLossConfig()), data, curr, counts)
+    ours = _run(_prepared(AISClippedPGLossFn({"ais": {"mode": "ais"}}), data), data, curr, counts)
+    for key in ROLLOUT_KEYS:
+        assert ours[2][key] == ref[2][key], (key, ours[2][key], ref[2][key])
+    assert ours[2]["probs_ratio_min"] == math.inf and ours[2]["probs_ratio_max"] == -math.inf
+    assert float(ours[0]) == 0.0
+
+
+# ---- bad global normalisers ---------------------------------------------------------------------
+
+BAD_COUNTS = {
+    "nan": lambda n: math.nan,
+    "+inf": lambda n: math.inf,
+    "-inf": lambda n: -math.inf,
+    "zero": lambda n: 0.0,
+    "negative": lambda n: -n,
+    "below-local": lambda n: n - 1,
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_COUNTS))
+@pytest.mark.parametrize("arg", ["global_valid_toks", "global_valid_seqs"])
+@pytest.mark.parametrize("mode", ["none", "ais"])
+def test_bad_global_counts_are_refused_naming_the_argument(mode, arg, bad):
+    # NeMo-RL all-reduces the valid sequences / tokens of the global batch; a value that is
+    # NaN, inf, <= 0 while this call has valid tokens, or below this call's own count cannot
+    # be a global count and would silently mis-normalise the loss.
+    data, curr = _data(seed=8)
+    gvs, gvt = _counts(data)
+    counts = {"global_valid_seqs": gvs, "global_valid_toks": gvt}
+    n_local = float(counts[arg])  # one call holds the whole batch: global = local
+    counts[arg] = torch.tensor(BAD_COUNTS[bad](n_local))
+    loss_fn = _prepared(AISClippedPGLossFn({"ais": {"mode": mode}}), data)
+    with pytest.raises(ValueError, match=r"is invalid: expected a finite count >= ") as err:
+        _run(loss_fn, data, curr, (counts["global_valid_seqs"], counts["global_valid_toks"]))
+    assert arg in str(err.value)  # core calls it global_valid_tokens and names NeMo-RL's too
+
+
+@pytest.mark.parametrize("mode", ["none", "ais"])
+def test_zero_global_counts_of_an_empty_global_batch_are_accepted(mode):
+    # Globally empty (no valid token on any rank): counts 0 are right; loss 0, documented
+    # telemetry ais/empty_batch = 1 (core/metrics.py).
+    data, curr = _data(seed=9)
+    data["sample_mask"] = torch.zeros_like(data["sample_mask"])
+    loss_fn = _prepared(AISClippedPGLossFn({"ais": {"mode": mode}}), data)
+    loss, grad, metrics = _run(loss_fn, data, curr, (torch.tensor(0.0), torch.tensor(0.0)))
+    assert float(loss) == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+    assert metrics["ais/empty_batch"] == 1.0 and metrics["ais/alpha"] == 0.0
