@@ -167,9 +167,9 @@ def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor) -> _Inputs:
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     return _Inputs(
         logp_theta=theta,
-        log_r=(theta - old) * m,
-        log_rho=(old - rollout.detach().to(dtype)) * m,
-        log_q=None if ref is None else (ref.detach().to(dtype) - theta) * m,
+        log_r=torch.sub(theta, old).mul_(m),
+        log_rho=torch.sub(old, rollout.detach().to(dtype)).mul_(m),
+        log_q=None if ref is None else torch.sub(ref.detach().to(dtype), theta).mul_(m),
         adv=adv * m,
         m=m,
     )
@@ -189,22 +189,27 @@ def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -
     where a term is NaN / inf (or overflows) and 0 elsewhere, with plain float ops:
     ``-sum(bad)`` counts such positions anywhere (masked garbage such as -inf padding
     then needs zeroing by ``where``: ``clean=False``), ``-sum(bad * m)`` at valid ones
-    (then the exact per-tensor count names the input and raises).
+    (then the exact per-tensor count names the input and raises). The mask is in {0, 1}
+    iff 0 <= m <= 1 and sum m^2 = sum m (no temporary).
     """
     terms = [t for t in (x.log_r, x.log_rho, x.log_q, x.adv) if t is not None]
-    v = terms[0]
-    for t in terms[1:]:
-        v = v + t
-    bad = torch.nan_to_num(v - v, nan=-1.0)
-    checks = [bad.sum(), _dot(bad, x.m)]
-    checks.append((x.m * (1 - x.m)).abs().sum())  # 0 exactly iff every m is 0 or 1
-    checks += [x.m.sum(), (x.m.sum(dim=-1) > 0).sum()]
+    v = terms[0] + terms[1]
+    for t in terms[2:]:
+        v.add_(t)
+    bad = v.sub_(v).nan_to_num_(nan=-1.0)  # in place: v is ours
+    n_tok_local = x.m.sum()
+    checks = [bad.sum(), bad.mul_(x.m).sum(), n_tok_local, (x.m.sum(dim=-1) > 0).sum()]
+    if x.m.numel() > 0:  # every m in {0, 1} iff 0 <= m <= 1 and sum m^2 = sum m (exact sums)
+        flat = x.m.reshape(-1)
+        checks += [*torch.aminmax(flat), torch.dot(flat, flat) - n_tok_local]
     given = [_given(global_tok), _given(global_seq)]
     tensors = [g for g in given if isinstance(g, torch.Tensor)]
     values = torch.stack([c.to(x.m.device, torch.float64) for c in checks + tensors]).tolist()
-    bad_any, bad_valid, mask_bad, n_tok_local, n_seq_local, *read = values
+    bad_any, bad_valid, n_tok_local, n_seq_local, *read = values
+    m_min, m_max, m_excess = read[:3] if x.m.numel() > 0 else (0, 0, 0)
+    read = read[3:] if x.m.numel() > 0 else read
     given = [read.pop(0) if isinstance(g, torch.Tensor) else g for g in given]
-    if bad_valid != 0 or mask_bad != 0:
+    if bad_valid != 0 or m_min < 0 or m_max > 1 or m_excess != 0:
         _raise_for_bad_values(named, mask, advantages)  # else: an overflow, not bad input
     global_n_tok = n_tok_local if given[0] is None else given[0]
     global_n_seq = n_seq_local if given[1] is None else given[1]
@@ -253,25 +258,28 @@ class _Surrogate(NamedTuple):
 
 def _surrogate(x: _Inputs, pg: PGLossConfig, log_ratio_clamp: float, grad: bool) -> _Surrogate:
     """Step 4: per-token clipped surrogate ``[B, T]`` and its derivative in log pi_theta."""
-    neg_adv = -x.adv
+    # -A x is computed as -(A x): the same float (negation is exact)
     if pg.disable_ppo_ratio:
         r = x.logp_theta
         r_clip = r
-        clip_loss = neg_adv * r
-        d_clip_loss = neg_adv
+        clip_loss = torch.mul(x.adv, r).neg_()
+        d_clip_loss = -x.adv
     else:
         log_r = x.log_r.clamp(min=-log_ratio_clamp, max=log_ratio_clamp)
-        r = torch.exp(log_r)
+        inside_clamp = (log_r == x.log_r) if grad else None
+        r = log_r.exp_()  # in place: log_r is ours
         r_clip = r.clamp(min=1 - pg.ratio_clip_min, max=1 + pg.ratio_clip_max)
-        loss_unclipped = neg_adv * r
-        loss_clipped = neg_adv * r_clip
-        clip_loss = torch.maximum(loss_unclipped, loss_clipped)
-        # -A r where the unclipped branch is taken (on a tie the clipped one agrees), 0 past
-        # the clip or the log-ratio clamp
-        unclipped = (loss_unclipped >= loss_clipped) & (log_r == x.log_r)
-        d_clip_loss = torch.where(unclipped, loss_unclipped, 0) if grad else None
+        loss_unclipped = torch.mul(x.adv, r).neg_()
+        loss_clipped = torch.mul(x.adv, r_clip).neg_()
+        d_clip_loss = None
+        if grad:  # -A r where the unclipped branch is taken (on a tie the clipped one
+            # agrees), 0 past the clip or the log-ratio clamp
+            unclipped = inside_clamp.logical_and_(loss_unclipped >= loss_clipped)
+        clip_loss = torch.maximum(loss_unclipped, loss_clipped, out=loss_clipped)
+        if grad:
+            d_clip_loss = loss_unclipped.mul_(unclipped)
     if pg.ratio_clip_c is not None:
-        loss_dual = neg_adv * pg.ratio_clip_c
+        loss_dual = torch.mul(x.adv, pg.ratio_clip_c).neg_()
         dual = (x.adv < 0) & (loss_dual < clip_loss)
         clip_loss = torch.where(dual, loss_dual, clip_loss)
         d_clip_loss = torch.where(dual, 0, d_clip_loss) if grad else None
@@ -289,7 +297,7 @@ class _KLEstimator(NamedTuple):
 _KL_ESTIMATORS = {
     "k1": _KLEstimator(lambda x, e: -x, lambda x, e: -1),
     "k2": _KLEstimator(lambda x, e: x.square() / 2, lambda x, e: x),
-    "k3": _KLEstimator(lambda x, e: e - 1 - x, lambda x, e: e - 1, uses_exp=True),
+    "k3": _KLEstimator(lambda x, e: (e - 1).sub_(x), lambda x, e: e.sub_(1), uses_exp=True),
 }
 
 
@@ -317,16 +325,16 @@ def _kl_penalty(x: _Inputs, pg: PGLossConfig, grad: bool) -> _KL:
     d_kl_tok = None
     if grad:
         # d/d theta [s k(x)] with s = 1, ds/d theta = 1, dx/d theta = -1: k - k'
-        d_kl_tok = k - slope()
+        d_kl_tok = k - slope()  # k - k' (k3's slope reuses exp(x) in place: its last use)
         free = None  # where no clamp is active (a clamp passes no gradient)
         if log_q is not x.log_q:
             free = log_q == x.log_q
         if kl_tok is not k:
             free = kl_tok == k if free is None else free & (kl_tok == k)
         if free is not None:
-            d_kl_tok = torch.where(free, d_kl_tok, 0)
-        d_kl_tok = pg.reference_policy_kl_penalty * d_kl_tok
-    return _KL(pg.reference_policy_kl_penalty * kl_tok, d_kl_tok)
+            d_kl_tok.mul_(free)
+        d_kl_tok.mul_(pg.reference_policy_kl_penalty)
+    return _KL(kl_tok.mul_(pg.reference_policy_kl_penalty), d_kl_tok)
 
 
 def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.Tensor:
@@ -349,6 +357,11 @@ def _dot(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
     float32 accumulation error grows ~ eps n / lanes: 3e-6 at n = 16384).
     """
     return (values * coef).sum()
+
+
+def _dot_(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """:func:`_dot` of a temporary, scaled in place (``values`` is overwritten)."""
+    return values.mul_(coef).sum()
 
 
 class _LossWithGradient(torch.autograd.Function):
@@ -397,22 +410,19 @@ def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_rati
     approx_entropy = -mean_t exp(log pi_theta - log mu) log pi_theta, and the min / max of
     r and of clip(r) over valid tokens (+-inf if there is none, as NeMo-RL).
     """
-    kind = pg.reference_policy_kl_type
-    exp_l, exp_neg_l = torch.exp(x.log_rho), torch.exp(-x.log_rho)
-    gen_kl = _KL_ESTIMATORS[kind].value(x.log_rho, exp_l)
-    policy_kl = _KL_ESTIMATORS[kind].value(-x.log_rho, exp_neg_l)
-    js = torch.nn.functional.softplus(x.log_rho) - x.log_rho / 2 - LOG_2
-    ratio = (
-        sur.r
-        if not pg.disable_ppo_ratio
-        else torch.exp(x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp))
-    )
-    out = {
-        "token_mult_prob_error": _dot(torch.maximum(exp_l, exp_neg_l), tok_coef),
-        "gen_kl_error": _dot(gen_kl, tok_coef),
-        "policy_kl_error": _dot(policy_kl, tok_coef),
-        "js_divergence_error": _dot(js, tok_coef),
-        "approx_entropy": -_dot(ratio * exp_l * x.logp_theta, tok_coef),
+    estimator = _KL_ESTIMATORS[pg.reference_policy_kl_type]
+    log_rho = x.log_rho
+    exp_l, exp_neg_l = torch.exp(log_rho), torch.neg(log_rho).exp_()
+    ratio = sur.r
+    if pg.disable_ppo_ratio:  # r is log pi_theta then; the entropy wants the true ratio
+        ratio = x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp).exp_()
+    js = torch.nn.functional.softplus(log_rho).sub_(log_rho, alpha=0.5).sub_(LOG_2)
+    out = {  # each temporary is ours: scaled in place, then summed (_dot_)
+        "gen_kl_error": _dot_(estimator.value(log_rho, exp_l), tok_coef),
+        "policy_kl_error": _dot_(estimator.value(-log_rho, exp_neg_l), tok_coef),
+        "js_divergence_error": _dot_(js, tok_coef),
+        "approx_entropy": -_dot_(torch.mul(ratio, exp_l).mul_(x.logp_theta), tok_coef),
+        "token_mult_prob_error": _dot_(torch.maximum(exp_l, exp_neg_l, out=exp_l), tok_coef),
     }
     return {**out, **_ratio_extremes(sur, x.m, counts, pg)}
 
@@ -422,9 +432,9 @@ def _ratio_extremes(sur: _Surrogate, m: torch.Tensor, counts: _Counts, pg: PGLos
     if counts.n_tok_local == 0:
         inf = torch.tensor(math.inf, dtype=m.dtype, device=m.device)
         return dict(zip(ROLLOUT_METRIC_KEYS[5:], (inf, -inf, inf, -inf), strict=True))
-    pad = (1 - m) * torch.finfo(m.dtype).max  # pushes masked positions out of min / max
+    pad = torch.sub(1, m).mul_(torch.finfo(m.dtype).max)  # masked positions out of min / max
     r_valid = sur.r * m
-    r_min, r_max = (r_valid + pad).min(), (r_valid - pad).max()
+    r_min, r_max = (r_valid + pad).min(), r_valid.sub_(pad).max()
     if pg.disable_ppo_ratio:
         r_clip_min, r_clip_max = r_min, r_max
     else:
@@ -525,14 +535,13 @@ def clipped_pg_loss(
     sur = _surrogate(x, pg, config.log_ratio_clamp, grad)  # step 4
     kl = None if logp_ref is None else _kl_penalty(x, pg, grad)  # step 5
     coef = _coefficients(m, counts, pg.token_level_loss)  # step 6
-    loss_tok = w_hat * sur.clip_loss if kl is None else w_hat * sur.clip_loss + kl.kl_tok
-    loss = _dot(loss_tok, coef)
-    if grad:
-        d_loss_tok = (
-            w_hat * sur.d_clip_loss if kl is None else w_hat * sur.d_clip_loss + kl.d_kl_tok
-        )
-        loss = _LossWithGradient.apply(curr_logprobs, loss, d_loss_tok * coef)
     kl_value = None if kl is None else _dot(kl.kl_tok, coef)
+    loss_tok = w_hat * sur.clip_loss
+    loss = (loss_tok if kl is None else loss_tok.add_(kl.kl_tok)).mul_(coef).sum()
+    if grad:
+        d_loss_tok = sur.d_clip_loss.mul_(w_hat)
+        d_loss_tok = d_loss_tok if kl is None else d_loss_tok.add_(kl.d_kl_tok)
+        loss = _LossWithGradient.apply(curr_logprobs, loss, d_loss_tok.mul_(coef))
     tok_coef = coef if pg.token_level_loss else _coefficients(m, counts, True)
     metrics = _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg)  # step 7
     if rollout_metrics:
