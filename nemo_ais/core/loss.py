@@ -350,6 +350,11 @@ def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.
     return m / (torch.where(n_tok_seq > 0, n_tok_seq, 1) * counts.n_seq)
 
 
+def _full(value: float, like: torch.Tensor) -> torch.Tensor:
+    """0-dim tensor of ``value`` in ``like``'s dtype and device (a fill: no host-to-device copy)."""
+    return torch.full((), value, dtype=like.dtype, device=like.device)
+
+
 def _dot(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
     """sum_it values_it c_it (c carries the mask and the normaliser).
 
@@ -382,20 +387,18 @@ class _LossWithGradient(torch.autograd.Function):
 @torch.no_grad()
 def _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg):
     """Step 7: summable metrics, 0-dim detached tensors (no host sync)."""
-    dtype = x.m.dtype
     out = {
         "loss": loss.detach(),
-        "num_valid_samples": torch.tensor(counts.n_seq_local, dtype=dtype, device=x.m.device),
+        "num_valid_samples": _full(counts.n_seq_local, x.m),
         "probs_ratio": _dot(sur.r, tok_coef),
         "probs_ratio_clamped": _dot(sur.r_clip, tok_coef),
         "kl_penalty": kl_value / pg.reference_policy_kl_penalty
         if kl_value is not None
-        else torch.zeros((), dtype=dtype, device=x.m.device),
+        else _full(0, x.m),
         "sampling_importance_ratio": _dot(w_hat, tok_coef),
     }
     if diagnostics is not None:
-        n_tok_local = torch.tensor(counts.n_tok_local, dtype=dtype, device=x.m.device)
-        global_n_tok = torch.tensor(counts.global_n_tok, dtype=dtype, device=x.m.device)
+        n_tok_local, global_n_tok = _full(counts.n_tok_local, x.m), _full(counts.global_n_tok, x.m)
         out.update(ais_metrics_lib.ais_metrics(diagnostics, n_tok_local, global_n_tok))
     return out
 
@@ -430,7 +433,7 @@ def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_rati
 def _ratio_extremes(sur: _Surrogate, m: torch.Tensor, counts: _Counts, pg: PGLossConfig) -> dict:
     """Min / max of r and clip(r) over valid tokens; +inf / -inf if there is none."""
     if counts.n_tok_local == 0:
-        inf = torch.tensor(math.inf, dtype=m.dtype, device=m.device)
+        inf = _full(math.inf, m)
         return dict(zip(ROLLOUT_METRIC_KEYS[5:], (inf, -inf, inf, -inf), strict=True))
     pad = torch.sub(1, m).mul_(torch.finfo(m.dtype).max)  # masked positions out of min / max
     r_valid = sur.r * m

@@ -135,8 +135,8 @@ def ais_metrics(
 ) -> dict[str, torch.Tensor]:
     """``ais/<field>`` -> s * n_tok_local / global_n_tok, 0-dim detached tensors.
 
-    One vector multiply for all rows (same values as one multiply per row: each field is
-    rounded to the scale's dtype first either way).
+    On CPU one vector multiply for all rows, on a device one multiply per row (same values:
+    each field is rounded to the scale's dtype first either way).
 
     Args:
         diagnostics: the global batch's :class:`AISDiagnostics`.
@@ -149,8 +149,11 @@ def ais_metrics(
     """
     scale = summable_scale(n_tok_local, global_n_tok).detach()
     fields = ais_values(diagnostics)
-    values = torch.tensor(fields, dtype=scale.dtype, device=scale.device) * scale
-    out = dict(zip(AIS_METRIC_NAMES, values.unbind(), strict=True))
+    if scale.device.type == "cpu":  # one vector multiply
+        values = (torch.tensor(fields, dtype=scale.dtype) * scale).unbind()
+    else:  # python scalar x device tensor: no host-to-device copy (which would sync)
+        values = [value * scale for value in fields]
+    out = dict(zip(AIS_METRIC_NAMES, values, strict=True))
     out[AIS_PREFIX + "empty_batch"] = torch.where(
         global_n_tok == 0, diagnostics.empty_batch, out[AIS_PREFIX + "empty_batch"]
     ).detach()
