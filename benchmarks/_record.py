@@ -33,8 +33,8 @@ BENCH_MD = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 _TITLE = "# Benchmarks\n\nEach section is rewritten by the script named in it.\n"
 
 
-def machine_line() -> str:
-    """One line describing the machine and software versions."""
+def machine_line(threads: str | None = None) -> str:
+    """One line describing the machine and software versions (``threads``: torch threads used)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -47,13 +47,18 @@ def machine_line() -> str:
     if torch.cuda.is_available():
         dev = torch.cuda.get_device_name()
     return (
-        f"{cpu}, {os.cpu_count()} cores ({torch.get_num_threads()} torch threads), {dev}; "
+        f"{cpu}, {os.cpu_count()} cores ({threads or torch.get_num_threads()} torch threads), {dev}; "
         f"Python {platform.python_version()}, torch {torch.__version__}"
     )
 
 
-def record_section(name: str, title: str, body_md: str, path: Path = BENCH_MD) -> None:
-    """Replace (or append) section ``name`` of ``docs/benchmarks.md``."""
+def record_section(
+    name: str, title: str, body_md: str, path: Path = BENCH_MD, threads: str | None = None
+) -> None:
+    """Replace (or append) section ``name`` of ``docs/benchmarks.md``.
+
+    ``threads`` describes the torch thread counts of the run (default: the current one).
+    """
     script = Path(sys.argv[0])
     # Benchmarks import each other as the ``benchmarks`` package: record the ``-m`` form.
     target = f"-m benchmarks.{script.stem}" if script.parent.name == "benchmarks" else str(script)
@@ -61,7 +66,7 @@ def record_section(name: str, title: str, body_md: str, path: Path = BENCH_MD) -
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     block = (
         f"<!-- bench:{name} -->\n## {title}\n\n"
-        f"- Machine: {machine_line()}\n- Command: `{cmd}`\n- Recorded: {stamp}\n\n"
+        f"- Machine: {machine_line(threads)}\n- Command: `{cmd}`\n- Recorded: {stamp}\n\n"
         f"{body_md.strip()}\n<!-- /bench:{name} -->\n"
     )
     text = path.read_text() if path.exists() else _TITLE
