@@ -204,7 +204,9 @@ def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -
         checks += [*torch.aminmax(flat), torch.dot(flat, flat) - n_tok_local]
     given = [_given(global_tok), _given(global_seq)]
     tensors = [g for g in given if isinstance(g, torch.Tensor)]
-    values = torch.stack([c.to(x.m.device, torch.float64) for c in checks + tensors]).tolist()
+    # one vector by type promotion (float32 holds every count exactly up to 2^24; a
+    # float64 input promotes it all to float64), one read
+    values = torch.cat([c.reshape(1).to(x.m.device) for c in checks + tensors]).tolist()
     bad_any, bad_valid, n_tok_local, n_seq_local, *read = values
     m_min, m_max, m_excess = read[:3] if x.m.numel() > 0 else (0, 0, 0)
     read = read[3:] if x.m.numel() > 0 else read
