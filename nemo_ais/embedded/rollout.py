@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_ais.embedded.task import AdditionTask, Problem, seeded_generator
+from nemo_ais.embedded.task import ArithmeticTask, Problem, seeded_generator
 from nemo_ais.fp8.twin import Fp8Twin
 
 __all__ = ["RolloutBatch", "chunk_range", "generate_rollouts", "group_advantages"]
@@ -76,7 +76,7 @@ def chunk_range(num_chunks: int, rank: int, world_size: int) -> range:
 @torch.no_grad()
 def generate_rollouts(
     engine: Fp8Twin,
-    task: AdditionTask,
+    task: ArithmeticTask,
     problems: list[Problem],
     chunks: range,
     *,

@@ -11,12 +11,29 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Verifiable arithmetic task: ``a+b=`` with ``num_digits``-digit operands, reward = exact match.
+"""Verifiable arithmetic tasks of the embedded recipe; reward and accuracy by program.
 
-Prompt ``<bos>123+456=``, expected response ``579<eos>`` (``975<eos>`` with ``reverse_answer``). Problems are drawn from counter-based
-generators (:func:`seeded_generator`), so the problems of step ``s`` depend only on
-``(seed, s)`` -- never on how many processes draw them or on what ran before (resume-exact).
-The held-out evaluation set is fixed by ``eval_seed`` and excluded from training draws.
+Two tasks share one interface (:class:`ArithmeticTask`):
+
+* :class:`ChainTask` (the default, ``data.task: chain``) -- a long-horizon chain: prompt
+  ``<bos>37+85=``, response the running sums ``x_k = (s + k d) mod 10^n`` for
+  ``k = 1..chain_length``, each written with exactly ``n`` digits, separated by ``,``::
+
+      37+85=22,07,92,77,62,47,32,17,02,87,72<eos>      (reverse_answer=False)
+
+  Every value is computed from the one written just before it, so one wrong digit makes
+  every later value wrong: the reward depends on the whole chain and a per-token error
+  compounds over the ``chain_length * (n + 1)`` response tokens (33 for the default
+  ``n = 2, chain_length = 11``).
+* :class:`AdditionTask` (``data.task: addition``) -- ``a+b=`` with ``num_digits``-digit
+  operands, response ``str(a + b)``: 3-4 response tokens.
+
+With ``reverse_answer`` every number of the response is written least-significant digit
+first (``22`` -> ``22``, ``07`` -> ``70``), which a small transformer learns much faster.
+Problems are drawn from counter-based generators (:func:`seeded_generator`), so the
+problems of step ``s`` depend only on ``(seed, s)`` -- never on how many processes draw
+them or on what ran before (resume-exact). The held-out evaluation set is fixed by
+``eval_seed`` and excluded from training draws.
 """
 
 from __future__ import annotations
@@ -28,7 +45,14 @@ import torch
 
 from nemo_ais.embedded.tokenizer import CharTokenizer
 
-__all__ = ["AdditionTask", "Problem", "seeded_generator"]
+__all__ = [
+    "AdditionTask",
+    "ArithmeticTask",
+    "ChainTask",
+    "Problem",
+    "seeded_generator",
+    "task_from_config",
+]
 
 Problem = tuple[int, int]
 
@@ -40,16 +64,17 @@ def seeded_generator(*key: int | str) -> torch.Generator:
 
 
 @dataclass
-class AdditionTask:
-    """Addition of two ``num_digits``-digit numbers (leading digit non-zero).
+class ArithmeticTask:
+    """A problem ``(a, b)`` of two ``num_digits``-digit integers, prompt ``a+b=``.
+
+    Subclasses define :meth:`answer`, :meth:`_range` and :attr:`max_response_len`; drawing,
+    tokenisation, teacher-forcing batches, exact match and the rewards are shared.
 
     Args:
         num_digits: digits per operand (>= 1).
         eval_size: size of the held-out evaluation set.
         eval_seed: seed of the evaluation set.
-        reverse_answer: write the sum least-significant digit first (``23+58=`` -> ``18``),
-            which a small transformer learns much faster (each digit then depends only on
-            already-written ones and the aligned operand digits).
+        reverse_answer: write every number of the response least-significant digit first.
         tokenizer: the character tokenizer.
     """
 
@@ -80,11 +105,20 @@ class AdditionTask:
 
     @property
     def max_response_len(self) -> int:
-        """Longest correct response: ``num_digits + 1`` digits and ``<eos>``."""
-        return self.num_digits + 2
+        """Longest correct response in tokens, ``<eos>`` included."""
+        raise NotImplementedError
 
     def _range(self) -> tuple[int, int]:
-        return 10 ** (self.num_digits - 1) if self.num_digits > 1 else 0, 10**self.num_digits
+        """Operands are drawn uniformly from ``[lo, hi)``."""
+        raise NotImplementedError
+
+    def answer(self, p: Problem) -> str:
+        """The expected response text (without ``<eos>``)."""
+        raise NotImplementedError
+
+    def _number(self, value: int, width: int | None = None) -> str:
+        text = str(value) if width is None else f"{value:0{width}d}"
+        return text[::-1] if self.reverse_answer else text
 
     def _draw(
         self, n: int, gen: torch.Generator, exclude: set[Problem], unique: bool = False
@@ -112,18 +146,24 @@ class AdditionTask:
         """The prompt text ``a+b=``."""
         return f"{p[0]}+{p[1]}="
 
-    def answer(self, p: Problem) -> str:
-        """The expected response text: ``str(a + b)``, reversed if ``reverse_answer``."""
-        text = str(p[0] + p[1])
-        return text[::-1] if self.reverse_answer else text
-
     def prompt_ids(self, problems: list[Problem]) -> torch.Tensor:
         """Token ids ``[n, prompt_len]`` int64 (every prompt has the same length; no padding)."""
         rows = [self.tokenizer.encode(self.prompt(p), bos=True) for p in problems]
         return torch.tensor(rows, dtype=torch.long).reshape(len(problems), self.prompt_len)
 
-    def sft_batch(self, problems: list[Problem]) -> tuple[torch.Tensor, torch.Tensor]:
+    def alt_answer(self, p: Problem) -> str:
+        """The answer in the task's alternative notation (wrong for the verifier)."""
+        raise NotImplementedError(f"{type(self).__name__} has no alternative notation")
+
+    def sft_batch(
+        self, problems: list[Problem], alt: list[bool] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forcing batch for the warm start.
+
+        Args:
+            problems: the demonstrations' problems.
+            alt: per problem, write the demonstration in :meth:`alt_answer`'s notation
+                (None: none).
 
         Returns:
             input_ids ``[n, prompt_len + max_response_len]`` int64 (right-padded with pad_id) and
@@ -133,9 +173,10 @@ class AdditionTask:
         width = self.prompt_len + self.max_response_len
         ids = torch.full((len(problems), width), tok.pad_id, dtype=torch.long)
         labels = torch.full_like(ids, -100)
-        for i, p in enumerate(problems):
+        alt = alt or [False] * len(problems)
+        for i, (p, use_alt) in enumerate(zip(problems, alt, strict=True)):
             prompt = tok.encode(self.prompt(p), bos=True)
-            resp = tok.encode(self.answer(p), eos=True)
+            resp = tok.encode(self.alt_answer(p) if use_alt else self.answer(p), eos=True)
             ids[i, : len(prompt) + len(resp)] = torch.tensor(prompt + resp)
             labels[i, len(prompt) : len(prompt) + len(resp)] = torch.tensor(resp)
         return ids, labels
@@ -175,17 +216,163 @@ class AdditionTask:
         number of positions where the response character equals the answer character,
         divided by ``max(len(response), len(answer))``; 1 iff exact, 0 without ``<eos>``.
         E.g. answer ``"18"``: ``"18"`` -> 1, ``"17"`` -> 0.5, ``"180"`` -> 2/3.
+        ``kind="prefix"`` (credit up to the first mistake): the number of leading steps
+        (:meth:`_steps`: chain values for :class:`ChainTask`, characters otherwise) equal
+        to the answer's, divided by ``max(steps in response, steps in answer)``; 1 iff
+        exact, 0 without ``<eos>``. E.g. answer ``"22,70,29"``: ``"22,70,29"`` -> 1,
+        ``"22,71,29"`` -> 1/3 (the right ``29`` after a mistake earns nothing),
+        ``"22,70"`` -> 2/3.
         """
         if kind == "exact":
             return self.correct(problems, response_ids)
-        if kind != "digits":
-            raise ValueError(f"data.reward={kind!r} is invalid: expected 'digits' or 'exact'")
+        if kind not in ("digits", "prefix", "steps"):
+            raise ValueError(
+                f"data.reward={kind!r} is invalid: expected 'steps', 'prefix', 'digits' "
+                "or 'exact'"
+            )
         texts = self._texts(problems, response_ids)
         out = torch.zeros(len(problems), dtype=torch.float32)
         for i, (p, text) in enumerate(zip(problems, texts, strict=True)):
             if not text:
                 continue
             ans = self.answer(p)
-            hits = sum(a == b for a, b in zip(text, ans, strict=False))
-            out[i] = hits / max(len(text), len(ans))
+            if kind == "steps":
+                out[i] = self._step_credit(p, text)
+                continue
+            if kind == "digits":
+                hits = sum(a == b for a, b in zip(text, ans, strict=False))
+                out[i] = hits / max(len(text), len(ans))
+                continue
+            got, want = self._steps(text), self._steps(ans)
+            lead = 0
+            for a, b in zip(got, want, strict=False):
+                if a != b:
+                    break
+                lead += 1
+            out[i] = lead / max(len(got), len(want))
         return out
+
+    def _steps(self, text: str) -> list[str]:
+        """The units of the ``prefix`` reward: the characters of the answer."""
+        return list(text)
+
+    def _step_credit(self, p: Problem, text: str) -> float:
+        """The ``steps`` reward of one response (tasks with a chain of steps only)."""
+        raise ValueError(f"data.reward='steps' is invalid for {type(self).__name__}")
+
+
+@dataclass
+class AdditionTask(ArithmeticTask):
+    """Addition of two ``num_digits``-digit numbers (leading digit non-zero), ``a+b=`` -> ``a + b``.
+
+    Example (``reverse_answer=True``): ``23+58=`` -> ``18`` (81 written backwards).
+    """
+
+    @property
+    def max_response_len(self) -> int:
+        """Longest correct response: ``num_digits + 1`` digits and ``<eos>``."""
+        return self.num_digits + 2
+
+    def _range(self) -> tuple[int, int]:
+        return 10 ** (self.num_digits - 1) if self.num_digits > 1 else 0, 10**self.num_digits
+
+    def answer(self, p: Problem) -> str:
+        """The expected response text: ``str(a + b)``, reversed if ``reverse_answer``."""
+        return self._number(p[0] + p[1])
+
+
+@dataclass
+class ChainTask(ArithmeticTask):
+    """Running sums modulo ``10^num_digits``: ``s+d=`` -> ``x_1,...,x_L``, ``x_k = (s + k d) mod 10^n``.
+
+    Operands (and every value of the chain) are written with exactly ``num_digits`` digits
+    (leading zeros kept), so every prompt and every correct response have fixed lengths:
+    ``2 n + 3`` and ``L (n + 1)`` tokens (``<eos>`` included). ``x_k`` follows from
+    ``x_{k-1}`` and ``d`` alone: an error anywhere propagates to the end of the chain.
+
+    Args:
+        chain_length: ``L``, values in the chain (>= 1).
+    """
+
+    chain_length: int = 11
+
+    def __post_init__(self) -> None:
+        if self.chain_length < 1:
+            raise ValueError(f"data.chain_length={self.chain_length} is invalid: expected >= 1")
+        super().__post_init__()
+
+    @property
+    def max_response_len(self) -> int:
+        """Tokens of the longest response: ``L (n + 1)``, plus one for a stray token.
+
+        ``chain_length`` values of ``num_digits`` digits, ``,`` between them, ``<eos>``, and
+        room for the stray ``=`` of :meth:`alt_answer`.
+        """
+        return self.chain_length * (self.num_digits + 1) + 1
+
+    def _range(self) -> tuple[int, int]:
+        return 0, 10**self.num_digits
+
+    def prompt(self, p: Problem) -> str:
+        """The prompt text ``s+d=`` with both operands zero-padded to ``num_digits``."""
+        n = self.num_digits
+        return f"{p[0]:0{n}d}+{p[1]:0{n}d}="
+
+    def chain(self, p: Problem) -> list[int]:
+        """The values ``x_1..x_L`` of the chain of ``p``."""
+        mod = 10**self.num_digits
+        return [(p[0] + k * p[1]) % mod for k in range(1, self.chain_length + 1)]
+
+    def alt_answer(self, p: Problem) -> str:
+        """The chain closed by a stray ``=`` (same arithmetic; the verifier rejects it).
+
+        The warm start's demonstrations mix both forms (``data.sft_alt_fraction``).
+        """
+        return self.answer(p) + "="
+
+    def _steps(self, text: str) -> list[str]:
+        """The units of the ``prefix`` reward: the chain's values."""
+        return text.split(",")
+
+    def _parse(self, value: str) -> int | None:
+        """A written value (``num_digits`` digits, reversed if ``reverse_answer``) or None."""
+        if len(value) != self.num_digits or not value.isdigit():
+            return None
+        return int(value[::-1] if self.reverse_answer else value)
+
+    def _step_credit(self, p: Problem, text: str) -> float:
+        """Share of the chain's steps computed right from the value written before them.
+
+        Step ``k`` is right iff the ``k``-th written value equals ``(v_{k-1} + d) mod 10^n``
+        with ``v_{k-1}`` the value the response itself wrote before it (``v_0 = s``); an
+        unreadable value fails its own step and the next; a value past ``chain_length`` is
+        never right. Divided by ``max(values written, chain_length)``: 1 iff the response
+        is exactly the answer.
+        """
+        mod = 10**self.num_digits
+        values = [self._parse(v) for v in text.split(",")]
+        prev: int | None = p[0]
+        right = 0
+        for v in values[: self.chain_length]:  # a value past the chain is never right
+            right += prev is not None and v is not None and v == (prev + p[1]) % mod
+            prev = v
+        return right / max(len(values), self.chain_length)
+
+    def answer(self, p: Problem) -> str:
+        """The expected response text: the chain, fixed-width values joined by ``,``."""
+        return ",".join(self._number(x, self.num_digits) for x in self.chain(p))
+
+
+def task_from_config(data) -> ArithmeticTask:
+    """The task of a ``data`` config section (:class:`~nemo_ais.embedded.config.DataSection`)."""
+    common = dict(
+        num_digits=data.num_digits,
+        eval_size=data.eval_size,
+        eval_seed=data.eval_seed,
+        reverse_answer=data.reverse_answer,
+    )
+    if data.task == "chain":
+        return ChainTask(chain_length=data.chain_length, **common)
+    if data.task == "addition":
+        return AdditionTask(**common)
+    raise ValueError(f"data.task={data.task!r} is invalid: expected 'chain' or 'addition'")

@@ -13,8 +13,8 @@
 # limitations under the License.
 """Character-level tokenizer of the embedded arithmetic task (built locally, nothing fetched).
 
-Vocabulary: three special tokens (``<pad>``, ``<bos>``, ``<eos>``), the ten digits, ``+``
-and ``=``; ``vocab_size`` is rounded up to a multiple of 8 (unused ids are never produced).
+Vocabulary: three special tokens (``<pad>``, ``<bos>``, ``<eos>``), the ten digits, ``+``,
+``=`` and ``,``; ``vocab_size`` is rounded up to a multiple of 8 (unused ids are never produced).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 __all__ = ["CharTokenizer"]
 
 _SPECIALS = ("<pad>", "<bos>", "<eos>")
-_CHARS = "0123456789+="
+_CHARS = "0123456789+=,"
 
 
 class CharTokenizer:

@@ -41,7 +41,7 @@ from nemo_ais.embedded.checkpoint import UnreadableFileError, atomic_torch_save,
 from nemo_ais.embedded.config import RecipeConfig, config_hash
 from nemo_ais.embedded.dist import RecipeError
 from nemo_ais.embedded.model import build_model, greedy_decode
-from nemo_ais.embedded.task import AdditionTask, seeded_generator
+from nemo_ais.embedded.task import ArithmeticTask, seeded_generator, task_from_config
 
 __all__ = [
     "build_task",
@@ -57,17 +57,12 @@ logger = logging.getLogger(__name__)
 _WARM_START_VERSION = 1
 
 
-def build_task(cfg: RecipeConfig) -> AdditionTask:
+def build_task(cfg: RecipeConfig) -> ArithmeticTask:
     """The arithmetic task of ``cfg.data`` (tokenizer and held-out set included)."""
-    return AdditionTask(
-        num_digits=cfg.data.num_digits,
-        eval_size=cfg.data.eval_size,
-        eval_seed=cfg.data.eval_seed,
-        reverse_answer=cfg.data.reverse_answer,
-    )
+    return task_from_config(cfg.data)
 
 
-def build_untrained_policy(cfg: RecipeConfig, task: AdditionTask) -> torch.nn.Module:
+def build_untrained_policy(cfg: RecipeConfig, task: ArithmeticTask) -> torch.nn.Module:
     """The randomly initialised Qwen2 policy of ``cfg.policy.model`` for ``task``."""
     tok = task.tokenizer
     return build_model(
@@ -140,7 +135,7 @@ def _check_fits(policy: torch.nn.Module, path: Path, state: Any) -> None:
 
 
 @torch.no_grad()
-def greedy_accuracy(model: torch.nn.Module, task: AdditionTask, problems: list) -> float:
+def greedy_accuracy(model: torch.nn.Module, task: ArithmeticTask, problems: list) -> float:
     """Fraction of ``problems`` solved exactly by greedy decoding."""
     if not problems:
         return 0.0
@@ -157,9 +152,21 @@ def greedy_accuracy(model: torch.nn.Module, task: AdditionTask, problems: list) 
     return float(task.correct(problems, responses).mean())
 
 
-def _sft_step(model, optimizer, task: AdditionTask, step: int, batch_size: int, seed: int) -> float:
+def _sft_step(
+    model,
+    optimizer,
+    task: ArithmeticTask,
+    step: int,
+    batch_size: int,
+    seed: int,
+    alt_fraction: float = 0.0,
+) -> float:
     problems = task.sample_train(batch_size, seeded_generator("warm_start", seed, step))
-    input_ids, labels = task.sft_batch(problems)
+    alt = None
+    if alt_fraction > 0:
+        draw = torch.rand(batch_size, generator=seeded_generator("warm_start_alt", seed, step))
+        alt = (draw < alt_fraction).tolist()
+    input_ids, labels = task.sft_batch(problems, alt)
     logits = model(input_ids=input_ids, use_cache=False).logits[:, :-1]
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
     optimizer.zero_grad(set_to_none=True)
@@ -168,7 +175,7 @@ def _sft_step(model, optimizer, task: AdditionTask, step: int, batch_size: int, 
     return float(loss.detach())
 
 
-def warm_start(cfg: RecipeConfig, task: AdditionTask, *, progress: bool = True) -> Path:
+def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True) -> Path:
     """Train (or reuse) the warm-start weights and return the cache file's path.
 
     The file holds ``{"state_dict", "key", "greedy_accuracy", "final_loss"}``. A cache hit
@@ -199,7 +206,9 @@ def warm_start(cfg: RecipeConfig, task: AdditionTask, *, progress: bool = True) 
     bar = tqdm(range(ws.steps), desc="warm start (SFT)", disable=not progress, leave=False)
     loss = float("nan")
     for step in bar:
-        loss = _sft_step(model, optimizer, task, step, ws.batch_size, ws.seed)
+        loss = _sft_step(
+            model, optimizer, task, step, ws.batch_size, ws.seed, cfg.data.sft_alt_fraction
+        )
         schedule.step()
         if not torch.isfinite(torch.tensor(loss)):
             raise FloatingPointError(
