@@ -13,9 +13,10 @@
 # limitations under the License.
 """``nemo-ais``: the command line of the embedded experiment.
 
-``nemo-ais run [--quick] [--config FILE] [--overwrite] [key=value ...]`` runs the four-arm
-FP8 / AIS GRPO experiment of ``configs/local/default.yaml`` (``--quick``:
-``configs/local/quick.yaml``); ``nemo-ais report RUN_DIR`` redraws its plots and summary.
+``nemo-ais run [--quick | --preset NAME | --config FILE] [--overwrite] [key=value ...]`` runs
+the four-arm FP8 / AIS GRPO experiment of ``configs/local/default.yaml`` (``--quick``:
+``configs/local/quick.yaml``, ``--preset NAME``: ``configs/local/NAME.yaml``);
+``nemo-ais report RUN_DIR`` redraws its plots and summary.
 ``nemo-ais analyze LOG_DIR`` replays the AIS diagnostics and every correction mode over a
 NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``).
 Exit codes: 0 success, 1 a run failed or bad log input (message printed), 2 bad config or
@@ -30,12 +31,16 @@ import logging
 import sys
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["PRESETS", "main"]
+
+# configs/local/<name>.yaml selectable with --preset (default.yaml: no flag)
+PRESETS = ("quick", "evidence", "addition")
 
 _EPILOG = """\
 examples:
   nemo-ais run                                   # default experiment, 4 arms x 3 seeds
   nemo-ais run --quick                           # <= 60 s smoke run (1 process, 1 seed)
+  nemo-ais run --preset evidence                 # 8 seeds + constant-alpha arm (docs/results.md)
   nemo-ais run grpo.max_num_steps=100 rollout.fp8.kv_cache_fp8=true logger.name=kv
   nemo-ais run experiment.include=[bf16,fp8-ais] experiment.seeds=[0]
   nemo-ais report runs/default
@@ -87,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     preset.add_argument(
         "--quick", action="store_true", help="The <= 60 s preset configs/local/quick.yaml."
+    )
+    preset.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default=None,
+        help="A shipped preset configs/local/<name>.yaml: quick (<= 60 s smoke run), "
+        "evidence (8 seeds + a constant-alpha arm, <= 90 min), addition (the 2-digit task).",
     )
     run.add_argument(
         "--overwrite",
@@ -148,7 +160,8 @@ def _run(args: argparse.Namespace) -> int:
     from nemo_ais.embedded.dist import RecipeError
     from nemo_ais.embedded.recipe import run_experiment
 
-    path = args.config or _config_dir() / ("quick.yaml" if args.quick else "default.yaml")
+    preset = "quick" if args.quick else args.preset or "default"
+    path = args.config or _config_dir() / f"{preset}.yaml"
     try:
         raw = load_config(path, args.overrides)
     except (ValueError, FileNotFoundError) as err:

@@ -140,13 +140,19 @@ class OptimizerSection(_Section):
 class WarmStartSection(_Section):
     """``policy.warm_start``: supervised fine-tuning before GRPO, cached by config hash."""
 
-    steps: int = Field(200, ge=0, description="SFT steps (0: GRPO starts from random init).")
+    steps: int = Field(500, ge=0, description="SFT steps (0: GRPO starts from random init).")
     batch_size: int = Field(128, ge=1, description="SFT problems per step.")
     lr: float = Field(1e-3, gt=0.0, description="SFT AdamW peak learning rate.")
     warmup_steps: int = Field(
         20, ge=0, description="Linear learning-rate warmup steps (then constant)."
     )
     seed: int = Field(0, ge=0, description="Seed of the SFT problem stream.")
+    num_threads: int = Field(
+        2,
+        ge=1,
+        description="torch threads of the warm start (one process, before the DP ranks "
+        "start); part of the cache key, since fp32 sums depend on the thread count.",
+    )
     cache_dir: str = Field(
         "runs/.cache", description="Where warmstart-<hash>.pt is cached (shared by runs)."
     )
@@ -192,19 +198,49 @@ class RolloutSection(_Section):
 
 
 class DataSection(_Section):
-    """``data``: the verifiable arithmetic task."""
+    """``data``: the verifiable arithmetic task (:mod:`nemo_ais.embedded.task`)."""
 
-    task: str = Field("addition", pattern="^addition$", description="Only 'addition'.")
+    task: Literal["chain", "addition"] = Field(
+        "chain",
+        description="chain: running sums mod 10^num_digits, chain_length values written "
+        "(long responses); addition: a+b (3-4 response tokens).",
+    )
     num_digits: int = Field(2, ge=1, le=6, description="Digits per operand.")
+    chain_length: int = Field(
+        11, ge=1, le=64, description="task=chain: values in the written chain."
+    )
+    sft_alt_fraction: float = Field(
+        0.7,
+        ge=0.0,
+        lt=1.0,
+        description="task=chain: share of warm-start demonstrations that close the chain "
+        "with a stray '=' (a form the verifier rejects); GRPO has to unlearn it.",
+    )
     reverse_answer: bool = Field(
         True, description="Write the sum least-significant digit first (easier to learn)."
     )
-    reward: Literal["digits", "exact"] = Field(
-        "digits",
-        description="digits: dense per-position credit (1 iff exact); exact: 1 iff exact.",
+    reward: Literal["steps", "prefix", "digits", "exact"] = Field(
+        "exact",
+        description="steps (task=chain): share of values computed right from the value "
+        "written before them; prefix: share of steps right before the first mistake; "
+        "digits: per-position credit; exact: exact match. All are 1 iff exact.",
     )
     eval_size: int = Field(256, ge=1, description="Held-out evaluation problems.")
     eval_seed: int = Field(1234, ge=0, description="Seed of the held-out set.")
+
+    @model_validator(mode="after")
+    def _check_task_keys(self) -> DataSection:
+        if self.task != "chain" and self.sft_alt_fraction > 0:
+            raise ValueError(
+                f"sft_alt_fraction={self.sft_alt_fraction} applies to task=chain only: "
+                f"expected 0 for task={self.task}"
+            )
+        if self.task != "chain" and self.reward == "steps":
+            raise ValueError(
+                f"reward='steps' applies to task=chain only: expected 'prefix', 'digits' or "
+                f"'exact' for task={self.task}"
+            )
+        return self
 
 
 class LoggerSection(_Section):
@@ -241,6 +277,9 @@ class ExperimentSection(_Section):
         default_factory=dict, description="Arm name -> nested override of this config."
     )
     include: list[str] | None = Field(None, description="Arms to run (None: all, in order).")
+    reference_arm: str = Field(
+        "bf16", description="Arm the others are compared with, seed by seed, in summary.md."
+    )
 
     @model_validator(mode="after")
     def _check_arms(self) -> ExperimentSection:
@@ -252,6 +291,10 @@ class ExperimentSection(_Section):
         unknown = [a for a in self.include or [] if a not in self.arms]
         if unknown:
             raise ValueError(f"include={unknown} names unknown arms (known: {list(self.arms)})")
+        if self.reference_arm not in self.arms:
+            raise ValueError(
+                f"reference_arm={self.reference_arm!r} is not an arm (known: {list(self.arms)})"
+            )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds={self.seeds} has duplicates")
         return self

@@ -46,6 +46,10 @@ def test_overrides_apply_dotted_and_to_arms():
         ("policy.train_global_batch_size=24", r"policy\.train_global_batch_size=24 must divide"),
         ("grpo.num_generations_per_prompt=1", r"grpo\.num_generations_per_prompt=1 is invalid"),
         ("data.reward=fuzzy", r"data\.reward='fuzzy' is invalid"),
+        ("data.task=addition", r"data\.sft_alt_fraction=0\.7 applies to task=chain only"),
+        ("data.chain_length=0", r"data\.chain_length=0 is invalid"),
+        ("data.sft_alt_fraction=1.0", r"data\.sft_alt_fraction=1\.0 is invalid"),
+        ("experiment.reference_arm=nope", r"experiment\.reference_arm='nope' is not an arm"),
     ],
 )
 def test_bad_keys_and_values_name_the_path(override, match):
