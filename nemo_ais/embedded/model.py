@@ -69,7 +69,9 @@ def response_logprobs(
     sequences: torch.Tensor,
     prompt_len: int,
     temperature: float = 1.0,
-) -> torch.Tensor:
+    *,
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of the response tokens under ``model`` (teacher forcing), the trainer side.
 
     ``logp[b, t] = log softmax(logits[b, prompt_len + t - 1] / temperature)[sequences[b, prompt_len + t]]``.
@@ -80,13 +82,19 @@ def response_logprobs(
             causal attention keeps them from influencing earlier positions).
         prompt_len: number of prompt tokens.
         temperature: the sampling temperature the rollout used.
+        return_entropy: also return the entropy of each position's distribution (at
+            ``temperature``), ``H[b, t] = -sum_v p log p``.
 
     Returns:
-        ``[B, T]`` float32; carries grad if ``model`` does.
+        ``[B, T]`` float32; carries grad if ``model`` does. With ``return_entropy``, the
+        pair ``(logp, H)``.
     """
     logits = model(input_ids=sequences, use_cache=False).logits[:, prompt_len - 1 : -1]
     logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
-    return logp_all.gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
+    logp = logp_all.gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
+    if not return_entropy:
+        return logp
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
 @torch.no_grad()

@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import shutil
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +64,13 @@ from nemo_ais.embedded.rollout import (
     generate_rollouts,
     group_advantages,
 )
-from nemo_ais.embedded.task import AdditionTask, seeded_generator
-from nemo_ais.embedded.warmstart import build_task, build_untrained_policy, warm_start
+from nemo_ais.embedded.task import ArithmeticTask, seeded_generator
+from nemo_ais.embedded.warmstart import (
+    build_task,
+    build_untrained_policy,
+    load_warm_start,
+    warm_start,
+)
 from nemo_ais.fp8.twin import Fp8Twin
 
 __all__ = [
@@ -95,12 +101,11 @@ class NonFiniteError(RecipeError):
 # --------------------------------------------------------------------------------------
 
 
-def build_policy(cfg: RecipeConfig, task: AdditionTask, warm_start_file: Path | None):
+def build_policy(cfg: RecipeConfig, task: ArithmeticTask, warm_start_file: Path | None):
     """The fp32 Qwen2 policy: random init, then the warm-start weights if given."""
     policy = build_untrained_policy(cfg, task)
     if warm_start_file is not None:
-        blob = torch.load(warm_start_file, map_location="cpu", weights_only=True)
-        policy.load_state_dict(blob["state_dict"])
+        policy.load_state_dict(load_warm_start(warm_start_file))
     return policy.train()
 
 
@@ -236,7 +241,7 @@ class GRPORecipe:
             t0 = time.perf_counter()
             batch = self._rollout(step)  # 1. sync the engine, sample this rank's chunks
             t1 = time.perf_counter()
-            logp_old = self._logprobs(batch.sequences, grad=False)  # 2. pi_old, no grad
+            logp_old, entropy = self._logprobs(batch.sequences, grad=False)  # 2. pi_old
             t2 = time.perf_counter()
             adv = group_advantages(  # 3. group-normalised advantages (groups are local)
                 batch.rewards,
@@ -255,6 +260,7 @@ class GRPORecipe:
             self._log(
                 step,
                 batch,
+                entropy,
                 stats,
                 {"rollout": t1 - t0, "logprobs": t2 - t1, "train": t3 - t2, "step": t3 - t0},
             )  # 6.
@@ -293,8 +299,12 @@ class GRPORecipe:
             reward=cfg.data.reward,
         )
 
-    def _logprobs(self, sequences: torch.Tensor, *, grad: bool) -> torch.Tensor:
-        """Trainer log-probs of the response tokens, in micro-batches."""
+    def _logprobs(self, sequences: torch.Tensor, *, grad: bool):
+        """Trainer log-probs of the response tokens, in micro-batches.
+
+        Without grad (pi_old) also the per-token entropy of the trainer's distribution:
+        returns ``(logp, entropy)``; with grad only ``logp``.
+        """
         mbs = self.cfg.policy.train_micro_batch_size
         with torch.set_grad_enabled(grad):
             parts = [
@@ -303,10 +313,13 @@ class GRPORecipe:
                     sequences[i : i + mbs],
                     self.task.prompt_len,
                     self.cfg.rollout.temperature,
+                    return_entropy=not grad,
                 )
                 for i in range(0, sequences.shape[0], mbs)
             ]
-        return torch.cat(parts)
+        if grad:
+            return torch.cat(parts)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _minibatches(self, n_local: int) -> list[torch.Tensor]:
         """Local sample indices of each global batch: the k-th slice of every local chunk.
@@ -394,7 +407,7 @@ class GRPORecipe:
             )
         return grad_norm
 
-    def _log(self, step, batch: RolloutBatch, stats: list[StepStats], times) -> None:
+    def _log(self, step, batch: RolloutBatch, entropy, stats: list[StepStats], times) -> None:
         """One ``train`` record per step (rank 0); rollout statistics are summed over ranks."""
         lengths = batch.mask.sum(dim=1)
         vec = torch.tensor(
@@ -403,11 +416,12 @@ class GRPORecipe:
                 float(batch.correct.sum()),
                 float(len(batch)),
                 float(lengths.sum()),
+                float((entropy.double() * batch.mask).sum()),
             ],
             dtype=torch.float64,
         )
         all_reduce_sum(vec, self.ctx)
-        reward_sum, correct_sum, n, len_sum = vec.tolist()
+        reward_sum, correct_sum, n, len_sum, entropy_sum = vec.tolist()
         loss = sum(s.loss for s in stats) / len(stats)
         if not math.isfinite(loss):
             raise NonFiniteError(self._where(step, f"non-finite loss ({loss})"))
@@ -422,12 +436,16 @@ class GRPORecipe:
             "reward": reward_sum / n,
             "accuracy": correct_sum / n,  # fraction of rollout samples exactly right
             "response_length": len_sum / n,
+            # mean per-token entropy of the trainer policy on the sampled responses (nats)
+            "entropy": entropy_sum / len_sum if len_sum else 0.0,
             "loss": loss,
             "grad_norm": sum(s.grad_norm for s in stats) / len(stats),
             "alpha": self._applied_alpha(stats),
             "probs_ratio": mean("probs_ratio", "core"),
             "sampling_importance_ratio": mean("sampling_importance_ratio", "core"),
             **{f"ais/{k}": mean(k, "diagnostics") for k in stats[0].diagnostics},
+            # token ESS ratio of the truncated token weights: (sum w)^2 / (n sum w^2)
+            "ess_tok": statistics.fmean(1.0 / (1.0 + s.diagnostics["cv2"]) for s in stats),
             **{f"time/{k}": v for k, v in times.items()},
         }
         self.metrics.write(record)
@@ -441,8 +459,10 @@ class GRPORecipe:
 
         Same layout and keys as NeMo-RL v0.7.0's ``grpo_train`` logging step
         (``Logger.log_batched_dict_as_jsonl``): one JSON object per sample, each value a
-        batch of one; per-token lists span prompt + response, position j holding token j
-        and its log-prob (0 on the prompt), so the loss's ``[:, 1:]`` alignment applies.
+        batch of one; per-token lists span prompt + response padded to the batch's longest
+        sequence, position j holding token j and its log-prob (0 on the prompt, where we
+        keep no trainer log-probs, and on padding), so the loss's ``[:, 1:]`` alignment
+        applies; ``content`` holds the prompt and the response text.
         ``nemo-ais analyze <run_dir>/logs/<arm>_seed<seed>`` reads them. The rows of all
         ranks are gathered with one all-reduce (rank order = chunk order).
         """
@@ -466,23 +486,30 @@ class GRPORecipe:
             rows, [prompt_len + resp_len, resp_len, resp_len, resp_len, 1, 1], dim=1
         )
         pad = [0.0] * prompt_len
+        # upstream pads to the longest sequence of the batch and zeroes log-probs on padding
+        width = int(mask.sum(dim=1).max()) if rows.shape[0] else 0
+        logp_prev = torch.where(mask > 0, logp_prev, torch.zeros_like(logp_prev))
         log_dir = self.run_dir / "logs" / f"{self.arm}_seed{self.seed}"
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / f"train_data_step{step}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
         with tmp.open("w") as f:
+            tok = self.task.tokenizer
             for i in range(rows.shape[0]):
-                ids = [int(t) for t in seq[i].tolist()]
+                ids = [int(t) for t in seq[i, : prompt_len + width].tolist()]
                 sample = {
-                    "content": [self.task.tokenizer.decode(ids)],
+                    # one text per message: the prompt, then the response
+                    "content": [[tok.decode(ids[:prompt_len]), tok.decode(ids[prompt_len:])]],
                     "rewards": [float(rewards[i])],
                     "input_lengths": [prompt_len + int(mask[i].sum())],
                     "token_ids": [ids],
-                    "token_loss_mask": [[0] * prompt_len + [int(m) for m in mask[i].tolist()]],
+                    "token_loss_mask": [
+                        [0] * prompt_len + [int(m) for m in mask[i, :width].tolist()]
+                    ],
                     "sample_loss_mask": [1.0],
-                    "advantages": [[float(adv_all[i])] * (prompt_len + resp_len)],
-                    "generation_logprobs": [pad + logp_rollout[i].tolist()],
-                    "prev_logprobs": [pad + logp_prev[i].tolist()],
+                    "advantages": [[float(adv_all[i])] * (prompt_len + width)],
+                    "generation_logprobs": [pad + logp_rollout[i, :width].tolist()],
+                    "prev_logprobs": [pad + logp_prev[i, :width].tolist()],
                     "idx": i,
                 }
                 f.write(json.dumps(sample) + "\n")
@@ -680,9 +707,8 @@ def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
     warm_file = None
     if base.policy.warm_start.steps > 0:
         threads = torch.get_num_threads()
-        # one rank's thread budget: on 2 shared cores a second intra-op thread mostly spins
-        # (measured 3x the CPU time for a slower step)
-        torch.set_num_threads(base.cluster.num_threads_per_rank)
+        # the warm start runs alone, before the DP ranks: policy.warm_start.num_threads
+        torch.set_num_threads(base.policy.warm_start.num_threads)
         try:
             warm_file = warm_start(base, task, progress=base.logger.progress_bar)
         finally:

@@ -162,10 +162,10 @@ def test_nan_in_training_stops_with_a_clear_message(tmp_path, cache_dir, monkeyp
 
     def nan_at_step_2(self, sequences, *, grad):
         out = original(self, sequences, grad=grad)
-        if not grad:
+        if not grad:  # (log-probs, entropy) of pi_old
             calls["n"] += 1
             if calls["n"] == 2:  # the trainer log-probs of step 2
-                out = out * float("nan")
+                out = (out[0] * float("nan"), out[1])
         return out
 
     monkeypatch.setattr(recipe_mod.GRPORecipe, "_logprobs", nan_at_step_2)

@@ -39,7 +39,7 @@ def test_micro_batches_accumulate_to_the_full_batch_core_loss(tmp_path):
     torch.manual_seed(0)
     r = _recipe(tmp_path, "policy.train_micro_batch_size=5")  # 16 samples: 5 + 5 + 5 + 1
     batch = r._rollout(step=1)
-    logp_old = r._logprobs(batch.sequences, grad=False)
+    logp_old, _ = r._logprobs(batch.sequences, grad=False)
     # random advantages so every sample carries gradient (rewards of an untrained policy are ~0)
     adv = torch.randn(len(batch))
     idx = torch.arange(len(batch))
@@ -83,7 +83,7 @@ def test_minibatches_take_the_kth_slice_of_every_chunk(tmp_path):
 def test_bf16_engine_reproduces_trainer_logprobs(tmp_path):
     r = _recipe(tmp_path, arm="bf16")
     batch = r._rollout(step=1)
-    logp_old = r._logprobs(batch.sequences, grad=False)
+    logp_old, _ = r._logprobs(batch.sequences, grad=False)
     m = batch.mask.bool()
     # same weights, fp32; only KV-cached decode vs full forward rounding differs
     torch.testing.assert_close(logp_old[m], batch.logp_rollout[m], rtol=0, atol=1e-5)
