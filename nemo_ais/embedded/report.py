@@ -28,17 +28,29 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["arm_summary", "load_metrics", "write_report"]
+__all__ = [
+    "arm_summary",
+    "load_metrics",
+    "paired_ci",
+    "paired_differences",
+    "primary_metric",
+    "t_quantile_975",
+    "write_report",
+]
 
 PLOTS = {
     "reward.png": ("train", "reward", "rollout reward (mean over the batch)"),
     "accuracy.png": ("val", "accuracy", "held-out greedy accuracy"),
 }
 DIAGNOSTICS = (
-    ("alpha", "applied alpha (0: uncorrected, 1: full IS)"),
-    ("ais/ess_seq", "sequence ESS ratio R"),
     ("ais/severity", "severity D = mean |log rho|"),
+    ("ais/ess_seq", "sequence ESS ratio R"),
+    ("ess_tok", "token ESS ratio (truncated weights)"),
     ("ais/cv_w", "CV of the truncated token weights"),
+    ("ais/kl_k3", "KL k3 (rollout vs trainer)"),
+    ("alpha", "applied alpha (0: uncorrected, 1: full IS)"),
+    ("entropy", "policy entropy (nats / token)"),
+    ("ais/token_mult_prob_error", "token_mult_prob_error"),
 )
 
 
@@ -110,9 +122,73 @@ def _plot(ax, series, title: str, smooth: int = 1) -> None:
     ax.grid(alpha=0.3)
 
 
+# two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard table values)
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t_quantile_975(df: int) -> float:
+    """The two-sided 95% Student-t quantile ``t_{0.975, df}``.
+
+    Table values (3 decimals) for ``df <= 30``; beyond, the Cornish-Fisher expansion
+    around the normal quantile (error < 1e-4 for df > 30).
+
+    Raises:
+        ValueError: ``df < 1``.
+    """
+    if df < 1:
+        raise ValueError(f"df={df} is invalid: expected >= 1 (at least two seeds)")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959963984540054
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def paired_ci(diffs: list[float]) -> tuple[float, float]:
+    """Mean and 95% CI half-width of paired differences (Student t, n - 1 df).
+
+    Returns ``(mean, nan)`` for a single pair (no interval) and ``(nan, nan)`` for none.
+    """
+    if not diffs:
+        return math.nan, math.nan
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return mean, math.nan
+    return mean, t_quantile_975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
+def primary_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """The primary metric (declared before any run), per arm and seed.
+
+    The mean held-out greedy accuracy over the evaluations in the second half of training.
+    "Second half": the evaluations at steps ``s >= S / 2``, ``S`` the run's last evaluated
+    step (with ``grpo.val_period = 10`` and 60 steps: steps 30, 40, 50, 60).
+    """
+    out: dict[str, dict[int, float]] = defaultdict(dict)
+    for arm, seeds in _series(records, "val", "accuracy").items():
+        for seed, by_step in seeds.items():
+            last = max(by_step)
+            vals = [v for step, v in by_step.items() if step >= last / 2]
+            out[arm][seed] = statistics.fmean(vals)
+    return out
+
+
+def _early_late(train: list[dict[str, Any]], key: str, k: int = 10) -> tuple[float, float]:
+    """Mean of ``key`` over the first ``k`` and the last ``k`` steps (all seeds pooled)."""
+    steps = sorted({r["step"] for r in train})
+    first, last = set(steps[:k]), set(steps[-k:])
+    pick = lambda sel: [r[key] for r in train if r["step"] in sel and r.get(key) is not None]  # noqa: E731
+    a, b = pick(first), pick(last)
+    return (statistics.fmean(a) if a else math.nan), (statistics.fmean(b) if b else math.nan)
+
+
 def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per arm: final held-out accuracy (mean, std over seeds) and step averages."""
+    """Per arm: held-out accuracy (initial, final, primary metric) and step averages."""
     val = _series(records, "val", "accuracy")
+    primary = primary_metric(records)
     out = {}
     arms = list(dict.fromkeys(r["arm"] for r in records))
     for arm in arms:
@@ -131,45 +207,127 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "seeds": len(final),
             "final_accuracy": _mean_std(final),
             "initial_accuracy": _mean_std(initial),
+            "primary": _mean_std(list(primary.get(arm, {}).values())),
             "final_steps": sorted({max(v) for v in seeds.values() if v}),
             "reward_last10": avg("reward", tail),
             "severity": avg("ais/severity"),
             "ess_seq": avg("ais/ess_seq"),
+            "ess_seq_min": min(
+                (r["ais/ess_seq"] for r in train if "ais/ess_seq" in r), default=math.nan
+            ),
+            "ess_tok": avg("ess_tok"),
+            "kl_k3": avg("ais/kl_k3"),
             "alpha": avg("alpha"),
             "token_mult_prob_error": avg("ais/token_mult_prob_error"),
+            "response_length": avg("response_length"),
             "step_time": avg("time/step"),
+            "severity_early_late": _early_late(train, "ais/severity"),
+            "ess_seq_early_late": _early_late(train, "ais/ess_seq"),
+            "entropy_early_late": _early_late(train, "entropy"),
         }
     return out
 
 
-def _summary_md(run_dir: Path, records: list[dict[str, Any]]) -> str:
+def paired_differences(
+    records: list[dict[str, Any]], reference: str = "bf16"
+) -> dict[str, tuple[int, float, float]]:
+    """Paired differences of the primary metric to ``reference``, per other arm.
+
+    Returns:
+        arm -> ``(pairs, mean, 95% CI half-width)`` of the per-seed differences
+        ``arm - reference`` (seeds present in both arms).
+    """
+    primary = primary_metric(records)
+    ref = primary.get(reference, {})
+    out = {}
+    for arm, by_seed in primary.items():
+        if arm == reference:
+            continue
+        diffs = [by_seed[s] - ref[s] for s in sorted(by_seed) if s in ref]
+        out[arm] = (len(diffs), *paired_ci(diffs))
+    return out
+
+
+def _fmt_ci(mean: float, half: float, digits: int = 3) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    if math.isnan(half):
+        return f"{mean:+.{digits}f} (one seed: no CI)"
+    return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
+
+
+def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "bf16") -> str:
     summ = arm_summary(records)
+    diffs = paired_differences(records, reference)
+    n_seeds = max((s["seeds"] for s in summ.values()), default=0)
     lines = [
         f"# Summary of `{run_dir}`",
         "",
-        "Final held-out greedy accuracy (mean ± std over seeds), from `metrics.jsonl`.",
+        "Computed from `metrics.jsonl` by `nemo_ais.embedded.report` (nothing edited by hand).",
         "",
-        "| arm | seeds | initial acc. | final acc. | reward (last 10 steps) | severity D "
-        "| ESS R | applied alpha | token_mult_prob_error | s/step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "**Primary metric (declared before the runs):** per arm and seed, the mean held-out "
+        "greedy exact-match accuracy over the evaluations in the second half of training "
+        f"(steps >= last/2). **Comparison:** per-seed paired difference to `{reference}`, "
+        "mean and 95% confidence interval (Student t, seeds - 1 degrees of freedom).",
+        "",
+        f"| arm | seeds | initial acc. | final acc. | primary metric | Δ vs {reference} "
+        "(paired, 95% CI) |",
+        "|---|---|---|---|---|---|",
     ]
     for arm, s in summ.items():
         fm, fs = s["final_accuracy"]
         im, is_ = s["initial_accuracy"]
+        pm, ps = s["primary"]
+        delta = "—" if arm == reference else _fmt_ci(*diffs.get(arm, (0, math.nan, math.nan))[1:])
         lines.append(
-            f"| {arm} | {s['seeds']} | {im:.3f} ± {is_:.3f} | **{fm:.3f} ± {fs:.3f}** | "
-            f"{s['reward_last10']:.3f} | {s['severity']:.2e} | {s['ess_seq']:.4f} | "
-            f"{s['alpha']:.3f} | {s['token_mult_prob_error']:.4f} | {s['step_time']:.2f} |"
+            f"| {arm} | {s['seeds']} | {im:.3f} ± {is_:.3f} | {fm:.3f} ± {fs:.3f} | "
+            f"**{pm:.3f} ± {ps:.3f}** | {delta} |"
         )
     lines += [
         "",
-        "Plots: `reward.png`, `accuracy.png`, `diagnostics.png` (bands: ± 1 std over seeds).",
+        f"(mean ± sample std over {n_seeds} seed(s).)",
+        "",
+        "Mismatch diagnostics, averaged over all steps and seeds (`ais/*`: the FP8 twin's "
+        "log-probs against the trainer's):",
+        "",
+        "| arm | severity D | ESS seq (mean / min) | ESS tok | KL k3 | token_mult_prob_error "
+        "| applied α | reward (last 10) | response tokens | s/step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, s in summ.items():
+        lines.append(
+            f"| {arm} | {s['severity']:.2e} | {s['ess_seq']:.4f} / {s['ess_seq_min']:.4f} | "
+            f"{s['ess_tok']:.4f} | {s['kl_k3']:.2e} | {s['token_mult_prob_error']:.4f} | "
+            f"{s['alpha']:.3f} | {s['reward_last10']:.3f} | {s['response_length']:.1f} | "
+            f"{s['step_time']:.2f} |"
+        )
+    lines += [
+        "",
+        "Non-stationarity: first 10 steps → last 10 steps (all seeds pooled).",
+        "",
+        "| arm | severity D | ESS seq | policy entropy (nats/token) |",
+        "|---|---|---|---|",
+    ]
+    for arm, s in summ.items():
+        (d0, d1), (e0, e1), (h0, h1) = (
+            s["severity_early_late"],
+            s["ess_seq_early_late"],
+            s["entropy_early_late"],
+        )
+        lines.append(f"| {arm} | {d0:.2e} → {d1:.2e} | {e0:.4f} → {e1:.4f} | {h0:.4f} → {h1:.4f} |")
+    lines += [
+        "",
+        "Plots: `reward.png`, `accuracy.png`, `diagnostics.png` (against the GRPO step), "
+        "`mismatch_vs_entropy.png` (severity D against the policy entropy); bands: ± 1 std "
+        "over seeds.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def write_report(run_dir: str | Path) -> list[Path]:
-    """(Re)draw ``reward.png``, ``accuracy.png``, ``diagnostics.png`` and ``summary.md``.
+    """(Re)draw the plots and ``summary.md`` of ``run_dir`` from its ``metrics.jsonl``.
+
+    Plots: ``reward.png``, ``accuracy.png``, ``diagnostics.png``, ``mismatch_vs_entropy.png``.
 
     Returns:
         The files written.
@@ -191,7 +349,7 @@ def write_report(run_dir: str | Path) -> list[Path]:
         fig.savefig(run_dir / name, dpi=110)
         plt.close(fig)
         written.append(run_dir / name)
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
     for ax, (key, title) in zip(axes.flat, DIAGNOSTICS, strict=True):
         _plot(ax, _series(records, "train", key), title)
     axes.flat[0].legend(fontsize=8)
@@ -199,6 +357,37 @@ def write_report(run_dir: str | Path) -> list[Path]:
     fig.savefig(run_dir / "diagnostics.png", dpi=110)
     plt.close(fig)
     written.append(run_dir / "diagnostics.png")
-    (run_dir / "summary.md").write_text(_summary_md(run_dir, records))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm in dict.fromkeys(r["arm"] for r in records):
+        pts = [
+            (r["entropy"], r["ais/severity"])
+            for r in records
+            if r.get("kind") == "train" and r["arm"] == arm and "entropy" in r
+        ]
+        if pts:
+            ax.scatter(*zip(*pts, strict=True), s=6, alpha=0.5, label=arm)
+    ax.set_xlabel("policy entropy (nats / token)")
+    ax.set_ylabel("severity D = mean |log rho|")
+    ax.set_title("mismatch against policy entropy (one point per step and seed)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(run_dir / "mismatch_vs_entropy.png", dpi=110)
+    plt.close(fig)
+    written.append(run_dir / "mismatch_vs_entropy.png")
+    (run_dir / "summary.md").write_text(_summary_md(run_dir, records, _reference_arm(run_dir)))
     written.append(run_dir / "summary.md")
     return written
+
+
+def _reference_arm(run_dir: Path) -> str:
+    """``experiment.reference_arm`` of the run's pinned ``config.yaml`` (default ``bf16``)."""
+    cfg_file = run_dir / "config.yaml"
+    if cfg_file.is_file():
+        import yaml
+
+        cfg = yaml.safe_load(cfg_file.read_text()) or {}
+        ref = (cfg.get("experiment") or {}).get("reference_arm")
+        if ref:
+            return str(ref)
+    return "bf16"

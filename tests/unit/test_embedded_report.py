@@ -2,11 +2,22 @@
 """Report: per-arm summary statistics from a hand-made metrics file, and the plots."""
 
 import json
+import math
 import statistics
 
 import pytest
+import yaml
+from scipy import stats
 
-from nemo_ais.embedded.report import arm_summary, load_metrics, write_report
+from nemo_ais.embedded.report import (
+    arm_summary,
+    load_metrics,
+    paired_ci,
+    paired_differences,
+    primary_metric,
+    t_quantile_975,
+    write_report,
+)
 
 
 def _write(path, records):
@@ -53,13 +64,66 @@ def test_summary_is_mean_and_sample_std_over_seeds(tmp_path):
         "reward.png",
         "accuracy.png",
         "diagnostics.png",
+        "mismatch_vs_entropy.png",
         "summary.md",
     }
     text = (tmp_path / "summary.md").read_text()
-    assert "| a | 2 | 0.100 ± 0.000 | **0.600 ± 0.141** |" in text
+    # initial, final, primary metric (evals at steps >= 2/2: step 2 only), no bf16 arm
+    assert "| a | 2 | 0.100 ± 0.000 | 0.600 ± 0.141 | **0.600 ± 0.141** | n/a |" in text
 
 
 def test_empty_metrics_file_is_an_error(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="holds no metrics record"):
         load_metrics(tmp_path)
+
+
+@pytest.mark.parametrize("df", [*range(1, 41), 60, 120, 1000])
+def test_t_quantile_matches_scipy(df):
+    # the table holds 3 decimals; the expansion beyond df = 30 is closer than 1e-4
+    tol = 5e-4 if df <= 30 else 1e-4
+    assert t_quantile_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=tol)
+    with pytest.raises(ValueError, match="df=0"):
+        t_quantile_975(0)
+
+
+def test_paired_ci_against_scipy_float64():
+    diffs = [0.12, -0.03, 0.07, 0.2, 0.01, 0.05, -0.02, 0.09]
+    mean, half = paired_ci(diffs)
+    lo, hi = stats.t.interval(
+        0.95, len(diffs) - 1, loc=statistics.fmean(diffs), scale=stats.sem(diffs)
+    )
+    assert mean == pytest.approx(statistics.fmean(diffs), abs=1e-15)
+    assert (mean - half, mean + half) == pytest.approx((lo, hi), abs=5e-4 * stats.sem(diffs))
+    one = paired_ci([0.3])
+    assert one[0] == 0.3 and math.isnan(one[1])
+    assert all(math.isnan(v) for v in paired_ci([]))
+
+
+def _val(arm, seed, step, acc):
+    return {"kind": "val", "arm": arm, "seed": seed, "step": step, "accuracy": acc}
+
+
+def test_primary_metric_is_the_second_half_mean_and_pairs_by_seed(tmp_path):
+    recs = []
+    accs = {  # step -> accuracy, evaluated at 0, 10, 20, 30, 40
+        ("bf16", 0): [0.1, 0.2, 0.4, 0.5, 0.6],
+        ("bf16", 1): [0.1, 0.3, 0.3, 0.4, 0.5],
+        ("fp8", 0): [0.1, 0.2, 0.3, 0.3, 0.3],
+        ("fp8", 1): [0.1, 0.1, 0.2, 0.4, 0.2],
+        ("fp8", 2): [0.1, 0.1, 0.2, 0.4, 0.9],  # no bf16 partner: not paired
+    }
+    for (arm, seed), row in accs.items():
+        recs += [_val(arm, seed, 10 * i, a) for i, a in enumerate(row)]
+    prim = primary_metric(recs)  # steps >= 40 / 2: 20, 30, 40
+    assert prim["bf16"][0] == pytest.approx(0.5) and prim["bf16"][1] == pytest.approx(0.4)
+    assert prim["fp8"][0] == pytest.approx(0.3) and prim["fp8"][1] == pytest.approx(0.8 / 3)
+    n, mean, half = paired_differences(recs, "bf16")["fp8"]
+    diffs = [0.3 - 0.5, 0.8 / 3 - 0.4]
+    assert n == 2 and mean == pytest.approx(statistics.fmean(diffs))
+    assert half == pytest.approx(12.706 * statistics.stdev(diffs) / math.sqrt(2))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"experiment": {"reference_arm": "fp8"}}))
+    write_report(tmp_path)
+    text = (tmp_path / "summary.md").read_text()
+    assert "Δ vs fp8" in text and "| fp8 | 3 |" in text and "| bf16 | 2 |" in text
