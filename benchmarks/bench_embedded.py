@@ -11,16 +11,16 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Wall time of `nemo-ais run` (the default experiment, or --quick) -> docs/benchmarks.md "run".
+"""Wall time of `nemo-ais run` (default, --quick, --preset evidence) -> docs/benchmarks.md "run".
 
 Runs the CLI in a subprocess and reports its wall time, the CPU time of it and all its
 trainer processes (user + sys), the machine's load average before and after (the CI machine
 may be shared: CPU time / cores is the uncontended lower bound of the wall time), and the
 per-phase split from metrics.jsonl.
 
-    python -m benchmarks.bench_embedded                 # --quick, then the default run
-    python -m benchmarks.bench_embedded --skip-quick    # only the default run
-    python -m benchmarks.bench_embedded --keep-cache    # reuse a cached warm start
+    python -m benchmarks.bench_embedded                         # --quick, then the default run
+    python -m benchmarks.bench_embedded --presets default       # only the default run
+    python -m benchmarks.bench_embedded --presets quick default evidence --keep-cache
 """
 
 from __future__ import annotations
@@ -60,25 +60,37 @@ def _phase_table(run_dir: Path) -> str:
     )
 
 
-def measure(quick: bool, root: Path, keep_cache: bool, overrides: list[str]) -> dict:
+def _warm_start_file(preset: str, cache: Path, overrides: list[str]) -> Path:
+    """The warm-start cache file the run of ``preset`` will use."""
+    from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
+    from nemo_ais.embedded.warmstart import warm_start_path
+
+    raw = load_config(
+        CONFIG_DIR / f"{preset}.yaml", [f"policy.warm_start.cache_dir={cache}", *overrides]
+    )
+    return warm_start_path(resolve_arm(raw, None))
+
+
+def measure(preset: str, root: Path, keep_cache: bool, overrides: list[str]) -> dict:
     """Run the CLI once; wall time, CPU time of it and its trainer processes, load."""
     cache = root / ".cache"
     if not keep_cache:
         shutil.rmtree(cache, ignore_errors=True)
-    name = "quick" if quick else "default"
+    flag = [] if preset == "default" else ["--quick"] if preset == "quick" else ["--preset", preset]
     cmd = [
         sys.executable,
         "-m",
         "nemo_ais",
         "run",
-        *(["--quick"] if quick else []),
+        *flag,
         "--overwrite",
         f"logger.run_dir={root}",
-        f"logger.name={name}",
+        f"logger.name={preset}",
         f"policy.warm_start.cache_dir={cache}",
         "logger.progress_bar=false",
         *overrides,
     ]
+    warm = "reused" if _warm_start_file(preset, cache, overrides).is_file() else "trained"
     load0 = os.getloadavg()[0]
     cpu0 = _cpu_children()
     t0 = time.perf_counter()
@@ -88,31 +100,37 @@ def measure(quick: bool, root: Path, keep_cache: bool, overrides: list[str]) -> 
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
     return {
-        "preset": f"nemo-ais run{' --quick' if quick else ''} {' '.join(overrides)}".strip(),
-        "warm": "reused" if keep_cache else "trained",
+        "preset": " ".join(["nemo-ais run", *flag, *overrides]),
+        "warm": warm,
         "wall": wall,
         "cpu": cpu,
         "load": (load0, os.getloadavg()[0]),
-        "run_dir": root / name,
+        "run_dir": root / preset,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skip-quick", action="store_true", help="Time only the default run.")
-    parser.add_argument("--skip-default", action="store_true", help="Time only --quick.")
-    parser.add_argument("--keep-cache", action="store_true", help="Reuse a cached warm start.")
+    parser.add_argument(
+        "--presets",
+        nargs="+",
+        default=["quick", "default"],
+        choices=["quick", "default", "evidence", "addition"],
+        help="Presets to time, in order (default: quick default).",
+    )
+    parser.add_argument(
+        "--keep-cache", action="store_true", help="Reuse a cached warm start (first run too)."
+    )
     parser.add_argument("--run-root", default="runs/bench")
     parser.add_argument("--no-record", action="store_true")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides for the default run.")
+    parser.add_argument("--overrides", nargs="*", default=[], help="key=value for every run.")
     args = parser.parse_args()
 
     root = Path(args.run_root)
     rows = []
-    if not args.skip_quick:
-        rows.append(measure(True, root, args.keep_cache, []))
-    if not args.skip_default:
-        rows.append(measure(False, root, args.keep_cache, args.overrides))
+    for i, preset in enumerate(args.presets):
+        # the cache is emptied before the first run unless --keep-cache
+        rows.append(measure(preset, root, args.keep_cache or i > 0, args.overrides))
     cores = os.cpu_count() or 1
     table = [
         "| command | warm start | wall time (s) | CPU time, all processes (s) "
@@ -127,7 +145,7 @@ def main() -> None:
     body = (
         "\n".join(table)
         + "\n\n"
-        + _phase_table(rows[-1]["run_dir"])
+        + "\n\n".join(f"`{r['preset']}`: " + _phase_table(r["run_dir"]) for r in rows)
         + f"\n\nThe machine has {cores} cores. CPU / cores is the uncontended lower bound of "
         f"the wall time; a load average above {cores} means other processes competed for the "
         "cores during the measurement (the wall time is then an upper bound for an idle "
