@@ -30,6 +30,7 @@ from typing import Any
 
 __all__ = [
     "arm_summary",
+    "early_metric",
     "load_metrics",
     "paired_ci",
     "paired_differences",
@@ -228,16 +229,31 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def early_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """Per arm and seed: the held-out accuracy at the first evaluation after step 0.
+
+    A secondary metric (how fast an arm learns), reported next to the primary one.
+    """
+    out: dict[str, dict[int, float]] = defaultdict(dict)
+    for arm, seeds in _series(records, "val", "accuracy").items():
+        for seed, by_step in seeds.items():
+            later = [s for s in by_step if s > 0]
+            if later:
+                out[arm][seed] = by_step[min(later)]
+    return out
+
+
 def paired_differences(
-    records: list[dict[str, Any]], reference: str = "bf16"
+    records: list[dict[str, Any]], reference: str = "bf16", metric=None
 ) -> dict[str, tuple[int, float, float]]:
     """Paired differences of the primary metric to ``reference``, per other arm.
 
     Returns:
         arm -> ``(pairs, mean, 95% CI half-width)`` of the per-seed differences
-        ``arm - reference`` (seeds present in both arms).
+        ``arm - reference`` (seeds present in both arms) of ``metric(records)``
+        (default :func:`primary_metric`).
     """
-    primary = primary_metric(records)
+    primary = (metric or primary_metric)(records)
     ref = primary.get(reference, {})
     out = {}
     for arm, by_seed in primary.items():
@@ -283,9 +299,26 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
             f"| {arm} | {s['seeds']} | {im:.3f} ± {is_:.3f} | {fm:.3f} ± {fs:.3f} | "
             f"**{pm:.3f} ± {ps:.3f}** | {delta} |"
         )
+    early = early_metric(records)
+    early_diffs = paired_differences(records, reference, early_metric)
     lines += [
         "",
         f"(mean ± sample std over {n_seeds} seed(s).)",
+        "",
+        "Secondary: held-out accuracy at the first evaluation after step 0 (how fast an "
+        f"arm learns), and its paired difference to `{reference}`:",
+        "",
+        f"| arm | early acc. | Δ vs {reference} (paired, 95% CI) |",
+        "|---|---|---|",
+    ]
+    for arm in summ:
+        em, es = _mean_std(list(early.get(arm, {}).values()))
+        delta = (
+            "—" if arm == reference else _fmt_ci(*early_diffs.get(arm, (0, math.nan, math.nan))[1:])
+        )
+        lines.append(f"| {arm} | {em:.3f} ± {es:.3f} | {delta} |")
+    lines += [
+        "",
         "",
         "Mismatch diagnostics, averaged over all steps and seeds (`ais/*`: the FP8 twin's "
         "log-probs against the trainer's):",

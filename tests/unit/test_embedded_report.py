@@ -11,6 +11,7 @@ from scipy import stats
 
 from nemo_ais.embedded.report import (
     arm_summary,
+    early_metric,
     load_metrics,
     paired_ci,
     paired_differences,
@@ -118,6 +119,10 @@ def test_primary_metric_is_the_second_half_mean_and_pairs_by_seed(tmp_path):
     prim = primary_metric(recs)  # steps >= 40 / 2: 20, 30, 40
     assert prim["bf16"][0] == pytest.approx(0.5) and prim["bf16"][1] == pytest.approx(0.4)
     assert prim["fp8"][0] == pytest.approx(0.3) and prim["fp8"][1] == pytest.approx(0.8 / 3)
+    early = early_metric(recs)  # the first evaluation after step 0: step 10
+    assert early["bf16"] == {0: 0.2, 1: 0.3} and early["fp8"] == {0: 0.2, 1: 0.1, 2: 0.1}
+    n_e, mean_e, _ = paired_differences(recs, "bf16", early_metric)["fp8"]
+    assert n_e == 2 and mean_e == pytest.approx((0.0 - 0.2) / 2)
     n, mean, half = paired_differences(recs, "bf16")["fp8"]
     diffs = [0.3 - 0.5, 0.8 / 3 - 0.4]
     assert n == 2 and mean == pytest.approx(statistics.fmean(diffs))
