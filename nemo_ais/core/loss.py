@@ -64,7 +64,7 @@ from typing import NamedTuple
 
 import torch
 
-from nemo_ais.config import CorrectionConfig, PGLossConfig
+from nemo_ais.config import CorrectionConfig, PGLossConfig, require_config
 from nemo_ais.core import metrics as ais_metrics_lib
 from nemo_ais.core import validation
 from nemo_ais.core.diagnostics import AISDiagnostics, AISState, compute_diagnostics
@@ -501,7 +501,11 @@ def clipped_pg_loss(
         ValueError: ``global_valid_tokens`` / ``global_valid_seqs`` NaN, inf, or below this
             batch's own count (so <= 0 while it has a valid token), naming the argument.
             0 with no valid token anywhere is the empty global batch: loss 0.
+        TypeError: ``config`` is not a :class:`CorrectionConfig` or ``pg`` not a
+            :class:`PGLossConfig` (e.g. a dict), naming the parameter.
     """
+    require_config(config, CorrectionConfig, "clipped_pg_loss(config)")
+    require_config(pg, PGLossConfig, "clipped_pg_loss(pg)", optional=True)
     pg = pg if pg is not None else PGLossConfig()
     weight_fn = WEIGHT_FNS[config.mode]
     named = {

@@ -54,7 +54,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from nemo_ais.config import CorrectionConfig, PGLossConfig
+from nemo_ais.config import CorrectionConfig, PGLossConfig, require_config
 from nemo_ais.core import (
     AISDiagnostics,
     AISState,
@@ -386,7 +386,11 @@ def loss_from_prepared(
     Raises:
         RuntimeError: nothing was prepared for this global batch (the loss is used
             outside the AIS workers, or the prepare step was skipped).
+        TypeError: ``config`` is not a :class:`CorrectionConfig` or ``pg`` not a
+            :class:`PGLossConfig` (e.g. a dict), naming the parameter.
     """
+    require_config(config, CorrectionConfig, "loss_from_prepared(config)")
+    require_config(pg, PGLossConfig, "loss_from_prepared(pg)", optional=True)
     index = global_batch_index(data)
     if index is None or not 0 <= index < len(diagnostics):
         raise RuntimeError(

@@ -19,6 +19,7 @@ from nemo_ais.analyze.alarms import AlarmConfig, AlarmMonitor
 from nemo_ais.analyze.replay import replay_step
 from nemo_ais.config import CorrectionConfig, PGLossConfig, config_type_error, require_config
 from nemo_ais.core import (
+    clipped_pg_loss,
     compute_diagnostics,
     compute_statistics,
     correction_weights,
@@ -28,6 +29,7 @@ from nemo_ais.fp8 import Fp8SyncConfig, KVScaleCalibrator, KVScaleConfig, fp8_we
 from nemo_ais.fp8.stream import plan_fp8_sync, plan_tensor
 from nemo_ais.fp8.twin import Fp8RolloutConfig, Fp8Twin
 from nemo_ais.nemo_rl import refit
+from nemo_ais.nemo_rl.seam import loss_from_prepared
 
 AIS = {"mode": "tis", "weight_cap": 2.0}  # a loss_fn.ais section as YAML gives it
 SYNC = {"family": "c"}
@@ -75,6 +77,34 @@ CASES = {
         ),
         "diagnostics_from_stats(config)",
         CorrectionConfig,
+        "nemo_ais.config",
+    ),
+    "clipped_pg_loss_config": (
+        lambda: clipped_pg_loss(LOGP, LOGP, ROLLOUT_LOGP, LOGP, MASK, AIS),
+        "clipped_pg_loss(config)",
+        CorrectionConfig,
+        "nemo_ais.config",
+    ),
+    "clipped_pg_loss_pg": (
+        lambda: clipped_pg_loss(LOGP, LOGP, ROLLOUT_LOGP, LOGP, MASK, CorrectionConfig(), pg={}),
+        "clipped_pg_loss(pg)",
+        PGLossConfig,
+        "nemo_ais.config",
+    ),
+    "loss_from_prepared_config": (  # raised before the prepared diagnostics are looked up
+        lambda: loss_from_prepared(
+            LOGP, {}, (), AIS, PGLossConfig(), global_valid_seqs=None, global_valid_toks=None
+        ),
+        "loss_from_prepared(config)",
+        CorrectionConfig,
+        "nemo_ais.config",
+    ),
+    "loss_from_prepared_pg": (
+        lambda: loss_from_prepared(
+            LOGP, {}, (), CorrectionConfig(), {}, global_valid_seqs=None, global_valid_toks=None
+        ),
+        "loss_from_prepared(pg)",
+        PGLossConfig,
         "nemo_ais.config",
     ),
     "plan_tensor": (
