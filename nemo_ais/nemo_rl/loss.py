@@ -59,7 +59,8 @@ mode (``none`` included).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -122,6 +123,14 @@ NEMO_RL_METRIC_KEYS = (
 
 # ``ais_alarm/<kind>``: 1 if the refit guard fired on the global batch (tokens normaliser).
 ALARM_METRIC_KEYS = tuple(ALARM_PREFIX + kind for kind in ALARM_KINDS)
+
+
+# Round python floats to a compute dtype: the IEEE products and quotients of already-rounded
+# float32 values, formed in float64 and rounded once, are exactly float32 torch's (53 >= 2*24+2).
+_ROUND: dict[torch.dtype, Callable[[Sequence[float]], list[float]]] = {
+    torch.float32: lambda values: array("f", values).tolist(),
+    torch.float64: list,
+}
 
 
 class _CallCounts(NamedTuple):
@@ -276,6 +285,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             and (k in NEMO_RL_METRIC_KEYS or k.startswith("ais/"))
         )
         self._diagnostics: tuple[AISDiagnostics, ...] = ()
+        self._telemetry_values: tuple[list[float], ...] = ()  # ais_values, per global batch
         self._alarms: tuple[Mapping[str, float], ...] = ()
 
     @property
@@ -286,6 +296,8 @@ class AISClippedPGLossFn(ClippedPGLossFn):
     def attach_diagnostics(self, diagnostics: Sequence[AISDiagnostics]) -> None:
         """Store the prepared diagnostics, one per global batch of this ``train()`` call."""
         self._diagnostics = tuple(diagnostics)
+        # the global scalars behind ais/*, read once per global batch, not once per call
+        self._telemetry_values = tuple(ais_values(d) for d in self._diagnostics)
         self._alarms = ()
 
     def attach_alarms(self, alarms: Sequence[Mapping[str, float]]) -> None:
@@ -300,6 +312,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         # diagnostics or alarms of a previous call.
         state = self.__dict__.copy()
         state["_diagnostics"] = ()
+        state["_telemetry_values"] = ()
         state["_alarms"] = ()
         return state
 
@@ -376,16 +389,16 @@ class AISClippedPGLossFn(ClippedPGLossFn):
                 this call's own valid tokens / sequences (sequences with a valid token).
         """
         row_toks = data["token_mask"][:, 1:].sum(dim=-1) * data["sample_mask"]
-        scalars = [row_toks.sum(dtype=torch.float64), (row_toks > 0).sum()]
+        scalars = [row_toks.sum(dtype=torch.float64), torch.count_nonzero(row_toks)]
         scalars += [
-            torch.as_tensor(v, device=row_toks.device)
+            v if isinstance(v, torch.Tensor) else torch.as_tensor(v, device=row_toks.device)
             for v in (global_valid_toks, global_valid_seqs)
         ]
         tags = data.get(GLOBAL_BATCH_KEY)
         if tags is not None and tags.numel() > 0:
             scalars += torch.aminmax(tags)
         # float64 by type promotion: one vector, one read
-        values = torch.cat([t.reshape(1) for t in scalars]).tolist()
+        values = torch.stack(scalars).tolist()
         n_tok_local, n_seq_local, global_toks, global_seqs, *tag_range = values
         validation.check_global_count("global_valid_toks", global_toks, n_tok_local, "tokens")
         validation.check_global_count("global_valid_seqs", global_seqs, n_seq_local, "sequences")
@@ -399,14 +412,15 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         """Global scalars s -> s * local / global toks (0 if the global batch is empty).
 
         The arithmetic of :func:`nemo_ais.core.metrics.ais_metrics` in core's compute
-        dtype (so mode ``none`` emits exactly the values of the weighted modes), on 0-dim
-        CPU tensors built from the counts already read (no device sync).
+        dtype (so mode ``none`` emits exactly the values of the weighted modes), on python
+        floats rounded to that dtype after each operation (no tensor, no device sync).
         """
         if counts.global_toks == 0:
             return [0.0] * len(values)
-        n_tok_local = torch.tensor(counts.n_tok_local, dtype=dtype)
-        scale = n_tok_local / torch.tensor(counts.global_toks, dtype=dtype)
-        return (torch.tensor(values, dtype=dtype) * scale).tolist()
+        rounded = _ROUND[dtype]
+        n_tok_local, global_toks = rounded((counts.n_tok_local, counts.global_toks))
+        (scale,) = rounded((n_tok_local / global_toks,))
+        return rounded([value * scale for value in rounded(values)])
 
     def _telemetry(
         self, next_token_logprobs: torch.Tensor, data: Mapping[str, Any], counts: _CallCounts
@@ -419,7 +433,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             return {}
         diagnostics = self._diagnostics[counts.index]
         dtype = compute_dtype(next_token_logprobs, data["prev_logprobs"], data["advantages"])
-        values = self._summable(dtype, counts, ais_values(diagnostics))
+        values = self._summable(dtype, counts, self._telemetry_values[counts.index])
         out = dict(zip(AIS_METRIC_NAMES, values, strict=True))
         if counts.global_toks == 0:  # the documented empty-batch result (core/metrics.py)
             out["ais/empty_batch"] = diagnostics.empty_batch
