@@ -76,6 +76,7 @@ from nemo_ais.nemo_rl.cluster_check import AIS_CONFLICTS, ais_conflicts
 from nemo_ais.nemo_rl.seam import (
     GLOBAL_BATCH_KEY,
     UNUSED_ROW,
+    VALID_TOKENS_KEY,
     checked_index,
     loss_from_prepared,
 )
@@ -388,7 +389,9 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             ValueError: ``global_valid_toks`` / ``global_valid_seqs`` NaN, inf, or below
                 this call's own valid tokens / sequences (sequences with a valid token).
         """
-        row_toks = data["token_mask"][:, 1:].sum(dim=-1) * data["sample_mask"]
+        row_toks = data.get(VALID_TOKENS_KEY)  # prepared once per train() call by the seam
+        if row_toks is None:  # not prepared: one pass over the masks
+            row_toks = data["token_mask"][:, 1:].sum(dim=-1) * data["sample_mask"]
         scalars = [row_toks.sum(dtype=torch.float64), torch.count_nonzero(row_toks)]
         scalars += [
             v if isinstance(v, torch.Tensor) else torch.as_tensor(v, device=row_toks.device)

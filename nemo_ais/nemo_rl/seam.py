@@ -26,6 +26,7 @@ micro-batch loop::
         S_g   = reduce_statistics(s_g, dp_group)                # exactly ONE all_reduce
         d_g   = diagnostics_from_stats(S_g, config, state)      # alpha, identical everywhere
     tag every row of the shard with its global-batch index g     # column GLOBAL_BATCH_KEY
+    and with its valid-token count                               # column VALID_TOKENS_KEY
     loss_fn.attach_diagnostics([d_0, d_1, ...])                  # read by every loss call
 
 Bad input on one rank (a missing key, a wrong shape or dtype, NaN / inf at a valid
@@ -66,6 +67,7 @@ from nemo_ais.core import (
 __all__ = [
     "GLOBAL_BATCH_KEY",
     "UNUSED_ROW",
+    "VALID_TOKENS_KEY",
     "CoreInputs",
     "DiagnosticsSink",
     "checked_index",
@@ -83,6 +85,9 @@ __all__ = [
 GLOBAL_BATCH_KEY = "ais_global_batch"
 # Rows past the last full global batch (NeMo-RL never trains on them).
 UNUSED_ROW = -1
+# Row column added with the tags: the row's valid tokens, token_mask[:, 1:].sum() x
+# sample_mask, [B] float64. A loss call sums it for its local count (no pass over [B, S]).
+VALID_TOKENS_KEY = "ais_valid_tokens"
 
 
 class CoreInputs(NamedTuple):
@@ -278,6 +283,12 @@ def _row_tags(batches: Sequence[Mapping[str, Any]], total_rows: int) -> torch.Te
     return torch.cat([*tags, tail])
 
 
+def _row_valid_tokens(data: Mapping[str, Any]) -> torch.Tensor:
+    """``[B]`` float64 valid tokens of each row, ``token_mask[:, 1:].sum(-1) * sample_mask``."""
+    token_mask = _tensor(data, "token_mask", 2)
+    return token_mask[:, 1:].sum(dim=-1, dtype=torch.float64) * _tensor(data, "sample_mask", 1)
+
+
 def prepare_global_batches(
     data: MutableMapping[str, Any],
     sink: DiagnosticsSink,
@@ -294,7 +305,8 @@ def prepare_global_batches(
     Args:
         data: the worker's shard (``BatchedDataDict`` or a dict of tensors); gains the
             ``[B]`` int64 column :data:`GLOBAL_BATCH_KEY` (-1 for rows past the last full
-            global batch).
+            global batch) and the ``[B]`` float64 column :data:`VALID_TOKENS_KEY` (the
+            row's valid tokens, which the loss sums for its local count).
         sink: the loss object (``attach_diagnostics``).
         config: the ``loss_fn.ais`` section.
         local_batch_size: rows of one global batch on this rank (``gbs // dp_size``).
@@ -319,6 +331,7 @@ def prepare_global_batches(
     diagnostics = global_batch_diagnostics(batches, config, group=group, state=state, device=device)
     tags = _row_tags(batches, _rows(data))
     data[GLOBAL_BATCH_KEY] = tags.to(_tensor(data, "sample_mask", 1).device)
+    data[VALID_TOKENS_KEY] = _row_valid_tokens(data)
     sink.attach_diagnostics(diagnostics)
     return diagnostics
 

@@ -28,7 +28,7 @@ from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn, AISLossConfig, validate_loss_config
 from nemo_ais.nemo_rl.loss import NEMO_RL_METRIC_KEYS
-from nemo_ais.nemo_rl.seam import GLOBAL_BATCH_KEY, prepare_global_batches
+from nemo_ais.nemo_rl.seam import GLOBAL_BATCH_KEY, VALID_TOKENS_KEY, prepare_global_batches
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -130,6 +130,22 @@ def test_prepared_mode_none_is_clipped_pg_loss_plus_telemetry(nemo_cfg):
     assert {k: ours[2][k] for k in ais_keys} == {k: tis[2][k] for k in ais_keys}
     assert ais_keys == {k for k in tis[2] if k.startswith("ais/")}
     assert ours[2]["ais/n_tok"] == pytest.approx(float(_counts(data)[1]))  # one call: whole
+
+
+def test_prepared_row_valid_tokens_give_the_telemetry_of_the_masks():
+    # The prepare step counts each row's valid tokens once per train() call; a call without
+    # that column counts them from token_mask[:, 1:] x sample_mask: the same metrics.
+    data, curr = _data(seed=6)
+    loss_fn = _prepared(AISClippedPGLossFn({"ais": {"mode": "none"}}), data)
+    per_row = (data["token_mask"][:, 1:].sum(-1) * data["sample_mask"]).tolist()
+    assert data[VALID_TOKENS_KEY].dtype == torch.float64
+    assert data[VALID_TOKENS_KEY].tolist() == per_row and per_row[1] == 0  # row 1 masked
+    gvs, gvt = _counts(data)
+    half = data.slice(0, 2)  # a micro-batch: ais/n_tok is n_tok * local / global
+    with_column = _run(loss_fn, half, curr[:2], (gvs, gvt))[2]
+    assert with_column["ais/n_tok"] == pytest.approx(sum(per_row[:2]), rel=1e-6)
+    del half[VALID_TOKENS_KEY]
+    assert _run(loss_fn, half, curr[:2], (gvs, gvt))[2] == with_column
 
 
 @pytest.mark.parametrize("token_level_loss", [True, False])
