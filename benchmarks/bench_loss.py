@@ -297,10 +297,13 @@ def main() -> None:
             f"{os.cpu_count()} cores; `OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}` (idle "
             "intra-op threads sleep: with other processes on the cores, spinning threads make "
             "every 2-thread op wait for a descheduled peer). On this shared machine absolute "
-            "times move with the load; the interleaved ratios much less. Mode "
-            "none returns exactly `ClippedPGLossFn`'s result "
-            "(it calls it) plus our `ais/*` telemetry, so it costs about 1.0x by construction. "
-            f"Device-to-host reads per call: {reads_line}.",
+            "times move with the load; the interleaved ratios much less. Mode none calls "
+            "`ClippedPGLossFn` itself, so it returns exactly its loss, gradient and metrics, "
+            "and adds the `ais/*` telemetry: one host read of the call's counts (the prepare "
+            "step counted each row's valid tokens once per `train()` call) and a scale of the "
+            "global batch's values read when they were attached. Its time is upstream's plus "
+            "that small constant, never below it by construction: a ratio under 1.00 in that "
+            f"column is noise. Device-to-host reads per call: {reads_line}.",
             "",
             "Prepare step, once per global batch: statistics of this rank's rows, ONE "
             "`all_reduce` (1-process gloo group here) and alpha, plus the row tags; against "
