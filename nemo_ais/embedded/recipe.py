@@ -54,7 +54,13 @@ from nemo_ais.core import (
     clipped_pg_loss,
     compute_diagnostics,
 )
-from nemo_ais.embedded.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from nemo_ais.embedded.checkpoint import (
+    UnreadableFileError,
+    checkpoint_path,
+    checkpoint_remedy,
+    load_checkpoint,
+    save_checkpoint,
+)
 from nemo_ais.embedded.config import RecipeConfig, resolve_arm, validate_config
 from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum, launch
 from nemo_ais.embedded.model import greedy_decode, response_logprobs
@@ -581,10 +587,17 @@ class GRPORecipe:
             if self.metrics is not None:
                 self.metrics.truncate_run(self.arm, self.seed, -1)
             return 0, False
-        self.policy.load_state_dict(blob["policy"])
-        self.optimizer.load_state_dict(blob["optimizer"])
-        self.ais_state.load_state_dict(blob["ais_state"])
-        torch.set_rng_state(blob["torch_rng_state"])
+        try:  # a readable checkpoint whose contents do not fit this run (other model, ...)
+            self.policy.load_state_dict(blob["policy"])
+            self.optimizer.load_state_dict(blob["optimizer"])
+            self.ais_state.load_state_dict(blob["ais_state"])
+            torch.set_rng_state(blob["torch_rng_state"])
+        except Exception as err:
+            cause = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            raise UnreadableFileError(
+                f"checkpoint {self.ckpt_path} does not fit this run ({type(err).__name__}: "
+                f"{cause}); {checkpoint_remedy(self.ckpt_path)}"
+            ) from None
         step = int(blob["step"])
         if self.metrics is not None:
             self.metrics.truncate_run(self.arm, self.seed, step)

@@ -186,6 +186,17 @@ def _early_late(train: list[dict[str, Any]], key: str, k: int = 10) -> tuple[flo
     return (statistics.fmean(a) if a else math.nan), (statistics.fmean(b) if b else math.nan)
 
 
+def _corr(train: list[dict[str, Any]], x: str, y: str) -> float:
+    """Pearson correlation of ``x`` and ``y`` over the train records (nan if undefined)."""
+    pts = [(r[x], r[y]) for r in train if r.get(x) is not None and r.get(y) is not None]
+    if len(pts) < 3:
+        return math.nan
+    try:
+        return statistics.correlation(*zip(*pts, strict=True))
+    except statistics.StatisticsError:  # a constant series
+        return math.nan
+
+
 def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per arm: held-out accuracy (initial, final, primary metric) and step averages."""
     val = _series(records, "val", "accuracy")
@@ -225,6 +236,8 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "severity_early_late": _early_late(train, "ais/severity"),
             "ess_seq_early_late": _early_late(train, "ais/ess_seq"),
             "entropy_early_late": _early_late(train, "entropy"),
+            "corr_d_step": _corr(train, "step", "ais/severity"),
+            "corr_d_entropy": _corr(train, "entropy", "ais/severity"),
         }
     return out
 
@@ -336,10 +349,13 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         )
     lines += [
         "",
-        "Non-stationarity: first 10 steps → last 10 steps (all seeds pooled).",
+        "Non-stationarity: first 10 steps → last 10 steps (all seeds pooled), and the "
+        "Pearson correlation of D with the step and with the policy entropy over every "
+        "(step, seed):",
         "",
-        "| arm | severity D | ESS seq | policy entropy (nats/token) |",
-        "|---|---|---|---|",
+        "| arm | severity D | ESS seq | policy entropy (nats/token) | corr(D, step) "
+        "| corr(D, entropy) |",
+        "|---|---|---|---|---|---|",
     ]
     for arm, s in summ.items():
         (d0, d1), (e0, e1), (h0, h1) = (
@@ -347,7 +363,10 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
             s["ess_seq_early_late"],
             s["entropy_early_late"],
         )
-        lines.append(f"| {arm} | {d0:.2e} → {d1:.2e} | {e0:.4f} → {e1:.4f} | {h0:.4f} → {h1:.4f} |")
+        lines.append(
+            f"| {arm} | {d0:.2e} → {d1:.2e} | {e0:.4f} → {e1:.4f} | {h0:.4f} → {h1:.4f} | "
+            f"{s['corr_d_step']:+.2f} | {s['corr_d_entropy']:+.2f} |"
+        )
     lines += [
         "",
         "Plots: `reward.png`, `accuracy.png`, `diagnostics.png` (against the GRPO step), "

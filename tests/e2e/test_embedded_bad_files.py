@@ -133,6 +133,21 @@ def test_corrupt_checkpoint_names_the_file_and_keeps_every_other_file(run_copy, 
     assert _digests(run_dir) == before
 
 
+def test_checkpoint_that_does_not_fit_the_run_is_one_line(run_copy, capsys):
+    # readable, every key present, but the policy has another shape (e.g. a checkpoint
+    # copied from a run with another policy.model): refused before anything is truncated
+    run_dir, _ = run_copy
+    bad = checkpoint_path(run_dir, ARMS[1], 0)
+    blob = torch.load(bad, weights_only=False)
+    name = next(iter(blob["policy"]))
+    blob["policy"][name] = torch.zeros(3, 5)
+    torch.save(blob, bad)
+    before = _digests(run_dir)
+    assert main(ARGV) == 1
+    _one_line_error(capsys, f"checkpoint {bad} does not fit this run", f"rm {bad}", "--overwrite")
+    assert _digests(run_dir) == before
+
+
 @pytest.mark.distributed
 def test_corrupt_checkpoint_on_two_dp_ranks_is_one_line(run_copy, capsys):
     # every rank loads the checkpoint; the ranks' errors come back through the launcher

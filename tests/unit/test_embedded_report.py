@@ -132,3 +132,29 @@ def test_primary_metric_is_the_second_half_mean_and_pairs_by_seed(tmp_path):
     write_report(tmp_path)
     text = (tmp_path / "summary.md").read_text()
     assert "Δ vs fp8" in text and "| fp8 | 3 |" in text and "| bf16 | 2 |" in text
+
+
+def test_mismatch_correlations_with_step_and_entropy():
+    recs = [
+        {
+            "kind": "train",
+            "arm": "fp8",
+            "seed": seed,
+            "step": step,
+            "ais/severity": 0.001 * step + 0.0001 * seed,
+            "entropy": 0.1 - 0.001 * step,
+        }
+        for seed in (0, 1)
+        for step in range(1, 21)
+    ]
+    s = arm_summary(recs)["fp8"]
+    xs = [r["step"] for r in recs]
+    ys = [r["ais/severity"] for r in recs]
+    assert s["corr_d_step"] == pytest.approx(statistics.correlation(xs, ys))
+    assert s["corr_d_step"] > 0.99 and s["corr_d_entropy"] < -0.99
+    d0, d1 = s["severity_early_late"]  # steps 1-10 and 11-20, both seeds pooled
+    assert d0 == pytest.approx(0.001 * 5.5 + 0.00005) and d1 == pytest.approx(
+        0.001 * 15.5 + 0.00005
+    )
+    # a constant series has no correlation: nan, not an error
+    assert math.isnan(arm_summary(_records())["a"]["corr_d_step"])
