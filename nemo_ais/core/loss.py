@@ -414,19 +414,26 @@ def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_rati
     (= NeMo-RL's 0.5 KL(pi_old || M) + 0.5 KL(mu || M) with M the mixture, simplified),
     approx_entropy = -mean_t exp(log pi_theta - log mu) log pi_theta, and the min / max of
     r and of clip(r) over valid tokens (+-inf if there is none, as NeMo-RL).
+
+    Unlike NeMo-RL, every exponent is clamped at ``log_ratio_clamp`` (``l`` to
+    ``[-c, c]``, ``pi_theta / mu`` to ``<= e^c``), so each metric is finite whenever the loss
+    is (NeMo-RL's own values overflow float32 once ``|l| + |log r| > 88``); below the
+    clamp the values are NeMo-RL's.
     """
+    c = log_ratio_clamp
     estimator = _KL_ESTIMATORS[pg.reference_policy_kl_type]
-    log_rho = x.log_rho
+    log_rho = x.log_rho.clamp(-c, c)
     exp_l, exp_neg_l = torch.exp(log_rho), torch.neg(log_rho).exp_()
     ratio = sur.r
     if pg.disable_ppo_ratio:  # r is log pi_theta then; the entropy wants the true ratio
-        ratio = x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp).exp_()
+        ratio = x.log_r.clamp(-c, c).exp_()
+    theta_over_mu = torch.mul(ratio, exp_l).clamp_(max=math.exp(c))  # pi_theta / mu
     js = torch.nn.functional.softplus(log_rho).sub_(log_rho, alpha=0.5).sub_(LOG_2)
     out = {  # each temporary is ours: scaled in place, then summed (_dot_)
         "gen_kl_error": _dot_(estimator.value(log_rho, exp_l), tok_coef),
         "policy_kl_error": _dot_(estimator.value(-log_rho, exp_neg_l), tok_coef),
         "js_divergence_error": _dot_(js, tok_coef),
-        "approx_entropy": -_dot_(torch.mul(ratio, exp_l).mul_(x.logp_theta), tok_coef),
+        "approx_entropy": -_dot_(theta_over_mu.mul_(x.logp_theta), tok_coef),
         "token_mult_prob_error": _dot_(torch.maximum(exp_l, exp_neg_l, out=exp_l), tok_coef),
     }
     return {**out, **_ratio_extremes(sur, x.m, counts, pg)}

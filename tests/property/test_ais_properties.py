@@ -313,12 +313,11 @@ def test_loss_and_every_metric_finite_up_to_t16384(cfg, dtype, pg, data):
     pg=_PG_CONFIGS,
     data=st.data(),
 )
-def test_nemo_rl_rollout_metrics_finite_where_representable(cfg, dtype, pg, data):
-    # NeMo-RL's own rollout metrics (exp(|l|), exp(log pi_theta - log mu), ...) follow its
-    # definitions, which exceed float32 range once |l| + |log r| > 88; below that (here
-    # |l|, |log r| <= 40) every one is finite, at any T up to 16384.
-    ratios = st.sampled_from([0.0, 40.0, -40.0]) | _unit(-40.0, 40.0)
-    x = data.draw(long_batches(clamp=cfg.log_ratio_clamp, dtype=dtype, log_ratios=ratios))
+def test_nemo_rl_rollout_metrics_finite_at_any_log_ratio(cfg, dtype, pg, data):
+    # NeMo-RL's rollout metrics (exp(|l|), pi_theta / mu, ...) exceed float32 range once
+    # |l| + |log r| > 88 in NeMo-RL's own definitions; ours clamp every exponent at
+    # log_ratio_clamp, so they are finite at any log-ratio and any T up to 16384.
+    x = data.draw(long_batches(clamp=cfg.log_ratio_clamp, dtype=dtype))
     _finite_loss_and_metrics(x, cfg, pg, rollout_metrics=True)
 
 

@@ -389,3 +389,25 @@ def test_probs_ratio_finite_at_t16384_with_clamp_80(mode):
     assert out.metrics["probs_ratio"].item() == pytest.approx(e80, rel=1e-6)
     assert out.metrics["probs_ratio_max"].item() == e80  # the element itself, no rounding
     assert out.metrics["probs_ratio_clamped"].item() == pytest.approx(1.2, rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["none", "tis", "ais"])
+def test_rollout_metrics_saturate_at_the_clamp_instead_of_overflowing(mode):
+    # log pi_old - log mu = 95 and log pi_theta - log pi_old = 3: NeMo-RL's definitions give
+    # exp(95) (token_mult_prob_error) and -exp(98) * log pi_theta (approx_entropy), both inf
+    # in float32 next to a finite loss. Ours clamp each exponent at log_ratio_clamp = 80.
+    cfg = CorrectionConfig(mode=mode, log_ratio_clamp=80.0, weight_cap=2.0)
+    t = 4096
+    gen = torch.full((2, t), -100.0)
+    prev = gen + 95.0
+    curr = prev + 3.0  # log pi_theta = -2
+    out = clipped_pg_loss(
+        curr, prev, gen, torch.tensor([1.0, -1.0]), torch.ones(2, t), cfg, rollout_metrics=True
+    )
+    assert torch.isfinite(out.loss)
+    bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
+    assert not bad, bad
+    e80 = torch.tensor(80.0).exp().item()
+    assert out.metrics["token_mult_prob_error"].item() == pytest.approx(e80, rel=1e-5)
+    # pi_theta / mu = e^98 saturates at e^80: -(e^80 * -2)
+    assert out.metrics["approx_entropy"].item() == pytest.approx(2.0 * e80, rel=1e-5)
