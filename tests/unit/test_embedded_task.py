@@ -95,10 +95,10 @@ def test_chain_task_hand_worked():
     assert task.prompt_len == 7 and task.max_response_len == 13 == len("22,07,92,77") + 2
     rev = ChainTask(num_digits=2, eval_size=8, eval_seed=0, chain_length=4, reverse_answer=True)
     assert rev.answer((37, 85)) == "22,70,29,77"  # every value least-significant digit first
-    assert rev.alt_answer((37, 85)) == "=22,70,29,77"
+    assert rev.alt_answer((37, 85)) == "22,70,29,77="
     inp, lab = rev.sft_batch([(37, 85), (37, 85)], alt=[False, True])
     assert rev.tokenizer.decode(inp[0]) == "37+85=22,70,29,77"
-    assert rev.tokenizer.decode(inp[1]) == "37+85==22,70,29,77"
+    assert rev.tokenizer.decode(inp[1]) == "37+85=22,70,29,77="
     assert (lab[:, rev.prompt_len :] != -100).sum(dim=1).tolist() == [12, 13]
     assert all(0 <= a < 100 and 0 <= b < 100 for a, b in task.eval_problems)
 
@@ -106,18 +106,18 @@ def test_chain_task_hand_worked():
 def test_chain_rewards_prefix_digits_exact():
     task = ChainTask(num_digits=2, eval_size=1, eval_seed=0, chain_length=3)
     p = [(37, 85)] * 6  # answer "22,07,92"
-    texts = ["22,07,92", "22,08,92", "22,07", "22,07,92,77", "=22,07,92", "23,07,92"]
+    texts = ["22,07,92", "22,08,92", "22,07", "22,07,92,77", "22,07,92=", "23,07,92"]
     resp = _resp(task, texts)
     # prefix: leading values right / max(#values): 3/3, 1/3 (the right 92 after a mistake
-    # earns nothing), 2/3, 3/4, 0 (the stray "=" spoils the first value), 0
+    # earns nothing), 2/3, 3/4, 2/3 (the stray "=" spoils the last value), 0
     torch.testing.assert_close(
         task.rewards(p, resp, kind="prefix"),
-        torch.tensor([1.0, 1 / 3, 2 / 3, 3 / 4, 0.0, 0.0]),
+        torch.tensor([1.0, 1 / 3, 2 / 3, 3 / 4, 2 / 3, 0.0]),
     )
-    # digits: positional characters / max(len): 8/8, 7/8, 5/8, 8/11, 1/9 (shifted), 7/8
+    # digits: positional characters / max(len): 8/8, 7/8, 5/8, 8/11, 8/9, 7/8
     torch.testing.assert_close(
         task.rewards(p, resp, kind="digits"),
-        torch.tensor([1.0, 7 / 8, 5 / 8, 8 / 11, 1 / 9, 7 / 8]),
+        torch.tensor([1.0, 7 / 8, 5 / 8, 8 / 11, 8 / 9, 7 / 8]),
     )
     torch.testing.assert_close(
         task.rewards(p, resp, kind="exact"), torch.tensor([1.0, 0, 0, 0, 0, 0])
@@ -131,12 +131,12 @@ def test_chain_rewards_prefix_digits_exact():
 def test_chain_steps_reward_credits_each_step_from_the_written_value():
     task = ChainTask(num_digits=2, eval_size=1, eval_seed=0, chain_length=3)
     p = (37, 85)  # s = 37, d = 85; answer "22,07,92"
-    texts = ["22,07,92", "22,08,93", "23,08,93", "22,07", "22,0,92", "=22,07,92", "22,07,92,77"]
+    texts = ["22,07,92", "22,08,93", "23,08,93", "22,07", "22,0,92", "22,07,92=", "22,07,92,77"]
     resp = _resp(task, texts)
     # 08 = 07 + 85 is wrong but 93 = 08 + 85 is right from what was written: 2/3;
     # "23" wrong, then 08 = 23 + 85 and 93 right: 2/3; two of three: 2/3; "0" unreadable
-    # fails its step and the next: 1/3; "=22" unreadable: 1/3; a 4th value: 3/4
-    expected = torch.tensor([1.0, 2 / 3, 2 / 3, 2 / 3, 1 / 3, 1 / 3, 3 / 4])
+    # fails its step and the next: 1/3; "92=" unreadable: 2/3; a 4th value: 3/4
+    expected = torch.tensor([1.0, 2 / 3, 2 / 3, 2 / 3, 1 / 3, 2 / 3, 3 / 4])
     torch.testing.assert_close(task.rewards([p] * len(texts), resp, kind="steps"), expected)
     rev = ChainTask(num_digits=2, eval_size=1, eval_seed=0, chain_length=2, reverse_answer=True)
     torch.testing.assert_close(  # reversed digits: 22, 70 (= 07)
