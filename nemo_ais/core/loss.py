@@ -59,6 +59,7 @@ gradients) and finite metrics; masked positions never reach exp(), so -inf paddi
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -175,11 +176,28 @@ def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor) -> _Inputs:
     )
 
 
-def _given(value) -> torch.Tensor | float | None:
-    """A global count as a float64 tensor to read in the fused sync, or as a python float."""
+def _given(value, name: str) -> torch.Tensor | float | None:
+    """A global count as a tensor to read in the fused sync, or as a python float.
+
+    Raises:
+        ValueError: a tensor with other than one element (naming ``name``).
+        TypeError: neither None, a number nor a tensor (e.g. a string; naming ``name``).
+    """
     if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"{name}: got a tensor of shape {list(value.shape)}, expected a scalar count "
+                "(a 0-dim tensor or a number)"
+            )
         return value.detach()
-    return None if value is None else float(value)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name}: got {type(value).__name__} {value!r}, expected a scalar count (a 0-dim "
+            "tensor or a number)"
+        )
+    return float(value)
 
 
 def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -> _Counts:
@@ -202,7 +220,7 @@ def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -
     if x.m.numel() > 0:  # every m in {0, 1} iff 0 <= m <= 1 and sum m^2 = sum m (exact sums)
         flat = x.m.reshape(-1)
         checks += [*torch.aminmax(flat), torch.dot(flat, flat) - n_tok_local]
-    given = [_given(global_tok), _given(global_seq)]
+    given = [_given(global_tok, "global_valid_tokens"), _given(global_seq, "global_valid_seqs")]
     tensors = [g for g in given if isinstance(g, torch.Tensor)]
     # one vector by type promotion (float32 holds every count exactly up to 2^24; a
     # float64 input promotes it all to float64), one read

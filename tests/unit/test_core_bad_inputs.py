@@ -411,3 +411,17 @@ def test_rollout_metrics_saturate_at_the_clamp_instead_of_overflowing(mode):
     assert out.metrics["token_mult_prob_error"].item() == pytest.approx(e80, rel=1e-5)
     # pi_theta / mu = e^98 saturates at e^80: -(e^80 * -2)
     assert out.metrics["approx_entropy"].item() == pytest.approx(2.0 * e80, rel=1e-5)
+
+
+@pytest.mark.parametrize("arg", ["global_valid_tokens", "global_valid_seqs"])
+def test_global_count_of_the_wrong_kind_names_the_argument(arg):
+    logp = torch.full((2, 4), -1.0)
+    args = (logp.clone().requires_grad_(True), logp, logp, torch.ones(2), torch.ones(2, 4))
+    cfg = CorrectionConfig(mode="ais")
+    with pytest.raises(
+        ValueError, match=rf"^{arg}: got a tensor of shape \[2\], expected a scalar"
+    ):
+        clipped_pg_loss(*args, cfg, **{arg: torch.tensor([8.0, 8.0])})
+    for bad in ("8", True):
+        with pytest.raises(TypeError, match=rf"^{arg}: got (str|bool) .*expected a scalar count"):
+            clipped_pg_loss(*args, cfg, **{arg: bad})
