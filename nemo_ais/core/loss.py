@@ -59,7 +59,6 @@ gradients) and finite metrics; masked positions never reach exp(), so -inf paddi
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -180,24 +179,12 @@ def _given(value, name: str) -> torch.Tensor | float | None:
     """A global count as a tensor to read in the fused sync, or as a python float.
 
     Raises:
-        ValueError: a tensor with other than one element (naming ``name``).
-        TypeError: neither None, a number nor a tensor (e.g. a string; naming ``name``).
+        ValueError / TypeError: not a scalar count (:func:`validation.check_scalar_count`).
     """
+    validation.check_scalar_count(name, value)
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(
-                f"{name}: got a tensor of shape {list(value.shape)}, expected a scalar count "
-                "(a 0-dim tensor or a number)"
-            )
         return value.detach()
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{name}: got {type(value).__name__} {value!r}, expected a scalar count (a 0-dim "
-            "tensor or a number)"
-        )
-    return float(value)
+    return None if value is None else float(value)
 
 
 def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -> _Counts:

@@ -36,6 +36,7 @@ error path.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 
 import torch
@@ -84,6 +85,26 @@ def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:
         )
     if t.device != ref.device:
         raise ValueError(f"{name}: got device {t.device}, expected {ref.device} like {ref_name}")
+
+
+def check_scalar_count(name: str, value: object) -> None:
+    """Raise unless ``value`` is None, a real number (not bool) or a one-element tensor.
+
+    Raises:
+        ValueError: a tensor with other than one element (naming ``name``).
+        TypeError: anything else, e.g. a string (naming ``name``).
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"{name}: got a tensor of shape {list(value.shape)}, expected a scalar count "
+                "(a 0-dim tensor or a number)"
+            )
+    elif value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise TypeError(
+            f"{name}: got {type(value).__name__} {value!r}, expected a scalar count (a 0-dim "
+            "tensor or a number)"
+        )
 
 
 def check_global_count(name: str, value: float, n_local: float, what: str) -> None:

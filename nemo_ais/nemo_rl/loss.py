@@ -392,9 +392,13 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         row_toks = data.get(VALID_TOKENS_KEY)  # prepared once per train() call by the seam
         if row_toks is None:  # not prepared: one pass over the masks
             row_toks = data["token_mask"][:, 1:].sum(dim=-1) * data["sample_mask"]
+        validation.check_scalar_count("global_valid_toks", global_valid_toks)
+        validation.check_scalar_count("global_valid_seqs", global_valid_seqs)
         scalars = [row_toks.sum(dtype=torch.float64), torch.count_nonzero(row_toks)]
         scalars += [
-            v if isinstance(v, torch.Tensor) else torch.as_tensor(v, device=row_toks.device)
+            v.reshape(())
+            if isinstance(v, torch.Tensor)
+            else torch.as_tensor(v, device=row_toks.device)
             for v in (global_valid_toks, global_valid_seqs)
         ]
         tags = data.get(GLOBAL_BATCH_KEY)

@@ -351,6 +351,19 @@ def test_bad_global_counts_are_refused_naming_the_argument(mode, arg, bad):
 
 
 @pytest.mark.parametrize("mode", ["none", "ais"])
+@pytest.mark.parametrize("arg", ["global_valid_seqs", "global_valid_toks"])
+def test_global_counts_that_are_not_scalars_are_refused_naming_the_argument(mode, arg):
+    data, curr = _data(seed=8)
+    gvs, gvt = _counts(data)
+    counts = {"global_valid_seqs": gvs, "global_valid_toks": gvt}
+    counts[arg] = torch.stack([counts[arg], counts[arg]])
+    loss_fn = _prepared(AISClippedPGLossFn({"ais": {"mode": mode}}), data)
+    with pytest.raises(ValueError, match=r"got a tensor of shape \[2\], expected a scalar") as err:
+        _run(loss_fn, data, curr, (counts["global_valid_seqs"], counts["global_valid_toks"]))
+    assert arg in str(err.value) or arg.replace("toks", "tokens") in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["none", "ais"])
 def test_zero_global_counts_of_an_empty_global_batch_are_accepted(mode):
     # Globally empty (no valid token on any rank): counts 0 are right; loss 0, documented
     # telemetry ais/empty_batch = 1 (core/metrics.py).
