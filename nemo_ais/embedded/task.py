@@ -227,8 +227,7 @@ class ArithmeticTask:
             return self.correct(problems, response_ids)
         if kind not in ("digits", "prefix", "steps"):
             raise ValueError(
-                f"data.reward={kind!r} is invalid: expected 'steps', 'prefix', 'digits' "
-                "or 'exact'"
+                f"data.reward={kind!r} is invalid: expected 'steps', 'prefix', 'digits' or 'exact'"
             )
         texts = self._texts(problems, response_ids)
         out = torch.zeros(len(problems), dtype=torch.float32)
