@@ -239,7 +239,10 @@ def global_batch_diagnostics(
         KeyError, ValueError, TypeError: ``group=None``: as :func:`core_inputs` and
             :func:`~nemo_ais.core.compute_diagnostics`. ValueError: with a group, bad input
             on any rank, raised on every rank with the same message (no rank raises alone).
+            TypeError: ``config`` is not a CorrectionConfig (e.g. a dict), raised before
+            any collective (every rank builds it from the same YAML).
     """
+    require_config(config, CorrectionConfig, "global_batch_diagnostics(config)")
     out = []
     for g, batch in enumerate(batches):
         inputs, input_error = _statistics_inputs(batch, device)
@@ -322,6 +325,7 @@ def prepare_global_batches(
         ValueError: with a group, bad input on any rank (every rank raises the same
             message; see the module docstring). ``group=None``: the local error as is.
     """
+    require_config(config, CorrectionConfig, "prepare_global_batches(config)")
     try:
         batches = split(data, local_batch_size)
     except (KeyError, TypeError, ValueError) as err:

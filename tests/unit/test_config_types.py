@@ -29,7 +29,11 @@ from nemo_ais.fp8 import Fp8SyncConfig, KVScaleCalibrator, KVScaleConfig, fp8_we
 from nemo_ais.fp8.stream import plan_fp8_sync, plan_tensor
 from nemo_ais.fp8.twin import Fp8RolloutConfig, Fp8Twin
 from nemo_ais.nemo_rl import refit
-from nemo_ais.nemo_rl.seam import loss_from_prepared
+from nemo_ais.nemo_rl.seam import (
+    global_batch_diagnostics,
+    loss_from_prepared,
+    prepare_global_batches,
+)
 
 AIS = {"mode": "tis", "weight_cap": 2.0}  # a loss_fn.ais section as YAML gives it
 SYNC = {"family": "c"}
@@ -105,6 +109,18 @@ CASES = {
         ),
         "loss_from_prepared(pg)",
         PGLossConfig,
+        "nemo_ais.config",
+    ),
+    "global_batch_diagnostics": (  # raised before any batch is read or any collective
+        lambda: global_batch_diagnostics([], AIS, group=None),
+        "global_batch_diagnostics(config)",
+        CorrectionConfig,
+        "nemo_ais.config",
+    ),
+    "prepare_global_batches": (
+        lambda: prepare_global_batches({}, None, AIS, local_batch_size=1, group=None),
+        "prepare_global_batches(config)",
+        CorrectionConfig,
         "nemo_ais.config",
     ),
     "plan_tensor": (
