@@ -190,10 +190,14 @@ class AISStats:
 
 
 def _log_rho64(logp_old, logp_rollout, valid):
-    """Step 1: float64 raw l (0 where invalid or non-finite) and the valid-and-finite mask."""
-    log_rho = logp_old.detach().to(STATS_DTYPE) - logp_rollout.detach().to(STATS_DTYPE)
-    ok = valid & torch.isfinite(log_rho)
-    return torch.where(ok, log_rho, torch.zeros((), dtype=STATS_DTYPE, device=ok.device)), ok
+    """Step 1: float64 raw l (0 where invalid or non-finite) and the valid-and-finite mask.
+
+    One float64 ``[B, T]`` temporary: the difference is formed in place in a float64 copy
+    of ``logp_old`` (an in-place op computes in the promoted dtype, float64).
+    """
+    log_rho = logp_old.detach().to(STATS_DTYPE, copy=True).sub_(logp_rollout.detach())
+    ok = torch.isfinite(log_rho).logical_and_(valid)
+    return log_rho.masked_fill_(ok.logical_not(), 0.0), ok
 
 
 def _sequence_sums(log_rho_c, n_tok_seq, config):
@@ -208,20 +212,27 @@ def _sequence_sums(log_rho_c, n_tok_seq, config):
 
 
 def _token_sums(log_rho, log_rho_c, n_tok, config):
-    """Step 3: token sums; every summand is 0 where l = 0, so masked positions drop out."""
+    """Step 3: token sums; every summand is 0 where l = 0, so masked positions drop out.
+
+    Two float64 ``[B, T]`` temporaries, each reused in place once its sums are taken.
+    """
+    cap_dev = config.weight_cap - 1
     abs_log_rho = log_rho.abs()
+    abs_sum = abs_log_rho.sum()
+    exp_abs_dev = abs_log_rho.clamp_(max=config.log_ratio_clamp).expm1_()  # reuses |l|
     rho_dev = torch.expm1(log_rho_c)
-    w_dev = rho_dev.clamp(max=config.weight_cap - 1)
-    exp_abs_dev = torch.expm1(abs_log_rho.clamp(max=config.log_ratio_clamp))
+    n_capped = torch.count_nonzero(rho_dev > cap_dev).to(STATS_DTYPE)
+    rho_dev_sum = rho_dev.sum()
+    w_dev = rho_dev.clamp_(max=cap_dev).reshape(-1)  # reuses rho - 1
     return [
         n_tok,
-        abs_log_rho.sum(),
+        abs_sum,
         log_rho.sum(),
         log_rho_c.sum(),
-        (rho_dev > config.weight_cap - 1).sum().to(STATS_DTYPE),
+        n_capped,
         w_dev.sum(),
-        w_dev.square().sum(),
-        rho_dev.sum(),
+        torch.dot(w_dev, w_dev),
+        rho_dev_sum,
         exp_abs_dev.sum(),
     ]
 
