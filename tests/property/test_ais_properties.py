@@ -108,6 +108,29 @@ def _log_ratios(clamp: float):
     )
 
 
+def _batch(gen, log_rho, log_r, valid, adv, dtype):
+    """Inputs of clipped_pg_loss from float64 [B, T] log-probs and log-ratios.
+
+    prev = gen + l, curr = prev + log r, ref = gen + log r reversed; masked positions hold
+    garbage (50, NaN, -inf) that must not leak into the loss.
+    """
+    prev = gen + log_rho
+    curr = prev + log_r
+    ref = gen + log_r.flip(-1)
+
+    def garbage(x, fill):
+        return torch.where(valid, x, torch.full_like(x, fill)).to(dtype)
+
+    return {
+        "curr": garbage(curr, 50.0),
+        "prev": garbage(prev, float("nan")),
+        "gen": garbage(gen, float("-inf")),
+        "ref": garbage(ref, float("nan")),
+        "adv": torch.tensor(adv, dtype=dtype),
+        "mask": valid.to(dtype),
+    }
+
+
 @st.composite
 def batches(draw, clamp: float = 20.0, max_b: int = 5, max_t: int = 6, dtype=torch.float64):
     """A [B, T] batch with ragged masks; masked positions hold NaN / -inf garbage."""
@@ -123,23 +146,9 @@ def batches(draw, clamp: float = 20.0, max_b: int = 5, max_t: int = 6, dtype=tor
     def shaped(values):
         return torch.tensor(values, dtype=torch.float64).reshape(b, t)
 
-    valid = shaped(mask).bool()
-    gen = shaped(logp_rollout)
-    prev = gen + shaped(log_rho)
-    curr = prev + shaped(log_r)
-    ref = gen + shaped(log_r).flip(-1)
-
-    def garbage(x, fill):
-        return torch.where(valid, x, torch.full_like(x, fill)).to(dtype)
-
-    return {
-        "curr": garbage(curr, 50.0),
-        "prev": garbage(prev, float("nan")),
-        "gen": garbage(gen, float("-inf")),
-        "ref": garbage(ref, float("nan")),
-        "adv": torch.tensor(adv, dtype=dtype),
-        "mask": valid.to(dtype),
-    }
+    return _batch(
+        shaped(logp_rollout), shaped(log_rho), shaped(log_r), shaped(mask).bool(), adv, dtype
+    )
 
 
 def _diag(x, cfg, state=None):
@@ -226,13 +235,12 @@ def test_loss_and_grads_finite_for_finite_inputs(cfg, dtype, pg, data):
 
 
 @st.composite
-def long_batches(draw, clamp: float = 20.0, dtype=torch.float64, log_ratios=None):
+def long_batches(draw, clamp: float = 20.0, dtype=torch.float64):
     """[B, T] batches with T up to 16384: a few drawn values (extreme log-ratios included)
     spread over the positions by a drawn seed; masked positions hold NaN / -inf garbage."""
     b = draw(st.integers(1, 3))
     t = draw(st.sampled_from([1, 4096, 16384]) | st.integers(1, 16384))
-    values = log_ratios if log_ratios is not None else _log_ratios(clamp)
-    pools = [draw(st.lists(values, min_size=1, max_size=6)) for _ in range(2)]
+    pools = [draw(st.lists(_log_ratios(clamp), min_size=1, max_size=6)) for _ in range(2)]
     adv = draw(st.lists(_unit(-10.0, 10.0), min_size=b, max_size=b))
     p_mask = draw(_unit(0.0, 1.0))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
@@ -244,21 +252,7 @@ def long_batches(draw, clamp: float = 20.0, dtype=torch.float64, log_ratios=None
     gen = -30 * torch.rand(b, t, generator=g, dtype=torch.float64)
     log_rho, log_r = spread(pools[0]), spread(pools[1])
     valid = torch.rand(b, t, generator=g) >= p_mask
-    prev = gen + log_rho
-    curr = prev + log_r
-    ref = gen + log_r.flip(-1)
-
-    def garbage(x, fill):
-        return torch.where(valid, x, torch.full_like(x, fill)).to(dtype)
-
-    return {
-        "curr": garbage(curr, 50.0),
-        "prev": garbage(prev, float("nan")),
-        "gen": garbage(gen, float("-inf")),
-        "ref": garbage(ref, float("nan")),
-        "adv": torch.tensor(adv, dtype=dtype),
-        "mask": valid.to(dtype),
-    }
+    return _batch(gen, log_rho, log_r, valid, adv, dtype)
 
 
 _PG_CONFIGS = st.builds(
