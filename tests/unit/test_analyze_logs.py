@@ -13,26 +13,11 @@ from __future__ import annotations
 import json
 
 import torch
+from nemo_rl_logs import nemo_rl_logger
 
 from nemo_ais.analyze.reader import REQUIRED_KEYS, find_step_files, iter_chunks
 
 PROMPT = 4
-
-
-def nemo_rl_logger(log_dir):
-    """Upstream's Logger with every backend off (it still writes the jsonl files)."""
-    from nemo_rl.utils.logger import Logger
-
-    return Logger(
-        {
-            "log_dir": str(log_dir),
-            "wandb_enabled": False,
-            "swanlab_enabled": False,
-            "tensorboard_enabled": False,
-            "mlflow_enabled": False,
-            "monitor_gpus": False,
-        }
-    )
 
 
 def synthetic_step(step, *, batch=8, length=24, scale=0.02, seed=0, jump=None, kv=False):

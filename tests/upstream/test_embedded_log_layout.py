@@ -32,6 +32,7 @@ import json
 
 import pytest
 import torch
+from nemo_rl_logs import nemo_rl_logger
 
 from nemo_ais.cli import main
 from nemo_ais.embedded.tokenizer import CharTokenizer
@@ -161,23 +162,6 @@ def _upstream_log_data(rows, tok):
     return log_data
 
 
-def _upstream_logger(log_dir):
-    from nemo_rl.utils.logger import Logger
-
-    return Logger(
-        {
-            "log_dir": str(log_dir),
-            "wandb_enabled": False,
-            "swanlab_enabled": False,
-            "tensorboard_enabled": False,
-            "mlflow_enabled": False,
-            "wandb": {},
-            "monitor_gpus": False,
-            "gpu_monitoring": {"collection_interval": 10, "flush_interval": 10},
-        }
-    )
-
-
 def _short(value):
     text = json.dumps(value)
     return text if len(text) <= 160 else text[:157] + "..."
@@ -206,7 +190,7 @@ def test_step_files_equal_what_nemo_rl_logger_writes(run_dir, tmp_path):
     names = [f"train_data_step{s}.jsonl" for s in range(1, STEPS + 1)]
     assert sorted(p.name for p in ours_dir.glob("*.jsonl")) == names
     tok = CharTokenizer()
-    logger = _upstream_logger(tmp_path / "upstream")
+    logger = nemo_rl_logger(tmp_path / "upstream")
     found = {}
     for step, name in enumerate(names, start=1):
         ours = _read(ours_dir / name)
