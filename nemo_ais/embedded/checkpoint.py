@@ -43,6 +43,7 @@ __all__ = [
     "UnreadableFileError",
     "atomic_torch_save",
     "checkpoint_path",
+    "error_cause",
     "load_checkpoint",
     "load_file",
     "save_checkpoint",
@@ -58,7 +59,7 @@ class UnreadableFileError(RecipeError):
     """A checkpoint or cache file exists but cannot be used; the message names it and the fix."""
 
 
-def _cause(err: BaseException) -> str:
+def error_cause(err: BaseException) -> str:
     """``Type: first sentence of the message``, at most ``_MAX_CAUSE_CHARS`` characters."""
     first = (str(err).strip().splitlines() or [""])[0].split(". ")[0]
     if len(first) > _MAX_CAUSE_CHARS:
@@ -125,7 +126,7 @@ def load_file(path: Path, *, what: str, remedy: str, weights_only: bool) -> Any:
         return torch.load(path, map_location="cpu", weights_only=weights_only)
     except Exception as err:  # truncated zip, garbled pickle, EACCES, EISDIR, ...
         raise UnreadableFileError(
-            f"{what} {path} cannot be read ({_cause(err)}); {remedy}"
+            f"{what} {path} cannot be read ({error_cause(err)}); {remedy}"
         ) from None
 
 

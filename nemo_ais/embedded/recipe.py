@@ -58,6 +58,7 @@ from nemo_ais.embedded.checkpoint import (
     UnreadableFileError,
     checkpoint_path,
     checkpoint_remedy,
+    error_cause,
     load_checkpoint,
     save_checkpoint,
 )
@@ -593,10 +594,9 @@ class GRPORecipe:
             self.ais_state.load_state_dict(blob["ais_state"])
             torch.set_rng_state(blob["torch_rng_state"])
         except Exception as err:
-            cause = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
             raise UnreadableFileError(
-                f"checkpoint {self.ckpt_path} does not fit this run ({type(err).__name__}: "
-                f"{cause}); {checkpoint_remedy(self.ckpt_path)}"
+                f"checkpoint {self.ckpt_path} does not fit this run ({error_cause(err)}); "
+                f"{checkpoint_remedy(self.ckpt_path)}"
             ) from None
         step = int(blob["step"])
         if self.metrics is not None:
