@@ -75,7 +75,7 @@ def analysis_row(result: StepResult, alarms: Sequence[Any]) -> dict[str, Any]:
     quarters = result.profile.quarters()
     row: dict[str, Any] = {"step": result.step}
     row.update({name: diag[name.removeprefix("ais/")] for name in _AIS_FIELDS})
-    row["analysis/ess_tok"] = 1 / (1 + diag["cv2"])  # ESS/n = 1/(1 + CV^2) (docs/method.md)
+    row["analysis/ess_tok"] = result.diagnostics.ess_tok  # 1 / (1 + CV^2) (docs/method.md)
     for mode, summary in result.weights.items():
         row.update({f"weights/{mode}/{k}": v for k, v in summary.items()})
     row.update(

@@ -107,6 +107,11 @@ class AISDiagnostics:
         """Field name -> value."""
         return dataclasses.asdict(self)
 
+    @property
+    def ess_tok(self) -> float:
+        """Token ESS ratio of the truncated weights: (sum w)^2 / (n sum w^2) = 1 / (1 + CV^2)."""
+        return 1.0 / (1.0 + self.cv2)
+
 
 @dataclass
 class AISState:

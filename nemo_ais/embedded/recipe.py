@@ -184,6 +184,7 @@ class StepStats:
     grad_norm: float
     core: dict[str, float]
     diagnostics: dict[str, float]
+    ess_tok: float  # AISDiagnostics.ess_tok of the global batch
 
 
 class GRPORecipe:
@@ -262,7 +263,9 @@ class GRPORecipe:
                 diag = self._diagnostics(step, logp_old[idx], batch, idx)  # ONE all-reduce
                 core = self._accumulate_gradients(step, batch, idx, logp_old, adv, diag)  # 4.
                 grad_norm = self._optimizer_step(step)  # 5. grad all-reduce, clip, step
-                stats.append(StepStats(core.pop("loss"), grad_norm, core, diag.as_dict()))
+                stats.append(
+                    StepStats(core.pop("loss"), grad_norm, core, diag.as_dict(), diag.ess_tok)
+                )
             t3 = time.perf_counter()
             self._log(
                 step,
@@ -452,7 +455,7 @@ class GRPORecipe:
             "sampling_importance_ratio": mean("sampling_importance_ratio", "core"),
             **{f"ais/{k}": mean(k, "diagnostics") for k in stats[0].diagnostics},
             # token ESS ratio of the truncated token weights: (sum w)^2 / (n sum w^2)
-            "ess_tok": statistics.fmean(1.0 / (1.0 + s.diagnostics["cv2"]) for s in stats),
+            "ess_tok": statistics.fmean(s.ess_tok for s in stats),
             **{f"time/{k}": v for k, v in times.items()},
         }
         self.metrics.write(record)

@@ -77,6 +77,8 @@ def test_hand_worked_diagnostics():
     assert d.ess_seq == pytest.approx(r, rel=1e-14)
     assert d.severity == pytest.approx(2 * ln2 / 3, rel=1e-14)
     assert d.cv2 == pytest.approx(2 / 7, rel=1e-13)
+    # token ESS of the weights (2, 1, 0.5): 3.5^2 / (3 * 5.25) = 7/9 = 1 / (1 + CV^2)
+    assert d.ess_tok == pytest.approx(7 / 9, rel=1e-13)
     assert d.g_rel == pytest.approx((r - 0.5) / 0.5, rel=1e-13)
     assert d.g_var == pytest.approx(7 / 9, rel=1e-13)
     assert d.alpha == pytest.approx((1 - math.exp(-2 * ln2 / 3 / 0.02)) * (r - 0.5) / 0.5 * 7 / 9)
