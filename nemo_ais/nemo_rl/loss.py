@@ -79,6 +79,7 @@ from nemo_ais.nemo_rl.seam import (
     VALID_TOKENS_KEY,
     checked_index,
     loss_from_prepared,
+    row_valid_tokens,
 )
 
 __all__ = [
@@ -391,7 +392,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         """
         row_toks = data.get(VALID_TOKENS_KEY)  # prepared once per train() call by the seam
         if row_toks is None:  # not prepared: one pass over the masks
-            row_toks = data["token_mask"][:, 1:].sum(dim=-1) * data["sample_mask"]
+            row_toks = row_valid_tokens(data)
         validation.check_scalar_count("global_valid_toks", global_valid_toks)
         validation.check_scalar_count("global_valid_seqs", global_valid_seqs)
         scalars = [row_toks.sum(dtype=torch.float64), torch.count_nonzero(row_toks)]

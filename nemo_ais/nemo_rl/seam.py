@@ -77,6 +77,7 @@ __all__ = [
     "loss_from_prepared",
     "num_global_batches",
     "prepare_global_batches",
+    "row_valid_tokens",
     "split_global_batches",
 ]
 
@@ -286,7 +287,7 @@ def _row_tags(batches: Sequence[Mapping[str, Any]], total_rows: int) -> torch.Te
     return torch.cat([*tags, tail])
 
 
-def _row_valid_tokens(data: Mapping[str, Any]) -> torch.Tensor:
+def row_valid_tokens(data: Mapping[str, Any]) -> torch.Tensor:
     """``[B]`` float64 valid tokens of each row, ``token_mask[:, 1:].sum(-1) * sample_mask``."""
     token_mask = _tensor(data, "token_mask", 2)
     return token_mask[:, 1:].sum(dim=-1, dtype=torch.float64) * _tensor(data, "sample_mask", 1)
@@ -335,7 +336,7 @@ def prepare_global_batches(
     diagnostics = global_batch_diagnostics(batches, config, group=group, state=state, device=device)
     tags = _row_tags(batches, _rows(data))
     data[GLOBAL_BATCH_KEY] = tags.to(_tensor(data, "sample_mask", 1).device)
-    data[VALID_TOKENS_KEY] = _row_valid_tokens(data)
+    data[VALID_TOKENS_KEY] = row_valid_tokens(data)
     sink.attach_diagnostics(diagnostics)
     return diagnostics
 
