@@ -205,18 +205,21 @@ def test_all_masked_batch_gives_alpha_zero(x, data):
 # ---- finite loss and gradients -----------------------------------------------------------------
 
 
+_PG_CONFIGS = st.builds(
+    PGLossConfig,
+    ratio_clip_c=st.none() | _unit(1.0, 10.0, exclude_min=True),
+    reference_policy_kl_penalty=st.sampled_from([0.0, 0.1]),
+    reference_policy_kl_type=st.sampled_from(["k1", "k2", "k3"]),
+    token_level_loss=st.booleans(),
+    disable_ppo_ratio=st.booleans(),
+)
+
+
 @_settings(60)
 @given(
     cfg=configs(),
     dtype=st.sampled_from([torch.float32, torch.float64]),
-    pg=st.builds(
-        PGLossConfig,
-        ratio_clip_c=st.none() | _unit(1.0, 10.0, exclude_min=True),
-        reference_policy_kl_penalty=st.sampled_from([0.0, 0.1]),
-        reference_policy_kl_type=st.sampled_from(["k1", "k2", "k3"]),
-        token_level_loss=st.booleans(),
-        disable_ppo_ratio=st.booleans(),
-    ),
+    pg=_PG_CONFIGS,
     data=st.data(),
 )
 def test_loss_and_grads_finite_for_finite_inputs(cfg, dtype, pg, data):
@@ -253,16 +256,6 @@ def long_batches(draw, clamp: float = 20.0, dtype=torch.float64):
     log_rho, log_r = spread(pools[0]), spread(pools[1])
     valid = torch.rand(b, t, generator=g) >= p_mask
     return _batch(gen, log_rho, log_r, valid, adv, dtype)
-
-
-_PG_CONFIGS = st.builds(
-    PGLossConfig,
-    ratio_clip_c=st.none() | _unit(1.0, 10.0, exclude_min=True),
-    reference_policy_kl_penalty=st.sampled_from([0.0, 0.1]),
-    reference_policy_kl_type=st.sampled_from(["k1", "k2", "k3"]),
-    token_level_loss=st.booleans(),
-    disable_ppo_ratio=st.booleans(),
-)
 
 
 def _finite_loss_and_metrics(x, cfg, pg, rollout_metrics):
