@@ -320,6 +320,31 @@ def test_loss_finite_float32_at_max_log_ratio_clamp(mode):
     assert not bad, bad
 
 
+def test_approx_entropy_term_saturates_instead_of_overflowing_float32():
+    # Regression for the finiteness property's falsifying example: pi_theta / mu clamps at
+    # e^80, and e^80 * |log pi_theta| = 5.5e34 * 6142 overflows float32, so NeMo-RL's
+    # definition gives approx_entropy = -inf for a finite loss. Each token's term is
+    # clamped to [-e^c, e^c]: the metric is -e^80 / 3 (one of the 3 global tokens).
+    cfg = CorrectionConfig(mode="none", log_ratio_clamp=80.0, weight_cap=2.0)
+    gen = torch.tensor([[-1.8316]])
+    curr = torch.tensor([[6142.1685]])
+    out = clipped_pg_loss(
+        curr, gen.clone(), gen, torch.tensor([0.0]), torch.ones(1, 1), cfg,
+        global_valid_tokens=torch.tensor(3.0), rollout_metrics=True,
+    )  # fmt: skip
+    got = out.metrics["approx_entropy"].item()
+    assert math.isfinite(got)
+    assert got == pytest.approx(-math.exp(80.0) / 3, rel=1e-6)
+    # below the clamp it is NeMo-RL's definition: -(pi_theta / mu) log pi_theta / n
+    curr = torch.tensor([[-1.0]])
+    out = clipped_pg_loss(
+        curr, gen.clone(), gen, torch.tensor([0.0]), torch.ones(1, 1), cfg,
+        global_valid_tokens=torch.tensor(3.0), rollout_metrics=True,
+    )  # fmt: skip
+    want = math.exp(-1.0 + 1.8316) * 1.0 / 3
+    assert out.metrics["approx_entropy"].item() == pytest.approx(want, rel=1e-5)
+
+
 @_settings(30)
 @given(cfg=configs(mode="ais"), x=batches())
 def test_mask_dtype_and_layout_do_not_matter(cfg, x):
