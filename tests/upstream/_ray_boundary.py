@@ -227,6 +227,9 @@ class ActorBoundary:
             def start(self):
                 self.kwargs["started"] = True
 
+            def stop(self):  # upstream's Logger.__del__ calls it
+                self.kwargs["stopped"] = True
+
         def hf_config(model_name: str):
             self.hf_configs.append(model_name)
             return hf_config_of(model_name)
