@@ -421,11 +421,11 @@ def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_rati
     r and of clip(r) over valid tokens (+-inf if there is none, as NeMo-RL).
 
     Unlike NeMo-RL, every exponent is clamped at ``log_ratio_clamp`` (``l`` to
-    ``[-c, c]``, ``pi_theta / mu`` to ``<= e^c``) and each token's entropy term
-    ``(pi_theta / mu) log pi_theta`` to ``[-e^c, e^c]``, so each metric is finite whenever
-    the loss is (NeMo-RL's own values overflow float32 once ``|l| + |log r| > 88``, and the
-    entropy term once ``pi_theta / mu * |log pi_theta|`` does); below the clamps the values
-    are NeMo-RL's.
+    ``[-c, c]``, ``pi_theta / mu`` to ``<= e^c``), and each token's entropy term
+    ``(pi_theta / mu) log pi_theta`` saturates at the dtype's largest finite value, so each
+    metric is finite whenever the loss is (NeMo-RL's own values overflow float32 once
+    ``|l| + |log r| > 88``, and the entropy term once ``e^c |log pi_theta|`` does); below
+    the clamps the values are NeMo-RL's.
     """
     c = log_ratio_clamp
     estimator = _KL_ESTIMATORS[pg.reference_policy_kl_type]
@@ -434,14 +434,14 @@ def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_rati
     ratio = sur.r
     if pg.disable_ppo_ratio:  # r is log pi_theta then; the entropy wants the true ratio
         ratio = x.log_r.clamp(-c, c).exp_()
-    cap = math.exp(c)
-    theta_over_mu = torch.mul(ratio, exp_l).clamp_(max=cap)  # pi_theta / mu
+    theta_over_mu = torch.mul(ratio, exp_l).clamp_(max=math.exp(c))  # pi_theta / mu
+    big = torch.finfo(theta_over_mu.dtype).max  # the entropy term's +-inf -> +-big
     js = torch.nn.functional.softplus(log_rho).sub_(log_rho, alpha=0.5).sub_(LOG_2)
     out = {  # each temporary is ours: scaled in place, then summed (_dot_)
         "gen_kl_error": _dot_(estimator.value(log_rho, exp_l), tok_coef),
         "policy_kl_error": _dot_(estimator.value(-log_rho, exp_neg_l), tok_coef),
         "js_divergence_error": _dot_(js, tok_coef),
-        "approx_entropy": -_dot_(theta_over_mu.mul_(x.logp_theta).clamp_(-cap, cap), tok_coef),
+        "approx_entropy": -_dot_(theta_over_mu.mul_(x.logp_theta).clamp_(-big, big), tok_coef),
         "token_mult_prob_error": _dot_(torch.maximum(exp_l, exp_neg_l, out=exp_l), tok_coef),
     }
     return {**out, **_ratio_extremes(sur, x.m, counts, pg)}
