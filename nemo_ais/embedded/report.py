@@ -285,6 +285,13 @@ def _fmt_ci(mean: float, half: float, digits: int = 3) -> str:
     return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
 
 
+def _delta_cell(diffs: dict[str, tuple[int, float, float]], arm: str, reference: str) -> str:
+    """The "Δ vs reference" table cell of ``arm``: "—" for the reference itself."""
+    if arm == reference:
+        return "—"
+    return _fmt_ci(*diffs.get(arm, (0, math.nan, math.nan))[1:])
+
+
 def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "bf16") -> str:
     summ = arm_summary(records)
     diffs = paired_differences(records, reference)
@@ -307,7 +314,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         fm, fs = s["final_accuracy"]
         im, is_ = s["initial_accuracy"]
         pm, ps = s["primary"]
-        delta = "—" if arm == reference else _fmt_ci(*diffs.get(arm, (0, math.nan, math.nan))[1:])
+        delta = _delta_cell(diffs, arm, reference)
         lines.append(
             f"| {arm} | {s['seeds']} | {im:.3f} ± {is_:.3f} | {fm:.3f} ± {fs:.3f} | "
             f"**{pm:.3f} ± {ps:.3f}** | {delta} |"
@@ -326,10 +333,9 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     ]
     for arm in summ:
         em, es = _mean_std(list(early.get(arm, {}).values()))
-        delta = (
-            "—" if arm == reference else _fmt_ci(*early_diffs.get(arm, (0, math.nan, math.nan))[1:])
+        lines.append(
+            f"| {arm} | {em:.3f} ± {es:.3f} | {_delta_cell(early_diffs, arm, reference)} |"
         )
-        lines.append(f"| {arm} | {em:.3f} ± {es:.3f} | {delta} |")
     lines += [
         "",
         "",
