@@ -47,6 +47,7 @@ __all__ = [
     "check_global_count",
     "check_like",
     "check_mask",
+    "check_scalar_count",
     "describe",
     "fast_check",
     "raise_for_bad_values",
