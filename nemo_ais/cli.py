@@ -14,8 +14,9 @@
 """``nemo-ais``: the command line of the embedded experiment.
 
 ``nemo-ais run [--quick | --preset NAME | --config FILE] [--overwrite] [key=value ...]`` runs
-the four-arm FP8 / AIS GRPO experiment of ``configs/local/default.yaml`` (``--quick``:
-``configs/local/quick.yaml``, ``--preset NAME``: ``configs/local/NAME.yaml``);
+the four-arm FP8 / AIS GRPO experiment of the shipped preset ``default.yaml`` (``--quick``:
+``quick.yaml``, ``--preset NAME``: ``NAME.yaml``; presets live in ``nemo_ais/embedded/presets/``,
+package data);
 ``nemo-ais report RUN_DIR`` redraws its plots and summary.
 ``nemo-ais analyze LOG_DIR`` replays the AIS diagnostics and every correction mode over a
 NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``).
@@ -33,7 +34,7 @@ from pathlib import Path
 
 __all__ = ["PRESETS", "main"]
 
-# configs/local/<name>.yaml selectable with --preset (default.yaml: no flag)
+# nemo_ais/embedded/presets/<name>.yaml selectable with --preset (default.yaml: no flag)
 PRESETS = ("quick", "evidence", "addition")
 
 _EPILOG = """\
@@ -88,16 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         default=None,
-        help="YAML config (default: configs/local/default.yaml).",
+        help="A YAML config file (default: the shipped preset default.yaml).",
     )
     preset.add_argument(
-        "--quick", action="store_true", help="The <= 60 s preset configs/local/quick.yaml."
+        "--quick", action="store_true", help="The <= 60 s shipped preset quick.yaml."
     )
     preset.add_argument(
         "--preset",
         choices=PRESETS,
         default=None,
-        help="A shipped preset configs/local/<name>.yaml: quick (<= 60 s smoke run), "
+        help="A shipped preset nemo_ais/embedded/presets/<name>.yaml: quick (<= 60 s smoke run), "
         "evidence (8 seeds + a constant-alpha arm, <= 90 min), addition (the 2-digit task).",
     )
     run.add_argument(

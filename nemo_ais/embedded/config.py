@@ -13,9 +13,9 @@
 # limitations under the License.
 """Validated configuration of the embedded recipe (``nemo-ais run``).
 
-The YAML (``configs/local/*.yaml``) uses NeMo-RL-style sections; each is validated by a
-pydantic model with ``extra="forbid"``, so an unknown or malformed key fails with a
-``ValueError`` naming its full path (``grpo.num_prompts_per_step=0 is invalid: ...``):
+The YAML (a shipped preset ``nemo_ais/embedded/presets/*.yaml``, package data, or a user
+file) uses NeMo-RL-style sections; each is validated by a pydantic model with
+``extra="forbid"``, so an unknown or malformed key fails with a ``ValueError`` naming its full path (``grpo.num_prompts_per_step=0 is invalid: ...``):
 
 ============== ============================================================================
 section        model
@@ -44,6 +44,7 @@ import copy
 import hashlib
 import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,7 +64,8 @@ __all__ = [
     "validate_config",
 ]
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "local"
+# The shipped presets are package data (pyproject.toml), so a wheel install finds them.
+CONFIG_DIR = Path(str(resources.files("nemo_ais.embedded") / "presets"))
 SECTIONS = (
     "grpo",
     "loss_fn",

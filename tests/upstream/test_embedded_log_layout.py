@@ -43,7 +43,7 @@ ARM, SEED, STEPS = "fp8-ais", 0, 2
 NUM_DIGITS = 2
 PROMPT_LEN = 2 * NUM_DIGITS + 3  # <bos> a + b =
 BATCH = 4 * 4  # prompts x generations per step (global batch)
-# Explicit task and sizes: independent of configs/local/default.yaml beyond its schema.
+# Explicit task and sizes: independent of nemo_ais/embedded/presets/default.yaml beyond its schema.
 TINY = [
     "data.task=addition",
     f"data.num_digits={NUM_DIGITS}",
