@@ -16,20 +16,19 @@
 * :func:`analyze_run`: replay the AIS diagnostics, alpha and every correction mode's
   weights over ``<log_dir>/train_data_step{N}.jsonl`` with the core code; write
   ``analysis.jsonl``, ``report.md`` and plots (``docs/analyze.md``).
-* :class:`AlarmMonitor` / :class:`AlarmConfig`: the refit guard, pure logic usable online
-  in the AIS worker (one :meth:`AlarmMonitor.observe` per global batch).
+* :class:`AlarmMonitor` / :class:`AlarmConfig`: the refit guard, re-exported from
+  :mod:`nemo_ais.alarms` (torch-free pure logic, which the AIS worker uses online too);
+  :func:`position_profile` computes its ``kv_scale_position`` input from a step's tensors.
 """
 
-from nemo_ais.analyze.alarms import (
+from nemo_ais.alarms import (
     ALARM_KINDS,
     AISAlarmsConfig,
     Alarm,
     AlarmConfig,
     AlarmMonitor,
-    PositionProfile,
     RefitAlarmError,
     alarm_metrics,
-    position_profile,
 )
 from nemo_ais.analyze.analysis import (
     ANALYSIS_FILE,
@@ -39,6 +38,7 @@ from nemo_ais.analyze.analysis import (
     analyze_run,
     load_analysis_config,
 )
+from nemo_ais.analyze.position import PositionProfile, position_profile
 from nemo_ais.analyze.reader import BadInputError, find_step_files
 
 __all__ = [

@@ -16,7 +16,7 @@
 For each ``LOG_DIR/train_data_step{N}.jsonl`` in order of N (:mod:`.reader`), the core
 code computes the AIS statistics, diagnostics and alpha (EMA state carried across steps)
 and the weights of ``tis``, ``icepop``, ``seq_mask_geo`` and ``ais`` (:mod:`.replay`);
-the refit guard (:mod:`.alarms`) checks the step. Outputs in ``OUT`` (default
+the refit guard (:mod:`nemo_ais.alarms`) checks the step. Outputs in ``OUT`` (default
 ``LOG_DIR/ais_analysis``): ``analysis.jsonl`` (one row per step, written as the steps are
 read), ``report.md`` and PNG plots (:mod:`.report`).
 """
@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
-from nemo_ais.analyze.alarms import AlarmConfig, AlarmMonitor, alarm_metrics
+from nemo_ais.alarms import AlarmConfig, AlarmMonitor, alarm_metrics
 from nemo_ais.analyze.reader import BadInputError, StepFile, find_step_files
 from nemo_ais.analyze.replay import StepResult, replay_step
 from nemo_ais.analyze.report import write_report

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from nemo_ais.analyze.alarms import PositionProfile, position_profile
+from nemo_ais.analyze.position import PositionProfile, position_profile
 from nemo_ais.analyze.reader import BadInputError, Chunk, ReadCounts, StepFile, iter_chunks
 from nemo_ais.config import CorrectionConfig, require_config
 from nemo_ais.core import (

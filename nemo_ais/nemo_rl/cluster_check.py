@@ -67,7 +67,7 @@ from typing import Any, Literal
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from nemo_ais.analyze.alarms import AISAlarmsConfig
+from nemo_ais.alarms import AISAlarmsConfig
 from nemo_ais.config import CorrectionConfig, validate_section
 
 __all__ = [

@@ -51,7 +51,7 @@ worker's prepare step; a call only looks up its global batch through the row tag
 
 Refit guard (``loss_fn.ais_alarms``, :class:`AISAlarmsConfig`; absent = off): the AIS
 worker observes each global batch's diagnostics with an
-:class:`~nemo_ais.analyze.AlarmMonitor` and attaches the outcome (:meth:`attach_alarms`);
+:class:`~nemo_ais.alarms.AlarmMonitor` and attaches the outcome (:meth:`attach_alarms`);
 every loss call of that global batch then emits ``ais_alarm/<kind>`` (1 if it fired, else
 0) as s * local_valid_toks / global_valid_toks, like the ``ais/*`` global scalars, in every
 mode (``none`` included).
@@ -67,7 +67,7 @@ import torch
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 from pydantic import Field, field_validator, model_validator
 
-from nemo_ais.analyze.alarms import ALARM_KINDS, ALARM_PREFIX, AISAlarmsConfig
+from nemo_ais.alarms import ALARM_KINDS, ALARM_PREFIX, AISAlarmsConfig
 from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
 from nemo_ais.core import AISDiagnostics, metric_normalizations, validation
 from nemo_ais.core.metrics import AIS_METRIC_NAMES, ais_values

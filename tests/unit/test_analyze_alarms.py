@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from test_analyze_logs import write_run
+from torch_free import torch_free_env
 
+from nemo_ais import alarms
 from nemo_ais.analyze import (
     ALARM_KINDS,
     AlarmConfig,
@@ -21,6 +26,8 @@ from nemo_ais.analyze import (
 )
 from nemo_ais.config import CorrectionConfig
 from nemo_ais.core import compute_diagnostics
+from nemo_ais.nemo_rl import loss
+from nemo_ais.nemo_rl.workers import mixin
 
 
 def _diag(tmpe, severity, empty=0.0):
@@ -188,3 +195,31 @@ def test_offline_fail_on_alarm_exits_3_after_writing_the_report(tmp_path, capsys
     assert got == code, capsys.readouterr()
     assert "| 5 | tmpe_jump |" in (out / "report.md").read_text()  # written in every case
     assert "alarm: step 5: tmpe_jump" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- where the alarm lives
+
+
+def test_the_alarm_imports_without_torch_and_both_users_sit_above_it(tmp_path):
+    """``nemo_ais.alarms`` imports (and runs) in a Python where torch cannot be imported.
+
+    The pre-flight check validates ``loss_fn.ais_alarms`` on a login node; the AIS worker
+    and ``nemo-ais analyze`` import the same objects from it (not one from the other).
+    """
+    script = (
+        "from nemo_ais.alarms import AISAlarmsConfig, AlarmMonitor\n"
+        "m = AlarmMonitor(AISAlarmsConfig(min_history=1))\n"
+        "d = {'token_mult_prob_error': 1.01, 'severity': 0.01, 'empty_batch': 0.0}\n"
+        "m.observe(1, d)\n"
+        "d = {'token_mult_prob_error': 1.5, 'severity': 0.01, 'empty_batch': 0.0}\n"
+        "print(*m.observe(2, d))\n"
+    )
+    env = torch_free_env(tmp_path, {"PATH": os.environ["PATH"]})
+    res = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    # 0.5 = 50x the median 0.01 of 1 earlier step (min_history=1)
+    assert res.stdout.startswith("step 2: tmpe_jump: token_mult_prob_error - 1 0.5 vs 0.01")
+    assert mixin.AlarmMonitor is alarms.AlarmMonitor is AlarmMonitor
+    assert loss.AISAlarmsConfig is alarms.AISAlarmsConfig

@@ -14,8 +14,8 @@ import re
 import pytest
 import torch
 
+from nemo_ais.alarms import AlarmConfig, AlarmMonitor
 from nemo_ais.analyze import analyze_run
-from nemo_ais.analyze.alarms import AlarmConfig, AlarmMonitor
 from nemo_ais.analyze.replay import replay_step
 from nemo_ais.config import CorrectionConfig, PGLossConfig, config_type_error, require_config
 from nemo_ais.core import (
@@ -157,13 +157,13 @@ CASES = {
         lambda: AlarmMonitor(ALARMS),
         "AlarmMonitor(config)",
         AlarmConfig,
-        "nemo_ais.analyze.alarms",
+        "nemo_ais.alarms",
     ),
     "AlarmMonitor_empty_dict": (  # {} is falsy: it used to become the defaults silently
         lambda: AlarmMonitor({}),
         "AlarmMonitor(config)",
         AlarmConfig,
-        "nemo_ais.analyze.alarms",
+        "nemo_ais.alarms",
     ),
     "analyze_run_config": (
         lambda: analyze_run("no_such_dir", config=AIS),
@@ -175,7 +175,7 @@ CASES = {
         lambda: analyze_run("no_such_dir", alarm_config={}),
         "analyze_run(alarm_config)",
         AlarmConfig,
-        "nemo_ais.analyze.alarms",
+        "nemo_ais.alarms",
     ),
     "replay_step": (
         lambda: replay_step(None, AIS),
@@ -262,7 +262,7 @@ def test_the_wrong_section_and_a_non_mapping_are_named_too():
 
 
 def test_require_config_accepts_subclasses_and_returns_the_error_for_flagging():
-    from nemo_ais.analyze.alarms import AISAlarmsConfig
+    from nemo_ais.alarms import AISAlarmsConfig
 
     require_config(AISAlarmsConfig(), AlarmConfig, "f(config)")  # a subclass is an AlarmConfig
     assert config_type_error(CorrectionConfig(), CorrectionConfig, "f(config)") is None

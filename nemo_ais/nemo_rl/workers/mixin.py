@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from nemo_ais.analyze.alarms import AlarmConfig, AlarmMonitor, RefitAlarmError, alarm_metrics
+from nemo_ais.alarms import AlarmConfig, AlarmMonitor, RefitAlarmError, alarm_metrics
 from nemo_ais.core import AISDiagnostics, AISState
 from nemo_ais.nemo_rl.seam import prepare_global_batches
 
@@ -57,7 +57,7 @@ class AISTrainMixin:
     is saved / restored with the policy checkpoint.
 
     Refit guard (``loss_fn.ais_alarms.enabled``, not in ``eval_mode``): after the prepare
-    step, one :class:`~nemo_ais.analyze.AlarmMonitor` per worker observes each global
+    step, one :class:`~nemo_ais.alarms.AlarmMonitor` per worker observes each global
     batch's diagnostics -- identical on every rank, so every rank decides the same and,
     with ``fail_on_alarm``, raises :class:`~nemo_ais.analyze.RefitAlarmError` together
     before the optimizer step (no extra collective). The outcome is attached to the loss,

@@ -13,12 +13,16 @@
 # limitations under the License.
 """Refit guard: per-step alarms on the rollout-training mismatch, offline and online.
 
-Pure logic (no I/O, no module state): :class:`AlarmMonitor` keeps the recent history of
-one run and :meth:`AlarmMonitor.observe` names every alarm of a step with its evidence.
-``nemo-ais analyze`` calls it once per ``train_data_step{N}.jsonl``; the AIS worker can
-call the same method once per global batch, after ``compute_diagnostics``, log
-:func:`alarm_metrics` and (``fail_on_alarm: true``) let :class:`RefitAlarmError` fail the
-step. Ratio direction: l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
+Pure logic, torch-free (no I/O, no module state; imports pydantic and
+:mod:`nemo_ais.config` only): :class:`AlarmMonitor` keeps the recent history of one run
+and :meth:`AlarmMonitor.observe` names every alarm of a step with its evidence. Both
+users sit above this module: ``nemo-ais analyze`` (:mod:`nemo_ais.analyze`) calls it
+once per ``train_data_step{N}.jsonl``; the AIS worker (:mod:`nemo_ais.nemo_rl.workers`)
+calls the same method once per global batch, after ``compute_diagnostics``, logs
+:func:`alarm_metrics` and (``fail_on_alarm: true``) lets :class:`RefitAlarmError` fail the
+step. The offline pre-flight check (:mod:`nemo_ais.preflight`) validates
+``loss_fn.ais_alarms`` as :class:`AISAlarmsConfig` without torch. Ratio direction:
+l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
 
 Alarms (thresholds are :class:`AlarmConfig` fields; a heuristic of this project, not of
 the AIS paper):
@@ -35,14 +39,16 @@ the AIS paper):
    median by at least ``min_jump`` (needs ``min_history`` earlier steps). A refit that
    left stale or mis-scaled FP8 weights shows up as such a jump.
 3. ``kv_scale_position``: over the sequences whose valid span (first to last valid
-   position) is at least ``kv_min_length``, each cut into quarters of its OWN span, the
-   mean |l| over the last quarters is ``kv_ratio`` x that over the first quarters (and
-   higher by ``min_jump``): mismatch growing with position within a sequence, the
-   signature of FP8 KV-cache scales left at their default of 1.0 (quantization error
-   accumulating in the attention over a long context). Quarters relative to each
-   sequence's length keep sequences of different lengths from being compared with each
-   other (a long, uniformly mismatched sequence does not look like late-position growth).
-   Offline only: the AIS worker runs alarms 1-2 on its diagnostics (docs/analyze.md).
+   position) is at least ``kv_min_length``, each cut into :data:`QUARTERS` quarters of its
+   OWN span, the mean |l| over the last quarters is ``kv_ratio`` x that over the first
+   quarters (and higher by ``min_jump``): mismatch growing with position within a
+   sequence, the signature of FP8 KV-cache scales left at their default of 1.0
+   (quantization error accumulating in the attention over a long context). Quarters
+   relative to each sequence's length keep sequences of different lengths from being
+   compared with each other (a long, uniformly mismatched sequence does not look like
+   late-position growth). Its input, the per-quarter sums, is computed from the step's
+   tensors offline (:func:`nemo_ais.analyze.position_profile`); the AIS worker runs
+   alarms 1-2 on its diagnostics (docs/analyze.md).
 """
 
 from __future__ import annotations
@@ -52,29 +58,28 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_ais.config import require_config
-from nemo_ais.core import log_ratio
 
 __all__ = [
     "ALARM_KINDS",
+    "QUARTERS",
     "AISAlarmsConfig",
     "Alarm",
     "AlarmConfig",
     "AlarmMonitor",
-    "PositionProfile",
+    "PositionQuarters",
     "RefitAlarmError",
     "alarm_metrics",
-    "position_profile",
 ]
 
 ALARM_KINDS = ("nonfinite", "tmpe_jump", "severity_jump", "kv_scale_position")
 ALARM_PREFIX = "ais_alarm/"
-_QUARTERS = 4
+QUARTERS = 4
+"""Quarters each long sequence's valid span is cut into by the ``kv_scale_position`` check."""
 
 
 class AlarmConfig(BaseModel):
@@ -96,7 +101,7 @@ class AlarmConfig(BaseModel):
     )
     kv_min_length: int = Field(
         256,
-        ge=_QUARTERS,
+        ge=QUARTERS,
         description="KV check: only sequences whose valid span has >= this many positions.",
     )
     kv_ratio: float = Field(
@@ -144,83 +149,17 @@ class RefitAlarmError(RuntimeError):
     """Raised by :meth:`AlarmMonitor.observe` when ``fail_on_alarm`` is set and alarms fired."""
 
 
-@dataclass
-class PositionProfile:
-    """Per-quarter sums over valid tokens of long sequences: sum |l|, tokens, sequences.
+class PositionQuarters(Protocol):
+    """What the ``kv_scale_position`` check reads from a step's per-quarter |l| sums.
 
-    Quarter q of a sequence covers its valid span's positions with
-    floor(4 (j - first) / span) = q. Additive: profiles of chunks (or of data-parallel
-    ranks, all-reduced) merge by :meth:`merge`.
+    :class:`nemo_ais.analyze.PositionProfile` (built from the step's tensors) is one.
     """
 
-    abs_log_rho_sum: torch.Tensor
-    n_tok: torch.Tensor
-    n_seq: int = 0
-    min_length: int = 0
-
-    @classmethod
-    def empty(cls, min_length: int = 0) -> PositionProfile:
-        """A profile with no sequence."""
-        zero = torch.zeros(_QUARTERS, dtype=torch.float64)
-        return cls(zero, zero.clone(), 0, min_length)
-
-    def merge(self, other: PositionProfile) -> PositionProfile:
-        """Sum of two profiles (built with the same ``min_length``)."""
-        return PositionProfile(
-            self.abs_log_rho_sum + other.abs_log_rho_sum,
-            self.n_tok + other.n_tok,
-            self.n_seq + other.n_seq,
-            max(self.min_length, other.min_length),
-        )
+    n_seq: int  # sequences long enough to be counted
+    min_length: int  # the shortest valid span counted
 
     def quarters(self) -> list[tuple[float, float]] | None:
         """[(mean |l|, tokens) per quarter]; None if no sequence was long enough."""
-        if self.n_seq == 0:
-            return None
-        n = self.n_tok.tolist()
-        s = self.abs_log_rho_sum.tolist()
-        return [(s[q] / n[q] if n[q] > 0 else 0.0, n[q]) for q in range(_QUARTERS)]
-
-
-@torch.no_grad()
-def position_profile(
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    min_length: int = 256,
-) -> PositionProfile:
-    """Per-quarter sum |l| and token count of a ``[B, T]`` batch's long sequences (core ``log_ratio``).
-
-    Each row's quarters are relative to its own valid span (first to last valid position);
-    rows whose span is shorter than ``min_length`` are left out.
-
-    Args:
-        logp_old: ``[B, T]`` ``prev_logprobs`` (aligned like the loss: ``[:, 1:]``).
-        logp_rollout: ``[B, T]`` ``generation_logprobs``, same alignment.
-        mask: ``[B, T]`` bool or {0, 1}; positions to count (non-finite ones excluded).
-        min_length: shortest valid span counted (``AlarmConfig.kv_min_length``).
-
-    Returns:
-        :class:`PositionProfile` (float64 sums of length 4, on the CPU).
-    """
-    valid = (mask if mask.dtype == torch.bool else mask == 1).cpu()
-    t = valid.shape[-1]
-    has_tok = valid.any(dim=-1)
-    first = valid.to(torch.int8).argmax(dim=-1)
-    last = t - 1 - valid.flip(-1).to(torch.int8).argmax(dim=-1)
-    span = torch.where(has_tok, last - first + 1, 0)
-    long_seq = span >= min_length
-    offset = torch.arange(t)[None, :] - first[:, None]
-    quarter = (offset * _QUARTERS).div(span.clamp(min=1)[:, None], rounding_mode="floor")
-    used = valid & long_seq[:, None]
-    index = quarter.clamp(0, _QUARTERS - 1)[used]
-    abs_log_rho = log_ratio(logp_old, logp_rollout, valid.to(logp_old.device)).abs().cpu()
-    out = PositionProfile.empty(min_length)
-    out.abs_log_rho_sum.index_add_(0, index, abs_log_rho[used].to(torch.float64))
-    out.n_tok.index_add_(0, index, torch.ones(index.numel(), dtype=torch.float64))
-    out.n_seq = int(long_seq.sum())
-    return out
 
 
 def _get(diagnostics: Any, name: str) -> float:
@@ -267,7 +206,7 @@ class AlarmMonitor:
             )
         return None
 
-    def _kv(self, step: int, profile: PositionProfile | None) -> Alarm | None:
+    def _kv(self, step: int, profile: PositionQuarters | None) -> Alarm | None:
         quarters = profile.quarters() if profile is not None else None
         if quarters is None:
             return None
@@ -293,7 +232,7 @@ class AlarmMonitor:
         *,
         n_nonfinite: int = 0,
         nonfinite_where: str = "",
-        profile: PositionProfile | None = None,
+        profile: PositionQuarters | None = None,
     ) -> list[Alarm]:
         """Check one step and add it to the history.
 
@@ -303,8 +242,9 @@ class AlarmMonitor:
                 field names) of the step's global batch.
             n_nonfinite: valid positions with a NaN / inf log-prob (excluded upstream).
             nonfinite_where: where the first one is (for the evidence).
-            profile: per-quarter |l| sums of long sequences (:func:`position_profile`), or
-                None (no ``kv_scale_position`` check, as online).
+            profile: per-quarter |l| sums of long sequences
+                (:func:`nemo_ais.analyze.position_profile`), or None (no
+                ``kv_scale_position`` check, as online).
 
         Returns:
             The fired alarms, in :data:`ALARM_KINDS` order (empty if none).
