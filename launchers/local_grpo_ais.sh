@@ -30,8 +30,8 @@
 #   NEMO_AIS_DIR  nemo_ais checkout put on PYTHONPATH (default: this script's repository)
 #   RUNNER        launcher of the entry point (default: "uv run python"; e.g. "python"
 #                 inside an activated NeMo-RL environment)
-#   PYTHON        interpreter for the offline check (default: python3; needs pydantic,
-#                 omegaconf, pyyaml -- not NeMo-RL)
+#   PYTHON        interpreter for the offline check (default: python3; Python >= 3.11
+#                 with pydantic, omegaconf, pyyaml -- not torch, not NeMo-RL)
 set -euo pipefail
 
 SCRIPT_NAME=local_grpo_ais.sh
@@ -44,10 +44,10 @@ read -r -a runner <<< "${RUNNER:-uv run python}"
 pythonpath="$(pythonpath_with "$NEMO_AIS_DIR")"   # no empty entry (= the cwd)
 
 if ((check)); then
-  # The file, not `-m nemo_ais.nemo_rl...`: skips the adapter package's torch import.
-  nodes="$(PYTHONPATH="$pythonpath" "${PYTHON:-python3}" "$NEMO_AIS_DIR/nemo_ais/nemo_rl/cluster_check.py" \
+  # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py)
+  nodes="$(PYTHONPATH="$pythonpath" "${PYTHON:-python3}" -P -m nemo_ais.preflight \
     --get cluster.num_nodes "$config" "${overrides[@]}")" \
-    || die "$config fails the offline checks above (python -m nemo_ais.nemo_rl.cluster_check $config)"
+    || die "$config fails the offline checks above (python -m nemo_ais.preflight $config)"
   [[ "$nodes" == 1 ]] || die "$config runs on cluster.num_nodes=$nodes: use launchers/slurm_grpo_ais.sh"
 fi
 

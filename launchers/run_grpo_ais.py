@@ -60,12 +60,12 @@ if str(REPO_ROOT) not in sys.path:  # running from a checkout without `pip insta
     sys.path.insert(0, str(REPO_ROOT))
 
 from nemo_ais.nemo_rl import NEMO_RL_INSTALL_HINT  # noqa: E402
-from nemo_ais.nemo_rl.cluster_check import fp8_kv_refit_problems  # noqa: E402
 from nemo_ais.nemo_rl.policy_factory import (  # noqa: E402
     ais_worker_fqn,
     make_policy_factory,
     register_ais_workers,
 )
+from nemo_ais.preflight import fp8_kv_refit_problems  # noqa: E402
 
 __all__ = [
     "ais_worker_fqn",

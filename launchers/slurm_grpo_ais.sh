@@ -47,7 +47,8 @@
 #   HF_HOME       Hugging Face cache: mounted and exported to the job
 #   EXTRA_MOUNTS  comma-separated src:dst container mounts to add
 #   SBATCH_ARGS   extra sbatch arguments (space-separated)
-#   PYTHON        interpreter for the offline check (default: python3; no NeMo-RL needed)
+#   PYTHON        interpreter for the offline check (default: python3; Python >= 3.11
+#                 with pydantic, omegaconf, pyyaml -- not torch, not NeMo-RL)
 set -euo pipefail
 
 SCRIPT_NAME=slurm_grpo_ais.sh
@@ -63,12 +64,12 @@ CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 [[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 checkout)"
 
 if ((check)); then
-  # The file, not `-m nemo_ais.nemo_rl...`: skips the adapter package's torch import.
+  # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py)
   read -r cfg_nodes cfg_gpus < <(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" \
-    "${PYTHON:-python3}" "$NEMO_AIS_DIR/nemo_ais/nemo_rl/cluster_check.py" \
+    "${PYTHON:-python3}" -P -m nemo_ais.preflight \
     --get cluster.num_nodes --get cluster.gpus_per_node "$config" "${overrides[@]}") || true
   [[ -n "${cfg_nodes:-}" && -n "${cfg_gpus:-}" ]] \
-    || die "$config fails the offline checks above (python -m nemo_ais.nemo_rl.cluster_check $config)"
+    || die "$config fails the offline checks above (python -m nemo_ais.preflight $config)"
   for pair in "NUM_NODES:$cfg_nodes:num_nodes" "GPUS_PER_NODE:$cfg_gpus:gpus_per_node"; do
     IFS=: read -r var want key <<< "$pair"
     [[ -z "${!var:-}" || "${!var}" == "$want" ]] \

@@ -19,6 +19,7 @@ Subpackages:
   * ``nemo_ais.nemo_rl`` -- NeMo-RL v0.7.0 adapter (imports NeMo-RL lazily).
   * ``nemo_ais.megatron``-- Megatron-Core process-group helpers (imports megatron lazily).
   * ``nemo_ais.embedded``-- the one-CPU GRPO experiment behind ``nemo-ais run``.
+  * ``nemo_ais.preflight``-- offline config checks and memory budget (torch-free).
 """
 
 __version__ = "0.1.0"

@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from nemo_ais.nemo_rl import cluster_check as cc
+from nemo_ais.preflight import is_mixin, load_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "nemo_rl"
 LAUNCHER = REPO_ROOT / "launchers" / "run_grpo_ais.py"
 # every full config (arm mixins, which hold only loss_fn.ais, excluded)
-FULL_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not cc.is_mixin(cc.load_config(p)))
+FULL_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not is_mixin(load_config(p)))
 
 
 def launcher() -> ModuleType:

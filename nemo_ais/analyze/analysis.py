@@ -108,7 +108,7 @@ def load_analysis_config(
     """
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     if path is not None:
-        from nemo_ais.nemo_rl.cluster_check import load_config
+        from nemo_ais.preflight import load_config
 
         data = load_config(path)
         sections["loss_fn.ais"] = dict((data.get("loss_fn") or {}).get("ais") or {})

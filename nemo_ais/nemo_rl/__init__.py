@@ -13,9 +13,11 @@
 # limitations under the License.
 """NeMo-RL v0.7.0 adapter for AIS (NeMo-RL is imported lazily).
 
-``import nemo_ais.nemo_rl`` works without NeMo-RL; the framework-independent prepare step
-(:mod:`nemo_ais.nemo_rl.seam`) is always available. The NeMo-RL classes are resolved on
-first use::
+``import nemo_ais.nemo_rl`` works without NeMo-RL and without torch (so ``python -m
+nemo_ais.nemo_rl.cluster_check``, an alias of :mod:`nemo_ais.preflight`, runs on a login
+node): every public name is resolved on first use. The framework-independent prepare step
+(:mod:`nemo_ais.nemo_rl.seam`, torch) is always available; the NeMo-RL classes need
+NeMo-RL::
 
     from nemo_ais.nemo_rl import AISClippedPGLossFn, AISLossConfig   # needs NeMo-RL
 
@@ -28,14 +30,6 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
-
-from nemo_ais.nemo_rl.seam import (
-    GLOBAL_BATCH_KEY,
-    core_inputs,
-    global_batch_diagnostics,
-    prepare_global_batches,
-    split_global_batches,
-)
 
 __all__ = [
     "GLOBAL_BATCH_KEY",
@@ -68,8 +62,13 @@ class NeMoRLNotInstalledError(AttributeError):
     """
 
 
-# public name -> submodule that defines it (imports nemo_rl)
+# public name -> submodule that defines it (seam: torch; loss: torch and nemo_rl)
 _LAZY = {
+    "GLOBAL_BATCH_KEY": "nemo_ais.nemo_rl.seam",
+    "core_inputs": "nemo_ais.nemo_rl.seam",
+    "global_batch_diagnostics": "nemo_ais.nemo_rl.seam",
+    "prepare_global_batches": "nemo_ais.nemo_rl.seam",
+    "split_global_batches": "nemo_ais.nemo_rl.seam",
     "AISClippedPGLossFn": "nemo_ais.nemo_rl.loss",
     "AISLossConfig": "nemo_ais.nemo_rl.loss",
     "validate_loss_config": "nemo_ais.nemo_rl.loss",

@@ -72,7 +72,6 @@ from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
 from nemo_ais.core import AISDiagnostics, metric_normalizations, validation
 from nemo_ais.core.metrics import AIS_METRIC_NAMES, ais_values
 from nemo_ais.core.weights import compute_dtype
-from nemo_ais.nemo_rl.cluster_check import AIS_CONFLICTS, ais_conflicts
 from nemo_ais.nemo_rl.seam import (
     GLOBAL_BATCH_KEY,
     UNUSED_ROW,
@@ -81,6 +80,7 @@ from nemo_ais.nemo_rl.seam import (
     loss_from_prepared,
     row_valid_tokens,
 )
+from nemo_ais.preflight import AIS_CONFLICTS, ais_conflicts
 
 __all__ = [
     "ALARM_METRIC_KEYS",

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS  # noqa: E402
 
 from nemo_ais.nemo_rl import cluster_check as cc  # noqa: E402
+from nemo_ais.preflight.loader import nemo_rl_loader  # noqa: E402
 
 
 def _nemo_rl_load(path: Path, overrides: list[str] = ()) -> dict:
@@ -154,7 +155,7 @@ def test_examples_exercise_both_outcomes():
 
 def test_load_config_is_nemo_rl_loader_when_importable():
     path = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
-    assert cc._nemo_rl_config() is nemo_rl_config
+    assert nemo_rl_loader() is nemo_rl_config
     assert cc.load_config(path) == _nemo_rl_load(path)
     # NeMo-RL's own refusal (Hydra's message), raised as ValueError for the CLI
     with pytest.raises(ValueError, match=r"Could not append to config.*loss_fn\.ais\.ema"):

@@ -1,7 +1,7 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """configs/nemo_rl/: every YAML loads, validates and has a consistent parallel layout.
 
-The checks themselves (nemo_ais.nemo_rl.cluster_check) are tested on broken variants of
+The checks themselves (nemo_ais.preflight) are tested on broken variants of
 the real configs: each broken override must fail the named check with a message that
 names the offending field and the numbers.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from shipped_configs import CONFIG_DIR, flat
 
+from nemo_ais import preflight as pf
 from nemo_ais.config import CorrectionConfig
-from nemo_ais.nemo_rl import cluster_check as cc
 
 ALL_YAML = sorted(CONFIG_DIR.rglob("*.yaml"))
 BASE = CONFIG_DIR / "grpo_ais_base.yaml"
@@ -28,11 +28,11 @@ SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
 
 @functools.cache
 def _cached(path: Path, overrides: tuple[str, ...]) -> dict:
-    return cc.load_config(path, list(overrides))
+    return pf.load_config(path, list(overrides))
 
 
 def _load(path: Path, overrides=()) -> dict:
-    """cc.load_config, memoized (0.2 s per load on a 2-core CI machine); returns a copy."""
+    """pf.load_config, memoized (0.2 s per load on a 2-core CI machine); returns a copy."""
     return copy.deepcopy(_cached(path, tuple(overrides)))
 
 
@@ -57,9 +57,9 @@ def test_every_yaml_loads_and_passes_checks(path):
     leaves = flat(cfg)
     unresolved = [k for k, v in leaves.items() if isinstance(v, str) and "${" in v]
     assert not unresolved, f"{_rel(path)}: unresolved interpolations {unresolved}"
-    results = cc.validate_config(cfg, _rel(path))  # raises on any failed check
+    results = pf.validate_config(cfg, _rel(path))  # raises on any failed check
     names = {r.name for r in results}
-    if cc.is_mixin(cfg):
+    if pf.is_mixin(cfg):
         assert _rel(path).startswith("arms/")
         assert names == {"loss_fn.ais"}
     else:
@@ -68,7 +68,7 @@ def test_every_yaml_loads_and_passes_checks(path):
             "entry_point_keys",
             "checkpointing",
             "fp8_rollout",
-            "megatron_parallel",
+            "trainer_parallel",
             "batch",
             "vllm_parallel",
         } <= names
@@ -97,7 +97,7 @@ def test_exemplar_ais_keys_equal_correction_config_fields_and_defaults():
 
 def test_exemplar_keeps_nemo_rl_importance_sampling_off():
     loss = _load(BASE)["loss_fn"]
-    for knob, off in cc.AIS_CONFLICTS.items():
+    for knob, off in pf.AIS_CONFLICTS.items():
         assert loss[knob] == off, knob
 
 
@@ -113,25 +113,25 @@ def test_exemplar_keeps_nemo_rl_importance_sampling_off():
     ids=lambda x: x.name if isinstance(x, Path) else "",
 )
 def test_parallel_layout_hand_worked(path, expected):
-    lay = cc.parallel_layout(_load(path))
+    lay = pf.parallel_layout(_load(path))
     assert {k: getattr(lay, k) for k in expected} == expected
 
 
 def test_moe_config_expert_arithmetic():
     cfg = _load(MOE)
-    dims = cc.find_model_dims(cfg["policy"]["model_name"])
-    lay = cc.parallel_layout(cfg)
+    dims = pf.find_model_shape(cfg["policy"]["model_name"])
+    lay = pf.parallel_layout(cfg)
     assert dims.num_experts == 128 and dims.num_experts % lay.ep == 0  # 16 experts per rank
     assert (lay.world // lay.pp) % (lay.ep * lay.etp) == 0  # expert DP = 16 / 8 = 2
-    assert dims.moe_intermediate_size / lay.vllm_tp == 384 == 3 * cc.FP8_BLOCK
+    assert dims.moe_intermediate_size / lay.vllm_tp == 384 == 3 * pf.FP8_BLOCK
     four_nodes = _load(MOE, ["cluster.num_nodes=4"])
-    assert cc.parallel_layout(four_nodes).dp == 16
-    cc.validate_config(four_nodes)
+    assert pf.parallel_layout(four_nodes).dp == 16
+    pf.validate_config(four_nodes)
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 4, 8])
 def test_smoke_config_fits_any_gpu_count_on_one_node(gpus):
-    cc.validate_config(_load(SMOKE, [f"cluster.gpus_per_node={gpus}"]))
+    pf.validate_config(_load(SMOKE, [f"cluster.gpus_per_node={gpus}"]))
 
 
 def _arm_cfgs(prefix: str) -> dict[str, dict[str, object]]:
@@ -183,49 +183,49 @@ BROKEN = [
     (
         QWEN8B,
         ["policy.megatron_cfg.tensor_model_parallel_size=3"],
-        "megatron_parallel",
+        "trainer_parallel",
         "GPUs = cluster.num_nodes x cluster.gpus_per_node = 16 is not divisible by TP x PP x CP = 3 x 1 x 1 = 3",
     ),
     (
         QWEN8B,
         ["cluster.gpus_per_node=3", "cluster.num_nodes=1"],
-        "megatron_parallel",
+        "trainer_parallel",
         "= 3 is not divisible by TP x PP x CP = 2 x 1 x 1 = 2",
     ),
     (
         MOE,
         ["policy.megatron_cfg.expert_model_parallel_size=3"],
-        "megatron_parallel",
+        "trainer_parallel",
         "expert_model_parallel_size=3 does not divide the 128 experts",
     ),
     (
         MOE,
         ["policy.megatron_cfg.expert_model_parallel_size=32"],
-        "megatron_parallel",
+        "trainer_parallel",
         "ETP x EP = 1 x 32 = 32 must divide GPUs / PP = 16 / 1",
     ),
     (
         MOE,
         ["policy.megatron_cfg.sequence_parallel=false"],
-        "megatron_parallel",
+        "trainer_parallel",
         "needs policy.megatron_cfg.sequence_parallel=true",
     ),
     (
         QWEN8B,
         ["policy.megatron_cfg.expert_model_parallel_size=2"],
-        "megatron_parallel",
+        "trainer_parallel",
         "expert_model_parallel_size=2 > 1 for a dense model",
     ),
     (
         LLAMA,
         ["cluster.num_nodes=3", "policy.megatron_cfg.pipeline_model_parallel_size=3"],
-        "megatron_parallel",
+        "trainer_parallel",
         "pipeline_model_parallel_size=3 does not divide the 32 layers",
     ),
     (
         QWEN8B,
         ["policy.megatron_cfg.tensor_model_parallel_size=4", "policy.logprob_batch_size=2"],
-        "megatron_parallel",
+        "trainer_parallel",
         "TP=4 >= 4 needs policy.train_micro_batch_size (1) == policy.logprob_batch_size (2)",
     ),
     (
@@ -368,11 +368,11 @@ BROKEN = [
 )
 def test_broken_variant_fails_named_check(path, overrides, check, fragment):
     cfg = _load(path, overrides)
-    failed = {r.name: r.detail for r in cc.check_config(cfg) if r.status == "fail"}
+    failed = {r.name: r.detail for r in pf.check_config(cfg) if r.status == "fail"}
     assert check in failed, f"expected {check} to fail, failures: {failed}"
     assert fragment in failed[check]
     with pytest.raises(ValueError, match=r"check\(s\) failed") as info:
-        cc.validate_config(cfg, path.name)
+        pf.validate_config(cfg, path.name)
     assert fragment in str(info.value) and path.name in str(info.value)
 
 
@@ -413,23 +413,23 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
     ],
 )
 def test_legal_variants_pass(path, overrides):
-    cc.validate_config(_load(path, overrides))
+    pf.validate_config(_load(path, overrides))
 
 
 def test_unknown_model_warns_and_skips_shape_checks():
     cfg = _load(SMOKE, ["policy.model_name=/ckpt/my-model"])
-    results = {r.name: r for r in cc.check_config(cfg)}
-    assert results["model_dims"].status == "warn"
-    assert "'/ckpt/my-model' is not in MODEL_DIMS" in results["model_dims"].detail
+    results = {r.name: r for r in pf.check_config(cfg)}
+    assert results["model_shapes"].status == "warn"
+    assert "'/ckpt/my-model' is not in MODEL_SHAPES" in results["model_shapes"].detail
     assert "vllm_fp8_shards" not in results
-    cc.validate_config(cfg)  # warnings do not fail
+    pf.validate_config(cfg)  # warnings do not fail
 
 
-def test_model_dims_lookup_by_basename():
-    assert cc.find_model_dims("Qwen/Qwen3-8B") is cc.MODEL_DIMS["qwen3-8b"]
-    assert cc.find_model_dims("/models/Qwen3-8B/") is cc.MODEL_DIMS["qwen3-8b"]
-    assert cc.find_model_dims("meta-llama/Llama-3.1-8B-Instruct").intermediate_size == 14336
-    moe = cc.find_model_dims("Qwen/Qwen3-30B-A3B")
+def test_model_shape_lookup_by_basename():
+    assert pf.find_model_shape("Qwen/Qwen3-8B") is pf.MODEL_SHAPES["qwen3-8b"]
+    assert pf.find_model_shape("/models/Qwen3-8B/") is pf.MODEL_SHAPES["qwen3-8b"]
+    assert pf.find_model_shape("meta-llama/Llama-3.1-8B-Instruct").intermediate_size == 14336
+    moe = pf.find_model_shape("Qwen/Qwen3-30B-A3B")
     assert (moe.num_experts, moe.moe_intermediate_size, moe.num_layers) == (128, 768, 48)
 
 
@@ -450,37 +450,37 @@ def test_loader_defaults_order_override_marker_and_interpolation(tmp_path):
     _write(tmp_path / "sub" / "b.yaml", "defaults: ../a.yaml\nx: 2\n")
     _write(tmp_path / "c.yaml", "y: 7\nsec: {_override_: true, r: 3}\n")
     child = _write(tmp_path / "child.yaml", "defaults: [sub/b.yaml, c.yaml]\ny: 8\n")
-    cfg = cc.load_config_fallback(child)
+    cfg = pf.load_config_fallback(child)
     # b overrides a (x=2), c's _override_ replaces sec, the child wins (y=8), mul resolves.
     assert cfg == {"x": 2, "sec": {"r": 3}, "n": 6, "y": 8}
 
 
 def test_loader_overrides(tmp_path):
     path = _write(tmp_path / "a.yaml", "a: {b: 1, c: [1, 2]}\n")
-    assert cc.load_config_fallback(path, ["a.b=null", "+a.d=x", "++a.e=3", "~a.c"]) == {
+    assert pf.load_config_fallback(path, ["a.b=null", "+a.d=x", "++a.e=3", "~a.c"]) == {
         "a": {"b": None, "d": "x", "e": 3}
     }
     with pytest.raises(ValueError, match=r"a\.z is not in the config \(write \+a\.z=\.\.\. to add"):
-        cc.load_config_fallback(path, ["a.z=1"])
+        pf.load_config_fallback(path, ["a.z=1"])
     with pytest.raises(ValueError, match="expected key=value"):
-        cc.load_config_fallback(path, ["a.b"])
+        pf.load_config_fallback(path, ["a.b"])
     with pytest.raises(ValueError, match=r"~a\.q.*not in the config"):
-        cc.load_config_fallback(path, ["~a.q"])
+        pf.load_config_fallback(path, ["~a.q"])
 
 
 def test_loader_errors(tmp_path):
     _write(tmp_path / "x.yaml", "defaults: y.yaml\n")
     _write(tmp_path / "y.yaml", "defaults: x.yaml\n")
     with pytest.raises(ValueError, match="inheritance cycle"):
-        cc.load_config_fallback(tmp_path / "x.yaml")
+        pf.load_config_fallback(tmp_path / "x.yaml")
     missing = _write(tmp_path / "m.yaml", "defaults: nope.yaml\n")
     with pytest.raises(
         FileNotFoundError, match=r"nope\.yaml does not exist \(a defaults: entry of"
     ):
-        cc.load_config_fallback(missing)
+        pf.load_config_fallback(missing)
     listy = _write(tmp_path / "l.yaml", "- 1\n- 2\n")
     with pytest.raises(TypeError, match="expected a YAML mapping"):
-        cc.load_config_fallback(listy)
+        pf.load_config_fallback(listy)
 
 
 # ---------------------------------------------------------------------------------------
@@ -489,34 +489,34 @@ def test_loader_errors(tmp_path):
 
 
 def test_cli_prints_results_and_exit_codes(capsys):
-    assert cc.main([str(QWEN8B)]) == 0
+    assert pf.main([str(QWEN8B)]) == 0
     out = capsys.readouterr().out
     assert "(Qwen/Qwen3-8B, 2 node(s) x 8 GPU(s) = 16)" in out
-    assert "[OK  ] megatron_parallel: GPUs=16: TP=2 PP=1 CP=1 -> DP=8" in out
-    assert cc.main([str(QWEN8B), "policy.train_global_batch_size=384"]) == 1
+    assert "[OK  ] trainer_parallel: GPUs=16: TP=2 PP=1 CP=1 -> DP=8" in out
+    assert pf.main([str(QWEN8B), "policy.train_global_batch_size=384"]) == 1
     assert "[FAIL] batch:" in capsys.readouterr().out
 
 
 def test_cli_get_and_quiet(capsys):
-    assert cc.main(["--get", "cluster.num_nodes", "--get", "cluster.gpus_per_node", str(MOE)]) == 0
+    assert pf.main(["--get", "cluster.num_nodes", "--get", "cluster.gpus_per_node", str(MOE)]) == 0
     assert capsys.readouterr().out == "2 8\n"
-    assert cc.main(["--get", "cluster.num_nodes", str(MOE), "cluster.num_nodes=3"]) == 1
+    assert pf.main(["--get", "cluster.num_nodes", str(MOE), "cluster.num_nodes=3"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "[FAIL] batch: policy.train_global_batch_size=512 is not divisible by DP" in captured.err
-    assert cc.main(["--quiet", str(SMOKE)]) == 0
+    assert pf.main(["--quiet", str(SMOKE)]) == 0
     assert capsys.readouterr().out == ""
 
 
 @pytest.mark.parametrize(
     ("key", "flag"),
-    [(k, f) for k, _, f in cc.ENTRY_POINT_KEYS if f is not None],
-    ids=[k for k, _, f in cc.ENTRY_POINT_KEYS if f is not None],
+    [(k, f) for k, _, f in pf.ENTRY_POINT_KEYS if f is not None],
+    ids=[k for k, _, f in pf.ENTRY_POINT_KEYS if f is not None],
 )
 def test_a_flagged_entry_point_key_is_required_only_with_its_flag_on(key, flag):
     # upstream reads these only in the branch the flag turns on (tests/upstream/
     # test_setup_real.py drops each one, flag on, through NeMo-RL's real setup())
-    cfg = copy.deepcopy(cc.load_config(SMOKE))
+    cfg = copy.deepcopy(pf.load_config(SMOKE))
     node = cfg
     *parents, leaf = key.split(".")
     for part in parents:
@@ -525,9 +525,9 @@ def test_a_flagged_entry_point_key_is_required_only_with_its_flag_on(key, flag):
     flag_parent, _, flag_leaf = flag.rpartition(".")
     flags = functools.reduce(lambda d, p: d[p], flag_parent.split("."), cfg)
 
-    def entry_point(on: bool) -> cc.CheckResult:
+    def entry_point(on: bool) -> pf.CheckResult:
         flags[flag_leaf] = on
-        (result,) = [r for r in cc.check_config(cfg) if r.name == "entry_point_keys"]
+        (result,) = [r for r in pf.check_config(cfg) if r.name == "entry_point_keys"]
         return result
 
     assert f"{key} is missing" not in entry_point(False).detail

@@ -174,7 +174,7 @@ def test_local_refuses_a_broken_layout(nemo_rl_dir):
     assert res.returncode == 2
     assert res.stdout == ""  # nothing printed as "would run"
     assert (
-        "[FAIL] megatron_parallel: GPUs = cluster.num_nodes x cluster.gpus_per_node = 1"
+        "[FAIL] trainer_parallel: GPUs = cluster.num_nodes x cluster.gpus_per_node = 1"
         in res.stderr
     )
     assert "fails the offline checks above" in res.stderr

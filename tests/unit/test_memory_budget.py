@@ -1,8 +1,8 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""nemo_ais.nemo_rl.memory_budget: hand-worked arithmetic, and every shipped config fits.
+"""nemo_ais.preflight.memory_budget: hand-worked arithmetic, and every shipped config fits.
 
 Hand values are computed in the comments from the model's config.json numbers
-(MODEL_SHAPES) and the formulas in the module docstring; GiB = 2**30 bytes.
+(nemo_ais.preflight.MODEL_SHAPES) and the formulas in the module docstring; GiB = 2**30 bytes.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS
 
-from nemo_ais.nemo_rl import cluster_check as cc
-from nemo_ais.nemo_rl import memory_budget as mb
+from nemo_ais.preflight import MODEL_SHAPES, load_config
+from nemo_ais.preflight import memory_budget as mb
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
@@ -27,7 +27,7 @@ GIB = 2**30
 
 @functools.cache
 def _cached(path: Path) -> dict:
-    return cc.load_config(path)
+    return load_config(path)
 
 
 def _cfg(path: Path, **sets: object) -> dict:
@@ -50,51 +50,48 @@ def test_total_params_match_the_published_sizes():
     # MLP 3 x 1024 x 3072 = 9,437,184; norms 2 x 1024 + q/k norms 2 x 128 = 2,304
     # -> 15,730,944 x 28 = 440,466,432; + tied embedding 151,936 x 1024 = 155,582,464
     # + final norm 1,024 = 596,049,920 (the model card's count).
-    assert mb.MODEL_SHAPES["qwen3-0.6b"].total_params() == 596_049_920
+    assert MODEL_SHAPES["qwen3-0.6b"].total_params() == 596_049_920
     # Qwen3-8B: attention 2 x 4096 x 4096 + 2 x 4096 x 1024 = 41,943,040; MLP 3 x 4096 x
     # 12288 = 150,994,944; norms 8,192 + 256 -> 192,946,432 x 36 = 6,946,071,552;
     # untied 2 x 151,936 x 4096 = 1,244,659,712; + 4,096 -> 8,190,735,360 (8.19 B).
-    assert mb.MODEL_SHAPES["qwen3-8b"].total_params() == 8_190_735_360
+    assert MODEL_SHAPES["qwen3-8b"].total_params() == 8_190_735_360
     # Qwen3-30B-A3B: attention 2048 x 4096 x 2 + 2 x 2048 x 512 = 18,874,368; experts
     # 128 x 3 x 2048 x 768 = 603,979,776; router 128 x 2048 = 262,144; norms 4,096 + 256
     # -> 623,120,640 x 48 = 29,909,790,720; + 2 x 151,936 x 2048 = 622,329,856; + 2,048
     # -> 30,532,122,624 (30.5 B).
-    assert mb.MODEL_SHAPES["qwen3-30b-a3b"].total_params() == 30_532_122_624
+    assert MODEL_SHAPES["qwen3-30b-a3b"].total_params() == 30_532_122_624
     # Llama-3.1-8B: attention 41,943,040; MLP 3 x 4096 x 14336 = 176,160,768; norms 8,192
     # -> 218,112,000 x 32 = 6,979,584,000; + 2 x 128,256 x 4096 = 1,050,673,152; + 4,096
     # -> 8,030,261,248 (8.03 B).
-    assert mb.MODEL_SHAPES["llama-3.1-8b"].total_params() == 8_030_261_248
+    assert MODEL_SHAPES["llama-3.1-8b"].total_params() == 8_030_261_248
 
 
-def test_shapes_agree_with_cluster_check_and_state_their_source():
-    for key, shape in mb.MODEL_SHAPES.items():
-        dims = cc.MODEL_DIMS[key]
-        assert (
-            shape.hidden_size,
-            shape.num_attention_heads,
-            shape.num_key_value_heads,
-            shape.head_dim,
-            shape.intermediate_size,
-            shape.num_layers,
-            shape.num_experts,
-            shape.moe_intermediate_size,
-        ) == (
-            dims.hidden_size,
-            dims.num_attention_heads,
-            dims.num_key_value_heads,
-            dims.head_dim,
-            dims.intermediate_size,
-            dims.num_layers,
-            dims.num_experts,
-            dims.moe_intermediate_size,
-        ), key
-        assert shape.source.startswith("hf:") and shape.source.endswith("config.json")
+def test_one_named_field_table_of_ten_names_each_stating_its_source():
+    assert sorted(MODEL_SHAPES) == [
+        "llama-3.1-8b",
+        "llama-3.1-8b-instruct",
+        "qwen2.5-1.5b",
+        "qwen2.5-1.5b-instruct",
+        "qwen3-0.6b",
+        "qwen3-1.7b",
+        "qwen3-30b-a3b",
+        "qwen3-30b-a3b-base",
+        "qwen3-8b",
+        "qwen3-8b-base",
+    ]
+    for key, shape in MODEL_SHAPES.items():
+        assert shape.source.startswith("hf:") and shape.source.endswith("config.json"), key
+    # an alias is the same object, not a copy that could drift
+    assert MODEL_SHAPES["qwen3-8b-base"] is MODEL_SHAPES["qwen3-8b"]
+    # named fields, not positions: the MoE row's expert fields
+    moe = MODEL_SHAPES["qwen3-30b-a3b"]
+    assert (moe.num_experts, moe.moe_intermediate_size, moe.experts_per_token) == (128, 768, 8)
 
 
 def test_unknown_model_names_the_field():
     with pytest.raises(KeyError, match=r"policy\.model_name='org/Mystery-7B': no shapes"):
-        mb.find_model_shape("org/Mystery-7B")
-    assert mb.find_model_shape("/ckpts/Qwen3-8B/") is mb.MODEL_SHAPES["qwen3-8b"]
+        mb.model_shape("org/Mystery-7B")
+    assert mb.model_shape("/ckpts/Qwen3-8B/") is MODEL_SHAPES["qwen3-8b"]
 
 
 # ------------------------------------------------------------------ sharding and bytes
@@ -103,7 +100,7 @@ def test_unknown_model_names_the_field():
 def test_llama_pp2_busiest_stage_holds_16_layers_and_the_output_layer():
     # Stage 0: 16 x 218,112,000 + embedding 525,336,576 = 4,015,128,576.
     # Stage 1: 16 x 218,112,000 + output layer 525,336,576 + final norm 4,096 = 4,015,132,672.
-    shape = mb.MODEL_SHAPES["llama-3.1-8b"]
+    shape = MODEL_SHAPES["llama-3.1-8b"]
     assert mb.trainer_params(_cfg(LLAMA), shape) == (4_015_132_672, 0)
 
 
@@ -120,7 +117,7 @@ def test_uneven_pipeline_stages():
 
 
 def test_moe_experts_split_by_ep_dense_by_tp_and_adam_by_expert_dp():
-    shape = mb.MODEL_SHAPES["qwen3-30b-a3b"]
+    shape = MODEL_SHAPES["qwen3-30b-a3b"]
     cfg = _cfg(MOE)
     # TP 2, EP 8, ETP 1, PP 1, 16 GPUs.
     # Dense per layer: 18,874,368 / 2 + replicated (4,096 + 256 + 262,144) = 9,703,680;
@@ -164,7 +161,7 @@ def test_optimizer_variants():
 
 
 def test_activation_estimate_with_and_without_checkpointing():
-    shape = mb.MODEL_SHAPES["qwen3-8b"]
+    shape = MODEL_SHAPES["qwen3-8b"]
     cfg = _cfg(QWEN8B, policy__megatron_cfg__activation_checkpointing=False)
     # Qwen3-8B, TP 2 + SP, per token and layer (elements): norms 4 x 4096 / 2 = 8,192;
     # q, k, v, attention out 2 x (32 + 8) x 128 / 2 = 5,120; SwiGLU 3 x 12288 / 2 = 18,432
@@ -180,13 +177,13 @@ def test_activation_estimate_with_and_without_checkpointing():
     # 2 x (4 x 4096 + 2 x 40 x 128 + 3 x 14336) = 2 x 69,632 = 139,264 B (TP 1)
     # -> 2 x 16 x 4,096 x 139,264 = 18,253,611,008 B.
     llama = _cfg(LLAMA, policy__megatron_cfg__activation_checkpointing=False)
-    assert mb.activations_gib(llama, mb.MODEL_SHAPES["llama-3.1-8b"], 16) == pytest.approx(
+    assert mb.activations_gib(llama, MODEL_SHAPES["llama-3.1-8b"], 16) == pytest.approx(
         18_253_611_008 / GIB
     )
 
 
 def test_logits_bytes():
-    shape = mb.MODEL_SHAPES["llama-3.1-8b"]
+    shape = MODEL_SHAPES["llama-3.1-8b"]
     plain = _cfg(LLAMA, policy__megatron_cfg__defer_fp32_logits=False)
     # 4,096 tokens x 128,256 vocab / TP 1 = 525,336,576 x 12 B = 6,304,038,912 B (with grad).
     assert mb.logits_gib(plain, shape, 4096, grad=True) == pytest.approx(6_304_038_912 / GIB)
@@ -200,7 +197,7 @@ def test_logits_bytes():
 
 
 def test_vllm_weights_and_kv_cache():
-    shape = mb.MODEL_SHAPES["qwen3-8b"]
+    shape = MODEL_SHAPES["qwen3-8b"]
     cfg = _cfg(QWEN8B)
     # FP8, TP 1: linear 192,937,984 x 36 = 6,945,767,424 params x (1 B + 4 B / 128^2)
     # = 6,945,767,424 + 1,695,744 = 6,947,463,168 B; BF16: norms 36 x 8,448 + 4,096 =
@@ -287,6 +284,6 @@ def test_docs_table_is_the_generated_one():
     table = mb.markdown_table([mb.budget(_cached(p), name=p.stem) for p in paths])
     assert table in (REPO / "docs" / "cluster.md").read_text(), (
         "docs/cluster.md is stale: paste the output of "
-        "`python -m nemo_ais.nemo_rl.memory_budget configs/nemo_rl/*.yaml "
+        "`python -m nemo_ais.preflight.memory_budget configs/nemo_rl/*.yaml "
         "configs/nemo_rl/experiments/*.yaml`"
     )

@@ -14,7 +14,7 @@ crosses it; everything between the stand-ins is upstream's real code.
   ``nemo_rl.algorithms.grpo`` (vLLM engines), ``RayGpuMonitorLogger`` in
   ``nemo_rl.utils.logger`` (a Ray metrics thread), ``get_default_hf_config`` in
   ``lm_policy`` (an HF download; answered with a real ``transformers`` config of the
-  model's shapes from ``cluster_check.MODEL_DIMS``). ``RayVirtualCluster`` stays
+  model's shapes from ``nemo_ais.preflight.MODEL_SHAPES``). ``RayVirtualCluster`` stays
   upstream's real class (its constructor creates no placement group; the recorder
   subclass only notes its arguments). The worker group answers what ``setup()`` asks of
   the workers with ``ray.put`` refs, so upstream's ``ray.get`` runs unpatched (needs the
@@ -34,7 +34,7 @@ from nemo_rl.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl.models.policy import lm_policy
 from nemo_rl.utils import logger as nrl_logger
 
-from nemo_ais.nemo_rl.cluster_check import find_model_dims
+from nemo_ais.preflight import find_model_shape
 
 MEGATRON_BASE = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
 MEGATRON_AIS_WORKER = "nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker"
@@ -262,8 +262,8 @@ def hf_config_of(model_name: str):
     """A real ``transformers`` config with the model's shapes (what ``AutoConfig`` would load)."""
     from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
-    dims = find_model_dims(model_name)
-    assert dims is not None, f"{model_name}: not in cluster_check.MODEL_DIMS"
+    dims = find_model_shape(model_name)
+    assert dims is not None, f"{model_name}: not in nemo_ais.preflight.MODEL_SHAPES"
     common = {
         "hidden_size": dims.hidden_size,
         "num_attention_heads": dims.num_attention_heads,

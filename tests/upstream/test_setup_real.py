@@ -360,7 +360,7 @@ def test_every_entry_point_key_is_read_by_upstream_and_checked_offline(
 ):
     overrides = [*ENABLE.get(flag, []), *KEY_OVERRIDES.get(key, [])]
     full = run.load_config_dict(str(SMOKE), overrides)
-    assert flag is None or cc._get(full, flag) is True
+    assert flag is None or cc.get(full, flag) is True
     raw = _drop(full, key)
     assert f"{key} is missing" in _entry_point_fails(raw)  # cluster_check, offline
 

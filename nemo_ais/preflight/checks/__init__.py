@@ -1,0 +1,102 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The pre-flight checks, run by :func:`check_config` in registration order.
+
+Output order = registration order: the modules of :data:`RULE_MODULES` in turn
+(:mod:`.loss`, :mod:`.upstream`, :mod:`.parallel`, :mod:`.fp8`), each module's checks in
+definition order. See :mod:`nemo_ais.preflight` for
+how to add one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from nemo_ais.preflight.checks.registry import (
+    CHECKS,
+    Check,
+    CheckFn,
+    CheckResult,
+    Context,
+    Verdict,
+    check,
+)
+from nemo_ais.preflight.layout import parallel_layout
+from nemo_ais.preflight.loader import get, is_mixin
+from nemo_ais.preflight.model_shapes import find_model_shape
+
+__all__ = [
+    "CHECKS",
+    "RULE_MODULES",
+    "Check",
+    "CheckFn",
+    "CheckResult",
+    "Context",
+    "Verdict",
+    "check",
+    "check_config",
+    "validate_config",
+]
+
+RULE_MODULES = ("loss", "upstream", "parallel", "fp8")
+"""The modules whose checks :func:`check_config` runs, imported (registered) in this order."""
+for _module in RULE_MODULES:
+    importlib.import_module(f"{__name__}.{_module}")
+
+
+def check_config(cfg: Mapping[str, Any]) -> list[CheckResult]:
+    """Run every registered check on a loaded config; never raises on content.
+
+    Arm mixins (no ``policy``/``cluster``) get only the checks registered with
+    ``mixins=True`` (``loss_fn.ais``); with the model's shapes unknown the checks registered
+    with ``needs_shape=True`` are skipped, and a ``model_shapes`` warning says so.
+    """
+    mixin = is_mixin(cfg)
+    model_name = get(cfg, "policy.model_name", "")
+    shape = None if mixin else find_model_shape(model_name)
+    ctx = Context(cfg, parallel_layout(cfg), shape)
+    results = []
+    if not mixin and shape is None:
+        results.append(
+            CheckResult(
+                "model_shapes",
+                "warn",
+                f"policy.model_name={model_name!r} is not in MODEL_SHAPES: head, expert and "
+                "FP8 shard checks skipped (add its config.json shapes to "
+                "nemo_ais/preflight/model_shapes.py)",
+            )
+        )
+    for registered in CHECKS.values():
+        if (mixin and not registered.mixins) or (registered.needs_shape and shape is None):
+            continue
+        verdict = registered.fn(ctx)
+        if verdict is not None:
+            results += verdict.results(registered.name)
+    return results
+
+
+def validate_config(cfg: Mapping[str, Any], source: str = "config") -> list[CheckResult]:
+    """Run :func:`check_config`; raise one ``ValueError`` listing every failed check.
+
+    Raises:
+        ValueError: ``"<source>: N check(s) failed:"`` then one ``[FAIL] name: detail`` line each.
+    """
+    results = check_config(cfg)
+    failed = [r for r in results if r.status == "fail"]
+    if failed:
+        lines = "\n".join(f"  {r}" for r in failed)
+        raise ValueError(f"{source}: {len(failed)} check(s) failed:\n{lines}")
+    return results

@@ -1,0 +1,143 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""FP8 rollout: NeMo-RL's FP8 flag rules and vLLM's 128 x 128 block-FP8 weight shards."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nemo_ais.preflight.checks.registry import Context, Verdict, check
+from nemo_ais.preflight.loader import get
+from nemo_ais.preflight.model_shapes import ModelShape
+
+__all__ = ["FP8_BLOCK", "block_quantized_shards", "fp8_kv_refit_problems"]
+
+FP8_BLOCK = 128
+"""Block size of DeepSeek-style FP8 weights in vLLM/DeepGEMM (128 x 128 tiles)."""
+
+_FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
+_KV_DTYPES = ("auto", *_FP8_KV_DTYPES)
+
+
+def fp8_kv_refit_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """Settings with which calibrated FP8 KV scales cannot reach vLLM at every refit.
+
+    NeMo-RL v0.7.0's ``grpo_train`` refits before the first KV calibration when
+    ``grpo.val_at_start`` is true (a TODO in its source): the engine would validate, and
+    the first step would roll out, with every q/k/v scale at 1.0. The AIS Megatron worker
+    refuses such a refit; the launcher refuses the config before Ray starts.
+
+    Returns:
+        One message per problem, naming the field (empty if fine or no FP8 KV cache).
+    """
+    kv = str(get(cfg, "policy.generation.vllm_cfg.kv_cache_dtype", "auto") or "auto")
+    if not kv.startswith("fp8") or not get(cfg, "grpo.val_at_start", False):
+        return []
+    return [
+        f"grpo.val_at_start=true with policy.generation.vllm_cfg.kv_cache_dtype={kv!r} is "
+        "invalid: expected false (NeMo-RL v0.7.0 refits before the first KV-scale "
+        "calibration, so the engine would run with every q/k/v scale at 1.0)"
+    ]
+
+
+@check("fp8_rollout")
+def check_fp8_rollout(ctx: Context) -> Verdict:
+    """An FP8 KV cache needs FP8 weights, Megatron, PP 1, no async GRPO, no val_at_start."""
+    vllm = ctx.get("policy.generation.vllm_cfg", {})
+    precision = vllm.get("precision")
+    kv = vllm.get("kv_cache_dtype", "auto")
+    problems = []
+    if kv not in _KV_DTYPES:
+        problems.append(
+            f"policy.generation.vllm_cfg.kv_cache_dtype={kv!r} is invalid: expected one of {_KV_DTYPES}"
+        )
+    elif kv in _FP8_KV_DTYPES:
+        if precision != "fp8":
+            problems.append(
+                f"policy.generation.vllm_cfg.kv_cache_dtype={kv!r} needs "
+                f"policy.generation.vllm_cfg.precision='fp8' (got {precision!r})"
+            )
+        if not ctx.get("policy.megatron_cfg.enabled", False):
+            problems.append(
+                "an FP8 KV cache needs the Megatron backend (policy.megatron_cfg.enabled)"
+            )
+        pp = ctx.get("policy.megatron_cfg.pipeline_model_parallel_size", 1)
+        if pp != 1:
+            problems.append(
+                f"an FP8 KV cache needs policy.megatron_cfg.pipeline_model_parallel_size=1 "
+                f"(got {pp}; asserted by NeMo-RL v0.7.0 grpo.setup)"
+            )
+        if ctx.get("grpo.async_grpo.enabled", False):
+            problems.append("an FP8 KV cache does not support grpo.async_grpo.enabled=true")
+        problems += fp8_kv_refit_problems(ctx.cfg)
+    warnings = []
+    if precision == "fp8":
+        n_bf16 = int(vllm.get("num_first_layers_in_bf16", 0)) + int(
+            vllm.get("num_last_layers_in_bf16", 0)
+        )
+        if ctx.shape is not None and n_bf16 > ctx.shape.num_layers:
+            problems.append(
+                f"num_first_layers_in_bf16 + num_last_layers_in_bf16 = {n_bf16} exceeds the "
+                f"model's {ctx.shape.num_layers} layers"
+            )
+        if not vllm.get("use_deep_gemm", False):
+            warnings.append(
+                "policy.generation.vllm_cfg.use_deep_gemm is false: FP8 runs on vLLM's slower "
+                "CUTLASS block-FP8 kernels"
+            )
+    return Verdict(problems, f"precision={precision}, kv_cache_dtype={kv}", warnings)
+
+
+def block_quantized_shards(shape: ModelShape, tp: int, ep: int) -> dict[str, float]:
+    """Per-rank sizes of the block-quantized dims of one vLLM TP rank.
+
+    Output dim of column-parallel layers, input dim of row-parallel ones; K = hidden is
+    never split. Values are floats when TP does not divide a dim (then never a multiple).
+    """
+    kv_per_rank = max(shape.num_key_value_heads / tp, 1)  # vLLM replicates KV heads if TP > kv
+    shards: dict[str, float] = {
+        "hidden_size (K of q/k/v, gate/up)": shape.hidden_size,
+        "q_proj out / o_proj in = heads x head_dim / TP": (
+            shape.num_attention_heads * shape.head_dim / tp
+        ),
+        "k/v_proj out = max(kv_heads / TP, 1) x head_dim": kv_per_rank * shape.head_dim,
+    }
+    if shape.num_experts:
+        # With expert parallelism vLLM keeps each expert whole on one rank.
+        expert_tp = 1 if ep > 1 else tp
+        shards[f"expert gate/up out / down in = moe_intermediate / {expert_tp}"] = (
+            shape.moe_intermediate_size / expert_tp
+        )
+    else:
+        shards["gate/up out / down in = intermediate / TP"] = shape.intermediate_size / tp
+    return shards
+
+
+@check("vllm_fp8_shards", needs_shape=True)
+def check_vllm_fp8_shards(ctx: Context) -> Verdict | None:
+    """With ``precision: fp8`` every per-rank block-quantized dim is a multiple of 128."""
+    if ctx.get("policy.generation.vllm_cfg.precision") != "fp8":
+        return None
+    assert ctx.shape is not None  # needs_shape
+    lay = ctx.layout
+    problems = [
+        f"{name} = {size:g} is not divisible by {FP8_BLOCK} at vLLM tensor_parallel_size="
+        f"{lay.vllm_tp} (block-FP8 weights need 128-aligned shards)"
+        for name, size in block_quantized_shards(ctx.shape, lay.vllm_tp, lay.vllm_ep).items()
+        if size != int(size) or int(size) % FP8_BLOCK
+    ]
+    return Verdict(
+        problems, f"all block-quantized shards at TP={lay.vllm_tp} are multiples of {FP8_BLOCK}"
+    )

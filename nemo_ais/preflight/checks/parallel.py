@@ -1,0 +1,150 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Parallel layout: trainer sizes vs GPUs and model, the batch split, the vLLM engines."""
+
+from __future__ import annotations
+
+from nemo_ais.preflight.checks.registry import Context, Verdict, check
+
+__all__: list[str] = []
+
+
+@check("trainer_parallel")
+def check_trainer_parallel(ctx: Context) -> Verdict:
+    """TP x PP x CP divides the GPUs; heads, layers and experts split evenly; MoE rules."""
+    lay, dims = ctx.layout, ctx.shape
+    mcfg = "policy.megatron_cfg"
+    problems = []
+    model_parallel = lay.tp * lay.pp * lay.cp
+    if lay.world % model_parallel:
+        problems.append(
+            f"GPUs = cluster.num_nodes x cluster.gpus_per_node = {lay.world} is not divisible "
+            f"by TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = {model_parallel} "
+            f"({mcfg}.tensor/pipeline/context_parallel_size)"
+        )
+    if dims is not None:
+        if dims.num_attention_heads % lay.tp or dims.num_key_value_heads % lay.tp:
+            problems.append(
+                f"{mcfg}.tensor_model_parallel_size={lay.tp} must divide the "
+                f"{dims.num_attention_heads} query heads and {dims.num_key_value_heads} KV heads"
+            )
+        staged = ctx.get(mcfg + ".num_layers_in_first_pipeline_stage") is not None or (
+            ctx.get(mcfg + ".num_layers_in_last_pipeline_stage") is not None
+        )
+        if lay.pp > 1 and dims.num_layers % lay.pp and not staged:
+            problems.append(
+                f"{mcfg}.pipeline_model_parallel_size={lay.pp} does not divide the "
+                f"{dims.num_layers} layers (or set num_layers_in_first/last_pipeline_stage)"
+            )
+        n_experts = dims.num_experts
+        if n_experts == 0 and lay.ep > 1:
+            problems.append(f"{mcfg}.expert_model_parallel_size={lay.ep} > 1 for a dense model")
+        if n_experts and n_experts % lay.ep:
+            problems.append(
+                f"{mcfg}.expert_model_parallel_size={lay.ep} does not divide the "
+                f"{n_experts} experts"
+            )
+        if n_experts and lay.tp > 1 and not ctx.get(mcfg + ".sequence_parallel", False):
+            problems.append(
+                f"MoE with tensor_model_parallel_size={lay.tp} > 1 needs {mcfg}.sequence_parallel=true"
+            )
+    expert_group = lay.etp * lay.ep
+    if expert_group > 1 and (lay.world % lay.pp or (lay.world // lay.pp) % expert_group):
+        problems.append(
+            f"ETP x EP = {lay.etp} x {lay.ep} = {expert_group} must divide GPUs / PP = "
+            f"{lay.world} / {lay.pp} (expert data parallel = GPUs / (ETP x EP x PP))"
+        )
+    mbs = ctx.get("policy.train_micro_batch_size", 1)
+    lbs = ctx.get("policy.logprob_batch_size", mbs)
+    if lay.tp >= 4 and mbs != lbs:
+        problems.append(
+            f"TP={lay.tp} >= 4 needs policy.train_micro_batch_size ({mbs}) == "
+            f"policy.logprob_batch_size ({lbs}) (NeMo-RL's batch-variant TP accuracy check)"
+        )
+    detail = f"GPUs={lay.world}: TP={lay.tp} PP={lay.pp} CP={lay.cp} -> DP={lay.dp}"
+    if lay.ep > 1 or lay.etp > 1:
+        detail += f"; EP={lay.ep} ETP={lay.etp} -> expert DP={lay.world // (lay.pp * expert_group)}"
+    return Verdict(problems, detail)
+
+
+@check("batch")
+def check_batch(ctx: Context) -> Verdict:
+    """Rollouts per step are whole global batches; each splits into DP x micro-batches."""
+    lay = ctx.layout
+    prompts = int(ctx.get("grpo.num_prompts_per_step", 0))
+    gens = int(ctx.get("grpo.num_generations_per_prompt", 0))
+    gbs = int(ctx.get("policy.train_global_batch_size", 0))
+    mbs = int(ctx.get("policy.train_micro_batch_size", 1))
+    rollouts = prompts * gens
+    problems = []
+    if gbs <= 0 or rollouts % gbs:
+        problems.append(
+            f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt = {prompts} x {gens} "
+            f"= {rollouts} is not a multiple of policy.train_global_batch_size={gbs} "
+            f"(NeMo-RL would silently drop the last {rollouts % gbs if gbs > 0 else rollouts} rollouts)"
+        )
+    if gbs % max(1, lay.dp * mbs):
+        problems.append(
+            f"policy.train_global_batch_size={gbs} is not divisible by DP x "
+            f"policy.train_micro_batch_size = {lay.dp} x {mbs} = {lay.dp * mbs}"
+        )
+    steps = rollouts // gbs if gbs > 0 else 0
+    return Verdict(
+        problems,
+        f"{rollouts} rollouts/step = {steps} x gbs {gbs}; gbs/DP = {gbs // max(1, lay.dp)} "
+        f"= {gbs // max(1, lay.dp * mbs)} x mbs {mbs}",
+    )
+
+
+@check("vllm_parallel")
+def check_vllm_parallel(ctx: Context) -> Verdict:
+    """The vLLM TP x PP divides the GPUs; PP needs the async engine; EP and heads split evenly."""
+    lay, dims = ctx.layout, ctx.shape
+    vcfg = "policy.generation.vllm_cfg"
+    problems = []
+    engine = lay.vllm_tp * lay.vllm_pp
+    if engine > lay.world or lay.world % engine:
+        problems.append(
+            f"vLLM TP x PP = {lay.vllm_tp} x {lay.vllm_pp} = {engine} must divide the {lay.world} GPUs"
+        )
+    if lay.vllm_pp > 1 and not ctx.get(vcfg + ".async_engine", False):
+        problems.append(
+            f"{vcfg}.pipeline_parallel_size={lay.vllm_pp} > 1 needs {vcfg}.async_engine=true"
+        )
+    if lay.vllm_ep > 1:
+        if lay.vllm_ep % lay.vllm_tp:
+            problems.append(
+                f"{vcfg}.expert_parallel_size={lay.vllm_ep} must be a multiple of "
+                f"tensor_parallel_size={lay.vllm_tp} (vLLM's EP = DP x TP)"
+            )
+        if dims is not None and (dims.num_experts == 0 or dims.num_experts % lay.vllm_ep):
+            problems.append(
+                f"{vcfg}.expert_parallel_size={lay.vllm_ep} does not divide the "
+                f"{dims.num_experts} experts"
+            )
+    if dims is not None:
+        heads, kv = dims.num_attention_heads, dims.num_key_value_heads
+        if heads % lay.vllm_tp or (kv % lay.vllm_tp and lay.vllm_tp % kv):
+            problems.append(
+                f"{vcfg}.tensor_parallel_size={lay.vllm_tp} must divide the {heads} query heads "
+                f"and divide or be a multiple of the {kv} KV heads"
+            )
+    warnings = []
+    if ctx.get("policy.generation.colocated.enabled", True) is False:
+        warnings.append("non-colocated generation: the GPU split is not checked")
+    return Verdict(
+        problems,
+        f"{lay.vllm_engines} engine(s) of TP={lay.vllm_tp} PP={lay.vllm_pp} EP={lay.vllm_ep}",
+        warnings,
+    )

@@ -1,0 +1,119 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The check registry: a check is one function, registered with :func:`check`.
+
+A check takes the :class:`Context` of one loaded config and returns a :class:`Verdict`
+(problems, each one failure; else a one-line detail; warnings), or None when it does not
+apply to that config. :func:`nemo_ais.preflight.checks.check_config` runs every
+registered check in registration order and turns each verdict into
+:class:`CheckResult` lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from nemo_ais.preflight.layout import ParallelLayout
+from nemo_ais.preflight.loader import get
+from nemo_ais.preflight.model_shapes import ModelShape
+
+__all__ = ["CHECKS", "Check", "CheckFn", "CheckResult", "Context", "Verdict", "check"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check: ``name``, ``status`` (ok | warn | fail) and a one-line ``detail``."""
+
+    name: str
+    status: Literal["ok", "warn", "fail"]
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.status.upper():4}] {self.name}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one check found: ``problems`` (the check fails), else ``detail``; ``warnings``.
+
+    No problem and an empty ``detail``: only the warnings are reported.
+    """
+
+    problems: Sequence[str] = ()
+    detail: str = ""
+    warnings: Sequence[str] = ()
+
+    def results(self, name: str) -> list[CheckResult]:
+        """One ``fail`` line (problems joined by "; ") or one ``ok`` line, then the warnings."""
+        head = []
+        if self.problems:
+            head = [CheckResult(name, "fail", "; ".join(self.problems))]
+        elif self.detail:
+            head = [CheckResult(name, "ok", self.detail)]
+        return head + [CheckResult(name, "warn", w) for w in self.warnings]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a check reads: the resolved config, its parallel layout, the model's shapes."""
+
+    cfg: Mapping[str, Any]
+    layout: ParallelLayout
+    shape: ModelShape | None  # None: unknown model (checks with needs_shape are skipped)
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        """:func:`nemo_ais.preflight.loader.get` on this config."""
+        return get(self.cfg, dotted, default)
+
+
+CheckFn = Callable[[Context], Verdict | None]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A registered check (see :func:`check`)."""
+
+    name: str
+    fn: CheckFn
+    needs_shape: bool
+    mixins: bool
+
+
+CHECKS: dict[str, Check] = {}
+"""Every registered check by name, in registration (= output) order."""
+
+
+def check(
+    name: str, *, needs_shape: bool = False, mixins: bool = False
+) -> Callable[[CheckFn], CheckFn]:
+    """Register the decorated function as the check ``name``.
+
+    Args:
+        name: the result's name (``[FAIL] <name>: ...``); unique.
+        needs_shape: skip the check when the model's shapes are unknown.
+        mixins: run it on arm mixins too (a ``loss_fn.ais`` delta, no policy/cluster).
+
+    Raises:
+        ValueError: ``name`` is registered already.
+    """
+
+    def register(fn: CheckFn) -> CheckFn:
+        if name in CHECKS:
+            raise ValueError(f"check {name!r} is registered twice ({CHECKS[name].fn.__qualname__})")
+        CHECKS[name] = Check(name, fn, needs_shape, mixins)
+        return fn
+
+    return register

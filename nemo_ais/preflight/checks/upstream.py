@@ -1,0 +1,103 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""What NeMo-RL's entry point and driver read unguarded, and its checkpoint rule."""
+
+from __future__ import annotations
+
+from nemo_ais.preflight.checks.registry import Context, Verdict, check
+from nemo_ais.preflight.loader import has
+
+__all__ = ["ENTRY_POINT_KEYS"]
+
+# Keys NeMo-RL v0.7.0 reads unguarded (``cfg["key"]``) between its entry point and the first
+# checkpoint: (dotted key, who reads it, the flag that makes it read; None = always). A
+# missing one is a KeyError after Ray has started (examples/run_grpo.py: policy.draft).
+ENTRY_POINT_KEYS: tuple[tuple[str, str, str | None], ...] = (
+    ("policy.draft.enabled", "examples/run_grpo.py main()", None),
+    ("policy.tokenizer.name", "algorithms/utils.py get_tokenizer()", None),
+    ("policy.generation.backend", "models/generation configure_generation_config()", None),
+    ("policy.generation.stop_token_ids", "configure_generation_config()", None),
+    ("policy.generation.stop_strings", "configure_generation_config()", None),
+    ("policy.generation.colocated.enabled", "algorithms/grpo.py setup()", None),
+    ("policy.generation.vllm_cfg.precision", "grpo.py setup()", None),
+    ("policy.generation.vllm_cfg.kv_cache_dtype", "grpo.py setup()", None),
+    ("policy.dtensor_cfg.enabled", "grpo.py setup() (FP8 KV cache)", None),
+    ("policy.dynamic_batching.enabled", "models/policy/lm_policy.py Policy", None),
+    ("policy.train_global_batch_size", "grpo.py setup()", None),
+    ("grpo.seed", "grpo.py setup()", None),
+    ("grpo.batch_multiplier", "grpo.py setup()", None),
+    ("grpo.use_dynamic_sampling", "grpo.py setup()", None),
+    ("grpo.val_period", "grpo.py setup()", None),
+    ("grpo.val_batch_size", "grpo.py setup()", None),
+    ("data.use_multiple_dataloader", "grpo.py setup(), examples/run_grpo.py main()", None),
+    ("data.shuffle", "grpo.py setup()", None),
+    ("data.num_workers", "grpo.py setup()", None),
+    ("checkpointing.enabled", "examples/run_grpo.py main()", None),
+    ("checkpointing.checkpoint_dir", "utils/checkpoint.py CheckpointManager", None),
+    ("checkpointing.metric_name", "CheckpointManager", None),
+    ("checkpointing.higher_is_better", "CheckpointManager", None),
+    ("checkpointing.keep_top_k", "CheckpointManager", None),
+    ("checkpointing.save_optimizer", "CheckpointManager", None),
+    ("checkpointing.checkpoint_must_save_by", "grpo.py grpo_train()", None),
+    ("logger.log_dir", "examples/run_grpo.py main()", None),
+    ("logger.wandb", "utils/logger.py Logger", "logger.wandb_enabled"),
+    ("logger.swanlab", "Logger", "logger.swanlab_enabled"),
+    ("logger.tensorboard", "Logger", "logger.tensorboard_enabled"),
+    ("logger.mlflow", "Logger", "logger.mlflow_enabled"),
+    ("logger.gpu_monitoring.collection_interval", "Logger", "logger.monitor_gpus"),
+    (
+        "grpo.async_grpo.max_trajectory_age_steps",
+        "examples/run_grpo.py main()",
+        "grpo.async_grpo.enabled",
+    ),
+    ("policy.dynamic_batching.train_mb_tokens", "Policy", "policy.dynamic_batching.enabled"),
+    ("policy.dynamic_batching.sequence_length_round", "Policy", "policy.dynamic_batching.enabled"),
+    ("policy.sequence_packing.train_mb_tokens", "Policy", "policy.sequence_packing.enabled"),
+    ("policy.draft.loss_weight", "models/megatron/train.py", "policy.draft.enabled"),
+)
+
+
+@check("entry_point_keys")
+def check_entry_point_keys(ctx: Context) -> Verdict:
+    """Every key of :data:`ENTRY_POINT_KEYS` whose flag is on is present; no data plane."""
+    problems = [
+        f"{key} is missing: NeMo-RL v0.7.0 reads it unguarded ({reader}"
+        f"{f', with {flag}=true' if flag else ''}) and stops with KeyError '{key.rsplit('.', 1)[-1]}'"
+        f" (add it; configs/nemo_rl/grpo_ais_base.yaml has every one)"
+        for key, reader, flag in ENTRY_POINT_KEYS
+        if (flag is None or ctx.get(flag, False)) and not has(ctx.cfg, key)
+    ]
+    if ctx.get("data_plane.enabled", False):
+        problems.append(
+            "data_plane.enabled=true (TransferQueue: TQPolicy + grpo_train_sync) is not "
+            "supported by launchers/run_grpo_ais.py (every arm trains on the AIS worker); "
+            "set data_plane.enabled=false"
+        )
+    return Verdict(problems, f"all {len(ENTRY_POINT_KEYS)} upstream lookups present")
+
+
+@check("checkpointing")
+def check_checkpointing(ctx: Context) -> Verdict:
+    """A ``model_save_format`` only with DTensor v2 (else the first save raises)."""
+    fmt = ctx.get("checkpointing.model_save_format")
+    problems = []
+    if ctx.get("checkpointing.enabled", False) and fmt is not None:
+        if not ctx.get("policy.dtensor_cfg._v2", False):
+            problems.append(
+                f"checkpointing.model_save_format={fmt!r} is invalid without "
+                f"policy.dtensor_cfg._v2=true: expected null (NeMo-RL v0.7.0's "
+                f"Policy.save_checkpoint raises at the first save; the Megatron and DTensor v1 "
+                f"workers take no format, torch_save | safetensors are for DTensor v2)"
+            )
+    return Verdict(problems, f"model_save_format={fmt!r}")

@@ -1,0 +1,97 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nemo_ais.preflight.checks import check_config
+from nemo_ais.preflight.loader import get, is_mixin, load_config
+
+__all__ = ["PROG", "main", "split_args"]
+
+PROG = "python -m nemo_ais.preflight"
+
+
+def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(YAML paths, Hydra-style overrides) of the positional arguments."""
+    paths = [a for a in args if a.endswith((".yaml", ".yml")) and "=" not in a]
+    return paths, [a for a in args if a not in paths]
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """CLI: print the check results of each config; exit 1 if any check fails.
+
+    ``--get KEY`` (for scripts, repeatable) runs the checks silently, prints failures to
+    stderr and exits 1, or prints the resolved values (one line per config) and exits 0.
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Check NeMo-RL GRPO+AIS configs offline (parallel sizes, FP8 shards, "
+        "loss_fn.ais).",
+    )
+    parser.add_argument("configs", nargs="+", help="YAML files, then Hydra-style overrides (k=v)")
+    parser.add_argument(
+        "--get",
+        metavar="KEY",
+        action="append",
+        help="if the checks pass, print this resolved value (repeatable: one line, space-separated)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="print failures only (to stderr)")
+    args = parser.parse_args(argv)
+    paths, overrides = split_args(args.configs)
+    if not paths:
+        parser.error("give at least one .yaml config")
+    quiet = args.quiet or args.get is not None
+    n_failed = 0
+    for path in paths:
+        try:
+            cfg = load_config(path, overrides)
+        except (OSError, TypeError, ValueError) as err:
+            print(f"{path}: cannot load: {err}", file=sys.stderr)
+            n_failed += 1
+            continue
+        results = check_config(cfg)
+        failed = [r for r in results if r.status == "fail"]
+        n_failed += bool(failed)
+        if not quiet:
+            print(path + ("" if is_mixin(cfg) else _layout_line(cfg)))
+            print("\n".join(f"  {r}" for r in results))
+        elif failed:
+            print(f"{path}:", *(f"  {r}" for r in failed), sep="\n", file=sys.stderr)
+        if args.get and is_mixin(cfg):
+            print(
+                f"{path}: an arm mixin (no policy/cluster section), not a full config: name it "
+                f"after a model config in a defaults: list (see configs/nemo_rl/experiments/)",
+                file=sys.stderr,
+            )
+            n_failed += 1
+        elif args.get and not failed:
+            values = [get(cfg, key) for key in args.get]
+            unset = [key for key, value in zip(args.get, values, strict=True) if value is None]
+            if unset:
+                print(f"{path}: {', '.join(unset)} not set", file=sys.stderr)
+                n_failed += 1
+            else:
+                print(*values)
+    return 1 if n_failed else 0
+
+
+def _layout_line(cfg: Mapping[str, Any]) -> str:
+    nodes, gpus = get(cfg, "cluster.num_nodes", 1), get(cfg, "cluster.gpus_per_node", 1)
+    return f" ({get(cfg, 'policy.model_name')}, {nodes} node(s) x {gpus} GPU(s) = {nodes * gpus})"

@@ -1,0 +1,256 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Load a NeMo-RL GRPO config the way NeMo-RL's entry point does, and read dotted keys.
+
+:func:`load_config` IS NeMo-RL's loader when NeMo-RL is importable
+(``nemo_rl.utils.config``: ``register_omegaconf_resolvers``, ``load_config``,
+``parse_hydra_overrides``), else :func:`load_config_fallback`, a re-implementation (omegaconf
+and pyyaml only; no hydra) that ``tests/adapters/test_master_config.py`` proves equal on
+every shipped config and override example. :func:`get` is the one dotted-key reader of the
+pre-flight package.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+__all__ = [
+    "apply_overrides",
+    "get",
+    "has",
+    "is_mixin",
+    "load_config",
+    "load_config_fallback",
+    "nemo_rl_loader",
+]
+
+
+def get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` if a part is absent or null."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or node.get(part) is None:
+            return default
+        node = node[part]
+    return node
+
+
+def has(cfg: Mapping[str, Any], dotted: str) -> bool:
+    """True if every part of ``dotted`` is present (a null value counts as present)."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def is_mixin(cfg: Mapping[str, Any]) -> bool:
+    """True for an arm mixin (a delta without ``policy``/``cluster``), not a full config."""
+    return "policy" not in cfg or "cluster" not in cfg
+
+
+def nemo_rl_loader() -> ModuleType | None:
+    """``nemo_rl.utils.config`` (NeMo-RL's loader: omegaconf + hydra), or None if absent."""
+    try:
+        import nemo_rl.utils.config as nemo_rl_config
+    except ImportError:
+        return None
+    return nemo_rl_config
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Load a config exactly as NeMo-RL's entry point does, apply overrides, resolve.
+
+    With NeMo-RL importable this IS its loader: ``register_omegaconf_resolvers``,
+    ``load_config`` and ``parse_hydra_overrides`` from ``nemo_rl.utils.config``, then
+    ``OmegaConf.to_container(resolve=True)`` (``examples/run_grpo.py``). Without it (a
+    laptop, the launchers' pre-flight check) :func:`load_config_fallback`.
+
+    Returns:
+        A plain, fully interpolated ``dict`` (without the ``defaults`` key).
+
+    Raises:
+        FileNotFoundError: the file or one of its ``defaults`` does not exist.
+        ValueError: a malformed or unknown-key override (NeMo-RL's message), or (fallback)
+            an inheritance cycle.
+    """
+    upstream = nemo_rl_loader()
+    if upstream is None:
+        return load_config_fallback(path, overrides)
+    upstream.register_omegaconf_resolvers()
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"config {path} does not exist")
+    cfg = upstream.load_config(str(path))
+    if overrides:
+        try:
+            cfg = upstream.parse_hydra_overrides(cfg, list(overrides))
+        except upstream.OverridesError as err:
+            raise ValueError(str(err)) from err
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    return data
+
+
+def _register_resolvers() -> None:
+    # Same names and meaning as NeMo-RL's resolvers, so its YAML interpolations resolve here.
+    for name, fn in (
+        ("mul", lambda a, b: a * b),
+        ("div", lambda a, b: a / b),
+        ("max", lambda a, b: max(a, b)),
+    ):
+        if not OmegaConf.has_resolver(name):
+            with warnings.catch_warnings():  # omegaconf 2.4 renamed it; 2.3 (NeMo-RL) has only this
+                warnings.simplefilter("ignore")
+                OmegaConf.register_new_resolver(name, fn)
+
+
+def _merge(base: DictConfig, child: DictConfig) -> DictConfig:
+    # A section marked `_override_: true` replaces the inherited one instead of merging.
+    for key in list(child.keys()):
+        node = child[key]
+        if isinstance(node, DictConfig) and node.get("_override_", False):
+            node.pop("_override_")
+            if key in base:
+                base.pop(key)
+    merged = OmegaConf.merge(base, child)
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def _load_tree(path: Path, chain: tuple[Path, ...]) -> DictConfig:
+    if path in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path))
+        raise ValueError(f"defaults: inheritance cycle {cycle}")
+    if not path.is_file():
+        where = f" (a defaults: entry of {chain[-1]})" if chain else ""
+        raise FileNotFoundError(f"config {path} does not exist{where}")
+    cfg = OmegaConf.load(path)
+    if not isinstance(cfg, DictConfig):
+        raise TypeError(f"{path}: expected a YAML mapping at the top level, got a list")
+    if "defaults" not in cfg:
+        return cfg
+    parents = cfg.pop("defaults")
+    if isinstance(parents, str):
+        parents = [parents]
+    elif isinstance(parents, ListConfig):
+        parents = [str(p) for p in parents]
+    else:
+        raise TypeError(f"{path}: defaults: expected a path or a list of paths, got {parents!r}")
+    merged = OmegaConf.create({})
+    for parent in parents:
+        parent_path = Path(parent) if parent.startswith("/") else path.parent / parent
+        merged = _merge(merged, _load_tree(parent_path.resolve(), (*chain, path)))
+    return _merge(merged, cfg)
+
+
+# Hydra's override grammar for unquoted scalars (what parse_hydra_overrides produces).
+_INT = re.compile(r"[+-]?(0|[1-9](_?[0-9])*)")
+_FLOAT = re.compile(
+    r"[+-]?(([0-9](_?[0-9])*)?\.[0-9](_?[0-9])*|[0-9](_?[0-9])*\.?)([eE][+-]?[0-9](_?[0-9])*)?"
+    r"|[+-]?(inf|nan)",
+    re.IGNORECASE,
+)
+
+
+def _parse_value(raw: str) -> Any:
+    """An override value as Hydra types it (null, bool, int, float, list/dict, else str)."""
+    text = raw.strip()
+    if text.lower() == "null":
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if _INT.fullmatch(text):
+        return int(text.replace("_", ""))
+    if _FLOAT.fullmatch(text):
+        return float(text.replace("_", ""))
+    if text.startswith(("[", "{")):
+        return yaml.safe_load(text)
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
+    """Apply Hydra overrides as NeMo-RL's ``parse_hydra_overrides`` does (struct mode).
+
+    ``a.b=v`` sets an existing key (merging a dict value), ``+a.b=v`` adds a key that is
+    absent or null, ``++a.b=v`` adds or sets, ``~a.b`` (or ``~a.b=v``, if the value is v)
+    deletes. Values are typed like Hydra's (``null``, ``true``, ``8``, ``1e-6``, ``[1, 2]``;
+    anything else, e.g. ``00:03:45:00``, a string).
+    """
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        if key.startswith("~"):
+            key = key[1:]
+            current = OmegaConf.select(cfg, key, throw_on_missing=False)
+            if current is None:
+                raise ValueError(f"override {item!r}: {key} is not in the config (or is null)")
+            if eq and _parse_value(raw) != current:
+                raise ValueError(f"override {item!r}: {key} is {current!r}, not {raw}")
+            parent_key, _, leaf = key.rpartition(".")
+            parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+            parent.pop(leaf)
+            continue
+        if not eq:
+            raise ValueError(f"override {item!r}: expected key=value, +key=value or ~key")
+        value = _parse_value(raw)
+        if key.startswith("++"):
+            OmegaConf.update(cfg, key[2:], value, merge=True, force_add=True)
+        elif key.startswith("+"):
+            key = key[1:]
+            current = OmegaConf.select(cfg, key, throw_on_missing=False)
+            if current is not None and not isinstance(value, (dict, list)):
+                raise ValueError(
+                    f"override {item!r}: {key} is already in the config (write {item[1:]} to "
+                    f"set it, or +{item} to add or set)"
+                )
+            OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+        else:
+            if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+                raise ValueError(
+                    f"override {item!r}: {key} is not in the config (write +{key}=... to add a key)"
+                )
+            OmegaConf.update(cfg, key, value, merge=True)
+    return cfg
+
+
+def load_config_fallback(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """NeMo-RL's ``load_config`` + ``parse_hydra_overrides``, re-implemented (no NeMo-RL, no hydra).
+
+    ``defaults:`` (a path or a list of paths, relative to the file that names them or
+    absolute) is resolved depth-first, later entries and the child winning; a section
+    with ``_override_: true`` replaces the inherited one; then :func:`apply_overrides`.
+
+    Returns:
+        A plain, fully interpolated ``dict`` (without the ``defaults`` key).
+
+    Raises:
+        FileNotFoundError: the file or one of its ``defaults`` does not exist.
+        ValueError: an inheritance cycle, or a malformed / unknown-key override.
+    """
+    _register_resolvers()
+    cfg = _load_tree(Path(path).resolve(), ())
+    cfg = apply_overrides(cfg, overrides)
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    return data

@@ -1,0 +1,461 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-GPU and per-node memory budget of a colocated NeMo-RL v0.7.0 GRPO config (an ESTIMATE).
+
+Pure Python (no NeMo-RL, Megatron, vLLM or torch): reads a resolved config dict
+(:func:`nemo_ais.preflight.load_config`) and the model's shapes
+(:mod:`nemo_ais.preflight.model_shapes`) and adds up, per GPU, in GiB (2**30 bytes):
+
+1. Megatron trainer state on the busiest pipeline stage. Parameters: attention, dense MLP
+   and embeddings split by TP, experts by EP x ETP, norms and the MoE router replicated;
+   stage 0 holds the input embedding, the last stage the output layer (both when PP = 1).
+   weights = 2 B/param (BF16); grads = 2 B/param (4 with ``grad_reduce_in_fp32``); Adam =
+   fp32 master + 2 fp32 moments = 12 B/param, or 10 B/param with
+   ``use_precision_aware_optimizer`` (TE FusedAdam keeps only the 16 low bits of the fp32
+   master, ``store_param_remainders``), sharded by the distributed optimizer over DP x CP
+   (dense) or expert DP = GPUs / (PP x EP x ETP) (experts). ``optimizer_cpu_offload``
+   moves all of it (12 B/param) to host RAM.
+2. Activations of the micro-batches in flight (1F1B: PP on stage 0), T = the micro-batch's
+   tokens / CP, BF16, per token and layer, in elements [estimate, flash attention, no
+   dropout, after Korthikanti et al. 2022 adapted to GQA + SwiGLU + MoE]:
+   ``4h`` (both norms' input and output; / TP with sequence parallel) + ``2 (nq + nkv) d``
+   (q, k, v, attention output; / TP) + ``3 I`` (gate, up, SwiGLU output; / TP) + for MoE
+   ``k (h + 3 I_moe)`` (the k routed copies and their gate/up/SwiGLU; / (TP x ETP)).
+   With full activation checkpointing each layer keeps only its input (``h``, / TP with SP)
+   plus one layer's activations during its recompute.
+3. Logits on the last stage: T x V / TP x 12 B (fp32 logits, fp32 log-softmax and the
+   fp32 softmax that NeMo-RL's ``DistributedLogprob`` saves), + 2 B with
+   ``defer_fp32_logits`` (the caller then holds BF16 logits). The logprob pass
+   (``logprob_batch_size``) holds weights, the optimizer (unless
+   ``offload_optimizer_for_logprob``) and its logits; grads are on the host.
+4. vLLM (colocated, weights re-quantized at every refit): its share is
+   ``gpu_memory_utilization`` x ``gpu_gib``; its weights are FP8 (1 B/param + one fp32
+   scale per 128 x 128 block) except embeddings, lm_head, norms, router and the
+   ``num_first/last_layers_in_bf16`` layers (BF16), split by vLLM TP (experts by vLLM EP
+   when set). KV cache = share - weights - :data:`VLLM_RUNTIME_GIB`; K and V per token =
+   2 x layers x max(nkv / TP, 1) x d x (1 B FP8 | 2 B BF16).
+
+Phases of a colocated step (``grpo.py`` and ``megatron_policy_worker.py`` at v0.7.0):
+``offload_before_refit`` moves grads and ``optimizer.state`` to the host, the trainer's
+BF16 params stay for the refit; ``offload_after_refit`` moves the params too. What is not
+in ``optimizer.state`` stays on the GPU: without the precision-aware optimizer that is the
+fp32 master shard (Megatron keeps it as the inner optimizer's params). During training vLLM
+sleeps (level 1: KV cache dropped, weights backed up in host RAM). So
+
+* train    = weights + grads + optimizer + activations + logits + trainer runtime + asleep vLLM
+* logprob  = weights + optimizer + logprob logits + trainer runtime + asleep vLLM
+* refit    = weights + resident master + vLLM weights + trainer runtime
+* generate = vLLM share + resident master + idle trainer
+* host / node = GPUs per node x (offloaded trainer state + vLLM weight backup), counted
+  together (pinned host buffers are cached between phases) — an upper estimate.
+
+The fixed runtime terms (:data:`TRAINER_RUNTIME_GIB` ...) are estimates too. Validate on
+the cluster with NeMo-RL's own memory logs ("GPU Memory before/after optimizer offload").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_ais.preflight.checks.fp8 import FP8_BLOCK
+from nemo_ais.preflight.cli import split_args
+from nemo_ais.preflight.layout import parallel_layout
+from nemo_ais.preflight.loader import get, is_mixin, load_config
+from nemo_ais.preflight.model_shapes import MODEL_SHAPES, ModelShape, find_model_shape
+
+__all__ = [
+    "GIB",
+    "HBM_GIB",
+    "TRAINER_IDLE_GIB",
+    "TRAINER_RUNTIME_GIB",
+    "VLLM_ASLEEP_GIB",
+    "VLLM_RUNTIME_GIB",
+    "Budget",
+    "TrainerState",
+    "activation_bytes_per_token_layer",
+    "activations_gib",
+    "budget",
+    "kv_bytes_per_token",
+    "logits_gib",
+    "main",
+    "markdown_table",
+    "model_shape",
+    "trainer_params",
+    "trainer_state",
+    "vllm_weights_gib",
+]
+
+PROG = "python -m nemo_ais.preflight.memory_budget"
+GIB = 2**30
+HBM_GIB = 80.0  # H100 80GB; CUDA reports 79.6 GiB, so this leaves no headroom on its own
+# Megatron worker: CUDA context, NCCL communicators, cuBLAS/TE workspaces, fragmentation.
+TRAINER_RUNTIME_GIB = 3.0
+TRAINER_IDLE_GIB = 1.5  # the same worker fully offloaded (context + NCCL buffers)
+VLLM_ASLEEP_GIB = 1.5  # a sleeping vLLM worker: CUDA context and CUDA-graph pools
+VLLM_RUNTIME_GIB = 4.0  # inside vLLM's share: profiled peak activations, CUDA graphs, sampler
+
+
+def model_shape(model_name: str) -> ModelShape:
+    """:func:`~nemo_ais.preflight.model_shapes.find_model_shape`, required.
+
+    Raises:
+        KeyError: the model is not in the table (add its config.json numbers).
+    """
+    shape = find_model_shape(model_name)
+    if shape is None:
+        raise KeyError(
+            f"policy.model_name={model_name!r}: no shapes in MODEL_SHAPES "
+            f"(known: {', '.join(sorted(MODEL_SHAPES))}); add its config.json numbers to "
+            "nemo_ais/preflight/model_shapes.py"
+        )
+    return shape
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Memory per GPU (GiB, the busiest rank) and host RAM per node of one config."""
+
+    name: str
+    model: str
+    layout: str
+    gpu_gib: float
+    params_per_gpu: int  # trainer parameters on the busiest pipeline stage
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    activation_checkpointing: bool
+    logits: float
+    logprob_logits: float
+    vllm_share: float
+    vllm_weights: float
+    kv_cache: float
+    kv_max_len_seqs: float  # max_model_len sequences the KV cache of one engine holds
+    resident_master: float  # fp32 master left on the GPU while vLLM runs (no precision-aware)
+    train: float
+    logprob: float
+    refit: float
+    generate: float
+    host_per_gpu: float
+    host_per_node: float
+
+    @property
+    def peak(self) -> float:
+        """The largest per-GPU phase."""
+        return max(self.train, self.logprob, self.refit, self.generate)
+
+    def problems(self) -> list[str]:
+        """Why the config does not fit (empty when it fits)."""
+        out = []
+        for phase in ("train", "logprob", "refit", "generate"):
+            value = getattr(self, phase)
+            if value > self.gpu_gib:
+                out.append(
+                    f"{self.name}: {phase} needs {value:.1f} GiB per GPU > {self.gpu_gib:.0f} GiB "
+                    f"(over by {value - self.gpu_gib:.1f} GiB)"
+                )
+        if self.kv_max_len_seqs < 1:
+            out.append(
+                f"{self.name}: the vLLM KV cache ({self.kv_cache:.1f} GiB) holds "
+                f"{self.kv_max_len_seqs:.2f} max_model_len sequences, vLLM needs >= 1 "
+                f"(raise gpu_memory_utilization or vLLM TP)"
+            )
+        return out
+
+
+def _stage_layers(cfg: Mapping[str, Any], num_layers: int, pp: int) -> list[int]:
+    """Decoder layers per pipeline stage (uneven first/last stage sizes honoured)."""
+    first = get(cfg, "policy.megatron_cfg.num_layers_in_first_pipeline_stage")
+    last = get(cfg, "policy.megatron_cfg.num_layers_in_last_pipeline_stage")
+    if pp == 1:
+        return [num_layers]
+    ends = [int(first) if first else None, int(last) if last else None]
+    rest = num_layers - sum(e or 0 for e in ends)
+    n_even = pp - sum(e is not None for e in ends)
+    even = [rest // n_even + (i < rest % n_even) for i in range(n_even)] if n_even else []
+    head = [ends[0]] if ends[0] is not None else [even.pop(0)]
+    tail = [ends[1]] if ends[1] is not None else [even.pop()]
+    return head + even + tail
+
+
+def trainer_params(cfg: Mapping[str, Any], shape: ModelShape) -> tuple[int, int]:
+    """(dense, expert) parameters on the busiest pipeline stage of one trainer GPU."""
+    lay = parallel_layout(dict(cfg))
+    stages = _stage_layers(cfg, shape.num_layers, lay.pp)
+    per_layer_dense = (shape.attention_params() + shape.mlp_params()) / lay.tp
+    per_layer_dense += shape.replicated_params()
+    per_layer_expert = shape.expert_params() / (lay.ep * lay.etp)
+    best = (0, 0)
+    for i, n_layers in enumerate(stages):
+        embeds = (i == 0) + (
+            i == len(stages) - 1 and not (shape.tie_word_embeddings and lay.pp == 1)
+        )
+        dense = n_layers * per_layer_dense + embeds * shape.embedding_params() / lay.tp
+        dense += shape.hidden_size if i == len(stages) - 1 else 0  # final norm
+        expert = n_layers * per_layer_expert
+        if dense + expert > sum(best):
+            best = (round(dense), round(expert))
+    return best
+
+
+def _optimizer_bytes(cfg: Mapping[str, Any]) -> tuple[float, float]:
+    """(GPU, host) bytes per parameter of Adam state before distributed-optimizer sharding."""
+    opt = "policy.megatron_cfg.optimizer."
+    if get(cfg, opt + "optimizer", "adam") != "adam":
+        raise ValueError(f"{opt}optimizer: only adam is budgeted")
+    if get(cfg, opt + "optimizer_cpu_offload", False):
+        return 0.0, 12.0
+    return (10.0 if get(cfg, opt + "use_precision_aware_optimizer", False) else 12.0), 0.0
+
+
+def activation_bytes_per_token_layer(cfg: Mapping[str, Any], shape: ModelShape) -> float:
+    """BF16 bytes one token keeps for one layer's backward, no checkpointing (module docstring)."""
+    lay = parallel_layout(dict(cfg))
+    sp = bool(get(cfg, "policy.megatron_cfg.sequence_parallel", False)) or lay.tp == 1
+    h, d = shape.hidden_size, shape.head_dim
+    norms = 4 * h / (lay.tp if sp else 1)
+    attention = 2 * (shape.num_attention_heads + shape.num_key_value_heads) * d / lay.tp
+    mlp = 3 * shape.intermediate_size / lay.tp if not shape.num_experts else 0.0
+    moe = shape.experts_per_token * (h + 3 * shape.moe_intermediate_size) / (lay.tp * lay.etp)
+    return 2 * (norms + attention + mlp + moe)
+
+
+def _micro_batch_tokens(cfg: Mapping[str, Any], kind: str) -> int:
+    """Tokens of one train / logprob micro-batch: packed budget, else batch x max length."""
+    if get(cfg, "policy.sequence_packing.enabled", False):
+        return int(get(cfg, f"policy.sequence_packing.{kind}_mb_tokens"))
+    batch = "train_micro_batch_size" if kind == "train" else "logprob_batch_size"
+    return int(get(cfg, f"policy.{batch}")) * int(get(cfg, "policy.max_total_sequence_length"))
+
+
+def activations_gib(cfg: Mapping[str, Any], shape: ModelShape, stage_layers: int) -> float:
+    """Activations held on pipeline stage 0 for the micro-batches in flight (estimate)."""
+    lay = parallel_layout(dict(cfg))
+    tokens = _micro_batch_tokens(cfg, "train") / lay.cp
+    n_micro = int(get(cfg, "policy.train_global_batch_size")) // (
+        lay.dp * int(get(cfg, "policy.train_micro_batch_size"))
+    )
+    in_flight = max(1, min(lay.pp, n_micro))
+    full = activation_bytes_per_token_layer(cfg, shape)
+    if get(cfg, "policy.megatron_cfg.activation_checkpointing", False):
+        sp = bool(get(cfg, "policy.megatron_cfg.sequence_parallel", False)) or lay.tp == 1
+        kept = 2 * shape.hidden_size / (lay.tp if sp else 1)
+        return tokens * (in_flight * stage_layers * kept + full) / GIB
+    return tokens * in_flight * stage_layers * full / GIB
+
+
+def logits_gib(cfg: Mapping[str, Any], shape: ModelShape, tokens: float, grad: bool) -> float:
+    """fp32 logits + fp32 log-softmax (+ the saved fp32 softmax) (+ BF16 logits if deferred)."""
+    lay = parallel_layout(dict(cfg))
+    per_elem = 12.0 if grad else 8.0
+    per_elem += 2.0 if get(cfg, "policy.megatron_cfg.defer_fp32_logits", False) else 0.0
+    return tokens / lay.cp * shape.vocab_size / lay.tp * per_elem / GIB
+
+
+def vllm_weights_gib(cfg: Mapping[str, Any], shape: ModelShape) -> float:
+    """One vLLM rank's weights: FP8 linear layers (+ block scales), BF16 elsewhere."""
+    lay = parallel_layout(dict(cfg))
+    vcfg = "policy.generation.vllm_cfg."
+    fp8 = get(cfg, vcfg + "precision") == "fp8"
+    n_bf16 = int(get(cfg, vcfg + "num_first_layers_in_bf16", 0)) + int(
+        get(cfg, vcfg + "num_last_layers_in_bf16", 0)
+    )
+    linear_b = 1.0 + 4.0 / FP8_BLOCK**2 if fp8 else 2.0
+    expert_split = lay.vllm_ep if lay.vllm_ep > 1 else lay.vllm_tp
+    layer_linear = shape.attention_params() / lay.vllm_tp + shape.mlp_params() / lay.vllm_tp
+    layer_linear += shape.expert_params() / expert_split
+    n_fp8 = (shape.num_layers - min(n_bf16, shape.num_layers)) if fp8 else 0
+    n_embed = 1 if shape.tie_word_embeddings else 2
+    other = shape.num_layers * shape.replicated_params() + shape.hidden_size
+    other += n_embed * shape.embedding_params() / lay.vllm_tp
+    total = n_fp8 * layer_linear * linear_b + (shape.num_layers - n_fp8) * layer_linear * 2.0
+    return (total + 2.0 * other) / lay.vllm_pp / GIB
+
+
+def kv_bytes_per_token(cfg: Mapping[str, Any], shape: ModelShape) -> float:
+    """K and V of one token on one vLLM rank (FP8 KV cache: 1 B, else 2 B)."""
+    lay = parallel_layout(dict(cfg))
+    fp8 = str(get(cfg, "policy.generation.vllm_cfg.kv_cache_dtype", "auto")).startswith("fp8")
+    kv_heads = max(shape.num_key_value_heads / lay.vllm_tp, 1)
+    return 2 * shape.num_layers / lay.vllm_pp * kv_heads * shape.head_dim * (1 if fp8 else 2)
+
+
+def _layout(cfg: Mapping[str, Any]) -> str:
+    lay = parallel_layout(dict(cfg))
+    ep = f" EP{lay.ep}" if lay.ep > 1 else ""
+    gpus = f"{lay.world} GPU" + ("s" if lay.world > 1 else "")
+    return f"{gpus}: TP{lay.tp} PP{lay.pp} CP{lay.cp}{ep} DP{lay.dp}; vLLM TP{lay.vllm_tp}"
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """Megatron state on the busiest GPU, in GiB (``params`` is a count)."""
+
+    params: int
+    weights: float
+    grads: float
+    optimizer: float  # on the GPU while training
+    resident_master: float  # part of ``optimizer`` that stays on the GPU during generation
+    host_optimizer: float  # with optimizer_cpu_offload: the whole Adam shard, in host RAM
+
+
+def trainer_state(config: Mapping[str, Any], shape: ModelShape) -> TrainerState:
+    """Weights, grads and Adam shards of one trainer GPU (module docstring, step 1)."""
+    lay = parallel_layout(dict(config))
+    dense, expert = trainer_params(config, shape)
+    # Distributed optimizer shards: dense parameters over DP x CP, experts over expert DP.
+    distributed = get(config, "policy.megatron_cfg.optimizer.use_distributed_optimizer", True)
+    dp_dense = lay.dp * lay.cp if distributed else 1
+    dp_expert = lay.world // (lay.pp * lay.ep * lay.etp) if distributed else 1
+    sharded = dense / dp_dense + expert / dp_expert
+    gpu_b, host_b = _optimizer_bytes(config)
+    ddp = "policy.megatron_cfg.distributed_data_parallel_config.grad_reduce_in_fp32"
+    # Plain Adam keeps its fp32 master as the inner optimizer's params, not in
+    # optimizer.state, so NeMo-RL's move_optimizer("cpu") leaves it on the GPU.
+    resident_b = 4.0 if gpu_b == 12.0 else 0.0
+    return TrainerState(
+        params=dense + expert,
+        weights=2.0 * (dense + expert) / GIB,
+        grads=(4.0 if get(config, ddp, False) else 2.0) * (dense + expert) / GIB,
+        optimizer=gpu_b * sharded / GIB,
+        resident_master=resident_b * sharded / GIB,
+        host_optimizer=host_b * sharded / GIB,
+    )
+
+
+def budget(config: Mapping[str, Any], name: str = "config", gpu_gib: float = HBM_GIB) -> Budget:
+    """Memory budget of one resolved, colocated Megatron + vLLM config (module docstring).
+
+    Raises:
+        KeyError: the model's shapes are unknown (:func:`model_shape`).
+        ValueError: not a Megatron config, not colocated, or an optimizer other than Adam.
+    """
+    if not get(config, "policy.megatron_cfg.enabled", False):
+        raise ValueError(f"{name}: policy.megatron_cfg.enabled is false; only Megatron is budgeted")
+    if not get(config, "policy.generation.colocated.enabled", True):
+        raise ValueError(f"{name}: policy.generation.colocated.enabled is false; only colocated")
+    shape = model_shape(get(config, "policy.model_name"))
+    st = trainer_state(config, shape)
+    layers = max(_stage_layers(config, shape.num_layers, parallel_layout(dict(config)).pp))
+    activations = activations_gib(config, shape, layers)
+    logits = logits_gib(config, shape, _micro_batch_tokens(config, "train"), grad=True)
+    lp_logits = logits_gib(config, shape, _micro_batch_tokens(config, "logprob"), grad=False)
+    lp_optimizer = 0.0 if get(config, "policy.offload_optimizer_for_logprob") else st.optimizer
+    share = float(get(config, "policy.generation.vllm_cfg.gpu_memory_utilization")) * gpu_gib
+    vllm_weights = vllm_weights_gib(config, shape)
+    kv_cache = share - vllm_weights - VLLM_RUNTIME_GIB
+    max_len = int(get(config, "policy.generation.vllm_cfg.max_model_len"))
+    asleep = TRAINER_RUNTIME_GIB + VLLM_ASLEEP_GIB
+    offloaded = st.weights + st.grads + st.optimizer - st.resident_master + st.host_optimizer
+    return Budget(
+        name=name,
+        model=str(get(config, "policy.model_name")),
+        layout=_layout(config),
+        gpu_gib=gpu_gib,
+        params_per_gpu=st.params,
+        weights=st.weights,
+        grads=st.grads,
+        optimizer=st.optimizer,
+        activations=activations,
+        activation_checkpointing=bool(get(config, "policy.megatron_cfg.activation_checkpointing")),
+        logits=logits,
+        logprob_logits=lp_logits,
+        vllm_share=share,
+        vllm_weights=vllm_weights,
+        kv_cache=kv_cache,
+        kv_max_len_seqs=kv_cache * GIB / (kv_bytes_per_token(config, shape) * max_len),
+        resident_master=st.resident_master,
+        train=st.weights + st.grads + st.optimizer + activations + logits + asleep,
+        logprob=st.weights + lp_optimizer + lp_logits + asleep,
+        refit=st.weights + st.resident_master + vllm_weights + TRAINER_RUNTIME_GIB,
+        generate=share + st.resident_master + TRAINER_IDLE_GIB,
+        host_per_gpu=offloaded + vllm_weights,
+        host_per_node=(offloaded + vllm_weights) * int(get(config, "cluster.gpus_per_node", 1)),
+    )
+
+
+_COLUMNS = (
+    "config",
+    "model / layout",
+    "params/GPU",
+    "weights + grads + Adam",
+    "activations",
+    "logits",
+    "**train**",
+    "logprob",
+    "refit",
+    "vLLM share (weights, KV)",
+    "KV seqs",
+    "**generate**",
+    "**host/node**",
+    "fits",
+)
+
+
+def markdown_table(budgets: Sequence[Budget]) -> str:
+    """One markdown row per budget (GiB per GPU; host RAM in GiB per node)."""
+    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    for b in budgets:
+        ckpt = " (ckpt)" if b.activation_checkpointing else ""
+        row = (
+            b.name,
+            f"{b.model}; {b.layout}",
+            f"{b.params_per_gpu / 1e9:.2f} B",
+            f"{b.weights:.1f} + {b.grads:.1f} + {b.optimizer:.1f}",
+            f"{b.activations:.1f}{ckpt}",
+            f"{b.logits:.1f}",
+            f"**{b.train:.1f}**",
+            f"{b.logprob:.1f}",
+            f"{b.refit:.1f}",
+            f"{b.vllm_share:.1f} ({b.vllm_weights:.1f}, {b.kv_cache:.1f})",
+            f"{b.kv_max_len_seqs:.0f}",
+            f"**{b.generate:.1f}**",
+            f"**{b.host_per_node:.0f}**",
+            "yes" if not b.problems() else "**NO**",
+        )
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """CLI: print the markdown budget table of each full config; exit 1 if one does not fit."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Estimated per-GPU / per-node memory of NeMo-RL GRPO configs (colocated).",
+    )
+    parser.add_argument("configs", nargs="+", help="YAML files, then Hydra-style overrides (k=v)")
+    parser.add_argument("--gpu-gib", type=float, default=HBM_GIB, help="GPU memory (GiB)")
+    args = parser.parse_args(argv)
+    paths, overrides = split_args(args.configs)
+    budgets, problems = [], []
+    for path in paths:
+        try:
+            cfg = load_config(path, overrides)
+            if not is_mixin(cfg):
+                budgets.append(budget(cfg, name=Path(path).stem, gpu_gib=args.gpu_gib))
+        except (OSError, KeyError, TypeError, ValueError) as err:
+            problems.append(f"{path}: cannot budget: {err}")
+    print(markdown_table(budgets))
+    problems += [p for b in budgets for p in b.problems()]
+    print(*problems, sep="\n", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

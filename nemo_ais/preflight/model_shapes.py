@@ -1,0 +1,172 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Shapes of the decoder-only models the configs train: ONE named-field table.
+
+:class:`ModelShape` holds what fixes which parallel sizes are legal (heads, layers,
+experts, the per-rank FP8 block shards) and what the memory budget counts (parameters,
+per-token activations, KV cache). :data:`MODEL_SHAPES` is keyed by the lower-cased
+basename of the model id (``Qwen/Qwen3-8B`` and ``/ckpt/Qwen3-8B/`` are ``qwen3-8b``); each
+value states its source, the model's Hugging Face ``config.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MODEL_SHAPES", "ModelShape", "find_model_shape", "model_key"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only model's shapes (``num_experts = 0``: dense; MoE sizes are per expert)."""
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int  # dense MLP (unused when every layer is MoE)
+    vocab_size: int
+    tie_word_embeddings: bool
+    qk_norm: bool  # Qwen3: RMSNorm on q and k (head_dim weights each)
+    num_experts: int = 0
+    moe_intermediate_size: int = 0
+    experts_per_token: int = 0
+    source: str = ""
+
+    def attention_params(self) -> int:
+        """q, k, v and o projections of one layer (no biases)."""
+        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        return self.hidden_size * (2 * q + 2 * kv)
+
+    def mlp_params(self) -> int:
+        """Dense SwiGLU of one layer (gate, up, down); 0 for MoE layers."""
+        return 0 if self.num_experts else 3 * self.hidden_size * self.intermediate_size
+
+    def expert_params(self) -> int:
+        """All routed experts of one layer (gate, up, down each)."""
+        return self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
+
+    def replicated_params(self) -> int:
+        """Per-layer weights Megatron does not split by TP: the two norms, q/k norms, router."""
+        router = self.num_experts * self.hidden_size
+        return 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0) + router
+
+    def embedding_params(self) -> int:
+        """One vocab x hidden matrix (the input embedding, or the untied output layer)."""
+        return self.vocab_size * self.hidden_size
+
+    def total_params(self) -> int:
+        """Every parameter: layers, embedding, output layer unless tied, final norm."""
+        layer = self.attention_params() + self.mlp_params() + self.expert_params()
+        layer += self.replicated_params()
+        n_embed = 1 if self.tie_word_embeddings else 2
+        return self.num_layers * layer + n_embed * self.embedding_params() + self.hidden_size
+
+
+def _qwen3(name: str, **shape: int | bool) -> ModelShape:
+    """A Qwen3 model: head_dim 128, vocab 151936, q/k norms."""
+    return ModelShape(
+        head_dim=128, vocab_size=151936, qk_norm=True, source=f"hf:{name} config.json", **shape
+    )
+
+
+# From each model's config.json: hidden_size, num_hidden_layers, num_attention_heads,
+# num_key_value_heads, head_dim (Llama: hidden / heads), intermediate_size, vocab_size,
+# tie_word_embeddings, num_experts, moe_intermediate_size, num_experts_per_tok.
+# total_params() gives the published sizes: 596,049,920 (Qwen3-0.6B), 8.19 B, 30.5 B, 8.03 B.
+MODEL_SHAPES: dict[str, ModelShape] = {
+    "qwen3-0.6b": _qwen3(
+        "Qwen/Qwen3-0.6B",
+        hidden_size=1024,
+        num_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        intermediate_size=3072,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-1.7b": _qwen3(
+        "Qwen/Qwen3-1.7B",
+        hidden_size=2048,
+        num_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        intermediate_size=6144,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-8b": _qwen3(
+        "Qwen/Qwen3-8B",
+        hidden_size=4096,
+        num_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=12288,
+        tie_word_embeddings=False,
+    ),
+    "qwen3-30b-a3b": _qwen3(
+        "Qwen/Qwen3-30B-A3B",
+        hidden_size=2048,
+        num_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        intermediate_size=6144,
+        tie_word_embeddings=False,
+        num_experts=128,
+        moe_intermediate_size=768,
+        experts_per_token=8,
+    ),
+    # q/k/v biases (attention_bias) are not counted by attention_params().
+    "qwen2.5-1.5b": ModelShape(
+        hidden_size=1536,
+        num_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        qk_norm=False,
+        source="hf:Qwen/Qwen2.5-1.5B config.json",
+    ),
+    "llama-3.1-8b": ModelShape(
+        hidden_size=4096,
+        num_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        qk_norm=False,
+        source="hf:meta-llama/Llama-3.1-8B config.json",
+    ),
+}
+for _alias, _key in (
+    ("qwen3-8b-base", "qwen3-8b"),
+    ("qwen3-30b-a3b-base", "qwen3-30b-a3b"),
+    ("qwen2.5-1.5b-instruct", "qwen2.5-1.5b"),
+    ("llama-3.1-8b-instruct", "llama-3.1-8b"),
+):
+    MODEL_SHAPES[_alias] = MODEL_SHAPES[_key]
+
+
+def model_key(model_name: str) -> str:
+    """The table key of a HF id or a local checkpoint path: its lower-cased basename."""
+    return Path(str(model_name).rstrip("/")).name.lower()
+
+
+def find_model_shape(model_name: str) -> ModelShape | None:
+    """Look a HF id or a local checkpoint path up in :data:`MODEL_SHAPES`; None if absent."""
+    return MODEL_SHAPES.get(model_key(model_name))
