@@ -78,7 +78,11 @@ from nemo_ais.preflight.checks import (
     validate_config,
 )
 from nemo_ais.preflight.checks.fp8 import FP8_BLOCK, block_quantized_shards, fp8_kv_refit_problems
-from nemo_ais.preflight.checks.loss import AIS_CONFLICTS, ais_conflicts
+from nemo_ais.preflight.checks.loss import (
+    AIS_CONFLICTS,
+    ais_conflicts,
+    setup_sees_importance_sampling,
+)
 from nemo_ais.preflight.checks.upstream import ENTRY_POINT_KEYS
 from nemo_ais.preflight.cli import main
 from nemo_ais.preflight.layout import ParallelLayout, parallel_layout
@@ -117,5 +121,6 @@ __all__ = [
     "load_config_fallback",
     "main",
     "parallel_layout",
+    "setup_sees_importance_sampling",
     "validate_config",
 ]

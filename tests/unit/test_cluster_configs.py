@@ -24,6 +24,8 @@ QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
 MOE = CONFIG_DIR / "qwen3_30b_a3b_2n8g_fp8_ep8.yaml"
 LLAMA = CONFIG_DIR / "llama3.1_8b_2n8g_fp8_pp2.yaml"
 SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+# async GRPO needs a BF16 KV cache (fp8_rollout) and vLLM's async engine (async_grpo)
+ASYNC_BF16_KV = ("grpo.async_grpo.enabled=true", "policy.generation.vllm_cfg.kv_cache_dtype=auto")
 
 
 @functools.cache
@@ -351,6 +353,38 @@ BROKEN = [
         "grpo.val_at_start=true with policy.generation.vllm_cfg.kv_cache_dtype='fp8' is "
         "invalid: expected false",
     ),
+    # NeMo-RL's own asserts (tests/upstream/test_preflight_mirrors_upstream.py raises each
+    # through upstream's real code): an FP8 rollout with no correction at all...
+    (
+        SMOKE,
+        ["~loss_fn.ais"],
+        "fp8_rollout",
+        "policy.generation.vllm_cfg.precision='fp8' needs an importance-sampling correction: "
+        "add a loss_fn.ais section",
+    ),
+    # ...async GRPO without vLLM's async engine, without a correction, with DAPO options
+    (
+        SMOKE,
+        [*ASYNC_BF16_KV],
+        "async_grpo",
+        "grpo.async_grpo.enabled=true needs policy.generation.vllm_cfg.async_engine=true",
+    ),
+    (
+        CONFIG_DIR / "experiments" / "smoke_bf16.yaml",
+        [*ASYNC_BF16_KV, "policy.generation.vllm_cfg.async_engine=true", "~loss_fn.ais"],
+        "async_grpo",
+        "grpo.async_grpo.enabled=true needs an importance-sampling correction",
+    ),
+    (
+        SMOKE,
+        [
+            *ASYNC_BF16_KV,
+            "policy.generation.vllm_cfg.async_engine=true",
+            "grpo.use_dynamic_sampling=true",
+        ],
+        "async_grpo",
+        "grpo.use_dynamic_sampling=true is not supported with grpo.async_grpo.enabled=true",
+    ),
     (
         QWEN8B,
         ["checkpointing.model_save_format=safetensors"],
@@ -410,6 +444,10 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
         # A save format is NeMo-RL's DTensor v2 field; no save, no check.
         (QWEN8B, ["checkpointing.model_save_format=safetensors", "+policy.dtensor_cfg._v2=true"]),
         (SMOKE, ["checkpointing.model_save_format=safetensors"]),
+        # NeMo-RL's own correction instead of ours: setup()'s FP8 assert is satisfied
+        (SMOKE, ["~loss_fn.ais", "loss_fn.use_importance_sampling_correction=true"]),
+        # async GRPO as upstream runs it: async engine, BF16 KV cache, a correction
+        (SMOKE, [*ASYNC_BF16_KV, "policy.generation.vllm_cfg.async_engine=true"]),
     ],
 )
 def test_legal_variants_pass(path, overrides):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nemo_ais.preflight.checks.loss import NO_CORRECTION_HINT, setup_sees_importance_sampling
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape
@@ -54,11 +55,20 @@ def fp8_kv_refit_problems(cfg: Mapping[str, Any]) -> list[str]:
 
 @check("fp8_rollout")
 def check_fp8_rollout(ctx: Context) -> Verdict:
-    """An FP8 KV cache needs FP8 weights, Megatron, PP 1, no async GRPO, no val_at_start."""
+    """FP8 weights need a correction; an FP8 KV cache FP8 weights, Megatron, PP 1, no async."""
     vllm = ctx.get("policy.generation.vllm_cfg", {})
     precision = vllm.get("precision")
     kv = vllm.get("kv_cache_dtype", "auto")
     problems = []
+    vllm_backend = ctx.get("policy.generation.backend", "vllm") == "vllm"
+    if vllm_backend and precision == "fp8" and not setup_sees_importance_sampling(ctx.cfg):
+        # grpo.setup (v0.7.0 and main): `if vllm_cfg["precision"] == "fp8": assert
+        # loss_config.use_importance_sampling_correction`
+        problems.append(
+            "policy.generation.vllm_cfg.precision='fp8' needs an importance-sampling "
+            f"correction: {NO_CORRECTION_HINT} (NeMo-RL's grpo.setup asserts "
+            "'Importance sampling must be enabled for vLLM FP8 generation')"
+        )
     if kv not in _KV_DTYPES:
         problems.append(
             f"policy.generation.vllm_cfg.kv_cache_dtype={kv!r} is invalid: expected one of {_KV_DTYPES}"

@@ -21,8 +21,29 @@ from typing import Any
 from nemo_ais.alarms import AISAlarmsConfig
 from nemo_ais.config import CorrectionConfig, validate_section
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
+from nemo_ais.preflight.loader import get
 
-__all__ = ["AIS_CONFLICTS", "ais_conflicts"]
+__all__ = ["AIS_CONFLICTS", "NO_CORRECTION_HINT", "ais_conflicts", "setup_sees_importance_sampling"]
+
+NO_CORRECTION_HINT = (
+    "add a loss_fn.ais section (our correction; mode: none is the deliberately uncorrected "
+    "arm) or set loss_fn.use_importance_sampling_correction=true (NeMo-RL's own)"
+)
+"""How to give a config the importance-sampling correction NeMo-RL's asserts require."""
+
+
+def setup_sees_importance_sampling(cfg: Mapping[str, Any]) -> bool:
+    """``loss_fn.use_importance_sampling_correction`` as NeMo-RL reads it under our launcher.
+
+    NeMo-RL asserts the flag for an FP8 rollout (``grpo.setup``) and for async GRPO
+    (``async_grpo_train``). ``launchers/run_grpo_ais.py`` hands ``setup()`` a view with the
+    flag on whenever ``loss_fn.ais`` owns the correction, which is whenever the section is
+    present (``nemo_rl_view``; a test compares the two on every case); without the
+    section the flag is the user's.
+    """
+    loss = get(cfg, "loss_fn", {})
+    return bool(loss.get("use_importance_sampling_correction", False)) or "ais" in loss
+
 
 # NeMo-RL loss_fn options that must stay at their "off" value when loss_fn.ais.mode is not
 # none: (off value, why). With mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged.

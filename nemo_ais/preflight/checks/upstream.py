@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from nemo_ais.preflight.checks.loss import NO_CORRECTION_HINT, setup_sees_importance_sampling
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import has
 
@@ -101,3 +102,49 @@ def check_checkpointing(ctx: Context) -> Verdict:
                 f"workers take no format, torch_save | safetensors are for DTensor v2)"
             )
     return Verdict(problems, f"model_save_format={fmt!r}")
+
+
+# Options upstream's entry point (and ours) refuses with async GRPO, raising
+# NotImplementedError after Ray started.
+_ASYNC_UNSUPPORTED = (
+    "grpo.use_dynamic_sampling",
+    "grpo.reward_scaling.enabled",
+    "grpo.reward_shaping.enabled",
+    "data.use_multiple_dataloader",
+)
+
+
+@check("async_grpo")
+def check_async_grpo(ctx: Context) -> Verdict | None:
+    """Async GRPO: an async vLLM engine, a correction, none of the unsupported options."""
+    if not ctx.get("grpo.async_grpo.enabled", False):
+        return None
+    backend = ctx.get("policy.generation.backend", "vllm")
+    problems = []
+    # async_grpo_train (v0.7.0 and main) asserts an async engine first: for vLLM
+    # `vllm_cfg.async_engine`; Megatron's rule differs between the versions (not checked).
+    if backend == "vllm" and not ctx.get("policy.generation.vllm_cfg.async_engine", False):
+        problems.append(
+            "grpo.async_grpo.enabled=true needs policy.generation.vllm_cfg.async_engine=true "
+            "(NeMo-RL's async_grpo_train asserts 'Async GRPO requires an async vLLM ... "
+            "generation engine')"
+        )
+    elif backend not in ("vllm", "megatron"):
+        problems.append(
+            f"grpo.async_grpo.enabled=true with policy.generation.backend={backend!r}: "
+            "expected vllm (NeMo-RL's async GRPO replay path does not take these rollouts)"
+        )
+    if not setup_sees_importance_sampling(ctx.cfg):
+        problems.append(
+            f"grpo.async_grpo.enabled=true needs an importance-sampling correction: "
+            f"{NO_CORRECTION_HINT} (NeMo-RL's async_grpo_train asserts 'Importance sampling "
+            "correction must be enabled for async GRPO')"
+        )
+    problems += [
+        f"{key}=true is not supported with grpo.async_grpo.enabled=true (NeMo-RL's entry "
+        "point raises NotImplementedError after Ray started)"
+        for key in _ASYNC_UNSUPPORTED
+        if ctx.get(key, False) is True
+    ]
+    age = ctx.get("grpo.async_grpo.max_trajectory_age_steps")
+    return Verdict(problems, f"backend={backend}, async engine, max_trajectory_age_steps={age}")

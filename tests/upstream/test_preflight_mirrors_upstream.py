@@ -1,0 +1,136 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Each NeMo-RL assert the pre-flight check mirrors, raised by upstream's REAL code first.
+
+Issue 18, item 6: configs that passed ``python -m nemo_ais.preflight`` but stopped NeMo-RL
+after Ray started. Each case runs ``launchers/run_grpo_ais.py`` ``main()`` into upstream's
+real ``grpo.setup()`` (and, for async GRPO, its real ``async_grpo_train``) with only the
+GPU / Ray-actor / download calls stood in (``_ray_boundary``), shows upstream's assert,
+then shows the offline check failing the same config with a message naming the fields.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import pytest
+from _ray_boundary import ActorBoundary, AtRayBoundary, DriverBoundary, tiny_datasets
+from nemo_rl.algorithms import grpo
+from shipped_configs import CONFIG_DIR, launcher
+
+from nemo_ais import preflight
+
+pytestmark = pytest.mark.nemo_rl
+
+run = launcher()
+SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+SMOKE_BF16 = CONFIG_DIR / "experiments" / "smoke_bf16.yaml"
+ASYNC = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1"]
+
+
+class PastTheAsserts(Exception):
+    """Raised by a spy on the first call ``async_grpo_train`` makes after its asserts."""
+
+
+@pytest.fixture
+def rig(monkeypatch, tmp_path, local_ray):
+    """Boundaries installed; ``rig(path, overrides, stop=...)`` runs ``main()``."""
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delenv("NEMO_AIS_FP8_REFIT", raising=False)
+    monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
+
+    def main(path, overrides, *, stop: bool, real_async: bool = False):
+        ActorBoundary(stop=stop).install(monkeypatch, tmp_path)
+        raw = run.load_config_dict(str(path), list(overrides))
+        train, val = tiny_datasets(raw)
+        driver = DriverBoundary((train, val, {"math": None}, {"math": None}))
+        driver.install(monkeypatch)
+        if real_async:
+            monkeypatch.setattr(grpo, "async_grpo_train", REAL_ASYNC_GRPO_TRAIN)
+        run.main(["--config", str(path), *overrides])
+        return driver
+
+    return main
+
+
+REAL_ASYNC_GRPO_TRAIN = grpo.async_grpo_train
+
+
+def _failures(path, overrides) -> dict[str, str]:
+    cfg = preflight.load_config(path, overrides)
+    return {r.name: r.detail for r in preflight.check_config(cfg) if r.status == "fail"}
+
+
+# ------------------------------------------------------ FP8 rollout without any correction
+
+
+def test_fp8_rollout_without_any_correction_stops_setup_and_fails_offline(rig):
+    no_correction = ["~loss_fn.ais"]  # and use_importance_sampling_correction: false
+    with pytest.raises(AssertionError, match="Importance sampling must be enabled for vLLM FP8"):
+        rig(SMOKE, no_correction, stop=True)
+    fp8 = _failures(SMOKE, no_correction)["fp8_rollout"]
+    assert "policy.generation.vllm_cfg.precision='fp8' needs an importance-sampling" in fp8
+    assert "loss_fn.ais" in fp8 and "loss_fn.use_importance_sampling_correction=true" in fp8
+
+
+def test_fp8_rollout_with_nemo_rls_own_correction_passes_both(rig):
+    nemo_rl_is = ["~loss_fn.ais", "loss_fn.use_importance_sampling_correction=true"]
+    with pytest.raises(AtRayBoundary):  # past setup()'s FP8 assert, at the policy workers
+        rig(SMOKE, nemo_rl_is, stop=True)
+    assert "fp8_rollout" not in _failures(SMOKE, nemo_rl_is)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["~loss_fn.ais"],
+        ["loss_fn.ais.mode=none"],
+        ["loss_fn.ais.mode=none", "loss_fn.use_importance_sampling_correction=true"],
+        ["~loss_fn.ais", "loss_fn.use_importance_sampling_correction=true"],
+        ["loss_fn.ais.mode=tis"],
+    ],
+    ids=["ais", "no-section", "none", "none+nemo-rl-is", "nemo-rl-is", "tis"],
+)
+def test_the_flag_setup_reads_is_the_launchers_view(overrides):
+    """``preflight.setup_sees_importance_sampling`` == what ``nemo_rl_view`` hands setup()."""
+    raw = run.load_config_dict(str(SMOKE), overrides)
+    view = run.nemo_rl_view(raw, run.validate_ais(raw))
+    expected = view["loss_fn"].get("use_importance_sampling_correction", False)
+    assert preflight.setup_sees_importance_sampling(raw) is expected
+
+
+# ----------------------------------------------------------------------------- async GRPO
+
+
+def test_async_grpo_without_the_async_engine_stops_async_grpo_train_and_fails_offline(rig):
+    overrides = [*ASYNC]  # the bf16 arm: no FP8 KV cache (setup's own async assert)
+    with pytest.raises(AssertionError, match="Async GRPO requires an async vLLM"):
+        rig(SMOKE_BF16, overrides, stop=False, real_async=True)
+    failed = _failures(SMOKE_BF16, overrides)["async_grpo"]
+    assert (
+        "grpo.async_grpo.enabled=true needs policy.generation.vllm_cfg.async_engine=true" in failed
+    )
+
+
+def test_async_grpo_without_importance_sampling_stops_and_fails_offline(rig):
+    overrides = [*ASYNC, "policy.generation.vllm_cfg.async_engine=true", "~loss_fn.ais"]
+    with pytest.raises(AssertionError, match="Importance sampling correction must be enabled"):
+        rig(SMOKE_BF16, overrides, stop=False, real_async=True)
+    failed = _failures(SMOKE_BF16, overrides)["async_grpo"]
+    assert "needs an importance-sampling correction" in failed
+    assert "loss_fn.use_importance_sampling_correction=true" in failed
+
+
+def test_async_grpo_with_engine_and_correction_passes_both(rig, monkeypatch):
+    overrides = [*ASYNC, "policy.generation.vllm_cfg.async_engine=true"]
+
+    def past_the_asserts(*args, **kwargs):
+        raise PastTheAsserts
+
+    # the first call after the asserts, in both versions (v0.7.0 and main)
+    assert "router_replay_enabled" in inspect.getsource(REAL_ASYNC_GRPO_TRAIN)
+    monkeypatch.setattr(grpo, "router_replay_enabled", past_the_asserts)
+    with pytest.raises(PastTheAsserts):
+        rig(SMOKE_BF16, overrides, stop=False, real_async=True)
+    assert "async_grpo" not in _failures(SMOKE_BF16, overrides)
