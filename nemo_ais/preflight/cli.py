@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         failed = [r for r in results if r.status == "fail"]
         n_failed += bool(failed)
         if not quiet:
-            print(path + ("" if is_mixin(cfg) else _layout_line(cfg)))
+            full = not is_mixin(cfg) and "policy" in cfg and "cluster" in cfg
+            print(path + (_layout_line(cfg) if full else ""))
             print("\n".join(f"  {r}" for r in results))
         elif failed:
             print(f"{path}:", *(f"  {r}" for r in failed), sep="\n", file=sys.stderr)

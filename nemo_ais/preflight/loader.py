@@ -65,8 +65,11 @@ def has(cfg: Mapping[str, Any], dotted: str) -> bool:
 
 
 def is_mixin(cfg: Mapping[str, Any]) -> bool:
-    """True for an arm mixin (a delta without ``policy``/``cluster``), not a full config."""
-    return "policy" not in cfg or "cluster" not in cfg
+    """True for an arm mixin: a ``loss_fn.ais`` delta without ``policy``/``cluster``.
+
+    Anything else is checked as a full config (a YAML without the sections fails).
+    """
+    return has(cfg, "loss_fn.ais") and ("policy" not in cfg or "cluster" not in cfg)
 
 
 def nemo_rl_loader() -> ModuleType | None:

@@ -570,3 +570,19 @@ def test_a_flagged_entry_point_key_is_required_only_with_its_flag_on(key, flag):
 
     assert f"{key} is missing" not in entry_point(False).detail
     assert f"{key} is missing" in entry_point(True).detail
+
+
+def test_a_yaml_that_is_no_grpo_config_fails_naming_the_missing_sections(tmp_path, capsys):
+    path = _write(tmp_path / "foo.yaml", "foo: 1\n")
+    assert pf.main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == str(path)  # no layout line: there is no layout
+    assert (
+        "[FAIL] sections: policy, loss_fn, env, data, grpo, logger, cluster, checkpointing "
+        "are missing: NeMo-RL's GRPO MasterConfig requires each" in out
+    )
+    # one missing section of a real config; the other checks wait for it
+    failed = [r for r in pf.check_config(_load(QWEN8B, ["~env"])) if r.status == "fail"]
+    assert [(r.name, r.detail.split(":")[0]) for r in failed] == [("sections", "env is missing")]
+    # an arm mixin (loss_fn.ais and no policy/cluster) is still not a full config
+    assert pf.main([str(CONFIG_DIR / "arms" / "fp8_tis.yaml")]) == 0

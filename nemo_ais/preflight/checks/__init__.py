@@ -34,6 +34,7 @@ from nemo_ais.preflight.checks.registry import (
     Verdict,
     check,
 )
+from nemo_ais.preflight.checks.upstream import MASTER_CONFIG_SECTIONS, missing_sections
 from nemo_ais.preflight.layout import parallel_layout
 from nemo_ais.preflight.loader import get, is_mixin
 from nemo_ais.preflight.model_shapes import find_model_shape
@@ -60,11 +61,26 @@ for _module in RULE_MODULES:
 def check_config(cfg: Mapping[str, Any]) -> list[CheckResult]:
     """Run every registered check on a loaded config; never raises on content.
 
-    Arm mixins (no ``policy``/``cluster``) get only the checks registered with
-    ``mixins=True`` (``loss_fn.ais``); with the model's shapes unknown the checks registered
-    with ``needs_shape=True`` are skipped, and a ``model_shapes`` warning says so.
+    Arm mixins (``loss_fn.ais``, no ``policy``/``cluster``) get only the checks registered
+    with ``mixins=True`` (``loss_fn.ais``). A full config first needs every section of
+    NeMo-RL's ``MasterConfig``: if one is missing, a ``sections`` failure naming them is the
+    only result. With the model's shapes unknown the checks registered with
+    ``needs_shape=True`` are skipped, and a ``model_shapes`` warning says so.
     """
     mixin = is_mixin(cfg)
+    missing = [] if mixin else missing_sections(cfg)
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        return [
+            CheckResult(
+                "sections",
+                "fail",
+                f"{', '.join(missing)} {verb} missing: NeMo-RL's GRPO MasterConfig requires "
+                f"each of {', '.join(MASTER_CONFIG_SECTIONS)} (a full config is a defaults: "
+                "delta on configs/nemo_rl/grpo_ais_base.yaml; an arm mixin holds loss_fn.ais "
+                "and no policy/cluster)",
+            )
+        ]
     model_name = get(cfg, "policy.model_name", "")
     shape = None if mixin else find_model_shape(model_name)
     ctx = Context(cfg, parallel_layout(cfg), shape)

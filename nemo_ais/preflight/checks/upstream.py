@@ -15,11 +15,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from nemo_ais.preflight.checks.loss import NO_CORRECTION_HINT, setup_sees_importance_sampling
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import has
 
-__all__ = ["ENTRY_POINT_KEYS"]
+__all__ = ["ENTRY_POINT_KEYS", "MASTER_CONFIG_SECTIONS", "missing_sections"]
+
+MASTER_CONFIG_SECTIONS = (
+    "policy",
+    "loss_fn",
+    "env",
+    "data",
+    "grpo",
+    "logger",
+    "cluster",
+    "checkpointing",
+)
+"""The sections NeMo-RL's GRPO ``MasterConfig`` requires (v0.7.0 and main)."""
+
+
+def missing_sections(cfg: Mapping[str, Any]) -> list[str]:
+    """The :data:`MASTER_CONFIG_SECTIONS` a full config lacks, in that order."""
+    return [section for section in MASTER_CONFIG_SECTIONS if section not in cfg]
+
 
 # Keys NeMo-RL v0.7.0 reads unguarded (``cfg["key"]``) between its entry point and the first
 # checkpoint: (dotted key, who reads it, the flag that makes it read; None = always). A
