@@ -17,17 +17,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from nemo_ais.preflight.loader import get
 
-__all__ = ["ParallelLayout", "parallel_layout"]
+__all__ = ["TRAINER_KEYS", "ParallelLayout", "parallel_layout"]
+
+TRAINER_KEYS: dict[str, dict[str, str]] = {
+    "megatron": {
+        "tp": "policy.megatron_cfg.tensor_model_parallel_size",
+        "pp": "policy.megatron_cfg.pipeline_model_parallel_size",
+        "cp": "policy.megatron_cfg.context_parallel_size",
+        "ep": "policy.megatron_cfg.expert_model_parallel_size",
+        "etp": "policy.megatron_cfg.expert_tensor_parallel_size",
+    },
+    "dtensor": {
+        "tp": "policy.dtensor_cfg.tensor_parallel_size",
+        "cp": "policy.dtensor_cfg.context_parallel_size",
+    },
+}
+"""Trainer backend -> size -> the config key it is read from (absent: 1)."""
 
 
 @dataclass(frozen=True)
 class ParallelLayout:
     """Sizes derived from a config (trainer and colocated vLLM engine); DP is floor-divided."""
 
+    trainer: Literal["megatron", "dtensor"]
     world: int
     tp: int
     pp: int
@@ -40,26 +56,26 @@ class ParallelLayout:
     vllm_ep: int
     vllm_engines: int
 
+    def key(self, size: str) -> str:
+        """The config key of a trainer size (``"tp"`` -> ``policy.<backend>_cfg....``)."""
+        return TRAINER_KEYS[self.trainer][size]
+
 
 def parallel_layout(cfg: Mapping[str, Any]) -> ParallelLayout:
-    """Trainer (Megatron, else DTensor) and rollout (vLLM) sizes of a colocated config."""
+    """Trainer (Megatron if enabled, else DTensor) and rollout (vLLM) sizes of a config."""
     world = int(get(cfg, "cluster.num_nodes", 1)) * int(get(cfg, "cluster.gpus_per_node", 1))
-    mcfg = "policy.megatron_cfg."
-    if get(cfg, mcfg + "enabled", False):
-        tp = int(get(cfg, mcfg + "tensor_model_parallel_size", 1))
-        pp = int(get(cfg, mcfg + "pipeline_model_parallel_size", 1))
-        cp = int(get(cfg, mcfg + "context_parallel_size", 1))
-        ep = int(get(cfg, mcfg + "expert_model_parallel_size", 1))
-        etp = int(get(cfg, mcfg + "expert_tensor_parallel_size", 1))
-    else:
-        tp = int(get(cfg, "policy.dtensor_cfg.tensor_parallel_size", 1))
-        cp = int(get(cfg, "policy.dtensor_cfg.context_parallel_size", 1))
-        pp, ep, etp = 1, 1, 1
+    trainer = "megatron" if get(cfg, "policy.megatron_cfg.enabled", False) else "dtensor"
+    keys = TRAINER_KEYS[trainer]
+    tp, pp, cp, ep, etp = (
+        int(get(cfg, keys[size], 1)) if size in keys else 1
+        for size in ("tp", "pp", "cp", "ep", "etp")
+    )
     vcfg = "policy.generation.vllm_cfg."
     vllm_tp = int(get(cfg, vcfg + "tensor_parallel_size", 1))
     vllm_pp = int(get(cfg, vcfg + "pipeline_parallel_size", 1))
     vllm_ep = int(get(cfg, vcfg + "expert_parallel_size", 1))
     return ParallelLayout(
+        trainer=trainer,
         world=world,
         tp=tp,
         pp=pp,

@@ -24,6 +24,12 @@ QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
 MOE = CONFIG_DIR / "qwen3_30b_a3b_2n8g_fp8_ep8.yaml"
 LLAMA = CONFIG_DIR / "llama3.1_8b_2n8g_fp8_pp2.yaml"
 SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+# the smoke config on NeMo-RL's DTensor trainer (no FP8 KV cache: that needs Megatron)
+DTENSOR = (
+    "policy.megatron_cfg.enabled=false",
+    "policy.dtensor_cfg.enabled=true",
+    "policy.generation.vllm_cfg.kv_cache_dtype=auto",
+)
 # async GRPO needs a BF16 KV cache (fp8_rollout) and vLLM's async engine (async_grpo)
 ASYNC_BF16_KV = ("grpo.async_grpo.enabled=true", "policy.generation.vllm_cfg.kv_cache_dtype=auto")
 
@@ -353,6 +359,20 @@ BROKEN = [
         "grpo.val_at_start=true with policy.generation.vllm_cfg.kv_cache_dtype='fp8' is "
         "invalid: expected false",
     ),
+    # a DTensor trainer: the messages name the dtensor_cfg fields, not Megatron's
+    (
+        SMOKE,
+        [*DTENSOR, "+policy.dtensor_cfg.tensor_parallel_size=3", "cluster.gpus_per_node=4"],
+        "trainer_parallel",
+        "GPUs = cluster.num_nodes x cluster.gpus_per_node = 4 is not divisible by TP x CP = "
+        "3 x 1 = 3 (policy.dtensor_cfg.tensor_parallel_size x context_parallel_size)",
+    ),
+    (
+        SMOKE,
+        [*DTENSOR, "+policy.dtensor_cfg.tensor_parallel_size=3", "cluster.gpus_per_node=3"],
+        "trainer_parallel",
+        "policy.dtensor_cfg.tensor_parallel_size=3 must divide the 16 query heads and 8 KV heads",
+    ),
     # NeMo-RL's own asserts (tests/upstream/test_preflight_mirrors_upstream.py raises each
     # through upstream's real code): an FP8 rollout with no correction at all...
     (
@@ -530,7 +550,7 @@ def test_cli_prints_results_and_exit_codes(capsys):
     assert pf.main([str(QWEN8B)]) == 0
     out = capsys.readouterr().out
     assert "(Qwen/Qwen3-8B, 2 node(s) x 8 GPU(s) = 16)" in out
-    assert "[OK  ] trainer_parallel: GPUs=16: TP=2 PP=1 CP=1 -> DP=8" in out
+    assert "[OK  ] trainer_parallel: megatron, GPUs=16: TP=2 PP=1 CP=1 -> DP=8" in out
     assert pf.main([str(QWEN8B), "policy.train_global_batch_size=384"]) == 1
     assert "[FAIL] batch:" in capsys.readouterr().out
 

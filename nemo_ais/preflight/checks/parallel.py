@@ -25,18 +25,25 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
     """TP x PP x CP divides the GPUs; heads, layers and experts split evenly; MoE rules."""
     lay, dims = ctx.layout, ctx.shape
     mcfg = "policy.megatron_cfg"
+    megatron = lay.trainer == "megatron"
     problems = []
     model_parallel = lay.tp * lay.pp * lay.cp
     if lay.world % model_parallel:
+        sizes = (
+            f"TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = {model_parallel} "
+            f"({mcfg}.tensor/pipeline/context_parallel_size)"
+            if megatron
+            else f"TP x CP = {lay.tp} x {lay.cp} = {model_parallel} "
+            f"({lay.key('tp')} x context_parallel_size)"
+        )
         problems.append(
             f"GPUs = cluster.num_nodes x cluster.gpus_per_node = {lay.world} is not divisible "
-            f"by TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = {model_parallel} "
-            f"({mcfg}.tensor/pipeline/context_parallel_size)"
+            f"by {sizes}"
         )
     if dims is not None:
         if dims.num_attention_heads % lay.tp or dims.num_key_value_heads % lay.tp:
             problems.append(
-                f"{mcfg}.tensor_model_parallel_size={lay.tp} must divide the "
+                f"{lay.key('tp')}={lay.tp} must divide the "
                 f"{dims.num_attention_heads} query heads and {dims.num_key_value_heads} KV heads"
             )
         staged = ctx.get(mcfg + ".num_layers_in_first_pipeline_stage") is not None or (
@@ -55,7 +62,8 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
                 f"{mcfg}.expert_model_parallel_size={lay.ep} does not divide the "
                 f"{n_experts} experts"
             )
-        if n_experts and lay.tp > 1 and not ctx.get(mcfg + ".sequence_parallel", False):
+        sequence_parallel = ctx.get(mcfg + ".sequence_parallel", False)
+        if megatron and n_experts and lay.tp > 1 and not sequence_parallel:
             problems.append(
                 f"MoE with tensor_model_parallel_size={lay.tp} > 1 needs {mcfg}.sequence_parallel=true"
             )
@@ -72,7 +80,7 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
             f"TP={lay.tp} >= 4 needs policy.train_micro_batch_size ({mbs}) == "
             f"policy.logprob_batch_size ({lbs}) (NeMo-RL's batch-variant TP accuracy check)"
         )
-    detail = f"GPUs={lay.world}: TP={lay.tp} PP={lay.pp} CP={lay.cp} -> DP={lay.dp}"
+    detail = f"{lay.trainer}, GPUs={lay.world}: TP={lay.tp} PP={lay.pp} CP={lay.cp} -> DP={lay.dp}"
     if lay.ep > 1 or lay.etp > 1:
         detail += f"; EP={lay.ep} ETP={lay.etp} -> expert DP={lay.world // (lay.pp * expert_group)}"
     return Verdict(problems, detail)
