@@ -38,7 +38,9 @@ Layout:
 
 * :mod:`.loader`: :func:`load_config` (NeMo-RL's own loader when importable, else
   :func:`load_config_fallback`), :func:`get` (the one dotted-key reader), :func:`is_mixin`.
-* :mod:`.model_shapes`: :class:`ModelShape`, the one table :data:`MODEL_SHAPES`.
+* :mod:`.model_shapes`: :class:`ModelShape`, :func:`resolve_model_shape` (the model's
+  ``config.json`` from a local directory or the HF cache, no download; else the one table
+  :data:`MODEL_SHAPES`, saying so).
 * :mod:`.layout`: :class:`ParallelLayout` (trainer and vLLM sizes).
 * :mod:`.checks`: the registry and :func:`check_config`; the checks live in
   :mod:`.checks.loss` (``loss_fn.ais``), :mod:`.checks.upstream` (NeMo-RL's unguarded
@@ -94,7 +96,13 @@ from nemo_ais.preflight.loader import (
     load_config,
     load_config_fallback,
 )
-from nemo_ais.preflight.model_shapes import MODEL_SHAPES, ModelShape, find_model_shape
+from nemo_ais.preflight.model_shapes import (
+    MODEL_SHAPES,
+    ModelShape,
+    ResolvedShape,
+    find_model_shape,
+    resolve_model_shape,
+)
 
 __all__ = [
     "AIS_CONFLICTS",
@@ -106,6 +114,7 @@ __all__ = [
     "Context",
     "ModelShape",
     "ParallelLayout",
+    "ResolvedShape",
     "Verdict",
     "ais_conflicts",
     "apply_overrides",
@@ -121,6 +130,7 @@ __all__ = [
     "load_config_fallback",
     "main",
     "parallel_layout",
+    "resolve_model_shape",
     "setup_sees_importance_sampling",
     "validate_config",
 ]

@@ -14,8 +14,8 @@
 """Per-GPU and per-node memory budget of a colocated NeMo-RL v0.7.0 GRPO config (an ESTIMATE).
 
 Pure Python (no NeMo-RL, Megatron, vLLM or torch): reads a resolved config dict
-(:func:`nemo_ais.preflight.load_config`) and the model's shapes
-(:mod:`nemo_ais.preflight.model_shapes`) and adds up, per GPU, in GiB (2**30 bytes):
+(:func:`nemo_ais.preflight.load_config`) and the model's shapes (its ``config.json``,
+else the table: :func:`nemo_ais.preflight.resolve_model_shape`) and adds up, per GPU, in GiB (2**30 bytes):
 
 1. Megatron trainer state on the busiest pipeline stage. Parameters: attention, dense MLP
    and embeddings split by TP, experts by EP x ETP, norms and the MoE router replicated;
@@ -77,7 +77,7 @@ from nemo_ais.preflight.checks.fp8 import FP8_BLOCK
 from nemo_ais.preflight.cli import split_args
 from nemo_ais.preflight.layout import parallel_layout
 from nemo_ais.preflight.loader import get, is_mixin, load_config
-from nemo_ais.preflight.model_shapes import MODEL_SHAPES, ModelShape, find_model_shape
+from nemo_ais.preflight.model_shapes import ModelShape, resolve_model_shape
 
 __all__ = [
     "GIB",
@@ -112,19 +112,15 @@ VLLM_RUNTIME_GIB = 4.0  # inside vLLM's share: profiled peak activations, CUDA g
 
 
 def model_shape(model_name: str) -> ModelShape:
-    """:func:`~nemo_ais.preflight.model_shapes.find_model_shape`, required.
+    """The model's shapes: its config.json, else the table (:func:`resolve_model_shape`).
 
     Raises:
-        KeyError: the model is not in the table (add its config.json numbers).
+        KeyError: neither has them (the message says where it looked).
     """
-    shape = find_model_shape(model_name)
-    if shape is None:
-        raise KeyError(
-            f"policy.model_name={model_name!r}: no shapes in MODEL_SHAPES "
-            f"(known: {', '.join(sorted(MODEL_SHAPES))}); add its config.json numbers to "
-            "nemo_ais/preflight/model_shapes.py"
-        )
-    return shape
+    found = resolve_model_shape(model_name)
+    if found.shape is None:
+        raise KeyError(found.detail)
+    return found.shape
 
 
 @dataclass(frozen=True)
@@ -452,6 +448,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         except (OSError, KeyError, TypeError, ValueError) as err:
             problems.append(f"{path}: cannot budget: {err}")
     print(markdown_table(budgets))
+    for model in sorted({b.model for b in budgets}):  # where each model's shapes came from
+        print(f"shapes: {resolve_model_shape(model).detail}", file=sys.stderr)
     problems += [p for b in budgets for p in b.problems()]
     print(*problems, sep="\n", file=sys.stderr)
     return 1 if problems else 0

@@ -11,21 +11,39 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Shapes of the decoder-only models the configs train: ONE named-field table.
+"""Shapes of the decoder-only model a config trains: its ``config.json``, else ONE table.
 
 :class:`ModelShape` holds what fixes which parallel sizes are legal (heads, layers,
 experts, the per-rank FP8 block shards) and what the memory budget counts (parameters,
-per-token activations, KV cache). :data:`MODEL_SHAPES` is keyed by the lower-cased
-basename of the model id (``Qwen/Qwen3-8B`` and ``/ckpt/Qwen3-8B/`` are ``qwen3-8b``); each
-value states its source, the model's Hugging Face ``config.json``.
+per-token activations, KV cache). :func:`resolve_model_shape` reads them from the model's
+own ``config.json``: ``policy.model_name`` as a local checkpoint directory, else the
+Hugging Face cache (``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+``~/.cache/huggingface/hub``; the ``models--org--name/snapshots/<refs/main>/`` layout of
+``huggingface_hub``), never downloading. Only when neither holds one does it fall back to
+:data:`MODEL_SHAPES`, and says so: a 10-name table keyed by the lower-cased basename of
+the model id (``Qwen/Qwen3-8B`` and ``/ckpt/Qwen3-8B/`` are ``qwen3-8b``), each value
+stating its source.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
-__all__ = ["MODEL_SHAPES", "ModelShape", "find_model_shape", "model_key"]
+__all__ = [
+    "MODEL_SHAPES",
+    "ModelShape",
+    "ResolvedShape",
+    "find_model_shape",
+    "hf_hub_cache",
+    "model_key",
+    "resolve_model_shape",
+    "shape_from_config_json",
+]
 
 
 @dataclass(frozen=True)
@@ -170,3 +188,113 @@ def model_key(model_name: str) -> str:
 def find_model_shape(model_name: str) -> ModelShape | None:
     """Look a HF id or a local checkpoint path up in :data:`MODEL_SHAPES`; None if absent."""
     return MODEL_SHAPES.get(model_key(model_name))
+
+
+# Model types whose attention has RMSNorm on q and k (q_norm / k_norm weights of head_dim).
+_QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
+# Expert-count keys of the MoE config.json files (Qwen3-MoE, Mixtral, DeepSeek).
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def shape_from_config_json(path: Path) -> ModelShape:
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` (``text_config`` if nested).
+
+    Defaults as ``transformers`` applies them: ``num_key_value_heads`` = heads,
+    ``head_dim`` = hidden / heads, ``tie_word_embeddings`` = true, no experts.
+
+    Raises:
+        ValueError: the file is not JSON, or a required key is missing (named).
+    """
+    try:
+        raw: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not readable as JSON ({err})") from None
+    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if not isinstance(cfg.get(key), int):
+            raise ValueError(f"{path}: no {key} (an integer) in it")
+    heads = cfg["num_attention_heads"]
+    n_experts = next((int(cfg[k]) for k in _EXPERT_KEYS if cfg.get(k)), 0)
+    return ModelShape(
+        hidden_size=cfg["hidden_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+        intermediate_size=int(cfg.get("intermediate_size") or 0),
+        vocab_size=cfg["vocab_size"],
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        qk_norm=cfg.get("model_type", raw.get("model_type")) in _QK_NORM_MODEL_TYPES,
+        num_experts=n_experts,
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0) if n_experts else 0,
+        experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if n_experts else 0,
+        source=str(path),
+    )
+
+
+def hf_hub_cache(environ: Mapping[str, str] | None = None) -> Path:
+    """The Hugging Face hub cache folder, in ``huggingface_hub``'s order of variables."""
+    env = os.environ if environ is None else environ
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(var):
+            return Path(env[var]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    xdg = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or "~", ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def _cached_config_json(model_name: str, hub: Path) -> Path | None:
+    """``config.json`` of ``org/name`` in the hub cache; None if the model is not cached.
+
+    The ``refs/main`` snapshot, else the newest snapshot that has one.
+    """
+    repo = hub / ("models--" + model_name.strip("/").replace("/", "--"))
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        pinned = repo / "snapshots" / ref.read_text().strip() / "config.json"
+        if pinned.is_file():
+            return pinned
+    snapshots = sorted(repo.glob("snapshots/*/config.json"), key=lambda p: p.stat().st_mtime)
+    return snapshots[-1] if snapshots else None
+
+
+class ResolvedShape(NamedTuple):
+    """The model's shapes (None: unknown), where they came from, and whether that is fine."""
+
+    shape: ModelShape | None
+    detail: str  # one line naming the source (or why none)
+    ok: bool  # False: a config.json was unreadable, or nothing was found
+
+
+def resolve_model_shape(model_name: str, environ: Mapping[str, str] | None = None) -> ResolvedShape:
+    """Shapes from the model's ``config.json`` (local directory, HF cache), else the table.
+
+    Never downloads. A ``config.json`` that cannot be read is reported (``ok`` False) and
+    the table is used if it knows the model.
+    """
+    hub = hf_hub_cache(environ)
+    local = Path(model_name).expanduser() / "config.json"
+    found = local if local.is_file() else _cached_config_json(model_name, hub)
+    problem = ""
+    if found is not None:
+        try:
+            return ResolvedShape(
+                shape_from_config_json(found), f"{model_name}: shapes from {found}", True
+            )
+        except ValueError as err:
+            problem = f"{err}; "
+    table = find_model_shape(model_name)
+    where = (
+        f"no config.json in a local directory {model_name} or in the HF cache {hub} "
+        "(nothing is downloaded)"
+    )
+    if table is None:
+        return ResolvedShape(
+            None,
+            f"{problem}policy.model_name={model_name!r}: {where}, and not in MODEL_SHAPES",
+            False,
+        )
+    why = problem.removesuffix("; ") if problem else where
+    detail = f"{model_name}: shapes from the built-in table ({table.source}): {why}"
+    return ResolvedShape(table, detail, not problem)

@@ -9,7 +9,9 @@ names the offending field and the numbers.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
+import json
 from pathlib import Path
 
 import pytest
@@ -474,11 +476,15 @@ def test_legal_variants_pass(path, overrides):
     pf.validate_config(_load(path, overrides))
 
 
-def test_unknown_model_warns_and_skips_shape_checks():
+def test_unknown_model_warns_and_skips_shape_checks(hf_cache):
     cfg = _load(SMOKE, ["policy.model_name=/ckpt/my-model"])
     results = {r.name: r for r in pf.check_config(cfg)}
     assert results["model_shapes"].status == "warn"
-    assert "'/ckpt/my-model' is not in MODEL_SHAPES" in results["model_shapes"].detail
+    assert results["model_shapes"].detail == (
+        "policy.model_name='/ckpt/my-model': no config.json in a local directory /ckpt/my-model "
+        f"or in the HF cache {hf_cache} (nothing is downloaded), and not in MODEL_SHAPES: head, "
+        "expert and FP8 shard checks skipped (put the model's config.json there)"
+    )
     assert "vllm_fp8_shards" not in results
     pf.validate_config(cfg)  # warnings do not fail
 
@@ -606,3 +612,114 @@ def test_a_yaml_that_is_no_grpo_config_fails_naming_the_missing_sections(tmp_pat
     assert [(r.name, r.detail.split(":")[0]) for r in failed] == [("sections", "env is missing")]
     # an arm mixin (loss_fn.ais and no policy/cluster) is still not a full config
     assert pf.main([str(CONFIG_DIR / "arms" / "fp8_tis.yaml")]) == 0
+
+
+# ---------------------------------------------------------------------------------------
+# Model shapes: the model's own config.json (local path, HF cache), else the table
+# ---------------------------------------------------------------------------------------
+
+# The published config.json values (the keys ModelShape reads), written by hand from each
+# model's Hugging Face page; the table must parse back from them exactly.
+HF_CONFIGS = {
+    "Qwen/Qwen3-0.6B": dict(model_type="qwen3", hidden_size=1024, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+        vocab_size=151936, tie_word_embeddings=True),
+    "Qwen/Qwen3-1.7B": dict(model_type="qwen3", hidden_size=2048, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=6144,
+        vocab_size=151936, tie_word_embeddings=True),
+    "Qwen/Qwen3-8B": dict(model_type="qwen3", hidden_size=4096, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=12288,
+        vocab_size=151936, tie_word_embeddings=False),
+    "Qwen/Qwen3-30B-A3B": dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+        vocab_size=151936, tie_word_embeddings=False, num_experts=128,
+        moe_intermediate_size=768, num_experts_per_tok=8),
+    "Qwen/Qwen2.5-1.5B": dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
+        vocab_size=151936, tie_word_embeddings=True),
+    "meta-llama/Llama-3.1-8B": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+        vocab_size=128256, tie_word_embeddings=False),
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def hf_cache(tmp_path, monkeypatch):
+    """Every test: an empty HF cache at HF_HOME=tmp/hf (HF_HUB_CACHE unset), so a
+    developer's real cache cannot change a result; returns its hub folder."""
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    return tmp_path / "hf" / "hub"
+
+
+def _cache_model(hub: Path, model_id: str, config: dict, revision: str = "0123abc") -> Path:
+    """The huggingface_hub cache layout: models--org--name/{refs/main, snapshots/<rev>/}."""
+    repo = hub / ("models--" + model_id.replace("/", "--"))
+    _write(repo / "refs" / "main", revision)
+    return _write(repo / "snapshots" / revision / "config.json", json.dumps(config))
+
+
+@pytest.mark.parametrize("model_id", sorted(HF_CONFIGS))
+def test_the_table_is_what_each_config_json_says(hf_cache, model_id):
+    path = _cache_model(hf_cache, model_id, HF_CONFIGS[model_id])
+    found = pf.resolve_model_shape(model_id)
+    assert found.detail == f"{model_id}: shapes from {path}"
+    table = pf.MODEL_SHAPES[model_id.split("/")[1].lower()]
+    assert dataclasses.replace(found.shape, source=table.source) == table
+
+
+def test_config_json_in_the_hf_cache_wins_over_the_table(hf_cache):
+    # a Qwen3-8B whose config.json says 20 heads: the check uses config.json's numbers
+    _cache_model(
+        hf_cache, "Qwen/Qwen3-8B", {**HF_CONFIGS["Qwen/Qwen3-8B"], "num_attention_heads": 20}
+    )
+    results = {
+        r.name: r
+        for r in pf.check_config(
+            _load(QWEN8B, ["policy.megatron_cfg.tensor_model_parallel_size=8"])
+        )
+    }
+    assert results["model_shapes"].status == "ok"
+    assert results["model_shapes"].detail.startswith("Qwen/Qwen3-8B: shapes from " + str(hf_cache))
+    assert "must divide the 20 query heads and 8 KV heads" in results["trainer_parallel"].detail
+
+
+def test_hf_hub_cache_takes_precedence_over_hf_home(hf_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub2"))
+    _cache_model(hf_cache, "org/Tiny", HF_CONFIGS["Qwen/Qwen3-0.6B"])  # under HF_HOME: not read
+    assert pf.resolve_model_shape("org/Tiny").shape is None
+    path = _cache_model(tmp_path / "hub2", "org/Tiny", HF_CONFIGS["Qwen/Qwen3-0.6B"])
+    assert pf.resolve_model_shape("org/Tiny").detail == f"org/Tiny: shapes from {path}"
+
+
+def test_a_local_checkpoint_directory_is_read(hf_cache, tmp_path):
+    ckpt = tmp_path / "ckpt" / "my-model"
+    _write(ckpt / "config.json", json.dumps(HF_CONFIGS["Qwen/Qwen3-30B-A3B"]))
+    cfg = _load(
+        SMOKE, [f"policy.model_name={ckpt}", "policy.generation.vllm_cfg.tensor_parallel_size=1"]
+    )
+    results = {r.name: r for r in pf.check_config(cfg)}
+    assert results["model_shapes"].detail == f"{ckpt}: shapes from {ckpt / 'config.json'}"
+    assert "vllm_fp8_shards" in results  # the shape checks ran on the MoE's numbers
+    assert pf.resolve_model_shape(str(ckpt)).shape.num_experts == 128
+
+
+def test_the_table_only_when_no_config_json_is_there_saying_so(hf_cache):
+    results = {r.name: r for r in pf.check_config(_load(QWEN8B))}
+    assert results["model_shapes"].status == "ok"
+    assert results["model_shapes"].detail == (
+        "Qwen/Qwen3-8B: shapes from the built-in table (hf:Qwen/Qwen3-8B config.json): no "
+        f"config.json in a local directory Qwen/Qwen3-8B or in the HF cache {hf_cache} "
+        "(nothing is downloaded)"
+    )
+
+
+def test_an_unreadable_config_json_warns_and_falls_back(hf_cache):
+    broken = {k: v for k, v in HF_CONFIGS["Qwen/Qwen3-8B"].items() if k != "hidden_size"}
+    path = _cache_model(hf_cache, "Qwen/Qwen3-8B", broken)
+    found = pf.resolve_model_shape("Qwen/Qwen3-8B")
+    assert found.shape is pf.MODEL_SHAPES["qwen3-8b"]
+    assert not found.ok
+    assert f"{path}: no hidden_size" in found.detail
+    assert "shapes from the built-in table" in found.detail

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 from pathlib import Path
 
@@ -23,6 +24,14 @@ QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
 MOE = CONFIG_DIR / "qwen3_30b_a3b_2n8g_fp8_ep8.yaml"
 LLAMA = CONFIG_DIR / "llama3.1_8b_2n8g_fp8_pp2.yaml"
 GIB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def _empty_hf_cache(tmp_path, monkeypatch):
+    """Shapes from the table, whatever the developer's HF cache holds."""
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
 
 
 @functools.cache
@@ -89,7 +98,7 @@ def test_one_named_field_table_of_ten_names_each_stating_its_source():
 
 
 def test_unknown_model_names_the_field():
-    with pytest.raises(KeyError, match=r"policy\.model_name='org/Mystery-7B': no shapes"):
+    with pytest.raises(KeyError, match=r"policy\.model_name='org/Mystery-7B': no config\.json"):
         mb.model_shape("org/Mystery-7B")
     assert mb.model_shape("/ckpts/Qwen3-8B/") is MODEL_SHAPES["qwen3-8b"]
 
@@ -287,3 +296,17 @@ def test_docs_table_is_the_generated_one():
         "`python -m nemo_ais.preflight.memory_budget configs/nemo_rl/*.yaml "
         "configs/nemo_rl/experiments/*.yaml`"
     )
+
+
+def test_shapes_come_from_the_cached_config_json_first(tmp_path):
+    # the same lookup as the checks (tests/unit/test_cluster_configs.py): HF_HOME/hub layout
+    repo = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3-8B"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc")
+    (repo / "snapshots" / "abc").mkdir(parents=True)
+    config = {"hidden_size": 4096, "num_hidden_layers": 40, "num_attention_heads": 32}
+    (repo / "snapshots" / "abc" / "config.json").write_text(
+        json.dumps({**config, "vocab_size": 151936, "model_type": "qwen3"})
+    )
+    shape = mb.model_shape("Qwen/Qwen3-8B")
+    assert shape.num_layers == 40 and shape.source == str(repo / "snapshots/abc/config.json")

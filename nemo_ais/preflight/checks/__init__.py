@@ -37,7 +37,7 @@ from nemo_ais.preflight.checks.registry import (
 from nemo_ais.preflight.checks.upstream import MASTER_CONFIG_SECTIONS, missing_sections
 from nemo_ais.preflight.layout import parallel_layout
 from nemo_ais.preflight.loader import get, is_mixin
-from nemo_ais.preflight.model_shapes import find_model_shape
+from nemo_ais.preflight.model_shapes import resolve_model_shape
 
 __all__ = [
     "CHECKS",
@@ -64,8 +64,10 @@ def check_config(cfg: Mapping[str, Any]) -> list[CheckResult]:
     Arm mixins (``loss_fn.ais``, no ``policy``/``cluster``) get only the checks registered
     with ``mixins=True`` (``loss_fn.ais``). A full config first needs every section of
     NeMo-RL's ``MasterConfig``: if one is missing, a ``sections`` failure naming them is the
-    only result. With the model's shapes unknown the checks registered with
-    ``needs_shape=True`` are skipped, and a ``model_shapes`` warning says so.
+    only result. Otherwise the first result, ``model_shapes``, says where the model's shapes
+    came from (:func:`~nemo_ais.preflight.model_shapes.resolve_model_shape`: its
+    config.json, else the table, else unknown: a warning, and the checks registered with
+    ``needs_shape=True`` are skipped).
     """
     mixin = is_mixin(cfg)
     missing = [] if mixin else missing_sections(cfg)
@@ -81,22 +83,21 @@ def check_config(cfg: Mapping[str, Any]) -> list[CheckResult]:
                 "and no policy/cluster)",
             )
         ]
-    model_name = get(cfg, "policy.model_name", "")
-    shape = None if mixin else find_model_shape(model_name)
-    ctx = Context(cfg, parallel_layout(cfg), shape)
+    if mixin:
+        return _run(Context(cfg, parallel_layout(cfg), None), mixin=True)
+    found = resolve_model_shape(str(get(cfg, "policy.model_name", "")))
+    detail = found.detail
+    if found.shape is None:
+        detail += ": head, expert and FP8 shard checks skipped (put the model's config.json there)"
+    shapes = CheckResult("model_shapes", "ok" if found.ok else "warn", detail)
+    return [shapes, *_run(Context(cfg, parallel_layout(cfg), found.shape), mixin=False)]
+
+
+def _run(ctx: Context, mixin: bool) -> list[CheckResult]:
+    """The registered checks that apply: mixins only ``mixins=True``, shapes ``needs_shape``."""
     results = []
-    if not mixin and shape is None:
-        results.append(
-            CheckResult(
-                "model_shapes",
-                "warn",
-                f"policy.model_name={model_name!r} is not in MODEL_SHAPES: head, expert and "
-                "FP8 shard checks skipped (add its config.json shapes to "
-                "nemo_ais/preflight/model_shapes.py)",
-            )
-        )
     for registered in CHECKS.values():
-        if (mixin and not registered.mixins) or (registered.needs_shape and shape is None):
+        if (mixin and not registered.mixins) or (registered.needs_shape and ctx.shape is None):
             continue
         verdict = registered.fn(ctx)
         if verdict is not None:
