@@ -36,6 +36,22 @@ shq() {
 shq_words() { local w out=(); for w in "$@"; do out+=("$(shq "$w")"); done; printf '%s' "${out[*]}"; }
 die() { echo "$SCRIPT_NAME: error: $*" >&2; exit 2; }
 
+# What the offline check needs (nemo_ais/preflight/requirements.py describe(); a test keeps
+# the two equal).
+PREFLIGHT_NEEDS="Python >= 3.11 with pydantic>=2.7, omegaconf>=2.3, pyyaml>=6.0"
+
+# `check_python PYTHONPATH`: stop, in one line naming PYTHON, unless ${PYTHON:-python3} can run
+# the offline check (nemo_ais/preflight/requirements.py: version and packages, or why not).
+check_python() {
+  local py="${PYTHON:-python3}" why
+  if why="$(PYTHONPATH="$1" "$py" "$NEMO_AIS_DIR/nemo_ais/preflight/requirements.py" 2>&1)"; then
+    return 0
+  fi
+  why="${why##*$'\n'}"   # the last line: the probe's message, or a traceback's error
+  die "PYTHON=$py cannot run the offline check (${why:-no output}): set PYTHON=/path/to/python \
+($PREFLIGHT_NEEDS; launchers/README.md), or pass --skip-check"
+}
+
 parse_args() {
   dry_run=0
   check=1

@@ -44,6 +44,7 @@ read -r -a runner <<< "${RUNNER:-uv run python}"
 pythonpath="$(pythonpath_with "$NEMO_AIS_DIR")"   # no empty entry (= the cwd)
 
 if ((check)); then
+  check_python "$pythonpath"
   # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py)
   nodes="$(PYTHONPATH="$pythonpath" "${PYTHON:-python3}" -P -m nemo_ais.preflight \
     --get cluster.num_nodes "$config" "${overrides[@]}")" \

@@ -64,6 +64,7 @@ CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 [[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 checkout)"
 
 if ((check)); then
+  check_python "$(pythonpath_with "$NEMO_AIS_DIR")"
   # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py)
   read -r cfg_nodes cfg_gpus < <(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" \
     "${PYTHON:-python3}" -P -m nemo_ais.preflight \

@@ -16,6 +16,7 @@ NeMo-RL, no test shim.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -55,9 +56,15 @@ sys.meta_path.insert(0, _AllowList())
 '''
 
 
-def torch_free_env(tmp_path: Path, base: dict[str, str]) -> dict[str, str]:
-    """``base`` with ``PYTHONPATH`` = the blocker's folder, then this repository."""
+def torch_free_env(
+    tmp_path: Path, base: dict[str, str], allowed: Iterable[str] = ALLOWED
+) -> dict[str, str]:
+    """``base`` with ``PYTHONPATH`` = the blocker's folder, then this repository.
+
+    ``allowed``: the importable top-level modules besides the standard library (default
+    :data:`ALLOWED`; a test takes one away to make a Python that lacks it).
+    """
     blocker = tmp_path / "torch_free_site"
     blocker.mkdir(exist_ok=True)
-    (blocker / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(allowed=sorted(ALLOWED)))
+    (blocker / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(allowed=sorted(allowed)))
     return {**base, "PYTHONPATH": f"{blocker}:{REPO_ROOT}"}

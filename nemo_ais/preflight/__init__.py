@@ -23,7 +23,9 @@ of the rollout batch, a config that does not fit the GPUs (:mod:`.memory_budget`
 pydantic-core, annotated-types, typing-extensions, typing-inspection,
 antlr4-python3-runtime). Nothing else: not torch, transformers, tqdm, numpy, NeMo-RL,
 Megatron, vLLM or Ray (``tests/unit/test_preflight_torch_free.py`` runs it where only the
-standard library, ``nemo_ais`` and those packages can be imported). Inside ``nemo_ais`` it
+standard library, ``nemo_ais`` and those packages can be imported). :mod:`.requirements`
+holds that list; the launchers run it first as a probe, so a Python that lacks one gets
+one line naming ``PYTHON``. Inside ``nemo_ais`` it
 imports only :mod:`nemo_ais.config` and :mod:`nemo_ais.alarms` (both torch-free).
 
 CLI::

@@ -13,9 +13,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from torch_free import ALLOWED, torch_free_env
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "launchers" / "local_grpo_ais.sh"
@@ -431,3 +433,64 @@ def test_nemo_ais_dir_with_a_colon_is_refused(nemo_rl_dir, tmp_path):
     )
     assert res.returncode == 2 and res.stdout == ""
     assert "contains ':' (it must be one PYTHONPATH entry)" in res.stderr
+
+
+# ------------------------------------------------- the offline check's Python (login node)
+
+
+def _fake_python(tmp_path: Path, stderr: str) -> Path:
+    """An interpreter that cannot run the probe (e.g. Python 2: a SyntaxError traceback)."""
+    fake = tmp_path / "python2"
+    fake.write_text(f"#!/usr/bin/env bash\nprintf '%s\\n' {shlex.quote(stderr)} >&2\nexit 1\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def _no_pydantic_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A Python whose pydantic cannot be imported (everything but it allowed)."""
+    env = torch_free_env(tmp_path, _env(**extra), allowed=set(ALLOWED) - {"pydantic"})
+    return env
+
+
+@pytest.mark.parametrize("script", [LOCAL, SLURM], ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ["missing", "no-pydantic", "python2"])
+def test_a_python_that_cannot_run_the_check_is_named_in_one_line(
+    script, case, nemo_rl_dir, tmp_path
+):
+    env = _slurm_env(nemo_rl_dir) if script == SLURM else _env(NEMO_RL_DIR=str(nemo_rl_dir))
+    if case == "missing":
+        env["PYTHON"] = "/nonexistent/python3"
+        why = "/nonexistent/python3: No such file or directory"
+    elif case == "no-pydantic":
+        env = {**env, "PYTHONPATH": _no_pydantic_env(tmp_path)["PYTHONPATH"]}
+        why = "pydantic is not importable (No module named 'pydantic'"
+    else:
+        fake = _fake_python(tmp_path, '  File "x", line 1\nSyntaxError: invalid syntax')
+        env["PYTHON"] = str(fake)
+        why = "SyntaxError: invalid syntax"
+    res = _run(script, "--dry-run", SMOKE, env=env)
+    assert res.returncode == 2 and res.stdout == ""
+    (line,) = res.stderr.splitlines()  # one line: no traceback, no "the config fails"
+    python = env["PYTHON"]
+    assert line.startswith(f"{script.name}: error: PYTHON={python} cannot run the offline check")
+    assert why in line
+    assert line.endswith(
+        "set PYTHON=/path/to/python (Python >= 3.11 with pydantic>=2.7, omegaconf>=2.3, "
+        "pyyaml>=6.0; launchers/README.md), or pass --skip-check"
+    )
+    assert "fails the offline checks" not in line
+
+
+def test_what_the_launchers_ask_for_is_what_the_probe_checks_and_pyproject_declares():
+    from nemo_ais.preflight import requirements
+
+    common = (REPO / "launchers" / "_common.sh").read_text()
+    assert f'PREFLIGHT_NEEDS="{requirements.describe()}"\n' in common
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=" + ".".join(map(str, requirements.PYTHON))
+    for _, dist, floor in requirements.REQUIREMENTS:
+        assert f"{dist}>={'.'.join(map(str, floor))}" in project["dependencies"], dist
+    # and this interpreter (the test suite's) passes the probe
+    probe = REPO / "nemo_ais" / "preflight" / "requirements.py"
+    res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, check=False)
+    assert (res.returncode, res.stdout) == (0, "")
