@@ -45,6 +45,10 @@
 #   NUM_NODES, GPUS_PER_NODE   must equal the config's cluster.num_nodes / gpus_per_node
 #   GRES          e.g. gpu:8, adds --gres=$GRES (clusters that need it)
 #   HF_HOME       Hugging Face cache: mounted and exported to the job
+#   NRL_MEGATRON_CHECKPOINT_DIR  where NeMo-RL puts the converted Megatron checkpoint
+#                 (default $HF_HOME/nemo_rl): mounted and exported to the job. With more
+#                 than one node one of the two must be set, and each that is set must be
+#                 on a filesystem every node mounts (refused if it is node-local here)
 #   EXTRA_MOUNTS  comma-separated src:dst container mounts to add
 #   SBATCH_ARGS   extra sbatch arguments (space-separated)
 #   PYTHON        interpreter for the offline check (default: python3; Python >= 3.11
@@ -83,16 +87,52 @@ else
     || die "--skip-check needs NUM_NODES and GPUS_PER_NODE (the config's cluster.num_nodes / gpus_per_node)"
 fi
 
+[[ "$NUM_NODES" =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer"
+
+# Filesystem types (as `stat -f -c %T` prints them) that live on one node only.
+NODE_LOCAL_FS=" tmpfs ramfs overlayfs overlay ext2/ext3 ext4 xfs btrfs zfs squashfs devtmpfs "
+
+# `check_shared VAR`: with several nodes, stop unless $VAR is a directory every node sees,
+# judged from this node by the filesystem of the path or of its nearest existing parent.
+check_shared() {
+  local var="$1" path="${!1}" dir fstype top
+  local need="with cluster.num_nodes=$NUM_NODES it must be on a filesystem every node mounts \
+(NFS, Lustre, GPFS, ...)"
+  [[ "$path" == /* ]] || die "$var=$path is not an absolute path: $need"
+  dir="$path"
+  while [[ ! -e "$dir" ]]; do dir="$(dirname "$dir")"; done
+  if [[ "$dir" == / && "$path" != / ]]; then  # not even its top-level directory is here
+    top="${path#/}"
+    echo "$SCRIPT_NAME: warning: cannot tell from this node whether $var=$path is on a \
+filesystem every node mounts (/${top%%/*} does not exist here)" >&2
+    return 0
+  fi
+  fstype="$(stat -f -c %T "$dir" 2>/dev/null)" || return 0  # no GNU stat: cannot tell
+  [[ "$NODE_LOCAL_FS" != *" $fstype "* ]] \
+    || die "$var=$path is on a node-local filesystem ($fstype at $dir on this node): $need"
+}
+if ((NUM_NODES > 1)); then
+  [[ -n "${HF_HOME:-}${NRL_MEGATRON_CHECKPOINT_DIR:-}" ]] || die "cluster.num_nodes=$NUM_NODES: \
+set HF_HOME (or NRL_MEGATRON_CHECKPOINT_DIR) to a directory on a filesystem every node mounts \
+(e.g. HF_HOME=/lustre/\$USER/hf): NeMo-RL converts the model to Megatron format once, in \
+\$NRL_MEGATRON_CHECKPOINT_DIR, else \$HF_HOME/nemo_rl, else ~/.cache/huggingface/nemo_rl, and \
+every node reads it"
+  for var in HF_HOME NRL_MEGATRON_CHECKPOINT_DIR; do
+    [[ -z "${!var:-}" ]] || check_shared "$var"
+  done
+fi
+
 mounts="$NEMO_RL_DIR:$NEMO_RL_DIR,$NEMO_AIS_DIR:$NEMO_AIS_DIR"
 case "$config" in
   "$NEMO_AIS_DIR"/* | "$NEMO_RL_DIR"/*) ;;
   *) mounts+=",$(dirname "$config"):$(dirname "$config")" ;;
 esac
 job_env=""
-if [[ -n "${HF_HOME:-}" ]]; then
-  mounts+=",$HF_HOME:$HF_HOME"
-  job_env+="export HF_HOME=$(shq "$HF_HOME") && "
-fi
+for var in HF_HOME NRL_MEGATRON_CHECKPOINT_DIR; do
+  [[ -n "${!var:-}" ]] || continue
+  mounts+=",${!var}:${!var}"
+  job_env+="export $var=$(shq "${!var}") && "
+done
 [[ -z "${EXTRA_MOUNTS:-}" ]] || mounts+=",$EXTRA_MOUNTS"
 
 entry=(uv run python "$NEMO_AIS_DIR/launchers/run_grpo_ais.py" --config "$config" "${overrides[@]}")

@@ -45,11 +45,23 @@ _RECORDER = """#!/usr/bin/env bash
 """
 
 
+# A fake `stat -f -c %T DIR` (first on PATH in _slurm_env): "lustre" under ROOT/lustre,
+# a node-local type elsewhere, so the shared-filesystem check is independent of this machine.
+_FAKE_STAT = """#!/usr/bin/env bash
+case "${{@: -1}}" in {root}/lustre | {root}/lustre/*) echo lustre ;; *) echo ext2/ext3 ;; esac
+"""
+
+
 @pytest.fixture
 def nemo_rl_dir(tmp_path: Path) -> Path:
+    """A NeMo-RL checkout; beside it lustre/hf (a shared HF_HOME) and fsbin/stat."""
     root = tmp_path / "NeMo-RL"
     (root / "nemo_rl").mkdir(parents=True)
     (root / "ray.sub").write_text("#!/bin/bash\n")
+    (tmp_path / "lustre" / "hf").mkdir(parents=True)
+    (tmp_path / "fsbin").mkdir()
+    (tmp_path / "fsbin" / "stat").write_text(_FAKE_STAT.format(root=tmp_path))
+    (tmp_path / "fsbin" / "stat").chmod(0o755)
     return root
 
 
@@ -76,13 +88,23 @@ def _run(script: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedP
 
 
 def _slurm_env(nemo_rl_dir: Path, **extra: str) -> dict[str, str]:
+    """The required variables, HF_HOME on the (fake) shared filesystem, the fake stat."""
+    root = nemo_rl_dir.parent
     return _env(
-        NEMO_RL_DIR=str(nemo_rl_dir),
-        CONTAINER="/images/nemo_rl-v0.7.0.sqsh",
-        ACCOUNT="my_acct",
-        PARTITION="batch",
-        **extra,
+        **{
+            "NEMO_RL_DIR": str(nemo_rl_dir),
+            "CONTAINER": "/images/nemo_rl-v0.7.0.sqsh",
+            "ACCOUNT": "my_acct",
+            "PARTITION": "batch",
+            "HF_HOME": str(root / "lustre" / "hf"),
+            "PATH": f"{root / 'fsbin'}:{os.environ['PATH']}",
+            **extra,
+        }
     )
+
+
+def _hf(nemo_rl_dir: Path) -> str:
+    return str(nemo_rl_dir.parent / "lustre" / "hf")
 
 
 @pytest.mark.parametrize("script", [LOCAL, SLURM], ids=lambda p: p.name)
@@ -188,12 +210,16 @@ def test_local_refuses_a_broken_layout(nemo_rl_dir):
 def test_slurm_dry_run_exact(nemo_rl_dir):
     res = _run(SLURM, "--dry-run", QWEN8B, "loss_fn.ais.mode=tis", env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 0, res.stderr
-    command = f"{_JOB_PYTHONPATH} && uv run python {ENTRY} --config {QWEN8B} loss_fn.ais.mode=tis"
+    hf = _hf(nemo_rl_dir)
+    command = (
+        f"export HF_HOME={hf} && {_JOB_PYTHONPATH} && uv run python {ENTRY} --config {QWEN8B} "
+        "loss_fn.ais.mode=tis"
+    )
     assert res.stdout.splitlines() == [
         f"cd {nemo_rl_dir}",
         f"export COMMAND='{command}'",
         "export CONTAINER=/images/nemo_rl-v0.7.0.sqsh",
-        f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO}",
+        f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO},{hf}:{hf}",
         "export GPUS_PER_NODE=8",
         f"sbatch --nodes=2 --account=my_acct --partition=batch "
         f"--job-name=nemo-ais-qwen3_8b_2n8g_fp8 --time=04:00:00 {nemo_rl_dir}/ray.sub",
@@ -213,6 +239,11 @@ def test_slurm_dry_run_options_and_node_override(nemo_rl_dir):
     )
     res = _run(SLURM, "--dry-run", MOE, "cluster.num_nodes=4", env=env)
     assert res.returncode == 0, res.stderr
+    # /data does not exist on this (login) node: not refused, but said
+    assert res.stderr == (
+        "slurm_grpo_ais.sh: warning: cannot tell from this node whether HF_HOME=/data/hf is on "
+        "a filesystem every node mounts (/data does not exist here)\n"
+    )
     lines = res.stdout.splitlines()
     assert lines[1] == (
         f"export COMMAND='export HF_HOME=/data/hf && {_JOB_PYTHONPATH} "
@@ -233,7 +264,8 @@ def test_slurm_real_run_matches_dry_run(nemo_rl_dir, tmp_path):
     bindir.mkdir()
     (bindir / "sbatch").write_text(_RECORDER.format(out=record))
     (bindir / "sbatch").chmod(0o755)
-    env = _slurm_env(nemo_rl_dir, PATH=f"{bindir}:{os.environ['PATH']}")
+    env = _slurm_env(nemo_rl_dir)
+    env["PATH"] = f"{bindir}:{env['PATH']}"
     dry = _run(SLURM, "--dry-run", QWEN8B, "grpo.seed=7", env=env)
     real = _run(SLURM, QWEN8B, "grpo.seed=7", env=env)
     assert dry.returncode == 0 and real.returncode == 0, (dry.stderr, real.stderr)
@@ -315,8 +347,9 @@ def test_slurm_config_outside_the_repo_is_mounted(nemo_rl_dir, tmp_path):
     cfg.write_text(f"defaults: {QWEN8B}\n")
     res = _run(SLURM, "--dry-run", cfg, env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 0, res.stderr
+    hf = _hf(nemo_rl_dir)
     assert res.stdout.splitlines()[3] == (
-        f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO},{outside}:{outside}"
+        f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO},{outside}:{outside},{hf}:{hf}"
     )
 
 
@@ -494,3 +527,56 @@ def test_what_the_launchers_ask_for_is_what_the_probe_checks_and_pyproject_decla
     probe = REPO / "nemo_ais" / "preflight" / "requirements.py"
     res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, check=False)
     assert (res.returncode, res.stdout) == (0, "")
+
+
+# ------------------------------------ several nodes: the converted checkpoint's directory
+# NeMo-RL converts the HF checkpoint to Megatron format once, in NRL_MEGATRON_CHECKPOINT_DIR,
+# else $HF_HOME/nemo_rl, else ~/.cache/huggingface/nemo_rl, and every node reads it.
+
+
+def test_several_nodes_need_a_shared_hf_home_or_checkpoint_dir(nemo_rl_dir):
+    env = _slurm_env(nemo_rl_dir)
+    del env["HF_HOME"]
+    res = _run(SLURM, "--dry-run", QWEN8B, env=env)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == (
+        "slurm_grpo_ais.sh: error: cluster.num_nodes=2: set HF_HOME (or "
+        "NRL_MEGATRON_CHECKPOINT_DIR) to a directory on a filesystem every node mounts (e.g. "
+        "HF_HOME=/lustre/$USER/hf): NeMo-RL converts the model to Megatron format once, in "
+        "$NRL_MEGATRON_CHECKPOINT_DIR, else $HF_HOME/nemo_rl, else "
+        "~/.cache/huggingface/nemo_rl, and every node reads it\n"
+    )
+    one_node = _run(SLURM, "--dry-run", SMOKE, env=env)  # one node: nothing to share
+    assert one_node.returncode == 0, one_node.stderr
+
+
+@pytest.mark.parametrize("var", ["HF_HOME", "NRL_MEGATRON_CHECKPOINT_DIR"])
+def test_a_node_local_directory_is_refused_naming_its_variable(nemo_rl_dir, tmp_path, var):
+    local = tmp_path / "local" / "hf"
+    local.mkdir(parents=True)
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, **{var: str(local)}))
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == (
+        f"slurm_grpo_ais.sh: error: {var}={local} is on a node-local filesystem (ext2/ext3 at "
+        f"{local} on this node): with cluster.num_nodes=2 it must be on a filesystem every "
+        "node mounts (NFS, Lustre, GPFS, ...)\n"
+    )
+    not_yet = tmp_path / "local" / "new" / "hf"  # does not exist: its nearest parent's filesystem
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, **{var: str(not_yet)}))
+    assert f"{var}={not_yet} is on a node-local filesystem (ext2/ext3 at {tmp_path / 'local'}" in (
+        res.stderr
+    )
+    relative = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, **{var: "hf"}))
+    assert relative.returncode == 2
+    assert f"error: {var}=hf is not an absolute path: with cluster.num_nodes=2" in relative.stderr
+
+
+def test_a_shared_checkpoint_dir_is_mounted_and_exported_to_the_job(nemo_rl_dir):
+    ckpt = str(nemo_rl_dir.parent / "lustre" / "mcore")
+    env = _slurm_env(nemo_rl_dir, NRL_MEGATRON_CHECKPOINT_DIR=ckpt)
+    del env["HF_HOME"]
+    res = _run(SLURM, "--dry-run", QWEN8B, env=env)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[1].startswith(f"export COMMAND='export NRL_MEGATRON_CHECKPOINT_DIR={ckpt} && ")
+    assert lines[3].endswith(f",{ckpt}:{ckpt}")
