@@ -41,7 +41,12 @@
 # Environment (optional):
 #   NEMO_AIS_DIR  nemo_ais checkout (default: this script's repository)
 #   JOB_NAME      default: nemo-ais-<config file name without .yaml>
-#   TIME          wall-clock limit (default: 04:00:00)
+#   TIME          wall-clock limit (default: 04:00:00; Slurm's formats). With checkpoints on
+#                 and checkpointing.checkpoint_must_save_by null in the config, the job gets
+#                 checkpointing.checkpoint_must_save_by=TIME - SAVE_MARGIN: NeMo-RL saves and
+#                 stops before Slurm kills it; submit the same command again to resume
+#                 (ray.sub's --dependency=singleton runs it after this one)
+#   SAVE_MARGIN   time kept for start-up and the last save (default: 20 = 20 minutes)
 #   NUM_NODES, GPUS_PER_NODE   must equal the config's cluster.num_nodes / gpus_per_node
 #   GRES          e.g. gpu:8, adds --gres=$GRES (clusters that need it)
 #   HF_HOME       Hugging Face cache: mounted and exported to the job
@@ -70,10 +75,11 @@ CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 if ((check)); then
   check_python "$(pythonpath_with "$NEMO_AIS_DIR")"
   # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py)
-  read -r cfg_nodes cfg_gpus < <(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" \
-    "${PYTHON:-python3}" -P -m nemo_ais.preflight \
-    --get cluster.num_nodes --get cluster.gpus_per_node "$config" "${overrides[@]}") || true
-  [[ -n "${cfg_nodes:-}" && -n "${cfg_gpus:-}" ]] \
+  read -r cfg_nodes cfg_gpus cfg_checkpoints cfg_save_by < <(PYTHONPATH="$(pythonpath_with \
+    "$NEMO_AIS_DIR")" "${PYTHON:-python3}" -P -m nemo_ais.preflight \
+    --get cluster.num_nodes --get cluster.gpus_per_node --get checkpointing.enabled \
+    --get checkpointing.checkpoint_must_save_by "$config" "${overrides[@]}") || true
+  [[ -n "${cfg_save_by:-}" ]] \
     || die "$config fails the offline checks above (python -m nemo_ais.preflight $config)"
   for pair in "NUM_NODES:$cfg_nodes:num_nodes" "GPUS_PER_NODE:$cfg_gpus:gpus_per_node"; do
     IFS=: read -r var want key <<< "$pair"
@@ -122,6 +128,47 @@ every node reads it"
   done
 fi
 
+# Slurm time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) -> seconds; fails if malformed.
+slurm_seconds() {
+  local t="$1" d=0 rest h=0 m=0 s=0
+  [[ "$t" =~ ^([0-9]+-[0-9]+(:[0-9]+){0,2}|[0-9]+(:[0-9]+){0,2})$ ]] || return 1
+  if [[ "$t" == *-* ]]; then
+    d="${t%%-*}"
+    IFS=: read -r h m s <<< "${t#*-}"
+  else
+    IFS=: read -r rest m s <<< "$t"
+    if [[ -z "$m" ]]; then m="$rest"; elif [[ -z "$s" ]]; then s="$m"; m="$rest"; else h="$rest"; fi
+  fi
+  echo $((10#$d * 86400 + 10#${h:-0} * 3600 + 10#${m:-0} * 60 + 10#${s:-0}))
+}
+# Seconds -> NeMo-RL's DD:HH:MM:SS (checkpoint_must_save_by, utils/timer.py convert_to_seconds).
+dd_hh_mm_ss() { printf '%02d:%02d:%02d:%02d' $(($1 / 86400)) $(($1 % 86400 / 3600)) $(($1 % 3600 / 60)) $(($1 % 60)); }
+
+# NeMo-RL's grpo_train saves a checkpoint and stops once checkpoint_must_save_by (from the
+# start of training) is near; without it a job longer than TIME is killed between saves.
+time_limit="${TIME:-04:00:00}"
+margin="${SAVE_MARGIN:-20}"
+save_by=()
+if ((check)) && [[ "$cfg_checkpoints" == true && ! "${time_limit,,}" =~ ^(unlimited|infinite)$ ]]; then
+  formats="(M, M:S, H:M:S, D-H, D-H:M, D-H:M:S)"
+  limit_s="$(slurm_seconds "$time_limit")" || die "TIME=$time_limit is not a Slurm time limit $formats"
+  margin_s="$(slurm_seconds "$margin")" || die "SAVE_MARGIN=$margin is not a Slurm time limit $formats"
+  ((limit_s > margin_s)) || die "TIME=$time_limit leaves no time to train before \
+SAVE_MARGIN=$margin (the save and the job's start-up): raise TIME or lower SAVE_MARGIN"
+  deadline="$(dd_hh_mm_ss $((limit_s - margin_s)))"
+  key=checkpointing.checkpoint_must_save_by
+  if [[ "$cfg_save_by" == null ]]; then
+    save_by=("$key=$deadline")
+  else
+    [[ "$cfg_save_by" =~ ^[0-9]+:[0-9]+:[0-9]+:[0-9]+$ ]] \
+      || die "$key=$cfg_save_by is not NeMo-RL's DD:HH:MM:SS (e.g. $key=$deadline)"
+    IFS=: read -r d h m s <<< "$cfg_save_by"
+    ((10#$d * 86400 + 10#$h * 3600 + 10#$m * 60 + 10#$s <= limit_s)) || die "$key=$cfg_save_by \
+is after the job's time limit TIME=$time_limit: the job is killed before it saves (expected at \
+most $(dd_hh_mm_ss "$limit_s"), e.g. $key=$deadline, SAVE_MARGIN=$margin before it)"
+  fi
+fi
+
 mounts="$NEMO_RL_DIR:$NEMO_RL_DIR,$NEMO_AIS_DIR:$NEMO_AIS_DIR"
 case "$config" in
   "$NEMO_AIS_DIR"/* | "$NEMO_RL_DIR"/*) ;;
@@ -135,7 +182,8 @@ for var in HF_HOME NRL_MEGATRON_CHECKPOINT_DIR; do
 done
 [[ -z "${EXTRA_MOUNTS:-}" ]] || mounts+=",$EXTRA_MOUNTS"
 
-entry=(uv run python "$NEMO_AIS_DIR/launchers/run_grpo_ais.py" --config "$config" "${overrides[@]}")
+entry=(uv run python "$NEMO_AIS_DIR/launchers/run_grpo_ais.py" --config "$config" "${overrides[@]}"
+  "${save_by[@]}")
 # PYTHONPATH is joined in the job (the container's own value is only known there), by
 # _pythonpath.sh: nemo_ais first, no empty entry.
 command="${job_env}source $(shq "$NEMO_AIS_DIR/launchers/_pythonpath.sh") && \
@@ -143,7 +191,7 @@ export PYTHONPATH=\"\$(pythonpath_with $(shq "$NEMO_AIS_DIR"))\" && $(shq_words 
 job_name="${JOB_NAME:-nemo-ais-$(basename "$config" .yaml)}"
 
 sbatch_cmd=(sbatch "--nodes=$NUM_NODES" "--account=$ACCOUNT" "--partition=$PARTITION"
-  "--job-name=$job_name" "--time=${TIME:-04:00:00}")
+  "--job-name=$job_name" "--time=$time_limit")
 [[ -z "${GRES:-}" ]] || sbatch_cmd+=("--gres=$GRES")
 if [[ -n "${SBATCH_ARGS:-}" ]]; then
   read -r -a extra <<< "$SBATCH_ARGS"

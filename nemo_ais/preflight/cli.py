@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nemo_ais.preflight.checks import check_config
-from nemo_ais.preflight.loader import get, is_mixin, load_config
+from nemo_ais.preflight.loader import get, has, is_mixin, load_config
 
 __all__ = ["PROG", "main", "split_args"]
 
@@ -38,7 +38,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     """CLI: print the check results of each config; exit 1 if any check fails.
 
     ``--get KEY`` (for scripts, repeatable) runs the checks silently, prints failures to
-    stderr and exits 1, or prints the resolved values (one line per config) and exits 0.
+    stderr and exits 1, or prints the resolved values (one line per config, YAML spellings:
+    ``null``, ``true``) and exits 0; an absent key fails.
     """
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -50,7 +51,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         "--get",
         metavar="KEY",
         action="append",
-        help="if the checks pass, print this resolved value (repeatable: one line, space-separated)",
+        help="if the checks pass, print this resolved value as YAML spells it (null, true, "
+        "8, ...; repeatable: one line, space-separated); a key that is absent fails",
     )
     parser.add_argument("--quiet", action="store_true", help="print failures only (to stderr)")
     args = parser.parse_args(argv)
@@ -83,14 +85,22 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             )
             n_failed += 1
         elif args.get and not failed:
-            values = [get(cfg, key) for key in args.get]
-            unset = [key for key, value in zip(args.get, values, strict=True) if value is None]
+            unset = [key for key in args.get if not has(cfg, key)]
             if unset:
                 print(f"{path}: {', '.join(unset)} not set", file=sys.stderr)
                 n_failed += 1
             else:
-                print(*values)
+                print(*(_yaml_word(get(cfg, key)) for key in args.get))
     return 1 if n_failed else 0
+
+
+def _yaml_word(value: Any) -> str:
+    """``None`` -> ``null``, ``True`` -> ``true``; anything else as ``str``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 def _layout_line(cfg: Mapping[str, Any]) -> str:

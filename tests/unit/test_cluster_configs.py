@@ -561,6 +561,14 @@ def test_cli_prints_results_and_exit_codes(capsys):
     assert "[FAIL] batch:" in capsys.readouterr().out
 
 
+def test_cli_get_prints_yaml_spellings_and_refuses_absent_keys(capsys):
+    keys = ["checkpointing.checkpoint_must_save_by", "checkpointing.enabled", "cluster.num_nodes"]
+    assert pf.main([*(f"--get={k}" for k in keys), str(QWEN8B)]) == 0
+    assert capsys.readouterr().out == "null true 2\n"  # present but null: null
+    assert pf.main(["--get", "checkpointing.no_such_key", str(QWEN8B)]) == 1
+    assert "checkpointing.no_such_key not set" in capsys.readouterr().err
+
+
 def test_cli_get_and_quiet(capsys):
     assert pf.main(["--get", "cluster.num_nodes", "--get", "cluster.gpus_per_node", str(MOE)]) == 0
     assert capsys.readouterr().out == "2 8\n"

@@ -213,7 +213,7 @@ def test_slurm_dry_run_exact(nemo_rl_dir):
     hf = _hf(nemo_rl_dir)
     command = (
         f"export HF_HOME={hf} && {_JOB_PYTHONPATH} && uv run python {ENTRY} --config {QWEN8B} "
-        "loss_fn.ais.mode=tis"
+        "loss_fn.ais.mode=tis checkpointing.checkpoint_must_save_by=00:03:40:00"
     )
     assert res.stdout.splitlines() == [
         f"cd {nemo_rl_dir}",
@@ -247,7 +247,8 @@ def test_slurm_dry_run_options_and_node_override(nemo_rl_dir):
     lines = res.stdout.splitlines()
     assert lines[1] == (
         f"export COMMAND='export HF_HOME=/data/hf && {_JOB_PYTHONPATH} "
-        f"&& uv run python {ENTRY} --config {MOE} cluster.num_nodes=4'"
+        f"&& uv run python {ENTRY} --config {MOE} cluster.num_nodes=4 "
+        "checkpointing.checkpoint_must_save_by=00:00:40:00'"  # TIME 1:00:00 - 20 min
     )
     assert lines[3] == (
         f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO},/data/hf:/data/hf,/scratch:/scratch"
@@ -454,7 +455,14 @@ def test_slurm_job_pythonpath_has_no_empty_entry(nemo_rl_dir, tmp_path, containe
     kept = list(filter(None, (container_pythonpath or "").split(":")))
     assert pythonpath == ":".join([str(REPO), *kept])
     argv = [x.removeprefix("arg=") for x in lines if x.startswith("arg=")]
-    assert argv == ["run", "python", str(ENTRY), "--config", str(QWEN8B)]
+    assert argv == [
+        "run",
+        "python",
+        str(ENTRY),
+        "--config",
+        str(QWEN8B),
+        "checkpointing.checkpoint_must_save_by=00:03:40:00",
+    ]
 
 
 def test_nemo_ais_dir_with_a_colon_is_refused(nemo_rl_dir, tmp_path):
@@ -580,3 +588,97 @@ def test_a_shared_checkpoint_dir_is_mounted_and_exported_to_the_job(nemo_rl_dir)
     lines = res.stdout.splitlines()
     assert lines[1].startswith(f"export COMMAND='export NRL_MEGATRON_CHECKPOINT_DIR={ckpt} && ")
     assert lines[3].endswith(f",{ckpt}:{ckpt}")
+
+
+# ------------------------------------------- save before the time limit, then resubmit
+# NeMo-RL's grpo_train saves a checkpoint and stops once checkpoint_must_save_by
+# (DD:HH:MM:SS since the training loop started) is near; the launcher sets it from TIME.
+
+SAVE_BY = "checkpointing.checkpoint_must_save_by"
+
+
+def _save_by_override(res: subprocess.CompletedProcess) -> str | None:
+    """The deadline override at the end of the job's COMMAND, if any."""
+    assert res.returncode == 0, res.stderr
+    command = shlex.split(res.stdout.splitlines()[1].removeprefix("export COMMAND="))[0]
+    last = shlex.split(command)[-1]
+    return last.removeprefix(SAVE_BY + "=") if last.startswith(SAVE_BY + "=") else None
+
+
+@pytest.mark.parametrize(
+    ("time", "margin", "save_by"),
+    [
+        (None, None, "00:03:40:00"),  # TIME 04:00:00, SAVE_MARGIN 20 (minutes)
+        ("4:00:00", "5", "00:03:55:00"),
+        ("90", None, "00:01:10:00"),  # minutes
+        ("30:00", None, "00:00:10:00"),  # minutes:seconds
+        ("1-00:00:00", None, "00:23:40:00"),  # days-hours:minutes:seconds
+        ("2-12", None, "02:11:40:00"),  # days-hours
+        ("1-2:30", "1:00:00", "01:01:30:00"),  # 26 h 30 min - a one-hour margin
+    ],
+)
+def test_checkpoint_must_save_by_comes_from_the_time_limit(nemo_rl_dir, time, margin, save_by):
+    extra = {k: v for k, v in (("TIME", time), ("SAVE_MARGIN", margin)) if v is not None}
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, **extra))
+    assert _save_by_override(res) == save_by
+    assert f"--time={time or '04:00:00'} " in res.stdout.splitlines()[-1]
+
+
+def test_the_override_reaches_nemo_rls_timeout_checker_as_the_deadline(nemo_rl_dir):
+    """NeMo-RL's own loader and TimeoutChecker read the override: 3 h 40 min = 13200 s."""
+    from nemo_rl.utils.timer import TimeoutChecker
+
+    from nemo_ais.preflight import load_config  # NeMo-RL's loader (importable in tests)
+
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir))
+    cfg = load_config(QWEN8B, [f"{SAVE_BY}={_save_by_override(res)}"])
+    deadline = cfg["checkpointing"]["checkpoint_must_save_by"]
+    assert deadline == "00:03:40:00"  # a string, as upstream's TimeoutChecker wants
+    assert TimeoutChecker(deadline, fit_last_save_time=True).last_save_time == 13200
+
+
+def test_a_deadline_the_config_sets_is_kept_and_checked(nemo_rl_dir):
+    env = _slurm_env(nemo_rl_dir)
+    kept = _run(SLURM, "--dry-run", QWEN8B, f"{SAVE_BY}=00:03:00:00", env=env)
+    assert _save_by_override(kept) == "00:03:00:00"  # the user's, once (not ours after it)
+    assert kept.stdout.count(SAVE_BY) == 1
+    late = _run(SLURM, "--dry-run", QWEN8B, f"{SAVE_BY}=00:04:30:00", env=env)
+    assert late.returncode == 2 and late.stdout == ""
+    assert late.stderr == (
+        f"slurm_grpo_ais.sh: error: {SAVE_BY}=00:04:30:00 is after the job's time limit "
+        "TIME=04:00:00: the job is killed before it saves (expected at most 00:04:00:00, e.g. "
+        f"{SAVE_BY}=00:03:40:00, SAVE_MARGIN=20 before it)\n"
+    )
+
+
+def test_no_deadline_without_checkpoints_or_a_limit(nemo_rl_dir):
+    env = _slurm_env(nemo_rl_dir)
+    off = _run(SLURM, "--dry-run", QWEN8B, "checkpointing.enabled=false", env=env)
+    assert _save_by_override(off) is None
+    unlimited = _run(SLURM, "--dry-run", QWEN8B, env={**env, "TIME": "UNLIMITED"})
+    assert _save_by_override(unlimited) is None
+
+
+def test_bad_time_or_margin_is_refused_naming_the_variable(nemo_rl_dir):
+    env = _slurm_env(nemo_rl_dir)
+    short = _run(SLURM, "--dry-run", QWEN8B, env={**env, "TIME": "15"})
+    assert short.returncode == 2
+    assert short.stderr == (
+        "slurm_grpo_ais.sh: error: TIME=15 leaves no time to train before SAVE_MARGIN=20 "
+        "(the save and the job's start-up): raise TIME or lower SAVE_MARGIN\n"
+    )
+    bad = _run(SLURM, "--dry-run", QWEN8B, env={**env, "TIME": "4h"})
+    assert bad.returncode == 2
+    assert "TIME=4h is not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S)" in bad.stderr
+    bad = _run(SLURM, "--dry-run", QWEN8B, env={**env, "SAVE_MARGIN": "x"})
+    assert "SAVE_MARGIN=x is not a Slurm time limit" in bad.stderr
+
+
+def test_skip_check_sets_no_deadline(nemo_rl_dir):
+    # without the check the launcher cannot read checkpointing.enabled, and a deadline
+    # without checkpoints makes NeMo-RL stop early without saving
+    env = _slurm_env(nemo_rl_dir, NUM_NODES="2", GPUS_PER_NODE="8")
+    res = _run(SLURM, "--dry-run", "--skip-check", QWEN8B, env=env)
+    assert _save_by_override(res) is None
+    mine = _run(SLURM, "--dry-run", "--skip-check", QWEN8B, f"{SAVE_BY}=00:02:00:00", env=env)
+    assert _save_by_override(mine) == "00:02:00:00" and mine.stdout.count(SAVE_BY) == 1
