@@ -731,3 +731,43 @@ def test_an_unreadable_config_json_warns_and_falls_back(hf_cache):
     assert not found.ok
     assert f"{path}: no hidden_size" in found.detail
     assert "shapes from the built-in table" in found.detail
+
+
+# ---------------------------------------------------------------------------------------
+# Extending: a check is one decorated function
+# ---------------------------------------------------------------------------------------
+
+
+def test_a_new_check_is_one_decorated_function():
+    @pf.check("nvfp4_demo", needs_shape=True)
+    def check_nvfp4_demo(ctx: pf.Context) -> pf.Verdict | None:
+        if ctx.get("policy.generation.vllm_cfg.precision") != "fp8":
+            return None  # does not apply: no line
+        shards = pf.block_quantized_shards(ctx.shape, ctx.layout.vllm_tp, ctx.layout.vllm_ep)
+        problems = [f"{name} = {size:g} % 512 != 0" for name, size in shards.items() if size % 512]
+        return pf.Verdict(problems, "every shard is a multiple of 512", ["a demo"])
+
+    try:
+        results = [r for r in pf.check_config(_load(QWEN8B)) if r.name == "nvfp4_demo"]
+        # Qwen3-8B at vLLM TP 1: k/v out = 8 x 128 = 1024 = 2 x 512; gate/up 12288 = 24 x 512
+        assert [(r.status, r.detail) for r in results] == [
+            ("ok", "every shard is a multiple of 512"),
+            ("warn", "a demo"),
+        ]
+        moe = [r for r in pf.check_config(_load(MOE)) if r.name == "nvfp4_demo"]
+        # Qwen3-30B-A3B at TP 2: k/v out = 2 x 128 = 256; experts 768 / 2 = 384
+        assert moe[0].status == "fail"
+        assert moe[0].detail == (
+            "k/v_proj out = max(kv_heads / TP, 1) x head_dim = 256 % 512 != 0; "
+            "expert gate/up out / down in = moe_intermediate / 2 = 384 % 512 != 0"
+        )
+        bf16 = pf.check_config(_load(CONFIG_DIR / "experiments" / "smoke_bf16.yaml"))
+        assert "nvfp4_demo" not in {r.name for r in bf16}  # None: not applicable
+        unknown = pf.check_config(_load(SMOKE, ["policy.model_name=/ckpt/my-model"]))
+        assert "nvfp4_demo" not in {r.name for r in unknown}  # needs_shape, shapes unknown
+        mixin = pf.check_config(_load(CONFIG_DIR / "arms" / "fp8_ais.yaml"))
+        assert [r.name for r in mixin] == ["loss_fn.ais"]  # mixins=False
+        with pytest.raises(ValueError, match="check 'nvfp4_demo' is registered twice"):
+            pf.check("nvfp4_demo")(check_nvfp4_demo)
+    finally:
+        pf.CHECKS.pop("nvfp4_demo")

@@ -15,8 +15,7 @@
 
 Output order = registration order: the modules of :data:`RULE_MODULES` in turn
 (:mod:`.loss`, :mod:`.upstream`, :mod:`.parallel`, :mod:`.fp8`), each module's checks in
-definition order. See :mod:`nemo_ais.preflight` for
-how to add one.
+definition order. How to add one: the docstring of :mod:`nemo_ais.preflight`.
 """
 
 from __future__ import annotations
