@@ -54,9 +54,12 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from nemo_ais.fp8.checks import FLOAT_INPUTS, check_finite
+
 __all__ = [
     "E4M3_MAX",
     "Family",
+    "check_finite",
     "dequantize_activations",
     "dequantize_blockwise",
     "quantize_activations",
@@ -69,7 +72,6 @@ FP8_DTYPE = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
 _FP32_MAX = float(torch.finfo(torch.float32).max)
 _FAMILIES = ("a", "b", "c")
-_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _BAND_ELEMS = 1 << 20  # fp32 elements of the per-band working copy (4 MiB)
 
 
@@ -81,36 +83,6 @@ def _check_args(name: str, family: str, eps: float, block: tuple[int, int]) -> N
         raise ValueError(f"{name}: eps={eps!r} is invalid: expected a finite float >= 0")
     if len(block) != 2 or any(not isinstance(b, int) or b <= 0 for b in block):
         raise ValueError(f"{name}: block={block!r} is invalid: expected two positive ints")
-
-
-def check_finite(
-    x: torch.Tensor,
-    name: str,
-    *,
-    amax: torch.Tensor | None = None,
-    what: str = "values",
-    action: str = "refusing to quantize NaN/Inf into the FP8 engine",
-) -> None:
-    """Raise ``ValueError`` naming ``name``, the count and the first index of NaN/Inf in ``x``.
-
-    Args:
-        x: the tensor to check; non-floating tensors pass.
-        name: the tensor's name for the message (e.g. its HF parameter name).
-        amax: an |x| reduction the caller already computed (NaN/Inf propagate into it):
-            the finite case then costs a check of ``amax`` instead of a pass over ``x``.
-        what: what ``x`` holds, for "expected finite <what>".
-        action: the consequence appended to the message ("" for none).
-    """
-    probe = x if amax is None else amax
-    if not x.is_floating_point() or bool(torch.isfinite(probe).all()):
-        return
-    bad = ~torch.isfinite(x)
-    first = tuple(int(i) for i in bad.nonzero()[0])
-    raise ValueError(
-        f"{name}: got {int(bad.sum())} non-finite value(s) in {list(x.shape)} {x.dtype} "
-        f"(first at index {first}: {x[first].item()}), expected finite {what}"
-        + (f"; {action}" if action else "")
-    )
 
 
 def _saturate_(q: torch.Tensor) -> torch.Tensor:
@@ -265,10 +237,10 @@ def quantize_blockwise(
             dtype, family, eps or block.
     """
     _check_args(name, family, eps, block)
-    if x.dim() not in (2, 3) or x.dtype not in _FLOAT_INPUTS:
+    if x.dim() not in (2, 3) or x.dtype not in FLOAT_INPUTS:
         raise ValueError(
             f"{name}: got {list(x.shape)} {x.dtype}, expected a 2-D [N, K] or 3-D [E, N, K] "
-            f"floating tensor ({', '.join(str(d) for d in _FLOAT_INPUTS)})"
+            f"floating tensor ({', '.join(str(d) for d in FLOAT_INPUTS)})"
         )
     if backend != "torch":
         from nemo_ais.fp8 import te_backend
@@ -367,7 +339,7 @@ def quantize_activations(
         ValueError: non-finite input (count and first index), bad dtype or arguments.
     """
     _check_args(name, family, eps, (1, group))
-    if x.dim() < 1 or x.dtype not in _FLOAT_INPUTS:
+    if x.dim() < 1 or x.dtype not in FLOAT_INPUTS:
         raise ValueError(
             f"{name}: got {list(x.shape)} {x.dtype}, expected a [..., K] floating tensor"
         )

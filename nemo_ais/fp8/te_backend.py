@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from nemo_ais.fp8.checks import check_finite
+
 __all__ = ["is_available", "quantize_blockwise_te", "use_te"]
 
 _TE_BLOCK = (128, 128)
@@ -146,8 +148,6 @@ def quantize_blockwise_te(
         ValueError: non-finite input (checked here: TE would map an infinite amax to
             scale 1 and sync it silently), or an unsupported family/block.
     """
-    from nemo_ais.fp8.quant import check_finite
-
     use_te(x, "te", name=name, family=family, block=block)
     check_finite(x, name, amax=x.abs().amax())
     quantizer_cls, tex = _import_te()

@@ -1,0 +1,99 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Input checks shared by every quantizer, the refit stream and the twin (no format math here).
+
+Kept apart from the quantizers so that the Transformer Engine backend and the format
+modules import it without importing each other (``quant.py`` imports ``te_backend.py``
+lazily; ``te_backend.py`` imports only this module).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["FLOAT_INPUTS", "check_amax", "check_finite", "check_last_dim"]
+
+# Input dtypes every quantizer accepts; all of them are computed in fp32.
+FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def check_finite(
+    x: torch.Tensor,
+    name: str,
+    *,
+    amax: torch.Tensor | None = None,
+    what: str = "values",
+    action: str = "refusing to quantize NaN/Inf into the FP8 engine",
+) -> None:
+    """Raise ``ValueError`` naming ``name``, the count and the first index of NaN/Inf in ``x``.
+
+    Args:
+        x: the tensor to check; non-floating tensors pass.
+        name: the tensor's name for the message (e.g. its HF parameter name).
+        amax: an |x| reduction the caller already computed (NaN/Inf propagate into it):
+            the finite case then costs a check of ``amax`` instead of a pass over ``x``.
+        what: what ``x`` holds, for "expected finite <what>".
+        action: the consequence appended to the message ("" for none).
+    """
+    probe = x if amax is None else amax
+    if not x.is_floating_point() or bool(torch.isfinite(probe).all()):
+        return
+    bad = ~torch.isfinite(x)
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    raise ValueError(
+        f"{name}: got {int(bad.sum())} non-finite value(s) in {list(x.shape)} {x.dtype} "
+        f"(first at index {first}: {x[first].item()}), expected finite {what}"
+        + (f"; {action}" if action else "")
+    )
+
+
+def check_last_dim(x: torch.Tensor, name: str, block: int, fmt: str) -> None:
+    """``x`` is a floating ``[..., K]`` tensor with ``K % block == 0``, else ``ValueError``.
+
+    Args:
+        x: the tensor to quantize.
+        name: its name for the message (``"x"`` by default in the quantizers).
+        block: the format's block length along the last dim (16 NVFP4, 32 MX).
+        fmt: the format's name for the message.
+    """
+    if x.dim() < 1 or x.dtype not in FLOAT_INPUTS:
+        raise ValueError(
+            f"{name}: got {list(x.shape)} {x.dtype}, expected a [..., K] floating tensor "
+            f"({', '.join(str(d) for d in FLOAT_INPUTS)}) for {fmt}"
+        )
+    if x.shape[-1] % block:
+        raise ValueError(
+            f"{name}: got last dim K={x.shape[-1]} in {list(x.shape)}, expected K % {block} == 0 "
+            f"({fmt} scales blocks of {block} consecutive elements along the last dim; pad "
+            f"the tensor or keep it in high precision)"
+        )
+
+
+def check_amax(amax: float | torch.Tensor | None, name: str) -> torch.Tensor | None:
+    """A caller-given tensor amax as a 0-dim fp32 tensor; None passes through.
+
+    Raises:
+        ValueError: naming ``name``, if ``amax`` is not one finite value >= 0.
+    """
+    if amax is None:
+        return None
+    value = torch.as_tensor(amax, dtype=torch.float32)
+    if value.numel() != 1 or not math.isfinite(float(value)) or float(value) < 0:
+        raise ValueError(
+            f"{name}: got {amax!r}, expected one finite value >= 0 (the tensor's calibrated "
+            "max |x|; None computes max |x| of the tensor itself)"
+        )
+    return value.reshape(())
