@@ -1,7 +1,7 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """Independent float64 oracles for blockwise FP8 E4M3 quantization (imports nothing from nemo_ais).
 
-Every fp32 operation of the convention (docs/fp8.md) is reproduced as one float64
+Every fp32 operation of the convention (docs/low_precision.md) is reproduced as one float64
 operation followed by a rounding to float32. For +, -, *, / of float32 operands this is
 exactly the correctly rounded float32 result: float64 carries p' = 53 >= 2p + 2 = 50
 bits, so the double rounding is innocuous (Figueroa, "When is double rounding

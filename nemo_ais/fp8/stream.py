@@ -85,7 +85,8 @@ class Fp8SyncConfig(BaseModel):
         (128, 128), description="Weight tile [out, in]; vLLM block-FP8 uses 128x128."
     )
     family: Literal["a", "b", "c"] = Field(
-        "a", description="Scale formula family (docs/fp8.md); 'a' is what vLLM itself uses."
+        "a",
+        description="Scale formula family (docs/low_precision.md); 'a' is what vLLM itself uses.",
     )
     ue8m0: bool = Field(False, description="Power-of-two scales (DeepGEMM UE8M0 path).")
     eps: float = Field(1e-4, ge=0.0, description="Floor of the per-tile amax.")

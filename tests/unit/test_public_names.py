@@ -123,7 +123,7 @@ REFERENCES = _references()
 
 def test_the_docs_reference_names_at_all():
     # guards the parser: these are written in the docs today (architecture.md, method.md,
-    # fp8.md); if a regex breaks, this list goes empty instead of silently passing
+    # low_precision.md); if a regex breaks, this list goes empty instead of silently passing
     for ref in (
         "from nemo_ais.core import clipped_pg_loss",
         "from nemo_ais.core import CorrectionConfig",
