@@ -11,10 +11,10 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Blockwise FP8 (E4M3) quantization, the vLLM weight-sync stream and FP8 KV-cache scales.
+"""Rollout precision: the FP8, MXFP8, NVFP4 (and MXFP4) quantizers, the refit stream, KV scales.
 
 Pure PyTorch; the Transformer Engine backend (:mod:`nemo_ais.fp8.te_backend`) is imported
-lazily. Conventions: ``docs/fp8.md``.
+lazily. Where each format lives and its conventions: ``docs/low_precision.md``.
 """
 
 from nemo_ais.fp8.kv_scales import (
@@ -26,6 +26,9 @@ from nemo_ais.fp8.kv_scales import (
     require_calibrated_kv_scales,
     verify_kv_scales,
 )
+from nemo_ais.fp8.mxfp4 import MXFP4Tensor, dequantize_mxfp4, quantize_mxfp4
+from nemo_ais.fp8.mxfp8 import MXFP8Tensor, dequantize_mxfp8, fake_quantize_mxfp8, quantize_mxfp8
+from nemo_ais.fp8.nvfp4 import NVFP4Tensor, dequantize_nvfp4, fake_quantize_nvfp4, quantize_nvfp4
 from nemo_ais.fp8.quant import (
     E4M3_MAX,
     dequantize_activations,
@@ -42,14 +45,25 @@ __all__ = [
     "KVScaleCalibrator",
     "KVScaleConfig",
     "KVScales",
+    "MXFP4Tensor",
+    "MXFP8Tensor",
+    "NVFP4Tensor",
     "collect_engine_kv_scales",
     "dequantize_activations",
     "dequantize_blockwise",
+    "dequantize_mxfp4",
+    "dequantize_mxfp8",
+    "dequantize_nvfp4",
+    "fake_quantize_mxfp8",
+    "fake_quantize_nvfp4",
     "fp8_weight_stream",
     "kv_scale_names",
     "plan_fp8_sync",
     "quantize_activations",
     "quantize_blockwise",
+    "quantize_mxfp4",
+    "quantize_mxfp8",
+    "quantize_nvfp4",
     "require_calibrated_kv_scales",
     "verify_kv_scales",
 ]

@@ -15,7 +15,7 @@
 
 The rollout engine (vLLM) runs W8A8 FP8 linear layers with DeepSeek-V3-style block
 scaling; the trainer re-quantizes its BF16 weights at every weight sync. This module is
-the reference quantizer (see ``docs/fp8.md`` and the conventions it cites):
+the reference quantizer (see ``docs/low_precision.md`` and the conventions it cites):
 
 1. Tile the last two dims into ``block = (bn, bk)`` tiles (weights: 128x128 over
    ``[out, in]``; activations: 1x128 groups along the hidden dim). Dims that are not a
@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_ais.fp8.checks import FLOAT_INPUTS, check_finite
+from nemo_ais.fp8.grids import E4M3_MAX
 
 __all__ = [
     "E4M3_MAX",
@@ -69,7 +70,6 @@ __all__ = [
 Family = Literal["a", "b", "c"]
 
 FP8_DTYPE = torch.float8_e4m3fn
-E4M3_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
 _FP32_MAX = float(torch.finfo(torch.float32).max)
 _FAMILIES = ("a", "b", "c")
 _BAND_ELEMS = 1 << 20  # fp32 elements of the per-band working copy (4 MiB)

@@ -1,5 +1,9 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""The pure-torch FP8 paths give the same bits on CUDA as on CPU (no TE needed).
+"""The pure-torch quantizers give the same bits on CUDA as on CPU (no TE needed).
+
+FP8 (activations, the twin's fused fake quant), NVFP4 (1x16 and 16x16 tiles, static
+amax, fake quant), MXFP8 and MXFP4: every byte of codes and scales, every bit of the
+dequantized values.
 
 torch divides a CUDA tensor by a Python scalar as a multiply by the scalar's fp32
 reciprocal, so ``amax / 448`` rounds twice there and once on CPU; before the fix this
@@ -11,8 +15,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_ais.fp8 import quantize_activations
+from nemo_ais.fp8 import (
+    dequantize_mxfp8,
+    dequantize_nvfp4,
+    quantize_activations,
+    quantize_mxfp4,
+    quantize_mxfp8,
+    quantize_nvfp4,
+)
 from nemo_ais.fp8.fp8_linear import _fake_quant_groups_b
+from nemo_ais.fp8.nvfp4 import fake_quantize_nvfp4
 
 pytestmark = [
     pytest.mark.gpu,
@@ -43,3 +55,46 @@ def test_twin_fused_activation_fake_quant_on_cuda_matches_cpu():
     got = _fake_quant_groups_b(x.cuda(), 128, 1e-10, "x")
     ref = _fake_quant_groups_b(x, 128, 1e-10, "x")
     assert _mismatch(got.view(torch.int32), ref.view(torch.int32)) is None
+
+
+def _wide_weight(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g) * torch.exp(torch.randn(shape[0], 1, generator=g) * 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows_per_block", [1, 16])
+@pytest.mark.parametrize("static_amax", [False, True])
+def test_nvfp4_on_cuda_matches_cpu(dtype, rows_per_block, static_amax):
+    x = _wide_weight((1000, 2048), seed=5).to(dtype)
+    amax = float(x.float().abs().max()) * 0.5 if static_amax else None  # half: saturation
+    q_gpu = quantize_nvfp4(x.cuda(), amax, rows_per_block=rows_per_block)
+    q_cpu = quantize_nvfp4(x, amax, rows_per_block=rows_per_block)
+    assert _mismatch(q_gpu.data, q_cpu.data) is None
+    assert (
+        _mismatch(q_gpu.block_scale.view(torch.uint8), q_cpu.block_scale.view(torch.uint8)) is None
+    )
+    assert (
+        _mismatch(q_gpu.global_scale.view(torch.int32), q_cpu.global_scale.view(torch.int32))
+        is None
+    )
+    deq_gpu, deq_cpu = dequantize_nvfp4(q_gpu), dequantize_nvfp4(q_cpu)
+    assert _mismatch(deq_gpu.view(torch.int32), deq_cpu.view(torch.int32)) is None
+    fake = fake_quantize_nvfp4(x.cuda(), amax, rows_per_block=rows_per_block)
+    assert _mismatch(fake.view(torch.int32), deq_cpu.view(torch.int32)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mx_formats_on_cuda_match_cpu(dtype):
+    x = _wide_weight((1000, 2048), seed=6).to(dtype)
+    g8, c8 = quantize_mxfp8(x.cuda()), quantize_mxfp8(x)
+    assert _mismatch(g8.data.view(torch.uint8), c8.data.view(torch.uint8)) is None
+    assert _mismatch(g8.scale, c8.scale) is None
+    assert (
+        _mismatch(dequantize_mxfp8(g8).view(torch.int32), dequantize_mxfp8(c8).view(torch.int32))
+        is None
+    )
+    for ties in (False, True):
+        g4 = quantize_mxfp4(x.cuda(), round_ties_toward_zero=ties)
+        c4 = quantize_mxfp4(x, round_ties_toward_zero=ties)
+        assert _mismatch(g4.data, c4.data) is None and _mismatch(g4.scale, c4.scale) is None

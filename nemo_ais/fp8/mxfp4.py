@@ -1,0 +1,150 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""MXFP4 (a documented variant): E2M1 elements in blocks of 32, one UE8M0 scale each.
+
+For ``x [..., K]``, ``K % 32 == 0`` (conventions and sources: ``docs/low_precision.md``):
+
+1. Per block of 32: ``E = ceil(log2(amax_b / 6))``, clamped to [-127, 127]; an all-zero
+   block gets ``E = -127`` (byte 0). FlashInfer's UE8M0 path and ModelOpt's
+   ``MXFP4QTensor`` (its global scale argument is ignored on this path).
+2. ``y = x * 2^-E`` (exact), ``code = e2m1(|y|)`` saturating at 6, sign bit ``x < 0``;
+   two codes per byte, the even element in the low nibble (as NVFP4).
+
+Rounding, keyword ``round_ties_toward_zero``:
+
+* False (default): ties to the even code, as FlashInfer's ``cvt.rn.satfinite`` and NVFP4.
+* True: ties toward zero (0.75 -> 0.5, 1.75 -> 1.5, 3.5 -> 3), ModelOpt's
+  ``MXFP4QTensor.cast_fp4``, which counts strict ``>`` bounds. ModelOpt also gives a
+  zero the sign bit 1; that is not reproduced (it decodes to the same 0).
+
+Dequantization: ``x_hat = E2M1(code) * 2^(b - 127)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from nemo_ais.fp8.checks import check_finite, check_last_dim
+from nemo_ais.fp8.grids import (
+    E2M1_MAX,
+    E8M0_BIAS,
+    e2m1_codes_reference,
+    e2m1_round_,
+    e2m1_values,
+    e8m0_block_exponent,
+    e8m0_values,
+    pack_nibbles,
+    pack_signed_codes,
+    row_bands,
+    to_uint8,
+    unpack_nibbles,
+)
+from nemo_ais.fp8.mxfp8 import MX_BLOCK, _pow2, check_mx_scale
+
+__all__ = ["MXFP4Tensor", "dequantize_mxfp4", "quantize_mxfp4", "quantize_mxfp4_reference"]
+
+_SIGN = 0x8
+
+
+@dataclass(frozen=True)
+class MXFP4Tensor:
+    """A quantized ``[..., K]`` tensor.
+
+    Attributes:
+        data: uint8 ``[..., K/2]``, two E2M1 codes per byte, even element in the low nibble.
+        scale: uint8 ``[..., K/32]`` UE8M0 bytes, value ``2^(b - 127)``.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the tensor that was quantized, ``(..., K)``."""
+        return (*self.data.shape[:-1], 2 * self.data.shape[-1])
+
+
+def quantize_mxfp4_reference(
+    x: torch.Tensor, *, round_ties_toward_zero: bool = False
+) -> MXFP4Tensor:
+    """Reference of :func:`quantize_mxfp4`: steps 1-2 of the module doc, written plainly."""
+    check_last_dim(x, "x", MX_BLOCK, "MXFP4")
+    check_finite(x, "x", action="refusing to quantize NaN/Inf")
+    blocks = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
+    expo = e8m0_block_exponent(blocks.abs().amax(-1), E2M1_MAX)
+    y = blocks * _pow2(-expo).unsqueeze(-1)
+    code = e2m1_codes_reference(y.abs(), ties_toward_zero=round_ties_toward_zero)
+    code = code | ((blocks < 0).to(torch.uint8) * _SIGN)
+    return MXFP4Tensor(pack_nibbles(code.reshape(x.shape)), (expo + E8M0_BIAS).to(torch.uint8))
+
+
+def quantize_mxfp4(
+    x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
+) -> MXFP4Tensor:
+    """MXFP4 quantization of ``x [..., K]`` (module doc); banded fast path, bit-equal to the reference.
+
+    Args:
+        x: fp32, bf16, fp16 or fp64 (computed in fp32), ``K % 32 == 0``.
+        round_ties_toward_zero: ModelOpt's tie rule instead of ties to even (module doc).
+        name: tensor name used in error messages.
+
+    Returns:
+        :class:`MXFP4Tensor` (``data`` uint8 ``[..., K/2]``, ``scale`` uint8 ``[..., K/32]``).
+
+    Raises:
+        ValueError: ``K % 32 != 0`` (naming ``name`` and 32), a non-floating ``x``, or
+            non-finite values (count and first index).
+    """
+    check_last_dim(x, name, MX_BLOCK, "MXFP4")
+    k = x.shape[-1]
+    rows = math.prod(x.shape[:-1])
+    x2 = x.reshape(rows, k)
+    data = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(rows, k // MX_BLOCK, dtype=torch.uint8, device=x.device)
+    finite = torch.ones((), dtype=torch.bool, device=x.device)
+    with torch.no_grad():
+        for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k):
+            xf = x2[r0:r1].to(torch.float32, copy=True).add_(0.0)  # -0.0 -> +0.0
+            a = xf.abs().view(r1 - r0, k // MX_BLOCK, MX_BLOCK)
+            block_amax = a.amax(-1)
+            finite &= torch.isfinite(block_amax).all()
+            expo = e8m0_block_exponent(block_amax, E2M1_MAX)
+            a.mul_(_pow2(-expo).unsqueeze(-1))
+            code = e2m1_round_(a.view(r1 - r0, k), ties_toward_zero=round_ties_toward_zero)
+            data[r0:r1] = pack_signed_codes(code, xf)
+            scale[r0:r1] = to_uint8((expo + E8M0_BIAS).to(torch.float32))
+    if not bool(finite):
+        check_finite(x, name, action="refusing to quantize NaN/Inf")
+    lead = x.shape[:-1]
+    return MXFP4Tensor(data.view(*lead, k // 2), scale.view(*lead, k // MX_BLOCK))
+
+
+def dequantize_mxfp4(q: MXFP4Tensor, *, name: str = "q") -> torch.Tensor:
+    """``x_hat = E2M1(code) * 2^(scale - 127)`` per block of 32: fp32 ``[..., K]`` (exact).
+
+    Raises:
+        ValueError: ``data`` not uint8 ``[..., K/2]``, ``scale`` not uint8 ``[..., K/32]``,
+            or a scale byte 255 (NaN in UE8M0).
+    """
+    if q.data.dtype != torch.uint8 or q.data.dim() < 1:
+        raise ValueError(
+            f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected uint8 [..., K/2]"
+        )
+    check_mx_scale(q.data, q.scale, 2, name)
+    k = 2 * q.data.shape[-1]
+    values = e2m1_values(unpack_nibbles(q.data)).view(*q.data.shape[:-1], k // MX_BLOCK, MX_BLOCK)
+    return (values * e8m0_values(q.scale).unsqueeze(-1)).view(*q.data.shape[:-1], k)

@@ -1,0 +1,175 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""MXFP8: E4M3 elements in blocks of 32 along the last dim, one UE8M0 (power-of-two) scale each.
+
+What vLLM's ModelOpt MXFP8 loader takes (``weight`` e4m3 ``[out, in]``, ``weight_scale``
+uint8 ``[out, in/32]``) and NeMo-RL main streams when ``vllm_cfg.is_mx`` (conventions and
+sources: ``docs/low_precision.md``), for ``x [..., K]`` with ``K % 32 == 0``:
+
+1. Per block of 32 consecutive elements, ``amax_b`` in fp32.
+2. ``E = ceil(log2(amax_b / 448))`` exactly, clamped to [-127, 127]
+   (:func:`~nemo_ais.fp8.grids.e8m0_block_exponent`): NVIDIA's rule (FlashInfer,
+   Transformer Engine, ModelOpt), not OCP MX v1.0's ``floor(log2 amax_b) - 8``. The two
+   differ when the block max's significand exceeds 1.75 (amax 500: NVIDIA 2^1, OCP 2^0,
+   whose elements would saturate at 448). An all-zero block gets ``E = -127``: byte 0.
+3. Scale byte ``E + 127``; elements ``q = e4m3(clamp(x * 2^-E, ±448))`` (the product is
+   exact: a power of two), round to nearest even. Nothing saturates unless ``E`` was
+   clamped.
+
+Dequantization: ``x_hat = fp32(q) * 2^(b - 127)`` (exact). NeMo-RL main rewrites scale
+byte 0 to 1 before its TRT-LLM kernel (which rejects 0); the codes of such a block are 0,
+so the values do not change (tested). This quantizer emits byte 0, as the kernels do.
+
+:func:`quantize_mxfp8_reference` states steps 1-3 plainly; :func:`quantize_mxfp8` is the
+banded fast path, bit-equal to it (tested, and against a float64 oracle).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from nemo_ais.fp8.checks import check_finite, check_last_dim
+from nemo_ais.fp8.grids import (
+    E4M3_MAX,
+    E8M0_BIAS,
+    E8M0_NAN,
+    e8m0_block_exponent,
+    e8m0_values,
+    row_bands,
+    to_uint8,
+)
+
+__all__ = [
+    "MX_BLOCK",
+    "MXFP8Tensor",
+    "dequantize_mxfp8",
+    "fake_quantize_mxfp8",
+    "quantize_mxfp8",
+    "quantize_mxfp8_reference",
+]
+
+MX_BLOCK = 32
+
+
+@dataclass(frozen=True)
+class MXFP8Tensor:
+    """A quantized ``[..., K]`` tensor (vLLM's names in brackets).
+
+    Attributes:
+        data: float8_e4m3fn ``[..., K]`` (``weight``).
+        scale: uint8 ``[..., K/32]`` UE8M0 bytes, value ``2^(b - 127)`` (``weight_scale``).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the tensor that was quantized."""
+        return tuple(self.data.shape)
+
+
+def _pow2(expo: torch.Tensor) -> torch.Tensor:
+    """fp32 ``2^expo`` for int32 ``expo`` in [-127, 127], exactly."""
+    return torch.ldexp(torch.ones(expo.shape, dtype=torch.float32, device=expo.device), expo)
+
+
+def quantize_mxfp8_reference(x: torch.Tensor) -> MXFP8Tensor:
+    """Reference of :func:`quantize_mxfp8`: steps 1-3 of the module doc, written plainly."""
+    check_last_dim(x, "x", MX_BLOCK, "MXFP8")
+    check_finite(x, "x", action="refusing to quantize NaN/Inf")
+    blocks = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
+    expo = e8m0_block_exponent(blocks.abs().amax(-1), E4M3_MAX)
+    scaled = blocks * _pow2(-expo).unsqueeze(-1)
+    data = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).reshape(x.shape)
+    return MXFP8Tensor(data, (expo + E8M0_BIAS).to(torch.uint8))
+
+
+def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
+    """MXFP8 quantization of ``x [..., K]`` (module doc).
+
+    Args:
+        x: fp32, bf16, fp16 or fp64 (computed in fp32), ``K % 32 == 0``.
+        name: tensor name used in error messages.
+
+    Returns:
+        :class:`MXFP8Tensor` (``data`` float8_e4m3fn ``[..., K]``, ``scale`` uint8
+        ``[..., K/32]``). Empty ``x`` gives empty tensors of those shapes.
+
+    Raises:
+        ValueError: ``K % 32 != 0`` (naming ``name`` and 32), a non-floating ``x``, or
+            non-finite values (count and first index).
+    """
+    check_last_dim(x, name, MX_BLOCK, "MXFP8")
+    k = x.shape[-1]
+    rows = math.prod(x.shape[:-1])
+    x2 = x.reshape(rows, k)
+    data = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(rows, k // MX_BLOCK, dtype=torch.uint8, device=x.device)
+    finite = torch.ones((), dtype=torch.bool, device=x.device)
+    with torch.no_grad():
+        for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k):
+            xf = x2[r0:r1].to(torch.float32, copy=True)
+            blocks = xf.view(r1 - r0, k // MX_BLOCK, MX_BLOCK)
+            block_amax = torch.maximum(blocks.amax(-1), blocks.amin(-1).neg_())
+            finite &= torch.isfinite(block_amax).all()
+            expo = e8m0_block_exponent(block_amax, E4M3_MAX)
+            blocks.mul_(_pow2(-expo).unsqueeze(-1))
+            data[r0:r1] = xf.clamp_(-E4M3_MAX, E4M3_MAX)
+            scale[r0:r1] = to_uint8((expo + E8M0_BIAS).to(torch.float32))
+    if not bool(finite):
+        check_finite(x, name, action="refusing to quantize NaN/Inf")
+    lead = x.shape[:-1]
+    return MXFP8Tensor(data.view(*lead, k), scale.view(*lead, k // MX_BLOCK))
+
+
+def check_mx_scale(data: torch.Tensor, scale: torch.Tensor, block_k: int, name: str) -> None:
+    """``scale`` is uint8 ``[..., K/32]`` for ``data [..., block_k * n]``, with no NaN byte 255."""
+    k = data.shape[-1] * block_k if data.dim() else 0
+    expected = (*data.shape[:-1], k // MX_BLOCK)
+    if scale.dtype != torch.uint8 or tuple(scale.shape) != expected or k % MX_BLOCK:
+        raise ValueError(
+            f"{name}: got scale {list(scale.shape)} {scale.dtype} for data {list(data.shape)} "
+            f"{data.dtype}, expected uint8 {list(expected)} (one UE8M0 byte per 32 elements)"
+        )
+    if bool((scale == E8M0_NAN).any()):
+        first = tuple(int(i) for i in (scale == E8M0_NAN).nonzero()[0])
+        raise ValueError(
+            f"{name}: scale byte 255 (UE8M0 NaN) at index {first}, expected bytes in [0, 254]"
+        )
+
+
+def dequantize_mxfp8(q: MXFP8Tensor, *, name: str = "q") -> torch.Tensor:
+    """``x_hat = fp32(data) * 2^(scale - 127)`` per block of 32: fp32 ``[..., K]`` (exact).
+
+    Raises:
+        ValueError: ``data`` not float8_e4m3fn ``[..., K]``, ``scale`` not uint8
+            ``[..., K/32]``, or a scale byte 255 (NaN in UE8M0).
+    """
+    if q.data.dtype != torch.float8_e4m3fn or q.data.dim() < 1:
+        raise ValueError(
+            f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected float8_e4m3fn [..., K]"
+        )
+    check_mx_scale(q.data, q.scale, 1, name)
+    k = q.data.shape[-1]
+    blocks = q.data.to(torch.float32).view(*q.data.shape[:-1], k // MX_BLOCK, MX_BLOCK)
+    return (blocks * e8m0_values(q.scale).unsqueeze(-1)).view(q.data.shape)
+
+
+def fake_quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> torch.Tensor:
+    """``dequantize_mxfp8(quantize_mxfp8(x))``: fp32 ``[..., K]``."""
+    return dequantize_mxfp8(quantize_mxfp8(x, name=name), name=name)

@@ -1,0 +1,295 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""NVFP4: E2M1 elements in blocks of 16 along the last dim, E4M3 block scales, one fp32 global scale.
+
+The ModelOpt export rule, i.e. what vLLM's NVFP4 loaders receive as ``weight`` /
+``weight_scale`` / ``weight_scale_2`` (``input_scale`` for activations), for ``x [..., K]``
+with ``K % 16 == 0`` (conventions and sources: ``docs/low_precision.md``):
+
+1. Global (decode) scale ``s_g = amax / (6 * 448)`` in fp32, ``amax = max |x|`` unless a
+   calibrated ``amax`` is given. ``s_g = 0`` (``amax = 0``, or an amax so small that the
+   division underflows) is replaced by 1 (Transformer Engine's rule; ModelOpt's export
+   refuses such an amax): an all-zero tensor gets ``s_g = 1``, block scales 1, codes 0.
+2. Per block of 16 consecutive elements: ``r = amax_b / (6 * s_g)`` (one fp32 product,
+   then one fp32 division).
+3. ``r = 0`` (an all-zero block) becomes 1.0; ``r`` is clamped to ``[2^-9, 448]`` (the E4M3
+   range, ModelOpt >= 0.45); block scale ``s_b = e4m3(r)``, round to nearest even.
+4. ``d = fp32(s_b) * s_g`` (one fp32 product) and ``y = x / d`` (one fp32 division). A
+   ``d`` that underflows to 0 gives ``y = 0``: codes ±0, which decode to 0.
+5. ``code = rne_e2m1(|y|)`` saturating at 6 (``grids.e2m1_round_``), sign bit ``x < 0``
+   (so -0.0 encodes as +0); two codes per byte, the even element in the low nibble.
+
+Dequantization: ``x_hat = E2M1(code) * d`` with the same one-rounding product ``d``.
+
+Variant ``rows_per_block=16``: Transformer Engine's 2-D 16x16 weight tiles
+(``NVFP4BlockScaling``, ``disable_2d_quantization=False``). One amax per 16x16 tile of the
+last two dims (a partial last tile covers the remaining rows); its block scale is stored
+on each of the tile's 16 rows, so the result is still valid 1x16 NVFP4 and dequantizes
+unchanged. The arithmetic stays ModelOpt's (steps 1-5); TE's kernels encode with an
+approximate reciprocal and may differ by one E4M3 step near ties.
+
+:func:`quantize_nvfp4_reference` is the short, obvious statement of steps 1-5;
+:func:`quantize_nvfp4` and :func:`fake_quantize_nvfp4` are the fast paths (in-place
+passes over ~4 MiB bands), bit-equal to it (tested, and against a float64 oracle).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from nemo_ais.fp8.checks import check_amax, check_finite, check_last_dim
+from nemo_ais.fp8.grids import (
+    E2M1_MAX,
+    E4M3_MAX,
+    e2m1_code_magnitudes,
+    e2m1_codes_reference,
+    e2m1_round_,
+    e2m1_values,
+    pack_nibbles,
+    pack_signed_codes,
+    row_bands,
+    unpack_nibbles,
+)
+
+__all__ = [
+    "NVFP4_BLOCK",
+    "NVFP4Tensor",
+    "dequantize_nvfp4",
+    "fake_quantize_nvfp4",
+    "nvfp4_global_scale",
+    "quantize_nvfp4",
+    "quantize_nvfp4_reference",
+]
+
+NVFP4_BLOCK = 16
+TILE_ROWS = (1, 16)  # rows_per_block: 1 = 1x16 (ModelOpt, vLLM), 16 = TE 2-D 16x16 tiles
+_SCALE_MIN = 2.0**-9  # smallest positive E4M3 value (subnormal)
+_SIGN = 0x8
+
+
+@dataclass(frozen=True)
+class NVFP4Tensor:
+    """A quantized ``[..., K]`` tensor (vLLM's names in brackets).
+
+    Attributes:
+        data: uint8 ``[..., K/2]``, two E2M1 codes per byte, even element in the low
+            nibble (``weight``).
+        block_scale: float8_e4m3fn ``[..., K/16]``, per-block decode scale
+            (``weight_scale``).
+        global_scale: fp32 0-dim, ``amax / (6 * 448)`` (``weight_scale_2`` for weights,
+            ``input_scale`` for activations).
+    """
+
+    data: torch.Tensor
+    block_scale: torch.Tensor
+    global_scale: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the tensor that was quantized, ``(..., K)``."""
+        return (*self.data.shape[:-1], 2 * self.data.shape[-1])
+
+
+def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
+    """Step 1: ``s_g = amax / (6 * 448)`` in fp32, 1 where that is 0 (module doc)."""
+    amax = amax.to(torch.float32)
+    s_g = amax / torch.full_like(amax, E2M1_MAX * E4M3_MAX)  # tensor / tensor: one rounding
+    return torch.where(s_g == 0, torch.ones_like(s_g), s_g)
+
+
+def _check_args(x: torch.Tensor, rows_per_block: int, name: str) -> None:
+    check_last_dim(x, name, NVFP4_BLOCK, "NVFP4")
+    if rows_per_block not in TILE_ROWS:
+        raise ValueError(
+            f"rows_per_block={rows_per_block!r} is invalid: expected 1 (1x16 blocks, "
+            "ModelOpt/vLLM) or 16 (Transformer Engine's 16x16 weight tiles)"
+        )
+    if rows_per_block > 1 and x.dim() < 2:
+        raise ValueError(
+            f"{name}: got {list(x.shape)}, expected at least 2 dims [..., N, K] for "
+            f"rows_per_block={rows_per_block} (16x16 tiles over the last two dims)"
+        )
+
+
+def _tensor_amax(x: torch.Tensor, amax: float | torch.Tensor | None) -> torch.Tensor:
+    """The given amax (checked) or ``max |x|`` in fp32 (0 for an empty ``x``)."""
+    given = check_amax(amax, "amax")
+    if given is not None:
+        return given.to(x.device)
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    lo, hi = torch.aminmax(x)
+    return torch.maximum(hi, lo.neg()).to(torch.float32)
+
+
+def _tile_max(block_amax: torch.Tensor, rows_per_block: int) -> torch.Tensor:
+    """``[..., N, K/16]`` block amax -> the max of each ``rows_per_block`` rows, repeated on them."""
+    if rows_per_block == 1:
+        return block_amax
+    *lead, n, kb = block_amax.shape
+    pad = -n % rows_per_block
+    padded = torch.nn.functional.pad(block_amax, (0, 0, 0, pad))  # amax >= 0: 0 is neutral
+    tiles = padded.view(*lead, (n + pad) // rows_per_block, rows_per_block, kb).amax(-2)
+    return tiles.repeat_interleave(rows_per_block, dim=-2)[..., :n, :]
+
+
+def _block_scale(block_amax: torch.Tensor, s_g: torch.Tensor) -> torch.Tensor:
+    """Steps 2-3: E4M3 block scales from fp32 block amax and the global scale."""
+    r = block_amax / (s_g * (E2M1_MAX))
+    r = torch.where(r == 0, torch.ones_like(r), r).clamp_(_SCALE_MIN, E4M3_MAX)
+    return r.to(torch.float8_e4m3fn)
+
+
+def _divisor(block_scale: torch.Tensor, s_g: torch.Tensor) -> torch.Tensor:
+    """Step 4: ``d = fp32(s_b) * s_g``, one rounding."""
+    return block_scale.to(torch.float32) * s_g
+
+
+def quantize_nvfp4_reference(
+    x: torch.Tensor, amax: float | torch.Tensor | None = None, *, rows_per_block: int = 1
+) -> NVFP4Tensor:
+    """Reference of :func:`quantize_nvfp4`: steps 1-5 of the module doc, written plainly."""
+    _check_args(x, rows_per_block, "x")
+    check_finite(x, "x", action="refusing to quantize NaN/Inf")
+    xf = x.to(torch.float32)
+    s_g = nvfp4_global_scale(_tensor_amax(x, amax))
+    blocks = xf.reshape(*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK, NVFP4_BLOCK)
+    block_amax = _tile_max(blocks.abs().amax(-1), rows_per_block)
+    block_scale = _block_scale(block_amax, s_g)
+    d = _divisor(block_scale, s_g).unsqueeze(-1)
+    y = blocks / torch.where(d == 0, torch.full_like(d, math.inf), d)
+    code = e2m1_codes_reference(y.abs()) | ((blocks < 0).to(torch.uint8) * _SIGN)
+    return NVFP4Tensor(pack_nibbles(code.reshape(x.shape)), block_scale, s_g)
+
+
+def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
+    """The fast path: per band of rows, in-place passes over one cache-sized fp32 copy."""
+    _check_args(x, rows_per_block, name)
+    k = x.shape[-1]
+    s_g = nvfp4_global_scale(_tensor_amax(x, amax))
+    rows = math.prod(x.shape[:-1])
+    x2 = x.reshape(rows, k)
+    if fake:
+        out = torch.empty(rows, k, dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(rows, k // NVFP4_BLOCK, dtype=torch.float8_e4m3fn, device=x.device)
+    finite = torch.ones((), dtype=torch.bool, device=x.device)
+    tile = rows_per_block
+    n = x.shape[-2] if tile > 1 else rows  # a 16x16 tile never straddles two matrices
+    for r0, r1 in (
+        []
+        if x.numel() == 0
+        else [(m0 + b0, m0 + b1) for m0 in range(0, rows, n) for b0, b1 in row_bands(n, k, tile)]
+    ):
+        xf = x2[r0:r1].to(torch.float32, copy=True).add_(0.0)  # -0.0 -> +0.0 (sign = x < 0)
+        a = xf.abs().view(r1 - r0, k // NVFP4_BLOCK, NVFP4_BLOCK)
+        block_amax = torch.maximum(a[..., :8], a[..., 8:]).amax(-1)
+        finite &= torch.isfinite(block_amax).all()
+        block_scale = _block_scale(_tile_max(block_amax, tile), s_g)
+        d = _divisor(block_scale, s_g)
+        a.div_(torch.where(d == 0, torch.full_like(d, math.inf), d).unsqueeze(-1))
+        code = e2m1_round_(a.view(r1 - r0, k))
+        scales[r0:r1] = block_scale
+        if fake:
+            v = e2m1_code_magnitudes(code).view(r1 - r0, k // NVFP4_BLOCK, NVFP4_BLOCK)
+            out[r0:r1] = torch.copysign(v.mul_(d.unsqueeze(-1)).view(r1 - r0, k), xf)
+        else:
+            out[r0:r1] = pack_signed_codes(code, xf)
+    if not bool(finite):
+        check_finite(x, name, action="refusing to quantize NaN/Inf")
+    lead = x.shape[:-1]
+    return out.view(*lead, out.shape[-1]), scales.view(*lead, k // NVFP4_BLOCK), s_g
+
+
+def quantize_nvfp4(
+    x: torch.Tensor,
+    amax: float | torch.Tensor | None = None,
+    *,
+    rows_per_block: int = 1,
+    name: str = "x",
+) -> NVFP4Tensor:
+    """NVFP4 quantization of ``x [..., K]`` (ModelOpt export rule, module doc).
+
+    Args:
+        x: fp32, bf16, fp16 or fp64 (computed in fp32), ``K % 16 == 0``.
+        amax: the tensor amax behind the global scale: None = ``max |x|`` (a weight);
+            a calibrated static value for activations (vLLM's ``input_scale * 2688``).
+            Values above it saturate (block scale 448, codes ±6).
+        rows_per_block: 1 (1x16 blocks) or 16 (TE's 16x16 weight tiles, module doc).
+        name: tensor name used in error messages.
+
+    Returns:
+        :class:`NVFP4Tensor` (``data`` uint8 ``[..., K/2]``, ``block_scale`` float8_e4m3fn
+        ``[..., K/16]``, ``global_scale`` fp32 0-dim). Empty ``x`` gives empty ``data``
+        and ``block_scale`` of those shapes (``global_scale`` 1 unless ``amax`` is given).
+
+    Raises:
+        ValueError: ``K % 16 != 0`` (naming ``name`` and 16), a non-floating ``x``,
+            non-finite values (count and first index), an ``amax`` that is not one
+            finite value >= 0, or a bad ``rows_per_block``.
+    """
+    with torch.no_grad():
+        data, block_scale, s_g = _quantize_bands(x, amax, rows_per_block, name, fake=False)
+    return NVFP4Tensor(data, block_scale, s_g)
+
+
+def fake_quantize_nvfp4(
+    x: torch.Tensor,
+    amax: float | torch.Tensor | None = None,
+    *,
+    rows_per_block: int = 1,
+    name: str = "x",
+) -> torch.Tensor:
+    """``dequantize_nvfp4(quantize_nvfp4(x, amax))`` without packing: fp32, bit-equal (tested)."""
+    with torch.no_grad():
+        out, _, _ = _quantize_bands(x, amax, rows_per_block, name, fake=True)
+    return out
+
+
+def dequantize_nvfp4(q: NVFP4Tensor, *, name: str = "q") -> torch.Tensor:
+    """``x_hat = E2M1(code) * (fp32(block_scale) * global_scale)`` per block: fp32 ``[..., K]``.
+
+    Raises:
+        ValueError: ``data`` not uint8, ``block_scale`` not float8_e4m3fn of shape
+            ``[..., K/16]``, or ``global_scale`` not a finite fp32 scalar.
+    """
+    data, block_scale, s_g = q.data, q.block_scale, q.global_scale
+    k = 2 * data.shape[-1] if data.dim() else 0
+    expected = (*data.shape[:-1], k // NVFP4_BLOCK)
+    if (
+        data.dtype != torch.uint8
+        or data.dim() < 1
+        or block_scale.dtype != torch.float8_e4m3fn
+        or tuple(block_scale.shape) != expected
+        or k % NVFP4_BLOCK
+    ):
+        raise ValueError(
+            f"{name}: got data {list(data.shape)} {data.dtype}, block_scale "
+            f"{list(block_scale.shape)} {block_scale.dtype}; expected data uint8 [..., K/2] "
+            f"with K % 16 == 0 and block_scale torch.float8_e4m3fn {list(expected)}"
+        )
+    if s_g.numel() != 1 or s_g.dtype != torch.float32 or not math.isfinite(float(s_g)):
+        raise ValueError(
+            f"{name}: got global_scale {list(s_g.shape)} {s_g.dtype} = {s_g.flatten()[:1]}, "
+            "expected a finite fp32 scalar"
+        )
+    with torch.no_grad():
+        values = e2m1_values(unpack_nibbles(data))
+        blocks = values.view(*data.shape[:-1], k // NVFP4_BLOCK, NVFP4_BLOCK)
+        d = _divisor(block_scale, s_g.reshape(()))
+        return (blocks * d.unsqueeze(-1)).view(*data.shape[:-1], k)
