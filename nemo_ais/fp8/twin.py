@@ -15,7 +15,7 @@
 
 The twin stands in for vLLM with ``precision: fp8`` (and optionally
 ``kv_cache_dtype: fp8``) on one CPU machine, so the rollout-training mismatch that AIS
-corrects is real and measurable without a GPU. What it simulates (``docs/fp8.md``):
+corrects is real and measurable without a GPU. What it simulates (``docs/low_precision.md``):
 
 1. Build: a deep copy of the trainer's model. Every ``nn.Linear`` inside a decoder
    layer (q/k/v/o_proj, gate/up/down_proj, per-expert linears) becomes a W8A8
@@ -33,7 +33,7 @@ corrects is real and measurable without a GPU. What it simulates (``docs/fp8.md`
    does: K (after RoPE) and V are fake-quantized to E4M3 with that per-tensor scale
    when they are written to the cache, so attention reads the FP8 values, in prefill
    and in decode. Queries and the attention math stay in the compute dtype.
-4. Generation (:func:`generate`): a sampling loop with HF's KV cache; the reported
+4. Generation (:func:`~nemo_ais.fp8.generation.generate`): a sampling loop with HF's KV cache; the reported
    log-prob of a sampled token is ``log softmax(logits / temperature)`` of the
    UNFILTERED tempered distribution (``logprobs_mode="unfiltered"``): top-k/top-p
    change what is sampled, not the reported log-prob (why: :func:`generate`).
@@ -46,10 +46,9 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -58,6 +57,16 @@ from transformers import DynamicCache
 
 from nemo_ais.config import require_config
 from nemo_ais.fp8.fp8_linear import Fp8Experts, Fp8Linear
+from nemo_ais.fp8.generation import (
+    GenerationOutput,
+    LogprobsMode,
+    MismatchStats,
+    check_prompt,
+    generate,
+    logprob_mismatch,
+    positions,
+    score_responses,
+)
 from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
 from nemo_ais.fp8.quant import E4M3_MAX, Family, check_finite
 
@@ -74,8 +83,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LogprobsMode = Literal["unfiltered", "processed"]
-
 FP8_DTYPE = torch.float8_e4m3fn
 _COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 # A decoder layer's index in a HF module name: "model.layers.3.self_attn.q_proj".
@@ -89,7 +96,7 @@ _ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate"})
 
 
 class Fp8RolloutConfig(BaseModel):
-    """How the twin simulates vLLM's FP8 rollout (``docs/fp8.md``)."""
+    """How the twin simulates vLLM's FP8 rollout (``docs/low_precision.md``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -103,7 +110,7 @@ class Fp8RolloutConfig(BaseModel):
         128, gt=0, description="Per-token activation group size along the hidden dim."
     )
     weight_family: Family = Field(
-        "a", description="Weight quant formula family (docs/fp8.md); 'a' = vLLM/DeepGEMM."
+        "a", description="Weight quant formula family (docs/low_precision.md); 'a' = vLLM/DeepGEMM."
     )
     activation_family: Family = Field(
         "b", description="Activation quant formula family; 'b' = vLLM per-token-group quant."
@@ -144,327 +151,6 @@ class Fp8RolloutConfig(BaseModel):
     def torch_compute_dtype(self) -> torch.dtype | None:
         """``compute_dtype`` as a ``torch.dtype`` (None = keep the model's dtype)."""
         return None if self.compute_dtype is None else _COMPUTE_DTYPES[self.compute_dtype]
-
-
-class GenerationOutput(NamedTuple):
-    """Result of :func:`generate`; ``T = max_new_tokens``.
-
-    Attributes:
-        sequences: ``[B, P + T]`` int64, the (left-padded) prompt then the response.
-        response_ids: ``[B, T]`` int64; positions after EOS hold ``pad_token_id``.
-        response_mask: ``[B, T]`` int64 in {0, 1}: 1 up to and including the first EOS.
-        logprobs: ``[B, T]`` float32 log-prob of each sampled token under the engine
-            (the ``generation_logprobs``); 0 where ``response_mask`` is 0.
-    """
-
-    sequences: torch.Tensor
-    response_ids: torch.Tensor
-    response_mask: torch.Tensor
-    logprobs: torch.Tensor
-
-
-class MismatchStats(NamedTuple):
-    """Token-level mismatch between two log-prob tensors (python floats).
-
-    Attributes:
-        mean_abs_delta: masked mean of ``|logp_a - logp_b|``.
-        token_mult_prob_error: masked mean of ``exp(|logp_a - logp_b|)`` (NeMo-RL's metric).
-        exp_mean_abs_delta: ``exp(mean_abs_delta)`` (a lower bound of the above, Jensen).
-        max_abs_delta: masked max of ``|logp_a - logp_b|``.
-        n_tok: number of valid tokens.
-    """
-
-    mean_abs_delta: float
-    token_mult_prob_error: float
-    exp_mean_abs_delta: float
-    max_abs_delta: float
-    n_tok: int
-
-
-# --------------------------------------------------------------------------------------
-# Log-probs and sampling
-# --------------------------------------------------------------------------------------
-
-
-def _check_sampling(temperature: float, top_k: int, top_p: float, mode: str) -> None:
-    """Validate the sampling arguments shared by :func:`generate` and :func:`score_responses`."""
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(
-            f"temperature={temperature!r} is invalid: expected a finite float > 0 "
-            "(use top_k=1 for greedy decoding)"
-        )
-    if not (isinstance(top_k, int) and top_k >= 0):
-        raise ValueError(f"top_k={top_k!r} is invalid: expected an int >= 0 (0 = off)")
-    if not (0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p={top_p!r} is invalid: expected 0 < top_p <= 1 (1 = off)")
-    if mode not in ("unfiltered", "processed"):
-        raise ValueError(f"logprobs_mode={mode!r} is invalid: expected 'unfiltered' or 'processed'")
-
-
-def _filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k set and outside the top-p nucleus to ``-inf``.
-
-    Top-k keeps every logit >= the k-th largest. Top-p keeps, in descending order, the
-    tokens whose preceding cumulative probability is < ``top_p`` (so always the top one).
-    """
-    if 0 < top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, -math.inf)
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs
-        drop_sorted = before >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, -math.inf)
-    return scaled
-
-
-def _token_logprobs(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    mode: LogprobsMode,
-) -> torch.Tensor:
-    """``log softmax(logits / temperature)[tokens]`` in fp32 (filtered first if "processed")."""
-    scaled = logits.float() / temperature
-    if mode == "processed":
-        scaled = _filter_top_k_top_p(scaled, top_k, top_p)
-    logp = torch.log_softmax(scaled, dim=-1)
-    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-def _sample(
-    logits: torch.Tensor,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    generator: torch.Generator | None,
-) -> torch.Tensor:
-    """Sample one token per row: ``argmax(p / E)``, ``E ~ Exp(1)`` (exact categorical draw).
-
-    ``p`` is the tempered, top-k/top-p filtered distribution; with ``top_k=1`` only the
-    argmax has mass, so the draw is greedy.
-    """
-    scaled = _filter_top_k_top_p(logits.float() / temperature, top_k, top_p)
-    probs = torch.softmax(scaled, dim=-1)
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / race).argmax(dim=-1)
-
-
-# --------------------------------------------------------------------------------------
-# Generation and scoring with any HF causal LM
-# --------------------------------------------------------------------------------------
-
-
-def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-    """Prompts must be ``[B, P]`` int with a LEFT-padded {0, 1} mask of the same shape."""
-    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(
-            f"input_ids: got {list(input_ids.shape)} {input_ids.dtype}, expected [B, P] int64"
-        )
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask: got {list(attention_mask.shape)}, expected "
-            f"{list(input_ids.shape)} like input_ids"
-        )
-    mask = attention_mask.to(torch.int64)
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError("attention_mask: expected values in {0, 1}")
-    if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask.sum(-1) == 0).any()):
-        row = int(((mask[:, 1:] < mask[:, :-1]).any(-1) | (mask.sum(-1) == 0)).nonzero()[0])
-        raise ValueError(
-            f"attention_mask: row {row} is not a non-empty LEFT-padded prompt "
-            "(expected zeros, then at least one 1, then ones only)"
-        )
-
-
-def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids for a left-padded mask: 0 at the first real token (pads get 0)."""
-    return (attention_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)
-
-
-def _eos_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
-    if eos_token_id is None:
-        return []
-    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
-
-
-@torch.no_grad()
-def generate(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    *,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    pad_token_id: int | None = None,
-    logprobs_mode: LogprobsMode = "unfiltered",
-    past_key_values: DynamicCache | None = None,
-) -> GenerationOutput:
-    """Sample ``max_new_tokens`` per prompt from a HF causal LM, with log-probs.
-
-    One prefill forward, then one single-token forward per step through HF's KV cache.
-    At step t: ``z = logits / temperature`` (fp32); the token is drawn from ``z``
-    filtered by top-k/top-p (exponential race, :func:`_sample`) with ``generator``;
-    the reported log-prob is ``log_softmax(z)[token]``, the UNFILTERED tempered
-    distribution (``logprobs_mode="unfiltered"``, the architecture contract): it is what
-    a trainer that only divides its logits by the temperature computes as
-    ``prev_logprobs``, so ``prev - generation`` measures engine mismatch alone. Filtering
-    would add ``-log(kept mass)`` to every token, a bias the trainer does not see.
-    ``logprobs_mode="processed"`` reports ``log_softmax(filter(z))[token]`` instead, as
-    vLLM's ``processed_logprobs`` (NeMo-RL v0.7.0 then filters its trainer logits too).
-
-    After a row's first EOS, its tokens are ``pad_token_id``, its mask 0 and its
-    log-probs 0; the loop stops once every row is done (the rest is padding).
-
-    Args:
-        model: a HF causal LM (e.g. ``Qwen2ForCausalLM``); run as is (call ``eval()``).
-        input_ids: ``[B, P]`` int64 prompts, LEFT-padded.
-        attention_mask: ``[B, P]`` {0, 1}, zeros (padding) then ones.
-        max_new_tokens: T >= 1.
-        temperature: > 0. top_k: 0 = off. top_p: 1 = off.
-        generator: ``torch.Generator`` on the model's device; same state -> same tokens.
-        eos_token_id: an id or ids that end a response (None = never).
-        pad_token_id: fills positions after EOS (default: the first EOS id, else 0).
-        logprobs_mode: "unfiltered" (default) or "processed" (see above).
-        past_key_values: an empty cache to use (the twin passes its FP8 KV cache).
-
-    Returns:
-        :class:`GenerationOutput` (``sequences`` [B, P+T], ``response_ids``,
-        ``response_mask``, ``logprobs`` [B, T] float32). Nothing requires grad.
-
-    Raises:
-        ValueError: bad shapes, a mask that is not left-padded, bad sampling arguments.
-    """
-    _check_prompt(input_ids, attention_mask)
-    _check_sampling(temperature, top_k, top_p, logprobs_mode)
-    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: expected an int >= 1")
-    eos = _eos_ids(eos_token_id)
-    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
-    batch, device = input_ids.shape[0], input_ids.device
-    cache = past_key_values if past_key_values is not None else DynamicCache()
-    eos_t = torch.tensor(eos, dtype=torch.int64, device=device)
-
-    tokens = torch.full((batch, max_new_tokens), pad, dtype=torch.int64, device=device)
-    mask = torch.zeros((batch, max_new_tokens), dtype=torch.int64, device=device)
-    logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-
-    attn = attention_mask.to(torch.int64)
-    position = _positions(attn)
-    step_ids, step_pos = input_ids.to(torch.int64), position
-    for t in range(max_new_tokens):
-        out = model(
-            input_ids=step_ids,
-            attention_mask=attn,
-            position_ids=step_pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = out.logits[:, -1]
-        token = _sample(logits, temperature, top_k, top_p, generator)
-        logp = _token_logprobs(logits, token, temperature, top_k, top_p, logprobs_mode)
-        live = ~done
-        tokens[:, t] = torch.where(live, token, pad)
-        mask[:, t] = live.to(torch.int64)
-        logprobs[:, t] = torch.where(live, logp, torch.zeros_like(logp))
-        done = done | (live & torch.isin(token, eos_t))
-        if bool(done.all()):
-            break
-        step_ids = tokens[:, t : t + 1]
-        step_pos = step_pos[:, -1:] + 1
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
-
-    sequences = torch.cat([input_ids.to(torch.int64), tokens], dim=-1)
-    return GenerationOutput(sequences, tokens, mask, logprobs)
-
-
-@torch.no_grad()
-def score_responses(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    response_ids: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    logprobs_mode: LogprobsMode = "unfiltered",
-    past_key_values: DynamicCache | None = None,
-) -> torch.Tensor:
-    """Teacher-forced log-probs of ``response_ids`` after the prompts, in one forward.
-
-    ``logp[b, t] = log_softmax(logits[b, P - 1 + t] / temperature)[response_ids[b, t]]``
-    over ``[prompt, response]`` (prompt left-padded; response positions all attended,
-    which cannot change a valid token's log-prob: causal attention never looks ahead).
-
-    Args:
-        model: a HF causal LM.
-        input_ids, attention_mask: ``[B, P]`` left-padded prompts, as for :func:`generate`.
-        response_ids: ``[B, T]`` int64 response tokens (positions past EOS are scored too;
-            multiply by ``response_mask``).
-        temperature, top_k, top_p, logprobs_mode: as for :func:`generate`.
-        past_key_values: an empty cache routed through the forward (the twin's FP8 KV
-            cache); None runs without a cache.
-
-    Returns:
-        ``[B, T]`` float32 log-probs, not requiring grad.
-    """
-    _check_prompt(input_ids, attention_mask)
-    _check_sampling(temperature, top_k, top_p, logprobs_mode)
-    if response_ids.dim() != 2 or response_ids.shape[0] != input_ids.shape[0]:
-        raise ValueError(
-            f"response_ids: got {list(response_ids.shape)}, expected [{input_ids.shape[0]}, T]"
-        )
-    prompt_len, resp_len = input_ids.shape[1], response_ids.shape[1]
-    ids = torch.cat([input_ids, response_ids], dim=-1).to(torch.int64)
-    attn = torch.cat([attention_mask, torch.ones_like(response_ids)], dim=-1).to(torch.int64)
-    out = model(
-        input_ids=ids,
-        attention_mask=attn,
-        position_ids=_positions(attn),
-        past_key_values=past_key_values,
-        use_cache=past_key_values is not None,
-        logits_to_keep=resp_len + 1,
-    )
-    logits = out.logits[:, :resp_len]
-    assert logits.shape[1] == resp_len and prompt_len >= 1
-    return _token_logprobs(
-        logits, response_ids.to(torch.int64), temperature, top_k, top_p, logprobs_mode
-    )
-
-
-def logprob_mismatch(
-    logp_a: torch.Tensor, logp_b: torch.Tensor, mask: torch.Tensor
-) -> MismatchStats:
-    """Mismatch of two ``[B, T]`` log-prob tensors over the valid tokens of ``mask``.
-
-    ``delta = |logp_a - logp_b|``; mean, NeMo-RL's ``token_mult_prob_error`` (masked mean
-    of ``exp(delta)``), ``exp(mean delta)`` and max, in float64. An empty mask gives
-    zeros and ``token_mult_prob_error = 1`` (no mismatch), ``n_tok = 0``.
-    """
-    if logp_a.shape != logp_b.shape or mask.shape != logp_a.shape:
-        raise ValueError(
-            f"logprob_mismatch: got logp_a {list(logp_a.shape)}, logp_b "
-            f"{list(logp_b.shape)}, mask {list(mask.shape)}, expected one [B, T] shape"
-        )
-    m = mask.to(torch.float64)
-    delta = (logp_a.double() - logp_b.double()).abs() * m
-    n_tok = int(m.sum())
-    if n_tok == 0:
-        return MismatchStats(0.0, 1.0, 1.0, 0.0, 0)
-    mean = float(delta.sum()) / n_tok
-    mult = float((torch.exp(delta) * m).sum()) / n_tok
-    return MismatchStats(mean, mult, math.exp(mean), float(delta.max()), n_tok)
 
 
 # --------------------------------------------------------------------------------------
@@ -750,7 +436,7 @@ class Fp8Twin:
         Returns:
             :class:`~nemo_ais.fp8.kv_scales.KVScales`; K and V scales finite and > 0.
         """
-        _check_prompt(input_ids, attention_mask)
+        check_prompt(input_ids, attention_mask)
         cfg = self.config
         observed = self.model if model is None else model
         calibrator = KVScaleCalibrator(
@@ -767,7 +453,7 @@ class Fp8Twin:
             observed(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
-                position_ids=_positions(attention_mask),
+                position_ids=positions(attention_mask),
                 logits_to_keep=1,
             )
         self.kv_scales = calibrator.compute_scales()
