@@ -31,6 +31,8 @@ real FP8 GEMM is the summation order of the fp32 accumulation.
 :class:`Fp8Experts` applies the same to the fused MoE experts of transformers 5
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``, as vLLM's ``w13`` / ``w2``): one
 :class:`Fp8Linear` per expert and projection, both expert GEMMs W8A8.
+:func:`fake_quant_fp8_weight` and :func:`fake_quant_fp8_activation` are the two fake
+quantizations as functions (the ``fp8`` entry of :data:`nemo_ais.fp8.formats.LINEAR_FAKE_QUANT`).
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ from nemo_ais.fp8.quant import (
     quantize_activations,
     quantize_blockwise,
 )
+from nemo_ais.fp8.quant_linear import QuantExperts
 
-__all__ = ["Fp8Experts", "Fp8Linear"]
+__all__ = ["Fp8Experts", "Fp8Linear", "fake_quant_fp8_activation", "fake_quant_fp8_weight"]
 
 
 def _fake_quant_groups_b(x: torch.Tensor, group: int, eps: float, name: str) -> torch.Tensor:
@@ -70,6 +73,41 @@ def _fake_quant_groups_b(x: torch.Tensor, group: int, eps: float, name: str) -> 
     s = s / torch.full_like(s, E4M3_MAX)  # tensor / tensor: one rounding on CUDA too (quant.py)
     q = (xg / s).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return (q.to(torch.float32) * s).reshape(x.shape)
+
+
+def fake_quant_fp8_weight(
+    weight: torch.Tensor,
+    block: tuple[int, int] = (128, 128),
+    family: Family = "a",
+    eps: float = 1e-4,
+    ue8m0: bool = False,
+    *,
+    name: str = "weight",
+) -> torch.Tensor:
+    """``dequantize_blockwise(*quantize_blockwise(W))`` in fp32: what :class:`Fp8Linear` multiplies by."""
+    w_q, s_w = quantize_blockwise(weight.detach(), block, family, eps, ue8m0, name=name)
+    return dequantize_blockwise(w_q, s_w, block, torch.float32)
+
+
+def fake_quant_fp8_activation(
+    x: torch.Tensor,
+    group: int = 128,
+    family: Family = "b",
+    eps: float = 1e-10,
+    ue8m0: bool = False,
+    *,
+    name: str = "input",
+) -> torch.Tensor:
+    """Per-token 1x``group`` FP8 fake-quant of an activation: ``dequant(quant(x))`` in fp32.
+
+    The default setting (family "b", eps > 0, no UE8M0, K a multiple of the group) takes
+    :func:`_fake_quant_groups_b`, a fused equivalent of the reference pair (bit-identical,
+    tested); every other setting calls the reference quantizer.
+    """
+    if family == "b" and not ue8m0 and eps > 0 and x.shape[-1] % group == 0:
+        return _fake_quant_groups_b(x, group, eps, name)
+    x_q, s_x = quantize_activations(x, group, family, eps, ue8m0, name=name)
+    return dequantize_activations(x_q, s_x, group, torch.float32)
 
 
 class Fp8Linear(nn.Module):
@@ -181,23 +219,8 @@ class Fp8Linear(nn.Module):
         self.bias.copy_(bias)
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-token 1x``group`` FP8 fake-quant of the input: ``dequant(quant(x))`` in fp32.
-
-        The default setting (family "b", eps > 0, no UE8M0, K a multiple of the group)
-        takes :func:`_fake_quant_groups_b`, a fused equivalent of the reference pair
-        (bit-identical, tested); every other setting calls the reference quantizer.
-        """
-        fast = (
-            self.activation_family == "b"
-            and not self.ue8m0
-            and self.activation_eps > 0
-            and x.shape[-1] % self.activation_group == 0
-        )
-        if fast:
-            return _fake_quant_groups_b(
-                x, self.activation_group, self.activation_eps, f"{self.name} input"
-            )
-        x_q, s_x = quantize_activations(
+        """Per-token 1x``group`` FP8 fake-quant of the input (:func:`fake_quant_fp8_activation`)."""
+        return fake_quant_fp8_activation(
             x,
             self.activation_group,
             self.activation_family,
@@ -205,7 +228,6 @@ class Fp8Linear(nn.Module):
             self.ue8m0,
             name=f"{self.name} input",
         )
-        return dequantize_activations(x_q, s_x, self.activation_group, torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``y = dq(q(x)) @ dq(q(W))^T (+ bias)`` in fp32, returned in ``x.dtype``."""
@@ -225,88 +247,13 @@ class Fp8Linear(nn.Module):
         )
 
 
-class Fp8Experts(nn.Module):
+class Fp8Experts(QuantExperts):
     """W8A8 replacement of a transformers-5 fused MoE experts module (module doc).
 
-    Supports the standard layout (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3 experts):
-    ``gate_up_proj [E, 2I, H]`` concatenated ``[gate; up]``, ``down_proj [E, H, I]``,
-    no bias, ``act_fn``, and ``forward(hidden_states [T, H], top_k_index [T, k],
-    top_k_weights [T, k])``. Per expert ``e`` and routed token ``t``:
-    ``y_t += w_tk * down_e(act(gate_e(x_t)) * up_e(x_t))`` with every projection an
-    :class:`Fp8Linear` (so the down input is re-quantized per token, as in vLLM's FP8
-    fused MoE). The router is not part of this module and stays unquantized.
-
-    Raises:
-        NotImplementedError: another layout (transposed, biased, interleaved, ...).
+    :class:`~nemo_ais.fp8.quant_linear.QuantExperts` with one :class:`Fp8Linear` per
+    expert and projection (so the down input is re-quantized per token, as in vLLM's FP8
+    fused MoE); ``quant_kwargs`` are :class:`Fp8Linear`'s.
     """
 
     def __init__(self, experts: nn.Module, *, name: str = "experts", **quant_kwargs) -> None:
-        super().__init__()
-        layout = {
-            "has_gate": True,
-            "has_bias": False,
-            "is_transposed": False,
-            "is_concatenated": True,
-            "has_post_expert_norm": False,
-        }
-        odd = {k: getattr(experts, k) for k, v in layout.items() if getattr(experts, k, v) != v}
-        gate_up = getattr(experts, "gate_up_proj", None)
-        down = getattr(experts, "down_proj", None)
-        if (
-            odd
-            or not isinstance(gate_up, torch.Tensor)
-            or not isinstance(down, torch.Tensor)
-            or gate_up.dim() != 3
-            or down.shape != (gate_up.shape[0], gate_up.shape[2], gate_up.shape[1] // 2)
-        ):
-            raise NotImplementedError(
-                f"{name}: unsupported MoE experts layout ({type(experts).__name__}, {odd or ''}"
-                f"gate_up_proj {getattr(gate_up, 'shape', None)}, down_proj "
-                f"{getattr(down, 'shape', None)}); expected gate_up_proj [E, 2I, H] and "
-                "down_proj [E, H, I], concatenated, not transposed, no bias"
-            )
-        self.name = name
-        self.num_experts = gate_up.shape[0]
-        self.act_fn = experts.act_fn
-        self.gate_up_proj = nn.ModuleList(
-            Fp8Linear(w, name=f"{name}.gate_up_proj[{e}]", **quant_kwargs)
-            for e, w in enumerate(gate_up.detach())
-        )
-        self.down_proj = nn.ModuleList(
-            Fp8Linear(w, name=f"{name}.down_proj[{e}]", **quant_kwargs)
-            for e, w in enumerate(down.detach())
-        )
-
-    def _loader(self, linears: nn.ModuleList, param: str):
-        def load(weight: torch.Tensor) -> None:
-            if weight.dim() != 3 or weight.shape[0] != self.num_experts:
-                raise ValueError(
-                    f"{self.name}.{param}: got {list(weight.shape)}, expected "
-                    f"[{self.num_experts}, N, K]"
-                )
-            for linear, w in zip(linears, weight, strict=True):
-                linear.load_weight(w)
-
-        return load
-
-    def loaders(self) -> dict[str, object]:
-        """``{relative parameter name: load function}`` for the refit (fused 3-D tensors)."""
-        return {
-            "gate_up_proj": self._loader(self.gate_up_proj, "gate_up_proj"),
-            "down_proj": self._loader(self.down_proj, "down_proj"),
-        }
-
-    def forward(
-        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
-    ) -> torch.Tensor:
-        """Routed W8A8 experts: ``[T, H]`` -> ``[T, H]`` in ``hidden_states.dtype``."""
-        out = torch.zeros_like(hidden_states)
-        for e in torch.unique(top_k_index).tolist():
-            if not 0 <= e < self.num_experts:
-                continue  # HF marks dropped (capacity / EP) routes with an out-of-range id
-            token_idx, k_pos = torch.where(top_k_index == e)
-            gate, up = self.gate_up_proj[e](hidden_states[token_idx]).chunk(2, dim=-1)
-            y = self.down_proj[e](self.act_fn(gate) * up)
-            y = y * top_k_weights[token_idx, k_pos, None]
-            out.index_add_(0, token_idx, y.to(out.dtype))
-        return out
+        super().__init__(experts, lambda w, n: Fp8Linear(w, name=n, **quant_kwargs), name=name)

@@ -2,7 +2,7 @@
 """A dict where a config object is expected: a TypeError naming the parameter and the fix.
 
 Every public function or class of the package that takes a config model (grep: parameters
-typed ``CorrectionConfig``, ``Fp8SyncConfig``, ``Fp8RolloutConfig``, ``KVScaleConfig``,
+typed ``CorrectionConfig``, ``Fp8SyncConfig``, ``RolloutPrecisionConfig``, ``KVScaleConfig``,
 ``AlarmConfig``) is called with the section as a plain dict, as it appears in a YAML file.
 The error must name ``<function>: <parameter>``, say it got a dict, name the expected class
 and how to build it; following that hint must then work. ``AISClippedPGLossFn`` takes a
@@ -27,7 +27,7 @@ from nemo_ais.core import (
 )
 from nemo_ais.fp8 import Fp8SyncConfig, KVScaleCalibrator, KVScaleConfig, fp8_weight_stream
 from nemo_ais.fp8.stream import plan_fp8_sync, plan_tensor
-from nemo_ais.fp8.twin import Fp8RolloutConfig, Fp8Twin
+from nemo_ais.fp8.twin import Fp8RolloutConfig, Fp8Twin, RolloutPrecisionConfig
 from nemo_ais.nemo_rl import refit
 from nemo_ais.nemo_rl.seam import (
     global_batch_diagnostics,
@@ -141,11 +141,11 @@ CASES = {
         Fp8SyncConfig,
         "nemo_ais.fp8.stream",
     ),
-    "Fp8Twin": (
+    "Fp8Twin": (  # the earlier name of RolloutTwin; Fp8RolloutConfig subclasses the config
         lambda: Fp8Twin(torch.nn.Linear(2, 2), ROLLOUT),
-        "Fp8Twin(config)",
-        Fp8RolloutConfig,
-        "nemo_ais.fp8.twin",
+        "RolloutTwin(config)",
+        RolloutPrecisionConfig,
+        "nemo_ais.fp8.rollout_config",
     ),
     "KVScaleCalibrator": (
         lambda: KVScaleCalibrator(2, KV),
@@ -256,7 +256,8 @@ def test_the_wrong_section_and_a_non_mapping_are_named_too():
         correction_weights(LOGP, ROLLOUT_LOGP, MASK, PGLossConfig())
     with pytest.raises(
         TypeError,
-        match=r"^Fp8Twin\(config\): got str, expected nemo_ais\.fp8\.twin\.Fp8RolloutConfig or None$",
+        match=r"^RolloutTwin\(config\): got str, expected "
+        r"nemo_ais\.fp8\.rollout_config\.RolloutPrecisionConfig or None$",
     ):
         Fp8Twin(torch.nn.Linear(2, 2), "fp8")
 

@@ -1,0 +1,198 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-format fake quantization of a linear layer: the registry the twin and a trainer share.
+
+``LINEAR_FAKE_QUANT[format]`` (default knobs) or :func:`linear_fake_quant` (a config's
+knobs) gives a :class:`LinearFakeQuant`: the two functions the twin's linear layers apply
+(:class:`~nemo_ais.fp8.quant_linear.QuantLinear`, and for ``fp8`` the identical
+:class:`~nemo_ais.fp8.fp8_linear.Fp8Linear`):
+
+=================  ===============================================  ================================
+format             ``weight(w, amax=None)``                         ``activation(x, amax=None)``
+=================  ===============================================  ================================
+``bf16``           ``w`` unchanged                                  ``x`` unchanged
+``fp8``            128x128 blockwise E4M3 round trip (fp32)         1x128 per-token E4M3 round trip
+``mxfp8``          MXFP8 round trip along ``in``                    MXFP8 round trip along hidden
+``nvfp4_w4a16``    NVFP4 round trip, global amax ``amax``           ``x`` unchanged
+``nvfp4_w4a4``     NVFP4 round trip, global amax ``amax``           NVFP4 round trip with the static
+                                                                    calibrated input ``amax``
+=================  ===============================================  ================================
+
+A trainer that trains against the rollout format (QARL's "rollout-aligned" forward)
+computes ``F.linear(activation(x, amax=input_amax), weight(W, amax=weight_amax))`` with
+:func:`straight_through` around each call (forward exactly the fake quantization,
+backward the identity), and gets the twin's numbers bit for bit when it also forms the
+product in fp32 (tested). For NVFP4, ``weight_amax`` is the max over the fused shards
+vLLM loads as one layer (q/k/v_proj, gate/up_proj: :func:`shared_weight_amax`), and
+``input_amax`` the twin's calibrated value (:attr:`RolloutTwin.input_amax`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from nemo_ais.fp8.fp8_linear import fake_quant_fp8_activation, fake_quant_fp8_weight
+from nemo_ais.fp8.mxfp8 import MX_BLOCK, fake_quantize_mxfp8
+from nemo_ais.fp8.nvfp4 import NVFP4_BLOCK, fake_quantize_nvfp4
+from nemo_ais.fp8.rollout_config import ROLLOUT_FORMATS, RolloutPrecisionConfig
+
+__all__ = [
+    "LINEAR_FAKE_QUANT",
+    "LinearFakeQuant",
+    "fused_shard_group",
+    "linear_fake_quant",
+    "shared_weight_amax",
+    "straight_through",
+]
+
+# q/k/v_proj and gate/up_proj of one layer are one fused linear in vLLM (qkv_proj, gate_up_proj)
+_FUSED_SHARDS = re.compile(r"^(.*\.)(?:(q|k|v)_proj|(gate|up)_proj)(?:\.weight)?$")
+
+
+class LinearFakeQuant(NamedTuple):
+    """One rollout format's fake quantization of a linear layer (module doc).
+
+    Attributes:
+        format: the format's name (a key of :data:`LINEAR_FAKE_QUANT`).
+        weight: ``(w [N, K], *, amax=None, name=...) -> fp32 [N, K]``.
+        activation: ``(x [..., K], *, amax=None, name=...) -> [..., K]`` (fp32, or ``x``
+            itself where activations stay in high precision).
+        static_input_amax: the activation needs a calibrated ``amax`` (NVFP4 W4A4).
+        shared_weight_amax: fused shards share one weight amax (NVFP4's global scale).
+        k_multiple: the in-dim ``K`` must be a multiple of this (1: any, FP8 pads).
+    """
+
+    format: str
+    weight: Callable[..., torch.Tensor]
+    activation: Callable[..., torch.Tensor]
+    static_input_amax: bool = False
+    shared_weight_amax: bool = False
+    k_multiple: int = 1
+
+
+def _unchanged(t: torch.Tensor, *, amax: Any = None, name: str = "") -> torch.Tensor:
+    return t
+
+
+def _mxfp8(t: torch.Tensor, *, amax: Any = None, name: str = "x") -> torch.Tensor:
+    return fake_quantize_mxfp8(t, name=name)
+
+
+def _nvfp4_activation(t: torch.Tensor, *, amax: Any = None, name: str = "input") -> torch.Tensor:
+    if amax is None:
+        raise ValueError(f"{name}: NVFP4 W4A4 activations need the calibrated static input amax")
+    return fake_quantize_nvfp4(t, amax, name=name)
+
+
+def linear_fake_quant(config: RolloutPrecisionConfig) -> LinearFakeQuant:
+    """The :class:`LinearFakeQuant` of ``config.format`` with ``config``'s knobs."""
+    fmt = config.format
+    if fmt == "fp8":
+
+        def weight(w: torch.Tensor, *, amax: Any = None, name: str = "weight") -> torch.Tensor:
+            return fake_quant_fp8_weight(
+                w,
+                config.weight_block,
+                config.weight_family,
+                config.weight_eps,
+                config.ue8m0,
+                name=name,
+            )
+
+        def activation(x: torch.Tensor, *, amax: Any = None, name: str = "input") -> torch.Tensor:
+            return fake_quant_fp8_activation(
+                x,
+                config.activation_group,
+                config.activation_family,
+                config.activation_eps,
+                config.ue8m0,
+                name=name,
+            )
+
+        return LinearFakeQuant(fmt, weight, activation)
+    if fmt == "mxfp8":
+        return LinearFakeQuant(fmt, _mxfp8, _mxfp8, k_multiple=MX_BLOCK)
+    if fmt in ("nvfp4_w4a16", "nvfp4_w4a4"):
+        rows = config.nvfp4_weight_rows_per_block
+
+        def nvfp4_weight(
+            w: torch.Tensor, *, amax: Any = None, name: str = "weight"
+        ) -> torch.Tensor:
+            return fake_quantize_nvfp4(w, amax, rows_per_block=rows, name=name)
+
+        w4a4 = fmt == "nvfp4_w4a4"
+        activation = _nvfp4_activation if w4a4 else _unchanged
+        return LinearFakeQuant(fmt, nvfp4_weight, activation, w4a4, True, NVFP4_BLOCK)
+    assert fmt == "bf16", fmt
+    return LinearFakeQuant(fmt, _unchanged, _unchanged)
+
+
+LINEAR_FAKE_QUANT: Mapping[str, LinearFakeQuant] = {
+    fmt: linear_fake_quant(RolloutPrecisionConfig(format=fmt)) for fmt in ROLLOUT_FORMATS
+}
+
+
+def fused_shard_group(name: str) -> str:
+    """The fused vLLM layer a module or weight name belongs to (itself if none).
+
+    ``model.layers.3.self_attn.k_proj(.weight)`` -> ``model.layers.3.self_attn.qkv_proj``;
+    ``...mlp.up_proj`` -> ``...mlp.gate_up_proj``; anything else -> ``name`` (weight
+    suffix removed).
+    """
+    match = _FUSED_SHARDS.match(name)
+    if match is None:
+        return name.removesuffix(".weight")
+    return match.group(1) + ("qkv_proj" if match.group(2) else "gate_up_proj")
+
+
+def shared_weight_amax(named_weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{name: amax}``: per weight, the max of ``|W|`` over its fused group's members given.
+
+    NVFP4's global scale must be equal across the shards vLLM fuses (it takes the max of
+    ``weight_scale_2`` over them and does not rescale the block scales), so each shard is
+    quantized with the group's amax. 0-dim fp32 tensors.
+    """
+    own = {
+        name: (w.detach().abs().amax() if w.numel() else w.new_zeros(())).to(torch.float32)
+        for name, w in named_weights.items()
+    }
+    groups: dict[str, torch.Tensor] = {}
+    for name, amax in own.items():
+        key = fused_shard_group(name)
+        groups[key] = amax if key not in groups else torch.maximum(groups[key], amax)
+    return {name: groups[fused_shard_group(name)] for name in own}
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Forward ``fn(t)`` exactly; backward passes the gradient to ``t`` unchanged."""
+
+    @staticmethod
+    def forward(ctx, t, fn, kwargs):
+        ctx.dtype = t.dtype
+        return fn(t.detach(), **kwargs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype), None, None
+
+
+def straight_through(
+    fn: Callable[..., torch.Tensor], t: torch.Tensor, **kwargs: Any
+) -> torch.Tensor:
+    """``fn(t, **kwargs)`` in the forward (bit for bit), identity gradient (straight-through)."""
+    return _StraightThrough.apply(t, fn, kwargs)

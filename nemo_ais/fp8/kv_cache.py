@@ -1,0 +1,87 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The twin's quantized KV cache: K and V fake-quantized as vLLM writes them into its cache.
+
+``update`` of HF's ``DynamicCache`` receives K after RoPE and V, exactly what vLLM writes
+(``reshape_and_cache``); the returned (cached + new) states are the dequantized values,
+so the current step's attention reads them too, in prefill and in decode. Queries and
+the attention math stay in the compute dtype. Per layer ``l``:
+
+* ``fp8``: ``x_hat = e4m3(clamp(x / s_l, ±448)) * s_l`` with one calibrated scale
+  ``s_l = max(P_p(|x|), floor) * margin / 448`` for K and one for V
+  (:class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator`; vLLM's fp8 KV cache).
+* ``nvfp4``: ``x_hat = fake_quantize_nvfp4(x, amax_l)``: E2M1 in blocks of 16 along the
+  head dim, E4M3 block scales formed per token, and the global scale from a calibrated
+  static ``amax_l = s_l * 448`` (the same calibration; ModelOpt's ``kv_cache_nvfp4``
+  recipe calibrates it with ``max``: set ``kv_calibration_percentile=100`` and
+  ``kv_calibration_margin=1`` for that). [reconstruction] vLLM has no native NVFP4 KV
+  cache; NeMo-RL simulates one by ModelOpt fake quantization of K/V, which is this.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from transformers import DynamicCache
+
+from nemo_ais.fp8.grids import E4M3_MAX
+from nemo_ais.fp8.kv_scales import KVScales
+from nemo_ais.fp8.nvfp4 import NVFP4_BLOCK, fake_quantize_nvfp4
+
+__all__ = ["QuantizedKVCache", "fake_quant_kv_fp8"]
+
+
+def fake_quant_kv_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per-tensor E4M3 round trip: ``clamp(x / s, ±448) -> e4m3 -> * s`` (vLLM fp8 KV)."""
+    q = (x.float() / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(x.dtype)
+
+
+class QuantizedKVCache(DynamicCache):
+    """HF ``DynamicCache`` whose writes are fake-quantized with per-layer K and V scales (module doc).
+
+    Attributes:
+        kind: ``"fp8"`` or ``"nvfp4"``.
+        k_scale, v_scale: fp32 ``[layers]`` dequant scales ``s_l`` of the calibration.
+        k_amax, v_amax: fp32 ``[layers]`` static amax ``s_l * 448`` (the NVFP4 global amax).
+    """
+
+    def __init__(self, kind: Literal["fp8", "nvfp4"], scales: KVScales) -> None:
+        super().__init__()
+        if kind not in ("fp8", "nvfp4"):
+            raise ValueError(f"kind={kind!r} is invalid: expected 'fp8' or 'nvfp4'")
+        self.kind = kind
+        # columns (q, k, v) of the calibrated table; the engine holds them as fp32
+        self.k_scale = scales.scale[:, 1].to(torch.float32)
+        self.v_scale = scales.scale[:, 2].to(torch.float32)
+        self.k_amax = (scales.scale[:, 1] * E4M3_MAX).to(torch.float32)
+        self.v_amax = (scales.scale[:, 2] * E4M3_MAX).to(torch.float32)
+
+    def _quantize(self, x: torch.Tensor, layer: int, which: str) -> torch.Tensor:
+        if self.kind == "fp8":
+            return fake_quant_kv_fp8(x, getattr(self, f"{which}_scale")[layer])
+        if x.shape[-1] % NVFP4_BLOCK:
+            raise ValueError(
+                f"nvfp4 KV cache: layer {layer} {which.upper()} has head dim {x.shape[-1]}, "
+                f"expected a multiple of {NVFP4_BLOCK}"
+            )
+        amax = getattr(self, f"{which}_amax")[layer]
+        return fake_quantize_nvfp4(x, amax, name=f"layer {layer} {which.upper()}").to(x.dtype)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """Fake-quantize the new K and V, then store them (``DynamicCache.update``)."""
+        key_states = self._quantize(key_states, layer_idx, "k")
+        value_states = self._quantize(value_states, layer_idx, "v")
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)

@@ -1,0 +1,217 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""A linear layer (and fused MoE experts) running one rollout format's fake quantization.
+
+What :class:`QuantLinear` computes for ``x [..., K]`` and ``W [N, K]``, with the format's
+two functions (:class:`~nemo_ais.fp8.formats.LinearFakeQuant`):
+
+1. At weight-sync time (:meth:`QuantLinear.load_weight`): ``W_dq = weight_fq(W, amax)``,
+   cached in fp32 (``amax``: the weight's global amax, shared by fused shards in NVFP4).
+2. At every forward: ``x_dq = activation_fq(x, input_amax)`` (identity for W4A16; a
+   static calibrated ``input_amax`` for NVFP4 W4A4; dynamic per block otherwise).
+3. ``y = x_dq @ W_dq^T`` in fp32 (the low-precision GEMM's fp32 accumulation of exactly
+   representable products), ``+ bias`` (kept in high precision), cast to ``x.dtype``.
+
+These are the same functions a QARL-style trainer uses for its fake-quantized forward
+(``nemo_ais.fp8.formats``), so twin and trainer agree bit for bit (tested).
+
+:class:`QuantExperts` replaces the fused MoE experts of transformers 5
+(``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``, as vLLM's ``w13`` / ``w2``) by
+one linear per expert and projection, built by a factory (FP8: ``Fp8Experts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from nemo_ais.fp8.formats import LinearFakeQuant
+
+__all__ = ["QuantExperts", "QuantLinear"]
+
+
+class QuantLinear(nn.Module):
+    """Drop-in ``nn.Linear`` running a format's fake quantization (module doc).
+
+    Attributes:
+        weight_dequant: fp32 ``[N, K]`` buffer, the fake-quantized weight.
+        weight_amax: the amax behind the weight's global scale (None: the format has none
+            or it is the weight's own max).
+        input_amax: 0-dim fp32 static input amax (formats with ``static_input_amax``);
+            None until calibrated, and after every :meth:`load_weight` of the twin's refit.
+        calibrating: while True, the input is not quantized (the calibration forward).
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        fake_quant: LinearFakeQuant,
+        *,
+        name: str = "weight",
+        weight_amax: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        if weight.dim() != 2:
+            raise ValueError(f"{name}: got {list(weight.shape)}, expected a 2-D [out, in] weight")
+        self.out_features, self.in_features = weight.shape
+        self.fake_quant = fake_quant
+        self.name = name
+        self.register_buffer("weight_dequant", torch.empty(0), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), False)
+        self.weight_amax: torch.Tensor | None = None
+        self.input_amax: torch.Tensor | None = None
+        self.calibrating = False
+        self.load_weight(weight, amax=weight_amax)
+
+    @torch.no_grad()
+    def load_weight(self, weight: torch.Tensor, amax: torch.Tensor | None = None) -> None:
+        """Re-quantize from a high-precision ``[out, in]`` weight (the refit of one tensor).
+
+        Raises:
+            ValueError: wrong shape, or non-finite values (count and first index).
+        """
+        expected = (self.out_features, self.in_features)
+        if tuple(weight.shape) != expected:
+            raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
+        self.weight_amax = amax
+        self.weight_dequant = self.fake_quant.weight(weight.detach(), amax=amax, name=self.name)
+
+    @torch.no_grad()
+    def load_bias(self, bias: torch.Tensor) -> None:
+        """Copy a new bias (kept in high precision, as vLLM does)."""
+        if self.bias is None or bias.shape != self.bias.shape:
+            expected = None if self.bias is None else list(self.bias.shape)
+            raise ValueError(f"{self.name} bias: got {list(bias.shape)}, expected {expected}")
+        self.bias.copy_(bias)
+
+    def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Step 2: the format's activation fake quant (raw ``x`` while calibrating)."""
+        if self.calibrating:
+            return x
+        if self.fake_quant.static_input_amax and self.input_amax is None:
+            raise ValueError(
+                f"{self.name}: the static input amax is not calibrated (format "
+                f"{self.fake_quant.format}); the twin calibrates it after every refit"
+            )
+        return self.fake_quant.activation(x, amax=self.input_amax, name=f"{self.name} input")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``y = fq_act(x) @ fq_w(W)^T (+ bias)`` in fp32, returned in ``x.dtype``."""
+        y = F.linear(self.quantize_input(x).to(torch.float32), self.weight_dequant)
+        if self.bias is not None:
+            y = y + self.bias.to(torch.float32)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        """Shapes and format, for ``print(model)``."""
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, format={self.fake_quant.format!r}"
+        )
+
+
+class QuantExperts(nn.Module):
+    """Fake-quantized replacement of a transformers-5 fused MoE experts module.
+
+    Supports the standard layout (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3 experts):
+    ``gate_up_proj [E, 2I, H]`` concatenated ``[gate; up]``, ``down_proj [E, H, I]``,
+    no bias, ``act_fn``, and ``forward(hidden_states [T, H], top_k_index [T, k],
+    top_k_weights [T, k])``. Per expert ``e`` and routed token ``t``:
+    ``y_t += w_tk * down_e(act(gate_e(x_t)) * up_e(x_t))``, every projection a module from
+    ``make_linear(weight [N, K], name)``. The router is not part of this module.
+
+    Raises:
+        NotImplementedError: another layout (transposed, biased, interleaved, ...).
+    """
+
+    def __init__(
+        self,
+        experts: nn.Module,
+        make_linear: Callable[[torch.Tensor, str], nn.Module],
+        *,
+        name: str = "experts",
+    ) -> None:
+        super().__init__()
+        layout = {
+            "has_gate": True,
+            "has_bias": False,
+            "is_transposed": False,
+            "is_concatenated": True,
+            "has_post_expert_norm": False,
+        }
+        odd = {k: getattr(experts, k) for k, v in layout.items() if getattr(experts, k, v) != v}
+        gate_up = getattr(experts, "gate_up_proj", None)
+        down = getattr(experts, "down_proj", None)
+        if (
+            odd
+            or not isinstance(gate_up, torch.Tensor)
+            or not isinstance(down, torch.Tensor)
+            or gate_up.dim() != 3
+            or down.shape != (gate_up.shape[0], gate_up.shape[2], gate_up.shape[1] // 2)
+        ):
+            raise NotImplementedError(
+                f"{name}: unsupported MoE experts layout ({type(experts).__name__}, {odd or ''}"
+                f"gate_up_proj {getattr(gate_up, 'shape', None)}, down_proj "
+                f"{getattr(down, 'shape', None)}); expected gate_up_proj [E, 2I, H] and "
+                "down_proj [E, H, I], concatenated, not transposed, no bias"
+            )
+        self.name = name
+        self.num_experts = gate_up.shape[0]
+        self.act_fn = experts.act_fn
+        self.gate_up_proj = nn.ModuleList(
+            make_linear(w, f"{name}.gate_up_proj[{e}]") for e, w in enumerate(gate_up.detach())
+        )
+        self.down_proj = nn.ModuleList(
+            make_linear(w, f"{name}.down_proj[{e}]") for e, w in enumerate(down.detach())
+        )
+
+    def _loader(self, linears: nn.ModuleList, param: str):
+        def load(weight: torch.Tensor) -> None:
+            if weight.dim() != 3 or weight.shape[0] != self.num_experts:
+                raise ValueError(
+                    f"{self.name}.{param}: got {list(weight.shape)}, expected "
+                    f"[{self.num_experts}, N, K]"
+                )
+            for linear, w in zip(linears, weight, strict=True):
+                linear.load_weight(w)
+
+        return load
+
+    def loaders(self) -> dict[str, object]:
+        """``{relative parameter name: load function}`` for the refit (fused 3-D tensors)."""
+        return {
+            "gate_up_proj": self._loader(self.gate_up_proj, "gate_up_proj"),
+            "down_proj": self._loader(self.down_proj, "down_proj"),
+        }
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """Routed fake-quantized experts: ``[T, H]`` -> ``[T, H]`` in ``hidden_states.dtype``."""
+        out = torch.zeros_like(hidden_states)
+        for e in torch.unique(top_k_index).tolist():
+            if not 0 <= e < self.num_experts:
+                continue  # HF marks dropped (capacity / EP) routes with an out-of-range id
+            token_idx, k_pos = torch.where(top_k_index == e)
+            gate, up = self.gate_up_proj[e](hidden_states[token_idx]).chunk(2, dim=-1)
+            y = self.down_proj[e](self.act_fn(gate) * up)
+            y = y * top_k_weights[token_idx, k_pos, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out
