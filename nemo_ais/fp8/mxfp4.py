@@ -42,6 +42,7 @@ from nemo_ais.fp8.checks import check_finite, check_last_dim
 from nemo_ais.fp8.grids import (
     E2M1_MAX,
     E8M0_BIAS,
+    Scratch,
     e2m1_codes_reference,
     e2m1_round_,
     e2m1_values,
@@ -116,16 +117,21 @@ def quantize_mxfp4(
     data = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
     scale = torch.empty(rows, k // MX_BLOCK, dtype=torch.uint8, device=x.device)
     finite = torch.ones((), dtype=torch.bool, device=x.device)
+    scratch = Scratch(x.device)
     with torch.no_grad():
         for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k):
-            xf = x2[r0:r1].to(torch.float32, copy=True).add_(0.0)  # -0.0 -> +0.0
-            a = xf.abs().view(r1 - r0, k // MX_BLOCK, MX_BLOCK)
+            h = r1 - r0
+            xf = torch.add(x2[r0:r1], 0.0, out=scratch.get("x", (h, k), torch.float32))  # -0 -> +0
+            a = torch.abs(xf, out=scratch.get("a", (h, k), torch.float32))
+            a = a.view(h, k // MX_BLOCK, MX_BLOCK)
             block_amax = a.amax(-1)
             finite &= torch.isfinite(block_amax).all()
             expo = e8m0_block_exponent(block_amax, E2M1_MAX)
             a.mul_(_pow2(-expo).unsqueeze(-1))
-            code = e2m1_round_(a.view(r1 - r0, k), ties_toward_zero=round_ties_toward_zero)
-            data[r0:r1] = pack_signed_codes(code, xf)
+            code = e2m1_round_(
+                a.view(h, k), ties_toward_zero=round_ties_toward_zero, scratch=scratch
+            )
+            pack_signed_codes(code, xf, data[r0:r1], scratch)
             scale[r0:r1] = to_uint8((expo + E8M0_BIAS).to(torch.float32))
     if not bool(finite):
         check_finite(x, name, action="refusing to quantize NaN/Inf")

@@ -47,6 +47,7 @@ from nemo_ais.fp8.grids import (
     E4M3_MAX,
     E8M0_BIAS,
     E8M0_NAN,
+    Scratch,
     e8m0_block_exponent,
     e8m0_values,
     row_bands,
@@ -121,9 +122,10 @@ def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     data = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(rows, k // MX_BLOCK, dtype=torch.uint8, device=x.device)
     finite = torch.ones((), dtype=torch.bool, device=x.device)
+    scratch = Scratch(x.device)
     with torch.no_grad():
         for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k):
-            xf = x2[r0:r1].to(torch.float32, copy=True)
+            xf = scratch.get("x", (r1 - r0, k), torch.float32).copy_(x2[r0:r1])
             blocks = xf.view(r1 - r0, k // MX_BLOCK, MX_BLOCK)
             block_amax = torch.maximum(blocks.amax(-1), blocks.amin(-1).neg_())
             finite &= torch.isfinite(block_amax).all()

@@ -55,7 +55,8 @@ from nemo_ais.fp8.checks import check_amax, check_finite, check_last_dim
 from nemo_ais.fp8.grids import (
     E2M1_MAX,
     E4M3_MAX,
-    e2m1_code_magnitudes,
+    Scratch,
+    e2m1_code_magnitudes_,
     e2m1_codes_reference,
     e2m1_round_,
     e2m1_values,
@@ -191,25 +192,29 @@ def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
     finite = torch.ones((), dtype=torch.bool, device=x.device)
     tile = rows_per_block
     n = x.shape[-2] if tile > 1 else rows  # a 16x16 tile never straddles two matrices
+    scratch = Scratch(x.device)
+    kb = k // NVFP4_BLOCK
     for r0, r1 in (
         []
         if x.numel() == 0
         else [(m0 + b0, m0 + b1) for m0 in range(0, rows, n) for b0, b1 in row_bands(n, k, tile)]
     ):
-        xf = x2[r0:r1].to(torch.float32, copy=True).add_(0.0)  # -0.0 -> +0.0 (sign = x < 0)
-        a = xf.abs().view(r1 - r0, k // NVFP4_BLOCK, NVFP4_BLOCK)
-        block_amax = torch.maximum(a[..., :8], a[..., 8:]).amax(-1)
+        h = r1 - r0
+        xf = torch.add(x2[r0:r1], 0.0, out=scratch.get("x", (h, k), torch.float32))  # -0.0 -> +0
+        a = torch.abs(xf, out=scratch.get("a", (h, k), torch.float32)).view(h, kb, NVFP4_BLOCK)
+        pairs = scratch.get("pairs", (h, kb, NVFP4_BLOCK // 2), torch.float32)
+        block_amax = torch.maximum(a[..., :8], a[..., 8:], out=pairs).amax(-1)
         finite &= torch.isfinite(block_amax).all()
         block_scale = _block_scale(_tile_max(block_amax, tile), s_g)
         d = _divisor(block_scale, s_g)
         a.div_(torch.where(d == 0, torch.full_like(d, math.inf), d).unsqueeze(-1))
-        code = e2m1_round_(a.view(r1 - r0, k))
+        code = e2m1_round_(a.view(h, k), scratch=scratch)
         scales[r0:r1] = block_scale
         if fake:
-            v = e2m1_code_magnitudes(code).view(r1 - r0, k // NVFP4_BLOCK, NVFP4_BLOCK)
-            out[r0:r1] = torch.copysign(v.mul_(d.unsqueeze(-1)).view(r1 - r0, k), xf)
+            v = e2m1_code_magnitudes_(code, scratch).view(h, kb, NVFP4_BLOCK)
+            torch.copysign(v.mul_(d.unsqueeze(-1)).view(h, k), xf, out=out[r0:r1])
         else:
-            out[r0:r1] = pack_signed_codes(code, xf)
+            pack_signed_codes(code, xf, out[r0:r1], scratch)
     if not bool(finite):
         check_finite(x, name, action="refusing to quantize NaN/Inf")
     lead = x.shape[:-1]
