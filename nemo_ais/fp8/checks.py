@@ -21,10 +21,11 @@ lazily; ``te_backend.py`` imports only this module).
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
-__all__ = ["FLOAT_INPUTS", "check_amax", "check_finite", "check_last_dim"]
+__all__ = ["FLOAT_INPUTS", "check_amax", "check_finite", "check_last_dim", "check_regexes"]
 
 # Input dtypes every quantizer accepts; all of them are computed in fp32.
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -97,3 +98,13 @@ def check_amax(amax: float | torch.Tensor | None, name: str) -> torch.Tensor | N
             "max |x|; None computes max |x| of the tensor itself)"
         )
     return value.reshape(())
+
+
+def check_regexes(patterns: tuple[str, ...], field: str) -> tuple[str, ...]:
+    """``patterns`` unchanged if each compiles, else ``ValueError`` naming ``field`` and the pattern."""
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as err:
+            raise ValueError(f"{field}: {p!r} is not a valid regex ({err})") from err
+    return patterns

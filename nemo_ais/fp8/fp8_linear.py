@@ -50,7 +50,7 @@ from nemo_ais.fp8.quant import (
     quantize_activations,
     quantize_blockwise,
 )
-from nemo_ais.fp8.quant_linear import QuantExperts
+from nemo_ais.fp8.quant_linear import QuantExperts, load_bias
 
 __all__ = ["Fp8Experts", "Fp8Linear", "fake_quant_fp8_activation", "fake_quant_fp8_weight"]
 
@@ -210,13 +210,9 @@ class Fp8Linear(nn.Module):
             self.weight, self.weight_scale_inv, self.weight_block, torch.float32
         )
 
-    @torch.no_grad()
     def load_bias(self, bias: torch.Tensor) -> None:
         """Copy a new bias (kept in high precision, as vLLM does)."""
-        if self.bias is None or bias.shape != self.bias.shape:
-            expected = None if self.bias is None else list(self.bias.shape)
-            raise ValueError(f"{self.name} bias: got {list(bias.shape)}, expected {expected}")
-        self.bias.copy_(bias)
+        load_bias(self, bias)
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         """Per-token 1x``group`` FP8 fake-quant of the input (:func:`fake_quant_fp8_activation`)."""

@@ -43,7 +43,16 @@ from torch import nn
 if TYPE_CHECKING:
     from nemo_ais.fp8.formats import LinearFakeQuant
 
-__all__ = ["QuantExperts", "QuantLinear"]
+__all__ = ["QuantExperts", "QuantLinear", "load_bias"]
+
+
+@torch.no_grad()
+def load_bias(module: nn.Module, bias: torch.Tensor) -> None:
+    """Copy a new bias into ``module.bias`` (kept in high precision, as vLLM does)."""
+    if module.bias is None or bias.shape != module.bias.shape:
+        expected = None if module.bias is None else list(module.bias.shape)
+        raise ValueError(f"{module.name} bias: got {list(bias.shape)}, expected {expected}")
+    module.bias.copy_(bias)
 
 
 class QuantLinear(nn.Module):
@@ -93,13 +102,9 @@ class QuantLinear(nn.Module):
         self.weight_amax = amax
         self.weight_dequant = self.fake_quant.weight(weight.detach(), amax=amax, name=self.name)
 
-    @torch.no_grad()
     def load_bias(self, bias: torch.Tensor) -> None:
         """Copy a new bias (kept in high precision, as vLLM does)."""
-        if self.bias is None or bias.shape != self.bias.shape:
-            expected = None if self.bias is None else list(self.bias.shape)
-            raise ValueError(f"{self.name} bias: got {list(bias.shape)}, expected {expected}")
-        self.bias.copy_(bias)
+        load_bias(self, bias)
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         """Step 2: the format's activation fake quant (raw ``x`` while calibrating)."""

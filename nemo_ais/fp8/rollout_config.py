@@ -40,12 +40,12 @@ consumer of the twin takes either class (``isinstance`` of the base).
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nemo_ais.fp8.checks import check_regexes
 from nemo_ais.fp8.quant import Family
 
 __all__ = [
@@ -127,12 +127,7 @@ class RolloutPrecisionConfig(BaseModel):
     @field_validator("keep_patterns")
     @classmethod
     def _compile_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
-        for p in patterns:
-            try:
-                re.compile(p)
-            except re.error as err:
-                raise ValueError(f"keep_patterns: {p!r} is not a valid regex ({err})") from err
-        return patterns
+        return check_regexes(patterns, "keep_patterns")
 
     @model_validator(mode="after")
     def _check_block(self) -> RolloutPrecisionConfig:

@@ -53,6 +53,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nemo_ais.config import require_config
+from nemo_ais.fp8.checks import check_regexes
 from nemo_ais.fp8.quant import check_finite, quantize_blockwise
 
 __all__ = [
@@ -122,12 +123,7 @@ class Fp8SyncConfig(BaseModel):
     @field_validator("keep_patterns")
     @classmethod
     def _compile_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
-        for p in patterns:
-            try:
-                re.compile(p)
-            except re.error as err:
-                raise ValueError(f"keep_patterns: {p!r} is not a valid regex ({err})") from err
-        return patterns
+        return check_regexes(patterns, "keep_patterns")
 
     @field_validator("block")
     @classmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_fp8_twin import _tiny_moe
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from nemo_ais.config import validate_section
@@ -345,25 +346,8 @@ def test_gen_kl_error_is_nemo_rls(qwen):
 
 
 def test_fp8_twin_name_and_moe_in_nvfp4_w4a4():
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
     assert Fp8Twin is RolloutTwin
-    cfg = Qwen3MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(cfg).eval()
+    model = _tiny_moe()  # the MoE model of test_fp8_twin.py
     twin = RolloutTwin(model, RolloutPrecisionConfig(format="nvfp4_w4a4", kv_cache="fp8"))
     experts = twin.model.model.layers[0].mlp.experts
     assert isinstance(experts, QuantExperts)
