@@ -1,20 +1,23 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""Throughput of the blockwise FP8 quantizer on CPU vs a vectorised reference and a copy.
+"""Throughput of every quantizer on CPU vs a vectorised reference and a copy.
 
-For each weight shape and input dtype it times, interleaved within every repeat (the
-machine is shared), median of ``--repeats`` after one warm-up:
+Formats: FP8 blockwise (128x128, :func:`nemo_ais.fp8.quantize_blockwise`, family "a"),
+NVFP4 (:func:`nemo_ais.fp8.quantize_nvfp4`), MXFP8 (:func:`nemo_ais.fp8.quantize_mxfp8`)
+and MXFP4 (:func:`nemo_ais.fp8.quantize_mxfp4`). For each weight shape and input dtype it
+times, interleaved within every repeat (the machine is shared), median of ``--repeats``
+after one warm-up:
 
-* ``ours``: :func:`nemo_ais.fp8.quantize_blockwise` (family "a", 128x128, eps 1e-4);
-* ``reference``: the straightforward vectorised formulation written here (reshape into
-  128x128 tiles, amax, scale, clamp, cast: the shape of DeepGEMM's and NeMo-RL's
-  per-block casts), checked bit-equal to ours (first mismatch reported);
-* ``clone``: ``x.clone()`` of the same tensor (allocates its output, as the quantizer does);
+* ``ours``: the public quantizer (the banded fast path);
+* ``reference``: the straightforward vectorised formulation of the same rule (FP8:
+  ``reference_quantize`` below, the shape of DeepGEMM's and NeMo-RL's per-block casts;
+  the block-scaled formats: the ``quantize_*_reference`` kept next to each fast path),
+  checked bit-equal to ours (first mismatch reported);
 * ``copy_``: ``y.copy_(x)`` into a preallocated buffer: the memory-bandwidth bound.
 
 Throughput is input bytes / time; the fraction of copy bandwidth is t_copy_ / t_ours
 (1.0 = the quantizer runs as fast as one copy of its input).
 
-    python -m benchmarks.bench_quant [--threads 1] [--repeats 5] [--no-record]
+    python -m benchmarks.bench_quant [--threads 1] [--repeats 3] [--formats fp8 nvfp4 ...] [--no-record]
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ import time
 import torch
 
 from benchmarks._record import record_section
-from nemo_ais.fp8 import quantize_blockwise
+from nemo_ais.fp8 import quantize_blockwise, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
+from nemo_ais.fp8.mxfp4 import quantize_mxfp4_reference
+from nemo_ais.fp8.mxfp8 import quantize_mxfp8_reference
+from nemo_ais.fp8.nvfp4 import quantize_nvfp4_reference
 
-SHAPES = [(4096, 4096), (14336, 4096)]
+SHAPES = [(4096, 4096), (14336, 4096)]  # Llama/Qwen attention; Llama-3-8B MLP
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -55,6 +61,25 @@ def _first_mismatch(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"first mismatch at {idx}: ours {a[idx].item()!r}, reference {b[idx].item()!r}"
 
 
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int32)
+
+
+def _fields(q) -> list[torch.Tensor]:
+    """The output tensors of a quantizer, as comparable byte / bit views."""
+    parts = q if isinstance(q, tuple) else tuple(vars(q).values())
+    return [_as_bytes(p.contiguous()) for p in parts]
+
+
+# format -> (ours, reference)
+FORMATS = {
+    "fp8 128x128": (quantize_blockwise, reference_quantize),
+    "nvfp4": (quantize_nvfp4, quantize_nvfp4_reference),
+    "mxfp8": (quantize_mxfp8, quantize_mxfp8_reference),
+    "mxfp4": (quantize_mxfp4, quantize_mxfp4_reference),
+}
+
+
 def _interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
     """Median seconds of each callable, all timed in turn within every repeat (shared machine)."""
     for fn in fns.values():
@@ -71,61 +96,61 @@ def _interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
     parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load = [os.getloadavg()[0]]
     rows = [
-        "| shape | dtype | ours ms | ours GB/s | reference ms | ours / reference "
-        "| clone ms | copy_ ms | copy_ GB/s | fraction of copy_ bandwidth | load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| format | shape | dtype | ours ms | ours GB/s | reference ms | ours / reference "
+        "| copy_ ms | copy_ GB/s | fraction of copy_ bandwidth | load |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for shape in SHAPES:
-        for dtype in DTYPES:
-            x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
-            q_ours, s_ours = quantize_blockwise(x)
-            q_ref, s_ref = reference_quantize(x)
-            q8_ours, q8_ref = q_ours.view(torch.uint8), q_ref.view(torch.uint8)
-            assert torch.equal(q8_ours, q8_ref), _first_mismatch(q8_ours, q8_ref)
-            assert torch.equal(s_ours, s_ref), _first_mismatch(s_ours, s_ref)
-            del q_ours, s_ours, q_ref, s_ref
-            y = torch.empty_like(x)
-            t = _interleaved_medians(
-                {
-                    "ours": lambda x=x: quantize_blockwise(x),
-                    "reference": lambda x=x: reference_quantize(x),
-                    "clone": lambda x=x: x.clone(),
-                    "copy_": lambda x=x, y=y: y.copy_(x),
-                },
-                args.repeats,
-            )
-            del y
-            load.append(os.getloadavg()[0])
-            gb = x.numel() * x.element_size() / 1e9
-            rows.append(
-                f"| {shape[0]}x{shape[1]} | {str(dtype).removeprefix('torch.')} "
-                f"| {t['ours'] * 1e3:.1f} | {gb / t['ours']:.2f} | {t['reference'] * 1e3:.1f} "
-                f"| **{t['ours'] / t['reference']:.2f}** | {t['clone'] * 1e3:.1f} "
-                f"| {t['copy_'] * 1e3:.1f} | {gb / t['copy_']:.2f} "
-                f"| **{t['copy_'] / t['ours']:.2f}** | {load[-1]:.1f} |"
-            )
-            print(rows[-1], flush=True)
+    for fmt in args.formats:
+        ours, reference = FORMATS[fmt]
+        for shape in SHAPES:
+            for dtype in DTYPES:
+                x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+                for a, b in zip(_fields(ours(x)), _fields(reference(x)), strict=True):
+                    assert torch.equal(a, b), f"{fmt}: " + _first_mismatch(a, b)
+                y = torch.empty_like(x)
+                t = _interleaved_medians(
+                    {
+                        "ours": lambda x=x, f=ours: f(x),
+                        "reference": lambda x=x, f=reference: f(x),
+                        "copy_": lambda x=x, y=y: y.copy_(x),
+                    },
+                    args.repeats,
+                )
+                del y
+                load.append(os.getloadavg()[0])
+                gb = x.numel() * x.element_size() / 1e9
+                rows.append(
+                    f"| {fmt} | {shape[0]}x{shape[1]} | {str(dtype).removeprefix('torch.')} "
+                    f"| {t['ours'] * 1e3:.1f} | {gb / t['ours']:.2f} "
+                    f"| {t['reference'] * 1e3:.1f} | **{t['ours'] / t['reference']:.2f}** "
+                    f"| {t['copy_'] * 1e3:.1f} | {gb / t['copy_']:.2f} "
+                    f"| **{t['copy_'] / t['ours']:.2f}** | {load[-1]:.1f} |"
+                )
+                print(rows[-1], flush=True)
     body = "\n".join(rows) + (
-        f"\n\n{args.threads} torch thread(s); ours, the reference, `x.clone()` and "
-        f"`y.copy_(x)` timed in turn within each of {args.repeats} repeats after a warm-up "
-        "(median). GB/s = input bytes / time. The reference is the straightforward "
-        "vectorised formulation (reshape into 128x128 tiles, amax, scale = amax / 448, "
-        "multiply by 1/scale, clamp, cast to E4M3), outputs checked bit-equal to ours. "
-        "Fraction of copy_ bandwidth = t(y.copy_(x)) / t(ours): 1.0 would be a quantizer as "
-        "fast as one copy of its input into a preallocated buffer (the memory-bandwidth "
-        "bound; the quantizer reads the input once more for the amax and writes 1 byte per "
-        f"element plus scales). Load average (1 min): {min(load):.1f} to {max(load):.1f} on "
-        f"{os.cpu_count()} cores (shared machine: ratios are the meaningful numbers)."
+        f"\n\n{args.threads} torch thread(s); ours, the reference and `y.copy_(x)` timed in "
+        f"turn within each of {args.repeats} repeats after a warm-up (median). GB/s = input "
+        "bytes / time. References: FP8, the straightforward vectorised formulation (reshape "
+        "into 128x128 tiles, amax, scale = amax / 448, multiply by 1/scale, clamp, cast to "
+        "E4M3); NVFP4 / MXFP8 / MXFP4, the short `quantize_*_reference` of each module (whole "
+        "tensor at once, E2M1 by seven threshold comparisons); every output checked bit-equal "
+        "to ours first. Fraction of copy_ bandwidth = t(y.copy_(x)) / t(ours): 1.0 would be "
+        "a quantizer as fast as one copy of its input into a preallocated buffer (the "
+        "memory-bandwidth bound). No GPU was lent to this task: no GB/s against HBM "
+        "bandwidth. Load average (1 min): "
+        f"{min(load):.1f} to {max(load):.1f} on {os.cpu_count()} cores (shared machine: the "
+        "ratios, measured side by side, are the meaningful numbers)."
     )
     print(body)
     if not args.no_record:
-        record_section("quant", "Blockwise FP8 quantizer throughput (CPU)", body)
+        record_section("quant", "Quantizer throughput (CPU): FP8, NVFP4, MXFP8, MXFP4", body)
 
 
 if __name__ == "__main__":
