@@ -1,12 +1,19 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """Shared pytest setup.
 
-* NeMo-RL v0.7.0 is a REQUIRED test dependency. Its source is vendored read-only beside
-  the project (``../shared/vendor/nemo-rl-v0.7.0``; override with ``NEMO_RL_DIR``); it is
-  put on ``sys.path`` and ``PYTHONPATH`` here, with the Python 3.11 ``TypedDict`` shim of
-  ``tests/_nemo_rl_env/sitecustomize.py`` (test harness only, see its docstring). If
-  NeMo-RL does not import, the session stops with a usage error instead of skipping
-  the tests that meet upstream code: a green run always exercised NeMo-RL.
+* NeMo-RL is a REQUIRED test dependency. Two versions are supported and vendored
+  read-only beside the project: ``--nemo-rl v0.7.0`` (the default,
+  ``../shared/vendor/nemo-rl-v0.7.0``) and ``--nemo-rl main``
+  (``../shared/vendor/nemo-rl-main-7ea279a``); ``NEMO_RL_DIR`` overrides the directory
+  (a checkout of the chosen version). The source is put on ``sys.path`` and
+  ``PYTHONPATH`` in ``pytest_configure``, with the Python 3.11 ``TypedDict`` shim of
+  ``tests/_nemo_rl_env/sitecustomize.py`` (test harness only, see its docstring), and
+  the version is exported as ``NEMO_AIS_TEST_NEMO_RL`` (``tests/nemo_rl_version.py``
+  reads it). If NeMo-RL does not import, or ``nemo_ais.nemo_rl.compat`` recognises a
+  different version than the one asked for, the session stops with a usage error instead
+  of skipping: a green run always exercised the version it names.
+* Tests that drive NeMo-RL's code carry the ``nemo_rl`` marker; CI runs the whole suite
+  against v0.7.0 and then ``-m nemo_rl`` against main (README, ``.ci/run``).
 * Deterministic seeds, CPU threads kept small (2-core CI machine).
 """
 
@@ -21,9 +28,22 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIM_DIR = Path(__file__).resolve().parent / "_nemo_rl_env"
-NEMO_RL_DIR = Path(
-    os.environ.get("NEMO_RL_DIR") or REPO_ROOT.parent / "shared" / "vendor" / "nemo-rl-v0.7.0"
-).resolve()
+VENDOR_DIR = REPO_ROOT.parent / "shared" / "vendor"
+# --nemo-rl choice -> vendored source directory
+NEMO_RL_SOURCES = {
+    "v0.7.0": VENDOR_DIR / "nemo-rl-v0.7.0",
+    "main": VENDOR_DIR / "nemo-rl-main-7ea279a",
+}
+VERSION_ENV = "NEMO_AIS_TEST_NEMO_RL"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--nemo-rl",
+        choices=sorted(NEMO_RL_SOURCES),
+        default="v0.7.0",
+        help="NeMo-RL version the tests drive (vendored source; NEMO_RL_DIR overrides the path)",
+    )
 
 
 def _prepend_pythonpath(*paths: Path) -> None:
@@ -35,10 +55,10 @@ def _prepend_pythonpath(*paths: Path) -> None:
             sys.path.insert(0, p)
 
 
-def _install_nemo_rl() -> None:
+def _install_nemo_rl(nemo_rl_dir: Path) -> None:
     # SHIM_DIR first: its sitecustomize runs in every child process (spawned gloo ranks,
     # launcher subprocesses); in this process we apply it directly.
-    _prepend_pythonpath(SHIM_DIR, NEMO_RL_DIR, REPO_ROOT)
+    _prepend_pythonpath(SHIM_DIR, nemo_rl_dir, REPO_ROOT)
     spec = importlib.util.spec_from_file_location(
         "_nemo_ais_test_shim", SHIM_DIR / "sitecustomize.py"
     )
@@ -46,18 +66,33 @@ def _install_nemo_rl() -> None:
     spec.loader.exec_module(module)
 
 
-_install_nemo_rl()
-
-
 def pytest_configure(config: pytest.Config) -> None:
+    version = config.getoption("--nemo-rl")
+    nemo_rl_dir = Path(os.environ.get("NEMO_RL_DIR") or NEMO_RL_SOURCES[version]).resolve()
+    os.environ[VERSION_ENV] = version
+    _install_nemo_rl(nemo_rl_dir)
     try:
         import nemo_rl  # noqa: F401  (cheap; the tests import the driver modules)
+
+        from nemo_ais.nemo_rl import compat
+
+        found = compat.detect().name
     except Exception as err:
         raise pytest.UsageError(
-            f"NeMo-RL v0.7.0 must be importable for the test suite (tried {NEMO_RL_DIR}; set "
-            f"NEMO_RL_DIR to a v0.7.0 checkout and install the [test] extra): "
-            f"{type(err).__name__}: {err}"
+            f"NeMo-RL {version} must be importable for the test suite (tried {nemo_rl_dir}; "
+            f"pick --nemo-rl {{{','.join(sorted(NEMO_RL_SOURCES))}}}, set NEMO_RL_DIR to a "
+            f"checkout of it, and install the [test] extra): {type(err).__name__}: {err}"
         ) from err
+    if found != version:
+        raise pytest.UsageError(
+            f"--nemo-rl {version}: the NeMo-RL at {nemo_rl_dir} is {found} "
+            "(nemo_ais.nemo_rl.compat.detect); point NEMO_RL_DIR at a checkout of "
+            f"{version} or pass --nemo-rl {found}"
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"NeMo-RL: {config.getoption('--nemo-rl')} ({sys.modules['nemo_rl'].__path__[0]})"
 
 
 # Two cores on CI: keep intra-op threads small so gloo multi-process tests do not
