@@ -2,7 +2,9 @@
 """Each full config matches its NeMo-RL v0.7.0 recipe except for listed, documented deviations.
 
 Both sides are resolved by upstream's own ``nemo_rl.utils.config.load_config`` (the vendored
-v0.7.0 source) and compared key by key. A key that differs must be in the config's
+v0.7.0 source) and compared key by key. The configs follow v0.7.0's recipes; this file is
+not marked ``nemo_rl`` and runs only in the v0.7.0 session (main's recipes moved on: the
+configs follow them where main's ``MasterConfig`` requires it, :data:`_MAIN_REQUIRED`). A key that differs must be in the config's
 deviation list below (or the list shared by every config), and every listed key must be
 named in docs/cluster.md ("Deviations from upstream's recipes"), where the reason is given.
 A listed key that no longer differs fails too, so the list cannot go stale.
@@ -146,6 +148,14 @@ _ABSENT_DEFAULTS = {
     "policy.generation.vllm_cfg.pow2_activation_scaling_factors": False,
 }
 _ABSENT = "<absent>"
+# Keys NeMo-RL main's MasterConfig requires and v0.7.0's recipes lack (v0.7.0 never reads
+# them): ours -> the training key main's recipes interpolate it from (``${.temperature}``).
+_MAIN_REQUIRED = {
+    "policy.generation.val_temperature": "policy.generation.temperature",
+    "policy.generation.val_top_p": "policy.generation.top_p",
+    "policy.generation.val_top_k": "policy.generation.top_k",
+}
+MAIN_RECIPE = REPO.parent / "shared" / "vendor" / "nemo-rl-main-7ea279a" / "examples" / "configs"
 
 
 @functools.cache
@@ -170,6 +180,8 @@ def _differing(ours: str, recipe: str) -> dict[str, tuple[object, object]]:
         if va == vb or key.startswith(_INERT_PREFIXES):
             continue
         if vb == _ABSENT and key in _ABSENT_DEFAULTS and va == _ABSENT_DEFAULTS[key]:
+            continue
+        if vb == _ABSENT and key in _MAIN_REQUIRED and va == a[_MAIN_REQUIRED[key]]:
             continue
         out[key] = (va, vb)
     return out
@@ -198,6 +210,16 @@ def test_arm_configs_deviate_only_where_their_model_config_and_arm_do(config):
     diff = _differing(config, UPSTREAM[base])
     unlisted = _unlisted(diff, COMMON | DEVIATIONS[base] | arm_keys)
     assert not unlisted, f"{config}:\n  " + "\n  ".join(unlisted)
+
+
+def test_the_keys_main_requires_are_what_mains_recipes_set():
+    # main's grpo_math_1B.yaml: ``val_temperature: ${.temperature}`` etc. (its generation block)
+    text = (MAIN_RECIPE / "grpo_math_1B.yaml").read_text()
+    for key, train_key in _MAIN_REQUIRED.items():
+        leaf, train_leaf = key.rsplit(".", 1)[1], train_key.rsplit(".", 1)[1]
+        assert f"{leaf}: ${{.{train_leaf}}}" in text, leaf
+    base = _resolved(str(CONFIG_DIR / "grpo_ais_base.yaml"))
+    assert {k: base[k] for k in _MAIN_REQUIRED} == {k: base[v] for k, v in _MAIN_REQUIRED.items()}
 
 
 def test_every_full_config_is_compared():
