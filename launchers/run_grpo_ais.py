@@ -11,9 +11,11 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""GRPO with AIS on NeMo-RL v0.7.0: the entry point behind ``launchers/*.sh`` and ``ray.sub``.
+"""GRPO with AIS on NeMo-RL: the entry point behind ``launchers/*.sh`` and ``ray.sub``.
 
-Mirrors NeMo-RL's ``examples/run_grpo.py`` and changes four things:
+Supports NeMo-RL v0.7.0 and main (:mod:`nemo_ais.nemo_rl.compat` names both, tells them
+apart and refuses anything else before the config is read). Mirrors NeMo-RL's
+``examples/run_grpo.py`` and changes four things:
 
 1. ``loss_fn`` (with our ``loss_fn.ais`` section) is validated as
    :class:`~nemo_ais.nemo_rl.AISLossConfig` BEFORE Ray starts, so a bad config fails in
@@ -27,7 +29,8 @@ Mirrors NeMo-RL's ``examples/run_grpo.py`` and changes four things:
    ``grpo_train`` (or ``async_grpo_train``), as upstream's ``_select_trainer`` picks it
    with the data plane off.
 3. ``setup()`` hard-codes ``ClippedPGLossFn``; the returned loss is replaced by
-   :class:`~nemo_ais.nemo_rl.AISClippedPGLossFn` (:func:`swap_loss`).
+   :class:`~nemo_ais.nemo_rl.AISClippedPGLossFn` (:func:`swap_loss`), built with the
+   flags ``setup()`` gave upstream's loss (main: ``use_fused_linear_logprobs``).
 4. ``nemo_ais`` is put on ``PYTHONPATH`` so Ray workers (which inherit the driver's
    environment) can unpickle the loss and import the AIS workers; with an
    ``ais_fp8_refit`` section the vLLM workers also quantize the synced weights with
@@ -39,7 +42,11 @@ correction, and combining it with NeMo-RL's own one is a config error, so the co
 handed to ``setup()`` (only) reports the flag as on when ``loss_fn.ais`` owns the
 correction; the loss itself is built from the user's config (:func:`nemo_rl_view`).
 
-Usage (inside NeMo-RL's environment, e.g. ``uv run`` from a NeMo-RL v0.7.0 checkout)::
+Refused before Ray starts, with the field named: ``data_plane.enabled``,
+``grpo.val_at_start`` with an FP8 KV cache, and (main) a ``policy.generation.refit_transport``
+other than the default with an FP8 rollout or KV cache (:func:`refit_transport_problems`).
+
+Usage (inside NeMo-RL's environment, e.g. ``uv run`` from a NeMo-RL checkout)::
 
     python launchers/run_grpo_ais.py --config configs/nemo_rl/<config>.yaml loss_fn.ais.mode=ais
 """
@@ -59,7 +66,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO_ROOT))
 
-from nemo_ais.nemo_rl import NEMO_RL_INSTALL_HINT  # noqa: E402
+from nemo_ais.nemo_rl import NEMO_RL_INSTALL_HINT, compat  # noqa: E402
 from nemo_ais.nemo_rl.policy_factory import (  # noqa: E402
     ais_worker_fqn,
     make_policy_factory,
@@ -76,6 +83,7 @@ __all__ = [
     "make_policy_factory",
     "nemo_rl_view",
     "parse_args",
+    "refit_transport_problems",
     "register_ais_workers",
     "swap_loss",
     "validate_ais",
@@ -86,7 +94,7 @@ _ASYNC_UNSUPPORTED = ("use_dynamic_sampling", "reward_scaling", "reward_shaping"
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     """``--config PATH`` plus Hydra-style overrides (``a.b=1``, ``+new.key=2``)."""
-    parser = argparse.ArgumentParser(description="GRPO + AIS on NeMo-RL v0.7.0")
+    parser = argparse.ArgumentParser(description="GRPO + AIS on NeMo-RL (v0.7.0 or main)")
     parser.add_argument("--config", required=True, help="NeMo-RL GRPO YAML (defaults: allowed)")
     return parser.parse_known_args(argv)
 
@@ -133,6 +141,9 @@ def nemo_rl_view(config: dict[str, Any], ais_cfg: Any) -> dict[str, Any]:
 def swap_loss(loss_fn: Any, ais_cfg: Any) -> Any:
     """Replace the ``ClippedPGLossFn`` returned by ``setup()`` with the AIS loss.
 
+    The AIS loss gets the constructor flags ``setup()`` gave upstream's loss
+    (:func:`nemo_ais.nemo_rl.compat.loss_init_kwargs`; main: ``use_fused_linear_logprobs``).
+
     Raises:
         TypeError: ``setup()`` returned something else (a NeMo-RL change to re-check).
     """
@@ -143,9 +154,9 @@ def swap_loss(loss_fn: Any, ais_cfg: Any) -> Any:
     if type(loss_fn) is not ClippedPGLossFn:
         raise TypeError(
             f"grpo.setup() returned {type(loss_fn).__name__}, expected ClippedPGLossFn "
-            "(NeMo-RL v0.7.0); the AIS loss swap must be re-checked for this version"
+            "(NeMo-RL v0.7.0 and main); the AIS loss swap must be re-checked for this version"
         )
-    return AISClippedPGLossFn(ais_cfg)
+    return AISClippedPGLossFn(ais_cfg, **compat.loss_init_kwargs(loss_fn))
 
 
 def ensure_worker_pythonpath(environ: dict[str, str] | None = None) -> str:
@@ -203,6 +214,29 @@ def configure_fp8_refit(config: dict[str, Any], environ: dict[str, str] | None =
     return refit
 
 
+def refit_transport_problems(config: dict[str, Any]) -> list[str]:
+    """``policy.generation.refit_transport`` (main) other than the default, with FP8 rollouts.
+
+    The AIS FP8 refit (``fp8.load_weights`` in the vLLM worker) and the KV-scale guard (the
+    Megatron worker's ``stream_weights_via_ipc_zmq`` / ``broadcast_weights_for_collective``)
+    sit on the default transport (null: CUDA IPC colocated, NCCL otherwise); main's
+    ``nccl_reshard``, NIXL / checkpoint-engine and sparse transports bypass both.
+    """
+    generation = (config.get("policy") or {}).get("generation") or {}
+    transport = generation.get("refit_transport")
+    vllm_cfg = generation.get("vllm_cfg") or {}
+    fp8 = vllm_cfg.get("precision") == "fp8" or str(vllm_cfg.get("kv_cache_dtype")).startswith(
+        "fp8"
+    )
+    if transport is None or not fp8:
+        return []
+    return [
+        f"policy.generation.refit_transport={transport!r} is not supported with an FP8 rollout "
+        "or FP8 KV cache: the AIS FP8 refit and the KV-scale guard run on the default "
+        "transport only; set policy.generation.refit_transport: null"
+    ]
+
+
 def _check_async(config: dict[str, Any]) -> None:
     grpo = config["grpo"]
     for feature in _ASYNC_UNSUPPORTED:
@@ -227,13 +261,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     from nemo_rl.utils.config import register_omegaconf_resolvers
     from nemo_rl.utils.logger import get_next_experiment_dir
 
+    version = compat.require_supported()  # names the supported versions otherwise
+    print(f"NeMo-RL: {compat.SUPPORTED[version.name]} at {version.location}")
     register_omegaconf_resolvers()
     args, overrides = parse_args(argv)
     raw = load_config_dict(args.config, overrides)
     ais_cfg = validate_ais(raw)  # before Ray: config errors surface in seconds
-    kv_problems = fp8_kv_refit_problems(raw)
-    if kv_problems:
-        raise ValueError("; ".join(kv_problems))
+    problems = fp8_kv_refit_problems(raw) + refit_transport_problems(raw)
+    if problems:
+        raise ValueError("; ".join(problems))
     print(f"loss_fn.ais: {ais_cfg.ais.model_dump()}")
     # Upstream picks the policy factory in the launcher too (TQPolicy when data_plane.enabled,
     # then _select_trainer -> grpo_train_sync). Every arm here trains on the AIS worker, which
@@ -290,41 +326,45 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     loss_fn = swap_loss(loss_fn, ais_cfg)
 
-    async_cfg = config.grpo.get("async_grpo") or {}
-    if async_cfg.get("enabled", False):
-        _check_async(raw)
-        grpo.async_grpo_train(
-            policy=policy,
-            policy_generation=policy_generation,
-            dataloader=dataloader,
-            val_dataloader=val_dataloader,
-            tokenizer=tokenizer,
-            loss_fn=loss_fn,
-            task_to_env=task_to_env,
-            val_task_to_env=val_task_to_env,
-            logger=logger,
-            checkpointer=checkpointer,
-            grpo_save_state=grpo_state,
-            master_config=master_config,
-            max_trajectory_age_steps=async_cfg["max_trajectory_age_steps"],
-            teacher_worker_groups=teacher_worker_groups,
-            alias_to_group_alias=alias_to_group_alias,
-        )
-        return
-    grpo.grpo_train(
-        policy,
-        policy_generation,
-        dataloader,
-        val_dataloader,
-        tokenizer,
-        loss_fn,
-        task_to_env,
-        val_task_to_env,
-        logger,
-        checkpointer,
-        grpo_state,
-        master_config,
-    )
+    async_cfg = compat.grpo_option(config, "async_grpo") or {}
+    try:
+        with compat.training_context(checkpointer):  # main: flushes background saves
+            if async_cfg.get("enabled", False):
+                _check_async(raw)
+                grpo.async_grpo_train(
+                    policy=policy,
+                    policy_generation=policy_generation,
+                    dataloader=dataloader,
+                    val_dataloader=val_dataloader,
+                    tokenizer=tokenizer,
+                    loss_fn=loss_fn,
+                    task_to_env=task_to_env,
+                    val_task_to_env=val_task_to_env,
+                    logger=logger,
+                    checkpointer=checkpointer,
+                    grpo_save_state=grpo_state,
+                    master_config=master_config,
+                    max_trajectory_age_steps=async_cfg["max_trajectory_age_steps"],
+                    teacher_worker_groups=teacher_worker_groups,
+                    alias_to_group_alias=alias_to_group_alias,
+                )
+            else:
+                grpo.grpo_train(
+                    policy,
+                    policy_generation,
+                    dataloader,
+                    val_dataloader,
+                    tokenizer,
+                    loss_fn,
+                    task_to_env,
+                    val_task_to_env,
+                    logger,
+                    checkpointer,
+                    grpo_state,
+                    master_config,
+                )
+    finally:  # main's run_grpo.py stops the environments and the engines here
+        compat.shutdown_after_training(task_to_env, val_task_to_env, policy_generation)
 
 
 if __name__ == "__main__":

@@ -258,6 +258,9 @@ class AISClippedPGLossFn(ClippedPGLossFn):
 
     Args:
         cfg: an :class:`AISLossConfig`, or anything :func:`validate_loss_config` accepts.
+        **upstream_flags: passed on to ``ClippedPGLossFn.__init__`` (main:
+            ``use_fused_linear_logprobs``; :func:`nemo_ais.nemo_rl.compat.loss_init_kwargs`
+            reads them back from the loss ``grpo.setup()`` built).
 
     Attributes:
         ais: the validated ``loss_fn.ais`` section.
@@ -268,9 +271,11 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             if any, are kept).
     """
 
-    def __init__(self, cfg: AISLossConfig | Mapping[str, Any] | ClippedPGLossConfig):
+    def __init__(
+        self, cfg: AISLossConfig | Mapping[str, Any] | ClippedPGLossConfig, **upstream_flags: Any
+    ):
         cfg = validate_loss_config(cfg)
-        super().__init__(cfg)
+        super().__init__(cfg, **upstream_flags)
         self.ais = cfg.ais
         # mode none must construct whatever ClippedPGLossFn constructs: no core checks then
         self.pg = pg_loss_config(cfg) if cfg.ais.mode != "none" else None

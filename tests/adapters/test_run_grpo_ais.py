@@ -3,7 +3,7 @@
 
 Argument parsing, NeMo-RL's config loader with Hydra overrides, AIS validation before Ray,
 the config view handed to ``setup()``, the worker selection / registration, the policy
-factory and the loss swap. Needs NeMo-RL v0.7.0 importable (marked ``nemo_rl``).
+factory and the loss swap. Needs NeMo-RL importable (marked ``nemo_rl``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
+from nemo_rl_version import NEMO_RL, per_version
 from shipped_configs import launcher
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
@@ -130,6 +131,40 @@ def test_swap_loss_replaces_clipped_pg_loss_only():
     assert isinstance(swapped, AISClippedPGLossFn) and swapped.ais.weight_cap == 3.0
     with pytest.raises(TypeError, match="expected ClippedPGLossFn"):
         run.swap_loss(swapped, ais_cfg)
+
+
+def test_swap_loss_keeps_the_flags_setup_gave_upstreams_loss():
+    # main's setup() builds ClippedPGLossFn(cfg, use_fused_linear_logprobs=<Megatron flag>);
+    # the loss that trains must read logprobs the same way (nemo_rl/algorithms/loss/utils.py)
+    ais_cfg = run.validate_ais({"loss_fn": {"ais": {"mode": "ais"}}})
+    flags = per_version(v0_7_0={}, main={"use_fused_linear_logprobs": True})
+    swapped = run.swap_loss(ClippedPGLossFn(ClippedPGLossConfig(), **flags), ais_cfg)
+    assert {k: getattr(swapped, k) for k in flags} == flags
+    assert hasattr(swapped, "use_fused_linear_logprobs") == (NEMO_RL == "main")
+
+
+@pytest.mark.parametrize(
+    ("transport", "precision", "kv", "refused"),
+    [
+        (None, "fp8", "fp8", False),  # the default transport: CUDA IPC / NCCL
+        ("nccl_reshard", "fp8", "auto", True),
+        ("nixl", "bfloat16", "fp8", True),
+        ("nixl", "bfloat16", "auto", False),  # BF16 rollout: nothing of ours on the path
+    ],
+)
+def test_refit_transports_that_bypass_the_fp8_refit_are_refused(transport, precision, kv, refused):
+    cfg = {
+        "policy": {
+            "generation": {
+                "refit_transport": transport,
+                "vllm_cfg": {"precision": precision, "kv_cache_dtype": kv},
+            }
+        }
+    }
+    problems = run.refit_transport_problems(cfg)
+    assert bool(problems) == refused
+    if refused:
+        assert f"policy.generation.refit_transport={transport!r}" in problems[0]
 
 
 def test_worker_pythonpath_is_prepended_once():

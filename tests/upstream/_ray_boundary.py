@@ -8,7 +8,8 @@ crosses it; everything between the stand-ins is upstream's real code.
 * :class:`DriverBoundary`: what ``launchers/run_grpo_ais.py`` ``main()`` calls outside
   ``setup()``: ``init_ray`` (starts Ray), ``get_tokenizer`` (HF download),
   ``setup_response_data`` (dataset download; returns tiny in-memory datasets),
-  ``grpo_train`` / ``async_grpo_train`` (the GPU loops).
+  ``grpo_train`` / ``async_grpo_train`` (the GPU loops) and, on NeMo-RL main,
+  ``shutdown_environments`` (stops the environments' Ray actors).
 * :class:`ActorBoundary`: actor creation. ``RayQueue`` / ``RayWorkerGroup`` in
   ``nemo_rl.models.policy.lm_policy`` (``Policy.__init__``), ``VllmGeneration`` in
   ``nemo_rl.algorithms.grpo`` (vLLM engines), ``RayGpuMonitorLogger`` in
@@ -122,6 +123,9 @@ class DriverBoundary:
     def async_grpo_train(self, **kwargs):
         self.events.append(("async_grpo_train", kwargs))
 
+    def shutdown_environments(self, task_to_env, val_task_to_env):
+        self.events.append(("shutdown_environments", {"envs": (task_to_env, val_task_to_env)}))
+
     def install(self, monkeypatch, module: Any = None) -> None:
         """Replace the names ``main()`` looks up: in their modules (our launcher imports them
         at call time) or, given ``module`` (upstream's ``examples/run_grpo.py``), in it."""
@@ -135,7 +139,10 @@ class DriverBoundary:
             (nrl_data_utils, "setup_response_data"),
             (grpo, "grpo_train"),
             (grpo, "async_grpo_train"),
+            (grpo, "shutdown_environments"),  # main only
         ):
+            if not hasattr(home, name):
+                continue
             target = module if module is not None and hasattr(module, name) else home
             monkeypatch.setattr(target, name, getattr(self, name))
 
@@ -183,6 +190,10 @@ class _VllmGeneration:
 
     def finish_generation(self, *args, **kwargs) -> bool:
         self.calls.append(("finish_generation", args))
+        return True
+
+    def shutdown(self) -> bool:  # main's run_grpo.py calls it after training
+        self.calls.append(("shutdown", ()))
         return True
 
     def prepare_refit_info(self, state_dict_info) -> None:

@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""Every full config's ``checkpointing`` section through NeMo-RL v0.7.0's REAL checkpoint save.
+"""Every full config's ``checkpointing`` section through NeMo-RL's REAL checkpoint save.
 
 ``grpo_train`` saves with (``nemo_rl/algorithms/grpo.py``, the ``save_period`` branch)::
 
@@ -25,6 +25,7 @@ import pytest
 from nemo_rl.algorithms import grpo
 from nemo_rl.models.policy.lm_policy import Policy
 from nemo_rl.utils.checkpoint import CheckpointManager
+from nemo_rl_version import per_version
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS, launcher
 
 from nemo_ais.nemo_rl import cluster_check as cc
@@ -58,11 +59,17 @@ def _master_config(path: Path) -> grpo.MasterConfig:
     return grpo.MasterConfig(**run.nemo_rl_view(raw, run.validate_ais(raw)))
 
 
+def _save_state() -> dict:
+    """What grpo_train hands ``init_tmp_checkpoint`` at the first save of a fresh run."""
+    return per_version(  # v0.7.0: a dict; main: vars() of its GRPOSaveState dataclass
+        v0_7_0=lambda: grpo._default_grpo_save_state(),
+        main=lambda: vars(grpo._initial_grpo_save_state()),
+    )()
+
+
 def _save_like_grpo_train(policy: Policy, master_config: grpo.MasterConfig, step: int) -> Path:
     checkpointer = CheckpointManager(master_config.checkpointing)
-    checkpoint_path = checkpointer.init_tmp_checkpoint(
-        step, grpo._default_grpo_save_state(), master_config
-    )
+    checkpoint_path = checkpointer.init_tmp_checkpoint(step, _save_state(), master_config)
     policy.save_checkpoint(
         weights_path=os.path.join(checkpoint_path, "policy", "weights"),
         optimizer_path=os.path.join(checkpoint_path, "policy", "optimizer")

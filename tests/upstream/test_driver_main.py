@@ -13,7 +13,9 @@ needs a cluster, a download or a GPU; each stub records what crossed it:
 * ``grpo.setup`` (Ray actors, vLLM, Megatron): records (config, tokenizer, dataset,
   val_dataset, policy_factory) and returns what upstream's setup returns, with the real
   ``ClippedPGLossFn`` built from the config it received;
-* ``grpo.grpo_train`` / ``grpo.async_grpo_train`` (the GPU loops): record their arguments.
+* ``grpo.grpo_train`` / ``grpo.async_grpo_train`` (the GPU loops): record their arguments;
+* ``grpo.shutdown_environments`` (NeMo-RL main: stops the environments' Ray actors after
+  training, as main's ``run_grpo.py``): records its arguments.
 
 Each stub replaces the name in the module where ``main()`` looks it up (``main()``
 imports them at call time; the stand-ins live in ``_ray_boundary.py``). Upstream's REAL
@@ -31,6 +33,7 @@ from _ray_boundary import DriverBoundary, Tokenizer
 from nemo_rl.algorithms import grpo
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
 from nemo_rl.models.generation import configure_generation_config
+from nemo_rl_version import per_version
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS, launcher
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
@@ -40,6 +43,23 @@ pytestmark = pytest.mark.nemo_rl
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 run = launcher()
+
+
+class _Generation:
+    """What ``setup()`` returns for the vLLM engines: records ``shutdown`` (main calls it)."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def shutdown(self) -> bool:
+        self.events.append(("policy_generation.shutdown", {}))
+        return True
+
+
+# what main() does after training, per NeMo-RL version (main's run_grpo.py does the same)
+AFTER_TRAINING = per_version(
+    v0_7_0=[], main=["shutdown_environments", "policy_generation.shutdown"]
+)
 
 
 class _Driver(DriverBoundary):
@@ -62,7 +82,7 @@ class _Driver(DriverBoundary):
         )
         # What upstream's setup() returns in the loss slot: ClippedPGLossFn(master_config.loss_fn).
         loss_fn = ClippedPGLossFn(master_config.loss_fn)
-        return ("policy", "policy_generation", None, ("train_cluster", "inference_cluster"),
+        return ("policy", _Generation(self.events), None, ("train_cluster", "inference_cluster"),
                 "dataloader", "val_dataloader", loss_fn, "logger", "checkpointer",
                 {"current_step": 0}, master_config, {}, {})  # fmt: skip
 
@@ -100,8 +120,11 @@ def test_main_reaches_setup_and_trains_with_upstreams_driver_code(driver, path):
         "setup_response_data",
         "setup",
         "grpo_train",
+        *AFTER_TRAINING,
     ]
     events = dict(driver.events)
+    if AFTER_TRAINING:  # the environments main() got from setup_response_data
+        assert events["shutdown_environments"]["envs"] == driver.datasets[2:]
     # Ray workers inherit the driver's environment: this checkout is importable there.
     assert str(run.REPO_ROOT) in events["init_ray"]["env"]["PYTHONPATH"].split(os.pathsep)
     assert events["get_tokenizer"]["config"] == raw["policy"]["tokenizer"]
@@ -155,11 +178,16 @@ def test_main_runs_async_grpo_with_the_ais_loss(driver):
             "policy.generation.vllm_cfg.kv_cache_dtype=auto",
         ]
     )
-    assert driver.names()[-1] == "async_grpo_train"
-    kwargs = driver.events[-1][1]
+    assert driver.names()[-1 - len(AFTER_TRAINING) :] == ["async_grpo_train", *AFTER_TRAINING]
+    kwargs = driver.event("async_grpo_train")
     assert isinstance(kwargs["loss_fn"], AISClippedPGLossFn)
     assert kwargs["max_trajectory_age_steps"] == 2
-    assert kwargs["master_config"].grpo["async_grpo"]["enabled"] is True
+    grpo_cfg = kwargs["master_config"].grpo  # v0.7.0: a dict; main: a pydantic model
+    enabled = per_version(
+        v0_7_0=lambda: grpo_cfg["async_grpo"]["enabled"],
+        main=lambda: grpo_cfg.async_grpo.enabled,
+    )
+    assert enabled() is True
 
 
 def test_bad_ais_config_fails_before_ray(driver):
@@ -193,4 +221,4 @@ def test_val_at_start_with_fp8_kv_cache_is_refused_before_ray(driver):
     # a BF16 KV cache (the bf16 arm) needs no calibration: accepted, reaches setup()
     bf16 = CONFIG_DIR / "experiments" / "smoke_bf16.yaml"
     run.main(["--config", str(bf16), "grpo.val_at_start=true"])
-    assert [name for name, _ in driver.events][-2:] == ["setup", "grpo_train"]
+    assert driver.names()[-2 - len(AFTER_TRAINING) :] == ["setup", "grpo_train", *AFTER_TRAINING]

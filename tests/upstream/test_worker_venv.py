@@ -1,7 +1,7 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """Our worker's Python environment through upstream's worker-group resolution (issue 11, defect 5).
 
-NeMo-RL v0.7.0's ``RayWorkerGroup._create_workers_from_bundle_indices`` looks the actor's
+NeMo-RL's ``RayWorkerGroup._create_workers_from_bundle_indices`` looks the actor's
 fqn up in ``ACTOR_ENVIRONMENT_REGISTRY``; an entry starting with ``uv`` makes it call
 ``create_local_venv_on_each_node(venv_name=<actor fqn>)``, i.e. build a fresh venv named
 after OUR fqn on every node at every job start (the container prebuilds venvs only for
@@ -22,6 +22,7 @@ from nemo_rl.distributed import ray_actor_environment_registry as registry
 from nemo_rl.distributed import worker_groups
 from nemo_rl.distributed.virtual_cluster import PY_EXECUTABLES
 from nemo_rl.utils import venvs
+from nemo_rl_version import per_version
 
 from nemo_ais.nemo_rl.policy_factory import register_ais_workers
 
@@ -46,6 +47,14 @@ class _Cluster:
 
     def get_available_address_and_port(self, pg_idx, bundle_idx):
         return "127.0.0.1", 29501 + bundle_idx
+
+    def get_available_addresses_and_ports_batch(self, pg_bundle_pairs):  # NeMo-RL main
+        return [self.get_available_address_and_port(*pair) for pair in pg_bundle_pairs]
+
+
+def _python_of(initializer: dict) -> dict:
+    """The initializer's runtime env without the env vars main adds (HF_HOME, PYTHONPATH)."""
+    return {k: v for k, v in initializer["runtime_env"].items() if k != "env_vars"}
 
 
 @pytest.fixture
@@ -101,7 +110,7 @@ def test_prebuilt_base_venv_is_used_without_a_build(boundary, tmp_path, monkeypa
     _start_worker_group()
     assert boundary["group_builds"] == [] and boundary["factory_builds"] == []
     (initializer,) = boundary["initializers"]
-    assert initializer["runtime_env"] == {"py_executable": python}
+    assert _python_of(initializer) == {"py_executable": python}
 
 
 def test_system_executable_is_used_as_is(boundary, monkeypatch):
@@ -111,7 +120,8 @@ def test_system_executable_is_used_as_is(boundary, monkeypatch):
     _start_worker_group()
     assert boundary["group_builds"] == [] and boundary["factory_builds"] == []
     (initializer,) = boundary["initializers"]
-    assert initializer["runtime_env"] == {"py_executable": sys.executable}
+    # main leaves the driver's own Python out of the runtime env (it is Ray's default)
+    assert _python_of(initializer) == per_version(v0_7_0={"py_executable": sys.executable}, main={})
 
 
 @pytest.mark.parametrize("force", [False, True])
@@ -127,4 +137,4 @@ def test_missing_venv_is_built_once_under_the_base_name(boundary, tmp_path, monk
     assert boundary["group_builds"] == []
     (initializer,) = boundary["initializers"]
     expected = str(tmp_path / "venvs" / BASE / "bin" / "python")
-    assert initializer["runtime_env"] == {"py_executable": expected}
+    assert _python_of(initializer) == {"py_executable": expected}
