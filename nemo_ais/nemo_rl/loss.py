@@ -72,6 +72,7 @@ from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
 from nemo_ais.core import AISDiagnostics, metric_normalizations, validation
 from nemo_ais.core.metrics import AIS_METRIC_NAMES, ais_values
 from nemo_ais.core.weights import compute_dtype
+from nemo_ais.nemo_rl import compat
 from nemo_ais.nemo_rl.seam import (
     GLOBAL_BATCH_KEY,
     UNUSED_ROW,
@@ -265,10 +266,11 @@ class AISClippedPGLossFn(ClippedPGLossFn):
     Attributes:
         ais: the validated ``loss_fn.ais`` section.
         ais_alarms: the validated ``loss_fn.ais_alarms`` section (``enabled`` False if absent).
-        metric_normalizations: metric name -> ``tokens`` / ``sequences`` / ``none`` for
-            the keys core adds, and ``ais_alarm/*`` when the refit guard is enabled
-            (NeMo-RL v0.7.0 has no such attribute on its losses; newer versions' entries,
-            if any, are kept).
+        metric_normalizations: metric name -> normaliser, in NeMo-RL's spelling
+            (:func:`nemo_ais.nemo_rl.compat.normalizer`: main's ``MetricNormalizer``, v0.7.0
+            strings): upstream's own entries (main), then the keys core adds in the
+            weighted modes (mode ``none`` returns upstream's metrics, so its entries win),
+            ``ais/*``, and ``ais_alarm/*`` when the refit guard is enabled.
     """
 
     def __init__(
@@ -280,10 +282,13 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         # mode none must construct whatever ClippedPGLossFn constructs: no core checks then
         self.pg = pg_loss_config(cfg) if cfg.ais.mode != "none" else None
         inherited = dict(getattr(self, "metric_normalizations", None) or {})
-        self.metric_normalizations = {**inherited, **core_metric_keys(cfg.token_level_loss)}
+        ours = compat.normalizers(core_metric_keys(cfg.token_level_loss))
+        first, last = (inherited, ours) if self.enabled else (ours, inherited)
+        self.metric_normalizations = {**first, **last}
         self.ais_alarms = cfg.ais_alarms
         if self.ais_alarms.enabled:  # global scalars, emitted like ais/alpha
-            self.metric_normalizations.update(dict.fromkeys(ALARM_METRIC_KEYS, "tokens"))
+            tokens = compat.normalizer("tokens")
+            self.metric_normalizations.update(dict.fromkeys(ALARM_METRIC_KEYS, tokens))
         # the keys core gives in AIS mode, in output order (NeMo-RL's first)
         self._core_metric_order = tuple(
             k

@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""AISClippedPGLossFn against NeMo-RL v0.7.0's own ClippedPGLossFn (needs NeMo-RL importable).
+"""AISClippedPGLossFn against NeMo-RL's own ClippedPGLossFn (needs NeMo-RL importable).
 
 Data follow NeMo-RL's CPU test pattern (tests/unit/algorithms/test_loss_functions.py):
 a ``BatchedDataDict`` with int64 ``token_mask`` (first position 0) and ``sample_mask``,
@@ -23,11 +23,14 @@ import pickle
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
 import torch
+from nemo_rl.algorithms.loss import interfaces as loss_interfaces
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_version import per_version
 
+from nemo_ais.core.metrics import AIS_METRIC_NAMES
 from nemo_ais.nemo_rl import AISClippedPGLossFn, AISLossConfig, validate_loss_config
-from nemo_ais.nemo_rl.loss import NEMO_RL_METRIC_KEYS
+from nemo_ais.nemo_rl.loss import ALARM_METRIC_KEYS, NEMO_RL_METRIC_KEYS
 from nemo_ais.nemo_rl.seam import GLOBAL_BATCH_KEY, VALID_TOKENS_KEY, prepare_global_batches
 
 pytestmark = pytest.mark.nemo_rl
@@ -185,8 +188,33 @@ def test_ais_metrics_keys_and_normalizations():
     assert all(type(v) in (float, int) for v in metrics.values())
     # NeMo-RL min/max-reduces every key containing "_min"/"_max": AIS keys must not
     assert not [k for k in ais_keys if "_min" in k or "_max" in k]
-    assert set(loss_fn.metric_normalizations.values()) <= {"tokens", "sequences", "none"}
+    assert set(loss_fn.metric_normalizations.values()) <= set(_NORMALIZERS)
     assert 0.0 <= metrics["ais/alpha"] <= 1.0
+
+
+# What the loss interface spells a normaliser as: main's split-step trainer tests each value
+# with `is MetricNormalizer.TOKENS` (else it falls back to the gradient's normaliser).
+_MetricNormalizer = getattr(loss_interfaces, "MetricNormalizer", None)
+_NORMALIZERS = per_version(
+    v0_7_0=("tokens", "sequences", "none"),
+    main=tuple(_MetricNormalizer) if _MetricNormalizer else (),
+)
+
+
+@pytest.mark.parametrize("mode", ["none", "ais"])
+def test_metric_normalizations_are_upstreams_enum_and_keep_upstreams_entries(mode):
+    gspo = {"sequence_level_importance_ratios": True, "token_level_loss": False}
+    cfg = {**BASE, **(gspo if mode == "none" else {}), "ais": {"mode": mode}}
+    ours = AISClippedPGLossFn({**cfg, "ais_alarms": {"enabled": True}}).metric_normalizations
+    tokens = _NORMALIZERS[0]
+    for key in (*AIS_METRIC_NAMES, *ALARM_METRIC_KEYS):  # global scalars s * local / global
+        assert ours[key] is tokens, key
+    upstream = getattr(ClippedPGLossFn(ClippedPGLossConfig(**cfg)), "metric_normalizations", {})
+    assert per_version(v0_7_0=upstream == {}, main=bool(upstream))
+    if mode == "none":  # upstream's metrics, returned unchanged: upstream's normalisers
+        assert {k: ours[k] for k in upstream} == upstream
+        if upstream:  # GSPO-style ratios: one weight per sequence
+            assert ours["sampling_importance_ratio"] is _MetricNormalizer.SEQUENCES
 
 
 def test_micro_batches_sum_to_the_global_batch():
