@@ -1,10 +1,10 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""Import NeMo-RL v0.7.0's REAL Megatron policy worker module (and ours) on a CPU machine.
+"""Import NeMo-RL's REAL Megatron policy worker module (and ours) on a CPU machine.
 
 ``nemo_rl.models.policy.workers.megatron_policy_worker`` imports Megatron-Bridge, which is
-not installable here (it needs Transformer Engine and ``transformers<5``), and four names
-that megatron-core 0.16.1 lacks (v0.7.0 builds against a newer one through the Bridge
-submodule). :func:`megatron_worker_modules` provides import-time placeholders for exactly
+not installable here (it needs Transformer Engine and ``transformers<5``), and a few names
+that megatron-core 0.16.1 lacks (v0.7.0 and main build against newer ones through the
+Bridge submodule). :func:`megatron_worker_modules` provides import-time placeholders for exactly
 those, imports upstream's module and ``nemo_ais.nemo_rl.workers.megatron`` for real, and
 removes every placeholder (and the modules imported on top of them) afterwards.
 
@@ -28,12 +28,24 @@ from typing import ClassVar
 UPSTREAM_WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
 OUR_WORKER = "nemo_ais.nemo_rl.workers.megatron"
 # names megatron-core 0.16.1 lacks; imported (never called) by upstream's worker module
+# (v0.7.0's and main's; a name the installed megatron-core has is left alone)
 MCORE_MISSING = {
     "megatron.core.inference.engines.dynamic_engine": ("EngineState",),
     "megatron.core.transformer.enums": ("InferenceCudaGraphScope",),
     "megatron.core.inference.utils": ("device_memory_summary",),
+    # main only
+    "megatron.core.dist_checkpointing.strategies.torch": ("get_async_strategy",),
+    "megatron.core.distributed.fsdp.mcore_fsdp_adapter": (
+        "FullyShardedDataParallelV1",
+        "FullyShardedDataParallelV2",
+    ),
+    "megatron.core.resharding.refit": ("prepare_swap_model_weights",),
 }
-MCORE_MISSING_MODULES = ("megatron.core.inference.config",)
+MCORE_MISSING_MODULES = (
+    "megatron.core.inference.config",
+    "megatron.core.transformer.moe.moe_logging",  # main only
+    "megatron.core.inference.shards",  # main only
+)
 
 
 class Placeholder:
@@ -60,7 +72,7 @@ class _PlaceholderModule(types.ModuleType):
 
 
 class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``megatron.bridge.*`` and the megatron-core modules v0.7.0 needs but 0.16.1 lacks."""
+    """``megatron.bridge.*`` and the megatron-core modules NeMo-RL needs but 0.16.1 lacks."""
 
     def __init__(self) -> None:
         self.created: list[str] = []

@@ -45,6 +45,7 @@ import ray
 import torch
 import torch.distributed as dist
 from _megatron_worker import Placeholder, megatron_worker_modules
+from nemo_rl_version import per_version
 
 from nemo_ais.fp8.kv_scales import verify_kv_scales
 
@@ -259,6 +260,7 @@ def _policy(worker, policies):
     policy.sharding_annotations = sharding
     policy.use_dynamic_batches = False
     policy.use_sequence_packing = False
+    policy.debug_payload_metrics = False  # main's __init__ default (payload-size telemetry off)
     policy.cfg = worker.cfg
     policies.append(policy)
     return policy, group._workers[0]
@@ -276,9 +278,9 @@ def transport(worker_modules, monkeypatch):
         record.ipc.append({"buffer_size_bytes": buffer_size_bytes, "socket": zmq_socket})
         record.vllm.inbox.extend(sent)
 
-    def nccl(iterator, group, src, post_iter_func):
+    def nccl(iterator, group, src, post_iter_func, **buffers):  # main: buffer_size_bytes, ...
         sent = [(n, post_iter_func((n, t)).detach().clone()) for n, t in iterator]
-        record.nccl.append({"group": group, "src": src})
+        record.nccl.append({"group": group, "src": src, **buffers})
         record.vllm.inbox.extend(sent)
 
     monkeypatch.setattr(policy_utils, "stream_weights_via_ipc_zmq_impl", ipc)
@@ -331,10 +333,16 @@ def test_calibrated_scales_reach_vllm(
     assert calibrate[0] == "calibrate_qkv_fp8_scales" and calibrate[1]["include_q"] is True
     streamed = "stream_weights_via_ipc_zmq" if colocated else "broadcast_weights_for_collective"
     assert [c[0] for c in refit if c[0] not in GPU_ONLY_METHODS] == [streamed]
-    # the upstream defect: the colocated branch forwards no kv_scales to the worker
+    # v0.7.0's defect: the colocated branch forwards no kv_scales to the worker (our worker
+    # streams its last calibration); main forwards them on both paths (used as given)
     sent = next(kw for m, kw in refit if m == streamed)
-    assert sent["kv_scales"] == (None if colocated else kv_scales)
+    assert sent["kv_scales"] == per_version(v0_7_0=None if colocated else kv_scales, main=kv_scales)
     assert len(transport.ipc if colocated else transport.nccl) == 1
+    if not colocated:  # main's buffer keywords reach upstream's producer through our override
+        assert transport.nccl[0] == per_version(
+            v0_7_0={"group": "nccl-group", "src": 0},
+            main={"group": "nccl-group", "src": 0, "buffer_size_bytes": None, "num_buffers": None},
+        )
 
     names = _scale_names()
     assert sorted(kv_scales) == sorted(names)
@@ -394,3 +402,20 @@ def test_bf16_kv_cache_streams_no_scales_and_needs_no_calibration(
     assert [n for n, _ in transport.vllm.received] == [
         n for n, _ in worker.model.named_parameters()
     ]
+
+
+@pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
+def test_scales_the_driver_passes_win_over_the_workers_last_calibration(
+    worker_modules, local_ray, cpu_shims, one_rank, transport, make_policy, colocated
+):
+    # whatever scales the driver's refit hands the worker reach vLLM; the worker's cache only
+    # fills a refit that got none (v0.7.0's colocated path drops the driver's on the way)
+    worker = _worker(worker_modules, kv_cache_dtype="fp8")
+    policy, _ = make_policy(worker)
+    calibrated = policy.calibrate_qkv_fp8_scales(_calibration_data(), include_q=True)["layers"]
+    driver_scales = {name: 2.0 * value for name, value in calibrated.items()}
+    _refit(policy, transport.vllm, colocated, driver_scales)
+    sent = per_version(v0_7_0=calibrated if colocated else driver_scales, main=driver_scales)
+    expected = {n: float(torch.tensor(v, dtype=torch.float32)) for n, v in sent.items()}
+    assert transport.vllm.scales() == expected
+    assert worker._ais_kv_scales == calibrated  # the cache is left as calibrated

@@ -18,9 +18,11 @@ passes the calibrated ``kv_scales`` only on the non-colocated path
 (``broadcast_weights_for_collective(kv_scales=...)``); the colocated path calls
 ``stream_weights_via_ipc_zmq(buffer_size_bytes=...)`` without them, and upstream's
 ``_iter_params_with_optional_kv_scales`` then streams every q/k/v scale as 1.0 (so does
-``weight_sync.IPCWeightSynchronizer``). This worker remembers the scales of its last
-calibration and streams them when a refit passes none, and refuses (``ValueError`` naming
-the layer) a refit with the FP8 KV cache on whose scales would be defaults. Every worker
+``weight_sync.IPCWeightSynchronizer``). NeMo-RL main passes them on both paths. This
+worker remembers the scales of its last calibration and streams them when a refit passes
+none (v0.7.0's colocated path), uses the driver's when given (both paths on main), and
+refuses (``ValueError`` naming the layer) a refit with the FP8 KV cache on whose scales
+would be defaults. Every worker
 holds the same scales (the calibration ends in one all-reduce), so all raise together.
 """
 
@@ -108,13 +110,30 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
         return scales
 
     def stream_weights_via_ipc_zmq(
-        self, buffer_size_bytes: int = 0, kv_scales: dict[str, float] | None = None
+        self,
+        buffer_size_bytes: int = 0,
+        kv_scales: dict[str, float] | None = None,
+        **upstream_kwargs: Any,
     ) -> None:
-        """Upstream's colocated refit, with the calibrated KV scales it is not given."""
+        """Upstream's colocated refit, with the calibrated KV scales if it is given none.
+
+        v0.7.0 passes no ``kv_scales`` here; main passes the driver's (the same dict our
+        calibration returned), which are then used as given. Other keywords go to upstream.
+        """
         super().stream_weights_via_ipc_zmq(
-            buffer_size_bytes=buffer_size_bytes, kv_scales=self._ais_refit_kv_scales(kv_scales)
+            buffer_size_bytes=buffer_size_bytes,
+            kv_scales=self._ais_refit_kv_scales(kv_scales),
+            **upstream_kwargs,
         )
 
-    def broadcast_weights_for_collective(self, kv_scales: dict[str, float] | None = None) -> None:
-        """Upstream's non-colocated refit, with the same scale check."""
-        super().broadcast_weights_for_collective(kv_scales=self._ais_refit_kv_scales(kv_scales))
+    def broadcast_weights_for_collective(
+        self, kv_scales: dict[str, float] | None = None, **upstream_kwargs: Any
+    ) -> None:
+        """Upstream's non-colocated refit, with the same scale check.
+
+        Every other keyword reaches upstream unchanged (main: ``buffer_size_bytes``,
+        ``num_buffers``; v0.7.0 takes none).
+        """
+        super().broadcast_weights_for_collective(
+            kv_scales=self._ais_refit_kv_scales(kv_scales), **upstream_kwargs
+        )
