@@ -2,8 +2,8 @@
 """Import NeMo-RL's real vLLM-side modules without vLLM: placeholders at the vLLM boundary.
 
 vLLM (and Triton) cannot be installed on this CPU machine (vLLM pins another torch).
-NeMo-RL v0.7.0's ``nemo_rl.models.generation.vllm.quantization.fp8`` imports a handful of
-vLLM names at module load; this helper puts placeholder modules for exactly those names
+NeMo-RL's ``nemo_rl.models.generation.vllm.quantization.fp8`` imports a handful of vLLM
+names at module load (v0.7.0's and main's, the union here); this helper puts placeholder modules for exactly those names
 into ``sys.modules`` (through pytest's ``monkeypatch``, so they vanish after the test) and
 imports upstream's REAL module. The placeholders are inert classes, a no-op
 ``triton.jit`` and ``tl.constexpr``; upstream's own functions (``load_weights``,
@@ -15,11 +15,13 @@ model would have and let upstream decide which weights the engine holds in FP8.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import types
 from collections.abc import Iterator
 
 import pytest
+import torch
 from torch import nn
 
 UPSTREAM_FP8 = "nemo_rl.models.generation.vllm.quantization.fp8"
@@ -30,7 +32,15 @@ class LinearBase(nn.Module):
 
 
 class FusedMoE(nn.Module):
-    """Placeholder of ``vllm.model_executor.layers.fused_moe.layer.FusedMoE``."""
+    """Placeholder of ``vllm.model_executor.layers.fused_moe.layer.FusedMoE`` (v0.7.0)."""
+
+
+class RoutedExperts(nn.Module):
+    """Placeholder of vLLM 0.25's ``fused_moe.routed_experts.RoutedExperts`` (NeMo-RL main)."""
+
+
+class MoERunner(nn.Module):
+    """Placeholder of vLLM 0.25's ``fused_moe.runner.moe_runner.MoERunner`` (NeMo-RL main)."""
 
 
 class _EngineCoreProc:
@@ -44,6 +54,18 @@ class _CoreEngineProcManager:
         raise AssertionError("vLLM placeholder: CoreEngineProcManager() called")
 
 
+# what the stand-in of vLLM's mxfp8_e4m3_quantize received, this test (reset per install)
+MXFP8_QUANTIZED: list[torch.Tensor] = []
+
+
+def mxfp8_e4m3_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recording stand-in of vLLM's MXFP8 quantizer (a CUDA kernel): an E4M3 cast and one
+    E8M0 scale byte (127 = 2^0) per 32 values."""
+    MXFP8_QUANTIZED.append(weight)
+    scale = torch.full((weight.numel() // 32,), 127, dtype=torch.uint8)
+    return weight.to(torch.float8_e4m3fn), scale
+
+
 def _module(name: str, **attrs) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
@@ -54,8 +76,14 @@ def _vllm_modules() -> dict[str, types.ModuleType]:
     triton = types.SimpleNamespace(jit=lambda fn: fn)  # kernels are defined, never launched
     tl = types.SimpleNamespace(constexpr=int)
     leaves = {
+        "vllm.logger": {"init_logger": logging.getLogger},  # main
         "vllm.model_executor.layers.fused_moe.layer": {"FusedMoE": FusedMoE},
+        "vllm.model_executor.layers.fused_moe.routed_experts": {"RoutedExperts": RoutedExperts},
+        "vllm.model_executor.layers.fused_moe.runner.moe_runner": {"MoERunner": MoERunner},
         "vllm.model_executor.layers.linear": {"LinearBase": LinearBase},
+        "vllm.model_executor.layers.quantization.utils.mxfp8_utils": {
+            "mxfp8_e4m3_quantize": mxfp8_e4m3_quantize  # main's MXFP8 refit
+        },
         "vllm.triton_utils": {"tl": tl, "triton": triton},
         "vllm.v1.engine.core": {"EngineCoreProc": _EngineCoreProc},
         "vllm.v1.engine.utils": {"CoreEngineProcManager": _CoreEngineProcManager},
@@ -71,6 +99,7 @@ def _vllm_modules() -> dict[str, types.ModuleType]:
 
 def install_vllm_placeholders(monkeypatch: pytest.MonkeyPatch) -> None:
     """Put the vLLM placeholders in ``sys.modules`` for this test (fails if vLLM is real)."""
+    MXFP8_QUANTIZED.clear()
     for name, module in _vllm_modules().items():
         if name in sys.modules and not isinstance(sys.modules[name].__dict__.get("__path__"), list):
             raise AssertionError(f"{name} is already imported: vLLM is installed, use it")

@@ -13,20 +13,28 @@
 # limitations under the License.
 """FP8 refit seam: the vLLM worker quantizes synced weights with :mod:`nemo_ais.fp8`.
 
-NeMo-RL v0.7.0 quantizes the BF16 weights it streams into an FP8 vLLM engine inside the
-vLLM worker process: ``VllmInternalWorkerExtension._load_weights`` calls
+NeMo-RL quantizes the BF16 weights it streams into an FP8 vLLM engine inside the vLLM
+worker process: ``VllmInternalWorkerExtension`` (``_load_weights`` on v0.7.0,
+``_load_hf_weights`` on main) calls
 ``nemo_rl.models.generation.vllm.quantization.fp8.load_weights(weights, model_runner)``,
 which casts every tensor the engine holds in FP8 (``_is_fp8_weight``) with its own
-blockwise quantizer. v0.7.0 offers no seam for another quantizer: the vLLM
-``worker_extension_cls`` is hard-coded. So this module replaces that ONE module attribute,
+blockwise quantizer. NeMo-RL offers no seam for another quantizer: the vLLM
+``worker_extension_cls`` is hard-coded. So this module WRAPS that ONE module attribute,
 in the vLLM worker process only, after checking the recorded upstream signatures
-(:data:`RECORDED_SIGNATURES`; a mismatch raises instead of patching):
+(:data:`RECORDED_SIGNATURES`, the same on v0.7.0 and main; a mismatch raises instead of
+patching):
 
 * :func:`refit_pairs` -- for each ``(name, tensor)`` the engine holds in FP8, the pairs of
   :func:`nemo_ais.fp8.fp8_weight_stream` (``(name, q_fp8)``, ``(name_scale_inv, scale)``,
   canonical scale family, zero padding, NaN/Inf refused, TP shard checked); every other
-  tensor passes through unchanged. One tensor at a time (no materialised model).
-* :func:`install` -- swaps ``fp8.load_weights`` for :func:`ais_load_weights` (idempotent).
+  tensor goes to the ``passthrough`` (default: unchanged). One tensor at a time (no
+  materialised model).
+* :func:`install` -- wraps ``fp8.load_weights`` with :func:`ais_load_weights` (idempotent).
+  What the wrapper does not quantize itself goes to upstream's own function, tensor by
+  tensor: every tensor the engine does not hold as an FP8 linear weight (on main that
+  includes the grouped MoE expert slabs, which upstream expands to per-expert FP8), and
+  the whole stream when upstream's FP8 config is MXFP8 (main's ``is_mx``; nemo_ais.fp8
+  quantizes 128x128 blocks only).
 * :func:`install_on_import` -- a ``sys.meta_path`` hook that runs :func:`install` when
   the vLLM worker process imports that module. It is armed by
   ``nemo_ais/nemo_rl/_vllm_hook/sitecustomize.py`` when the environment variable
@@ -44,6 +52,7 @@ import json
 import logging
 import os
 import sys
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -100,12 +109,24 @@ def check_signatures(
             )
 
 
+def _unchanged(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    yield name, tensor
+
+
 def refit_pairs(
     weights: Iterable[tuple[str, torch.Tensor]],
     is_fp8_weight: Callable[[str], bool],
     config: Fp8SyncConfig,
+    passthrough: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = _unchanged,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` -> vLLM ``load_weights`` pairs, quantizing what the engine holds in FP8.
+
+    Args:
+        weights: the refit stream.
+        is_fp8_weight: True for names the engine holds as FP8 linear weights.
+        config: the quantizer's settings.
+        passthrough: the pairs of every other tensor (default: the tensor unchanged;
+            :func:`ais_load_weights` hands them to upstream's ``load_weights``).
 
     Raises:
         ValueError: the engine holds ``name`` in FP8 but the stream would keep it in BF16
@@ -113,7 +134,7 @@ def refit_pairs(
     """
     for name, tensor in weights:
         if not is_fp8_weight(name):
-            yield name, tensor
+            yield from passthrough(name, tensor)
             continue
         pairs = list(fp8_weight_stream([(name, tensor)], config))
         if len(pairs) != 2:
@@ -125,20 +146,66 @@ def refit_pairs(
         yield from pairs
 
 
+class _Collector:
+    """The model as upstream's ``load_weights`` sees it, except that loading collects."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.pairs: list[tuple[str, torch.Tensor]] = []
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.pairs.extend((name, tensor) for name, tensor in weights)
+
+    def __getattr__(self, name: str) -> Any:  # module tree, packed_modules_mapping, ...
+        return getattr(self._model, name)
+
+
+def _upstream_pairs(upstream_load_weights: Callable, model: Any) -> Callable:
+    """``(name, tensor)`` -> the pairs upstream's ``load_weights`` would load for it."""
+    collector = _Collector(model)
+    runner = types.SimpleNamespace(model=collector)
+
+    def pairs(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        upstream_load_weights([(name, tensor)], runner)
+        out, collector.pairs = collector.pairs, []
+        return out
+
+    return pairs
+
+
 def ais_load_weights(
     weights: Iterable[tuple[str, torch.Tensor]],
     model_runner: Any,
     *,
     config: Fp8SyncConfig,
     is_fp8_weight: Callable[[str, Any], bool],
+    upstream_load_weights: Callable[[Any, Any], None] | None = None,
 ) -> None:
-    """Drop-in for NeMo-RL's ``fp8.load_weights``: stream quantized pairs into vLLM."""
+    """NeMo-RL's ``fp8.load_weights`` with nemo_ais.fp8 as the FP8 linear-weight quantizer.
+
+    Streams into ONE ``model.load_weights`` call: the FP8 linear weights quantized by
+    :func:`refit_pairs`, every other tensor as ``upstream_load_weights`` turns it into
+    pairs (None: unchanged).
+    """
     model = model_runner.model
-    model.load_weights(refit_pairs(weights, lambda name: is_fp8_weight(name, model), config))
+    passthrough = _unchanged
+    if upstream_load_weights is not None:
+        passthrough = _upstream_pairs(upstream_load_weights, model)
+    model.load_weights(
+        refit_pairs(weights, lambda name: is_fp8_weight(name, model), config, passthrough)
+    )
+
+
+def _upstream_quantizes_mx(module: Any) -> bool:
+    """True when upstream's FP8 config is MXFP8 (main's ``is_mx``; absent on v0.7.0)."""
+    return bool(getattr(getattr(module, "global_fp8_config", None), "is_mx", False))
 
 
 def install(module: Any, config: Fp8SyncConfig) -> bool:
-    """Replace ``module.load_weights`` (NeMo-RL's FP8 refit) by :func:`ais_load_weights`.
+    """Wrap ``module.load_weights`` (NeMo-RL's FP8 refit) with :func:`ais_load_weights`.
+
+    The wrapper calls upstream's own function for the whole stream when upstream's FP8
+    config is MXFP8, else for every tensor that is not an FP8 linear weight.
 
     Returns:
         True if patched now, False if it already was.
@@ -154,8 +221,14 @@ def install(module: Any, config: Fp8SyncConfig) -> bool:
     original = module.load_weights
 
     def load_weights(weights, model_runner):
+        if _upstream_quantizes_mx(module):  # MXFP8: upstream's quantizer, unchanged
+            return original(weights, model_runner)
         return ais_load_weights(
-            weights, model_runner, config=config, is_fp8_weight=module._is_fp8_weight
+            weights,
+            model_runner,
+            config=config,
+            is_fp8_weight=module._is_fp8_weight,
+            upstream_load_weights=original,
         )
 
     setattr(load_weights, _PATCHED, True)

@@ -1,8 +1,9 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """The FP8 refit seam: pairs, the version-checked patch and the import hook.
 
-Drives NeMo-RL v0.7.0's REAL ``nemo_rl.models.generation.vllm.quantization.fp8`` (its
-``load_weights``, ``_is_fp8_weight`` and quantizer), imported with placeholders for the
+Drives NeMo-RL's REAL ``nemo_rl.models.generation.vllm.quantization.fp8`` (its
+``load_weights``, ``_is_fp8_weight`` and quantizer; v0.7.0's, and main's with its MXFP8 and
+grouped-MoE paths), imported with placeholders for the
 few vLLM names it imports at load (``tests/_vllm_boundary.py``; vLLM is not installable
 here). The patch is installed on that module exactly as in a vLLM worker.
 """
@@ -15,11 +16,14 @@ import types
 
 import pytest
 import torch
-from _vllm_boundary import LinearBase, import_upstream_fp8
+from _vllm_boundary import MXFP8_QUANTIZED, LinearBase, RoutedExperts, import_upstream_fp8
+from nemo_rl_version import NEMO_RL
 from torch import nn
 
 from nemo_ais.fp8 import Fp8SyncConfig, quantize_blockwise
 from nemo_ais.nemo_rl import refit
+
+pytestmark = pytest.mark.nemo_rl
 
 CONFIG = Fp8SyncConfig()
 Q = "model.layers.0.self_attn.q_proj.weight"
@@ -122,6 +126,70 @@ def test_family_c_refit_equals_upstreams_quantizer_bit_for_bit(upstream_fp8):
     q, s = quantize_blockwise(w, family="c")
     assert torch.equal(q.view(torch.uint8), q_up.view(torch.uint8))
     assert torch.equal(s, torch.squeeze(s_up, dim=-1))
+
+
+def _moe_model(fp8_experts: bool) -> _VllmModel:
+    """``_VllmModel`` plus a grouped-expert MoE layer (vLLM 0.25's ``RoutedExperts``)."""
+    model = _VllmModel()
+    dtype = torch.float8_e4m3fn if fp8_experts else torch.bfloat16
+    experts = RoutedExperts()
+    experts.w13_weight = nn.Parameter(torch.zeros(2, 256, 128).to(dtype), requires_grad=False)
+    experts.w2_weight = nn.Parameter(torch.zeros(2, 128, 128).to(dtype), requires_grad=False)
+    model.model.layers[0].mlp = nn.Module()
+    model.model.layers[0].mlp.experts = experts
+    return model
+
+
+GROUPED = "model.layers.0.mlp.experts.gate_up_proj"  # [experts, 2 x intermediate, hidden]
+
+
+@pytest.mark.parametrize("fp8_experts", [True, False])
+def test_grouped_moe_experts_are_delegated_to_upstream(upstream_fp8, fp8_experts):
+    # main expands grouped expert slabs into per-expert FP8 (or passes them through for
+    # BF16 experts); the AIS refit quantizes linear weights only and must leave that to it.
+    # v0.7.0 has no grouped-expert path: it passes the slab through, and so do we.
+    upstream_fp8.global_fp8_config = upstream_fp8.FP8Config()
+    slab = torch.randn(2, 256, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    weights = [*_weights(), (GROUPED, slab)]
+    theirs = types.SimpleNamespace(model=_moe_model(fp8_experts))
+    upstream_fp8.load_weights(weights, theirs)
+    assert refit.install(upstream_fp8, CONFIG) is True
+    ours = types.SimpleNamespace(model=_moe_model(fp8_experts))
+    upstream_fp8.load_weights(weights, ours)
+    names = [n for n, _ in ours.model.loaded]
+    assert names == [n for n, _ in theirs.model.loaded]
+    experts = [(n, t) for n, t in ours.model.loaded if ".mlp.experts" in n]
+    if fp8_experts and NEMO_RL == "main":  # per-expert FP8: gate/up of experts 0, 1 + scales
+        assert [n for n, _ in experts] == [
+            f"model.layers.0.mlp.experts.{e}.{p}.weight{s}"
+            for p in ("gate_proj", "up_proj")
+            for e in (0, 1)
+            for s in ("", "_scale_inv")
+        ]
+    else:  # BF16 experts (or v0.7.0): the slab as it came
+        assert experts == [(GROUPED, slab)]
+    for (name, got), (_, want) in zip(experts, [(n, t) for n, t in theirs.model.loaded if
+                                                 ".mlp.experts" in n], strict=True):  # fmt: skip
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
+    # the linear weight is still ours
+    q_ref, _ = quantize_blockwise(_weights()[0][1])
+    assert torch.equal(ours.model.loaded[0][1].view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def test_mxfp8_refit_is_delegated_to_upstream(upstream_fp8):
+    # main's is_mx: MXFP8 (32-element E8M0 blocks, ``*_scale_from_checkpoint``), which
+    # nemo_ais.fp8 does not produce: the whole stream goes to upstream's quantizer
+    if NEMO_RL == "v0.7.0":  # v0.7.0 has no MXFP8 refit: its FP8Config has no is_mx
+        with pytest.raises(TypeError, match="is_mx"):
+            upstream_fp8.FP8Config(is_mx=True)
+        return
+    upstream_fp8.global_fp8_config = upstream_fp8.FP8Config(is_mx=True)
+    assert refit.install(upstream_fp8, CONFIG) is True
+    runner = types.SimpleNamespace(model=_VllmModel())
+    weight = torch.randn(256, 256, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    upstream_fp8.load_weights([(Q, weight), _weights()[1]], runner)
+    assert [n for n, _ in runner.model.loaded] == [Q, Q + "_scale_from_checkpoint", NORM]
+    assert len(MXFP8_QUANTIZED) == 1 and MXFP8_QUANTIZED[0] is weight  # vLLM's quantizer
 
 
 def test_install_refuses_a_changed_upstream_signature(upstream_fp8, monkeypatch):

@@ -3,7 +3,7 @@
 
 Reads the installed NeMo-RL's SOURCE with ``ast`` (no import: most of these modules need
 CUDA, vLLM or Megatron-Bridge) and compares each relied-on function with what was
-recorded for v0.7.0: the FP8 refit functions that ``nemo_ais.nemo_rl.refit`` patches or
+recorded for the session's version (v0.7.0 or main; ``per_version`` where they differ): the FP8 refit functions that ``nemo_ais.nemo_rl.refit`` patches or
 calls (same table the runtime check uses), the worker methods the AIS workers override,
 and the facts the seam is built on (DP group of the valid-token counts, metric scaling
 rule, ``policy_factory`` / ``worker_extension_cls_fqn`` seams, the loss returned by setup).
@@ -16,6 +16,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from nemo_rl_version import per_version
 
 from nemo_ais.nemo_rl.refit import RECORDED_SIGNATURES
 
@@ -77,13 +78,15 @@ def test_fp8_refit_functions_keep_their_recorded_signatures(full):
 
 
 def test_refit_calls_the_module_attribute_at_call_time():
-    fn = _find(
-        _module("nemo_rl.models.generation.vllm.vllm_backend"),
-        "VllmInternalWorkerExtension._load_weights",
-    )
-    src = ast.unparse(fn)
+    # v0.7.0: _load_weights calls it; main: _load_weights -> _load_hf_weights calls it
+    method = per_version(v0_7_0="_load_weights", main="_load_hf_weights")
+    tree = _module("nemo_rl.models.generation.vllm.vllm_backend")
+    src = ast.unparse(_find(tree, f"VllmInternalWorkerExtension.{method}"))
     assert "from nemo_rl.models.generation.vllm.quantization import fp8" in src
     assert "fp8.load_weights(policy_weights, self.model_runner)" in src
+    if method != "_load_weights":
+        caller = ast.unparse(_find(tree, "VllmInternalWorkerExtension._load_weights"))
+        assert f"self.{method}(policy_weights)" in caller
 
 
 WORKERS = {
@@ -134,7 +137,12 @@ def test_policy_and_setup_seams():
     grpo = _module("nemo_rl.algorithms.grpo")
     setup = _find(grpo, "setup")
     assert "policy_factory" in _params(setup)
-    assert "loss_fn = ClippedPGLossFn(loss_config)" in ast.unparse(setup)
+    # main passes the Megatron flag on (the launcher's swap_loss keeps it: compat)
+    assert per_version(
+        v0_7_0="loss_fn = ClippedPGLossFn(loss_config)",
+        main="loss_fn = ClippedPGLossFn(loss_config, "
+        "use_fused_linear_logprobs=use_fused_linear_logprobs)",
+    ) in ast.unparse(setup)
     loss = _module("nemo_rl.algorithms.loss.loss_functions")
     assert _params(_find(loss, "ClippedPGLossFn.__call__")) == [
         "self",
