@@ -37,7 +37,7 @@ from nemo_rl_logs import nemo_rl_logger
 from nemo_ais.cli import main
 from nemo_ais.embedded.tokenizer import CharTokenizer
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.nemo_rl, pytest.mark.timeout(300)]
 
 ARM, SEED, STEPS = "fp8-ais", 0, 2
 NUM_DIGITS = 2
