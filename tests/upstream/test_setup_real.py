@@ -71,6 +71,16 @@ pytestmark = pytest.mark.nemo_rl
 
 run = launcher()
 SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+# What each comparison arm trains with: (loss_fn.ais.mode, NeMo-RL's
+# use_importance_sampling_correction) on the loss object that reaches grpo_train. The
+# uncorrected FP8 arm must have NeMo-RL's IS off too, or it is not uncorrected.
+ARMS = {
+    "bf16": ("none", False),
+    "fp8_none": ("none", False),
+    "fp8_tis": ("tis", False),
+    "fp8_ais": ("ais", False),
+}
+ARM_OF = {f"experiments/{model}_{arm}.yaml": arm for model in ("qwen3_8b", "smoke") for arm in ARMS}
 # After training, as each version's run_grpo.py: main flushes the checkpointer (main()
 # trains inside ``with checkpointer``) and stops the environments; v0.7.0 does neither.
 AFTER_TRAINING = per_version(v0_7_0=[], main=["checkpointer.shutdown", "shutdown_environments"])
@@ -176,6 +186,14 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     # a fresh run's save state: a dict on v0.7.0, main's GRPOSaveState dataclass
     initial = per_version(v0_7_0="_default_grpo_save_state", main="_initial_grpo_save_state")
     assert state == getattr(grpo, initial)()
+
+    # ---- the loss grpo_train trains with: each arm's correction, NeMo-RL's own IS off
+    trained = train_args[5]
+    arm = ARM_OF.get(_rel(path), "fp8_ais")  # model configs run mode ais
+    assert (trained.ais.mode, trained.use_importance_sampling_correction) == ARMS[arm]
+    assert trained.truncated_importance_sampling_type is None
+    assert trained.sequence_level_importance_ratios is False
+    assert trained.enabled is (ARMS[arm][0] != "none")
 
     # ---- upstream's FP8 guard read the view's flag (our loss owns the correction)
     vllm_cfg = config.policy["generation"]["vllm_cfg"]
