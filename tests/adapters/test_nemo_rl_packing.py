@@ -14,6 +14,7 @@ not change the result. DP = 1 here (the multi-rank collective is tested on gloo)
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
@@ -57,9 +58,20 @@ def _counts(batch):
     return batch["sample_mask"].sum().double(), mask.sum().double()
 
 
-def test_packed_loss_calls_sum_to_the_unpacked_global_batch_loss(monkeypatch):
-    # NeMo-RL's non-parallel log-prob path moves input_ids with .cuda(); stay on CPU here
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+class _HostIds(torch.Tensor):
+    """``input_ids`` handed to NeMo-RL's non-parallel log-prob helper, which moves the next
+    tokens with ``.cuda()``: on this tensor (and its slices) that stays on the host and is
+    recorded. Nothing else in the process is touched."""
+
+    moved: ClassVar[list[tuple[int, ...]]] = []
+
+    def cuda(self, *args, **kwargs):
+        _HostIds.moved.append(tuple(self.shape))
+        return self
+
+
+def test_packed_loss_calls_sum_to_the_unpacked_global_batch_loss():
+    _HostIds.moved.clear()
     data, logits_all = _driver_batch()
     (shard,), _ = data.shard_by_batch_size(
         1,
@@ -72,6 +84,7 @@ def test_packed_loss_calls_sum_to_the_unpacked_global_batch_loss(monkeypatch):
             "sequence_length_pad_multiple": 1,
         },
     )
+    shard["input_ids"] = shard["input_ids"].as_subclass(_HostIds)  # what upstream moves
     rows_of = shard["input_ids"]  # the shard is re-ordered: map rows back to logits
     row_index = [
         next(j for j in range(N) if torch.equal(data["input_ids"][j], rows_of[i])) for i in range(N)
@@ -98,6 +111,7 @@ def test_packed_loss_calls_sum_to_the_unpacked_global_batch_loss(monkeypatch):
             alpha_sum += metrics["ais/alpha"]  # s * local / global, summed: s
         # reference: the whole global batch in ONE unpacked call, same logits
         lp = get_next_token_logprobs_from_logits(batch["input_ids"], batch["logits"])
+        lp = lp.as_subclass(torch.Tensor)
         ref, _ = loss_fn(
             next_token_logprobs=lp, data=batch, global_valid_seqs=gvs, global_valid_toks=gvt
         )
@@ -108,4 +122,6 @@ def test_packed_loss_calls_sum_to_the_unpacked_global_batch_loss(monkeypatch):
         assert math.isclose(alpha_sum, alpha, rel_tol=1e-6)  # float32 scale factors
         alphas.append(alpha)
     assert calls == N  # one loss call per packed sequence
+    # upstream moved the next tokens once per packed sequence and per reference call
+    assert len(_HostIds.moved) == N + 2
     assert abs(alphas[0] - alphas[1]) > 1e-3  # a mix-up of global batches would show

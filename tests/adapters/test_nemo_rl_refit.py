@@ -95,14 +95,37 @@ def test_real_upstream_module_has_the_recorded_signatures(upstream_fp8):
     refit.check_signatures(upstream_fp8)  # raises on any difference
 
 
-def test_install_patches_upstreams_module_once_and_streams_into_vllm(upstream_fp8):
+@pytest.fixture
+def quantizers(upstream_fp8, monkeypatch):
+    """Spies on both quantizers: names that went through ours / through upstream's."""
+    seen = {"ours": [], "upstream": []}
+    ours, theirs = refit.fp8_weight_stream, upstream_fp8.cast_tensor_to_fp8_blockwise
+
+    def spy_ours(pairs, config):
+        pairs = list(pairs)
+        seen["ours"] += [name for name, _ in pairs]
+        return ours(pairs, config)
+
+    def spy_theirs(data_hp, weight_block_size):
+        seen["upstream"].append(tuple(data_hp.shape))
+        return theirs(data_hp, weight_block_size)
+
+    monkeypatch.setattr(refit, "fp8_weight_stream", spy_ours)
+    monkeypatch.setattr(upstream_fp8, "cast_tensor_to_fp8_blockwise", spy_theirs)
+    return seen
+
+
+def test_install_patches_upstreams_module_once_and_streams_into_vllm(upstream_fp8, quantizers):
     upstream_fp8.global_fp8_config = upstream_fp8.FP8Config()
     theirs = types.SimpleNamespace(model=_VllmModel())
     upstream_fp8.load_weights(_weights(), theirs)  # NeMo-RL's own quantizer, for the layout
+    assert quantizers == {"ours": [], "upstream": [(256, 200)]}  # unpatched: upstream's
     assert refit.install(upstream_fp8, CONFIG) is True
     assert refit.install(upstream_fp8, CONFIG) is False  # idempotent
     ours = types.SimpleNamespace(model=_VllmModel())
     upstream_fp8.load_weights(_weights(), ours)
+    # patched: the FP8 linear weight went through nemo_ais.fp8 only, nothing else did
+    assert quantizers == {"ours": [Q], "upstream": [(256, 200)]}
     # upstream's real _is_fp8_weight picked the FP8 tensors: same names, shapes and dtypes
     assert [(n, t.shape, t.dtype) for n, t in ours.model.loaded] == [
         (n, t.shape, t.dtype) for n, t in theirs.model.loaded
@@ -208,14 +231,30 @@ def test_import_hook_patches_upstreams_module_on_first_import(monkeypatch):
     assert refit.TARGET_MODULE not in sys.modules
     fp8 = next(import_upstream_fp8(monkeypatch))  # what the vLLM worker's import does
     assert getattr(fp8.load_weights, "__nemo_ais_refit__", False)
+    seen = []
+    ours = refit.fp8_weight_stream
+
+    def spy(pairs, config):  # our quantizer, recording what it is given
+        pairs = list(pairs)
+        seen.extend(name for name, _ in pairs)
+        return ours(pairs, config)
+
+    monkeypatch.setattr(refit, "fp8_weight_stream", spy)
+    monkeypatch.setattr(fp8, "cast_tensor_to_fp8_blockwise", _never_called)
+    fp8.global_fp8_config = fp8.FP8Config()
     runner = types.SimpleNamespace(model=_VllmModel())
     fp8.load_weights(_weights(), runner)
+    assert seen == [Q]  # the hook's patch quantized it, upstream's did not
     assert [n for n, _ in runner.model.loaded] == [
         Q,
         Q.removesuffix(".weight") + ".weight_scale_inv",
         NORM,
     ]
     sys.modules.pop(refit.TARGET_MODULE, None)
+
+
+def _never_called(*args, **kwargs):
+    raise AssertionError("upstream's quantizer ran: the AIS refit patch is not active")
 
 
 def test_config_round_trips_through_the_environment():

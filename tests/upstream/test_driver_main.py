@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""launchers/run_grpo_ais.py main() through NeMo-RL v0.7.0's REAL driver code, every config.
+"""launchers/run_grpo_ais.py main() through NeMo-RL's REAL driver code, every config.
 
 For every full config under ``configs/nemo_rl/`` (recursive, arm mixins excluded) the
 launcher runs with upstream's real ``load_config`` / ``parse_hydra_overrides`` /
@@ -10,16 +10,17 @@ needs a cluster, a download or a GPU; each stub records what crossed it:
 * ``init_ray`` (starts Ray): records the worker environment at that moment;
 * ``get_tokenizer`` (HF download): records its config, returns :class:`Tokenizer`;
 * ``setup_response_data`` (dataset download): records its arguments;
-* ``grpo.setup`` (Ray actors, vLLM, Megatron): records (config, tokenizer, dataset,
-  val_dataset, policy_factory) and returns what upstream's setup returns, with the real
-  ``ClippedPGLossFn`` built from the config it received;
+* inside upstream's REAL ``grpo.setup`` (a spy records its arguments and what it returns):
+  Ray actor creation, the vLLM engines, the GPU monitor and the HF config download
+  (``_ray_boundary.ActorBoundary``; local Ray for upstream's ``ray.get``);
 * ``grpo.grpo_train`` / ``grpo.async_grpo_train`` (the GPU loops): record their arguments;
 * ``grpo.shutdown_environments`` (NeMo-RL main: stops the environments' Ray actors after
   training, as main's ``run_grpo.py``): records its arguments.
 
 Each stub replaces the name in the module where ``main()`` looks it up (``main()``
-imports them at call time; the stand-ins live in ``_ray_boundary.py``). Upstream's REAL
-``grpo.setup`` runs to its return, for every config, in ``test_setup_real.py``.
+imports them at call time; the stand-ins live in ``_ray_boundary.py``). The datasets are
+tiny in-memory ones sized from the config ``main()`` loads. ``test_setup_real.py`` checks
+what upstream's ``setup()`` builds; this file checks what ``main()`` hands it and trains.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import os
 from pathlib import Path
 
 import pytest
-from _ray_boundary import DriverBoundary, Tokenizer
+from _ray_boundary import ActorBoundary, DriverBoundary, Tokenizer, tiny_datasets
 from nemo_rl.algorithms import grpo
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
 from nemo_rl.models.generation import configure_generation_config
@@ -45,53 +46,40 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 run = launcher()
 
 
-class _Generation:
-    """What ``setup()`` returns for the vLLM engines: records ``shutdown`` (main calls it)."""
-
-    def __init__(self, events: list) -> None:
-        self.events = events
-
-    def shutdown(self) -> bool:
-        self.events.append(("policy_generation.shutdown", {}))
-        return True
-
-
 # what main() does after training, per NeMo-RL version (main's run_grpo.py does the same)
-AFTER_TRAINING = per_version(
-    v0_7_0=[], main=["shutdown_environments", "policy_generation.shutdown"]
-)
-
-
-class _Driver(DriverBoundary):
-    """``_ray_boundary.DriverBoundary`` plus a recording stand-in for all of ``grpo.setup``."""
-
-    def setup(
-        self, master_config, tokenizer, dataset, val_dataset, processor=None, policy_factory=None
-    ):
-        self.events.append(
-            (
-                "setup",
-                {
-                    "config": master_config,
-                    "tokenizer": tokenizer,
-                    "dataset": dataset,
-                    "val_dataset": val_dataset,
-                    "policy_factory": policy_factory,
-                },
-            )
-        )
-        # What upstream's setup() returns in the loss slot: ClippedPGLossFn(master_config.loss_fn).
-        loss_fn = ClippedPGLossFn(master_config.loss_fn)
-        return ("policy", _Generation(self.events), None, ("train_cluster", "inference_cluster"),
-                "dataloader", "val_dataloader", loss_fn, "logger", "checkpointer",
-                {"current_step": 0}, master_config, {}, {})  # fmt: skip
+AFTER_TRAINING = per_version(v0_7_0=[], main=["shutdown_environments"])
 
 
 @pytest.fixture
-def driver(monkeypatch, tmp_path):
-    d = _Driver()
+def driver(monkeypatch, tmp_path, local_ray):
+    """The driver boundary, tiny datasets of the config main() loads, a spy on real setup()."""
+    d = DriverBoundary()
     d.install(monkeypatch)
-    monkeypatch.setattr(grpo, "setup", d.setup)
+    d.actors = ActorBoundary(stop=False).install(monkeypatch, tmp_path)
+    real_load, real_setup = run.load_config_dict, grpo.setup
+
+    def load_config_dict(path, overrides):  # spy: the datasets follow the config
+        raw = real_load(path, overrides)
+        train, val = tiny_datasets(raw)
+        d.datasets = (train, val, {"math": None}, {"math": None})
+        return raw
+
+    def setup(master_config, tokenizer, dataset, val_dataset, **kwargs):  # spy on the real one
+        call = {
+            "config": master_config,
+            "tokenizer": tokenizer,
+            "dataset": dataset,
+            "val_dataset": val_dataset,
+            **kwargs,
+            # setup() edits policy.generation in place: keep what main() handed it
+            "generation": copy.deepcopy(master_config.policy["generation"]),
+        }
+        d.events.append(("setup", call))
+        call["returned"] = real_setup(master_config, tokenizer, dataset, val_dataset, **kwargs)
+        return call["returned"]
+
+    monkeypatch.setattr(run, "load_config_dict", load_config_dict)
+    monkeypatch.setattr(grpo, "setup", setup)
     # main() edits the worker environment; restore it after each test.
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     monkeypatch.delenv("NEMO_AIS_FP8_REFIT", raising=False)
@@ -143,10 +131,11 @@ def test_main_reaches_setup_and_trains_with_upstreams_driver_code(driver, path):
         has_refit_draft_weights=False,
         trains_mtp=bool(raw["policy"]["megatron_cfg"].get("mtp_num_layers")),
     )
-    assert config.policy["generation"] == expected_generation
-    assert config.policy["generation"]["_pad_token_id"] == Tokenizer.pad_token_id
-    assert config.policy["generation"]["stop_token_ids"] == [Tokenizer.eos_token_id]
-    assert config.policy["generation"]["vllm_cfg"]["load_format"] == "dummy"
+    handed = setup["generation"]
+    assert handed == expected_generation
+    assert handed["_pad_token_id"] == Tokenizer.pad_token_id
+    assert handed["stop_token_ids"] == [Tokenizer.eos_token_id]
+    assert handed["vllm_cfg"]["load_format"] == "dummy"
     assert config.policy["draft"] == raw["policy"]["draft"]
     assert config.policy["draft"]["enabled"] is False
     # loss_fn view: loss_fn.ais owns the correction, so NeMo-RL's FP8 guard reads it as on.
@@ -164,6 +153,14 @@ def test_main_reaches_setup_and_trains_with_upstreams_driver_code(driver, path):
     assert args[4] is driver.tokenizer
     assert args[6] is driver.datasets[2] and args[7] is driver.datasets[3]
     assert args[11] is config
+    # what the real setup() returned reaches grpo_train, its ClippedPGLossFn swapped for ours
+    returned = setup["returned"]
+    assert args[0] is returned[0] and args[1] is returned[1] and args[2] is returned[4]
+    assert type(returned[6]) is ClippedPGLossFn and loss_fn is not returned[6]
+    assert args[8] is returned[7] and args[9] is returned[8] and args[10] is returned[9]
+    # main's run_grpo.py stops the engines after training; so does main() on main
+    stopped = [c for c in args[1].calls if c[0] == "shutdown"]
+    assert stopped == per_version(v0_7_0=[], main=[("shutdown", ())])
 
 
 def test_main_runs_async_grpo_with_the_ais_loss(driver):

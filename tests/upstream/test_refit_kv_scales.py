@@ -26,8 +26,8 @@ Stubbed, each at the narrowest boundary and recording what crosses it:
   model's forward over the shard it is given; ``megatron_bridge`` (Megatron-Bridge is not
   installable on CPU: it needs Transformer Engine and ``transformers<5``) exports the
   model's parameters and gives the transformer config;
-* CUDA-only calls: ``torch.tensor(..., device="cuda")`` lands on CPU, NVTX ranges are
-  no-ops, RoPE's ``torch.cuda.current_device()`` is ``"cpu"``, no CUDA RNG tracker;
+* CUDA-only calls: ``torch.tensor(..., device="cuda")`` inside upstream's worker module
+  lands on CPU (that module's ``torch`` name only; counted), NVTX ranges are no-ops, RoPE's ``torch.cuda.current_device()`` is ``"cpu"``, no CUDA RNG tracker;
 * import-time placeholders so upstream's worker module imports (``tests/_megatron_worker.py``):
   ``megatron.bridge.*`` and four names megatron-core 0.16.1 lacks (v0.7.0 builds against a
   newer one). Each placeholder raises if it is ever called; the test asserts none was.
@@ -75,20 +75,30 @@ def local_ray():
 # ---- CUDA-only calls --------------------------------------------------------------------------
 
 
+class _HostTorch:
+    """``torch`` as upstream's worker MODULE sees it (its global name ``torch``, nowhere else):
+    ``torch.tensor(..., device="cuda")`` lands on the CPU and is counted; every other
+    attribute is torch's own."""
+
+    def __init__(self, record: dict) -> None:
+        self._record = record
+
+    def tensor(self, *args, device=None, **kwargs):
+        if device is not None and str(device).startswith("cuda"):
+            self._record["cuda_tensors"] += 1
+            device = "cpu"
+        return torch.tensor(*args, device=device, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+
 @pytest.fixture
-def cpu_shims(monkeypatch):
+def cpu_shims(monkeypatch, worker_modules):
     import megatron.core.tensor_parallel as tp
 
     record = {"cuda_tensors": 0, "nvtx": []}
-    real_tensor = torch.tensor
-
-    def tensor(*args, device=None, **kwargs):
-        if device is not None and str(device).startswith("cuda"):
-            record["cuda_tensors"] += 1
-            device = "cpu"
-        return real_tensor(*args, device=device, **kwargs)
-
-    monkeypatch.setattr(torch, "tensor", tensor)
+    monkeypatch.setattr(worker_modules.upstream, "torch", _HostTorch(record))
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", record["nvtx"].append)
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # RoPE's inv_freq.to()
