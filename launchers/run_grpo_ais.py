@@ -34,7 +34,9 @@ apart and refuses anything else before the config is read). Mirrors NeMo-RL's
 4. ``nemo_ais`` is put on ``PYTHONPATH`` so Ray workers (which inherit the driver's
    environment) can unpickle the loss and import the AIS workers; with an
    ``ais_fp8_refit`` section the vLLM workers also quantize the synced weights with
-   :mod:`nemo_ais.fp8` (:func:`configure_fp8_refit`, :mod:`nemo_ais.nemo_rl.refit`).
+   :mod:`nemo_ais.fp8` (:func:`configure_fp8_refit`, :mod:`nemo_ais.nemo_rl.refit`), and
+   after ``setup()`` every vLLM worker is asked whether that is armed
+   (:func:`require_fp8_refit_active`; the run stops naming the worker if not).
 
 NeMo-RL's FP8-rollout and async-GRPO guards assert
 ``loss_fn.use_importance_sampling_correction``. AIS *is* the importance-sampling
@@ -85,6 +87,7 @@ __all__ = [
     "parse_args",
     "refit_transport_problems",
     "register_ais_workers",
+    "require_fp8_refit_active",
     "swap_loss",
     "validate_ais",
 ]
@@ -214,6 +217,25 @@ def configure_fp8_refit(config: dict[str, Any], environ: dict[str, str] | None =
     return refit
 
 
+def require_fp8_refit_active(config: Any, policy_generation: Any) -> None:
+    """After ``setup()``: ask every vLLM worker process whether the AIS FP8 refit is armed.
+
+    :func:`nemo_ais.nemo_rl.refit.require_active`; raises ``RuntimeError`` naming each
+    worker where it is not. With ``vllm_cfg.async_engine`` (vLLM's ``AsyncLLM``) the
+    workers are not asked (not implemented): a WARNING says so.
+    """
+    from nemo_ais.nemo_rl import refit as ais_refit
+
+    vllm_cfg = config.policy["generation"].get("vllm_cfg") or {}
+    if vllm_cfg.get("async_engine", False):
+        ais_refit.logger.warning(
+            "nemo_ais: policy.generation.vllm_cfg.async_engine=true: the vLLM workers are not "
+            "asked whether the AIS FP8 refit is armed (their import hook still is)"
+        )
+        return
+    ais_refit.require_active(policy_generation)
+
+
 def refit_transport_problems(config: dict[str, Any]) -> list[str]:
     """``policy.generation.refit_transport`` (main) other than the default, with FP8 rollouts.
 
@@ -324,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         val_dataset,
         policy_factory=policy_factory,
     )
+    if refit is not None:  # every vLLM worker must refit through nemo_ais.fp8, or stop here
+        require_fp8_refit_active(config, policy_generation)
     loss_fn = swap_loss(loss_fn, ais_cfg)
 
     async_cfg = compat.grpo_option(config, "async_grpo") or {}

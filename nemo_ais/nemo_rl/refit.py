@@ -35,11 +35,18 @@ patching):
   includes the grouped MoE expert slabs, which upstream expands to per-expert FP8), and
   the whole stream when upstream's FP8 config is MXFP8 (main's ``is_mx``; nemo_ais.fp8
   quantizes 128x128 blocks only).
-* :func:`install_on_import` -- a ``sys.meta_path`` hook that runs :func:`install` when
-  the vLLM worker process imports that module. It is armed by
+* :func:`install_on_import` / :func:`patched_spec` -- a ``sys.meta_path`` hook that runs
+  :func:`install` when a process imports that module. In the job it is armed by
   ``nemo_ais/nemo_rl/_vllm_hook/sitecustomize.py`` when the environment variable
-  :data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.fp8.Fp8SyncConfig`) is set;
+  :data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.fp8.Fp8SyncConfig`) is set: a
+  standard-library trampoline in every Ray worker, which imports nemo_ais (and torch) only
+  in the processes that import NeMo-RL's FP8 module, i.e. the vLLM workers;
   ``launchers/run_grpo_ais.py`` sets both from the ``ais_fp8_refit`` config section.
+  Installing, and failing to, is logged at WARNING (a failure is also raised).
+* :func:`decide_backend` -- ``backend: auto`` resolved once per process at install.
+* :func:`require_active` -- after ``setup()`` the driver asks every vLLM worker process
+  (:func:`hook_status`, through upstream's worker group and vLLM's ``collective_rpc``)
+  and stops the run, naming the worker, where the refit would use NeMo-RL's quantizer.
 """
 
 from __future__ import annotations
@@ -51,10 +58,11 @@ import inspect
 import json
 import logging
 import os
+import socket
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -65,12 +73,17 @@ __all__ = [
     "ENV_VAR",
     "RECORDED_SIGNATURES",
     "TARGET_MODULE",
+    "HookStatus",
     "ais_load_weights",
     "check_signatures",
     "config_from_env",
+    "decide_backend",
+    "hook_status",
     "install",
     "install_on_import",
+    "patched_spec",
     "refit_pairs",
+    "require_active",
 ]
 
 logger = logging.getLogger(__name__)
@@ -201,6 +214,25 @@ def _upstream_quantizes_mx(module: Any) -> bool:
     return bool(getattr(getattr(module, "global_fp8_config", None), "is_mx", False))
 
 
+def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
+    """``backend: auto`` decided once for this process: ``te`` or ``torch``.
+
+    :func:`nemo_ais.fp8.te_backend.use_te`'s rule for ``auto`` (Transformer Engine
+    importable, CUDA, family ``c``, 128x128 blocks), asked once about a tensor on the
+    device the refit streams to (CUDA when available). Left as ``auto``, the stream would
+    ask it for every tensor, and a missing TE would be imported again each time (~18k
+    import attempts per Qwen3-30B refit).
+    """
+    if config.backend != "auto":
+        return config
+    from nemo_ais.fp8 import te_backend
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    probe = torch.empty(0, device=device)
+    te = te_backend.use_te(probe, "auto", family=config.family, block=config.block)
+    return config.model_copy(update={"backend": "te" if te else "torch"})
+
+
 def install(module: Any, config: Fp8SyncConfig) -> bool:
     """Wrap ``module.load_weights`` (NeMo-RL's FP8 refit) with :func:`ais_load_weights`.
 
@@ -217,7 +249,12 @@ def install(module: Any, config: Fp8SyncConfig) -> bool:
     require_config(config, Fp8SyncConfig, "install(config)")
     if getattr(module.load_weights, _PATCHED, False):
         return False
-    check_signatures(module)
+    try:
+        check_signatures(module)
+    except RuntimeError as err:
+        logger.warning("nemo_ais: AIS FP8 refit NOT installed in pid %d: %s", os.getpid(), err)
+        raise
+    config = decide_backend(config)  # once per process, not once per tensor
     original = module.load_weights
 
     def load_weights(weights, model_runner):
@@ -234,7 +271,14 @@ def install(module: Any, config: Fp8SyncConfig) -> bool:
     setattr(load_weights, _PATCHED, True)
     load_weights.__wrapped__ = original
     module.load_weights = load_weights
-    logger.info("nemo_ais: %s.load_weights now quantizes with nemo_ais.fp8", module.__name__)
+    logger.warning(
+        "nemo_ais: %s.load_weights wrapped in pid %d: FP8 linear weights are quantized by "
+        "nemo_ais.fp8 (family %s, backend %s)",
+        module.__name__,
+        os.getpid(),
+        config.family,
+        config.backend,
+    )
     return True
 
 
@@ -250,6 +294,29 @@ class _Loader(importlib.abc.Loader):
         install(module, self.config)
 
 
+def patched_spec(fullname: str, config: Fp8SyncConfig | None) -> Any:
+    """The module spec of ``fullname`` whose loader runs :func:`install` after executing it.
+
+    Used by the import hooks (:func:`install_on_import`, the ``_vllm_hook`` trampoline);
+    the spec is found by the other finders on ``sys.meta_path``.
+
+    Raises:
+        TypeError: ``config`` is not an :class:`Fp8SyncConfig` (e.g. ``NEMO_AIS_FP8_REFIT``
+            unset in a process that armed the hook).
+    """
+    require_config(config, Fp8SyncConfig, "patched_spec(config)")
+    ours = [f for f in sys.meta_path if isinstance(f, _Finder) and f.target == fullname]
+    for finder in ours:  # find the real spec without recursing into this hook
+        sys.meta_path.remove(finder)
+    try:
+        spec = importlib.util.find_spec(fullname)
+    finally:
+        sys.meta_path[:0] = ours
+    if spec is not None and spec.loader is not None:
+        spec.loader = _Loader(spec.loader, config)
+    return spec
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, target: str, config: Fp8SyncConfig):
         self.target, self.config = target, config
@@ -257,14 +324,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != self.target:
             return None
-        sys.meta_path.remove(self)  # find the real spec without recursing into this hook
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader, self.config)
-        return spec
+        return patched_spec(fullname, self.config)
 
 
 def install_on_import(config: Fp8SyncConfig, target: str = TARGET_MODULE) -> None:
@@ -280,6 +340,106 @@ def install_on_import(config: Fp8SyncConfig, target: str = TARGET_MODULE) -> Non
         return
     if not any(isinstance(f, _Finder) and f.target == target for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder(target, config))
+
+
+class HookStatus(NamedTuple):
+    """The AIS FP8 refit in one process (a vLLM worker), as :func:`hook_status` sees it."""
+
+    pid: int
+    host: str
+    configured: bool  # NEMO_AIS_FP8_REFIT set in this process
+    armed: bool  # an import hook waits for NeMo-RL's FP8 refit module
+    imported: bool  # that module is imported here
+    patched: bool  # and its load_weights is ours
+    error: str | None  # what the hook raised when the module was imported
+
+    @property
+    def active(self) -> bool:
+        """The next refit in this process quantizes with nemo_ais.fp8."""
+        return self.error is None and (self.patched or (self.armed and not self.imported))
+
+    def problem(self) -> str:
+        """Why the refit is not active here ('' if it is)."""
+        if self.active:
+            return ""
+        if self.error is not None:
+            return f"the hook failed when NeMo-RL's FP8 module was imported: {self.error}"
+        if not self.configured:
+            return f"{ENV_VAR} is not set in this process (the launcher's environment did not reach it)"
+        if self.imported:
+            return f"{TARGET_MODULE}.load_weights is NeMo-RL's own (imported before the hook)"
+        return (
+            "no hook is armed: nemo_ais/nemo_rl/_vllm_hook/sitecustomize.py did not run "
+            "(not on PYTHONPATH, or another sitecustomize earlier on sys.path shadows it)"
+        )
+
+
+def hook_status(worker: Any = None) -> HookStatus:
+    """This process's AIS FP8 refit state (``worker``: what vLLM's ``collective_rpc`` passes)."""
+    module = sys.modules.get(TARGET_MODULE)
+    hooks = [f for f in sys.meta_path if getattr(f, "nemo_ais_fp8_refit", False)]
+    finders = [f for f in sys.meta_path if isinstance(f, _Finder) and f.target == TARGET_MODULE]
+    error = next((f.error for f in hooks if getattr(f, "error", None)), None)
+    return HookStatus(
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        configured=bool(os.environ.get(ENV_VAR)),
+        armed=bool(hooks or finders),
+        imported=module is not None,
+        patched=module is not None and getattr(module.load_weights, _PATCHED, False),
+        error=error,
+    )
+
+
+def _engine_statuses(generation_worker: Any) -> list[HookStatus]:
+    """On a NeMo-RL vLLM generation worker (Ray actor): every vLLM worker process's status."""
+    llm = getattr(generation_worker, "llm", None)
+    if llm is None:  # no engine in this actor: the actor's own process
+        return [hook_status()]
+    return list(llm.collective_rpc(hook_status))
+
+
+def require_active(policy_generation: Any) -> list[HookStatus]:
+    """Ask every vLLM worker process whether the AIS FP8 refit is active; raise if one is not.
+
+    Runs :func:`hook_status` in each vLLM worker process: upstream's worker group calls
+    ``__ray_call__`` (Ray's run-a-callable-on-this-actor) on each model-owning generation
+    worker, which runs it through vLLM's ``collective_rpc`` (sync engine only).
+
+    Returns:
+        The status of every vLLM worker process.
+
+    Raises:
+        RuntimeError: naming each generation worker / vLLM process where the refit would
+            use NeMo-RL's own quantizer, and why.
+    """
+    import ray
+
+    futures = policy_generation.worker_group.run_all_workers_single_data(
+        "__ray_call__",
+        fn=_engine_statuses,
+        run_rank_0_only_axes=["tensor_parallel", "pipeline_parallel"],
+    )
+    per_worker = ray.get(futures)
+    problems = [
+        f"generation worker {w}, vLLM process {s.pid} on {s.host}: {s.problem()}"
+        for w, statuses in enumerate(per_worker)
+        for s in statuses
+        if not s.active
+    ]
+    if problems:
+        logger.warning("nemo_ais: AIS FP8 refit NOT active: %s", "; ".join(problems))
+        raise RuntimeError(
+            "ais_fp8_refit.enabled=true but the AIS FP8 refit is not active in every vLLM "
+            "worker, which would refit with NeMo-RL's own quantizer:\n  " + "\n  ".join(problems)
+        )
+    statuses = [s for group in per_worker for s in group]
+    logger.warning(
+        "nemo_ais: AIS FP8 refit armed in %d vLLM worker processes of %d generation workers",
+        len(statuses),
+        len(per_worker),
+    )
+    return statuses
 
 
 def config_from_env(environ: dict[str, str] | None = None) -> Fp8SyncConfig | None:

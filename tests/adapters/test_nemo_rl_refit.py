@@ -293,3 +293,28 @@ def test_launcher_arms_the_hook_only_for_fp8_rollouts():
     with pytest.raises(ValueError, match=r"ais_fp8_refit\.famly is not a known field"):
         run.configure_fp8_refit({**fp8, "ais_fp8_refit": {"famly": "a"}}, {})
     assert run.configure_fp8_refit({**fp8, "ais_fp8_refit": {"enabled": False}}, {}) is None
+
+
+def test_backend_auto_is_decided_once_per_process_not_per_tensor(upstream_fp8, monkeypatch):
+    # backend: auto used to ask te_backend.use_te (and try to import Transformer Engine)
+    # for every tensor of every refit: ~18k times per Qwen3-30B refit
+    from nemo_ais.fp8 import te_backend
+
+    asked = []
+    real = te_backend.use_te
+
+    def spy(x, backend, **kwargs):
+        asked.append((backend, x.numel()))
+        return real(x, backend, **kwargs)
+
+    monkeypatch.setattr(te_backend, "use_te", spy)
+    upstream_fp8.global_fp8_config = upstream_fp8.FP8Config()
+    assert CONFIG.backend == "auto"
+    assert refit.install(upstream_fp8, CONFIG) is True
+    for _ in range(3):  # three refits
+        runner = types.SimpleNamespace(model=_VllmModel())
+        upstream_fp8.load_weights(_weights(), runner)
+        q_ref, _ = quantize_blockwise(_weights()[0][1])  # no TE here: the torch reference
+        assert torch.equal(runner.model.loaded[0][1].view(torch.uint8), q_ref.view(torch.uint8))
+    assert asked == [("auto", 0)]  # once, at install, on an empty probe tensor
+    assert refit.decide_backend(CONFIG).backend == "torch"  # CPU: no TE

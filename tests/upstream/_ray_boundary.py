@@ -12,7 +12,8 @@ crosses it; everything between the stand-ins is upstream's real code.
   ``shutdown_environments`` (stops the environments' Ray actors).
 * :class:`ActorBoundary`: actor creation. ``RayQueue`` / ``RayWorkerGroup`` in
   ``nemo_rl.models.policy.lm_policy`` (``Policy.__init__``), ``VllmGeneration`` in
-  ``nemo_rl.algorithms.grpo`` (vLLM engines), ``RayGpuMonitorLogger`` in
+  ``nemo_rl.algorithms.grpo`` (vLLM engines; its worker group runs what ``__ray_call__`` /
+  ``collective_rpc`` are given in a fresh interpreter with the driver's environment), ``RayGpuMonitorLogger`` in
   ``nemo_rl.utils.logger`` (a Ray metrics thread), ``get_default_hf_config`` in
   ``lm_policy`` (an HF download; answered with a real ``transformers`` config of the
   model's shapes from ``nemo_ais.preflight.MODEL_SHAPES``). ``RayVirtualCluster`` stays
@@ -26,6 +27,9 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,7 @@ from nemo_rl.utils import logger as nrl_logger
 
 from nemo_ais.preflight import find_model_shape
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MEGATRON_BASE = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
 MEGATRON_AIS_WORKER = "nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker"
 # what the stand-in workers answer to prepare_refit_info (name -> (shape, dtype))
@@ -178,6 +183,56 @@ class _WorkerGroup:
         return True
 
 
+# what a fresh vLLM worker process answers, per environment (PYTHONPATH, refit JSON)
+_WORKER_ANSWERS: dict[tuple[str, str], bytes] = {}
+_RUN_IN_WORKER = (
+    "import pickle, sys; fn = pickle.loads(sys.stdin.buffer.read()); "
+    "sys.stdout.buffer.write(pickle.dumps(fn(None)))"
+)
+
+
+class _EngineWorkerProcess:
+    """vLLM's ``LLM.collective_rpc(callable)`` (one engine worker): runs the callable in a
+    fresh interpreter started with the driver's environment at that moment, which is what
+    ``init_ray`` hands every Ray worker (the vLLM worker processes inherit it)."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        assert not args and not kwargs
+        self.calls.append(("collective_rpc", method.__qualname__))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([env.get("PYTHONPATH", ""), str(REPO_ROOT)])
+        key = (env["PYTHONPATH"], env.get("NEMO_AIS_FP8_REFIT", ""), pickle.dumps(method))
+        if key not in _WORKER_ANSWERS:
+            out = subprocess.run(
+                [sys.executable, "-c", _RUN_IN_WORKER],
+                input=key[2],
+                env=env,
+                capture_output=True,
+                timeout=120,
+            )
+            assert out.returncode == 0, out.stderr.decode()
+            _WORKER_ANSWERS[key] = out.stdout
+        return [pickle.loads(_WORKER_ANSWERS[key])]
+
+
+class _GenerationWorkerGroup:
+    """Stand-in of the engines' ``RayWorkerGroup``: ``__ray_call__`` on one generation worker."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+        self.llm = _EngineWorkerProcess(calls)  # the generation worker actor's engine
+
+    def run_all_workers_single_data(self, method_name, run_rank_0_only_axes=None, **kwargs):
+        import ray
+
+        assert method_name == "__ray_call__", method_name
+        self.calls.append(("__ray_call__", kwargs["fn"].__qualname__))
+        return [ray.put(kwargs["fn"](self))]
+
+
 class _VllmGeneration:
     """Stand-in ``VllmGeneration``: records the engine config it would start."""
 
@@ -186,6 +241,7 @@ class _VllmGeneration:
         self.config = copy.deepcopy(config)
         self.kwargs = kwargs
         self.calls: list[tuple[str, tuple]] = []
+        self.worker_group = _GenerationWorkerGroup(self.calls)
         boundary.generations.append(self)
 
     def finish_generation(self, *args, **kwargs) -> bool:

@@ -219,3 +219,14 @@ def test_val_at_start_with_fp8_kv_cache_is_refused_before_ray(driver):
     bf16 = CONFIG_DIR / "experiments" / "smoke_bf16.yaml"
     run.main(["--config", str(bf16), "grpo.val_at_start=true"])
     assert driver.names()[-2 - len(AFTER_TRAINING) :] == ["setup", "grpo_train", *AFTER_TRAINING]
+
+
+def test_a_vllm_worker_without_the_fp8_refit_stops_main_before_training(driver, monkeypatch):
+    # the launcher armed the refit, but its environment never reached the workers (e.g. a
+    # cluster that rebuilds the worker environment): main() must stop, naming the worker
+    real = run.configure_fp8_refit
+    monkeypatch.setattr(run, "configure_fp8_refit", lambda raw: real(raw, {"PYTHONPATH": ""}))
+    path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+    with pytest.raises(RuntimeError, match=r"generation worker 0, vLLM process \d+ on .*: "):
+        run.main(["--config", str(path)])
+    assert "grpo_train" not in driver.names()

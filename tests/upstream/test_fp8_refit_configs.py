@@ -10,8 +10,10 @@ in ``NEMO_AIS_FP8_REFIT`` and put ``nemo_ais/nemo_rl/_vllm_hook`` first on ``PYT
 for a BF16 rollout it must leave the environment untouched. Then, for the smoke config:
 NeMo-RL's real ``init_ray`` (the Ray start stubbed: ``ray.init`` records its
 ``runtime_env``, ``ray.cluster_resources`` is an external cluster's) hands
-both variables to every Ray worker, and a fresh interpreter started with that environment
-(as a vLLM worker is) has the import hook that patches NeMo-RL's FP8 refit installed.
+both variables to every Ray worker. A fresh interpreter started with that environment (a
+Ray worker) holds only the stdlib trampoline, no torch and no nemo_ais; as a vLLM worker it
+gets NeMo-RL's real FP8 module wrapped when it imports it (success logged at WARNING); a
+broken arming fails that import loudly instead of refitting with NeMo-RL's quantizer.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from nemo_rl.utils.config import register_omegaconf_resolvers
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS, launcher
 
 from nemo_ais.fp8 import Fp8SyncConfig
-from nemo_ais.nemo_rl.refit import ENV_VAR, TARGET_MODULE
+from nemo_ais.nemo_rl.refit import ENV_VAR
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -109,18 +111,75 @@ def test_nemo_rl_init_ray_forwards_the_hook_to_every_worker(smoke_env, monkeypat
     assert worker_env["PYTHONPATH"].split(os.pathsep)[0] == str(HOOK_DIR)
 
 
-def test_a_fresh_worker_interpreter_installs_the_refit_hook(smoke_env):
-    probe = (
-        "import sys; from nemo_ais.nemo_rl import refit; "
-        "hooks = [f for f in sys.meta_path if isinstance(f, refit._Finder)]; "
-        "print(hooks[0].target, hooks[0].config.model_dump_json())"
-    )
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO_ROOT)])
+# What a fresh Ray worker interpreter does with the launcher's environment: before any
+# import, only the stdlib trampoline (no torch, no nemo_ais); then, as a vLLM worker, it
+# imports NeMo-RL's real FP8 module (vLLM names: tests/_vllm_boundary.py placeholders).
+_WORKER_PROBE = """
+import json, sys
+before = {"torch": "torch" in sys.modules, "nemo_ais": "nemo_ais" in sys.modules,
+          "hooks": [type(f).__name__ for f in sys.meta_path
+                    if getattr(f, "nemo_ais_fp8_refit", False)]}
+if sys.argv[1] == "vllm":
+    sys.path.insert(0, sys.argv[2])
+    import _vllm_boundary
+    sys.modules.update(_vllm_boundary._vllm_modules())
+    import nemo_rl.models.generation.vllm.quantization.fp8 as fp8
+    from nemo_ais.nemo_rl import refit
+    status = refit.hook_status()._asdict()
+    status["is_ours"] = getattr(fp8.load_weights, "__nemo_ais_refit__", False)
+else:
+    status = None
+print(json.dumps({"before": before, "status": status}))
+"""
+
+
+def _fresh_worker(env: dict, role: str) -> tuple[dict, str]:
     out = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _WORKER_PROBE, role, str(REPO_ROOT / "tests")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    target, config = out.stdout.split(" ", 1)
-    assert target == TARGET_MODULE
-    assert Fp8SyncConfig.model_validate_json(config) == smoke_env
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def _worker_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO_ROOT)])
+    return env
+
+
+def test_a_fresh_worker_interpreter_arms_the_hook_without_importing_torch(smoke_env):
+    result, _ = _fresh_worker(_worker_env(), "ray-worker")
+    assert result["before"] == {"torch": False, "nemo_ais": False,
+                                "hooks": ["AISFp8RefitTrampoline"]}  # fmt: skip
+
+
+def test_the_vllm_worker_gets_the_patch_when_it_imports_nemo_rls_fp8_module(smoke_env):
+    result, stderr = _fresh_worker(_worker_env(), "vllm")
+    status = result["status"]
+    assert (status["configured"], status["armed"], status["imported"], status["patched"]) == (
+        True,
+        True,
+        True,
+        True,
+    )
+    assert status["error"] is None and status["is_ours"] is True
+    # success is logged at WARNING (seen with Python's default logging level)
+    assert "load_weights wrapped in pid" in stderr and "nemo_ais.fp8" in stderr
+
+
+def test_a_broken_refit_config_fails_the_vllm_worker_loudly(smoke_env):
+    env = _worker_env()
+    env[ENV_VAR] = '{"famly": "a"}'  # a typo in the JSON the launcher would never write
+    out = subprocess.run(
+        [sys.executable, "-c", _WORKER_PROBE, "vllm", str(REPO_ROOT / "tests")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0  # the import of NeMo-RL's FP8 module fails: no silent fallback
+    assert "AIS FP8 refit could NOT be armed" in out.stderr and "famly" in out.stderr

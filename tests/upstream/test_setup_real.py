@@ -260,9 +260,13 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     assert vllm.config["vllm_kwargs"]["hf_overrides"] == raw["policy"].get(
         "hf_config_overrides", {}
     )
+    # every FP8 config arms the AIS FP8 refit (test_fp8_refit_configs.py); main() then asks
+    # each vLLM worker process (a fresh interpreter with main()'s environment) before training
+    asked = [("__ray_call__", "_engine_statuses"), ("collective_rpc", "hook_status")]
     assert vllm.calls == [
         ("finish_generation", ()),
         ("prepare_refit_info", (REFIT_INFO,)),
+        *(asked if raw["policy"]["generation"]["vllm_cfg"]["precision"] == "fp8" else []),
         *per_version(v0_7_0=[], main=[("shutdown", ())]),  # main's run_grpo.py stops it
     ]
     if AFTER_TRAINING:  # the checkpointer setup() built is the one flushed

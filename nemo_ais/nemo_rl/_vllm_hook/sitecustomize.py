@@ -11,17 +11,61 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Arms the AIS FP8 refit hook in processes started with this folder on PYTHONPATH.
+"""Arms the AIS FP8 refit in processes started with this folder on PYTHONPATH.
 
 ``launchers/run_grpo_ais.py`` puts this folder on ``PYTHONPATH`` and sets
 ``NEMO_AIS_FP8_REFIT`` only when the ``ais_fp8_refit`` section enables it; every other
-process is unaffected. Note: a ``sitecustomize`` earlier on ``sys.path`` would shadow
-this one.
+process is unaffected. Python's ``site`` imports this file at interpreter start in every
+Ray worker of the job, so it uses the standard library only: it puts a trampoline on
+``sys.meta_path`` that does nothing until a process imports NeMo-RL's FP8 refit module
+(``nemo_rl.models.generation.vllm.quantization.fp8``, imported by the vLLM workers only).
+Only then does it import ``nemo_ais`` (and torch) and wrap ``load_weights``
+(:func:`nemo_ais.nemo_rl.refit.patched_spec`); a failure there is logged at WARNING and
+raised, so that vLLM worker fails instead of quietly refitting with NeMo-RL's quantizer.
+The driver asks every vLLM worker after ``setup()`` whether the patch is armed
+(:func:`nemo_ais.nemo_rl.refit.require_active`), which also catches a process where this
+file never ran (a ``sitecustomize`` earlier on ``sys.path`` shadows this one).
 """
 
+import importlib.abc
+import logging
 import os
+import sys
 
-if os.environ.get("NEMO_AIS_FP8_REFIT"):
-    from nemo_ais.nemo_rl.refit import config_from_env, install_on_import
+TARGET = "nemo_rl.models.generation.vllm.quantization.fp8"
+_log = logging.getLogger("nemo_ais.fp8_refit")
 
-    install_on_import(config_from_env())
+
+class AISFp8RefitTrampoline(importlib.abc.MetaPathFinder):
+    """Waits for the import of :data:`TARGET`, then hands it to ``nemo_ais.nemo_rl.refit``."""
+
+    nemo_ais_fp8_refit = True  # the marker nemo_ais.nemo_rl.refit.hook_status looks for
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.error = None
+
+    def find_spec(self, fullname, path, target=None):
+        """The wrapped spec of TARGET on its first import (raises what arming raised)."""
+        if fullname != TARGET or self.fired:
+            return None
+        self.fired = True
+        try:
+            from nemo_ais.nemo_rl import refit
+
+            return refit.patched_spec(fullname, refit.config_from_env())
+        except Exception as err:
+            self.error = f"{type(err).__name__}: {err}"
+            _log.warning(
+                "nemo_ais: the AIS FP8 refit could NOT be armed in pid %d (%s); refusing to "
+                "let this vLLM worker refit with NeMo-RL's own FP8 quantizer",
+                os.getpid(),
+                self.error,
+            )
+            raise
+
+
+if os.environ.get("NEMO_AIS_FP8_REFIT") and not any(
+    getattr(f, "nemo_ais_fp8_refit", False) for f in sys.meta_path
+):
+    sys.meta_path.insert(0, AISFp8RefitTrampoline())

@@ -1,0 +1,120 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""After ``setup()`` the driver asks every vLLM worker whether the AIS FP8 refit is armed.
+
+``nemo_ais.nemo_rl.refit.require_active`` goes through upstream's REAL dispatch:
+``VllmGeneration.worker_group`` (a real ``RayWorkerGroup``, built with ``__new__`` over
+real Ray actors) -> ``run_all_workers_single_data("__ray_call__", ...)`` -> each actor ->
+vLLM's ``collective_rpc`` into the engine's worker processes. Stood in, recording what
+crosses it: the generation worker actor (``_generation_worker.GenerationWorker``, a CPU
+actor in place of upstream's GPU ``VllmGenerationWorker``) and vLLM's
+``LLM.collective_rpc`` (runs the callable in the actor's own process, where vLLM's
+in-process executor would run it). Each actor is a fresh
+Ray worker process started with a different environment, so the hook state it reports is
+what ``site`` did at that interpreter's start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import ray
+from _generation_worker import GenerationWorker
+from shipped_configs import CONFIG_DIR, launcher
+
+from nemo_ais.nemo_rl import refit
+
+pytestmark = pytest.mark.nemo_rl
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+run = launcher()
+
+
+def _env(launcher_env: dict[str, str], drop: str | None) -> dict[str, str]:
+    """A worker's environment: the launcher's, with one piece missing (``drop``)."""
+    env = {k: launcher_env[k] for k in ("PYTHONPATH", refit.ENV_VAR)}
+    stand_in = str(REPO_ROOT / "tests" / "upstream")  # _generation_worker, for Ray
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO_ROOT), stand_in])
+    if drop == "hook_dir":  # sitecustomize not on the path (or shadowed)
+        hook_dir = str(REPO_ROOT / "nemo_ais" / "nemo_rl" / "_vllm_hook")
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in env["PYTHONPATH"].split(os.pathsep) if p != hook_dir
+        )
+    if drop == "env_var":
+        env[refit.ENV_VAR] = ""
+    return env
+
+
+@pytest.fixture(scope="module")
+def launcher_env():
+    """The worker environment main() sets for the smoke config (configure_fp8_refit)."""
+    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    raw = run.load_config_dict(str(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"), [])
+    assert run.configure_fp8_refit(raw, env) is not None
+    return env
+
+
+def _generation(actors: list) -> object:
+    """Upstream's real VllmGeneration / RayWorkerGroup dispatch over the given actors."""
+    from nemo_rl.distributed.named_sharding import NamedSharding
+    from nemo_rl.distributed.worker_groups import RayWorkerGroup
+    from nemo_rl.models.generation.vllm.vllm_generation import VllmGeneration
+
+    group = RayWorkerGroup.__new__(RayWorkerGroup)
+    group._workers = actors
+    group.sharding_annotations = NamedSharding(
+        layout=[[[i]] for i in range(len(actors))],
+        names=["data_parallel", "pipeline_parallel", "tensor_parallel"],
+    )
+    generation = VllmGeneration.__new__(VllmGeneration)
+    generation.worker_group = group
+    return generation
+
+
+@pytest.fixture(scope="module")
+def workers(local_ray, launcher_env):
+    """One generation worker per environment: as launched, hook dir missing, env var unset."""
+    actors = {
+        drop or "launched": GenerationWorker.options(
+            runtime_env={"env_vars": _env(launcher_env, drop)}
+        ).remote()
+        for drop in (None, "hook_dir", "env_var")
+    }
+    yield actors
+    for actor in actors.values():
+        ray.kill(actor)
+
+
+def test_every_vllm_worker_reports_the_armed_refit(workers, caplog):
+    generation = _generation([workers["launched"]])
+    with caplog.at_level(logging.WARNING, logger="nemo_ais.nemo_rl.refit"):
+        (status,) = refit.require_active(generation)
+    assert (status.configured, status.armed, status.imported, status.active) == (
+        True,
+        True,
+        False,
+        True,
+    )
+    assert status.pid != os.getpid()  # asked in the worker's process, not the driver's
+    assert ray.get(workers["launched"].rpc_calls.remote()) == ["hook_status"]
+    assert "AIS FP8 refit armed in 1 vLLM worker processes of 1 generation workers" in caplog.text
+
+
+def test_a_worker_without_the_hook_fails_the_run_naming_it(workers, caplog):
+    generation = _generation([workers["launched"], workers["hook_dir"], workers["env_var"]])
+    with (
+        caplog.at_level(logging.WARNING, logger="nemo_ais.nemo_rl.refit"),
+        pytest.raises(RuntimeError, match="not active in every vLLM worker") as err,
+    ):
+        refit.require_active(generation)
+    message = str(err.value)
+    assert "generation worker 0" not in message
+    assert (
+        "generation worker 1, vLLM process" in message and "sitecustomize.py did not run" in message
+    )
+    assert (
+        "generation worker 2, vLLM process" in message and f"{refit.ENV_VAR} is not set" in message
+    )
+    assert "AIS FP8 refit NOT active" in caplog.text  # logged at WARNING as well
