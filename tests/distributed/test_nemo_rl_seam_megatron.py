@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""The seam with Megatron-Core's real process groups (4 gloo ranks, TP = 1, CP = 2, DP = 2).
+"""The seam with Megatron-Core's real process groups (4 gloo ranks: CP = 2 x DP = 2; PP = 2 x DP = 2).
 
 ``nemo_ais.megatron.get_data_parallel_group()`` after ``initialize_model_parallel`` must be
 the group NeMo-RL's Megatron worker sums ``global_valid_toks`` over: context-parallel
@@ -12,6 +12,7 @@ group (never WORLD).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -86,3 +87,42 @@ def test_megatron_dp_group_excludes_cp_siblings():
         assert results[0]["n_tok"][g] == ref.n_tok  # no CP double counting
     for r in results:
         assert r["calls"] == [("all_reduce", True)] * N_GB
+
+
+LLAMA_PP2 = Path(__file__).resolve().parents[2] / "configs/nemo_rl/llama3.1_8b_2n8g_fp8_pp2.yaml"
+
+
+def _pp_rank_fn(rank, world_size):
+    """PP = 2 x DP = 2: every rank of both stages prepares (NeMo-RL replicates data over PP)."""
+    from megatron.core import parallel_state
+
+    from nemo_ais.megatron import get_data_parallel_group, is_pipeline_last_stage
+
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)
+    group = get_data_parallel_group()
+    dp_rank = parallel_state.get_data_parallel_rank()
+    sink = _Sink()
+    with count_collectives() as counter:
+        prepare_global_batches(_shard(dp_rank), sink, CONFIG, local_batch_size=ROWS, group=group)
+    return {
+        "dp_ranks": dist.get_process_group_ranks(group),
+        "stage": parallel_state.get_pipeline_model_parallel_rank(),
+        "last_stage": is_pipeline_last_stage(),
+        "alpha": [d.alpha for d in sink.diagnostics],
+        "calls": [(c.name, c.group is group) for c in counter.calls],
+    }
+
+
+def test_pp2_every_stage_all_reduces_over_its_own_dp_group():
+    # the claim of configs/nemo_rl/llama3.1_8b_2n8g_fp8_pp2.yaml's header
+    assert "all-reduce over the DP group on EVERY stage" in LLAMA_PP2.read_text()
+    results = run_distributed(_pp_rank_fn, world_size=4, timeout=150)
+    stages = [r["stage"] for r in results]
+    assert sorted(stages) == [0, 0, 1, 1]
+    assert [r["last_stage"] for r in results] == [s == 1 for s in stages]
+    for r in results:  # a DP group never mixes stages ...
+        assert {results[i]["stage"] for i in r["dp_ranks"]} == {r["stage"]}
+        # ... and every rank, last stage or not, makes the same one all-reduce per global batch
+        assert r["calls"] == [("all_reduce", True)] * N_GB
+    # both stages see the same shards: alpha bit-identical on all four ranks
+    assert_same_bits([{f"gb{g}": a for g, a in enumerate(r["alpha"])} for r in results])
