@@ -47,12 +47,17 @@ class _Sink:
         self.diagnostics = diagnostics
 
 
-def _rank_fn(rank, world_size):
+def _rank_fn(rank, world_size, **parallel):
+    """Megatron's groups for ``parallel`` sizes; this rank's prepare step over its DP group."""
     from megatron.core import parallel_state
 
-    from nemo_ais.megatron import get_data_parallel_group, get_data_parallel_world_size
+    from nemo_ais.megatron import (
+        get_data_parallel_group,
+        get_data_parallel_world_size,
+        is_pipeline_last_stage,
+    )
 
-    parallel_state.initialize_model_parallel(context_parallel_size=2)
+    parallel_state.initialize_model_parallel(**parallel)
     group = get_data_parallel_group()
     dp_rank = parallel_state.get_data_parallel_rank()
     sink = _Sink()
@@ -62,6 +67,8 @@ def _rank_fn(rank, world_size):
         "dp_ranks": dist.get_process_group_ranks(group),
         "dp_size": get_data_parallel_world_size(),
         "cp_rank": parallel_state.get_context_parallel_rank(),
+        "stage": parallel_state.get_pipeline_model_parallel_rank(),
+        "last_stage": is_pipeline_last_stage(),
         "alpha": [d.alpha for d in sink.diagnostics],
         "n_tok": [d.n_tok for d in sink.diagnostics],
         "calls": [(c.name, c.group is group) for c in counter.calls],
@@ -69,7 +76,9 @@ def _rank_fn(rank, world_size):
 
 
 def test_megatron_dp_group_excludes_cp_siblings():
-    results = run_distributed(_rank_fn, world_size=4, timeout=150)
+    results = run_distributed(
+        _rank_fn, world_size=4, kwargs={"context_parallel_size": 2}, timeout=150
+    )
     groups = {tuple(r["dp_ranks"]) for r in results}
     assert len(groups) == 2 and all(len(g) == 2 for g in groups)
     assert all(r["dp_size"] == 2 for r in results)
@@ -92,31 +101,13 @@ def test_megatron_dp_group_excludes_cp_siblings():
 LLAMA_PP2 = Path(__file__).resolve().parents[2] / "configs/nemo_rl/llama3.1_8b_2n8g_fp8_pp2.yaml"
 
 
-def _pp_rank_fn(rank, world_size):
-    """PP = 2 x DP = 2: every rank of both stages prepares (NeMo-RL replicates data over PP)."""
-    from megatron.core import parallel_state
-
-    from nemo_ais.megatron import get_data_parallel_group, is_pipeline_last_stage
-
-    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)
-    group = get_data_parallel_group()
-    dp_rank = parallel_state.get_data_parallel_rank()
-    sink = _Sink()
-    with count_collectives() as counter:
-        prepare_global_batches(_shard(dp_rank), sink, CONFIG, local_batch_size=ROWS, group=group)
-    return {
-        "dp_ranks": dist.get_process_group_ranks(group),
-        "stage": parallel_state.get_pipeline_model_parallel_rank(),
-        "last_stage": is_pipeline_last_stage(),
-        "alpha": [d.alpha for d in sink.diagnostics],
-        "calls": [(c.name, c.group is group) for c in counter.calls],
-    }
-
-
 def test_pp2_every_stage_all_reduces_over_its_own_dp_group():
     # the claim of configs/nemo_rl/llama3.1_8b_2n8g_fp8_pp2.yaml's header
     assert "all-reduce over the DP group on EVERY stage" in LLAMA_PP2.read_text()
-    results = run_distributed(_pp_rank_fn, world_size=4, timeout=150)
+    # PP = 2 x DP = 2: every rank of both stages prepares (NeMo-RL replicates data over PP)
+    results = run_distributed(
+        _rank_fn, world_size=4, kwargs={"pipeline_model_parallel_size": 2}, timeout=150
+    )
     stages = [r["stage"] for r in results]
     assert sorted(stages) == [0, 0, 1, 1]
     assert [r["last_stage"] for r in results] == [s == 1 for s in stages]
