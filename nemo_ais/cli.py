@@ -18,6 +18,7 @@ the four-arm FP8 / AIS GRPO experiment of the shipped preset ``default.yaml`` (`
 ``quick.yaml``, ``--preset NAME``: ``NAME.yaml``; presets live in ``nemo_ais/embedded/presets/``,
 package data);
 ``nemo-ais report RUN_DIR`` redraws its plots and summary.
+``nemo-ais --version`` prints the installed distribution's version and where it imports from.
 ``nemo-ais analyze LOG_DIR`` replays the AIS diagnostics and every correction mode over a
 NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``).
 Exit codes: 0 success, 1 a run failed or bad log input (message printed), 2 bad config or
@@ -32,7 +33,7 @@ import logging
 import sys
 from pathlib import Path
 
-__all__ = ["PRESETS", "main"]
+__all__ = ["PRESETS", "main", "version_string"]
 
 # nemo_ais/embedded/presets/<name>.yaml selectable with --preset (default.yaml: no flag)
 PRESETS = ("quick", "evidence", "addition")
@@ -51,6 +52,24 @@ Re-running the same command resumes an interrupted run from its last checkpoints
 """
 
 
+def version_string() -> str:
+    """``nemo-ais <version> from <package dir> (python <X.Y>)``, like ``pip --version``.
+
+    The version is the installed distribution's (``importlib.metadata``); a source tree
+    that was never installed falls back to ``nemo_ais.__version__``.
+    """
+    from importlib import metadata
+
+    import nemo_ais
+
+    try:
+        version = metadata.version("nemo-ais")
+    except metadata.PackageNotFoundError:
+        version = nemo_ais.__version__
+    where = Path(nemo_ais.__file__).resolve().parent
+    return f"nemo-ais {version} from {where} (python {sys.version_info[0]}.{sys.version_info[1]})"
+
+
 def _config_dir() -> Path:
     from nemo_ais.embedded.config import CONFIG_DIR
 
@@ -66,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="Log at INFO level.")
+    parser.add_argument("--version", action="version", version=version_string())
     sub = parser.add_subparsers(dest="command", metavar="{run,report,analyze}")
     sub.required = True
 

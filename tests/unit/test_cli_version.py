@@ -1,0 +1,49 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""``nemo-ais --version``: the installed distribution's version and where it imports from.
+
+The installed (non-editable) wheel is checked in ``tests/e2e/test_wheel.py``.
+"""
+
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import nemo_ais
+from nemo_ais.cli import main
+
+PACKAGE_DIR = Path(nemo_ais.__file__).resolve().parent
+
+
+def test_version_is_the_distributions(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out.strip()
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert out == f"nemo-ais {metadata.version('nemo-ais')} from {PACKAGE_DIR} (python {python})"
+
+
+def test_package_version_matches_the_metadata():
+    assert nemo_ais.__version__ == metadata.version("nemo-ais")
+
+
+def test_version_needs_no_subcommand_and_leaves_verbose_alone(capsys):
+    """``-v`` stays ``--verbose``: only the long flag prints the version."""
+    with pytest.raises(SystemExit) as exited:
+        main(["-v"])  # no subcommand: a usage error, not the version
+    assert exited.value.code == 2
+    assert f"nemo-ais {metadata.version('nemo-ais')}" not in capsys.readouterr().out
+
+
+def test_module_entry_point_prints_it():
+    out = subprocess.run(
+        [sys.executable, "-m", "nemo_ais", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.startswith(f"nemo-ais {metadata.version('nemo-ais')} from ")
