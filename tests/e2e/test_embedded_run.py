@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+import torch
 import yaml
 
 import nemo_ais.embedded.recipe as recipe_mod
@@ -96,6 +97,7 @@ def test_quick_preset_outputs_are_sensible(tmp_path, cache_dir, capsys):
     applied = {r["arm"]: r["alpha"] for r in train}
     assert applied["bf16"] == 0.0 and applied["fp8-none"] == 0.0 and applied["fp8-tis"] == 1.0
     assert 0.0 < applied["fp8-ais"] < 1.0
+    _assert_arms_train_differently(run_dir, train)
     val = _records(run_dir, "val")
     assert {(r["arm"], r["step"]) for r in val} == {(a, s) for a in arms for s in (0, 2, 4)}
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in val)
@@ -109,6 +111,24 @@ def test_quick_preset_outputs_are_sensible(tmp_path, cache_dir, capsys):
     before = (run_dir / "metrics.jsonl").read_text()
     assert _run(tmp_path, cache_dir, "quick", "logger.progress_bar=false") == 0
     assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def _assert_arms_train_differently(run_dir, train):
+    """The smoke run exercises the corrections: nonzero reward, so the FP8 arms diverge.
+
+    With a reward of 0 everywhere every advantage is 0, the loss and its gradient vanish
+    and fp8-none, fp8-tis and fp8-ais train bit-identically (they share rollouts and
+    differ only in the weights applied to the advantages).
+    """
+    assert any(r["reward"] > 0.0 for r in train), "the reward is 0 on every step and arm"
+    fp8_arms = ("fp8-none", "fp8-tis", "fp8-ais")
+    losses = {a: [r["loss"] for r in train if r["arm"] == a] for a in fp8_arms}
+    policies = {a: load_checkpoint(checkpoint_path(run_dir, a, 0))["policy"] for a in fp8_arms}
+    for i, a in enumerate(fp8_arms):
+        for b in fp8_arms[i + 1 :]:
+            assert losses[a] != losses[b], f"{a} and {b} logged the same losses {losses[a]}"
+            same = all(torch.equal(policies[a][k], policies[b][k]) for k in policies[a])
+            assert not same, f"{a} and {b} end with bit-identical parameters"
 
 
 def test_interrupt_then_resume_equals_uninterrupted(tmp_path, cache_dir, monkeypatch, capsys):
