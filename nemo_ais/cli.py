@@ -40,10 +40,10 @@ PRESETS = ("quick", "evidence", "addition")
 
 _EPILOG = """\
 examples:
-  nemo-ais run                                   # default experiment, 4 arms x 3 seeds
+  nemo-ais run                                   # default experiment, 4 arms x 2 seeds
   nemo-ais run --quick                           # <= 60 s smoke run (1 process, 1 seed)
   nemo-ais run --preset evidence                 # 8 seeds + constant-alpha arm (docs/results.md)
-  nemo-ais run grpo.max_num_steps=100 rollout.fp8.kv_cache_fp8=true logger.name=kv
+  nemo-ais run grpo.max_num_steps=100 rollout.fp8.kv_cache_fp8=false logger.name=bf16-kv
   nemo-ais run experiment.include=[bf16,fp8-ais] experiment.seeds=[0]
   nemo-ais report runs/default
   nemo-ais analyze logs/exp_001 loss_fn.ais.ema=0.9    # a NeMo-RL run's train_data_step*.jsonl

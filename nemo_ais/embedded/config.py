@@ -79,6 +79,23 @@ SECTIONS = (
 )
 
 
+# The defaults below are those of default.yaml, the file `nemo-ais run` runs: a config that
+# leaves a key out gets what default.yaml states (tests/unit/test_embedded_config.py).
+DEFAULT_FP8_ROLLOUT: dict[str, Any] = {
+    "enabled": True,
+    "weight_block": [128, 128],
+    "activation_group": 128,
+    "ue8m0": False,
+    "kv_cache_fp8": True,
+}
+DEFAULT_ARMS: dict[str, dict[str, Any]] = {
+    "bf16": {"rollout": {"fp8": {"enabled": False}}, "loss_fn": {"ais": {"mode": "none"}}},
+    "fp8-none": {"loss_fn": {"ais": {"mode": "none"}}},
+    "fp8-tis": {"loss_fn": {"ais": {"mode": "tis"}}},
+    "fp8-ais": {"loss_fn": {"ais": {"mode": "ais"}}},
+}
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -195,7 +212,9 @@ class RolloutSection(_Section):
         "results do not depend on the DP world size.",
     )
     fp8: dict[str, Any] = Field(
-        default_factory=dict, description="Fp8RolloutConfig fields (validated separately)."
+        default_factory=lambda: copy.deepcopy(DEFAULT_FP8_ROLLOUT),
+        description="Fp8RolloutConfig fields (validated separately); default: W8A8 blockwise "
+        "E4M3 with the FP8 KV cache, as default.yaml.",
     )
 
 
@@ -274,9 +293,11 @@ class ClusterSection(_Section):
 class ExperimentSection(_Section):
     """``experiment``: every arm runs with every seed; an arm is a config override."""
 
-    seeds: list[int] = Field([0, 1, 2], min_length=1, description="Seeds of the runs.")
+    seeds: list[int] = Field([0, 1], min_length=1, description="Seeds of the runs.")
     arms: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="Arm name -> nested override of this config."
+        default_factory=lambda: copy.deepcopy(DEFAULT_ARMS),
+        description="Arm name -> nested override of this config (default: the four arms of "
+        "default.yaml).",
     )
     include: list[str] | None = Field(None, description="Arms to run (None: all, in order).")
     reference_arm: str = Field(
@@ -448,7 +469,7 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
     if unknown:
         raise ValueError(f"{unknown[0]} is not a known section (allowed: {', '.join(SECTIONS)})")
     if arm is not None:
-        arms = (data.get("experiment") or {}).get("arms") or {}
+        arms = validate_section(ExperimentSection, data.get("experiment"), "experiment").arms
         if arm not in arms:
             raise ValueError(f"experiment.arms.{arm}: unknown arm (known: {list(arms)})")
         data = _merge(data, arms[arm] or {})

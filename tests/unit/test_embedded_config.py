@@ -98,8 +98,40 @@ def test_default_yaml_is_an_exemplar_of_every_section_model():
         assert set(data[name]) == set(model.model_fields), name
     for (section, sub), model in cfg_mod._NESTED_MODELS.items():
         assert set(data[section][sub]) == set(model.model_fields), f"{section}.{sub}"
-    # and the YAML values are the models' defaults, so docs and code cannot drift apart
+    # and the YAML values are the models' defaults, every section without exception, so
+    # docs and code cannot drift apart
     base = resolve_arm(load_config(DEFAULT), None)
     for name, model in cfg_mod._SECTION_MODELS.items():
-        if name not in ("experiment", "rollout"):
-            assert getattr(base, name) == model(), name
+        assert getattr(base, name) == model(), name
+
+
+@pytest.mark.parametrize("arm", [None, "bf16", "fp8-none", "fp8-tis", "fp8-ais"])
+def test_an_empty_config_is_default_yaml(arm):
+    """One source of truth: leaving every key out gives what default.yaml states.
+
+    Compares the validated objects (every section model, ``loss_fn``, ``loss_fn.ais`` and
+    the FP8 rollout config, e.g. its KV-cache format), the base config and every arm.
+    """
+    import dataclasses
+
+    want = resolve_arm(load_config(DEFAULT), arm)
+    got = resolve_arm({}, arm)
+    for field in dataclasses.fields(want):
+        if field.name == "rollout":  # its fp8 dict is raw input; compared validated, as fp8
+            assert got.rollout.model_dump(exclude={"fp8"}) == want.rollout.model_dump(
+                exclude={"fp8"}
+            )
+        elif field.name != "raw":
+            assert getattr(got, field.name) == getattr(want, field.name), field.name
+    assert got.fp8.kv_cache == want.fp8.kv_cache == "fp8" or arm == "bf16"
+
+
+def test_cli_help_states_the_default_experiment(capsys):
+    import re
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    claim = re.search(r"default experiment, (\d+) arms x (\d+) seeds", capsys.readouterr().out)
+    assert claim, "nemo-ais --help no longer states the default experiment"
+    experiment = load_config(DEFAULT)["experiment"]
+    assert (int(claim[1]), int(claim[2])) == (len(experiment["arms"]), len(experiment["seeds"]))
