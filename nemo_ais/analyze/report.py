@@ -29,8 +29,16 @@ from typing import Any
 
 from nemo_ais.analyze.replay import MODES
 from nemo_ais.analyze.trend import Trend, fit_trend
+from nemo_ais.plotting import series_style, style_axes
 
-__all__ = ["PLOTS", "REPORT_FILE", "onset", "recommendations", "write_report"]
+__all__ = [
+    "PLOTS",
+    "REPORT_FILE",
+    "build_figures",
+    "onset",
+    "recommendations",
+    "write_report",
+]
 
 REPORT_FILE = "report.md"
 PLOTS = ("diagnostics.png", "alpha.png", "weights.png")
@@ -52,13 +60,14 @@ SUMMARY_KEYS = (
     "ais/kl_k3",
     "ais/frac_capped",
 )
+# (keys, title, y label with unit) of the diagnostics.png panels
 _DIAG_PANELS = (
-    (("ais/severity",), "severity D"),
-    (("ais/token_mult_prob_error",), "token_mult_prob_error"),
-    (("ais/ess_seq", "analysis/ess_tok"), "ESS ratio (sequence, token)"),
-    (("ais/cv_w",), "CV of w = min(rho, C)"),
-    (("ais/kl_k1", "ais/kl_k3"), "KL(mu || pi_old): k1, k3"),
-    (("ais/frac_capped",), "fraction rho > C"),
+    (("ais/severity",), "severity D", "D = mean |log rho| (nats / token)"),
+    (("ais/token_mult_prob_error",), "token_mult_prob_error", "mean exp(|log rho|) (1: none)"),
+    (("ais/ess_seq", "analysis/ess_tok"), "ESS ratio (sequence, token)", "ESS / samples (0-1)"),
+    (("ais/cv_w",), "CV of w = min(rho, C)", "CV (std / mean)"),
+    (("ais/kl_k1", "ais/kl_k3"), "KL(mu || pi_old): k1, k3", "KL (nats / token)"),
+    (("ais/frac_capped",), "fraction rho > C", "fraction of valid tokens (0-1)"),
 )
 _MAX_ALARM_ROWS = 50
 ALPHA_HIGH, ALPHA_LOW, ESS_LOW, SHARE = 0.5, 0.1, 0.7, 0.8
@@ -156,7 +165,18 @@ def recommendations(rows: list[dict[str, Any]], alarms: list[str]) -> list[str]:
     return out
 
 
-def _plot(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+def _plot_series(ax, steps: list[int], series: dict[str, list[float]]) -> None:
+    """One line per series, each with its own colour, marker and line style."""
+    for i, (label, values) in enumerate(series.items()):
+        ax.plot(steps, values, label=label, **series_style(i, len(steps)))
+
+
+def build_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The analysis' matplotlib figures by file name (:data:`PLOTS`); the caller saves them.
+
+    Every panel has a y label with its unit, integer step ticks, a legend naming its series
+    (each with its own marker and line style) and a red dashed line at each alarm's step.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,51 +185,49 @@ def _plot(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     steps = [int(r["step"]) for r in rows]
     alarm_steps = [int(r["step"]) for r in rows if r.get("alarms")]
 
-    def mark(ax):
+    def finish(ax, ylabel: str, title: str) -> None:
         for s in alarm_steps:
             ax.axvline(s, color="tab:red", ls="--", lw=0.8, alpha=0.6)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-
-    written = []
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
-    for ax, (keys, title) in zip(axes.flat, _DIAG_PANELS, strict=True):
-        for key in keys:
-            ax.plot(steps, _col(rows, key), marker=".", label=key)
-        ax.set_title(title)
+        style_axes(ax, ylabel=ylabel, title=title)
         ax.legend(fontsize=7)
-        mark(ax)
+
+    figures = {}
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for ax, (keys, title, ylabel) in zip(axes.flat, _DIAG_PANELS, strict=True):
+        _plot_series(ax, steps, {key: _col(rows, key) for key in keys})
+        finish(ax, ylabel, title)
     fig.suptitle("AIS diagnostics per step (red dashes: alarms)")
     fig.tight_layout()
-    written.append(out_dir / PLOTS[0])
-    fig.savefig(written[-1], dpi=100)
-    plt.close(fig)
+    figures[PLOTS[0]] = fig
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for key in ("ais/alpha", "ais/alpha_raw", "ais/g_sev", "ais/g_rel", "ais/g_var"):
-        ax.plot(steps, _col(rows, key), marker="." if key == "ais/alpha" else None, label=key)
+    gates = ("ais/alpha", "ais/alpha_raw", "ais/g_sev", "ais/g_rel", "ais/g_var")
+    _plot_series(ax, steps, {key: _col(rows, key) for key in gates})
     ax.set_ylim(-0.05, 1.05)
-    ax.set_title("alpha and its gates per step")
-    ax.legend(fontsize=8)
-    mark(ax)
+    finish(ax, "alpha and gates (0-1)", "alpha and its gates per step")
     fig.tight_layout()
-    written.append(out_dir / PLOTS[1])
-    fig.savefig(written[-1], dpi=100)
-    plt.close(fig)
+    figures[PLOTS[1]] = fig
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for mode in MODES:
-        axes[0].plot(steps, _col(rows, f"weights/{mode}/ess"), label=mode)
-        axes[1].plot(steps, _col(rows, f"weights/{mode}/frac_capped_or_masked"), label=mode)
-    axes[0].set_title("token ESS ratio of each mode's weights")
-    axes[1].set_title("fraction of valid tokens capped or masked")
-    for ax in axes:
-        ax.legend(fontsize=8)
-        mark(ax)
+    _plot_series(axes[0], steps, {m: _col(rows, f"weights/{m}/ess") for m in MODES})
+    _plot_series(
+        axes[1], steps, {m: _col(rows, f"weights/{m}/frac_capped_or_masked") for m in MODES}
+    )
+    finish(axes[0], "ESS / valid tokens (0-1)", "token ESS ratio of each mode's weights")
+    finish(axes[1], "fraction of valid tokens (0-1)", "fraction of valid tokens capped or masked")
     fig.tight_layout()
-    written.append(out_dir / PLOTS[2])
-    fig.savefig(written[-1], dpi=100)
-    plt.close(fig)
+    figures[PLOTS[2]] = fig
+    return figures
+
+
+def _plot(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, fig in build_figures(rows).items():
+        written.append(out_dir / name)
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
     return written
 
 

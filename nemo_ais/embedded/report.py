@@ -16,7 +16,8 @@
 ``nemo-ais report RUN_DIR`` calls :func:`write_report`. Records: ``kind: train`` (one per
 GRPO step: reward, loss, ``ais/*`` diagnostics, applied ``alpha``, timings) and
 ``kind: val`` (held-out greedy accuracy at step 0, every ``grpo.val_period`` steps and at
-the end). Seed bands are mean +- std over seeds (sample std, ddof = 1).
+the end). Seed bands are mean +- std over seeds (sample std, ddof = 1), clipped to the
+metric's range (a non-negative metric never shows a band below 0).
 """
 
 from __future__ import annotations
@@ -26,10 +27,16 @@ import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from nemo_ais.plotting import series_style, style_axes
 
 __all__ = [
+    "DIAGNOSTICS",
+    "PLOTS",
+    "Panel",
     "arm_summary",
+    "build_figures",
     "early_metric",
     "load_metrics",
     "paired_ci",
@@ -39,19 +46,45 @@ __all__ = [
     "write_report",
 ]
 
+
+class Panel(NamedTuple):
+    """One plotted metric: record kind and key, title, y label with unit, and its bounds.
+
+    Seed bands (mean +- std) are clipped to ``[lo, hi]``: a non-negative metric never
+    shows a band below 0 (None: unbounded on that side).
+    """
+
+    kind: str
+    key: str
+    title: str
+    ylabel: str
+    lo: float | None = 0.0
+    hi: float | None = None
+
+
 PLOTS = {
-    "reward.png": ("train", "reward", "rollout reward (mean over the batch)"),
-    "accuracy.png": ("val", "accuracy", "held-out greedy accuracy"),
+    "reward.png": Panel(
+        "train", "reward", "rollout reward (mean over the batch)", "reward (0-1)", 0.0, 1.0
+    ),
+    "accuracy.png": Panel(
+        "val", "accuracy", "held-out greedy accuracy", "exact-match accuracy (0-1)", 0.0, 1.0
+    ),
 }
 DIAGNOSTICS = (
-    ("ais/severity", "severity D = mean |log rho|"),
-    ("ais/ess_seq", "sequence ESS ratio R"),
-    ("ess_tok", "token ESS ratio (truncated weights)"),
-    ("ais/cv_w", "CV of the truncated token weights"),
-    ("ais/kl_k3", "KL k3 (rollout vs trainer)"),
-    ("alpha", "applied alpha (0: uncorrected, 1: full IS)"),
-    ("entropy", "policy entropy (nats / token)"),
-    ("ais/token_mult_prob_error", "token_mult_prob_error"),
+    Panel("train", "ais/severity", "severity D = mean |log rho|", "D (nats / token)"),
+    Panel("train", "ais/ess_seq", "sequence ESS ratio R", "R (fraction of sequences)", 0, 1),
+    Panel("train", "ess_tok", "token ESS ratio (truncated weights)", "ESS / tokens", 0, 1),
+    Panel("train", "ais/cv_w", "CV of the truncated token weights", "CV (std / mean)"),
+    Panel("train", "ais/kl_k3", "KL k3 (rollout vs trainer)", "KL (nats / token)"),
+    Panel("train", "alpha", "applied alpha", "alpha (0: uncorrected, 1: IS)", 0, 1),
+    Panel("train", "entropy", "policy entropy", "entropy (nats / token)"),
+    Panel(
+        "train",
+        "ais/token_mult_prob_error",
+        "token_mult_prob_error (NeMo-RL's metric)",
+        "mean exp(|log rho|) (1: no error)",
+        lo=1.0,
+    ),
 )
 
 
@@ -103,24 +136,26 @@ def _mean_std(vals: list[float]) -> tuple[float, float]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
-def _plot(ax, series, title: str, smooth: int = 1) -> None:
+def _clip(values: list[float], lo: float | None, hi: float | None) -> list[float]:
+    lo = -math.inf if lo is None else lo
+    hi = math.inf if hi is None else hi
+    return [min(max(v, lo), hi) for v in values]
+
+
+def _plot(ax, series, panel: Panel, arms: list[str], smooth: int = 1) -> None:
+    """Mean over seeds per arm (the arm's own marker and line style), band +- 1 std clipped."""
     for arm, per_seed in series.items():
         steps, mean, std = _band(per_seed)
         if smooth > 1 and len(mean) >= smooth:
             k = smooth
             mean = [statistics.fmean(mean[max(0, i - k + 1) : i + 1]) for i in range(len(mean))]
             std = [statistics.fmean(std[max(0, i - k + 1) : i + 1]) for i in range(len(std))]
-        (line,) = ax.plot(steps, mean, label=arm)
-        ax.fill_between(
-            steps,
-            [m - s for m, s in zip(mean, std, strict=True)],
-            [m + s for m, s in zip(mean, std, strict=True)],
-            color=line.get_color(),
-            alpha=0.2,
-        )
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("GRPO step")
-    ax.grid(alpha=0.3)
+        style = series_style(arms.index(arm), len(steps))
+        ax.plot(steps, mean, label=arm, **style)
+        lower = _clip([m - s for m, s in zip(mean, std, strict=True)], panel.lo, panel.hi)
+        upper = _clip([m + s for m, s in zip(mean, std, strict=True)], panel.lo, panel.hi)
+        ax.fill_between(steps, lower, upper, color=style["color"], alpha=0.15, linewidth=0)
+    style_axes(ax, ylabel=panel.ylabel, title=panel.title)
 
 
 # two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard table values)
@@ -377,62 +412,107 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         "",
         "Plots: `reward.png`, `accuracy.png`, `diagnostics.png` (against the GRPO step), "
         "`mismatch_vs_entropy.png` (severity D against the policy entropy); bands: ± 1 std "
-        "over seeds.",
+        "over seeds, clipped to each metric's range.",
     ]
     return "\n".join(lines) + "\n"
 
 
-def write_report(run_dir: str | Path) -> list[Path]:
-    """(Re)draw the plots and ``summary.md`` of ``run_dir`` from its ``metrics.jsonl``.
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:  # an empty panel gets no empty legend
+        ax.legend(title="arm", fontsize=8)
 
-    Plots: ``reward.png``, ``accuracy.png``, ``diagnostics.png``, ``mismatch_vs_entropy.png``.
 
-    Returns:
-        The files written.
+def build_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report's matplotlib figures by file name (the caller saves and closes them).
+
+    ``reward.png``, ``accuracy.png`` (one panel each), ``diagnostics.png`` (the
+    :data:`DIAGNOSTICS` panels, one legend for the figure) and ``mismatch_vs_entropy.png``
+    (severity D against the policy entropy, one point per step and seed). Every arm keeps
+    one colour, marker and line style in all of them, in the order the arms first appear.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dir = Path(run_dir)
-    records = load_metrics(run_dir)
-    written = []
-    for name, (kind, key, title) in PLOTS.items():
+    arms = list(dict.fromkeys(r["arm"] for r in records))
+    figures = {}
+    for name, panel in PLOTS.items():
         fig, ax = plt.subplots(figsize=(6, 4))
-        _plot(ax, _series(records, kind, key), title, smooth=5 if kind == "train" else 1)
+        smooth = 5 if panel.kind == "train" else 1
+        _plot(ax, _series(records, panel.kind, panel.key), panel, arms, smooth=smooth)
+        if smooth > 1:
+            ax.set_title(f"{panel.title}, {smooth}-step moving mean", fontsize=10)
         ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=8)
+        _legend(ax)
         fig.tight_layout()
-        fig.savefig(run_dir / name, dpi=110)
-        plt.close(fig)
-        written.append(run_dir / name)
-    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
-    for ax, (key, title) in zip(axes.flat, DIAGNOSTICS, strict=True):
-        _plot(ax, _series(records, "train", key), title)
-    axes.flat[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(run_dir / "diagnostics.png", dpi=110)
-    plt.close(fig)
-    written.append(run_dir / "diagnostics.png")
+        figures[name] = fig
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
+    for ax, panel in zip(axes.flat, DIAGNOSTICS, strict=True):
+        _plot(ax, _series(records, panel.kind, panel.key), panel, arms)
+    handles = {}  # one entry per arm, from whichever panel has it
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            title="arm",
+            loc="upper center",
+            ncol=len(handles),
+            fontsize=9,
+        )
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    figures["diagnostics.png"] = fig
     fig, ax = plt.subplots(figsize=(6, 4))
-    for arm in dict.fromkeys(r["arm"] for r in records):
+    for i, arm in enumerate(arms):
         pts = [
             (r["entropy"], r["ais/severity"])
             for r in records
             if r.get("kind") == "train" and r["arm"] == arm and "entropy" in r
         ]
         if pts:
-            ax.scatter(*zip(*pts, strict=True), s=6, alpha=0.5, label=arm)
-    ax.set_xlabel("policy entropy (nats / token)")
-    ax.set_ylabel("severity D = mean |log rho|")
-    ax.set_title("mismatch against policy entropy (one point per step and seed)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+            style = series_style(i, len(pts))
+            ax.scatter(
+                *zip(*pts, strict=True),
+                s=12,
+                alpha=0.6,
+                label=arm,
+                color=style["color"],
+                marker=style["marker"],
+            )
+    style_axes(
+        ax,
+        xlabel="policy entropy (nats / token)",
+        ylabel="severity D = mean |log rho| (nats / token)",
+        title="mismatch against policy entropy (one point per step and seed)",
+        steps=False,
+    )
+    _legend(ax)
     fig.tight_layout()
-    fig.savefig(run_dir / "mismatch_vs_entropy.png", dpi=110)
-    plt.close(fig)
-    written.append(run_dir / "mismatch_vs_entropy.png")
+    figures["mismatch_vs_entropy.png"] = fig
+    return figures
+
+
+def write_report(run_dir: str | Path) -> list[Path]:
+    """(Re)draw the plots and ``summary.md`` of ``run_dir`` from its ``metrics.jsonl``.
+
+    Plots (:func:`build_figures`): ``reward.png``, ``accuracy.png``, ``diagnostics.png``,
+    ``mismatch_vs_entropy.png``.
+
+    Returns:
+        The files written.
+    """
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    records = load_metrics(run_dir)
+    written = []
+    for name, fig in build_figures(records).items():
+        fig.savefig(run_dir / name, dpi=110)
+        plt.close(fig)
+        written.append(run_dir / name)
     (run_dir / "summary.md").write_text(_summary_md(run_dir, records, _reference_arm(run_dir)))
     written.append(run_dir / "summary.md")
     return written

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import oracles
 import pytest
+from plot_checks import assert_publishable
 from test_analyze_logs import aligned, write_run
 
 from nemo_ais.analyze import analyze_run, load_analysis_config
-from nemo_ais.analyze.report import onset
+from nemo_ais.analyze.replay import MODES
+from nemo_ais.analyze.report import _DIAG_PANELS, PLOTS, build_figures, onset
 from nemo_ais.analyze.trend import fit_trend, t_quantile
 from nemo_ais.cli import main
 from nemo_ais.config import CorrectionConfig
@@ -196,3 +198,21 @@ def test_spilled_chunks_give_the_same_rows(run, tmp_path, monkeypatch):
             else:
                 assert got[key] == value, key
     assert list((tmp_path / "spill").iterdir()) == []  # the spill directories are removed
+
+
+def test_plots_are_publishable(tmp_path):
+    import matplotlib.pyplot as plt
+
+    # two steps: a default locator would put ticks at 1.2, 1.4, ... between them
+    write_run(tmp_path / "logs", [1, 2])
+    rows = analyze_run(tmp_path / "logs", tmp_path / "out", plots=False).rows
+    figures = build_figures(rows)
+    assert tuple(figures) == PLOTS
+    series = {
+        "diagnostics.png": {key for keys, _, _ in _DIAG_PANELS for key in keys},
+        "alpha.png": {"ais/alpha", "ais/alpha_raw", "ais/g_sev", "ais/g_rel", "ais/g_var"},
+        "weights.png": set(MODES),
+    }
+    for name, fig in figures.items():
+        assert_publishable(fig, series[name])
+        plt.close(fig)

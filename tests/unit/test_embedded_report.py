@@ -7,6 +7,7 @@ import statistics
 
 import pytest
 import yaml
+from plot_checks import assert_publishable
 from scipy import stats
 
 from nemo_ais.embedded.report import (
@@ -158,3 +159,58 @@ def test_mismatch_correlations_with_step_and_entropy():
     )
     # a constant series has no correlation: nan, not an error
     assert math.isnan(arm_summary(_records())["a"]["corr_d_step"])
+
+
+def _twin_arms_two_steps():
+    """Two arms with identical values, 3 seeds, 2 steps; severity's mean - std < 0."""
+    recs = []
+    for arm in ("fp8-none", "fp8-tis"):
+        for seed, sev in enumerate((0.0, 0.01, 0.0)):
+            for step in (1, 2):
+                recs.append(
+                    {
+                        "kind": "train",
+                        "arm": arm,
+                        "seed": seed,
+                        "step": step,
+                        "reward": (0.0, 0.5, 0.0)[seed],
+                        "alpha": 0.0,
+                        "ais/severity": sev,
+                        "ais/ess_seq": 0.99,
+                        "ess_tok": 0.98,
+                        "ais/cv_w": (0.0, 0.2, 0.0)[seed],
+                        "ais/kl_k3": sev / 10,
+                        "entropy": 1.0 + 0.01 * seed,
+                        "ais/token_mult_prob_error": 1.0 + sev,
+                    }
+                )
+            recs += [_val(arm, seed, s, (0.0, 0.3, 0.0)[seed]) for s in (0, 2)]
+    return recs
+
+
+def test_figures_are_publishable_and_identical_arms_stay_visible():
+    from nemo_ais.embedded.report import DIAGNOSTICS, PLOTS, build_figures
+
+    figures = build_figures(_twin_arms_two_steps())
+    assert set(figures) == {*PLOTS, "diagnostics.png", "mismatch_vs_entropy.png"}
+    for fig in figures.values():
+        assert_publishable(fig, {"fp8-none", "fp8-tis"})
+    # seed bands (mean +- sample std) of metrics bounded below stay inside the bound
+    panels = [*PLOTS.values(), *DIAGNOSTICS]
+    axes = [figures["reward.png"].axes[0], figures["accuracy.png"].axes[0]]
+    axes += list(figures["diagnostics.png"].axes)
+    for panel, ax in zip(panels, axes, strict=True):
+        assert ax.collections, panel.key
+        for band in ax.collections:
+            ys = band.get_paths()[0].vertices[:, 1]
+            assert ys.min() >= panel.lo, (panel.key, ys.min())
+            assert panel.hi is None or ys.max() <= panel.hi, (panel.key, ys.max())
+    # the two arms' lines coincide; their markers differ, so both show
+    ax = figures["diagnostics.png"].axes[0]
+    lines = [x for x in ax.get_lines() if not x.get_label().startswith("_")]
+    assert list(lines[0].get_ydata()) == list(lines[1].get_ydata())
+    assert lines[0].get_marker() != lines[1].get_marker()
+    import matplotlib.pyplot as plt
+
+    for fig in figures.values():
+        plt.close(fig)

@@ -1,0 +1,66 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The shared look of the PNG plots of ``nemo-ais report`` and ``nemo-ais analyze``.
+
+Plots a reader can publish: every y axis names its quantity and unit, the step axis has
+integer ticks, and every series has its own colour, marker and line style, so series that
+coincide (two arms that train identically) stay visible as distinct markers on one line.
+matplotlib is imported by the callers (lazily); this module only holds the styles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LINESTYLES", "MARKERS", "series_style", "style_axes"]
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", ":", "-.")
+COLORS = tuple(f"C{i}" for i in range(10))
+_MARKS_PER_LINE = 12
+
+
+def series_style(index: int, num_points: int) -> dict[str, Any]:
+    """``plot()`` keywords of series ``index``: colour, marker, line style, marker spacing.
+
+    (marker, line style) pairs are distinct for the first ``8 * 4`` series. Markers are
+    hollow, thinned to about 12 per line and shifted by the index, so where lines coincide
+    each series' marker still shows (nested outlines, or side by side).
+    """
+    every = max(1, num_points // _MARKS_PER_LINE)
+    return {
+        "color": COLORS[index % len(COLORS)],
+        "marker": MARKERS[index % len(MARKERS)],
+        "linestyle": LINESTYLES[(index + index // len(MARKERS)) % len(LINESTYLES)],
+        "markevery": (index % every, every),
+        "markersize": 8 - 1.2 * (index % len(LINESTYLES)),  # nested where they coincide
+        "markerfacecolor": "none",  # hollow: coinciding markers of two series both show
+        "markeredgewidth": 1.2,
+        "linewidth": 1.3,
+    }
+
+
+def style_axes(
+    ax, *, ylabel: str, xlabel: str = "GRPO step", title: str | None = None, steps: bool = True
+) -> None:
+    """Axis labels, a light grid and (``steps``: x is a step count) integer x ticks."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    if steps:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
