@@ -219,9 +219,12 @@ def _report(args: argparse.Namespace) -> int:
 
 def _analyze(args: argparse.Namespace) -> int:
     from nemo_ais.analyze import BadInputError, analyze_run, load_analysis_config
+    from nemo_ais.analyze.analysis import global_batches_per_step
+    from nemo_ais.analyze.reader import format_steps
 
     try:
         config, alarm_config = load_analysis_config(args.config, args.overrides)
+        batches = global_batches_per_step(args.config) if args.config else 1
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"nemo-ais analyze: invalid config: {err}", file=sys.stderr)
         return 2
@@ -234,6 +237,7 @@ def _analyze(args: argparse.Namespace) -> int:
             skip_bad_rows=args.skip_bad_rows,
             progress=not args.no_progress,
             plots=not args.no_plots,
+            global_batches_per_step=batches,
         )
     except KeyboardInterrupt:
         print(
@@ -259,9 +263,15 @@ def _analyze(args: argparse.Namespace) -> int:
         )
         return 1
     skipped = f"; {result.bad_rows} bad rows skipped" if result.bad_rows else ""
+    steps = [r["step"] for r in result.rows]
+    missing = (
+        f", {len(result.missing_steps)} missing: {format_steps(result.missing_steps)}"
+        if result.missing_steps
+        else ""
+    )
     print(
-        f"nemo-ais analyze: {len(result.rows)} steps, {len(result.alarms)} alarm(s){skipped}; "
-        f"see {result.out_dir / 'report.md'}"
+        f"nemo-ais analyze: {len(steps)} steps ({steps[0]}..{steps[-1]}{missing}), "
+        f"{len(result.alarms)} alarm(s){skipped}; see {result.out_dir / 'report.md'}"
     )
     for alarm in result.alarms[:10]:
         print(f"  alarm: {alarm}")

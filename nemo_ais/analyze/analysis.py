@@ -24,8 +24,9 @@ read), ``report.md`` and PNG plots (:mod:`.report`).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,13 @@ import yaml
 from tqdm.auto import tqdm
 
 from nemo_ais.alarms import AlarmConfig, AlarmMonitor, alarm_metrics
-from nemo_ais.analyze.reader import BadInputError, StepFile, find_step_files
+from nemo_ais.analyze.reader import (
+    BadInputError,
+    StepFile,
+    find_step_files,
+    format_steps,
+    missing_steps,
+)
 from nemo_ais.analyze.replay import StepResult, replay_step
 from nemo_ais.analyze.report import write_report
 from nemo_ais.config import CorrectionConfig, require_config, validate_section
@@ -45,8 +52,11 @@ __all__ = [
     "AnalysisResult",
     "analysis_row",
     "analyze_run",
+    "global_batches_per_step",
     "load_analysis_config",
 ]
+
+logger = logging.getLogger(__name__)
 
 ANALYSIS_FILE = "analysis.jsonl"
 DEFAULT_OUT = "ais_analysis"
@@ -62,6 +72,8 @@ class AnalysisResult:
     rows: list[dict[str, Any]]
     files: list[Path]
     bad_rows: int
+    missing_steps: list[int] = field(default_factory=list)
+    global_batches_per_step: int = 1
 
     @property
     def alarms(self) -> list[str]:
@@ -131,6 +143,34 @@ def load_analysis_config(
     )
 
 
+def global_batches_per_step(path: Path | str) -> int:
+    """Optimizer steps per GRPO step of a run config: rollout batch / train_global_batch_size.
+
+    ``grpo.num_prompts_per_step x grpo.num_generations_per_prompt`` samples per step,
+    ``policy.train_global_batch_size`` per global batch (NeMo-RL keys; the embedded
+    recipe's ``null`` means the whole step). Online, AIS forms alpha once per global
+    batch; ``nemo-ais analyze`` replays one step file as one global batch, so with more
+    than one per step the replayed alpha differs from the online one.
+
+    Returns:
+        The number of global batches per step, rounded up; 1 when the config does not
+        give the batch sizes.
+
+    Raises:
+        FileNotFoundError: the file (or a ``defaults:`` parent) does not exist.
+    """
+    from nemo_ais.preflight import load_config
+
+    data = load_config(path)
+    grpo, policy = data.get("grpo") or {}, data.get("policy") or {}
+    prompts, generations = grpo.get("num_prompts_per_step"), grpo.get("num_generations_per_prompt")
+    global_batch = policy.get("train_global_batch_size")
+    sizes = (prompts, generations, global_batch)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        return 1
+    return -(-prompts * generations // global_batch)
+
+
 def _replay(step_file: StepFile, *args: Any, **kwargs: Any) -> StepResult:
     """:func:`replay_step`; an unexpected error becomes a one-line :class:`BadInputError`."""
     try:
@@ -155,6 +195,7 @@ def analyze_run(
     plots: bool = True,
     chunk_tokens: int = 1 << 20,
     memory_budget_bytes: int = 128 << 20,
+    global_batches_per_step: int = 1,
 ) -> AnalysisResult:
     """Analyse every step of ``log_dir``; write ``analysis.jsonl``, ``report.md`` and plots.
 
@@ -171,6 +212,12 @@ def analyze_run(
         chunk_tokens: positions per chunk read at once (bounds the memory).
         memory_budget_bytes: per step, aligned chunks kept in memory for the ``ais`` pass;
             the rest is spilled to a temporary directory.
+        global_batches_per_step: of the run (:func:`global_batches_per_step` of its
+            config); above 1, a warning and the report say that the replayed alpha (one
+            per step file) differs from the online one (one per global batch).
+
+    A gap in the step files (steps 1, 2, 4) is logged as a warning and listed in the
+    report and in :attr:`AnalysisResult.missing_steps`; the steps present are analysed.
 
     Returns:
         :class:`AnalysisResult`.
@@ -190,6 +237,24 @@ def analyze_run(
     alarm_config = alarm_config if alarm_config is not None else AlarmConfig()
     monitor_config = alarm_config.model_copy(update={"fail_on_alarm": False})  # never raise
     files = find_step_files(log_dir)
+    gaps = missing_steps(files)
+    if gaps:
+        logger.warning(
+            "%s: %d step file(s) missing between steps %d and %d: %s (analysing the %d present)",
+            log_dir,
+            len(gaps),
+            files[0].step,
+            files[-1].step,
+            format_steps(gaps),
+            len(files),
+        )
+    if global_batches_per_step > 1:
+        logger.warning(
+            "the run has %d global batches per step: online, alpha is formed once per global "
+            "batch; this replay forms one per step file, so the replayed alpha differs from "
+            "the online one",
+            global_batches_per_step,
+        )
     out = Path(out_dir) if out_dir is not None else log_dir / DEFAULT_OUT
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -248,6 +313,10 @@ def analyze_run(
         "bad_examples": bad_examples,
         "config": config.model_dump(exclude_defaults=True),
         "alarm_config": alarm_config.model_dump(exclude_defaults=True, exclude={"fail_on_alarm"}),
+        "missing_steps": gaps,
+        "global_batches_per_step": global_batches_per_step,
     }
     write_report(out, rows, meta, plots=plots)
-    return AnalysisResult(out, rows, [f.path for f in files], bad_rows)
+    return AnalysisResult(
+        out, rows, [f.path for f in files], bad_rows, gaps, global_batches_per_step
+    )

@@ -46,7 +46,9 @@ __all__ = [
     "Chunk",
     "StepFile",
     "find_step_files",
+    "format_steps",
     "iter_chunks",
+    "missing_steps",
 ]
 
 STEP_FILE = re.compile(r"^train_data_step(\d+)\.jsonl$")
@@ -60,6 +62,7 @@ _PER_TOKEN_KEYS = (
     "advantages",
 )
 _DTYPE = torch.float64
+_MAX_HINTS = 3  # sub-directories named when log_dir itself holds no step file
 
 try:  # optional fast path; it rejects NaN/Infinity, which then go through json
     import orjson as _orjson
@@ -126,8 +129,9 @@ def find_step_files(log_dir: Path | str) -> list[StepFile]:
     """Every ``train_data_step{N}.jsonl`` directly in ``log_dir``, ordered by N.
 
     Raises:
-        BadInputError: ``log_dir`` is not a directory, holds no step file (sub-directories
-            that do are named), or two files have the same N.
+        BadInputError: ``log_dir`` is not a directory, holds no step file (the first three
+            sub-directories that do are named, then "and N more"), or two files have the
+            same N.
     """
     log_dir = Path(log_dir)
     if not log_dir.is_dir():
@@ -145,13 +149,41 @@ def find_step_files(log_dir: Path | str) -> list[StepFile]:
         nested = sorted(
             {p.parent for p in log_dir.glob("*/train_data_step*.jsonl") if STEP_FILE.match(p.name)}
         )
+        more = f" and {len(nested) - _MAX_HINTS} more" if len(nested) > _MAX_HINTS else ""
         hint = (
-            f"; found some in {', '.join(map(str, nested[:3]))}: pass one of those"
+            f"; found some in {', '.join(map(str, nested[:_MAX_HINTS]))}{more}: pass one of those"
             if nested
             else " (NeMo-RL writes them to logger.log_dir during GRPO training)"
         )
         raise BadInputError(log_dir, 0, f"no train_data_step{{N}}.jsonl files{hint}")
     return [StepFile(s, found[s], found[s].stat().st_size) for s in sorted(found)]
+
+
+def missing_steps(files: list[StepFile]) -> list[int]:
+    """Steps between the first and the last step file that have no file (ordered).
+
+    Steps 1, 2, 4 -> ``[3]``. NeMo-RL writes one file per GRPO step, so a gap is a file
+    lost (or a run logged elsewhere for a while); the analysis goes on over the rest.
+    """
+    present = {f.step for f in files}
+    if not present:
+        return []
+    return [s for s in range(min(present), max(present) + 1) if s not in present]
+
+
+def format_steps(steps: list[int], limit: int = 10) -> str:
+    """``[3, 7, 8, 9]`` -> ``"3, 7-9"``; after ``limit`` ranges, ``"... and N more"``."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    if len(runs) > limit:
+        rest = sum(b - a + 1 for a, b in runs[limit:])
+        text += f" and {rest} more"
+    return text
 
 
 def _loads(raw: bytes) -> object:

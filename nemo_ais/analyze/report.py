@@ -27,6 +27,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from nemo_ais.analyze.reader import format_steps
 from nemo_ais.analyze.replay import MODES
 from nemo_ais.analyze.trend import Trend, fit_trend
 from nemo_ais.plotting import series_style, style_axes
@@ -260,6 +261,28 @@ def _modes_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
+    """Report lines for a gap in the step files and for several global batches per step."""
+    lines = []
+    gaps = meta.get("missing_steps") or []
+    if gaps:
+        lines.append(
+            f"- **Missing step files**: {len(gaps)} between steps {steps[0]} and {steps[-1]} "
+            f"(steps {format_steps(gaps)}); the {len(steps)} steps present are analysed, "
+            "the EMA of alpha and the alarm windows run over them as if consecutive."
+        )
+    batches = meta.get("global_batches_per_step", 1)
+    if batches > 1:
+        lines.append(
+            f"- **The replayed alpha differs from the online one**: the run's config has "
+            f"{batches} global batches per step (grpo.num_prompts_per_step x "
+            "grpo.num_generations_per_prompt > policy.train_global_batch_size). Online, AIS "
+            "forms alpha (and its EMA update) once per global batch; this replay forms it "
+            "once per step file, from the statistics of all its global batches together."
+        )
+    return lines
+
+
 def write_report(
     out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *, plots: bool = True
 ) -> list[Path]:
@@ -269,7 +292,8 @@ def write_report(
         out_dir: the analysis directory.
         rows: the ``analysis.jsonl`` rows, ordered by step (at least one).
         meta: ``log_dir``, ``files``, ``rows_read``, ``bad_rows``, ``bad_examples``,
-            ``config`` and ``alarm_config`` (dicts of the fields not at their default).
+            ``config`` and ``alarm_config`` (dicts of the fields not at their default);
+            optionally ``missing_steps`` and ``global_batches_per_step`` (warned about).
         plots: also draw the PNGs.
 
     Returns:
@@ -286,6 +310,7 @@ def write_report(
         "",
         f"- Logs: `{meta['log_dir']}` ({len(rows)} steps, {steps[0]}..{steps[-1]}; "
         f"{meta['rows_read']} rows, {sum(int(r['ais/n_tok']) for r in rows)} valid tokens)",
+        *_warnings(meta, steps),
         f"- Bad rows skipped: {meta['bad_rows']}"
         + (f" (e.g. `{meta['bad_examples'][0]}`)" if meta["bad_examples"] else ""),
         f"- `loss_fn.ais` (fields not at their default): `{meta['config'] or 'none'}`",

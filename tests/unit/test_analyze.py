@@ -19,6 +19,7 @@ from plot_checks import assert_publishable
 from test_analyze_logs import aligned, write_run
 
 from nemo_ais.analyze import analyze_run, load_analysis_config
+from nemo_ais.analyze.analysis import global_batches_per_step
 from nemo_ais.analyze.replay import MODES
 from nemo_ais.analyze.report import _DIAG_PANELS, PLOTS, build_figures, onset
 from nemo_ais.analyze.trend import fit_trend, t_quantile
@@ -216,3 +217,30 @@ def test_plots_are_publishable(tmp_path):
     for name, fig in figures.items():
         assert_publishable(fig, series[name])
         plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    ("global_batch", "batches"), [(8, 4), (32, 1), (24, 2), ("null", 1)], ids=str
+)
+def test_config_with_several_global_batches_per_step_says_alpha_differs(
+    run, tmp_path, caplog, global_batch, batches
+):
+    log_dir, _ = run
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(
+        "grpo:\n  num_prompts_per_step: 4\n  num_generations_per_prompt: 8\n"
+        f"policy:\n  train_global_batch_size: {global_batch}\n"
+        "loss_fn:\n  ais:\n    ema: 0.5\n"
+    )
+    assert global_batches_per_step(cfg_file) == batches  # 32 samples per step, rounded up
+    out = tmp_path / "out"
+    argv = ["analyze", str(log_dir), "--out", str(out), "--config", str(cfg_file)]
+    assert main([*argv, "--no-progress", "--no-plots"]) == 0
+    report = (out / "report.md").read_text()
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    if batches > 1:
+        claim = "**The replayed alpha differs from the online one**: the run's config has "
+        assert f"{claim}{batches} global batches per step" in report
+        assert f"{batches} global batches per step" in warned and "differs" in warned
+    else:
+        assert "differs from the online one" not in report + warned

@@ -92,6 +92,41 @@ def test_nested_run_directory_is_named(capsys, tmp_path, log_dir):
     _fails_with(capsys, log_dir.parent, str(log_dir.parent), f"found some in {log_dir}")
 
 
+def test_many_nested_run_directories_are_counted(capsys, tmp_path, pristine):
+    runs = [tmp_path / f"run{i}" for i in range(5)]
+    for run in runs:
+        run.mkdir()
+        (run / "train_data_step1.jsonl").write_bytes(pristine["train_data_step1.jsonl"])
+    err = _fails_with(capsys, tmp_path, str(tmp_path), f"found some in {runs[0]}")
+    assert f"{runs[2]} and 2 more: pass one of those" in err and str(runs[3]) not in err
+
+
+def test_missing_step_file_is_warned_and_listed(capsys, caplog, tmp_path, log_dir):
+    # steps 1, 2, 4 (and 7): once "3 steps, 1..4" and nothing else
+    (log_dir / "train_data_step2.jsonl").rename(log_dir / "train_data_step4.jsonl")
+    (log_dir / "train_data_step1.jsonl").rename(log_dir / "train_data_step2.jsonl")
+    write_run(log_dir, [1, 7])
+    out = tmp_path / "out"
+    assert main(["analyze", str(log_dir), "--out", str(out), "--no-progress", "--no-plots"]) == 0
+    assert "4 steps (1..7, 3 missing: 3, 5-6)" in capsys.readouterr().out
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("3 step file(s) missing" in w and "3, 5-6" in w for w in warned), warned
+    report = (out / "report.md").read_text()
+    assert "**Missing step files**: 3 between steps 1 and 7 (steps 3, 5-6)" in report
+    result = analyze_run(log_dir, tmp_path / "api", plots=False)
+    assert result.missing_steps == [3, 5, 6]
+    assert [r["step"] for r in result.rows] == [1, 2, 4, 7]
+
+
+def test_format_steps():
+    from nemo_ais.analyze.reader import format_steps
+
+    assert format_steps([3]) == "3"
+    assert format_steps([3, 5, 6, 7, 10]) == "3, 5-7, 10"
+    assert format_steps([1, 3, 5, 7], limit=2) == "1, 3 and 2 more"
+    assert format_steps([]) == ""
+
+
 def test_file_with_no_valid_token(capsys, log_dir):
     path = log_dir / "train_data_step2.jsonl"
     for line in range(1, 9):
