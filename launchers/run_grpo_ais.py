@@ -36,7 +36,9 @@ apart and refuses anything else before the config is read). Mirrors NeMo-RL's
    ``ais_fp8_refit`` section the vLLM workers also quantize the synced weights with
    :mod:`nemo_ais.fp8` (:func:`configure_fp8_refit`, :mod:`nemo_ais.nemo_rl.refit`), and
    after ``setup()`` every vLLM worker is asked whether that is armed
-   (:func:`require_fp8_refit_active`; the run stops naming the worker if not).
+   (:func:`require_fp8_refit_active`; the run stops naming the worker if not). The
+   optional ``ais_kv_calibration.reduction`` picks the Megatron worker's FP8 KV
+   calibration rule (:func:`configure_kv_calibration`; absent: NeMo-RL's).
 
 NeMo-RL's FP8-rollout and async-GRPO guards assert
 ``loss_fn.use_importance_sampling_correction``. AIS *is* the importance-sampling
@@ -79,6 +81,7 @@ from nemo_ais.preflight import fp8_kv_refit_problems  # noqa: E402
 __all__ = [
     "ais_worker_fqn",
     "configure_fp8_refit",
+    "configure_kv_calibration",
     "ensure_worker_pythonpath",
     "load_config_dict",
     "main",
@@ -217,6 +220,37 @@ def configure_fp8_refit(config: dict[str, Any], environ: dict[str, str] | None =
     return refit
 
 
+def configure_kv_calibration(config: dict[str, Any], environ: dict[str, str] | None = None) -> str:
+    """The Megatron worker's FP8 KV calibration rule, from ``ais_kv_calibration.reduction``.
+
+    Absent section or key: ``percentile_of_amax`` (NeMo-RL's own rule, the same scales as
+    upstream's ``calibrate_qkv_fp8_scales``); ``element_percentile``: the percentile of
+    ``|x|`` over each micro-batch's elements (:mod:`nemo_ais.fp8.kv_scales`). Sets
+    ``NEMO_AIS_KV_REDUCTION`` (the policy workers inherit the environment).
+
+    Raises:
+        ValueError: naming ``ais_kv_calibration`` / ``ais_kv_calibration.reduction``.
+    """
+    from nemo_ais.fp8.kv_scales import KV_REDUCTIONS
+    from nemo_ais.megatron.kv_calibration import KV_REDUCTION_ENV
+
+    section = config.get("ais_kv_calibration")
+    section = {} if section is None else section
+    if not isinstance(section, dict) or set(section) - {"reduction"}:
+        raise ValueError(
+            f"ais_kv_calibration={section!r} is invalid: expected a mapping with the one key "
+            f"reduction ({' or '.join(KV_REDUCTIONS)})"
+        )
+    reduction = section.get("reduction") or KV_REDUCTIONS[0]
+    if reduction not in KV_REDUCTIONS:
+        raise ValueError(
+            f"ais_kv_calibration.reduction={reduction!r} is invalid: expected one of "
+            f"{list(KV_REDUCTIONS)} (percentile_of_amax is NeMo-RL's rule)"
+        )
+    (os.environ if environ is None else environ)[KV_REDUCTION_ENV] = reduction
+    return reduction
+
+
 def require_fp8_refit_active(config: Any, policy_generation: Any) -> None:
     """After ``setup()``: ask every vLLM worker process whether the AIS FP8 refit is armed.
 
@@ -292,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     problems = fp8_kv_refit_problems(raw) + refit_transport_problems(raw)
     if problems:
         raise ValueError("; ".join(problems))
+    print(f"ais_kv_calibration.reduction: {configure_kv_calibration(raw)}")
     print(f"loss_fn.ais: {ais_cfg.ais.model_dump()}")
     # Upstream picks the policy factory in the launcher too (TQPolicy when data_plane.enabled,
     # then _select_trainer -> grpo_train_sync). Every arm here trains on the AIS worker, which

@@ -19,13 +19,17 @@ so the current step's attention reads them too, in prefill and in decode. Querie
 the attention math stay in the compute dtype. Per layer ``l``:
 
 * ``fp8``: ``x_hat = e4m3(clamp(x / s_l, ±448)) * s_l`` with one calibrated scale
-  ``s_l = max(P_p(|x|), floor) * margin / 448`` for K and one for V
+  ``s_l = max(amax_l, floor) * margin / 448`` for K and one for V
   (:class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator`; vLLM's fp8 KV cache).
 * ``nvfp4``: ``x_hat = fake_quantize_nvfp4(x, amax_l)``: E2M1 in blocks of 16 along the
   head dim, E4M3 block scales formed per token, and the global scale from a calibrated
   static ``amax_l = s_l * 448`` (the same calibration; ModelOpt's ``kv_cache_nvfp4``
-  recipe calibrates it with ``max``: set ``kv_calibration_percentile=100`` and
-  ``kv_calibration_margin=1`` for that). [reconstruction] vLLM has no native NVFP4 KV
+  recipe calibrates it with ``max``: set ``kv_calibration_margin=1`` with the default
+  rule for that).
+
+An optional :class:`~nemo_ais.fp8.kv_scales.KVSaturationCounter` counts every written K/V
+element with ``|x| / s_l > 448`` (clipped by the E4M3 cast; for NVFP4, above the static
+global amax), padding and prompt positions included. [reconstruction] vLLM has no native NVFP4 KV
   cache; NeMo-RL simulates one by ModelOpt fake quantization of K/V, which is this.
 """
 
@@ -37,7 +41,7 @@ import torch
 from transformers import DynamicCache
 
 from nemo_ais.fp8.grids import E4M3_MAX
-from nemo_ais.fp8.kv_scales import KVScales
+from nemo_ais.fp8.kv_scales import KVSaturationCounter, KVScales
 from nemo_ais.fp8.nvfp4 import NVFP4_BLOCK, fake_quantize_nvfp4
 
 __all__ = ["QuantizedKVCache", "fake_quant_kv_fp8"]
@@ -56,10 +60,17 @@ class QuantizedKVCache(DynamicCache):
         kind: ``"fp8"`` or ``"nvfp4"``.
         k_scale, v_scale: fp32 ``[layers]`` dequant scales ``s_l`` of the calibration.
         k_amax, v_amax: fp32 ``[layers]`` static amax ``s_l * 448`` (the NVFP4 global amax).
+        saturation: the counter the writes are counted in, or None.
     """
 
-    def __init__(self, kind: Literal["fp8", "nvfp4"], scales: KVScales) -> None:
+    def __init__(
+        self,
+        kind: Literal["fp8", "nvfp4"],
+        scales: KVScales,
+        saturation: KVSaturationCounter | None = None,
+    ) -> None:
         super().__init__()
+        self.saturation = saturation
         if kind not in ("fp8", "nvfp4"):
             raise ValueError(f"kind={kind!r} is invalid: expected 'fp8' or 'nvfp4'")
         self.kind = kind
@@ -70,6 +81,8 @@ class QuantizedKVCache(DynamicCache):
         self.v_amax = (scales.scale[:, 2] * E4M3_MAX).to(torch.float32)
 
     def _quantize(self, x: torch.Tensor, layer: int, which: str) -> torch.Tensor:
+        if self.saturation is not None:
+            self.saturation.observe(layer, which, x)
         if self.kind == "fp8":
             return fake_quant_kv_fp8(x, getattr(self, f"{which}_scale")[layer])
         if x.shape[-1] % NVFP4_BLOCK:

@@ -28,7 +28,8 @@ precision, and each format's knobs (docs/low_precision.md, "Twin"):
 =================  ==========================================================  ==========
 
 ``kv_cache``: ``bf16``; ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after
-every refit); ``nvfp4`` (E2M1 in blocks of 16 along the head dim with E4M3 block scales,
+every refit by ``kv_calibration_reduction``: NeMo-RL's rule by default, see
+:mod:`nemo_ais.fp8.kv_scales`); ``nvfp4`` (E2M1 in blocks of 16 along the head dim with E4M3 block scales,
 the global amax per layer and K/V calibrated the same way).
 
 :class:`Fp8RolloutConfig` is the earlier FP8-only config, kept working: a subclass that
@@ -46,6 +47,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nemo_ais.fp8.checks import check_regexes
+from nemo_ais.fp8.kv_scales import KVReduction
 from nemo_ais.fp8.quant import Family
 
 __all__ = [
@@ -111,8 +113,14 @@ class RolloutPrecisionConfig(BaseModel):
     nvfp4_weight_rows_per_block: Literal[1, 16] = Field(
         1, description="nvfp4 formats: 1 = 1x16 weight blocks; 16 = TE's 16x16 weight tiles."
     )
+    kv_calibration_reduction: KVReduction = Field(
+        "percentile_of_amax",
+        description="KV calibration rule: percentile_of_amax (NeMo-RL's: max |x| per "
+        "calibration forward, nearest-rank percentile over forwards) or element_percentile "
+        "(percentile of |x| over the elements, max over forwards).",
+    )
     kv_calibration_percentile: float = Field(
-        99.9, gt=0.0, le=100.0, description="Percentile of |K|, |V| used as the KV amax."
+        99.9, gt=0.0, le=100.0, description="p of the KV calibration rule, in (0, 100]."
     )
     kv_calibration_margin: float = Field(
         1.05, ge=1.0, le=4.0, description="Multiplies the calibrated KV amax (outlier headroom)."

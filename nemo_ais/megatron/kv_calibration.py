@@ -13,8 +13,8 @@
 # limitations under the License.
 """FP8 KV-cache scale calibration of a Megatron-Core GPT model, in NeMo-RL's result format.
 
-The trainer-side half of NeMo-RL v0.7.0's ``calibrate_qkv_fp8_scales``, computed with
-:class:`nemo_ais.fp8.kv_scales.KVScaleCalibrator`:
+The trainer-side half of NeMo-RL's ``calibrate_qkv_fp8_scales`` (v0.7.0 and main have
+the same one), computed with :class:`nemo_ais.fp8.kv_scales.KVScaleCalibrator`:
 
 1. Hook every ``decoder.layers.N.self_attention.core_attention`` (forward PRE-hook).
    Megatron-Core's ``SelfAttention.forward`` calls ``core_attention(query, key, value,
@@ -23,20 +23,22 @@ The trainer-side half of NeMo-RL v0.7.0's ``calibrate_qkv_fp8_scales``, computed
    (and Q as the FP8 attention kernel sees it). Shapes ``[s, b, heads, dim]`` (or
    ``[t, heads, dim]`` for packed THD); with GQA, K/V have ``num_query_groups`` heads; with
    tensor parallelism each rank sees its own heads.
-2. Per observation (one micro-batch of one layer on one rank), ``percentile(|x|, p)``;
-   per layer and kind, the max over observations. The layer key is the GLOBAL layer
+2. Per observation (one micro-batch of one layer on one rank), the rule's statistic
+   (``reduction``): by default upstream's, ``max |x|`` of the whole tensor (padding
+   included, as upstream) and, per layer and kind, the nearest-rank p-th percentile over
+   this rank's observations; ``element_percentile``: ``percentile(|x|, p)`` per
+   observation, then the max. The layer key is the GLOBAL layer
    index ``self_attention.layer_number - 1`` (Megatron numbers layers from 1 across all
    pipeline stages), never the local position in the stage's ``ModuleList``.
-3. Combine ranks with ONE ``all_reduce(MAX)`` of a fixed-size ``[2, num_layers, 3]``
-   float64 table (amax and non-finite flags) over ``group``. Layers not on this pipeline
+3. Combine ranks with ONE ``all_reduce(MAX)`` of a fixed-size ``[3, num_layers, 3]``
+   float64 table (amax, peak and non-finite flags) over ``group``. Layers not on this pipeline
    stage hold the "unobserved" value -1, so every rank makes the same single collective
    whatever its stage. The group must span every rank that holds a layer or a shard of
    one: TP ranks hold different heads, PP stages different layers, DP/CP ranks different
    tokens. In a NeMo-RL policy worker that is the default (WORLD) group (it holds exactly
    the policy's ranks). MAX is idempotent, so ranks that hold identical activations
-   (none here) could not bias it, unlike a SUM. The max over ranks of per-rank
-   percentiles is >= the percentile of the union, so splitting heads or tokens over ranks
-   never gives a smaller (clipping) scale than one process would.
+   (none here) could not bias it, unlike a SUM. Upstream merges its per-rank values by
+   max too (``all_gather_object``), so the default rule's scales equal upstream's.
 4. ``scale = max(amax, 1e-4) * margin / 448``; the result dict maps vLLM parameter names
    to floats, as ``convert_calibration_to_vllm_format`` does upstream.
 
@@ -46,8 +48,10 @@ attributes), so it is unit-testable with any module tree of the same shape.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -55,37 +59,76 @@ import torch.distributed as dist
 from pydantic import ValidationError
 from torch import nn
 
-from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
+from nemo_ais.fp8.kv_scales import (
+    KV_REDUCTIONS,
+    KVReduction,
+    KVScaleCalibrator,
+    KVScaleConfig,
+    KVScales,
+    kv_saturation_metrics,
+)
 
 __all__ = [
     "FP8_FORMAT",
+    "KV_REDUCTION_ENV",
     "calibrate_qkv_fp8_scales",
     "find_attention_layers",
     "install_core_attention_hooks",
     "kv_calibration_config",
+    "kv_reduction_from_env",
+    "log_kv_saturation",
     "nemo_rl_calibration_result",
     "reduce_kv_scales",
 ]
 
+logger = logging.getLogger(__name__)
+
 FP8_FORMAT = "fp8"  # NeMo-RL's "format" entry
+# The NeMo-RL worker's rule, set by launchers/run_grpo_ais.py from ais_kv_calibration.reduction
+KV_REDUCTION_ENV = "NEMO_AIS_KV_REDUCTION"
 _SELF_ATTN_RE = re.compile(r"(?:^|\.)decoder\.layers\.(\d+)\.self_attention$")
 _QKV_ARGS = ("query", "key", "value")
 
 
-def kv_calibration_config(percentile: float, margin: float, include_q: bool) -> KVScaleConfig:
+def kv_calibration_config(
+    percentile: float,
+    margin: float,
+    include_q: bool,
+    reduction: KVReduction = "percentile_of_amax",
+) -> KVScaleConfig:
     """Validated calibration constants; a bad value raises ``ValueError`` naming the argument."""
     if not isinstance(include_q, bool):
         raise ValueError(f"include_q={include_q!r} is invalid: expected a bool")
     try:
-        return KVScaleConfig(percentile=percentile, margin=margin, include_q=include_q)
+        return KVScaleConfig(
+            percentile=percentile, margin=margin, include_q=include_q, reduction=reduction
+        )
     except ValidationError as err:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc']))}={e.get('input')!r} is invalid: {e['msg']}"
             for e in err.errors()
         )
         raise ValueError(
-            f"calibrate_qkv_fp8_scales: {problems} (percentile in (0, 100], margin in [1, 4])"
+            f"calibrate_qkv_fp8_scales: {problems} (percentile in (0, 100], margin in [1, 4], "
+            "reduction percentile_of_amax or element_percentile)"
         ) from None
+
+
+def kv_reduction_from_env(environ: Mapping[str, str] | None = None) -> KVReduction:
+    """The rule named by ``NEMO_AIS_KV_REDUCTION`` (unset or empty: ``percentile_of_amax``).
+
+    Raises:
+        ValueError: naming the variable, its value and the accepted ones.
+    """
+    value = (os.environ if environ is None else environ).get(KV_REDUCTION_ENV) or (
+        "percentile_of_amax"
+    )
+    if value not in KV_REDUCTIONS:
+        raise ValueError(
+            f"{KV_REDUCTION_ENV}={value!r} is invalid: expected one of {list(KV_REDUCTIONS)} "
+            "(launchers/run_grpo_ais.py sets it from ais_kv_calibration.reduction)"
+        )
+    return value
 
 
 def find_attention_layers(model: nn.Module | Sequence[nn.Module]) -> dict[int, nn.Module]:
@@ -174,7 +217,7 @@ def reduce_kv_scales(
     group: dist.ProcessGroup | None,
     device: torch.device | None = None,
 ) -> KVScales:
-    """Combine ranks with ONE ``all_reduce(MAX)`` of the ``[2, layers, 3]`` table on ``device``.
+    """Combine ranks with ONE ``all_reduce(MAX)`` of the ``[3, layers, 3]`` table on ``device``.
 
     ``device`` is where the collective runs (a CUDA device for NCCL groups; None = CPU).
     Raises ``ValueError`` on every rank together for non-finite activations or a layer/kind
@@ -209,19 +252,25 @@ def calibrate_qkv_fp8_scales(
     percentile: float = 99.9,
     margin: float = 1.05,
     include_q: bool = False,
+    reduction: KVReduction = "percentile_of_amax",
     group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Hook, run the forward passes, reduce over ``group`` and return NeMo-RL's dict.
+
+    Logs (INFO) the largest calibration value over ``scale * 448`` per kind, the max over
+    layers (:func:`~nemo_ais.fp8.kv_scales.kv_saturation_metrics`; > 1: the calibration
+    data saturates in E4M3), and WARNING when that happens.
 
     Args:
         model: this rank's Megatron-Core model (its pipeline stage's layers).
         run_forward: runs every calibration forward pass on this rank (e.g. the worker's
             ``get_logprobs`` on its data shard); its result is discarded.
         num_layers: the model's total (global) number of transformer layers.
-        percentile: percentile of ``|x|`` per observation, in (0, 100].
+        percentile: p of the rule, in (0, 100].
         margin: head-room factor, in [1, 4].
         include_q: also calibrate Q (``q_scale``); K/V only otherwise.
+        reduction: ``percentile_of_amax`` (NeMo-RL's rule) or ``element_percentile``.
         group: the group spanning every rank of the model (None = one process).
         device: device of the collective (the CUDA device for NCCL).
 
@@ -229,7 +278,7 @@ def calibrate_qkv_fp8_scales(
         ``{"format": "fp8", "percentile": float, "margin": float, "layers": {name: float}}``,
         identical on every rank of ``group``.
     """
-    config = kv_calibration_config(percentile, margin, include_q)  # validated constants
+    config = kv_calibration_config(percentile, margin, include_q, reduction)  # validated
     calibrator = KVScaleCalibrator(num_layers, config)
     handles = install_core_attention_hooks(model, calibrator)  # step 1
     try:
@@ -239,4 +288,20 @@ def calibrate_qkv_fp8_scales(
         for handle in handles:
             handle.remove()
     scales = reduce_kv_scales(calibrator, group, device)  # steps 3-4
+    log_kv_saturation(scales, reduction)
     return nemo_rl_calibration_result(scales, percentile, margin)
+
+
+def log_kv_saturation(scales: KVScales, reduction: str) -> dict[str, float]:
+    """Log ``kv_cache/peak_over_range_<kind>`` (INFO; WARNING where > 1) and return it."""
+    metrics = kv_saturation_metrics(scales)
+    logger.info("FP8 KV calibration (%s): %s", reduction, metrics)
+    saturating = {k: v for k, v in metrics.items() if v > 1}
+    if saturating:
+        logger.warning(
+            "FP8 KV calibration (%s): the calibration data's largest |x| exceeds scale * 448 "
+            "(saturates in E4M3) for %s",
+            reduction,
+            saturating,
+        )
+    return metrics

@@ -8,7 +8,10 @@ for Megatron-Bridge, which does not install on CPU, and for four names megatron-
 GPUs) whose model has Megatron-Core's module names
 (``decoder.layers.N.self_attention.core_attention`` with ``layer_number``) and whose
 ``get_logprobs`` calls each ``core_attention(query, key, value, mask)``. The scales are
-checked against ``numpy.percentile`` of the tensors it passed; the result has exactly the
+checked against a numpy oracle of each rule (the default: upstream's nearest-rank percentile
+of the per-micro-batch ``max |x|``; ``element_percentile``: ``numpy.percentile`` per
+micro-batch, then the max; equality with upstream's own function is in
+``tests/upstream/test_refit_kv_scales.py``); the result has exactly the
 structure upstream returns -- ``layers`` keyed like ``convert_calibration_to_vllm_format``
 of ``layer_N`` entries, in the same order -- and a version guard compares the upstream
 method's signature with the one recorded for v0.7.0 and with our override's. A real
@@ -31,6 +34,9 @@ from _megatron_worker import Placeholder, megatron_worker_modules
 from torch import nn
 
 from nemo_ais.fp8.kv_scales import kv_scale_names
+from nemo_ais.megatron.kv_calibration import KV_REDUCTION_ENV
+
+pytestmark = pytest.mark.nemo_rl  # the worker class is built on NeMo-RL's real Megatron worker
 
 LAYERS, PERCENTILE, MARGIN = 3, 99.0, 1.05
 E4M3_MAX, FLOOR = 448.0, 1e-4
@@ -122,17 +128,19 @@ def _calibrate(worker_cls, **kwargs):
     return worker, out
 
 
-def _oracle(seeds, include_q: bool) -> dict[str, float]:
+def _oracle(seeds, include_q: bool, reduction: str) -> dict[str, float]:
     out = {}
     for layer in range(LAYERS):
         names = kv_scale_names(layer)
         for j, kind in enumerate("qkv"):
             if kind == "q" and not include_q:
                 continue
-            amax = max(
-                float(np.percentile(np.abs(_qkv(s, layer)[j].double().numpy()), PERCENTILE))
-                for s in seeds
-            )
+            x = [np.abs(_qkv(s, layer)[j].double().numpy()) for s in seeds]
+            if reduction == "element_percentile":
+                amax = max(float(np.percentile(a, PERCENTILE)) for a in x)
+            else:  # nearest rank of the per-micro-batch maxima (upstream's _percentile)
+                maxima = sorted(float(a.max()) for a in x)
+                amax = maxima[round(PERCENTILE / 100 * (len(maxima) - 1))]
             out[names[kind]] = max(amax, FLOOR) * MARGIN / E4M3_MAX
     return out
 
@@ -140,15 +148,20 @@ def _oracle(seeds, include_q: bool) -> dict[str, float]:
 # ---- the override on a stand-in self -------------------------------------------------------
 
 
+@pytest.mark.parametrize("reduction", [None, "percentile_of_amax", "element_percentile"])
 @pytest.mark.parametrize("include_q", [True, False])
-def test_override_scales_equal_percentile_oracle(worker_cls, include_q):
+def test_override_scales_equal_the_rules_oracle(worker_cls, include_q, reduction, monkeypatch):
+    if reduction is None:  # unset: NeMo-RL's rule
+        monkeypatch.delenv(KV_REDUCTION_ENV, raising=False)
+    else:
+        monkeypatch.setenv(KV_REDUCTION_ENV, reduction)
     worker, out = _calibrate(
         worker_cls, micro_batch_size=3, percentile=PERCENTILE, margin=MARGIN, include_q=include_q
     )
     assert worker.calls == [({"seeds": [1, 2]}, 3, False)]  # no router replay, mbs passed on
     assert set(out) == {"format", "percentile", "margin", "layers"}
     assert out["format"] == "fp8" and out["percentile"] == PERCENTILE and out["margin"] == MARGIN
-    want = _oracle([1, 2], include_q)
+    want = _oracle([1, 2], include_q, reduction or "percentile_of_amax")
     assert list(out["layers"]) == list(want)
     for name, value in want.items():
         assert type(out["layers"][name]) is float
@@ -238,7 +251,6 @@ def upstream_fp8_utils():
     return importlib.import_module("nemo_rl.models.generation.vllm.quantization.fp8_train_utils")
 
 
-@pytest.mark.nemo_rl
 def test_upstream_signature_is_the_recorded_one_and_ours_matches():
     fn = _upstream_method()
     got = ast.unparse(fn.args) + " -> " + ast.unparse(fn.returns)
@@ -249,7 +261,6 @@ def test_upstream_signature_is_the_recorded_one_and_ours_matches():
     assert "'layers': vllm_format_scales" in src
 
 
-@pytest.mark.nemo_rl
 def test_result_structure_is_what_nemo_rl_returns(upstream_fp8_utils, worker_cls):
     convert_calibration_to_vllm_format = upstream_fp8_utils.convert_calibration_to_vllm_format
     get_vllm_qkv_scale_names = upstream_fp8_utils.get_vllm_qkv_scale_names

@@ -172,3 +172,37 @@ def test_worker_pythonpath_is_prepended_once():
     first = run.ensure_worker_pythonpath(env)
     assert first.split(os.pathsep) == [str(run.REPO_ROOT), "/a", "/b"]
     assert run.ensure_worker_pythonpath(env) == first
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        (None, "percentile_of_amax"),  # absent: NeMo-RL's rule
+        ({}, "percentile_of_amax"),
+        ({"reduction": "element_percentile"}, "element_percentile"),
+        ({"reduction": "percentile_of_amax"}, "percentile_of_amax"),
+    ],
+)
+def test_kv_calibration_rule_reaches_the_workers_environment(section, expected):
+    from nemo_ais.megatron.kv_calibration import kv_reduction_from_env
+
+    config = {} if section is None else {"ais_kv_calibration": section}
+    env = {"NEMO_AIS_KV_REDUCTION": "stale"}  # the config wins over the caller's shell
+    assert run.configure_kv_calibration(config, env) == expected
+    assert env == {"NEMO_AIS_KV_REDUCTION": expected}
+    assert kv_reduction_from_env(env) == expected  # what the Megatron worker reads
+
+
+@pytest.mark.parametrize(
+    ("section", "match"),
+    [
+        ({"reduction": "p99"}, r"ais_kv_calibration\.reduction='p99' is invalid"),
+        ({"percentile": 99.0}, r"ais_kv_calibration=.*expected a mapping with the one key"),
+        ("max", r"ais_kv_calibration='max' is invalid"),
+    ],
+)
+def test_kv_calibration_rule_errors_name_the_field(section, match):
+    env: dict[str, str] = {}
+    with pytest.raises(ValueError, match=match):
+        run.configure_kv_calibration({"ais_kv_calibration": section}, env)
+    assert env == {}

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from _harness import assert_same_bits, count_collectives, run_distributed
 
-from nemo_ais.fp8.kv_scales import KVScaleCalibrator
+from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig
 
 pytestmark = pytest.mark.distributed
 
@@ -28,9 +28,9 @@ def _observations(rank: int) -> list[tuple[int, str, torch.Tensor]]:
     return obs
 
 
-def _ranks(rank: int, world_size: int) -> dict:
+def _ranks(rank: int, world_size: int, reduction: str) -> dict:
     out = {}
-    cal = KVScaleCalibrator(N_LAYERS)
+    cal = KVScaleCalibrator(N_LAYERS, KVScaleConfig(reduction=reduction))
     for layer, kind, x in _observations(rank):
         cal.observe(layer, kind, x)
     with count_collectives() as counter:
@@ -62,13 +62,18 @@ def _ranks(rank: int, world_size: int) -> dict:
     return out
 
 
-def test_two_rank_max_combine():
-    results = run_distributed(_ranks, world_size=2, timeout=120)
+# rule -> amax of arange(1001) * f + j: max (1000 f + j) or P99.9 at position 999 (999 f + j)
+TOP = {"percentile_of_amax": 1000, "element_percentile": 999}
+
+
+@pytest.mark.parametrize("reduction", sorted(TOP))
+def test_two_rank_max_combine(reduction):
+    results = run_distributed(_ranks, world_size=2, timeout=120, args=(reduction,))
     for r in results:
         assert r["calls"] == ["all_reduce"], r["calls"]  # exactly one collective
     assert_same_bits([r["scales"] for r in results], "kv scale")
     # oracle: one process observing both ranks' batches (MAX over observations)
-    ref = KVScaleCalibrator(N_LAYERS)
+    ref = KVScaleCalibrator(N_LAYERS, KVScaleConfig(reduction=reduction))
     for rank in range(2):
         for layer, kind, x in _observations(rank):
             ref.observe(layer, kind, x)
@@ -77,8 +82,9 @@ def test_two_rank_max_combine():
     # the combine is a genuine MAX: k from rank 0 (factor 2), v from rank 1 (factor 3)
     k0 = expected["model.layers.0.self_attn.k_scale"]
     v0 = expected["model.layers.0.self_attn.v_scale"]
-    assert k0 == pytest.approx((999 * 2 + 1) * 1.05 / 448, rel=1e-12)
-    assert v0 == pytest.approx((999 * 3 + 2) * 1.05 / 448, rel=1e-12)
+    top = TOP[reduction]
+    assert k0 == pytest.approx((top * 2 + 1) * 1.05 / 448, rel=1e-12)
+    assert v0 == pytest.approx((top * 3 + 2) * 1.05 / 448, rel=1e-12)
     # rank 0 alone (group=None) differs from the global result where rank 1 was larger
     assert results[0]["local"]["model.layers.0.self_attn.v_scale"] < v0
     for r in results:

@@ -10,14 +10,15 @@ returns a tracker whose ``fork()`` is a no-op (attention dropout is 0 here).
 Oracle (independent of the hooks): a separate pre-hook on ``self_attention`` captures the
 layer's input hidden states; the test recomputes Q/K/V itself in float64 -- ``linear_qkv``
 weight, its own split of Megatron's ``[ng, (np/ng + 2) * hn]`` layout, its own LayerNorm
-with the q/k-norm weights, its own RoPE -- and ``numpy.percentile``. The same oracle with
-RoPE or the k-norm left out gives a different K scale (checked), so hooking the wrong
-place fails the test.
+with the q/k-norm weights, its own RoPE -- and ``numpy.percentile`` (the ``element_percentile``
+rule, run in every layout) or the max (NeMo-RL's default rule with few micro-batches, run
+in the DP layout). The same oracle with RoPE or the k-norm left out gives a different K
+scale (checked), so hooking the wrong place fails the test.
 
 2 ranks, three layouts in one spawn: DP = 2 (different data per rank), TP = 2 (different
 heads per rank) and PP = 2 (different layers per rank; stage 1 is fed hidden states
 directly). Each checks: identical result dicts on both ranks, exactly ONE collective
-(all_reduce MAX over WORLD, a [2, L, 3] float64 table) inside the calibration, and the
+(all_reduce MAX over WORLD, a [3, L, 3] float64 table) inside the calibration, and the
 combined scales equal the max over ranks of each rank's single-process result.
 """
 
@@ -147,13 +148,13 @@ def _oracle_qkv(attn, h: torch.Tensor, rope=True, k_norm=True) -> dict[str, np.n
     return {"q": _rope(q) if rope else q, "k": _rope(k) if rope else k, "v": v}
 
 
-def _oracle_scales(attns, captured, **variant) -> dict[str, float]:
+def _oracle_scales(attns, captured, percentile=PERCENTILE, **variant) -> dict[str, float]:
     out = {}
     for layer, attn in attns.items():
         names = kv_scale_names(layer)
         for kind in ("q", "k", "v"):
             amax = max(
-                float(np.percentile(np.abs(_oracle_qkv(attn, h, **variant)[kind]), PERCENTILE))
+                float(np.percentile(np.abs(_oracle_qkv(attn, h, **variant)[kind]), percentile))
                 for h in captured[layer]
             )
             out[names[kind]] = max(amax, FLOOR) * MARGIN / E4M3_MAX
@@ -180,7 +181,7 @@ def _capture_inputs(model) -> tuple[dict, dict, list]:
 # ---- one rank's body -----------------------------------------------------------------------
 
 
-def _calibrate(model, run, group):
+def _calibrate(model, run, group, reduction="element_percentile"):
     """Calibrate; return the result and the collectives made OUTSIDE the forward passes."""
     spans = []  # [start, end) call indices of the forward (TP collectives of the model)
     with count_collectives() as counter:
@@ -197,6 +198,7 @@ def _calibrate(model, run, group):
             percentile=PERCENTILE,
             margin=MARGIN,
             include_q=True,
+            reduction=reduction,
             group=group,
         )
     calls = [
@@ -243,6 +245,9 @@ def _phase(tp: int, pp: int, seed: int) -> dict:
         if pp == 1:  # a single stage alone lacks the other stage's layers
             out["local"], _ = _calibrate(model, run, group=None)
         out["combined"], out["calls"] = _calibrate(model, run, group=dist.group.WORLD)
+        if tp == pp == 1:  # NeMo-RL's rule: max |x| per micro-batch, max over the few
+            out["default"], _ = _calibrate(model, run, dist.group.WORLD, "percentile_of_amax")
+            out["oracle_max"] = _oracle_scales(attns, captured, percentile=100.0)
         if tp == 1:
             out["oracle"] = _oracle_scales(attns, captured)
             out["oracle_no_rope"] = _oracle_scales(attns, captured, rope=False)
@@ -286,7 +291,7 @@ def test_one_max_all_reduce_and_identical_dicts(ranks, layout):
             {
                 "name": "all_reduce",
                 "op": "RedOpType.MAX",
-                "shapes": ((2, LAYERS, 3),),
+                "shapes": ((3, LAYERS, 3),),
                 "dtypes": ["torch.float64"],
                 "world": True,
             }
@@ -309,6 +314,10 @@ def test_dp_scales_equal_float64_oracle_of_captured_qkv(ranks):
     want = {k: max(r["dp"]["oracle"][k] for r in ranks) for k in ranks[0]["dp"]["oracle"]}
     _assert_close(ranks[0]["dp"]["combined"]["layers"], want)
     assert ranks[0]["dp"]["local"] != ranks[1]["dp"]["local"]  # ranks saw different data
+    # NeMo-RL's rule: the max over ranks and micro-batches of max |x|
+    want = {k: max(r["dp"]["oracle_max"][k] for r in ranks) for k in want}
+    assert ranks[0]["dp"]["default"] == ranks[1]["dp"]["default"]
+    _assert_close(ranks[0]["dp"]["default"]["layers"], want)
 
 
 def test_tp_ranks_see_different_heads_and_combine_by_max(ranks):

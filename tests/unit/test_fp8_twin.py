@@ -24,6 +24,8 @@ from nemo_ais.fp8.quant import (
 from nemo_ais.fp8.twin import (
     Fp8RolloutConfig,
     Fp8Twin,
+    RolloutPrecisionConfig,
+    RolloutTwin,
     generate,
     logprob_mismatch,
     score_responses,
@@ -224,6 +226,9 @@ def test_config_validation():
         Fp8RolloutConfig(weight_block=(128, 0))
     with pytest.raises(ValidationError, match="kv_calibration_margin"):
         Fp8RolloutConfig(kv_calibration_margin=0.5)
+    with pytest.raises(ValidationError, match="kv_calibration_reduction"):
+        Fp8RolloutConfig(kv_calibration_reduction="max")
+    assert Fp8RolloutConfig().kv_calibration_reduction == "percentile_of_amax"  # NeMo-RL's
     with pytest.raises(ValidationError, match="activation_family"):
         Fp8RolloutConfig(activation_family="d")
     cfg = Fp8RolloutConfig()
@@ -421,13 +426,22 @@ def test_fp8_kv_cache_scales_and_mismatch(qwen):
     assert scales.shape == (3, 2)
     assert bool(torch.isfinite(scales).all()) and bool((scales > 0).all())
     assert bool((scales != 1.0).all())  # never the silent default
-    # oracle: percentile of the k/v_proj outputs of the same (W8A8) forward
-    oracle = _kv_scale_oracle(w8a8.model, ids, mask)
+    # oracle of the default rule (NeMo-RL's: one forward = one observation, so its amax):
+    # the max (percentile 100) of the k/v_proj outputs of the same (W8A8) forward
+    oracle = _kv_scale_oracle(w8a8.model, ids, mask, percentile=100.0)
     torch.testing.assert_close(scales, oracle, rtol=1e-6, atol=0)
+    # the element rule: P99.9 of the same outputs
+    element = Fp8Twin(
+        qwen, Fp8RolloutConfig(kv_cache_fp8=True, kv_calibration_reduction="element_percentile")
+    )
+    got = element.calibrate_kv_scales(ids, mask).scale[:, 1:]
+    torch.testing.assert_close(got, _kv_scale_oracle(w8a8.model, ids, mask), rtol=1e-6, atol=0)
     # trainer-side calibration (NeMo-RL): observe the fp32 model instead
     trainer_side = Fp8Twin(qwen, Fp8RolloutConfig(kv_cache_fp8=True))
     got = trainer_side.calibrate_kv_scales(ids, mask, model=qwen).scale[:, 1:]
-    torch.testing.assert_close(got, _kv_scale_oracle(qwen, ids, mask), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        got, _kv_scale_oracle(qwen, ids, mask, percentile=100.0), rtol=1e-6, atol=0
+    )
 
     out = w8a8.generate(ids, mask, max_new_tokens=16, generator=_gen(0))
     ref = score_responses(qwen, ids, mask, out.response_ids)
@@ -446,6 +460,49 @@ def test_fp8_kv_cache_scales_and_mismatch(qwen):
     assert shift.mean_abs_delta > 0.1 * base.mean_abs_delta
     assert with_kv.mean_abs_delta > base.mean_abs_delta
     assert 1.0 < with_kv.token_mult_prob_error < 1.5
+
+
+def _record_kv_writes(cache) -> list:
+    """``(layer, "k" | "v", x)`` of every tensor the quantized cache is handed."""
+    seen, quantize = [], cache._quantize
+
+    def recording(x, layer, which):
+        seen.append((layer, which, x))
+        return quantize(x, layer, which)
+
+    cache._quantize = recording
+    return seen
+
+
+@pytest.mark.parametrize("kv_cache", ["fp8", "nvfp4"])
+def test_kv_cache_counts_the_elements_it_saturates(qwen, kv_cache):
+    ids, mask = _prompts()
+    frac = {}
+    for rule in ("percentile_of_amax", "element_percentile"):
+        twin = RolloutTwin(
+            qwen,
+            RolloutPrecisionConfig(format="bf16", kv_cache=kv_cache, kv_calibration_reduction=rule),
+        )
+        assert twin.kv_saturation is None
+        out = twin.generate(ids, mask, max_new_tokens=4, generator=_gen(0))
+        # oracle: the K (after RoPE) and V the cache received, counted against the scales
+        twin.kv_saturation = None
+        cache = twin._cache(ids, mask)
+        seen = _record_kv_writes(cache)
+        score_responses(twin.model, ids, mask, out.response_ids, past_key_values=cache)
+        counted = twin.kv_saturation
+        for kind in "kv":
+            xs = [(layer, x) for layer, which, x in seen if which == kind]
+            col = "qkv".index(kind)
+            over = sum(
+                int(((x.float() / counted.scale[layer, col]).abs() > 448).sum()) for layer, x in xs
+            )
+            assert counted.fractions()[kind] == over / sum(x.numel() for _, x in xs)
+        frac[rule] = counted.metrics()
+        assert set(frac[rule]) == {"kv_cache/saturated_frac_k", "kv_cache/saturated_frac_v"}
+    # the element rule clips what NeMo-RL's keeps (the calibration max sits below 448 * s)
+    for key, value in frac["element_percentile"].items():
+        assert value > frac["percentile_of_amax"][key], key
 
 
 def test_kv_scales_recalibrated_after_sync(qwen):

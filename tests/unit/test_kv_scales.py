@@ -1,5 +1,10 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""FP8 KV-cache scale calibration: percentile semantics, hooks, names and the loaded-scale check."""
+"""FP8 KV-cache scale calibration: both rules, hooks, names, saturation and the loaded-scale check.
+
+The default rule (``percentile_of_amax``) is checked against NeMo-RL's own
+``calibrate_qkv_fp8_scales`` in ``tests/upstream/test_kv_calibration_upstream.py``; here
+against hand-worked cases.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +16,21 @@ from torch import nn
 
 from nemo_ais.fp8.kv_scales import (
     FP32_MIN_SENTINEL,
+    KVSaturationCounter,
     KVScaleCalibrator,
     KVScaleConfig,
+    KVScales,
     collect_engine_kv_scales,
     engine_name,
+    kv_saturation_metrics,
     kv_scale_names,
+    nearest_rank_percentile,
     percentile_amax,
     verify_kv_scales,
 )
 
 E4M3_MAX = 448.0
+ELEMENT = KVScaleConfig(reduction="element_percentile")
 
 
 @pytest.mark.parametrize(
@@ -49,8 +59,84 @@ def test_percentile_matches_numpy_on_random_data():
         assert percentile_amax(x, p).item() == pytest.approx(want, rel=1e-12)
 
 
-def test_calibrator_max_over_observations_and_scale_formula():
-    cal = KVScaleCalibrator(2)
+def test_default_rule_is_upstreams():
+    assert KVScaleConfig().reduction == "percentile_of_amax"
+    assert KVScaleConfig().percentile == 99.9 and KVScaleConfig().margin == 1.05
+
+
+@pytest.mark.parametrize(
+    ("n", "p", "index"),
+    [
+        (500, 99.9, 499),  # round(0.999 * 499) = round(498.501) = 499: the max
+        (501, 99.9, 500),  # round(499.5) = 500 (half to even: 500 is even): the max
+        (502, 99.9, 500),  # round(500.499) = 500: one below the max
+        (1001, 99.9, 999),  # round(999.0) = 999: one below the max
+        (4, 50.0, 2),  # round(1.5) = 2
+        (6, 50.0, 2),  # round(2.5) = 2 (half to even, Python's round as upstream)
+        (1, 99.9, 0),
+    ],
+)
+def test_nearest_rank_is_upstreams_index(n, p, index):
+    values = torch.randperm(n).double()  # order does not matter: sorted first
+    assert nearest_rank_percentile(values, p).item() == index
+
+
+def test_default_rule_takes_max_abs_per_observation_then_nearest_rank():
+    cal = KVScaleCalibrator(1)
+    cal.observe(0, "k", torch.arange(1001.0).view(7, 11, 13))  # max |x| = 1000, no clipping
+    cal.observe(0, "k", -3 * torch.arange(501.0))  # max |x| = 1500
+    cal.observe(0, "k", torch.full((10,), 2.0))
+    for kind in "qv":
+        cal.observe(0, kind, torch.ones(5))
+    scales = cal.compute_scales()
+    # 3 observations: round(0.999 * 2) = 2 -> the largest, 1500
+    assert scales.amax[0, 1].item() == 1500.0
+    assert scales.scale[0, 1].item() == 1500.0 * 1.05 / E4M3_MAX  # upstream's arithmetic
+    assert scales.peak[0, 1].item() == 1500.0
+    assert scales.peak_over_range()[0, 1].item() == pytest.approx(1 / 1.05, rel=1e-15)
+    # 1001 observations with amax 0..1000: rank 999 -> 999; the peak stays 1000
+    many = KVScaleCalibrator(1, KVScaleConfig(include_q=False))
+    for i in torch.randperm(1001).tolist():
+        many.observe(0, "k", torch.tensor([float(i), -0.5]))
+        many.observe(0, "v", torch.tensor([1.0]))
+    scales = many.compute_scales()
+    assert scales.amax[0, 1].item() == 999.0 and scales.peak[0, 1].item() == 1000.0
+    metrics = kv_saturation_metrics(scales)
+    assert list(metrics) == ["kv_cache/peak_over_range_k", "kv_cache/peak_over_range_v"]
+    assert metrics["kv_cache/peak_over_range_k"] == pytest.approx(1000 / (999 * 1.05), rel=1e-15)
+
+
+def test_element_rule_clips_what_the_default_keeps():
+    x = torch.cat([torch.ones(9990), torch.full((10,), 50.0)])  # 0.1 % outliers (sink tokens)
+    scales = {}
+    for rule in ("percentile_of_amax", "element_percentile"):
+        cal = KVScaleCalibrator(1, KVScaleConfig(reduction=rule, include_q=False))
+        for kind in "kv":
+            cal.observe(0, kind, x)
+        scales[rule] = cal.compute_scales()
+    assert scales["percentile_of_amax"].amax[0, 1].item() == 50.0
+    # P99.9 at position 0.999 * 9999 = 9989.001: between the last 1 and the first 50
+    assert scales["element_percentile"].amax[0, 1].item() == pytest.approx(1.049, rel=1e-9)
+    assert kv_saturation_metrics(scales["percentile_of_amax"])[
+        "kv_cache/peak_over_range_k"
+    ] == pytest.approx(1 / 1.05)
+    counter = KVSaturationCounter(scales["element_percentile"])
+    counter.observe(0, "k", x)
+    assert counter.fractions() == {"k": 10 / 10000}  # every outlier saturates
+    counter = KVSaturationCounter(scales["percentile_of_amax"])
+    counter.observe(0, "k", x)
+    counter.observe(0, "v", x[:100])
+    assert counter.metrics() == {"kv_cache/saturated_frac_k": 0.0, "kv_cache/saturated_frac_v": 0.0}
+
+
+def test_peak_over_range_needs_a_calibration():
+    scale = torch.ones(1, 3)
+    with pytest.raises(ValueError, match="peak is None"):
+        KVScales(scale * E4M3_MAX, scale, True).peak_over_range()
+
+
+def test_element_rule_max_over_observations_and_scale_formula():
+    cal = KVScaleCalibrator(2, ELEMENT)
     cal.observe(0, "k", torch.arange(1001.0).view(7, 11, 13))  # 99.9 % -> 999
     cal.observe(0, "k", 3 * torch.arange(501.0))  # position 499.5 -> (1497 + 1500) / 2
     cal.observe(0, "k", torch.full((10,), 2.0))  # smaller: the max keeps 1498.5
@@ -79,7 +165,9 @@ def test_calibrator_max_over_observations_and_scale_formula():
 
 
 def test_custom_percentile_margin_and_kv_only():
-    cfg = KVScaleConfig(percentile=50.0, margin=2.0, include_q=False)
+    cfg = KVScaleConfig(
+        reduction="element_percentile", percentile=50.0, margin=2.0, include_q=False
+    )
     cal = KVScaleCalibrator(1, cfg)
     cal.observe(0, "k", torch.arange(11.0))  # median 5
     cal.observe(0, "v", torch.arange(5.0))  # median 2
@@ -98,14 +186,17 @@ def test_missing_and_nonfinite_observations_raise():
         match=r"no activations observed for 5 layer/kind pair\(s\) \(layer 0 q, layer 0 v, layer 1 q",
     ):
         cal.compute_scales()
-    cal = KVScaleCalibrator(1)
-    for kind in "qkv":
-        cal.observe(0, kind, torch.ones(3))
-    cal.observe(0, "v", torch.tensor([1.0, float("nan")]))
-    with pytest.raises(
-        ValueError, match=r"non-finite activations in 1 layer/kind pair\(s\) \(layer 0 v\)"
-    ):
-        cal.compute_scales()
+    for config in (KVScaleConfig(), ELEMENT):
+        cal = KVScaleCalibrator(1, config)
+        for kind in "qkv":
+            cal.observe(0, kind, torch.ones(3))
+        cal.observe(0, "v", torch.tensor([1.0, float("nan")]))
+        cal.observe(0, "k", torch.tensor([float("-inf")]))
+        with pytest.raises(
+            ValueError,
+            match=r"non-finite activations in 2 layer/kind pair\(s\) \(layer 0 k, layer 0 v\)",
+        ):
+            cal.compute_scales()
     with pytest.raises(ValueError, match=r"layer=2 kind='k' is invalid"):
         cal.observe(2, "k", torch.ones(1))
     with pytest.raises(ValueError, match=r"kind='o' is invalid"):
@@ -163,9 +254,10 @@ def test_hooks_record_projection_outputs_with_token_mask():
     h = torch.randn(2, 5, 16)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     h[0, 3:] = 100.0  # padding with huge activations must be ignored under the mask
-    cal = KVScaleCalibrator(3, KVScaleConfig(percentile=99.0))
-    with torch.no_grad(), cal.install_hooks(model):
-        cal.token_mask = mask
+    cal = KVScaleCalibrator(3, KVScaleConfig(reduction="element_percentile", percentile=99.0))
+    default = KVScaleCalibrator(3)
+    with torch.no_grad(), cal.install_hooks(model), default.install_hooks(model):
+        cal.token_mask = default.token_mask = mask
         model(h)
     cal.token_mask = None
     assert all(not m._forward_hooks for m in model.modules())  # removed on exit
@@ -178,6 +270,7 @@ def test_hooks_record_projection_outputs_with_token_mask():
             assert cal.local_amax()[1, j].item() == pytest.approx(
                 np.percentile(valid, 99.0), rel=1e-6
             )
+            assert default.local_amax()[1, j].item() == pytest.approx(valid.max(), rel=1e-6)
     scales = cal.compute_scales()
     assert len(scales.to_vllm()) == 9
     with pytest.raises(ValueError, match="found no"):
@@ -255,6 +348,7 @@ def test_verify_detects_default_sentinel_and_mismatch():
         ({"margin": 0.9}, "margin"),
         ({"amax_floor": 0.0}, "amax_floor"),
         ({"pct": 99.0}, "pct"),
+        ({"reduction": "max"}, "reduction"),
     ],
 )
 def test_config_validation(kwargs, match):

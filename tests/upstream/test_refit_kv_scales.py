@@ -1,5 +1,18 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""Calibrated FP8 KV-cache scales reach vLLM through upstream's real refit (issue 11, defect 3).
+"""FP8 KV-cache scales: calibrated as upstream calibrates (issue 18, item 2), and reaching vLLM
+through upstream's real refit (issue 11, defect 3).
+
+Calibration: NeMo-RL's REAL ``MegatronPolicyWorkerImpl.calibrate_qkv_fp8_scales`` (v0.7.0
+and main; the session's ``--nemo-rl``) runs on a stand-in ``self`` that replays the Q/K/V
+which our worker's calibration saw at every ``core_attention`` call of a real megatron-core
+``GPTModel`` (several micro-batches), and on synthetic heavy-tailed Q/K/V with 600
+micro-batches (where upstream's nearest-rank percentile is below the max). Our default rule
+gives exactly upstream's scales; ``element_percentile`` gives smaller ones. Only CUDA is
+stubbed (``torch.tensor(..., device="cuda")`` in upstream's module lands on the CPU). The
+stand-in's ``core_attention`` has no child modules: upstream hooks every module whose name
+CONTAINS ``self_attention.core_attention``, so on megatron-core's local spec it also hooks
+the softmax and dropout children and fails (pinned below); on Transformer Engine's spec the
+children are the attention backends, called with the same q/k/v (duplicate observations).
 
 What runs for real:
 
@@ -48,6 +61,7 @@ from _megatron_worker import Placeholder, megatron_worker_modules
 from nemo_rl_version import per_version
 
 from nemo_ais.fp8.kv_scales import verify_kv_scales
+from nemo_ais.megatron.kv_calibration import KV_REDUCTION_ENV, find_attention_layers
 
 pytestmark = [pytest.mark.nemo_rl, pytest.mark.megatron]
 
@@ -429,3 +443,156 @@ def test_scales_the_driver_passes_win_over_the_workers_last_calibration(
     expected = {n: float(torch.tensor(v, dtype=torch.float32)) for n, v in sent.items()}
     assert transport.vllm.scales() == expected
     assert worker._ais_kv_scales == calibrated  # the cache is left as calibrated
+
+
+# ---- calibration: upstream's function on the Q/K/V our worker saw --------------------------
+
+
+class _CoreAttention(torch.nn.Module):
+    """A ``core_attention`` without child modules (see the module doc)."""
+
+    def forward(self, query, key, value, attention_mask, **kwargs):
+        return query
+
+
+class _ReplayWorker:
+    """Stand-in ``self`` for both calibrations: ``model`` (``module.decoder.layers.N.
+    self_attention.core_attention``, as under NeMo-RL's DDP wrapper) and a ``get_logprobs``
+    that calls each ``core_attention`` with the recorded ``(layer, q, k, v)`` in order."""
+
+    def __init__(self, calls: list, num_layers: int) -> None:
+        self.calls = calls
+        self.model = torch.nn.Module()
+        self.model.module = torch.nn.Module()
+        self.model.module.decoder = torch.nn.Module()
+        self.model.module.decoder.layers = torch.nn.ModuleList()
+        for i in range(num_layers):
+            layer = torch.nn.Module()
+            layer.self_attention = torch.nn.Module()
+            layer.self_attention.layer_number = i + 1
+            layer.self_attention.core_attention = _CoreAttention()
+            self.model.module.decoder.layers.append(layer)
+        self.megatron_bridge = types.SimpleNamespace(
+            transformer_config=types.SimpleNamespace(num_layers=num_layers)
+        )
+
+    def _ais_device(self):
+        return None
+
+    def get_logprobs(self, *, data, micro_batch_size=None, require_router_replay=True):
+        layers = self.model.module.decoder.layers
+        for layer, q, k, v in self.calls:
+            layers[layer].self_attention.core_attention(q, k, v, None)
+
+
+def _micro_batched_forward(worker, model, micro_batch_size_default: int):
+    """``get_logprobs`` of the GPT worker: one forward per micro-batch (upstream's loop)."""
+
+    def get_logprobs(*, data, micro_batch_size=None, require_router_replay=True):
+        mbs = micro_batch_size or micro_batch_size_default
+        ids = data["input_ids"]
+        mask = torch.ones(1, 1, ids.shape[1], ids.shape[1], dtype=torch.bool).triu(1)
+        for chunk in ids.split(mbs):
+            model(chunk, torch.arange(chunk.shape[1]).expand_as(chunk), mask)
+
+    return get_logprobs
+
+
+def _record_core_attention_calls(model) -> tuple[list, list]:
+    calls = []
+
+    def hook(layer):
+        def record(_module, args, kwargs):
+            calls.append((layer, *(t.detach().clone() for t in args[:3])))
+
+        return record
+
+    handles = [
+        attention.core_attention.register_forward_pre_hook(hook(layer), with_kwargs=True)
+        for layer, attention in find_attention_layers(model).items()
+    ]
+    return calls, handles
+
+
+def _upstream_calibration(worker_modules, standin, data):
+    impl = worker_modules.upstream.MegatronPolicyWorkerImpl
+    # include_q=True: what grpo_train passes (upstream's converter needs q_scale)
+    return impl.calibrate_qkv_fp8_scales(standin, data=data, include_q=True)
+
+
+def _ours(worker_modules, standin, data):
+    cls = worker_modules.ours.AISMegatronPolicyWorker.__ray_actor_class__
+    return cls.calibrate_qkv_fp8_scales(standin, data=data, include_q=True)
+
+
+def test_our_calibration_equals_upstreams_on_the_gpt_activations(
+    worker_modules, cpu_shims, one_rank, monkeypatch
+):
+    monkeypatch.delenv(KV_REDUCTION_ENV, raising=False)
+    worker = _worker(worker_modules, kv_cache_dtype="fp8")
+    worker.get_logprobs = _micro_batched_forward(worker, worker.model, micro_batch_size_default=1)
+    data = _calibration_data()  # 4 sequences: 4 micro-batches of 1
+    calls, handles = _record_core_attention_calls(worker.model)
+    try:
+        ours = worker.calibrate_qkv_fp8_scales(data=data, include_q=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(calls) == 4 * LAYERS  # every micro-batch of every layer, in call order
+    upstream = _upstream_calibration(worker_modules, _ReplayWorker(calls, LAYERS), data)
+    assert upstream["layers"] == ours["layers"]  # bit-identical floats, same names and order
+    assert upstream["percentile"] == ours["percentile"] and upstream["margin"] == ours["margin"]
+    assert cpu_shims["cuda_tensors"] > 0  # upstream's _percentile ran (on the CPU)
+
+
+def _heavy_tailed_calls(num_micro_batches: int) -> list:
+    """Synthetic Q/K/V: Student-t entries plus an attention-sink token per micro-batch."""
+    g = torch.Generator().manual_seed(11)
+    t = torch.distributions.StudentT(torch.tensor(3.0))
+    calls = []
+    for _ in range(num_micro_batches):
+        for layer in range(LAYERS):
+            q, k, v = (t.sample((4, 1, 2, 8)) * (1 + layer) for _ in range(3))
+            k[0, 0, 0, 0] = 40.0 * (1 + torch.rand((), generator=g))  # the sink
+            calls.append((layer, q, k, v))
+    return calls
+
+
+@pytest.mark.parametrize("num_micro_batches", [3, 600])
+def test_our_calibration_equals_upstreams_on_heavy_tailed_qkv(
+    worker_modules, cpu_shims, one_rank, monkeypatch, num_micro_batches
+):
+    # 3 micro-batches: upstream's percentile is the max; 600: the nearest rank below it
+    torch.manual_seed(5)
+    standin = _ReplayWorker(_heavy_tailed_calls(num_micro_batches), LAYERS)
+    data = {"input_ids": torch.zeros(num_micro_batches, 1)}
+    monkeypatch.delenv(KV_REDUCTION_ENV, raising=False)
+    upstream = _upstream_calibration(worker_modules, standin, data)
+    ours = _ours(worker_modules, standin, data)
+    assert upstream["layers"] == ours["layers"]
+    # the element percentile (an explicit option) clips the sink: with 3 micro-batches
+    # upstream's amax is the max of every element, the element rule's P99.9 of 64 elements
+    # lies below each micro-batch's sink
+    monkeypatch.setenv(KV_REDUCTION_ENV, "element_percentile")
+    element = _ours(worker_modules, standin, data)["layers"]
+    assert element != ours["layers"]
+    if num_micro_batches == 3:
+        for name, value in ours["layers"].items():
+            assert element[name] <= value, name
+            assert element[name] < value or not name.endswith("k_scale"), name
+    monkeypatch.setenv(KV_REDUCTION_ENV, "p99")
+    with pytest.raises(ValueError, match=r"NEMO_AIS_KV_REDUCTION='p99' is invalid"):
+        _ours(worker_modules, standin, data)
+
+
+def test_upstreams_substring_match_also_hooks_core_attentions_children(
+    worker_modules, cpu_shims, one_rank
+):
+    # why the comparison replays the Q/K/V through a stand-in (module doc): on megatron-core's
+    # local spec upstream's pre-hook also fires on core_attention.scale_mask_softmax
+    # (scores, mask), taking the boolean mask for k, and on .attention_dropout
+    worker = _worker(worker_modules, kv_cache_dtype="fp8")
+    children = [n for n, _ in worker.model.named_modules() if ".core_attention." in n]
+    assert children and all("self_attention.core_attention" in n for n in children)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        _upstream_calibration(worker_modules, worker, _calibration_data())

@@ -35,7 +35,7 @@ from nemo_rl.models.policy.workers.megatron_policy_worker import MegatronPolicyW
 
 from nemo_ais.fp8.kv_scales import require_calibrated_kv_scales
 from nemo_ais.megatron import get_data_parallel_group
-from nemo_ais.megatron.kv_calibration import calibrate_qkv_fp8_scales
+from nemo_ais.megatron.kv_calibration import calibrate_qkv_fp8_scales, kv_reduction_from_env
 from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin
 
 __all__ = ["AISMegatronPolicyWorker", "fp8_kv_cache_enabled"]
@@ -71,15 +71,22 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
     ) -> dict[str, Any]:
         """NeMo-RL's KV-scale calibration, computed by :mod:`nemo_ais.megatron.kv_calibration`.
 
-        Same signature and result as v0.7.0 (``{"format", "percentile", "margin",
-        "layers": {vLLM scale name: float}}``); Q/K/V are read, as upstream, at the
-        ``core_attention`` inputs (after q/k-norm and RoPE). Differences: per micro-batch
-        ``percentile(|x|)``, max over micro-batches (upstream: a percentile over
-        per-micro-batch amaxes); layer keys are global across pipeline stages; ranks are
-        combined by ONE ``all_reduce(MAX)`` over the default group (every TP/PP/CP/DP rank
-        of the policy) instead of ``all_gather_object`` + ``broadcast_object_list``;
-        ``include_q=False`` returns K/V names only (upstream's converter needs
-        ``q_scale``); the ``FP8_MAX_Q/K/V`` environment overrides are not read (448).
+        Same signature and result as v0.7.0 and main (``{"format", "percentile",
+        "margin", "layers": {vLLM scale name: float}}``); Q/K/V are read, as upstream, at
+        the ``core_attention`` inputs (after q/k-norm and RoPE). The rule is upstream's
+        by default (``max |x|`` per micro-batch, nearest-rank percentile over the
+        micro-batches, max over ranks: the same scales, a test compares them with
+        upstream's function); ``NEMO_AIS_KV_REDUCTION=element_percentile`` (the
+        launcher's ``ais_kv_calibration.reduction``) selects the element percentile.
+        Differences: layer keys are global across pipeline stages (upstream keys by the
+        stage-local index); only ``core_attention`` itself is hooked (upstream's substring
+        match also hooks its children); ranks are combined by ONE ``all_reduce(MAX)`` over
+        the default group (every TP/PP/CP/DP rank of the policy) instead of
+        ``all_gather_object`` + ``broadcast_object_list``; an all-zero layer gets the
+        1e-4 amax floor (upstream: scale 0); ``include_q=False`` returns K/V names only
+        (upstream's converter needs ``q_scale``); the ``FP8_MAX_Q/K/V`` environment
+        overrides are not read (448). Logs the calibration's largest value over
+        ``scale * 448`` per kind (WARNING when > 1: it saturates).
         """
         self.model.eval()
         result = calibrate_qkv_fp8_scales(
@@ -91,6 +98,7 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
             percentile=percentile,
             margin=margin,
             include_q=include_q,
+            reduction=kv_reduction_from_env(),
             group=torch.distributed.group.WORLD if torch.distributed.is_initialized() else None,
             device=self._ais_device(),
         )
