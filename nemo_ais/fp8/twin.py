@@ -32,7 +32,9 @@ measurable without a GPU. What it simulates (``docs/low_precision.md``, "Twin"):
    the max over the group (:func:`~nemo_ais.fp8.formats.shared_weight_amax`), as
    vLLM's loader requires; the rest is copied as is.
 3. Calibration, stale after every refit: the KV-cache scales (``fp8`` / ``nvfp4`` KV:
-   ``P_p(|K|) * margin / 448`` per layer from :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator`,
+   ``amax * margin / 448`` per layer from :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator`
+   under ``kv_calibration_reduction``: by default NeMo-RL's rule, ``max |K|`` of the
+   calibration forward,
    or sent with the refit) and, for ``nvfp4_w4a4``, each quantized linear's static input
    amax: ``max |x|`` of its input over the valid tokens of one forward with activation
    quantization off (ModelOpt's ``max`` calibration; vLLM's ``input_scale = amax / 2688``).
@@ -76,7 +78,12 @@ from nemo_ais.fp8.generation import (
 )
 from nemo_ais.fp8.grids import E4M3_MAX
 from nemo_ais.fp8.kv_cache import QuantizedKVCache
-from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
+from nemo_ais.fp8.kv_scales import (
+    KVSaturationCounter,
+    KVScaleCalibrator,
+    KVScaleConfig,
+    KVScales,
+)
 from nemo_ais.fp8.nvfp4 import NVFP4_BLOCK
 from nemo_ais.fp8.quant_linear import QuantExperts, QuantLinear
 from nemo_ais.fp8.rollout_config import Fp8RolloutConfig, RolloutPrecisionConfig
@@ -189,6 +196,10 @@ class RolloutTwin:
         kv_scales: the current :class:`~nemo_ais.fp8.kv_scales.KVScales` (``scale`` is
             float64 ``[layers, 3]``, columns q, k, v; q is not simulated and stays 1.0),
             or None until calibrated (quantized KV cache only).
+        kv_saturation: the :class:`~nemo_ais.fp8.kv_scales.KVSaturationCounter` of the
+            last ``generate`` / ``score`` with a quantized KV cache: the fraction of the K/V
+            elements it wrote with ``|x| > scale * 448`` (``.metrics()``:
+            ``kv_cache/saturated_frac_k`` / ``_v``); None before.
         num_layers: decoder layers.
     """
 
@@ -214,6 +225,8 @@ class RolloutTwin:
             self._replace_module(twin, name, amax)
         self.model = twin
         self.kv_scales: KVScales | None = None
+        # K/V elements the last generate / score's quantized cache saturated (|x| > s * 448)
+        self.kv_saturation: KVSaturationCounter | None = None
         self._targets = self._sync_targets()
         self._fp8_weights = {
             f"{n}.weight": m
@@ -568,8 +581,10 @@ class RolloutTwin:
     ) -> KVScales:
         """Per-layer KV scales from one forward pass (KV unquantized), stored for use.
 
-        ``scale = max(P_p(|x|), floor) * margin / 448`` for x = the ``k_proj`` / ``v_proj``
-        outputs at non-padding positions (``p``, margin, floor from the config), computed
+        ``scale = max(amax, floor) * margin / 448`` for x = the ``k_proj`` / ``v_proj``
+        outputs at non-padding positions, amax by the config's ``kv_calibration_reduction``
+        (default NeMo-RL's: ``max |x|`` of this one forward; ``element_percentile``:
+        ``P_p(|x|)``), margin and floor from the config, computed
         by :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` (K before RoPE, the HF-hook
         rule; the cache applies the scale to K after RoPE, as vLLM does). The NVFP4 KV
         cache uses ``scale * 448`` as its static global amax. The result is stored in
@@ -592,6 +607,7 @@ class RolloutTwin:
         calibrator = KVScaleCalibrator(
             self.num_layers,
             KVScaleConfig(
+                reduction=cfg.kv_calibration_reduction,
                 percentile=cfg.kv_calibration_percentile,
                 margin=cfg.kv_calibration_margin,
                 amax_floor=cfg.kv_amax_floor,
@@ -618,7 +634,8 @@ class RolloutTwin:
         if not self.kv_cache_quantized:
             return None
         assert self.kv_scales is not None
-        return QuantizedKVCache(self.config.kv_cache, self.kv_scales)
+        self.kv_saturation = KVSaturationCounter(self.kv_scales)
+        return QuantizedKVCache(self.config.kv_cache, self.kv_scales, self.kv_saturation)
 
     def generate(
         self,
