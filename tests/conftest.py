@@ -15,16 +15,25 @@
 * Tests that drive NeMo-RL's code carry the ``nemo_rl`` marker; CI runs the whole suite
   against v0.7.0 and then ``-m nemo_rl`` against main (README, ``.ci/run``).
 * Deterministic seeds, CPU threads kept small (2-core CI machine).
+* Skip policy (``tests/skip_policy.py``): a skip only for one of its exact reasons (no
+  CUDA device, Transformer Engine absent), no xfail; a present but broken TE fails.
 """
 
 import importlib.util
 import os
-import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# Skips and xfails: only the exact reasons of tests/skip_policy.py; anything else (NeMo-RL
+# missing, a race lost, a broken Transformer Engine, any xfail) is reported as a failure,
+# so a green run never hides a test that did not execute (tests/_nemo_rl_env, .ci/run).
+from skip_policy import (  # noqa: F401  (imported hooks are registered hooks)
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIM_DIR = Path(__file__).resolve().parent / "_nemo_rl_env"
@@ -104,34 +113,3 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 def _seed():
     torch.manual_seed(0)
     yield
-
-
-# The only reasons a test may skip: hardware or packages this CPU machine cannot have.
-# Anything else (NeMo-RL missing, a race lost, ...) is reported as a failure, so a green
-# run never hides a test that did not execute (tests/_nemo_rl_env, .ci/run).
-ALLOWED_SKIP = re.compile(r"CUDA|GPU|transformer.engine|Transformer Engine|vLLM|vllm", re.I)
-
-
-def _refuse_disallowed_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
-    if not report.skipped or getattr(report, "wasxfail", None) is not None:
-        return
-    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    if not ALLOWED_SKIP.search(reason):
-        report.outcome = "failed"
-        report.longrepr = (
-            f"skipped for a reason this suite does not allow (only CUDA/GPU, Transformer "
-            f"Engine or vLLM may be absent): {reason}"
-        )
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    outcome = yield
-    _refuse_disallowed_skip(outcome.get_result())
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector):
-    # module-level pytest.skip / importorskip: the whole file would vanish from the run
-    outcome = yield
-    _refuse_disallowed_skip(outcome.get_result())

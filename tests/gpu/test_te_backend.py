@@ -7,18 +7,19 @@ import numpy as np
 import pytest
 import torch
 from fp8_oracles import TE_SHAPES
+from skip_policy import NO_CUDA, require_te
 
 from nemo_ais.fp8 import quantize_blockwise
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA),
 ]
 
 
 @pytest.fixture(scope="module")
 def _needs_te():
-    pytest.importorskip("transformer_engine.pytorch.tensor.float8_blockwise_tensor")
+    require_te()  # skips only if TE is absent; a present but broken TE fails
 
 
 def _first_mismatch(a: torch.Tensor, b: torch.Tensor, what: str) -> str | None:

@@ -10,6 +10,7 @@ import weakref
 import pytest
 import torch
 from pydantic import ValidationError
+from skip_policy import NO_CUDA, TE_INSTALLED, TE_MODULE, require_te
 
 from nemo_ais.fp8 import quantize_blockwise
 from nemo_ais.fp8.stream import Fp8SyncConfig, fp8_weight_stream, plan_fp8_sync, scale_name
@@ -290,8 +291,6 @@ def test_config_validation(kwargs, match):
 
 # ---- quantizer backend (Transformer Engine or the torch reference) -------------------------
 
-TE_MODULE = "transformer_engine.pytorch.tensor.float8_blockwise_tensor"
-
 
 def _te_importable() -> bool:
     try:
@@ -322,7 +321,7 @@ def backend_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.skipif(_te_importable(), reason="Transformer Engine installed: see the te test")
+@pytest.mark.skipif(_te_importable(), reason=TE_INSTALLED)
 @pytest.mark.parametrize("family", ["a", "c"])
 def test_auto_backend_without_te_is_the_torch_reference(backend_calls, family):
     assert Fp8SyncConfig().backend == "auto"  # the default
@@ -341,7 +340,7 @@ def test_auto_backend_without_te_is_the_torch_reference(backend_calls, family):
             assert torch.equal(out[scale_name(name)], s_ref), name
 
 
-@pytest.mark.skipif(_te_importable(), reason="Transformer Engine installed: see the te test")
+@pytest.mark.skipif(_te_importable(), reason=TE_INSTALLED)
 def test_te_backend_without_te_names_the_extra(backend_calls):
     tensors = _tensors(_qwen2_shapes(n_layers=1))
     stream = fp8_weight_stream(tensors, Fp8SyncConfig(backend="te", family="c"))
@@ -355,9 +354,9 @@ def test_te_backend_without_te_names_the_extra(backend_calls):
 @pytest.mark.te
 @pytest.mark.gpu
 def test_auto_backend_uses_te_on_cuda_with_the_same_bits(backend_calls):
-    pytest.importorskip(TE_MODULE)
+    require_te()  # skips only if TE is absent; a broken TE fails
     if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
+        pytest.skip(NO_CUDA)
     tensors = [(n, x.cuda()) for n, x in _tensors(_qwen2_shapes(n_layers=1))]
     quantized = [n for n, _ in tensors if n.endswith("_proj.weight")]
     out = dict(fp8_weight_stream(tensors, Fp8SyncConfig(family="c", eps=0.0)))
