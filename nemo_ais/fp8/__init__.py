@@ -37,9 +37,11 @@ from nemo_ais.fp8.quant import (
     quantize_blockwise,
 )
 from nemo_ais.fp8.stream import Fp8SyncConfig, Fp8SyncPlan, fp8_weight_stream, plan_fp8_sync
+from nemo_ais.fp8.stream_block import BlockSyncConfig, block_weight_stream, plan_block_sync
 
 __all__ = [
     "E4M3_MAX",
+    "BlockSyncConfig",
     "Fp8SyncConfig",
     "Fp8SyncPlan",
     "KVScaleCalibrator",
@@ -48,6 +50,7 @@ __all__ = [
     "MXFP4Tensor",
     "MXFP8Tensor",
     "NVFP4Tensor",
+    "block_weight_stream",
     "collect_engine_kv_scales",
     "dequantize_activations",
     "dequantize_blockwise",
@@ -58,6 +61,7 @@ __all__ = [
     "fake_quantize_nvfp4",
     "fp8_weight_stream",
     "kv_scale_names",
+    "plan_block_sync",
     "plan_fp8_sync",
     "quantize_activations",
     "quantize_blockwise",
