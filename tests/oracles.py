@@ -165,7 +165,7 @@ def _surrogate_token(theta, old, adv, pg, log_clamp):
     r = math.exp(lr)
     lo, hi = 1 - pg.ratio_clip_min, 1 + pg.ratio_clip_max
     r_clip = min(max(r, lo), hi)
-    inside = lo < r < hi
+    inside = lo <= r <= hi  # clamp passes the gradient on its closed interval
     l1, l2 = -adv * r, -adv * r_clip
     d1 = -adv * r * ellgrad
     d2 = d1 if inside else 0.0
@@ -173,12 +173,14 @@ def _surrogate_token(theta, old, adv, pg, log_clamp):
         val, d = l1, d1
     elif l2 > l1:
         val, d = l2, d2
-    else:
+    else:  # a tie of max splits the gradient in halves
         val, d = l1, (d1 + d2) / 2
     if pg.ratio_clip_c is not None and adv < 0:
         l3 = -adv * pg.ratio_clip_c
         if l3 < val:
             val, d = l3, 0.0
+        elif l3 == val:  # a tie of min splits it too
+            d = d / 2
     return val, d
 
 

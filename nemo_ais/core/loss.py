@@ -29,24 +29,23 @@ our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
                      clip_loss_it = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
                      dual clip (A < 0): clip_loss_it = min(clip_loss_it, -A c)
                      disable_ppo_ratio: clip_loss_it = -A log pi_theta
-                     d clip_loss / d log pi_theta = -A r on the unclipped branch, else 0
 5. KL penalty        x = clamp(log pi_ref - log pi_theta, +-kl_input_clamp_value)
                      k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x
                      kl_it = beta_kl * clamp(s_it * k(x), +-kl_output_clamp_value),
                      s_it = exp(log pi_theta - sg(log pi_theta)) (value 1, carries the score-function
-                     gradient), NOT multiplied by w_hat;
-                     d kl / d log pi_theta = beta_kl * (k(x) - k'(x)), 0 where a clamp is active
-6. reduce            L = sum_it c_it (w_hat clip_loss + kl),  dL/d log pi_theta = c (w_hat d clip + d kl)
+                     gradient; detached where the input clamp is active), NOT multiplied by w_hat;
+                     written k - (x - sg x) sg(k): the same value and gradient
+6. reduce            L = sum_it c_it (w_hat clip_loss + kl)
                      token level:    c_it = m_it / N_tok
                      sequence level: c_it = m_it / (n_i N_seq)
                      N_* = global_valid_tokens / global_valid_seqs (None: this batch's count)
 7. metrics           summable form (:mod:`nemo_ais.core.metrics`); optionally NeMo-RL's
                      rollout-mismatch metrics of the call (``rollout_metrics=True``)
 
-Steps 4-6 form the gradient with the loss (no autograd graph over [B, T] intermediates);
-the loss is returned through a one-node autograd function whose backward is one multiply.
-The gradient is the one autograd would give for the formulas above (ties of max / min
-included: on a tie both branches have the same derivative).
+Steps 4-6 are written as CleanRL's ``ppo.py`` writes them (ratio, clipped loss, weighted
+sum) and autograd forms the gradient, with NeMo-RL's ``torch.max`` / ``torch.min`` /
+``clamp`` so that ties get upstream's gradient. The hand-derived gradient lives in
+``tests/hand_gradient.py`` as an independent oracle.
 
 Because the gradient is linear in w_hat, alpha = 0 reproduces mode ``none`` and alpha = 1
 mode ``tis`` (cap C, no floor) exactly, and grad L_ais = (1 - alpha) grad L_none +
@@ -98,10 +97,10 @@ class LossOutput(NamedTuple):
 class _Inputs(NamedTuple):
     """Step-1 inputs in the compute dtype, detached, every term 0 where m = 0."""
 
-    logp_theta: torch.Tensor  # log pi_theta (values only; the gradient is formed explicitly)
-    log_r: torch.Tensor  # log pi_theta - log pi_old
+    logp_theta: torch.Tensor  # log pi_theta (with its graph)
+    log_r: torch.Tensor  # log pi_theta - log pi_old (with graph; not masked)
     log_rho: torch.Tensor  # l = log pi_old - log mu
-    log_q: torch.Tensor | None  # log pi_ref - log pi_theta (KL on)
+    log_q: torch.Tensor | None  # log pi_ref - log pi_theta (KL on; with graph; not masked)
     adv: torch.Tensor  # [B, T]
     m: torch.Tensor  # float mask
 
@@ -159,17 +158,23 @@ def _check_advantages(advantages, prev: torch.Tensor) -> None:
 
 
 def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor) -> _Inputs:
-    """Step 1b: the differences the loss needs, upcast, detached, zeroed where m = 0."""
+    """Step 1b: the differences the loss needs, upcast; only ``log pi_theta`` keeps its graph.
+
+    Every other input is detached (data, as in NeMo-RL). A, l and the coefficients of step 6
+    are 0 where m = 0; log r and the KL input are not masked (no multiply in the graph): a
+    masked position holds a finite value there (else step 1b takes :func:`_sanitised`),
+    which the clamps keep finite through exp() and c = 0 removes.
+    """
     dtype = m.dtype
-    theta = theta.detach().to(dtype)
+    theta = theta.to(dtype)
     old = old.detach().to(dtype)
     adv = adv.detach().to(dtype)
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     return _Inputs(
         logp_theta=theta,
-        log_r=torch.sub(theta, old).mul_(m),
+        log_r=theta - old,
         log_rho=torch.sub(old, rollout.detach().to(dtype)).mul_(m),
-        log_q=None if ref is None else torch.sub(ref.detach().to(dtype), theta).mul_(m),
+        log_q=None if ref is None else ref.detach().to(dtype) - theta,
         adv=adv * m,
         m=m,
     )
@@ -197,7 +202,7 @@ def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -
     (then the exact per-tensor count names the input and raises). The mask is in {0, 1}
     iff 0 <= m <= 1 and sum m^2 = sum m (no temporary).
     """
-    terms = [t for t in (x.log_r, x.log_rho, x.log_q, x.adv) if t is not None]
+    terms = [t.detach() for t in (x.log_r, x.log_rho, x.log_q, x.adv) if t is not None]
     v = terms[0] + terms[1]
     for t in terms[2:]:
         v.add_(t)
@@ -252,96 +257,63 @@ def _sanitised(curr, prev, rollout, ref, advantages, m: torch.Tensor) -> _Inputs
     def clean(t, where=valid):
         return None if t is None else torch.where(where, t.detach().to(m.dtype), 0)
 
+    theta = torch.where(valid, curr.to(m.dtype), 0)  # keeps the graph: 0 gradient where m = 0
     adv = clean(advantages, adv_valid)
-    return _inputs(clean(curr), clean(prev), clean(rollout), clean(ref), adv, m)
+    return _inputs(theta, clean(prev), clean(rollout), clean(ref), adv, m)
 
 
 class _Surrogate(NamedTuple):
-    clip_loss: torch.Tensor
-    d_clip_loss: torch.Tensor | None  # d clip_loss / d log pi_theta (None: no gradient)
-    r: torch.Tensor
+    clip_loss: torch.Tensor  # [B, T], carries the graph to log pi_theta
+    r: torch.Tensor  # detached, for the metrics
     r_clip: torch.Tensor
 
 
-def _surrogate(x: _Inputs, pg: PGLossConfig, log_ratio_clamp: float, grad: bool) -> _Surrogate:
-    """Step 4: per-token clipped surrogate ``[B, T]`` and its derivative in log pi_theta."""
-    # -A x is computed as -(A x): the same float (negation is exact)
+def _surrogate(x: _Inputs, pg: PGLossConfig, log_ratio_clamp: float) -> _Surrogate:
+    """Step 4: per-token clipped surrogate ``[B, T]``, CleanRL-style; autograd differentiates.
+
+    ``-A * r`` is NeMo-RL's ``-advantages * ratios`` (negation is exact); ``torch.max`` /
+    ``torch.min`` / ``clamp`` as upstream, so a tie gets upstream's (autograd's) gradient.
+    """
     if pg.disable_ppo_ratio:
         r = x.logp_theta
-        r_clip = r
-        clip_loss = torch.mul(x.adv, r).neg_()
-        d_clip_loss = -x.adv
-    else:
-        log_r = x.log_r.clamp(min=-log_ratio_clamp, max=log_ratio_clamp)
-        inside_clamp = (log_r == x.log_r) if grad else None
-        r = log_r.exp_()  # in place: log_r is ours
-        r_clip = r.clamp(min=1 - pg.ratio_clip_min, max=1 + pg.ratio_clip_max)
-        loss_unclipped = torch.mul(x.adv, r).neg_()
-        loss_clipped = torch.mul(x.adv, r_clip).neg_()
-        d_clip_loss = None
-        if grad:  # -A r where the unclipped branch is taken (on a tie the clipped one
-            # agrees), 0 past the clip or the log-ratio clamp
-            unclipped = inside_clamp.logical_and_(loss_unclipped >= loss_clipped)
-        clip_loss = torch.maximum(loss_unclipped, loss_clipped, out=loss_clipped)
-        if grad:
-            d_clip_loss = loss_unclipped.mul_(unclipped)
-    if pg.ratio_clip_c is not None:
-        loss_dual = torch.mul(x.adv, pg.ratio_clip_c).neg_()
-        dual = (x.adv < 0) & (loss_dual < clip_loss)
-        clip_loss = torch.where(dual, loss_dual, clip_loss)
-        d_clip_loss = torch.where(dual, 0, d_clip_loss) if grad else None
-    return _Surrogate(clip_loss, d_clip_loss if grad else None, r, r_clip)
+        return _Surrogate(-x.adv * r, r.detach(), r.detach())
+    r = x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp).exp()
+    r_clip = r.clamp(1 - pg.ratio_clip_min, 1 + pg.ratio_clip_max)
+    neg_adv = -x.adv
+    clip_loss = torch.max(neg_adv * r, neg_adv * r_clip)
+    if pg.ratio_clip_c is not None:  # dual clip (A < 0)
+        dual = torch.min(clip_loss, neg_adv * pg.ratio_clip_c)
+        clip_loss = torch.where(x.adv < 0, dual, clip_loss)
+    return _Surrogate(clip_loss, r.detach(), r_clip.detach())
 
 
-class _KLEstimator(NamedTuple):
-    """k(x) and k'(x) of one estimator, given x and (k3 only) e = exp(x)."""
-
-    value: Callable
-    slope: Callable
-    uses_exp: bool = False
-
-
-_KL_ESTIMATORS = {
-    "k1": _KLEstimator(lambda x, e: -x, lambda x, e: -1),
-    "k2": _KLEstimator(lambda x, e: x.square() / 2, lambda x, e: x),
-    "k3": _KLEstimator(lambda x, e: (e - 1).sub_(x), lambda x, e: e.sub_(1), uses_exp=True),
+# k(x) of each estimator, given x and e = exp(x) (k3 only; None for k1 / k2)
+_KL_VALUES: dict[str, Callable] = {
+    "k1": lambda x, e: -x,
+    "k2": lambda x, e: x.square() / 2,
+    "k3": lambda x, e: (e - 1) - x,
 }
 
 
-def _kl_estimate(kind: str, x: torch.Tensor) -> tuple[torch.Tensor, Callable]:
-    """k(x) of estimator ``kind`` and a thunk for k'(x) (exp(x) computed once, k3 only)."""
-    estimator = _KL_ESTIMATORS[kind]
-    e = torch.exp(x) if estimator.uses_exp else None
-    return estimator.value(x, e), lambda: estimator.slope(x, e)
+def _kl_penalty(x: _Inputs, pg: PGLossConfig, m: torch.Tensor) -> torch.Tensor:
+    """Step 5: per-token clamp(s k(x), +-out) ``[B, T]`` (times beta in step 6); autograd differentiates.
 
-
-class _KL(NamedTuple):
-    kl_tok: torch.Tensor
-    d_kl_tok: torch.Tensor | None
-
-
-def _kl_penalty(x: _Inputs, pg: PGLossConfig, grad: bool) -> _KL:
-    """Step 5: per-token KL(pi_theta || pi_ref) penalty ``[B, T]`` and its derivative."""
+    NeMo-RL multiplies k by s = exp(log pi_theta - sg(log pi_theta)) (value 1, carrying the
+    score-function gradient k), detached where the input clamp is active. The same value
+    and gradient with fewer ops: k(x) - (x - sg(x)) sg(k(x)) with x = clamp(log pi_ref -
+    log pi_theta) (dx / d log pi_theta = -1 inside the clamp, 0 outside it).
+    """
     log_q = x.log_q
-    if pg.kl_input_clamp_value is not None:
-        log_q = log_q.clamp(min=-pg.kl_input_clamp_value, max=pg.kl_input_clamp_value)
-    k, slope = _kl_estimate(pg.reference_policy_kl_type, log_q)
-    kl_tok = k
+    if pg.kl_input_clamp_value is None:
+        log_q = log_q * m  # no clamp keeps a masked garbage value out of exp()
+    else:
+        log_q = log_q.clamp(-pg.kl_input_clamp_value, pg.kl_input_clamp_value)
+    kind = pg.reference_policy_kl_type
+    k = _KL_VALUES[kind](log_q, log_q.exp() if kind == "k3" else None)
+    kl_tok = k - (log_q - log_q.detach()) * k.detach()
     if pg.kl_output_clamp_value is not None:
-        kl_tok = k.clamp(min=-pg.kl_output_clamp_value, max=pg.kl_output_clamp_value)
-    d_kl_tok = None
-    if grad:
-        # d/d theta [s k(x)] with s = 1, ds/d theta = 1, dx/d theta = -1: k - k'
-        d_kl_tok = k - slope()  # k - k' (k3's slope reuses exp(x) in place: its last use)
-        free = None  # where no clamp is active (a clamp passes no gradient)
-        if log_q is not x.log_q:
-            free = log_q == x.log_q
-        if kl_tok is not k:
-            free = kl_tok == k if free is None else free & (kl_tok == k)
-        if free is not None:
-            d_kl_tok.mul_(free)
-        d_kl_tok.mul_(pg.reference_policy_kl_penalty)
-    return _KL(kl_tok.mul_(pg.reference_policy_kl_penalty), d_kl_tok)
+        kl_tok = kl_tok.clamp(-pg.kl_output_clamp_value, pg.kl_output_clamp_value)
+    return kl_tok
 
 
 def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.Tensor:
@@ -374,21 +346,6 @@ def _dot(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
 def _dot_(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
     """:func:`_dot` of a temporary, scaled in place (``values`` is overwritten)."""
     return values.mul_(coef).sum()
-
-
-class _LossWithGradient(torch.autograd.Function):
-    """The loss value, with d loss / d log pi_theta formed in steps 4-6 (backward: one multiply)."""
-
-    @staticmethod
-    def forward(ctx, logp_theta, value, grad):
-        ctx.save_for_backward(grad)
-        ctx.grad_dtype = logp_theta.dtype
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (grad,) = ctx.saved_tensors
-        return (grad_output * grad).to(ctx.grad_dtype), None, None
 
 
 @torch.no_grad()
@@ -428,7 +385,7 @@ def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_rati
     the clamps the values are NeMo-RL's.
     """
     c = log_ratio_clamp
-    estimator = _KL_ESTIMATORS[pg.reference_policy_kl_type]
+    kl_value = _KL_VALUES[pg.reference_policy_kl_type]
     log_rho = x.log_rho.clamp(-c, c)
     exp_l, exp_neg_l = torch.exp(log_rho), torch.neg(log_rho).exp_()
     ratio = sur.r
@@ -438,8 +395,8 @@ def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_rati
     big = torch.finfo(theta_over_mu.dtype).max  # the entropy term's +-inf -> +-big
     js = torch.nn.functional.softplus(log_rho).sub_(log_rho, alpha=0.5).sub_(LOG_2)
     out = {  # each temporary is ours: scaled in place, then summed (_dot_)
-        "gen_kl_error": _dot_(estimator.value(log_rho, exp_l), tok_coef),
-        "policy_kl_error": _dot_(estimator.value(-log_rho, exp_neg_l), tok_coef),
+        "gen_kl_error": _dot_(kl_value(log_rho, exp_l), tok_coef),
+        "policy_kl_error": _dot_(kl_value(-log_rho, exp_neg_l), tok_coef),
         "js_divergence_error": _dot_(js, tok_coef),
         "approx_entropy": -_dot_(theta_over_mu.mul_(x.logp_theta).clamp_(-big, big), tok_coef),
         "token_mult_prob_error": _dot_(torch.maximum(exp_l, exp_neg_l, out=exp_l), tok_coef),
@@ -552,20 +509,19 @@ def clipped_pg_loss(
     counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs)
     if not counts.clean:
         x = _sanitised(*terms, m)
-    grad = torch.is_grad_enabled() and curr_logprobs.requires_grad
     alpha = None if diagnostics is None else diagnostics.alpha
     valid = m.bool()
     w_hat = weight_fn.fn(prev_logprobs, generation_logprobs, valid, config, alpha).to(dtype)  # 3
-    sur = _surrogate(x, pg, config.log_ratio_clamp, grad)  # step 4
-    kl = None if logp_ref is None else _kl_penalty(x, pg, grad)  # step 5
+    sur = _surrogate(x, pg, config.log_ratio_clamp)  # step 4
+    kl_tok = None if logp_ref is None else _kl_penalty(x, pg, m)  # step 5
     coef = _coefficients(m, counts, pg.token_level_loss)  # step 6
-    kl_value = None if kl is None else _dot(kl.kl_tok, coef)
-    loss_tok = w_hat * sur.clip_loss
-    loss = (loss_tok if kl is None else loss_tok.add_(kl.kl_tok)).mul_(coef).sum()
-    if grad:
-        d_loss_tok = sur.d_clip_loss.mul_(w_hat)
-        d_loss_tok = d_loss_tok if kl is None else d_loss_tok.add_(kl.d_kl_tok)
-        loss = _LossWithGradient.apply(curr_logprobs, loss, d_loss_tok.mul_(coef))
+    loss = (sur.clip_loss * (w_hat * coef)).sum()
+    kl_value = None
+    if kl_tok is not None:
+        beta = pg.reference_policy_kl_penalty
+        kl_loss = (kl_tok * (coef * beta)).sum()
+        loss = loss + kl_loss
+        kl_value = kl_loss.detach()
     tok_coef = coef if pg.token_level_loss else _coefficients(m, counts, True)
     metrics = _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg)  # step 7
     if rollout_metrics:
