@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from block_format_oracles import mxfp8_oracle
 from torch import nn
 
 UPSTREAM_FP8 = "nemo_rl.models.generation.vllm.quantization.fp8"
@@ -59,11 +60,15 @@ MXFP8_QUANTIZED: list[torch.Tensor] = []
 
 
 def mxfp8_e4m3_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Recording stand-in of vLLM's MXFP8 quantizer (a CUDA kernel): an E4M3 cast and one
-    E8M0 scale byte (127 = 2^0) per 32 values."""
+    """Recording stand-in of vLLM's MXFP8 quantizer (FlashInfer's ``mxfp8_quantize`` on
+    SM100, a CUDA kernel): the float64 oracle of NVIDIA's rule
+    (``block_format_oracles.mxfp8_oracle``: ``E = ceil(log2(amax_b / 448))``, byte 0 for
+    an all-zero block, as the kernel emits), returned as the kernel does: E4M3 codes and a
+    flat uint8 scale vector, which upstream reshapes to ``[..., K/32]``."""
     MXFP8_QUANTIZED.append(weight)
-    scale = torch.full((weight.numel() // 32,), 127, dtype=torch.uint8)
-    return weight.to(torch.float8_e4m3fn), scale
+    data, scale, _ = mxfp8_oracle(weight.float().reshape(-1, weight.shape[-1]).numpy())
+    codes = torch.from_numpy(data).view(torch.float8_e4m3fn).reshape(weight.shape)
+    return codes, torch.from_numpy(scale).reshape(-1)
 
 
 def _module(name: str, **attrs) -> types.ModuleType:

@@ -20,7 +20,7 @@ from _vllm_boundary import MXFP8_QUANTIZED, LinearBase, RoutedExperts, import_up
 from nemo_rl_version import NEMO_RL
 from torch import nn
 
-from nemo_ais.fp8 import Fp8SyncConfig, quantize_blockwise
+from nemo_ais.fp8 import Fp8SyncConfig, quantize_blockwise, quantize_mxfp8
 from nemo_ais.nemo_rl import refit
 
 pytestmark = pytest.mark.nemo_rl
@@ -199,9 +199,10 @@ def test_grouped_moe_experts_are_delegated_to_upstream(upstream_fp8, fp8_experts
     assert torch.equal(ours.model.loaded[0][1].view(torch.uint8), q_ref.view(torch.uint8))
 
 
-def test_mxfp8_refit_is_delegated_to_upstream(upstream_fp8):
-    # main's is_mx: MXFP8 (32-element E8M0 blocks, ``*_scale_from_checkpoint``), which
-    # nemo_ais.fp8 does not produce: the whole stream goes to upstream's quantizer
+def test_mxfp8_refit_is_delegated_to_upstream_and_its_bits_are_nvidias_rule(upstream_fp8):
+    # main's is_mx: MXFP8 (32-element E8M0 blocks, ``*_scale_from_checkpoint``) is not what
+    # the FP8 patch quantizes: the whole stream goes to upstream's quantize_mxfp8_weight,
+    # whose vLLM kernel stand-in is the float64 oracle (tests/_vllm_boundary.py)
     if NEMO_RL == "v0.7.0":  # v0.7.0 has no MXFP8 refit: its FP8Config has no is_mx
         with pytest.raises(TypeError, match="is_mx"):
             upstream_fp8.FP8Config(is_mx=True)
@@ -210,9 +211,19 @@ def test_mxfp8_refit_is_delegated_to_upstream(upstream_fp8):
     assert refit.install(upstream_fp8, CONFIG) is True
     runner = types.SimpleNamespace(model=_VllmModel())
     weight = torch.randn(256, 256, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    weight[5, 64:96] = 0  # an all-zero block: the kernel's byte 0, NeMo-RL's byte 1
+    weight[7, :32] *= 300  # a block whose max significand > 1.75 (NVIDIA's ceil != OCP)
     upstream_fp8.load_weights([(Q, weight), _weights()[1]], runner)
-    assert [n for n, _ in runner.model.loaded] == [Q, Q + "_scale_from_checkpoint", NORM]
+    loaded = runner.model.loaded
+    assert [n for n, _ in loaded] == [Q, Q + "_scale_from_checkpoint", NORM]
     assert len(MXFP8_QUANTIZED) == 1 and MXFP8_QUANTIZED[0] is weight  # vLLM's quantizer
+    data, scale = loaded[0][1], loaded[1][1]
+    assert (data.dtype, data.shape) == (torch.float8_e4m3fn, (256, 256))
+    assert (scale.dtype, scale.shape) == (torch.uint8, (256, 8))
+    want = quantize_mxfp8(weight)  # nemo_ais.fp8's MXFP8, bit-equal to the oracle
+    assert torch.equal(data.view(torch.uint8), want.data.view(torch.uint8))
+    assert int(want.scale[5, 2]) == 0 and int(scale[5, 2]) == 1  # upstream's 0 -> 1 rewrite
+    assert torch.equal(scale, want.scale.masked_fill(want.scale == 0, 1))
 
 
 def test_install_refuses_a_changed_upstream_signature(upstream_fp8, monkeypatch):
