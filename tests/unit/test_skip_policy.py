@@ -131,3 +131,25 @@ def test_hooks_fail_a_run_that_skips_or_xfails_for_another_reason(pytester):
     assert outcomes.get("failed") == 5 and outcomes.get("errors") == 1, outcomes
     result.stdout.fnmatch_lines(["*does not allow ('GPU busy, try later'*"])
     result.stdout.fnmatch_lines(["*xfail is not allowed in this suite (reason 'known bug'*"])
+
+
+def test_this_suite_runs_under_the_policy(request):
+    hooks = request.config.pluginmanager.hook
+    for name in ("pytest_runtest_makereport", "pytest_make_collect_report"):
+        impls = getattr(hooks, name).get_hookimpls()
+        assert any(h.function is getattr(skip_policy, name) for h in impls), name
+
+
+def test_no_test_importorskips_transformer_engine():
+    # importorskip skips on ANY ImportError, so a broken TE would skip: require_te() instead
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    offenders = [
+        f"{path.relative_to(tests)}:{i}"
+        for path in sorted(tests.rglob("*.py"))
+        if path.name != Path(__file__).name
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if "importorskip(" in line and ("transformer_engine" in line or "TE_MODULE" in line)
+    ]
+    assert not offenders, offenders
