@@ -24,8 +24,9 @@ grpo           :class:`GRPOSection` (prompts x generations per step, steps, adva
 loss_fn        :class:`~nemo_ais.config.PGLossConfig` (clipped surrogate) plus ``ais:``
                validated by :class:`~nemo_ais.config.CorrectionConfig`
 policy         :class:`PolicySection` (tiny Qwen2, optimizer, batch sizes, warm start)
-rollout        :class:`RolloutSection` (sampling) plus ``fp8:`` validated by
-               :class:`~nemo_ais.fp8.twin.Fp8RolloutConfig`
+rollout        :class:`RolloutSection` (sampling; the rollout ``format``, ``kv_cache`` and
+               BF16 exclusions; ``quantizer:`` the format's other knobs), mapped onto
+               :class:`~nemo_ais.fp8.rollout_config.RolloutPrecisionConfig`
 data           :class:`DataSection` (the arithmetic task)
 logger         :class:`LoggerSection` (run directory, progress bar, plots)
 checkpointing  :class:`CheckpointingSection`
@@ -36,6 +37,18 @@ experiment     :class:`ExperimentSection` (seeds and arms; an arm is a config ov
 :func:`load_config` reads a YAML file (``defaults:`` inheritance), applies dotted
 ``key=value`` overrides (OmegaConf) and returns the plain dict; :func:`resolve_arm` merges
 one arm's override and validates the result into a :class:`RecipeConfig`.
+
+The former ``rollout.fp8:`` block (``enabled``, ``kv_cache_fp8`` and the
+``Fp8RolloutConfig`` knobs) is deprecated and still read, with a ``FutureWarning``: it is
+folded into the current keys before validation (:func:`migrate_rollout`), so an old
+config or an old run directory's pinned ``config.yaml`` means what it meant:
+
+* ``enabled: false`` -> ``format: bf16``, ``kv_cache: bf16`` (``compute_dtype`` dropped:
+  the exact BF16 arm); ``enabled: true`` changes nothing (the format already quantizes);
+* ``kv_cache_fp8: true`` / ``false`` -> ``kv_cache: fp8`` / ``bf16``, on an arm whose
+  format quantizes (it never applied with ``enabled: false``);
+* ``format``, ``kv_cache`` and the exclusion keys -> ``rollout.<key>``; every other key
+  -> ``rollout.quantizer.<key>``.
 """
 
 from __future__ import annotations
@@ -43,6 +56,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -53,13 +67,15 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
-from nemo_ais.fp8.twin import Fp8RolloutConfig
+from nemo_ais.fp8.rollout_config import KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
 
 __all__ = [
     "CONFIG_DIR",
     "RecipeConfig",
     "config_hash",
     "load_config",
+    "migrate_config",
+    "migrate_rollout",
     "resolve_arm",
     "validate_config",
 ]
@@ -81,15 +97,16 @@ SECTIONS = (
 
 # The defaults below are those of default.yaml, the file `nemo-ais run` runs: a config that
 # leaves a key out gets what default.yaml states (tests/unit/test_embedded_config.py).
-DEFAULT_FP8_ROLLOUT: dict[str, Any] = {
-    "enabled": True,
+DEFAULT_QUANTIZER: dict[str, Any] = {
     "weight_block": [128, 128],
     "activation_group": 128,
     "ue8m0": False,
-    "kv_cache_fp8": True,
 }
 DEFAULT_ARMS: dict[str, dict[str, Any]] = {
-    "bf16": {"rollout": {"fp8": {"enabled": False}}, "loss_fn": {"ais": {"mode": "none"}}},
+    "bf16": {
+        "rollout": {"format": "bf16", "kv_cache": "bf16"},
+        "loss_fn": {"ais": {"mode": "none"}},
+    },
     "fp8-none": {"loss_fn": {"ais": {"mode": "none"}}},
     "fp8-tis": {"loss_fn": {"ais": {"mode": "tis"}}},
     "fp8-ais": {"loss_fn": {"ais": {"mode": "ais"}}},
@@ -200,7 +217,7 @@ class PolicySection(_Section):
 
 
 class RolloutSection(_Section):
-    """``rollout``: sampling knobs of the (FP8 twin) rollout engine."""
+    """``rollout``: the simulated rollout engine (the twin): sampling and precision."""
 
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     top_k: int = Field(0, ge=0, description="Top-k filter (0: off).")
@@ -211,10 +228,176 @@ class RolloutSection(_Section):
         description="Prompts per generate() call; each chunk has its own RNG stream, so "
         "results do not depend on the DP world size.",
     )
-    fp8: dict[str, Any] = Field(
-        default_factory=lambda: copy.deepcopy(DEFAULT_FP8_ROLLOUT),
-        description="Fp8RolloutConfig fields (validated separately); default: W8A8 blockwise "
-        "E4M3 with the FP8 KV cache, as default.yaml.",
+    format: RolloutFormat = Field(
+        "fp8",
+        description="Linear layers of the rollout engine: bf16 (no quantization), fp8 (W8A8 "
+        "blockwise), mxfp8, nvfp4_w4a16 (NVFP4 weights) or nvfp4_w4a4 (+ NVFP4 activations).",
+    )
+    kv_cache: KVCacheFormat = Field(
+        "fp8", description="KV cache of the rollout engine: bf16, fp8 (E4M3) or nvfp4."
+    )
+    num_first_layers_in_bf16: int = Field(
+        0, ge=0, description="Keep the first N decoder layers unquantized (NeMo-RL key)."
+    )
+    num_last_layers_in_bf16: int = Field(
+        0, ge=0, description="Keep the last N decoder layers unquantized (NeMo-RL key)."
+    )
+    attention_in_bf16: bool = Field(
+        False, description="Keep q/k/v/o_proj unquantized (the KV cache format still applies)."
+    )
+    keep_patterns: tuple[str, ...] = Field(
+        (), description="Regexes of further linears kept unquantized (re.search on the name)."
+    )
+    quantizer: dict[str, Any] = Field(
+        default_factory=lambda: copy.deepcopy(DEFAULT_QUANTIZER),
+        description="The format's other knobs: RolloutPrecisionConfig fields (weight_block, "
+        "activation_group, ue8m0, KV calibration, ...), validated there.",
+    )
+
+
+# rollout.<key> that RolloutPrecisionConfig takes as is (the rest comes from rollout.quantizer)
+_PRECISION_KEYS = (
+    "format",
+    "kv_cache",
+    "num_first_layers_in_bf16",
+    "num_last_layers_in_bf16",
+    "attention_in_bf16",
+    "keep_patterns",
+)
+_FORMER_FP8_KEYS = ("enabled", "kv_cache_fp8")
+_FP8_BLOCK_DEPRECATED = (
+    "rollout.fp8 (the former FP8 rollout block) is deprecated and will be removed: write "
+    "rollout.format (enabled: false -> format: bf16 with kv_cache: bf16), rollout.kv_cache "
+    "(kv_cache_fp8: true -> fp8), the exclusion keys under rollout, and the format's knobs "
+    "under rollout.quantizer (docs/embedded.md)"
+)
+
+
+def migrate_rollout(rollout: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
+    """``rollout`` with its deprecated ``fp8:`` block folded into the current keys (module doc).
+
+    Args:
+        rollout: a raw ``rollout`` section (an arm's merged one); not modified.
+        warn: emit the ``FutureWarning`` when there is a block to fold.
+
+    Returns:
+        A new dict without ``fp8`` (``rollout`` itself, copied, if it has none).
+
+    Raises:
+        ValueError: the block is not a mapping, has an unknown key, a former key that is
+            not a bool, or mixes a former key with ``format`` / ``kv_cache`` (named).
+    """
+    out = copy.deepcopy(rollout)
+    block = out.pop("fp8", None)
+    if block is None:
+        return out
+    if not isinstance(block, dict):
+        raise ValueError(f"rollout.fp8: expected a mapping, got {type(block).__name__}")
+    allowed = (*_FORMER_FP8_KEYS, *RolloutPrecisionConfig.model_fields)
+    unknown = [k for k in block if k not in allowed]
+    if unknown:
+        raise ValueError(
+            f"rollout.fp8.{unknown[0]} is not a known field (allowed: {', '.join(allowed)})"
+        )
+    former = {k: block[k] for k in _FORMER_FP8_KEYS if k in block}
+    for key, value in former.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"rollout.fp8.{key}={value!r} is invalid: expected true or false")
+    mixed = sorted({"format", "kv_cache"} & block.keys())
+    if former and mixed:
+        raise ValueError(
+            f"rollout.fp8.{' and '.join(sorted(former))} (former keys) cannot be combined with "
+            f"rollout.fp8.{' and '.join(mixed)}: write rollout.format / rollout.kv_cache alone"
+        )
+    if warn:
+        warnings.warn(_FP8_BLOCK_DEPRECATED, FutureWarning, stacklevel=3)
+    # keys left unset mean what they meant under the block: Fp8RolloutConfig's defaults
+    quantizer = {**copy.deepcopy(DEFAULT_QUANTIZER), **(out.get("quantizer") or {})}
+    for key, field in RolloutSection.model_fields.items():
+        if key in _PRECISION_KEYS and key not in out:
+            former_default = {"format": "fp8", "kv_cache": "bf16", "keep_patterns": []}
+            out[key] = former_default.get(key, field.get_default())
+    for key, value in block.items():
+        if key in _PRECISION_KEYS:
+            out[key] = value
+        elif key not in _FORMER_FP8_KEYS:
+            quantizer[key] = value
+    if former.get("enabled") is False:
+        out.update(format="bf16", kv_cache="bf16")
+        if "compute_dtype" in quantizer:
+            quantizer["compute_dtype"] = None
+    elif "kv_cache_fp8" in former and out["format"] != "bf16":
+        out["kv_cache"] = "fp8" if former["kv_cache_fp8"] else "bf16"
+    out["quantizer"] = quantizer
+    return out
+
+
+def _has_fp8_block(section: Any) -> bool:
+    return isinstance(section, dict) and "fp8" in section
+
+
+def migrate_config(data: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
+    """``data`` with every deprecated ``rollout.fp8`` block folded in: top level and arms.
+
+    An arm's ``rollout.fp8`` override becomes the current keys in which the arm's migrated
+    ``rollout`` differs from the migrated top level, so :func:`resolve_arm` gives the same
+    validated config for ``data`` and for the result (tested). Used by :func:`load_config`
+    and to compare an old run directory's pinned config with a new one.
+
+    Args:
+        data: a raw config (not modified).
+        warn: emit the ``FutureWarning`` (once) when there is a block to fold.
+
+    Raises:
+        ValueError: as :func:`migrate_rollout`, for the first offending block.
+    """
+    base = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
+    arms = (
+        data.get("experiment", {}).get("arms") if isinstance(data.get("experiment"), dict) else None
+    )
+    arms = arms if isinstance(arms, dict) else {}
+    legacy = [
+        a for a, o in arms.items() if isinstance(o, dict) and _has_fp8_block(o.get("rollout"))
+    ]
+    if not _has_fp8_block(base) and not legacy:
+        return data
+    if warn:
+        warnings.warn(_FP8_BLOCK_DEPRECATED, FutureWarning, stacklevel=2)
+    out = copy.deepcopy(data)
+    new_base = migrate_rollout(base, warn=False)
+    if "rollout" in out:
+        out["rollout"] = new_base
+    for arm in legacy:
+        merged = migrate_rollout(_merge(base, arms[arm]["rollout"]), warn=False)
+        out["experiment"]["arms"][arm]["rollout"] = {
+            k: v for k, v in merged.items() if new_base.get(k) != v
+        }
+    return out
+
+
+def rollout_precision(rollout: RolloutSection) -> RolloutPrecisionConfig:
+    """The twin's :class:`RolloutPrecisionConfig` of a validated ``rollout`` section.
+
+    Raises:
+        ValueError: ``rollout.quantizer`` has an unknown key, a key that lives at
+            ``rollout.<key>``, or an invalid value (named by its path).
+    """
+    knobs = tuple(k for k in RolloutPrecisionConfig.model_fields if k not in _PRECISION_KEYS)
+    for key in rollout.quantizer:
+        if key in _PRECISION_KEYS:
+            raise ValueError(
+                f"rollout.quantizer.{key} is invalid: {key} is set at rollout.{key}, not in "
+                "rollout.quantizer"
+            )
+        if key not in knobs:
+            raise ValueError(
+                f"rollout.quantizer.{key} is not a known field (allowed: {', '.join(knobs)})"
+            )
+    validate_section(RolloutPrecisionConfig, rollout.quantizer, "rollout.quantizer")
+    return validate_section(
+        RolloutPrecisionConfig,
+        {**rollout.quantizer, **rollout.model_dump(include=set(_PRECISION_KEYS))},
+        "rollout",
     )
 
 
@@ -356,13 +539,18 @@ class RecipeConfig:
     correction: CorrectionConfig
     policy: PolicySection
     rollout: RolloutSection
-    fp8: Fp8RolloutConfig
+    precision: RolloutPrecisionConfig
     data: DataSection
     logger: LoggerSection
     checkpointing: CheckpointingSection
     cluster: ClusterSection
     experiment: ExperimentSection
     raw: dict[str, Any]
+
+    @property
+    def fp8(self) -> RolloutPrecisionConfig:
+        """:attr:`precision` (the former name, from when the twin was FP8-only)."""
+        return self.precision
 
     @property
     def rollout_batch_size(self) -> int:
@@ -431,6 +619,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         resolved = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as err:
         raise ValueError(f"invalid override or interpolation: {err}") from None
+    resolved = migrate_config(resolved)
     validate_config(resolved)
     return resolved
 
@@ -473,6 +662,8 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
         if arm not in arms:
             raise ValueError(f"experiment.arms.{arm}: unknown arm (known: {list(arms)})")
         data = _merge(data, arms[arm] or {})
+    if isinstance(data.get("rollout"), dict) and "fp8" in data["rollout"]:
+        data = {**data, "rollout": migrate_rollout(data["rollout"])}
     for (section, sub), model in _NESTED_MODELS.items():  # nested first: precise key paths
         parent = data.get(section)
         if isinstance(parent, dict) and parent.get(sub) is not None:
@@ -485,8 +676,8 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
     ais = loss_fn.pop("ais", None)
     pg = validate_section(PGLossConfig, loss_fn, "loss_fn")
     correction = validate_section(CorrectionConfig, ais, "loss_fn.ais")
-    fp8 = validate_section(Fp8RolloutConfig, sec["rollout"].fp8, "rollout.fp8")
-    cfg = RecipeConfig(pg=pg, correction=correction, fp8=fp8, raw=data, **sec)
+    precision = rollout_precision(sec["rollout"])
+    cfg = RecipeConfig(pg=pg, correction=correction, precision=precision, raw=data, **sec)
     _check_batching(cfg)
     return cfg
 

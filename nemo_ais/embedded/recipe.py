@@ -40,6 +40,7 @@ import os
 import shutil
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,12 @@ from nemo_ais.embedded.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from nemo_ais.embedded.config import RecipeConfig, resolve_arm, validate_config
+from nemo_ais.embedded.config import (
+    RecipeConfig,
+    migrate_config,
+    resolve_arm,
+    validate_config,
+)
 from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum, launch
 from nemo_ais.embedded.model import greedy_decode, response_logprobs
 from nemo_ais.embedded.rollout import (
@@ -129,8 +135,8 @@ def build_optimizer(cfg: RecipeConfig, policy: torch.nn.Module) -> torch.optim.O
 
 
 def build_rollout_engine(cfg: RecipeConfig, policy: torch.nn.Module) -> Fp8Twin:
-    """The simulated FP8 rollout engine (``rollout.fp8``; ``enabled: false`` = BF16 arm)."""
-    return Fp8Twin(policy, cfg.fp8)
+    """The simulated rollout engine (``rollout.format`` / ``kv_cache``; bf16 + bf16 = BF16 arm)."""
+    return Fp8Twin(policy, cfg.precision)
 
 
 # --------------------------------------------------------------------------------------
@@ -687,8 +693,11 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         shutil.rmtree(run_dir / "logs", ignore_errors=True)
     elif cfg_file.is_file():
-        old = _flat(yaml.safe_load(cfg_file.read_text()) or {})
-        new = _flat(json.loads(json.dumps(raw)))
+        # a run pinned with the former rollout.fp8 block compares in the current keys
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            old = _flat(migrate_config(yaml.safe_load(cfg_file.read_text()) or {}))
+            new = _flat(migrate_config(json.loads(json.dumps(raw))))
         free = lambda k: any(k == f or k.startswith(f + ".") for f in _RESUME_FREE_KEYS)  # noqa: E731
         diff = sorted(k for k in set(old) | set(new) if not free(k) and old.get(k) != new.get(k))
         if diff:
@@ -717,6 +726,7 @@ def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
     """
     from nemo_ais.embedded.report import write_report
 
+    raw = migrate_config(raw)  # the former rollout.fp8 block: warned about once, here
     base = validate_config(raw)
     run_dir = prepare_run_dir(raw, base, overwrite)
     task = build_task(base)

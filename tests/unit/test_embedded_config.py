@@ -34,6 +34,14 @@ def test_overrides_apply_dotted_and_to_arms():
         ("grpo.foo=1", r"grpo\.foo is not a known field"),
         ("foo.bar=1", r"foo is not a known section"),
         ("rollout.fp8.bogus=1", r"rollout\.fp8\.bogus is not a known field"),
+        ("rollout.format=fp4", r"rollout\.format='fp4' is invalid: expected 'bf16', 'fp8', "),
+        ("rollout.kv_cache=int8", r"rollout\.kv_cache='int8' is invalid: .*'nvfp4'"),
+        ("rollout.quantizer.bogus=1", r"rollout\.quantizer\.bogus is not a known field"),
+        ("rollout.quantizer.format=fp8", r"rollout\.quantizer\.format .* set at rollout\.format"),
+        ("rollout.quantizer.weight_block=[0,128]", r"rollout\.quantizer\.weight_block"),
+        ("rollout.keep_patterns=['(']", r"rollout\.keep_patterns"),
+        ("rollout.num_first_layers_in_bf16=-1", r"rollout\.num_first_layers_in_bf16=-1"),
+        ("rollout.fp8.enabled=2", r"rollout\.fp8\.enabled=2 is invalid: expected true or"),
         ("loss_fn.ais.weight_cap=0.5", r"loss_fn\.ais\.weight_cap=0\.5 is invalid"),
         ("loss_fn.ratio_clip_min=2", r"loss_fn\.ratio_clip_min=2 is invalid"),
         ("policy.model.num_attention_heads=3", r"policy\.model\..*divisible"),
@@ -52,6 +60,7 @@ def test_overrides_apply_dotted_and_to_arms():
         ("experiment.reference_arm=nope", r"experiment\.reference_arm='nope' is not an arm"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:rollout.fp8:FutureWarning")
 def test_bad_keys_and_values_name_the_path(override, match):
     with pytest.raises(ValueError, match=match):
         load_config(DEFAULT, [override])
@@ -117,13 +126,9 @@ def test_an_empty_config_is_default_yaml(arm):
     want = resolve_arm(load_config(DEFAULT), arm)
     got = resolve_arm({}, arm)
     for field in dataclasses.fields(want):
-        if field.name == "rollout":  # its fp8 dict is raw input; compared validated, as fp8
-            assert got.rollout.model_dump(exclude={"fp8"}) == want.rollout.model_dump(
-                exclude={"fp8"}
-            )
-        elif field.name != "raw":
+        if field.name != "raw":
             assert getattr(got, field.name) == getattr(want, field.name), field.name
-    assert got.fp8.kv_cache == want.fp8.kv_cache == "fp8" or arm == "bf16"
+    assert got.precision.kv_cache == want.precision.kv_cache == "fp8" or arm == "bf16"
 
 
 def test_cli_help_states_the_default_experiment(capsys):
@@ -135,3 +140,78 @@ def test_cli_help_states_the_default_experiment(capsys):
     assert claim, "nemo-ais --help no longer states the default experiment"
     experiment = load_config(DEFAULT)["experiment"]
     assert (int(claim[1]), int(claim[2])) == (len(experiment["arms"]), len(experiment["seeds"]))
+
+
+def _former_spelling(raw):
+    """``raw`` written with the deprecated ``rollout.fp8`` block, as default.yaml was."""
+    import copy
+
+    old = copy.deepcopy(raw)
+    rollout = old["rollout"]
+    quantizer = rollout.pop("quantizer")
+    for key in ("format", "kv_cache", "num_first_layers_in_bf16", "num_last_layers_in_bf16"):
+        rollout.pop(key)
+    rollout.pop("attention_in_bf16"), rollout.pop("keep_patterns")
+    rollout["fp8"] = {"enabled": True, **quantizer, "kv_cache_fp8": True}
+    old["experiment"]["arms"]["bf16"]["rollout"] = {"fp8": {"enabled": False}}
+    return old
+
+
+def _validated(cfg):
+    import dataclasses
+
+    out = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "raw"}
+    out["experiment"] = cfg.experiment.model_dump(exclude={"arms"})  # arms: raw overrides
+    return out
+
+
+def test_the_former_fp8_block_reads_as_the_current_keys():
+    from nemo_ais.embedded.config import migrate_config
+
+    new = load_config(DEFAULT)
+    old = _former_spelling(new)
+    with pytest.warns(FutureWarning, match=r"rollout\.fp8 .* is deprecated"):
+        assert migrate_config(old) == new
+    for arm in [None, *new["experiment"]["arms"]]:
+        with pytest.warns(FutureWarning):
+            assert _validated(resolve_arm(old, arm)) == _validated(resolve_arm(new, arm)), arm
+    # the former overrides keep their meaning: kv_cache_fp8 only where the format quantizes
+    with pytest.warns(FutureWarning):
+        raw = load_config(DEFAULT, ["rollout.fp8.kv_cache_fp8=false", "rollout.fp8.ue8m0=true"])
+    assert "fp8" not in raw["rollout"]
+    fp8, bf16 = resolve_arm(raw, "fp8-ais").precision, resolve_arm(raw, "bf16").precision
+    assert (fp8.format, fp8.kv_cache, fp8.ue8m0) == ("fp8", "bf16", True)
+    assert (bf16.format, bf16.kv_cache, bf16.enabled) == ("bf16", "bf16", False)
+    with pytest.warns(FutureWarning):
+        raw = load_config(DEFAULT, ["rollout.fp8.enabled=false"])
+    assert all(not resolve_arm(raw, a).precision.enabled for a in raw["experiment"]["arms"])
+    with pytest.raises(ValueError, match=r"rollout\.fp8\.enabled .* cannot be combined"):
+        load_config(DEFAULT, ["rollout.fp8.enabled=true", "rollout.fp8.format=mxfp8"])
+
+
+def test_a_run_pinned_with_the_former_block_resumes(tmp_path):
+    """An old run directory's config.yaml (rollout.fp8) matches the same config today."""
+    import yaml
+
+    from nemo_ais.embedded.dist import RecipeError
+    from nemo_ais.embedded.recipe import CONFIG_FILE, prepare_run_dir
+
+    raw = load_config(DEFAULT, [f"logger.run_dir={tmp_path}"])
+    run_dir = tmp_path / raw["logger"]["name"]
+    run_dir.mkdir()
+    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(_former_spelling(raw)))
+    assert prepare_run_dir(raw, resolve_arm(raw, None), overwrite=False) == run_dir
+    assert "kv_cache: fp8" in (run_dir / CONFIG_FILE).read_text()  # re-pinned, current keys
+    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(_former_spelling(raw)))
+    other = load_config(DEFAULT, [f"logger.run_dir={tmp_path}", "rollout.kv_cache=nvfp4"])
+    with pytest.raises(RecipeError, match=r"rollout\.kv_cache: 'fp8' -> 'nvfp4'"):
+        prepare_run_dir(other, resolve_arm(other, None), overwrite=False)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4_w4a16", "nvfp4_w4a4"])
+def test_rollout_format_and_kv_cache_select_the_twin(fmt):
+    raw = load_config(DEFAULT, [f"rollout.format={fmt}", "rollout.kv_cache=nvfp4"])
+    for arm in ("fp8-none", "fp8-ais"):
+        precision = resolve_arm(raw, arm).precision
+        assert (precision.format, precision.kv_cache) == (fmt, "nvfp4")
+    assert not resolve_arm(raw, "bf16").precision.enabled  # the BF16 arm stays exact
