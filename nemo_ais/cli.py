@@ -36,14 +36,16 @@ from pathlib import Path
 __all__ = ["PRESETS", "main", "version_string"]
 
 # nemo_ais/embedded/presets/<name>.yaml selectable with --preset (default.yaml: no flag)
-PRESETS = ("quick", "evidence", "addition")
+PRESETS = ("quick", "fp4-quick", "evidence", "addition")
 
 _EPILOG = """\
 examples:
   nemo-ais run                                   # default experiment, 4 arms x 2 seeds
   nemo-ais run --quick                           # <= 60 s smoke run (1 process, 1 seed)
   nemo-ais run --preset evidence                 # 8 seeds + constant-alpha arm (docs/results.md)
-  nemo-ais run grpo.max_num_steps=100 rollout.fp8.kv_cache_fp8=false logger.name=bf16-kv
+  nemo-ais run --preset fp4-quick                # <= 90 s: NVFP4 W4A4 + NVFP4 KV arms, W4A16
+  nemo-ais run grpo.max_num_steps=100 rollout.kv_cache=bf16 logger.name=bf16-kv
+  nemo-ais run rollout.format=nvfp4_w4a4 rollout.kv_cache=nvfp4 logger.name=w4a4
   nemo-ais run experiment.include=[bf16,fp8-ais] experiment.seeds=[0]
   nemo-ais report runs/default
   nemo-ais analyze logs/exp_001 loss_fn.ais.ema=0.9    # a NeMo-RL run's train_data_step*.jsonl
@@ -119,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PRESETS,
         default=None,
         help="A shipped preset nemo_ais/embedded/presets/<name>.yaml: quick (<= 60 s smoke run), "
-        "evidence (8 seeds + a constant-alpha arm, <= 90 min), addition (the 2-digit task).",
+        "fp4-quick (quick with NVFP4 W4A4 / W4A16 rollout arms, <= 90 s), evidence (8 seeds + "
+        "a constant-alpha arm, <= 90 min), addition (the 2-digit task).",
     )
     run.add_argument(
         "--overwrite",
