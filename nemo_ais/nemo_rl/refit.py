@@ -47,6 +47,11 @@ patching):
 * :func:`require_active` -- after ``setup()`` the driver asks every vLLM worker process
   (:func:`hook_status`, through upstream's worker group and vLLM's ``collective_rpc``)
   and stops the run, naming the worker, where the refit would use NeMo-RL's quantizer.
+
+The same hook carries the NVFP4 / MXFP8 refit of a BF16 trainer (:mod:`nemo_ais.nemo_rl.
+refit_block`): a :class:`~nemo_ais.fp8.stream_block.BlockSyncConfig` instead of an
+:class:`~nemo_ais.fp8.Fp8SyncConfig`, in ``NEMO_AIS_BLOCK_REFIT``
+(:func:`refit_config_from_env` reads either).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ import torch
 
 from nemo_ais.config import require_config
 from nemo_ais.fp8 import Fp8SyncConfig, fp8_weight_stream
+from nemo_ais.fp8.stream_block import BlockSyncConfig
 
 __all__ = [
     "ENV_VAR",
@@ -82,6 +88,7 @@ __all__ = [
     "install",
     "install_on_import",
     "patched_spec",
+    "refit_config_from_env",
     "refit_pairs",
     "require_active",
 ]
@@ -90,6 +97,7 @@ logger = logging.getLogger(__name__)
 
 TARGET_MODULE = "nemo_rl.models.generation.vllm.quantization.fp8"
 ENV_VAR = "NEMO_AIS_FP8_REFIT"
+BLOCK_ENV_VAR = "NEMO_AIS_BLOCK_REFIT"  # nemo_ais.nemo_rl.refit_block.ENV_VAR
 # NeMo-RL v0.7.0: the functions the patch replaces or calls, with their signatures.
 RECORDED_SIGNATURES = {
     f"{TARGET_MODULE}.load_weights": "(weights, model_runner)",
@@ -233,11 +241,18 @@ def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
     return config.model_copy(update={"backend": "te" if te else "torch"})
 
 
-def install(module: Any, config: Fp8SyncConfig) -> bool:
+def _require_refit_config(config: Any, where: str) -> None:
+    if not isinstance(config, BlockSyncConfig):
+        require_config(config, Fp8SyncConfig, where)
+
+
+def install(module: Any, config: Fp8SyncConfig | BlockSyncConfig) -> bool:
     """Wrap ``module.load_weights`` (NeMo-RL's FP8 refit) with :func:`ais_load_weights`.
 
     The wrapper calls upstream's own function for the whole stream when upstream's FP8
-    config is MXFP8, else for every tensor that is not an FP8 linear weight.
+    config is MXFP8, else for every tensor that is not an FP8 linear weight. A
+    :class:`BlockSyncConfig` installs the NVFP4 / MXFP8 refit instead
+    (:func:`nemo_ais.nemo_rl.refit_block.install`).
 
     Returns:
         True if patched now, False if it already was.
@@ -246,6 +261,10 @@ def install(module: Any, config: Fp8SyncConfig) -> bool:
         RuntimeError: the upstream signatures differ from the recorded ones.
         TypeError: ``config`` is not an :class:`Fp8SyncConfig` (a dict: ``Fp8SyncConfig(**d)``).
     """
+    if isinstance(config, BlockSyncConfig):
+        from nemo_ais.nemo_rl import refit_block
+
+        return refit_block.install(module, config)
     require_config(config, Fp8SyncConfig, "install(config)")
     if getattr(module.load_weights, _PATCHED, False):
         return False
@@ -294,7 +313,7 @@ class _Loader(importlib.abc.Loader):
         install(module, self.config)
 
 
-def patched_spec(fullname: str, config: Fp8SyncConfig | None) -> Any:
+def patched_spec(fullname: str, config: Fp8SyncConfig | BlockSyncConfig | None) -> Any:
     """The module spec of ``fullname`` whose loader runs :func:`install` after executing it.
 
     Used by the import hooks (:func:`install_on_import`, the ``_vllm_hook`` trampoline);
@@ -304,7 +323,7 @@ def patched_spec(fullname: str, config: Fp8SyncConfig | None) -> Any:
         TypeError: ``config`` is not an :class:`Fp8SyncConfig` (e.g. ``NEMO_AIS_FP8_REFIT``
             unset in a process that armed the hook).
     """
-    require_config(config, Fp8SyncConfig, "patched_spec(config)")
+    _require_refit_config(config, "patched_spec(config)")
     ours = [f for f in sys.meta_path if isinstance(f, _Finder) and f.target == fullname]
     for finder in ours:  # find the real spec without recursing into this hook
         sys.meta_path.remove(finder)
@@ -327,13 +346,13 @@ class _Finder(importlib.abc.MetaPathFinder):
         return patched_spec(fullname, self.config)
 
 
-def install_on_import(config: Fp8SyncConfig, target: str = TARGET_MODULE) -> None:
+def install_on_import(config: Fp8SyncConfig | BlockSyncConfig, target: str = TARGET_MODULE) -> None:
     """Patch ``target`` when it is imported (now, if it already is).
 
     Raises:
         TypeError: ``config`` is not an :class:`Fp8SyncConfig` (checked now, not at import).
     """
-    require_config(config, Fp8SyncConfig, "install_on_import(config)")
+    _require_refit_config(config, "install_on_import(config)")
     module = sys.modules.get(target)
     if module is not None:
         install(module, config)
@@ -347,7 +366,7 @@ class HookStatus(NamedTuple):
 
     pid: int
     host: str
-    configured: bool  # NEMO_AIS_FP8_REFIT set in this process
+    configured: bool  # NEMO_AIS_FP8_REFIT (or NEMO_AIS_BLOCK_REFIT) set in this process
     armed: bool  # an import hook waits for NeMo-RL's FP8 refit module
     imported: bool  # that module is imported here
     patched: bool  # and its load_weights is ours
@@ -383,7 +402,7 @@ def hook_status(worker: Any = None) -> HookStatus:
     return HookStatus(
         pid=os.getpid(),
         host=socket.gethostname(),
-        configured=bool(os.environ.get(ENV_VAR)),
+        configured=bool(os.environ.get(ENV_VAR) or os.environ.get(BLOCK_ENV_VAR)),
         armed=bool(hooks or finders),
         imported=module is not None,
         patched=module is not None and getattr(module.load_weights, _PATCHED, False),
@@ -430,8 +449,9 @@ def require_active(policy_generation: Any) -> list[HookStatus]:
     if problems:
         logger.warning("nemo_ais: AIS FP8 refit NOT active: %s", "; ".join(problems))
         raise RuntimeError(
-            "ais_fp8_refit.enabled=true but the AIS FP8 refit is not active in every vLLM "
-            "worker, which would refit with NeMo-RL's own quantizer:\n  " + "\n  ".join(problems)
+            "ais_fp8_refit (or ais_nvfp4_refit).enabled=true but the AIS refit hook is not "
+            "active in every vLLM worker, which would refit with NeMo-RL's own quantizer (or, "
+            "NVFP4, not at all):\n  " + "\n  ".join(problems)
         )
     statuses = [s for group in per_worker for s in group]
     logger.warning(
@@ -448,3 +468,22 @@ def config_from_env(environ: dict[str, str] | None = None) -> Fp8SyncConfig | No
     if not raw:
         return None
     return Fp8SyncConfig.model_validate(json.loads(raw))
+
+
+def refit_config_from_env(
+    environ: dict[str, str] | None = None,
+) -> Fp8SyncConfig | BlockSyncConfig | None:
+    """The config the hook installs: :data:`ENV_VAR`'s or ``NEMO_AIS_BLOCK_REFIT``'s (None: unset).
+
+    Raises:
+        ValueError: both are set (one engine has one weight format).
+    """
+    from nemo_ais.nemo_rl import refit_block
+
+    fp8, block = config_from_env(environ), refit_block.config_from_env(environ)
+    if fp8 is not None and block is not None:
+        raise ValueError(
+            f"{ENV_VAR} and {BLOCK_ENV_VAR} are both set: the FP8 and the NVFP4/MXFP8 refit "
+            "replace the same vLLM refit; set one (ais_fp8_refit or ais_nvfp4_refit)"
+        )
+    return fp8 if fp8 is not None else block

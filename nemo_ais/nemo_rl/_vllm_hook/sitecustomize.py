@@ -14,7 +14,8 @@
 """Arms the AIS FP8 refit in processes started with this folder on PYTHONPATH.
 
 ``launchers/run_grpo_ais.py`` puts this folder on ``PYTHONPATH`` and sets
-``NEMO_AIS_FP8_REFIT`` only when the ``ais_fp8_refit`` section enables it; every other
+``NEMO_AIS_FP8_REFIT`` only when the ``ais_fp8_refit`` section enables it (or
+``NEMO_AIS_BLOCK_REFIT``, the NVFP4 refit, from ``ais_nvfp4_refit``); every other
 process is unaffected. Python's ``site`` imports this file at interpreter start in every
 Ray worker of the job, so it uses the standard library only: it puts a trampoline on
 ``sys.meta_path`` that does nothing until a process imports NeMo-RL's FP8 refit module
@@ -53,7 +54,7 @@ class AISFp8RefitTrampoline(importlib.abc.MetaPathFinder):
         try:
             from nemo_ais.nemo_rl import refit
 
-            return refit.patched_spec(fullname, refit.config_from_env())
+            return refit.patched_spec(fullname, refit.refit_config_from_env())
         except Exception as err:
             self.error = f"{type(err).__name__}: {err}"
             _log.warning(
@@ -65,7 +66,8 @@ class AISFp8RefitTrampoline(importlib.abc.MetaPathFinder):
             raise
 
 
-if os.environ.get("NEMO_AIS_FP8_REFIT") and not any(
+_ARMED = os.environ.get("NEMO_AIS_FP8_REFIT") or os.environ.get("NEMO_AIS_BLOCK_REFIT")
+if _ARMED and not any(
     getattr(f, "nemo_ais_fp8_refit", False) for f in sys.meta_path
 ):
     sys.meta_path.insert(0, AISFp8RefitTrampoline())

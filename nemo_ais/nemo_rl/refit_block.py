@@ -1,0 +1,356 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""NVFP4 / MXFP8 refit seam: a BF16 trainer's weights quantized in the vLLM worker.
+
+NeMo-RL refits an NVFP4 engine only from a ModelOpt quantization-aware trainer, which
+exports packed NVFP4 itself (``MegatronQuantPolicyWorker``, ``real_quant``); the vLLM
+side then loads the packed tensors (``model.load_weights``). With a BF16 trainer the
+vLLM worker must quantize, as it does for FP8. The FP8 seam of :mod:`nemo_ais.nemo_rl.
+refit` (the same module, hook and trampoline) gets a second mode, armed by
+:data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.fp8.stream_block.BlockSyncConfig`):
+
+* :func:`install` wraps two attributes of ``nemo_rl.models.generation.vllm.quantization.fp8``
+  (signatures checked against :data:`RECORDED_SIGNATURES`, v0.7.0 and main alike):
+  ``is_fp8_model``, for NVFP4 only, also answers True for a vLLM engine whose quant config
+  is a ``ModelOptNvFp4Config`` (its only callers route the refit: ``vllm_backend``'s
+  ``_load_weights`` / ``_load_hf_weights`` and main's ``refit_loader``), so the refit
+  reaches ``load_weights``; ``load_weights`` streams into ONE ``model.load_weights`` call
+  the pairs of :func:`refit_block_pairs`.
+* :func:`refit_block_pairs` quantizes what the engine holds in the format (NVFP4: linear
+  layers and MoE experts whose vLLM quant method is ModelOpt's NVFP4 one, found with
+  upstream's own ``_get_module_from_param_name``; MXFP8: upstream's ``_is_fp8_weight``)
+  with :class:`~nemo_ais.fp8.stream_block.BlockWeightStream`; every other tensor passes
+  unchanged (NVFP4) or through upstream's own ``load_weights`` (MXFP8: its grouped-MoE
+  and BF16 paths). One stream per process: a fused layer's shards that straddle two
+  ``load_weights`` calls (refit chunks) are held, copied, until the last one arrives.
+* MXFP8 needs NeMo-RL main's ``vllm_cfg.is_mx`` engine; the scales are named
+  ``weight_scale_from_checkpoint`` (main's refit name) unless ``mxfp8_scale_name`` says
+  otherwise; the E8M0 byte 0 -> 1 rewrite is main's (``mxfp8_zero_scale_byte``). main's own
+  MXFP8 refit gives the same bytes (tested), so the config section arms NVFP4 only.
+* :func:`configure` -- the launcher's step, like ``configure_fp8_refit``: the
+  ``ais_nvfp4_refit`` section (:class:`BlockSyncConfig` fields, defaults from the engine
+  config) -> :data:`ENV_VAR` and the hook folder first on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_ais.config import require_config
+from nemo_ais.fp8.stream_block import BlockSyncConfig, BlockWeightStream
+from nemo_ais.nemo_rl import refit
+
+__all__ = [
+    "ENV_VAR",
+    "HOOK_DIR",
+    "RECORDED_SIGNATURES",
+    "SECTION",
+    "config_from_env",
+    "configure",
+    "engine_is_nvfp4",
+    "holds_nvfp4",
+    "install",
+    "refit_block_pairs",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "NEMO_AIS_BLOCK_REFIT"
+SECTION = "ais_nvfp4_refit"
+HOOK_DIR = Path(__file__).resolve().parent / "_vllm_hook"  # its sitecustomize arms the hook
+RECORDED_SIGNATURES = {
+    **refit.RECORDED_SIGNATURES,
+    f"{refit.TARGET_MODULE}.is_fp8_model": "(vllm_config)",
+    f"{refit.TARGET_MODULE}._get_module_from_param_name": "(model, name: str)",
+}
+# vLLM's ModelOpt NVFP4 classes (NeMo-RL main registers subclasses of them), matched by name
+# in the MRO so that nemo_ais imports nothing from vLLM
+NVFP4_QUANT_CONFIG = "ModelOptNvFp4Config"
+NVFP4_METHODS = frozenset({"ModelOptNvFp4LinearMethod", "ModelOptNvFp4FusedMoE"})
+_GROUPED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _mro_names(obj: Any) -> set[str]:
+    return {cls.__name__ for cls in type(obj).__mro__} if obj is not None else set()
+
+
+def engine_is_nvfp4(vllm_config: Any) -> bool:
+    """True when vLLM's quant config is ModelOpt NVFP4 (W4A4 or W4A16, any subclass)."""
+    return NVFP4_QUANT_CONFIG in _mro_names(getattr(vllm_config, "quant_config", None))
+
+
+def holds_nvfp4(upstream: Any, model: Any, name: str) -> bool:
+    """True when the engine holds ``name`` in NVFP4 (its layer's quant method is ModelOpt NVFP4).
+
+    Args:
+        upstream: NeMo-RL's ``quantization.fp8`` module (its ``_get_module_from_param_name``
+            walks vLLM's module tree, fused names and MoE runners included).
+        model: the vLLM model.
+        name: an HF parameter name of the refit.
+
+    Raises:
+        ValueError: ``name`` is a grouped expert slab (``mlp.experts.gate_up_proj``) of
+            NVFP4 experts: export per-expert names instead.
+    """
+    grouped = name.endswith(_GROUPED_EXPERTS)
+    if not name.endswith(".weight") and not grouped:
+        return False
+    layer = upstream._get_module_from_param_name(model, name)
+    nvfp4 = bool(_mro_names(getattr(layer, "quant_method", None)) & NVFP4_METHODS)
+    if grouped and nvfp4:
+        raise ValueError(
+            f"{name}: a grouped expert slab of NVFP4 experts; the NVFP4 refit quantizes "
+            "per-expert weights (...mlp.experts.<e>.gate_proj.weight), export those"
+        )
+    return nvfp4 and not grouped
+
+
+def refit_block_pairs(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    holds: Callable[[str], bool],
+    stream: BlockWeightStream,
+    passthrough: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = (
+        refit._unchanged
+    ),
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """One refit chunk -> vLLM ``load_weights`` pairs, quantizing what the engine holds quantized.
+
+    Args:
+        weights: the chunk.
+        holds: True for names the engine holds in the stream's format.
+        stream: the process's stream (fused shards carry over between chunks).
+        passthrough: the pairs of every other tensor.
+
+    Raises:
+        ValueError: the engine holds ``name`` quantized but the stream would keep it in BF16
+            (the two layouts disagree), or the stream's own errors (NaN/Inf, TP shard,
+            fused siblings, W4A4 input amax).
+    """
+    for name, tensor in weights:
+        if not holds(name):
+            yield from passthrough(name, tensor)
+            continue
+        entry = stream.plan(name, tensor)
+        if entry.action == "keep":
+            raise ValueError(
+                f"{name}: the vLLM engine holds it in {stream.config.format} but the refit "
+                f"stream would keep it in BF16 ({entry.reason}); align the engine's ignored "
+                "layers with ais_nvfp4_refit (ignore, ignored_layer_kws, keep_patterns, "
+                "num_first/last_layers_in_bf16)"
+            )
+        yield from stream.push(name, tensor)
+    stream.end_chunk()  # the chunk's buffers are reused: copy the shards still held
+
+
+def _check_signatures(module: Any) -> None:
+    for name in ("load_weights", "_is_fp8_weight", "is_fp8_model", "_get_module_from_param_name"):
+        fn = getattr(module, name, None)
+        found = "<missing>" if fn is None else str(inspect.signature(fn))
+        recorded = RECORDED_SIGNATURES[f"{refit.TARGET_MODULE}.{name}"]
+        if found != recorded:
+            raise RuntimeError(
+                f"{module.__name__}.{name}: signature {found}, recorded {recorded} (NeMo-RL "
+                "v0.7.0 and main). Re-check nemo_ais/nemo_rl/refit_block.py against this "
+                f"NeMo-RL version or unset {ENV_VAR}."
+            )
+
+
+def _input_amax(config: BlockSyncConfig) -> dict[str, float] | None:
+    if config.format != "nvfp4_w4a4":
+        return None
+    if config.input_amax_file is None:
+        raise ValueError(
+            f"{ENV_VAR}: format nvfp4_w4a4 needs input_amax_file (JSON {{module or fused group: "
+            "calibrated input amax}}): the refit streams input_scale = amax / (6 * 448)"
+        )
+    return json.loads(Path(config.input_amax_file).read_text())
+
+
+def install(module: Any, config: BlockSyncConfig) -> bool:
+    """Wrap ``module.load_weights`` (and, for NVFP4, ``module.is_fp8_model``) for the block refit.
+
+    Returns:
+        True if patched now, False if it already was.
+
+    Raises:
+        RuntimeError: the upstream signatures differ from the recorded ones.
+        ValueError: ``nvfp4_w4a4`` without ``input_amax_file``.
+        TypeError: ``config`` is not a :class:`BlockSyncConfig`.
+    """
+    require_config(config, BlockSyncConfig, "refit_block.install(config)")
+    if getattr(module.load_weights, refit._PATCHED, False):
+        return False
+    try:
+        _check_signatures(module)
+        stream = BlockWeightStream(_hook_config(config), _input_amax(config))
+    except (RuntimeError, ValueError) as err:
+        logger.warning(
+            "nemo_ais: AIS %s refit NOT installed in pid %d: %s", config.format, os.getpid(), err
+        )
+        raise
+    nvfp4 = config.format != "mxfp8"
+    original_load, original_is_fp8_model = module.load_weights, module.is_fp8_model
+
+    def is_fp8_model(vllm_config):
+        return (nvfp4 and engine_is_nvfp4(vllm_config)) or original_is_fp8_model(vllm_config)
+
+    def load_weights(weights, model_runner):
+        model = model_runner.model
+        _require_engine(module, model_runner, config)
+        if nvfp4:
+            holds, passthrough = (lambda n: holds_nvfp4(module, model, n)), refit._unchanged
+        else:
+            holds = lambda n: module._is_fp8_weight(n, model)  # noqa: E731
+            passthrough = refit._upstream_pairs(original_load, model)
+        model.load_weights(refit_block_pairs(weights, holds, stream, passthrough))
+
+    for wrapper, original in ((load_weights, original_load), (is_fp8_model, original_is_fp8_model)):
+        setattr(wrapper, refit._PATCHED, True)
+        wrapper.__wrapped__ = original
+    module.load_weights = load_weights
+    if nvfp4:
+        module.is_fp8_model = is_fp8_model
+    logger.warning(
+        "nemo_ais: %s.load_weights wrapped in pid %d: the BF16 refit is quantized to %s by "
+        "nemo_ais.fp8",
+        module.__name__,
+        os.getpid(),
+        config.format,
+    )
+    return True
+
+
+def _hook_config(config: BlockSyncConfig) -> BlockSyncConfig:
+    """``mxfp8_scale_name: None`` -> NeMo-RL main's refit name ``weight_scale_from_checkpoint``."""
+    if config.mxfp8_scale_name is not None:
+        return config
+    return config.model_copy(update={"mxfp8_scale_name": "weight_scale_from_checkpoint"})
+
+
+def _require_engine(upstream: Any, model_runner: Any, config: BlockSyncConfig) -> None:
+    """The engine is in the configured format, else ``RuntimeError`` naming both."""
+    if config.format == "mxfp8":
+        if not refit._upstream_quantizes_mx(upstream):
+            raise RuntimeError(
+                f"{ENV_VAR}: format=mxfp8 but NeMo-RL's FP8 config is not MXFP8 (needs "
+                "policy.generation.vllm_cfg.precision: fp8 and is_mx: true, NeMo-RL main)"
+            )
+        return
+    vllm_config = getattr(model_runner, "vllm_config", None)
+    if vllm_config is not None and not engine_is_nvfp4(vllm_config):
+        found = type(getattr(vllm_config, "quant_config", None)).__name__
+        raise RuntimeError(
+            f"{ENV_VAR}: format={config.format} but the vLLM engine's quant config is "
+            f"{found}, expected a {NVFP4_QUANT_CONFIG} (a ModelOpt NVFP4 engine)"
+        )
+
+
+def config_from_env(environ: dict[str, str] | None = None) -> BlockSyncConfig | None:
+    """The :class:`BlockSyncConfig` in :data:`ENV_VAR` (None when unset)."""
+    raw = (os.environ if environ is None else environ).get(ENV_VAR)
+    if not raw:
+        return None
+    return BlockSyncConfig.model_validate(json.loads(raw))
+
+
+def configure(
+    config: Mapping[str, Any], environ: dict[str, str] | None = None
+) -> BlockSyncConfig | None:
+    """Arm the NVFP4 refit in the vLLM workers from the ``ais_nvfp4_refit`` section.
+
+    The section holds :class:`BlockSyncConfig` fields (absent, or ``enabled: false``: off;
+    NeMo-RL's NVFP4 engine then cannot load a BF16 trainer's refit). Defaults come from the
+    engine config, so the stream keeps in BF16 what vLLM keeps: ``ignore`` =
+    ``policy.generation.real_quant_ignore`` (NeMo-RL's ``DEFAULT_NVFP4_IGNORE`` when absent,
+    as NeMo-RL builds vLLM's ``quantization_config``), ``tp_size`` =
+    ``vllm_cfg.tensor_parallel_size``. Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first
+    on ``PYTHONPATH`` (call before Ray starts: the workers inherit the environment).
+
+    Returns:
+        The validated config, or None when the section is absent or disabled.
+
+    Raises:
+        ValueError: naming the field: an invalid section, a format other than NVFP4, W4A4
+            without ``input_amax_file``, ``policy.generation.real_quant`` not true, or
+            ``ais_fp8_refit`` enabled too.
+    """
+    from nemo_ais.config import validate_section
+
+    section = config.get(SECTION)
+    if section is None:
+        return None
+    generation = (config.get("policy") or {}).get("generation") or {}
+    vllm_cfg = generation.get("vllm_cfg") or {}
+    engine = {"tp_size": vllm_cfg.get("tensor_parallel_size", 1)}
+    if "ignore" not in section:
+        engine["ignore"] = tuple(_engine_ignore(generation))
+    refit_cfg = validate_section(BlockSyncConfig, {**engine, **section}, SECTION)
+    if not refit_cfg.enabled:
+        return None
+    problems = _configure_problems(config, generation, refit_cfg)
+    if problems:
+        raise ValueError("; ".join(problems))
+    environ = os.environ if environ is None else environ
+    environ[ENV_VAR] = refit_cfg.model_dump_json()
+    parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    hook = str(HOOK_DIR)
+    environ["PYTHONPATH"] = os.pathsep.join([hook, *(p for p in parts if p != hook)])
+    return refit_cfg
+
+
+def _engine_ignore(generation: Mapping[str, Any]) -> list[str]:
+    ignore = generation.get("real_quant_ignore")
+    if ignore is not None:
+        return list(ignore)
+    from nemo_rl.modelopt.utils import DEFAULT_NVFP4_IGNORE  # NeMo-RL's own default
+
+    return list(DEFAULT_NVFP4_IGNORE)
+
+
+def _configure_problems(
+    config: Mapping[str, Any], generation: Mapping[str, Any], refit_cfg: BlockSyncConfig
+) -> list[str]:
+    problems = []
+    if refit_cfg.format == "mxfp8":
+        problems.append(
+            f"{SECTION}.format='mxfp8' is invalid: expected nvfp4_w4a16 or nvfp4_w4a4 (MXFP8 "
+            "rollouts refit through NeMo-RL main's own MXFP8 quantizer, the same bytes)"
+        )
+    if refit_cfg.format == "nvfp4_w4a4" and refit_cfg.input_amax_file is None:
+        problems.append(
+            f"{SECTION}.input_amax_file=None is invalid with format nvfp4_w4a4: expected a "
+            "JSON {module or fused group: calibrated input amax} (the refit streams "
+            "input_scale = amax / (6 * 448))"
+        )
+    if generation.get("real_quant") is not True:
+        problems.append(
+            f"{SECTION}.enabled=true needs policy.generation.real_quant: true (got "
+            f"{generation.get('real_quant')!r}): it quantizes the refit for NeMo-RL's "
+            "ModelOpt NVFP4 vLLM engine"
+        )
+    fp8 = config.get("ais_fp8_refit")
+    if isinstance(fp8, Mapping) and fp8.get("enabled", True):
+        problems.append(
+            f"ais_fp8_refit and {SECTION} are both enabled: one engine has one weight "
+            "format (set ais_fp8_refit.enabled: false)"
+        )
+    return problems
