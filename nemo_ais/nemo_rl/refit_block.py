@@ -45,6 +45,7 @@ refit` (the same module, hook and trampoline) gets a second mode, armed by
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -209,6 +210,13 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
         raise
     nvfp4 = config.format != "mxfp8"
     original_load, original_is_fp8_model = module.load_weights, module.is_fp8_model
+    held_nvfp4: dict[tuple[int, str], bool] = {}  # as upstream caches _is_fp8_weight
+
+    def holds(model: Any, name: str) -> bool:
+        key = (id(model), name)
+        if key not in held_nvfp4:
+            held_nvfp4[key] = holds_nvfp4(module, model, name)
+        return held_nvfp4[key]
 
     def is_fp8_model(vllm_config):
         return (nvfp4 and engine_is_nvfp4(vllm_config)) or original_is_fp8_model(vllm_config)
@@ -217,11 +225,12 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
         model = model_runner.model
         _require_engine(module, model_runner, config)
         if nvfp4:
-            holds, passthrough = (lambda n: holds_nvfp4(module, model, n)), refit._unchanged
+            engine_holds = functools.partial(holds, model)
+            passthrough = refit._unchanged
         else:
-            holds = lambda n: module._is_fp8_weight(n, model)  # noqa: E731
+            engine_holds = functools.partial(module._is_fp8_weight, model=model)
             passthrough = refit._upstream_pairs(original_load, model)
-        model.load_weights(refit_block_pairs(weights, holds, stream, passthrough))
+        model.load_weights(refit_block_pairs(weights, engine_holds, stream, passthrough))
 
     for wrapper, original in ((load_weights, original_load), (is_fp8_model, original_is_fp8_model)):
         setattr(wrapper, refit._PATCHED, True)
