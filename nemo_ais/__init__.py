@@ -16,7 +16,7 @@
 Subpackages:
   * ``nemo_ais.core``    -- the method (weights, statistics, diagnostics, mixer, loss); pure torch.
   * ``nemo_ais.fp8``     -- blockwise FP8 quantization, weight-sync stream, KV scales, FP8 twin.
-  * ``nemo_ais.nemo_rl`` -- NeMo-RL v0.7.0 adapter (imports NeMo-RL lazily).
+  * ``nemo_ais.nemo_rl`` -- NeMo-RL adapter, v0.7.0 and main (imports NeMo-RL lazily).
   * ``nemo_ais.megatron``-- Megatron-Core process-group helpers (imports megatron lazily).
   * ``nemo_ais.embedded``-- the one-CPU GRPO experiment behind ``nemo-ais run``.
   * ``nemo_ais.preflight``-- offline config checks and memory budget (torch-free).

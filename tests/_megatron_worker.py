@@ -92,6 +92,18 @@ class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 @contextlib.contextmanager
+def placeholder_imports() -> Iterator[list[str]]:
+    """Import-time placeholders for ``megatron.bridge.*`` while the block runs (the modules
+    imported under it keep theirs; for a spawned rank that imports one upstream module)."""
+    finder = _PlaceholderFinder()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield finder.created
+    finally:
+        sys.meta_path.remove(finder)
+
+
+@contextlib.contextmanager
 def megatron_worker_modules() -> Iterator[types.SimpleNamespace]:
     """Yield ``(upstream=<upstream worker module>, ours=<our worker module>, placeholders)``."""
     finder = _PlaceholderFinder()

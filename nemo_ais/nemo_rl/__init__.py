@@ -11,7 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""NeMo-RL v0.7.0 adapter for AIS (NeMo-RL is imported lazily).
+"""NeMo-RL adapter for AIS, for NeMo-RL v0.7.0 and main (NeMo-RL is imported lazily).
+
+The supported versions and what differs between them: :mod:`nemo_ais.nemo_rl.compat`.
 
 ``import nemo_ais.nemo_rl`` works without NeMo-RL and without torch (so ``python -m
 nemo_ais.nemo_rl.cluster_check``, an alias of :mod:`nemo_ais.preflight`, runs on a login
@@ -31,10 +33,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from nemo_ais.nemo_rl.compat import SUPPORTED
+
 __all__ = [
     "GLOBAL_BATCH_KEY",
     "NEMO_RL_INSTALL_HINT",
-    "NEMO_RL_VERSION",
+    "NEMO_RL_VERSIONS",
     "AISClippedPGLossFn",
     "AISLossConfig",
     "NeMoRLNotInstalledError",
@@ -45,12 +49,13 @@ __all__ = [
     "validate_loss_config",
 ]
 
-NEMO_RL_VERSION = "0.7.0"
+NEMO_RL_VERSIONS: tuple[str, ...] = tuple(SUPPORTED)  # ("v0.7.0", "main")
 NEMO_RL_INSTALL_HINT = (
-    f"NeMo-RL v{NEMO_RL_VERSION} is required for nemo_ais.nemo_rl's NeMo-RL classes. It is "
-    "not on PyPI (the `nemo-rl` name there is a placeholder): `git clone --branch "
-    f"v{NEMO_RL_VERSION} https://github.com/NVIDIA-NeMo/RL` and use its uv environment "
-    "(`uv run ...`) or put the checkout on PYTHONPATH, then `pip install nemo-ais[nemo-rl]`"
+    f"{' or '.join(SUPPORTED.values())} is required for nemo_ais.nemo_rl's NeMo-RL "
+    "classes. It is not on PyPI (the `nemo-rl` name there is a placeholder): `git clone "
+    "https://github.com/NVIDIA-NeMo/RL`, `git checkout v0.7.0` (or main) and use its uv "
+    "environment (`uv run ...`) or put the checkout on PYTHONPATH, then "
+    "`pip install nemo-ais[nemo-rl]`"
 )
 
 

@@ -37,9 +37,17 @@ after training (``run_grpo.py``)        nothing              stop environments, 
 Differences the adapter absorbs without asking (same code on both): the refit methods
 forward whatever keywords upstream passes (``buffer_size_bytes`` / ``num_buffers`` on
 main), the FP8 refit wraps upstream's ``load_weights`` and delegates what it does not
-quantize itself (MXFP8, grouped MoE experts on main), and the split train-step API of
-main's Megatron worker (``begin_train_step`` / ``train_microbatch`` /
-``finish_train_step``) gets the same per-global-batch prepare step as ``train()``.
+quantize itself (MXFP8, grouped MoE experts on main).
+
+Not supported on main: the split train-step API of its Megatron worker
+(``begin_train_step`` / ``train_microbatch`` / ``finish_train_step``), which only
+TransferQueue's ``TQPolicy`` drives (``data_plane.enabled``). ``launchers/run_grpo_ais.py``
+refuses ``data_plane.enabled=true`` before Ray starts, and the AIS workers'
+``begin_train_step`` raises ``NotImplementedError`` for an AIS loss. The prepare step has
+no place to run there: ``begin_train_step(loss_fn, gbs, mbs)`` receives no data, and
+``train_microbatch`` gets one chunk at a time and calls the loss on it before the rest of
+the global batch has arrived, while the AIS statistics of the whole global batch are needed
+before the first loss call (docs/upstream.md proposes the hook upstream would need).
 
 :func:`require_supported` is the launch guard: it names the NeMo-RL it found and the
 supported versions, and raises for anything else.

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""NeMo-RL v0.7.0 loss adapter: ``AISLossConfig`` and ``AISClippedPGLossFn`` (no loss math).
+"""NeMo-RL loss adapter (v0.7.0 and main): ``AISLossConfig`` and ``AISClippedPGLossFn`` (no loss math).
 
 ``AISClippedPGLossFn`` extends NeMo-RL's ``ClippedPGLossFn``:
 
@@ -103,7 +103,7 @@ _CORE_KEYS = (
     "kl_penalty",
     "sampling_importance_ratio",
 )
-# NeMo-RL v0.7.0 ClippedPGLossFn keys (no truncated IS): what grpo_train may read.
+# ClippedPGLossFn's keys (v0.7.0 and main; no truncated IS): what grpo_train may read.
 NEMO_RL_METRIC_KEYS = (
     "loss",
     "probs_ratio",

@@ -1,8 +1,9 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """The NeMo-RL seam's own logic: key mapping, global-batch split, row tags, worker mixin.
 
-NeMo-RL v0.7.0 is importable in every run (``tests/conftest.py``): the packed split runs on
-its real ``BatchedDataDict.shard_by_batch_size(..., sequence_packing_args=...)``; one test
+NeMo-RL (v0.7.0, or main with ``--nemo-rl main``) is importable in every run
+(``tests/conftest.py``); the tests that use its classes are marked ``nemo_rl``: the packed
+split runs on its real ``BatchedDataDict.shard_by_batch_size(..., sequence_packing_args=...)``; one test
 imports ``nemo_ais.nemo_rl`` in a subprocess where NeMo-RL is absent. The multi-process
 collective pattern is in
 ``tests/distributed/test_nemo_rl_seam.py``; NeMo-RL-backed checks in ``test_nemo_rl_loss.py``.
@@ -70,6 +71,7 @@ except AttributeError as err:
 """
 
 
+@pytest.mark.nemo_rl  # NeMo-RL's loss classes resolve here; a subprocess hides NeMo-RL
 def test_import_without_nemo_rl_and_lazy_error():
     assert ais_nemo_rl.GLOBAL_BATCH_KEY == "ais_global_batch"
     assert hasattr(ais_nemo_rl, "AISLossConfig")  # NeMo-RL is importable here
@@ -78,7 +80,10 @@ def test_import_without_nemo_rl_and_lazy_error():
     )
     assert res.returncode == 0, res.stderr
     hint, unknown = res.stdout.strip().splitlines()
-    assert hint.startswith("AISClippedPGLossFn: NeMo-RL v0.7.0 is required")
+    assert hint.startswith(
+        "AISClippedPGLossFn: NeMo-RL v0.7.0 (tag v0.7.0, commit 81aa43d) or NeMo-RL main "
+        "(checked at commit 7ea279a, 2026-08-22) is required"
+    )
     assert "has no attribute 'not_a_name'" in unknown
 
 
@@ -156,6 +161,7 @@ class _Sink:
         self.diagnostics = tuple(diagnostics)
 
 
+@pytest.mark.nemo_rl  # NeMo-RL's BatchedDataDict packs the shard
 def test_split_and_tags_plain_and_packed():
     plain = _data(b=4)
     plain = {k: torch.cat([v, v[:1]]) for k, v in plain.items()}  # 5 rows, gbs 2: 1 unused

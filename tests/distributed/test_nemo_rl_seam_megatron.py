@@ -6,7 +6,11 @@ the group NeMo-RL's Megatron worker sums ``global_valid_toks`` over: context-par
 siblings hold the same sequences (NeMo-RL replicates the data over CP), so they are NOT
 in it -- alpha over the DP group equals the single-process alpha of the DP shards,
 with no CP double counting, and each rank runs one all-reduce per global batch on that
-group (never WORLD).
+group (never WORLD). NeMo-RL's REAL ``nemo_rl.models.megatron.data.process_global_batch``
+(v0.7.0 or main, ``--nemo-rl``; ``.cuda()`` is the identity on these CPU ranks) runs on
+the same shards with the group NeMo-RL's Megatron worker passes it
+(``parallel_state.get_data_parallel_group()``): its ``global_valid_toks`` equal the AIS
+statistics' token counts.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 from _harness import MEGATRON_MARKS, assert_same_bits, count_collectives, run_distributed
@@ -22,7 +27,7 @@ from nemo_ais.config import CorrectionConfig
 from nemo_ais.core import compute_diagnostics
 from nemo_ais.nemo_rl.seam import core_inputs, prepare_global_batches
 
-pytestmark = MEGATRON_MARKS
+pytestmark = [*MEGATRON_MARKS, pytest.mark.nemo_rl]  # NeMo-RL's process_global_batch
 
 CONFIG = CorrectionConfig(mode="ais", severity_scale=0.05)
 ROWS, SEQ, N_GB = 3, 7, 2
@@ -64,6 +69,7 @@ def _rank_fn(rank, world_size, **parallel):
     with count_collectives() as counter:
         prepare_global_batches(_shard(dp_rank), sink, CONFIG, local_batch_size=ROWS, group=group)
     return {
+        "upstream_toks": _upstream_valid_toks(_shard(dp_rank), parallel_state),
         "dp_ranks": dist.get_process_group_ranks(group),
         "dp_size": get_data_parallel_world_size(),
         "cp_rank": parallel_state.get_context_parallel_rank(),
@@ -73,6 +79,33 @@ def _rank_fn(rank, world_size, **parallel):
         "n_tok": [d.n_tok for d in sink.diagnostics],
         "calls": [(c.name, c.group is group) for c in counter.calls],
     }
+
+
+def _upstream_valid_toks(shard: dict, parallel_state) -> list[float]:
+    """``global_valid_toks`` of each global batch from NeMo-RL's own ``process_global_batch``."""
+    from _megatron_worker import placeholder_imports
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    with placeholder_imports():  # main's module imports Megatron-Bridge (not on CPU)
+        from nemo_rl.models.megatron.data import process_global_batch
+
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # CPU rank: .cuda() is the identity
+    try:
+        return [
+            float(
+                process_global_batch(
+                    BatchedDataDict(shard),
+                    loss_fn=None,
+                    dp_group=parallel_state.get_data_parallel_group(),  # as upstream's worker
+                    batch_idx=g,
+                    batch_size=ROWS,
+                )["global_valid_toks"]
+            )
+            for g in range(N_GB)
+        ]
+    finally:
+        torch.Tensor.cuda = cuda
 
 
 def test_megatron_dp_group_excludes_cp_siblings():
@@ -94,7 +127,8 @@ def test_megatron_dp_group_excludes_cp_siblings():
         ref = compute_diagnostics(x.logp_old, x.logp_rollout, x.mask, CONFIG)
         assert math.isclose(results[0]["alpha"][g], ref.alpha, rel_tol=1e-12)
         assert results[0]["n_tok"][g] == ref.n_tok  # no CP double counting
-    for r in results:
+    for r in results:  # the group NeMo-RL counts the loss normaliser over
+        assert r["upstream_toks"] == r["n_tok"]
         assert r["calls"] == [("all_reduce", True)] * N_GB
 
 

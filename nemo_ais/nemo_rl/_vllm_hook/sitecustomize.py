@@ -67,7 +67,5 @@ class AISFp8RefitTrampoline(importlib.abc.MetaPathFinder):
 
 
 _ARMED = os.environ.get("NEMO_AIS_FP8_REFIT") or os.environ.get("NEMO_AIS_BLOCK_REFIT")
-if _ARMED and not any(
-    getattr(f, "nemo_ais_fp8_refit", False) for f in sys.meta_path
-):
+if _ARMED and not any(getattr(f, "nemo_ais_fp8_refit", False) for f in sys.meta_path):
     sys.meta_path.insert(0, AISFp8RefitTrampoline())

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""AIS policy workers for NeMo-RL v0.7.0 (``worker_extension_cls_fqn`` targets).
+"""AIS policy workers for NeMo-RL v0.7.0 and main (``worker_extension_cls_fqn`` targets).
 
 Each module subclasses one of NeMo-RL's worker implementations with
 :class:`~nemo_ais.nemo_rl.workers.mixin.AISTrainMixin`, which runs the per-global-batch

@@ -115,6 +115,25 @@ class AISTrainMixin:
                 loss_fn.attach_alarms(self._ais_observe_alarms(alarms, diagnostics))
         return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, **kwargs)
 
+    def begin_train_step(self, loss_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """NeMo-RL main's split train-step API: refused for an AIS loss, else upstream's.
+
+        Raises:
+            NotImplementedError: ``loss_fn`` is an AIS loss: the prepare step needs the whole
+                global batch before the first loss call, and the split API hands the worker
+                no data here and one chunk per ``train_microbatch`` (``data_plane.enabled``,
+                its only driver, is refused by ``launchers/run_grpo_ais.py``).
+        """
+        if hasattr(loss_fn, "attach_diagnostics"):
+            raise NotImplementedError(
+                "begin_train_step (NeMo-RL main's split train-step API, driven by "
+                "TransferQueue's TQPolicy when data_plane.enabled=true) is not supported with "
+                "the nemo_ais loss: its per-global-batch prepare step needs the whole global "
+                "batch before the first loss call, and begin_train_step receives no data. Set "
+                "data_plane.enabled=false (train() runs the prepare step)."
+            )
+        return super().begin_train_step(loss_fn, *args, **kwargs)
+
     def _ais_monitor(self, config: AlarmConfig) -> AlarmMonitor:
         """The worker's monitor; rebuilt (history kept) if the thresholds changed."""
         thresholds = AlarmConfig(**config.model_dump(include=set(AlarmConfig.model_fields)))
