@@ -25,18 +25,28 @@ UE8M0 (8 bit)  byte b -> 2^(b - 127), b in [0, 254]; 255 is NaN; no zero        
 Rounding onto E2M1 is round-to-nearest, ties to the even code (0.25 -> 0, 0.75 -> 1,
 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at ±6 (``_cast_fp4`` in
 ModelOpt, ``cvt.rn.satfinite.e2m1x2`` in the kernels). :func:`e2m1_codes_reference` states
-the rule as seven thresholds; :func:`e2m1_codes` is the fast path, bit-equal to it (tested):
-with ``a = min(|y|, 6)`` the code is ``min(rne(2a), rne(a) + 2, rne(a / 2) + 4)``, one
-exactly rounded piece per binade of the grid (spacing 0.5 below 2, 1 below 4, 2 above),
-each ``rne`` a ``torch.round`` (half to even) of an exactly scaled value.
+the rule as seven thresholds; :func:`e2m1_encode_` is the fast path, bit-equal to it by
+construction (checked when its table is built): every threshold is an fp32 whose low 20
+bits are zero, so the signed code of an fp32 ``y`` is a function of its class
+
+    ``idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096``  (``b``: the int32 bits of ``y``)
+
+``= 2 floor(b / 2^20) + [b mod 2^20 != 0] + 4096``: a threshold (or any multiple of 2^20)
+is a class of its own and the bit patterns strictly between two of them share one. A table
+of the 8191 classes (code of each class's smallest and largest member, which must agree:
+the rule is monotone in |y|) then gives the code, sign and saturation included, with
+five integer passes and one gather instead of a dozen float passes.
 
 Two codes share a byte, the even element in the LOW nibble: ``byte = c[2j] | c[2j+1] << 4``
-(ModelOpt, FlashInfer, vLLM's ``break_fp4_bytes``).
+(ModelOpt, FlashInfer, vLLM's ``break_fp4_bytes``); :func:`pack_code_pairs` forms it from
+the int16 view of a code pair (``lo | hi << 8`` on a little-endian machine) in place.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 
 import torch
 
@@ -47,16 +57,17 @@ __all__ = [
     "E8M0_BIAS",
     "E8M0_NAN",
     "Scratch",
-    "e2m1_code_magnitudes_",
+    "e2m1_class_index_",
     "e2m1_codes",
     "e2m1_codes_reference",
-    "e2m1_round_",
+    "e2m1_encode_",
+    "e2m1_signed_values_",
     "e2m1_values",
     "e8m0_block_exponent",
     "e8m0_ceil_exponent",
     "e8m0_values",
+    "pack_code_pairs",
     "pack_nibbles",
-    "pack_signed_codes",
     "row_bands",
     "to_uint8",
     "unpack_nibbles",
@@ -72,8 +83,12 @@ _SIGN_BIT = 8
 # the even code: up when the upper neighbour's code is even.
 _E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
                     (3.5, True), (5.0, False))  # fmt: skip
-_FOUR = torch.tensor(4.0)
-_BAND_ELEMS = 1 << 20  # fp32 elements of a quantizer's per-band working copy (4 MiB)
+_BAND_ELEMS = 1 << 18  # fp32 elements of a quantizer's per-band working copy (1 MiB: L2)
+# E2M1 class index (module doc): idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096 in [0, 8190]
+_CLASS_SHIFT = 20
+_CLASS_LOW = (1 << _CLASS_SHIFT) - 1
+_CLASS_OFFSET = 4096
+_N_CLASSES = 8191
 _E2M1_SIGNED = torch.tensor([*E2M1_GRID, *(-v for v in E2M1_GRID)], dtype=torch.float32)
 
 
@@ -89,11 +104,6 @@ def e2m1_codes_reference(a: torch.Tensor, *, ties_toward_zero: bool = False) -> 
         up = tie_up and not ties_toward_zero
         code += (a >= threshold) if up else (a > threshold)
     return code
-
-
-def _round_half_down_(t: torch.Tensor) -> torch.Tensor:
-    """``ceil(t - 1/2)`` in place: nearest integer, ties toward zero, for ``t >= 0`` (exact)."""
-    return t.sub_(0.5).ceil_()
 
 
 class Scratch:
@@ -118,69 +128,107 @@ class Scratch:
         return buf[:numel].view(shape)
 
 
-def _work(
-    scratch: Scratch | None,
-    name: str,
-    like: torch.Tensor,
-    shape: tuple[int, ...] | None = None,
-    dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """A working buffer shaped like ``like`` (or ``shape`` / ``dtype``), from ``scratch`` if given."""
-    shape = tuple(like.shape) if shape is None else shape
-    dtype = like.dtype if dtype is None else dtype
-    if scratch is None:
-        return torch.empty(shape, dtype=dtype, device=like.device)
-    return scratch.get(name, shape, dtype)
+def _class_members() -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest and largest fp32 of each of the 8191 classes (module doc), by class index."""
+    j = torch.arange(_N_CLASSES, dtype=torch.int64) - _CLASS_OFFSET
+    f = torch.div(j, 2, rounding_mode="floor")  # floor(b / 2^20)
+    odd = j - 2 * f  # 1: the bit patterns strictly inside (f, f + 1) * 2^20
+    base = f * (1 << _CLASS_SHIFT)
+    first, last = base + odd, base + odd * _CLASS_LOW
+    return (
+        first.to(torch.int32).view(torch.float32),
+        last.to(torch.int32).view(torch.float32),
+    )
 
 
-def e2m1_round_(
-    a: torch.Tensor, *, ties_toward_zero: bool = False, scratch: Scratch | None = None
-) -> torch.Tensor:
-    """E2M1 magnitude codes of fp32 ``a >= 0`` as fp32 values 0..7; ``a`` is consumed.
+@functools.cache
+def _e2m1_tables(ties_toward_zero: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 signed code, fp32 signed value) of every class, on ``device``.
 
-    ``a`` is clamped to 6 in place (saturation), then
-    ``code = min(rne(2a), rne(a) + 2, rne(a / 2) + 4)`` (module doc): the fast path of
-    :func:`e2m1_codes_reference`, bit-equal to it (tested on every tie and grid point).
-    ``ties_toward_zero``: a tie rounds to the smaller magnitude instead (ModelOpt's MXFP4
-    ``cast_fp4``); every piece then rounds with ``ceil(t - 1/2)``, exact for ``t >= 0``.
-    The result lives in ``scratch`` buffer ``"k"`` when ``scratch`` is given.
+    The sign bit is the fp32 sign bit, so -0.0 gets code 8 (-0): the quantizers turn a
+    -0.0 input into +0.0 first, and a negative input that underflows to -0.0 keeps its
+    sign bit, as in the reference (``code | 8 * (x < 0)``).
+
+    Raises:
+        AssertionError: a class whose two extreme members round differently (the table
+            would not be the rule); cannot happen while every threshold is a multiple of
+            2^20 in bits.
     """
-    rnd = _round_half_down_ if ties_toward_zero else torch.Tensor.round_
-    a.clamp_(max=E2M1_MAX)
-    k_fine = rnd(torch.mul(a, 2.0, out=_work(scratch, "k", a)))  # spacing 0.5: codes 0..4
-    k_mid = rnd(_work(scratch, "k_mid", a).copy_(a)).add_(2.0)  # spacing 1: codes 4..6
-    k_top = rnd(a.mul_(0.5)).add_(4.0)  # spacing 2: codes 6..7 for a in [4, 6]
-    return torch.minimum(torch.minimum(k_fine, k_mid, out=k_fine), k_top, out=k_fine)
+    first, last = _class_members()
+
+    def signed_codes(v: torch.Tensor) -> torch.Tensor:
+        mag = e2m1_codes_reference(v.abs(), ties_toward_zero=ties_toward_zero)
+        return mag | (torch.signbit(v).to(torch.uint8) << 3)
+
+    codes = signed_codes(first)
+    if not torch.equal(codes, signed_codes(last)):
+        raise AssertionError("E2M1 class table: a class spans a rounding threshold")
+    values = _E2M1_SIGNED.index_select(0, codes.to(torch.int32))
+    return codes.to(device), values.to(device)
+
+
+def e2m1_class_index_(y: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
+    """Class index (module doc) of contiguous fp32 ``y``, in place in ``y``'s memory: int32.
+
+    ``tmp`` is an int32 buffer of ``y``'s shape. Any bit pattern gives an index in
+    [0, 8190] (int32 additions wrap; only NaN patterns come near the top).
+    """
+    b = y.view(torch.int32)
+    torch.bitwise_right_shift(b, _CLASS_SHIFT, out=tmp)  # floor(b / 2^20)
+    b.add_(_CLASS_LOW).bitwise_right_shift_(_CLASS_SHIFT)  # ceil(b / 2^20)
+    return b.add_(tmp).add_(_CLASS_OFFSET)
+
+
+def e2m1_encode_(
+    y: torch.Tensor,
+    out: torch.Tensor,
+    tmp: torch.Tensor,
+    *,
+    ties_toward_zero: bool = False,
+) -> torch.Tensor:
+    """Signed E2M1 codes (uint8 0..15, sign bit 8) of contiguous fp32 ``y`` into ``out``.
+
+    ``code = e2m1(|y|) | 8 * signbit(y)``, saturating at 6; ``y`` is consumed (it holds
+    the class index afterwards) and ``tmp`` is an int32 buffer of its shape. Bit-equal to
+    :func:`e2m1_codes_reference` with the sign bit (module doc). ``ties_toward_zero``:
+    a tie rounds to the smaller magnitude (ModelOpt's MXFP4 ``cast_fp4``).
+    """
+    codes, _ = _e2m1_tables(ties_toward_zero, y.device)
+    idx = e2m1_class_index_(y, tmp)
+    return torch.index_select(codes, 0, idx.view(-1), out=out.view(-1)).view(out.shape)
+
+
+def e2m1_signed_values_(y: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
+    """fp32 signed E2M1 values of contiguous fp32 ``y`` (code 8 is -0.0) into ``tmp``.
+
+    As :func:`e2m1_encode_` (ties to even), but the table holds values: ``y`` is consumed
+    and ``tmp``, an fp32 buffer of its shape, receives the values.
+    """
+    _, values = _e2m1_tables(False, y.device)
+    idx = e2m1_class_index_(y, tmp.view(torch.int32))
+    return torch.index_select(values, 0, idx.view(-1), out=tmp.view(-1)).view(tmp.shape)
 
 
 def e2m1_codes(a: torch.Tensor, *, ties_toward_zero: bool = False) -> torch.Tensor:
     """uint8 magnitude codes of fp32 ``a >= 0`` (fast path; ``a`` is not modified)."""
-    return to_uint8(e2m1_round_(a.clone(), ties_toward_zero=ties_toward_zero))
+    y = a.to(torch.float32).contiguous().clone().add_(0.0)  # -0.0 -> +0.0: code 0, not 8
+    out = torch.empty(y.shape, dtype=torch.uint8, device=y.device)
+    tmp = torch.empty(y.shape, dtype=torch.int32, device=y.device)
+    return e2m1_encode_(y, out, tmp, ties_toward_zero=ties_toward_zero).bitwise_and_(7)
 
 
-def e2m1_code_magnitudes_(k: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
-    """Grid values of fp32 magnitude codes ``k`` in 0..7, in place: ``max(k/2, k - 2, 2k - 8)``."""
-    half = torch.mul(k, 0.5, out=_work(scratch, "half", k))
-    twice = torch.mul(k, 2.0, out=_work(scratch, "k_mid", k)).sub_(8.0)
-    return torch.maximum(torch.maximum(k.sub_(2.0), half, out=k), twice, out=k)
+def pack_code_pairs(codes: torch.Tensor, out: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
+    """Pack contiguous uint8 codes ``[..., K]`` (0..15) into ``out`` uint8 ``[..., K/2]``.
 
-
-def pack_signed_codes(
-    k: torch.Tensor, y: torch.Tensor, out: torch.Tensor, scratch: Scratch | None = None
-) -> torch.Tensor:
-    """Pack fp32 magnitude codes ``k [..., K]`` with the signs of ``y`` into ``out`` uint8 ``[..., K/2]``.
-
-    ``code = k + 8 * signbit(y)`` (the callers have turned -0.0 inputs into +0.0, so the
-    sign bit is ``x < 0``), then ``byte = code[2j] + 16 * code[2j + 1]``, formed in fp32
-    (exact integers) and converted once (through int32: several times faster on CPU).
+    The int16 view of a pair is ``p = c[2j] | c[2j+1] << 8`` (little-endian), so
+    ``p | p >> 4`` holds ``c[2j] | c[2j+1] << 4`` in its low byte, which the int16 -> uint8
+    conversion keeps. ``tmp``: int16 ``[..., K/2]``. Equal to :func:`pack_nibbles`.
     """
-    sign4 = torch.copysign(_FOUR.to(y.device), y, out=_work(scratch, "k_mid", y))
-    code = k.add_(4.0).sub_(sign4)
-    half_shape = tuple(out.shape)
-    pair = torch.add(
-        code[..., 0::2], code[..., 1::2], alpha=16, out=_work(scratch, "half", k, half_shape)
-    )
-    return out.copy_(_work(scratch, "pair_int", k, half_shape, torch.int32).copy_(pair))
+    if sys.byteorder != "little":  # pragma: no cover - every supported platform is
+        return out.copy_(pack_nibbles(codes))
+    pairs = codes.view(torch.int16)
+    torch.bitwise_right_shift(pairs, 4, out=tmp).bitwise_or_(pairs)
+    return out.copy_(tmp)
 
 
 def to_uint8(v: torch.Tensor) -> torch.Tensor:
@@ -189,7 +237,7 @@ def to_uint8(v: torch.Tensor) -> torch.Tensor:
 
 
 def row_bands(rows: int, k: int, multiple: int = 1) -> list[tuple[int, int]]:
-    """``[(r0, r1), ...]`` covering ``rows`` rows of length ``k`` in bands of ~4 MiB of fp32.
+    """``[(r0, r1), ...]`` covering ``rows`` rows of length ``k`` in bands of ~1 MiB of fp32.
 
     Band heights are multiples of ``multiple`` (whole 2-D scale tiles), so a band's working
     copy stays in cache while a quantizer makes its passes over it.

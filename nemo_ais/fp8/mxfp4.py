@@ -44,14 +44,13 @@ from nemo_ais.fp8.grids import (
     E8M0_BIAS,
     Scratch,
     e2m1_codes_reference,
-    e2m1_round_,
+    e2m1_encode_,
     e2m1_values,
     e8m0_block_exponent,
     e8m0_values,
+    pack_code_pairs,
     pack_nibbles,
-    pack_signed_codes,
     row_bands,
-    to_uint8,
     unpack_nibbles,
 )
 from nemo_ais.fp8.mxfp8 import MX_BLOCK, _pow2, check_mx_scale
@@ -112,31 +111,36 @@ def quantize_mxfp4(
     """
     check_last_dim(x, name, MX_BLOCK, "MXFP4")
     k = x.shape[-1]
+    kb = k // MX_BLOCK
     rows = math.prod(x.shape[:-1])
     x2 = x.reshape(rows, k)
     data = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
-    scale = torch.empty(rows, k // MX_BLOCK, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(rows, kb, dtype=torch.uint8, device=x.device)
     finite = torch.ones((), dtype=torch.bool, device=x.device)
     scratch = Scratch(x.device)
     with torch.no_grad():
         for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k):
             h = r1 - r0
-            xf = torch.add(x2[r0:r1], 0.0, out=scratch.get("x", (h, k), torch.float32))  # -0 -> +0
-            a = torch.abs(xf, out=scratch.get("a", (h, k), torch.float32))
-            a = a.view(h, k // MX_BLOCK, MX_BLOCK)
-            block_amax = a.amax(-1)
+            y = torch.add(x2[r0:r1], 0.0, out=scratch.get("x", (h, k), torch.float32))  # -0 -> +0
+            blocks = y.view(h, kb, MX_BLOCK)
+            block_amax = torch.maximum(blocks.amax(-1), blocks.amin(-1).neg_())
             finite &= torch.isfinite(block_amax).all()
             expo = e8m0_block_exponent(block_amax, E2M1_MAX)
-            a.mul_(_pow2(-expo).unsqueeze(-1))
-            code = e2m1_round_(
-                a.view(h, k), ties_toward_zero=round_ties_toward_zero, scratch=scratch
+            # exact but for subnormal results, as in the reference
+            blocks.mul_(_pow2(-expo).unsqueeze(-1))
+            codes = scratch.get("codes", (h, k), torch.uint8)
+            e2m1_encode_(
+                y,
+                codes,
+                scratch.get("tmp", (h, k), torch.int32),
+                ties_toward_zero=round_ties_toward_zero,
             )
-            pack_signed_codes(code, xf, data[r0:r1], scratch)
-            scale[r0:r1] = to_uint8((expo + E8M0_BIAS).to(torch.float32))
+            pack_code_pairs(codes, data[r0:r1], scratch.get("pairs", (h, k // 2), torch.int16))
+            scale[r0:r1] = (expo + E8M0_BIAS).to(torch.uint8)
     if not bool(finite):
         check_finite(x, name, action="refusing to quantize NaN/Inf")
     lead = x.shape[:-1]
-    return MXFP4Tensor(data.view(*lead, k // 2), scale.view(*lead, k // MX_BLOCK))
+    return MXFP4Tensor(data.view(*lead, k // 2), scale.view(*lead, kb))
 
 
 def dequantize_mxfp4(q: MXFP4Tensor, *, name: str = "q") -> torch.Tensor:

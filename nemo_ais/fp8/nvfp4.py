@@ -27,7 +27,7 @@ with ``K % 16 == 0`` (conventions and sources: ``docs/low_precision.md``):
    range, ModelOpt >= 0.45); block scale ``s_b = e4m3(r)``, round to nearest even.
 4. ``d = fp32(s_b) * s_g`` (one fp32 product) and ``y = x / d`` (one fp32 division). A
    ``d`` that underflows to 0 gives ``y = 0``: codes ±0, which decode to 0.
-5. ``code = rne_e2m1(|y|)`` saturating at 6 (``grids.e2m1_round_``), sign bit ``x < 0``
+5. ``code = rne_e2m1(|y|)`` saturating at 6 (``grids.e2m1_encode_``), sign bit ``x < 0``
    (so -0.0 encodes as +0); two codes per byte, the even element in the low nibble.
 
 Dequantization: ``x_hat = E2M1(code) * d`` with the same one-rounding product ``d``.
@@ -41,7 +41,8 @@ approximate reciprocal and may differ by one E4M3 step near ties.
 
 :func:`quantize_nvfp4_reference` is the short, obvious statement of steps 1-5;
 :func:`quantize_nvfp4` and :func:`fake_quantize_nvfp4` are the fast paths (in-place
-passes over ~4 MiB bands), bit-equal to it (tested, and against a float64 oracle).
+passes over ~1 MiB bands of rows, the class-table E2M1 encoder of :mod:`~nemo_ais.fp8.grids`),
+bit-equal to it (tested, and against a float64 oracle).
 """
 
 from __future__ import annotations
@@ -50,18 +51,19 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from nemo_ais.fp8.checks import check_amax, check_finite, check_last_dim
 from nemo_ais.fp8.grids import (
     E2M1_MAX,
     E4M3_MAX,
     Scratch,
-    e2m1_code_magnitudes_,
     e2m1_codes_reference,
-    e2m1_round_,
+    e2m1_encode_,
+    e2m1_signed_values_,
     e2m1_values,
+    pack_code_pairs,
     pack_nibbles,
-    pack_signed_codes,
     row_bands,
     unpack_nibbles,
 )
@@ -177,48 +179,82 @@ def quantize_nvfp4_reference(
     return NVFP4Tensor(pack_nibbles(code.reshape(x.shape)), block_scale, s_g)
 
 
+def _block_amax_(x2: torch.Tensor, r0: int, r1: int, s: torch.Tensor) -> torch.Tensor:
+    """fp32 max |x| per block of 16 of rows ``r0:r1`` of ``x2``, using scratch ``s`` (clobbered)."""
+    band = x2[r0:r1]
+    if band.dtype == torch.float32:
+        torch.abs(band, out=s)
+    else:
+        s.copy_(band).abs_()
+    # max_pool1d over the rows as channels: one pass (a reduction over a dim of 16 is slower)
+    return F.max_pool1d(s, NVFP4_BLOCK)
+
+
 def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
-    """The fast path: per band of rows, in-place passes over one cache-sized fp32 copy."""
+    """The fast path: per band of rows, in-place passes over one cache-sized fp32 copy.
+
+    With ``amax=None`` a first pass takes every block's amax (their max is the tensor
+    amax); the second quantizes. Per band: ``y = (x + 0.0) / d`` (-0.0 -> +0), then the
+    class-table encoder of :mod:`~nemo_ais.fp8.grids` (codes with sign and saturation)
+    and the int16 pair packing, or for ``fake`` the table's signed values times ``d``.
+    """
     _check_args(x, rows_per_block, name)
     k = x.shape[-1]
-    s_g = nvfp4_global_scale(_tensor_amax(x, amax))
+    kb = k // NVFP4_BLOCK
     rows = math.prod(x.shape[:-1])
     x2 = x.reshape(rows, k)
-    if fake:
-        out = torch.empty(rows, k, dtype=torch.float32, device=x.device)
-    else:
-        out = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(rows, k // NVFP4_BLOCK, dtype=torch.float8_e4m3fn, device=x.device)
-    finite = torch.ones((), dtype=torch.bool, device=x.device)
+    dev = x.device
+    given = check_amax(amax, "amax")
+    out_shape, out_dtype = ((rows, k), torch.float32) if fake else ((rows, k // 2), torch.uint8)
+    out = torch.empty(out_shape, dtype=out_dtype, device=dev)
+    scales = torch.empty(rows, kb, dtype=torch.float8_e4m3fn, device=dev)
     tile = rows_per_block
     n = x.shape[-2] if tile > 1 else rows  # a 16x16 tile never straddles two matrices
-    scratch = Scratch(x.device)
-    kb = k // NVFP4_BLOCK
-    for r0, r1 in (
+    bands = (
         []
         if x.numel() == 0
         else [(m0 + b0, m0 + b1) for m0 in range(0, rows, n) for b0, b1 in row_bands(n, k, tile)]
-    ):
+    )
+    scratch = Scratch(dev)
+    block_amax = None
+    if given is None:  # pass 1: block amax of the whole tensor, its max the tensor amax
+        block_amax = torch.empty(rows, kb, dtype=torch.float32, device=dev)
+        for r0, r1 in bands:
+            s = scratch.get("x", (r1 - r0, k), torch.float32)
+            block_amax[r0:r1] = _block_amax_(x2, r0, r1, s)
+        tensor_amax = (
+            block_amax.amax() if rows * kb else torch.zeros((), dtype=torch.float32, device=dev)
+        )
+    else:
+        tensor_amax = given.to(dev)
+    finite = torch.ones((), dtype=torch.bool, device=dev)
+    s_g = nvfp4_global_scale(tensor_amax)
+    for r0, r1 in bands:
         h = r1 - r0
-        xf = torch.add(x2[r0:r1], 0.0, out=scratch.get("x", (h, k), torch.float32))  # -0.0 -> +0
-        a = torch.abs(xf, out=scratch.get("a", (h, k), torch.float32)).view(h, kb, NVFP4_BLOCK)
-        pairs = scratch.get("pairs", (h, kb, NVFP4_BLOCK // 2), torch.float32)
-        block_amax = torch.maximum(a[..., :8], a[..., 8:], out=pairs).amax(-1)
-        finite &= torch.isfinite(block_amax).all()
-        block_scale = _block_scale(_tile_max(block_amax, tile), s_g)
-        d = _divisor(block_scale, s_g)
-        a.div_(torch.where(d == 0, torch.full_like(d, math.inf), d).unsqueeze(-1))
-        code = e2m1_round_(a.view(h, k), scratch=scratch)
-        scales[r0:r1] = block_scale
-        if fake:
-            v = e2m1_code_magnitudes_(code, scratch).view(h, kb, NVFP4_BLOCK)
-            torch.copysign(v.mul_(d.unsqueeze(-1)).view(h, k), xf, out=out[r0:r1])
+        y = scratch.get("x", (h, k), torch.float32)
+        if block_amax is None:
+            ba = _block_amax_(x2, r0, r1, y)
         else:
-            pack_signed_codes(code, xf, out[r0:r1], scratch)
+            ba = block_amax[r0:r1]
+        finite &= torch.isfinite(ba).all()
+        block_scale = _block_scale(_tile_max(ba, tile), s_g)
+        scales[r0:r1] = block_scale
+        d = _divisor(block_scale, s_g)
+        torch.add(x2[r0:r1], 0.0, out=y)  # fp32, and -0.0 -> +0.0 (code 0, not 8)
+        y.view(h, kb, NVFP4_BLOCK).div_(
+            torch.where(d == 0, torch.full_like(d, math.inf), d).unsqueeze(-1)
+        )
+        if fake:
+            v = e2m1_signed_values_(y, out[r0:r1])
+            v.view(h, kb, NVFP4_BLOCK).mul_(d.unsqueeze(-1))
+        else:
+            codes = scratch.get("codes", (h, k), torch.uint8)
+            e2m1_encode_(y, codes, scratch.get("tmp", (h, k), torch.int32))
+            pack_code_pairs(codes, out[r0:r1], scratch.get("pairs", (h, k // 2), torch.int16))
     if not bool(finite):
         check_finite(x, name, action="refusing to quantize NaN/Inf")
     lead = x.shape[:-1]
-    return out.view(*lead, out.shape[-1]), scales.view(*lead, k // NVFP4_BLOCK), s_g
+    return out.view(*lead, out.shape[-1]), scales.view(*lead, kb), s_g
 
 
 def quantize_nvfp4(

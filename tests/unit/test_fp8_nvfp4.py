@@ -15,7 +15,15 @@ from block_format_oracles import E2M1_GRID, e2m1_code, nvfp4_oracle
 from fp8_oracles import first_mismatch
 
 from nemo_ais.fp8 import dequantize_nvfp4, quantize_nvfp4  # the issue's public names
-from nemo_ais.fp8.grids import e2m1_codes, e2m1_codes_reference
+from nemo_ais.fp8.grids import (
+    e2m1_codes,
+    e2m1_codes_reference,
+    e2m1_encode_,
+    e2m1_signed_values_,
+    e2m1_values,
+    pack_code_pairs,
+    pack_nibbles,
+)
 from nemo_ais.fp8.nvfp4 import NVFP4Tensor, fake_quantize_nvfp4, quantize_nvfp4_reference
 
 E4M3 = torch.float8_e4m3fn
@@ -89,6 +97,46 @@ def test_e2m1_ties_hand_worked():
     assert e2m1_codes(ties, ties_toward_zero=True).tolist() == [0, 1, 2, 3, 4, 5, 6]
     assert [e2m1_code(v) for v in ties.tolist()] == [0, 2, 2, 4, 4, 6, 6]  # the oracle too
     assert e2m1_codes(torch.tensor([6.0, 6.01, 1e9])).tolist() == [7, 7, 7]  # saturation
+
+
+def _signed_probe() -> torch.Tensor:
+    """Signed fp32: the probe values, every multiple of 2^20 in bits (the table's class
+    edges) and its fp32 neighbours up to 6.5, and random finite bit patterns of any sign."""
+    pos = torch.from_numpy(_probe_values())
+    edges = torch.arange(0, 0x40D0_0000 >> 20, dtype=torch.int32) << 20  # 0 .. 6.5
+    edges = torch.cat([edges, edges + 1, edges - 1]).clamp_(min=0).view(torch.float32)
+    g = torch.Generator().manual_seed(0)
+    rand = torch.randint(-(2**31), 2**31 - 1, (1 << 16,), generator=g, dtype=torch.int64)
+    rand = rand.to(torch.int32).view(torch.float32)
+    mags = torch.cat([pos, edges, rand[torch.isfinite(rand)].abs()])
+    return torch.cat([mags, -mags])
+
+
+@pytest.mark.parametrize("ties_toward_zero", [False, True])
+def test_e2m1_table_encoder_equals_the_reference_with_sign(ties_toward_zero):
+    """``e2m1_encode_`` (class table) == ``e2m1_codes_reference(|y|) | 8 * signbit(y)``."""
+    y = _signed_probe()
+    sign = torch.signbit(y).to(torch.uint8) << 3
+    expected = e2m1_codes_reference(y.abs(), ties_toward_zero=ties_toward_zero) | sign
+    out = torch.empty(y.shape, dtype=torch.uint8)
+    tmp = torch.empty(y.shape, dtype=torch.int32)
+    codes = e2m1_encode_(y.clone(), out, tmp, ties_toward_zero=ties_toward_zero)
+    _assert_equal(codes.numpy(), expected.numpy(), "table codes")
+    if not ties_toward_zero:  # the value table: E2M1 value with the sign (code 8 is -0.0)
+        values = e2m1_signed_values_(y.clone(), torch.empty_like(y))
+        _assert_equal(_bits(values), _bits(e2m1_values(expected)), "table values")
+
+
+def test_pack_code_pairs_equals_pack_nibbles():
+    codes = torch.randint(0, 16, (6, 64), generator=torch.Generator().manual_seed(0))
+    codes = codes.to(torch.uint8)
+    out = torch.empty(6, 32, dtype=torch.uint8)
+    packed = pack_code_pairs(codes, out, torch.empty(6, 32, dtype=torch.int16))
+    _assert_equal(packed.numpy(), pack_nibbles(codes).numpy(), "packed bytes")
+    # hand-worked: codes (3, 12) -> 3 | 12 << 4 = 0xC3
+    pair = torch.tensor([[3, 12]], dtype=torch.uint8)
+    one = torch.empty(1, 1, dtype=torch.uint8)
+    assert pack_code_pairs(pair, one, torch.empty(1, 1, dtype=torch.int16)).item() == 0xC3
 
 
 # --------------------------------------------------------------------------------------
