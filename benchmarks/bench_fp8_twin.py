@@ -20,9 +20,10 @@ mean |delta logp|, ``token_mult_prob_error`` and ``gen_kl_error`` (k3), next to
 NeMo-RL's CI bounds for the NVFP4 formats. Two models, built offline:
 
 * ``embedded``: the twin's default model, the embedded recipe's Qwen2 (hidden 256, 2
-  layers) after its supervised warm start on the chain task (``configs/local/default.yaml``;
+  layers) after its supervised warm start on the chain task (the preset ``default.yaml``;
   trained once and cached in ``policy.warm_start.cache_dir``), sampling the task's
-  held-out prompts: a trained, peaked policy;
+  held-out prompts (:func:`nemo_ais.embedded.twin_setup.twin_setup`): a trained, peaked
+  policy;
 * ``random``: a random-init Qwen2 (hidden 512, 4 layers, HF init 0.02; near uniform).
 
 Speed: 64 prompts x 24 new tokens on a random-init hidden-256 Qwen2, median of
@@ -97,25 +98,11 @@ def random_prompts(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 def embedded_setup(cache_dir: str) -> dict:
     """The embedded recipe's warm-started policy and held-out task prompts (cached SFT)."""
     from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
-    from nemo_ais.embedded.recipe import build_policy
-    from nemo_ais.embedded.warmstart import build_task, warm_start
+    from nemo_ais.embedded.twin_setup import twin_setup
 
     overrides = [f"policy.warm_start.cache_dir={cache_dir}"]
     cfg = resolve_arm(load_config(CONFIG_DIR / "default.yaml", overrides), None)
-    task = build_task(cfg)
-    policy = build_policy(cfg, task, warm_start(cfg, task, progress=False)).eval()
-    ids = task.prompt_ids(task.eval_problems[:BATCH])
-    m = cfg.policy.model
-    return {
-        "model": policy,
-        "ids": ids,
-        "mask": torch.ones_like(ids),
-        "max_new_tokens": task.max_response_len,
-        "eos": task.tokenizer.eos_id,
-        "pad": task.tokenizer.pad_id,
-        "what": f"embedded Qwen2 (hidden {m.hidden_size}, {m.num_hidden_layers} layers), "
-        f"warm-started, {BATCH} held-out chain prompts",
-    }
+    return twin_setup(cfg, BATCH, train_warm_start=True)._asdict()
 
 
 def random_setup() -> dict:

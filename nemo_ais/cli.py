@@ -21,6 +21,10 @@ package data);
 ``nemo-ais --version`` prints the installed distribution's version and where it imports from.
 ``nemo-ais analyze LOG_DIR`` replays the AIS diagnostics and every correction mode over a
 NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``).
+``nemo-ais attribute [--preset NAME | --config FILE] [--arm ARM] [key=value ...]`` runs the
+twin on the config's policy with one quantized source at a time (weights and activations
+per layer and module, the KV cache per layer) and writes which carry the rollout mismatch
+(``docs/low_precision.md``, "Mismatch attribution").
 Exit codes: 0 success, 1 a run failed or bad log input (message printed), 2 bad config or
 arguments, 3 ``analyze --fail-on-alarm`` (or ``alarms.fail_on_alarm=true``) and an alarm
 fired, 130 interrupted (``run``: checkpoints kept; re-run the same command to resume).
@@ -49,6 +53,7 @@ examples:
   nemo-ais run experiment.include=[bf16,fp8-ais] experiment.seeds=[0]
   nemo-ais report runs/default
   nemo-ais analyze logs/exp_001 loss_fn.ais.ema=0.9    # a NeMo-RL run's train_data_step*.jsonl
+  nemo-ais attribute rollout.format=nvfp4_w4a4 rollout.kv_cache=nvfp4   # who carries the mismatch
 
 Re-running the same command resumes an interrupted run from its last checkpoints.
 """
@@ -88,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="Log at INFO level.")
     parser.add_argument("--version", action="version", version=version_string())
-    sub = parser.add_subparsers(dest="command", metavar="{run,report,analyze}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,report,analyze,attribute}")
     sub.required = True
 
     run = sub.add_parser(
@@ -138,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("run_dir", type=Path, help="A run directory (or its metrics.jsonl).")
     _add_analyze_parser(sub)
+    _add_attribute_parser(sub)
     return parser
 
 
@@ -177,6 +183,87 @@ def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         help="Exit with code 3 if an alarm fired, after writing the report (also "
         "alarms.fail_on_alarm=true).",
     )
+
+
+def _add_attribute_parser(sub: argparse._SubParsersAction) -> None:
+    attribute = sub.add_parser(
+        "attribute",
+        help="Attribute the rollout mismatch to weights, activations and KV cache per layer.",
+        description="Build the twin (simulated rollout engine) of the config's policy in its "
+        "rollout.format / rollout.kv_cache (warm-started from the cache if present, else the "
+        "recipe's init), sample held-out prompts with it, then score them with one source "
+        "quantized at a time (and with every source but one): mean |dlogp|, gen_kl_error "
+        "(k3) and token_mult_prob_error against the unquantized model on the same tokens. "
+        "Prints a markdown table; writes attribution.md, .json and .png to --out.",
+    )
+    attribute.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="Dotted config overrides, e.g. rollout.format=nvfp4_w4a4 rollout.kv_cache=nvfp4.",
+    )
+    preset = attribute.add_mutually_exclusive_group()
+    preset.add_argument("--config", type=Path, default=None, help="A recipe YAML config.")
+    preset.add_argument(
+        "--preset", choices=("default", *PRESETS), default=None, help="A shipped preset."
+    )
+    attribute.add_argument(
+        "--arm", default=None, help="Take the precision of this experiment arm (default: base)."
+    )
+    attribute.add_argument("--prompts", type=int, default=64, help="Held-out prompts (64).")
+    attribute.add_argument("--seed", type=int, default=0, help="Sampling seed (0).")
+    attribute.add_argument("--top", type=int, default=16, help="Sources printed and plotted.")
+    attribute.add_argument(
+        "--out", type=Path, default=None, help="Output directory (<logger.run_dir>/attribution)."
+    )
+    attribute.add_argument(
+        "--train-warm-start",
+        action="store_true",
+        help="Train the warm start when its cache file is missing (else: the random init).",
+    )
+    attribute.add_argument("--no-plot", action="store_true", help="Skip attribution.png.")
+
+
+def _attribute(args: argparse.Namespace) -> int:
+    import torch
+
+    from nemo_ais.embedded.checkpoint import UnreadableFileError
+    from nemo_ais.embedded.config import load_config, resolve_arm
+    from nemo_ais.embedded.twin_setup import twin_setup
+    from nemo_ais.fp8.attribution import attribute_mismatch, attribution_markdown, write_attribution
+
+    path = args.config or _config_dir() / f"{args.preset or 'default'}.yaml"
+    try:
+        cfg = resolve_arm(load_config(path, args.overrides), args.arm)
+        setup = twin_setup(cfg, args.prompts, train_warm_start=args.train_warm_start)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"nemo-ais attribute: invalid config or arguments ({path}):\n{err}", file=sys.stderr)
+        return 2
+    except UnreadableFileError as err:
+        print(f"nemo-ais attribute: {err}", file=sys.stderr)
+        return 1
+    torch.set_num_threads(cfg.cluster.num_threads_per_rank)  # 1: tiny GEMMs, no spin-waits
+    try:
+        att = attribute_mismatch(
+            setup.model,
+            cfg.precision,
+            setup.ids,
+            setup.mask,
+            max_new_tokens=setup.max_new_tokens,
+            generator=torch.Generator().manual_seed(args.seed),
+            eos_token_id=setup.eos,
+            pad_token_id=setup.pad,
+            temperature=cfg.rollout.temperature,
+            what=setup.what,
+        )
+    except ValueError as err:  # e.g. an in-dim the format cannot block
+        print(f"nemo-ais attribute: {err}", file=sys.stderr)
+        return 1
+    out = args.out or Path(cfg.logger.run_dir) / "attribution"
+    written = write_attribution(att, out, top=args.top, plot=not args.no_plot)
+    print(attribution_markdown(att, top=args.top))
+    print(f"nemo-ais attribute: wrote {', '.join(str(p) for p in written)}")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -283,15 +370,17 @@ def _analyze(args: argparse.Namespace) -> int:
     return 3 if fail and result.alarms else 0
 
 
-_COMMANDS = {"run": _run, "report": _report, "analyze": _analyze}
+_COMMANDS = {"run": _run, "report": _report, "analyze": _analyze, "attribute": _attribute}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nemo-ais`` console script and ``python -m nemo_ais``."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra:  # analyze: key=value overrides may follow the options
-        if args.command != "analyze" or any(e.startswith("-") or "=" not in e for e in extra):
+    if extra:  # analyze, attribute: key=value overrides may follow the options
+        if args.command not in ("analyze", "attribute") or any(
+            e.startswith("-") or "=" not in e for e in extra
+        ):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides += extra
     logging.basicConfig(

@@ -1,0 +1,100 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The twin's default model and batch: the embedded recipe's policy on held-out prompts.
+
+Shared by ``nemo-ais attribute`` and ``benchmarks/bench_fp8_twin.py``: the policy of a
+recipe config (``default.yaml``: the tiny Qwen2, hidden 256, 2 layers) with its
+supervised warm start loaded from ``policy.warm_start.cache_dir`` when the cache file is
+there (or trained, with ``train_warm_start``), else the recipe's random init; and the
+task's first held-out prompts (equal length, no padding).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from nemo_ais.embedded.config import RecipeConfig
+from nemo_ais.embedded.recipe import build_policy
+from nemo_ais.embedded.warmstart import build_task, warm_start, warm_start_path
+
+__all__ = ["TwinSetup", "twin_setup"]
+
+
+class TwinSetup(NamedTuple):
+    """A model and a prompt batch for the twin.
+
+    Attributes:
+        model: the fp32 policy, eval mode.
+        ids, mask: ``[B, P]`` int64 prompts and their attention mask.
+        max_new_tokens: the task's longest response (EOS included).
+        eos, pad: the tokenizer's EOS and pad ids.
+        what: one line describing model and batch (for tables).
+        warm_started: whether the warm-start weights were loaded.
+    """
+
+    model: nn.Module
+    ids: torch.Tensor
+    mask: torch.Tensor
+    max_new_tokens: int
+    eos: int
+    pad: int
+    what: str
+    warm_started: bool
+
+
+def twin_setup(
+    cfg: RecipeConfig,
+    num_prompts: int = 64,
+    *,
+    train_warm_start: bool = False,
+    progress: bool = False,
+) -> TwinSetup:
+    """The policy of ``cfg`` (warm-started if cached, module doc) and its held-out prompts.
+
+    Args:
+        cfg: a validated recipe config (its ``policy``, ``data`` and warm-start cache).
+        num_prompts: prompts taken from the task's held-out set (at most ``data.eval_size``).
+        train_warm_start: train the warm start when its cache file is missing (minutes).
+        progress: show the warm start's progress bar when training it.
+
+    Raises:
+        ValueError: ``num_prompts`` outside ``[1, data.eval_size]``.
+        UnreadableFileError: the warm-start cache file exists but cannot be used.
+    """
+    if not 1 <= num_prompts <= cfg.data.eval_size:
+        raise ValueError(
+            f"num_prompts={num_prompts} is invalid: expected 1 to data.eval_size="
+            f"{cfg.data.eval_size}"
+        )
+    task = build_task(cfg)
+    warm = cfg.policy.warm_start.steps > 0 and (train_warm_start or warm_start_path(cfg).is_file())
+    warm_file = warm_start(cfg, task, progress=progress) if warm else None
+    policy = build_policy(cfg, task, warm_file).eval()
+    ids = task.prompt_ids(task.eval_problems[:num_prompts])
+    m = cfg.policy.model
+    state = "warm-started" if warm else "random init (no warm-start cache)"
+    return TwinSetup(
+        model=policy,
+        ids=ids,
+        mask=torch.ones_like(ids),
+        max_new_tokens=task.max_response_len,
+        eos=task.tokenizer.eos_id,
+        pad=task.tokenizer.pad_id,
+        what=f"embedded Qwen2 (hidden {m.hidden_size}, {m.num_hidden_layers} layers), {state}, "
+        f"{num_prompts} held-out {cfg.data.task} prompts",
+        warm_started=warm,
+    )

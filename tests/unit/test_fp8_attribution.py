@@ -1,0 +1,203 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Mismatch attribution by source (``nemo_ais.fp8.attribution``, ``nemo-ais attribute``).
+
+On tiny random-init HF models built offline: a planted bad layer ranks first; quantizing
+nothing gives exactly zero mismatch and ``format: bf16`` has no source; quantizing
+everything is the twin itself, bit for bit; one module's weights alone equal a twin that
+quantizes only that module; the sources per format and KV cache; MoE experts one source
+per projection; the CLI on the recipe's policy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_fp8_twin import _tiny_moe
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from nemo_ais.cli import main
+from nemo_ais.fp8.attribution import (
+    Source,
+    attribute_mismatch,
+    attribution_markdown,
+    write_attribution,
+)
+from nemo_ais.fp8.twin import RolloutPrecisionConfig, RolloutTwin, logprob_mismatch, score_responses
+
+VOCAB = 128
+PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+W4A4_NVFP4_KV = RolloutPrecisionConfig(format="nvfp4_w4a4", kv_cache="nvfp4")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _tiny(layers=3):
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def _prompts(batch=8, length=12):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :4], ids[0, :4] = 0, 0  # left padding
+    return ids, mask
+
+
+def _attribute(model, config, **kw):
+    ids, mask = _prompts()
+    gen = torch.Generator().manual_seed(0)
+    return attribute_mismatch(model, config, ids, mask, max_new_tokens=10, generator=gen, **kw)
+
+
+@torch.no_grad()
+def _plant_bad_layer(model, layer=1, unit=5):
+    """Layer ``layer``'s down_proj: x20, plus a 1e6 outlier on an intermediate unit that is
+    always 0 (its gate and up rows zeroed), so the BF16 model does not see the outlier
+    while NVFP4's global scale (amax / 2688) puts every other block's E4M3 scale at its
+    2^-9 floor: that weight quantizes to mostly zeros."""
+    mlp = model.model.layers[layer].mlp
+    mlp.gate_proj.weight[unit] = 0.0
+    mlp.up_proj.weight[unit] = 0.0
+    mlp.down_proj.weight.mul_(20.0)
+    mlp.down_proj.weight[0, unit] = 1e6
+    return model
+
+
+def test_a_planted_bad_layer_ranks_first():
+    att = _attribute(_plant_bad_layer(_tiny()), W4A4_NVFP4_KV)
+    planted = Source("weights", 1, "mlp.down_proj")
+    first, second = att.rows[0], att.rows[1]
+    assert first.sources == (planted,), [r.label for r in att.rows[:3]]
+    assert first.alone.mean_abs_delta > 2 * second.alone.mean_abs_delta
+    assert max(att.rows, key=lambda r: r.buys).sources == (planted,)  # BF16 there buys most
+    layers = [g for g in att.groups if g.group == "layer"]
+    modules = [g for g in att.groups if g.group == "module"]
+    assert layers[0].label == "layer 1 (all)" and modules[0].label == "mlp.down_proj (all layers)"
+    # without the plant the same layer is unremarkable: the ranking comes from the plant
+    clean = _attribute(_tiny(), W4A4_NVFP4_KV)
+    clean_alone = next(r.alone for r in clean.rows if r.sources == (planted,))
+    assert first.alone.mean_abs_delta > 3 * clean_alone.mean_abs_delta
+    md = attribution_markdown(att, top=3)
+    assert "| layer 1 mlp.down_proj weights |" in md.split("By source")[1].splitlines()[4]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        W4A4_NVFP4_KV,
+        RolloutPrecisionConfig(format="fp8", kv_cache="fp8"),
+        RolloutPrecisionConfig(format="mxfp8"),
+        RolloutPrecisionConfig(format="nvfp4_w4a16", kv_cache="fp8", attention_in_bf16=True),
+    ],
+    ids=lambda c: f"{c.format}-{c.kv_cache}",
+)
+def test_nothing_quantized_is_zero_and_everything_is_the_twin(config):
+    model, (ids, mask) = _tiny(layers=2), _prompts()
+    twin = RolloutTwin(model, config)
+    out = twin.generate(ids, mask, max_new_tokens=10, generator=torch.Generator().manual_seed(0))
+    resp, rmask = out.response_ids, out.response_mask
+    att = attribute_mismatch(model, config, ids, mask, response_ids=resp, response_mask=rmask)
+    assert att.none == logprob_mismatch(rmask.float(), rmask.float(), rmask)  # exactly 0
+    assert att.none.mean_abs_delta == 0.0 and att.none.n_tok == int(rmask.sum())
+    reference = score_responses(model, ids, mask, resp)
+    fresh = RolloutTwin(model, config)  # calibrates on the same prompts, as attribution's
+    assert att.full == logprob_mismatch(reference, fresh.score(ids, mask, resp), rmask)
+    assert att.full.mean_abs_delta > 1e-4
+    kinds = {s.kind for r in att.rows for s in r.sources}
+    expected = {"weights"}
+    expected |= {"activations"} if config.format != "nvfp4_w4a16" else set()
+    expected |= {"kv_cache"} if config.kv_cache != "bf16" else set()
+    assert kinds == expected
+    modules = {s.module for r in att.rows for s in r.sources if s.kind == "weights"}
+    kept = {"self_attn." + p for p in PROJ[:4]} if config.attention_in_bf16 else set()
+    assert modules == {f"{'self_attn' if p in PROJ[:4] else 'mlp'}.{p}" for p in PROJ} - kept
+    # every source's kept-in-BF16 and alone mismatches are finite and nonnegative
+    assert all(0.0 <= r.alone.mean_abs_delta < 10 for r in (*att.rows, *att.groups))
+
+
+def test_bf16_format_has_no_source_and_zero_mismatch():
+    att = _attribute(_tiny(layers=2), RolloutPrecisionConfig(format="bf16"))
+    assert att.rows == () and att.groups == ()
+    assert att.full.mean_abs_delta == 0.0 == att.none.mean_abs_delta
+    kv_only = _attribute(_tiny(layers=2), RolloutPrecisionConfig(format="bf16", kv_cache="fp8"))
+    assert [r.sources for r in kv_only.rows] in (
+        [(Source("kv_cache", 0, "kv_cache"),), (Source("kv_cache", 1, "kv_cache"),)],
+        [(Source("kv_cache", 1, "kv_cache"),), (Source("kv_cache", 0, "kv_cache"),)],
+    )
+    assert kv_only.full.mean_abs_delta > 0.0
+
+
+def test_one_weight_alone_equals_a_twin_quantizing_only_that_module():
+    """W4A16 (weights only), down_proj (no fused shards): M({W}) == a twin of just it."""
+    model, (ids, mask) = _tiny(layers=2), _prompts()
+    config = RolloutPrecisionConfig(format="nvfp4_w4a16")
+    att = _attribute(model, config)
+    row = next(r for r in att.rows if r.sources == (Source("weights", 1, "mlp.down_proj"),))
+    only = RolloutPrecisionConfig(
+        format="nvfp4_w4a16", keep_patterns=[r"^(?!model\.layers\.1\.mlp\.down_proj$).*$"]
+    )
+    twin = RolloutTwin(model, only)
+    assert twin.quantized_module_names == ("model.layers.1.mlp.down_proj",)
+    out = RolloutTwin(model, config).generate(
+        ids, mask, max_new_tokens=10, generator=torch.Generator().manual_seed(0)
+    )
+    expected = logprob_mismatch(
+        score_responses(model, ids, mask, out.response_ids),
+        twin.score(ids, mask, out.response_ids),
+        out.response_mask,
+    )
+    assert row.alone == expected
+
+
+def test_moe_experts_are_one_source_per_projection():
+    model = _tiny_moe()
+    ids = torch.randint(4, 256, (4, 8), generator=torch.Generator().manual_seed(2))
+    config = RolloutPrecisionConfig(format="nvfp4_w4a16")
+    att = attribute_mismatch(
+        model, config, ids, torch.ones_like(ids), max_new_tokens=4,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    modules = {s.module for r in att.rows for s in r.sources}
+    assert {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"} <= modules
+    assert "mlp.gate" not in modules  # the router stays unquantized
+    assert att.none.mean_abs_delta == 0.0 < att.full.mean_abs_delta
+    experts = next(r for r in att.rows if r.sources[0].module == "mlp.experts.down_proj")
+    assert experts.alone.mean_abs_delta > 0.0
+
+
+def test_write_attribution_and_the_cli(tmp_path, capsys):
+    att = _attribute(_tiny(layers=2), W4A4_NVFP4_KV)
+    written = write_attribution(att, tmp_path / "lib", top=4)
+    assert [p.name for p in written] == ["attribution.md", "attribution.json", "attribution.png"]
+    assert all(p.stat().st_size > 0 for p in written)
+    rows = json.loads(written[1].read_text())["rows"]
+    assert rows[0]["label"] == "all quantized" and len(rows) == 1 + len(att.groups) + len(att.rows)
+    # the CLI on the recipe's policy (no warm-start cache here: the random init), 4 prompts
+    argv = ["attribute", "--preset", "quick", "--prompts", "4", "--no-plot"]
+    argv += ["--out", str(tmp_path / "cli"), f"policy.warm_start.cache_dir={tmp_path}"]
+    assert main([*argv, "rollout.format=nvfp4_w4a16", "rollout.kv_cache=bf16"]) == 0
+    printed = capsys.readouterr().out
+    assert "format nvfp4_w4a16, KV cache bf16" in printed and "random init" in printed
+    assert "| layer 0 self_attn.q_proj weights |" in (tmp_path / "cli/attribution.md").read_text()
+    assert main(["attribute", "--preset", "quick", "rollout.format=fp4"]) == 2
+    assert "rollout.format='fp4' is invalid" in capsys.readouterr().err
+    assert main(["attribute", "--preset", "quick", "--arm", "nope"]) == 2
