@@ -53,7 +53,11 @@ __all__ = [
     "validate_section",
 ]
 
-CorrectionMode = Literal["none", "tis", "icepop", "seq_mask_geo", "ais"]
+CorrectionMode = Literal[
+    "none", "tis", "icepop", "seq_mask_geo", "ais", "seq_tis", "seq_mis", "kl_rs", "m2po"
+]
+# modes whose weight is an importance weight (batch_normalize divides it by its batch mean)
+IS_MODES = ("tis", "icepop", "seq_mask_geo", "ais", "seq_tis", "seq_mis")
 
 # float32 exp() overflows above ~88.7; the clamp bound must stay below that.
 _MAX_LOG_RATIO_CLAMP = 80.0
@@ -80,11 +84,21 @@ class CorrectionConfig(_Section):
     icepop         rho * 1[lo <= rho <= hi]              icepop_min, icepop_max
     seq_mask_geo   rho * 1[lo <= rho_geo,i <= hi]        seq_mask_min, seq_mask_max
     ais            (1 - alpha) + alpha * min(rho, C)     weight_cap + mixer below
+    seq_tis        min(prod_t rho_t, C_seq)              seq_weight_cap
+    seq_mis        prod_t rho_t * 1[lo <= prod <= hi]    seq_mis_min/max, seq_weight_cap
+    kl_rs          1[stat_i <= thr, no vetoed token]     rs_estimator, rs_aggregation,
+                                                         rs_threshold, rs_veto_min_ratio
+    m2po           1[l^2 < q*] (batch-level q*)          m2po_tau
     ============== ===================================== =========================
+
+    Switches: ``batch_normalize`` (IS modes: w / mean of w over the global batch) and
+    ``bypass`` (pi_old := mu: rho = 1, the PPO ratio is pi_theta / mu).
     """
 
     mode: CorrectionMode = Field(
-        "ais", description="Correction mode; one of none, tis, icepop, seq_mask_geo, ais."
+        "ais",
+        description="Correction mode; one of none, tis, icepop, seq_mask_geo, ais, seq_tis, "
+        "seq_mis, kl_rs, m2po.",
     )
     # --- truncation (tis and ais) -------------------------------------------------------
     weight_cap: float = Field(
@@ -106,6 +120,48 @@ class CorrectionConfig(_Section):
     )
     seq_mask_max: float = Field(
         1.002, gt=0.0, description="seq_mask_geo: upper bound of the geometric-mean ratio."
+    )
+    # --- sequence-level IS and rejection (veRL rollout_corr) ----------------------------
+    seq_weight_cap: float = Field(
+        2.0,
+        gt=1.0,
+        description="C_seq: seq_tis / seq_mis weight min(prod_t rho_t, C_seq) (veRL default 2.0).",
+    )
+    seq_mis_min: float = Field(
+        0.5, gt=0.0, description="seq_mis: a sequence is kept iff lo <= prod_t rho_t <= hi."
+    )
+    seq_mis_max: float = Field(2.0, gt=0.0, description="seq_mis: upper bound hi of prod_t rho_t.")
+    rs_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description="kl_rs: per-token KL(mu || pi_old) estimate k1 = -l, k2 = l^2 / 2, "
+        "k3 = rho - 1 - l.",
+    )
+    rs_aggregation: Literal["mean", "max"] = Field(
+        "mean", description="kl_rs: per-sequence statistic abs(mean_t k) or max_t abs(k)."
+    )
+    rs_threshold: float = Field(
+        0.01, gt=0.0, description="kl_rs: a sequence is rejected if its statistic > this."
+    )
+    rs_veto_min_ratio: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="kl_rs: also reject a sequence with any token rho < this (None: no veto).",
+    )
+    m2po_tau: float = Field(
+        0.04,
+        gt=0.0,
+        description="m2po: bound of the batch second moment mean(l^2) of the kept tokens.",
+    )
+    batch_normalize: bool = Field(
+        False,
+        description="IS modes: divide the weights by their global batch mean (token mean, or "
+        "sequence mean for seq_tis / seq_mis).",
+    )
+    bypass: bool = Field(
+        False,
+        description="pi_old := mu (rollout log-probs as prev_logprobs): rho = 1, PPO ratio "
+        "pi_theta / mu.",
     )
     # --- AIS diagnostics [reconstruction] --------------------------------------------------
     seq_weight: Literal["geometric", "product"] = Field(
@@ -150,12 +206,18 @@ class CorrectionConfig(_Section):
         for lo_name, hi_name in (
             ("icepop_min", "icepop_max"),
             ("seq_mask_min", "seq_mask_max"),
+            ("seq_mis_min", "seq_mis_max"),
         ):
             lo, hi = getattr(self, lo_name), getattr(self, hi_name)
             if not lo < hi:
                 raise ValueError(
                     f"{lo_name}={lo} must be < {hi_name}={hi} (the kept interval [lo, hi] is empty)"
                 )
+        if self.batch_normalize and self.mode not in IS_MODES:
+            raise ValueError(
+                f"batch_normalize=True is invalid with mode={self.mode!r}: expected an "
+                f"importance-sampling mode ({', '.join(IS_MODES)})"
+            )
         if self.alpha_min > self.alpha_max:
             raise ValueError(f"alpha_min={self.alpha_min} must be <= alpha_max={self.alpha_max}")
         return self

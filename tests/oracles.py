@@ -52,11 +52,77 @@ def weights(mode, logp_old, logp_rollout, mask, cfg, alpha=None):
                 w = rho_c if cfg.seq_mask_min <= geo <= cfg.seq_mask_max else 0.0
             elif mode == "ais":
                 w = (1 - alpha) + alpha * min(rho, cfg.weight_cap)
+            elif mode in ("seq_tis", "seq_mis"):
+                s_i = sum(ls)  # log prod_t rho_t
+                w = math.exp(min(max(s_i, -cfg.log_ratio_clamp), math.log(cfg.seq_weight_cap)))
+                if mode == "seq_mis" and not (
+                    cfg.seq_mis_min <= math.exp(min(s_i, 700.0)) <= cfg.seq_mis_max
+                ):
+                    w = 0.0
+            elif mode == "kl_rs":
+                w = 1.0 if _kl_rs_kept(ls, cfg) else 0.0
+            elif mode == "m2po":  # alpha carries the batch threshold q*
+                c = cfg.log_ratio_clamp
+                w = 1.0 if min(max(ell, -c), c) ** 2 < alpha else 0.0
             else:
                 raise ValueError(mode)
             row.append(w)
         out.append(row)
     return out
+
+
+def _kl_rs_kept(ls, cfg):
+    """kl_rs: keep a sequence iff its statistic <= threshold and no token is vetoed."""
+    c = cfg.log_ratio_clamp
+    ks = []
+    for ell in ls:
+        lc = min(max(ell, -c), c)
+        ks.append({"k1": -lc, "k2": lc * lc / 2, "k3": math.exp(lc) - 1 - lc}[cfg.rs_estimator])
+    if cfg.rs_aggregation == "mean":
+        stat = abs(sum(ks) / len(ks))
+    else:
+        stat = max(abs(k) for k in ks)
+    veto = cfg.rs_veto_min_ratio is not None and any(
+        ell < math.log(cfg.rs_veto_min_ratio) for ell in ls
+    )
+    return stat <= cfg.rs_threshold and not veto
+
+
+def m2po_bin(q):
+    """Bin of q = l^2: 0 below 1e-6, then half-octaves (bin b >= 1: [1e-6 2^((b-1)/2), ...))."""
+    if q < 1e-6:
+        return 0
+    return min(math.floor(2 * math.log2(q / 1e-6)) + 1, 63)
+
+
+def m2po_threshold(qs, tau):
+    """(q*, masked fraction) by whole bins from the top, as docs/method.md states it."""
+    counts, sums = [0] * 64, [0.0] * 64
+    for q in qs:
+        counts[m2po_bin(q)] += 1
+        sums[m2po_bin(q)] += q
+    n, total = len(qs), math.fsum(qs)
+    threshold = 1e4  # nothing masked
+    for b in range(63, -1, -1):
+        if n <= 0 or total <= tau * n:
+            break
+        if counts[b]:
+            n, total = n - counts[b], total - sums[b]
+            threshold = 0.0 if b == 0 else 1e-6 * 2 ** ((b - 1) / 2)
+    return threshold, (len(qs) - n) / len(qs)
+
+
+def m2po_exact_mask(qs, tau):
+    """AReaL's rule, token by token: drop the largest q until the kept mean is <= tau."""
+    order = sorted(range(len(qs)), key=lambda j: qs[j], reverse=True)
+    kept = set(range(len(qs)))
+    total = math.fsum(qs)
+    for j in order:
+        if not kept or total <= tau * len(kept):
+            break
+        kept.discard(j)
+        total -= qs[j]
+    return [j not in kept for j in range(len(qs))]
 
 
 def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
@@ -94,6 +160,11 @@ def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
             n_seq=0.0,
             n_tok=0.0,
             empty_batch=1.0,
+            w_norm=1.0,
+            m2po_threshold=1e4,
+            mode_frac_masked=0.0,
+            mode_frac_capped=0.0,
+            mode_ess=1.0,
         )
     n_seq = len(big_w)
     ess = min(1.0, sum(big_w) ** 2 / (n_seq * sum(w * w for w in big_w)))
@@ -130,7 +201,40 @@ def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
         n_seq=float(n_seq),
         n_tok=float(n_tok),
         empty_batch=0.0,
+        **_batch_values(logp_old, logp_rollout, mask, cfg, alpha, mean_w, lcs),
     )
+
+
+def _batch_values(logp_old, logp_rollout, mask, cfg, alpha, mean_w, lcs):
+    """w_norm (batch_normalize), the m2po threshold and the mode_* values of the whole batch."""
+    out = dict(w_norm=1.0, m2po_threshold=1e4, mode_frac_masked=0.0, mode_frac_capped=0.0)
+    out["mode_ess"] = 1.0
+    vals = []
+    if cfg.mode not in ("ais", "m2po", "none"):
+        w = weights(cfg.mode, logp_old, logp_rollout, mask, cfg)
+        if cfg.mode in ("seq_tis", "seq_mis"):  # one weight per sequence
+            rows = [(r, mr) for r, mr in zip(w, mask, strict=True) if 1 in mr]
+            vals = [next(x for x, m in zip(r, mr, strict=True) if m == 1) for r, mr in rows]
+        else:
+            pairs = [zip(r, mr, strict=True) for r, mr in zip(w, mask, strict=True)]
+            vals = [x for pair in pairs for x, m in pair if m == 1]
+    if cfg.batch_normalize:
+        if cfg.mode == "ais":
+            out["w_norm"] = (1 - alpha) + alpha * mean_w
+        else:
+            w_norm = math.fsum(vals) / len(vals)
+            out["w_norm"] = w_norm if w_norm > 0 else 1.0
+    if cfg.mode in ("seq_tis", "seq_mis", "kl_rs"):
+        n = len(vals)
+        out["mode_frac_masked"] = sum(1 for x in vals if x == 0) / n
+        if cfg.mode != "kl_rs":
+            out["mode_frac_capped"] = sum(1 for x in vals if x >= cfg.seq_weight_cap) / n
+        sq = math.fsum(x * x for x in vals)
+        out["mode_ess"] = math.fsum(vals) ** 2 / (n * sq) if sq > 0 else 0.0
+    if cfg.mode == "m2po":
+        threshold, frac = m2po_threshold([lc * lc for lc in lcs], cfg.m2po_tau)
+        out.update(m2po_threshold=threshold, mode_frac_masked=frac)
+    return out
 
 
 def _kl_token(theta, ref, pg):
@@ -197,9 +301,15 @@ def clipped_pg_loss(
     logp_ref=None,
     n_tok=None,
     n_seq=None,
+    w_norm=1.0,
 ):
-    """(loss, grad[B][T] w.r.t. logp_theta) of the weighted clipped surrogate (+ KL)."""
+    """(loss, grad[B][T] w.r.t. logp_theta) of the weighted clipped surrogate (+ KL).
+
+    ``alpha``: the mode's batch value (alpha for ais, q* for m2po); ``w_norm``: the
+    batch_normalize divisor; bypass: pass logp_old = logp_rollout.
+    """
     w = weights(cfg.mode, logp_old, logp_rollout, mask, cfg, alpha)
+    w = [[x / w_norm for x in row] for row in w]
     n_tok_local = sum(1 for row in mask for m in row if m == 1)
     n_seq_local = sum(1 for row in mask if any(m == 1 for m in row))
     n_tok = n_tok_local if n_tok is None else n_tok

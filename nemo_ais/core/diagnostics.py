@@ -27,6 +27,14 @@ sums from :mod:`nemo_ais.core.stats`, already reduced over the data-parallel gro
                   alpha_raw = constant_alpha          (mixer=constant)
 6. EMA + clamp    alpha_t = clamp(beta * alpha_{t-1} + (1 - beta) * alpha_raw, alpha_min, alpha_max)
                   beta = ``ema``; the first update (no history) takes alpha_raw.
+7. other modes    (issue 17; from the same reduced vector, so identical on every rank)
+                  w_bar  = sum w_hat / n_w  (batch_normalize: the divisor of the weights;
+                           ais: (1 - alpha) + alpha * w_mean; 1 if every weight is 0)
+                  q*     = m2po threshold: drop whole bins of q = (l^c)^2 from the top until
+                           sum_kept q <= m2po_tau * n_kept (AReaL M2PO, binned)
+                  mode_frac_masked = #{w_hat = 0} / n_w, mode_frac_capped = #{w_i = C_seq} / n_w,
+                  mode_ess = (sum w_hat)^2 / (n_w sum w_hat^2); n_w counts tokens, or
+                  sequences for seq_tis / seq_mis
 
 Also reported: KL(mu || pi_old) on samples from mu, k1 = mean(-l), k3 = mean(exp(l) - 1 - l);
 w_mean, frac_capped, token_mult_prob_error = mean exp|l|, raw_ratio_mean = mean exp(l).
@@ -46,7 +54,8 @@ what was expected). ``group=None`` raises the local error as is, as before.
 
 Globally empty batch (no valid token anywhere): alpha = alpha_raw = 0, empty_batch = 1,
 R = 1, D = 0, CV^2 = 0, k1 = k3 = 0, w_mean = raw_ratio_mean = token_mult_prob_error = 1,
-frac_capped = 0, g_sev = 0, g_rel = g_var = 1; the EMA value is left unchanged (an empty
+frac_capped = 0, g_sev = 0, g_rel = g_var = 1, w_norm = 1, m2po_threshold = 1e4 (nothing
+masked), mode_frac_* = 0, mode_ess = 1; the EMA value is left unchanged (an empty
 batch carries no evidence), its update counter still advances.
 """
 
@@ -64,9 +73,15 @@ from nemo_ais.config import CorrectionConfig, config_type_error, require_config
 from nemo_ais.core import validation
 from nemo_ais.core.stats import (
     BAD_INPUT_SLOTS,
+    M2PO_BINS,
+    M2PO_OFF,
+    MODE_STAT_MODES,
+    NUM_SLOTS,
     AISStats,
     Slot,
     compute_statistics,
+    m2po_bin_lower_edges,
+    num_slots,
     reduce_statistics,
 )
 
@@ -102,6 +117,12 @@ class AISDiagnostics:
     n_seq: float
     n_tok: float
     empty_batch: float
+    # batch-level values of the other modes (identical on every rank, like alpha)
+    w_norm: float = 1.0  # batch_normalize: global mean of the mode's weight (1: off)
+    m2po_threshold: float = M2PO_OFF  # m2po: tokens with l^2 >= q* are masked (1e4: none)
+    mode_frac_masked: float = 0.0  # seq_mis / kl_rs / m2po: fraction whose weight is 0
+    mode_frac_capped: float = 0.0  # seq_tis / seq_mis: fraction of sequences at C_seq
+    mode_ess: float = 1.0  # seq_tis / seq_mis / kl_rs: (sum w)^2 / (n sum w^2)
 
     def as_dict(self) -> dict[str, float]:
         """Field name -> value."""
@@ -192,9 +213,53 @@ def _smooth(alpha_raw: float, config: CorrectionConfig, state: AISState | None) 
 
 
 def _sums(global_stats: AISStats) -> dict[Slot, float]:
-    """The one host sync per global batch: the reduced vector as python floats."""
+    """The one host sync per global batch: the reduced vector as python floats.
+
+    Key ``"tail"``: the slots after the fixed ones (m2po's histogram), a list.
+    """
     values = global_stats.vector.tolist()
-    return {slot: values[slot] for slot in Slot}
+    out = {slot: values[slot] for slot in Slot}
+    out["tail"] = values[NUM_SLOTS:]
+    return out
+
+
+def _m2po_threshold(s, n_tok: float, config: CorrectionConfig) -> tuple[float, float]:
+    """Step 7, m2po: (q*, masked fraction) from the global histogram of q = (l^c)^2.
+
+    Drops whole bins from the top until the kept tokens' mean q is <= tau; q* = the lower
+    edge of the last bin dropped (M2PO_OFF: none dropped).
+
+    Binned, so it may mask up to one bin more than AReaL's exact per-token sort (bins are a
+    factor sqrt 2 wide): the kept second moment is <= tau either way.
+    """
+    counts, sums = s["tail"][:M2PO_BINS], s["tail"][M2PO_BINS:]
+    kept_n, kept_q = n_tok, math.fsum(sums)
+    threshold = M2PO_OFF
+    edges = m2po_bin_lower_edges()
+    for b in reversed(range(M2PO_BINS)):
+        if kept_n <= 0 or kept_q <= config.m2po_tau * kept_n:
+            break
+        if counts[b] > 0:
+            kept_n, kept_q = kept_n - counts[b], kept_q - sums[b]
+            threshold = edges[b]
+    return threshold, (n_tok - kept_n) / n_tok
+
+
+def _mode_values(s, config: CorrectionConfig, alpha: float, w_mean: float) -> dict[str, float]:
+    """Step 7: batch-level values of the modes other than ais, from the same reduced vector."""
+    out = {}
+    n_w, w_sum, w_sq = s[Slot.W_MODE_N], s[Slot.W_MODE_SUM], s[Slot.W_MODE_SQ_SUM]
+    if config.batch_normalize:
+        w_norm = (1 - alpha) + alpha * w_mean if config.mode == "ais" else w_sum / max(n_w, 1)
+        out["w_norm"] = w_norm if w_norm > 0 else 1.0  # every weight 0: nothing to normalise
+    if n_w > 0 and config.mode in MODE_STAT_MODES:
+        out["mode_frac_masked"] = s[Slot.W_MODE_ZERO] / n_w
+        out["mode_frac_capped"] = s[Slot.W_MODE_CAPPED] / n_w
+        out["mode_ess"] = w_sum * w_sum / (n_w * w_sq) if w_sq > 0 else 0.0
+    if config.mode == "m2po":
+        threshold, frac = _m2po_threshold(s, s[Slot.N_TOK], config)
+        out.update(m2po_threshold=threshold, mode_frac_masked=frac)
+    return out
 
 
 def _empty_diagnostics() -> AISDiagnostics:
@@ -237,6 +302,7 @@ def _diagnostics_from_sums(
     g_sev, g_rel, g_var = _gates(severity, ess_seq, cv2, config)  # step 4
     alpha_raw = _MIXERS[config.mixer](g_sev, g_rel, g_var, config)  # step 5
     alpha = _smooth(alpha_raw, config, state)  # step 6
+    w_mean = 1 + s[Slot.W_TOK_DEV_SUM] / n_tok
     return AISDiagnostics(
         alpha=alpha,
         alpha_raw=alpha_raw,
@@ -249,13 +315,14 @@ def _diagnostics_from_sums(
         cv2=cv2,
         kl_k1=-s[Slot.LOG_RHO_SUM] / n_tok,
         kl_k3=(s[Slot.RHO_DEV_SUM] - s[Slot.LOG_RHO_CLAMPED_SUM]) / n_tok,
-        w_mean=1 + s[Slot.W_TOK_DEV_SUM] / n_tok,
+        w_mean=w_mean,
         frac_capped=s[Slot.N_CAPPED] / n_tok,
         token_mult_prob_error=1 + s[Slot.EXP_ABS_DEV_SUM] / n_tok,
         raw_ratio_mean=1 + s[Slot.RHO_DEV_SUM] / n_tok,
         n_seq=s[Slot.N_SEQ],
         n_tok=n_tok,
         empty_batch=0.0,
+        **_mode_values(s, config, alpha, w_mean),  # step 7
     )
 
 
@@ -317,7 +384,7 @@ def _local_statistics(logp_old, logp_rollout, mask, config, group, input_error):
     if group is None:
         raise input_error
     device = logp_old.device if isinstance(logp_old, torch.Tensor) else None
-    return AISStats.from_input_error(input_error, device), input_error
+    return AISStats.from_input_error(input_error, device, num_slots(config)), input_error
 
 
 def _error_text(error: Exception) -> str:
@@ -365,7 +432,7 @@ def _raise_bad_input(s, local_error, logp_old, logp_rollout, mask, group) -> Non
 
 
 def compute_diagnostics(
-    prev_logprobs: torch.Tensor,
+    prev_logprobs: torch.Tensor | None,
     generation_logprobs: torch.Tensor,
     mask: torch.Tensor,
     config: CorrectionConfig,
@@ -380,7 +447,8 @@ def compute_diagnostics(
     the result to every micro-batch's :func:`~nemo_ais.core.loss.clipped_pg_loss`.
 
     Args:
-        prev_logprobs: ``[B, T]`` trainer log-probs pi_old, any float dtype.
+        prev_logprobs: ``[B, T]`` trainer log-probs pi_old, any float dtype. Ignored (may
+            be None) with ``config.bypass``: pi_old := mu.
         generation_logprobs: ``[B, T]`` rollout-engine log-probs mu.
         mask: ``[B, T]`` bool or float in {0, 1} (token_mask x sample_mask).
         config: the ``loss_fn.ais`` section.
@@ -405,6 +473,8 @@ def compute_diagnostics(
     """
     if input_error is None:  # a wrong config type joins the all-reduce flagged, like bad input
         input_error = config_type_error(config, CorrectionConfig, "compute_diagnostics(config)")
+    if input_error is None and config.bypass:  # pi_old := mu
+        prev_logprobs = generation_logprobs
     local_stats, local_error = _local_statistics(  # steps 1-4, never raises with a group
         prev_logprobs, generation_logprobs, mask, config, group, input_error
     )

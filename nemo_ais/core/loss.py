@@ -16,15 +16,21 @@
 Algorithm box (ratio rho = pi_old / mu; r = pi_theta / pi_old; **[reconstruction]** marks
 our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 
+0. bypass            (``bypass=True``) pi_old := mu: prev_logprobs = generation_logprobs, so
+                     rho = 1 and r = pi_theta / mu (veRL / slime / AReaL bypass mode)
 1. validate          shapes / dtypes / devices at once (if step 2 communicates, a failure
                      is flagged in its all-reduce instead, so every rank raises together);
                      values, mask and the global normalisers N_tok / N_seq with ONE fused
                      host sync (a count that is NaN, inf, or below this call's own count
                      is refused)
-2. diagnostics       mode ais without precomputed diagnostics: statistics -> ONE all-reduce
-                     over ``group`` -> alpha  (:func:`~nemo_ais.core.compute_diagnostics`)
+2. diagnostics       mode ais / m2po or batch_normalize without precomputed diagnostics:
+                     statistics -> ONE all-reduce over ``group`` -> alpha, m2po's q*,
+                     batch_normalize's w_bar  (:func:`~nemo_ais.core.compute_diagnostics`)
 3. weight            w_hat_it = WEIGHT_FNS[mode](l_it)                  (detached, 0 where m = 0)
                      ais: w_hat = (1 - alpha) + alpha * min(rho, C)     **[reconstruction]**
+                     seq_tis, seq_mis, kl_rs, m2po: :mod:`nemo_ais.core.weights` (table)
+                     batch_normalize: w_hat / w_bar, w_bar the global batch mean of w_hat
+                     (from step 2's all-reduce, like alpha and m2po's q*)
 4. surrogate         r_it = exp(clamp(log pi_theta - log pi_old, -L, L))
                      clip_loss_it = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
                      dual clip (A < 0): clip_loss_it = min(clip_loss_it, -A c)
@@ -422,7 +428,7 @@ def _ratio_extremes(sur: _Surrogate, m: torch.Tensor, counts: _Counts, pg: PGLos
 
 def clipped_pg_loss(
     curr_logprobs: torch.Tensor,
-    prev_logprobs: torch.Tensor,
+    prev_logprobs: torch.Tensor | None,
     generation_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
@@ -441,7 +447,8 @@ def clipped_pg_loss(
 
     Args:
         curr_logprobs: ``[B, T]`` log pi_theta of the sampled tokens (with grad), any float.
-        prev_logprobs: ``[B, T]`` log pi_old (trainer, start of step); detached.
+        prev_logprobs: ``[B, T]`` log pi_old (trainer, start of step); detached. Ignored
+            (may be None) with ``config.bypass``: pi_old := mu.
         generation_logprobs: ``[B, T]`` log mu (rollout engine); detached.
         advantages: ``[B, T]`` or ``[B]`` (broadcast over T); detached (data, as in NeMo-RL).
         mask: ``[B, T]`` bool or float in {0, 1}: token_mask x sample_mask.
@@ -480,13 +487,16 @@ def clipped_pg_loss(
     require_config(pg, PGLossConfig, "clipped_pg_loss(pg)", optional=True)
     pg = pg if pg is not None else PGLossConfig()
     weight_fn = WEIGHT_FNS[config.mode]
+    if config.bypass:  # pi_old := mu
+        prev_logprobs = generation_logprobs
     named = {
         "curr_logprobs": curr_logprobs,
         "prev_logprobs": prev_logprobs,
         "generation_logprobs": generation_logprobs,
         "reference_logprobs": reference_logprobs,
     }
-    collective = weight_fn.needs_alpha and diagnostics is None and group is not None
+    needs_batch = weight_fn.needs_alpha or config.batch_normalize  # a global-batch value
+    collective = needs_batch and diagnostics is None and group is not None
     input_error = None
     try:
         named = _check_structure(named, mask, pg)  # step 1a
@@ -495,7 +505,7 @@ def clipped_pg_loss(
         if not collective:
             raise
         input_error = err  # step 2 joins the all-reduce flagged; every rank raises there
-    if weight_fn.needs_alpha and diagnostics is None:  # step 2, before any local raise
+    if needs_batch and diagnostics is None:  # step 2, before any local raise
         diagnostics = compute_diagnostics(
             prev_logprobs, generation_logprobs, mask, config, group, state, input_error=input_error
         )
@@ -509,9 +519,14 @@ def clipped_pg_loss(
     counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs)
     if not counts.clean:
         x = _sanitised(*terms, m)
-    alpha = None if diagnostics is None else diagnostics.alpha
+    batch_value = None  # alpha (ais) or q* (m2po) of the global batch
+    if weight_fn.batch_field is not None:
+        batch_value = getattr(diagnostics, weight_fn.batch_field)
     valid = m.bool()
-    w_hat = weight_fn.fn(prev_logprobs, generation_logprobs, valid, config, alpha).to(dtype)  # 3
+    w_hat = weight_fn.fn(prev_logprobs, generation_logprobs, valid, config, batch_value)  # 3
+    w_hat = w_hat.to(dtype)
+    if config.batch_normalize:
+        w_hat = w_hat / diagnostics.w_norm
     sur = _surrogate(x, pg, config.log_ratio_clamp)  # step 4
     kl_tok = None if logp_ref is None else _kl_penalty(x, pg, m)  # step 5
     coef = _coefficients(m, counts, pg.token_level_loss)  # step 6

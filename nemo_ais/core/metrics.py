@@ -105,6 +105,33 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ais/n_seq", "N: sequences with >= 1 valid token (global)", TOKENS, "> 0"),
     MetricSpec("ais/n_tok", "n: valid tokens (global)", TOKENS, "> 0"),
     MetricSpec("ais/empty_batch", "1 if no valid token in the global batch", TOKENS, "0"),
+    MetricSpec(
+        "ais/w_norm",
+        "batch_normalize: global mean of the mode's weight (1 when off)",
+        TOKENS,
+        "~1",
+    ),
+    MetricSpec(
+        "ais/m2po_threshold",
+        "m2po: q*, tokens with l^2 >= q* masked (1e4 when nothing is masked / not m2po)",
+        TOKENS,
+        "> 0",
+    ),
+    MetricSpec(
+        "ais/mode_frac_masked",
+        "seq_mis / kl_rs: sequences / tokens with w_hat = 0; m2po: tokens masked",
+        TOKENS,
+        "[0, 1]; small",
+    ),
+    MetricSpec(
+        "ais/mode_frac_capped", "seq_tis / seq_mis: sequences with w_i = C_seq", TOKENS, "[0, 1]"
+    ),
+    MetricSpec(
+        "ais/mode_ess",
+        "seq_tis / seq_mis / kl_rs: (sum w)^2 / (n sum w^2) of the mode's weight (else 1)",
+        TOKENS,
+        "(0, 1]; > 0.5",
+    ),
 )
 
 

@@ -28,7 +28,19 @@ Algorithm box (``docs/method.md``; **[reconstruction]** of arXiv 2605.13907 wher
    seq_mask_geo  rho * 1[lo <= exp(mean_t l_it) <= hi]        seq_mask_min lo, seq_mask_max hi
    ais           (1 - alpha) + alpha * min(rho, C)            weight_cap C; alpha from the
                  **[reconstruction]**                         diagnostics (one per global batch)
+   seq_tis       min(exp(S_i), C_s),  S_i = sum_t l_it        seq_weight_cap C_s (veRL seq TIS)
+                 = exp(clamp(S_i, -L, log C_s))
+   seq_mis       exp(min(S_i, log C_s)) * 1[log lo <= S_i     seq_mis_min lo, seq_mis_max hi,
+                 <= log hi]                                   seq_weight_cap (veRL seq MIS)
+   kl_rs         1[s_i <= thr] * 1[no token rho < v]          rs_estimator k, rs_aggregation,
+                 s_i = abs(mean_t k(l_it)) or max_t abs(k)    rs_threshold thr, rs_veto_min_ratio
+                 k1 = -l, k2 = l^2 / 2, k3 = rho - 1 - l      v (veRL k1/k2/k3 rejection + veto)
+   m2po          1[(l^c_it)^2 < q*]; q* from the global           m2po_tau; q* from the diagnostics
+                 histogram of l^2 (one per global batch)      (AReaL M2PO, binned: see stats)
    ============= ============================================ ==================================
+
+   ``batch_normalize`` (IS modes, applied in the loss): w_hat / w_bar, w_bar the global
+   mean of w over valid tokens (seq_tis / seq_mis: over sequences), from the diagnostics.
 
 3. w_hat_it = 0 where m_it = 0, so the weight doubles as the weighted mask of the loss.
 
@@ -40,6 +52,7 @@ NeMo-RL's ``seq-mask-tis`` is our ``seq_mask_geo``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -119,21 +132,90 @@ def _w_ais(logp_old, logp_rollout, valid, config, alpha):
     return torch.where(valid, w_hat, torch.zeros((), dtype=dtype, device=w_hat.device))
 
 
+def _seq_log_weight(logp_old, logp_rollout, valid):
+    """S_i = sum_t l_it over valid tokens, ``[B, 1]`` (float64 for float64 input)."""
+    return log_ratio(logp_old, logp_rollout, valid).sum(dim=-1, keepdim=True)
+
+
+def _w_seq_tis(logp_old, logp_rollout, valid, config, alpha):
+    """w_hat_i = min(prod_t rho_t, C_s) = exp(clamp(S_i, -L, log C_s)) (veRL sequence TIS)."""
+    log_w = _seq_log_weight(logp_old, logp_rollout, valid)
+    log_w = log_w.clamp(min=-config.log_ratio_clamp, max=math.log(config.seq_weight_cap))
+    return log_w.exp().mul(valid)
+
+
+def _w_seq_mis(logp_old, logp_rollout, valid, config, alpha):
+    """w_hat_i = min(prod rho, C_s) if lo <= prod_t rho_t <= hi else 0 (veRL sequence MIS)."""
+    log_w = _seq_log_weight(logp_old, logp_rollout, valid)
+    kept = (log_w >= math.log(config.seq_mis_min)) & (log_w <= math.log(config.seq_mis_max))
+    w = log_w.clamp(min=-config.log_ratio_clamp, max=math.log(config.seq_weight_cap)).exp()
+    return w.mul(valid & kept)
+
+
+def _kl_rs_statistic(log_rho, valid, config):
+    """s_i = abs(mean_t k(l_it)) or max_t abs(k(l_it)), ``[B, 1]``."""
+    c = config.log_ratio_clamp
+    ell = log_rho.clamp(min=-c, max=c)
+    k = {
+        "k1": lambda: -ell,
+        "k2": lambda: ell.square() / 2,
+        "k3": lambda: torch.expm1(ell) - ell,
+    }[config.rs_estimator]().mul(valid)
+    if config.rs_aggregation == "max":
+        return k.abs().amax(dim=-1, keepdim=True) if k.shape[-1] > 0 else k.sum(-1, keepdim=True)
+    n = valid.sum(dim=-1, keepdim=True).clamp(min=1)
+    return (k.sum(dim=-1, keepdim=True) / n).abs()
+
+
+def _w_kl_rs(logp_old, logp_rollout, valid, config, alpha):
+    """w_hat_i = 1[s_i <= thr] * 1[no valid token with rho < v] (rejection, no IS weight)."""
+    log_rho = log_ratio(logp_old, logp_rollout, valid)
+    kept = _kl_rs_statistic(log_rho, valid, config) <= config.rs_threshold
+    if config.rs_veto_min_ratio is not None:
+        vetoed = (log_rho < math.log(config.rs_veto_min_ratio)) & valid
+        kept = kept & ~vetoed.any(dim=-1, keepdim=True)
+    return (valid & kept).to(log_rho.dtype)
+
+
+def _w_m2po(logp_old, logp_rollout, valid, config, threshold):
+    """w_hat_it = 1[clamp(l_it, +-L)^2 < q*] (AReaL M2PO, binned).
+
+    q* is the global batch's (the diagnostics' ``m2po_threshold``; 1e4 > L^2: nothing masked).
+    """
+    c = config.log_ratio_clamp
+    log_rho = log_ratio(logp_old, logp_rollout, valid).clamp_(min=-c, max=c)
+    return (valid & (log_rho.square() < threshold)).to(log_rho.dtype)
+
+
 class WeightFn(NamedTuple):
-    """A mode's weight function and whether it needs the mixing coefficient alpha."""
+    """A mode's weight function and the global-batch value it needs (None: none).
+
+    ``batch_field`` names the :class:`~nemo_ais.core.AISDiagnostics` field passed as the
+    function's last argument: ``alpha`` (ais) or ``m2po_threshold`` (m2po).
+    """
 
     fn: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, CorrectionConfig, float | None], torch.Tensor
     ]
-    needs_alpha: bool
+    batch_field: str | None = None
+    seq_level: bool = False  # one weight per sequence (batch_normalize averages over sequences)
+
+    @property
+    def needs_alpha(self) -> bool:
+        """True if the weight needs a value of the global batch (alpha, the m2po threshold)."""
+        return self.batch_field is not None
 
 
 WEIGHT_FNS: dict[str, WeightFn] = {
-    "none": WeightFn(_w_none, needs_alpha=False),
-    "tis": WeightFn(_w_tis, needs_alpha=False),
-    "icepop": WeightFn(_w_icepop, needs_alpha=False),
-    "seq_mask_geo": WeightFn(_w_seq_mask_geo, needs_alpha=False),
-    "ais": WeightFn(_w_ais, needs_alpha=True),
+    "none": WeightFn(_w_none),
+    "tis": WeightFn(_w_tis),
+    "icepop": WeightFn(_w_icepop),
+    "seq_mask_geo": WeightFn(_w_seq_mask_geo),
+    "ais": WeightFn(_w_ais, batch_field="alpha"),
+    "seq_tis": WeightFn(_w_seq_tis, seq_level=True),
+    "seq_mis": WeightFn(_w_seq_mis, seq_level=True),
+    "kl_rs": WeightFn(_w_kl_rs),
+    "m2po": WeightFn(_w_m2po, batch_field="m2po_threshold"),
 }
 
 
@@ -152,7 +234,8 @@ def correction_weights(
         logp_rollout: ``[B, T]`` rollout-engine log-probs (``generation_logprobs``).
         mask: ``[B, T]`` bool or float in {0, 1} (token_mask x sample_mask).
         config: the ``loss_fn.ais`` section.
-        alpha: mixing coefficient (``AISDiagnostics.alpha``); required for mode ``ais``.
+        alpha: the global-batch value of the mode (``WEIGHT_FNS[mode].batch_field`` of the
+            diagnostics): alpha for ``ais``, the threshold q* for ``m2po``; required there.
 
     Returns:
         ``[B, T]`` detached weights, float32 (float64 for float64 input), 0 where mask == 0.

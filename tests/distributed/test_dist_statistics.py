@@ -74,6 +74,16 @@ PG = {
 RTOL = 1e-12
 ATOL = 1e-13
 TIMEOUT_S = 180.0
+# issue 17: every batch-level quantity of the other modes (batch_normalize's w_bar, m2po's
+# threshold q*, the mode_* telemetry) comes from the same single all-reduce as alpha
+BATCH_CONFIGS = {
+    "tis_bn": CorrectionConfig(mode="tis", batch_normalize=True),
+    "ais_bn": CorrectionConfig(mode="ais", batch_normalize=True, severity_scale=4.0),
+    "seq_tis_bn": CorrectionConfig(mode="seq_tis", batch_normalize=True),
+    "seq_mis": CorrectionConfig(mode="seq_mis"),
+    "kl_rs": CorrectionConfig(mode="kl_rs", rs_aggregation="max", rs_veto_min_ratio=0.1),
+    "m2po": CorrectionConfig(mode="m2po", m2po_tau=0.5),
+}
 
 
 def _calls(counter) -> list[dict]:
@@ -163,6 +173,12 @@ def _rank_main(rank: int, world_size: int, specs, empty_specs, seed: int) -> dic
     for mode in ("none", "tis", "icepop", "seq_mask_geo"):  # no alpha: never communicates
         cfg = CorrectionConfig(mode=mode)
         res[f"loss_{mode}"] = _loss_run(x, None, PG["loss_tok"], n_tok, n_seq, group, cfg)
+
+    for name, cfg in BATCH_CONFIGS.items():
+        with count_collectives() as counter:
+            d = compute_diagnostics(x.prev, x.gen, x.mask, cfg, group=group)
+        loss = _loss_run(x, None, PG["loss_tok"], n_tok, n_seq, group, cfg)
+        res[f"batch_{name}"] = {"values": d.as_dict(), "calls": _calls(counter), "loss": loss}
 
     state = AISState()
     alphas, calls = [], []
@@ -424,3 +440,40 @@ def test_bad_value_on_one_rank_raises_on_every_rank(world):
     assert f"bad input on 1 of {n} ranks" in messages[0], messages[0]
     assert "rank 0: prev_logprobs: 1 non-finite" in messages[0], messages[0]
     assert "first at index (0, 2)" in messages[0], messages[0]
+
+
+# ---- batch-level quantities of the other modes (issue 17) -----------------------------------
+
+
+@pytest.mark.parametrize("name", list(BATCH_CONFIGS))
+def test_batch_level_values_identical_on_ranks_and_equal_to_concatenated(world, name):
+    n, results = world
+    cfg = BATCH_CONFIGS[name]
+    values = [r[f"batch_{name}"]["values"] for r in results]
+    assert_same_bits(values, f"{name} diagnostics")
+    for r in results:
+        calls = r[f"batch_{name}"]["calls"]
+        assert [c["name"] for c in calls] == ["all_reduce"], (name, calls)
+        loss_calls = r[f"batch_{name}"]["loss"]["calls"]  # local weights: no collective
+        needs_batch = cfg.mode in ("ais", "m2po") or cfg.batch_normalize
+        assert [c["name"] for c in loss_calls] == ["all_reduce"] * needs_batch, (name, loss_calls)
+    g = _oracle_batch(n)
+    oracle = compute_diagnostics(g.prev, g.gen, g.mask, cfg).as_dict()
+    _assert_dict_close(values[0], oracle, f"{name} vs the concatenated batch")
+    if cfg.batch_normalize:
+        assert oracle["w_norm"] != 1.0  # non-vacuous
+    if cfg.mode == "m2po":
+        assert 0 < oracle["mode_frac_masked"] < 1 and oracle["m2po_threshold"] < 1e4
+    curr = g.curr.clone().requires_grad_(True)
+    want = clipped_pg_loss(
+        curr, g.prev, g.gen, g.adv, g.mask, cfg, pg=PG["loss_tok"], reference_logprobs=g.ref,
+    )  # fmt: skip
+    want.loss.backward()
+    total = math.fsum(r[f"batch_{name}"]["loss"]["loss"] for r in results)
+    assert _close(total, want.loss.item()), (name, total, want.loss.item())
+    grads = []
+    for r, x in zip(results, make_shards(SHARD_SPECS[n], SEED), strict=True):
+        b, t = x.mask.shape
+        grad = torch.tensor(r[f"batch_{name}"]["loss"]["grad"], dtype=torch.float64)
+        grads.append(torch.nn.functional.pad(grad.reshape(b, t), (0, g.mask.shape[1] - t)))
+    torch.testing.assert_close(torch.cat(grads), curr.grad, rtol=RTOL, atol=ATOL)

@@ -24,7 +24,12 @@ PG_PATH = "loss_fn"
 # after validate_section's rewrite ("Input should be" -> "expected").
 CORRECTION_BAD = [
     # mode: Literal choices
-    ("mode", "foo", "expected 'none', 'tis', 'icepop', 'seq_mask_geo' or 'ais'"),
+    (
+        "mode",
+        "foo",
+        "expected 'none', 'tis', 'icepop', 'seq_mask_geo', 'ais', 'seq_tis', 'seq_mis', "
+        "'kl_rs' or 'm2po'",
+    ),
     ("mode", None, "expected 'none'"),
     ("mode", "AIS", "expected 'none'"),  # choices are case-sensitive
     # weight_cap: C > 1 (C <= 1 removes up-weighting)
@@ -83,6 +88,24 @@ CORRECTION_BAD = [
     ("alpha_min", 1.1, "less than or equal to 1"),
     ("alpha_max", -0.1, "greater than or equal to 0"),
     ("alpha_max", 1.1, "less than or equal to 1"),
+    # sequence IS / rejection (issue 17): C_seq > 1, bounds > 0
+    ("seq_weight_cap", 1.0, "greater than 1"),
+    ("seq_weight_cap", math.nan, "finite number"),
+    ("seq_mis_min", 0.0, "greater than 0"),
+    ("seq_mis_max", -2.0, "greater than 0"),
+    # kl_rs: Literal estimator / aggregation, threshold > 0, veto ratio None or in (0, 1)
+    ("rs_estimator", "k4", "expected 'k1', 'k2' or 'k3'"),
+    ("rs_aggregation", "sum", "expected 'mean' or 'max'"),
+    ("rs_threshold", 0.0, "greater than 0"),
+    ("rs_threshold", "small", "valid number"),
+    ("rs_veto_min_ratio", 0.0, "greater than 0"),
+    ("rs_veto_min_ratio", 1.0, "less than 1"),
+    # m2po: tau > 0
+    ("m2po_tau", 0.0, "greater than 0"),
+    ("m2po_tau", math.inf, "finite number"),
+    # switches: booleans
+    ("batch_normalize", "yes", "valid boolean"),
+    ("bypass", 1, "valid boolean"),
 ]
 
 PG_BAD = [

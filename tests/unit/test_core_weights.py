@@ -133,5 +133,5 @@ def test_ais_without_alpha_is_an_error():
 def test_registry_covers_every_mode():
     modes = CorrectionConfig.model_fields["mode"].annotation.__args__
     assert set(WEIGHT_FNS) == set(modes)
-    assert [m for m, f in WEIGHT_FNS.items() if f.needs_alpha] == ["ais"]
+    assert [m for m, f in WEIGHT_FNS.items() if f.needs_alpha] == ["ais", "m2po"]
     assert math.isclose(CorrectionConfig().weight_cap, 2.0)
