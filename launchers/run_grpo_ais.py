@@ -47,8 +47,11 @@ handed to ``setup()`` (only) reports the flag as on when ``loss_fn.ais`` owns th
 correction; the loss itself is built from the user's config (:func:`nemo_rl_view`).
 
 Refused before Ray starts, with the field named: ``data_plane.enabled``,
-``grpo.val_at_start`` with an FP8 KV cache, and (main) a ``policy.generation.refit_transport``
-other than the default with an FP8 rollout or KV cache (:func:`refit_transport_problems`).
+``grpo.val_at_start`` with an FP8 KV cache, (main) a ``policy.generation.refit_transport``
+other than the default with an FP8 rollout or KV cache (:func:`refit_transport_problems`),
+and a rollout format the detected NeMo-RL lacks (NVFP4 W4A4 and MXFP8 on v0.7.0) or a
+real-quant NVFP4 rollout on another refit transport
+(:func:`nemo_ais.preflight.rollout_format_problems`).
 
 Usage (inside NeMo-RL's environment, e.g. ``uv run`` from a NeMo-RL checkout)::
 
@@ -76,7 +79,7 @@ from nemo_ais.nemo_rl.policy_factory import (  # noqa: E402
     make_policy_factory,
     register_ais_workers,
 )
-from nemo_ais.preflight import fp8_kv_refit_problems  # noqa: E402
+from nemo_ais.preflight import fp8_kv_refit_problems, rollout_format_problems  # noqa: E402
 
 __all__ = [
     "ais_worker_fqn",
@@ -324,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     raw = load_config_dict(args.config, overrides)
     ais_cfg = validate_ais(raw)  # before Ray: config errors surface in seconds
     problems = fp8_kv_refit_problems(raw) + refit_transport_problems(raw)
+    problems += rollout_format_problems(raw, version.name)  # NVFP4 W4A4 / MXFP8: main only
     if problems:
         raise ValueError("; ".join(problems))
     print(f"ais_kv_calibration.reduction: {configure_kv_calibration(raw)}")

@@ -31,6 +31,7 @@ imports only :mod:`nemo_ais.config` and :mod:`nemo_ais.alarms` (both torch-free)
 CLI::
 
     python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY]
+                                 [--nemo-rl-version v0.7.0|main]
     python -m nemo_ais.preflight.memory_budget CONFIG [...] [--gpu-gib 80]
 
 (``python -m nemo_ais.nemo_rl.cluster_check`` and ``python -m
@@ -44,10 +45,13 @@ Layout:
   ``config.json`` from a local directory or the HF cache, no download; else the one table
   :data:`MODEL_SHAPES`, saying so).
 * :mod:`.layout`: :class:`ParallelLayout` (trainer and vLLM sizes).
+* :mod:`.nemo_rl_target`: which NeMo-RL the config runs on (``--nemo-rl-version``, else
+  the source at ``NEMO_RL_DIR``, read and never imported) and which rollout formats it has.
 * :mod:`.checks`: the registry and :func:`check_config`; the checks live in
   :mod:`.checks.loss` (``loss_fn.ais``), :mod:`.checks.upstream` (NeMo-RL's unguarded
-  reads, checkpoint rule), :mod:`.checks.parallel` (trainer, batch, vLLM layout) and
-  :mod:`.checks.fp8` (FP8 flags, 128-aligned weight shards).
+  reads, checkpoint rule), :mod:`.checks.parallel` (trainer, batch, vLLM layout),
+  :mod:`.checks.fp8` (FP8 flags, 128-aligned weight shards) and :mod:`.checks.formats`
+  (NVFP4 / MXFP8 rollouts: NeMo-RL version, switches, 16- / 32-aligned input dims).
 * :mod:`.memory_budget`: per-GPU / per-node memory estimate; :mod:`.cli`: the CLI.
 
 **Adding a check is one function.** Write it in the module of its subject (or a new
@@ -81,6 +85,14 @@ from nemo_ais.preflight.checks import (
     check_config,
     validate_config,
 )
+from nemo_ais.preflight.checks.formats import (
+    MXFP8_BLOCK,
+    NVFP4_BLOCK,
+    quantized_linears,
+    rollout_format,
+    rollout_format_problems,
+    supported_versions,
+)
 from nemo_ais.preflight.checks.fp8 import FP8_BLOCK, block_quantized_shards, fp8_kv_refit_problems
 from nemo_ais.preflight.checks.loss import (
     AIS_CONFLICTS,
@@ -105,6 +117,12 @@ from nemo_ais.preflight.model_shapes import (
     find_model_shape,
     resolve_model_shape,
 )
+from nemo_ais.preflight.nemo_rl_target import (
+    NEMO_RL_VERSIONS,
+    ROLLOUT_FORMATS,
+    NeMoRLTarget,
+    resolve_target,
+)
 
 __all__ = [
     "AIS_CONFLICTS",
@@ -112,9 +130,14 @@ __all__ = [
     "ENTRY_POINT_KEYS",
     "FP8_BLOCK",
     "MODEL_SHAPES",
+    "MXFP8_BLOCK",
+    "NEMO_RL_VERSIONS",
+    "NVFP4_BLOCK",
+    "ROLLOUT_FORMATS",
     "CheckResult",
     "Context",
     "ModelShape",
+    "NeMoRLTarget",
     "ParallelLayout",
     "ResolvedShape",
     "Verdict",
@@ -132,7 +155,12 @@ __all__ = [
     "load_config_fallback",
     "main",
     "parallel_layout",
+    "quantized_linears",
     "resolve_model_shape",
+    "resolve_target",
+    "rollout_format",
+    "rollout_format_problems",
     "setup_sees_importance_sampling",
+    "supported_versions",
     "validate_config",
 ]

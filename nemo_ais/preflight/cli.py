@@ -11,7 +11,11 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY]``."""
+"""``python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY] ...``.
+
+``--nemo-rl-version`` (``v0.7.0`` | ``main``): the NeMo-RL the job runs on; absent, the
+source at ``NEMO_RL_DIR`` is read (:mod:`nemo_ais.preflight.nemo_rl_target`).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any
 
 from nemo_ais.preflight.checks import check_config
 from nemo_ais.preflight.loader import get, has, is_mixin, load_config
+from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS
 
 __all__ = ["PROG", "main", "split_args"]
 
@@ -55,6 +60,12 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         "8, ...; repeatable: one line, space-separated); a key that is absent fails",
     )
     parser.add_argument("--quiet", action="store_true", help="print failures only (to stderr)")
+    parser.add_argument(
+        "--nemo-rl-version",
+        choices=NEMO_RL_VERSIONS,
+        help="the NeMo-RL the job runs on, for the rollout formats only some versions have "
+        "(NVFP4 W4A4, MXFP8: main); default: read the source at $NEMO_RL_DIR, else warn",
+    )
     args = parser.parse_args(argv)
     paths, overrides = split_args(args.configs)
     if not paths:
@@ -68,7 +79,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             print(f"{path}: cannot load: {err}", file=sys.stderr)
             n_failed += 1
             continue
-        results = check_config(cfg)
+        results = check_config(cfg, args.nemo_rl_version)
         failed = [r for r in results if r.status == "fail"]
         n_failed += bool(failed)
         if not quiet:

@@ -40,10 +40,13 @@ else the table: :func:`nemo_ais.preflight.resolve_model_shape`) and adds up, per
    (``logprob_batch_size``) holds weights, the optimizer (unless
    ``offload_optimizer_for_logprob``) and its logits; grads are on the host.
 4. vLLM (colocated, weights re-quantized at every refit): its share is
-   ``gpu_memory_utilization`` x ``gpu_gib``; its weights are FP8 (1 B/param + one fp32
-   scale per 128 x 128 block) except embeddings, lm_head, norms, router and the
-   ``num_first/last_layers_in_bf16`` layers (BF16), split by vLLM TP (experts by vLLM EP
-   when set). KV cache = share - weights - :data:`VLLM_RUNTIME_GIB`; K and V per token =
+   ``gpu_memory_utilization`` x ``gpu_gib``; its decoder linears are in the rollout format
+   (block FP8: 1 B/param + one fp32 scale per 128 x 128 block; MXFP8 1 + 1/32 B; NVFP4
+   0.5 + 1/16 B: :data:`~nemo_ais.preflight.checks.formats.WEIGHT_BYTES`) except where the
+   format keeps them BF16 (``num_first/last_layers_in_bf16``, ``real_quant_ignore``,
+   ``quantization_ignored_layer_kws``); embeddings, lm_head, norms and router are BF16;
+   split by vLLM TP (experts by vLLM EP when set). KV cache = share - weights -
+   :data:`VLLM_RUNTIME_GIB`; K and V per token =
    2 x layers x max(nkv / TP, 1) x d x (1 B FP8 | 2 B BF16).
 
 Phases of a colocated step (``grpo.py`` and ``megatron_policy_worker.py`` at v0.7.0):
@@ -73,7 +76,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_ais.preflight.checks.fp8 import FP8_BLOCK
+from nemo_ais.preflight.checks.formats import (
+    WEIGHT_BYTES,
+    kept_in_bf16,
+    quantized_linears,
+    rollout_format,
+)
 from nemo_ais.preflight.cli import split_args
 from nemo_ais.preflight.layout import parallel_layout
 from nemo_ais.preflight.loader import get, is_mixin, load_config
@@ -265,22 +273,18 @@ def logits_gib(cfg: Mapping[str, Any], shape: ModelShape, tokens: float, grad: b
 
 
 def vllm_weights_gib(cfg: Mapping[str, Any], shape: ModelShape) -> float:
-    """One vLLM rank's weights: FP8 linear layers (+ block scales), BF16 elsewhere."""
+    """One vLLM rank's weights: quantized decoder linears (+ scales), BF16 elsewhere."""
     lay = parallel_layout(dict(cfg))
-    vcfg = "policy.generation.vllm_cfg."
-    fp8 = get(cfg, vcfg + "precision") == "fp8"
-    n_bf16 = int(get(cfg, vcfg + "num_first_layers_in_bf16", 0)) + int(
-        get(cfg, vcfg + "num_last_layers_in_bf16", 0)
-    )
-    linear_b = 1.0 + 4.0 / FP8_BLOCK**2 if fp8 else 2.0
-    expert_split = lay.vllm_ep if lay.vllm_ep > 1 else lay.vllm_tp
-    layer_linear = shape.attention_params() / lay.vllm_tp + shape.mlp_params() / lay.vllm_tp
-    layer_linear += shape.expert_params() / expert_split
-    n_fp8 = (shape.num_layers - min(n_bf16, shape.num_layers)) if fp8 else 0
+    per_param = WEIGHT_BYTES[rollout_format(cfg)]
+    bf16 = kept_in_bf16(cfg, shape.num_layers)
+    total = 0.0
+    for lin in quantized_linears(shape, lay.vllm_tp, lay.vllm_ep):
+        for i in range(shape.num_layers):
+            kept = all(bf16(i, name.format(i=i)) for name in lin.names)
+            total += lin.params * (2.0 if kept else per_param)
     n_embed = 1 if shape.tie_word_embeddings else 2
     other = shape.num_layers * shape.replicated_params() + shape.hidden_size
     other += n_embed * shape.embedding_params() / lay.vllm_tp
-    total = n_fp8 * layer_linear * linear_b + (shape.num_layers - n_fp8) * layer_linear * 2.0
     return (total + 2.0 * other) / lay.vllm_pp / GIB
 
 

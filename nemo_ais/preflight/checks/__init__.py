@@ -14,8 +14,9 @@
 """The pre-flight checks, run by :func:`check_config` in registration order.
 
 Output order = registration order: the modules of :data:`RULE_MODULES` in turn
-(:mod:`.loss`, :mod:`.upstream`, :mod:`.parallel`, :mod:`.fp8`), each module's checks in
-definition order. How to add one: the docstring of :mod:`nemo_ais.preflight`.
+(:mod:`.loss`, :mod:`.upstream`, :mod:`.parallel`, :mod:`.fp8`, :mod:`.formats`), each
+module's checks in definition order. How to add one: the docstring of
+:mod:`nemo_ais.preflight`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from nemo_ais.preflight.checks.upstream import MASTER_CONFIG_SECTIONS, missing_s
 from nemo_ais.preflight.layout import parallel_layout
 from nemo_ais.preflight.loader import get, is_mixin
 from nemo_ais.preflight.model_shapes import resolve_model_shape
+from nemo_ais.preflight.nemo_rl_target import resolve_target
 
 __all__ = [
     "CHECKS",
@@ -51,14 +53,23 @@ __all__ = [
     "validate_config",
 ]
 
-RULE_MODULES = ("loss", "upstream", "parallel", "fp8")
+RULE_MODULES = ("loss", "upstream", "parallel", "fp8", "formats")
 """The modules whose checks :func:`check_config` runs, imported (registered) in this order."""
 for _module in RULE_MODULES:
     importlib.import_module(f"{__name__}.{_module}")
 
 
-def check_config(cfg: Mapping[str, Any]) -> list[CheckResult]:
+def check_config(
+    cfg: Mapping[str, Any],
+    nemo_rl_version: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[CheckResult]:
     """Run every registered check on a loaded config; never raises on content.
+
+    ``nemo_rl_version`` (``v0.7.0`` | ``main``) names the NeMo-RL the config will run on;
+    None: the source at ``NEMO_RL_DIR`` in ``environ`` (default ``os.environ``) is read,
+    else the version-dependent checks warn
+    (:func:`~nemo_ais.preflight.nemo_rl_target.resolve_target`).
 
     Arm mixins (``loss_fn.ais``, no ``policy``/``cluster``) get only the checks registered
     with ``mixins=True`` (``loss_fn.ais``). A full config first needs every section of
@@ -82,14 +93,16 @@ def check_config(cfg: Mapping[str, Any]) -> list[CheckResult]:
                 "and no policy/cluster)",
             )
         ]
+    target, how = resolve_target(nemo_rl_version, environ)
     if mixin:
-        return _run(Context(cfg, parallel_layout(cfg), None), mixin=True)
+        return _run(Context(cfg, parallel_layout(cfg), None, target, how), mixin=True)
     found = resolve_model_shape(str(get(cfg, "policy.model_name", "")))
     detail = found.detail
     if found.shape is None:
         detail += ": head, expert and FP8 shard checks skipped (put the model's config.json there)"
     shapes = CheckResult("model_shapes", "ok" if found.ok else "warn", detail)
-    return [shapes, *_run(Context(cfg, parallel_layout(cfg), found.shape), mixin=False)]
+    ctx = Context(cfg, parallel_layout(cfg), found.shape, target, how)
+    return [shapes, *_run(ctx, mixin=False)]
 
 
 def _run(ctx: Context, mixin: bool) -> list[CheckResult]:
@@ -104,13 +117,18 @@ def _run(ctx: Context, mixin: bool) -> list[CheckResult]:
     return results
 
 
-def validate_config(cfg: Mapping[str, Any], source: str = "config") -> list[CheckResult]:
+def validate_config(
+    cfg: Mapping[str, Any],
+    source: str = "config",
+    nemo_rl_version: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[CheckResult]:
     """Run :func:`check_config`; raise one ``ValueError`` listing every failed check.
 
     Raises:
         ValueError: ``"<source>: N check(s) failed:"`` then one ``[FAIL] name: detail`` line each.
     """
-    results = check_config(cfg)
+    results = check_config(cfg, nemo_rl_version, environ)
     failed = [r for r in results if r.status == "fail"]
     if failed:
         lines = "\n".join(f"  {r}" for r in failed)

@@ -11,7 +11,11 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""FP8 rollout: NeMo-RL's FP8 flag rules and vLLM's 128 x 128 block-FP8 weight shards."""
+"""FP8 rollout: NeMo-RL's FP8 flag rules and vLLM's 128 x 128 block-FP8 weight shards.
+
+MXFP8 (``precision: fp8`` + ``is_mx: true``, NeMo-RL main) shares the flag rules but not
+the 128 x 128 tiles: its shards are checked by :mod:`.formats` (``vllm_mxfp8_shards``).
+"""
 
 from __future__ import annotations
 
@@ -93,6 +97,7 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
             problems.append("an FP8 KV cache does not support grpo.async_grpo.enabled=true")
         problems += fp8_kv_refit_problems(ctx.cfg)
     warnings = []
+    is_mx = bool(vllm.get("is_mx", False))
     if precision == "fp8":
         n_bf16 = int(vllm.get("num_first_layers_in_bf16", 0)) + int(
             vllm.get("num_last_layers_in_bf16", 0)
@@ -102,7 +107,7 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
                 f"num_first_layers_in_bf16 + num_last_layers_in_bf16 = {n_bf16} exceeds the "
                 f"model's {ctx.shape.num_layers} layers"
             )
-        if not vllm.get("use_deep_gemm", False):
+        if not vllm.get("use_deep_gemm", False) and not is_mx:  # MXFP8 never uses DeepGEMM
             warnings.append(
                 "policy.generation.vllm_cfg.use_deep_gemm is false: FP8 runs on vLLM's slower "
                 "CUTLASS block-FP8 kernels"
@@ -137,8 +142,12 @@ def block_quantized_shards(shape: ModelShape, tp: int, ep: int) -> dict[str, flo
 
 @check("vllm_fp8_shards", needs_shape=True)
 def check_vllm_fp8_shards(ctx: Context) -> Verdict | None:
-    """With ``precision: fp8`` every per-rank block-quantized dim is a multiple of 128."""
-    if ctx.get("policy.generation.vllm_cfg.precision") != "fp8":
+    """With ``precision: fp8`` every per-rank block-quantized dim is a multiple of 128.
+
+    Not for MXFP8 (``is_mx``): its blocks are 1 x 32 along K (``vllm_mxfp8_shards``).
+    """
+    vllm = ctx.get("policy.generation.vllm_cfg", {})
+    if vllm.get("precision") != "fp8" or vllm.get("is_mx", False):
         return None
     assert ctx.shape is not None  # needs_shape
     lay = ctx.layout

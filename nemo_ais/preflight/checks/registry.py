@@ -29,6 +29,7 @@ from typing import Any, Literal
 from nemo_ais.preflight.layout import ParallelLayout
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape
+from nemo_ais.preflight.nemo_rl_target import NeMoRLTarget
 
 __all__ = ["CHECKS", "Check", "CheckFn", "CheckResult", "Context", "Verdict", "check"]
 
@@ -68,11 +69,13 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Context:
-    """What a check reads: the resolved config, its parallel layout, the model's shapes."""
+    """What a check reads: the config, its parallel layout, the model's shapes, the NeMo-RL."""
 
     cfg: Mapping[str, Any]
     layout: ParallelLayout
     shape: ModelShape | None  # None: unknown model (checks with needs_shape are skipped)
+    nemo_rl: NeMoRLTarget | None = None  # None: the NeMo-RL version is unknown
+    nemo_rl_detail: str = ""  # how the target was found (nemo_rl_target.resolve_target)
 
     def get(self, dotted: str, default: Any = None) -> Any:
         """:func:`nemo_ais.preflight.loader.get` on this config."""

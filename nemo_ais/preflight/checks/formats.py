@@ -1,0 +1,484 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""NVFP4 (W4A16, W4A4) and MXFP8 rollouts with a BF16 trainer: NeMo-RL's switches and shards.
+
+What each needs, read in NeMo-RL v0.7.0 and main (docs/cluster.md, "Low-precision rollout
+formats"):
+
+* **NVFP4, ModelOpt real-quant** (``policy.generation.quant_cfg`` + ``real_quant: true``):
+  NeMo-RL builds vLLM with a ModelOpt NVFP4 ``quantization_config``; every linear not
+  matched by ``real_quant_ignore`` holds ``weight`` uint8 [out, in/2], ``weight_scale``
+  e4m3 [out, in/16] and fp32 global scales (W4A4: ``input_scale`` too). main derives W4A16
+  or W4A4 from the recipe's quantizers (``resolve_nvfp4_real_quant_mode``); v0.7.0 always
+  builds W4A16. NeMo-RL exports packed NVFP4 only from its ModelOpt QAT worker
+  (``MegatronQuantPolicyWorker``, picked by ``policy.quant_cfg``); its BF16 worker streams
+  [out, in] BF16 tensors those parameters cannot take. A BF16 trainer therefore needs
+  nemo_ais's NVFP4 refit (the ``ais_nvfp4_refit`` section, issue 16 item 4), as an FP8
+  rollout uses ``ais_fp8_refit``.
+* **MXFP8** (main: ``vllm_cfg.precision: fp8`` + ``is_mx: true``): main's
+  ``fp8.load_weights`` quantizes the BF16 stream to MXFP8 in the vLLM worker itself.
+
+Divisibility: each quantized linear's input dim per vLLM TP rank (K: q/k/v and gate/up
+take ``hidden``, o_proj ``heads x head_dim / TP``, down_proj ``intermediate / TP``) must
+be a multiple of the format's block along K: 16 for NVFP4, 32 for MXFP8
+(docs/low_precision_formats.md; vLLM rejects ``input_size_per_partition % 16``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from fnmatch import fnmatchcase
+from typing import Any, NamedTuple
+
+from nemo_ais.preflight.checks.registry import Context, Verdict, check
+from nemo_ais.preflight.loader import get
+from nemo_ais.preflight.model_shapes import ModelShape
+from nemo_ais.preflight.nemo_rl_target import (
+    NEMO_RL_VERSIONS,
+    ROLLOUT_FORMATS,
+    NeMoRLTarget,
+    target_from_version,
+)
+
+__all__ = [
+    "MXFP8_BLOCK",
+    "NVFP4_BLOCK",
+    "NVFP4_DEFAULT_IGNORE",
+    "NVFP4_QUANT_CFG_MODES",
+    "WEIGHT_BYTES",
+    "QuantizedLinear",
+    "kept_in_bf16",
+    "quantized_linears",
+    "rollout_format",
+    "rollout_format_problems",
+    "supported_versions",
+]
+
+NVFP4_BLOCK = 16
+"""NVFP4: one E4M3 block scale per 16 consecutive input elements."""
+MXFP8_BLOCK = 32
+"""MXFP8: one UE8M0 block scale per 32 consecutive input elements."""
+WEIGHT_BYTES = {
+    "fp8": 1.0 + 4.0 / 128**2,
+    "mxfp8": 1.0 + 1.0 / MXFP8_BLOCK,
+    "nvfp4_w4a16": 0.5 + 1.0 / NVFP4_BLOCK,
+    "nvfp4_w4a4": 0.5 + 1.0 / NVFP4_BLOCK,
+    "nvfp4": 0.5 + 1.0 / NVFP4_BLOCK,
+    "bf16": 2.0,
+}
+"""Bytes per weight of a quantized linear in vLLM, per :func:`rollout_format`: the values
+and their block scales (fp32 per 128 x 128 tile, one byte per 32 or 16 inputs); NVFP4's
+per-tensor fp32 scales are left out."""
+
+NVFP4_DEFAULT_IGNORE = (
+    "lm_head",
+    "*output_layer*",
+    "*mlp.gate",
+    "*router*",
+    "*block_sparse_moe.gate*",
+    "*self_attention*",
+    "*self_attn*",
+)
+"""NeMo-RL's ``DEFAULT_NVFP4_IGNORE`` (v0.7.0 and main): used when ``real_quant_ignore`` is
+absent; attention and the output layer stay BF16."""
+
+_QUANT_CONFIGS = "examples/modelopt/quant_configs/"
+NVFP4_QUANT_CFG_MODES = {
+    _QUANT_CONFIGS + "nvfp4_a16.yaml": "w4a16",
+    _QUANT_CONFIGS + "nvfp4_a16_mlp_only.yaml": "w4a16",
+    _QUANT_CONFIGS + "nano3_nvfp4_weightonly.yaml": "w4a16",
+    _QUANT_CONFIGS + "nvfp4_experts_weightonly.yaml": "w4a16",
+    _QUANT_CONFIGS + "nano3_nvfp4_default.yaml": "w4a4",
+    _QUANT_CONFIGS + "nvfp4_experts.yaml": "w4a4",
+}
+"""NeMo-RL's ModelOpt recipes (paths relative to its checkout) -> the NVFP4 real-quant
+mode main resolves them to (NVFP4 weights; + NVFP4 inputs = W4A4). Checked against main's
+own resolver in tests/upstream/test_rollout_format_support.py."""
+
+_GEN = "policy.generation"
+_VLLM = "policy.generation.vllm_cfg"
+_SET_VERSION = "set NEMO_RL_DIR to the NeMo-RL checkout or pass --nemo-rl-version"
+
+
+def _nvfp4_mode(cfg: Mapping[str, Any]) -> str | None:
+    """``w4a16`` / ``w4a4`` of the config's real-quant recipe; None if not known offline."""
+    quant_cfg = str(get(cfg, _GEN + ".quant_cfg") or "")
+    return NVFP4_QUANT_CFG_MODES.get(quant_cfg.removeprefix("./"))
+
+
+def rollout_format(cfg: Mapping[str, Any]) -> str:
+    """The vLLM rollout's weight format, from NeMo-RL's switches.
+
+    Returns:
+        ``nvfp4_w4a16`` | ``nvfp4_w4a4`` | ``nvfp4`` (real-quant, recipe mode unknown
+        offline) | ``mxfp8`` | ``fp8`` (128 x 128 block FP8) | ``bf16``.
+    """
+    if get(cfg, _GEN + ".real_quant", False):
+        mode = _nvfp4_mode(cfg)
+        return f"nvfp4_{mode}" if mode else "nvfp4"
+    if get(cfg, _VLLM + ".precision") == "fp8":
+        return "mxfp8" if get(cfg, _VLLM + ".is_mx", False) else "fp8"
+    return "bf16"
+
+
+def supported_versions(cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    """The supported NeMo-RL versions that run the config's rollout format."""
+    support = ROLLOUT_FORMATS.get(rollout_format(cfg))
+    return NEMO_RL_VERSIONS if support is None else support.versions
+
+
+def _selector(cfg: Mapping[str, Any], fmt: str) -> str:
+    """The switches that select ``fmt``, as a reader finds them in the config."""
+    if fmt == "mxfp8":
+        return f"{_VLLM}.is_mx=true"
+    quant_cfg = get(cfg, _GEN + ".quant_cfg")
+    return f"{_GEN}.real_quant=true with {_GEN}.quant_cfg={quant_cfg!r}"
+
+
+_WHAT_INSTEAD = {
+    "nvfp4_w4a4": "v0.7.0 builds a W4A16 vLLM config whatever the recipe says",
+    "mxfp8": "v0.7.0 never reads is_mx and would roll out 128 x 128 block FP8",
+}
+
+
+def _version_problems(cfg: Mapping[str, Any], target: NeMoRLTarget) -> list[str]:
+    fmt = rollout_format(cfg)
+    support = ROLLOUT_FORMATS.get(fmt)
+    if support is None or fmt in target.formats:
+        return []
+    instead = _WHAT_INSTEAD.get(fmt, "it has no such rollout")
+    probe = f"no {support.probe_text!r} in {support.probe_file}"
+    return [
+        f"{_selector(cfg, fmt)} ({support.label}) needs NeMo-RL "
+        f"{' or '.join(support.versions)}; {target.name} lacks it ({probe}; {instead})"
+    ]
+
+
+def _nvfp4_transport_problems(cfg: Mapping[str, Any]) -> list[str]:
+    transport = get(cfg, _GEN + ".refit_transport")
+    if not get(cfg, _GEN + ".real_quant", False) or transport is None:
+        return []
+    return [
+        f"{_GEN}.refit_transport={transport!r} with {_GEN}.real_quant=true is invalid: "
+        f"expected null (nemo_ais's NVFP4 refit runs on the default transport; NeMo-RL "
+        "main's nccl_reshard and sparse transports refuse real_quant)"
+    ]
+
+
+def rollout_format_problems(cfg: Mapping[str, Any], nemo_rl_version: str) -> list[str]:
+    """What the launcher refuses before Ray for this NeMo-RL version (one line each).
+
+    A rollout format the version lacks (:data:`~nemo_ais.preflight.nemo_rl_target.
+    ROLLOUT_FORMATS`), and a real-quant NVFP4 rollout on a non-default refit transport.
+
+    Raises:
+        ValueError: ``nemo_rl_version`` is not a supported version name.
+    """
+    target = target_from_version(nemo_rl_version)
+    return _version_problems(cfg, target) + _nvfp4_transport_problems(cfg)
+
+
+@check("rollout_format")
+def check_rollout_format(ctx: Context) -> Verdict | None:
+    """An NVFP4 / MXFP8 rollout only on a NeMo-RL version that has it (warns if unknown)."""
+    fmt = rollout_format(ctx.cfg)
+    support = ROLLOUT_FORMATS.get(fmt)
+    if support is None:  # bf16, block fp8, or an NVFP4 recipe whose mode is unknown
+        return None
+    runs_on = f"{support.label}: NeMo-RL {', '.join(support.versions)}"
+    if ctx.nemo_rl is None and set(support.versions) == set(NEMO_RL_VERSIONS):
+        return Verdict(detail=f"{runs_on} (every supported version)")
+    if ctx.nemo_rl is None:
+        return Verdict(
+            detail=runs_on,
+            warnings=[
+                f"{_selector(ctx.cfg, fmt)} needs NeMo-RL {' or '.join(support.versions)}; "
+                f"{ctx.nemo_rl_detail}: not checked ({_SET_VERSION})"
+            ],
+        )
+    return Verdict(_version_problems(ctx.cfg, ctx.nemo_rl), f"{runs_on}; {ctx.nemo_rl_detail}")
+
+
+def _real_quant_problems(ctx: Context) -> list[str]:
+    """What NeMo-RL (and a BF16 trainer) need around ``real_quant: true``."""
+    problems = []
+    if not get(ctx.cfg, _GEN + ".quant_cfg"):
+        problems.append(
+            f"{_GEN}.real_quant=true needs {_GEN}.quant_cfg: a ModelOpt NVFP4 recipe, e.g. "
+            f"{_QUANT_CONFIGS}nvfp4_a16.yaml (without it NeMo-RL picks the plain vLLM worker "
+            "and rolls out BF16; main raises 'requires a non-empty quant_cfg')"
+        )
+    if ctx.get(_GEN + ".backend", "vllm") != "vllm":
+        problems.append(f"{_GEN}.real_quant=true needs {_GEN}.backend='vllm'")
+    if ctx.get(_VLLM + ".precision") == "fp8":
+        problems.append(
+            f"{_GEN}.real_quant=true with {_VLLM}.precision='fp8' is invalid: expected "
+            "bfloat16 (NVFP4 replaces the FP8 quantization; both would set vLLM's quantization)"
+        )
+    offload = ctx.get(_GEN + ".real_quant_export_cpu_offload")
+    main_may_run = ctx.nemo_rl is None or "nvfp4_w4a4" in ctx.nemo_rl.formats
+    if main_may_run and not isinstance(offload, bool):
+        problems.append(
+            f"{_GEN}.real_quant_export_cpu_offload={offload!r} is invalid: expected true or "
+            "false (NeMo-RL main's configure_generation_config raises 'must be a boolean'; "
+            "v0.7.0 ignores it)"
+        )
+    problems += _nvfp4_transport_problems(ctx.cfg)
+    refit = ctx.get("ais_nvfp4_refit")
+    if isinstance(refit, Mapping) and refit.get("enabled") is True:
+        problems += _nvfp4_refit_problems(ctx.cfg, refit)
+    else:
+        problems.append(
+            f"ais_nvfp4_refit.enabled is {None if refit is None else refit.get('enabled')!r}: "
+            "expected true with a BF16 trainer (NeMo-RL packs NVFP4 only in its ModelOpt QAT "
+            "worker; its BF16 worker streams [out, in] BF16 weights that vLLM's NVFP4 "
+            "parameters, uint8 [out, in/2] + scales, cannot load: nemo_ais's NVFP4 refit "
+            "quantizes them in the vLLM workers)"
+        )
+    experts = ctx.shape is not None and ctx.shape.num_experts > 0
+    if experts and ctx.layout.vllm_ep > 1:
+        problems.append(
+            f"{_VLLM}.expert_parallel_size={ctx.layout.vllm_ep} with {_GEN}.real_quant=true "
+            "is invalid: expected 1 (NeMo-RL main's fused-MoE real-quant refit needs every "
+            "expert on every vLLM rank)"
+        )
+    return problems
+
+
+def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> list[str]:
+    """The ``ais_nvfp4_refit`` format matches the engine's; W4A4 has its input amax."""
+    problems = []
+    fmt = refit.get("format", "nvfp4_w4a16")  # BlockSyncConfig's default
+    mode = _nvfp4_mode(cfg)
+    if mode is not None and fmt != f"nvfp4_{mode}":
+        problems.append(
+            f"ais_nvfp4_refit.format={fmt!r} is invalid with {_GEN}.quant_cfg="
+            f"{get(cfg, _GEN + '.quant_cfg')!r}: expected 'nvfp4_{mode}' (the refit must "
+            "stream the tensors of the NVFP4 mode vLLM is built in; W4A4 linears also take "
+            "input_scale)"
+        )
+    if fmt == "nvfp4_w4a4" and not refit.get("input_amax_file"):
+        problems.append(
+            f"ais_nvfp4_refit.input_amax_file={refit.get('input_amax_file')!r} is invalid with "
+            "format 'nvfp4_w4a4': expected a JSON file {module or fused group: calibrated "
+            "input amax} (a BF16 trainer has no input quantizer; the refit streams "
+            "input_scale = amax / (6 * 448))"
+        )
+    return problems
+
+
+@check("nvfp4_rollout")
+def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
+    """Real-quant NVFP4: a recipe, BF16 precision, a BF16 trainer, nemo_ais's NVFP4 refit."""
+    real_quant = ctx.get(_GEN + ".real_quant", False)
+    quant_cfg = ctx.get(_GEN + ".quant_cfg")
+    if not real_quant and quant_cfg is None:
+        return None
+    problems, warnings = [], []
+    if ctx.get("policy.quant_cfg") is not None:
+        problems.append(
+            f"policy.quant_cfg={ctx.get('policy.quant_cfg')!r} is invalid: expected null "
+            "(the trainer stays BF16; NeMo-RL's ModelOpt QAT workers are not supported with "
+            "loss_fn.ais)"
+        )
+    if not real_quant:
+        problems.append(
+            f"{_GEN}.quant_cfg={quant_cfg!r} without {_GEN}.real_quant=true selects ModelOpt "
+            "fake-quant rollouts, which load weights folded by NeMo-RL's QAT worker: expected "
+            f"{_GEN}.real_quant=true (NVFP4 kernels) or {_GEN}.quant_cfg=null"
+        )
+        return Verdict(problems)
+    problems += _real_quant_problems(ctx)
+    mode = _nvfp4_mode(ctx.cfg)
+    if mode is None and quant_cfg:
+        warnings.append(
+            f"{_GEN}.quant_cfg={quant_cfg!r} is not one of NeMo-RL's recipes whose NVFP4 mode "
+            "is known offline: main derives W4A16 / W4A4 from its quantizers when the engine "
+            "starts (resolve_nvfp4_real_quant_mode); v0.7.0 always rolls out W4A16"
+        )
+    ignore = ctx.get(_GEN + ".real_quant_ignore")
+    kept = "NeMo-RL's default" if ignore is None else f"{len(ignore)} pattern(s)"
+    return Verdict(
+        problems,
+        f"NVFP4 {(mode or 'mode unknown').upper()} real-quant, BF16 trainer, refit by nemo_ais; "
+        f"real_quant_ignore: {kept}",
+        warnings,
+    )
+
+
+@check("mxfp8_rollout")
+def check_mxfp8_rollout(ctx: Context) -> Verdict | None:
+    """MXFP8: ``precision: fp8``; power-of-two scaling factors not switched off."""
+    if not ctx.get(_VLLM + ".is_mx", False):
+        return None
+    problems = []
+    precision = ctx.get(_VLLM + ".precision")
+    if precision != "fp8":
+        problems.append(
+            f"{_VLLM}.is_mx=true with {_VLLM}.precision={precision!r} is invalid: expected "
+            "'fp8' (NeMo-RL main's init_fp8 raises 'is_mx=True requires precision=fp8')"
+        )
+    for key in ("pow2_weight_scaling_factors", "pow2_activation_scaling_factors"):
+        if ctx.get(f"{_VLLM}.{key}") is False:
+            problems.append(
+                f"{_VLLM}.{key}=false with {_VLLM}.is_mx=true is invalid: expected true "
+                "(MXFP8 scales are powers of two; NeMo-RL main's init_fp8 raises)"
+            )
+    kws = ctx.get(_VLLM + ".quantization_ignored_layer_kws") or []
+    kept = f"BF16 where a name holds {list(kws)}" if kws else "every decoder linear MXFP8"
+    return Verdict(problems, f"MXFP8 (E4M3, one UE8M0 scale per 32), quantized by NeMo-RL; {kept}")
+
+
+class QuantizedLinear(NamedTuple):
+    """One decoder linear of a vLLM TP rank: its HF names and its input dim K per rank."""
+
+    module: str  # "qkv_proj", "o_proj", "gate_up_proj", "down_proj" (experts: "experts ...")
+    names: tuple[str, ...]  # HF module names in layer {i} (a fused vLLM module: its parts)
+    k: float  # input elements per rank (a float when TP does not divide it)
+    formula: str  # how k is computed, with the numbers
+    params: float  # weights per rank in one layer (every expert of the rank)
+
+
+def quantized_linears(shape: ModelShape, tp: int, ep: int) -> list[QuantizedLinear]:
+    """The decoder linears a low-precision format quantizes, with K per vLLM TP rank.
+
+    Column-parallel layers (q/k/v, gate/up) keep K = hidden whole; row-parallel layers
+    split it: o_proj ``heads x head_dim / TP``, down_proj ``intermediate / TP`` (MoE:
+    ``moe_intermediate / TP``, whole per expert with vLLM expert parallelism).
+    """
+    layer, hidden = "model.layers.{i}.", shape.hidden_size
+    q_dim = shape.num_attention_heads * shape.head_dim
+    kv_dim = shape.num_key_value_heads * shape.head_dim
+    linears = [
+        QuantizedLinear(
+            "qkv_proj",
+            tuple(f"{layer}self_attn.{p}_proj" for p in "qkv"),
+            hidden,
+            f"hidden_size = {hidden}",
+            hidden * (q_dim + 2 * kv_dim) / tp,
+        ),
+        QuantizedLinear(
+            "o_proj",
+            (f"{layer}self_attn.o_proj",),
+            q_dim / tp,
+            f"heads x head_dim / TP = {shape.num_attention_heads} x {shape.head_dim} / {tp}",
+            q_dim * hidden / tp,
+        ),
+    ]
+    if shape.num_experts:  # vLLM expert parallelism: whole experts, split over EP ranks
+        expert_tp, split = (1, ep) if ep > 1 else (tp, tp)
+        mlp, inner, n = f"{layer}mlp.experts.0.", shape.moe_intermediate_size, shape.num_experts
+        prefix, what = "experts ", f"moe_intermediate / {'EP: whole' if ep > 1 else 'TP'}"
+    else:
+        expert_tp, split, mlp, inner, n = tp, tp, f"{layer}mlp.", shape.intermediate_size, 1
+        prefix, what = "", "intermediate / TP"
+    linears += [
+        QuantizedLinear(
+            prefix + "gate_up_proj",
+            (f"{mlp}gate_proj", f"{mlp}up_proj"),
+            hidden,
+            f"hidden_size = {hidden}",
+            n * 2 * hidden * inner / split,
+        ),
+        QuantizedLinear(
+            prefix + "down_proj",
+            (f"{mlp}down_proj",),
+            inner / expert_tp,
+            f"{what} = {inner} / {expert_tp}",
+            n * inner * hidden / split,
+        ),
+    ]
+    return linears
+
+
+def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str], bool]:
+    """``(layer, HF module name) -> True`` where the config's rollout keeps a linear BF16.
+
+    NVFP4: ``real_quant_ignore`` (NeMo-RL's default list when absent), globs on the name
+    with or without ``model.``. Block FP8 and MXFP8: ``num_first_layers_in_bf16`` /
+    ``num_last_layers_in_bf16``; MXFP8 also a ``quantization_ignored_layer_kws`` keyword
+    inside the name. BF16 rollout: every linear.
+    """
+    fmt = rollout_format(cfg)
+    if fmt.startswith("nvfp4"):
+        ignore = get(cfg, _GEN + ".real_quant_ignore")
+        patterns = NVFP4_DEFAULT_IGNORE if ignore is None else tuple(ignore)
+        return lambda layer, name: _nvfp4_ignored(name, patterns)
+    if fmt == "bf16":
+        return lambda layer, name: True
+    first = int(get(cfg, _VLLM + ".num_first_layers_in_bf16", 0) or 0)
+    last = int(get(cfg, _VLLM + ".num_last_layers_in_bf16", 0) or 0)
+    keywords = (
+        tuple(get(cfg, _VLLM + ".quantization_ignored_layer_kws") or ()) if fmt == "mxfp8" else ()
+    )
+    return lambda layer, name: (
+        layer < first or layer >= num_layers - last or _mxfp8_ignored(name, keywords)
+    )
+
+
+def _nvfp4_ignored(name: str, patterns: Sequence[str]) -> bool:
+    """NeMo-RL's real_quant_ignore rule: a glob on the name, with or without ``model.``."""
+    return any(fnmatchcase(n, p) for n in (name, name.removeprefix("model.")) for p in patterns)
+
+
+def _mxfp8_ignored(name: str, keywords: Sequence[str]) -> bool:
+    """NeMo-RL's quantization_ignored_layer_kws rule: a keyword inside the name."""
+    return any(kw in name for kw in keywords)
+
+
+def _shard_problems(ctx: Context, block: int, why: str) -> tuple[list[str], list[str]]:
+    """(problems, checked modules): K % block of every linear some layer quantizes."""
+    assert ctx.shape is not None  # needs_shape
+    lay, layers = ctx.layout, range(ctx.shape.num_layers)
+    bf16 = kept_in_bf16(ctx.cfg, ctx.shape.num_layers)
+    problems, checked = [], []
+    for lin in quantized_linears(ctx.shape, lay.vllm_tp, lay.vllm_ep):
+        if all(bf16(i, n.format(i=i)) for n in lin.names for i in layers):
+            continue  # BF16 in every layer: no block constraint
+        checked.append(lin.module)
+        if lin.k != int(lin.k) or int(lin.k) % block:
+            problems.append(
+                f"{_VLLM}.tensor_parallel_size={lay.vllm_tp}: {lin.module} in = {lin.formula} "
+                f"= {lin.k:g} is not divisible by {block}: expected a multiple of {block} per "
+                f"TP rank ({why})"
+            )
+    return problems, checked
+
+
+@check("vllm_nvfp4_shards", needs_shape=True)
+def check_vllm_nvfp4_shards(ctx: Context) -> Verdict | None:
+    """NVFP4: every quantized linear's input dim per vLLM TP rank is a multiple of 16."""
+    if not rollout_format(ctx.cfg).startswith("nvfp4"):
+        return None
+    problems, checked = _shard_problems(
+        ctx, NVFP4_BLOCK, "one E4M3 scale per 16 inputs; vLLM refuses input_size_per_partition % 16"
+    )
+    return Verdict(
+        problems,
+        f"{', '.join(checked) or 'no linear'}: input dims at TP={ctx.layout.vllm_tp} are "
+        f"multiples of {NVFP4_BLOCK}",
+    )
+
+
+@check("vllm_mxfp8_shards", needs_shape=True)
+def check_vllm_mxfp8_shards(ctx: Context) -> Verdict | None:
+    """MXFP8: every quantized linear's input dim per vLLM TP rank is a multiple of 32."""
+    if rollout_format(ctx.cfg) != "mxfp8":
+        return None
+    problems, checked = _shard_problems(ctx, MXFP8_BLOCK, "one UE8M0 scale per 32 inputs")
+    return Verdict(
+        problems,
+        f"{', '.join(checked) or 'no linear'}: input dims at TP={ctx.layout.vllm_tp} are "
+        f"multiples of {MXFP8_BLOCK}",
+    )

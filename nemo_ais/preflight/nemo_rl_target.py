@@ -1,0 +1,155 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Which NeMo-RL a config will run on, and which low-precision rollout formats it has.
+
+The offline check runs where NeMo-RL may not be importable (a login node, no torch), so
+it never imports ``nemo_rl``. It learns the target in this order, and says which:
+
+1. ``--nemo-rl-version v0.7.0|main`` (the CLI) or ``nemo_rl_version=`` (the API; the
+   launcher passes :func:`nemo_ais.nemo_rl.compat.detect`'s answer): the table
+   :data:`ROLLOUT_FORMATS`;
+2. else the ``NEMO_RL_DIR`` environment variable (the launchers require it): the checkout's
+   source is read, never imported. Each format has one probe, a file and a text that only
+   a NeMo-RL supporting it contains (:class:`FormatSupport`); a directory without
+   ``nemo_rl/algorithms/grpo.py`` is not a NeMo-RL checkout and tells nothing;
+3. else unknown: the format checks warn, naming the versions that support the format.
+
+==================== ================= ==========================================================
+format               NeMo-RL           probe (text in the checkout)
+==================== ================= ==========================================================
+``nvfp4_w4a16``      v0.7.0, main      ``def build_vllm_modelopt_nvfp4_config`` in
+                                       ``nemo_rl/modelopt/utils.py``
+``nvfp4_w4a4``       main              ``def resolve_nvfp4_real_quant_mode`` in
+                                       ``nemo_rl/modelopt/utils.py`` (v0.7.0 builds a
+                                       W4A16 vLLM config whatever ``quant_cfg`` says)
+``mxfp8``            main              ``is_mx`` in
+                                       ``nemo_rl/models/generation/vllm/quantization/fp8.py``
+                                       (v0.7.0 never reads it: block FP8 instead)
+==================== ================= ==========================================================
+
+BF16 and block-FP8 rollouts run on both. ``tests/upstream/test_rollout_format_support.py``
+runs every probe on both vendored sources and checks this table against them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "NEMO_RL_VERSIONS",
+    "ROLLOUT_FORMATS",
+    "FormatSupport",
+    "NeMoRLTarget",
+    "resolve_target",
+    "target_from_checkout",
+    "target_from_version",
+]
+
+NEMO_RL_VERSIONS = ("v0.7.0", "main")
+"""The NeMo-RL versions nemo_ais supports (``nemo_ais.nemo_rl.compat.SUPPORTED``'s keys)."""
+
+# A file every NeMo-RL checkout has: without it NEMO_RL_DIR is not one.
+_CHECKOUT_MARKER = "nemo_rl/algorithms/grpo.py"
+
+
+@dataclass(frozen=True)
+class FormatSupport:
+    """One rollout format: its name in messages, the versions that have it, its probe."""
+
+    label: str
+    versions: tuple[str, ...]
+    probe_file: str  # relative to the NeMo-RL checkout
+    probe_text: str  # present in probe_file exactly when the checkout supports the format
+
+
+ROLLOUT_FORMATS: dict[str, FormatSupport] = {
+    "nvfp4_w4a16": FormatSupport(
+        "NVFP4 W4A16 (ModelOpt real-quant) rollout",
+        ("v0.7.0", "main"),
+        "nemo_rl/modelopt/utils.py",
+        "def build_vllm_modelopt_nvfp4_config",
+    ),
+    "nvfp4_w4a4": FormatSupport(
+        "NVFP4 W4A4 (ModelOpt real-quant) rollout",
+        ("main",),
+        "nemo_rl/modelopt/utils.py",
+        "def resolve_nvfp4_real_quant_mode",
+    ),
+    "mxfp8": FormatSupport(
+        "MXFP8 rollout",
+        ("main",),
+        "nemo_rl/models/generation/vllm/quantization/fp8.py",
+        "is_mx",
+    ),
+}
+"""The rollout formats only some supported NeMo-RL versions have (module table)."""
+
+
+@dataclass(frozen=True)
+class NeMoRLTarget:
+    """The NeMo-RL a config is checked against: a name and the formats it supports."""
+
+    name: str  # "NeMo-RL v0.7.0", "NeMo-RL main", or "the NeMo-RL at NEMO_RL_DIR=/path"
+    formats: frozenset[str]  # keys of ROLLOUT_FORMATS
+
+
+def target_from_version(version: str) -> NeMoRLTarget:
+    """The target of a supported version name, from :data:`ROLLOUT_FORMATS`.
+
+    Raises:
+        ValueError: ``version`` is not one of :data:`NEMO_RL_VERSIONS`.
+    """
+    if version not in NEMO_RL_VERSIONS:
+        raise ValueError(
+            f"--nemo-rl-version={version!r} is invalid: expected one of {list(NEMO_RL_VERSIONS)}"
+        )
+    formats = frozenset(k for k, f in ROLLOUT_FORMATS.items() if version in f.versions)
+    return NeMoRLTarget(f"NeMo-RL {version}", formats)
+
+
+def target_from_checkout(path: str | Path) -> NeMoRLTarget | None:
+    """The formats a NeMo-RL checkout supports, by reading its source; None if not one."""
+    root = Path(path).expanduser()
+    if not (root / _CHECKOUT_MARKER).is_file():
+        return None
+    formats = set()
+    for key, support in ROLLOUT_FORMATS.items():
+        probe = root / support.probe_file
+        if probe.is_file() and support.probe_text in probe.read_text(errors="replace"):
+            formats.add(key)
+    return NeMoRLTarget(f"the NeMo-RL at NEMO_RL_DIR={root}", frozenset(formats))
+
+
+def resolve_target(
+    version: str | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[NeMoRLTarget | None, str]:
+    """(target, how it was found): ``version``, else ``NEMO_RL_DIR``'s source, else None.
+
+    Raises:
+        ValueError: ``version`` is given and unknown (see :func:`target_from_version`).
+    """
+    if version is not None:
+        return target_from_version(version), f"checked against NeMo-RL {version} (given)"
+    env = os.environ if environ is None else environ
+    checkout = env.get("NEMO_RL_DIR")
+    if not checkout:
+        return None, "NeMo-RL version unknown (NEMO_RL_DIR unset, no --nemo-rl-version)"
+    target = target_from_checkout(checkout)
+    if target is None:
+        why = f"NEMO_RL_DIR={checkout} has no {_CHECKOUT_MARKER}"
+        return None, f"NeMo-RL version unknown ({why})"
+    return target, f"checked against {target.name} (its source)"
