@@ -3,6 +3,11 @@
 
 ``from shipped_configs import CONFIG_DIR, FULL_CONFIGS, flat, launcher`` (``tests/`` is on
 ``sys.path`` under pytest's default import mode, as for ``oracles``).
+
+``RUNS_ON[path]``: the NeMo-RL versions that run a full config's rollout format
+(``nemo_ais.preflight.supported_versions``: NVFP4 W4A4 and MXFP8 need main).
+``configs_for(version)``: the full configs that version runs; the others are refused by
+the launcher before Ray (``tests/upstream/test_setup_real.py``).
 """
 
 from __future__ import annotations
@@ -12,13 +17,20 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from nemo_ais.preflight import is_mixin, load_config
+from nemo_ais.preflight import is_mixin, load_config, supported_versions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "nemo_rl"
 LAUNCHER = REPO_ROOT / "launchers" / "run_grpo_ais.py"
+_LOADED = {p: load_config(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))}
 # every full config (arm mixins, which hold only loss_fn.ais, excluded)
-FULL_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not is_mixin(load_config(p)))
+FULL_CONFIGS = [p for p, cfg in _LOADED.items() if not is_mixin(cfg)]
+RUNS_ON = {p: supported_versions(_LOADED[p]) for p in FULL_CONFIGS}
+
+
+def configs_for(version: str) -> list[Path]:
+    """The full configs NeMo-RL ``version`` (``v0.7.0`` | ``main``) runs, sorted."""
+    return [p for p in FULL_CONFIGS if version in RUNS_ON[p]]
 
 
 def launcher() -> ModuleType:

@@ -26,6 +26,14 @@ QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"
 MOE = CONFIG_DIR / "qwen3_30b_a3b_2n8g_fp8_ep8.yaml"
 LLAMA = CONFIG_DIR / "llama3.1_8b_2n8g_fp8_pp2.yaml"
 SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+# The low-precision rollout formats on Qwen3-8B (arms/nvfp4_w4a16, nvfp4_w4a4, mxfp8)
+W4A16 = CONFIG_DIR / "experiments" / "qwen3_8b_nvfp4_w4a16_ais.yaml"
+W4A4 = CONFIG_DIR / "experiments" / "qwen3_8b_nvfp4_w4a4_ais.yaml"
+MXFP8 = CONFIG_DIR / "experiments" / "qwen3_8b_mxfp8_ais.yaml"
+FORMATS = {"nvfp4_w4a16": W4A16, "nvfp4_w4a4": W4A4, "mxfp8": MXFP8}
+# Qwen3-30B-A3B's experts (moe_intermediate 768) on a dense config: 768 / 16 = 48 is not a
+# multiple of 32 (MXFP8) and 768 / 32 = 24 not of 16 (NVFP4), at TPs that split its heads.
+MOE_MODEL = "policy.model_name=Qwen/Qwen3-30B-A3B"
 # the smoke config on NeMo-RL's DTensor trainer (no FP8 KV cache: that needs Megatron)
 DTENSOR = (
     "policy.megatron_cfg.enabled=false",
@@ -56,8 +64,10 @@ def test_config_tree_is_complete():
         assert f"arms/{arm}.yaml" in names
         assert f"experiments/qwen3_8b_{arm}.yaml" in names
         assert f"experiments/smoke_{arm}.yaml" in names
-    for path in (BASE, QWEN8B, MOE, LLAMA, SMOKE):
+    for path in (BASE, QWEN8B, MOE, LLAMA, SMOKE, *FORMATS.values()):
         assert path.is_file()
+    for arm in FORMATS:
+        assert f"arms/{arm}.yaml" in names
 
 
 @pytest.mark.parametrize("path", ALL_YAML, ids=_rel)
@@ -67,7 +77,8 @@ def test_every_yaml_loads_and_passes_checks(path):
     leaves = flat(cfg)
     unresolved = [k for k, v in leaves.items() if isinstance(v, str) and "${" in v]
     assert not unresolved, f"{_rel(path)}: unresolved interpolations {unresolved}"
-    results = pf.validate_config(cfg, _rel(path))  # raises on any failed check
+    # every shipped config runs on NeMo-RL main (v0.7.0: test_main_only_formats_fail_...)
+    results = pf.validate_config(cfg, _rel(path), nemo_rl_version="main")  # raises on a failure
     names = {r.name for r in results}
     if pf.is_mixin(cfg):
         assert _rel(path).startswith("arms/")
@@ -182,6 +193,101 @@ def test_arms_differ_only_in_rollout_precision_and_correction_mode(prefix):
         assert leaves["loss_fn.ais.mode"] == modes[arm]
     names = {leaves["logger.wandb.name"] for leaves in arms.values()}
     assert len(names) == 4  # separate log / checkpoint directories per arm
+
+
+# The rollout-format keys each format arm sets on top of its model config (the AIS arm)
+_FORMAT_KEYS = {
+    "nvfp4_w4a16": {
+        "policy.generation.quant_cfg",
+        "policy.generation.real_quant",
+        "policy.generation.real_quant_export_cpu_offload",
+        "policy.generation.real_quant_ignore",
+        "policy.generation.vllm_cfg.precision",
+        "policy.generation.vllm_cfg.kv_cache_dtype",
+        "policy.generation.vllm_cfg.use_deep_gemm",
+        "ais_fp8_refit.enabled",  # precision bfloat16: no block-FP8 refit
+        "ais_nvfp4_refit.enabled",  # nemo_ais's NVFP4 refit of the BF16 trainer's weights
+    },
+    "mxfp8": {
+        "policy.generation.vllm_cfg.is_mx",
+        "policy.generation.vllm_cfg.kv_cache_dtype",
+        "policy.generation.vllm_cfg.use_deep_gemm",
+        "policy.generation.vllm_cfg.pow2_weight_scaling_factors",
+        "policy.generation.vllm_cfg.pow2_activation_scaling_factors",
+        "policy.generation.vllm_cfg.quantization_ignored_layer_kws",
+    },
+}
+_FORMAT_KEYS["nvfp4_w4a4"] = _FORMAT_KEYS["nvfp4_w4a16"] | {
+    "ais_nvfp4_refit.format",  # nvfp4_w4a4: the refit streams input_scale too
+    "ais_nvfp4_refit.input_amax_file",  # Qwen3-8B's static input amaxes (the experiment's)
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_format_arms_differ_from_the_fp8_ais_arm_only_in_rollout_format_keys(fmt):
+    ref = flat(_load(CONFIG_DIR / "experiments" / "qwen3_8b_fp8_ais.yaml"))
+    leaves = flat(_load(FORMATS[fmt]))
+    diff = {k for k in ref.keys() | leaves.keys() if ref.get(k, "<absent>") != leaves.get(k)}
+    assert diff - _RUN_NAME_KEYS == _FORMAT_KEYS[fmt]
+    assert leaves["loss_fn.ais.mode"] == "ais"
+    assert leaves["policy.megatron_cfg.enabled"] is True  # a BF16 Megatron trainer
+    assert leaves["policy.megatron_cfg.fp8_cfg.enabled"] is False
+    assert pf.rollout_format(_load(FORMATS[fmt])) == fmt
+    assert leaves["policy.generation.vllm_cfg.kv_cache_dtype"] == "auto"  # weights only
+
+
+@pytest.mark.parametrize(
+    ("path", "refused"),
+    [(p, _rel(p) in {"experiments/qwen3_8b_nvfp4_w4a4_ais.yaml",
+                     "experiments/qwen3_8b_mxfp8_ais.yaml"}) for p in ALL_YAML],
+    ids=lambda x: _rel(x) if isinstance(x, Path) else "",
+)  # fmt: skip
+def test_main_only_formats_fail_on_v0_7_0_naming_the_switch(path, refused):
+    cfg = _load(path)
+    failed = {r.name: r.detail for r in pf.check_config(cfg, "v0.7.0") if r.status == "fail"}
+    if not refused:
+        assert not failed, failed
+        return
+    assert set(failed) == {"rollout_format"}
+    switch = (
+        "policy.generation.vllm_cfg.is_mx=true (MXFP8 rollout)"
+        if "mxfp8" in path.name
+        else "policy.generation.real_quant=true with policy.generation.quant_cfg="
+        "'examples/modelopt/quant_configs/nano3_nvfp4_default.yaml' (NVFP4 W4A4"
+    )
+    assert switch in failed["rollout_format"]
+    assert "needs NeMo-RL main; NeMo-RL v0.7.0 lacks it" in failed["rollout_format"]
+    # the launcher's refusal (before Ray) is the same line
+    assert pf.rollout_format_problems(cfg, "v0.7.0") == [failed["rollout_format"]]
+    assert pf.rollout_format_problems(cfg, "main") == []
+
+
+def test_unknown_nemo_rl_version_warns_only_for_formats_some_versions_lack():
+    env = {}  # no NEMO_RL_DIR, no --nemo-rl-version
+    for fmt, path in FORMATS.items():
+        results = [
+            r for r in pf.check_config(_load(path), environ=env) if r.name == "rollout_format"
+        ]
+        statuses = [r.status for r in results]
+        assert statuses == (["ok"] if fmt == "nvfp4_w4a16" else ["ok", "warn"]), results
+        if fmt != "nvfp4_w4a16":
+            assert "needs NeMo-RL main; NeMo-RL version unknown (NEMO_RL_DIR unset" in (
+                results[1].detail
+            )
+    # not a NeMo-RL checkout: nothing is learned from it
+    results = pf.check_config(_load(MXFP8), environ={"NEMO_RL_DIR": str(CONFIG_DIR)})
+    (warn,) = [r for r in results if r.status == "warn"]
+    assert "has no nemo_rl/algorithms/grpo.py" in warn.detail
+    with pytest.raises(ValueError, match=r"--nemo-rl-version='v0\.6' is invalid: expected one of"):
+        pf.check_config(_load(MXFP8), "v0.6")
+
+
+def test_cli_takes_the_nemo_rl_version(capsys):
+    assert pf.main(["--nemo-rl-version", "v0.7.0", "--quiet", str(MXFP8)]) == 1
+    assert "[FAIL] rollout_format: policy.generation.vllm_cfg.is_mx=true" in (
+        capsys.readouterr().err
+    )
+    assert pf.main(["--nemo-rl-version", "main", "--quiet", str(MXFP8), str(W4A4)]) == 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -414,6 +520,118 @@ BROKEN = [
         "checkpointing.model_save_format='safetensors' is invalid without "
         "policy.dtensor_cfg._v2=true: expected null",
     ),
+    # Low-precision rollout formats: a vLLM TP whose shards break the format's block along K
+    # (a model whose expert down_proj splits below it; Qwen3-8B never does at a legal TP)...
+    (
+        MXFP8,
+        [MOE_MODEL, "policy.generation.vllm_cfg.tensor_parallel_size=16"],
+        "vllm_mxfp8_shards",
+        "policy.generation.vllm_cfg.tensor_parallel_size=16: experts down_proj in = "
+        "moe_intermediate / TP = 768 / 16 = 48 is not divisible by 32: expected a multiple of "
+        "32 per TP rank",
+    ),
+    (
+        W4A16,
+        [MOE_MODEL, "cluster.num_nodes=4", "policy.generation.vllm_cfg.tensor_parallel_size=32"],
+        "vllm_nvfp4_shards",
+        "policy.generation.vllm_cfg.tensor_parallel_size=32: experts down_proj in = "
+        "moe_intermediate / TP = 768 / 32 = 24 is not divisible by 16: expected a multiple of "
+        "16 per TP rank",
+    ),
+    (
+        W4A4,
+        [MOE_MODEL, "cluster.num_nodes=4", "policy.generation.vllm_cfg.tensor_parallel_size=32"],
+        "vllm_nvfp4_shards",
+        "experts down_proj in = moe_intermediate / TP = 768 / 32 = 24 is not divisible by 16",
+    ),
+    # ...NeMo-RL's switches for each format, as its source reads them...
+    (
+        MXFP8,
+        ["policy.generation.vllm_cfg.pow2_weight_scaling_factors=false"],
+        "mxfp8_rollout",
+        "policy.generation.vllm_cfg.pow2_weight_scaling_factors=false with "
+        "policy.generation.vllm_cfg.is_mx=true is invalid: expected true",
+    ),
+    (
+        MXFP8,
+        ["policy.generation.vllm_cfg.precision=bfloat16"],
+        "mxfp8_rollout",
+        "policy.generation.vllm_cfg.is_mx=true with policy.generation.vllm_cfg.precision="
+        "'bfloat16' is invalid: expected 'fp8'",
+    ),
+    (
+        W4A16,
+        ["policy.generation.vllm_cfg.precision=fp8"],
+        "nvfp4_rollout",
+        "policy.generation.real_quant=true with policy.generation.vllm_cfg.precision='fp8' is "
+        "invalid: expected bfloat16",
+    ),
+    (
+        W4A16,
+        ["policy.generation.quant_cfg=null"],
+        "nvfp4_rollout",
+        "policy.generation.real_quant=true needs policy.generation.quant_cfg",
+    ),
+    (
+        W4A16,
+        ["policy.generation.real_quant=false"],
+        "nvfp4_rollout",
+        "without policy.generation.real_quant=true selects ModelOpt fake-quant rollouts",
+    ),
+    (
+        W4A4,
+        ["~policy.generation.real_quant_export_cpu_offload"],
+        "nvfp4_rollout",
+        "policy.generation.real_quant_export_cpu_offload=None is invalid: expected true or false",
+    ),
+    (
+        W4A16,
+        ["+policy.generation.refit_transport=nccl_reshard"],
+        "nvfp4_rollout",
+        "policy.generation.refit_transport='nccl_reshard' with policy.generation.real_quant=true "
+        "is invalid: expected null",
+    ),
+    (
+        W4A16,
+        ["+policy.quant_cfg=examples/modelopt/quant_configs/nvfp4_a16.yaml"],
+        "nvfp4_rollout",
+        "policy.quant_cfg='examples/modelopt/quant_configs/nvfp4_a16.yaml' is invalid: "
+        "expected null (the trainer stays BF16",
+    ),
+    # ...and the refit a BF16 trainer needs: upstream cannot load BF16 into NVFP4 parameters
+    (
+        W4A16,
+        ["ais_nvfp4_refit.enabled=false"],
+        "nvfp4_rollout",
+        "ais_nvfp4_refit.enabled is False: expected true with a BF16 trainer",
+    ),
+    (
+        W4A4,
+        ["~ais_nvfp4_refit"],
+        "nvfp4_rollout",
+        "ais_nvfp4_refit.enabled is None: expected true with a BF16 trainer",
+    ),
+    (
+        W4A4,
+        ["~ais_nvfp4_refit.format"],
+        "nvfp4_rollout",
+        "ais_nvfp4_refit.format='nvfp4_w4a16' is invalid with policy.generation.quant_cfg="
+        "'examples/modelopt/quant_configs/nano3_nvfp4_default.yaml': expected 'nvfp4_w4a4'",
+    ),
+    (
+        W4A16,
+        ["+ais_nvfp4_refit.format=nvfp4_w4a4", "+ais_nvfp4_refit.input_amax_file=amax.json"],
+        "nvfp4_rollout",
+        "ais_nvfp4_refit.format='nvfp4_w4a4' is invalid with policy.generation.quant_cfg="
+        "'examples/modelopt/quant_configs/nvfp4_a16.yaml': expected 'nvfp4_w4a16'",
+    ),
+    (
+        W4A4,
+        ["ais_nvfp4_refit.input_amax_file=null"],
+        "nvfp4_rollout",
+        "ais_nvfp4_refit.input_amax_file=None is invalid with format 'nvfp4_w4a4': expected a "
+        "JSON file",
+    ),
 ]
 
 
@@ -470,10 +688,28 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
         (SMOKE, ["~loss_fn.ais", "loss_fn.use_importance_sampling_correction=true"]),
         # async GRPO as upstream runs it: async engine, BF16 KV cache, a correction
         (SMOKE, [*ASYNC_BF16_KV, "policy.generation.vllm_cfg.async_engine=true"]),
+        # MXFP8 blocks are 1 x 32, not 128 x 128: intermediate / 4 = 2240 = 70 x 32 is fine
+        # (vllm_fp8_shards fails the block-FP8 smoke config on the same shard, BROKEN above)
+        (
+            MXFP8,
+            [
+                "policy.model_name=Qwen/Qwen2.5-1.5B",
+                "policy.generation.vllm_cfg.tensor_parallel_size=4",
+            ],
+        ),
+        # vLLM TP 8 on Qwen3-8B: o_proj 512 and down_proj 1536 in, multiples of 16 and 32
+        (MXFP8, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
+        (W4A16, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
+        (W4A4, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
+        # NVFP4 with the MoE at TP 16: 768 / 16 = 48 = 3 x 16 (MXFP8 fails there, BROKEN)
+        (
+            W4A16,
+            [MOE_MODEL, "policy.generation.vllm_cfg.tensor_parallel_size=16"],
+        ),
     ],
 )
 def test_legal_variants_pass(path, overrides):
-    pf.validate_config(_load(path, overrides))
+    pf.validate_config(_load(path, overrides), nemo_rl_version="main")
 
 
 def test_unknown_model_warns_and_skips_shape_checks(hf_cache):
@@ -771,3 +1007,91 @@ def test_a_new_check_is_one_decorated_function():
             pf.check("nvfp4_demo")(check_nvfp4_demo)
     finally:
         pf.CHECKS.pop("nvfp4_demo")
+
+
+# ---------------------------------------------------------------------------------------
+# NVFP4 / MXFP8 shards: what each format quantizes, and K per vLLM TP rank
+# ---------------------------------------------------------------------------------------
+
+
+def test_quantized_linears_hand_worked_qwen3_8b_at_tp2():
+    shape = pf.MODEL_SHAPES["qwen3-8b"]  # hidden 4096, 32 q / 8 kv heads x 128, I = 12288
+    got = {lin.module: (lin.k, lin.params) for lin in pf.quantized_linears(shape, 2, 1)}
+    assert got == {
+        "qkv_proj": (4096, 4096 * (4096 + 2 * 1024) / 2),  # K = hidden (column-parallel)
+        "o_proj": (2048, 4096 * 4096 / 2),  # K = 32 x 128 / 2
+        "gate_up_proj": (4096, 2 * 4096 * 12288 / 2),
+        "down_proj": (6144, 12288 * 4096 / 2),  # K = 12288 / 2
+    }
+    moe = pf.MODEL_SHAPES["qwen3-30b-a3b"]  # 128 experts of 768; with vLLM EP 4 kept whole
+    experts = {lin.module: lin.k for lin in pf.quantized_linears(moe, 4, 4)}
+    assert experts["experts down_proj"] == 768
+    assert {lin.module: lin.k for lin in pf.quantized_linears(moe, 4, 1)}[
+        "experts down_proj"
+    ] == 192
+
+
+def _local_model(tmp_path: Path, **config) -> str:
+    base = dict(model_type="llama", hidden_size=1024, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=8, head_dim=128,
+                intermediate_size=2816, vocab_size=32000)  # fmt: skip
+    path = _write(tmp_path / "ckpt" / "tiny" / "config.json", json.dumps({**base, **config}))
+    return str(path.parent)
+
+
+def _failed(cfg: dict) -> dict[str, str]:
+    return {r.name: r.detail for r in pf.check_config(cfg, "main") if r.status == "fail"}
+
+
+def test_a_hidden_size_off_the_block_fails_gate_up_in_every_format(tmp_path):
+    model = _local_model(tmp_path, hidden_size=1000)  # 1000 = 62 x 16 + 8 = 31 x 32 + 8
+    for path, check, block in ((W4A16, "vllm_nvfp4_shards", 16), (MXFP8, "vllm_mxfp8_shards", 32)):
+        failed = _failed(_load(path, [f"policy.model_name={model}"]))
+        assert set(failed) == {check}, failed
+        assert failed[check] == (
+            "policy.generation.vllm_cfg.tensor_parallel_size=1: gate_up_proj in = hidden_size = "
+            f"1000 = 1000 is not divisible by {block}: expected a multiple of {block} per TP "
+            f"rank ({'one E4M3 scale per 16 inputs; vLLM refuses input_size_per_partition % 16' if block == 16 else 'one UE8M0 scale per 32 inputs'})"
+        )  # fmt: skip
+    # q/k/v take hidden too, but stay BF16 (real_quant_ignore's *self_attn*) unless quantized
+    failed = _failed(_load(W4A16, [f"policy.model_name={model}",
+                                   "policy.generation.real_quant_ignore=[lm_head]"]))  # fmt: skip
+    assert "qkv_proj in = hidden_size = 1000" in failed["vllm_nvfp4_shards"]
+
+
+def test_excluded_attention_is_not_held_to_the_block(tmp_path):
+    # 12 heads x 80 = 960; vLLM TP 4: o_proj in = 240 = 15 x 16, not a multiple of 32
+    model = _local_model(tmp_path, num_attention_heads=12, num_key_value_heads=12, head_dim=80)
+    overrides = [f"policy.model_name={model}", "policy.generation.vllm_cfg.tensor_parallel_size=4"]
+    assert _failed(_load(MXFP8, overrides)) == {}  # the arm keeps q/k/v/o_proj BF16
+    failed = _failed(
+        _load(MXFP8, [*overrides, "policy.generation.vllm_cfg.quantization_ignored_layer_kws=[]"])
+    )
+    assert (
+        "o_proj in = heads x head_dim / TP = 12 x 80 / 4 = 240 is not divisible by 32"
+        in (failed["vllm_mxfp8_shards"])
+    )
+    assert (
+        _failed(_load(W4A16, [*overrides, "policy.generation.real_quant_ignore=[lm_head]"])) == {}
+    )
+    # ...and BF16 in every layer means BF16: NeMo-RL's per-layer switches count too
+    every_layer = [*overrides, "policy.generation.vllm_cfg.quantization_ignored_layer_kws=[]",
+                   "policy.generation.vllm_cfg.num_first_layers_in_bf16=4"]  # fmt: skip
+    checked = [r for r in pf.check_config(_load(MXFP8, every_layer), "main")
+               if r.name == "vllm_mxfp8_shards"]  # fmt: skip
+    assert [(r.status, r.detail) for r in checked] == [
+        ("ok", "no linear: input dims at TP=4 are multiples of 32")
+    ]
+
+
+def test_kept_in_bf16_follows_nemo_rls_switches():
+    from nemo_ais.preflight.checks.formats import kept_in_bf16
+
+    w4a16 = kept_in_bf16(_load(W4A16), 36)
+    assert w4a16(0, "model.layers.0.self_attn.q_proj") and w4a16(0, "lm_head")
+    assert not w4a16(0, "model.layers.0.mlp.down_proj")
+    mx = kept_in_bf16(_load(MXFP8, ["policy.generation.vllm_cfg.num_last_layers_in_bf16=2"]), 36)
+    assert mx(3, "model.layers.3.self_attn.o_proj") and mx(34, "model.layers.34.mlp.up_proj")
+    assert not mx(33, "model.layers.33.mlp.up_proj")
+    bf16 = kept_in_bf16(_load(CONFIG_DIR / "experiments" / "qwen3_8b_bf16.yaml"), 36)
+    assert bf16(0, "model.layers.0.mlp.down_proj")

@@ -108,3 +108,31 @@ def test_both_launchers_dry_run_with_a_python_without_torch(env, tmp_path):
     broken = _launcher("slurm_grpo_ais.sh", str(SMOKE), "cluster.gpus_per_node=3", env=slurm_env)
     assert broken.returncode == 2, broken.stderr
     assert "[FAIL] batch: policy.train_global_batch_size=32 is not divisible" in broken.stderr
+
+
+FORMAT_CONFIGS = [
+    CONFIG_DIR / "experiments" / f"qwen3_8b_{fmt}_ais.yaml"
+    for fmt in ("nvfp4_w4a16", "nvfp4_w4a4", "mxfp8")
+]
+MAIN_TREE = REPO.parent / "shared" / "vendor" / "nemo-rl-main-7ea279a"
+
+
+def test_the_rollout_format_checks_run_without_torch(env):
+    # nemo_ais.preflight.checks.formats and .nemo_rl_target: version table, switches, shards
+    res = _python(env, "-m", "nemo_ais.preflight", "--nemo-rl-version", "main",
+                  *map(str, FORMAT_CONFIGS))  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("[OK  ] rollout_format:") == 3
+    assert res.stdout.count("[OK  ] vllm_nvfp4_shards:") == 2
+    assert res.stdout.count("[OK  ] vllm_mxfp8_shards:") == 1
+    assert "[OK  ] nvfp4_rollout: NVFP4 W4A4 real-quant" in res.stdout
+    assert "[OK  ] mxfp8_rollout: MXFP8" in res.stdout
+    refused = _python(env, "-m", "nemo_ais.preflight", "--nemo-rl-version", "v0.7.0",
+                      str(FORMAT_CONFIGS[1]))  # fmt: skip
+    assert refused.returncode == 1
+    assert "needs NeMo-RL main; NeMo-RL v0.7.0 lacks it" in refused.stdout
+    # NEMO_RL_DIR: main's source is read (never imported: nemo_rl stays unimportable here)
+    by_source = _python({**env, "NEMO_RL_DIR": str(MAIN_TREE)}, "-m", "nemo_ais.preflight",
+                        str(FORMAT_CONFIGS[2]))  # fmt: skip
+    assert by_source.returncode == 0, by_source.stdout + by_source.stderr
+    assert f"checked against the NeMo-RL at NEMO_RL_DIR={MAIN_TREE}" in by_source.stdout

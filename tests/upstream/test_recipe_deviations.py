@@ -114,6 +114,22 @@ DEVIATIONS = {
         "grpo.num_generations_per_prompt",
     },
 }
+# The low-precision rollout-format arms (arms/nvfp4_w4a16, nvfp4_w4a4, mxfp8): NeMo-RL's
+# own switches for the format, a BF16 KV cache, no DeepGEMM (docs/cluster.md).
+_NVFP4_ROLLOUT = _FP8_ROLLOUT | {
+    "policy.generation.quant_cfg",
+    "policy.generation.real_quant",
+    "policy.generation.real_quant_export_cpu_offload",
+    "policy.generation.real_quant_ignore",
+}
+_MXFP8_ROLLOUT = {
+    "policy.generation.vllm_cfg.is_mx",
+    "policy.generation.vllm_cfg.kv_cache_dtype",
+    "policy.generation.vllm_cfg.use_deep_gemm",
+    "policy.generation.vllm_cfg.pow2_weight_scaling_factors",
+    "policy.generation.vllm_cfg.pow2_activation_scaling_factors",
+    "policy.generation.vllm_cfg.quantization_ignored_layer_kws",
+}
 # The comparison arms: their model config's deviations; the BF16 arm also the rollout's.
 EXPERIMENTS = {
     f"experiments/{model}_{arm}.yaml": (base, _FP8_ROLLOUT if arm == "bf16" else set())
@@ -123,6 +139,11 @@ EXPERIMENTS = {
     )
     for arm in ("bf16", "fp8_none", "fp8_tis", "fp8_ais")
 }
+EXPERIMENTS |= {
+    "experiments/qwen3_8b_nvfp4_w4a16_ais.yaml": ("qwen3_8b_2n8g_fp8.yaml", _NVFP4_ROLLOUT),
+    "experiments/qwen3_8b_nvfp4_w4a4_ais.yaml": ("qwen3_8b_2n8g_fp8.yaml", _NVFP4_ROLLOUT),
+    "experiments/qwen3_8b_mxfp8_ais.yaml": ("qwen3_8b_2n8g_fp8.yaml", _MXFP8_ROLLOUT),
+}
 
 # Sections that do nothing in these configs (their feature is off or not ours).
 _INERT_PREFIXES = (
@@ -131,6 +152,7 @@ _INERT_PREFIXES = (
     "loss_fn.ais.",  # ours; upstream has no such section
     "loss_fn.ais_alarms.",  # ours (the refit guard; logs metrics, fail_on_alarm off)
     "ais_fp8_refit.",  # ours (the FP8 refit through nemo_ais's quantizer)
+    "ais_nvfp4_refit.",  # ours (the NVFP4 refit of a BF16 trainer's weights)
     "policy.dtensor_cfg.",  # DTensor backend off on both sides (enabled is compared)
     "policy.optimizer",  # DTensor optimizer / scheduler: null with Megatron
     "policy.scheduler",
@@ -236,7 +258,7 @@ def test_every_full_config_is_compared():
 def test_every_deviation_is_justified_in_the_docs():
     text = DOCS.read_text()
     section = text[text.index("## Deviations from upstream's recipes") :]
-    named = COMMON.union(*DEVIATIONS.values())
+    named = COMMON.union(*DEVIATIONS.values(), _NVFP4_ROLLOUT, _MXFP8_ROLLOUT)
     missing = sorted(k for k in named if f"`{k}`" not in section)
     assert not missing, f"docs/cluster.md does not name (and justify) these deviations: {missing}"
     for recipe in set(UPSTREAM.values()):

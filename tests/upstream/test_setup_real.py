@@ -3,7 +3,9 @@
 
 ``tests/upstream/test_driver_main.py`` stops at ``grpo.setup`` (fast, many variants). Here
 ``setup()`` is upstream's own, run to its ``return`` for every full config under
-``configs/nemo_rl/``: its logger (tensorboard, under ``tmp_path``), checkpoint manager,
+``configs/nemo_rl/`` whose rollout format this NeMo-RL has (the others, NVFP4 W4A4 and
+MXFP8 on v0.7.0, are refused before Ray, naming the field and the version): its logger
+(tensorboard, under ``tmp_path``), checkpoint manager,
 ``StatefulDataLoader`` over tiny in-memory datasets, ``ClippedPGLossFn``, the FP8 /
 KV-cache / pipeline / batch asserts, the real ``RayVirtualCluster`` (no placement group
 is created), ``init_policy`` -> our ``policy_factory`` -> upstream's real ``Policy`` and
@@ -61,7 +63,7 @@ from nemo_rl.utils.checkpoint import CheckpointManager
 from nemo_rl.utils.logger import Logger
 from nemo_rl_version import NEMO_RL, per_version
 from pydantic import ValidationError
-from shipped_configs import CONFIG_DIR, FULL_CONFIGS, flat, launcher
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS, RUNS_ON, configs_for, flat, launcher
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
 from nemo_ais.nemo_rl import cluster_check as cc
@@ -158,7 +160,7 @@ def _main(rec: _Run, path, overrides=()) -> dict:
     return raw
 
 
-@pytest.mark.parametrize("path", FULL_CONFIGS, ids=_rel)
+@pytest.mark.parametrize("path", configs_for(NEMO_RL), ids=_rel)
 def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     rec = real_setup
     raw = _main(rec, path)
@@ -281,6 +283,37 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     )
     assert len(dataloader) == 2 and dataloader.batch_size == raw["grpo"]["num_prompts_per_step"]
     assert (val_dataloader is not None) == (raw["grpo"]["val_period"] > 0)
+
+
+# The shipped configs whose rollout format needs NeMo-RL main (nemo_ais.preflight's table,
+# read against both sources in test_rollout_format_support.py).
+MAIN_ONLY = {
+    "experiments/qwen3_8b_mxfp8_ais.yaml": "policy.generation.vllm_cfg.is_mx=true (MXFP8 rollout)",
+    "experiments/qwen3_8b_nvfp4_w4a4_ais.yaml": (
+        "policy.generation.real_quant=true with policy.generation.quant_cfg="
+        "'examples/modelopt/quant_configs/nano3_nvfp4_default.yaml' (NVFP4 W4A4"
+    ),
+}
+
+
+def test_every_config_runs_on_the_versions_its_rollout_format_needs():
+    runs_on = {_rel(p): v for p, v in RUNS_ON.items()}
+    assert {k for k, v in runs_on.items() if v == ("main",)} == set(MAIN_ONLY)
+    assert all(v == ("v0.7.0", "main") for k, v in runs_on.items() if k not in MAIN_ONLY)
+    assert "experiments/qwen3_8b_nvfp4_w4a16_ais.yaml" in runs_on  # W4A16 runs on both
+
+
+def test_a_format_this_nemo_rl_lacks_is_refused_before_ray(real_setup):
+    """v0.7.0 would roll out W4A16 for the W4A4 recipe and block FP8 for is_mx: main()
+    refuses both before Ray, naming the switch and the version; main runs them (above)."""
+    refused = sorted(_rel(p) for p in FULL_CONFIGS if NEMO_RL not in RUNS_ON[p])
+    assert refused == per_version(v0_7_0=sorted(MAIN_ONLY), main=[])
+    for rel in refused:
+        with pytest.raises(ValueError) as err:
+            _main(real_setup, CONFIG_DIR / rel)
+        assert f"{MAIN_ONLY[rel]}" in str(err.value)
+        assert "needs NeMo-RL main; NeMo-RL v0.7.0 lacks it" in str(err.value)
+        assert real_setup.driver.names() == [] and real_setup.setup_calls == []
 
 
 def test_upstreams_fp8_guard_runs_without_the_view(real_setup, monkeypatch):
