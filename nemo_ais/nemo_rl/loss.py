@@ -55,6 +55,15 @@ worker observes each global batch's diagnostics with an
 every loss call of that global batch then emits ``ais_alarm/<kind>`` (1 if it fired, else
 0) as s * local_valid_toks / global_valid_toks, like the ``ais/*`` global scalars, in every
 mode (``none`` included).
+
+Several global batches per ``train()`` call (e.g. 2048 rollouts = 4 x gbs 512): every
+upstream worker divides each metric except ``*_min`` / ``*_max`` by the number of global
+batches before GRPO sums them, so ``ais/alpha`` (like every ``ais/*`` value) reads as the
+MEAN over the step's global batches. With more than one global batch the loss also emits
+``ais/alpha_gb<g>`` (:data:`PER_GLOBAL_BATCH_ALPHA`), one key per global batch g: n x the
+call's summable alpha in the calls of global batch g, 0 in the others, so upstream's
+division and sum give alpha of global batch g (no extra host sync: it is read from the same
+values as ``ais/alpha``).
 """
 
 from __future__ import annotations
@@ -78,6 +87,7 @@ from nemo_ais.nemo_rl.seam import (
     UNUSED_ROW,
     VALID_TOKENS_KEY,
     checked_index,
+    global_batch_index,
     loss_from_prepared,
     row_valid_tokens,
 )
@@ -86,6 +96,7 @@ from nemo_ais.preflight import AIS_CONFLICTS, ais_conflicts
 __all__ = [
     "ALARM_METRIC_KEYS",
     "NEMO_RL_METRIC_KEYS",
+    "PER_GLOBAL_BATCH_ALPHA",
     "AISAlarmsConfig",
     "AISClippedPGLossFn",
     "AISLossConfig",
@@ -126,6 +137,8 @@ NEMO_RL_METRIC_KEYS = (
 
 # ``ais_alarm/<kind>``: 1 if the refit guard fired on the global batch (tokens normaliser).
 ALARM_METRIC_KEYS = tuple(ALARM_PREFIX + kind for kind in ALARM_KINDS)
+# alpha of global batch g of the step, emitted when a train() call has > 1 global batch
+PER_GLOBAL_BATCH_ALPHA = "ais/alpha_gb{}"
 
 
 # Round python floats to a compute dtype: the IEEE products and quotients of already-rounded
@@ -347,7 +360,8 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             loss, metrics = super().__call__(
                 next_token_logprobs, data, global_valid_seqs, global_valid_toks
             )
-            return loss, {**metrics, **self._telemetry(next_token_logprobs, data, counts)}
+            metrics = {**metrics, **self._telemetry(next_token_logprobs, data, counts)}
+            return loss, {**metrics, **self._per_global_batch_alpha(metrics, counts.index)}
         if self.pg.reference_policy_kl_penalty > 0 and "curr_logprobs_unfiltered" in data:
             raise NotImplementedError(
                 "loss_fn.ais with top-k/top-p training sampling and a KL penalty: NeMo-RL's "
@@ -367,7 +381,23 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         counts = None  # the refit guard's values need this call's counts (one more sync)
         if self._alarms:
             counts = self._call_counts(data, global_valid_seqs, global_valid_toks)
-        return out.loss, self._ais_metrics(out.metrics, next_token_logprobs, data, counts)
+        metrics = self._ais_metrics(out.metrics, next_token_logprobs, data, counts)
+        if len(self._diagnostics) > 1:
+            index = counts.index if counts is not None else global_batch_index(data)
+            metrics.update(self._per_global_batch_alpha(metrics, index))
+        return out.loss, metrics
+
+    def _per_global_batch_alpha(self, metrics: Mapping[str, Any], index: int | None) -> dict:
+        """``ais/alpha_gb<g>`` for each global batch g of the call (module doc); {} for one.
+
+        ``n * metrics["ais/alpha"]`` for the call's own global batch, 0.0 for the others:
+        upstream divides every metric by n and sums, which gives alpha of each global batch.
+        """
+        n = len(self._diagnostics)
+        if n < 2 or "ais/alpha" not in metrics:
+            return {}
+        value = n * metrics["ais/alpha"]
+        return {PER_GLOBAL_BATCH_ALPHA.format(g): value if g == index else 0.0 for g in range(n)}
 
     def _ais_metrics(
         self, core: Mapping[str, torch.Tensor], next_token_logprobs: torch.Tensor, data, counts

@@ -19,12 +19,13 @@ from nemo_rl.algorithms import grpo
 from nemo_rl.utils.logger import TensorboardLogger, WandbLogger
 
 from nemo_ais.core import METRICS
-from nemo_ais.nemo_rl.loss import ALARM_METRIC_KEYS
+from nemo_ais.nemo_rl.loss import ALARM_METRIC_KEYS, PER_GLOBAL_BATCH_ALPHA
 
 pytestmark = pytest.mark.nemo_rl
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 LOSS_KEYS = {m.name for m in METRICS} | set(ALARM_METRIC_KEYS)
+LOSS_KEYS |= {PER_GLOBAL_BATCH_ALPHA.format(g) for g in range(2)}  # the doc's two examples
 
 
 @pytest.mark.parametrize(
