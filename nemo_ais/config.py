@@ -54,10 +54,10 @@ __all__ = [
 ]
 
 CorrectionMode = Literal[
-    "none", "tis", "icepop", "seq_mask_geo", "ais", "seq_tis", "seq_mis", "kl_rs", "m2po"
+    "none", "tis", "icepop", "seq_mask_geo", "ais", "seq_tis", "seq_mis", "kl_rs", "m2po", "tbpo"
 ]
 # modes whose weight is an importance weight (batch_normalize divides it by its batch mean)
-IS_MODES = ("tis", "icepop", "seq_mask_geo", "ais", "seq_tis", "seq_mis")
+IS_MODES = ("tis", "icepop", "seq_mask_geo", "ais", "seq_tis", "seq_mis", "tbpo")
 
 # float32 exp() overflows above ~88.7; the clamp bound must stay below that.
 _MAX_LOG_RATIO_CLAMP = 80.0
@@ -89,6 +89,8 @@ class CorrectionConfig(_Section):
     kl_rs          1[stat_i <= thr, no vetoed token]     rs_estimator, rs_aggregation,
                                                          rs_threshold, rs_veto_min_ratio
     m2po           1[l^2 < q*] (batch-level q*)          m2po_tau
+    tbpo           min(rho_geo,i, C_seq), and the        seq_weight_cap, tbpo_clip_*
+                   sequence-ratio trust-band surrogate   [reconstruction] of QaRL's TBPO
     ============== ===================================== =========================
 
     Switches: ``batch_normalize`` (IS modes: w / mean of w over the global batch) and
@@ -98,7 +100,7 @@ class CorrectionConfig(_Section):
     mode: CorrectionMode = Field(
         "ais",
         description="Correction mode; one of none, tis, icepop, seq_mask_geo, ais, seq_tis, "
-        "seq_mis, kl_rs, m2po.",
+        "seq_mis, kl_rs, m2po, tbpo.",
     )
     # --- truncation (tis and ais) -------------------------------------------------------
     weight_cap: float = Field(
@@ -125,7 +127,8 @@ class CorrectionConfig(_Section):
     seq_weight_cap: float = Field(
         2.0,
         gt=1.0,
-        description="C_seq: seq_tis / seq_mis weight min(prod_t rho_t, C_seq) (veRL default 2.0).",
+        description="C_seq: seq_tis / seq_mis weight min(prod_t rho_t, C_seq) (veRL default 2.0); "
+        "tbpo weight min(exp(mean_t l), C_seq) (QaRL seq_tis_imp_ratio_cap 2.0).",
     )
     seq_mis_min: float = Field(
         0.5, gt=0.0, description="seq_mis: a sequence is kept iff lo <= prod_t rho_t <= hi."
@@ -152,6 +155,22 @@ class CorrectionConfig(_Section):
         0.04,
         gt=0.0,
         description="m2po: bound of the batch second moment mean(l^2) of the kept tokens.",
+    )
+    # --- tbpo: trust band of the sequence ratio s_i = exp(mean_t log(pi_theta / pi_old)) --
+    tbpo_clip_low: float = Field(
+        3e-4, gt=0.0, lt=1.0, description="tbpo, A >= 0: s_i clipped below at 1 - this (GSPO)."
+    )
+    tbpo_clip_high: float = Field(
+        4e-4, gt=0.0, description="tbpo, A >= 0: s_i clipped above at 1 + this (QaRL 4e-4)."
+    )
+    tbpo_neg_clip_low: float = Field(
+        3e-4,
+        gt=0.0,
+        lt=1.0,
+        description="tbpo, A < 0: lower edge 1 - this of the two-sided band (QaRL 3e-4).",
+    )
+    tbpo_neg_clip_high: float = Field(
+        7e-4, gt=0.0, description="tbpo, A < 0: upper edge 1 + this of the band (QaRL 7e-4)."
     )
     batch_normalize: bool = Field(
         False,

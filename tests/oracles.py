@@ -54,13 +54,16 @@ def weights(mode, logp_old, logp_rollout, mask, cfg, alpha=None):
                 w = (1 - alpha) + alpha * min(rho, cfg.weight_cap)
             elif mode in ("seq_tis", "seq_mis"):
                 s_i = sum(ls)  # log prod_t rho_t
-                w = math.exp(min(max(s_i, -cfg.log_ratio_clamp), math.log(cfg.seq_weight_cap)))
+                w = _capped_exp(s_i, cfg)
                 if mode == "seq_mis" and not (
                     cfg.seq_mis_min <= math.exp(min(s_i, 700.0)) <= cfg.seq_mis_max
                 ):
                     w = 0.0
             elif mode == "kl_rs":
                 w = 1.0 if _kl_rs_kept(ls, cfg) else 0.0
+            elif mode == "tbpo":  # min(rho_geo, C_seq), the geometric mean in log space
+                g = sum(ls) / len(ls)
+                w = _capped_exp(g, cfg)
             elif mode == "m2po":  # alpha carries the batch threshold q*
                 c = cfg.log_ratio_clamp
                 w = 1.0 if min(max(ell, -c), c) ** 2 < alpha else 0.0
@@ -69,6 +72,13 @@ def weights(mode, logp_old, logp_rollout, mask, cfg, alpha=None):
             row.append(w)
         out.append(row)
     return out
+
+
+def _capped_exp(log_w, cfg):
+    """min(exp(log_w), C_seq), with exp's argument clamped below at -L."""
+    if log_w >= math.log(cfg.seq_weight_cap):
+        return cfg.seq_weight_cap
+    return math.exp(max(log_w, -cfg.log_ratio_clamp))
 
 
 def _kl_rs_kept(ls, cfg):
@@ -212,7 +222,7 @@ def _batch_values(logp_old, logp_rollout, mask, cfg, alpha, mean_w, lcs):
     vals = []
     if cfg.mode not in ("ais", "m2po", "none"):
         w = weights(cfg.mode, logp_old, logp_rollout, mask, cfg)
-        if cfg.mode in ("seq_tis", "seq_mis"):  # one weight per sequence
+        if cfg.mode in ("seq_tis", "seq_mis", "tbpo"):  # one weight per sequence
             rows = [(r, mr) for r, mr in zip(w, mask, strict=True) if 1 in mr]
             vals = [next(x for x, m in zip(r, mr, strict=True) if m == 1) for r, mr in rows]
         else:
@@ -224,7 +234,7 @@ def _batch_values(logp_old, logp_rollout, mask, cfg, alpha, mean_w, lcs):
         else:
             w_norm = math.fsum(vals) / len(vals)
             out["w_norm"] = w_norm if w_norm > 0 else 1.0
-    if cfg.mode in ("seq_tis", "seq_mis", "kl_rs"):
+    if cfg.mode in ("seq_tis", "seq_mis", "kl_rs", "tbpo"):
         n = len(vals)
         out["mode_frac_masked"] = sum(1 for x in vals if x == 0) / n
         if cfg.mode != "kl_rs":
@@ -288,6 +298,38 @@ def _surrogate_token(theta, old, adv, pg, log_clamp):
     return val, d
 
 
+def _tbpo_band(s, adv, cfg):
+    """(f, df/ds) of tbpo's per-token term at sequence ratio s (values a plain PPO would clip)."""
+    if adv < 0:  # two-sided band: -A clip(s, 1 - nl, 1 + nh)
+        lo, hi = 1 - cfg.tbpo_neg_clip_low, 1 + cfg.tbpo_neg_clip_high
+        return -adv * min(max(s, lo), hi), (-adv if lo <= s <= hi else 0.0)
+    lo, hi = 1 - cfg.tbpo_clip_low, 1 + cfg.tbpo_clip_high
+    l1, l2 = -adv * s, -adv * min(max(s, lo), hi)
+    d1, d2 = -adv, (-adv if lo <= s <= hi else 0.0)
+    if l1 > l2:
+        return l1, d1
+    if l2 > l1:
+        return l2, d2
+    return l1, (d1 + d2) / 2  # a tie of max splits the gradient
+
+
+def _tbpo_sequence(theta, old, advs, ws, coefs, cfg):
+    """(loss, grad per token) of one sequence's tbpo terms sum_t c_t w_t f(s, A_t).
+
+    s = exp(clamp(mean_t (theta_t - old_t), +-L)); d s / d theta_u = s / n inside the clamp.
+    """
+    n = len(theta)
+    log_s = sum(a - b for a, b in zip(theta, old, strict=True)) / n
+    inside = abs(log_s) <= cfg.log_ratio_clamp
+    s = math.exp(min(max(log_s, -cfg.log_ratio_clamp), cfg.log_ratio_clamp))
+    loss, d_log_s = 0.0, 0.0
+    for a, w, c in zip(advs, ws, coefs, strict=True):
+        f, df = _tbpo_band(s, a, cfg)
+        loss += c * w * f
+        d_log_s += c * w * df * s
+    return loss, [d_log_s / n if inside else 0.0] * n
+
+
 def clipped_pg_loss(
     logp_theta,
     logp_old,
@@ -322,6 +364,22 @@ def clipped_pg_loss(
         n_i = sum(1 for m in mask[i] if m == 1)
         denom = n_tok if pg.token_level_loss else n_seq * max(n_i, 1)
         a_i = adv[i]
+        if cfg.mode == "tbpo" and n_i > 0:  # the sequence-ratio surrogate
+            ts = [t for t in range(len(mask[i])) if mask[i][t] == 1]
+            advs = [a_i[t] if isinstance(a_i, list) else a_i for t in ts]
+            val, d = _tbpo_sequence(
+                [logp_theta[i][t] for t in ts], [logp_old[i][t] for t in ts], advs,
+                [w[i][t] for t in ts], [1 / denom] * n_i, cfg,
+            )  # fmt: skip
+            loss += val
+            for t, dt in zip(ts, d, strict=True):
+                grad[i][t] = dt
+            if pg.reference_policy_kl_penalty > 0:
+                for t in ts:
+                    kv, kd = _kl_token(logp_theta[i][t], logp_ref[i][t], pg)
+                    loss += kv / denom
+                    grad[i][t] += kd / denom
+            continue
         for t in range(len(mask[i])):
             if mask[i][t] != 1:
                 continue

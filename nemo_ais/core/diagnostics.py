@@ -34,7 +34,7 @@ sums from :mod:`nemo_ais.core.stats`, already reduced over the data-parallel gro
                            sum_kept q <= m2po_tau * n_kept (AReaL M2PO, binned)
                   mode_frac_masked = #{w_hat = 0} / n_w, mode_frac_capped = #{w_i = C_seq} / n_w,
                   mode_ess = (sum w_hat)^2 / (n_w sum w_hat^2); n_w counts tokens, or
-                  sequences for seq_tis / seq_mis
+                  sequences for seq_tis / seq_mis / tbpo
 
 Also reported: KL(mu || pi_old) on samples from mu, k1 = mean(-l), k3 = mean(exp(l) - 1 - l);
 w_mean, frac_capped, token_mult_prob_error = mean exp|l|, raw_ratio_mean = mean exp(l).
@@ -121,8 +121,8 @@ class AISDiagnostics:
     w_norm: float = 1.0  # batch_normalize: global mean of the mode's weight (1: off)
     m2po_threshold: float = M2PO_OFF  # m2po: tokens with l^2 >= q* are masked (1e4: none)
     mode_frac_masked: float = 0.0  # seq_mis / kl_rs / m2po: fraction whose weight is 0
-    mode_frac_capped: float = 0.0  # seq_tis / seq_mis: fraction of sequences at C_seq
-    mode_ess: float = 1.0  # seq_tis / seq_mis / kl_rs: (sum w)^2 / (n sum w^2)
+    mode_frac_capped: float = 0.0  # seq_tis / seq_mis / tbpo: fraction of sequences at C_seq
+    mode_ess: float = 1.0  # seq_tis / seq_mis / kl_rs / tbpo: (sum w)^2 / (n sum w^2)
 
     def as_dict(self) -> dict[str, float]:
         """Field name -> value."""

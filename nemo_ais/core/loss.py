@@ -35,6 +35,11 @@ our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
                      clip_loss_it = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
                      dual clip (A < 0): clip_loss_it = min(clip_loss_it, -A c)
                      disable_ppo_ratio: clip_loss_it = -A log pi_theta
+                     tbpo **[reconstruction]** of QaRL's TBPO (arXiv 2604.07853; no code):
+                     s_i = exp(clamp(mean_t log r_it, -L, L)), then per token
+                     A >= 0: max(-A s_i, -A clip(s_i, 1 - clip_low, 1 + clip_high))
+                     A < 0:  -A clip(s_i, 1 - neg_clip_low, 1 + neg_clip_high)
+                     (two-sided band: no gradient outside it); w_hat = min(rho_geo,i, C_s)
 5. KL penalty        x = clamp(log pi_ref - log pi_theta, +-kl_input_clamp_value)
                      k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x
                      kl_it = beta_kl * clamp(s_it * k(x), +-kl_output_clamp_value),
@@ -272,9 +277,12 @@ class _Surrogate(NamedTuple):
     clip_loss: torch.Tensor  # [B, T], carries the graph to log pi_theta
     r: torch.Tensor  # detached, for the metrics
     r_clip: torch.Tensor
+    token_ratio: bool = (
+        True  # False: r is tbpo's sequence ratio s_i (broadcast), not pi_theta / pi_old
+    )
 
 
-def _surrogate(x: _Inputs, pg: PGLossConfig, log_ratio_clamp: float) -> _Surrogate:
+def _surrogate(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _Surrogate:
     """Step 4: per-token clipped surrogate ``[B, T]``, CleanRL-style; autograd differentiates.
 
     ``-A * r`` is NeMo-RL's ``-advantages * ratios`` (negation is exact); ``torch.max`` /
@@ -283,6 +291,7 @@ def _surrogate(x: _Inputs, pg: PGLossConfig, log_ratio_clamp: float) -> _Surroga
     if pg.disable_ppo_ratio:
         r = x.logp_theta
         return _Surrogate(-x.adv * r, r.detach(), r.detach())
+    log_ratio_clamp = config.log_ratio_clamp
     r = x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp).exp()
     r_clip = r.clamp(1 - pg.ratio_clip_min, 1 + pg.ratio_clip_max)
     neg_adv = -x.adv
@@ -291,6 +300,32 @@ def _surrogate(x: _Inputs, pg: PGLossConfig, log_ratio_clamp: float) -> _Surroga
         dual = torch.min(clip_loss, neg_adv * pg.ratio_clip_c)
         clip_loss = torch.where(x.adv < 0, dual, clip_loss)
     return _Surrogate(clip_loss, r.detach(), r_clip.detach())
+
+
+def _surrogate_tbpo(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _Surrogate:
+    """Step 4, mode tbpo: the sequence-ratio trust-band surrogate ``[B, T]`` **[reconstruction]**.
+
+    s_i = exp(clamp(mean_t log r_it, +-L)) (GSPO's length-normalised sequence ratio), one
+    value per sequence broadcast over its tokens; the band depends on the sign of A_it:
+    A >= 0: max(-A s, -A clip(s, 1 - clip_low, 1 + clip_high))  (PPO pessimism)
+    A < 0:  -A clip(s, 1 - neg_clip_low, 1 + neg_clip_high)      (dual clip: both edges)
+    Outside its band a sequence gets no gradient. ``pg``'s token clip is not used.
+    """
+    c = config.log_ratio_clamp
+    n_tok_seq = x.m.sum(dim=-1, keepdim=True)
+    log_s = (x.log_r * x.m).sum(dim=-1, keepdim=True) / torch.where(n_tok_seq > 0, n_tok_seq, 1)
+    s = log_s.clamp(-c, c).exp().expand_as(x.m)
+    s_pos = s.clamp(1 - config.tbpo_clip_low, 1 + config.tbpo_clip_high)
+    s_neg = s.clamp(1 - config.tbpo_neg_clip_low, 1 + config.tbpo_neg_clip_high)
+    neg_adv = -x.adv
+    pos_loss = torch.max(neg_adv * s, neg_adv * s_pos)
+    clip_loss = torch.where(x.adv < 0, neg_adv * s_neg, pos_loss)
+    s_clip = torch.where(x.adv < 0, s_neg, s_pos)
+    return _Surrogate(clip_loss, s.detach(), s_clip.detach(), token_ratio=False)
+
+
+# step 4 by ``WEIGHT_FNS[mode].surrogate``: the token PPO clip, or tbpo's sequence band
+_SURROGATES: dict[str, Callable] = {"token": _surrogate, "tbpo": _surrogate_tbpo}
 
 
 # k(x) of each estimator, given x and e = exp(x) (k3 only; None for k1 / k2)
@@ -395,7 +430,7 @@ def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_rati
     log_rho = x.log_rho.clamp(-c, c)
     exp_l, exp_neg_l = torch.exp(log_rho), torch.neg(log_rho).exp_()
     ratio = sur.r
-    if pg.disable_ppo_ratio:  # r is log pi_theta then; the entropy wants the true ratio
+    if pg.disable_ppo_ratio or not sur.token_ratio:  # the entropy wants the token ratio
         ratio = x.log_r.clamp(-c, c).exp_()
     theta_over_mu = torch.mul(ratio, exp_l).clamp_(max=math.exp(c))  # pi_theta / mu
     big = torch.finfo(theta_over_mu.dtype).max  # the entropy term's +-inf -> +-big
@@ -420,6 +455,9 @@ def _ratio_extremes(sur: _Surrogate, m: torch.Tensor, counts: _Counts, pg: PGLos
     r_min, r_max = (r_valid + pad).min(), r_valid.sub_(pad).max()
     if pg.disable_ppo_ratio:
         r_clip_min, r_clip_max = r_min, r_max
+    elif not sur.token_ratio:  # tbpo: the band depends on the sign of A
+        r_clip_valid = sur.r_clip * m
+        r_clip_min, r_clip_max = (r_clip_valid + pad).min(), r_clip_valid.sub_(pad).max()
     else:
         bounds = dict(min=1 - pg.ratio_clip_min, max=1 + pg.ratio_clip_max)
         r_clip_min, r_clip_max = r_min.clamp(**bounds), r_max.clamp(**bounds)
@@ -482,11 +520,17 @@ def clipped_pg_loss(
             0 with no valid token anywhere is the empty global batch: loss 0.
         TypeError: ``config`` is not a :class:`CorrectionConfig` or ``pg`` not a
             :class:`PGLossConfig` (e.g. a dict), naming the parameter.
+        ValueError: mode ``tbpo`` with ``pg.disable_ppo_ratio`` (no ratio to band).
     """
     require_config(config, CorrectionConfig, "clipped_pg_loss(config)")
     require_config(pg, PGLossConfig, "clipped_pg_loss(pg)", optional=True)
     pg = pg if pg is not None else PGLossConfig()
     weight_fn = WEIGHT_FNS[config.mode]
+    if weight_fn.surrogate != "token" and pg.disable_ppo_ratio:
+        raise ValueError(
+            f"loss_fn.disable_ppo_ratio=True is invalid with loss_fn.ais.mode={config.mode!r}: "
+            "expected False (tbpo's surrogate is built on the sequence ratio)"
+        )
     if config.bypass:  # pi_old := mu
         prev_logprobs = generation_logprobs
     named = {
@@ -527,7 +571,7 @@ def clipped_pg_loss(
     w_hat = w_hat.to(dtype)
     if config.batch_normalize:
         w_hat = w_hat / diagnostics.w_norm
-    sur = _surrogate(x, pg, config.log_ratio_clamp)  # step 4
+    sur = _SURROGATES[weight_fn.surrogate](x, pg, config)  # step 4
     kl_tok = None if logp_ref is None else _kl_penalty(x, pg, m)  # step 5
     coef = _coefficients(m, counts, pg.token_level_loss)  # step 6
     loss = (sur.clip_loss * (w_hat * coef)).sum()

@@ -124,11 +124,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "[0, 1]; small",
     ),
     MetricSpec(
-        "ais/mode_frac_capped", "seq_tis / seq_mis: sequences with w_i = C_seq", TOKENS, "[0, 1]"
+        "ais/mode_frac_capped",
+        "seq_tis / seq_mis / tbpo: sequences with w_i = C_seq",
+        TOKENS,
+        "[0, 1]",
     ),
     MetricSpec(
         "ais/mode_ess",
-        "seq_tis / seq_mis / kl_rs: (sum w)^2 / (n sum w^2) of the mode's weight (else 1)",
+        "seq_tis / seq_mis / kl_rs / tbpo: (sum w)^2 / (n sum w^2) of the mode's weight (else 1)",
         TOKENS,
         "(0, 1]; > 0.5",
     ),

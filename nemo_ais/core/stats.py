@@ -36,7 +36,7 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu
    sends :meth:`AISStats.from_input_error` (zeros + its flags) instead of raising.
 4b. modes seq_tis, seq_mis, kl_rs, and any IS mode but ais with batch_normalize: the
    count, sum w, sum w^2, #{w = 0} and #{w = C_seq} of the mode's weight w_hat over valid
-   tokens (seq_tis / seq_mis: one w_i per sequence, over sequences).
+   tokens (seq_tis / seq_mis / tbpo: one w_i per sequence, over sequences).
 4c. mode m2po only: M2PO_BINS fixed bins of q = (l^c)^2 (bin 0 = [0, 1e-6), then ratio
    sqrt 2): the count and the sum of q per bin, appended to the vector.
 5. ONE ``all_reduce(SUM)`` of the vector over ``group`` (None: single process, no
@@ -267,13 +267,13 @@ def _token_sums(log_rho, log_rho_c, n_tok, config):
 
 # modes whose weight statistics are summed (their ais/mode_* telemetry); any IS mode too
 # when batch_normalize is on (ais excepted: w_bar = (1 - alpha) + alpha w_mean)
-MODE_STAT_MODES = ("seq_tis", "seq_mis", "kl_rs")
+MODE_STAT_MODES = ("seq_tis", "seq_mis", "kl_rs", "tbpo")
 
 
 def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
     """Step 4b: n, sum w, sum w^2, #{w = 0}, #{w = C_seq} of the mode's weight w_hat.
 
-    Over valid tokens (seq_tis / seq_mis: one w_i per sequence, over sequences); zeros when
+    Over valid tokens (seq_tis / seq_mis / tbpo: one w_i per sequence, over sequences); zeros when
     the mode needs none of them.
     """
     zero = torch.zeros((), dtype=STATS_DTYPE, device=ok.device)
@@ -287,7 +287,7 @@ def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
     kept = ok
     if weight_fn.seq_level:
         kept = n_tok_seq > 0
-        w = w.sum(dim=-1) / n_tok_seq.clamp(min=1)  # the sequence's weight (0 if no token)
+        w = w.amax(dim=-1) if w.shape[-1] > 0 else w.sum(dim=-1)  # w_i (0 if no token)
     capped = (w >= config.seq_weight_cap) if weight_fn.seq_level else torch.zeros_like(kept)
     return [
         kept.sum().to(STATS_DTYPE),

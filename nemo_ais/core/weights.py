@@ -37,10 +37,14 @@ Algorithm box (``docs/method.md``; **[reconstruction]** of arXiv 2605.13907 wher
                  k1 = -l, k2 = l^2 / 2, k3 = rho - 1 - l      v (veRL k1/k2/k3 rejection + veto)
    m2po          1[(l^c_it)^2 < q*]; q* from the global           m2po_tau; q* from the diagnostics
                  histogram of l^2 (one per global batch)      (AReaL M2PO, binned: see stats)
+   tbpo          min(exp(mean_t l_it), C_s)                   seq_weight_cap C_s (QaRL's
+                 = exp(clamp(S_i / n_i, -L, log C_s))         sequence mismatch weight); the
+                 **[reconstruction]**                         loss swaps in its sequence-ratio
+                                                              surrogate (WeightFn.surrogate)
    ============= ============================================ ==================================
 
    ``batch_normalize`` (IS modes, applied in the loss): w_hat / w_bar, w_bar the global
-   mean of w over valid tokens (seq_tis / seq_mis: over sequences), from the diagnostics.
+   mean of w over valid tokens (seq_tis / seq_mis / tbpo: over sequences), from the diagnostics.
 
 3. w_hat_it = 0 where m_it = 0, so the weight doubles as the weighted mask of the loss.
 
@@ -137,19 +141,24 @@ def _seq_log_weight(logp_old, logp_rollout, valid):
     return log_ratio(logp_old, logp_rollout, valid).sum(dim=-1, keepdim=True)
 
 
+def _capped_exp(log_w, config):
+    """min(exp(log_w), C_s) = exp(clamp(log_w, -L, log C_s)), exactly C_s where capped."""
+    log_cap = math.log(config.seq_weight_cap)
+    w = log_w.clamp(min=-config.log_ratio_clamp, max=log_cap).exp()
+    return torch.where(log_w >= log_cap, config.seq_weight_cap, w)
+
+
 def _w_seq_tis(logp_old, logp_rollout, valid, config, alpha):
     """w_hat_i = min(prod_t rho_t, C_s) = exp(clamp(S_i, -L, log C_s)) (veRL sequence TIS)."""
     log_w = _seq_log_weight(logp_old, logp_rollout, valid)
-    log_w = log_w.clamp(min=-config.log_ratio_clamp, max=math.log(config.seq_weight_cap))
-    return log_w.exp().mul(valid)
+    return _capped_exp(log_w, config).mul(valid)
 
 
 def _w_seq_mis(logp_old, logp_rollout, valid, config, alpha):
     """w_hat_i = min(prod rho, C_s) if lo <= prod_t rho_t <= hi else 0 (veRL sequence MIS)."""
     log_w = _seq_log_weight(logp_old, logp_rollout, valid)
     kept = (log_w >= math.log(config.seq_mis_min)) & (log_w <= math.log(config.seq_mis_max))
-    w = log_w.clamp(min=-config.log_ratio_clamp, max=math.log(config.seq_weight_cap)).exp()
-    return w.mul(valid & kept)
+    return _capped_exp(log_w, config).mul(valid & kept)
 
 
 def _kl_rs_statistic(log_rho, valid, config):
@@ -187,6 +196,13 @@ def _w_m2po(logp_old, logp_rollout, valid, config, threshold):
     return (valid & (log_rho.square() < threshold)).to(log_rho.dtype)
 
 
+def _w_tbpo(logp_old, logp_rollout, valid, config, alpha):
+    """w_hat_i = min(rho_geo,i, C_s) = exp(clamp(S_i / n_i, -L, log C_s)) (QaRL TBPO)."""
+    n_tok_seq = valid.sum(dim=-1, keepdim=True).clamp(min=1)
+    log_w = _seq_log_weight(logp_old, logp_rollout, valid) / n_tok_seq
+    return _capped_exp(log_w, config).mul(valid)
+
+
 class WeightFn(NamedTuple):
     """A mode's weight function and the global-batch value it needs (None: none).
 
@@ -199,6 +215,7 @@ class WeightFn(NamedTuple):
     ]
     batch_field: str | None = None
     seq_level: bool = False  # one weight per sequence (batch_normalize averages over sequences)
+    surrogate: str = "token"  # the loss's step-4 surrogate: token PPO clip, or "tbpo"
 
     @property
     def needs_alpha(self) -> bool:
@@ -216,6 +233,7 @@ WEIGHT_FNS: dict[str, WeightFn] = {
     "seq_mis": WeightFn(_w_seq_mis, seq_level=True),
     "kl_rs": WeightFn(_w_kl_rs),
     "m2po": WeightFn(_w_m2po, batch_field="m2po_threshold"),
+    "tbpo": WeightFn(_w_tbpo, seq_level=True, surrogate="tbpo"),
 }
 
 

@@ -28,7 +28,7 @@ CORRECTION_BAD = [
         "mode",
         "foo",
         "expected 'none', 'tis', 'icepop', 'seq_mask_geo', 'ais', 'seq_tis', 'seq_mis', "
-        "'kl_rs' or 'm2po'",
+        "'kl_rs', 'm2po' or 'tbpo'",
     ),
     ("mode", None, "expected 'none'"),
     ("mode", "AIS", "expected 'none'"),  # choices are case-sensitive
@@ -103,6 +103,12 @@ CORRECTION_BAD = [
     # m2po: tau > 0
     ("m2po_tau", 0.0, "greater than 0"),
     ("m2po_tau", math.inf, "finite number"),
+    # tbpo trust band: lows in (0, 1), highs > 0
+    ("tbpo_clip_low", 0.0, "greater than 0"),
+    ("tbpo_clip_low", 1.0, "less than 1"),
+    ("tbpo_clip_high", -4e-4, "greater than 0"),
+    ("tbpo_neg_clip_low", 1.5, "less than 1"),
+    ("tbpo_neg_clip_high", 0.0, "greater than 0"),
     # switches: booleans
     ("batch_normalize", "yes", "valid boolean"),
     ("bypass", 1, "valid boolean"),

@@ -20,6 +20,10 @@ PG = {
     "dual_kl": PGLossConfig(ratio_clip_c=2.0, reference_policy_kl_penalty=0.1),
     "seq_level": PGLossConfig(token_level_loss=False),
 }
+# bands wide enough that the test data's sequence ratios fall on both sides of them
+TBPO_WIDE = dict(
+    tbpo_clip_low=0.05, tbpo_clip_high=0.08, tbpo_neg_clip_low=0.04, tbpo_neg_clip_high=0.06
+)
 CONFIGS = {
     "seq_tis": CorrectionConfig(mode="seq_tis", seq_weight_cap=1.5),
     "seq_mis": CorrectionConfig(mode="seq_mis", seq_mis_min=0.7, seq_mis_max=1.4),
@@ -34,6 +38,9 @@ CONFIGS = {
     "seq_mis_bn": CorrectionConfig(mode="seq_mis", batch_normalize=True),
     "ais_bn": CorrectionConfig(mode="ais", batch_normalize=True),
     "tis_bypass": CorrectionConfig(mode="tis", bypass=True),
+    "tbpo": CorrectionConfig(mode="tbpo"),  # QaRL's bands: almost every sequence clipped
+    "tbpo_wide": CorrectionConfig(mode="tbpo", seq_weight_cap=1.05, **TBPO_WIDE),
+    "tbpo_bn_bypass": CorrectionConfig(mode="tbpo", batch_normalize=True, bypass=True, **TBPO_WIDE),
 }
 IS_AND_REJECTION = [
     CorrectionConfig(mode=m) for m in ("tis", "icepop", "seq_mask_geo", "ais", "seq_tis")
@@ -102,6 +109,40 @@ def test_modes_are_not_vacuous_on_the_test_data():
         assert 0 < d["mode_frac_masked"] < 1, name
     assert 0 < oracles.diagnostics(*lists, CONFIGS["seq_tis"])["mode_frac_capped"] < 1
     assert oracles.diagnostics(*lists, CONFIGS["tis_bn"])["w_norm"] != 1
+    assert 0 < oracles.diagnostics(*lists, CONFIGS["tbpo_wide"])["mode_frac_capped"] < 1
+    # tbpo_wide: some sequences inside their band (gradient) and some outside (none)
+    _, grad = _core(b, CONFIGS["tbpo_wide"], PG["default"])
+    moving = (grad != 0).any(dim=-1)
+    assert 0 < moving.sum() < moving.numel()
+
+
+def test_tbpo_hand_worked():
+    # one sequence, 2 valid tokens, log r = theta - old = [0.01, 0.03]: s = e^0.02 = 1.020201;
+    # mu = pi_old, so the mismatch weight is 1; token-level loss: c_t = 1 / 2
+    old = torch.tensor([[-1.0, -2.0, -1.0]], dtype=torch.float64)
+    theta = (old + torch.tensor([[0.01, 0.03, 5.0]], dtype=torch.float64)).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    s = math.exp(0.02)
+    cfg = CorrectionConfig(mode="tbpo", **TBPO_WIDE)  # A >= 0 band [0.95, 1.08]: s inside
+    out = clipped_pg_loss(theta, old, old, torch.tensor([2.0], dtype=torch.float64), mask, cfg)
+    out.loss.backward()
+    # loss = -A s = -2.040403; d loss / d theta_t = -A s / n = -1.020201 per valid token
+    assert out.loss.item() == pytest.approx(-2 * s, rel=1e-15)
+    assert theta.grad[0].tolist() == pytest.approx([-s, -s, 0.0], rel=1e-15)
+    # A < 0 band [0.96, 1.06]; tighten it to [0.96, 1.01]: s = 1.0202 > 1.01 -> -A * 1.01 = 1.01,
+    # no gradient (PPO's pessimistic max would keep -A s = 1.0202 and its gradient)
+    tight = CorrectionConfig(mode="tbpo", **dict(TBPO_WIDE, tbpo_neg_clip_high=0.01))
+    theta.grad = None
+    out = clipped_pg_loss(theta, old, old, torch.tensor([-1.0], dtype=torch.float64), mask, tight)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(1.01, rel=1e-15)
+    assert theta.grad.abs().sum().item() == 0.0
+
+
+def test_tbpo_refuses_disable_ppo_ratio():
+    b = _batch(0)
+    with pytest.raises(ValueError, match=r"disable_ppo_ratio=True is invalid with .*mode='tbpo'"):
+        _core(b, CorrectionConfig(mode="tbpo"), PGLossConfig(disable_ppo_ratio=True))
 
 
 @pytest.mark.parametrize("cfg", IS_AND_REJECTION, ids=lambda c: f"{c.mode}-bn{c.batch_normalize}")
@@ -200,6 +241,8 @@ def test_m2po_bins_mask_a_superset_of_the_exact_rule_and_bound_the_moment():
         ({"seq_mis_min": 2.5}, "loss_fn.ais.seq_mis_min=2.5 must be < seq_mis_max=2.0"),
         ({"mode": "kl_rs", "batch_normalize": True}, "loss_fn.ais.batch_normalize=True is invalid"),
         ({"bypass": "yes"}, "loss_fn.ais.bypass='yes' is invalid"),
+        ({"tbpo_clip_low": 1.0}, "loss_fn.ais.tbpo_clip_low=1.0 is invalid"),
+        ({"tbpo_neg_clip_high": 0.0}, "loss_fn.ais.tbpo_neg_clip_high=0.0 is invalid"),
     ],
 )
 def test_field_named_errors(data, message):
