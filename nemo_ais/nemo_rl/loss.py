@@ -208,6 +208,17 @@ class AISLossConfig(ClippedPGLossConfig):
     @model_validator(mode="after")
     def _check_conflicts(self) -> AISLossConfig:
         problems = ais_conflicts({f: getattr(self, f) for f in AIS_CONFLICTS}, self.ais.mode)
+        if self.ais.bypass and self.ais.mode == "none":  # none is ClippedPGLossFn, unchanged
+            problems.append(
+                "loss_fn.ais.bypass=True is invalid with loss_fn.ais.mode='none': mode none "
+                "delegates to NeMo-RL's ClippedPGLossFn, which reads prev_logprobs (use "
+                "mode: tis; with pi_old := mu every IS mode's weight is 1)"
+            )
+        if self.ais.mode == "tbpo" and self.disable_ppo_ratio:
+            problems.append(
+                "loss_fn.disable_ppo_ratio=True is invalid with loss_fn.ais.mode='tbpo': "
+                "expected False (tbpo's surrogate is built on the sequence ratio)"
+            )
         if problems:
             raise ValueError(problems[0])
         return self
