@@ -34,7 +34,9 @@ apart and refuses anything else before the config is read). Mirrors NeMo-RL's
 4. ``nemo_ais`` is put on ``PYTHONPATH`` so Ray workers (which inherit the driver's
    environment) can unpickle the loss and import the AIS workers; with an
    ``ais_fp8_refit`` section the vLLM workers also quantize the synced weights with
-   :mod:`nemo_ais.fp8` (:func:`configure_fp8_refit`, :mod:`nemo_ais.nemo_rl.refit`), and
+   :mod:`nemo_ais.fp8` (:func:`configure_fp8_refit`, :mod:`nemo_ais.nemo_rl.refit`); with an
+   ``ais_nvfp4_refit`` section an NVFP4 engine loads the BF16 trainer's weights packed by
+   :mod:`nemo_ais.fp8.stream_block` (:func:`configure_block_refit`, same hook); and
    after ``setup()`` every vLLM worker is asked whether that is armed
    (:func:`require_fp8_refit_active`; the run stops naming the worker if not). The
    optional ``ais_kv_calibration.reduction`` picks the Megatron worker's FP8 KV
@@ -83,6 +85,7 @@ from nemo_ais.preflight import fp8_kv_refit_problems, rollout_format_problems  #
 
 __all__ = [
     "ais_worker_fqn",
+    "configure_block_refit",
     "configure_fp8_refit",
     "configure_kv_calibration",
     "ensure_worker_pythonpath",
@@ -223,6 +226,19 @@ def configure_fp8_refit(config: dict[str, Any], environ: dict[str, str] | None =
     return refit
 
 
+def configure_block_refit(config: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
+    """Arm the NVFP4 refit of a BF16 trainer in the vLLM workers (``ais_nvfp4_refit``).
+
+    :func:`nemo_ais.nemo_rl.refit_block.configure`: sets ``NEMO_AIS_BLOCK_REFIT`` and puts
+    the hook first on ``PYTHONPATH`` (before Ray: the workers inherit the environment).
+    Returns the validated :class:`~nemo_ais.fp8.BlockSyncConfig`, or None when the section
+    is absent or disabled (NeMo-RL's NVFP4 engine then cannot load a BF16 refit).
+    """
+    from nemo_ais.nemo_rl import refit_block
+
+    return refit_block.configure(config, environ)
+
+
 def configure_kv_calibration(config: dict[str, Any], environ: dict[str, str] | None = None) -> str:
     """The Megatron worker's FP8 KV calibration rule, from ``ais_kv_calibration.reduction``.
 
@@ -350,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ensure_worker_pythonpath()
     refit = configure_fp8_refit(raw)  # before Ray: workers inherit the environment
     print(f"ais_fp8_refit: {refit.model_dump() if refit else 'off (NeMo-RL quantizer)'}")
+    block_refit = configure_block_refit(raw)  # NVFP4 engine, BF16 trainer: same hook
+    if block_refit is not None:
+        print(f"ais_nvfp4_refit: {block_refit.model_dump()}")
     init_ray()
     tokenizer = get_tokenizer(config.policy["tokenizer"])
     if config.policy["generation"] is None:  # upstream asserts it here
@@ -385,8 +404,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         val_dataset,
         policy_factory=policy_factory,
     )
-    if refit is not None:  # every vLLM worker must refit through nemo_ais.fp8, or stop here
-        require_fp8_refit_active(config, policy_generation)
+    if refit is not None or block_refit is not None:  # every vLLM worker refits through
+        require_fp8_refit_active(config, policy_generation)  # nemo_ais.fp8, or stop here
     loss_fn = swap_loss(loss_fn, ais_cfg)
 
     async_cfg = compat.grpo_option(config, "async_grpo") or {}

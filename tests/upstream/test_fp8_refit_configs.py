@@ -91,7 +91,9 @@ def test_every_fp8_config_arms_the_refit_hook_and_bf16_ones_do_not(path):
 @pytest.fixture
 def smoke_env(monkeypatch):
     """The launcher's environment after configure_fp8_refit on the smoke config."""
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    for var in (ENV_VAR, "NEMO_AIS_BLOCK_REFIT"):  # recorded: removed again at teardown
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     refit = run.configure_fp8_refit(_load(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"))
     assert refit is not None

@@ -144,7 +144,10 @@ def real_setup(monkeypatch, tmp_path, local_ray):
 
         monkeypatch.setattr(CheckpointManager, "shutdown", spy_shutdown)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    monkeypatch.delenv("NEMO_AIS_FP8_REFIT", raising=False)
+    monkeypatch.setenv("NEMO_AIS_FP8_REFIT", "")  # recorded: removed at teardown
+    monkeypatch.delenv("NEMO_AIS_FP8_REFIT")
+    monkeypatch.setenv("NEMO_AIS_BLOCK_REFIT", "")  # recorded: removed at teardown
+    monkeypatch.delenv("NEMO_AIS_BLOCK_REFIT")
     monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
     return rec
 
@@ -262,13 +265,16 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     assert vllm.config["vllm_kwargs"]["hf_overrides"] == raw["policy"].get(
         "hf_config_overrides", {}
     )
-    # every FP8 config arms the AIS FP8 refit (test_fp8_refit_configs.py); main() then asks
-    # each vLLM worker process (a fresh interpreter with main()'s environment) before training
+    # every FP8 config arms the AIS FP8 refit (test_fp8_refit_configs.py), every NVFP4 one
+    # the NVFP4 refit (ais_nvfp4_refit); main() then asks each vLLM worker process (a fresh
+    # interpreter with main()'s environment) before training
     asked = [("__ray_call__", "_engine_statuses"), ("collective_rpc", "hook_status")]
+    armed = raw["policy"]["generation"]["vllm_cfg"]["precision"] == "fp8"
+    armed |= bool((raw.get("ais_nvfp4_refit") or {}).get("enabled", False))
     assert vllm.calls == [
         ("finish_generation", ()),
         ("prepare_refit_info", (REFIT_INFO,)),
-        *(asked if raw["policy"]["generation"]["vllm_cfg"]["precision"] == "fp8" else []),
+        *(asked if armed else []),
         *per_version(v0_7_0=[], main=[("shutdown", ())]),  # main's run_grpo.py stops it
     ]
     if AFTER_TRAINING:  # the checkpointer setup() built is the one flushed
