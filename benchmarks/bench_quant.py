@@ -17,7 +17,14 @@ after one warm-up:
 Throughput is input bytes / time; the fraction of copy bandwidth is t_copy_ / t_ours
 (1.0 = the quantizer runs as fast as one copy of its input).
 
+``--device cuda`` times the same calls on the GPU: CUDA events around each call, a
+synchronize before it and a 256 MiB write in between to flush L2; it adds the bytes the
+quantizer moves (input read + outputs written) per second against the card's nominal HBM
+bandwidth (``HBM_GBPS``, by device name; ``copy_`` gives the achievable bound). It records
+section ``quant_cuda`` instead of ``quant``.
+
     python -m benchmarks.bench_quant [--threads 1] [--repeats 3] [--formats fp8 nvfp4 ...] [--no-record]
+    python -m benchmarks.bench_quant --device cuda --repeats 20
 """
 
 from __future__ import annotations
@@ -80,17 +87,78 @@ FORMATS = {
 }
 
 
-def _interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
+# Nominal HBM bandwidth (GB/s) by device-name substring (vendor data sheets, SXM parts).
+HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "B200": 8000.0, "GB200": 8000.0, "A100": 2039.0}
+_L2_FLUSH_BYTES = 256 << 20
+
+
+def _cpu_timer(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _cuda_timer(flush: torch.Tensor):
+    """Seconds of ``fn()`` on the GPU: L2 flushed, synchronized, timed with CUDA events."""
+
+    def timer(fn) -> float:
+        flush.fill_(1)  # evict the previous call's data from L2
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    return timer
+
+
+def _interleaved_medians(fns: dict, repeats: int, timer=_cpu_timer) -> dict[str, float]:
     """Median seconds of each callable, all timed in turn within every repeat (shared machine)."""
     for fn in fns.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(timer(fn))
     return {name: statistics.median(v) for name, v in times.items()}
+
+
+def _hbm_peak(device: torch.device) -> tuple[str, float | None]:
+    """Device name and its nominal HBM GB/s (None: not in ``HBM_GBPS``)."""
+    name = torch.cuda.get_device_name(device)
+    peak = next(
+        (v for k, v in sorted(HBM_GBPS.items(), key=lambda kv: -len(kv[0])) if k in name), None
+    )
+    return name, peak
+
+
+def _bytes(t: torch.Tensor | list[torch.Tensor]) -> int:
+    parts = t if isinstance(t, list) else [t]
+    return sum(p.numel() * p.element_size() for p in parts)
+
+
+def _row(fmt, shape, dtype, t, gb, load, moved_gb=None, peak=None) -> str:
+    """One table row; CUDA rows add the bytes moved per second against the HBM peak."""
+    cells = [
+        fmt,
+        f"{shape[0]}x{shape[1]}",
+        str(dtype).removeprefix("torch."),
+        f"{t['ours'] * 1e3:.2f}",
+        f"{gb / t['ours']:.2f}",
+        f"{t['reference'] * 1e3:.2f}",
+        f"**{t['ours'] / t['reference']:.2f}**",
+        f"{t['copy_'] * 1e3:.2f}",
+        f"{gb / t['copy_']:.2f}",
+        f"**{t['copy_'] / t['ours']:.2f}**",
+    ]
+    if moved_gb is None:
+        cells.append(f"{load:.1f}")
+    else:
+        moved = moved_gb / t["ours"]
+        cells += [f"{moved:.0f}", "-" if peak is None else f"**{moved / peak:.2f}**"]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main() -> None:
@@ -98,21 +166,34 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False")
+    device = torch.device(args.device)
+    timer = _cpu_timer
+    gpu_name, peak = "", None
+    if cuda:
+        timer = _cuda_timer(torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=device))
+        gpu_name, peak = _hbm_peak(device)
     load = [os.getloadavg()[0]]
-    rows = [
+    head = (
         "| format | shape | dtype | ours ms | ours GB/s | reference ms | ours / reference "
-        "| copy_ ms | copy_ GB/s | fraction of copy_ bandwidth | load |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+        "| copy_ ms | copy_ GB/s | fraction of copy_ bandwidth |"
+    )
+    head += " moved GB/s | fraction of HBM peak |" if cuda else " load |"
+    rows = [head, "|---|---|---|" + "---:|" * (head.count("|") - 4)]
     for fmt in args.formats:
         ours, reference = FORMATS[fmt]
         for shape in SHAPES:
             for dtype in DTYPES:
                 x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
-                for a, b in zip(_fields(ours(x)), _fields(reference(x)), strict=True):
+                x = x.to(device)
+                out = _fields(ours(x))
+                for a, b in zip(out, _fields(reference(x)), strict=True):
                     assert torch.equal(a, b), f"{fmt}: " + _first_mismatch(a, b)
                 y = torch.empty_like(x)
                 t = _interleaved_medians(
@@ -122,20 +203,15 @@ def main() -> None:
                         "copy_": lambda x=x, y=y: y.copy_(x),
                     },
                     args.repeats,
+                    timer,
                 )
                 del y
                 load.append(os.getloadavg()[0])
-                gb = x.numel() * x.element_size() / 1e9
-                rows.append(
-                    f"| {fmt} | {shape[0]}x{shape[1]} | {str(dtype).removeprefix('torch.')} "
-                    f"| {t['ours'] * 1e3:.1f} | {gb / t['ours']:.2f} "
-                    f"| {t['reference'] * 1e3:.1f} | **{t['ours'] / t['reference']:.2f}** "
-                    f"| {t['copy_'] * 1e3:.1f} | {gb / t['copy_']:.2f} "
-                    f"| **{t['copy_'] / t['ours']:.2f}** | {load[-1]:.1f} |"
-                )
+                gb = _bytes(x) / 1e9
+                moved = (_bytes(x) + _bytes(out)) / 1e9 if cuda else None
+                rows.append(_row(fmt, shape, dtype, t, gb, load[-1], moved, peak))
                 print(rows[-1], flush=True)
-    body = "\n".join(rows) + (
-        f"\n\n{args.threads} torch thread(s); ours, the reference and `y.copy_(x)` timed in "
+    common = (
         f"turn within each of {args.repeats} repeats after a warm-up (median). GB/s = input "
         "bytes / time. References: FP8, the straightforward vectorised formulation (reshape "
         "into 128x128 tiles, amax, scale = amax / 448, multiply by 1/scale, clamp, cast to "
@@ -143,14 +219,31 @@ def main() -> None:
         "tensor at once, E2M1 by seven threshold comparisons); every output checked bit-equal "
         "to ours first. Fraction of copy_ bandwidth = t(y.copy_(x)) / t(ours): 1.0 would be "
         "a quantizer as fast as one copy of its input into a preallocated buffer (the "
-        "memory-bandwidth bound). No GPU was lent to this task: no GB/s against HBM "
-        "bandwidth. Load average (1 min): "
-        f"{min(load):.1f} to {max(load):.1f} on {os.cpu_count()} cores (shared machine: the "
-        "ratios, measured side by side, are the meaningful numbers)."
+        "memory-bandwidth bound)."
     )
+    if cuda:
+        nominal = "not in HBM_GBPS" if peak is None else f"{peak:.0f} GB/s nominal"
+        body = "\n".join(rows) + (
+            f"\n\n{gpu_name} ({nominal}); ours, the reference and `y.copy_(x)` timed with "
+            "CUDA events (synchronized, L2 flushed by a 256 MiB write before each call) in "
+            + common
+            + " Moved GB/s = (input bytes + output bytes) / t(ours); fraction of HBM peak = "
+            "that / the nominal bandwidth."
+        )
+    else:
+        body = "\n".join(rows) + (
+            f"\n\n{args.threads} torch thread(s); ours, the reference and `y.copy_(x)` timed "
+            "in "
+            + common
+            + " No GPU was lent to this task: `--device cuda` (GB/s against HBM bandwidth) "
+            "has not been run. Load average (1 min): "
+            f"{min(load):.1f} to {max(load):.1f} on {os.cpu_count()} cores (shared machine: "
+            "the ratios, measured side by side, are the meaningful numbers)."
+        )
     print(body)
     if not args.no_record:
-        record_section("quant", "Quantizer throughput (CPU): FP8, NVFP4, MXFP8, MXFP4", body)
+        name, title = ("quant_cuda", "GPU") if cuda else ("quant", "CPU")
+        record_section(name, f"Quantizer throughput ({title}): FP8, NVFP4, MXFP8, MXFP4", body)
 
 
 if __name__ == "__main__":
