@@ -15,7 +15,7 @@
 #
 # Usage: launchers/local_grpo_ais.sh [--dry-run] [--skip-check] CONFIG [OVERRIDE ...]
 #
-# Runs NeMo-RL v0.7.0 GRPO with the AIS loss on this machine (one node, Ray started by
+# Runs NeMo-RL (v0.7.0 or main) GRPO with the AIS loss on this machine (one node, Ray started by
 # NeMo-RL): `uv run python launchers/run_grpo_ais.py --config CONFIG [OVERRIDE ...]`
 # from the NeMo-RL checkout, with nemo_ais on PYTHONPATH (Ray workers inherit it).
 #
@@ -26,7 +26,7 @@
 #   -h, --help  this text
 #
 # Environment:
-#   NEMO_RL_DIR   (required) NeMo-RL v0.7.0 checkout; the job runs there, in its uv env
+#   NEMO_RL_DIR   (required) NeMo-RL v0.7.0 or main checkout; the job runs there, in its uv env
 #   NEMO_AIS_DIR  nemo_ais checkout put on PYTHONPATH (default: this script's repository)
 #   RUNNER        launcher of the entry point (default: "uv run python"; e.g. "python"
 #                 inside an activated NeMo-RL environment)
@@ -38,7 +38,7 @@ SCRIPT_NAME=local_grpo_ais.sh
 # shellcheck source=launchers/_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 parse_args "$@"
-[[ -n "${NEMO_RL_DIR:-}" ]] || die "NEMO_RL_DIR is not set: export NEMO_RL_DIR=/path/to/NeMo-RL (a v0.7.0 checkout)"
+[[ -n "${NEMO_RL_DIR:-}" ]] || die "NEMO_RL_DIR is not set: export NEMO_RL_DIR=/path/to/NeMo-RL (a v0.7.0 or main checkout)"
 [[ -d "$NEMO_RL_DIR/nemo_rl" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR is not a NeMo-RL checkout (no nemo_rl/ package in it)"
 read -r -a runner <<< "${RUNNER:-uv run python}"
 pythonpath="$(pythonpath_with "$NEMO_AIS_DIR")"   # no empty entry (= the cwd)

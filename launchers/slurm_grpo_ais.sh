@@ -15,7 +15,7 @@
 #
 # Usage: launchers/slurm_grpo_ais.sh [--dry-run] [--skip-check] CONFIG [OVERRIDE ...]
 #
-# Submits NeMo-RL v0.7.0 GRPO with the AIS loss as a multi-node Slurm job through
+# Submits NeMo-RL (v0.7.0 or main) GRPO with the AIS loss as a multi-node Slurm job through
 # NeMo-RL's ray.sub: `sbatch --nodes=N ... $NEMO_RL_DIR/ray.sub`, submitted from the
 # NeMo-RL checkout (ray.sub's working directory), with
 #   COMMAND = source $NEMO_AIS_DIR/launchers/_pythonpath.sh &&
@@ -34,8 +34,8 @@
 #   -h, --help    this text
 #
 # Environment (required):
-#   NEMO_RL_DIR   NeMo-RL v0.7.0 checkout, on a filesystem the compute nodes see
-#   CONTAINER     container image for ray.sub (e.g. a NeMo-RL v0.7.0 .sqsh)
+#   NEMO_RL_DIR   NeMo-RL v0.7.0 or main checkout, on a filesystem the compute nodes see
+#   CONTAINER     container image for ray.sub (e.g. a NeMo-RL v0.7.0 or main .sqsh)
 #   ACCOUNT       Slurm account
 #   PARTITION     Slurm partition
 # Environment (optional):
@@ -70,7 +70,7 @@ for var in NEMO_RL_DIR CONTAINER ACCOUNT PARTITION; do
 done
 ((${#missing[@]} == 0)) || die "set ${missing[*]} (see --help): e.g. NEMO_RL_DIR=/path/to/NeMo-RL \
 CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
-[[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 checkout)"
+[[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 or main checkout)"
 
 if ((check)); then
   check_python "$(pythonpath_with "$NEMO_AIS_DIR")"

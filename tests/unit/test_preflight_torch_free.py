@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from shipped_configs import CONFIG_DIR
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS, RUNS_ON
 from torch_free import torch_free_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,3 +136,32 @@ def test_the_rollout_format_checks_run_without_torch(env):
                         str(FORMAT_CONFIGS[2]))  # fmt: skip
     assert by_source.returncode == 0, by_source.stdout + by_source.stderr
     assert f"checked against the NeMo-RL at NEMO_RL_DIR={MAIN_TREE}" in by_source.stdout
+
+
+VENDOR = REPO.parent / "shared" / "vendor"
+TREES = {"v0.7.0": VENDOR / "nemo-rl-v0.7.0", "main": VENDOR / "nemo-rl-main-7ea279a"}
+
+
+@pytest.mark.parametrize("path", FULL_CONFIGS, ids=lambda p: str(p.relative_to(CONFIG_DIR)))
+def test_every_full_config_dry_runs_through_its_launcher_without_torch(env, path):
+    # the NeMo-RL the config runs on (main for W4A4 / MXFP8): its real tree, read, not imported
+    tree = TREES["v0.7.0" if "v0.7.0" in RUNS_ON[path] else "main"]
+    slurm_env = {
+        **env,
+        "NEMO_RL_DIR": str(tree),
+        "CONTAINER": "/images/nemo_rl.sqsh",
+        "ACCOUNT": "acct",
+        "PARTITION": "batch",
+        "HF_HOME": "/lustre/hf",  # multi-node: a path every node mounts (not on this node)
+    }
+    slurm = _launcher("slurm_grpo_ais.sh", str(path), env=slurm_env)
+    assert slurm.returncode == 0, slurm.stdout + slurm.stderr
+    assert slurm.stdout.splitlines()[-1].startswith("sbatch --nodes=")
+    nodes = subprocess.run(
+        [sys.executable, "-m", "nemo_ais.preflight", "--get", "cluster.num_nodes", str(path)],
+        env=env, cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    if nodes == "1":  # the local launcher takes single-node configs only
+        local = _launcher("local_grpo_ais.sh", str(path), env={**env, "NEMO_RL_DIR": str(tree)})
+        assert local.returncode == 0, local.stdout + local.stderr
+        assert local.stdout.splitlines()[-1].endswith(f"--config {path}")
