@@ -1,0 +1,156 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The twin's calibration forwards: W4A4 static input amax and the KV-cache scales.
+
+Both observe one forward of a left-padded calibration batch (``logits_to_keep=1``), of
+the twin itself (engine-side) or of a trainer model with the same module names:
+
+* input amax (``nvfp4_w4a4``): ``max |x|`` of each quantized linear's input over the
+  valid tokens, with activation quantization off (ModelOpt's ``max`` calibration); the
+  experts of one MoE projection share the max over the experts [reconstruction];
+* KV scales: :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` on the ``k_proj`` /
+  ``v_proj`` outputs under the config's reduction, margin and floor.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from nemo_ais.fp8.checks import check_finite
+from nemo_ais.fp8.formats import LinearFakeQuant
+from nemo_ais.fp8.generation import positions
+from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
+from nemo_ais.fp8.quant_linear import QuantLinear
+from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
+
+__all__ = [
+    "kv_scales_from_forward",
+    "observe_input_amax",
+    "static_input_modules",
+    "store_input_amax",
+]
+
+
+def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions(attention_mask),
+        logits_to_keep=1,
+    )
+
+
+def static_input_modules(model: nn.Module, fake_quant: LinearFakeQuant) -> dict[str, QuantLinear]:
+    """The quantized linears of ``model`` whose activations need a calibrated static amax."""
+    if not fake_quant.static_input_amax:
+        return {}
+    return {
+        n: m
+        for n, m in model.named_modules()
+        if isinstance(m, QuantLinear) and m.fake_quant.static_input_amax
+    }
+
+
+def observe_input_amax(
+    observed: nn.Module,
+    modules: dict[str, QuantLinear],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """``{name: max |x|}`` of the inputs of ``observed``'s modules named as ``modules``.
+
+    One forward of ``observed`` with the twin's ``modules`` calibrating (activation
+    quantization off). Inputs ``[B, S, K]`` count only where ``attention_mask`` is 1;
+    routed MoE expert inputs all count. A module that saw no row is absent.
+    """
+    mask = attention_mask.to(torch.bool)
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(name: str):
+        def record(_module: nn.Module, inputs: tuple) -> None:
+            x = inputs[0]
+            rows = x[mask] if tuple(x.shape[:-1]) == tuple(mask.shape) else x
+            amax = rows.detach().abs().amax().to(torch.float32) if rows.numel() else None
+            if amax is not None:
+                seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
+
+        return record
+
+    handles = [observed.get_submodule(n).register_forward_pre_hook(hook(n)) for n in modules]
+    for module in modules.values():
+        module.calibrating = True
+    try:
+        _forward(observed, input_ids, attention_mask)
+    finally:
+        for module in modules.values():
+            module.calibrating = False
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def store_input_amax(
+    modules: dict[str, QuantLinear], seen: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Experts share their projection's max; check, store on ``modules`` and return the amax.
+
+    Raises:
+        ValueError: a module with no observed input, or a non-finite amax.
+    """
+    expert_max: dict[str, torch.Tensor] = {}
+    for name, amax in seen.items():
+        key = re.sub(r"\.\d+$", "", name)  # "...experts.gate_up_proj.3" -> per projection
+        expert_max[key] = amax if key not in expert_max else torch.maximum(expert_max[key], amax)
+    out = {}
+    for name, module in modules.items():
+        key = re.sub(r"\.\d+$", "", name)
+        amax = seen.get(name)
+        if ".experts." in f".{name}" and key in expert_max:
+            amax = expert_max[key]
+        if amax is None:
+            raise ValueError(
+                f"calibrate_input_amax: no input observed for {name}; expected every "
+                "W4A4 linear to run in the calibration forward"
+            )
+        check_finite(amax, f"calibrate_input_amax: {name}", what="activations", action="")
+        module.input_amax = amax
+        out[name] = amax
+    return out
+
+
+def kv_scales_from_forward(
+    observed: nn.Module,
+    num_layers: int,
+    config: RolloutPrecisionConfig,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+) -> KVScales:
+    """Per-layer KV scales of one forward of ``observed`` under ``config``'s calibration rule."""
+    calibrator = KVScaleCalibrator(
+        num_layers,
+        KVScaleConfig(
+            reduction=config.kv_calibration_reduction,
+            percentile=config.kv_calibration_percentile,
+            margin=config.kv_calibration_margin,
+            amax_floor=config.kv_amax_floor,
+            include_q=False,
+        ),
+    )
+    calibrator.token_mask = attention_mask
+    with calibrator.install_hooks(observed):
+        _forward(observed, input_ids, attention_mask)
+    return calibrator.compute_scales()

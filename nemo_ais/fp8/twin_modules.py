@@ -1,0 +1,167 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The twin's build step: which modules a rollout format quantizes, and what replaces them.
+
+Every ``nn.Linear`` inside a decoder layer (q/k/v/o_proj, gate/up/down_proj, per-expert
+linears) and every transformers-5 fused MoE experts module is quantized, except MoE
+routers and the config's exclusions (first/last ``num_*_layers_in_bf16`` layers,
+``attention_in_bf16``, ``keep_patterns``). A quantized module becomes
+:class:`~nemo_ais.fp8.fp8_linear.Fp8Linear` / ``Fp8Experts`` (format ``fp8``) or
+:class:`~nemo_ais.fp8.quant_linear.QuantLinear` / ``QuantExperts`` (the block formats).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from nemo_ais.fp8.formats import LinearFakeQuant, fused_shard_group, linear_fake_quant
+from nemo_ais.fp8.fp8_linear import Fp8Experts, Fp8Linear
+from nemo_ais.fp8.quant_linear import QuantExperts, QuantLinear
+from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
+
+__all__ = [
+    "head_dim",
+    "num_layers",
+    "quantized_module",
+    "quantized_module_names",
+    "shared_amax_groups",
+]
+
+# A decoder layer's index in a HF module name: "model.layers.3.self_attn.q_proj".
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_ATTENTION_RE = re.compile(r"\.self_attn\.")
+# Linear layers inside a decoder layer that vLLM keeps in BF16 (MoE routers).
+_ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate"})
+
+
+def _text_config(model: nn.Module):
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def num_layers(model: nn.Module) -> int:
+    """Decoder layers of a HF causal LM."""
+    return int(_text_config(model).num_hidden_layers)
+
+
+def head_dim(model: nn.Module) -> int:
+    """Attention head dim of a HF causal LM (``head_dim``, else hidden / heads)."""
+    text = _text_config(model)
+    return int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+
+
+def _is_fused_experts(module: nn.Module) -> bool:
+    """A transformers-5 fused MoE experts module (3-D ``gate_up_proj`` / ``down_proj``)."""
+    weight = getattr(module, "gate_up_proj", None)
+    return isinstance(weight, torch.Tensor) and weight.dim() == 3
+
+
+def _in_features(module: nn.Module) -> list[int]:
+    if isinstance(module, nn.Linear):
+        return [module.in_features]
+    return [module.gate_up_proj.shape[-1], module.down_proj.shape[-1]]
+
+
+def quantized_module_names(model: nn.Module, config: RolloutPrecisionConfig) -> list[str]:
+    """Names of the modules the format quantizes (module doc), in model order.
+
+    Raises:
+        ValueError: first + last BF16 layers exceed the model's layers, or a quantized
+            module's in-dim is not a multiple of the format's block (naming the module).
+    """
+    if config.format == "bf16":
+        return []
+    n_layers = num_layers(model)
+    first, last = config.num_first_layers_in_bf16, config.num_last_layers_in_bf16
+    if first + last > n_layers:
+        raise ValueError(
+            f"num_first_layers_in_bf16={first} + num_last_layers_in_bf16={last} is invalid: "
+            f"expected <= the model's {n_layers} decoder layers"
+        )
+    k_multiple = linear_fake_quant(config).k_multiple
+    names = []
+    for name, module in model.named_modules():
+        match = _LAYER_RE.search(name)
+        if match is None or not (isinstance(module, nn.Linear) or _is_fused_experts(module)):
+            continue
+        layer = int(match.group(1))
+        kept = (
+            layer < first
+            or layer >= n_layers - last
+            or name.rsplit(".", 1)[-1] in _ROUTER_NAMES
+            or (config.attention_in_bf16 and _ATTENTION_RE.search(name) is not None)
+            or any(re.search(p, name) for p in config.keep_patterns)
+        )
+        if kept:
+            continue
+        bad = [k for k in _in_features(module) if k % k_multiple]
+        if bad:
+            raise ValueError(
+                f"{name}: in-dim {bad[0]} is not a multiple of {k_multiple}, which format "
+                f"{config.format!r} needs (blocks along the in-dim); keep it unquantized "
+                f"with keep_patterns=[{re.escape(name)!r}]"
+            )
+        names.append(name)
+    return names
+
+
+def quantized_module(
+    module: nn.Module,
+    name: str,
+    config: RolloutPrecisionConfig,
+    fake_quant: LinearFakeQuant,
+    weight_amax: torch.Tensor | None = None,
+) -> nn.Module:
+    """The format's replacement of ``module`` (an ``nn.Linear`` or fused experts) ``name``.
+
+    ``weight_amax``: the NVFP4 weight's global amax, shared by the fused shards (None: its own).
+    """
+    if config.format == "fp8":
+        quant = dict(
+            weight_block=config.weight_block,
+            activation_group=config.activation_group,
+            weight_family=config.weight_family,
+            activation_family=config.activation_family,
+            weight_eps=config.weight_eps,
+            activation_eps=config.activation_eps,
+            ue8m0=config.ue8m0,
+        )
+        if isinstance(module, nn.Linear):
+            return Fp8Linear.from_linear(module, name=f"{name}.weight", **quant)
+        return Fp8Experts(module, name=name, **quant)
+    if isinstance(module, nn.Linear):
+        return QuantLinear(
+            module.weight.detach(),
+            module.bias,
+            fake_quant,
+            name=f"{name}.weight",
+            weight_amax=weight_amax,
+        )
+    return QuantExperts(module, lambda w, n: QuantLinear(w, None, fake_quant, name=n), name=name)
+
+
+def shared_amax_groups(model: nn.Module, names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """``{weight name: the weight names sharing its amax}``, groups of 2 or more.
+
+    Among the ``QuantLinear`` modules ``names`` of ``model``: vLLM's fused q/k/v and
+    gate/up shards of a layer (:func:`~nemo_ais.fp8.formats.fused_shard_group`).
+    """
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        if isinstance(model.get_submodule(name), QuantLinear):
+            groups.setdefault(fused_shard_group(name), []).append(f"{name}.weight")
+    return {n: tuple(g) for g in groups.values() if len(g) > 1 for n in g}
