@@ -82,6 +82,7 @@ from nemo_ais.nemo_rl.policy_factory import (  # noqa: E402
     register_ais_workers,
 )
 from nemo_ais.preflight import fp8_kv_refit_problems, rollout_format_problems  # noqa: E402
+from nemo_ais.preflight.loader import get  # noqa: E402
 
 __all__ = [
     "ais_worker_fqn",
@@ -202,7 +203,7 @@ def configure_fp8_refit(config: dict[str, Any], environ: dict[str, str] | None =
     section = config.get("ais_fp8_refit")
     if section is None:
         return None
-    vllm_cfg = ((config.get("policy") or {}).get("generation") or {}).get("vllm_cfg") or {}
+    vllm_cfg = get(config, "policy.generation.vllm_cfg", {})
     engine = {
         "tp_size": vllm_cfg.get("tensor_parallel_size", 1),
         "ue8m0": vllm_cfg.get("pow2_weight_scaling_factors", False),
@@ -297,9 +298,8 @@ def refit_transport_problems(config: dict[str, Any]) -> list[str]:
     sit on the default transport (null: CUDA IPC colocated, NCCL otherwise); main's
     ``nccl_reshard``, NIXL / checkpoint-engine and sparse transports bypass both.
     """
-    generation = (config.get("policy") or {}).get("generation") or {}
-    transport = generation.get("refit_transport")
-    vllm_cfg = generation.get("vllm_cfg") or {}
+    transport = get(config, "policy.generation.refit_transport")
+    vllm_cfg = get(config, "policy.generation.vllm_cfg", {})
     fp8 = vllm_cfg.get("precision") == "fp8" or str(vllm_cfg.get("kv_cache_dtype")).startswith(
         "fp8"
     )

@@ -73,6 +73,7 @@ __all__ = [
     "require_supported",
     "shutdown_after_training",
     "training_context",
+    "upstream_quantizes_mx",
 ]
 
 # version name -> what exactly is supported (the launch guard prints it)
@@ -187,6 +188,15 @@ def loss_init_kwargs(loss_fn: Any) -> dict[str, Any]:
             "store them: re-check nemo_ais/nemo_rl/compat.py against this NeMo-RL"
         )
     return {p: getattr(loss_fn, p) for p in params}
+
+
+def upstream_quantizes_mx(fp8_module: Any) -> bool:
+    """True when upstream's FP8 refit config is MXFP8 (main's ``is_mx``; absent on v0.7.0).
+
+    ``fp8_module``: ``nemo_rl.models.generation.vllm.quantization.fp8`` as the vLLM worker
+    imported it (its ``global_fp8_config``).
+    """
+    return bool(getattr(getattr(fp8_module, "global_fp8_config", None), "is_mx", False))
 
 
 def grpo_option(config: Any, key: str, default: Any = None) -> Any:

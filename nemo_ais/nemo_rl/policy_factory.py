@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS
+from nemo_ais.preflight.loader import get
 
 __all__ = [
     "ais_worker_fqn",
@@ -44,7 +45,7 @@ def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
     """The AIS worker extending the NeMo-RL worker that ``Policy`` would pick."""
     if policy_cfg.get("quant_cfg") is not None:
         raise ValueError("policy.quant_cfg (ModelOpt workers) is not supported with loss_fn.ais")
-    if (policy_cfg.get("megatron_cfg") or {}).get("enabled", False):
+    if get(policy_cfg, "megatron_cfg.enabled", False):
         return AIS_WORKER_FQNS[_MEGATRON]
     dtensor = policy_cfg.get("dtensor_cfg") or {}
     if dtensor.get("enabled", False):
@@ -112,7 +113,7 @@ def make_policy_factory(config: dict[str, Any]) -> Callable[..., Any]:
         ValueError: ``data_plane.enabled`` (TransferQueue's ``TQPolicy`` is not an AIS
             worker), or no supported training backend (:func:`ais_worker_fqn`).
     """
-    if (config.get("data_plane") or {}).get("enabled", False):
+    if get(config, "data_plane.enabled", False):
         raise ValueError(
             "data_plane.enabled=true (TransferQueue) is not supported with the nemo_ais "
             "launcher (every arm, loss_fn.ais.mode=none included, trains on the AIS worker); "

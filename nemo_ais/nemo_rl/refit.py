@@ -74,6 +74,7 @@ import torch
 from nemo_ais.config import require_config
 from nemo_ais.fp8 import Fp8SyncConfig, fp8_weight_stream
 from nemo_ais.fp8.stream_block import BlockSyncConfig
+from nemo_ais.nemo_rl import compat
 
 __all__ = [
     "ENV_VAR",
@@ -217,11 +218,6 @@ def ais_load_weights(
     )
 
 
-def _upstream_quantizes_mx(module: Any) -> bool:
-    """True when upstream's FP8 config is MXFP8 (main's ``is_mx``; absent on v0.7.0)."""
-    return bool(getattr(getattr(module, "global_fp8_config", None), "is_mx", False))
-
-
 def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
     """``backend: auto`` decided once for this process: ``te`` or ``torch``.
 
@@ -277,7 +273,7 @@ def install(module: Any, config: Fp8SyncConfig | BlockSyncConfig) -> bool:
     original = module.load_weights
 
     def load_weights(weights, model_runner):
-        if _upstream_quantizes_mx(module):  # MXFP8: upstream's quantizer, unchanged
+        if compat.upstream_quantizes_mx(module):  # MXFP8: upstream's quantizer, unchanged
             return original(weights, model_runner)
         return ais_load_weights(
             weights,

@@ -58,7 +58,8 @@ import torch
 
 from nemo_ais.config import require_config
 from nemo_ais.fp8.stream_block import BlockSyncConfig, BlockWeightStream
-from nemo_ais.nemo_rl import refit
+from nemo_ais.nemo_rl import compat, refit
+from nemo_ais.preflight.loader import get
 
 __all__ = [
     "ENV_VAR",
@@ -258,7 +259,7 @@ def _hook_config(config: BlockSyncConfig) -> BlockSyncConfig:
 def _require_engine(upstream: Any, model_runner: Any, config: BlockSyncConfig) -> None:
     """The engine is in the configured format, else ``RuntimeError`` naming both."""
     if config.format == "mxfp8":
-        if not refit._upstream_quantizes_mx(upstream):
+        if not compat.upstream_quantizes_mx(upstream):
             raise RuntimeError(
                 f"{ENV_VAR}: format=mxfp8 but NeMo-RL's FP8 config is not MXFP8 (needs "
                 "policy.generation.vllm_cfg.precision: fp8 and is_mx: true, NeMo-RL main)"
@@ -307,8 +308,8 @@ def configure(
     section = config.get(SECTION)
     if section is None:
         return None
-    generation = (config.get("policy") or {}).get("generation") or {}
-    vllm_cfg = generation.get("vllm_cfg") or {}
+    generation = get(config, "policy.generation", {})
+    vllm_cfg = get(generation, "vllm_cfg", {})
     engine = {"tp_size": vllm_cfg.get("tensor_parallel_size", 1)}
     if "ignore" not in section:
         engine["ignore"] = tuple(_engine_ignore(generation))

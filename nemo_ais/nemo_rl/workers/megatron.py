@@ -37,15 +37,15 @@ from nemo_ais.fp8.kv_scales import require_calibrated_kv_scales
 from nemo_ais.megatron import get_data_parallel_group
 from nemo_ais.megatron.kv_calibration import calibrate_qkv_fp8_scales, kv_reduction_from_env
 from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin
+from nemo_ais.preflight.loader import get
 
 __all__ = ["AISMegatronPolicyWorker", "fp8_kv_cache_enabled"]
 
 
 def fp8_kv_cache_enabled(policy_cfg: Any) -> bool:
     """``policy.generation`` is vLLM with ``vllm_cfg.kv_cache_dtype`` fp8* (upstream's test)."""
-    generation = policy_cfg.get("generation") or {}
-    kv_cache_dtype = (generation.get("vllm_cfg") or {}).get("kv_cache_dtype") or "auto"
-    return generation.get("backend") == "vllm" and str(kv_cache_dtype).startswith("fp8")
+    kv_cache_dtype = get(policy_cfg, "generation.vllm_cfg.kv_cache_dtype", "auto")
+    return get(policy_cfg, "generation.backend") == "vllm" and str(kv_cache_dtype).startswith("fp8")
 
 
 @ray.remote(
