@@ -81,10 +81,10 @@ def main() -> None:
             "Mismatch attribution on the default model (written by code)",
             f"`nemo-ais attribute` on the twin's default model ({BATCH} held-out prompts, "
             "responses sampled by the fully quantized twin at temperature 1, seed 0). Every "
-            "mismatch here is teacher-forced (one scoring forward per subset of sources), so "
-            "the all-quantized row is the twin's `score`, not its generation log-probs: it "
-            "differs from the per-format table above, which compares generation log-probs "
-            "(the KV cache is filled token by token there).\n\n" + "\n\n".join(parts),
+            "mismatch here is teacher-forced (one scoring forward per subset of sources): the "
+            "all-quantized row is the twin's `score` of the sampled tokens, where the "
+            "per-format table above uses the generation log-probs (KV cache filled token by "
+            "token); the two agree closely, not bit for bit.\n\n" + "\n\n".join(parts),
             path=LOW_PRECISION_MD,
         )
 
