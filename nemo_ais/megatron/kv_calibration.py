@@ -49,6 +49,7 @@ attributes), so it is unit-testable with any module tree of the same shape.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -60,13 +61,18 @@ from pydantic import ValidationError
 from torch import nn
 
 from nemo_ais.fp8.kv_scales import (
+    KINDS,
+    KV_METRIC_PREFIX,
     KV_REDUCTIONS,
     KVReduction,
+    KVSaturationCounter,
     KVScaleCalibrator,
     KVScaleConfig,
     KVScales,
     kv_saturation_metrics,
+    kv_scale_names,
 )
+from nemo_ais.fp8.quant import E4M3_MAX
 
 __all__ = [
     "FP8_FORMAT",
@@ -77,7 +83,9 @@ __all__ = [
     "kv_calibration_config",
     "kv_reduction_from_env",
     "log_kv_saturation",
+    "log_saturated_fraction",
     "nemo_rl_calibration_result",
+    "previous_kv_scales",
     "reduce_kv_scales",
 ]
 
@@ -88,6 +96,7 @@ FP8_FORMAT = "fp8"  # NeMo-RL's "format" entry
 KV_REDUCTION_ENV = "NEMO_AIS_KV_REDUCTION"
 _SELF_ATTN_RE = re.compile(r"(?:^|\.)decoder\.layers\.(\d+)\.self_attention$")
 _QKV_ARGS = ("query", "key", "value")
+SATURATION_WARN_FRACTION = 1e-3  # the share of elements the element P99.9 rule clips
 
 
 def kv_calibration_config(
@@ -170,11 +179,14 @@ def find_attention_layers(model: nn.Module | Sequence[nn.Module]) -> dict[int, n
 
 
 def install_core_attention_hooks(
-    model: nn.Module | Sequence[nn.Module], calibrator: KVScaleCalibrator
+    model: nn.Module | Sequence[nn.Module],
+    calibrator: KVScaleCalibrator,
+    counter: KVSaturationCounter | None = None,
 ) -> list[torch.utils.hooks.RemovableHandle]:
     """Forward pre-hooks feeding each ``core_attention``'s query/key/value to ``calibrator``.
 
-    Q is observed only when ``calibrator.config.include_q``.
+    Q is observed only when ``calibrator.config.include_q``; ``counter`` (optional) sees
+    the same tensors.
 
     Returns:
         The hook handles (call ``.remove()`` on each).
@@ -191,12 +203,17 @@ def install_core_attention_hooks(
                 f"attention layer_number={layer + 1} is outside the model's "
                 f"num_layers={calibrator.num_layers}"
             )
-        hook = _qkv_pre_hook(calibrator, layer, kinds)
+        hook = _qkv_pre_hook(calibrator, layer, kinds, counter)
         handles.append(attention.core_attention.register_forward_pre_hook(hook, with_kwargs=True))
     return handles
 
 
-def _qkv_pre_hook(calibrator: KVScaleCalibrator, layer: int, kinds: tuple[str, ...]) -> Callable:
+def _qkv_pre_hook(
+    calibrator: KVScaleCalibrator,
+    layer: int,
+    kinds: tuple[str, ...],
+    counter: KVSaturationCounter | None = None,
+) -> Callable:
     def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
         qkv = list(args[:3]) + [kwargs.get(name) for name in _QKV_ARGS[len(args[:3]) :]]
         for kind, name, x in zip(("q", "k", "v"), _QKV_ARGS, qkv, strict=True):
@@ -208,6 +225,8 @@ def _qkv_pre_hook(calibrator: KVScaleCalibrator, layer: int, kinds: tuple[str, .
                     "tensor as argument (query, key, value, ...)"
                 )
             calibrator.observe(layer, kind, x)
+            if counter is not None:
+                counter.observe(layer, kind, x)
 
     return hook
 
@@ -255,12 +274,19 @@ def calibrate_qkv_fp8_scales(
     reduction: KVReduction = "percentile_of_amax",
     group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
+    previous_scales: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Hook, run the forward passes, reduce over ``group`` and return NeMo-RL's dict.
 
     Logs (INFO) the largest calibration value over ``scale * 448`` per kind, the max over
     layers (:func:`~nemo_ais.fp8.kv_scales.kv_saturation_metrics`; > 1: the calibration
-    data saturates in E4M3), and WARNING when that happens.
+    data saturates in E4M3), and WARNING when that happens. With ``previous_scales`` (the
+    last calibration's ``layers``: the scales the rollout engine held while it generated
+    the data calibrated on now) it also counts the elements of this calibration's K / V
+    with ``|x| > previous scale * 448`` -- what that FP8 KV cache saturated, up to the
+    trainer/engine numerics -- and logs ``kv_cache/saturated_frac_<kind>`` over every
+    layer and rank (one more ``all_reduce(SUM)`` of a ``[2, layers, 3]`` table; WARNING
+    above 0.1 %, the share the element-percentile rule clips by design).
 
     Args:
         model: this rank's Megatron-Core model (its pipeline stage's layers).
@@ -273,6 +299,8 @@ def calibrate_qkv_fp8_scales(
         reduction: ``percentile_of_amax`` (NeMo-RL's rule) or ``element_percentile``.
         group: the group spanning every rank of the model (None = one process).
         device: device of the collective (the CUDA device for NCCL).
+        previous_scales: ``{vLLM scale name: float}`` in use until now, or None (first
+            calibration: nothing counted).
 
     Returns:
         ``{"format": "fp8", "percentile": float, "margin": float, "layers": {name: float}}``,
@@ -280,7 +308,10 @@ def calibrate_qkv_fp8_scales(
     """
     config = kv_calibration_config(percentile, margin, include_q, reduction)  # validated
     calibrator = KVScaleCalibrator(num_layers, config)
-    handles = install_core_attention_hooks(model, calibrator)  # step 1
+    counter = None
+    if previous_scales is not None:
+        counter = KVSaturationCounter(previous_kv_scales(previous_scales, num_layers))
+    handles = install_core_attention_hooks(model, calibrator, counter)  # step 1
     try:
         with torch.no_grad():
             run_forward()  # step 2: observe every micro-batch
@@ -289,7 +320,58 @@ def calibrate_qkv_fp8_scales(
             handle.remove()
     scales = reduce_kv_scales(calibrator, group, device)  # steps 3-4
     log_kv_saturation(scales, reduction)
+    if counter is not None:
+        log_saturated_fraction(counter, group, device)
     return nemo_rl_calibration_result(scales, percentile, margin)
+
+
+def previous_kv_scales(layers: Mapping[str, float], num_layers: int) -> KVScales:
+    """The scales a previous calibration returned (``{vLLM scale name: float}``) as a table.
+
+    A kind without a scale (q when it was not calibrated) gets +inf: nothing counts as
+    saturated there.
+    """
+    table = torch.full((num_layers, len(KINDS)), math.inf, dtype=torch.float64)
+    for layer in range(num_layers):
+        for j, kind in enumerate(KINDS):
+            value = layers.get(kv_scale_names(layer)[kind])
+            if value is not None:
+                table[layer, j] = float(value)
+    return KVScales(amax=table * E4M3_MAX, scale=table, include_q=False)
+
+
+def log_saturated_fraction(
+    counter: KVSaturationCounter,
+    group: dist.ProcessGroup | None,
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """``kv_cache/saturated_frac_<kind>`` summed over ranks; logged (INFO, WARNING > 0.1 %).
+
+    Returns:
+        ``{"kv_cache/saturated_frac_k": float, "kv_cache/saturated_frac_v": float}`` (and
+        ``_q`` if observed), identical on every rank of ``group``.
+    """
+    table = torch.stack([counter.saturated, counter.total])
+    if group is not None:
+        table = table.to(device)
+        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
+        table = table.cpu()
+    saturated, total = table[0].sum(dim=0), table[1].sum(dim=0)
+    metrics = {
+        f"{KV_METRIC_PREFIX}saturated_frac_{kind}": float(saturated[j] / total[j])
+        for j, kind in enumerate(KINDS)
+        if total[j] > 0
+    }
+    logger.info("FP8 KV cache saturation under the previous scales: %s", metrics)
+    over = {k: v for k, v in metrics.items() if v > SATURATION_WARN_FRACTION}
+    if over:
+        logger.warning(
+            "FP8 KV cache: more than %.1f %% of this step's K/V elements exceed the previous "
+            "scales * 448 (saturated in the rollout's FP8 cache): %s",
+            100 * SATURATION_WARN_FRACTION,
+            over,
+        )
+    return metrics
 
 
 def log_kv_saturation(scales: KVScales, reduction: str) -> dict[str, float]:

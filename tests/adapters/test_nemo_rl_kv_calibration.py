@@ -21,8 +21,10 @@ method's signature with the one recorded for v0.7.0 and with our override's. A r
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
+import logging
 import math
 import types
 from pathlib import Path
@@ -90,7 +92,10 @@ def _qkv(seed: int, layer: int):
 
 
 class _StandInWorker:
-    """What the override touches on ``self``: model, megatron_bridge, get_logprobs."""
+    """What the override touches on ``self``: model, megatron_bridge, get_logprobs, and the
+    last calibration's scales (a class attribute of the real worker, None before the first)."""
+
+    _ais_kv_scales = None
 
     def __init__(self) -> None:
         self.model = _Wrapped(LAYERS)
@@ -169,6 +174,35 @@ def test_override_scales_equal_the_rules_oracle(worker_cls, include_q, reduction
     # hooks are removed afterwards
     for block in worker.model.module.decoder.layers:
         assert not block.self_attention.core_attention._forward_pre_hooks
+
+
+def test_second_calibration_logs_what_the_previous_scales_saturate(worker_cls, monkeypatch, caplog):
+    # issue 18 item 2: the fraction of K / V elements above scale * 448, where scale is what
+    # the rollout's FP8 cache held (the previous calibration's), over this step's data
+    monkeypatch.setenv(KV_REDUCTION_ENV, "element_percentile")  # clips the top 1 % (p = 99)
+    worker = _StandInWorker()
+    calibrate = functools.partial(
+        worker_cls.calibrate_qkv_fp8_scales, worker, percentile=PERCENTILE, margin=1.0
+    )
+    with caplog.at_level(logging.INFO, logger="nemo_ais.megatron.kv_calibration"):
+        first = calibrate(data={"seeds": [1, 2]})
+        assert "saturation under the previous scales" not in caplog.text  # nothing before
+        calibrate(data={"seeds": [3, 4]})
+    (record,) = [r for r in caplog.records if "under the previous scales" in r.getMessage()]
+    fractions = record.args
+    for j, kind in ((1, "k"), (2, "v")):
+        over = total = 0
+        for layer in range(LAYERS):
+            scale = first["layers"][kv_scale_names(layer)[kind]]
+            for seed in (3, 4):
+                x = _qkv(seed, layer)[j].float()
+                over += int(((x / torch.tensor(scale, dtype=torch.float32)).abs() > E4M3_MAX).sum())
+                total += x.numel()
+        assert 0 < over < total  # non-vacuous: the element rule clips about 1 %
+        assert math.isclose(fractions[f"kv_cache/saturated_frac_{kind}"], over / total)
+    assert "kv_cache/saturated_frac_q" not in fractions  # q was not calibrated
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("exceed the previous scales * 448" in r.getMessage() for r in warned)
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,10 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
         1e-4 amax floor (upstream: scale 0); ``include_q=False`` returns K/V names only
         (upstream's converter needs ``q_scale``); the ``FP8_MAX_Q/K/V`` environment
         overrides are not read (448). Logs the calibration's largest value over
-        ``scale * 448`` per kind (WARNING when > 1: it saturates).
+        ``scale * 448`` per kind (WARNING when > 1: it saturates) and, from the second
+        calibration on, ``kv_cache/saturated_frac_<kind>``: the fraction of this data's
+        K / V elements above the previous scales * 448 (what the rollout's FP8 cache
+        saturated; WARNING above 0.1 %).
         """
         self.model.eval()
         result = calibrate_qkv_fp8_scales(
@@ -101,6 +104,7 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
             reduction=kv_reduction_from_env(),
             group=torch.distributed.group.WORLD if torch.distributed.is_initialized() else None,
             device=self._ais_device(),
+            previous_scales=self._ais_kv_scales,  # what the rollout's FP8 cache held
         )
         self._ais_kv_scales = dict(result["layers"])  # for refits that pass none (colocated)
         return result
