@@ -15,6 +15,7 @@ diagnostics of that global batch computed on its own (float64 oracle).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import math
@@ -102,8 +103,20 @@ class _Logits(torch.nn.Module):
         return self.table(input_ids)
 
 
+@contextlib.contextmanager
+def _cuda_is_identity(moved: list):
+    """``Tensor.cuda`` -> the tensor itself (recorded in ``moved``), only while upstream's
+    loop runs: its log-prob helper moves the token ids with ``.cuda()``; no device here."""
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda t, *args, **kwargs: moved.append(t.dtype) or t
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = cuda
+
+
 def _step_metrics(
-    automodel_train, loss_fn: AISClippedPGLossFn
+    automodel_train, loss_fn: AISClippedPGLossFn, moved: list
 ) -> tuple[dict[str, float], list[float]]:
     """One step of N_GB global batches through upstream's loop; GRPO's reduction after."""
     batches = [_global_batch(g) for g in range(N_GB)]
@@ -130,14 +143,15 @@ def _step_metrics(
             )
             for a in range(0, ROWS, MB)
         ]
-        results = automodel_train.automodel_forward_backward(
-            model,
-            iter(microbatches),
-            post,
-            global_valid_seqs=gb["sample_mask"].sum(),
-            global_valid_toks=mask.sum(),
-            num_global_batches=N_GB,
-        )
+        with _cuda_is_identity(moved):
+            results = automodel_train.automodel_forward_backward(
+                model,
+                iter(microbatches),
+                post,
+                global_valid_seqs=gb["sample_mask"].sum(),
+                global_valid_toks=mask.sum(),
+                num_global_batches=N_GB,
+            )
         all_mb_metrics.extend(metrics for _, metrics in results)
     lists: dict[str, list] = defaultdict(list)  # aggregate_training_statistics / Policy.train
     for metrics in all_mb_metrics:
@@ -168,13 +182,10 @@ def test_upstream_divides_metrics_by_the_number_of_global_batches_and_grpo_sums_
 
 
 @pytest.mark.parametrize("mode", ["ais", "none"])
-def test_step_alpha_is_the_mean_and_each_global_batch_is_reported(
-    automodel_train, monkeypatch, mode
-):
-    moved = []  # upstream's log-prob helper moves the token ids with .cuda(): CPU identity
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda t, *a, **k: moved.append(t.dtype) or t)
+def test_step_alpha_is_the_mean_and_each_global_batch_is_reported(automodel_train, mode):
+    moved = []  # what upstream moved with .cuda() (the identity here)
     loss_fn = AISClippedPGLossFn({"ais": {**AIS, "mode": mode}})
-    step, alphas = _step_metrics(automodel_train, loss_fn)
+    step, alphas = _step_metrics(automodel_train, loss_fn, moved)
     assert moved == [torch.int64] * (N_GB * ROWS // MB)  # input_ids, once per micro-batch
     oracle = [_oracle_alpha(g) for g in range(N_GB)]
     assert len(set(oracle)) == N_GB and 0 < min(oracle) < max(oracle) < 1  # non-vacuous
