@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""configs/nemo_rl/ against NeMo-RL v0.7.0 itself: its loader and its GRPO MasterConfig.
+"""configs/nemo_rl/ against NeMo-RL itself (v0.7.0, or main with --nemo-rl main): its loader and its GRPO MasterConfig.
 
 NeMo-RL is the vendored v0.7.0 source (tests/conftest.py; Python 3.11 via the harness's
 TypedDict shim). ``cluster_check.load_config`` IS NeMo-RL's loader when NeMo-RL is

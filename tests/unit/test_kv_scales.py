@@ -2,7 +2,7 @@
 """FP8 KV-cache scale calibration: both rules, hooks, names, saturation and the loaded-scale check.
 
 The default rule (``percentile_of_amax``) is checked against NeMo-RL's own
-``calibrate_qkv_fp8_scales`` in ``tests/upstream/test_kv_calibration_upstream.py``; here
+``calibrate_qkv_fp8_scales`` in ``tests/upstream/test_refit_kv_scales.py``; here
 against hand-worked cases.
 """
 
