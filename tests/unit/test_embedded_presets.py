@@ -1,0 +1,67 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The shipped presets: every arm validates, and the FP4 experiment is what its header says.
+
+``fp4`` / ``fp4-evidence`` (issue 17): default.yaml's hyperparameters unchanged (chosen on
+the bf16 arm alone), so only ``experiment``, ``logger`` and the run length may differ; the arm matrix is
+{none, tis, seq_mis, m2po, ais, const} x {W4A4 + NVFP4 KV, W4A16 + FP8 KV} plus bf16, and
+the evidence preset is the same experiment over 8 seeds.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_ais.cli import PRESETS
+from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
+
+SETTINGS = {"nvfp4_w4a4": "nvfp4", "nvfp4_w4a16": "fp8"}  # format -> KV cache
+CORRECTIONS = {"none": "none", "tis": "tis", "seq_mis": "seq_mis", "m2po": "m2po",
+               "ais": "ais", "const": "ais"}  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", ["default", *PRESETS])
+def test_every_included_arm_of_every_preset_validates(preset):
+    raw = load_config(CONFIG_DIR / f"{preset}.yaml")
+    include = raw["experiment"]["include"] or list(raw["experiment"]["arms"])
+    for arm in include:
+        resolve_arm(raw, arm)  # raises, naming the field, on a bad arm
+
+
+@pytest.mark.parametrize("preset", ["fp4", "fp4-evidence"])
+def test_fp4_presets_keep_default_hyperparameters(preset):
+    raw, default = (
+        load_config(CONFIG_DIR / f"{preset}.yaml"),
+        load_config(CONFIG_DIR / "default.yaml"),
+    )
+    for section in set(raw) | set(default):
+        if section not in ("experiment", "logger", "grpo"):
+            assert raw[section] == default[section], section
+    shorter = {"max_num_steps": 20, "val_period": 5}  # the run length, from bf16's curve
+    assert raw["grpo"] == {**default["grpo"], **shorter}
+    assert {k: v for k, v in raw["logger"].items() if k != "name"} == {
+        k: v for k, v in default["logger"].items() if k != "name"
+    }
+    assert raw["logger"]["name"] == preset
+
+
+def test_fp4_arm_matrix_and_evidence_seeds():
+    raw = load_config(CONFIG_DIR / "fp4.yaml")
+    expected = ["bf16"] + [f"{fmt}-{c}" for fmt in SETTINGS for c in CORRECTIONS]
+    assert raw["experiment"]["include"] == expected
+    for fmt, kv in SETTINGS.items():
+        for name, mode in CORRECTIONS.items():
+            cfg = resolve_arm(raw, f"{fmt}-{name}")
+            assert (cfg.precision.format, cfg.precision.kv_cache) == (fmt, kv)
+            assert cfg.correction.mode == mode
+            if name == "const":
+                assert (cfg.correction.mixer, cfg.correction.constant_alpha) == ("constant", 0.5)
+    bf16 = resolve_arm(raw, "bf16")
+    assert bf16.precision.enabled is False and bf16.correction.mode == "none"
+    evidence = load_config(CONFIG_DIR / "fp4-evidence.yaml")
+    assert evidence["experiment"]["seeds"] == list(range(8)) and raw["experiment"]["seeds"] == [
+        0,
+        1,
+    ]
+    assert {k: v for k, v in evidence["experiment"].items() if k != "seeds"} == {
+        k: v for k, v in raw["experiment"].items() if k != "seeds"
+    }
