@@ -25,6 +25,9 @@ NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``).
 twin on the config's policy with one quantized source at a time (weights and activations
 per layer and module, the KV cache per layer) and writes which carry the rollout mismatch
 (``docs/low_precision.md``, "Mismatch attribution").
+``nemo-ais calibrate-input-amax MODEL --out FILE.json`` writes the static input amax per
+linear of a BF16 checkpoint that the NVFP4 W4A4 refit reads (``input_amax_file``,
+``docs/cluster.md``).
 Exit codes: 0 success, 1 a run failed or bad log input (message printed), 2 bad config or
 arguments, 3 ``analyze --fail-on-alarm`` (or ``alarms.fail_on_alarm=true``) and an alarm
 fired, 130 interrupted (``run``: checkpoints kept; re-run the same command to resume).
@@ -54,6 +57,8 @@ examples:
   nemo-ais report runs/default
   nemo-ais analyze logs/exp_001 loss_fn.ais.ema=0.9    # a NeMo-RL run's train_data_step*.jsonl
   nemo-ais attribute rollout.format=nvfp4_w4a4 rollout.kv_cache=nvfp4   # who carries the mismatch
+  nemo-ais calibrate-input-amax Qwen/Qwen3-8B --prompts train.jsonl --device cuda \
+      --out calibration/qwen3_8b_nvfp4_input_amax.json   # W4A4 refit's input_amax_file
 
 Re-running the same command resumes an interrupted run from its last checkpoints.
 """
@@ -93,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="Log at INFO level.")
     parser.add_argument("--version", action="version", version=version_string())
-    sub = parser.add_subparsers(dest="command", metavar="{run,report,analyze,attribute}")
+    sub = parser.add_subparsers(
+        dest="command", metavar="{run,report,analyze,attribute,calibrate-input-amax}"
+    )
     sub.required = True
 
     run = sub.add_parser(
@@ -144,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", type=Path, help="A run directory (or its metrics.jsonl).")
     _add_analyze_parser(sub)
     _add_attribute_parser(sub)
+    _add_calibrate_input_amax_parser(sub)
     return parser
 
 
@@ -266,6 +274,101 @@ def _attribute(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected an integer >= 1")
+    return value
+
+
+def _add_calibrate_input_amax_parser(sub: argparse._SubParsersAction) -> None:
+    calibrate = sub.add_parser(
+        "calibrate-input-amax",
+        help="Write the NVFP4 W4A4 refit's input_amax_file from a BF16 checkpoint.",
+        description="Run the BF16 model MODEL on calibration prompts with a hook on every "
+        "linear the NVFP4 W4A4 engine quantizes (every decoder-layer linear but MoE "
+        "routers), record max |input| over the valid tokens (ModelOpt's max calibration), "
+        "and write JSON {module name: amax}: the file ais_nvfp4_refit.input_amax_file "
+        "names (input_scale = amax / (6 * 448); fused q/k/v and gate/up take the max).",
+    )
+    calibrate.add_argument(
+        "model", help="The BF16 checkpoint the trainer starts from: a local HF dir or hub name."
+    )
+    calibrate.add_argument("--out", type=Path, required=True, help="The JSON file to write.")
+    calibrate.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        help="Calibration prompts: .txt (one a line) or .jsonl (a JSON string or an object's "
+        "--prompt-key field a line); default: a small built-in set (smoke tests only).",
+    )
+    calibrate.add_argument(
+        "--prompt-key", default="prompt", help="Field of a .jsonl object (prompt)."
+    )
+    calibrate.add_argument(
+        "--num-samples", type=_positive_int, default=512, help="First N prompts (512)."
+    )
+    calibrate.add_argument(
+        "--max-length", type=_positive_int, default=2048, help="Tokens per prompt (2048)."
+    )
+    calibrate.add_argument(
+        "--batch-size", type=_positive_int, default=8, help="Prompts per forward (8)."
+    )
+    calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(cpu)")
+    calibrate.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="Weights and activations dtype (bfloat16, as the trainer's checkpoint).",
+    )
+    calibrate.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="Render each prompt as a user turn of the tokenizer's chat template.",
+    )
+
+
+def _calibrate_input_amax(args: argparse.Namespace) -> int:
+    from nemo_ais.fp8.input_amax_file import (
+        calibrate_input_amax,
+        calibration_batches,
+        load_causal_lm,
+        read_prompts,
+        write_input_amax,
+    )
+
+    try:
+        prompts = read_prompts(
+            args.prompts, num_samples=args.num_samples, prompt_key=args.prompt_key
+        )
+        model, tokenizer = load_causal_lm(args.model, device=args.device, dtype=args.dtype)
+        batches = calibration_batches(
+            tokenizer,
+            prompts,
+            max_length=args.max_length,
+            batch_size=args.batch_size,
+            chat_template=args.chat_template,
+        )
+    except ValueError as err:
+        print(f"nemo-ais calibrate-input-amax: invalid arguments: {err}", file=sys.stderr)
+        return 2
+    try:
+        amax = calibrate_input_amax(model, batches)
+        path = write_input_amax(amax, args.out)
+    except (ValueError, OSError) as err:  # non-finite activations, an unwritable --out
+        print(f"nemo-ais calibrate-input-amax: {err}", file=sys.stderr)
+        return 1
+    values = list(amax.values())
+    print(
+        f"nemo-ais calibrate-input-amax: {len(amax)} modules, {len(prompts)} prompts, amax "
+        f"{min(values):.4g}..{max(values):.4g}; wrote {path}"
+    )
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from nemo_ais.embedded.config import load_config
     from nemo_ais.embedded.dist import RecipeError
@@ -370,7 +473,13 @@ def _analyze(args: argparse.Namespace) -> int:
     return 3 if fail and result.alarms else 0
 
 
-_COMMANDS = {"run": _run, "report": _report, "analyze": _analyze, "attribute": _attribute}
+_COMMANDS = {
+    "run": _run,
+    "report": _report,
+    "analyze": _analyze,
+    "attribute": _attribute,
+    "calibrate-input-amax": _calibrate_input_amax,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

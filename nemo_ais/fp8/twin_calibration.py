@@ -26,6 +26,7 @@ the twin itself (engine-side) or of a trainer model with the same module names:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
@@ -40,6 +41,7 @@ from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
 __all__ = [
     "kv_scales_from_forward",
     "observe_input_amax",
+    "shared_input_amax",
     "static_input_modules",
     "store_input_amax",
 ]
@@ -67,15 +69,17 @@ def static_input_modules(model: nn.Module, fake_quant: LinearFakeQuant) -> dict[
 
 def observe_input_amax(
     observed: nn.Module,
-    modules: dict[str, QuantLinear],
+    modules: Mapping[str, nn.Module],
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """``{name: max |x|}`` of the inputs of ``observed``'s modules named as ``modules``.
 
     One forward of ``observed`` with the twin's ``modules`` calibrating (activation
-    quantization off). Inputs ``[B, S, K]`` count only where ``attention_mask`` is 1;
-    routed MoE expert inputs all count. A module that saw no row is absent.
+    quantization off; ``modules`` may also be plain linears, e.g. ``observed``'s own, for
+    the BF16 calibration of :mod:`nemo_ais.fp8.input_amax_file`). Inputs ``[B, S, K]``
+    count only where ``attention_mask`` is 1; routed MoE expert inputs all count. A module
+    that saw no row is absent.
     """
     mask = attention_mask.to(torch.bool)
     seen: dict[str, torch.Tensor] = {}
@@ -91,22 +95,23 @@ def observe_input_amax(
         return record
 
     handles = [observed.get_submodule(n).register_forward_pre_hook(hook(n)) for n in modules]
-    for module in modules.values():
+    quantized = [m for m in modules.values() if isinstance(m, QuantLinear)]
+    for module in quantized:
         module.calibrating = True
     try:
         _forward(observed, input_ids, attention_mask)
     finally:
-        for module in modules.values():
+        for module in quantized:
             module.calibrating = False
         for handle in handles:
             handle.remove()
     return seen
 
 
-def store_input_amax(
-    modules: dict[str, QuantLinear], seen: dict[str, torch.Tensor]
+def shared_input_amax(
+    names: Iterable[str], seen: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """Experts share their projection's max; check, store on ``modules`` and return the amax.
+    """``{name: amax}`` for ``names``: experts share their projection's max; checked.
 
     Raises:
         ValueError: a module with no observed input, or a non-finite amax.
@@ -116,7 +121,7 @@ def store_input_amax(
         key = re.sub(r"\.\d+$", "", name)  # "...experts.gate_up_proj.3" -> per projection
         expert_max[key] = amax if key not in expert_max else torch.maximum(expert_max[key], amax)
     out = {}
-    for name, module in modules.items():
+    for name in names:
         key = re.sub(r"\.\d+$", "", name)
         amax = seen.get(name)
         if ".experts." in f".{name}" and key in expert_max:
@@ -127,8 +132,21 @@ def store_input_amax(
                 "W4A4 linear to run in the calibration forward"
             )
         check_finite(amax, f"calibrate_input_amax: {name}", what="activations", action="")
-        module.input_amax = amax
         out[name] = amax
+    return out
+
+
+def store_input_amax(
+    modules: dict[str, QuantLinear], seen: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """:func:`shared_input_amax` of ``modules``, stored on them (``input_amax``) and returned.
+
+    Raises:
+        ValueError: a module with no observed input, or a non-finite amax.
+    """
+    out = shared_input_amax(modules, seen)
+    for name, module in modules.items():
+        module.input_amax = out[name]
     return out
 
 

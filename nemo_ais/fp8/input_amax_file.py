@@ -1,0 +1,271 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The NVFP4 W4A4 refit's ``input_amax_file``: static input amax of a BF16 checkpoint.
+
+A BF16 trainer has no calibrated input quantizer, so the W4A4 refit
+(:class:`~nemo_ais.fp8.stream_block.BlockSyncConfig` ``input_amax_file``) reads the
+static input amax of each linear from a JSON file, ``{module name: amax}``, and streams
+``<m>.input_scale = amax / (6 * 448)`` (fused q/k/v and gate/up: the max over the
+members). ``nemo-ais calibrate-input-amax`` writes that file (``docs/cluster.md``):
+
+1. Prompts: one a line (``.txt``), or a JSON string / an object's ``prompt_key`` field a
+   line (``.jsonl``); the first ``num_samples``. Without a file, :data:`DEFAULT_PROMPTS`.
+2. Batches: tokenized (optionally through the chat template), truncated to
+   ``max_length`` tokens, left-padded.
+3. Observe: the twin's trainer-side calibration
+   (:func:`~nemo_ais.fp8.twin_calibration.observe_input_amax`), ``max |x|`` over the
+   valid tokens of each input, on every module the W4A4 twin quantizes
+   (:func:`~nemo_ais.fp8.twin_modules.quantized_module_names`: every decoder-layer
+   linear but MoE routers), max over the batches (ModelOpt's ``max`` calibration).
+4. Check (:func:`~nemo_ais.fp8.twin_calibration.shared_input_amax`): every module
+   observed, every amax finite.
+5. Write ``{module name: amax}`` in model order, names as the refit streams them
+   (``model.layers.0.mlp.gate_proj``). Modules the engine keeps in BF16 (the W4A4 arm's
+   attention) are in the file too; the refit reads only the quantized ones.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
+from nemo_ais.fp8.twin_calibration import observe_input_amax, shared_input_amax
+from nemo_ais.fp8.twin_modules import quantized_module_names
+
+__all__ = [
+    "DEFAULT_PROMPTS",
+    "calibrate_input_amax",
+    "calibration_batches",
+    "input_amax_modules",
+    "load_causal_lm",
+    "read_prompts",
+    "write_input_amax",
+]
+
+logger = logging.getLogger(__name__)
+
+# Used without --prompts: a smoke-test set; calibrate a run on its own training prompts.
+DEFAULT_PROMPTS = (
+    "Solve for x: 3x + 7 = 22. Show your reasoning step by step.",
+    "A train travels 180 km in 2.5 hours. What is its average speed in km/h?",
+    "Find the sum of all positive divisors of 360.",
+    "Let f(x) = x^3 - 6x^2 + 11x - 6. Find all real roots of f.",
+    "How many ways can 5 distinct books be arranged on a shelf if two must be adjacent?",
+    "Prove that the square root of 2 is irrational.",
+    "What is the remainder when 7^100 is divided by 13?",
+    "Compute the integral of x * e^x from 0 to 1.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Explain the difference between a process and a thread in an operating system.",
+    "Summarize the causes of the French Revolution in three sentences.",
+    "Translate into French: The weather is nice today, so we will walk to the market.",
+    "A rectangle has perimeter 46 and area 120. Find its side lengths.",
+    "If the probability of rain on each of three days is 0.3, independently, what is the "
+    "probability that it rains on at least one day?",
+    "Simplify (2 + 3i)(4 - i) and give the result in the form a + bi.",
+    "List the first ten prime numbers and their sum.",
+)
+
+
+def read_prompts(
+    path: str | Path | None, *, num_samples: int | None = None, prompt_key: str = "prompt"
+) -> list[str]:
+    """Step 1: the first ``num_samples`` prompts of ``path`` (None: :data:`DEFAULT_PROMPTS`).
+
+    Raises:
+        ValueError: ``num_samples`` < 1, a missing file, a ``.jsonl`` line that is neither a
+            non-empty JSON string nor an object with a non-empty string ``prompt_key``, or no
+            prompt at all; each naming ``--prompts``, the file and the line.
+    """
+    if num_samples is not None and num_samples < 1:
+        raise ValueError(f"num_samples (--num-samples)={num_samples} is invalid: expected >= 1")
+    if path is None:
+        return list(DEFAULT_PROMPTS[:num_samples])
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--prompts {path}: no such file (expected .jsonl or .txt prompts)")
+    jsonl = path.suffix == ".jsonl"
+    prompts = []
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        prompts.append(_jsonl_prompt(line, path, line_no, prompt_key) if jsonl else line)
+        if num_samples is not None and len(prompts) == num_samples:
+            break
+    if not prompts:
+        raise ValueError(f"--prompts {path}: no prompt in the file (expected one a line)")
+    return prompts
+
+
+def _jsonl_prompt(line: str, path: Path, line_no: int, prompt_key: str) -> str:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--prompts {path} line {line_no}: not JSON ({err})") from err
+    prompt = row.get(prompt_key) if isinstance(row, dict) else row
+    if not isinstance(prompt, str) or not prompt:
+        keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+        raise ValueError(
+            f"--prompts {path} line {line_no}: got {keys}, expected a non-empty JSON string "
+            f"or an object with a non-empty string {prompt_key!r} (--prompt-key)"
+        )
+    return prompt
+
+
+def calibration_batches(
+    tokenizer,
+    prompts: Sequence[str],
+    *,
+    max_length: int,
+    batch_size: int,
+    chat_template: bool = False,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Step 2: left-padded ``(input_ids, attention_mask)`` int64 ``[B, <= max_length]``.
+
+    Arguments are checked here; the batches are tokenized as they are drawn.
+
+    Raises:
+        ValueError: ``max_length`` or ``batch_size`` < 1, or a tokenizer with neither a pad
+            nor an EOS token.
+    """
+    for field, flag, value in (
+        ("max_length", "--max-length", max_length),
+        ("batch_size", "--batch-size", batch_size),
+    ):
+        if value < 1:
+            raise ValueError(f"{field} ({flag})={value} is invalid: expected >= 1")
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("tokenizer: no pad_token and no eos_token to left-pad the batches")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if chat_template:
+        prompts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+            )
+            for p in prompts
+        ]
+    return _batches(tokenizer, prompts, max_length, batch_size)
+
+
+def _batches(tokenizer, prompts, max_length, batch_size):
+    for start in range(0, len(prompts), batch_size):
+        enc = tokenizer(
+            list(prompts[start : start + batch_size]),
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            return_tensors="pt",
+        )
+        yield enc["input_ids"].to(torch.int64), enc["attention_mask"].to(torch.int64)
+
+
+def input_amax_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The modules the NVFP4 W4A4 twin quantizes, by name (step 3).
+
+    Raises:
+        ValueError: an in-dim that is not a multiple of 16 (naming the module), or a fused
+            MoE experts module (its per-expert inputs have no module to hook here).
+    """
+    config = RolloutPrecisionConfig(format="nvfp4_w4a4")
+    modules = {n: model.get_submodule(n) for n in quantized_module_names(model, config)}
+    fused = [n for n, m in modules.items() if not isinstance(m, nn.Linear)]
+    if fused:
+        raise ValueError(
+            f"{fused[0]}: a fused MoE experts module ({len(fused)} in the model); "
+            "calibrate-input-amax hooks nn.Linear inputs only (dense models, per-expert "
+            "linears); use RolloutTwin(format='nvfp4_w4a4').calibrate_input_amax for MoE"
+        )
+    return modules
+
+
+@torch.no_grad()
+def calibrate_input_amax(
+    model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+) -> dict[str, float]:
+    """Steps 3-4: ``{module name: max |x|}`` over every batch, in model order.
+
+    Args:
+        model: a HF causal LM in eval mode (the BF16 checkpoint the trainer starts from).
+        batches: left-padded ``(input_ids, attention_mask)`` int64 ``[B, S]``.
+
+    Returns:
+        Python floats (the fp32 amax of the model's dtype, exactly).
+
+    Raises:
+        ValueError: no batch, a module whose input was never observed, or a non-finite amax.
+    """
+    modules = input_amax_modules(model)
+    device = next(model.parameters()).device
+    seen: dict[str, torch.Tensor] = {}
+    n_batches = 0
+    for input_ids, attention_mask in batches:
+        observed = observe_input_amax(
+            model, modules, input_ids.to(device), attention_mask.to(device)
+        )
+        for name, amax in observed.items():
+            seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
+        n_batches += 1
+    if n_batches == 0:
+        raise ValueError("calibrate_input_amax: no calibration batch (expected >= 1 prompt)")
+    return {name: float(amax) for name, amax in shared_input_amax(modules, seen).items()}
+
+
+def write_input_amax(amax: Mapping[str, float], path: str | Path) -> Path:
+    """Step 5: ``{module name: amax}`` as JSON at ``path`` (parents created).
+
+    Raises:
+        ValueError: empty ``amax`` or a value that is not finite and >= 0.
+    """
+    if not amax:
+        raise ValueError(f"{path}: no module to write (the model has no W4A4 linear)")
+    bad = {k: v for k, v in amax.items() if not (math.isfinite(v) and v >= 0)}
+    if bad:
+        raise ValueError(f"{path}: amax must be finite and >= 0, got {bad}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(amax), indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def load_causal_lm(model: str, *, device: str = "cpu", dtype: str = "bfloat16"):
+    """``(model, tokenizer)`` of a local HF directory or hub name, eval mode, on ``device``.
+
+    Raises:
+        ValueError: ``--device cuda`` without CUDA, an unknown ``dtype``, or a model or
+            tokenizer that cannot be loaded (naming MODEL and the cause).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available here (use --device cpu)")
+    torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"--dtype {dtype!r} is invalid: expected 'bfloat16' or 'float32'")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+    except (OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ValueError(
+            f"MODEL {model!r}: cannot load a causal LM and its tokenizer ({first})"
+        ) from err
+    return lm.to(device).eval(), tokenizer
