@@ -43,7 +43,7 @@ from pathlib import Path
 __all__ = ["PRESETS", "main", "version_string"]
 
 # nemo_ais/embedded/presets/<name>.yaml selectable with --preset (default.yaml: no flag)
-PRESETS = ("quick", "fp4-quick", "evidence", "addition")
+PRESETS = ("quick", "fp4-quick", "fp4", "fp4-evidence", "evidence", "addition")
 
 _EPILOG = """\
 examples:
