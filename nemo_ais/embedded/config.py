@@ -214,6 +214,12 @@ class PolicySection(_Section):
     max_grad_norm: float | None = Field(
         1.0, gt=0.0, description="Clip the global gradient norm (None: no clipping)."
     )
+    rollout_aligned_quantization: bool = Field(
+        False,
+        description="QaRL [reconstruction]: the trainer's forward runs the rollout format's "
+        "fake quantization (weights, activations, KV cache) with a straight-through backward, "
+        "so pi_old and pi_theta come from the rollout's arithmetic (nemo_ais.embedded.aligned).",
+    )
 
 
 class RolloutSection(_Section):
@@ -679,7 +685,24 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
     precision = rollout_precision(sec["rollout"])
     cfg = RecipeConfig(pg=pg, correction=correction, precision=precision, raw=data, **sec)
     _check_batching(cfg)
+    _check_rollout_alignment(cfg)
     return cfg
+
+
+def _check_rollout_alignment(cfg: RecipeConfig) -> None:
+    """Cross-section rules of ``policy.rollout_aligned_quantization`` (QaRL's trainer).
+
+    A BF16 rollout (``format`` and ``kv_cache`` bf16) is allowed: nothing is quantized, and
+    the aligned forward is the plain one (so the key can be set for every arm at once).
+    """
+    if not cfg.policy.rollout_aligned_quantization:
+        return
+    if cfg.precision.compute_dtype not in (None, "float32"):
+        raise ValueError(
+            "policy.rollout_aligned_quantization=True is invalid with "
+            f"rollout.quantizer.compute_dtype={cfg.precision.compute_dtype!r}: the aligned "
+            "trainer computes in fp32; expected null or 'float32'"
+        )
 
 
 def _check_batching(cfg: RecipeConfig) -> None:

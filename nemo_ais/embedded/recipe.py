@@ -55,6 +55,7 @@ from nemo_ais.core import (
     clipped_pg_loss,
     compute_diagnostics,
 )
+from nemo_ais.embedded.aligned import RolloutAlignedPolicy
 from nemo_ais.embedded.checkpoint import (
     UnreadableFileError,
     checkpoint_path,
@@ -70,6 +71,11 @@ from nemo_ais.embedded.config import (
     validate_config,
 )
 from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum, launch
+from nemo_ais.embedded.error_tokens import (
+    ErrorTokenCounts,
+    error_token_counts,
+    response_alphabet,
+)
 from nemo_ais.embedded.model import greedy_decode, response_logprobs
 from nemo_ais.embedded.rollout import (
     RolloutBatch,
@@ -92,6 +98,7 @@ __all__ = [
     "build_optimizer",
     "build_policy",
     "build_rollout_engine",
+    "build_trainer_forward",
     "run_experiment",
 ]
 
@@ -102,7 +109,12 @@ CONFIG_FILE = "config.yaml"
 # Keys that may change between an interrupted run and its resumption.
 _RESUME_FREE_KEYS = ("logger.progress_bar", "logger.plots", "cluster", "experiment.include")
 # The weight each mode puts on the fully corrected gradient (alpha of the interpolation).
-_APPLIED_ALPHA = {"none": 0.0, "tis": 1.0, "icepop": 1.0, "seq_mask_geo": 1.0}
+_APPLIED_ALPHA = {
+    "none": 0.0,
+    **dict.fromkeys(
+        ("tis", "icepop", "seq_mask_geo", "seq_tis", "seq_mis", "kl_rs", "m2po", "tbpo"), 1.0
+    ),
+}
 
 
 class NonFiniteError(RecipeError):
@@ -137,6 +149,20 @@ def build_optimizer(cfg: RecipeConfig, policy: torch.nn.Module) -> torch.optim.O
 def build_rollout_engine(cfg: RecipeConfig, policy: torch.nn.Module) -> Fp8Twin:
     """The simulated rollout engine (``rollout.format`` / ``kv_cache``; bf16 + bf16 = BF16 arm)."""
     return Fp8Twin(policy, cfg.precision)
+
+
+def build_trainer_forward(
+    cfg: RecipeConfig, policy: torch.nn.Module, engine: Fp8Twin
+) -> torch.nn.Module:
+    """The module the trainer's log-probs come from: ``policy``, or its rollout-aligned view.
+
+    With ``policy.rollout_aligned_quantization`` (QaRL), a
+    :class:`~nemo_ais.embedded.aligned.RolloutAlignedPolicy` that shares ``policy``'s
+    parameters and runs ``engine``'s fake quantization with a straight-through backward.
+    """
+    if not cfg.policy.rollout_aligned_quantization:
+        return policy
+    return RolloutAlignedPolicy(policy, engine)
 
 
 # --------------------------------------------------------------------------------------
@@ -236,9 +262,13 @@ class GRPORecipe:
         # 4. the rollout engine after the policy is final: the twin deep-copies its modules
         #    (it is re-synced from the trainer before every rollout anyway).
         self.engine = build_rollout_engine(cfg, self.policy)
-        # 5. the AIS EMA state (persistent across steps, saved in checkpoints).
+        # 5. the trainer's forward after the engine: the aligned one (QaRL) quantizes the
+        #    twin's modules with the twin's calibration; it shares the policy's parameters.
+        self.trainer_forward = build_trainer_forward(cfg, self.policy, self.engine)
+        self.alphabet = response_alphabet(self.task)  # error tokens: valid response tokens
+        # 6. the AIS EMA state (persistent across steps, saved in checkpoints).
         self.ais_state = AISState()
-        # 6. last: the checkpoint restores policy, optimizer, AIS state and RNG in place.
+        # 7. last: the checkpoint restores policy, optimizer, AIS state and RNG in place.
         self.start_step, self.finished = self._load_checkpoint()
         self.num_chunks = cfg.grpo.num_prompts_per_step // cfg.rollout.prompts_per_chunk
         self.my_chunks = chunk_range(self.num_chunks, self.ctx.rank, self.ctx.world_size)
@@ -325,7 +355,7 @@ class GRPORecipe:
         with torch.set_grad_enabled(grad):
             parts = [
                 response_logprobs(
-                    self.policy,
+                    self.trainer_forward,
                     sequences[i : i + mbs],
                     self.task.prompt_len,
                     self.cfg.rollout.temperature,
@@ -426,6 +456,12 @@ class GRPORecipe:
     def _log(self, step, batch: RolloutBatch, entropy, stats: list[StepStats], times) -> None:
         """One ``train`` record per step (rank 0); rollout statistics are summed over ranks."""
         lengths = batch.mask.sum(dim=1)
+        errors = error_token_counts(
+            batch.sequences[:, self.task.prompt_len :],
+            batch.mask,
+            self.alphabet,
+            eos_id=self.task.tokenizer.eos_id,
+        )
         vec = torch.tensor(
             [
                 float(batch.rewards.sum()),
@@ -433,11 +469,12 @@ class GRPORecipe:
                 float(len(batch)),
                 float(lengths.sum()),
                 float((entropy.double() * batch.mask).sum()),
+                *errors,
             ],
             dtype=torch.float64,
         )
         all_reduce_sum(vec, self.ctx)
-        reward_sum, correct_sum, n, len_sum, entropy_sum = vec.tolist()
+        reward_sum, correct_sum, n, len_sum, entropy_sum, *error_sums = vec.tolist()
         loss = sum(s.loss for s in stats) / len(stats)
         if not math.isfinite(loss):
             raise NonFiniteError(self._where(step, f"non-finite loss ({loss})"))
@@ -454,6 +491,8 @@ class GRPORecipe:
             "response_length": len_sum / n,
             # mean per-token entropy of the trainer policy on the sampled responses (nats)
             "entropy": entropy_sum / len_sum if len_sum else 0.0,
+            # QaRL's error tokens: repeated 3-grams / off-alphabet tokens per content token
+            **ErrorTokenCounts(*error_sums).rates(),
             "loss": loss,
             "grad_norm": sum(s.grad_norm for s in stats) / len(stats),
             "alpha": self._applied_alpha(stats),

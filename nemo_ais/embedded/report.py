@@ -232,6 +232,10 @@ def _corr(train: list[dict[str, Any]], x: str, y: str) -> float:
         return math.nan
 
 
+# error_tokens/<key> of every train record (nemo_ais.embedded.error_tokens)
+_ERROR_TOKEN_KEYS = ("repeat_frac", "invalid_frac", "error_frac")
+
+
 def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per arm: held-out accuracy (initial, final, primary metric) and step averages."""
     val = _series(records, "val", "accuracy")
@@ -273,6 +277,7 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "entropy_early_late": _early_late(train, "entropy"),
             "corr_d_step": _corr(train, "step", "ais/severity"),
             "corr_d_entropy": _corr(train, "entropy", "ais/severity"),
+            **{k: avg(f"error_tokens/{k}") for k in _ERROR_TOKEN_KEYS},
         }
     return out
 
@@ -408,6 +413,18 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
             f"| {arm} | {d0:.2e} → {d1:.2e} | {e0:.4f} → {e1:.4f} | {h0:.4f} → {h1:.4f} | "
             f"{s['corr_d_step']:+.2f} | {s['corr_d_entropy']:+.2f} |"
         )
+    lines += [
+        "",
+        "Error tokens (QaRL's repetitive, garbled tokens; `nemo_ais.embedded.error_tokens`), "
+        "fraction of response tokens before `<eos>`, averaged over all steps and seeds:",
+        "",
+        "| arm | repeated 3-gram | off-alphabet | either |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {arm} | " + " | ".join(f"{s[k]:.4f}" for k in _ERROR_TOKEN_KEYS) + " |"
+        for arm, s in summ.items()
+    ]
     lines += [
         "",
         "Plots: `reward.png`, `accuracy.png`, `diagnostics.png` (against the GRPO step), "

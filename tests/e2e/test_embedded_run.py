@@ -132,7 +132,11 @@ def _assert_arms_train_differently(run_dir, train):
 
 
 def test_fp4_quick_preset_shows_the_4bit_mismatch(tmp_path, cache_dir):
-    """--preset fp4-quick: quick.yaml with NVFP4 rollouts; W4A4 + NVFP4 KV mismatch > FP8's."""
+    """--preset fp4-quick: quick.yaml with NVFP4 rollouts; W4A4 + NVFP4 KV mismatch > FP8's.
+
+    The QaRL arm (aligned trainer + TBPO) sees no mismatch: its trainer log-probs are the
+    rollout's up to fp32 accumulation order.
+    """
     argv = ["run", "--preset", "fp4-quick", f"logger.run_dir={tmp_path}"]
     argv += [f"policy.warm_start.cache_dir={cache_dir}", "logger.progress_bar=false"]
     t0 = time.perf_counter()
@@ -141,11 +145,16 @@ def test_fp4_quick_preset_shows_the_4bit_mismatch(tmp_path, cache_dir):
     run_dir = tmp_path / "fp4-quick"
     train = _records(run_dir, "train")
     w4a4 = ("nvfp4_w4a4-none", "nvfp4_w4a4-tis", "nvfp4_w4a4-ais")
-    arms = ("bf16", "fp8-none", "nvfp4_w4a16-none", *w4a4)
+    arms = ("bf16", "fp8-none", "nvfp4_w4a16-none", *w4a4, "nvfp4_w4a4-qarl")
     assert [r["arm"] for r in train] == [a for a in arms for _ in range(4)]  # 4 steps each
     for r in train:
         bad = [k for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)]
         assert not bad, (r["arm"], r["step"], bad)
+        # error tokens, logged for every arm: repeat, invalid <= either <= 1
+        rates = [r[f"error_tokens/{k}_frac"] for k in ("repeat", "invalid", "error")]
+        assert min(rates) >= 0.0 and max(rates[:2]) <= rates[2] <= 1.0, (r["arm"], rates)
+    qarl = [r for r in train if r["arm"] == "nvfp4_w4a4-qarl"]
+    assert all(r["ais/severity"] < 1e-6 and r["alpha"] == 1.0 for r in qarl), qarl
     # step 1: every arm rolls out from the same warm-started policy, so the engines compare
     first = {r["arm"]: r for r in train if r["step"] == 1}
     assert first["bf16"]["ais/severity"] < 1e-5
@@ -160,6 +169,12 @@ def test_fp4_quick_preset_shows_the_4bit_mismatch(tmp_path, cache_dir):
     assert 0.0 < applied["nvfp4_w4a4-ais"] < 1.0
     losses = {a: [r["loss"] for r in train if r["arm"] == a] for a in w4a4}
     assert len({tuple(v) for v in losses.values()}) == 3, losses  # the corrections differ
+    # at theta = theta_old TBPO's loss value is the uncorrected one; the update is not
+    none, aligned = (
+        load_checkpoint(checkpoint_path(run_dir, a, 0))["policy"]
+        for a in ("nvfp4_w4a4-none", "nvfp4_w4a4-qarl")
+    )
+    assert not all(torch.equal(none[k], aligned[k]) for k in none)
     summary = (run_dir / "summary.md").read_text()
     assert all(f"| {a} |" in summary for a in arms)
     assert seconds < 180, f"fp4-quick took {seconds:.0f} s (budget 90 s on 2 idle cores)"

@@ -1,0 +1,137 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Error tokens of the sampled responses: QaRL's "repetitive, garbled" tokens, counted.
+
+**[reconstruction]** QaRL (arXiv 2604.07853) reports that quantized rollouts of long
+responses produce repetitive, garbled "error tokens" and gives no formula; ours, on the
+content of response ``i`` (``y_{i,1..L_i}``: its valid tokens before the first ``<eos>``;
+all of them if it has none):
+
+* repeat: token ``t`` (``t >= n``) completes an n-gram seen earlier in the same response,
+  ``(y_{t-n+1}, ..., y_t) = (y_{s-n+1}, ..., y_s)`` for some ``n <= s < t``; ``n = 3``
+  (:data:`NGRAM`, one chain value plus its separator), overlapping n-grams count;
+* invalid: ``y_t`` is not in the task's response alphabet Σ (:func:`response_alphabet`: the
+  digits and every character of the held-out answers; so ``<pad>``, ``<bos>``, ``+``,
+  ``=`` (the chain's stray closing ``=``), ``,`` in an addition, and the vocabulary's unused
+  padding ids are invalid);
+* error: repeat or invalid.
+
+Each rate is a token fraction over the step's global batch (all ranks):
+``error_tokens/<kind>_frac = Σ_i #{t : kind(i, t)} / Σ_i L_i`` (0 when ``Σ_i L_i = 0``).
+A correct chain may repeat a 3-gram by itself (e.g. a repeated value): compare arms, not
+the level; the invalid rate of a correct response is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import torch
+
+from nemo_ais.embedded.task import ArithmeticTask
+
+__all__ = ["NGRAM", "ErrorTokenCounts", "error_token_counts", "repeat_flags", "response_alphabet"]
+
+NGRAM = 3  # n of the repeated n-gram: a 2-digit chain value and its separator
+
+
+class ErrorTokenCounts(NamedTuple):
+    """Token counts of one batch (floats, so ranks can sum them); see the module doc.
+
+    Attributes:
+        n_content: ``Σ_i L_i``, response tokens before ``<eos>``.
+        n_repeat: tokens completing an n-gram seen earlier in their response.
+        n_invalid: tokens outside the response alphabet.
+        n_error: tokens that are a repeat or invalid (or both).
+    """
+
+    n_content: float
+    n_repeat: float
+    n_invalid: float
+    n_error: float
+
+    def rates(self) -> dict[str, float]:
+        """``{"error_tokens/<kind>_frac": count / n_content}``; all 0 for no content."""
+        n = self.n_content
+        return {
+            f"error_tokens/{kind}_frac": (count / n if n else 0.0)
+            for kind, count in (
+                ("repeat", self.n_repeat),
+                ("invalid", self.n_invalid),
+                ("error", self.n_error),
+            )
+        }
+
+
+def response_alphabet(task: ArithmeticTask) -> frozenset[int]:
+    """Σ: token ids of the ten digits and of every character of the held-out answers."""
+    tok = task.tokenizer
+    chars = set("0123456789").union(*(task.answer(p) for p in task.eval_problems))
+    return frozenset(tok.stoi[c] for c in chars)
+
+
+def repeat_flags(tokens: list[int], n: int = NGRAM) -> list[bool]:
+    """Per token: does it complete an n-gram already completed earlier in ``tokens``?"""
+    seen: set[tuple[int, ...]] = set()
+    flags = []
+    for t in range(len(tokens)):
+        gram = tuple(tokens[t + 1 - n : t + 1]) if t + 1 >= n else None
+        flags.append(gram is not None and gram in seen)
+        if gram is not None:
+            seen.add(gram)
+    return flags
+
+
+def error_token_counts(
+    response_ids: torch.Tensor,
+    mask: torch.Tensor,
+    alphabet: Iterable[int],
+    *,
+    eos_id: int,
+    n: int = NGRAM,
+) -> ErrorTokenCounts:
+    """Repeat / invalid / error token counts of a batch of responses (module doc).
+
+    Args:
+        response_ids: ``[B, T]`` int64 response tokens.
+        mask: ``[B, T]`` {0, 1} valid response tokens (up to and including ``<eos>``).
+        alphabet: Σ, the valid token ids (:func:`response_alphabet`).
+        eos_id: the ``<eos>`` id (ends the content; not counted).
+        n: the n-gram length.
+
+    Returns:
+        :class:`ErrorTokenCounts` (zeros for an empty batch).
+
+    Raises:
+        ValueError: ``response_ids`` and ``mask`` of different shapes, or not 2-D.
+    """
+    if response_ids.dim() != 2 or mask.shape != response_ids.shape:
+        raise ValueError(
+            f"response_ids: got {list(response_ids.shape)}, expected a [B, T] tensor like "
+            f"mask {list(mask.shape)}"
+        )
+    valid = frozenset(alphabet)
+    n_content = n_repeat = n_invalid = n_error = 0
+    for ids, m in zip(response_ids.tolist(), mask.tolist(), strict=True):
+        content = [y for y, keep in zip(ids, m, strict=True) if keep]
+        if eos_id in content:
+            content = content[: content.index(eos_id)]
+        repeat = repeat_flags(content, n)
+        invalid = [y not in valid for y in content]
+        n_content += len(content)
+        n_repeat += sum(repeat)
+        n_invalid += sum(invalid)
+        n_error += sum(r or v for r, v in zip(repeat, invalid, strict=True))
+    return ErrorTokenCounts(float(n_content), float(n_repeat), float(n_invalid), float(n_error))
