@@ -3,7 +3,7 @@
 
 ``fp4`` / ``fp4-evidence`` (issue 17): default.yaml's hyperparameters unchanged (chosen on
 the bf16 arm alone), so only ``experiment``, ``logger`` and the run length may differ; the arm matrix is
-{none, tis, seq_mis, m2po, ais, const} x {W4A4 + NVFP4 KV, W4A16 + FP8 KV} plus bf16, and
+{none, tis, seq_mis, m2po, ais, const, qarl} x {W4A4 + NVFP4 KV, W4A16 + FP8 KV} plus bf16, and
 the evidence preset is the same experiment over 8 seeds.
 """
 
@@ -16,7 +16,7 @@ from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
 
 SETTINGS = {"nvfp4_w4a4": "nvfp4", "nvfp4_w4a16": "fp8"}  # format -> KV cache
 CORRECTIONS = {"none": "none", "tis": "tis", "seq_mis": "seq_mis", "m2po": "m2po",
-               "ais": "ais", "const": "ais"}  # fmt: skip
+               "ais": "ais", "const": "ais", "qarl": "tbpo"}  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", ["default", *PRESETS])
@@ -53,6 +53,7 @@ def test_fp4_arm_matrix_and_evidence_seeds():
             cfg = resolve_arm(raw, f"{fmt}-{name}")
             assert (cfg.precision.format, cfg.precision.kv_cache) == (fmt, kv)
             assert cfg.correction.mode == mode
+            assert cfg.policy.rollout_aligned_quantization is (name == "qarl")
             if name == "const":
                 assert (cfg.correction.mixer, cfg.correction.constant_alpha) == ("constant", 0.5)
     bf16 = resolve_arm(raw, "bf16")
