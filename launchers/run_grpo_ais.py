@@ -81,7 +81,11 @@ from nemo_ais.nemo_rl.policy_factory import (  # noqa: E402
     make_policy_factory,
     register_ais_workers,
 )
-from nemo_ais.preflight import fp8_kv_refit_problems, rollout_format_problems  # noqa: E402
+from nemo_ais.preflight import (  # noqa: E402
+    bypass_problems,
+    fp8_kv_refit_problems,
+    rollout_format_problems,
+)
 from nemo_ais.preflight.loader import get  # noqa: E402
 
 __all__ = [
@@ -139,6 +143,14 @@ def nemo_rl_view(config: dict[str, Any], ais_cfg: Any) -> dict[str, Any]:
     flag reads True in this view only. The ``ClippedPGLossFn`` that ``setup()`` builds
     from it is discarded by :func:`swap_loss`; the loss that trains is built from the
     user's config.
+
+    ``loss_fn.ais.bypass`` (pi_old := mu, the rollout's log-probs): the view also sets
+    NeMo-RL's ``loss_fn.force_on_policy_ratio``, so ``grpo_train`` skips the trainer's
+    ``prev_logprobs`` forward (upstream's ``opd._skip_prev_logprobs``: it fills zeros) and
+    ``setup()`` asserts its own precondition, one update per rollout batch
+    (``train_global_batch_size == num_prompts_per_step * num_generations_per_prompt``).
+    The AIS loss never reads those zeros: with ``bypass`` it takes ``generation_logprobs``
+    as pi_old (:mod:`nemo_ais.core`).
     """
     loss_cfg = config.get("loss_fn") or {}
     owns_correction = ais_cfg.ais.mode != "none" or (
@@ -148,6 +160,8 @@ def nemo_rl_view(config: dict[str, Any], ais_cfg: Any) -> dict[str, Any]:
         return config
     view = copy.deepcopy(config)
     view["loss_fn"]["use_importance_sampling_correction"] = True
+    if ais_cfg.ais.bypass:
+        view["loss_fn"]["force_on_policy_ratio"] = True  # skip the prev_logprobs forward
     return view
 
 
@@ -344,6 +358,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ais_cfg = validate_ais(raw)  # before Ray: config errors surface in seconds
     problems = fp8_kv_refit_problems(raw) + refit_transport_problems(raw)
     problems += rollout_format_problems(raw, version.name)  # NVFP4 W4A4 / MXFP8: main only
+    problems += bypass_problems(raw)  # one update per rollout batch
     if problems:
         raise ValueError("; ".join(problems))
     print(f"ais_kv_calibration.reduction: {configure_kv_calibration(raw)}")

@@ -235,3 +235,29 @@ def test_a_vllm_worker_without_the_fp8_refit_stops_main_before_training(driver, 
     with pytest.raises(RuntimeError, match=r"generation worker 0, vLLM process \d+ on .*: "):
         run.main(["--config", str(path)])
     assert "grpo_train" not in driver.names()
+
+
+def test_bypass_makes_upstreams_grpo_train_skip_the_prev_logprobs_forward(driver):
+    # loss_fn.ais.bypass (pi_old := mu): the config grpo_train gets turns on NeMo-RL's own
+    # skip, judged by upstream's predicate; the loss that trains is ours, with bypass on
+    from nemo_rl.algorithms import opd
+
+    path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+    run.main(["--config", str(path), "loss_fn.ais.bypass=true"])
+    args = driver.event("grpo_train")["args"]
+    loss_fn, master_config = args[5], args[11]
+    assert opd._skip_prev_logprobs(master_config) is True
+    assert isinstance(loss_fn, AISClippedPGLossFn) and loss_fn.ais.bypass is True
+    assert loss_fn.force_on_policy_ratio is False  # the user's config: upstream's ratio=1 is off
+    driver.events.clear()
+    run.main(["--config", str(path)])  # without bypass: the forward runs
+    assert opd._skip_prev_logprobs(driver.event("grpo_train")["args"][11]) is False
+
+
+def test_bypass_with_several_updates_per_rollout_batch_is_refused_before_ray(driver):
+    path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
+    with pytest.raises(ValueError, match=r"policy\.train_global_batch_size=16 must equal grpo"):
+        run.main(
+            ["--config", str(path), "loss_fn.ais.bypass=true", "policy.train_global_batch_size=16"]
+        )
+    assert driver.events == []

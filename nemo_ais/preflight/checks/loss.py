@@ -23,7 +23,13 @@ from nemo_ais.config import CorrectionConfig, validate_section
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 
-__all__ = ["AIS_CONFLICTS", "NO_CORRECTION_HINT", "ais_conflicts", "setup_sees_importance_sampling"]
+__all__ = [
+    "AIS_CONFLICTS",
+    "NO_CORRECTION_HINT",
+    "ais_conflicts",
+    "bypass_problems",
+    "setup_sees_importance_sampling",
+]
 
 NO_CORRECTION_HINT = (
     "add a loss_fn.ais section (our correction; mode: none is the deliberately uncorrected "
@@ -106,3 +112,49 @@ def check_loss_sections(ctx: Context) -> Verdict:
         except (TypeError, ValueError) as err:
             problems.append(str(err).replace("\n", "; "))
     return Verdict(problems, f"mode={ais.mode if ais else '?'}, validated")
+
+
+def bypass_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """``loss_fn.ais.bypass`` (pi_old := mu) on NeMo-RL: what its ``prev_logprobs`` skip needs.
+
+    The launcher turns on NeMo-RL's ``loss_fn.force_on_policy_ratio`` for the driver
+    (``nemo_rl_view``), so ``grpo_train`` skips the trainer's ``prev_logprobs`` forward and
+    ``setup()`` asserts one update per rollout batch; with mode ``none`` the loss is
+    NeMo-RL's own, which would read the zeros it fills in.
+    """
+    if get(cfg, "loss_fn.ais.bypass", False) is not True:
+        return []
+    problems = []
+    if get(cfg, "loss_fn.ais.mode", "ais") == "none":
+        problems.append(
+            "loss_fn.ais.bypass=true needs a correction mode: with loss_fn.ais.mode=none the "
+            "loss is NeMo-RL's ClippedPGLossFn, which reads the prev_logprobs bypass skips"
+        )
+    prompts = get(cfg, "grpo.num_prompts_per_step")
+    generations = get(cfg, "grpo.num_generations_per_prompt")
+    gbs = get(cfg, "policy.train_global_batch_size")
+    if None not in (prompts, generations, gbs) and int(prompts) * int(generations) != int(gbs):
+        problems.append(
+            f"loss_fn.ais.bypass=true needs one update per rollout batch: "
+            f"policy.train_global_batch_size={gbs} must equal grpo.num_prompts_per_step * "
+            f"grpo.num_generations_per_prompt = {int(prompts) * int(generations)} (pi_old := mu "
+            "holds only before the first update; NeMo-RL's setup() asserts the same for the "
+            "force_on_policy_ratio skip it uses)"
+        )
+    return problems
+
+
+@check("loss_fn.ais.bypass")
+def check_bypass(ctx: Context) -> Verdict | None:
+    """``loss_fn.ais.bypass``: a correction mode and one update per rollout batch."""
+    if ctx.get("loss_fn.ais.bypass", False) is not True:
+        return None
+    warnings = []
+    if ctx.get("grpo.seq_logprob_error_threshold") is not None:
+        warnings.append(
+            "loss_fn.ais.bypass=true with grpo.seq_logprob_error_threshold set: NeMo-RL then "
+            "computes prev_logprobs anyway (no time saved); the loss still uses pi_old := mu"
+        )
+    return Verdict(
+        bypass_problems(ctx.cfg), "pi_old := mu, prev_logprobs forward skipped", warnings
+    )
