@@ -34,9 +34,11 @@ from nemo_ais.plotting import series_style, style_axes
 __all__ = [
     "DIAGNOSTICS",
     "PLOTS",
+    "Collapse",
     "Panel",
     "arm_summary",
     "build_figures",
+    "collapse_steps",
     "early_metric",
     "load_metrics",
     "paired_ci",
@@ -317,6 +319,71 @@ def paired_differences(
     return out
 
 
+class Collapse(NamedTuple):
+    """Where an arm's held-out accuracy first falls below half of the reference arm's.
+
+    ``step``: on the mean over seeds (None: never); ``per_seed``: each seed paired with the
+    reference's same seed (None: never); ``seeds_collapsed`` of ``seeds`` paired seeds.
+    """
+
+    step: int | None
+    seeds_collapsed: int
+    seeds: int
+    per_seed: dict[int, int | None]
+
+
+def _first_below_half(arm: dict[int, float], ref: dict[int, float]) -> int | None:
+    """First step s (of both curves) with ``arm[s] < ref[s] / 2``; None if there is none."""
+    return next((s for s in sorted(set(arm) & set(ref)) if arm[s] < ref[s] / 2), None)
+
+
+def collapse_steps(records: list[dict[str, Any]], reference: str = "bf16") -> dict[str, Collapse]:
+    """Collapse step of every other arm: accuracy first below half of ``reference``'s.
+
+    Declared before the runs. At evaluation step s, arm collapses iff
+    ``acc_arm(s) < acc_reference(s) / 2`` (held-out greedy accuracy, the primary metric's
+    quantity), on the mean over the seeds both arms ran (at the steps every one of them
+    evaluated) and, per seed, paired with the reference's same seed. A reference accuracy
+    of 0 at s never counts (nothing is below 0). No seed shared with the reference (or no
+    reference arm): ``Collapse(None, 0, 0, {})``.
+
+    Returns:
+        arm -> :class:`Collapse` (the reference arm itself is left out).
+    """
+    val = _series(records, "val", "accuracy")
+    ref = val.get(reference, {})
+    out = {}
+    for arm, per_seed in val.items():
+        if arm == reference:
+            continue
+        seeds = sorted(set(per_seed) & set(ref))
+        paired = {seed: _first_below_half(per_seed[seed], ref[seed]) for seed in seeds}
+        mean_step = None
+        if seeds:
+            arm_mean = dict(zip(*_band({s: per_seed[s] for s in seeds})[:2], strict=True))
+            ref_mean = dict(zip(*_band({s: ref[s] for s in seeds})[:2], strict=True))
+            mean_step = _first_below_half(arm_mean, ref_mean)
+        out[arm] = Collapse(
+            step=mean_step,
+            seeds_collapsed=sum(s is not None for s in paired.values()),
+            seeds=len(paired),
+            per_seed=paired,
+        )
+    return out
+
+
+def _collapse_cells(collapse: dict[str, Collapse], arm: str, reference: str) -> str:
+    """The collapse table's cells of ``arm``: "—" for the reference itself."""
+    if arm == reference:
+        return "— | — | —"
+    c = collapse.get(arm)
+    if c is None:
+        return "n/a | n/a | n/a"
+    steps = ", ".join(f"{seed}: {'none' if s is None else s}" for seed, s in c.per_seed.items())
+    first = "none" if c.step is None else str(c.step)
+    return f"{first} | {c.seeds_collapsed} / {c.seeds} | {steps or 'n/a'}"
+
+
 def _fmt_ci(mean: float, half: float, digits: int = 3) -> str:
     if math.isnan(mean):
         return "n/a"
@@ -344,7 +411,11 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         "**Primary metric (declared before the runs):** per arm and seed, the mean held-out "
         "greedy exact-match accuracy over the evaluations in the second half of training "
         f"(steps >= last/2). **Comparison:** per-seed paired difference to `{reference}`, "
-        "mean and 95% confidence interval (Student t, seeds - 1 degrees of freedom).",
+        "mean and 95% confidence interval (Student t, seeds - 1 degrees of freedom). "
+        "**Collapse step:** per arm, the first evaluation step at which its held-out "
+        f"accuracy falls below half of `{reference}`'s at the same step, on the mean over "
+        f"seeds and per seed (paired with the same seed of `{reference}`); none if it never "
+        "does.",
         "",
         f"| arm | seeds | initial acc. | final acc. | primary metric | Δ vs {reference} "
         "(paired, 95% CI) |",
@@ -376,6 +447,16 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         lines.append(
             f"| {arm} | {em:.3f} ± {es:.3f} | {_delta_cell(early_diffs, arm, reference)} |"
         )
+    collapse = collapse_steps(records, reference)
+    lines += [
+        "",
+        f"Collapse: the first evaluation step with held-out accuracy < ½ × `{reference}`'s "
+        "at the same step (none: never):",
+        "",
+        "| arm | collapse step (seed mean) | seeds collapsed | collapse step per seed |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {arm} | {_collapse_cells(collapse, arm, reference)} |" for arm in summ]
     lines += [
         "",
         "",

@@ -214,3 +214,38 @@ def test_figures_are_publishable_and_identical_arms_stay_visible():
 
     for fig in figures.values():
         plt.close(fig)
+
+
+def test_collapse_step_is_first_eval_below_half_of_reference(tmp_path):
+    from nemo_ais.embedded.report import Collapse, collapse_steps
+
+    accs = {  # evaluated at steps 0, 10, 20, 30, 40; bf16 holds 0.4 (half: 0.2), then 0
+        ("bf16", 0): [0.4, 0.4, 0.4, 0.4, 0.0],
+        ("bf16", 1): [0.4, 0.4, 0.4, 0.4, 0.0],
+        ("bf16", 2): [0.4, 0.4, 0.4, 0.4, 0.0],
+        # per seed: 0.1 < 0.2 at step 20 (seed 0) and at step 10 (seed 1); seed 2 never;
+        # seed mean 0.400, 0.267, 0.233, 0.133 -> first below 0.2 at step 30
+        ("fp4-none", 0): [0.4, 0.3, 0.1, 0.0, 0.0],
+        ("fp4-none", 1): [0.4, 0.1, 0.3, 0.1, 0.0],
+        ("fp4-none", 2): [0.4, 0.4, 0.3, 0.3, 0.0],
+        ("fp4-none", 3): [0.0, 0.0, 0.0, 0.0, 0.0],  # no bf16 partner: not counted
+        # exactly half is not below half; at step 40 bf16 is 0 and nothing is below 0
+        ("fp4-ais", 0): [0.4, 0.3, 0.2, 0.2, 0.0],
+        ("fp4-ais", 1): [0.4, 0.3, 0.2, 0.2, 0.0],
+        ("fp4-ais", 2): [0.4, 0.3, 0.2, 0.2, 0.0],
+    }
+    recs = [
+        _val(arm, seed, 10 * i, a) for (arm, seed), row in accs.items() for i, a in enumerate(row)
+    ]
+    got = collapse_steps(recs, "bf16")
+    assert set(got) == {"fp4-none", "fp4-ais"}
+    assert got["fp4-none"] == Collapse(30, 2, 3, {0: 20, 1: 10, 2: None})
+    assert got["fp4-ais"] == Collapse(None, 0, 3, {0: None, 1: None, 2: None})
+    assert collapse_steps(recs, "nope")["fp4-none"] == Collapse(None, 0, 0, {})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(tmp_path)
+    text = (tmp_path / "summary.md").read_text()
+    assert "**Collapse step:**" in text and "below half of `bf16`'s" in text
+    assert "| bf16 | — | — | — |" in text
+    assert "| fp4-none | 30 | 2 / 3 | 0: 20, 1: 10, 2: none |" in text
+    assert "| fp4-ais | none | 0 / 3 | 0: none, 1: none, 2: none |" in text
