@@ -7,6 +7,9 @@ that megatron-core 0.16.1 lacks (v0.7.0 and main build against newer ones throug
 Bridge submodule). :func:`megatron_worker_modules` provides import-time placeholders for exactly
 those, imports upstream's module and ``nemo_ais.nemo_rl.workers.megatron`` for real, and
 removes every placeholder (and the modules imported on top of them) afterwards.
+``megatron_worker_modules(quant=True)`` does the same for NeMo-RL's ModelOpt QAT worker
+module (QARL's ``MegatronQuantPolicyWorker``) and ours on it, with ``modelopt.*``
+placeholders as well (ModelOpt has no CPU build here).
 
 A placeholder is a class that raises when called or instantiated and records that in
 ``Placeholder.used``: tests assert it stays empty, i.e. the code path they drive never
@@ -27,6 +30,8 @@ from typing import ClassVar
 
 UPSTREAM_WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
 OUR_WORKER = "nemo_ais.nemo_rl.workers.megatron"
+UPSTREAM_QUANT_WORKER = "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker"
+OUR_QUANT_WORKER = "nemo_ais.nemo_rl.workers.megatron_quant"
 # names megatron-core 0.16.1 lacks; imported (never called) by upstream's worker module
 # (v0.7.0's and main's; a name the installed megatron-core has is left alone)
 MCORE_MISSING = {
@@ -71,14 +76,21 @@ class _PlaceholderModule(types.ModuleType):
         return value
 
 
-class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``megatron.bridge.*`` and the megatron-core modules NeMo-RL needs but 0.16.1 lacks."""
+def _is_modelopt(fullname: str) -> bool:
+    return fullname == "modelopt" or fullname.startswith("modelopt.")
 
-    def __init__(self) -> None:
+
+class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``megatron.bridge.*`` and the megatron-core modules NeMo-RL needs but 0.16.1 lacks;
+    with ``modelopt=True`` also ``modelopt.*`` (NVIDIA ModelOpt: no CPU build here)."""
+
+    def __init__(self, modelopt: bool = False) -> None:
         self.created: list[str] = []
+        self.modelopt = modelopt
 
     def find_spec(self, fullname, path, target=None):
-        if fullname.startswith("megatron.bridge") or fullname in MCORE_MISSING_MODULES:
+        placeholder = fullname.startswith("megatron.bridge") or fullname in MCORE_MISSING_MODULES
+        if placeholder or (self.modelopt and _is_modelopt(fullname)):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
@@ -104,9 +116,14 @@ def placeholder_imports() -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def megatron_worker_modules() -> Iterator[types.SimpleNamespace]:
-    """Yield ``(upstream=<upstream worker module>, ours=<our worker module>, placeholders)``."""
-    finder = _PlaceholderFinder()
+def megatron_worker_modules(quant: bool = False) -> Iterator[types.SimpleNamespace]:
+    """Yield ``(upstream=<upstream worker module>, ours=<our worker module>, placeholders)``.
+
+    ``quant=True``: NeMo-RL's ModelOpt QAT worker module (``MegatronQuantPolicyWorker``,
+    QARL) and ours on it, with ``modelopt.*`` placeholders too; ``base`` is then upstream's
+    BF16 worker module it imports.
+    """
+    finder = _PlaceholderFinder(modelopt=quant)
     sys.meta_path.insert(0, finder)
     added = []
     before = set(sys.modules)
@@ -119,15 +136,20 @@ def megatron_worker_modules() -> Iterator[types.SimpleNamespace]:
                     added.append((mod, name))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            upstream = importlib.import_module(UPSTREAM_WORKER)
-            ours = importlib.import_module(OUR_WORKER)
-        yield types.SimpleNamespace(upstream=upstream, ours=ours, placeholders=finder.created)
+            base = importlib.import_module(UPSTREAM_WORKER)
+            upstream = importlib.import_module(UPSTREAM_QUANT_WORKER) if quant else base
+            ours = importlib.import_module(OUR_QUANT_WORKER if quant else OUR_WORKER)
+        yield types.SimpleNamespace(
+            upstream=upstream, ours=ours, base=base, placeholders=finder.created
+        )
     finally:
         sys.meta_path.remove(finder)
         for mod, name in added:
             delattr(mod, name)
         for name in set(sys.modules) - before:  # nothing else may see the placeholders
             if name.startswith(("megatron.bridge", "nemo_rl.", "nemo_ais.nemo_rl.workers")):
+                sys.modules.pop(name, None)
+            elif _is_modelopt(name):
                 sys.modules.pop(name, None)
         for name in MCORE_MISSING_MODULES:
             sys.modules.pop(name, None)

@@ -39,15 +39,32 @@ __all__ = [
 _MEGATRON = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
 _DTENSOR = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
 _DTENSOR_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"
+_MEGATRON_QUANT = (
+    "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker.MegatronQuantPolicyWorker"
+)
 
 
 def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
-    """The AIS worker extending the NeMo-RL worker that ``Policy`` would pick."""
-    if policy_cfg.get("quant_cfg") is not None:
-        raise ValueError("policy.quant_cfg (ModelOpt workers) is not supported with loss_fn.ais")
+    """The AIS worker extending the NeMo-RL worker that ``Policy`` would pick.
+
+    As upstream's ``resolve_policy_worker_cls``: ``policy.quant_cfg`` set picks the ModelOpt
+    QAT worker of the backend (QARL), here Megatron's only.
+
+    Raises:
+        ValueError: ``policy.quant_cfg`` with DTensor (NeMo-RL's DTensor quant workers raise
+            ``NotImplementedError``), or no training backend enabled.
+    """
+    quantized = policy_cfg.get("quant_cfg") is not None
     if get(policy_cfg, "megatron_cfg.enabled", False):
-        return AIS_WORKER_FQNS[_MEGATRON]
+        return AIS_WORKER_FQNS[_MEGATRON_QUANT if quantized else _MEGATRON]
     dtensor = policy_cfg.get("dtensor_cfg") or {}
+    if dtensor.get("enabled", False) and quantized:
+        raise ValueError(
+            f"policy.quant_cfg={policy_cfg['quant_cfg']!r} is invalid with "
+            "policy.dtensor_cfg.enabled=true: expected policy.megatron_cfg.enabled=true "
+            "(NeMo-RL's DTensor ModelOpt workers raise NotImplementedError; nemo_ais wraps "
+            "the Megatron one) or policy.quant_cfg=null"
+        )
     if dtensor.get("enabled", False):
         return AIS_WORKER_FQNS[_DTENSOR_V2 if dtensor.get("_v2", False) else _DTENSOR]
     raise ValueError(

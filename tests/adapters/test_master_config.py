@@ -167,7 +167,7 @@ def test_loss_section_validates_as_ais_loss_config(path):
     from nemo_ais.nemo_rl import validate_loss_config
 
     loss = validate_loss_config(cc.load_config(path)["loss_fn"])
-    assert loss.ais.mode in {"none", "tis", "ais"}
+    assert loss.ais.mode in {"none", "tis", "ais", "tbpo"}  # tbpo: the QARL arm
     assert loss.use_importance_sampling_correction is False
 
 

@@ -77,6 +77,10 @@ def test_nemo_rl_view_sets_the_is_flag_only_when_ais_owns_the_correction():
     ("policy", "worker"),
     [
         ({"megatron_cfg": {"enabled": True}}, "megatron.AISMegatronPolicyWorker"),
+        (  # QARL: NeMo-RL's ModelOpt QAT worker, as upstream's resolve_policy_worker_cls
+            {"megatron_cfg": {"enabled": True}, "quant_cfg": "nvfp4_a16_mlp_only.yaml"},
+            "megatron_quant.AISMegatronQuantPolicyWorker",
+        ),
         ({"dtensor_cfg": {"enabled": True}}, "dtensor.AISDTensorPolicyWorker"),
         ({"dtensor_cfg": {"enabled": True, "_v2": True}}, "dtensor_v2.AISDTensorPolicyWorkerV2"),
     ],
@@ -86,8 +90,10 @@ def test_ais_worker_follows_the_backend(policy, worker):
 
 
 def test_ais_worker_errors():
-    with pytest.raises(ValueError, match="quant_cfg"):
-        run.ais_worker_fqn({"quant_cfg": {}, "megatron_cfg": {"enabled": True}})
+    with pytest.raises(
+        ValueError, match=r"policy\.quant_cfg='q\.yaml' is invalid with policy\.dtensor"
+    ):
+        run.ais_worker_fqn({"quant_cfg": "q.yaml", "dtensor_cfg": {"enabled": True, "_v2": True}})
     with pytest.raises(ValueError, match=r"megatron_cfg\.enabled or policy\.dtensor_cfg\.enabled"):
         run.ais_worker_fqn({})
 

@@ -30,6 +30,7 @@ SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
 W4A16 = CONFIG_DIR / "experiments" / "qwen3_8b_nvfp4_w4a16_ais.yaml"
 W4A4 = CONFIG_DIR / "experiments" / "qwen3_8b_nvfp4_w4a4_ais.yaml"
 MXFP8 = CONFIG_DIR / "experiments" / "qwen3_8b_mxfp8_ais.yaml"
+QARL = CONFIG_DIR / "experiments" / "qwen3_8b_nvfp4_qarl_tbpo.yaml"
 FORMATS = {"nvfp4_w4a16": W4A16, "nvfp4_w4a4": W4A4, "mxfp8": MXFP8}
 # Qwen3-30B-A3B's experts (moe_intermediate 768) on a dense config: 768 / 16 = 48 is not a
 # multiple of 32 (MXFP8) and 768 / 32 = 24 not of 16 (NVFP4), at TPs that split its heads.
@@ -234,6 +235,25 @@ def test_format_arms_differ_from_the_fp8_ais_arm_only_in_rollout_format_keys(fmt
     assert leaves["policy.megatron_cfg.fp8_cfg.enabled"] is False
     assert pf.rollout_format(_load(FORMATS[fmt])) == fmt
     assert leaves["policy.generation.vllm_cfg.kv_cache_dtype"] == "auto"  # weights only
+
+
+def test_qarl_arm_differs_from_the_w4a16_arm_in_trainer_loss_and_refit_only():
+    """Same rollout format (the MLP linears NVFP4 W4A16, the rest BF16): the QARL arm swaps
+    the BF16 trainer + AIS for NeMo-RL's fake-quant trainer + TBPO, and the refit."""
+    ref, leaves = flat(_load(W4A16)), flat(_load(QARL))
+    diff = {k for k in ref.keys() | leaves.keys() if ref.get(k, "<absent>") != leaves.get(k)}
+    assert diff - _RUN_NAME_KEYS == {
+        "policy.quant_cfg",  # NeMo-RL's QAT worker (QARL), upstream's 8B QARL recipe's file
+        "policy.generation.quant_cfg",  # the same recipe (MLP-only; attention ignored anyway)
+        "loss_fn.ais.mode",  # tbpo
+        "ais_nvfp4_refit.enabled",  # the QAT worker exports packed NVFP4 itself
+    }
+    assert leaves["loss_fn.ais.mode"] == "tbpo"
+    assert leaves["policy.quant_cfg"] == leaves["policy.generation.quant_cfg"]
+    assert pf.rollout_format(_load(QARL)) == pf.rollout_format(_load(W4A16)) == "nvfp4_w4a16"
+    assert (
+        leaves["policy.generation.real_quant_ignore"] == ref["policy.generation.real_quant_ignore"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -591,12 +611,41 @@ BROKEN = [
         "policy.generation.refit_transport='nccl_reshard' with policy.generation.real_quant=true "
         "is invalid: expected null",
     ),
+    # ...QARL (policy.quant_cfg: NeMo-RL's ModelOpt QAT worker) exports its own NVFP4...
     (
         W4A16,
         ["+policy.quant_cfg=examples/modelopt/quant_configs/nvfp4_a16.yaml"],
+        "qarl_trainer",
+        "ais_nvfp4_refit.enabled=True is invalid with policy.quant_cfg="
+        "'examples/modelopt/quant_configs/nvfp4_a16.yaml': expected false",
+    ),
+    (
+        QARL,
+        ["policy.quant_cfg=examples/modelopt/quant_configs/nvfp4_a16.yaml"],
+        "qarl_trainer",
+        "policy.generation.quant_cfg='examples/modelopt/quant_configs/nvfp4_a16_mlp_only.yaml' "
+        "is invalid with policy.quant_cfg='examples/modelopt/quant_configs/nvfp4_a16.yaml': "
+        "expected the same recipe",
+    ),
+    (
+        QARL,
+        ["policy.megatron_cfg.gradient_accumulation_fusion=true"],
+        "qarl_trainer",
+        "policy.megatron_cfg.gradient_accumulation_fusion=True is invalid with policy.quant_cfg: "
+        "expected false",
+    ),
+    (
+        QARL,
+        ["policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true"],
+        "qarl_trainer",
+        "policy.quant_cfg='examples/modelopt/quant_configs/nvfp4_a16_mlp_only.yaml' needs "
+        "policy.megatron_cfg.enabled=true",
+    ),
+    (
+        QARL,
+        ["policy.generation.real_quant=false"],
         "nvfp4_rollout",
-        "policy.quant_cfg='examples/modelopt/quant_configs/nvfp4_a16.yaml' is invalid: "
-        "expected null (the trainer stays BF16",
+        "(a fake-quant rollout is not the NVFP4-kernel format the comparison arms run)",
     ),
     # ...and the refit a BF16 trainer needs: upstream cannot load BF16 into NVFP4 parameters
     (

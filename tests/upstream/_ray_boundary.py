@@ -44,6 +44,11 @@ from nemo_ais.preflight import find_model_shape
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MEGATRON_BASE = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
 MEGATRON_AIS_WORKER = "nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker"
+# NeMo-RL's ModelOpt QAT Megatron worker (policy.quant_cfg: QARL) and ours on it
+MEGATRON_QUANT_BASE = (
+    "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker.MegatronQuantPolicyWorker"
+)
+MEGATRON_QUANT_AIS_WORKER = "nemo_ais.nemo_rl.workers.megatron_quant.AISMegatronQuantPolicyWorker"
 # what the stand-in workers answer to prepare_refit_info (name -> (shape, dtype))
 REFIT_INFO = {"model.embed_tokens.weight": ((16, 8), "torch.bfloat16")}
 
@@ -269,6 +274,8 @@ class ActorBoundary:
         self.gpu_monitors: list[dict] = []
         self.hf_configs: list[str] = []
         self.venv_python = ""
+        self.venv_pythons: dict[str, str] = {}  # upstream worker fqn -> its prebuilt venv
+        self.resolved: list[str] = []  # what upstream's resolve_policy_worker_cls returned
 
     def install(self, monkeypatch, tmp_path: Path) -> ActorBoundary:
         boundary = self
@@ -301,6 +308,13 @@ class ActorBoundary:
             self.hf_configs.append(model_name)
             return hf_config_of(model_name)
 
+        real_resolve = lm_policy.resolve_policy_worker_cls
+
+        def spy_resolve(default_cls: str, config: dict) -> str:  # a spy: upstream's answer
+            self.resolved.append(real_resolve(default_cls, config))
+            return self.resolved[-1]
+
+        monkeypatch.setattr(lm_policy, "resolve_policy_worker_cls", spy_resolve)
         monkeypatch.setattr(lm_policy, "RayQueue", lambda *a, **k: self.queues.append((a, k)))
         monkeypatch.setattr(lm_policy, "RayWorkerGroup", record_group)
         monkeypatch.setattr(lm_policy, "get_default_hf_config", hf_config)
@@ -309,19 +323,24 @@ class ActorBoundary:
         monkeypatch.setattr(nrl_logger, "RayGpuMonitorLogger", GpuMonitor)
         monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")  # Policy requires it for Megatron
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-        # the container's prebuilt venv of upstream's Megatron worker (see test_worker_venv.py)
-        venv_python = tmp_path / "venvs" / MEGATRON_BASE / "bin" / "python"
-        venv_python.parent.mkdir(parents=True)
-        venv_python.touch()
+        # the container's prebuilt venvs of upstream's Megatron workers, BF16 and ModelOpt
+        # (see test_worker_venv.py)
         monkeypatch.setenv("NEMO_RL_VENV_DIR", str(tmp_path / "venvs"))
         monkeypatch.delenv("NRL_FORCE_REBUILD_VENVS", raising=False)
         monkeypatch.setattr(
             registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY)
         )
-        monkeypatch.setitem(
-            registry.ACTOR_ENVIRONMENT_REGISTRY, MEGATRON_BASE, "uv run --extra mcore"
-        )
-        self.venv_python = str(venv_python)
+        extras = {
+            MEGATRON_BASE: "--extra mcore",
+            MEGATRON_QUANT_BASE: "--extra modelopt --extra mcore",
+        }
+        for base, extra in extras.items():
+            venv_python = tmp_path / "venvs" / base / "bin" / "python"
+            venv_python.parent.mkdir(parents=True)
+            venv_python.touch()
+            monkeypatch.setitem(registry.ACTOR_ENVIRONMENT_REGISTRY, base, f"uv run {extra}")
+            self.venv_pythons[base] = str(venv_python)
+        self.venv_python = self.venv_pythons[MEGATRON_BASE]
         return self
 
 

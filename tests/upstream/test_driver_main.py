@@ -96,8 +96,8 @@ def _rel(path: Path) -> str:
 
 def test_every_shipped_full_config_is_driven():
     # v0.7.0 refuses the two main-only rollout formats (test_setup_real.py)
-    assert len(FULL_CONFIGS) == 16, [_rel(p) for p in FULL_CONFIGS]
-    assert len(configs_for(NEMO_RL)) == per_version(v0_7_0=14, main=16)
+    assert len(FULL_CONFIGS) == 17, [_rel(p) for p in FULL_CONFIGS]
+    assert len(configs_for(NEMO_RL)) == per_version(v0_7_0=15, main=17)
 
 
 @pytest.mark.parametrize("path", configs_for(NEMO_RL), ids=_rel)

@@ -60,6 +60,7 @@ def test_the_shipped_configs_cover_fp8_and_bf16_rollouts():
     assert "experiments/qwen3_8b_fp8_ais.yaml" in fp8
     assert sorted(k for k, v in precisions.items() if v != "fp8") == [
         "experiments/qwen3_8b_bf16.yaml",
+        "experiments/qwen3_8b_nvfp4_qarl_tbpo.yaml",  # NVFP4 packed by NeMo-RL's QAT worker
         "experiments/qwen3_8b_nvfp4_w4a16_ais.yaml",  # NVFP4 is vLLM's ModelOpt quantization:
         "experiments/qwen3_8b_nvfp4_w4a4_ais.yaml",  # precision bfloat16, ais_nvfp4_refit
         "experiments/smoke_bf16.yaml",

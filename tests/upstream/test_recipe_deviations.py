@@ -122,6 +122,7 @@ _NVFP4_ROLLOUT = _FP8_ROLLOUT | {
     "policy.generation.real_quant_export_cpu_offload",
     "policy.generation.real_quant_ignore",
 }
+_QARL = _NVFP4_ROLLOUT | {"policy.quant_cfg"}
 _MXFP8_ROLLOUT = {
     "policy.generation.vllm_cfg.is_mx",
     "policy.generation.vllm_cfg.kv_cache_dtype",
@@ -143,6 +144,8 @@ EXPERIMENTS |= {
     "experiments/qwen3_8b_nvfp4_w4a16_ais.yaml": ("qwen3_8b_2n8g_fp8.yaml", _NVFP4_ROLLOUT),
     "experiments/qwen3_8b_nvfp4_w4a4_ais.yaml": ("qwen3_8b_2n8g_fp8.yaml", _NVFP4_ROLLOUT),
     "experiments/qwen3_8b_mxfp8_ais.yaml": ("qwen3_8b_2n8g_fp8.yaml", _MXFP8_ROLLOUT),
+    # QARL (arms/qarl_tbpo): NeMo-RL's ModelOpt QAT trainer on the W4A16 rollout's recipe
+    "experiments/qwen3_8b_nvfp4_qarl_tbpo.yaml": ("qwen3_8b_2n8g_fp8.yaml", _QARL),
 }
 
 # Sections that do nothing in these configs (their feature is off or not ours).
@@ -258,7 +261,7 @@ def test_every_full_config_is_compared():
 def test_every_deviation_is_justified_in_the_docs():
     text = DOCS.read_text()
     section = text[text.index("## Deviations from upstream's recipes") :]
-    named = COMMON.union(*DEVIATIONS.values(), _NVFP4_ROLLOUT, _MXFP8_ROLLOUT)
+    named = COMMON.union(*DEVIATIONS.values(), _NVFP4_ROLLOUT, _QARL, _MXFP8_ROLLOUT)
     missing = sorted(k for k in named if f"`{k}`" not in section)
     assert not missing, f"docs/cluster.md does not name (and justify) these deviations: {missing}"
     for recipe in set(UPSTREAM.values()):

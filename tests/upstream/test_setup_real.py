@@ -48,6 +48,9 @@ from pathlib import Path
 import pytest
 from _ray_boundary import (
     MEGATRON_AIS_WORKER,
+    MEGATRON_BASE,
+    MEGATRON_QUANT_AIS_WORKER,
+    MEGATRON_QUANT_BASE,
     REFIT_INFO,
     ActorBoundary,
     DriverBoundary,
@@ -81,8 +84,15 @@ ARMS = {
     "fp8_none": ("none", False),
     "fp8_tis": ("tis", False),
     "fp8_ais": ("ais", False),
+    "qarl_tbpo": ("tbpo", False),  # NeMo-RL's QARL trainer (policy.quant_cfg) + our TBPO
 }
 ARM_OF = {f"experiments/{model}_{arm}.yaml": arm for model in ("qwen3_8b", "smoke") for arm in ARMS}
+ARM_OF["experiments/qwen3_8b_nvfp4_qarl_tbpo.yaml"] = "qarl_tbpo"
+# The NeMo-RL worker upstream's Policy resolves (resolve_policy_worker_cls) -> ours on it.
+WORKERS = {
+    False: (MEGATRON_BASE, MEGATRON_AIS_WORKER),
+    True: (MEGATRON_QUANT_BASE, MEGATRON_QUANT_AIS_WORKER),  # policy.quant_cfg: QARL
+}
 # After training, as each version's run_grpo.py: main flushes the checkpointer (main()
 # trains inside ``with checkpointer``) and stops the environments; v0.7.0 does neither.
 AFTER_TRAINING = per_version(v0_7_0=[], main=["checkpointer.shutdown", "shutdown_environments"])
@@ -220,10 +230,13 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     assert (kwargs["weights_path"], kwargs["optimizer_path"]) == (None, None)
     (group,) = rec.actors.groups
     builder = group["builder"]
-    assert builder.ray_actor_class_fqn == ais_worker_fqn(raw["policy"]) == MEGATRON_AIS_WORKER
+    base, ours = WORKERS[raw["policy"].get("quant_cfg") is not None]
+    assert (arm == "qarl_tbpo") is (base == MEGATRON_QUANT_BASE)
+    assert builder.ray_actor_class_fqn == ais_worker_fqn(raw["policy"]) == ours
+    assert rec.actors.resolved == [base]  # what upstream's Policy picked before our extension
     assert builder.args[0] is config.policy
     assert builder.kwargs["tokenizer"] is rec.driver.tokenizer
-    assert registry.get_actor_python_env(MEGATRON_AIS_WORKER) == rec.actors.venv_python
+    assert registry.get_actor_python_env(ours) == rec.actors.venv_pythons[base]
     assert len(rec.actors.queues) == 1
     assert rec.actors.hf_configs == [raw["policy"]["model_name"]]
     assert policy.flops_tracker is not None  # upstream's FLOPTracker on the model's shapes

@@ -16,7 +16,8 @@
 Each module subclasses one of NeMo-RL's worker implementations with
 :class:`~nemo_ais.nemo_rl.workers.mixin.AISTrainMixin`, which runs the per-global-batch
 AIS prepare step (:mod:`nemo_ais.nemo_rl.seam`) at the top of ``train()``. The Megatron
-worker also overrides ``calibrate_qkv_fp8_scales`` with our FP8 KV-scale calibration
+workers (BF16, and NeMo-RL's ModelOpt QAT worker that ``policy.quant_cfg`` selects: QARL)
+also override ``calibrate_qkv_fp8_scales`` with our FP8 KV-scale calibration
 (:mod:`nemo_ais.megatron.kv_calibration`). The modules
 import NeMo-RL, Megatron or Automodel: they are imported by fully-qualified name inside
 the Ray worker processes only, never by the driver.
@@ -25,6 +26,9 @@ the Ray worker processes only, never by the driver.
 worker (fqn)                                                 NeMo-RL base / DP group
 ============================================================ ==============================
 ``nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker``  ``MegatronPolicyWorkerImpl``;
+                                                             ``parallel_state`` DP group
+``nemo_ais.nemo_rl.workers.megatron_quant.``                   ``MegatronQuantPolicyWorker``
+``AISMegatronQuantPolicyWorker``                               (its ``__ray_actor_class__``);
                                                              ``parallel_state`` DP group
 ``nemo_ais.nemo_rl.workers.dtensor.AISDTensorPolicyWorker``    ``DTensorPolicyWorkerImpl``;
                                                              ``dp_mesh`` group
@@ -39,6 +43,9 @@ __all__ = ["AIS_WORKER_FQNS"]
 AIS_WORKER_FQNS = {
     "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker": (
         "nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker"
+    ),
+    "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker.MegatronQuantPolicyWorker": (
+        "nemo_ais.nemo_rl.workers.megatron_quant.AISMegatronQuantPolicyWorker"
     ),
     "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker": (
         "nemo_ais.nemo_rl.workers.dtensor.AISDTensorPolicyWorker"

@@ -39,7 +39,7 @@ from nemo_ais.megatron.kv_calibration import calibrate_qkv_fp8_scales, kv_reduct
 from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin
 from nemo_ais.preflight.loader import get
 
-__all__ = ["AISMegatronPolicyWorker", "fp8_kv_cache_enabled"]
+__all__ = ["AISMegatronMixin", "AISMegatronPolicyWorker", "fp8_kv_cache_enabled"]
 
 
 def fp8_kv_cache_enabled(policy_cfg: Any) -> bool:
@@ -48,11 +48,12 @@ def fp8_kv_cache_enabled(policy_cfg: Any) -> bool:
     return get(policy_cfg, "generation.backend") == "vllm" and str(kv_cache_dtype).startswith("fp8")
 
 
-@ray.remote(
-    runtime_env=get_runtime_env_for_policy_worker("megatron_policy_worker")
-)  # pragma: no cover
-class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
-    """``MegatronPolicyWorker`` + the AIS prepare step + our FP8 KV-scale calibration."""
+class AISMegatronMixin(AISTrainMixin):
+    """:class:`AISTrainMixin` on Megatron: its DP group, our FP8 KV calibration, the refit check.
+
+    Put before a ``MegatronPolicyWorkerImpl`` (or a subclass of it: NeMo-RL's ModelOpt
+    ``MegatronQuantPolicyWorker``, see :mod:`.megatron_quant`) in the bases.
+    """
 
     _ais_kv_scales: dict[str, float] | None = None  # the last calibration's "layers"
 
@@ -149,3 +150,10 @@ class AISMegatronPolicyWorker(AISTrainMixin, MegatronPolicyWorkerImpl):
         super().broadcast_weights_for_collective(
             kv_scales=self._ais_refit_kv_scales(kv_scales), **upstream_kwargs
         )
+
+
+@ray.remote(
+    runtime_env=get_runtime_env_for_policy_worker("megatron_policy_worker")
+)  # pragma: no cover
+class AISMegatronPolicyWorker(AISMegatronMixin, MegatronPolicyWorkerImpl):
+    """``MegatronPolicyWorker`` + the AIS prepare step + our FP8 KV-scale calibration."""

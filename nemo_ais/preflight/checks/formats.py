@@ -26,6 +26,11 @@ formats"):
   [out, in] BF16 tensors those parameters cannot take. A BF16 trainer therefore needs
   nemo_ais's NVFP4 refit (the ``ais_nvfp4_refit`` section, issue 16 item 4), as an FP8
   rollout uses ``ais_fp8_refit``.
+* **QARL** (``policy.quant_cfg``, v0.7.0 and main): NeMo-RL's own rollout-aligned trainer.
+  ``Policy`` picks the ModelOpt QAT Megatron worker (fake quant of the recipe in the
+  trainer's forward), which nemo_ais wraps (``workers/megatron_quant.py``); with a
+  real-quant rollout of the SAME recipe it exports packed NVFP4 itself (main checks the
+  two recipes' modes match), so nemo_ais's NVFP4 refit stays off.
 * **MXFP8** (main: ``vllm_cfg.precision: fp8`` + ``is_mx: true``): main's
   ``fp8.load_weights`` quantizes the BF16 stream to MXFP8 in the vLLM worker itself.
 
@@ -211,7 +216,7 @@ def check_rollout_format(ctx: Context) -> Verdict | None:
 
 
 def _real_quant_problems(ctx: Context) -> list[str]:
-    """What NeMo-RL (and a BF16 trainer) need around ``real_quant: true``."""
+    """What NeMo-RL (and a BF16 or QARL trainer) need around ``real_quant: true``."""
     problems = []
     if not get(ctx.cfg, _GEN + ".quant_cfg"):
         problems.append(
@@ -236,9 +241,10 @@ def _real_quant_problems(ctx: Context) -> list[str]:
         )
     problems += _nvfp4_transport_problems(ctx.cfg)
     refit = ctx.get("ais_nvfp4_refit")
-    if isinstance(refit, Mapping) and refit.get("enabled") is True:
+    qarl = ctx.get("policy.quant_cfg") is not None  # its QAT worker packs NVFP4: check_qarl_trainer
+    if not qarl and isinstance(refit, Mapping) and refit.get("enabled") is True:
         problems += _nvfp4_refit_problems(ctx.cfg, refit)
-    else:
+    elif not qarl:
         problems.append(
             f"ais_nvfp4_refit.enabled is {None if refit is None else refit.get('enabled')!r}: "
             "expected true with a BF16 trainer (NeMo-RL packs NVFP4 only in its ModelOpt QAT "
@@ -286,17 +292,17 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
     if not real_quant and quant_cfg is None:
         return None
     problems, warnings = [], []
-    if ctx.get("policy.quant_cfg") is not None:
-        problems.append(
-            f"policy.quant_cfg={ctx.get('policy.quant_cfg')!r} is invalid: expected null "
-            "(the trainer stays BF16; NeMo-RL's ModelOpt QAT workers are not supported with "
-            "loss_fn.ais)"
-        )
+    qarl = ctx.get("policy.quant_cfg") is not None
     if not real_quant:
+        why = (
+            "a fake-quant rollout is not the NVFP4-kernel format the comparison arms run"
+            if qarl
+            else "which load weights folded by NeMo-RL's QAT worker (policy.quant_cfg)"
+        )
         problems.append(
             f"{_GEN}.quant_cfg={quant_cfg!r} without {_GEN}.real_quant=true selects ModelOpt "
-            "fake-quant rollouts, which load weights folded by NeMo-RL's QAT worker: expected "
-            f"{_GEN}.real_quant=true (NVFP4 kernels) or {_GEN}.quant_cfg=null"
+            f"fake-quant rollouts ({why}): expected {_GEN}.real_quant=true (NVFP4 kernels) "
+            f"or {_GEN}.quant_cfg=null"
         )
         return Verdict(problems)
     problems += _real_quant_problems(ctx)
@@ -309,10 +315,71 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
         )
     ignore = ctx.get(_GEN + ".real_quant_ignore")
     kept = "NeMo-RL's default" if ignore is None else f"{len(ignore)} pattern(s)"
+    trainer = (
+        "ModelOpt QAT trainer (QARL), refit by NeMo-RL"
+        if qarl
+        else "BF16 trainer, refit by nemo_ais"
+    )
     return Verdict(
         problems,
-        f"NVFP4 {(mode or 'mode unknown').upper()} real-quant, BF16 trainer, refit by nemo_ais; "
-        f"real_quant_ignore: {kept}",
+        f"NVFP4 {(mode or 'mode unknown').upper()} real-quant, {trainer}; real_quant_ignore: {kept}",
+        warnings,
+    )
+
+
+def _qarl_rollout_problems(ctx: Context, quant_cfg: Any) -> list[str]:
+    """The rollout a QARL trainer feeds: the same recipe, packed by NeMo-RL's worker."""
+    problems = []
+    rollout_cfg = ctx.get(_GEN + ".quant_cfg")
+    same = str(rollout_cfg or "").removeprefix("./") == str(quant_cfg).removeprefix("./")
+    if ctx.get(_GEN + ".real_quant", False) and not same:
+        problems.append(
+            f"{_GEN}.quant_cfg={rollout_cfg!r} is invalid with policy.quant_cfg={quant_cfg!r}: "
+            "expected the same recipe (QARL: the rollout runs the trainer's quantization; "
+            "NeMo-RL main raises 'Real-quant refit requires matching policy and generation "
+            "quantization modes')"
+        )
+    for section in ("ais_nvfp4_refit", "ais_fp8_refit"):
+        refit = ctx.get(section)
+        if isinstance(refit, Mapping) and refit.get("enabled") is True:
+            problems.append(
+                f"{section}.enabled=True is invalid with policy.quant_cfg={quant_cfg!r}: "
+                "expected false (NeMo-RL's QAT worker exports the rollout's weights itself: "
+                "packed NVFP4 for a real-quant rollout, weight_quantizer(weight) otherwise)"
+            )
+    return problems
+
+
+@check("qarl_trainer")
+def check_qarl_trainer(ctx: Context) -> Verdict | None:
+    """``policy.quant_cfg``: NeMo-RL's ModelOpt QAT Megatron worker (QARL) under the AIS worker."""
+    quant_cfg = ctx.get("policy.quant_cfg")
+    if quant_cfg is None:
+        return None
+    problems, warnings = [], []
+    if not ctx.get("policy.megatron_cfg.enabled", False):
+        problems.append(
+            f"policy.quant_cfg={quant_cfg!r} needs policy.megatron_cfg.enabled=true (NeMo-RL's "
+            "DTensor ModelOpt workers raise NotImplementedError; nemo_ais wraps the Megatron one)"
+        )
+    fusion = ctx.get("policy.megatron_cfg.gradient_accumulation_fusion", True)
+    if fusion is not False:
+        problems.append(
+            f"policy.megatron_cfg.gradient_accumulation_fusion={fusion!r} is invalid with "
+            "policy.quant_cfg: expected false (NeMo-RL's MegatronQuantPolicyWorker asserts it; "
+            "absent means Megatron-Bridge's default, true)"
+        )
+    problems += _qarl_rollout_problems(ctx, quant_cfg)
+    mode = NVFP4_QUANT_CFG_MODES.get(str(quant_cfg).removeprefix("./"))
+    if mode is None:
+        warnings.append(
+            f"policy.quant_cfg={quant_cfg!r} is not one of NeMo-RL's NVFP4 recipes known "
+            "offline: its format is not checked against the rollout's"
+        )
+    return Verdict(
+        problems,
+        f"ModelOpt fake-quant Megatron trainer ({(mode or 'mode unknown').upper()}, "
+        f"{quant_cfg}) under nemo_ais's AIS worker (QARL)",
         warnings,
     )
 
