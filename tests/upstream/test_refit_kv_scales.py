@@ -458,7 +458,10 @@ class _CoreAttention(torch.nn.Module):
 class _ReplayWorker:
     """Stand-in ``self`` for both calibrations: ``model`` (``module.decoder.layers.N.
     self_attention.core_attention``, as under NeMo-RL's DDP wrapper) and a ``get_logprobs``
-    that calls each ``core_attention`` with the recorded ``(layer, q, k, v)`` in order."""
+    that calls each ``core_attention`` with the recorded ``(layer, q, k, v)`` in order; no
+    previous calibration (``_ais_kv_scales``, the real worker's class attribute)."""
+
+    _ais_kv_scales = None
 
     def __init__(self, calls: list, num_layers: int) -> None:
         self.calls = calls
