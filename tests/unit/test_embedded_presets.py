@@ -2,7 +2,7 @@
 """The shipped presets: every arm validates, and the FP4 experiment is what its header says.
 
 ``fp4`` / ``fp4-evidence`` (issue 17): default.yaml's hyperparameters unchanged (chosen on
-the bf16 arm alone), so only ``experiment``, ``logger`` and the run length may differ; the arm matrix is
+the bf16 arm alone), so only ``experiment``, ``logger``, the run length and the warm start's length may differ; the arm matrix is
 {none, tis, seq_mis, m2po, ais, const, qarl} x {W4A4 + NVFP4 KV, W4A16 + FP8 KV} plus bf16, and
 the evidence preset is the same experiment over 8 seeds.
 """
@@ -34,8 +34,10 @@ def test_fp4_presets_keep_default_hyperparameters(preset):
         load_config(CONFIG_DIR / "default.yaml"),
     )
     for section in set(raw) | set(default):
-        if section not in ("experiment", "logger", "grpo"):
+        if section not in ("experiment", "logger", "grpo", "policy"):
             assert raw[section] == default[section], section
+    warm = {**default["policy"]["warm_start"], "steps": 550}  # chosen on the warm start alone
+    assert raw["policy"] == {**default["policy"], "warm_start": warm}
     shorter = {"max_num_steps": 20, "val_period": 5}  # the run length, from bf16's curve
     assert raw["grpo"] == {**default["grpo"], **shorter}
     assert {k: v for k, v in raw["logger"].items() if k != "name"} == {
