@@ -43,7 +43,7 @@ from pathlib import Path
 __all__ = ["PRESETS", "main", "version_string"]
 
 # nemo_ais/embedded/presets/<name>.yaml selectable with --preset (default.yaml: no flag)
-PRESETS = ("quick", "fp4-quick", "fp4", "fp4-evidence", "evidence", "addition")
+PRESETS = ("quick", "fp4-quick", "fp4-long", "fp4", "fp4-evidence", "evidence", "addition")
 
 _EPILOG = """\
 examples:
@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PRESETS,
         default=None,
         help="A shipped preset nemo_ais/embedded/presets/<name>.yaml: quick (<= 60 s smoke run), "
-        "fp4-quick (quick with NVFP4 W4A4 / W4A16 rollout arms, <= 90 s), evidence (8 seeds + "
+        "fp4-quick (quick with NVFP4 W4A4 / W4A16 rollout arms, <= 90 s), fp4-long (fp4-quick's "
+        "arms on 99-token chain responses), evidence (8 seeds + "
         "a constant-alpha arm, <= 90 min), addition (the 2-digit task).",
     )
     run.add_argument(

@@ -417,7 +417,12 @@ class DataSection(_Section):
     )
     num_digits: int = Field(2, ge=1, le=6, description="Digits per operand.")
     chain_length: int = Field(
-        11, ge=1, le=64, description="task=chain: values in the written chain."
+        11,
+        ge=1,
+        le=64,
+        description="task=chain: values in the written chain; the response-length knob: a "
+        "correct response is chain_length * (num_digits + 1) tokens, <eos> included "
+        "(11 -> 33, 33 -> 99).",
     )
     sft_alt_fraction: float = Field(
         0.7,

@@ -146,3 +146,28 @@ def test_chain_steps_reward_credits_each_step_from_the_written_value():
     add = AdditionTask(num_digits=2, eval_size=1, eval_seed=0)
     with pytest.raises(ValueError, match=r"data\.reward='steps' is invalid for AdditionTask"):
         add.rewards([(23, 58)], _resp(add, ["81"]), kind="steps")
+
+
+@pytest.mark.parametrize(("chain_length", "tokens"), [(11, 33), (33, 99), (64, 192)])
+def test_chain_length_sets_the_response_length(chain_length, tokens):
+    # chain_length values of 2 digits, chain_length - 1 commas and <eos>: L * (2 + 1) tokens
+    task = ChainTask(num_digits=2, eval_size=4, eval_seed=0, chain_length=chain_length)
+    p = task.eval_problems[0]
+    assert len(task.tokenizer.encode(task.answer(p), eos=True)) == tokens
+    _, labels = task.sft_batch([p])
+    assert int((labels != -100).sum()) == tokens
+    assert task.max_response_len == tokens + 1  # room for the stray "=" of alt_answer
+
+
+def test_fp4_long_preset_writes_99_token_responses():
+    from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
+    from nemo_ais.embedded.task import task_from_config
+
+    raw = load_config(CONFIG_DIR / "fp4-long.yaml")
+    cfg = resolve_arm(raw, "nvfp4_w4a4-none")
+    task = task_from_config(cfg.data)
+    assert (cfg.data.task, cfg.data.chain_length) == ("chain", 33)
+    assert len(task.tokenizer.encode(task.answer(task.eval_problems[0]), eos=True)) >= 99
+    assert (cfg.precision.format, cfg.precision.kv_cache) == ("nvfp4_w4a4", "nvfp4")
+    with pytest.raises(ValueError, match=r"data\.chain_length=65 is invalid"):
+        load_config(CONFIG_DIR / "fp4-long.yaml", ["data.chain_length=65"])
