@@ -88,9 +88,16 @@ def _top_level_names(source: str) -> set[str]:
     return names
 
 
-def _resolve_from_source(module_name: str, attrs: list[str], err: ImportError) -> str:
-    """A module that needs an absent third-party package: its file and top-level names."""
-    spec = importlib.util.find_spec(module_name)
+def _resolve_from_source(module_name: str, attrs: list[str], err: ImportError) -> str | None:
+    """A module that needs an absent third-party package: its file and top-level names.
+
+    None when ``module_name`` is not a module (e.g. ``module.Class``, whose parent module
+    is the one that failed to import): the caller tries the shorter prefix.
+    """
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except ImportError:  # finding it imports its parent, the module that needs the package
+        return None
     if spec is None or spec.origin is None:
         raise err
     missing = [a for a in attrs[:1] if a not in _top_level_names(Path(spec.origin).read_text())]
@@ -111,7 +118,10 @@ def _resolve(dotted: str) -> object:
                 continue  # no such module (or package) here: try a shorter prefix
             if err.name is None or err.name.split(".")[0] in ("nemo_ais", "nemo_rl"):
                 raise  # our own (or NeMo-RL's, always importable here) module is missing
-            return _resolve_from_source(module_name, parts[i:], err)
+            origin = _resolve_from_source(module_name, parts[i:], err)
+            if origin is None:
+                continue
+            return origin
         for attr in parts[i:]:
             obj = getattr(obj, attr)
         return obj
