@@ -731,6 +731,13 @@ def _check_batching(cfg: RecipeConfig) -> None:
             f"{cfg.rollout_batch_size} (num_prompts_per_step x num_generations_per_prompt)"
         )
     num_minibatches = cfg.rollout_batch_size // gbs
+    if cfg.correction.bypass and num_minibatches > 1:
+        raise ValueError(
+            f"loss_fn.ais.bypass=true needs one optimizer step per rollout batch: "
+            f"policy.train_global_batch_size={gbs} gives {num_minibatches} (pi_old := mu holds "
+            "only before the first update); set it to null or to the rollout batch "
+            f"{cfg.rollout_batch_size}"
+        )
     chunk_samples = rollout.prompts_per_chunk * grpo.num_generations_per_prompt
     if chunk_samples % num_minibatches:
         raise ValueError(

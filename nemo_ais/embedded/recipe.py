@@ -285,7 +285,10 @@ class GRPORecipe:
             t0 = time.perf_counter()
             batch = self._rollout(step)  # 1. sync the engine, sample this rank's chunks
             t1 = time.perf_counter()
-            logp_old, entropy = self._logprobs(batch.sequences, grad=False)  # 2. pi_old
+            if cfg.correction.bypass:  # 2. pi_old := mu: no trainer forward, no entropy
+                logp_old, entropy = batch.logp_rollout, None
+            else:
+                logp_old, entropy = self._logprobs(batch.sequences, grad=False)  # 2. pi_old
             t2 = time.perf_counter()
             adv = group_advantages(  # 3. group-normalised advantages (groups are local)
                 batch.rewards,
@@ -468,7 +471,7 @@ class GRPORecipe:
                 float(batch.correct.sum()),
                 float(len(batch)),
                 float(lengths.sum()),
-                float((entropy.double() * batch.mask).sum()),
+                0.0 if entropy is None else float((entropy.double() * batch.mask).sum()),
                 *errors,
             ],
             dtype=torch.float64,
@@ -490,7 +493,8 @@ class GRPORecipe:
             "accuracy": correct_sum / n,  # fraction of rollout samples exactly right
             "response_length": len_sum / n,
             # mean per-token entropy of the trainer policy on the sampled responses (nats)
-            "entropy": entropy_sum / len_sum if len_sum else 0.0,
+            # (bypass: not computed, NaN: the trainer's pi_old forward is skipped)
+            "entropy": math.nan if entropy is None else entropy_sum / len_sum if len_sum else 0.0,
             # QaRL's error tokens: repeated 3-grams / off-alphabet tokens per content token
             **ErrorTokenCounts(*error_sums).rates(),
             "loss": loss,

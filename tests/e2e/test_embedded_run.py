@@ -335,3 +335,28 @@ def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_pat
     assert _strip_times(_records(tmp_path / "ctrlc")) == _strip_times(
         _records(tmp_path / "straight2")
     )
+
+
+def test_bypass_skips_the_trainers_pi_old_forward(tmp_path, cache_dir):
+    """loss_fn.ais.bypass: pi_old := mu, so the trainer's pi_old forward is not run.
+
+    The step's logged batch (NeMo-RL's train_data layout) has prev_logprobs equal to the
+    rollout's; the trainer's entropy (a by-product of that forward) is not computed (NaN);
+    the training itself runs and differs from the same arm without bypass.
+    """
+    arm = "experiment.arms.fp8-ais.loss_fn.ais.bypass=true"
+    assert _run(tmp_path, cache_dir, "bypass", *TINY, arm) == 0
+    assert _run(tmp_path, cache_dir, "plain", *TINY) == 0
+    by, plain = (_records(tmp_path / n, "train") for n in ("bypass", "plain"))
+    assert len(by) == len(plain) > 0
+    assert all(math.isnan(r["entropy"]) for r in by)
+    assert all(math.isfinite(r["entropy"]) for r in plain)
+    assert [r["loss"] for r in by] != [r["loss"] for r in plain]
+    logs = sorted((tmp_path / "bypass" / "logs" / "fp8-ais_seed0").glob("train_data_step*.jsonl"))
+    assert logs
+    for path in logs:
+        for line in path.read_text().splitlines():
+            sample = json.loads(line)
+            assert sample["prev_logprobs"] == sample["generation_logprobs"]
+    assert main(["report", str(tmp_path / "bypass")]) == 0  # the report takes the NaN entropy
+    assert "| fp8-ais |" in (tmp_path / "bypass" / "summary.md").read_text()

@@ -215,3 +215,20 @@ def test_rollout_format_and_kv_cache_select_the_twin(fmt):
         precision = resolve_arm(raw, arm).precision
         assert (precision.format, precision.kv_cache) == (fmt, "nvfp4")
     assert not resolve_arm(raw, "bf16").precision.enabled  # the BF16 arm stays exact
+
+
+def test_bypass_needs_one_optimizer_step_per_rollout_batch():
+    # pi_old := mu holds only before the first update of a rollout batch
+    ok = load_config(DEFAULT, ["experiment.arms.fp8-ais.loss_fn.ais.bypass=true"])
+    assert resolve_arm(ok, "fp8-ais").correction.bypass is True
+    with pytest.raises(
+        ValueError,
+        match=r"experiment\.arms\.fp8-ais: loss_fn\.ais\.bypass=true needs one optimizer",
+    ):
+        load_config(
+            DEFAULT,
+            [
+                "experiment.arms.fp8-ais.loss_fn.ais.bypass=true",
+                "policy.train_global_batch_size=32",
+            ],
+        )
