@@ -25,7 +25,7 @@ import pytest
 import torch
 from nemo_rl.algorithms.loss import interfaces as loss_interfaces
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
-from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_batches import global_counts, nemo_rl_batch
 from nemo_rl_version import per_version
 
 from nemo_ais.core.metrics import AIS_METRIC_NAMES
@@ -41,34 +41,10 @@ RTOL = 1e-12  # float64; only the order of the sums differs
 
 
 def _data(seed=0, b=B, s=S, mismatch=0.3):
-    g = torch.Generator().manual_seed(seed)
-    f64 = torch.float64
-    token_mask = torch.ones(b, s, dtype=torch.int64)
-    token_mask[:, 0] = 0
-    lengths = torch.randint(3, s + 1, (b,), generator=g)
-    token_mask[torch.arange(s)[None, :] >= lengths[:, None]] = 0
-    sample_mask = torch.ones(b, dtype=torch.int64)
-    sample_mask[1] = 0
-    gen = -2.0 * torch.rand(b, s, generator=g, dtype=f64) - 0.05
-    prev = gen + mismatch * torch.randn(b, s, generator=g, dtype=f64)
-    data = BatchedDataDict(
-        {
-            "input_ids": torch.randint(0, 8, (b, s), generator=g),
-            "token_mask": token_mask,
-            "sample_mask": sample_mask,
-            "advantages": torch.randn(b, 1, generator=g, dtype=f64).expand(b, s).clone(),
-            "prev_logprobs": prev,
-            "generation_logprobs": gen,
-            "reference_policy_logprobs": prev + 0.1 * torch.randn(b, s, generator=g, dtype=f64),
-        }
-    )
-    curr = prev[:, 1:] + 0.15 * torch.randn(b, s - 1, generator=g, dtype=f64)
-    return data, curr
+    return nemo_rl_batch(seed, b, s, mismatch)
 
 
-def _counts(data):
-    mask = data["token_mask"][:, 1:] * data["sample_mask"].unsqueeze(-1)
-    return torch.tensor(float(data["sample_mask"].sum())), torch.tensor(float(mask.sum()))
+_counts = global_counts
 
 
 def _run(loss_fn, data, curr, counts=None):

@@ -21,6 +21,7 @@ import pytest
 import torch
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_batches import global_counts, nemo_rl_batch
 
 from nemo_ais.config import CorrectionConfig
 from nemo_ais.core import clipped_pg_loss, compute_diagnostics
@@ -55,35 +56,11 @@ ALL_MODES = {
 }
 
 
-def _data(seed=0, mismatch=0.3):
-    g = torch.Generator().manual_seed(seed)
-    f64 = torch.float64
-    token_mask = torch.ones(B, S, dtype=torch.int64)
-    token_mask[:, 0] = 0
-    lengths = torch.randint(3, S + 1, (B,), generator=g)
-    token_mask[torch.arange(S)[None, :] >= lengths[:, None]] = 0
-    sample_mask = torch.ones(B, dtype=torch.int64)
-    sample_mask[1] = 0
-    gen = -2.0 * torch.rand(B, S, generator=g, dtype=f64) - 0.05
-    prev = gen + mismatch * torch.randn(B, S, generator=g, dtype=f64)
-    data = BatchedDataDict(
-        {
-            "input_ids": torch.randint(0, 8, (B, S), generator=g),
-            "token_mask": token_mask,
-            "sample_mask": sample_mask,
-            "advantages": torch.randn(B, 1, generator=g, dtype=f64).expand(B, S).clone(),
-            "prev_logprobs": prev,
-            "generation_logprobs": gen,
-            "reference_policy_logprobs": prev + 0.1 * torch.randn(B, S, generator=g, dtype=f64),
-        }
-    )
-    curr = prev[:, 1:] + 0.15 * torch.randn(B, S - 1, generator=g, dtype=f64)
-    return data, curr
+def _data(seed=0, b=B, s=S, mismatch=0.3):
+    return nemo_rl_batch(seed, b, s, mismatch)
 
 
-def _counts(data):
-    mask = data["token_mask"][:, 1:] * data["sample_mask"].unsqueeze(-1)
-    return torch.tensor(float(data["sample_mask"].sum())), torch.tensor(float(mask.sum()))
+_counts = global_counts
 
 
 def _run(loss_fn, data, curr):
