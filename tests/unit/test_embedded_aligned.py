@@ -14,6 +14,7 @@ import typing
 import pytest
 import torch
 import torch.nn.functional as F
+from embedded_recipes import tiny_recipe
 from torch import nn
 
 from nemo_ais.config import CorrectionMode
@@ -23,39 +24,19 @@ from nemo_ais.embedded.aligned import (
     StraightThroughLinear,
 )
 from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
-from nemo_ais.embedded.dist import DistContext
 from nemo_ais.embedded.model import response_logprobs
-from nemo_ais.embedded.recipe import _APPLIED_ALPHA, GRPORecipe
+from nemo_ais.embedded.recipe import _APPLIED_ALPHA
 from nemo_ais.fp8.formats import LINEAR_FAKE_QUANT
 from nemo_ais.fp8.kv_cache import QuantizedKVCache
 from nemo_ais.fp8.kv_scales import KVScales
 
-OVERRIDES = [
-    "grpo.num_prompts_per_step=4",
-    "grpo.num_generations_per_prompt=4",
-    "rollout.prompts_per_chunk=2",
-    "data.eval_size=8",
-    "policy.warm_start.steps=0",
-    "checkpointing.enabled=false",
-    "cluster.dp_size=1",
-]
 ALIGNED = [("fp8", "fp8"), ("nvfp4_w4a4", "nvfp4")]
 
 
 def _recipe(tmp_path, fmt, kv, aligned=True):
     extra = [f"rollout.format={fmt}", f"rollout.kv_cache={kv}"]
     extra.append(f"policy.rollout_aligned_quantization={str(aligned).lower()}")
-    raw = load_config(CONFIG_DIR / "quick.yaml", [*OVERRIDES, *extra])
-    r = GRPORecipe(
-        resolve_arm(raw, "fp8-none"),
-        arm="fp8-none",
-        seed=0,
-        ctx=DistContext(0, 1, None),
-        run_dir=tmp_path,
-        warm_start_file=None,
-    )
-    r.setup()
-    return r
+    return tiny_recipe(tmp_path, *extra, arm="fp8-none")
 
 
 @pytest.mark.parametrize(("fmt", "kv"), ALIGNED)

@@ -3,36 +3,14 @@
 
 import pytest
 import torch
+from embedded_recipes import tiny_recipe
 
 from nemo_ais.core import compute_diagnostics
-from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
-from nemo_ais.embedded.dist import DistContext
-from nemo_ais.embedded.recipe import GRPORecipe
 from nemo_ais.embedded.rollout import group_advantages
-
-OVERRIDES = [
-    "grpo.num_prompts_per_step=4",
-    "grpo.num_generations_per_prompt=4",
-    "rollout.prompts_per_chunk=2",
-    "data.eval_size=8",
-    "policy.warm_start.steps=0",
-    "checkpointing.enabled=false",
-    "cluster.dp_size=1",
-]
 
 
 def _recipe(tmp_path, *extra, arm="fp8-ais"):
-    raw = load_config(CONFIG_DIR / "quick.yaml", [*OVERRIDES, *extra])
-    r = GRPORecipe(
-        resolve_arm(raw, arm),
-        arm=arm,
-        seed=0,
-        ctx=DistContext(0, 1, None),
-        run_dir=tmp_path,
-        warm_start_file=None,
-    )
-    r.setup()
-    return r
+    return tiny_recipe(tmp_path, *extra, arm=arm)
 
 
 def test_micro_batches_accumulate_to_the_full_batch_core_loss(tmp_path):
