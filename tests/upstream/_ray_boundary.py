@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from nemo_rl.algorithms import grpo
 from nemo_rl.distributed import ray_actor_environment_registry as registry
 from nemo_rl.distributed.virtual_cluster import RayVirtualCluster
@@ -71,6 +72,22 @@ def cluster_for(cluster_cfg: dict) -> RayVirtualCluster:
         num_gpus_per_node=cluster_cfg["gpus_per_node"],
         name="test_cluster",
     )
+
+
+def build_policy(factory, raw: dict) -> None:
+    """Call a policy factory as ``grpo.setup()`` does for ``raw``; it must stop at the Ray
+    boundary (the ``ActorBoundary`` raises :class:`AtRayBoundary` where actors would start)."""
+    with pytest.raises(AtRayBoundary):
+        factory(
+            cluster=cluster_for(raw["cluster"]),
+            config=copy.deepcopy(raw["policy"]),
+            tokenizer=None,
+            processor=None,
+            weights_path=None,
+            optimizer_path=None,
+            init_optimizer=True,
+            init_reference_model=False,
+        )
 
 
 def tiny_datasets(raw: dict) -> tuple[list[dict], list[dict]]:

@@ -15,7 +15,6 @@ config: ``tests/upstream/test_setup_real.py``.
 
 from __future__ import annotations
 
-import copy
 import importlib
 
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)
@@ -25,8 +24,7 @@ from _ray_boundary import (
     MEGATRON_QUANT_AIS_WORKER,
     MEGATRON_QUANT_BASE,
     ActorBoundary,
-    AtRayBoundary,
-    cluster_for,
+    build_policy,
 )
 from nemo_rl.distributed import ray_actor_environment_registry as registry
 from nemo_rl.models.policy.utils import resolve_policy_worker_cls
@@ -99,17 +97,7 @@ def test_upstreams_policy_builds_the_ais_worker_of_the_class_it_resolved(
     raw = run.load_config_dict(str(QARL_CONFIG), [])
     boundary = ActorBoundary(stop=True).install(monkeypatch, tmp_path)
     factory = make_policy_factory(raw)
-    with pytest.raises(AtRayBoundary):
-        factory(
-            cluster=cluster_for(raw["cluster"]),
-            config=copy.deepcopy(raw["policy"]),
-            tokenizer=None,
-            processor=None,
-            weights_path=None,
-            optimizer_path=None,
-            init_optimizer=True,
-            init_reference_model=False,
-        )
+    build_policy(factory, raw)
     assert boundary.resolved == [MEGATRON_QUANT_BASE]  # upstream's Policy, before extension
     (group,) = boundary.groups
     assert group["builder"].ray_actor_class_fqn == MEGATRON_QUANT_AIS_WORKER
