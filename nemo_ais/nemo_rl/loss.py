@@ -379,6 +379,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
                 "unfiltered log-probs for the KL term are not supported yet (set "
                 "loss_fn.reference_policy_kl_penalty: 0 or disable top-k/top-p)"
             )
+        index = global_batch_index(data)  # one host sync; read once for the loss and alpha_gb
         out = loss_from_prepared(
             next_token_logprobs,
             data,
@@ -388,14 +389,13 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             global_valid_seqs=global_valid_seqs,
             global_valid_toks=global_valid_toks,
             rollout_metrics=True,
+            index=index,
         )
         counts = None  # the refit guard's values need this call's counts (one more sync)
         if self._alarms:
             counts = self._call_counts(data, global_valid_seqs, global_valid_toks)
         metrics = self._ais_metrics(out.metrics, next_token_logprobs, data, counts)
-        if len(self._diagnostics) > 1:
-            index = counts.index if counts is not None else global_batch_index(data)
-            metrics.update(self._per_global_batch_alpha(metrics, index))
+        metrics.update(self._per_global_batch_alpha(metrics, index))
         return out.loss, metrics
 
     def _per_global_batch_alpha(self, metrics: Mapping[str, Any], index: int | None) -> dict:

@@ -381,6 +381,7 @@ def loss_from_prepared(
     global_valid_seqs: torch.Tensor | float | None,
     global_valid_toks: torch.Tensor | float | None,
     rollout_metrics: bool = False,
+    index: int | None = None,
 ) -> LossOutput:
     """One loss call (micro-batch or packed sequence) with the prepared diagnostics.
 
@@ -397,6 +398,8 @@ def loss_from_prepared(
         global_valid_toks: NeMo-RL's global valid-token count of the global batch.
         rollout_metrics: also compute NeMo-RL's rollout-mismatch metrics of the call
             (:data:`nemo_ais.core.loss.ROLLOUT_METRIC_KEYS`).
+        index: the call's global-batch index if the caller read it already
+            (:func:`global_batch_index`; None: read here, one host sync).
 
     Returns:
         core's :class:`~nemo_ais.core.LossOutput` (metrics as 0-dim tensors).
@@ -409,7 +412,8 @@ def loss_from_prepared(
     """
     require_config(config, CorrectionConfig, "loss_from_prepared(config)")
     require_config(pg, PGLossConfig, "loss_from_prepared(pg)", optional=True)
-    index = global_batch_index(data)
+    if index is None:
+        index = global_batch_index(data)
     if index is None or not 0 <= index < len(diagnostics):
         raise RuntimeError(
             f"loss_fn.ais.mode={config.mode!r}: no AIS diagnostics were prepared for this "
