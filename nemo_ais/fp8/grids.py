@@ -57,6 +57,7 @@ __all__ = [
     "E8M0_BIAS",
     "E8M0_NAN",
     "Scratch",
+    "band_elems",
     "e2m1_class_index_",
     "e2m1_codes",
     "e2m1_codes_reference",
@@ -84,6 +85,10 @@ _SIGN_BIT = 8
 _E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
                     (3.5, True), (5.0, False))  # fmt: skip
 _BAND_ELEMS = 1 << 18  # fp32 elements of a quantizer's per-band working copy (1 MiB: L2)
+# On a GPU the banded loop is launch-bound (each band is ~10 kernels): a weight of up to 2^28
+# elements is one band (on an H200 the 1 MiB bands made the quantizers 25-76x slower than
+# one pass over the whole tensor: docs/benchmarks.md "quant_cuda").
+_BAND_ELEMS_GPU = 1 << 28
 # E2M1 class index (module doc): idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096 in [0, 8190]
 _CLASS_SHIFT = 20
 _CLASS_LOW = (1 << _CLASS_SHIFT) - 1
@@ -236,13 +241,22 @@ def to_uint8(v: torch.Tensor) -> torch.Tensor:
     return v.to(torch.int32).to(torch.uint8)
 
 
-def row_bands(rows: int, k: int, multiple: int = 1) -> list[tuple[int, int]]:
+def band_elems(device: torch.device, cpu_elems: int = _BAND_ELEMS) -> int:
+    """fp32 elements of one band on ``device``: cache-sized on CPU, the whole weight on a GPU."""
+    return cpu_elems if device.type == "cpu" else _BAND_ELEMS_GPU
+
+
+def row_bands(
+    rows: int, k: int, multiple: int = 1, *, device: torch.device | None = None
+) -> list[tuple[int, int]]:
     """``[(r0, r1), ...]`` covering ``rows`` rows of length ``k`` in bands of ~1 MiB of fp32.
 
     Band heights are multiples of ``multiple`` (whole 2-D scale tiles), so a band's working
-    copy stays in cache while a quantizer makes its passes over it.
+    copy stays in cache while a quantizer makes its passes over it. On a GPU ``device``
+    (:func:`band_elems`) a band holds up to 2^28 elements: one band for any weight.
     """
-    height = max(multiple, _BAND_ELEMS // max(k, 1) // multiple * multiple)
+    elems = _BAND_ELEMS if device is None else band_elems(device)
+    height = max(multiple, elems // max(k, 1) // multiple * multiple)
     return [(r0, min(r0 + height, rows)) for r0 in range(0, rows, height)]
 
 

@@ -119,7 +119,7 @@ def quantize_mxfp4(
     finite = torch.ones((), dtype=torch.bool, device=x.device)
     scratch = Scratch(x.device)
     with torch.no_grad():
-        for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k):
+        for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k, device=x.device):
             h = r1 - r0
             y = torch.add(x2[r0:r1], 0.0, out=scratch.get("x", (h, k), torch.float32))  # -0 -> +0
             blocks = y.view(h, kb, MX_BLOCK)

@@ -124,7 +124,7 @@ def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     finite = torch.ones((), dtype=torch.bool, device=x.device)
     scratch = Scratch(x.device)
     with torch.no_grad():
-        for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k):
+        for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k, device=x.device):
             xf = scratch.get("x", (r1 - r0, k), torch.float32).copy_(x2[r0:r1])
             blocks = xf.view(r1 - r0, k // MX_BLOCK, MX_BLOCK)
             block_amax = torch.maximum(blocks.amax(-1), blocks.amin(-1).neg_())

@@ -213,7 +213,11 @@ def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
     bands = (
         []
         if x.numel() == 0
-        else [(m0 + b0, m0 + b1) for m0 in range(0, rows, n) for b0, b1 in row_bands(n, k, tile)]
+        else [
+            (m0 + b0, m0 + b1)
+            for m0 in range(0, rows, n)
+            for b0, b1 in row_bands(n, k, tile, device=dev)
+        ]
     )
     scratch = Scratch(dev)
     block_amax = None

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_ais.fp8.checks import FLOAT_INPUTS, check_finite
-from nemo_ais.fp8.grids import E4M3_MAX
+from nemo_ais.fp8.grids import E4M3_MAX, band_elems
 
 __all__ = [
     "E4M3_MAX",
@@ -140,9 +140,12 @@ def _scales(
     return s, torch.reciprocal(s).clamp_max(_FP32_MAX)
 
 
-def _band_rows(bn: int, k_pad: int) -> int:
-    """Rows per band: whole tile rows, about ``_BAND_ELEMS`` fp32 elements (cache-sized)."""
-    return bn * max(1, _BAND_ELEMS // (bn * k_pad))
+def _band_rows(bn: int, k_pad: int, device: torch.device) -> int:
+    """Rows per band: whole tile rows, ~``_BAND_ELEMS`` fp32 elements on CPU (cache-sized).
+
+    On a GPU the whole weight (:func:`~nemo_ais.fp8.grids.band_elems`).
+    """
+    return bn * max(1, band_elems(device, _BAND_ELEMS) // (bn * k_pad))
 
 
 def _quantize_tiles(
@@ -171,7 +174,7 @@ def _quantize_tiles(
             torch.empty(e, n, k, dtype=FP8_DTYPE, device=dev),
             torch.empty(e, nb, kb, dtype=torch.float32, device=dev),
         )
-    rows_per_band = _band_rows(bn, kb * bk)
+    rows_per_band = _band_rows(bn, kb * bk, dev)
     scratch = torch.zeros(min(rows_per_band, nb * bn), kb * bk, dtype=torch.float32, device=dev)
     q8 = torch.empty(e, n, k, dtype=FP8_DTYPE, device=dev)
     amax = torch.empty(e, nb, kb, dtype=torch.float32, device=dev)
