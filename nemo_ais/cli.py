@@ -49,7 +49,7 @@ _EPILOG = """\
 examples:
   nemo-ais run                                   # default experiment, 4 arms x 2 seeds
   nemo-ais run --quick                           # <= 60 s smoke run (1 process, 1 seed)
-  nemo-ais run --preset evidence                 # 8 seeds + constant-alpha arm (docs/results.md)
+  nemo-ais run --preset evidence                 # FP8, 8 seeds, every correction (docs/results.md)
   nemo-ais run --preset fp4-quick                # <= 90 s: NVFP4 W4A4 + NVFP4 KV arms, W4A16
   nemo-ais run grpo.max_num_steps=100 rollout.kv_cache=bf16 logger.name=bf16-kv
   nemo-ais run rollout.format=nvfp4_w4a4 rollout.kv_cache=nvfp4 logger.name=w4a4
@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="A shipped preset nemo_ais/embedded/presets/<name>.yaml: quick (<= 60 s smoke run), "
         "fp4-quick (quick with NVFP4 W4A4 / W4A16 rollout arms, <= 90 s), fp4-long (fp4-quick's "
-        "arms on 99-token chain responses), evidence (8 seeds + "
-        "a constant-alpha arm, <= 90 min), addition (the 2-digit task).",
+        "arms on 99-token chain responses), fp4 (every correction with NVFP4 W4A4 / W4A16 "
+        "rollouts, 2 seeds), fp4-evidence (the same, 8 seeds), evidence (FP8 rollouts, 8 seeds, "
+        "every correction), addition (the 2-digit task).",
     )
     run.add_argument(
         "--overwrite",
