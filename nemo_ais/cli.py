@@ -374,7 +374,7 @@ def _calibrate_input_amax(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from nemo_ais.embedded.config import load_config
     from nemo_ais.embedded.dist import RecipeError
-    from nemo_ais.embedded.recipe import run_experiment
+    from nemo_ais.embedded.experiment import run_experiment
 
     preset = "quick" if args.quick else args.preset or "default"
     path = args.config or _config_dir() / f"{preset}.yaml"

@@ -28,7 +28,8 @@ The recipe holds no loss math: the clipped surrogate and every correction weight
 Data parallel: each of ``cluster.dp_size`` gloo ranks generates and trains on its chunks
 (:mod:`nemo_ais.embedded.rollout`). The loss is normalised by the GLOBAL valid-token
 count, so per-rank gradients are SUMMED (one all-reduce of the flattened gradients).
-:func:`run_experiment` is the entry point of ``nemo-ais run``.
+The experiment driver of ``nemo-ais run`` (every arm x seed) is
+:mod:`nemo_ais.embedded.experiment`.
 """
 
 from __future__ import annotations
@@ -37,17 +38,13 @@ import json
 import logging
 import math
 import os
-import shutil
 import statistics
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
-from tqdm.auto import tqdm
 
 from nemo_ais.core import (
     AISDiagnostics,
@@ -66,11 +63,8 @@ from nemo_ais.embedded.checkpoint import (
 )
 from nemo_ais.embedded.config import (
     RecipeConfig,
-    migrate_config,
-    resolve_arm,
-    validate_config,
 )
-from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum, launch
+from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum
 from nemo_ais.embedded.error_tokens import (
     ErrorTokenCounts,
     error_token_counts,
@@ -88,7 +82,6 @@ from nemo_ais.embedded.warmstart import (
     build_task,
     build_untrained_policy,
     load_warm_start,
-    warm_start,
 )
 from nemo_ais.fp8.twin import Fp8Twin
 
@@ -99,15 +92,11 @@ __all__ = [
     "build_policy",
     "build_rollout_engine",
     "build_trainer_forward",
-    "run_experiment",
 ]
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.yaml"
-# Keys that may change between an interrupted run and its resumption.
-_RESUME_FREE_KEYS = ("logger.progress_bar", "logger.plots", "cluster", "experiment.include")
 # The weight each mode puts on the fully corrected gradient (alpha of the interpolation).
 _APPLIED_ALPHA = {
     "none": 0.0,
@@ -664,131 +653,3 @@ class GRPORecipe:
             f"policy.optimizer.lr (now {self.cfg.policy.optimizer.lr}) or set "
             "policy.max_grad_norm."
         )
-
-
-# --------------------------------------------------------------------------------------
-# experiment driver (all arms x seeds)
-# --------------------------------------------------------------------------------------
-
-
-def _runs(base: RecipeConfig) -> list[tuple[str, int]]:
-    return [(arm, seed) for arm in base.experiment.arm_names for seed in base.experiment.seeds]
-
-
-def _worker(ctx: DistContext, raw: dict[str, Any], run_dir: str, warm_file: str | None) -> None:
-    """Every (arm, seed) run, in order, on this rank."""
-    base = resolve_arm(raw, None)
-    torch.set_num_threads(base.cluster.num_threads_per_rank)
-    runs = _runs(base)
-    progress = None
-    if ctx.is_main and base.logger.progress_bar:
-        progress = tqdm(total=len(runs) * base.grpo.max_num_steps, desc="GRPO steps", unit="step")
-    try:
-        for arm, seed in runs:
-            recipe = GRPORecipe(
-                resolve_arm(raw, arm),
-                arm=arm,
-                seed=seed,
-                ctx=ctx,
-                run_dir=Path(run_dir),
-                warm_start_file=Path(warm_file) if warm_file else None,
-                progress=progress,
-            )
-            recipe.setup()
-            recipe.train()
-    finally:
-        if progress is not None:
-            progress.close()
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) -> Path:
-    """Create (or reopen) ``logger.run_dir/logger.name`` and pin its config.
-
-    Raises:
-        RecipeError: the directory is not writable, or holds a run with another config.
-    """
-    run_dir = Path(base.logger.run_dir) / base.logger.name
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write_probe"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        raise RecipeError(
-            f"run directory {run_dir} is not writable ({err.strerror or err}); choose another "
-            "with logger.run_dir=<dir> or logger.name=<name>"
-        ) from None
-    cfg_file = run_dir / CONFIG_FILE
-    if overwrite:
-        for name in (METRICS_FILE, CONFIG_FILE, "summary.md"):
-            (run_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-        shutil.rmtree(run_dir / "logs", ignore_errors=True)
-    elif cfg_file.is_file():
-        # a run pinned with the former rollout.fp8 block compares in the current keys
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            old = _flat(migrate_config(yaml.safe_load(cfg_file.read_text()) or {}))
-            new = _flat(migrate_config(json.loads(json.dumps(raw))))
-        free = lambda k: any(k == f or k.startswith(f + ".") for f in _RESUME_FREE_KEYS)  # noqa: E731
-        diff = sorted(k for k in set(old) | set(new) if not free(k) and old.get(k) != new.get(k))
-        if diff:
-            shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
-            raise RecipeError(
-                f"{run_dir} holds a run with a different config ({shown}); resume it with the "
-                "same config, pick another logger.name, or pass --overwrite to start over"
-            )
-    cfg_file.write_text(yaml.safe_dump(json.loads(json.dumps(raw)), sort_keys=False))
-    return run_dir
-
-
-def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
-    """``nemo-ais run``: warm start, every arm x seed on the DP ranks, then the report.
-
-    Re-running with the same config resumes from the last checkpoints (finished runs are
-    skipped, records past a checkpoint are recomputed).
-
-    Returns:
-        The run directory.
-
-    Raises:
-        ValueError: an invalid config (the key path is named).
-        RecipeError: a run failed with a user-facing message (e.g. :class:`NonFiniteError`).
-        KeyboardInterrupt: interrupted; the checkpoints written so far are kept.
-    """
-    from nemo_ais.embedded.report import write_report
-
-    raw = migrate_config(raw)  # the former rollout.fp8 block: warned about once, here
-    base = validate_config(raw)
-    run_dir = prepare_run_dir(raw, base, overwrite)
-    task = build_task(base)
-    warm_file = None
-    if base.policy.warm_start.steps > 0:
-        threads = torch.get_num_threads()
-        # the warm start runs alone, before the DP ranks: policy.warm_start.num_threads
-        torch.set_num_threads(base.policy.warm_start.num_threads)
-        try:
-            warm_file = warm_start(base, task, progress=base.logger.progress_bar)
-        finally:
-            torch.set_num_threads(threads)
-    launch(
-        _worker,
-        (raw, str(run_dir), str(warm_file) if warm_file else None),
-        world_size=base.cluster.dp_size,
-        num_threads=base.cluster.num_threads_per_rank,
-        timeout_s=base.cluster.timeout_s,
-    )
-    if base.logger.plots:
-        write_report(run_dir)
-    return run_dir

@@ -194,7 +194,7 @@ def test_a_run_pinned_with_the_former_block_resumes(tmp_path):
     import yaml
 
     from nemo_ais.embedded.dist import RecipeError
-    from nemo_ais.embedded.recipe import CONFIG_FILE, prepare_run_dir
+    from nemo_ais.embedded.experiment import CONFIG_FILE, prepare_run_dir
 
     raw = load_config(DEFAULT, [f"logger.run_dir={tmp_path}"])
     run_dir = tmp_path / raw["logger"]["name"]
