@@ -49,7 +49,9 @@ __all__ = [
     "CorrectionMode",
     "PGLossConfig",
     "config_type_error",
+    "pg_loss_section",
     "require_config",
+    "surrogate_conflicts",
     "validate_section",
 ]
 
@@ -248,6 +250,10 @@ class PGLossConfig(_Section):
     ``L = -sum w_hat * max-side-clipped(r * A) * m / N`` with ``r = exp(logp_theta - logp_old)``
     clipped to ``[1 - ratio_clip_min, 1 + ratio_clip_max]``, optional dual clip ``c`` for
     negative advantages, plus ``reference_policy_kl_penalty * KL(pi_theta || pi_ref)``.
+    NeMo-RL's ``use_cispo``, ``sequence_level_importance_ratios`` (GSPO),
+    ``use_on_policy_kl_approximation`` and ``positive_example_nll_weight`` (VAPO) have
+    NeMo-RL v0.7.0's semantics (algorithm box of :mod:`nemo_ais.core.loss`), and NeMo-RL's
+    assertions on their combinations are validation errors naming the fields.
     """
 
     ratio_clip_min: float = Field(0.2, ge=0.0, lt=1.0, description="eps_low of the ratio clip.")
@@ -275,6 +281,141 @@ class PGLossConfig(_Section):
     disable_ppo_ratio: bool = Field(
         False, description="Use logp_theta * A (REINFORCE) instead of the clipped ratio."
     )
+    use_cispo: bool = Field(
+        False,
+        description="CISPO: loss -A * sg(clip(r, 1 - eps_low, 1 + eps_high)) * "
+        "logp_theta, without the PPO max.",
+    )
+    sequence_level_importance_ratios: bool = Field(
+        False,
+        description="GSPO: r_i = exp(mean_t log r_it) per sequence (needs token_level_loss "
+        "false); the IS weight stays loss_fn.ais's (use mode seq_tis for a sequence one).",
+    )
+    use_on_policy_kl_approximation: bool = Field(
+        False,
+        description="KL term weighted by exp(logp_theta - logp_rollout) (with gradient) "
+        "instead of the value-1 score-function weight.",
+    )
+    positive_example_nll_weight: float = Field(
+        0.0,
+        ge=0.0,
+        description="VAPO: + this * mean NLL of the call's tokens of samples with reward > 0 "
+        "(0 disables; needs the rewards).",
+    )
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> PGLossConfig:
+        """NeMo-RL's ``ClippedPGLossFn`` asserts, as errors naming the fields."""
+        if self.sequence_level_importance_ratios and self.token_level_loss:
+            raise ValueError(
+                "sequence_level_importance_ratios=True is invalid with token_level_loss=True: "
+                "expected token_level_loss: false (GSPO's sequence ratio goes with the "
+                "per-sequence mean; NeMo-RL's ClippedPGLossFn asserts the same)"
+            )
+        if not self.use_cispo:
+            return self
+        rules = (  # field, set against CISPO, the value CISPO needs, why
+            ("disable_ppo_ratio", self.disable_ppo_ratio, "false", "CISPO needs the ratio"),
+            (
+                "sequence_level_importance_ratios",
+                self.sequence_level_importance_ratios,
+                "false",
+                "CISPO uses token-level ratios",
+            ),
+            (
+                "ratio_clip_c",
+                self.ratio_clip_c is not None,
+                "null",
+                "the dual clip would overwrite the CISPO loss",
+            ),
+            ("token_level_loss", not self.token_level_loss, "true", "CISPO is token-level"),
+        )
+        for field, conflicting, expected, why in rules:
+            if conflicting:
+                raise ValueError(
+                    f"{field}={getattr(self, field)!r} is invalid with use_cispo=True: "
+                    f"expected {expected} ({why}; NeMo-RL's ClippedPGLossFn asserts the same)"
+                )
+        return self
+        conflicts = {  # field -> (value, the value CISPO needs, why)
+            "disable_ppo_ratio": (True, False, "CISPO needs the ratio pi_theta / pi_old"),
+            "sequence_level_importance_ratios": (
+                True,
+                False,
+                "CISPO uses token-level importance weights",
+            ),
+            "ratio_clip_c": (
+                self.ratio_clip_c,
+                None,
+                "the dual clip would overwrite the CISPO loss",
+            ),
+            "token_level_loss": (False, True, "CISPO is a token-level loss"),
+        }
+        for field, (bad, good, why) in conflicts.items():
+            if getattr(self, field) == bad and bad != good:
+                raise ValueError(
+                    f"{field}={bad!r} is invalid with use_cispo=True: expected "
+                    f"{'null' if good is None else good} ({why}, as NeMo-RL asserts)"
+                )
+        return self
+
+
+# mode tbpo's own sequence-ratio surrogate replaces the token PPO surrogate these change
+_TBPO_SURROGATE_CONFLICTS = {
+    "disable_ppo_ratio": "tbpo's surrogate is built on the sequence ratio",
+    "use_cispo": "tbpo has its own sequence-ratio surrogate, CISPO's replaces the PPO clip",
+    "sequence_level_importance_ratios": "tbpo has its own sequence-ratio surrogate (its "
+    "band is loss_fn.ais.tbpo_*)",
+}
+
+
+def surrogate_conflicts(config: CorrectionConfig, pg: PGLossConfig) -> list[str]:
+    """One message per ``pg`` surrogate option that ``config.mode`` cannot combine with.
+
+    Mode ``tbpo`` brings its own sequence-ratio surrogate, so NeMo-RL's alternatives to
+    the token PPO surrogate (``disable_ppo_ratio``, ``use_cispo``,
+    ``sequence_level_importance_ratios``) must stay off with it.
+
+    Args:
+        config: the validated ``loss_fn.ais`` section.
+        pg: the validated clipped-surrogate knobs (``loss_fn``).
+
+    Returns:
+        ``loss_fn.<field>=True is invalid with loss_fn.ais.mode='tbpo': expected False
+        (why)`` per conflict, in field order; empty for every other mode.
+    """
+    if config.mode != "tbpo":
+        return []
+    return [
+        f"loss_fn.{field}=True is invalid with loss_fn.ais.mode={config.mode!r}: expected "
+        f"False ({why})"
+        for field, why in _TBPO_SURROGATE_CONFLICTS.items()
+        if getattr(pg, field)
+    ]
+
+
+def pg_loss_section(loss_fn: Mapping[str, Any]) -> PGLossConfig:
+    """:class:`PGLossConfig` of a NeMo-RL ``loss_fn`` section (NeMo-RL's field names).
+
+    Only :class:`PGLossConfig`'s fields are read; an absent one takes ``PGLossConfig``'s
+    default (pass a complete section, e.g. a ``ClippedPGLossConfig``'s fields, for
+    NeMo-RL's defaults). ``use_kl_in_reward: true`` moves the KL into the reward, so the
+    loss's ``reference_policy_kl_penalty`` is 0, as in NeMo-RL's ``ClippedPGLossFn``.
+
+    Args:
+        loss_fn: the ``loss_fn`` mapping (other keys, ``ais`` included, are ignored).
+
+    Returns:
+        The validated, frozen :class:`PGLossConfig`.
+
+    Raises:
+        ValueError: naming ``loss_fn.<field>`` with the value and the expected form
+            (e.g. ``ratio_clip_c`` must be > 1, CISPO without dual clip).
+    """
+    fields = {k: loss_fn[k] for k in PGLossConfig.model_fields if k in loss_fn}
+    if loss_fn.get("use_kl_in_reward", False):
+        fields["reference_policy_kl_penalty"] = 0.0
+    return validate_section(PGLossConfig, fields, "loss_fn")
 
 
 _M = TypeVar("_M", bound=BaseModel)

@@ -32,30 +32,53 @@ our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
                      batch_normalize: w_hat / w_bar, w_bar the global batch mean of w_hat
                      (from step 2's all-reduce, like alpha and m2po's q*)
 4. surrogate         r_it = exp(clamp(log pi_theta - log pi_old, -L, L))
+                     sequence_level_importance_ratios (GSPO): r_it := exp(clamp(sum_t m_it
+                     log r_it / n_i, -L, L)) for every token of sequence i (the IS weight
+                     stays w_hat: NeMo-RL's sequence-level weight is its IS correction,
+                     which loss_fn.ais replaces; use mode seq_tis for a sequence weight)
                      clip_loss_it = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
+                     use_cispo: clip_loss_it = -A sg(clip(r, 1 - eps_low, 1 + eps_high))
+                     log pi_theta (no max; not with dual clip, GSPO, disable_ppo_ratio or
+                     sequence-level loss, as NeMo-RL asserts)
                      dual clip (A < 0): clip_loss_it = min(clip_loss_it, -A c)
                      disable_ppo_ratio: clip_loss_it = -A log pi_theta
                      tbpo **[reconstruction]** of QaRL's TBPO (arXiv 2604.07853; no code):
                      s_i = exp(clamp(mean_t log r_it, -L, L)), then per token
                      A >= 0: max(-A s_i, -A clip(s_i, 1 - clip_low, 1 + clip_high))
                      A < 0:  -A clip(s_i, 1 - neg_clip_low, 1 + neg_clip_high)
-                     (two-sided band: no gradient outside it); w_hat = min(rho_geo,i, C_s)
-5. KL penalty        x = clamp(log pi_ref - log pi_theta, +-kl_input_clamp_value)
+                     (two-sided band: no gradient outside it); w_hat = min(rho_geo,i, C_s);
+                     not with use_cispo / sequence_level_importance_ratios (refused)
+5. KL penalty        pi_theta_kl = kl_logprobs (NeMo-RL's curr_logprobs_unfiltered: without
+                     the top-k / top-p filter) if given, else pi_theta
+                     x = clamp(log pi_ref - log pi_theta_kl, +-kl_input_clamp_value)
                      k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x
                      kl_it = beta_kl * clamp(s_it * k(x), +-kl_output_clamp_value),
-                     s_it = exp(log pi_theta - sg(log pi_theta)) (value 1, carries the score-function
-                     gradient; detached where the input clamp is active), NOT multiplied by w_hat;
-                     written k - (x - sg x) sg(k): the same value and gradient
-6. reduce            L = sum_it c_it (w_hat clip_loss + kl)
+                     s_it detached where the input clamp is active, NOT multiplied by w_hat:
+                     default: s_it = exp(log pi_theta_kl - sg(log pi_theta_kl)) (value 1,
+                     carries the score-function gradient), written k - (x - sg x) sg(k):
+                     the same value and gradient
+                     use_on_policy_kl_approximation: s_it = nan_to_num(exp(log pi_theta_kl
+                     - log mu)) (NaN / +-inf -> 0), with its gradient (0, not NeMo-RL's NaN,
+                     where exp() overflows)
+6. reduce            L = sum_it c_it (w_hat clip_loss + kl) + mu_nll L_nll
                      token level:    c_it = m_it / N_tok
                      sequence level: c_it = m_it / (n_i N_seq)
                      N_* = global_valid_tokens / global_valid_seqs (None: this batch's count)
+                     positive_example_nll_weight mu_nll > 0 (VAPO), p_it = m_it [reward_i > 0]:
+                     L_nll = sum_it -p_it log pi_theta / clamp_min(sum_it p_it, 1) (this
+                     call's own count, as NeMo-RL; not weighted by w_hat)
 7. metrics           summable form (:mod:`nemo_ais.core.metrics`); optionally NeMo-RL's
-                     rollout-mismatch metrics of the call (``rollout_metrics=True``)
+                     rollout-mismatch metrics of the call (``rollout_metrics=True``);
+                     NeMo-RL's positive_nll_loss = L_nll when mu_nll > 0
 
 Steps 4-6 are written as CleanRL's ``ppo.py`` writes them (ratio, clipped loss, weighted
 sum) and autograd forms the gradient, with NeMo-RL's ``torch.max`` / ``torch.min`` /
-``clamp`` so that ties get upstream's gradient. The hand-derived gradient lives in
+``clamp`` / ``where`` so that ties get upstream's gradient. Beyond the AIS weight, the
+only departures from NeMo-RL v0.7.0 (and main, whose ``ClippedPGLossFn.__call__`` is the
+same) are numerical guards: the log-ratio clamp L (also on GSPO's sequence mean; exact
+for abs(log r) <= L, and CISPO's clipped ratio is exact for any log r), denominators
+without NeMo-RL's + 1e-8, clamp_min(count, 1) for the NLL count, and a zero (not NaN)
+gradient where the on-policy KL weight overflows. The hand-derived gradient lives in
 ``tests/hand_gradient.py`` as an independent oracle.
 
 Because the gradient is linear in w_hat, alpha = 0 reproduces mode ``none`` and alpha = 1
@@ -74,7 +97,7 @@ from typing import NamedTuple
 
 import torch
 
-from nemo_ais.config import CorrectionConfig, PGLossConfig, require_config
+from nemo_ais.config import CorrectionConfig, PGLossConfig, require_config, surrogate_conflicts
 from nemo_ais.core import metrics as ais_metrics_lib
 from nemo_ais.core import validation
 from nemo_ais.core.diagnostics import AISDiagnostics, AISState, compute_diagnostics
@@ -111,7 +134,8 @@ class _Inputs(NamedTuple):
     logp_theta: torch.Tensor  # log pi_theta (with its graph)
     log_r: torch.Tensor  # log pi_theta - log pi_old (with graph; not masked)
     log_rho: torch.Tensor  # l = log pi_old - log mu
-    log_q: torch.Tensor | None  # log pi_ref - log pi_theta (KL on; with graph; not masked)
+    log_q: torch.Tensor | None  # log pi_ref - log pi_theta_kl (KL on; with graph; not masked)
+    log_kl_is: torch.Tensor | None  # log pi_theta_kl - log mu (on-policy KL; graph; 0 at m = 0)
     adv: torch.Tensor  # [B, T]
     m: torch.Tensor  # float mask
 
@@ -144,12 +168,32 @@ def _check_structure(named: dict[str, torch.Tensor | None], mask, pg: PGLossConf
             "reference_logprobs: got None, expected [B, T] log-probs because "
             f"reference_policy_kl_penalty={pg.reference_policy_kl_penalty} > 0"
         )
-    if pg.reference_policy_kl_penalty == 0:
-        named = {k: v for k, v in named.items() if k != "reference_logprobs"}
+    if pg.reference_policy_kl_penalty == 0:  # the KL inputs are not read
+        named = {k: v for k, v in named.items() if k not in _KL_INPUTS}
+    named = {k: v for k, v in named.items() if not (k == "kl_logprobs" and v is None)}
     for name, t in named.items():
         validation.check_like(name, t, prev, "prev_logprobs")
     validation.check_mask(mask, prev, "prev_logprobs")
     return named
+
+
+_KL_INPUTS = ("reference_logprobs", "kl_logprobs")
+
+
+def _check_rewards(rewards, prev: torch.Tensor, pg: PGLossConfig) -> None:
+    """Step 1a: with ``positive_example_nll_weight > 0``, rewards are a real ``[B]`` tensor."""
+    if pg.positive_example_nll_weight == 0:
+        return
+    need = f"because positive_example_nll_weight={pg.positive_example_nll_weight} > 0"
+    if not isinstance(rewards, torch.Tensor) or rewards.is_complex():
+        raise TypeError(f"rewards: got {_what(rewards)}, expected a real [B] tensor {need}")
+    if tuple(rewards.shape) != tuple(prev.shape[:1]):
+        raise ValueError(
+            f"rewards: got {validation.describe(rewards)}, expected [{prev.shape[0]}] (one "
+            f"reward per row of prev_logprobs) {need}"
+        )
+    if rewards.device != prev.device:
+        raise ValueError(f"rewards: got device {rewards.device}, expected {prev.device}")
 
 
 def _check_advantages(advantages, prev: torch.Tensor) -> None:
@@ -168,24 +212,34 @@ def _check_advantages(advantages, prev: torch.Tensor) -> None:
         raise ValueError(f"advantages: got device {advantages.device}, expected {prev.device}")
 
 
-def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor) -> _Inputs:
-    """Step 1b: the differences the loss needs, upcast; only ``log pi_theta`` keeps its graph.
+def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor, kl_theta, on_policy_kl) -> _Inputs:
+    """Step 1b: the differences the loss needs, upcast; only pi_theta's log-probs keep a graph.
 
-    Every other input is detached (data, as in NeMo-RL). A, l and the coefficients of step 6
-    are 0 where m = 0; log r and the KL input are not masked (no multiply in the graph): a
-    masked position holds a finite value there (else step 1b takes :func:`_sanitised`),
-    which the clamps keep finite through exp() and c = 0 removes.
+    ``log pi_theta`` (``theta``) and the KL term's ``log pi_theta_kl`` (``kl_theta``; None:
+    ``theta``) keep their graphs; every other input is detached (data, as in NeMo-RL). A, l,
+    the on-policy KL weight's exponent and the coefficients of step 6 are 0 where m = 0;
+    log r and the KL input are not masked (no multiply in the graph): a masked position
+    holds a finite value there (else step 1b takes :func:`_sanitised`), which the clamps
+    keep finite through exp() and c = 0 removes.
     """
     dtype = m.dtype
     theta = theta.to(dtype)
+    kl_theta = theta if kl_theta is None else kl_theta.to(dtype)
     old = old.detach().to(dtype)
+    rollout = rollout.detach().to(dtype)
     adv = adv.detach().to(dtype)
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+    log_q = log_kl_is = None
+    if ref is not None:
+        log_q = ref.detach().to(dtype) - kl_theta
+        if on_policy_kl:
+            log_kl_is = (kl_theta - rollout) * m
     return _Inputs(
         logp_theta=theta,
         log_r=theta - old,
-        log_rho=torch.sub(old, rollout.detach().to(dtype)).mul_(m),
-        log_q=None if ref is None else ref.detach().to(dtype) - theta,
+        log_rho=torch.sub(old, rollout).mul_(m),
+        log_q=log_q,
+        log_kl_is=log_kl_is,
         adv=adv * m,
         m=m,
     )
@@ -260,7 +314,9 @@ def _raise_for_bad_values(named, mask, advantages) -> None:
         validation.raise_for_bad_values(tensors, valid, counts)
 
 
-def _sanitised(curr, prev, rollout, ref, advantages, m: torch.Tensor) -> _Inputs:
+def _sanitised(
+    curr, prev, rollout, ref, advantages, m: torch.Tensor, kl_curr, on_policy_kl
+) -> _Inputs:
     """Step 1b, slow path (NaN / inf at masked positions): zero masked values, then derive."""
     valid = m.bool()
     adv_valid = valid if advantages.dim() == 2 else valid.any(dim=-1)
@@ -268,18 +324,34 @@ def _sanitised(curr, prev, rollout, ref, advantages, m: torch.Tensor) -> _Inputs
     def clean(t, where=valid):
         return None if t is None else torch.where(where, t.detach().to(m.dtype), 0)
 
-    theta = torch.where(valid, curr.to(m.dtype), 0)  # keeps the graph: 0 gradient where m = 0
+    def clean_graph(t):  # keeps the graph: 0 gradient where m = 0
+        return None if t is None else torch.where(valid, t.to(m.dtype), 0)
+
     adv = clean(advantages, adv_valid)
-    return _inputs(theta, clean(prev), clean(rollout), clean(ref), adv, m)
+    return _inputs(
+        clean_graph(curr),
+        clean(prev),
+        clean(rollout),
+        clean(ref),
+        adv,
+        m,
+        clean_graph(kl_curr),
+        on_policy_kl,
+    )
 
 
 class _Surrogate(NamedTuple):
     clip_loss: torch.Tensor  # [B, T], carries the graph to log pi_theta
     r: torch.Tensor  # detached, for the metrics
     r_clip: torch.Tensor
-    token_ratio: bool = (
-        True  # False: r is tbpo's sequence ratio s_i (broadcast), not pi_theta / pi_old
-    )
+    token_ratio: bool = True  # False: r is a sequence ratio (GSPO's, tbpo's s_i), broadcast
+
+
+def _sequence_log_ratio(x: _Inputs, log_ratio_clamp: float) -> torch.Tensor:
+    """``[B, 1]`` clamp(mean over the sequence's valid tokens of log r, +-L) (0 if none)."""
+    n_tok_seq = x.m.sum(dim=-1, keepdim=True)
+    log_s = (x.log_r * x.m).sum(dim=-1, keepdim=True) / torch.where(n_tok_seq > 0, n_tok_seq, 1)
+    return log_s.clamp(-log_ratio_clamp, log_ratio_clamp)
 
 
 def _surrogate(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _Surrogate:
@@ -287,19 +359,29 @@ def _surrogate(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _Surro
 
     ``-A * r`` is NeMo-RL's ``-advantages * ratios`` (negation is exact); ``torch.max`` /
     ``torch.min`` / ``clamp`` as upstream, so a tie gets upstream's (autograd's) gradient.
+    ``sequence_level_importance_ratios`` (GSPO) replaces r_it by the sequence's
+    exp(mean_t log r_it) before the clip; ``use_cispo`` replaces the PPO max by
+    -A sg(clip(r)) log pi_theta (both as NeMo-RL's ``ClippedPGLossFn``).
     """
-    if pg.disable_ppo_ratio:
+    if pg.disable_ppo_ratio:  # before GSPO's ratio, as NeMo-RL
         r = x.logp_theta
         return _Surrogate(-x.adv * r, r.detach(), r.detach())
     log_ratio_clamp = config.log_ratio_clamp
-    r = x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp).exp()
+    if pg.sequence_level_importance_ratios:
+        r = _sequence_log_ratio(x, log_ratio_clamp).exp().expand_as(x.m)
+    else:
+        r = x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp).exp()
     r_clip = r.clamp(1 - pg.ratio_clip_min, 1 + pg.ratio_clip_max)
     neg_adv = -x.adv
-    clip_loss = torch.max(neg_adv * r, neg_adv * r_clip)
+    if pg.use_cispo:  # clipped IS weight, no gradient through it; no PPO max, no dual clip
+        clip_loss = neg_adv * r_clip.detach() * x.logp_theta
+    else:
+        clip_loss = torch.max(neg_adv * r, neg_adv * r_clip)
     if pg.ratio_clip_c is not None:  # dual clip (A < 0)
         dual = torch.min(clip_loss, neg_adv * pg.ratio_clip_c)
         clip_loss = torch.where(x.adv < 0, dual, clip_loss)
-    return _Surrogate(clip_loss, r.detach(), r_clip.detach())
+    token_ratio = not pg.sequence_level_importance_ratios
+    return _Surrogate(clip_loss, r.detach(), r_clip.detach(), token_ratio)
 
 
 def _surrogate_tbpo(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _Surrogate:
@@ -311,10 +393,7 @@ def _surrogate_tbpo(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _
     A < 0:  -A clip(s, 1 - neg_clip_low, 1 + neg_clip_high)      (dual clip: both edges)
     Outside its band a sequence gets no gradient. ``pg``'s token clip is not used.
     """
-    c = config.log_ratio_clamp
-    n_tok_seq = x.m.sum(dim=-1, keepdim=True)
-    log_s = (x.log_r * x.m).sum(dim=-1, keepdim=True) / torch.where(n_tok_seq > 0, n_tok_seq, 1)
-    s = log_s.clamp(-c, c).exp().expand_as(x.m)
+    s = _sequence_log_ratio(x, config.log_ratio_clamp).exp().expand_as(x.m)
     s_pos = s.clamp(1 - config.tbpo_clip_low, 1 + config.tbpo_clip_high)
     s_neg = s.clamp(1 - config.tbpo_neg_clip_low, 1 + config.tbpo_neg_clip_high)
     neg_adv = -x.adv
@@ -336,22 +415,42 @@ _KL_VALUES: dict[str, Callable] = {
 }
 
 
+def _on_policy_kl_weight(log_w: torch.Tensor) -> torch.Tensor:
+    """NeMo-RL's ``nan_to_num(exp(log pi_theta_kl - log mu), nan=0, posinf=0, neginf=0)``.
+
+    The same values; where exp() overflows (or log_w is NaN) the weight is exp(-inf) = 0
+    with a zero gradient, where NeMo-RL's ``nan_to_num`` leaves 0 * inf = NaN in the
+    gradient of exp().
+    """
+    with torch.no_grad():
+        lost = ~torch.isfinite(log_w.exp())
+    return torch.where(lost, -math.inf, log_w).exp()
+
+
 def _kl_penalty(x: _Inputs, pg: PGLossConfig, m: torch.Tensor) -> torch.Tensor:
     """Step 5: per-token clamp(s k(x), +-out) ``[B, T]`` (times beta in step 6); autograd differentiates.
 
-    NeMo-RL multiplies k by s = exp(log pi_theta - sg(log pi_theta)) (value 1, carrying the
-    score-function gradient k), detached where the input clamp is active. The same value
-    and gradient with fewer ops: k(x) - (x - sg(x)) sg(k(x)) with x = clamp(log pi_ref -
-    log pi_theta) (dx / d log pi_theta = -1 inside the clamp, 0 outside it).
+    NeMo-RL's ``calculate_kl`` with x = clamp(log pi_ref - log pi_theta_kl): k(x) times the
+    importance weight s, detached where the input clamp is active, before the output clamp.
+    ``use_on_policy_kl_approximation``: s = nan_to_num(exp(log pi_theta_kl - log mu)) (with
+    gradient). Otherwise s = exp(log pi_theta_kl - sg(log pi_theta_kl)) (value 1, carrying
+    the score-function gradient k), written with fewer ops as k(x) - (x - sg(x)) sg(k(x)):
+    the same value and gradient (dx / d log pi_theta_kl = -1 inside the clamp, 0 outside).
     """
-    log_q = x.log_q
+    raw = x.log_q
     if pg.kl_input_clamp_value is None:
-        log_q = log_q * m  # no clamp keeps a masked garbage value out of exp()
+        log_q = raw * m  # no clamp keeps a masked garbage value out of exp()
     else:
-        log_q = log_q.clamp(-pg.kl_input_clamp_value, pg.kl_input_clamp_value)
+        log_q = raw.clamp(-pg.kl_input_clamp_value, pg.kl_input_clamp_value)
     kind = pg.reference_policy_kl_type
     k = _KL_VALUES[kind](log_q, log_q.exp() if kind == "k3" else None)
-    kl_tok = k - (log_q - log_q.detach()) * k.detach()
+    if x.log_kl_is is None:
+        kl_tok = k - (log_q - log_q.detach()) * k.detach()
+    else:  # on-policy approximation: NeMo-RL's weight, 1 at m = 0 (exponent masked)
+        s = _on_policy_kl_weight(x.log_kl_is)
+        if pg.kl_input_clamp_value is not None:
+            s = torch.where(raw == log_q, s, s.detach())
+        kl_tok = s * k
     if pg.kl_output_clamp_value is not None:
         kl_tok = kl_tok.clamp(-pg.kl_output_clamp_value, pg.kl_output_clamp_value)
     return kl_tok
@@ -368,6 +467,18 @@ def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.
         return m / counts.n_tok
     n_tok_seq = m.sum(dim=-1, keepdim=True)
     return m / (torch.where(n_tok_seq > 0, n_tok_seq, 1) * counts.n_seq)
+
+
+def _positive_nll(x: _Inputs, rewards: torch.Tensor) -> torch.Tensor:
+    """Step 6b: NeMo-RL's VAPO term, the mean -log pi_theta of rows with reward > 0.
+
+    The mean runs over this call's valid tokens of those rows: the count is this call's own
+    (NeMo-RL's ``correct_valid_toks``), not a global one. Dividing by clamp_min(count, 1)
+    instead of testing ``count > 0`` on the host gives 0 (not NaN) for a call without a
+    positive row, with no host sync.
+    """
+    positive = x.m * (rewards.detach() > 0).to(x.m.dtype).unsqueeze(-1)
+    return -(x.logp_theta * positive).sum() / positive.sum().clamp_min(1)
 
 
 def _full(value: float, like: torch.Tensor) -> torch.Tensor:
@@ -474,6 +585,8 @@ def clipped_pg_loss(
     *,
     pg: PGLossConfig | None = None,
     reference_logprobs: torch.Tensor | None = None,
+    kl_logprobs: torch.Tensor | None = None,
+    rewards: torch.Tensor | None = None,
     diagnostics: AISDiagnostics | None = None,
     group: torch.distributed.ProcessGroup | None = None,
     state: AISState | None = None,
@@ -493,6 +606,12 @@ def clipped_pg_loss(
         config: the ``loss_fn.ais`` section (mode and mixer constants).
         pg: clipped-surrogate knobs (None: ``PGLossConfig()`` defaults, no KL term).
         reference_logprobs: ``[B, T]`` log pi_ref, required when the KL penalty is > 0.
+        kl_logprobs: ``[B, T]`` log pi_theta for the KL term and its importance weight,
+            with grad: NeMo-RL's ``curr_logprobs_unfiltered`` (log-probs without the
+            top-k / top-p filter of ``curr_logprobs``, consistent with log pi_ref). None:
+            ``curr_logprobs``. Read only when the KL penalty is > 0.
+        rewards: ``[B]`` rewards, required when ``pg.positive_example_nll_weight > 0``:
+            the NLL term covers the valid tokens of rows with reward > 0.
         diagnostics: precomputed for the global batch; None with mode ``ais`` computes them
             on this batch with ``group``/``state`` (one all-reduce). Other modes use them
             only for the ``ais/*`` metrics.
@@ -508,7 +627,10 @@ def clipped_pg_loss(
 
     Returns:
         ``LossOutput(loss, metrics)``: 0-dim float32 loss (float64 for float64 inputs) with
-        grad; metrics as in :mod:`nemo_ais.core.metrics`. No valid token: loss 0, zero grads.
+        grad; metrics as in :mod:`nemo_ais.core.metrics`, plus NeMo-RL's
+        ``positive_nll_loss`` (the NLL term's unweighted per-call mean, not globally
+        normalised, as NeMo-RL) when ``pg.positive_example_nll_weight > 0``. No valid
+        token: loss 0, zero grads.
 
     Raises:
         TypeError, ValueError: the tensor's name, what arrived and what was expected; for
@@ -520,17 +642,19 @@ def clipped_pg_loss(
             0 with no valid token anywhere is the empty global batch: loss 0.
         TypeError: ``config`` is not a :class:`CorrectionConfig` or ``pg`` not a
             :class:`PGLossConfig` (e.g. a dict), naming the parameter.
-        ValueError: mode ``tbpo`` with ``pg.disable_ppo_ratio`` (no ratio to band).
+        ValueError: mode ``tbpo`` with ``pg.disable_ppo_ratio``, ``pg.use_cispo`` or
+            ``pg.sequence_level_importance_ratios`` (tbpo has its own sequence surrogate),
+            naming ``loss_fn.<field>``.
+        TypeError, ValueError: ``rewards`` not a ``[B]`` tensor on prev's device while
+            ``pg.positive_example_nll_weight > 0``.
     """
     require_config(config, CorrectionConfig, "clipped_pg_loss(config)")
     require_config(pg, PGLossConfig, "clipped_pg_loss(pg)", optional=True)
     pg = pg if pg is not None else PGLossConfig()
     weight_fn = WEIGHT_FNS[config.mode]
-    if weight_fn.surrogate != "token" and pg.disable_ppo_ratio:
-        raise ValueError(
-            f"loss_fn.disable_ppo_ratio=True is invalid with loss_fn.ais.mode={config.mode!r}: "
-            "expected False (tbpo's surrogate is built on the sequence ratio)"
-        )
+    conflicts = surrogate_conflicts(config, pg)
+    if conflicts:
+        raise ValueError(conflicts[0])
     if config.bypass:  # pi_old := mu
         prev_logprobs = generation_logprobs
     named = {
@@ -538,6 +662,7 @@ def clipped_pg_loss(
         "prev_logprobs": prev_logprobs,
         "generation_logprobs": generation_logprobs,
         "reference_logprobs": reference_logprobs,
+        "kl_logprobs": kl_logprobs,
     }
     needs_batch = weight_fn.needs_alpha or config.batch_normalize  # a global-batch value
     collective = needs_batch and diagnostics is None and group is not None
@@ -545,6 +670,7 @@ def clipped_pg_loss(
     try:
         named = _check_structure(named, mask, pg)  # step 1a
         _check_advantages(advantages, prev_logprobs)
+        _check_rewards(rewards, prev_logprobs, pg)
     except (TypeError, ValueError) as err:
         if not collective:
             raise
@@ -554,15 +680,18 @@ def clipped_pg_loss(
             prev_logprobs, generation_logprobs, mask, config, group, state, input_error=input_error
         )
     logp_ref = named.get("reference_logprobs")
-    terms = (curr_logprobs, prev_logprobs, generation_logprobs, logp_ref, advantages)
+    logp_kl = named.get("kl_logprobs")  # None: curr_logprobs
     dtype = compute_dtype(
-        *(t for t in (curr_logprobs, prev_logprobs, logp_ref) if t is not None), advantages
+        *(t for t in (curr_logprobs, prev_logprobs, logp_ref, logp_kl) if t is not None),
+        advantages,
     )
     m = mask.to(dtype)
-    x = _inputs(*terms, m)  # step 1b
+    on_policy_kl = logp_ref is not None and pg.use_on_policy_kl_approximation
+    terms = (curr_logprobs, prev_logprobs, generation_logprobs, logp_ref, advantages, m)
+    x = _inputs(*terms, logp_kl, on_policy_kl)  # step 1b
     counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs)
     if not counts.clean:
-        x = _sanitised(*terms, m)
+        x = _sanitised(*terms, logp_kl, on_policy_kl)
     batch_value = None  # alpha (ais) or q* (m2po) of the global batch
     if weight_fn.batch_field is not None:
         batch_value = getattr(diagnostics, weight_fn.batch_field)
@@ -581,8 +710,14 @@ def clipped_pg_loss(
         kl_loss = (kl_tok * (coef * beta)).sum()
         loss = loss + kl_loss
         kl_value = kl_loss.detach()
+    nll = None
+    if pg.positive_example_nll_weight > 0:  # VAPO: not weighted by w_hat, local count
+        nll = _positive_nll(x, rewards)
+        loss = loss + pg.positive_example_nll_weight * nll
     tok_coef = coef if pg.token_level_loss else _coefficients(m, counts, True)
     metrics = _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg)  # step 7
+    if nll is not None:
+        metrics["positive_nll_loss"] = nll.detach()
     if rollout_metrics:
         metrics.update(_rollout_metrics(x, sur, tok_coef, counts, pg, config.log_ratio_clamp))
     return LossOutput(loss, metrics)

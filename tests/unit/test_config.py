@@ -127,6 +127,11 @@ PG_BAD = [
     ("kl_output_clamp_value", -1.0, "greater than 0"),
     ("token_level_loss", "maybe", "valid boolean"),
     ("disable_ppo_ratio", "x", "valid boolean"),
+    ("use_cispo", 1, "valid boolean"),
+    ("sequence_level_importance_ratios", "yes", "valid boolean"),
+    ("use_on_policy_kl_approximation", "on", "valid boolean"),
+    ("positive_example_nll_weight", -0.1, "greater than or equal to 0"),
+    ("positive_example_nll_weight", math.nan, "finite number"),
 ]
 
 
