@@ -34,7 +34,9 @@ micro-batch): NeMo-RL's rollout-mismatch keys (``token_mult_prob_error``,
 ``probs_ratio_min/max``, ``probs_ratio_clamped_min/max``, which ``grpo_train`` reads
 unconditionally) with NeMo-RL's definitions (``clipped_pg_loss(..., rollout_metrics=True)``;
 a test checks them against ``ClippedPGLossFn`` itself), ``num_valid_samples`` =
-``sample_mask.sum()`` and ``positive_nll_loss`` = 0 as NeMo-RL, and ``loss``,
+``sample_mask.sum()`` and ``positive_nll_loss`` (the VAPO term's per-call mean NLL; 0
+without ``positive_example_nll_weight`` or without ``rewards`` in the data) as NeMo-RL,
+and ``loss``,
 ``probs_ratio``, ``probs_ratio_clamped``, ``kl_penalty``, ``sampling_importance_ratio`` and
 every ``ais/*`` key with the AIS weight as the applied correction. All are python floats
 already divided by the global valid token (or sequence) count, so GRPO's SUM over
@@ -77,7 +79,13 @@ from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedP
 from pydantic import Field, field_validator, model_validator
 
 from nemo_ais.alarms import ALARM_KINDS, ALARM_PREFIX, AISAlarmsConfig
-from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
+from nemo_ais.config import (
+    CorrectionConfig,
+    PGLossConfig,
+    pg_loss_section,
+    surrogate_conflicts,
+    validate_section,
+)
 from nemo_ais.core import AISDiagnostics, metric_normalizations, validation
 from nemo_ais.core.metrics import AIS_METRIC_NAMES, ais_values
 from nemo_ais.core.weights import compute_dtype
@@ -183,7 +191,11 @@ class AISLossConfig(ClippedPGLossConfig):
     """NeMo-RL's ``ClippedPGLossConfig`` plus the validated ``loss_fn.ais`` section.
 
     A missing ``ais`` section means ``mode: none`` (exactly ``ClippedPGLossFn``); a missing
-    ``ais_alarms`` section means no refit guard.
+    ``ais_alarms`` section means no refit guard. With another mode the surrogate knobs are
+    validated as :class:`~nemo_ais.config.PGLossConfig` (:func:`pg_loss_config`: ranges and
+    NeMo-RL's assertions on ``use_cispo`` / ``sequence_level_importance_ratios``), against
+    the mode (:func:`~nemo_ais.config.surrogate_conflicts`) and against NeMo-RL's own
+    importance-sampling options (:data:`~nemo_ais.preflight.AIS_CONFLICTS`).
     """
 
     ais: CorrectionConfig = Field(
@@ -214,11 +226,11 @@ class AISLossConfig(ClippedPGLossConfig):
                 "delegates to NeMo-RL's ClippedPGLossFn, which reads prev_logprobs (use "
                 "mode: tis; with pi_old := mu every IS mode's weight is 1)"
             )
-        if self.ais.mode == "tbpo" and self.disable_ppo_ratio:
-            problems.append(
-                "loss_fn.disable_ppo_ratio=True is invalid with loss_fn.ais.mode='tbpo': "
-                "expected False (tbpo's surrogate is built on the sequence ratio)"
-            )
+        if self.ais.mode != "none":  # core's loss: its knobs, and those the mode excludes
+            try:
+                problems += surrogate_conflicts(self.ais, pg_loss_config(self))
+            except ValueError as err:
+                problems.append(str(err))
         if problems:
             raise ValueError(problems[0])
         return self
@@ -254,22 +266,22 @@ def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AI
 def pg_loss_config(cfg: ClippedPGLossConfig) -> PGLossConfig:
     """The clipped-surrogate knobs of a NeMo-RL loss config as core's :class:`PGLossConfig`.
 
+    Every :class:`PGLossConfig` field is read from ``cfg`` (NeMo-RL's names and defaults);
+    ``use_kl_in_reward`` sets the loss's KL penalty to 0, as ``ClippedPGLossFn``
+    (:func:`~nemo_ais.config.pg_loss_section`).
+
+    Args:
+        cfg: NeMo-RL's ``ClippedPGLossConfig`` (or :class:`AISLossConfig`).
+
+    Returns:
+        The validated :class:`PGLossConfig`.
+
     Raises:
-        ValueError: naming ``loss_fn.<field>`` (e.g. ``ratio_clip_c`` must be > 1).
+        ValueError: naming ``loss_fn.<field>`` (e.g. ``ratio_clip_c`` must be > 1, or
+            ``use_cispo`` with ``ratio_clip_c`` set).
     """
-    kl_penalty = 0.0 if cfg.use_kl_in_reward else cfg.reference_policy_kl_penalty
-    fields = {
-        "ratio_clip_min": cfg.ratio_clip_min,
-        "ratio_clip_max": cfg.ratio_clip_max,
-        "ratio_clip_c": cfg.ratio_clip_c,
-        "reference_policy_kl_penalty": kl_penalty,
-        "reference_policy_kl_type": cfg.reference_policy_kl_type,
-        "kl_input_clamp_value": cfg.kl_input_clamp_value,
-        "kl_output_clamp_value": cfg.kl_output_clamp_value,
-        "token_level_loss": cfg.token_level_loss,
-        "disable_ppo_ratio": cfg.disable_ppo_ratio,
-    }
-    return validate_section(PGLossConfig, fields, "loss_fn")
+    fields = {f: getattr(cfg, f) for f in PGLossConfig.model_fields}
+    return pg_loss_section({**fields, "use_kl_in_reward": cfg.use_kl_in_reward})
 
 
 def core_metric_keys(token_level_loss: bool = True) -> dict[str, str]:
@@ -373,12 +385,6 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             )
             metrics = {**metrics, **self._telemetry(next_token_logprobs, data, counts)}
             return loss, {**metrics, **self._per_global_batch_alpha(metrics, counts.index)}
-        if self.pg.reference_policy_kl_penalty > 0 and "curr_logprobs_unfiltered" in data:
-            raise NotImplementedError(
-                "loss_fn.ais with top-k/top-p training sampling and a KL penalty: NeMo-RL's "
-                "unfiltered log-probs for the KL term are not supported yet (set "
-                "loss_fn.reference_policy_kl_penalty: 0 or disable top-k/top-p)"
-            )
         index = global_batch_index(data)  # one host sync; read once for the loss and alpha_gb
         out = loss_from_prepared(
             next_token_logprobs,
@@ -416,16 +422,17 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         """NeMo-RL's metric dict in AIS mode from core's 0-dim tensors, in ONE host sync.
 
         NeMo-RL's keys as ``ClippedPGLossFn`` defines them (``num_valid_samples`` is its
-        ``sample_mask.sum()``, ``positive_nll_loss`` is 0: the config forbids the VAPO
-        term with AIS), then core's ``ais/*`` keys and the refit guard's ``ais_alarm/*``.
+        ``sample_mask.sum()``, ``positive_nll_loss`` core's VAPO term, 0 when core has none),
+        then core's ``ais/*`` keys and the refit guard's ``ais_alarm/*``.
         """
         sample_mask = data["sample_mask"]
         keys = [k for k in self._core_metric_order if k in core]
+        nll = core.get("positive_nll_loss", core["loss"].new_zeros(()))
         n_valid = sample_mask.sum().to(core["loss"])
-        *values, n_valid = torch.stack([*(core[k] for k in keys), n_valid]).tolist()
+        *values, nll, n_valid = torch.stack([*(core[k] for k in keys), nll, n_valid]).tolist()
         metrics = dict(zip(keys, values, strict=True))
         metrics["num_valid_samples"] = n_valid if sample_mask.is_floating_point() else int(n_valid)
-        metrics["positive_nll_loss"] = 0.0
+        metrics["positive_nll_loss"] = nll
         ordered = {k: metrics[k] for k in NEMO_RL_METRIC_KEYS}
         ordered.update(metrics)
         if counts is not None:

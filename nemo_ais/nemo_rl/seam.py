@@ -92,13 +92,15 @@ VALID_TOKENS_KEY = "ais_valid_tokens"
 
 
 class CoreInputs(NamedTuple):
-    """NeMo-RL loss data mapped to core names; all ``[B, S - 1]`` (response-aligned)."""
+    """NeMo-RL loss data mapped to core names; ``[B, S - 1]`` (response-aligned) but ``rewards``."""
 
     logp_old: torch.Tensor
     logp_rollout: torch.Tensor
     mask: torch.Tensor
     adv: torch.Tensor | None
     logp_ref: torch.Tensor | None
+    logp_kl: torch.Tensor | None = None  # curr_logprobs_unfiltered (top-k/top-p training)
+    rewards: torch.Tensor | None = None  # [B], for positive_example_nll_weight
 
 
 class DiagnosticsSink(Protocol):
@@ -127,13 +129,18 @@ def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> Cor
     """Map NeMo-RL's ``ClippedPGLossDataDict`` keys to the core tensor names.
 
     ``[:, 1:]`` drops the first position (no next-token log-prob), as ``ClippedPGLossFn``.
+    ``curr_logprobs_unfiltered`` is taken as is: NeMo-RL's ``prepare_loss_input`` stores it
+    already response-aligned (``[B, S - 1]``, like ``next_token_logprobs``), and
+    ``ClippedPGLossFn`` reads it unsliced.
 
     Args:
         data: a (micro-)batch with ``prev_logprobs``, ``generation_logprobs``,
             ``token_mask`` (``[B, S]``), ``sample_mask`` (``[B]``) and, when
             ``with_loss_terms``, ``advantages`` (``[B, S]``) and optionally
-            ``reference_policy_logprobs`` (``[B, S]``).
-        with_loss_terms: also map ``advantages`` / ``reference_policy_logprobs``.
+            ``reference_policy_logprobs`` (``[B, S]``), ``curr_logprobs_unfiltered``
+            (``[B, S - 1]``, with grad) and ``rewards`` (``[B]``).
+        with_loss_terms: also map ``advantages``, ``reference_policy_logprobs``,
+            ``curr_logprobs_unfiltered`` and ``rewards``.
 
     Returns:
         :class:`CoreInputs`; ``mask = token_mask[:, 1:] * sample_mask[:, None]`` cast to
@@ -159,12 +166,13 @@ def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> Cor
             "(one entry per row of prev_logprobs)"
         )
     mask = (token_mask[:, 1:] * sample_mask.unsqueeze(-1)).to(prev.dtype)
-    adv = ref = None
-    if with_loss_terms:
-        adv = _tensor(data, "advantages", 2)[:, 1:]
-        ref_full = data.get("reference_policy_logprobs")
-        ref = ref_full[:, 1:] if isinstance(ref_full, torch.Tensor) else None
-    return CoreInputs(prev[:, 1:], gen[:, 1:], mask, adv, ref)
+    if not with_loss_terms:
+        return CoreInputs(prev[:, 1:], gen[:, 1:], mask, None, None)
+    adv = _tensor(data, "advantages", 2)[:, 1:]
+    ref_full = data.get("reference_policy_logprobs")
+    ref = ref_full[:, 1:] if isinstance(ref_full, torch.Tensor) else None
+    logp_kl, rewards = data.get("curr_logprobs_unfiltered"), data.get("rewards")
+    return CoreInputs(prev[:, 1:], gen[:, 1:], mask, adv, ref, logp_kl, rewards)
 
 
 def num_global_batches(data: Any, local_batch_size: int) -> int:
@@ -390,7 +398,9 @@ def loss_from_prepared(
 
     Args:
         logp_theta: ``[B, S - 1]`` current log-probs of the sampled tokens (with grad).
-        data: the call's NeMo-RL data (keys as :func:`core_inputs`, plus the row tags).
+        data: the call's NeMo-RL data (keys as :func:`core_inputs`, plus the row tags);
+            ``curr_logprobs_unfiltered`` feeds the KL term when the KL penalty is on, and
+            ``rewards`` the VAPO term (without ``rewards`` that term is 0, as NeMo-RL).
         diagnostics: what the prepare step produced for this ``train()`` call.
         config: the ``loss_fn.ais`` section.
         pg: the clipped-surrogate knobs.
@@ -423,6 +433,10 @@ def loss_from_prepared(
             "before its micro-batch loop."
         )
     x = core_inputs(data)
+    if pg.positive_example_nll_weight > 0 and x.rewards is None:
+        # NeMo-RL adds the VAPO term only when the batch carries rewards (GRPO's does not)
+        pg = pg.model_copy(update={"positive_example_nll_weight": 0.0})
+    kl_on = pg.reference_policy_kl_penalty > 0
     return clipped_pg_loss(
         logp_theta,
         x.logp_old,
@@ -431,7 +445,9 @@ def loss_from_prepared(
         x.mask,
         config,
         pg=pg,
-        reference_logprobs=x.logp_ref if pg.reference_policy_kl_penalty > 0 else None,
+        reference_logprobs=x.logp_ref if kl_on else None,
+        kl_logprobs=x.logp_kl if kl_on else None,
+        rewards=x.rewards,
         diagnostics=diagnostics[index],
         global_valid_tokens=global_valid_toks,
         global_valid_seqs=global_valid_seqs,

@@ -229,11 +229,11 @@ def test_pickle_drops_prepared_diagnostics():
         ("use_importance_sampling_correction", True),
         ("truncated_importance_sampling_type", "icepop"),
         ("force_on_policy_ratio", True),
-        ("sequence_level_importance_ratios", True),
-        ("use_cispo", True),
     ],
 )
 def test_conflicting_nemo_rl_options_are_config_errors(field, value):
+    # use_cispo, sequence_level_importance_ratios, use_on_policy_kl_approximation and
+    # positive_example_nll_weight are core's (tests/adapters/test_nemo_rl_modes.py)
     with pytest.raises(ValueError, match=rf"loss_fn\.{field}=.*conflicts with loss_fn\.ais\.mode"):
         validate_loss_config({field: value, "ais": {"mode": "ais"}})
 

@@ -19,7 +19,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_ais.alarms import AISAlarmsConfig
-from nemo_ais.config import CorrectionConfig, validate_section
+from nemo_ais.config import (
+    CorrectionConfig,
+    pg_loss_section,
+    surrogate_conflicts,
+    validate_section,
+)
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 
@@ -29,6 +34,7 @@ __all__ = [
     "ais_conflicts",
     "bypass_problems",
     "setup_sees_importance_sampling",
+    "tbpo_unused_warnings",
 ]
 
 NO_CORRECTION_HINT = (
@@ -54,6 +60,8 @@ def setup_sees_importance_sampling(cfg: Mapping[str, Any]) -> bool:
 # NeMo-RL loss_fn options that must stay at their "off" value when loss_fn.ais.mode is not
 # none: (off value, why). With mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged.
 # The one table for both this offline check and nemo_ais.nemo_rl.loss.AISLossConfig.
+# (use_cispo, sequence_level_importance_ratios, use_on_policy_kl_approximation and
+# positive_example_nll_weight are core's: nemo_ais.config.PGLossConfig validates them.)
 _AIS_CONFLICT_TABLE: dict[str, tuple[Any, str]] = {
     "use_importance_sampling_correction": (
         False,
@@ -63,11 +71,7 @@ _AIS_CONFLICT_TABLE: dict[str, tuple[Any, str]] = {
         None,
         "AIS replaces NeMo-RL's truncated IS; use loss_fn.ais.mode (tis, icepop, seq_mask_geo)",
     ),
-    "sequence_level_importance_ratios": (False, "not supported with AIS (GSPO ratios)"),
     "force_on_policy_ratio": (False, "AIS needs prev_logprobs, which this option skips"),
-    "use_cispo": (False, "not supported with AIS"),
-    "use_on_policy_kl_approximation": (False, "not supported with AIS"),
-    "positive_example_nll_weight": (0.0, "not supported with AIS (VAPO NLL term)"),
 }
 AIS_CONFLICTS: dict[str, Any] = {knob: off for knob, (off, _) in _AIS_CONFLICT_TABLE.items()}
 """NeMo-RL ``loss_fn`` option -> the value it must keep when ``loss_fn.ais.mode`` is not none."""
@@ -91,9 +95,40 @@ def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
     ]
 
 
+# the token PPO clip's knobs, which mode tbpo's own sequence band (loss_fn.ais.tbpo_*) replaces
+_TBPO_UNUSED = ("ratio_clip_min", "ratio_clip_max", "ratio_clip_c")
+
+
+def tbpo_unused_warnings(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
+    """Warnings for the token-clip knobs set in ``loss_fn`` that mode ``tbpo`` does not read.
+
+    Args:
+        loss_fn: the ``loss_fn`` section.
+        mode: the validated ``loss_fn.ais.mode``.
+
+    Returns:
+        One line naming every ``loss_fn.ratio_clip_*`` that is set (not null) with mode
+        ``tbpo``, whose band is ``loss_fn.ais.tbpo_*``; empty otherwise.
+    """
+    unused = [f for f in _TBPO_UNUSED if loss_fn.get(f) is not None]
+    if mode != "tbpo" or not unused:
+        return []
+    named = ", ".join(f"loss_fn.{f}={loss_fn[f]!r}" for f in unused)
+    return [
+        f"{named} not used by loss_fn.ais.mode='tbpo': its surrogate clips the sequence "
+        "ratio to the band loss_fn.ais.tbpo_clip_low/high (A >= 0) and "
+        "loss_fn.ais.tbpo_neg_clip_low/high (A < 0)"
+    ]
+
+
 @check("loss_fn.ais", mixins=True)
 def check_loss_sections(ctx: Context) -> Verdict:
-    """``loss_fn.ais`` is a CorrectionConfig, ``loss_fn.ais_alarms`` an AISAlarmsConfig, no conflict."""
+    """``loss_fn.ais`` is a CorrectionConfig, ``loss_fn.ais_alarms`` an AISAlarmsConfig, no conflict.
+
+    With a mode other than ``none`` (core's loss) the surrogate knobs of ``loss_fn`` are
+    validated as :class:`~nemo_ais.config.PGLossConfig` too, and against the mode, as
+    ``AISLossConfig`` does; mode ``tbpo`` warns for the token-clip knobs it does not read.
+    """
     loss = ctx.get("loss_fn", {})
     if "ais" not in loss:
         return Verdict(warnings=["no loss_fn.ais section: the AIS loss is not configured"])
@@ -106,12 +141,20 @@ def check_loss_sections(ctx: Context) -> Verdict:
     raw = loss["ais"] if isinstance(loss["ais"], dict) else {}
     mode = ais.mode if ais else raw.get("mode", "ais")
     problems += ais_conflicts(loss, mode)
+    if mode != "none":  # core's loss reads the surrogate knobs
+        try:
+            pg = pg_loss_section(loss)
+        except (TypeError, ValueError) as err:
+            problems.append(str(err).replace("\n", "; "))
+        else:
+            problems += surrogate_conflicts(ais, pg) if ais else []
     if loss.get("ais_alarms") is not None:  # the refit guard (absent: off)
         try:
             validate_section(AISAlarmsConfig, loss["ais_alarms"], "loss_fn.ais_alarms")
         except (TypeError, ValueError) as err:
             problems.append(str(err).replace("\n", "; "))
-    return Verdict(problems, f"mode={ais.mode if ais else '?'}, validated")
+    warnings = tbpo_unused_warnings(loss, mode)
+    return Verdict(problems, f"mode={ais.mode if ais else '?'}, validated", warnings)
 
 
 def bypass_problems(cfg: Mapping[str, Any]) -> list[str]:
