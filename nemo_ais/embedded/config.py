@@ -66,7 +66,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
+from nemo_ais.config import (
+    CorrectionConfig,
+    PGLossConfig,
+    surrogate_conflicts,
+    validate_section,
+)
 from nemo_ais.fp8.rollout_config import KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
 
 __all__ = [
@@ -687,6 +692,9 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
     ais = loss_fn.pop("ais", None)
     pg = validate_section(PGLossConfig, loss_fn, "loss_fn")
     correction = validate_section(CorrectionConfig, ais, "loss_fn.ais")
+    conflicts = surrogate_conflicts(correction, pg)  # e.g. tbpo with use_cispo
+    if conflicts:
+        raise ValueError("\n".join(conflicts))
     precision = rollout_precision(sec["rollout"])
     cfg = RecipeConfig(pg=pg, correction=correction, precision=precision, raw=data, **sec)
     _check_batching(cfg)

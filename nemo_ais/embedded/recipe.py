@@ -411,6 +411,7 @@ class GRPORecipe:
                 diagnostics=diag,
                 global_valid_tokens=diag.n_tok,
                 global_valid_seqs=diag.n_seq,
+                rewards=batch.rewards[mb],  # loss_fn.positive_example_nll_weight (VAPO)
             )
             out.loss.backward()
             for key in ("loss", "probs_ratio", "probs_ratio_clamped", "sampling_importance_ratio"):

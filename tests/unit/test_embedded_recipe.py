@@ -76,3 +76,46 @@ def test_advantages_are_zero_mean_per_group(normalize):
     rewards = torch.rand(32, generator=torch.Generator().manual_seed(1))
     adv = group_advantages(rewards, 8, normalize=normalize, leave_one_out=False, eps=1e-6)
     torch.testing.assert_close(adv.view(4, 8).sum(1), torch.zeros(4), atol=1e-5, rtol=0)
+
+
+def test_positive_example_nll_term_reaches_the_recipe_gradient(tmp_path):
+    """loss_fn.positive_example_nll_weight (VAPO): the recipe hands core the rollout rewards.
+
+    One micro-batch (NeMo-RL normalises the NLL term by the call's own count): the recipe's
+    gradient equals core's on the whole batch with the same rewards, and differs from the
+    gradient without the term.
+    """
+    from nemo_ais.core import clipped_pg_loss
+
+    torch.manual_seed(0)
+    r = _recipe(
+        tmp_path, "policy.train_micro_batch_size=16", "loss_fn.positive_example_nll_weight=0.5"
+    )
+    batch = r._rollout(step=1)
+    batch.rewards[::2] = 1.0  # half the samples positive: the NLL term is active
+    logp_old, _ = r._logprobs(batch.sequences, grad=False)
+    adv, idx = torch.randn(len(batch)), torch.arange(len(batch))
+    diag = r._diagnostics(1, logp_old, batch, idx)
+    r._accumulate_gradients(1, batch, idx, logp_old, adv, diag)
+    got = [p.grad.clone() for p in r.policy.parameters()]
+
+    def core_grads(rewards, pg):
+        r.policy.zero_grad()
+        logp = r._logprobs(batch.sequences, grad=True)
+        clipped_pg_loss(
+            logp, logp_old, batch.logp_rollout, adv, batch.mask, r.cfg.correction, pg=pg,
+            diagnostics=diag, rewards=rewards,
+        ).loss.backward()  # fmt: skip
+        return [p.grad.clone() for p in r.policy.parameters()]
+
+    for g, want in zip(got, core_grads(batch.rewards, r.cfg.pg), strict=True):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-7)
+    without = core_grads(None, r.cfg.pg.model_copy(update={"positive_example_nll_weight": 0.0}))
+    assert any(not torch.allclose(g, w, atol=1e-6) for g, w in zip(got, without, strict=True))
+
+
+def test_tbpo_with_a_token_surrogate_option_is_a_config_error(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"loss_fn\.use_cispo=True is invalid with loss_fn\.ais\.mode='tbpo'"
+    ):
+        _recipe(tmp_path, "loss_fn.ais.mode=tbpo", "loss_fn.use_cispo=true")
