@@ -427,12 +427,12 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         """
         sample_mask = data["sample_mask"]
         keys = [k for k in self._core_metric_order if k in core]
-        nll = core.get("positive_nll_loss", core["loss"].new_zeros(()))
+        extra = ["positive_nll_loss"] if "positive_nll_loss" in core else []  # VAPO on
         n_valid = sample_mask.sum().to(core["loss"])
-        *values, nll, n_valid = torch.stack([*(core[k] for k in keys), nll, n_valid]).tolist()
-        metrics = dict(zip(keys, values, strict=True))
+        *values, n_valid = torch.stack([*(core[k] for k in keys + extra), n_valid]).tolist()
+        metrics = dict(zip(keys + extra, values, strict=True))
         metrics["num_valid_samples"] = n_valid if sample_mask.is_floating_point() else int(n_valid)
-        metrics["positive_nll_loss"] = nll
+        metrics.setdefault("positive_nll_loss", 0.0)
         ordered = {k: metrics[k] for k in NEMO_RL_METRIC_KEYS}
         ordered.update(metrics)
         if counts is not None:
