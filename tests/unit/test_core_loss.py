@@ -9,6 +9,7 @@ import math
 import oracles
 import pytest
 import torch
+from host_syncs import count_host_syncs
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig
 from nemo_ais.core import AISDiagnostics, clipped_pg_loss, compute_diagnostics
@@ -256,24 +257,11 @@ def test_bf16_inputs_close_to_fp32(mode):
     torch.testing.assert_close(g16.float(), g32, rtol=1e-2, atol=1e-4)  # grad stored in bf16
 
 
-def _count_host_syncs(monkeypatch):
-    calls = []
-    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
-        original = getattr(torch.Tensor, name)
-
-        def wrapper(self, *a, _original=original, _name=name, **k):
-            calls.append(_name)
-            return _original(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, wrapper)
-    return calls
-
-
 def test_one_host_sync_per_call(monkeypatch):
     b = oracles.random_batch(4, 6, seed=13, dtype=torch.float32)
     cfg = CorrectionConfig(mode="ais")
     pg = PGLossConfig(reference_policy_kl_penalty=0.1, ratio_clip_c=3.0)
-    calls = _count_host_syncs(monkeypatch)
+    calls = count_host_syncs(monkeypatch)
     diag = compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], cfg)
     assert calls == ["tolist"]  # the reduced statistics, read once per global batch
     calls.clear()

@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from host_syncs import count_host_syncs
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig, validate_section
 from nemo_ais.core import clipped_pg_loss
@@ -265,15 +266,7 @@ def test_nll_weight_needs_rewards_naming_them():
 def test_the_options_keep_one_host_sync_per_call(monkeypatch, pg):
     theta, old, mu, mask, _, ref = _kl_case()
     adv = torch.tensor([1.0, -2.0], dtype=F64)
-    calls = []
-    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
-        original = getattr(torch.Tensor, name)
-
-        def wrapper(self, *a, _original=original, _name=name, **k):
-            calls.append(_name)
-            return _original(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    calls = count_host_syncs(monkeypatch)
     theta = theta.clone().requires_grad_(True)
     out = clipped_pg_loss(
         theta, old, mu, adv, mask, CorrectionConfig(mode="tis"), pg=pg, reference_logprobs=ref,
