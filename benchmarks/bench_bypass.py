@@ -20,24 +20,16 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 from benchmarks._record import record_section
+from benchmarks.bench_embedded import run_command
 
 
 def run_once(bypass: bool, steps: int, root: Path, tag: str) -> list[dict]:
     """One ``nemo-ais run`` of the fp8-ais arm; its train records."""
     name = f"bypass-{'on' if bypass else 'off'}-{tag}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "nemo_ais",
-        "run",
-        "--overwrite",
-        f"logger.run_dir={root}",
-        f"logger.name={name}",
-        "logger.progress_bar=false",
+    overrides = [
         "logger.plots=false",
         "checkpointing.enabled=false",
         "experiment.include=[fp8-ais]",
@@ -45,8 +37,8 @@ def run_once(bypass: bool, steps: int, root: Path, tag: str) -> list[dict]:
         f"grpo.max_num_steps={steps}",
         f"grpo.val_period={steps}",
         f"loss_fn.ais.bypass={str(bypass).lower()}",
-        "policy.warm_start.cache_dir=runs/.cache",
     ]
+    cmd = run_command([], root, name, Path("runs/.cache"), overrides)
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")

@@ -71,25 +71,32 @@ def _warm_start_file(preset: str, cache: Path, overrides: list[str]) -> Path:
     return warm_start_path(resolve_arm(raw, None))
 
 
+def run_command(
+    flags: list[str], root: Path, name: str, cache: Path, overrides: list[str]
+) -> list[str]:
+    """``python -m nemo_ais run FLAGS --overwrite`` into ``root/name``, no progress bar."""
+    return [
+        sys.executable,
+        "-m",
+        "nemo_ais",
+        "run",
+        *flags,
+        "--overwrite",
+        f"logger.run_dir={root}",
+        f"logger.name={name}",
+        f"policy.warm_start.cache_dir={cache}",
+        "logger.progress_bar=false",
+        *overrides,
+    ]
+
+
 def measure(preset: str, root: Path, keep_cache: bool, overrides: list[str]) -> dict:
     """Run the CLI once; wall time, CPU time of it and its trainer processes, load."""
     cache = root / ".cache"
     if not keep_cache:
         shutil.rmtree(cache, ignore_errors=True)
     flag = [] if preset == "default" else ["--quick"] if preset == "quick" else ["--preset", preset]
-    cmd = [
-        sys.executable,
-        "-m",
-        "nemo_ais",
-        "run",
-        *flag,
-        "--overwrite",
-        f"logger.run_dir={root}",
-        f"logger.name={preset}",
-        f"policy.warm_start.cache_dir={cache}",
-        "logger.progress_bar=false",
-        *overrides,
-    ]
+    cmd = run_command(flag, root, preset, cache, overrides)
     warm = "reused" if _warm_start_file(preset, cache, overrides).is_file() else "trained"
     load0 = os.getloadavg()[0]
     cpu0 = _cpu_children()

@@ -26,12 +26,11 @@ forward to the training pass (fraction smaller).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from benchmarks._record import record_section
+from benchmarks._timing import cpu_timer, cuda_timer, interleaved_medians
 
 QWEN3_8B = dict(
     hidden_size=4096,
@@ -71,25 +70,6 @@ def _token_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
-def _timer(cuda: bool):
-    """Seconds of ``fn()``: CUDA events after a synchronize on a GPU, else the wall clock."""
-
-    def timed(fn) -> float:
-        if not cuda:
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3
-
-    return timed
-
-
 def measure(layers: int, args: argparse.Namespace, device: torch.device) -> str:
     """One table row: both passes of a ``layers``-layer model, interleaved, medians."""
     cuda = device.type == "cuda"
@@ -116,15 +96,9 @@ def measure(layers: int, args: argparse.Namespace, device: torch.device) -> str:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    fns = {"fwd": prev_logprobs, "train": train_pass}
-    for fn in fns.values():
-        fn()  # warm-up (allocator, AdamW state)
-    timed = _timer(cuda)
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(args.repeats):
-        for k, fn in fns.items():
-            times[k].append(timed(fn))
-    t = {k: statistics.median(v) for k, v in times.items()}
+    timer = cuda_timer() if cuda else cpu_timer
+    fns = {"fwd": prev_logprobs, "train": train_pass}  # the warm-up builds AdamW's state
+    t = interleaved_medians(fns, args.repeats, timer)
     n_params = sum(p.numel() for p in model.parameters())
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     if cuda:

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import torch
 
 from benchmarks._record import record_section
+from benchmarks._timing import cpu_timer, cuda_timer, interleaved_medians
 from nemo_ais.fp8 import quantize_blockwise, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
 from nemo_ais.fp8.mxfp4 import quantize_mxfp4_reference
 from nemo_ais.fp8.mxfp8 import quantize_mxfp8_reference
@@ -94,39 +93,6 @@ HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "B200": 8000.0, "GB200": 8000.0, "A1
 _L2_FLUSH_BYTES = 256 << 20
 
 
-def _cpu_timer(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def _cuda_timer(flush: torch.Tensor):
-    """Seconds of ``fn()`` on the GPU: L2 flushed, synchronized, timed with CUDA events."""
-
-    def timer(fn) -> float:
-        flush.fill_(1)  # evict the previous call's data from L2
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3
-
-    return timer
-
-
-def _interleaved_medians(fns: dict, repeats: int, timer=_cpu_timer) -> dict[str, float]:
-    """Median seconds of each callable, all timed in turn within every repeat (shared machine)."""
-    for fn in fns.values():
-        fn()  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(timer(fn))
-    return {name: statistics.median(v) for name, v in times.items()}
-
-
 def _hbm_peak(device: torch.device) -> tuple[str, float | None]:
     """Device name and its nominal HBM GB/s (None: not in ``HBM_GBPS``)."""
     name = torch.cuda.get_device_name(device)
@@ -175,7 +141,7 @@ def cast_bound(repeats: int, timer, device: torch.device) -> str:
     for shape in SHAPES:
         x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device)
         y, q8 = torch.empty_like(x), torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
-        t = _interleaved_medians(
+        t = interleaved_medians(
             {"copy_": lambda x=x, y=y: y.copy_(x), "cast": lambda x=x, q=q8: q.copy_(x)},
             repeats,
             timer,
@@ -200,10 +166,10 @@ def main() -> None:
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda: torch.cuda.is_available() is False")
     device = torch.device(args.device)
-    timer = _cpu_timer
+    timer = cpu_timer
     gpu_name, peak = "", None
     if cuda:
-        timer = _cuda_timer(torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=device))
+        timer = cuda_timer(torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=device))
         gpu_name, peak = _hbm_peak(device)
     load = [os.getloadavg()[0]]
     head = (
@@ -225,7 +191,7 @@ def main() -> None:
                         print(f"{fmt} {list(shape)} {dtype}: " + _first_mismatch(a, b), flush=True)
                         mismatches.append(f"{fmt} {list(shape)} {dtype}")
                 y = torch.empty_like(x)
-                t = _interleaved_medians(
+                t = interleaved_medians(
                     {
                         "ours": lambda x=x, f=ours: f(x),
                         "reference": lambda x=x, f=reference: f(x),
