@@ -39,6 +39,11 @@ the reference quantizer (see ``docs/low_precision.md`` and the conventions it ci
 The stored scale is the DEQUANT multiplier: ``x ~= q * s`` (vLLM's ``weight_scale_inv``).
 Non-finite input raises ``ValueError`` naming the tensor; nothing is returned for it.
 
+On CPU, :func:`quantize_blockwise` runs these steps in one fused C++ loop per row of tiles
+(:mod:`nemo_ais.fp8.cpu_kernel`, compiled on first use, bit-equal: tested), and falls back
+to the PyTorch ops below where it cannot be built, for non-contiguous input, or to raise
+for non-finite input.
+
 Empty input (any dim of size 0) is defined, not an error: the codes are an empty
 ``float8_e4m3fn`` tensor of the input's shape and the scales have the usual shape
 ``ceil(dim / tile)`` per tiled dim, which is 0 for an empty tiled dim (``[0, K]`` gives
@@ -55,6 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_ais.fp8.checks import FLOAT_INPUTS, check_finite
+from nemo_ais.fp8.cpu_kernel import quantize_blockwise_cpu
 from nemo_ais.fp8.grids import E4M3_MAX, band_elems
 
 __all__ = [
@@ -254,7 +260,12 @@ def quantize_blockwise(
             return te_backend.quantize_blockwise_te(x, block, family, eps, ue8m0, name=name)
     with torch.no_grad():
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
-        q, s = _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
+        # CPU: the fused kernel (same bits); a NaN / inf tile goes on to raise below
+        fused = quantize_blockwise_cpu(x3, tuple(block), family, eps, ue8m0)
+        if fused is not None and bool(fused[2]):
+            q, s = fused[0], fused[1]
+        else:
+            q, s = _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
     return (q, s) if x.dim() == 3 else (q[0], s[0])
 
 

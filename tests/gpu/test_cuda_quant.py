@@ -98,3 +98,17 @@ def test_mx_formats_on_cuda_match_cpu(dtype):
         g4 = quantize_mxfp4(x.cuda(), round_ties_toward_zero=ties)
         c4 = quantize_mxfp4(x, round_ties_toward_zero=ties)
         assert _mismatch(g4.data, c4.data) is None and _mismatch(g4.scale, c4.scale) is None
+
+
+@pytest.mark.parametrize("family", ["a", "b", "c"])
+@pytest.mark.parametrize(("eps", "ue8m0"), [(1e-4, False), (0.0, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blockwise_fp8_on_cuda_matches_the_cpu_kernel(family, eps, ue8m0, dtype):
+    # CPU: the fused C++ kernel (nemo_ais.fp8.cpu_kernel); CUDA: the PyTorch path
+    from nemo_ais.fp8 import quantize_blockwise
+
+    x = _wide_weight((1000, 2000), seed=7).to(dtype)
+    q_gpu, s_gpu = quantize_blockwise(x.cuda(), family=family, eps=eps, ue8m0=ue8m0)
+    q_cpu, s_cpu = quantize_blockwise(x, family=family, eps=eps, ue8m0=ue8m0)
+    assert _mismatch(q_gpu.view(torch.uint8), q_cpu.view(torch.uint8)) is None
+    assert _mismatch(s_gpu.view(torch.int32), s_cpu.view(torch.int32)) is None

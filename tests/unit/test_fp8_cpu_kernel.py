@@ -1,0 +1,102 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The fused CPU kernel of the blockwise FP8 quantizer gives the PyTorch path's bits.
+
+``nemo_ais.fp8.cpu_kernel`` (C++, compiled on first use) against ``_quantize_tiles`` (the
+PyTorch path, itself checked against a float64 oracle in test_fp8_quant.py): every code
+byte and every scale bit, for every family, eps (incl. TE's eps = 0), UE8M0 scales, fp32 /
+bf16 / fp16 input, ragged 2-D and 3-D shapes, all-zero, subnormal and huge tiles, and the
+E4M3 rounding ties. A NaN still raises the PyTorch path's error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nemo_ais.fp8.cpu_kernel as cpu_kernel_mod
+import nemo_ais.fp8.quant as quant
+from nemo_ais.fp8 import quantize_blockwise
+from nemo_ais.fp8.cpu_kernel import cpu_kernel, quantize_blockwise_cpu
+
+
+def test_the_kernel_builds_on_this_machine():
+    # CI's machine has gcc and ninja: a build failure there is a failure, not a skip
+    assert cpu_kernel() is not None
+
+
+def _torch_path(x, block=(128, 128), family="a", eps=1e-4, ue8m0=False):
+    x3 = x if x.dim() == 3 else x.unsqueeze(0)
+    return quant._quantize_tiles(x, x3, block, family, eps, ue8m0, "x")
+
+
+def _kernel(x, block=(128, 128), family="a", eps=1e-4, ue8m0=False):
+    x3 = x if x.dim() == 3 else x.unsqueeze(0)
+    q, s, finite = quantize_blockwise_cpu(x3.contiguous(), block, family, eps, ue8m0)
+    assert bool(finite)
+    return q, s
+
+
+def _assert_same(got, want):
+    (qg, sg), (qw, sw) = got, want
+    diff = (qg.view(torch.uint8) != qw.view(torch.uint8)).nonzero()
+    assert diff.numel() == 0, f"{diff.shape[0]} codes differ, first at {diff[0].tolist()}"
+    assert torch.equal(sg.view(torch.int32), sw.view(torch.int32))
+
+
+def _wide_range(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.logspace(-30, 4, shape[-1])
+    x[..., :3, :] = 0.0  # zero rows
+    if shape[-2] > 128 and shape[-1] > 128:
+        x[..., :128, :128] = 0.0  # an all-zero tile
+    x[..., 5, :] = 1e-42  # fp32 subnormals
+    return x
+
+
+@pytest.mark.parametrize("family", ["a", "b", "c"])
+@pytest.mark.parametrize(("eps", "ue8m0"), [(1e-4, False), (0.0, False), (1e-4, True), (0.0, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kernel_equals_the_torch_path(family, eps, ue8m0, dtype):
+    x = _wide_range((300, 1000), seed=1).to(dtype)
+    args = dict(family=family, eps=eps, ue8m0=ue8m0)
+    _assert_same(_kernel(x, **args), _torch_path(x, **args))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 5), (128, 128), (129, 257), (3, 200, 130)])
+@pytest.mark.parametrize("block", [(128, 128), (1, 128), (64, 32)])
+def test_ragged_shapes_and_blocks(shape, block):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2)) * 30
+    _assert_same(_kernel(x, block), _torch_path(x, block))
+
+
+def test_e4m3_rounding_ties_go_to_even():
+    # one tile with amax 448 (so m = 1): the midpoints between neighbouring E4M3 values
+    codes = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = (codes[:-1] + codes[1:]) / 2  # exact in fp32
+    x = torch.cat([mids, -mids, torch.tensor([448.0])])
+    x = torch.nn.functional.pad(x, (0, 256 - x.numel())).view(2, 128)
+    _assert_same(_kernel(x, family="c", eps=0.0), _torch_path(x, family="c", eps=0.0))
+
+
+def test_public_quantizer_uses_the_kernel_and_raises_on_nan(monkeypatch):
+    calls = []
+    real = quant.quantize_blockwise_cpu
+    monkeypatch.setattr(quant, "quantize_blockwise_cpu", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(256, 256)
+    q, s = quantize_blockwise(x)
+    assert calls == [1]
+    _assert_same((q, s), tuple(t[0] for t in _torch_path(x)))
+    x[17, 200] = float("nan")
+    with pytest.raises(ValueError, match=r"x: .*NaN"):
+        quantize_blockwise(x)
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("NEMO_AIS_CPU_KERNEL", "0")
+    cpu_kernel.cache_clear()
+    try:
+        assert cpu_kernel_mod.cpu_kernel() is None
+        assert quantize_blockwise_cpu(torch.ones(1, 4, 4), (128, 128), "a", 1e-4, False) is None
+    finally:
+        monkeypatch.delenv("NEMO_AIS_CPU_KERNEL")
+        cpu_kernel.cache_clear()
