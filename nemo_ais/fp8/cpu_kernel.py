@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""A fused CPU kernel for the blockwise FP8 quantizer, compiled on first use.
+"""Fused CPU kernels for the blockwise FP8 and the MXFP8 quantizers, compiled on first use.
 
 :func:`nemo_ais.fp8.quantize_blockwise` on CPU is a handful of PyTorch ops per band of
 rows; PyTorch's own fp32 -> E4M3 conversion alone takes 2-2.5x a same-size copy on CPU
@@ -26,7 +26,7 @@ import os
 
 import torch
 
-__all__ = ["cpu_kernel", "quantize_blockwise_cpu"]
+__all__ = ["cpu_kernel", "quantize_blockwise_cpu", "quantize_mxfp8_cpu"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,19 @@ inline uint8_t e4m3(float v) {
 }
 
 template <typename T> inline float to_f(T v) { return static_cast<float>(v); }
+
+// ceil(log2(v)) of a positive fp32 from its bits, exactly (frexp's exponent, minus one for a
+// power of two): normal v = 1.f * 2^(ef - 127); subnormal v = mf * 2^-149.
+inline int ceil_log2(float v) {
+  const uint32_t b = bits_of(v), ef = b >> 23, mf = b & 0x7FFFFFu;
+  if (ef != 0) return static_cast<int>(ef) - 127 + (mf != 0 ? 1 : 0);
+  return (31 - __builtin_clz(mf)) - 149 + ((mf & (mf - 1)) != 0 ? 1 : 0);
+}
+
+// 2^e for an integer e in [-127, 127], exactly (2^-127 is the subnormal 2^22 * 2^-149).
+inline float pow2(int e) {
+  return e >= -126 ? float_of(static_cast<uint32_t>(e + 127) << 23) : float_of(1u << 22);
+}
 
 inline float floor_pow2(float v) { int e; std::frexp(v, &e); return std::ldexp(1.0f, e - 1); }
 inline float ceil_pow2(float v) {
@@ -165,6 +178,47 @@ std::vector<torch::Tensor> quantize_blockwise(torch::Tensor x, int64_t bn, int64
   });
   return {q, s, amax.isfinite().all()};
 }
+
+// MXFP8 of x [R, K] (K % 32 == 0) contiguous CPU fp32 / bf16 / fp16 -> (codes uint8 [R, K],
+// scale bytes uint8 [R, K / 32], finite: 0-dim bool): nemo_ais.fp8.mxfp8's rule per block of
+// 32, E = ceil(log2(amax / 448)) by frexp (0 for an all-zero block: -127), clamped to
+// [-127, 127]; codes e4m3(clamp(x * 2^-E, +-448)) (the product is exact); byte E + 127.
+std::vector<torch::Tensor> quantize_mxfp8(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
+  const int64_t rows = x.size(0), k = x.size(1), kb = k / 32;
+  TORCH_CHECK(k % 32 == 0, "x: K % 32 != 0");
+  auto q = torch::empty({rows, k}, x.options().dtype(torch::kUInt8));
+  auto scale = torch::empty({rows, kb}, x.options().dtype(torch::kUInt8));
+  auto bad = torch::zeros({at::get_num_threads()}, x.options().dtype(torch::kInt32));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "mxfp8", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    uint8_t* qp = q.data_ptr<uint8_t>();
+    uint8_t* sp = scale.data_ptr<uint8_t>();
+    int32_t* badp = bad.data_ptr<int32_t>();
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      int32_t nonfinite = 0;
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* row = xp + r * k;
+        uint8_t* out = qp + r * k;
+        for (int64_t j = 0; j < kb; ++j) {
+          uint32_t amax_bits = 0u;
+          for (int64_t c = j * 32; c < j * 32 + 32; ++c)
+            amax_bits = std::max(amax_bits, bits_of(to_f(row[c])) & 0x7FFFFFFFu);
+          nonfinite |= amax_bits >= 0x7F800000u;
+          const float amax = float_of(amax_bits);
+          int expo = amax == 0.0f ? -127 : ceil_log2(amax / 448.0f);
+          expo = std::min(std::max(expo, -127), 127);
+          const float mult = pow2(-expo);
+          for (int64_t c = j * 32; c < j * 32 + 32; ++c)
+            out[c] = e4m3(std::min(std::max(to_f(row[c]) * mult, -448.0f), 448.0f));
+          sp[r * kb + j] = static_cast<uint8_t>(expo + 127);
+        }
+      }
+      badp[at::get_thread_num()] |= nonfinite;
+    });
+  });
+  return {q, scale, bad.eq(0).all()};
+}
 """
 
 
@@ -194,7 +248,7 @@ def cpu_kernel():
         return load_inline(
             name=f"nemo_ais_fp8_cpu_{_cpu_fingerprint()}",
             cpp_sources=_SOURCE,
-            functions=["quantize_blockwise"],
+            functions=["quantize_blockwise", "quantize_mxfp8"],
             extra_cflags=["-O3", "-march=native", "-fno-fast-math"],
             verbose=False,
         )
@@ -230,3 +284,24 @@ def quantize_blockwise_cpu(
         x3, block[0], block[1], _FAMILY[family], float(eps), bool(ue8m0)
     )
     return q.view(torch.float8_e4m3fn), s, finite
+
+
+def quantize_mxfp8_cpu(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(codes, scale bytes, finite)`` of ``x2 [R, K]`` (``K % 32 == 0``) by the fused kernel.
+
+    None where it does not apply (as :func:`quantize_blockwise_cpu`). ``codes`` is
+    float8_e4m3fn ``[R, K]``, the scale bytes uint8 ``[R, K / 32]``; ``finite`` False means
+    a block holds NaN / inf (the caller raises through the PyTorch path).
+    """
+    if (
+        x2.device.type != "cpu"
+        or x2.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+        or not x2.is_contiguous()
+        or x2.numel() == 0
+    ):
+        return None
+    ext = cpu_kernel()
+    if ext is None:
+        return None
+    q, scale, finite = ext.quantize_mxfp8(x2)
+    return q.view(torch.float8_e4m3fn), scale, finite

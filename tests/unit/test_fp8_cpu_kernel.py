@@ -100,3 +100,42 @@ def test_switched_off_by_the_environment(monkeypatch):
     finally:
         monkeypatch.delenv("NEMO_AIS_CPU_KERNEL")
         cpu_kernel.cache_clear()
+
+
+def _mxfp8_torch_path(x, monkeypatch):
+    import nemo_ais.fp8.mxfp8 as mxfp8_mod
+
+    with monkeypatch.context() as m:
+        m.setattr(mxfp8_mod, "quantize_mxfp8_cpu", lambda *a: None)
+        return mxfp8_mod.quantize_mxfp8(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(300, 1024), (3, 7, 64), (1, 32)])
+def test_mxfp8_kernel_equals_the_torch_path(dtype, shape, monkeypatch):
+    from nemo_ais.fp8 import quantize_mxfp8
+
+    x = _wide_range(shape if len(shape) > 1 and shape[-2] > 5 else (8, shape[-1]), seed=3)
+    x = x.reshape(shape) if x.numel() == torch.Size(shape).numel() else x
+    x = x.to(dtype)
+    top = 7 if dtype == torch.float16 else 43  # block maxima 448 * 2^k, finite in dtype
+    planted = torch.tensor([448.0 * 2.0**k for k in range(-20, top + 1)])
+    x.view(-1)[: planted.numel()] = planted.to(dtype)
+    got, want = quantize_mxfp8(x), _mxfp8_torch_path(x, monkeypatch)
+    assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+    assert torch.equal(got.scale, want.scale)
+    assert got.data.shape == x.shape and got.scale.shape == (*x.shape[:-1], x.shape[-1] // 32)
+
+
+def test_mxfp8_kernel_is_used_and_nan_still_raises(monkeypatch):
+    import nemo_ais.fp8.mxfp8 as mxfp8_mod
+
+    calls = []
+    real = mxfp8_mod.quantize_mxfp8_cpu
+    monkeypatch.setattr(mxfp8_mod, "quantize_mxfp8_cpu", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(64, 256)
+    mxfp8_mod.quantize_mxfp8(x)
+    assert calls == [1]
+    x[3, 100] = float("inf")
+    with pytest.raises(ValueError, match="refusing to quantize NaN/Inf"):
+        mxfp8_mod.quantize_mxfp8(x)
