@@ -7,8 +7,8 @@ and MXFP4 (:func:`nemo_ais.fp8.quantize_mxfp4`). For each weight shape and input
 times, interleaved within every repeat (the machine is shared), median of ``--repeats``
 after one warm-up:
 
-* ``ours``: the public quantizer (on CPU: FP8 and MXFP8 the fused C++ kernels of
-  :mod:`nemo_ais.fp8.cpu_kernel`, NVFP4 and MXFP4 the banded fast path);
+* ``ours``: the public quantizer (on CPU: the fused C++ kernel of
+  :mod:`nemo_ais.fp8.cpu_kernel`; on a GPU: the banded PyTorch path);
 * ``reference``: the straightforward vectorised formulation of the same rule (FP8:
   ``reference_quantize`` below, the shape of DeepGEMM's and NeMo-RL's per-block casts;
   the block-scaled formats: the ``quantize_*_reference`` kept next to each fast path),
@@ -247,14 +247,14 @@ def main() -> None:
     if bound is not None:
         print(bound)
         body += (
-            "\n\nFP8 128x128 and MXFP8 on CPU are fused C++ kernels (`nemo_ais/fp8/cpu_kernel.py`, "
+            "\n\nOn CPU every format is a fused C++ kernel (`nemo_ais/fp8/cpu_kernel.py`, "
             "compiled on first use, bit-equal to the PyTorch path: "
-            "tests/unit/test_fp8_cpu_kernel.py); NVFP4 and MXFP4 are PyTorch ops per band of "
-            "rows. What bounds the fractions, measured in the same run (below): PyTorch's "
-            "fp32 -> E4M3 conversion alone takes 2-2.5x a copy, so an eager composition (the "
-            "PyTorch paths) stays under 0.5; the kernels are compute-bound at ~0.35 ns per "
-            "element, so bf16 input (whose copy_ moves half the bytes) reaches about half the "
-            "fp32 fraction; and every "
+            "tests/unit/test_fp8_cpu_kernel.py). What bounds the fractions, measured in the same "
+            "run (below): PyTorch's fp32 -> E4M3 conversion alone takes 2-2.5x a copy, so an "
+            "eager composition (the PyTorch paths, where no kernel can be built) stays under "
+            "0.5; the kernels are compute-bound (bf16 input, whose copy_ moves half the bytes, "
+            "reaches about half the fp32 fraction; the 4-bit formats pay a division or multiply "
+            "and seven comparisons per element and the nibble packing); and every "
             "quantizer returns a freshly allocated output, whose page faults cost more than "
             "the whole copy_ for the 14336x4096 weight unless huge pages back it. "
             f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')} in this "

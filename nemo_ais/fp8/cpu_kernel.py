@@ -1,20 +1,20 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""Fused CPU kernels for the blockwise FP8 and the MXFP8 quantizers, compiled on first use.
+"""Fused CPU kernels for the four weight quantizers, compiled on first use.
 
-:func:`nemo_ais.fp8.quantize_blockwise` on CPU is a handful of PyTorch ops per band of
-rows; PyTorch's own fp32 -> E4M3 conversion alone takes 2-2.5x a same-size copy on CPU
-(docs/benchmarks.md "quant"), so no composition of eager ops reaches half of copy_
-bandwidth. This kernel does the whole rule of :mod:`nemo_ais.fp8.quant` in one C++ loop per
-row of 128x128 tiles (amax, the family's scale, multiply or divide, clamp, E4M3 rounding)
-with a branchless round-to-nearest-even E4M3 encoder the compiler vectorises, and it is
-bit-equal to the PyTorch path (tests/unit/test_fp8_cpu_kernel.py, every family, eps,
-UE8M0, ragged shapes, subnormal and zero tiles).
+The PyTorch paths of :mod:`nemo_ais.fp8` (FP8 blockwise, MXFP8, NVFP4, MXFP4) are a handful
+of ops per band of rows; PyTorch's own fp32 -> E4M3 conversion alone takes 2-2.5x a
+same-size copy on CPU (docs/benchmarks.md "quant"), so no composition of eager ops reaches
+half of copy_ bandwidth. These kernels run each format's whole rule in one C++ loop per row
+(amax, the scale rule, multiply or divide, clamp, rounding, nibble packing), with
+branchless round-to-nearest-even E4M3 / E2M1 encoders the compiler vectorises, and are
+bit-equal to the PyTorch paths (tests/unit/test_fp8_cpu_kernel.py: every family, eps, UE8M0,
+tile shape, tie rule, static amax, fp32 / bf16 / fp16, zero, subnormal and tie values).
 
-It is compiled with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja)
-the first time a CPU tensor is quantized, into PyTorch's extension cache, and used only for
-contiguous fp32 / bf16 / fp16 CPU input. Where it cannot be built (no compiler) or is
-switched off (``NEMO_AIS_CPU_KERNEL=0``) the PyTorch path runs, with the same bits. A tile
-with NaN / inf makes the kernel report it; the PyTorch path then raises its usual error.
+They are compiled with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and
+ninja) the first time a CPU tensor is quantized, into PyTorch's extension cache, and used
+only for contiguous fp32 / bf16 / fp16 CPU input. Where they cannot be built (no compiler)
+or are switched off (``NEMO_AIS_CPU_KERNEL=0``) the PyTorch paths run, with the same bits.
+A block with NaN / inf makes a kernel report it; the PyTorch path then raises its error.
 """
 
 from __future__ import annotations
@@ -219,6 +219,144 @@ std::vector<torch::Tensor> quantize_mxfp8(torch::Tensor x) {
   });
   return {q, scale, bad.eq(0).all()};
 }
+
+// fp32 max |x| per block of 16 of x [R, K] (K % 16 == 0), as nemo_ais.fp8.nvfp4's pass 1.
+torch::Tensor nvfp4_block_amax(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
+  const int64_t rows = x.size(0), k = x.size(1), kb = k / 16;
+  auto amax = torch::empty({rows, kb}, x.options().dtype(torch::kFloat32));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "amax16", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    float* ap = amax.data_ptr<float>();
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* row = xp + r * k;
+        for (int64_t j = 0; j < kb; ++j) {
+          uint32_t a = 0u;
+          for (int64_t c = j * 16; c < j * 16 + 16; ++c)
+            a = std::max(a, bits_of(to_f(row[c])) & 0x7FFFFFFFu);
+          ap[r * kb + j] = float_of(a);
+        }
+      }
+    });
+  });
+  return amax;
+}
+
+// fp32 value of an E4M3 code (no NaN code reaches here), exactly.
+inline float e4m3_value(uint8_t c) {
+  const int e = (c >> 3) & 0xF, m = c & 7;
+  const float v = e == 0 ? static_cast<float>(m) * 0.001953125f  // m * 2^-9
+                         : static_cast<float>(8 + m) * pow2(e - 10);
+  return (c & 0x80) ? -v : v;
+}
+
+// NVFP4 codes of x [R, K] from the (tile-maxed) block amax [R, K/16] and the global scale:
+// block scale e4m3(clamp(amax / (s_g * 6) or 1 if 0, 2^-9, 448)); d = fp32(scale) * s_g;
+// y = (x + 0) / d (d = 0: / inf); code = e2m1(|y|) | 8 * signbit(y), e2m1 by the seven
+// thresholds of nemo_ais.fp8.grids (ties to even, saturating at 6); two codes per byte,
+// the even element in the low nibble. Returns (packed uint8 [R, K/2], scales uint8 [R, K/16]).
+std::vector<torch::Tensor> nvfp4_encode(torch::Tensor x, torch::Tensor block_amax, double s_g_d) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
+  const int64_t rows = x.size(0), k = x.size(1), kb = k / 16;
+  auto packed = torch::empty({rows, k / 2}, x.options().dtype(torch::kUInt8));
+  auto scales = torch::empty({rows, kb}, x.options().dtype(torch::kUInt8));
+  const float s_g = static_cast<float>(s_g_d);
+  const float s_g6 = s_g * 6.0f;
+  const float* ap = block_amax.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "nvfp4", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    uint8_t* pp = packed.data_ptr<uint8_t>();
+    uint8_t* sp = scales.data_ptr<uint8_t>();
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> d(kb);
+      std::vector<uint8_t> codes(k);
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* row = xp + r * k;
+        for (int64_t j = 0; j < kb; ++j) {  // block scales and divisors of the row
+          float ratio = ap[r * kb + j] / s_g6;
+          ratio = ratio == 0.0f ? 1.0f : ratio;
+          ratio = std::min(std::max(ratio, 0.001953125f), 448.0f);
+          const uint8_t bs = e4m3(ratio);
+          sp[r * kb + j] = bs;
+          const float dj = e4m3_value(bs) * s_g;
+          d[j] = dj == 0.0f ? INFINITY : dj;
+        }
+        uint8_t* cp = codes.data();
+        for (int64_t j = 0; j < kb; ++j) {  // codes: 16 lanes with one divisor
+          const float dj = d[j];
+          for (int64_t i = 0; i < 16; ++i) {
+            const float y = (to_f(row[j * 16 + i]) + 0.0f) / dj;
+            const uint32_t yb = bits_of(y);
+            const float a = float_of(yb & 0x7FFFFFFFu);
+            const uint32_t mag = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) +
+                                 (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+            cp[j * 16 + i] = static_cast<uint8_t>(mag | ((yb >> 28) & 8u));
+          }
+        }
+        uint8_t* out = pp + r * (k / 2);
+        for (int64_t i = 0; i < k / 2; ++i)  // even element in the low nibble
+          out[i] = static_cast<uint8_t>(cp[2 * i] | (cp[2 * i + 1] << 4));
+      }
+    });
+  });
+  return {packed, scales};
+}
+
+// MXFP4 of x [R, K] (K % 32 == 0): nemo_ais.fp8.mxfp4's rule per block of 32: E =
+// ceil(log2(amax / 6)) (-127 for an all-zero block), clamped to [-127, 127]; y = (x + 0) *
+// 2^-E; code = e2m1(|y|) | 8 * signbit(y), ties to even or (ties_toward_zero) toward zero;
+// two codes per byte. Returns (packed uint8 [R, K/2], scale bytes uint8 [R, K/32], finite).
+std::vector<torch::Tensor> quantize_mxfp4(torch::Tensor x, bool ties_toward_zero) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
+  const int64_t rows = x.size(0), k = x.size(1), kb = k / 32;
+  auto packed = torch::empty({rows, k / 2}, x.options().dtype(torch::kUInt8));
+  auto scale = torch::empty({rows, kb}, x.options().dtype(torch::kUInt8));
+  auto bad = torch::zeros({at::get_num_threads()}, x.options().dtype(torch::kInt32));
+  // a tie goes up (to the even code) at 0.75, 1.75 and 3.5, unless ties go toward zero
+  const float up = ties_toward_zero ? 0.0f : 1.0f;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "mxfp4", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    uint8_t* pp = packed.data_ptr<uint8_t>();
+    uint8_t* sp = scale.data_ptr<uint8_t>();
+    int32_t* badp = bad.data_ptr<int32_t>();
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      std::vector<uint8_t> codes(k);
+      int32_t nonfinite = 0;
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* row = xp + r * k;
+        uint8_t* cp = codes.data();
+        for (int64_t j = 0; j < kb; ++j) {
+          uint32_t amax_bits = 0u;
+          for (int64_t c = j * 32; c < j * 32 + 32; ++c)
+            amax_bits = std::max(amax_bits, bits_of(to_f(row[c])) & 0x7FFFFFFFu);
+          nonfinite |= amax_bits >= 0x7F800000u;
+          const float amax = float_of(amax_bits);
+          int expo = amax == 0.0f ? -127 : ceil_log2(amax / 6.0f);
+          expo = std::min(std::max(expo, -127), 127);
+          sp[r * kb + j] = static_cast<uint8_t>(expo + 127);
+          const float mult = pow2(-expo);
+          for (int64_t c = j * 32; c < j * 32 + 32; ++c) {
+            const float y = (to_f(row[c]) + 0.0f) * mult;
+            const uint32_t yb = bits_of(y);
+            const float a = float_of(yb & 0x7FFFFFFFu);
+            // a >= t is a > t plus a == t: "up" adds the tie at the three even-code bounds
+            const uint32_t mag = (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) +
+                                 (a > 2.5f) + (a > 3.5f) + (a > 5.0f) +
+                                 static_cast<uint32_t>(up * ((a == 0.75f) + (a == 1.75f) +
+                                                             (a == 3.5f)));
+            cp[c] = static_cast<uint8_t>(mag | ((yb >> 28) & 8u));
+          }
+        }
+        uint8_t* out = pp + r * (k / 2);
+        for (int64_t i = 0; i < k / 2; ++i)
+          out[i] = static_cast<uint8_t>(cp[2 * i] | (cp[2 * i + 1] << 4));
+      }
+      badp[at::get_thread_num()] |= nonfinite;
+    });
+  });
+  return {packed, scale, bad.eq(0).all()};
+}
 """
 
 
@@ -248,7 +386,13 @@ def cpu_kernel():
         return load_inline(
             name=f"nemo_ais_fp8_cpu_{_cpu_fingerprint()}",
             cpp_sources=_SOURCE,
-            functions=["quantize_blockwise", "quantize_mxfp8"],
+            functions=[
+                "quantize_blockwise",
+                "quantize_mxfp8",
+                "nvfp4_block_amax",
+                "nvfp4_encode",
+                "quantize_mxfp4",
+            ],
             extra_cflags=["-O3", "-march=native", "-fno-fast-math"],
             verbose=False,
         )

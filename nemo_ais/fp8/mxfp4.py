@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from nemo_ais.fp8.checks import check_finite, check_last_dim
+from nemo_ais.fp8.cpu_kernel import cpu_kernel
 from nemo_ais.fp8.grids import (
     E2M1_MAX,
     E8M0_BIAS,
@@ -95,7 +96,9 @@ def quantize_mxfp4_reference(
 def quantize_mxfp4(
     x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
 ) -> MXFP4Tensor:
-    """MXFP4 quantization of ``x [..., K]`` (module doc); banded fast path, bit-equal to the reference.
+    """MXFP4 quantization of ``x [..., K]`` (module doc); bit-equal to the reference.
+
+    On CPU one fused C++ loop (:mod:`nemo_ais.fp8.cpu_kernel`), elsewhere the banded fast path.
 
     Args:
         x: fp32, bf16, fp16 or fp64 (computed in fp32), ``K % 32 == 0``.
@@ -114,6 +117,10 @@ def quantize_mxfp4(
     kb = k // MX_BLOCK
     rows = math.prod(x.shape[:-1])
     x2 = x.reshape(rows, k)
+    lead = x.shape[:-1]
+    fused = _quantize_fused(x2, round_ties_toward_zero)  # CPU: same bits (NaN: raise below)
+    if fused is not None:
+        return MXFP4Tensor(fused[0].view(*lead, k // 2), fused[1].view(*lead, kb))
     data = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
     scale = torch.empty(rows, kb, dtype=torch.uint8, device=x.device)
     finite = torch.ones((), dtype=torch.bool, device=x.device)
@@ -139,8 +146,27 @@ def quantize_mxfp4(
             scale[r0:r1] = (expo + E8M0_BIAS).to(torch.uint8)
     if not bool(finite):
         check_finite(x, name, action="refusing to quantize NaN/Inf")
-    lead = x.shape[:-1]
     return MXFP4Tensor(data.view(*lead, k // 2), scale.view(*lead, kb))
+
+
+def _quantize_fused(x2: torch.Tensor, ties_toward_zero: bool):
+    """``(packed, scale)`` of ``x2 [R, K]`` by the fused CPU kernel (:mod:`nemo_ais.fp8.cpu_kernel`).
+
+    None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
+    kernel) or a block holds NaN / inf (the PyTorch path then raises).
+    """
+    if (
+        x2.device.type != "cpu"
+        or x2.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+        or not x2.is_contiguous()
+        or x2.numel() == 0
+    ):
+        return None
+    ext = cpu_kernel()
+    if ext is None:
+        return None
+    packed, scale, finite = ext.quantize_mxfp4(x2, ties_toward_zero)
+    return (packed, scale) if bool(finite) else None
 
 
 def dequantize_mxfp4(q: MXFP4Tensor, *, name: str = "q") -> torch.Tensor:

@@ -42,7 +42,9 @@ approximate reciprocal and may differ by one E4M3 step near ties.
 :func:`quantize_nvfp4_reference` is the short, obvious statement of steps 1-5;
 :func:`quantize_nvfp4` and :func:`fake_quantize_nvfp4` are the fast paths (in-place
 passes over ~1 MiB bands of rows, the class-table E2M1 encoder of :mod:`~nemo_ais.fp8.grids`),
-bit-equal to it (tested, and against a float64 oracle).
+bit-equal to it (tested, and against a float64 oracle). On CPU :func:`quantize_nvfp4` runs
+as two fused C++ passes (:mod:`nemo_ais.fp8.cpu_kernel`: block amax, then scales, codes and
+packing; bit-equal: tested).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_ais.fp8.checks import check_amax, check_finite, check_last_dim
+from nemo_ais.fp8.cpu_kernel import cpu_kernel
 from nemo_ais.fp8.grids import (
     E2M1_MAX,
     E4M3_MAX,
@@ -289,8 +292,45 @@ def quantize_nvfp4(
             finite value >= 0, or a bad ``rows_per_block``.
     """
     with torch.no_grad():
+        fused = _quantize_fused(x, amax, rows_per_block, name)
+        if fused is not None:
+            return fused
         data, block_scale, s_g = _quantize_bands(x, amax, rows_per_block, name, fake=False)
     return NVFP4Tensor(data, block_scale, s_g)
+
+
+def _quantize_fused(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor | None:
+    """:func:`quantize_nvfp4` by the fused CPU kernel (:mod:`nemo_ais.fp8.cpu_kernel`).
+
+    Pass 1 (C++): block amax; here: their tensor max (or the given ``amax``), the global
+    scale and the 16x16 tile max, as :func:`_quantize_bands`; pass 2 (C++): block scales,
+    codes, packing. None where the kernel does not apply (not contiguous fp32 / bf16 / fp16
+    CPU input, empty, no kernel) or a block holds NaN / inf (the PyTorch path raises).
+    """
+    if (
+        x.device.type != "cpu"
+        or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+        or not x.is_contiguous()
+        or x.numel() == 0
+    ):
+        return None
+    ext = cpu_kernel()
+    if ext is None:
+        return None
+    _check_args(x, rows_per_block, name)
+    given = check_amax(amax, "amax")
+    k = x.shape[-1]
+    kb, lead = k // NVFP4_BLOCK, x.shape[:-1]
+    x2 = x.view(-1, k)
+    block_amax = ext.nvfp4_block_amax(x2)
+    if not bool(torch.isfinite(block_amax).all()):
+        return None
+    s_g = nvfp4_global_scale(block_amax.amax() if given is None else given)
+    tiles = _tile_max(block_amax.view(*lead, kb), rows_per_block).reshape(-1, kb)
+    data, scales = ext.nvfp4_encode(x2, tiles.contiguous(), float(s_g))
+    return NVFP4Tensor(
+        data.view(*lead, k // 2), scales.view(torch.float8_e4m3fn).view(*lead, kb), s_g
+    )
 
 
 def fake_quantize_nvfp4(

@@ -139,3 +139,64 @@ def test_mxfp8_kernel_is_used_and_nan_still_raises(monkeypatch):
     x[3, 100] = float("inf")
     with pytest.raises(ValueError, match="refusing to quantize NaN/Inf"):
         mxfp8_mod.quantize_mxfp8(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows_per_block", [1, 16])
+@pytest.mark.parametrize("amax", [None, "half", 0.0])
+@pytest.mark.parametrize("shape", [(300, 1024), (3, 40, 64), (17, 32)])
+def test_nvfp4_kernel_equals_the_torch_path(dtype, rows_per_block, amax, shape):
+    import nemo_ais.fp8.nvfp4 as nv
+
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(shape, generator=g) * torch.logspace(-6, 3, shape[-1])).to(dtype)
+    x.view(-1)[:16] = 0.0  # an all-zero block
+    x.view(-1)[-1] = -0.0  # -0.0 -> code 0, not 8
+    if amax == "half":  # a static amax below the tensor's: saturation
+        amax = float(x.float().abs().max()) * 0.5
+    got = nv._quantize_fused(x, amax, rows_per_block, "x")
+    want = nv.NVFP4Tensor(*nv._quantize_bands(x, amax, rows_per_block, "x", fake=False))
+    assert torch.equal(got.data, want.data)
+    assert torch.equal(got.block_scale.view(torch.uint8), want.block_scale.view(torch.uint8))
+    assert torch.equal(got.global_scale, want.global_scale)
+
+
+def test_nvfp4_kernel_is_used_and_nan_still_raises(monkeypatch):
+    import nemo_ais.fp8.nvfp4 as nv
+
+    calls = []
+    real = nv._quantize_fused
+    monkeypatch.setattr(nv, "_quantize_fused", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(64, 256)
+    nv.quantize_nvfp4(x)
+    assert calls == [1]
+    x[3, 100] = float("nan")
+    with pytest.raises(ValueError, match="refusing to quantize NaN/Inf"):
+        nv.quantize_nvfp4(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("ties_toward_zero", [False, True])
+@pytest.mark.parametrize("shape", [(300, 1024), (3, 7, 64), (1, 32)])
+def test_mxfp4_kernel_equals_the_torch_path(dtype, ties_toward_zero, shape, monkeypatch):
+    import nemo_ais.fp8.mxfp4 as mx4
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(shape, generator=g) * torch.logspace(-30, 4, shape[-1])).to(dtype)
+    # block maxima 6 * 2^k and the E2M1 ties (0.25, 0.75, ..., 5) times them
+    ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.75, -3.5, -0.0, 0.0])
+    x.view(-1)[: ties.numel()] = (ties * 4.0).to(dtype)
+    got = mx4.quantize_mxfp4(x, round_ties_toward_zero=ties_toward_zero)
+    with monkeypatch.context() as m:
+        m.setattr(mx4, "_quantize_fused", lambda *a: None)
+        want = mx4.quantize_mxfp4(x, round_ties_toward_zero=ties_toward_zero)
+    assert torch.equal(got.data, want.data) and torch.equal(got.scale, want.scale)
+
+
+def test_mxfp4_kernel_nan_still_raises():
+    from nemo_ais.fp8 import quantize_mxfp4
+
+    x = torch.randn(8, 64)
+    x[1, 2] = float("-inf")
+    with pytest.raises(ValueError, match="refusing to quantize NaN/Inf"):
+        quantize_mxfp4(x)
