@@ -179,10 +179,59 @@ std::vector<torch::Tensor> quantize_blockwise(torch::Tensor x, int64_t bn, int64
   return {q, s, amax.isfinite().all()};
 }
 
+// The row loops below take their pointers by value and __restrict__: inside a lambda that
+// captures them by reference, a uint8_t store may alias anything, and gcc then vectorises
+// nothing.
+
+// E2M1 magnitude code of a >= 0, saturating at 6 (code 7): the seven thresholds of
+// nemo_ais.fp8.grids; at 0.75, 1.75 and 3.5 a tie goes up (to the even code) by ``up`` = 1,
+// toward zero by ``up`` = 0.
+inline uint32_t e2m1_magnitude(float a, uint32_t up) {
+  return (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) + (a > 3.5f) +
+         (a > 5.0f) + up * ((a == 0.75f) + (a == 1.75f) + (a == 3.5f));
+}
+
+inline uint8_t e2m1_code(float y, uint32_t up) {
+  const uint32_t yb = bits_of(y);
+  return static_cast<uint8_t>(e2m1_magnitude(float_of(yb & 0x7FFFFFFFu), up) |
+                              ((yb >> 28) & 8u));
+}
+
+// two codes per byte, the even element in the low nibble
+inline void pack_pairs(const uint8_t* __restrict__ codes, int64_t k, uint8_t* __restrict__ out) {
+  for (int64_t i = 0; i < k / 2; ++i)
+    out[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+}
+
+template <typename T>
+inline uint32_t amax_bits_of(const T* __restrict__ v, int64_t n) {
+  uint32_t a = 0u;
+  for (int64_t c = 0; c < n; ++c) a = std::max(a, bits_of(to_f(v[c])) & 0x7FFFFFFFu);
+  return a;
+}
+
+template <typename T>
+int32_t mxfp8_row(const T* __restrict__ row, int64_t k, uint8_t* __restrict__ out,
+                  uint8_t* __restrict__ scale) {
+  int32_t nonfinite = 0;
+  for (int64_t j = 0; j < k / 32; ++j) {
+    const uint32_t bits = amax_bits_of(row + j * 32, 32);
+    nonfinite |= bits >= 0x7F800000u;
+    const float amax = float_of(bits);
+    int expo = amax == 0.0f ? -127 : ceil_log2(amax / 448.0f);
+    expo = std::min(std::max(expo, -127), 127);
+    const float mult = pow2(-expo);
+    for (int64_t c = j * 32; c < j * 32 + 32; ++c)
+      out[c] = e4m3(std::min(std::max(to_f(row[c]) * mult, -448.0f), 448.0f));
+    scale[j] = static_cast<uint8_t>(expo + 127);
+  }
+  return nonfinite;
+}
+
 // MXFP8 of x [R, K] (K % 32 == 0) contiguous CPU fp32 / bf16 / fp16 -> (codes uint8 [R, K],
 // scale bytes uint8 [R, K / 32], finite: 0-dim bool): nemo_ais.fp8.mxfp8's rule per block of
-// 32, E = ceil(log2(amax / 448)) by frexp (0 for an all-zero block: -127), clamped to
-// [-127, 127]; codes e4m3(clamp(x * 2^-E, +-448)) (the product is exact); byte E + 127.
+// 32, E = ceil(log2(amax / 448)) from the fp32 bits (-127 for an all-zero block), clamped
+// to [-127, 127]; codes e4m3(clamp(x * 2^-E, +-448)) (the product is exact); byte E + 127.
 std::vector<torch::Tensor> quantize_mxfp8(torch::Tensor x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
   const int64_t rows = x.size(0), k = x.size(1), kb = k / 32;
@@ -197,23 +246,8 @@ std::vector<torch::Tensor> quantize_mxfp8(torch::Tensor x) {
     int32_t* badp = bad.data_ptr<int32_t>();
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       int32_t nonfinite = 0;
-      for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* row = xp + r * k;
-        uint8_t* out = qp + r * k;
-        for (int64_t j = 0; j < kb; ++j) {
-          uint32_t amax_bits = 0u;
-          for (int64_t c = j * 32; c < j * 32 + 32; ++c)
-            amax_bits = std::max(amax_bits, bits_of(to_f(row[c])) & 0x7FFFFFFFu);
-          nonfinite |= amax_bits >= 0x7F800000u;
-          const float amax = float_of(amax_bits);
-          int expo = amax == 0.0f ? -127 : ceil_log2(amax / 448.0f);
-          expo = std::min(std::max(expo, -127), 127);
-          const float mult = pow2(-expo);
-          for (int64_t c = j * 32; c < j * 32 + 32; ++c)
-            out[c] = e4m3(std::min(std::max(to_f(row[c]) * mult, -448.0f), 448.0f));
-          sp[r * kb + j] = static_cast<uint8_t>(expo + 127);
-        }
-      }
+      for (int64_t r = begin; r < end; ++r)
+        nonfinite |= mxfp8_row(xp + r * k, k, qp + r * k, sp + r * kb);
       badp[at::get_thread_num()] |= nonfinite;
     });
   });
@@ -228,16 +262,8 @@ torch::Tensor nvfp4_block_amax(torch::Tensor x) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "amax16", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     float* ap = amax.data_ptr<float>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* row = xp + r * k;
-        for (int64_t j = 0; j < kb; ++j) {
-          uint32_t a = 0u;
-          for (int64_t c = j * 16; c < j * 16 + 16; ++c)
-            a = std::max(a, bits_of(to_f(row[c])) & 0x7FFFFFFFu);
-          ap[r * kb + j] = float_of(a);
-        }
-      }
+    at::parallel_for(0, rows * kb, 1024, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) ap[b] = float_of(amax_bits_of(xp + b * 16, 16));
     });
   });
   return amax;
@@ -251,56 +277,74 @@ inline float e4m3_value(uint8_t c) {
   return (c & 0x80) ? -v : v;
 }
 
+template <typename T>
+void nvfp4_row(const T* __restrict__ row, int64_t k, const float* __restrict__ amax, float s_g,
+               uint8_t* __restrict__ packed, uint8_t* __restrict__ scale,
+               float* __restrict__ d, float* __restrict__ y, uint8_t* __restrict__ codes) {
+  const int64_t kb = k / 16;
+  const float s_g6 = s_g * 6.0f;
+  for (int64_t j = 0; j < kb; ++j) {  // block scales and divisors of the row
+    float ratio = amax[j] / s_g6;
+    ratio = ratio == 0.0f ? 1.0f : ratio;
+    ratio = std::min(std::max(ratio, 0.001953125f), 448.0f);
+    const uint8_t bs = e4m3(ratio);
+    scale[j] = bs;
+    const float dj = e4m3_value(bs) * s_g;
+    d[j] = dj == 0.0f ? INFINITY : dj;
+  }
+  for (int64_t j = 0; j < kb; ++j) {  // y = (x + 0) / d: 16 lanes with one divisor
+    const float dj = d[j];
+    for (int64_t i = 0; i < 16; ++i) y[j * 16 + i] = (to_f(row[j * 16 + i]) + 0.0f) / dj;
+  }
+  for (int64_t c = 0; c < k; ++c) codes[c] = e2m1_code(y[c], 1u);  // one flat loop
+  pack_pairs(codes, k, packed);
+}
+
 // NVFP4 codes of x [R, K] from the (tile-maxed) block amax [R, K/16] and the global scale:
 // block scale e4m3(clamp(amax / (s_g * 6) or 1 if 0, 2^-9, 448)); d = fp32(scale) * s_g;
-// y = (x + 0) / d (d = 0: / inf); code = e2m1(|y|) | 8 * signbit(y), e2m1 by the seven
-// thresholds of nemo_ais.fp8.grids (ties to even, saturating at 6); two codes per byte,
-// the even element in the low nibble. Returns (packed uint8 [R, K/2], scales uint8 [R, K/16]).
+// y = (x + 0) / d (d = 0: / inf); code = e2m1(|y|) | 8 * signbit(y) (ties to even,
+// saturating at 6); two codes per byte. Returns (packed uint8 [R, K/2], scales uint8
+// [R, K/16]).
 std::vector<torch::Tensor> nvfp4_encode(torch::Tensor x, torch::Tensor block_amax, double s_g_d) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
   const int64_t rows = x.size(0), k = x.size(1), kb = k / 16;
   auto packed = torch::empty({rows, k / 2}, x.options().dtype(torch::kUInt8));
   auto scales = torch::empty({rows, kb}, x.options().dtype(torch::kUInt8));
   const float s_g = static_cast<float>(s_g_d);
-  const float s_g6 = s_g * 6.0f;
   const float* ap = block_amax.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "nvfp4", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     uint8_t* pp = packed.data_ptr<uint8_t>();
     uint8_t* sp = scales.data_ptr<uint8_t>();
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> d(kb);
+      std::vector<float> d(kb), y(k);
       std::vector<uint8_t> codes(k);
-      for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* row = xp + r * k;
-        for (int64_t j = 0; j < kb; ++j) {  // block scales and divisors of the row
-          float ratio = ap[r * kb + j] / s_g6;
-          ratio = ratio == 0.0f ? 1.0f : ratio;
-          ratio = std::min(std::max(ratio, 0.001953125f), 448.0f);
-          const uint8_t bs = e4m3(ratio);
-          sp[r * kb + j] = bs;
-          const float dj = e4m3_value(bs) * s_g;
-          d[j] = dj == 0.0f ? INFINITY : dj;
-        }
-        uint8_t* cp = codes.data();
-        for (int64_t j = 0; j < kb; ++j) {  // codes: 16 lanes with one divisor
-          const float dj = d[j];
-          for (int64_t i = 0; i < 16; ++i) {
-            const float y = (to_f(row[j * 16 + i]) + 0.0f) / dj;
-            const uint32_t yb = bits_of(y);
-            const float a = float_of(yb & 0x7FFFFFFFu);
-            const uint32_t mag = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) +
-                                 (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
-            cp[j * 16 + i] = static_cast<uint8_t>(mag | ((yb >> 28) & 8u));
-          }
-        }
-        uint8_t* out = pp + r * (k / 2);
-        for (int64_t i = 0; i < k / 2; ++i)  // even element in the low nibble
-          out[i] = static_cast<uint8_t>(cp[2 * i] | (cp[2 * i + 1] << 4));
-      }
+      for (int64_t r = begin; r < end; ++r)
+        nvfp4_row(xp + r * k, k, ap + r * kb, s_g, pp + r * (k / 2), sp + r * kb, d.data(),
+                  y.data(), codes.data());
     });
   });
   return {packed, scales};
+}
+
+template <typename T>
+int32_t mxfp4_row(const T* __restrict__ row, int64_t k, uint32_t up,
+                  uint8_t* __restrict__ packed, uint8_t* __restrict__ scale,
+                  uint8_t* __restrict__ codes) {
+  int32_t nonfinite = 0;
+  for (int64_t j = 0; j < k / 32; ++j) {
+    const uint32_t bits = amax_bits_of(row + j * 32, 32);
+    nonfinite |= bits >= 0x7F800000u;
+    const float amax = float_of(bits);
+    int expo = amax == 0.0f ? -127 : ceil_log2(amax / 6.0f);
+    expo = std::min(std::max(expo, -127), 127);
+    scale[j] = static_cast<uint8_t>(expo + 127);
+    const float mult = pow2(-expo);
+    for (int64_t c = j * 32; c < j * 32 + 32; ++c)
+      codes[c] = e2m1_code((to_f(row[c]) + 0.0f) * mult, up);
+  }
+  pack_pairs(codes, k, packed);
+  return nonfinite;
 }
 
 // MXFP4 of x [R, K] (K % 32 == 0): nemo_ais.fp8.mxfp4's rule per block of 32: E =
@@ -313,8 +357,7 @@ std::vector<torch::Tensor> quantize_mxfp4(torch::Tensor x, bool ties_toward_zero
   auto packed = torch::empty({rows, k / 2}, x.options().dtype(torch::kUInt8));
   auto scale = torch::empty({rows, kb}, x.options().dtype(torch::kUInt8));
   auto bad = torch::zeros({at::get_num_threads()}, x.options().dtype(torch::kInt32));
-  // a tie goes up (to the even code) at 0.75, 1.75 and 3.5, unless ties go toward zero
-  const float up = ties_toward_zero ? 0.0f : 1.0f;
+  const uint32_t up = ties_toward_zero ? 0u : 1u;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "mxfp4", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     uint8_t* pp = packed.data_ptr<uint8_t>();
@@ -323,35 +366,8 @@ std::vector<torch::Tensor> quantize_mxfp4(torch::Tensor x, bool ties_toward_zero
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> codes(k);
       int32_t nonfinite = 0;
-      for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* row = xp + r * k;
-        uint8_t* cp = codes.data();
-        for (int64_t j = 0; j < kb; ++j) {
-          uint32_t amax_bits = 0u;
-          for (int64_t c = j * 32; c < j * 32 + 32; ++c)
-            amax_bits = std::max(amax_bits, bits_of(to_f(row[c])) & 0x7FFFFFFFu);
-          nonfinite |= amax_bits >= 0x7F800000u;
-          const float amax = float_of(amax_bits);
-          int expo = amax == 0.0f ? -127 : ceil_log2(amax / 6.0f);
-          expo = std::min(std::max(expo, -127), 127);
-          sp[r * kb + j] = static_cast<uint8_t>(expo + 127);
-          const float mult = pow2(-expo);
-          for (int64_t c = j * 32; c < j * 32 + 32; ++c) {
-            const float y = (to_f(row[c]) + 0.0f) * mult;
-            const uint32_t yb = bits_of(y);
-            const float a = float_of(yb & 0x7FFFFFFFu);
-            // a >= t is a > t plus a == t: "up" adds the tie at the three even-code bounds
-            const uint32_t mag = (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) +
-                                 (a > 2.5f) + (a > 3.5f) + (a > 5.0f) +
-                                 static_cast<uint32_t>(up * ((a == 0.75f) + (a == 1.75f) +
-                                                             (a == 3.5f)));
-            cp[c] = static_cast<uint8_t>(mag | ((yb >> 28) & 8u));
-          }
-        }
-        uint8_t* out = pp + r * (k / 2);
-        for (int64_t i = 0; i < k / 2; ++i)
-          out[i] = static_cast<uint8_t>(cp[2 * i] | (cp[2 * i + 1] << 4));
-      }
+      for (int64_t r = begin; r < end; ++r)
+        nonfinite |= mxfp4_row(xp + r * k, k, up, pp + r * (k / 2), sp + r * kb, codes.data());
       badp[at::get_thread_num()] |= nonfinite;
     });
   });
