@@ -26,7 +26,7 @@ import os
 
 import torch
 
-__all__ = ["cpu_kernel", "quantize_blockwise_cpu", "quantize_mxfp8_cpu"]
+__all__ = ["cpu_kernel", "kernel_for", "quantize_blockwise_cpu", "quantize_mxfp8_cpu"]
 
 logger = logging.getLogger(__name__)
 
@@ -421,6 +421,22 @@ def cpu_kernel():
         return None
 
 
+def kernel_for(x: torch.Tensor):
+    """The extension if its kernels apply to ``x``, else None.
+
+    They apply to a non-empty, contiguous fp32 / bf16 / fp16 CPU tensor, when the
+    extension is built (:func:`cpu_kernel`).
+    """
+    if (
+        x.device.type != "cpu"
+        or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+        or not x.is_contiguous()
+        or x.numel() == 0
+    ):
+        return None
+    return cpu_kernel()
+
+
 def quantize_blockwise_cpu(
     x3: torch.Tensor, block: tuple[int, int], family: str, eps: float, ue8m0: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -430,14 +446,7 @@ def quantize_blockwise_cpu(
     ``q`` is float8_e4m3fn, ``s`` fp32 ``[E, nb, kb]``; ``finite`` False means a tile holds
     NaN / inf (the caller raises through the PyTorch path).
     """
-    if (
-        x3.device.type != "cpu"
-        or x3.dtype not in (torch.float32, torch.bfloat16, torch.float16)
-        or not x3.is_contiguous()
-        or x3.numel() == 0
-    ):
-        return None
-    ext = cpu_kernel()
+    ext = kernel_for(x3)
     if ext is None:
         return None
     q, s, finite = ext.quantize_blockwise(
@@ -453,14 +462,7 @@ def quantize_mxfp8_cpu(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     float8_e4m3fn ``[R, K]``, the scale bytes uint8 ``[R, K / 32]``; ``finite`` False means
     a block holds NaN / inf (the caller raises through the PyTorch path).
     """
-    if (
-        x2.device.type != "cpu"
-        or x2.dtype not in (torch.float32, torch.bfloat16, torch.float16)
-        or not x2.is_contiguous()
-        or x2.numel() == 0
-    ):
-        return None
-    ext = cpu_kernel()
+    ext = kernel_for(x2)
     if ext is None:
         return None
     q, scale, finite = ext.quantize_mxfp8(x2)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from nemo_ais.fp8.checks import check_finite, check_last_dim
-from nemo_ais.fp8.cpu_kernel import cpu_kernel
+from nemo_ais.fp8.cpu_kernel import kernel_for
 from nemo_ais.fp8.grids import (
     E2M1_MAX,
     E8M0_BIAS,
@@ -155,14 +155,7 @@ def _quantize_fused(x2: torch.Tensor, ties_toward_zero: bool):
     None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
     kernel) or a block holds NaN / inf (the PyTorch path then raises).
     """
-    if (
-        x2.device.type != "cpu"
-        or x2.dtype not in (torch.float32, torch.bfloat16, torch.float16)
-        or not x2.is_contiguous()
-        or x2.numel() == 0
-    ):
-        return None
-    ext = cpu_kernel()
+    ext = kernel_for(x2)
     if ext is None:
         return None
     packed, scale, finite = ext.quantize_mxfp4(x2, ties_toward_zero)

@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_ais.fp8.checks import check_amax, check_finite, check_last_dim
-from nemo_ais.fp8.cpu_kernel import cpu_kernel
+from nemo_ais.fp8.cpu_kernel import kernel_for
 from nemo_ais.fp8.grids import (
     E2M1_MAX,
     E4M3_MAX,
@@ -307,14 +307,7 @@ def _quantize_fused(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor | No
     codes, packing. None where the kernel does not apply (not contiguous fp32 / bf16 / fp16
     CPU input, empty, no kernel) or a block holds NaN / inf (the PyTorch path raises).
     """
-    if (
-        x.device.type != "cpu"
-        or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)
-        or not x.is_contiguous()
-        or x.numel() == 0
-    ):
-        return None
-    ext = cpu_kernel()
+    ext = kernel_for(x)
     if ext is None:
         return None
     _check_args(x, rows_per_block, name)
