@@ -337,27 +337,6 @@ class PGLossConfig(_Section):
                     f"expected {expected} ({why}; NeMo-RL's ClippedPGLossFn asserts the same)"
                 )
         return self
-        conflicts = {  # field -> (value, the value CISPO needs, why)
-            "disable_ppo_ratio": (True, False, "CISPO needs the ratio pi_theta / pi_old"),
-            "sequence_level_importance_ratios": (
-                True,
-                False,
-                "CISPO uses token-level importance weights",
-            ),
-            "ratio_clip_c": (
-                self.ratio_clip_c,
-                None,
-                "the dual clip would overwrite the CISPO loss",
-            ),
-            "token_level_loss": (False, True, "CISPO is a token-level loss"),
-        }
-        for field, (bad, good, why) in conflicts.items():
-            if getattr(self, field) == bad and bad != good:
-                raise ValueError(
-                    f"{field}={bad!r} is invalid with use_cispo=True: expected "
-                    f"{'null' if good is None else good} ({why}, as NeMo-RL asserts)"
-                )
-        return self
 
 
 # mode tbpo's own sequence-ratio surrogate replaces the token PPO surrogate these change

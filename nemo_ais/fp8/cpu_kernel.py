@@ -67,7 +67,7 @@ inline uint8_t e4m3(float v) {
 
 template <typename T> inline float to_f(T v) { return static_cast<float>(v); }
 
-// ceil(log2(v)) of a positive fp32 from its bits, exactly (frexp's exponent, minus one for a
+// ceil(log2(v)) of a positive (nonzero) fp32 from its bits, exactly (frexp's exponent, minus one for a
 // power of two): normal v = 1.f * 2^(ef - 127); subnormal v = mf * 2^-149.
 inline int ceil_log2(float v) {
   const uint32_t b = bits_of(v), ef = b >> 23, mf = b & 0x7FFFFFu;
@@ -218,7 +218,8 @@ int32_t mxfp8_row(const T* __restrict__ row, int64_t k, uint8_t* __restrict__ ou
     const uint32_t bits = amax_bits_of(row + j * 32, 32);
     nonfinite |= bits >= 0x7F800000u;
     const float amax = float_of(bits);
-    int expo = amax == 0.0f ? -127 : ceil_log2(amax / 448.0f);
+    const float ratio = amax / 448.0f;  // 0 (underflow) for a block below 2^-127 as well
+    int expo = ratio == 0.0f ? -127 : ceil_log2(ratio);
     expo = std::min(std::max(expo, -127), 127);
     const float mult = pow2(-expo);
     for (int64_t c = j * 32; c < j * 32 + 32; ++c)
@@ -336,7 +337,8 @@ int32_t mxfp4_row(const T* __restrict__ row, int64_t k, uint32_t up,
     const uint32_t bits = amax_bits_of(row + j * 32, 32);
     nonfinite |= bits >= 0x7F800000u;
     const float amax = float_of(bits);
-    int expo = amax == 0.0f ? -127 : ceil_log2(amax / 6.0f);
+    const float ratio = amax / 6.0f;  // 0 (underflow) for a block below 2^-127 as well
+    int expo = ratio == 0.0f ? -127 : ceil_log2(ratio);
     expo = std::min(std::max(expo, -127), 127);
     scale[j] = static_cast<uint8_t>(expo + 127);
     const float mult = pow2(-expo);

@@ -297,7 +297,9 @@ def e8m0_block_exponent(block_amax: torch.Tensor, element_max: float) -> torch.T
     """
     ratio = block_amax / torch.full_like(block_amax, element_max)  # tensor / tensor: one rounding
     expo = e8m0_ceil_exponent(ratio)
-    expo = torch.where(block_amax == 0, torch.full_like(expo, -E8M0_BIAS), expo)
+    # an all-zero block, and one so small that the ratio underflows to 0 (frexp(0) gives 0):
+    # both below 2^-127, so -127
+    expo = torch.where((block_amax == 0) | (ratio == 0), torch.full_like(expo, -E8M0_BIAS), expo)
     return expo.clamp_(-E8M0_BIAS, E8M0_BIAS)
 
 

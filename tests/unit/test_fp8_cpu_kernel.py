@@ -200,3 +200,28 @@ def test_mxfp4_kernel_nan_still_raises():
     x[1, 2] = float("-inf")
     with pytest.raises(ValueError, match="refusing to quantize NaN/Inf"):
         quantize_mxfp4(x)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "tiny"), [("mxfp8", 2.0**-149), ("mxfp8", 224 * 2.0**-149), ("mxfp4", 3 * 2.0**-149)]
+)
+def test_mx_block_whose_ratio_underflows_gets_scale_byte_0(fmt, tiny, monkeypatch):
+    # amax / element_max rounds to 0 in fp32: the block is below 2^-127, so E = -127 (the
+    # float64 oracle's answer), in the kernel and in the PyTorch path alike
+    from block_format_oracles import mx_exponent
+
+    import nemo_ais.fp8.mxfp4 as mx4
+    import nemo_ais.fp8.mxfp8 as mx8
+
+    x = torch.zeros(2, 64)
+    x[0, 5], x[1, 40] = tiny, -tiny
+    element_max = 448.0 if fmt == "mxfp8" else 6.0
+    assert float(torch.tensor(tiny) / element_max) == 0.0 and mx_exponent(tiny, element_max) == -127
+    quantize = mx8.quantize_mxfp8 if fmt == "mxfp8" else mx4.quantize_mxfp4
+    got = quantize(x)
+    with monkeypatch.context() as m:
+        m.setattr(mx8, "quantize_mxfp8_cpu", lambda *a: None)
+        m.setattr(mx4, "_quantize_fused", lambda *a: None)
+        want = quantize(x)
+    assert got.scale.tolist() == want.scale.tolist() == [[0, 0], [0, 0]]
+    assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
