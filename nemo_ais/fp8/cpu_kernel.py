@@ -15,6 +15,8 @@ ninja) the first time a CPU tensor is quantized, into PyTorch's extension cache,
 only for contiguous fp32 / bf16 / fp16 CPU input. Where they cannot be built (no compiler)
 or are switched off (``NEMO_AIS_CPU_KERNEL=0``) the PyTorch paths run, with the same bits.
 A block with NaN / inf makes a kernel report it; the PyTorch path then raises its error.
+The kernels run on one thread: the build does not link OpenMP (a second OpenMP runtime
+beside PyTorch's is not worth the risk), so ``at::parallel_for`` runs serially.
 """
 
 from __future__ import annotations
@@ -378,17 +380,41 @@ std::vector<torch::Tensor> quantize_mxfp4(torch::Tensor x, bool ties_toward_zero
 """
 
 
+_CPUINFO_KEYS = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+_STALE_LOCK_S = 600  # a build lock older than this was left by a killed build
+
+
 def _cpu_fingerprint() -> str:
-    """12 hex digits of the CPU model, its flags and the kernel source (the build's identity)."""
-    info = ""
+    """12 hex digits of the CPU (model and ISA features, x86 or Arm) and the kernel source.
+
+    The build is tuned for the CPU it runs on (``-march=native`` on x86-64), so its name
+    carries them: a cache shared between different machines never loads a foreign build.
+    """
+    import platform
+
+    info = {platform.machine(), platform.processor()}
     try:
         with open("/proc/cpuinfo") as f:
-            info = "".join(ln for ln in f if ln.startswith(("model name", "flags")))
+            info |= {ln.strip() for ln in f if ln.startswith(_CPUINFO_KEYS)}
     except OSError:
-        import platform
+        pass
+    text = "\n".join(sorted(info)) + _SOURCE + torch.__version__
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
-        info = platform.processor() or platform.machine()
-    return hashlib.sha256((info + _SOURCE + torch.__version__).encode()).hexdigest()[:12]
+
+def _clear_stale_lock(name: str) -> None:
+    """Remove the build lock a killed build left behind (PyTorch would wait on it forever)."""
+    import time
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+    try:
+        if time.time() - os.path.getmtime(lock) > _STALE_LOCK_S:
+            os.remove(lock)
+            logger.warning("nemo_ais.fp8: removed a stale CPU-kernel build lock %s", lock)
+    except OSError:
+        pass  # no lock (the usual case), or another process removed it first
 
 
 @functools.cache
@@ -397,12 +423,15 @@ def cpu_kernel():
     if os.environ.get("NEMO_AIS_CPU_KERNEL", "1") == "0":
         return None
     try:
+        import platform
+
         from torch.utils.cpp_extension import load_inline
 
-        # -march=native: the build is for this CPU; the name carries its model and flags so
-        # that a cache shared between different machines never loads a foreign build
+        name = f"nemo_ais_fp8_cpu_{_cpu_fingerprint()}"
+        _clear_stale_lock(name)
+        native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
         return load_inline(
-            name=f"nemo_ais_fp8_cpu_{_cpu_fingerprint()}",
+            name=name,
             cpp_sources=_SOURCE,
             functions=[
                 "quantize_blockwise",
@@ -411,7 +440,7 @@ def cpu_kernel():
                 "nvfp4_encode",
                 "quantize_mxfp4",
             ],
-            extra_cflags=["-O3", "-march=native", "-fno-fast-math"],
+            extra_cflags=["-O3", *native, "-fno-fast-math"],
             verbose=False,
         )
     except Exception as err:  # no compiler / ninja / headers: the PyTorch path is exact too

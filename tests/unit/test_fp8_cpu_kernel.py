@@ -225,3 +225,28 @@ def test_mx_block_whose_ratio_underflows_gets_scale_byte_0(fmt, tiny, monkeypatc
         want = quantize(x)
     assert got.scale.tolist() == want.scale.tolist() == [[0, 0], [0, 0]]
     assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = os.path.join(_get_build_directory("nemo_ais_lock_probe", verbose=False), "lock")
+    open(lock, "w").close()
+    cpu_kernel_mod._clear_stale_lock("nemo_ais_lock_probe")
+    assert os.path.exists(lock)  # a build in progress: kept
+    old = time.time() - cpu_kernel_mod._STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    cpu_kernel_mod._clear_stale_lock("nemo_ais_lock_probe")
+    assert not os.path.exists(lock)
+
+
+def test_the_build_name_depends_on_the_cpu(monkeypatch):
+    import platform
+
+    here = cpu_kernel_mod._cpu_fingerprint()
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert cpu_kernel_mod._cpu_fingerprint() != here
