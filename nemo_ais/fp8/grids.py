@@ -85,10 +85,11 @@ _SIGN_BIT = 8
 _E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
                     (3.5, True), (5.0, False))  # fmt: skip
 _BAND_ELEMS = 1 << 18  # fp32 elements of a quantizer's per-band working copy (1 MiB: L2)
-# On a GPU the banded loop is launch-bound (each band is ~10 kernels): a weight of up to 2^28
-# elements is one band (on an H200 the 1 MiB bands made the quantizers 25-76x slower than
-# one pass over the whole tensor: docs/benchmarks.md "quant_cuda").
-_BAND_ELEMS_GPU = 1 << 28
+# On a GPU the banded loop is launch-bound (each band is ~10 kernels): up to 2^26 elements
+# (a 14336x4096 weight) are one band (on an H200 the 1 MiB bands made the quantizers 25-76x
+# slower than one pass over the whole weight: docs/benchmarks.md "quant_cuda"); the cap
+# bounds the temporaries (NVFP4: ~0.6 GiB) next to a colocated vLLM during a refit.
+_BAND_ELEMS_GPU = 1 << 26
 # E2M1 class index (module doc): idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096 in [0, 8190]
 _CLASS_SHIFT = 20
 _CLASS_LOW = (1 << _CLASS_SHIFT) - 1
@@ -241,9 +242,15 @@ def to_uint8(v: torch.Tensor) -> torch.Tensor:
     return v.to(torch.int32).to(torch.uint8)
 
 
-def band_elems(device: torch.device, cpu_elems: int = _BAND_ELEMS) -> int:
-    """fp32 elements of one band on ``device``: cache-sized on CPU, the whole weight on a GPU."""
-    return cpu_elems if device.type == "cpu" else _BAND_ELEMS_GPU
+def band_elems(device: torch.device, cpu_elems: int | None = None) -> int:
+    """fp32 elements of one band on ``device``: cache-sized on CPU, up to 2^26 on a GPU.
+
+    CPU: ``cpu_elems`` (default ``_BAND_ELEMS``, read at the call). GPU: one band for a
+    14336x4096 weight.
+    """
+    if device.type != "cpu":
+        return _BAND_ELEMS_GPU
+    return _BAND_ELEMS if cpu_elems is None else cpu_elems
 
 
 def row_bands(
@@ -253,7 +260,7 @@ def row_bands(
 
     Band heights are multiples of ``multiple`` (whole 2-D scale tiles), so a band's working
     copy stays in cache while a quantizer makes its passes over it. On a GPU ``device``
-    (:func:`band_elems`) a band holds up to 2^28 elements: one band for any weight.
+    (:func:`band_elems`) a band holds up to 2^26 elements.
     """
     elems = _BAND_ELEMS if device is None else band_elems(device)
     height = max(multiple, elems // max(k, 1) // multiple * multiple)
