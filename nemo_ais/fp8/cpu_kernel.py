@@ -311,6 +311,9 @@ void nvfp4_row(const T* __restrict__ row, int64_t k, const float* __restrict__ a
 std::vector<torch::Tensor> nvfp4_encode(torch::Tensor x, torch::Tensor block_amax, double s_g_d) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
   const int64_t rows = x.size(0), k = x.size(1), kb = k / 16;
+  TORCH_CHECK(block_amax.dim() == 2 && block_amax.size(0) == rows && block_amax.size(1) == kb &&
+                  block_amax.is_contiguous() && block_amax.scalar_type() == torch::kFloat32,
+              "block_amax: expected contiguous fp32 [R, K / 16]");
   auto packed = torch::empty({rows, k / 2}, x.options().dtype(torch::kUInt8));
   auto scales = torch::empty({rows, kb}, x.options().dtype(torch::kUInt8));
   const float s_g = static_cast<float>(s_g_d);

@@ -318,7 +318,7 @@ def _quantize_fused(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor | No
     block_amax = ext.nvfp4_block_amax(x2)
     if not bool(torch.isfinite(block_amax).all()):
         return None
-    s_g = nvfp4_global_scale(block_amax.amax() if given is None else given)
+    s_g = nvfp4_global_scale(block_amax.amax() if given is None else given.to(x.device))
     tiles = _tile_max(block_amax.view(*lead, kb), rows_per_block).reshape(-1, kb)
     data, scales = ext.nvfp4_encode(x2, tiles.contiguous(), float(s_g))
     return NVFP4Tensor(

@@ -83,3 +83,12 @@ def test_tbpo_without_dual_clip_names_only_the_knobs_that_are_set():
 
 def test_other_modes_do_not_warn_about_the_token_clip():
     assert "warn" not in _results(["loss_fn.ais.mode=ais", "loss_fn.ratio_clip_c=3.0"])
+
+
+def test_vapo_weight_under_grpo_is_warned_as_a_no_op():
+    # GRPO's training batch has no `rewards` (v0.7.0 and main): the term is 0 upstream too
+    results = _results(["loss_fn.ais.mode=tis", "loss_fn.positive_example_nll_weight=0.1"])
+    assert "fail" not in results
+    (warning,) = results["warn"]
+    assert "loss_fn.positive_example_nll_weight=0.1 has no effect under GRPO" in warning
+    assert "warn" not in _results(["loss_fn.ais.mode=tis"])

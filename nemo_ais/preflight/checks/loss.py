@@ -154,6 +154,13 @@ def check_loss_sections(ctx: Context) -> Verdict:
         except (TypeError, ValueError) as err:
             problems.append(str(err).replace("\n", "; "))
     warnings = tbpo_unused_warnings(loss, mode)
+    nll = loss.get("positive_example_nll_weight") or 0
+    if isinstance(nll, int | float) and nll > 0:
+        warnings.append(
+            f"loss_fn.positive_example_nll_weight={nll!r} has no effect under GRPO: NeMo-RL's "
+            "GRPO training batch carries no `rewards` (v0.7.0 and main), so the VAPO term is 0 "
+            "in NeMo-RL's own loss and in ours"
+        )
     return Verdict(problems, f"mode={ais.mode if ais else '?'}, validated", warnings)
 
 
