@@ -212,6 +212,15 @@ inline uint32_t amax_bits_of(const T* __restrict__ v, int64_t n) {
   return a;
 }
 
+// The MX scale exponent of nemo_ais.fp8.grids.e8m0_block_exponent: ceil(log2(amax /
+// element_max)), -127 when that ratio is 0 (an all-zero block, or one below 2^-127 whose
+// ratio underflows), clamped to [-127, 127].
+inline int mx_exponent(float amax, float element_max) {
+  const float ratio = amax / element_max;
+  const int expo = ratio == 0.0f ? -127 : ceil_log2(ratio);
+  return std::min(std::max(expo, -127), 127);
+}
+
 template <typename T>
 int32_t mxfp8_row(const T* __restrict__ row, int64_t k, uint8_t* __restrict__ out,
                   uint8_t* __restrict__ scale) {
@@ -219,10 +228,7 @@ int32_t mxfp8_row(const T* __restrict__ row, int64_t k, uint8_t* __restrict__ ou
   for (int64_t j = 0; j < k / 32; ++j) {
     const uint32_t bits = amax_bits_of(row + j * 32, 32);
     nonfinite |= bits >= 0x7F800000u;
-    const float amax = float_of(bits);
-    const float ratio = amax / 448.0f;  // 0 (underflow) for a block below 2^-127 as well
-    int expo = ratio == 0.0f ? -127 : ceil_log2(ratio);
-    expo = std::min(std::max(expo, -127), 127);
+    const int expo = mx_exponent(float_of(bits), 448.0f);
     const float mult = pow2(-expo);
     for (int64_t c = j * 32; c < j * 32 + 32; ++c)
       out[c] = e4m3(std::min(std::max(to_f(row[c]) * mult, -448.0f), 448.0f));
@@ -341,10 +347,7 @@ int32_t mxfp4_row(const T* __restrict__ row, int64_t k, uint32_t up,
   for (int64_t j = 0; j < k / 32; ++j) {
     const uint32_t bits = amax_bits_of(row + j * 32, 32);
     nonfinite |= bits >= 0x7F800000u;
-    const float amax = float_of(bits);
-    const float ratio = amax / 6.0f;  // 0 (underflow) for a block below 2^-127 as well
-    int expo = ratio == 0.0f ? -127 : ceil_log2(ratio);
-    expo = std::min(std::max(expo, -127), 127);
+    const int expo = mx_exponent(float_of(bits), 6.0f);
     scale[j] = static_cast<uint8_t>(expo + 127);
     const float mult = pow2(-expo);
     for (int64_t c = j * 32; c < j * 32 + 32; ++c)
