@@ -31,16 +31,18 @@ import torch
 
 from benchmarks._record import record_section
 from benchmarks._timing import cpu_timer, cuda_timer, interleaved_medians
+from nemo_ais.preflight.model_shapes import MODEL_SHAPES
 
+_SHAPE = MODEL_SHAPES["qwen3-8b"]  # the project's one model-shape table
 QWEN3_8B = dict(
-    hidden_size=4096,
-    intermediate_size=12288,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=151936,
-    tie_word_embeddings=False,
-    max_position_embeddings=40960,
+    hidden_size=_SHAPE.hidden_size,
+    intermediate_size=_SHAPE.intermediate_size,
+    num_attention_heads=_SHAPE.num_attention_heads,
+    num_key_value_heads=_SHAPE.num_key_value_heads,
+    head_dim=_SHAPE.head_dim,
+    vocab_size=_SHAPE.vocab_size,
+    tie_word_embeddings=_SHAPE.tie_word_embeddings,
+    max_position_embeddings=40960,  # Qwen3-8B's config.json (not in the shape table)
     rope_theta=1_000_000.0,
     rms_norm_eps=1e-6,
 )
