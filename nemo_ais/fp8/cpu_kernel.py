@@ -28,11 +28,9 @@ import os
 
 import torch
 
-__all__ = ["cpu_kernel", "kernel_for", "quantize_blockwise_cpu", "quantize_mxfp8_cpu"]
+__all__ = ["cpu_kernel", "kernel_for"]
 
 logger = logging.getLogger(__name__)
-
-_FAMILY = {"a": 0, "b": 1, "c": 2}
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -472,35 +470,3 @@ def kernel_for(x: torch.Tensor):
     ):
         return None
     return cpu_kernel()
-
-
-def quantize_blockwise_cpu(
-    x3: torch.Tensor, block: tuple[int, int], family: str, eps: float, ue8m0: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``(q, s, finite)`` of ``x3 [E, N, K]`` by the fused kernel, or None where it does not apply.
-
-    None: not a contiguous fp32 / bf16 / fp16 CPU tensor, or no kernel (:func:`cpu_kernel`).
-    ``q`` is float8_e4m3fn, ``s`` fp32 ``[E, nb, kb]``; ``finite`` False means a tile holds
-    NaN / inf (the caller raises through the PyTorch path).
-    """
-    ext = kernel_for(x3)
-    if ext is None:
-        return None
-    q, s, finite = ext.quantize_blockwise(
-        x3, block[0], block[1], _FAMILY[family], float(eps), bool(ue8m0)
-    )
-    return q.view(torch.float8_e4m3fn), s, finite
-
-
-def quantize_mxfp8_cpu(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``(codes, scale bytes, finite)`` of ``x2 [R, K]`` (``K % 32 == 0``) by the fused kernel.
-
-    None where it does not apply (as :func:`quantize_blockwise_cpu`). ``codes`` is
-    float8_e4m3fn ``[R, K]``, the scale bytes uint8 ``[R, K / 32]``; ``finite`` False means
-    a block holds NaN / inf (the caller raises through the PyTorch path).
-    """
-    ext = kernel_for(x2)
-    if ext is None:
-        return None
-    q, scale, finite = ext.quantize_mxfp8(x2)
-    return q.view(torch.float8_e4m3fn), scale, finite

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from nemo_ais.fp8.checks import check_finite, check_last_dim
-from nemo_ais.fp8.cpu_kernel import quantize_mxfp8_cpu
+from nemo_ais.fp8.cpu_kernel import kernel_for
 from nemo_ais.fp8.grids import (
     E4M3_MAX,
     E8M0_BIAS,
@@ -102,6 +102,19 @@ def quantize_mxfp8_reference(x: torch.Tensor) -> MXFP8Tensor:
     return MXFP8Tensor(data, (expo + E8M0_BIAS).to(torch.uint8))
 
 
+def _quantize_fused(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(codes, scale bytes)`` of ``x2 [R, K]`` by the fused CPU kernel (:mod:`nemo_ais.fp8.cpu_kernel`).
+
+    None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
+    kernel) or a block holds NaN / inf (the PyTorch path then raises).
+    """
+    ext = kernel_for(x2)
+    if ext is None:
+        return None
+    q, scale, finite = ext.quantize_mxfp8(x2)
+    return (q.view(torch.float8_e4m3fn), scale) if bool(finite) else None
+
+
 def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     """MXFP8 quantization of ``x [..., K]`` (module doc).
 
@@ -122,8 +135,8 @@ def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     rows = math.prod(x.shape[:-1])
     x2 = x.reshape(rows, k)
     lead = x.shape[:-1]
-    fused = quantize_mxfp8_cpu(x2)  # CPU: the fused kernel, same bits (NaN: raise below)
-    if fused is not None and bool(fused[2]):
+    fused = _quantize_fused(x2)  # CPU: the fused kernel, same bits (NaN: raise below)
+    if fused is not None:
         return MXFP8Tensor(fused[0].view(*lead, k), fused[1].view(*lead, k // MX_BLOCK))
     data = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(rows, k // MX_BLOCK, dtype=torch.uint8, device=x.device)

@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_ais.fp8.checks import FLOAT_INPUTS, check_finite
-from nemo_ais.fp8.cpu_kernel import quantize_blockwise_cpu
+from nemo_ais.fp8.cpu_kernel import kernel_for
 from nemo_ais.fp8.grids import E4M3_MAX, band_elems
 
 __all__ = [
@@ -211,6 +211,26 @@ def _quantize_tiles(
     return q8, s
 
 
+_FAMILY_INDEX = {"a": 0, "b": 1, "c": 2}  # the C++ kernel's family argument
+
+
+def _quantize_fused(
+    x3: torch.Tensor, block: tuple[int, int], family: str, eps: float, ue8m0: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(q, s)`` of ``x3 [E, N, K]`` by the fused CPU kernel (:mod:`nemo_ais.fp8.cpu_kernel`).
+
+    None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
+    kernel) or a tile holds NaN / inf (the PyTorch path then raises).
+    """
+    ext = kernel_for(x3)
+    if ext is None:
+        return None
+    q, s, finite = ext.quantize_blockwise(
+        x3, block[0], block[1], _FAMILY_INDEX[family], float(eps), bool(ue8m0)
+    )
+    return (q.view(torch.float8_e4m3fn), s) if bool(finite) else None
+
+
 def quantize_blockwise(
     x: torch.Tensor,
     block: tuple[int, int] = (128, 128),
@@ -261,9 +281,9 @@ def quantize_blockwise(
     with torch.no_grad():
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
         # CPU: the fused kernel (same bits); a NaN / inf tile goes on to raise below
-        fused = quantize_blockwise_cpu(x3, tuple(block), family, eps, ue8m0)
-        if fused is not None and bool(fused[2]):
-            q, s = fused[0], fused[1]
+        fused = _quantize_fused(x3, tuple(block), family, eps, ue8m0)
+        if fused is not None:
+            q, s = fused
         else:
             q, s = _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
     return (q, s) if x.dim() == 3 else (q[0], s[0])

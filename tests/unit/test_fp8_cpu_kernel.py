@@ -16,7 +16,7 @@ import torch
 import nemo_ais.fp8.cpu_kernel as cpu_kernel_mod
 import nemo_ais.fp8.quant as quant
 from nemo_ais.fp8 import quantize_blockwise
-from nemo_ais.fp8.cpu_kernel import cpu_kernel, quantize_blockwise_cpu
+from nemo_ais.fp8.cpu_kernel import cpu_kernel
 
 
 def test_the_kernel_builds_on_this_machine():
@@ -31,9 +31,9 @@ def _torch_path(x, block=(128, 128), family="a", eps=1e-4, ue8m0=False):
 
 def _kernel(x, block=(128, 128), family="a", eps=1e-4, ue8m0=False):
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
-    q, s, finite = quantize_blockwise_cpu(x3.contiguous(), block, family, eps, ue8m0)
-    assert bool(finite)
-    return q, s
+    fused = quant._quantize_fused(x3.contiguous(), block, family, eps, ue8m0)
+    assert fused is not None  # the kernel ran and every tile was finite
+    return fused
 
 
 def _assert_same(got, want):
@@ -80,8 +80,8 @@ def test_e4m3_rounding_ties_go_to_even():
 
 def test_public_quantizer_uses_the_kernel_and_raises_on_nan(monkeypatch):
     calls = []
-    real = quant.quantize_blockwise_cpu
-    monkeypatch.setattr(quant, "quantize_blockwise_cpu", lambda *a: calls.append(1) or real(*a))
+    real = quant._quantize_fused
+    monkeypatch.setattr(quant, "_quantize_fused", lambda *a: calls.append(1) or real(*a))
     x = torch.randn(256, 256)
     q, s = quantize_blockwise(x)
     assert calls == [1]
@@ -96,7 +96,7 @@ def test_switched_off_by_the_environment(monkeypatch):
     cpu_kernel.cache_clear()
     try:
         assert cpu_kernel_mod.cpu_kernel() is None
-        assert quantize_blockwise_cpu(torch.ones(1, 4, 4), (128, 128), "a", 1e-4, False) is None
+        assert quant._quantize_fused(torch.ones(1, 4, 4), (128, 128), "a", 1e-4, False) is None
     finally:
         monkeypatch.delenv("NEMO_AIS_CPU_KERNEL")
         cpu_kernel.cache_clear()
@@ -106,7 +106,7 @@ def _mxfp8_torch_path(x, monkeypatch):
     import nemo_ais.fp8.mxfp8 as mxfp8_mod
 
     with monkeypatch.context() as m:
-        m.setattr(mxfp8_mod, "quantize_mxfp8_cpu", lambda *a: None)
+        m.setattr(mxfp8_mod, "_quantize_fused", lambda *a: None)
         return mxfp8_mod.quantize_mxfp8(x)
 
 
@@ -131,8 +131,8 @@ def test_mxfp8_kernel_is_used_and_nan_still_raises(monkeypatch):
     import nemo_ais.fp8.mxfp8 as mxfp8_mod
 
     calls = []
-    real = mxfp8_mod.quantize_mxfp8_cpu
-    monkeypatch.setattr(mxfp8_mod, "quantize_mxfp8_cpu", lambda *a: calls.append(1) or real(*a))
+    real = mxfp8_mod._quantize_fused
+    monkeypatch.setattr(mxfp8_mod, "_quantize_fused", lambda *a: calls.append(1) or real(*a))
     x = torch.randn(64, 256)
     mxfp8_mod.quantize_mxfp8(x)
     assert calls == [1]
@@ -220,7 +220,7 @@ def test_mx_block_whose_ratio_underflows_gets_scale_byte_0(fmt, tiny, monkeypatc
     quantize = mx8.quantize_mxfp8 if fmt == "mxfp8" else mx4.quantize_mxfp4
     got = quantize(x)
     with monkeypatch.context() as m:
-        m.setattr(mx8, "quantize_mxfp8_cpu", lambda *a: None)
+        m.setattr(mx8, "_quantize_fused", lambda *a: None)
         m.setattr(mx4, "_quantize_fused", lambda *a: None)
         want = quantize(x)
     assert got.scale.tolist() == want.scale.tolist() == [[0, 0], [0, 0]]
