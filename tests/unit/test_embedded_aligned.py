@@ -51,12 +51,20 @@ def test_aligned_trainer_logprobs_equal_the_twins(tmp_path, fmt, kv):
     # teacher-forced: the twin's forward, same shapes (observed bit-equal; 1e-6 leaves room
     # for a BLAS that blocks the lm_head GEMM by row count)
     torch.testing.assert_close(logp_old[m], scored[m], rtol=0, atol=1e-6)
-    # against the decode loop's log-probs: fp32 accumulation order only (observed <= 5e-7)
-    torch.testing.assert_close(logp_old[m], batch.logp_rollout[m], rtol=0, atol=2e-6)
+    # against the decode loop's log-probs: its GEMMs see one token at a time, so the fp32
+    # accumulation order differs (observed <= 5e-7). Where a pre-quantization value lies
+    # within that of an E4M3 / E2M1 rounding boundary, the two paths pick neighbouring codes
+    # and that token moves by ~1e-2 nats; which tokens do depends on the CPU's GEMM blocking
+    # (2 of 62 on one 2-core Xeon, none on the machine it was written on). So: most tokens
+    # agree to fp32 order, and the aligned trainer is far closer than the plain one.
+    gap = (logp_old - batch.logp_rollout)[m].abs()
+    assert float((gap <= 2e-6).float().mean()) >= 0.9, gap
     # the plain fp32 trainer is off by ~1e-2 nats per token: the test can tell
     with torch.no_grad():
         plain = response_logprobs(r.policy, batch.sequences, p)
-    assert float((plain - batch.logp_rollout)[m].abs().mean()) > 5e-3
+    plain_gap = float((plain - batch.logp_rollout)[m].abs().mean())
+    assert plain_gap > 5e-3
+    assert float(gap.mean()) < 0.2 * plain_gap
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4_w4a4"])
