@@ -26,7 +26,7 @@ our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 2. diagnostics       mode ais / m2po or batch_normalize without precomputed diagnostics:
                      statistics -> ONE all-reduce over ``group`` -> alpha, m2po's q*,
                      batch_normalize's w_bar  (:func:`~nemo_ais.core.compute_diagnostics`)
-3. weight            w_hat_it = WEIGHT_FNS[mode](l_it)                  (detached, 0 where m = 0)
+3. weight            w_hat_it = MODES[mode].weight(l_it)                (detached, 0 where m = 0)
                      ais: w_hat = (1 - alpha) + alpha * min(rho, C)     **[reconstruction]**
                      seq_tis, seq_mis, kl_rs, m2po: :mod:`nemo_ais.core.weights` (table)
                      batch_normalize: w_hat / w_bar, w_bar the global batch mean of w_hat
@@ -101,7 +101,8 @@ from nemo_ais.config import CorrectionConfig, PGLossConfig, require_config, surr
 from nemo_ais.core import metrics as ais_metrics_lib
 from nemo_ais.core import validation
 from nemo_ais.core.diagnostics import AISDiagnostics, AISState, compute_diagnostics
-from nemo_ais.core.weights import WEIGHT_FNS, compute_dtype
+from nemo_ais.core.weights import compute_dtype
+from nemo_ais.modes import MODES
 
 __all__ = ["ROLLOUT_METRIC_KEYS", "LossOutput", "clipped_pg_loss"]
 
@@ -394,8 +395,9 @@ def _surrogate_tbpo(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _
     Outside its band a sequence gets no gradient. ``pg``'s token clip is not used.
     """
     s = _sequence_log_ratio(x, config.log_ratio_clamp).exp().expand_as(x.m)
-    s_pos = s.clamp(1 - config.tbpo_clip_low, 1 + config.tbpo_clip_high)
-    s_neg = s.clamp(1 - config.tbpo_neg_clip_low, 1 + config.tbpo_neg_clip_high)
+    band = config.tbpo
+    s_pos = s.clamp(1 - band.clip_low, 1 + band.clip_high)
+    s_neg = s.clamp(1 - band.neg_clip_low, 1 + band.neg_clip_high)
     neg_adv = -x.adv
     pos_loss = torch.max(neg_adv * s, neg_adv * s_pos)
     clip_loss = torch.where(x.adv < 0, neg_adv * s_neg, pos_loss)
@@ -403,7 +405,7 @@ def _surrogate_tbpo(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _
     return _Surrogate(clip_loss, s.detach(), s_clip.detach(), token_ratio=False)
 
 
-# step 4 by ``WEIGHT_FNS[mode].surrogate``: the token PPO clip, or tbpo's sequence band
+# step 4 by ``MODES[mode].surrogate``: the token PPO clip, or tbpo's sequence band
 _SURROGATES: dict[str, Callable] = {"token": _surrogate, "tbpo": _surrogate_tbpo}
 
 
@@ -651,7 +653,7 @@ def clipped_pg_loss(
     require_config(config, CorrectionConfig, "clipped_pg_loss(config)")
     require_config(pg, PGLossConfig, "clipped_pg_loss(pg)", optional=True)
     pg = pg if pg is not None else PGLossConfig()
-    weight_fn = WEIGHT_FNS[config.mode]
+    mode = MODES[config.mode]
     conflicts = surrogate_conflicts(config, pg)
     if conflicts:
         raise ValueError(conflicts[0])
@@ -664,7 +666,7 @@ def clipped_pg_loss(
         "reference_logprobs": reference_logprobs,
         "kl_logprobs": kl_logprobs,
     }
-    needs_batch = weight_fn.needs_alpha or config.batch_normalize  # a global-batch value
+    needs_batch = mode.needs_alpha or config.batch_normalize  # a global-batch value
     collective = needs_batch and diagnostics is None and group is not None
     input_error = None
     try:
@@ -693,14 +695,14 @@ def clipped_pg_loss(
     if not counts.clean:
         x = _sanitised(*terms, logp_kl, on_policy_kl)
     batch_value = None  # alpha (ais) or q* (m2po) of the global batch
-    if weight_fn.batch_field is not None:
-        batch_value = getattr(diagnostics, weight_fn.batch_field)
+    if mode.batch_field is not None:
+        batch_value = getattr(diagnostics, mode.batch_field)
     valid = m.bool()
-    w_hat = weight_fn.fn(prev_logprobs, generation_logprobs, valid, config, batch_value)  # 3
+    w_hat = mode.weight(prev_logprobs, generation_logprobs, valid, config, batch_value)  # 3
     w_hat = w_hat.to(dtype)
     if config.batch_normalize:
         w_hat = w_hat / diagnostics.w_norm
-    sur = _SURROGATES[weight_fn.surrogate](x, pg, config)  # step 4
+    sur = _SURROGATES[mode.surrogate](x, pg, config)  # step 4
     kl_tok = None if logp_ref is None else _kl_penalty(x, pg, m)  # step 5
     coef = _coefficients(m, counts, pg.token_level_loss)  # step 6
     loss = (sur.clip_loss * (w_hat * coef)).sum()

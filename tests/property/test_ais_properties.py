@@ -77,11 +77,6 @@ def configs(draw, mode=None) -> CorrectionConfig:
     return CorrectionConfig(
         mode=mode or draw(st.sampled_from(MODES)),
         weight_cap=draw(_unit(1.0, 20.0, exclude_min=True)),
-        weight_floor=draw(st.none() | _unit(0.0, 1.0, exclude_max=True)),
-        icepop_min=ice_lo,
-        icepop_max=ice_lo + draw(_unit(1e-3, 10.0)),
-        seq_mask_min=seq_lo,
-        seq_mask_max=seq_lo + draw(_unit(1e-4, 1.0)),
         seq_weight=draw(st.sampled_from(["geometric", "product"])),
         log_ratio_clamp=draw(st.sampled_from([20.0, 80.0]) | _unit(0.01, 80.0)),
         severity_scale=draw(_unit(1e-4, 100.0)),
@@ -95,6 +90,9 @@ def configs(draw, mode=None) -> CorrectionConfig:
         ema=draw(_unit(0.0, 1.0, exclude_max=True)),
         alpha_min=a_lo,
         alpha_max=a_hi,
+        tis={"floor": draw(st.none() | _unit(0.0, 1.0, exclude_max=True))},
+        icepop={"min": ice_lo, "max": ice_lo + draw(_unit(1e-3, 10.0))},
+        seq_mask_geo={"min": seq_lo, "max": seq_lo + draw(_unit(1e-4, 1.0))},
     )
 
 

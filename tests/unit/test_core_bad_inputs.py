@@ -372,7 +372,7 @@ def test_probs_ratio_finite_at_t16384_with_clamp_80(mode):
     # is e^80, but the float32 SUM of 16384 of them (9.1e38) exceeds float32 max (3.4e38):
     # summing before dividing gave probs_ratio = inf next to a finite loss.
     cfg = CorrectionConfig(
-        mode=mode, log_ratio_clamp=80.0, weight_cap=2.0, seq_mask_min=0.5, seq_mask_max=2.0
+        mode=mode, log_ratio_clamp=80.0, weight_cap=2.0, seq_mask_geo={"min": 0.5, "max": 2.0}
     )
     t = 16384
     gen = torch.full((1, t), -1.0)
