@@ -44,7 +44,7 @@ from nemo_ais.core import (
     compute_statistics,
     diagnostics_from_stats,
 )
-from nemo_ais.core.loss import ROLLOUT_METRIC_KEYS
+from nemo_ais.core.mismatch import MISMATCH_EXTREMES
 
 _EXAMPLES = int(os.environ.get("NEMO_AIS_HYPOTHESIS_EXAMPLES", "0"))
 
@@ -270,7 +270,7 @@ def _finite_loss_and_metrics(x, cfg, pg, rollout_metrics):
     assert (curr.grad[x["mask"] == 0] == 0).all()
     bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
     if x["mask"].sum() == 0:  # NeMo-RL's defined extremes of no token: +inf / -inf
-        bad = {k: v for k, v in bad.items() if k not in ROLLOUT_METRIC_KEYS[5:]}
+        bad = {k: v for k, v in bad.items() if k not in MISMATCH_EXTREMES}
     assert not bad, (bad, cfg, pg)
     return out
 
@@ -330,7 +330,7 @@ def test_approx_entropy_term_saturates_instead_of_overflowing_float32():
         curr, gen.clone(), gen, torch.tensor([0.0]), torch.ones(1, 1), cfg,
         global_valid_tokens=torch.tensor(3.0), rollout_metrics=True,
     )  # fmt: skip
-    got = out.metrics["approx_entropy"].item()
+    got = out.metrics["mismatch/entropy"].item()
     assert math.isfinite(got)
     assert got == pytest.approx(-torch.finfo(torch.float32).max / 3, rel=1e-6)
     # below the clamp it is NeMo-RL's definition: -(pi_theta / mu) log pi_theta / n
@@ -340,7 +340,7 @@ def test_approx_entropy_term_saturates_instead_of_overflowing_float32():
         global_valid_tokens=torch.tensor(3.0), rollout_metrics=True,
     )  # fmt: skip
     want = math.exp(-1.0 + 1.8316) * 1.0 / 3
-    assert out.metrics["approx_entropy"].item() == pytest.approx(want, rel=1e-5)
+    assert out.metrics["mismatch/entropy"].item() == pytest.approx(want, rel=1e-5)
 
 
 @_settings(30)

@@ -108,6 +108,21 @@ def batch(dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
     return {**out, "adv": adv.to(dtype), "mask": mask.to(dtype)}
 
 
+# core's rollout-mismatch keys -> the NeMo-RL names core emitted them under at b9da6cc (the
+# digests hash each metric's name; the NeMo-RL adapter now does this renaming)
+PINNED_NAMES = {
+    "mismatch/mult_prob_error": "token_mult_prob_error",
+    "mismatch/kl_rollout_old": "gen_kl_error",
+    "mismatch/kl_old_rollout": "policy_kl_error",
+    "mismatch/js_divergence": "js_divergence_error",
+    "mismatch/entropy": "approx_entropy",
+    "mismatch/ratio_min": "probs_ratio_min",
+    "mismatch/ratio_max": "probs_ratio_max",
+    "mismatch/ratio_clamped_min": "probs_ratio_clamped_min",
+    "mismatch/ratio_clamped_max": "probs_ratio_clamped_max",
+}
+
+
 def _hash(h, t: torch.Tensor) -> None:
     h.update(str(t.dtype).encode())
     h.update(t.detach().contiguous().cpu().numpy().tobytes())
@@ -138,9 +153,10 @@ def digest(config: CorrectionConfig, dtype: torch.dtype) -> str:
     )
     out.loss.backward()
     _hash(h, out.loss)
-    for name in sorted(out.metrics):
+    metrics = {PINNED_NAMES.get(k, k): v for k, v in out.metrics.items()}
+    for name in sorted(metrics):
         h.update(name.encode())
-        _hash(h, out.metrics[name])
+        _hash(h, metrics[name])
     _hash(h, theta.grad)
     return h.hexdigest()
 
