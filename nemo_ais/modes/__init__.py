@@ -22,7 +22,15 @@ See ``docs/architecture.md`` ("Where a new correction mode goes").
 """
 
 from nemo_ais.modes import ais, icepop, kl_rs, m2po, none, seq_mask_geo, seq_mis, seq_tis, tbpo, tis
-from nemo_ais.modes._base import BatchStatistic, Interval, Mode, Replay, compute_dtype, log_ratio
+from nemo_ais.modes._base import (
+    BatchStatistic,
+    Interval,
+    Mode,
+    Replay,
+    compute_dtype,
+    log_ratio,
+    where_valid,
+)
 
 __all__ = [
     "MODES",
@@ -32,6 +40,7 @@ __all__ = [
     "Replay",
     "compute_dtype",
     "log_ratio",
+    "where_valid",
 ]
 
 MODES: dict[str, Mode] = {

@@ -120,7 +120,7 @@ class Mode:
         unused_options: ``loss_fn`` options the mode's surrogate does not read (pre-flight
             warns when they are set), and ``unused_why``, the hint of that warning.
         config: the ``loss_fn.ais.<name>`` sub-section model, None if the mode has no knob.
-        moved_keys: flat ``loss_fn.ais`` keys of the mode before 0.x -> the key in its
+        moved_keys: the flat ``loss_fn.ais`` keys of the earlier layout -> the key in its
             sub-section (refused with the new name).
         replay: how ``analyze`` replays it; None: not replayed.
     """
