@@ -70,11 +70,15 @@ _ModeSections = create_model(
     "_ModeSections",
     __base__=Section,
     **{
-        name: (mode.config, Field(default_factory=mode.config, description=f"{name}'s knobs."))
+        name: (mode.config, Field(default_factory=mode.config, description=mode.config.__doc__))
         for name, mode in MODES.items()
         if mode.config is not None
     },
 )
+# the flat keys of the earlier layout -> their place in the mode's sub-section
+_MOVED_KEYS = {
+    old: f"{name}.{new}" for name, mode in MODES.items() for old, new in mode.moved_keys.items()
+}
 
 
 class CorrectionConfig(_ModeSections):
@@ -107,11 +111,7 @@ class CorrectionConfig(_ModeSections):
     ``bypass`` (pi_old := mu: rho = 1, the PPO ratio is pi_theta / mu).
     """
 
-    moved_keys: ClassVar[
-        Mapping[str, str]
-    ] = {  # the flat keys of the earlier layout -> their sub-section
-        old: f"{name}.{new}" for name, mode in MODES.items() for old, new in mode.moved_keys.items()
-    }
+    moved_keys: ClassVar[Mapping[str, str]] = _MOVED_KEYS
 
     mode: CorrectionMode = Field("ais", description=f"Correction mode; one of {', '.join(MODES)}.")
     # --- truncation (tis and ais) -------------------------------------------------------
