@@ -27,11 +27,14 @@ sums from :mod:`nemo_ais.core.stats`, already reduced over the data-parallel gro
                   alpha_raw = constant_alpha          (mixer=constant)
 6. EMA + clamp    alpha_t = clamp(beta * alpha_{t-1} + (1 - beta) * alpha_raw, alpha_min, alpha_max)
                   beta = ``ema``; the first update (no history) takes alpha_raw.
-7. other modes    (issue 17; from the same reduced vector, so identical on every rank)
+7. other modes    (issue 17; from the same reduced vector, so identical on every rank;
+                  what each mode needs is its record's, :mod:`nemo_ais.modes`)
                   w_bar  = sum w_hat / n_w  (batch_normalize: the divisor of the weights;
-                           ais: (1 - alpha) + alpha * w_mean; 1 if every weight is 0)
-                  q*     = m2po threshold: drop whole bins of q = (l^c)^2 from the top until
-                           sum_kept q <= m2po_tau * n_kept (AReaL M2PO, binned)
+                           the record's closed form if it has one, ais:
+                           (1 - alpha) + alpha * w_mean; 1 if every weight is 0)
+                  batch statistic: the record's values of its reduced slots, e.g.
+                           m2po's q*: drop whole bins of q = (l^c)^2 from the top until
+                           sum_kept q <= m2po.tau * n_kept (AReaL M2PO, binned)
                   mode_frac_masked = #{w_hat = 0} / n_w, mode_frac_capped = #{w_i = C_seq} / n_w,
                   mode_ess = (sum w_hat)^2 / (n_w sum w_hat^2); n_w counts tokens, or
                   sequences for seq_tis / seq_mis / tbpo
@@ -73,17 +76,15 @@ from nemo_ais.config import CorrectionConfig, config_type_error, require_config
 from nemo_ais.core import validation
 from nemo_ais.core.stats import (
     BAD_INPUT_SLOTS,
-    M2PO_BINS,
-    M2PO_OFF,
-    MODE_STAT_MODES,
     NUM_SLOTS,
     AISStats,
     Slot,
     compute_statistics,
-    m2po_bin_lower_edges,
     num_slots,
     reduce_statistics,
 )
+from nemo_ais.modes import MODES
+from nemo_ais.modes.m2po import M2PO_OFF
 
 __all__ = [
     "AISDiagnostics",
@@ -215,7 +216,7 @@ def _smooth(alpha_raw: float, config: CorrectionConfig, state: AISState | None) 
 def _sums(global_stats: AISStats) -> dict[Slot, float]:
     """The one host sync per global batch: the reduced vector as python floats.
 
-    Key ``"tail"``: the slots after the fixed ones (m2po's histogram), a list.
+    Key ``"tail"``: the slots after the fixed ones (the mode's batch statistic), a list.
     """
     values = global_stats.vector.tolist()
     out = {slot: values[slot] for slot in Slot}
@@ -223,42 +224,21 @@ def _sums(global_stats: AISStats) -> dict[Slot, float]:
     return out
 
 
-def _m2po_threshold(s, n_tok: float, config: CorrectionConfig) -> tuple[float, float]:
-    """Step 7, m2po: (q*, masked fraction) from the global histogram of q = (l^c)^2.
-
-    Drops whole bins from the top until the kept tokens' mean q is <= tau; q* = the lower
-    edge of the last bin dropped (M2PO_OFF: none dropped).
-
-    Binned, so it may mask up to one bin more than AReaL's exact per-token sort (bins are a
-    factor sqrt 2 wide): the kept second moment is <= tau either way.
-    """
-    counts, sums = s["tail"][:M2PO_BINS], s["tail"][M2PO_BINS:]
-    kept_n, kept_q = n_tok, math.fsum(sums)
-    threshold = M2PO_OFF
-    edges = m2po_bin_lower_edges()
-    for b in reversed(range(M2PO_BINS)):
-        if kept_n <= 0 or kept_q <= config.m2po_tau * kept_n:
-            break
-        if counts[b] > 0:
-            kept_n, kept_q = kept_n - counts[b], kept_q - sums[b]
-            threshold = edges[b]
-    return threshold, (n_tok - kept_n) / n_tok
-
-
 def _mode_values(s, config: CorrectionConfig, alpha: float, w_mean: float) -> dict[str, float]:
     """Step 7: batch-level values of the modes other than ais, from the same reduced vector."""
     out = {}
+    mode = MODES[config.mode]
     n_w, w_sum, w_sq = s[Slot.W_MODE_N], s[Slot.W_MODE_SUM], s[Slot.W_MODE_SQ_SUM]
     if config.batch_normalize:
-        w_norm = (1 - alpha) + alpha * w_mean if config.mode == "ais" else w_sum / max(n_w, 1)
+        closed_form = mode.batch_mean
+        w_norm = closed_form(alpha, w_mean) if closed_form is not None else w_sum / max(n_w, 1)
         out["w_norm"] = w_norm if w_norm > 0 else 1.0  # every weight 0: nothing to normalise
-    if n_w > 0 and config.mode in MODE_STAT_MODES:
+    if n_w > 0 and mode.mode_stats:
         out["mode_frac_masked"] = s[Slot.W_MODE_ZERO] / n_w
         out["mode_frac_capped"] = s[Slot.W_MODE_CAPPED] / n_w
         out["mode_ess"] = w_sum * w_sum / (n_w * w_sq) if w_sq > 0 else 0.0
-    if config.mode == "m2po":
-        threshold, frac = _m2po_threshold(s, s[Slot.N_TOK], config)
-        out.update(m2po_threshold=threshold, mode_frac_masked=frac)
+    if mode.batch_statistic is not None:
+        out.update(mode.batch_statistic.values(s["tail"], s[Slot.N_TOK], config))
     return out
 
 

@@ -34,11 +34,12 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu
        n_missing_key, n_bad_dtype, n_bad_shape = 1 for the kind of a structural error
    A rank whose input fails a structural check (missing key, type/dtype, shape/device)
    sends :meth:`AISStats.from_input_error` (zeros + its flags) instead of raising.
-4b. modes seq_tis, seq_mis, kl_rs, and any IS mode but ais with batch_normalize: the
+4b. a mode whose record has ``mode_stats`` (seq_tis, seq_mis, kl_rs, tbpo), and an IS mode
+   whose batch mean is not closed-form (every one but ais) with batch_normalize: the
    count, sum w, sum w^2, #{w = 0} and #{w = C_seq} of the mode's weight w_hat over valid
-   tokens (seq_tis / seq_mis / tbpo: one w_i per sequence, over sequences).
-4c. mode m2po only: M2PO_BINS fixed bins of q = (l^c)^2 (bin 0 = [0, 1e-6), then ratio
-   sqrt 2): the count and the sum of q per bin, appended to the vector.
+   tokens (a ``seq_level`` mode: one w_i per sequence, over sequences).
+4c. a mode with a ``batch_statistic`` (m2po: the histogram of q = (l^c)^2,
+   :mod:`nemo_ais.modes.m2po`): its ``size`` local sums, appended to the vector.
 5. ONE ``all_reduce(SUM)`` of the vector over ``group`` (None: single process, no
    collective). ``NUM_SLOTS`` float64 values = ``STATS_BYTES`` bytes on the wire.
 
@@ -54,6 +55,7 @@ import torch
 
 from nemo_ais.config import CorrectionConfig, require_config
 from nemo_ais.core import validation
+from nemo_ais.modes import MODES
 
 __all__ = [
     "BAD_INPUT_SLOTS",
@@ -110,26 +112,16 @@ _ERROR_KIND_SLOTS = (
     (TypeError, Slot.N_BAD_DTYPE),
     (ValueError, Slot.N_BAD_SHAPE),
 )
-NUM_SLOTS = len(Slot)  # mode m2po appends the histogram of M2PO_BINS bins (2 slots each)
-# m2po: fixed bins of q = (l^c)^2; bin 0 = [0, Q0), bin b >= 1 = [Q0 r^(b-1), Q0 r^b), r = sqrt 2,
-# the last bin open above (Q0 r^62 ~ 2e3 > L^2 = 400 at the default L = 20)
-M2PO_BINS = 64
-M2PO_Q0 = 1e-6
-M2PO_BIN_RATIO = 2**0.5
-# m2po threshold q* meaning "nothing masked": above L^2 for every allowed L (<= 80), finite
-M2PO_OFF = 1e4
+NUM_SLOTS = len(Slot)  # a mode's batch_statistic appends its own slots (m2po: 128)
 STATS_BYTES = NUM_SLOTS * torch.finfo(torch.float64).bits // torch.iinfo(torch.uint8).bits
 STATS_DTYPE = torch.float64
 
 
 def num_slots(config: CorrectionConfig) -> int:
-    """Length of the statistics vector for ``config``: NUM_SLOTS, + 2 M2PO_BINS for m2po."""
-    return NUM_SLOTS + (2 * M2PO_BINS if getattr(config, "mode", None) == "m2po" else 0)
-
-
-def m2po_bin_lower_edges() -> list[float]:
-    """Lower edge of each m2po bin (python floats, identical on every rank)."""
-    return [0.0] + [M2PO_Q0 * M2PO_BIN_RATIO ** (b - 1) for b in range(1, M2PO_BINS)]
+    """Length of the statistics vector for ``config``: NUM_SLOTS + its mode's batch statistic."""
+    mode = MODES.get(getattr(config, "mode", None))
+    extra = mode.batch_statistic if mode is not None else None
+    return NUM_SLOTS + (extra.size if extra is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -265,30 +257,23 @@ def _token_sums(log_rho, log_rho_c, n_tok, config):
     ]
 
 
-# modes whose weight statistics are summed (their ais/mode_* telemetry); any IS mode too
-# when batch_normalize is on (ais excepted: w_bar = (1 - alpha) + alpha w_mean)
-MODE_STAT_MODES = ("seq_tis", "seq_mis", "kl_rs", "tbpo")
-
-
 def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
     """Step 4b: n, sum w, sum w^2, #{w = 0}, #{w = C_seq} of the mode's weight w_hat.
 
-    Over valid tokens (seq_tis / seq_mis / tbpo: one w_i per sequence, over sequences); zeros when
+    Over valid tokens (a seq_level mode: one w_i per sequence, over sequences); zeros when
     the mode needs none of them.
     """
     zero = torch.zeros((), dtype=STATS_DTYPE, device=ok.device)
-    needed = config.mode in MODE_STAT_MODES or (config.batch_normalize and config.mode != "ais")
+    mode = MODES[config.mode]
+    needed = mode.mode_stats or (config.batch_normalize and mode.batch_mean is None)
     if not needed:
         return [zero] * 5
-    from nemo_ais.core.weights import WEIGHT_FNS  # weights imports nothing from here
-
-    weight_fn = WEIGHT_FNS[config.mode]
-    w = weight_fn.fn(logp_old, logp_rollout, ok, config, None).to(STATS_DTYPE)
+    w = mode.weight(logp_old, logp_rollout, ok, config, None).to(STATS_DTYPE)
     kept = ok
-    if weight_fn.seq_level:
+    if mode.seq_level:
         kept = n_tok_seq > 0
         w = w.amax(dim=-1) if w.shape[-1] > 0 else w.sum(dim=-1)  # w_i (0 if no token)
-    capped = (w >= config.seq_weight_cap) if weight_fn.seq_level else torch.zeros_like(kept)
+    capped = (w >= config.seq_weight_cap) if mode.seq_level else torch.zeros_like(kept)
     return [
         kept.sum().to(STATS_DTYPE),
         w.sum(),
@@ -296,22 +281,6 @@ def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
         ((w == 0) & kept).sum().to(STATS_DTYPE),
         (capped & kept).sum().to(STATS_DTYPE),
     ]
-
-
-def _m2po_histogram(log_rho_c):
-    """Step 4c, m2po: per bin, the count and the sum of q = (l^c)^2.
-
-    l^c = 0 at invalid positions: those land in bin 0 with q = 0 and are taken out of its
-    count by the caller.
-    """
-    q = log_rho_c.square().reshape(-1)
-    index = torch.log2(q / M2PO_Q0).mul_(2).floor_().add_(1).clamp_(0, M2PO_BINS - 1)
-    index = torch.where(q < M2PO_Q0, 0, index).long()
-    counts = torch.zeros(M2PO_BINS, dtype=STATS_DTYPE, device=q.device)
-    sums = torch.zeros_like(counts)
-    counts.index_add_(0, index, torch.ones_like(q))
-    sums.index_add_(0, index, q)
-    return counts, sums
 
 
 def _bad_counts(valid, n_tok, mask):
@@ -368,10 +337,9 @@ def compute_statistics(
     bad = _bad_counts(valid, n_tok, mask)  # step 4
     norm = _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config)  # step 4b
     vector = torch.stack(seq_sums + tok_sums + bad + norm)
-    if config.mode == "m2po":  # step 4c
-        counts, sums = _m2po_histogram(log_rho_c)
-        counts[0] -= ok.numel() - n_tok  # invalid positions (q = 0) are not tokens
-        vector = torch.cat([vector, counts, sums])
+    extra = MODES[config.mode].batch_statistic
+    if extra is not None:  # step 4c
+        vector = torch.cat([vector, extra.sums(log_rho_c, ok, n_tok)])
     return AISStats(vector)
 
 

@@ -81,16 +81,13 @@ BATCH_CONFIGS = {
     "ais_bn": CorrectionConfig(mode="ais", batch_normalize=True, severity_scale=4.0),
     "seq_tis_bn": CorrectionConfig(mode="seq_tis", batch_normalize=True),
     "seq_mis": CorrectionConfig(mode="seq_mis"),
-    "kl_rs": CorrectionConfig(mode="kl_rs", rs_aggregation="max", rs_veto_min_ratio=0.1),
-    "m2po": CorrectionConfig(mode="m2po", m2po_tau=0.5),
+    "kl_rs": CorrectionConfig(mode="kl_rs", kl_rs={"aggregation": "max", "veto_min_ratio": 0.1}),
+    "m2po": CorrectionConfig(mode="m2po", m2po={"tau": 0.5}),
     "tbpo_bn": CorrectionConfig(
         mode="tbpo",
         batch_normalize=True,
         seq_weight_cap=1.1,
-        tbpo_clip_low=0.1,
-        tbpo_clip_high=0.1,
-        tbpo_neg_clip_low=0.05,
-        tbpo_neg_clip_high=0.1,
+        tbpo={"clip_low": 0.1, "clip_high": 0.1, "neg_clip_low": 0.05, "neg_clip_high": 0.1},
     ),
 }
 

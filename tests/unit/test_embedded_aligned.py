@@ -25,10 +25,10 @@ from nemo_ais.embedded.aligned import (
 )
 from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
 from nemo_ais.embedded.model import response_logprobs
-from nemo_ais.embedded.recipe import _APPLIED_ALPHA
 from nemo_ais.fp8.formats import LINEAR_FAKE_QUANT
 from nemo_ais.fp8.kv_cache import QuantizedKVCache
 from nemo_ais.fp8.kv_scales import KVScales
+from nemo_ais.modes import MODES
 
 ALIGNED = [("fp8", "fp8"), ("nvfp4_w4a4", "nvfp4")]
 
@@ -158,6 +158,10 @@ def test_config_rules_name_the_key():
     assert (qarl.rollout.format, qarl.rollout.kv_cache) == ("nvfp4_w4a4", "nvfp4")
 
 
-def test_every_fixed_correction_mode_reports_an_applied_alpha():
-    assert set(_APPLIED_ALPHA) == set(typing.get_args(CorrectionMode)) - {"ais"}
-    assert _APPLIED_ALPHA["none"] == 0.0 and _APPLIED_ALPHA["tbpo"] == 1.0
+def test_every_correction_mode_reports_an_applied_alpha():
+    # the recipe reads the position between the uncorrected and the fully weighted gradient
+    # from the mode's record: none 0, ais the diagnostics' alpha, every other mode 1
+    assert set(MODES) == set(typing.get_args(CorrectionMode))
+    diagnostics = {"alpha": 0.37}
+    applied = {name: mode.applied_alpha(diagnostics) for name, mode in MODES.items()}
+    assert applied == {name: {"none": 0.0, "ais": 0.37}.get(name, 1.0) for name in MODES}
