@@ -30,9 +30,11 @@ their sum once per call and hand non-finite input to the PyTorch path, which rai
 import triton
 import triton.language as tl
 
-E4M3_MAX = 448.0
-FP32_MAX = 3.4028234663852886e38
-SMALLEST_NORMAL = 1.1754943508222875e-38  # 2^-126
+# Globals a kernel reads must be constexpr (Triton refuses plain module globals)
+E4M3_MAX = tl.constexpr(448.0)
+FP32_MAX = tl.constexpr(3.4028234663852886e38)
+SMALLEST_NORMAL = tl.constexpr(1.1754943508222875e-38)  # 2^-126
+INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
@@ -127,7 +129,7 @@ def _floor_pow2(m):
     """Largest power of two <= fp32 ``m > 0`` (normal); inf gives 0.5 (torch's frexp)."""
     b = m.to(tl.int32, bitcast=True)
     p = (b & 0x7F800000).to(tl.float32, bitcast=True)
-    return tl.where(m == float("inf"), 0.5, p)
+    return tl.where(m == INF, 0.5, p)
 
 
 @triton.jit
@@ -258,7 +260,7 @@ def absmax_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)
     ax = tl.abs(x)
     bad = _sum((~(ax <= FP32_MAX)).to(tl.int32), 0)
-    tl.store(out_ptr + pid, tl.where(bad > 0, float("inf"), _max(ax, 0)))
+    tl.store(out_ptr + pid, tl.where(bad > 0, INF, _max(ax, 0)))
 
 
 @triton.jit
@@ -306,7 +308,7 @@ def nvfp4_kernel(
     ratio = tl.minimum(tl.maximum(ratio, 0.001953125), E4M3_MAX)  # [2^-9, 448]
     scale_code = _e4m3_code(ratio)
     d = _e4m3_value(scale_code) * s_g
-    d = tl.where(d == 0, float("inf"), d)
+    d = tl.where(d == 0, INF, d)
     y = tl.math.div_rn(xb, tl.broadcast_to(d[:, :, None], xb.shape))
     code = _e2m1_code(tl.abs(y), False) | tl.where(xb < 0, 8, 0)
     pairs = tl.reshape(code, (BR, BK // 2, 2)) << (tl.arange(0, 2) * 4)[None, None, :]
