@@ -21,6 +21,7 @@ from nemo_ais.kernels.triton_quant import (
     quantize_blockwise_triton,
     quantize_mxfp4_triton,
     quantize_mxfp8_triton,
+    quantize_nvfp4_experts_triton,
     quantize_nvfp4_triton,
     triton_available,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "quantize_blockwise_triton",
     "quantize_mxfp4_triton",
     "quantize_mxfp8_triton",
+    "quantize_nvfp4_experts_triton",
     "quantize_nvfp4_triton",
     "triton_available",
 ]

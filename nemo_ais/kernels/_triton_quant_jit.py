@@ -254,13 +254,17 @@ def mx_kernel(
 
 @triton.jit
 def absmax_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
-    """Per program: max |x| over ``BLOCK`` elements of flat ``x``; inf if any is NaN / inf."""
-    pid = tl.program_id(0).to(tl.int64)
+    """Max |x| of ``BLOCK`` elements of matrix ``program_id(1)`` (``numel`` each) of flat ``x``.
+
+    Writes one partial per program to ``out [matrices, programs]``; inf if any is NaN / inf.
+    """
+    pid = tl.program_id(0)
+    mat = tl.program_id(1).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + mat * numel + offs, mask=offs < numel, other=0.0).to(tl.float32)
     ax = tl.abs(x)
     bad = _sum((~(ax <= FP32_MAX)).to(tl.int32), 0)
-    tl.store(out_ptr + pid, tl.where(bad > 0, INF, _max(ax, 0)))
+    tl.store(out_ptr + mat * tl.num_programs(0) + pid, tl.where(bad > 0, INF, _max(ax, 0)))
 
 
 @triton.jit
@@ -272,6 +276,7 @@ def nvfp4_kernel(
     bad_ptr,
     n,
     k,
+    sg_stride,
     BR: tl.constexpr,
     BK: tl.constexpr,
     TILE_ROWS: tl.constexpr,
@@ -279,7 +284,7 @@ def nvfp4_kernel(
     """NVFP4 of a ``BR x BK`` block of matrix ``program_id(2)`` of ``x [E, n, k]``.
 
     Steps 2-5 of :mod:`nemo_ais.fp8.nvfp4` with the global scale ``s_g`` read from
-    ``sg_ptr``; ``TILE_ROWS`` 16: one amax per 16x16 tile (``BR`` a multiple of 16, tiles
+    ``sg_ptr + e * sg_stride`` (stride 0: one for the tensor, 1: one per expert); ``TILE_ROWS`` 16: one amax per 16x16 tile (``BR`` a multiple of 16, tiles
     start at row 0 of each matrix; masked rows load 0, neutral for a max of |x|).
     Writes packed E2M1 pairs ``[E, n, k/2]``, E4M3 scale bytes ``[E, n, k/16]`` and the
     program's count of non-finite inputs.
@@ -302,7 +307,7 @@ def nvfp4_kernel(
             tl.broadcast_to(tiles[:, None, :], (BR // TILE_ROWS, TILE_ROWS, BK // 16)),
             (BR, BK // 16),
         )
-    s_g = tl.load(sg_ptr)
+    s_g = tl.load(sg_ptr + e * sg_stride)
     ratio = tl.math.div_rn(amax, tl.broadcast_to(s_g * 6.0, amax.shape))
     ratio = tl.where(ratio == 0, 1.0, ratio)
     ratio = tl.minimum(tl.maximum(ratio, 0.001953125), E4M3_MAX)  # [2^-9, 448]

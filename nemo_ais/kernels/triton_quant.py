@@ -16,16 +16,18 @@
 One kernel launch per weight, MoE expert stacks ``[E, N, K]`` included (the grid runs
 over the experts), for the refit of a low-precision rollout:
 
-===================================  ====================================================
-function                             same signature and bits as
-===================================  ====================================================
-:func:`quantize_blockwise_triton`    :func:`nemo_ais.fp8.quantize_blockwise` (families
-                                     a/b/c, eps, UE8M0, any tile, ragged last tiles)
-:func:`quantize_mxfp8_triton`        :func:`nemo_ais.fp8.quantize_mxfp8`
-:func:`quantize_nvfp4_triton`        :func:`nemo_ais.fp8.quantize_nvfp4` (static amax,
-                                     ``rows_per_block`` 1 or 16)
-:func:`quantize_mxfp4_triton`        :func:`nemo_ais.fp8.quantize_mxfp4` (both tie rules)
-===================================  ====================================================
+=======================================  ================================================
+function                                 same signature and bits as
+=======================================  ================================================
+:func:`quantize_blockwise_triton`        :func:`nemo_ais.fp8.quantize_blockwise` (families
+                                         a/b/c, eps, UE8M0, any tile, ragged last tiles)
+:func:`quantize_mxfp8_triton`            :func:`nemo_ais.fp8.quantize_mxfp8`
+:func:`quantize_nvfp4_triton`            :func:`nemo_ais.fp8.quantize_nvfp4` (static amax,
+                                         ``rows_per_block`` 1 or 16)
+:func:`quantize_nvfp4_experts_triton`    ``quantize_nvfp4(x[e], amax[e])`` for each expert
+                                         of ``[E, N, K]`` (a global scale per expert)
+:func:`quantize_mxfp4_triton`            :func:`nemo_ais.fp8.quantize_mxfp4` (both tie rules)
+=======================================  ================================================
 
 A CUDA tensor runs the compiled kernels; a CPU tensor runs the same kernels under Triton's
 interpreter (what ``TRITON_INTERPRET=1`` selects, here scoped to this module so compiled
@@ -64,6 +66,7 @@ __all__ = [
     "quantize_blockwise_triton",
     "quantize_mxfp4_triton",
     "quantize_mxfp8_triton",
+    "quantize_nvfp4_experts_triton",
     "quantize_nvfp4_triton",
     "triton_available",
 ]
@@ -222,12 +225,30 @@ def quantize_mxfp4_triton(
     return MXFP4Tensor(q.view(*lead, k // 2), scale.view(*lead, k // 32))
 
 
-def _tensor_amax(x: torch.Tensor, jit: ModuleType) -> torch.Tensor:
-    """fp32 0-dim ``max |x|`` by one launch and a max over its partials (inf for NaN / inf)."""
+def _matrix_amax(x: torch.Tensor, matrices: int, jit: ModuleType) -> torch.Tensor:
+    """fp32 ``max |x|`` of each of ``matrices`` equal parts of ``x`` (inf for NaN / inf): [matrices]."""
     flat = x.reshape(-1)
-    partial = torch.empty(-(-flat.numel() // _ABSMAX_BLOCK), device=x.device)
-    jit.absmax_kernel[(partial.numel(),)](flat, partial, flat.numel(), BLOCK=_ABSMAX_BLOCK)
-    return partial.amax()
+    numel = flat.numel() // matrices
+    partial = torch.empty(matrices, -(-numel // _ABSMAX_BLOCK), device=x.device)
+    grid = (partial.shape[1], matrices)
+    jit.absmax_kernel[grid](flat, partial, numel, BLOCK=_ABSMAX_BLOCK)
+    return partial.amax(dim=1)
+
+
+def _nvfp4(x, s_g, n, e, rows_per_block, jit):
+    """Launch the NVFP4 kernel over ``x`` as ``[e, n, K]``; ``s_g`` 1 or ``e`` global scales."""
+    k = x.shape[-1]
+    data = torch.empty(*x.shape[:-1], k // 2, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(*x.shape[:-1], k // 16, dtype=torch.uint8, device=x.device)
+    cols = min(_COLS, triton_next_pow2(k))
+    grid = (-(-n // _ROWS), -(-k // cols), e)
+    bad = torch.empty(grid[::-1], dtype=torch.int32, device=x.device)
+    sg_stride = 0 if s_g.numel() == 1 else 1
+    jit.nvfp4_kernel[grid](
+        x, s_g.reshape(-1).contiguous(), data, scale, bad, n, k, sg_stride,
+        BR=_ROWS, BK=cols, TILE_ROWS=rows_per_block,
+    )  # fmt: skip
+    return data, scale.view(torch.float8_e4m3fn), bool(bad.any())
 
 
 def quantize_nvfp4_triton(
@@ -242,7 +263,7 @@ def quantize_nvfp4_triton(
     Two launches with ``amax=None`` (the tensor amax, then the quantizer), one with a
     static ``amax``. ``rows_per_block=16`` (16x16 tiles) runs over ``[E, N, K]`` with the
     experts on the grid, so a tile never straddles two matrices; one global scale for the
-    whole tensor, as the reference.
+    whole tensor, as the reference (per-expert scales: :func:`quantize_nvfp4_experts_triton`).
 
     Raises:
         ValueError: as :func:`nemo_ais.fp8.quantize_nvfp4`.
@@ -251,26 +272,77 @@ def quantize_nvfp4_triton(
     if rows_per_block not in (1, 16) or (rows_per_block > 1 and x.dim() < 2):
         return quantize_nvfp4(x, amax, rows_per_block=rows_per_block, name=name)  # raises
     given = check_amax(amax, "amax")
-    k = x.shape[-1]
     lead = x.shape[:-1]
-    n = x.shape[-2] if rows_per_block > 1 else math.prod(lead)
-    e = math.prod(lead) // n if n else 0
-    xc = x.contiguous()
-    data = torch.empty(*lead, k // 2, dtype=torch.uint8, device=x.device)
-    scale = torch.empty(*lead, k // 16, dtype=torch.uint8, device=x.device)
     if x.numel() == 0:
         s_g = nvfp4_global_scale(
             torch.zeros((), device=x.device) if given is None else given.to(x.device)
         )
-        return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), s_g)
+        return NVFP4Tensor(
+            torch.empty(*lead, x.shape[-1] // 2, dtype=torch.uint8, device=x.device),
+            torch.empty(*lead, x.shape[-1] // 16, dtype=torch.float8_e4m3fn, device=x.device),
+            s_g,
+        )
     jit = _kernels_for(x)
-    s_g = nvfp4_global_scale(_tensor_amax(xc, jit) if given is None else given.to(x.device))
-    cols = min(_COLS, triton_next_pow2(k))
-    grid = (-(-n // _ROWS), -(-k // cols), e)
-    bad = torch.empty(grid[::-1], dtype=torch.int32, device=x.device)
-    jit.nvfp4_kernel[grid](
-        xc, s_g.reshape(1), data, scale, bad, n, k, BR=_ROWS, BK=cols, TILE_ROWS=rows_per_block
-    )
-    if bool(bad.any()):
+    xc = x.contiguous()
+    tensor_amax = _matrix_amax(xc, 1, jit)[0] if given is None else given.to(x.device)
+    s_g = nvfp4_global_scale(tensor_amax)
+    n = x.shape[-2] if rows_per_block > 1 else math.prod(lead)
+    data, scale, bad = _nvfp4(xc, s_g, n, math.prod(lead) // n, rows_per_block, jit)
+    if bad:
         return quantize_nvfp4(x, amax, rows_per_block=rows_per_block, name=name)
-    return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), s_g)
+    return NVFP4Tensor(data, scale, s_g)
+
+
+def quantize_nvfp4_experts_triton(
+    x: torch.Tensor,
+    amax: torch.Tensor | None = None,
+    *,
+    rows_per_block: int = 1,
+    name: str = "x",
+) -> NVFP4Tensor:
+    """NVFP4 of an expert stack ``x [E, N, K]`` with one global scale per expert, one launch.
+
+    vLLM's ModelOpt MoE loader takes a global scale per expert (``w13_weight_scale_2``
+    ``[E, 2]``, ``w2_weight_scale_2`` ``[E]``): expert ``e`` is quantized exactly as
+    ``quantize_nvfp4(x[e], amax[e], rows_per_block=rows_per_block)`` (tested).
+
+    Args:
+        x: ``[E, N, K]``, ``K % 16 == 0``; CUDA (compiled) or CPU (interpreter).
+        amax: fp32 ``[E]`` static amax per expert (a fused gate/up pair: the max of the
+            two stacks' amax), or None for ``max |x[e]|`` (one more launch).
+        rows_per_block: 1 (1x16 blocks) or 16 (16x16 tiles).
+        name: tensor name used in error messages.
+
+    Returns:
+        :class:`~nemo_ais.fp8.NVFP4Tensor` with ``global_scale`` fp32 ``[E]``.
+
+    Raises:
+        ValueError: not 3-D, a bad ``amax`` shape, or as :func:`nemo_ais.fp8.quantize_nvfp4`.
+    """
+    check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
+    if x.dim() != 3 or rows_per_block not in (1, 16):
+        raise ValueError(
+            f"{name}: got {list(x.shape)} with rows_per_block={rows_per_block}, expected "
+            "[E, N, K] and rows_per_block 1 or 16"
+        )
+    e, n, k = x.shape
+    if amax is not None and (tuple(amax.shape) != (e,) or not amax.is_floating_point()):
+        raise ValueError(f"amax: got {list(amax.shape)} {amax.dtype}, expected floating [{e}]")
+    if x.numel() == 0:
+        experts = [quantize_nvfp4(x[i], None if amax is None else amax[i]) for i in range(e)]
+        s_g = torch.stack([q.global_scale for q in experts]) if e else torch.ones(0)
+        return NVFP4Tensor(
+            torch.empty(e, n, k // 2, dtype=torch.uint8, device=x.device),
+            torch.empty(e, n, k // 16, dtype=torch.float8_e4m3fn, device=x.device),
+            s_g.to(x.device),
+        )
+    jit = _kernels_for(x)
+    xc = x.contiguous()
+    expert_amax = _matrix_amax(xc, e, jit) if amax is None else amax.to(x.device, torch.float32)
+    s_g = nvfp4_global_scale(expert_amax)
+    data, scale, bad = _nvfp4(xc, s_g, n, e, rows_per_block, jit)
+    if bad or not bool(torch.isfinite(expert_amax).all()):
+        for i in range(e):  # the PyTorch path raises, naming the expert
+            quantize_nvfp4(x[i], None if amax is None else amax[i], name=f"{name}[{i}]")
+        raise ValueError(f"amax: got non-finite values {expert_amax.tolist()}")
+    return NVFP4Tensor(data, scale, s_g)

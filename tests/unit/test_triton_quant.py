@@ -36,6 +36,7 @@ from nemo_ais.kernels.triton_quant import (
     quantize_blockwise_triton,
     quantize_mxfp4_triton,
     quantize_mxfp8_triton,
+    quantize_nvfp4_experts_triton,
     quantize_nvfp4_triton,
     triton_available,
 )
@@ -319,3 +320,30 @@ def test_nvfp4_experts_one_launch_equals_flattened_rows():
     flat = quantize_nvfp4_triton(x.reshape(32, 48))
     assert np.array_equal(got.data.reshape(32, 24).numpy(), flat.data.numpy())
     _assert_same(got, quantize_nvfp4(x), "experts")
+
+
+@pytest.mark.parametrize("rows_per_block", [1, 16])
+def test_nvfp4_experts_have_one_global_scale_each(rows_per_block):
+    # experts of very different scales: each must equal quantize_nvfp4 of that expert alone
+    x = _weight((3, 20, 48), seed=14) * torch.tensor([1e-3, 1.0, 1e3])[:, None, None]
+    static = torch.tensor([1.0, 0.5, 4000.0])
+    for amax in (None, static):
+        got = quantize_nvfp4_experts_triton(x, amax, rows_per_block=rows_per_block)
+        assert got.global_scale.shape == (3,)
+        for e in range(3):
+            want = quantize_nvfp4(
+                x[e], None if amax is None else amax[e], rows_per_block=rows_per_block
+            )
+            one = type(got)(got.data[e], got.block_scale[e], got.global_scale[e])
+            _assert_same(one, want, f"expert {e} amax {amax}")
+
+
+def test_nvfp4_experts_errors():
+    with pytest.raises(ValueError, match=r"expected \[E, N, K\]"):
+        quantize_nvfp4_experts_triton(torch.ones(4, 32))
+    with pytest.raises(ValueError, match=r"amax: got \[2\]"):
+        quantize_nvfp4_experts_triton(torch.ones(3, 4, 32), torch.ones(2))
+    x = torch.ones(3, 4, 32)
+    x[2, 1, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"w\[2\]: got 1 non-finite.*\(1, 5\)"):
+        quantize_nvfp4_experts_triton(x, name="w")
