@@ -40,7 +40,7 @@ import torch
 
 from benchmarks._record import record_section
 from benchmarks._timing import cpu_timer, cuda_timer, interleaved_medians
-from benchmarks.bench_quant import _L2_FLUSH_BYTES, _hbm_peak, reference_quantize
+from benchmarks.bench_quant import _L2_FLUSH_BYTES, _hbm_peak
 from nemo_ais.fp8 import (
     MXFP4Tensor,
     MXFP8Tensor,
@@ -72,12 +72,18 @@ DTYPES = [torch.bfloat16, torch.float32]
 _SIGN = 8
 
 
-def fp8_compilable(x: torch.Tensor):
-    """FP8 128x128, family "a": DeepGEMM's ``per_block_cast_to_fp8`` formulation (2-D or 3-D)."""
-    if x.dim() == 3:
-        q, s = zip(*(reference_quantize(w) for w in x.unbind(0)), strict=True)
-        return torch.stack(q), torch.stack(s)
-    return reference_quantize(x)
+def fp8_compilable(x: torch.Tensor, block: int = 128, eps: float = 1e-4):
+    """FP8 128x128, family "a": DeepGEMM's ``per_block_cast_to_fp8`` formulation.
+
+    ``[..., N, K]`` (N, K multiples of 128) viewed as tiles, amax per tile, ``s = amax /
+    448``, ``q = x * (1 / s)`` clamped and cast; the leading dims (experts) vectorised.
+    """
+    *lead, n, k = x.shape
+    tiles = x.float().reshape(*lead, n // block, block, k // block, block)
+    amax = tiles.abs().amax(dim=(-3, -1), keepdim=True).clamp_min(eps)
+    scale = amax / torch.full_like(amax, E4M3_MAX)  # one rounding (tensor / tensor)
+    q = (tiles * torch.reciprocal(scale)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(x.shape), scale.reshape(*lead, n // block, k // block)
 
 
 def _pow2(expo: torch.Tensor) -> torch.Tensor:
@@ -169,6 +175,13 @@ def main() -> None:
         help="check this script on CPU: tiny shapes, Triton's interpreter, eager "
         "'compiled', nothing recorded (no GPU needed)",
     )
+    parser.add_argument(
+        "--compile-dtypes",
+        nargs="+",
+        default=["bfloat16", "float32"],
+        help="dtypes whose rows also time torch.compile (each shape and dtype compiles)",
+    )
+    parser.add_argument("--compile-shapes", nargs="+", default=None, help="e.g. 14336x4096")
     args = parser.parse_args()
     shapes = SHAPES
     if args.smoke:
@@ -187,7 +200,7 @@ def main() -> None:
         "triton moved GB/s | triton / HBM peak | current / triton | compiled bits = current |"
     )
     rows = [head, "|---|---|---|" + "---:|" * (head.count("|") - 4)]
-    firsts, problems = [], []
+    firsts, problems, notes = [], [], []
     for fmt in args.formats:
         triton_fn, current, short = COMPILABLE[fmt]
         compiled = short if args.smoke else torch.compile(short, dynamic=False)
@@ -195,41 +208,48 @@ def main() -> None:
             for dtype in DTYPES:
                 g = torch.Generator(device=device).manual_seed(0)
                 x = (torch.randn(shape, generator=g, device=device) * 0.02).to(dtype)
+                shape_s = "x".join(str(d) for d in shape)
+                with_compile = str(dtype).removeprefix("torch.") in args.compile_dtypes and (
+                    args.compile_shapes is None or shape_s in args.compile_shapes
+                )
                 t_jit = first_call(triton_fn, x, sync)
-                t_compile = first_call(compiled, x, sync)
+                t_compile = first_call(compiled, x, sync) if with_compile else float("nan")
                 firsts.append(f"{fmt} {list(shape)} {dtype}: {t_jit:.2f} / {t_compile:.1f}")
                 want = current(x)
                 bad = mismatch(triton_fn(x), want)
                 if bad:
                     problems.append(f"triton {fmt} {list(shape)} {dtype}: {bad}")
                     print(problems[-1], flush=True)
-                compiled_bad = mismatch(compiled(x), want)  # Inductor: reported, not fatal
-                if compiled_bad:
-                    print(f"compiled {fmt} {list(shape)} {dtype}: {compiled_bad}", flush=True)
+                compiled_bad = "not compiled"
+                if with_compile:  # Inductor's bits: reported, not fatal
+                    compiled_bad = mismatch(compiled(x), want)
+                    if compiled_bad:
+                        print(f"compiled {fmt} {shape_s} {dtype}: {compiled_bad}", flush=True)
                 y = torch.empty_like(x)
-                t = interleaved_medians(
-                    {
-                        "triton": lambda x=x, f=triton_fn: f(x),
-                        "compiled": lambda x=x, f=compiled: f(x),
-                        "current": lambda x=x, f=current: f(x),
-                        "reference": lambda x=x, f=short: f(x),
-                        "copy_": lambda x=x, y=y: y.copy_(x),
-                    },
-                    args.repeats,
-                    timer,
-                )
+                fns = {
+                    "triton": lambda x=x, f=triton_fn: f(x),
+                    "current": lambda x=x, f=current: f(x),
+                    "reference": lambda x=x, f=short: f(x),
+                    "copy_": lambda x=x, y=y: y.copy_(x),
+                }
+                if with_compile:
+                    fns["compiled"] = lambda x=x, f=compiled: f(x)
+                t = interleaved_medians(fns, args.repeats, timer)
+                t.setdefault("compiled", float("nan"))
                 moved = (_nbytes([x]) + _nbytes(fields(want))) / 1e9 / t["triton"]
-                shape_s = "x".join(str(d) for d in shape)
+                comp = "-" if not with_compile else f"{t['copy_'] / t['compiled']:.2f}"
+                bits = "-" if not with_compile else ("yes" if compiled_bad is None else "NO")
                 rows.append(
                     f"| {fmt} | {shape_s} | {str(dtype).removeprefix('torch.')} | "
                     f"{t['triton'] * 1e3:.3f} | {t['compiled'] * 1e3:.3f} | "
                     f"{t['current'] * 1e3:.3f} | {t['reference'] * 1e3:.3f} | "
                     f"{t['copy_'] * 1e3:.3f} | **{t['copy_'] / t['triton']:.2f}** | "
-                    f"{t['copy_'] / t['compiled']:.2f} | {t['copy_'] / t['current']:.2f} | "
+                    f"{comp} | {t['copy_'] / t['current']:.2f} | "
                     f"{moved:.0f} | {'-' if peak is None else f'{moved / peak:.2f}'} | "
-                    f"**{t['current'] / t['triton']:.1f}x** | "
-                    f"{'yes' if compiled_bad is None else 'NO: ' + compiled_bad} |"
+                    f"**{t['current'] / t['triton']:.1f}x** | {bits} |"
                 )
+                if with_compile and compiled_bad:
+                    notes.append(f"{fmt} {shape_s} {dtype}: compiled {compiled_bad}")
                 print(rows[-1], flush=True)
                 del x, y
     body = "\n".join(rows) + (
@@ -245,8 +265,12 @@ def main() -> None:
         "X / copy_ bandwidth = t(copy_) / t(X). Moved GB/s = (input + output bytes) / "
         "t(triton). Every triton output was checked bit-equal to `current` first (a "
         "mismatch records nothing); the compiled outputs' comparison is the last column.\n\nFirst call, seconds (Triton JIT incl. autotune-free compile / Inductor "
-        "compile):\n\n" + "\n".join(f"- {f}" for f in firsts)
+        "compile; nan: not compiled):\n\n" + "\n".join(f"- {f}" for f in firsts)
     )
+    if notes:
+        body += "\n\nCompiled outputs that differ from `current`:\n\n" + "\n".join(
+            f"- {n}" for n in notes
+        )
     if problems:
         raise SystemExit("not bit-equal (nothing recorded):\n" + "\n".join(problems))
     print(body)
