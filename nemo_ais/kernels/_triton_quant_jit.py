@@ -155,25 +155,35 @@ def fp8_blockwise_kernel(
     TILE_K: tl.constexpr,
     FAMILY: tl.constexpr,
     UE8M0: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """One ``BN x BK`` tile of expert ``program_id(1)`` of ``x [E, n, k]`` per program.
 
-    ``TILE_N x TILE_K``: the power-of-two register block holding the tile. FAMILY 0/1/2 =
-    "a"/"b"/"c" (nemo_ais.fp8.quant, step 3). Writes codes (uint8), the fp32 dequant
-    scale of the tile, and its count of non-finite inputs.
+    ``TILE_N x TILE_K``: the power-of-two block covering the tile, walked in ``CHUNK``-row
+    slices twice (amax, then quantize: the second read hits L2), so a 128x128 tile does not
+    sit in registers whole. FAMILY 0/1/2 = "a"/"b"/"c" (nemo_ais.fp8.quant, step 3).
+    Writes codes (uint8), the fp32 dequant scale of the tile, and its count of non-finite
+    inputs.
     """
     tile = tl.program_id(0)
     e = tl.program_id(1).to(tl.int64)
     tn = tile // kb
     tk = tile % kb
-    i = tl.arange(0, TILE_N)
     j = tl.arange(0, TILE_K)
-    rows = tn * BN + i
     cols = tk * BK + j
-    mask = ((i < BN) & (rows < n))[:, None] & ((j < BK) & (cols < k))[None, :]
-    offs = e * n * k + rows.to(tl.int64)[:, None] * k + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # zero padding
-    amax = _max(_max(tl.abs(x), 1), 0)
+    cmask = ((j < BK) & (cols < k))[None, :]
+    base = x_ptr + e * n * k + cols[None, :]
+    acc = tl.full((CHUNK, TILE_K), 0.0, tl.float32)  # (tl.zeros: stdlib, see _max)
+    bad = tl.full((CHUNK, TILE_K), 0, tl.int32)
+    for r0 in range(0, TILE_N, CHUNK):  # pass 1: amax (and non-finite count) of the tile
+        i = r0 + tl.arange(0, CHUNK)
+        rows = tn * BN + i
+        mask = ((i < BN) & (rows < n))[:, None] & cmask
+        x = tl.load(base + rows.to(tl.int64)[:, None] * k, mask=mask, other=0.0)
+        x = tl.abs(x.to(tl.float32))
+        acc = tl.maximum(acc, x)
+        bad += (~(x <= FP32_MAX)).to(tl.int32)
+    amax = _max(_max(acc, 1), 0)
     amax = tl.maximum(amax, eps)  # eps = 0: unchanged
     zero = amax == 0
     if FAMILY == 2:
@@ -190,14 +200,21 @@ def fp8_blockwise_kernel(
         s = tl.where(zero, 1.0, s)
         s = tl.where(s == 0, SMALLEST_NORMAL, s)
         m = tl.minimum(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s), FP32_MAX)
-    if FAMILY == 1:
-        y = tl.math.div_rn(x, tl.broadcast_to(s, x.shape))
-    else:
-        y = x * m
-    y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
-    tl.store(q_ptr + offs, _e4m3_code(y).to(tl.uint8), mask=mask)
+    qbase = q_ptr + e * n * k + cols[None, :]
+    for r0 in range(0, TILE_N, CHUNK):  # pass 2: scale, saturate, encode, store
+        i = r0 + tl.arange(0, CHUNK)
+        rows = tn * BN + i
+        mask = ((i < BN) & (rows < n))[:, None] & cmask
+        roffs = rows.to(tl.int64)[:, None] * k
+        x = tl.load(base + roffs, mask=mask, other=0.0).to(tl.float32)
+        if FAMILY == 1:
+            y = tl.math.div_rn(x, tl.broadcast_to(s, x.shape))
+        else:
+            y = x * m
+        y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
+        tl.store(qbase + roffs, _e4m3_code(y).to(tl.uint8), mask=mask)
     tl.store(s_ptr + e * nb * kb + tile, s)
-    tl.store(bad_ptr + e * nb * kb + tile, _count_bad(x))
+    tl.store(bad_ptr + e * nb * kb + tile, _sum(_sum(bad, 1), 0))
 
 
 @triton.jit

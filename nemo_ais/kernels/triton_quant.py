@@ -78,6 +78,13 @@ _KERNELS = "nemo_ais.kernels._triton_quant_jit"
 # block formats take 16 rows x 256 columns (4096 elements) per program.
 _ROWS, _COLS = 16, 256
 _ABSMAX_BLOCK = 8192
+# FP8 tiles are read in slices of this many rows. ptxas -v for sm_90a (Triton 3.6, bf16,
+# 8 warps): a whole 128x128 tile in registers spilled 1 KB a thread at 255 registers;
+# 32-row slices: 184 registers, 16: 104, 8: 64, no spills (not yet timed on a GPU).
+_FP8_CHUNK = 16
+# 16x256 blocks at 8 warps: 128 (MX) / 120 (NVFP4) registers, no spills; at 4 warps
+# 182-218 registers, i.e. at most 8 warps resident per SM.
+_WARPS = 8
 
 
 def triton_available() -> bool:
@@ -162,7 +169,7 @@ def quantize_blockwise_triton(
         _kernels_for(x).fp8_blockwise_kernel[(nb * kb, e)](
             x3, q.view(torch.uint8), s, bad, n, k, nb, kb, float(eps),
             BN=bn, BK=bk, TILE_N=tile_n, TILE_K=tile_k,
-            FAMILY=_FAMILY_INDEX[family], UE8M0=bool(ue8m0),
+            FAMILY=_FAMILY_INDEX[family], UE8M0=bool(ue8m0), CHUNK=min(tile_n, _FP8_CHUNK),
             num_warps=8 if tile_n * tile_k >= 8192 else 4,
         )  # fmt: skip
         if bool(bad.any()):  # the PyTorch path raises, naming the count and first index
@@ -188,7 +195,17 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
     grid = (-(-r // _ROWS), -(-k // cols))
     bad = torch.empty(grid, dtype=torch.int32, device=x.device)
     _kernels_for(x).mx_kernel[grid](
-        x2, q, scale, bad, r, k, BR=_ROWS, BK=cols, FP4=fp4, TIES_TO_ZERO=ties_toward_zero
+        x2,
+        q,
+        scale,
+        bad,
+        r,
+        k,
+        BR=_ROWS,
+        BK=cols,
+        FP4=fp4,
+        TIES_TO_ZERO=ties_toward_zero,
+        num_warps=_WARPS,
     )
     return q, scale, bool(bad.any())
 
@@ -246,7 +263,7 @@ def _nvfp4(x, s_g, n, e, rows_per_block, jit):
     sg_stride = 0 if s_g.numel() == 1 else 1
     jit.nvfp4_kernel[grid](
         x, s_g.reshape(-1).contiguous(), data, scale, bad, n, k, sg_stride,
-        BR=_ROWS, BK=cols, TILE_ROWS=rows_per_block,
+        BR=_ROWS, BK=cols, TILE_ROWS=rows_per_block, num_warps=_WARPS,
     )  # fmt: skip
     return data, scale.view(torch.float8_e4m3fn), bool(bad.any())
 
