@@ -28,6 +28,7 @@ from nemo_ais.kernels.triton_quant import (
     quantize_blockwise_triton,
     quantize_mxfp4_triton,
     quantize_mxfp8_triton,
+    quantize_nvfp4_experts_triton,
     quantize_nvfp4_triton,
 )
 
@@ -108,6 +109,19 @@ def test_weights_and_expert_stacks_equal_the_pytorch_path(shape, dtype):
     _assert_same(quantize_nvfp4_triton(x), quantize_nvfp4(x), "nvfp4")
     rows = quantize_nvfp4(x, rows_per_block=16)
     _assert_same(quantize_nvfp4_triton(x, rows_per_block=16), rows, "nvfp4 16x16")
+
+
+@pytest.mark.parametrize("rows_per_block", [1, 16])
+def test_nvfp4_expert_stack_with_a_scale_per_expert(rows_per_block):
+    # Qwen3-30B-A3B's gate_proj stack on a TP-2 rank, experts of different scales
+    g = torch.Generator(device="cuda").manual_seed(4)
+    scales = torch.logspace(-3, 1, 128, device="cuda")[:, None, None]
+    x = (torch.randn(128, 384, 2048, generator=g, device="cuda") * scales).bfloat16()
+    got = quantize_nvfp4_experts_triton(x, rows_per_block=rows_per_block)
+    for e in (0, 1, 77, 127):
+        want = quantize_nvfp4(x[e], rows_per_block=rows_per_block)
+        one = type(got)(got.data[e], got.block_scale[e], got.global_scale[e])
+        _assert_same(one, want, f"expert {e}")
 
 
 def test_non_finite_input_raises_on_cuda():
