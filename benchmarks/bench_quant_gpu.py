@@ -25,8 +25,9 @@ call, median of ``--repeats`` after a warm-up):
 * ``reference``: the same short reference, eager;
 * ``copy_``: ``y.copy_(x)`` of the same tensor (the bandwidth bound).
 
-Every output is checked bit-equal to ``current`` first (a mismatch is reported and the
-run records nothing). First-call times (Triton JIT, Inductor compile) are stated.
+Every Triton output is checked bit-equal to ``current`` first (from a mismatch on, the
+run records nothing more); Inductor's bits are reported. First-call times (Triton JIT,
+Inductor compile) are stated.
 
     python -m benchmarks.bench_quant_gpu --repeats 20
 """
@@ -201,6 +202,36 @@ def main() -> None:
     )
     rows = [head, "|---|---|---|" + "---:|" * (head.count("|") - 4)]
     firsts, problems, notes = [], [], []
+
+    def write() -> str:
+        """The section's body so far; recorded after every row unless a row mismatched."""
+        body = "\n".join(rows) + (
+            f"\n\n{gpu_name}; Triton {_triton_version()}. Each column timed with CUDA events "
+            f"(synchronized, L2 flushed by a 256 MiB write before each call), in turn within each "
+            f"of {args.repeats} repeats after a warm-up (median). `triton`: "
+            "nemo_ais.kernels.triton_quant, one launch per weight (an expert stack [128, 384, "
+            "2048], Qwen3-30B-A3B's gate_proj of one layer on a TP-2 rank, is one launch); "
+            "`compiled`: torch.compile (Inductor) of the short vectorised reference (FP8: "
+            "DeepGEMM's per_block_cast_to_fp8 formulation, family a; the others: the module "
+            "references without their input checks); `current`: the nemo_ais.fp8 quantizer on "
+            "the GPU; `reference`: the short reference, eager; `copy_`: y.copy_(x). "
+            "X / copy_ bandwidth = t(copy_) / t(X). Moved GB/s = (input + output bytes) / "
+            "t(triton). Every triton output was checked bit-equal to `current` first (from a "
+            "mismatch on, nothing more is recorded); the compiled outputs' comparison is the last column.\n\nFirst call, seconds (Triton JIT incl. autotune-free compile / Inductor "
+            "compile; nan: not compiled):\n\n" + "\n".join(f"- {f}" for f in firsts)
+        )
+        if notes:
+            body += "\n\nCompiled outputs that differ from `current`:\n\n" + "\n".join(
+                f"- {n}" for n in notes
+            )
+        if not args.no_record and not problems:
+            record_section(
+                "quant_fused_cuda",
+                "Fused quantizers (GPU): Triton and Inductor against copy_",
+                body,
+            )
+        return body
+
     for fmt in args.formats:
         triton_fn, current, short = COMPILABLE[fmt]
         compiled = short if args.smoke else torch.compile(short, dynamic=False)
@@ -251,33 +282,12 @@ def main() -> None:
                 if with_compile and compiled_bad:
                     notes.append(f"{fmt} {shape_s} {dtype}: compiled {compiled_bad}")
                 print(rows[-1], flush=True)
+                write()
                 del x, y
-    body = "\n".join(rows) + (
-        f"\n\n{gpu_name}; Triton {_triton_version()}. Each column timed with CUDA events "
-        f"(synchronized, L2 flushed by a 256 MiB write before each call), in turn within each "
-        f"of {args.repeats} repeats after a warm-up (median). `triton`: "
-        "nemo_ais.kernels.triton_quant, one launch per weight (an expert stack [128, 384, "
-        "2048], Qwen3-30B-A3B's gate_proj of one layer on a TP-2 rank, is one launch); "
-        "`compiled`: torch.compile (Inductor) of the short vectorised reference (FP8: "
-        "DeepGEMM's per_block_cast_to_fp8 formulation, family a; the others: the module "
-        "references without their input checks); `current`: the nemo_ais.fp8 quantizer on "
-        "the GPU; `reference`: the short reference, eager; `copy_`: y.copy_(x). "
-        "X / copy_ bandwidth = t(copy_) / t(X). Moved GB/s = (input + output bytes) / "
-        "t(triton). Every triton output was checked bit-equal to `current` first (a "
-        "mismatch records nothing); the compiled outputs' comparison is the last column.\n\nFirst call, seconds (Triton JIT incl. autotune-free compile / Inductor "
-        "compile; nan: not compiled):\n\n" + "\n".join(f"- {f}" for f in firsts)
-    )
-    if notes:
-        body += "\n\nCompiled outputs that differ from `current`:\n\n" + "\n".join(
-            f"- {n}" for n in notes
-        )
+    body = write()
     if problems:
         raise SystemExit("not bit-equal (nothing recorded):\n" + "\n".join(problems))
     print(body)
-    if not args.no_record:
-        record_section(
-            "quant_fused_cuda", "Fused quantizers (GPU): Triton and Inductor against copy_", body
-        )
 
 
 def _triton_version() -> str:

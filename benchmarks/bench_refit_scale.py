@@ -52,9 +52,9 @@ from nemo_ais.kernels.triton_quant import (
 )
 from nemo_ais.preflight import MODEL_SHAPES
 
-FORMATS = ("fp8", "mxfp8", "nvfp4")
+FORMATS = ("nvfp4", "fp8", "mxfp8")  # the headline first: a cut-off run keeps it
 # (model key, vLLM tensor-parallel size of the shipped config)
-MODELS = {"qwen3-8b": ("qwen3-8b", 1), "qwen3-30b-a3b": ("qwen3-30b-a3b", 2)}
+MODELS = {"qwen3-30b-a3b": ("qwen3-30b-a3b", 2), "qwen3-8b": ("qwen3-8b", 1)}
 
 
 @dataclass
@@ -203,6 +203,27 @@ def main() -> None:
         "current / fused | fused / copy_ bandwidth |"
     )
     rows = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+
+    def write(rows: list[str]) -> str:
+        """The section's body so far; recorded after every row (a cut-off run keeps its rows)."""
+        dev = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter: a smoke run)"
+        scale = "" if args.layers is None else f" ({args.layers} layer(s) only)"
+        body = "\n".join(rows) + (
+            f"\n\n{dev}{scale}. One TP rank's shard of every quantized linear weight of the "
+            "shipped configs (Qwen3-8B: vLLM TP 1; Qwen3-30B-A3B: vLLM TP 2, EP 1, 128 experts of "
+            "moe_intermediate 768 / 2), random bf16, resident on the device. `current`: the refit "
+            "stream of nemo_ais.fp8 (fp8_weight_stream, block_weight_stream nvfp4_w4a16 / mxfp8), "
+            "one HF tensor at a time; `fused`: nemo_ais.kernels.triton_quant, one launch per "
+            "dense weight and per [128, N, K] expert stack (NVFP4 fused layers share one amax, as "
+            "in the stream); `copy_`: y.copy_(x) of the same tensors. Wall seconds per refit, "
+            f"synchronized; median of {args.repeats} (fused, copy_) and {args.current_repeats} "
+            "(current) runs after a one-layer warm-up. Fraction of copy_ bandwidth = "
+            "t(copy_) / t(fused)."
+        )
+        if not args.no_record:
+            record_section("refit_scale", "Model-scale refit per GPU: FP8, MXFP8, NVFP4", body)
+        return body
+
     for model in args.models:
         key, tp = MODELS[model]
         layers = build_layers(key, tp, args.layers, device, args.experts, shrink)
@@ -222,26 +243,12 @@ def main() -> None:
                 f"**{t_copy / t_fused:.2f}** |"
             )
             print(rows[-1], flush=True)
+            write(rows)
         del layers, tensors
         if cuda:
             torch.cuda.empty_cache()
-    dev = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter: a smoke run)"
-    scale = "" if args.layers is None else f" ({args.layers} layer(s) only)"
-    body = "\n".join(rows) + (
-        f"\n\n{dev}{scale}. One TP rank's shard of every quantized linear weight of the "
-        "shipped configs (Qwen3-8B: vLLM TP 1; Qwen3-30B-A3B: vLLM TP 2, EP 1, 128 experts of "
-        "moe_intermediate 768 / 2), random bf16, resident on the device. `current`: the refit "
-        "stream of nemo_ais.fp8 (fp8_weight_stream, block_weight_stream nvfp4_w4a16 / mxfp8), "
-        "one HF tensor at a time; `fused`: nemo_ais.kernels.triton_quant, one launch per "
-        "dense weight and per [128, N, K] expert stack (NVFP4 fused layers share one amax, as "
-        "in the stream); `copy_`: y.copy_(x) of the same tensors. Wall seconds per refit, "
-        f"synchronized; median of {args.repeats} (fused, copy_) and {args.current_repeats} "
-        "(current) runs after a one-layer warm-up. Fraction of copy_ bandwidth = "
-        "t(copy_) / t(fused)."
-    )
+    body = write(rows)
     print(body)
-    if not args.no_record:
-        record_section("refit_scale", "Model-scale refit per GPU: FP8, MXFP8, NVFP4", body)
 
 
 if __name__ == "__main__":
