@@ -113,6 +113,19 @@ def _jit(interpret: bool) -> ModuleType:
     return module
 
 
+def _on_x_device(fn):
+    """Run ``fn(x, ...)`` with ``x``'s GPU current: Triton launches on the current device."""
+
+    @functools.wraps(fn)
+    def wrapper(x: torch.Tensor, *args, **kwargs):
+        if not x.is_cuda:
+            return fn(x, *args, **kwargs)
+        with torch.cuda.device(x.device):
+            return fn(x, *args, **kwargs)
+
+    return wrapper
+
+
 def _kernels_for(x: torch.Tensor) -> ModuleType:
     if x.device.type not in ("cuda", "cpu"):
         raise ValueError(f"x: got a tensor on {x.device}, expected CUDA (or CPU: interpreter)")
@@ -133,6 +146,7 @@ def _check_blockwise_args(x, block, family, eps, name) -> None:
         )
 
 
+@_on_x_device
 def quantize_blockwise_triton(
     x: torch.Tensor,
     block: tuple[int, int] = (128, 128),
@@ -210,6 +224,7 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
     return q, scale, bool(bad.any())
 
 
+@_on_x_device
 def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     """MXFP8 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.fp8.quantize_mxfp8`.
 
@@ -226,6 +241,7 @@ def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     return MXFP8Tensor(q.view(torch.float8_e4m3fn).view(*lead, k), scale.view(*lead, k // 32))
 
 
+@_on_x_device
 def quantize_mxfp4_triton(
     x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
 ) -> MXFP4Tensor:
@@ -268,6 +284,7 @@ def _nvfp4(x, s_g, n, e, rows_per_block, jit):
     return data, scale.view(torch.float8_e4m3fn), bool(bad.any())
 
 
+@_on_x_device
 def quantize_nvfp4_triton(
     x: torch.Tensor,
     amax: float | torch.Tensor | None = None,
@@ -310,6 +327,7 @@ def quantize_nvfp4_triton(
     return NVFP4Tensor(data, scale, s_g)
 
 
+@_on_x_device
 def quantize_nvfp4_experts_triton(
     x: torch.Tensor,
     amax: torch.Tensor | None = None,
