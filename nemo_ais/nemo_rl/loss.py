@@ -104,7 +104,7 @@ from nemo_ais.nemo_rl.seam import (
     loss_from_prepared,
     row_valid_tokens,
 )
-from nemo_ais.preflight import AIS_CONFLICTS, ais_conflicts
+from nemo_ais.preflight import AIS_CONFLICTS, ais_conflicts, bypass_kl_in_reward_problems
 
 __all__ = [
     "ALARM_METRIC_KEYS",
@@ -231,6 +231,12 @@ class AISLossConfig(ClippedPGLossConfig):
                 "delegates to NeMo-RL's ClippedPGLossFn, which reads prev_logprobs (use "
                 "mode: tis; with pi_old := mu every IS mode's weight is 1)"
             )
+        problems += bypass_kl_in_reward_problems(
+            {
+                f: getattr(self, f)
+                for f in ("ais", "use_kl_in_reward", "reference_policy_kl_penalty")
+            }
+        )
         if self.ais.mode != "none":  # core's loss: its knobs, and those the mode excludes
             try:
                 problems += surrogate_conflicts(self.ais, pg_loss_config(self))
