@@ -38,7 +38,13 @@ the AIS paper):
    exceeds ``jump_factor`` x its median over the previous ``window`` steps and that
    median by at least ``min_jump`` (needs ``min_history`` earlier steps). A refit that
    left stale or mis-scaled FP8 weights shows up as such a jump.
-3. ``kv_scale_position``: over the sequences whose valid span (first to last valid
+3. ``tail_jump``: the p99.9 of |l| (``abs_log_ratio_p999``) or the worst sequence's KL
+   (``seq_kl_peak``) exceeds ``tail_jump_factor`` x its median over the previous
+   ``window`` steps, by at least ``min_jump``: the tails a wrong weight layout or one
+   broken token move while the means stay flat (veRL #7986, NeMo-RL #4080). Both are
+   histogram bin edges a factor 2 apart, so the default 6 means a rise of >= 3 bins (8x):
+   a max moves more from step to step than a mean, so its threshold is wider.
+4. ``kv_scale_position``: over the sequences whose valid span (first to last valid
    position) is at least ``kv_min_length``, each cut into :data:`QUARTERS` quarters of its
    OWN span, the mean |l| over the last quarters is ``kv_ratio`` x that over the first
    quarters (and higher by ``min_jump``): mismatch growing with position within a
@@ -76,7 +82,7 @@ __all__ = [
     "alarm_metrics",
 ]
 
-ALARM_KINDS = ("nonfinite", "tmpe_jump", "severity_jump", "kv_scale_position")
+ALARM_KINDS = ("nonfinite", "tmpe_jump", "severity_jump", "tail_jump", "kv_scale_position")
 ALARM_PREFIX = "ais_alarm/"
 QUARTERS = 4
 """Quarters each long sequence's valid span is cut into by the ``kv_scale_position`` check."""
@@ -93,6 +99,14 @@ class AlarmConfig(BaseModel):
     )
     jump_factor: float = Field(
         3.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
+    )
+    tail_jump_factor: float = Field(
+        6.0,
+        gt=1.0,
+        description=(
+            "tail_jump: p99.9 |l| or the worst sequence's KL > tail_jump_factor x the recent "
+            "median (histogram bin edges, a factor 2 apart: 6 means >= 8x, three bins)."
+        ),
     )
     min_jump: float = Field(
         0.01,
@@ -122,7 +136,8 @@ class AISAlarmsConfig(AlarmConfig):
 
     Validated by ``AISLossConfig`` and offline by ``nemo_ais.nemo_rl.cluster_check``. The
     thresholds of :class:`AlarmConfig`, plus ``enabled``. Online the
-    worker runs the diagnostics-based alarms (``tmpe_jump``, ``severity_jump``) on the
+    worker runs the diagnostics-based alarms (``tmpe_jump``, ``severity_jump``,
+    ``tail_jump``) on the
     global batch's diagnostics, identical on every rank: no extra collective. The
     ``kv_*`` thresholds are used offline only (``nemo-ais analyze``); non-finite
     log-probs at valid positions already fail the prepare step with a ``ValueError``.
@@ -162,9 +177,20 @@ class PositionQuarters(Protocol):
         """[(mean |l|, tokens) per quarter]; None if no sequence was long enough."""
 
 
-def _get(diagnostics: Any, name: str) -> float:
+# tail_jump's statistics (AISDiagnostics fields) -> the label its evidence uses
+_TAIL_LABELS = {
+    "abs_log_ratio_p999": "p99.9 |log-ratio|",
+    "seq_kl_peak": "worst sequence's KL k3",
+}
+
+
+def _get(diagnostics: Any, name: str, default: float | None = None) -> float:
+    """A diagnostic by name; ``default`` (if given) when it is absent (an older log)."""
     if isinstance(diagnostics, Mapping):
-        return float(diagnostics[name])
+        value = diagnostics.get(name, default) if default is not None else diagnostics[name]
+        return float(value)
+    if default is not None:
+        return float(getattr(diagnostics, name, default))
     return float(getattr(diagnostics, name))
 
 
@@ -179,7 +205,8 @@ class AlarmMonitor:
         require_config(config, AlarmConfig, "AlarmMonitor(config)", optional=True)
         self.config = config if config is not None else AlarmConfig()
         self._history: dict[str, deque[float]] = {
-            name: deque(maxlen=self.config.window) for name in ("tmpe_excess", "severity")
+            name: deque(maxlen=self.config.window)
+            for name in ("tmpe_excess", "severity", *_TAIL_LABELS)
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -191,18 +218,21 @@ class AlarmMonitor:
         for name, values in state.items():
             self._history[name] = deque(map(float, values), maxlen=self.config.window)
 
-    def _jump(self, step: int, name: str, kind: str, value: float, label: str) -> Alarm | None:
+    def _jump(
+        self, step: int, name: str, kind: str, value: float, label: str, factor: float | None = None
+    ) -> Alarm | None:
         history = self._history[name]
         if len(history) < self.config.min_history:
             return None
         median = statistics.median(history)
-        if value > self.config.jump_factor * median and value - median >= self.config.min_jump:
+        factor = self.config.jump_factor if factor is None else factor
+        if value > factor * median and value - median >= self.config.min_jump:
             ratio = f"{value / median:.1f}x" if median > 0 else "from 0"
             return Alarm(
                 kind,
                 step,
                 f"{label} {value:.4g} vs {median:.4g} median of the previous {len(history)} "
-                f"steps ({ratio}; threshold {self.config.jump_factor}x)",
+                f"steps ({ratio}; threshold {factor}x)",
             )
         return None
 
@@ -266,12 +296,19 @@ class AlarmMonitor:
         empty = _get(diagnostics, "empty_batch") > 0
         tmpe_excess = _get(diagnostics, "token_mult_prob_error") - 1
         severity = _get(diagnostics, "severity")
+        tails = {name: _get(diagnostics, name, math.nan) for name in _TAIL_LABELS}  # nan: absent
         if not empty:
+            tail = [
+                self._jump(step, n, "tail_jump", v, _TAIL_LABELS[n], self.config.tail_jump_factor)
+                for n, v in tails.items()
+                if math.isfinite(v)
+            ]
             for alarm in (
                 self._jump(
                     step, "tmpe_excess", "tmpe_jump", tmpe_excess, "token_mult_prob_error - 1"
                 ),
                 self._jump(step, "severity", "severity_jump", severity, "severity D"),
+                next((a for a in tail if a is not None), None),  # one tail_jump per step
                 self._kv(step, profile),
             ):
                 if alarm is not None:
@@ -279,6 +316,9 @@ class AlarmMonitor:
             if math.isfinite(tmpe_excess) and math.isfinite(severity):
                 self._history["tmpe_excess"].append(tmpe_excess)
                 self._history["severity"].append(severity)
+            for name, value in tails.items():
+                if math.isfinite(value):
+                    self._history[name].append(value)
         if alarms and self.config.fail_on_alarm:
             raise RefitAlarmError(
                 "AIS refit guard (alarms.fail_on_alarm=true): " + "; ".join(map(str, alarms))
