@@ -37,13 +37,17 @@ the AIS paper):
 2. ``tmpe_jump`` / ``severity_jump``: ``token_mult_prob_error - 1`` (resp. the severity D)
    exceeds ``jump_factor`` x its median over the previous ``window`` steps and that
    median by at least ``min_jump`` (needs ``min_history`` earlier steps). A refit that
-   left stale or mis-scaled FP8 weights shows up as such a jump.
-3. ``tail_jump``: the p99.9 of |l| (``abs_log_ratio_p999``) or the worst sequence's KL
-   (``seq_kl_peak``) exceeds ``tail_jump_factor`` x its median over the previous
-   ``window`` steps, by at least ``min_jump``: the tails a wrong weight layout or one
-   broken token move while the means stay flat (veRL #7986, NeMo-RL #4080). Both are
-   histogram bin edges a factor 2 apart, so the default 6 means a rise of >= 3 bins (8x):
-   a max moves more from step to step than a mean, so its threshold is wider.
+   left stale or mis-scaled FP8 weights shows up as such a jump. ``tmpe_jump`` also needs
+   the bulk to have moved: the step's p99.9 |l| (``abs_log_ratio_p999``, when the
+   diagnostics carry it) above its recent median. The mean exp|l| is dominated by single
+   tokens (one |l| = 10 among 4096 adds 5.4 to it), and a single outlier token is a tail
+   statistic (``ais/abs_log_ratio_peak``), not a jump in the mean.
+3. ``tail_jump``: the p99.9 of |l| (``abs_log_ratio_p999``) exceeds ``tail_jump_factor``
+   x its median over the previous ``window`` steps, by at least ``min_jump``: a tail that
+   moved while the means may not have (veRL #7986: a wrong layout in some experts). It is a
+   histogram bin edge (bins a factor 2 apart), so the default 6 means a rise of >= 3 bins
+   (8x). The peaks (``abs_log_ratio_peak``, ``seq_kl_peak``) are reported, not alarmed
+   on: one outlier token moves them, and healthy runs have such tokens.
 4. ``kv_scale_position``: over the sequences whose valid span (first to last valid
    position) is at least ``kv_min_length``, each cut into :data:`QUARTERS` quarters of its
    OWN span, the mean |l| over the last quarters is ``kv_ratio`` x that over the first
@@ -104,8 +108,8 @@ class AlarmConfig(BaseModel):
         6.0,
         gt=1.0,
         description=(
-            "tail_jump: p99.9 |l| or the worst sequence's KL > tail_jump_factor x the recent "
-            "median (histogram bin edges, a factor 2 apart: 6 means >= 8x, three bins)."
+            "tail_jump: p99.9 |l| > tail_jump_factor x the recent median (a histogram bin "
+            "edge, bins a factor 2 apart: 6 means >= 8x, three bins)."
         ),
     )
     min_jump: float = Field(
@@ -177,11 +181,8 @@ class PositionQuarters(Protocol):
         """[(mean |l|, tokens) per quarter]; None if no sequence was long enough."""
 
 
-# tail_jump's statistics (AISDiagnostics fields) -> the label its evidence uses
-_TAIL_LABELS = {
-    "abs_log_ratio_p999": "p99.9 |log-ratio|",
-    "seq_kl_peak": "worst sequence's KL k3",
-}
+# tail_jump's statistic (an AISDiagnostics field), also tmpe_jump's bulk check
+_P999 = "abs_log_ratio_p999"
 
 
 def _get(diagnostics: Any, name: str, default: float | None = None) -> float:
@@ -205,8 +206,7 @@ class AlarmMonitor:
         require_config(config, AlarmConfig, "AlarmMonitor(config)", optional=True)
         self.config = config if config is not None else AlarmConfig()
         self._history: dict[str, deque[float]] = {
-            name: deque(maxlen=self.config.window)
-            for name in ("tmpe_excess", "severity", *_TAIL_LABELS)
+            name: deque(maxlen=self.config.window) for name in ("tmpe_excess", "severity", _P999)
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -235,6 +235,13 @@ class AlarmMonitor:
                 f"steps ({ratio}; threshold {factor}x)",
             )
         return None
+
+    def _bulk_moved(self, p999: float) -> bool:
+        """True if p99.9 |l| rose above its recent median (or is unknown: no gate)."""
+        history = self._history[_P999]
+        if not math.isfinite(p999) or not history:
+            return True
+        return p999 > statistics.median(history)
 
     def _kv(self, step: int, profile: PositionQuarters | None) -> Alarm | None:
         quarters = profile.quarters() if profile is not None else None
@@ -296,19 +303,21 @@ class AlarmMonitor:
         empty = _get(diagnostics, "empty_batch") > 0
         tmpe_excess = _get(diagnostics, "token_mult_prob_error") - 1
         severity = _get(diagnostics, "severity")
-        tails = {name: _get(diagnostics, name, math.nan) for name in _TAIL_LABELS}  # nan: absent
+        p999 = _get(diagnostics, _P999, math.nan)  # nan: absent (an older log)
         if not empty:
-            tail = [
-                self._jump(step, n, "tail_jump", v, _TAIL_LABELS[n], self.config.tail_jump_factor)
-                for n, v in tails.items()
-                if math.isfinite(v)
-            ]
+            tmpe = self._jump(
+                step, "tmpe_excess", "tmpe_jump", tmpe_excess, "token_mult_prob_error - 1"
+            )
+            if tmpe is not None and not self._bulk_moved(p999):
+                tmpe = None  # a few outlier tokens: a tail, reported as ais/abs_log_ratio_peak
+            tail = None
+            if math.isfinite(p999):
+                factor = self.config.tail_jump_factor
+                tail = self._jump(step, _P999, "tail_jump", p999, "p99.9 |log-ratio|", factor)
             for alarm in (
-                self._jump(
-                    step, "tmpe_excess", "tmpe_jump", tmpe_excess, "token_mult_prob_error - 1"
-                ),
+                tmpe,
                 self._jump(step, "severity", "severity_jump", severity, "severity D"),
-                next((a for a in tail if a is not None), None),  # one tail_jump per step
+                tail,
                 self._kv(step, profile),
             ):
                 if alarm is not None:
@@ -316,9 +325,8 @@ class AlarmMonitor:
             if math.isfinite(tmpe_excess) and math.isfinite(severity):
                 self._history["tmpe_excess"].append(tmpe_excess)
                 self._history["severity"].append(severity)
-            for name, value in tails.items():
-                if math.isfinite(value):
-                    self._history[name].append(value)
+            if math.isfinite(p999):
+                self._history[_P999].append(p999)
         if alarms and self.config.fail_on_alarm:
             raise RefitAlarmError(
                 "AIS refit guard (alarms.fail_on_alarm=true): " + "; ".join(map(str, alarms))

@@ -58,7 +58,6 @@ def test_empty_batch_neither_fires_nor_enters_the_history():
         "tmpe_excess": [],
         "severity": [],
         "abs_log_ratio_p999": [],
-        "seq_kl_peak": [],
     }
 
 
