@@ -151,3 +151,15 @@ def test_each_checkpoint_saves_the_users_loss_fn_and_reruns(overrides, tmp_path)
     rerun = ais_master_config(rerun_raw, run.nemo_rl_view(rerun_raw, ais_cfg), ais_cfg)
     assert rerun.loss_fn == master.loss_fn
     assert rerun.model_dump() == master.model_dump()
+
+
+def test_the_master_config_survives_pickling_and_copies():
+    # Ray pickles what it ships (async GRPO hands master_config to actors): the user's
+    # loss_fn and the marker travel with the view
+    import copy
+    import pickle
+
+    _, master = _master(BYPASS)
+    for clone in (pickle.loads(pickle.dumps(master)), copy.deepcopy(master)):
+        assert clone.model_dump() == master.model_dump()
+        assert clone.loss_fn.force_on_policy_ratio is True
