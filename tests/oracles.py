@@ -175,6 +175,9 @@ def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
             mode_frac_masked=0.0,
             mode_frac_capped=0.0,
             mode_ess=1.0,
+            abs_log_ratio_p999=0.0,
+            abs_log_ratio_peak=0.0,
+            seq_kl_peak=0.0,
         )
     n_seq = len(big_w)
     ess = min(1.0, sum(big_w) ** 2 / (n_seq * sum(w * w for w in big_w)))
@@ -212,6 +215,39 @@ def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
         n_tok=float(n_tok),
         empty_batch=0.0,
         **_batch_values(logp_old, logp_rollout, mask, cfg, alpha, mean_w, lcs),
+        **_tails(logp_old, logp_rollout, mask, cfg),
+    )
+
+
+def tail_bin_edge(x):
+    """Lower edge of x's tail bin: 0 below 2^-14, else the largest 2^-14 * 2^k <= x (k <= 22)."""
+    if x < 2.0**-14:
+        return 0.0
+    edge = 2.0**-14
+    for _ in range(22):
+        if edge * 2 > x:
+            break
+        edge *= 2
+    return edge
+
+
+def _tails(logp_old, logp_rollout, mask, cfg):
+    """p99.9 and max of |l| over valid tokens, max of the sequences' mean k3, as bin edges."""
+    c = cfg.log_ratio_clamp
+    abs_ls, k3s = [], []
+    for i in range(len(mask)):
+        ls = [logp_old[i][t] - logp_rollout[i][t] for t in range(len(mask[i])) if mask[i][t] == 1]
+        if not ls:
+            continue
+        abs_ls.extend(abs(ell) for ell in ls)
+        lcs = [min(max(ell, -c), c) for ell in ls]
+        k3s.append(sum(math.expm1(lc) - lc for lc in lcs) / len(lcs))
+    abs_ls.sort()
+    rank = math.ceil(0.999 * len(abs_ls))  # the rank-th smallest (1-based)
+    return dict(
+        abs_log_ratio_p999=tail_bin_edge(abs_ls[rank - 1]),
+        abs_log_ratio_peak=tail_bin_edge(abs_ls[-1]),
+        seq_kl_peak=tail_bin_edge(max(k3s)),
     )
 
 

@@ -39,6 +39,13 @@ sums from :mod:`nemo_ais.core.stats`, already reduced over the data-parallel gro
                   mode_ess = (sum w_hat)^2 / (n_w sum w_hat^2); n_w counts tokens, or
                   sequences for seq_tis / seq_mis / tbpo
 
+8. tails         from the |l| and per-sequence k3 histograms of the same vector (stats step
+                  4c; bins a factor 2 wide, so each value is the LOWER edge of its bin: the
+                  true value lies in [value, 2 value), or below 2^-14 when the value is 0)
+                  abs_log_ratio_p999 = bin of the ceil(0.999 n)-th smallest |l|
+                  abs_log_ratio_peak  = highest non-empty |l| bin
+                  seq_kl_peak         = highest non-empty bin of k3_i = mean_t exp(l^c) - 1 - l^c
+
 Also reported: KL(mu || pi_old) on samples from mu, k1 = mean(-l), k3 = mean(exp(l) - 1 - l);
 w_mean, frac_capped, token_mult_prob_error = mean exp|l|, raw_ratio_mean = mean exp(l).
 
@@ -58,7 +65,7 @@ what was expected). ``group=None`` raises the local error as is, as before.
 Globally empty batch (no valid token anywhere): alpha = alpha_raw = 0, empty_batch = 1,
 R = 1, D = 0, CV^2 = 0, k1 = k3 = 0, w_mean = raw_ratio_mean = token_mult_prob_error = 1,
 frac_capped = 0, g_sev = 0, g_rel = g_var = 1, w_norm = 1, m2po_threshold = 1e4 (nothing
-masked), mode_frac_* = 0, mode_ess = 1; the EMA value is left unchanged (an empty
+masked), mode_frac_* = 0, mode_ess = 1, tails 0; the EMA value is left unchanged (an empty
 batch carries no evidence), its update counter still advances.
 """
 
@@ -77,11 +84,15 @@ from nemo_ais.core import validation
 from nemo_ais.core.stats import (
     BAD_INPUT_SLOTS,
     NUM_SLOTS,
+    TAIL_BINS,
+    TAIL_QUANTILE,
+    TAIL_START,
     AISStats,
     Slot,
     compute_statistics,
     num_slots,
     reduce_statistics,
+    tail_bin_lower_edges,
 )
 from nemo_ais.modes import MODES
 from nemo_ais.modes.m2po import M2PO_OFF
@@ -124,6 +135,10 @@ class AISDiagnostics:
     mode_frac_masked: float = 0.0  # seq_mis / kl_rs / m2po: fraction whose weight is 0
     mode_frac_capped: float = 0.0  # seq_tis / seq_mis / tbpo: fraction of sequences at C_seq
     mode_ess: float = 1.0  # seq_tis / seq_mis / kl_rs / tbpo: (sum w)^2 / (n sum w^2)
+    # tails (step 8): lower edges of histogram bins, a factor 2 wide
+    abs_log_ratio_p999: float = 0.0  # the 99.9th percentile of |l| over valid tokens
+    abs_log_ratio_peak: float = 0.0  # max |l| over valid tokens
+    seq_kl_peak: float = 0.0  # max over sequences of k3_i, the sequence's mean k3
 
     def as_dict(self) -> dict[str, float]:
         """Field name -> value."""
@@ -221,7 +236,33 @@ def _sums(global_stats: AISStats) -> dict[Slot, float]:
     values = global_stats.vector.tolist()
     out = {slot: values[slot] for slot in Slot}
     out["tail"] = values[NUM_SLOTS:]
+    out["tails"] = values[TAIL_START:NUM_SLOTS]
     return out
+
+
+def _bin_of_rank(counts: list[float], rank: float) -> int:
+    """The bin holding the ``rank``-th smallest value (1-based) of a histogram."""
+    seen = 0.0
+    for b, count in enumerate(counts):
+        seen += count
+        if seen >= rank:
+            return b
+    return len(counts) - 1
+
+
+def _tail_values(s) -> dict[str, float]:
+    """Step 8: p99.9 and max of |l|, max of the sequences' k3, as lower bin edges."""
+    abs_counts, k3_counts = s["tails"][:TAIL_BINS], s["tails"][TAIL_BINS:]
+    edges = tail_bin_lower_edges()
+    n_tok = sum(abs_counts)
+    if n_tok == 0:  # no valid token (e.g. statistics built from sums alone)
+        return {}
+    top = lambda counts: max((b for b, c in enumerate(counts) if c > 0), default=0)  # noqa: E731
+    return {
+        "abs_log_ratio_p999": edges[_bin_of_rank(abs_counts, math.ceil(TAIL_QUANTILE * n_tok))],
+        "abs_log_ratio_peak": edges[top(abs_counts)],
+        "seq_kl_peak": edges[top(k3_counts)],
+    }
 
 
 def _mode_values(s, config: CorrectionConfig, alpha: float, w_mean: float) -> dict[str, float]:
@@ -303,6 +344,7 @@ def _diagnostics_from_sums(
         n_tok=n_tok,
         empty_batch=0.0,
         **_mode_values(s, config, alpha, w_mean),  # step 7
+        **_tail_values(s),  # step 8
     )
 
 

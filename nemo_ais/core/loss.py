@@ -63,7 +63,10 @@ our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 6. reduce            L = sum_it c_it (w_hat clip_loss + kl) + mu_nll L_nll
                      token level:    c_it = m_it / N_tok
                      sequence level: c_it = m_it / (n_i N_seq)
-                     N_* = global_valid_tokens / global_valid_seqs (None: this batch's count)
+                     N_* = global_valid_tokens / global_valid_seqs (None: this batch's count;
+                     1, NeMo-RL main's split-API placeholder, gives raw sums that its
+                     finish_train_step rescales by 1 / N: refused when the weight needs a
+                     statistic of the global batch, i.e. ais, m2po or batch_normalize)
                      positive_example_nll_weight mu_nll > 0 (VAPO), p_it = m_it [reward_i > 0]:
                      L_nll = sum_it -p_it log pi_theta / clamp_min(sum_it p_it, 1) (this
                      call's own count, as NeMo-RL; not weighted by w_hat)
@@ -232,7 +235,22 @@ def _given(value, name: str) -> torch.Tensor | float | None:
     return None if value is None else float(value)
 
 
-def _check_values(named, mask, advantages, x: LossInputs, global_tok, global_seq) -> _Counts:
+def _global_batch_need(config: CorrectionConfig) -> str | None:
+    """Why the weight needs a statistic of the global batch (alpha, q*, w_norm); None: it does not."""
+    field = MODES[config.mode].batch_field
+    if field is not None:
+        return f"loss_fn.ais.mode={config.mode!r} needs the global batch's {field} before the first loss call"
+    if config.batch_normalize:
+        return (
+            "loss_fn.ais.batch_normalize=True needs the global batch's mean weight w_norm "
+            "before the first loss call"
+        )
+    return None
+
+
+def _check_values(
+    named, mask, advantages, x: LossInputs, global_tok, global_seq, need: str | None
+) -> _Counts:
     """Step 1b: ONE fused host sync; the error paths name the input, count and first index.
 
     ``bad = nan_to_num(v - v, nan=-1)`` with v the sum of the masked differences is -1
@@ -240,7 +258,9 @@ def _check_values(named, mask, advantages, x: LossInputs, global_tok, global_seq
     ``-sum(bad)`` counts such positions anywhere (masked garbage such as -inf padding
     then needs zeroing by ``where``: ``clean=False``), ``-sum(bad * m)`` at valid ones
     (then the exact per-tensor count names the input and raises). The mask is in {0, 1}
-    iff 0 <= m <= 1 and sum m^2 = sum m (no temporary).
+    iff 0 <= m <= 1 and sum m^2 = sum m (no temporary). ``need``: the global-batch
+    statistic the mode needs (:func:`_global_batch_need`), which refuses NeMo-RL main's
+    split-API placeholder count of 1.
     """
     terms = [t.detach() for t in (x.log_r, x.log_rho, x.log_q, x.adv) if t is not None]
     v = terms[0] + terms[1]
@@ -265,8 +285,8 @@ def _check_values(named, mask, advantages, x: LossInputs, global_tok, global_seq
         _raise_for_bad_values(named, mask, advantages)  # else: an overflow, not bad input
     global_n_tok = n_tok_local if given[0] is None else given[0]
     global_n_seq = n_seq_local if given[1] is None else given[1]
-    validation.check_global_count("global_valid_tokens", global_n_tok, n_tok_local, "tokens")
-    validation.check_global_count("global_valid_seqs", global_n_seq, n_seq_local, "sequences")
+    validation.check_global_count("global_valid_tokens", global_n_tok, n_tok_local, "tokens", need)
+    validation.check_global_count("global_valid_seqs", global_n_seq, n_seq_local, "sequences", need)
     return _Counts(
         n_tok_local=n_tok_local,
         n_seq_local=n_seq_local,
@@ -437,7 +457,9 @@ def clipped_pg_loss(
             rank, as one agreed ``ValueError`` (see :func:`compute_diagnostics`).
         ValueError: ``global_valid_tokens`` / ``global_valid_seqs`` NaN, inf, or below this
             batch's own count (so <= 0 while it has a valid token), naming the argument.
-            0 with no valid token anywhere is the empty global batch: loss 0.
+            0 with no valid token anywhere is the empty global batch: loss 0. The split
+            API's placeholder 1 is accepted unless the mode needs a global-batch statistic
+            (``ais``, ``m2po``, ``batch_normalize``), then refused with that reason.
         TypeError: ``config`` is not a :class:`CorrectionConfig` or ``pg`` not a
             :class:`PGLossConfig` (e.g. a dict), naming the parameter.
         ValueError: mode ``tbpo`` with ``pg.disable_ppo_ratio``, ``pg.use_cispo`` or
@@ -487,7 +509,8 @@ def clipped_pg_loss(
     on_policy_kl = logp_ref is not None and pg.use_on_policy_kl_approximation
     terms = (curr_logprobs, prev_logprobs, generation_logprobs, logp_ref, advantages, m)
     x = _inputs(*terms, logp_kl, on_policy_kl)  # step 1b
-    counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs)
+    need = _global_batch_need(config)
+    counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs, need)
     if not counts.clean:
         x = _sanitised(*terms, logp_kl, on_policy_kl)
     batch_value = None  # alpha (ais) or q* (m2po) of the global batch

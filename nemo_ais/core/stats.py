@@ -38,10 +38,16 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu
    whose batch mean is not closed-form (every one but ais) with batch_normalize: the
    count, sum w, sum w^2, #{w = 0} and #{w = C_seq} of the mode's weight w_hat over valid
    tokens (a ``seq_level`` mode: one w_i per sequence, over sequences).
-4c. a mode with a ``batch_statistic`` (m2po: the histogram of q = (l^c)^2,
+4c. tails (every mode), two fixed log-spaced histograms of TAIL_BINS counts each (bin 0 =
+   [0, 2^-14), bin b = [2^(b-15), 2^(b-14)), the last open above 256): |l| over valid
+   tokens, and the per-sequence KL k3_i = mean_t (expm1(l^c) - l^c) over sequences with a
+   valid token. Counts are a SUM, so the quantiles and maxima of the global batch come out
+   of the same all-reduce (to within one bin, a factor 2): no MAX collective.
+4d. a mode with a ``batch_statistic`` (m2po: the histogram of q = (l^c)^2,
    :mod:`nemo_ais.modes.m2po`): its ``size`` local sums, appended to the vector.
 5. ONE ``all_reduce(SUM)`` of the vector over ``group`` (None: single process, no
-   collective). ``NUM_SLOTS`` float64 values = ``STATS_BYTES`` bytes on the wire.
+   collective). ``NUM_SLOTS`` float64 values = ``STATS_BYTES`` bytes on the wire (m2po:
+   ``2 M2PO_BINS`` more).
 
 A rank with no valid tokens contributes a vector of zeros and still joins the collective.
 """
@@ -61,6 +67,7 @@ __all__ = [
     "BAD_INPUT_SLOTS",
     "NUM_SLOTS",
     "STATS_BYTES",
+    "TAIL_BINS",
     "AISStats",
     "Slot",
     "compute_statistics",
@@ -112,7 +119,14 @@ _ERROR_KIND_SLOTS = (
     (TypeError, Slot.N_BAD_DTYPE),
     (ValueError, Slot.N_BAD_SHAPE),
 )
-NUM_SLOTS = len(Slot)  # a mode's batch_statistic appends its own slots (m2po: 128)
+# tails: the |l| histogram and the per-sequence k3 histogram, TAIL_BINS counts each, after
+# the Slot scalars; bin 0 = [0, TAIL_Q0), bin b >= 1 = [TAIL_Q0 2^(b-1), TAIL_Q0 2^b), the
+# last bin open above TAIL_Q0 2^(TAIL_BINS - 2) = 256
+TAIL_BINS = 24
+TAIL_Q0 = 2.0**-14
+TAIL_QUANTILE = 0.999  # ais/abs_log_ratio_p999: the quantile read from the |l| histogram
+TAIL_START = len(Slot)  # the |l| histogram; the k3 histogram follows it
+NUM_SLOTS = len(Slot) + 2 * TAIL_BINS  # a mode's batch_statistic appends its own slots
 STATS_BYTES = NUM_SLOTS * torch.finfo(torch.float64).bits // torch.iinfo(torch.uint8).bits
 STATS_DTYPE = torch.float64
 
@@ -122,6 +136,11 @@ def num_slots(config: CorrectionConfig) -> int:
     mode = MODES.get(getattr(config, "mode", None))
     extra = mode.batch_statistic if mode is not None else None
     return NUM_SLOTS + (extra.size if extra is not None else 0)
+
+
+def tail_bin_lower_edges() -> list[float]:
+    """Lower edge of each tail bin (python floats, identical on every rank)."""
+    return [0.0] + [TAIL_Q0 * 2.0 ** (b - 1) for b in range(1, TAIL_BINS)]
 
 
 @dataclass(frozen=True)
@@ -159,7 +178,8 @@ class AISStats:
         """Build statistics from textbook (unshifted) sums, e.g. sum w and sum w^2.
 
         For tests and tools that construct diagnostics directly, independent of the slot
-        layout. Omitted token sums default to the no-mismatch values (w = rho = 1).
+        layout. Omitted token sums default to the no-mismatch values (w = rho = 1); the
+        tail histograms stay empty (the tail diagnostics are then 0).
         """
         w_tok_sum = n_tok if w_tok_sum is None else w_tok_sum
         w_tok_sq_sum = n_tok if w_tok_sq_sum is None else w_tok_sq_sum
@@ -283,6 +303,26 @@ def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
     ]
 
 
+def _tail_bin(x):
+    """Tail bin of each x >= 0: 0 below TAIL_Q0, else floor(log2(x / TAIL_Q0)) + 1, capped."""
+    index = torch.log2(x / TAIL_Q0).floor_().add_(1).clamp_(0, TAIL_BINS - 1)
+    return torch.where(x < TAIL_Q0, 0, index).long()
+
+
+def _tail_histograms(log_rho, log_rho_c, n_tok_seq):
+    """Step 4c: counts of |l| per tail bin (valid tokens) and of k3_i (sequences with a token).
+
+    Invalid positions (l = 0) and empty sequences (k3_i = 0) land in bin 0; the caller
+    takes them out of its count.
+    """
+    abs_log_rho = log_rho.abs().reshape(-1)
+    k3_seq = (torch.expm1(log_rho_c) - log_rho_c).sum(dim=-1) / n_tok_seq.clamp(min=1)
+    counts = torch.zeros(2, TAIL_BINS, dtype=STATS_DTYPE, device=log_rho.device)
+    counts[0].index_add_(0, _tail_bin(abs_log_rho), torch.ones_like(abs_log_rho))
+    counts[1].index_add_(0, _tail_bin(k3_seq), torch.ones_like(k3_seq))
+    return counts
+
+
 def _bad_counts(valid, n_tok, mask):
     """Step 4: #non-finite l at valid positions, #mask values not in {0, 1}, rank flags."""
     n_bad_logprobs = valid.sum().to(STATS_DTYPE) - n_tok
@@ -336,9 +376,12 @@ def compute_statistics(
     tok_sums = _token_sums(log_rho, log_rho_c, n_tok, config)  # step 3
     bad = _bad_counts(valid, n_tok, mask)  # step 4
     norm = _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config)  # step 4b
-    vector = torch.stack(seq_sums + tok_sums + bad + norm)
+    tails = _tail_histograms(log_rho, log_rho_c, n_tok_seq)  # step 4c
+    tails[0, 0] -= ok.numel() - n_tok  # invalid positions (l = 0) are not tokens
+    tails[1, 0] -= n_tok_seq.numel() - seq_sums[0]  # nor are empty sequences
+    vector = torch.cat([torch.stack(seq_sums + tok_sums + bad + norm), tails.reshape(-1)])
     extra = MODES[config.mode].batch_statistic
-    if extra is not None:  # step 4c
+    if extra is not None:  # step 4d
         vector = torch.cat([vector, extra.sums(log_rho_c, ok, n_tok)])
     return AISStats(vector)
 

@@ -99,6 +99,7 @@ from nemo_ais.preflight.checks.fp8 import FP8_BLOCK, block_quantized_shards, fp8
 from nemo_ais.preflight.checks.loss import (
     AIS_CONFLICTS,
     ais_conflicts,
+    bypass_kl_in_reward_problems,
     bypass_problems,
     setup_sees_importance_sampling,
 )
@@ -147,6 +148,7 @@ __all__ = [
     "ais_conflicts",
     "apply_overrides",
     "block_quantized_shards",
+    "bypass_kl_in_reward_problems",
     "bypass_problems",
     "check",
     "check_config",

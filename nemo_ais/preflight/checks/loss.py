@@ -33,6 +33,7 @@ __all__ = [
     "AIS_CONFLICTS",
     "NO_CORRECTION_HINT",
     "ais_conflicts",
+    "bypass_kl_in_reward_problems",
     "bypass_problems",
     "setup_sees_importance_sampling",
     "tbpo_unused_warnings",
@@ -160,17 +161,46 @@ def check_loss_sections(ctx: Context) -> Verdict:
     return Verdict(problems, f"mode={ais.mode if ais else '?'}, validated", warnings)
 
 
+def bypass_kl_in_reward_problems(loss_fn: Mapping[str, Any]) -> list[str]:
+    """``loss_fn.ais.bypass`` with a KL term in the reward (``use_kl_in_reward``, beta != 0).
+
+    Bypass skips the trainer's ``prev_logprobs`` forward (NeMo-RL's ``force_on_policy_ratio``
+    path fills zeros), and ``use_kl_in_reward`` hands ``prev_logprobs`` to the advantage
+    estimator, which subtracts ``beta * KL(prev_logprobs, reference)``: the KL of zeros.
+    NeMo-RL main asserts against it (``grpo._validate_use_kl_in_reward_compat``); v0.7.0
+    does not. The one rule for the offline check and ``AISLossConfig``.
+
+    Args:
+        loss_fn: the ``loss_fn`` section (absent keys count as off).
+    """
+    ais = loss_fn.get("ais")
+    bypass = getattr(ais, "bypass", None) if not isinstance(ais, Mapping) else ais.get("bypass")
+    beta = loss_fn.get("reference_policy_kl_penalty", 0) or 0
+    if bypass is not True or not loss_fn.get("use_kl_in_reward", False) or beta == 0:
+        return []
+    return [
+        f"loss_fn.ais.bypass=true with loss_fn.use_kl_in_reward=true and "
+        f"loss_fn.reference_policy_kl_penalty={beta!r} is invalid: bypass skips the "
+        "prev_logprobs forward (NeMo-RL fills zeros) and the reward's KL term reads "
+        "prev_logprobs, so the advantages would carry the KL of zeros to the reference "
+        "(NeMo-RL main asserts the same; v0.7.0 does not). Set loss_fn.use_kl_in_reward: "
+        "false (the KL term in the loss), loss_fn.reference_policy_kl_penalty: 0, or "
+        "loss_fn.ais.bypass: false"
+    ]
+
+
 def bypass_problems(cfg: Mapping[str, Any]) -> list[str]:
     """``loss_fn.ais.bypass`` (pi_old := mu) on NeMo-RL: what its ``prev_logprobs`` skip needs.
 
     The launcher turns on NeMo-RL's ``loss_fn.force_on_policy_ratio`` for the driver
     (``nemo_rl_view``), so ``grpo_train`` skips the trainer's ``prev_logprobs`` forward and
     ``setup()`` asserts one update per rollout batch; with mode ``none`` the loss is
-    NeMo-RL's own, which would read the zeros it fills in.
+    NeMo-RL's own, which would read the zeros it fills in, and so would a KL term in the
+    reward (:func:`bypass_kl_in_reward_problems`).
     """
     if get(cfg, "loss_fn.ais.bypass", False) is not True:
         return []
-    problems = []
+    problems = bypass_kl_in_reward_problems(get(cfg, "loss_fn", {}))
     if get(cfg, "loss_fn.ais.mode", "ais") == "none":
         problems.append(
             "loss_fn.ais.bypass=true needs a correction mode: with loss_fn.ais.mode=none the "
