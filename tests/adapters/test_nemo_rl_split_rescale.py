@@ -38,10 +38,7 @@ B, S, MBS = 6, 12, 2
 UPSTREAM_RTOL = 1e-6
 BASE = {"reference_policy_kl_penalty": 0.01, "ratio_clip_c": 3.0}
 TBPO_WIDE = {
-    "tbpo_clip_low": 0.05,
-    "tbpo_clip_high": 0.08,
-    "tbpo_neg_clip_low": 0.04,
-    "tbpo_neg_clip_high": 0.06,
+    "tbpo": {"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06}
 }
 # modes whose weight needs no statistic of the global batch
 NO_GLOBAL_STATISTIC = {
@@ -50,14 +47,14 @@ NO_GLOBAL_STATISTIC = {
     "icepop": {"mode": "icepop"},
     "seq_mask_geo": {"mode": "seq_mask_geo"},
     "seq_tis": {"mode": "seq_tis"},
-    "seq_mis": {"mode": "seq_mis", "seq_mis_min": 0.5, "seq_mis_max": 2.0},
-    "kl_rs": {"mode": "kl_rs", "rs_aggregation": "max", "rs_veto_min_ratio": 0.5},
+    "seq_mis": {"mode": "seq_mis", "seq_mis": {"min": 0.5, "max": 2.0}},
+    "kl_rs": {"mode": "kl_rs", "kl_rs": {"aggregation": "max", "veto_min_ratio": 0.5}},
     "tbpo": {"mode": "tbpo", **TBPO_WIDE},
     "tis_bypass": {"mode": "tis", "bypass": True},
 }
 NEEDS_GLOBAL_STATISTIC = {
     "ais": ({"mode": "ais"}, "alpha"),
-    "m2po": ({"mode": "m2po", "m2po_tau": 1e-3}, "m2po_threshold"),
+    "m2po": ({"mode": "m2po", "m2po": {"tau": 1e-3}}, "m2po_threshold"),
     "tis_bn": ({"mode": "tis", "batch_normalize": True}, "w_norm"),
     "seq_tis_bn": ({"mode": "seq_tis", "batch_normalize": True}, "w_norm"),
 }

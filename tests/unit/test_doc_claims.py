@@ -153,7 +153,8 @@ def _slot_byte_claims():
 
 def test_statistics_vector_size_in_the_docs_is_the_codes():
     from nemo_ais.config import CorrectionConfig
-    from nemo_ais.core.stats import M2PO_BINS, NUM_SLOTS, STATS_BYTES, num_slots
+    from nemo_ais.core.stats import NUM_SLOTS, STATS_BYTES, num_slots
+    from nemo_ais.modes.m2po import M2PO_BINS
 
     m2po = num_slots(CorrectionConfig(mode="m2po"))
     allowed = {(NUM_SLOTS, STATS_BYTES), (m2po, m2po * STATS_BYTES // NUM_SLOTS)}
