@@ -5,8 +5,9 @@ The README's Slurm example was refused as pasted (a 2-node config needs ``HF_HOM
 shared filesystem): no test ran it. Here every ``bash``/``sh``/``console`` block of
 README.md, docs/*.md and launchers/README.md is parsed out and run with bash, in a
 scratch working directory that holds the repository's ``configs/`` and ``launchers/``
-(links) and the logs the ``nemo-ais analyze`` examples name (written by NeMo-RL's real
-logger). What differs from a user's shell, and only that:
+(links), the logs the ``nemo-ais analyze`` examples name (written by NeMo-RL's real
+logger), and NeMo-RL's ``examples/configs`` with docs/migration.md's config file beside
+them (the guide's commands run from the NeMo-RL checkout). What differs from a user's shell, and only that:
 
 * the launchers get ``--dry-run`` where a block has none: they print the ``cd``, the
   environment and the ``sbatch`` / ``uv run`` line instead of submitting (tests/unit/
@@ -36,6 +37,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +47,7 @@ from test_analyze_logs import write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "launchers/README.md"]
+MIGRATION = (ROOT / "docs" / "migration.md").read_text()
 _FENCE = re.compile(r"^```(bash|sh|console)[^\n]*\n(.*?)^```", re.S | re.M)
 _LAUNCHER = re.compile(r"(launchers/(?:local|slurm)_grpo_ais\.sh)(?!\s+--dry-run)")
 _NEMO_RL_DIR = re.compile(r"\bNEMO_RL_DIR=\S+")
@@ -135,6 +138,13 @@ def workdir(tmp_path_factory) -> Path:
     for name in ("configs", "launchers"):
         (work / name).symlink_to(ROOT / name)
     write_run(work / "logs" / "exp_001", [1, 2, 3], scale=0.004)
+    # docs/migration.md's file, beside a copy of NeMo-RL's examples/configs (its commands run
+    # from the NeMo-RL checkout)
+    nemo_rl_dir = Path(sys.modules["nemo_rl"].__path__[0]).parent
+    configs = work / "examples" / "configs"
+    shutil.copytree(nemo_rl_dir / "examples" / "configs", configs)
+    block = re.search(r"<!-- migration:config -->\s*```yaml\n(.*?)^```", MIGRATION, re.S | re.M)
+    (configs / "grpo_math_8B_megatron_fp8_ais.yaml").write_text(block[1])
     run = work / "runs" / "default"  # what `nemo-ais run` leaves (for report and analyze)
     records = []
     for arm in ("bf16", "fp8-ais"):
@@ -231,5 +241,8 @@ def test_every_inline_command_runs_as_written(where, cmd, workdir, tmp_path, mon
 
 def test_inline_commands_are_found():
     cmds = {cmd for _, cmd in INLINE}
-    assert {"nemo-ais run --quick", "nemo-ais run --preset evidence"} <= cmds
+    assert {"nemo-ais run --preset evidence", "nemo-ais run --preset fp4-evidence"} <= cmds
+    assert (
+        "python -m nemo_ais.preflight examples/configs/grpo_math_8B_megatron_fp8_ais.yaml" in cmds
+    )
     assert not any("LOG_DIR" in c or "<" in c for c in cmds)
