@@ -52,7 +52,7 @@ def measure(preset: str) -> dict:
         torch.set_num_threads(cfg.policy.warm_start.num_threads)  # as nemo-ais run does
         task = build_task(cfg)
         load0, cpu0, t0 = os.getloadavg()[0], _cpu_self(), time.perf_counter()
-        path = warm_start(cfg, task, progress=False)
+        path = warm_start(cfg, task, progress=True)  # tqdm on stderr: steps done, s/step
         wall, cpu = time.perf_counter() - t0, _cpu_self() - cpu0
         blob = torch.load(path, weights_only=True)
     ws = cfg.policy.warm_start
