@@ -20,7 +20,8 @@ package data);
 ``nemo-ais report RUN_DIR`` redraws its plots and summary.
 ``nemo-ais --version`` prints the installed distribution's version and where it imports from.
 ``nemo-ais analyze LOG_DIR`` replays the AIS diagnostics and every correction mode over a
-NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``).
+NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``); given a directory
+above runs (a NeMo-RL log root, a ``nemo-ais run`` directory), it analyses each run found.
 ``nemo-ais attribute [--preset NAME | --config FILE] [--arm ARM] [key=value ...]`` runs the
 twin on the config's policy with one quantized source at a time (weights and activations
 per layer and module, the KV cache per layer) and writes which carry the rollout mismatch
@@ -56,6 +57,7 @@ examples:
   nemo-ais run experiment.include=[bf16,fp8-ais] experiment.seeds=[0]
   nemo-ais report runs/default
   nemo-ais analyze logs/exp_001 loss_fn.ais.ema=0.9    # a NeMo-RL run's train_data_step*.jsonl
+  nemo-ais analyze runs/default                  # each run below: logs/<arm>_seed<n>
   nemo-ais attribute rollout.format=nvfp4_w4a4 rollout.kv_cache=nvfp4   # who carries the mismatch
   nemo-ais calibrate-input-amax Qwen/Qwen3-8B --prompts train.jsonl --device cuda \
       --out calibration/qwen3_8b_nvfp4_input_amax.json   # W4A4 refit's input_amax_file
@@ -164,9 +166,15 @@ def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         description="Read LOG_DIR/train_data_step{N}.jsonl (NeMo-RL's per-step batch logs, "
         "in order of N), compute per step the AIS diagnostics, alpha and the weights of "
         "tis/icepop/seq_mask_geo/ais with the core code, run the refit guard, and write "
-        "analysis.jsonl, report.md and PNG plots to OUT.",
+        "analysis.jsonl, report.md and PNG plots to OUT. If LOG_DIR holds no step file, "
+        "every run directory up to 4 levels below it is analysed, each on its own (a NeMo-RL "
+        "log root, a nemo-ais run directory: <run_dir>/logs/<arm>_seed<n>).",
     )
-    analyze.add_argument("log_dir", type=Path, help="NeMo-RL logger.log_dir of one run.")
+    analyze.add_argument(
+        "log_dir",
+        type=Path,
+        help="NeMo-RL logger.log_dir of one run, or a directory above runs (each is analysed).",
+    )
     analyze.add_argument(
         "overrides",
         nargs="*",
@@ -174,7 +182,14 @@ def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         help="loss_fn.ais.<field>=value or alarms.<field>=value, e.g. loss_fn.ais.ema=0.9.",
     )
     analyze.add_argument(
-        "--out", type=Path, default=None, help="Output directory (default LOG_DIR/ais_analysis)."
+        "--out",
+        type=Path,
+        default=None,
+        help="Output directory (default LOG_DIR/ais_analysis; for runs found below LOG_DIR: "
+        "OUT/<run's path below LOG_DIR>, default <run>/ais_analysis).",
+    )
+    analyze.add_argument(
+        "--list", action="store_true", help="List the run directories found and exit."
     )
     analyze.add_argument(
         "--config",
@@ -413,9 +428,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from nemo_ais.analyze import BadInputError, analyze_run, load_analysis_config
+    from nemo_ais.analyze import BadInputError, load_analysis_config
     from nemo_ais.analyze.analysis import global_batches_per_step
-    from nemo_ais.analyze.reader import format_steps
+    from nemo_ais.analyze.reader import SEARCH_DEPTH, find_log_dirs
 
     try:
         config, alarm_config = load_analysis_config(args.config, args.overrides)
@@ -424,9 +439,46 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"nemo-ais analyze: invalid config: {err}", file=sys.stderr)
         return 2
     try:
+        log_dirs = find_log_dirs(args.log_dir)
+    except BadInputError as err:
+        print(f"nemo-ais analyze: {err}", file=sys.stderr)
+        return 1
+    if not log_dirs:
+        print(
+            f"nemo-ais analyze: {args.log_dir}:0: no train_data_step{{N}}.jsonl files in it or "
+            f"{SEARCH_DEPTH} levels below it (NeMo-RL writes them to logger.log_dir during GRPO "
+            "training; nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.list:
+        for log_dir in log_dirs:
+            print(log_dir)
+        return 0
+    if log_dirs == [args.log_dir]:  # LOG_DIR is one run's log_dir
+        return _analyze_one(args, args.log_dir, args.out, "", config, alarm_config, batches)
+    print(f"nemo-ais analyze: {len(log_dirs)} run(s) below {args.log_dir}")
+    codes = []
+    for log_dir in log_dirs:
+        rel = log_dir.relative_to(args.log_dir)
+        out = args.out / rel if args.out is not None else None
+        code = _analyze_one(args, log_dir, out, f"{rel}: ", config, alarm_config, batches)
+        if code == 130:  # interrupted: stop here
+            return code
+        codes.append(code)
+    # a run that failed (1) outranks an alarm (3): both are reported, run by run, above
+    return 1 if 1 in codes else max(codes)
+
+
+def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> int:
+    """Analyse one run's ``log_dir``; print its summary (``prefix``: the run's name)."""
+    from nemo_ais.analyze import BadInputError, analyze_run
+    from nemo_ais.analyze.reader import format_steps
+
+    try:
         result = analyze_run(
-            args.log_dir,
-            args.out,
+            log_dir,
+            out,
             config,
             alarm_config,
             skip_bad_rows=args.skip_bad_rows,
@@ -445,14 +497,14 @@ def _analyze(args: argparse.Namespace) -> int:
         return 1
     except OSError as err:  # unreadable file, full disk: one line, no traceback
         print(
-            f"nemo-ais analyze: {err.filename or args.log_dir}: {err.strerror or err}",
+            f"nemo-ais analyze: {err.filename or log_dir}: {err.strerror or err}",
             file=sys.stderr,
         )
         return 1
     except Exception as err:  # backstop: one line naming the input, never a traceback
         first = (str(err).strip().splitlines() or [""])[0][:200]
         print(
-            f"nemo-ais analyze: {args.log_dir}: unexpected {type(err).__name__}: {first} "
+            f"nemo-ais analyze: {log_dir}: unexpected {type(err).__name__}: {first} "
             "(run with -v and report it)",
             file=sys.stderr,
         )
@@ -465,7 +517,7 @@ def _analyze(args: argparse.Namespace) -> int:
         else ""
     )
     print(
-        f"nemo-ais analyze: {len(steps)} steps ({steps[0]}..{steps[-1]}{missing}), "
+        f"nemo-ais analyze: {prefix}{len(steps)} steps ({steps[0]}..{steps[-1]}{missing}), "
         f"{len(result.alarms)} alarm(s){skipped}; see {result.out_dir / 'report.md'}"
     )
     for alarm in result.alarms[:10]:

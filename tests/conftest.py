@@ -15,6 +15,11 @@
 * Tests that drive NeMo-RL's code carry the ``nemo_rl`` marker; CI runs the whole suite
   against v0.7.0 and then ``-m nemo_rl`` against main (README, ``.ci/run``).
 * Deterministic seeds, CPU threads kept small (2-core CI machine).
+* Tests write only under their tmp dirs: after each test, the TensorBoard writers it
+  started (NeMo-RL's real ``Logger``, whose ``logger.log_dir`` is relative in the shipped
+  configs) are closed while the test's working directory (its ``tmp_path``) is still
+  current, so no writer thread flushes into the repository later; and a test that leaves a
+  new file or directory at the top of the repository fails, naming it.
 * Skip policy (``tests/skip_policy.py``): a skip only for one of its exact reasons (no
   CUDA device, Transformer Engine absent), no xfail; a present but broken TE fails.
 """
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo_guard import writes_stay_in_tmp
 
 # Skips and xfails: only the exact reasons of tests/skip_policy.py; anything else (NeMo-RL
 # missing, a race lost, a broken Transformer Engine, any xfail) is reported as a failure,
@@ -113,3 +119,15 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _writes_stay_in_tmp(monkeypatch):
+    """Close the test's TensorBoard writers, then fail if it left anything in the repo.
+
+    ``monkeypatch`` is set up before this fixture, so it is torn down after it: a
+    ``monkeypatch.chdir(tmp_path)`` of the test still holds when the writers close
+    (``tests/repo_guard.py``).
+    """
+    with writes_stay_in_tmp(REPO_ROOT, monkeypatch):
+        yield

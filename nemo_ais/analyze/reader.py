@@ -45,6 +45,7 @@ __all__ = [
     "BadInputError",
     "Chunk",
     "StepFile",
+    "find_log_dirs",
     "find_step_files",
     "format_steps",
     "iter_chunks",
@@ -63,6 +64,10 @@ _PER_TOKEN_KEYS = (
 )
 _DTYPE = torch.float64
 _MAX_HINTS = 3  # sub-directories named when log_dir itself holds no step file
+# Levels below LOG_DIR searched for runs: a NeMo-RL log root (logs/exp_001: 1), a nemo-ais
+# run directory (runs/default/logs/bf16_seed0: 2), the runs/ directory above it (3), + 1.
+SEARCH_DEPTH = 4
+_SKIP_BAD_ROWS_HINT = "--skip-bad-rows skips and counts such rows"
 
 try:  # optional fast path; it rejects NaN/Infinity, which then go through json
     import orjson as _orjson
@@ -125,13 +130,53 @@ class ReadCounts:
     bad_examples: list[str] = field(default_factory=list)
 
 
+def _has_step_file(directory: Path) -> bool:
+    try:
+        return any(STEP_FILE.match(p.name) and p.is_file() for p in directory.iterdir())
+    except OSError:  # unreadable directory: it holds no run we can read
+        return False
+
+
+def find_log_dirs(root: Path | str, max_depth: int = SEARCH_DEPTH) -> list[Path]:
+    """The run log directories at or below ``root``: those holding step files, sorted.
+
+    ``root`` itself, if it holds a ``train_data_step{N}.jsonl`` (a NeMo-RL
+    ``logger.log_dir``); otherwise every directory up to ``max_depth`` levels below it that
+    holds one (a NeMo-RL log root with one directory per run, a ``nemo-ais run``
+    directory with ``logs/<arm>_seed<n>/``, or the ``runs/`` directory above those). The
+    search does not descend into a run's own log directory or follow symbolic links.
+
+    Raises:
+        BadInputError: ``root`` is not a directory.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise BadInputError(root, 0, "not a directory (expected a NeMo-RL log_dir)")
+    if _has_step_file(root):
+        return [root]
+    found, level = [], [root]
+    for _ in range(max_depth):
+        below = []
+        for directory in level:
+            try:
+                children = sorted(p for p in directory.iterdir() if p.is_dir())
+            except OSError:
+                continue
+            for child in children:
+                if child.is_symlink():
+                    continue
+                (found if _has_step_file(child) else below).append(child)
+        level = below
+    return sorted(found)
+
+
 def find_step_files(log_dir: Path | str) -> list[StepFile]:
     """Every ``train_data_step{N}.jsonl`` directly in ``log_dir``, ordered by N.
 
     Raises:
         BadInputError: ``log_dir`` is not a directory, holds no step file (the first three
-            sub-directories that do are named, then "and N more"), or two files have the
-            same N.
+            directories below it, up to :data:`SEARCH_DEPTH` levels, that do are named,
+            then "and N more"), or two files have the same N.
     """
     log_dir = Path(log_dir)
     if not log_dir.is_dir():
@@ -146,14 +191,13 @@ def find_step_files(log_dir: Path | str) -> list[StepFile]:
             raise BadInputError(path, 0, f"step {step} also in {found[step].name}")
         found[step] = path
     if not found:
-        nested = sorted(
-            {p.parent for p in log_dir.glob("*/train_data_step*.jsonl") if STEP_FILE.match(p.name)}
-        )
+        nested = find_log_dirs(log_dir)
         more = f" and {len(nested) - _MAX_HINTS} more" if len(nested) > _MAX_HINTS else ""
         hint = (
             f"; found some in {', '.join(map(str, nested[:_MAX_HINTS]))}{more}: pass one of those"
             if nested
-            else " (NeMo-RL writes them to logger.log_dir during GRPO training)"
+            else f" in it or {SEARCH_DEPTH} levels below it (NeMo-RL writes them to "
+            "logger.log_dir during GRPO training; nemo-ais run to <run_dir>/logs/<arm>_seed<n>)"
         )
         raise BadInputError(log_dir, 0, f"no train_data_step{{N}}.jsonl files{hint}")
     return [StepFile(s, found[s], found[s].stat().st_size) for s in sorted(found)]
@@ -310,7 +354,7 @@ def _chunk(rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], pat
 def _bad_row(path: Path, lineno: int, err: _RowError, skip: bool, counts: ReadCounts) -> None:
     """Raise :class:`BadInputError` for a bad row, or (``skip``) count it."""
     if not skip:
-        raise BadInputError(path, lineno, str(err)) from None
+        raise BadInputError(path, lineno, f"{err} ({_SKIP_BAD_ROWS_HINT})") from None
     counts.bad_rows += 1
     if len(counts.bad_examples) < 3:
         counts.bad_examples.append(f"{path.name}:{lineno}: {err}")

@@ -18,6 +18,12 @@ GRPO step: reward, loss, ``ais/*`` diagnostics, applied ``alpha``, timings) and
 ``kind: val`` (held-out greedy accuracy at step 0, every ``grpo.val_period`` steps and at
 the end). Seed bands are mean +- std over seeds (sample std, ddof = 1), clipped to the
 metric's range (a non-negative metric never shows a band below 0).
+
+A run shorter than :data:`EVIDENCE_MIN_STEPS` GRPO steps or with fewer than
+:data:`EVIDENCE_MIN_SEEDS` seeds (``--quick``, ``--preset fp4-quick``) is a smoke run: its
+summary opens with a line saying it is not evidence and why (:func:`smoke_reasons`), and
+leaves out the tables whose statistic the run is too short for (the collapse step, and the
+first / last :data:`EARLY_LATE_STEPS` steps, which would overlap).
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ from nemo_ais.plotting import series_style, style_axes
 
 __all__ = [
     "DIAGNOSTICS",
+    "EARLY_LATE_STEPS",
+    "EVIDENCE_MIN_SEEDS",
+    "EVIDENCE_MIN_STEPS",
     "PLOTS",
     "Collapse",
     "Panel",
@@ -44,6 +53,8 @@ __all__ = [
     "paired_ci",
     "paired_differences",
     "primary_metric",
+    "run_extent",
+    "smoke_reasons",
     "t_quantile_975",
     "write_report",
 ]
@@ -88,6 +99,14 @@ DIAGNOSTICS = (
         lo=1.0,
     ),
 )
+
+
+# The windows of the non-stationarity table: the first and the last EARLY_LATE_STEPS steps.
+EARLY_LATE_STEPS = 10
+# Below these, a run is a smoke run (not evidence): the early and late windows overlap, the
+# collapse step reads one or two evaluations, and one seed gives no paired interval.
+EVIDENCE_MIN_STEPS = 2 * EARLY_LATE_STEPS
+EVIDENCE_MIN_SEEDS = 2
 
 
 def load_metrics(path: Path) -> list[dict[str, Any]]:
@@ -214,7 +233,9 @@ def primary_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]
     return out
 
 
-def _early_late(train: list[dict[str, Any]], key: str, k: int = 10) -> tuple[float, float]:
+def _early_late(
+    train: list[dict[str, Any]], key: str, k: int = EARLY_LATE_STEPS
+) -> tuple[float, float]:
     """Mean of ``key`` over the first ``k`` and the last ``k`` steps (all seeds pooled)."""
     steps = sorted({r["step"] for r in train})
     first, last = set(steps[:k]), set(steps[-k:])
@@ -250,7 +271,7 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         initial = [v[min(v)] for v in seeds.values() if v]
         train = [r for r in records if r.get("kind") == "train" and r["arm"] == arm]
         last_step = max((r["step"] for r in train), default=0)
-        tail = [r for r in train if r["step"] > last_step - 10]
+        tail = [r for r in train if r["step"] > last_step - EARLY_LATE_STEPS]
 
         def avg(key, rows=train):
             vals = [r[key] for r in rows if r.get(key) is not None]
@@ -399,13 +420,51 @@ def _delta_cell(diffs: dict[str, tuple[int, float, float]], arm: str, reference:
     return _fmt_ci(*diffs.get(arm, (0, math.nan, math.nan))[1:])
 
 
+def run_extent(records: list[dict[str, Any]]) -> tuple[int, int]:
+    """``(steps, seeds)``: the last step recorded, and the most seeds any arm ran."""
+    steps = max((int(r["step"]) for r in records if "step" in r), default=0)
+    seeds: dict[str, set[int]] = defaultdict(set)
+    for r in records:
+        if "arm" in r and "seed" in r:
+            seeds[r["arm"]].add(r["seed"])
+    return steps, max((len(v) for v in seeds.values()), default=0)
+
+
+def smoke_reasons(records: list[dict[str, Any]]) -> list[str]:
+    """Why the run is a smoke run, not evidence (empty: it is long enough to be evidence).
+
+    A run is a smoke run when it has fewer than :data:`EVIDENCE_MIN_STEPS` GRPO steps or
+    fewer than :data:`EVIDENCE_MIN_SEEDS` seeds.
+    """
+    steps, seeds = run_extent(records)
+    reasons = []
+    if steps < EVIDENCE_MIN_STEPS:
+        reasons.append(f"{steps} GRPO steps (evidence: >= {EVIDENCE_MIN_STEPS})")
+    if seeds < EVIDENCE_MIN_SEEDS:
+        reasons.append(f"{seeds} seed (no paired confidence interval; evidence: >= 2)")
+    return reasons
+
+
+def _fmt_corr(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:+.2f}"
+
+
 def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "bf16") -> str:
     summ = arm_summary(records)
     diffs = paired_differences(records, reference)
     n_seeds = max((s["seeds"] for s in summ.values()), default=0)
-    lines = [
-        f"# Summary of `{run_dir}`",
-        "",
+    n_steps = run_extent(records)[0]
+    smoke = smoke_reasons(records)
+    lines = [f"# Summary of `{run_dir}`", ""]
+    if smoke:
+        lines += [
+            f"**Smoke run, not evidence:** {'; '.join(smoke)}. It checks that the pipeline "
+            "runs end to end; differences between its arms are noise. Evidence: `nemo-ais run "
+            "--preset evidence` (FP8) or `--preset fp4-evidence` (NVFP4), 60 steps x 8 seeds "
+            "(docs/results.md).",
+            "",
+        ]
+    lines += [
         "Computed from `metrics.jsonl` by `nemo_ais.embedded.report` (nothing edited by hand).",
         "",
         "**Primary metric (declared before the runs):** per arm and seed, the mean held-out "
@@ -447,24 +506,16 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         lines.append(
             f"| {arm} | {em:.3f} ± {es:.3f} | {_delta_cell(early_diffs, arm, reference)} |"
         )
-    collapse = collapse_steps(records, reference)
-    lines += [
-        "",
-        f"Collapse: the first evaluation step with held-out accuracy < ½ × `{reference}`'s "
-        "at the same step (none: never):",
-        "",
-        "| arm | collapse step (seed mean) | seeds collapsed | collapse step per seed |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| {arm} | {_collapse_cells(collapse, arm, reference)} |" for arm in summ]
+    lines += _collapse_md(records, summ, reference, n_steps)
+    tail = f"last {EARLY_LATE_STEPS}" if n_steps > EARLY_LATE_STEPS else f"all {n_steps} steps"
     lines += [
         "",
         "",
-        "Mismatch diagnostics, averaged over all steps and seeds (`ais/*`: the FP8 twin's "
-        "log-probs against the trainer's):",
+        "Mismatch diagnostics, averaged over all steps and seeds (`ais/*`: the log-probs of "
+        "the arm's simulated rollout engine, in its rollout format, against the trainer's):",
         "",
         "| arm | severity D | ESS seq (mean / min) | ESS tok | KL k3 | token_mult_prob_error "
-        "| applied α | reward (last 10) | response tokens | s/step |",
+        f"| applied α | reward ({tail}) | response tokens | s/step |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, s in summ.items():
@@ -474,26 +525,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
             f"{s['alpha']:.3f} | {s['reward_last10']:.3f} | {s['response_length']:.1f} | "
             f"{s['step_time']:.2f} |"
         )
-    lines += [
-        "",
-        "Non-stationarity: first 10 steps → last 10 steps (all seeds pooled), and the "
-        "Pearson correlation of D with the step and with the policy entropy over every "
-        "(step, seed):",
-        "",
-        "| arm | severity D | ESS seq | policy entropy (nats/token) | corr(D, step) "
-        "| corr(D, entropy) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for arm, s in summ.items():
-        (d0, d1), (e0, e1), (h0, h1) = (
-            s["severity_early_late"],
-            s["ess_seq_early_late"],
-            s["entropy_early_late"],
-        )
-        lines.append(
-            f"| {arm} | {d0:.2e} → {d1:.2e} | {e0:.4f} → {e1:.4f} | {h0:.4f} → {h1:.4f} | "
-            f"{s['corr_d_step']:+.2f} | {s['corr_d_entropy']:+.2f} |"
-        )
+    lines += _non_stationarity_md(summ, n_steps)
     lines += [
         "",
         "Error tokens (QaRL's repetitive, garbled tokens; `nemo_ais.embedded.error_tokens`), "
@@ -513,6 +545,59 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         "over seeds, clipped to each metric's range.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _collapse_md(records, summ, reference: str, n_steps: int) -> list[str]:
+    """The collapse table, or (a run shorter than EVIDENCE_MIN_STEPS) why it is left out."""
+    if n_steps < EVIDENCE_MIN_STEPS:
+        return [
+            "",
+            f"Collapse step: left out. A {n_steps}-step run has too few evaluations for a "
+            f"first drop below ½ × `{reference}`'s accuracy to mean a collapse (computed "
+            f"for runs of >= {EVIDENCE_MIN_STEPS} steps).",
+        ]
+    collapse = collapse_steps(records, reference)
+    lines = [
+        "",
+        f"Collapse: the first evaluation step with held-out accuracy < ½ × `{reference}`'s "
+        "at the same step (none: never):",
+        "",
+        "| arm | collapse step (seed mean) | seeds collapsed | collapse step per seed |",
+        "|---|---|---|---|",
+    ]
+    return lines + [f"| {arm} | {_collapse_cells(collapse, arm, reference)} |" for arm in summ]
+
+
+def _non_stationarity_md(summ, n_steps: int) -> list[str]:
+    """First / last EARLY_LATE_STEPS steps and the correlations; left out if they overlap."""
+    k = EARLY_LATE_STEPS
+    if n_steps < 2 * k:
+        return [
+            "",
+            f"Non-stationarity (first {k} → last {k} steps): left out, a {n_steps}-step run "
+            f"has no two disjoint {k}-step windows.",
+        ]
+    lines = [
+        "",
+        f"Non-stationarity: first {k} steps → last {k} steps (all seeds pooled), and the "
+        "Pearson correlation of D with the step and with the policy entropy over every "
+        "(step, seed) (n/a: undefined, D or the entropy constant or fewer than 3 points):",
+        "",
+        "| arm | severity D | ESS seq | policy entropy (nats/token) | corr(D, step) "
+        "| corr(D, entropy) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, s in summ.items():
+        (d0, d1), (e0, e1), (h0, h1) = (
+            s["severity_early_late"],
+            s["ess_seq_early_late"],
+            s["entropy_early_late"],
+        )
+        lines.append(
+            f"| {arm} | {d0:.2e} → {d1:.2e} | {e0:.4f} → {e1:.4f} | {h0:.4f} → {h1:.4f} | "
+            f"{_fmt_corr(s['corr_d_step'])} | {_fmt_corr(s['corr_d_entropy'])} |"
+        )
+    return lines
 
 
 def _legend(ax) -> None:

@@ -18,7 +18,12 @@ almost every group has zero reward variance and no gradient. A few hundred AdamW
 teacher forcing on the response tokens give that. The result depends only on the model
 shape, the task and the warm-start section, so it is cached as
 ``<cache_dir>/warmstart-<hash>.pt`` and shared by every arm and seed (and by later runs).
-The file is written atomically (temporary file + rename).
+The file is written atomically (temporary file + rename). ``cache_dir`` is relative to the
+working directory by default (``runs/.cache``): a run from another directory or clone
+trains the warm start again unless ``policy.warm_start.cache_dir`` names the same
+directory. :func:`warm_start` says on stderr which file it trains or reuses, and how long
+training took (the default preset's 550 steps are most of a first run's time on a 2-core
+CPU: docs/benchmarks.md, section ``warm_start``).
 
 A cache file that exists but cannot be used (truncated, garbled, no read permission, not a
 warm-start file, weights that do not fit the policy) raises
@@ -30,6 +35,8 @@ the file and says to delete it; ``nemo-ais run`` prints it and exits 1 before an
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +182,12 @@ def _sft_step(
     return float(loss.detach())
 
 
+def _say(message: str) -> None:
+    """One line on stderr (between progress bars), and in the log."""
+    tqdm.write(message, file=sys.stderr)
+    logger.info(message)
+
+
 def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True) -> Path:
     """Train (or reuse) the warm-start weights and return the cache file's path.
 
@@ -192,10 +205,17 @@ def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True
         blob = _read_cache(path)
         if blob["key"] == key:
             _check_fits(build_untrained_policy(cfg, task), path, blob["state_dict"])
-            logger.info("warm start: reusing %s", path)
+            _say(f"warm start: reusing {path.resolve()}")
             return path
         logger.warning("warm start: %s has a different key; retraining", path)
     ws = cfg.policy.warm_start
+    _say(
+        f"warm start: training {ws.steps} SFT steps once (batch {ws.batch_size}); cached at "
+        f"{path.resolve()} for every later run with policy.warm_start.cache_dir="
+        f"{ws.cache_dir} (relative to the working directory: a run from another directory "
+        "or clone trains it again unless it points there)"
+    )
+    t0 = time.perf_counter()
     model = build_untrained_policy(cfg, task)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
@@ -219,8 +239,9 @@ def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True
             bar.set_postfix(loss=f"{loss:.3f}")
     bar.close()
     acc = greedy_accuracy(model, task, task.eval_problems)
-    logger.info(
-        "warm start: %d steps, loss %.4f, held-out greedy accuracy %.3f", ws.steps, loss, acc
+    _say(
+        f"warm start: {ws.steps} steps in {time.perf_counter() - t0:.0f} s, loss {loss:.4f}, "
+        f"held-out greedy accuracy {acc:.3f}"
     )
     blob = {
         "state_dict": model.state_dict(),

@@ -177,6 +177,12 @@ def test_fp4_quick_preset_shows_the_4bit_mismatch(tmp_path, cache_dir):
     assert not all(torch.equal(none[k], aligned[k]) for k in none)
     summary = (run_dir / "summary.md").read_text()
     assert all(f"| {a} |" in summary for a in arms)
+    # a 4-step, 1-seed run says it is a smoke run and leaves out what it is too short for
+    opening = summary.split("\n\n")[1]
+    assert opening.startswith("**Smoke run, not evidence:** 4 GRPO steps (evidence: >= 20); 1 seed")
+    assert "collapse step (seed mean)" not in summary and "Collapse step: left out" in summary
+    assert "first 10 steps →" not in summary and "nan" not in summary.lower()
+    assert "FP8 twin" not in summary and "reward (all 4 steps)" in summary
     assert seconds < 180, f"fp4-quick took {seconds:.0f} s (budget 90 s on 2 idle cores)"
 
 

@@ -88,17 +88,20 @@ def test_empty_directory(capsys, tmp_path):
     _fails_with(capsys, tmp_path, str(tmp_path), "no train_data_step{N}.jsonl files")
 
 
-def test_nested_run_directory_is_named(capsys, tmp_path, log_dir):
-    _fails_with(capsys, log_dir.parent, str(log_dir.parent), f"found some in {log_dir}")
+def test_truncated_line_names_the_skip_option(capsys, log_dir):
+    path = log_dir / "train_data_step2.jsonl"
+    blob = path.read_bytes()
+    path.write_bytes(blob[: len(blob) - 100])
+    _fails_with(capsys, log_dir, "truncated line", "--skip-bad-rows skips and counts such rows")
 
 
-def test_many_nested_run_directories_are_counted(capsys, tmp_path, pristine):
-    runs = [tmp_path / f"run{i}" for i in range(5)]
-    for run in runs:
-        run.mkdir()
-        (run / "train_data_step1.jsonl").write_bytes(pristine["train_data_step1.jsonl"])
-    err = _fails_with(capsys, tmp_path, str(tmp_path), f"found some in {runs[0]}")
-    assert f"{runs[2]} and 2 more: pass one of those" in err and str(runs[3]) not in err
+def test_no_run_within_the_search_depth(capsys, tmp_path, pristine):
+    deep = tmp_path / "a" / "b" / "c" / "d" / "e"  # 5 levels below: beyond the search
+    deep.mkdir(parents=True)
+    (deep / "train_data_step1.jsonl").write_bytes(pristine["train_data_step1.jsonl"])
+    _fails_with(
+        capsys, tmp_path, str(tmp_path), "no train_data_step{N}.jsonl files in it or 4 levels"
+    )
 
 
 def test_missing_step_file_is_warned_and_listed(capsys, caplog, tmp_path, log_dir):

@@ -55,17 +55,18 @@ def _tables(lines: list[str]) -> list[tuple[int, str, str | None]]:
 
 
 def _summary_headers() -> set[str]:
-    """The header rows ``summary.md`` has (from a tiny two-arm, two-seed record set)."""
+    """The header rows ``summary.md`` has (a two-arm, two-seed, 20-step record set: long
+    enough not to be a smoke run, whose summary leaves tables out)."""
     recs = []
     for arm in ("bf16", "fp8-none"):
         for seed in (0, 1):
             recs += [
-                {"kind": "val", "arm": arm, "seed": seed, "step": s, "accuracy": 0.1 * s}
-                for s in (0, 1, 2)
+                {"kind": "val", "arm": arm, "seed": seed, "step": s, "accuracy": 0.01 * s}
+                for s in (0, 10, 20)
             ]
             recs += [
                 {"kind": "train", "arm": arm, "seed": seed, "step": s, "reward": 0.5}
-                for s in (1, 2)
+                for s in range(1, 21)
             ]
     text = _summary_md(Path("run"), recs, "bf16")
     lines = text.splitlines()

@@ -249,3 +249,97 @@ def test_collapse_step_is_first_eval_below_half_of_reference(tmp_path):
     assert "| bf16 | — | — | — |" in text
     assert "| fp4-none | 30 | 2 / 3 | 0: 20, 1: 10, 2: none |" in text
     assert "| fp4-ais | none | 0 / 3 | 0: none, 1: none, 2: none |" in text
+
+
+def _run_records(steps, seeds, *, drop_at=None):
+    """bf16 (D = 0, constant) and a W4A4 arm whose accuracy falls to 0 from ``drop_at``."""
+    recs = []
+    for arm in ("bf16", "nvfp4_w4a4-none"):
+        for seed in seeds:
+            for step in range(1, steps + 1):
+                sev = 0.0 if arm == "bf16" else 0.03 + 0.001 * step
+                recs.append(
+                    {
+                        "kind": "train",
+                        "arm": arm,
+                        "seed": seed,
+                        "step": step,
+                        "reward": 0.25,
+                        "alpha": 0.0,
+                        "ais/severity": sev,
+                        "ais/ess_seq": 0.99,
+                        "ess_tok": 0.98,
+                        "ais/kl_k3": sev / 10,
+                        "ais/token_mult_prob_error": 1.0 + sev,
+                        "entropy": 0.5 - 0.001 * step,
+                        "response_length": 4.0,
+                        "time/step": 0.5,
+                        **{f"error_tokens/{k}_frac": 0.0 for k in ("repeat", "invalid", "error")},
+                    }
+                )
+            for step in range(0, steps + 1, 2):
+                low = arm != "bf16" and drop_at is not None and step >= drop_at
+                recs.append(_val(arm, seed, step, 0.0 if low else 0.1))
+    return recs
+
+
+def test_a_smoke_run_says_so_and_leaves_out_what_it_is_too_short_for(tmp_path):
+    # --preset fp4-quick's shape: 4 steps, 1 seed; the W4A4 arm "collapses" at step 4
+    recs = _run_records(4, [0], drop_at=4)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(tmp_path)
+    paragraphs = (tmp_path / "summary.md").read_text().split("\n\n")
+    assert paragraphs[1] == (
+        "**Smoke run, not evidence:** 4 GRPO steps (evidence: >= 20); 1 seed (no paired "
+        "confidence interval; evidence: >= 2). It checks that the pipeline runs end to end; "
+        "differences between its arms are noise. Evidence: `nemo-ais run --preset evidence` "
+        "(FP8) or `--preset fp4-evidence` (NVFP4), 60 steps x 8 seeds (docs/results.md)."
+    )
+    text = "\n\n".join(paragraphs)
+    assert "| nvfp4_w4a4-none | 4 |" not in text and "collapse step (seed mean)" not in text
+    assert "Collapse step: left out. A 4-step run has too few evaluations" in text
+    assert (
+        "first 10 steps →" not in text
+        and "Non-stationarity (first 10 → last 10 steps): "
+        "left out, a 4-step run has no two disjoint 10-step windows."
+        in text
+    )
+    assert "nan" not in text.lower() and "FP8 twin" not in text
+    assert "| reward (all 4 steps) |" in text
+
+
+def test_a_run_long_enough_is_not_a_smoke_run_and_marks_undefined_correlations(tmp_path):
+    recs = _run_records(20, [0, 1], drop_at=12)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(tmp_path)
+    text = (tmp_path / "summary.md").read_text()
+    assert "Smoke run" not in text and "left out" not in text
+    assert "| nvfp4_w4a4-none | 12 | 2 / 2 | 0: 12, 1: 12 |" in text
+    assert "| reward (last 10) |" in text
+    # bf16's D is 0 at every step: its correlations are undefined, written n/a (not nan)
+    bf16 = next(line for line in text.splitlines() if line.startswith("| bf16 | 0.00e+00 →"))
+    assert bf16.endswith("| n/a | n/a |"), bf16
+    w4a4 = next(line for line in text.splitlines() if line.startswith("| nvfp4_w4a4-none | 3."))
+    assert w4a4.endswith("| +1.00 | -1.00 |"), w4a4
+
+
+@pytest.mark.parametrize(
+    ("steps", "seeds", "reasons"),
+    [
+        (
+            4,
+            [0],
+            [
+                "4 GRPO steps (evidence: >= 20)",
+                "1 seed (no paired confidence interval; evidence: >= 2)",
+            ],
+        ),
+        (20, [0], ["1 seed (no paired confidence interval; evidence: >= 2)"]),
+        (19, [0, 1], ["19 GRPO steps (evidence: >= 20)"]),
+        (20, [0, 1], []),
+    ],
+)
+def test_smoke_reasons(steps, seeds, reasons):
+    from nemo_ais.embedded.report import smoke_reasons
+
+    assert smoke_reasons(_run_records(steps, seeds)) == reasons

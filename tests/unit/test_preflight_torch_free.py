@@ -47,10 +47,10 @@ def test_the_blocker_blocks(env):
 
 
 @pytest.mark.parametrize(
-    "module", ["nemo_ais.preflight", "nemo_ais.nemo_rl.cluster_check"], ids=["new", "readme"]
+    "module", ["nemo_ais.preflight", "nemo_ais.nemo_rl.cluster_check"], ids=["name", "alias"]
 )
 def test_every_shipped_config_is_checked_without_torch(env, module):
-    # nemo_ais.nemo_rl.cluster_check: the README's command (an alias)
+    # nemo_ais.nemo_rl.cluster_check: the former name, kept as a documented alias
     res = _python(env, "-m", module, *map(str, ALL_YAML))
     assert res.returncode == 0, res.stderr
     for path in ALL_YAML:

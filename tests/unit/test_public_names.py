@@ -178,3 +178,21 @@ def test_correction_config_is_exported_from_core():
 
     assert nemo_ais.core.CorrectionConfig is nemo_ais.config.CorrectionConfig
     assert "CorrectionConfig" in nemo_ais.core.__all__
+
+
+def test_the_offline_check_has_one_public_name():
+    """Issue 28: the README and the migration guide said ``nemo_ais.nemo_rl.cluster_check``,
+    docs/cluster.md and the launchers ``nemo_ais.preflight``. The one public name is
+    ``nemo_ais.preflight``; the former one appears only where it is documented as an alias.
+    """
+    files = [*DOCS, *sorted(ROOT.glob("configs/**/*.yaml")), *sorted(ROOT.glob("launchers/*"))]
+    stray = []
+    for path in files:
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            window = " ".join(lines[max(0, i - 2) : i + 3])
+            if "cluster_check" in line and "alias" not in window:
+                stray.append(f"{path.relative_to(ROOT)}:{i + 1}: {line.strip()}")
+    assert not stray, "the offline check is `nemo_ais.preflight`; found:\n" + "\n".join(stray)
+    for doc in ("README.md", "docs/migration.md", "docs/cluster.md"):
+        assert "python -m nemo_ais.preflight " in (ROOT / doc).read_text(), doc

@@ -19,7 +19,12 @@ drives (v0.7.0, or main with ``--nemo-rl main``):
   IS options off, while upstream's ``setup()`` (FP8 guard) saw the flag on; the policy is
   built with the AIS worker of the recipe's backend;
 * the documented ``-`` command (upstream's ``examples/run_grpo.py`` on the unchanged recipe)
-  reaches ``grpo_train`` with upstream's ``ClippedPGLossFn``: the "before" of the diff.
+  reaches ``grpo_train`` with upstream's ``ClippedPGLossFn``: the "before" of the diff;
+* what the migrated FP8 recipe inherits (an FP8 trainer, 4 optimizer steps per rollout
+  batch) is what the offline check's ``trainer`` lines say, loaded through upstream's
+  config loading, and the doc prints those lines as the check does; the doc's two settings
+  (``migration:bf16-on-policy``) give a BF16 trainer with one update per rollout batch,
+  and change nothing else.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from shipped_configs import LAUNCHER, REPO_ROOT, flat, launcher
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn, cluster_check
 from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS
+from nemo_ais.preflight import check_config
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -158,6 +164,51 @@ def test_the_documented_config_changes_only_the_documented_keys(checkout, recipe
         edited = configs / recipe
         edited.write_text(apply_diff(edited.read_text(), doc_block("recipe-diff")))
         assert run.load_config_dict(str(edited), []) == migrated
+
+
+def _trainer_lines(raw) -> list[str]:
+    return [str(r) for r in check_config(raw) if r.name == "trainer"]
+
+
+def test_the_check_says_what_the_migrated_recipe_inherits_and_the_doc_fixes_it(checkout):
+    configs = checkout / "examples" / "configs"
+    path = write_migrated(configs, DOC_RECIPE)
+    raw = run.load_config_dict(str(path), [])  # NeMo-RL's load_config: defaults resolved
+    assert raw["policy"]["megatron_cfg"]["fp8_cfg"]["enabled"] is True  # upstream's recipe
+    lines = _trainer_lines(raw)
+    assert lines[0] == (
+        "[OK  ] trainer: FP8 (policy.megatron_cfg.fp8_cfg.enabled=true: e4m3, blockwise "
+        "recipe) trainer, 4 optimizer step(s) per rollout batch (4 steps, off-policy after "
+        "the first)"
+    )
+    assert [line[:6] for line in lines] == ["[OK  ]", "[WARN]", "[WARN]"]
+    assert "measure the FP8 rollout against an FP8 trainer" in lines[1]
+    assert lines[1].endswith(
+        "For a BF16 trainer: policy.megatron_cfg.fp8_cfg.enabled=false (docs/migration.md)"
+    )
+    assert "64 x 32 = 2048 rollouts / policy.train_global_batch_size=512" in lines[2]
+    assert lines[2].endswith("policy.train_global_batch_size=2048 (docs/migration.md)")
+    assert doc_block("trainer-check").splitlines() == [f"  {line}" for line in lines]
+
+    path.write_text(path.read_text() + doc_block("bf16-on-policy"))  # the doc's two settings
+    fixed = run.load_config_dict(str(path), [])
+    before, after = flat(raw), flat(fixed)
+    assert {k for k in before if before[k] != after.get(k)} == {
+        "policy.train_global_batch_size",
+        "policy.megatron_cfg.fp8_cfg.enabled",
+    }
+    assert after["policy.train_global_batch_size"] == 2048
+    assert after["policy.megatron_cfg.fp8_cfg.enabled"] is False
+    assert _trainer_lines(fixed) == [
+        "[OK  ] trainer: bfloat16 (policy.precision) trainer, 1 optimizer step(s) per rollout "
+        "batch (on-policy): the setting the diagnostics assume"
+    ]
+    assert cluster_check.main([str(path), "--quiet"]) == 0
+    prose = " ".join(DOC.read_text().split())
+    assert (
+        "`trainer: bfloat16 (policy.precision) trainer, 1 optimizer step(s) per rollout "
+        "batch (on-policy): the setting the diagnostics assume`" in prose
+    )
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -14,7 +14,8 @@
 """The pre-flight checks, run by :func:`check_config` in registration order.
 
 Output order = registration order: the modules of :data:`RULE_MODULES` in turn
-(:mod:`.loss`, :mod:`.upstream`, :mod:`.parallel`, :mod:`.fp8`, :mod:`.formats`), each
+(:mod:`.loss`, :mod:`.upstream`, :mod:`.parallel`, :mod:`.fp8`, :mod:`.formats`,
+:mod:`.trainer`), each
 module's checks in definition order. How to add one: the docstring of
 :mod:`nemo_ais.preflight`.
 """
@@ -53,7 +54,7 @@ __all__ = [
     "validate_config",
 ]
 
-RULE_MODULES = ("loss", "upstream", "parallel", "fp8", "formats")
+RULE_MODULES = ("loss", "upstream", "parallel", "fp8", "formats", "trainer")
 """The modules whose checks :func:`check_config` runs, imported (registered) in this order."""
 for _module in RULE_MODULES:
     importlib.import_module(f"{__name__}.{_module}")

@@ -1,0 +1,99 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Wall time of the warm start a first `nemo-ais run` trains -> docs/benchmarks.md "warm_start".
+
+The default preset's warm start (550 SFT steps, batch 128, ``policy.warm_start.num_threads``
+torch threads), trained alone, as ``nemo-ais run`` trains it before any GRPO step when its
+cache file is missing, into an empty temporary cache directory: wall time, CPU time
+(user + sys of this process), and the machine's 1-minute load average before and after
+(the machine may be shared: CPU time / threads is the uncontended lower bound).
+
+    python -m benchmarks.bench_warm_start                  # the default preset
+    python -m benchmarks.bench_warm_start --preset fp4     # another preset's warm start
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import time
+
+import torch
+
+from benchmarks._record import record_section
+
+
+def _cpu_self() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(preset: str) -> dict:
+    """Train ``preset``'s warm start into an empty cache; wall, CPU, load, the result."""
+    from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
+    from nemo_ais.embedded.warmstart import build_task, warm_start
+
+    with tempfile.TemporaryDirectory() as cache:
+        raw = load_config(CONFIG_DIR / f"{preset}.yaml", [f"policy.warm_start.cache_dir={cache}"])
+        cfg = resolve_arm(raw, None)
+        torch.set_num_threads(cfg.policy.warm_start.num_threads)  # as nemo-ais run does
+        task = build_task(cfg)
+        load0, cpu0, t0 = os.getloadavg()[0], _cpu_self(), time.perf_counter()
+        path = warm_start(cfg, task, progress=True)  # tqdm on stderr: steps done, s/step
+        wall, cpu = time.perf_counter() - t0, _cpu_self() - cpu0
+        blob = torch.load(path, weights_only=True)
+    ws = cfg.policy.warm_start
+    return {
+        "preset": preset,
+        "steps": ws.steps,
+        "batch": ws.batch_size,
+        "threads": ws.num_threads,
+        "wall": wall,
+        "cpu": cpu,
+        "load": (load0, os.getloadavg()[0]),
+        "accuracy": blob["greedy_accuracy"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="default")
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+    r = measure(args.preset)
+    body = (
+        "| preset | SFT steps x batch | torch threads | wall time (s) | CPU time (s) "
+        "| CPU / threads (s) | load avg 1 min before / after |\n"
+        "|---|---|---|---|---|---|---|\n"
+        f"| `{r['preset']}` | {r['steps']} x {r['batch']} | {r['threads']} | "
+        f"**{r['wall']:.1f}** | {r['cpu']:.1f} | {r['cpu'] / r['threads']:.1f} | "
+        f"{r['load'][0]:.1f} / {r['load'][1]:.1f} |\n\n"
+        f"Held-out greedy exact match of the warm-started policy: {r['accuracy']:.3f}. "
+        f"The machine has {os.cpu_count()} cores. The warm start runs alone, before the "
+        "trainer processes start; a first `nemo-ais run` (no cache file in "
+        "`policy.warm_start.cache_dir`) spends this time once, then the GRPO run (section "
+        "`run`). CPU / threads is the uncontended lower bound of the wall time; a load "
+        "average above the core count means other processes competed for the cores."
+    )
+    print(body)
+    if not args.no_record:
+        record_section(
+            "warm_start", "Warm start of a first `nemo-ais run` (trained once, cached)", body
+        )
+
+
+if __name__ == "__main__":
+    main()

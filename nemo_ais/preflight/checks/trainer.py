@@ -1,0 +1,84 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""What the run's trainer is: its precision and its off-policyness, and what that means.
+
+The method (docs/method.md) and the diagnostics assume a BF16 trainer updated once per
+rollout batch: rho = pi_old / mu is then the rollout engine's mismatch with the BF16
+policy the trainer is about to update. A recipe can differ in two ways the AIS loss
+accepts silently, so the offline check says so:
+
+* an FP8 trainer (``policy.megatron_cfg.fp8_cfg.enabled``, e.g. upstream's
+  ``grpo_math_8B_megatron_fp8.yaml``): pi_old is the FP8 trainer's log-prob, so the
+  diagnostics compare two FP8 engines, not the rollout with BF16;
+* several optimizer steps per rollout batch (rollouts per step / train_global_batch_size
+  > 1): from the second global batch on pi_theta != pi_old, a lag the PPO clip bounds and
+  the AIS weights (formed from pi_old / mu) do not measure.
+"""
+
+from __future__ import annotations
+
+from nemo_ais.preflight.checks.registry import Context, Verdict, check
+
+__all__: list[str] = []
+
+_FP8_CFG = "policy.megatron_cfg.fp8_cfg"
+
+
+def _precision(ctx: Context) -> tuple[str, str]:
+    """(the trainer's compute precision in words, its kind: ``fp8``, ``qat`` or ``high``)."""
+    if ctx.get("policy.quant_cfg") is not None:
+        quant_cfg = ctx.get("policy.quant_cfg")
+        return f"ModelOpt fake-quant (policy.quant_cfg={quant_cfg!r}; QARL)", "qat"
+    if ctx.get("policy.megatron_cfg.enabled", False) and ctx.get(f"{_FP8_CFG}.enabled", False):
+        fp8 = ctx.get(f"{_FP8_CFG}.fp8", "e4m3")
+        recipe = ctx.get(f"{_FP8_CFG}.fp8_recipe", "default")
+        return f"FP8 ({_FP8_CFG}.enabled=true: {fp8}, {recipe} recipe)", "fp8"
+    return f"{ctx.get('policy.precision', 'bfloat16')} (policy.precision)", "high"
+
+
+@check("trainer")
+def check_trainer(ctx: Context) -> Verdict:
+    """The trainer's precision and optimizer steps per rollout batch, and their meaning."""
+    precision, kind = _precision(ctx)
+    prompts = int(ctx.get("grpo.num_prompts_per_step", 0))
+    gens = int(ctx.get("grpo.num_generations_per_prompt", 0))
+    gbs = int(ctx.get("policy.train_global_batch_size", 0))
+    rollouts = prompts * gens
+    steps = rollouts // gbs if gbs > 0 else 0
+    warnings = []
+    if kind == "fp8":
+        warnings.append(
+            f"the trainer computes in {precision}: pi_old comes from the FP8 trainer's "
+            "forward, so ais/*, token_mult_prob_error and alpha measure the FP8 rollout "
+            "against an FP8 trainer, not against the BF16 policy the method assumes "
+            "(docs/method.md), and the trainer's own FP8 error is invisible to them. For a "
+            f"BF16 trainer: {_FP8_CFG}.enabled=false (docs/migration.md)"
+        )
+    if steps > 1:
+        warnings.append(
+            f"{steps} optimizer steps per rollout batch (grpo.num_prompts_per_step x "
+            f"grpo.num_generations_per_prompt = {prompts} x {gens} = {rollouts} rollouts / "
+            f"policy.train_global_batch_size={gbs}): global batches 2-{steps} train "
+            "off-policy (pi_theta != pi_old; the PPO ratio clip bounds that lag), while the "
+            "AIS weights and alpha, formed per global batch from pi_old / mu, measure the "
+            "rollout mismatch only, not the lag. For one on-policy step per rollout batch: "
+            f"policy.train_global_batch_size={rollouts} (docs/migration.md)"
+        )
+    policy = "on-policy" if steps == 1 else f"{steps} steps, off-policy after the first"
+    return Verdict(
+        (),
+        f"{precision} trainer, {steps} optimizer step(s) per rollout batch ({policy})"
+        + (": the setting the diagnostics assume" if kind == "high" and steps == 1 else ""),
+        warnings,
+    )

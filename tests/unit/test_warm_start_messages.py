@@ -1,0 +1,51 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""A first run says what it is doing before GRPO: the warm start, its cache file, its time.
+
+Issue 28, item 3: the first ``nemo-ais run`` of a fresh clone trains the 550-step warm
+start (most of its time on a 2-core CPU) without saying so or where it goes. It now names
+the absolute cache file it trains or reuses, and the time training took; the cache is
+relative to the working directory (``runs/.cache``), so a run from another directory
+trains it again, as the message says.
+"""
+
+from __future__ import annotations
+
+import re
+
+from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
+from nemo_ais.embedded.warmstart import build_task, warm_start
+
+TINY = ["policy.warm_start.steps=2", "policy.warm_start.batch_size=4", "data.eval_size=8"]
+
+
+def _cfg(*extra):
+    return resolve_arm(load_config(CONFIG_DIR / "quick.yaml", [*TINY, *extra]), None)
+
+
+def test_the_warm_start_names_its_cache_file_and_its_time(tmp_path, capsys):
+    cfg = _cfg(f"policy.warm_start.cache_dir={tmp_path / 'cache'}")
+    path = warm_start(cfg, build_task(cfg), progress=False)
+    err = capsys.readouterr().err.splitlines()
+    assert path.parent == tmp_path / "cache" and path.is_file()
+    assert err[0].startswith(
+        f"warm start: training 2 SFT steps once (batch 4); cached at {path} for every later "
+        f"run with policy.warm_start.cache_dir={tmp_path / 'cache'}"
+    )
+    assert re.fullmatch(
+        r"warm start: 2 steps in \d+ s, loss \d+\.\d{4}, held-out greedy accuracy \d\.\d{3}",
+        err[1],
+    ), err[1]
+    assert warm_start(cfg, build_task(cfg), progress=False) == path  # the second run reuses it
+    assert capsys.readouterr().err.splitlines() == [f"warm start: reusing {path}"]
+
+
+def test_the_default_cache_is_per_working_directory(tmp_path, capsys, monkeypatch):
+    cfg = _cfg()  # cache_dir: runs/.cache, as every shipped preset
+    paths = []
+    for clone in ("clone_a", "clone_b"):
+        (tmp_path / clone).mkdir()
+        monkeypatch.chdir(tmp_path / clone)
+        paths.append(warm_start(cfg, build_task(cfg), progress=False).resolve())
+        assert "warm start: training 2 SFT steps once" in capsys.readouterr().err
+    assert paths[0].parent == tmp_path / "clone_a" / "runs" / ".cache"
+    assert paths[1].parent == tmp_path / "clone_b" / "runs" / ".cache"
