@@ -49,7 +49,7 @@ patching):
   and stops the run, naming the worker, where the refit would use NeMo-RL's quantizer.
 
 The same hook carries the NVFP4 / MXFP8 refit of a BF16 trainer (:mod:`nemo_ais.nemo_rl.
-refit_block`): a :class:`~nemo_ais.fp8.stream_block.BlockSyncConfig` instead of an
+refit_block`): a :class:`~nemo_ais.refit.stream.BlockSyncConfig` instead of an
 :class:`~nemo_ais.fp8.Fp8SyncConfig`, in ``NEMO_AIS_BLOCK_REFIT``
 (:func:`refit_config_from_env` reads either).
 """
@@ -72,9 +72,8 @@ from typing import Any, NamedTuple
 import torch
 
 from nemo_ais.config import require_config
-from nemo_ais.fp8 import Fp8SyncConfig, fp8_weight_stream
-from nemo_ais.fp8.stream_block import BlockSyncConfig
 from nemo_ais.nemo_rl import compat
+from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, fp8_weight_stream
 
 __all__ = [
     "ENV_VAR",
@@ -221,7 +220,7 @@ def ais_load_weights(
 def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
     """``backend: auto`` decided once for this process: ``te`` or ``torch``.
 
-    :func:`nemo_ais.fp8.te_backend.use_te`'s rule for ``auto`` (Transformer Engine
+    :func:`nemo_ais.formats.te_backend.use_te`'s rule for ``auto`` (Transformer Engine
     importable, CUDA, family ``c``, 128x128 blocks), asked once about a tensor on the
     device the refit streams to (CUDA when available). Left as ``auto``, the stream would
     ask it for every tensor, and a missing TE would be imported again each time (~18k
@@ -229,7 +228,7 @@ def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
     """
     if config.backend != "auto":
         return config
-    from nemo_ais.fp8 import te_backend
+    from nemo_ais.formats import te_backend
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     probe = torch.empty(0, device=device)

@@ -18,7 +18,7 @@ exports packed NVFP4 itself (``MegatronQuantPolicyWorker``, ``real_quant``); the
 side then loads the packed tensors (``model.load_weights``). With a BF16 trainer the
 vLLM worker must quantize, as it does for FP8. The FP8 seam of :mod:`nemo_ais.nemo_rl.
 refit` (the same module, hook and trampoline) gets a second mode, armed by
-:data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.fp8.stream_block.BlockSyncConfig`):
+:data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.refit.stream.BlockSyncConfig`):
 
 * :func:`install` wraps two attributes of ``nemo_rl.models.generation.vllm.quantization.fp8``
   (signatures checked against :data:`RECORDED_SIGNATURES`, v0.7.0 and main alike):
@@ -30,7 +30,7 @@ refit` (the same module, hook and trampoline) gets a second mode, armed by
 * :func:`refit_block_pairs` quantizes what the engine holds in the format (NVFP4: linear
   layers and MoE experts whose vLLM quant method is ModelOpt's NVFP4 one, found with
   upstream's own ``_get_module_from_param_name``; MXFP8: upstream's ``_is_fp8_weight``)
-  with :class:`~nemo_ais.fp8.stream_block.BlockWeightStream`; every other tensor passes
+  with :class:`~nemo_ais.refit.stream.BlockWeightStream`; every other tensor passes
   unchanged (NVFP4) or through upstream's own ``load_weights`` (MXFP8: its grouped-MoE
   and BF16 paths). One stream per process: a fused layer's shards that straddle two
   ``load_weights`` calls (refit chunks) are held, copied, until the last one arrives.
@@ -57,9 +57,9 @@ from typing import Any
 import torch
 
 from nemo_ais.config import require_config
-from nemo_ais.fp8.stream_block import BlockSyncConfig, BlockWeightStream
 from nemo_ais.nemo_rl import compat, refit
 from nemo_ais.preflight.loader import get
+from nemo_ais.refit.stream import BlockSyncConfig, BlockWeightStream
 
 __all__ = [
     "ENV_VAR",

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from nemo_ais.fp8 import Fp8SyncConfig, fp8_weight_stream, quantize_mxfp4
-from nemo_ais.fp8.formats import LINEAR_FAKE_QUANT
-from nemo_ais.fp8.stream_block import BlockSyncConfig, block_weight_stream
+from nemo_ais.refit.stream import BlockSyncConfig, block_weight_stream
+from nemo_ais.rollout.fake_quant import LINEAR_FAKE_QUANT
 
 H, Q, KV, FF, V, E = 128, 128, 64, 192, 96, 4  # hidden, q out, kv out, ffn, vocab, experts
 

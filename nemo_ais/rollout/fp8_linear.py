@@ -16,11 +16,11 @@
 What one forward computes, for ``x [..., K]`` and a weight ``W [N, K]``:
 
 1. At weight-sync time (:meth:`Fp8Linear.load_weight`): ``(W_q, S_w) = quant(W)`` with
-   128x128 blocks (:func:`~nemo_ais.fp8.quant.quantize_blockwise`), stored as
+   128x128 blocks (:func:`~nemo_ais.formats.fp8_block.quantize_blockwise`), stored as
    ``weight`` (float8_e4m3fn) and ``weight_scale_inv`` (fp32 dequant multiplier, vLLM's
    name). ``W_dq = W_q * S_w`` is cached in fp32 for the matmul.
 2. At every forward: ``(x_q, S_x) = quant(x)`` per token in 1x128 groups
-   (:func:`~nemo_ais.fp8.quant.quantize_activations`), ``x_dq = x_q * S_x``.
+   (:func:`~nemo_ais.formats.fp8_block.quantize_activations`), ``x_dq = x_q * S_x``.
 3. ``y = x_dq @ W_dq^T`` in fp32 (the FP8 GEMM's fp32 accumulation; the product of two
    E4M3 values and their fp32 scales is what the tensor core multiplies), then
    ``+ bias`` (kept unquantized), then cast to the input dtype (the GEMM output dtype).
@@ -32,7 +32,7 @@ real FP8 GEMM is the summation order of the fp32 accumulation.
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``, as vLLM's ``w13`` / ``w2``): one
 :class:`Fp8Linear` per expert and projection, both expert GEMMs W8A8.
 :func:`fake_quant_fp8_weight` and :func:`fake_quant_fp8_activation` are the two fake
-quantizations as functions (the ``fp8`` entry of :data:`nemo_ais.fp8.formats.LINEAR_FAKE_QUANT`).
+quantizations as functions (the ``fp8`` entry of :data:`nemo_ais.rollout.fake_quant.LINEAR_FAKE_QUANT`).
 """
 
 from __future__ import annotations
@@ -41,73 +41,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_ais.fp8.quant import (
-    E4M3_MAX,
+from nemo_ais.formats.fp8_block import (
     Family,
-    check_finite,
-    dequantize_activations,
     dequantize_blockwise,
-    quantize_activations,
+    fake_quant_fp8_activation,
+    fake_quant_fp8_weight,
     quantize_blockwise,
 )
-from nemo_ais.fp8.quant_linear import QuantExperts, load_bias
+from nemo_ais.rollout.linear import QuantExperts, load_bias
 
 __all__ = ["Fp8Experts", "Fp8Linear", "fake_quant_fp8_activation", "fake_quant_fp8_weight"]
-
-
-def _fake_quant_groups_b(x: torch.Tensor, group: int, eps: float, name: str) -> torch.Tensor:
-    """``dequantize_activations(*quantize_activations(x, group, "b", eps))``, fused.
-
-    Per 1 x ``group`` tile, in fp32: ``s = max(amax, eps) / 448``,
-    ``q = e4m3(clamp(x / s, ±448))``, result ``q * s``, the same operations in the same
-    order as the reference, without its padding, scratch and dtype checks
-    (``K % group == 0`` and ``eps > 0`` are the caller's preconditions).
-
-    Raises:
-        ValueError: non-finite input (count and first index), as the reference does.
-    """
-    xg = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // group, group)
-    amax = xg.abs().amax(dim=-1, keepdim=True)
-    check_finite(x, name, amax=amax, what="activations", action="")
-    s = amax.clamp_min(eps)
-    s = s / torch.full_like(s, E4M3_MAX)  # tensor / tensor: one rounding on CUDA too (quant.py)
-    q = (xg / s).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return (q.to(torch.float32) * s).reshape(x.shape)
-
-
-def fake_quant_fp8_weight(
-    weight: torch.Tensor,
-    block: tuple[int, int] = (128, 128),
-    family: Family = "a",
-    eps: float = 1e-4,
-    ue8m0: bool = False,
-    *,
-    name: str = "weight",
-) -> torch.Tensor:
-    """``dequantize_blockwise(*quantize_blockwise(W))`` in fp32: what :class:`Fp8Linear` multiplies by."""
-    w_q, s_w = quantize_blockwise(weight.detach(), block, family, eps, ue8m0, name=name)
-    return dequantize_blockwise(w_q, s_w, block, torch.float32)
-
-
-def fake_quant_fp8_activation(
-    x: torch.Tensor,
-    group: int = 128,
-    family: Family = "b",
-    eps: float = 1e-10,
-    ue8m0: bool = False,
-    *,
-    name: str = "input",
-) -> torch.Tensor:
-    """Per-token 1x``group`` FP8 fake-quant of an activation: ``dequant(quant(x))`` in fp32.
-
-    The default setting (family "b", eps > 0, no UE8M0, K a multiple of the group) takes
-    :func:`_fake_quant_groups_b`, a fused equivalent of the reference pair (bit-identical,
-    tested); every other setting calls the reference quantizer.
-    """
-    if family == "b" and not ue8m0 and eps > 0 and x.shape[-1] % group == 0:
-        return _fake_quant_groups_b(x, group, eps, name)
-    x_q, s_x = quantize_activations(x, group, family, eps, ue8m0, name=name)
-    return dequantize_activations(x_q, s_x, group, torch.float32)
 
 
 class Fp8Linear(nn.Module):
@@ -161,7 +104,7 @@ class Fp8Linear(nn.Module):
 
         Raises:
             ValueError: wrong shape, or non-finite values (count and first index, from
-                :func:`~nemo_ais.fp8.quant.quantize_blockwise`).
+                :func:`~nemo_ais.formats.fp8_block.quantize_blockwise`).
         """
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
@@ -246,7 +189,7 @@ class Fp8Linear(nn.Module):
 class Fp8Experts(QuantExperts):
     """W8A8 replacement of a transformers-5 fused MoE experts module (module doc).
 
-    :class:`~nemo_ais.fp8.quant_linear.QuantExperts` with one :class:`Fp8Linear` per
+    :class:`~nemo_ais.rollout.linear.QuantExperts` with one :class:`Fp8Linear` per
     expert and projection (so the down input is re-quantized per token, as in vLLM's FP8
     fused MoE); ``quant_kwargs`` are :class:`Fp8Linear`'s.
     """

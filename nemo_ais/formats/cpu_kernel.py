@@ -85,7 +85,7 @@ inline float ceil_pow2(float v) {
   int e; const float m = std::frexp(v, &e); return std::ldexp(1.0f, e - (m == 0.5f ? 1 : 0));
 }
 
-// The per-tile (s, m) of nemo_ais.fp8.quant._scales, operation for operation.
+// The per-tile (s, m) of nemo_ais.formats.fp8_block._scales, operation for operation.
 inline void scales(float amax, int family, float eps, bool ue8m0, float* s, float* m) {
   if (eps > 0.0f) amax = std::max(amax, eps);
   const bool zero = amax == 0.0f;
@@ -184,7 +184,7 @@ std::vector<torch::Tensor> quantize_blockwise(torch::Tensor x, int64_t bn, int64
 // nothing.
 
 // E2M1 magnitude code of a >= 0, saturating at 6 (code 7): the seven thresholds of
-// nemo_ais.fp8.grids; at 0.75, 1.75 and 3.5 a tie goes up (to the even code) by ``up`` = 1,
+// nemo_ais.formats.grids; at 0.75, 1.75 and 3.5 a tie goes up (to the even code) by ``up`` = 1,
 // toward zero by ``up`` = 0.
 inline uint32_t e2m1_magnitude(float a, uint32_t up) {
   return (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) + (a > 3.5f) +
@@ -210,7 +210,7 @@ inline uint32_t amax_bits_of(const T* __restrict__ v, int64_t n) {
   return a;
 }
 
-// The MX scale exponent of nemo_ais.fp8.grids.e8m0_block_exponent: ceil(log2(amax /
+// The MX scale exponent of nemo_ais.formats.grids.e8m0_block_exponent: ceil(log2(amax /
 // element_max)), -127 when that ratio is 0 (an all-zero block, or one below 2^-127 whose
 // ratio underflows), clamped to [-127, 127].
 inline int mx_exponent(float amax, float element_max) {
@@ -236,7 +236,7 @@ int32_t mxfp8_row(const T* __restrict__ row, int64_t k, uint8_t* __restrict__ ou
 }
 
 // MXFP8 of x [R, K] (K % 32 == 0) contiguous CPU fp32 / bf16 / fp16 -> (codes uint8 [R, K],
-// scale bytes uint8 [R, K / 32], finite: 0-dim bool): nemo_ais.fp8.mxfp8's rule per block of
+// scale bytes uint8 [R, K / 32], finite: 0-dim bool): nemo_ais.formats.mxfp8's rule per block of
 // 32, E = ceil(log2(amax / 448)) from the fp32 bits (-127 for an all-zero block), clamped
 // to [-127, 127]; codes e4m3(clamp(x * 2^-E, +-448)) (the product is exact); byte E + 127.
 std::vector<torch::Tensor> quantize_mxfp8(torch::Tensor x) {
@@ -261,7 +261,7 @@ std::vector<torch::Tensor> quantize_mxfp8(torch::Tensor x) {
   return {q, scale, bad.eq(0).all()};
 }
 
-// fp32 max |x| per block of 16 of x [R, K] (K % 16 == 0), as nemo_ais.fp8.nvfp4's pass 1.
+// fp32 max |x| per block of 16 of x [R, K] (K % 16 == 0), as nemo_ais.formats.nvfp4's pass 1.
 torch::Tensor nvfp4_block_amax(torch::Tensor x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
   const int64_t rows = x.size(0), k = x.size(1), kb = k / 16;
@@ -355,7 +355,7 @@ int32_t mxfp4_row(const T* __restrict__ row, int64_t k, uint32_t up,
   return nonfinite;
 }
 
-// MXFP4 of x [R, K] (K % 32 == 0): nemo_ais.fp8.mxfp4's rule per block of 32: E =
+// MXFP4 of x [R, K] (K % 32 == 0): nemo_ais.formats.mxfp4's rule per block of 32: E =
 // ceil(log2(amax / 6)) (-127 for an all-zero block), clamped to [-127, 127]; y = (x + 0) *
 // 2^-E; code = e2m1(|y|) | 8 * signbit(y), ties to even or (ties_toward_zero) toward zero;
 // two codes per byte. Returns (packed uint8 [R, K/2], scale bytes uint8 [R, K/32], finite).
