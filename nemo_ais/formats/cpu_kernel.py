@@ -21,6 +21,7 @@ beside PyTorch's is not worth the risk), so ``at::parallel_for`` runs serially.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -385,7 +386,21 @@ std::vector<torch::Tensor> quantize_mxfp4(torch::Tensor x, bool ties_toward_zero
 
 
 _CPUINFO_KEYS = ("model name", "flags", "Features", "CPU implementer", "CPU part")
-_STALE_LOCK_S = 600  # a build lock older than this was left by a killed build
+_GUARD_FILE = "nemo_ais.flock"  # beside PyTorch's own ``lock`` in the build directory
+
+
+def _build_wait_s() -> float:
+    """Seconds to wait for another live process's build (``NEMO_AIS_CPU_KERNEL_WAIT_S``)."""
+    raw = os.environ.get("NEMO_AIS_CPU_KERNEL_WAIT_S", "300")
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = float("nan")
+    if not wait >= 0:  # NaN too
+        raise ValueError(
+            f"NEMO_AIS_CPU_KERNEL_WAIT_S: expected a number of seconds >= 0, got {raw!r}"
+        )
+    return wait
 
 
 def _cpu_fingerprint() -> str:
@@ -406,19 +421,54 @@ def _cpu_fingerprint() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _clear_stale_lock(name: str) -> None:
-    """Remove the build lock a killed build left behind (PyTorch would wait on it forever)."""
+@contextlib.contextmanager
+def _build_guard(build_dir: str, wait_s: float):
+    """Hold the build directory exclusively for the duration of one build or load.
+
+    PyTorch's ``load_inline`` serialises builds with a ``lock`` file that a killed build
+    leaves behind, and every later process then sleeps on it forever, silently. Every
+    nemo_ais process takes an ``flock`` on ``nemo_ais.flock`` first: the kernel drops an
+    flock when its holder dies, so holding it proves that no live nemo_ais process is
+    building here, and any ``lock`` file present was left by an interrupted build and is
+    removed. A live build elsewhere is waited for at most ``wait_s`` seconds, with a message;
+    past that :class:`TimeoutError` is raised (the caller falls back to the PyTorch path).
+    """
+    import fcntl
     import time
 
-    from torch.utils.cpp_extension import _get_build_directory
-
-    lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+    os.makedirs(build_dir, exist_ok=True)
+    fd = os.open(os.path.join(build_dir, _GUARD_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if time.time() - os.path.getmtime(lock) > _STALE_LOCK_S:
-            os.remove(lock)
-            logger.warning("nemo_ais.fp8: removed a stale CPU-kernel build lock %s", lock)
-    except OSError:
-        pass  # no lock (the usual case), or another process removed it first
+        deadline = time.monotonic() + wait_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"another process has been building the CPU quantizer in {build_dir} "
+                        f"for over {wait_s:g} s (NEMO_AIS_CPU_KERNEL_WAIT_S)"
+                    ) from None
+                if not told:
+                    logger.warning(
+                        "nemo_ais.fp8: waiting (at most %g s) for another process that is "
+                        "building the fused CPU quantizer in %s",
+                        wait_s,
+                        build_dir,
+                    )
+                    told = True
+                time.sleep(0.25)
+        stale = os.path.join(build_dir, "lock")
+        if os.path.exists(stale):
+            os.remove(stale)
+            logger.warning(
+                "nemo_ais.fp8: removed the build lock %s left by an interrupted build", stale
+            )
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 @functools.cache
@@ -426,28 +476,37 @@ def cpu_kernel():
     """The compiled extension, or None (switched off, or it could not be built: logged once)."""
     if os.environ.get("NEMO_AIS_CPU_KERNEL", "1") == "0":
         return None
+    wait_s = _build_wait_s()  # a malformed value is the user's error, raised as such
     try:
         import platform
 
-        from torch.utils.cpp_extension import load_inline
+        from torch.utils.cpp_extension import _get_build_directory, load_inline
 
         name = f"nemo_ais_fp8_cpu_{_cpu_fingerprint()}"
-        _clear_stale_lock(name)
+        build_dir = _get_build_directory(name, verbose=False)
         native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
-        return load_inline(
-            name=name,
-            cpp_sources=_SOURCE,
-            functions=[
-                "quantize_blockwise",
-                "quantize_mxfp8",
-                "nvfp4_block_amax",
-                "nvfp4_encode",
-                "quantize_mxfp4",
-            ],
-            extra_cflags=["-O3", *native, "-fno-fast-math"],
-            verbose=False,
-        )
-    except Exception as err:  # no compiler / ninja / headers: the PyTorch path is exact too
+        with _build_guard(build_dir, wait_s):
+            if not os.path.exists(os.path.join(build_dir, f"{name}.so")):
+                logger.warning(
+                    "nemo_ais.fp8: building the fused CPU quantizer in %s (first use on this "
+                    "machine, about a minute on 2 cores; later runs load it)",
+                    build_dir,
+                )
+            return load_inline(
+                name=name,
+                cpp_sources=_SOURCE,
+                functions=[
+                    "quantize_blockwise",
+                    "quantize_mxfp8",
+                    "nvfp4_block_amax",
+                    "nvfp4_encode",
+                    "quantize_mxfp4",
+                ],
+                extra_cflags=["-O3", *native, "-fno-fast-math"],
+                verbose=False,
+            )
+    except Exception as err:  # no compiler / ninja / headers / fcntl, or a build still
+        # running elsewhere past the bound: the PyTorch path is exact too
         logger.warning(
             "nemo_ais.fp8: the fused CPU quantizer could not be built (%s); using the PyTorch "
             "path (same bits, slower). Set NEMO_AIS_CPU_KERNEL=0 to skip the attempt.",

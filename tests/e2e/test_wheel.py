@@ -8,18 +8,21 @@ Offline and without the repository on any path:
    (setuptools from this interpreter; nothing is written into the checkout);
 2. the wheel must hold every tracked file of ``nemo_ais/`` that ships (modules, presets,
    ``py.typed``, the vLLM hook) and the LICENSE;
-3. a fresh venv (``--system-site-packages``: torch and the other dependencies come from this
-   interpreter, no network) gets the wheel, non-editable, ``--no-deps --ignore-installed``;
+3. a fresh venv gets the wheel, non-editable, ``--no-deps --ignore-installed``; torch and the other
+   dependencies come from the environment running the tests, wherever it is (a user's or
+   CI's virtualenv, or a system interpreter), through a ``.pth`` file naming that
+   environment's own site directories (:func:`_dependency_dirs`), no network;
 4. the venv's ``nemo-ais`` console script runs ``--version`` and ``run --quick`` with the
    working directory in ``tmp_path`` and an environment without ``PYTHONPATH`` (the test
    session's own points at NeMo-RL's vendored source) or a user site.
 
-Why step 2 matters: the dev / CI install is editable (``pip install -e .``), and
-``--system-site-packages`` lets the venv see its ``__editable__`` finder, a meta-path
-finder that serves any *top-level* ``nemo_ais.<module>`` from the checkout when the normal
-path search fails. A module missing from the wheel would then import silently from the
-repository. With every tracked file in the wheel the venv's copy is found first; step 4 also
-checks ``nemo_ais.__file__`` and every ``nemo_ais`` module a run imports lie in the venv.
+Why not ``--system-site-packages``: from a virtualenv's interpreter it exposes the *base*
+interpreter's site-packages, not the virtualenv's, so the test failed wherever the
+dependencies were installed into a virtualenv (as the README does). A ``.pth`` line adds a
+directory to ``sys.path`` without running the ``.pth`` files inside it, so the test
+environment's ``__editable__`` finder (which would serve a module missing from the wheel
+from the checkout) is not installed in the new venv; step 4 still checks that
+``nemo_ais.__file__`` and every ``nemo_ais`` module a run imports lie in the venv.
 
 Runtime on a 2-core CPU: ~45 s, nearly all of it the quick run (~40 s incl. its warm start).
 """
@@ -54,6 +57,15 @@ def _tracked_package_files() -> list[str]:
         check=True,
     )
     return [f for f in out.stdout.split() if f.endswith(SHIPPED_SUFFIXES)]
+
+
+def _dependency_dirs() -> list[str]:
+    """The site directories of the environment running the tests (venv or system)."""
+    import site
+    import sysconfig
+
+    dirs = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), *site.getsitepackages()]
+    return list(dict.fromkeys(d for d in dirs if Path(d).is_dir()))
 
 
 def _clean_env(venv: Path, home: Path) -> dict[str, str]:
@@ -115,18 +127,34 @@ def test_wheel_holds_every_shipped_file_and_the_license(wheel):
 
 def test_installed_wheel_runs_quick_from_another_directory(wheel, tmp_path):
     venv = tmp_path / "venv"
-    _sh([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], cwd=tmp_path)
+    _sh([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
     env = _clean_env(venv, tmp_path)
     python = str(venv / "bin" / "python")
+    site = Path(_sh([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                    cwd=tmp_path, env=env).strip())  # fmt: skip
+    (site / "_test_dependencies.pth").write_text("\n".join(_dependency_dirs()) + "\n")
     _sh(
-        [python, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)],
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            str(wheel),
+        ],
         cwd=tmp_path,
         env=env,
     )
-    site = Path(_sh([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                    cwd=tmp_path, env=env).strip())  # fmt: skip
     package_dir = site / "nemo_ais"
     assert package_dir.is_dir() and not list(site.glob("__editable__*nemo_ais*"))
+    # the dependencies resolve from the test environment (a venv or not), nemo_ais from here
+    probe = "import omegaconf, torch, nemo_ais; print(nemo_ais.__file__)"
+    assert _sh([python, "-c", probe], cwd=tmp_path, env=env).strip() == str(
+        package_dir / "__init__.py"
+    )
 
     work = tmp_path / "work"  # neither the repository nor the venv
     work.mkdir()

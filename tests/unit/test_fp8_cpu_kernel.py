@@ -10,6 +10,12 @@ E4M3 rounding ties. A NaN still raises the PyTorch path's error.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
@@ -227,21 +233,113 @@ def test_mx_block_whose_ratio_underflows_gets_scale_byte_0(fmt, tiny, monkeypatc
     assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
 
 
-def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
-    import os
-    import time
-
+def _guard_dir(tmp_path, monkeypatch) -> str:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     from torch.utils.cpp_extension import _get_build_directory
 
-    lock = os.path.join(_get_build_directory("nemo_ais_lock_probe", verbose=False), "lock")
-    open(lock, "w").close()
-    cpu_kernel_mod._clear_stale_lock("nemo_ais_lock_probe")
-    assert os.path.exists(lock)  # a build in progress: kept
-    old = time.time() - cpu_kernel_mod._STALE_LOCK_S - 60
-    os.utime(lock, (old, old))
-    cpu_kernel_mod._clear_stale_lock("nemo_ais_lock_probe")
-    assert not os.path.exists(lock)
+    return _get_build_directory("nemo_ais_lock_probe", verbose=False)
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_at_once(tmp_path, monkeypatch, caplog):
+    """PyTorch's ``lock`` is removed as soon as no live nemo_ais process holds the guard."""
+    build_dir = _guard_dir(tmp_path, monkeypatch)
+    lock = os.path.join(build_dir, "lock")
+    open(lock, "w").close()  # fresh: a 10-minute age rule would have kept it
+    with caplog.at_level("WARNING"), cpu_kernel_mod._build_guard(build_dir, wait_s=0.0):
+        assert not os.path.exists(lock)
+    assert "left by an interrupted build" in caplog.text
+
+
+_HOLD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_live_build_is_waited_for_with_a_bound_and_a_message(tmp_path, monkeypatch, caplog):
+    build_dir = _guard_dir(tmp_path, monkeypatch)
+    os.makedirs(build_dir, exist_ok=True)
+    guard = os.path.join(build_dir, cpu_kernel_mod._GUARD_FILE)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, guard], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lock = os.path.join(build_dir, "lock")
+        open(lock, "w").close()  # the live build's own lock: must stay
+        t0 = time.monotonic()
+        with (
+            caplog.at_level("WARNING"),
+            pytest.raises(TimeoutError, match="NEMO_AIS_CPU_KERNEL_WAIT_S"),
+            cpu_kernel_mod._build_guard(build_dir, wait_s=1.0),
+        ):
+            pass
+        assert time.monotonic() - t0 < 30
+        assert "waiting (at most 1 s) for another process" in caplog.text
+        assert os.path.exists(lock)
+    finally:
+        holder.kill()
+        holder.wait()
+    with cpu_kernel_mod._build_guard(build_dir, wait_s=5.0):  # the holder died: free at once
+        assert not os.path.exists(lock)
+
+
+@pytest.mark.parametrize("raw", ["soon", "-1", "nan"])
+def test_a_malformed_wait_bound_names_the_variable(monkeypatch, raw):
+    monkeypatch.setenv("NEMO_AIS_CPU_KERNEL_WAIT_S", raw)
+    with pytest.raises(ValueError, match="NEMO_AIS_CPU_KERNEL_WAIT_S: expected a number"):
+        cpu_kernel_mod._build_wait_s()
+
+
+_BUILD = """
+import logging, sys, torch
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+from nemo_ais.fp8 import cpu_kernel as ck
+from nemo_ais.fp8 import quantize_blockwise
+ext = ck.cpu_kernel()
+print("LOADED", ext is not None and ext.__file__, flush=True)
+x = torch.randn(256, 384, generator=torch.Generator().manual_seed(0))
+q, s = quantize_blockwise(x)
+print("QSUM", float(q.float().sum()), float(s.sum()), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_run_after_a_build_killed_midway_builds_and_finishes(tmp_path):
+    """Issue 27.1: kill a first build mid-way (as Ctrl-C would); the next run must finish."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "NEMO_AIS_CPU_KERNEL": "1"}
+    first = subprocess.Popen(
+        [sys.executable, "-c", _BUILD], env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not list((tmp_path / "ext").glob("*/lock")):  # PyTorch's lock: the build began
+            assert first.poll() is None, first.stdout.read()
+            assert time.monotonic() < deadline, "the first build never took its lock"
+            time.sleep(0.1)
+        time.sleep(2.0)  # mid-way through the compile
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the build's ninja and compiler too
+        first.wait()
+    assert list((tmp_path / "ext").glob("*/lock")), "the killed build must leave its lock"
+    second = subprocess.run(
+        [sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "left by an interrupted build" in second.stdout
+    loaded = next(ln for ln in second.stdout.splitlines() if ln.startswith("LOADED"))
+    assert loaded.endswith(".so"), second.stdout
+    # the same bits as this process (kernel or PyTorch path: bit-equal, tested above)
+    x = torch.randn(256, 384, generator=torch.Generator().manual_seed(0))
+    q, s = quantize_blockwise(x)
+    qsum = next(ln for ln in second.stdout.splitlines() if ln.startswith("QSUM"))
+    assert qsum == f"QSUM {float(q.float().sum())} {float(s.sum())}"
+    assert not list((tmp_path / "ext").glob("*/lock"))
 
 
 def test_the_build_name_depends_on_the_cpu(monkeypatch):
