@@ -297,7 +297,7 @@ def test_a_malformed_wait_bound_names_the_variable(monkeypatch, raw):
 _BUILD = """
 import logging, sys, torch
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
-from nemo_ais.fp8 import cpu_kernel as ck
+from nemo_ais.formats import cpu_kernel as ck
 from nemo_ais.fp8 import quantize_blockwise
 ext = ck.cpu_kernel()
 print("LOADED", ext is not None and ext.__file__, flush=True)
