@@ -1,7 +1,7 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """Fused CPU kernels for the four weight quantizers, compiled on first use.
 
-The PyTorch paths of :mod:`nemo_ais.fp8` (FP8 blockwise, MXFP8, NVFP4, MXFP4) are a handful
+The PyTorch paths of :mod:`nemo_ais.formats` (FP8 blockwise, MXFP8, NVFP4, MXFP4) are a handful
 of ops per band of rows; PyTorch's own fp32 -> E4M3 conversion alone takes 2-2.5x a
 same-size copy on CPU (docs/benchmarks.md "quant"), so no composition of eager ops reaches
 half of copy_ bandwidth. These kernels run each format's whole rule in one C++ loop per row
@@ -10,8 +10,8 @@ branchless round-to-nearest-even E4M3 / E2M1 encoders the compiler vectorises, a
 bit-equal to the PyTorch paths (tests/unit/test_fp8_cpu_kernel.py: every family, eps, UE8M0,
 tile shape, tie rule, static amax, fp32 / bf16 / fp16, zero, subnormal and tie values).
 
-They are compiled with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and
-ninja) the first time a CPU tensor is quantized, into PyTorch's extension cache, and used
+The C++ source is ``csrc/quantize_cpu.cpp`` (package data, shipped in the wheel). It is
+compiled with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja) the first time a CPU tensor is quantized, into PyTorch's extension cache, and used
 only for contiguous fp32 / bf16 / fp16 CPU input. Where they cannot be built (no compiler)
 or are switched off (``NEMO_AIS_CPU_KERNEL=0``) the PyTorch paths run, with the same bits.
 A block with NaN / inf makes a kernel report it; the PyTorch path then raises its error.
@@ -26,6 +26,7 @@ import functools
 import hashlib
 import logging
 import os
+from pathlib import Path
 
 import torch
 
@@ -33,356 +34,14 @@ __all__ = ["cpu_kernel", "kernel_for"]
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <cfloat>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-namespace {
-
-inline uint32_t bits_of(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float float_of(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-
-// E4M3 (fn) code of v, |v| <= 448 and finite, round to nearest even. Normal range (|v| >=
-// 2^-6): add half an E4M3 ulp minus one plus the kept LSB to the fp32 bits, shift, rebias
-// the exponent (127 - 7). Subnormal range: |v| * 2^9 rounded to an integer in the FPU's
-// round-to-nearest-even mode (the 2^23 trick; the code 8 it can reach is 2^-6, the
-// smallest normal, so the two ranges join). No branch: a select.
-inline uint8_t e4m3(float v) {
-  const uint32_t b = bits_of(v);
-  const uint32_t sign = (b >> 24) & 0x80u;
-  const uint32_t a = b & 0x7FFFFFFFu;
-  const uint32_t rounded = a + 0x7FFFFu + ((a >> 20) & 1u);
-  const uint32_t normal = (rounded >> 20) - (120u << 3);
-  // (t + 2^23) - 2^23 is not folded: the build has no -ffast-math (IEEE semantics)
-  const float t = (float_of(a) * 512.0f + 8388608.0f) - 8388608.0f;
-  const uint32_t sub = static_cast<uint32_t>(static_cast<int32_t>(t));
-  return static_cast<uint8_t>(sign | (a < 0x3C800000u ? sub : normal));
-}
-
-template <typename T> inline float to_f(T v) { return static_cast<float>(v); }
-
-// ceil(log2(v)) of a positive (nonzero) fp32 from its bits, exactly (frexp's exponent, minus one for a
-// power of two): normal v = 1.f * 2^(ef - 127); subnormal v = mf * 2^-149.
-inline int ceil_log2(float v) {
-  const uint32_t b = bits_of(v), ef = b >> 23, mf = b & 0x7FFFFFu;
-  if (ef != 0) return static_cast<int>(ef) - 127 + (mf != 0 ? 1 : 0);
-  return (31 - __builtin_clz(mf)) - 149 + ((mf & (mf - 1)) != 0 ? 1 : 0);
-}
-
-// 2^e for an integer e in [-127, 127], exactly (2^-127 is the subnormal 2^22 * 2^-149).
-inline float pow2(int e) {
-  return e >= -126 ? float_of(static_cast<uint32_t>(e + 127) << 23) : float_of(1u << 22);
-}
-
-inline float floor_pow2(float v) { int e; std::frexp(v, &e); return std::ldexp(1.0f, e - 1); }
-inline float ceil_pow2(float v) {
-  int e; const float m = std::frexp(v, &e); return std::ldexp(1.0f, e - (m == 0.5f ? 1 : 0));
-}
-
-// The per-tile (s, m) of nemo_ais.formats.fp8_block._scales, operation for operation.
-inline void scales(float amax, int family, float eps, bool ue8m0, float* s, float* m) {
-  if (eps > 0.0f) amax = std::max(amax, eps);
-  const bool zero = amax == 0.0f;
-  if (family == 2) {
-    float mm = 448.0f / amax;
-    if (ue8m0) mm = floor_pow2(mm);
-    mm = zero ? 1.0f : mm;
-    mm = std::min(mm, FLT_MAX);
-    *m = mm; *s = 1.0f / mm;
-    return;
-  }
-  float ss = amax / 448.0f;
-  if (ue8m0) ss = ceil_pow2(ss);
-  ss = zero ? 1.0f : ss;
-  ss = ss == 0.0f ? FLT_MIN : ss;
-  *s = ss; *m = std::min(1.0f / ss, FLT_MAX);
-}
-
-template <typename T>
-void quantize_rows(const T* x, int64_t n, int64_t k, int64_t bn, int64_t bk, int family,
-                   float eps, bool ue8m0, uint8_t* q, float* s_out, float* amax_out,
-                   int64_t tile_row) {
-  const int64_t kb = (k + bk - 1) / bk;
-  const int64_t r0 = tile_row * bn, r1 = std::min(r0 + bn, n);
-  // pass 1: amax of each tile of this tile row, as the max of |x|'s bit patterns (ordered
-  // like the values for non-negative floats; an integer max vectorises and keeps NaN / inf,
-  // whose patterns are the largest, visible to the finiteness check)
-  std::vector<uint32_t> amax_bits(kb, 0u);
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* row = x + r * k;
-    for (int64_t j = 0; j < kb; ++j) {
-      const int64_t c0 = j * bk, c1 = std::min(c0 + bk, k);
-      uint32_t a = amax_bits[j];
-      for (int64_t c = c0; c < c1; ++c) a = std::max(a, bits_of(to_f(row[c])) & 0x7FFFFFFFu);
-      amax_bits[j] = a;
-    }
-  }
-  std::vector<float> amax(kb);
-  for (int64_t j = 0; j < kb; ++j) amax[j] = float_of(amax_bits[j]);
-  std::vector<float> s(kb), m(kb);
-  for (int64_t j = 0; j < kb; ++j) {
-    scales(amax[j], family, eps, ue8m0, &s[j], &m[j]);
-    s_out[tile_row * kb + j] = s[j];
-    amax_out[tile_row * kb + j] = amax[j];
-  }
-  for (int64_t r = r0; r < r1; ++r) {  // pass 2: scale, clamp, encode (the rows are cached)
-    const T* row = x + r * k;
-    uint8_t* out = q + r * k;
-    for (int64_t j = 0; j < kb; ++j) {
-      const int64_t c0 = j * bk, c1 = std::min(c0 + bk, k);
-      if (family == 1) {
-        const float sj = s[j];
-        for (int64_t c = c0; c < c1; ++c)
-          out[c] = e4m3(std::min(std::max(to_f(row[c]) / sj, -448.0f), 448.0f));
-      } else {
-        const float mj = m[j];
-        for (int64_t c = c0; c < c1; ++c)
-          out[c] = e4m3(std::min(std::max(to_f(row[c]) * mj, -448.0f), 448.0f));
-      }
-    }
-  }
-}
-
-}  // namespace
-
-// x [E, N, K] contiguous CPU fp32 / bf16 / fp16 -> (q uint8 [E, N, K], s fp32 [E, nb, kb],
-// finite: 0-dim bool). A non-finite value shows up as a non-finite tile amax.
-std::vector<torch::Tensor> quantize_blockwise(torch::Tensor x, int64_t bn, int64_t bk,
-                                              int64_t family, double eps, bool ue8m0) {
-  TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu(), "x: [E, N, K] CPU");
-  const int64_t e = x.size(0), n = x.size(1), k = x.size(2);
-  const int64_t nb = (n + bn - 1) / bn, kb = (k + bk - 1) / bk;
-  auto q = torch::empty({e, n, k}, x.options().dtype(torch::kUInt8));
-  auto s = torch::empty({e, nb, kb}, x.options().dtype(torch::kFloat32));
-  auto amax = torch::empty({e, nb, kb}, x.options().dtype(torch::kFloat32));
-  const float epsf = static_cast<float>(eps);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    uint8_t* qp = q.data_ptr<uint8_t>();
-    float* sp = s.data_ptr<float>();
-    float* ap = amax.data_ptr<float>();
-    at::parallel_for(0, e * nb, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t ei = t / nb, row = t % nb;
-        quantize_rows<scalar_t>(xp + ei * n * k, n, k, bn, bk, static_cast<int>(family), epsf,
-                                ue8m0, qp + ei * n * k, sp + ei * nb * kb, ap + ei * nb * kb,
-                                row);
-      }
-    });
-  });
-  return {q, s, amax.isfinite().all()};
-}
-
-// The row loops below take their pointers by value and __restrict__: inside a lambda that
-// captures them by reference, a uint8_t store may alias anything, and gcc then vectorises
-// nothing.
-
-// E2M1 magnitude code of a >= 0, saturating at 6 (code 7): the seven thresholds of
-// nemo_ais.formats.grids; at 0.75, 1.75 and 3.5 a tie goes up (to the even code) by ``up`` = 1,
-// toward zero by ``up`` = 0.
-inline uint32_t e2m1_magnitude(float a, uint32_t up) {
-  return (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) + (a > 3.5f) +
-         (a > 5.0f) + up * ((a == 0.75f) + (a == 1.75f) + (a == 3.5f));
-}
-
-inline uint8_t e2m1_code(float y, uint32_t up) {
-  const uint32_t yb = bits_of(y);
-  return static_cast<uint8_t>(e2m1_magnitude(float_of(yb & 0x7FFFFFFFu), up) |
-                              ((yb >> 28) & 8u));
-}
-
-// two codes per byte, the even element in the low nibble
-inline void pack_pairs(const uint8_t* __restrict__ codes, int64_t k, uint8_t* __restrict__ out) {
-  for (int64_t i = 0; i < k / 2; ++i)
-    out[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
-}
-
-template <typename T>
-inline uint32_t amax_bits_of(const T* __restrict__ v, int64_t n) {
-  uint32_t a = 0u;
-  for (int64_t c = 0; c < n; ++c) a = std::max(a, bits_of(to_f(v[c])) & 0x7FFFFFFFu);
-  return a;
-}
-
-// The MX scale exponent of nemo_ais.formats.grids.e8m0_block_exponent: ceil(log2(amax /
-// element_max)), -127 when that ratio is 0 (an all-zero block, or one below 2^-127 whose
-// ratio underflows), clamped to [-127, 127].
-inline int mx_exponent(float amax, float element_max) {
-  const float ratio = amax / element_max;
-  const int expo = ratio == 0.0f ? -127 : ceil_log2(ratio);
-  return std::min(std::max(expo, -127), 127);
-}
-
-template <typename T>
-int32_t mxfp8_row(const T* __restrict__ row, int64_t k, uint8_t* __restrict__ out,
-                  uint8_t* __restrict__ scale) {
-  int32_t nonfinite = 0;
-  for (int64_t j = 0; j < k / 32; ++j) {
-    const uint32_t bits = amax_bits_of(row + j * 32, 32);
-    nonfinite |= bits >= 0x7F800000u;
-    const int expo = mx_exponent(float_of(bits), 448.0f);
-    const float mult = pow2(-expo);
-    for (int64_t c = j * 32; c < j * 32 + 32; ++c)
-      out[c] = e4m3(std::min(std::max(to_f(row[c]) * mult, -448.0f), 448.0f));
-    scale[j] = static_cast<uint8_t>(expo + 127);
-  }
-  return nonfinite;
-}
-
-// MXFP8 of x [R, K] (K % 32 == 0) contiguous CPU fp32 / bf16 / fp16 -> (codes uint8 [R, K],
-// scale bytes uint8 [R, K / 32], finite: 0-dim bool): nemo_ais.formats.mxfp8's rule per block of
-// 32, E = ceil(log2(amax / 448)) from the fp32 bits (-127 for an all-zero block), clamped
-// to [-127, 127]; codes e4m3(clamp(x * 2^-E, +-448)) (the product is exact); byte E + 127.
-std::vector<torch::Tensor> quantize_mxfp8(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
-  const int64_t rows = x.size(0), k = x.size(1), kb = k / 32;
-  TORCH_CHECK(k % 32 == 0, "x: K % 32 != 0");
-  auto q = torch::empty({rows, k}, x.options().dtype(torch::kUInt8));
-  auto scale = torch::empty({rows, kb}, x.options().dtype(torch::kUInt8));
-  auto bad = torch::zeros({at::get_num_threads()}, x.options().dtype(torch::kInt32));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "mxfp8", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    uint8_t* qp = q.data_ptr<uint8_t>();
-    uint8_t* sp = scale.data_ptr<uint8_t>();
-    int32_t* badp = bad.data_ptr<int32_t>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      int32_t nonfinite = 0;
-      for (int64_t r = begin; r < end; ++r)
-        nonfinite |= mxfp8_row(xp + r * k, k, qp + r * k, sp + r * kb);
-      badp[at::get_thread_num()] |= nonfinite;
-    });
-  });
-  return {q, scale, bad.eq(0).all()};
-}
-
-// fp32 max |x| per block of 16 of x [R, K] (K % 16 == 0), as nemo_ais.formats.nvfp4's pass 1.
-torch::Tensor nvfp4_block_amax(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
-  const int64_t rows = x.size(0), k = x.size(1), kb = k / 16;
-  auto amax = torch::empty({rows, kb}, x.options().dtype(torch::kFloat32));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "amax16", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    float* ap = amax.data_ptr<float>();
-    at::parallel_for(0, rows * kb, 1024, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) ap[b] = float_of(amax_bits_of(xp + b * 16, 16));
-    });
-  });
-  return amax;
-}
-
-// fp32 value of an E4M3 code (no NaN code reaches here), exactly.
-inline float e4m3_value(uint8_t c) {
-  const int e = (c >> 3) & 0xF, m = c & 7;
-  const float v = e == 0 ? static_cast<float>(m) * 0.001953125f  // m * 2^-9
-                         : static_cast<float>(8 + m) * pow2(e - 10);
-  return (c & 0x80) ? -v : v;
-}
-
-template <typename T>
-void nvfp4_row(const T* __restrict__ row, int64_t k, const float* __restrict__ amax, float s_g,
-               uint8_t* __restrict__ packed, uint8_t* __restrict__ scale,
-               float* __restrict__ d, float* __restrict__ y, uint8_t* __restrict__ codes) {
-  const int64_t kb = k / 16;
-  const float s_g6 = s_g * 6.0f;
-  for (int64_t j = 0; j < kb; ++j) {  // block scales and divisors of the row
-    float ratio = amax[j] / s_g6;
-    ratio = ratio == 0.0f ? 1.0f : ratio;
-    ratio = std::min(std::max(ratio, 0.001953125f), 448.0f);
-    const uint8_t bs = e4m3(ratio);
-    scale[j] = bs;
-    const float dj = e4m3_value(bs) * s_g;
-    d[j] = dj == 0.0f ? INFINITY : dj;
-  }
-  for (int64_t j = 0; j < kb; ++j) {  // y = (x + 0) / d: 16 lanes with one divisor
-    const float dj = d[j];
-    for (int64_t i = 0; i < 16; ++i) y[j * 16 + i] = (to_f(row[j * 16 + i]) + 0.0f) / dj;
-  }
-  for (int64_t c = 0; c < k; ++c) codes[c] = e2m1_code(y[c], 1u);  // one flat loop
-  pack_pairs(codes, k, packed);
-}
-
-// NVFP4 codes of x [R, K] from the (tile-maxed) block amax [R, K/16] and the global scale:
-// block scale e4m3(clamp(amax / (s_g * 6) or 1 if 0, 2^-9, 448)); d = fp32(scale) * s_g;
-// y = (x + 0) / d (d = 0: / inf); code = e2m1(|y|) | 8 * signbit(y) (ties to even,
-// saturating at 6); two codes per byte. Returns (packed uint8 [R, K/2], scales uint8
-// [R, K/16]).
-std::vector<torch::Tensor> nvfp4_encode(torch::Tensor x, torch::Tensor block_amax, double s_g_d) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
-  const int64_t rows = x.size(0), k = x.size(1), kb = k / 16;
-  TORCH_CHECK(block_amax.dim() == 2 && block_amax.size(0) == rows && block_amax.size(1) == kb &&
-                  block_amax.is_contiguous() && block_amax.scalar_type() == torch::kFloat32,
-              "block_amax: expected contiguous fp32 [R, K / 16]");
-  auto packed = torch::empty({rows, k / 2}, x.options().dtype(torch::kUInt8));
-  auto scales = torch::empty({rows, kb}, x.options().dtype(torch::kUInt8));
-  const float s_g = static_cast<float>(s_g_d);
-  const float* ap = block_amax.data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "nvfp4", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    uint8_t* pp = packed.data_ptr<uint8_t>();
-    uint8_t* sp = scales.data_ptr<uint8_t>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> d(kb), y(k);
-      std::vector<uint8_t> codes(k);
-      for (int64_t r = begin; r < end; ++r)
-        nvfp4_row(xp + r * k, k, ap + r * kb, s_g, pp + r * (k / 2), sp + r * kb, d.data(),
-                  y.data(), codes.data());
-    });
-  });
-  return {packed, scales};
-}
-
-template <typename T>
-int32_t mxfp4_row(const T* __restrict__ row, int64_t k, uint32_t up,
-                  uint8_t* __restrict__ packed, uint8_t* __restrict__ scale,
-                  uint8_t* __restrict__ codes) {
-  int32_t nonfinite = 0;
-  for (int64_t j = 0; j < k / 32; ++j) {
-    const uint32_t bits = amax_bits_of(row + j * 32, 32);
-    nonfinite |= bits >= 0x7F800000u;
-    const int expo = mx_exponent(float_of(bits), 6.0f);
-    scale[j] = static_cast<uint8_t>(expo + 127);
-    const float mult = pow2(-expo);
-    for (int64_t c = j * 32; c < j * 32 + 32; ++c)
-      codes[c] = e2m1_code((to_f(row[c]) + 0.0f) * mult, up);
-  }
-  pack_pairs(codes, k, packed);
-  return nonfinite;
-}
-
-// MXFP4 of x [R, K] (K % 32 == 0): nemo_ais.formats.mxfp4's rule per block of 32: E =
-// ceil(log2(amax / 6)) (-127 for an all-zero block), clamped to [-127, 127]; y = (x + 0) *
-// 2^-E; code = e2m1(|y|) | 8 * signbit(y), ties to even or (ties_toward_zero) toward zero;
-// two codes per byte. Returns (packed uint8 [R, K/2], scale bytes uint8 [R, K/32], finite).
-std::vector<torch::Tensor> quantize_mxfp4(torch::Tensor x, bool ties_toward_zero) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
-  const int64_t rows = x.size(0), k = x.size(1), kb = k / 32;
-  auto packed = torch::empty({rows, k / 2}, x.options().dtype(torch::kUInt8));
-  auto scale = torch::empty({rows, kb}, x.options().dtype(torch::kUInt8));
-  auto bad = torch::zeros({at::get_num_threads()}, x.options().dtype(torch::kInt32));
-  const uint32_t up = ties_toward_zero ? 0u : 1u;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "mxfp4", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    uint8_t* pp = packed.data_ptr<uint8_t>();
-    uint8_t* sp = scale.data_ptr<uint8_t>();
-    int32_t* badp = bad.data_ptr<int32_t>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      std::vector<uint8_t> codes(k);
-      int32_t nonfinite = 0;
-      for (int64_t r = begin; r < end; ++r)
-        nonfinite |= mxfp4_row(xp + r * k, k, up, pp + r * (k / 2), sp + r * kb, codes.data());
-      badp[at::get_thread_num()] |= nonfinite;
-    });
-  });
-  return {packed, scale, bad.eq(0).all()};
-}
-"""
+_SOURCE_FILE = Path(__file__).with_name("csrc") / "quantize_cpu.cpp"
+_FUNCTIONS = [
+    "quantize_blockwise",
+    "quantize_mxfp8",
+    "nvfp4_block_amax",
+    "nvfp4_encode",
+    "quantize_mxfp4",
+]
 
 
 _CPUINFO_KEYS = ("model name", "flags", "Features", "CPU implementer", "CPU part")
@@ -417,7 +76,7 @@ def _cpu_fingerprint() -> str:
             info |= {ln.strip() for ln in f if ln.startswith(_CPUINFO_KEYS)}
     except OSError:
         pass
-    text = "\n".join(sorted(info)) + _SOURCE + torch.__version__
+    text = "\n".join(sorted(info)) + _SOURCE_FILE.read_text() + torch.__version__
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -453,7 +112,7 @@ def _build_guard(build_dir: str, wait_s: float):
                     ) from None
                 if not told:
                     logger.warning(
-                        "nemo_ais.fp8: waiting (at most %g s) for another process that is "
+                        "nemo_ais.formats: waiting (at most %g s) for another process that is "
                         "building the fused CPU quantizer in %s",
                         wait_s,
                         build_dir,
@@ -464,7 +123,7 @@ def _build_guard(build_dir: str, wait_s: float):
         if os.path.exists(stale):
             os.remove(stale)
             logger.warning(
-                "nemo_ais.fp8: removed the build lock %s left by an interrupted build", stale
+                "nemo_ais.formats: removed the build lock %s left by an interrupted build", stale
             )
         yield
     finally:
@@ -488,27 +147,21 @@ def cpu_kernel():
         with _build_guard(build_dir, wait_s):
             if not os.path.exists(os.path.join(build_dir, f"{name}.so")):
                 logger.warning(
-                    "nemo_ais.fp8: building the fused CPU quantizer in %s (first use on this "
+                    "nemo_ais.formats: building the fused CPU quantizer in %s (first use on this "
                     "machine, about a minute on 2 cores; later runs load it)",
                     build_dir,
                 )
             return load_inline(
                 name=name,
-                cpp_sources=_SOURCE,
-                functions=[
-                    "quantize_blockwise",
-                    "quantize_mxfp8",
-                    "nvfp4_block_amax",
-                    "nvfp4_encode",
-                    "quantize_mxfp4",
-                ],
+                cpp_sources=_SOURCE_FILE.read_text(),
+                functions=_FUNCTIONS,
                 extra_cflags=["-O3", *native, "-fno-fast-math"],
                 verbose=False,
             )
     except Exception as err:  # no compiler / ninja / headers / fcntl, or a build still
         # running elsewhere past the bound: the PyTorch path is exact too
         logger.warning(
-            "nemo_ais.fp8: the fused CPU quantizer could not be built (%s); using the PyTorch "
+            "nemo_ais.formats: the fused CPU quantizer could not be built (%s); using the PyTorch "
             "path (same bits, slower). Set NEMO_AIS_CPU_KERNEL=0 to skip the attempt.",
             err,
         )
