@@ -30,7 +30,7 @@ refit` (the same module, hook and trampoline) gets a second mode, armed by
 * :func:`refit_block_pairs` quantizes what the engine holds in the format (NVFP4: linear
   layers and MoE experts whose vLLM quant method is ModelOpt's NVFP4 one, found with
   upstream's own ``_get_module_from_param_name``; MXFP8: upstream's ``_is_fp8_weight``)
-  with :class:`~nemo_ais.refit.stream.BlockWeightStream`; every other tensor passes
+  with :class:`~nemo_ais.refit.stream.RefitStream`; every other tensor passes
   unchanged (NVFP4) or through upstream's own ``load_weights`` (MXFP8: its grouped-MoE
   and BF16 paths). One stream per process: a fused layer's shards that straddle two
   ``load_weights`` calls (refit chunks) are held, copied, until the last one arrives.
@@ -50,16 +50,22 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nemo_ais.config import require_config
-from nemo_ais.nemo_rl import compat, refit
-from nemo_ais.preflight.loader import get
-from nemo_ais.refit.stream import BlockSyncConfig, BlockWeightStream
+from nemo_ais.nemo_rl import compat
+from nemo_ais.nemo_rl.vllm_refit import (
+    PATCHED,
+    RECORDED_SIGNATURES,
+    TARGET_MODULE,
+    engine_pairs,
+    unchanged,
+    upstream_pairs,
+)
+from nemo_ais.refit.stream import BlockSyncConfig, RefitStream
+from nemo_ais.rules.config_keys import get
 
 __all__ = [
     "ENV_VAR",
@@ -79,11 +85,6 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "NEMO_AIS_BLOCK_REFIT"
 SECTION = "ais_nvfp4_refit"
 HOOK_DIR = Path(__file__).resolve().parent / "_vllm_hook"  # its sitecustomize arms the hook
-RECORDED_SIGNATURES = {
-    **refit.RECORDED_SIGNATURES,
-    f"{refit.TARGET_MODULE}.is_fp8_model": "(vllm_config)",
-    f"{refit.TARGET_MODULE}._get_module_from_param_name": "(model, name: str)",
-}
 # vLLM's ModelOpt NVFP4 classes (NeMo-RL main registers subclasses of them), matched by name
 # in the MRO so that nemo_ais imports nothing from vLLM
 NVFP4_QUANT_CONFIG = "ModelOptNvFp4Config"
@@ -126,48 +127,14 @@ def holds_nvfp4(upstream: Any, model: Any, name: str) -> bool:
     return nvfp4 and not grouped
 
 
-def refit_block_pairs(
-    weights: Iterable[tuple[str, torch.Tensor]],
-    holds: Callable[[str], bool],
-    stream: BlockWeightStream,
-    passthrough: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = (
-        refit._unchanged
-    ),
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """One refit chunk -> vLLM ``load_weights`` pairs, quantizing what the engine holds quantized.
-
-    Args:
-        weights: the chunk.
-        holds: True for names the engine holds in the stream's format.
-        stream: the process's stream (fused shards carry over between chunks).
-        passthrough: the pairs of every other tensor.
-
-    Raises:
-        ValueError: the engine holds ``name`` quantized but the stream would keep it in BF16
-            (the two layouts disagree), or the stream's own errors (NaN/Inf, TP shard,
-            fused siblings, W4A4 input amax).
-    """
-    for name, tensor in weights:
-        if not holds(name):
-            yield from passthrough(name, tensor)
-            continue
-        entry = stream.plan(name, tensor)
-        if entry.action == "keep":
-            raise ValueError(
-                f"{name}: the vLLM engine holds it in {stream.config.format} but the refit "
-                f"stream would keep it in BF16 ({entry.reason}); align the engine's ignored "
-                "layers with ais_nvfp4_refit (ignore, ignored_layer_kws, keep_patterns, "
-                "num_first/last_layers_in_bf16)"
-            )
-        yield from stream.push(name, tensor)
-    stream.end_chunk()  # the chunk's buffers are reused: copy the shards still held
+refit_block_pairs = engine_pairs
 
 
 def _check_signatures(module: Any) -> None:
     for name in ("load_weights", "_is_fp8_weight", "is_fp8_model", "_get_module_from_param_name"):
         fn = getattr(module, name, None)
         found = "<missing>" if fn is None else str(inspect.signature(fn))
-        recorded = RECORDED_SIGNATURES[f"{refit.TARGET_MODULE}.{name}"]
+        recorded = RECORDED_SIGNATURES[f"{TARGET_MODULE}.{name}"]
         if found != recorded:
             raise RuntimeError(
                 f"{module.__name__}.{name}: signature {found}, recorded {recorded} (NeMo-RL "
@@ -199,11 +166,11 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
         TypeError: ``config`` is not a :class:`BlockSyncConfig`.
     """
     require_config(config, BlockSyncConfig, "refit_block.install(config)")
-    if getattr(module.load_weights, refit._PATCHED, False):
+    if getattr(module.load_weights, PATCHED, False):
         return False
     try:
         _check_signatures(module)
-        stream = BlockWeightStream(_hook_config(config), _input_amax(config))
+        stream = RefitStream(_hook_config(config), _input_amax(config))
     except (RuntimeError, ValueError) as err:
         logger.warning(
             "nemo_ais: AIS %s refit NOT installed in pid %d: %s", config.format, os.getpid(), err
@@ -227,14 +194,14 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
         _require_engine(module, model_runner, config)
         if nvfp4:
             engine_holds = functools.partial(holds, model)
-            passthrough = refit._unchanged
+            passthrough = unchanged
         else:
             engine_holds = functools.partial(module._is_fp8_weight, model=model)
-            passthrough = refit._upstream_pairs(original_load, model)
+            passthrough = upstream_pairs(original_load, model)
         model.load_weights(refit_block_pairs(weights, engine_holds, stream, passthrough))
 
     for wrapper, original in ((load_weights, original_load), (is_fp8_model, original_is_fp8_model)):
-        setattr(wrapper, refit._PATCHED, True)
+        setattr(wrapper, PATCHED, True)
         wrapper.__wrapped__ = original
     module.load_weights = load_weights
     if nvfp4:

@@ -93,11 +93,25 @@ def _graph(packages) -> dict[str, set[str]]:
     return {m: _imports(m) for m in MODULES if _package(m) in packages}
 
 
+PREFLIGHT_FACES = {"nemo_ais.nemo_rl.cluster_check", "nemo_ais.nemo_rl.memory_budget"}
+"""The offline tool's former ``python -m`` paths (README, config headers): faces, no code."""
+
+
 def test_no_import_cycle():
-    graph = _graph(MAY_IMPORT)
-    graph = {m: deps & graph.keys() for m, deps in graph.items()}
+    graph = {m: _imports(m) for m in MODULES}
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_runtime_adapters_import_nothing_from_the_offline_check():
+    found = sorted(
+        f"{m} -> {dep}"
+        for m, deps in _graph({"nemo_rl", "megatron", "core"}).items()
+        if m not in PREFLIGHT_FACES
+        for dep in deps
+        if _package(dep) == "preflight"
+    )
+    assert not found, found
 
 
 @pytest.mark.parametrize("package", sorted(MAY_IMPORT))
