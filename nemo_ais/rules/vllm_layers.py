@@ -15,7 +15,8 @@
 
 vLLM loads q/k/v_proj into one ``qkv_proj`` and gate/up_proj (also each expert's) into
 one ``gate_up_proj``: column-parallel layers (out dim split over TP ranks), while
-``o_proj`` and ``down_proj`` are row-parallel (in dim split).
+``o_proj`` and ``down_proj`` are row-parallel (in dim split). A HF model that is already
+fused (Phi-3: ``qkv_proj``, ``gate_up_proj``) names the fused layer itself.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ __all__ = [
     "projection",
 ]
 
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "qkv_proj", "gate_up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _FUSED_OF = {shard: fused for fused, shards in _FUSED.items() for shard in shards}
