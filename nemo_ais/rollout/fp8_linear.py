@@ -31,34 +31,32 @@ real FP8 GEMM is the summation order of the fp32 accumulation.
 :class:`Fp8Experts` applies the same to the fused MoE experts of transformers 5
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``, as vLLM's ``w13`` / ``w2``): one
 :class:`Fp8Linear` per expert and projection, both expert GEMMs W8A8.
-:func:`fake_quant_fp8_weight` and :func:`fake_quant_fp8_activation` are the two fake
-quantizations as functions (the ``fp8`` entry of :data:`nemo_ais.rollout.fake_quant.LINEAR_FAKE_QUANT`).
+The forward, the bias and the input quantization are :class:`~nemo_ais.rollout.linear.
+QuantLinear`'s with the ``fp8`` record's fake quantization; this class only keeps the codes
+and scales a vLLM FP8 engine holds.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from nemo_ais.formats.fp8_block import (
-    Family,
-    dequantize_blockwise,
-    fake_quant_fp8_activation,
-    fake_quant_fp8_weight,
-    quantize_blockwise,
-)
-from nemo_ais.rollout.linear import QuantExperts, load_bias
+from nemo_ais.formats.fp8_block import Family, dequantize_blockwise, quantize_blockwise
+from nemo_ais.rollout.config import RolloutPrecisionConfig
+from nemo_ais.rollout.fake_quant import linear_fake_quant
+from nemo_ais.rollout.linear import QuantExperts, QuantLinear
 
-__all__ = ["Fp8Experts", "Fp8Linear", "fake_quant_fp8_activation", "fake_quant_fp8_weight"]
+__all__ = ["Fp8Experts", "Fp8Linear"]
 
 
-class Fp8Linear(nn.Module):
-    """Drop-in ``nn.Linear`` replacement running simulated W8A8 block FP8 (module doc).
+class Fp8Linear(QuantLinear):
+    """:class:`~nemo_ais.rollout.linear.QuantLinear` of format ``fp8`` that keeps vLLM's tensors.
 
-    Buffers: ``weight`` ``[N, K]`` float8_e4m3fn, ``weight_scale_inv`` fp32
-    ``[ceil(N/bn), ceil(K/bk)]``, and the non-persistent fp32 ``weight_dequant`` cache.
-    ``bias`` (if any) is a frozen parameter in the layer's original dtype.
+    Buffers: ``weight`` ``[N, K]`` float8_e4m3fn and ``weight_scale_inv`` fp32
+    ``[ceil(N/bn), ceil(K/bk)]`` (what the refit stream sends, so the twin can also load
+    them as they are: :meth:`load_quantized`), and the non-persistent fp32
+    ``weight_dequant`` cache the forward multiplies by. ``bias`` (if any) is a frozen
+    parameter in the layer's original dtype.
     """
 
     def __init__(
@@ -75,23 +73,18 @@ class Fp8Linear(nn.Module):
         ue8m0: bool = False,
         name: str = "weight",
     ) -> None:
-        super().__init__()
-        if weight.dim() != 2:
-            raise ValueError(f"{name}: got {list(weight.shape)}, expected a 2-D [out, in] weight")
-        self.out_features, self.in_features = weight.shape
+        self.knobs = RolloutPrecisionConfig(
+            format="fp8",
+            weight_block=tuple(weight_block),
+            activation_group=activation_group,
+            weight_family=weight_family,
+            activation_family=activation_family,
+            weight_eps=weight_eps,
+            activation_eps=activation_eps,
+            ue8m0=ue8m0,
+        )
         self.weight_block = tuple(weight_block)
-        self.activation_group = activation_group
-        self.weight_family = weight_family
-        self.activation_family = activation_family
-        self.weight_eps = weight_eps
-        self.activation_eps = activation_eps
-        self.ue8m0 = ue8m0
-        self.name = name
-        self.register_buffer("weight", torch.empty(0, dtype=torch.float8_e4m3fn))
-        self.register_buffer("weight_scale_inv", torch.empty(0, dtype=torch.float32))
-        self.register_buffer("weight_dequant", torch.empty(0), persistent=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), False)
-        self.load_weight(weight)
+        super().__init__(weight, bias, linear_fake_quant(self.knobs), name=name)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, name: str = "weight", **kwargs) -> Fp8Linear:
@@ -99,7 +92,7 @@ class Fp8Linear(nn.Module):
         return cls(linear.weight.detach(), linear.bias, name=name, **kwargs)
 
     @torch.no_grad()
-    def load_weight(self, weight: torch.Tensor) -> None:
+    def load_weight(self, weight: torch.Tensor, amax: torch.Tensor | None = None) -> None:
         """Re-quantize from a high-precision ``[out, in]`` weight (the refit of one tensor).
 
         Raises:
@@ -109,17 +102,11 @@ class Fp8Linear(nn.Module):
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
             raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
+        k = self.knobs
         w_q, s_w = quantize_blockwise(
-            weight.detach(),
-            self.weight_block,
-            self.weight_family,
-            self.weight_eps,
-            self.ue8m0,
-            name=self.name,
+            weight.detach(), k.weight_block, k.weight_family, k.weight_eps, k.ue8m0, name=self.name
         )
-        self.weight = w_q
-        self.weight_scale_inv = s_w
-        self.weight_dequant = dequantize_blockwise(w_q, s_w, self.weight_block, torch.float32)
+        self._store(w_q, s_w)
 
     @torch.no_grad()
     def load_quantized(self, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> None:
@@ -147,43 +134,15 @@ class Fp8Linear(nn.Module):
                 f"{self.name}_scale_inv: {int((~(torch.isfinite(s) & (s > 0))).sum())} "
                 "scale(s) not finite and > 0 (a never-loaded or corrupted scale)"
             )
-        self.weight = weight.detach().clone()
-        self.weight_scale_inv = s.detach().clone()
-        self.weight_dequant = dequantize_blockwise(
-            self.weight, self.weight_scale_inv, self.weight_block, torch.float32
-        )
+        self._store(weight.detach().clone(), s.detach().clone())
 
-    def load_bias(self, bias: torch.Tensor) -> None:
-        """Copy a new bias (kept in high precision, as vLLM does)."""
-        load_bias(self, bias)
-
-    def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-token 1x``group`` FP8 fake-quant of the input (:func:`fake_quant_fp8_activation`)."""
-        return fake_quant_fp8_activation(
-            x,
-            self.activation_group,
-            self.activation_family,
-            self.activation_eps,
-            self.ue8m0,
-            name=f"{self.name} input",
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``y = dq(q(x)) @ dq(q(W))^T (+ bias)`` in fp32, returned in ``x.dtype``."""
-        x_dq = self.quantize_input(x)
-        y = F.linear(x_dq, self.weight_dequant)
-        if self.bias is not None:
-            y = y + self.bias.to(torch.float32)
-        return y.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        """Shapes, block/group sizes and formula families, for ``print(model)``."""
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, block={self.weight_block}, "
-            f"group={self.activation_group}, families=({self.weight_family!r}, "
-            f"{self.activation_family!r}), ue8m0={self.ue8m0}"
-        )
+    def _store(self, w_q: torch.Tensor, s_w: torch.Tensor) -> None:
+        for buffer, value in (("weight", w_q), ("weight_scale_inv", s_w)):
+            if buffer in self._buffers:
+                setattr(self, buffer, value)
+            else:
+                self.register_buffer(buffer, value)
+        self.weight_dequant = dequantize_blockwise(w_q, s_w, self.weight_block, torch.float32)
 
 
 class Fp8Experts(QuantExperts):
