@@ -55,15 +55,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_ais.config import require_config
-from nemo_ais.nemo_rl import compat
-from nemo_ais.nemo_rl.vllm_refit import (
-    PATCHED,
-    RECORDED_SIGNATURES,
-    TARGET_MODULE,
-    engine_pairs,
-    unchanged,
-    upstream_pairs,
-)
+from nemo_ais.formats.registry import get_format
+from nemo_ais.nemo_rl import compat, vllm_refit
+from nemo_ais.nemo_rl.vllm_refit import RECORDED_SIGNATURES
 from nemo_ais.refit.stream import BlockSyncConfig, RefitStream
 from nemo_ais.rules.config_keys import get
 
@@ -127,14 +121,14 @@ def holds_nvfp4(upstream: Any, model: Any, name: str) -> bool:
     return nvfp4 and not grouped
 
 
-refit_block_pairs = engine_pairs
+refit_block_pairs = vllm_refit.engine_pairs
 
 
 def _check_signatures(module: Any) -> None:
     for name in ("load_weights", "_is_fp8_weight", "is_fp8_model", "_get_module_from_param_name"):
         fn = getattr(module, name, None)
         found = "<missing>" if fn is None else str(inspect.signature(fn))
-        recorded = RECORDED_SIGNATURES[f"{TARGET_MODULE}.{name}"]
+        recorded = RECORDED_SIGNATURES[f"{vllm_refit.TARGET_MODULE}.{name}"]
         if found != recorded:
             raise RuntimeError(
                 f"{module.__name__}.{name}: signature {found}, recorded {recorded} (NeMo-RL "
@@ -144,7 +138,7 @@ def _check_signatures(module: Any) -> None:
 
 
 def _input_amax(config: BlockSyncConfig) -> dict[str, float] | None:
-    if config.format != "nvfp4_w4a4":
+    if not get_format(config.format).static_input_amax:
         return None
     if config.input_amax_file is None:
         raise ValueError(
@@ -166,7 +160,7 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
         TypeError: ``config`` is not a :class:`BlockSyncConfig`.
     """
     require_config(config, BlockSyncConfig, "refit_block.install(config)")
-    if getattr(module.load_weights, PATCHED, False):
+    if getattr(module.load_weights, vllm_refit.PATCHED, False):
         return False
     try:
         _check_signatures(module)
@@ -194,14 +188,14 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
         _require_engine(module, model_runner, config)
         if nvfp4:
             engine_holds = functools.partial(holds, model)
-            passthrough = unchanged
+            passthrough = vllm_refit.unchanged
         else:
             engine_holds = functools.partial(module._is_fp8_weight, model=model)
-            passthrough = upstream_pairs(original_load, model)
+            passthrough = vllm_refit.upstream_pairs(original_load, model)
         model.load_weights(refit_block_pairs(weights, engine_holds, stream, passthrough))
 
     for wrapper, original in ((load_weights, original_load), (is_fp8_model, original_is_fp8_model)):
-        setattr(wrapper, PATCHED, True)
+        setattr(wrapper, vllm_refit.PATCHED, True)
         wrapper.__wrapped__ = original
     module.load_weights = load_weights
     if nvfp4:
@@ -312,7 +306,7 @@ def _configure_problems(
             f"{SECTION}.format='mxfp8' is invalid: expected nvfp4_w4a16 or nvfp4_w4a4 (MXFP8 "
             "rollouts refit through NeMo-RL main's own MXFP8 quantizer, the same bytes)"
         )
-    if refit_cfg.format == "nvfp4_w4a4" and refit_cfg.input_amax_file is None:
+    if get_format(refit_cfg.format).static_input_amax and refit_cfg.input_amax_file is None:
         problems.append(
             f"{SECTION}.input_amax_file=None is invalid with format nvfp4_w4a4: expected a "
             "JSON {module or fused group: calibrated input amax} (the refit streams "
