@@ -66,7 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from nemo_ais.config import require_config
 from nemo_ais.formats.checks import check_amax, check_finite, check_regexes
 from nemo_ais.formats.nvfp4 import nvfp4_global_scale
-from nemo_ais.formats.registry import REFIT_FORMATS, get_format
+from nemo_ais.formats.registry import get_format
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 from nemo_ais.rules.vllm_layers import (
     COLUMN_PARALLEL,
@@ -252,9 +252,6 @@ class BlockSyncConfig(RefitConfig):
         description="The engine's weight format: NVFP4 weights with BF16 (w4a16) or NVFP4 "
         "(w4a4, + input_scale) activations, or MXFP8 (W8A8).",
     )
-
-
-assert set(REFIT_FORMATS) == set(RefitConfig.model_fields["format"].annotation.__args__)
 
 
 @dataclass(frozen=True)
