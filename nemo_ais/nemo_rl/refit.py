@@ -49,7 +49,7 @@ patching):
   and stops the run, naming the worker, where the refit would use NeMo-RL's quantizer.
 
 The same hook carries the NVFP4 / MXFP8 refit of a BF16 trainer (:mod:`nemo_ais.nemo_rl.
-refit_block`): a :class:`~nemo_ais.refit.stream.BlockSyncConfig` instead of an
+refit_block`): a :class:`~nemo_ais.refit.config.BlockSyncConfig` instead of an
 :class:`~nemo_ais.fp8.Fp8SyncConfig`, in ``NEMO_AIS_BLOCK_REFIT``
 (:func:`refit_config_from_env` reads either).
 """

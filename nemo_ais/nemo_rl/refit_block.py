@@ -18,7 +18,7 @@ exports packed NVFP4 itself (``MegatronQuantPolicyWorker``, ``real_quant``); the
 side then loads the packed tensors (``model.load_weights``). With a BF16 trainer the
 vLLM worker must quantize, as it does for FP8. The FP8 seam of :mod:`nemo_ais.nemo_rl.
 refit` (the same module, hook and trampoline) gets a second mode, armed by
-:data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.refit.stream.BlockSyncConfig`):
+:data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.refit.config.BlockSyncConfig`):
 
 * :func:`install` wraps two attributes of ``nemo_rl.models.generation.vllm.quantization.fp8``
   (signatures checked against :data:`RECORDED_SIGNATURES`, v0.7.0 and main alike):

@@ -14,7 +14,7 @@
 """The NVFP4 W4A4 refit's ``input_amax_file``: static input amax of a BF16 checkpoint.
 
 A BF16 trainer has no calibrated input quantizer, so the W4A4 refit
-(:class:`~nemo_ais.refit.stream.BlockSyncConfig` ``input_amax_file``) reads the
+(:class:`~nemo_ais.refit.config.BlockSyncConfig` ``input_amax_file``) reads the
 static input amax of each linear from a JSON file, ``{module name: amax}``, and streams
 ``<m>.input_scale = amax / (6 * 448)`` (fused q/k/v and gate/up: the max over the
 members). ``nemo-ais calibrate-input-amax`` writes that file (``docs/cluster.md``):

@@ -127,19 +127,19 @@ CASES = {
         lambda: plan_tensor(WEIGHT, (256, 256), torch.bfloat16, SYNC),
         "plan_tensor(config)",
         RefitConfig,
-        "nemo_ais.refit.stream",
+        "nemo_ais.refit.config",
     ),
     "plan_fp8_sync": (
         lambda: plan_fp8_sync([(WEIGHT, torch.empty(256, 256, device="meta"))], SYNC),
         "plan_refit(config)",
         RefitConfig,
-        "nemo_ais.refit.stream",
+        "nemo_ais.refit.config",
     ),
     "fp8_weight_stream": (  # raised at the call, before the first next()
         lambda: fp8_weight_stream([(WEIGHT, torch.ones(128, 128))], SYNC),
         "refit_stream(config)",
         RefitConfig,
-        "nemo_ais.refit.stream",
+        "nemo_ais.refit.config",
     ),
     "Fp8Twin": (  # the earlier name of RolloutTwin; Fp8RolloutConfig subclasses the config
         lambda: Fp8Twin(torch.nn.Linear(2, 2), ROLLOUT),
@@ -187,13 +187,13 @@ CASES = {
         lambda: refit.install(object(), SYNC),
         "install(config)",
         Fp8SyncConfig,
-        "nemo_ais.refit.stream",
+        "nemo_ais.refit.config",
     ),
     "refit.install_on_import": (
         lambda: refit.install_on_import(SYNC, target="nemo_ais_no_such_module"),
         "install_on_import(config)",
         Fp8SyncConfig,
-        "nemo_ais.refit.stream",
+        "nemo_ais.refit.config",
     ),
 }
 
