@@ -57,7 +57,7 @@ from typing import Any
 from nemo_ais.config import require_config
 from nemo_ais.formats.registry import get_format
 from nemo_ais.nemo_rl import compat, vllm_refit
-from nemo_ais.nemo_rl.vllm_refit import RECORDED_SIGNATURES
+from nemo_ais.nemo_rl.vllm_refit import BLOCK_RECORDED_SIGNATURES as RECORDED_SIGNATURES
 from nemo_ais.refit.stream import BlockSyncConfig, RefitStream
 from nemo_ais.rules.config_keys import get
 

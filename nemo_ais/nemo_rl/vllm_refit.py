@@ -20,6 +20,7 @@ import torch
 from nemo_ais.refit.stream import RefitStream
 
 __all__ = [
+    "BLOCK_RECORDED_SIGNATURES",
     "PATCHED",
     "RECORDED_SIGNATURES",
     "TARGET_MODULE",
@@ -36,9 +37,13 @@ RECORDED_SIGNATURES = {
     "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension._load_weights": (
         "(self, weights)"
     ),
+}
+BLOCK_RECORDED_SIGNATURES = {
+    **RECORDED_SIGNATURES,
     f"{TARGET_MODULE}.is_fp8_model": "(vllm_config)",
     f"{TARGET_MODULE}._get_module_from_param_name": "(model, name: str)",
 }
+"""The NVFP4 / MXFP8 patch also wraps ``is_fp8_model`` and walks the module tree."""
 PATCHED = "__nemo_ais_refit__"
 """Attribute set on every wrapper the patch installs (installing twice is a no-op)."""
 
