@@ -4,7 +4,9 @@
 Its own module, importing nothing but Ray, so that a fresh Ray worker process imports it
 without torch or nemo_ais (what those processes import is what the tests check).
 ``llm.collective_rpc(callable)`` stands in for vLLM's: it runs the callable in this
-process (where vLLM's in-process executor would run it) and records its name.
+process (where vLLM's in-process executor would run it) and records its name; it hands
+the callable vLLM's ``Worker`` (``tests/_vllm_layers.py``: a model whose layers carry
+vLLM's quant-method classes) when the actor is given a ``model_spec``, else None.
 """
 
 from __future__ import annotations
@@ -15,20 +17,26 @@ import ray
 class LLM:
     """vLLM's ``LLM`` as the check uses it: ``collective_rpc(callable)`` (recorded)."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker=None) -> None:
         self.calls: list[str] = []
+        self.worker = worker
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.calls.append(getattr(method, "__qualname__", repr(method)))
-        return [method(None, *args, **(kwargs or {}))]  # one engine worker (TP = 1)
+        return [method(self.worker, *args, **(kwargs or {}))]  # one engine worker (TP = 1)
 
 
 @ray.remote(num_cpus=0)
 class GenerationWorker:
     """Stands in for upstream's ``VllmGenerationWorker``."""
 
-    def __init__(self) -> None:
-        self.llm = LLM()
+    def __init__(self, model_spec: dict[str, str] | None = None) -> None:
+        worker = None
+        if model_spec is not None:  # an engine whose layers hold these vLLM quant methods
+            from _vllm_layers import Worker
+
+            worker = Worker(model_spec)
+        self.llm = LLM(worker)
 
     def rpc_calls(self) -> list[str]:
         return self.llm.calls

@@ -1,0 +1,340 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""What each vLLM worker really holds, held against what the run asked for.
+
+Two silent failures that peers shipped, each a run whose rollout is not the format its
+config names while every metric looks plausible:
+
+* **A kernel fallback.** vLLM picks a linear layer's kernel when it builds the engine.
+  On a GPU without native FP4 (compute capability below 10.0: H100, H200) its ModelOpt
+  NVFP4 layers take the weight-only Marlin kernel (``MarlinNvFp4LinearKernel``; MoE:
+  backend ``MARLIN``) and only log it: the ``input_scale`` is folded away and never used,
+  so a "W4A4" arm rolls out as W4A16. MXFP8 (NeMo-RL main's ``is_mx``) likewise needs
+  SM100, and blockwise FP8 runs weight-only Marlin below 8.9.
+* **A keep-in-BF16 disagreement.** vLLM's ModelOpt exclusion also matches an exact entry
+  as a substring, so an ignore entry ``...mlp.gate`` keeps ``...mlp.gate_up_proj`` in BF16
+  too (veRL #7519: 56 tensors rolled out in BF16 that training treated as quantized).
+
+So the driver asks every vLLM worker process, through the dispatch of
+:func:`nemo_ais.nemo_rl.refit.require_active` (upstream's worker group runs
+``__ray_call__`` on each generation worker, which runs the callable through vLLM's
+``collective_rpc``): once after ``setup()`` for the GPU (:func:`require_native_gpu`), and
+once after the first refit for every layer's quant method and kernel
+(:func:`engine_layers`). :func:`format_problems` compares each layer with the run's own
+keep-in-BF16 rule and names every layer that differs; :func:`require_engine_formats`
+raises with all of them, before the first training step consumes a rollout.
+
+Read from vLLM 0.20.0 (NeMo-RL v0.7.0) and 0.25.1 (main): the layer's ``quant_method``
+class (MRO names, so NeMo-RL's subclasses count), its ``kernel`` (NVFP4 / MXFP8 linear),
+``fp8_linear`` / ``use_marlin`` (block FP8) and ``nvfp4_backend`` / ``mxfp8_backend`` (MoE).
+vLLM 0.25.1's ``MoERunner`` keeps its method as ``_quant_method`` and its
+``routed_experts`` child as ``quant_method``: only ``quant_method`` is read, so each
+expert stack is reported once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+__all__ = [
+    "NATIVE_KERNELS",
+    "EngineLayers",
+    "HeldLayer",
+    "NativeKernel",
+    "engine_layers",
+    "expects_bf16",
+    "format_problems",
+    "gpu_problems",
+    "held_format",
+    "require_engine_formats",
+    "require_native_gpu",
+    "trainer_names",
+]
+
+
+class NativeKernel(NamedTuple):
+    """The GPU a rollout format needs to run as named (activations quantized too)."""
+
+    min_capability: tuple[int, int]
+    gpus: str  # in words, for the message
+    fallback: str  # what vLLM runs below it
+
+
+NATIVE_KERNELS: dict[str, NativeKernel] = {
+    "fp8": NativeKernel((8, 9), "Ada or Hopper and newer", "weight-only Marlin FP8 (W8A16)"),
+    "mxfp8": NativeKernel(
+        (10, 0),
+        "Blackwell (SM100)",
+        "weight-only Marlin MXFP8 (W8A16), which NeMo-RL main's MXFP8 refit refuses",
+    ),
+    "nvfp4_w4a4": NativeKernel(
+        (10, 0), "Blackwell (SM100)", "weight-only Marlin NVFP4 (W4A16), input_scale unused"
+    ),
+    "nvfp4_w4a16": NativeKernel((7, 5), "Turing and newer (Marlin)", "none"),
+}
+
+# held formats whose activations stay in BF16 although the method's format quantizes them
+_WEIGHT_ONLY = {"fp8": "fp8_weight_only", "mxfp8": "mxfp8_weight_only", "nvfp4": "nvfp4_w4a16"}
+
+
+class HeldLayer(NamedTuple):
+    """One vLLM module with a quant method, as its worker holds it."""
+
+    name: str  # vLLM's module name, e.g. model.layers.0.mlp.gate_up_proj
+    method: str  # the quant method's class name
+    held: str  # held_format(): bf16, fp8, fp8_weight_only, mxfp8, nvfp4_w4a4, ...
+    moe: bool  # an expert stack (FusedMoE method)
+
+
+class EngineLayers(NamedTuple):
+    """One vLLM worker process: its GPU and every module's held format."""
+
+    pid: int
+    host: str
+    device: str  # the GPU's name ("" without CUDA)
+    capability: tuple[int, int] | None  # CUDA compute capability (None without CUDA)
+    layers: tuple[HeldLayer, ...]
+
+
+def _mro_names(obj: Any) -> tuple[str, ...]:
+    return tuple(c.__name__ for c in type(obj).__mro__)
+
+
+def held_format(quant_method: Any) -> str:
+    """The format a vLLM quant method really runs, from its class and its kernel.
+
+    Returns:
+        ``bf16`` (vLLM's ``Unquantized*`` methods), ``fp8`` / ``fp8_weight_only``,
+        ``mxfp8`` / ``mxfp8_weight_only``, ``nvfp4_w4a4`` / ``nvfp4_w4a16``, or
+        ``unknown:<class>`` for a method this table does not know.
+    """
+    names = _mro_names(quant_method)
+    kernel = type(
+        getattr(quant_method, "kernel", None) or getattr(quant_method, "fp8_linear", None)
+    ).__name__
+    backend = str(
+        getattr(quant_method, "nvfp4_backend", None)
+        or getattr(quant_method, "mxfp8_backend", None)
+        or getattr(quant_method, "fp8_backend", None)
+        or ""
+    )
+    weight_only = (
+        "Marlin" in kernel
+        or "MARLIN" in backend.upper()
+        or bool(getattr(quant_method, "use_marlin", False))
+    )
+    if any(n.startswith("Unquantized") for n in names):
+        return "bf16"
+    if any("NvFp4" in n for n in names):
+        w4a16 = any("W4A16" in n for n in names) or weight_only
+        return "nvfp4_w4a16" if w4a16 else "nvfp4_w4a4"
+    if any("MxFp8" in n for n in names):
+        return _WEIGHT_ONLY["mxfp8"] if weight_only else "mxfp8"
+    if any(n.startswith("Fp8") for n in names):
+        return _WEIGHT_ONLY["fp8"] if weight_only else "fp8"
+    return f"unknown:{names[0]}"
+
+
+def _is_moe(quant_method: Any) -> bool:
+    return any("MoE" in n for n in _mro_names(quant_method))
+
+
+def engine_layers(worker: Any = None) -> EngineLayers:
+    """Run in a vLLM worker process (``collective_rpc``): its GPU and every layer's format.
+
+    Args:
+        worker: what vLLM's ``collective_rpc`` passes a callable, the engine's ``Worker``
+            (its ``get_model()``, else ``model_runner.model``); None: no model, only the GPU.
+    """
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if cuda else ""
+    capability = tuple(torch.cuda.get_device_capability()) if cuda else None
+    model = None
+    if worker is not None:
+        get_model = getattr(worker, "get_model", None)
+        model = get_model() if callable(get_model) else worker.model_runner.model
+    layers = []
+    for name, module in model.named_modules() if model is not None else ():
+        method = getattr(module, "quant_method", None)
+        if method is None:
+            continue
+        layers.append(HeldLayer(name, type(method).__name__, held_format(method), _is_moe(method)))
+    return EngineLayers(os.getpid(), socket.gethostname(), device, capability, tuple(layers))
+
+
+def _engine_gpus(generation_worker: Any) -> list[EngineLayers]:
+    """On a generation worker (Ray actor): every vLLM worker process's GPU (no layers)."""
+    llm = generation_worker.llm
+    return list(llm.collective_rpc(_gpu_only))
+
+
+def _gpu_only(worker: Any = None) -> EngineLayers:
+    return engine_layers(None)
+
+
+def _engine_layers_all(generation_worker: Any) -> list[EngineLayers]:
+    """On a generation worker (Ray actor): every vLLM worker process's layers."""
+    return list(generation_worker.llm.collective_rpc(engine_layers))
+
+
+def _ask(policy_generation: Any, fn: Callable[[Any], list[EngineLayers]]) -> list[list[Any]]:
+    import ray
+
+    futures = policy_generation.worker_group.run_all_workers_single_data(
+        "__ray_call__", fn=fn, run_rank_0_only_axes=["tensor_parallel", "pipeline_parallel"]
+    )
+    return ray.get(futures)
+
+
+def gpu_problems(rollout_format: str, reports: Iterable[EngineLayers]) -> list[str]:
+    """One line per vLLM process whose GPU cannot run ``rollout_format`` natively."""
+    need = NATIVE_KERNELS.get(rollout_format)
+    if need is None:
+        return []
+    want = ".".join(map(str, need.min_capability))
+    return [
+        f"vLLM process {r.pid} on {r.host}: rollout format {rollout_format} needs a GPU of "
+        f"compute capability >= {want} ({need.gpus}); {r.device or 'no GPU'} has "
+        f"{'.'.join(map(str, r.capability)) if r.capability else 'none'}, where vLLM runs "
+        f"{need.fallback} instead"
+        for r in reports
+        if r.capability is None or r.capability < need.min_capability
+    ]
+
+
+def require_native_gpu(policy_generation: Any, rollout_format: str) -> list[EngineLayers]:
+    """After ``setup()``: refuse a rollout format that the engines' GPUs run as another.
+
+    Raises:
+        RuntimeError: naming the format, each GPU and its compute capability.
+    """
+    per_worker = _ask(policy_generation, _engine_gpus)
+    reports = [r for group in per_worker for r in group]
+    problems = gpu_problems(rollout_format, reports)
+    if problems:
+        raise RuntimeError(
+            f"the rollout engines cannot run {rollout_format} natively:\n  " + "\n  ".join(problems)
+        )
+    return reports
+
+
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def trainer_names(vllm_name: str) -> tuple[str, ...]:
+    """The Hugging Face module names a vLLM module holds (fused projections split)."""
+    head, _, last = vllm_name.rpartition(".")
+    parts = _FUSED.get(last)
+    if parts is None:
+        return (vllm_name,)
+    return tuple(f"{head}.{p}" if head else p for p in parts)
+
+
+def layer_index(name: str) -> int | None:
+    """The decoder layer of a module name (None outside the decoder layers)."""
+    hit = _LAYER_RE.search(name)
+    return None if hit is None else int(hit.group(1))
+
+
+def expects_bf16(kept_in_bf16: Callable[[str], bool], vllm_name: str) -> bool:
+    """Whether the run keeps the vLLM module ``vllm_name`` in BF16.
+
+    Outside the decoder layers (embeddings, ``lm_head``) every module stays BF16; a fused
+    module is BF16 iff the rule keeps all of its Hugging Face parts.
+    """
+    if layer_index(vllm_name) is None:
+        return True
+    return all(kept_in_bf16(n) for n in trainer_names(vllm_name))
+
+
+def format_problems(
+    rollout_format: str,
+    reports: Sequence[EngineLayers],
+    kept_in_bf16: Callable[[str], bool],
+    *,
+    nemo_rl_version: str,
+) -> list[str]:
+    """One line per layer whose held format is not the one the run's rule gives it.
+
+    Args:
+        rollout_format: the config's rollout format (``fp8``, ``mxfp8``, ``nvfp4_w4a4``, ...).
+        reports: :func:`engine_layers` of every vLLM process.
+        kept_in_bf16: the run's keep-in-BF16 rule on a Hugging Face module name (the same
+            rule the refit stream applies); a fused vLLM module is BF16 iff all its parts are.
+        nemo_rl_version: ``v0.7.0`` or ``main`` (v0.7.0 never re-processes NVFP4 experts
+            after a refit).
+    """
+    base = rollout_format.split("_")[0]  # nvfp4_w4a4 -> nvfp4
+    problems = []
+    for r in reports:
+        where = f"vLLM process {r.pid} on {r.host}"
+        gpu = f"{r.device or 'no GPU'} (compute capability {r.capability or 'none'})"
+        for layer in r.layers:
+            want_bf16 = expects_bf16(kept_in_bf16, layer.name)
+            if layer.held == "bf16" and not want_bf16:
+                problems.append(
+                    f"{where}: {layer.name} is held in BF16 ({layer.method}) but the run "
+                    f"quantizes it to {rollout_format} (an engine ignore entry that also "
+                    "matches this layer?)"
+                )
+            elif layer.held != "bf16" and want_bf16:
+                problems.append(
+                    f"{where}: {layer.name} is held as {layer.held} ({layer.method}) but the "
+                    "run keeps it in BF16"
+                )
+            elif layer.held not in ("bf16", rollout_format):
+                if layer.held.startswith(base) or layer.held == _WEIGHT_ONLY.get(base):
+                    problems.append(
+                        f"{where}: {layer.name} runs {layer.held} ({layer.method}) on {gpu}, "
+                        f"not {rollout_format}: its activations are not quantized"
+                    )
+                else:
+                    problems.append(
+                        f"{where}: {layer.name} is held as {layer.held} ({layer.method}), "
+                        f"expected {rollout_format}"
+                    )
+            if (
+                layer.moe
+                and base == "nvfp4"
+                and layer.held != "bf16"
+                and nemo_rl_version == "v0.7.0"
+            ):
+                problems.append(
+                    f"{where}: {layer.name} is an NVFP4 expert stack: NeMo-RL v0.7.0 "
+                    "re-processes only dense NVFP4 layers after a refit, so its experts would "
+                    "keep their first weights (use NeMo-RL main)"
+                )
+    return problems
+
+
+def require_engine_formats(
+    policy_generation: Any,
+    rollout_format: str,
+    kept_in_bf16: Callable[[str], bool],
+    *,
+    nemo_rl_version: str,
+) -> list[EngineLayers]:
+    """After the first refit: every layer of every vLLM process holds what the run asked.
+
+    Raises:
+        RuntimeError: naming every layer held in another format than the run's rule gives
+            it (a keep-in-BF16 disagreement, a weight-only kernel fallback, or NVFP4 experts
+            on NeMo-RL v0.7.0).
+    """
+    per_worker = _ask(policy_generation, _engine_layers_all)
+    reports = [r for group in per_worker for r in group]
+    problems = format_problems(
+        rollout_format, reports, kept_in_bf16, nemo_rl_version=nemo_rl_version
+    )
+    if problems:
+        raise RuntimeError(
+            f"the rollout engines do not hold what the run quantizes ({rollout_format}); "
+            f"{len(problems)} problem(s):\n  " + "\n  ".join(problems)
+        )
+    return reports

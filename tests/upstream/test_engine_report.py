@@ -1,0 +1,202 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""What each vLLM worker holds, against the run's keep-in-BF16 rule and the GPU's kernels.
+
+Issue 27 items 3, 5 and 9: a W4A4 rollout on Hopper that vLLM silently runs as W4A16
+(Marlin), NVFP4 experts that NeMo-RL v0.7.0 never re-processes after a refit, and an
+engine ignore entry that also keeps a fused layer in BF16 (veRL #7519's ``mlp.gate`` /
+``mlp.gate_up_proj``). The driver side goes through upstream's REAL dispatch
+(``VllmGeneration.worker_group``, a real ``RayWorkerGroup`` over Ray actors,
+``run_all_workers_single_data("__ray_call__", ...)``); stood in, recording what crosses:
+the generation worker actor and vLLM's ``collective_rpc`` (``_generation_worker``) and
+vLLM's quant-method classes (``tests/_vllm_layers.py``, named as vLLM's).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+
+from nemo_ais.nemo_rl import engine_report as er
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _generation_worker import GenerationWorker
+from _vllm_layers import METHODS, Worker, dense_spec
+
+pytestmark = pytest.mark.nemo_rl
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
+B200 = ("NVIDIA B200", (10, 0))
+
+
+def _router_rule(name: str) -> bool:
+    """The run's rule: routers (a whole last name part) stay BF16 (rules.keep_bf16's rule 1)."""
+    return name.removesuffix(".weight").rpartition(".")[2] in {"gate", "router"}
+
+
+def _report(spec, gpu=H100) -> er.EngineLayers:
+    local = er.engine_layers(Worker(spec))
+    return local._replace(device=gpu[0], capability=gpu[1])
+
+
+@pytest.mark.parametrize(
+    ("method", "held"),
+    [
+        ("bf16", "bf16"),
+        ("bf16_moe", "bf16"),
+        ("embedding", "bf16"),
+        ("nvfp4_cutlass", "nvfp4_w4a4"),
+        ("nvfp4_marlin", "nvfp4_w4a16"),
+        ("nvfp4_nemo_w4a16", "nvfp4_w4a16"),
+        ("nvfp4_moe_cutlass", "nvfp4_w4a4"),
+        ("nvfp4_moe_marlin", "nvfp4_w4a16"),
+        ("mxfp8_cutlass", "mxfp8"),
+        ("mxfp8_marlin", "mxfp8_weight_only"),
+        ("fp8_cutlass", "fp8"),
+        ("fp8_marlin", "fp8_weight_only"),
+    ],
+)
+def test_the_held_format_comes_from_the_method_and_its_kernel(method, held):
+    assert er.held_format(METHODS[method]()) == held
+
+
+def test_an_unknown_method_is_named_not_guessed():
+    class SomeNewMethod:
+        pass
+
+    assert er.held_format(SomeNewMethod()) == "unknown:SomeNewMethod"
+
+
+def test_a_w4a4_rollout_on_hopper_is_refused_naming_the_gpu_and_capability():
+    report = _report(dense_spec(2, "nvfp4_marlin"))
+    (gpu,) = er.gpu_problems("nvfp4_w4a4", [report])
+    assert "nvfp4_w4a4 needs a GPU of compute capability >= 10.0" in gpu
+    assert "NVIDIA H100 80GB HBM3 has 9.0" in gpu and "W4A16" in gpu
+    assert er.gpu_problems("nvfp4_w4a4", [_report({}, B200)]) == []
+    assert er.gpu_problems("nvfp4_w4a16", [report]) == []  # Marlin is W4A16's own kernel
+    assert er.gpu_problems("bf16", [report]) == []
+    # after the refit: every quantized layer runs the weight-only kernel, each named
+    problems = er.format_problems("nvfp4_w4a4", [report], _router_rule, nemo_rl_version="main")
+    assert len(problems) == 2 * 4
+    assert all("runs nvfp4_w4a16 (ModelOptNvFp4LinearMethod)" in p for p in problems)
+    assert "model.layers.1.mlp.down_proj runs nvfp4_w4a16" in "\n".join(problems)
+    assert "activations are not quantized" in problems[0]
+
+
+def test_mxfp8_and_fp8_on_gpus_without_their_kernels():
+    assert er.gpu_problems("mxfp8", [_report({}, H100)])
+    assert er.gpu_problems("fp8", [_report({}, H100)]) == []
+    assert er.gpu_problems("fp8", [_report({}, ("NVIDIA A100", (8, 0)))])
+    report = _report(dense_spec(1, "fp8_marlin"), ("NVIDIA A100", (8, 0)))
+    problems = er.format_problems("fp8", [report], _router_rule, nemo_rl_version="v0.7.0")
+    assert problems and all("runs fp8_weight_only" in p for p in problems)
+
+
+def test_a_prefix_collision_in_the_engine_is_refused_naming_the_layer():
+    # the engine's ignore entry model.layers.1.mlp.gate (the router) matched as a substring
+    # also kept model.layers.1.mlp.gate_up_proj in BF16; the run quantizes it
+    spec = dense_spec(2, "nvfp4_cutlass")
+    spec["model.layers.1.mlp.gate_up_proj"] = "bf16"
+    report = _report(spec, B200)
+    problems = er.format_problems("nvfp4_w4a4", [report], _router_rule, nemo_rl_version="main")
+    (problem,) = problems
+    assert "model.layers.1.mlp.gate_up_proj is held in BF16 (UnquantizedLinearMethod)" in problem
+    assert "the run quantizes it to nvfp4_w4a4" in problem
+    # every other layer agrees (the fused layer of layer 0 and the routers included)
+    assert sum(layer.held == "bf16" for layer in report.layers) == 3  # embed, lm_head, 1.gate_up
+
+
+def test_a_layer_the_run_keeps_in_bf16_but_the_engine_quantizes():
+    spec = dense_spec(2, "fp8_cutlass")
+    problems = er.format_problems(
+        "fp8", [_report(spec)], lambda n: ".layers.0." in n, nemo_rl_version="main"
+    )
+    assert len(problems) == 4  # the four linears of layer 0
+    assert all("layers.0." in p and "but the run keeps it in BF16" in p for p in problems)
+    assert er.expects_bf16(lambda n: False, "lm_head")  # outside the decoder: BF16
+    assert (
+        er.expects_bf16(lambda n: n.endswith("q_proj"), "model.layers.0.self_attn.qkv_proj")
+        is False
+    )
+
+
+def test_nvfp4_experts_are_refused_on_v0_7_0_only():
+    spec = {
+        "model.layers.0.self_attn.qkv_proj": "nvfp4_cutlass",
+        "model.layers.0.mlp.gate": "bf16",
+        "model.layers.0.mlp.experts": "nvfp4_moe_cutlass",
+    }
+    report = _report(spec, B200)
+    (problem,) = er.format_problems("nvfp4_w4a4", [report], _router_rule, nemo_rl_version="v0.7.0")
+    assert "model.layers.0.mlp.experts is an NVFP4 expert stack: NeMo-RL v0.7.0" in problem
+    assert er.format_problems("nvfp4_w4a4", [report], _router_rule, nemo_rl_version="main") == []
+
+
+# --- the driver side, through upstream's real dispatch ------------------------------------
+
+
+def _generation(actors: list) -> object:
+    """Upstream's real VllmGeneration / RayWorkerGroup dispatch over the given actors."""
+    from nemo_rl.distributed.named_sharding import NamedSharding
+    from nemo_rl.distributed.worker_groups import RayWorkerGroup
+    from nemo_rl.models.generation.vllm.vllm_generation import VllmGeneration
+
+    group = RayWorkerGroup.__new__(RayWorkerGroup)
+    group._workers = actors
+    group.sharding_annotations = NamedSharding(
+        layout=[[[i]] for i in range(len(actors))],
+        names=["data_parallel", "pipeline_parallel", "tensor_parallel"],
+    )
+    generation = VllmGeneration.__new__(VllmGeneration)
+    generation.worker_group = group
+    return generation
+
+
+@pytest.fixture(scope="module")
+def engines(local_ray):
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            [os.environ.get("PYTHONPATH", ""), str(REPO_ROOT), str(REPO_ROOT / "tests"),
+             str(REPO_ROOT / "tests" / "upstream")]
+        )
+    }  # fmt: skip
+    good = dense_spec(2, "fp8_cutlass")
+    collided = dict(good)
+    collided["model.layers.1.mlp.gate_up_proj"] = "bf16"
+    actors = {
+        name: GenerationWorker.options(runtime_env={"env_vars": env}).remote(model_spec=spec)
+        for name, spec in (("good", good), ("collided", collided))
+    }
+    yield actors
+    for actor in actors.values():
+        ray.kill(actor)
+
+
+def test_the_driver_reads_every_engine_after_the_refit(engines):
+    generation = _generation([engines["good"]])
+    (report,) = er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
+    assert report.pid != os.getpid()  # read in the engine's process
+    assert len(report.layers) == 2 * 4 + 2
+    assert {layer.held for layer in report.layers} == {"fp8", "bf16"}
+    assert ray.get(engines["good"].rpc_calls.remote())[-1] == "engine_layers"
+
+
+def test_the_driver_refuses_a_collision_in_one_engine_naming_it(engines):
+    generation = _generation([engines["good"], engines["collided"]])
+    with pytest.raises(RuntimeError, match="do not hold what the run quantizes") as err:
+        er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
+    message = str(err.value)
+    assert "1 problem(s)" in message
+    assert "model.layers.1.mlp.gate_up_proj is held in BF16" in message
+
+
+def test_the_driver_refuses_a_format_the_engines_gpu_cannot_run(engines):
+    generation = _generation([engines["good"]])
+    with pytest.raises(RuntimeError, match="cannot run nvfp4_w4a4 natively") as err:
+        er.require_native_gpu(generation, "nvfp4_w4a4")
+    assert "no GPU has none" in str(err.value)  # this CPU actor has no CUDA device
+    assert er.require_native_gpu(generation, "bf16")[0].capability is None
