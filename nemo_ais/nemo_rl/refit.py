@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""FP8 refit seam: the vLLM worker quantizes synced weights with :mod:`nemo_ais.fp8`.
+"""FP8 refit seam: the vLLM worker quantizes synced weights with :mod:`nemo_ais.refit`.
 
 NeMo-RL quantizes the BF16 weights it streams into an FP8 vLLM engine inside the vLLM
 worker process: ``VllmInternalWorkerExtension`` (``_load_weights`` on v0.7.0,
@@ -25,7 +25,7 @@ in the vLLM worker process only, after checking the recorded upstream signatures
 patching):
 
 * :func:`refit_pairs` -- for each ``(name, tensor)`` the engine holds in FP8, the pairs of
-  :func:`nemo_ais.fp8.fp8_weight_stream` (``(name, q_fp8)``, ``(name_scale_inv, scale)``,
+  :class:`nemo_ais.refit.stream.RefitStream` (``(name, q_fp8)``, ``(name_scale_inv, scale)``,
   canonical scale family, zero padding, NaN/Inf refused, TP shard checked); every other
   tensor goes to the ``passthrough`` (default: unchanged). One tensor at a time (no
   materialised model).
@@ -38,7 +38,7 @@ patching):
 * :func:`install_on_import` / :func:`patched_spec` -- a ``sys.meta_path`` hook that runs
   :func:`install` when a process imports that module. In the job it is armed by
   ``nemo_ais/nemo_rl/_vllm_hook/sitecustomize.py`` when the environment variable
-  :data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.fp8.Fp8SyncConfig`) is set: a
+  :data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.refit.config.Fp8SyncConfig`) is set: a
   standard-library trampoline in every Ray worker, which imports nemo_ais (and torch) only
   in the processes that import NeMo-RL's FP8 module, i.e. the vLLM workers;
   ``launchers/run_grpo_ais.py`` sets both from the ``ais_fp8_refit`` config section.
@@ -50,7 +50,7 @@ patching):
 
 The same hook carries the NVFP4 / MXFP8 refit of a BF16 trainer (:mod:`nemo_ais.nemo_rl.
 refit_block`): a :class:`~nemo_ais.refit.config.BlockSyncConfig` instead of an
-:class:`~nemo_ais.fp8.Fp8SyncConfig`, in ``NEMO_AIS_BLOCK_REFIT``
+:class:`~nemo_ais.refit.config.Fp8SyncConfig`, in ``NEMO_AIS_BLOCK_REFIT``
 (:func:`refit_config_from_env` reads either).
 """
 
