@@ -26,7 +26,7 @@ MOVED_MODULES = {
     "checks": "nemo_ais.formats.checks",
     "cpu_kernel": "nemo_ais.formats.cpu_kernel",
     "formats": "nemo_ais.rollout.fake_quant",
-    "fp8_linear": "nemo_ais.rollout.fp8_linear",
+    "fp8_linear": "nemo_ais.rollout.linear",
     "generation": "nemo_ais.rollout.sampling",
     "grids": "nemo_ais.formats.grids",
     "input_amax_file": "nemo_ais.tools.input_amax_file",

@@ -16,7 +16,7 @@
 ``LINEAR_FAKE_QUANT[format]`` (default knobs) or :func:`linear_fake_quant` (a config's
 knobs) gives a :class:`LinearFakeQuant`: the two functions the twin's linear layers apply
 (:class:`~nemo_ais.rollout.linear.QuantLinear`, and for ``fp8`` the identical
-:class:`~nemo_ais.rollout.fp8_linear.Fp8Linear`):
+:class:`~nemo_ais.rollout.linear.Fp8Linear`):
 
 =================  ===============================================  ================================
 format             ``weight(w, amax=None)``                         ``activation(x, amax=None)``

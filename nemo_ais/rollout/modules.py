@@ -17,7 +17,7 @@ Every ``nn.Linear`` inside a decoder layer (q/k/v/o_proj, gate/up/down_proj, per
 linears) and every transformers-5 fused MoE experts module is quantized, except MoE
 routers and the config's exclusions (first/last ``num_*_layers_in_bf16`` layers,
 ``attention_in_bf16``, ``keep_patterns``). A quantized module becomes
-:class:`~nemo_ais.rollout.fp8_linear.Fp8Linear` / ``Fp8Experts`` (format ``fp8``) or
+:class:`~nemo_ais.rollout.linear.Fp8Linear` / ``Fp8Experts`` (format ``fp8``) or
 :class:`~nemo_ais.rollout.linear.QuantLinear` / ``QuantExperts`` (the block formats).
 """
 
@@ -32,8 +32,7 @@ from torch import nn
 from nemo_ais.formats.registry import get_format
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.fake_quant import LinearFakeQuant
-from nemo_ais.rollout.fp8_linear import Fp8Experts, Fp8Linear
-from nemo_ais.rollout.linear import QuantExperts, QuantLinear
+from nemo_ais.rollout.linear import Fp8Experts, Fp8Linear, QuantExperts, QuantLinear
 from nemo_ais.rules.vllm_layers import fused_shard_group, layer_index
 
 __all__ = [

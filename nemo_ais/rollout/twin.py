@@ -20,7 +20,7 @@ measurable without a GPU. What it simulates (``docs/low_precision.md``, "Twin"):
 
 1. Build: a deep copy of the trainer's model (cast to ``compute_dtype`` if set). Every
    ``nn.Linear`` inside a decoder layer (q/k/v/o_proj, gate/up/down_proj, per-expert
-   linears) becomes the format's module (:class:`~nemo_ais.rollout.fp8_linear.Fp8Linear` for
+   linears) becomes the format's module (:class:`~nemo_ais.rollout.linear.Fp8Linear` for
    ``fp8``, :class:`~nemo_ais.rollout.linear.QuantLinear` otherwise), fused
    transformers-5 MoE experts one module per expert and projection; embeddings,
    ``lm_head``, norms and MoE routers stay unquantized, and so do the exclusions:

@@ -33,8 +33,7 @@ from nemo_ais.formats.checks import check_finite
 from nemo_ais.formats.grids import E4M3_MAX
 from nemo_ais.refit.kv_scales import KVScales
 from nemo_ais.rollout.fake_quant import shared_weight_amax
-from nemo_ais.rollout.fp8_linear import Fp8Linear
-from nemo_ais.rollout.linear import QuantExperts
+from nemo_ais.rollout.linear import Fp8Linear, QuantExperts
 from nemo_ais.rollout.modules import shared_amax_groups
 
 __all__ = ["WeightLoader", "received_kv_scales"]

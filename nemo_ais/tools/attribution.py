@@ -56,9 +56,8 @@ from transformers import DynamicCache
 
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.fake_quant import LINEAR_FAKE_QUANT
-from nemo_ais.rollout.fp8_linear import Fp8Linear
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
-from nemo_ais.rollout.linear import QuantExperts, QuantLinear
+from nemo_ais.rollout.linear import Fp8Linear, QuantExperts, QuantLinear
 from nemo_ais.rollout.sampling import MismatchStats, logprob_mismatch, score_responses
 from nemo_ais.rollout.twin import RolloutTwin
 

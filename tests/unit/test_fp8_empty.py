@@ -19,7 +19,7 @@ from nemo_ais.fp8 import (
     quantize_blockwise,
 )
 from nemo_ais.refit.kv_scales import KVScaleCalibrator, percentile_amax
-from nemo_ais.rollout.fp8_linear import Fp8Linear
+from nemo_ais.rollout.linear import Fp8Linear
 
 FP8 = torch.float8_e4m3fn
 

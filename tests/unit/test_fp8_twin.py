@@ -21,7 +21,7 @@ from nemo_ais.formats.fp8_block import (
     quantize_activations,
     quantize_blockwise,
 )
-from nemo_ais.rollout.fp8_linear import Fp8Experts, Fp8Linear
+from nemo_ais.rollout.linear import Fp8Experts, Fp8Linear
 from nemo_ais.rollout.twin import (
     Fp8RolloutConfig,
     Fp8Twin,

@@ -26,9 +26,8 @@ from nemo_ais.rollout.fake_quant import (
     shared_weight_amax,
     straight_through,
 )
-from nemo_ais.rollout.fp8_linear import Fp8Linear
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
-from nemo_ais.rollout.linear import QuantExperts, QuantLinear
+from nemo_ais.rollout.linear import Fp8Linear, QuantExperts, QuantLinear
 from nemo_ais.rollout.twin import (
     Fp8RolloutConfig,
     Fp8Twin,
