@@ -46,7 +46,10 @@ NeMo-RL's FP8-rollout and async-GRPO guards assert
 ``loss_fn.use_importance_sampling_correction``. AIS *is* the importance-sampling
 correction, and combining it with NeMo-RL's own one is a config error, so the config
 handed to ``setup()`` (only) reports the flag as on when ``loss_fn.ais`` owns the
-correction; the loss itself is built from the user's config (:func:`nemo_rl_view`).
+correction; the loss itself is built from the user's config (:func:`nemo_rl_view`). What
+NeMo-RL logs (W&B, TensorBoard, MLflow hyperparameters) and writes into each checkpoint's
+``config.yaml`` is the user's ``loss_fn`` plus a ``nemo_ais_run`` marker naming the loss
+that ran and the keys the driver saw differently (:mod:`nemo_ais.nemo_rl.run_config`).
 
 Refused before Ray starts, with the field named: ``data_plane.enabled``,
 ``grpo.val_at_start`` with an FP8 KV cache, (main) a ``policy.generation.refit_transport``
@@ -350,6 +353,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from nemo_rl.utils.config import register_omegaconf_resolvers
     from nemo_rl.utils.logger import get_next_experiment_dir
 
+    from nemo_ais.nemo_rl.run_config import ais_master_config
+
     version = compat.require_supported()  # names the supported versions otherwise
     print(f"NeMo-RL: {compat.SUPPORTED[version.name]} at {version.location}")
     register_omegaconf_resolvers()
@@ -374,7 +379,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "WARNING: loss_fn.ais.mode=none: training WITHOUT importance-sampling correction "
             "(the uncorrected arm); NeMo-RL's FP8/async guards are bypassed on purpose"
         )
-    config = grpo.MasterConfig(**view)
+    # the driver reads the view; the loggers and every checkpoint's config.yaml get the
+    # user's loss_fn and a marker of the loss that ran (nemo_ais.nemo_rl.run_config)
+    config = ais_master_config(raw, view, ais_cfg)
     pprint.pprint(config)
     config.logger["log_dir"] = get_next_experiment_dir(config.logger["log_dir"])
 

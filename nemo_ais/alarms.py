@@ -37,8 +37,18 @@ the AIS paper):
 2. ``tmpe_jump`` / ``severity_jump``: ``token_mult_prob_error - 1`` (resp. the severity D)
    exceeds ``jump_factor`` x its median over the previous ``window`` steps and that
    median by at least ``min_jump`` (needs ``min_history`` earlier steps). A refit that
-   left stale or mis-scaled FP8 weights shows up as such a jump.
-3. ``kv_scale_position``: over the sequences whose valid span (first to last valid
+   left stale or mis-scaled FP8 weights shows up as such a jump. ``tmpe_jump`` also needs
+   the bulk to have moved: the step's p99.9 |l| (``abs_log_ratio_p999``, when the
+   diagnostics carry it) above its recent median. The mean exp|l| is dominated by single
+   tokens (one |l| = 10 among 4096 adds 5.4 to it), and a single outlier token is a tail
+   statistic (``ais/abs_log_ratio_peak``), not a jump in the mean.
+3. ``tail_jump``: the p99.9 of |l| (``abs_log_ratio_p999``) exceeds ``tail_jump_factor``
+   x its median over the previous ``window`` steps, by at least ``min_jump``: a tail that
+   moved while the means may not have (veRL #7986: a wrong layout in some experts). It is a
+   histogram bin edge (bins a factor 2 apart), so the default 6 means a rise of >= 3 bins
+   (8x). The peaks (``abs_log_ratio_peak``, ``seq_kl_peak``) are reported, not alarmed
+   on: one outlier token moves them, and healthy runs have such tokens.
+4. ``kv_scale_position``: over the sequences whose valid span (first to last valid
    position) is at least ``kv_min_length``, each cut into :data:`QUARTERS` quarters of its
    OWN span, the mean |l| over the last quarters is ``kv_ratio`` x that over the first
    quarters (and higher by ``min_jump``): mismatch growing with position within a
@@ -76,7 +86,7 @@ __all__ = [
     "alarm_metrics",
 ]
 
-ALARM_KINDS = ("nonfinite", "tmpe_jump", "severity_jump", "kv_scale_position")
+ALARM_KINDS = ("nonfinite", "tmpe_jump", "severity_jump", "tail_jump", "kv_scale_position")
 ALARM_PREFIX = "ais_alarm/"
 QUARTERS = 4
 """Quarters each long sequence's valid span is cut into by the ``kv_scale_position`` check."""
@@ -93,6 +103,14 @@ class AlarmConfig(BaseModel):
     )
     jump_factor: float = Field(
         3.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
+    )
+    tail_jump_factor: float = Field(
+        6.0,
+        gt=1.0,
+        description=(
+            "tail_jump: p99.9 |l| > tail_jump_factor x the recent median (a histogram bin "
+            "edge, bins a factor 2 apart: 6 means >= 8x, three bins)."
+        ),
     )
     min_jump: float = Field(
         0.01,
@@ -122,7 +140,8 @@ class AISAlarmsConfig(AlarmConfig):
 
     Validated by ``AISLossConfig`` and offline by ``nemo_ais.nemo_rl.cluster_check``. The
     thresholds of :class:`AlarmConfig`, plus ``enabled``. Online the
-    worker runs the diagnostics-based alarms (``tmpe_jump``, ``severity_jump``) on the
+    worker runs the diagnostics-based alarms (``tmpe_jump``, ``severity_jump``,
+    ``tail_jump``) on the
     global batch's diagnostics, identical on every rank: no extra collective. The
     ``kv_*`` thresholds are used offline only (``nemo-ais analyze``); non-finite
     log-probs at valid positions already fail the prepare step with a ``ValueError``.
@@ -162,9 +181,17 @@ class PositionQuarters(Protocol):
         """[(mean |l|, tokens) per quarter]; None if no sequence was long enough."""
 
 
-def _get(diagnostics: Any, name: str) -> float:
+# tail_jump's statistic (an AISDiagnostics field), also tmpe_jump's bulk check
+_P999 = "abs_log_ratio_p999"
+
+
+def _get(diagnostics: Any, name: str, default: float | None = None) -> float:
+    """A diagnostic by name; ``default`` (if given) when it is absent (an older log)."""
     if isinstance(diagnostics, Mapping):
-        return float(diagnostics[name])
+        value = diagnostics.get(name, default) if default is not None else diagnostics[name]
+        return float(value)
+    if default is not None:
+        return float(getattr(diagnostics, name, default))
     return float(getattr(diagnostics, name))
 
 
@@ -179,7 +206,7 @@ class AlarmMonitor:
         require_config(config, AlarmConfig, "AlarmMonitor(config)", optional=True)
         self.config = config if config is not None else AlarmConfig()
         self._history: dict[str, deque[float]] = {
-            name: deque(maxlen=self.config.window) for name in ("tmpe_excess", "severity")
+            name: deque(maxlen=self.config.window) for name in ("tmpe_excess", "severity", _P999)
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -191,20 +218,30 @@ class AlarmMonitor:
         for name, values in state.items():
             self._history[name] = deque(map(float, values), maxlen=self.config.window)
 
-    def _jump(self, step: int, name: str, kind: str, value: float, label: str) -> Alarm | None:
+    def _jump(
+        self, step: int, name: str, kind: str, value: float, label: str, factor: float | None = None
+    ) -> Alarm | None:
         history = self._history[name]
         if len(history) < self.config.min_history:
             return None
         median = statistics.median(history)
-        if value > self.config.jump_factor * median and value - median >= self.config.min_jump:
+        factor = self.config.jump_factor if factor is None else factor
+        if value > factor * median and value - median >= self.config.min_jump:
             ratio = f"{value / median:.1f}x" if median > 0 else "from 0"
             return Alarm(
                 kind,
                 step,
                 f"{label} {value:.4g} vs {median:.4g} median of the previous {len(history)} "
-                f"steps ({ratio}; threshold {self.config.jump_factor}x)",
+                f"steps ({ratio}; threshold {factor}x)",
             )
         return None
+
+    def _bulk_moved(self, p999: float) -> bool:
+        """True if p99.9 |l| rose above its recent median (or is unknown: no gate)."""
+        history = self._history[_P999]
+        if not math.isfinite(p999) or not history:
+            return True
+        return p999 > statistics.median(history)
 
     def _kv(self, step: int, profile: PositionQuarters | None) -> Alarm | None:
         quarters = profile.quarters() if profile is not None else None
@@ -266,12 +303,21 @@ class AlarmMonitor:
         empty = _get(diagnostics, "empty_batch") > 0
         tmpe_excess = _get(diagnostics, "token_mult_prob_error") - 1
         severity = _get(diagnostics, "severity")
+        p999 = _get(diagnostics, _P999, math.nan)  # nan: absent (an older log)
         if not empty:
+            tmpe = self._jump(
+                step, "tmpe_excess", "tmpe_jump", tmpe_excess, "token_mult_prob_error - 1"
+            )
+            if tmpe is not None and not self._bulk_moved(p999):
+                tmpe = None  # a few outlier tokens: a tail, reported as ais/abs_log_ratio_peak
+            tail = None
+            if math.isfinite(p999):
+                factor = self.config.tail_jump_factor
+                tail = self._jump(step, _P999, "tail_jump", p999, "p99.9 |log-ratio|", factor)
             for alarm in (
-                self._jump(
-                    step, "tmpe_excess", "tmpe_jump", tmpe_excess, "token_mult_prob_error - 1"
-                ),
+                tmpe,
                 self._jump(step, "severity", "severity_jump", severity, "severity D"),
+                tail,
                 self._kv(step, profile),
             ):
                 if alarm is not None:
@@ -279,6 +325,8 @@ class AlarmMonitor:
             if math.isfinite(tmpe_excess) and math.isfinite(severity):
                 self._history["tmpe_excess"].append(tmpe_excess)
                 self._history["severity"].append(severity)
+            if math.isfinite(p999):
+                self._history[_P999].append(p999)
         if alarms and self.config.fail_on_alarm:
             raise RefitAlarmError(
                 "AIS refit guard (alarms.fail_on_alarm=true): " + "; ".join(map(str, alarms))

@@ -26,23 +26,28 @@ Two pydantic v2 models, both ``extra="forbid"`` and ``frozen=True``:
 Ratio direction, everywhere in this package: ``rho = pi_old / mu``, the BF16
 trainer's probability of a sampled token over the (FP8) rollout engine's.
 
-Use :func:`validate_section` at a boundary (YAML, CLI, NeMo-RL adapter): it turns
-pydantic's error into a ``ValueError`` that names the full field path, the value,
-the allowed range and a hint, e.g.::
-
-    loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)
-
-Functions that take a config OBJECT check its type with :func:`require_config`, so a
-plain dict is a ``TypeError`` naming the parameter and how to build the object, not an
-``AttributeError`` deep inside.
+A mode's own knobs live in its sub-section, ``loss_fn.ais.<mode>`` (``icepop: {min, max}``,
+``kl_rs: {threshold, ...}``), whose model is the mode's record's ``config``
+(:mod:`nemo_ais.modes`); the flat keys of the earlier layout (``icepop_min``,
+``rs_threshold``, ...) are refused with the new name. The section machinery
+(:func:`validate_section`, :func:`require_config`) lives in :mod:`nemo_ais.sections` and is
+re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, create_model, model_validator
+
+from nemo_ais.modes import MODES
+from nemo_ais.sections import (
+    Section,
+    config_type_error,
+    require_config,
+    validate_section,
+)
 
 __all__ = [
     "CorrectionConfig",
@@ -55,124 +60,72 @@ __all__ = [
     "validate_section",
 ]
 
-CorrectionMode = Literal[
-    "none", "tis", "icepop", "seq_mask_geo", "ais", "seq_tis", "seq_mis", "kl_rs", "m2po", "tbpo"
-]
-# modes whose weight is an importance weight (batch_normalize divides it by its batch mean)
-IS_MODES = ("tis", "icepop", "seq_mask_geo", "ais", "seq_tis", "seq_mis", "tbpo")
+CorrectionMode = Literal[tuple(MODES)]  # type: ignore[valid-type]
 
 # float32 exp() overflows above ~88.7; the clamp bound must stay below that.
 _MAX_LOG_RATIO_CLAMP = 80.0
 
+# loss_fn.ais.<mode>: one sub-section per mode that has knobs of its own (the mode's record)
+_ModeSections = create_model(
+    "_ModeSections",
+    __base__=Section,
+    **{
+        name: (mode.config, Field(default_factory=mode.config, description=mode.config.__doc__))
+        for name, mode in MODES.items()
+        if mode.config is not None
+    },
+)
+# the flat keys of the earlier layout -> their place in the mode's sub-section
+_MOVED_KEYS = {
+    old: f"{name}.{new}" for name, mode in MODES.items() for old, new in mode.moved_keys.items()
+}
 
-class _Section(BaseModel):
-    # strict: no silent coercion (True is not 1.0, "2" is not 2.0; ints are still floats);
-    # allow_inf_nan=False: a non-finite constant never reaches the mixer.
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False
-    )
 
-
-class CorrectionConfig(_Section):
+class CorrectionConfig(_ModeSections):
     """The ``loss_fn.ais`` section: correction mode and AIS mixer constants.
 
     Modes (per-token weight multiplying the clipped actor loss, rho = pi_old/mu):
 
     ============== ===================================== =========================
-    mode           weight                                bounds used
+    mode           weight                                knobs
     ============== ===================================== =========================
     none           1                                     --
-    tis            clamp(rho, floor, C)                  weight_cap, weight_floor
-    icepop         rho * 1[lo <= rho <= hi]              icepop_min, icepop_max
-    seq_mask_geo   rho * 1[lo <= rho_geo,i <= hi]        seq_mask_min, seq_mask_max
+    tis            clamp(rho, floor, C)                  weight_cap, tis.floor
+    icepop         rho * 1[lo <= rho <= hi]              icepop.min, icepop.max
+    seq_mask_geo   rho * 1[lo <= rho_geo,i <= hi]        seq_mask_geo.min/max
     ais            (1 - alpha) + alpha * min(rho, C)     weight_cap + mixer below
     seq_tis        min(prod_t rho_t, C_seq)              seq_weight_cap
-    seq_mis        prod_t rho_t * 1[lo <= prod <= hi]    seq_mis_min/max, seq_weight_cap
-    kl_rs          1[stat_i <= thr, no vetoed token]     rs_estimator, rs_aggregation,
-                                                         rs_threshold, rs_veto_min_ratio
-    m2po           1[l^2 < q*] (batch-level q*)          m2po_tau
-    tbpo           min(rho_geo,i, C_seq), and the        seq_weight_cap, tbpo_clip_*
-                   sequence-ratio trust-band surrogate   [reconstruction] of QaRL's TBPO
+    seq_mis        prod_t rho_t * 1[lo <= prod <= hi]    seq_mis.min/max, seq_weight_cap
+    kl_rs          1[stat_i <= thr, no vetoed token]     kl_rs.estimator, .aggregation,
+                                                         .threshold, .veto_min_ratio
+    m2po           1[l^2 < q*] (batch-level q*)          m2po.tau
+    tbpo           min(rho_geo,i, C_seq), and the        seq_weight_cap, tbpo.clip_*,
+                   sequence-ratio trust-band surrogate   tbpo.neg_clip_* [reconstruction]
     ============== ===================================== =========================
+
+    The shared knobs stay flat (``weight_cap``: tis and ais; ``seq_weight_cap``: seq_tis,
+    seq_mis and tbpo; the switches, the diagnostics and the mixer); each mode's own knobs
+    are its sub-section, the model of its record (:mod:`nemo_ais.modes`).
 
     Switches: ``batch_normalize`` (IS modes: w / mean of w over the global batch) and
     ``bypass`` (pi_old := mu: rho = 1, the PPO ratio is pi_theta / mu).
     """
 
-    mode: CorrectionMode = Field(
-        "ais",
-        description="Correction mode; one of none, tis, icepop, seq_mask_geo, ais, seq_tis, "
-        "seq_mis, kl_rs, m2po, tbpo.",
-    )
+    moved_keys: ClassVar[Mapping[str, str]] = _MOVED_KEYS
+
+    mode: CorrectionMode = Field("ais", description=f"Correction mode; one of {', '.join(MODES)}.")
     # --- truncation (tis and ais) -------------------------------------------------------
     weight_cap: float = Field(
         2.0,
         gt=1.0,
         description="C: token weights are min(rho, C) in tis and ais (C <= 1 removes up-weighting).",
     )
-    weight_floor: float | None = Field(
-        None,
-        ge=0.0,
-        lt=1.0,
-        description="Optional lower clamp of the tis weight (None = no floor, as NeMo-RL's tis).",
-    )
-    # --- masking modes --------------------------------------------------------------------
-    icepop_min: float = Field(0.5, gt=0.0, description="icepop: lower bound lo of rho.")
-    icepop_max: float = Field(5.0, gt=0.0, description="icepop: upper bound hi of rho.")
-    seq_mask_min: float = Field(
-        0.999, gt=0.0, description="seq_mask_geo: lower bound of the geometric-mean ratio."
-    )
-    seq_mask_max: float = Field(
-        1.002, gt=0.0, description="seq_mask_geo: upper bound of the geometric-mean ratio."
-    )
-    # --- sequence-level IS and rejection (veRL rollout_corr) ----------------------------
+    # --- sequence-level weights (seq_tis, seq_mis, tbpo) ----------------------------------
     seq_weight_cap: float = Field(
         2.0,
         gt=1.0,
         description="C_seq: seq_tis / seq_mis weight min(prod_t rho_t, C_seq) (veRL default 2.0); "
         "tbpo weight min(exp(mean_t l), C_seq) (QaRL seq_tis_imp_ratio_cap 2.0).",
-    )
-    seq_mis_min: float = Field(
-        0.5, gt=0.0, description="seq_mis: a sequence is kept iff lo <= prod_t rho_t <= hi."
-    )
-    seq_mis_max: float = Field(2.0, gt=0.0, description="seq_mis: upper bound hi of prod_t rho_t.")
-    rs_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3",
-        description="kl_rs: per-token KL(mu || pi_old) estimate k1 = -l, k2 = l^2 / 2, "
-        "k3 = rho - 1 - l.",
-    )
-    rs_aggregation: Literal["mean", "max"] = Field(
-        "mean", description="kl_rs: per-sequence statistic abs(mean_t k) or max_t abs(k)."
-    )
-    rs_threshold: float = Field(
-        0.01, gt=0.0, description="kl_rs: a sequence is rejected if its statistic > this."
-    )
-    rs_veto_min_ratio: float | None = Field(
-        None,
-        gt=0.0,
-        lt=1.0,
-        description="kl_rs: also reject a sequence with any token rho < this (None: no veto).",
-    )
-    m2po_tau: float = Field(
-        0.04,
-        gt=0.0,
-        description="m2po: bound of the batch second moment mean(l^2) of the kept tokens.",
-    )
-    # --- tbpo: trust band of the sequence ratio s_i = exp(mean_t log(pi_theta / pi_old)) --
-    tbpo_clip_low: float = Field(
-        3e-4, gt=0.0, lt=1.0, description="tbpo, A >= 0: s_i clipped below at 1 - this (GSPO)."
-    )
-    tbpo_clip_high: float = Field(
-        4e-4, gt=0.0, description="tbpo, A >= 0: s_i clipped above at 1 + this (QaRL 4e-4)."
-    )
-    tbpo_neg_clip_low: float = Field(
-        3e-4,
-        gt=0.0,
-        lt=1.0,
-        description="tbpo, A < 0: lower edge 1 - this of the two-sided band (QaRL 3e-4).",
-    )
-    tbpo_neg_clip_high: float = Field(
-        7e-4, gt=0.0, description="tbpo, A < 0: upper edge 1 + this of the band (QaRL 7e-4)."
     )
     batch_normalize: bool = Field(
         False,
@@ -224,27 +177,18 @@ class CorrectionConfig(_Section):
 
     @model_validator(mode="after")
     def _check_bounds(self) -> CorrectionConfig:
-        for lo_name, hi_name in (
-            ("icepop_min", "icepop_max"),
-            ("seq_mask_min", "seq_mask_max"),
-            ("seq_mis_min", "seq_mis_max"),
-        ):
-            lo, hi = getattr(self, lo_name), getattr(self, hi_name)
-            if not lo < hi:
-                raise ValueError(
-                    f"{lo_name}={lo} must be < {hi_name}={hi} (the kept interval [lo, hi] is empty)"
-                )
-        if self.batch_normalize and self.mode not in IS_MODES:
+        if self.batch_normalize and not MODES[self.mode].importance_weight:
+            importance = ", ".join(name for name, m in MODES.items() if m.importance_weight)
             raise ValueError(
                 f"batch_normalize=True is invalid with mode={self.mode!r}: expected an "
-                f"importance-sampling mode ({', '.join(IS_MODES)})"
+                f"importance-sampling mode ({importance})"
             )
         if self.alpha_min > self.alpha_max:
             raise ValueError(f"alpha_min={self.alpha_min} must be <= alpha_max={self.alpha_max}")
         return self
 
 
-class PGLossConfig(_Section):
+class PGLossConfig(Section):
     """Clipped GRPO surrogate; names and semantics follow NeMo-RL's ``ClippedPGLossConfig``.
 
     ``L = -sum w_hat * max-side-clipped(r * A) * m / N`` with ``r = exp(logp_theta - logp_old)``
@@ -339,21 +283,13 @@ class PGLossConfig(_Section):
         return self
 
 
-# mode tbpo's own sequence-ratio surrogate replaces the token PPO surrogate these change
-_TBPO_SURROGATE_CONFLICTS = {
-    "disable_ppo_ratio": "tbpo's surrogate is built on the sequence ratio",
-    "use_cispo": "tbpo has its own sequence-ratio surrogate, CISPO's replaces the PPO clip",
-    "sequence_level_importance_ratios": "tbpo has its own sequence-ratio surrogate (its "
-    "band is loss_fn.ais.tbpo_*)",
-}
-
-
 def surrogate_conflicts(config: CorrectionConfig, pg: PGLossConfig) -> list[str]:
     """One message per ``pg`` surrogate option that ``config.mode`` cannot combine with.
 
-    Mode ``tbpo`` brings its own sequence-ratio surrogate, so NeMo-RL's alternatives to
-    the token PPO surrogate (``disable_ppo_ratio``, ``use_cispo``,
-    ``sequence_level_importance_ratios``) must stay off with it.
+    A mode with its own surrogate (``tbpo``'s sequence-ratio band) lists the NeMo-RL
+    alternatives to the token PPO surrogate that must stay off with it (its record's
+    ``surrogate_conflicts``: ``disable_ppo_ratio``, ``use_cispo``,
+    ``sequence_level_importance_ratios``).
 
     Args:
         config: the validated ``loss_fn.ais`` section.
@@ -361,14 +297,12 @@ def surrogate_conflicts(config: CorrectionConfig, pg: PGLossConfig) -> list[str]
 
     Returns:
         ``loss_fn.<field>=True is invalid with loss_fn.ais.mode='tbpo': expected False
-        (why)`` per conflict, in field order; empty for every other mode.
+        (why)`` per conflict, in field order; empty for a mode without such options.
     """
-    if config.mode != "tbpo":
-        return []
     return [
         f"loss_fn.{field}=True is invalid with loss_fn.ais.mode={config.mode!r}: expected "
         f"False ({why})"
-        for field, why in _TBPO_SURROGATE_CONFLICTS.items()
+        for field, why in MODES[config.mode].surrogate_conflicts.items()
         if getattr(pg, field)
     ]
 
@@ -395,96 +329,3 @@ def pg_loss_section(loss_fn: Mapping[str, Any]) -> PGLossConfig:
     if loss_fn.get("use_kl_in_reward", False):
         fields["reference_policy_kl_penalty"] = 0.0
     return validate_section(PGLossConfig, fields, "loss_fn")
-
-
-_M = TypeVar("_M", bound=BaseModel)
-
-
-def validate_section(model: type[_M], data: Any, path: str) -> _M:
-    """Validate ``data`` as ``model``; on failure raise one ``ValueError`` naming ``path.field``.
-
-    Args:
-        model: the pydantic model class (e.g. :class:`CorrectionConfig`).
-        data: a mapping (dict, OmegaConf container converted to dict) or an instance.
-        path: dotted prefix of the section in the user's config, e.g. ``"loss_fn.ais"``.
-
-    Returns:
-        The validated, frozen model instance.
-
-    Raises:
-        ValueError: one line per problem: ``path.field=value is invalid: reason (hint)``.
-    """
-    if isinstance(data, model):
-        return data
-    if data is None:
-        data = {}
-    if isinstance(data, Mapping) and not isinstance(data, dict):
-        data = dict(data)  # e.g. an OmegaConf DictConfig section (flat: scalar values)
-    if not isinstance(data, dict):
-        raise TypeError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        raise ValueError(_format_errors(model, err, path)) from None
-
-
-def _format_errors(model: type[BaseModel], err: ValidationError, path: str) -> str:
-    lines = []
-    for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"])
-        where = f"{path}.{field}" if field else path
-        if e["type"] == "extra_forbidden":
-            allowed = ", ".join(sorted(model.model_fields))
-            lines.append(f"{where} is not a known field (allowed: {allowed})")
-            continue
-        value = e.get("input")
-        info = model.model_fields.get(field.split(".")[0]) if field else None
-        hint = f" ({info.description})" if info is not None and info.description else ""
-        reason = e["msg"].removeprefix("Value error, ").replace("Input should be ", "expected ")
-        if field:
-            lines.append(f"{where}={value!r} is invalid: {reason}{hint}")
-        else:  # cross-field rule: the message starts with the offending field's name
-            lines.append(f"{path}.{reason}")
-    return "\n".join(lines)
-
-
-def config_type_error(
-    value: object, expected: type[BaseModel], where: str, *, optional: bool = False
-) -> TypeError | None:
-    """The ``TypeError`` :func:`require_config` raises for ``value``, or None if it is fine.
-
-    For callers that must not raise at once (a distributed entry point that turns a local
-    error into flags so that every rank raises together).
-    """
-    if isinstance(value, expected) or (optional and value is None):
-        return None
-    name = expected.__name__
-    got = type(value).__name__
-    accepted = f"{expected.__module__}.{name}" + (" or None" if optional else "")
-    hint = ""
-    if isinstance(value, Mapping):
-        hint = f"; build one with {name}(**d) or {name}.model_validate(d)"
-    elif isinstance(value, BaseModel):
-        hint = f" ({got} is a different section)"
-    return TypeError(f"{where}: got {got}, expected {accepted}{hint}")
-
-
-def require_config(
-    value: object, expected: type[BaseModel], where: str, *, optional: bool = False
-) -> None:
-    """Raise ``TypeError`` unless ``value`` is an ``expected`` instance (or None if ``optional``).
-
-    Args:
-        value: what the caller passed.
-        expected: the config model class (subclasses are accepted).
-        where: the parameter, prefixed by the function, e.g. ``"compute_statistics(config)"``.
-        optional: None is accepted too.
-
-    Raises:
-        TypeError: e.g. ``compute_statistics(config): got dict, expected
-            nemo_ais.config.CorrectionConfig; build one with CorrectionConfig(**d) or
-            CorrectionConfig.model_validate(d)``.
-    """
-    error = config_type_error(value, expected, where, optional=optional)
-    if error is not None:
-        raise error

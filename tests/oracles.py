@@ -42,21 +42,21 @@ def weights(mode, logp_old, logp_rollout, mask, cfg, alpha=None):
             if mode == "none":
                 w = 1.0
             elif mode == "tis":
-                floor = cfg.weight_floor if cfg.weight_floor is not None else 0.0
+                floor = cfg.tis.floor if cfg.tis.floor is not None else 0.0
                 w = min(max(rho, floor), cfg.weight_cap)
             elif mode == "icepop":
-                w = rho if cfg.icepop_min <= rho <= cfg.icepop_max else 0.0
+                w = rho if cfg.icepop.min <= rho <= cfg.icepop.max else 0.0
             elif mode == "seq_mask_geo":
                 c = cfg.log_ratio_clamp
                 rho_c = math.exp(min(max(ell, -c), c))
-                w = rho_c if cfg.seq_mask_min <= geo <= cfg.seq_mask_max else 0.0
+                w = rho_c if cfg.seq_mask_geo.min <= geo <= cfg.seq_mask_geo.max else 0.0
             elif mode == "ais":
                 w = (1 - alpha) + alpha * min(rho, cfg.weight_cap)
             elif mode in ("seq_tis", "seq_mis"):
                 s_i = sum(ls)  # log prod_t rho_t
                 w = _capped_exp(s_i, cfg)
                 if mode == "seq_mis" and not (
-                    cfg.seq_mis_min <= math.exp(min(s_i, 700.0)) <= cfg.seq_mis_max
+                    cfg.seq_mis.min <= math.exp(min(s_i, 700.0)) <= cfg.seq_mis.max
                 ):
                     w = 0.0
             elif mode == "kl_rs":
@@ -87,15 +87,15 @@ def _kl_rs_kept(ls, cfg):
     ks = []
     for ell in ls:
         lc = min(max(ell, -c), c)
-        ks.append({"k1": -lc, "k2": lc * lc / 2, "k3": math.exp(lc) - 1 - lc}[cfg.rs_estimator])
-    if cfg.rs_aggregation == "mean":
+        ks.append({"k1": -lc, "k2": lc * lc / 2, "k3": math.exp(lc) - 1 - lc}[cfg.kl_rs.estimator])
+    if cfg.kl_rs.aggregation == "mean":
         stat = abs(sum(ks) / len(ks))
     else:
         stat = max(abs(k) for k in ks)
-    veto = cfg.rs_veto_min_ratio is not None and any(
-        ell < math.log(cfg.rs_veto_min_ratio) for ell in ls
+    veto = cfg.kl_rs.veto_min_ratio is not None and any(
+        ell < math.log(cfg.kl_rs.veto_min_ratio) for ell in ls
     )
-    return stat <= cfg.rs_threshold and not veto
+    return stat <= cfg.kl_rs.threshold and not veto
 
 
 def m2po_bin(q):
@@ -175,6 +175,9 @@ def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
             mode_frac_masked=0.0,
             mode_frac_capped=0.0,
             mode_ess=1.0,
+            abs_log_ratio_p999=0.0,
+            abs_log_ratio_peak=0.0,
+            seq_kl_peak=0.0,
         )
     n_seq = len(big_w)
     ess = min(1.0, sum(big_w) ** 2 / (n_seq * sum(w * w for w in big_w)))
@@ -212,6 +215,39 @@ def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
         n_tok=float(n_tok),
         empty_batch=0.0,
         **_batch_values(logp_old, logp_rollout, mask, cfg, alpha, mean_w, lcs),
+        **_tails(logp_old, logp_rollout, mask, cfg),
+    )
+
+
+def tail_bin_edge(x):
+    """Lower edge of x's tail bin: 0 below 2^-14, else the largest 2^-14 * 2^k <= x (k <= 22)."""
+    if x < 2.0**-14:
+        return 0.0
+    edge = 2.0**-14
+    for _ in range(22):
+        if edge * 2 > x:
+            break
+        edge *= 2
+    return edge
+
+
+def _tails(logp_old, logp_rollout, mask, cfg):
+    """p99.9 and max of |l| over valid tokens, max of the sequences' mean k3, as bin edges."""
+    c = cfg.log_ratio_clamp
+    abs_ls, k3s = [], []
+    for i in range(len(mask)):
+        ls = [logp_old[i][t] - logp_rollout[i][t] for t in range(len(mask[i])) if mask[i][t] == 1]
+        if not ls:
+            continue
+        abs_ls.extend(abs(ell) for ell in ls)
+        lcs = [min(max(ell, -c), c) for ell in ls]
+        k3s.append(sum(math.expm1(lc) - lc for lc in lcs) / len(lcs))
+    abs_ls.sort()
+    rank = math.ceil(0.999 * len(abs_ls))  # the rank-th smallest (1-based)
+    return dict(
+        abs_log_ratio_p999=tail_bin_edge(abs_ls[rank - 1]),
+        abs_log_ratio_peak=tail_bin_edge(abs_ls[-1]),
+        seq_kl_peak=tail_bin_edge(max(k3s)),
     )
 
 
@@ -242,7 +278,7 @@ def _batch_values(logp_old, logp_rollout, mask, cfg, alpha, mean_w, lcs):
         sq = math.fsum(x * x for x in vals)
         out["mode_ess"] = math.fsum(vals) ** 2 / (n * sq) if sq > 0 else 0.0
     if cfg.mode == "m2po":
-        threshold, frac = m2po_threshold([lc * lc for lc in lcs], cfg.m2po_tau)
+        threshold, frac = m2po_threshold([lc * lc for lc in lcs], cfg.m2po.tau)
         out.update(m2po_threshold=threshold, mode_frac_masked=frac)
     return out
 
@@ -301,9 +337,9 @@ def _surrogate_token(theta, old, adv, pg, log_clamp):
 def _tbpo_band(s, adv, cfg):
     """(f, df/ds) of tbpo's per-token term at sequence ratio s (values a plain PPO would clip)."""
     if adv < 0:  # two-sided band: -A clip(s, 1 - nl, 1 + nh)
-        lo, hi = 1 - cfg.tbpo_neg_clip_low, 1 + cfg.tbpo_neg_clip_high
+        lo, hi = 1 - cfg.tbpo.neg_clip_low, 1 + cfg.tbpo.neg_clip_high
         return -adv * min(max(s, lo), hi), (-adv if lo <= s <= hi else 0.0)
-    lo, hi = 1 - cfg.tbpo_clip_low, 1 + cfg.tbpo_clip_high
+    lo, hi = 1 - cfg.tbpo.clip_low, 1 + cfg.tbpo.clip_high
     l1, l2 = -adv * s, -adv * min(max(s, lo), hi)
     d1, d2 = -adv, (-adv if lo <= s <= hi else 0.0)
     if l1 > l2:

@@ -112,7 +112,8 @@ def load_analysis_config(
 
     The file may be a NeMo-RL run config (``defaults:`` inheritance is resolved; only
     ``loss_fn.ais`` and a top-level ``alarms`` section are read) or an embedded one.
-    Overrides are ``loss_fn.ais.<field>=value`` or ``alarms.<field>=value`` (YAML values).
+    Overrides are ``loss_fn.ais.<field>=value`` (a mode's knob:
+    ``loss_fn.ais.<mode>.<field>=value``) or ``alarms.<field>=value`` (YAML values).
 
     Raises:
         FileNotFoundError: the file (or a ``defaults:`` parent) does not exist.
@@ -127,14 +128,19 @@ def load_analysis_config(
         sections["alarms"] = dict(data.get("alarms") or {})
     for item in overrides:
         key, sep, raw = item.partition("=")
-        section, _, leaf = key.rpartition(".")
-        if not sep or section not in sections or not leaf:
+        section = next((name for name in _SECTIONS if key.startswith(f"{name}.")), None)
+        leaf = key.removeprefix(f"{section}.") if section else ""
+        if not sep or section is None or not leaf:
             raise ValueError(
-                f"override {item!r} is invalid: expected loss_fn.ais.<field>=value or "
-                "alarms.<field>=value"
+                f"override {item!r} is invalid: expected loss_fn.ais.<field>=value (a mode's "
+                "knob: loss_fn.ais.<mode>.<field>=value) or alarms.<field>=value"
             )
+        *parents, name = leaf.split(".")
+        node = sections[section]
+        for part in parents:  # a sub-section, e.g. loss_fn.ais.icepop.min
+            node = node.setdefault(part, {})
         try:
-            sections[section][leaf] = yaml.safe_load(raw)
+            node[name] = yaml.safe_load(raw)
         except yaml.YAMLError as err:
             raise ValueError(f"override {item!r}: value is not YAML ({err})") from None
     return (

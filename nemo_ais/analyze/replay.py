@@ -17,18 +17,22 @@ Per ``train_data_step{N}.jsonl`` (one global batch), with the core code only:
 
 1. pass 1, per chunk of rows: :func:`~nemo_ais.core.compute_statistics` (the float64
    sufficient-statistics vector, summed over chunks exactly as the all-reduce sums it over
-   data-parallel ranks), :func:`~nemo_ais.core.correction_weights` of ``tis``, ``icepop``
-   and ``seq_mask_geo``, and the per-position |l| profile of the refit guard;
+   data-parallel ranks), :func:`~nemo_ais.core.correction_weights` of every replayed mode
+   that needs no global-batch value (``tis``, ``icepop``, ``seq_mask_geo``), and the
+   per-position |l| profile of the refit guard;
 2. :func:`~nemo_ais.core.diagnostics_from_stats` on the summed vector: R, D, CV^2, KL,
    ``token_mult_prob_error``, the gates and alpha (the EMA ``state`` is carried from
    step to step, as the AIS worker carries it);
 3. pass 2, over the chunks kept from pass 1 (in memory up to a budget, then spilled to a
-   temporary directory): the ``ais`` weights with that alpha.
+   temporary directory): the weights of the replayed modes that need a global-batch value
+   (``ais``, with that alpha).
+
+The replayed modes are those whose record has a ``replay`` (:mod:`nemo_ais.modes`).
 
 Weight summary of a mode (w_hat over the n valid tokens): mean, max, the fraction capped
 or masked and the effective sample size ratio (sum w_hat)^2 / (n sum w_hat^2). Capped
 follows core's ``frac_capped`` (rho > C, from the step's diagnostics): ``tis``: rho > C or
-rho < floor (core's floor: ``weight_floor``, or 0 when unset, so never); ``ais``: rho > C
+rho < floor (core's floor: ``tis.floor``, or 0 when unset, so never); ``ais``: rho > C
 when alpha > 0 (else 0: the weights are all 1); ``icepop``/``seq_mask_geo``: w_hat = 0.
 """
 
@@ -52,32 +56,24 @@ from nemo_ais.core import (
     compute_statistics,
     correction_weights,
     diagnostics_from_stats,
-    log_ratio,
 )
+from nemo_ais.modes import MODES as ALL_MODES
 
 __all__ = ["MODES", "StepResult", "WeightSums", "replay_step"]
 
-MODES = ("tis", "icepop", "seq_mask_geo", "ais")
+# the modes a step is replayed with, in the registry's order (tis, icepop, seq_mask_geo, ais)
+MODES = tuple(name for name, mode in ALL_MODES.items() if mode.replay is not None)
 _BYTES_PER_POSITION = 2 * 8 + 1  # two float64 log-probs and a bool mask
 
 
-def _tis_below_floor(old, rollout, valid, config):
-    """Valid tokens that ``tis`` raises to its floor: rho < floor (core: floor 0 if unset)."""
-    floor = config.weight_floor if config.weight_floor is not None else 0
-    return valid & (torch.exp(log_ratio(old, rollout, valid)) < floor)
-
-
-def _masked(old, rollout, valid, config, w_hat):
-    return valid & (w_hat == 0)
-
-
-# Valid tokens a mode masks (or, for tis, floors), counted in pass 1; the capped share
-# (rho > C) of tis and ais is core's frac_capped, added after pass 2.
-_AFFECTED: dict[str, Callable[..., torch.Tensor]] = {
-    "tis": lambda old, rollout, valid, config, w_hat: _tis_below_floor(old, rollout, valid, config),
-    "icepop": _masked,
-    "seq_mask_geo": _masked,
-}
+def _affected(mode: str, old, rollout, valid, config, w_hat) -> torch.Tensor:
+    """Valid tokens the mode masks or floors (its record's ``replay.affected``; None: none)."""
+    affected = ALL_MODES[mode].replay.affected
+    return (
+        torch.zeros_like(valid)
+        if affected is None
+        else affected(old, rollout, valid, config, w_hat)
+    )
 
 
 @dataclass
@@ -194,6 +190,7 @@ def replay_step(
     require_config(config, CorrectionConfig, "replay_step(config)")
     counts = ReadCounts()
     modes = {m: config.model_copy(update={"mode": m}) for m in MODES}
+    pass_1 = [m for m in MODES if not ALL_MODES[m].needs_alpha]  # the rest need the diagnostics
     sums = {m: WeightSums() for m in MODES}
     vector: torch.Tensor | None = None
     profile = PositionProfile.empty(kv_min_length)
@@ -211,9 +208,9 @@ def replay_step(
             old, rollout, valid = chunk.logp_old, chunk.logp_rollout, chunk.valid
             local = compute_statistics(old, rollout, valid, config).vector
             vector = local if vector is None else vector + local
-            for m in ("tis", "icepop", "seq_mask_geo"):
+            for m in pass_1:
                 w_hat = correction_weights(old, rollout, valid, modes[m])
-                sums[m].add(w_hat, valid, _AFFECTED[m](old, rollout, valid, modes[m], w_hat))
+                sums[m].add(w_hat, valid, _affected(m, old, rollout, valid, modes[m], w_hat))
             profile = profile.merge(position_profile(old, rollout, valid, min_length=kv_min_length))
             n_tok += int(valid.sum())
             n_positions += chunk.num_positions
@@ -230,16 +227,19 @@ def replay_step(
                 "sample_loss_mask is 0 everywhere, or every valid log-prob is NaN/inf)",
             )
         diagnostics = diagnostics_from_stats(AISStats(vector), config, state)  # step 2
+        pass_2 = [m for m in MODES if m not in pass_1]
         for old, rollout, valid in store:  # step 3 (pass 2)
-            w_hat = correction_weights(old, rollout, valid, modes["ais"], alpha=diagnostics.alpha)
-            sums["ais"].add(w_hat, valid, torch.zeros_like(valid))
+            for m in pass_2:
+                value = getattr(diagnostics, ALL_MODES[m].batch_field)  # ais: alpha
+                w_hat = correction_weights(old, rollout, valid, modes[m], alpha=value)
+                sums[m].add(w_hat, valid, _affected(m, old, rollout, valid, modes[m], w_hat))
     finally:
         store.close()
     weights = {m: s.summary() for m, s in sums.items()}
-    weights["tis"]["frac_capped_or_masked"] += diagnostics.frac_capped  # rho > C (core)
-    weights["ais"]["frac_capped_or_masked"] = (
-        diagnostics.frac_capped if diagnostics.alpha > 0 else 0.0
-    )
+    for m in MODES:  # the share capped at C is core's frac_capped (rho > C)
+        frac_capped = ALL_MODES[m].replay.frac_capped
+        if frac_capped is not None:
+            weights[m]["frac_capped_or_masked"] += frac_capped(diagnostics)
     return StepResult(
         step=step_file.step,
         path=step_file.path,

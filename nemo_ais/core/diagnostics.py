@@ -27,14 +27,24 @@ sums from :mod:`nemo_ais.core.stats`, already reduced over the data-parallel gro
                   alpha_raw = constant_alpha          (mixer=constant)
 6. EMA + clamp    alpha_t = clamp(beta * alpha_{t-1} + (1 - beta) * alpha_raw, alpha_min, alpha_max)
                   beta = ``ema``; the first update (no history) takes alpha_raw.
-7. other modes    (issue 17; from the same reduced vector, so identical on every rank)
+7. other modes    (issue 17; from the same reduced vector, so identical on every rank;
+                  what each mode needs is its record's, :mod:`nemo_ais.modes`)
                   w_bar  = sum w_hat / n_w  (batch_normalize: the divisor of the weights;
-                           ais: (1 - alpha) + alpha * w_mean; 1 if every weight is 0)
-                  q*     = m2po threshold: drop whole bins of q = (l^c)^2 from the top until
-                           sum_kept q <= m2po_tau * n_kept (AReaL M2PO, binned)
+                           the record's closed form if it has one, ais:
+                           (1 - alpha) + alpha * w_mean; 1 if every weight is 0)
+                  batch statistic: the record's values of its reduced slots, e.g.
+                           m2po's q*: drop whole bins of q = (l^c)^2 from the top until
+                           sum_kept q <= m2po.tau * n_kept (AReaL M2PO, binned)
                   mode_frac_masked = #{w_hat = 0} / n_w, mode_frac_capped = #{w_i = C_seq} / n_w,
                   mode_ess = (sum w_hat)^2 / (n_w sum w_hat^2); n_w counts tokens, or
                   sequences for seq_tis / seq_mis / tbpo
+
+8. tails         from the |l| and per-sequence k3 histograms of the same vector (stats step
+                  4c; bins a factor 2 wide, so each value is the LOWER edge of its bin: the
+                  true value lies in [value, 2 value), or below 2^-14 when the value is 0)
+                  abs_log_ratio_p999 = bin of the ceil(0.999 n)-th smallest |l|
+                  abs_log_ratio_peak  = highest non-empty |l| bin
+                  seq_kl_peak         = highest non-empty bin of k3_i = mean_t exp(l^c) - 1 - l^c
 
 Also reported: KL(mu || pi_old) on samples from mu, k1 = mean(-l), k3 = mean(exp(l) - 1 - l);
 w_mean, frac_capped, token_mult_prob_error = mean exp|l|, raw_ratio_mean = mean exp(l).
@@ -55,7 +65,7 @@ what was expected). ``group=None`` raises the local error as is, as before.
 Globally empty batch (no valid token anywhere): alpha = alpha_raw = 0, empty_batch = 1,
 R = 1, D = 0, CV^2 = 0, k1 = k3 = 0, w_mean = raw_ratio_mean = token_mult_prob_error = 1,
 frac_capped = 0, g_sev = 0, g_rel = g_var = 1, w_norm = 1, m2po_threshold = 1e4 (nothing
-masked), mode_frac_* = 0, mode_ess = 1; the EMA value is left unchanged (an empty
+masked), mode_frac_* = 0, mode_ess = 1, tails 0; the EMA value is left unchanged (an empty
 batch carries no evidence), its update counter still advances.
 """
 
@@ -73,17 +83,19 @@ from nemo_ais.config import CorrectionConfig, config_type_error, require_config
 from nemo_ais.core import validation
 from nemo_ais.core.stats import (
     BAD_INPUT_SLOTS,
-    M2PO_BINS,
-    M2PO_OFF,
-    MODE_STAT_MODES,
     NUM_SLOTS,
+    TAIL_BINS,
+    TAIL_QUANTILE,
+    TAIL_START,
     AISStats,
     Slot,
     compute_statistics,
-    m2po_bin_lower_edges,
     num_slots,
     reduce_statistics,
+    tail_bin_lower_edges,
 )
+from nemo_ais.modes import MODES
+from nemo_ais.modes.m2po import M2PO_OFF
 
 __all__ = [
     "AISDiagnostics",
@@ -123,6 +135,10 @@ class AISDiagnostics:
     mode_frac_masked: float = 0.0  # seq_mis / kl_rs / m2po: fraction whose weight is 0
     mode_frac_capped: float = 0.0  # seq_tis / seq_mis / tbpo: fraction of sequences at C_seq
     mode_ess: float = 1.0  # seq_tis / seq_mis / kl_rs / tbpo: (sum w)^2 / (n sum w^2)
+    # tails (step 8): lower edges of histogram bins, a factor 2 wide
+    abs_log_ratio_p999: float = 0.0  # the 99.9th percentile of |l| over valid tokens
+    abs_log_ratio_peak: float = 0.0  # max |l| over valid tokens
+    seq_kl_peak: float = 0.0  # max over sequences of k3_i, the sequence's mean k3
 
     def as_dict(self) -> dict[str, float]:
         """Field name -> value."""
@@ -215,50 +231,55 @@ def _smooth(alpha_raw: float, config: CorrectionConfig, state: AISState | None) 
 def _sums(global_stats: AISStats) -> dict[Slot, float]:
     """The one host sync per global batch: the reduced vector as python floats.
 
-    Key ``"tail"``: the slots after the fixed ones (m2po's histogram), a list.
+    Key ``"tail"``: the slots after the fixed ones (the mode's batch statistic), a list.
     """
     values = global_stats.vector.tolist()
     out = {slot: values[slot] for slot in Slot}
     out["tail"] = values[NUM_SLOTS:]
+    out["tails"] = values[TAIL_START:NUM_SLOTS]
     return out
 
 
-def _m2po_threshold(s, n_tok: float, config: CorrectionConfig) -> tuple[float, float]:
-    """Step 7, m2po: (q*, masked fraction) from the global histogram of q = (l^c)^2.
+def _bin_of_rank(counts: list[float], rank: float) -> int:
+    """The bin holding the ``rank``-th smallest value (1-based) of a histogram."""
+    seen = 0.0
+    for b, count in enumerate(counts):
+        seen += count
+        if seen >= rank:
+            return b
+    return len(counts) - 1
 
-    Drops whole bins from the top until the kept tokens' mean q is <= tau; q* = the lower
-    edge of the last bin dropped (M2PO_OFF: none dropped).
 
-    Binned, so it may mask up to one bin more than AReaL's exact per-token sort (bins are a
-    factor sqrt 2 wide): the kept second moment is <= tau either way.
-    """
-    counts, sums = s["tail"][:M2PO_BINS], s["tail"][M2PO_BINS:]
-    kept_n, kept_q = n_tok, math.fsum(sums)
-    threshold = M2PO_OFF
-    edges = m2po_bin_lower_edges()
-    for b in reversed(range(M2PO_BINS)):
-        if kept_n <= 0 or kept_q <= config.m2po_tau * kept_n:
-            break
-        if counts[b] > 0:
-            kept_n, kept_q = kept_n - counts[b], kept_q - sums[b]
-            threshold = edges[b]
-    return threshold, (n_tok - kept_n) / n_tok
+def _tail_values(s) -> dict[str, float]:
+    """Step 8: p99.9 and max of |l|, max of the sequences' k3, as lower bin edges."""
+    abs_counts, k3_counts = s["tails"][:TAIL_BINS], s["tails"][TAIL_BINS:]
+    edges = tail_bin_lower_edges()
+    n_tok = sum(abs_counts)
+    if n_tok == 0:  # no valid token (e.g. statistics built from sums alone)
+        return {}
+    top = lambda counts: max((b for b, c in enumerate(counts) if c > 0), default=0)  # noqa: E731
+    return {
+        "abs_log_ratio_p999": edges[_bin_of_rank(abs_counts, math.ceil(TAIL_QUANTILE * n_tok))],
+        "abs_log_ratio_peak": edges[top(abs_counts)],
+        "seq_kl_peak": edges[top(k3_counts)],
+    }
 
 
 def _mode_values(s, config: CorrectionConfig, alpha: float, w_mean: float) -> dict[str, float]:
     """Step 7: batch-level values of the modes other than ais, from the same reduced vector."""
     out = {}
+    mode = MODES[config.mode]
     n_w, w_sum, w_sq = s[Slot.W_MODE_N], s[Slot.W_MODE_SUM], s[Slot.W_MODE_SQ_SUM]
     if config.batch_normalize:
-        w_norm = (1 - alpha) + alpha * w_mean if config.mode == "ais" else w_sum / max(n_w, 1)
+        closed_form = mode.batch_mean
+        w_norm = closed_form(alpha, w_mean) if closed_form is not None else w_sum / max(n_w, 1)
         out["w_norm"] = w_norm if w_norm > 0 else 1.0  # every weight 0: nothing to normalise
-    if n_w > 0 and config.mode in MODE_STAT_MODES:
+    if n_w > 0 and mode.mode_stats:
         out["mode_frac_masked"] = s[Slot.W_MODE_ZERO] / n_w
         out["mode_frac_capped"] = s[Slot.W_MODE_CAPPED] / n_w
         out["mode_ess"] = w_sum * w_sum / (n_w * w_sq) if w_sq > 0 else 0.0
-    if config.mode == "m2po":
-        threshold, frac = _m2po_threshold(s, s[Slot.N_TOK], config)
-        out.update(m2po_threshold=threshold, mode_frac_masked=frac)
+    if mode.batch_statistic is not None:
+        out.update(mode.batch_statistic.values(s["tail"], s[Slot.N_TOK], config))
     return out
 
 
@@ -323,6 +344,7 @@ def _diagnostics_from_sums(
         n_tok=n_tok,
         empty_batch=0.0,
         **_mode_values(s, config, alpha, w_mean),  # step 7
+        **_tail_values(s),  # step 8
     )
 
 

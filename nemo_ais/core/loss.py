@@ -26,7 +26,7 @@ our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 2. diagnostics       mode ais / m2po or batch_normalize without precomputed diagnostics:
                      statistics -> ONE all-reduce over ``group`` -> alpha, m2po's q*,
                      batch_normalize's w_bar  (:func:`~nemo_ais.core.compute_diagnostics`)
-3. weight            w_hat_it = WEIGHT_FNS[mode](l_it)                  (detached, 0 where m = 0)
+3. weight            w_hat_it = MODES[mode].weight(l_it)                (detached, 0 where m = 0)
                      ais: w_hat = (1 - alpha) + alpha * min(rho, C)     **[reconstruction]**
                      seq_tis, seq_mis, kl_rs, m2po: :mod:`nemo_ais.core.weights` (table)
                      batch_normalize: w_hat / w_bar, w_bar the global batch mean of w_hat
@@ -63,12 +63,16 @@ our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 6. reduce            L = sum_it c_it (w_hat clip_loss + kl) + mu_nll L_nll
                      token level:    c_it = m_it / N_tok
                      sequence level: c_it = m_it / (n_i N_seq)
-                     N_* = global_valid_tokens / global_valid_seqs (None: this batch's count)
+                     N_* = global_valid_tokens / global_valid_seqs (None: this batch's count;
+                     1, NeMo-RL main's split-API placeholder, gives raw sums that its
+                     finish_train_step rescales by 1 / N: refused when the weight needs a
+                     statistic of the global batch, i.e. ais, m2po or batch_normalize)
                      positive_example_nll_weight mu_nll > 0 (VAPO), p_it = m_it [reward_i > 0]:
                      L_nll = sum_it -p_it log pi_theta / clamp_min(sum_it p_it, 1) (this
                      call's own count, as NeMo-RL; not weighted by w_hat)
-7. metrics           summable form (:mod:`nemo_ais.core.metrics`); optionally NeMo-RL's
-                     rollout-mismatch metrics of the call (``rollout_metrics=True``);
+7. metrics           summable form (:mod:`nemo_ais.core.metrics`); optionally the
+                     rollout-mismatch metrics of the call (``rollout_metrics=True``,
+                     ``mismatch/*``: :mod:`nemo_ais.core.mismatch`);
                      NeMo-RL's positive_nll_loss = L_nll when mu_nll > 0
 
 Steps 4-6 are written as CleanRL's ``ppo.py`` writes them (ratio, clipped loss, weighted
@@ -91,8 +95,6 @@ gradients) and finite metrics; masked positions never reach exp(), so -inf paddi
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -101,24 +103,12 @@ from nemo_ais.config import CorrectionConfig, PGLossConfig, require_config, surr
 from nemo_ais.core import metrics as ais_metrics_lib
 from nemo_ais.core import validation
 from nemo_ais.core.diagnostics import AISDiagnostics, AISState, compute_diagnostics
-from nemo_ais.core.weights import WEIGHT_FNS, compute_dtype
+from nemo_ais.core.mismatch import mismatch_metrics
+from nemo_ais.core.surrogate import SURROGATES, LossInputs, kl_penalty
+from nemo_ais.core.weights import compute_dtype
+from nemo_ais.modes import MODES
 
-__all__ = ["ROLLOUT_METRIC_KEYS", "LossOutput", "clipped_pg_loss"]
-
-LOG_2 = math.log(2)
-
-# NeMo-RL v0.7.0 ClippedPGLossFn's rollout-mismatch keys, emitted with rollout_metrics=True
-ROLLOUT_METRIC_KEYS = (
-    "token_mult_prob_error",
-    "gen_kl_error",
-    "policy_kl_error",
-    "js_divergence_error",
-    "approx_entropy",
-    "probs_ratio_min",
-    "probs_ratio_max",
-    "probs_ratio_clamped_min",
-    "probs_ratio_clamped_max",
-)
+__all__ = ["LossOutput", "clipped_pg_loss"]
 
 
 class LossOutput(NamedTuple):
@@ -126,18 +116,6 @@ class LossOutput(NamedTuple):
 
     loss: torch.Tensor
     metrics: dict[str, torch.Tensor]
-
-
-class _Inputs(NamedTuple):
-    """Step-1 inputs in the compute dtype, detached, every term 0 where m = 0."""
-
-    logp_theta: torch.Tensor  # log pi_theta (with its graph)
-    log_r: torch.Tensor  # log pi_theta - log pi_old (with graph; not masked)
-    log_rho: torch.Tensor  # l = log pi_old - log mu
-    log_q: torch.Tensor | None  # log pi_ref - log pi_theta_kl (KL on; with graph; not masked)
-    log_kl_is: torch.Tensor | None  # log pi_theta_kl - log mu (on-policy KL; graph; 0 at m = 0)
-    adv: torch.Tensor  # [B, T]
-    m: torch.Tensor  # float mask
 
 
 class _Counts(NamedTuple):
@@ -212,7 +190,7 @@ def _check_advantages(advantages, prev: torch.Tensor) -> None:
         raise ValueError(f"advantages: got device {advantages.device}, expected {prev.device}")
 
 
-def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor, kl_theta, on_policy_kl) -> _Inputs:
+def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor, kl_theta, on_policy_kl) -> LossInputs:
     """Step 1b: the differences the loss needs, upcast; only pi_theta's log-probs keep a graph.
 
     ``log pi_theta`` (``theta``) and the KL term's ``log pi_theta_kl`` (``kl_theta``; None:
@@ -234,7 +212,7 @@ def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor, kl_theta, on_policy_
         log_q = ref.detach().to(dtype) - kl_theta
         if on_policy_kl:
             log_kl_is = (kl_theta - rollout) * m
-    return _Inputs(
+    return LossInputs(
         logp_theta=theta,
         log_r=theta - old,
         log_rho=torch.sub(old, rollout).mul_(m),
@@ -257,7 +235,22 @@ def _given(value, name: str) -> torch.Tensor | float | None:
     return None if value is None else float(value)
 
 
-def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -> _Counts:
+def _global_batch_need(config: CorrectionConfig) -> str | None:
+    """Why the weight needs a statistic of the global batch (alpha, q*, w_norm); None: it does not."""
+    field = MODES[config.mode].batch_field
+    if field is not None:
+        return f"loss_fn.ais.mode={config.mode!r} needs the global batch's {field} before the first loss call"
+    if config.batch_normalize:
+        return (
+            "loss_fn.ais.batch_normalize=True needs the global batch's mean weight w_norm "
+            "before the first loss call"
+        )
+    return None
+
+
+def _check_values(
+    named, mask, advantages, x: LossInputs, global_tok, global_seq, need: str | None
+) -> _Counts:
     """Step 1b: ONE fused host sync; the error paths name the input, count and first index.
 
     ``bad = nan_to_num(v - v, nan=-1)`` with v the sum of the masked differences is -1
@@ -265,7 +258,9 @@ def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -
     ``-sum(bad)`` counts such positions anywhere (masked garbage such as -inf padding
     then needs zeroing by ``where``: ``clean=False``), ``-sum(bad * m)`` at valid ones
     (then the exact per-tensor count names the input and raises). The mask is in {0, 1}
-    iff 0 <= m <= 1 and sum m^2 = sum m (no temporary).
+    iff 0 <= m <= 1 and sum m^2 = sum m (no temporary). ``need``: the global-batch
+    statistic the mode needs (:func:`_global_batch_need`), which refuses NeMo-RL main's
+    split-API placeholder count of 1.
     """
     terms = [t.detach() for t in (x.log_r, x.log_rho, x.log_q, x.adv) if t is not None]
     v = terms[0] + terms[1]
@@ -290,8 +285,8 @@ def _check_values(named, mask, advantages, x: _Inputs, global_tok, global_seq) -
         _raise_for_bad_values(named, mask, advantages)  # else: an overflow, not bad input
     global_n_tok = n_tok_local if given[0] is None else given[0]
     global_n_seq = n_seq_local if given[1] is None else given[1]
-    validation.check_global_count("global_valid_tokens", global_n_tok, n_tok_local, "tokens")
-    validation.check_global_count("global_valid_seqs", global_n_seq, n_seq_local, "sequences")
+    validation.check_global_count("global_valid_tokens", global_n_tok, n_tok_local, "tokens", need)
+    validation.check_global_count("global_valid_seqs", global_n_seq, n_seq_local, "sequences", need)
     return _Counts(
         n_tok_local=n_tok_local,
         n_seq_local=n_seq_local,
@@ -316,7 +311,7 @@ def _raise_for_bad_values(named, mask, advantages) -> None:
 
 def _sanitised(
     curr, prev, rollout, ref, advantages, m: torch.Tensor, kl_curr, on_policy_kl
-) -> _Inputs:
+) -> LossInputs:
     """Step 1b, slow path (NaN / inf at masked positions): zero masked values, then derive."""
     valid = m.bool()
     adv_valid = valid if advantages.dim() == 2 else valid.any(dim=-1)
@@ -340,122 +335,6 @@ def _sanitised(
     )
 
 
-class _Surrogate(NamedTuple):
-    clip_loss: torch.Tensor  # [B, T], carries the graph to log pi_theta
-    r: torch.Tensor  # detached, for the metrics
-    r_clip: torch.Tensor
-    token_ratio: bool = True  # False: r is a sequence ratio (GSPO's, tbpo's s_i), broadcast
-
-
-def _sequence_log_ratio(x: _Inputs, log_ratio_clamp: float) -> torch.Tensor:
-    """``[B, 1]`` clamp(mean over the sequence's valid tokens of log r, +-L) (0 if none)."""
-    n_tok_seq = x.m.sum(dim=-1, keepdim=True)
-    log_s = (x.log_r * x.m).sum(dim=-1, keepdim=True) / torch.where(n_tok_seq > 0, n_tok_seq, 1)
-    return log_s.clamp(-log_ratio_clamp, log_ratio_clamp)
-
-
-def _surrogate(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _Surrogate:
-    """Step 4: per-token clipped surrogate ``[B, T]``, CleanRL-style; autograd differentiates.
-
-    ``-A * r`` is NeMo-RL's ``-advantages * ratios`` (negation is exact); ``torch.max`` /
-    ``torch.min`` / ``clamp`` as upstream, so a tie gets upstream's (autograd's) gradient.
-    ``sequence_level_importance_ratios`` (GSPO) replaces r_it by the sequence's
-    exp(mean_t log r_it) before the clip; ``use_cispo`` replaces the PPO max by
-    -A sg(clip(r)) log pi_theta (both as NeMo-RL's ``ClippedPGLossFn``).
-    """
-    if pg.disable_ppo_ratio:  # before GSPO's ratio, as NeMo-RL
-        r = x.logp_theta
-        return _Surrogate(-x.adv * r, r.detach(), r.detach())
-    log_ratio_clamp = config.log_ratio_clamp
-    if pg.sequence_level_importance_ratios:
-        r = _sequence_log_ratio(x, log_ratio_clamp).exp().expand_as(x.m)
-    else:
-        r = x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp).exp()
-    r_clip = r.clamp(1 - pg.ratio_clip_min, 1 + pg.ratio_clip_max)
-    neg_adv = -x.adv
-    if pg.use_cispo:  # clipped IS weight, no gradient through it; no PPO max, no dual clip
-        clip_loss = neg_adv * r_clip.detach() * x.logp_theta
-    else:
-        clip_loss = torch.max(neg_adv * r, neg_adv * r_clip)
-    if pg.ratio_clip_c is not None:  # dual clip (A < 0)
-        dual = torch.min(clip_loss, neg_adv * pg.ratio_clip_c)
-        clip_loss = torch.where(x.adv < 0, dual, clip_loss)
-    token_ratio = not pg.sequence_level_importance_ratios
-    return _Surrogate(clip_loss, r.detach(), r_clip.detach(), token_ratio)
-
-
-def _surrogate_tbpo(x: _Inputs, pg: PGLossConfig, config: CorrectionConfig) -> _Surrogate:
-    """Step 4, mode tbpo: the sequence-ratio trust-band surrogate ``[B, T]`` **[reconstruction]**.
-
-    s_i = exp(clamp(mean_t log r_it, +-L)) (GSPO's length-normalised sequence ratio), one
-    value per sequence broadcast over its tokens; the band depends on the sign of A_it:
-    A >= 0: max(-A s, -A clip(s, 1 - clip_low, 1 + clip_high))  (PPO pessimism)
-    A < 0:  -A clip(s, 1 - neg_clip_low, 1 + neg_clip_high)      (dual clip: both edges)
-    Outside its band a sequence gets no gradient. ``pg``'s token clip is not used.
-    """
-    s = _sequence_log_ratio(x, config.log_ratio_clamp).exp().expand_as(x.m)
-    s_pos = s.clamp(1 - config.tbpo_clip_low, 1 + config.tbpo_clip_high)
-    s_neg = s.clamp(1 - config.tbpo_neg_clip_low, 1 + config.tbpo_neg_clip_high)
-    neg_adv = -x.adv
-    pos_loss = torch.max(neg_adv * s, neg_adv * s_pos)
-    clip_loss = torch.where(x.adv < 0, neg_adv * s_neg, pos_loss)
-    s_clip = torch.where(x.adv < 0, s_neg, s_pos)
-    return _Surrogate(clip_loss, s.detach(), s_clip.detach(), token_ratio=False)
-
-
-# step 4 by ``WEIGHT_FNS[mode].surrogate``: the token PPO clip, or tbpo's sequence band
-_SURROGATES: dict[str, Callable] = {"token": _surrogate, "tbpo": _surrogate_tbpo}
-
-
-# k(x) of each estimator, given x and e = exp(x) (k3 only; None for k1 / k2)
-_KL_VALUES: dict[str, Callable] = {
-    "k1": lambda x, e: -x,
-    "k2": lambda x, e: x.square() / 2,
-    "k3": lambda x, e: (e - 1) - x,
-}
-
-
-def _on_policy_kl_weight(log_w: torch.Tensor) -> torch.Tensor:
-    """NeMo-RL's ``nan_to_num(exp(log pi_theta_kl - log mu), nan=0, posinf=0, neginf=0)``.
-
-    The same values; where exp() overflows (or log_w is NaN) the weight is exp(-inf) = 0
-    with a zero gradient, where NeMo-RL's ``nan_to_num`` leaves 0 * inf = NaN in the
-    gradient of exp().
-    """
-    with torch.no_grad():
-        lost = ~torch.isfinite(log_w.exp())
-    return torch.where(lost, -math.inf, log_w).exp()
-
-
-def _kl_penalty(x: _Inputs, pg: PGLossConfig, m: torch.Tensor) -> torch.Tensor:
-    """Step 5: per-token clamp(s k(x), +-out) ``[B, T]`` (times beta in step 6); autograd differentiates.
-
-    NeMo-RL's ``calculate_kl`` with x = clamp(log pi_ref - log pi_theta_kl): k(x) times the
-    importance weight s, detached where the input clamp is active, before the output clamp.
-    ``use_on_policy_kl_approximation``: s = nan_to_num(exp(log pi_theta_kl - log mu)) (with
-    gradient). Otherwise s = exp(log pi_theta_kl - sg(log pi_theta_kl)) (value 1, carrying
-    the score-function gradient k), written with fewer ops as k(x) - (x - sg(x)) sg(k(x)):
-    the same value and gradient (dx / d log pi_theta_kl = -1 inside the clamp, 0 outside).
-    """
-    raw = x.log_q
-    if pg.kl_input_clamp_value is None:
-        log_q = raw * m  # no clamp keeps a masked garbage value out of exp()
-    else:
-        log_q = raw.clamp(-pg.kl_input_clamp_value, pg.kl_input_clamp_value)
-    kind = pg.reference_policy_kl_type
-    k = _KL_VALUES[kind](log_q, log_q.exp() if kind == "k3" else None)
-    if x.log_kl_is is None:
-        kl_tok = k - (log_q - log_q.detach()) * k.detach()
-    else:  # on-policy approximation: NeMo-RL's weight, 1 at m = 0 (exponent masked)
-        s = _on_policy_kl_weight(x.log_kl_is)
-        if pg.kl_input_clamp_value is not None:
-            s = torch.where(raw == log_q, s, s.detach())
-        kl_tok = s * k
-    if pg.kl_output_clamp_value is not None:
-        kl_tok = kl_tok.clamp(-pg.kl_output_clamp_value, pg.kl_output_clamp_value)
-    return kl_tok
-
-
 def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.Tensor:
     """Step 6: c_it with L = sum_it c_it loss_it: m / N_tok, or m / (n_i N_seq).
 
@@ -469,7 +348,7 @@ def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.
     return m / (torch.where(n_tok_seq > 0, n_tok_seq, 1) * counts.n_seq)
 
 
-def _positive_nll(x: _Inputs, rewards: torch.Tensor) -> torch.Tensor:
+def _positive_nll(x: LossInputs, rewards: torch.Tensor) -> torch.Tensor:
     """Step 6b: NeMo-RL's VAPO term, the mean -log pi_theta of rows with reward > 0.
 
     The mean runs over this call's valid tokens of those rows: the count is this call's own
@@ -495,11 +374,6 @@ def _dot(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
     return (values * coef).sum()
 
 
-def _dot_(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-    """:func:`_dot` of a temporary, scaled in place (``values`` is overwritten)."""
-    return values.mul_(coef).sum()
-
-
 @torch.no_grad()
 def _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg):
     """Step 7: summable metrics, 0-dim detached tensors (no host sync)."""
@@ -517,62 +391,6 @@ def _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg):
         n_tok_local, global_n_tok = _full(counts.n_tok_local, x.m), _full(counts.global_n_tok, x.m)
         out.update(ais_metrics_lib.ais_metrics(diagnostics, n_tok_local, global_n_tok))
     return out
-
-
-@torch.no_grad()
-def _rollout_metrics(x: _Inputs, sur: _Surrogate, tok_coef, counts, pg, log_ratio_clamp):
-    """Step 7b: NeMo-RL's rollout-mismatch metrics of this call, in its summable form.
-
-    token_mult_prob_error = mean_t exp(|l|), gen_kl_error = mean_t k(l) (KL(mu || pi_old)),
-    policy_kl_error = mean_t k(-l), js_divergence_error = mean_t [softplus(l) - l / 2 - log 2]
-    (= NeMo-RL's 0.5 KL(pi_old || M) + 0.5 KL(mu || M) with M the mixture, simplified),
-    approx_entropy = -mean_t exp(log pi_theta - log mu) log pi_theta, and the min / max of
-    r and of clip(r) over valid tokens (+-inf if there is none, as NeMo-RL).
-
-    Unlike NeMo-RL, every exponent is clamped at ``log_ratio_clamp`` (``l`` to
-    ``[-c, c]``, ``pi_theta / mu`` to ``<= e^c``), and each token's entropy term
-    ``(pi_theta / mu) log pi_theta`` saturates at the dtype's largest finite value, so each
-    metric is finite whenever the loss is (NeMo-RL's own values overflow float32 once
-    ``|l| + |log r| > 88``, and the entropy term once ``e^c |log pi_theta|`` does); below
-    the clamps the values are NeMo-RL's.
-    """
-    c = log_ratio_clamp
-    kl_value = _KL_VALUES[pg.reference_policy_kl_type]
-    log_rho = x.log_rho.clamp(-c, c)
-    exp_l, exp_neg_l = torch.exp(log_rho), torch.neg(log_rho).exp_()
-    ratio = sur.r
-    if pg.disable_ppo_ratio or not sur.token_ratio:  # the entropy wants the token ratio
-        ratio = x.log_r.clamp(-c, c).exp_()
-    theta_over_mu = torch.mul(ratio, exp_l).clamp_(max=math.exp(c))  # pi_theta / mu
-    big = torch.finfo(theta_over_mu.dtype).max  # the entropy term's +-inf -> +-big
-    js = torch.nn.functional.softplus(log_rho).sub_(log_rho, alpha=0.5).sub_(LOG_2)
-    out = {  # each temporary is ours: scaled in place, then summed (_dot_)
-        "gen_kl_error": _dot_(kl_value(log_rho, exp_l), tok_coef),
-        "policy_kl_error": _dot_(kl_value(-log_rho, exp_neg_l), tok_coef),
-        "js_divergence_error": _dot_(js, tok_coef),
-        "approx_entropy": -_dot_(theta_over_mu.mul_(x.logp_theta).clamp_(-big, big), tok_coef),
-        "token_mult_prob_error": _dot_(torch.maximum(exp_l, exp_neg_l, out=exp_l), tok_coef),
-    }
-    return {**out, **_ratio_extremes(sur, x.m, counts, pg)}
-
-
-def _ratio_extremes(sur: _Surrogate, m: torch.Tensor, counts: _Counts, pg: PGLossConfig) -> dict:
-    """Min / max of r and clip(r) over valid tokens; +inf / -inf if there is none."""
-    if counts.n_tok_local == 0:
-        inf = _full(math.inf, m)
-        return dict(zip(ROLLOUT_METRIC_KEYS[5:], (inf, -inf, inf, -inf), strict=True))
-    pad = torch.sub(1, m).mul_(torch.finfo(m.dtype).max)  # masked positions out of min / max
-    r_valid = sur.r * m
-    r_min, r_max = (r_valid + pad).min(), r_valid.sub_(pad).max()
-    if pg.disable_ppo_ratio:
-        r_clip_min, r_clip_max = r_min, r_max
-    elif not sur.token_ratio:  # tbpo: the band depends on the sign of A
-        r_clip_valid = sur.r_clip * m
-        r_clip_min, r_clip_max = (r_clip_valid + pad).min(), r_clip_valid.sub_(pad).max()
-    else:
-        bounds = dict(min=1 - pg.ratio_clip_min, max=1 + pg.ratio_clip_max)
-        r_clip_min, r_clip_max = r_min.clamp(**bounds), r_max.clamp(**bounds)
-    return dict(zip(ROLLOUT_METRIC_KEYS[5:], (r_min, r_max, r_clip_min, r_clip_max), strict=True))
 
 
 def clipped_pg_loss(
@@ -621,9 +439,9 @@ def clipped_pg_loss(
             batch's valid tokens). NeMo-RL calls it ``global_valid_toks``.
         global_valid_seqs: sequence normaliser N_seq (None: this batch's sequences with a
             valid token).
-        rollout_metrics: also return NeMo-RL's rollout-mismatch metrics of this call
-            (:data:`ROLLOUT_METRIC_KEYS`, NeMo-RL's definitions and summable form), for the
-            NeMo-RL adapter.
+        rollout_metrics: also return the rollout-mismatch metrics of this call
+            (:data:`~nemo_ais.core.mismatch.MISMATCH_KEYS`: NeMo-RL's definitions, in the
+            summable form), which the NeMo-RL adapter emits under NeMo-RL's names.
 
     Returns:
         ``LossOutput(loss, metrics)``: 0-dim float32 loss (float64 for float64 inputs) with
@@ -639,7 +457,9 @@ def clipped_pg_loss(
             rank, as one agreed ``ValueError`` (see :func:`compute_diagnostics`).
         ValueError: ``global_valid_tokens`` / ``global_valid_seqs`` NaN, inf, or below this
             batch's own count (so <= 0 while it has a valid token), naming the argument.
-            0 with no valid token anywhere is the empty global batch: loss 0.
+            0 with no valid token anywhere is the empty global batch: loss 0. The split
+            API's placeholder 1 is accepted unless the mode needs a global-batch statistic
+            (``ais``, ``m2po``, ``batch_normalize``), then refused with that reason.
         TypeError: ``config`` is not a :class:`CorrectionConfig` or ``pg`` not a
             :class:`PGLossConfig` (e.g. a dict), naming the parameter.
         ValueError: mode ``tbpo`` with ``pg.disable_ppo_ratio``, ``pg.use_cispo`` or
@@ -651,7 +471,7 @@ def clipped_pg_loss(
     require_config(config, CorrectionConfig, "clipped_pg_loss(config)")
     require_config(pg, PGLossConfig, "clipped_pg_loss(pg)", optional=True)
     pg = pg if pg is not None else PGLossConfig()
-    weight_fn = WEIGHT_FNS[config.mode]
+    mode = MODES[config.mode]
     conflicts = surrogate_conflicts(config, pg)
     if conflicts:
         raise ValueError(conflicts[0])
@@ -664,7 +484,7 @@ def clipped_pg_loss(
         "reference_logprobs": reference_logprobs,
         "kl_logprobs": kl_logprobs,
     }
-    needs_batch = weight_fn.needs_alpha or config.batch_normalize  # a global-batch value
+    needs_batch = mode.needs_alpha or config.batch_normalize  # a global-batch value
     collective = needs_batch and diagnostics is None and group is not None
     input_error = None
     try:
@@ -689,19 +509,20 @@ def clipped_pg_loss(
     on_policy_kl = logp_ref is not None and pg.use_on_policy_kl_approximation
     terms = (curr_logprobs, prev_logprobs, generation_logprobs, logp_ref, advantages, m)
     x = _inputs(*terms, logp_kl, on_policy_kl)  # step 1b
-    counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs)
+    need = _global_batch_need(config)
+    counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs, need)
     if not counts.clean:
         x = _sanitised(*terms, logp_kl, on_policy_kl)
     batch_value = None  # alpha (ais) or q* (m2po) of the global batch
-    if weight_fn.batch_field is not None:
-        batch_value = getattr(diagnostics, weight_fn.batch_field)
+    if mode.batch_field is not None:
+        batch_value = getattr(diagnostics, mode.batch_field)
     valid = m.bool()
-    w_hat = weight_fn.fn(prev_logprobs, generation_logprobs, valid, config, batch_value)  # 3
+    w_hat = mode.weight(prev_logprobs, generation_logprobs, valid, config, batch_value)  # 3
     w_hat = w_hat.to(dtype)
     if config.batch_normalize:
         w_hat = w_hat / diagnostics.w_norm
-    sur = _SURROGATES[weight_fn.surrogate](x, pg, config)  # step 4
-    kl_tok = None if logp_ref is None else _kl_penalty(x, pg, m)  # step 5
+    sur = SURROGATES[mode.surrogate](x, pg, config)  # step 4
+    kl_tok = None if logp_ref is None else kl_penalty(x, pg, m)  # step 5
     coef = _coefficients(m, counts, pg.token_level_loss)  # step 6
     loss = (sur.clip_loss * (w_hat * coef)).sum()
     kl_value = None
@@ -719,5 +540,6 @@ def clipped_pg_loss(
     if nll is not None:
         metrics["positive_nll_loss"] = nll.detach()
     if rollout_metrics:
-        metrics.update(_rollout_metrics(x, sur, tok_coef, counts, pg, config.log_ratio_clamp))
+        clamp = config.log_ratio_clamp
+        metrics.update(mismatch_metrics(x, sur, tok_coef, counts.n_tok_local, pg, clamp))  # 7b
     return LossOutput(loss, metrics)

@@ -135,6 +135,24 @@ METRICS: tuple[MetricSpec, ...] = (
         TOKENS,
         "(0, 1]; > 0.5",
     ),
+    MetricSpec(
+        "ais/abs_log_ratio_p999",
+        "p99.9 of abs(l) over valid tokens (lower edge of its histogram bin; true value < 2x)",
+        TOKENS,
+        ">= 0; < 1 for FP8",
+    ),
+    MetricSpec(
+        "ais/abs_log_ratio_peak",
+        "max of abs(l) over valid tokens (lower edge of its histogram bin; true value < 2x)",
+        TOKENS,
+        ">= 0; a single token",
+    ),
+    MetricSpec(
+        "ais/seq_kl_peak",
+        "max over sequences of mean_t exp(l) - 1 - l (lower bin edge; true value < 2x)",
+        TOKENS,
+        ">= 0; < 0.1",
+    ),
 )
 
 

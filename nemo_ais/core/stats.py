@@ -34,13 +34,20 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu
        n_missing_key, n_bad_dtype, n_bad_shape = 1 for the kind of a structural error
    A rank whose input fails a structural check (missing key, type/dtype, shape/device)
    sends :meth:`AISStats.from_input_error` (zeros + its flags) instead of raising.
-4b. modes seq_tis, seq_mis, kl_rs, and any IS mode but ais with batch_normalize: the
+4b. a mode whose record has ``mode_stats`` (seq_tis, seq_mis, kl_rs, tbpo), and an IS mode
+   whose batch mean is not closed-form (every one but ais) with batch_normalize: the
    count, sum w, sum w^2, #{w = 0} and #{w = C_seq} of the mode's weight w_hat over valid
-   tokens (seq_tis / seq_mis / tbpo: one w_i per sequence, over sequences).
-4c. mode m2po only: M2PO_BINS fixed bins of q = (l^c)^2 (bin 0 = [0, 1e-6), then ratio
-   sqrt 2): the count and the sum of q per bin, appended to the vector.
+   tokens (a ``seq_level`` mode: one w_i per sequence, over sequences).
+4c. tails (every mode), two fixed log-spaced histograms of TAIL_BINS counts each (bin 0 =
+   [0, 2^-14), bin b = [2^(b-15), 2^(b-14)), the last open above 256): |l| over valid
+   tokens, and the per-sequence KL k3_i = mean_t (expm1(l^c) - l^c) over sequences with a
+   valid token. Counts are a SUM, so the quantiles and maxima of the global batch come out
+   of the same all-reduce (to within one bin, a factor 2): no MAX collective.
+4d. a mode with a ``batch_statistic`` (m2po: the histogram of q = (l^c)^2,
+   :mod:`nemo_ais.modes.m2po`): its ``size`` local sums, appended to the vector.
 5. ONE ``all_reduce(SUM)`` of the vector over ``group`` (None: single process, no
-   collective). ``NUM_SLOTS`` float64 values = ``STATS_BYTES`` bytes on the wire.
+   collective). ``NUM_SLOTS`` float64 values = ``STATS_BYTES`` bytes on the wire (m2po:
+   ``2 M2PO_BINS`` more).
 
 A rank with no valid tokens contributes a vector of zeros and still joins the collective.
 """
@@ -54,11 +61,13 @@ import torch
 
 from nemo_ais.config import CorrectionConfig, require_config
 from nemo_ais.core import validation
+from nemo_ais.modes import MODES
 
 __all__ = [
     "BAD_INPUT_SLOTS",
     "NUM_SLOTS",
     "STATS_BYTES",
+    "TAIL_BINS",
     "AISStats",
     "Slot",
     "compute_statistics",
@@ -110,26 +119,28 @@ _ERROR_KIND_SLOTS = (
     (TypeError, Slot.N_BAD_DTYPE),
     (ValueError, Slot.N_BAD_SHAPE),
 )
-NUM_SLOTS = len(Slot)  # mode m2po appends the histogram of M2PO_BINS bins (2 slots each)
-# m2po: fixed bins of q = (l^c)^2; bin 0 = [0, Q0), bin b >= 1 = [Q0 r^(b-1), Q0 r^b), r = sqrt 2,
-# the last bin open above (Q0 r^62 ~ 2e3 > L^2 = 400 at the default L = 20)
-M2PO_BINS = 64
-M2PO_Q0 = 1e-6
-M2PO_BIN_RATIO = 2**0.5
-# m2po threshold q* meaning "nothing masked": above L^2 for every allowed L (<= 80), finite
-M2PO_OFF = 1e4
+# tails: the |l| histogram and the per-sequence k3 histogram, TAIL_BINS counts each, after
+# the Slot scalars; bin 0 = [0, TAIL_Q0), bin b >= 1 = [TAIL_Q0 2^(b-1), TAIL_Q0 2^b), the
+# last bin open above TAIL_Q0 2^(TAIL_BINS - 2) = 256
+TAIL_BINS = 24
+TAIL_Q0 = 2.0**-14
+TAIL_QUANTILE = 0.999  # ais/abs_log_ratio_p999: the quantile read from the |l| histogram
+TAIL_START = len(Slot)  # the |l| histogram; the k3 histogram follows it
+NUM_SLOTS = len(Slot) + 2 * TAIL_BINS  # a mode's batch_statistic appends its own slots
 STATS_BYTES = NUM_SLOTS * torch.finfo(torch.float64).bits // torch.iinfo(torch.uint8).bits
 STATS_DTYPE = torch.float64
 
 
 def num_slots(config: CorrectionConfig) -> int:
-    """Length of the statistics vector for ``config``: NUM_SLOTS, + 2 M2PO_BINS for m2po."""
-    return NUM_SLOTS + (2 * M2PO_BINS if getattr(config, "mode", None) == "m2po" else 0)
+    """Length of the statistics vector for ``config``: NUM_SLOTS + its mode's batch statistic."""
+    mode = MODES.get(getattr(config, "mode", None))
+    extra = mode.batch_statistic if mode is not None else None
+    return NUM_SLOTS + (extra.size if extra is not None else 0)
 
 
-def m2po_bin_lower_edges() -> list[float]:
-    """Lower edge of each m2po bin (python floats, identical on every rank)."""
-    return [0.0] + [M2PO_Q0 * M2PO_BIN_RATIO ** (b - 1) for b in range(1, M2PO_BINS)]
+def tail_bin_lower_edges() -> list[float]:
+    """Lower edge of each tail bin (python floats, identical on every rank)."""
+    return [0.0] + [TAIL_Q0 * 2.0 ** (b - 1) for b in range(1, TAIL_BINS)]
 
 
 @dataclass(frozen=True)
@@ -167,7 +178,8 @@ class AISStats:
         """Build statistics from textbook (unshifted) sums, e.g. sum w and sum w^2.
 
         For tests and tools that construct diagnostics directly, independent of the slot
-        layout. Omitted token sums default to the no-mismatch values (w = rho = 1).
+        layout. Omitted token sums default to the no-mismatch values (w = rho = 1); the
+        tail histograms stay empty (the tail diagnostics are then 0).
         """
         w_tok_sum = n_tok if w_tok_sum is None else w_tok_sum
         w_tok_sq_sum = n_tok if w_tok_sq_sum is None else w_tok_sq_sum
@@ -265,30 +277,23 @@ def _token_sums(log_rho, log_rho_c, n_tok, config):
     ]
 
 
-# modes whose weight statistics are summed (their ais/mode_* telemetry); any IS mode too
-# when batch_normalize is on (ais excepted: w_bar = (1 - alpha) + alpha w_mean)
-MODE_STAT_MODES = ("seq_tis", "seq_mis", "kl_rs", "tbpo")
-
-
 def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
     """Step 4b: n, sum w, sum w^2, #{w = 0}, #{w = C_seq} of the mode's weight w_hat.
 
-    Over valid tokens (seq_tis / seq_mis / tbpo: one w_i per sequence, over sequences); zeros when
+    Over valid tokens (a seq_level mode: one w_i per sequence, over sequences); zeros when
     the mode needs none of them.
     """
     zero = torch.zeros((), dtype=STATS_DTYPE, device=ok.device)
-    needed = config.mode in MODE_STAT_MODES or (config.batch_normalize and config.mode != "ais")
+    mode = MODES[config.mode]
+    needed = mode.mode_stats or (config.batch_normalize and mode.batch_mean is None)
     if not needed:
         return [zero] * 5
-    from nemo_ais.core.weights import WEIGHT_FNS  # weights imports nothing from here
-
-    weight_fn = WEIGHT_FNS[config.mode]
-    w = weight_fn.fn(logp_old, logp_rollout, ok, config, None).to(STATS_DTYPE)
+    w = mode.weight(logp_old, logp_rollout, ok, config, None).to(STATS_DTYPE)
     kept = ok
-    if weight_fn.seq_level:
+    if mode.seq_level:
         kept = n_tok_seq > 0
         w = w.amax(dim=-1) if w.shape[-1] > 0 else w.sum(dim=-1)  # w_i (0 if no token)
-    capped = (w >= config.seq_weight_cap) if weight_fn.seq_level else torch.zeros_like(kept)
+    capped = (w >= config.seq_weight_cap) if mode.seq_level else torch.zeros_like(kept)
     return [
         kept.sum().to(STATS_DTYPE),
         w.sum(),
@@ -298,20 +303,24 @@ def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
     ]
 
 
-def _m2po_histogram(log_rho_c):
-    """Step 4c, m2po: per bin, the count and the sum of q = (l^c)^2.
+def _tail_bin(x):
+    """Tail bin of each x >= 0: 0 below TAIL_Q0, else floor(log2(x / TAIL_Q0)) + 1, capped."""
+    index = torch.log2(x / TAIL_Q0).floor_().add_(1).clamp_(0, TAIL_BINS - 1)
+    return torch.where(x < TAIL_Q0, 0, index).long()
 
-    l^c = 0 at invalid positions: those land in bin 0 with q = 0 and are taken out of its
-    count by the caller.
+
+def _tail_histograms(log_rho, log_rho_c, n_tok_seq):
+    """Step 4c: counts of |l| per tail bin (valid tokens) and of k3_i (sequences with a token).
+
+    Invalid positions (l = 0) and empty sequences (k3_i = 0) land in bin 0; the caller
+    takes them out of its count.
     """
-    q = log_rho_c.square().reshape(-1)
-    index = torch.log2(q / M2PO_Q0).mul_(2).floor_().add_(1).clamp_(0, M2PO_BINS - 1)
-    index = torch.where(q < M2PO_Q0, 0, index).long()
-    counts = torch.zeros(M2PO_BINS, dtype=STATS_DTYPE, device=q.device)
-    sums = torch.zeros_like(counts)
-    counts.index_add_(0, index, torch.ones_like(q))
-    sums.index_add_(0, index, q)
-    return counts, sums
+    abs_log_rho = log_rho.abs().reshape(-1)
+    k3_seq = (torch.expm1(log_rho_c) - log_rho_c).sum(dim=-1) / n_tok_seq.clamp(min=1)
+    counts = torch.zeros(2, TAIL_BINS, dtype=STATS_DTYPE, device=log_rho.device)
+    counts[0].index_add_(0, _tail_bin(abs_log_rho), torch.ones_like(abs_log_rho))
+    counts[1].index_add_(0, _tail_bin(k3_seq), torch.ones_like(k3_seq))
+    return counts
 
 
 def _bad_counts(valid, n_tok, mask):
@@ -367,11 +376,13 @@ def compute_statistics(
     tok_sums = _token_sums(log_rho, log_rho_c, n_tok, config)  # step 3
     bad = _bad_counts(valid, n_tok, mask)  # step 4
     norm = _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config)  # step 4b
-    vector = torch.stack(seq_sums + tok_sums + bad + norm)
-    if config.mode == "m2po":  # step 4c
-        counts, sums = _m2po_histogram(log_rho_c)
-        counts[0] -= ok.numel() - n_tok  # invalid positions (q = 0) are not tokens
-        vector = torch.cat([vector, counts, sums])
+    tails = _tail_histograms(log_rho, log_rho_c, n_tok_seq)  # step 4c
+    tails[0, 0] -= ok.numel() - n_tok  # invalid positions (l = 0) are not tokens
+    tails[1, 0] -= n_tok_seq.numel() - seq_sums[0]  # nor are empty sequences
+    vector = torch.cat([torch.stack(seq_sums + tok_sums + bad + norm), tails.reshape(-1)])
+    extra = MODES[config.mode].batch_statistic
+    if extra is not None:  # step 4d
+        vector = torch.cat([vector, extra.sums(log_rho_c, ok, n_tok)])
     return AISStats(vector)
 
 

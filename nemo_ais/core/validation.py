@@ -108,7 +108,14 @@ def check_scalar_count(name: str, value: object) -> None:
         )
 
 
-def check_global_count(name: str, value: float, n_local: float, what: str) -> None:
+# NeMo-RL main's split train-step API calls the loss with global_valid_* = 1 (raw sums)
+# and rescales every summable value by 1 / the true global count once per step.
+SPLIT_API_PLACEHOLDER = 1
+
+
+def check_global_count(
+    name: str, value: float, n_local: float, what: str, split_api_refusal: str | None = None
+) -> None:
     """Raise ``ValueError`` unless a global normaliser is a finite count >= this call's own.
 
     ``value`` is the number of valid ``what`` (tokens / sequences) of the whole global
@@ -116,11 +123,27 @@ def check_global_count(name: str, value: float, n_local: float, what: str) -> No
     than the ``n_local`` valid ``what`` of this call (in particular not <= 0 while this
     call has any). 0 with ``n_local = 0`` is the empty global batch (loss 0).
 
+    One exception: :data:`SPLIT_API_PLACEHOLDER` (1) below ``n_local`` is NeMo-RL main's
+    split train-step API (``train_microbatch``), which rescales the raw sums by 1 / N at
+    ``finish_train_step``. It is accepted when ``split_api_refusal`` is None (everything
+    the call returns is linear in 1 / N) and refused with that reason otherwise (the
+    caller needs a statistic of the global batch that the split API cannot give).
+
     Raises:
         ValueError: naming ``name``, the value, what was expected and why.
     """
     if math.isfinite(value) and value >= n_local:
         return
+    if value == SPLIT_API_PLACEHOLDER:
+        if split_api_refusal is None:
+            return
+        raise ValueError(
+            f"{name}={value!r} is below this call's own {n_local:g} valid {what}: this is "
+            "NeMo-RL main's split train-step API (train_microbatch calls the loss with "
+            f"placeholder global_valid_*=1 and rescales at finish_train_step), and "
+            f"{split_api_refusal}, which it cannot give. Set data_plane.enabled=false, or "
+            "use a mode without a global-batch statistic"
+        )
     if math.isnan(value) or math.isinf(value):
         why = "it is not finite"
     elif value <= 0:

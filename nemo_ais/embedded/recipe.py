@@ -83,6 +83,7 @@ from nemo_ais.embedded.warmstart import (
     build_untrained_policy,
     load_warm_start,
 )
+from nemo_ais.modes import MODES
 from nemo_ais.rollout.twin import Fp8Twin
 
 __all__ = [
@@ -97,13 +98,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-# The weight each mode puts on the fully corrected gradient (alpha of the interpolation).
-_APPLIED_ALPHA = {
-    "none": 0.0,
-    **dict.fromkeys(
-        ("tis", "icepop", "seq_mask_geo", "seq_tis", "seq_mis", "kl_rs", "m2po", "tbpo"), 1.0
-    ),
-}
 
 
 class NonFiniteError(RecipeError):
@@ -566,10 +560,8 @@ class GRPORecipe:
 
     def _applied_alpha(self, stats: list[StepStats]) -> float:
         """Position between uncorrected (0) and fully weighted (1) gradient actually used."""
-        mode = self.cfg.correction.mode
-        if mode == "ais":
-            return sum(s.diagnostics["alpha"] for s in stats) / len(stats)
-        return _APPLIED_ALPHA[mode]
+        applied_alpha = MODES[self.cfg.correction.mode].applied_alpha  # ais: the diagnostics' alpha
+        return sum(applied_alpha(s.diagnostics) for s in stats) / len(stats)
 
     @torch.no_grad()
     def _evaluate(self, step: int) -> None:

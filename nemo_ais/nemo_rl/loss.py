@@ -46,7 +46,12 @@ device in one host sync.
 Global counts: ``global_valid_toks`` / ``global_valid_seqs`` that are NaN, inf, or smaller
 than the call's own valid tokens / sequences (so <= 0 while it has any) are refused with a
 ``ValueError`` naming the argument, in every mode (mode ``none`` reads them with its
-telemetry, in one host sync; the weighted modes in core's fused check).
+telemetry, in one host sync; the weighted modes in core's fused check). The exception is
+NeMo-RL main's split train-step API, which passes placeholder counts of 1 and rescales
+every returned value by the metric's advertised normaliser at ``finish_train_step``: every
+value here is linear in 1 / global count, so modes whose weight needs no statistic of the
+global batch accept the placeholder; ``ais``, ``m2po`` and ``batch_normalize`` refuse it,
+saying why (the AIS workers also refuse ``begin_train_step``).
 
 Per global batch, not per call: the diagnostics (and alarms) are attached once by the
 worker's prepare step; a call only looks up its global batch through the row tags.
@@ -99,7 +104,11 @@ from nemo_ais.nemo_rl.seam import (
     loss_from_prepared,
     row_valid_tokens,
 )
-from nemo_ais.rules.loss_conflicts import AIS_CONFLICTS, ais_conflicts
+from nemo_ais.rules.loss_conflicts import (
+    AIS_CONFLICTS,
+    ais_conflicts,
+    bypass_kl_in_reward_problems,
+)
 
 __all__ = [
     "ALARM_METRIC_KEYS",
@@ -226,6 +235,12 @@ class AISLossConfig(ClippedPGLossConfig):
                 "delegates to NeMo-RL's ClippedPGLossFn, which reads prev_logprobs (use "
                 "mode: tis; with pi_old := mu every IS mode's weight is 1)"
             )
+        problems += bypass_kl_in_reward_problems(
+            {
+                f: getattr(self, f)
+                for f in ("ais", "use_kl_in_reward", "reference_policy_kl_penalty")
+            }
+        )
         if self.ais.mode != "none":  # core's loss: its knobs, and those the mode excludes
             try:
                 problems += surrogate_conflicts(self.ais, pg_loss_config(self))
@@ -466,6 +481,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         # float64 by type promotion: one vector, one read
         values = torch.stack(scalars).tolist()
         n_tok_local, n_seq_local, global_toks, global_seqs, *tag_range = values
+        # mode none needs no statistic of the global batch: the split-API placeholder 1 passes
         validation.check_global_count("global_valid_toks", global_toks, n_tok_local, "tokens")
         validation.check_global_count("global_valid_seqs", global_seqs, n_seq_local, "sequences")
         index = None

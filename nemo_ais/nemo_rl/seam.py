@@ -66,6 +66,8 @@ from nemo_ais.core import (
 
 __all__ = [
     "GLOBAL_BATCH_KEY",
+    "NEMO_RL_MISMATCH_NAMES",
+    "ROLLOUT_METRIC_KEYS",
     "UNUSED_ROW",
     "VALID_TOKENS_KEY",
     "CoreInputs",
@@ -80,6 +82,22 @@ __all__ = [
     "row_valid_tokens",
     "split_global_batches",
 ]
+
+# core's rollout-mismatch metrics (nemo_ais.core.mismatch) -> NeMo-RL v0.7.0 / main
+# ClippedPGLossFn's keys, which grpo_train reads unconditionally
+NEMO_RL_MISMATCH_NAMES = {
+    "mismatch/mult_prob_error": "token_mult_prob_error",
+    "mismatch/kl_rollout_old": "gen_kl_error",
+    "mismatch/kl_old_rollout": "policy_kl_error",
+    "mismatch/js_divergence": "js_divergence_error",
+    "mismatch/entropy": "approx_entropy",
+    "mismatch/ratio_min": "probs_ratio_min",
+    "mismatch/ratio_max": "probs_ratio_max",
+    "mismatch/ratio_clamped_min": "probs_ratio_clamped_min",
+    "mismatch/ratio_clamped_max": "probs_ratio_clamped_max",
+}
+ROLLOUT_METRIC_KEYS = tuple(NEMO_RL_MISMATCH_NAMES.values())
+"""NeMo-RL's rollout-mismatch keys, emitted by :func:`loss_from_prepared` with ``rollout_metrics``."""
 
 # Row tag added to the worker's data: index of the global batch the row belongs to.
 # A [B] int64 column: NeMo-RL's slicing, packing and micro-batching keep it on every row.
@@ -407,7 +425,7 @@ def loss_from_prepared(
         global_valid_seqs: NeMo-RL's global valid-sequence count of the global batch.
         global_valid_toks: NeMo-RL's global valid-token count of the global batch.
         rollout_metrics: also compute NeMo-RL's rollout-mismatch metrics of the call
-            (:data:`nemo_ais.core.loss.ROLLOUT_METRIC_KEYS`).
+            (:data:`ROLLOUT_METRIC_KEYS`: core's ``mismatch/*`` under NeMo-RL's names).
         index: the call's global-batch index if the caller read it already
             (:func:`global_batch_index`; None: read here, one host sync).
 
@@ -437,7 +455,7 @@ def loss_from_prepared(
         # NeMo-RL adds the VAPO term only when the batch carries rewards (GRPO's does not)
         pg = pg.model_copy(update={"positive_example_nll_weight": 0.0})
     kl_on = pg.reference_policy_kl_penalty > 0
-    return clipped_pg_loss(
+    out = clipped_pg_loss(
         logp_theta,
         x.logp_old,
         x.logp_rollout,
@@ -453,3 +471,5 @@ def loss_from_prepared(
         global_valid_seqs=global_valid_seqs,
         rollout_metrics=rollout_metrics,
     )
+    metrics = {NEMO_RL_MISMATCH_NAMES.get(k, k): v for k, v in out.metrics.items()}
+    return LossOutput(out.loss, metrics)

@@ -26,7 +26,9 @@ Megatron, vLLM or Ray (``tests/unit/test_preflight_torch_free.py`` runs it where
 standard library, ``nemo_ais`` and those packages can be imported). :mod:`.requirements`
 holds that list; the launchers run it first as a probe, so a Python that lacks one gets
 one line naming ``PYTHON``. Inside ``nemo_ais`` it
-imports only :mod:`nemo_ais.config` and :mod:`nemo_ais.alarms` (both torch-free).
+imports only :mod:`nemo_ais.config` (with the correction modes' records,
+:mod:`nemo_ais.modes`, and :mod:`nemo_ais.sections`) and :mod:`nemo_ais.alarms`, all
+torch-free at import.
 
 CLI::
 
@@ -97,6 +99,7 @@ from nemo_ais.preflight.checks.fp8 import FP8_BLOCK, block_quantized_shards, fp8
 from nemo_ais.preflight.checks.loss import (
     AIS_CONFLICTS,
     ais_conflicts,
+    bypass_kl_in_reward_problems,
     bypass_problems,
     setup_sees_importance_sampling,
 )
@@ -145,6 +148,7 @@ __all__ = [
     "ais_conflicts",
     "apply_overrides",
     "block_quantized_shards",
+    "bypass_kl_in_reward_problems",
     "bypass_problems",
     "check",
     "check_config",

@@ -108,7 +108,12 @@ def test_alarm_metric_is_logged_on_the_jump_step_only(one_rank_world, mode):
         if step < 5:
             assert fired == set(), (step, metrics)
         else:  # the summed micro-batch values recover the global 0/1 scalar
-            assert fired == {"ais_alarm/tmpe_jump", "ais_alarm/severity_jump"}
+            # a 20x wider mismatch moves the tails (p99.9 |l|) by >= 3 bins too
+            assert fired == {
+                "ais_alarm/tmpe_jump",
+                "ais_alarm/severity_jump",
+                "ais_alarm/tail_jump",
+            }
             for key in fired:
                 assert metrics[key] == pytest.approx(1.0, rel=1e-12)
 

@@ -43,16 +43,13 @@ B, S = 6, 12
 RTOL = 1e-12  # float64; only the order of the sums differs
 BASE = {"reference_policy_kl_penalty": 0.01, "ratio_clip_c": 3.0}
 TBPO_WIDE = {
-    "tbpo_clip_low": 0.05,
-    "tbpo_clip_high": 0.08,
-    "tbpo_neg_clip_low": 0.04,
-    "tbpo_neg_clip_high": 0.06,
+    "tbpo": {"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06}
 }
 IS_MODES = {
     "seq_tis": {"mode": "seq_tis"},
     "seq_mis": {"mode": "seq_mis"},
-    "kl_rs": {"mode": "kl_rs", "rs_aggregation": "max", "rs_veto_min_ratio": 0.5},
-    "m2po": {"mode": "m2po", "m2po_tau": 1e-3},
+    "kl_rs": {"mode": "kl_rs", "kl_rs": {"aggregation": "max", "veto_min_ratio": 0.5}},
+    "m2po": {"mode": "m2po", "m2po": {"tau": 1e-3}},
     "tis_bn": {"mode": "tis", "batch_normalize": True},
     "seq_tis_bn": {"mode": "seq_tis", "batch_normalize": True},
 }
@@ -103,9 +100,19 @@ def test_new_keys_validate_under_loss_fn_ais(name):
 @pytest.mark.parametrize(
     ("ais", "message"),
     [
-        ({"mode": "kl_rs", "rs_threshold": -1.0}, r"loss_fn\.ais\.rs_threshold=-1\.0 is invalid"),
+        (
+            {"mode": "kl_rs", "kl_rs": {"threshold": -1.0}},
+            r"loss_fn\.ais\.kl_rs\.threshold=-1\.0 is invalid",
+        ),
         ({"mode": "kl_rs", "batch_normalize": True}, r"loss_fn\.ais\.batch_normalize=True"),
-        ({"mode": "tbpo", "tbpo_clip_low": 1.0}, r"loss_fn\.ais\.tbpo_clip_low=1\.0 is invalid"),
+        (
+            {"mode": "tbpo", "tbpo": {"clip_low": 1.0}},
+            r"loss_fn\.ais\.tbpo\.clip_low=1\.0 is invalid",
+        ),
+        (
+            {"mode": "tbpo", "tbpo_clip_low": 0.1},
+            r"loss_fn\.ais\.tbpo_clip_low moved: use loss_fn\.ais\.tbpo\.clip_low",
+        ),
         ({"mode": "none", "bypass": True}, r"loss_fn\.ais\.bypass=True is invalid"),
     ],
 )

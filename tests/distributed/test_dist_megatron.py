@@ -123,7 +123,7 @@ def test_dp_group_reduction_matches_single_process_over_dp_shards(results):
         assert res["calls"] == [
             {"name": "all_reduce", "nbytes": STATS_BYTES, "ranks": res["dp_ranks"]}
         ]
-        assert STATS_BYTES <= 256
+        assert STATS_BYTES <= 1024  # 568 B: 23 sums and the two tail histograms
 
 
 def test_loss_summed_over_dp_ranks_matches_single_process(results):

@@ -84,7 +84,8 @@ def test_analysis_equals_the_diagnostics_logged_in_training(tmp_path, cache_dir,
     assert rows[0]["ais/n_tok"] == train[0]["ais/n_tok"] > 0
     for got, want in zip(rows, train, strict=True):
         keys = [k for k in want if k.startswith("ais/")]
-        assert sorted(keys) == sorted(AIS_METRIC_NAMES) and len(keys) == 23  # 18 + issue 17's 5
+        # 18, issue 17: 5, issue 27: 3 (the tails)
+        assert sorted(keys) == sorted(AIS_METRIC_NAMES) and len(keys) == 26
         for key in keys:
             assert math.isclose(got[key], want[key], rel_tol=REL, abs_tol=1e-15), (
                 got["step"],

@@ -44,7 +44,7 @@ from nemo_ais.core import (
     compute_statistics,
     diagnostics_from_stats,
 )
-from nemo_ais.core.loss import ROLLOUT_METRIC_KEYS
+from nemo_ais.core.mismatch import MISMATCH_EXTREMES
 
 _EXAMPLES = int(os.environ.get("NEMO_AIS_HYPOTHESIS_EXAMPLES", "0"))
 
@@ -77,11 +77,6 @@ def configs(draw, mode=None) -> CorrectionConfig:
     return CorrectionConfig(
         mode=mode or draw(st.sampled_from(MODES)),
         weight_cap=draw(_unit(1.0, 20.0, exclude_min=True)),
-        weight_floor=draw(st.none() | _unit(0.0, 1.0, exclude_max=True)),
-        icepop_min=ice_lo,
-        icepop_max=ice_lo + draw(_unit(1e-3, 10.0)),
-        seq_mask_min=seq_lo,
-        seq_mask_max=seq_lo + draw(_unit(1e-4, 1.0)),
         seq_weight=draw(st.sampled_from(["geometric", "product"])),
         log_ratio_clamp=draw(st.sampled_from([20.0, 80.0]) | _unit(0.01, 80.0)),
         severity_scale=draw(_unit(1e-4, 100.0)),
@@ -95,6 +90,9 @@ def configs(draw, mode=None) -> CorrectionConfig:
         ema=draw(_unit(0.0, 1.0, exclude_max=True)),
         alpha_min=a_lo,
         alpha_max=a_hi,
+        tis={"floor": draw(st.none() | _unit(0.0, 1.0, exclude_max=True))},
+        icepop={"min": ice_lo, "max": ice_lo + draw(_unit(1e-3, 10.0))},
+        seq_mask_geo={"min": seq_lo, "max": seq_lo + draw(_unit(1e-4, 1.0))},
     )
 
 
@@ -272,7 +270,7 @@ def _finite_loss_and_metrics(x, cfg, pg, rollout_metrics):
     assert (curr.grad[x["mask"] == 0] == 0).all()
     bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
     if x["mask"].sum() == 0:  # NeMo-RL's defined extremes of no token: +inf / -inf
-        bad = {k: v for k, v in bad.items() if k not in ROLLOUT_METRIC_KEYS[5:]}
+        bad = {k: v for k, v in bad.items() if k not in MISMATCH_EXTREMES}
     assert not bad, (bad, cfg, pg)
     return out
 
@@ -332,7 +330,7 @@ def test_approx_entropy_term_saturates_instead_of_overflowing_float32():
         curr, gen.clone(), gen, torch.tensor([0.0]), torch.ones(1, 1), cfg,
         global_valid_tokens=torch.tensor(3.0), rollout_metrics=True,
     )  # fmt: skip
-    got = out.metrics["approx_entropy"].item()
+    got = out.metrics["mismatch/entropy"].item()
     assert math.isfinite(got)
     assert got == pytest.approx(-torch.finfo(torch.float32).max / 3, rel=1e-6)
     # below the clamp it is NeMo-RL's definition: -(pi_theta / mu) log pi_theta / n
@@ -342,7 +340,7 @@ def test_approx_entropy_term_saturates_instead_of_overflowing_float32():
         global_valid_tokens=torch.tensor(3.0), rollout_metrics=True,
     )  # fmt: skip
     want = math.exp(-1.0 + 1.8316) * 1.0 / 3
-    assert out.metrics["approx_entropy"].item() == pytest.approx(want, rel=1e-5)
+    assert out.metrics["mismatch/entropy"].item() == pytest.approx(want, rel=1e-5)
 
 
 @_settings(30)

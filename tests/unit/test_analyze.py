@@ -45,7 +45,7 @@ def _oracle_weights(mode, old, roll, mask, cfg, alpha):
         if mask[i][t] == 1
     ]
     # capped as core's frac_capped: rho > C; tis also rho < floor (core: 0 when unset)
-    floor = cfg.weight_floor if cfg.weight_floor is not None else 0.0
+    floor = cfg.tis.floor if cfg.tis.floor is not None else 0.0
     if mode == "tis":
         hit = [r > cfg.weight_cap or r < floor for r in rho]
     elif mode == "ais":
@@ -71,7 +71,7 @@ def run(tmp_path_factory):
     "cfg",
     [
         CorrectionConfig(ema=0.5),
-        CorrectionConfig(weight_cap=1.05, seq_weight="product", icepop_min=0.97, icepop_max=1.03),
+        CorrectionConfig(weight_cap=1.05, seq_weight="product", icepop={"min": 0.97, "max": 1.03}),
     ],
     ids=["ema", "tight"],
 )
@@ -171,6 +171,11 @@ def test_config_file_and_overrides(tmp_path):
         load_analysis_config(None, ["grpo.max_num_steps=3"])
     with pytest.raises(ValueError, match=r"alarms\.windw is not a known field"):
         load_analysis_config(None, ["alarms.windw=3"])
+    # a mode's knob lives in its sub-section; the old flat key is refused with the new name
+    cfg, _ = load_analysis_config(cfg_file, ["loss_fn.ais.icepop.min=0.7"])
+    assert (cfg.icepop.min, cfg.icepop.max, cfg.ema) == (0.7, 5.0, 0.5)
+    with pytest.raises(ValueError, match=r"icepop_min moved: use loss_fn\.ais\.icepop\.min"):
+        load_analysis_config(None, ["loss_fn.ais.icepop_min=0.7"])
 
 
 def test_cli_config_error_exits_2(run, tmp_path, capsys):

@@ -54,7 +54,11 @@ def test_jump_fires_only_after_history_and_above_both_thresholds():
 def test_empty_batch_neither_fires_nor_enters_the_history():
     monitor = AlarmMonitor(AlarmConfig(min_history=1))
     assert monitor.observe(1, _diag(1.0, 0.0, empty=1.0)) == []
-    assert monitor.state_dict() == {"tmpe_excess": [], "severity": []}
+    assert monitor.state_dict() == {
+        "tmpe_excess": [],
+        "severity": [],
+        "abs_log_ratio_p999": [],
+    }
 
 
 def test_nonfinite_names_the_count_and_first_position():
@@ -170,6 +174,7 @@ def test_offline_report_names_each_alarm_with_its_step(tmp_path):
         (4, "nonfinite"),
         (6, "tmpe_jump"),
         (6, "severity_jump"),
+        (6, "tail_jump"),  # the injected jump moves the tails too
         (8, "kv_scale_position"),
     }
     nonfinite = next(a for a in result.alarms if "nonfinite" in a)

@@ -419,9 +419,15 @@ BROKEN = [
     (SMOKE, ["loss_fn.ais.weight_cap=0.8"], "loss_fn.ais", "loss_fn.ais.weight_cap=0.8 is invalid"),
     (
         SMOKE,
-        ["loss_fn.ais.icepop_min=6.0"],
+        ["loss_fn.ais.icepop.min=6.0"],
         "loss_fn.ais",
-        "icepop_min=6.0 must be < icepop_max=5.0",
+        "loss_fn.ais.icepop.min=6.0 must be < max=5.0",
+    ),
+    (
+        SMOKE,
+        ["+loss_fn.ais.icepop_min=0.6"],
+        "loss_fn.ais",
+        "loss_fn.ais.icepop_min moved: use loss_fn.ais.icepop.min",
     ),
     (
         SMOKE,

@@ -21,7 +21,8 @@ AIS_PATH = "loss_fn.ais"
 PG_PATH = "loss_fn"
 
 # (field, bad value, fragment of the reason). The reason fragments are pydantic's wording
-# after validate_section's rewrite ("Input should be" -> "expected").
+# after validate_section's rewrite ("Input should be" -> "expected"). A dotted field is a
+# mode's sub-section knob (``icepop.min`` is ``{"icepop": {"min": ...}}``).
 CORRECTION_BAD = [
     # mode: Literal choices
     (
@@ -44,18 +45,18 @@ CORRECTION_BAD = [
     ("use_severity_gate", 1, "valid boolean"),
     ("weight_cap", "x", "valid number"),
     ("weight_cap", [2.0], "valid number"),
-    # weight_floor: None or [0, 1)
-    ("weight_floor", 1.0, "less than 1"),
-    ("weight_floor", -0.1, "greater than or equal to 0"),
-    ("weight_floor", "low", "valid number"),
-    # icepop / seq_mask bounds: > 0 each
-    ("icepop_min", 0.0, "greater than 0"),
-    ("icepop_min", -1.0, "greater than 0"),
-    ("icepop_max", 0.0, "greater than 0"),
-    ("icepop_max", "hi", "valid number"),
-    ("seq_mask_min", 0.0, "greater than 0"),
-    ("seq_mask_max", -1.0, "greater than 0"),
-    ("seq_mask_max", None, "valid number"),
+    # tis.floor: None or [0, 1)
+    ("tis.floor", 1.0, "less than 1"),
+    ("tis.floor", -0.1, "greater than or equal to 0"),
+    ("tis.floor", "low", "valid number"),
+    # icepop / seq_mask_geo bounds: > 0 each
+    ("icepop.min", 0.0, "greater than 0"),
+    ("icepop.min", -1.0, "greater than 0"),
+    ("icepop.max", 0.0, "greater than 0"),
+    ("icepop.max", "hi", "valid number"),
+    ("seq_mask_geo.min", 0.0, "greater than 0"),
+    ("seq_mask_geo.max", -1.0, "greater than 0"),
+    ("seq_mask_geo.max", None, "valid number"),
     # seq_weight: Literal
     ("seq_weight", "arithmetic", "expected 'geometric' or 'product'"),
     # log_ratio_clamp: (0, 80] (float32 exp overflows above ~88.7)
@@ -91,24 +92,24 @@ CORRECTION_BAD = [
     # sequence IS / rejection (issue 17): C_seq > 1, bounds > 0
     ("seq_weight_cap", 1.0, "greater than 1"),
     ("seq_weight_cap", math.nan, "finite number"),
-    ("seq_mis_min", 0.0, "greater than 0"),
-    ("seq_mis_max", -2.0, "greater than 0"),
+    ("seq_mis.min", 0.0, "greater than 0"),
+    ("seq_mis.max", -2.0, "greater than 0"),
     # kl_rs: Literal estimator / aggregation, threshold > 0, veto ratio None or in (0, 1)
-    ("rs_estimator", "k4", "expected 'k1', 'k2' or 'k3'"),
-    ("rs_aggregation", "sum", "expected 'mean' or 'max'"),
-    ("rs_threshold", 0.0, "greater than 0"),
-    ("rs_threshold", "small", "valid number"),
-    ("rs_veto_min_ratio", 0.0, "greater than 0"),
-    ("rs_veto_min_ratio", 1.0, "less than 1"),
+    ("kl_rs.estimator", "k4", "expected 'k1', 'k2' or 'k3'"),
+    ("kl_rs.aggregation", "sum", "expected 'mean' or 'max'"),
+    ("kl_rs.threshold", 0.0, "greater than 0"),
+    ("kl_rs.threshold", "small", "valid number"),
+    ("kl_rs.veto_min_ratio", 0.0, "greater than 0"),
+    ("kl_rs.veto_min_ratio", 1.0, "less than 1"),
     # m2po: tau > 0
-    ("m2po_tau", 0.0, "greater than 0"),
-    ("m2po_tau", math.inf, "finite number"),
+    ("m2po.tau", 0.0, "greater than 0"),
+    ("m2po.tau", math.inf, "finite number"),
     # tbpo trust band: lows in (0, 1), highs > 0
-    ("tbpo_clip_low", 0.0, "greater than 0"),
-    ("tbpo_clip_low", 1.0, "less than 1"),
-    ("tbpo_clip_high", -4e-4, "greater than 0"),
-    ("tbpo_neg_clip_low", 1.5, "less than 1"),
-    ("tbpo_neg_clip_high", 0.0, "greater than 0"),
+    ("tbpo.clip_low", 0.0, "greater than 0"),
+    ("tbpo.clip_low", 1.0, "less than 1"),
+    ("tbpo.clip_high", -4e-4, "greater than 0"),
+    ("tbpo.neg_clip_low", 1.5, "less than 1"),
+    ("tbpo.neg_clip_high", 0.0, "greater than 0"),
     # switches: booleans
     ("batch_normalize", "yes", "valid boolean"),
     ("bypass", 1, "valid boolean"),
@@ -140,18 +141,42 @@ def _case_id(case):
     return f"{field}={value!r}"
 
 
+def _nested(field: str, value) -> dict:
+    """``{"icepop": {"min": value}}`` for ``icepop.min``; ``{field: value}`` for a flat one."""
+    head, _, leaf = field.partition(".")
+    return {head: {leaf: value}} if leaf else {head: value}
+
+
+def _description(model, field: str) -> str:
+    head, _, leaf = field.partition(".")
+    info = model.model_fields[head]
+    return info.annotation.model_fields[leaf].description if leaf else info.description
+
+
+def _all_fields(model) -> set[str]:
+    """Every leaf field, a sub-section's as ``section.field``."""
+    out = set()
+    for name, info in model.model_fields.items():
+        sub = info.annotation
+        if isinstance(sub, type) and issubclass(sub, pydantic.BaseModel):
+            out |= {f"{name}.{leaf}" for leaf in sub.model_fields}
+        else:
+            out.add(name)
+    return out
+
+
 @pytest.mark.parametrize("case", CORRECTION_BAD, ids=_case_id)
 def test_correction_field_rejected_with_full_path(case):
     field, value, reason = case
     with pytest.raises(ValueError, match=field) as info:
-        validate_section(CorrectionConfig, {field: value}, AIS_PATH)
+        validate_section(CorrectionConfig, _nested(field, value), AIS_PATH)
     msg = str(info.value)
     # Exactly one problem reported, on the offending field, with its full path and value.
     assert msg.count("\n") == 0, msg
     assert msg.startswith(f"{AIS_PATH}.{field}={value!r} is invalid: "), msg
     assert reason in msg, msg
     # The hint is the field's description (what the constant means).
-    assert CorrectionConfig.model_fields[field].description in msg, msg
+    assert _description(CorrectionConfig, field) in msg, msg
 
 
 @pytest.mark.parametrize("case", PG_BAD, ids=_case_id)
@@ -172,9 +197,9 @@ def test_pg_field_rejected_with_full_path(case):
 )
 def test_every_field_has_an_invalid_case(model, bad, path):
     covered = {field for field, _, _ in bad}
-    assert covered == set(model.model_fields), (
+    assert covered == _all_fields(model), (
         f"fields of {model.__name__} without a validator test: "
-        f"{sorted(set(model.model_fields) - covered)}"
+        f"{sorted(_all_fields(model) - covered)}"
     )
 
 
@@ -186,30 +211,31 @@ def test_every_field_has_an_invalid_case(model, bad, path):
     [
         # lo > hi and lo == hi: the kept interval [lo, hi] is empty
         (
-            {"icepop_min": 2.0, "icepop_max": 1.0},
-            "icepop_min",
-            "loss_fn.ais.icepop_min=2.0 must be < icepop_max=1.0",
+            {"icepop": {"min": 2.0, "max": 1.0}},
+            "icepop.min",
+            "loss_fn.ais.icepop.min=2.0 must be < max=1.0",
         ),
         (
-            {"icepop_min": 1.0, "icepop_max": 1.0},
-            "icepop_min",
-            "loss_fn.ais.icepop_min=1.0 must be < icepop_max=1.0",
+            {"icepop": {"min": 1.0, "max": 1.0}},
+            "icepop.min",
+            "loss_fn.ais.icepop.min=1.0 must be < max=1.0",
         ),
         # only one side given: checked against the other side's default (5.0)
+        ({"icepop": {"min": 6.0}}, "icepop.min", "loss_fn.ais.icepop.min=6.0 must be < max=5.0"),
         (
-            {"icepop_min": 6.0},
-            "icepop_min",
-            "loss_fn.ais.icepop_min=6.0 must be < icepop_max=5.0",
+            {"seq_mask_geo": {"min": 1.01}},
+            "seq_mask_geo.min",
+            "loss_fn.ais.seq_mask_geo.min=1.01 must be < max=1.002",
         ),
         (
-            {"seq_mask_min": 1.01},
-            "seq_mask_min",
-            "loss_fn.ais.seq_mask_min=1.01 must be < seq_mask_max=1.002",
+            {"seq_mask_geo": {"min": 1.0, "max": 0.9}},
+            "seq_mask_geo.min",
+            "loss_fn.ais.seq_mask_geo.min=1.0 must be < max=0.9",
         ),
         (
-            {"seq_mask_min": 1.0, "seq_mask_max": 0.9},
-            "seq_mask_min",
-            "loss_fn.ais.seq_mask_min=1.0 must be < seq_mask_max=0.9",
+            {"seq_mis": {"max": 0.4}},
+            "seq_mis.min",
+            "loss_fn.ais.seq_mis.min=0.5 must be < max=0.4",
         ),
         (
             {"alpha_min": 0.6, "alpha_max": 0.5},
@@ -236,17 +262,15 @@ def test_cross_field_rules_keep_asymmetric_and_equal_bounds():
     cfg = validate_section(
         CorrectionConfig,
         {
-            "icepop_min": 0.9,
-            "icepop_max": 3.0,
-            "seq_mask_min": 0.5,
-            "seq_mask_max": 1.0001,
+            "icepop": {"min": 0.9, "max": 3.0},
+            "seq_mask_geo": {"min": 0.5, "max": 1.0001},
             "alpha_min": 0.3,
             "alpha_max": 0.3,
         },
         AIS_PATH,
     )
-    assert (cfg.icepop_min, cfg.icepop_max) == (0.9, 3.0)
-    assert (cfg.seq_mask_min, cfg.seq_mask_max) == (0.5, 1.0001)
+    assert (cfg.icepop.min, cfg.icepop.max) == (0.9, 3.0)
+    assert (cfg.seq_mask_geo.min, cfg.seq_mask_geo.max) == (0.5, 1.0001)
     assert cfg.alpha_min == cfg.alpha_max == 0.3
 
 
@@ -311,9 +335,9 @@ def test_defaults_match_method_doc():
     cfg = CorrectionConfig()
     assert cfg.mode == "ais"
     assert cfg.weight_cap == 2.0
-    assert cfg.weight_floor is None
-    assert (cfg.icepop_min, cfg.icepop_max) == (0.5, 5.0)
-    assert (cfg.seq_mask_min, cfg.seq_mask_max) == (0.999, 1.002)
+    assert cfg.tis.floor is None
+    assert (cfg.icepop.min, cfg.icepop.max) == (0.5, 5.0)
+    assert (cfg.seq_mask_geo.min, cfg.seq_mask_geo.max) == (0.999, 1.002)
     assert cfg.seq_weight == "geometric"
     assert cfg.log_ratio_clamp == 20.0
     assert cfg.severity_scale == 0.02
@@ -334,8 +358,8 @@ def test_defaults_match_method_doc():
     [{"mode": m} for m in ("none", "tis", "icepop", "seq_mask_geo", "ais")]
     + [
         {"weight_cap": 1.0001},
-        {"weight_floor": 0.0},
-        {"weight_floor": 0.999},
+        {"tis": {"floor": 0.0}},
+        {"tis": {"floor": 0.999}},
         {"log_ratio_clamp": 80.0},
         {"reliability_floor": 0.0},
         {"ema": 0.0},
@@ -349,7 +373,8 @@ def test_defaults_match_method_doc():
 def test_boundary_values_accepted(data):
     cfg = validate_section(CorrectionConfig, data, AIS_PATH)
     for key, value in data.items():
-        assert getattr(cfg, key) == value
+        got = getattr(cfg, key)
+        assert (got.model_dump() if isinstance(value, dict) else got) == value
 
 
 def test_pg_boundary_values_accepted():
@@ -373,3 +398,60 @@ def test_models_are_frozen(model):
     field = next(iter(model.model_fields))
     with pytest.raises(pydantic.ValidationError, match="frozen"):
         setattr(cfg, field, getattr(cfg, field))
+
+
+# ---- the flat keys of a mode's knobs moved into its sub-section (issue 24) ------------------
+
+MOVED = {
+    "weight_floor": "tis.floor",
+    "icepop_min": "icepop.min",
+    "icepop_max": "icepop.max",
+    "seq_mask_min": "seq_mask_geo.min",
+    "seq_mask_max": "seq_mask_geo.max",
+    "seq_mis_min": "seq_mis.min",
+    "seq_mis_max": "seq_mis.max",
+    "rs_estimator": "kl_rs.estimator",
+    "rs_aggregation": "kl_rs.aggregation",
+    "rs_threshold": "kl_rs.threshold",
+    "rs_veto_min_ratio": "kl_rs.veto_min_ratio",
+    "m2po_tau": "m2po.tau",
+    "tbpo_clip_low": "tbpo.clip_low",
+    "tbpo_clip_high": "tbpo.clip_high",
+    "tbpo_neg_clip_low": "tbpo.neg_clip_low",
+    "tbpo_neg_clip_high": "tbpo.neg_clip_high",
+}
+
+
+def test_every_moved_key_is_listed():
+    assert dict(CorrectionConfig.moved_keys) == MOVED
+
+
+@pytest.mark.parametrize(("old", "new"), MOVED.items())
+def test_a_moved_key_is_refused_naming_the_new_one(old, new):
+    with pytest.raises(ValueError) as info:
+        validate_section(CorrectionConfig, {"mode": "tis", old: 0.5}, AIS_PATH)
+    assert str(info.value) == f"{AIS_PATH}.{old} moved: use {AIS_PATH}.{new}"
+    with pytest.raises(pydantic.ValidationError, match=f"{old} moved: use {new}"):
+        CorrectionConfig(**{old: 0.5})
+
+
+def test_the_new_key_takes_the_old_value():
+    # icepop_min: 0.6 -> icepop: {min: 0.6}; the other side keeps its default
+    cfg = validate_section(CorrectionConfig, {"icepop": {"min": 0.6}}, AIS_PATH)
+    assert (cfg.icepop.min, cfg.icepop.max) == (0.6, 5.0)
+
+
+def test_nested_sections_validate_from_omegaconf():
+    # NeMo-RL hands the loss_fn section over as an OmegaConf DictConfig (nested ones too)
+    omegaconf = pytest.importorskip("omegaconf")
+    data = omegaconf.OmegaConf.create(
+        {"mode": "kl_rs", "kl_rs": {"threshold": 0.02, "veto_min_ratio": 0.5}}
+    )
+    cfg = validate_section(CorrectionConfig, data, AIS_PATH)
+    assert (cfg.kl_rs.threshold, cfg.kl_rs.veto_min_ratio) == (0.02, 0.5)
+
+
+def test_unknown_key_in_a_sub_section_names_its_fields():
+    with pytest.raises(ValueError) as info:
+        validate_section(CorrectionConfig, {"icepop": {"low": 0.5}}, AIS_PATH)
+    assert str(info.value) == "loss_fn.ais.icepop.low is not a known field (allowed: max, min)"

@@ -372,7 +372,7 @@ def test_probs_ratio_finite_at_t16384_with_clamp_80(mode):
     # is e^80, but the float32 SUM of 16384 of them (9.1e38) exceeds float32 max (3.4e38):
     # summing before dividing gave probs_ratio = inf next to a finite loss.
     cfg = CorrectionConfig(
-        mode=mode, log_ratio_clamp=80.0, weight_cap=2.0, seq_mask_min=0.5, seq_mask_max=2.0
+        mode=mode, log_ratio_clamp=80.0, weight_cap=2.0, seq_mask_geo={"min": 0.5, "max": 2.0}
     )
     t = 16384
     gen = torch.full((1, t), -1.0)
@@ -387,7 +387,7 @@ def test_probs_ratio_finite_at_t16384_with_clamp_80(mode):
     assert not bad, bad
     e80 = torch.tensor(80.0).exp().item()  # float32 e^80
     assert out.metrics["probs_ratio"].item() == pytest.approx(e80, rel=1e-6)
-    assert out.metrics["probs_ratio_max"].item() == e80  # the element itself, no rounding
+    assert out.metrics["mismatch/ratio_max"].item() == e80  # the element itself, no rounding
     assert out.metrics["probs_ratio_clamped"].item() == pytest.approx(1.2, rel=1e-6)
 
 
@@ -408,9 +408,9 @@ def test_rollout_metrics_saturate_at_the_clamp_instead_of_overflowing(mode):
     bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
     assert not bad, bad
     e80 = torch.tensor(80.0).exp().item()
-    assert out.metrics["token_mult_prob_error"].item() == pytest.approx(e80, rel=1e-5)
+    assert out.metrics["mismatch/mult_prob_error"].item() == pytest.approx(e80, rel=1e-5)
     # pi_theta / mu = e^98 saturates at e^80: -(e^80 * -2)
-    assert out.metrics["approx_entropy"].item() == pytest.approx(2.0 * e80, rel=1e-5)
+    assert out.metrics["mismatch/entropy"].item() == pytest.approx(2.0 * e80, rel=1e-5)
 
 
 @pytest.mark.parametrize("arg", ["global_valid_tokens", "global_valid_seqs"])

@@ -22,6 +22,7 @@ from nemo_ais.core import (
     diagnostics_from_stats,
     reduce_statistics,
 )
+from nemo_ais.core.stats import TAIL_BINS
 
 REL = 1e-12  # float64 sums in a different order than the oracle's loops
 
@@ -184,8 +185,12 @@ def test_statistics_vector_layout():
     b = oracles.random_batch(3, 5, dtype=torch.bfloat16)
     stats = compute_statistics(b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig())
     assert stats.vector.dtype == torch.float64 and stats.vector.shape == (NUM_SLOTS,)
-    assert NUM_SLOTS <= 32 and STATS_BYTES == stats.nbytes <= 256
+    # 23 scalars + two 24-bin tail histograms (issue 27): 71 float64 = 568 bytes
+    assert NUM_SLOTS == len(Slot) + 2 * TAIL_BINS and STATS_BYTES == stats.nbytes == 568
     assert stats[Slot.N_TOK].item() == b["mask"].sum().item()
+    tails = stats.vector[len(Slot) :].reshape(2, TAIL_BINS)
+    assert tails[0].sum().item() == b["mask"].sum().item()  # one count per valid token
+    assert tails[1].sum().item() == 3  # one per sequence with a valid token
     assert stats[Slot.N_SEQ].item() == 3
     assert reduce_statistics(stats, None) is stats  # single process: no collective
 
@@ -265,4 +270,6 @@ def test_from_sums_matches_computed_statistics():
         rho_sum=torch.exp(ell).sum().item(),
         exp_abs_log_rho_sum=torch.exp(ell.abs()).sum().item(),
     )
-    torch.testing.assert_close(rebuilt.vector, v, rtol=1e-9, atol=1e-11)
+    scalars = len(Slot)  # from_sums has no histogram: its tail slots stay 0
+    torch.testing.assert_close(rebuilt.vector[:scalars], v[:scalars], rtol=1e-9, atol=1e-11)
+    assert (rebuilt.vector[scalars:] == 0).all()

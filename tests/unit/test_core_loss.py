@@ -85,7 +85,7 @@ def _oracle(b, cfg, pg, alpha=None, **kw):
 @pytest.mark.parametrize("mode", MODES)
 def test_loss_and_grad_match_oracle(mode, pg_name):
     pg = PG_CASES[pg_name]
-    cfg = CorrectionConfig(mode=mode, weight_cap=1.1, icepop_min=0.93, icepop_max=1.06)
+    cfg = CorrectionConfig(mode=mode, weight_cap=1.1, icepop={"min": 0.93, "max": 1.06})
     b = oracles.random_batch(5, 9, scale=0.05, seed=len(pg_name))
     b["logp_theta"][0, 0] = b["logp_old"][0, 0] + 25.0  # beyond log_ratio_clamp = 20
     alpha = 0.4 if mode == "ais" else None
@@ -246,7 +246,7 @@ def test_bf16_inputs_close_to_fp32(mode):
     b32 = oracles.random_batch(6, 16, scale=0.05, seed=12, dtype=torch.float32)
     b16 = {k: (v.to(torch.bfloat16) if k != "mask" else v) for k, v in b32.items()}
     b32r = {k: v.to(torch.float32) for k, v in b16.items()}  # same bf16 values, fp32 storage
-    cfg = CorrectionConfig(mode=mode, seq_mask_min=0.9, seq_mask_max=1.1)
+    cfg = CorrectionConfig(mode=mode, seq_mask_geo={"min": 0.9, "max": 1.1})
     pg = PGLossConfig(reference_policy_kl_penalty=0.1)
     alpha = 0.5 if mode == "ais" else None
     out16, g16 = _run(b16, cfg, pg, alpha)

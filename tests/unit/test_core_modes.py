@@ -22,17 +22,19 @@ PG = {
 }
 # bands wide enough that the test data's sequence ratios fall on both sides of them
 TBPO_WIDE = dict(
-    tbpo_clip_low=0.05, tbpo_clip_high=0.08, tbpo_neg_clip_low=0.04, tbpo_neg_clip_high=0.06
+    tbpo={"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06}
 )
 CONFIGS = {
     "seq_tis": CorrectionConfig(mode="seq_tis", seq_weight_cap=1.5),
-    "seq_mis": CorrectionConfig(mode="seq_mis", seq_mis_min=0.7, seq_mis_max=1.4),
-    "kl_rs_k1_mean": CorrectionConfig(mode="kl_rs", rs_estimator="k1", rs_threshold=0.05),
+    "seq_mis": CorrectionConfig(mode="seq_mis", seq_mis={"min": 0.7, "max": 1.4}),
+    "kl_rs_k1_mean": CorrectionConfig(mode="kl_rs", kl_rs={"estimator": "k1", "threshold": 0.05}),
     "kl_rs_k2_max": CorrectionConfig(
-        mode="kl_rs", rs_estimator="k2", rs_aggregation="max", rs_threshold=0.1
+        mode="kl_rs", kl_rs={"estimator": "k2", "aggregation": "max", "threshold": 0.1}
     ),
-    "kl_rs_k3_veto": CorrectionConfig(mode="kl_rs", rs_threshold=0.05, rs_veto_min_ratio=0.7),
-    "m2po": CorrectionConfig(mode="m2po", m2po_tau=0.03),
+    "kl_rs_k3_veto": CorrectionConfig(
+        mode="kl_rs", kl_rs={"threshold": 0.05, "veto_min_ratio": 0.7}
+    ),
+    "m2po": CorrectionConfig(mode="m2po", m2po={"tau": 0.03}),
     "tis_bn": CorrectionConfig(mode="tis", batch_normalize=True),
     "seq_tis_bn": CorrectionConfig(mode="seq_tis", batch_normalize=True),
     "seq_mis_bn": CorrectionConfig(mode="seq_mis", batch_normalize=True),
@@ -46,8 +48,8 @@ IS_AND_REJECTION = [
     CorrectionConfig(mode=m) for m in ("tis", "icepop", "seq_mask_geo", "ais", "seq_tis")
 ] + [
     CorrectionConfig(mode="seq_mis"),
-    CorrectionConfig(mode="kl_rs", rs_aggregation="max", rs_veto_min_ratio=0.5),
-    CorrectionConfig(mode="m2po", m2po_tau=1e-3),
+    CorrectionConfig(mode="kl_rs", kl_rs={"aggregation": "max", "veto_min_ratio": 0.5}),
+    CorrectionConfig(mode="m2po", m2po={"tau": 1e-3}),
     CorrectionConfig(mode="seq_tis", batch_normalize=True),
     CorrectionConfig(mode="tis", batch_normalize=True),
     CorrectionConfig(mode="ais", batch_normalize=True),
@@ -131,7 +133,7 @@ def test_tbpo_hand_worked():
     assert theta.grad[0].tolist() == pytest.approx([-s, -s, 0.0], rel=1e-15)
     # A < 0 band [0.96, 1.06]; tighten it to [0.96, 1.01]: s = 1.0202 > 1.01 -> -A * 1.01 = 1.01,
     # no gradient (PPO's pessimistic max would keep -A s = 1.0202 and its gradient)
-    tight = CorrectionConfig(mode="tbpo", **dict(TBPO_WIDE, tbpo_neg_clip_high=0.01))
+    tight = CorrectionConfig(mode="tbpo", tbpo={**TBPO_WIDE["tbpo"], "neg_clip_high": 0.01})
     theta.grad = None
     out = clipped_pg_loss(theta, old, old, torch.tensor([-1.0], dtype=torch.float64), mask, tight)
     out.loss.backward()
@@ -183,16 +185,18 @@ def test_kl_rs_hand_worked():
     mask = torch.tensor([[1.0, 1, 0], [1, 1, 0], [1, 1, 0]])
     zeros = torch.zeros_like(ell)
     # k1 = -l, mean: row 0 |(-0.1 + 0.1) / 2| = 0; row 1 |-0.2| = 0.2; row 2 |0.5 / 2| = 0.25
-    k1 = CorrectionConfig(mode="kl_rs", rs_estimator="k1", rs_threshold=0.21)
+    k1 = CorrectionConfig(mode="kl_rs", kl_rs={"estimator": "k1", "threshold": 0.21})
     assert correction_weights(ell, zeros, mask, k1)[:, 0].tolist() == [1.0, 1.0, 0.0]
     # k2 = l^2 / 2, max: row 0 0.005; row 1 0.02; row 2 0.125
-    k2 = CorrectionConfig(mode="kl_rs", rs_estimator="k2", rs_aggregation="max", rs_threshold=0.01)
+    k2 = CorrectionConfig(
+        mode="kl_rs", kl_rs={"estimator": "k2", "aggregation": "max", "threshold": 0.01}
+    )
     assert correction_weights(ell, zeros, mask, k2)[:, 0].tolist() == [1.0, 0.0, 0.0]
     # k3 = e^l - 1 - l, mean: row 2 (0 + e^-0.5 - 1 + 0.5) / 2 = 0.0532653; veto rho < 0.7:
     # row 2 has rho = e^-0.5 = 0.6065 < 0.7, vetoed even under a threshold it passes
-    k3 = CorrectionConfig(mode="kl_rs", rs_threshold=0.06)
+    k3 = CorrectionConfig(mode="kl_rs", kl_rs={"threshold": 0.06})
     assert correction_weights(ell, zeros, mask, k3)[:, 0].tolist() == [1.0, 1.0, 1.0]
-    veto = CorrectionConfig(mode="kl_rs", rs_threshold=0.06, rs_veto_min_ratio=0.7)
+    veto = CorrectionConfig(mode="kl_rs", kl_rs={"threshold": 0.06, "veto_min_ratio": 0.7})
     w = correction_weights(ell, zeros, mask, veto)
     assert w[:, 0].tolist() == [1.0, 1.0, 0.0] and w[:, 2].tolist() == [0.0] * 3
     d = compute_diagnostics(ell, zeros, mask, veto)
@@ -216,7 +220,7 @@ def test_m2po_bins_mask_a_superset_of_the_exact_rule_and_bound_the_moment():
         ell = 0.3 * torch.randn(16, 32, generator=g, dtype=torch.float64)
         ell[0, :4] = torch.tensor([3.0, -2.5, 2.0, 1.5], dtype=torch.float64)
         mask = torch.ones(16, 32, dtype=torch.float64)
-        cfg = CorrectionConfig(mode="m2po", m2po_tau=tau)
+        cfg = CorrectionConfig(mode="m2po", m2po={"tau": tau})
         d = compute_diagnostics(ell, torch.zeros_like(ell), mask, cfg)
         w = correction_weights(ell, torch.zeros_like(ell), mask, cfg, d.m2po_threshold)
         q = ell.square().reshape(-1).tolist()
@@ -233,16 +237,18 @@ def test_m2po_bins_mask_a_superset_of_the_exact_rule_and_bound_the_moment():
     ("data", "message"),
     [
         ({"mode": "seq_tis", "seq_weight_cap": 1.0}, "loss_fn.ais.seq_weight_cap=1.0 is invalid"),
-        ({"mode": "kl_rs", "rs_threshold": 0}, "loss_fn.ais.rs_threshold=0 is invalid"),
-        ({"rs_estimator": "k4"}, "loss_fn.ais.rs_estimator='k4' is invalid"),
-        ({"rs_aggregation": "sum"}, "loss_fn.ais.rs_aggregation='sum' is invalid"),
-        ({"rs_veto_min_ratio": 1.5}, "loss_fn.ais.rs_veto_min_ratio=1.5 is invalid"),
-        ({"m2po_tau": -1.0}, "loss_fn.ais.m2po_tau=-1.0 is invalid"),
-        ({"seq_mis_min": 2.5}, "loss_fn.ais.seq_mis_min=2.5 must be < seq_mis_max=2.0"),
+        ({"mode": "kl_rs", "kl_rs": {"threshold": 0}}, "loss_fn.ais.kl_rs.threshold=0 is invalid"),
+        ({"kl_rs": {"estimator": "k4"}}, "loss_fn.ais.kl_rs.estimator='k4' is invalid"),
+        ({"kl_rs": {"aggregation": "sum"}}, "loss_fn.ais.kl_rs.aggregation='sum' is invalid"),
+        ({"kl_rs": {"veto_min_ratio": 1.5}}, "loss_fn.ais.kl_rs.veto_min_ratio=1.5 is invalid"),
+        ({"m2po": {"tau": -1.0}}, "loss_fn.ais.m2po.tau=-1.0 is invalid"),
+        ({"seq_mis": {"min": 2.5}}, "loss_fn.ais.seq_mis.min=2.5 must be < max=2.0"),
         ({"mode": "kl_rs", "batch_normalize": True}, "loss_fn.ais.batch_normalize=True is invalid"),
         ({"bypass": "yes"}, "loss_fn.ais.bypass='yes' is invalid"),
-        ({"tbpo_clip_low": 1.0}, "loss_fn.ais.tbpo_clip_low=1.0 is invalid"),
-        ({"tbpo_neg_clip_high": 0.0}, "loss_fn.ais.tbpo_neg_clip_high=0.0 is invalid"),
+        ({"tbpo": {"clip_low": 1.0}}, "loss_fn.ais.tbpo.clip_low=1.0 is invalid"),
+        ({"tbpo": {"neg_clip_high": 0.0}}, "loss_fn.ais.tbpo.neg_clip_high=0.0 is invalid"),
+        ({"rs_threshold": 0.02}, "loss_fn.ais.rs_threshold moved: use loss_fn.ais.kl_rs.threshold"),
+        ({"tbpo_clip_low": 0.1}, "loss_fn.ais.tbpo_clip_low moved: use loss_fn.ais.tbpo.clip_low"),
     ],
 )
 def test_field_named_errors(data, message):

@@ -25,11 +25,11 @@ def _oracle_weights(cfg, b, alpha=None):
 CASES = [
     CorrectionConfig(mode="none"),
     CorrectionConfig(mode="tis"),
-    CorrectionConfig(mode="tis", weight_cap=1.05, weight_floor=0.97),  # both clamps active
+    CorrectionConfig(mode="tis", weight_cap=1.05, tis={"floor": 0.97}),  # both clamps active
     CorrectionConfig(mode="icepop"),
-    CorrectionConfig(mode="icepop", icepop_min=0.97, icepop_max=1.01),  # asymmetric bounds
+    CorrectionConfig(mode="icepop", icepop={"min": 0.97, "max": 1.01}),  # asymmetric bounds
     CorrectionConfig(mode="seq_mask_geo"),
-    CorrectionConfig(mode="seq_mask_geo", seq_mask_min=0.99, seq_mask_max=1.003),  # asymmetric
+    CorrectionConfig(mode="seq_mask_geo", seq_mask_geo={"min": 0.99, "max": 1.003}),  # asymmetric
     CorrectionConfig(mode="ais", weight_cap=1.04),
 ]
 
@@ -50,7 +50,7 @@ def test_asymmetric_bounds_keep_exactly_the_interval():
     logp_old = torch.log(rho) - 1.0
     logp_rollout = torch.full_like(logp_old, -1.0)
     mask = torch.ones_like(rho)
-    cfg = CorrectionConfig(mode="icepop", icepop_min=0.9, icepop_max=1.5)
+    cfg = CorrectionConfig(mode="icepop", icepop={"min": 0.9, "max": 1.5})
     w = correction_weights(logp_old, logp_rollout, mask, cfg)
     # kept: 0.95, 1.0, 1.2 (inside [0.9, 1.5]); dropped: 0.6 (< lo), 2.0 (> hi)
     torch.testing.assert_close(w, torch.tensor([[0.0, 0.95, 1.0, 1.2, 0.0]], dtype=torch.float64))
@@ -61,7 +61,7 @@ def test_asymmetric_bounds_keep_exactly_the_interval():
 def test_tis_hand_worked_cap_and_floor():
     # rho = [0.1, 0.5, 1.5, 3.0]; C = 2, floor = 0.4 -> [0.4, 0.5, 1.5, 2.0]
     rho = torch.tensor([[0.1, 0.5, 1.5, 3.0]], dtype=torch.float64)
-    cfg = CorrectionConfig(mode="tis", weight_cap=2.0, weight_floor=0.4)
+    cfg = CorrectionConfig(mode="tis", weight_cap=2.0, tis={"floor": 0.4})
     w = correction_weights(torch.log(rho), torch.zeros_like(rho), torch.ones_like(rho), cfg)
     torch.testing.assert_close(w, torch.tensor([[0.4, 0.5, 1.5, 2.0]], dtype=torch.float64))
 

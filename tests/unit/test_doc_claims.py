@@ -132,3 +132,67 @@ def test_te_bit_equality_is_labelled_unverified(path):
                 f"{path.relative_to(ROOT)}:{i + 1}: claims TE gives the same bits as ours, "
                 f"but no TE test has run; say 'unverified': {line.strip()}"
             )
+
+
+# ---- issue 27, item 10: the statistics vector's size and the KV table, from the code ----
+
+_SLOT_CLAIMS = re.compile(
+    r"(\d+)[- ](?:float64 )?(?:slots?|sums|values)\b(?:[^.\n]{0,12}?)[(,;]?\s*(\d+)[- ]bytes?"
+    r"|(\d+)[- ]bytes?\S* (?:all-reduce )?\((\d+) float64 (?:slots|sums|values)"
+)
+
+
+def _slot_byte_claims():
+    """(file, slots, bytes) of every "N slots, M bytes" / "M-byte ... (N float64 ...)" claim."""
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = " ".join(path.read_text().split())  # claims may wrap lines
+        for m in _SLOT_CLAIMS.finditer(text):
+            slots, nbytes = (m[1], m[2]) if m[1] else (m[4], m[3])
+            yield path.name, int(slots), int(nbytes)
+
+
+def test_statistics_vector_size_in_the_docs_is_the_codes():
+    from nemo_ais.config import CorrectionConfig
+    from nemo_ais.core.stats import M2PO_BINS, NUM_SLOTS, STATS_BYTES, num_slots
+
+    m2po = num_slots(CorrectionConfig(mode="m2po"))
+    allowed = {(NUM_SLOTS, STATS_BYTES), (m2po, m2po * STATS_BYTES // NUM_SLOTS)}
+    claims = list(_slot_byte_claims())
+    files = {f for f, _, _ in claims}
+    # every page that states the size states it (not vacuous), and states the code's
+    assert {"README.md", "nemo_rl.md", "method.md", "architecture.md", "benchmarks.md"} <= files
+    wrong = [c for c in claims if (c[1], c[2]) not in allowed]
+    assert not wrong, f"slots/bytes differ from NUM_SLOTS={NUM_SLOTS}, STATS_BYTES={STATS_BYTES}"
+    histogram = re.compile(
+        r"(\d+)[- ]bin histogram|histogram, (\d+) more slots|(\d+)-slot histogram"
+    )
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in histogram.finditer(" ".join(path.read_text().split())):
+            n = int(next(g for g in m.groups() if g))
+            assert n in (M2PO_BINS, 2 * M2PO_BINS), (path.name, m[0])
+
+
+def test_kv_calibration_table_and_default_rule_in_the_docs_are_the_codes():
+    from nemo_ais.refit.kv_scales import KVScaleCalibrator, KVScaleConfig
+
+    shape = tuple(KVScaleCalibrator(num_layers=5).local_tables().shape)
+    planes, kinds = shape[0], shape[2]
+    text = " ".join((ROOT / "docs" / "nemo_rl.md").read_text().split())
+    reduction = re.search(r"ONE `all_reduce\(MAX\)`[^`]*`\[(\d+), num_layers, (\d+)\]`", text)
+    assert reduction and (int(reduction[1]), int(reduction[2])) == (planes, kinds)
+    default = KVScaleConfig().reduction
+    assert default == "percentile_of_amax"
+    assert f"Default `{default}`, NeMo-RL's own rule" in text
+    assert "our default scales are smaller" not in text  # the element rule is not the default
+
+
+def test_te_backend_is_never_claimed_verified_on_a_gpu():
+    # tests/gpu/test_te_backend.py skipped every test on the GPU machine (TE absent)
+    text = (ROOT / "docs" / "nemo_rl.md").read_text()
+    rows = [
+        line for line in text.splitlines() if line.startswith("|") and "test_te_backend" in line
+    ]
+    assert rows
+    for row in rows:
+        gpu_cell = row.split("|")[4]
+        assert "test_te_backend" not in gpu_cell or "skipped" in gpu_cell, row

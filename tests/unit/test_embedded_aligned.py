@@ -25,7 +25,7 @@ from nemo_ais.embedded.aligned import (
 )
 from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
 from nemo_ais.embedded.model import response_logprobs
-from nemo_ais.embedded.recipe import _APPLIED_ALPHA
+from nemo_ais.modes import MODES
 from nemo_ais.refit.kv_scales import KVScales
 from nemo_ais.rollout.fake_quant import LINEAR_FAKE_QUANT
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
@@ -51,12 +51,20 @@ def test_aligned_trainer_logprobs_equal_the_twins(tmp_path, fmt, kv):
     # teacher-forced: the twin's forward, same shapes (observed bit-equal; 1e-6 leaves room
     # for a BLAS that blocks the lm_head GEMM by row count)
     torch.testing.assert_close(logp_old[m], scored[m], rtol=0, atol=1e-6)
-    # against the decode loop's log-probs: fp32 accumulation order only (observed <= 5e-7)
-    torch.testing.assert_close(logp_old[m], batch.logp_rollout[m], rtol=0, atol=2e-6)
+    # against the decode loop's log-probs: its GEMMs see one token at a time, so the fp32
+    # accumulation order differs (observed <= 5e-7). Where a pre-quantization value lies
+    # within that of an E4M3 / E2M1 rounding boundary, the two paths pick neighbouring codes
+    # and that token moves by ~1e-2 nats; which tokens do depends on the CPU's GEMM blocking
+    # (2 of 62 on one 2-core Xeon, none on the machine it was written on). So: most tokens
+    # agree to fp32 order, and the aligned trainer is far closer than the plain one.
+    gap = (logp_old - batch.logp_rollout)[m].abs()
+    assert float((gap <= 2e-6).float().mean()) >= 0.9, gap
     # the plain fp32 trainer is off by ~1e-2 nats per token: the test can tell
     with torch.no_grad():
         plain = response_logprobs(r.policy, batch.sequences, p)
-    assert float((plain - batch.logp_rollout)[m].abs().mean()) > 5e-3
+    plain_gap = float((plain - batch.logp_rollout)[m].abs().mean())
+    assert plain_gap > 5e-3
+    assert float(gap.mean()) < 0.2 * plain_gap
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4_w4a4"])
@@ -150,6 +158,10 @@ def test_config_rules_name_the_key():
     assert (qarl.rollout.format, qarl.rollout.kv_cache) == ("nvfp4_w4a4", "nvfp4")
 
 
-def test_every_fixed_correction_mode_reports_an_applied_alpha():
-    assert set(_APPLIED_ALPHA) == set(typing.get_args(CorrectionMode)) - {"ais"}
-    assert _APPLIED_ALPHA["none"] == 0.0 and _APPLIED_ALPHA["tbpo"] == 1.0
+def test_every_correction_mode_reports_an_applied_alpha():
+    # the recipe reads the position between the uncorrected and the fully weighted gradient
+    # from the mode's record: none 0, ais the diagnostics' alpha, every other mode 1
+    assert set(MODES) == set(typing.get_args(CorrectionMode))
+    diagnostics = {"alpha": 0.37}
+    applied = {name: mode.applied_alpha(diagnostics) for name, mode in MODES.items()}
+    assert applied == {name: {"none": 0.0, "ais": 0.37}.get(name, 1.0) for name in MODES}

@@ -194,3 +194,26 @@ def test_mxfp4_errors_and_empty():
     assert q.data.shape == (0, 32) and q.scale.shape == (0, 2)
     with pytest.raises(ValueError, match=r"expected uint8 \[1, 1\]"):
         dequantize_mxfp4(MXFP4Tensor(torch.zeros(1, 16, dtype=torch.uint8), torch.zeros(1, 2)))
+
+
+@pytest.mark.parametrize("ties_toward_zero", [False, True])
+def test_mxfp4_negative_zero_matches_the_oracle(ties_toward_zero):
+    # Issue 27: -0.0 (no sign bit under the x < 0 rule) in a live block, in an all -0.0
+    # block (amax 0: the E = -127 zero-block scale), and tiny negatives that round to -0
+    x = torch.zeros(2, 64)
+    x[0, :6] = torch.tensor([6.0, -0.0, -0.1, -0.0, 0.0, -3.0])
+    x[0, 32:] = -0.0
+    x[1, :3] = torch.tensor([-0.0, -1e-30, 2.0])
+    _check_mxfp4(x, ties_toward_zero)
+    q = quantize_mxfp4(x, round_ties_toward_zero=ties_toward_zero)
+    assert q.data[0, 0].item() == 7  # 6 -> code 7; -0.0 -> code 0 (not 8)
+    assert q.scale[0, 1].item() == 0  # the all -0.0 block: E = -127
+    deq = dequantize_mxfp4(q)
+    assert (deq[0, 32:] == 0).all()
+
+
+@pytest.mark.parametrize("amax", [1e-37, 1e-39, 1e-44])
+def test_mxfp4_tiny_blocks_match_the_oracle(amax):
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 9] = amax, -amax / 2
+    _check_mxfp4(x, False)

@@ -363,3 +363,31 @@ def test_nemo_rl_marlin_scale_canonicalisation_leaves_our_scales_unchanged():
     _canonicalize_nvfp4_weight_scale(layer)
     _assert_equal(layer.weight_scale.view(torch.uint8).numpy(), _scale_bytes(q), "scale bytes")
     assert not (q.block_scale.view(torch.uint8) & 0x80).any()
+
+
+@pytest.mark.parametrize("amax", [1e-37, 1e-39, 1e-41, 3e-42, 1e-44, 1.4e-45])
+def test_tiny_tensor_amax_and_the_zero_scale_guard_match_the_oracle(amax):
+    # Issue 27: below ~1e-39 the tensor amax is an fp32 subnormal, and amax / 2688 rounds
+    # to a subnormal s_g or (amax < ~1.9e-42) to 0, which the guard replaces by 1. Each
+    # case, measured from x and given as a static amax, against the float64 oracle.
+    x = torch.zeros(2, 32)
+    x[0, 0], x[0, 17], x[1, 5] = amax, -amax / 3, amax / 7
+    assert float(x.abs().max()) > 0  # representable: the guard sees a nonzero amax
+    _assert_matches_oracle(x)
+    _assert_matches_oracle(x, amax)
+    _assert_matches_oracle(torch.ones(1, 16), amax)  # a stale tiny amax saturates
+
+
+def test_zero_scale_guard_fires_below_the_subnormal_quotient():
+    # 1.4e-45 (the smallest fp32 subnormal) / 2688 underflows to 0: s_g = 1, as the oracle
+    x = torch.zeros(1, 16)
+    x[0, 3] = 1.4e-45
+    assert quantize_nvfp4(x).global_scale.item() == 1.0
+    _, _, s_g, _ = nvfp4_oracle(x.numpy())
+    assert float(s_g) == 1.0
+
+
+def test_negative_zero_and_tiny_negatives_match_the_oracle():
+    x = torch.tensor([[6.0, -0.0, -1e-9, -0.0, 0.0, -3.0] + [0.0] * 10])
+    _assert_matches_oracle(x)
+    _assert_matches_oracle(torch.full((1, 16), -0.0))  # an all -0.0 tensor: amax 0

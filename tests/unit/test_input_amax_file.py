@@ -294,8 +294,9 @@ def test_bad_prompts_and_model_name_the_argument(checkpoint, tmp_path, capsys):
     assert not (tmp_path / "a.json").exists()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_without_cuda_names_device(checkpoint, tmp_path, capsys):
+def test_cuda_without_cuda_names_device(checkpoint, tmp_path, capsys, monkeypatch):
+    # CUDA is hidden from the code path in-process, so this holds on any host (issue 27)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     argv = ["calibrate-input-amax", str(checkpoint[0]), "--out", str(tmp_path / "a.json")]
     code, err = _run([*argv, "--device", "cuda"], capsys)
     assert code == 2 and "--device cuda" in err

@@ -30,6 +30,7 @@ MAY_IMPORT = {
     "refit": {"config", "formats", "rules"},
     "rollout": {"config", "formats", "refit", "rules"},
     "tools": {"config", "formats", "refit", "rollout", "rules"},
+    "kernels": {"formats"},  # GPU (Triton) fast paths of the formats' quantizers
     "fp8": {"formats", "refit"},  # the compatibility face (former submodules resolve lazily)
 }
 """``{package: the nemo_ais packages and top-level modules it may import}``."""

@@ -52,3 +52,26 @@ def test_a_seq_logprob_error_threshold_warns_that_nothing_is_saved():
         r for r in pf.check_config(cfg) if r.name == "loss_fn.ais.bypass" and r.status == "warn"
     ]
     assert warnings and "no time saved" in warnings[0].detail
+
+
+KL_IN_REWARD = ["loss_fn.ais.bypass=true", "loss_fn.use_kl_in_reward=true"]
+
+
+def test_bypass_with_a_kl_term_in_the_reward_fails_naming_the_fields():
+    # bypass fills prev_logprobs with zeros; the reward's KL term would read them (issue 27)
+    result = _result([*KL_IN_REWARD, "loss_fn.reference_policy_kl_penalty=0.01"])
+    assert result.status == "fail"
+    for field in (
+        "loss_fn.ais.bypass=true",
+        "loss_fn.use_kl_in_reward=true",
+        "loss_fn.reference_policy_kl_penalty=0.01",
+    ):
+        assert field in result.detail
+
+
+def test_bypass_with_a_zero_kl_coefficient_in_the_reward_passes():
+    # beta = 0 zeros the term whatever prev_logprobs holds (NeMo-RL main allows it too)
+    result = _result([*KL_IN_REWARD, "loss_fn.reference_policy_kl_penalty=0.0"])
+    assert result.status == "ok"
+    result = _result(["loss_fn.ais.bypass=true", "loss_fn.reference_policy_kl_penalty=0.01"])
+    assert result.status == "ok"  # the KL term in the loss reads the reference, not zeros

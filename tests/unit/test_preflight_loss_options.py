@@ -73,7 +73,7 @@ def test_tbpo_warns_that_the_token_clip_knobs_are_unused_naming_them():
     for field in ("loss_fn.ratio_clip_min=", "loss_fn.ratio_clip_max=", "loss_fn.ratio_clip_c=3.0"):
         assert field in warning, warning
     assert "not used by loss_fn.ais.mode='tbpo'" in warning
-    assert "loss_fn.ais.tbpo_clip_low/high" in warning
+    assert "loss_fn.ais.tbpo.clip_low/clip_high" in warning
 
 
 def test_tbpo_without_dual_clip_names_only_the_knobs_that_are_set():

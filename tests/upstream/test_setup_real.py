@@ -71,6 +71,7 @@ from shipped_configs import CONFIG_DIR, FULL_CONFIGS, RUNS_ON, configs_for, flat
 from nemo_ais.nemo_rl import AISClippedPGLossFn
 from nemo_ais.nemo_rl import cluster_check as cc
 from nemo_ais.nemo_rl.policy_factory import ais_worker_fqn
+from nemo_ais.nemo_rl.run_config import RUN_MARKER_KEY, AISMasterConfig
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -197,6 +198,10 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     assert train_args[5].ais == ais_cfg.ais
     assert train_args[0] is policy and train_args[1] is generation
     assert master_config is config and train_args[11] is config
+    # what setup() logged and grpo_train checkpoints: the user's loss_fn + the marker
+    assert isinstance(config, AISMasterConfig)
+    assert config.model_dump()["loss_fn"] == raw["loss_fn"]
+    assert config.model_dump()[RUN_MARKER_KEY]["mode"] == ais_cfg.ais.mode
     assert (nemo_gym, teachers, aliases) == (None, {}, {})
     # a fresh run's save state: a dict on v0.7.0, main's GRPOSaveState dataclass
     initial = per_version(v0_7_0="_default_grpo_save_state", main="_initial_grpo_save_state")

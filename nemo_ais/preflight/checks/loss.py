@@ -25,14 +25,20 @@ from nemo_ais.config import (
     surrogate_conflicts,
     validate_section,
 )
+from nemo_ais.modes import MODES
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
-from nemo_ais.rules.loss_conflicts import AIS_CONFLICTS, ais_conflicts
+from nemo_ais.rules.loss_conflicts import (
+    AIS_CONFLICTS,
+    ais_conflicts,
+    bypass_kl_in_reward_problems,
+)
 
 __all__ = [
     "AIS_CONFLICTS",
     "NO_CORRECTION_HINT",
     "ais_conflicts",
+    "bypass_kl_in_reward_problems",
     "bypass_problems",
     "setup_sees_importance_sampling",
     "tbpo_unused_warnings",
@@ -58,30 +64,24 @@ def setup_sees_importance_sampling(cfg: Mapping[str, Any]) -> bool:
     return bool(loss.get("use_importance_sampling_correction", False)) or "ais" in loss
 
 
-# the token PPO clip's knobs, which mode tbpo's own sequence band (loss_fn.ais.tbpo_*) replaces
-_TBPO_UNUSED = ("ratio_clip_min", "ratio_clip_max", "ratio_clip_c")
-
-
 def tbpo_unused_warnings(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
-    """Warnings for the token-clip knobs set in ``loss_fn`` that mode ``tbpo`` does not read.
+    """Warnings for the ``loss_fn`` options set that ``mode``'s own surrogate does not read.
 
     Args:
         loss_fn: the ``loss_fn`` section.
         mode: the validated ``loss_fn.ais.mode``.
 
     Returns:
-        One line naming every ``loss_fn.ratio_clip_*`` that is set (not null) with mode
-        ``tbpo``, whose band is ``loss_fn.ais.tbpo_*``; empty otherwise.
+        One line naming every option of the mode record's ``unused_options`` that is set
+        (not null), e.g. ``loss_fn.ratio_clip_*`` with mode ``tbpo``, whose band is
+        ``loss_fn.ais.tbpo``; empty otherwise (and for an unknown mode).
     """
-    unused = [f for f in _TBPO_UNUSED if loss_fn.get(f) is not None]
-    if mode != "tbpo" or not unused:
+    record = MODES.get(mode)
+    unused = [f for f in record.unused_options if loss_fn.get(f) is not None] if record else []
+    if not unused:
         return []
     named = ", ".join(f"loss_fn.{f}={loss_fn[f]!r}" for f in unused)
-    return [
-        f"{named} not used by loss_fn.ais.mode='tbpo': its surrogate clips the sequence "
-        "ratio to the band loss_fn.ais.tbpo_clip_low/high (A >= 0) and "
-        "loss_fn.ais.tbpo_neg_clip_low/high (A < 0)"
-    ]
+    return [f"{named} not used by loss_fn.ais.mode={mode!r}: {record.unused_why}"]
 
 
 @check("loss_fn.ais", mixins=True)
@@ -90,7 +90,8 @@ def check_loss_sections(ctx: Context) -> Verdict:
 
     With a mode other than ``none`` (core's loss) the surrogate knobs of ``loss_fn`` are
     validated as :class:`~nemo_ais.config.PGLossConfig` too, and against the mode, as
-    ``AISLossConfig`` does; mode ``tbpo`` warns for the token-clip knobs it does not read.
+    ``AISLossConfig`` does; a mode with its own surrogate (``tbpo``) warns for the
+    token-clip knobs it does not read.
     """
     loss = ctx.get("loss_fn", {})
     if "ais" not in loss:
@@ -133,11 +134,12 @@ def bypass_problems(cfg: Mapping[str, Any]) -> list[str]:
     The launcher turns on NeMo-RL's ``loss_fn.force_on_policy_ratio`` for the driver
     (``nemo_rl_view``), so ``grpo_train`` skips the trainer's ``prev_logprobs`` forward and
     ``setup()`` asserts one update per rollout batch; with mode ``none`` the loss is
-    NeMo-RL's own, which would read the zeros it fills in.
+    NeMo-RL's own, which would read the zeros it fills in, and so would a KL term in the
+    reward (:func:`bypass_kl_in_reward_problems`).
     """
     if get(cfg, "loss_fn.ais.bypass", False) is not True:
         return []
-    problems = []
+    problems = bypass_kl_in_reward_problems(get(cfg, "loss_fn", {}))
     if get(cfg, "loss_fn.ais.mode", "ais") == "none":
         problems.append(
             "loss_fn.ais.bypass=true needs a correction mode: with loss_fn.ais.mode=none the "

@@ -1,0 +1,175 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Steps 4-5 of the loss: the clipped surrogate by mode, and the KL penalty.
+
+See the algorithm box of :mod:`nemo_ais.core.loss` (the one policy-gradient loss of the
+package, which alone calls these). Step 4 is picked by the mode's record
+(``MODES[mode].surrogate``): NeMo-RL's token PPO clip (with its GSPO, CISPO, dual-clip and
+REINFORCE variants) or tbpo's sequence-ratio trust band **[reconstruction]** of QaRL
+(arXiv 2604.07853). Step 5 is NeMo-RL's ``calculate_kl`` times its importance weight.
+Autograd forms every gradient; ``torch.max`` / ``torch.min`` / ``clamp`` / ``where`` as
+NeMo-RL, so that ties get upstream's gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from nemo_ais.config import CorrectionConfig, PGLossConfig
+
+__all__ = [
+    "KL_VALUES",
+    "SURROGATES",
+    "LossInputs",
+    "Surrogate",
+    "kl_penalty",
+    "sequence_log_ratio",
+    "tbpo_surrogate",
+    "token_surrogate",
+]
+
+
+class LossInputs(NamedTuple):
+    """Step-1 inputs in the compute dtype, detached, every term 0 where m = 0."""
+
+    logp_theta: torch.Tensor  # log pi_theta (with its graph)
+    log_r: torch.Tensor  # log pi_theta - log pi_old (with graph; not masked)
+    log_rho: torch.Tensor  # l = log pi_old - log mu
+    log_q: torch.Tensor | None  # log pi_ref - log pi_theta_kl (KL on; with graph; not masked)
+    log_kl_is: torch.Tensor | None  # log pi_theta_kl - log mu (on-policy KL; graph; 0 at m = 0)
+    adv: torch.Tensor  # [B, T]
+    m: torch.Tensor  # float mask
+
+
+class Surrogate(NamedTuple):
+    """Step 4's per-token clipped loss and the ratios the metrics read."""
+
+    clip_loss: torch.Tensor  # [B, T], carries the graph to log pi_theta
+    r: torch.Tensor  # detached, for the metrics
+    r_clip: torch.Tensor
+    token_ratio: bool = True  # False: r is a sequence ratio (GSPO's, tbpo's s_i), broadcast
+
+
+def sequence_log_ratio(x: LossInputs, log_ratio_clamp: float) -> torch.Tensor:
+    """``[B, 1]`` clamp(mean over the sequence's valid tokens of log r, +-L) (0 if none)."""
+    n_tok_seq = x.m.sum(dim=-1, keepdim=True)
+    log_s = (x.log_r * x.m).sum(dim=-1, keepdim=True) / torch.where(n_tok_seq > 0, n_tok_seq, 1)
+    return log_s.clamp(-log_ratio_clamp, log_ratio_clamp)
+
+
+def token_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -> Surrogate:
+    """Step 4: per-token clipped surrogate ``[B, T]``, CleanRL-style; autograd differentiates.
+
+    ``-A * r`` is NeMo-RL's ``-advantages * ratios`` (negation is exact); ``torch.max`` /
+    ``torch.min`` / ``clamp`` as upstream, so a tie gets upstream's (autograd's) gradient.
+    ``sequence_level_importance_ratios`` (GSPO) replaces r_it by the sequence's
+    exp(mean_t log r_it) before the clip; ``use_cispo`` replaces the PPO max by
+    -A sg(clip(r)) log pi_theta (both as NeMo-RL's ``ClippedPGLossFn``).
+    """
+    if pg.disable_ppo_ratio:  # before GSPO's ratio, as NeMo-RL
+        r = x.logp_theta
+        return Surrogate(-x.adv * r, r.detach(), r.detach())
+    log_ratio_clamp = config.log_ratio_clamp
+    if pg.sequence_level_importance_ratios:
+        r = sequence_log_ratio(x, log_ratio_clamp).exp().expand_as(x.m)
+    else:
+        r = x.log_r.clamp(-log_ratio_clamp, log_ratio_clamp).exp()
+    r_clip = r.clamp(1 - pg.ratio_clip_min, 1 + pg.ratio_clip_max)
+    neg_adv = -x.adv
+    if pg.use_cispo:  # clipped IS weight, no gradient through it; no PPO max, no dual clip
+        clip_loss = neg_adv * r_clip.detach() * x.logp_theta
+    else:
+        clip_loss = torch.max(neg_adv * r, neg_adv * r_clip)
+    if pg.ratio_clip_c is not None:  # dual clip (A < 0)
+        dual = torch.min(clip_loss, neg_adv * pg.ratio_clip_c)
+        clip_loss = torch.where(x.adv < 0, dual, clip_loss)
+    token_ratio = not pg.sequence_level_importance_ratios
+    return Surrogate(clip_loss, r.detach(), r_clip.detach(), token_ratio)
+
+
+def tbpo_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -> Surrogate:
+    """Step 4, mode tbpo: the sequence-ratio trust-band surrogate ``[B, T]`` **[reconstruction]**.
+
+    s_i = exp(clamp(mean_t log r_it, +-L)) (GSPO's length-normalised sequence ratio), one
+    value per sequence broadcast over its tokens; the band depends on the sign of A_it:
+    A >= 0: max(-A s, -A clip(s, 1 - clip_low, 1 + clip_high))  (PPO pessimism)
+    A < 0:  -A clip(s, 1 - neg_clip_low, 1 + neg_clip_high)      (dual clip: both edges)
+    Outside its band a sequence gets no gradient. ``pg``'s token clip is not used.
+    """
+    s = sequence_log_ratio(x, config.log_ratio_clamp).exp().expand_as(x.m)
+    band = config.tbpo
+    s_pos = s.clamp(1 - band.clip_low, 1 + band.clip_high)
+    s_neg = s.clamp(1 - band.neg_clip_low, 1 + band.neg_clip_high)
+    neg_adv = -x.adv
+    pos_loss = torch.max(neg_adv * s, neg_adv * s_pos)
+    clip_loss = torch.where(x.adv < 0, neg_adv * s_neg, pos_loss)
+    s_clip = torch.where(x.adv < 0, s_neg, s_pos)
+    return Surrogate(clip_loss, s.detach(), s_clip.detach(), token_ratio=False)
+
+
+# step 4 by ``MODES[mode].surrogate``: the token PPO clip, or tbpo's sequence band
+SURROGATES: dict[str, Callable] = {"token": token_surrogate, "tbpo": tbpo_surrogate}
+
+
+# k(x) of each estimator, given x and e = exp(x) (k3 only; None for k1 / k2)
+KL_VALUES: dict[str, Callable] = {
+    "k1": lambda x, e: -x,
+    "k2": lambda x, e: x.square() / 2,
+    "k3": lambda x, e: (e - 1) - x,
+}
+
+
+def _on_policy_kl_weight(log_w: torch.Tensor) -> torch.Tensor:
+    """NeMo-RL's ``nan_to_num(exp(log pi_theta_kl - log mu), nan=0, posinf=0, neginf=0)``.
+
+    The same values; where exp() overflows (or log_w is NaN) the weight is exp(-inf) = 0
+    with a zero gradient, where NeMo-RL's ``nan_to_num`` leaves 0 * inf = NaN in the
+    gradient of exp().
+    """
+    with torch.no_grad():
+        lost = ~torch.isfinite(log_w.exp())
+    return torch.where(lost, -math.inf, log_w).exp()
+
+
+def kl_penalty(x: LossInputs, pg: PGLossConfig, m: torch.Tensor) -> torch.Tensor:
+    """Step 5: per-token clamp(s k(x), +-out) ``[B, T]`` (times beta in step 6); autograd differentiates.
+
+    NeMo-RL's ``calculate_kl`` with x = clamp(log pi_ref - log pi_theta_kl): k(x) times the
+    importance weight s, detached where the input clamp is active, before the output clamp.
+    ``use_on_policy_kl_approximation``: s = nan_to_num(exp(log pi_theta_kl - log mu)) (with
+    gradient). Otherwise s = exp(log pi_theta_kl - sg(log pi_theta_kl)) (value 1, carrying
+    the score-function gradient k), written with fewer ops as k(x) - (x - sg(x)) sg(k(x)):
+    the same value and gradient (dx / d log pi_theta_kl = -1 inside the clamp, 0 outside).
+    """
+    raw = x.log_q
+    if pg.kl_input_clamp_value is None:
+        log_q = raw * m  # no clamp keeps a masked garbage value out of exp()
+    else:
+        log_q = raw.clamp(-pg.kl_input_clamp_value, pg.kl_input_clamp_value)
+    kind = pg.reference_policy_kl_type
+    k = KL_VALUES[kind](log_q, log_q.exp() if kind == "k3" else None)
+    if x.log_kl_is is None:
+        kl_tok = k - (log_q - log_q.detach()) * k.detach()
+    else:  # on-policy approximation: NeMo-RL's weight, 1 at m = 0 (exponent masked)
+        s = _on_policy_kl_weight(x.log_kl_is)
+        if pg.kl_input_clamp_value is not None:
+            s = torch.where(raw == log_q, s, s.detach())
+        kl_tok = s * k
+    if pg.kl_output_clamp_value is not None:
+        kl_tok = kl_tok.clamp(-pg.kl_output_clamp_value, pg.kl_output_clamp_value)
+    return kl_tok

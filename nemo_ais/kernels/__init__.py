@@ -1,0 +1,36 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Fused GPU kernels of the rollout quantizers (Triton, imported on first use).
+
+:mod:`nemo_ais.kernels.triton_quant`: one launch per weight (MoE expert stacks included)
+for FP8 128x128, MXFP8, NVFP4 and MXFP4, bit-equal to the PyTorch references.
+"""
+
+from nemo_ais.kernels.triton_quant import (
+    quantize_blockwise_triton,
+    quantize_mxfp4_triton,
+    quantize_mxfp8_triton,
+    quantize_nvfp4_experts_triton,
+    quantize_nvfp4_triton,
+    triton_available,
+)
+
+__all__ = [
+    "quantize_blockwise_triton",
+    "quantize_mxfp4_triton",
+    "quantize_mxfp8_triton",
+    "quantize_nvfp4_experts_triton",
+    "quantize_nvfp4_triton",
+    "triton_available",
+]

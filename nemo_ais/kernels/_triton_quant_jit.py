@@ -1,0 +1,346 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Triton kernels of :mod:`nemo_ais.kernels.triton_quant` (imports Triton at module load).
+
+Loaded twice at most, by :func:`nemo_ais.kernels.triton_quant._jit`: compiled (CUDA
+tensors) and under Triton's interpreter (CPU tensors, the CI path). Every rounding is
+written out so that both give the bits of the PyTorch references:
+
+* divisions are ``tl.math.div_rn`` (IEEE round-to-nearest; Triton's ``/`` is approximate);
+* E4M3 codes are encoded with integer arithmetic (round to nearest, ties to even, from
+  the fp32 bits), never ``.to(tl.float8e4nv)``: the interpreter's cast rounds ties up and
+  turns 470 into NaN, where ``torch``'s cast gives 448;
+* powers of two (UE8M0, ``frexp``) are formed from the exponent bits.
+
+Each program writes the count of non-finite inputs it saw (``bad``); the wrappers check
+their sum once per call and hand non-finite input to the PyTorch path, which raises.
+"""
+
+import triton
+import triton.language as tl
+
+# Globals a kernel reads must be constexpr (Triton refuses plain module globals)
+E4M3_MAX = tl.constexpr(448.0)
+FP32_MAX = tl.constexpr(3.4028234663852886e38)
+SMALLEST_NORMAL = tl.constexpr(1.1754943508222875e-38)  # 2^-126
+INF = tl.constexpr(float("inf"))
+
+
+@triton.jit
+def _max(x, axis: tl.constexpr):
+    """``tl.max`` as the core reduction (the interpreter runs it without Triton's stdlib)."""
+    return tl.reduce(x, axis, tl.standard._elementwise_max)
+
+
+@triton.jit
+def _sum(x, axis: tl.constexpr):
+    """``tl.sum`` as the core reduction (integers only here: no promotion needed)."""
+    return tl.reduce(x, axis, tl.standard._sum_combine)
+
+
+@triton.jit
+def _e4m3_code(q):
+    """int32 E4M3 code (sign in bit 7) of fp32 ``q``, |q| <= 448: RNE, as torch's cast."""
+    b = q.to(tl.int32, bitcast=True)
+    sign = (b >> 24) & 0x80
+    a = b & 0x7FFFFFFF
+    # normal E4M3 (|q| >= 2^-6): the fp32 significand rounded to 3 bits, ties to even;
+    # a carry moves into the exponent, as it should; exponent bias 127 -> 7
+    normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
+    # subnormal E4M3 (|q| < 2^-6): |q| * 2^9 rounded to an integer 0..8, ties to even
+    sig = (a & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(141 - (a >> 23), 25)  # 14 - unbiased exponent; >= 21 here
+    low = sig & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    sub = sig >> shift
+    sub += ((low > half) | ((low == half) & ((sub & 1) == 1))).to(tl.int32)
+    return tl.where(a >= 0x3C800000, normal, sub) | sign
+
+
+@triton.jit
+def _e4m3_value(code):
+    """fp32 value of a positive E4M3 code 0..126 (int32)."""
+    expo = code >> 3
+    mant = code & 7
+    normal = (((expo + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
+    return tl.where(expo == 0, mant.to(tl.float32) * 0.001953125, normal)
+
+
+@triton.jit
+def _e2m1_code(a, TIES_TO_ZERO: tl.constexpr):
+    """int32 E2M1 magnitude code 0..7 of fp32 ``a >= 0`` by the seven thresholds, saturating."""
+    if TIES_TO_ZERO:
+        code = (a > 0.25).to(tl.int32) + (a > 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+        code += (a > 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a > 3.5).to(tl.int32)
+    else:
+        code = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+        code += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+    return code + (a > 5.0).to(tl.int32)
+
+
+@triton.jit
+def _exp2(e):
+    """fp32 ``2^e`` for int32 ``e`` in [-127, 127], exactly (2^-127 is subnormal)."""
+    normal = (tl.maximum(e, -126) + 127) << 23
+    sub = 0x800000 >> tl.maximum(-126 - e, 0)
+    return tl.where(e >= -126, normal, sub).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e8m0_exponent(amax, ELEM_MAX: tl.constexpr):
+    """MX exponent ``ceil(log2(amax / ELEM_MAX))`` clamped to [-127, 127]; 0 gives -127."""
+    ratio = tl.math.div_rn(amax, tl.full(amax.shape, ELEM_MAX, tl.float32))
+    b = ratio.to(tl.int32, bitcast=True)
+    field = b >> 23
+    normal = field - 127 + ((b & 0x7FFFFF) != 0).to(tl.int32)
+    sub = tl.where(b > 0x400000, -126, -127)  # ratio in (2^-127, 2^-126): -126
+    expo = tl.where(field > 0, normal, sub)
+    return tl.minimum(tl.maximum(expo, -127), 127)
+
+
+@triton.jit
+def _ceil_pow2(s):
+    """Smallest power of two >= fp32 ``s >= 0`` (``frexp``'s rule; 0 gives 1, as torch)."""
+    b = s.to(tl.int32, bitcast=True)
+    field = b >> 23
+    mant = b & 0x7FFFFF
+    normal = tl.where(mant == 0, b, (field + 1) << 23)
+    # subnormal s: the next power of two of its integer significand, as a bit pattern
+    mb = mant.to(tl.float32).to(tl.int32, bitcast=True)
+    p = (mb >> 23) - 127 + ((mb & 0x7FFFFF) != 0).to(tl.int32)
+    sub = 1 << tl.minimum(tl.maximum(p, 0), 23)
+    bits = tl.where(field > 0, normal, sub)
+    return tl.where(b == 0, 1.0, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _floor_pow2(m):
+    """Largest power of two <= fp32 ``m > 0`` (normal); inf gives 0.5 (torch's frexp)."""
+    b = m.to(tl.int32, bitcast=True)
+    p = (b & 0x7F800000).to(tl.float32, bitcast=True)
+    return tl.where(m == INF, 0.5, p)
+
+
+@triton.jit
+def _count_bad(x):
+    """Number of NaN / inf entries of fp32 ``x`` (NaN fails every comparison)."""
+    return _sum(_sum((~(tl.abs(x) <= FP32_MAX)).to(tl.int32), 1), 0)
+
+
+@triton.jit
+def fp8_blockwise_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    bad_ptr,
+    n,
+    k,
+    nb,
+    kb,
+    eps,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    TILE_N: tl.constexpr,
+    TILE_K: tl.constexpr,
+    FAMILY: tl.constexpr,
+    UE8M0: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """One ``BN x BK`` tile of expert ``program_id(1)`` of ``x [E, n, k]`` per program.
+
+    ``TILE_N x TILE_K``: the power-of-two block covering the tile, walked in ``CHUNK``-row
+    slices twice (amax, then quantize: the second read hits L2), so a 128x128 tile does not
+    sit in registers whole. FAMILY 0/1/2 = "a"/"b"/"c" (nemo_ais.formats.fp8_block, step 3).
+    Writes codes (uint8), the fp32 dequant scale of the tile, and its count of non-finite
+    inputs.
+    """
+    tile = tl.program_id(0)
+    e = tl.program_id(1).to(tl.int64)
+    tn = tile // kb
+    tk = tile % kb
+    j = tl.arange(0, TILE_K)
+    cols = tk * BK + j
+    cmask = ((j < BK) & (cols < k))[None, :]
+    base = x_ptr + e * n * k + cols[None, :]
+    acc = tl.full((CHUNK, TILE_K), 0.0, tl.float32)  # (tl.zeros: stdlib, see _max)
+    bad = tl.full((CHUNK, TILE_K), 0, tl.int32)
+    for r0 in range(0, TILE_N, CHUNK):  # pass 1: amax (and non-finite count) of the tile
+        i = r0 + tl.arange(0, CHUNK)
+        rows = tn * BN + i
+        mask = ((i < BN) & (rows < n))[:, None] & cmask
+        x = tl.load(base + rows.to(tl.int64)[:, None] * k, mask=mask, other=0.0)
+        x = tl.abs(x.to(tl.float32))
+        acc = tl.maximum(acc, x)
+        bad += (~(x <= FP32_MAX)).to(tl.int32)
+    amax = _max(_max(acc, 1), 0)
+    amax = tl.maximum(amax, eps)  # eps = 0: unchanged
+    zero = amax == 0
+    if FAMILY == 2:
+        # one correctly rounded division, as the reference's tensor / tensor
+        m = tl.math.div_rn(tl.full(amax.shape, E4M3_MAX, tl.float32), amax)
+        if UE8M0:
+            m = _floor_pow2(m)
+        m = tl.minimum(tl.where(zero, 1.0, m), FP32_MAX)
+        s = tl.math.div_rn(tl.full(m.shape, 1.0, tl.float32), m)
+    else:
+        s = tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32))
+        if UE8M0:
+            s = _ceil_pow2(s)
+        s = tl.where(zero, 1.0, s)
+        s = tl.where(s == 0, SMALLEST_NORMAL, s)
+        m = tl.minimum(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s), FP32_MAX)
+    qbase = q_ptr + e * n * k + cols[None, :]
+    for r0 in range(0, TILE_N, CHUNK):  # pass 2: scale, saturate, encode, store
+        i = r0 + tl.arange(0, CHUNK)
+        rows = tn * BN + i
+        mask = ((i < BN) & (rows < n))[:, None] & cmask
+        roffs = rows.to(tl.int64)[:, None] * k
+        x = tl.load(base + roffs, mask=mask, other=0.0).to(tl.float32)
+        if FAMILY == 1:
+            y = tl.math.div_rn(x, tl.broadcast_to(s, x.shape))
+        else:
+            y = x * m
+        y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
+        tl.store(qbase + roffs, _e4m3_code(y).to(tl.uint8), mask=mask)
+    tl.store(s_ptr + e * nb * kb + tile, s)
+    tl.store(bad_ptr + e * nb * kb + tile, _sum(_sum(bad, 1), 0))
+
+
+@triton.jit
+def mx_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    bad_ptr,
+    r,
+    k,
+    BR: tl.constexpr,
+    BK: tl.constexpr,
+    FP4: tl.constexpr,
+    TIES_TO_ZERO: tl.constexpr,
+):
+    """MXFP8 (``FP4`` False) or MXFP4 of a ``BR x BK`` block of ``x [r, k]``, blocks of 32.
+
+    Writes E4M3 codes (uint8 ``[r, k]``) or packed E2M1 pairs (``[r, k/2]``), the UE8M0
+    scale bytes ``[r, k/32]`` and the program's count of non-finite inputs.
+    """
+    pr = tl.program_id(0)
+    pk = tl.program_id(1)
+    rows = pr * BR + tl.arange(0, BR)
+    cols = pk * BK + tl.arange(0, BK)
+    rmask = rows < r
+    mask = rmask[:, None] & (cols < k)[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * k + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    xb = tl.reshape(x, (BR, BK // 32, 32))
+    amax = _max(tl.abs(xb), 2)
+    if FP4:
+        expo = _e8m0_exponent(amax, 6.0)
+    else:
+        expo = _e8m0_exponent(amax, E4M3_MAX)
+    y = xb * _exp2(-expo)[:, :, None]  # exact unless the product is subnormal (RNE)
+    if FP4:
+        code = _e2m1_code(tl.abs(y), TIES_TO_ZERO) | tl.where(xb < 0, 8, 0)
+        pairs = tl.reshape(code, (BR, BK // 2, 2)) << (tl.arange(0, 2) * 4)[None, None, :]
+        packed = _sum(pairs, 2)
+        pcols = pk * (BK // 2) + tl.arange(0, BK // 2)
+        pmask = rmask[:, None] & (pcols < k // 2)[None, :]
+        tl.store(q_ptr + rows64[:, None] * (k // 2) + pcols[None, :], packed.to(tl.uint8), pmask)
+    else:
+        y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
+        code = tl.reshape(_e4m3_code(y), (BR, BK))
+        tl.store(q_ptr + rows64[:, None] * k + cols[None, :], code.to(tl.uint8), mask)
+    scols = pk * (BK // 32) + tl.arange(0, BK // 32)
+    smask = rmask[:, None] & (scols < k // 32)[None, :]
+    sbytes = (expo + 127).to(tl.uint8)
+    tl.store(s_ptr + rows64[:, None] * (k // 32) + scols[None, :], sbytes, smask)
+    tl.store(bad_ptr + pr * tl.num_programs(1) + pk, _count_bad(x))
+
+
+@triton.jit
+def absmax_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+    """Max |x| of ``BLOCK`` elements of matrix ``program_id(1)`` (``numel`` each) of flat ``x``.
+
+    Writes one partial per program to ``out [matrices, programs]``; inf if any is NaN / inf.
+    """
+    pid = tl.program_id(0)
+    mat = tl.program_id(1).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + mat * numel + offs, mask=offs < numel, other=0.0).to(tl.float32)
+    ax = tl.abs(x)
+    bad = _sum((~(ax <= FP32_MAX)).to(tl.int32), 0)
+    tl.store(out_ptr + mat * tl.num_programs(0) + pid, tl.where(bad > 0, INF, _max(ax, 0)))
+
+
+@triton.jit
+def nvfp4_kernel(
+    x_ptr,
+    sg_ptr,
+    q_ptr,
+    s_ptr,
+    bad_ptr,
+    n,
+    k,
+    sg_stride,
+    BR: tl.constexpr,
+    BK: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
+):
+    """NVFP4 of a ``BR x BK`` block of matrix ``program_id(2)`` of ``x [E, n, k]``.
+
+    Steps 2-5 of :mod:`nemo_ais.formats.nvfp4` with the global scale ``s_g`` read from
+    ``sg_ptr + e * sg_stride`` (stride 0: one for the tensor, 1: one per expert); ``TILE_ROWS`` 16: one amax per 16x16 tile (``BR`` a multiple of 16, tiles
+    start at row 0 of each matrix; masked rows load 0, neutral for a max of |x|).
+    Writes packed E2M1 pairs ``[E, n, k/2]``, E4M3 scale bytes ``[E, n, k/16]`` and the
+    program's count of non-finite inputs.
+    """
+    pr = tl.program_id(0)
+    pk = tl.program_id(1)
+    e = tl.program_id(2).to(tl.int64)
+    rows = pr * BR + tl.arange(0, BR)
+    cols = pk * BK + tl.arange(0, BK)
+    rmask = rows < n
+    mask = rmask[:, None] & (cols < k)[None, :]
+    rows64 = e * n + rows.to(tl.int64)  # row of the flattened [E * n, k]
+    x = tl.load(x_ptr + rows64[:, None] * k + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    xb = tl.reshape(x, (BR, BK // 16, 16))
+    amax = _max(tl.abs(xb), 2)
+    if TILE_ROWS > 1:
+        tiles = _max(tl.reshape(amax, (BR // TILE_ROWS, TILE_ROWS, BK // 16)), 1)
+        amax = tl.reshape(
+            tl.broadcast_to(tiles[:, None, :], (BR // TILE_ROWS, TILE_ROWS, BK // 16)),
+            (BR, BK // 16),
+        )
+    s_g = tl.load(sg_ptr + e * sg_stride)
+    ratio = tl.math.div_rn(amax, tl.broadcast_to(s_g * 6.0, amax.shape))
+    ratio = tl.where(ratio == 0, 1.0, ratio)
+    ratio = tl.minimum(tl.maximum(ratio, 0.001953125), E4M3_MAX)  # [2^-9, 448]
+    scale_code = _e4m3_code(ratio)
+    d = _e4m3_value(scale_code) * s_g
+    d = tl.where(d == 0, INF, d)
+    y = tl.math.div_rn(xb, tl.broadcast_to(d[:, :, None], xb.shape))
+    code = _e2m1_code(tl.abs(y), False) | tl.where(xb < 0, 8, 0)
+    pairs = tl.reshape(code, (BR, BK // 2, 2)) << (tl.arange(0, 2) * 4)[None, None, :]
+    packed = _sum(pairs, 2)
+    pcols = pk * (BK // 2) + tl.arange(0, BK // 2)
+    pmask = rmask[:, None] & (pcols < k // 2)[None, :]
+    tl.store(q_ptr + rows64[:, None] * (k // 2) + pcols[None, :], packed.to(tl.uint8), pmask)
+    scols = pk * (BK // 16) + tl.arange(0, BK // 16)
+    smask = rmask[:, None] & (scols < k // 16)[None, :]
+    sbytes = scale_code.to(tl.uint8)
+    tl.store(s_ptr + rows64[:, None] * (k // 16) + scols[None, :], sbytes, smask)
+    pid = (e * tl.num_programs(0) + pr) * tl.num_programs(1) + pk
+    tl.store(bad_ptr + pid, _count_bad(x))

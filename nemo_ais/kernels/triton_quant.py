@@ -1,0 +1,383 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Fused Triton quantizers, bit-equal to the PyTorch references of :mod:`nemo_ais.formats`.
+
+One kernel launch per weight, MoE expert stacks ``[E, N, K]`` included (the grid runs
+over the experts), for the refit of a low-precision rollout:
+
+=======================================  ================================================
+function                                 same signature and bits as
+=======================================  ================================================
+:func:`quantize_blockwise_triton`        :func:`nemo_ais.formats.quantize_blockwise` (families
+                                         a/b/c, eps, UE8M0, any tile, ragged last tiles)
+:func:`quantize_mxfp8_triton`            :func:`nemo_ais.formats.quantize_mxfp8`
+:func:`quantize_nvfp4_triton`            :func:`nemo_ais.formats.quantize_nvfp4` (static amax,
+                                         ``rows_per_block`` 1 or 16)
+:func:`quantize_nvfp4_experts_triton`    ``quantize_nvfp4(x[e], amax[e])`` for each expert
+                                         of ``[E, N, K]`` (a global scale per expert)
+:func:`quantize_mxfp4_triton`            :func:`nemo_ais.formats.quantize_mxfp4` (both tie rules)
+=======================================  ================================================
+
+A CUDA tensor runs the compiled kernels; a CPU tensor runs the same kernels under Triton's
+interpreter (what ``TRITON_INTERPRET=1`` selects, here scoped to this module so compiled
+and interpreted kernels can live in one process): slow, for tests on small shapes in CI.
+The kernels (:mod:`nemo_ais.kernels._triton_quant_jit`) spell out every rounding: IEEE
+divisions, E4M3 encoded from the fp32 bits with integer arithmetic (round to nearest
+even), powers of two from exponent bits. Non-finite input is detected in the kernel and
+handed to the PyTorch quantizer, which raises its usual ``ValueError`` (one host read of
+a count per call). Triton is imported on first use: ``pip install 'nemo-ais[triton]'``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import sys
+from types import ModuleType
+from typing import Literal
+
+import torch
+
+from nemo_ais.formats import (
+    MXFP4Tensor,
+    MXFP8Tensor,
+    NVFP4Tensor,
+    quantize_blockwise,
+    quantize_mxfp4,
+    quantize_mxfp8,
+    quantize_nvfp4,
+)
+from nemo_ais.formats.checks import FLOAT_INPUTS, check_amax, check_last_dim
+from nemo_ais.formats.nvfp4 import nvfp4_global_scale
+
+__all__ = [
+    "quantize_blockwise_triton",
+    "quantize_mxfp4_triton",
+    "quantize_mxfp8_triton",
+    "quantize_nvfp4_experts_triton",
+    "quantize_nvfp4_triton",
+    "triton_available",
+]
+
+_FAMILY_INDEX = {"a": 0, "b": 1, "c": 2}
+_MX_BLOCK, _NVFP4_BLOCK = 32, 16
+_KERNELS = "nemo_ais.kernels._triton_quant_jit"
+# Register blocks (elements per program): 128x128 tiles are one program each; the 1-D
+# block formats take 16 rows x 256 columns (4096 elements) per program.
+_ROWS, _COLS = 16, 256
+_ABSMAX_BLOCK = 8192
+# FP8 tiles are read in slices of this many rows. ptxas -v for sm_90a (Triton 3.6, bf16,
+# 8 warps): a whole 128x128 tile in registers spilled 1 KB a thread at 255 registers;
+# 32-row slices: 184 registers, 16: 104, 8: 64, no spills (not yet timed on a GPU).
+_FP8_CHUNK = 16
+# 16x256 blocks at 8 warps: 128 (MX) / 120 (NVFP4) registers, no spills; at 4 warps
+# 182-218 registers, i.e. at most 8 warps resident per SM.
+_WARPS = 8
+
+
+def triton_available() -> bool:
+    """Whether Triton is importable (the kernels need it; CPU tensors use its interpreter)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def _jit(interpret: bool) -> ModuleType:
+    """The kernel module, compiled (CUDA) or loaded under Triton's interpreter (CPU)."""
+    try:
+        import triton
+    except ImportError as err:
+        raise ImportError(
+            "nemo_ais.kernels.triton_quant needs Triton: pip install 'nemo-ais[triton]'"
+        ) from err
+    if not interpret:
+        return importlib.import_module(_KERNELS)
+    # A second copy of the module whose @triton.jit functions are interpreter functions
+    spec = importlib.util.find_spec(_KERNELS)
+    module = importlib.util.module_from_spec(spec)
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.interpret = True
+        spec.loader.exec_module(module)
+    sys.modules.setdefault(_KERNELS + "_interpreted", module)
+    return module
+
+
+def _on_x_device(fn):
+    """Run ``fn(x, ...)`` with ``x``'s GPU current: Triton launches on the current device."""
+
+    @functools.wraps(fn)
+    def wrapper(x: torch.Tensor, *args, **kwargs):
+        if not x.is_cuda:
+            return fn(x, *args, **kwargs)
+        with torch.cuda.device(x.device):
+            return fn(x, *args, **kwargs)
+
+    return wrapper
+
+
+def _kernels_for(x: torch.Tensor) -> ModuleType:
+    if x.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"x: got a tensor on {x.device}, expected CUDA (or CPU: interpreter)")
+    return _jit(x.device.type == "cpu")
+
+
+def _check_blockwise_args(x, block, family, eps, name) -> None:
+    if family not in _FAMILY_INDEX:
+        raise ValueError(f"{name}: family={family!r} is invalid: expected one of ('a', 'b', 'c')")
+    if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{name}: eps={eps!r} is invalid: expected a finite float >= 0")
+    if len(block) != 2 or any(not isinstance(b, int) or b <= 0 for b in block):
+        raise ValueError(f"{name}: block={block!r} is invalid: expected two positive ints")
+    if x.dim() not in (2, 3) or x.dtype not in FLOAT_INPUTS:
+        raise ValueError(
+            f"{name}: got {list(x.shape)} {x.dtype}, expected a 2-D [N, K] or 3-D [E, N, K] "
+            f"floating tensor ({', '.join(str(d) for d in FLOAT_INPUTS)})"
+        )
+
+
+@_on_x_device
+def quantize_blockwise_triton(
+    x: torch.Tensor,
+    block: tuple[int, int] = (128, 128),
+    family: Literal["a", "b", "c"] = "a",
+    eps: float = 1e-4,
+    ue8m0: bool = False,
+    *,
+    name: str = "x",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blockwise FP8 E4M3 by one Triton launch; bits of :func:`nemo_ais.formats.quantize_blockwise`.
+
+    Args:
+        x: ``[N, K]`` or ``[E, N, K]`` (all experts in one launch); fp32, bf16, fp16 or
+            fp64, CUDA (compiled) or CPU (interpreter).
+        block, family, eps, ue8m0, name: as :func:`nemo_ais.formats.quantize_blockwise`.
+
+    Returns:
+        ``(q, s)``: float8_e4m3fn codes of ``x``'s shape and fp32 dequant scales
+        ``[(E,) ceil(N/bn), ceil(K/bk)]``.
+
+    Raises:
+        ValueError: as :func:`nemo_ais.formats.quantize_blockwise` (non-finite input included).
+    """
+    _check_blockwise_args(x, block, family, eps, name)
+    x3 = (x if x.dim() == 3 else x.unsqueeze(0)).contiguous()
+    e, n, k = x3.shape
+    bn, bk = block
+    nb, kb = -(-n // bn), -(-k // bk)
+    q = torch.empty(e, n, k, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(e, nb, kb, dtype=torch.float32, device=x.device)
+    if x3.numel():
+        bad = torch.empty(e, nb, kb, dtype=torch.int32, device=x.device)
+        tile_n, tile_k = triton_next_pow2(bn), triton_next_pow2(bk)
+        _kernels_for(x).fp8_blockwise_kernel[(nb * kb, e)](
+            x3, q.view(torch.uint8), s, bad, n, k, nb, kb, float(eps),
+            BN=bn, BK=bk, TILE_N=tile_n, TILE_K=tile_k,
+            FAMILY=_FAMILY_INDEX[family], UE8M0=bool(ue8m0), CHUNK=min(tile_n, _FP8_CHUNK),
+            num_warps=8 if tile_n * tile_k >= 8192 else 4,
+        )  # fmt: skip
+        if bool(bad.any()):  # the PyTorch path raises, naming the count and first index
+            return quantize_blockwise(x, block, family, eps, ue8m0, name=name)
+    return (q, s) if x.dim() == 3 else (q[0], s[0])
+
+
+def triton_next_pow2(v: int) -> int:
+    """Smallest power of two >= ``v`` (a register block holding ``v`` elements)."""
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
+    """(codes, scale bytes, non-finite count) of ``x [..., K]`` flattened to ``[R, K]``."""
+    k = x.shape[-1]
+    r = math.prod(x.shape[:-1])
+    x2 = x.reshape(r, k).contiguous()
+    q = torch.empty(r, k // 2 if fp4 else k, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(r, k // _MX_BLOCK, dtype=torch.uint8, device=x.device)
+    if x2.numel() == 0:
+        return q, scale, False
+    cols = min(_COLS, triton_next_pow2(k))
+    grid = (-(-r // _ROWS), -(-k // cols))
+    bad = torch.empty(grid, dtype=torch.int32, device=x.device)
+    _kernels_for(x).mx_kernel[grid](
+        x2,
+        q,
+        scale,
+        bad,
+        r,
+        k,
+        BR=_ROWS,
+        BK=cols,
+        FP4=fp4,
+        TIES_TO_ZERO=ties_toward_zero,
+        num_warps=_WARPS,
+    )
+    return q, scale, bool(bad.any())
+
+
+@_on_x_device
+def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
+    """MXFP8 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp8`.
+
+    Leading dims (experts included) are flattened into rows: one launch for ``[E, N, K]``.
+
+    Raises:
+        ValueError: as :func:`nemo_ais.formats.quantize_mxfp8`.
+    """
+    check_last_dim(x, name, _MX_BLOCK, "MXFP8")
+    q, scale, bad = _mx(x, fp4=False, ties_toward_zero=False)
+    if bad:
+        return quantize_mxfp8(x, name=name)
+    lead, k = x.shape[:-1], x.shape[-1]
+    return MXFP8Tensor(q.view(torch.float8_e4m3fn).view(*lead, k), scale.view(*lead, k // 32))
+
+
+@_on_x_device
+def quantize_mxfp4_triton(
+    x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
+) -> MXFP4Tensor:
+    """MXFP4 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp4`.
+
+    Raises:
+        ValueError: as :func:`nemo_ais.formats.quantize_mxfp4`.
+    """
+    check_last_dim(x, name, _MX_BLOCK, "MXFP4")
+    q, scale, bad = _mx(x, fp4=True, ties_toward_zero=bool(round_ties_toward_zero))
+    if bad:
+        return quantize_mxfp4(x, round_ties_toward_zero=round_ties_toward_zero, name=name)
+    lead, k = x.shape[:-1], x.shape[-1]
+    return MXFP4Tensor(q.view(*lead, k // 2), scale.view(*lead, k // 32))
+
+
+def _matrix_amax(x: torch.Tensor, matrices: int, jit: ModuleType) -> torch.Tensor:
+    """fp32 ``max |x|`` of each of ``matrices`` equal parts of ``x`` (inf for NaN / inf): [matrices]."""
+    flat = x.reshape(-1)
+    numel = flat.numel() // matrices
+    partial = torch.empty(matrices, -(-numel // _ABSMAX_BLOCK), device=x.device)
+    grid = (partial.shape[1], matrices)
+    jit.absmax_kernel[grid](flat, partial, numel, BLOCK=_ABSMAX_BLOCK)
+    return partial.amax(dim=1)
+
+
+def _nvfp4(x, s_g, n, e, rows_per_block, jit):
+    """Launch the NVFP4 kernel over ``x`` as ``[e, n, K]``; ``s_g`` 1 or ``e`` global scales."""
+    k = x.shape[-1]
+    data = torch.empty(*x.shape[:-1], k // 2, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(*x.shape[:-1], k // 16, dtype=torch.uint8, device=x.device)
+    cols = min(_COLS, triton_next_pow2(k))
+    grid = (-(-n // _ROWS), -(-k // cols), e)
+    bad = torch.empty(grid[::-1], dtype=torch.int32, device=x.device)
+    sg_stride = 0 if s_g.numel() == 1 else 1
+    jit.nvfp4_kernel[grid](
+        x, s_g.reshape(-1).contiguous(), data, scale, bad, n, k, sg_stride,
+        BR=_ROWS, BK=cols, TILE_ROWS=rows_per_block, num_warps=_WARPS,
+    )  # fmt: skip
+    return data, scale.view(torch.float8_e4m3fn), bool(bad.any())
+
+
+@_on_x_device
+def quantize_nvfp4_triton(
+    x: torch.Tensor,
+    amax: float | torch.Tensor | None = None,
+    *,
+    rows_per_block: int = 1,
+    name: str = "x",
+) -> NVFP4Tensor:
+    """NVFP4 of ``x [..., K]``; bits of :func:`nemo_ais.formats.quantize_nvfp4`.
+
+    Two launches with ``amax=None`` (the tensor amax, then the quantizer), one with a
+    static ``amax``. ``rows_per_block=16`` (16x16 tiles) runs over ``[E, N, K]`` with the
+    experts on the grid, so a tile never straddles two matrices; one global scale for the
+    whole tensor, as the reference (per-expert scales: :func:`quantize_nvfp4_experts_triton`).
+
+    Raises:
+        ValueError: as :func:`nemo_ais.formats.quantize_nvfp4`.
+    """
+    check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
+    if rows_per_block not in (1, 16) or (rows_per_block > 1 and x.dim() < 2):
+        return quantize_nvfp4(x, amax, rows_per_block=rows_per_block, name=name)  # raises
+    given = check_amax(amax, "amax")
+    lead = x.shape[:-1]
+    if x.numel() == 0:
+        s_g = nvfp4_global_scale(
+            torch.zeros((), device=x.device) if given is None else given.to(x.device)
+        )
+        return NVFP4Tensor(
+            torch.empty(*lead, x.shape[-1] // 2, dtype=torch.uint8, device=x.device),
+            torch.empty(*lead, x.shape[-1] // 16, dtype=torch.float8_e4m3fn, device=x.device),
+            s_g,
+        )
+    jit = _kernels_for(x)
+    xc = x.contiguous()
+    tensor_amax = _matrix_amax(xc, 1, jit)[0] if given is None else given.to(x.device)
+    s_g = nvfp4_global_scale(tensor_amax)
+    n = x.shape[-2] if rows_per_block > 1 else math.prod(lead)
+    data, scale, bad = _nvfp4(xc, s_g, n, math.prod(lead) // n, rows_per_block, jit)
+    if bad:
+        return quantize_nvfp4(x, amax, rows_per_block=rows_per_block, name=name)
+    return NVFP4Tensor(data, scale, s_g)
+
+
+@_on_x_device
+def quantize_nvfp4_experts_triton(
+    x: torch.Tensor,
+    amax: torch.Tensor | None = None,
+    *,
+    rows_per_block: int = 1,
+    name: str = "x",
+) -> NVFP4Tensor:
+    """NVFP4 of an expert stack ``x [E, N, K]`` with one global scale per expert, one launch.
+
+    vLLM's ModelOpt MoE loader takes a global scale per expert (``w13_weight_scale_2``
+    ``[E, 2]``, ``w2_weight_scale_2`` ``[E]``): expert ``e`` is quantized exactly as
+    ``quantize_nvfp4(x[e], amax[e], rows_per_block=rows_per_block)`` (tested).
+
+    Args:
+        x: ``[E, N, K]``, ``K % 16 == 0``; CUDA (compiled) or CPU (interpreter).
+        amax: fp32 ``[E]`` static amax per expert (a fused gate/up pair: the max of the
+            two stacks' amax), or None for ``max |x[e]|`` (one more launch).
+        rows_per_block: 1 (1x16 blocks) or 16 (16x16 tiles).
+        name: tensor name used in error messages.
+
+    Returns:
+        :class:`~nemo_ais.fp8.NVFP4Tensor` with ``global_scale`` fp32 ``[E]``.
+
+    Raises:
+        ValueError: not 3-D, a bad ``amax`` shape, or as :func:`nemo_ais.formats.quantize_nvfp4`.
+    """
+    check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
+    if x.dim() != 3 or rows_per_block not in (1, 16):
+        raise ValueError(
+            f"{name}: got {list(x.shape)} with rows_per_block={rows_per_block}, expected "
+            "[E, N, K] and rows_per_block 1 or 16"
+        )
+    e, n, k = x.shape
+    if amax is not None and (tuple(amax.shape) != (e,) or not amax.is_floating_point()):
+        raise ValueError(f"amax: got {list(amax.shape)} {amax.dtype}, expected floating [{e}]")
+    if x.numel() == 0:
+        experts = [quantize_nvfp4(x[i], None if amax is None else amax[i]) for i in range(e)]
+        s_g = torch.stack([q.global_scale for q in experts]) if e else torch.ones(0)
+        return NVFP4Tensor(
+            torch.empty(e, n, k // 2, dtype=torch.uint8, device=x.device),
+            torch.empty(e, n, k // 16, dtype=torch.float8_e4m3fn, device=x.device),
+            s_g.to(x.device),
+        )
+    jit = _kernels_for(x)
+    xc = x.contiguous()
+    expert_amax = _matrix_amax(xc, e, jit) if amax is None else amax.to(x.device, torch.float32)
+    s_g = nvfp4_global_scale(expert_amax)
+    data, scale, bad = _nvfp4(xc, s_g, n, e, rows_per_block, jit)
+    if bad or not bool(torch.isfinite(expert_amax).all()):
+        for i in range(e):  # the PyTorch path raises, naming the expert
+            quantize_nvfp4(x[i], None if amax is None else amax[i], name=f"{name}[{i}]")
+        raise ValueError(f"amax: got non-finite values {expert_amax.tolist()}")
+    return NVFP4Tensor(data, scale, s_g)

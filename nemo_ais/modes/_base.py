@@ -1,0 +1,206 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The record of a correction mode, and the tensor helpers its weight function uses.
+
+A correction mode is ONE module of this package exporting ``MODE = Mode(...)``: its
+weight function and every fact the rest of the package reads about it (is it an importance
+weight, the alpha it applies, the global-batch value it needs and how that is computed,
+its ``loss_fn.ais.<mode>`` sub-section, whether ``analyze`` replays it). The loss, the
+statistics, the diagnostics, the config, the recipe, the replay and the pre-flight checks
+read the record (:data:`nemo_ais.modes.MODES`); none of them names a mode.
+
+Import-light on purpose: pydantic and the standard library at import, torch only where a
+tensor is formed, so :mod:`nemo_ais.config` (and the pre-flight tool on a login node
+without torch) can validate a ``loss_fn.ais`` section. Weight functions use tensor methods
+and the helpers below; ratio direction everywhere: rho = pi_old / mu, l = log pi_old - log mu.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import model_validator
+
+from nemo_ais.sections import Section
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "BatchStatistic",
+    "Interval",
+    "Mode",
+    "Replay",
+    "capped_exp",
+    "compute_dtype",
+    "fully_weighted",
+    "log_ratio",
+    "seq_log_weight",
+    "uncorrected",
+    "where_valid",
+]
+
+# (logp_old, logp_rollout, valid, config, batch_value) -> [B, T] detached weight, 0 where invalid
+WeightFn = Callable[..., "torch.Tensor"]
+
+
+def fully_weighted(diagnostics: Mapping[str, float]) -> float:
+    """``applied_alpha`` of a mode that applies its whole weight: 1 (every mode but none, ais)."""
+    return 1.0
+
+
+def uncorrected(diagnostics: Mapping[str, float]) -> float:
+    """``applied_alpha`` of the uncorrected arm (none): 0."""
+    return 0.0
+
+
+@dataclass(frozen=True)
+class BatchStatistic:
+    """A global-batch value the mode needs beyond the fixed statistics (e.g. m2po's q*).
+
+    ``size`` float64 slots are appended to the statistics vector (step 4c of
+    :mod:`nemo_ais.core.stats`) and reduced in the same ONE all-reduce; the diagnostics turn
+    the reduced slots into :class:`~nemo_ais.core.AISDiagnostics` fields.
+    """
+
+    size: int
+    # (log_rho_c [B, T] float64, ok [B, T] bool, n_tok 0-dim float64) -> [size] local sums
+    sums: Callable[..., torch.Tensor]
+    # (reduced slots as python floats, n_tok, config) -> {AISDiagnostics field: value}
+    values: Callable[[list[float], float, Any], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How ``nemo_ais analyze`` replays the mode's weight from logged log-probs.
+
+    ``affected`` (None: none) marks the valid tokens the mode masks or floors;
+    ``frac_capped`` (None: 0) adds the share capped at C, from the step's diagnostics.
+    """
+
+    affected: Callable[..., torch.Tensor] | None = None
+    frac_capped: Callable[[Any], float] | None = None
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Everything the package knows about one correction mode.
+
+    Attributes:
+        name: ``loss_fn.ais.mode`` value (and the name of its sub-section, if any).
+        weight: ``(logp_old, logp_rollout, valid, config, batch_value) -> [B, T]`` detached
+            weight w_hat, 0 where ``valid`` is False.
+        importance_weight: w_hat is an importance weight (``batch_normalize`` may divide
+            it by its global batch mean); False for none and the rejection modes.
+        applied_alpha: diagnostics (name -> value) -> the position between the uncorrected
+            (0) and the fully weighted (1) gradient this mode applies.
+        batch_field: the :class:`~nemo_ais.core.AISDiagnostics` field passed to ``weight``
+            as ``batch_value`` (ais: ``alpha``; m2po: ``m2po_threshold``), None: none.
+        batch_statistic: extra global-batch sums the mode's ``batch_field`` is formed from.
+        batch_mean: ``(alpha, w_mean) -> global mean of w_hat`` in closed form from the
+            fixed statistics (ais); None: from the mode's own sums (``batch_normalize``).
+        mode_stats: sum the mode's weight in the statistics (``ais/mode_*`` telemetry).
+        seq_level: one weight per sequence (its statistics count sequences, not tokens).
+        surrogate: the loss's step-4 surrogate, ``"token"`` (PPO clip) or ``"tbpo"``.
+        surrogate_conflicts: ``loss_fn`` option -> why the mode's surrogate excludes it.
+        unused_options: ``loss_fn`` options the mode's surrogate does not read (pre-flight
+            warns when they are set), and ``unused_why``, the hint of that warning.
+        config: the ``loss_fn.ais.<name>`` sub-section model, None if the mode has no knob.
+        moved_keys: the flat ``loss_fn.ais`` keys of the earlier layout -> the key in its
+            sub-section (refused with the new name).
+        replay: how ``analyze`` replays it; None: not replayed.
+    """
+
+    name: str
+    weight: WeightFn
+    importance_weight: bool = True
+    applied_alpha: Callable[[Mapping[str, float]], float] = fully_weighted
+    batch_field: str | None = None
+    batch_statistic: BatchStatistic | None = None
+    batch_mean: Callable[[float, float], float] | None = None
+    mode_stats: bool = False
+    seq_level: bool = False
+    surrogate: str = "token"
+    surrogate_conflicts: Mapping[str, str] = field(default_factory=dict)
+    unused_options: tuple[str, ...] = ()
+    unused_why: str = ""
+    config: type[Section] | None = None
+    moved_keys: Mapping[str, str] = field(default_factory=dict)
+    replay: Replay | None = None
+
+    @property
+    def needs_alpha(self) -> bool:
+        """True if the weight needs a value of the global batch (alpha, the m2po threshold)."""
+        return self.batch_field is not None
+
+
+class Interval(Section):
+    """A kept interval ``[min, max]`` of a ratio; ``min < max``."""
+
+    @model_validator(mode="after")
+    def _check_interval(self) -> Interval:
+        if not self.min < self.max:
+            raise ValueError(
+                f"min={self.min} must be < max={self.max} (the kept interval [min, max] is empty)"
+            )
+        return self
+
+
+# --- tensor helpers of the weight functions ---------------------------------------------
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (bf16/fp16 inputs are upcast)."""
+    import torch  # a tensor exists, so torch does (this module imports without it)
+
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def where_valid(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``values`` where ``valid``, 0 elsewhere (drops masked inf / NaN; no multiply)."""
+    return values.where(valid, values.new_zeros(()))
+
+
+def log_ratio(
+    logp_old: torch.Tensor, logp_rollout: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """Step 1: l = log pi_old - log mu at valid positions, 0 elsewhere.
+
+    Args:
+        logp_old: ``[B, T]`` trainer log-probs (``prev_logprobs``), any float dtype.
+        logp_rollout: ``[B, T]`` rollout log-probs (``generation_logprobs``).
+        valid: bool ``[B, T]``, ``mask == 1``.
+
+    Returns:
+        ``[B, T]`` detached, float32 (float64 if an input is float64). Masked positions
+        hold 0, so -inf padding never produces NaN.
+    """
+    dtype = compute_dtype(logp_old, logp_rollout)
+    log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)
+    return where_valid(valid, log_rho)
+
+
+def seq_log_weight(logp_old, logp_rollout, valid):
+    """S_i = sum_t l_it over valid tokens, ``[B, 1]`` (float64 for float64 input)."""
+    return log_ratio(logp_old, logp_rollout, valid).sum(dim=-1, keepdim=True)
+
+
+def capped_exp(log_w, config):
+    """min(exp(log_w), C_s) = exp(clamp(log_w, -L, log C_s)), exactly C_s where capped."""
+    log_cap = math.log(config.seq_weight_cap)
+    w = log_w.clamp(min=-config.log_ratio_clamp, max=log_cap).exp()
+    return w.masked_fill(log_w >= log_cap, config.seq_weight_cap)

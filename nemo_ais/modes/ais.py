@@ -1,0 +1,55 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Mode ``ais``: w_hat = (1 - alpha) + alpha * min(rho, C) **[reconstruction]** of arXiv 2605.13907.
+
+alpha is the diagnostics' mixing coefficient of the global batch
+(:mod:`nemo_ais.core.diagnostics`); the cap C is the shared ``loss_fn.ais.weight_cap`` and
+the mixer's constants are ``loss_fn.ais``'s own (the method's, not a sub-section).
+"""
+
+from __future__ import annotations
+
+from nemo_ais.modes._base import Mode, Replay, compute_dtype, where_valid
+
+__all__ = ["MODE"]
+
+
+def weight(logp_old, logp_rollout, valid, config, alpha):
+    """w_hat = (1 - alpha) + alpha * min(rho, C) ([reconstruction]).
+
+    Hot path (every micro-batch): five elementwise ops, no sanitising pass; garbage at
+    masked positions (inf, NaN) is dropped by the final ``where``.
+    """
+    dtype = compute_dtype(logp_old, logp_rollout)
+    log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)
+    w_tok = log_rho.exp_().clamp_(max=config.weight_cap)
+    w_hat = w_tok.mul_(alpha).add_(1 - alpha)
+    return where_valid(valid, w_hat)
+
+
+def batch_mean(alpha: float, w_mean: float) -> float:
+    """Global mean of w_hat from the fixed statistics: (1 - alpha) + alpha * mean min(rho, C)."""
+    return (1 - alpha) + alpha * w_mean
+
+
+MODE = Mode(
+    name="ais",
+    weight=weight,
+    applied_alpha=lambda diagnostics: diagnostics["alpha"],
+    batch_field="alpha",
+    batch_mean=batch_mean,
+    replay=Replay(
+        frac_capped=lambda diagnostics: diagnostics.frac_capped if diagnostics.alpha > 0 else 0.0
+    ),
+)

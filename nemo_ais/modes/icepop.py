@@ -1,0 +1,50 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Mode ``icepop``: w_hat = rho * 1[lo <= rho <= hi] (NeMo-RL ``icepop``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from nemo_ais.modes._base import Interval, Mode, Replay, log_ratio, where_valid
+
+__all__ = ["MODE", "IcepopConfig"]
+
+
+class IcepopConfig(Interval):
+    """``loss_fn.ais.icepop``: the kept interval of the token ratio rho."""
+
+    min: float = Field(0.5, gt=0.0, description="icepop: lower bound lo of rho.")
+    max: float = Field(5.0, gt=0.0, description="icepop: upper bound hi of rho.")
+
+
+def weight(logp_old, logp_rollout, valid, config, batch_value):
+    """w_hat = rho * 1[lo <= rho <= hi] (NeMo-RL ``icepop``)."""
+    rho = log_ratio(logp_old, logp_rollout, valid).exp()
+    kept = (rho >= config.icepop.min) & (rho <= config.icepop.max) & valid
+    return where_valid(kept, rho)
+
+
+def masked(old, rollout, valid, config, w_hat):
+    """Valid tokens whose weight the mode sets to 0 (``analyze``'s masked share)."""
+    return valid & (w_hat == 0)
+
+
+MODE = Mode(
+    name="icepop",
+    weight=weight,
+    config=IcepopConfig,
+    moved_keys={"icepop_min": "min", "icepop_max": "max"},
+    replay=Replay(affected=masked),
+)

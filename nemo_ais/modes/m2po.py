@@ -1,0 +1,110 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Mode ``m2po``: w_hat_it = 1[(l^c_it)^2 < q*], q* from the global batch (AReaL M2PO, binned).
+
+Batch statistic (step 4c of :mod:`nemo_ais.core.stats`): M2PO_BINS fixed bins of
+q = (l^c)^2 (bin 0 = [0, Q0), bin b >= 1 = [Q0 r^(b-1), Q0 r^b), r = sqrt 2, the last bin
+open above: Q0 r^62 ~ 2e3 > L^2 = 400 at the default L = 20), the count and the sum of q
+per bin, reduced in the same all-reduce as the fixed statistics. The diagnostics' q* drops
+whole bins from the top until the kept tokens' mean q is <= tau. A mask, not an importance
+weight.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from nemo_ais.modes._base import BatchStatistic, Mode, log_ratio
+from nemo_ais.sections import Section
+
+__all__ = ["M2PO_BINS", "M2PO_BIN_RATIO", "M2PO_OFF", "M2PO_Q0", "MODE", "M2poConfig"]
+
+M2PO_BINS = 64
+M2PO_Q0 = 1e-6
+M2PO_BIN_RATIO = 2**0.5
+# threshold q* meaning "nothing masked": above L^2 for every allowed L (<= 80), finite
+M2PO_OFF = 1e4
+
+
+class M2poConfig(Section):
+    """``loss_fn.ais.m2po``: the bound of the kept tokens' second moment."""
+
+    tau: float = Field(
+        0.04,
+        gt=0.0,
+        description="m2po: bound of the batch second moment mean(l^2) of the kept tokens.",
+    )
+
+
+def bin_lower_edges() -> list[float]:
+    """Lower edge of each bin (python floats, identical on every rank)."""
+    return [0.0] + [M2PO_Q0 * M2PO_BIN_RATIO ** (b - 1) for b in range(1, M2PO_BINS)]
+
+
+def histogram(log_rho_c, ok, n_tok):
+    """Step 4c: the count of q = (l^c)^2 per bin, then the sum of q per bin, ``[2 M2PO_BINS]``.
+
+    l^c = 0 at invalid positions: those land in bin 0 with q = 0 and are taken out of its
+    count (``ok.numel() - n_tok`` of them).
+    """
+    q = log_rho_c.square().reshape(-1)
+    index = (q / M2PO_Q0).log2().mul_(2).floor_().add_(1).clamp_(0, M2PO_BINS - 1)
+    index = index.masked_fill(q < M2PO_Q0, 0).long()
+    hist = q.new_zeros(2, M2PO_BINS)
+    counts, sums = hist  # row views
+    counts.index_add_(0, index, q.new_ones(q.shape))
+    sums.index_add_(0, index, q)
+    counts[0] -= ok.numel() - n_tok  # invalid positions (q = 0) are not tokens
+    return hist.reshape(-1)
+
+
+def threshold(tail: list[float], n_tok: float, config) -> dict[str, float]:
+    """q* and the masked fraction from the reduced histogram (python floats).
+
+    Drops whole bins from the top until the kept tokens' mean q is <= tau; q* = the lower
+    edge of the last bin dropped (M2PO_OFF: none dropped). Binned, so it may mask up to one
+    bin more than AReaL's exact per-token sort (bins are a factor sqrt 2 wide): the kept
+    second moment is <= tau either way.
+    """
+    counts, sums = tail[:M2PO_BINS], tail[M2PO_BINS:]
+    kept_n, kept_q = n_tok, math.fsum(sums)
+    q_star = M2PO_OFF
+    edges = bin_lower_edges()
+    for b in reversed(range(M2PO_BINS)):
+        if kept_n <= 0 or kept_q <= config.m2po.tau * kept_n:
+            break
+        if counts[b] > 0:
+            kept_n, kept_q = kept_n - counts[b], kept_q - sums[b]
+            q_star = edges[b]
+    return {"m2po_threshold": q_star, "mode_frac_masked": (n_tok - kept_n) / n_tok}
+
+
+def weight(logp_old, logp_rollout, valid, config, q_star):
+    """w_hat_it = 1[clamp(l_it, +-L)^2 < q*] (AReaL M2PO, binned; q* = 1e4 > L^2: none masked)."""
+    c = config.log_ratio_clamp
+    log_rho = log_ratio(logp_old, logp_rollout, valid).clamp_(min=-c, max=c)
+    return (valid & (log_rho.square() < q_star)).to(log_rho.dtype)
+
+
+MODE = Mode(
+    name="m2po",
+    weight=weight,
+    importance_weight=False,
+    batch_field="m2po_threshold",
+    batch_statistic=BatchStatistic(size=2 * M2PO_BINS, sums=histogram, values=threshold),
+    config=M2poConfig,
+    moved_keys={"m2po_tau": "tau"},
+)

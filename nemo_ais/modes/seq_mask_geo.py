@@ -1,0 +1,54 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Mode ``seq_mask_geo``: w_hat = rho * 1[lo <= exp(mean_t l_it) <= hi] (NeMo-RL ``seq-mask-tis``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from nemo_ais.modes._base import Interval, Mode, Replay, log_ratio
+from nemo_ais.modes.icepop import masked
+
+__all__ = ["MODE", "SeqMaskGeoConfig"]
+
+
+class SeqMaskGeoConfig(Interval):
+    """``loss_fn.ais.seq_mask_geo``: the kept interval of the geometric-mean ratio."""
+
+    min: float = Field(
+        0.999, gt=0.0, description="seq_mask_geo: lower bound of the geometric-mean ratio."
+    )
+    max: float = Field(
+        1.002, gt=0.0, description="seq_mask_geo: upper bound of the geometric-mean ratio."
+    )
+
+
+def weight(logp_old, logp_rollout, valid, config, batch_value):
+    """w_hat = rho * 1[lo <= rho_geo,i <= hi], rho_geo,i = exp(mean_t l_it); rho clamped at +-L."""
+    log_rho = log_ratio(logp_old, logp_rollout, valid)
+    n_tok_seq = valid.sum(dim=-1).clamp(min=1)
+    rho_geo_seq = (log_rho.sum(dim=-1) / n_tok_seq).exp()
+    kept_seq = (rho_geo_seq >= config.seq_mask_geo.min) & (rho_geo_seq <= config.seq_mask_geo.max)
+    clamp = config.log_ratio_clamp
+    rho = log_rho.clamp(min=-clamp, max=clamp).exp()
+    return rho.mul_(valid & kept_seq.unsqueeze(-1))
+
+
+MODE = Mode(
+    name="seq_mask_geo",
+    weight=weight,
+    config=SeqMaskGeoConfig,
+    moved_keys={"seq_mask_min": "min", "seq_mask_max": "max"},
+    replay=Replay(affected=masked),
+)

@@ -1,0 +1,50 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Mode ``seq_mis``: w_hat_i = min(prod rho, C_s) * 1[lo <= prod_t rho_t <= hi] (veRL seq MIS)."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from nemo_ais.modes._base import Interval, Mode, capped_exp, seq_log_weight
+
+__all__ = ["MODE", "SeqMisConfig"]
+
+
+class SeqMisConfig(Interval):
+    """``loss_fn.ais.seq_mis``: the kept interval of the sequence ratio prod_t rho_t."""
+
+    min: float = Field(
+        0.5, gt=0.0, description="seq_mis: a sequence is kept iff lo <= prod_t rho_t <= hi."
+    )
+    max: float = Field(2.0, gt=0.0, description="seq_mis: upper bound hi of prod_t rho_t.")
+
+
+def weight(logp_old, logp_rollout, valid, config, batch_value):
+    """w_hat_i = min(prod rho, C_s) if lo <= prod_t rho_t <= hi else 0 (veRL sequence MIS)."""
+    log_w = seq_log_weight(logp_old, logp_rollout, valid)
+    kept = (log_w >= math.log(config.seq_mis.min)) & (log_w <= math.log(config.seq_mis.max))
+    return capped_exp(log_w, config).mul(valid & kept)
+
+
+MODE = Mode(
+    name="seq_mis",
+    weight=weight,
+    mode_stats=True,
+    seq_level=True,
+    config=SeqMisConfig,
+    moved_keys={"seq_mis_min": "min", "seq_mis_max": "max"},
+)

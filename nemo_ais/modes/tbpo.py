@@ -1,0 +1,81 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Mode ``tbpo``: QaRL's trust-band policy optimisation **[reconstruction]** (arXiv 2604.07853).
+
+Weight: w_hat_i = min(rho_geo,i, C_s) = exp(clamp(S_i / n_i, -L, log C_s)) (QaRL's sequence
+mismatch weight; C_s the shared ``loss_fn.ais.seq_weight_cap``). Surrogate: the loss swaps
+the token PPO clip for the band of the sequence ratio s_i = exp(mean_t log(pi_theta /
+pi_old)) (``loss_fn.ais.tbpo``; :func:`nemo_ais.core.surrogate.tbpo_surrogate`).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from nemo_ais.modes._base import Mode, capped_exp, seq_log_weight
+from nemo_ais.sections import Section
+
+__all__ = ["MODE", "TbpoConfig"]
+
+
+class TbpoConfig(Section):
+    """``loss_fn.ais.tbpo``: the trust band of the sequence ratio s_i, by the sign of A."""
+
+    clip_low: float = Field(
+        3e-4, gt=0.0, lt=1.0, description="tbpo, A >= 0: s_i clipped below at 1 - this (GSPO)."
+    )
+    clip_high: float = Field(
+        4e-4, gt=0.0, description="tbpo, A >= 0: s_i clipped above at 1 + this (QaRL 4e-4)."
+    )
+    neg_clip_low: float = Field(
+        3e-4,
+        gt=0.0,
+        lt=1.0,
+        description="tbpo, A < 0: lower edge 1 - this of the two-sided band (QaRL 3e-4).",
+    )
+    neg_clip_high: float = Field(
+        7e-4, gt=0.0, description="tbpo, A < 0: upper edge 1 + this of the band (QaRL 7e-4)."
+    )
+
+
+def weight(logp_old, logp_rollout, valid, config, batch_value):
+    """w_hat_i = min(rho_geo,i, C_s) = exp(clamp(S_i / n_i, -L, log C_s)) (QaRL TBPO)."""
+    n_tok_seq = valid.sum(dim=-1, keepdim=True).clamp(min=1)
+    log_w = seq_log_weight(logp_old, logp_rollout, valid) / n_tok_seq
+    return capped_exp(log_w, config).mul(valid)
+
+
+MODE = Mode(
+    name="tbpo",
+    weight=weight,
+    mode_stats=True,
+    seq_level=True,
+    surrogate="tbpo",
+    surrogate_conflicts={
+        "disable_ppo_ratio": "tbpo's surrogate is built on the sequence ratio",
+        "use_cispo": "tbpo has its own sequence-ratio surrogate, CISPO's replaces the PPO clip",
+        "sequence_level_importance_ratios": "tbpo has its own sequence-ratio surrogate (its "
+        "band is loss_fn.ais.tbpo)",
+    },
+    unused_options=("ratio_clip_min", "ratio_clip_max", "ratio_clip_c"),
+    unused_why="its surrogate clips the sequence ratio to the band loss_fn.ais.tbpo.clip_low/"
+    "clip_high (A >= 0) and loss_fn.ais.tbpo.neg_clip_low/neg_clip_high (A < 0)",
+    config=TbpoConfig,
+    moved_keys={
+        "tbpo_clip_low": "clip_low",
+        "tbpo_clip_high": "clip_high",
+        "tbpo_neg_clip_low": "neg_clip_low",
+        "tbpo_neg_clip_high": "neg_clip_high",
+    },
+)
