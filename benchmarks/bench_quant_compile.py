@@ -19,7 +19,7 @@ process (median of ``--repeats`` after a warm-up):
 * ``compiled``: ``torch.compile`` (Inductor, C++/OpenMP codegen) of the short vectorised
   reference of :data:`benchmarks.bench_quant_gpu.COMPILABLE` (FP8: DeepGEMM's
   ``per_block_cast_to_fp8`` formulation);
-* ``c++``: the public quantizer, i.e. the hand C++ kernel of :mod:`nemo_ais.fp8.cpu_kernel`;
+* ``c++``: the public quantizer, i.e. the hand C++ kernel of :mod:`nemo_ais.formats.cpu_kernel`;
 * ``pytorch``: the same public quantizer with the kernel switched off (banded PyTorch ops);
 * ``copy_``: ``y.copy_(x)`` (the memory-bandwidth bound).
 
@@ -39,17 +39,22 @@ from unittest import mock
 
 import torch
 
-import nemo_ais.fp8.mxfp4
-import nemo_ais.fp8.mxfp8
-import nemo_ais.fp8.nvfp4
-import nemo_ais.fp8.quant
+import nemo_ais.formats.fp8_block
+import nemo_ais.formats.mxfp4
+import nemo_ais.formats.mxfp8
+import nemo_ais.formats.nvfp4
 from benchmarks._record import record_section
 from benchmarks._timing import cpu_timer, interleaved_medians
 from benchmarks.bench_quant_gpu import COMPILABLE, mismatch
 
 SHAPES = [(4096, 4096), (14336, 4096)]
 DTYPES = [torch.float32, torch.bfloat16]
-_KERNEL_USERS = (nemo_ais.fp8.quant, nemo_ais.fp8.mxfp8, nemo_ais.fp8.nvfp4, nemo_ais.fp8.mxfp4)
+_KERNEL_USERS = (
+    nemo_ais.formats.fp8_block,
+    nemo_ais.formats.mxfp8,
+    nemo_ais.formats.nvfp4,
+    nemo_ais.formats.mxfp4,
+)
 
 
 @contextlib.contextmanager

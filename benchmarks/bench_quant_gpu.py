@@ -42,6 +42,15 @@ import torch
 from benchmarks._record import record_section
 from benchmarks._timing import cpu_timer, cuda_timer, interleaved_medians
 from benchmarks.bench_quant import _L2_FLUSH_BYTES, _hbm_peak
+from nemo_ais.formats.grids import (
+    E2M1_MAX,
+    E4M3_MAX,
+    E8M0_BIAS,
+    e2m1_codes_reference,
+    e8m0_block_exponent,
+    pack_nibbles,
+)
+from nemo_ais.formats.nvfp4 import nvfp4_global_scale
 from nemo_ais.fp8 import (
     MXFP4Tensor,
     MXFP8Tensor,
@@ -51,15 +60,6 @@ from nemo_ais.fp8 import (
     quantize_mxfp8,
     quantize_nvfp4,
 )
-from nemo_ais.fp8.grids import (
-    E2M1_MAX,
-    E4M3_MAX,
-    E8M0_BIAS,
-    e2m1_codes_reference,
-    e8m0_block_exponent,
-    pack_nibbles,
-)
-from nemo_ais.fp8.nvfp4 import nvfp4_global_scale
 from nemo_ais.kernels.triton_quant import (
     quantize_blockwise_triton,
     quantize_mxfp4_triton,

@@ -15,7 +15,11 @@
 
 Subpackages:
   * ``nemo_ais.core``    -- the method (weights, statistics, diagnostics, mixer, loss); pure torch.
-  * ``nemo_ais.fp8``     -- blockwise FP8 quantization, weight-sync stream, KV scales, FP8 twin.
+  * ``nemo_ais.formats`` -- one record per low-precision format (FP8, MXFP8, NVFP4, MXFP4).
+  * ``nemo_ais.refit``   -- the weight-refit stream into vLLM (any format) and KV scales.
+  * ``nemo_ais.rollout`` -- the simulated rollout engine ("twin"); ``nemo_ais.tools``: its tools.
+  * ``nemo_ais.rules``   -- rules shared by the runtime and the offline check (torch-free).
+  * ``nemo_ais.fp8``     -- compatibility face of the former rollout-precision package.
   * ``nemo_ais.nemo_rl`` -- NeMo-RL adapter, v0.7.0 and main (imports NeMo-RL lazily).
   * ``nemo_ais.megatron``-- Megatron-Core process-group helpers (imports megatron lazily).
   * ``nemo_ais.embedded``-- the one-CPU GRPO experiment behind ``nemo-ais run``.

@@ -83,8 +83,8 @@ from nemo_ais.embedded.warmstart import (
     build_untrained_policy,
     load_warm_start,
 )
-from nemo_ais.fp8.twin import Fp8Twin
 from nemo_ais.modes import MODES
+from nemo_ais.rollout.twin import Fp8Twin
 
 __all__ = [
     "GRPORecipe",

@@ -161,7 +161,7 @@ def fp8_blockwise_kernel(
 
     ``TILE_N x TILE_K``: the power-of-two block covering the tile, walked in ``CHUNK``-row
     slices twice (amax, then quantize: the second read hits L2), so a 128x128 tile does not
-    sit in registers whole. FAMILY 0/1/2 = "a"/"b"/"c" (nemo_ais.fp8.quant, step 3).
+    sit in registers whole. FAMILY 0/1/2 = "a"/"b"/"c" (nemo_ais.formats.fp8_block, step 3).
     Writes codes (uint8), the fp32 dequant scale of the tile, and its count of non-finite
     inputs.
     """
@@ -300,7 +300,7 @@ def nvfp4_kernel(
 ):
     """NVFP4 of a ``BR x BK`` block of matrix ``program_id(2)`` of ``x [E, n, k]``.
 
-    Steps 2-5 of :mod:`nemo_ais.fp8.nvfp4` with the global scale ``s_g`` read from
+    Steps 2-5 of :mod:`nemo_ais.formats.nvfp4` with the global scale ``s_g`` read from
     ``sg_ptr + e * sg_stride`` (stride 0: one for the tensor, 1: one per expert); ``TILE_ROWS`` 16: one amax per 16x16 tile (``BR`` a multiple of 16, tiles
     start at row 0 of each matrix; masked rows load 0, neutral for a max of |x|).
     Writes packed E2M1 pairs ``[E, n, k/2]``, E4M3 scale bytes ``[E, n, k/16]`` and the

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Fused Triton quantizers, bit-equal to the PyTorch references of :mod:`nemo_ais.fp8`.
+"""Fused Triton quantizers, bit-equal to the PyTorch references of :mod:`nemo_ais.formats`.
 
 One kernel launch per weight, MoE expert stacks ``[E, N, K]`` included (the grid runs
 over the experts), for the refit of a low-precision rollout:
@@ -19,14 +19,14 @@ over the experts), for the refit of a low-precision rollout:
 =======================================  ================================================
 function                                 same signature and bits as
 =======================================  ================================================
-:func:`quantize_blockwise_triton`        :func:`nemo_ais.fp8.quantize_blockwise` (families
+:func:`quantize_blockwise_triton`        :func:`nemo_ais.formats.quantize_blockwise` (families
                                          a/b/c, eps, UE8M0, any tile, ragged last tiles)
-:func:`quantize_mxfp8_triton`            :func:`nemo_ais.fp8.quantize_mxfp8`
-:func:`quantize_nvfp4_triton`            :func:`nemo_ais.fp8.quantize_nvfp4` (static amax,
+:func:`quantize_mxfp8_triton`            :func:`nemo_ais.formats.quantize_mxfp8`
+:func:`quantize_nvfp4_triton`            :func:`nemo_ais.formats.quantize_nvfp4` (static amax,
                                          ``rows_per_block`` 1 or 16)
 :func:`quantize_nvfp4_experts_triton`    ``quantize_nvfp4(x[e], amax[e])`` for each expert
                                          of ``[E, N, K]`` (a global scale per expert)
-:func:`quantize_mxfp4_triton`            :func:`nemo_ais.fp8.quantize_mxfp4` (both tie rules)
+:func:`quantize_mxfp4_triton`            :func:`nemo_ais.formats.quantize_mxfp4` (both tie rules)
 =======================================  ================================================
 
 A CUDA tensor runs the compiled kernels; a CPU tensor runs the same kernels under Triton's
@@ -50,7 +50,7 @@ from typing import Literal
 
 import torch
 
-from nemo_ais.fp8 import (
+from nemo_ais.formats import (
     MXFP4Tensor,
     MXFP8Tensor,
     NVFP4Tensor,
@@ -59,8 +59,8 @@ from nemo_ais.fp8 import (
     quantize_mxfp8,
     quantize_nvfp4,
 )
-from nemo_ais.fp8.checks import FLOAT_INPUTS, check_amax, check_last_dim
-from nemo_ais.fp8.nvfp4 import nvfp4_global_scale
+from nemo_ais.formats.checks import FLOAT_INPUTS, check_amax, check_last_dim
+from nemo_ais.formats.nvfp4 import nvfp4_global_scale
 
 __all__ = [
     "quantize_blockwise_triton",
@@ -156,19 +156,19 @@ def quantize_blockwise_triton(
     *,
     name: str = "x",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blockwise FP8 E4M3 by one Triton launch; bits of :func:`nemo_ais.fp8.quantize_blockwise`.
+    """Blockwise FP8 E4M3 by one Triton launch; bits of :func:`nemo_ais.formats.quantize_blockwise`.
 
     Args:
         x: ``[N, K]`` or ``[E, N, K]`` (all experts in one launch); fp32, bf16, fp16 or
             fp64, CUDA (compiled) or CPU (interpreter).
-        block, family, eps, ue8m0, name: as :func:`nemo_ais.fp8.quantize_blockwise`.
+        block, family, eps, ue8m0, name: as :func:`nemo_ais.formats.quantize_blockwise`.
 
     Returns:
         ``(q, s)``: float8_e4m3fn codes of ``x``'s shape and fp32 dequant scales
         ``[(E,) ceil(N/bn), ceil(K/bk)]``.
 
     Raises:
-        ValueError: as :func:`nemo_ais.fp8.quantize_blockwise` (non-finite input included).
+        ValueError: as :func:`nemo_ais.formats.quantize_blockwise` (non-finite input included).
     """
     _check_blockwise_args(x, block, family, eps, name)
     x3 = (x if x.dim() == 3 else x.unsqueeze(0)).contiguous()
@@ -226,12 +226,12 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
 
 @_on_x_device
 def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
-    """MXFP8 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.fp8.quantize_mxfp8`.
+    """MXFP8 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp8`.
 
     Leading dims (experts included) are flattened into rows: one launch for ``[E, N, K]``.
 
     Raises:
-        ValueError: as :func:`nemo_ais.fp8.quantize_mxfp8`.
+        ValueError: as :func:`nemo_ais.formats.quantize_mxfp8`.
     """
     check_last_dim(x, name, _MX_BLOCK, "MXFP8")
     q, scale, bad = _mx(x, fp4=False, ties_toward_zero=False)
@@ -245,10 +245,10 @@ def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
 def quantize_mxfp4_triton(
     x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
 ) -> MXFP4Tensor:
-    """MXFP4 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.fp8.quantize_mxfp4`.
+    """MXFP4 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp4`.
 
     Raises:
-        ValueError: as :func:`nemo_ais.fp8.quantize_mxfp4`.
+        ValueError: as :func:`nemo_ais.formats.quantize_mxfp4`.
     """
     check_last_dim(x, name, _MX_BLOCK, "MXFP4")
     q, scale, bad = _mx(x, fp4=True, ties_toward_zero=bool(round_ties_toward_zero))
@@ -292,7 +292,7 @@ def quantize_nvfp4_triton(
     rows_per_block: int = 1,
     name: str = "x",
 ) -> NVFP4Tensor:
-    """NVFP4 of ``x [..., K]``; bits of :func:`nemo_ais.fp8.quantize_nvfp4`.
+    """NVFP4 of ``x [..., K]``; bits of :func:`nemo_ais.formats.quantize_nvfp4`.
 
     Two launches with ``amax=None`` (the tensor amax, then the quantizer), one with a
     static ``amax``. ``rows_per_block=16`` (16x16 tiles) runs over ``[E, N, K]`` with the
@@ -300,7 +300,7 @@ def quantize_nvfp4_triton(
     whole tensor, as the reference (per-expert scales: :func:`quantize_nvfp4_experts_triton`).
 
     Raises:
-        ValueError: as :func:`nemo_ais.fp8.quantize_nvfp4`.
+        ValueError: as :func:`nemo_ais.formats.quantize_nvfp4`.
     """
     check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
     if rows_per_block not in (1, 16) or (rows_per_block > 1 and x.dim() < 2):
@@ -352,7 +352,7 @@ def quantize_nvfp4_experts_triton(
         :class:`~nemo_ais.fp8.NVFP4Tensor` with ``global_scale`` fp32 ``[E]``.
 
     Raises:
-        ValueError: not 3-D, a bad ``amax`` shape, or as :func:`nemo_ais.fp8.quantize_nvfp4`.
+        ValueError: not 3-D, a bad ``amax`` shape, or as :func:`nemo_ais.formats.quantize_nvfp4`.
     """
     check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
     if x.dim() != 3 or rows_per_block not in (1, 16):

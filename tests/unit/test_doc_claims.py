@@ -175,7 +175,7 @@ def test_statistics_vector_size_in_the_docs_is_the_codes():
 
 
 def test_kv_calibration_table_and_default_rule_in_the_docs_are_the_codes():
-    from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig
+    from nemo_ais.refit.kv_scales import KVScaleCalibrator, KVScaleConfig
 
     shape = tuple(KVScaleCalibrator(num_layers=5).local_tables().shape)
     planes, kinds = shape[0], shape[2]

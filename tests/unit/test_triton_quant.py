@@ -28,10 +28,10 @@ import numpy as np
 import pytest
 import torch
 
+from nemo_ais.formats.mxfp4 import quantize_mxfp4_reference
+from nemo_ais.formats.mxfp8 import quantize_mxfp8_reference
+from nemo_ais.formats.nvfp4 import quantize_nvfp4_reference
 from nemo_ais.fp8 import quantize_blockwise, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
-from nemo_ais.fp8.mxfp4 import quantize_mxfp4_reference
-from nemo_ais.fp8.mxfp8 import quantize_mxfp8_reference
-from nemo_ais.fp8.nvfp4 import quantize_nvfp4_reference
 from nemo_ais.kernels.triton_quant import (
     quantize_blockwise_triton,
     quantize_mxfp4_triton,

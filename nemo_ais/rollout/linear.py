@@ -14,7 +14,7 @@
 """A linear layer (and fused MoE experts) running one rollout format's fake quantization.
 
 What :class:`QuantLinear` computes for ``x [..., K]`` and ``W [N, K]``, with the format's
-two functions (:class:`~nemo_ais.fp8.formats.LinearFakeQuant`):
+two functions (:class:`~nemo_ais.rollout.fake_quant.LinearFakeQuant`):
 
 1. At weight-sync time (:meth:`QuantLinear.load_weight`): ``W_dq = weight_fq(W, amax)``,
    cached in fp32 (``amax``: the weight's global amax, shared by fused shards in NVFP4).
@@ -24,26 +24,32 @@ two functions (:class:`~nemo_ais.fp8.formats.LinearFakeQuant`):
    representable products), ``+ bias`` (kept in high precision), cast to ``x.dtype``.
 
 These are the same functions a QARL-style trainer uses for its fake-quantized forward
-(``nemo_ais.fp8.formats``), so twin and trainer agree bit for bit (tested).
+(``nemo_ais.rollout.fake_quant``), so twin and trainer agree bit for bit (tested).
 
 :class:`QuantExperts` replaces the fused MoE experts of transformers 5
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``, as vLLM's ``w13`` / ``w2``) by
 one linear per expert and projection, built by a factory (FP8: ``Fp8Experts``).
+
+:class:`Fp8Linear` is :class:`QuantLinear` of format ``fp8`` that also keeps the codes and
+scales a vLLM block-FP8 engine holds (``weight`` float8_e4m3fn, ``weight_scale_inv`` fp32),
+so the twin can load them as a refit stream sends them. Since every operand of step 3 is
+exactly representable, the only difference from a real FP8 GEMM is the summation order
+of the fp32 accumulation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from nemo_ais.fp8.formats import LinearFakeQuant
+from nemo_ais.formats.fp8_block import Family, dequantize_blockwise, quantize_blockwise
+from nemo_ais.rollout.config import RolloutPrecisionConfig
+from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant
 
-__all__ = ["QuantExperts", "QuantLinear", "load_bias"]
+__all__ = ["Fp8Experts", "Fp8Linear", "QuantExperts", "QuantLinear", "load_bias"]
 
 
 @torch.no_grad()
@@ -220,3 +226,111 @@ class QuantExperts(nn.Module):
             y = y * top_k_weights[token_idx, k_pos, None]
             out.index_add_(0, token_idx, y.to(out.dtype))
         return out
+
+
+class Fp8Linear(QuantLinear):
+    """:class:`~nemo_ais.rollout.linear.QuantLinear` of format ``fp8`` that keeps vLLM's tensors.
+
+    Buffers: ``weight`` ``[N, K]`` float8_e4m3fn and ``weight_scale_inv`` fp32
+    ``[ceil(N/bn), ceil(K/bk)]`` (what the refit stream sends, so the twin can also load
+    them as they are: :meth:`load_quantized`), and the non-persistent fp32
+    ``weight_dequant`` cache the forward multiplies by. ``bias`` (if any) is a frozen
+    parameter in the layer's original dtype.
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        weight_block: tuple[int, int] = (128, 128),
+        activation_group: int = 128,
+        weight_family: Family = "a",
+        activation_family: Family = "b",
+        weight_eps: float = 1e-4,
+        activation_eps: float = 1e-10,
+        ue8m0: bool = False,
+        name: str = "weight",
+    ) -> None:
+        self.knobs = RolloutPrecisionConfig(
+            format="fp8",
+            weight_block=tuple(weight_block),
+            activation_group=activation_group,
+            weight_family=weight_family,
+            activation_family=activation_family,
+            weight_eps=weight_eps,
+            activation_eps=activation_eps,
+            ue8m0=ue8m0,
+        )
+        self.weight_block = tuple(weight_block)
+        super().__init__(weight, bias, linear_fake_quant(self.knobs), name=name)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, name: str = "weight", **kwargs) -> Fp8Linear:
+        """Build from an ``nn.Linear``, quantizing its current weight (``kwargs`` as ``__init__``)."""
+        return cls(linear.weight.detach(), linear.bias, name=name, **kwargs)
+
+    @torch.no_grad()
+    def load_weight(self, weight: torch.Tensor, amax: torch.Tensor | None = None) -> None:
+        """Re-quantize from a high-precision ``[out, in]`` weight (the refit of one tensor).
+
+        Raises:
+            ValueError: wrong shape, or non-finite values (count and first index, from
+                :func:`~nemo_ais.formats.fp8_block.quantize_blockwise`).
+        """
+        expected = (self.out_features, self.in_features)
+        if tuple(weight.shape) != expected:
+            raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
+        k = self.knobs
+        w_q, s_w = quantize_blockwise(
+            weight.detach(), k.weight_block, k.weight_family, k.weight_eps, k.ue8m0, name=self.name
+        )
+        self._store(w_q, s_w)
+
+    @torch.no_grad()
+    def load_quantized(self, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> None:
+        """Load already-quantized codes and scales (a vLLM-format refit stream) as is.
+
+        Raises:
+            ValueError: codes not ``float8_e4m3fn [out, in]``, or scales not fp32 with one
+                finite, positive entry per block.
+        """
+        expected = (self.out_features, self.in_features)
+        if weight.dtype != torch.float8_e4m3fn or tuple(weight.shape) != expected:
+            raise ValueError(
+                f"{self.name}: got codes {list(weight.shape)} {weight.dtype}, expected "
+                f"{list(expected)} torch.float8_e4m3fn"
+            )
+        blocks = tuple(-(-n // b) for n, b in zip(expected, self.weight_block, strict=True))
+        s = weight_scale_inv
+        if s.dtype != torch.float32 or tuple(s.shape) != blocks:
+            raise ValueError(
+                f"{self.name}_scale_inv: got {list(s.shape)} {s.dtype}, expected "
+                f"{list(blocks)} torch.float32 for block {self.weight_block}"
+            )
+        if not bool((torch.isfinite(s) & (s > 0)).all()):
+            raise ValueError(
+                f"{self.name}_scale_inv: {int((~(torch.isfinite(s) & (s > 0))).sum())} "
+                "scale(s) not finite and > 0 (a never-loaded or corrupted scale)"
+            )
+        self._store(weight.detach().clone(), s.detach().clone())
+
+    def _store(self, w_q: torch.Tensor, s_w: torch.Tensor) -> None:
+        for buffer, value in (("weight", w_q), ("weight_scale_inv", s_w)):
+            if buffer in self._buffers:
+                setattr(self, buffer, value)
+            else:
+                self.register_buffer(buffer, value)
+        self.weight_dequant = dequantize_blockwise(w_q, s_w, self.weight_block, torch.float32)
+
+
+class Fp8Experts(QuantExperts):
+    """W8A8 replacement of a transformers-5 fused MoE experts module (module doc).
+
+    :class:`~nemo_ais.rollout.linear.QuantExperts` with one :class:`Fp8Linear` per
+    expert and projection (so the down input is re-quantized per token, as in vLLM's FP8
+    fused MoE); ``quant_kwargs`` are :class:`Fp8Linear`'s.
+    """
+
+    def __init__(self, experts: nn.Module, *, name: str = "experts", **quant_kwargs) -> None:
+        super().__init__(experts, lambda w, n: Fp8Linear(w, name=n, **quant_kwargs), name=name)

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Transformer Engine backend for :func:`nemo_ais.fp8.quantize_blockwise` (CUDA only).
+"""Transformer Engine backend for :func:`nemo_ais.formats.fp8_block.quantize_blockwise` (CUDA only).
 
 Wraps TE 2.x's ``Float8BlockQuantizer`` (``transformer_engine.pytorch.tensor.
 float8_blockwise_tensor``) with 2-D 128x128 block scaling and returns our convention:
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from nemo_ais.fp8.checks import check_finite
+from nemo_ais.formats.checks import check_finite
 
 __all__ = ["is_available", "quantize_blockwise_te", "use_te"]
 
@@ -142,7 +142,7 @@ def quantize_blockwise_te(
         name: tensor name used in error messages.
 
     Returns:
-        ``(q, s)`` exactly as :func:`nemo_ais.fp8.quantize_blockwise`.
+        ``(q, s)`` exactly as :func:`nemo_ais.formats.fp8_block.quantize_blockwise`.
 
     Raises:
         ValueError: non-finite input (checked here: TE would map an infinite amax to
