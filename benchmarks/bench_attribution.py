@@ -13,7 +13,7 @@
 # limitations under the License.
 """Mismatch attribution on the twin's default model, written into docs/low_precision.md.
 
-``nemo-ais attribute`` (:func:`nemo_ais.fp8.attribution.attribute_mismatch`) on the
+``nemo-ais attribute`` (:func:`nemo_ais.tools.attribution.attribute_mismatch`) on the
 embedded recipe's warm-started Qwen2 (the preset ``default.yaml``, the model and prompts of
 ``bench_fp8_twin``'s ``embedded`` table: :func:`nemo_ais.embedded.twin_setup.twin_setup`)
 for the harsh 4-bit setting (NVFP4 W4A4 + NVFP4 KV) and the default experiment's FP8 W8A8
@@ -30,8 +30,8 @@ import torch
 
 from benchmarks._record import BENCH_MD, record_section
 from benchmarks.bench_fp8_twin import BATCH, embedded_setup
-from nemo_ais.fp8.attribution import attribute_mismatch, attribution_markdown, plot_attribution
-from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
+from nemo_ais.rollout.config import RolloutPrecisionConfig
+from nemo_ais.tools.attribution import attribute_mismatch, attribution_markdown, plot_attribution
 
 LOW_PRECISION_MD = BENCH_MD.parent / "low_precision.md"
 IMG = BENCH_MD.parent / "img"

@@ -44,7 +44,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from benchmarks._record import BENCH_MD, record_section
-from nemo_ais.fp8.twin import (
+from nemo_ais.rollout.twin import (
     RolloutPrecisionConfig,
     RolloutTwin,
     generate,

@@ -16,12 +16,12 @@
 For each model (the two of ``bench_fp8_twin``: the warm-started embedded Qwen2 and a
 random-init one), rollout format (``bf16`` linears, so the KV cache is the only error, and
 ``fp8``), KV cache (``fp8``, ``nvfp4``) and calibration rule
-(:class:`~nemo_ais.fp8.kv_scales.KVScaleConfig` ``reduction``):
+(:class:`~nemo_ais.refit.kv_scales.KVScaleConfig` ``reduction``):
 
 1. Calibrate as NeMo-RL's GRPO does, trainer-side on the PREVIOUS step's rollouts (prompt
    + response, padding included, as upstream), one observation per micro-batch of 8
    sequences, observed at the fp32 model's ``k_proj`` / ``v_proj`` outputs
-   (:meth:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator.install_hooks`).
+   (:meth:`~nemo_ais.refit.kv_scales.KVScaleCalibrator.install_hooks`).
 2. Score THIS step's responses (sampled from the fp32 model, so every rule is measured
    on the same tokens) with the twin holding those scales, teacher-forced through its
    quantized KV cache, against the fp32 model's log-probs of the same tokens.
@@ -45,7 +45,7 @@ import torch
 
 from benchmarks._record import record_section
 from benchmarks.bench_fp8_twin import LOW_PRECISION_MD, embedded_setup, random_setup
-from nemo_ais.fp8.kv_scales import (
+from nemo_ais.refit.kv_scales import (
     _ATTN_RE,
     KV_REDUCTIONS,
     KVSaturationCounter,
@@ -53,7 +53,7 @@ from nemo_ais.fp8.kv_scales import (
     KVScaleConfig,
     KVScales,
 )
-from nemo_ais.fp8.twin import (
+from nemo_ais.rollout.twin import (
     RolloutPrecisionConfig,
     RolloutTwin,
     generate,

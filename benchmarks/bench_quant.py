@@ -8,7 +8,7 @@ times, interleaved within every repeat (the machine is shared), median of ``--re
 after one warm-up:
 
 * ``ours``: the public quantizer (on CPU: the fused C++ kernel of
-  :mod:`nemo_ais.fp8.cpu_kernel`; on a GPU: the banded PyTorch path);
+  :mod:`nemo_ais.formats.cpu_kernel`; on a GPU: the banded PyTorch path);
 * ``reference``: the straightforward vectorised formulation of the same rule (FP8:
   ``reference_quantize`` below, the shape of DeepGEMM's and NeMo-RL's per-block casts;
   the block-scaled formats: the ``quantize_*_reference`` kept next to each fast path),
@@ -37,10 +37,10 @@ import torch
 
 from benchmarks._record import record_section
 from benchmarks._timing import cpu_timer, cuda_timer, interleaved_medians
+from nemo_ais.formats.mxfp4 import quantize_mxfp4_reference
+from nemo_ais.formats.mxfp8 import quantize_mxfp8_reference
+from nemo_ais.formats.nvfp4 import quantize_nvfp4_reference
 from nemo_ais.fp8 import quantize_blockwise, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
-from nemo_ais.fp8.mxfp4 import quantize_mxfp4_reference
-from nemo_ais.fp8.mxfp8 import quantize_mxfp8_reference
-from nemo_ais.fp8.nvfp4 import quantize_nvfp4_reference
 
 SHAPES = [(4096, 4096), (14336, 4096)]  # Llama/Qwen attention; Llama-3-8B MLP
 DTYPES = [torch.float32, torch.bfloat16]
@@ -247,7 +247,7 @@ def main() -> None:
     if bound is not None:
         print(bound)
         body += (
-            "\n\nOn CPU every format is a fused C++ kernel (`nemo_ais/fp8/cpu_kernel.py`, "
+            "\n\nOn CPU every format is a fused C++ kernel (`nemo_ais/formats/cpu_kernel.py`, "
             "compiled on first use, bit-equal to the PyTorch path: "
             "tests/unit/test_fp8_cpu_kernel.py). What bounds the fractions, measured in the same "
             "run (below): PyTorch's fp32 -> E4M3 conversion alone takes 2-2.5x a copy, so an "

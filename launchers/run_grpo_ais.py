@@ -36,7 +36,7 @@ apart and refuses anything else before the config is read). Mirrors NeMo-RL's
    ``ais_fp8_refit`` section the vLLM workers also quantize the synced weights with
    :mod:`nemo_ais.fp8` (:func:`configure_fp8_refit`, :mod:`nemo_ais.nemo_rl.refit`); with an
    ``ais_nvfp4_refit`` section an NVFP4 engine loads the BF16 trainer's weights packed by
-   :mod:`nemo_ais.fp8.stream_block` (:func:`configure_block_refit`, same hook); and
+   :mod:`nemo_ais.refit.stream` (:func:`configure_block_refit`, same hook); and
    after ``setup()`` every vLLM worker is asked whether that is armed
    (:func:`require_fp8_refit_active`; the run stops naming the worker if not). The
    optional ``ais_kv_calibration.reduction`` picks the Megatron worker's FP8 KV
@@ -259,14 +259,14 @@ def configure_kv_calibration(config: dict[str, Any], environ: dict[str, str] | N
 
     Absent section or key: ``percentile_of_amax`` (NeMo-RL's own rule, the same scales as
     upstream's ``calibrate_qkv_fp8_scales``); ``element_percentile``: the percentile of
-    ``|x|`` over each micro-batch's elements (:mod:`nemo_ais.fp8.kv_scales`). Sets
+    ``|x|`` over each micro-batch's elements (:mod:`nemo_ais.refit.kv_scales`). Sets
     ``NEMO_AIS_KV_REDUCTION`` (the policy workers inherit the environment).
 
     Raises:
         ValueError: naming ``ais_kv_calibration`` / ``ais_kv_calibration.reduction``.
     """
-    from nemo_ais.fp8.kv_scales import KV_REDUCTIONS
     from nemo_ais.megatron.kv_calibration import KV_REDUCTION_ENV
+    from nemo_ais.refit.kv_scales import KV_REDUCTIONS
 
     section = config.get("ais_kv_calibration")
     section = {} if section is None else section

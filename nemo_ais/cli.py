@@ -240,7 +240,11 @@ def _attribute(args: argparse.Namespace) -> int:
     from nemo_ais.embedded.checkpoint import UnreadableFileError
     from nemo_ais.embedded.config import load_config, resolve_arm
     from nemo_ais.embedded.twin_setup import twin_setup
-    from nemo_ais.fp8.attribution import attribute_mismatch, attribution_markdown, write_attribution
+    from nemo_ais.tools.attribution import (
+        attribute_mismatch,
+        attribution_markdown,
+        write_attribution,
+    )
 
     path = args.config or _config_dir() / f"{args.preset or 'default'}.yaml"
     try:
@@ -334,7 +338,7 @@ def _add_calibrate_input_amax_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _calibrate_input_amax(args: argparse.Namespace) -> int:
-    from nemo_ais.fp8.input_amax_file import (
+    from nemo_ais.tools.input_amax_file import (
         calibrate_input_amax,
         calibration_batches,
         load_causal_lm,

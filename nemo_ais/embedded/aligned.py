@@ -18,10 +18,10 @@ code is public): the learner keeps its high-precision master weights, runs the r
 engine's low-bit arithmetic in the forward and a straight-through estimator (STE) in the
 backward, so both log-probs of the importance ratio, pi_old and pi_theta, come from the
 arithmetic that sampled the tokens. Our engine is the fake-quantizing twin
-(:mod:`nemo_ais.fp8.twin`), so the aligned forward applies the twin's own functions
-(:data:`nemo_ais.fp8.formats.LINEAR_FAKE_QUANT`, no second quantizer) to the twin's
+(:mod:`nemo_ais.rollout.twin`), so the aligned forward applies the twin's own functions
+(:data:`nemo_ais.rollout.fake_quant.LINEAR_FAKE_QUANT`, no second quantizer) to the twin's
 quantized modules (same exclusions). With ``ST(f)`` = forward ``f``, backward identity
-(:func:`~nemo_ais.fp8.formats.straight_through`), per quantized linear:
+(:func:`~nemo_ais.rollout.fake_quant.straight_through`), per quantized linear:
 
 1. ``W_q = ST(weight_fq)(W; amax_W)``, ``amax_W`` NVFP4's global amax, the max of
    ``|W|`` over vLLM's fused shards of the CURRENT weights (detached);
@@ -30,7 +30,7 @@ quantized modules (same exclusions). With ``ST(f)`` = forward ``f``, backward id
 3. ``y = x_q W_q^T`` in fp32, ``+ b``;
 4. KV cache (``rollout.kv_cache`` fp8 / nvfp4): K after RoPE and V pass through
    ``ST(kv_fq)`` with the twin's KV scales of the last refit
-   (:class:`~nemo_ais.fp8.kv_cache.QuantizedKVCache`), so attention reads what the
+   (:class:`~nemo_ais.rollout.kv_cache.QuantizedKVCache`), so attention reads what the
    engine's cache holds.
 
 Gradient (STE): ``dL/dW = (dL/dy)^T x_q`` and ``dL/dx = (dL/dy) W_q``, the gradient of the
@@ -41,7 +41,7 @@ What is left of the mismatch at pi_old (the synced weights): a full-sequence for
 the engine's token-by-token decode, i.e. the fp32 accumulation order of GEMMs of other
 shapes (~1e-6 nats), and where that order moves an input across a rounding boundary of the
 quantizer, one block's rounding. Teacher-forced, the trainer and
-:meth:`~nemo_ais.fp8.twin.RolloutTwin.score` agree to float32 rounding (tested). Not
+:meth:`~nemo_ais.rollout.twin.RolloutTwin.score` agree to float32 rounding (tested). Not
 aligned: the twin's ``compute_dtype`` (refused by the config: the trainer is fp32). During
 the update pi_theta keeps the refit's calibration (input amax, KV scales) while ``W``
 moves. The held-out evaluation uses the unquantized master weights, as in every other arm.
@@ -56,9 +56,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_ais.fp8.formats import LinearFakeQuant, shared_weight_amax, straight_through
-from nemo_ais.fp8.kv_cache import QuantizedKVCache
-from nemo_ais.fp8.twin import RolloutTwin
+from nemo_ais.rollout.fake_quant import LinearFakeQuant, shared_weight_amax, straight_through
+from nemo_ais.rollout.kv_cache import QuantizedKVCache
+from nemo_ais.rollout.twin import RolloutTwin
 
 __all__ = ["RolloutAlignedPolicy", "StraightThroughKVCache", "StraightThroughLinear"]
 

@@ -26,7 +26,7 @@ loss_fn        :class:`~nemo_ais.config.PGLossConfig` (clipped surrogate) plus `
 policy         :class:`PolicySection` (tiny Qwen2, optimizer, batch sizes, warm start)
 rollout        :class:`RolloutSection` (sampling; the rollout ``format``, ``kv_cache`` and
                BF16 exclusions; ``quantizer:`` the format's other knobs), mapped onto
-               :class:`~nemo_ais.fp8.rollout_config.RolloutPrecisionConfig`
+               :class:`~nemo_ais.rollout.config.RolloutPrecisionConfig`
 data           :class:`DataSection` (the arithmetic task)
 logger         :class:`LoggerSection` (run directory, progress bar, plots)
 checkpointing  :class:`CheckpointingSection`
@@ -72,7 +72,7 @@ from nemo_ais.config import (
     surrogate_conflicts,
     validate_section,
 )
-from nemo_ais.fp8.rollout_config import KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
+from nemo_ais.rollout.config import KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
 
 __all__ = [
     "CONFIG_DIR",

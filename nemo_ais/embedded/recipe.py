@@ -83,7 +83,7 @@ from nemo_ais.embedded.warmstart import (
     build_untrained_policy,
     load_warm_start,
 )
-from nemo_ais.fp8.twin import Fp8Twin
+from nemo_ais.rollout.twin import Fp8Twin
 
 __all__ = [
     "GRPORecipe",

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from nemo_ais.embedded.task import ArithmeticTask, Problem, seeded_generator
-from nemo_ais.fp8.twin import Fp8Twin
+from nemo_ais.rollout.twin import Fp8Twin
 
 __all__ = ["RolloutBatch", "chunk_range", "generate_rollouts", "group_advantages"]
 

@@ -1,73 +1,71 @@
-# Copyright (c) 2026, nemo_ais contributors.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-"""Rollout precision: the FP8, MXFP8, NVFP4 (and MXFP4) quantizers, the refit stream, KV scales.
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Compatibility face of the former ``nemo_ais.fp8`` package (issue 24 split it by what it holds).
 
-Pure PyTorch; the Transformer Engine backend (:mod:`nemo_ais.fp8.te_backend`) is imported
-lazily. Where each format lives and its conventions: ``docs/low_precision.md``.
+The quantizers live in :mod:`nemo_ais.formats`, the simulated rollout engine in
+:mod:`nemo_ais.rollout`, the refit stream and KV scales in :mod:`nemo_ais.refit`, the
+``attribute`` and ``calibrate-input-amax`` tools in :mod:`nemo_ais.tools`. The public
+names below and every former submodule path (``nemo_ais.fp8.twin``, ``...kv_scales``, ...)
+keep importing: a former submodule resolves to the module that replaced it (the same
+module object, so ``monkeypatch`` and ``isinstance`` see one thing).
 """
 
-from nemo_ais.fp8.kv_scales import (
-    KVScaleCalibrator,
-    KVScaleConfig,
-    KVScales,
-    collect_engine_kv_scales,
-    kv_scale_names,
-    require_calibrated_kv_scales,
-    verify_kv_scales,
-)
-from nemo_ais.fp8.mxfp4 import MXFP4Tensor, dequantize_mxfp4, quantize_mxfp4
-from nemo_ais.fp8.mxfp8 import MXFP8Tensor, dequantize_mxfp8, fake_quantize_mxfp8, quantize_mxfp8
-from nemo_ais.fp8.nvfp4 import NVFP4Tensor, dequantize_nvfp4, fake_quantize_nvfp4, quantize_nvfp4
-from nemo_ais.fp8.quant import (
-    E4M3_MAX,
-    dequantize_activations,
-    dequantize_blockwise,
-    quantize_activations,
-    quantize_blockwise,
-)
-from nemo_ais.fp8.stream import Fp8SyncConfig, Fp8SyncPlan, fp8_weight_stream, plan_fp8_sync
-from nemo_ais.fp8.stream_block import BlockSyncConfig, block_weight_stream, plan_block_sync
+import importlib
+import importlib.abc
+import importlib.util
+import sys
 
-__all__ = [
-    "E4M3_MAX",
-    "BlockSyncConfig",
-    "Fp8SyncConfig",
-    "Fp8SyncPlan",
-    "KVScaleCalibrator",
-    "KVScaleConfig",
-    "KVScales",
-    "MXFP4Tensor",
-    "MXFP8Tensor",
-    "NVFP4Tensor",
-    "block_weight_stream",
-    "collect_engine_kv_scales",
-    "dequantize_activations",
-    "dequantize_blockwise",
-    "dequantize_mxfp4",
-    "dequantize_mxfp8",
-    "dequantize_nvfp4",
-    "fake_quantize_mxfp8",
-    "fake_quantize_nvfp4",
-    "fp8_weight_stream",
-    "kv_scale_names",
-    "plan_block_sync",
-    "plan_fp8_sync",
-    "quantize_activations",
-    "quantize_blockwise",
-    "quantize_mxfp4",
-    "quantize_mxfp8",
-    "quantize_nvfp4",
-    "require_calibrated_kv_scales",
-    "verify_kv_scales",
-]
+from nemo_ais.formats import *  # noqa: F403
+from nemo_ais.formats import __all__ as _formats_all
+from nemo_ais.refit import *  # noqa: F403
+from nemo_ais.refit import __all__ as _refit_all
+
+__all__ = sorted([*_formats_all, *_refit_all])
+
+MOVED_MODULES = {
+    "attribution": "nemo_ais.tools.attribution",
+    "checks": "nemo_ais.formats.checks",
+    "cpu_kernel": "nemo_ais.formats.cpu_kernel",
+    "formats": "nemo_ais.rollout.fake_quant",
+    "fp8_linear": "nemo_ais.rollout.fp8_linear",
+    "generation": "nemo_ais.rollout.sampling",
+    "grids": "nemo_ais.formats.grids",
+    "input_amax_file": "nemo_ais.tools.input_amax_file",
+    "kv_cache": "nemo_ais.rollout.kv_cache",
+    "kv_scales": "nemo_ais.refit.kv_scales",
+    "mxfp4": "nemo_ais.formats.mxfp4",
+    "mxfp8": "nemo_ais.formats.mxfp8",
+    "nvfp4": "nemo_ais.formats.nvfp4",
+    "quant": "nemo_ais.formats.fp8_block",
+    "quant_linear": "nemo_ais.rollout.linear",
+    "rollout_config": "nemo_ais.rollout.config",
+    "stream": "nemo_ais.refit.stream",
+    "stream_block": "nemo_ais.refit.stream",
+    "te_backend": "nemo_ais.formats.te_backend",
+    "twin": "nemo_ais.rollout.twin",
+    "twin_calibration": "nemo_ais.rollout.calibration",
+    "twin_modules": "nemo_ais.rollout.modules",
+    "twin_refit": "nemo_ais.rollout.weight_loader",
+}
+"""``{former submodule of nemo_ais.fp8: the module that holds its code now}``."""
+
+
+class _MovedModuleLoader(importlib.abc.Loader, importlib.abc.MetaPathFinder):
+    """Resolves ``nemo_ais.fp8.<former>`` to the module named in :data:`MOVED_MODULES`."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, leaf = fullname.rpartition(".")
+        if package != __name__ or leaf not in MOVED_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        module = importlib.import_module(MOVED_MODULES[spec.name.rpartition(".")[2]])
+        spec.loader_state = module.__spec__  # the import system overwrites __spec__
+        return module
+
+    def exec_module(self, module):
+        module.__spec__ = module.__spec__.loader_state  # executed already: restore its spec
+
+
+if not any(isinstance(f, _MovedModuleLoader) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModuleLoader())

@@ -14,7 +14,7 @@
 """FP8 KV-cache scale calibration of a Megatron-Core GPT model, in NeMo-RL's result format.
 
 The trainer-side half of NeMo-RL's ``calibrate_qkv_fp8_scales`` (v0.7.0 and main have
-the same one), computed with :class:`nemo_ais.fp8.kv_scales.KVScaleCalibrator`:
+the same one), computed with :class:`nemo_ais.refit.kv_scales.KVScaleCalibrator`:
 
 1. Hook every ``decoder.layers.N.self_attention.core_attention`` (forward PRE-hook).
    Megatron-Core's ``SelfAttention.forward`` calls ``core_attention(query, key, value,
@@ -60,7 +60,8 @@ import torch.distributed as dist
 from pydantic import ValidationError
 from torch import nn
 
-from nemo_ais.fp8.kv_scales import (
+from nemo_ais.formats.fp8_block import E4M3_MAX
+from nemo_ais.refit.kv_scales import (
     KINDS,
     KV_METRIC_PREFIX,
     KV_REDUCTIONS,
@@ -72,7 +73,6 @@ from nemo_ais.fp8.kv_scales import (
     kv_saturation_metrics,
     kv_scale_names,
 )
-from nemo_ais.fp8.quant import E4M3_MAX
 
 __all__ = [
     "FP8_FORMAT",
@@ -279,7 +279,7 @@ def calibrate_qkv_fp8_scales(
     """Hook, run the forward passes, reduce over ``group`` and return NeMo-RL's dict.
 
     Logs (INFO) the largest calibration value over ``scale * 448`` per kind, the max over
-    layers (:func:`~nemo_ais.fp8.kv_scales.kv_saturation_metrics`; > 1: the calibration
+    layers (:func:`~nemo_ais.refit.kv_scales.kv_saturation_metrics`; > 1: the calibration
     data saturates in E4M3), and WARNING when that happens. With ``previous_scales`` (the
     last calibration's ``layers``: the scales the rollout engine held while it generated
     the data calibrated on now) it also counts the elements of this calibration's K / V

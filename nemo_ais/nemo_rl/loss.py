@@ -99,7 +99,7 @@ from nemo_ais.nemo_rl.seam import (
     loss_from_prepared,
     row_valid_tokens,
 )
-from nemo_ais.preflight import AIS_CONFLICTS, ais_conflicts
+from nemo_ais.rules.loss_conflicts import AIS_CONFLICTS, ais_conflicts
 
 __all__ = [
     "ALARM_METRIC_KEYS",
@@ -195,7 +195,7 @@ class AISLossConfig(ClippedPGLossConfig):
     validated as :class:`~nemo_ais.config.PGLossConfig` (:func:`pg_loss_config`: ranges and
     NeMo-RL's assertions on ``use_cispo`` / ``sequence_level_importance_ratios``), against
     the mode (:func:`~nemo_ais.config.surrogate_conflicts`) and against NeMo-RL's own
-    importance-sampling options (:data:`~nemo_ais.preflight.AIS_CONFLICTS`).
+    importance-sampling options (:data:`~nemo_ais.rules.loss_conflicts.AIS_CONFLICTS`).
     """
 
     ais: CorrectionConfig = Field(

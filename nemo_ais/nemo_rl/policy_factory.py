@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS
-from nemo_ais.preflight.loader import get
+from nemo_ais.rules.config_keys import get
 
 __all__ = [
     "ais_worker_fqn",

@@ -49,7 +49,7 @@ patching):
   and stops the run, naming the worker, where the refit would use NeMo-RL's quantizer.
 
 The same hook carries the NVFP4 / MXFP8 refit of a BF16 trainer (:mod:`nemo_ais.nemo_rl.
-refit_block`): a :class:`~nemo_ais.fp8.stream_block.BlockSyncConfig` instead of an
+refit_block`): a :class:`~nemo_ais.refit.config.BlockSyncConfig` instead of an
 :class:`~nemo_ais.fp8.Fp8SyncConfig`, in ``NEMO_AIS_BLOCK_REFIT``
 (:func:`refit_config_from_env` reads either).
 """
@@ -65,16 +65,22 @@ import logging
 import os
 import socket
 import sys
-import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import torch
 
 from nemo_ais.config import require_config
-from nemo_ais.fp8 import Fp8SyncConfig, fp8_weight_stream
-from nemo_ais.fp8.stream_block import BlockSyncConfig
 from nemo_ais.nemo_rl import compat
+from nemo_ais.nemo_rl.vllm_refit import (
+    PATCHED,
+    RECORDED_SIGNATURES,
+    TARGET_MODULE,
+    engine_pairs,
+    unchanged,
+    upstream_pairs,
+)
+from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, RefitStream
 
 __all__ = [
     "ENV_VAR",
@@ -96,18 +102,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TARGET_MODULE = "nemo_rl.models.generation.vllm.quantization.fp8"
 ENV_VAR = "NEMO_AIS_FP8_REFIT"
 BLOCK_ENV_VAR = "NEMO_AIS_BLOCK_REFIT"  # nemo_ais.nemo_rl.refit_block.ENV_VAR
-# NeMo-RL v0.7.0: the functions the patch replaces or calls, with their signatures.
-RECORDED_SIGNATURES = {
-    f"{TARGET_MODULE}.load_weights": "(weights, model_runner)",
-    f"{TARGET_MODULE}._is_fp8_weight": "(name, model)",
-    "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension._load_weights": (
-        "(self, weights)"
-    ),
-}
-_PATCHED = "__nemo_ais_refit__"
 
 
 def check_signatures(
@@ -131,15 +127,11 @@ def check_signatures(
             )
 
 
-def _unchanged(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-    yield name, tensor
-
-
 def refit_pairs(
     weights: Iterable[tuple[str, torch.Tensor]],
     is_fp8_weight: Callable[[str], bool],
     config: Fp8SyncConfig,
-    passthrough: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = _unchanged,
+    passthrough: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = unchanged,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` -> vLLM ``load_weights`` pairs, quantizing what the engine holds in FP8.
 
@@ -154,45 +146,7 @@ def refit_pairs(
         ValueError: the engine holds ``name`` in FP8 but the stream would keep it in BF16
             (the two layouts disagree), or the stream's own errors (NaN/Inf, TP shard).
     """
-    for name, tensor in weights:
-        if not is_fp8_weight(name):
-            yield from passthrough(name, tensor)
-            continue
-        pairs = list(fp8_weight_stream([(name, tensor)], config))
-        if len(pairs) != 2:
-            raise ValueError(
-                f"{name}: the vLLM engine holds it in FP8 but nemo_ais.fp8 would keep it in "
-                f"BF16 ({list(tensor.shape)} {tensor.dtype}); align the engine's FP8 layers "
-                "with the refit stream's rules (num_first/last_layers_in_bf16, keep_patterns)"
-            )
-        yield from pairs
-
-
-class _Collector:
-    """The model as upstream's ``load_weights`` sees it, except that loading collects."""
-
-    def __init__(self, model: Any) -> None:
-        self._model = model
-        self.pairs: list[tuple[str, torch.Tensor]] = []
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.pairs.extend((name, tensor) for name, tensor in weights)
-
-    def __getattr__(self, name: str) -> Any:  # module tree, packed_modules_mapping, ...
-        return getattr(self._model, name)
-
-
-def _upstream_pairs(upstream_load_weights: Callable, model: Any) -> Callable:
-    """``(name, tensor)`` -> the pairs upstream's ``load_weights`` would load for it."""
-    collector = _Collector(model)
-    runner = types.SimpleNamespace(model=collector)
-
-    def pairs(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        upstream_load_weights([(name, tensor)], runner)
-        out, collector.pairs = collector.pairs, []
-        return out
-
-    return pairs
+    return engine_pairs(weights, is_fp8_weight, RefitStream(config), passthrough)
 
 
 def ais_load_weights(
@@ -210,9 +164,9 @@ def ais_load_weights(
     pairs (None: unchanged).
     """
     model = model_runner.model
-    passthrough = _unchanged
+    passthrough = unchanged
     if upstream_load_weights is not None:
-        passthrough = _upstream_pairs(upstream_load_weights, model)
+        passthrough = upstream_pairs(upstream_load_weights, model)
     model.load_weights(
         refit_pairs(weights, lambda name: is_fp8_weight(name, model), config, passthrough)
     )
@@ -221,7 +175,7 @@ def ais_load_weights(
 def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
     """``backend: auto`` decided once for this process: ``te`` or ``torch``.
 
-    :func:`nemo_ais.fp8.te_backend.use_te`'s rule for ``auto`` (Transformer Engine
+    :func:`nemo_ais.formats.te_backend.use_te`'s rule for ``auto`` (Transformer Engine
     importable, CUDA, family ``c``, 128x128 blocks), asked once about a tensor on the
     device the refit streams to (CUDA when available). Left as ``auto``, the stream would
     ask it for every tensor, and a missing TE would be imported again each time (~18k
@@ -229,7 +183,7 @@ def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
     """
     if config.backend != "auto":
         return config
-    from nemo_ais.fp8 import te_backend
+    from nemo_ais.formats import te_backend
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     probe = torch.empty(0, device=device)
@@ -262,7 +216,7 @@ def install(module: Any, config: Fp8SyncConfig | BlockSyncConfig) -> bool:
 
         return refit_block.install(module, config)
     require_config(config, Fp8SyncConfig, "install(config)")
-    if getattr(module.load_weights, _PATCHED, False):
+    if getattr(module.load_weights, PATCHED, False):
         return False
     try:
         check_signatures(module)
@@ -283,7 +237,7 @@ def install(module: Any, config: Fp8SyncConfig | BlockSyncConfig) -> bool:
             upstream_load_weights=original,
         )
 
-    setattr(load_weights, _PATCHED, True)
+    setattr(load_weights, PATCHED, True)
     load_weights.__wrapped__ = original
     module.load_weights = load_weights
     logger.warning(
@@ -401,7 +355,7 @@ def hook_status(worker: Any = None) -> HookStatus:
         configured=bool(os.environ.get(ENV_VAR) or os.environ.get(BLOCK_ENV_VAR)),
         armed=bool(hooks or finders),
         imported=module is not None,
-        patched=module is not None and getattr(module.load_weights, _PATCHED, False),
+        patched=module is not None and getattr(module.load_weights, PATCHED, False),
         error=error,
     )
 

@@ -18,7 +18,7 @@ exports packed NVFP4 itself (``MegatronQuantPolicyWorker``, ``real_quant``); the
 side then loads the packed tensors (``model.load_weights``). With a BF16 trainer the
 vLLM worker must quantize, as it does for FP8. The FP8 seam of :mod:`nemo_ais.nemo_rl.
 refit` (the same module, hook and trampoline) gets a second mode, armed by
-:data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.fp8.stream_block.BlockSyncConfig`):
+:data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.refit.config.BlockSyncConfig`):
 
 * :func:`install` wraps two attributes of ``nemo_rl.models.generation.vllm.quantization.fp8``
   (signatures checked against :data:`RECORDED_SIGNATURES`, v0.7.0 and main alike):
@@ -30,7 +30,7 @@ refit` (the same module, hook and trampoline) gets a second mode, armed by
 * :func:`refit_block_pairs` quantizes what the engine holds in the format (NVFP4: linear
   layers and MoE experts whose vLLM quant method is ModelOpt's NVFP4 one, found with
   upstream's own ``_get_module_from_param_name``; MXFP8: upstream's ``_is_fp8_weight``)
-  with :class:`~nemo_ais.fp8.stream_block.BlockWeightStream`; every other tensor passes
+  with :class:`~nemo_ais.refit.stream.RefitStream`; every other tensor passes
   unchanged (NVFP4) or through upstream's own ``load_weights`` (MXFP8: its grouped-MoE
   and BF16 paths). One stream per process: a fused layer's shards that straddle two
   ``load_weights`` calls (refit chunks) are held, copied, until the last one arrives.
@@ -50,16 +50,16 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nemo_ais.config import require_config
-from nemo_ais.fp8.stream_block import BlockSyncConfig, BlockWeightStream
-from nemo_ais.nemo_rl import compat, refit
-from nemo_ais.preflight.loader import get
+from nemo_ais.formats.registry import get_format
+from nemo_ais.nemo_rl import compat, vllm_refit
+from nemo_ais.nemo_rl.vllm_refit import RECORDED_SIGNATURES
+from nemo_ais.refit.stream import BlockSyncConfig, RefitStream
+from nemo_ais.rules.config_keys import get
 
 __all__ = [
     "ENV_VAR",
@@ -79,11 +79,6 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "NEMO_AIS_BLOCK_REFIT"
 SECTION = "ais_nvfp4_refit"
 HOOK_DIR = Path(__file__).resolve().parent / "_vllm_hook"  # its sitecustomize arms the hook
-RECORDED_SIGNATURES = {
-    **refit.RECORDED_SIGNATURES,
-    f"{refit.TARGET_MODULE}.is_fp8_model": "(vllm_config)",
-    f"{refit.TARGET_MODULE}._get_module_from_param_name": "(model, name: str)",
-}
 # vLLM's ModelOpt NVFP4 classes (NeMo-RL main registers subclasses of them), matched by name
 # in the MRO so that nemo_ais imports nothing from vLLM
 NVFP4_QUANT_CONFIG = "ModelOptNvFp4Config"
@@ -126,48 +121,14 @@ def holds_nvfp4(upstream: Any, model: Any, name: str) -> bool:
     return nvfp4 and not grouped
 
 
-def refit_block_pairs(
-    weights: Iterable[tuple[str, torch.Tensor]],
-    holds: Callable[[str], bool],
-    stream: BlockWeightStream,
-    passthrough: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = (
-        refit._unchanged
-    ),
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """One refit chunk -> vLLM ``load_weights`` pairs, quantizing what the engine holds quantized.
-
-    Args:
-        weights: the chunk.
-        holds: True for names the engine holds in the stream's format.
-        stream: the process's stream (fused shards carry over between chunks).
-        passthrough: the pairs of every other tensor.
-
-    Raises:
-        ValueError: the engine holds ``name`` quantized but the stream would keep it in BF16
-            (the two layouts disagree), or the stream's own errors (NaN/Inf, TP shard,
-            fused siblings, W4A4 input amax).
-    """
-    for name, tensor in weights:
-        if not holds(name):
-            yield from passthrough(name, tensor)
-            continue
-        entry = stream.plan(name, tensor)
-        if entry.action == "keep":
-            raise ValueError(
-                f"{name}: the vLLM engine holds it in {stream.config.format} but the refit "
-                f"stream would keep it in BF16 ({entry.reason}); align the engine's ignored "
-                "layers with ais_nvfp4_refit (ignore, ignored_layer_kws, keep_patterns, "
-                "num_first/last_layers_in_bf16)"
-            )
-        yield from stream.push(name, tensor)
-    stream.end_chunk()  # the chunk's buffers are reused: copy the shards still held
+refit_block_pairs = vllm_refit.engine_pairs
 
 
 def _check_signatures(module: Any) -> None:
     for name in ("load_weights", "_is_fp8_weight", "is_fp8_model", "_get_module_from_param_name"):
         fn = getattr(module, name, None)
         found = "<missing>" if fn is None else str(inspect.signature(fn))
-        recorded = RECORDED_SIGNATURES[f"{refit.TARGET_MODULE}.{name}"]
+        recorded = RECORDED_SIGNATURES[f"{vllm_refit.TARGET_MODULE}.{name}"]
         if found != recorded:
             raise RuntimeError(
                 f"{module.__name__}.{name}: signature {found}, recorded {recorded} (NeMo-RL "
@@ -177,7 +138,7 @@ def _check_signatures(module: Any) -> None:
 
 
 def _input_amax(config: BlockSyncConfig) -> dict[str, float] | None:
-    if config.format != "nvfp4_w4a4":
+    if not get_format(config.format).static_input_amax:
         return None
     if config.input_amax_file is None:
         raise ValueError(
@@ -199,11 +160,11 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
         TypeError: ``config`` is not a :class:`BlockSyncConfig`.
     """
     require_config(config, BlockSyncConfig, "refit_block.install(config)")
-    if getattr(module.load_weights, refit._PATCHED, False):
+    if getattr(module.load_weights, vllm_refit.PATCHED, False):
         return False
     try:
         _check_signatures(module)
-        stream = BlockWeightStream(_hook_config(config), _input_amax(config))
+        stream = RefitStream(_hook_config(config), _input_amax(config))
     except (RuntimeError, ValueError) as err:
         logger.warning(
             "nemo_ais: AIS %s refit NOT installed in pid %d: %s", config.format, os.getpid(), err
@@ -227,14 +188,14 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
         _require_engine(module, model_runner, config)
         if nvfp4:
             engine_holds = functools.partial(holds, model)
-            passthrough = refit._unchanged
+            passthrough = vllm_refit.unchanged
         else:
             engine_holds = functools.partial(module._is_fp8_weight, model=model)
-            passthrough = refit._upstream_pairs(original_load, model)
+            passthrough = vllm_refit.upstream_pairs(original_load, model)
         model.load_weights(refit_block_pairs(weights, engine_holds, stream, passthrough))
 
     for wrapper, original in ((load_weights, original_load), (is_fp8_model, original_is_fp8_model)):
-        setattr(wrapper, refit._PATCHED, True)
+        setattr(wrapper, vllm_refit.PATCHED, True)
         wrapper.__wrapped__ = original
     module.load_weights = load_weights
     if nvfp4:
@@ -345,7 +306,7 @@ def _configure_problems(
             f"{SECTION}.format='mxfp8' is invalid: expected nvfp4_w4a16 or nvfp4_w4a4 (MXFP8 "
             "rollouts refit through NeMo-RL main's own MXFP8 quantizer, the same bytes)"
         )
-    if refit_cfg.format == "nvfp4_w4a4" and refit_cfg.input_amax_file is None:
+    if get_format(refit_cfg.format).static_input_amax and refit_cfg.input_amax_file is None:
         problems.append(
             f"{SECTION}.input_amax_file=None is invalid with format nvfp4_w4a4: expected a "
             "JSON {module or fused group: calibrated input amax} (the refit streams "

@@ -33,6 +33,8 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from nemo_ais.rules.config_keys import get, has
+
 __all__ = [
     "apply_overrides",
     "get",
@@ -42,26 +44,6 @@ __all__ = [
     "load_config_fallback",
     "nemo_rl_loader",
 ]
-
-
-def get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
-    """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` if a part is absent or null."""
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or node.get(part) is None:
-            return default
-        node = node[part]
-    return node
-
-
-def has(cfg: Mapping[str, Any], dotted: str) -> bool:
-    """True if every part of ``dotted`` is present (a null value counts as present)."""
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def is_mixin(cfg: Mapping[str, Any]) -> bool:

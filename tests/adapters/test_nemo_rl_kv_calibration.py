@@ -35,8 +35,8 @@ import torch
 from _megatron_worker import Placeholder, megatron_worker_modules
 from torch import nn
 
-from nemo_ais.fp8.kv_scales import kv_scale_names
 from nemo_ais.megatron.kv_calibration import KV_REDUCTION_ENV
+from nemo_ais.refit.kv_scales import kv_scale_names
 
 pytestmark = pytest.mark.nemo_rl  # the worker class is built on NeMo-RL's real Megatron worker
 

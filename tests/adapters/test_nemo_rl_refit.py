@@ -22,6 +22,7 @@ from torch import nn
 
 from nemo_ais.fp8 import Fp8SyncConfig, quantize_blockwise, quantize_mxfp8
 from nemo_ais.nemo_rl import refit
+from nemo_ais.refit.stream import RefitStream
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -50,7 +51,7 @@ def test_refit_pairs_quantize_engine_fp8_tensors_only():
 
 
 def test_refit_pairs_refuse_layout_disagreement_and_nan():
-    with pytest.raises(ValueError, match=rf"{NORM}: the vLLM engine holds it in FP8"):
+    with pytest.raises(ValueError, match=rf"{NORM}: the vLLM engine holds it in fp8"):
         list(refit.refit_pairs(_weights(), lambda name: True, CONFIG))
     bad = _weights()
     bad[0][1][3, 5] = float("nan")
@@ -99,18 +100,17 @@ def test_real_upstream_module_has_the_recorded_signatures(upstream_fp8):
 def quantizers(upstream_fp8, monkeypatch):
     """Spies on both quantizers: names that went through ours / through upstream's."""
     seen = {"ours": [], "upstream": []}
-    ours, theirs = refit.fp8_weight_stream, upstream_fp8.cast_tensor_to_fp8_blockwise
+    ours, theirs = RefitStream.push, upstream_fp8.cast_tensor_to_fp8_blockwise
 
-    def spy_ours(pairs, config):
-        pairs = list(pairs)
-        seen["ours"] += [name for name, _ in pairs]
-        return ours(pairs, config)
+    def spy_ours(stream, name, tensor):
+        seen["ours"].append(name)
+        return ours(stream, name, tensor)
 
     def spy_theirs(data_hp, weight_block_size):
         seen["upstream"].append(tuple(data_hp.shape))
         return theirs(data_hp, weight_block_size)
 
-    monkeypatch.setattr(refit, "fp8_weight_stream", spy_ours)
+    monkeypatch.setattr(RefitStream, "push", spy_ours)
     monkeypatch.setattr(upstream_fp8, "cast_tensor_to_fp8_blockwise", spy_theirs)
     return seen
 
@@ -243,14 +243,13 @@ def test_import_hook_patches_upstreams_module_on_first_import(monkeypatch):
     fp8 = next(import_upstream_fp8(monkeypatch))  # what the vLLM worker's import does
     assert getattr(fp8.load_weights, "__nemo_ais_refit__", False)
     seen = []
-    ours = refit.fp8_weight_stream
+    ours = RefitStream.push
 
-    def spy(pairs, config):  # our quantizer, recording what it is given
-        pairs = list(pairs)
-        seen.extend(name for name, _ in pairs)
-        return ours(pairs, config)
+    def spy(stream, name, tensor):  # our quantizer, recording what it is given
+        seen.append(name)
+        return ours(stream, name, tensor)
 
-    monkeypatch.setattr(refit, "fp8_weight_stream", spy)
+    monkeypatch.setattr(RefitStream, "push", spy)
     monkeypatch.setattr(fp8, "cast_tensor_to_fp8_blockwise", _never_called)
     fp8.global_fp8_config = fp8.FP8Config()
     runner = types.SimpleNamespace(model=_VllmModel())

@@ -50,8 +50,9 @@ from torch import nn
 from torch.nn import Parameter
 
 from nemo_ais.fp8 import NVFP4Tensor, dequantize_nvfp4, quantize_nvfp4
-from nemo_ais.fp8.stream_block import BlockSyncConfig, _ignored, block_weight_stream
 from nemo_ais.nemo_rl import refit, refit_block
+from nemo_ais.refit.stream import BlockSyncConfig, block_weight_stream
+from nemo_ais.rules.keep_bf16 import KeepInBf16
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -435,11 +436,11 @@ def test_ignore_patterns_match_nemo_rls_real_quant_ignore():
     patterns = list(utils.DEFAULT_NVFP4_IGNORE)
     if NEMO_RL == "v0.7.0":  # the vLLM quantization_config NeMo-RL builds carries them
         patterns = utils.build_vllm_modelopt_nvfp4_config()["ignore"]
-    ours = BlockSyncConfig(ignore=tuple(patterns))
+    ours = KeepInBf16(ignore=tuple(patterns))
     for name in names:
         theirs = utils.matches_quant_ignore_pattern(name, patterns)
-        assert (_ignored(name, ours) is not None) == theirs, name
-    assert _ignored(f"{L0}mlp.gate_proj.weight", ours) is None
+        assert (ours.ignored(name) is not None) == theirs, name
+    assert ours.reason(f"{L0}mlp.gate_proj.weight") is None
 
 
 # --- vLLM's fused weight loaders (stand-ins) and NeMo-RL's post-load processing

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from _harness import assert_same_bits, count_collectives, run_distributed
 
-from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig
+from nemo_ais.refit.kv_scales import KVScaleCalibrator, KVScaleConfig
 
 pytestmark = pytest.mark.distributed
 

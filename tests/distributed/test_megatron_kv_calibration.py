@@ -36,8 +36,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from _harness import MEGATRON_MARKS, count_collectives, run_distributed
 
-from nemo_ais.fp8.kv_scales import kv_scale_names
 from nemo_ais.megatron.kv_calibration import calibrate_qkv_fp8_scales
+from nemo_ais.refit.kv_scales import kv_scale_names
 
 pytestmark = MEGATRON_MARKS
 

@@ -7,7 +7,7 @@ Offline and without the repository on any path:
    ``tmp_path`` and built with ``pip wheel --no-deps --no-build-isolation --no-index``
    (setuptools from this interpreter; nothing is written into the checkout);
 2. the wheel must hold every tracked file of ``nemo_ais/`` that ships (modules, presets,
-   ``py.typed``, the vLLM hook) and the LICENSE;
+   ``py.typed``, the vLLM hook, the C++ sources) and the LICENSE;
 3. a fresh venv gets the wheel, non-editable, ``--no-deps --ignore-installed``; torch and the other
    dependencies come from the environment running the tests, wherever it is (a user's or
    CI's virtualenv, or a system interpreter), through a ``.pth`` file naming that
@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_SUFFIXES = (".py", ".yaml", ".typed")
+SHIPPED_SUFFIXES = (".py", ".yaml", ".typed", ".cpp")
 ARMS = {"bf16", "fp8-none", "fp8-tis", "fp8-ais"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

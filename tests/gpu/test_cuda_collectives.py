@@ -4,7 +4,7 @@
 In a NeMo-RL worker the AIS statistics and the FP8 KV-scale table are reduced over an
 NCCL group, so they must be moved to the worker's CUDA device first (``device=`` of
 :func:`~nemo_ais.nemo_rl.seam.prepare_global_batches` and
-:meth:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator.compute_scales`); a CPU tensor in an
+:meth:`~nemo_ais.refit.kv_scales.KVScaleCalibrator.compute_scales`); a CPU tensor in an
 NCCL collective is an error. The CPU suite covers the same code over gloo. Here a
 one-rank NCCL group (one GPU) checks the device placement and that the results equal the
 single-process CPU float64 ones. Skips without CUDA.
@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from nemo_ais.config import CorrectionConfig
-from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig
 from nemo_ais.nemo_rl.seam import prepare_global_batches
+from nemo_ais.refit.kv_scales import KVScaleCalibrator, KVScaleConfig
 
 pytestmark = [
     pytest.mark.gpu,

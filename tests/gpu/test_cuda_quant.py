@@ -15,6 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nemo_ais.formats.fp8_block import _fake_quant_groups_b
+from nemo_ais.formats.nvfp4 import fake_quantize_nvfp4
 from nemo_ais.fp8 import (
     dequantize_mxfp8,
     dequantize_nvfp4,
@@ -23,8 +25,6 @@ from nemo_ais.fp8 import (
     quantize_mxfp8,
     quantize_nvfp4,
 )
-from nemo_ais.fp8.fp8_linear import _fake_quant_groups_b
-from nemo_ais.fp8.nvfp4 import fake_quantize_nvfp4
 
 pytestmark = [
     pytest.mark.gpu,
@@ -104,7 +104,7 @@ def test_mx_formats_on_cuda_match_cpu(dtype):
 @pytest.mark.parametrize(("eps", "ue8m0"), [(1e-4, False), (0.0, True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_blockwise_fp8_on_cuda_matches_the_cpu_kernel(family, eps, ue8m0, dtype):
-    # CPU: the fused C++ kernel (nemo_ais.fp8.cpu_kernel); CUDA: the PyTorch path
+    # CPU: the fused C++ kernel (nemo_ais.formats.cpu_kernel); CUDA: the PyTorch path
     from nemo_ais.fp8 import quantize_blockwise
 
     x = _wide_weight((1000, 2000), seed=7).to(dtype)

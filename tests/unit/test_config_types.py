@@ -26,14 +26,14 @@ from nemo_ais.core import (
     diagnostics_from_stats,
 )
 from nemo_ais.fp8 import Fp8SyncConfig, KVScaleCalibrator, KVScaleConfig, fp8_weight_stream
-from nemo_ais.fp8.stream import plan_fp8_sync, plan_tensor
-from nemo_ais.fp8.twin import Fp8RolloutConfig, Fp8Twin, RolloutPrecisionConfig
 from nemo_ais.nemo_rl import refit
 from nemo_ais.nemo_rl.seam import (
     global_batch_diagnostics,
     loss_from_prepared,
     prepare_global_batches,
 )
+from nemo_ais.refit.stream import RefitConfig, plan_fp8_sync, plan_tensor
+from nemo_ais.rollout.twin import Fp8RolloutConfig, Fp8Twin, RolloutPrecisionConfig
 
 AIS = {"mode": "tis", "weight_cap": 2.0}  # a loss_fn.ais section as YAML gives it
 SYNC = {"family": "c"}
@@ -126,32 +126,32 @@ CASES = {
     "plan_tensor": (
         lambda: plan_tensor(WEIGHT, (256, 256), torch.bfloat16, SYNC),
         "plan_tensor(config)",
-        Fp8SyncConfig,
-        "nemo_ais.fp8.stream",
+        RefitConfig,
+        "nemo_ais.refit.config",
     ),
     "plan_fp8_sync": (
         lambda: plan_fp8_sync([(WEIGHT, torch.empty(256, 256, device="meta"))], SYNC),
-        "plan_fp8_sync(config)",
-        Fp8SyncConfig,
-        "nemo_ais.fp8.stream",
+        "plan_refit(config)",
+        RefitConfig,
+        "nemo_ais.refit.config",
     ),
     "fp8_weight_stream": (  # raised at the call, before the first next()
         lambda: fp8_weight_stream([(WEIGHT, torch.ones(128, 128))], SYNC),
-        "fp8_weight_stream(config)",
-        Fp8SyncConfig,
-        "nemo_ais.fp8.stream",
+        "refit_stream(config)",
+        RefitConfig,
+        "nemo_ais.refit.config",
     ),
     "Fp8Twin": (  # the earlier name of RolloutTwin; Fp8RolloutConfig subclasses the config
         lambda: Fp8Twin(torch.nn.Linear(2, 2), ROLLOUT),
         "RolloutTwin(config)",
         RolloutPrecisionConfig,
-        "nemo_ais.fp8.rollout_config",
+        "nemo_ais.rollout.config",
     ),
     "KVScaleCalibrator": (
         lambda: KVScaleCalibrator(2, KV),
         "KVScaleCalibrator(config)",
         KVScaleConfig,
-        "nemo_ais.fp8.kv_scales",
+        "nemo_ais.refit.kv_scales",
     ),
     "AlarmMonitor": (
         lambda: AlarmMonitor(ALARMS),
@@ -187,13 +187,13 @@ CASES = {
         lambda: refit.install(object(), SYNC),
         "install(config)",
         Fp8SyncConfig,
-        "nemo_ais.fp8.stream",
+        "nemo_ais.refit.config",
     ),
     "refit.install_on_import": (
         lambda: refit.install_on_import(SYNC, target="nemo_ais_no_such_module"),
         "install_on_import(config)",
         Fp8SyncConfig,
-        "nemo_ais.fp8.stream",
+        "nemo_ais.refit.config",
     ),
 }
 
@@ -257,7 +257,7 @@ def test_the_wrong_section_and_a_non_mapping_are_named_too():
     with pytest.raises(
         TypeError,
         match=r"^RolloutTwin\(config\): got str, expected "
-        r"nemo_ais\.fp8\.rollout_config\.RolloutPrecisionConfig or None$",
+        r"nemo_ais\.rollout\.config\.RolloutPrecisionConfig or None$",
     ):
         Fp8Twin(torch.nn.Linear(2, 2), "fp8")
 

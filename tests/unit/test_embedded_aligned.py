@@ -26,9 +26,9 @@ from nemo_ais.embedded.aligned import (
 from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
 from nemo_ais.embedded.model import response_logprobs
 from nemo_ais.embedded.recipe import _APPLIED_ALPHA
-from nemo_ais.fp8.formats import LINEAR_FAKE_QUANT
-from nemo_ais.fp8.kv_cache import QuantizedKVCache
-from nemo_ais.fp8.kv_scales import KVScales
+from nemo_ais.refit.kv_scales import KVScales
+from nemo_ais.rollout.fake_quant import LINEAR_FAKE_QUANT
+from nemo_ais.rollout.kv_cache import QuantizedKVCache
 
 ALIGNED = [("fp8", "fp8"), ("nvfp4_w4a4", "nvfp4")]
 

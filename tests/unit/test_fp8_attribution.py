@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""Mismatch attribution by source (``nemo_ais.fp8.attribution``, ``nemo-ais attribute``).
+"""Mismatch attribution by source (``nemo_ais.tools.attribution``, ``nemo-ais attribute``).
 
 On tiny random-init HF models built offline: a planted bad layer ranks first; quantizing
 nothing gives exactly zero mismatch and ``format: bf16`` has no source; quantizing
@@ -18,13 +18,18 @@ from test_fp8_twin import _tiny_moe
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from nemo_ais.cli import main
-from nemo_ais.fp8.attribution import (
+from nemo_ais.rollout.twin import (
+    RolloutPrecisionConfig,
+    RolloutTwin,
+    logprob_mismatch,
+    score_responses,
+)
+from nemo_ais.tools.attribution import (
     Source,
     attribute_mismatch,
     attribution_markdown,
     write_attribution,
 )
-from nemo_ais.fp8.twin import RolloutPrecisionConfig, RolloutTwin, logprob_mismatch, score_responses
 
 VOCAB = 128
 PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -2,7 +2,7 @@
 """The quantizers' result does not depend on the band size.
 
 On CPU the fast paths work in cache-sized bands of rows; on a GPU the whole weight is one
-band (``nemo_ais.fp8.grids.band_elems``: 1 MiB bands made them 25-76x slower there,
+band (``nemo_ais.formats.grids.band_elems``: 1 MiB bands made them 25-76x slower there,
 docs/benchmarks.md "quant_cuda"). Here the GPU band size is forced on CPU and every byte
 must equal the banded result (tests/gpu/test_cuda_quant.py checks CUDA against CPU).
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import nemo_ais.fp8.cpu_kernel as cpu_kernel_mod
-import nemo_ais.fp8.grids as grids
-import nemo_ais.fp8.quant as quant
+import nemo_ais.formats.cpu_kernel as cpu_kernel_mod
+import nemo_ais.formats.fp8_block as quant
+import nemo_ais.formats.grids as grids
 from nemo_ais.fp8 import quantize_blockwise, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
 
 

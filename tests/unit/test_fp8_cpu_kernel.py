@@ -1,7 +1,7 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """The fused CPU kernel of the blockwise FP8 quantizer gives the PyTorch path's bits.
 
-``nemo_ais.fp8.cpu_kernel`` (C++, compiled on first use) against ``_quantize_tiles`` (the
+``nemo_ais.formats.cpu_kernel`` (C++, compiled on first use) against ``_quantize_tiles`` (the
 PyTorch path, itself checked against a float64 oracle in test_fp8_quant.py): every code
 byte and every scale bit, for every family, eps (incl. TE's eps = 0), UE8M0 scales, fp32 /
 bf16 / fp16 input, ragged 2-D and 3-D shapes, all-zero, subnormal and huge tiles, and the
@@ -19,10 +19,10 @@ import time
 import pytest
 import torch
 
-import nemo_ais.fp8.cpu_kernel as cpu_kernel_mod
-import nemo_ais.fp8.quant as quant
+import nemo_ais.formats.cpu_kernel as cpu_kernel_mod
+import nemo_ais.formats.fp8_block as quant
+from nemo_ais.formats.cpu_kernel import cpu_kernel
 from nemo_ais.fp8 import quantize_blockwise
-from nemo_ais.fp8.cpu_kernel import cpu_kernel
 
 
 def test_the_kernel_builds_on_this_machine():
@@ -109,7 +109,7 @@ def test_switched_off_by_the_environment(monkeypatch):
 
 
 def _mxfp8_torch_path(x, monkeypatch):
-    import nemo_ais.fp8.mxfp8 as mxfp8_mod
+    import nemo_ais.formats.mxfp8 as mxfp8_mod
 
     with monkeypatch.context() as m:
         m.setattr(mxfp8_mod, "_quantize_fused", lambda *a: None)
@@ -134,7 +134,7 @@ def test_mxfp8_kernel_equals_the_torch_path(dtype, shape, monkeypatch):
 
 
 def test_mxfp8_kernel_is_used_and_nan_still_raises(monkeypatch):
-    import nemo_ais.fp8.mxfp8 as mxfp8_mod
+    import nemo_ais.formats.mxfp8 as mxfp8_mod
 
     calls = []
     real = mxfp8_mod._quantize_fused
@@ -152,7 +152,7 @@ def test_mxfp8_kernel_is_used_and_nan_still_raises(monkeypatch):
 @pytest.mark.parametrize("amax", [None, "half", 0.0])
 @pytest.mark.parametrize("shape", [(300, 1024), (3, 40, 64), (17, 32)])
 def test_nvfp4_kernel_equals_the_torch_path(dtype, rows_per_block, amax, shape):
-    import nemo_ais.fp8.nvfp4 as nv
+    import nemo_ais.formats.nvfp4 as nv
 
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(shape, generator=g) * torch.logspace(-6, 3, shape[-1])).to(dtype)
@@ -168,7 +168,7 @@ def test_nvfp4_kernel_equals_the_torch_path(dtype, rows_per_block, amax, shape):
 
 
 def test_nvfp4_kernel_is_used_and_nan_still_raises(monkeypatch):
-    import nemo_ais.fp8.nvfp4 as nv
+    import nemo_ais.formats.nvfp4 as nv
 
     calls = []
     real = nv._quantize_fused
@@ -185,7 +185,7 @@ def test_nvfp4_kernel_is_used_and_nan_still_raises(monkeypatch):
 @pytest.mark.parametrize("ties_toward_zero", [False, True])
 @pytest.mark.parametrize("shape", [(300, 1024), (3, 7, 64), (1, 32)])
 def test_mxfp4_kernel_equals_the_torch_path(dtype, ties_toward_zero, shape, monkeypatch):
-    import nemo_ais.fp8.mxfp4 as mx4
+    import nemo_ais.formats.mxfp4 as mx4
 
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(shape, generator=g) * torch.logspace(-30, 4, shape[-1])).to(dtype)
@@ -216,8 +216,8 @@ def test_mx_block_whose_ratio_underflows_gets_scale_byte_0(fmt, tiny, monkeypatc
     # float64 oracle's answer), in the kernel and in the PyTorch path alike
     from block_format_oracles import mx_exponent
 
-    import nemo_ais.fp8.mxfp4 as mx4
-    import nemo_ais.fp8.mxfp8 as mx8
+    import nemo_ais.formats.mxfp4 as mx4
+    import nemo_ais.formats.mxfp8 as mx8
 
     x = torch.zeros(2, 64)
     x[0, 5], x[1, 40] = tiny, -tiny
@@ -297,7 +297,7 @@ def test_a_malformed_wait_bound_names_the_variable(monkeypatch, raw):
 _BUILD = """
 import logging, sys, torch
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
-from nemo_ais.fp8 import cpu_kernel as ck
+from nemo_ais.formats import cpu_kernel as ck
 from nemo_ais.fp8 import quantize_blockwise
 ext = ck.cpu_kernel()
 print("LOADED", ext is not None and ext.__file__, flush=True)

@@ -1,7 +1,7 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """Empty tensors through the FP8 quantizers: defined shapes and dtypes, never a crash.
 
-The rule (``nemo_ais/fp8/quant.py`` module doc, ``docs/low_precision.md``): codes are an empty
+The rule (``nemo_ais/formats/fp8_block.py`` module doc, ``docs/low_precision.md``): codes are an empty
 ``float8_e4m3fn`` tensor of the input's shape; scales keep ``ceil(dim / tile)`` per tiled
 dim, which is 0 for an empty tiled dim. The expected scale shapes below are worked by
 hand, not computed with the formula under test.
@@ -18,8 +18,8 @@ from nemo_ais.fp8 import (
     quantize_activations,
     quantize_blockwise,
 )
-from nemo_ais.fp8.fp8_linear import Fp8Linear
-from nemo_ais.fp8.kv_scales import KVScaleCalibrator, percentile_amax
+from nemo_ais.refit.kv_scales import KVScaleCalibrator, percentile_amax
+from nemo_ais.rollout.fp8_linear import Fp8Linear
 
 FP8 = torch.float8_e4m3fn
 

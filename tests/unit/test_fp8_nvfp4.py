@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""NVFP4 quantizer (nemo_ais.fp8.nvfp4) bit for bit against the float64 oracle and hand-worked cases.
+"""NVFP4 quantizer (nemo_ais.formats.nvfp4) bit for bit against the float64 oracle and hand-worked cases.
 
 The oracle (tests/block_format_oracles.py) imports nothing from nemo_ais; hand-worked
 cases carry their arithmetic in comments. Every comparison is on bytes or int32 bits and
@@ -14,8 +14,7 @@ import torch
 from block_format_oracles import E2M1_GRID, e2m1_code, nvfp4_oracle
 from fp8_oracles import first_mismatch
 
-from nemo_ais.fp8 import dequantize_nvfp4, quantize_nvfp4  # the issue's public names
-from nemo_ais.fp8.grids import (
+from nemo_ais.formats.grids import (
     e2m1_codes,
     e2m1_codes_reference,
     e2m1_encode_,
@@ -24,7 +23,8 @@ from nemo_ais.fp8.grids import (
     pack_code_pairs,
     pack_nibbles,
 )
-from nemo_ais.fp8.nvfp4 import NVFP4Tensor, fake_quantize_nvfp4, quantize_nvfp4_reference
+from nemo_ais.formats.nvfp4 import NVFP4Tensor, fake_quantize_nvfp4, quantize_nvfp4_reference
+from nemo_ais.fp8 import dequantize_nvfp4, quantize_nvfp4  # the issue's public names
 
 E4M3 = torch.float8_e4m3fn
 

@@ -15,6 +15,7 @@ from fp8_oracles import (
     quantize_oracle,
 )
 
+from nemo_ais.formats.fp8_block import _saturate_
 from nemo_ais.fp8 import (
     E4M3_MAX,
     dequantize_activations,
@@ -22,7 +23,6 @@ from nemo_ais.fp8 import (
     quantize_activations,
     quantize_blockwise,
 )
-from nemo_ais.fp8.quant import _saturate_
 
 FAMILY_EPS = [("a", 1e-4), ("b", 1e-4), ("c", 0.0)]  # DeepGEMM/vLLM, vLLM act-style, TE
 

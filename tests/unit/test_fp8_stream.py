@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from skip_policy import NO_CUDA, TE_INSTALLED, TE_MODULE, require_te
 
 from nemo_ais.fp8 import quantize_blockwise
-from nemo_ais.fp8.stream import Fp8SyncConfig, fp8_weight_stream, plan_fp8_sync, scale_name
+from nemo_ais.refit.stream import Fp8SyncConfig, fp8_weight_stream, plan_fp8_sync, scale_name
 
 H, FF, Q, KV, V, L = (
     256,
@@ -212,7 +212,7 @@ def test_dry_run_report_content():
     assert plan.bytes_after == 262144 + 65552 + 98328 + 512
     text = str(plan)
     assert (
-        "| model.layers.0.self_attn.q_proj.weight | [256, 256] | bfloat16 | quantize | linear projection | 131072 | 65552 |"
+        "| model.layers.0.self_attn.q_proj.weight | [256, 256] | bfloat16 | quantize | linear projection (fp8) | 131072 | 65552 |"
         in text
     )
     assert (

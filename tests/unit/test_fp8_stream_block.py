@@ -13,7 +13,7 @@ from block_format_oracles import mxfp8_oracle, nvfp4_oracle
 from pydantic import ValidationError
 
 from nemo_ais.fp8 import NVFP4Tensor, dequantize_nvfp4
-from nemo_ais.fp8.stream_block import (
+from nemo_ais.refit.stream import (
     BlockSyncConfig,
     BlockWeightStream,
     block_weight_stream,
@@ -213,17 +213,20 @@ def test_tp_shard_of_the_in_dim_must_be_a_multiple_of_the_block():
     weights = _weights(_layer(0))
     with pytest.raises(
         ValueError,
-        match=r"o_proj.weight: shape \[64, 64\] with tp_size=8: .* is 8, expected a multiple of 16",
+        match=r"o_proj.weight: shape \[64, 64\] with tp_size=8: .* shard of 8, expected a multiple "
+        r"of the 16 block",
     ):
         list(block_weight_stream(weights, BlockSyncConfig(tp_size=8)))
     with pytest.raises(
-        ValueError, match=r"o_proj.weight: .*tp_size=4: .* is 16, expected a multiple of 32"
+        ValueError,
+        match=r"o_proj.weight: .*tp_size=4: .* shard of 16, expected a multiple of the 32 block",
     ):
         list(block_weight_stream(weights, BlockSyncConfig(format="mxfp8", tp_size=4)))
     list(block_weight_stream(weights, BlockSyncConfig(tp_size=2)))  # 64 / 2, 96 / 2: fine
     q = P.format(i=0) + "self_attn.q_proj.weight"
     with pytest.raises(
-        ValueError, match=r"q_proj.weight: .*column-parallel .* is 40, expected a mul"
+        ValueError,
+        match=r"q_proj.weight: .*column-parallel in dim 1 .* shard of 40, expected a mul",
     ):
         list(block_weight_stream([(q, torch.ones(8, 40))], BlockSyncConfig()))
 
@@ -328,5 +331,5 @@ def test_config_validation(kwargs, match):
 
 
 def test_config_is_checked_at_the_call():
-    with pytest.raises(TypeError, match="BlockSyncConfig"):
+    with pytest.raises(TypeError, match="RefitConfig"):
         block_weight_stream([], {"format": "mxfp8"})

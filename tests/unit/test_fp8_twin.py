@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""Simulated FP8 rollout engine (nemo_ais.fp8.twin) against independent oracles.
+"""Simulated FP8 rollout engine (nemo_ais.rollout.twin) against independent oracles.
 
 Tiny HF models are built offline from a config with random init (HF default
 ``initializer_range=0.02``; nothing is fetched). Their W8A8 mismatch (token_mult_prob_error
@@ -14,14 +14,15 @@ import torch
 from pydantic import ValidationError
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from nemo_ais.fp8.fp8_linear import Fp8Experts, Fp8Linear, _fake_quant_groups_b
-from nemo_ais.fp8.quant import (
+from nemo_ais.formats.fp8_block import (
+    _fake_quant_groups_b,
     dequantize_activations,
     dequantize_blockwise,
     quantize_activations,
     quantize_blockwise,
 )
-from nemo_ais.fp8.twin import (
+from nemo_ais.rollout.fp8_linear import Fp8Experts, Fp8Linear
+from nemo_ais.rollout.twin import (
     Fp8RolloutConfig,
     Fp8Twin,
     RolloutPrecisionConfig,
@@ -320,7 +321,7 @@ def _fp8_state(twin):
 
 def test_sync_weights_from_the_vllm_refit_stream():
     """The twin as the consumer of stream.fp8_weight_stream: same engine as re-quantizing."""
-    from nemo_ais.fp8.stream import Fp8SyncConfig, fp8_weight_stream
+    from nemo_ais.refit.stream import Fp8SyncConfig, fp8_weight_stream
 
     model = _tiny(layers=2)
     with torch.no_grad():
@@ -348,7 +349,7 @@ def test_sync_weights_from_the_vllm_refit_stream():
 
 
 def test_kv_scales_sent_with_the_refit(qwen):
-    from nemo_ais.fp8.kv_scales import KVScaleCalibrator
+    from nemo_ais.refit.kv_scales import KVScaleCalibrator
 
     ids, mask = _prompts()
     calibrator = KVScaleCalibrator(3)

@@ -19,17 +19,17 @@ from test_fp8_twin import _tiny_moe
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from nemo_ais.config import validate_section
-from nemo_ais.fp8.formats import (
+from nemo_ais.formats.nvfp4 import fake_quantize_nvfp4
+from nemo_ais.rollout.fake_quant import (
     LINEAR_FAKE_QUANT,
     fused_shard_group,
     shared_weight_amax,
     straight_through,
 )
-from nemo_ais.fp8.fp8_linear import Fp8Linear
-from nemo_ais.fp8.kv_cache import QuantizedKVCache
-from nemo_ais.fp8.nvfp4 import fake_quantize_nvfp4
-from nemo_ais.fp8.quant_linear import QuantExperts, QuantLinear
-from nemo_ais.fp8.twin import (
+from nemo_ais.rollout.fp8_linear import Fp8Linear
+from nemo_ais.rollout.kv_cache import QuantizedKVCache
+from nemo_ais.rollout.linear import QuantExperts, QuantLinear
+from nemo_ais.rollout.twin import (
     Fp8RolloutConfig,
     Fp8Twin,
     RolloutPrecisionConfig,

@@ -27,17 +27,17 @@ from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from nemo_ais.cli import main
-from nemo_ais.fp8.input_amax_file import (
+from nemo_ais.nemo_rl.refit_block import _input_amax
+from nemo_ais.refit.stream import BlockSyncConfig, block_weight_stream
+from nemo_ais.rollout.config import RolloutPrecisionConfig
+from nemo_ais.rollout.twin import RolloutTwin
+from nemo_ais.tools.input_amax_file import (
     calibrate_input_amax,
     calibration_batches,
     load_causal_lm,
     read_prompts,
     write_input_amax,
 )
-from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
-from nemo_ais.fp8.stream_block import BlockSyncConfig, block_weight_stream
-from nemo_ais.fp8.twin import RolloutTwin
-from nemo_ais.nemo_rl.refit_block import _input_amax
 
 PROMPTS = [
     "solve for x : 3 x + 7 = 22",

@@ -14,7 +14,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from nemo_ais.fp8.kv_scales import (
+from nemo_ais.refit.kv_scales import (
     FP32_MIN_SENTINEL,
     KVSaturationCounter,
     KVScaleCalibrator,

@@ -139,7 +139,7 @@ def test_the_docs_reference_names_at_all():
         "from nemo_ais.core import CorrectionConfig",
         "from nemo_ais.config import CorrectionConfig",
         "from nemo_ais.fp8 import quantize_blockwise",
-        "nemo_ais.fp8.twin.RolloutTwin",
+        "nemo_ais.rollout.twin.RolloutTwin",
         "nemo_ais.nemo_rl.workers.dtensor_v2",
     ):
         assert ref in REFERENCES, sorted(REFERENCES)

@@ -60,8 +60,8 @@ import torch.distributed as dist
 from _megatron_worker import Placeholder, megatron_worker_modules
 from nemo_rl_version import per_version
 
-from nemo_ais.fp8.kv_scales import verify_kv_scales
 from nemo_ais.megatron.kv_calibration import KV_REDUCTION_ENV, find_attention_layers
+from nemo_ais.refit.kv_scales import verify_kv_scales
 
 pytestmark = [pytest.mark.nemo_rl, pytest.mark.megatron]
 

@@ -33,11 +33,11 @@ import torch
 from nemo_rl.models.policy.utils import get_runtime_env_for_policy_worker
 from nemo_rl.models.policy.workers.megatron_policy_worker import MegatronPolicyWorkerImpl
 
-from nemo_ais.fp8.kv_scales import require_calibrated_kv_scales
 from nemo_ais.megatron import get_data_parallel_group
 from nemo_ais.megatron.kv_calibration import calibrate_qkv_fp8_scales, kv_reduction_from_env
 from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin
-from nemo_ais.preflight.loader import get
+from nemo_ais.refit.kv_scales import require_calibrated_kv_scales
+from nemo_ais.rules.config_keys import get
 
 __all__ = ["AISMegatronMixin", "AISMegatronPolicyWorker", "fp8_kv_cache_enabled"]
 

@@ -42,8 +42,7 @@ be a multiple of the format's block along K: 16 for NVFP4, 32 for MXFP8
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from fnmatch import fnmatchcase
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
@@ -55,6 +54,7 @@ from nemo_ais.preflight.nemo_rl_target import (
     NeMoRLTarget,
     target_from_version,
 )
+from nemo_ais.rules.keep_bf16 import KeepInBf16
 
 __all__ = [
     "MXFP8_BLOCK",
@@ -472,36 +472,28 @@ def quantized_linears(shape: ModelShape, tp: int, ep: int) -> list[QuantizedLine
 def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str], bool]:
     """``(layer, HF module name) -> True`` where the config's rollout keeps a linear BF16.
 
-    NVFP4: ``real_quant_ignore`` (NeMo-RL's default list when absent), globs on the name
-    with or without ``model.``. Block FP8 and MXFP8: ``num_first_layers_in_bf16`` /
+    The rule of :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` (the one the twin and the
+    refit call), with the exclusions NeMo-RL's engine applies in this format. NVFP4:
+    ``real_quant_ignore`` (NeMo-RL's default list when absent), globs on the name with or
+    without ``model.``. Block FP8 and MXFP8: ``num_first_layers_in_bf16`` /
     ``num_last_layers_in_bf16``; MXFP8 also a ``quantization_ignored_layer_kws`` keyword
     inside the name. BF16 rollout: every linear.
     """
     fmt = rollout_format(cfg)
-    if fmt.startswith("nvfp4"):
-        ignore = get(cfg, _GEN + ".real_quant_ignore")
-        patterns = NVFP4_DEFAULT_IGNORE if ignore is None else tuple(ignore)
-        return lambda layer, name: _nvfp4_ignored(name, patterns)
     if fmt == "bf16":
         return lambda layer, name: True
-    first = int(get(cfg, _VLLM + ".num_first_layers_in_bf16", 0) or 0)
-    last = int(get(cfg, _VLLM + ".num_last_layers_in_bf16", 0) or 0)
-    keywords = (
-        tuple(get(cfg, _VLLM + ".quantization_ignored_layer_kws") or ()) if fmt == "mxfp8" else ()
-    )
-    return lambda layer, name: (
-        layer < first or layer >= num_layers - last or _mxfp8_ignored(name, keywords)
-    )
-
-
-def _nvfp4_ignored(name: str, patterns: Sequence[str]) -> bool:
-    """NeMo-RL's real_quant_ignore rule: a glob on the name, with or without ``model.``."""
-    return any(fnmatchcase(n, p) for n in (name, name.removeprefix("model.")) for p in patterns)
-
-
-def _mxfp8_ignored(name: str, keywords: Sequence[str]) -> bool:
-    """NeMo-RL's quantization_ignored_layer_kws rule: a keyword inside the name."""
-    return any(kw in name for kw in keywords)
+    if fmt.startswith("nvfp4"):
+        ignore = get(cfg, _GEN + ".real_quant_ignore")
+        rule = KeepInBf16(ignore=NVFP4_DEFAULT_IGNORE if ignore is None else tuple(ignore))
+    else:
+        keywords = get(cfg, _VLLM + ".quantization_ignored_layer_kws") if fmt == "mxfp8" else ()
+        rule = KeepInBf16(
+            first_layers=int(get(cfg, _VLLM + ".num_first_layers_in_bf16", 0) or 0),
+            last_layers=int(get(cfg, _VLLM + ".num_last_layers_in_bf16", 0) or 0),
+            num_layers=num_layers,
+            keywords=tuple(keywords or ()),
+        )
+    return lambda layer, name: rule.keeps(name)
 
 
 def _shard_problems(ctx: Context, block: int, why: str) -> tuple[list[str], list[str]]:

@@ -40,7 +40,7 @@ The stored scale is the DEQUANT multiplier: ``x ~= q * s`` (vLLM's ``weight_scal
 Non-finite input raises ``ValueError`` naming the tensor; nothing is returned for it.
 
 On CPU, :func:`quantize_blockwise` runs these steps in one fused C++ loop per row of tiles
-(:mod:`nemo_ais.fp8.cpu_kernel`, compiled on first use, bit-equal: tested), and falls back
+(:mod:`nemo_ais.formats.cpu_kernel`, compiled on first use, bit-equal: tested), and falls back
 to the PyTorch ops below where it cannot be built, for non-contiguous input, or to raise
 for non-finite input.
 
@@ -54,26 +54,38 @@ there is no scale; dequantizing gives back an empty tensor of the same shape.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
-from nemo_ais.fp8.checks import FLOAT_INPUTS, check_finite
-from nemo_ais.fp8.cpu_kernel import kernel_for
-from nemo_ais.fp8.grids import E4M3_MAX, band_elems
+from nemo_ais.formats.base import Format, RefitPairs
+from nemo_ais.formats.checks import FLOAT_INPUTS, check_finite
+from nemo_ais.formats.cpu_kernel import kernel_for
+from nemo_ais.formats.grids import E4M3_MAX, band_elems
 
 __all__ = [
     "E4M3_MAX",
+    "FAMILY_FORMULAS",
+    "FP8_BLOCK",
     "Family",
     "check_finite",
     "dequantize_activations",
     "dequantize_blockwise",
+    "fake_quant_fp8_activation",
+    "fake_quant_fp8_weight",
     "quantize_activations",
     "quantize_blockwise",
+    "quantize_blockwise_reference",
 ]
 
 Family = Literal["a", "b", "c"]
+FAMILY_FORMULAS = {
+    "a": "multiply by the reciprocal: s = amax / 448, q = x * (1 / s) (DeepGEMM, vLLM weights)",
+    "b": "divide by the scale: s = amax / 448, q = x / s (vLLM per-token-group activations)",
+    "c": "multiplier first: m = 448 / amax, q = x * m, s = 1 / m (Transformer Engine, NeMo-RL)",
+}
+"""What each scale formula family does (config values keep their one-letter names)."""
 
 FP8_DTYPE = torch.float8_e4m3fn
 _FP32_MAX = float(torch.finfo(torch.float32).max)
@@ -149,7 +161,7 @@ def _scales(
 def _band_rows(bn: int, k_pad: int, device: torch.device) -> int:
     """Rows per band: whole tile rows, ~``_BAND_ELEMS`` fp32 elements on CPU (cache-sized).
 
-    On a GPU the whole weight (:func:`~nemo_ais.fp8.grids.band_elems`).
+    On a GPU the whole weight (:func:`~nemo_ais.formats.grids.band_elems`).
     """
     return bn * max(1, band_elems(device, _BAND_ELEMS) // (bn * k_pad))
 
@@ -217,7 +229,7 @@ _FAMILY_INDEX = {"a": 0, "b": 1, "c": 2}  # the C++ kernel's family argument
 def _quantize_fused(
     x3: torch.Tensor, block: tuple[int, int], family: str, eps: float, ue8m0: bool
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(q, s)`` of ``x3 [E, N, K]`` by the fused CPU kernel (:mod:`nemo_ais.fp8.cpu_kernel`).
+    """``(q, s)`` of ``x3 [E, N, K]`` by the fused CPU kernel (:mod:`nemo_ais.formats.cpu_kernel`).
 
     None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
     kernel) or a tile holds NaN / inf (the PyTorch path then raises).
@@ -252,7 +264,7 @@ def quantize_blockwise(
         ue8m0: power-of-two scales (module doc, step 3).
         name: tensor name used in error messages.
         backend: ``"torch"`` (this exact reference), ``"te"`` (Transformer Engine's
-            blockwise quantizer, CUDA only, see :mod:`nemo_ais.fp8.te_backend`) or
+            blockwise quantizer, CUDA only, see :mod:`nemo_ais.formats.te_backend`) or
             ``"auto"`` (TE when importable and ``x`` is on CUDA, else torch).
 
     Returns:
@@ -273,7 +285,7 @@ def quantize_blockwise(
             f"floating tensor ({', '.join(str(d) for d in FLOAT_INPUTS)})"
         )
     if backend != "torch":
-        from nemo_ais.fp8 import te_backend
+        from nemo_ais.formats import te_backend
 
         use_te = te_backend.use_te(x, backend, name=name, family=family, block=block)
         if use_te and x.numel() > 0:  # empty: no kernel to run, the reference result
@@ -413,3 +425,123 @@ def dequantize_activations(
         q3 = q.reshape(1, math.prod(q.shape[:-1]), q.shape[-1])
         s3 = scale.reshape(1, math.prod(scale.shape[:-1]), scale.shape[-1])
         return _dequantize_tiles(q3, s3, (1, group), dtype).view(q.shape)
+
+
+def quantize_blockwise_reference(
+    x: torch.Tensor, block: tuple[int, int] = (128, 128), eps: float = 1e-4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepGEMM's ``per_block_cast_to_fp8`` for ``x [N, K]``: family "a", no UE8M0.
+
+    The short reference of the fast path :func:`quantize_blockwise` (bit-equal, tested).
+    """
+    (n, k), (bn, bk) = x.shape, block
+    xp = F.pad(x.to(torch.float32), (0, -k % bk, 0, -n % bn))
+    tiles = xp.view(xp.shape[0] // bn, bn, xp.shape[1] // bk, bk)
+    amax = tiles.abs().amax(dim=(1, 3), keepdim=True).clamp_min(eps)
+    s = amax / torch.full_like(amax, E4M3_MAX)
+    q = (tiles * torch.reciprocal(s)).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    return q.view_as(xp)[:n, :k].contiguous(), s.view(tiles.shape[0], tiles.shape[2])
+
+
+def _fake_quant_groups_b(x: torch.Tensor, group: int, eps: float, name: str) -> torch.Tensor:
+    """``dequantize_activations(*quantize_activations(x, group, "b", eps))``, fused.
+
+    Per 1 x ``group`` tile, in fp32: ``s = max(amax, eps) / 448``,
+    ``q = e4m3(clamp(x / s, ±448))``, result ``q * s``, the same operations in the same
+    order as the reference, without its padding, scratch and dtype checks
+    (``K % group == 0`` and ``eps > 0`` are the caller's preconditions).
+
+    Raises:
+        ValueError: non-finite input (count and first index), as the reference does.
+    """
+    xg = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    amax = xg.abs().amax(dim=-1, keepdim=True)
+    check_finite(x, name, amax=amax, what="activations", action="")
+    s = amax.clamp_min(eps)
+    s = s / torch.full_like(s, E4M3_MAX)  # tensor / tensor: one rounding on CUDA too
+    q = (xg / s).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (q.to(torch.float32) * s).reshape(x.shape)
+
+
+def fake_quant_fp8_weight(
+    weight: torch.Tensor,
+    block: tuple[int, int] = (128, 128),
+    family: Family = "a",
+    eps: float = 1e-4,
+    ue8m0: bool = False,
+    *,
+    name: str = "weight",
+) -> torch.Tensor:
+    """``dequantize_blockwise(*quantize_blockwise(W))`` in fp32: what the twin multiplies by."""
+    w_q, s_w = quantize_blockwise(weight.detach(), block, family, eps, ue8m0, name=name)
+    return dequantize_blockwise(w_q, s_w, block, torch.float32)
+
+
+def fake_quant_fp8_activation(
+    x: torch.Tensor,
+    group: int = 128,
+    family: Family = "b",
+    eps: float = 1e-10,
+    ue8m0: bool = False,
+    *,
+    name: str = "input",
+) -> torch.Tensor:
+    """Per-token 1x``group`` FP8 fake-quant of an activation: ``dequant(quant(x))`` in fp32.
+
+    The default setting (family "b", eps > 0, no UE8M0, K a multiple of the group) takes
+    :func:`_fake_quant_groups_b`, a fused equivalent of the reference pair (bit-identical,
+    tested); every other setting calls the reference quantizer.
+    """
+    if family == "b" and not ue8m0 and eps > 0 and x.shape[-1] % group == 0:
+        return _fake_quant_groups_b(x, group, eps, name)
+    x_q, s_x = quantize_activations(x, group, family, eps, ue8m0, name=name)
+    return dequantize_activations(x_q, s_x, group, torch.float32)
+
+
+def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
+    return fake_quant_fp8_weight(
+        w, knobs.weight_block, knobs.weight_family, knobs.weight_eps, knobs.ue8m0, name=name
+    )
+
+
+def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
+    return fake_quant_fp8_activation(
+        x,
+        knobs.activation_group,
+        knobs.activation_family,
+        knobs.activation_eps,
+        knobs.ue8m0,
+        name=name,
+    )
+
+
+def _refit_pairs(
+    name: str, w: torch.Tensor, config: Any, *, weight_amax: Any = None, input_scale: Any = None
+) -> RefitPairs:
+    """The pairs of vLLM block FP8: ``(<m>.weight, codes)``, ``(<m>.weight_scale_inv, s)``."""
+    q, s = quantize_blockwise(
+        w, config.block, config.family, config.eps, config.ue8m0, name=name, backend=config.backend
+    )
+    return [(name, q), (name.removesuffix(".weight") + ".weight_scale_inv", s)]
+
+
+def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any) -> int:
+    n_scales = -(-shape[0] // config.block[0]) * -(-shape[1] // config.block[1])
+    return numel + n_scales * 4
+
+
+FP8_BLOCK = Format(
+    "fp8",
+    (128, 128),
+    "E4M3",
+    "fp32 dequant scale per 128x128 weight tile and 1x128 input group (FAMILY_FORMULAS)",
+    reference=quantize_blockwise_reference,
+    quantize=quantize_blockwise,
+    dequantize=dequantize_blockwise,
+    fake_weight=_fake_weight,
+    fake_activation=_fake_activation,
+    refit_pairs=_refit_pairs,
+    refit_bytes=_refit_bytes,
+    pads=True,
+)
+"""Blockwise FP8 (W8A8, DeepSeek-V3 / vLLM block FP8)."""

@@ -29,7 +29,7 @@ precision, and each format's knobs (docs/low_precision.md, "Twin"):
 
 ``kv_cache``: ``bf16``; ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after
 every refit by ``kv_calibration_reduction``: NeMo-RL's rule by default, see
-:mod:`nemo_ais.fp8.kv_scales`); ``nvfp4`` (E2M1 in blocks of 16 along the head dim with E4M3 block scales,
+:mod:`nemo_ais.refit.kv_scales`); ``nvfp4`` (E2M1 in blocks of 16 along the head dim with E4M3 block scales,
 the global amax per layer and K/V calibrated the same way).
 
 :class:`Fp8RolloutConfig` is the earlier FP8-only config, kept working: a subclass that
@@ -46,9 +46,10 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nemo_ais.fp8.checks import check_regexes
-from nemo_ais.fp8.kv_scales import KVReduction
-from nemo_ais.fp8.quant import Family
+from nemo_ais.formats.checks import check_regexes
+from nemo_ais.formats.fp8_block import Family
+from nemo_ais.refit.kv_scales import KVReduction
+from nemo_ais.rules.keep_bf16 import KeepInBf16
 
 __all__ = [
     "KV_CACHE_FORMATS",
@@ -151,6 +152,15 @@ class RolloutPrecisionConfig(BaseModel):
         """False when nothing is simulated: the twin is then an exact copy (the BF16 arm)."""
         return not (
             self.format == "bf16" and self.kv_cache == "bf16" and self.compute_dtype is None
+        )
+
+    def keep_rule(self) -> KeepInBf16:
+        """The twin's keep-in-BF16 rule (:mod:`nemo_ais.rules.keep_bf16`), num_layers given."""
+        return KeepInBf16(
+            first_layers=self.num_first_layers_in_bf16,
+            last_layers=self.num_last_layers_in_bf16,
+            attention=self.attention_in_bf16,
+            patterns=self.keep_patterns,
         )
 
     @property

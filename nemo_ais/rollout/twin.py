@@ -20,8 +20,8 @@ measurable without a GPU. What it simulates (``docs/low_precision.md``, "Twin"):
 
 1. Build: a deep copy of the trainer's model (cast to ``compute_dtype`` if set). Every
    ``nn.Linear`` inside a decoder layer (q/k/v/o_proj, gate/up/down_proj, per-expert
-   linears) becomes the format's module (:class:`~nemo_ais.fp8.fp8_linear.Fp8Linear` for
-   ``fp8``, :class:`~nemo_ais.fp8.quant_linear.QuantLinear` otherwise), fused
+   linears) becomes the format's module (:class:`~nemo_ais.rollout.fp8_linear.Fp8Linear` for
+   ``fp8``, :class:`~nemo_ais.rollout.linear.QuantLinear` otherwise), fused
    transformers-5 MoE experts one module per expert and projection; embeddings,
    ``lm_head``, norms and MoE routers stay unquantized, and so do the exclusions:
    the first/last ``num_*_layers_in_bf16`` layers, attention (``attention_in_bf16``) and
@@ -29,10 +29,10 @@ measurable without a GPU. What it simulates (``docs/low_precision.md``, "Twin"):
 2. Refit (:meth:`RolloutTwin.sync_weights`): every step the trainer's weights are
    re-quantized (FP8 may also take codes + scales from the vLLM-format stream). NVFP4
    shards that vLLM fuses (q/k/v_proj, gate/up_proj of a layer) share one weight amax,
-   the max over the group (:func:`~nemo_ais.fp8.formats.shared_weight_amax`), as
+   the max over the group (:func:`~nemo_ais.rollout.fake_quant.shared_weight_amax`), as
    vLLM's loader requires; the rest is copied as is.
 3. Calibration, stale after every refit: the KV-cache scales (``fp8`` / ``nvfp4`` KV:
-   ``amax * margin / 448`` per layer from :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator`
+   ``amax * margin / 448`` per layer from :class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator`
    under ``kv_calibration_reduction``: by default NeMo-RL's rule, ``max |K|`` of the
    calibration forward,
    or sent with the refit) and, for ``nvfp4_w4a4``, each quantized linear's static input
@@ -40,9 +40,9 @@ measurable without a GPU. What it simulates (``docs/low_precision.md``, "Twin"):
    quantization off (ModelOpt's ``max`` calibration; vLLM's ``input_scale = amax / 2688``).
    Done on ``sync_weights(..., calibration_input_ids=...)`` or else on the next
    :meth:`~RolloutTwin.generate` / :meth:`~RolloutTwin.score` batch.
-4. KV cache (:class:`~nemo_ais.fp8.kv_cache.QuantizedKVCache`): K after RoPE and V are
+4. KV cache (:class:`~nemo_ais.rollout.kv_cache.QuantizedKVCache`): K after RoPE and V are
    fake-quantized as they are written, so attention reads the quantized values.
-5. Generation (:func:`~nemo_ais.fp8.generation.generate`): a sampling loop with HF's KV
+5. Generation (:func:`~nemo_ais.rollout.sampling.generate`): a sampling loop with HF's KV
    cache; the reported log-prob is that of the UNFILTERED tempered distribution.
 
 With nothing to simulate (``format: bf16``, ``kv_cache: bf16``, no ``compute_dtype``;
@@ -50,9 +50,9 @@ With nothing to simulate (``format: bf16``, ``kv_cache: bf16``, no ``compute_dty
 BF16 arm's rollout engine): same code path, bit-identical log-probs.
 
 Layout: this module holds :class:`RolloutTwin` (its state and public methods); step 1
-lives in :mod:`~nemo_ais.fp8.twin_modules`, step 2 in :mod:`~nemo_ais.fp8.twin_refit`,
-step 3's forwards in :mod:`~nemo_ais.fp8.twin_calibration`, step 4 in
-:mod:`~nemo_ais.fp8.kv_cache` and step 5 in :mod:`~nemo_ais.fp8.generation`.
+lives in :mod:`~nemo_ais.rollout.modules`, step 2 in :mod:`~nemo_ais.rollout.weight_loader`,
+step 3's forwards in :mod:`~nemo_ais.rollout.calibration`, step 4 in
+:mod:`~nemo_ais.rollout.kv_cache` and step 5 in :mod:`~nemo_ais.rollout.sampling`.
 """
 
 from __future__ import annotations
@@ -66,9 +66,25 @@ from torch import nn
 from transformers import DynamicCache
 
 from nemo_ais.config import require_config
-from nemo_ais.fp8.formats import LinearFakeQuant, linear_fake_quant
-from nemo_ais.fp8.formats import shared_weight_amax as _shared_weight_amax
-from nemo_ais.fp8.generation import (
+from nemo_ais.formats.nvfp4 import NVFP4_BLOCK
+from nemo_ais.refit.kv_scales import KVSaturationCounter, KVScales
+from nemo_ais.rollout.calibration import (
+    kv_scales_from_forward,
+    observe_input_amax,
+    static_input_modules,
+    store_input_amax,
+)
+from nemo_ais.rollout.config import Fp8RolloutConfig, RolloutPrecisionConfig
+from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant
+from nemo_ais.rollout.fake_quant import shared_weight_amax as _shared_weight_amax
+from nemo_ais.rollout.kv_cache import QuantizedKVCache
+from nemo_ais.rollout.modules import (
+    head_dim,
+    num_layers,
+    quantized_module,
+    quantized_module_names,
+)
+from nemo_ais.rollout.sampling import (
     GenerationOutput,
     LogprobsMode,
     MismatchStats,
@@ -77,23 +93,7 @@ from nemo_ais.fp8.generation import (
     logprob_mismatch,
     score_responses,
 )
-from nemo_ais.fp8.kv_cache import QuantizedKVCache
-from nemo_ais.fp8.kv_scales import KVSaturationCounter, KVScales
-from nemo_ais.fp8.nvfp4 import NVFP4_BLOCK
-from nemo_ais.fp8.rollout_config import Fp8RolloutConfig, RolloutPrecisionConfig
-from nemo_ais.fp8.twin_calibration import (
-    kv_scales_from_forward,
-    observe_input_amax,
-    static_input_modules,
-    store_input_amax,
-)
-from nemo_ais.fp8.twin_modules import (
-    head_dim,
-    num_layers,
-    quantized_module,
-    quantized_module_names,
-)
-from nemo_ais.fp8.twin_refit import WeightLoader, received_kv_scales
+from nemo_ais.rollout.weight_loader import WeightLoader, received_kv_scales
 
 __all__ = [
     "Fp8RolloutConfig",
@@ -120,12 +120,12 @@ class RolloutTwin:
             ``.to(dtype)`` on it: that would cast the FP8 codes (use ``compute_dtype``).
         config: the :class:`RolloutPrecisionConfig` (or its subclass
             :class:`Fp8RolloutConfig`) it was built with.
-        fake_quant: the format's :class:`~nemo_ais.fp8.formats.LinearFakeQuant`.
+        fake_quant: the format's :class:`~nemo_ais.rollout.fake_quant.LinearFakeQuant`.
         quantized_module_names: the modules running the format (empty for ``bf16``).
-        kv_scales: the current :class:`~nemo_ais.fp8.kv_scales.KVScales` (``scale`` is
+        kv_scales: the current :class:`~nemo_ais.refit.kv_scales.KVScales` (``scale`` is
             float64 ``[layers, 3]``, columns q, k, v; q is not simulated and stays 1.0),
             or None until calibrated (quantized KV cache only).
-        kv_saturation: the :class:`~nemo_ais.fp8.kv_scales.KVSaturationCounter` of the
+        kv_saturation: the :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` of the
             last ``generate`` / ``score`` with a quantized KV cache: the fraction of the K/V
             elements it wrote with ``|x| > scale * 448`` (``.metrics()``:
             ``kv_cache/saturated_frac_k`` / ``_v``); None before.
@@ -215,11 +215,11 @@ class RolloutTwin:
         model's (HF) names; a partial set updates only those tensors, except that NVFP4's
         fused shards (q/k/v_proj, gate/up_proj of a layer) must come together (they share
         one global scale). In format ``fp8`` a linear's weight may also arrive as vLLM
-        receives it from :func:`~nemo_ais.fp8.stream.fp8_weight_stream`:
+        receives it from :func:`~nemo_ais.refit.stream.fp8_weight_stream`:
         ``(name, float8_e4m3fn codes)`` plus ``(name + "_scale_inv", fp32 scales)``,
         loaded as is. KV-cache scales sent with the refit
         (``model.layers.N.self_attn.k_scale`` / ``v_scale``, e.g.
-        :meth:`~nemo_ais.fp8.kv_scales.KVScales.named_tensors`) become :attr:`kv_scales`
+        :meth:`~nemo_ais.refit.kv_scales.KVScales.named_tensors`) become :attr:`kv_scales`
         (every layer's K and V are then required). Otherwise every refit makes the KV
         scales and static input amax stale: they are recalibrated here from the
         calibration batch if one is given, else on the next :meth:`generate` /
@@ -310,7 +310,7 @@ class RolloutTwin:
         outputs at non-padding positions, amax by the config's ``kv_calibration_reduction``
         (default NeMo-RL's: ``max |x|`` of this one forward; ``element_percentile``:
         ``P_p(|x|)``), margin and floor from the config, computed
-        by :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` (K before RoPE, the HF-hook
+        by :class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator` (K before RoPE, the HF-hook
         rule; the cache applies the scale to K after RoPE, as vLLM does). The NVFP4 KV
         cache uses ``scale * 448`` as its static global amax. The result is stored in
         :attr:`kv_scales` and used until the next :meth:`sync_weights`.
@@ -322,7 +322,7 @@ class RolloutTwin:
                 trainer-side calibration.
 
         Returns:
-            :class:`~nemo_ais.fp8.kv_scales.KVScales`; K and V scales finite and > 0.
+            :class:`~nemo_ais.refit.kv_scales.KVScales`; K and V scales finite and > 0.
         """
         check_prompt(input_ids, attention_mask)
         if model is None and any(a is None for a in self.input_amax.values()):
@@ -359,7 +359,7 @@ class RolloutTwin:
         pad_token_id: int | None = None,
         logprobs_mode: LogprobsMode = "unfiltered",
     ) -> GenerationOutput:
-        """:func:`~nemo_ais.fp8.generation.generate` with the twin, arguments as there.
+        """:func:`~nemo_ais.rollout.sampling.generate` with the twin, arguments as there.
 
         Stale calibration (after a refit: KV scales, W4A4 input amax) is first redone on
         these prompts, as vLLM's ``calculate_kv_scales`` does on its first batch.
@@ -390,7 +390,7 @@ class RolloutTwin:
         top_p: float = 1.0,
         logprobs_mode: LogprobsMode = "unfiltered",
     ) -> torch.Tensor:
-        """:func:`~nemo_ais.fp8.generation.score_responses` under the twin: ``[B, T]`` fp32."""
+        """:func:`~nemo_ais.rollout.sampling.score_responses` under the twin: ``[B, T]`` fp32."""
         return score_responses(
             self.model,
             input_ids,

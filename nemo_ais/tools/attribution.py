@@ -28,7 +28,7 @@ and each layer's KV cache. :func:`attribute_mismatch` measures each one's share:
    sources in ``Q`` runs its original ``nn.Linear``; the KV cache quantizes only the
    layers in ``Q``; the calibration is that of the full format.
 4. ``M(Q)`` = the mismatch of those log-probs against the unquantized model's on the same
-   tokens (:func:`~nemo_ais.fp8.generation.logprob_mismatch`: mean ``|Δ log p|``,
+   tokens (:func:`~nemo_ais.rollout.sampling.logprob_mismatch`: mean ``|Δ log p|``,
    NeMo-RL's ``gen_kl_error`` (k3) and ``token_mult_prob_error``).
 5. For each source (and group of sources: a kind, a layer, a module across layers)
    ``s``: ``alone = M({s})``, the mismatch it makes by itself, and
@@ -54,13 +54,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from nemo_ais.fp8.formats import LINEAR_FAKE_QUANT
-from nemo_ais.fp8.fp8_linear import Fp8Linear
-from nemo_ais.fp8.generation import MismatchStats, logprob_mismatch, score_responses
-from nemo_ais.fp8.kv_cache import QuantizedKVCache
-from nemo_ais.fp8.quant_linear import QuantExperts, QuantLinear
-from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
-from nemo_ais.fp8.twin import RolloutTwin
+from nemo_ais.rollout.config import RolloutPrecisionConfig
+from nemo_ais.rollout.fake_quant import LINEAR_FAKE_QUANT
+from nemo_ais.rollout.fp8_linear import Fp8Linear
+from nemo_ais.rollout.kv_cache import QuantizedKVCache
+from nemo_ais.rollout.linear import QuantExperts, QuantLinear
+from nemo_ais.rollout.sampling import MismatchStats, logprob_mismatch, score_responses
+from nemo_ais.rollout.twin import RolloutTwin
 
 __all__ = [
     "Attribution",
@@ -306,8 +306,8 @@ def attribute_mismatch(
         bf16``) it has no rows and ``full == none`` (0).
 
     Raises:
-        ValueError: as :class:`~nemo_ais.fp8.twin.RolloutTwin` and
-            :func:`~nemo_ais.fp8.generation.score_responses`, or a response mask missing.
+        ValueError: as :class:`~nemo_ais.rollout.twin.RolloutTwin` and
+            :func:`~nemo_ais.rollout.sampling.score_responses`, or a response mask missing.
     """
     twin = RolloutTwin(model, config)  # 1. build, then calibrate on the prompts
     if response_ids is None:

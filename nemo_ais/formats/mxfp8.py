@@ -19,7 +19,7 @@ sources: ``docs/low_precision.md``), for ``x [..., K]`` with ``K % 32 == 0``:
 
 1. Per block of 32 consecutive elements, ``amax_b`` in fp32.
 2. ``E = ceil(log2(amax_b / 448))`` exactly, clamped to [-127, 127]
-   (:func:`~nemo_ais.fp8.grids.e8m0_block_exponent`): NVIDIA's rule (FlashInfer,
+   (:func:`~nemo_ais.formats.grids.e8m0_block_exponent`): NVIDIA's rule (FlashInfer,
    Transformer Engine, ModelOpt), not OCP MX v1.0's ``floor(log2 amax_b) - 8``. The two
    differ when the block max's significand exceeds 1.75 (amax 500: NVIDIA 2^1, OCP 2^0,
    whose elements would saturate at 448). An all-zero block gets ``E = -127``: byte 0.
@@ -33,19 +33,21 @@ so the values do not change (tested). This quantizer emits byte 0, as the kernel
 
 :func:`quantize_mxfp8_reference` states steps 1-3 plainly; :func:`quantize_mxfp8` is the
 banded fast path, bit-equal to it (tested, and against a float64 oracle); on CPU it runs as one
-fused C++ loop (:mod:`nemo_ais.fp8.cpu_kernel`, bit-equal: tested).
+fused C++ loop (:mod:`nemo_ais.formats.cpu_kernel`, bit-equal: tested).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from nemo_ais.fp8.checks import check_finite, check_last_dim
-from nemo_ais.fp8.cpu_kernel import kernel_for
-from nemo_ais.fp8.grids import (
+from nemo_ais.formats.base import Format, RefitPairs
+from nemo_ais.formats.checks import check_finite, check_last_dim
+from nemo_ais.formats.cpu_kernel import kernel_for
+from nemo_ais.formats.grids import (
     E4M3_MAX,
     E8M0_BIAS,
     E8M0_NAN,
@@ -57,6 +59,7 @@ from nemo_ais.fp8.grids import (
 )
 
 __all__ = [
+    "MXFP8",
     "MX_BLOCK",
     "MXFP8Tensor",
     "dequantize_mxfp8",
@@ -103,7 +106,7 @@ def quantize_mxfp8_reference(x: torch.Tensor) -> MXFP8Tensor:
 
 
 def _quantize_fused(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(codes, scale bytes)`` of ``x2 [R, K]`` by the fused CPU kernel (:mod:`nemo_ais.fp8.cpu_kernel`).
+    """``(codes, scale bytes)`` of ``x2 [R, K]`` by the fused CPU kernel (:mod:`nemo_ais.formats.cpu_kernel`).
 
     None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
     kernel) or a block holds NaN / inf (the PyTorch path then raises).
@@ -193,3 +196,42 @@ def dequantize_mxfp8(q: MXFP8Tensor, *, name: str = "q") -> torch.Tensor:
 def fake_quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> torch.Tensor:
     """``dequantize_mxfp8(quantize_mxfp8(x))``: fp32 ``[..., K]``."""
     return dequantize_mxfp8(quantize_mxfp8(x, name=name), name=name)
+
+
+def _fake(t: torch.Tensor, *, amax: Any = None, name: str = "x", knobs: Any = None) -> torch.Tensor:
+    return fake_quantize_mxfp8(t, name=name)
+
+
+def _refit_pairs(
+    name: str, w: torch.Tensor, config: Any, *, weight_amax: Any = None, input_scale: Any = None
+) -> RefitPairs:
+    """ModelOpt MXFP8: ``(<m>.weight, E4M3 codes)``, ``(<m>.<scale name>, E8M0 bytes)``.
+
+    Scale byte 0 (an all-zero block, codes 0) becomes ``config.mxfp8_zero_scale_byte``.
+    """
+    q = quantize_mxfp8(w, name=name)
+    scale = q.scale
+    if config.mxfp8_zero_scale_byte:
+        scale.masked_fill_(scale == 0, config.mxfp8_zero_scale_byte)
+    scale_name = config.mxfp8_scale_name or "weight_scale"
+    return [(name, q.data), (f"{name.removesuffix('.weight')}.{scale_name}", scale)]
+
+
+def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any) -> int:
+    return numel + numel // MX_BLOCK
+
+
+MXFP8 = Format(
+    "mxfp8",
+    (1, MX_BLOCK),
+    "E4M3",
+    "UE8M0 power-of-two scale per 1x32 block: 2^(ceil(log2(amax)) - 8) (OCP MX)",
+    reference=quantize_mxfp8_reference,
+    quantize=quantize_mxfp8,
+    dequantize=dequantize_mxfp8,
+    fake_weight=_fake,
+    fake_activation=_fake,
+    refit_pairs=_refit_pairs,
+    refit_bytes=_refit_bytes,
+)
+"""MXFP8 (W8A8, vLLM ``is_mx``): weights and inputs in 1x32 E8M0-scaled blocks."""

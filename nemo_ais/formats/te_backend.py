@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from nemo_ais.fp8.checks import check_finite
+from nemo_ais.formats.checks import check_finite
 
 __all__ = ["is_available", "quantize_blockwise_te", "use_te"]
 

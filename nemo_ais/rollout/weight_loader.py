@@ -18,7 +18,7 @@ function that loads it: quantized linears re-quantize (``load_weight``), NVFP4's
 shards (q/k/v_proj, gate/up_proj of a layer) wait for their whole group and load with the
 group's amax, format ``fp8`` also takes vLLM's stream form (codes + ``_scale_inv``), and
 everything else is copied. KV-cache scales sent with the refit are collected and turned
-into :class:`~nemo_ais.fp8.kv_scales.KVScales` by :func:`received_kv_scales`.
+into :class:`~nemo_ais.refit.kv_scales.KVScales` by :func:`received_kv_scales`.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from nemo_ais.fp8.checks import check_finite
-from nemo_ais.fp8.formats import shared_weight_amax
-from nemo_ais.fp8.fp8_linear import Fp8Linear
-from nemo_ais.fp8.grids import E4M3_MAX
-from nemo_ais.fp8.kv_scales import KVScales
-from nemo_ais.fp8.quant_linear import QuantExperts
-from nemo_ais.fp8.twin_modules import shared_amax_groups
+from nemo_ais.formats.checks import check_finite
+from nemo_ais.formats.grids import E4M3_MAX
+from nemo_ais.refit.kv_scales import KVScales
+from nemo_ais.rollout.fake_quant import shared_weight_amax
+from nemo_ais.rollout.fp8_linear import Fp8Linear
+from nemo_ais.rollout.linear import QuantExperts
+from nemo_ais.rollout.modules import shared_amax_groups
 
 __all__ = ["WeightLoader", "received_kv_scales"]
 
@@ -105,7 +105,7 @@ class WeightLoader:
         """Load ``(name, tensor)`` pairs; returns (tensors loaded, KV scales sent by (layer, q/k/v)).
 
         Raises:
-            ValueError: as :meth:`~nemo_ais.fp8.twin.RolloutTwin.sync_weights`.
+            ValueError: as :meth:`~nemo_ais.rollout.twin.RolloutTwin.sync_weights`.
         """
         n_loaded = 0
         pending: dict[str, dict[str, torch.Tensor]] = {}  # FP8 weight name -> codes/scale

@@ -20,14 +20,14 @@ the attention math stay in the compute dtype. Per layer ``l``:
 
 * ``fp8``: ``x_hat = e4m3(clamp(x / s_l, ±448)) * s_l`` with one calibrated scale
   ``s_l = max(amax_l, floor) * margin / 448`` for K and one for V
-  (:class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator`; vLLM's fp8 KV cache).
+  (:class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator`; vLLM's fp8 KV cache).
 * ``nvfp4``: ``x_hat = fake_quantize_nvfp4(x, amax_l)``: E2M1 in blocks of 16 along the
   head dim, E4M3 block scales formed per token, and the global scale from a calibrated
   static ``amax_l = s_l * 448`` (the same calibration; ModelOpt's ``kv_cache_nvfp4``
   recipe calibrates it with ``max``: set ``kv_calibration_margin=1`` with the default
   rule for that).
 
-An optional :class:`~nemo_ais.fp8.kv_scales.KVSaturationCounter` counts every written K/V
+An optional :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` counts every written K/V
 element with ``|x| / s_l > 448`` (clipped by the E4M3 cast; for NVFP4, above the static
 global amax), padding and prompt positions included. [reconstruction] vLLM has no native NVFP4 KV
   cache; NeMo-RL simulates one by ModelOpt fake quantization of K/V, which is this.
@@ -40,9 +40,9 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from nemo_ais.fp8.grids import E4M3_MAX
-from nemo_ais.fp8.kv_scales import KVSaturationCounter, KVScales
-from nemo_ais.fp8.nvfp4 import NVFP4_BLOCK, fake_quantize_nvfp4
+from nemo_ais.formats.grids import E4M3_MAX
+from nemo_ais.formats.nvfp4 import NVFP4_BLOCK, fake_quantize_nvfp4
+from nemo_ais.refit.kv_scales import KVSaturationCounter, KVScales
 
 __all__ = ["QuantizedKVCache", "fake_quant_kv_fp8"]
 

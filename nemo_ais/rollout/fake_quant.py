@@ -15,8 +15,8 @@
 
 ``LINEAR_FAKE_QUANT[format]`` (default knobs) or :func:`linear_fake_quant` (a config's
 knobs) gives a :class:`LinearFakeQuant`: the two functions the twin's linear layers apply
-(:class:`~nemo_ais.fp8.quant_linear.QuantLinear`, and for ``fp8`` the identical
-:class:`~nemo_ais.fp8.fp8_linear.Fp8Linear`):
+(:class:`~nemo_ais.rollout.linear.QuantLinear`, and for ``fp8`` the identical
+:class:`~nemo_ais.rollout.fp8_linear.Fp8Linear`):
 
 =================  ===============================================  ================================
 format             ``weight(w, amax=None)``                         ``activation(x, amax=None)``
@@ -40,16 +40,16 @@ vLLM loads as one layer (q/k/v_proj, gate/up_proj: :func:`shared_weight_amax`), 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
 
-from nemo_ais.fp8.fp8_linear import fake_quant_fp8_activation, fake_quant_fp8_weight
-from nemo_ais.fp8.mxfp8 import MX_BLOCK, fake_quantize_mxfp8
-from nemo_ais.fp8.nvfp4 import NVFP4_BLOCK, fake_quantize_nvfp4
-from nemo_ais.fp8.rollout_config import ROLLOUT_FORMATS, RolloutPrecisionConfig
+from nemo_ais.formats.base import unchanged
+from nemo_ais.formats.registry import get_format
+from nemo_ais.rollout.config import ROLLOUT_FORMATS, RolloutPrecisionConfig
+from nemo_ais.rules.vllm_layers import fused_shard_group
 
 __all__ = [
     "LINEAR_FAKE_QUANT",
@@ -59,9 +59,6 @@ __all__ = [
     "shared_weight_amax",
     "straight_through",
 ]
-
-# q/k/v_proj and gate/up_proj of one layer are one fused linear in vLLM (qkv_proj, gate_up_proj)
-_FUSED_SHARDS = re.compile(r"^(.*\.)(?:(q|k|v)_proj|(gate|up)_proj)(?:\.weight)?$")
 
 
 class LinearFakeQuant(NamedTuple):
@@ -85,79 +82,41 @@ class LinearFakeQuant(NamedTuple):
     k_multiple: int = 1
 
 
-def _unchanged(t: torch.Tensor, *, amax: Any = None, name: str = "") -> torch.Tensor:
-    return t
-
-
-def _mxfp8(t: torch.Tensor, *, amax: Any = None, name: str = "x") -> torch.Tensor:
-    return fake_quantize_mxfp8(t, name=name)
-
-
-def _nvfp4_activation(t: torch.Tensor, *, amax: Any = None, name: str = "input") -> torch.Tensor:
-    if amax is None:
-        raise ValueError(f"{name}: NVFP4 W4A4 activations need the calibrated static input amax")
-    return fake_quantize_nvfp4(t, amax, name=name)
-
-
 def linear_fake_quant(config: RolloutPrecisionConfig) -> LinearFakeQuant:
     """The :class:`LinearFakeQuant` of ``config.format`` with ``config``'s knobs."""
-    fmt = config.format
-    if fmt == "fp8":
+    fmt = get_format(config.format)
+    return LinearFakeQuant(
+        fmt.name,
+        _bind(fmt.fake_weight, "weight", config),
+        _bind(fmt.fake_activation, "input", config),
+        fmt.static_input_amax,
+        fmt.shared_global_scale,
+        fmt.k_multiple,
+    )
 
-        def weight(w: torch.Tensor, *, amax: Any = None, name: str = "weight") -> torch.Tensor:
-            return fake_quant_fp8_weight(
-                w,
-                config.weight_block,
-                config.weight_family,
-                config.weight_eps,
-                config.ue8m0,
-                name=name,
-            )
 
-        def activation(x: torch.Tensor, *, amax: Any = None, name: str = "input") -> torch.Tensor:
-            return fake_quant_fp8_activation(
-                x,
-                config.activation_group,
-                config.activation_family,
-                config.activation_eps,
-                config.ue8m0,
-                name=name,
-            )
+def _bind(
+    fn: Callable[..., torch.Tensor], default: str, knobs: RolloutPrecisionConfig
+) -> Callable[..., torch.Tensor]:
+    """``fn`` with the config's knobs bound (the identity stays itself: nothing to bind)."""
+    return fn if fn is unchanged else partial(_with_default_name, fn, default, knobs)
 
-        return LinearFakeQuant(fmt, weight, activation)
-    if fmt == "mxfp8":
-        return LinearFakeQuant(fmt, _mxfp8, _mxfp8, k_multiple=MX_BLOCK)
-    if fmt in ("nvfp4_w4a16", "nvfp4_w4a4"):
-        rows = config.nvfp4_weight_rows_per_block
 
-        def nvfp4_weight(
-            w: torch.Tensor, *, amax: Any = None, name: str = "weight"
-        ) -> torch.Tensor:
-            return fake_quantize_nvfp4(w, amax, rows_per_block=rows, name=name)
-
-        w4a4 = fmt == "nvfp4_w4a4"
-        activation = _nvfp4_activation if w4a4 else _unchanged
-        return LinearFakeQuant(fmt, nvfp4_weight, activation, w4a4, True, NVFP4_BLOCK)
-    assert fmt == "bf16", fmt
-    return LinearFakeQuant(fmt, _unchanged, _unchanged)
+def _with_default_name(
+    fn: Callable[..., torch.Tensor],
+    default: str,
+    knobs: RolloutPrecisionConfig,
+    t: torch.Tensor,
+    *,
+    amax: Any = None,
+    name: str | None = None,
+) -> torch.Tensor:
+    return fn(t, amax=amax, name=default if name is None else name, knobs=knobs)
 
 
 LINEAR_FAKE_QUANT: Mapping[str, LinearFakeQuant] = {
     fmt: linear_fake_quant(RolloutPrecisionConfig(format=fmt)) for fmt in ROLLOUT_FORMATS
 }
-
-
-def fused_shard_group(name: str) -> str:
-    """The fused vLLM layer a module or weight name belongs to (itself if none).
-
-    ``model.layers.3.self_attn.k_proj(.weight)`` -> ``model.layers.3.self_attn.qkv_proj``;
-    ``...mlp.up_proj`` -> ``...mlp.gate_up_proj``; anything else -> ``name`` (weight
-    suffix removed).
-    """
-    match = _FUSED_SHARDS.match(name)
-    if match is None:
-        return name.removesuffix(".weight")
-    return match.group(1) + ("qkv_proj" if match.group(2) else "gate_up_proj")
 
 
 def shared_weight_amax(named_weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

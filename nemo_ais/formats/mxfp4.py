@@ -38,9 +38,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_ais.fp8.checks import check_finite, check_last_dim
-from nemo_ais.fp8.cpu_kernel import kernel_for
-from nemo_ais.fp8.grids import (
+from nemo_ais.formats.base import Format
+from nemo_ais.formats.checks import check_finite, check_last_dim
+from nemo_ais.formats.cpu_kernel import kernel_for
+from nemo_ais.formats.grids import (
     E2M1_MAX,
     E8M0_BIAS,
     Scratch,
@@ -54,9 +55,9 @@ from nemo_ais.fp8.grids import (
     row_bands,
     unpack_nibbles,
 )
-from nemo_ais.fp8.mxfp8 import MX_BLOCK, _pow2, check_mx_scale
+from nemo_ais.formats.mxfp8 import MX_BLOCK, _pow2, check_mx_scale
 
-__all__ = ["MXFP4Tensor", "dequantize_mxfp4", "quantize_mxfp4", "quantize_mxfp4_reference"]
+__all__ = ["MXFP4", "MXFP4Tensor", "dequantize_mxfp4", "quantize_mxfp4", "quantize_mxfp4_reference"]
 
 _SIGN = 0x8
 
@@ -98,7 +99,7 @@ def quantize_mxfp4(
 ) -> MXFP4Tensor:
     """MXFP4 quantization of ``x [..., K]`` (module doc); bit-equal to the reference.
 
-    On CPU one fused C++ loop (:mod:`nemo_ais.fp8.cpu_kernel`), elsewhere the banded fast path.
+    On CPU one fused C++ loop (:mod:`nemo_ais.formats.cpu_kernel`), elsewhere the banded fast path.
 
     Args:
         x: fp32, bf16, fp16 or fp64 (computed in fp32), ``K % 32 == 0``.
@@ -150,7 +151,7 @@ def quantize_mxfp4(
 
 
 def _quantize_fused(x2: torch.Tensor, ties_toward_zero: bool):
-    """``(packed, scale)`` of ``x2 [R, K]`` by the fused CPU kernel (:mod:`nemo_ais.fp8.cpu_kernel`).
+    """``(packed, scale)`` of ``x2 [R, K]`` by the fused CPU kernel (:mod:`nemo_ais.formats.cpu_kernel`).
 
     None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
     kernel) or a block holds NaN / inf (the PyTorch path then raises).
@@ -177,3 +178,15 @@ def dequantize_mxfp4(q: MXFP4Tensor, *, name: str = "q") -> torch.Tensor:
     k = 2 * q.data.shape[-1]
     values = e2m1_values(unpack_nibbles(q.data)).view(*q.data.shape[:-1], k // MX_BLOCK, MX_BLOCK)
     return (values * e8m0_values(q.scale).unsqueeze(-1)).view(*q.data.shape[:-1], k)
+
+
+MXFP4 = Format(
+    "mxfp4",
+    (1, MX_BLOCK),
+    "E2M1",
+    "UE8M0 power-of-two scale per 1x32 block: 2^(ceil(log2(amax)) - 2) (OCP MX)",
+    reference=quantize_mxfp4_reference,
+    quantize=quantize_mxfp4,
+    dequantize=dequantize_mxfp4,
+)
+"""MXFP4 (documented variant: no rollout format, no refit)."""

@@ -75,7 +75,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from nemo_ais.config import require_config
-from nemo_ais.fp8.quant import E4M3_MAX
+from nemo_ais.formats.fp8_block import E4M3_MAX
 
 __all__ = [
     "FP32_MIN_SENTINEL",

@@ -14,7 +14,7 @@
 """The NVFP4 W4A4 refit's ``input_amax_file``: static input amax of a BF16 checkpoint.
 
 A BF16 trainer has no calibrated input quantizer, so the W4A4 refit
-(:class:`~nemo_ais.fp8.stream_block.BlockSyncConfig` ``input_amax_file``) reads the
+(:class:`~nemo_ais.refit.config.BlockSyncConfig` ``input_amax_file``) reads the
 static input amax of each linear from a JSON file, ``{module name: amax}``, and streams
 ``<m>.input_scale = amax / (6 * 448)`` (fused q/k/v and gate/up: the max over the
 members). ``nemo-ais calibrate-input-amax`` writes that file (``docs/cluster.md``):
@@ -24,11 +24,11 @@ members). ``nemo-ais calibrate-input-amax`` writes that file (``docs/cluster.md`
 2. Batches: tokenized (optionally through the chat template), truncated to
    ``max_length`` tokens, left-padded.
 3. Observe: the twin's trainer-side calibration
-   (:func:`~nemo_ais.fp8.twin_calibration.observe_input_amax`), ``max |x|`` over the
+   (:func:`~nemo_ais.rollout.calibration.observe_input_amax`), ``max |x|`` over the
    valid tokens of each input, on every module the W4A4 twin quantizes
-   (:func:`~nemo_ais.fp8.twin_modules.quantized_module_names`: every decoder-layer
+   (:func:`~nemo_ais.rollout.modules.quantized_module_names`: every decoder-layer
    linear but MoE routers), max over the batches (ModelOpt's ``max`` calibration).
-4. Check (:func:`~nemo_ais.fp8.twin_calibration.shared_input_amax`): every module
+4. Check (:func:`~nemo_ais.rollout.calibration.shared_input_amax`): every module
    observed, every amax finite.
 5. Write ``{module name: amax}`` in model order, names as the refit streams them
    (``model.layers.0.mlp.gate_proj``). Modules the engine keeps in BF16 (the W4A4 arm's
@@ -46,9 +46,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
-from nemo_ais.fp8.twin_calibration import observe_input_amax, shared_input_amax
-from nemo_ais.fp8.twin_modules import quantized_module_names
+from nemo_ais.rollout.calibration import observe_input_amax, shared_input_amax
+from nemo_ais.rollout.config import RolloutPrecisionConfig
+from nemo_ais.rollout.modules import quantized_module_names
 
 __all__ = [
     "DEFAULT_PROMPTS",

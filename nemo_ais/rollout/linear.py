@@ -14,7 +14,7 @@
 """A linear layer (and fused MoE experts) running one rollout format's fake quantization.
 
 What :class:`QuantLinear` computes for ``x [..., K]`` and ``W [N, K]``, with the format's
-two functions (:class:`~nemo_ais.fp8.formats.LinearFakeQuant`):
+two functions (:class:`~nemo_ais.rollout.fake_quant.LinearFakeQuant`):
 
 1. At weight-sync time (:meth:`QuantLinear.load_weight`): ``W_dq = weight_fq(W, amax)``,
    cached in fp32 (``amax``: the weight's global amax, shared by fused shards in NVFP4).
@@ -24,7 +24,7 @@ two functions (:class:`~nemo_ais.fp8.formats.LinearFakeQuant`):
    representable products), ``+ bias`` (kept in high precision), cast to ``x.dtype``.
 
 These are the same functions a QARL-style trainer uses for its fake-quantized forward
-(``nemo_ais.fp8.formats``), so twin and trainer agree bit for bit (tested).
+(``nemo_ais.rollout.fake_quant``), so twin and trainer agree bit for bit (tested).
 
 :class:`QuantExperts` replaces the fused MoE experts of transformers 5
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``, as vLLM's ``w13`` / ``w2``) by
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from nemo_ais.fp8.formats import LinearFakeQuant
+    from nemo_ais.rollout.fake_quant import LinearFakeQuant
 
 __all__ = ["QuantExperts", "QuantLinear", "load_bias"]
 

@@ -19,7 +19,7 @@ the twin itself (engine-side) or of a trainer model with the same module names:
 * input amax (``nvfp4_w4a4``): ``max |x|`` of each quantized linear's input over the
   valid tokens, with activation quantization off (ModelOpt's ``max`` calibration); the
   experts of one MoE projection share the max over the experts [reconstruction];
-* KV scales: :class:`~nemo_ais.fp8.kv_scales.KVScaleCalibrator` on the ``k_proj`` /
+* KV scales: :class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator` on the ``k_proj`` /
   ``v_proj`` outputs under the config's reduction, margin and floor.
 """
 
@@ -31,12 +31,12 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from nemo_ais.fp8.checks import check_finite
-from nemo_ais.fp8.formats import LinearFakeQuant
-from nemo_ais.fp8.generation import positions
-from nemo_ais.fp8.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
-from nemo_ais.fp8.quant_linear import QuantLinear
-from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
+from nemo_ais.formats.checks import check_finite
+from nemo_ais.refit.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
+from nemo_ais.rollout.config import RolloutPrecisionConfig
+from nemo_ais.rollout.fake_quant import LinearFakeQuant
+from nemo_ais.rollout.linear import QuantLinear
+from nemo_ais.rollout.sampling import positions
 
 __all__ = [
     "kv_scales_from_forward",
@@ -77,7 +77,7 @@ def observe_input_amax(
 
     One forward of ``observed`` with the twin's ``modules`` calibrating (activation
     quantization off; ``modules`` may also be plain linears, e.g. ``observed``'s own, for
-    the BF16 calibration of :mod:`nemo_ais.fp8.input_amax_file`). Inputs ``[B, S, K]``
+    the BF16 calibration of :mod:`nemo_ais.tools.input_amax_file`). Inputs ``[B, S, K]``
     count only where ``attention_mask`` is 1; routed MoE expert inputs all count. A module
     that saw no row is absent.
     """

@@ -17,21 +17,24 @@ Every ``nn.Linear`` inside a decoder layer (q/k/v/o_proj, gate/up/down_proj, per
 linears) and every transformers-5 fused MoE experts module is quantized, except MoE
 routers and the config's exclusions (first/last ``num_*_layers_in_bf16`` layers,
 ``attention_in_bf16``, ``keep_patterns``). A quantized module becomes
-:class:`~nemo_ais.fp8.fp8_linear.Fp8Linear` / ``Fp8Experts`` (format ``fp8``) or
-:class:`~nemo_ais.fp8.quant_linear.QuantLinear` / ``QuantExperts`` (the block formats).
+:class:`~nemo_ais.rollout.fp8_linear.Fp8Linear` / ``Fp8Experts`` (format ``fp8``) or
+:class:`~nemo_ais.rollout.linear.QuantLinear` / ``QuantExperts`` (the block formats).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
 from torch import nn
 
-from nemo_ais.fp8.formats import LinearFakeQuant, fused_shard_group, linear_fake_quant
-from nemo_ais.fp8.fp8_linear import Fp8Experts, Fp8Linear
-from nemo_ais.fp8.quant_linear import QuantExperts, QuantLinear
-from nemo_ais.fp8.rollout_config import RolloutPrecisionConfig
+from nemo_ais.formats.registry import get_format
+from nemo_ais.rollout.config import RolloutPrecisionConfig
+from nemo_ais.rollout.fake_quant import LinearFakeQuant
+from nemo_ais.rollout.fp8_linear import Fp8Experts, Fp8Linear
+from nemo_ais.rollout.linear import QuantExperts, QuantLinear
+from nemo_ais.rules.vllm_layers import fused_shard_group, layer_index
 
 __all__ = [
     "head_dim",
@@ -40,12 +43,6 @@ __all__ = [
     "quantized_module_names",
     "shared_amax_groups",
 ]
-
-# A decoder layer's index in a HF module name: "model.layers.3.self_attn.q_proj".
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_ATTENTION_RE = re.compile(r"\.self_attn\.")
-# Linear layers inside a decoder layer that vLLM keeps in BF16 (MoE routers).
-_ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate"})
 
 
 def _text_config(model: nn.Module):
@@ -83,7 +80,7 @@ def quantized_module_names(model: nn.Module, config: RolloutPrecisionConfig) -> 
         ValueError: first + last BF16 layers exceed the model's layers, or a quantized
             module's in-dim is not a multiple of the format's block (naming the module).
     """
-    if config.format == "bf16":
+    if get_format(config.format).quantize is None:
         return []
     n_layers = num_layers(model)
     first, last = config.num_first_layers_in_bf16, config.num_last_layers_in_bf16
@@ -92,21 +89,15 @@ def quantized_module_names(model: nn.Module, config: RolloutPrecisionConfig) -> 
             f"num_first_layers_in_bf16={first} + num_last_layers_in_bf16={last} is invalid: "
             f"expected <= the model's {n_layers} decoder layers"
         )
-    k_multiple = linear_fake_quant(config).k_multiple
+    k_multiple = get_format(config.format).k_multiple
+    keep = dataclasses.replace(config.keep_rule(), num_layers=n_layers)
     names = []
     for name, module in model.named_modules():
-        match = _LAYER_RE.search(name)
-        if match is None or not (isinstance(module, nn.Linear) or _is_fused_experts(module)):
+        if layer_index(name) is None or not (
+            isinstance(module, nn.Linear) or _is_fused_experts(module)
+        ):
             continue
-        layer = int(match.group(1))
-        kept = (
-            layer < first
-            or layer >= n_layers - last
-            or name.rsplit(".", 1)[-1] in _ROUTER_NAMES
-            or (config.attention_in_bf16 and _ATTENTION_RE.search(name) is not None)
-            or any(re.search(p, name) for p in config.keep_patterns)
-        )
-        if kept:
+        if keep.keeps(name):
             continue
         bad = [k for k in _in_features(module) if k % k_multiple]
         if bad:
@@ -158,7 +149,7 @@ def shared_amax_groups(model: nn.Module, names: tuple[str, ...]) -> dict[str, tu
     """``{weight name: the weight names sharing its amax}``, groups of 2 or more.
 
     Among the ``QuantLinear`` modules ``names`` of ``model``: vLLM's fused q/k/v and
-    gate/up shards of a layer (:func:`~nemo_ais.fp8.formats.fused_shard_group`).
+    gate/up shards of a layer (:func:`~nemo_ais.rollout.fake_quant.fused_shard_group`).
     """
     groups: dict[str, list[str]] = {}
     for name in names:

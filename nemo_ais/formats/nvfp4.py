@@ -41,9 +41,9 @@ approximate reciprocal and may differ by one E4M3 step near ties.
 
 :func:`quantize_nvfp4_reference` is the short, obvious statement of steps 1-5;
 :func:`quantize_nvfp4` and :func:`fake_quantize_nvfp4` are the fast paths (in-place
-passes over ~1 MiB bands of rows, the class-table E2M1 encoder of :mod:`~nemo_ais.fp8.grids`),
+passes over ~1 MiB bands of rows, the class-table E2M1 encoder of :mod:`~nemo_ais.formats.grids`),
 bit-equal to it (tested, and against a float64 oracle). On CPU :func:`quantize_nvfp4` runs
-as two fused C++ passes (:mod:`nemo_ais.fp8.cpu_kernel`: block amax, then scales, codes and
+as two fused C++ passes (:mod:`nemo_ais.formats.cpu_kernel`: block amax, then scales, codes and
 packing; bit-equal: tested).
 """
 
@@ -51,13 +51,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from nemo_ais.fp8.checks import check_amax, check_finite, check_last_dim
-from nemo_ais.fp8.cpu_kernel import kernel_for
-from nemo_ais.fp8.grids import (
+from nemo_ais.formats.base import Format, RefitPairs, unchanged
+from nemo_ais.formats.checks import check_amax, check_finite, check_last_dim
+from nemo_ais.formats.cpu_kernel import kernel_for
+from nemo_ais.formats.grids import (
     E2M1_MAX,
     E4M3_MAX,
     Scratch,
@@ -73,6 +75,8 @@ from nemo_ais.fp8.grids import (
 
 __all__ = [
     "NVFP4_BLOCK",
+    "NVFP4_W4A4",
+    "NVFP4_W4A16",
     "NVFP4Tensor",
     "dequantize_nvfp4",
     "fake_quantize_nvfp4",
@@ -198,7 +202,7 @@ def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
 
     With ``amax=None`` a first pass takes every block's amax (their max is the tensor
     amax); the second quantizes. Per band: ``y = (x + 0.0) / d`` (-0.0 -> +0), then the
-    class-table encoder of :mod:`~nemo_ais.fp8.grids` (codes with sign and saturation)
+    class-table encoder of :mod:`~nemo_ais.formats.grids` (codes with sign and saturation)
     and the int16 pair packing, or for ``fake`` the table's signed values times ``d``.
     """
     _check_args(x, rows_per_block, name)
@@ -300,7 +304,7 @@ def quantize_nvfp4(
 
 
 def _quantize_fused(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor | None:
-    """:func:`quantize_nvfp4` by the fused CPU kernel (:mod:`nemo_ais.fp8.cpu_kernel`).
+    """:func:`quantize_nvfp4` by the fused CPU kernel (:mod:`nemo_ais.formats.cpu_kernel`).
 
     Pass 1 (C++): block amax; here: their tensor max (or the given ``amax``), the global
     scale and the 16x16 tile max, as :func:`_quantize_bands`; pass 2 (C++): block scales,
@@ -371,3 +375,74 @@ def dequantize_nvfp4(q: NVFP4Tensor, *, name: str = "q") -> torch.Tensor:
         blocks = values.view(*data.shape[:-1], k // NVFP4_BLOCK, NVFP4_BLOCK)
         d = _divisor(block_scale, s_g.reshape(()))
         return (blocks * d.unsqueeze(-1)).view(*data.shape[:-1], k)
+
+
+def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
+    return fake_quantize_nvfp4(w, amax, rows_per_block=knobs.nvfp4_weight_rows_per_block, name=name)
+
+
+def _fake_activation(
+    x: torch.Tensor, *, amax: Any = None, name: str = "input", knobs: Any = None
+) -> torch.Tensor:
+    if amax is None:
+        raise ValueError(f"{name}: NVFP4 W4A4 activations need the calibrated static input amax")
+    return fake_quantize_nvfp4(x, amax, name=name)
+
+
+def _refit_pairs(
+    name: str, w: torch.Tensor, config: Any, *, weight_amax: Any = None, input_scale: Any = None
+) -> RefitPairs:
+    """ModelOpt NVFP4: ``<m>.weight`` (packed E2M1), ``.weight_scale``, ``.weight_scale_2``.
+
+    ``weight_amax``: the fused group's amax (one global scale per vLLM layer); W4A4 adds
+    ``<m>.input_scale`` (``input_scale``, the group's calibrated value).
+    """
+    q = quantize_nvfp4(w, weight_amax, rows_per_block=config.nvfp4_rows_per_block, name=name)
+    module = name.removesuffix(".weight")
+    pairs = [
+        (name, q.data),
+        (f"{module}.weight_scale", q.block_scale),
+        (f"{module}.weight_scale_2", q.global_scale),
+    ]
+    if input_scale is not None:
+        pairs.append((f"{module}.input_scale", input_scale.clone()))
+    return pairs
+
+
+def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any, n_scalars: int = 1) -> int:
+    return numel // 2 + numel // NVFP4_BLOCK + n_scalars * 4
+
+
+_NVFP4_SCALES = "E4M3 scale per 1x16 block (ModelOpt rule) times one fp32 global amax / (6 * 448)"
+NVFP4_W4A16 = Format(
+    "nvfp4_w4a16",
+    (1, NVFP4_BLOCK),
+    "E2M1",
+    _NVFP4_SCALES,
+    reference=quantize_nvfp4_reference,
+    quantize=quantize_nvfp4,
+    dequantize=dequantize_nvfp4,
+    fake_weight=_fake_weight,
+    fake_activation=unchanged,
+    refit_pairs=_refit_pairs,
+    refit_bytes=_refit_bytes,
+    shared_global_scale=True,
+)
+"""NVFP4 weights, BF16 activations (ModelOpt W4A16)."""
+
+NVFP4_W4A4 = Format(
+    "nvfp4_w4a4",
+    (1, NVFP4_BLOCK),
+    "E2M1",
+    _NVFP4_SCALES + "; inputs with a static calibrated amax",
+    reference=quantize_nvfp4_reference,
+    quantize=quantize_nvfp4,
+    dequantize=dequantize_nvfp4,
+    fake_weight=_fake_weight,
+    fake_activation=_fake_activation,
+    refit_pairs=_refit_pairs,
+    refit_bytes=lambda numel, shape, config: _refit_bytes(numel, shape, config, n_scalars=2),
+    shared_global_scale=True,
+    static_input_amax=True,
+)
+"""NVFP4 weights and activations (ModelOpt NVFP4, + ``input_scale``)."""

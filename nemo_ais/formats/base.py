@@ -1,0 +1,83 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""One low-precision format as one record: everything the rest of the code asks about it.
+
+A :class:`Format` holds a format's block shape and element grid, its scale rule, its short
+reference quantizer and the fast path bit-equal to it, dequantize, what a refit sends to
+vLLM (tensor names, dtypes, scale layouts: :attr:`Format.refit_pairs`) and the fake
+quantization the simulated rollout engine applies to a linear layer's weight and input.
+:data:`nemo_ais.formats.registry.FORMATS` maps a config's format name to its record; no
+code outside ``nemo_ais/formats/`` branches on a format's name.
+
+A new format: one module here exporting its record (``fp8_block.py`` is the model), one
+row in ``registry.py``; the twin, the refit stream and the offline check need no edit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["BF16", "Format", "RefitPairs", "unchanged"]
+
+RefitPairs = list[tuple[str, torch.Tensor]]
+
+
+def unchanged(
+    t: torch.Tensor, *, amax: Any = None, name: str = "", knobs: Any = None
+) -> torch.Tensor:
+    """The identity fake quantization (high-precision weights or activations)."""
+    return t
+
+
+@dataclass(frozen=True)
+class Format:
+    """Everything the code asks about one format (module doc).
+
+    Attributes:
+        name: the config's name (``rollout.format``, ``ais_*_refit.format``).
+        block: ``(rows, cols)`` of a weight block that shares one scale.
+        elements: the element grid (``"E4M3"``, ``"E2M1"``; ``"BF16"``: none).
+        scale_rule: how a block's scale is formed, in words (docs/low_precision.md).
+        reference: the short reference quantizer (DeepGEMM style), ``None`` for BF16.
+        quantize: the fast path, bit-equal to ``reference`` (tested).
+        dequantize: codes and scales back to fp32.
+        fake_weight: ``(w, *, amax, name, knobs) -> fp32`` the twin's weight round trip;
+            ``knobs`` is the twin's config (FP8 reads its tile and formula knobs).
+        fake_activation: ``(x, *, amax, name, knobs)``: the twin's input round trip.
+        refit_pairs: ``(name, w, config, *, weight_amax, input_scale) -> [(name, t)]``, the
+            tensors vLLM's loader takes for one quantized weight; None: no refit format.
+        refit_bytes: ``(numel, shape, config) -> bytes`` sent for one quantized weight.
+        pads: partial blocks are zero-padded (FP8); otherwise the in-dim of every
+            quantized weight (and TP shard) must be a multiple of ``block[1]``.
+        shared_global_scale: fused vLLM shards (q/k/v, gate/up) share one global scale.
+        static_input_amax: the activation quantizer needs a calibrated input amax.
+    """
+
+    name: str
+    block: tuple[int, int]
+    elements: str
+    scale_rule: str
+    reference: Callable[..., Any] | None = None
+    quantize: Callable[..., Any] | None = None
+    dequantize: Callable[..., torch.Tensor] | None = None
+    fake_weight: Callable[..., torch.Tensor] = unchanged
+    fake_activation: Callable[..., torch.Tensor] = unchanged
+    refit_pairs: Callable[..., RefitPairs] | None = None
+    refit_bytes: Callable[..., int] | None = None
+    pads: bool = False
+    shared_global_scale: bool = False
+    static_input_amax: bool = False
+
+    @property
+    def k_multiple(self) -> int:
+        """The in-dim of a quantized weight must be a multiple of this (1: any, it pads)."""
+        return 1 if self.pads else self.block[1]
+
+
+BF16 = Format(
+    "bf16", (1, 1), "BF16", "none: the weights and inputs stay in high precision", pads=True
+)
+"""No quantization: the BF16 arm of the twin."""

@@ -1,0 +1,112 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The core of the vLLM refit patch, shared by every format: names, markers, the pair loop.
+
+NeMo-RL quantizes a refit inside the vLLM worker, in
+``nemo_rl.models.generation.vllm.quantization.fp8`` (:data:`TARGET_MODULE`). The patch
+(:mod:`nemo_ais.nemo_rl.refit`: block FP8; :mod:`nemo_ais.nemo_rl.refit_block`: NVFP4 /
+MXFP8) wraps its ``load_weights`` so that what the engine holds quantized goes through
+ONE :class:`~nemo_ais.refit.stream.RefitStream` (:func:`engine_pairs`), and every other
+tensor through upstream's own path (:func:`upstream_pairs`) or unchanged.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from nemo_ais.refit.stream import RefitStream
+
+__all__ = [
+    "PATCHED",
+    "RECORDED_SIGNATURES",
+    "TARGET_MODULE",
+    "engine_pairs",
+    "unchanged",
+    "upstream_pairs",
+]
+
+TARGET_MODULE = "nemo_rl.models.generation.vllm.quantization.fp8"
+# NeMo-RL v0.7.0 (and main): the functions the patch replaces or calls, with their signatures.
+RECORDED_SIGNATURES = {
+    f"{TARGET_MODULE}.load_weights": "(weights, model_runner)",
+    f"{TARGET_MODULE}._is_fp8_weight": "(name, model)",
+    "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension._load_weights": (
+        "(self, weights)"
+    ),
+    f"{TARGET_MODULE}.is_fp8_model": "(vllm_config)",
+    f"{TARGET_MODULE}._get_module_from_param_name": "(model, name: str)",
+}
+PATCHED = "__nemo_ais_refit__"
+"""Attribute set on every wrapper the patch installs (installing twice is a no-op)."""
+
+Passthrough = Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
+
+
+def unchanged(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """The pair itself: what a tensor the engine holds in BF16 becomes."""
+    yield name, tensor
+
+
+class _Collector:
+    """The model as upstream's ``load_weights`` sees it, except that loading collects."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.pairs: list[tuple[str, torch.Tensor]] = []
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.pairs.extend((name, tensor) for name, tensor in weights)
+
+    def __getattr__(self, name: str) -> Any:  # module tree, packed_modules_mapping, ...
+        return getattr(self._model, name)
+
+
+def upstream_pairs(upstream_load_weights: Callable, model: Any) -> Passthrough:
+    """``(name, tensor)`` -> the pairs upstream's ``load_weights`` would load for it."""
+    collector = _Collector(model)
+    runner = types.SimpleNamespace(model=collector)
+
+    def pairs(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        upstream_load_weights([(name, tensor)], runner)
+        out, collector.pairs = collector.pairs, []
+        return out
+
+    return pairs
+
+
+def engine_pairs(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    holds: Callable[[str], bool],
+    stream: RefitStream,
+    passthrough: Passthrough = unchanged,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """One refit chunk -> vLLM ``load_weights`` pairs, quantizing what the engine holds quantized.
+
+    Args:
+        weights: the chunk.
+        holds: True for names the engine holds in the stream's format.
+        stream: the process's stream (NVFP4 fused shards carry over between chunks).
+        passthrough: the pairs of every other tensor.
+
+    Raises:
+        ValueError: the engine holds ``name`` quantized but the stream would keep it in BF16
+            (the two layouts disagree), or the stream's own errors (NaN/Inf, TP shard,
+            fused siblings, W4A4 input amax).
+    """
+    for name, tensor in weights:
+        if not holds(name):
+            yield from passthrough(name, tensor)
+            continue
+        entry = stream.plan(name, tensor)
+        if entry.action == "keep":
+            raise ValueError(
+                f"{name}: the vLLM engine holds it in {stream.config.format} but the refit "
+                f"stream would keep it in BF16 ({entry.reason}); align the engine's layers "
+                "kept in BF16 with the refit section (ignore, ignored_layer_kws, "
+                "keep_patterns, num_first/last_layers_in_bf16)"
+            )
+        yield from stream.push(name, tensor)
+    stream.end_chunk()  # the chunk's buffers are reused: copy the shards still held

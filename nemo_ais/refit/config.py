@@ -1,0 +1,172 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""What a refit sends to vLLM: the format, what stays in BF16, each format's knobs.
+
+:class:`RefitConfig` is the ``ais_fp8_refit`` / ``ais_nvfp4_refit`` section (and the JSON
+the vLLM hook reads); :class:`Fp8SyncConfig` and :class:`BlockSyncConfig` are its
+per-engine forms (``format`` fixed to ``fp8``, or one of the NVFP4 / MXFP8 formats).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from nemo_ais.formats.checks import check_regexes
+from nemo_ais.formats.registry import get_format
+from nemo_ais.rules.keep_bf16 import KeepInBf16
+
+__all__ = ["BlockSyncConfig", "Fp8SyncConfig", "RefitConfig"]
+
+
+class RefitConfig(BaseModel):
+    """Which weights the refit stream quantizes, to which format, and how (module doc)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    enabled: bool = Field(True, description="Quantize at all; False passes every tensor through.")
+    format: Literal["fp8", "nvfp4_w4a16", "nvfp4_w4a4", "mxfp8"] = Field(
+        "fp8",
+        description="The engine's weight format: fp8 (W8A8 block FP8), NVFP4 weights with "
+        "BF16 (nvfp4_w4a16) or NVFP4 (nvfp4_w4a4, + input_scale) activations, or mxfp8.",
+    )
+    num_first_layers_in_bf16: int = Field(
+        0, ge=0, description="Keep decoder layers [0, n) in BF16."
+    )
+    num_last_layers_in_bf16: int = Field(
+        0, ge=0, description="Keep the last n decoder layers in BF16 (needs num_layers)."
+    )
+    num_layers: int | None = Field(
+        None, ge=1, description="Decoder layer count; required by num_last_layers_in_bf16."
+    )
+    keep_patterns: tuple[str, ...] = Field(
+        (), description="Regexes (re.search on the HF name) of extra tensors kept in BF16."
+    )
+    ignore: tuple[str, ...] = Field(
+        (),
+        description="ModelOpt real-quant fnmatch patterns kept in BF16, as NeMo-RL's "
+        "policy.generation.real_quant_ignore (its default keeps attention, lm_head and "
+        "routers); matched on the name, without .weight, and with 'model.' toggled.",
+    )
+    ignored_layer_kws: tuple[str, ...] = Field(
+        (),
+        description="Substrings of names kept in BF16, as NeMo-RL's "
+        "vllm_cfg.quantization_ignored_layer_kws.",
+    )
+    tp_size: int = Field(1, ge=1, description="vLLM tensor-parallel size (shard check).")
+    check_finite: bool = Field(
+        True, description="Also refuse NaN/Inf in tensors kept in BF16 (one extra pass)."
+    )
+    block: tuple[int, int] = Field(
+        (128, 128), description="fp8: weight tile [out, in]; vLLM block-FP8 uses 128x128."
+    )
+    family: Literal["a", "b", "c"] = Field(
+        "a",
+        description="fp8: scale formula family (formats.fp8_block.FAMILY_FORMULAS); 'a' is "
+        "what vLLM itself uses.",
+    )
+    ue8m0: bool = Field(False, description="fp8: power-of-two scales (DeepGEMM UE8M0 path).")
+    eps: float = Field(1e-4, ge=0.0, description="fp8: floor of the per-tile amax.")
+    head_dim: int | None = Field(
+        None,
+        ge=1,
+        description="fp8: attention head dim; if set, K/V with fewer KV heads than tp_size are "
+        "checked as replicated (one head per rank), as vLLM does.",
+    )
+    backend: Literal["auto", "torch", "te"] = Field(
+        "auto",
+        description="fp8 quantizer: 'auto' = Transformer Engine when importable, on CUDA and "
+        "family 'c' with 128x128 tiles (same bits as the torch reference), else torch; "
+        "'te' requires TE (pip install 'nemo-ais[te]'), 'torch' never uses it.",
+    )
+    nvfp4_rows_per_block: Literal[1, 16] = Field(
+        1,
+        description="NVFP4 weight blocks: 1 = 1x16 (ModelOpt export), 16 = Transformer "
+        "Engine's 16x16 tiles (still valid 1x16 NVFP4).",
+    )
+    mxfp8_zero_scale_byte: Literal[0, 1] = Field(
+        1,
+        description="E8M0 byte of an all-zero MXFP8 block: 1 = NeMo-RL main's rewrite "
+        "(TRT-LLM rejects 0), 0 = what FlashInfer emits; the codes are 0 either way.",
+    )
+    mxfp8_scale_name: Literal["weight_scale", "weight_scale_from_checkpoint"] | None = Field(
+        None,
+        description="Name of the MXFP8 scale: weight_scale (vLLM's checkpoint loader) or "
+        "weight_scale_from_checkpoint (NeMo-RL main's MXFP8 refit); None = weight_scale in "
+        "the stream, weight_scale_from_checkpoint in the NeMo-RL refit hook.",
+    )
+    max_open_groups: int = Field(
+        2,
+        ge=1,
+        description="Fused groups (q/k/v, gate/up) whose shards the stream may hold at once "
+        "(memory bound); more means the tensors arrive interleaved across layers.",
+    )
+    input_amax_file: str | None = Field(
+        None,
+        description="JSON {module or fused group name: calibrated input amax} for "
+        "nvfp4_w4a4 in the NeMo-RL refit hook (the stream takes input_amax directly).",
+    )
+
+    @field_validator("keep_patterns")
+    @classmethod
+    def _compile_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        return check_regexes(patterns, "keep_patterns")
+
+    @field_validator("block")
+    @classmethod
+    def _positive_block(cls, block: tuple[int, int]) -> tuple[int, int]:
+        if min(block) <= 0:
+            raise ValueError(f"block={block} is invalid: expected two positive ints")
+        return block
+
+    @model_validator(mode="after")
+    def _te_implements_family_c(self) -> RefitConfig:
+        if self.backend == "te" and (self.family != "c" or tuple(self.block) != (128, 128)):
+            raise ValueError(
+                f"backend='te' with family={self.family!r} block={tuple(self.block)} is "
+                "invalid: Transformer Engine implements family 'c' with 128x128 tiles only "
+                "(use backend 'auto' or 'torch' for the others)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _last_layers_need_count(self) -> RefitConfig:
+        if self.num_last_layers_in_bf16 and self.num_layers is None:
+            raise ValueError(
+                f"num_last_layers_in_bf16={self.num_last_layers_in_bf16} needs num_layers "
+                "(the stream sees one tensor at a time and cannot count the layers)"
+            )
+        return self
+
+    @property
+    def weight_block(self) -> tuple[int, int]:
+        """The ``(out, in)`` block of one scale: ``block`` for fp8, else the format's."""
+        fmt = get_format(self.format)
+        return tuple(self.block) if fmt.pads else fmt.block
+
+    def keep_rule(self) -> KeepInBf16:
+        """The keep-in-BF16 rule of this refit (:mod:`nemo_ais.rules.keep_bf16`)."""
+        return KeepInBf16(
+            first_layers=self.num_first_layers_in_bf16,
+            last_layers=self.num_last_layers_in_bf16,
+            num_layers=self.num_layers,
+            patterns=self.keep_patterns,
+            keywords=self.ignored_layer_kws,
+            ignore=self.ignore,
+        )
+
+
+class Fp8SyncConfig(RefitConfig):
+    """:class:`RefitConfig` of a block-FP8 engine (``format`` fixed to ``fp8``)."""
+
+    format: Literal["fp8"] = Field("fp8", description="Block FP8 (W8A8).")
+
+
+class BlockSyncConfig(RefitConfig):
+    """:class:`RefitConfig` of an NVFP4 / MXFP8 engine (default ``nvfp4_w4a16``)."""
+
+    format: Literal["nvfp4_w4a16", "nvfp4_w4a4", "mxfp8"] = Field(
+        "nvfp4_w4a16",
+        description="The engine's weight format: NVFP4 weights with BF16 (w4a16) or NVFP4 "
+        "(w4a4, + input_scale) activations, or MXFP8 (W8A8).",
+    )

@@ -1,0 +1,466 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The refit stream: a BF16 trainer's weights as the tensors vLLM's loader takes, any format.
+
+At every weight sync ("refit") the trainer's unfused HF ``(name, tensor)`` pairs (as
+Megatron-Bridge exports them) become the pairs ``model.load_weights`` of a low-precision
+vLLM engine expects, one tensor at a time. The format record
+(:data:`nemo_ais.formats.registry.FORMATS`) says what a quantized ``<m>.weight [out, in]``
+becomes (:attr:`~nemo_ais.formats.base.Format.refit_pairs`):
+
+* ``fp8``: ``<m>.weight`` float8_e4m3fn ``[out, in]``, ``<m>.weight_scale_inv`` fp32
+  ``[ceil(out/128), ceil(in/128)]`` (vLLM block FP8; ``backend`` picks the quantizer:
+  Transformer Engine when importable, on CUDA and family ``"c"``, else torch);
+* ``nvfp4_w4a16``: ``<m>.weight`` uint8 ``[out, in/2]`` (two E2M1 codes a byte, the even
+  element in the low nibble), ``<m>.weight_scale`` float8_e4m3fn ``[out, in/16]``,
+  ``<m>.weight_scale_2`` fp32 0-dim (``amax / (6 * 448)``);
+* ``nvfp4_w4a4``: the same, then ``<m>.input_scale`` fp32 0-dim (``input_amax / (6 * 448)``,
+  from a calibrated static input amax);
+* ``mxfp8``: ``<m>.weight`` float8_e4m3fn ``[out, in]``, then ``<m>.weight_scale`` (or
+  ``weight_scale_from_checkpoint``, ``mxfp8_scale_name``) uint8 E8M0 ``[out, in/32]``.
+
+1. Plan each tensor (:func:`plan_tensor`): quantize the linear projections (q/k/v/o_proj,
+   gate/up/down_proj, also per MoE expert); keep in BF16, unchanged, embeddings,
+   ``lm_head``, norms, biases and what :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` keeps
+   (MoE routers, ``keep_patterns``, the first/last N decoder layers, NeMo-RL's ``ignore``
+   and ``ignored_layer_kws``): the same rule the twin and the offline check call.
+2. Check tensor parallelism: each rank quantizes its own shard, so the split dim of each
+   rank's shard (out / tp for column-parallel q/k/v/gate/up, in / tp for row-parallel
+   o/down) must be whole and a multiple of the block; a format that cannot pad (all but
+   FP8) also needs the whole in dim of a column-parallel weight to be one.
+3. Formats whose fused vLLM shards share one global scale (NVFP4: vLLM loads q/k/v_proj
+   into one ``qkv_proj``, gate/up_proj into one ``gate_up_proj``, takes the max of
+   ``weight_scale_2`` / ``input_scale`` over them and does not rescale the block scales):
+   the stream holds a group's shards until the last one arrives, then quantizes each with
+   the group's amax and yields them in arrival order. Siblings must agree on quantize/keep.
+4. Non-finite values raise ``ValueError`` naming the tensor, before it is yielded.
+
+Bounded memory: the stream holds at most one tensor's quantized outputs, plus (NVFP4) the
+input shards of at most ``max_open_groups`` fused groups. :class:`RefitStream` is the
+stateful form for a refit that arrives in chunks (one vLLM ``load_weights`` call per
+chunk): :meth:`RefitStream.end_chunk` copies the shards it still holds,
+:meth:`RefitStream.close` refuses an unfinished group. :func:`plan_refit` is the dry run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from nemo_ais.config import require_config
+from nemo_ais.formats.checks import check_amax, check_finite
+from nemo_ais.formats.nvfp4 import nvfp4_global_scale
+from nemo_ais.formats.registry import get_format
+from nemo_ais.refit.config import BlockSyncConfig, Fp8SyncConfig, RefitConfig
+from nemo_ais.rules.vllm_layers import (
+    COLUMN_PARALLEL,
+    fused_shard_group,
+    fused_siblings,
+    projection,
+)
+
+__all__ = [
+    "BLOCK_SYNC_FORMATS",
+    "BlockSyncConfig",
+    "BlockWeightStream",
+    "Fp8SyncConfig",
+    "Fp8SyncPlan",
+    "PlanEntry",
+    "RefitConfig",
+    "RefitPlan",
+    "RefitStream",
+    "block_weight_stream",
+    "fp8_weight_stream",
+    "plan_block_sync",
+    "plan_block_tensor",
+    "plan_fp8_sync",
+    "plan_refit",
+    "plan_tensor",
+    "refit_stream",
+    "scale_name",
+]
+
+BLOCK_SYNC_FORMATS = ("nvfp4_w4a16", "nvfp4_w4a4", "mxfp8")
+_REFUSE_NAN = "refusing to sync NaN/Inf into the engine"
+_NORM_RE = re.compile(r"norm[^.]*\.weight$|\.ln_[^.]*\.weight$")
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One tensor of the dry-run plan: what happens to it, why, and its bytes."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    action: Literal["quantize", "keep"]
+    reason: str
+    bytes_before: int
+    bytes_after: int
+
+
+@dataclass(frozen=True)
+class RefitPlan:
+    """Dry-run report of a weight sync; ``str(plan)`` is a markdown table plus totals."""
+
+    entries: tuple[PlanEntry, ...]
+
+    @property
+    def bytes_before(self) -> int:
+        """Bytes of the tensors as the trainer holds them."""
+        return sum(e.bytes_before for e in self.entries)
+
+    @property
+    def bytes_after(self) -> int:
+        """Bytes sent to the engine (codes + scales, kept tensors unchanged)."""
+        return sum(e.bytes_after for e in self.entries)
+
+    @property
+    def n_quantized(self) -> int:
+        """Number of tensors quantized."""
+        return sum(e.action == "quantize" for e in self.entries)
+
+    def to_markdown(self) -> str:
+        """The plan as a markdown table, one row per tensor, then a totals line."""
+        rows = [
+            "| tensor | shape | dtype | action | reason | bytes before | bytes after |",
+            "|---|---|---|---|---|---:|---:|",
+        ]
+        for e in self.entries:
+            dtype = str(e.dtype).removeprefix("torch.")
+            rows.append(
+                f"| {e.name} | {list(e.shape)} | {dtype} | {e.action} | {e.reason} "
+                f"| {e.bytes_before} | {e.bytes_after} |"
+            )
+        ratio = self.bytes_after / self.bytes_before if self.bytes_before else 1.0
+        rows.append(
+            f"\n{self.n_quantized} of {len(self.entries)} tensors quantized; "
+            f"{self.bytes_before} -> {self.bytes_after} bytes ({ratio:.3f}x)"
+        )
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+
+Fp8SyncPlan = RefitPlan
+
+
+def scale_name(name: str) -> str:
+    """``model.layers.0.self_attn.q_proj.weight`` -> ``...q_proj.weight_scale_inv`` (FP8)."""
+    return name.removesuffix(".weight") + ".weight_scale_inv"
+
+
+def _keep(name: str, shape: tuple[int, ...], config: RefitConfig) -> str | None:
+    """Why ``name`` stays in BF16, or None if it is quantized. Rules in priority order."""
+    checks = (
+        (not config.enabled, f"{config.format} refit disabled"),
+        (not name.endswith(".weight"), "not a weight (bias or buffer)"),
+        ("embed_tokens" in name or "embeddings" in name, "embedding"),
+        ("lm_head" in name, "lm_head"),
+        (_NORM_RE.search(name) is not None, "norm"),
+    )
+    reason = next((why for hit, why in checks if hit), None)
+    if reason is not None:
+        return reason
+    reason = config.keep_rule().reason(name)
+    if reason is not None:
+        return reason
+    if projection(name) is None:
+        return "not a linear projection"
+    if len(shape) != 2:
+        return f"{len(shape)}-D, expected a 2-D [out, in] projection"
+    return None
+
+
+def _check_tp_shard(name: str, shape: tuple[int, ...], config: RefitConfig) -> None:
+    """Each rank's shard: the split dim whole and a multiple of the block (module doc, 2)."""
+    tp, fmt = config.tp_size, get_format(config.format)
+    proj = projection(name)
+    column = proj in COLUMN_PARALLEL
+    for dim in (0, 1):
+        split = tp > 1 and (dim == 0) == column
+        if not split and (fmt.pads or dim == 0):
+            continue
+        size, block = shape[dim], config.weight_block[dim]
+        shard = size / tp if split else size
+        if column and dim == 0 and proj in ("k_proj", "v_proj") and config.head_dim:
+            if size // config.head_dim < tp:  # vLLM replicates KV heads: one head per rank
+                shard = config.head_dim
+        if shard != int(shard) or int(shard) % block:
+            kind = "column" if column else "row"
+            raise ValueError(
+                f"{name}: shape {list(shape)} with tp_size={tp}: {kind}-parallel "
+                f"{'out' if dim == 0 else 'in'} dim {dim} of size {size} gives a per-rank "
+                f"shard of {shard:g}, expected a multiple of the {block} block "
+                f"({config.format} scales blocks of each rank's shard); keep this tensor in "
+                "BF16 (keep_patterns / ignore) or use another tp_size"
+            )
+
+
+def plan_tensor(
+    name: str, shape: Iterable[int], dtype: torch.dtype, config: RefitConfig
+) -> PlanEntry:
+    """Decide quantize/keep for one tensor; checks the TP shard of quantized tensors.
+
+    Raises:
+        ValueError: a quantized tensor whose per-rank shard is not a multiple of the block.
+        TypeError: ``config`` is not a :class:`RefitConfig` (a dict: ``RefitConfig(**d)``).
+    """
+    require_config(config, RefitConfig, "plan_tensor(config)")
+    shape = tuple(int(s) for s in shape)
+    numel = 1
+    for s in shape:
+        numel *= s
+    before = numel * torch.empty((), dtype=dtype).element_size()
+    reason = _keep(name, shape, config)
+    if reason is not None:
+        return PlanEntry(name, shape, dtype, "keep", reason, before, before)
+    _check_tp_shard(name, shape, config)
+    after = get_format(config.format).refit_bytes(numel, shape, config)
+    why = f"linear projection ({config.format})"
+    return PlanEntry(name, shape, dtype, "quantize", why, before, after)
+
+
+def plan_refit(named_tensors: Iterable[tuple[str, torch.Tensor]], config: RefitConfig) -> RefitPlan:
+    """Dry run: the plan of every tensor (tensors may be on the ``meta`` device).
+
+    Raises:
+        ValueError: every TP-shard failure at once, one line per tensor.
+        TypeError: ``config`` is not a :class:`RefitConfig` (a dict: ``RefitConfig(**d)``).
+    """
+    require_config(config, RefitConfig, "plan_refit(config)")
+    entries, errors = [], []
+    for name, tensor in named_tensors:
+        try:
+            entries.append(plan_tensor(name, tensor.shape, tensor.dtype, config))
+        except ValueError as err:
+            errors.append(str(err))
+    if errors:
+        raise ValueError(f"{len(errors)} tensor(s) fail the TP check:\n" + "\n".join(errors))
+    return RefitPlan(tuple(entries))
+
+
+plan_fp8_sync = plan_block_sync = plan_refit
+plan_block_tensor = plan_tensor
+
+
+class RefitStream:
+    """The stream's state across chunks of one refit: fused groups still waiting for shards.
+
+    :meth:`push` one ``(name, tensor)`` at a time (it yields the pairs that are ready),
+    :meth:`end_chunk` when the caller's tensors are about to become invalid (copies the held
+    shards), :meth:`close` at the end of a refit (raises on an unfinished group).
+    :func:`refit_stream` is ``push`` for each pair, then ``close``.
+
+    Args:
+        config: what to quantize and how.
+        input_amax: ``{module or fused group name: calibrated input amax}`` (formats with a
+            static input amax); a module's input amax is the max of its group members'
+            entries and the group's own entry (``...self_attn.q_proj`` or ``...qkv_proj``).
+
+    Raises:
+        TypeError: ``config`` is not a :class:`RefitConfig`.
+        ValueError: an ``input_amax`` value that is not one finite value >= 0.
+    """
+
+    def __init__(
+        self,
+        config: RefitConfig,
+        input_amax: Mapping[str, float | torch.Tensor] | None = None,
+    ) -> None:
+        require_config(config, RefitConfig, f"{type(self).__name__}(config)")
+        self.config = config
+        self.format = get_format(config.format)
+        self.input_amax = {
+            k: check_amax(v, f"input_amax[{k!r}]") for k, v in (input_amax or {}).items()
+        }
+        self._open: dict[str, dict[str, torch.Tensor]] = {}
+
+    @property
+    def open_groups(self) -> dict[str, tuple[str, ...]]:
+        """``{fused group: names of the shards held}`` still waiting for siblings."""
+        return {group: tuple(shards) for group, shards in self._open.items()}
+
+    def plan(self, name: str, tensor: torch.Tensor) -> PlanEntry:
+        """:func:`plan_tensor` for ``tensor`` under this stream's config."""
+        return plan_tensor(name, tensor.shape, tensor.dtype, self.config)
+
+    def push(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """The pairs ``(name, tensor)`` completes: itself kept, its quantized pairs, or a group.
+
+        Raises:
+            ValueError: NaN/Inf (named, count and first index), a TP shard that is not a
+                multiple of the block, fused siblings that disagree on quantize/keep, too
+                many open groups, or (W4A4) no calibrated input amax for the module.
+        """
+        entry = self.plan(name, tensor)
+        if entry.action == "keep":
+            if self.config.check_finite:
+                check_finite(tensor, name, action=_REFUSE_NAN)
+            yield name, tensor
+            return
+        if not self.format.shared_global_scale:
+            pairs = self.format.refit_pairs(name, tensor, self.config)
+            del tensor  # the input is no longer needed by the stream
+            yield from _hand_over(pairs)
+            return
+        siblings = self._check_siblings(name, tensor)
+        group = fused_shard_group(name)
+        held = self._open.setdefault(group, {})
+        held[name] = tensor
+        del tensor
+        if set(held) != set(siblings):
+            self._check_open_groups(group)
+            return
+        shards = self._open.pop(group)
+        amaxes = {shard_name: _amax(t) for shard_name, t in shards.items()}
+        for shard_name, amax in amaxes.items():  # NaN/Inf reach the amax: name the shard
+            check_finite(shards[shard_name], shard_name, amax=amax, action=_REFUSE_NAN)
+        weight_amax = torch.stack(list(amaxes.values())).amax()
+        input_scale = self._input_scale(group, tuple(shards))
+        for shard_name in list(shards):
+            pairs = self.format.refit_pairs(
+                shard_name,
+                shards.pop(shard_name),
+                self.config,
+                weight_amax=weight_amax,
+                input_scale=input_scale,
+            )
+            yield from _hand_over(pairs)
+
+    def end_chunk(self) -> None:
+        """Copy the shards held for open groups (the caller's buffers are about to be reused)."""
+        for shards in self._open.values():
+            for shard_name, t in shards.items():
+                shards[shard_name] = t.clone()
+
+    def close(self) -> None:
+        """End of a refit: raise if a fused group never received all its shards.
+
+        Raises:
+            ValueError: naming each unfinished group, the shards seen and the missing ones.
+        """
+        if not self._open:
+            return
+        lines = [
+            f"{group}: got {sorted(shards)}, missing "
+            f"{sorted(set(fused_siblings(next(iter(shards)))) - set(shards))}"
+            for group, shards in self._open.items()
+        ]
+        self._open.clear()
+        raise ValueError(
+            f"{len(lines)} fused layer(s) incomplete at the end of the refit (NVFP4 shards "
+            "of one vLLM layer share one global scale, so none was sent):\n" + "\n".join(lines)
+        )
+
+    def _check_siblings(self, name: str, tensor: torch.Tensor) -> tuple[str, ...]:
+        siblings = fused_siblings(name)
+        kept = {s: _keep(s, tuple(tensor.shape), self.config) for s in siblings}
+        kept = {s: reason for s, reason in kept.items() if reason is not None}
+        if kept:
+            raise ValueError(
+                f"{name} is quantized but its fused siblings {kept} are kept in BF16: vLLM "
+                f"loads {list(siblings)} as one layer ({fused_shard_group(name)}), quantized "
+                "or not; make the exclusions (ignore, ignored_layer_kws, keep_patterns) "
+                "cover all of them or none"
+            )
+        return siblings
+
+    def _check_open_groups(self, group: str) -> None:
+        if len(self._open) > self.config.max_open_groups:
+            open_now = {g: sorted(s) for g, s in self._open.items()}
+            self._open.pop(group)
+            raise ValueError(
+                f"{len(open_now)} fused layers are open at once ({open_now}), expected at "
+                f"most max_open_groups={self.config.max_open_groups}: the refit interleaves "
+                "the shards of several layers (each is held until its last shard arrives); "
+                "emit each layer's q/k/v and gate/up together or raise max_open_groups"
+            )
+
+    def _input_scale(self, group: str, shards: tuple[str, ...]) -> torch.Tensor | None:
+        if not self.format.static_input_amax:
+            return None
+        keys = [group, *(s.removesuffix(".weight") for s in shards)]
+        found = [self.input_amax[k] for k in keys if k in self.input_amax]
+        if not found:
+            raise ValueError(
+                f"{shards[0]}: {self.config.format} needs the calibrated input amax of one "
+                f"of {keys} (input_amax, or input_amax_file in the refit hook); "
+                "input_scale = amax / (6 * 448)"
+            )
+        return nvfp4_global_scale(torch.stack(found).amax())
+
+
+BlockWeightStream = RefitStream
+
+
+def _hand_over(pairs: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield each pair and drop the stream's reference to it (one quantized tensor alive)."""
+    while pairs:
+        yield pairs.pop(0)
+
+
+def _amax(t: torch.Tensor) -> torch.Tensor:
+    """``max |t|`` as 0-dim fp32 (0 for an empty tensor; NaN/Inf propagate to the quantizer)."""
+    if t.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=t.device)
+    lo, hi = torch.aminmax(t)
+    return torch.maximum(hi, lo.neg()).to(torch.float32)
+
+
+def refit_stream(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    config: RefitConfig,
+    *,
+    input_amax: Mapping[str, float | torch.Tensor] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream ``(name, tensor)`` into vLLM ``load_weights`` pairs (module doc table).
+
+    Args:
+        named_tensors: unfused HF names and full (unsharded) tensors, e.g.
+            ``model.layers.0.self_attn.q_proj.weight`` ``[N, K]`` bf16; MoE experts by
+            per-expert names (``...mlp.experts.3.gate_proj.weight``).
+        config: what to quantize and how.
+        input_amax: calibrated input amax per module or fused group (``nvfp4_w4a4``;
+            :class:`RefitStream`).
+
+    Yields:
+        Kept tensors as ``(name, tensor)`` (the same object); for each quantized weight
+        the pairs of the module doc table; NVFP4: the shards of a fused layer together
+        when its last shard has arrived, sharing one ``weight_scale_2`` / ``input_scale``.
+
+    Raises:
+        ValueError: what :meth:`RefitStream.push` raises (before that tensor is yielded),
+            and at the end a fused layer that never received all its shards.
+        TypeError: at the call, not at the first ``next``: ``config`` is not a
+            :class:`RefitConfig` (a dict: ``RefitConfig(**d)``).
+    """
+    require_config(config, RefitConfig, "refit_stream(config)")
+    return _stream(named_tensors, RefitStream(config, input_amax))
+
+
+def _stream(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], stream: RefitStream
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in named_tensors:
+        yield from stream.push(name, tensor)
+        del tensor
+    stream.close()
+
+
+fp8_weight_stream = block_weight_stream = refit_stream

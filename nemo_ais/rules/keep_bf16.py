@@ -1,0 +1,91 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""Which linear layers stay in BF16: one rule, called by every place that needs to know.
+
+The twin (which modules it quantizes), the refit stream (which tensors it quantizes), the
+vLLM refit patch (through the stream) and the offline check (``nemo_ais.preflight``: which
+linears a block constraint applies to) all ask :meth:`KeepInBf16.reason`, so they cannot
+disagree (veRL #7519: an ignore pattern ``mlp.gate`` also matched ``mlp.gate_up_proj``,
+and rollout ran in BF16 what training treated as FP8). Rules, in priority order, on a HF
+module or parameter name (``model.layers.3.mlp.gate_proj(.weight)``):
+
+1. MoE routers: the module's LAST name part is ``gate``, ``router`` or
+   ``shared_expert_gate`` (a whole part, so ``gate_proj`` / ``gate_up_proj`` are not).
+2. ``patterns``: regexes, ``re.search`` on the module name or the full name.
+3. The first ``first_layers`` and the last ``last_layers`` decoder layers.
+4. ``attention``: every ``self_attn`` projection.
+5. NeMo-RL's exclusion forms: ``keywords``, substrings of the name
+   (``vllm_cfg.quantization_ignored_layer_kws``), and ``ignore``, ModelOpt real-quant
+   fnmatch patterns (``policy.generation.real_quant_ignore``), matched as NeMo-RL matches
+   them: on the name and the name without its parameter suffix, each with the ``model.``
+   prefix added or removed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from nemo_ais.rules.vllm_layers import layer_index
+
+__all__ = ["ROUTER_MODULES", "KeepInBf16", "module_name"]
+
+ROUTER_MODULES = frozenset({"gate", "router", "shared_expert_gate"})
+"""Last name parts of the MoE routers vLLM keeps in BF16."""
+_PARAM_SUFFIXES = (".weight", ".weight_scale", ".weight_scale_2", ".input_scale")
+
+
+def module_name(name: str) -> str:
+    """``...q_proj.weight`` (or a scale of it) -> ``...q_proj``; a module name unchanged."""
+    suffix = next((s for s in _PARAM_SUFFIXES if name.endswith(s)), "")
+    return name.removesuffix(suffix)
+
+
+@dataclass(frozen=True)
+class KeepInBf16:
+    """The exclusions of one rollout (module doc); every field's default keeps nothing."""
+
+    first_layers: int = 0
+    last_layers: int = 0
+    num_layers: int | None = None
+    attention: bool = False
+    patterns: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+
+    def reason(self, name: str) -> str | None:
+        """Why the linear ``name`` (module or parameter) stays in BF16, or None."""
+        module = module_name(name)
+        layer = layer_index(name)
+        last = self.last_layers
+        checks = (
+            (module.rpartition(".")[2] in ROUTER_MODULES, "MoE router"),
+            (self._matches_pattern(module, name), "matches keep_patterns"),
+            (
+                layer is not None and layer < self.first_layers,
+                f"first {self.first_layers} layers in BF16",
+            ),
+            (
+                layer is not None and last > 0 and layer >= (self.num_layers or 0) - last,
+                f"last {last} layers in BF16",
+            ),
+            (self.attention and ".self_attn." in f".{module}.", "attention_in_bf16"),
+        )
+        return next((why for hit, why in checks if hit), None) or self.ignored(name)
+
+    def keeps(self, name: str) -> bool:
+        """``reason(name) is not None``."""
+        return self.reason(name) is not None
+
+    def _matches_pattern(self, module: str, name: str) -> bool:
+        return any(re.search(p, module) or re.search(p, name) for p in self.patterns)
+
+    def ignored(self, name: str) -> str | None:
+        """The ``keywords`` / ``ignore`` entry ``name`` matches (rule 5, NeMo-RL's), else None."""
+        kw = next((k for k in self.keywords if k in name), None)
+        if kw is not None:
+            return f"ignored_layer_kws {kw!r}"
+        toggled = name.removeprefix("model.") if name.startswith("model.") else f"model.{name}"
+        candidates = {n for base in (name, toggled) for n in (base, module_name(base))}
+        hit = next((p for p in self.ignore if any(fnmatchcase(c, p) for c in candidates)), None)
+        return None if hit is None else f"ignore {hit!r}"

@@ -1,0 +1,46 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""NeMo-RL ``loss_fn`` options that AIS replaces: one table for the loss and the offline check."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["AIS_CONFLICTS", "ais_conflicts"]
+
+# NeMo-RL loss_fn options that must stay at their "off" value when loss_fn.ais.mode is not
+# none: (off value, why). With mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged.
+# The one table for both this offline check and nemo_ais.nemo_rl.loss.AISLossConfig.
+# (use_cispo, sequence_level_importance_ratios, use_on_policy_kl_approximation and
+# positive_example_nll_weight are core's: nemo_ais.config.PGLossConfig validates them.)
+_AIS_CONFLICT_TABLE: dict[str, tuple[Any, str]] = {
+    "use_importance_sampling_correction": (
+        False,
+        "AIS is itself the importance-sampling correction; enabling both weights the loss twice",
+    ),
+    "truncated_importance_sampling_type": (
+        None,
+        "AIS replaces NeMo-RL's truncated IS; use loss_fn.ais.mode (tis, icepop, seq_mask_geo)",
+    ),
+    "force_on_policy_ratio": (False, "AIS needs prev_logprobs, which this option skips"),
+}
+AIS_CONFLICTS: dict[str, Any] = {knob: off for knob, (off, _) in _AIS_CONFLICT_TABLE.items()}
+"""NeMo-RL ``loss_fn`` option -> the value it must keep when ``loss_fn.ais.mode`` is not none."""
+
+
+def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
+    """One message per NeMo-RL ``loss_fn`` option that conflicts with ``loss_fn.ais.mode``.
+
+    Args:
+        loss_fn: the ``loss_fn`` section (absent keys count as off).
+        mode: the validated ``loss_fn.ais.mode``; ``"none"`` conflicts with nothing.
+    """
+    if mode == "none":
+        return []
+    return [
+        f"loss_fn.{knob}={loss_fn[knob]!r} conflicts with loss_fn.ais.mode={mode!r}: {why} "
+        f"(set loss_fn.{knob}: {'null' if off is None else str(off).lower()}, or "
+        "loss_fn.ais.mode: none to use NeMo-RL's own loss)"
+        for knob, (off, why) in _AIS_CONFLICT_TABLE.items()
+        if loss_fn.get(knob, off) != off
+    ]

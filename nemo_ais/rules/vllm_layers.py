@@ -1,0 +1,64 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""vLLM's view of a HF parameter name: its decoder layer, its projection, its fused layer.
+
+vLLM loads q/k/v_proj into one ``qkv_proj`` and gate/up_proj (also each expert's) into
+one ``gate_up_proj``: column-parallel layers (out dim split over TP ranks), while
+``o_proj`` and ``down_proj`` are row-parallel (in dim split). A HF model that is already
+fused (Phi-3: ``qkv_proj``, ``gate_up_proj``) names the fused layer itself.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "COLUMN_PARALLEL",
+    "ROW_PARALLEL",
+    "fused_shard_group",
+    "fused_siblings",
+    "layer_index",
+    "projection",
+]
+
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "qkv_proj", "gate_up_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_FUSED_OF = {shard: fused for fused, shards in _FUSED.items() for shard in shards}
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def layer_index(name: str) -> int | None:
+    """The decoder layer of ``model.layers.3.mlp.up_proj.weight`` (3), else None."""
+    match = _LAYER_RE.search(name)
+    return int(match.group(1)) if match else None
+
+
+def projection(name: str) -> str | None:
+    """The linear projection a ``*.weight`` belongs to (``q_proj`` ...), else None."""
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in COLUMN_PARALLEL + ROW_PARALLEL:
+        return parts[-2]
+    return None
+
+
+def fused_shard_group(name: str) -> str:
+    """The fused vLLM layer a module or weight name belongs to (itself if none).
+
+    ``model.layers.3.self_attn.k_proj(.weight)`` -> ``model.layers.3.self_attn.qkv_proj``;
+    ``...mlp.up_proj`` -> ``...mlp.gate_up_proj``; anything else -> ``name`` (weight
+    suffix removed).
+    """
+    module = name.removesuffix(".weight")
+    prefix, _, leaf = module.rpartition(".")
+    if not prefix or leaf not in _FUSED_OF:
+        return module
+    return f"{prefix}.{_FUSED_OF[leaf]}"
+
+
+def fused_siblings(name: str) -> tuple[str, ...]:
+    """The weight names of ``name``'s fused vLLM layer, ``name`` included (itself if none)."""
+    proj = projection(name)
+    if proj not in _FUSED_OF:
+        return (name,)
+    prefix = name.removesuffix(f"{proj}.weight")
+    return tuple(f"{prefix}{p}.weight" for p in _FUSED[_FUSED_OF[proj]])

@@ -1,0 +1,111 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The keep-in-BF16 rule exists once: the twin, the refit stream, the vLLM refit patch and
+the offline check agree on every layer, including a name a naive prefix match misjudges.
+
+veRL #7519: an ignore pattern ``mlp.gate`` (the MoE router) also matched
+``mlp.gate_up_proj`` (a fused MLP linear, as Phi-3 names it), so rollout ran in BF16 what
+training treated as quantized. Here NeMo-RL's NVFP4 exclusion ``*mlp.gate`` plus attention
+must keep the router, ``shared_expert_gate`` and q/o_proj in BF16 and quantize
+``gate_up_proj`` and ``down_proj``, in all four places.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from nemo_ais.nemo_rl import refit_block
+from nemo_ais.preflight.checks.formats import kept_in_bf16
+from nemo_ais.refit.stream import BlockSyncConfig, RefitStream, plan_refit
+from nemo_ais.rollout.config import RolloutPrecisionConfig
+from nemo_ais.rollout.modules import quantized_module_names
+from nemo_ais.rules.keep_bf16 import KeepInBf16
+
+N_LAYERS, K = 2, 32
+LEAVES = (
+    "self_attn.q_proj",
+    "self_attn.o_proj",
+    "mlp.gate",  # the MoE router
+    "mlp.shared_expert_gate",  # the shared expert's router
+    "mlp.gate_up_proj",  # a fused MLP linear: "mlp.gate" is a prefix of its name
+    "mlp.down_proj",
+)
+MODULES = [f"model.layers.{i}.{leaf}" for i in range(N_LAYERS) for leaf in LEAVES]
+KEPT = {m for m in MODULES if m.endswith(("q_proj", "o_proj", "mlp.gate", "expert_gate"))}
+IGNORE = ("*mlp.gate", "*self_attn*")  # NeMo-RL's NVFP4 default has both
+
+
+def _twin_model() -> nn.Module:
+    root = nn.Module()
+    for name in MODULES:
+        *path, leaf = name.split(".")
+        parent = root
+        for part in path:
+            if not hasattr(parent, part):
+                parent.add_module(part, nn.Module())
+            parent = getattr(parent, part)
+        parent.add_module(leaf, nn.Linear(K, K, bias=False))
+    root.config = SimpleNamespace(num_hidden_layers=N_LAYERS)
+    return root
+
+
+def _twin_kept() -> set[str]:
+    config = RolloutPrecisionConfig(format="nvfp4_w4a16", attention_in_bf16=True)
+    return set(MODULES) - set(quantized_module_names(_twin_model(), config))
+
+
+def _stream_kept() -> set[str]:
+    weights = [(f"{m}.weight", torch.empty(K, K, device="meta")) for m in MODULES]
+    plan = plan_refit(weights, BlockSyncConfig(ignore=IGNORE))
+    return {e.name.removesuffix(".weight") for e in plan.entries if e.action == "keep"}
+
+
+def _patch_kept() -> set[str]:
+    """The patch refuses a layer the engine holds in NVFP4 that the stream keeps in BF16."""
+    kept = set()
+    for m in MODULES:
+        stream = RefitStream(BlockSyncConfig(ignore=IGNORE))
+        pairs = [(f"{m}.weight", torch.ones(K, K))]
+        try:
+            list(refit_block.refit_block_pairs(pairs, lambda name: True, stream))
+        except ValueError as err:
+            assert "would keep it in BF16" in str(err), err
+            kept.add(m)
+    return kept
+
+
+def _offline_kept() -> set[str]:
+    cfg = {
+        "policy": {
+            "generation": {
+                "real_quant": True,
+                "quant_cfg": "examples/modelopt/quant_configs/nvfp4_a16.yaml",
+                "real_quant_ignore": list(IGNORE),
+            }
+        }
+    }
+    keeps = kept_in_bf16(cfg, N_LAYERS)
+    return {m for m in MODULES if keeps(int(m.split(".")[2]), m)}
+
+
+@pytest.mark.parametrize(
+    "consumer", [_twin_kept, _stream_kept, _patch_kept, _offline_kept], ids=lambda f: f.__name__
+)
+def test_every_consumer_keeps_exactly_the_same_layers(consumer):
+    kept = consumer()
+    assert kept == KEPT, f"kept {sorted(kept - KEPT)} wrongly, quantized {sorted(KEPT - kept)}"
+
+
+def test_a_prefix_is_not_a_match():
+    rule = KeepInBf16(ignore=("*mlp.gate",), patterns=(r"mlp\.gate\b",))
+    assert rule.reason("model.layers.0.mlp.gate") == "MoE router"
+    assert rule.reason("model.layers.0.mlp.gate.weight") == "MoE router"
+    assert rule.reason("model.layers.0.mlp.gate_up_proj.weight") is None
+    assert rule.reason("model.layers.0.mlp.gate_proj") is None
+    # NeMo-RL's keyword form IS a substring match (the engine does it): reported as such
+    assert KeepInBf16(keywords=("mlp.gate",)).reason("model.layers.0.mlp.gate_up_proj") == (
+        "ignored_layer_kws 'mlp.gate'"
+    )
