@@ -89,13 +89,18 @@ from nemo_ais.preflight import (  # noqa: E402
     fp8_kv_refit_problems,
     rollout_format_problems,
 )
+from nemo_ais.preflight.checks.formats import kept_in_bf16, rollout_format  # noqa: E402
 from nemo_ais.preflight.loader import get  # noqa: E402
+from nemo_ais.preflight.model_shapes import resolve_model_shape  # noqa: E402
+from nemo_ais.rules.native_kernels import NATIVE_KERNELS  # noqa: E402
 
 __all__ = [
     "ais_worker_fqn",
+    "check_engines_after_first_refit",
     "configure_block_refit",
     "configure_fp8_refit",
     "configure_kv_calibration",
+    "engine_keep_rule",
     "ensure_worker_pythonpath",
     "load_config_dict",
     "main",
@@ -105,6 +110,7 @@ __all__ = [
     "refit_transport_problems",
     "register_ais_workers",
     "require_fp8_refit_active",
+    "require_native_kernels",
     "swap_loss",
     "validate_ais",
 ]
@@ -307,6 +313,87 @@ def require_fp8_refit_active(config: Any, policy_generation: Any) -> None:
     ais_refit.require_active(policy_generation)
 
 
+def require_native_kernels(config: Any, raw: dict[str, Any], policy_generation: Any) -> str:
+    """After ``setup()``: stop if the engines' GPUs cannot run the rollout format as named.
+
+    vLLM only logs a kernel fallback (W4A4 on Hopper runs W4A16, :mod:`nemo_ais.rules.
+    native_kernels`); :func:`nemo_ais.nemo_rl.engine_report.require_native_gpu` asks every
+    vLLM worker process for its GPU and raises naming the format, each GPU and its compute
+    capability. With ``vllm_cfg.async_engine`` the workers are not asked (a WARNING says so).
+
+    Returns:
+        The config's rollout format (``nemo_ais.preflight.rollout_format``).
+    """
+    from nemo_ais.nemo_rl import engine_report
+
+    fmt = rollout_format(raw)
+    if fmt not in NATIVE_KERNELS:
+        return fmt
+    if (config.policy["generation"].get("vllm_cfg") or {}).get("async_engine", False):
+        engine_report.logger.warning(
+            "nemo_ais: vllm_cfg.async_engine=true: the vLLM workers' GPUs and layer formats "
+            "are not checked against rollout format %s",
+            fmt,
+        )
+        return fmt
+    engine_report.require_native_gpu(policy_generation, fmt)
+    return fmt
+
+
+def engine_keep_rule(raw: dict[str, Any], refit_cfg: Any) -> Any:
+    """The keep-in-BF16 rule the engines must match: the AIS refit's, else NeMo-RL's."""
+    if refit_cfg is not None:
+        return refit_cfg.keep_rule().keeps
+    shape = resolve_model_shape(str(get(raw, "policy.model_name", ""))).shape
+    rule = kept_in_bf16(raw, shape.num_layers if shape is not None else 0)
+    return lambda name: rule(None, name)
+
+
+def check_engines_after_first_refit(
+    grpo_module: Any,
+    raw: dict[str, Any],
+    policy_generation: Any,
+    refit_cfg: Any,
+    nemo_rl_version: str,
+) -> None:
+    """After the first refit, every layer of every engine must hold what the run quantizes.
+
+    Wraps ``grpo_module.refit_policy_generation`` (both NeMo-RL versions' ``grpo_train``
+    look it up there at each call): the first call refits, then
+    :func:`nemo_ais.nemo_rl.engine_report.require_engine_formats` compares each vLLM
+    layer's quant method and kernel with the run's keep-in-BF16 rule
+    (:func:`engine_keep_rule`) and raises naming every layer that differs, before the first
+    rollout trains anything; later calls only refit.
+    """
+    from nemo_ais.nemo_rl import engine_report
+
+    fmt = rollout_format(raw)
+    if fmt not in NATIVE_KERNELS:
+        return
+    real = grpo_module.refit_policy_generation
+    rule = engine_keep_rule(raw, refit_cfg)
+    checked = False
+
+    def refit_then_check(*args: Any, **kwargs: Any) -> Any:
+        nonlocal checked
+        out = real(*args, **kwargs)
+        if not checked:
+            checked = True
+            reports = engine_report.require_engine_formats(
+                policy_generation, fmt, rule, nemo_rl_version=nemo_rl_version
+            )
+            engine_report.logger.warning(
+                "nemo_ais: after the first refit %d vLLM worker processes hold %s as the run "
+                "quantizes it",
+                len(reports),
+                fmt,
+            )
+        return out
+
+    refit_then_check.__wrapped__ = real  # type: ignore[attr-defined]
+    grpo_module.refit_policy_generation = refit_then_check
+
+
 def refit_transport_problems(config: dict[str, Any]) -> list[str]:
     """``policy.generation.refit_transport`` (main) other than the default, with FP8 rollouts.
 
@@ -428,6 +515,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     if refit is not None or block_refit is not None:  # every vLLM worker refits through
         require_fp8_refit_active(config, policy_generation)  # nemo_ais.fp8, or stop here
+    if require_native_kernels(config, raw, policy_generation) in NATIVE_KERNELS:
+        check_engines_after_first_refit(
+            grpo, raw, policy_generation, refit or block_refit, version.name
+        )
     loss_fn = swap_loss(loss_fn, ais_cfg)
 
     async_cfg = compat.grpo_option(config, "async_grpo") or {}

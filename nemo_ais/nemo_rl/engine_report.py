@@ -33,11 +33,14 @@ expert stack is reported once.
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
+
+from nemo_ais.rules.native_kernels import NATIVE_KERNELS, NativeKernel
+from nemo_ais.rules.vllm_layers import fused_parts, layer_index
 
 __all__ = [
     "NATIVE_KERNELS",
@@ -51,30 +54,10 @@ __all__ = [
     "held_format",
     "require_engine_formats",
     "require_native_gpu",
-    "trainer_names",
 ]
 
 
-class NativeKernel(NamedTuple):
-    """The GPU a rollout format needs to run as named (activations quantized too)."""
-
-    min_capability: tuple[int, int]
-    gpus: str  # in words, for the message
-    fallback: str  # what vLLM runs below it
-
-
-NATIVE_KERNELS: dict[str, NativeKernel] = {
-    "fp8": NativeKernel((8, 9), "Ada or Hopper and newer", "weight-only Marlin FP8 (W8A16)"),
-    "mxfp8": NativeKernel(
-        (10, 0),
-        "Blackwell (SM100)",
-        "weight-only Marlin MXFP8 (W8A16), which NeMo-RL main's MXFP8 refit refuses",
-    ),
-    "nvfp4_w4a4": NativeKernel(
-        (10, 0), "Blackwell (SM100)", "weight-only Marlin NVFP4 (W4A16), input_scale unused"
-    ),
-    "nvfp4_w4a16": NativeKernel((7, 5), "Turing and newer (Marlin)", "none"),
-}
+logger = logging.getLogger(__name__)
 
 # held formats whose activations stay in BF16 although the method's format quantizes them
 _WEIGHT_ONLY = {"fp8": "fp8_weight_only", "mxfp8": "mxfp8_weight_only", "nvfp4": "nvfp4_w4a16"}
@@ -196,10 +179,9 @@ def gpu_problems(rollout_format: str, reports: Iterable[EngineLayers]) -> list[s
     need = NATIVE_KERNELS.get(rollout_format)
     if need is None:
         return []
-    want = ".".join(map(str, need.min_capability))
     return [
         f"vLLM process {r.pid} on {r.host}: rollout format {rollout_format} needs a GPU of "
-        f"compute capability >= {want} ({need.gpus}); {r.device or 'no GPU'} has "
+        f"compute capability >= {need.min_text} ({need.gpus}); {r.device or 'no GPU'} has "
         f"{'.'.join(map(str, r.capability)) if r.capability else 'none'}, where vLLM runs "
         f"{need.fallback} instead"
         for r in reports
@@ -223,25 +205,6 @@ def require_native_gpu(policy_generation: Any, rollout_format: str) -> list[Engi
     return reports
 
 
-_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def trainer_names(vllm_name: str) -> tuple[str, ...]:
-    """The Hugging Face module names a vLLM module holds (fused projections split)."""
-    head, _, last = vllm_name.rpartition(".")
-    parts = _FUSED.get(last)
-    if parts is None:
-        return (vllm_name,)
-    return tuple(f"{head}.{p}" if head else p for p in parts)
-
-
-def layer_index(name: str) -> int | None:
-    """The decoder layer of a module name (None outside the decoder layers)."""
-    hit = _LAYER_RE.search(name)
-    return None if hit is None else int(hit.group(1))
-
-
 def expects_bf16(kept_in_bf16: Callable[[str], bool], vllm_name: str) -> bool:
     """Whether the run keeps the vLLM module ``vllm_name`` in BF16.
 
@@ -250,7 +213,7 @@ def expects_bf16(kept_in_bf16: Callable[[str], bool], vllm_name: str) -> bool:
     """
     if layer_index(vllm_name) is None:
         return True
-    return all(kept_in_bf16(n) for n in trainer_names(vllm_name))
+    return all(kept_in_bf16(n) for n in fused_parts(vllm_name))
 
 
 def format_problems(

@@ -90,6 +90,7 @@ from nemo_ais.preflight.checks import (
 from nemo_ais.preflight.checks.formats import (
     MXFP8_BLOCK,
     NVFP4_BLOCK,
+    is_moe,
     quantized_linears,
     rollout_format,
     rollout_format_problems,
@@ -157,6 +158,7 @@ __all__ = [
     "get",
     "has",
     "is_mixin",
+    "is_moe",
     "load_config",
     "load_config_fallback",
     "main",

@@ -5,4 +5,5 @@
   stream, the vLLM refit patch and ``nemo_ais.preflight`` call.
 * :mod:`.vllm_layers` -- vLLM's view of HF names: decoder layer, projection, fused group.
 * :mod:`.config_keys` -- dotted-key lookup in a NeMo-RL config mapping.
+* :mod:`.native_kernels` -- the GPU each rollout format needs to run as named.
 """

@@ -14,6 +14,7 @@ import re
 __all__ = [
     "COLUMN_PARALLEL",
     "ROW_PARALLEL",
+    "fused_parts",
     "fused_shard_group",
     "fused_siblings",
     "layer_index",
@@ -62,3 +63,12 @@ def fused_siblings(name: str) -> tuple[str, ...]:
         return (name,)
     prefix = name.removesuffix(f"{proj}.weight")
     return tuple(f"{prefix}{p}.weight" for p in _FUSED[_FUSED_OF[proj]])
+
+
+def fused_parts(module: str) -> tuple[str, ...]:
+    """The HF module names a vLLM module holds: ``...qkv_proj`` -> its q, k and v_proj."""
+    prefix, _, leaf = module.rpartition(".")
+    parts = _FUSED.get(leaf)
+    if parts is None:
+        return (module,)
+    return tuple(f"{prefix}.{p}" if prefix else p for p in parts)

@@ -207,8 +207,15 @@ class _WorkerGroup:
 
 # what a fresh vLLM worker process answers, per environment (PYTHONPATH, refit JSON)
 _WORKER_ANSWERS: dict[tuple[str, str], bytes] = {}
+# The engine's GPU, as CUDA would report it in a vLLM worker (stood in: this machine has
+# none): ENGINE_GPU[0] is the name and compute capability every engine process reports.
+ENGINE_GPU = [("NVIDIA H100 80GB HBM3", (9, 0))]
 _RUN_IN_WORKER = (
-    "import pickle, sys; fn = pickle.loads(sys.stdin.buffer.read()); "
+    "import os, pickle, sys, torch; name, cc = pickle.loads(bytes.fromhex(os.environ["
+    "'STANDIN_CUDA_DEVICE'])); torch.cuda.is_available = lambda: True; "
+    "torch.cuda.get_device_name = lambda *a: name; "
+    "torch.cuda.get_device_capability = lambda *a: cc; "
+    "fn = pickle.loads(sys.stdin.buffer.read()); "
     "sys.stdout.buffer.write(pickle.dumps(fn(None)))"
 )
 
@@ -216,7 +223,8 @@ _RUN_IN_WORKER = (
 class _EngineWorkerProcess:
     """vLLM's ``LLM.collective_rpc(callable)`` (one engine worker): runs the callable in a
     fresh interpreter started with the driver's environment at that moment, which is what
-    ``init_ray`` hands every Ray worker (the vLLM worker processes inherit it)."""
+    ``init_ray`` hands every Ray worker (the vLLM worker processes inherit it), where
+    ``torch.cuda`` reports :data:`ENGINE_GPU` (the one thing stood in there)."""
 
     def __init__(self, calls: list) -> None:
         self.calls = calls
@@ -226,7 +234,13 @@ class _EngineWorkerProcess:
         self.calls.append(("collective_rpc", method.__qualname__))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([env.get("PYTHONPATH", ""), str(REPO_ROOT)])
-        key = (env["PYTHONPATH"], env.get("NEMO_AIS_FP8_REFIT", ""), pickle.dumps(method))
+        env["STANDIN_CUDA_DEVICE"] = pickle.dumps(ENGINE_GPU[0]).hex()
+        key = (
+            env["PYTHONPATH"],
+            env.get("NEMO_AIS_FP8_REFIT", ""),
+            pickle.dumps(method),
+            env["STANDIN_CUDA_DEVICE"],
+        )
         if key not in _WORKER_ANSWERS:
             out = subprocess.run(
                 [sys.executable, "-c", _RUN_IN_WORKER],

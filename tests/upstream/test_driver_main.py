@@ -29,6 +29,7 @@ import copy
 import os
 from pathlib import Path
 
+import _ray_boundary
 import pytest
 from _ray_boundary import ActorBoundary, DriverBoundary, Tokenizer, tiny_datasets
 from nemo_rl.algorithms import grpo
@@ -38,6 +39,8 @@ from nemo_rl_version import NEMO_RL, per_version
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS, configs_for, launcher
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
+from nemo_ais.preflight.checks.formats import rollout_format
+from nemo_ais.rules.native_kernels import HOPPER, NATIVE_KERNELS
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -80,6 +83,9 @@ def driver(monkeypatch, tmp_path, local_ray):
 
     monkeypatch.setattr(run, "load_config_dict", load_config_dict)
     monkeypatch.setattr(grpo, "setup", setup)
+    # main() wraps grpo.refit_policy_generation (the first-refit engine check): restored
+    monkeypatch.setattr(grpo, "refit_policy_generation", grpo.refit_policy_generation)
+    monkeypatch.setattr(_ray_boundary, "ENGINE_GPU", [H100])
     # main() edits the worker environment; restore it after each test.
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("NEMO_AIS_FP8_REFIT", "")  # recorded: removed at teardown
@@ -88,6 +94,16 @@ def driver(monkeypatch, tmp_path, local_ray):
     monkeypatch.delenv("NEMO_AIS_BLOCK_REFIT")
     monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
     return d
+
+
+H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
+B200 = ("NVIDIA B200", (10, 0))
+
+
+def _gpu_for(raw) -> tuple[str, tuple[int, int]]:
+    """The GPU a config's header names: B200 for the formats Hopper cannot run, else H100."""
+    need = NATIVE_KERNELS.get(rollout_format(raw))
+    return B200 if need is not None and need.min_capability > HOPPER else H100
 
 
 def _rel(path: Path) -> str:
@@ -104,6 +120,7 @@ def test_every_shipped_full_config_is_driven():
 def test_main_reaches_setup_and_trains_with_upstreams_driver_code(driver, path):
     raw = run.load_config_dict(str(path), [])
     ais_cfg = run.validate_ais(raw)
+    _ray_boundary.ENGINE_GPU[0] = _gpu_for(raw)
 
     run.main(["--config", str(path)])
 
@@ -235,6 +252,41 @@ def test_a_vllm_worker_without_the_fp8_refit_stops_main_before_training(driver, 
     with pytest.raises(RuntimeError, match=r"generation worker 0, vLLM process \d+ on .*: "):
         run.main(["--config", str(path)])
     assert "grpo_train" not in driver.names()
+
+
+def test_a_w4a4_or_mxfp8_rollout_on_hopper_stops_main_before_training(driver):
+    # vLLM would run the NVFP4 W4A4 arm as W4A16 (Marlin) on an H100, silently: the
+    # engines' GPUs are asked after setup() and main() stops, naming format and GPU
+    # (v0.7.0 has neither format: refused before Ray, as test_setup_real.py checks)
+    refused = per_version(
+        v0_7_0=(ValueError, "needs NeMo-RL main"), main=(RuntimeError, "natively")
+    )
+    for name in ("qwen3_8b_nvfp4_w4a4_ais.yaml", "qwen3_8b_mxfp8_ais.yaml"):
+        driver.events.clear()
+        with pytest.raises(refused[0], match=refused[1]) as err:
+            run.main(["--config", str(CONFIG_DIR / "experiments" / name)])
+        assert "grpo_train" not in driver.names()
+        if NEMO_RL == "main":
+            assert "NVIDIA H100 80GB HBM3 has 9.0" in str(err.value)
+            assert "compute capability >= 10.0" in str(err.value)
+            assert driver.names()[-1] == "setup"  # after setup(), before any training
+
+
+def test_after_the_first_refit_main_checks_every_engine_layer_once(driver, monkeypatch):
+    refits = []
+    monkeypatch.setattr(
+        grpo, "refit_policy_generation", lambda *a, **k: refits.append(len(refits)) or {}
+    )
+    run.main(["--config", str(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml")])
+    wrapped = grpo.refit_policy_generation
+    assert wrapped.__wrapped__ is not None  # installed by main(), around upstream's name
+    generation = driver.events[-1 - len(AFTER_TRAINING)][1]["args"][1]
+    before = list(generation.calls)
+    wrapped("policy", generation, True)  # grpo_train's first refit
+    wrapped("policy", generation, True)
+    assert refits == [0, 1]
+    asked = [c for c in generation.calls[len(before) :] if c[0] == "__ray_call__"]
+    assert asked == [("__ray_call__", "_engine_layers_all")]  # after the first refit only
 
 
 def test_bypass_makes_upstreams_grpo_train_skip_the_prev_logprobs_forward(driver):

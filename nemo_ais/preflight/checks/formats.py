@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
-from nemo_ais.preflight.model_shapes import ModelShape
+from nemo_ais.preflight.model_shapes import ModelShape, find_model_shape
 from nemo_ais.preflight.nemo_rl_target import (
     NEMO_RL_VERSIONS,
     ROLLOUT_FORMATS,
@@ -55,6 +55,7 @@ from nemo_ais.preflight.nemo_rl_target import (
     target_from_version,
 )
 from nemo_ais.rules.keep_bf16 import KeepInBf16
+from nemo_ais.rules.native_kernels import HOPPER, NATIVE_KERNELS
 
 __all__ = [
     "MXFP8_BLOCK",
@@ -63,6 +64,7 @@ __all__ = [
     "NVFP4_QUANT_CFG_MODES",
     "WEIGHT_BYTES",
     "QuantizedLinear",
+    "is_moe",
     "kept_in_bf16",
     "quantized_linears",
     "rollout_format",
@@ -191,7 +193,51 @@ def rollout_format_problems(cfg: Mapping[str, Any], nemo_rl_version: str) -> lis
         ValueError: ``nemo_rl_version`` is not a supported version name.
     """
     target = target_from_version(nemo_rl_version)
-    return _version_problems(cfg, target) + _nvfp4_transport_problems(cfg)
+    return (
+        _version_problems(cfg, target)
+        + _nvfp4_transport_problems(cfg)
+        + _nvfp4_moe_refit_problems(cfg, nemo_rl_version)
+    )
+
+
+def is_moe(cfg: Mapping[str, Any]) -> bool:
+    """The policy is a mixture of experts: a known MoE model, or expert parallelism set."""
+    shape = find_model_shape(str(get(cfg, "policy.model_name", "")))
+    ep = get(cfg, "policy.megatron_cfg.expert_model_parallel_size", 1) or 1
+    return bool(shape is not None and shape.num_experts) or int(ep) > 1
+
+
+def _nvfp4_moe_refit_problems(cfg: Mapping[str, Any], version: str) -> list[str]:
+    """v0.7.0 re-processes only dense NVFP4 layers after a refit: no NVFP4 MoE refit there."""
+    refit = get(cfg, "ais_nvfp4_refit") or {}
+    if version != "v0.7.0" or not refit.get("enabled", True) or not get(cfg, "ais_nvfp4_refit"):
+        return []
+    if not is_moe(cfg):
+        return []
+    return [
+        f"ais_nvfp4_refit with an MoE policy ({get(cfg, 'policy.model_name')!r}) is invalid on "
+        "NeMo-RL v0.7.0: its ModelOpt reload re-processes dense NVFP4 layers only, so the "
+        "experts would keep their first weights after every refit; expected NeMo-RL main, "
+        "or a dense model"
+    ]
+
+
+@check("rollout_gpu")
+def check_rollout_gpu(ctx: Context) -> Verdict | None:
+    """The GPU generation the rollout format needs (the configs target Hopper): a warning."""
+    fmt = rollout_format(ctx.cfg)
+    need = NATIVE_KERNELS.get(fmt)
+    if need is None:
+        return None
+    if need.min_capability <= HOPPER:
+        return Verdict(detail=f"{fmt} runs natively from compute capability {need.min_text}")
+    return Verdict(
+        warnings=[
+            f"{_selector(ctx.cfg, fmt)} ({fmt}) needs GPUs of compute capability >= "
+            f"{need.min_text} ({need.gpus}); on H100 / H200 (9.0) vLLM runs {need.fallback} "
+            "instead, and the launcher refuses that when the engines start"
+        ]
+    )
 
 
 @check("rollout_format")
@@ -306,6 +352,13 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
         )
         return Verdict(problems)
     problems += _real_quant_problems(ctx)
+    if ctx.nemo_rl is not None and "nvfp4_w4a4" not in ctx.nemo_rl.formats:  # v0.7.0's reload
+        problems += _nvfp4_moe_refit_problems(ctx.cfg, "v0.7.0")
+    elif ctx.nemo_rl is None and _nvfp4_moe_refit_problems(ctx.cfg, "v0.7.0"):
+        warnings.append(
+            "ais_nvfp4_refit with an MoE policy needs NeMo-RL main (v0.7.0 re-processes dense "
+            f"NVFP4 layers only after a refit); {ctx.nemo_rl_detail}: not checked"
+        )
     mode = _nvfp4_mode(ctx.cfg)
     if mode is None and quant_cfg:
         warnings.append(

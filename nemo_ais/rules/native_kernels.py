@@ -1,0 +1,49 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The GPU each rollout format needs to run as named, and what vLLM runs below it.
+
+vLLM picks a layer's kernel when it builds the engine and only logs a fallback (read from
+vLLM 0.20.0, NeMo-RL v0.7.0's pin, and 0.25.1, main's): ModelOpt NVFP4 linear layers take
+the first supported of FlashInfer-CUTLASS / CUTLASS (compute capability >= 10.0) and
+Marlin (>= 7.5, weight-only W4A16: the ``input_scale`` is folded away and never used);
+NVFP4 experts likewise (backend ``MARLIN``, expert input scales dropped). MXFP8 (NeMo-RL
+main's ``is_mx``) needs FlashInfer's SM100 kernel, and main's MXFP8 refit refuses any
+other. Blockwise FP8 runs CUTLASS / DeepGEMM from 9.0, Triton W8A8 on 8.9 and weight-only
+Marlin below. Torch-free: the runtime check (``nemo_ais.nemo_rl.engine_report``) and the
+offline check (``nemo_ais.preflight``) both read this table.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["HOPPER", "NATIVE_KERNELS", "NativeKernel"]
+
+HOPPER = (9, 0)
+"""H100 / H200, the GPU the shipped cluster configs target."""
+
+
+class NativeKernel(NamedTuple):
+    """The GPU a rollout format needs to run as named (its activations quantized too)."""
+
+    min_capability: tuple[int, int]
+    gpus: str  # in words, for messages
+    fallback: str  # what vLLM runs below min_capability
+
+    @property
+    def min_text(self) -> str:
+        """``10.0``."""
+        return ".".join(map(str, self.min_capability))
+
+
+NATIVE_KERNELS: dict[str, NativeKernel] = {
+    "fp8": NativeKernel((8, 9), "Ada, Hopper or newer", "weight-only Marlin FP8 (W8A16)"),
+    "mxfp8": NativeKernel(
+        (10, 0),
+        "Blackwell (SM100)",
+        "weight-only Marlin MXFP8 (W8A16), which NeMo-RL main's MXFP8 refit refuses",
+    ),
+    "nvfp4_w4a4": NativeKernel(
+        (10, 0), "Blackwell (SM100)", "weight-only Marlin NVFP4 (W4A16), input_scale unused"
+    ),
+    "nvfp4_w4a16": NativeKernel((7, 5), "Turing or newer (Marlin)", "none"),
+}
