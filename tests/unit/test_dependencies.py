@@ -58,7 +58,7 @@ def test_our_kv_cache_decoding_warns_nothing_under_the_installed_transformers(ca
     from transformers import DynamicCache
 
     from nemo_ais.embedded.model import build_model, greedy_decode
-    from nemo_ais.fp8.generation import generate, score_responses
+    from nemo_ais.rollout.sampling import generate, score_responses
 
     model = build_model(
         vocab_size=16,
