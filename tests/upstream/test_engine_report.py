@@ -69,6 +69,13 @@ def test_an_unknown_method_is_named_not_guessed():
         pass
 
     assert er.held_format(SomeNewMethod()) == "unknown:SomeNewMethod"
+    # a vLLM release that renames a method is refused, not guessed
+    layer = er.HeldLayer(
+        "model.layers.0.mlp.down_proj", "SomeNewMethod", "unknown:SomeNewMethod", False
+    )
+    report = er.EngineLayers(1, "host", *B200, (layer,))
+    (problem,) = er.format_problems("fp8", [report], _router_rule, nemo_rl_version="main")
+    assert "down_proj is held as unknown:SomeNewMethod (SomeNewMethod), expected fp8" in problem
 
 
 def test_a_w4a4_rollout_on_hopper_is_refused_naming_the_gpu_and_capability():
