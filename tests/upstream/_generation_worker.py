@@ -1,8 +1,9 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """A CPU stand-in for NeMo-RL's ``VllmGenerationWorker`` Ray actor (a vLLM engine on a GPU).
 
-Its own module, importing nothing but Ray, so that a fresh Ray worker process imports it
-without torch or nemo_ais (what those processes import is what the tests check).
+Its own module, importing nothing but Ray at module level, so that a fresh Ray worker
+process imports it without torch or nemo_ais (what those processes import is what the
+tests check); :func:`generation_over` (driver side) imports NeMo-RL when called.
 ``llm.collective_rpc(callable)`` stands in for vLLM's: it runs the callable in this
 process (where vLLM's in-process executor would run it) and records its name; it hands
 the callable vLLM's ``Worker`` (``tests/_vllm_layers.py``: a model whose layers carry
@@ -40,3 +41,24 @@ class GenerationWorker:
 
     def rpc_calls(self) -> list[str]:
         return self.llm.calls
+
+
+def generation_over(actors: list) -> object:
+    """Upstream's real ``VllmGeneration`` / ``RayWorkerGroup`` dispatch over these actors.
+
+    Built with ``__new__`` (no engine is started): one data-parallel rank per actor, so
+    ``run_all_workers_single_data(..., run_rank_0_only_axes=[tp, pp])`` reaches each.
+    """
+    from nemo_rl.distributed.named_sharding import NamedSharding
+    from nemo_rl.distributed.worker_groups import RayWorkerGroup
+    from nemo_rl.models.generation.vllm.vllm_generation import VllmGeneration
+
+    group = RayWorkerGroup.__new__(RayWorkerGroup)
+    group._workers = actors
+    group.sharding_annotations = NamedSharding(
+        layout=[[[i]] for i in range(len(actors))],
+        names=["data_parallel", "pipeline_parallel", "tensor_parallel"],
+    )
+    generation = VllmGeneration.__new__(VllmGeneration)
+    generation.worker_group = group
+    return generation

@@ -23,7 +23,7 @@ import ray
 from nemo_ais.nemo_rl import engine_report as er
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _generation_worker import GenerationWorker
+from _generation_worker import GenerationWorker, generation_over
 from _vllm_layers import METHODS, Worker, dense_spec
 
 pytestmark = pytest.mark.nemo_rl
@@ -146,23 +146,6 @@ def test_nvfp4_experts_are_refused_on_v0_7_0_only():
 # --- the driver side, through upstream's real dispatch ------------------------------------
 
 
-def _generation(actors: list) -> object:
-    """Upstream's real VllmGeneration / RayWorkerGroup dispatch over the given actors."""
-    from nemo_rl.distributed.named_sharding import NamedSharding
-    from nemo_rl.distributed.worker_groups import RayWorkerGroup
-    from nemo_rl.models.generation.vllm.vllm_generation import VllmGeneration
-
-    group = RayWorkerGroup.__new__(RayWorkerGroup)
-    group._workers = actors
-    group.sharding_annotations = NamedSharding(
-        layout=[[[i]] for i in range(len(actors))],
-        names=["data_parallel", "pipeline_parallel", "tensor_parallel"],
-    )
-    generation = VllmGeneration.__new__(VllmGeneration)
-    generation.worker_group = group
-    return generation
-
-
 @pytest.fixture(scope="module")
 def engines(local_ray):
     env = {
@@ -184,7 +167,7 @@ def engines(local_ray):
 
 
 def test_the_driver_reads_every_engine_after_the_refit(engines):
-    generation = _generation([engines["good"]])
+    generation = generation_over([engines["good"]])
     (report,) = er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
     assert report.pid != os.getpid()  # read in the engine's process
     assert len(report.layers) == 2 * 4 + 2
@@ -193,7 +176,7 @@ def test_the_driver_reads_every_engine_after_the_refit(engines):
 
 
 def test_the_driver_refuses_a_collision_in_one_engine_naming_it(engines):
-    generation = _generation([engines["good"], engines["collided"]])
+    generation = generation_over([engines["good"], engines["collided"]])
     with pytest.raises(RuntimeError, match="do not hold what the run quantizes") as err:
         er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
     message = str(err.value)
@@ -202,7 +185,7 @@ def test_the_driver_refuses_a_collision_in_one_engine_naming_it(engines):
 
 
 def test_the_driver_refuses_a_format_the_engines_gpu_cannot_run(engines):
-    generation = _generation([engines["good"]])
+    generation = generation_over([engines["good"]])
     with pytest.raises(RuntimeError, match="cannot run nvfp4_w4a4 natively") as err:
         er.require_native_gpu(generation, "nvfp4_w4a4")
     assert "no GPU has none" in str(err.value)  # this CPU actor has no CUDA device

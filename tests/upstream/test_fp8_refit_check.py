@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from _generation_worker import GenerationWorker
+from _generation_worker import GenerationWorker, generation_over
 from shipped_configs import CONFIG_DIR, launcher
 
 from nemo_ais.nemo_rl import refit
@@ -56,23 +56,6 @@ def launcher_env():
     return env
 
 
-def _generation(actors: list) -> object:
-    """Upstream's real VllmGeneration / RayWorkerGroup dispatch over the given actors."""
-    from nemo_rl.distributed.named_sharding import NamedSharding
-    from nemo_rl.distributed.worker_groups import RayWorkerGroup
-    from nemo_rl.models.generation.vllm.vllm_generation import VllmGeneration
-
-    group = RayWorkerGroup.__new__(RayWorkerGroup)
-    group._workers = actors
-    group.sharding_annotations = NamedSharding(
-        layout=[[[i]] for i in range(len(actors))],
-        names=["data_parallel", "pipeline_parallel", "tensor_parallel"],
-    )
-    generation = VllmGeneration.__new__(VllmGeneration)
-    generation.worker_group = group
-    return generation
-
-
 @pytest.fixture(scope="module")
 def workers(local_ray, launcher_env):
     """One generation worker per environment: as launched, hook dir missing, env var unset."""
@@ -88,7 +71,7 @@ def workers(local_ray, launcher_env):
 
 
 def test_every_vllm_worker_reports_the_armed_refit(workers, caplog):
-    generation = _generation([workers["launched"]])
+    generation = generation_over([workers["launched"]])
     with caplog.at_level(logging.WARNING, logger="nemo_ais.nemo_rl.refit"):
         (status,) = refit.require_active(generation)
     assert (status.configured, status.armed, status.imported, status.active) == (
@@ -103,7 +86,7 @@ def test_every_vllm_worker_reports_the_armed_refit(workers, caplog):
 
 
 def test_a_worker_without_the_hook_fails_the_run_naming_it(workers, caplog):
-    generation = _generation([workers["launched"], workers["hook_dir"], workers["env_var"]])
+    generation = generation_over([workers["launched"], workers["hook_dir"], workers["env_var"]])
     with (
         caplog.at_level(logging.WARNING, logger="nemo_ais.nemo_rl.refit"),
         pytest.raises(RuntimeError, match="not active in every vLLM worker") as err,
