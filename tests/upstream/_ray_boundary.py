@@ -208,8 +208,21 @@ class _WorkerGroup:
 # what a fresh vLLM worker process answers, per environment (PYTHONPATH, refit JSON)
 _WORKER_ANSWERS: dict[tuple[str, str], bytes] = {}
 # The engine's GPU, as CUDA would report it in a vLLM worker (stood in: this machine has
-# none): ENGINE_GPU[0] is the name and compute capability every engine process reports.
-ENGINE_GPU = [("NVIDIA H100 80GB HBM3", (9, 0))]
+# none): ENGINE_GPU["gpu"] is the name and compute capability every engine process reports.
+H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
+B200 = ("NVIDIA B200", (10, 0))
+ENGINE_GPU = {"gpu": H100}
+
+
+def gpu_for_config(raw: dict) -> tuple[str, tuple[int, int]]:
+    """The GPU a shipped config's header names: B200 where Hopper cannot run the format."""
+    from nemo_ais.preflight.checks.formats import rollout_format
+    from nemo_ais.rules.native_kernels import HOPPER, NATIVE_KERNELS
+
+    need = NATIVE_KERNELS.get(rollout_format(raw))
+    return B200 if need is not None and need.min_capability > HOPPER else H100
+
+
 _RUN_IN_WORKER = (
     "import os, pickle, sys, torch; name, cc = pickle.loads(bytes.fromhex(os.environ["
     "'STANDIN_CUDA_DEVICE'])); torch.cuda.is_available = lambda: True; "
@@ -234,7 +247,7 @@ class _EngineWorkerProcess:
         self.calls.append(("collective_rpc", method.__qualname__))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([env.get("PYTHONPATH", ""), str(REPO_ROOT)])
-        env["STANDIN_CUDA_DEVICE"] = pickle.dumps(ENGINE_GPU[0]).hex()
+        env["STANDIN_CUDA_DEVICE"] = pickle.dumps(ENGINE_GPU["gpu"]).hex()
         key = (
             env["PYTHONPATH"],
             env.get("NEMO_AIS_FP8_REFIT", ""),
@@ -310,6 +323,10 @@ class ActorBoundary:
 
     def install(self, monkeypatch, tmp_path: Path) -> ActorBoundary:
         boundary = self
+        # main() wraps grpo.refit_policy_generation (its first-refit engine check) and a
+        # test may pick the engines' GPU: both restored after the test
+        monkeypatch.setattr(grpo, "refit_policy_generation", grpo.refit_policy_generation)
+        monkeypatch.setitem(ENGINE_GPU, "gpu", H100)
 
         def record_group(cluster, builder, **kwargs):
             self.groups.append({"cluster": cluster, "builder": builder, **kwargs})

@@ -39,8 +39,6 @@ from nemo_rl_version import NEMO_RL, per_version
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS, configs_for, launcher
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
-from nemo_ais.preflight.checks.formats import rollout_format
-from nemo_ais.rules.native_kernels import HOPPER, NATIVE_KERNELS
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -83,9 +81,6 @@ def driver(monkeypatch, tmp_path, local_ray):
 
     monkeypatch.setattr(run, "load_config_dict", load_config_dict)
     monkeypatch.setattr(grpo, "setup", setup)
-    # main() wraps grpo.refit_policy_generation (the first-refit engine check): restored
-    monkeypatch.setattr(grpo, "refit_policy_generation", grpo.refit_policy_generation)
-    monkeypatch.setattr(_ray_boundary, "ENGINE_GPU", [H100])
     # main() edits the worker environment; restore it after each test.
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("NEMO_AIS_FP8_REFIT", "")  # recorded: removed at teardown
@@ -94,16 +89,6 @@ def driver(monkeypatch, tmp_path, local_ray):
     monkeypatch.delenv("NEMO_AIS_BLOCK_REFIT")
     monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
     return d
-
-
-H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
-B200 = ("NVIDIA B200", (10, 0))
-
-
-def _gpu_for(raw) -> tuple[str, tuple[int, int]]:
-    """The GPU a config's header names: B200 for the formats Hopper cannot run, else H100."""
-    need = NATIVE_KERNELS.get(rollout_format(raw))
-    return B200 if need is not None and need.min_capability > HOPPER else H100
 
 
 def _rel(path: Path) -> str:
@@ -120,7 +105,7 @@ def test_every_shipped_full_config_is_driven():
 def test_main_reaches_setup_and_trains_with_upstreams_driver_code(driver, path):
     raw = run.load_config_dict(str(path), [])
     ais_cfg = run.validate_ais(raw)
-    _ray_boundary.ENGINE_GPU[0] = _gpu_for(raw)
+    _ray_boundary.ENGINE_GPU["gpu"] = _ray_boundary.gpu_for_config(raw)
 
     run.main(["--config", str(path)])
 

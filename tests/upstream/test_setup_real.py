@@ -47,6 +47,7 @@ from pathlib import Path
 
 import pytest
 from _ray_boundary import (
+    ENGINE_GPU,
     MEGATRON_AIS_WORKER,
     MEGATRON_BASE,
     MEGATRON_QUANT_AIS_WORKER,
@@ -55,6 +56,7 @@ from _ray_boundary import (
     ActorBoundary,
     DriverBoundary,
     Tokenizer,
+    gpu_for_config,
     tiny_datasets,
 )
 from nemo_rl.algorithms import grpo
@@ -72,6 +74,8 @@ from nemo_ais.nemo_rl import AISClippedPGLossFn
 from nemo_ais.nemo_rl import cluster_check as cc
 from nemo_ais.nemo_rl.policy_factory import ais_worker_fqn
 from nemo_ais.nemo_rl.run_config import RUN_MARKER_KEY, AISMasterConfig
+from nemo_ais.preflight.checks.formats import rollout_format
+from nemo_ais.rules.native_kernels import NATIVE_KERNELS
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -170,6 +174,7 @@ def _rel(path) -> str:
 def _main(rec: _Run, path, overrides=()) -> dict:
     raw = run.load_config_dict(str(path), list(overrides))
     rec.use_config(raw)
+    ENGINE_GPU["gpu"] = gpu_for_config(raw)  # the GPU the config's header names
     run.main(["--config", str(path), *overrides])
     return raw
 
@@ -289,10 +294,14 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     asked = [("__ray_call__", "_engine_statuses"), ("collective_rpc", "hook_status")]
     armed = raw["policy"]["generation"]["vllm_cfg"]["precision"] == "fp8"
     armed |= bool((raw.get("ais_nvfp4_refit") or {}).get("enabled", False))
+    # and, for a low-precision rollout, each vLLM worker process's GPU (engine_report)
+    gpus = [("__ray_call__", "_engine_gpus"), ("collective_rpc", "_gpu_only")]
+    low_precision = rollout_format(raw) in NATIVE_KERNELS
     assert vllm.calls == [
         ("finish_generation", ()),
         ("prepare_refit_info", (REFIT_INFO,)),
         *(asked if armed else []),
+        *(gpus if low_precision else []),
         *per_version(v0_7_0=[], main=[("shutdown", ())]),  # main's run_grpo.py stops it
     ]
     if AFTER_TRAINING:  # the checkpointer setup() built is the one flushed
