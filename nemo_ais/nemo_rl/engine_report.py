@@ -60,7 +60,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # held formats whose activations stay in BF16 although the method's format quantizes them
-_WEIGHT_ONLY = {"fp8": "fp8_weight_only", "mxfp8": "mxfp8_weight_only", "nvfp4": "nvfp4_w4a16"}
+_WEIGHT_ONLY = {k.family: k.weight_only for k in NATIVE_KERNELS.values()}
 
 
 class HeldLayer(NamedTuple):
@@ -226,14 +226,14 @@ def format_problems(
     """One line per layer whose held format is not the one the run's rule gives it.
 
     Args:
-        rollout_format: the config's rollout format (``fp8``, ``mxfp8``, ``nvfp4_w4a4``, ...).
+        rollout_format: the config's rollout format, a key of :data:`NATIVE_KERNELS`.
         reports: :func:`engine_layers` of every vLLM process.
         kept_in_bf16: the run's keep-in-BF16 rule on a Hugging Face module name (the same
             rule the refit stream applies); a fused vLLM module is BF16 iff all its parts are.
         nemo_rl_version: ``v0.7.0`` or ``main`` (v0.7.0 never re-processes NVFP4 experts
             after a refit).
     """
-    base = rollout_format.split("_")[0]  # nvfp4_w4a4 -> nvfp4
+    kernel = NATIVE_KERNELS[rollout_format]
     problems = []
     for r in reports:
         where = f"vLLM process {r.pid} on {r.host}"
@@ -252,7 +252,7 @@ def format_problems(
                     "run keeps it in BF16"
                 )
             elif layer.held not in ("bf16", rollout_format):
-                if layer.held.startswith(base) or layer.held == _WEIGHT_ONLY.get(base):
+                if layer.held.startswith(kernel.family) or layer.held == kernel.weight_only:
                     problems.append(
                         f"{where}: {layer.name} runs {layer.held} ({layer.method}) on {gpu}, "
                         f"not {rollout_format}: its activations are not quantized"
@@ -264,7 +264,7 @@ def format_problems(
                     )
             if (
                 layer.moe
-                and base == "nvfp4"
+                and not kernel.refit_reloads_experts_v070
                 and layer.held != "bf16"
                 and nemo_rl_version == "v0.7.0"
             ):

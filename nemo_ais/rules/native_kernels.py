@@ -28,6 +28,9 @@ class NativeKernel(NamedTuple):
     min_capability: tuple[int, int]
     gpus: str  # in words, for messages
     fallback: str  # what vLLM runs below min_capability
+    family: str  # the vLLM method family: fp8, mxfp8 or nvfp4
+    weight_only: str  # the held format of that family's weight-only (Marlin) kernel
+    refit_reloads_experts_v070: bool = True  # False: v0.7.0 never re-processes its experts
 
     @property
     def min_text(self) -> str:
@@ -36,14 +39,34 @@ class NativeKernel(NamedTuple):
 
 
 NATIVE_KERNELS: dict[str, NativeKernel] = {
-    "fp8": NativeKernel((8, 9), "Ada, Hopper or newer", "weight-only Marlin FP8 (W8A16)"),
+    "fp8": NativeKernel(
+        (8, 9),
+        "Ada, Hopper or newer",
+        "weight-only Marlin FP8 (W8A16)",
+        family="fp8",
+        weight_only="fp8_weight_only",
+    ),
     "mxfp8": NativeKernel(
         (10, 0),
         "Blackwell (SM100)",
         "weight-only Marlin MXFP8 (W8A16), which NeMo-RL main's MXFP8 refit refuses",
+        family="mxfp8",
+        weight_only="mxfp8_weight_only",
     ),
     "nvfp4_w4a4": NativeKernel(
-        (10, 0), "Blackwell (SM100)", "weight-only Marlin NVFP4 (W4A16), input_scale unused"
+        (10, 0),
+        "Blackwell (SM100)",
+        "weight-only Marlin NVFP4 (W4A16), input_scale unused",
+        family="nvfp4",
+        weight_only="nvfp4_w4a16",
+        refit_reloads_experts_v070=False,
     ),
-    "nvfp4_w4a16": NativeKernel((7, 5), "Turing or newer (Marlin)", "none"),
+    "nvfp4_w4a16": NativeKernel(
+        (7, 5),
+        "Turing or newer (Marlin)",
+        "none",
+        family="nvfp4",
+        weight_only="nvfp4_w4a16",
+        refit_reloads_experts_v070=False,
+    ),
 }
