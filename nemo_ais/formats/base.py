@@ -54,6 +54,7 @@ class Format:
             quantized weight (and TP shard) must be a multiple of ``block[1]``.
         shared_global_scale: fused vLLM shards (q/k/v, gate/up) share one global scale.
         static_input_amax: the activation quantizer needs a calibrated input amax.
+        keeps_codes: the twin's layer also keeps vLLM's codes and scales (``Fp8Linear``).
     """
 
     name: str
@@ -70,6 +71,7 @@ class Format:
     pads: bool = False
     shared_global_scale: bool = False
     static_input_amax: bool = False
+    keeps_codes: bool = False
 
     @property
     def k_multiple(self) -> int:

@@ -72,8 +72,6 @@ __all__ = [
     "check_finite",
     "dequantize_activations",
     "dequantize_blockwise",
-    "fake_quant_fp8_activation",
-    "fake_quant_fp8_weight",
     "quantize_activations",
     "quantize_blockwise",
     "quantize_blockwise_reference",
@@ -463,56 +461,25 @@ def _fake_quant_groups_b(x: torch.Tensor, group: int, eps: float, name: str) -> 
     return (q.to(torch.float32) * s).reshape(x.shape)
 
 
-def fake_quant_fp8_weight(
-    weight: torch.Tensor,
-    block: tuple[int, int] = (128, 128),
-    family: Family = "a",
-    eps: float = 1e-4,
-    ue8m0: bool = False,
-    *,
-    name: str = "weight",
-) -> torch.Tensor:
+def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
     """``dequantize_blockwise(*quantize_blockwise(W))`` in fp32: what the twin multiplies by."""
-    w_q, s_w = quantize_blockwise(weight.detach(), block, family, eps, ue8m0, name=name)
+    block, family, eps = knobs.weight_block, knobs.weight_family, knobs.weight_eps
+    w_q, s_w = quantize_blockwise(w.detach(), block, family, eps, knobs.ue8m0, name=name)
     return dequantize_blockwise(w_q, s_w, block, torch.float32)
 
 
-def fake_quant_fp8_activation(
-    x: torch.Tensor,
-    group: int = 128,
-    family: Family = "b",
-    eps: float = 1e-10,
-    ue8m0: bool = False,
-    *,
-    name: str = "input",
-) -> torch.Tensor:
+def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
     """Per-token 1x``group`` FP8 fake-quant of an activation: ``dequant(quant(x))`` in fp32.
 
     The default setting (family "b", eps > 0, no UE8M0, K a multiple of the group) takes
     :func:`_fake_quant_groups_b`, a fused equivalent of the reference pair (bit-identical,
     tested); every other setting calls the reference quantizer.
     """
-    if family == "b" and not ue8m0 and eps > 0 and x.shape[-1] % group == 0:
+    group, family, eps = knobs.activation_group, knobs.activation_family, knobs.activation_eps
+    if family == "b" and not knobs.ue8m0 and eps > 0 and x.shape[-1] % group == 0:
         return _fake_quant_groups_b(x, group, eps, name)
-    x_q, s_x = quantize_activations(x, group, family, eps, ue8m0, name=name)
+    x_q, s_x = quantize_activations(x, group, family, eps, knobs.ue8m0, name=name)
     return dequantize_activations(x_q, s_x, group, torch.float32)
-
-
-def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
-    return fake_quant_fp8_weight(
-        w, knobs.weight_block, knobs.weight_family, knobs.weight_eps, knobs.ue8m0, name=name
-    )
-
-
-def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
-    return fake_quant_fp8_activation(
-        x,
-        knobs.activation_group,
-        knobs.activation_family,
-        knobs.activation_eps,
-        knobs.ue8m0,
-        name=name,
-    )
 
 
 def _refit_pairs(
@@ -543,5 +510,6 @@ FP8_BLOCK = Format(
     refit_pairs=_refit_pairs,
     refit_bytes=_refit_bytes,
     pads=True,
+    keeps_codes=True,
 )
 """Blockwise FP8 (W8A8, DeepSeek-V3 / vLLM block FP8)."""

@@ -17,20 +17,5 @@
 for FP8 128x128, MXFP8, NVFP4 and MXFP4, bit-equal to the PyTorch references.
 """
 
-from nemo_ais.kernels.triton_quant import (
-    quantize_blockwise_triton,
-    quantize_mxfp4_triton,
-    quantize_mxfp8_triton,
-    quantize_nvfp4_experts_triton,
-    quantize_nvfp4_triton,
-    triton_available,
-)
-
-__all__ = [
-    "quantize_blockwise_triton",
-    "quantize_mxfp4_triton",
-    "quantize_mxfp8_triton",
-    "quantize_nvfp4_experts_triton",
-    "quantize_nvfp4_triton",
-    "triton_available",
-]
+from nemo_ais.kernels.triton_quant import *  # noqa: F403
+from nemo_ais.kernels.triton_quant import __all__

@@ -160,6 +160,27 @@ class Interval(Section):
         return self
 
 
+def flat_keys(prefix: str, *keys: str) -> dict[str, str]:
+    """``moved_keys`` of a sub-section whose ``keys`` were flat ``<prefix><key>`` keys."""
+    return {prefix + key: key for key in keys}
+
+
+def masked(old, rollout, valid, config, w_hat):
+    """Valid tokens whose weight the mode sets to 0 (``analyze``'s masked share)."""
+    return valid & (w_hat == 0)
+
+
+def interval_mode(
+    name: str, weight: WeightFn, config: type[Interval], prefix: str, **fields
+) -> Mode:
+    """A mode keeping an interval ``[min, max]`` (flat ``<prefix>min`` / ``max`` before).
+
+    ``fields``: the record's other fields; ``replay`` defaults to the masked share.
+    """
+    fields = {"replay": Replay(affected=masked), **fields}
+    return Mode(name, weight, config=config, moved_keys=flat_keys(prefix, "min", "max"), **fields)
+
+
 # --- tensor helpers of the weight functions ---------------------------------------------
 
 

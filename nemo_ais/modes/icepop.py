@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from nemo_ais.modes._base import Interval, Mode, Replay, log_ratio, where_valid
+from nemo_ais.modes._base import Interval, interval_mode, log_ratio, where_valid
 
 __all__ = ["MODE", "IcepopConfig"]
 
@@ -36,15 +36,4 @@ def weight(logp_old, logp_rollout, valid, config, batch_value):
     return where_valid(kept, rho)
 
 
-def masked(old, rollout, valid, config, w_hat):
-    """Valid tokens whose weight the mode sets to 0 (``analyze``'s masked share)."""
-    return valid & (w_hat == 0)
-
-
-MODE = Mode(
-    name="icepop",
-    weight=weight,
-    config=IcepopConfig,
-    moved_keys={"icepop_min": "min", "icepop_max": "max"},
-    replay=Replay(affected=masked),
-)
+MODE = interval_mode("icepop", weight, IcepopConfig, "icepop_")

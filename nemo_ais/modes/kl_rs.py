@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from nemo_ais.modes._base import Mode, log_ratio
+from nemo_ais.modes._base import Mode, flat_keys, log_ratio
 from nemo_ais.sections import Section
 
 __all__ = ["MODE", "KlRsConfig"]
@@ -86,10 +86,5 @@ MODE = Mode(
     importance_weight=False,
     mode_stats=True,
     config=KlRsConfig,
-    moved_keys={
-        "rs_estimator": "estimator",
-        "rs_aggregation": "aggregation",
-        "rs_threshold": "threshold",
-        "rs_veto_min_ratio": "veto_min_ratio",
-    },
+    moved_keys=flat_keys("rs_", "estimator", "aggregation", "threshold", "veto_min_ratio"),
 )

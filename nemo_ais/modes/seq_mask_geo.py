@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from nemo_ais.modes._base import Interval, Mode, Replay, log_ratio
-from nemo_ais.modes.icepop import masked
+from nemo_ais.modes._base import Interval, interval_mode, log_ratio
 
 __all__ = ["MODE", "SeqMaskGeoConfig"]
 
@@ -45,10 +44,4 @@ def weight(logp_old, logp_rollout, valid, config, batch_value):
     return rho.mul_(valid & kept_seq.unsqueeze(-1))
 
 
-MODE = Mode(
-    name="seq_mask_geo",
-    weight=weight,
-    config=SeqMaskGeoConfig,
-    moved_keys={"seq_mask_min": "min", "seq_mask_max": "max"},
-    replay=Replay(affected=masked),
-)
+MODE = interval_mode("seq_mask_geo", weight, SeqMaskGeoConfig, "seq_mask_")

@@ -19,7 +19,7 @@ import math
 
 from pydantic import Field
 
-from nemo_ais.modes._base import Interval, Mode, capped_exp, seq_log_weight
+from nemo_ais.modes._base import Interval, capped_exp, interval_mode, seq_log_weight
 
 __all__ = ["MODE", "SeqMisConfig"]
 
@@ -40,11 +40,6 @@ def weight(logp_old, logp_rollout, valid, config, batch_value):
     return capped_exp(log_w, config).mul(valid & kept)
 
 
-MODE = Mode(
-    name="seq_mis",
-    weight=weight,
-    mode_stats=True,
-    seq_level=True,
-    config=SeqMisConfig,
-    moved_keys={"seq_mis_min": "min", "seq_mis_max": "max"},
+MODE = interval_mode(
+    "seq_mis", weight, SeqMisConfig, "seq_mis_", replay=None, mode_stats=True, seq_level=True
 )

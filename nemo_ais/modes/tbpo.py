@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from nemo_ais.modes._base import Mode, capped_exp, seq_log_weight
+from nemo_ais.modes._base import Mode, capped_exp, flat_keys, seq_log_weight
 from nemo_ais.sections import Section
 
 __all__ = ["MODE", "TbpoConfig"]
@@ -72,10 +72,5 @@ MODE = Mode(
     unused_why="its surrogate clips the sequence ratio to the band loss_fn.ais.tbpo.clip_low/"
     "clip_high (A >= 0) and loss_fn.ais.tbpo.neg_clip_low/neg_clip_high (A < 0)",
     config=TbpoConfig,
-    moved_keys={
-        "tbpo_clip_low": "clip_low",
-        "tbpo_clip_high": "clip_high",
-        "tbpo_neg_clip_low": "neg_clip_low",
-        "tbpo_neg_clip_high": "neg_clip_high",
-    },
+    moved_keys=flat_keys("tbpo_", "clip_low", "clip_high", "neg_clip_low", "neg_clip_high"),
 )

@@ -59,8 +59,6 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
-import inspect
-import json
 import logging
 import os
 import socket
@@ -71,7 +69,7 @@ from typing import Any, NamedTuple
 import torch
 
 from nemo_ais.config import require_config
-from nemo_ais.nemo_rl import compat
+from nemo_ais.nemo_rl import compat, vllm_refit
 from nemo_ais.nemo_rl.vllm_refit import (
     PATCHED,
     RECORDED_SIGNATURES,
@@ -109,22 +107,12 @@ BLOCK_ENV_VAR = "NEMO_AIS_BLOCK_REFIT"  # nemo_ais.nemo_rl.refit_block.ENV_VAR
 def check_signatures(
     module: Any, names: Iterable[str] = ("load_weights", "_is_fp8_weight")
 ) -> None:
-    """Raise if an upstream function differs from :data:`RECORDED_SIGNATURES`.
-
-    Raises:
-        RuntimeError: naming the function, the recorded and the found signature.
-    """
-    for name in names:
-        qualname = f"{module.__name__}.{name}"
-        fn = getattr(module, name, None)
-        found = "<missing>" if fn is None else str(inspect.signature(fn))
-        recorded = RECORDED_SIGNATURES[f"{TARGET_MODULE}.{name}"]
-        if found != recorded:
-            raise RuntimeError(
-                f"{qualname}: signature {found}, recorded {recorded} (NeMo-RL v0.7.0). The AIS "
-                "FP8 refit patch targets v0.7.0; re-check nemo_ais/nemo_rl/refit.py against "
-                f"this NeMo-RL version or unset {ENV_VAR}."
-            )
+    """Raise ``RuntimeError`` if an upstream function differs from :data:`RECORDED_SIGNATURES`."""
+    fix = (
+        "(NeMo-RL v0.7.0). The AIS FP8 refit patch targets v0.7.0; re-check "
+        f"nemo_ais/nemo_rl/refit.py against this NeMo-RL version or unset {ENV_VAR}."
+    )
+    vllm_refit.check_signatures(module, names, RECORDED_SIGNATURES, fix)
 
 
 def refit_pairs(
@@ -414,10 +402,7 @@ def require_active(policy_generation: Any) -> list[HookStatus]:
 
 def config_from_env(environ: dict[str, str] | None = None) -> Fp8SyncConfig | None:
     """The :class:`Fp8SyncConfig` in :data:`ENV_VAR` (None when unset)."""
-    raw = (os.environ if environ is None else environ).get(ENV_VAR)
-    if not raw:
-        return None
-    return Fp8SyncConfig.model_validate(json.loads(raw))
+    return vllm_refit.config_from_env(ENV_VAR, Fp8SyncConfig, environ)
 
 
 def refit_config_from_env(

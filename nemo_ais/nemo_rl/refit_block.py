@@ -46,7 +46,6 @@ refit` (the same module, hook and trampoline) gets a second mode, armed by
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import logging
 import os
@@ -60,6 +59,7 @@ from nemo_ais.nemo_rl import compat, vllm_refit
 from nemo_ais.nemo_rl.vllm_refit import BLOCK_RECORDED_SIGNATURES as RECORDED_SIGNATURES
 from nemo_ais.refit.stream import BlockSyncConfig, RefitStream
 from nemo_ais.rules.config_keys import get
+from nemo_ais.rules.native_kernels import NATIVE_KERNELS
 
 __all__ = [
     "ENV_VAR",
@@ -125,16 +125,12 @@ refit_block_pairs = vllm_refit.engine_pairs
 
 
 def _check_signatures(module: Any) -> None:
-    for name in ("load_weights", "_is_fp8_weight", "is_fp8_model", "_get_module_from_param_name"):
-        fn = getattr(module, name, None)
-        found = "<missing>" if fn is None else str(inspect.signature(fn))
-        recorded = RECORDED_SIGNATURES[f"{vllm_refit.TARGET_MODULE}.{name}"]
-        if found != recorded:
-            raise RuntimeError(
-                f"{module.__name__}.{name}: signature {found}, recorded {recorded} (NeMo-RL "
-                "v0.7.0 and main). Re-check nemo_ais/nemo_rl/refit_block.py against this "
-                f"NeMo-RL version or unset {ENV_VAR}."
-            )
+    fix = (
+        "(NeMo-RL v0.7.0 and main). Re-check nemo_ais/nemo_rl/refit_block.py against this "
+        f"NeMo-RL version or unset {ENV_VAR}."
+    )
+    names = ("load_weights", "_is_fp8_weight", "is_fp8_model", "_get_module_from_param_name")
+    vllm_refit.check_signatures(module, names, RECORDED_SIGNATURES, fix)
 
 
 def _input_amax(config: BlockSyncConfig) -> dict[str, float] | None:
@@ -170,7 +166,7 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
             "nemo_ais: AIS %s refit NOT installed in pid %d: %s", config.format, os.getpid(), err
         )
         raise
-    nvfp4 = config.format != "mxfp8"
+    nvfp4 = _family(config) == "nvfp4"
     original_load, original_is_fp8_model = module.load_weights, module.is_fp8_model
     held_nvfp4: dict[tuple[int, str], bool] = {}  # as upstream caches _is_fp8_weight
 
@@ -210,6 +206,11 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
     return True
 
 
+def _family(config: BlockSyncConfig) -> str:
+    """The vLLM method family of the configured format (``nvfp4`` or ``mxfp8``)."""
+    return NATIVE_KERNELS[config.format].family
+
+
 def _hook_config(config: BlockSyncConfig) -> BlockSyncConfig:
     """``mxfp8_scale_name: None`` -> NeMo-RL main's refit name ``weight_scale_from_checkpoint``."""
     if config.mxfp8_scale_name is not None:
@@ -219,7 +220,7 @@ def _hook_config(config: BlockSyncConfig) -> BlockSyncConfig:
 
 def _require_engine(upstream: Any, model_runner: Any, config: BlockSyncConfig) -> None:
     """The engine is in the configured format, else ``RuntimeError`` naming both."""
-    if config.format == "mxfp8":
+    if _family(config) == "mxfp8":
         if not compat.upstream_quantizes_mx(upstream):
             raise RuntimeError(
                 f"{ENV_VAR}: format=mxfp8 but NeMo-RL's FP8 config is not MXFP8 (needs "
@@ -237,10 +238,7 @@ def _require_engine(upstream: Any, model_runner: Any, config: BlockSyncConfig) -
 
 def config_from_env(environ: dict[str, str] | None = None) -> BlockSyncConfig | None:
     """The :class:`BlockSyncConfig` in :data:`ENV_VAR` (None when unset)."""
-    raw = (os.environ if environ is None else environ).get(ENV_VAR)
-    if not raw:
-        return None
-    return BlockSyncConfig.model_validate(json.loads(raw))
+    return vllm_refit.config_from_env(ENV_VAR, BlockSyncConfig, environ)
 
 
 def configure(
@@ -301,9 +299,9 @@ def _configure_problems(
     config: Mapping[str, Any], generation: Mapping[str, Any], refit_cfg: BlockSyncConfig
 ) -> list[str]:
     problems = []
-    if refit_cfg.format == "mxfp8":
+    if _family(refit_cfg) != "nvfp4":
         problems.append(
-            f"{SECTION}.format='mxfp8' is invalid: expected nvfp4_w4a16 or nvfp4_w4a4 (MXFP8 "
+            f"{SECTION}.format={refit_cfg.format!r} is invalid: expected nvfp4_w4a16 or nvfp4_w4a4 (MXFP8 "
             "rollouts refit through NeMo-RL main's own MXFP8 quantizer, the same bytes)"
         )
     if get_format(refit_cfg.format).static_input_amax and refit_cfg.input_amax_file is None:

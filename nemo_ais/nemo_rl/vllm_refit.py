@@ -11,6 +11,9 @@ tensor through upstream's own path (:func:`upstream_pairs`) or unchanged.
 
 from __future__ import annotations
 
+import inspect
+import json
+import os
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -24,6 +27,8 @@ __all__ = [
     "PATCHED",
     "RECORDED_SIGNATURES",
     "TARGET_MODULE",
+    "check_signatures",
+    "config_from_env",
     "engine_pairs",
     "unchanged",
     "upstream_pairs",
@@ -48,6 +53,24 @@ PATCHED = "__nemo_ais_refit__"
 """Attribute set on every wrapper the patch installs (installing twice is a no-op)."""
 
 Passthrough = Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
+
+
+def check_signatures(module: Any, names: Iterable[str], recorded: dict[str, str], fix: str) -> None:
+    """Raise ``RuntimeError`` (naming both) if a function of ``module`` differs from ``recorded``."""
+    for name in names:
+        fn = getattr(module, name, None)
+        found = "<missing>" if fn is None else str(inspect.signature(fn))
+        want = recorded[f"{TARGET_MODULE}.{name}"]
+        if found != want:
+            raise RuntimeError(
+                f"{module.__name__}.{name}: signature {found}, recorded {want} {fix}"
+            )
+
+
+def config_from_env(env_var: str, model: type, environ: dict[str, str] | None = None) -> Any:
+    """The ``model`` config in the JSON of ``env_var`` (None when unset)."""
+    raw = (os.environ if environ is None else environ).get(env_var)
+    return model.model_validate(json.loads(raw)) if raw else None
 
 
 def unchanged(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:

@@ -16,13 +16,44 @@ from nemo_ais.formats.checks import check_regexes
 from nemo_ais.formats.registry import get_format
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 
-__all__ = ["BlockSyncConfig", "Fp8SyncConfig", "RefitConfig"]
+__all__ = ["BlockSyncConfig", "Fp8SyncConfig", "KeepInBf16Fields", "RefitConfig"]
 
 
-class RefitConfig(BaseModel):
-    """Which weights the refit stream quantizes, to which format, and how (module doc)."""
+class KeepInBf16Fields(BaseModel):
+    """The BF16 exclusions the twin's and the refit's configs share, and their rule."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    num_first_layers_in_bf16: int = Field(
+        0, ge=0, description="Keep decoder layers [0, n) in BF16 (NeMo-RL key)."
+    )
+    num_last_layers_in_bf16: int = Field(
+        0, ge=0, description="Keep the last n decoder layers in BF16 (NeMo-RL key)."
+    )
+    keep_patterns: tuple[str, ...] = Field(
+        (), description="Regexes (re.search on the HF name) of extra linears kept in BF16."
+    )
+
+    @field_validator("keep_patterns")
+    @classmethod
+    def _compile_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        return check_regexes(patterns, "keep_patterns")
+
+    def keep_rule(self) -> KeepInBf16:
+        """The keep-in-BF16 rule of this config (:mod:`nemo_ais.rules.keep_bf16`)."""
+        return KeepInBf16(
+            first_layers=self.num_first_layers_in_bf16,
+            last_layers=self.num_last_layers_in_bf16,
+            patterns=self.keep_patterns,
+            **self._keep_options(),
+        )
+
+    def _keep_options(self) -> dict:
+        return {}
+
+
+class RefitConfig(KeepInBf16Fields):
+    """Which weights the refit stream quantizes, to which format, and how (module doc)."""
 
     enabled: bool = Field(True, description="Quantize at all; False passes every tensor through.")
     format: Literal["fp8", "nvfp4_w4a16", "nvfp4_w4a4", "mxfp8"] = Field(
@@ -30,17 +61,8 @@ class RefitConfig(BaseModel):
         description="The engine's weight format: fp8 (W8A8 block FP8), NVFP4 weights with "
         "BF16 (nvfp4_w4a16) or NVFP4 (nvfp4_w4a4, + input_scale) activations, or mxfp8.",
     )
-    num_first_layers_in_bf16: int = Field(
-        0, ge=0, description="Keep decoder layers [0, n) in BF16."
-    )
-    num_last_layers_in_bf16: int = Field(
-        0, ge=0, description="Keep the last n decoder layers in BF16 (needs num_layers)."
-    )
     num_layers: int | None = Field(
         None, ge=1, description="Decoder layer count; required by num_last_layers_in_bf16."
-    )
-    keep_patterns: tuple[str, ...] = Field(
-        (), description="Regexes (re.search on the HF name) of extra tensors kept in BF16."
     )
     ignore: tuple[str, ...] = Field(
         (),
@@ -107,11 +129,6 @@ class RefitConfig(BaseModel):
         "nvfp4_w4a4 in the NeMo-RL refit hook (the stream takes input_amax directly).",
     )
 
-    @field_validator("keep_patterns")
-    @classmethod
-    def _compile_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
-        return check_regexes(patterns, "keep_patterns")
-
     @field_validator("block")
     @classmethod
     def _positive_block(cls, block: tuple[int, int]) -> tuple[int, int]:
@@ -144,16 +161,12 @@ class RefitConfig(BaseModel):
         fmt = get_format(self.format)
         return tuple(self.block) if fmt.pads else fmt.block
 
-    def keep_rule(self) -> KeepInBf16:
-        """The keep-in-BF16 rule of this refit (:mod:`nemo_ais.rules.keep_bf16`)."""
-        return KeepInBf16(
-            first_layers=self.num_first_layers_in_bf16,
-            last_layers=self.num_last_layers_in_bf16,
-            num_layers=self.num_layers,
-            patterns=self.keep_patterns,
-            keywords=self.ignored_layer_kws,
-            ignore=self.ignore,
-        )
+    def _keep_options(self) -> dict:
+        return {
+            "num_layers": self.num_layers,
+            "keywords": self.ignored_layer_kws,
+            "ignore": self.ignore,
+        }
 
 
 class Fp8SyncConfig(RefitConfig):

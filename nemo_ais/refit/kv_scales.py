@@ -13,52 +13,24 @@
 # limitations under the License.
 """Per-step FP8 KV-cache scale calibration (Q/K/V), combined across ranks with MAX.
 
-Weights move at every RL step, so the FP8 KV-cache scales must be recalibrated at every
-weight sync (vLLM's own ``calculate_kv_scales`` takes them from its first batch only).
-Two rules (``KVScaleConfig.reduction``), same steps otherwise:
+Weights move at every RL step, so the KV scales are recalibrated at every weight sync
+(vLLM's ``calculate_kv_scales`` uses its first batch only). Steps:
 
-1. Observe the Q/K/V activations of every attention layer (forward hooks on the HF
-   ``q_proj`` / ``k_proj`` / ``v_proj`` outputs, :meth:`KVScaleCalibrator.install_hooks`,
-   or Megatron's ``core_attention`` inputs, :mod:`nemo_ais.megatron.kv_calibration`),
-   optionally only at valid tokens (``token_mask``). One call = one observation (one
-   micro-batch of one layer).
-2. Per layer and kind, this rank's amax:
+1. Observe Q/K/V per attention layer (HF ``{q,k,v}_proj`` hooks, or Megatron's
+   ``core_attention`` inputs in :mod:`nemo_ais.megatron.kv_calibration`), optionally at
+   valid tokens only. One call = one observation.
+2. Per layer and kind, this rank's amax by ``KVScaleConfig.reduction``:
+   ``percentile_of_amax`` (NeMo-RL's ``calibrate_qkv_fp8_scales``): the nearest-rank
+   percentile ``sorted(a)[round(p / 100 * (n - 1))]`` of the per-observation ``max |x|``;
+   ``element_percentile``: the max over observations of ``P_p(|x|)`` (numpy interpolation).
+3. ONE ``all_reduce(MAX)`` of the ``[3, layers, 3]`` table (amax, peak, non-finite flag), so
+   every rank raises together (upstream: ``all_gather_object``, the same values).
+4. ``scale = max(amax, amax_floor) * margin / 448`` (upstream's arithmetic plus the floor).
+5. vLLM names: ``model.layers.N.self_attn.{k,v}_scale`` and ``...self_attn.attn.q_scale``.
 
-   * ``percentile_of_amax`` (default; NeMo-RL's ``calibrate_qkv_fp8_scales``): each
-     observation records ``a_i = max |x|`` over the whole tensor; the amax is the
-     nearest-rank p-th percentile of the list ``a_1..a_n``:
-     ``sorted(a)[round(p / 100 * (n - 1))]`` (Python's ``round``, half to even, as
-     upstream). For ``n <= 500`` observations at p = 99.9 that is ``max_i a_i``: no
-     element of the calibration data saturates.
-   * ``element_percentile``: each observation records ``P_p(|x|)`` over its elements
-     (linear interpolation, as ``numpy.percentile``); the amax is the max over
-     observations. It clips the top (100 - p) % of every observation's elements
-     (attention-sink tokens, outlier channels) and selects over every element.
-
-3. Combine ranks: ONE ``all_reduce(MAX)`` over ``group`` (None = one process) of the
-   ``[3, layers, 3]`` table (amax, peak ``max |x|``, non-finite flags), so every rank
-   raises together. (Upstream: ``all_gather_object`` + max per key, the same values.)
-4. ``scale = max(amax, amax_floor) * margin / 448`` (defaults p = 99.9, margin = 1.05), the
-   DEQUANT multiplier of the E4M3 KV cache. Upstream has no floor (an all-zero layer gets
-   scale 0); otherwise the arithmetic is upstream's, so the scales are bit-identical.
-5. Names as vLLM loads them: ``model.layers.N.self_attn.k_scale`` / ``v_scale`` (vLLM
-   remaps them to ``...self_attn.attn.k_scale``) and ``model.layers.N.self_attn.attn.q_scale``.
-
-Saturation: :meth:`KVScales.peak_over_range` is ``peak / (scale * 448)`` per layer and
-kind, the largest calibration value over the largest E4M3-representable one (> 1: some
-elements of the calibration data saturate); :func:`kv_saturation_metrics` logs its max over
-layers per kind. The fraction of elements above ``scale * 448`` needs the activations
-again once the scale is known (the rule's statistic is formed first), so it is counted
-where they are at hand: :class:`KVSaturationCounter` (the twin's quantized KV cache counts
-every K/V element it writes).
-
-:func:`verify_kv_scales` checks what the engine holds afterwards: a scale never loaded
-(vLLM initialises them to ``finfo(float32).min``), left at its default 1.0, or different
-from what was sent raises ``ValueError``. [reconstruction] :meth:`KVScaleCalibrator.install_hooks` observes the HF ``k_proj``
-output, i.e. K before RoPE (and before a ``k_norm``). NeMo-RL's Megatron worker, and
-our override of it (:mod:`nemo_ais.megatron.kv_calibration`), observe the attention inputs
-after q/k-norm and RoPE, which is what vLLM's FP8 cache stores; RoPE rotates pairs of
-channels, so the two amax values can differ slightly, which the margin covers.
+[reconstruction] :meth:`KVScaleCalibrator.install_hooks` observes K before RoPE (HF
+``k_proj`` output); NeMo-RL's Megatron worker observes it after q/k-norm and RoPE, as vLLM's
+FP8 cache stores it; the margin covers the difference.
 """
 
 from __future__ import annotations
@@ -67,7 +39,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -87,6 +59,7 @@ __all__ = [
     "KVScales",
     "collect_engine_kv_scales",
     "engine_name",
+    "kv_field",
     "kv_saturation_metrics",
     "kv_scale_names",
     "nearest_rank_percentile",
@@ -106,27 +79,36 @@ _ATTN_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn$")
 _PERCENT = 100.0
 
 
+_KV_FIELDS: dict[str, tuple[Any, dict[str, float], str]] = {
+    "reduction": (
+        "percentile_of_amax",
+        {},
+        "percentile_of_amax (NeMo-RL's rule): max |x| per observation, then the nearest-rank "
+        "percentile over observations (the max for <= 500 of them at 99.9); "
+        "element_percentile: percentile of |x| over each observation's elements, then the "
+        "max over observations (clips the top (100 - p) % of elements).",
+    ),
+    "percentile": (99.9, {"gt": 0.0, "le": 100.0}, "p of the rule, in (0, 100] (100 = max)."),
+    "margin": (1.05, {"ge": 1.0, "le": 4.0}, "Head-room factor on the percentile amax."),
+    "amax_floor": (1e-4, {"gt": 0.0}, "Floor of the amax, so an all-zero layer gets a scale > 0."),
+}
+
+
+def kv_field(knob: str) -> Any:
+    """The ``Field`` of KV calibration knob ``knob`` (also the twin config's ``kv_*`` keys)."""
+    default, bounds, description = _KV_FIELDS[knob]
+    return Field(default, description=description, **bounds)
+
+
 class KVScaleConfig(BaseModel):
     """Calibration constants (NeMo-RL's defaults: its rule, 99.9th percentile, 1.05 margin)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    reduction: KVReduction = Field(
-        "percentile_of_amax",
-        description="percentile_of_amax (NeMo-RL's rule): max |x| per observation, then the "
-        "nearest-rank percentile over observations (the max for <= 500 of them at 99.9); "
-        "element_percentile: percentile of |x| over each observation's elements, then the "
-        "max over observations (clips the top (100 - p) % of elements).",
-    )
-    percentile: float = Field(
-        99.9, gt=0.0, le=100.0, description="p of the rule, in (0, 100] (100 = max)."
-    )
-    margin: float = Field(
-        1.05, ge=1.0, le=4.0, description="Head-room factor on the percentile amax."
-    )
-    amax_floor: float = Field(
-        1e-4, gt=0.0, description="Floor of the amax, so an all-zero layer gets a scale > 0."
-    )
+    reduction: KVReduction = kv_field("reduction")
+    percentile: float = kv_field("percentile")
+    margin: float = kv_field("margin")
+    amax_floor: float = kv_field("amax_floor")
     include_q: bool = Field(
         True, description="Also calibrate and require q_scale (FP8 attention); else K/V only."
     )
@@ -146,20 +128,13 @@ def engine_name(name: str) -> str:
 
 
 def percentile_amax(x: torch.Tensor, percentile: float) -> torch.Tensor:
-    """``percentile(|x|, p)`` with linear interpolation (numpy's default), exactly.
-
-    Uses two ``kthvalue`` order statistics (no sort, no 16M-element ``quantile`` limit).
-
-    Args:
-        x: any non-empty floating tensor (flattened; detached).
-        percentile: in (0, 100]; 100 gives ``max |x|``.
+    """``percentile(|x|, p)`` with numpy's linear interpolation, from two ``kthvalue`` calls.
 
     Returns:
-        0-dim float64; NaN/Inf if ``x`` holds any (the caller flags it).
+        0-dim float64 (inf if ``x`` holds NaN/Inf).
 
     Raises:
-        ValueError: ``x`` is empty (a percentile of no values is undefined;
-            :meth:`KVScaleCalibrator.observe` skips empty activations instead).
+        ValueError: ``x`` is empty.
     """
     if x.numel() == 0:
         raise ValueError(
@@ -180,18 +155,7 @@ def percentile_amax(x: torch.Tensor, percentile: float) -> torch.Tensor:
 
 
 def nearest_rank_percentile(values: torch.Tensor, percentile: float) -> torch.Tensor:
-    """``sorted(values)[round(p / 100 * (n - 1))]``, NeMo-RL's ``_percentile`` (index clamped).
-
-    Python's ``round`` (half to even) of the same float64 expression as upstream, so the
-    chosen order statistic is upstream's. For ``p = 99.9`` and ``n <= 500`` it is the max.
-
-    Args:
-        values: non-empty 1-D tensor (e.g. the per-observation amax of one layer and kind).
-        percentile: in (0, 100].
-
-    Returns:
-        0-dim tensor, one of ``values``.
-    """
+    """``sorted(values)[round(p / 100 * (n - 1))]``, NeMo-RL's ``_percentile`` (the max for n <= 500)."""
     n = values.numel()
     rank = max(0, min(n - 1, round((percentile / _PERCENT) * (n - 1))))
     return values.sort().values[rank]
@@ -219,12 +183,10 @@ class KVScales:
     """Globally combined calibration result.
 
     Attributes:
-        amax: float64 ``[layers, 3]`` (columns q, k, v): the rule's amax, max over ranks.
-        scale: float64 ``[layers, 3]`` dequant scales ``max(amax, floor) * margin / 448``.
+        amax: float64 ``[layers, 3]`` (q, k, v): the rule's amax, max over ranks.
+        scale: float64 ``[layers, 3]``: ``max(amax, floor) * margin / 448``.
         include_q: whether q scales are part of the result.
-        peak: float64 ``[layers, 3]`` ``max |x|`` over every observation and rank (-1 where
-            nothing was observed), or None when the scales did not come from a calibration
-            (e.g. sent with a refit).
+        peak: float64 ``[layers, 3]`` max ``|x|`` (-1: unobserved); None if not calibrated here.
     """
 
     amax: torch.Tensor
@@ -247,22 +209,14 @@ class KVScales:
         return [(n, torch.tensor(v, dtype=torch.float32)) for n, v in self.to_vllm().items()]
 
     def peak_over_range(self) -> torch.Tensor:
-        """``peak / (scale * 448)``, float64 ``[layers, 3]``: > 1 where calibration data saturates.
-
-        Raises:
-            ValueError: no ``peak`` (the scales were not calibrated here).
-        """
+        """``peak / (scale * 448)``, float64 ``[layers, 3]``: > 1 where calibration data saturates."""
         if self.peak is None:
             raise ValueError("KVScales.peak is None: these scales were not calibrated here")
         return self.peak / (self.scale * E4M3_MAX)
 
 
 def kv_saturation_metrics(scales: KVScales) -> dict[str, float]:
-    """``kv_cache/peak_over_range_<kind>``: max over layers of :meth:`KVScales.peak_over_range`.
-
-    One value per calibrated kind (q only with ``include_q``); > 1 means the largest
-    calibration value of some layer lies beyond ``scale * 448`` and saturates in E4M3.
-    """
+    """``kv_cache/peak_over_range_<kind>``: max over layers of :meth:`KVScales.peak_over_range`."""
     ratio = scales.peak_over_range()
     kinds = KINDS if scales.include_q else KINDS[1:]
     return {
@@ -272,11 +226,7 @@ def kv_saturation_metrics(scales: KVScales) -> dict[str, float]:
 
 
 class KVSaturationCounter:
-    """Counts the elements an E4M3 KV cache saturates: ``|x| / scale > 448``, per layer and kind.
-
-    Args:
-        scales: the scales in use; compared in float32, as the engine stores them.
-    """
+    """Counts the elements an E4M3 KV cache saturates (``|x| / scale > 448``), per layer and kind."""
 
     def __init__(self, scales: KVScales) -> None:
         self.scale = scales.scale.to(torch.float32)
@@ -308,13 +258,7 @@ class KVSaturationCounter:
 class KVScaleCalibrator:
     """Accumulates per-layer Q/K/V observations; :meth:`compute_scales` reduces them.
 
-    Args:
-        num_layers: number of attention layers (same on every rank).
-        config: calibration constants, including the rule (``reduction``).
-
-    Attributes:
-        token_mask: optional ``[B, T]`` mask; while set, hooks observe only the rows of
-            ``[B, T, D]`` outputs where it is nonzero (set it before each forward).
+    ``token_mask`` (``[B, T]``, optional): while set, hooks observe only its nonzero rows.
     """
 
     def __init__(self, num_layers: int, config: KVScaleConfig | None = None) -> None:
@@ -334,17 +278,7 @@ class KVScaleCalibrator:
     def observe(
         self, layer: int, kind: KVKind, x: torch.Tensor, mask: torch.Tensor | None = None
     ) -> None:
-        """Record one activation tensor: its ``max |x|`` and the rule's statistic.
-
-        No host sync in the default rule (non-finite values are flagged in
-        :meth:`compute_scales`).
-
-        Args:
-            layer: attention layer index in ``[0, num_layers)``.
-            kind: ``"q"``, ``"k"`` or ``"v"``.
-            x: ``[..., D]`` activations (e.g. ``[B, T, D]`` projection output).
-            mask: optional mask over ``x.shape[:-1]``; only rows where it is nonzero count.
-        """
+        """Record one activation ``x [..., D]`` of ``layer`` / ``kind`` (rows where ``mask`` is nonzero)."""
         if not 0 <= layer < self.num_layers or kind not in KINDS:
             raise ValueError(
                 f"observe: layer={layer} kind={kind!r} is invalid: expected layer in "
@@ -365,10 +299,7 @@ class KVScaleCalibrator:
         self._observations.append((layer, KINDS.index(kind), amax, stat))
 
     def local_tables(self) -> torch.Tensor:
-        """This rank's float64 ``[3, layers, 3]`` table: the rule's amax, peak, non-finite flag.
-
-        -1 in the first two planes where nothing (finite) was observed.
-        """
+        """This rank's float64 ``[3, layers, 3]``: the rule's amax, peak (-1: unobserved), non-finite flag."""
         table = torch.full((3, self.num_layers, len(KINDS)), _UNOBSERVED, dtype=torch.float64)
         table[2] = 0.0
         if not self._observations:
@@ -394,17 +325,11 @@ class KVScaleCalibrator:
     def compute_scales(
         self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None
     ) -> KVScales:
-        """Combine ranks (one all_reduce MAX if ``group``) and form the scales.
-
-        Args:
-            group: process group to combine over; None = this process only.
-            device: where the collective runs (a CUDA device for an NCCL group; None = CPU,
-                for gloo). The result is always on CPU.
+        """Combine ranks (one all_reduce MAX if ``group``, on ``device``) and form the scales (on CPU).
 
         Raises:
-            ValueError: from globally reduced values only (all ranks raise together):
-                non-finite activations seen on any rank, or a required layer/kind that
-                no rank observed.
+            ValueError: from globally reduced values (all ranks raise): non-finite activations,
+                or a required layer/kind no rank observed.
         """
         table = self.local_tables()
         if group is not None:
@@ -436,14 +361,7 @@ class KVScaleCalibrator:
         return KVScales(amax, scale, self.config.include_q, peak)
 
     def install_hooks(self, model: nn.Module) -> _HookHandles:
-        """Forward hooks on every ``*.layers.N.self_attn.{q,k,v}_proj`` of an HF model.
-
-        Returns:
-            A handle; ``.remove()`` (or use it as a context manager) removes the hooks.
-
-        Raises:
-            ValueError: no such attention module, or a layer index >= ``num_layers``.
-        """
+        """Forward hooks on every ``*.layers.N.self_attn.{q,k,v}_proj``; ``.remove()`` the result."""
         handles = []
         for name, module in model.named_modules():
             match = _ATTN_RE.search(name)
@@ -504,18 +422,10 @@ def verify_kv_scales(
     expected: Mapping[str, float],
     rtol: float = 1e-6,
 ) -> None:
-    """Check that the engine holds the scales that were sent (after ``load_weights``).
+    """Raise ``ValueError`` listing every sent scale the engine does not hold.
 
-    Args:
-        engine_scales: engine name (or checkpoint name) -> value, e.g. from
-            :func:`collect_engine_kv_scales` on the engine's model.
-        expected: what was sent, :meth:`KVScales.to_vllm`.
-        rtol: relative tolerance (fp32 storage of a float64 scale is within 2^-24).
-
-    Raises:
-        ValueError: listing every scale that is missing, never loaded
-            (``finfo(float32).min``), left at its default 1.0, non-positive/non-finite,
-            or different from the one sent.
+    A scale missing, never loaded (``finfo(float32).min``), left at 1.0, not finite and > 0,
+    or off by more than ``rtol`` from ``expected`` (:meth:`KVScales.to_vllm`).
     """
     problems = []
     for name, want in expected.items():
@@ -540,18 +450,10 @@ def verify_kv_scales(
 
 
 def require_calibrated_kv_scales(scales: Mapping[str, float] | None, num_layers: int) -> None:
-    """Refit guard: every Q/K/V scale of every layer is calibrated, so none streams as 1.0.
-
-    NeMo-RL's refit streams ``scales.get(name, 1.0)`` for each of :func:`kv_scale_names`
-    of layers ``0..num_layers-1`` when the FP8 KV cache is on.
-
-    Args:
-        scales: vLLM name -> scale about to be streamed (None: never calibrated).
-        num_layers: the model's (global) number of attention layers.
+    """Refit guard: every Q/K/V scale of layers ``0..num_layers-1`` is calibrated (none streams as 1.0).
 
     Raises:
-        ValueError: naming, per layer, each scale that is missing (never calibrated), left
-            at the default 1.0, or not a finite value > 0.
+        ValueError: per layer, each scale missing, left at 1.0, or not a finite value > 0.
     """
     scales = {} if scales is None else scales
     problems = []

@@ -44,12 +44,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from nemo_ais.formats.checks import check_regexes
+from nemo_ais.formats.base import BF16
 from nemo_ais.formats.fp8_block import Family
-from nemo_ais.refit.kv_scales import KVReduction
-from nemo_ais.rules.keep_bf16 import KeepInBf16
+from nemo_ais.formats.registry import get_format
+from nemo_ais.refit.config import KeepInBf16Fields
+from nemo_ais.refit.kv_scales import KVReduction, kv_field
 
 __all__ = [
     "KV_CACHE_FORMATS",
@@ -67,10 +68,8 @@ KV_CACHE_FORMATS: tuple[str, ...] = KVCacheFormat.__args__
 _COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
-class RolloutPrecisionConfig(BaseModel):
+class RolloutPrecisionConfig(KeepInBf16Fields):
     """How the twin simulates vLLM's low-precision rollout (module doc)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     format: RolloutFormat = Field(
         "fp8",
@@ -80,19 +79,10 @@ class RolloutPrecisionConfig(BaseModel):
     kv_cache: KVCacheFormat = Field(
         "bf16", description="KV cache: bf16, fp8 (E4M3 per-tensor) or nvfp4 (1x16 blocks)."
     )
-    num_first_layers_in_bf16: int = Field(
-        0, ge=0, description="Keep the first N decoder layers unquantized (NeMo-RL key)."
-    )
-    num_last_layers_in_bf16: int = Field(
-        0, ge=0, description="Keep the last N decoder layers unquantized (NeMo-RL key)."
-    )
     attention_in_bf16: bool = Field(
         False,
         description="Keep every layer's q/k/v/o projections unquantized (NeMo-RL's NVFP4 "
         "real-quant default ignores *self_attn*); the KV cache format still applies.",
-    )
-    keep_patterns: tuple[str, ...] = Field(
-        (), description="Regexes (re.search on the module name) of extra linears kept unquantized."
     )
     weight_block: tuple[int, int] = Field(
         (128, 128), description="format fp8: weight tile (out, in); 128x128 as in vLLM."
@@ -114,29 +104,13 @@ class RolloutPrecisionConfig(BaseModel):
     nvfp4_weight_rows_per_block: Literal[1, 16] = Field(
         1, description="nvfp4 formats: 1 = 1x16 weight blocks; 16 = TE's 16x16 weight tiles."
     )
-    kv_calibration_reduction: KVReduction = Field(
-        "percentile_of_amax",
-        description="KV calibration rule: percentile_of_amax (NeMo-RL's: max |x| per "
-        "calibration forward, nearest-rank percentile over forwards) or element_percentile "
-        "(percentile of |x| over the elements, max over forwards).",
-    )
-    kv_calibration_percentile: float = Field(
-        99.9, gt=0.0, le=100.0, description="p of the KV calibration rule, in (0, 100]."
-    )
-    kv_calibration_margin: float = Field(
-        1.05, ge=1.0, le=4.0, description="Multiplies the calibrated KV amax (outlier headroom)."
-    )
-    kv_amax_floor: float = Field(
-        1e-4, gt=0.0, description="Floor of the calibrated KV amax (all-zero K/V stay finite)."
-    )
+    kv_calibration_reduction: KVReduction = kv_field("reduction")
+    kv_calibration_percentile: float = kv_field("percentile")
+    kv_calibration_margin: float = kv_field("margin")
+    kv_amax_floor: float = kv_field("amax_floor")
     compute_dtype: Literal["float32", "bfloat16", "float64"] | None = Field(
         None, description="Cast the twin to this dtype before quantizing; None keeps the model's."
     )
-
-    @field_validator("keep_patterns")
-    @classmethod
-    def _compile_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
-        return check_regexes(patterns, "keep_patterns")
 
     @model_validator(mode="after")
     def _check_block(self) -> RolloutPrecisionConfig:
@@ -150,18 +124,11 @@ class RolloutPrecisionConfig(BaseModel):
     @property
     def enabled(self) -> bool:
         """False when nothing is simulated: the twin is then an exact copy (the BF16 arm)."""
-        return not (
-            self.format == "bf16" and self.kv_cache == "bf16" and self.compute_dtype is None
-        )
+        quantized = get_format(self.format) is not BF16 or self.kv_cache != "bf16"
+        return quantized or self.compute_dtype is not None
 
-    def keep_rule(self) -> KeepInBf16:
-        """The twin's keep-in-BF16 rule (:mod:`nemo_ais.rules.keep_bf16`), num_layers given."""
-        return KeepInBf16(
-            first_layers=self.num_first_layers_in_bf16,
-            last_layers=self.num_last_layers_in_bf16,
-            attention=self.attention_in_bf16,
-            patterns=self.keep_patterns,
-        )
+    def _keep_options(self) -> dict:
+        return {"attention": self.attention_in_bf16}
 
     @property
     def kv_cache_fp8(self) -> bool:

@@ -120,7 +120,7 @@ def quantized_module(
 
     ``weight_amax``: the NVFP4 weight's global amax, shared by the fused shards (None: its own).
     """
-    if config.format == "fp8":
+    if get_format(config.format).keeps_codes:
         quant = dict(
             weight_block=config.weight_block,
             activation_group=config.activation_group,

@@ -59,7 +59,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -346,61 +347,27 @@ class RolloutTwin:
         return QuantizedKVCache(self.config.kv_cache, self.kv_scales, self.kv_saturation)
 
     def generate(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        generator: torch.Generator | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        pad_token_id: int | None = None,
-        logprobs_mode: LogprobsMode = "unfiltered",
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **sampling: Any
     ) -> GenerationOutput:
-        """:func:`~nemo_ais.rollout.sampling.generate` with the twin, arguments as there.
+        """:func:`~nemo_ais.rollout.sampling.generate` with the twin (keyword arguments as there).
 
         Stale calibration (after a refit: KV scales, W4A4 input amax) is first redone on
         these prompts, as vLLM's ``calculate_kv_scales`` does on its first batch.
         """
-        return generate(
-            self.model,
-            input_ids,
-            attention_mask,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            generator=generator,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            logprobs_mode=logprobs_mode,
-            past_key_values=self._cache(input_ids, attention_mask),
-        )
+        cache = self._cache(input_ids, attention_mask)
+        return generate(self.model, input_ids, attention_mask, past_key_values=cache, **sampling)
 
     def score(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         response_ids: torch.Tensor,
-        *,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        logprobs_mode: LogprobsMode = "unfiltered",
+        **sampling: Any,
     ) -> torch.Tensor:
         """:func:`~nemo_ais.rollout.sampling.score_responses` under the twin: ``[B, T]`` fp32."""
+        cache = self._cache(input_ids, attention_mask)
         return score_responses(
-            self.model,
-            input_ids,
-            attention_mask,
-            response_ids,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            logprobs_mode=logprobs_mode,
-            past_key_values=self._cache(input_ids, attention_mask),
+            self.model, input_ids, attention_mask, response_ids, past_key_values=cache, **sampling
         )
 
 

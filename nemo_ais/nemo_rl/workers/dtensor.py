@@ -17,7 +17,7 @@ import ray
 from nemo_rl.models.policy.utils import get_runtime_env_for_policy_worker
 from nemo_rl.models.policy.workers.dtensor_policy_worker import DTensorPolicyWorkerImpl
 
-from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin
+from nemo_ais.nemo_rl.workers.mixin import AISDTensorMixin
 
 __all__ = ["AISDTensorPolicyWorker"]
 
@@ -25,12 +25,5 @@ __all__ = ["AISDTensorPolicyWorker"]
 @ray.remote(
     runtime_env=get_runtime_env_for_policy_worker("dtensor_policy_worker")
 )  # pragma: no cover
-class AISDTensorPolicyWorker(AISTrainMixin, DTensorPolicyWorkerImpl):
-    """``DTensorPolicyWorker`` + the AIS prepare step over the device mesh's ``dp`` group.
-
-    The same group NeMo-RL sums ``global_valid_toks`` over: context-parallel ranks hold
-    the same sequences and are not part of it.
-    """
-
-    def _ais_dp_group(self):
-        return self.dp_mesh.get_group()
+class AISDTensorPolicyWorker(AISDTensorMixin, DTensorPolicyWorkerImpl):
+    """``DTensorPolicyWorker`` + the AIS prepare step over the ``dp`` mesh group."""

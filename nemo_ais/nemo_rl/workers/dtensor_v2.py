@@ -17,7 +17,7 @@ import ray
 from nemo_rl.models.policy.utils import get_runtime_env_for_policy_worker
 from nemo_rl.models.policy.workers.dtensor_policy_worker_v2 import DTensorPolicyWorkerV2Impl
 
-from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin
+from nemo_ais.nemo_rl.workers.mixin import AISDTensorMixin
 
 __all__ = ["AISDTensorPolicyWorkerV2"]
 
@@ -25,12 +25,5 @@ __all__ = ["AISDTensorPolicyWorkerV2"]
 @ray.remote(
     runtime_env=get_runtime_env_for_policy_worker("dtensor_policy_worker_v2")
 )  # pragma: no cover
-class AISDTensorPolicyWorkerV2(AISTrainMixin, DTensorPolicyWorkerV2Impl):
-    """``DTensorPolicyWorkerV2`` + the AIS prepare step over the device mesh's ``dp`` group.
-
-    The same group NeMo-RL sums ``global_valid_toks`` over: context-parallel ranks hold
-    the same sequences and are not part of it.
-    """
-
-    def _ais_dp_group(self):
-        return self.dp_mesh.get_group()
+class AISDTensorPolicyWorkerV2(AISDTensorMixin, DTensorPolicyWorkerV2Impl):
+    """``DTensorPolicyWorkerV2`` + the AIS prepare step over the ``dp`` mesh group."""

@@ -29,7 +29,7 @@ from nemo_ais.alarms import AlarmConfig, AlarmMonitor, RefitAlarmError, alarm_me
 from nemo_ais.core import AISDiagnostics, AISState
 from nemo_ais.nemo_rl.seam import prepare_global_batches
 
-__all__ = ["AISTrainMixin", "ais_alarm_state_path", "ais_state_path"]
+__all__ = ["AISDTensorMixin", "AISTrainMixin", "ais_alarm_state_path", "ais_state_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -191,3 +191,14 @@ class AISTrainMixin:
                 with open(ais_alarm_state_path(weights_path), "w") as f:
                     json.dump(self.ais_alarm_monitor.state_dict(), f)
         return out
+
+
+class AISDTensorMixin(AISTrainMixin):
+    """:class:`AISTrainMixin` over the device mesh's ``dp`` group (DTensor workers, v1 and v2).
+
+    The same group NeMo-RL sums ``global_valid_toks`` over: context-parallel ranks hold
+    the same sequences and are not part of it.
+    """
+
+    def _ais_dp_group(self):
+        return self.dp_mesh.get_group()
