@@ -13,60 +13,34 @@
 # limitations under the License.
 """AIS diagnostics and the mixing coefficient alpha, from GLOBAL sufficient statistics.
 
-Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu;
-sums from :mod:`nemo_ais.core.stats`, already reduced over the data-parallel group):
+Algorithm box (**[reconstruction]** of arXiv 2605.13907; rho = pi_old / mu; sums from
+:mod:`nemo_ais.core.stats`, already reduced over the data-parallel group):
 
-1. reliability    R    = (sum_i W_i)^2 / (N * sum_i W_i^2)      in (0, 1]  (sequence ESS ratio)
-2. severity       D    = sum |l_it| m_it / sum m_it                        (mean |log-ratio|)
-3. amplification  CV^2 = (sum w^2 / n) / (sum w / n)^2 - 1                 (token level, w = min(rho, C))
-4. gates          g_sev = 1 - exp(-D / tau)                                tau   = severity_scale
-                  g_rel = clip((R - r_min) / (1 - r_min), 0, 1)            r_min = reliability_floor
-                  g_var = 1 / (1 + CV^2 / kappa)                           kappa = variance_tolerance
-                  (a gate disabled in the config is 1)
-5. mixer          alpha_raw = g_sev * g_rel * g_var   (mixer=product)
-                  alpha_raw = constant_alpha          (mixer=constant)
-6. EMA + clamp    alpha_t = clamp(beta * alpha_{t-1} + (1 - beta) * alpha_raw, alpha_min, alpha_max)
-                  beta = ``ema``; the first update (no history) takes alpha_raw.
-7. other modes    (issue 17; from the same reduced vector, so identical on every rank;
-                  what each mode needs is its record's, :mod:`nemo_ais.modes`)
-                  w_bar  = sum w_hat / n_w  (batch_normalize: the divisor of the weights;
-                           the record's closed form if it has one, ais:
-                           (1 - alpha) + alpha * w_mean; 1 if every weight is 0)
-                  batch statistic: the record's values of its reduced slots, e.g.
-                           m2po's q*: drop whole bins of q = (l^c)^2 from the top until
-                           sum_kept q <= m2po.tau * n_kept (AReaL M2PO, binned)
-                  mode_frac_masked = #{w_hat = 0} / n_w, mode_frac_capped = #{w_i = C_seq} / n_w,
-                  mode_ess = (sum w_hat)^2 / (n_w sum w_hat^2); n_w counts tokens, or
-                  sequences for seq_tis / seq_mis / tbpo
+1. reliability    R    = (sum_i W_i)^2 / (N * sum_i W_i^2)   in (0, 1]  (sequence ESS ratio)
+2. severity       D    = sum |l_it| m_it / sum m_it                    (mean |log-ratio|)
+3. amplification  CV^2 = (sum w^2 / n) / (sum w / n)^2 - 1             (w = min(rho, C))
+4. gates          g_sev = 1 - exp(-D / tau)                            tau   = severity_scale
+                  g_rel = clip((R - r_min) / (1 - r_min), 0, 1)        r_min = reliability_floor
+                  g_var = 1 / (1 + CV^2 / kappa)                       kappa = variance_tolerance
+5. mixer          alpha_raw = g_sev * g_rel * g_var (product) or constant_alpha (constant)
+6. EMA + clamp    alpha_t = clamp(beta * alpha_{t-1} + (1 - beta) * alpha_raw, alpha_min,
+                  alpha_max), beta = ``ema``; the first update takes alpha_raw.
+7. other modes    from the same vector (the mode's record, :mod:`nemo_ais.modes`):
+                  w_bar = sum w_hat / n_w (batch_normalize; ais: (1 - alpha) + alpha w_mean);
+                  the mode's batch statistic (m2po's q*); mode_frac_masked, mode_frac_capped,
+                  mode_ess = (sum w_hat)^2 / (n_w sum w_hat^2)
+8. tails          from the |l| and sequence-k3 histograms (bins a factor 2 wide, lower edges):
+                  abs_log_ratio_p999, abs_log_ratio_peak, seq_kl_peak
 
-8. tails         from the |l| and per-sequence k3 histograms of the same vector (stats step
-                  4c; bins a factor 2 wide, so each value is the LOWER edge of its bin: the
-                  true value lies in [value, 2 value), or below 2^-14 when the value is 0)
-                  abs_log_ratio_p999 = bin of the ceil(0.999 n)-th smallest |l|
-                  abs_log_ratio_peak  = highest non-empty |l| bin
-                  seq_kl_peak         = highest non-empty bin of k3_i = mean_t exp(l^c) - 1 - l^c
+Also: KL(mu || pi_old) k1 = mean(-l), k3 = mean(exp(l) - 1 - l); w_mean, frac_capped,
+token_mult_prob_error = mean exp|l|, raw_ratio_mean = mean exp(l).
 
-Also reported: KL(mu || pi_old) on samples from mu, k1 = mean(-l), k3 = mean(exp(l) - 1 - l);
-w_mean, frac_capped, token_mult_prob_error = mean exp|l|, raw_ratio_mean = mean exp(l).
-
-Determinism: the reduced float64 vector is read to the host ONCE (the only host sync
-per global batch) and every formula above is evaluated in Python floats (IEEE float64),
-so alpha is bit-identical on every rank that holds the same reduced vector.
-
-Bad input on any rank (agreed, never raised alone): a rank whose input fails a check
-(missing key, type/dtype, shape/device, non-finite log-prob or mask value at a valid
-position) still joins the ONE statistics all-reduce, with flags in the same vector
-(:mod:`nemo_ais.core.stats`, step 4). The reduced flags are identical everywhere, so every
-rank takes the failure path together: ONE ``all_gather_object`` of each rank's local error
-text (failure path only; the OK path stays at one all-reduce), then every rank raises the
-same ``ValueError``, which names each bad rank with its own message (field, what arrived,
-what was expected). ``group=None`` raises the local error as is, as before.
-
-Globally empty batch (no valid token anywhere): alpha = alpha_raw = 0, empty_batch = 1,
-R = 1, D = 0, CV^2 = 0, k1 = k3 = 0, w_mean = raw_ratio_mean = token_mult_prob_error = 1,
-frac_capped = 0, g_sev = 0, g_rel = g_var = 1, w_norm = 1, m2po_threshold = 1e4 (nothing
-masked), mode_frac_* = 0, mode_ess = 1, tails 0; the EMA value is left unchanged (an empty
-batch carries no evidence), its update counter still advances.
+The reduced float64 vector is read to the host ONCE and every formula runs in Python
+floats, so alpha is bit-identical on every rank. A rank with bad input still joins the
+all-reduce with flags set; every rank then takes the failure path together (one
+``all_gather_object`` of the error texts) and raises the same ``ValueError`` naming each
+bad rank. An empty global batch gives alpha = 0, empty_batch = 1 and finite neutral values
+(R = 1, D = 0, w_mean = 1, ...); the EMA value is kept, its counter advances.
 """
 
 from __future__ import annotations
@@ -152,13 +126,7 @@ class AISDiagnostics:
 
 @dataclass
 class AISState:
-    """EMA state of alpha; survives checkpoint/resume via ``state_dict``.
-
-    Attributes:
-        alpha: last smoothed alpha (None before the first non-empty batch).
-        num_updates: number of ``compute_diagnostics`` calls that were given this state
-            (each advances it exactly once; an empty batch leaves ``alpha`` unchanged).
-    """
+    """EMA state of alpha (``alpha``: None before the first non-empty batch; ``num_updates``)."""
 
     alpha: float | None = None
     num_updates: int = 0
@@ -186,11 +154,7 @@ def _severity(n_tok: float, abs_log_rho_sum: float) -> float:
 
 
 def _cv2(n_tok: float, w_dev_sum: float, w_dev_sq_sum: float) -> float:
-    """Step 3: CV^2 = (n sum w^2 - (sum w)^2) / (sum w)^2 from u = w - 1 (shift-invariant).
-
-    n sum w^2 - (sum w)^2 = n sum u^2 - (sum u)^2, and sum w = n + sum u; the shift avoids
-    the cancellation of n sum w^2 / (sum w)^2 - 1 when w ~ 1. 0 if n = 0; floored at 0.
-    """
+    """Step 3: CV^2 from u = w - 1 (n sum u^2 - (sum u)^2 avoids cancellation); 0 if n = 0."""
     w_sum = n_tok + w_dev_sum
     if n_tok == 0 or w_sum <= 0:
         return 0.0
@@ -229,10 +193,7 @@ def _smooth(alpha_raw: float, config: CorrectionConfig, state: AISState | None) 
 
 
 def _sums(global_stats: AISStats) -> dict[Slot, float]:
-    """The one host sync per global batch: the reduced vector as python floats.
-
-    Key ``"tail"``: the slots after the fixed ones (the mode's batch statistic), a list.
-    """
+    """The one host sync per global batch: the reduced vector as floats (``"tail"``: the mode's slots)."""
     values = global_stats.vector.tolist()
     out = {slot: values[slot] for slot in Slot}
     out["tail"] = values[NUM_SLOTS:]
@@ -379,14 +340,10 @@ def diagnostics_from_stats(
     Args:
         global_stats: statistics already summed over the data-parallel group.
         config: the ``loss_fn.ais`` section.
-        state: EMA state; advanced once (a globally empty batch keeps its alpha).
-
-    Returns:
-        :class:`AISDiagnostics`; the documented finite result for an empty batch.
+        state: EMA state; advanced once (an empty batch keeps its alpha).
 
     Raises:
-        ValueError: the statistics flag bad input (the same summary on every rank; use
-            :func:`compute_diagnostics` for each bad rank's own message).
+        ValueError: the statistics flag bad input (the same summary on every rank).
         TypeError: ``config`` is not a :class:`~nemo_ais.config.CorrectionConfig`.
     """
     require_config(config, CorrectionConfig, "diagnostics_from_stats(config)")
@@ -427,11 +384,7 @@ def _local_bad_values(logp_old, logp_rollout, mask) -> str | None:
 
 
 def _gather_error_texts(local_text: str | None, group) -> list[tuple[int, int, str]]:
-    """Failure path only: ``(group rank, global rank, text)`` of every bad rank, in order.
-
-    ``all_gather_object`` pickles through tensors on the group's device (for NCCL, the
-    current CUDA device, which Megatron/NeMo-RL workers set at start-up).
-    """
+    """Failure path only: ``(group rank, global rank, text)`` of every bad rank."""
     entries = [None] * torch.distributed.get_world_size(group)
     me = (torch.distributed.get_rank(group), torch.distributed.get_rank(), local_text)
     torch.distributed.all_gather_object(entries, me, group=group)
@@ -463,35 +416,25 @@ def compute_diagnostics(
     *,
     input_error: Exception | None = None,
 ) -> AISDiagnostics:
-    """Statistics -> ONE all-reduce -> diagnostics, for one global batch.
-
-    Call once per global batch (every rank of ``group``, same number of times) and pass
-    the result to every micro-batch's :func:`~nemo_ais.core.loss.clipped_pg_loss`.
+    """Statistics -> ONE all-reduce -> diagnostics, once per global batch on every rank.
 
     Args:
-        prev_logprobs: ``[B, T]`` trainer log-probs pi_old, any float dtype. Ignored (may
-            be None) with ``config.bypass``: pi_old := mu.
+        prev_logprobs: ``[B, T]`` pi_old log-probs; ignored (may be None) with ``bypass``.
         generation_logprobs: ``[B, T]`` rollout-engine log-probs mu.
-        mask: ``[B, T]`` bool or float in {0, 1} (token_mask x sample_mask).
+        mask: ``[B, T]`` bool or float in {0, 1}.
         config: the ``loss_fn.ais`` section.
-        group: data-parallel process group; None = single process, no collective.
+        group: data-parallel group; None = single process, no collective.
         state: EMA state of alpha, advanced exactly once.
-        input_error: an error the caller met while building this rank's inputs (e.g. an
-            adapter's ``KeyError`` for a missing key); the tensors then only give the
-            device of the statistics (empty ones will do). With a group, this rank joins
-            the all-reduce flagged and every rank raises; with None it is raised as is.
+        input_error: an error met while building this rank's inputs (e.g. a missing key);
+            with a group this rank joins flagged, else it is raised as is.
 
     Returns:
         :class:`AISDiagnostics` (python floats, bit-identical on every rank).
 
     Raises:
-        TypeError, ValueError, KeyError: ``group=None``: the local error (type, shape,
-            device, ``input_error``; NaN / inf / mask values with the count and first index).
-        ValueError: with a group, bad input on ANY rank: every rank raises the same message
-            after the all-reduce and one ``all_gather_object`` of the error texts, naming
-            each bad rank with its own message. ``config`` not a
-            :class:`~nemo_ais.config.CorrectionConfig` (e.g. a dict) is bad input too:
-            a TypeError without a group, this ValueError with one.
+        TypeError, ValueError, KeyError: without a group, the local error.
+        ValueError: with a group, bad input on ANY rank (``config`` of the wrong type
+            included): the same message on every rank, naming each bad rank.
     """
     if input_error is None:  # a wrong config type joins the all-reduce flagged, like bad input
         input_error = config_type_error(config, CorrectionConfig, "compute_diagnostics(config)")

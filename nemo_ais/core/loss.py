@@ -13,84 +13,48 @@
 # limitations under the License.
 """The weighted clipped GRPO surrogate: the ONLY policy-gradient loss of the package.
 
-Algorithm box (ratio rho = pi_old / mu; r = pi_theta / pi_old; **[reconstruction]** marks
-our AIS weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
+Algorithm box (rho = pi_old / mu; r = pi_theta / pi_old; **[reconstruction]** marks our AIS
+weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 
-0. bypass            (``bypass=True``) pi_old := mu: prev_logprobs = generation_logprobs, so
-                     rho = 1 and r = pi_theta / mu (veRL / slime / AReaL bypass mode)
-1. validate          shapes / dtypes / devices at once (if step 2 communicates, a failure
-                     is flagged in its all-reduce instead, so every rank raises together);
-                     values, mask and the global normalisers N_tok / N_seq with ONE fused
-                     host sync (a count that is NaN, inf, or below this call's own count
-                     is refused)
-2. diagnostics       mode ais / m2po or batch_normalize without precomputed diagnostics:
-                     statistics -> ONE all-reduce over ``group`` -> alpha, m2po's q*,
-                     batch_normalize's w_bar  (:func:`~nemo_ais.core.compute_diagnostics`)
-3. weight            w_hat_it = MODES[mode].weight(l_it)                (detached, 0 where m = 0)
-                     ais: w_hat = (1 - alpha) + alpha * min(rho, C)     **[reconstruction]**
-                     seq_tis, seq_mis, kl_rs, m2po: :mod:`nemo_ais.core.weights` (table)
-                     batch_normalize: w_hat / w_bar, w_bar the global batch mean of w_hat
-                     (from step 2's all-reduce, like alpha and m2po's q*)
-4. surrogate         r_it = exp(clamp(log pi_theta - log pi_old, -L, L))
-                     sequence_level_importance_ratios (GSPO): r_it := exp(clamp(sum_t m_it
-                     log r_it / n_i, -L, L)) for every token of sequence i (the IS weight
-                     stays w_hat: NeMo-RL's sequence-level weight is its IS correction,
-                     which loss_fn.ais replaces; use mode seq_tis for a sequence weight)
-                     clip_loss_it = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
-                     use_cispo: clip_loss_it = -A sg(clip(r, 1 - eps_low, 1 + eps_high))
-                     log pi_theta (no max; not with dual clip, GSPO, disable_ppo_ratio or
-                     sequence-level loss, as NeMo-RL asserts)
-                     dual clip (A < 0): clip_loss_it = min(clip_loss_it, -A c)
-                     disable_ppo_ratio: clip_loss_it = -A log pi_theta
-                     tbpo **[reconstruction]** of QaRL's TBPO (arXiv 2604.07853; no code):
-                     s_i = exp(clamp(mean_t log r_it, -L, L)), then per token
-                     A >= 0: max(-A s_i, -A clip(s_i, 1 - clip_low, 1 + clip_high))
-                     A < 0:  -A clip(s_i, 1 - neg_clip_low, 1 + neg_clip_high)
-                     (two-sided band: no gradient outside it); w_hat = min(rho_geo,i, C_s);
-                     not with use_cispo / sequence_level_importance_ratios (refused)
-5. KL penalty        pi_theta_kl = kl_logprobs (NeMo-RL's curr_logprobs_unfiltered: without
-                     the top-k / top-p filter) if given, else pi_theta
-                     x = clamp(log pi_ref - log pi_theta_kl, +-kl_input_clamp_value)
-                     k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x
-                     kl_it = beta_kl * clamp(s_it * k(x), +-kl_output_clamp_value),
-                     s_it detached where the input clamp is active, NOT multiplied by w_hat:
-                     default: s_it = exp(log pi_theta_kl - sg(log pi_theta_kl)) (value 1,
-                     carries the score-function gradient), written k - (x - sg x) sg(k):
-                     the same value and gradient
-                     use_on_policy_kl_approximation: s_it = nan_to_num(exp(log pi_theta_kl
-                     - log mu)) (NaN / +-inf -> 0), with its gradient (0, not NeMo-RL's NaN,
-                     where exp() overflows)
-6. reduce            L = sum_it c_it (w_hat clip_loss + kl) + mu_nll L_nll
-                     token level:    c_it = m_it / N_tok
-                     sequence level: c_it = m_it / (n_i N_seq)
-                     N_* = global_valid_tokens / global_valid_seqs (None: this batch's count;
-                     1, NeMo-RL main's split-API placeholder, gives raw sums that its
-                     finish_train_step rescales by 1 / N: refused when the weight needs a
-                     statistic of the global batch, i.e. ais, m2po or batch_normalize)
-                     positive_example_nll_weight mu_nll > 0 (VAPO), p_it = m_it [reward_i > 0]:
-                     L_nll = sum_it -p_it log pi_theta / clamp_min(sum_it p_it, 1) (this
-                     call's own count, as NeMo-RL; not weighted by w_hat)
-7. metrics           summable form (:mod:`nemo_ais.core.metrics`); optionally the
-                     rollout-mismatch metrics of the call (``rollout_metrics=True``,
-                     ``mismatch/*``: :mod:`nemo_ais.core.mismatch`);
-                     NeMo-RL's positive_nll_loss = L_nll when mu_nll > 0
+0. bypass       (``bypass=True``) pi_old := mu, so rho = 1 and r = pi_theta / mu
+1. validate     shapes / dtypes / devices at once (flagged in step 2's all-reduce when it
+                communicates); values, mask and N_tok / N_seq with ONE fused host sync
+2. diagnostics  ais / m2po / batch_normalize without precomputed diagnostics: statistics
+                -> ONE all-reduce over ``group`` -> alpha, m2po's q*, w_bar
+3. weight       w_hat_it = MODES[mode].weight(l_it)              (detached, 0 where m = 0)
+                ais: w_hat = (1 - alpha) + alpha * min(rho, C)   **[reconstruction]**
+                batch_normalize: w_hat / w_bar (global batch mean, from step 2)
+4. surrogate    r_it = exp(clamp(log pi_theta - log pi_old, -L, L))
+                GSPO: r_it := exp(clamp(sum_t m_it log r_it / n_i, -L, L)) (IS weight stays w_hat)
+                clip_loss_it = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
+                use_cispo: clip_loss_it = -A sg(clip(r, 1 - eps_low, 1 + eps_high)) log pi_theta
+                dual clip (A < 0): clip_loss_it = min(clip_loss_it, -A c)
+                disable_ppo_ratio: clip_loss_it = -A log pi_theta
+                tbpo **[reconstruction]** of QaRL's TBPO (arXiv 2604.07853; no code):
+                s_i = exp(clamp(mean_t log r_it, -L, L));
+                A >= 0: max(-A s_i, -A clip(s_i, 1 - clip_low, 1 + clip_high));
+                A < 0: -A clip(s_i, 1 - neg_clip_low, 1 + neg_clip_high); w_hat = min(rho_geo,i, C_s)
+5. KL penalty   x = clamp(log pi_ref - log pi_theta_kl, +-kl_input_clamp_value), pi_theta_kl =
+                kl_logprobs (NeMo-RL's curr_logprobs_unfiltered) or pi_theta;
+                k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x;
+                kl_it = beta_kl * clamp(s_it * k(x), +-kl_output_clamp_value), not times w_hat;
+                s_it = exp(log pi_theta_kl - sg(.)) (value 1, score-function gradient), or with
+                use_on_policy_kl_approximation nan_to_num(exp(log pi_theta_kl - log mu))
+6. reduce       L = sum_it c_it (w_hat clip_loss + kl) + mu_nll L_nll;
+                c_it = m_it / N_tok (token level) or m_it / (n_i N_seq) (sequence level);
+                N_* = global_valid_tokens / _seqs (None: this batch's; NeMo-RL main's
+                placeholder 1 refused when the weight needs a global-batch statistic);
+                VAPO: L_nll = sum -p_it log pi_theta / clamp_min(sum p_it, 1), p = m [reward > 0]
+7. metrics      summable form (:mod:`nemo_ais.core.metrics`); ``rollout_metrics=True`` adds
+                ``mismatch/*`` (:mod:`nemo_ais.core.mismatch`)
 
-Steps 4-6 are written as CleanRL's ``ppo.py`` writes them (ratio, clipped loss, weighted
-sum) and autograd forms the gradient, with NeMo-RL's ``torch.max`` / ``torch.min`` /
-``clamp`` / ``where`` so that ties get upstream's gradient. Beyond the AIS weight, the
-only departures from NeMo-RL v0.7.0 (and main, whose ``ClippedPGLossFn.__call__`` is the
-same) are numerical guards: the log-ratio clamp L (also on GSPO's sequence mean; exact
-for abs(log r) <= L, and CISPO's clipped ratio is exact for any log r), denominators
-without NeMo-RL's + 1e-8, clamp_min(count, 1) for the NLL count, and a zero (not NaN)
-gradient where the on-policy KL weight overflows. The hand-derived gradient lives in
-``tests/hand_gradient.py`` as an independent oracle.
-
-Because the gradient is linear in w_hat, alpha = 0 reproduces mode ``none`` and alpha = 1
-mode ``tis`` (cap C, no floor) exactly, and grad L_ais = (1 - alpha) grad L_none +
-alpha grad L_tis.
-
-Degenerate input: B = 0, T = 0 or no valid token gives loss 0 (with a graph, zero
-gradients) and finite metrics; masked positions never reach exp(), so -inf padding is safe.
+Steps 4-6 are written as CleanRL's ``ppo.py`` (autograd forms the gradient), with NeMo-RL's
+``max`` / ``min`` / ``clamp`` / ``where`` so ties get upstream's gradient. Departures from
+NeMo-RL (v0.7.0 and main) besides the AIS weight are numerical guards: the log-ratio clamp
+L, no + 1e-8 in denominators, clamp_min(count, 1) for the NLL count, and a zero (not NaN)
+gradient where the on-policy KL weight overflows. ``tests/hand_gradient.py`` holds an
+independent hand-derived gradient. alpha = 0 reproduces mode ``none`` and alpha = 1 mode
+``tis`` exactly. No valid token: loss 0 and finite metrics (-inf padding is safe).
 """
 
 from __future__ import annotations
@@ -134,11 +98,7 @@ def _what(t: object) -> str:
 
 
 def _check_structure(named: dict[str, torch.Tensor | None], mask, pg: PGLossConfig) -> dict:
-    """Step 1a: types, shapes and devices of the log-probs and mask (raises at once).
-
-    Returns:
-        The log-prob tensors whose values step 1b checks (reference only if the KL is on).
-    """
+    """Step 1a: types, shapes and devices (raises at once); returns the tensors step 1b checks."""
     prev = named["prev_logprobs"]
     validation.check_2d("prev_logprobs", prev)
     if pg.reference_policy_kl_penalty > 0 and named["reference_logprobs"] is None:
@@ -191,14 +151,10 @@ def _check_advantages(advantages, prev: torch.Tensor) -> None:
 
 
 def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor, kl_theta, on_policy_kl) -> LossInputs:
-    """Step 1b: the differences the loss needs, upcast; only pi_theta's log-probs keep a graph.
+    """Step 1b: the differences the loss needs, upcast; only log pi_theta (and pi_theta_kl) keep a graph.
 
-    ``log pi_theta`` (``theta``) and the KL term's ``log pi_theta_kl`` (``kl_theta``; None:
-    ``theta``) keep their graphs; every other input is detached (data, as in NeMo-RL). A, l,
-    the on-policy KL weight's exponent and the coefficients of step 6 are 0 where m = 0;
-    log r and the KL input are not masked (no multiply in the graph): a masked position
-    holds a finite value there (else step 1b takes :func:`_sanitised`), which the clamps
-    keep finite through exp() and c = 0 removes.
+    A, l and the coefficients are 0 where m = 0; log r and the KL input are not masked but
+    finite there, so the clamps keep exp() finite and c = 0 removes them.
     """
     dtype = m.dtype
     theta = theta.to(dtype)
@@ -224,11 +180,7 @@ def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor, kl_theta, on_policy_
 
 
 def _given(value, name: str) -> torch.Tensor | float | None:
-    """A global count as a tensor to read in the fused sync, or as a python float.
-
-    Raises:
-        ValueError / TypeError: not a scalar count (:func:`validation.check_scalar_count`).
-    """
+    """A global count as a tensor to read in the fused sync, or a python float."""
     validation.check_scalar_count(name, value)
     if isinstance(value, torch.Tensor):
         return value.detach()
@@ -253,14 +205,10 @@ def _check_values(
 ) -> _Counts:
     """Step 1b: ONE fused host sync; the error paths name the input, count and first index.
 
-    ``bad = nan_to_num(v - v, nan=-1)`` with v the sum of the masked differences is -1
-    where a term is NaN / inf (or overflows) and 0 elsewhere, with plain float ops:
-    ``-sum(bad)`` counts such positions anywhere (masked garbage such as -inf padding
-    then needs zeroing by ``where``: ``clean=False``), ``-sum(bad * m)`` at valid ones
-    (then the exact per-tensor count names the input and raises). The mask is in {0, 1}
-    iff 0 <= m <= 1 and sum m^2 = sum m (no temporary). ``need``: the global-batch
-    statistic the mode needs (:func:`_global_batch_need`), which refuses NeMo-RL main's
-    split-API placeholder count of 1.
+    ``nan_to_num(v - v, nan=-1)`` is -1 where a term is NaN / inf: its sum counts bad terms
+    anywhere (``clean=False``: zero them by ``where``), its masked sum at valid positions (raise).
+    The mask is in {0, 1} iff 0 <= m <= 1 and sum m^2 = sum m. ``need``: the global-batch
+    statistic of the mode (refuses NeMo-RL main's placeholder count of 1).
     """
     terms = [t.detach() for t in (x.log_r, x.log_rho, x.log_q, x.adv) if t is not None]
     v = terms[0] + terms[1]
@@ -336,12 +284,7 @@ def _sanitised(
 
 
 def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.Tensor:
-    """Step 6: c_it with L = sum_it c_it loss_it: m / N_tok, or m / (n_i N_seq).
-
-    Each term is divided by its normaliser BEFORE the sum: a float32 sum of large finite
-    per-token terms (ratios near exp(log_ratio_clamp)) would overflow to inf even though
-    the mean is finite.
-    """
+    """Step 6: c_it = m / N_tok or m / (n_i N_seq), applied before the sum (a float32 sum could overflow)."""
     if token_level:
         return m / counts.n_tok
     n_tok_seq = m.sum(dim=-1, keepdim=True)
@@ -349,12 +292,9 @@ def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.
 
 
 def _positive_nll(x: LossInputs, rewards: torch.Tensor) -> torch.Tensor:
-    """Step 6b: NeMo-RL's VAPO term, the mean -log pi_theta of rows with reward > 0.
+    """Step 6b: NeMo-RL's VAPO term, mean -log pi_theta over this call's rows with reward > 0.
 
-    The mean runs over this call's valid tokens of those rows: the count is this call's own
-    (NeMo-RL's ``correct_valid_toks``), not a global one. Dividing by clamp_min(count, 1)
-    instead of testing ``count > 0`` on the host gives 0 (not NaN) for a call without a
-    positive row, with no host sync.
+    clamp_min(count, 1) gives 0 (not NaN) without a positive row, with no host sync.
     """
     positive = x.m * (rewards.detach() > 0).to(x.m.dtype).unsqueeze(-1)
     return -(x.logp_theta * positive).sum() / positive.sum().clamp_min(1)
@@ -366,11 +306,7 @@ def _full(value: float, like: torch.Tensor) -> torch.Tensor:
 
 
 def _dot(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-    """sum_it values_it c_it (c carries the mask and the normaliser).
-
-    ``torch.sum`` (cascade summation, float32 error ~ eps log n), not ``torch.dot`` (whose
-    float32 accumulation error grows ~ eps n / lanes: 3e-6 at n = 16384).
-    """
+    """sum_it values_it c_it with ``torch.sum`` (cascade summation; ``torch.dot`` accumulates worse)."""
     return (values * coef).sum()
 
 
@@ -415,58 +351,36 @@ def clipped_pg_loss(
     """Clipped GRPO loss with the per-token correction weight of ``config.mode``.
 
     Args:
-        curr_logprobs: ``[B, T]`` log pi_theta of the sampled tokens (with grad), any float.
-        prev_logprobs: ``[B, T]`` log pi_old (trainer, start of step); detached. Ignored
-            (may be None) with ``config.bypass``: pi_old := mu.
-        generation_logprobs: ``[B, T]`` log mu (rollout engine); detached.
-        advantages: ``[B, T]`` or ``[B]`` (broadcast over T); detached (data, as in NeMo-RL).
+        curr_logprobs: ``[B, T]`` log pi_theta (with grad).
+        prev_logprobs: ``[B, T]`` log pi_old, detached; ignored (may be None) with ``bypass``.
+        generation_logprobs: ``[B, T]`` log mu (rollout engine), detached.
+        advantages: ``[B, T]`` or ``[B]``, detached.
         mask: ``[B, T]`` bool or float in {0, 1}: token_mask x sample_mask.
-        config: the ``loss_fn.ais`` section (mode and mixer constants).
-        pg: clipped-surrogate knobs (None: ``PGLossConfig()`` defaults, no KL term).
+        config: the ``loss_fn.ais`` section.
+        pg: clipped-surrogate knobs (None: ``PGLossConfig()``, no KL term).
         reference_logprobs: ``[B, T]`` log pi_ref, required when the KL penalty is > 0.
-        kl_logprobs: ``[B, T]`` log pi_theta for the KL term and its importance weight,
-            with grad: NeMo-RL's ``curr_logprobs_unfiltered`` (log-probs without the
-            top-k / top-p filter of ``curr_logprobs``, consistent with log pi_ref). None:
-            ``curr_logprobs``. Read only when the KL penalty is > 0.
-        rewards: ``[B]`` rewards, required when ``pg.positive_example_nll_weight > 0``:
-            the NLL term covers the valid tokens of rows with reward > 0.
-        diagnostics: precomputed for the global batch; None with mode ``ais`` computes them
-            on this batch with ``group``/``state`` (one all-reduce). Other modes use them
-            only for the ``ais/*`` metrics.
+        kl_logprobs: ``[B, T]`` log pi_theta of the KL term (NeMo-RL's
+            ``curr_logprobs_unfiltered``); None: ``curr_logprobs``.
+        rewards: ``[B]``, required when ``pg.positive_example_nll_weight > 0``.
+        diagnostics: precomputed for the global batch; None with mode ``ais`` computes them on
+            this batch with ``group`` / ``state`` (one all-reduce).
         group: data-parallel group for that computation (None: single process).
         state: EMA state of alpha for that computation.
-        global_valid_tokens: token normaliser N_tok, a 0-dim tensor or number (None: this
-            batch's valid tokens). NeMo-RL calls it ``global_valid_toks``.
-        global_valid_seqs: sequence normaliser N_seq (None: this batch's sequences with a
-            valid token).
-        rollout_metrics: also return the rollout-mismatch metrics of this call
-            (:data:`~nemo_ais.core.mismatch.MISMATCH_KEYS`: NeMo-RL's definitions, in the
-            summable form), which the NeMo-RL adapter emits under NeMo-RL's names.
+        global_valid_tokens: N_tok (NeMo-RL's ``global_valid_toks``); None: this batch's count.
+        global_valid_seqs: N_seq; None: this batch's sequences with a valid token.
+        rollout_metrics: also return this call's ``mismatch/*`` metrics.
 
     Returns:
-        ``LossOutput(loss, metrics)``: 0-dim float32 loss (float64 for float64 inputs) with
-        grad; metrics as in :mod:`nemo_ais.core.metrics`, plus NeMo-RL's
-        ``positive_nll_loss`` (the NLL term's unweighted per-call mean, not globally
-        normalised, as NeMo-RL) when ``pg.positive_example_nll_weight > 0``. No valid
-        token: loss 0, zero grads.
+        ``LossOutput(loss, metrics)``: 0-dim float32 (float64 for float64 inputs) loss with
+        grad; metrics as in :mod:`nemo_ais.core.metrics` (+ ``positive_nll_loss`` with VAPO).
 
     Raises:
-        TypeError, ValueError: the tensor's name, what arrived and what was expected; for
-            NaN / inf / mask values the count and the first index. When step 2 runs the
-            all-reduce over ``group``, a type / shape error of any rank is raised on every
-            rank, as one agreed ``ValueError`` (see :func:`compute_diagnostics`).
-        ValueError: ``global_valid_tokens`` / ``global_valid_seqs`` NaN, inf, or below this
-            batch's own count (so <= 0 while it has a valid token), naming the argument.
-            0 with no valid token anywhere is the empty global batch: loss 0. The split
-            API's placeholder 1 is accepted unless the mode needs a global-batch statistic
-            (``ais``, ``m2po``, ``batch_normalize``), then refused with that reason.
-        TypeError: ``config`` is not a :class:`CorrectionConfig` or ``pg`` not a
-            :class:`PGLossConfig` (e.g. a dict), naming the parameter.
-        ValueError: mode ``tbpo`` with ``pg.disable_ppo_ratio``, ``pg.use_cispo`` or
-            ``pg.sequence_level_importance_ratios`` (tbpo has its own sequence surrogate),
-            naming ``loss_fn.<field>``.
-        TypeError, ValueError: ``rewards`` not a ``[B]`` tensor on prev's device while
-            ``pg.positive_example_nll_weight > 0``.
+        TypeError, ValueError: naming the tensor or argument, what arrived and what was
+            expected (count and first index for bad values); with ``group`` one agreed
+            ``ValueError`` on every rank. Normalisers NaN, inf or below this batch's count
+            (placeholder 1 when the mode needs a global statistic); ``config`` / ``pg`` of
+            the wrong type; tbpo with ``disable_ppo_ratio``, ``use_cispo`` or GSPO; bad
+            ``rewards`` with VAPO.
     """
     require_config(config, CorrectionConfig, "clipped_pg_loss(config)")
     require_config(pg, PGLossConfig, "clipped_pg_loss(pg)", optional=True)
