@@ -11,21 +11,11 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""NeMo-RL adapter for AIS, for NeMo-RL v0.7.0 and main (NeMo-RL is imported lazily).
+"""NeMo-RL adapter for AIS, for NeMo-RL v0.7.0 and main (:mod:`nemo_ais.nemo_rl.compat`).
 
-The supported versions and what differs between them: :mod:`nemo_ais.nemo_rl.compat`.
-
-``import nemo_ais.nemo_rl`` works without NeMo-RL and without torch (so ``python -m
-nemo_ais.nemo_rl.cluster_check``, an alias of :mod:`nemo_ais.preflight`, runs on a login
-node): every public name is resolved on first use. The framework-independent prepare step
-(:mod:`nemo_ais.nemo_rl.seam`, torch) is always available; the NeMo-RL classes need
-NeMo-RL::
-
-    from nemo_ais.nemo_rl import AISClippedPGLossFn, AISLossConfig   # needs NeMo-RL
-
-and raise :class:`NeMoRLNotInstalledError` (an ``AttributeError``, so ``hasattr`` and
-``getattr(module, name, default)`` keep their meaning) with installation instructions when
-NeMo-RL is missing.
+``import nemo_ais.nemo_rl`` needs neither NeMo-RL nor torch; every public name resolves on
+first use. ``from nemo_ais.nemo_rl import AISClippedPGLossFn, AISLossConfig`` needs NeMo-RL
+and otherwise raises :class:`NeMoRLNotInstalledError` with installation instructions.
 """
 
 from __future__ import annotations
@@ -60,11 +50,7 @@ NEMO_RL_INSTALL_HINT = (
 
 
 class NeMoRLNotInstalledError(AttributeError):
-    """A NeMo-RL class of this package was asked for, but NeMo-RL is not importable.
-
-    An ``AttributeError`` because it is raised by the module ``__getattr__`` (PEP 562):
-    ``hasattr(nemo_ais.nemo_rl, "AISLossConfig")`` is then False instead of raising.
-    """
+    """A NeMo-RL class was asked for without NeMo-RL (an ``AttributeError``: ``hasattr`` stays False)."""
 
 
 # public name -> submodule that defines it (seam: torch; loss: torch and nemo_rl)

@@ -11,12 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Alias of :mod:`nemo_ais.preflight` (the pre-flight checks' former home).
-
-``python -m nemo_ais.nemo_rl.cluster_check CONFIG ...`` runs ``python -m
-nemo_ais.preflight CONFIG ...``; like it, it needs no torch (``nemo_ais.nemo_rl``'s package
-``__init__`` imports nothing heavy). Importing the public names from here keeps working.
-"""
+"""Alias of :mod:`nemo_ais.preflight` (``python -m nemo_ais.nemo_rl.cluster_check``, torch-free)."""
 
 import sys
 

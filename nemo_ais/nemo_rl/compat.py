@@ -13,44 +13,24 @@
 # limitations under the License.
 """The NeMo-RL versions ``nemo_ais.nemo_rl`` supports, and what differs between them.
 
-Supported: NeMo-RL **v0.7.0** (tag, commit 81aa43d) and **main** (checked at 7ea279a,
-2026-08-22). Main still reports ``0.6.0`` in ``nemo_rl.package_info`` (its version was not
-bumped), so versions are told apart by feature probes, never by the version string.
-
-Every difference the adapter depends on is answered HERE, by probing NeMo-RL's interfaces
-(the rest of the adapter calls these functions and never branches on a version):
+Supported: NeMo-RL **v0.7.0** (81aa43d) and **main** (checked at 7ea279a). Main still
+reports ``0.6.0``, so versions are told apart by feature probes. Every difference the
+adapter depends on is answered here:
 
 ====================================== ==================== ===========================
 difference                              v0.7.0               main
 ====================================== ==================== ===========================
 ``loss/interfaces.MetricNormalizer``    absent (strings)     enum: :func:`normalizer`
-``ClippedPGLossFn.__init__`` flags      ``cfg`` only         ``use_fused_linear_logprobs``:
-                                                             :func:`loss_init_kwargs`
-``MasterConfig.grpo``                   ``TypedDict`` (dict) pydantic model:
-                                                             :func:`grpo_option`
-``CheckpointManager`` context manager   no                   yes (flushes async saves):
-                                                             :func:`training_context`
-after training (``run_grpo.py``)        nothing              stop environments, engines:
-                                                             :func:`shutdown_after_training`
+``ClippedPGLossFn.__init__`` flags      ``cfg`` only         :func:`loss_init_kwargs`
+``MasterConfig.grpo``                   ``TypedDict`` (dict) pydantic: :func:`grpo_option`
+``CheckpointManager`` context manager   no                   :func:`training_context`
+after training (``run_grpo.py``)        nothing              :func:`shutdown_after_training`
 ====================================== ==================== ===========================
 
-Differences the adapter absorbs without asking (same code on both): the refit methods
-forward whatever keywords upstream passes (``buffer_size_bytes`` / ``num_buffers`` on
-main), the FP8 refit wraps upstream's ``load_weights`` and delegates what it does not
-quantize itself (MXFP8, grouped MoE experts on main).
-
-Not supported on main: the split train-step API of its Megatron worker
-(``begin_train_step`` / ``train_microbatch`` / ``finish_train_step``), which only
-TransferQueue's ``TQPolicy`` drives (``data_plane.enabled``). ``launchers/run_grpo_ais.py``
-refuses ``data_plane.enabled=true`` before Ray starts, and the AIS workers'
-``begin_train_step`` raises ``NotImplementedError`` for an AIS loss. The prepare step has
-no place to run there: ``begin_train_step(loss_fn, gbs, mbs)`` receives no data, and
-``train_microbatch`` gets one chunk at a time and calls the loss on it before the rest of
-the global batch has arrived, while the AIS statistics of the whole global batch are needed
-before the first loss call (docs/upstream.md proposes the hook upstream would need).
-
-:func:`require_supported` is the launch guard: it names the NeMo-RL it found and the
-supported versions, and raises for anything else.
+Not supported on main: the split train-step API (``begin_train_step`` /
+``train_microbatch``, TransferQueue's ``TQPolicy``): the prepare step needs the whole
+global batch before the first loss call. ``launchers/run_grpo_ais.py`` refuses
+``data_plane.enabled=true`` and the AIS workers' ``begin_train_step`` raises.
 """
 
 from __future__ import annotations
@@ -109,13 +89,7 @@ def _probes() -> dict[str, bool]:
 
 @functools.cache
 def detect() -> NeMoRLVersion:
-    """Which supported NeMo-RL is importable.
-
-    Raises:
-        UnsupportedNeMoRLError: NeMo-RL imports but matches neither supported version
-            (naming the probes and the supported versions).
-        ModuleNotFoundError: NeMo-RL is not importable.
-    """
+    """Which supported NeMo-RL is importable (UnsupportedNeMoRLError: neither; ModuleNotFoundError)."""
     import nemo_rl
     from nemo_rl import package_info
 
@@ -133,11 +107,7 @@ def detect() -> NeMoRLVersion:
 
 
 def require_supported() -> NeMoRLVersion:
-    """The launch guard: the detected version, or an error naming the supported ones.
-
-    Raises:
-        UnsupportedNeMoRLError: see :func:`detect`.
-    """
+    """The launch guard: the detected version, or ``UnsupportedNeMoRLError`` naming the supported ones."""
     return detect()
 
 
@@ -148,14 +118,7 @@ def _metric_normalizer_enum() -> Any:
 
 
 def normalizer(kind: str) -> Any:
-    """``tokens`` / ``sequences`` / ``none`` as NeMo-RL's loss interface spells it.
-
-    main: the ``MetricNormalizer`` member (its split-step trainer compares with ``is``;
-    a string would fall back to the gradient's normaliser). v0.7.0: the string itself.
-
-    Raises:
-        ValueError: ``kind`` is not one of the three.
-    """
+    """``tokens`` / ``sequences`` / ``none`` as NeMo-RL spells it (main: ``MetricNormalizer``)."""
     if kind not in ("tokens", "sequences", "none"):
         raise ValueError(f"metric normaliser {kind!r}: expected tokens, sequences or none")
     enum = _metric_normalizer_enum()
@@ -168,15 +131,10 @@ def normalizers(kinds: Mapping[str, str]) -> dict[str, Any]:
 
 
 def loss_init_kwargs(loss_fn: Any) -> dict[str, Any]:
-    """The flags upstream's ``setup()`` passed to ``ClippedPGLossFn(cfg, ...)``, read back.
-
-    Every keyword of ``ClippedPGLossFn.__init__`` after ``cfg`` is stored by upstream on
-    the instance under the same name (main: ``use_fused_linear_logprobs``; v0.7.0: none),
-    so the AIS loss is built with the values ``setup()`` chose.
+    """The flags ``setup()`` passed to ``ClippedPGLossFn(cfg, ...)``, read back from the instance.
 
     Raises:
-        TypeError: a keyword of ``__init__`` is not stored on ``loss_fn`` (an upstream
-            change to re-check in this module).
+        TypeError: a keyword of ``__init__`` is not stored on ``loss_fn`` (re-check upstream).
     """
     from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
 
@@ -191,11 +149,7 @@ def loss_init_kwargs(loss_fn: Any) -> dict[str, Any]:
 
 
 def upstream_quantizes_mx(fp8_module: Any) -> bool:
-    """True when upstream's FP8 refit config is MXFP8 (main's ``is_mx``; absent on v0.7.0).
-
-    ``fp8_module``: ``nemo_rl.models.generation.vllm.quantization.fp8`` as the vLLM worker
-    imported it (its ``global_fp8_config``).
-    """
+    """True when upstream's FP8 refit config (``fp8_module.global_fp8_config``) is MXFP8 (main)."""
     return bool(getattr(getattr(fp8_module, "global_fp8_config", None), "is_mx", False))
 
 
@@ -212,22 +166,14 @@ def grpo_option(config: Any, key: str, default: Any = None) -> Any:
 
 
 def training_context(checkpointer: Any) -> contextlib.AbstractContextManager:
-    """``with checkpointer:`` where the checkpointer is a context manager, else a no-op.
-
-    main's ``CheckpointManager`` flushes its background checkpoint saves on exit (upstream's
-    ``run_grpo.py`` trains inside it); v0.7.0's saves synchronously and is no context manager.
-    """
+    """``with checkpointer:`` where it is a context manager (main flushes async saves), else a no-op."""
     if hasattr(checkpointer, "__enter__") and hasattr(checkpointer, "__exit__"):
         return checkpointer
     return contextlib.nullcontext()
 
 
 def shutdown_after_training(task_to_env: Any, val_task_to_env: Any, policy_generation: Any) -> None:
-    """What upstream's ``run_grpo.py`` does after training, where its ``grpo`` module has it.
-
-    main: ``grpo.shutdown_environments(...)`` then ``policy_generation.shutdown()`` (an
-    error of the latter is printed, as upstream). v0.7.0's entry point does neither.
-    """
+    """What main's ``run_grpo.py`` does after training (stop environments and engines); v0.7.0: nothing."""
     from nemo_rl.algorithms import grpo
 
     shutdown_environments = getattr(grpo, "shutdown_environments", None)

@@ -1,34 +1,21 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """What each vLLM worker really holds, held against what the run asked for.
 
-Two silent failures that peers shipped, each a run whose rollout is not the format its
-config names while every metric looks plausible:
+Two silent failures peers shipped:
 
-* **A kernel fallback.** vLLM picks a linear layer's kernel when it builds the engine.
-  On a GPU without native FP4 (compute capability below 10.0: H100, H200) its ModelOpt
-  NVFP4 layers take the weight-only Marlin kernel (``MarlinNvFp4LinearKernel``; MoE:
-  backend ``MARLIN``) and only log it: the ``input_scale`` is folded away and never used,
-  so a "W4A4" arm rolls out as W4A16. MXFP8 (NeMo-RL main's ``is_mx``) likewise needs
-  SM100, and blockwise FP8 runs weight-only Marlin below 8.9.
-* **A keep-in-BF16 disagreement.** vLLM's ModelOpt exclusion also matches an exact entry
-  as a substring, so an ignore entry ``...mlp.gate`` keeps ``...mlp.gate_up_proj`` in BF16
-  too (veRL #7519: 56 tensors rolled out in BF16 that training treated as quantized).
+* **A kernel fallback.** Below compute capability 10.0 (H100, H200) vLLM runs ModelOpt
+  NVFP4 layers with the weight-only Marlin kernel and only logs it, so a "W4A4" arm rolls
+  out as W4A16; MXFP8 needs SM100 too, and block FP8 runs weight-only Marlin below 8.9.
+* **A keep-in-BF16 disagreement.** vLLM's ModelOpt exclusion matches an entry as a
+  substring, so ``...mlp.gate`` keeps ``...mlp.gate_up_proj`` in BF16 too (veRL #7519: 56
+  tensors rolled out in BF16 that training treated as quantized).
 
-So the driver asks every vLLM worker process, through the dispatch of
-:func:`nemo_ais.nemo_rl.refit.require_active` (upstream's worker group runs
-``__ray_call__`` on each generation worker, which runs the callable through vLLM's
-``collective_rpc``): once after ``setup()`` for the GPU (:func:`require_native_gpu`), and
-once after the first refit for every layer's quant method and kernel
-(:func:`engine_layers`). :func:`format_problems` compares each layer with the run's own
-keep-in-BF16 rule and names every layer that differs; :func:`require_engine_formats`
-raises with all of them, before the first training step consumes a rollout.
-
-Read from vLLM 0.20.0 (NeMo-RL v0.7.0) and 0.25.1 (main): the layer's ``quant_method``
-class (MRO names, so NeMo-RL's subclasses count), its ``kernel`` (NVFP4 / MXFP8 linear),
-``fp8_linear`` / ``use_marlin`` (block FP8) and ``nvfp4_backend`` / ``mxfp8_backend`` (MoE).
-vLLM 0.25.1's ``MoERunner`` keeps its method as ``_quant_method`` and its
-``routed_experts`` child as ``quant_method``: only ``quant_method`` is read, so each
-expert stack is reported once.
+The driver asks every vLLM worker (the dispatch of
+:func:`nemo_ais.nemo_rl.refit.require_active`): after ``setup()`` for the GPU
+(:func:`require_native_gpu`), after the first refit for every layer's quant method and
+kernel (:func:`engine_layers`, :func:`require_engine_formats`). Read from vLLM 0.20.0 and
+0.25.1: ``quant_method`` (MRO names), ``kernel``, ``fp8_linear`` / ``use_marlin`` and the
+MoE ``*_backend``.
 """
 
 from __future__ import annotations
@@ -87,13 +74,7 @@ def _mro_names(obj: Any) -> tuple[str, ...]:
 
 
 def held_format(quant_method: Any) -> str:
-    """The format a vLLM quant method really runs, from its class and its kernel.
-
-    Returns:
-        ``bf16`` (vLLM's ``Unquantized*`` methods), ``fp8`` / ``fp8_weight_only``,
-        ``mxfp8`` / ``mxfp8_weight_only``, ``nvfp4_w4a4`` / ``nvfp4_w4a16``, or
-        ``unknown:<class>`` for a method this table does not know.
-    """
+    """The format a vLLM quant method really runs (``bf16``, ``fp8_weight_only``, ..., ``unknown:<cls>``)."""
     names = _mro_names(quant_method)
     kernel = type(
         getattr(quant_method, "kernel", None) or getattr(quant_method, "fp8_linear", None)
@@ -126,12 +107,7 @@ def _is_moe(quant_method: Any) -> bool:
 
 
 def engine_layers(worker: Any = None) -> EngineLayers:
-    """Run in a vLLM worker process (``collective_rpc``): its GPU and every layer's format.
-
-    Args:
-        worker: what vLLM's ``collective_rpc`` passes a callable, the engine's ``Worker``
-            (its ``get_model()``, else ``model_runner.model``); None: no model, only the GPU.
-    """
+    """In a vLLM worker (``collective_rpc``): its GPU and every layer's format (``worker`` None: GPU only)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -190,11 +166,7 @@ def gpu_problems(rollout_format: str, reports: Iterable[EngineLayers]) -> list[s
 
 
 def require_native_gpu(policy_generation: Any, rollout_format: str) -> list[EngineLayers]:
-    """After ``setup()``: refuse a rollout format that the engines' GPUs run as another.
-
-    Raises:
-        RuntimeError: naming the format, each GPU and its compute capability.
-    """
+    """After ``setup()``: RuntimeError if the engines' GPUs run the rollout format as another."""
     per_worker = _ask(policy_generation, _engine_gpus)
     reports = [r for group in per_worker for r in group]
     problems = gpu_problems(rollout_format, reports)
@@ -206,11 +178,7 @@ def require_native_gpu(policy_generation: Any, rollout_format: str) -> list[Engi
 
 
 def expects_bf16(kept_in_bf16: Callable[[str], bool], vllm_name: str) -> bool:
-    """Whether the run keeps the vLLM module ``vllm_name`` in BF16.
-
-    Outside the decoder layers (embeddings, ``lm_head``) every module stays BF16; a fused
-    module is BF16 iff the rule keeps all of its Hugging Face parts.
-    """
+    """Whether the run keeps vLLM module ``vllm_name`` in BF16 (a fused module: all its parts)."""
     if layer_index(vllm_name) is None:
         return True
     return all(kept_in_bf16(n) for n in fused_parts(vllm_name))
@@ -225,13 +193,8 @@ def format_problems(
 ) -> list[str]:
     """One line per layer whose held format is not the one the run's rule gives it.
 
-    Args:
-        rollout_format: the config's rollout format, a key of :data:`NATIVE_KERNELS`.
-        reports: :func:`engine_layers` of every vLLM process.
-        kept_in_bf16: the run's keep-in-BF16 rule on a Hugging Face module name (the same
-            rule the refit stream applies); a fused vLLM module is BF16 iff all its parts are.
-        nemo_rl_version: ``v0.7.0`` or ``main`` (v0.7.0 never re-processes NVFP4 experts
-            after a refit).
+    ``kept_in_bf16`` is the run's keep-in-BF16 rule on a HF name (the refit stream's);
+    ``nemo_rl_version`` matters because v0.7.0 never re-processes NVFP4 experts after a refit.
     """
     kernel = NATIVE_KERNELS[rollout_format]
     problems = []
@@ -283,13 +246,7 @@ def require_engine_formats(
     *,
     nemo_rl_version: str,
 ) -> list[EngineLayers]:
-    """After the first refit: every layer of every vLLM process holds what the run asked.
-
-    Raises:
-        RuntimeError: naming every layer held in another format than the run's rule gives
-            it (a keep-in-BF16 disagreement, a weight-only kernel fallback, or NVFP4 experts
-            on NeMo-RL v0.7.0).
-    """
+    """After the first refit: RuntimeError naming every layer not held as the run's rule gives it."""
     per_worker = _ask(policy_generation, _engine_layers_all)
     reports = [r for group in per_worker for r in group]
     problems = format_problems(

@@ -13,64 +13,28 @@
 # limitations under the License.
 """NeMo-RL loss adapter (v0.7.0 and main): ``AISLossConfig`` and ``AISClippedPGLossFn`` (no loss math).
 
-``AISClippedPGLossFn`` extends NeMo-RL's ``ClippedPGLossFn``:
+* ``loss_fn.ais.mode: none`` (or no ``ais`` section): ``ClippedPGLossFn.__call__``
+  unchanged (bit-identical, NeMo-RL's own ``tis`` / ``icepop`` / ``seq-mask-tis`` included),
+  plus the ``ais/*`` telemetry of the prepared diagnostics when the AIS worker ran its
+  prepare step.
+* any other mode: :func:`nemo_ais.core.clipped_pg_loss` on :func:`~nemo_ais.nemo_rl.seam.
+  core_inputs`, with the diagnostics the worker attached for the call's global batch. No
+  collective runs inside a loss call.
 
-* ``loss_fn.ais.mode: none`` (or no ``ais`` section): loss, gradient and NeMo-RL's
-  metrics are ``super().__call__`` unchanged (bit-identical to ``ClippedPGLossFn``), so
-  NeMo-RL's own options (including its ``tis`` / ``icepop`` / ``seq-mask-tis``) behave
-  exactly as upstream. The AIS worker prepares the statistics for this mode too, and the
-  ``ais/*`` telemetry of the prepared diagnostics is added to the metrics (weights are 1;
-  ``ais/alpha`` is what mode ``ais`` would have used). Without a prepare step (the loss
-  used outside the AIS workers) mode ``none`` returns NeMo-RL's metrics only.
-* any other mode: the NeMo-RL data keys are mapped to core names by
-  :func:`nemo_ais.nemo_rl.seam.core_inputs` and the loss is
-  :func:`nemo_ais.core.clipped_pg_loss` with the diagnostics that the worker's prepare
-  step attached for this micro-batch's global batch (see :mod:`nemo_ais.nemo_rl.seam`).
-  No collective runs inside a loss call.
+Metrics come from core's one loss call, in one host sync, already in GRPO's summable
+form: NeMo-RL's rollout-mismatch keys with NeMo-RL's definitions (a test checks them
+against ``ClippedPGLossFn``), ``num_valid_samples``, ``positive_nll_loss``, ``loss``,
+``probs_ratio*``, ``kl_penalty``, ``sampling_importance_ratio`` and ``ais/*``.
 
-Metrics in AIS mode: every key comes from core's one loss call (no second pass over the
-micro-batch): NeMo-RL's rollout-mismatch keys (``token_mult_prob_error``,
-``gen_kl_error``, ``policy_kl_error``, ``js_divergence_error``, ``approx_entropy``,
-``probs_ratio_min/max``, ``probs_ratio_clamped_min/max``, which ``grpo_train`` reads
-unconditionally) with NeMo-RL's definitions (``clipped_pg_loss(..., rollout_metrics=True)``;
-a test checks them against ``ClippedPGLossFn`` itself), ``num_valid_samples`` =
-``sample_mask.sum()`` and ``positive_nll_loss`` (the VAPO term's per-call mean NLL; 0
-without ``positive_example_nll_weight`` or without ``rewards`` in the data) as NeMo-RL,
-and ``loss``,
-``probs_ratio``, ``probs_ratio_clamped``, ``kl_penalty``, ``sampling_importance_ratio`` and
-every ``ais/*`` key with the AIS weight as the applied correction. All are python floats
-already divided by the global valid token (or sequence) count, so GRPO's SUM over
-micro-batches and data-parallel ranks gives the global value; they are read from the
-device in one host sync.
+Global counts NaN, inf or below the call's own are refused in every mode. NeMo-RL main's
+split train-step API passes placeholder counts of 1 (rescaled at ``finish_train_step``):
+accepted unless the weight needs a global-batch statistic (``ais``, ``m2po``,
+``batch_normalize``).
 
-Global counts: ``global_valid_toks`` / ``global_valid_seqs`` that are NaN, inf, or smaller
-than the call's own valid tokens / sequences (so <= 0 while it has any) are refused with a
-``ValueError`` naming the argument, in every mode (mode ``none`` reads them with its
-telemetry, in one host sync; the weighted modes in core's fused check). The exception is
-NeMo-RL main's split train-step API, which passes placeholder counts of 1 and rescales
-every returned value by the metric's advertised normaliser at ``finish_train_step``: every
-value here is linear in 1 / global count, so modes whose weight needs no statistic of the
-global batch accept the placeholder; ``ais``, ``m2po`` and ``batch_normalize`` refuse it,
-saying why (the AIS workers also refuse ``begin_train_step``).
-
-Per global batch, not per call: the diagnostics (and alarms) are attached once by the
-worker's prepare step; a call only looks up its global batch through the row tags.
-
-Refit guard (``loss_fn.ais_alarms``, :class:`AISAlarmsConfig`; absent = off): the AIS
-worker observes each global batch's diagnostics with an
-:class:`~nemo_ais.alarms.AlarmMonitor` and attaches the outcome (:meth:`attach_alarms`);
-every loss call of that global batch then emits ``ais_alarm/<kind>`` (1 if it fired, else
-0) as s * local_valid_toks / global_valid_toks, like the ``ais/*`` global scalars, in every
-mode (``none`` included).
-
-Several global batches per ``train()`` call (e.g. 2048 rollouts = 4 x gbs 512): every
-upstream worker divides each metric except ``*_min`` / ``*_max`` by the number of global
-batches before GRPO sums them, so ``ais/alpha`` (like every ``ais/*`` value) reads as the
-MEAN over the step's global batches. With more than one global batch the loss also emits
-``ais/alpha_gb<g>`` (:data:`PER_GLOBAL_BATCH_ALPHA`), one key per global batch g: n x the
-call's summable alpha in the calls of global batch g, 0 in the others, so upstream's
-division and sum give alpha of global batch g (no extra host sync: it is read from the same
-values as ``ais/alpha``).
+Refit guard (``loss_fn.ais_alarms``): the worker attaches each global batch's alarm
+outcome (:meth:`AISClippedPGLossFn.attach_alarms`); every call emits ``ais_alarm/<kind>``
+in summable form. With several global batches per ``train()``, upstream averages each
+metric over them; ``ais/alpha_gb<g>`` (:data:`PER_GLOBAL_BATCH_ALPHA`) keeps each batch's alpha.
 """
 
 from __future__ import annotations
@@ -122,8 +86,7 @@ __all__ = [
     "validate_loss_config",
 ]
 
-# Keys whose value comes from core in AIS mode (same definitions as NeMo-RL's, with the
-# AIS weight as the applied correction); every other key of NeMo-RL's dict is NeMo-RL's.
+# Keys core computes in AIS mode (NeMo-RL's definitions); the others are NeMo-RL's.
 _CORE_KEYS = (
     "loss",
     "probs_ratio",
@@ -158,8 +121,7 @@ ALARM_METRIC_KEYS = tuple(ALARM_PREFIX + kind for kind in ALARM_KINDS)
 PER_GLOBAL_BATCH_ALPHA = "ais/alpha_gb{}"
 
 
-# Round python floats to a compute dtype: the IEEE products and quotients of already-rounded
-# float32 values, formed in float64 and rounded once, are exactly float32 torch's (53 >= 2*24+2).
+# Float64 products of float32-rounded values, rounded once, equal float32 torch's (53 >= 2*24+2).
 _ROUND: dict[torch.dtype, Callable[[Sequence[float]], list[float]]] = {
     torch.float32: lambda values: array("f", values).tolist(),
     torch.float64: list,
@@ -197,13 +159,10 @@ def _validate_alarms_section(value: Any) -> AISAlarmsConfig:
 
 
 class AISLossConfig(ClippedPGLossConfig):
-    """NeMo-RL's ``ClippedPGLossConfig`` plus the validated ``loss_fn.ais`` section.
+    """NeMo-RL's ``ClippedPGLossConfig`` plus the validated ``loss_fn.ais`` / ``ais_alarms`` sections.
 
-    A missing ``ais`` section means ``mode: none`` (exactly ``ClippedPGLossFn``); a missing
-    ``ais_alarms`` section means no refit guard. With another mode the surrogate knobs are
-    validated as :class:`~nemo_ais.config.PGLossConfig` (:func:`pg_loss_config`: ranges and
-    NeMo-RL's assertions on ``use_cispo`` / ``sequence_level_importance_ratios``), against
-    the mode (:func:`~nemo_ais.config.surrogate_conflicts`) and against NeMo-RL's own
+    No ``ais``: ``mode: none``; no ``ais_alarms``: no refit guard. Other modes also validate
+    the surrogate knobs (:func:`pg_loss_config`), the mode's conflicts and NeMo-RL's own
     importance-sampling options (:data:`~nemo_ais.rules.loss_conflicts.AIS_CONFLICTS`).
     """
 
@@ -252,13 +211,7 @@ class AISLossConfig(ClippedPGLossConfig):
 
 
 def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AISLossConfig:
-    """Validate a ``loss_fn`` section (dict or NeMo-RL config) as :class:`AISLossConfig`.
-
-    Raises:
-        ValueError: one line per problem naming ``loss_fn.<field>`` (``loss_fn.ais.<field>``
-            and ``loss_fn.ais_alarms.<field>`` for our sections) with the value, the
-            expected range and a hint.
-    """
+    """Validate a ``loss_fn`` section as :class:`AISLossConfig` (``ValueError``: one line a problem)."""
     if isinstance(loss_fn, AISLossConfig):
         return loss_fn
     data = loss_fn.model_dump() if isinstance(loss_fn, ClippedPGLossConfig) else dict(loss_fn)
@@ -279,21 +232,10 @@ def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AI
 
 
 def pg_loss_config(cfg: ClippedPGLossConfig) -> PGLossConfig:
-    """The clipped-surrogate knobs of a NeMo-RL loss config as core's :class:`PGLossConfig`.
-
-    Every :class:`PGLossConfig` field is read from ``cfg`` (NeMo-RL's names and defaults);
-    ``use_kl_in_reward`` sets the loss's KL penalty to 0, as ``ClippedPGLossFn``
-    (:func:`~nemo_ais.config.pg_loss_section`).
-
-    Args:
-        cfg: NeMo-RL's ``ClippedPGLossConfig`` (or :class:`AISLossConfig`).
-
-    Returns:
-        The validated :class:`PGLossConfig`.
+    """NeMo-RL's loss config as core's :class:`PGLossConfig` (``use_kl_in_reward``: KL penalty 0).
 
     Raises:
-        ValueError: naming ``loss_fn.<field>`` (e.g. ``ratio_clip_c`` must be > 1, or
-            ``use_cispo`` with ``ratio_clip_c`` set).
+        ValueError: naming ``loss_fn.<field>``.
     """
     fields = {f: getattr(cfg, f) for f in PGLossConfig.model_fields}
     return pg_loss_section({**fields, "use_kl_in_reward": cfg.use_kl_in_reward})
@@ -310,18 +252,13 @@ class AISClippedPGLossFn(ClippedPGLossFn):
 
     Args:
         cfg: an :class:`AISLossConfig`, or anything :func:`validate_loss_config` accepts.
-        **upstream_flags: passed on to ``ClippedPGLossFn.__init__`` (main:
-            ``use_fused_linear_logprobs``; :func:`nemo_ais.nemo_rl.compat.loss_init_kwargs`
-            reads them back from the loss ``grpo.setup()`` built).
+        **upstream_flags: passed to ``ClippedPGLossFn.__init__`` (main:
+            ``use_fused_linear_logprobs``).
 
     Attributes:
-        ais: the validated ``loss_fn.ais`` section.
-        ais_alarms: the validated ``loss_fn.ais_alarms`` section (``enabled`` False if absent).
-        metric_normalizations: metric name -> normaliser, in NeMo-RL's spelling
-            (:func:`nemo_ais.nemo_rl.compat.normalizer`: main's ``MetricNormalizer``, v0.7.0
-            strings): upstream's own entries (main), then the keys core adds in the
-            weighted modes (mode ``none`` returns upstream's metrics, so its entries win),
-            ``ais/*``, and ``ais_alarm/*`` when the refit guard is enabled.
+        ais: the ``loss_fn.ais`` section; ais_alarms: the ``loss_fn.ais_alarms`` section.
+        metric_normalizations: metric -> normaliser in NeMo-RL's spelling (upstream's,
+            then core's keys, ``ais/*`` and ``ais_alarm/*``).
     """
 
     def __init__(
@@ -364,15 +301,11 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         self._alarms = ()
 
     def attach_alarms(self, alarms: Sequence[Mapping[str, float]]) -> None:
-        """Store the refit guard's ``ais_alarm/<kind>`` values (0/1), one dict per global batch.
-
-        Called by the AIS worker after :meth:`attach_diagnostics` when ``ais_alarms.enabled``.
-        """
+        """Store the refit guard's ``ais_alarm/<kind>`` values (0/1), one dict per global batch."""
         self._alarms = tuple(dict(a) for a in alarms)
 
     def __getstate__(self) -> dict[str, Any]:
-        # The driver pickles the loss to every worker on every train() call: never ship
-        # diagnostics or alarms of a previous call.
+        # The driver pickles the loss to the workers at every train(): ship no stale state.
         state = self.__dict__.copy()
         state["_diagnostics"] = ()
         state["_telemetry_values"] = ()
@@ -386,13 +319,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         global_valid_seqs: torch.Tensor,
         global_valid_toks: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """NeMo-RL's loss contract: ``(loss, metrics)`` with float metrics (see module doc).
-
-        Raises:
-            ValueError: ``global_valid_toks`` / ``global_valid_seqs`` NaN, inf, or smaller
-                than this call's own valid tokens / sequences (so <= 0 while it has any),
-                naming the argument; bad tensors as :func:`nemo_ais.core.clipped_pg_loss`.
-        """
+        """NeMo-RL's loss contract: ``(loss, metrics)`` with float metrics (module doc)."""
         if not self.enabled:
             counts = self._call_counts(data, global_valid_seqs, global_valid_toks)
             loss, metrics = super().__call__(
@@ -420,11 +347,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         return out.loss, metrics
 
     def _per_global_batch_alpha(self, metrics: Mapping[str, Any], index: int | None) -> dict:
-        """``ais/alpha_gb<g>`` for each global batch g of the call (module doc); {} for one.
-
-        ``n * metrics["ais/alpha"]`` for the call's own global batch, 0.0 for the others:
-        upstream divides every metric by n and sums, which gives alpha of each global batch.
-        """
+        """``ais/alpha_gb<g>``: n x alpha in the calls of global batch g, else 0; {} for one batch."""
         n = len(self._diagnostics)
         if n < 2 or "ais/alpha" not in metrics:
             return {}
@@ -434,12 +357,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
     def _ais_metrics(
         self, core: Mapping[str, torch.Tensor], next_token_logprobs: torch.Tensor, data, counts
     ) -> dict[str, Any]:
-        """NeMo-RL's metric dict in AIS mode from core's 0-dim tensors, in ONE host sync.
-
-        NeMo-RL's keys as ``ClippedPGLossFn`` defines them (``num_valid_samples`` is its
-        ``sample_mask.sum()``, ``positive_nll_loss`` core's VAPO term, 0 when core has none),
-        then core's ``ais/*`` keys and the refit guard's ``ais_alarm/*``.
-        """
+        """NeMo-RL's metric dict in AIS mode from core's 0-dim tensors, in ONE host sync."""
         sample_mask = data["sample_mask"]
         keys = [k for k in self._core_metric_order if k in core]
         extra = ["positive_nll_loss"] if "positive_nll_loss" in core else []  # VAPO on
@@ -457,12 +375,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
     def _call_counts(
         self, data: Mapping[str, Any], global_valid_seqs: Any, global_valid_toks: Any
     ) -> _CallCounts:
-        """This call's valid tokens and global batch, the global counts checked: ONE host sync.
-
-        Raises:
-            ValueError: ``global_valid_toks`` / ``global_valid_seqs`` NaN, inf, or below
-                this call's own valid tokens / sequences (sequences with a valid token).
-        """
+        """This call's valid tokens and global batch, global counts checked, in ONE host sync."""
         row_toks = data.get(VALID_TOKENS_KEY)  # prepared once per train() call by the seam
         if row_toks is None:  # not prepared: one pass over the masks
             row_toks = row_valid_tokens(data)
@@ -491,12 +404,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
 
     @staticmethod
     def _summable(dtype: torch.dtype, counts: _CallCounts, values: Sequence[float]) -> list:
-        """Global scalars s -> s * local / global toks (0 if the global batch is empty).
-
-        The arithmetic of :func:`nemo_ais.core.metrics.ais_metrics` in core's compute
-        dtype (so mode ``none`` emits exactly the values of the weighted modes), on python
-        floats rounded to that dtype after each operation (no tensor, no device sync).
-        """
+        """Global scalars s -> s * local / global toks (0 if empty), in core's compute dtype on floats."""
         if counts.global_toks == 0:
             return [0.0] * len(values)
         rounded = _ROUND[dtype]
@@ -507,10 +415,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
     def _telemetry(
         self, next_token_logprobs: torch.Tensor, data: Mapping[str, Any], counts: _CallCounts
     ) -> dict[str, float]:
-        """``ais/*`` of the call's prepared global batch, summable form; {} if unprepared.
-
-        Counted in core's compute dtype, so the values equal those of the weighted modes.
-        """
+        """``ais/*`` of the call's prepared global batch, summable form; {} if unprepared."""
         if counts.index is None or not 0 <= counts.index < len(self._diagnostics):
             return {}
         diagnostics = self._diagnostics[counts.index]
@@ -524,11 +429,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
     def _alarm_telemetry(
         self, next_token_logprobs: torch.Tensor, data: Mapping[str, Any], counts: _CallCounts
     ) -> dict[str, float]:
-        """``ais_alarm/*`` of the call's global batch as s * local / global toks; {} if none.
-
-        A global scalar s in NeMo-RL's summable form (0 when the global count is 0), so
-        GRPO's sum over micro-batches and data-parallel ranks gives s.
-        """
+        """``ais_alarm/*`` of the call's global batch as s * local / global toks; {} if none."""
         if counts.index is None or not 0 <= counts.index < len(self._alarms):
             return {}
         alarms = self._alarms[counts.index]

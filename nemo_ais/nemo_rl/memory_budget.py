@@ -11,11 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Alias of :mod:`nemo_ais.preflight.memory_budget` (its former home).
-
-``python -m nemo_ais.nemo_rl.memory_budget CONFIG ...`` runs ``python -m
-nemo_ais.preflight.memory_budget CONFIG ...``, torch-free as well.
-"""
+"""Alias of :mod:`nemo_ais.preflight.memory_budget` (``python -m``, torch-free)."""
 
 import sys
 

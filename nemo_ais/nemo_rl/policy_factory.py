@@ -11,14 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``grpo.setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker.
-
-The AIS worker is picked per training backend (:func:`ais_worker_fqn`), registered in
-NeMo-RL's actor environment registry with its base worker's prebuilt venv
-(:func:`register_ais_workers`, :func:`ais_worker_python`) and passed to
-``Policy`` as ``worker_extension_cls_fqn`` (:func:`make_policy_factory`). NeMo-RL is
-imported inside the functions only, so importing this module needs no NeMo-RL.
-"""
+"""``grpo.setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker (NeMo-RL imported lazily)."""
 
 from __future__ import annotations
 
@@ -45,14 +38,10 @@ _MEGATRON_QUANT = (
 
 
 def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
-    """The AIS worker extending the NeMo-RL worker that ``Policy`` would pick.
-
-    As upstream's ``resolve_policy_worker_cls``: ``policy.quant_cfg`` set picks the ModelOpt
-    QAT worker of the backend (QARL), here Megatron's only.
+    """The AIS worker extending the NeMo-RL worker ``Policy`` would pick (``quant_cfg``: QAT, Megatron only).
 
     Raises:
-        ValueError: ``policy.quant_cfg`` with DTensor (NeMo-RL's DTensor quant workers raise
-            ``NotImplementedError``), or no training backend enabled.
+        ValueError: ``policy.quant_cfg`` with DTensor, or no training backend enabled.
     """
     quantized = policy_cfg.get("quant_cfg") is not None
     if get(policy_cfg, "megatron_cfg.enabled", False):
@@ -76,19 +65,10 @@ def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
 def ais_worker_python(base_fqn: str) -> str:
     """The Python executable of the NeMo-RL worker ``base_fqn``, for the AIS worker on top.
 
-    Upstream's worker group builds a venv named after the actor's fqn on every node when
-    the registry entry starts with ``uv`` (``utils/venvs.py``), and the container prebuilds
-    venvs only under upstream's fqns. So the AIS worker runs in its base worker's venv:
-
-    1. a non-``uv`` entry (``NEMO_RL_PY_EXECUTABLES_SYSTEM=1``): used as is;
-    2. ``<NEMO_RL_VENV_DIR or upstream's DEFAULT_VENV_DIR>/<base_fqn>/bin/python`` when it
-       exists (the prebuilt venv), unless ``NRL_FORCE_REBUILD_VENVS=true``;
-    3. otherwise upstream's ``create_local_venv_on_each_node(<base entry>,
-       venv_name=base_fqn)`` builds (or, on nodes that have it, reuses) the venv under the
-       BASE name, so it is shared with upstream's worker and built once. Needs Ray started.
-
-    Returns:
-        The path (or command) to register for the AIS worker.
+    The container prebuilds venvs only under upstream's fqns, so the AIS worker runs in its
+    base worker's venv: a non-``uv`` registry entry as is; else the prebuilt
+    ``<venv dir>/<base_fqn>/bin/python`` (unless ``NRL_FORCE_REBUILD_VENVS=true``); else
+    upstream's ``create_local_venv_on_each_node`` under the BASE name (needs Ray started).
     """
     from nemo_rl.distributed.ray_actor_environment_registry import get_actor_python_env
     from nemo_rl.utils import venvs
@@ -105,12 +85,7 @@ def ais_worker_python(base_fqn: str) -> str:
 
 
 def register_ais_workers(worker_fqn: str | None = None) -> None:
-    """Register the AIS worker(s) with the Python of the NeMo-RL worker they extend.
-
-    Args:
-        worker_fqn: the one AIS worker to register (what the policy factory uses); None
-            registers all three. See :func:`ais_worker_python` for what is registered.
-    """
+    """Register the AIS worker ``worker_fqn`` (None: all) with the Python of the worker it extends."""
     from nemo_rl.distributed import ray_actor_environment_registry as registry
 
     for base, ours in AIS_WORKER_FQNS.items():
@@ -119,16 +94,10 @@ def register_ais_workers(worker_fqn: str | None = None) -> None:
 
 
 def make_policy_factory(config: dict[str, Any]) -> Callable[..., Any]:
-    """``setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker.
-
-    Every ``loss_fn.ais.mode`` gets the same worker, ``none`` included: the arms of a
-    comparison then differ only in rollout precision and correction mode (same KV-scale
-    calibration, same prepare step and ``ais/*`` telemetry; ``none`` applies weight 1,
-    bit-identical to ``ClippedPGLossFn``).
+    """``setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker, for every mode.
 
     Raises:
-        ValueError: ``data_plane.enabled`` (TransferQueue's ``TQPolicy`` is not an AIS
-            worker), or no supported training backend (:func:`ais_worker_fqn`).
+        ValueError: ``data_plane.enabled`` (``TQPolicy`` is not an AIS worker), or no backend.
     """
     if get(config, "data_plane.enabled", False):
         raise ValueError(

@@ -13,45 +13,25 @@
 # limitations under the License.
 """FP8 refit seam: the vLLM worker quantizes synced weights with :mod:`nemo_ais.refit`.
 
-NeMo-RL quantizes the BF16 weights it streams into an FP8 vLLM engine inside the vLLM
-worker process: ``VllmInternalWorkerExtension`` (``_load_weights`` on v0.7.0,
-``_load_hf_weights`` on main) calls
-``nemo_rl.models.generation.vllm.quantization.fp8.load_weights(weights, model_runner)``,
-which casts every tensor the engine holds in FP8 (``_is_fp8_weight``) with its own
-blockwise quantizer. NeMo-RL offers no seam for another quantizer: the vLLM
-``worker_extension_cls`` is hard-coded. So this module WRAPS that ONE module attribute,
-in the vLLM worker process only, after checking the recorded upstream signatures
-(:data:`RECORDED_SIGNATURES`, the same on v0.7.0 and main; a mismatch raises instead of
-patching):
+NeMo-RL's vLLM worker extension (hard-coded ``worker_extension_cls``) refits an FP8 engine
+through ``nemo_rl.models.generation.vllm.quantization.fp8.load_weights``, which quantizes
+with upstream's own blockwise quantizer. This module WRAPS that ONE attribute, in the vLLM
+worker process only, after checking :data:`RECORDED_SIGNATURES` (v0.7.0 and main):
 
-* :func:`refit_pairs` -- for each ``(name, tensor)`` the engine holds in FP8, the pairs of
-  :class:`nemo_ais.refit.stream.RefitStream` (``(name, q_fp8)``, ``(name_scale_inv, scale)``,
-  canonical scale family, zero padding, NaN/Inf refused, TP shard checked); every other
-  tensor goes to the ``passthrough`` (default: unchanged). One tensor at a time (no
-  materialised model).
-* :func:`install` -- wraps ``fp8.load_weights`` with :func:`ais_load_weights` (idempotent).
-  What the wrapper does not quantize itself goes to upstream's own function, tensor by
-  tensor: every tensor the engine does not hold as an FP8 linear weight (on main that
-  includes the grouped MoE expert slabs, which upstream expands to per-expert FP8), and
-  the whole stream when upstream's FP8 config is MXFP8 (main's ``is_mx``; nemo_ais.fp8
-  quantizes 128x128 blocks only).
-* :func:`install_on_import` / :func:`patched_spec` -- a ``sys.meta_path`` hook that runs
-  :func:`install` when a process imports that module. In the job it is armed by
-  ``nemo_ais/nemo_rl/_vllm_hook/sitecustomize.py`` when the environment variable
-  :data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.refit.config.Fp8SyncConfig`) is set: a
-  standard-library trampoline in every Ray worker, which imports nemo_ais (and torch) only
-  in the processes that import NeMo-RL's FP8 module, i.e. the vLLM workers;
-  ``launchers/run_grpo_ais.py`` sets both from the ``ais_fp8_refit`` config section.
-  Installing, and failing to, is logged at WARNING (a failure is also raised).
-* :func:`decide_backend` -- ``backend: auto`` resolved once per process at install.
-* :func:`require_active` -- after ``setup()`` the driver asks every vLLM worker process
-  (:func:`hook_status`, through upstream's worker group and vLLM's ``collective_rpc``)
-  and stops the run, naming the worker, where the refit would use NeMo-RL's quantizer.
+* :func:`refit_pairs` -- the :class:`~nemo_ais.refit.stream.RefitStream` pairs of each
+  tensor the engine holds in FP8; every other tensor goes to ``passthrough``.
+* :func:`install` -- wraps ``load_weights`` (idempotent); upstream's own function handles
+  what the engine does not hold as an FP8 linear weight (grouped MoE slabs on main) and
+  the whole stream when its FP8 config is MXFP8 (main's ``is_mx``).
+* :func:`install_on_import` / :func:`patched_spec` -- a ``sys.meta_path`` hook, armed in
+  every Ray worker by ``_vllm_hook/sitecustomize.py`` when :data:`ENV_VAR` (the JSON of an
+  :class:`~nemo_ais.refit.config.Fp8SyncConfig`) is set (``launchers/run_grpo_ais.py``
+  sets it from ``ais_fp8_refit``).
+* :func:`require_active` -- the driver asks every vLLM worker process (:func:`hook_status`)
+  and stops the run where the refit would use NeMo-RL's quantizer.
 
-The same hook carries the NVFP4 / MXFP8 refit of a BF16 trainer (:mod:`nemo_ais.nemo_rl.
-refit_block`): a :class:`~nemo_ais.refit.config.BlockSyncConfig` instead of an
-:class:`~nemo_ais.refit.config.Fp8SyncConfig`, in ``NEMO_AIS_BLOCK_REFIT``
-(:func:`refit_config_from_env` reads either).
+The same hook carries the NVFP4 / MXFP8 refit (:mod:`nemo_ais.nemo_rl.refit_block`,
+``NEMO_AIS_BLOCK_REFIT``; :func:`refit_config_from_env` reads either).
 """
 
 from __future__ import annotations
@@ -123,16 +103,9 @@ def refit_pairs(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` -> vLLM ``load_weights`` pairs, quantizing what the engine holds in FP8.
 
-    Args:
-        weights: the refit stream.
-        is_fp8_weight: True for names the engine holds as FP8 linear weights.
-        config: the quantizer's settings.
-        passthrough: the pairs of every other tensor (default: the tensor unchanged;
-            :func:`ais_load_weights` hands them to upstream's ``load_weights``).
-
     Raises:
-        ValueError: the engine holds ``name`` in FP8 but the stream would keep it in BF16
-            (the two layouts disagree), or the stream's own errors (NaN/Inf, TP shard).
+        ValueError: the engine holds ``name`` in FP8 but the stream would keep it in BF16, or
+            the stream's own errors (NaN/Inf, TP shard).
     """
     return engine_pairs(weights, is_fp8_weight, RefitStream(config), passthrough)
 
@@ -145,12 +118,7 @@ def ais_load_weights(
     is_fp8_weight: Callable[[str, Any], bool],
     upstream_load_weights: Callable[[Any, Any], None] | None = None,
 ) -> None:
-    """NeMo-RL's ``fp8.load_weights`` with nemo_ais.fp8 as the FP8 linear-weight quantizer.
-
-    Streams into ONE ``model.load_weights`` call: the FP8 linear weights quantized by
-    :func:`refit_pairs`, every other tensor as ``upstream_load_weights`` turns it into
-    pairs (None: unchanged).
-    """
+    """NeMo-RL's ``fp8.load_weights`` with :func:`refit_pairs`, in ONE ``model.load_weights`` call."""
     model = model_runner.model
     passthrough = unchanged
     if upstream_load_weights is not None:
@@ -161,14 +129,7 @@ def ais_load_weights(
 
 
 def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
-    """``backend: auto`` decided once for this process: ``te`` or ``torch``.
-
-    :func:`nemo_ais.formats.te_backend.use_te`'s rule for ``auto`` (Transformer Engine
-    importable, CUDA, family ``c``, 128x128 blocks), asked once about a tensor on the
-    device the refit streams to (CUDA when available). Left as ``auto``, the stream would
-    ask it for every tensor, and a missing TE would be imported again each time (~18k
-    import attempts per Qwen3-30B refit).
-    """
+    """``backend: auto`` decided once per process (``te`` or ``torch``), not once per tensor."""
     if config.backend != "auto":
         return config
     from nemo_ais.formats import te_backend
@@ -185,19 +146,13 @@ def _require_refit_config(config: Any, where: str) -> None:
 
 
 def install(module: Any, config: Fp8SyncConfig | BlockSyncConfig) -> bool:
-    """Wrap ``module.load_weights`` (NeMo-RL's FP8 refit) with :func:`ais_load_weights`.
+    """Wrap ``module.load_weights`` with :func:`ais_load_weights`; False if already patched.
 
-    The wrapper calls upstream's own function for the whole stream when upstream's FP8
-    config is MXFP8, else for every tensor that is not an FP8 linear weight. A
-    :class:`BlockSyncConfig` installs the NVFP4 / MXFP8 refit instead
-    (:func:`nemo_ais.nemo_rl.refit_block.install`).
-
-    Returns:
-        True if patched now, False if it already was.
+    A :class:`BlockSyncConfig` installs :func:`nemo_ais.nemo_rl.refit_block.install` instead.
 
     Raises:
         RuntimeError: the upstream signatures differ from the recorded ones.
-        TypeError: ``config`` is not an :class:`Fp8SyncConfig` (a dict: ``Fp8SyncConfig(**d)``).
+        TypeError: ``config`` is not an :class:`Fp8SyncConfig`.
     """
     if isinstance(config, BlockSyncConfig):
         from nemo_ais.nemo_rl import refit_block
@@ -252,15 +207,7 @@ class _Loader(importlib.abc.Loader):
 
 
 def patched_spec(fullname: str, config: Fp8SyncConfig | BlockSyncConfig | None) -> Any:
-    """The module spec of ``fullname`` whose loader runs :func:`install` after executing it.
-
-    Used by the import hooks (:func:`install_on_import`, the ``_vllm_hook`` trampoline);
-    the spec is found by the other finders on ``sys.meta_path``.
-
-    Raises:
-        TypeError: ``config`` is not an :class:`Fp8SyncConfig` (e.g. ``NEMO_AIS_FP8_REFIT``
-            unset in a process that armed the hook).
-    """
+    """The spec of ``fullname`` whose loader runs :func:`install` after executing it (TypeError: no config)."""
     _require_refit_config(config, "patched_spec(config)")
     ours = [f for f in sys.meta_path if isinstance(f, _Finder) and f.target == fullname]
     for finder in ours:  # find the real spec without recursing into this hook
@@ -285,11 +232,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install_on_import(config: Fp8SyncConfig | BlockSyncConfig, target: str = TARGET_MODULE) -> None:
-    """Patch ``target`` when it is imported (now, if it already is).
-
-    Raises:
-        TypeError: ``config`` is not an :class:`Fp8SyncConfig` (checked now, not at import).
-    """
+    """Patch ``target`` when it is imported (now, if it already is); the config is checked now."""
     _require_refit_config(config, "install_on_import(config)")
     module = sys.modules.get(target)
     if module is not None:
@@ -357,18 +300,10 @@ def _engine_statuses(generation_worker: Any) -> list[HookStatus]:
 
 
 def require_active(policy_generation: Any) -> list[HookStatus]:
-    """Ask every vLLM worker process whether the AIS FP8 refit is active; raise if one is not.
-
-    Runs :func:`hook_status` in each vLLM worker process: upstream's worker group calls
-    ``__ray_call__`` (Ray's run-a-callable-on-this-actor) on each model-owning generation
-    worker, which runs it through vLLM's ``collective_rpc`` (sync engine only).
-
-    Returns:
-        The status of every vLLM worker process.
+    """Ask every vLLM worker process whether the AIS refit is active; return their statuses.
 
     Raises:
-        RuntimeError: naming each generation worker / vLLM process where the refit would
-            use NeMo-RL's own quantizer, and why.
+        RuntimeError: naming each generation worker / vLLM process where it is not, and why.
     """
     import ray
 
@@ -408,11 +343,7 @@ def config_from_env(environ: dict[str, str] | None = None) -> Fp8SyncConfig | No
 def refit_config_from_env(
     environ: dict[str, str] | None = None,
 ) -> Fp8SyncConfig | BlockSyncConfig | None:
-    """The config the hook installs: :data:`ENV_VAR`'s or ``NEMO_AIS_BLOCK_REFIT``'s (None: unset).
-
-    Raises:
-        ValueError: both are set (one engine has one weight format).
-    """
+    """The config the hook installs: :data:`ENV_VAR`'s or ``NEMO_AIS_BLOCK_REFIT``'s (ValueError: both)."""
     from nemo_ais.nemo_rl import refit_block
 
     fp8, block = config_from_env(environ), refit_block.config_from_env(environ)

@@ -13,34 +13,23 @@
 # limitations under the License.
 """NVFP4 / MXFP8 refit seam: a BF16 trainer's weights quantized in the vLLM worker.
 
-NeMo-RL refits an NVFP4 engine only from a ModelOpt quantization-aware trainer, which
-exports packed NVFP4 itself (``MegatronQuantPolicyWorker``, ``real_quant``); the vLLM
-side then loads the packed tensors (``model.load_weights``). With a BF16 trainer the
-vLLM worker must quantize, as it does for FP8. The FP8 seam of :mod:`nemo_ais.nemo_rl.
-refit` (the same module, hook and trampoline) gets a second mode, armed by
-:data:`ENV_VAR` (the JSON of a :class:`~nemo_ais.refit.config.BlockSyncConfig`):
+NeMo-RL refits an NVFP4 engine only from a ModelOpt trainer that exports packed NVFP4;
+with a BF16 trainer the vLLM worker must quantize, as for FP8. The FP8 seam's hook
+(:mod:`nemo_ais.nemo_rl.refit`) gets a second mode, armed by :data:`ENV_VAR` (the JSON
+of a :class:`~nemo_ais.refit.config.BlockSyncConfig`):
 
-* :func:`install` wraps two attributes of ``nemo_rl.models.generation.vllm.quantization.fp8``
-  (signatures checked against :data:`RECORDED_SIGNATURES`, v0.7.0 and main alike):
-  ``is_fp8_model``, for NVFP4 only, also answers True for a vLLM engine whose quant config
-  is a ``ModelOptNvFp4Config`` (its only callers route the refit: ``vllm_backend``'s
-  ``_load_weights`` / ``_load_hf_weights`` and main's ``refit_loader``), so the refit
-  reaches ``load_weights``; ``load_weights`` streams into ONE ``model.load_weights`` call
-  the pairs of :func:`refit_block_pairs`.
-* :func:`refit_block_pairs` quantizes what the engine holds in the format (NVFP4: linear
-  layers and MoE experts whose vLLM quant method is ModelOpt's NVFP4 one, found with
-  upstream's own ``_get_module_from_param_name``; MXFP8: upstream's ``_is_fp8_weight``)
-  with :class:`~nemo_ais.refit.stream.RefitStream`; every other tensor passes
-  unchanged (NVFP4) or through upstream's own ``load_weights`` (MXFP8: its grouped-MoE
-  and BF16 paths). One stream per process: a fused layer's shards that straddle two
-  ``load_weights`` calls (refit chunks) are held, copied, until the last one arrives.
-* MXFP8 needs NeMo-RL main's ``vllm_cfg.is_mx`` engine; the scales are named
-  ``weight_scale_from_checkpoint`` (main's refit name) unless ``mxfp8_scale_name`` says
-  otherwise; the E8M0 byte 0 -> 1 rewrite is main's (``mxfp8_zero_scale_byte``). main's own
-  MXFP8 refit gives the same bytes (tested), so the config section arms NVFP4 only.
-* :func:`configure` -- the launcher's step, like ``configure_fp8_refit``: the
-  ``ais_nvfp4_refit`` section (:class:`BlockSyncConfig` fields, defaults from the engine
-  config) -> :data:`ENV_VAR` and the hook folder first on ``PYTHONPATH``.
+* :func:`install` wraps ``is_fp8_model`` (NVFP4: also True for a ``ModelOptNvFp4Config``
+  engine, so the refit reaches ``load_weights``) and ``load_weights``, which streams the
+  pairs of :func:`refit_block_pairs` into ONE ``model.load_weights`` call.
+* :func:`refit_block_pairs` quantizes what the engine holds in the format (NVFP4: layers
+  whose quant method is ModelOpt's, found with upstream's ``_get_module_from_param_name``;
+  MXFP8: ``_is_fp8_weight``); other tensors pass unchanged (NVFP4) or through upstream's
+  ``load_weights`` (MXFP8). Fused shards straddling two chunks are held until complete.
+* MXFP8 needs main's ``is_mx`` engine; its scale name defaults to main's
+  ``weight_scale_from_checkpoint``. main's own MXFP8 refit gives the same bytes (tested),
+  so the config section arms NVFP4 only.
+* :func:`configure` -- the launcher's step: ``ais_nvfp4_refit`` -> :data:`ENV_VAR` and the
+  hook folder first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -79,8 +68,7 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "NEMO_AIS_BLOCK_REFIT"
 SECTION = "ais_nvfp4_refit"
 HOOK_DIR = Path(__file__).resolve().parent / "_vllm_hook"  # its sitecustomize arms the hook
-# vLLM's ModelOpt NVFP4 classes (NeMo-RL main registers subclasses of them), matched by name
-# in the MRO so that nemo_ais imports nothing from vLLM
+# vLLM's ModelOpt NVFP4 classes, matched by name in the MRO (no vLLM import)
 NVFP4_QUANT_CONFIG = "ModelOptNvFp4Config"
 NVFP4_METHODS = frozenset({"ModelOptNvFp4LinearMethod", "ModelOptNvFp4FusedMoE"})
 _GROUPED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
@@ -98,15 +86,8 @@ def engine_is_nvfp4(vllm_config: Any) -> bool:
 def holds_nvfp4(upstream: Any, model: Any, name: str) -> bool:
     """True when the engine holds ``name`` in NVFP4 (its layer's quant method is ModelOpt NVFP4).
 
-    Args:
-        upstream: NeMo-RL's ``quantization.fp8`` module (its ``_get_module_from_param_name``
-            walks vLLM's module tree, fused names and MoE runners included).
-        model: the vLLM model.
-        name: an HF parameter name of the refit.
-
     Raises:
-        ValueError: ``name`` is a grouped expert slab (``mlp.experts.gate_up_proj``) of
-            NVFP4 experts: export per-expert names instead.
+        ValueError: ``name`` is a grouped expert slab of NVFP4 experts (export per-expert names).
     """
     grouped = name.endswith(_GROUPED_EXPERTS)
     if not name.endswith(".weight") and not grouped:
@@ -145,14 +126,10 @@ def _input_amax(config: BlockSyncConfig) -> dict[str, float] | None:
 
 
 def install(module: Any, config: BlockSyncConfig) -> bool:
-    """Wrap ``module.load_weights`` (and, for NVFP4, ``module.is_fp8_model``) for the block refit.
-
-    Returns:
-        True if patched now, False if it already was.
+    """Wrap ``module.load_weights`` (and, for NVFP4, ``is_fp8_model``); False if already patched.
 
     Raises:
-        RuntimeError: the upstream signatures differ from the recorded ones.
-        ValueError: ``nvfp4_w4a4`` without ``input_amax_file``.
+        RuntimeError: signatures differ. ValueError: W4A4 without ``input_amax_file``.
         TypeError: ``config`` is not a :class:`BlockSyncConfig`.
     """
     require_config(config, BlockSyncConfig, "refit_block.install(config)")
@@ -244,23 +221,16 @@ def config_from_env(environ: dict[str, str] | None = None) -> BlockSyncConfig | 
 def configure(
     config: Mapping[str, Any], environ: dict[str, str] | None = None
 ) -> BlockSyncConfig | None:
-    """Arm the NVFP4 refit in the vLLM workers from the ``ais_nvfp4_refit`` section.
+    """Arm the NVFP4 refit from the ``ais_nvfp4_refit`` section (None: absent or disabled).
 
-    The section holds :class:`BlockSyncConfig` fields (absent, or ``enabled: false``: off;
-    NeMo-RL's NVFP4 engine then cannot load a BF16 trainer's refit). Defaults come from the
-    engine config, so the stream keeps in BF16 what vLLM keeps: ``ignore`` =
-    ``policy.generation.real_quant_ignore`` (NeMo-RL's ``DEFAULT_NVFP4_IGNORE`` when absent,
-    as NeMo-RL builds vLLM's ``quantization_config``), ``tp_size`` =
-    ``vllm_cfg.tensor_parallel_size``. Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first
-    on ``PYTHONPATH`` (call before Ray starts: the workers inherit the environment).
-
-    Returns:
-        The validated config, or None when the section is absent or disabled.
+    Defaults come from the engine config, so the stream keeps in BF16 what vLLM keeps:
+    ``ignore`` = ``policy.generation.real_quant_ignore`` (else NeMo-RL's
+    ``DEFAULT_NVFP4_IGNORE``), ``tp_size`` = ``vllm_cfg.tensor_parallel_size``. Sets
+    :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on ``PYTHONPATH`` (before Ray starts).
 
     Raises:
-        ValueError: naming the field: an invalid section, a format other than NVFP4, W4A4
-            without ``input_amax_file``, ``policy.generation.real_quant`` not true, or
-            ``ais_fp8_refit`` enabled too.
+        ValueError: naming the field: an invalid section, a non-NVFP4 format, W4A4 without
+            ``input_amax_file``, ``real_quant`` not true, or ``ais_fp8_refit`` enabled too.
     """
     from nemo_ais.config import validate_section
 

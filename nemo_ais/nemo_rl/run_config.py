@@ -13,21 +13,12 @@
 # limitations under the License.
 """The ``MasterConfig`` the launcher hands NeMo-RL: driver view inside, the user's config outside.
 
-``launchers/run_grpo_ais.py`` gives ``grpo.setup()`` / ``grpo_train`` a *view* of the
-user's config (:func:`run_grpo_ais.nemo_rl_view`): NeMo-RL's
-``loss_fn.use_importance_sampling_correction`` on (its FP8 / async asserts) and, under
-``loss_fn.ais.bypass``, ``loss_fn.force_on_policy_ratio`` on (the ``prev_logprobs``
-skip). Those flags drive upstream's driver; the loss that trains is the AIS loss.
-
-NeMo-RL writes ``master_config.model_dump()`` to every logger (``Logger.log_hyperparams``
-in ``grpo.setup``: W&B, TensorBoard, MLflow, ...) and into each checkpoint's
-``config.yaml`` (``CheckpointManager.init_tmp_checkpoint``); nothing else calls it. A
-dump of the view would record a config that, re-run with upstream's ``run_grpo.py``,
-corrects twice (NeMo-RL's IS on top of ``loss_fn.ais``) or trains on the zeroed
-``prev_logprobs``. :class:`AISMasterConfig` therefore dumps the user's own ``loss_fn``
-and adds :data:`RUN_MARKER_KEY`, which says which loss ran, how to re-run the config and
-which keys the driver saw differently. Attribute access (``master_config.loss_fn``) is
-unchanged: upstream's driver still reads the view.
+The launcher gives ``grpo.setup()`` a view of the user's config (NeMo-RL's IS correction
+flag on, and ``force_on_policy_ratio`` under ``bypass``). NeMo-RL logs and checkpoints
+``master_config.model_dump()``; a dump of the view, re-run with upstream's ``run_grpo.py``,
+would correct twice. :class:`AISMasterConfig` therefore dumps the user's ``loss_fn`` plus
+:data:`RUN_MARKER_KEY` (which loss ran, how to re-run, which keys the driver saw
+differently); attribute access still reads the view.
 """
 
 from __future__ import annotations
@@ -49,10 +40,7 @@ RELAUNCH = "launchers/run_grpo_ais.py --config <this file> (not NeMo-RL's run_gr
 
 
 class AISMasterConfig(MasterConfig):
-    """NeMo-RL's ``MasterConfig`` whose ``model_dump()`` is the user's config plus a marker.
-
-    Built by :func:`ais_master_config`; the fields hold the driver view.
-    """
+    """NeMo-RL's ``MasterConfig`` whose ``model_dump()`` is the user's config plus a marker."""
 
     _user_loss_fn: dict[str, Any] = PrivateAttr(default_factory=dict)
     _marker: dict[str, Any] = PrivateAttr(default_factory=dict)
@@ -76,16 +64,8 @@ def ais_master_config(
 ) -> AISMasterConfig:
     """``MasterConfig`` of the driver ``view`` that logs and saves the user's ``config``.
 
-    Args:
-        config: the user's resolved config (after Hydra overrides).
-        view: :func:`run_grpo_ais.nemo_rl_view` of it (may be ``config`` itself).
-        ais_cfg: the validated ``loss_fn`` (:class:`~nemo_ais.nemo_rl.AISLossConfig`).
-
-    Returns:
-        :class:`AISMasterConfig` whose fields are the view's and whose ``model_dump()`` has
-        the user's ``loss_fn`` and the :data:`RUN_MARKER_KEY` section: ``loss`` (the class),
-        ``mode`` and ``bypass`` (``loss_fn.ais``), ``relaunch`` and ``driver_view`` (the
-        ``loss_fn`` keys upstream's driver read with another value).
+    ``ais_cfg`` is the validated ``loss_fn``; the marker holds ``loss``, ``mode``, ``bypass``,
+    ``relaunch`` and ``driver_view`` (the keys upstream's driver read with another value).
     """
     view = {k: v for k, v in view.items() if k != RUN_MARKER_KEY}  # a re-run saved config
     master = AISMasterConfig(**view)

@@ -13,39 +13,20 @@
 # limitations under the License.
 """The per-global-batch AIS "prepare" step, independent of NeMo-RL (plain torch).
 
-A NeMo-RL policy worker trains on its data-parallel shard of several global batches per
-``train()`` call, and calls the loss once per micro-batch -- or once per packed sequence
-(``sequence_packing`` without ``fuse_loss``), only on the last pipeline stage, with extra
-dummy micro-batches on some DTensor ranks. A collective inside the loss would therefore
-deadlock. Instead, each worker runs this step at the top of ``train()``, before its
-micro-batch loop::
+A worker calls the loss once per micro-batch or packed sequence, on the last pipeline
+stage only, with dummy micro-batches on some ranks: a collective inside the loss would
+deadlock. So each worker runs this step at the top of ``train()``::
 
-    for every global batch g, in order (same count on every rank of the DP group):
-        # d_g = core.compute_diagnostics(rows of g, config, dp_group, state), i.e.
-        s_g   = compute_statistics(this rank's rows of g)       # local, no communication
-        S_g   = reduce_statistics(s_g, dp_group)                # exactly ONE all_reduce
-        d_g   = diagnostics_from_stats(S_g, config, state)      # alpha, identical everywhere
-    tag every row of the shard with its global-batch index g     # column GLOBAL_BATCH_KEY
-    and with its valid-token count                               # column VALID_TOKENS_KEY
-    loss_fn.attach_diagnostics([d_0, d_1, ...])                  # read by every loss call
+    for every global batch g (same count on every rank of the DP group):
+        s_g = compute_statistics(this rank's rows of g)   # local
+        S_g = reduce_statistics(s_g, dp_group)            # exactly ONE all_reduce
+        d_g = diagnostics_from_stats(S_g, config, state)  # identical everywhere
+    tag every row with g (GLOBAL_BATCH_KEY) and its valid tokens (VALID_TOKENS_KEY)
+    loss_fn.attach_diagnostics([d_0, d_1, ...])
 
-Bad input on one rank (a missing key, a wrong shape or dtype, NaN / inf at a valid
-position) never makes that rank raise alone, which would leave its peers blocked in the
-all-reduce: the rank joins the all-reduce of the global batch with an error flag
-(``compute_diagnostics(..., input_error=...)``), and every rank of the group raises the
-same ``ValueError`` naming each bad rank and its message. A rank that cannot even split
-its shard joins the first global batch's all-reduce flagged. (Limit: if every other rank
-has zero global batches, they run no collective and that rank waits in it until the
-group's timeout; the driver gives every rank the same number of global batches.)
-
-The loss then looks up ``d_g`` through the row tag of whatever micro-batch (or packed
-sequence) it receives: it never communicates, so the number of loss calls per rank is
-free to differ. The statistics depend only on ``prev_logprobs``, ``generation_logprobs``
-and the masks, all known before the first forward pass.
-
-:func:`core_inputs` is the ONE place where NeMo-RL's data keys are mapped to the core
-names (``prev_logprobs -> logp_old``, ``generation_logprobs -> logp_rollout``,
-``token_mask[:, 1:] * sample_mask -> mask``, ...). Both the prepare step and the loss use it.
+A rank with bad input joins the all-reduce flagged and every rank raises the same
+``ValueError``. The loss looks ``d_g`` up through the row tags and never communicates.
+:func:`core_inputs` is the ONE map of NeMo-RL's data keys to core names.
 """
 
 from __future__ import annotations
@@ -83,8 +64,7 @@ __all__ = [
     "split_global_batches",
 ]
 
-# core's rollout-mismatch metrics (nemo_ais.core.mismatch) -> NeMo-RL v0.7.0 / main
-# ClippedPGLossFn's keys, which grpo_train reads unconditionally
+# core's mismatch metrics -> ClippedPGLossFn's keys (grpo_train reads them unconditionally)
 NEMO_RL_MISMATCH_NAMES = {
     "mismatch/mult_prob_error": "token_mult_prob_error",
     "mismatch/kl_rollout_old": "gen_kl_error",
@@ -99,13 +79,11 @@ NEMO_RL_MISMATCH_NAMES = {
 ROLLOUT_METRIC_KEYS = tuple(NEMO_RL_MISMATCH_NAMES.values())
 """NeMo-RL's rollout-mismatch keys, emitted by :func:`loss_from_prepared` with ``rollout_metrics``."""
 
-# Row tag added to the worker's data: index of the global batch the row belongs to.
-# A [B] int64 column: NeMo-RL's slicing, packing and micro-batching keep it on every row.
+# [B] int64 row tag: the row's global batch (slicing, packing and micro-batching keep it).
 GLOBAL_BATCH_KEY = "ais_global_batch"
 # Rows past the last full global batch (NeMo-RL never trains on them).
 UNUSED_ROW = -1
-# Row column added with the tags: the row's valid tokens, token_mask[:, 1:].sum() x
-# sample_mask, [B] float64. A loss call sums it for its local count (no pass over [B, S]).
+# [B] float64 row column: the row's valid tokens (a loss call sums it for its local count).
 VALID_TOKENS_KEY = "ais_valid_tokens"
 
 
@@ -146,28 +124,14 @@ def _tensor(data: Mapping[str, Any], key: str, ndim: int) -> torch.Tensor:
 def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> CoreInputs:
     """Map NeMo-RL's ``ClippedPGLossDataDict`` keys to the core tensor names.
 
-    ``[:, 1:]`` drops the first position (no next-token log-prob), as ``ClippedPGLossFn``.
-    ``curr_logprobs_unfiltered`` is taken as is: NeMo-RL's ``prepare_loss_input`` stores it
-    already response-aligned (``[B, S - 1]``, like ``next_token_logprobs``), and
-    ``ClippedPGLossFn`` reads it unsliced.
-
-    Args:
-        data: a (micro-)batch with ``prev_logprobs``, ``generation_logprobs``,
-            ``token_mask`` (``[B, S]``), ``sample_mask`` (``[B]``) and, when
-            ``with_loss_terms``, ``advantages`` (``[B, S]``) and optionally
-            ``reference_policy_logprobs`` (``[B, S]``), ``curr_logprobs_unfiltered``
-            (``[B, S - 1]``, with grad) and ``rewards`` (``[B]``).
-        with_loss_terms: also map ``advantages``, ``reference_policy_logprobs``,
-            ``curr_logprobs_unfiltered`` and ``rewards``.
-
-    Returns:
-        :class:`CoreInputs`; ``mask = token_mask[:, 1:] * sample_mask[:, None]`` cast to
-        the dtype of ``prev_logprobs`` (NeMo-RL's masks may be int64; values in {0, 1}).
+    ``[:, 1:]`` drops the first position, as ``ClippedPGLossFn``;
+    ``curr_logprobs_unfiltered`` is already response-aligned and taken as is.
+    ``mask = token_mask[:, 1:] * sample_mask[:, None]`` in the dtype of ``prev_logprobs``.
+    ``with_loss_terms`` also maps ``advantages``, ``reference_policy_logprobs``,
+    ``curr_logprobs_unfiltered`` and ``rewards``.
 
     Raises:
-        KeyError: a required key is missing. ValueError: a tensor has the wrong rank or
-        ``generation_logprobs`` / ``token_mask`` / ``sample_mask`` do not match
-        ``prev_logprobs`` in shape.
+        KeyError: a required key is missing. ValueError: a wrong rank or mismatched shape.
     """
     prev = _tensor(data, "prev_logprobs", 2)
     gen = _tensor(data, "generation_logprobs", 2)
@@ -194,13 +158,7 @@ def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> Cor
 
 
 def num_global_batches(data: Any, local_batch_size: int) -> int:
-    """Global batches in a worker's shard, computed locally (no collective).
-
-    With sequence packing NeMo-RL records one element count per global batch
-    (``elem_counts_per_gb``); otherwise every global batch has ``local_batch_size`` rows.
-    The driver shards every rank with the same number of global batches, so the result is
-    identical on every rank of the data-parallel group.
-    """
+    """Global batches in a worker's shard (``elem_counts_per_gb`` with packing), no collective."""
     counts = getattr(data, "elem_counts_per_gb", None)
     if counts is not None:
         return len(counts)
@@ -226,12 +184,7 @@ def _slice_rows(data: Mapping[str, Any], start: int, end: int) -> dict[str, Any]
 
 
 def split_global_batches(data: Any, local_batch_size: int) -> list[Mapping[str, Any]]:
-    """This rank's rows of each global batch, in order.
-
-    Uses ``data.get_batch(i, batch_size=...)`` when ``data`` is a NeMo-RL
-    ``BatchedDataDict`` (the worker's own split, packing-aware); plain mappings of tensors
-    are sliced in blocks of ``local_batch_size`` rows.
-    """
+    """This rank's rows of each global batch (``BatchedDataDict.get_batch``, else row blocks)."""
     n = num_global_batches(data, local_batch_size)
     if hasattr(data, "get_batch"):
         return [data.get_batch(batch_idx=i, batch_size=local_batch_size) for i in range(n)]
@@ -249,25 +202,15 @@ def global_batch_diagnostics(
     """Diagnostics of each global batch: local statistics -> ONE all-reduce -> alpha.
 
     Args:
-        batches: this rank's rows of each global batch, in global-batch order (every rank
-            of ``group`` must pass the same number; a rank may have zero rows or zero
-            valid tokens in any of them).
+        batches: this rank's rows of each global batch (same count on every rank).
         config: the ``loss_fn.ais`` section.
-        group: the data-parallel group (None: one process, no collective).
-        state: EMA state of alpha, advanced once per global batch (None: no smoothing
-            state, e.g. in eval mode).
-        device: where the statistics are reduced (``cuda`` for NCCL groups); None keeps
-            the device of ``prev_logprobs``.
-
-    Returns:
-        One :class:`AISDiagnostics` per global batch, identical on every rank.
+        group: the data-parallel group (None: one process).
+        state: EMA state of alpha, advanced once per global batch (None: eval).
+        device: where the statistics are reduced (``cuda`` for NCCL; None: the inputs').
 
     Raises:
-        KeyError, ValueError, TypeError: ``group=None``: as :func:`core_inputs` and
-            :func:`~nemo_ais.core.compute_diagnostics`. ValueError: with a group, bad input
-            on any rank, raised on every rank with the same message (no rank raises alone).
-            TypeError: ``config`` is not a CorrectionConfig (e.g. a dict), raised before
-            any collective (every rank builds it from the same YAML).
+        ValueError: with a group, bad input on any rank (the same message on every rank);
+            without one, the local error. TypeError: ``config`` of the wrong type.
     """
     require_config(config, CorrectionConfig, "global_batch_diagnostics(config)")
     out = []
@@ -330,27 +273,11 @@ def prepare_global_batches(
     device: torch.device | str | None = None,
     split: Callable[[Any, int], Sequence[Mapping[str, Any]]] = split_global_batches,
 ) -> list[AISDiagnostics]:
-    """The worker's prepare step: diagnostics per global batch, row tags, attach to the loss.
+    """The worker's prepare step: diagnostics per global batch, row tags, attach to ``sink``.
 
-    Args:
-        data: the worker's shard (``BatchedDataDict`` or a dict of tensors); gains the
-            ``[B]`` int64 column :data:`GLOBAL_BATCH_KEY` (-1 for rows past the last full
-            global batch) and the ``[B]`` float64 column :data:`VALID_TOKENS_KEY` (the
-            row's valid tokens, which the loss sums for its local count).
-        sink: the loss object (``attach_diagnostics``).
-        config: the ``loss_fn.ais`` section.
-        local_batch_size: rows of one global batch on this rank (``gbs // dp_size``).
-        group: the data-parallel group; see :func:`global_batch_diagnostics`.
-        state: EMA state (None in eval mode).
-        device: reduction device (``cuda`` for NCCL).
-        split: how to cut ``data`` into global batches (the worker's own ``get_batch``).
-
-    Returns:
-        The diagnostics, one per global batch (also attached to ``sink``).
-
-    Raises:
-        ValueError: with a group, bad input on any rank (every rank raises the same
-            message; see the module docstring). ``group=None``: the local error as is.
+    ``data`` gains :data:`GLOBAL_BATCH_KEY` (-1 past the last full global batch) and
+    :data:`VALID_TOKENS_KEY`; ``local_batch_size`` is ``gbs // dp_size``; ``split`` cuts
+    ``data`` into global batches. Other arguments and errors as :func:`global_batch_diagnostics`.
     """
     require_config(config, CorrectionConfig, "prepare_global_batches(config)")
     try:
@@ -368,11 +295,7 @@ def prepare_global_batches(
 
 
 def global_batch_index(data: Mapping[str, Any]) -> int | None:
-    """Global-batch index of a (micro-)batch from its row tags; None if untagged.
-
-    Raises:
-        ValueError: the rows belong to different global batches, or to none (tag -1).
-    """
+    """Global-batch index of a (micro-)batch from its row tags; None if untagged (ValueError if mixed)."""
     tags = data.get(GLOBAL_BATCH_KEY)
     if tags is None:
         return None
@@ -383,11 +306,7 @@ def global_batch_index(data: Mapping[str, Any]) -> int | None:
 
 
 def checked_index(lo: int, hi: int) -> int:
-    """The global-batch index of rows whose tags span ``lo..hi`` (read by the caller).
-
-    Raises:
-        ValueError: the rows belong to different global batches, or to none (tag -1).
-    """
+    """The global-batch index of rows whose tags span ``lo..hi`` (ValueError if mixed or -1)."""
     if lo != hi or lo == UNUSED_ROW:
         raise ValueError(
             f"{GLOBAL_BATCH_KEY}: a loss call received rows of global batches {lo}..{hi}; "
@@ -409,34 +328,20 @@ def loss_from_prepared(
     rollout_metrics: bool = False,
     index: int | None = None,
 ) -> LossOutput:
-    """One loss call (micro-batch or packed sequence) with the prepared diagnostics.
-
-    No collective: the diagnostics of the call's global batch are looked up through the
-    row tags (:data:`GLOBAL_BATCH_KEY`) and passed to :func:`nemo_ais.core.clipped_pg_loss`.
+    """One loss call with the prepared diagnostics of its global batch (no collective).
 
     Args:
-        logp_theta: ``[B, S - 1]`` current log-probs of the sampled tokens (with grad).
-        data: the call's NeMo-RL data (keys as :func:`core_inputs`, plus the row tags);
-            ``curr_logprobs_unfiltered`` feeds the KL term when the KL penalty is on, and
-            ``rewards`` the VAPO term (without ``rewards`` that term is 0, as NeMo-RL).
+        logp_theta: ``[B, S - 1]`` current log-probs (with grad).
+        data: the call's NeMo-RL data (keys as :func:`core_inputs`, plus the row tags).
         diagnostics: what the prepare step produced for this ``train()`` call.
-        config: the ``loss_fn.ais`` section.
-        pg: the clipped-surrogate knobs.
-        global_valid_seqs: NeMo-RL's global valid-sequence count of the global batch.
-        global_valid_toks: NeMo-RL's global valid-token count of the global batch.
-        rollout_metrics: also compute NeMo-RL's rollout-mismatch metrics of the call
-            (:data:`ROLLOUT_METRIC_KEYS`: core's ``mismatch/*`` under NeMo-RL's names).
-        index: the call's global-batch index if the caller read it already
-            (:func:`global_batch_index`; None: read here, one host sync).
-
-    Returns:
-        core's :class:`~nemo_ais.core.LossOutput` (metrics as 0-dim tensors).
+        config: the ``loss_fn.ais`` section; pg: the clipped-surrogate knobs.
+        global_valid_seqs / global_valid_toks: NeMo-RL's global counts.
+        rollout_metrics: also compute :data:`ROLLOUT_METRIC_KEYS`.
+        index: the call's global-batch index if already read (None: read here).
 
     Raises:
-        RuntimeError: nothing was prepared for this global batch (the loss is used
-            outside the AIS workers, or the prepare step was skipped).
-        TypeError: ``config`` is not a :class:`CorrectionConfig` or ``pg`` not a
-            :class:`PGLossConfig` (e.g. a dict), naming the parameter.
+        RuntimeError: nothing was prepared for this global batch.
+        TypeError: ``config`` or ``pg`` of the wrong type.
     """
     require_config(config, CorrectionConfig, "loss_from_prepared(config)")
     require_config(pg, PGLossConfig, "loss_from_prepared(pg)", optional=True)

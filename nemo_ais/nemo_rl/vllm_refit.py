@@ -1,12 +1,9 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """The core of the vLLM refit patch, shared by every format: names, markers, the pair loop.
 
-NeMo-RL quantizes a refit inside the vLLM worker, in
-``nemo_rl.models.generation.vllm.quantization.fp8`` (:data:`TARGET_MODULE`). The patch
-(:mod:`nemo_ais.nemo_rl.refit`: block FP8; :mod:`nemo_ais.nemo_rl.refit_block`: NVFP4 /
-MXFP8) wraps its ``load_weights`` so that what the engine holds quantized goes through
-ONE :class:`~nemo_ais.refit.stream.RefitStream` (:func:`engine_pairs`), and every other
-tensor through upstream's own path (:func:`upstream_pairs`) or unchanged.
+The patch wraps ``load_weights`` of :data:`TARGET_MODULE` so what the engine holds
+quantized goes through ONE :class:`~nemo_ais.refit.stream.RefitStream`
+(:func:`engine_pairs`) and every other tensor through upstream (:func:`upstream_pairs`).
 """
 
 from __future__ import annotations
@@ -111,18 +108,11 @@ def engine_pairs(
     stream: RefitStream,
     passthrough: Passthrough = unchanged,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """One refit chunk -> vLLM ``load_weights`` pairs, quantizing what the engine holds quantized.
-
-    Args:
-        weights: the chunk.
-        holds: True for names the engine holds in the stream's format.
-        stream: the process's stream (NVFP4 fused shards carry over between chunks).
-        passthrough: the pairs of every other tensor.
+    """One refit chunk -> vLLM ``load_weights`` pairs, quantizing what the engine ``holds`` quantized.
 
     Raises:
-        ValueError: the engine holds ``name`` quantized but the stream would keep it in BF16
-            (the two layouts disagree), or the stream's own errors (NaN/Inf, TP shard,
-            fused siblings, W4A4 input amax).
+        ValueError: the engine holds ``name`` quantized but the stream would keep it in BF16,
+            or the stream's own errors (NaN/Inf, TP shard, fused siblings, W4A4 input amax).
     """
     for name, tensor in weights:
         if not holds(name):

@@ -11,21 +11,13 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Arms the AIS FP8 refit in processes started with this folder on PYTHONPATH.
+"""Arms the AIS refit in processes started with this folder on PYTHONPATH (stdlib only).
 
-``launchers/run_grpo_ais.py`` puts this folder on ``PYTHONPATH`` and sets
-``NEMO_AIS_FP8_REFIT`` only when the ``ais_fp8_refit`` section enables it (or
-``NEMO_AIS_BLOCK_REFIT``, the NVFP4 refit, from ``ais_nvfp4_refit``); every other
-process is unaffected. Python's ``site`` imports this file at interpreter start in every
-Ray worker of the job, so it uses the standard library only: it puts a trampoline on
-``sys.meta_path`` that does nothing until a process imports NeMo-RL's FP8 refit module
-(``nemo_rl.models.generation.vllm.quantization.fp8``, imported by the vLLM workers only).
-Only then does it import ``nemo_ais`` (and torch) and wrap ``load_weights``
-(:func:`nemo_ais.nemo_rl.refit.patched_spec`); a failure there is logged at WARNING and
-raised, so that vLLM worker fails instead of quietly refitting with NeMo-RL's quantizer.
-The driver asks every vLLM worker after ``setup()`` whether the patch is armed
-(:func:`nemo_ais.nemo_rl.refit.require_active`), which also catches a process where this
-file never ran (a ``sitecustomize`` earlier on ``sys.path`` shadows this one).
+With ``NEMO_AIS_FP8_REFIT`` (or ``NEMO_AIS_BLOCK_REFIT``) set by the launcher, it puts a
+trampoline on ``sys.meta_path`` that waits until a process imports NeMo-RL's FP8 refit
+module (the vLLM workers), then wraps its ``load_weights``
+(:func:`nemo_ais.nemo_rl.refit.patched_spec`); a failure is logged and raised.
+:func:`nemo_ais.nemo_rl.refit.require_active` catches a process where this never ran.
 """
 
 import importlib.abc

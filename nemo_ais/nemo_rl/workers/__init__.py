@@ -13,28 +13,11 @@
 # limitations under the License.
 """AIS policy workers for NeMo-RL v0.7.0 and main (``worker_extension_cls_fqn`` targets).
 
-Each module subclasses one of NeMo-RL's worker implementations with
-:class:`~nemo_ais.nemo_rl.workers.mixin.AISTrainMixin`, which runs the per-global-batch
-AIS prepare step (:mod:`nemo_ais.nemo_rl.seam`) at the top of ``train()``. The Megatron
-workers (BF16, and NeMo-RL's ModelOpt QAT worker that ``policy.quant_cfg`` selects: QARL)
-also override ``calibrate_qkv_fp8_scales`` with our FP8 KV-scale calibration
-(:mod:`nemo_ais.megatron.kv_calibration`). The modules
-import NeMo-RL, Megatron or Automodel: they are imported by fully-qualified name inside
-the Ray worker processes only, never by the driver.
-
-============================================================ ==============================
-worker (fqn)                                                 NeMo-RL base / DP group
-============================================================ ==============================
-``nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker``  ``MegatronPolicyWorkerImpl``;
-                                                             ``parallel_state`` DP group
-``nemo_ais.nemo_rl.workers.megatron_quant.``                   ``MegatronQuantPolicyWorker``
-``AISMegatronQuantPolicyWorker``                               (its ``__ray_actor_class__``);
-                                                             ``parallel_state`` DP group
-``nemo_ais.nemo_rl.workers.dtensor.AISDTensorPolicyWorker``    ``DTensorPolicyWorkerImpl``;
-                                                             ``dp_mesh`` group
-``nemo_ais.nemo_rl.workers.dtensor_v2.AISDTensorPolicyWorkerV2`` ``DTensorPolicyWorkerV2Impl``;
-                                                             ``dp_mesh`` group
-============================================================ ==============================
+Each subclasses a NeMo-RL worker with :class:`~nemo_ais.nemo_rl.workers.mixin.AISTrainMixin`
+(the prepare step at the top of ``train()``); the Megatron workers also override
+``calibrate_qkv_fp8_scales`` (:mod:`nemo_ais.megatron.kv_calibration`). They are imported
+by fqn inside the Ray worker processes only. :data:`AIS_WORKER_FQNS` maps each NeMo-RL
+worker to its AIS worker.
 """
 
 __all__ = ["AIS_WORKER_FQNS"]

@@ -13,17 +13,11 @@
 # limitations under the License.
 """AIS Megatron policy worker (import only inside a NeMo-RL Megatron worker process).
 
-FP8 KV-cache scales and the refit: NeMo-RL v0.7.0's ``grpo.refit_policy_generation``
-passes the calibrated ``kv_scales`` only on the non-colocated path
-(``broadcast_weights_for_collective(kv_scales=...)``); the colocated path calls
-``stream_weights_via_ipc_zmq(buffer_size_bytes=...)`` without them, and upstream's
-``_iter_params_with_optional_kv_scales`` then streams every q/k/v scale as 1.0 (so does
-``weight_sync.IPCWeightSynchronizer``). NeMo-RL main passes them on both paths. This
-worker remembers the scales of its last calibration and streams them when a refit passes
-none (v0.7.0's colocated path), uses the driver's when given (both paths on main), and
-refuses (``ValueError`` naming the layer) a refit with the FP8 KV cache on whose scales
-would be defaults. Every worker
-holds the same scales (the calibration ends in one all-reduce), so all raise together.
+NeMo-RL v0.7.0's colocated refit (``stream_weights_via_ipc_zmq``) passes no ``kv_scales``,
+so upstream streams every q/k/v scale as 1.0; main passes them on both paths. This worker
+streams its last calibration's scales when a refit passes none, and refuses (``ValueError``
+naming the layer, on every worker alike) a refit with the FP8 KV cache whose scales would
+be defaults.
 """
 
 from typing import Any
@@ -49,11 +43,7 @@ def fp8_kv_cache_enabled(policy_cfg: Any) -> bool:
 
 
 class AISMegatronMixin(AISTrainMixin):
-    """:class:`AISTrainMixin` on Megatron: its DP group, our FP8 KV calibration, the refit check.
-
-    Put before a ``MegatronPolicyWorkerImpl`` (or a subclass of it: NeMo-RL's ModelOpt
-    ``MegatronQuantPolicyWorker``, see :mod:`.megatron_quant`) in the bases.
-    """
+    """:class:`AISTrainMixin` on Megatron: its DP group, our FP8 KV calibration, the refit check."""
 
     _ais_kv_scales: dict[str, float] | None = None  # the last calibration's "layers"
 
@@ -72,25 +62,13 @@ class AISMegatronMixin(AISTrainMixin):
     ) -> dict[str, Any]:
         """NeMo-RL's KV-scale calibration, computed by :mod:`nemo_ais.megatron.kv_calibration`.
 
-        Same signature and result as v0.7.0 and main (``{"format", "percentile",
-        "margin", "layers": {vLLM scale name: float}}``); Q/K/V are read, as upstream, at
-        the ``core_attention`` inputs (after q/k-norm and RoPE). The rule is upstream's
-        by default (``max |x|`` per micro-batch, nearest-rank percentile over the
-        micro-batches, max over ranks: the same scales, a test compares them with
-        upstream's function); ``NEMO_AIS_KV_REDUCTION=element_percentile`` (the
-        launcher's ``ais_kv_calibration.reduction``) selects the element percentile.
-        Differences: layer keys are global across pipeline stages (upstream keys by the
-        stage-local index); only ``core_attention`` itself is hooked (upstream's substring
-        match also hooks its children); ranks are combined by ONE ``all_reduce(MAX)`` over
-        the default group (every TP/PP/CP/DP rank of the policy) instead of
-        ``all_gather_object`` + ``broadcast_object_list``; an all-zero layer gets the
-        1e-4 amax floor (upstream: scale 0); ``include_q=False`` returns K/V names only
-        (upstream's converter needs ``q_scale``); the ``FP8_MAX_Q/K/V`` environment
-        overrides are not read (448). Logs the calibration's largest value over
-        ``scale * 448`` per kind (WARNING when > 1: it saturates) and, from the second
-        calibration on, ``kv_cache/saturated_frac_<kind>``: the fraction of this data's
-        K / V elements above the previous scales * 448 (what the rollout's FP8 cache
-        saturated; WARNING above 0.1 %).
+        Upstream's signature, result and default rule (a test compares the scales); Q/K/V read
+        at the ``core_attention`` inputs. ``NEMO_AIS_KV_REDUCTION=element_percentile`` selects
+        the element percentile. Differences: global layer keys across pipeline stages; only
+        ``core_attention`` itself hooked; ONE ``all_reduce(MAX)`` over the default group; the
+        1e-4 amax floor; ``include_q=False`` returns K/V only; ``FP8_MAX_Q/K/V`` not read. Logs
+        the peak over ``scale * 448`` per kind and, from the second calibration on,
+        ``kv_cache/saturated_frac_<kind>`` under the previous scales (WARNING above 0.1 %).
         """
         self.model.eval()
         result = calibrate_qkv_fp8_scales(
@@ -111,11 +89,7 @@ class AISMegatronMixin(AISTrainMixin):
         return result
 
     def _ais_refit_kv_scales(self, kv_scales: dict[str, float] | None) -> dict[str, float] | None:
-        """The scales a refit streams: the driver's, else the last calibration's; checked.
-
-        Raises:
-            ValueError: FP8 KV cache on and a layer's q/k/v scale would stream as a default.
-        """
+        """The scales a refit streams (the driver's, else the last calibration's), checked (ValueError)."""
         if not fp8_kv_cache_enabled(self.cfg):
             return kv_scales
         scales = kv_scales if kv_scales is not None else self._ais_kv_scales
@@ -128,11 +102,7 @@ class AISMegatronMixin(AISTrainMixin):
         kv_scales: dict[str, float] | None = None,
         **upstream_kwargs: Any,
     ) -> None:
-        """Upstream's colocated refit, with the calibrated KV scales if it is given none.
-
-        v0.7.0 passes no ``kv_scales`` here; main passes the driver's (the same dict our
-        calibration returned), which are then used as given. Other keywords go to upstream.
-        """
+        """Upstream's colocated refit, with the calibrated KV scales if it is given none (v0.7.0)."""
         super().stream_weights_via_ipc_zmq(
             buffer_size_bytes=buffer_size_bytes,
             kv_scales=self._ais_refit_kv_scales(kv_scales),
@@ -142,11 +112,7 @@ class AISMegatronMixin(AISTrainMixin):
     def broadcast_weights_for_collective(
         self, kv_scales: dict[str, float] | None = None, **upstream_kwargs: Any
     ) -> None:
-        """Upstream's non-colocated refit, with the same scale check.
-
-        Every other keyword reaches upstream unchanged (main: ``buffer_size_bytes``,
-        ``num_buffers``; v0.7.0 takes none).
-        """
+        """Upstream's non-colocated refit, with the same scale check (other keywords passed on)."""
         super().broadcast_weights_for_collective(
             kv_scales=self._ais_refit_kv_scales(kv_scales), **upstream_kwargs
         )

@@ -47,22 +47,13 @@ def ais_alarm_state_path(weights_path: str) -> str:
 class AISTrainMixin:
     """Put before a NeMo-RL policy worker implementation in the bases.
 
-    ``train(data, loss_fn, ...)``: when ``loss_fn`` is an AIS loss (any mode, ``none``
-    included: its statistics feed the ``ais/*`` telemetry, its weights stay 1), runs
-    :func:`~nemo_ais.nemo_rl.seam.prepare_global_batches` on this worker's shard over the
-    data-parallel group returned by :meth:`_ais_dp_group` -- one all-reduce per global
-    batch, on every rank of every pipeline stage (all stages hold the data; a DP group
-    never mixes stages, so all its ranks make the same calls) -- then calls the base
-    ``train``. The EMA state advances once per global batch (not in ``eval_mode``) and
-    is saved / restored with the policy checkpoint.
-
-    Refit guard (``loss_fn.ais_alarms.enabled``, not in ``eval_mode``): after the prepare
-    step, one :class:`~nemo_ais.alarms.AlarmMonitor` per worker observes each global
-    batch's diagnostics -- identical on every rank, so every rank decides the same and,
-    with ``fail_on_alarm``, raises :class:`~nemo_ais.analyze.RefitAlarmError` together
-    before the optimizer step (no extra collective). The outcome is attached to the loss,
-    which logs ``ais_alarm/<kind>``. The monitor's history is saved / restored with the
-    checkpoint (:func:`ais_alarm_state_path`).
+    ``train(data, loss_fn, ...)`` with an AIS loss (any mode, ``none`` included) first runs
+    :func:`~nemo_ais.nemo_rl.seam.prepare_global_batches` over :meth:`_ais_dp_group` (one
+    all-reduce per global batch, on every pipeline stage). The EMA state advances once per
+    global batch (not in ``eval_mode``) and is saved with the checkpoint. Refit guard
+    (``loss_fn.ais_alarms.enabled``): an :class:`~nemo_ais.alarms.AlarmMonitor` observes each
+    global batch's diagnostics (identical on every rank, so with ``fail_on_alarm`` every rank
+    raises together before the optimizer step); its history is checkpointed too.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -116,13 +107,9 @@ class AISTrainMixin:
         return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, **kwargs)
 
     def begin_train_step(self, loss_fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """NeMo-RL main's split train-step API: refused for an AIS loss, else upstream's.
+        """NeMo-RL main's split train-step API: ``NotImplementedError`` for an AIS loss, else upstream's.
 
-        Raises:
-            NotImplementedError: ``loss_fn`` is an AIS loss: the prepare step needs the whole
-                global batch before the first loss call, and the split API hands the worker
-                no data here and one chunk per ``train_microbatch`` (``data_plane.enabled``,
-                its only driver, is refused by ``launchers/run_grpo_ais.py``).
+        The prepare step needs the whole global batch before the first loss call.
         """
         if hasattr(loss_fn, "attach_diagnostics"):
             raise NotImplementedError(
@@ -148,11 +135,7 @@ class AISTrainMixin:
     def _ais_observe_alarms(
         self, config: Any, diagnostics: list[AISDiagnostics]
     ) -> list[dict[str, float]]:
-        """Observe each global batch; ``ais_alarm/*`` per batch, or raise (fail_on_alarm).
-
-        The alarm's step is the global batch's number since the start of training
-        (``ais_state.num_updates``, restored with the checkpoint; equal to the GRPO step
-        when each step trains one global batch).
+        """Observe each global batch (step: ``ais_state.num_updates``); ``ais_alarm/*`` per batch.
 
         Raises:
             RefitAlarmError: ``config.fail_on_alarm`` and an alarm fired (every rank).
@@ -194,11 +177,7 @@ class AISTrainMixin:
 
 
 class AISDTensorMixin(AISTrainMixin):
-    """:class:`AISTrainMixin` over the device mesh's ``dp`` group (DTensor workers, v1 and v2).
-
-    The same group NeMo-RL sums ``global_valid_toks`` over: context-parallel ranks hold
-    the same sequences and are not part of it.
-    """
+    """:class:`AISTrainMixin` over the device mesh's ``dp`` group (context-parallel ranks excluded)."""
 
     def _ais_dp_group(self):
         return self.dp_mesh.get_group()
