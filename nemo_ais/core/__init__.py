@@ -13,12 +13,8 @@
 # limitations under the License.
 """The AIS method: weights, statistics, diagnostics, mixer and the clipped GRPO loss.
 
-Pure torch (imports only torch, the stdlib, :mod:`nemo_ais.config` and the correction
-modes' records, :mod:`nemo_ais.modes`, whose weight functions it dispatches). Ratio direction
-everywhere: rho = pi_old / mu, l = log pi_old - log mu (``prev_logprobs -
-generation_logprobs``). Formulas marked [reconstruction] are our design for
-arXiv 2605.13907; see ``docs/method.md``. :class:`~nemo_ais.config.CorrectionConfig`, the
-config every entry point takes, is re-exported here (its home is :mod:`nemo_ais.config`).
+Pure torch (torch, the stdlib, :mod:`nemo_ais.config`, :mod:`nemo_ais.modes`); rho =
+pi_old / mu everywhere; [reconstruction] formulas: ``docs/method.md``.
 """
 
 from nemo_ais.config import CorrectionConfig

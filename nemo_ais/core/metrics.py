@@ -13,26 +13,18 @@
 # limitations under the License.
 """Telemetry of :func:`~nemo_ais.core.loss.clipped_pg_loss` in NeMo-RL's *summable* form.
 
-Ratio direction of every ``ais/*`` value: rho = pi_old / mu, l = log pi_old - log mu. The
-diagnostic formulas are a **[reconstruction]** (``docs/method.md``).
+rho = pi_old / mu; the diagnostic formulas are a **[reconstruction]** (``docs/method.md``).
+NeMo-RL SUMS every metric over micro-batches and data-parallel ranks, so each value is
+emitted already divided by the GLOBAL normaliser:
 
-NeMo-RL SUMS every metric a loss returns over micro-batches and data-parallel ranks
-(only ``probs_ratio_min/max`` and ``probs_ratio_clamped_min/max`` are min/max-reduced;
-we emit none of those). Hence each value is emitted already divided by the GLOBAL
-normaliser:
-
-* TOKENS:    a per-token mean is emitted as ``sum_local(x * m) / global_valid_tokens``;
-  a global scalar s (alpha, R, ...) as ``s * local_valid_toks / global_valid_toks``.
+* TOKENS:    ``sum_local(x * m) / global_valid_tokens``; a global scalar s as
+  ``s * local_valid_toks / global_valid_toks``.
 * SEQUENCES: ``sum_local(x_i) / global_valid_seqs``.
 * NONE:      a count, summed as is.
-* LOSS:      TOKENS if ``token_level_loss`` else SEQUENCES (``loss``, ``kl_penalty``).
+* LOSS:      TOKENS if ``token_level_loss`` else SEQUENCES.
 
-Globally empty batch (global_valid_tokens = 0): every ``ais/*`` value is emitted as 0
-except ``ais/empty_batch``, emitted as 1 by every call, so its sum is >= 1 exactly when
-the global batch was empty (healthy value: 0).
-
-:data:`METRICS` is the single table of names, formulas, normalisers and healthy ranges;
-``docs/metrics.md`` mirrors it and a test checks the emitted keys against both.
+An empty global batch emits 0 everywhere but ``ais/empty_batch`` = 1. :data:`METRICS`
+is the one table; ``docs/metrics.md`` mirrors it (a test checks both).
 """
 
 from __future__ import annotations
@@ -181,20 +173,7 @@ def summable_scale(n_tok_local: torch.Tensor, global_n_tok: torch.Tensor) -> tor
 def ais_metrics(
     diagnostics: AISDiagnostics, n_tok_local: torch.Tensor, global_n_tok: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """``ais/<field>`` -> s * n_tok_local / global_n_tok, 0-dim detached tensors.
-
-    On CPU one vector multiply for all rows, on a device one multiply per row (same values:
-    each field is rounded to the scale's dtype first either way).
-
-    Args:
-        diagnostics: the global batch's :class:`AISDiagnostics`.
-        n_tok_local: 0-dim valid-token count of this call.
-        global_n_tok: 0-dim global valid-token count (the loss normaliser).
-
-    Returns:
-        One entry per ``ais/*`` row of :data:`METRICS`. With ``global_n_tok == 0`` all are 0
-        except ``ais/empty_batch`` = 1 (see the module docstring).
-    """
+    """``ais/<field>`` -> s * n_tok_local / global_n_tok, 0-dim detached tensors (module doc)."""
     scale = summable_scale(n_tok_local, global_n_tok).detach()
     fields = ais_values(diagnostics)
     if scale.device.type == "cpu":  # one vector multiply

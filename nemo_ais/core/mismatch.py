@@ -13,8 +13,8 @@
 # limitations under the License.
 """Step 7b of the loss: the rollout-mismatch metrics of one call, in the summable form.
 
-Per valid token (ratio rho = pi_old / mu, l = log pi_old - log mu, r = pi_theta / pi_old;
-k the ``reference_policy_kl_type`` estimator of :data:`~nemo_ais.core.surrogate.KL_VALUES`):
+Per valid token (rho = pi_old / mu, l = log rho, r = pi_theta / pi_old; k the
+``reference_policy_kl_type`` estimator):
 
 ==================================== ===================================================
 key                                  value
@@ -23,23 +23,14 @@ key                                  value
 ``mismatch/kl_rollout_old``          mean_t k(l)                  (KL(mu || pi_old))
 ``mismatch/kl_old_rollout``          mean_t k(-l)                 (KL(pi_old || mu))
 ``mismatch/js_divergence``           mean_t [softplus(l) - l / 2 - log 2]
-                                     (= 0.5 KL(pi_old || M) + 0.5 KL(mu || M), M the
-                                     mixture, simplified)
 ``mismatch/entropy``                 -mean_t exp(log pi_theta - log mu) log pi_theta
 ``mismatch/ratio_min`` / ``_max``    min / max of r over valid tokens
 ``mismatch/ratio_clamped_min/_max``  min / max of clip(r) over valid tokens
 ==================================== ===================================================
 
-The means are over the global valid tokens (each term divided by N_tok before the sum);
-the extremes are +inf / -inf when the call has no valid token. These are NeMo-RL's
-rollout-mismatch metrics of ``ClippedPGLossFn``; the NeMo-RL adapter emits them under
-NeMo-RL's names (:data:`nemo_ais.nemo_rl.seam.NEMO_RL_MISMATCH_NAMES`).
-
-Unlike NeMo-RL, every exponent is clamped at ``log_ratio_clamp`` (``l`` to ``[-c, c]``,
-``pi_theta / mu`` to ``<= e^c``), and each token's entropy term ``(pi_theta / mu) log
-pi_theta`` saturates at the dtype's largest finite value, so each metric is finite whenever
-the loss is (NeMo-RL's own values overflow float32 once ``|l| + |log r| > 88``, and the
-entropy term once ``e^c |log pi_theta|`` does); below the clamps the values are NeMo-RL's.
+These are ``ClippedPGLossFn``'s metrics (the adapter renames them,
+:data:`nemo_ais.nemo_rl.seam.NEMO_RL_MISMATCH_NAMES`), except that every exponent is
+clamped at ``log_ratio_clamp`` so each is finite whenever the loss is.
 """
 
 from __future__ import annotations
@@ -86,16 +77,7 @@ def mismatch_metrics(
     pg: PGLossConfig,
     log_ratio_clamp: float,
 ) -> dict[str, torch.Tensor]:
-    """The metrics of the module table, 0-dim detached tensors (no host sync).
-
-    Args:
-        x: the loss's step-1 inputs.
-        sur: step 4's surrogate (its ratios r and clip(r)).
-        tok_coef: ``[B, T]`` m / N_tok.
-        n_tok_local: this call's valid tokens (0: the extremes are +inf / -inf).
-        pg: the clipped-surrogate knobs (KL estimator, ratio clip).
-        log_ratio_clamp: L, the clamp of every exponent.
-    """
+    """The metrics of the module table, 0-dim detached tensors (no host sync; extremes +-inf if empty)."""
     c = log_ratio_clamp
     kl_value = KL_VALUES[pg.reference_policy_kl_type]
     log_rho = x.log_rho.clamp(-c, c)

@@ -13,43 +13,28 @@
 # limitations under the License.
 """Sufficient statistics of the AIS diagnostics: one fixed-size float64 vector per rank.
 
-Algorithm box (**[reconstruction]** of arXiv 2605.13907; ratio rho = pi_old / mu):
+Algorithm box (**[reconstruction]** of arXiv 2605.13907; rho = pi_old / mu):
 
-1. l_it = log pi_old,it - log mu_it; l^c_it = clamp(l_it, -L, L), L = ``log_ratio_clamp``
-   (raw l is kept for the severity and k1 sums).
-2. Sequence sums over sequences with >= 1 valid token (N of them):
-       log W_i = clamp(mean_t l^c_it, -L, L)   (seq_weight=geometric)
-               = clamp(sum_t  l^c_it, -L, L)   (seq_weight=product)
+1. l_it = log pi_old,it - log mu_it; l^c_it = clamp(l_it, -L, L), L = ``log_ratio_clamp``.
+2. Sequence sums over the N sequences with a valid token:
+       log W_i = clamp(mean_t l^c_it, -L, L) (geometric) or clamp(sum_t l^c_it, -L, L) (product)
        n_seq = N,  sum W_i,  sum W_i^2
-3. Token sums over valid tokens (m_it = 1), w_it = min(exp l^c_it, C):
-       n_tok,  sum |l|,  sum l,  sum l^c,  n_capped = #{l^c > log C},
-       sum (w - 1),  sum (w - 1)^2,  sum expm1(l^c),  sum expm1(|l^c|)
-   Every token quantity is shifted to vanish at l = 0 (expm1 instead of exp), so masked
-   positions (l := 0) contribute nothing without a mask multiply, and the small
-   differences the diagnostics need (CV^2, k3) keep their float64 precision:
-       k1 = -sum l / n,  k3 = (sum expm1(l^c) - sum l^c) / n   (KL(mu || pi_old), samples ~ mu)
-4. Bad-input flags, so every rank raises together after step 5 (none raises alone):
-       n_bad_logprobs = #valid positions with a non-finite l,  n_bad_mask = #mask not in {0, 1}
-       n_bad_ranks    = 1 if this rank's input failed any check, else 0
-       n_missing_key, n_bad_dtype, n_bad_shape = 1 for the kind of a structural error
-   A rank whose input fails a structural check (missing key, type/dtype, shape/device)
-   sends :meth:`AISStats.from_input_error` (zeros + its flags) instead of raising.
-4b. a mode whose record has ``mode_stats`` (seq_tis, seq_mis, kl_rs, tbpo), and an IS mode
-   whose batch mean is not closed-form (every one but ais) with batch_normalize: the
-   count, sum w, sum w^2, #{w = 0} and #{w = C_seq} of the mode's weight w_hat over valid
-   tokens (a ``seq_level`` mode: one w_i per sequence, over sequences).
-4c. tails (every mode), two fixed log-spaced histograms of TAIL_BINS counts each (bin 0 =
-   [0, 2^-14), bin b = [2^(b-15), 2^(b-14)), the last open above 256): |l| over valid
-   tokens, and the per-sequence KL k3_i = mean_t (expm1(l^c) - l^c) over sequences with a
-   valid token. Counts are a SUM, so the quantiles and maxima of the global batch come out
-   of the same all-reduce (to within one bin, a factor 2): no MAX collective.
-4d. a mode with a ``batch_statistic`` (m2po: the histogram of q = (l^c)^2,
-   :mod:`nemo_ais.modes.m2po`): its ``size`` local sums, appended to the vector.
-5. ONE ``all_reduce(SUM)`` of the vector over ``group`` (None: single process, no
-   collective). ``NUM_SLOTS`` float64 values = ``STATS_BYTES`` bytes on the wire (m2po:
-   ``2 M2PO_BINS`` more).
+3. Token sums over valid tokens, w_it = min(exp l^c_it, C):
+       n_tok, sum |l|, sum l, sum l^c, n_capped = #{l^c > log C},
+       sum (w - 1), sum (w - 1)^2, sum expm1(l^c), sum expm1(|l^c|)
+   Every summand vanishes at l = 0 (masked positions drop out without a multiply, and the
+   small differences CV^2 and k3 keep float64 precision).
+4. Bad-input flags (non-finite l at a valid position, mask not in {0, 1}, a structural
+   error of a kind), so every rank raises together after step 5;
+   :meth:`AISStats.from_input_error` is a bad rank's vector.
+4b. the mode's own sums (``mode_stats``, or batch_normalize without a closed form): n,
+   sum w, sum w^2, #{w = 0}, #{w = C_seq} (over sequences for a ``seq_level`` mode).
+4c. two log-spaced tail histograms (factor-2 bins from 2^-14 to 256): |l| over tokens and
+   k3_i = mean_t (expm1(l^c) - l^c) over sequences; a SUM gives global quantiles to a bin.
+4d. the mode's ``batch_statistic`` slots (m2po's histogram of (l^c)^2), appended.
+5. ONE ``all_reduce(SUM)`` over ``group`` (``NUM_SLOTS`` float64 = ``STATS_BYTES``).
 
-A rank with no valid tokens contributes a vector of zeros and still joins the collective.
+A rank with no valid tokens contributes zeros and still joins the collective.
 """
 
 from __future__ import annotations
@@ -112,16 +97,15 @@ BAD_INPUT_SLOTS = (
     Slot.N_BAD_DTYPE,
     Slot.N_BAD_SHAPE,
 )
-# Structural error type -> its flag (KeyError: an adapter's missing key; TypeError: type or
-# dtype; ValueError: shape, rank or device), checked in this order.
+# Structural error type -> its flag (KeyError: missing key; TypeError: type or dtype;
+# ValueError: shape, rank or device), checked in this order.
 _ERROR_KIND_SLOTS = (
     (KeyError, Slot.N_MISSING_KEY),
     (TypeError, Slot.N_BAD_DTYPE),
     (ValueError, Slot.N_BAD_SHAPE),
 )
-# tails: the |l| histogram and the per-sequence k3 histogram, TAIL_BINS counts each, after
-# the Slot scalars; bin 0 = [0, TAIL_Q0), bin b >= 1 = [TAIL_Q0 2^(b-1), TAIL_Q0 2^b), the
-# last bin open above TAIL_Q0 2^(TAIL_BINS - 2) = 256
+# tails: two histograms of TAIL_BINS counts after the Slot scalars; bin 0 = [0, TAIL_Q0),
+# bin b = [TAIL_Q0 2^(b-1), TAIL_Q0 2^b), the last open above 256
 TAIL_BINS = 24
 TAIL_Q0 = 2.0**-14
 TAIL_QUANTILE = 0.999  # ais/abs_log_ratio_p999: the quantile read from the |l| histogram
@@ -175,12 +159,7 @@ class AISStats:
         rho_sum: float | None = None,
         exp_abs_log_rho_sum: float | None = None,
     ) -> AISStats:
-        """Build statistics from textbook (unshifted) sums, e.g. sum w and sum w^2.
-
-        For tests and tools that construct diagnostics directly, independent of the slot
-        layout. Omitted token sums default to the no-mismatch values (w = rho = 1); the
-        tail histograms stay empty (the tail diagnostics are then 0).
-        """
+        """Statistics from textbook sums (tests, tools): no-mismatch defaults, empty tail histograms."""
         w_tok_sum = n_tok if w_tok_sum is None else w_tok_sum
         w_tok_sq_sum = n_tok if w_tok_sq_sum is None else w_tok_sq_sum
         rho_sum = n_tok if rho_sum is None else rho_sum
@@ -210,17 +189,8 @@ class AISStats:
     ) -> AISStats:
         """Step 4 for a rank whose input failed a structural check: zeros plus its flags.
 
-        Sent through the all-reduce in place of raising, so the rank still joins the
-        collective and every rank of the group raises together.
-
-        Args:
-            error: the local ``KeyError`` (missing key), ``TypeError`` (type or dtype) or
-                ``ValueError`` (shape, rank or device); any other type counts as a shape error.
-            device: where the vector lives (the reduction device; None: CPU).
-            size: the vector's length (:func:`num_slots` of the config).
-
-        Returns:
-            :class:`AISStats` with ``N_BAD_RANKS = 1`` and the slot of the error's kind = 1.
+        ``error``: ``KeyError`` (missing key), ``TypeError`` (type or dtype) or other (shape);
+        ``size``: :func:`num_slots` of the config; ``device``: the reduction device (None: CPU).
         """
         kind = next((slot for t, slot in _ERROR_KIND_SLOTS if isinstance(error, t)), None)
         vector = torch.zeros(size, dtype=STATS_DTYPE, device=device)
@@ -230,11 +200,7 @@ class AISStats:
 
 
 def _log_rho64(logp_old, logp_rollout, valid):
-    """Step 1: float64 raw l (0 where invalid or non-finite) and the valid-and-finite mask.
-
-    One float64 ``[B, T]`` temporary: the difference is formed in place in a float64 copy
-    of ``logp_old`` (an in-place op computes in the promoted dtype, float64).
-    """
+    """Step 1: float64 raw l (0 where invalid or non-finite) and the valid-and-finite mask."""
     log_rho = logp_old.detach().to(STATS_DTYPE, copy=True).sub_(logp_rollout.detach())
     ok = torch.isfinite(log_rho).logical_and_(valid)
     return log_rho.masked_fill_(ok.logical_not(), 0.0), ok
@@ -252,10 +218,7 @@ def _sequence_sums(log_rho_c, n_tok_seq, config):
 
 
 def _token_sums(log_rho, log_rho_c, n_tok, config):
-    """Step 3: token sums; every summand is 0 where l = 0, so masked positions drop out.
-
-    Two float64 ``[B, T]`` temporaries, each reused in place once its sums are taken.
-    """
+    """Step 3: token sums (every summand 0 where l = 0); two float64 temporaries reused in place."""
     cap_dev = config.weight_cap - 1
     abs_log_rho = log_rho.abs()
     abs_sum = abs_log_rho.sum()
@@ -278,11 +241,7 @@ def _token_sums(log_rho, log_rho_c, n_tok, config):
 
 
 def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
-    """Step 4b: n, sum w, sum w^2, #{w = 0}, #{w = C_seq} of the mode's weight w_hat.
-
-    Over valid tokens (a seq_level mode: one w_i per sequence, over sequences); zeros when
-    the mode needs none of them.
-    """
+    """Step 4b: n, sum w, sum w^2, #{w = 0}, #{w = C_seq} of w_hat; zeros when the mode needs none."""
     zero = torch.zeros((), dtype=STATS_DTYPE, device=ok.device)
     mode = MODES[config.mode]
     needed = mode.mode_stats or (config.batch_normalize and mode.batch_mean is None)
@@ -310,11 +269,7 @@ def _tail_bin(x):
 
 
 def _tail_histograms(log_rho, log_rho_c, n_tok_seq):
-    """Step 4c: counts of |l| per tail bin (valid tokens) and of k3_i (sequences with a token).
-
-    Invalid positions (l = 0) and empty sequences (k3_i = 0) land in bin 0; the caller
-    takes them out of its count.
-    """
+    """Step 4c: |l| and k3_i counts per tail bin (invalid positions land in bin 0; the caller drops them)."""
     abs_log_rho = log_rho.abs().reshape(-1)
     k3_seq = (torch.expm1(log_rho_c) - log_rho_c).sum(dim=-1) / n_tok_seq.clamp(min=1)
     counts = torch.zeros(2, TAIL_BINS, dtype=STATS_DTYPE, device=log_rho.device)
@@ -346,20 +301,16 @@ def compute_statistics(
     Args:
         logp_old: ``[B, T]`` trainer log-probs (``prev_logprobs``), any float dtype.
         logp_rollout: ``[B, T]`` rollout log-probs (``generation_logprobs``).
-        mask: ``[B, T]`` bool or float in {0, 1} (token_mask x sample_mask).
+        mask: ``[B, T]`` bool or float in {0, 1}.
         config: the ``loss_fn.ais`` section.
 
     Returns:
-        :class:`AISStats` with a float64 ``[NUM_SLOTS]`` vector on ``logp_old.device``;
-        zeros for an empty batch (B = 0, T = 0 or all masked). NaN / inf inputs are
-        counted in the ``N_BAD_*`` slots and excluded from the sums.
-        NaN at masked positions is ignored.
+        :class:`AISStats` (float64 on ``logp_old.device``); zeros for an empty batch; bad
+        values at valid positions counted in the ``N_BAD_*`` slots, masked ones ignored.
 
     Raises:
-        TypeError, ValueError: wrong type, shape or device (raised locally at once; a
-            distributed caller sends :meth:`AISStats.from_input_error` instead, as
-            :func:`~nemo_ais.core.compute_diagnostics` does); ``config`` not a
-            :class:`~nemo_ais.config.CorrectionConfig` (e.g. a dict) is a TypeError.
+        TypeError, ValueError: wrong type, shape, device or ``config`` (a distributed caller
+            sends :meth:`AISStats.from_input_error` instead).
     """
     require_config(config, CorrectionConfig, "compute_statistics(config)")
     validation.check_2d("prev_logprobs", logp_old)
@@ -389,15 +340,7 @@ def compute_statistics(
 def reduce_statistics(
     stats: AISStats, group: torch.distributed.ProcessGroup | None = None
 ) -> AISStats:
-    """Step 5: sum the statistics over ``group`` with exactly ONE ``all_reduce(SUM)``.
-
-    Args:
-        stats: this rank's :class:`AISStats`.
-        group: the data-parallel process group; None = single process (no collective).
-
-    Returns:
-        Global :class:`AISStats` (a new tensor; the input is not modified).
-    """
+    """Step 5: global :class:`AISStats` from ONE ``all_reduce(SUM)`` over ``group`` (None: a copy)."""
     if group is None:
         return stats
     vector = stats.vector.clone()

@@ -11,15 +11,11 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Steps 4-5 of the loss: the clipped surrogate by mode, and the KL penalty.
+"""Steps 4-5 of the loss (:mod:`nemo_ais.core.loss`): the clipped surrogate by mode, and the KL.
 
-See the algorithm box of :mod:`nemo_ais.core.loss` (the one policy-gradient loss of the
-package, which alone calls these). Step 4 is picked by the mode's record
-(``MODES[mode].surrogate``): NeMo-RL's token PPO clip (with its GSPO, CISPO, dual-clip and
-REINFORCE variants) or tbpo's sequence-ratio trust band **[reconstruction]** of QaRL
-(arXiv 2604.07853). Step 5 is NeMo-RL's ``calculate_kl`` times its importance weight.
-Autograd forms every gradient; ``torch.max`` / ``torch.min`` / ``clamp`` / ``where`` as
-NeMo-RL, so that ties get upstream's gradient.
+Step 4 is the record's ``surrogate``: NeMo-RL's token PPO clip (GSPO, CISPO, dual clip,
+REINFORCE) or tbpo's sequence-ratio trust band **[reconstruction]** of QaRL (arXiv
+2604.07853). Step 5 is NeMo-RL's ``calculate_kl`` times its importance weight.
 """
 
 from __future__ import annotations
@@ -73,14 +69,7 @@ def sequence_log_ratio(x: LossInputs, log_ratio_clamp: float) -> torch.Tensor:
 
 
 def token_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -> Surrogate:
-    """Step 4: per-token clipped surrogate ``[B, T]``, CleanRL-style; autograd differentiates.
-
-    ``-A * r`` is NeMo-RL's ``-advantages * ratios`` (negation is exact); ``torch.max`` /
-    ``torch.min`` / ``clamp`` as upstream, so a tie gets upstream's (autograd's) gradient.
-    ``sequence_level_importance_ratios`` (GSPO) replaces r_it by the sequence's
-    exp(mean_t log r_it) before the clip; ``use_cispo`` replaces the PPO max by
-    -A sg(clip(r)) log pi_theta (both as NeMo-RL's ``ClippedPGLossFn``).
-    """
+    """Step 4: per-token clipped surrogate ``[B, T]`` as NeMo-RL's ``ClippedPGLossFn`` (GSPO, CISPO)."""
     if pg.disable_ppo_ratio:  # before GSPO's ratio, as NeMo-RL
         r = x.logp_theta
         return Surrogate(-x.adv * r, r.detach(), r.detach())
@@ -105,11 +94,9 @@ def token_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -
 def tbpo_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -> Surrogate:
     """Step 4, mode tbpo: the sequence-ratio trust-band surrogate ``[B, T]`` **[reconstruction]**.
 
-    s_i = exp(clamp(mean_t log r_it, +-L)) (GSPO's length-normalised sequence ratio), one
-    value per sequence broadcast over its tokens; the band depends on the sign of A_it:
-    A >= 0: max(-A s, -A clip(s, 1 - clip_low, 1 + clip_high))  (PPO pessimism)
-    A < 0:  -A clip(s, 1 - neg_clip_low, 1 + neg_clip_high)      (dual clip: both edges)
-    Outside its band a sequence gets no gradient. ``pg``'s token clip is not used.
+    s_i = exp(clamp(mean_t log r_it, +-L)); A >= 0: max(-A s, -A clip(s, 1 - clip_low,
+    1 + clip_high)); A < 0: -A clip(s, 1 - neg_clip_low, 1 + neg_clip_high). No gradient
+    outside the band.
     """
     s = sequence_log_ratio(x, config.log_ratio_clamp).exp().expand_as(x.m)
     band = config.tbpo
@@ -135,26 +122,18 @@ KL_VALUES: dict[str, Callable] = {
 
 
 def _on_policy_kl_weight(log_w: torch.Tensor) -> torch.Tensor:
-    """NeMo-RL's ``nan_to_num(exp(log pi_theta_kl - log mu), nan=0, posinf=0, neginf=0)``.
-
-    The same values; where exp() overflows (or log_w is NaN) the weight is exp(-inf) = 0
-    with a zero gradient, where NeMo-RL's ``nan_to_num`` leaves 0 * inf = NaN in the
-    gradient of exp().
-    """
+    """NeMo-RL's ``nan_to_num(exp(log pi_theta_kl - log mu))``, with a zero (not NaN) gradient on overflow."""
     with torch.no_grad():
         lost = ~torch.isfinite(log_w.exp())
     return torch.where(lost, -math.inf, log_w).exp()
 
 
 def kl_penalty(x: LossInputs, pg: PGLossConfig, m: torch.Tensor) -> torch.Tensor:
-    """Step 5: per-token clamp(s k(x), +-out) ``[B, T]`` (times beta in step 6); autograd differentiates.
+    """Step 5: per-token clamp(s k(x), +-out) ``[B, T]`` (times beta in step 6).
 
-    NeMo-RL's ``calculate_kl`` with x = clamp(log pi_ref - log pi_theta_kl): k(x) times the
-    importance weight s, detached where the input clamp is active, before the output clamp.
-    ``use_on_policy_kl_approximation``: s = nan_to_num(exp(log pi_theta_kl - log mu)) (with
-    gradient). Otherwise s = exp(log pi_theta_kl - sg(log pi_theta_kl)) (value 1, carrying
-    the score-function gradient k), written with fewer ops as k(x) - (x - sg(x)) sg(k(x)):
-    the same value and gradient (dx / d log pi_theta_kl = -1 inside the clamp, 0 outside).
+    x = clamp(log pi_ref - log pi_theta_kl); s = nan_to_num(exp(log pi_theta_kl - log mu))
+    with ``use_on_policy_kl_approximation``, else exp(log pi_theta_kl - sg(.)), written as
+    k(x) - (x - sg(x)) sg(k(x)) (the same value and gradient).
     """
     raw = x.log_q
     if pg.kl_input_clamp_value is None:

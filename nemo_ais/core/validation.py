@@ -13,24 +13,12 @@
 # limitations under the License.
 """Input checks at the core boundary (the NeMo-RL adapter and the recipe call through here).
 
-Rules, applied to ``[B, T]`` response-aligned tensors:
-
-* every log-prob tensor is a floating tensor of the same shape and device as the
-  reference one (``prev_logprobs`` / ``logp_old``); dtypes may differ (all are upcast);
-* ``mask`` is bool, integer or floating, same shape, values in {0, 1};
-* ``advantages`` is ``[B, T]`` or ``[B]``;
-* a log-prob or advantage value is *bad* when it is NaN or +-inf at a valid position
-  (``mask == 1``). Masked positions are ignored whatever they hold (padding, -inf of
-  tokens excluded by top-k/top-p that the caller masked out, NaN): they never enter
-  any arithmetic (every input is passed through ``torch.where(valid, x, 0)`` first).
-
-Shape, dtype and device errors are raised at once; a distributed caller
-(:func:`~nemo_ais.core.compute_diagnostics` with a group) catches them and flags them in
-its statistics all-reduce, because they can differ between ranks (one rank's bad batch)
-and a rank raising alone would leave its peers blocked in the collective. Value errors
-are counted with one fused reduction so the caller pays at most one host sync;
-:func:`raise_for_bad_values` builds the message (count and first index) only on the
-error path.
+Log-prob tensors are floating and shaped and placed like the reference one; ``mask`` is
+bool, integer or floating in {0, 1}; ``advantages`` is ``[B, T]`` or ``[B]``; a value is
+*bad* when NaN or +-inf at a valid position (masked positions never enter arithmetic).
+Structural errors raise at once (a distributed caller flags them in its all-reduce);
+values are counted in one fused reduction, and the message (count and first index) is
+built on the error path only.
 """
 
 from __future__ import annotations
@@ -68,12 +56,7 @@ def check_2d(name: str, t: object) -> None:
 
 
 def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:
-    """Raise if ``t`` is not a floating tensor shaped and placed like ``ref``.
-
-    Raises:
-        TypeError: ``t`` is not a tensor or not floating point.
-        ValueError: shape or device differs from ``ref``.
-    """
+    """Raise ``TypeError`` / ``ValueError`` unless ``t`` is a floating tensor shaped and placed like ``ref``."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: got {type(t).__name__}, expected a torch.Tensor like {ref_name}")
     if not t.is_floating_point():
@@ -89,12 +72,7 @@ def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:
 
 
 def check_scalar_count(name: str, value: object) -> None:
-    """Raise unless ``value`` is None, a real number (not bool) or a one-element tensor.
-
-    Raises:
-        ValueError: a tensor with other than one element (naming ``name``).
-        TypeError: anything else, e.g. a string (naming ``name``).
-    """
+    """Raise unless ``value`` is None, a real number (not bool) or a one-element tensor."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(
@@ -108,8 +86,7 @@ def check_scalar_count(name: str, value: object) -> None:
         )
 
 
-# NeMo-RL main's split train-step API calls the loss with global_valid_* = 1 (raw sums)
-# and rescales every summable value by 1 / the true global count once per step.
+# NeMo-RL main's split train-step API passes global_valid_* = 1 and rescales by 1 / N later.
 SPLIT_API_PLACEHOLDER = 1
 
 
@@ -118,19 +95,8 @@ def check_global_count(
 ) -> None:
     """Raise ``ValueError`` unless a global normaliser is a finite count >= this call's own.
 
-    ``value`` is the number of valid ``what`` (tokens / sequences) of the whole global
-    batch, summed over data-parallel ranks, so it can be neither NaN, inf, nor smaller
-    than the ``n_local`` valid ``what`` of this call (in particular not <= 0 while this
-    call has any). 0 with ``n_local = 0`` is the empty global batch (loss 0).
-
-    One exception: :data:`SPLIT_API_PLACEHOLDER` (1) below ``n_local`` is NeMo-RL main's
-    split train-step API (``train_microbatch``), which rescales the raw sums by 1 / N at
-    ``finish_train_step``. It is accepted when ``split_api_refusal`` is None (everything
-    the call returns is linear in 1 / N) and refused with that reason otherwise (the
-    caller needs a statistic of the global batch that the split API cannot give).
-
-    Raises:
-        ValueError: naming ``name``, the value, what was expected and why.
+    0 with ``n_local = 0`` is the empty global batch. :data:`SPLIT_API_PLACEHOLDER` (1) is
+    accepted when ``split_api_refusal`` is None, else refused with that reason.
     """
     if math.isfinite(value) and value >= n_local:
         return
@@ -192,9 +158,8 @@ def fast_check(
 ) -> tuple[bool, bool]:
     """One host sync: (all tensors finite at valid positions, mask values all in {0, 1}).
 
-    Uses sum_valid(sum of tensors) being finite (NaN / inf propagate through the sum) and
-    sum |m (1 - m)| == 0 (zero exactly for m in {0, 1}). A false alarm (a finite sum that
-    overflows) only sends the caller to the exact per-tensor count.
+    A finite sum over valid positions and sum |m (1 - m)| == 0; a false alarm only sends the
+    caller to the exact per-tensor count.
     """
     total = tensors[0]
     for t in tensors[1:]:
@@ -211,10 +176,7 @@ def fast_check(
 def bad_value_counts(
     logprobs: Mapping[str, torch.Tensor], mask: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
-    """Count bad values per tensor, as one float64 vector ``[len(logprobs) + 1]`` (mask last).
-
-    No host sync: the caller decides when to read it (``.tolist()`` once).
-    """
+    """Bad values per tensor as one float64 vector ``[len(logprobs) + 1]`` (mask last), no host sync."""
     counts = [_bad_logprob(t, valid).sum() for t in logprobs.values()]
     counts.append(_bad_mask(mask).sum())
     return torch.stack(counts).to(torch.float64)
@@ -232,17 +194,7 @@ def raise_for_bad_values(
     counts: list[float],
     where: str = "",
 ) -> None:
-    """Raise ``ValueError`` for the first tensor whose count is non-zero (error path only).
-
-    Args:
-        tensors: name -> tensor, in the order of ``counts``.
-        valid: bool ``[B, T]`` valid positions.
-        counts: bad-value counts (possibly summed over a process group).
-        where: suffix for the message, e.g. ``" (summed over the process group)"``.
-
-    Raises:
-        ValueError: names the tensor, the count and the first local bad index.
-    """
+    """Raise ``ValueError`` for the first tensor whose count is non-zero (count and first index)."""
     for (name, t), count in zip(tensors.items(), counts, strict=True):
         if count == 0:
             continue

@@ -13,46 +13,30 @@
 # limitations under the License.
 """Per-token correction weights: the mode's record picks one small function (rho = pi_old / mu).
 
-Algorithm box (``docs/method.md``; **[reconstruction]** of arXiv 2605.13907 where marked):
+Algorithm box (``docs/method.md``; **[reconstruction]** where marked):
 
-1. log-ratio        l_it = log pi_old,it - log mu_it        (prev_logprobs - generation_logprobs)
-                    rho_it = exp(l_it) = pi_old / mu        (trainer over rollout engine)
-2. weight w_hat_it, by mode (chosen once: ``MODES[mode].weight``, :mod:`nemo_ais.modes`):
+1. l_it = log pi_old,it - log mu_it, rho_it = exp(l_it)
+2. w_hat_it = ``MODES[mode].weight`` (:mod:`nemo_ais.modes`):
 
-   ============= ============================================ ==================================
-   mode          w_hat_it                                     config fields
-   ============= ============================================ ==================================
+   ============= ============================================ ==============================
+   mode          w_hat_it                                     knobs
+   ============= ============================================ ==============================
    none          1                                            --
-   tis           clamp(rho, floor, C)                         weight_cap C, tis.floor
-   icepop        rho * 1[lo <= rho <= hi]                     icepop.min lo, icepop.max hi
-   seq_mask_geo  rho * 1[lo <= exp(mean_t l_it) <= hi]        seq_mask_geo.min lo, .max hi
-   ais           (1 - alpha) + alpha * min(rho, C)            weight_cap C; alpha from the
-                 **[reconstruction]**                         diagnostics (one per global batch)
-   seq_tis       min(exp(S_i), C_s),  S_i = sum_t l_it        seq_weight_cap C_s (veRL seq TIS)
-                 = exp(clamp(S_i, -L, log C_s))
-   seq_mis       exp(min(S_i, log C_s)) * 1[log lo <= S_i     seq_mis.min lo, seq_mis.max hi,
-                 <= log hi]                                   seq_weight_cap (veRL seq MIS)
-   kl_rs         1[s_i <= thr] * 1[no token rho < v]          kl_rs.estimator k, .aggregation,
-                 s_i = abs(mean_t k(l_it)) or max_t abs(k)    .threshold thr, .veto_min_ratio
-                 k1 = -l, k2 = l^2 / 2, k3 = rho - 1 - l      v (veRL k1/k2/k3 rejection + veto)
-   m2po          1[(l^c_it)^2 < q*]; q* from the global       m2po.tau; q* from the diagnostics
-                 histogram of l^2 (one per global batch)      (AReaL M2PO, binned: see stats)
-   tbpo          min(exp(mean_t l_it), C_s)                   seq_weight_cap C_s (QaRL's
-                 = exp(clamp(S_i / n_i, -L, log C_s))         sequence mismatch weight); the
-                 **[reconstruction]**                         loss swaps in its sequence-ratio
-                                                              surrogate (Mode.surrogate)
-   ============= ============================================ ==================================
+   tis           clamp(rho, floor, C)                         weight_cap, tis.floor
+   icepop        rho * 1[lo <= rho <= hi]                     icepop.min / max
+   seq_mask_geo  rho * 1[lo <= exp(mean_t l_it) <= hi]        seq_mask_geo.min / max
+   ais           (1 - alpha) + alpha * min(rho, C)            weight_cap; alpha per global
+                 **[reconstruction]**                         batch (diagnostics)
+   seq_tis       exp(clamp(S_i, -L, log C_s)), S_i = sum_t l  seq_weight_cap (veRL)
+   seq_mis       exp(min(S_i, log C_s)) 1[lo <= e^S_i <= hi]  seq_mis.min / max (veRL)
+   kl_rs         1[s_i <= thr] 1[no token rho < v]            kl_rs.* (veRL rejection)
+   m2po          1[(l^c)^2 < q*], q* of the global batch      m2po.tau (AReaL M2PO)
+   tbpo          exp(clamp(S_i / n_i, -L, log C_s))           seq_weight_cap (QaRL)
+                 **[reconstruction]**
+   ============= ============================================ ==============================
 
-   ``batch_normalize`` (IS modes, applied in the loss): w_hat / w_bar, w_bar the global
-   mean of w over valid tokens (seq_tis / seq_mis / tbpo: over sequences), from the diagnostics.
-
-3. w_hat_it = 0 where m_it = 0, so the weight doubles as the weighted mask of the loss.
-
-Weights are detached (no gradient flows through mu or pi_old). ``tis`` and ``ais``
-cap rho at C, so exp() overflow (l > 88 in float32) gives C, never inf; ``icepop``
-drops such tokens; ``seq_mask_geo`` takes rho = exp(clamp(l, +-log_ratio_clamp)).
-NeMo-RL's ``seq-mask-tis`` is our ``seq_mask_geo``. Each weight function lives in its
-mode's module (:mod:`nemo_ais.modes`); :data:`WEIGHT_FNS` is the registry of records.
+   ``batch_normalize``: w_hat / w_bar, the global batch mean (from the diagnostics).
+3. w_hat_it = 0 where m_it = 0; weights are detached and finite (caps, clamps).
 """
 
 from __future__ import annotations
@@ -79,20 +63,17 @@ def correction_weights(
     """Steps 1-3: the detached per-token weight w_hat of ``config.mode``.
 
     Args:
-        logp_old: ``[B, T]`` trainer log-probs at the start of the step (``prev_logprobs``).
+        logp_old: ``[B, T]`` trainer log-probs (``prev_logprobs``).
         logp_rollout: ``[B, T]`` rollout-engine log-probs (``generation_logprobs``).
-        mask: ``[B, T]`` bool or float in {0, 1} (token_mask x sample_mask).
+        mask: ``[B, T]`` bool or float in {0, 1}.
         config: the ``loss_fn.ais`` section.
-        alpha: the global-batch value of the mode (``MODES[mode].batch_field`` of the
-            diagnostics): alpha for ``ais``, the threshold q* for ``m2po``; required there.
+        alpha: the mode's global-batch value (``batch_field``: alpha, m2po's q*).
 
     Returns:
-        ``[B, T]`` detached weights, float32 (float64 for float64 input), 0 where mask == 0.
+        ``[B, T]`` detached, float32 (float64 for float64 input), 0 where mask == 0.
 
     Raises:
-        ValueError: mode ``ais`` without ``alpha``.
-        TypeError: ``config`` is not a :class:`~nemo_ais.config.CorrectionConfig` (a dict:
-            build it with ``CorrectionConfig(**d)``).
+        ValueError: a mode that needs ``alpha`` without it. TypeError: ``config`` of the wrong type.
     """
     require_config(config, CorrectionConfig, "correction_weights(config)")
     mode = MODES[config.mode]
