@@ -1,10 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""Low-precision formats: one record per format (block, grids, scale rule, quantizers, refit).
-
-Pure PyTorch; the Transformer Engine backend (:mod:`nemo_ais.formats.te_backend`) is
-imported lazily, the fused CPU kernels (:mod:`nemo_ais.formats.cpu_kernel`) are built on
-first use. Conventions and sources: ``docs/low_precision.md``.
-"""
+"""Low-precision formats: one record per format (pure PyTorch; TE and the CPU kernels load lazily)."""
 
 from nemo_ais.formats.fp8_block import (
     E4M3_MAX,

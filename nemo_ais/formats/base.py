@@ -1,15 +1,9 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """One low-precision format as one record: everything the rest of the code asks about it.
 
-A :class:`Format` holds a format's block shape and element grid, its scale rule, its short
-reference quantizer and the fast path bit-equal to it, dequantize, what a refit sends to
-vLLM (tensor names, dtypes, scale layouts: :attr:`Format.refit_pairs`) and the fake
-quantization the simulated rollout engine applies to a linear layer's weight and input.
 :data:`nemo_ais.formats.registry.FORMATS` maps a config's format name to its record; no
-code outside ``nemo_ais/formats/`` branches on a format's name.
-
-A new format: one module here exporting its record (``fp8_block.py`` is the model), one
-row in ``registry.py``; the twin, the refit stream and the offline check need no edit.
+code outside ``nemo_ais/formats/`` branches on a format's name. A new format is one module
+here exporting its record (``fp8_block.py`` is the model) and one row in ``registry.py``.
 """
 
 from __future__ import annotations
@@ -34,24 +28,22 @@ def unchanged(
 
 @dataclass(frozen=True)
 class Format:
-    """Everything the code asks about one format (module doc).
+    """Everything the code asks about one format.
 
     Attributes:
         name: the config's name (``rollout.format``, ``ais_*_refit.format``).
         block: ``(rows, cols)`` of a weight block that shares one scale.
         elements: the element grid (``"E4M3"``, ``"E2M1"``; ``"BF16"``: none).
-        scale_rule: how a block's scale is formed, in words (docs/low_precision.md).
-        reference: the short reference quantizer (DeepGEMM style), ``None`` for BF16.
+        scale_rule: how a block's scale is formed, in words.
+        reference: the short reference quantizer (DeepGEMM style), None for BF16.
         quantize: the fast path, bit-equal to ``reference`` (tested).
         dequantize: codes and scales back to fp32.
-        fake_weight: ``(w, *, amax, name, knobs) -> fp32`` the twin's weight round trip;
-            ``knobs`` is the twin's config (FP8 reads its tile and formula knobs).
-        fake_activation: ``(x, *, amax, name, knobs)``: the twin's input round trip.
-        refit_pairs: ``(name, w, config, *, weight_amax, input_scale) -> [(name, t)]``, the
-            tensors vLLM's loader takes for one quantized weight; None: no refit format.
-        refit_bytes: ``(numel, shape, config) -> bytes`` sent for one quantized weight.
-        pads: partial blocks are zero-padded (FP8); otherwise the in-dim of every
-            quantized weight (and TP shard) must be a multiple of ``block[1]``.
+        fake_weight: ``(w, *, amax, name, knobs) -> fp32``, the twin's weight round trip.
+        fake_activation: ``(x, *, amax, name, knobs)``, the twin's input round trip.
+        refit_pairs: ``(name, w, config, *, weight_amax, input_scale) -> [(name, t)]`` that
+            vLLM's loader takes for one weight; None: no refit format.
+        refit_bytes: ``(numel, shape, config) -> bytes`` sent for one weight.
+        pads: partial blocks are zero-padded (FP8); else the in-dim must be a block multiple.
         shared_global_scale: fused vLLM shards (q/k/v, gate/up) share one global scale.
         static_input_amax: the activation quantizer needs a calibrated input amax.
         keeps_codes: the twin's layer also keeps vLLM's codes and scales (``Fp8Linear``).

@@ -11,12 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Input checks shared by every quantizer, the refit stream and the twin (no format math here).
-
-Kept apart from the quantizers so that the Transformer Engine backend and the format
-modules import it without importing each other (``quant.py`` imports ``te_backend.py``
-lazily; ``te_backend.py`` imports only this module).
-"""
+"""Input checks shared by every quantizer, the refit stream and the twin (no format math here)."""
 
 from __future__ import annotations
 
@@ -41,13 +36,8 @@ def check_finite(
 ) -> None:
     """Raise ``ValueError`` naming ``name``, the count and the first index of NaN/Inf in ``x``.
 
-    Args:
-        x: the tensor to check; non-floating tensors pass.
-        name: the tensor's name for the message (e.g. its HF parameter name).
-        amax: an |x| reduction the caller already computed (NaN/Inf propagate into it):
-            the finite case then costs a check of ``amax`` instead of a pass over ``x``.
-        what: what ``x`` holds, for "expected finite <what>".
-        action: the consequence appended to the message ("" for none).
+    ``amax``: an |x| reduction already computed (the finite case then checks it alone);
+    ``what`` / ``action``: wording of the message.
     """
     probe = x if amax is None else amax
     if not x.is_floating_point() or bool(torch.isfinite(probe).all()):
@@ -62,14 +52,7 @@ def check_finite(
 
 
 def check_last_dim(x: torch.Tensor, name: str, block: int, fmt: str) -> None:
-    """``x`` is a floating ``[..., K]`` tensor with ``K % block == 0``, else ``ValueError``.
-
-    Args:
-        x: the tensor to quantize.
-        name: its name for the message (``"x"`` by default in the quantizers).
-        block: the format's block length along the last dim (16 NVFP4, 32 MX).
-        fmt: the format's name for the message.
-    """
+    """``x`` is a floating ``[..., K]`` tensor with ``K % block == 0``, else ``ValueError``."""
     if x.dim() < 1 or x.dtype not in FLOAT_INPUTS:
         raise ValueError(
             f"{name}: got {list(x.shape)} {x.dtype}, expected a [..., K] floating tensor "
@@ -84,11 +67,7 @@ def check_last_dim(x: torch.Tensor, name: str, block: int, fmt: str) -> None:
 
 
 def check_amax(amax: float | torch.Tensor | None, name: str) -> torch.Tensor | None:
-    """A caller-given tensor amax as a 0-dim fp32 tensor; None passes through.
-
-    Raises:
-        ValueError: naming ``name``, if ``amax`` is not one finite value >= 0.
-    """
+    """A caller-given amax as a 0-dim fp32 tensor (None passes); ValueError unless one finite value >= 0."""
     if amax is None:
         return None
     value = torch.as_tensor(amax, dtype=torch.float32)

@@ -1,22 +1,12 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """Fused CPU kernels for the four weight quantizers, compiled on first use.
 
-The PyTorch paths of :mod:`nemo_ais.formats` (FP8 blockwise, MXFP8, NVFP4, MXFP4) are a handful
-of ops per band of rows; PyTorch's own fp32 -> E4M3 conversion alone takes 2-2.5x a
-same-size copy on CPU (docs/benchmarks.md "quant"), so no composition of eager ops reaches
-half of copy_ bandwidth. These kernels run each format's whole rule in one C++ loop per row
-(amax, the scale rule, multiply or divide, clamp, rounding, nibble packing), with
-branchless round-to-nearest-even E4M3 / E2M1 encoders the compiler vectorises, and are
-bit-equal to the PyTorch paths (tests/unit/test_fp8_cpu_kernel.py: every family, eps, UE8M0,
-tile shape, tie rule, static amax, fp32 / bf16 / fp16, zero, subnormal and tie values).
-
-The C++ source is ``csrc/quantize_cpu.cpp`` (package data, shipped in the wheel). It is
-compiled with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja) the first time a CPU tensor is quantized, into PyTorch's extension cache, and used
-only for contiguous fp32 / bf16 / fp16 CPU input. Where they cannot be built (no compiler)
-or are switched off (``NEMO_AIS_CPU_KERNEL=0``) the PyTorch paths run, with the same bits.
-A block with NaN / inf makes a kernel report it; the PyTorch path then raises its error.
-The kernels run on one thread: the build does not link OpenMP (a second OpenMP runtime
-beside PyTorch's is not worth the risk), so ``at::parallel_for`` runs serially.
+PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchmarks.md
+"quant"), so each format's whole rule runs in one C++ loop per row (``csrc/quantize_cpu.cpp``,
+package data), bit-equal to the PyTorch paths (tests/unit/test_fp8_cpu_kernel.py). Built
+with ``load_inline`` for contiguous fp32 / bf16 / fp16 CPU input; without a compiler or
+with ``NEMO_AIS_CPU_KERNEL=0`` the PyTorch paths run, with the same bits. A block with
+NaN / inf is reported and the PyTorch path raises. One thread (no second OpenMP runtime).
 """
 
 from __future__ import annotations
@@ -63,11 +53,7 @@ def _build_wait_s() -> float:
 
 
 def _cpu_fingerprint() -> str:
-    """12 hex digits of the CPU (model and ISA features, x86 or Arm) and the kernel source.
-
-    The build is tuned for the CPU it runs on (``-march=native`` on x86-64), so its name
-    carries them: a cache shared between different machines never loads a foreign build.
-    """
+    """12 hex digits of the CPU (model, ISA features) and the source: a shared cache never loads a foreign build."""
     import platform
 
     info = {platform.machine(), platform.processor()}
@@ -82,15 +68,11 @@ def _cpu_fingerprint() -> str:
 
 @contextlib.contextmanager
 def _build_guard(build_dir: str, wait_s: float):
-    """Hold the build directory exclusively for the duration of one build or load.
+    """Hold the build directory exclusively (``flock``) for one build or load.
 
-    PyTorch's ``load_inline`` serialises builds with a ``lock`` file that a killed build
-    leaves behind, and every later process then sleeps on it forever, silently. Every
-    nemo_ais process takes an ``flock`` on ``nemo_ais.flock`` first: the kernel drops an
-    flock when its holder dies, so holding it proves that no live nemo_ais process is
-    building here, and any ``lock`` file present was left by an interrupted build and is
-    removed. A live build elsewhere is waited for at most ``wait_s`` seconds, with a message;
-    past that :class:`TimeoutError` is raised (the caller falls back to the PyTorch path).
+    A killed ``load_inline`` build leaves its ``lock`` file and every later process would wait
+    forever; holding our flock proves no live build, so a stale ``lock`` is removed. A live
+    build elsewhere is waited for ``wait_s`` seconds, then :class:`TimeoutError`.
     """
     import fcntl
     import time
@@ -169,11 +151,7 @@ def cpu_kernel():
 
 
 def kernel_for(x: torch.Tensor):
-    """The extension if its kernels apply to ``x``, else None.
-
-    They apply to a non-empty, contiguous fp32 / bf16 / fp16 CPU tensor, when the
-    extension is built (:func:`cpu_kernel`).
-    """
+    """The built extension if its kernels apply to ``x`` (non-empty contiguous fp32/bf16/fp16 CPU), else None."""
     if (
         x.device.type != "cpu"
         or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)

@@ -13,42 +13,23 @@
 # limitations under the License.
 """Blockwise FP8 (E4M3) quantization in pure PyTorch, bit-exact by construction.
 
-The rollout engine (vLLM) runs W8A8 FP8 linear layers with DeepSeek-V3-style block
-scaling; the trainer re-quantizes its BF16 weights at every weight sync. This module is
-the reference quantizer (see ``docs/low_precision.md`` and the conventions it cites):
+vLLM's W8A8 block FP8 (DeepSeek-V3 style); conventions in ``docs/low_precision.md``:
 
-1. Tile the last two dims into ``block = (bn, bk)`` tiles (weights: 128x128 over
-   ``[out, in]``; activations: 1x128 groups along the hidden dim). Dims that are not a
-   multiple of the tile are zero-padded, and the result is cropped back.
-2. ``amax`` = max |x| per tile in fp32, floored at ``eps`` (``eps = 0`` is Transformer
-   Engine's rule: ``amax == 0`` gives scale 1).
-3. Dequant scale ``s`` and the quantized value ``q``, in fp32, by one of three formula
-   families (they are NOT bit-identical; they differ by at most one FP8 step):
+1. Tile the last two dims into ``block = (bn, bk)`` tiles (weights 128x128, activations
+   1x128), zero-padding partial tiles.
+2. ``amax`` per tile in fp32, floored at ``eps`` (``eps = 0``: TE's rule, amax 0 -> scale 1).
+3. Dequant scale ``s`` and code ``q`` by one of three families (they differ by at most one
+   FP8 step; :data:`FAMILY_FORMULAS`):
+   ``"a"``: ``s = amax / 448``, ``q = x * (1 / s)`` (DeepGEMM, vLLM weights);
+   ``"b"``: ``s = amax / 448``, ``q = x / s`` (vLLM per-token-group activations);
+   ``"c"``: ``m = 448 / amax``, ``q = x * m``, ``s = 1 / m`` (TE, NeMo-RL).
+   ``ue8m0``: ``s = 2^ceil(log2(amax / 448))`` ("a"/"b") or ``m = 2^floor(log2(448 / amax))``
+   ("c"), taken exactly with ``frexp``.
+4. Clamp ``q`` to ``[-448, 448]`` and cast to ``float8_e4m3fn`` (round to nearest even).
 
-   * ``"a"``: ``s = amax / 448``, ``q = x * (1 / s)``  (DeepGEMM, vLLM ``per_block_cast_to_fp8``)
-   * ``"b"``: ``s = amax / 448``, ``q = x / s``        (vLLM per-token-group activation quant)
-   * ``"c"``: ``m = 448 / amax``, ``q = x * m``, ``s = 1 / m``  (TE reference, NeMo-RL)
-
-   With ``ue8m0=True`` the scale is a power of two: ``s = 2^ceil(log2(amax / 448))`` for
-   ``"a"``/``"b"`` (DeepGEMM / vLLM / DeepSeek round the dequant scale up) and
-   ``m = 2^floor(log2(448 / amax))``, ``s = 1 / m`` for ``"c"`` (TE rounds the quant
-   multiplier down). Powers of two are taken with ``frexp``, exactly, never ``log2``.
-4. Clamp ``q`` to ``[-448, 448]`` (PyTorch's cast does not saturate on every version)
-   and cast to ``torch.float8_e4m3fn`` with round-to-nearest-even.
-
-The stored scale is the DEQUANT multiplier: ``x ~= q * s`` (vLLM's ``weight_scale_inv``).
-Non-finite input raises ``ValueError`` naming the tensor; nothing is returned for it.
-
-On CPU, :func:`quantize_blockwise` runs these steps in one fused C++ loop per row of tiles
-(:mod:`nemo_ais.formats.cpu_kernel`, compiled on first use, bit-equal: tested), and falls back
-to the PyTorch ops below where it cannot be built, for non-contiguous input, or to raise
-for non-finite input.
-
-Empty input (any dim of size 0) is defined, not an error: the codes are an empty
-``float8_e4m3fn`` tensor of the input's shape and the scales have the usual shape
-``ceil(dim / tile)`` per tiled dim, which is 0 for an empty tiled dim (``[0, K]`` gives
-scales ``[0, ceil(K/bk)]``, ``[N, 0]`` gives ``[ceil(N/bn), 0]``). There is no tile, so
-there is no scale; dequantizing gives back an empty tensor of the same shape.
+``s`` is the DEQUANT multiplier (vLLM's ``weight_scale_inv``). Non-finite input raises.
+On CPU one fused C++ loop (:mod:`nemo_ais.formats.cpu_kernel`, bit-equal). Empty input is
+defined: empty codes and scales of ``ceil(dim / tile)`` per tiled dim.
 """
 
 from __future__ import annotations
@@ -130,24 +111,18 @@ def _floor_pow2(v: torch.Tensor) -> torch.Tensor:
 def _scales(
     amax: torch.Tensor, family: str, eps: float, ue8m0: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tile (dequant scale s, quant multiplier m) in fp32; family "b" divides by s.
-
-    ``amax`` is floored at ``eps``; a tile whose floored amax is 0 (only with ``eps = 0``)
-    gets ``s = m = 1``, so its codes are 0 and its scale finite (TE's rule).
-    """
+    """Per-tile (dequant scale s, multiplier m) in fp32; a tile with floored amax 0 gets s = m = 1."""
     amax = amax.clamp_min(eps) if eps > 0 else amax
     zero = amax == 0
     one = torch.ones_like(amax)
     if family == "c":
-        # NOT `E4M3_MAX / amax`: torch evaluates scalar / tensor as reciprocal(amax) * 448,
-        # two roundings; the convention is one correctly rounded fp32 division.
+        # NOT `E4M3_MAX / amax` (reciprocal then multiply, two roundings): one fp32 division.
         m = torch.full_like(amax, E4M3_MAX).div_(amax)
         m = _floor_pow2(m) if ue8m0 else m
         m = torch.where(zero, one, m).clamp_max(_FP32_MAX)
         return torch.reciprocal(m), m
-    # Tensor / tensor, NOT `amax / E4M3_MAX`: on CUDA, torch divides by a Python scalar as
-    # a multiply by its fp32 reciprocal (two roundings), which moved 376 of 2M codes of a
-    # 2000x1024 bf16 tensor by one FP8 step on an H100 (tests/gpu/test_te_backend.py).
+    # Tensor / tensor: CUDA divides by a Python scalar as a multiply by its reciprocal, which
+    # moved 376 of 2M codes by one FP8 step on an H100 (tests/gpu/test_te_backend.py).
     s = amax / torch.full_like(amax, E4M3_MAX)
     s = _ceil_pow2(s) if ue8m0 else s
     s = torch.where(zero, one, s)
@@ -157,10 +132,7 @@ def _scales(
 
 
 def _band_rows(bn: int, k_pad: int, device: torch.device) -> int:
-    """Rows per band: whole tile rows, ~``_BAND_ELEMS`` fp32 elements on CPU (cache-sized).
-
-    On a GPU the whole weight (:func:`~nemo_ais.formats.grids.band_elems`).
-    """
+    """Rows per band: whole tile rows, ~``_BAND_ELEMS`` fp32 elements on CPU, the whole weight on a GPU."""
     return bn * max(1, band_elems(device, _BAND_ELEMS) // (bn * k_pad))
 
 
@@ -173,13 +145,9 @@ def _quantize_tiles(
     ue8m0: bool,
     name: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize ``x3 = x`` viewed as ``[E, N, K]``; returns q ``[E, N, K]``, s ``[E, nb, kb]``.
+    """Quantize ``x3 [E, N, K]`` band by band in one reusable zero-padded fp32 scratch buffer.
 
-    Works band by band (a band = whole rows of tiles, ~4 MiB of fp32): each band is
-    copied (and converted) into one reusable zero-padded fp32 scratch buffer, where the
-    amax, the scaling and the clamp run in place on cache-resident data; the cast writes
-    straight into the FP8 output. Every tile of a band is processed at once (no loop
-    over tiles) and no full-size fp32 temporary is ever allocated.
+    Returns q ``[E, N, K]`` and s ``[E, nb, kb]``; no full-size fp32 temporary is allocated.
     """
     e, n, k = x3.shape
     bn, bk = block
@@ -204,8 +172,7 @@ def _quantize_tiles(
             if rows_pad > r1 - r0:
                 buf[r1 - r0 :].zero_()  # zero padding of the last tile row
             t = buf.view(rows_pad // bn, bn, kb, bk)
-            # step 2: amax per tile, as max(max x, -min x) (no |x| temporary); the
-            # contiguous tile dim first: ~25% faster than one reduction over dims (1, 3)
+            # step 2: amax as max(max x, -min x), tile dim first (~25% faster)
             a = torch.maximum(t.amax(dim=3).amax(dim=1), t.amin(dim=3).amin(dim=1).neg())
             # step 3: scales and q = x * m (or x / s) in place
             sb, mb = _scales(a, family, eps, ue8m0)
@@ -227,11 +194,7 @@ _FAMILY_INDEX = {"a": 0, "b": 1, "c": 2}  # the C++ kernel's family argument
 def _quantize_fused(
     x3: torch.Tensor, block: tuple[int, int], family: str, eps: float, ue8m0: bool
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(q, s)`` of ``x3 [E, N, K]`` by the fused CPU kernel (:mod:`nemo_ais.formats.cpu_kernel`).
-
-    None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
-    kernel) or a tile holds NaN / inf (the PyTorch path then raises).
-    """
+    """``(q, s)`` of ``x3 [E, N, K]`` by the fused CPU kernel; None where it does not apply or on NaN/inf."""
     ext = kernel_for(x3)
     if ext is None:
         return None
@@ -254,27 +217,21 @@ def quantize_blockwise(
     """Blockwise FP8 E4M3 quantization of a weight, ``x ~= q * s`` per ``block`` tile.
 
     Args:
-        x: ``[N, K]`` weight (``[out, in]``) or ``[E, N, K]`` stacked MoE experts; fp32,
-            bf16, fp16 or fp64 (computed in fp32). Any N, K (zero-padded, then cropped).
-        block: tile ``(bn, bk)``; 128x128 is the DeepSeek-V3 / vLLM block-FP8 layout.
-        family: scale/multiply formula, ``"a"`` (canonical), ``"b"`` or ``"c"`` (module doc).
-        eps: floor of the per-tile amax; 0 selects TE's rule (amax == 0 gives scale 1).
-        ue8m0: power-of-two scales (module doc, step 3).
+        x: ``[N, K]`` or ``[E, N, K]`` (MoE experts); any float dtype (computed in fp32).
+        block: tile ``(bn, bk)``; 128x128 is vLLM's block FP8.
+        family: the scale formula, ``"a"`` (canonical), ``"b"`` or ``"c"`` (module doc).
+        eps: floor of the per-tile amax; 0 selects TE's rule.
+        ue8m0: power-of-two scales.
         name: tensor name used in error messages.
-        backend: ``"torch"`` (this exact reference), ``"te"`` (Transformer Engine's
-            blockwise quantizer, CUDA only, see :mod:`nemo_ais.formats.te_backend`) or
-            ``"auto"`` (TE when importable and ``x`` is on CUDA, else torch).
+        backend: ``"torch"``, ``"te"`` (:mod:`nemo_ais.formats.te_backend`, CUDA) or ``"auto"``.
 
     Returns:
-        ``(q, s)``: ``q`` ``torch.float8_e4m3fn`` with ``x``'s shape; ``s`` fp32 dequant
-        scales ``[ceil(N/bn), ceil(K/bk)]`` (``[E, ...]`` for 3-D input). Not differentiable.
-        An all-zero tile gives ``q = 0`` and a finite scale (``eps / 448``, or 1 if eps = 0).
-        Empty ``x`` (E, N or K = 0) gives empty ``q`` and ``s`` of exactly these shapes,
-        e.g. ``[0, 300]`` -> ``s`` ``[0, 3]``, ``[300, 0]`` -> ``s`` ``[3, 0]`` (any backend).
+        ``(q, s)``: float8_e4m3fn codes of ``x``'s shape and fp32 scales
+        ``[ceil(N/bn), ceil(K/bk)]`` (``[E, ...]`` for 3-D); empty in, empty out.
 
     Raises:
-        ValueError: non-finite values in ``x`` (count and first index), a bad shape,
-            dtype, family, eps or block.
+        ValueError: non-finite values (count and first index), a bad shape, dtype, family,
+            eps or block.
     """
     _check_args(name, family, eps, block)
     if x.dim() not in (2, 3) or x.dtype not in FLOAT_INPUTS:
@@ -334,18 +291,7 @@ def dequantize_blockwise(
     *,
     name: str = "q",
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize_blockwise`: ``x = q * s`` per tile, in fp32, then ``dtype``.
-
-    Args:
-        q: ``[N, K]`` or ``[E, N, K]`` ``torch.float8_e4m3fn`` codes.
-        scale: fp32 dequant scales ``[ceil(N/bn), ceil(K/bk)]`` (``[E, ...]`` for 3-D q).
-        block: the tile used to quantize.
-        dtype: output dtype.
-        name: tensor name used in error messages.
-
-    Returns:
-        Tensor of ``q``'s shape and ``dtype`` (empty if ``q`` is).
-    """
+    """Inverse of :func:`quantize_blockwise`: ``x = q * s`` per ``block`` tile in fp32, then ``dtype``."""
     _check_args(name, "a", 0.0, block)
     if q.dim() not in (2, 3):
         raise ValueError(f"{name}: got {list(q.shape)}, expected [N, K] or [E, N, K]")
@@ -365,20 +311,10 @@ def quantize_activations(
     *,
     name: str = "x",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-token-group FP8 quantization of activations (1 x ``group`` tiles).
+    """Dynamic per-token-group FP8 quantization of activations ``x [..., K]`` (1 x ``group`` tiles).
 
-    Same steps as :func:`quantize_blockwise` with tile ``(1, group)`` over the last dim;
-    the defaults (family ``"b"``, eps 1e-10) follow vLLM's per-token-group quant.
-
-    Args:
-        x: ``[..., K]`` floating activations (at least 1-D).
-        group: group size along the last dim (K need not be a multiple: zero padding).
-        family, eps, ue8m0, name: as in :func:`quantize_blockwise`.
-
-    Returns:
-        ``(q, s)``: ``q`` float8_e4m3fn of ``x``'s shape; ``s`` fp32 ``[..., ceil(K/group)]``.
-        Empty ``x`` gives empty ``q`` and ``s`` of these shapes: ``[0, T, K]`` -> ``s``
-        ``[0, T, ceil(K/group)]``, ``[B, T, 0]`` -> ``s`` ``[B, T, 0]``.
+    As :func:`quantize_blockwise` with defaults of vLLM's per-token-group quant (family
+    ``"b"``, eps 1e-10). Returns ``(q, s)`` with ``s`` fp32 ``[..., ceil(K/group)]``.
 
     Raises:
         ValueError: non-finite input (count and first index), bad dtype or arguments.
@@ -442,15 +378,9 @@ def quantize_blockwise_reference(
 
 
 def _fake_quant_groups_b(x: torch.Tensor, group: int, eps: float, name: str) -> torch.Tensor:
-    """``dequantize_activations(*quantize_activations(x, group, "b", eps))``, fused.
+    """``dequantize_activations(*quantize_activations(x, group, "b", eps))``, fused, same op order.
 
-    Per 1 x ``group`` tile, in fp32: ``s = max(amax, eps) / 448``,
-    ``q = e4m3(clamp(x / s, ±448))``, result ``q * s``, the same operations in the same
-    order as the reference, without its padding, scratch and dtype checks
-    (``K % group == 0`` and ``eps > 0`` are the caller's preconditions).
-
-    Raises:
-        ValueError: non-finite input (count and first index), as the reference does.
+    Preconditions: ``K % group == 0`` and ``eps > 0``. Raises ``ValueError`` on non-finite input.
     """
     xg = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // group, group)
     amax = xg.abs().amax(dim=-1, keepdim=True)
@@ -469,12 +399,7 @@ def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) ->
 
 
 def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
-    """Per-token 1x``group`` FP8 fake-quant of an activation: ``dequant(quant(x))`` in fp32.
-
-    The default setting (family "b", eps > 0, no UE8M0, K a multiple of the group) takes
-    :func:`_fake_quant_groups_b`, a fused equivalent of the reference pair (bit-identical,
-    tested); every other setting calls the reference quantizer.
-    """
+    """Per-token 1x``group`` FP8 fake-quant ``dequant(quant(x))`` in fp32 (fused in the default setting)."""
     group, family, eps = knobs.activation_group, knobs.activation_family, knobs.activation_eps
     if family == "b" and not knobs.ue8m0 and eps > 0 and x.shape[-1] % group == 0:
         return _fake_quant_groups_b(x, group, eps, name)

@@ -17,29 +17,18 @@
 type           values                                                          used by
 =============  ==============================================================  ==========
 E2M1 (4 bit)   codes 0..7 -> 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 = sign           NVFP4, MXFP4
-E4M3 (8 bit)   ``torch.float8_e4m3fn``: max 448, subnormal quantum 2^-9         FP8, MXFP8
-               elements; NVFP4 block scales (unsigned use)
+E4M3 (8 bit)   ``torch.float8_e4m3fn``: max 448, subnormal quantum 2^-9         FP8, MXFP8,
+                                                                               NVFP4 scales
 UE8M0 (8 bit)  byte b -> 2^(b - 127), b in [0, 254]; 255 is NaN; no zero        MX scales
 =============  ==============================================================  ==========
 
-Rounding onto E2M1 is round-to-nearest, ties to the even code (0.25 -> 0, 0.75 -> 1,
-1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at ±6 (``_cast_fp4`` in
-ModelOpt, ``cvt.rn.satfinite.e2m1x2`` in the kernels). :func:`e2m1_codes_reference` states
-the rule as seven thresholds; :func:`e2m1_encode_` is the fast path, bit-equal to it by
-construction (checked when its table is built): every threshold is an fp32 whose low 20
-bits are zero, so the signed code of an fp32 ``y`` is a function of its class
-
-    ``idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096``  (``b``: the int32 bits of ``y``)
-
-``= 2 floor(b / 2^20) + [b mod 2^20 != 0] + 4096``: a threshold (or any multiple of 2^20)
-is a class of its own and the bit patterns strictly between two of them share one. A table
-of the 8191 classes (code of each class's smallest and largest member, which must agree:
-the rule is monotone in |y|) then gives the code, sign and saturation included, with
-five integer passes and one gather instead of a dozen float passes.
-
-Two codes share a byte, the even element in the LOW nibble: ``byte = c[2j] | c[2j+1] << 4``
-(ModelOpt, FlashInfer, vLLM's ``break_fp4_bytes``); :func:`pack_code_pairs` forms it from
-the int16 view of a code pair (``lo | hi << 8`` on a little-endian machine) in place.
+E2M1 rounding is to nearest, ties to the even code, saturating at ±6
+(:func:`e2m1_codes_reference`). The fast path :func:`e2m1_encode_` is bit-equal by
+construction: every threshold is an fp32 whose low 20 bits are zero, so the signed code
+of ``y`` depends only on its class ``idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096``
+(``b``: the int32 bits of ``y``), and a table of the 8191 classes (checked when built)
+gives it with integer passes and one gather. Two codes share a byte, the even element in
+the LOW nibble (ModelOpt, FlashInfer, vLLM's ``break_fp4_bytes``).
 """
 
 from __future__ import annotations
@@ -80,15 +69,13 @@ E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7
 E8M0_BIAS = 127
 E8M0_NAN = 255
 _SIGN_BIT = 8
-# Rounding thresholds between neighbouring codes: (threshold, a tie goes up). A tie goes to
-# the even code: up when the upper neighbour's code is even.
+# Thresholds between neighbouring codes: (threshold, a tie goes up: the upper code is even).
 _E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
                     (3.5, True), (5.0, False))  # fmt: skip
 _BAND_ELEMS = 1 << 18  # fp32 elements of a quantizer's per-band working copy (1 MiB: L2)
-# On a GPU the banded loop is launch-bound (each band is ~10 kernels): up to 2^26 elements
-# (a 14336x4096 weight) are one band (on an H200 the 1 MiB bands made the quantizers 25-76x
-# slower than one pass over the whole weight: docs/benchmarks.md "quant_cuda"); the cap
-# bounds the temporaries (NVFP4: ~0.6 GiB) next to a colocated vLLM during a refit.
+# On a GPU the banded loop is launch-bound: up to 2^26 elements are one band (1 MiB bands
+# were 25-76x slower on an H200, docs/benchmarks.md "quant_cuda"); the cap bounds the
+# temporaries next to a colocated vLLM during a refit.
 _BAND_ELEMS_GPU = 1 << 26
 # E2M1 class index (module doc): idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096 in [0, 8190]
 _CLASS_SHIFT = 20
@@ -99,11 +86,9 @@ _E2M1_SIGNED = torch.tensor([*E2M1_GRID, *(-v for v in E2M1_GRID)], dtype=torch.
 
 
 def e2m1_codes_reference(a: torch.Tensor, *, ties_toward_zero: bool = False) -> torch.Tensor:
-    """Reference: E2M1 magnitude codes (uint8 0..7) of ``a >= 0`` by counting thresholds.
+    """Reference: E2M1 magnitude codes (uint8 0..7) of ``a >= 0``, counting the thresholds passed.
 
-    ``code = #{t : a > t} + #{t tie-up : a == t}`` over the seven midpoints of the grid;
-    values above 6 get code 7 (saturation). With ``ties_toward_zero`` no tie goes up.
-    Plain and slow: the definition of the rule.
+    Values above 6 get code 7; with ``ties_toward_zero`` no tie goes up.
     """
     code = torch.zeros(a.shape, dtype=torch.uint8, device=a.device)
     for threshold, tie_up in _E2M1_THRESHOLDS:
@@ -113,12 +98,7 @@ def e2m1_codes_reference(a: torch.Tensor, *, ties_toward_zero: bool = False) -> 
 
 
 class Scratch:
-    """Reusable working buffers of a banded quantizer, allocated once per call.
-
-    A fresh multi-MiB temporary per band costs page faults on every allocation (glibc
-    returns large blocks to the OS); the fast paths take their temporaries from here.
-    ``get(name, shape, dtype)`` returns a view of the buffer ``name``, grown on demand.
-    """
+    """Reusable working buffers of a banded quantizer: ``get(name, shape, dtype)`` grows on demand."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -149,16 +129,10 @@ def _class_members() -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.cache
 def _e2m1_tables(ties_toward_zero: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 signed code, fp32 signed value) of every class, on ``device``.
-
-    The sign bit is the fp32 sign bit, so -0.0 gets code 8 (-0): the quantizers turn a
-    -0.0 input into +0.0 first, and a negative input that underflows to -0.0 keeps its
-    sign bit, as in the reference (``code | 8 * (x < 0)``).
+    """(uint8 signed code, fp32 signed value) of every class on ``device`` (-0.0 gets code 8).
 
     Raises:
-        AssertionError: a class whose two extreme members round differently (the table
-            would not be the rule); cannot happen while every threshold is a multiple of
-            2^20 in bits.
+        AssertionError: a class whose extreme members round differently (cannot happen).
     """
     first, last = _class_members()
 
@@ -174,11 +148,7 @@ def _e2m1_tables(ties_toward_zero: bool, device: torch.device) -> tuple[torch.Te
 
 
 def e2m1_class_index_(y: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
-    """Class index (module doc) of contiguous fp32 ``y``, in place in ``y``'s memory: int32.
-
-    ``tmp`` is an int32 buffer of ``y``'s shape. Any bit pattern gives an index in
-    [0, 8190] (int32 additions wrap; only NaN patterns come near the top).
-    """
+    """Class index (module doc) of contiguous fp32 ``y``, in place in ``y``'s memory: int32 in [0, 8190]."""
     b = y.view(torch.int32)
     torch.bitwise_right_shift(b, _CLASS_SHIFT, out=tmp)  # floor(b / 2^20)
     b.add_(_CLASS_LOW).bitwise_right_shift_(_CLASS_SHIFT)  # ceil(b / 2^20)
@@ -192,12 +162,10 @@ def e2m1_encode_(
     *,
     ties_toward_zero: bool = False,
 ) -> torch.Tensor:
-    """Signed E2M1 codes (uint8 0..15, sign bit 8) of contiguous fp32 ``y`` into ``out``.
+    """Signed E2M1 codes (uint8, sign bit 8) of contiguous fp32 ``y`` into ``out``; ``y`` is consumed.
 
-    ``code = e2m1(|y|) | 8 * signbit(y)``, saturating at 6; ``y`` is consumed (it holds
-    the class index afterwards) and ``tmp`` is an int32 buffer of its shape. Bit-equal to
-    :func:`e2m1_codes_reference` with the sign bit (module doc). ``ties_toward_zero``:
-    a tie rounds to the smaller magnitude (ModelOpt's MXFP4 ``cast_fp4``).
+    Bit-equal to :func:`e2m1_codes_reference` with the sign bit; ``tmp`` is int32 of ``y``'s
+    shape; ``ties_toward_zero``: ModelOpt's MXFP4 ``cast_fp4``.
     """
     codes, _ = _e2m1_tables(ties_toward_zero, y.device)
     idx = e2m1_class_index_(y, tmp)
@@ -205,11 +173,7 @@ def e2m1_encode_(
 
 
 def e2m1_signed_values_(y: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
-    """fp32 signed E2M1 values of contiguous fp32 ``y`` (code 8 is -0.0) into ``tmp``.
-
-    As :func:`e2m1_encode_` (ties to even), but the table holds values: ``y`` is consumed
-    and ``tmp``, an fp32 buffer of its shape, receives the values.
-    """
+    """fp32 signed E2M1 values of contiguous fp32 ``y`` into ``tmp`` (as :func:`e2m1_encode_`)."""
     _, values = _e2m1_tables(False, y.device)
     idx = e2m1_class_index_(y, tmp.view(torch.int32))
     return torch.index_select(values, 0, idx.view(-1), out=tmp.view(-1)).view(tmp.shape)
@@ -224,12 +188,7 @@ def e2m1_codes(a: torch.Tensor, *, ties_toward_zero: bool = False) -> torch.Tens
 
 
 def pack_code_pairs(codes: torch.Tensor, out: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
-    """Pack contiguous uint8 codes ``[..., K]`` (0..15) into ``out`` uint8 ``[..., K/2]``.
-
-    The int16 view of a pair is ``p = c[2j] | c[2j+1] << 8`` (little-endian), so
-    ``p | p >> 4`` holds ``c[2j] | c[2j+1] << 4`` in its low byte, which the int16 -> uint8
-    conversion keeps. ``tmp``: int16 ``[..., K/2]``. Equal to :func:`pack_nibbles`.
-    """
+    """Pack uint8 codes ``[..., K]`` into ``out`` ``[..., K/2]`` via the int16 pair view (= :func:`pack_nibbles`)."""
     if sys.byteorder != "little":  # pragma: no cover - every supported platform is
         return out.copy_(pack_nibbles(codes))
     pairs = codes.view(torch.int16)
@@ -243,11 +202,7 @@ def to_uint8(v: torch.Tensor) -> torch.Tensor:
 
 
 def band_elems(device: torch.device, cpu_elems: int | None = None) -> int:
-    """fp32 elements of one band on ``device``: cache-sized on CPU, up to 2^26 on a GPU.
-
-    CPU: ``cpu_elems`` (default ``_BAND_ELEMS``, read at the call). GPU: one band for a
-    14336x4096 weight.
-    """
+    """fp32 elements of one band on ``device``: ``cpu_elems`` (cache-sized) on CPU, 2^26 on a GPU."""
     if device.type != "cpu":
         return _BAND_ELEMS_GPU
     return _BAND_ELEMS if cpu_elems is None else cpu_elems
@@ -256,12 +211,7 @@ def band_elems(device: torch.device, cpu_elems: int | None = None) -> int:
 def row_bands(
     rows: int, k: int, multiple: int = 1, *, device: torch.device | None = None
 ) -> list[tuple[int, int]]:
-    """``[(r0, r1), ...]`` covering ``rows`` rows of length ``k`` in bands of ~1 MiB of fp32.
-
-    Band heights are multiples of ``multiple`` (whole 2-D scale tiles), so a band's working
-    copy stays in cache while a quantizer makes its passes over it. On a GPU ``device``
-    (:func:`band_elems`) a band holds up to 2^26 elements.
-    """
+    """``[(r0, r1), ...]`` covering ``rows`` rows of length ``k`` in bands of ``multiple`` rows."""
     elems = _BAND_ELEMS if device is None else band_elems(device)
     height = max(multiple, elems // max(k, 1) // multiple * multiple)
     return [(r0, min(r0 + height, rows)) for r0 in range(0, rows, height)]
@@ -285,27 +235,20 @@ def unpack_nibbles(data: torch.Tensor) -> torch.Tensor:
 
 
 def e8m0_ceil_exponent(ratio: torch.Tensor) -> torch.Tensor:
-    """``ceil(log2(ratio))`` for fp32 ``ratio > 0``, exactly (``frexp``, never a rounded log2).
-
-    ``ratio = m * 2^e`` with ``m`` in [0.5, 1): ``log2(ratio)`` lies in [e - 1, e), so the
-    ceiling is ``e`` unless ``m == 0.5`` (a power of two, ``e - 1``). int32; ``ratio == 0``
-    gives ``e = 0`` (callers handle all-zero blocks first).
-    """
+    """``ceil(log2(ratio))`` for fp32 ``ratio > 0`` exactly via ``frexp`` (int32; 0 gives 0)."""
     mant, expo = torch.frexp(ratio)
     return expo - (mant == 0.5).to(expo.dtype)
 
 
 def e8m0_block_exponent(block_amax: torch.Tensor, element_max: float) -> torch.Tensor:
-    """MX scale exponent ``E = ceil(log2(amax_b / element_max))`` per block, int32 in [-127, 127].
+    """MX scale exponent ``ceil(log2(amax_b / element_max))`` per block, int32 in [-127, 127].
 
-    NVIDIA's rule (FlashInfer, Transformer Engine, ModelOpt), not OCP's ``floor(log2 amax)``
-    minus the element's max exponent: the block max then lands in (max/2, max] and nothing
-    saturates. An all-zero block gets -127 (scale byte 0), as do blocks below 2^-127.
+    NVIDIA's rule (FlashInfer, TE, ModelOpt), not OCP's: nothing saturates. An all-zero block
+    gets -127 (scale byte 0).
     """
     ratio = block_amax / torch.full_like(block_amax, element_max)  # tensor / tensor: one rounding
     expo = e8m0_ceil_exponent(ratio)
-    # an all-zero block, and one so small that the ratio underflows to 0 (frexp(0) gives 0):
-    # both below 2^-127, so -127
+    # all-zero or underflowing blocks (frexp(0) gives 0) are below 2^-127: -127
     expo = torch.where((block_amax == 0) | (ratio == 0), torch.full_like(expo, -E8M0_BIAS), expo)
     return expo.clamp_(-E8M0_BIAS, E8M0_BIAS)
 

@@ -13,22 +13,13 @@
 # limitations under the License.
 """MXFP4 (a documented variant): E2M1 elements in blocks of 32, one UE8M0 scale each.
 
-For ``x [..., K]``, ``K % 32 == 0`` (conventions and sources: ``docs/low_precision.md``):
+For ``x [..., K]``, ``K % 32 == 0`` (``docs/low_precision.md``):
 
-1. Per block of 32: ``E = ceil(log2(amax_b / 6))``, clamped to [-127, 127]; an all-zero
-   block gets ``E = -127`` (byte 0). FlashInfer's UE8M0 path and ModelOpt's
-   ``MXFP4QTensor`` (its global scale argument is ignored on this path).
-2. ``y = x * 2^-E`` (exact), ``code = e2m1(|y|)`` saturating at 6, sign bit ``x < 0``;
-   two codes per byte, the even element in the low nibble (as NVFP4).
+1. Per block: ``E = ceil(log2(amax_b / 6))`` in [-127, 127]; all-zero: ``E = -127``.
+2. ``code = e2m1(|x| * 2^-E)`` saturating at 6, sign bit ``x < 0``; two codes per byte.
 
-Rounding, keyword ``round_ties_toward_zero``:
-
-* False (default): ties to the even code, as FlashInfer's ``cvt.rn.satfinite`` and NVFP4.
-* True: ties toward zero (0.75 -> 0.5, 1.75 -> 1.5, 3.5 -> 3), ModelOpt's
-  ``MXFP4QTensor.cast_fp4``, which counts strict ``>`` bounds. ModelOpt also gives a
-  zero the sign bit 1; that is not reproduced (it decodes to the same 0).
-
-Dequantization: ``x_hat = E2M1(code) * 2^(b - 127)``.
+``round_ties_toward_zero=True`` is ModelOpt's ``cast_fp4`` tie rule (default: ties to
+even, as FlashInfer). Dequantization: ``E2M1(code) * 2^(b - 127)``.
 """
 
 from __future__ import annotations
@@ -64,12 +55,7 @@ _SIGN = 0x8
 
 @dataclass(frozen=True)
 class MXFP4Tensor:
-    """A quantized ``[..., K]`` tensor.
-
-    Attributes:
-        data: uint8 ``[..., K/2]``, two E2M1 codes per byte, even element in the low nibble.
-        scale: uint8 ``[..., K/32]`` UE8M0 bytes, value ``2^(b - 127)``.
-    """
+    """``data`` uint8 ``[..., K/2]`` (two E2M1 codes a byte), ``scale`` uint8 ``[..., K/32]`` (UE8M0)."""
 
     data: torch.Tensor
     scale: torch.Tensor
@@ -99,19 +85,8 @@ def quantize_mxfp4(
 ) -> MXFP4Tensor:
     """MXFP4 quantization of ``x [..., K]`` (module doc); bit-equal to the reference.
 
-    On CPU one fused C++ loop (:mod:`nemo_ais.formats.cpu_kernel`), elsewhere the banded fast path.
-
-    Args:
-        x: fp32, bf16, fp16 or fp64 (computed in fp32), ``K % 32 == 0``.
-        round_ties_toward_zero: ModelOpt's tie rule instead of ties to even (module doc).
-        name: tensor name used in error messages.
-
-    Returns:
-        :class:`MXFP4Tensor` (``data`` uint8 ``[..., K/2]``, ``scale`` uint8 ``[..., K/32]``).
-
     Raises:
-        ValueError: ``K % 32 != 0`` (naming ``name`` and 32), a non-floating ``x``, or
-            non-finite values (count and first index).
+        ValueError: ``K % 32 != 0``, a non-floating ``x``, or non-finite values.
     """
     check_last_dim(x, name, MX_BLOCK, "MXFP4")
     k = x.shape[-1]
@@ -151,11 +126,7 @@ def quantize_mxfp4(
 
 
 def _quantize_fused(x2: torch.Tensor, ties_toward_zero: bool):
-    """``(packed, scale)`` of ``x2 [R, K]`` by the fused CPU kernel (:mod:`nemo_ais.formats.cpu_kernel`).
-
-    None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
-    kernel) or a block holds NaN / inf (the PyTorch path then raises).
-    """
+    """``(packed, scale)`` of ``x2 [R, K]`` by the fused CPU kernel; None where it does not apply or on NaN/inf."""
     ext = kernel_for(x2)
     if ext is None:
         return None
@@ -164,12 +135,7 @@ def _quantize_fused(x2: torch.Tensor, ties_toward_zero: bool):
 
 
 def dequantize_mxfp4(q: MXFP4Tensor, *, name: str = "q") -> torch.Tensor:
-    """``x_hat = E2M1(code) * 2^(scale - 127)`` per block of 32: fp32 ``[..., K]`` (exact).
-
-    Raises:
-        ValueError: ``data`` not uint8 ``[..., K/2]``, ``scale`` not uint8 ``[..., K/32]``,
-            or a scale byte 255 (NaN in UE8M0).
-    """
+    """``E2M1(code) * 2^(scale - 127)`` per block: fp32 ``[..., K]`` (ValueError: bad tensors, byte 255)."""
     if q.data.dtype != torch.uint8 or q.data.dim() < 1:
         raise ValueError(
             f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected uint8 [..., K/2]"

@@ -13,27 +13,17 @@
 # limitations under the License.
 """MXFP8: E4M3 elements in blocks of 32 along the last dim, one UE8M0 (power-of-two) scale each.
 
-What vLLM's ModelOpt MXFP8 loader takes (``weight`` e4m3 ``[out, in]``, ``weight_scale``
-uint8 ``[out, in/32]``) and NeMo-RL main streams when ``vllm_cfg.is_mx`` (conventions and
-sources: ``docs/low_precision.md``), for ``x [..., K]`` with ``K % 32 == 0``:
+What vLLM's ModelOpt MXFP8 loader takes and NeMo-RL main streams (``is_mx``), for
+``x [..., K]``, ``K % 32 == 0``:
 
-1. Per block of 32 consecutive elements, ``amax_b`` in fp32.
-2. ``E = ceil(log2(amax_b / 448))`` exactly, clamped to [-127, 127]
-   (:func:`~nemo_ais.formats.grids.e8m0_block_exponent`): NVIDIA's rule (FlashInfer,
-   Transformer Engine, ModelOpt), not OCP MX v1.0's ``floor(log2 amax_b) - 8``. The two
-   differ when the block max's significand exceeds 1.75 (amax 500: NVIDIA 2^1, OCP 2^0,
-   whose elements would saturate at 448). An all-zero block gets ``E = -127``: byte 0.
-3. Scale byte ``E + 127``; elements ``q = e4m3(clamp(x * 2^-E, ±448))`` (the product is
-   exact: a power of two), round to nearest even. Nothing saturates unless ``E`` was
-   clamped.
+1. Per block, ``E = ceil(log2(amax_b / 448))`` exactly, in [-127, 127]
+   (:func:`~nemo_ais.formats.grids.e8m0_block_exponent`, NVIDIA's rule, not OCP's
+   ``floor(log2 amax_b) - 8``); all-zero: ``E = -127``.
+2. Scale byte ``E + 127``; codes ``e4m3(clamp(x * 2^-E, ±448))`` (exact product).
 
-Dequantization: ``x_hat = fp32(q) * 2^(b - 127)`` (exact). NeMo-RL main rewrites scale
-byte 0 to 1 before its TRT-LLM kernel (which rejects 0); the codes of such a block are 0,
-so the values do not change (tested). This quantizer emits byte 0, as the kernels do.
-
-:func:`quantize_mxfp8_reference` states steps 1-3 plainly; :func:`quantize_mxfp8` is the
-banded fast path, bit-equal to it (tested, and against a float64 oracle); on CPU it runs as one
-fused C++ loop (:mod:`nemo_ais.formats.cpu_kernel`, bit-equal: tested).
+Dequantization: ``fp32(q) * 2^(b - 127)``. NeMo-RL main rewrites byte 0 to 1 for its
+TRT-LLM kernel (same values). :func:`quantize_mxfp8_reference` is the reference;
+:func:`quantize_mxfp8` the banded fast path (one C++ loop on CPU), bit-equal.
 """
 
 from __future__ import annotations
@@ -73,12 +63,7 @@ MX_BLOCK = 32
 
 @dataclass(frozen=True)
 class MXFP8Tensor:
-    """A quantized ``[..., K]`` tensor (vLLM's names in brackets).
-
-    Attributes:
-        data: float8_e4m3fn ``[..., K]`` (``weight``).
-        scale: uint8 ``[..., K/32]`` UE8M0 bytes, value ``2^(b - 127)`` (``weight_scale``).
-    """
+    """``data`` float8_e4m3fn ``[..., K]`` (vLLM ``weight``), ``scale`` uint8 ``[..., K/32]`` (``weight_scale``)."""
 
     data: torch.Tensor
     scale: torch.Tensor
@@ -106,11 +91,7 @@ def quantize_mxfp8_reference(x: torch.Tensor) -> MXFP8Tensor:
 
 
 def _quantize_fused(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(codes, scale bytes)`` of ``x2 [R, K]`` by the fused CPU kernel (:mod:`nemo_ais.formats.cpu_kernel`).
-
-    None where it does not apply (not contiguous fp32 / bf16 / fp16 CPU input, empty, no
-    kernel) or a block holds NaN / inf (the PyTorch path then raises).
-    """
+    """``(codes, scale bytes)`` of ``x2 [R, K]`` by the fused CPU kernel; None where it does not apply."""
     ext = kernel_for(x2)
     if ext is None:
         return None
@@ -119,19 +100,10 @@ def _quantize_fused(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | Non
 
 
 def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
-    """MXFP8 quantization of ``x [..., K]`` (module doc).
-
-    Args:
-        x: fp32, bf16, fp16 or fp64 (computed in fp32), ``K % 32 == 0``.
-        name: tensor name used in error messages.
-
-    Returns:
-        :class:`MXFP8Tensor` (``data`` float8_e4m3fn ``[..., K]``, ``scale`` uint8
-        ``[..., K/32]``). Empty ``x`` gives empty tensors of those shapes.
+    """MXFP8 quantization of ``x [..., K]`` (module doc); empty in, empty out.
 
     Raises:
-        ValueError: ``K % 32 != 0`` (naming ``name`` and 32), a non-floating ``x``, or
-            non-finite values (count and first index).
+        ValueError: ``K % 32 != 0``, a non-floating ``x``, or non-finite values.
     """
     check_last_dim(x, name, MX_BLOCK, "MXFP8")
     k = x.shape[-1]
@@ -177,12 +149,7 @@ def check_mx_scale(data: torch.Tensor, scale: torch.Tensor, block_k: int, name: 
 
 
 def dequantize_mxfp8(q: MXFP8Tensor, *, name: str = "q") -> torch.Tensor:
-    """``x_hat = fp32(data) * 2^(scale - 127)`` per block of 32: fp32 ``[..., K]`` (exact).
-
-    Raises:
-        ValueError: ``data`` not float8_e4m3fn ``[..., K]``, ``scale`` not uint8
-            ``[..., K/32]``, or a scale byte 255 (NaN in UE8M0).
-    """
+    """``fp32(data) * 2^(scale - 127)`` per block: fp32 ``[..., K]`` (ValueError: bad tensors, byte 255)."""
     if q.data.dtype != torch.float8_e4m3fn or q.data.dim() < 1:
         raise ValueError(
             f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected float8_e4m3fn [..., K]"
@@ -205,10 +172,7 @@ def _fake(t: torch.Tensor, *, amax: Any = None, name: str = "x", knobs: Any = No
 def _refit_pairs(
     name: str, w: torch.Tensor, config: Any, *, weight_amax: Any = None, input_scale: Any = None
 ) -> RefitPairs:
-    """ModelOpt MXFP8: ``(<m>.weight, E4M3 codes)``, ``(<m>.<scale name>, E8M0 bytes)``.
-
-    Scale byte 0 (an all-zero block, codes 0) becomes ``config.mxfp8_zero_scale_byte``.
-    """
+    """ModelOpt MXFP8 pairs; scale byte 0 becomes ``config.mxfp8_zero_scale_byte``."""
     q = quantize_mxfp8(w, name=name)
     scale = q.scale
     if config.mxfp8_zero_scale_byte:

@@ -13,38 +13,19 @@
 # limitations under the License.
 """NVFP4: E2M1 elements in blocks of 16 along the last dim, E4M3 block scales, one fp32 global scale.
 
-The ModelOpt export rule, i.e. what vLLM's NVFP4 loaders receive as ``weight`` /
-``weight_scale`` / ``weight_scale_2`` (``input_scale`` for activations), for ``x [..., K]``
-with ``K % 16 == 0`` (conventions and sources: ``docs/low_precision.md``):
+ModelOpt's export rule (vLLM's ``weight`` / ``weight_scale`` / ``weight_scale_2``;
+``input_scale`` for activations), for ``x [..., K]``, ``K % 16 == 0``:
 
-1. Global (decode) scale ``s_g = amax / (6 * 448)`` in fp32, ``amax = max |x|`` unless a
-   calibrated ``amax`` is given. ``s_g = 0`` (``amax = 0``, or an amax so small that the
-   division underflows) is replaced by 1 (Transformer Engine's rule; ModelOpt's export
-   refuses such an amax): an all-zero tensor gets ``s_g = 1``, block scales 1, codes 0.
-2. Per block of 16 consecutive elements: ``r = amax_b / (6 * s_g)`` (one fp32 product,
-   then one fp32 division).
-3. ``r = 0`` (an all-zero block) becomes 1.0; ``r`` is clamped to ``[2^-9, 448]`` (the E4M3
-   range, ModelOpt >= 0.45); block scale ``s_b = e4m3(r)``, round to nearest even.
-4. ``d = fp32(s_b) * s_g`` (one fp32 product) and ``y = x / d`` (one fp32 division). A
-   ``d`` that underflows to 0 gives ``y = 0``: codes ±0, which decode to 0.
-5. ``code = rne_e2m1(|y|)`` saturating at 6 (``grids.e2m1_encode_``), sign bit ``x < 0``
-   (so -0.0 encodes as +0); two codes per byte, the even element in the low nibble.
+1. ``s_g = amax / (6 * 448)`` (amax = max |x| or a calibrated value); 0 becomes 1 (TE).
+2. Per block: ``r = amax_b / (6 * s_g)`` (one product, one division, fp32).
+3. ``r = 0`` becomes 1; clamp ``r`` to ``[2^-9, 448]``; ``s_b = e4m3(r)``.
+4. ``d = fp32(s_b) * s_g``, ``y = x / d`` (``d`` underflowing to 0 gives codes 0).
+5. ``code = rne_e2m1(|y|)`` saturating at 6, sign bit ``x < 0``; two codes per byte.
 
-Dequantization: ``x_hat = E2M1(code) * d`` with the same one-rounding product ``d``.
-
-Variant ``rows_per_block=16``: Transformer Engine's 2-D 16x16 weight tiles
-(``NVFP4BlockScaling``, ``disable_2d_quantization=False``). One amax per 16x16 tile of the
-last two dims (a partial last tile covers the remaining rows); its block scale is stored
-on each of the tile's 16 rows, so the result is still valid 1x16 NVFP4 and dequantizes
-unchanged. The arithmetic stays ModelOpt's (steps 1-5); TE's kernels encode with an
-approximate reciprocal and may differ by one E4M3 step near ties.
-
-:func:`quantize_nvfp4_reference` is the short, obvious statement of steps 1-5;
-:func:`quantize_nvfp4` and :func:`fake_quantize_nvfp4` are the fast paths (in-place
-passes over ~1 MiB bands of rows, the class-table E2M1 encoder of :mod:`~nemo_ais.formats.grids`),
-bit-equal to it (tested, and against a float64 oracle). On CPU :func:`quantize_nvfp4` runs
-as two fused C++ passes (:mod:`nemo_ais.formats.cpu_kernel`: block amax, then scales, codes and
-packing; bit-equal: tested).
+Dequantization: ``E2M1(code) * d``. ``rows_per_block=16``: TE's 16x16 weight tiles (one
+amax per tile, stored on each of its rows: still valid 1x16 NVFP4).
+:func:`quantize_nvfp4_reference` is the reference; :func:`quantize_nvfp4` and
+:func:`fake_quantize_nvfp4` the banded fast paths (two C++ passes on CPU), bit-equal.
 """
 
 from __future__ import annotations
@@ -96,12 +77,9 @@ class NVFP4Tensor:
     """A quantized ``[..., K]`` tensor (vLLM's names in brackets).
 
     Attributes:
-        data: uint8 ``[..., K/2]``, two E2M1 codes per byte, even element in the low
-            nibble (``weight``).
-        block_scale: float8_e4m3fn ``[..., K/16]``, per-block decode scale
-            (``weight_scale``).
-        global_scale: fp32 0-dim, ``amax / (6 * 448)`` (``weight_scale_2`` for weights,
-            ``input_scale`` for activations).
+        data: uint8 ``[..., K/2]``, two E2M1 codes a byte, even element low (``weight``).
+        block_scale: float8_e4m3fn ``[..., K/16]`` (``weight_scale``).
+        global_scale: fp32 0-dim ``amax / (6 * 448)`` (``weight_scale_2`` / ``input_scale``).
     """
 
     data: torch.Tensor
@@ -200,10 +178,8 @@ def _block_amax_(x2: torch.Tensor, r0: int, r1: int, s: torch.Tensor) -> torch.T
 def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
     """The fast path: per band of rows, in-place passes over one cache-sized fp32 copy.
 
-    With ``amax=None`` a first pass takes every block's amax (their max is the tensor
-    amax); the second quantizes. Per band: ``y = (x + 0.0) / d`` (-0.0 -> +0), then the
-    class-table encoder of :mod:`~nemo_ais.formats.grids` (codes with sign and saturation)
-    and the int16 pair packing, or for ``fake`` the table's signed values times ``d``.
+    ``amax=None``: a first pass takes the block amaxes. Then ``y = (x + 0.0) / d`` and the
+    class-table encoder and pair packing (``fake``: the table's signed values times ``d``).
     """
     _check_args(x, rows_per_block, name)
     k = x.shape[-1]
@@ -278,22 +254,17 @@ def quantize_nvfp4(
     """NVFP4 quantization of ``x [..., K]`` (ModelOpt export rule, module doc).
 
     Args:
-        x: fp32, bf16, fp16 or fp64 (computed in fp32), ``K % 16 == 0``.
-        amax: the tensor amax behind the global scale: None = ``max |x|`` (a weight);
-            a calibrated static value for activations (vLLM's ``input_scale * 2688``).
-            Values above it saturate (block scale 448, codes ±6).
-        rows_per_block: 1 (1x16 blocks) or 16 (TE's 16x16 weight tiles, module doc).
+        x: any float dtype (computed in fp32), ``K % 16 == 0``.
+        amax: None = ``max |x|`` (a weight), or a calibrated static value (activations).
+        rows_per_block: 1 (1x16 blocks) or 16 (TE's 16x16 weight tiles).
         name: tensor name used in error messages.
 
     Returns:
-        :class:`NVFP4Tensor` (``data`` uint8 ``[..., K/2]``, ``block_scale`` float8_e4m3fn
-        ``[..., K/16]``, ``global_scale`` fp32 0-dim). Empty ``x`` gives empty ``data``
-        and ``block_scale`` of those shapes (``global_scale`` 1 unless ``amax`` is given).
+        :class:`NVFP4Tensor`; empty in, empty out (``global_scale`` 1 unless ``amax``).
 
     Raises:
-        ValueError: ``K % 16 != 0`` (naming ``name`` and 16), a non-floating ``x``,
-            non-finite values (count and first index), an ``amax`` that is not one
-            finite value >= 0, or a bad ``rows_per_block``.
+        ValueError: ``K % 16 != 0``, a non-floating ``x``, non-finite values, a bad ``amax``
+            or ``rows_per_block``.
     """
     with torch.no_grad():
         fused = _quantize_fused(x, amax, rows_per_block, name)
@@ -304,12 +275,9 @@ def quantize_nvfp4(
 
 
 def _quantize_fused(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor | None:
-    """:func:`quantize_nvfp4` by the fused CPU kernel (:mod:`nemo_ais.formats.cpu_kernel`).
+    """:func:`quantize_nvfp4` by the fused CPU kernel (block amax pass, then scales and codes).
 
-    Pass 1 (C++): block amax; here: their tensor max (or the given ``amax``), the global
-    scale and the 16x16 tile max, as :func:`_quantize_bands`; pass 2 (C++): block scales,
-    codes, packing. None where the kernel does not apply (not contiguous fp32 / bf16 / fp16
-    CPU input, empty, no kernel) or a block holds NaN / inf (the PyTorch path raises).
+    None where the kernel does not apply or a block holds NaN / inf.
     """
     ext = kernel_for(x)
     if ext is None:
@@ -344,12 +312,7 @@ def fake_quantize_nvfp4(
 
 
 def dequantize_nvfp4(q: NVFP4Tensor, *, name: str = "q") -> torch.Tensor:
-    """``x_hat = E2M1(code) * (fp32(block_scale) * global_scale)`` per block: fp32 ``[..., K]``.
-
-    Raises:
-        ValueError: ``data`` not uint8, ``block_scale`` not float8_e4m3fn of shape
-            ``[..., K/16]``, or ``global_scale`` not a finite fp32 scalar.
-    """
+    """``E2M1(code) * (fp32(block_scale) * global_scale)`` per block: fp32 ``[..., K]`` (ValueError: bad tensors)."""
     data, block_scale, s_g = q.data, q.block_scale, q.global_scale
     k = 2 * data.shape[-1] if data.dim() else 0
     expected = (*data.shape[:-1], k // NVFP4_BLOCK)
@@ -392,11 +355,7 @@ def _fake_activation(
 def _refit_pairs(
     name: str, w: torch.Tensor, config: Any, *, weight_amax: Any = None, input_scale: Any = None
 ) -> RefitPairs:
-    """ModelOpt NVFP4: ``<m>.weight`` (packed E2M1), ``.weight_scale``, ``.weight_scale_2``.
-
-    ``weight_amax``: the fused group's amax (one global scale per vLLM layer); W4A4 adds
-    ``<m>.input_scale`` (``input_scale``, the group's calibrated value).
-    """
+    """ModelOpt NVFP4 pairs (+ W4A4 ``input_scale``); ``weight_amax``: the fused group's amax."""
     q = quantize_nvfp4(w, weight_amax, rows_per_block=config.nvfp4_rows_per_block, name=name)
     module = name.removesuffix(".weight")
     pairs = [

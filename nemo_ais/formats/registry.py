@@ -23,11 +23,7 @@ REFIT_FORMATS = tuple(name for name, f in FORMATS.items() if f.refit_pairs is no
 
 
 def get_format(name: str) -> Format:
-    """The record of format ``name``.
-
-    Raises:
-        ValueError: an unknown name, listing the known ones.
-    """
+    """The record of format ``name`` (ValueError: unknown, listing the known ones)."""
     if name not in FORMATS:
         raise ValueError(f"format={name!r} is invalid: expected one of {sorted(FORMATS)}")
     return FORMATS[name]

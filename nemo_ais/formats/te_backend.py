@@ -11,23 +11,13 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Transformer Engine backend for :func:`nemo_ais.formats.fp8_block.quantize_blockwise` (CUDA only).
+"""Transformer Engine backend of :func:`~nemo_ais.formats.fp8_block.quantize_blockwise` (CUDA only).
 
-Wraps TE 2.x's ``Float8BlockQuantizer`` (``transformer_engine.pytorch.tensor.
-float8_blockwise_tensor``) with 2-D 128x128 block scaling and returns our convention:
-``(q float8_e4m3fn [N, K], s fp32 [ceil(N/128), ceil(K/128)])``, ``s`` the dequant
-multiplier (TE's row-wise ``scale_inv``, whose inner dim TE pads to a multiple of 4 for
-its GEMM; we crop it).
-
-TE's formula is family ``"c"``: ``m = 448 / max(amax, eps)`` (``amax == 0`` gives
-``m = 1``, an infinite ``m`` becomes the largest fp32), ``q = x * m``, ``s = 1 / m``;
-``force_pow_2_scales`` rounds ``m`` down to a power of two (our ``ue8m0`` for family
-``"c"``). Other families or tiles are not available from TE: ``backend="te"`` raises,
-``backend="auto"`` falls back to the torch reference. ``tests/gpu/test_te_backend.py``
-compares the two bit for bit.
-
-Transformer Engine is imported lazily, only here; install it with ``pip install
-'nemo-ais[te]'``.
+Wraps TE 2.x's ``Float8BlockQuantizer`` (128x128 blocks) and returns our convention (TE's
+row-wise ``scale_inv``, cropped). TE's formula is family ``"c"`` (``force_pow_2_scales``
+is our ``ue8m0``); other families or tiles: ``backend="te"`` raises, ``"auto"`` uses
+torch. ``tests/gpu/test_te_backend.py`` compares them bit for bit. TE is imported lazily,
+only here (``pip install 'nemo-ais[te]'``).
 """
 
 from __future__ import annotations
@@ -78,13 +68,10 @@ def use_te(
     family: str = _TE_FAMILY,
     block: tuple[int, int] = _TE_BLOCK,
 ) -> bool:
-    """Resolve ``backend`` ("torch" | "te" | "auto") for ``x``: True means use TE.
-
-    ``"auto"`` picks TE only when it is importable, ``x`` is on CUDA and the request is
-    one TE implements (family ``"c"``, 128x128 tiles); otherwise the torch reference.
+    """Resolve ``backend`` for ``x``: True means TE (``auto``: importable, CUDA, family "c", 128x128).
 
     Raises:
-        ValueError: unknown backend, or ``"te"`` with a CPU tensor / another family or block.
+        ValueError: unknown backend, or ``"te"`` with a CPU tensor or another family / block.
         ImportError: ``"te"`` without Transformer Engine (names the ``nemo-ais[te]`` extra).
     """
     if backend == "torch":
@@ -131,22 +118,10 @@ def quantize_blockwise_te(
     *,
     name: str = "x",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TE's 128x128 blockwise E4M3 quantization with our return convention.
+    """TE's 128x128 blockwise E4M3 quantization, ``(q, s)`` as :func:`quantize_blockwise`.
 
-    Args:
-        x: CUDA ``[N, K]`` or ``[E, N, K]`` floating tensor (experts are quantized one by
-            one so that tiles never straddle two experts).
-        block, family: must be ``(128, 128)`` and ``"c"`` (TE's formula).
-        eps: TE's ``amax_epsilon``.
-        ue8m0: TE's ``force_pow_2_scales``.
-        name: tensor name used in error messages.
-
-    Returns:
-        ``(q, s)`` exactly as :func:`nemo_ais.formats.fp8_block.quantize_blockwise`.
-
-    Raises:
-        ValueError: non-finite input (checked here: TE would map an infinite amax to
-            scale 1 and sync it silently), or an unsupported family/block.
+    Experts of ``[E, N, K]`` are quantized one by one. ValueError: non-finite input (checked
+    here: TE would sync an infinite amax silently) or an unsupported family / block.
     """
     use_te(x, "te", name=name, family=family, block=block)
     check_finite(x, name, amax=x.abs().amax())
