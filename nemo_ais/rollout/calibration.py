@@ -13,14 +13,11 @@
 # limitations under the License.
 """The twin's calibration forwards: W4A4 static input amax and the KV-cache scales.
 
-Both observe one forward of a left-padded calibration batch (``logits_to_keep=1``), of
-the twin itself (engine-side) or of a trainer model with the same module names:
-
-* input amax (``nvfp4_w4a4``): ``max |x|`` of each quantized linear's input over the
-  valid tokens, with activation quantization off (ModelOpt's ``max`` calibration); the
-  experts of one MoE projection share the max over the experts [reconstruction];
-* KV scales: :class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator` on the ``k_proj`` /
-  ``v_proj`` outputs under the config's reduction, margin and floor.
+One forward of a left-padded batch (``logits_to_keep=1``), of the twin or a trainer model
+with the same module names. Input amax (``nvfp4_w4a4``): ``max |x|`` of each quantized
+linear's input over valid tokens, activation quantization off (ModelOpt's ``max``); a MoE
+projection's experts share the max [reconstruction]. KV scales:
+:class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator` on the ``k_proj`` / ``v_proj`` outputs.
 """
 
 from __future__ import annotations
@@ -73,13 +70,10 @@ def observe_input_amax(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    """``{name: max |x|}`` of the inputs of ``observed``'s modules named as ``modules``.
+    """``{name: max |x|}`` of the inputs of ``observed``'s modules named as ``modules`` (one forward).
 
-    One forward of ``observed`` with the twin's ``modules`` calibrating (activation
-    quantization off; ``modules`` may also be plain linears, e.g. ``observed``'s own, for
-    the BF16 calibration of :mod:`nemo_ais.tools.input_amax_file`). Inputs ``[B, S, K]``
-    count only where ``attention_mask`` is 1; routed MoE expert inputs all count. A module
-    that saw no row is absent.
+    Rows count where ``attention_mask`` is 1 (routed expert inputs all count); a module that
+    saw no row is absent. ``modules`` may be plain linears (BF16 calibration).
     """
     mask = attention_mask.to(torch.bool)
     seen: dict[str, torch.Tensor] = {}
@@ -111,11 +105,7 @@ def observe_input_amax(
 def shared_input_amax(
     names: Iterable[str], seen: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """``{name: amax}`` for ``names``: experts share their projection's max; checked.
-
-    Raises:
-        ValueError: a module with no observed input, or a non-finite amax.
-    """
+    """``{name: amax}`` for ``names`` (experts share their projection's max); ValueError if unobserved or non-finite."""
     expert_max: dict[str, torch.Tensor] = {}
     for name, amax in seen.items():
         key = re.sub(r"\.\d+$", "", name)  # "...experts.gate_up_proj.3" -> per projection
@@ -139,11 +129,7 @@ def shared_input_amax(
 def store_input_amax(
     modules: dict[str, QuantLinear], seen: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """:func:`shared_input_amax` of ``modules``, stored on them (``input_amax``) and returned.
-
-    Raises:
-        ValueError: a module with no observed input, or a non-finite amax.
-    """
+    """:func:`shared_input_amax` of ``modules``, stored on them (``input_amax``) and returned."""
     out = shared_input_amax(modules, seen)
     for name, module in modules.items():
         module.input_amax = out[name]

@@ -13,10 +13,6 @@
 # limitations under the License.
 """What the simulated rollout engine runs in: format, KV cache, BF16 exclusions.
 
-:class:`RolloutPrecisionConfig` is the twin's config. One ``format`` for the decoder
-layers' linear layers, one ``kv_cache`` format, the exclusions that keep modules in high
-precision, and each format's knobs (docs/low_precision.md, "Twin"):
-
 =================  ==========================================================  ==========
 ``format``         linear layers (weights / activations)                        vLLM path
 =================  ==========================================================  ==========
@@ -27,16 +23,11 @@ precision, and each format's knobs (docs/low_precision.md, "Twin"):
 ``nvfp4_w4a4``     NVFP4 weights and activations, static calibrated input amax  ModelOpt NVFP4
 =================  ==========================================================  ==========
 
-``kv_cache``: ``bf16``; ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after
-every refit by ``kv_calibration_reduction``: NeMo-RL's rule by default, see
-:mod:`nemo_ais.refit.kv_scales`); ``nvfp4`` (E2M1 in blocks of 16 along the head dim with E4M3 block scales,
-the global amax per layer and K/V calibrated the same way).
-
-:class:`Fp8RolloutConfig` is the earlier FP8-only config, kept working: a subclass that
-also accepts its two former keys ``enabled`` and ``kv_cache_fp8`` and translates them
-(``enabled: false`` = ``format: bf16, kv_cache: bf16`` with ``compute_dtype`` dropped, as
-before; ``kv_cache_fp8: true`` = ``kv_cache: fp8``). Every other key is shared, and every
-consumer of the twin takes either class (``isinstance`` of the base).
+``kv_cache``: ``bf16``, ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after
+every refit, :mod:`nemo_ais.refit.kv_scales`) or ``nvfp4`` (E2M1 blocks of 16 along the
+head dim, global amax calibrated the same way). :class:`Fp8RolloutConfig` is the earlier
+FP8-only config: it also reads ``enabled`` (false = ``format: bf16, kv_cache: bf16``) and
+``kv_cache_fp8`` (true = ``kv_cache: fp8``).
 """
 
 from __future__ import annotations
@@ -142,11 +133,7 @@ class RolloutPrecisionConfig(KeepInBf16Fields):
 
 
 class Fp8RolloutConfig(RolloutPrecisionConfig):
-    """The earlier FP8 twin config: :class:`RolloutPrecisionConfig` plus its two former keys.
-
-    ``enabled`` (bool, default True) and ``kv_cache_fp8`` (bool, default False) are read
-    and translated (module doc); they cannot be mixed with ``format`` / ``kv_cache``.
-    """
+    """The earlier FP8 twin config: :class:`RolloutPrecisionConfig` plus ``enabled`` / ``kv_cache_fp8``."""
 
     @model_validator(mode="before")
     @classmethod

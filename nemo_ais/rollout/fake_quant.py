@@ -13,10 +13,8 @@
 # limitations under the License.
 """Per-format fake quantization of a linear layer: the registry the twin and a trainer share.
 
-``LINEAR_FAKE_QUANT[format]`` (default knobs) or :func:`linear_fake_quant` (a config's
-knobs) gives a :class:`LinearFakeQuant`: the two functions the twin's linear layers apply
-(:class:`~nemo_ais.rollout.linear.QuantLinear`, and for ``fp8`` the identical
-:class:`~nemo_ais.rollout.linear.Fp8Linear`):
+``LINEAR_FAKE_QUANT[format]`` (default knobs) or :func:`linear_fake_quant` (a config's)
+gives a :class:`LinearFakeQuant`, the two functions the twin's linear layers apply:
 
 =================  ===============================================  ================================
 format             ``weight(w, amax=None)``                         ``activation(x, amax=None)``
@@ -25,17 +23,12 @@ format             ``weight(w, amax=None)``                         ``activation
 ``fp8``            128x128 blockwise E4M3 round trip (fp32)         1x128 per-token E4M3 round trip
 ``mxfp8``          MXFP8 round trip along ``in``                    MXFP8 round trip along hidden
 ``nvfp4_w4a16``    NVFP4 round trip, global amax ``amax``           ``x`` unchanged
-``nvfp4_w4a4``     NVFP4 round trip, global amax ``amax``           NVFP4 round trip with the static
-                                                                    calibrated input ``amax``
+``nvfp4_w4a4``     NVFP4 round trip, global amax ``amax``           NVFP4 round trip, static ``amax``
 =================  ===============================================  ================================
 
-A trainer that trains against the rollout format (QARL's "rollout-aligned" forward)
-computes ``F.linear(activation(x, amax=input_amax), weight(W, amax=weight_amax))`` with
-:func:`straight_through` around each call (forward exactly the fake quantization,
-backward the identity), and gets the twin's numbers bit for bit when it also forms the
-product in fp32 (tested). For NVFP4, ``weight_amax`` is the max over the fused shards
-vLLM loads as one layer (q/k/v_proj, gate/up_proj: :func:`shared_weight_amax`), and
-``input_amax`` the twin's calibrated value (:attr:`RolloutTwin.input_amax`).
+A rollout-aligned trainer (QARL) computes ``F.linear(activation(x), weight(W))`` with
+:func:`straight_through` around each call and gets the twin's numbers bit for bit in fp32
+(tested); NVFP4's ``weight_amax`` is shared by vLLM's fused shards (:func:`shared_weight_amax`).
 """
 
 from __future__ import annotations
@@ -65,13 +58,12 @@ class LinearFakeQuant(NamedTuple):
     """One rollout format's fake quantization of a linear layer (module doc).
 
     Attributes:
-        format: the format's name (a key of :data:`LINEAR_FAKE_QUANT`).
+        format: the format's name.
         weight: ``(w [N, K], *, amax=None, name=...) -> fp32 [N, K]``.
-        activation: ``(x [..., K], *, amax=None, name=...) -> [..., K]`` (fp32, or ``x``
-            itself where activations stay in high precision).
+        activation: ``(x [..., K], *, amax=None, name=...) -> [..., K]``.
         static_input_amax: the activation needs a calibrated ``amax`` (NVFP4 W4A4).
         shared_weight_amax: fused shards share one weight amax (NVFP4's global scale).
-        k_multiple: the in-dim ``K`` must be a multiple of this (1: any, FP8 pads).
+        k_multiple: the in-dim must be a multiple of this (1: any).
     """
 
     format: str
@@ -120,12 +112,7 @@ LINEAR_FAKE_QUANT: Mapping[str, LinearFakeQuant] = {
 
 
 def shared_weight_amax(named_weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``{name: amax}``: per weight, the max of ``|W|`` over its fused group's members given.
-
-    NVFP4's global scale must be equal across the shards vLLM fuses (it takes the max of
-    ``weight_scale_2`` over them and does not rescale the block scales), so each shard is
-    quantized with the group's amax. 0-dim fp32 tensors.
-    """
+    """``{name: amax}``: the max of ``|W|`` over each weight's fused group (NVFP4: one global scale a vLLM layer)."""
     own = {
         name: (w.detach().abs().amax() if w.numel() else w.new_zeros(())).to(torch.float32)
         for name, w in named_weights.items()

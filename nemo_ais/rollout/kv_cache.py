@@ -13,24 +13,13 @@
 # limitations under the License.
 """The twin's quantized KV cache: K and V fake-quantized as vLLM writes them into its cache.
 
-``update`` of HF's ``DynamicCache`` receives K after RoPE and V, exactly what vLLM writes
-(``reshape_and_cache``); the returned (cached + new) states are the dequantized values,
-so the current step's attention reads them too, in prefill and in decode. Queries and
-the attention math stay in the compute dtype. Per layer ``l``:
-
-* ``fp8``: ``x_hat = e4m3(clamp(x / s_l, ±448)) * s_l`` with one calibrated scale
-  ``s_l = max(amax_l, floor) * margin / 448`` for K and one for V
-  (:class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator`; vLLM's fp8 KV cache).
-* ``nvfp4``: ``x_hat = fake_quantize_nvfp4(x, amax_l)``: E2M1 in blocks of 16 along the
-  head dim, E4M3 block scales formed per token, and the global scale from a calibrated
-  static ``amax_l = s_l * 448`` (the same calibration; ModelOpt's ``kv_cache_nvfp4``
-  recipe calibrates it with ``max``: set ``kv_calibration_margin=1`` with the default
-  rule for that).
-
-An optional :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` counts every written K/V
-element with ``|x| / s_l > 448`` (clipped by the E4M3 cast; for NVFP4, above the static
-global amax), padding and prompt positions included. [reconstruction] vLLM has no native NVFP4 KV
-  cache; NeMo-RL simulates one by ModelOpt fake quantization of K/V, which is this.
+HF's ``DynamicCache.update`` receives K after RoPE and V, what vLLM's
+``reshape_and_cache`` writes; attention reads the dequantized states. Per layer ``l``:
+``fp8``: ``e4m3(clamp(x / s_l, ±448)) * s_l`` (calibrated K and V scales); ``nvfp4``:
+``fake_quantize_nvfp4(x, amax_l)`` with the static ``amax_l = s_l * 448``. An optional
+:class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` counts the clipped elements.
+[reconstruction] vLLM has no native NVFP4 KV cache; NeMo-RL simulates one by ModelOpt
+fake quantization of K/V, which is this.
 """
 
 from __future__ import annotations
@@ -54,13 +43,10 @@ def fake_quant_kv_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class QuantizedKVCache(DynamicCache):
-    """HF ``DynamicCache`` whose writes are fake-quantized with per-layer K and V scales (module doc).
+    """HF ``DynamicCache`` whose writes are fake-quantized per layer (``kind`` ``fp8`` or ``nvfp4``).
 
-    Attributes:
-        kind: ``"fp8"`` or ``"nvfp4"``.
-        k_scale, v_scale: fp32 ``[layers]`` dequant scales ``s_l`` of the calibration.
-        k_amax, v_amax: fp32 ``[layers]`` static amax ``s_l * 448`` (the NVFP4 global amax).
-        saturation: the counter the writes are counted in, or None.
+    ``k_scale`` / ``v_scale``: fp32 ``[layers]`` dequant scales; ``k_amax`` / ``v_amax``:
+    ``scale * 448``; ``saturation``: the counter, or None.
     """
 
     def __init__(

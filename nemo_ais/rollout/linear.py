@@ -13,28 +13,13 @@
 # limitations under the License.
 """A linear layer (and fused MoE experts) running one rollout format's fake quantization.
 
-What :class:`QuantLinear` computes for ``x [..., K]`` and ``W [N, K]``, with the format's
-two functions (:class:`~nemo_ais.rollout.fake_quant.LinearFakeQuant`):
-
-1. At weight-sync time (:meth:`QuantLinear.load_weight`): ``W_dq = weight_fq(W, amax)``,
-   cached in fp32 (``amax``: the weight's global amax, shared by fused shards in NVFP4).
-2. At every forward: ``x_dq = activation_fq(x, input_amax)`` (identity for W4A16; a
-   static calibrated ``input_amax`` for NVFP4 W4A4; dynamic per block otherwise).
-3. ``y = x_dq @ W_dq^T`` in fp32 (the low-precision GEMM's fp32 accumulation of exactly
-   representable products), ``+ bias`` (kept in high precision), cast to ``x.dtype``.
-
-These are the same functions a QARL-style trainer uses for its fake-quantized forward
-(``nemo_ais.rollout.fake_quant``), so twin and trainer agree bit for bit (tested).
-
-:class:`QuantExperts` replaces the fused MoE experts of transformers 5
-(``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``, as vLLM's ``w13`` / ``w2``) by
-one linear per expert and projection, built by a factory (FP8: ``Fp8Experts``).
-
-:class:`Fp8Linear` is :class:`QuantLinear` of format ``fp8`` that also keeps the codes and
-scales a vLLM block-FP8 engine holds (``weight`` float8_e4m3fn, ``weight_scale_inv`` fp32),
-so the twin can load them as a refit stream sends them. Since every operand of step 3 is
-exactly representable, the only difference from a real FP8 GEMM is the summation order
-of the fp32 accumulation.
+:class:`QuantLinear` for ``x [..., K]``, ``W [N, K]``: at refit ``W_dq = weight_fq(W,
+amax)`` (cached fp32); at every forward ``x_dq = activation_fq(x, input_amax)``, then
+``y = x_dq @ W_dq^T`` in fp32 ``+ bias``, cast to ``x.dtype``. :class:`QuantExperts`
+replaces transformers-5 fused MoE experts by one linear per expert and projection.
+:class:`Fp8Linear` also keeps vLLM's block-FP8 codes and scales, so the twin loads a refit
+stream as sent; every operand being exact, only the fp32 summation order differs from a
+real FP8 GEMM.
 """
 
 from __future__ import annotations
@@ -65,12 +50,10 @@ class QuantLinear(nn.Module):
     """Drop-in ``nn.Linear`` running a format's fake quantization (module doc).
 
     Attributes:
-        weight_dequant: fp32 ``[N, K]`` buffer, the fake-quantized weight.
-        weight_amax: the amax behind the weight's global scale (None: the format has none
-            or it is the weight's own max).
-        input_amax: 0-dim fp32 static input amax (formats with ``static_input_amax``);
-            None until calibrated, and after every :meth:`load_weight` of the twin's refit.
-        calibrating: while True, the input is not quantized (the calibration forward).
+        weight_dequant: fp32 ``[N, K]``, the fake-quantized weight.
+        weight_amax: the amax behind the weight's global scale (None: its own).
+        input_amax: 0-dim fp32 static input amax (None until calibrated, and after a refit).
+        calibrating: while True, the input is not quantized.
     """
 
     def __init__(
@@ -97,11 +80,7 @@ class QuantLinear(nn.Module):
 
     @torch.no_grad()
     def load_weight(self, weight: torch.Tensor, amax: torch.Tensor | None = None) -> None:
-        """Re-quantize from a high-precision ``[out, in]`` weight (the refit of one tensor).
-
-        Raises:
-            ValueError: wrong shape, or non-finite values (count and first index).
-        """
+        """Re-quantize from a high-precision ``[out, in]`` weight (ValueError: shape, non-finite values)."""
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
             raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
@@ -141,15 +120,9 @@ class QuantLinear(nn.Module):
 class QuantExperts(nn.Module):
     """Fake-quantized replacement of a transformers-5 fused MoE experts module.
 
-    Supports the standard layout (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3 experts):
-    ``gate_up_proj [E, 2I, H]`` concatenated ``[gate; up]``, ``down_proj [E, H, I]``,
-    no bias, ``act_fn``, and ``forward(hidden_states [T, H], top_k_index [T, k],
-    top_k_weights [T, k])``. Per expert ``e`` and routed token ``t``:
-    ``y_t += w_tk * down_e(act(gate_e(x_t)) * up_e(x_t))``, every projection a module from
-    ``make_linear(weight [N, K], name)``. The router is not part of this module.
-
-    Raises:
-        NotImplementedError: another layout (transposed, biased, interleaved, ...).
+    The standard layout only (``gate_up_proj [E, 2I, H]`` as ``[gate; up]``, ``down_proj
+    [E, H, I]``, no bias): ``y_t += w_tk * down_e(act(gate_e(x_t)) * up_e(x_t))``, each
+    projection ``make_linear(weight, name)``; else ``NotImplementedError``.
     """
 
     def __init__(
@@ -229,14 +202,7 @@ class QuantExperts(nn.Module):
 
 
 class Fp8Linear(QuantLinear):
-    """:class:`~nemo_ais.rollout.linear.QuantLinear` of format ``fp8`` that keeps vLLM's tensors.
-
-    Buffers: ``weight`` ``[N, K]`` float8_e4m3fn and ``weight_scale_inv`` fp32
-    ``[ceil(N/bn), ceil(K/bk)]`` (what the refit stream sends, so the twin can also load
-    them as they are: :meth:`load_quantized`), and the non-persistent fp32
-    ``weight_dequant`` cache the forward multiplies by. ``bias`` (if any) is a frozen
-    parameter in the layer's original dtype.
-    """
+    """:class:`QuantLinear` of format ``fp8`` that keeps vLLM's ``weight`` / ``weight_scale_inv``."""
 
     def __init__(
         self,
@@ -272,12 +238,7 @@ class Fp8Linear(QuantLinear):
 
     @torch.no_grad()
     def load_weight(self, weight: torch.Tensor, amax: torch.Tensor | None = None) -> None:
-        """Re-quantize from a high-precision ``[out, in]`` weight (the refit of one tensor).
-
-        Raises:
-            ValueError: wrong shape, or non-finite values (count and first index, from
-                :func:`~nemo_ais.formats.fp8_block.quantize_blockwise`).
-        """
+        """Re-quantize from a high-precision ``[out, in]`` weight (ValueError: shape, non-finite values)."""
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
             raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
@@ -289,12 +250,7 @@ class Fp8Linear(QuantLinear):
 
     @torch.no_grad()
     def load_quantized(self, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> None:
-        """Load already-quantized codes and scales (a vLLM-format refit stream) as is.
-
-        Raises:
-            ValueError: codes not ``float8_e4m3fn [out, in]``, or scales not fp32 with one
-                finite, positive entry per block.
-        """
+        """Load vLLM-format codes and scales as is (ValueError: wrong dtype/shape, bad scales)."""
         expected = (self.out_features, self.in_features)
         if weight.dtype != torch.float8_e4m3fn or tuple(weight.shape) != expected:
             raise ValueError(
@@ -325,12 +281,7 @@ class Fp8Linear(QuantLinear):
 
 
 class Fp8Experts(QuantExperts):
-    """W8A8 replacement of a transformers-5 fused MoE experts module (module doc).
-
-    :class:`~nemo_ais.rollout.linear.QuantExperts` with one :class:`Fp8Linear` per
-    expert and projection (so the down input is re-quantized per token, as in vLLM's FP8
-    fused MoE); ``quant_kwargs`` are :class:`Fp8Linear`'s.
-    """
+    """:class:`QuantExperts` with one :class:`Fp8Linear` per expert and projection (vLLM's FP8 fused MoE)."""
 
     def __init__(self, experts: nn.Module, *, name: str = "experts", **quant_kwargs) -> None:
         super().__init__(experts, lambda w, n: Fp8Linear(w, name=n, **quant_kwargs), name=name)

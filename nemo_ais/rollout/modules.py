@@ -13,12 +13,8 @@
 # limitations under the License.
 """The twin's build step: which modules a rollout format quantizes, and what replaces them.
 
-Every ``nn.Linear`` inside a decoder layer (q/k/v/o_proj, gate/up/down_proj, per-expert
-linears) and every transformers-5 fused MoE experts module is quantized, except MoE
-routers and the config's exclusions (first/last ``num_*_layers_in_bf16`` layers,
-``attention_in_bf16``, ``keep_patterns``). A quantized module becomes
-:class:`~nemo_ais.rollout.linear.Fp8Linear` / ``Fp8Experts`` (format ``fp8``) or
-:class:`~nemo_ais.rollout.linear.QuantLinear` / ``QuantExperts`` (the block formats).
+Every ``nn.Linear`` in a decoder layer and every fused MoE experts module, except MoE
+routers and the config's BF16 exclusions.
 """
 
 from __future__ import annotations
@@ -73,11 +69,10 @@ def _in_features(module: nn.Module) -> list[int]:
 
 
 def quantized_module_names(model: nn.Module, config: RolloutPrecisionConfig) -> list[str]:
-    """Names of the modules the format quantizes (module doc), in model order.
+    """Names of the modules the format quantizes, in model order.
 
     Raises:
-        ValueError: first + last BF16 layers exceed the model's layers, or a quantized
-            module's in-dim is not a multiple of the format's block (naming the module).
+        ValueError: too many BF16 layers, or an in-dim that is not a block multiple.
     """
     if get_format(config.format).quantize is None:
         return []
@@ -116,10 +111,7 @@ def quantized_module(
     fake_quant: LinearFakeQuant,
     weight_amax: torch.Tensor | None = None,
 ) -> nn.Module:
-    """The format's replacement of ``module`` (an ``nn.Linear`` or fused experts) ``name``.
-
-    ``weight_amax``: the NVFP4 weight's global amax, shared by the fused shards (None: its own).
-    """
+    """The format's replacement of ``module`` ``name`` (``weight_amax``: NVFP4's shared amax)."""
     if get_format(config.format).keeps_codes:
         quant = dict(
             weight_block=config.weight_block,
@@ -145,11 +137,7 @@ def quantized_module(
 
 
 def shared_amax_groups(model: nn.Module, names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """``{weight name: the weight names sharing its amax}``, groups of 2 or more.
-
-    Among the ``QuantLinear`` modules ``names`` of ``model``: vLLM's fused q/k/v and
-    gate/up shards of a layer (:func:`~nemo_ais.rollout.fake_quant.fused_shard_group`).
-    """
+    """``{weight name: names sharing its amax}`` over vLLM's fused q/k/v and gate/up shards (2 or more)."""
     groups: dict[str, list[str]] = {}
     for name in names:
         if isinstance(model.get_submodule(name), QuantLinear):

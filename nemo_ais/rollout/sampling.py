@@ -11,16 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Sampling and scoring with any Hugging Face causal LM: the twin's generation loop.
-
-:func:`generate` is one prefill forward, then one single-token forward per step through
-HF's KV cache (the twin passes its quantized cache as ``past_key_values``); the reported
-log-prob of a sampled token is ``log softmax(logits / temperature)`` of the UNFILTERED
-tempered distribution (``logprobs_mode="unfiltered"``): top-k/top-p change what is
-sampled, not the reported log-prob (why: :func:`generate`). :func:`score_responses`
-teacher-forces a response in one forward; :func:`logprob_mismatch` measures two log-prob
-tensors with NeMo-RL's metrics (``token_mult_prob_error``, ``gen_kl_error``).
-"""
+"""Sampling and scoring with any Hugging Face causal LM: the twin's generation loop."""
 
 from __future__ import annotations
 
@@ -47,14 +38,13 @@ LogprobsMode = Literal["unfiltered", "processed"]
 
 
 class GenerationOutput(NamedTuple):
-    """Result of :func:`generate`; ``T = max_new_tokens``.
+    """Result of :func:`generate` (``T = max_new_tokens``).
 
     Attributes:
-        sequences: ``[B, P + T]`` int64, the (left-padded) prompt then the response.
-        response_ids: ``[B, T]`` int64; positions after EOS hold ``pad_token_id``.
-        response_mask: ``[B, T]`` int64 in {0, 1}: 1 up to and including the first EOS.
-        logprobs: ``[B, T]`` float32 log-prob of each sampled token under the engine
-            (the ``generation_logprobs``); 0 where ``response_mask`` is 0.
+        sequences: ``[B, P + T]`` int64, the left-padded prompt then the response.
+        response_ids: ``[B, T]`` int64; ``pad_token_id`` after EOS.
+        response_mask: ``[B, T]`` int64, 1 up to and including the first EOS.
+        logprobs: ``[B, T]`` float32 ``generation_logprobs``; 0 where the mask is 0.
     """
 
     sequences: torch.Tensor
@@ -64,18 +54,10 @@ class GenerationOutput(NamedTuple):
 
 
 class MismatchStats(NamedTuple):
-    """Token-level mismatch between two log-prob tensors (python floats).
+    """Token-level mismatch of two log-prob tensors, ``r = logp_a - logp_b`` (python floats).
 
-    Attributes:
-        mean_abs_delta: masked mean of ``|logp_a - logp_b|``.
-        token_mult_prob_error: masked mean of ``exp(|logp_a - logp_b|)`` (NeMo-RL's metric).
-        exp_mean_abs_delta: ``exp(mean_abs_delta)`` (a lower bound of the above, Jensen).
-        max_abs_delta: masked max of ``|logp_a - logp_b|``.
-        n_tok: number of valid tokens.
-        gen_kl_error: masked mean of ``exp(r) - r - 1`` with ``r = logp_a - logp_b``
-            (Schulman's k3): NeMo-RL's ``gen_kl_error``, KL(P_gen || P_train) estimated on
-            generated tokens, when ``logp_a`` is the trainer's ``prev_logprobs`` and
-            ``logp_b`` the engine's ``generation_logprobs``.
+    ``mean_abs_delta``, ``max_abs_delta``, ``exp_mean_abs_delta``, ``n_tok``, NeMo-RL's
+    ``token_mult_prob_error`` (mean ``exp(|r|)``) and ``gen_kl_error`` (mean ``exp(r) - r - 1``).
     """
 
     mean_abs_delta: float
@@ -86,9 +68,7 @@ class MismatchStats(NamedTuple):
     gen_kl_error: float = 0.0
 
 
-# --------------------------------------------------------------------------------------
-# Log-probs and sampling
-# --------------------------------------------------------------------------------------
+# ---- log-probs and sampling ----------------------------------------------------------
 
 
 def _check_sampling(temperature: float, top_k: int, top_p: float, mode: str) -> None:
@@ -107,11 +87,7 @@ def _check_sampling(temperature: float, top_k: int, top_p: float, mode: str) -> 
 
 
 def _filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k set and outside the top-p nucleus to ``-inf``.
-
-    Top-k keeps every logit >= the k-th largest. Top-p keeps, in descending order, the
-    tokens whose preceding cumulative probability is < ``top_p`` (so always the top one).
-    """
+    """Set logits outside the top-k set and the top-p nucleus to ``-inf`` (the top one always stays)."""
     if 0 < top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, -math.inf)
@@ -148,20 +124,14 @@ def _sample(
     top_p: float,
     generator: torch.Generator | None,
 ) -> torch.Tensor:
-    """Sample one token per row: ``argmax(p / E)``, ``E ~ Exp(1)`` (exact categorical draw).
-
-    ``p`` is the tempered, top-k/top-p filtered distribution; with ``top_k=1`` only the
-    argmax has mass, so the draw is greedy.
-    """
+    """One token per row: ``argmax(p / E)``, ``E ~ Exp(1)`` (an exact categorical draw)."""
     scaled = _filter_top_k_top_p(logits.float() / temperature, top_k, top_p)
     probs = torch.softmax(scaled, dim=-1)
     race = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / race).argmax(dim=-1)
 
 
-# --------------------------------------------------------------------------------------
-# Generation and scoring with any HF causal LM
-# --------------------------------------------------------------------------------------
+# ---- generation and scoring ----------------------------------------------------------
 
 
 def check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
@@ -215,35 +185,22 @@ def generate(
 ) -> GenerationOutput:
     """Sample ``max_new_tokens`` per prompt from a HF causal LM, with log-probs.
 
-    One prefill forward, then one single-token forward per step through HF's KV cache.
-    At step t: ``z = logits / temperature`` (fp32); the token is drawn from ``z``
-    filtered by top-k/top-p (exponential race, :func:`_sample`) with ``generator``;
-    the reported log-prob is ``log_softmax(z)[token]``, the UNFILTERED tempered
-    distribution (``logprobs_mode="unfiltered"``, the architecture contract): it is what
-    a trainer that only divides its logits by the temperature computes as
-    ``prev_logprobs``, so ``prev - generation`` measures engine mismatch alone. Filtering
-    would add ``-log(kept mass)`` to every token, a bias the trainer does not see.
-    ``logprobs_mode="processed"`` reports ``log_softmax(filter(z))[token]`` instead, as
-    vLLM's ``processed_logprobs`` (NeMo-RL v0.7.0 then filters its trainer logits too).
-
-    After a row's first EOS, its tokens are ``pad_token_id``, its mask 0 and its
-    log-probs 0; the loop stops once every row is done (the rest is padding).
+    One prefill, then one single-token forward per step through HF's KV cache. At step t
+    ``z = logits / temperature`` (fp32), the token is drawn from ``z`` filtered by top-k /
+    top-p; the reported log-prob is ``log_softmax(z)[token]`` of the UNFILTERED distribution
+    (what a trainer computes as ``prev_logprobs``; filtering would add a bias it does not
+    see). ``logprobs_mode="processed"`` reports the filtered one (vLLM's
+    ``processed_logprobs``). After a row's first EOS: ``pad_token_id``, mask 0, log-prob 0.
 
     Args:
-        model: a HF causal LM (e.g. ``Qwen2ForCausalLM``); run as is (call ``eval()``).
-        input_ids: ``[B, P]`` int64 prompts, LEFT-padded.
-        attention_mask: ``[B, P]`` {0, 1}, zeros (padding) then ones.
-        max_new_tokens: T >= 1.
-        temperature: > 0. top_k: 0 = off. top_p: 1 = off.
-        generator: ``torch.Generator`` on the model's device; same state -> same tokens.
-        eos_token_id: an id or ids that end a response (None = never).
+        model: a HF causal LM (call ``eval()``).
+        input_ids: ``[B, P]`` int64 prompts, LEFT-padded; attention_mask: ``[B, P]``.
+        max_new_tokens: T >= 1. temperature: > 0. top_k: 0 = off. top_p: 1 = off.
+        generator: same state -> same tokens.
+        eos_token_id: id(s) ending a response (None: never).
         pad_token_id: fills positions after EOS (default: the first EOS id, else 0).
-        logprobs_mode: "unfiltered" (default) or "processed" (see above).
-        past_key_values: an empty cache to use (the twin passes its FP8 KV cache).
-
-    Returns:
-        :class:`GenerationOutput` (``sequences`` [B, P+T], ``response_ids``,
-        ``response_mask``, ``logprobs`` [B, T] float32). Nothing requires grad.
+        logprobs_mode: "unfiltered" or "processed".
+        past_key_values: an empty cache to use (the twin's quantized KV cache).
 
     Raises:
         ValueError: bad shapes, a mask that is not left-padded, bad sampling arguments.
@@ -306,23 +263,9 @@ def score_responses(
     logprobs_mode: LogprobsMode = "unfiltered",
     past_key_values: DynamicCache | None = None,
 ) -> torch.Tensor:
-    """Teacher-forced log-probs of ``response_ids`` after the prompts, in one forward.
+    """Teacher-forced ``[B, T]`` float32 log-probs of ``response_ids`` after the prompts, in one forward.
 
-    ``logp[b, t] = log_softmax(logits[b, P - 1 + t] / temperature)[response_ids[b, t]]``
-    over ``[prompt, response]`` (prompt left-padded; response positions all attended,
-    which cannot change a valid token's log-prob: causal attention never looks ahead).
-
-    Args:
-        model: a HF causal LM.
-        input_ids, attention_mask: ``[B, P]`` left-padded prompts, as for :func:`generate`.
-        response_ids: ``[B, T]`` int64 response tokens (positions past EOS are scored too;
-            multiply by ``response_mask``).
-        temperature, top_k, top_p, logprobs_mode: as for :func:`generate`.
-        past_key_values: an empty cache routed through the forward (the twin's FP8 KV
-            cache); None runs without a cache.
-
-    Returns:
-        ``[B, T]`` float32 log-probs, not requiring grad.
+    Arguments as :func:`generate`; positions past EOS are scored too (multiply by the mask).
     """
     check_prompt(input_ids, attention_mask)
     _check_sampling(temperature, top_k, top_p, logprobs_mode)
@@ -351,14 +294,9 @@ def score_responses(
 def logprob_mismatch(
     logp_a: torch.Tensor, logp_b: torch.Tensor, mask: torch.Tensor
 ) -> MismatchStats:
-    """Mismatch of two ``[B, T]`` log-prob tensors over the valid tokens of ``mask``.
+    """:class:`MismatchStats` of ``logp_a`` (trainer) against ``logp_b`` (engine) over ``mask``, in float64.
 
-    Pass the trainer's log-probs as ``logp_a`` and the engine's as ``logp_b`` (NeMo-RL's
-    ``prev_logprobs`` and ``generation_logprobs``). With ``r = logp_a - logp_b``, in float64:
-    mean and max of ``|r|``, NeMo-RL's ``token_mult_prob_error`` (masked mean of
-    ``exp(|r|)``), ``exp(mean |r|)`` and NeMo-RL's ``gen_kl_error`` (masked mean of
-    ``exp(r) - r - 1``, its ``calculate_kl`` k3 without clamping; tested against it). An
-    empty mask gives zeros and ``token_mult_prob_error = 1`` (no mismatch), ``n_tok = 0``.
+    An empty mask gives zeros, ``token_mult_prob_error = 1`` and ``n_tok = 0``.
     """
     if logp_a.shape != logp_b.shape or mask.shape != logp_a.shape:
         raise ValueError(

@@ -13,46 +13,21 @@
 # limitations under the License.
 """Simulated low-precision rollout engine: the "twin" of a Hugging Face causal LM.
 
-The twin stands in for vLLM running in one rollout format (``fp8``, ``mxfp8``,
-``nvfp4_w4a16``, ``nvfp4_w4a4``, or ``bf16``) with a ``bf16``, ``fp8`` or ``nvfp4`` KV
-cache, on one CPU machine, so the rollout-training mismatch that AIS corrects is real and
-measurable without a GPU. What it simulates (``docs/low_precision.md``, "Twin"):
+The twin stands in for vLLM in one rollout format with a ``bf16``, ``fp8`` or ``nvfp4`` KV
+cache, on CPU, so the mismatch AIS corrects is real without a GPU
+(``docs/low_precision.md``, "Twin"):
 
-1. Build: a deep copy of the trainer's model (cast to ``compute_dtype`` if set). Every
-   ``nn.Linear`` inside a decoder layer (q/k/v/o_proj, gate/up/down_proj, per-expert
-   linears) becomes the format's module (:class:`~nemo_ais.rollout.linear.Fp8Linear` for
-   ``fp8``, :class:`~nemo_ais.rollout.linear.QuantLinear` otherwise), fused
-   transformers-5 MoE experts one module per expert and projection; embeddings,
-   ``lm_head``, norms and MoE routers stay unquantized, and so do the exclusions:
-   the first/last ``num_*_layers_in_bf16`` layers, attention (``attention_in_bf16``) and
-   ``keep_patterns``. A quantized linear's in-dim must suit the format (16 NVFP4, 32 MXFP8).
-2. Refit (:meth:`RolloutTwin.sync_weights`): every step the trainer's weights are
-   re-quantized (FP8 may also take codes + scales from the vLLM-format stream). NVFP4
-   shards that vLLM fuses (q/k/v_proj, gate/up_proj of a layer) share one weight amax,
-   the max over the group (:func:`~nemo_ais.rollout.fake_quant.shared_weight_amax`), as
-   vLLM's loader requires; the rest is copied as is.
-3. Calibration, stale after every refit: the KV-cache scales (``fp8`` / ``nvfp4`` KV:
-   ``amax * margin / 448`` per layer from :class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator`
-   under ``kv_calibration_reduction``: by default NeMo-RL's rule, ``max |K|`` of the
-   calibration forward,
-   or sent with the refit) and, for ``nvfp4_w4a4``, each quantized linear's static input
-   amax: ``max |x|`` of its input over the valid tokens of one forward with activation
-   quantization off (ModelOpt's ``max`` calibration; vLLM's ``input_scale = amax / 2688``).
-   Done on ``sync_weights(..., calibration_input_ids=...)`` or else on the next
-   :meth:`~RolloutTwin.generate` / :meth:`~RolloutTwin.score` batch.
-4. KV cache (:class:`~nemo_ais.rollout.kv_cache.QuantizedKVCache`): K after RoPE and V are
-   fake-quantized as they are written, so attention reads the quantized values.
-5. Generation (:func:`~nemo_ais.rollout.sampling.generate`): a sampling loop with HF's KV
-   cache; the reported log-prob is that of the UNFILTERED tempered distribution.
+1. Build (:mod:`~nemo_ais.rollout.modules`): a deep copy whose decoder linears run the
+   format; embeddings, ``lm_head``, norms, routers and the BF16 exclusions stay.
+2. Refit (:meth:`RolloutTwin.sync_weights`, :mod:`~nemo_ais.rollout.weight_loader`): the
+   trainer's weights re-quantized each step (NVFP4 fused shards share one amax).
+3. Calibration, stale after every refit (:mod:`~nemo_ais.rollout.calibration`): KV-cache
+   scales (or those sent with the refit) and the W4A4 static input amax.
+4. KV cache (:mod:`~nemo_ais.rollout.kv_cache`): K after RoPE and V fake-quantized as written.
+5. Generation (:mod:`~nemo_ais.rollout.sampling`): log-probs of the UNFILTERED distribution.
 
-With nothing to simulate (``format: bf16``, ``kv_cache: bf16``, no ``compute_dtype``;
-``Fp8RolloutConfig(enabled=False)``) the twin is an exact copy of the original model (the
-BF16 arm's rollout engine): same code path, bit-identical log-probs.
-
-Layout: this module holds :class:`RolloutTwin` (its state and public methods); step 1
-lives in :mod:`~nemo_ais.rollout.modules`, step 2 in :mod:`~nemo_ais.rollout.weight_loader`,
-step 3's forwards in :mod:`~nemo_ais.rollout.calibration`, step 4 in
-:mod:`~nemo_ais.rollout.kv_cache` and step 5 in :mod:`~nemo_ais.rollout.sampling`.
+With nothing to simulate (``format: bf16``, ``kv_cache: bf16``) the twin is an exact copy
+of the model (the BF16 arm): bit-identical log-probs.
 """
 
 from __future__ import annotations
@@ -117,19 +92,13 @@ class RolloutTwin:
     """Simulated low-precision rollout engine of a HF causal LM (module doc).
 
     Attributes:
-        model: the twin (a deep copy of the original, eval mode). Do not call
-            ``.to(dtype)`` on it: that would cast the FP8 codes (use ``compute_dtype``).
-        config: the :class:`RolloutPrecisionConfig` (or its subclass
-            :class:`Fp8RolloutConfig`) it was built with.
+        model: the twin (a deep copy, eval mode; never ``.to(dtype)``: use ``compute_dtype``).
+        config: its :class:`RolloutPrecisionConfig`.
         fake_quant: the format's :class:`~nemo_ais.rollout.fake_quant.LinearFakeQuant`.
         quantized_module_names: the modules running the format (empty for ``bf16``).
-        kv_scales: the current :class:`~nemo_ais.refit.kv_scales.KVScales` (``scale`` is
-            float64 ``[layers, 3]``, columns q, k, v; q is not simulated and stays 1.0),
-            or None until calibrated (quantized KV cache only).
-        kv_saturation: the :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` of the
-            last ``generate`` / ``score`` with a quantized KV cache: the fraction of the K/V
-            elements it wrote with ``|x| > scale * 448`` (``.metrics()``:
-            ``kv_cache/saturated_frac_k`` / ``_v``); None before.
+        kv_scales: the current :class:`~nemo_ais.refit.kv_scales.KVScales`, or None.
+        kv_saturation: the last quantized-cache call's
+            :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` (``.metrics()``), or None.
         num_layers: decoder layers.
     """
 
@@ -138,8 +107,7 @@ class RolloutTwin:
         self.config = config if config is not None else RolloutPrecisionConfig()
         self.fake_quant: LinearFakeQuant = linear_fake_quant(self.config)
         twin = copy.deepcopy(model)
-        # eval() only: requires_grad flags are kept, since flipping them can change which
-        # CPU GEMM kernel runs (and so the last bits); every call runs under no_grad.
+        # eval() only: flipping requires_grad can change the CPU GEMM kernel (last bits).
         twin.eval()
         if self.config.torch_compute_dtype is not None:
             twin.to(self.config.torch_compute_dtype)
@@ -210,30 +178,17 @@ class RolloutTwin:
         calibration_input_ids: torch.Tensor | None = None,
         calibration_attention_mask: torch.Tensor | None = None,
     ) -> int:
-        """Refit: load the trainer's current weights, re-quantizing the quantized linears.
+        """Refit: load the trainer's current weights by HF name, re-quantizing; returns the count.
 
-        Accepts a ``state_dict`` or a stream of ``(name, tensor)`` with the original
-        model's (HF) names; a partial set updates only those tensors, except that NVFP4's
-        fused shards (q/k/v_proj, gate/up_proj of a layer) must come together (they share
-        one global scale). In format ``fp8`` a linear's weight may also arrive as vLLM
-        receives it from :func:`~nemo_ais.refit.stream.fp8_weight_stream`:
-        ``(name, float8_e4m3fn codes)`` plus ``(name + "_scale_inv", fp32 scales)``,
-        loaded as is. KV-cache scales sent with the refit
-        (``model.layers.N.self_attn.k_scale`` / ``v_scale``, e.g.
-        :meth:`~nemo_ais.refit.kv_scales.KVScales.named_tensors`) become :attr:`kv_scales`
-        (every layer's K and V are then required). Otherwise every refit makes the KV
-        scales and static input amax stale: they are recalibrated here from the
-        calibration batch if one is given, else on the next :meth:`generate` /
-        :meth:`score` batch.
-
-        Returns:
-            The number of tensors loaded.
+        A partial set updates only those tensors (NVFP4's fused shards come together). In format
+        ``fp8`` a weight may also arrive as codes plus ``<name>_scale_inv``
+        (:func:`~nemo_ais.refit.stream.fp8_weight_stream`). KV scales sent with the refit
+        become :attr:`kv_scales`; else the KV scales and input amax are recalibrated on the
+        calibration batch, if given, or the next :meth:`generate` / :meth:`score` batch.
 
         Raises:
-            ValueError: an unknown name, a shape mismatch, non-finite values (nothing
-                after the offending tensor is loaded), FP8 codes without their scales
-                (or the reverse), a fused NVFP4 group with a member missing, or KV scales
-                missing for some layer.
+            ValueError: an unknown name, a shape mismatch, non-finite values, codes without
+                scales, a fused NVFP4 group incomplete, or KV scales missing for a layer.
         """
         items = weights.items() if isinstance(weights, Mapping) else weights
         n_loaded, kv_sent = self._loader.load(items)
@@ -269,24 +224,12 @@ class RolloutTwin:
         *,
         model: nn.Module | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Static input amax of every W4A4 linear: ``max |x|`` over valid tokens, stored for use.
+        """Static input amax of every W4A4 linear, stored and returned as ``{name: 0-dim fp32}``.
 
-        One forward of the left-padded ``[B, S]`` batch with activation quantization off
-        (ModelOpt's ``max`` calibration). Inputs ``[B, S, K]`` count only where
-        ``attention_mask`` is 1; MoE expert inputs (routed rows) all count, and every
-        expert of a projection gets the max over the experts [reconstruction: one input
-        scale per fused MoE projection, as vLLM's NVFP4 MoE kernels apply].
-
-        Args:
-            input_ids, attention_mask: the calibration batch.
-            model: the model to observe: None = the twin itself (engine-side); a trainer
-                model with the same (unfused) module names for trainer-side calibration.
-
-        Returns:
-            ``{module name: 0-dim fp32 amax}`` (empty for formats without static inputs).
-
-        Raises:
-            ValueError: a module whose input was never observed, or non-finite inputs.
+        One forward of the batch with activation quantization off (ModelOpt's ``max``), of the
+        twin or of ``model`` (a trainer with the same module names); a MoE projection's experts
+        share the max [reconstruction: one input scale per fused MoE projection, as vLLM's NVFP4
+        MoE kernels apply]. ValueError: a module never observed, or non-finite inputs.
         """
         check_prompt(input_ids, attention_mask)
         modules = static_input_modules(self.model, self.fake_quant)
@@ -305,25 +248,11 @@ class RolloutTwin:
         *,
         model: nn.Module | None = None,
     ) -> KVScales:
-        """Per-layer KV scales from one forward pass (KV unquantized), stored for use.
+        """Per-layer KV scales from one forward (KV unquantized) of the twin or ``model``, stored.
 
-        ``scale = max(amax, floor) * margin / 448`` for x = the ``k_proj`` / ``v_proj``
-        outputs at non-padding positions, amax by the config's ``kv_calibration_reduction``
-        (default NeMo-RL's: ``max |x|`` of this one forward; ``element_percentile``:
-        ``P_p(|x|)``), margin and floor from the config, computed
-        by :class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator` (K before RoPE, the HF-hook
-        rule; the cache applies the scale to K after RoPE, as vLLM does). The NVFP4 KV
-        cache uses ``scale * 448`` as its static global amax. The result is stored in
-        :attr:`kv_scales` and used until the next :meth:`sync_weights`.
-
-        Args:
-            input_ids, attention_mask: a left-padded ``[B, S]`` calibration batch.
-            model: the model to observe: None = the twin itself (engine-side, like
-                vLLM's ``calculate_kv_scales``); pass the trainer's model for NeMo-RL's
-                trainer-side calibration.
-
-        Returns:
-            :class:`~nemo_ais.refit.kv_scales.KVScales`; K and V scales finite and > 0.
+        ``scale = max(amax, floor) * margin / 448`` of the ``k_proj`` / ``v_proj`` outputs at
+        non-padding positions (:class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator`); the NVFP4
+        cache uses ``scale * 448`` as its static global amax. Used until the next refit.
         """
         check_prompt(input_ids, attention_mask)
         if model is None and any(a is None for a in self.input_amax.values()):

@@ -11,15 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The twin's refit: the trainer's tensors, by HF name, loaded into a built twin model.
-
-:class:`WeightLoader` maps every name of the original model's ``state_dict`` to the
-function that loads it: quantized linears re-quantize (``load_weight``), NVFP4's fused
-shards (q/k/v_proj, gate/up_proj of a layer) wait for their whole group and load with the
-group's amax, format ``fp8`` also takes vLLM's stream form (codes + ``_scale_inv``), and
-everything else is copied. KV-cache scales sent with the refit are collected and turned
-into :class:`~nemo_ais.refit.kv_scales.KVScales` by :func:`received_kv_scales`.
-"""
+"""The twin's refit: the trainer's tensors, by HF name, loaded into a built twin model."""
 
 from __future__ import annotations
 
@@ -78,10 +70,7 @@ def _sync_targets(model: nn.Module, names: tuple[str, ...]) -> dict[str, Callabl
 
 
 class WeightLoader:
-    """Loads the trainer's tensors into the twin ``model`` whose quantized modules are ``names``.
-
-    ``shared_amax``: the format shares one weight amax over vLLM's fused shards (NVFP4).
-    """
+    """Loads the trainer's tensors into the twin ``model`` (``shared_amax``: NVFP4's fused shards)."""
 
     def __init__(self, model: nn.Module, names: tuple[str, ...], shared_amax: bool) -> None:
         self.model = model
@@ -101,11 +90,7 @@ class WeightLoader:
     def load(
         self, items: Iterable[tuple[str, torch.Tensor]]
     ) -> tuple[int, dict[tuple[int, str], float]]:
-        """Load ``(name, tensor)`` pairs; returns (tensors loaded, KV scales sent by (layer, q/k/v)).
-
-        Raises:
-            ValueError: as :meth:`~nemo_ais.rollout.twin.RolloutTwin.sync_weights`.
-        """
+        """Load ``(name, tensor)`` pairs; returns (tensors loaded, KV scales sent by (layer, kind))."""
         n_loaded = 0
         pending: dict[str, dict[str, torch.Tensor]] = {}  # FP8 weight name -> codes/scale
         groups: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}  # fused NVFP4 shards
@@ -157,11 +142,7 @@ class WeightLoader:
 
 
 def received_kv_scales(sent: dict[tuple[int, str], float], num_layers: int) -> KVScales:
-    """KV scales sent with the refit -> :class:`KVScales` (``amax = scale * 448``).
-
-    Raises:
-        ValueError: a layer's K or V scale missing, or a scale not > 0.
-    """
+    """KV scales sent with the refit -> :class:`KVScales` (ValueError: a K/V scale missing or not > 0)."""
     missing = [
         f"layer {i} {kind}"
         for i in range(num_layers)
