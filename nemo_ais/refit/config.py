@@ -1,9 +1,7 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""What a refit sends to vLLM: the format, what stays in BF16, each format's knobs.
+"""What a refit sends to vLLM: :class:`RefitConfig` (``ais_fp8_refit`` / ``ais_nvfp4_refit``).
 
-:class:`RefitConfig` is the ``ais_fp8_refit`` / ``ais_nvfp4_refit`` section (and the JSON
-the vLLM hook reads); :class:`Fp8SyncConfig` and :class:`BlockSyncConfig` are its
-per-engine forms (``format`` fixed to ``fp8``, or one of the NVFP4 / MXFP8 formats).
+:class:`Fp8SyncConfig` and :class:`BlockSyncConfig` are its per-engine forms.
 """
 
 from __future__ import annotations

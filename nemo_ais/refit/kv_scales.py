@@ -325,7 +325,7 @@ class KVScaleCalibrator:
     def compute_scales(
         self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None
     ) -> KVScales:
-        """Combine ranks (one all_reduce MAX if ``group``, on ``device``) and form the scales (on CPU).
+        """Combine ranks (one all_reduce MAX if ``group``, on ``device``) and form the scales on CPU.
 
         Raises:
             ValueError: from globally reduced values (all ranks raise): non-finite activations,
@@ -450,11 +450,7 @@ def verify_kv_scales(
 
 
 def require_calibrated_kv_scales(scales: Mapping[str, float] | None, num_layers: int) -> None:
-    """Refit guard: every Q/K/V scale of layers ``0..num_layers-1`` is calibrated (none streams as 1.0).
-
-    Raises:
-        ValueError: per layer, each scale missing, left at 1.0, or not a finite value > 0.
-    """
+    """Refit guard: every Q/K/V scale of layers ``0..num_layers-1`` is calibrated (none streams as 1.0)."""
     scales = {} if scales is None else scales
     problems = []
     for layer in range(num_layers):

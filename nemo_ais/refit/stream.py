@@ -13,44 +13,27 @@
 # limitations under the License.
 """The refit stream: a BF16 trainer's weights as the tensors vLLM's loader takes, any format.
 
-At every weight sync ("refit") the trainer's unfused HF ``(name, tensor)`` pairs (as
-Megatron-Bridge exports them) become the pairs ``model.load_weights`` of a low-precision
-vLLM engine expects, one tensor at a time. The format record
-(:data:`nemo_ais.formats.registry.FORMATS`) says what a quantized ``<m>.weight [out, in]``
-becomes (:attr:`~nemo_ais.formats.base.Format.refit_pairs`):
+At every weight sync the trainer's unfused HF ``(name, tensor)`` pairs become the pairs
+``model.load_weights`` of a low-precision vLLM engine expects, one tensor at a time; the
+format record says what a quantized ``<m>.weight [out, in]`` becomes
+(:attr:`~nemo_ais.formats.base.Format.refit_pairs`):
 
-* ``fp8``: ``<m>.weight`` float8_e4m3fn ``[out, in]``, ``<m>.weight_scale_inv`` fp32
-  ``[ceil(out/128), ceil(in/128)]`` (vLLM block FP8; ``backend`` picks the quantizer:
-  Transformer Engine when importable, on CUDA and family ``"c"``, else torch);
-* ``nvfp4_w4a16``: ``<m>.weight`` uint8 ``[out, in/2]`` (two E2M1 codes a byte, the even
-  element in the low nibble), ``<m>.weight_scale`` float8_e4m3fn ``[out, in/16]``,
-  ``<m>.weight_scale_2`` fp32 0-dim (``amax / (6 * 448)``);
-* ``nvfp4_w4a4``: the same, then ``<m>.input_scale`` fp32 0-dim (``input_amax / (6 * 448)``,
-  from a calibrated static input amax);
-* ``mxfp8``: ``<m>.weight`` float8_e4m3fn ``[out, in]``, then ``<m>.weight_scale`` (or
-  ``weight_scale_from_checkpoint``, ``mxfp8_scale_name``) uint8 E8M0 ``[out, in/32]``.
+* ``fp8``: ``weight`` float8_e4m3fn, ``weight_scale_inv`` fp32 ``[ceil(out/128), ceil(in/128)]``;
+* ``nvfp4_w4a16``: ``weight`` uint8 ``[out, in/2]``, ``weight_scale`` float8_e4m3fn
+  ``[out, in/16]``, ``weight_scale_2`` fp32 0-dim; ``nvfp4_w4a4`` adds ``input_scale``;
+* ``mxfp8``: ``weight`` float8_e4m3fn, ``weight_scale`` (or ``mxfp8_scale_name``) uint8 E8M0.
 
-1. Plan each tensor (:func:`plan_tensor`): quantize the linear projections (q/k/v/o_proj,
-   gate/up/down_proj, also per MoE expert); keep in BF16, unchanged, embeddings,
-   ``lm_head``, norms, biases and what :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` keeps
-   (MoE routers, ``keep_patterns``, the first/last N decoder layers, NeMo-RL's ``ignore``
-   and ``ignored_layer_kws``): the same rule the twin and the offline check call.
-2. Check tensor parallelism: each rank quantizes its own shard, so the split dim of each
-   rank's shard (out / tp for column-parallel q/k/v/gate/up, in / tp for row-parallel
-   o/down) must be whole and a multiple of the block; a format that cannot pad (all but
-   FP8) also needs the whole in dim of a column-parallel weight to be one.
-3. Formats whose fused vLLM shards share one global scale (NVFP4: vLLM loads q/k/v_proj
-   into one ``qkv_proj``, gate/up_proj into one ``gate_up_proj``, takes the max of
-   ``weight_scale_2`` / ``input_scale`` over them and does not rescale the block scales):
-   the stream holds a group's shards until the last one arrives, then quantizes each with
-   the group's amax and yields them in arrival order. Siblings must agree on quantize/keep.
+1. Plan each tensor (:func:`plan_tensor`): quantize the linear projections (MoE experts
+   included); keep the rest, and what :class:`~nemo_ais.rules.keep_bf16.KeepInBf16`
+   keeps (the rule the twin and the offline check call), in BF16.
+2. Check each TP rank's shard is whole and a block multiple (all but FP8: the whole in
+   dim of a column-parallel weight too).
+3. Fused shards sharing one global scale (NVFP4 ``qkv_proj`` / ``gate_up_proj``) are held
+   until the group is complete, then quantized with the group's amax, in arrival order.
 4. Non-finite values raise ``ValueError`` naming the tensor, before it is yielded.
 
-Bounded memory: the stream holds at most one tensor's quantized outputs, plus (NVFP4) the
-input shards of at most ``max_open_groups`` fused groups. :class:`RefitStream` is the
-stateful form for a refit that arrives in chunks (one vLLM ``load_weights`` call per
-chunk): :meth:`RefitStream.end_chunk` copies the shards it still holds,
-:meth:`RefitStream.close` refuses an unfinished group. :func:`plan_refit` is the dry run.
+Memory: one tensor's outputs plus at most ``max_open_groups`` held groups.
+:class:`RefitStream` is the stateful form for a chunked refit; :func:`plan_refit` the dry run.
 """
 
 from __future__ import annotations
@@ -215,12 +198,7 @@ def _check_tp_shard(name: str, shape: tuple[int, ...], config: RefitConfig) -> N
 def plan_tensor(
     name: str, shape: Iterable[int], dtype: torch.dtype, config: RefitConfig
 ) -> PlanEntry:
-    """Decide quantize/keep for one tensor; checks the TP shard of quantized tensors.
-
-    Raises:
-        ValueError: a quantized tensor whose per-rank shard is not a multiple of the block.
-        TypeError: ``config`` is not a :class:`RefitConfig` (a dict: ``RefitConfig(**d)``).
-    """
+    """Decide quantize/keep for one tensor and check its TP shard (ValueError; TypeError: bad config)."""
     require_config(config, RefitConfig, "plan_tensor(config)")
     shape = tuple(int(s) for s in shape)
     numel = 1
@@ -237,12 +215,7 @@ def plan_tensor(
 
 
 def plan_refit(named_tensors: Iterable[tuple[str, torch.Tensor]], config: RefitConfig) -> RefitPlan:
-    """Dry run: the plan of every tensor (tensors may be on the ``meta`` device).
-
-    Raises:
-        ValueError: every TP-shard failure at once, one line per tensor.
-        TypeError: ``config`` is not a :class:`RefitConfig` (a dict: ``RefitConfig(**d)``).
-    """
+    """Dry run: the plan of every tensor (``meta`` tensors will do); ValueError lists every TP failure."""
     require_config(config, RefitConfig, "plan_refit(config)")
     entries, errors = [], []
     for name, tensor in named_tensors:
@@ -262,20 +235,16 @@ plan_block_tensor = plan_tensor
 class RefitStream:
     """The stream's state across chunks of one refit: fused groups still waiting for shards.
 
-    :meth:`push` one ``(name, tensor)`` at a time (it yields the pairs that are ready),
-    :meth:`end_chunk` when the caller's tensors are about to become invalid (copies the held
-    shards), :meth:`close` at the end of a refit (raises on an unfinished group).
-    :func:`refit_stream` is ``push`` for each pair, then ``close``.
+    :meth:`push` one pair at a time (yields the pairs that are ready), :meth:`end_chunk`
+    before the caller's tensors become invalid, :meth:`close` at the end of a refit.
 
     Args:
         config: what to quantize and how.
-        input_amax: ``{module or fused group name: calibrated input amax}`` (formats with a
-            static input amax); a module's input amax is the max of its group members'
-            entries and the group's own entry (``...self_attn.q_proj`` or ``...qkv_proj``).
+        input_amax: ``{module or fused group: calibrated input amax}`` (W4A4); a module takes
+            the max of its group's entries.
 
     Raises:
-        TypeError: ``config`` is not a :class:`RefitConfig`.
-        ValueError: an ``input_amax`` value that is not one finite value >= 0.
+        TypeError: ``config`` is not a :class:`RefitConfig`. ValueError: a bad ``input_amax``.
     """
 
     def __init__(
@@ -301,12 +270,11 @@ class RefitStream:
         return plan_tensor(name, tensor.shape, tensor.dtype, self.config)
 
     def push(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        """The pairs ``(name, tensor)`` completes: itself kept, its quantized pairs, or a group.
+        """The pairs ``(name, tensor)`` completes: itself kept, its quantized pairs, or a whole group.
 
         Raises:
-            ValueError: NaN/Inf (named, count and first index), a TP shard that is not a
-                multiple of the block, fused siblings that disagree on quantize/keep, too
-                many open groups, or (W4A4) no calibrated input amax for the module.
+            ValueError: NaN/Inf, a bad TP shard, fused siblings that disagree, too many open
+                groups, or (W4A4) no calibrated input amax for the module.
         """
         entry = self.plan(name, tensor)
         if entry.action == "keep":
@@ -350,11 +318,7 @@ class RefitStream:
                 shards[shard_name] = t.clone()
 
     def close(self) -> None:
-        """End of a refit: raise if a fused group never received all its shards.
-
-        Raises:
-            ValueError: naming each unfinished group, the shards seen and the missing ones.
-        """
+        """End of a refit: ValueError naming each fused group that never received all its shards."""
         if not self._open:
             return
         lines = [
@@ -429,26 +393,10 @@ def refit_stream(
     *,
     input_amax: Mapping[str, float | torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream ``(name, tensor)`` into vLLM ``load_weights`` pairs (module doc table).
+    """Stream ``(name, tensor)`` into vLLM ``load_weights`` pairs (module doc): push each, then close.
 
-    Args:
-        named_tensors: unfused HF names and full (unsharded) tensors, e.g.
-            ``model.layers.0.self_attn.q_proj.weight`` ``[N, K]`` bf16; MoE experts by
-            per-expert names (``...mlp.experts.3.gate_proj.weight``).
-        config: what to quantize and how.
-        input_amax: calibrated input amax per module or fused group (``nvfp4_w4a4``;
-            :class:`RefitStream`).
-
-    Yields:
-        Kept tensors as ``(name, tensor)`` (the same object); for each quantized weight
-        the pairs of the module doc table; NVFP4: the shards of a fused layer together
-        when its last shard has arrived, sharing one ``weight_scale_2`` / ``input_scale``.
-
-    Raises:
-        ValueError: what :meth:`RefitStream.push` raises (before that tensor is yielded),
-            and at the end a fused layer that never received all its shards.
-        TypeError: at the call, not at the first ``next``: ``config`` is not a
-            :class:`RefitConfig` (a dict: ``RefitConfig(**d)``).
+    ``named_tensors``: unfused HF names and full tensors (MoE experts by per-expert names).
+    ``config`` is checked at the call (TypeError), the rest as :meth:`RefitStream.push`.
     """
     require_config(config, RefitConfig, "refit_stream(config)")
     return _stream(named_tensors, RefitStream(config, input_amax))

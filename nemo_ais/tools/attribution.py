@@ -13,31 +13,18 @@
 # limitations under the License.
 """Mismatch attributed by source: which layers and modules of a rollout format carry it.
 
-The twin quantizes three kinds of *sources*: the weights of each linear, its input
-activations (formats with activation quantization: ``fp8``, ``mxfp8``, ``nvfp4_w4a4``)
-and each layer's KV cache. :func:`attribute_mismatch` measures each one's share:
+Sources: per decoder layer and module its weights and (``fp8``, ``mxfp8``, ``nvfp4_w4a4``)
+its input activations, and per layer the KV cache. :func:`attribute_mismatch`:
 
-1. Build the twin of ``model`` in ``config`` and calibrate it (KV scales, W4A4 input
-   amax) on the prompts, as a rollout would; sample responses with it (all sources
-   quantized) unless they are given.
-2. Sources: per decoder layer, per module (``self_attn.q_proj`` ... ``mlp.down_proj``;
-   MoE: ``mlp.experts.gate_up_proj`` / ``down_proj``, every expert of the projection)
-   its weights and its activations; per layer the KV cache (K and V).
-3. Score the responses teacher-forced (one forward) with a subset ``Q`` of the sources
-   quantized and every other source in high precision: a module with neither of its
-   sources in ``Q`` runs its original ``nn.Linear``; the KV cache quantizes only the
-   layers in ``Q``; the calibration is that of the full format.
-4. ``M(Q)`` = the mismatch of those log-probs against the unquantized model's on the same
-   tokens (:func:`~nemo_ais.rollout.sampling.logprob_mismatch`: mean ``|Δ log p|``,
-   NeMo-RL's ``gen_kl_error`` (k3) and ``token_mult_prob_error``).
-5. For each source (and group of sources: a kind, a layer, a module across layers)
-   ``s``: ``alone = M({s})``, the mismatch it makes by itself, and
-   ``buys = M(all) - M(all without s)``, what keeping it in BF16 buys. Sources are ranked by
-   ``alone``; mismatches do not add up, so neither column sums to ``M(all)``.
+1. Build and calibrate the twin on the prompts; sample responses unless given.
+2. Score the responses teacher-forced with a subset ``Q`` of the sources quantized (a
+   module with neither source in ``Q`` runs its original ``nn.Linear``).
+3. ``M(Q)``: the mismatch against the unquantized model on the same tokens
+   (:func:`~nemo_ais.rollout.sampling.logprob_mismatch`).
+4. Per source or group ``s``: ``alone = M({s})`` and ``buys = M(all) - M(all without s)``,
+   ranked by ``alone`` (mismatches do not add up).
 
-``M({})`` is exactly 0 (the original modules, no quantized cache: bit-identical to the
-model; with ``compute_dtype`` unset), and ``M(all)`` is the twin's own teacher-forced
-score (tested).
+``M({})`` is exactly 0 and ``M(all)`` the twin's own score (tested).
 """
 
 from __future__ import annotations
@@ -92,16 +79,7 @@ class Source(NamedTuple):
 
 
 class AttributionRow(NamedTuple):
-    """The mismatch one source (or group) makes alone, and what keeping it in BF16 buys.
-
-    Attributes:
-        label: the source's or group's name.
-        group: ``"source"``, ``"kind"``, ``"layer"`` or ``"module"``.
-        sources: the sources it covers.
-        alone: mismatch with only these sources quantized.
-        kept: mismatch with every other source quantized (these kept in BF16).
-        buys: ``M(all).mean_abs_delta - kept.mean_abs_delta`` (can be negative).
-    """
+    """One source or group (``group``: source, kind, layer or module): ``alone``, ``kept``, ``buys``."""
 
     label: str
     group: str
@@ -112,16 +90,7 @@ class AttributionRow(NamedTuple):
 
 
 class Attribution(NamedTuple):
-    """Result of :func:`attribute_mismatch` (module doc).
-
-    Attributes:
-        config: the twin's precision config.
-        full: ``M(all)``, every source quantized.
-        none: ``M({})``, nothing quantized (0 by construction).
-        rows: one per source, by ``alone.mean_abs_delta``, largest first.
-        groups: per kind, per layer and per module across layers, each ranked the same way.
-        what: the description of model and batch given by the caller.
-    """
+    """Result of :func:`attribute_mismatch`: ``full`` = M(all), ``none`` = M({}), ranked ``rows`` and ``groups``."""
 
     config: RolloutPrecisionConfig
     full: MismatchStats
@@ -295,18 +264,11 @@ def attribute_mismatch(
         model: a HF causal LM in eval mode (the BF16 reference; not modified).
         config: the rollout precision to attribute.
         input_ids, attention_mask: ``[B, P]`` left-padded prompts.
-        response_ids, response_mask: ``[B, T]`` responses to score and their mask; None
-            samples them with the fully quantized twin (``max_new_tokens``, ``generator``,
-            ``eos_token_id``, ``pad_token_id``, ``temperature``).
+        response_ids, response_mask: responses to score; None samples them with the twin.
         what: a description of model and batch, kept in the result.
 
-    Returns:
-        :class:`Attribution`; with nothing to quantize (``format: bf16``, ``kv_cache:
-        bf16``) it has no rows and ``full == none`` (0).
-
     Raises:
-        ValueError: as :class:`~nemo_ais.rollout.twin.RolloutTwin` and
-            :func:`~nemo_ais.rollout.sampling.score_responses`, or a response mask missing.
+        ValueError: as :class:`~nemo_ais.rollout.twin.RolloutTwin`, or a response mask missing.
     """
     twin = RolloutTwin(model, config)  # 1. build, then calibrate on the prompts
     if response_ids is None:

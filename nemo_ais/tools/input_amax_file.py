@@ -13,26 +13,10 @@
 # limitations under the License.
 """The NVFP4 W4A4 refit's ``input_amax_file``: static input amax of a BF16 checkpoint.
 
-A BF16 trainer has no calibrated input quantizer, so the W4A4 refit
-(:class:`~nemo_ais.refit.config.BlockSyncConfig` ``input_amax_file``) reads the
-static input amax of each linear from a JSON file, ``{module name: amax}``, and streams
-``<m>.input_scale = amax / (6 * 448)`` (fused q/k/v and gate/up: the max over the
-members). ``nemo-ais calibrate-input-amax`` writes that file (``docs/cluster.md``):
-
-1. Prompts: one a line (``.txt``), or a JSON string / an object's ``prompt_key`` field a
-   line (``.jsonl``); the first ``num_samples``. Without a file, :data:`DEFAULT_PROMPTS`.
-2. Batches: tokenized (optionally through the chat template), truncated to
-   ``max_length`` tokens, left-padded.
-3. Observe: the twin's trainer-side calibration
-   (:func:`~nemo_ais.rollout.calibration.observe_input_amax`), ``max |x|`` over the
-   valid tokens of each input, on every module the W4A4 twin quantizes
-   (:func:`~nemo_ais.rollout.modules.quantized_module_names`: every decoder-layer
-   linear but MoE routers), max over the batches (ModelOpt's ``max`` calibration).
-4. Check (:func:`~nemo_ais.rollout.calibration.shared_input_amax`): every module
-   observed, every amax finite.
-5. Write ``{module name: amax}`` in model order, names as the refit streams them
-   (``model.layers.0.mlp.gate_proj``). Modules the engine keeps in BF16 (the W4A4 arm's
-   attention) are in the file too; the refit reads only the quantized ones.
+The W4A4 refit streams ``<m>.input_scale = amax / (6 * 448)`` from a JSON
+``{module name: amax}``; ``nemo-ais calibrate-input-amax`` writes it (``docs/cluster.md``):
+read prompts (step 1), batch them left-padded (2), observe ``max |x|`` of each quantized
+module's input over valid tokens (3, ModelOpt's ``max``), check (4), write in model order (5).
 """
 
 from __future__ import annotations
@@ -87,12 +71,10 @@ DEFAULT_PROMPTS = (
 def read_prompts(
     path: str | Path | None, *, num_samples: int | None = None, prompt_key: str = "prompt"
 ) -> list[str]:
-    """Step 1: the first ``num_samples`` prompts of ``path`` (None: :data:`DEFAULT_PROMPTS`).
+    """Step 1: the first ``num_samples`` prompts of ``path`` (``.txt`` lines, ``.jsonl``; None: defaults).
 
     Raises:
-        ValueError: ``num_samples`` < 1, a missing file, a ``.jsonl`` line that is neither a
-            non-empty JSON string nor an object with a non-empty string ``prompt_key``, or no
-            prompt at all; each naming ``--prompts``, the file and the line.
+        ValueError: naming ``--prompts``, the file and the line.
     """
     if num_samples is not None and num_samples < 1:
         raise ValueError(f"num_samples (--num-samples)={num_samples} is invalid: expected >= 1")
@@ -137,13 +119,10 @@ def calibration_batches(
     batch_size: int,
     chat_template: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Step 2: left-padded ``(input_ids, attention_mask)`` int64 ``[B, <= max_length]``.
-
-    Arguments are checked here; the batches are tokenized as they are drawn.
+    """Step 2: left-padded ``(input_ids, attention_mask)`` int64 ``[B, <= max_length]``, drawn lazily.
 
     Raises:
-        ValueError: ``max_length`` or ``batch_size`` < 1, or a tokenizer with neither a pad
-            nor an EOS token.
+        ValueError: ``max_length`` or ``batch_size`` < 1, or no pad nor EOS token.
     """
     for field, flag, value in (
         ("max_length", "--max-length", max_length),
@@ -179,12 +158,7 @@ def _batches(tokenizer, prompts, max_length, batch_size):
 
 
 def input_amax_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """The modules the NVFP4 W4A4 twin quantizes, by name (step 3).
-
-    Raises:
-        ValueError: an in-dim that is not a multiple of 16 (naming the module), or a fused
-            MoE experts module (its per-expert inputs have no module to hook here).
-    """
+    """The modules the W4A4 twin quantizes (ValueError: in-dim not a multiple of 16, fused experts)."""
     config = RolloutPrecisionConfig(format="nvfp4_w4a4")
     modules = {n: model.get_submodule(n) for n in quantized_module_names(model, config)}
     fused = [n for n, m in modules.items() if not isinstance(m, nn.Linear)]
@@ -201,17 +175,10 @@ def input_amax_modules(model: nn.Module) -> dict[str, nn.Module]:
 def calibrate_input_amax(
     model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
 ) -> dict[str, float]:
-    """Steps 3-4: ``{module name: max |x|}`` over every batch, in model order.
-
-    Args:
-        model: a HF causal LM in eval mode (the BF16 checkpoint the trainer starts from).
-        batches: left-padded ``(input_ids, attention_mask)`` int64 ``[B, S]``.
-
-    Returns:
-        Python floats (the fp32 amax of the model's dtype, exactly).
+    """Steps 3-4: ``{module name: max |x|}`` (python floats) over every batch, in model order.
 
     Raises:
-        ValueError: no batch, a module whose input was never observed, or a non-finite amax.
+        ValueError: no batch, a module never observed, or a non-finite amax.
     """
     modules = input_amax_modules(model)
     device = next(model.parameters()).device
@@ -230,11 +197,7 @@ def calibrate_input_amax(
 
 
 def write_input_amax(amax: Mapping[str, float], path: str | Path) -> Path:
-    """Step 5: ``{module name: amax}`` as JSON at ``path`` (parents created).
-
-    Raises:
-        ValueError: empty ``amax`` or a value that is not finite and >= 0.
-    """
+    """Step 5: ``{module name: amax}`` as JSON at ``path`` (ValueError: empty or a bad value)."""
     if not amax:
         raise ValueError(f"{path}: no module to write (the model has no W4A4 linear)")
     bad = {k: v for k, v in amax.items() if not (math.isfinite(v) and v >= 0)}
@@ -247,12 +210,7 @@ def write_input_amax(amax: Mapping[str, float], path: str | Path) -> Path:
 
 
 def load_causal_lm(model: str, *, device: str = "cpu", dtype: str = "bfloat16"):
-    """``(model, tokenizer)`` of a local HF directory or hub name, eval mode, on ``device``.
-
-    Raises:
-        ValueError: ``--device cuda`` without CUDA, an unknown ``dtype``, or a model or
-            tokenizer that cannot be loaded (naming MODEL and the cause).
-    """
+    """``(model, tokenizer)`` of a local directory or hub name, eval mode, on ``device`` (ValueError)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if device.startswith("cuda") and not torch.cuda.is_available():
