@@ -11,11 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Fused GPU kernels of the rollout quantizers (Triton, imported on first use).
-
-:mod:`nemo_ais.kernels.triton_quant`: one launch per weight (MoE expert stacks included)
-for FP8 128x128, MXFP8, NVFP4 and MXFP4, bit-equal to the PyTorch references.
-"""
+"""Fused GPU kernels of the rollout quantizers (:mod:`nemo_ais.kernels.triton_quant`, Triton on first use)."""
 
 from nemo_ais.kernels.triton_quant import *  # noqa: F403
 from nemo_ais.kernels.triton_quant import __all__

@@ -13,18 +13,11 @@
 # limitations under the License.
 """Triton kernels of :mod:`nemo_ais.kernels.triton_quant` (imports Triton at module load).
 
-Loaded twice at most, by :func:`nemo_ais.kernels.triton_quant._jit`: compiled (CUDA
-tensors) and under Triton's interpreter (CPU tensors, the CI path). Every rounding is
-written out so that both give the bits of the PyTorch references:
-
-* divisions are ``tl.math.div_rn`` (IEEE round-to-nearest; Triton's ``/`` is approximate);
-* E4M3 codes are encoded with integer arithmetic (round to nearest, ties to even, from
-  the fp32 bits), never ``.to(tl.float8e4nv)``: the interpreter's cast rounds ties up and
-  turns 470 into NaN, where ``torch``'s cast gives 448;
-* powers of two (UE8M0, ``frexp``) are formed from the exponent bits.
-
-Each program writes the count of non-finite inputs it saw (``bad``); the wrappers check
-their sum once per call and hand non-finite input to the PyTorch path, which raises.
+Loaded compiled (CUDA) and under Triton's interpreter (CPU, the CI path); every rounding
+is written out so both give the PyTorch references' bits: ``tl.math.div_rn`` divisions,
+E4M3 encoded from the fp32 bits with integer arithmetic (the interpreter's float8 cast
+rounds ties up and turns 470 into NaN), powers of two from exponent bits. Each program
+writes its count of non-finite inputs; the wrappers hand such input to PyTorch, which raises.
 """
 
 import triton
@@ -55,8 +48,7 @@ def _e4m3_code(q):
     b = q.to(tl.int32, bitcast=True)
     sign = (b >> 24) & 0x80
     a = b & 0x7FFFFFFF
-    # normal E4M3 (|q| >= 2^-6): the fp32 significand rounded to 3 bits, ties to even;
-    # a carry moves into the exponent, as it should; exponent bias 127 -> 7
+    # normal E4M3 (|q| >= 2^-6): significand rounded to 3 bits, ties to even; bias 127 -> 7
     normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
     # subnormal E4M3 (|q| < 2^-6): |q| * 2^9 rounded to an integer 0..8, ties to even
     sig = (a & 0x7FFFFF) | 0x800000
@@ -159,11 +151,9 @@ def fp8_blockwise_kernel(
 ):
     """One ``BN x BK`` tile of expert ``program_id(1)`` of ``x [E, n, k]`` per program.
 
-    ``TILE_N x TILE_K``: the power-of-two block covering the tile, walked in ``CHUNK``-row
-    slices twice (amax, then quantize: the second read hits L2), so a 128x128 tile does not
-    sit in registers whole. FAMILY 0/1/2 = "a"/"b"/"c" (nemo_ais.formats.fp8_block, step 3).
-    Writes codes (uint8), the fp32 dequant scale of the tile, and its count of non-finite
-    inputs.
+    The tile is walked in ``CHUNK``-row slices twice (amax, then quantize), so it never sits
+    in registers whole. FAMILY 0/1/2 = "a"/"b"/"c". Writes codes, the tile's fp32 scale and
+    its non-finite count.
     """
     tile = tl.program_id(0)
     e = tl.program_id(1).to(tl.int64)
@@ -230,11 +220,7 @@ def mx_kernel(
     FP4: tl.constexpr,
     TIES_TO_ZERO: tl.constexpr,
 ):
-    """MXFP8 (``FP4`` False) or MXFP4 of a ``BR x BK`` block of ``x [r, k]``, blocks of 32.
-
-    Writes E4M3 codes (uint8 ``[r, k]``) or packed E2M1 pairs (``[r, k/2]``), the UE8M0
-    scale bytes ``[r, k/32]`` and the program's count of non-finite inputs.
-    """
+    """MXFP8 (``FP4`` False) or MXFP4 of a ``BR x BK`` block of ``x [r, k]``: codes, UE8M0 bytes, bad count."""
     pr = tl.program_id(0)
     pk = tl.program_id(1)
     rows = pr * BR + tl.arange(0, BR)
@@ -271,10 +257,7 @@ def mx_kernel(
 
 @triton.jit
 def absmax_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
-    """Max |x| of ``BLOCK`` elements of matrix ``program_id(1)`` (``numel`` each) of flat ``x``.
-
-    Writes one partial per program to ``out [matrices, programs]``; inf if any is NaN / inf.
-    """
+    """Max |x| of ``BLOCK`` elements of matrix ``program_id(1)``: one partial per program (inf on NaN/inf)."""
     pid = tl.program_id(0)
     mat = tl.program_id(1).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -298,13 +281,10 @@ def nvfp4_kernel(
     BK: tl.constexpr,
     TILE_ROWS: tl.constexpr,
 ):
-    """NVFP4 of a ``BR x BK`` block of matrix ``program_id(2)`` of ``x [E, n, k]``.
+    """NVFP4 (steps 2-5 of :mod:`nemo_ais.formats.nvfp4`) of a ``BR x BK`` block of matrix ``program_id(2)``.
 
-    Steps 2-5 of :mod:`nemo_ais.formats.nvfp4` with the global scale ``s_g`` read from
-    ``sg_ptr + e * sg_stride`` (stride 0: one for the tensor, 1: one per expert); ``TILE_ROWS`` 16: one amax per 16x16 tile (``BR`` a multiple of 16, tiles
-    start at row 0 of each matrix; masked rows load 0, neutral for a max of |x|).
-    Writes packed E2M1 pairs ``[E, n, k/2]``, E4M3 scale bytes ``[E, n, k/16]`` and the
-    program's count of non-finite inputs.
+    ``s_g`` at ``sg_ptr + e * sg_stride`` (stride 0: one for the tensor); ``TILE_ROWS`` 16:
+    one amax per 16x16 tile. Writes packed E2M1 pairs, E4M3 scale bytes and the bad count.
     """
     pr = tl.program_id(0)
     pk = tl.program_id(1)

@@ -13,30 +13,12 @@
 # limitations under the License.
 """Fused Triton quantizers, bit-equal to the PyTorch references of :mod:`nemo_ais.formats`.
 
-One kernel launch per weight, MoE expert stacks ``[E, N, K]`` included (the grid runs
-over the experts), for the refit of a low-precision rollout:
-
-=======================================  ================================================
-function                                 same signature and bits as
-=======================================  ================================================
-:func:`quantize_blockwise_triton`        :func:`nemo_ais.formats.quantize_blockwise` (families
-                                         a/b/c, eps, UE8M0, any tile, ragged last tiles)
-:func:`quantize_mxfp8_triton`            :func:`nemo_ais.formats.quantize_mxfp8`
-:func:`quantize_nvfp4_triton`            :func:`nemo_ais.formats.quantize_nvfp4` (static amax,
-                                         ``rows_per_block`` 1 or 16)
-:func:`quantize_nvfp4_experts_triton`    ``quantize_nvfp4(x[e], amax[e])`` for each expert
-                                         of ``[E, N, K]`` (a global scale per expert)
-:func:`quantize_mxfp4_triton`            :func:`nemo_ais.formats.quantize_mxfp4` (both tie rules)
-=======================================  ================================================
-
-A CUDA tensor runs the compiled kernels; a CPU tensor runs the same kernels under Triton's
-interpreter (what ``TRITON_INTERPRET=1`` selects, here scoped to this module so compiled
-and interpreted kernels can live in one process): slow, for tests on small shapes in CI.
-The kernels (:mod:`nemo_ais.kernels._triton_quant_jit`) spell out every rounding: IEEE
-divisions, E4M3 encoded from the fp32 bits with integer arithmetic (round to nearest
-even), powers of two from exponent bits. Non-finite input is detected in the kernel and
-handed to the PyTorch quantizer, which raises its usual ``ValueError`` (one host read of
-a count per call). Triton is imported on first use: ``pip install 'nemo-ais[triton]'``.
+One launch per weight (MoE expert stacks ``[E, N, K]`` included) for FP8 blockwise,
+MXFP8, NVFP4 (also one global scale per expert: :func:`quantize_nvfp4_experts_triton`)
+and MXFP4, each with its reference's signature and bits. A CPU tensor runs the same
+kernels under Triton's interpreter (scoped to this module), for CI on small shapes.
+Non-finite input goes to the PyTorch quantizer, which raises (one host read a call).
+Triton is imported on first use: ``pip install 'nemo-ais[triton]'``.
 """
 
 from __future__ import annotations
@@ -74,16 +56,13 @@ __all__ = [
 _FAMILY_INDEX = {"a": 0, "b": 1, "c": 2}
 _MX_BLOCK, _NVFP4_BLOCK = 32, 16
 _KERNELS = "nemo_ais.kernels._triton_quant_jit"
-# Register blocks (elements per program): 128x128 tiles are one program each; the 1-D
-# block formats take 16 rows x 256 columns (4096 elements) per program.
+# Elements per program: a 128x128 FP8 tile, or 16 rows x 256 columns for the 1-D formats.
 _ROWS, _COLS = 16, 256
 _ABSMAX_BLOCK = 8192
-# FP8 tiles are read in slices of this many rows. ptxas -v for sm_90a (Triton 3.6, bf16,
-# 8 warps): a whole 128x128 tile in registers spilled 1 KB a thread at 255 registers;
-# 32-row slices: 184 registers, 16: 104, 8: 64, no spills (not yet timed on a GPU).
+# FP8 tiles are read in slices of this many rows (sm_90a ptxas: a whole 128x128 tile
+# spilled at 255 registers; 8-row slices take 64, no spills).
 _FP8_CHUNK = 16
-# 16x256 blocks at 8 warps: 128 (MX) / 120 (NVFP4) registers, no spills; at 4 warps
-# 182-218 registers, i.e. at most 8 warps resident per SM.
+# 16x256 blocks at 8 warps: 128 (MX) / 120 (NVFP4) registers, no spills.
 _WARPS = 8
 
 
@@ -156,20 +135,7 @@ def quantize_blockwise_triton(
     *,
     name: str = "x",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blockwise FP8 E4M3 by one Triton launch; bits of :func:`nemo_ais.formats.quantize_blockwise`.
-
-    Args:
-        x: ``[N, K]`` or ``[E, N, K]`` (all experts in one launch); fp32, bf16, fp16 or
-            fp64, CUDA (compiled) or CPU (interpreter).
-        block, family, eps, ue8m0, name: as :func:`nemo_ais.formats.quantize_blockwise`.
-
-    Returns:
-        ``(q, s)``: float8_e4m3fn codes of ``x``'s shape and fp32 dequant scales
-        ``[(E,) ceil(N/bn), ceil(K/bk)]``.
-
-    Raises:
-        ValueError: as :func:`nemo_ais.formats.quantize_blockwise` (non-finite input included).
-    """
+    """Blockwise FP8 E4M3 by one Triton launch; arguments, bits and errors of :func:`nemo_ais.formats.quantize_blockwise`."""
     _check_blockwise_args(x, block, family, eps, name)
     x3 = (x if x.dim() == 3 else x.unsqueeze(0)).contiguous()
     e, n, k = x3.shape
@@ -226,13 +192,7 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
 
 @_on_x_device
 def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
-    """MXFP8 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp8`.
-
-    Leading dims (experts included) are flattened into rows: one launch for ``[E, N, K]``.
-
-    Raises:
-        ValueError: as :func:`nemo_ais.formats.quantize_mxfp8`.
-    """
+    """MXFP8 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp8`."""
     check_last_dim(x, name, _MX_BLOCK, "MXFP8")
     q, scale, bad = _mx(x, fp4=False, ties_toward_zero=False)
     if bad:
@@ -245,11 +205,7 @@ def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
 def quantize_mxfp4_triton(
     x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
 ) -> MXFP4Tensor:
-    """MXFP4 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp4`.
-
-    Raises:
-        ValueError: as :func:`nemo_ais.formats.quantize_mxfp4`.
-    """
+    """MXFP4 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp4`."""
     check_last_dim(x, name, _MX_BLOCK, "MXFP4")
     q, scale, bad = _mx(x, fp4=True, ties_toward_zero=bool(round_ties_toward_zero))
     if bad:
@@ -292,15 +248,10 @@ def quantize_nvfp4_triton(
     rows_per_block: int = 1,
     name: str = "x",
 ) -> NVFP4Tensor:
-    """NVFP4 of ``x [..., K]``; bits of :func:`nemo_ais.formats.quantize_nvfp4`.
+    """NVFP4 of ``x [..., K]``; bits of :func:`nemo_ais.formats.quantize_nvfp4` (one global scale).
 
-    Two launches with ``amax=None`` (the tensor amax, then the quantizer), one with a
-    static ``amax``. ``rows_per_block=16`` (16x16 tiles) runs over ``[E, N, K]`` with the
-    experts on the grid, so a tile never straddles two matrices; one global scale for the
-    whole tensor, as the reference (per-expert scales: :func:`quantize_nvfp4_experts_triton`).
-
-    Raises:
-        ValueError: as :func:`nemo_ais.formats.quantize_nvfp4`.
+    Two launches with ``amax=None`` (the amax, then the quantizer), one with a static amax;
+    16x16 tiles never straddle two experts.
     """
     check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
     if rows_per_block not in (1, 16) or (rows_per_block > 1 and x.dim() < 2):
@@ -335,24 +286,11 @@ def quantize_nvfp4_experts_triton(
     rows_per_block: int = 1,
     name: str = "x",
 ) -> NVFP4Tensor:
-    """NVFP4 of an expert stack ``x [E, N, K]`` with one global scale per expert, one launch.
+    """NVFP4 of ``x [E, N, K]`` with one global scale per expert (vLLM's ModelOpt MoE loader), one launch.
 
-    vLLM's ModelOpt MoE loader takes a global scale per expert (``w13_weight_scale_2``
-    ``[E, 2]``, ``w2_weight_scale_2`` ``[E]``): expert ``e`` is quantized exactly as
-    ``quantize_nvfp4(x[e], amax[e], rows_per_block=rows_per_block)`` (tested).
-
-    Args:
-        x: ``[E, N, K]``, ``K % 16 == 0``; CUDA (compiled) or CPU (interpreter).
-        amax: fp32 ``[E]`` static amax per expert (a fused gate/up pair: the max of the
-            two stacks' amax), or None for ``max |x[e]|`` (one more launch).
-        rows_per_block: 1 (1x16 blocks) or 16 (16x16 tiles).
-        name: tensor name used in error messages.
-
-    Returns:
-        :class:`~nemo_ais.fp8.NVFP4Tensor` with ``global_scale`` fp32 ``[E]``.
-
-    Raises:
-        ValueError: not 3-D, a bad ``amax`` shape, or as :func:`nemo_ais.formats.quantize_nvfp4`.
+    Expert ``e`` equals ``quantize_nvfp4(x[e], amax[e], rows_per_block=...)`` (tested);
+    ``amax``: fp32 ``[E]`` or None for ``max |x[e]|``. Returns an NVFP4 tensor whose
+    ``global_scale`` is fp32 ``[E]``; ValueError as the reference, or not 3-D / bad ``amax``.
     """
     check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
     if x.dim() != 3 or rows_per_block not in (1, 16):

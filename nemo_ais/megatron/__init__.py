@@ -13,11 +13,9 @@
 # limitations under the License.
 """Megatron-Core process-group getters used by the NeMo-RL seam (megatron imported lazily).
 
-The AIS statistics of a global batch are summed over exactly the group that NeMo-RL's
-Megatron worker uses for ``global_valid_seqs`` / ``global_valid_toks``:
-``parallel_state.get_data_parallel_group()`` (context-parallel ranks excluded: they hold
-the same sequences, so including them would count every token ``cp`` times). Never WORLD:
-WORLD also spans tensor- and pipeline-parallel ranks that hold identical data.
+The AIS statistics are summed over the group NeMo-RL's Megatron worker uses for
+``global_valid_toks``: ``get_data_parallel_group()`` (context-parallel ranks excluded),
+never WORLD (it spans TP and PP ranks holding identical data).
 """
 
 from __future__ import annotations

@@ -13,37 +13,19 @@
 # limitations under the License.
 """FP8 KV-cache scale calibration of a Megatron-Core GPT model, in NeMo-RL's result format.
 
-The trainer-side half of NeMo-RL's ``calibrate_qkv_fp8_scales`` (v0.7.0 and main have
-the same one), computed with :class:`nemo_ais.refit.kv_scales.KVScaleCalibrator`:
+The trainer-side half of NeMo-RL's ``calibrate_qkv_fp8_scales`` (v0.7.0 and main),
+computed with :class:`nemo_ais.refit.kv_scales.KVScaleCalibrator`:
 
-1. Hook every ``decoder.layers.N.self_attention.core_attention`` (forward PRE-hook).
-   Megatron-Core's ``SelfAttention.forward`` calls ``core_attention(query, key, value,
-   attention_mask, ...)`` after ``linear_qkv``, the q/k layernorms and RoPE, so its inputs
-   are exactly what vLLM's FP8 KV cache stores: K after k-norm and RoPE, V as projected
-   (and Q as the FP8 attention kernel sees it). Shapes ``[s, b, heads, dim]`` (or
-   ``[t, heads, dim]`` for packed THD); with GQA, K/V have ``num_query_groups`` heads; with
-   tensor parallelism each rank sees its own heads.
-2. Per observation (one micro-batch of one layer on one rank), the rule's statistic
-   (``reduction``): by default upstream's, ``max |x|`` of the whole tensor (padding
-   included, as upstream) and, per layer and kind, the nearest-rank p-th percentile over
-   this rank's observations; ``element_percentile``: ``percentile(|x|, p)`` per
-   observation, then the max. The layer key is the GLOBAL layer
-   index ``self_attention.layer_number - 1`` (Megatron numbers layers from 1 across all
-   pipeline stages), never the local position in the stage's ``ModuleList``.
-3. Combine ranks with ONE ``all_reduce(MAX)`` of a fixed-size ``[3, num_layers, 3]``
-   float64 table (amax, peak and non-finite flags) over ``group``. Layers not on this pipeline
-   stage hold the "unobserved" value -1, so every rank makes the same single collective
-   whatever its stage. The group must span every rank that holds a layer or a shard of
-   one: TP ranks hold different heads, PP stages different layers, DP/CP ranks different
-   tokens. In a NeMo-RL policy worker that is the default (WORLD) group (it holds exactly
-   the policy's ranks). MAX is idempotent, so ranks that hold identical activations
-   (none here) could not bias it, unlike a SUM. Upstream merges its per-rank values by
-   max too (``all_gather_object``), so the default rule's scales equal upstream's.
-4. ``scale = max(amax, 1e-4) * margin / 448``; the result dict maps vLLM parameter names
-   to floats, as ``convert_calibration_to_vllm_format`` does upstream.
+1. Forward pre-hooks on every ``decoder.layers.N.self_attention.core_attention``: its
+   inputs are what vLLM's FP8 KV cache stores (K after k-norm and RoPE, V as projected).
+2. Per observation the rule's statistic (default upstream's ``max |x|``, then the
+   nearest-rank percentile); the layer key is the GLOBAL ``layer_number - 1``.
+3. ONE ``all_reduce(MAX)`` of the ``[3, num_layers, 3]`` table over ``group`` (every rank
+   of the model: the default group in a NeMo-RL worker); layers of other stages hold -1,
+   so every rank makes the same collective. Upstream also merges by max.
+4. ``scale = max(amax, 1e-4) * margin / 448``, as ``{vLLM name: float}``.
 
-This module imports no Megatron or NeMo-RL code (it finds the modules by name and
-attributes), so it is unit-testable with any module tree of the same shape.
+No Megatron or NeMo-RL import: modules are found by name, so any tree of that shape tests it.
 """
 
 from __future__ import annotations
@@ -124,11 +106,7 @@ def kv_calibration_config(
 
 
 def kv_reduction_from_env(environ: Mapping[str, str] | None = None) -> KVReduction:
-    """The rule named by ``NEMO_AIS_KV_REDUCTION`` (unset or empty: ``percentile_of_amax``).
-
-    Raises:
-        ValueError: naming the variable, its value and the accepted ones.
-    """
+    """The rule named by ``NEMO_AIS_KV_REDUCTION`` (unset: ``percentile_of_amax``; ValueError if unknown)."""
     value = (os.environ if environ is None else environ).get(KV_REDUCTION_ENV) or (
         "percentile_of_amax"
     )
@@ -141,19 +119,10 @@ def kv_reduction_from_env(environ: Mapping[str, str] | None = None) -> KVReducti
 
 
 def find_attention_layers(model: nn.Module | Sequence[nn.Module]) -> dict[int, nn.Module]:
-    """``{global layer index: self_attention module}`` of a Megatron-Core GPT model.
-
-    Args:
-        model: the model, possibly wrapped (DDP / Float16Module), or a list of virtual
-            pipeline chunks.
-
-    Returns:
-        Every ``*.decoder.layers.N.self_attention`` that has a ``core_attention`` child,
-        keyed by ``layer_number - 1`` (global across pipeline stages), sorted.
+    """``{global layer index: self_attention}`` of a (wrapped, or chunked) Megatron-Core GPT model.
 
     Raises:
-        ValueError: no such module, multi-latent attention (its cache is not K/V), or two
-            modules with the same global index.
+        ValueError: no such module, multi-latent attention, or a duplicate global index.
     """
     chunks = [model] if isinstance(model, nn.Module) else list(model)
     layers: dict[int, nn.Module] = {}
@@ -183,17 +152,9 @@ def install_core_attention_hooks(
     calibrator: KVScaleCalibrator,
     counter: KVSaturationCounter | None = None,
 ) -> list[torch.utils.hooks.RemovableHandle]:
-    """Forward pre-hooks feeding each ``core_attention``'s query/key/value to ``calibrator``.
+    """Pre-hooks feeding each ``core_attention``'s q (``include_q``) / k / v to ``calibrator`` (and ``counter``).
 
-    Q is observed only when ``calibrator.config.include_q``; ``counter`` (optional) sees
-    the same tensors.
-
-    Returns:
-        The hook handles (call ``.remove()`` on each).
-
-    Raises:
-        ValueError: see :func:`find_attention_layers`; a global layer index outside
-            ``[0, calibrator.num_layers)``.
+    Returns the handles; ValueError as :func:`find_attention_layers` or a layer out of range.
     """
     kinds = ("q", "k", "v") if calibrator.config.include_q else ("k", "v")
     handles = []
@@ -236,25 +197,14 @@ def reduce_kv_scales(
     group: dist.ProcessGroup | None,
     device: torch.device | None = None,
 ) -> KVScales:
-    """Combine ranks with ONE ``all_reduce(MAX)`` of the ``[3, layers, 3]`` table on ``device``.
-
-    ``device`` is where the collective runs (a CUDA device for NCCL groups; None = CPU).
-    Raises ``ValueError`` on every rank together for non-finite activations or a layer/kind
-    no rank observed (:meth:`KVScaleCalibrator.compute_scales`).
-    """
+    """ONE ``all_reduce(MAX)`` of the table on ``device``; as :meth:`KVScaleCalibrator.compute_scales`."""
     return calibrator.compute_scales(group=group, device=device)
 
 
 def nemo_rl_calibration_result(
     scales: KVScales, percentile: float, margin: float
 ) -> dict[str, Any]:
-    """NeMo-RL v0.7.0's return value: ``{"format", "percentile", "margin", "layers"}``.
-
-    ``layers`` is the flat ``{vLLM parameter name: float}`` dict that upstream builds with
-    ``convert_calibration_to_vllm_format`` and the driver passes as ``kv_scales`` to the
-    refit: ``model.layers.N.self_attn.attn.q_scale`` (``include_q`` only),
-    ``model.layers.N.self_attn.k_scale`` and ``.v_scale`` for every global layer N.
-    """
+    """NeMo-RL's return value ``{"format", "percentile", "margin", "layers": {vLLM name: float}}``."""
     return {
         "format": FP8_FORMAT,
         "percentile": float(percentile),
@@ -276,35 +226,20 @@ def calibrate_qkv_fp8_scales(
     device: torch.device | None = None,
     previous_scales: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Hook, run the forward passes, reduce over ``group`` and return NeMo-RL's dict.
+    """Hook, run the forward passes, reduce over ``group`` and return NeMo-RL's dict (every rank alike).
 
-    Logs (INFO) the largest calibration value over ``scale * 448`` per kind, the max over
-    layers (:func:`~nemo_ais.refit.kv_scales.kv_saturation_metrics`; > 1: the calibration
-    data saturates in E4M3), and WARNING when that happens. With ``previous_scales`` (the
-    last calibration's ``layers``: the scales the rollout engine held while it generated
-    the data calibrated on now) it also counts the elements of this calibration's K / V
-    with ``|x| > previous scale * 448`` -- what that FP8 KV cache saturated, up to the
-    trainer/engine numerics -- and logs ``kv_cache/saturated_frac_<kind>`` over every
-    layer and rank (one more ``all_reduce(SUM)`` of a ``[2, layers, 3]`` table; WARNING
-    above 0.1 %, the share the element-percentile rule clips by design).
+    Logs the peak over ``scale * 448`` per kind (WARNING > 1). With ``previous_scales`` (the
+    scales the engine held while generating this data) it also logs
+    ``kv_cache/saturated_frac_<kind>`` (one more ``all_reduce(SUM)``; WARNING above 0.1 %).
 
     Args:
-        model: this rank's Megatron-Core model (its pipeline stage's layers).
-        run_forward: runs every calibration forward pass on this rank (e.g. the worker's
-            ``get_logprobs`` on its data shard); its result is discarded.
-        num_layers: the model's total (global) number of transformer layers.
-        percentile: p of the rule, in (0, 100].
-        margin: head-room factor, in [1, 4].
-        include_q: also calibrate Q (``q_scale``); K/V only otherwise.
-        reduction: ``percentile_of_amax`` (NeMo-RL's rule) or ``element_percentile``.
-        group: the group spanning every rank of the model (None = one process).
-        device: device of the collective (the CUDA device for NCCL).
-        previous_scales: ``{vLLM scale name: float}`` in use until now, or None (first
-            calibration: nothing counted).
-
-    Returns:
-        ``{"format": "fp8", "percentile": float, "margin": float, "layers": {name: float}}``,
-        identical on every rank of ``group``.
+        model: this rank's Megatron-Core model.
+        run_forward: runs every calibration forward on this rank (result discarded).
+        num_layers: the global number of transformer layers.
+        percentile: p of the rule, in (0, 100]. margin: in [1, 4].
+        include_q: also calibrate Q. reduction: the rule.
+        group: spans every rank of the model (None: one process). device: of the collective.
+        previous_scales: ``{vLLM scale name: float}`` in use until now, or None.
     """
     config = kv_calibration_config(percentile, margin, include_q, reduction)  # validated
     calibrator = KVScaleCalibrator(num_layers, config)
@@ -326,11 +261,7 @@ def calibrate_qkv_fp8_scales(
 
 
 def previous_kv_scales(layers: Mapping[str, float], num_layers: int) -> KVScales:
-    """The scales a previous calibration returned (``{vLLM scale name: float}``) as a table.
-
-    A kind without a scale (q when it was not calibrated) gets +inf: nothing counts as
-    saturated there.
-    """
+    """A previous calibration's ``{vLLM name: float}`` as a table (+inf where a kind has none)."""
     table = torch.full((num_layers, len(KINDS)), math.inf, dtype=torch.float64)
     for layer in range(num_layers):
         for j, kind in enumerate(KINDS):
@@ -345,12 +276,7 @@ def log_saturated_fraction(
     group: dist.ProcessGroup | None,
     device: torch.device | None = None,
 ) -> dict[str, float]:
-    """``kv_cache/saturated_frac_<kind>`` summed over ranks; logged (INFO, WARNING > 0.1 %).
-
-    Returns:
-        ``{"kv_cache/saturated_frac_k": float, "kv_cache/saturated_frac_v": float}`` (and
-        ``_q`` if observed), identical on every rank of ``group``.
-    """
+    """``kv_cache/saturated_frac_<kind>`` summed over ranks, logged (WARNING > 0.1 %) and returned."""
     table = torch.stack([counter.saturated, counter.total])
     if group is not None:
         table = table.to(device)
