@@ -1,12 +1,8 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """Compatibility face of the former ``nemo_ais.fp8`` package (issue 24 split it by what it holds).
 
-The quantizers live in :mod:`nemo_ais.formats`, the simulated rollout engine in
-:mod:`nemo_ais.rollout`, the refit stream and KV scales in :mod:`nemo_ais.refit`, the
-``attribute`` and ``calibrate-input-amax`` tools in :mod:`nemo_ais.tools`. The public
-names below and every former submodule path (``nemo_ais.fp8.twin``, ``...kv_scales``, ...)
-keep importing: a former submodule resolves to the module that replaced it (the same
-module object, so ``monkeypatch`` and ``isinstance`` see one thing).
+Its public names and every former submodule path (``nemo_ais.fp8.twin``, ...) keep
+importing: a former submodule resolves to the module that replaced it (the same object).
 """
 
 import importlib

@@ -13,12 +13,9 @@
 # limitations under the License.
 """The correction modes: one module each, one :class:`~nemo_ais.modes.Mode` record each.
 
-:data:`MODES` maps ``loss_fn.ais.mode`` to its record, in the order of the docs (the
-uncorrected arm, the token corrections, AIS, then the sequence-level and rejection modes
-of veRL / AReaL / QaRL). Adding a mode is one module here that exports ``MODE`` and one
-line below; the config (its ``loss_fn.ais.<mode>`` sub-section), the loss, the statistics,
-the diagnostics, the embedded recipe, ``analyze`` and the pre-flight checks read the record.
-See ``docs/architecture.md`` ("Where a new correction mode goes").
+:data:`MODES` maps ``loss_fn.ais.mode`` to its record, in the order of the docs. Adding a
+mode is one module here exporting ``MODE`` and one line below (``docs/architecture.md``,
+"Where a new correction mode goes").
 """
 
 from nemo_ais.modes import ais, icepop, kl_rs, m2po, none, seq_mask_geo, seq_mis, seq_tis, tbpo, tis

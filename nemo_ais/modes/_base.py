@@ -13,17 +13,10 @@
 # limitations under the License.
 """The record of a correction mode, and the tensor helpers its weight function uses.
 
-A correction mode is ONE module of this package exporting ``MODE = Mode(...)``: its
-weight function and every fact the rest of the package reads about it (is it an importance
-weight, the alpha it applies, the global-batch value it needs and how that is computed,
-its ``loss_fn.ais.<mode>`` sub-section, whether ``analyze`` replays it). The loss, the
-statistics, the diagnostics, the config, the recipe, the replay and the pre-flight checks
-read the record (:data:`nemo_ais.modes.MODES`); none of them names a mode.
-
-Import-light on purpose: pydantic and the standard library at import, torch only where a
-tensor is formed, so :mod:`nemo_ais.config` (and the pre-flight tool on a login node
-without torch) can validate a ``loss_fn.ais`` section. Weight functions use tensor methods
-and the helpers below; ratio direction everywhere: rho = pi_old / mu, l = log pi_old - log mu.
+The loss, statistics, diagnostics, config, recipe, replay and pre-flight checks read the
+record (:data:`nemo_ais.modes.MODES`); none of them names a mode. Import-light: torch only
+where a tensor is formed, so the torch-free pre-flight can validate ``loss_fn.ais``.
+rho = pi_old / mu, l = log pi_old - log mu.
 """
 
 from __future__ import annotations
@@ -70,12 +63,7 @@ def uncorrected(diagnostics: Mapping[str, float]) -> float:
 
 @dataclass(frozen=True)
 class BatchStatistic:
-    """A global-batch value the mode needs beyond the fixed statistics (e.g. m2po's q*).
-
-    ``size`` float64 slots are appended to the statistics vector (step 4c of
-    :mod:`nemo_ais.core.stats`) and reduced in the same ONE all-reduce; the diagnostics turn
-    the reduced slots into :class:`~nemo_ais.core.AISDiagnostics` fields.
-    """
+    """A global-batch value beyond the fixed statistics (m2po's q*): ``size`` slots in the ONE all-reduce."""
 
     size: int
     # (log_rho_c [B, T] float64, ok [B, T] bool, n_tok 0-dim float64) -> [size] local sums
@@ -86,11 +74,7 @@ class BatchStatistic:
 
 @dataclass(frozen=True)
 class Replay:
-    """How ``nemo_ais analyze`` replays the mode's weight from logged log-probs.
-
-    ``affected`` (None: none) marks the valid tokens the mode masks or floors;
-    ``frac_capped`` (None: 0) adds the share capped at C, from the step's diagnostics.
-    """
+    """How ``analyze`` replays the weight: ``affected`` tokens masked or floored, ``frac_capped`` (None: 0)."""
 
     affected: Callable[..., torch.Tensor] | None = None
     frac_capped: Callable[[Any], float] | None = None
@@ -103,25 +87,20 @@ class Mode:
     Attributes:
         name: ``loss_fn.ais.mode`` value (and the name of its sub-section, if any).
         weight: ``(logp_old, logp_rollout, valid, config, batch_value) -> [B, T]`` detached
-            weight w_hat, 0 where ``valid`` is False.
-        importance_weight: w_hat is an importance weight (``batch_normalize`` may divide
-            it by its global batch mean); False for none and the rejection modes.
-        applied_alpha: diagnostics (name -> value) -> the position between the uncorrected
-            (0) and the fully weighted (1) gradient this mode applies.
-        batch_field: the :class:`~nemo_ais.core.AISDiagnostics` field passed to ``weight``
-            as ``batch_value`` (ais: ``alpha``; m2po: ``m2po_threshold``), None: none.
-        batch_statistic: extra global-batch sums the mode's ``batch_field`` is formed from.
-        batch_mean: ``(alpha, w_mean) -> global mean of w_hat`` in closed form from the
-            fixed statistics (ais); None: from the mode's own sums (``batch_normalize``).
-        mode_stats: sum the mode's weight in the statistics (``ais/mode_*`` telemetry).
-        seq_level: one weight per sequence (its statistics count sequences, not tokens).
-        surrogate: the loss's step-4 surrogate, ``"token"`` (PPO clip) or ``"tbpo"``.
-        surrogate_conflicts: ``loss_fn`` option -> why the mode's surrogate excludes it.
-        unused_options: ``loss_fn`` options the mode's surrogate does not read (pre-flight
-            warns when they are set), and ``unused_why``, the hint of that warning.
-        config: the ``loss_fn.ais.<name>`` sub-section model, None if the mode has no knob.
-        moved_keys: the flat ``loss_fn.ais`` keys of the earlier layout -> the key in its
-            sub-section (refused with the new name).
+            w_hat, 0 where not ``valid``.
+        importance_weight: ``batch_normalize`` may divide w_hat by its batch mean.
+        applied_alpha: diagnostics -> the position between the uncorrected (0) and the fully
+            weighted (1) gradient.
+        batch_field: the ``AISDiagnostics`` field passed as ``batch_value`` (None: none).
+        batch_statistic: extra global-batch sums ``batch_field`` is formed from.
+        batch_mean: ``(alpha, w_mean) -> mean of w_hat`` in closed form (ais); None: summed.
+        mode_stats: sum the weight in the statistics (``ais/mode_*``).
+        seq_level: one weight per sequence.
+        surrogate: the step-4 surrogate, ``"token"`` or ``"tbpo"``.
+        surrogate_conflicts: ``loss_fn`` option -> why the surrogate excludes it.
+        unused_options: ``loss_fn`` options the surrogate ignores (``unused_why``: the hint).
+        config: the ``loss_fn.ais.<name>`` sub-section model, None if no knob.
+        moved_keys: flat keys of the earlier layout -> the key in the sub-section.
         replay: how ``analyze`` replays it; None: not replayed.
     """
 
@@ -199,17 +178,7 @@ def where_valid(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 def log_ratio(
     logp_old: torch.Tensor, logp_rollout: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
-    """Step 1: l = log pi_old - log mu at valid positions, 0 elsewhere.
-
-    Args:
-        logp_old: ``[B, T]`` trainer log-probs (``prev_logprobs``), any float dtype.
-        logp_rollout: ``[B, T]`` rollout log-probs (``generation_logprobs``).
-        valid: bool ``[B, T]``, ``mask == 1``.
-
-    Returns:
-        ``[B, T]`` detached, float32 (float64 if an input is float64). Masked positions
-        hold 0, so -inf padding never produces NaN.
-    """
+    """Step 1: l = log pi_old - log mu at ``valid`` positions, 0 elsewhere (detached, float32 or float64)."""
     dtype = compute_dtype(logp_old, logp_rollout)
     log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)
     return where_valid(valid, log_rho)

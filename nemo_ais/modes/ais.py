@@ -11,12 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Mode ``ais``: w_hat = (1 - alpha) + alpha * min(rho, C) **[reconstruction]** of arXiv 2605.13907.
-
-alpha is the diagnostics' mixing coefficient of the global batch
-(:mod:`nemo_ais.core.diagnostics`); the cap C is the shared ``loss_fn.ais.weight_cap`` and
-the mixer's constants are ``loss_fn.ais``'s own (the method's, not a sub-section).
-"""
+"""Mode ``ais``: w_hat = (1 - alpha) + alpha * min(rho, C) **[reconstruction]** of arXiv 2605.13907."""
 
 from __future__ import annotations
 
@@ -26,11 +21,7 @@ __all__ = ["MODE"]
 
 
 def weight(logp_old, logp_rollout, valid, config, alpha):
-    """w_hat = (1 - alpha) + alpha * min(rho, C) ([reconstruction]).
-
-    Hot path (every micro-batch): five elementwise ops, no sanitising pass; garbage at
-    masked positions (inf, NaN) is dropped by the final ``where``.
-    """
+    """w_hat = (1 - alpha) + alpha * min(rho, C) ([reconstruction]); masked garbage dropped by ``where``."""
     dtype = compute_dtype(logp_old, logp_rollout)
     log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)
     w_tok = log_rho.exp_().clamp_(max=config.weight_cap)

@@ -13,8 +13,7 @@
 # limitations under the License.
 """Mode ``kl_rs``: KL rejection sampling, w_hat_i = 1[s_i <= thr] * 1[no token rho < v] (veRL).
 
-s_i = abs(mean_t k(l_it)) or max_t abs(k(l_it)), k1 = -l, k2 = l^2 / 2, k3 = rho - 1 - l
-(veRL's k1/k2/k3 rejection with the token veto). A rejection, not an importance weight.
+s_i = abs(mean_t k(l_it)) or max_t abs(k(l_it)), k1 = -l, k2 = l^2 / 2, k3 = rho - 1 - l.
 """
 
 from __future__ import annotations

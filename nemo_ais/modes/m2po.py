@@ -13,12 +13,9 @@
 # limitations under the License.
 """Mode ``m2po``: w_hat_it = 1[(l^c_it)^2 < q*], q* from the global batch (AReaL M2PO, binned).
 
-Batch statistic (step 4c of :mod:`nemo_ais.core.stats`): M2PO_BINS fixed bins of
-q = (l^c)^2 (bin 0 = [0, Q0), bin b >= 1 = [Q0 r^(b-1), Q0 r^b), r = sqrt 2, the last bin
-open above: Q0 r^62 ~ 2e3 > L^2 = 400 at the default L = 20), the count and the sum of q
-per bin, reduced in the same all-reduce as the fixed statistics. The diagnostics' q* drops
-whole bins from the top until the kept tokens' mean q is <= tau. A mask, not an importance
-weight.
+Batch statistic: count and sum of q = (l^c)^2 in M2PO_BINS bins a factor sqrt 2 wide
+(from Q0, the last open above L^2), in the same all-reduce; q* drops whole bins from the
+top until the kept mean q is <= tau.
 """
 
 from __future__ import annotations
@@ -55,11 +52,7 @@ def bin_lower_edges() -> list[float]:
 
 
 def histogram(log_rho_c, ok, n_tok):
-    """Step 4c: the count of q = (l^c)^2 per bin, then the sum of q per bin, ``[2 M2PO_BINS]``.
-
-    l^c = 0 at invalid positions: those land in bin 0 with q = 0 and are taken out of its
-    count (``ok.numel() - n_tok`` of them).
-    """
+    """Step 4c: counts then sums of q = (l^c)^2 per bin, ``[2 M2PO_BINS]`` (invalid positions out of bin 0)."""
     q = log_rho_c.square().reshape(-1)
     index = (q / M2PO_Q0).log2().mul_(2).floor_().add_(1).clamp_(0, M2PO_BINS - 1)
     index = index.masked_fill(q < M2PO_Q0, 0).long()
@@ -72,12 +65,10 @@ def histogram(log_rho_c, ok, n_tok):
 
 
 def threshold(tail: list[float], n_tok: float, config) -> dict[str, float]:
-    """q* and the masked fraction from the reduced histogram (python floats).
+    """q* (the lower edge of the last bin dropped) and the masked fraction from the reduced histogram.
 
-    Drops whole bins from the top until the kept tokens' mean q is <= tau; q* = the lower
-    edge of the last bin dropped (M2PO_OFF: none dropped). Binned, so it may mask up to one
-    bin more than AReaL's exact per-token sort (bins are a factor sqrt 2 wide): the kept
-    second moment is <= tau either way.
+    Binned, so it may mask one bin more than AReaL's per-token sort; the kept second moment
+    is <= tau either way.
     """
     counts, sums = tail[:M2PO_BINS], tail[M2PO_BINS:]
     kept_n, kept_q = n_tok, math.fsum(sums)

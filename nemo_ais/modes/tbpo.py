@@ -13,10 +13,8 @@
 # limitations under the License.
 """Mode ``tbpo``: QaRL's trust-band policy optimisation **[reconstruction]** (arXiv 2604.07853).
 
-Weight: w_hat_i = min(rho_geo,i, C_s) = exp(clamp(S_i / n_i, -L, log C_s)) (QaRL's sequence
-mismatch weight; C_s the shared ``loss_fn.ais.seq_weight_cap``). Surrogate: the loss swaps
-the token PPO clip for the band of the sequence ratio s_i = exp(mean_t log(pi_theta /
-pi_old)) (``loss_fn.ais.tbpo``; :func:`nemo_ais.core.surrogate.tbpo_surrogate`).
+Weight: w_hat_i = exp(clamp(S_i / n_i, -L, log C_s)); the loss swaps the token PPO clip
+for the band of the sequence ratio (:func:`nemo_ais.core.surrogate.tbpo_surrogate`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """Which linear layers stay in BF16: one rule, called by every place that needs to know.
 
-The twin (which modules it quantizes), the refit stream (which tensors it quantizes), the
-vLLM refit patch (through the stream) and the offline check (``nemo_ais.preflight``: which
-linears a block constraint applies to) all ask :meth:`KeepInBf16.reason`, so they cannot
-disagree (veRL #7519: an ignore pattern ``mlp.gate`` also matched ``mlp.gate_up_proj``,
-and rollout ran in BF16 what training treated as FP8). Rules, in priority order, on a HF
-module or parameter name (``model.layers.3.mlp.gate_proj(.weight)``):
+The twin, the refit stream, the vLLM refit patch and ``nemo_ais.preflight`` all ask
+:meth:`KeepInBf16.reason`, so they cannot disagree (veRL #7519: an ignore pattern
+``mlp.gate`` also matched ``mlp.gate_up_proj``, and rollout ran in BF16 what training
+treated as FP8). Rules, in priority order, on a HF module or parameter name:
 
-1. MoE routers: the module's LAST name part is ``gate``, ``router`` or
-   ``shared_expert_gate`` (a whole part, so ``gate_proj`` / ``gate_up_proj`` are not).
+1. MoE routers: the LAST name part is ``gate``, ``router`` or ``shared_expert_gate``.
 2. ``patterns``: regexes, ``re.search`` on the module name or the full name.
 3. The first ``first_layers`` and the last ``last_layers`` decoder layers.
 4. ``attention``: every ``self_attn`` projection.
-5. NeMo-RL's exclusion forms: ``keywords``, substrings of the name
-   (``vllm_cfg.quantization_ignored_layer_kws``), and ``ignore``, ModelOpt real-quant
-   fnmatch patterns (``policy.generation.real_quant_ignore``), matched as NeMo-RL matches
-   them: on the name and the name without its parameter suffix, each with the ``model.``
-   prefix added or removed.
+5. NeMo-RL's ``keywords`` (substrings) and ``ignore`` (ModelOpt fnmatch patterns), matched
+   as NeMo-RL does: with and without the parameter suffix and the ``model.`` prefix.
 """
 
 from __future__ import annotations

@@ -29,12 +29,7 @@ AIS_CONFLICTS: dict[str, Any] = {knob: off for knob, (off, _) in _AIS_CONFLICT_T
 
 
 def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
-    """One message per NeMo-RL ``loss_fn`` option that conflicts with ``loss_fn.ais.mode``.
-
-    Args:
-        loss_fn: the ``loss_fn`` section (absent keys count as off).
-        mode: the validated ``loss_fn.ais.mode``; ``"none"`` conflicts with nothing.
-    """
+    """One message per NeMo-RL ``loss_fn`` option that conflicts with ``mode`` (absent keys: off)."""
     if mode == "none":
         return []
     return [
@@ -49,14 +44,8 @@ def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
 def bypass_kl_in_reward_problems(loss_fn: Mapping[str, Any]) -> list[str]:
     """``loss_fn.ais.bypass`` with a KL term in the reward (``use_kl_in_reward``, beta != 0).
 
-    Bypass skips the trainer's ``prev_logprobs`` forward (NeMo-RL's ``force_on_policy_ratio``
-    path fills zeros), and ``use_kl_in_reward`` hands ``prev_logprobs`` to the advantage
-    estimator, which subtracts ``beta * KL(prev_logprobs, reference)``: the KL of zeros.
-    NeMo-RL main asserts against it (``grpo._validate_use_kl_in_reward_compat``); v0.7.0
-    does not. The one rule for the offline check and ``AISLossConfig``.
-
-    Args:
-        loss_fn: the ``loss_fn`` section (absent keys count as off).
+    Bypass fills ``prev_logprobs`` with zeros, and the advantage estimator would subtract
+    ``beta * KL`` of zeros (NeMo-RL main asserts against it; v0.7.0 does not).
     """
     ais = loss_fn.get("ais")
     bypass = getattr(ais, "bypass", None) if not isinstance(ais, Mapping) else ais.get("bypass")

@@ -1,15 +1,10 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """The GPU each rollout format needs to run as named, and what vLLM runs below it.
 
-vLLM picks a layer's kernel when it builds the engine and only logs a fallback (read from
-vLLM 0.20.0, NeMo-RL v0.7.0's pin, and 0.25.1, main's): ModelOpt NVFP4 linear layers take
-the first supported of FlashInfer-CUTLASS / CUTLASS (compute capability >= 10.0) and
-Marlin (>= 7.5, weight-only W4A16: the ``input_scale`` is folded away and never used);
-NVFP4 experts likewise (backend ``MARLIN``, expert input scales dropped). MXFP8 (NeMo-RL
-main's ``is_mx``) needs FlashInfer's SM100 kernel, and main's MXFP8 refit refuses any
-other. Blockwise FP8 runs CUTLASS / DeepGEMM from 9.0, Triton W8A8 on 8.9 and weight-only
-Marlin below. Torch-free: the runtime check (``nemo_ais.nemo_rl.engine_report``) and the
-offline check (``nemo_ais.preflight``) both read this table.
+vLLM (0.20.0 and 0.25.1) picks a kernel at engine build and only logs a fallback: NVFP4
+needs compute capability >= 10.0, else weight-only Marlin (``input_scale`` dropped); MXFP8
+needs SM100; block FP8 runs weight-only Marlin below 8.9. Torch-free: the runtime check
+and ``nemo_ais.preflight`` both read this table.
 """
 
 from __future__ import annotations

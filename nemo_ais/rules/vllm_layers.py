@@ -1,10 +1,8 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """vLLM's view of a HF parameter name: its decoder layer, its projection, its fused layer.
 
-vLLM loads q/k/v_proj into one ``qkv_proj`` and gate/up_proj (also each expert's) into
-one ``gate_up_proj``: column-parallel layers (out dim split over TP ranks), while
-``o_proj`` and ``down_proj`` are row-parallel (in dim split). A HF model that is already
-fused (Phi-3: ``qkv_proj``, ``gate_up_proj``) names the fused layer itself.
+q/k/v_proj load into one column-parallel ``qkv_proj``, gate/up_proj into ``gate_up_proj``;
+``o_proj`` and ``down_proj`` are row-parallel. Pre-fused HF models name the fused layer.
 """
 
 from __future__ import annotations
@@ -43,12 +41,7 @@ def projection(name: str) -> str | None:
 
 
 def fused_shard_group(name: str) -> str:
-    """The fused vLLM layer a module or weight name belongs to (itself if none).
-
-    ``model.layers.3.self_attn.k_proj(.weight)`` -> ``model.layers.3.self_attn.qkv_proj``;
-    ``...mlp.up_proj`` -> ``...mlp.gate_up_proj``; anything else -> ``name`` (weight
-    suffix removed).
-    """
+    """The fused vLLM layer of a module or weight name (``k_proj`` -> ``qkv_proj``; else itself)."""
     module = name.removesuffix(".weight")
     prefix, _, leaf = module.rpartition(".")
     if not prefix or leaf not in _FUSED_OF:
