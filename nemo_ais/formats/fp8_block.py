@@ -72,7 +72,7 @@ _FAMILIES = ("a", "b", "c")
 _BAND_ELEMS = 1 << 20  # fp32 elements of the per-band working copy (4 MiB)
 
 
-def _check_args(name: str, family: str, eps: float, block: tuple[int, int]) -> None:
+def check_blockwise_args(name: str, family: str, eps: float, block: tuple[int, int]) -> None:
     """Validate the scalar arguments shared by every entry point."""
     if family not in _FAMILIES:
         raise ValueError(f"{name}: family={family!r} is invalid: expected one of {_FAMILIES}")
@@ -233,7 +233,7 @@ def quantize_blockwise(
         ValueError: non-finite values (count and first index), a bad shape, dtype, family,
             eps or block.
     """
-    _check_args(name, family, eps, block)
+    check_blockwise_args(name, family, eps, block)
     if x.dim() not in (2, 3) or x.dtype not in FLOAT_INPUTS:
         raise ValueError(
             f"{name}: got {list(x.shape)} {x.dtype}, expected a 2-D [N, K] or 3-D [E, N, K] "
@@ -292,7 +292,7 @@ def dequantize_blockwise(
     name: str = "q",
 ) -> torch.Tensor:
     """Inverse of :func:`quantize_blockwise`: ``x = q * s`` per ``block`` tile in fp32, then ``dtype``."""
-    _check_args(name, "a", 0.0, block)
+    check_blockwise_args(name, "a", 0.0, block)
     if q.dim() not in (2, 3):
         raise ValueError(f"{name}: got {list(q.shape)}, expected [N, K] or [E, N, K]")
     _check_dequant(q, scale, block, q.dim() - 2, name)
@@ -319,7 +319,7 @@ def quantize_activations(
     Raises:
         ValueError: non-finite input (count and first index), bad dtype or arguments.
     """
-    _check_args(name, family, eps, (1, group))
+    check_blockwise_args(name, family, eps, (1, group))
     if x.dim() < 1 or x.dtype not in FLOAT_INPUTS:
         raise ValueError(
             f"{name}: got {list(x.shape)} {x.dtype}, expected a [..., K] floating tensor"
@@ -351,7 +351,7 @@ def dequantize_activations(
     Returns:
         Tensor of ``q``'s shape and ``dtype`` (empty if ``q`` is).
     """
-    _check_args(name, "a", 0.0, (1, group))
+    check_blockwise_args(name, "a", 0.0, (1, group))
     if q.dim() < 1:
         raise ValueError(f"{name}: got a 0-dim tensor, expected [..., K]")
     _check_dequant(q, scale, (group,), q.dim() - 1, name)

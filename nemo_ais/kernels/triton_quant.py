@@ -42,6 +42,7 @@ from nemo_ais.formats import (
     quantize_nvfp4,
 )
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_amax, check_last_dim
+from nemo_ais.formats.fp8_block import check_blockwise_args
 from nemo_ais.formats.nvfp4 import nvfp4_global_scale
 
 __all__ = [
@@ -112,12 +113,7 @@ def _kernels_for(x: torch.Tensor) -> ModuleType:
 
 
 def _check_blockwise_args(x, block, family, eps, name) -> None:
-    if family not in _FAMILY_INDEX:
-        raise ValueError(f"{name}: family={family!r} is invalid: expected one of ('a', 'b', 'c')")
-    if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"{name}: eps={eps!r} is invalid: expected a finite float >= 0")
-    if len(block) != 2 or any(not isinstance(b, int) or b <= 0 for b in block):
-        raise ValueError(f"{name}: block={block!r} is invalid: expected two positive ints")
+    check_blockwise_args(name, family, eps, block)
     if x.dim() not in (2, 3) or x.dtype not in FLOAT_INPUTS:
         raise ValueError(
             f"{name}: got {list(x.shape)} {x.dtype}, expected a 2-D [N, K] or 3-D [E, N, K] "
