@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 
 import torch
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from nemo_ais.alarms import ALARM_KINDS, ALARM_PREFIX, AISAlarmsConfig
 from nemo_ais.config import (
@@ -136,26 +136,17 @@ class _CallCounts(NamedTuple):
     index: int | None  # global batch of the call's rows (None: untagged, -1: no rows)
 
 
-def _ais_off() -> CorrectionConfig:
-    return CorrectionConfig(mode="none")
+# our loss_fn sections -> (model, the section when absent: off, not the model's default)
+_SECTIONS = {
+    "ais": (CorrectionConfig, {"mode": "none"}),
+    "ais_alarms": (AISAlarmsConfig, {"enabled": False}),
+}
 
 
-def _validate_ais_section(value: Any) -> CorrectionConfig:
-    """``loss_fn.ais``; absent (None) means AIS off, not CorrectionConfig's default mode."""
-    if value is None:
-        return _ais_off()
-    return validate_section(CorrectionConfig, value, "loss_fn.ais")
-
-
-def _alarms_off() -> AISAlarmsConfig:
-    return AISAlarmsConfig(enabled=False)
-
-
-def _validate_alarms_section(value: Any) -> AISAlarmsConfig:
-    """``loss_fn.ais_alarms``; absent (None) means the refit guard is off."""
-    if value is None:
-        return _alarms_off()
-    return validate_section(AISAlarmsConfig, value, "loss_fn.ais_alarms")
+def _validate_section(key: str, value: Any) -> CorrectionConfig | AISAlarmsConfig:
+    """``loss_fn.<key>`` validated; absent (None) means off."""
+    model, off = _SECTIONS[key]
+    return model(**off) if value is None else validate_section(model, value, f"loss_fn.{key}")
 
 
 class AISLossConfig(ClippedPGLossConfig):
@@ -167,23 +158,18 @@ class AISLossConfig(ClippedPGLossConfig):
     """
 
     ais: CorrectionConfig = Field(
-        default_factory=_ais_off,
+        default_factory=lambda: _validate_section("ais", None),
         description="AIS correction (nemo_ais.config.CorrectionConfig); absent = mode none.",
     )
     ais_alarms: AISAlarmsConfig = Field(
-        default_factory=_alarms_off,
+        default_factory=lambda: _validate_section("ais_alarms", None),
         description="Refit guard in the AIS worker (AISAlarmsConfig); absent = off.",
     )
 
-    @field_validator("ais", mode="before")
+    @field_validator("ais", "ais_alarms", mode="before")
     @classmethod
-    def _validate_ais(cls, value: Any) -> CorrectionConfig:
-        return _validate_ais_section(value)
-
-    @field_validator("ais_alarms", mode="before")
-    @classmethod
-    def _validate_ais_alarms(cls, value: Any) -> AISAlarmsConfig:
-        return _validate_alarms_section(value)
+    def _validate_sections(cls, value: Any, info: ValidationInfo) -> Any:
+        return _validate_section(info.field_name, value)
 
     @model_validator(mode="after")
     def _check_conflicts(self) -> AISLossConfig:
@@ -215,8 +201,8 @@ def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AI
     if isinstance(loss_fn, AISLossConfig):
         return loss_fn
     data = loss_fn.model_dump() if isinstance(loss_fn, ClippedPGLossConfig) else dict(loss_fn)
-    data["ais"] = _validate_ais_section(data.get("ais"))
-    data["ais_alarms"] = _validate_alarms_section(data.get("ais_alarms"))
+    for key in _SECTIONS:
+        data[key] = _validate_section(key, data.get(key))
     try:
         return AISLossConfig.model_validate(data)
     except ValueError as err:  # pydantic's ValidationError is a ValueError

@@ -201,10 +201,10 @@ def test_alarm_section_validation_names_the_field():
 def test_shipped_base_config_carries_the_section_at_its_defaults():
     import yaml
 
-    from nemo_ais.nemo_rl.loss import _validate_alarms_section
+    from nemo_ais.nemo_rl.loss import _validate_section
 
     path = os.path.join(os.path.dirname(__file__), "../../configs/nemo_rl/grpo_ais_base.yaml")
     with open(path) as f:
         raw = yaml.safe_load(f)["loss_fn"]["ais_alarms"]
     assert raw == AISAlarmsConfig().model_dump()  # keys == fields, values == defaults
-    assert _validate_alarms_section(raw) == AISAlarmsConfig()
+    assert _validate_section("ais_alarms", raw) == AISAlarmsConfig()
