@@ -125,6 +125,19 @@ def _floor_pow2(m):
 
 
 @triton.jit
+def _store_e2m1_pairs(
+    q_ptr, y, xb, rows64, rmask, pk, k, BR: tl.constexpr, BK: tl.constexpr, TIES: tl.constexpr
+):
+    """Signed E2M1 codes of ``y`` (sign of ``xb``), two a byte, into columns ``pk`` of ``q [., k/2]``."""
+    code = _e2m1_code(tl.abs(y), TIES) | tl.where(xb < 0, 8, 0)
+    pairs = tl.reshape(code, (BR, BK // 2, 2)) << (tl.arange(0, 2) * 4)[None, None, :]
+    packed = _sum(pairs, 2)
+    pcols = pk * (BK // 2) + tl.arange(0, BK // 2)
+    pmask = rmask[:, None] & (pcols < k // 2)[None, :]
+    tl.store(q_ptr + rows64[:, None] * (k // 2) + pcols[None, :], packed.to(tl.uint8), pmask)
+
+
+@triton.jit
 def _count_bad(x):
     """Number of NaN / inf entries of fp32 ``x`` (NaN fails every comparison)."""
     return _sum(_sum((~(tl.abs(x) <= FP32_MAX)).to(tl.int32), 1), 0)
@@ -238,12 +251,7 @@ def mx_kernel(
         expo = _e8m0_exponent(amax, E4M3_MAX)
     y = xb * _exp2(-expo)[:, :, None]  # exact unless the product is subnormal (RNE)
     if FP4:
-        code = _e2m1_code(tl.abs(y), TIES_TO_ZERO) | tl.where(xb < 0, 8, 0)
-        pairs = tl.reshape(code, (BR, BK // 2, 2)) << (tl.arange(0, 2) * 4)[None, None, :]
-        packed = _sum(pairs, 2)
-        pcols = pk * (BK // 2) + tl.arange(0, BK // 2)
-        pmask = rmask[:, None] & (pcols < k // 2)[None, :]
-        tl.store(q_ptr + rows64[:, None] * (k // 2) + pcols[None, :], packed.to(tl.uint8), pmask)
+        _store_e2m1_pairs(q_ptr, y, xb, rows64, rmask, pk, k, BR, BK, TIES_TO_ZERO)
     else:
         y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
         code = tl.reshape(_e4m3_code(y), (BR, BK))
@@ -312,12 +320,7 @@ def nvfp4_kernel(
     d = _e4m3_value(scale_code) * s_g
     d = tl.where(d == 0, INF, d)
     y = tl.math.div_rn(xb, tl.broadcast_to(d[:, :, None], xb.shape))
-    code = _e2m1_code(tl.abs(y), False) | tl.where(xb < 0, 8, 0)
-    pairs = tl.reshape(code, (BR, BK // 2, 2)) << (tl.arange(0, 2) * 4)[None, None, :]
-    packed = _sum(pairs, 2)
-    pcols = pk * (BK // 2) + tl.arange(0, BK // 2)
-    pmask = rmask[:, None] & (pcols < k // 2)[None, :]
-    tl.store(q_ptr + rows64[:, None] * (k // 2) + pcols[None, :], packed.to(tl.uint8), pmask)
+    _store_e2m1_pairs(q_ptr, y, xb, rows64, rmask, pk, k, BR, BK, False)
     scols = pk * (BK // 16) + tl.arange(0, BK // 16)
     smask = rmask[:, None] & (scols < k // 16)[None, :]
     sbytes = scale_code.to(tl.uint8)
