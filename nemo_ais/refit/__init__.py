@@ -13,7 +13,6 @@ from nemo_ais.refit.kv_scales import (
 from nemo_ais.refit.stream import (
     BlockSyncConfig,
     Fp8SyncConfig,
-    Fp8SyncPlan,
     RefitConfig,
     RefitPlan,
     RefitStream,
@@ -28,7 +27,6 @@ from nemo_ais.refit.stream import (
 __all__ = [
     "BlockSyncConfig",
     "Fp8SyncConfig",
-    "Fp8SyncPlan",
     "KVScaleCalibrator",
     "KVScaleConfig",
     "KVScales",

@@ -58,11 +58,9 @@ from nemo_ais.rules.vllm_layers import (
 )
 
 __all__ = [
-    "BLOCK_SYNC_FORMATS",
     "BlockSyncConfig",
     "BlockWeightStream",
     "Fp8SyncConfig",
-    "Fp8SyncPlan",
     "PlanEntry",
     "RefitConfig",
     "RefitPlan",
@@ -70,7 +68,6 @@ __all__ = [
     "block_weight_stream",
     "fp8_weight_stream",
     "plan_block_sync",
-    "plan_block_tensor",
     "plan_fp8_sync",
     "plan_refit",
     "plan_tensor",
@@ -78,7 +75,6 @@ __all__ = [
     "scale_name",
 ]
 
-BLOCK_SYNC_FORMATS = ("nvfp4_w4a16", "nvfp4_w4a4", "mxfp8")
 _REFUSE_NAN = "refusing to sync NaN/Inf into the engine"
 _NORM_RE = re.compile(r"norm[^.]*\.weight$|\.ln_[^.]*\.weight$")
 
@@ -138,9 +134,6 @@ class RefitPlan:
 
     def __str__(self) -> str:
         return self.to_markdown()
-
-
-Fp8SyncPlan = RefitPlan
 
 
 def scale_name(name: str) -> str:
@@ -229,7 +222,6 @@ def plan_refit(named_tensors: Iterable[tuple[str, torch.Tensor]], config: RefitC
 
 
 plan_fp8_sync = plan_block_sync = plan_refit
-plan_block_tensor = plan_tensor
 
 
 class RefitStream:
@@ -259,11 +251,6 @@ class RefitStream:
             k: check_amax(v, f"input_amax[{k!r}]") for k, v in (input_amax or {}).items()
         }
         self._open: dict[str, dict[str, torch.Tensor]] = {}
-
-    @property
-    def open_groups(self) -> dict[str, tuple[str, ...]]:
-        """``{fused group: names of the shards held}`` still waiting for siblings."""
-        return {group: tuple(shards) for group, shards in self._open.items()}
 
     def plan(self, name: str, tensor: torch.Tensor) -> PlanEntry:
         """:func:`plan_tensor` for ``tensor`` under this stream's config."""
