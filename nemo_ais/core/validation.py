@@ -37,7 +37,6 @@ __all__ = [
     "check_mask",
     "check_scalar_count",
     "describe",
-    "fast_check",
     "raise_for_bad_values",
     "valid_positions",
 ]
@@ -151,26 +150,6 @@ def _bad_mask(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return torch.zeros_like(mask)
     return (mask != 0) & (mask != 1)
-
-
-def fast_check(
-    tensors: list[torch.Tensor], mask: torch.Tensor, valid: torch.Tensor
-) -> tuple[bool, bool]:
-    """One host sync: (all tensors finite at valid positions, mask values all in {0, 1}).
-
-    A finite sum over valid positions and sum |m (1 - m)| == 0; a false alarm only sends the
-    caller to the exact per-tensor count.
-    """
-    total = tensors[0]
-    for t in tensors[1:]:
-        total = total + (t.unsqueeze(-1) if t.dim() < total.dim() else t)
-    zero = torch.zeros((), dtype=total.dtype, device=total.device)
-    checks = [torch.where(valid, total, zero).sum().to(torch.float64)]
-    if mask.dtype != torch.bool:
-        checks.append((mask * (1 - mask)).abs().sum().to(torch.float64))
-    values = torch.stack(checks).tolist()
-    finite = math.isfinite(values[0])
-    return finite, len(values) == 1 or values[1] == 0
 
 
 def bad_value_counts(
