@@ -42,7 +42,7 @@ import torch
 from nemo_ais.config import PGLossConfig
 from nemo_ais.core.surrogate import KL_VALUES, LossInputs, Surrogate
 
-__all__ = ["MISMATCH_EXTREMES", "MISMATCH_KEYS", "mismatch_metrics"]
+__all__ = ["MISMATCH_EXTREMES", "mismatch_metrics"]
 
 LOG_2 = math.log(2)
 
@@ -52,14 +52,6 @@ MISMATCH_EXTREMES = (
     "mismatch/ratio_max",
     "mismatch/ratio_clamped_min",
     "mismatch/ratio_clamped_max",
-)
-MISMATCH_KEYS = (
-    "mismatch/mult_prob_error",
-    "mismatch/kl_rollout_old",
-    "mismatch/kl_old_rollout",
-    "mismatch/js_divergence",
-    "mismatch/entropy",
-    *MISMATCH_EXTREMES,
 )
 
 

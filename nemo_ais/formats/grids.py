@@ -68,7 +68,6 @@ E2M1_MAX = 6.0
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7
 E8M0_BIAS = 127
 E8M0_NAN = 255
-_SIGN_BIT = 8
 # Thresholds between neighbouring codes: (threshold, a tie goes up: the upper code is even).
 _E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
                     (3.5, True), (5.0, False))  # fmt: skip
