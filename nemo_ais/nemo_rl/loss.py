@@ -128,6 +128,11 @@ _ROUND: dict[torch.dtype, Callable[[Sequence[float]], list[float]]] = {
 }
 
 
+def _metric_dtype(next_token_logprobs: torch.Tensor, data: Mapping[str, Any]) -> torch.dtype:
+    """Core's compute dtype of a call: the summable metrics are rounded to it."""
+    return compute_dtype(next_token_logprobs, data["prev_logprobs"], data["advantages"])
+
+
 class _CallCounts(NamedTuple):
     """What a loss call reads in its one host sync (python floats)."""
 
@@ -311,7 +316,10 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             loss, metrics = super().__call__(
                 next_token_logprobs, data, global_valid_seqs, global_valid_toks
             )
-            metrics = {**metrics, **self._telemetry(next_token_logprobs, data, counts)}
+            metrics = {
+                **metrics,
+                **self._telemetry(_metric_dtype(next_token_logprobs, data), counts),
+            }
             return loss, {**metrics, **self._per_global_batch_alpha(metrics, counts.index)}
         index = global_batch_index(data)  # one host sync; read once for the loss and alpha_gb
         out = loss_from_prepared(
@@ -355,7 +363,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         ordered = {k: metrics[k] for k in NEMO_RL_METRIC_KEYS}
         ordered.update(metrics)
         if counts is not None:
-            ordered.update(self._alarm_telemetry(next_token_logprobs, data, counts))
+            ordered.update(self._alarm_telemetry(_metric_dtype(next_token_logprobs, data), counts))
         return ordered
 
     def _call_counts(
@@ -398,27 +406,23 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         (scale,) = rounded((n_tok_local / global_toks,))
         return rounded([value * scale for value in rounded(values)])
 
-    def _telemetry(
-        self, next_token_logprobs: torch.Tensor, data: Mapping[str, Any], counts: _CallCounts
-    ) -> dict[str, float]:
-        """``ais/*`` of the call's prepared global batch, summable form; {} if unprepared."""
-        if counts.index is None or not 0 <= counts.index < len(self._diagnostics):
-            return {}
-        diagnostics = self._diagnostics[counts.index]
-        dtype = compute_dtype(next_token_logprobs, data["prev_logprobs"], data["advantages"])
-        values = self._summable(dtype, counts, self._telemetry_values[counts.index])
-        out = dict(zip(AIS_METRIC_NAMES, values, strict=True))
-        if counts.global_toks == 0:  # the documented empty-batch result (core/metrics.py)
-            out["ais/empty_batch"] = diagnostics.empty_batch
-        return {**out, **self._alarm_telemetry(next_token_logprobs, data, counts)}
+    @staticmethod
+    def _at_batch(per_batch: Sequence[Any], counts: _CallCounts) -> Any:
+        """The entry of the call's global batch in ``per_batch`` (None: untagged or unprepared)."""
+        index = counts.index
+        return per_batch[index] if index is not None and 0 <= index < len(per_batch) else None
 
-    def _alarm_telemetry(
-        self, next_token_logprobs: torch.Tensor, data: Mapping[str, Any], counts: _CallCounts
-    ) -> dict[str, float]:
-        """``ais_alarm/*`` of the call's global batch as s * local / global toks; {} if none."""
-        if counts.index is None or not 0 <= counts.index < len(self._alarms):
+    def _telemetry(self, dtype: torch.dtype, counts: _CallCounts) -> dict[str, float]:
+        """``ais/*`` and ``ais_alarm/*`` of the call's prepared global batch, summable; {} if unprepared."""
+        values = self._at_batch(self._telemetry_values, counts)
+        if values is None:
             return {}
-        alarms = self._alarms[counts.index]
-        dtype = compute_dtype(next_token_logprobs, data["prev_logprobs"], data["advantages"])
-        values = self._summable(dtype, counts, list(alarms.values()))
-        return dict(zip(alarms, values, strict=True))
+        out = dict(zip(AIS_METRIC_NAMES, self._summable(dtype, counts, values), strict=True))
+        if counts.global_toks == 0:  # the documented empty-batch result (core/metrics.py)
+            out["ais/empty_batch"] = self._diagnostics[counts.index].empty_batch
+        return {**out, **self._alarm_telemetry(dtype, counts)}
+
+    def _alarm_telemetry(self, dtype: torch.dtype, counts: _CallCounts) -> dict[str, float]:
+        """``ais_alarm/*`` of the call's global batch as s * local / global toks; {} if none."""
+        alarms = self._at_batch(self._alarms, counts) or {}
+        return dict(zip(alarms, self._summable(dtype, counts, list(alarms.values())), strict=True))
