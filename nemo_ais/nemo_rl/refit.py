@@ -180,9 +180,7 @@ def install(module: Any, config: Fp8SyncConfig | BlockSyncConfig) -> bool:
             upstream_load_weights=original,
         )
 
-    setattr(load_weights, PATCHED, True)
-    load_weights.__wrapped__ = original
-    module.load_weights = load_weights
+    vllm_refit.patch(module, "load_weights", load_weights)
     logger.warning(
         "nemo_ais: %s.load_weights wrapped in pid %d: FP8 linear weights are quantized by "
         "nemo_ais.fp8 (family %s, backend %s)",

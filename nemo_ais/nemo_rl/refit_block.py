@@ -167,12 +167,9 @@ def install(module: Any, config: BlockSyncConfig) -> bool:
             passthrough = vllm_refit.upstream_pairs(original_load, model)
         model.load_weights(refit_block_pairs(weights, engine_holds, stream, passthrough))
 
-    for wrapper, original in ((load_weights, original_load), (is_fp8_model, original_is_fp8_model)):
-        setattr(wrapper, vllm_refit.PATCHED, True)
-        wrapper.__wrapped__ = original
-    module.load_weights = load_weights
+    vllm_refit.patch(module, "load_weights", load_weights)
     if nvfp4:
-        module.is_fp8_model = is_fp8_model
+        vllm_refit.patch(module, "is_fp8_model", is_fp8_model)
     logger.warning(
         "nemo_ais: %s.load_weights wrapped in pid %d: the BF16 refit is quantized to %s by "
         "nemo_ais.fp8",

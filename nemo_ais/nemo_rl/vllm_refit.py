@@ -27,6 +27,7 @@ __all__ = [
     "check_signatures",
     "config_from_env",
     "engine_pairs",
+    "patch",
     "unchanged",
     "upstream_pairs",
 ]
@@ -62,6 +63,13 @@ def check_signatures(module: Any, names: Iterable[str], recorded: dict[str, str]
             raise RuntimeError(
                 f"{module.__name__}.{name}: signature {found}, recorded {want} {fix}"
             )
+
+
+def patch(module: Any, name: str, wrapper: Callable) -> None:
+    """Replace ``module.<name>`` by ``wrapper``, marked :data:`PATCHED`, the original as ``__wrapped__``."""
+    setattr(wrapper, PATCHED, True)
+    wrapper.__wrapped__ = getattr(module, name)
+    setattr(module, name, wrapper)
 
 
 def config_from_env(env_var: str, model: type, environ: dict[str, str] | None = None) -> Any:
