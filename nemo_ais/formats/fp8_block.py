@@ -339,18 +339,7 @@ def dequantize_activations(
     *,
     name: str = "q",
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize_activations`: ``x = q * s`` per 1 x ``group`` tile.
-
-    Args:
-        q: ``[..., K]`` float8_e4m3fn codes.
-        scale: fp32 ``[..., ceil(K/group)]``.
-        group: the group size used to quantize.
-        dtype: output dtype.
-        name: tensor name used in error messages.
-
-    Returns:
-        Tensor of ``q``'s shape and ``dtype`` (empty if ``q`` is).
-    """
+    """Inverse of :func:`quantize_activations`: ``x = q * s`` per 1 x ``group`` tile, in ``dtype``."""
     check_blockwise_args(name, "a", 0.0, (1, group))
     if q.dim() < 1:
         raise ValueError(f"{name}: got a 0-dim tensor, expected [..., K]")
@@ -364,10 +353,7 @@ def dequantize_activations(
 def quantize_blockwise_reference(
     x: torch.Tensor, block: tuple[int, int] = (128, 128), eps: float = 1e-4
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepGEMM's ``per_block_cast_to_fp8`` for ``x [N, K]``: family "a", no UE8M0.
-
-    The short reference of the fast path :func:`quantize_blockwise` (bit-equal, tested).
-    """
+    """DeepGEMM's ``per_block_cast_to_fp8`` for ``x [N, K]`` (family "a"): the reference of :func:`quantize_blockwise`."""
     (n, k), (bn, bk) = x.shape, block
     xp = F.pad(x.to(torch.float32), (0, -k % bk, 0, -n % bn))
     tiles = xp.view(xp.shape[0] // bn, bn, xp.shape[1] // bk, bk)

@@ -11,10 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The worker-side AIS hook: prepare step and refit guard before ``train()``, state with checkpoints.
-
-Plain torch (no NeMo-RL import), so it is unit-testable on CPU with a stand-in worker.
-"""
+"""The worker-side AIS hook (plain torch): prepare step and refit guard before ``train()``, checkpointed state."""
 
 from __future__ import annotations
 
