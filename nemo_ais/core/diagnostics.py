@@ -193,7 +193,7 @@ def _smooth(alpha_raw: float, config: CorrectionConfig, state: AISState | None) 
 
 
 def _sums(global_stats: AISStats) -> dict[Slot, float]:
-    """The one host sync per global batch: the reduced vector as floats (``"tail"``: the mode's slots)."""
+    """The one host sync per global batch: the reduced vector as floats (``tail``: mode slots)."""
     values = global_stats.vector.tolist()
     out = {slot: values[slot] for slot in Slot}
     out["tail"] = values[NUM_SLOTS:]

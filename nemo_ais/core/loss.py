@@ -33,7 +33,7 @@ weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
                 tbpo **[reconstruction]** of QaRL's TBPO (arXiv 2604.07853; no code):
                 s_i = exp(clamp(mean_t log r_it, -L, L));
                 A >= 0: max(-A s_i, -A clip(s_i, 1 - clip_low, 1 + clip_high));
-                A < 0: -A clip(s_i, 1 - neg_clip_low, 1 + neg_clip_high); w_hat = min(rho_geo,i, C_s)
+                A < 0: -A clip(s_i, 1 - neg_clip_low, 1 + neg_clip_high); w_hat = min(rho_geo, C_s)
 5. KL penalty   x = clamp(log pi_ref - log pi_theta_kl, +-kl_input_clamp_value), pi_theta_kl =
                 kl_logprobs (NeMo-RL's curr_logprobs_unfiltered) or pi_theta;
                 k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x;
@@ -151,7 +151,7 @@ def _check_advantages(advantages, prev: torch.Tensor) -> None:
 
 
 def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor, kl_theta, on_policy_kl) -> LossInputs:
-    """Step 1b: the differences the loss needs, upcast; only log pi_theta (and pi_theta_kl) keep a graph.
+    """Step 1b: the differences the loss needs, upcast; only log pi_theta (and _kl) keep a graph.
 
     A, l and the coefficients are 0 where m = 0; log r and the KL input are not masked but
     finite there, so the clamps keep exp() finite and c = 0 removes them.
@@ -284,7 +284,7 @@ def _sanitised(
 
 
 def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.Tensor:
-    """Step 6: c_it = m / N_tok or m / (n_i N_seq), applied before the sum (a float32 sum could overflow)."""
+    """Step 6: c_it = m / N_tok or m / (n_i N_seq), applied before the sum (no float32 overflow)."""
     if token_level:
         return m / counts.n_tok
     n_tok_seq = m.sum(dim=-1, keepdim=True)
@@ -306,7 +306,7 @@ def _full(value: float, like: torch.Tensor) -> torch.Tensor:
 
 
 def _dot(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-    """sum_it values_it c_it with ``torch.sum`` (cascade summation; ``torch.dot`` accumulates worse)."""
+    """sum_it values_it c_it by ``torch.sum`` (cascade summation, more exact than ``torch.dot``)."""
     return (values * coef).sum()
 
 

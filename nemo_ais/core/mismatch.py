@@ -69,7 +69,7 @@ def mismatch_metrics(
     pg: PGLossConfig,
     log_ratio_clamp: float,
 ) -> dict[str, torch.Tensor]:
-    """The metrics of the module table, 0-dim detached tensors (no host sync; extremes +-inf if empty)."""
+    """The module table's metrics, 0-dim detached tensors (no host sync; +-inf if empty)."""
     c = log_ratio_clamp
     kl_value = KL_VALUES[pg.reference_policy_kl_type]
     log_rho = x.log_rho.clamp(-c, c)

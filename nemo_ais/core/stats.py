@@ -159,7 +159,7 @@ class AISStats:
         rho_sum: float | None = None,
         exp_abs_log_rho_sum: float | None = None,
     ) -> AISStats:
-        """Statistics from textbook sums (tests, tools): no-mismatch defaults, empty tail histograms."""
+        """Statistics from textbook sums (tests, tools): no-mismatch defaults, empty tails."""
         w_tok_sum = n_tok if w_tok_sum is None else w_tok_sum
         w_tok_sq_sum = n_tok if w_tok_sq_sum is None else w_tok_sq_sum
         rho_sum = n_tok if rho_sum is None else rho_sum
@@ -241,7 +241,7 @@ def _token_sums(log_rho, log_rho_c, n_tok, config):
 
 
 def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
-    """Step 4b: n, sum w, sum w^2, #{w = 0}, #{w = C_seq} of w_hat; zeros when the mode needs none."""
+    """Step 4b: n, sum w, sum w^2, #{w = 0}, #{w = C_seq} of w_hat (zeros if not needed)."""
     zero = torch.zeros((), dtype=STATS_DTYPE, device=ok.device)
     mode = MODES[config.mode]
     needed = mode.mode_stats or (config.batch_normalize and mode.batch_mean is None)
@@ -269,7 +269,7 @@ def _tail_bin(x):
 
 
 def _tail_histograms(log_rho, log_rho_c, n_tok_seq):
-    """Step 4c: |l| and k3_i counts per tail bin (invalid positions land in bin 0; the caller drops them)."""
+    """Step 4c: |l| and k3_i counts per tail bin (invalid positions in bin 0: caller drops)."""
     abs_log_rho = log_rho.abs().reshape(-1)
     k3_seq = (torch.expm1(log_rho_c) - log_rho_c).sum(dim=-1) / n_tok_seq.clamp(min=1)
     counts = torch.zeros(2, TAIL_BINS, dtype=STATS_DTYPE, device=log_rho.device)
@@ -340,7 +340,7 @@ def compute_statistics(
 def reduce_statistics(
     stats: AISStats, group: torch.distributed.ProcessGroup | None = None
 ) -> AISStats:
-    """Step 5: global :class:`AISStats` from ONE ``all_reduce(SUM)`` over ``group`` (None: a copy)."""
+    """Step 5: global :class:`AISStats` by ONE ``all_reduce(SUM)`` over ``group`` (None: a copy)."""
     if group is None:
         return stats
     vector = stats.vector.clone()

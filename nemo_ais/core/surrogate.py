@@ -69,7 +69,7 @@ def sequence_log_ratio(x: LossInputs, log_ratio_clamp: float) -> torch.Tensor:
 
 
 def token_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -> Surrogate:
-    """Step 4: per-token clipped surrogate ``[B, T]`` as NeMo-RL's ``ClippedPGLossFn`` (GSPO, CISPO)."""
+    """Step 4: per-token clipped surrogate ``[B, T]``, NeMo-RL's (GSPO and CISPO included)."""
     if pg.disable_ppo_ratio:  # before GSPO's ratio, as NeMo-RL
         r = x.logp_theta
         return Surrogate(-x.adv * r, r.detach(), r.detach())
@@ -122,7 +122,7 @@ KL_VALUES: dict[str, Callable] = {
 
 
 def _on_policy_kl_weight(log_w: torch.Tensor) -> torch.Tensor:
-    """NeMo-RL's ``nan_to_num(exp(log pi_theta_kl - log mu))``, with a zero (not NaN) gradient on overflow."""
+    """NeMo-RL's ``nan_to_num(exp(log pi_theta_kl - log mu))``; gradient 0 (not NaN) on overflow."""
     with torch.no_grad():
         lost = ~torch.isfinite(log_w.exp())
     return torch.where(lost, -math.inf, log_w).exp()

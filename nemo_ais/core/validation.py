@@ -55,7 +55,7 @@ def check_2d(name: str, t: object) -> None:
 
 
 def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:
-    """Raise ``TypeError`` / ``ValueError`` unless ``t`` is a floating tensor shaped and placed like ``ref``."""
+    """``TypeError`` / ``ValueError`` unless ``t`` is floating, shaped and placed like ``ref``."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: got {type(t).__name__}, expected a torch.Tensor like {ref_name}")
     if not t.is_floating_point():
@@ -155,7 +155,7 @@ def _bad_mask(mask: torch.Tensor) -> torch.Tensor:
 def bad_value_counts(
     logprobs: Mapping[str, torch.Tensor], mask: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
-    """Bad values per tensor as one float64 vector ``[len(logprobs) + 1]`` (mask last), no host sync."""
+    """Bad values per tensor: float64 ``[len(logprobs) + 1]`` (mask last), no host sync."""
     counts = [_bad_logprob(t, valid).sum() for t in logprobs.values()]
     counts.append(_bad_mask(mask).sum())
     return torch.stack(counts).to(torch.float64)

@@ -67,7 +67,7 @@ def check_last_dim(x: torch.Tensor, name: str, block: int, fmt: str) -> None:
 
 
 def check_amax(amax: float | torch.Tensor | None, name: str) -> torch.Tensor | None:
-    """A caller-given amax as a 0-dim fp32 tensor (None passes); ValueError unless one finite value >= 0."""
+    """A given amax as 0-dim fp32 (None passes); ValueError unless one finite value >= 0."""
     if amax is None:
         return None
     value = torch.as_tensor(amax, dtype=torch.float32)

@@ -53,7 +53,7 @@ def _build_wait_s() -> float:
 
 
 def _cpu_fingerprint() -> str:
-    """12 hex digits of the CPU (model, ISA features) and the source: a shared cache never loads a foreign build."""
+    """12 hex digits of CPU (model, ISA) and source: a shared cache loads no foreign build."""
     import platform
 
     info = {platform.machine(), platform.processor()}
@@ -151,7 +151,7 @@ def cpu_kernel():
 
 
 def kernel_for(x: torch.Tensor):
-    """The built extension if its kernels apply to ``x`` (non-empty contiguous fp32/bf16/fp16 CPU), else None."""
+    """The extension if it applies to ``x`` (non-empty contiguous fp32/bf16/fp16 CPU), or None."""
     if (
         x.device.type != "cpu"
         or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)

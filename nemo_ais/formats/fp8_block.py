@@ -111,7 +111,7 @@ def _floor_pow2(v: torch.Tensor) -> torch.Tensor:
 def _scales(
     amax: torch.Tensor, family: str, eps: float, ue8m0: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tile (dequant scale s, multiplier m) in fp32; a tile with floored amax 0 gets s = m = 1."""
+    """Per-tile (dequant scale s, multiplier m) in fp32; a floored amax of 0 gets s = m = 1."""
     amax = amax.clamp_min(eps) if eps > 0 else amax
     zero = amax == 0
     one = torch.ones_like(amax)
@@ -132,7 +132,7 @@ def _scales(
 
 
 def _band_rows(bn: int, k_pad: int, device: torch.device) -> int:
-    """Rows per band: whole tile rows, ~``_BAND_ELEMS`` fp32 elements on CPU, the whole weight on a GPU."""
+    """Rows per band: whole tile rows, ~``_BAND_ELEMS`` fp32 elements on CPU, all on a GPU."""
     return bn * max(1, band_elems(device, _BAND_ELEMS) // (bn * k_pad))
 
 
@@ -194,7 +194,7 @@ _FAMILY_INDEX = {"a": 0, "b": 1, "c": 2}  # the C++ kernel's family argument
 def _quantize_fused(
     x3: torch.Tensor, block: tuple[int, int], family: str, eps: float, ue8m0: bool
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(q, s)`` of ``x3 [E, N, K]`` by the fused CPU kernel; None where it does not apply or on NaN/inf."""
+    """``(q, s)`` of ``x3 [E, N, K]`` by the fused CPU kernel; None if it cannot, or on NaN."""
     ext = kernel_for(x3)
     if ext is None:
         return None
@@ -291,7 +291,7 @@ def dequantize_blockwise(
     *,
     name: str = "q",
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize_blockwise`: ``x = q * s`` per ``block`` tile in fp32, then ``dtype``."""
+    """Inverse of :func:`quantize_blockwise`: ``x = q * s`` per ``block`` tile, in ``dtype``."""
     check_blockwise_args(name, "a", 0.0, block)
     if q.dim() not in (2, 3):
         raise ValueError(f"{name}: got {list(q.shape)}, expected [N, K] or [E, N, K]")
@@ -339,7 +339,7 @@ def dequantize_activations(
     *,
     name: str = "q",
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize_activations`: ``x = q * s`` per 1 x ``group`` tile, in ``dtype``."""
+    """Inverse of :func:`quantize_activations`: ``x = q * s`` per 1 x ``group``, in ``dtype``."""
     check_blockwise_args(name, "a", 0.0, (1, group))
     if q.dim() < 1:
         raise ValueError(f"{name}: got a 0-dim tensor, expected [..., K]")
@@ -353,7 +353,7 @@ def dequantize_activations(
 def quantize_blockwise_reference(
     x: torch.Tensor, block: tuple[int, int] = (128, 128), eps: float = 1e-4
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepGEMM's ``per_block_cast_to_fp8`` for ``x [N, K]`` (family "a"): the reference of :func:`quantize_blockwise`."""
+    """DeepGEMM's ``per_block_cast_to_fp8`` of ``x [N, K]``: the reference of the "a" fast path."""
     (n, k), (bn, bk) = x.shape, block
     xp = F.pad(x.to(torch.float32), (0, -k % bk, 0, -n % bn))
     tiles = xp.view(xp.shape[0] // bn, bn, xp.shape[1] // bk, bk)
@@ -385,7 +385,7 @@ def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) ->
 
 
 def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
-    """Per-token 1x``group`` FP8 fake-quant ``dequant(quant(x))`` in fp32 (fused in the default setting)."""
+    """Per-token 1x``group`` FP8 fake-quant ``dequant(quant(x))`` in fp32 (fused by default)."""
     group, family, eps = knobs.activation_group, knobs.activation_family, knobs.activation_eps
     if family == "b" and not knobs.ue8m0 and eps > 0 and x.shape[-1] % group == 0:
         return _fake_quant_groups_b(x, group, eps, name)

@@ -97,7 +97,7 @@ def e2m1_codes_reference(a: torch.Tensor, *, ties_toward_zero: bool = False) -> 
 
 
 class Scratch:
-    """Reusable working buffers of a banded quantizer: ``get(name, shape, dtype)`` grows on demand."""
+    """Reusable buffers of a banded quantizer: ``get(name, shape, dtype)`` grows on demand."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -147,7 +147,7 @@ def _e2m1_tables(ties_toward_zero: bool, device: torch.device) -> tuple[torch.Te
 
 
 def e2m1_class_index_(y: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
-    """Class index (module doc) of contiguous fp32 ``y``, in place in ``y``'s memory: int32 in [0, 8190]."""
+    """Class index (module doc) of contiguous fp32 ``y``, in place: int32 in [0, 8190]."""
     b = y.view(torch.int32)
     torch.bitwise_right_shift(b, _CLASS_SHIFT, out=tmp)  # floor(b / 2^20)
     b.add_(_CLASS_LOW).bitwise_right_shift_(_CLASS_SHIFT)  # ceil(b / 2^20)
@@ -161,7 +161,7 @@ def e2m1_encode_(
     *,
     ties_toward_zero: bool = False,
 ) -> torch.Tensor:
-    """Signed E2M1 codes (uint8, sign bit 8) of contiguous fp32 ``y`` into ``out``; ``y`` is consumed.
+    """Signed E2M1 codes (uint8, sign bit 8) of contiguous fp32 ``y`` into ``out`` (consumes ``y``).
 
     Bit-equal to :func:`e2m1_codes_reference` with the sign bit; ``tmp`` is int32 of ``y``'s
     shape; ``ties_toward_zero``: ModelOpt's MXFP4 ``cast_fp4``.
@@ -187,7 +187,7 @@ def e2m1_codes(a: torch.Tensor, *, ties_toward_zero: bool = False) -> torch.Tens
 
 
 def pack_code_pairs(codes: torch.Tensor, out: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
-    """Pack uint8 codes ``[..., K]`` into ``out`` ``[..., K/2]`` via the int16 pair view (= :func:`pack_nibbles`)."""
+    """Pack uint8 codes ``[..., K]`` into ``out [..., K/2]`` via int16 pairs (= pack_nibbles)."""
     if sys.byteorder != "little":  # pragma: no cover - every supported platform is
         return out.copy_(pack_nibbles(codes))
     pairs = codes.view(torch.int16)
@@ -201,7 +201,7 @@ def to_uint8(v: torch.Tensor) -> torch.Tensor:
 
 
 def band_elems(device: torch.device, cpu_elems: int | None = None) -> int:
-    """fp32 elements of one band on ``device``: ``cpu_elems`` (cache-sized) on CPU, 2^26 on a GPU."""
+    """fp32 elements of a band on ``device``: ``cpu_elems`` (cache-sized) on CPU, 2^26 on a GPU."""
     if device.type != "cpu":
         return _BAND_ELEMS_GPU
     return _BAND_ELEMS if cpu_elems is None else cpu_elems

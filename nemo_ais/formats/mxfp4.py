@@ -55,7 +55,7 @@ _SIGN = 0x8
 
 @dataclass(frozen=True)
 class MXFP4Tensor:
-    """``data`` uint8 ``[..., K/2]`` (two E2M1 codes a byte), ``scale`` uint8 ``[..., K/32]`` (UE8M0)."""
+    """``data``: uint8 ``[..., K/2]``, two E2M1 codes a byte; ``scale``: UE8M0 ``[..., K/32]``."""
 
     data: torch.Tensor
     scale: torch.Tensor
@@ -126,7 +126,7 @@ def quantize_mxfp4(
 
 
 def _quantize_fused(x2: torch.Tensor, ties_toward_zero: bool):
-    """``(packed, scale)`` of ``x2 [R, K]`` by the fused CPU kernel; None where it does not apply or on NaN/inf."""
+    """``(packed, scale)`` of ``x2 [R, K]`` by the fused CPU kernel; None if it cannot, or NaN."""
     ext = kernel_for(x2)
     if ext is None:
         return None
@@ -135,7 +135,7 @@ def _quantize_fused(x2: torch.Tensor, ties_toward_zero: bool):
 
 
 def dequantize_mxfp4(q: MXFP4Tensor, *, name: str = "q") -> torch.Tensor:
-    """``E2M1(code) * 2^(scale - 127)`` per block: fp32 ``[..., K]`` (ValueError: bad tensors, byte 255)."""
+    """``E2M1(code) * 2^(scale - 127)`` per block, fp32 (ValueError: bad tensors, byte 255)."""
     if q.data.dtype != torch.uint8 or q.data.dim() < 1:
         raise ValueError(
             f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected uint8 [..., K/2]"

@@ -63,7 +63,7 @@ MX_BLOCK = 32
 
 @dataclass(frozen=True)
 class MXFP8Tensor:
-    """``data`` float8_e4m3fn ``[..., K]`` (vLLM ``weight``), ``scale`` uint8 ``[..., K/32]`` (``weight_scale``)."""
+    """``data``: E4M3 ``[..., K]`` (vLLM ``weight``); ``scale``: UE8M0 ``[..., K/32]``."""
 
     data: torch.Tensor
     scale: torch.Tensor
@@ -91,7 +91,7 @@ def quantize_mxfp8_reference(x: torch.Tensor) -> MXFP8Tensor:
 
 
 def _quantize_fused(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(codes, scale bytes)`` of ``x2 [R, K]`` by the fused CPU kernel; None where it does not apply."""
+    """``(codes, scale bytes)`` of ``x2 [R, K]`` by the fused CPU kernel; None where it cannot."""
     ext = kernel_for(x2)
     if ext is None:
         return None
@@ -149,7 +149,7 @@ def check_mx_scale(data: torch.Tensor, scale: torch.Tensor, block_k: int, name: 
 
 
 def dequantize_mxfp8(q: MXFP8Tensor, *, name: str = "q") -> torch.Tensor:
-    """``fp32(data) * 2^(scale - 127)`` per block: fp32 ``[..., K]`` (ValueError: bad tensors, byte 255)."""
+    """``fp32(data) * 2^(scale - 127)`` per block, fp32 (ValueError: bad tensors, byte 255)."""
     if q.data.dtype != torch.float8_e4m3fn or q.data.dim() < 1:
         raise ValueError(
             f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected float8_e4m3fn [..., K]"

@@ -312,7 +312,7 @@ def fake_quantize_nvfp4(
 
 
 def dequantize_nvfp4(q: NVFP4Tensor, *, name: str = "q") -> torch.Tensor:
-    """``E2M1(code) * (fp32(block_scale) * global_scale)`` per block: fp32 ``[..., K]`` (ValueError: bad tensors)."""
+    """``E2M1(code) * (fp32(block_scale) * global_scale)`` per block, fp32 (ValueError)."""
     data, block_scale, s_g = q.data, q.block_scale, q.global_scale
     k = 2 * data.shape[-1] if data.dim() else 0
     expected = (*data.shape[:-1], k // NVFP4_BLOCK)

@@ -68,7 +68,7 @@ def use_te(
     family: str = _TE_FAMILY,
     block: tuple[int, int] = _TE_BLOCK,
 ) -> bool:
-    """Resolve ``backend`` for ``x``: True means TE (``auto``: importable, CUDA, family "c", 128x128).
+    """Resolve ``backend`` for ``x``: True is TE (``auto``: importable, CUDA, family "c", 128x128).
 
     Raises:
         ValueError: unknown backend, or ``"te"`` with a CPU tensor or another family / block.

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Fused GPU kernels of the rollout quantizers (:mod:`nemo_ais.kernels.triton_quant`, Triton on first use)."""
+"""Fused GPU kernels of the rollout quantizers (:mod:`.triton_quant`; Triton on first use)."""
 
 from nemo_ais.kernels.triton_quant import *  # noqa: F403
 from nemo_ais.kernels.triton_quant import __all__

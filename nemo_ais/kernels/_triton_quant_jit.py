@@ -128,7 +128,7 @@ def _floor_pow2(m):
 def _store_e2m1_pairs(
     q_ptr, y, xb, rows64, rmask, pk, k, BR: tl.constexpr, BK: tl.constexpr, TIES: tl.constexpr
 ):
-    """Signed E2M1 codes of ``y`` (sign of ``xb``), two a byte, into columns ``pk`` of ``q [., k/2]``."""
+    """Signed E2M1 codes of ``y`` (sign of ``xb``), two a byte, into block ``pk`` of ``q``."""
     code = _e2m1_code(tl.abs(y), TIES) | tl.where(xb < 0, 8, 0)
     pairs = tl.reshape(code, (BR, BK // 2, 2)) << (tl.arange(0, 2) * 4)[None, None, :]
     packed = _sum(pairs, 2)
@@ -233,7 +233,7 @@ def mx_kernel(
     FP4: tl.constexpr,
     TIES_TO_ZERO: tl.constexpr,
 ):
-    """MXFP8 (``FP4`` False) or MXFP4 of a ``BR x BK`` block of ``x [r, k]``: codes, UE8M0 bytes, bad count."""
+    """MXFP8 (``FP4`` False) or MXFP4 of a ``BR x BK`` block: codes, UE8M0 bytes, bad count."""
     pr = tl.program_id(0)
     pk = tl.program_id(1)
     rows = pr * BR + tl.arange(0, BR)
@@ -265,7 +265,7 @@ def mx_kernel(
 
 @triton.jit
 def absmax_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
-    """Max |x| of ``BLOCK`` elements of matrix ``program_id(1)``: one partial per program (inf on NaN/inf)."""
+    """Max |x| of ``BLOCK`` elements of matrix ``program_id(1)``, a partial a program (inf: NaN)."""
     pid = tl.program_id(0)
     mat = tl.program_id(1).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -289,7 +289,7 @@ def nvfp4_kernel(
     BK: tl.constexpr,
     TILE_ROWS: tl.constexpr,
 ):
-    """NVFP4 (steps 2-5 of :mod:`nemo_ais.formats.nvfp4`) of a ``BR x BK`` block of matrix ``program_id(2)``.
+    """NVFP4 (:mod:`nemo_ais.formats.nvfp4` steps 2-5) of a ``BR x BK`` block of matrix ``e``.
 
     ``s_g`` at ``sg_ptr + e * sg_stride`` (stride 0: one for the tensor); ``TILE_ROWS`` 16:
     one amax per 16x16 tile. Writes packed E2M1 pairs, E4M3 scale bytes and the bad count.

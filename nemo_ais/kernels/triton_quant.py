@@ -131,7 +131,7 @@ def quantize_blockwise_triton(
     *,
     name: str = "x",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blockwise FP8 E4M3 by one Triton launch; arguments, bits and errors of :func:`nemo_ais.formats.quantize_blockwise`."""
+    """Blockwise FP8 by one Triton launch; arguments, bits and errors of ``quantize_blockwise``."""
     _check_blockwise_args(x, block, family, eps, name)
     x3 = (x if x.dim() == 3 else x.unsqueeze(0)).contiguous()
     e, n, k = x3.shape
@@ -188,7 +188,7 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
 
 @_on_x_device
 def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
-    """MXFP8 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp8`."""
+    """MXFP8 of ``x [..., K]`` by one Triton launch; the bits of ``quantize_mxfp8``."""
     check_last_dim(x, name, _MX_BLOCK, "MXFP8")
     q, scale, bad = _mx(x, fp4=False, ties_toward_zero=False)
     if bad:
@@ -201,7 +201,7 @@ def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
 def quantize_mxfp4_triton(
     x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
 ) -> MXFP4Tensor:
-    """MXFP4 of ``x [..., K]`` by one Triton launch; bits of :func:`nemo_ais.formats.quantize_mxfp4`."""
+    """MXFP4 of ``x [..., K]`` by one Triton launch; the bits of ``quantize_mxfp4``."""
     check_last_dim(x, name, _MX_BLOCK, "MXFP4")
     q, scale, bad = _mx(x, fp4=True, ties_toward_zero=bool(round_ties_toward_zero))
     if bad:
@@ -282,7 +282,7 @@ def quantize_nvfp4_experts_triton(
     rows_per_block: int = 1,
     name: str = "x",
 ) -> NVFP4Tensor:
-    """NVFP4 of ``x [E, N, K]`` with one global scale per expert (vLLM's ModelOpt MoE loader), one launch.
+    """NVFP4 of ``x [E, N, K]``, a global scale per expert (vLLM's ModelOpt MoE), one launch.
 
     Expert ``e`` equals ``quantize_nvfp4(x[e], amax[e], rows_per_block=...)`` (tested);
     ``amax``: fp32 ``[E]`` or None for ``max |x[e]|``. Returns an NVFP4 tensor whose

@@ -106,7 +106,7 @@ def kv_calibration_config(
 
 
 def kv_reduction_from_env(environ: Mapping[str, str] | None = None) -> KVReduction:
-    """The rule named by ``NEMO_AIS_KV_REDUCTION`` (unset: ``percentile_of_amax``; ValueError if unknown)."""
+    """The rule in ``NEMO_AIS_KV_REDUCTION`` (unset: ``percentile_of_amax``; else ValueError)."""
     value = (os.environ if environ is None else environ).get(KV_REDUCTION_ENV) or (
         "percentile_of_amax"
     )
@@ -152,7 +152,7 @@ def install_core_attention_hooks(
     calibrator: KVScaleCalibrator,
     counter: KVSaturationCounter | None = None,
 ) -> list[torch.utils.hooks.RemovableHandle]:
-    """Pre-hooks feeding each ``core_attention``'s q (``include_q``) / k / v to ``calibrator`` (and ``counter``).
+    """Pre-hooks feeding each ``core_attention``'s q / k / v to ``calibrator`` (and ``counter``).
 
     Returns the handles; ValueError as :func:`find_attention_layers` or a layer out of range.
     """
@@ -197,14 +197,14 @@ def reduce_kv_scales(
     group: dist.ProcessGroup | None,
     device: torch.device | None = None,
 ) -> KVScales:
-    """ONE ``all_reduce(MAX)`` of the table on ``device``; as :meth:`KVScaleCalibrator.compute_scales`."""
+    """ONE ``all_reduce(MAX)`` of the table on ``device`` (``KVScaleCalibrator.compute_scales``)."""
     return calibrator.compute_scales(group=group, device=device)
 
 
 def nemo_rl_calibration_result(
     scales: KVScales, percentile: float, margin: float
 ) -> dict[str, Any]:
-    """NeMo-RL's return value ``{"format", "percentile", "margin", "layers": {vLLM name: float}}``."""
+    """NeMo-RL's result ``{"format", "percentile", "margin", "layers": {vLLM name: float}}``."""
     return {
         "format": FP8_FORMAT,
         "percentile": float(percentile),
@@ -226,7 +226,7 @@ def calibrate_qkv_fp8_scales(
     device: torch.device | None = None,
     previous_scales: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Hook, run the forward passes, reduce over ``group`` and return NeMo-RL's dict (every rank alike).
+    """Hook, run the forwards, reduce over ``group`` and return NeMo-RL's dict (every rank alike).
 
     Logs the peak over ``scale * 448`` per kind (WARNING > 1). With ``previous_scales`` (the
     scales the engine held while generating this data) it also logs
@@ -276,7 +276,7 @@ def log_saturated_fraction(
     group: dist.ProcessGroup | None,
     device: torch.device | None = None,
 ) -> dict[str, float]:
-    """``kv_cache/saturated_frac_<kind>`` summed over ranks, logged (WARNING > 0.1 %) and returned."""
+    """``kv_cache/saturated_frac_<kind>`` summed over ranks, logged (WARNING > 0.1 %), returned."""
     table = torch.stack([counter.saturated, counter.total])
     if group is not None:
         table = table.to(device)

@@ -63,7 +63,7 @@ def uncorrected(diagnostics: Mapping[str, float]) -> float:
 
 @dataclass(frozen=True)
 class BatchStatistic:
-    """A global-batch value beyond the fixed statistics (m2po's q*): ``size`` slots in the ONE all-reduce."""
+    """A global-batch value beyond the fixed statistics (m2po's q*): ``size`` more reduced slots."""
 
     size: int
     # (log_rho_c [B, T] float64, ok [B, T] bool, n_tok 0-dim float64) -> [size] local sums
@@ -74,7 +74,7 @@ class BatchStatistic:
 
 @dataclass(frozen=True)
 class Replay:
-    """How ``analyze`` replays the weight: ``affected`` tokens masked or floored, ``frac_capped`` (None: 0)."""
+    """How ``analyze`` replays it: ``affected`` (masked or floored tokens), ``frac_capped``."""
 
     affected: Callable[..., torch.Tensor] | None = None
     frac_capped: Callable[[Any], float] | None = None
@@ -178,7 +178,7 @@ def where_valid(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 def log_ratio(
     logp_old: torch.Tensor, logp_rollout: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
-    """Step 1: l = log pi_old - log mu at ``valid`` positions, 0 elsewhere (detached, float32 or float64)."""
+    """Step 1: l = log pi_old - log mu at ``valid`` positions, 0 elsewhere (detached, fp32/fp64)."""
     dtype = compute_dtype(logp_old, logp_rollout)
     log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)
     return where_valid(valid, log_rho)

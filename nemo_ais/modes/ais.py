@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Mode ``ais``: w_hat = (1 - alpha) + alpha * min(rho, C) **[reconstruction]** of arXiv 2605.13907."""
+"""Mode ``ais``: w_hat = (1 - alpha) + alpha min(rho, C) **[reconstruction]** (arXiv 2605.13907)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ __all__ = ["MODE"]
 
 
 def weight(logp_old, logp_rollout, valid, config, alpha):
-    """w_hat = (1 - alpha) + alpha * min(rho, C) ([reconstruction]); masked garbage dropped by ``where``."""
+    """w_hat = (1 - alpha) + alpha * min(rho, C) [reconstruction]; ``where`` drops masked junk."""
     dtype = compute_dtype(logp_old, logp_rollout)
     log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)
     w_tok = log_rho.exp_().clamp_(max=config.weight_cap)

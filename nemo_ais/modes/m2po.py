@@ -52,7 +52,7 @@ def bin_lower_edges() -> list[float]:
 
 
 def histogram(log_rho_c, ok, n_tok):
-    """Step 4c: counts then sums of q = (l^c)^2 per bin, ``[2 M2PO_BINS]`` (invalid positions out of bin 0)."""
+    """Step 4c: counts then sums of q = (l^c)^2 per bin, ``[2 M2PO_BINS]`` (valid tokens only)."""
     q = log_rho_c.square().reshape(-1)
     index = (q / M2PO_Q0).log2().mul_(2).floor_().add_(1).clamp_(0, M2PO_BINS - 1)
     index = index.masked_fill(q < M2PO_Q0, 0).long()
@@ -65,7 +65,7 @@ def histogram(log_rho_c, ok, n_tok):
 
 
 def threshold(tail: list[float], n_tok: float, config) -> dict[str, float]:
-    """q* (the lower edge of the last bin dropped) and the masked fraction from the reduced histogram.
+    """q* (lower edge of the last bin dropped) and the masked fraction, from the reduced histogram.
 
     Binned, so it may mask one bin more than AReaL's per-token sort; the kept second moment
     is <= tau either way.

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Mode ``seq_tis``: w_hat_i = min(prod_t rho_t, C_s) = exp(clamp(S_i, -L, log C_s)) (veRL seq TIS)."""
+"""Mode ``seq_tis``: w_hat_i = min(prod_t rho_t, C_s) = exp(clamp(S_i, -L, log C_s)) (veRL)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ NEMO_RL_INSTALL_HINT = (
 
 
 class NeMoRLNotInstalledError(AttributeError):
-    """A NeMo-RL class was asked for without NeMo-RL (an ``AttributeError``: ``hasattr`` stays False)."""
+    """A NeMo-RL class asked for without NeMo-RL (``AttributeError``: ``hasattr`` stays False)."""
 
 
 # public name -> submodule that defines it (seam: torch; loss: torch and nemo_rl)

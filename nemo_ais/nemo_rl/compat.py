@@ -89,7 +89,7 @@ def _probes() -> dict[str, bool]:
 
 @functools.cache
 def detect() -> NeMoRLVersion:
-    """Which supported NeMo-RL is importable (UnsupportedNeMoRLError: neither; ModuleNotFoundError)."""
+    """Which supported NeMo-RL is importable (UnsupportedNeMoRLError, ModuleNotFoundError)."""
     import nemo_rl
     from nemo_rl import package_info
 
@@ -107,7 +107,7 @@ def detect() -> NeMoRLVersion:
 
 
 def require_supported() -> NeMoRLVersion:
-    """The launch guard: the detected version, or ``UnsupportedNeMoRLError`` naming the supported ones."""
+    """The launch guard: the version, or ``UnsupportedNeMoRLError`` naming the supported ones."""
     return detect()
 
 
@@ -166,14 +166,14 @@ def grpo_option(config: Any, key: str, default: Any = None) -> Any:
 
 
 def training_context(checkpointer: Any) -> contextlib.AbstractContextManager:
-    """``with checkpointer:`` where it is a context manager (main flushes async saves), else a no-op."""
+    """``with checkpointer:`` where it is a context manager (main: flushes saves), else a no-op."""
     if hasattr(checkpointer, "__enter__") and hasattr(checkpointer, "__exit__"):
         return checkpointer
     return contextlib.nullcontext()
 
 
 def shutdown_after_training(task_to_env: Any, val_task_to_env: Any, policy_generation: Any) -> None:
-    """What main's ``run_grpo.py`` does after training (stop environments and engines); v0.7.0: nothing."""
+    """What main's ``run_grpo.py`` does after training (stop environments, engines)."""
     from nemo_rl.algorithms import grpo
 
     shutdown_environments = getattr(grpo, "shutdown_environments", None)

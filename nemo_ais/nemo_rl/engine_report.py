@@ -74,7 +74,7 @@ def _mro_names(obj: Any) -> tuple[str, ...]:
 
 
 def held_format(quant_method: Any) -> str:
-    """The format a vLLM quant method really runs (``bf16``, ``fp8_weight_only``, ..., ``unknown:<cls>``)."""
+    """The format a vLLM quant method runs (``bf16``, ``fp8_weight_only``, ..., ``unknown:<c>``)."""
     names = _mro_names(quant_method)
     kernel = type(
         getattr(quant_method, "kernel", None) or getattr(quant_method, "fp8_linear", None)
@@ -107,7 +107,7 @@ def _is_moe(quant_method: Any) -> bool:
 
 
 def engine_layers(worker: Any = None) -> EngineLayers:
-    """In a vLLM worker (``collective_rpc``): its GPU and every layer's format (``worker`` None: GPU only)."""
+    """In a vLLM worker (``collective_rpc``): its GPU and every layer's format (None: GPU only)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -246,7 +246,7 @@ def require_engine_formats(
     *,
     nemo_rl_version: str,
 ) -> list[EngineLayers]:
-    """After the first refit: RuntimeError naming every layer not held as the run's rule gives it."""
+    """After the first refit: RuntimeError naming each layer not held as the run's rule says."""
     per_worker = _ask(policy_generation, _engine_layers_all)
     reports = [r for group in per_worker for r in group]
     problems = format_problems(

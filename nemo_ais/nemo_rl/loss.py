@@ -155,7 +155,7 @@ def _validate_section(key: str, value: Any) -> CorrectionConfig | AISAlarmsConfi
 
 
 class AISLossConfig(ClippedPGLossConfig):
-    """NeMo-RL's ``ClippedPGLossConfig`` plus the validated ``loss_fn.ais`` / ``ais_alarms`` sections.
+    """NeMo-RL's ``ClippedPGLossConfig`` plus the validated ``loss_fn.ais`` / ``ais_alarms``.
 
     No ``ais``: ``mode: none``; no ``ais_alarms``: no refit guard. Other modes also validate
     the surrogate knobs (:func:`pg_loss_config`), the mode's conflicts and NeMo-RL's own
@@ -202,7 +202,7 @@ class AISLossConfig(ClippedPGLossConfig):
 
 
 def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AISLossConfig:
-    """Validate a ``loss_fn`` section as :class:`AISLossConfig` (``ValueError``: one line a problem)."""
+    """Validate a ``loss_fn`` section as :class:`AISLossConfig` (ValueError: a line a problem)."""
     if isinstance(loss_fn, AISLossConfig):
         return loss_fn
     data = loss_fn.model_dump() if isinstance(loss_fn, ClippedPGLossConfig) else dict(loss_fn)
@@ -341,7 +341,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         return out.loss, metrics
 
     def _per_global_batch_alpha(self, metrics: Mapping[str, Any], index: int | None) -> dict:
-        """``ais/alpha_gb<g>``: n x alpha in the calls of global batch g, else 0; {} for one batch."""
+        """``ais/alpha_gb<g>``: n x alpha in the calls of global batch g, else 0; {} for one."""
         n = len(self._diagnostics)
         if n < 2 or "ais/alpha" not in metrics:
             return {}
@@ -398,7 +398,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
 
     @staticmethod
     def _summable(dtype: torch.dtype, counts: _CallCounts, values: Sequence[float]) -> list:
-        """Global scalars s -> s * local / global toks (0 if empty), in core's compute dtype on floats."""
+        """Global scalars s -> s * local / global toks (0 if empty), in core's dtype, on floats."""
         if counts.global_toks == 0:
             return [0.0] * len(values)
         rounded = _ROUND[dtype]
@@ -413,7 +413,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         return per_batch[index] if index is not None and 0 <= index < len(per_batch) else None
 
     def _telemetry(self, dtype: torch.dtype, counts: _CallCounts) -> dict[str, float]:
-        """``ais/*`` and ``ais_alarm/*`` of the call's prepared global batch, summable; {} if unprepared."""
+        """``ais/*`` and ``ais_alarm/*`` of the call's global batch, summable; {} if unprepared."""
         values = self._at_batch(self._telemetry_values, counts)
         if values is None:
             return {}

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``grpo.setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker (NeMo-RL imported lazily)."""
+"""``grpo.setup(policy_factory=...)``: NeMo-RL's ``Policy`` with the AIS worker (lazy imports)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ _MEGATRON_QUANT = (
 
 
 def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
-    """The AIS worker extending the NeMo-RL worker ``Policy`` would pick (``quant_cfg``: QAT, Megatron only).
+    """The AIS worker extending the worker ``Policy`` would pick (``quant_cfg``: Megatron QAT only).
 
     Raises:
         ValueError: ``policy.quant_cfg`` with DTensor, or no training backend enabled.
@@ -85,7 +85,7 @@ def ais_worker_python(base_fqn: str) -> str:
 
 
 def register_ais_workers(worker_fqn: str | None = None) -> None:
-    """Register the AIS worker ``worker_fqn`` (None: all) with the Python of the worker it extends."""
+    """Register AIS worker ``worker_fqn`` (None: all) with the Python of the worker it extends."""
     from nemo_rl.distributed import ray_actor_environment_registry as registry
 
     for base, ours in AIS_WORKER_FQNS.items():

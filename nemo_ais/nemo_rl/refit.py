@@ -118,7 +118,7 @@ def ais_load_weights(
     is_fp8_weight: Callable[[str, Any], bool],
     upstream_load_weights: Callable[[Any, Any], None] | None = None,
 ) -> None:
-    """NeMo-RL's ``fp8.load_weights`` with :func:`refit_pairs`, in ONE ``model.load_weights`` call."""
+    """NeMo-RL's ``fp8.load_weights`` by :func:`refit_pairs`, in ONE ``model.load_weights``."""
     model = model_runner.model
     passthrough = unchanged
     if upstream_load_weights is not None:
@@ -205,7 +205,7 @@ class _Loader(importlib.abc.Loader):
 
 
 def patched_spec(fullname: str, config: Fp8SyncConfig | BlockSyncConfig | None) -> Any:
-    """The spec of ``fullname`` whose loader runs :func:`install` after executing it (TypeError: no config)."""
+    """The spec of ``fullname`` whose loader then runs :func:`install` (TypeError: no config)."""
     _require_refit_config(config, "patched_spec(config)")
     ours = [f for f in sys.meta_path if isinstance(f, _Finder) and f.target == fullname]
     for finder in ours:  # find the real spec without recursing into this hook
@@ -341,7 +341,7 @@ def config_from_env(environ: dict[str, str] | None = None) -> Fp8SyncConfig | No
 def refit_config_from_env(
     environ: dict[str, str] | None = None,
 ) -> Fp8SyncConfig | BlockSyncConfig | None:
-    """The config the hook installs: :data:`ENV_VAR`'s or ``NEMO_AIS_BLOCK_REFIT``'s (ValueError: both)."""
+    """The hook's config: :data:`ENV_VAR`'s or ``NEMO_AIS_BLOCK_REFIT``'s (ValueError: both)."""
     from nemo_ais.nemo_rl import refit_block
 
     fp8, block = config_from_env(environ), refit_block.config_from_env(environ)

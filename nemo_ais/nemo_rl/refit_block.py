@@ -268,8 +268,9 @@ def _configure_problems(
     problems = []
     if _family(refit_cfg) != "nvfp4":
         problems.append(
-            f"{SECTION}.format={refit_cfg.format!r} is invalid: expected nvfp4_w4a16 or nvfp4_w4a4 (MXFP8 "
-            "rollouts refit through NeMo-RL main's own MXFP8 quantizer, the same bytes)"
+            f"{SECTION}.format={refit_cfg.format!r} is invalid: expected nvfp4_w4a16 or "
+            "nvfp4_w4a4 (MXFP8 rollouts refit through NeMo-RL main's own MXFP8 quantizer, the "
+            "same bytes)"
         )
     if get_format(refit_cfg.format).static_input_amax and refit_cfg.input_amax_file is None:
         problems.append(

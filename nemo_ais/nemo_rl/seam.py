@@ -295,7 +295,7 @@ def prepare_global_batches(
 
 
 def global_batch_index(data: Mapping[str, Any]) -> int | None:
-    """Global-batch index of a (micro-)batch from its row tags; None if untagged (ValueError if mixed)."""
+    """The global batch of a (micro-)batch from its row tags (None: untagged; ValueError: mixed)."""
     tags = data.get(GLOBAL_BATCH_KEY)
     if tags is None:
         return None

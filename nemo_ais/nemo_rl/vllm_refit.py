@@ -54,7 +54,7 @@ Passthrough = Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
 
 
 def check_signatures(module: Any, names: Iterable[str], recorded: dict[str, str], fix: str) -> None:
-    """Raise ``RuntimeError`` (naming both) if a function of ``module`` differs from ``recorded``."""
+    """Raise ``RuntimeError`` (naming both) if a function of ``module`` is not as ``recorded``."""
     for name in names:
         fn = getattr(module, name, None)
         found = "<missing>" if fn is None else str(inspect.signature(fn))
@@ -66,7 +66,7 @@ def check_signatures(module: Any, names: Iterable[str], recorded: dict[str, str]
 
 
 def patch(module: Any, name: str, wrapper: Callable) -> None:
-    """Replace ``module.<name>`` by ``wrapper``, marked :data:`PATCHED`, the original as ``__wrapped__``."""
+    """Replace ``module.<name>`` by ``wrapper`` (marked :data:`PATCHED`, ``__wrapped__`` set)."""
     setattr(wrapper, PATCHED, True)
     wrapper.__wrapped__ = getattr(module, name)
     setattr(module, name, wrapper)
@@ -116,7 +116,7 @@ def engine_pairs(
     stream: RefitStream,
     passthrough: Passthrough = unchanged,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """One refit chunk -> vLLM ``load_weights`` pairs, quantizing what the engine ``holds`` quantized.
+    """One refit chunk -> vLLM ``load_weights`` pairs, quantizing what the engine ``holds`` so.
 
     Raises:
         ValueError: the engine holds ``name`` quantized but the stream would keep it in BF16,

@@ -155,7 +155,7 @@ def percentile_amax(x: torch.Tensor, percentile: float) -> torch.Tensor:
 
 
 def nearest_rank_percentile(values: torch.Tensor, percentile: float) -> torch.Tensor:
-    """``sorted(values)[round(p / 100 * (n - 1))]``, NeMo-RL's ``_percentile`` (the max for n <= 500)."""
+    """``sorted(values)[round(p / 100 * (n - 1))]``, NeMo-RL's ``_percentile`` (n <= 500: max)."""
     n = values.numel()
     rank = max(0, min(n - 1, round((percentile / _PERCENT) * (n - 1))))
     return values.sort().values[rank]
@@ -209,7 +209,7 @@ class KVScales:
         return [(n, torch.tensor(v, dtype=torch.float32)) for n, v in self.to_vllm().items()]
 
     def peak_over_range(self) -> torch.Tensor:
-        """``peak / (scale * 448)``, float64 ``[layers, 3]``: > 1 where calibration data saturates."""
+        """``peak / (scale * 448)``, float64 ``[layers, 3]``: > 1 where calibration saturates."""
         if self.peak is None:
             raise ValueError("KVScales.peak is None: these scales were not calibrated here")
         return self.peak / (self.scale * E4M3_MAX)
@@ -226,7 +226,7 @@ def kv_saturation_metrics(scales: KVScales) -> dict[str, float]:
 
 
 class KVSaturationCounter:
-    """Counts the elements an E4M3 KV cache saturates (``|x| / scale > 448``), per layer and kind."""
+    """Counts what an E4M3 KV cache saturates (``|x| / scale > 448``), per layer and kind."""
 
     def __init__(self, scales: KVScales) -> None:
         self.scale = scales.scale.to(torch.float32)
@@ -278,7 +278,7 @@ class KVScaleCalibrator:
     def observe(
         self, layer: int, kind: KVKind, x: torch.Tensor, mask: torch.Tensor | None = None
     ) -> None:
-        """Record one activation ``x [..., D]`` of ``layer`` / ``kind`` (rows where ``mask`` is nonzero)."""
+        """Record one activation ``x [..., D]`` of ``layer`` / ``kind`` (rows where ``mask``)."""
         if not 0 <= layer < self.num_layers or kind not in KINDS:
             raise ValueError(
                 f"observe: layer={layer} kind={kind!r} is invalid: expected layer in "
@@ -299,7 +299,7 @@ class KVScaleCalibrator:
         self._observations.append((layer, KINDS.index(kind), amax, stat))
 
     def local_tables(self) -> torch.Tensor:
-        """This rank's float64 ``[3, layers, 3]``: the rule's amax, peak (-1: unobserved), non-finite flag."""
+        """This rank's float64 ``[3, layers, 3]``: amax, peak (-1: unobserved), non-finite flag."""
         table = torch.full((3, self.num_layers, len(KINDS)), _UNOBSERVED, dtype=torch.float64)
         table[2] = 0.0
         if not self._observations:
@@ -325,7 +325,7 @@ class KVScaleCalibrator:
     def compute_scales(
         self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None
     ) -> KVScales:
-        """Combine ranks (one all_reduce MAX if ``group``, on ``device``) and form the scales on CPU.
+        """Combine ranks (one all_reduce MAX if ``group``, on ``device``); the scales, on CPU.
 
         Raises:
             ValueError: from globally reduced values (all ranks raise): non-finite activations,
@@ -361,7 +361,7 @@ class KVScaleCalibrator:
         return KVScales(amax, scale, self.config.include_q, peak)
 
     def install_hooks(self, model: nn.Module) -> _HookHandles:
-        """Forward hooks on every ``*.layers.N.self_attn.{q,k,v}_proj``; ``.remove()`` the result."""
+        """Forward hooks on each ``*.layers.N.self_attn.{q,k,v}_proj``; ``.remove()`` the result."""
         handles = []
         for name, module in model.named_modules():
             match = _ATTN_RE.search(name)
@@ -450,7 +450,7 @@ def verify_kv_scales(
 
 
 def require_calibrated_kv_scales(scales: Mapping[str, float] | None, num_layers: int) -> None:
-    """Refit guard: every Q/K/V scale of layers ``0..num_layers-1`` is calibrated (none streams as 1.0)."""
+    """Refit guard: every Q/K/V scale of layers ``0..num_layers-1`` is calibrated (none is 1.0)."""
     scales = {} if scales is None else scales
     problems = []
     for layer in range(num_layers):

@@ -191,7 +191,7 @@ def _check_tp_shard(name: str, shape: tuple[int, ...], config: RefitConfig) -> N
 def plan_tensor(
     name: str, shape: Iterable[int], dtype: torch.dtype, config: RefitConfig
 ) -> PlanEntry:
-    """Decide quantize/keep for one tensor and check its TP shard (ValueError; TypeError: bad config)."""
+    """Quantize or keep one tensor; checks its TP shard (ValueError; TypeError: bad config)."""
     require_config(config, RefitConfig, "plan_tensor(config)")
     shape = tuple(int(s) for s in shape)
     numel = 1
@@ -208,7 +208,7 @@ def plan_tensor(
 
 
 def plan_refit(named_tensors: Iterable[tuple[str, torch.Tensor]], config: RefitConfig) -> RefitPlan:
-    """Dry run: the plan of every tensor (``meta`` tensors will do); ValueError lists every TP failure."""
+    """Dry run: the plan of every tensor (``meta`` will do); ValueError lists every TP failure."""
     require_config(config, RefitConfig, "plan_refit(config)")
     entries, errors = [], []
     for name, tensor in named_tensors:
@@ -257,7 +257,7 @@ class RefitStream:
         return plan_tensor(name, tensor.shape, tensor.dtype, self.config)
 
     def push(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        """The pairs ``(name, tensor)`` completes: itself kept, its quantized pairs, or a whole group.
+        """The pairs ``(name, tensor)`` completes: itself kept, its quantized pairs, or a group.
 
         Raises:
             ValueError: NaN/Inf, a bad TP shard, fused siblings that disagree, too many open
@@ -380,7 +380,7 @@ def refit_stream(
     *,
     input_amax: Mapping[str, float | torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream ``(name, tensor)`` into vLLM ``load_weights`` pairs (module doc): push each, then close.
+    """Stream ``(name, tensor)`` into vLLM ``load_weights`` pairs: push each, then close.
 
     ``named_tensors``: unfused HF names and full tensors (MoE experts by per-expert names).
     ``config`` is checked at the call (TypeError), the rest as :meth:`RefitStream.push`.

@@ -1,2 +1,2 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""The simulated rollout engine ("twin"): :class:`~nemo_ais.rollout.twin.RolloutTwin` and its config."""
+"""The simulated rollout engine ("twin"): :class:`~.twin.RolloutTwin` and its config."""

@@ -70,7 +70,7 @@ def observe_input_amax(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    """``{name: max |x|}`` of the inputs of ``observed``'s modules named as ``modules`` (one forward).
+    """``{name: max |x|}`` of the inputs of ``observed``'s modules named as ``modules``.
 
     Rows count where ``attention_mask`` is 1 (routed expert inputs all count); a module that
     saw no row is absent. ``modules`` may be plain linears (BF16 calibration).
@@ -105,7 +105,7 @@ def observe_input_amax(
 def shared_input_amax(
     names: Iterable[str], seen: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """``{name: amax}`` for ``names`` (experts share their projection's max); ValueError if unobserved or non-finite."""
+    """``{name: amax}`` of ``names`` (experts share their projection's); ValueError: unseen, bad."""
     expert_max: dict[str, torch.Tensor] = {}
     for name, amax in seen.items():
         key = re.sub(r"\.\d+$", "", name)  # "...experts.gate_up_proj.3" -> per projection

@@ -133,7 +133,7 @@ class RolloutPrecisionConfig(KeepInBf16Fields):
 
 
 class Fp8RolloutConfig(RolloutPrecisionConfig):
-    """The earlier FP8 twin config: :class:`RolloutPrecisionConfig` plus ``enabled`` / ``kv_cache_fp8``."""
+    """The earlier FP8 twin config: RolloutPrecisionConfig + ``enabled``, ``kv_cache_fp8``."""
 
     @model_validator(mode="before")
     @classmethod

@@ -23,7 +23,7 @@ format             ``weight(w, amax=None)``                         ``activation
 ``fp8``            128x128 blockwise E4M3 round trip (fp32)         1x128 per-token E4M3 round trip
 ``mxfp8``          MXFP8 round trip along ``in``                    MXFP8 round trip along hidden
 ``nvfp4_w4a16``    NVFP4 round trip, global amax ``amax``           ``x`` unchanged
-``nvfp4_w4a4``     NVFP4 round trip, global amax ``amax``           NVFP4 round trip, static ``amax``
+``nvfp4_w4a4``     NVFP4 round trip, global amax ``amax``           NVFP4 round trip, static amax
 =================  ===============================================  ================================
 
 A rollout-aligned trainer (QARL) computes ``F.linear(activation(x), weight(W))`` with
@@ -112,7 +112,7 @@ LINEAR_FAKE_QUANT: Mapping[str, LinearFakeQuant] = {
 
 
 def shared_weight_amax(named_weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``{name: amax}``: the max of ``|W|`` over each weight's fused group (NVFP4: one global scale a vLLM layer)."""
+    """``{name: amax}``: max ``|W|`` of each weight's fused group (NVFP4: one global scale)."""
     own = {
         name: (w.detach().abs().amax() if w.numel() else w.new_zeros(())).to(torch.float32)
         for name, w in named_weights.items()

@@ -43,7 +43,7 @@ def fake_quant_kv_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class QuantizedKVCache(DynamicCache):
-    """HF ``DynamicCache`` whose writes are fake-quantized per layer (``kind`` ``fp8`` or ``nvfp4``).
+    """HF ``DynamicCache`` whose writes are fake-quantized per layer (``kind``: fp8 or nvfp4).
 
     ``k_scale`` / ``v_scale``: fp32 ``[layers]`` dequant scales; ``k_amax`` / ``v_amax``:
     ``scale * 448``; ``saturation``: the counter, or None.

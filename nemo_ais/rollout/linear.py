@@ -80,7 +80,7 @@ class QuantLinear(nn.Module):
 
     @torch.no_grad()
     def load_weight(self, weight: torch.Tensor, amax: torch.Tensor | None = None) -> None:
-        """Re-quantize from a high-precision ``[out, in]`` weight (ValueError: shape, non-finite values)."""
+        """Re-quantize from a high-precision ``[out, in]`` weight (ValueError: shape, NaN)."""
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
             raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
@@ -202,7 +202,7 @@ class QuantExperts(nn.Module):
 
 
 class Fp8Linear(QuantLinear):
-    """:class:`QuantLinear` of format ``fp8`` that keeps vLLM's ``weight`` / ``weight_scale_inv``."""
+    """:class:`QuantLinear` of format fp8 that keeps vLLM's ``weight`` / ``weight_scale_inv``."""
 
     def __init__(
         self,
@@ -238,7 +238,7 @@ class Fp8Linear(QuantLinear):
 
     @torch.no_grad()
     def load_weight(self, weight: torch.Tensor, amax: torch.Tensor | None = None) -> None:
-        """Re-quantize from a high-precision ``[out, in]`` weight (ValueError: shape, non-finite values)."""
+        """Re-quantize from a high-precision ``[out, in]`` weight (ValueError: shape, NaN)."""
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
             raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
@@ -281,7 +281,7 @@ class Fp8Linear(QuantLinear):
 
 
 class Fp8Experts(QuantExperts):
-    """:class:`QuantExperts` with one :class:`Fp8Linear` per expert and projection (vLLM's FP8 fused MoE)."""
+    """:class:`QuantExperts` of one :class:`Fp8Linear` per expert and projection (vLLM)."""
 
     def __init__(self, experts: nn.Module, *, name: str = "experts", **quant_kwargs) -> None:
         super().__init__(experts, lambda w, n: Fp8Linear(w, name=n, **quant_kwargs), name=name)

@@ -137,7 +137,7 @@ def quantized_module(
 
 
 def shared_amax_groups(model: nn.Module, names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """``{weight name: names sharing its amax}`` over vLLM's fused q/k/v and gate/up shards (2 or more)."""
+    """``{weight name: names sharing its amax}`` over vLLM's fused q/k/v and gate/up shards."""
     groups: dict[str, list[str]] = {}
     for name in names:
         if isinstance(model.get_submodule(name), QuantLinear):

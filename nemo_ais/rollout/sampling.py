@@ -87,7 +87,7 @@ def _check_sampling(temperature: float, top_k: int, top_p: float, mode: str) -> 
 
 
 def _filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k set and the top-p nucleus to ``-inf`` (the top one always stays)."""
+    """Set logits outside the top-k set and the top-p nucleus to ``-inf`` (the top one stays)."""
     if 0 < top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, -math.inf)
@@ -263,7 +263,7 @@ def score_responses(
     logprobs_mode: LogprobsMode = "unfiltered",
     past_key_values: DynamicCache | None = None,
 ) -> torch.Tensor:
-    """Teacher-forced ``[B, T]`` float32 log-probs of ``response_ids`` after the prompts, in one forward.
+    """Teacher-forced ``[B, T]`` fp32 log-probs of ``response_ids`` after the prompts, one forward.
 
     Arguments as :func:`generate`; positions past EOS are scored too (multiply by the mask).
     """
@@ -294,7 +294,7 @@ def score_responses(
 def logprob_mismatch(
     logp_a: torch.Tensor, logp_b: torch.Tensor, mask: torch.Tensor
 ) -> MismatchStats:
-    """:class:`MismatchStats` of ``logp_a`` (trainer) against ``logp_b`` (engine) over ``mask``, in float64.
+    """:class:`MismatchStats` of ``logp_a`` (trainer) against ``logp_b`` (engine) over ``mask``.
 
     An empty mask gives zeros, ``token_mult_prob_error = 1`` and ``n_tok = 0``.
     """

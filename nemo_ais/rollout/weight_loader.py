@@ -70,7 +70,7 @@ def _sync_targets(model: nn.Module, names: tuple[str, ...]) -> dict[str, Callabl
 
 
 class WeightLoader:
-    """Loads the trainer's tensors into the twin ``model`` (``shared_amax``: NVFP4's fused shards)."""
+    """Loads the trainer's tensors into the twin ``model`` (``shared_amax``: NVFP4 fused shards)."""
 
     def __init__(self, model: nn.Module, names: tuple[str, ...], shared_amax: bool) -> None:
         self.model = model
@@ -90,7 +90,7 @@ class WeightLoader:
     def load(
         self, items: Iterable[tuple[str, torch.Tensor]]
     ) -> tuple[int, dict[tuple[int, str], float]]:
-        """Load ``(name, tensor)`` pairs; returns (tensors loaded, KV scales sent by (layer, kind))."""
+        """Load ``(name, tensor)`` pairs; returns (tensors loaded, KV scales by (layer, kind))."""
         n_loaded = 0
         pending: dict[str, dict[str, torch.Tensor]] = {}  # FP8 weight name -> codes/scale
         groups: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}  # fused NVFP4 shards
@@ -142,7 +142,7 @@ class WeightLoader:
 
 
 def received_kv_scales(sent: dict[tuple[int, str], float], num_layers: int) -> KVScales:
-    """KV scales sent with the refit -> :class:`KVScales` (ValueError: a K/V scale missing or not > 0)."""
+    """KV scales sent with the refit -> :class:`KVScales` (ValueError: missing or <= 0)."""
     missing = [
         f"layer {i} {kind}"
         for i in range(num_layers)

@@ -29,7 +29,7 @@ AIS_CONFLICTS: dict[str, Any] = {knob: off for knob, (off, _) in _AIS_CONFLICT_T
 
 
 def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
-    """One message per NeMo-RL ``loss_fn`` option that conflicts with ``mode`` (absent keys: off)."""
+    """One message per NeMo-RL ``loss_fn`` option conflicting with ``mode`` (absent keys: off)."""
     if mode == "none":
         return []
     return [

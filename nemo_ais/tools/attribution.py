@@ -79,7 +79,7 @@ class Source(NamedTuple):
 
 
 class AttributionRow(NamedTuple):
-    """One source or group (``group``: source, kind, layer or module): ``alone``, ``kept``, ``buys``."""
+    """One source or ``group`` (source, kind, layer, module): ``alone``, ``kept``, ``buys``."""
 
     label: str
     group: str
@@ -90,7 +90,7 @@ class AttributionRow(NamedTuple):
 
 
 class Attribution(NamedTuple):
-    """Result of :func:`attribute_mismatch`: ``full`` = M(all), ``none`` = M({}), ranked ``rows`` and ``groups``."""
+    """Result of :func:`attribute_mismatch`: ``full`` = M(all), ``none`` = M({}), ranked rows."""
 
     config: RolloutPrecisionConfig
     full: MismatchStats

@@ -71,7 +71,7 @@ DEFAULT_PROMPTS = (
 def read_prompts(
     path: str | Path | None, *, num_samples: int | None = None, prompt_key: str = "prompt"
 ) -> list[str]:
-    """Step 1: the first ``num_samples`` prompts of ``path`` (``.txt`` lines, ``.jsonl``; None: defaults).
+    """Step 1: the first ``num_samples`` prompts of ``path`` (``.txt``, ``.jsonl``; None: defaults).
 
     Raises:
         ValueError: naming ``--prompts``, the file and the line.
@@ -119,7 +119,7 @@ def calibration_batches(
     batch_size: int,
     chat_template: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Step 2: left-padded ``(input_ids, attention_mask)`` int64 ``[B, <= max_length]``, drawn lazily.
+    """Step 2: left-padded ``(input_ids, attention_mask)`` int64 ``[B, <= max_length]``, lazily.
 
     Raises:
         ValueError: ``max_length`` or ``batch_size`` < 1, or no pad nor EOS token.
@@ -158,7 +158,7 @@ def _batches(tokenizer, prompts, max_length, batch_size):
 
 
 def input_amax_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """The modules the W4A4 twin quantizes (ValueError: in-dim not a multiple of 16, fused experts)."""
+    """The modules the W4A4 twin quantizes (ValueError: in-dim not a multiple of 16, or experts)."""
     config = RolloutPrecisionConfig(format="nvfp4_w4a4")
     modules = {n: model.get_submodule(n) for n in quantized_module_names(model, config)}
     fused = [n for n, m in modules.items() if not isinstance(m, nn.Linear)]
@@ -210,7 +210,7 @@ def write_input_amax(amax: Mapping[str, float], path: str | Path) -> Path:
 
 
 def load_causal_lm(model: str, *, device: str = "cpu", dtype: str = "bfloat16"):
-    """``(model, tokenizer)`` of a local directory or hub name, eval mode, on ``device`` (ValueError)."""
+    """``(model, tokenizer)`` of a local directory or hub name, eval mode, on ``device``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if device.startswith("cuda") and not torch.cuda.is_available():

@@ -89,7 +89,7 @@ class AISMegatronMixin(AISTrainMixin):
         return result
 
     def _ais_refit_kv_scales(self, kv_scales: dict[str, float] | None) -> dict[str, float] | None:
-        """The scales a refit streams (the driver's, else the last calibration's), checked (ValueError)."""
+        """The scales a refit streams (the driver's, else the last calibration's), checked."""
         if not fp8_kv_cache_enabled(self.cfg):
             return kv_scales
         scales = kv_scales if kv_scales is not None else self._ais_kv_scales
@@ -102,7 +102,7 @@ class AISMegatronMixin(AISTrainMixin):
         kv_scales: dict[str, float] | None = None,
         **upstream_kwargs: Any,
     ) -> None:
-        """Upstream's colocated refit, with the calibrated KV scales if it is given none (v0.7.0)."""
+        """Upstream's colocated refit, with the calibrated KV scales if given none (v0.7.0)."""
         super().stream_weights_via_ipc_zmq(
             buffer_size_bytes=buffer_size_bytes,
             kv_scales=self._ais_refit_kv_scales(kv_scales),

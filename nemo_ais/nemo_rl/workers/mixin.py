@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The worker-side AIS hook (plain torch): prepare step and refit guard before ``train()``, checkpointed state."""
+"""The worker-side AIS hook (plain torch): prepare step and refit guard before ``train()``."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class AISTrainMixin:
         return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, **kwargs)
 
     def begin_train_step(self, loss_fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """NeMo-RL main's split train-step API: ``NotImplementedError`` for an AIS loss, else upstream's.
+        """Main's split train-step API: ``NotImplementedError`` for an AIS loss, else upstream's.
 
         The prepare step needs the whole global batch before the first loss call.
         """
@@ -174,7 +174,7 @@ class AISTrainMixin:
 
 
 class AISDTensorMixin(AISTrainMixin):
-    """:class:`AISTrainMixin` over the device mesh's ``dp`` group (context-parallel ranks excluded)."""
+    """:class:`AISTrainMixin` over the device mesh's ``dp`` group (no context-parallel ranks)."""
 
     def _ais_dp_group(self):
         return self.dp_mesh.get_group()
