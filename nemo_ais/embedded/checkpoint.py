@@ -13,19 +13,11 @@
 # limitations under the License.
 """Atomic checkpoints of one (arm, seed) run: policy, optimizer, AIS state, RNG, step.
 
-Written by rank 0 as ``<run_dir>/checkpoints/<arm>/seed<seed>/latest.pt`` through a
-temporary file and ``os.replace`` (a crash never leaves a half-written checkpoint). Every
-rank loads the same file on resume (the DP ranks hold identical replicas).
-
-All randomness of the recipe comes from counter-based generators keyed by
-``(seed, step, chunk)`` (:func:`nemo_ais.embedded.task.seeded_generator`), so the RNG
-state to restore is only torch's global generator (saved for completeness); this is what
-makes "N steps == N/2 + resume + N/2" exact.
-
-A file that exists but cannot be read (truncated, garbled, not a checkpoint, no read
-permission) raises :class:`UnreadableFileError`, a :class:`RecipeError` whose one-line
-message names the file and the fix; ``nemo-ais run`` prints it and exits 1. Nothing is
-deleted on the way: the other (arm, seed) runs' checkpoints and metrics stay as they were.
+Rank 0 writes ``<run_dir>/checkpoints/<arm>/seed<seed>/latest.pt`` through a temporary file
+and ``os.replace``; every rank loads it on resume. All randomness comes from counter-based
+generators keyed by ``(seed, step, chunk)``, so "N steps == N/2 + resume + N/2" is exact. A
+file that cannot be read raises :class:`UnreadableFileError` (a :class:`RecipeError` whose
+message names the file and the fix); nothing is deleted on the way.
 """
 
 from __future__ import annotations

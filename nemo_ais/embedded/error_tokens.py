@@ -13,24 +13,17 @@
 # limitations under the License.
 """Error tokens of the sampled responses: QaRL's "repetitive, garbled" tokens, counted.
 
-**[reconstruction]** QaRL (arXiv 2604.07853) reports that quantized rollouts of long
-responses produce repetitive, garbled "error tokens" and gives no formula; ours, on the
-content of response ``i`` (``y_{i,1..L_i}``: its valid tokens before the first ``<eos>``;
-all of them if it has none):
+**[reconstruction]** QaRL (arXiv 2604.07853) gives no formula; ours, on the content of a
+response (its valid tokens before the first ``<eos>``):
 
-* repeat: token ``t`` (``t >= n``) completes an n-gram seen earlier in the same response,
-  ``(y_{t-n+1}, ..., y_t) = (y_{s-n+1}, ..., y_s)`` for some ``n <= s < t``; ``n = 3``
-  (:data:`NGRAM`, one chain value plus its separator), overlapping n-grams count;
-* invalid: ``y_t`` is not in the task's response alphabet Σ (:func:`response_alphabet`: the
-  digits and every character of the held-out answers; so ``<pad>``, ``<bos>``, ``+``,
-  ``=`` (the chain's stray closing ``=``), ``,`` in an addition, and the vocabulary's unused
-  padding ids are invalid);
+* repeat: token ``t`` completes an n-gram (``n =`` :data:`NGRAM` ``= 3``, one chain value
+  plus its separator) seen earlier in the same response; overlapping n-grams count;
+* invalid: the token is not in the task's response alphabet (:func:`response_alphabet`);
 * error: repeat or invalid.
 
-Each rate is a token fraction over the step's global batch (all ranks):
+Each rate is a token fraction over the step's global batch:
 ``error_tokens/<kind>_frac = Σ_i #{t : kind(i, t)} / Σ_i L_i`` (0 when ``Σ_i L_i = 0``).
-A correct chain may repeat a 3-gram by itself (e.g. a repeated value): compare arms, not
-the level; the invalid rate of a correct response is 0.
+A correct chain may repeat a 3-gram by itself: compare arms, not the level.
 """
 
 from __future__ import annotations

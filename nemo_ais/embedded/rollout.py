@@ -11,18 +11,13 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Rollouts of the embedded recipe: chunked generation with the FP8 twin, group advantages.
+"""Rollouts of the embedded recipe: chunked generation with the twin, group advantages.
 
-World-size invariance. The step's prompts are cut into chunks of ``prompts_per_chunk``
-prompts; chunk ``c`` is generated in ONE ``generate`` call (its prompts x G samples) with
-its own generator ``seeded_generator("rollout", seed, step, c)``, and rank ``r`` of ``W``
-owns the contiguous chunks ``[r * C/W, (r+1) * C/W)``. A chunk's samples therefore never
-depend on ``W`` (same inputs, same shapes, same random stream), so a 2-process run
-samples exactly what a 1-process run samples. A group (the G samples of one prompt) lives
-in one chunk, so advantages need no communication.
-
-Every arm uses the same generators at the same (seed, step): the arms see common random
-numbers, which makes their comparison paired.
+The step's prompts are cut into chunks of ``prompts_per_chunk``; chunk ``c`` is generated in
+ONE ``generate`` call with its own generator ``seeded_generator("rollout", seed, step, c)``,
+and rank ``r`` of ``W`` owns chunks ``[r * C/W, (r+1) * C/W)``. So a chunk's samples never
+depend on ``W``, a group lives in one chunk (advantages need no communication), and every
+arm sees the same random numbers (a paired comparison).
 """
 
 from __future__ import annotations

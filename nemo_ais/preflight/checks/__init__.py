@@ -13,11 +13,7 @@
 # limitations under the License.
 """The pre-flight checks, run by :func:`check_config` in registration order.
 
-Output order = registration order: the modules of :data:`RULE_MODULES` in turn
-(:mod:`.loss`, :mod:`.upstream`, :mod:`.parallel`, :mod:`.fp8`, :mod:`.formats`,
-:mod:`.trainer`), each
-module's checks in definition order. How to add one: the docstring of
-:mod:`nemo_ais.preflight`.
+Output order: the modules of :data:`RULE_MODULES` in turn, each one's checks in definition order.
 """
 
 from __future__ import annotations

@@ -13,31 +13,12 @@
 # limitations under the License.
 """NVFP4 (W4A16, W4A4) and MXFP8 rollouts with a BF16 trainer: NeMo-RL's switches and shards.
 
-What each needs, read in NeMo-RL v0.7.0 and main (docs/cluster.md, "Low-precision rollout
-formats"):
-
-* **NVFP4, ModelOpt real-quant** (``policy.generation.quant_cfg`` + ``real_quant: true``):
-  NeMo-RL builds vLLM with a ModelOpt NVFP4 ``quantization_config``; every linear not
-  matched by ``real_quant_ignore`` holds ``weight`` uint8 [out, in/2], ``weight_scale``
-  e4m3 [out, in/16] and fp32 global scales (W4A4: ``input_scale`` too). main derives W4A16
-  or W4A4 from the recipe's quantizers (``resolve_nvfp4_real_quant_mode``); v0.7.0 always
-  builds W4A16. NeMo-RL exports packed NVFP4 only from its ModelOpt QAT worker
-  (``MegatronQuantPolicyWorker``, picked by ``policy.quant_cfg``); its BF16 worker streams
-  [out, in] BF16 tensors those parameters cannot take. A BF16 trainer therefore needs
-  nemo_ais's NVFP4 refit (the ``ais_nvfp4_refit`` section, issue 16 item 4), as an FP8
-  rollout uses ``ais_fp8_refit``.
-* **QARL** (``policy.quant_cfg``, v0.7.0 and main): NeMo-RL's own rollout-aligned trainer.
-  ``Policy`` picks the ModelOpt QAT Megatron worker (fake quant of the recipe in the
-  trainer's forward), which nemo_ais wraps (``workers/megatron_quant.py``); with a
-  real-quant rollout of the SAME recipe it exports packed NVFP4 itself (main checks the
-  two recipes' modes match), so nemo_ais's NVFP4 refit stays off.
-* **MXFP8** (main: ``vllm_cfg.precision: fp8`` + ``is_mx: true``): main's
-  ``fp8.load_weights`` quantizes the BF16 stream to MXFP8 in the vLLM worker itself.
-
-Divisibility: each quantized linear's input dim per vLLM TP rank (K: q/k/v and gate/up
-take ``hidden``, o_proj ``heads x head_dim / TP``, down_proj ``intermediate / TP``) must
-be a multiple of the format's block along K: 16 for NVFP4, 32 for MXFP8
-(docs/low_precision_formats.md; vLLM rejects ``input_size_per_partition % 16``).
+NVFP4 is ModelOpt real-quant (``policy.generation.quant_cfg`` + ``real_quant: true``); a
+BF16 trainer needs nemo_ais's NVFP4 refit (``ais_nvfp4_refit``), since NeMo-RL packs NVFP4
+only in its ModelOpt QAT worker, which QARL (``policy.quant_cfg``) uses instead. MXFP8 is
+main's ``precision: fp8`` + ``is_mx: true``. Each quantized linear's input dim per vLLM TP
+rank must be a multiple of the format's block: 16 (NVFP4), 32 (MXFP8). docs/cluster.md,
+"Low-precision rollout formats", has the details read in NeMo-RL v0.7.0 and main.
 """
 
 from __future__ import annotations
