@@ -74,6 +74,12 @@ def version_string() -> str:
     return f"nemo-ais {version} from {where} (python {sys.version_info[0]}.{sys.version_info[1]})"
 
 
+def _fail(code: int, command: str, message: object) -> int:
+    """Print ``nemo-ais <command>: <message>`` on stderr; return the exit code ``code``."""
+    print(f"nemo-ais {command}: {message}", file=sys.stderr)
+    return code
+
+
 def _config_dir() -> Path:
     from nemo_ais.embedded.config import CONFIG_DIR
 
@@ -305,11 +311,9 @@ def _attribute(args: argparse.Namespace) -> int:
         cfg = resolve_arm(load_config(path, args.overrides), args.arm)
         setup = twin_setup(cfg, args.prompts, train_warm_start=args.train_warm_start)
     except (ValueError, FileNotFoundError) as err:
-        print(f"nemo-ais attribute: invalid config or arguments ({path}):\n{err}", file=sys.stderr)
-        return 2
+        return _fail(2, "attribute", f"invalid config or arguments ({path}):\n{err}")
     except UnreadableFileError as err:
-        print(f"nemo-ais attribute: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "attribute", err)
     torch.set_num_threads(cfg.cluster.num_threads_per_rank)  # 1: tiny GEMMs, no spin-waits
     try:
         att = attribute_mismatch(
@@ -325,8 +329,7 @@ def _attribute(args: argparse.Namespace) -> int:
             what=setup.what,
         )
     except ValueError as err:  # e.g. an in-dim the format cannot block
-        print(f"nemo-ais attribute: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "attribute", err)
     out = args.out or Path(cfg.logger.run_dir) / "attribution"
     written = write_attribution(att, out, top=args.top, plot=not args.no_plot)
     print(attribution_markdown(att, top=args.top))
@@ -356,14 +359,12 @@ def _calibrate_input_amax(args: argparse.Namespace) -> int:
             chat_template=args.chat_template,
         )
     except ValueError as err:
-        print(f"nemo-ais calibrate-input-amax: invalid arguments: {err}", file=sys.stderr)
-        return 2
+        return _fail(2, "calibrate-input-amax", f"invalid arguments: {err}")
     try:
         amax = calibrate_input_amax(model, batches)
         path = write_input_amax(amax, args.out)
     except (ValueError, OSError) as err:  # non-finite activations, an unwritable --out
-        print(f"nemo-ais calibrate-input-amax: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "calibrate-input-amax", err)
     values = list(amax.values())
     print(
         f"nemo-ais calibrate-input-amax: {len(amax)} modules, {len(prompts)} prompts, amax "
@@ -382,20 +383,19 @@ def _run(args: argparse.Namespace) -> int:
     try:
         raw = load_config(path, args.overrides)
     except (ValueError, FileNotFoundError) as err:
-        print(f"nemo-ais run: invalid config ({path}):\n{err}", file=sys.stderr)
-        return 2
+        return _fail(2, "run", f"invalid config ({path}):\n{err}")
     try:
         run_dir = run_experiment(raw, overwrite=args.overwrite)
     except KeyboardInterrupt:
-        print(
-            "\nnemo-ais run: interrupted. Checkpoints written so far are kept; re-run the same "
-            "command to resume from them.",
-            file=sys.stderr,
+        print("", file=sys.stderr)  # below the progress bar
+        return _fail(
+            130,
+            "run",
+            "interrupted. Checkpoints written so far are kept; re-run the same command to "
+            "resume from them.",
         )
-        return 130
     except RecipeError as err:
-        print(f"nemo-ais run: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "run", err)
     print(f"nemo-ais run: done; outputs in {run_dir} (see {run_dir / 'summary.md'})")
     return 0
 
@@ -406,8 +406,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         written = write_report(args.run_dir)
     except (FileNotFoundError, ValueError) as err:
-        print(f"nemo-ais report: {err}", file=sys.stderr)
-        return 2
+        return _fail(2, "report", err)
     for path in written:
         print(path)
     return 0
@@ -422,21 +421,19 @@ def _analyze(args: argparse.Namespace) -> int:
         config, alarm_config = load_analysis_config(args.config, args.overrides)
         batches = global_batches_per_step(args.config) if args.config else 1
     except (ValueError, TypeError, FileNotFoundError) as err:
-        print(f"nemo-ais analyze: invalid config: {err}", file=sys.stderr)
-        return 2
+        return _fail(2, "analyze", f"invalid config: {err}")
     try:
         log_dirs = find_log_dirs(args.log_dir)
     except BadInputError as err:
-        print(f"nemo-ais analyze: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "analyze", err)
     if not log_dirs:
-        print(
-            f"nemo-ais analyze: {args.log_dir}:0: no train_data_step{{N}}.jsonl files in it or "
-            f"{SEARCH_DEPTH} levels below it (NeMo-RL writes them to logger.log_dir during GRPO "
-            "training; nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
-            file=sys.stderr,
+        return _fail(
+            1,
+            "analyze",
+            f"{args.log_dir}:0: no train_data_step{{N}}.jsonl files in it or {SEARCH_DEPTH} "
+            "levels below it (NeMo-RL writes them to logger.log_dir during GRPO training; "
+            "nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
         )
-        return 1
     if args.list:
         for log_dir in log_dirs:
             print(log_dir)
@@ -473,28 +470,18 @@ def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> i
             global_batches_per_step=batches,
         )
     except KeyboardInterrupt:
-        print(
-            "nemo-ais analyze: interrupted; outputs written so far are incomplete.",
-            file=sys.stderr,
-        )
-        return 130
+        return _fail(130, "analyze", "interrupted; outputs written so far are incomplete.")
     except BadInputError as err:
-        print(f"nemo-ais analyze: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "analyze", err)
     except OSError as err:  # unreadable file, full disk: one line, no traceback
-        print(
-            f"nemo-ais analyze: {err.filename or log_dir}: {err.strerror or err}",
-            file=sys.stderr,
-        )
-        return 1
+        return _fail(1, "analyze", f"{err.filename or log_dir}: {err.strerror or err}")
     except Exception as err:  # backstop: one line naming the input, never a traceback
         first = (str(err).strip().splitlines() or [""])[0][:200]
-        print(
-            f"nemo-ais analyze: {log_dir}: unexpected {type(err).__name__}: {first} "
-            "(run with -v and report it)",
-            file=sys.stderr,
+        return _fail(
+            1,
+            "analyze",
+            f"{log_dir}: unexpected {type(err).__name__}: {first} (run with -v and report it)",
         )
-        return 1
     skipped = f"; {result.bad_rows} bad rows skipped" if result.bad_rows else ""
     steps = [r["step"] for r in result.rows]
     missing = (

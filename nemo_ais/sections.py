@@ -88,18 +88,10 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def validate_section(model: type[_M], data: Any, path: str) -> _M:
-    """Validate ``data`` as ``model``; on failure raise one ``ValueError`` naming ``path.field``.
+    """Validate ``data`` (a mapping or an instance) as ``model``.
 
-    Args:
-        model: the pydantic model class (e.g. :class:`CorrectionConfig`).
-        data: a mapping (dict, OmegaConf container converted to dict) or an instance.
-        path: dotted prefix of the section in the user's config, e.g. ``"loss_fn.ais"``.
-
-    Returns:
-        The validated, frozen model instance.
-
-    Raises:
-        ValueError: one line per problem: ``path.field=value is invalid: reason (hint)``.
+    On failure one ``ValueError``, a line per problem: ``<path>.field=value is invalid:
+    reason (hint)``, ``path`` being the section's dotted prefix (``"loss_fn.ais"``).
     """
     if isinstance(data, model):
         return data
@@ -174,16 +166,8 @@ def require_config(
 ) -> None:
     """Raise ``TypeError`` unless ``value`` is an ``expected`` instance (or None if ``optional``).
 
-    Args:
-        value: what the caller passed.
-        expected: the config model class (subclasses are accepted).
-        where: the parameter, prefixed by the function, e.g. ``"compute_statistics(config)"``.
-        optional: None is accepted too.
-
-    Raises:
-        TypeError: e.g. ``compute_statistics(config): got dict, expected
-            nemo_ais.config.CorrectionConfig; build one with CorrectionConfig(**d) or
-            CorrectionConfig.model_validate(d)``.
+    E.g. ``compute_statistics(config): got dict, expected nemo_ais.config.CorrectionConfig;
+    build one with CorrectionConfig(**d) or CorrectionConfig.model_validate(d)``.
     """
     error = config_type_error(value, expected, where, optional=optional)
     if error is not None:

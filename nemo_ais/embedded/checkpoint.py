@@ -103,17 +103,7 @@ def save_checkpoint(
 
 
 def load_file(path: Path, *, what: str, remedy: str, weights_only: bool) -> Any:
-    """``torch.load(path)`` on CPU; any failure becomes a one-line :class:`UnreadableFileError`.
-
-    Args:
-        path: an existing file.
-        what: what the file is, for the message (``"checkpoint"``).
-        remedy: what the user should do, for the message (``"delete it to ..."``).
-        weights_only: passed to ``torch.load``.
-
-    Raises:
-        UnreadableFileError: ``"<what> <path> cannot be read (<cause>); <remedy>"``.
-    """
+    """``torch.load(path)`` on CPU; a failure is one line naming the file, the cause and ``remedy``."""
     try:
         return torch.load(path, map_location="cpu", weights_only=weights_only)
     except Exception as err:  # truncated zip, garbled pickle, EACCES, EISDIR, ...
@@ -131,16 +121,10 @@ def checkpoint_remedy(path: Path) -> str:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
-    """The checkpoint at ``path``, or None if there is none.
+    """The dict :func:`save_checkpoint` wrote at ``path`` (tensors on CPU), or None if absent.
 
-    Returns:
-        The dict written by :func:`save_checkpoint` (tensors on CPU), or None if ``path``
-        does not exist.
-
-    Raises:
-        UnreadableFileError: the file exists but cannot be read, or is not a checkpoint
-            (a dict holding ``CHECKPOINT_KEYS`` with an integer ``step``). The message is
-            one line naming ``path`` and the fix (delete it, or ``--overwrite``).
+    ``UnreadableFileError`` (naming ``path`` and the fix) if it cannot be read or is not a
+    checkpoint (a dict holding ``CHECKPOINT_KEYS`` with an integer ``step``).
     """
     if not path.exists():
         return None

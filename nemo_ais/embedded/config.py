@@ -100,18 +100,10 @@ _FP8_BLOCK_DEPRECATED = (
 
 
 def migrate_rollout(rollout: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
-    """``rollout`` with its deprecated ``fp8:`` block folded into the current keys (module doc).
+    """A copy of ``rollout`` with its deprecated ``fp8:`` block folded into the current keys.
 
-    Args:
-        rollout: a raw ``rollout`` section (an arm's merged one); not modified.
-        warn: emit the ``FutureWarning`` when there is a block to fold.
-
-    Returns:
-        A new dict without ``fp8`` (``rollout`` itself, copied, if it has none).
-
-    Raises:
-        ValueError: the block is not a mapping, has an unknown key, a former key that is
-            not a bool, or mixes a former key with ``format`` / ``kv_cache`` (named).
+    Raises ``ValueError`` (named) for a block that is not a mapping, has an unknown key or a
+    non-bool former key, or mixes a former key with ``format`` / ``kv_cache``.
     """
     out = copy.deepcopy(rollout)
     block = out.pop("fp8", None)
@@ -165,17 +157,8 @@ def _has_fp8_block(section: Any) -> bool:
 def migrate_config(data: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
     """``data`` with every deprecated ``rollout.fp8`` block folded in: top level and arms.
 
-    An arm's ``rollout.fp8`` override becomes the current keys in which the arm's migrated
-    ``rollout`` differs from the migrated top level, so :func:`resolve_arm` gives the same
-    validated config for ``data`` and for the result (tested). Used by :func:`load_config`
-    and to compare an old run directory's pinned config with a new one.
-
-    Args:
-        data: a raw config (not modified).
-        warn: emit the ``FutureWarning`` (once) when there is a block to fold.
-
-    Raises:
-        ValueError: as :func:`migrate_rollout`, for the first offending block.
+    An arm's block becomes the keys in which its migrated ``rollout`` differs from the migrated
+    top level, so :func:`resolve_arm` validates ``data`` and the result alike (tested).
     """
     base = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
     arms = (
@@ -269,17 +252,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Load a YAML config with ``defaults:`` inheritance and dotted ``key=value`` overrides.
 
-    Args:
-        path: the YAML file.
-        overrides: e.g. ``["grpo.max_num_steps=10", "loss_fn.ais.ema=0.5"]`` (OmegaConf
-            dotlist syntax; values are parsed as YAML).
-
-    Returns:
-        The merged, interpolation-resolved config as a plain dict (validated by
-        :func:`validate_config`).
-
-    Raises:
-        ValueError: malformed YAML or override, or an invalid / unknown key (named).
+    Returns the merged, resolved, validated config as a plain dict; ``ValueError`` names a
+    malformed YAML or override, or an invalid / unknown key.
     """
     data = _read_yaml(Path(path).resolve())
     bad = [o for o in overrides if "=" not in o or o.startswith("=")]

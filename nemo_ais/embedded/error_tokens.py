@@ -41,14 +41,7 @@ NGRAM = 3  # n of the repeated n-gram: a 2-digit chain value and its separator
 
 
 class ErrorTokenCounts(NamedTuple):
-    """Token counts of one batch (floats, so ranks can sum them); see the module doc.
-
-    Attributes:
-        n_content: ``Σ_i L_i``, response tokens before ``<eos>``.
-        n_repeat: tokens completing an n-gram seen earlier in their response.
-        n_invalid: tokens outside the response alphabet.
-        n_error: tokens that are a repeat or invalid (or both).
-    """
+    """Token counts of one batch (floats, so ranks can sum them): content, repeat, invalid, error."""
 
     n_content: float
     n_repeat: float
@@ -95,20 +88,10 @@ def error_token_counts(
     eos_id: int,
     n: int = NGRAM,
 ) -> ErrorTokenCounts:
-    """Repeat / invalid / error token counts of a batch of responses (module doc).
+    """Repeat / invalid / error counts of ``[B, T]`` responses (module doc); zeros when empty.
 
-    Args:
-        response_ids: ``[B, T]`` int64 response tokens.
-        mask: ``[B, T]`` {0, 1} valid response tokens (up to and including ``<eos>``).
-        alphabet: Σ, the valid token ids (:func:`response_alphabet`).
-        eos_id: the ``<eos>`` id (ends the content; not counted).
-        n: the n-gram length.
-
-    Returns:
-        :class:`ErrorTokenCounts` (zeros for an empty batch).
-
-    Raises:
-        ValueError: ``response_ids`` and ``mask`` of different shapes, or not 2-D.
+    ``mask`` marks the valid tokens up to ``<eos>``, which ends the content; ``alphabet`` is
+    :func:`response_alphabet`'s. Raises ``ValueError`` for shapes that differ or are not 2-D.
     """
     if response_ids.dim() != 2 or mask.shape != response_ids.shape:
         raise ValueError(

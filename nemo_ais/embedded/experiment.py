@@ -116,16 +116,9 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
 def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
     """``nemo-ais run``: warm start, every arm x seed on the DP ranks, then the report.
 
-    Re-running with the same config resumes from the last checkpoints (finished runs are
-    skipped, records past a checkpoint are recomputed).
-
-    Returns:
-        The run directory.
-
-    Raises:
-        ValueError: an invalid config (the key path is named).
-        RecipeError: a run failed with a user-facing message (e.g. :class:`NonFiniteError`).
-        KeyboardInterrupt: interrupted; the checkpoints written so far are kept.
+    Re-running with the same config resumes from the last checkpoints. Returns the run
+    directory; raises ``ValueError`` (invalid config), ``RecipeError`` (a failed run) or
+    ``KeyboardInterrupt`` (checkpoints kept).
     """
     from nemo_ais.embedded.report import write_report
 

@@ -68,14 +68,10 @@ def log_train_data(
 ) -> None:
     """Write the step's global batch as NeMo-RL's ``train_data_step{N}.jsonl`` (rank 0).
 
-    Same layout and keys as NeMo-RL v0.7.0's ``grpo_train`` logging step
-    (``Logger.log_batched_dict_as_jsonl``): one JSON object per sample, each value a
-    batch of one; per-token lists span prompt + response padded to the batch's longest
-    sequence, position j holding token j and its log-prob (0 on the prompt, where we
-    keep no trainer log-probs, and on padding), so the loss's ``[:, 1:]`` alignment
-    applies; ``content`` holds the prompt and the response text.
-    ``nemo-ais analyze <run_dir>/logs/<arm>_seed<seed>`` reads them. The rows of all
-    ranks are gathered with one all-reduce (rank order = chunk order).
+    NeMo-RL v0.7.0's ``grpo_train`` layout: one JSON object per sample, each value a batch of
+    one; per-token lists span prompt + response padded to the longest sequence, position j
+    holding token j and its log-prob (0 on the prompt and padding). The ranks' rows are
+    gathered with one all-reduce; ``nemo-ais analyze`` reads the files.
     """
     prompt_len = task.prompt_len
     n, resp_len = batch.mask.shape

@@ -99,10 +99,7 @@ def _legend(ax) -> None:
 def build_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The report's matplotlib figures by file name (the caller saves and closes them).
 
-    ``reward.png``, ``accuracy.png`` (one panel each), ``diagnostics.png`` (the
-    :data:`DIAGNOSTICS` panels, one legend for the figure) and ``mismatch_vs_entropy.png``
-    (severity D against the policy entropy, one point per step and seed). Every arm keeps
-    one colour, marker and line style in all of them, in the order the arms first appear.
+    Every arm keeps one colour, marker and line style in all of them, in order of appearance.
     """
     import matplotlib
 

@@ -164,13 +164,7 @@ class StepStats:
 class GRPORecipe:
     """One (arm, seed) GRPO run on one data-parallel rank.
 
-    Args:
-        cfg: the arm's validated config.
-        arm: arm name (e.g. ``fp8-ais``); seed: the run's seed.
-        ctx: this rank's :class:`~nemo_ais.embedded.dist.DistContext`.
-        run_dir: the run's output directory.
-        warm_start_file: cached warm-start weights (None: random init).
-        progress: rank 0's progress bar shared by all runs (or None).
+    ``warm_start_file`` None: random init; ``progress``: rank 0's progress bar, or None.
     """
 
     def __init__(

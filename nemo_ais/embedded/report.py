@@ -252,14 +252,7 @@ def _non_stationarity_md(summ, n_steps: int) -> list[str]:
 
 
 def write_report(run_dir: str | Path) -> list[Path]:
-    """(Re)draw the plots and ``summary.md`` of ``run_dir`` from its ``metrics.jsonl``.
-
-    Plots (:func:`build_figures`): ``reward.png``, ``accuracy.png``, ``diagnostics.png``,
-    ``mismatch_vs_entropy.png``.
-
-    Returns:
-        The files written.
-    """
+    """(Re)draw the plots (:func:`build_figures`) and ``summary.md`` of ``run_dir``; the files written."""
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)

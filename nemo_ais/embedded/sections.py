@@ -193,15 +193,11 @@ class RolloutSection(_Section):
         description="Prompts per generate() call; each chunk has its own RNG stream, so "
         "results do not depend on the DP world size.",
     )
-    format: RolloutFormat = Field(
-        "fp8",
-        description="Linear layers of the rollout engine: bf16 (no quantization), fp8 (W8A8 "
-        "blockwise), mxfp8, nvfp4_w4a16 (NVFP4 weights) or nvfp4_w4a4 (+ NVFP4 activations).",
-    )
+    # format and the BF16 exclusions are RolloutPrecisionConfig's fields (its kv_cache: bf16)
+    format: RolloutFormat = _PRECISION["format"]
     kv_cache: KVCacheFormat = Field(
         "fp8", description="KV cache of the rollout engine: bf16, fp8 (E4M3) or nvfp4."
     )
-    # the BF16 exclusions mean what they mean in RolloutPrecisionConfig (same fields)
     num_first_layers_in_bf16: int = _PRECISION["num_first_layers_in_bf16"]
     num_last_layers_in_bf16: int = _PRECISION["num_last_layers_in_bf16"]
     attention_in_bf16: bool = _PRECISION["attention_in_bf16"]

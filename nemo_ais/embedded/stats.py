@@ -115,13 +115,9 @@ _T975 = (
 
 
 def t_quantile_975(df: int) -> float:
-    """The two-sided 95% Student-t quantile ``t_{0.975, df}``.
+    """The two-sided 95% Student-t quantile ``t_{0.975, df}``, ``df >= 1``.
 
-    Table values (3 decimals) for ``df <= 30``; beyond, the Cornish-Fisher expansion
-    around the normal quantile (error < 1e-4 for df > 30).
-
-    Raises:
-        ValueError: ``df < 1``.
+    Table values for ``df <= 30``; beyond, the Cornish-Fisher expansion (error < 1e-4).
     """
     if df < 1:
         raise ValueError(f"df={df} is invalid: expected >= 1 (at least two seeds)")
@@ -249,12 +245,10 @@ def early_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
 def paired_differences(
     records: list[dict[str, Any]], reference: str = "bf16", metric=None
 ) -> dict[str, tuple[int, float, float]]:
-    """Paired differences of the primary metric to ``reference``, per other arm.
+    """Per other arm, ``(pairs, mean, 95% CI half-width)`` of its paired differences to ``reference``.
 
-    Returns:
-        arm -> ``(pairs, mean, 95% CI half-width)`` of the per-seed differences
-        ``arm - reference`` (seeds present in both arms) of ``metric(records)``
-        (default :func:`primary_metric`).
+    The per-seed ``arm - reference`` differences of ``metric(records)`` (default
+    :func:`primary_metric`).
     """
     primary = (metric or primary_metric)(records)
     ref = primary.get(reference, {})
@@ -286,17 +280,11 @@ def _first_below_half(arm: dict[int, float], ref: dict[int, float]) -> int | Non
 
 
 def collapse_steps(records: list[dict[str, Any]], reference: str = "bf16") -> dict[str, Collapse]:
-    """Collapse step of every other arm: accuracy first below half of ``reference``'s.
+    """Collapse step of every other arm: held-out accuracy first below half of ``reference``'s.
 
-    Declared before the runs. At evaluation step s, arm collapses iff
-    ``acc_arm(s) < acc_reference(s) / 2`` (held-out greedy accuracy, the primary metric's
-    quantity), on the mean over the seeds both arms ran (at the steps every one of them
-    evaluated) and, per seed, paired with the reference's same seed. A reference accuracy
-    of 0 at s never counts (nothing is below 0). No seed shared with the reference (or no
-    reference arm): ``Collapse(None, 0, 0, {})``.
-
-    Returns:
-        arm -> :class:`Collapse` (the reference arm itself is left out).
+    Declared before the runs: at evaluation step s an arm collapses iff ``acc_arm(s) <
+    acc_reference(s) / 2``, on the mean over the seeds both arms ran and per seed (paired); a
+    reference accuracy of 0 never counts. No shared seed: ``Collapse(None, 0, 0, {})``.
     """
     val = series(records, "val", "accuracy")
     ref = val.get(reference, {})

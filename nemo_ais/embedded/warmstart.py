@@ -181,13 +181,9 @@ def _say(message: str) -> None:
 def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True) -> Path:
     """Train (or reuse) the warm-start weights and return the cache file's path.
 
-    The file holds ``{"state_dict", "key", "greedy_accuracy", "final_loss"}``. A cache hit
-    is only trusted if its stored key equals this config's key.
-
-    Raises:
-        UnreadableFileError: the cache file exists but cannot be read, is not a warm-start
-            file, or its weights do not fit the policy (one line naming the file; delete it).
-        RecipeError: the cache directory is not writable (named, with the config key).
+    The file holds ``{"state_dict", "key", "greedy_accuracy", "final_loss"}``; a hit is trusted
+    only if its key equals this config's. Raises ``UnreadableFileError`` for an unusable file
+    and ``RecipeError`` for an unwritable cache directory.
     """
     path = warm_start_path(cfg)
     key = _cache_key(cfg)

@@ -140,13 +140,9 @@ _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 def shape_from_config_json(path: Path) -> ModelShape:
-    """A :class:`ModelShape` from a Hugging Face ``config.json`` (``text_config`` if nested).
+    """A :class:`ModelShape` from a HF ``config.json`` (``text_config`` if nested).
 
-    Defaults as ``transformers`` applies them: ``num_key_value_heads`` = heads,
-    ``head_dim`` = hidden / heads, ``tie_word_embeddings`` = true, no experts.
-
-    Raises:
-        ValueError: the file is not JSON, or a required key is missing (named).
+    ``transformers``' defaults apply; ``ValueError`` names a missing key or an unreadable file.
     """
     try:
         raw: dict[str, Any] = json.loads(path.read_text())

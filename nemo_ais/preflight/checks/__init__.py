@@ -63,18 +63,10 @@ def check_config(
 ) -> list[CheckResult]:
     """Run every registered check on a loaded config; never raises on content.
 
-    ``nemo_rl_version`` (``v0.7.0`` | ``main``) names the NeMo-RL the config will run on;
-    None: the source at ``NEMO_RL_DIR`` in ``environ`` (default ``os.environ``) is read,
-    else the version-dependent checks warn
-    (:func:`~nemo_ais.preflight.nemo_rl_target.resolve_target`).
-
-    Arm mixins (``loss_fn.ais``, no ``policy``/``cluster``) get only the checks registered
-    with ``mixins=True`` (``loss_fn.ais``). A full config first needs every section of
-    NeMo-RL's ``MasterConfig``: if one is missing, a ``sections`` failure naming them is the
-    only result. Otherwise the first result, ``model_shapes``, says where the model's shapes
-    came from (:func:`~nemo_ais.preflight.model_shapes.resolve_model_shape`: its
-    config.json, else the table, else unknown: a warning, and the checks registered with
-    ``needs_shape=True`` are skipped).
+    ``nemo_rl_version`` None: the source at ``NEMO_RL_DIR`` is read, else version checks warn.
+    An arm mixin gets only the ``mixins=True`` checks; a full config missing a ``MasterConfig``
+    section gets one ``sections`` failure. The first result, ``model_shapes``, says where the
+    shapes came from; unknown shapes skip the ``needs_shape=True`` checks.
     """
     mixin = is_mixin(cfg)
     missing = [] if mixin else missing_sections(cfg)

@@ -165,13 +165,10 @@ def _nvfp4_transport_problems(cfg: Mapping[str, Any]) -> list[str]:
 
 
 def rollout_format_problems(cfg: Mapping[str, Any], nemo_rl_version: str) -> list[str]:
-    """What the launcher refuses before Ray for this NeMo-RL version (one line each).
+    """What the launcher refuses before Ray for this NeMo-RL version, one line each.
 
-    A rollout format the version lacks (:data:`~nemo_ais.preflight.nemo_rl_target.
-    ROLLOUT_FORMATS`), and a real-quant NVFP4 rollout on a non-default refit transport.
-
-    Raises:
-        ValueError: ``nemo_rl_version`` is not a supported version name.
+    A rollout format the version lacks, an NVFP4 MoE refit on v0.7.0, and a real-quant NVFP4
+    rollout on a non-default refit transport. ``ValueError`` for an unknown version.
     """
     target = target_from_version(nemo_rl_version)
     return (
@@ -269,7 +266,7 @@ def _real_quant_problems(ctx: Context) -> list[str]:
     problems += _nvfp4_transport_problems(ctx.cfg)
     refit = ctx.get("ais_nvfp4_refit")
     qarl = ctx.get("policy.quant_cfg") is not None  # its QAT worker packs NVFP4: check_qarl_trainer
-    if not qarl and isinstance(refit, Mapping) and refit.get("enabled") is True:
+    if not qarl and _enabled(refit):
         problems += _nvfp4_refit_problems(ctx.cfg, refit)
     elif not qarl:
         problems.append(
@@ -287,6 +284,11 @@ def _real_quant_problems(ctx: Context) -> list[str]:
             "expert on every vLLM rank)"
         )
     return problems
+
+
+def _enabled(section: Any) -> bool:
+    """A refit section (a mapping) with ``enabled: true``."""
+    return isinstance(section, Mapping) and section.get("enabled") is True
 
 
 def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> list[str]:
@@ -373,15 +375,13 @@ def _qarl_rollout_problems(ctx: Context, quant_cfg: Any) -> list[str]:
             "NeMo-RL main raises 'Real-quant refit requires matching policy and generation "
             "quantization modes')"
         )
-    for section in ("ais_nvfp4_refit", "ais_fp8_refit"):
-        refit = ctx.get(section)
-        if isinstance(refit, Mapping) and refit.get("enabled") is True:
-            problems.append(
-                f"{section}.enabled=True is invalid with policy.quant_cfg={quant_cfg!r}: "
-                "expected false (NeMo-RL's QAT worker exports the rollout's weights itself: "
-                "packed NVFP4 for a real-quant rollout, weight_quantizer(weight) otherwise)"
-            )
-    return problems
+    enabled = [s for s in ("ais_nvfp4_refit", "ais_fp8_refit") if _enabled(ctx.get(s))]
+    return problems + [
+        f"{section}.enabled=True is invalid with policy.quant_cfg={quant_cfg!r}: expected false "
+        "(NeMo-RL's QAT worker exports the rollout's weights itself: packed NVFP4 for a "
+        "real-quant rollout, weight_quantizer(weight) otherwise)"
+        for section in enabled
+    ]
 
 
 @check("qarl_trainer")
@@ -506,12 +506,10 @@ def quantized_linears(shape: ModelShape, tp: int, ep: int) -> list[QuantizedLine
 def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str], bool]:
     """``(layer, HF module name) -> True`` where the config's rollout keeps a linear BF16.
 
-    The rule of :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` (the one the twin and the
-    refit call), with the exclusions NeMo-RL's engine applies in this format. NVFP4:
-    ``real_quant_ignore`` (NeMo-RL's default list when absent), globs on the name with or
-    without ``model.``. Block FP8 and MXFP8: ``num_first_layers_in_bf16`` /
-    ``num_last_layers_in_bf16``; MXFP8 also a ``quantization_ignored_layer_kws`` keyword
-    inside the name. BF16 rollout: every linear.
+    :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` (the twin's and the refit's rule) with the
+    exclusions NeMo-RL's engine applies in this format: NVFP4 ``real_quant_ignore`` (its
+    default list when absent); FP8 and MXFP8 the first / last layers, MXFP8 also
+    ``quantization_ignored_layer_kws``. BF16 rollout: every linear.
     """
     fmt = rollout_format(cfg)
     if fmt == "bf16":
