@@ -30,12 +30,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, create_model, model_validator
 
 from nemo_ais.modes import MODES
-from nemo_ais.sections import (
-    Section,
-    config_type_error,
-    require_config,
-    validate_section,
-)
+from nemo_ais.sections import Section, config_type_error, require_config, validate_section
 
 __all__ = [
     "CorrectionConfig",

@@ -42,12 +42,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nemo_ais.config import (
-    CorrectionConfig,
-    PGLossConfig,
-    surrogate_conflicts,
-    validate_section,
-)
+from nemo_ais.config import CorrectionConfig, PGLossConfig, surrogate_conflicts, validate_section
 from nemo_ais.embedded.sections import (
     DEFAULT_QUANTIZER,
     NESTED_MODELS,

@@ -44,12 +44,7 @@ from typing import Any
 
 import torch
 
-from nemo_ais.core import (
-    AISDiagnostics,
-    AISState,
-    clipped_pg_loss,
-    compute_diagnostics,
-)
+from nemo_ais.core import AISDiagnostics, AISState, clipped_pg_loss, compute_diagnostics
 from nemo_ais.embedded.aligned import RolloutAlignedPolicy
 from nemo_ais.embedded.checkpoint import (
     UnreadableFileError,
@@ -59,29 +54,14 @@ from nemo_ais.embedded.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from nemo_ais.embedded.config import (
-    RecipeConfig,
-)
+from nemo_ais.embedded.config import RecipeConfig
 from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum
-from nemo_ais.embedded.error_tokens import (
-    ErrorTokenCounts,
-    error_token_counts,
-    response_alphabet,
-)
+from nemo_ais.embedded.error_tokens import ErrorTokenCounts, error_token_counts, response_alphabet
 from nemo_ais.embedded.logs import METRICS_FILE, MetricsFile, log_train_data
 from nemo_ais.embedded.model import greedy_decode, response_logprobs
-from nemo_ais.embedded.rollout import (
-    RolloutBatch,
-    chunk_range,
-    generate_rollouts,
-    group_advantages,
-)
+from nemo_ais.embedded.rollout import RolloutBatch, chunk_range, generate_rollouts, group_advantages
 from nemo_ais.embedded.task import ArithmeticTask, seeded_generator
-from nemo_ais.embedded.warmstart import (
-    build_task,
-    build_untrained_policy,
-    load_warm_start,
-)
+from nemo_ais.embedded.warmstart import build_task, build_untrained_policy, load_warm_start
 from nemo_ais.modes import MODES
 from nemo_ais.rollout.twin import Fp8Twin
 
@@ -118,11 +98,7 @@ def build_optimizer(cfg: RecipeConfig, policy: torch.nn.Module) -> torch.optim.O
     """AdamW of ``policy.optimizer`` (the GRPO optimizer; a fresh one per run)."""
     opt = cfg.policy.optimizer
     return torch.optim.AdamW(
-        policy.parameters(),
-        lr=opt.lr,
-        betas=opt.betas,
-        eps=opt.eps,
-        weight_decay=opt.weight_decay,
+        policy.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
     )
 
 

@@ -112,12 +112,7 @@ def generate_rollouts(
 
 
 def group_advantages(
-    rewards: torch.Tensor,
-    num_generations: int,
-    *,
-    normalize: bool,
-    leave_one_out: bool,
-    eps: float,
+    rewards: torch.Tensor, num_generations: int, *, normalize: bool, leave_one_out: bool, eps: float
 ) -> torch.Tensor:
     """GRPO advantages ``[n]`` float32 from rewards in groups of G consecutive samples.
 

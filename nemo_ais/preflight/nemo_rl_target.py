@@ -70,10 +70,7 @@ ROLLOUT_FORMATS: dict[str, FormatSupport] = {
         "def resolve_nvfp4_real_quant_mode",
     ),
     "mxfp8": FormatSupport(
-        "MXFP8 rollout",
-        ("main",),
-        "nemo_rl/models/generation/vllm/quantization/fp8.py",
-        "is_mx",
+        "MXFP8 rollout", ("main",), "nemo_rl/models/generation/vllm/quantization/fp8.py", "is_mx"
     ),
 }
 """The rollout formats only some supported NeMo-RL versions have (module table)."""

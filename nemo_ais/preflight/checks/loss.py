@@ -19,20 +19,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_ais.alarms import AISAlarmsConfig
-from nemo_ais.config import (
-    CorrectionConfig,
-    pg_loss_section,
-    surrogate_conflicts,
-    validate_section,
-)
+from nemo_ais.config import CorrectionConfig, pg_loss_section, surrogate_conflicts, validate_section
 from nemo_ais.modes import MODES
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
-from nemo_ais.rules.loss_conflicts import (
-    AIS_CONFLICTS,
-    ais_conflicts,
-    bypass_kl_in_reward_problems,
-)
+from nemo_ais.rules.loss_conflicts import AIS_CONFLICTS, ais_conflicts, bypass_kl_in_reward_problems
 
 __all__ = [
     "AIS_CONFLICTS",
