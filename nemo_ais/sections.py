@@ -14,20 +14,11 @@
 """The machinery of every config section: the strict base model and its errors at a boundary.
 
 A leaf module (pydantic and the standard library only), below :mod:`nemo_ais.config` and
-the correction modes (:mod:`nemo_ais.modes`), whose sub-sections derive from :class:`Section`.
-
-Use :func:`validate_section` at a boundary (YAML, CLI, NeMo-RL adapter): it turns
-pydantic's error into a ``ValueError`` that names the full field path, the value,
-the allowed range and a hint, e.g.::
-
-    loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)
-
-A key that moved (a model's :attr:`Section.moved_keys`) is refused with the new path:
-``loss_fn.ais.icepop_min moved: use loss_fn.ais.icepop.min``.
-
-Functions that take a config OBJECT check its type with :func:`require_config`, so a
-plain dict is a ``TypeError`` naming the parameter and how to build the object, not an
-``AttributeError`` deep inside.
+the correction modes. :func:`validate_section` turns pydantic's error into a ``ValueError``
+naming the field path, the value, the allowed range and a hint
+(``loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)``); a moved key
+(:attr:`Section.moved_keys`) is refused with its new path. :func:`require_config` makes a
+plain dict passed for a config object a ``TypeError`` naming the parameter and the fix.
 """
 
 from __future__ import annotations

@@ -13,16 +13,11 @@
 # limitations under the License.
 """Shapes of the decoder-only model a config trains: its ``config.json``, else ONE table.
 
-:class:`ModelShape` holds what fixes which parallel sizes are legal (heads, layers,
-experts, the per-rank FP8 block shards) and what the memory budget counts (parameters,
-per-token activations, KV cache). :func:`resolve_model_shape` reads them from the model's
-own ``config.json``: ``policy.model_name`` as a local checkpoint directory, else the
-Hugging Face cache (``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-``~/.cache/huggingface/hub``; the ``models--org--name/snapshots/<refs/main>/`` layout of
-``huggingface_hub``), never downloading. Only when neither holds one does it fall back to
-:data:`MODEL_SHAPES`, and says so: a 10-name table keyed by the lower-cased basename of
-the model id (``Qwen/Qwen3-8B`` and ``/ckpt/Qwen3-8B/`` are ``qwen3-8b``), each value
-stating its source.
+:class:`ModelShape` holds what fixes the legal parallel sizes and what the memory budget
+counts. :func:`resolve_model_shape` reads the model's own ``config.json`` (a local
+checkpoint directory, else the Hugging Face hub cache, never downloading) and only then
+falls back to :data:`MODEL_SHAPES`, saying so; the table is keyed by the lower-cased
+basename of the model id (``Qwen/Qwen3-8B`` and ``/ckpt/Qwen3-8B/`` are ``qwen3-8b``).
 """
 
 from __future__ import annotations
