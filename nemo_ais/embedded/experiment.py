@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 
 from nemo_ais.embedded.config import RecipeConfig, migrate_config, resolve_arm, validate_config
 from nemo_ais.embedded.dist import DistContext, RecipeError, launch
-from nemo_ais.embedded.recipe import METRICS_FILE, GRPORecipe
+from nemo_ais.embedded.logs import METRICS_FILE
+from nemo_ais.embedded.recipe import GRPORecipe
 from nemo_ais.embedded.warmstart import build_task, warm_start
 
 __all__ = ["CONFIG_FILE", "prepare_run_dir", "run_experiment"]
