@@ -273,8 +273,7 @@ def _plain(value: Any) -> Any:
 def validate_config(data: dict[str, Any]) -> RecipeConfig:
     """Validate the base config and every arm's merged config; return the base one.
 
-    Raises:
-        ValueError: names the key path (for an arm: ``experiment.arms.<name>: ...``).
+    An arm's error is prefixed ``experiment.arms.<name>:``.
     """
     base = resolve_arm(data, None)
     for arm in base.experiment.arms:
@@ -286,11 +285,7 @@ def validate_config(data: dict[str, Any]) -> RecipeConfig:
 
 
 def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
-    """Merge arm ``arm``'s override (None: none) into ``data`` and validate every section.
-
-    Raises:
-        ValueError: an unknown top-level section or key, or an invalid value, named by path.
-    """
+    """Merge arm ``arm``'s override (None: none) into ``data``; validate it (errors name the path)."""
     data = _plain(data)
     if not isinstance(data, dict):
         raise ValueError(f"config: expected a mapping of sections, got {type(data).__name__}")

@@ -11,25 +11,20 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""GRPO with an FP8 rollout engine and the AIS correction, on one CPU machine.
+"""GRPO with a quantized rollout engine and the AIS correction, on one CPU machine.
 
-A torchtune-style recipe: ``build_*(cfg)`` functions, :meth:`GRPORecipe.setup` lists the
-builder calls (with the ordering constraints), :meth:`GRPORecipe.train` is one visible
-loop::
+A torchtune-style recipe: ``build_*(cfg)`` functions, :meth:`GRPORecipe.setup` (the builder
+calls, in the order they need) and :meth:`GRPORecipe.train`, one visible loop::
 
-    rollout (FP8 twin, synced) -> trainer log-probs -> group advantages
+    rollout (twin, synced) -> trainer log-probs -> group advantages
       -> per global batch: AIS statistics -> ONE all-reduce -> diagnostics
       -> per micro-batch: core clipped loss (nemo_ais.core.clipped_pg_loss) -> backward
       -> gradient all-reduce (SUM) -> optimizer step -> log -> checkpoint
 
-The recipe holds no loss math: the clipped surrogate and every correction weight come from
-:func:`nemo_ais.core.clipped_pg_loss`, the code the NeMo-RL adapter calls on a cluster.
-
-Data parallel: each of ``cluster.dp_size`` gloo ranks generates and trains on its chunks
-(:mod:`nemo_ais.embedded.rollout`). The loss is normalised by the GLOBAL valid-token
-count, so per-rank gradients are SUMMED (one all-reduce of the flattened gradients).
-The experiment driver of ``nemo-ais run`` (every arm x seed) is
-:mod:`nemo_ais.embedded.experiment`.
+No loss math here: the surrogate and every correction weight are
+:func:`nemo_ais.core.clipped_pg_loss`'s, the code the NeMo-RL adapter runs. Each gloo rank
+trains on its chunks; the loss is normalised by the GLOBAL valid-token count, so the
+ranks' gradients are summed.
 """
 
 from __future__ import annotations

@@ -58,12 +58,7 @@ EVIDENCE_MIN_SEEDS = 2
 
 
 def load_metrics(path: Path) -> list[dict[str, Any]]:
-    """Records of a ``metrics.jsonl`` (a line cut by a crash is skipped).
-
-    Raises:
-        FileNotFoundError: no such file (named).
-        ValueError: the file holds no record.
-    """
+    """Records of a ``metrics.jsonl`` (a line cut by a crash is skipped; none: ``ValueError``)."""
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"

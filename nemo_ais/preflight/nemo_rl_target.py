@@ -85,11 +85,7 @@ class NeMoRLTarget:
 
 
 def target_from_version(version: str) -> NeMoRLTarget:
-    """The target of a supported version name, from :data:`ROLLOUT_FORMATS`.
-
-    Raises:
-        ValueError: ``version`` is not one of :data:`NEMO_RL_VERSIONS`.
-    """
+    """The target of a supported version name (:data:`NEMO_RL_VERSIONS`; else ``ValueError``)."""
     if version not in NEMO_RL_VERSIONS:
         raise ValueError(
             f"--nemo-rl-version={version!r} is invalid: expected one of {list(NEMO_RL_VERSIONS)}"
@@ -114,11 +110,7 @@ def target_from_checkout(path: str | Path) -> NeMoRLTarget | None:
 def resolve_target(
     version: str | None = None, environ: Mapping[str, str] | None = None
 ) -> tuple[NeMoRLTarget | None, str]:
-    """(target, how it was found): ``version``, else ``NEMO_RL_DIR``'s source, else None.
-
-    Raises:
-        ValueError: ``version`` is given and unknown (see :func:`target_from_version`).
-    """
+    """(target, how it was found): ``version``, else ``NEMO_RL_DIR``'s source, else None."""
     if version is not None:
         return target_from_version(version), f"checked against NeMo-RL {version} (given)"
     env = os.environ if environ is None else environ

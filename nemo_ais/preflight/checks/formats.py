@@ -106,11 +106,10 @@ def _nvfp4_mode(cfg: Mapping[str, Any]) -> str | None:
 
 
 def rollout_format(cfg: Mapping[str, Any]) -> str:
-    """The vLLM rollout's weight format, from NeMo-RL's switches.
+    """The vLLM rollout's weight format from NeMo-RL's switches.
 
-    Returns:
-        ``nvfp4_w4a16`` | ``nvfp4_w4a4`` | ``nvfp4`` (real-quant, recipe mode unknown
-        offline) | ``mxfp8`` | ``fp8`` (128 x 128 block FP8) | ``bf16``.
+    ``nvfp4_w4a16`` | ``nvfp4_w4a4`` | ``nvfp4`` (real-quant, mode unknown offline) | ``mxfp8``
+    | ``fp8`` (128 x 128 block FP8) | ``bf16``.
     """
     if get(cfg, _GEN + ".real_quant", False):
         mode = _nvfp4_mode(cfg)
