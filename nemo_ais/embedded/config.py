@@ -285,7 +285,7 @@ def validate_config(data: dict[str, Any]) -> RecipeConfig:
 
 
 def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
-    """Merge arm ``arm``'s override (None: none) into ``data``; validate it (errors name the path)."""
+    """Merge arm ``arm``'s override (None: none) into ``data``; validate (errors name the path)."""
     data = _plain(data)
     if not isinstance(data, dict):
         raise ValueError(f"config: expected a mapping of sections, got {type(data).__name__}")

@@ -112,7 +112,7 @@ def validate_config(
     nemo_rl_version: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> list[CheckResult]:
-    """Run :func:`check_config`; one ``ValueError`` (``<source>: N check(s) failed:``) lists them."""
+    """Run :func:`check_config`; one ``ValueError`` (``<source>: N check(s) failed:``) lists all."""
     results = check_config(cfg, nemo_rl_version, environ)
     failed = [r for r in results if r.status == "fail"]
     if failed:
