@@ -240,10 +240,10 @@ def early_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
 def paired_differences(
     records: list[dict[str, Any]], reference: str = "bf16", metric=None
 ) -> dict[str, tuple[int, float, float]]:
-    """Per other arm, ``(pairs, mean, 95% CI half-width)`` of the paired differences to ``reference``.
+    """Per other arm, ``(pairs, mean, 95% CI half-width)`` of its differences to ``reference``.
 
     The per-seed ``arm - reference`` differences of ``metric(records)`` (default
-    :func:`primary_metric`).
+    :func:`primary_metric`), over the seeds both ran.
     """
     primary = (metric or primary_metric)(records)
     ref = primary.get(reference, {})
