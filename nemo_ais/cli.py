@@ -11,27 +11,16 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``nemo-ais``: the command line of the embedded experiment.
+"""``nemo-ais``: the command line of the embedded experiment and its tools.
 
-``nemo-ais run [--quick | --preset NAME | --config FILE] [--overwrite] [key=value ...]`` runs
-the four-arm FP8 / AIS GRPO experiment of the shipped preset ``default.yaml`` (``--quick``:
-``quick.yaml``, ``--preset NAME``: ``NAME.yaml``; presets live in ``nemo_ais/embedded/presets/``,
-package data);
-``nemo-ais report RUN_DIR`` redraws its plots and summary.
-``nemo-ais --version`` prints the installed distribution's version and where it imports from.
-``nemo-ais analyze LOG_DIR`` replays the AIS diagnostics and every correction mode over a
-NeMo-RL run's ``train_data_step{N}.jsonl`` logs (``docs/analyze.md``); given a directory
-above runs (a NeMo-RL log root, a ``nemo-ais run`` directory), it analyses each run found.
-``nemo-ais attribute [--preset NAME | --config FILE] [--arm ARM] [key=value ...]`` runs the
-twin on the config's policy with one quantized source at a time (weights and activations
-per layer and module, the KV cache per layer) and writes which carry the rollout mismatch
-(``docs/low_precision.md``, "Mismatch attribution").
-``nemo-ais calibrate-input-amax MODEL --out FILE.json`` writes the static input amax per
-linear of a BF16 checkpoint that the NVFP4 W4A4 refit reads (``input_amax_file``,
-``docs/cluster.md``).
-Exit codes: 0 success, 1 a run failed or bad log input (message printed), 2 bad config or
-arguments, 3 ``analyze --fail-on-alarm`` (or ``alarms.fail_on_alarm=true``) and an alarm
-fired, 130 interrupted (``run``: checkpoints kept; re-run the same command to resume).
+``run`` (GRPO on the embedded task, every arm x seed of a preset or config), ``report``
+(redraw a run's plots and summary), ``analyze`` (replay a NeMo-RL run's step logs,
+docs/analyze.md), ``attribute`` (which quantized source carries the rollout mismatch,
+docs/low_precision.md) and ``calibrate-input-amax`` (the NVFP4 W4A4 refit's input amax
+file, docs/cluster.md); examples in :data:`_EPILOG`. Exit codes: 0 success, 1 a run
+failed or bad log input, 2 bad config or arguments, 3 ``analyze --fail-on-alarm`` (or
+``alarms.fail_on_alarm=true``) and an alarm fired, 130 interrupted (``run``: checkpoints
+kept; re-run the same command to resume).
 """
 
 from __future__ import annotations
@@ -40,6 +29,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["PRESETS", "main", "version_string"]
 
@@ -84,14 +74,201 @@ def version_string() -> str:
     return f"nemo-ais {version} from {where} (python {sys.version_info[0]}.{sys.version_info[1]})"
 
 
+def _fail(code: int, command: str, message: object) -> int:
+    """Print ``nemo-ais <command>: <message>`` on stderr; return the exit code ``code``."""
+    print(f"nemo-ais {command}: {message}", file=sys.stderr)
+    return code
+
+
 def _config_dir() -> Path:
     from nemo_ais.embedded.config import CONFIG_DIR
 
     return CONFIG_DIR
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected an integer >= 1")
+    return value
+
+
+_PRESET_HELP = (
+    "A shipped preset nemo_ais/embedded/presets/<name>.yaml: quick (<= 60 s smoke run), "
+    "fp4-quick (quick with NVFP4 W4A4 / W4A16 rollout arms, <= 90 s), fp4-long (fp4-quick's "
+    "arms on 99-token chain responses), fp4 (every correction with NVFP4 W4A4 / W4A16 "
+    "rollouts, 2 seeds), fp4-evidence (the same, 8 seeds), evidence (FP8 rollouts, 8 seeds, "
+    "every correction), addition (the 2-digit task)."
+)
+_FLAG = {"action": "store_true"}
+_OVERRIDES = {"nargs": "*", "metavar": "key=value"}
+_PATH = {"type": Path, "default": None}
+# Each subcommand: (help, description, {flag: add_argument keywords}); flags in a tuple are
+# mutually exclusive. The parser is built from this table by build_parser.
+_SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
+    "run": (
+        "Run the four-arm GRPO experiment (BF16, FP8 none/TIS/AIS) x seeds.",
+        "Run GRPO on the embedded arithmetic task with the simulated FP8 rollout engine, for "
+        "every arm x seed of the config; outputs go to <logger.run_dir>/<logger.name>/ "
+        "(metrics.jsonl, PNG plots, summary.md, checkpoints).",
+        {
+            "overrides": {
+                **_OVERRIDES,
+                "help": "Dotted OmegaConf overrides, e.g. grpo.max_num_steps=20 "
+                "loss_fn.ais.ema=0.5.",
+            },
+            ("--config", "--quick", "--preset"): {
+                "--config": {
+                    **_PATH,
+                    "help": "A YAML config file (default: the shipped preset default.yaml).",
+                },
+                "--quick": {**_FLAG, "help": "The <= 60 s shipped preset quick.yaml."},
+                "--preset": {"choices": PRESETS, "default": None, "help": _PRESET_HELP},
+            },
+            "--overwrite": {
+                **_FLAG,
+                "help": "Delete the run directory's metrics and checkpoints and start over.",
+            },
+        },
+    ),
+    "report": (
+        "Redraw plots and summary.md of a run directory from its metrics.jsonl.",
+        "Redraw reward.png, accuracy.png, diagnostics.png and summary.md from "
+        "RUN_DIR/metrics.jsonl (or a metrics file).",
+        {"run_dir": {"type": Path, "help": "A run directory (or its metrics.jsonl)."}},
+    ),
+    "analyze": (
+        "Replay AIS diagnostics and every correction mode over a NeMo-RL run's step logs.",
+        "Read LOG_DIR/train_data_step{N}.jsonl (NeMo-RL's per-step batch logs, in order of "
+        "N), compute per step the AIS diagnostics, alpha and the weights of "
+        "tis/icepop/seq_mask_geo/ais with the core code, run the refit guard, and write "
+        "analysis.jsonl, report.md and PNG plots to OUT. If LOG_DIR holds no step file, every "
+        "run directory up to 4 levels below it is analysed, each on its own (a NeMo-RL log "
+        "root, a nemo-ais run directory: <run_dir>/logs/<arm>_seed<n>).",
+        {
+            "log_dir": {
+                "type": Path,
+                "help": "NeMo-RL logger.log_dir of one run, or a directory above runs (each "
+                "is analysed).",
+            },
+            "overrides": {
+                **_OVERRIDES,
+                "help": "loss_fn.ais.<field>=value or alarms.<field>=value, e.g. "
+                "loss_fn.ais.ema=0.9.",
+            },
+            "--out": {
+                **_PATH,
+                "help": "Output directory (default LOG_DIR/ais_analysis; for runs found below "
+                "LOG_DIR: OUT/<run's path below LOG_DIR>, default <run>/ais_analysis).",
+            },
+            "--list": {**_FLAG, "help": "List the run directories found and exit."},
+            "--config": {
+                **_PATH,
+                "help": "YAML with loss_fn.ais (e.g. the run's NeMo-RL config) and/or alarms "
+                "sections.",
+            },
+            "--skip-bad-rows": {**_FLAG, "help": "Count and skip bad rows instead of failing."},
+            "--no-progress": {**_FLAG, "help": "No progress bar."},
+            "--no-plots": {**_FLAG, "help": "Skip the PNG plots."},
+            "--fail-on-alarm": {
+                **_FLAG,
+                "help": "Exit with code 3 if an alarm fired, after writing the report (also "
+                "alarms.fail_on_alarm=true).",
+            },
+        },
+    ),
+    "attribute": (
+        "Attribute the rollout mismatch to weights, activations and KV cache per layer.",
+        "Build the twin (simulated rollout engine) of the config's policy in its "
+        "rollout.format / rollout.kv_cache (warm-started from the cache if present, else the "
+        "recipe's init), sample held-out prompts with it, then score them with one source "
+        "quantized at a time (and with every source but one): mean |dlogp|, gen_kl_error (k3) "
+        "and token_mult_prob_error against the unquantized model on the same tokens. Prints a "
+        "markdown table; writes attribution.md, .json and .png to --out.",
+        {
+            "overrides": {
+                **_OVERRIDES,
+                "help": "Dotted config overrides, e.g. rollout.format=nvfp4_w4a4 "
+                "rollout.kv_cache=nvfp4.",
+            },
+            ("--config", "--preset"): {
+                "--config": {**_PATH, "help": "A recipe YAML config."},
+                "--preset": {
+                    "choices": ("default", *PRESETS),
+                    "default": None,
+                    "help": "A shipped preset.",
+                },
+            },
+            "--arm": {
+                "default": None,
+                "help": "Take the precision of this experiment arm (default: base).",
+            },
+            "--prompts": {"type": int, "default": 64, "help": "Held-out prompts (64)."},
+            "--seed": {"type": int, "default": 0, "help": "Sampling seed (0)."},
+            "--top": {"type": int, "default": 16, "help": "Sources printed and plotted."},
+            "--out": {**_PATH, "help": "Output directory (<logger.run_dir>/attribution)."},
+            "--train-warm-start": {
+                **_FLAG,
+                "help": "Train the warm start when its cache file is missing (else: the "
+                "random init).",
+            },
+            "--no-plot": {**_FLAG, "help": "Skip attribution.png."},
+        },
+    ),
+    "calibrate-input-amax": (
+        "Write the NVFP4 W4A4 refit's input_amax_file from a BF16 checkpoint.",
+        "Run the BF16 model MODEL on calibration prompts with a hook on every linear the "
+        "NVFP4 W4A4 engine quantizes (every decoder-layer linear but MoE routers), record max "
+        "|input| over the valid tokens (ModelOpt's max calibration), and write JSON {module "
+        "name: amax}: the file ais_nvfp4_refit.input_amax_file names (input_scale = amax / "
+        "(6 * 448); fused q/k/v and gate/up take the max).",
+        {
+            "model": {
+                "help": "The BF16 checkpoint the trainer starts from: a local HF dir or hub name."
+            },
+            "--out": {"type": Path, "required": True, "help": "The JSON file to write."},
+            "--prompts": {
+                **_PATH,
+                "help": "Calibration prompts: .txt (one a line) or .jsonl (a JSON string or an "
+                "object's --prompt-key field a line); default: a small built-in set (smoke "
+                "tests only).",
+            },
+            "--prompt-key": {"default": "prompt", "help": "Field of a .jsonl object (prompt)."},
+            "--num-samples": {
+                "type": _positive_int,
+                "default": 512,
+                "help": "First N prompts (512).",
+            },
+            "--max-length": {
+                "type": _positive_int,
+                "default": 2048,
+                "help": "Tokens per prompt (2048).",
+            },
+            "--batch-size": {
+                "type": _positive_int,
+                "default": 8,
+                "help": "Prompts per forward (8).",
+            },
+            "--device": {"choices": ("cpu", "cuda"), "default": "cpu", "help": "(cpu)"},
+            "--dtype": {
+                "choices": ("bfloat16", "float32"),
+                "default": "bfloat16",
+                "help": "Weights and activations dtype (bfloat16, as the trainer's checkpoint).",
+            },
+            "--chat-template": {
+                **_FLAG,
+                "help": "Render each prompt as a user turn of the tokenizer's chat template.",
+            },
+        },
+    ),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of ``nemo-ais`` (subcommands ``run`` and ``report``)."""
+    """The argparse parser of ``nemo-ais``, built from :data:`_SUBCOMMANDS`."""
     parser = argparse.ArgumentParser(
         prog="nemo-ais",
         description="AIS for FP8-rollout RL: the embedded one-machine GRPO experiment.",
@@ -100,153 +277,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="Log at INFO level.")
     parser.add_argument("--version", action="version", version=version_string())
-    sub = parser.add_subparsers(
-        dest="command", metavar="{run,report,analyze,attribute,calibrate-input-amax}"
-    )
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(_SUBCOMMANDS) + "}")
     sub.required = True
-
-    run = sub.add_parser(
-        "run",
-        help="Run the four-arm GRPO experiment (BF16, FP8 none/TIS/AIS) x seeds.",
-        description="Run GRPO on the embedded arithmetic task with the simulated FP8 rollout "
-        "engine, for every arm x seed of the config; outputs go to "
-        "<logger.run_dir>/<logger.name>/ (metrics.jsonl, PNG plots, summary.md, checkpoints).",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    run.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="Dotted OmegaConf overrides, e.g. grpo.max_num_steps=20 loss_fn.ais.ema=0.5.",
-    )
-    preset = run.add_mutually_exclusive_group()
-    preset.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="A YAML config file (default: the shipped preset default.yaml).",
-    )
-    preset.add_argument(
-        "--quick", action="store_true", help="The <= 60 s shipped preset quick.yaml."
-    )
-    preset.add_argument(
-        "--preset",
-        choices=PRESETS,
-        default=None,
-        help="A shipped preset nemo_ais/embedded/presets/<name>.yaml: quick (<= 60 s smoke run), "
-        "fp4-quick (quick with NVFP4 W4A4 / W4A16 rollout arms, <= 90 s), fp4-long (fp4-quick's "
-        "arms on 99-token chain responses), fp4 (every correction with NVFP4 W4A4 / W4A16 "
-        "rollouts, 2 seeds), fp4-evidence (the same, 8 seeds), evidence (FP8 rollouts, 8 seeds, "
-        "every correction), addition (the 2-digit task).",
-    )
-    run.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="Delete the run directory's metrics and checkpoints and start over.",
-    )
-
-    report = sub.add_parser(
-        "report",
-        help="Redraw plots and summary.md of a run directory from its metrics.jsonl.",
-        description="Redraw reward.png, accuracy.png, diagnostics.png and summary.md from "
-        "RUN_DIR/metrics.jsonl (or a metrics file).",
-    )
-    report.add_argument("run_dir", type=Path, help="A run directory (or its metrics.jsonl).")
-    _add_analyze_parser(sub)
-    _add_attribute_parser(sub)
-    _add_calibrate_input_amax_parser(sub)
+    for name, (help_text, description, options) in _SUBCOMMANDS.items():
+        extra = {"epilog": _EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
+        cmd = sub.add_parser(
+            name, help=help_text, description=description, **(extra if name == "run" else {})
+        )
+        for flag, kwargs in options.items():
+            if isinstance(flag, tuple):  # mutually exclusive options
+                group = cmd.add_mutually_exclusive_group()
+                for option, option_kwargs in kwargs.items():
+                    group.add_argument(option, **option_kwargs)
+            else:
+                cmd.add_argument(flag, **kwargs)
     return parser
-
-
-def _add_analyze_parser(sub: argparse._SubParsersAction) -> None:
-    analyze = sub.add_parser(
-        "analyze",
-        help="Replay AIS diagnostics and every correction mode over a NeMo-RL run's step logs.",
-        description="Read LOG_DIR/train_data_step{N}.jsonl (NeMo-RL's per-step batch logs, "
-        "in order of N), compute per step the AIS diagnostics, alpha and the weights of "
-        "tis/icepop/seq_mask_geo/ais with the core code, run the refit guard, and write "
-        "analysis.jsonl, report.md and PNG plots to OUT. If LOG_DIR holds no step file, "
-        "every run directory up to 4 levels below it is analysed, each on its own (a NeMo-RL "
-        "log root, a nemo-ais run directory: <run_dir>/logs/<arm>_seed<n>).",
-    )
-    analyze.add_argument(
-        "log_dir",
-        type=Path,
-        help="NeMo-RL logger.log_dir of one run, or a directory above runs (each is analysed).",
-    )
-    analyze.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="loss_fn.ais.<field>=value or alarms.<field>=value, e.g. loss_fn.ais.ema=0.9.",
-    )
-    analyze.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="Output directory (default LOG_DIR/ais_analysis; for runs found below LOG_DIR: "
-        "OUT/<run's path below LOG_DIR>, default <run>/ais_analysis).",
-    )
-    analyze.add_argument(
-        "--list", action="store_true", help="List the run directories found and exit."
-    )
-    analyze.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="YAML with loss_fn.ais (e.g. the run's NeMo-RL config) and/or alarms sections.",
-    )
-    analyze.add_argument(
-        "--skip-bad-rows", action="store_true", help="Count and skip bad rows instead of failing."
-    )
-    analyze.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    analyze.add_argument("--no-plots", action="store_true", help="Skip the PNG plots.")
-    analyze.add_argument(
-        "--fail-on-alarm",
-        action="store_true",
-        help="Exit with code 3 if an alarm fired, after writing the report (also "
-        "alarms.fail_on_alarm=true).",
-    )
-
-
-def _add_attribute_parser(sub: argparse._SubParsersAction) -> None:
-    attribute = sub.add_parser(
-        "attribute",
-        help="Attribute the rollout mismatch to weights, activations and KV cache per layer.",
-        description="Build the twin (simulated rollout engine) of the config's policy in its "
-        "rollout.format / rollout.kv_cache (warm-started from the cache if present, else the "
-        "recipe's init), sample held-out prompts with it, then score them with one source "
-        "quantized at a time (and with every source but one): mean |dlogp|, gen_kl_error "
-        "(k3) and token_mult_prob_error against the unquantized model on the same tokens. "
-        "Prints a markdown table; writes attribution.md, .json and .png to --out.",
-    )
-    attribute.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="Dotted config overrides, e.g. rollout.format=nvfp4_w4a4 rollout.kv_cache=nvfp4.",
-    )
-    preset = attribute.add_mutually_exclusive_group()
-    preset.add_argument("--config", type=Path, default=None, help="A recipe YAML config.")
-    preset.add_argument(
-        "--preset", choices=("default", *PRESETS), default=None, help="A shipped preset."
-    )
-    attribute.add_argument(
-        "--arm", default=None, help="Take the precision of this experiment arm (default: base)."
-    )
-    attribute.add_argument("--prompts", type=int, default=64, help="Held-out prompts (64).")
-    attribute.add_argument("--seed", type=int, default=0, help="Sampling seed (0).")
-    attribute.add_argument("--top", type=int, default=16, help="Sources printed and plotted.")
-    attribute.add_argument(
-        "--out", type=Path, default=None, help="Output directory (<logger.run_dir>/attribution)."
-    )
-    attribute.add_argument(
-        "--train-warm-start",
-        action="store_true",
-        help="Train the warm start when its cache file is missing (else: the random init).",
-    )
-    attribute.add_argument("--no-plot", action="store_true", help="Skip attribution.png.")
 
 
 def _attribute(args: argparse.Namespace) -> int:
@@ -266,11 +311,9 @@ def _attribute(args: argparse.Namespace) -> int:
         cfg = resolve_arm(load_config(path, args.overrides), args.arm)
         setup = twin_setup(cfg, args.prompts, train_warm_start=args.train_warm_start)
     except (ValueError, FileNotFoundError) as err:
-        print(f"nemo-ais attribute: invalid config or arguments ({path}):\n{err}", file=sys.stderr)
-        return 2
+        return _fail(2, "attribute", f"invalid config or arguments ({path}):\n{err}")
     except UnreadableFileError as err:
-        print(f"nemo-ais attribute: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "attribute", err)
     torch.set_num_threads(cfg.cluster.num_threads_per_rank)  # 1: tiny GEMMs, no spin-waits
     try:
         att = attribute_mismatch(
@@ -286,70 +329,12 @@ def _attribute(args: argparse.Namespace) -> int:
             what=setup.what,
         )
     except ValueError as err:  # e.g. an in-dim the format cannot block
-        print(f"nemo-ais attribute: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "attribute", err)
     out = args.out or Path(cfg.logger.run_dir) / "attribution"
     written = write_attribution(att, out, top=args.top, plot=not args.no_plot)
     print(attribution_markdown(att, top=args.top))
     print(f"nemo-ais attribute: wrote {', '.join(str(p) for p in written)}")
     return 0
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected an integer >= 1")
-    return value
-
-
-def _add_calibrate_input_amax_parser(sub: argparse._SubParsersAction) -> None:
-    calibrate = sub.add_parser(
-        "calibrate-input-amax",
-        help="Write the NVFP4 W4A4 refit's input_amax_file from a BF16 checkpoint.",
-        description="Run the BF16 model MODEL on calibration prompts with a hook on every "
-        "linear the NVFP4 W4A4 engine quantizes (every decoder-layer linear but MoE "
-        "routers), record max |input| over the valid tokens (ModelOpt's max calibration), "
-        "and write JSON {module name: amax}: the file ais_nvfp4_refit.input_amax_file "
-        "names (input_scale = amax / (6 * 448); fused q/k/v and gate/up take the max).",
-    )
-    calibrate.add_argument(
-        "model", help="The BF16 checkpoint the trainer starts from: a local HF dir or hub name."
-    )
-    calibrate.add_argument("--out", type=Path, required=True, help="The JSON file to write.")
-    calibrate.add_argument(
-        "--prompts",
-        type=Path,
-        default=None,
-        help="Calibration prompts: .txt (one a line) or .jsonl (a JSON string or an object's "
-        "--prompt-key field a line); default: a small built-in set (smoke tests only).",
-    )
-    calibrate.add_argument(
-        "--prompt-key", default="prompt", help="Field of a .jsonl object (prompt)."
-    )
-    calibrate.add_argument(
-        "--num-samples", type=_positive_int, default=512, help="First N prompts (512)."
-    )
-    calibrate.add_argument(
-        "--max-length", type=_positive_int, default=2048, help="Tokens per prompt (2048)."
-    )
-    calibrate.add_argument(
-        "--batch-size", type=_positive_int, default=8, help="Prompts per forward (8)."
-    )
-    calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(cpu)")
-    calibrate.add_argument(
-        "--dtype",
-        choices=("bfloat16", "float32"),
-        default="bfloat16",
-        help="Weights and activations dtype (bfloat16, as the trainer's checkpoint).",
-    )
-    calibrate.add_argument(
-        "--chat-template",
-        action="store_true",
-        help="Render each prompt as a user turn of the tokenizer's chat template.",
-    )
 
 
 def _calibrate_input_amax(args: argparse.Namespace) -> int:
@@ -374,14 +359,12 @@ def _calibrate_input_amax(args: argparse.Namespace) -> int:
             chat_template=args.chat_template,
         )
     except ValueError as err:
-        print(f"nemo-ais calibrate-input-amax: invalid arguments: {err}", file=sys.stderr)
-        return 2
+        return _fail(2, "calibrate-input-amax", f"invalid arguments: {err}")
     try:
         amax = calibrate_input_amax(model, batches)
         path = write_input_amax(amax, args.out)
     except (ValueError, OSError) as err:  # non-finite activations, an unwritable --out
-        print(f"nemo-ais calibrate-input-amax: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "calibrate-input-amax", err)
     values = list(amax.values())
     print(
         f"nemo-ais calibrate-input-amax: {len(amax)} modules, {len(prompts)} prompts, amax "
@@ -400,20 +383,19 @@ def _run(args: argparse.Namespace) -> int:
     try:
         raw = load_config(path, args.overrides)
     except (ValueError, FileNotFoundError) as err:
-        print(f"nemo-ais run: invalid config ({path}):\n{err}", file=sys.stderr)
-        return 2
+        return _fail(2, "run", f"invalid config ({path}):\n{err}")
     try:
         run_dir = run_experiment(raw, overwrite=args.overwrite)
     except KeyboardInterrupt:
-        print(
-            "\nnemo-ais run: interrupted. Checkpoints written so far are kept; re-run the same "
-            "command to resume from them.",
-            file=sys.stderr,
+        print("", file=sys.stderr)  # below the progress bar
+        return _fail(
+            130,
+            "run",
+            "interrupted. Checkpoints written so far are kept; re-run the same command to "
+            "resume from them.",
         )
-        return 130
     except RecipeError as err:
-        print(f"nemo-ais run: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "run", err)
     print(f"nemo-ais run: done; outputs in {run_dir} (see {run_dir / 'summary.md'})")
     return 0
 
@@ -424,8 +406,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         written = write_report(args.run_dir)
     except (FileNotFoundError, ValueError) as err:
-        print(f"nemo-ais report: {err}", file=sys.stderr)
-        return 2
+        return _fail(2, "report", err)
     for path in written:
         print(path)
     return 0
@@ -440,21 +421,19 @@ def _analyze(args: argparse.Namespace) -> int:
         config, alarm_config = load_analysis_config(args.config, args.overrides)
         batches = global_batches_per_step(args.config) if args.config else 1
     except (ValueError, TypeError, FileNotFoundError) as err:
-        print(f"nemo-ais analyze: invalid config: {err}", file=sys.stderr)
-        return 2
+        return _fail(2, "analyze", f"invalid config: {err}")
     try:
         log_dirs = find_log_dirs(args.log_dir)
     except BadInputError as err:
-        print(f"nemo-ais analyze: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "analyze", err)
     if not log_dirs:
-        print(
-            f"nemo-ais analyze: {args.log_dir}:0: no train_data_step{{N}}.jsonl files in it or "
-            f"{SEARCH_DEPTH} levels below it (NeMo-RL writes them to logger.log_dir during GRPO "
-            "training; nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
-            file=sys.stderr,
+        return _fail(
+            1,
+            "analyze",
+            f"{args.log_dir}:0: no train_data_step{{N}}.jsonl files in it or {SEARCH_DEPTH} "
+            "levels below it (NeMo-RL writes them to logger.log_dir during GRPO training; "
+            "nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
         )
-        return 1
     if args.list:
         for log_dir in log_dirs:
             print(log_dir)
@@ -491,28 +470,18 @@ def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> i
             global_batches_per_step=batches,
         )
     except KeyboardInterrupt:
-        print(
-            "nemo-ais analyze: interrupted; outputs written so far are incomplete.",
-            file=sys.stderr,
-        )
-        return 130
+        return _fail(130, "analyze", "interrupted; outputs written so far are incomplete.")
     except BadInputError as err:
-        print(f"nemo-ais analyze: {err}", file=sys.stderr)
-        return 1
+        return _fail(1, "analyze", err)
     except OSError as err:  # unreadable file, full disk: one line, no traceback
-        print(
-            f"nemo-ais analyze: {err.filename or log_dir}: {err.strerror or err}",
-            file=sys.stderr,
-        )
-        return 1
+        return _fail(1, "analyze", f"{err.filename or log_dir}: {err.strerror or err}")
     except Exception as err:  # backstop: one line naming the input, never a traceback
         first = (str(err).strip().splitlines() or [""])[0][:200]
-        print(
-            f"nemo-ais analyze: {log_dir}: unexpected {type(err).__name__}: {first} "
-            "(run with -v and report it)",
-            file=sys.stderr,
+        return _fail(
+            1,
+            "analyze",
+            f"{log_dir}: unexpected {type(err).__name__}: {first} (run with -v and report it)",
         )
-        return 1
     skipped = f"; {result.bad_rows} bad rows skipped" if result.bad_rows else ""
     steps = [r["step"] for r in result.rows]
     missing = (

@@ -11,27 +11,15 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Validated configuration for the AIS correction and the clipped GRPO loss.
+"""Validated configuration of the AIS correction (``loss_fn.ais``) and the clipped GRPO loss.
 
-Two pydantic v2 models, both ``extra="forbid"`` and ``frozen=True``:
-
-* :class:`CorrectionConfig` -- the ``loss_fn.ais`` section: which correction mode
-  multiplies the policy-gradient loss, and every constant of the AIS mixer.
-  The formulas these constants feed are a documented **[reconstruction]** of
-  "AIS: Adaptive Importance Sampling for Quantized RL" (arXiv 2605.13907); the
-  paper's exact formulas are not public. See ``docs/method.md``.
-* :class:`PGLossConfig` -- the clipped-surrogate knobs. Field names and meanings
-  follow NeMo-RL v0.7.0's ``ClippedPGLossConfig`` where the two overlap.
-
-Ratio direction, everywhere in this package: ``rho = pi_old / mu``, the BF16
-trainer's probability of a sampled token over the (FP8) rollout engine's.
-
-A mode's own knobs live in its sub-section, ``loss_fn.ais.<mode>`` (``icepop: {min, max}``,
-``kl_rs: {threshold, ...}``), whose model is the mode's record's ``config``
-(:mod:`nemo_ais.modes`); the flat keys of the earlier layout (``icepop_min``,
-``rs_threshold``, ...) are refused with the new name. The section machinery
-(:func:`validate_section`, :func:`require_config`) lives in :mod:`nemo_ais.sections` and is
-re-exported here.
+:class:`CorrectionConfig` holds the correction mode and the constants of the AIS mixer (a
+documented **[reconstruction]** of arXiv 2605.13907, docs/method.md); each mode's own knobs
+are its sub-section ``loss_fn.ais.<mode>``, the ``config`` of its record
+(:mod:`nemo_ais.modes`), and the flat keys of the earlier layout are refused with the new
+name. :class:`PGLossConfig` holds the clipped-surrogate knobs, named as NeMo-RL v0.7.0's
+``ClippedPGLossConfig``. Everywhere ``rho = pi_old / mu``. The section machinery
+(:func:`validate_section`, :func:`require_config`) is :mod:`nemo_ais.sections`'s.
 """
 
 from __future__ import annotations
@@ -42,12 +30,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, create_model, model_validator
 
 from nemo_ais.modes import MODES
-from nemo_ais.sections import (
-    Section,
-    config_type_error,
-    require_config,
-    validate_section,
-)
+from nemo_ais.sections import Section, config_type_error, require_config, validate_section
 
 __all__ = [
     "CorrectionConfig",
@@ -81,51 +64,30 @@ _MOVED_KEYS = {
 }
 
 
+def _cap(description: str) -> Any:
+    """A weight cap: 2.0 by default, > 1 (C <= 1 would only down-weight)."""
+    return Field(2.0, gt=1.0, description=description)
+
+
 class CorrectionConfig(_ModeSections):
     """The ``loss_fn.ais`` section: correction mode and AIS mixer constants.
 
-    Modes (per-token weight multiplying the clipped actor loss, rho = pi_old/mu):
-
-    ============== ===================================== =========================
-    mode           weight                                knobs
-    ============== ===================================== =========================
-    none           1                                     --
-    tis            clamp(rho, floor, C)                  weight_cap, tis.floor
-    icepop         rho * 1[lo <= rho <= hi]              icepop.min, icepop.max
-    seq_mask_geo   rho * 1[lo <= rho_geo,i <= hi]        seq_mask_geo.min/max
-    ais            (1 - alpha) + alpha * min(rho, C)     weight_cap + mixer below
-    seq_tis        min(prod_t rho_t, C_seq)              seq_weight_cap
-    seq_mis        prod_t rho_t * 1[lo <= prod <= hi]    seq_mis.min/max, seq_weight_cap
-    kl_rs          1[stat_i <= thr, no vetoed token]     kl_rs.estimator, .aggregation,
-                                                         .threshold, .veto_min_ratio
-    m2po           1[l^2 < q*] (batch-level q*)          m2po.tau
-    tbpo           min(rho_geo,i, C_seq), and the        seq_weight_cap, tbpo.clip_*,
-                   sequence-ratio trust-band surrogate   tbpo.neg_clip_* [reconstruction]
-    ============== ===================================== =========================
-
-    The shared knobs stay flat (``weight_cap``: tis and ais; ``seq_weight_cap``: seq_tis,
-    seq_mis and tbpo; the switches, the diagnostics and the mixer); each mode's own knobs
-    are its sub-section, the model of its record (:mod:`nemo_ais.modes`).
-
-    Switches: ``batch_normalize`` (IS modes: w / mean of w over the global batch) and
-    ``bypass`` (pi_old := mu: rho = 1, the PPO ratio is pi_theta / mu).
+    The modes' weights and knobs are tabled in docs/method.md. Shared knobs stay flat
+    (``weight_cap``: tis and ais; ``seq_weight_cap``: seq_tis, seq_mis and tbpo; the switches
+    ``batch_normalize`` and ``bypass``, the diagnostics and the mixer).
     """
 
     moved_keys: ClassVar[Mapping[str, str]] = _MOVED_KEYS
 
     mode: CorrectionMode = Field("ais", description=f"Correction mode; one of {', '.join(MODES)}.")
     # --- truncation (tis and ais) -------------------------------------------------------
-    weight_cap: float = Field(
-        2.0,
-        gt=1.0,
-        description="C: token weights are min(rho, C) in tis and ais (C <= 1 removes up-weighting).",
+    weight_cap: float = _cap(
+        "C: token weights are min(rho, C) in tis and ais (C <= 1 removes up-weighting)."
     )
     # --- sequence-level weights (seq_tis, seq_mis, tbpo) ----------------------------------
-    seq_weight_cap: float = Field(
-        2.0,
-        gt=1.0,
-        description="C_seq: seq_tis / seq_mis weight min(prod_t rho_t, C_seq) (veRL default 2.0); "
-        "tbpo weight min(exp(mean_t l), C_seq) (QaRL seq_tis_imp_ratio_cap 2.0).",
+    seq_weight_cap: float = _cap(
+        "C_seq: seq_tis / seq_mis weight min(prod_t rho_t, C_seq) (veRL default 2.0); "
+        "tbpo weight min(exp(mean_t l), C_seq) (QaRL seq_tis_imp_ratio_cap 2.0)."
     )
     batch_normalize: bool = Field(
         False,
@@ -191,12 +153,10 @@ class CorrectionConfig(_ModeSections):
 class PGLossConfig(Section):
     """Clipped GRPO surrogate; names and semantics follow NeMo-RL's ``ClippedPGLossConfig``.
 
-    ``L = -sum w_hat * max-side-clipped(r * A) * m / N`` with ``r = exp(logp_theta - logp_old)``
-    clipped to ``[1 - ratio_clip_min, 1 + ratio_clip_max]``, optional dual clip ``c`` for
-    negative advantages, plus ``reference_policy_kl_penalty * KL(pi_theta || pi_ref)``.
-    NeMo-RL's ``use_cispo``, ``sequence_level_importance_ratios`` (GSPO),
-    ``use_on_policy_kl_approximation`` and ``positive_example_nll_weight`` (VAPO) have
-    NeMo-RL v0.7.0's semantics (algorithm box of :mod:`nemo_ais.core.loss`), and NeMo-RL's
+    ``L = -sum w_hat * max-side-clipped(r * A) * m / N``, ``r = exp(logp_theta - logp_old)``
+    clipped to ``[1 - ratio_clip_min, 1 + ratio_clip_max]`` (dual clip ``c`` for A < 0), plus
+    ``reference_policy_kl_penalty * KL(pi_theta || pi_ref)``; CISPO, GSPO, the on-policy KL
+    approximation and VAPO's NLL term as in NeMo-RL v0.7.0 (:mod:`nemo_ais.core.loss`), whose
     assertions on their combinations are validation errors naming the fields.
     """
 
@@ -284,20 +244,11 @@ class PGLossConfig(Section):
 
 
 def surrogate_conflicts(config: CorrectionConfig, pg: PGLossConfig) -> list[str]:
-    """One message per ``pg`` surrogate option that ``config.mode`` cannot combine with.
+    """One message per ``pg`` surrogate option that ``config.mode``'s own surrogate excludes.
 
-    A mode with its own surrogate (``tbpo``'s sequence-ratio band) lists the NeMo-RL
-    alternatives to the token PPO surrogate that must stay off with it (its record's
-    ``surrogate_conflicts``: ``disable_ppo_ratio``, ``use_cispo``,
-    ``sequence_level_importance_ratios``).
-
-    Args:
-        config: the validated ``loss_fn.ais`` section.
-        pg: the validated clipped-surrogate knobs (``loss_fn``).
-
-    Returns:
-        ``loss_fn.<field>=True is invalid with loss_fn.ais.mode='tbpo': expected False
-        (why)`` per conflict, in field order; empty for a mode without such options.
+    The record's ``surrogate_conflicts`` (tbpo: ``disable_ppo_ratio``, ``use_cispo``,
+    ``sequence_level_importance_ratios``), in field order: ``loss_fn.<field>=True is invalid
+    with loss_fn.ais.mode='tbpo': expected False (why)``.
     """
     return [
         f"loss_fn.{field}=True is invalid with loss_fn.ais.mode={config.mode!r}: expected "
@@ -308,22 +259,11 @@ def surrogate_conflicts(config: CorrectionConfig, pg: PGLossConfig) -> list[str]
 
 
 def pg_loss_section(loss_fn: Mapping[str, Any]) -> PGLossConfig:
-    """:class:`PGLossConfig` of a NeMo-RL ``loss_fn`` section (NeMo-RL's field names).
+    """:class:`PGLossConfig` of a NeMo-RL ``loss_fn`` section (other keys, ``ais`` included, ignored).
 
-    Only :class:`PGLossConfig`'s fields are read; an absent one takes ``PGLossConfig``'s
-    default (pass a complete section, e.g. a ``ClippedPGLossConfig``'s fields, for
-    NeMo-RL's defaults). ``use_kl_in_reward: true`` moves the KL into the reward, so the
-    loss's ``reference_policy_kl_penalty`` is 0, as in NeMo-RL's ``ClippedPGLossFn``.
-
-    Args:
-        loss_fn: the ``loss_fn`` mapping (other keys, ``ais`` included, are ignored).
-
-    Returns:
-        The validated, frozen :class:`PGLossConfig`.
-
-    Raises:
-        ValueError: naming ``loss_fn.<field>`` with the value and the expected form
-            (e.g. ``ratio_clip_c`` must be > 1, CISPO without dual clip).
+    An absent field takes ``PGLossConfig``'s default. ``use_kl_in_reward: true`` moves the KL
+    into the reward, so ``reference_policy_kl_penalty`` is 0, as in NeMo-RL's
+    ``ClippedPGLossFn``. Raises ``ValueError`` naming ``loss_fn.<field>``.
     """
     fields = {k: loss_fn[k] for k in PGLossConfig.model_fields if k in loss_fn}
     if loss_fn.get("use_kl_in_reward", False):

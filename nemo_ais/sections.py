@@ -14,20 +14,11 @@
 """The machinery of every config section: the strict base model and its errors at a boundary.
 
 A leaf module (pydantic and the standard library only), below :mod:`nemo_ais.config` and
-the correction modes (:mod:`nemo_ais.modes`), whose sub-sections derive from :class:`Section`.
-
-Use :func:`validate_section` at a boundary (YAML, CLI, NeMo-RL adapter): it turns
-pydantic's error into a ``ValueError`` that names the full field path, the value,
-the allowed range and a hint, e.g.::
-
-    loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)
-
-A key that moved (a model's :attr:`Section.moved_keys`) is refused with the new path:
-``loss_fn.ais.icepop_min moved: use loss_fn.ais.icepop.min``.
-
-Functions that take a config OBJECT check its type with :func:`require_config`, so a
-plain dict is a ``TypeError`` naming the parameter and how to build the object, not an
-``AttributeError`` deep inside.
+the correction modes. :func:`validate_section` turns pydantic's error into a ``ValueError``
+naming the field path, the value, the allowed range and a hint
+(``loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)``); a moved key
+(:attr:`Section.moved_keys`) is refused with its new path. :func:`require_config` makes a
+plain dict passed for a config object a ``TypeError`` naming the parameter and the fix.
 """
 
 from __future__ import annotations
@@ -88,18 +79,10 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def validate_section(model: type[_M], data: Any, path: str) -> _M:
-    """Validate ``data`` as ``model``; on failure raise one ``ValueError`` naming ``path.field``.
+    """Validate ``data`` (a mapping or an instance) as ``model``.
 
-    Args:
-        model: the pydantic model class (e.g. :class:`CorrectionConfig`).
-        data: a mapping (dict, OmegaConf container converted to dict) or an instance.
-        path: dotted prefix of the section in the user's config, e.g. ``"loss_fn.ais"``.
-
-    Returns:
-        The validated, frozen model instance.
-
-    Raises:
-        ValueError: one line per problem: ``path.field=value is invalid: reason (hint)``.
+    On failure one ``ValueError``, a line per problem: ``<path>.field=value is invalid:
+    reason (hint)``, ``path`` being the section's dotted prefix (``"loss_fn.ais"``).
     """
     if isinstance(data, model):
         return data
@@ -174,16 +157,8 @@ def require_config(
 ) -> None:
     """Raise ``TypeError`` unless ``value`` is an ``expected`` instance (or None if ``optional``).
 
-    Args:
-        value: what the caller passed.
-        expected: the config model class (subclasses are accepted).
-        where: the parameter, prefixed by the function, e.g. ``"compute_statistics(config)"``.
-        optional: None is accepted too.
-
-    Raises:
-        TypeError: e.g. ``compute_statistics(config): got dict, expected
-            nemo_ais.config.CorrectionConfig; build one with CorrectionConfig(**d) or
-            CorrectionConfig.model_validate(d)``.
+    E.g. ``compute_statistics(config): got dict, expected nemo_ais.config.CorrectionConfig;
+    build one with CorrectionConfig(**d) or CorrectionConfig.model_validate(d)``.
     """
     error = config_type_error(value, expected, where, optional=optional)
     if error is not None:

@@ -11,10 +11,11 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The embedded experiment behind ``nemo-ais run``: GRPO with an FP8 rollout on one CPU.
+"""The embedded experiment behind ``nemo-ais run``: GRPO with a quantized rollout on one CPU.
 
-Modules: ``config`` (validated YAML sections), ``tokenizer`` / ``task`` (verifiable
-addition), ``model`` (tiny Qwen2), ``warmstart`` (cached SFT), ``rollout`` (chunked FP8
-twin generation, group advantages), ``dist`` (gloo DP harness), ``checkpoint``,
-``recipe`` (the torchtune-style GRPO loop) and ``report`` (plots, summary).
+Modules: ``config`` / ``sections`` (validated YAML), ``tokenizer`` / ``task`` (verifiable
+arithmetic), ``model`` (tiny Qwen2), ``warmstart`` (cached SFT), ``rollout`` (chunked twin
+generation, group advantages), ``aligned`` (QaRL's trainer forward), ``dist`` (gloo DP
+harness), ``checkpoint``, ``recipe`` (the torchtune-style GRPO loop), ``logs`` (metrics and
+batch logs), ``experiment`` (every arm x seed) and ``report`` / ``stats`` / ``plots``.
 """

@@ -13,38 +13,24 @@
 # limitations under the License.
 """QaRL's rollout-aligned trainer forward: the trainer's log-probs in the rollout's arithmetic.
 
-**[reconstruction]** of QaRL (rollout-aligned quantization-aware RL, arXiv 2604.07853; no
-code is public): the learner keeps its high-precision master weights, runs the rollout
-engine's low-bit arithmetic in the forward and a straight-through estimator (STE) in the
-backward, so both log-probs of the importance ratio, pi_old and pi_theta, come from the
-arithmetic that sampled the tokens. Our engine is the fake-quantizing twin
-(:mod:`nemo_ais.rollout.twin`), so the aligned forward applies the twin's own functions
-(:data:`nemo_ais.rollout.fake_quant.LINEAR_FAKE_QUANT`, no second quantizer) to the twin's
-quantized modules (same exclusions). With ``ST(f)`` = forward ``f``, backward identity
-(:func:`~nemo_ais.rollout.fake_quant.straight_through`), per quantized linear:
+**[reconstruction]** of QaRL (arXiv 2604.07853; no code is public): the learner keeps its
+fp32 master weights and runs the rollout engine's low-bit arithmetic in the forward with a
+straight-through estimator (STE) in the backward, so pi_old and pi_theta both come from the
+arithmetic that sampled the tokens. The forward applies the twin's own fake quantization
+(:data:`nemo_ais.rollout.fake_quant.LINEAR_FAKE_QUANT`) to the twin's quantized modules.
+With ``ST(f)`` = forward ``f``, backward identity, per quantized linear:
 
-1. ``W_q = ST(weight_fq)(W; amax_W)``, ``amax_W`` NVFP4's global amax, the max of
-   ``|W|`` over vLLM's fused shards of the CURRENT weights (detached);
+1. ``W_q = ST(weight_fq)(W; amax_W)``, ``amax_W`` NVFP4's global amax of the current
+   weights over vLLM's fused shards (detached);
 2. ``x_q = ST(activation_fq)(x; amax_x)``, ``amax_x`` the twin's static input amax of the
-   last refit (NVFP4 W4A4; FP8 and MXFP8 scale per block of ``x``; W4A16 keeps ``x``);
+   last refit (NVFP4 W4A4; FP8 and MXFP8 scale per block; W4A16 keeps ``x``);
 3. ``y = x_q W_q^T`` in fp32, ``+ b``;
-4. KV cache (``rollout.kv_cache`` fp8 / nvfp4): K after RoPE and V pass through
-   ``ST(kv_fq)`` with the twin's KV scales of the last refit
-   (:class:`~nemo_ais.rollout.kv_cache.QuantizedKVCache`), so attention reads what the
-   engine's cache holds.
+4. KV cache (fp8 / nvfp4): K after RoPE and V pass through ``ST(kv_fq)`` with the twin's
+   KV scales of the last refit.
 
-Gradient (STE): ``dL/dW = (dL/dy)^T x_q`` and ``dL/dx = (dL/dy) W_q``, the gradient of the
-plain linear evaluated at the quantized operands (tested); the rounding and the amax
-(detached) get no gradient.
-
-What is left of the mismatch at pi_old (the synced weights): a full-sequence forward against
-the engine's token-by-token decode, i.e. the fp32 accumulation order of GEMMs of other
-shapes (~1e-6 nats), and where that order moves an input across a rounding boundary of the
-quantizer, one block's rounding. Teacher-forced, the trainer and
-:meth:`~nemo_ais.rollout.twin.RolloutTwin.score` agree to float32 rounding (tested). Not
-aligned: the twin's ``compute_dtype`` (refused by the config: the trainer is fp32). During
-the update pi_theta keeps the refit's calibration (input amax, KV scales) while ``W``
-moves. The held-out evaluation uses the unquantized master weights, as in every other arm.
+Gradient: ``dL/dW = (dL/dy)^T x_q``, ``dL/dx = (dL/dy) W_q`` (tested). At pi_old the
+trainer and the twin's teacher-forced ``score`` agree to float32 rounding (tested);
+docs/embedded.md says what is left of the mismatch.
 """
 
 from __future__ import annotations
@@ -106,15 +92,9 @@ class StraightThroughKVCache(QuantizedKVCache):
 class RolloutAlignedPolicy(nn.Module):
     """The trainer's forward in the rollout engine's arithmetic (module doc).
 
-    A view of ``policy``: a copy of its modules that SHARES its parameters, with the
-    twin's quantized linears replaced by :class:`StraightThroughLinear`. Gradients land
-    on ``policy``'s parameters; ``policy`` itself (evaluation, checkpoints, refit) is
-    unchanged.
-
-    Args:
-        policy: the trainer's HF causal LM (fp32).
-        engine: the rollout twin built from ``policy``; its calibration of the last refit
-            (input amax, KV scales) is read at every forward.
+    A view of ``policy`` that SHARES its parameters, with the twin's quantized linears
+    replaced by :class:`StraightThroughLinear`; ``policy`` itself (evaluation, checkpoints,
+    refit) is unchanged. ``engine``'s calibration of the last refit is read at every forward.
 
     Raises:
         NotImplementedError: a quantized module that is not an ``nn.Linear`` (fused MoE
@@ -165,17 +145,7 @@ class RolloutAlignedPolicy(nn.Module):
         return StraightThroughKVCache(self.engine.config.kv_cache, self.engine.kv_scales)
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = False, **kwargs):
-        """The model's forward in the rollout arithmetic (steps 1-4).
-
-        Args:
-            input_ids: ``[B, S]`` int64.
-            use_cache: ignored; a quantized KV cache is always routed through the
-                forward (step 4), as the engine's attention reads its cache.
-            **kwargs: passed to the HF model.
-
-        Returns:
-            The HF model output (``.logits`` ``[B, S, V]`` fp32, carrying grad).
-        """
+        """The model's forward in the rollout arithmetic (steps 1-4); ``use_cache`` is ignored."""
         del use_cache
         self._load_calibration()
         cache = self._kv_cache()

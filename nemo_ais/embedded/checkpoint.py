@@ -13,19 +13,11 @@
 # limitations under the License.
 """Atomic checkpoints of one (arm, seed) run: policy, optimizer, AIS state, RNG, step.
 
-Written by rank 0 as ``<run_dir>/checkpoints/<arm>/seed<seed>/latest.pt`` through a
-temporary file and ``os.replace`` (a crash never leaves a half-written checkpoint). Every
-rank loads the same file on resume (the DP ranks hold identical replicas).
-
-All randomness of the recipe comes from counter-based generators keyed by
-``(seed, step, chunk)`` (:func:`nemo_ais.embedded.task.seeded_generator`), so the RNG
-state to restore is only torch's global generator (saved for completeness); this is what
-makes "N steps == N/2 + resume + N/2" exact.
-
-A file that exists but cannot be read (truncated, garbled, not a checkpoint, no read
-permission) raises :class:`UnreadableFileError`, a :class:`RecipeError` whose one-line
-message names the file and the fix; ``nemo-ais run`` prints it and exits 1. Nothing is
-deleted on the way: the other (arm, seed) runs' checkpoints and metrics stay as they were.
+Rank 0 writes ``<run_dir>/checkpoints/<arm>/seed<seed>/latest.pt`` through a temporary file
+and ``os.replace``; every rank loads it on resume. All randomness comes from counter-based
+generators keyed by ``(seed, step, chunk)``, so "N steps == N/2 + resume + N/2" is exact. A
+file that cannot be read raises :class:`UnreadableFileError` (a :class:`RecipeError` whose
+message names the file and the fix); nothing is deleted on the way.
 """
 
 from __future__ import annotations
@@ -111,17 +103,7 @@ def save_checkpoint(
 
 
 def load_file(path: Path, *, what: str, remedy: str, weights_only: bool) -> Any:
-    """``torch.load(path)`` on CPU; any failure becomes a one-line :class:`UnreadableFileError`.
-
-    Args:
-        path: an existing file.
-        what: what the file is, for the message (``"checkpoint"``).
-        remedy: what the user should do, for the message (``"delete it to ..."``).
-        weights_only: passed to ``torch.load``.
-
-    Raises:
-        UnreadableFileError: ``"<what> <path> cannot be read (<cause>); <remedy>"``.
-    """
+    """``torch.load(path)`` on CPU; a failure is one line naming the file, the cause and ``remedy``."""
     try:
         return torch.load(path, map_location="cpu", weights_only=weights_only)
     except Exception as err:  # truncated zip, garbled pickle, EACCES, EISDIR, ...
@@ -139,16 +121,10 @@ def checkpoint_remedy(path: Path) -> str:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
-    """The checkpoint at ``path``, or None if there is none.
+    """The dict :func:`save_checkpoint` wrote at ``path`` (tensors on CPU), or None if absent.
 
-    Returns:
-        The dict written by :func:`save_checkpoint` (tensors on CPU), or None if ``path``
-        does not exist.
-
-    Raises:
-        UnreadableFileError: the file exists but cannot be read, or is not a checkpoint
-            (a dict holding ``CHECKPOINT_KEYS`` with an integer ``step``). The message is
-            one line naming ``path`` and the fix (delete it, or ``--overwrite``).
+    ``UnreadableFileError`` (naming ``path`` and the fix) if it cannot be read or is not a
+    checkpoint (a dict holding ``CHECKPOINT_KEYS`` with an integer ``step``).
     """
     if not path.exists():
         return None

@@ -34,13 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = [
-    "DistContext",
-    "RecipeError",
-    "all_reduce_sum",
-    "find_free_port",
-    "launch",
-]
+__all__ = ["DistContext", "RecipeError", "all_reduce_sum", "find_free_port", "launch"]
 
 
 class RecipeError(RuntimeError):

@@ -13,24 +13,17 @@
 # limitations under the License.
 """Error tokens of the sampled responses: QaRL's "repetitive, garbled" tokens, counted.
 
-**[reconstruction]** QaRL (arXiv 2604.07853) reports that quantized rollouts of long
-responses produce repetitive, garbled "error tokens" and gives no formula; ours, on the
-content of response ``i`` (``y_{i,1..L_i}``: its valid tokens before the first ``<eos>``;
-all of them if it has none):
+**[reconstruction]** QaRL (arXiv 2604.07853) gives no formula; ours, on the content of a
+response (its valid tokens before the first ``<eos>``):
 
-* repeat: token ``t`` (``t >= n``) completes an n-gram seen earlier in the same response,
-  ``(y_{t-n+1}, ..., y_t) = (y_{s-n+1}, ..., y_s)`` for some ``n <= s < t``; ``n = 3``
-  (:data:`NGRAM`, one chain value plus its separator), overlapping n-grams count;
-* invalid: ``y_t`` is not in the task's response alphabet Σ (:func:`response_alphabet`: the
-  digits and every character of the held-out answers; so ``<pad>``, ``<bos>``, ``+``,
-  ``=`` (the chain's stray closing ``=``), ``,`` in an addition, and the vocabulary's unused
-  padding ids are invalid);
+* repeat: token ``t`` completes an n-gram (``n =`` :data:`NGRAM` ``= 3``, one chain value
+  plus its separator) seen earlier in the same response; overlapping n-grams count;
+* invalid: the token is not in the task's response alphabet (:func:`response_alphabet`);
 * error: repeat or invalid.
 
-Each rate is a token fraction over the step's global batch (all ranks):
+Each rate is a token fraction over the step's global batch:
 ``error_tokens/<kind>_frac = Σ_i #{t : kind(i, t)} / Σ_i L_i`` (0 when ``Σ_i L_i = 0``).
-A correct chain may repeat a 3-gram by itself (e.g. a repeated value): compare arms, not
-the level; the invalid rate of a correct response is 0.
+A correct chain may repeat a 3-gram by itself: compare arms, not the level.
 """
 
 from __future__ import annotations
@@ -48,14 +41,7 @@ NGRAM = 3  # n of the repeated n-gram: a 2-digit chain value and its separator
 
 
 class ErrorTokenCounts(NamedTuple):
-    """Token counts of one batch (floats, so ranks can sum them); see the module doc.
-
-    Attributes:
-        n_content: ``Σ_i L_i``, response tokens before ``<eos>``.
-        n_repeat: tokens completing an n-gram seen earlier in their response.
-        n_invalid: tokens outside the response alphabet.
-        n_error: tokens that are a repeat or invalid (or both).
-    """
+    """Token counts of one batch (floats, so ranks can sum them): content, repeat, invalid, error."""
 
     n_content: float
     n_repeat: float
@@ -102,20 +88,10 @@ def error_token_counts(
     eos_id: int,
     n: int = NGRAM,
 ) -> ErrorTokenCounts:
-    """Repeat / invalid / error token counts of a batch of responses (module doc).
+    """Repeat / invalid / error counts of ``[B, T]`` responses (module doc); zeros when empty.
 
-    Args:
-        response_ids: ``[B, T]`` int64 response tokens.
-        mask: ``[B, T]`` {0, 1} valid response tokens (up to and including ``<eos>``).
-        alphabet: Σ, the valid token ids (:func:`response_alphabet`).
-        eos_id: the ``<eos>`` id (ends the content; not counted).
-        n: the n-gram length.
-
-    Returns:
-        :class:`ErrorTokenCounts` (zeros for an empty batch).
-
-    Raises:
-        ValueError: ``response_ids`` and ``mask`` of different shapes, or not 2-D.
+    ``mask`` marks the valid tokens up to ``<eos>``, which ends the content; ``alphabet`` is
+    :func:`response_alphabet`'s. Raises ``ValueError`` for shapes that differ or are not 2-D.
     """
     if response_ids.dim() != 2 or mask.shape != response_ids.shape:
         raise ValueError(

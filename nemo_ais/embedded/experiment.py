@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 
 from nemo_ais.embedded.config import RecipeConfig, migrate_config, resolve_arm, validate_config
 from nemo_ais.embedded.dist import DistContext, RecipeError, launch
-from nemo_ais.embedded.recipe import METRICS_FILE, GRPORecipe
+from nemo_ais.embedded.logs import METRICS_FILE
+from nemo_ais.embedded.recipe import GRPORecipe
 from nemo_ais.embedded.warmstart import build_task, warm_start
 
 __all__ = ["CONFIG_FILE", "prepare_run_dir", "run_experiment"]
@@ -116,16 +117,9 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
 def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
     """``nemo-ais run``: warm start, every arm x seed on the DP ranks, then the report.
 
-    Re-running with the same config resumes from the last checkpoints (finished runs are
-    skipped, records past a checkpoint are recomputed).
-
-    Returns:
-        The run directory.
-
-    Raises:
-        ValueError: an invalid config (the key path is named).
-        RecipeError: a run failed with a user-facing message (e.g. :class:`NonFiniteError`).
-        KeyboardInterrupt: interrupted; the checkpoints written so far are kept.
+    Re-running with the same config resumes from the last checkpoints. Returns the run
+    directory; raises ``ValueError`` (invalid config), ``RecipeError`` (a failed run) or
+    ``KeyboardInterrupt`` (checkpoints kept).
     """
     from nemo_ais.embedded.report import write_report
 

@@ -29,26 +29,20 @@ __all__ = ["build_model", "greedy_decode", "response_logprobs"]
 
 def build_model(
     *,
-    vocab_size: int,
     max_seq_len: int,
-    hidden_size: int,
-    intermediate_size: int,
-    num_hidden_layers: int,
-    num_attention_heads: int,
-    num_key_value_heads: int,
     init_seed: int,
     pad_token_id: int = 0,
     bos_token_id: int = 1,
     eos_token_id: int = 2,
+    **shape: int,
 ) -> Qwen2ForCausalLM:
-    """A randomly initialised fp32 ``Qwen2ForCausalLM`` (seeded by ``init_seed``; no dropout)."""
+    """A randomly initialised fp32 ``Qwen2ForCausalLM`` (seeded by ``init_seed``; no dropout).
+
+    ``shape``: ``Qwen2Config``'s ``vocab_size``, ``hidden_size``, ``intermediate_size``,
+    ``num_hidden_layers``, ``num_attention_heads`` and ``num_key_value_heads``.
+    """
     config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
+        **shape,
         max_position_embeddings=max_seq_len,
         tie_word_embeddings=False,
         attention_dropout=0.0,
@@ -72,22 +66,11 @@ def response_logprobs(
     *,
     return_entropy: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of the response tokens under ``model`` (teacher forcing), the trainer side.
+    """Log-probs ``[B, T]`` float32 of the response tokens under ``model`` (teacher forcing).
 
-    ``logp[b, t] = log softmax(logits[b, prompt_len + t - 1] / temperature)[sequences[b, prompt_len + t]]``.
-
-    Args:
-        sequences: ``[B, prompt_len + T]`` int64, prompts (equal length, unpadded) then the
-            responses right-padded with any id (padding positions are masked by the caller;
-            causal attention keeps them from influencing earlier positions).
-        prompt_len: number of prompt tokens.
-        temperature: the sampling temperature the rollout used.
-        return_entropy: also return the entropy of each position's distribution (at
-            ``temperature``), ``H[b, t] = -sum_v p log p``.
-
-    Returns:
-        ``[B, T]`` float32; carries grad if ``model`` does. With ``return_entropy``, the
-        pair ``(logp, H)``.
+    ``logp[b, t] = log softmax(logits[b, prompt_len + t - 1] / temperature)[sequences[b, prompt_len + t]]``;
+    ``sequences`` are the equal-length prompts then the right-padded responses. With
+    ``return_entropy`` also ``H[b, t] = -sum_v p log p`` at ``temperature``: ``(logp, H)``.
     """
     logits = model(input_ids=sequences, use_cache=False).logits[:, prompt_len - 1 : -1]
     logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
@@ -106,14 +89,7 @@ def greedy_decode(
     eos_token_id: int,
     pad_token_id: int,
 ) -> torch.Tensor:
-    """Greedy decoding with the KV cache (held-out evaluation and warm-start monitoring).
-
-    Args:
-        prompt_ids: ``[B, P]`` int64 equal-length prompts.
-
-    Returns:
-        ``[B, max_new_tokens]`` int64 response ids; positions after ``<eos>`` hold ``pad_token_id``.
-    """
+    """Greedy decoding with the KV cache: ``[B, max_new_tokens]`` ids, ``pad_token_id`` after ``<eos>``."""
     out = model(input_ids=prompt_ids, use_cache=True)
     past = out.past_key_values
     next_tok = out.logits[:, -1].argmax(-1)

@@ -11,33 +11,26 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""GRPO with an FP8 rollout engine and the AIS correction, on one CPU machine.
+"""GRPO with a quantized rollout engine and the AIS correction, on one CPU machine.
 
-A torchtune-style recipe: ``build_*(cfg)`` functions, :meth:`GRPORecipe.setup` lists the
-builder calls (with the ordering constraints), :meth:`GRPORecipe.train` is one visible
-loop::
+A torchtune-style recipe: ``build_*(cfg)`` functions, :meth:`GRPORecipe.setup` (the builder
+calls, in the order they need) and :meth:`GRPORecipe.train`, one visible loop::
 
-    rollout (FP8 twin, synced) -> trainer log-probs -> group advantages
+    rollout (twin, synced) -> trainer log-probs -> group advantages
       -> per global batch: AIS statistics -> ONE all-reduce -> diagnostics
       -> per micro-batch: core clipped loss (nemo_ais.core.clipped_pg_loss) -> backward
       -> gradient all-reduce (SUM) -> optimizer step -> log -> checkpoint
 
-The recipe holds no loss math: the clipped surrogate and every correction weight come from
-:func:`nemo_ais.core.clipped_pg_loss`, the code the NeMo-RL adapter calls on a cluster.
-
-Data parallel: each of ``cluster.dp_size`` gloo ranks generates and trains on its chunks
-(:mod:`nemo_ais.embedded.rollout`). The loss is normalised by the GLOBAL valid-token
-count, so per-rank gradients are SUMMED (one all-reduce of the flattened gradients).
-The experiment driver of ``nemo-ais run`` (every arm x seed) is
-:mod:`nemo_ais.embedded.experiment`.
+No loss math here: the surrogate and every correction weight are
+:func:`nemo_ais.core.clipped_pg_loss`'s, the code the NeMo-RL adapter runs. Each gloo rank
+trains on its chunks; the loss is normalised by the GLOBAL valid-token count, so the
+ranks' gradients are summed.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -46,12 +39,7 @@ from typing import Any
 
 import torch
 
-from nemo_ais.core import (
-    AISDiagnostics,
-    AISState,
-    clipped_pg_loss,
-    compute_diagnostics,
-)
+from nemo_ais.core import AISDiagnostics, AISState, clipped_pg_loss, compute_diagnostics
 from nemo_ais.embedded.aligned import RolloutAlignedPolicy
 from nemo_ais.embedded.checkpoint import (
     UnreadableFileError,
@@ -61,28 +49,14 @@ from nemo_ais.embedded.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from nemo_ais.embedded.config import (
-    RecipeConfig,
-)
+from nemo_ais.embedded.config import RecipeConfig
 from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum
-from nemo_ais.embedded.error_tokens import (
-    ErrorTokenCounts,
-    error_token_counts,
-    response_alphabet,
-)
+from nemo_ais.embedded.error_tokens import ErrorTokenCounts, error_token_counts, response_alphabet
+from nemo_ais.embedded.logs import METRICS_FILE, MetricsFile, log_train_data
 from nemo_ais.embedded.model import greedy_decode, response_logprobs
-from nemo_ais.embedded.rollout import (
-    RolloutBatch,
-    chunk_range,
-    generate_rollouts,
-    group_advantages,
-)
+from nemo_ais.embedded.rollout import RolloutBatch, chunk_range, generate_rollouts, group_advantages
 from nemo_ais.embedded.task import ArithmeticTask, seeded_generator
-from nemo_ais.embedded.warmstart import (
-    build_task,
-    build_untrained_policy,
-    load_warm_start,
-)
+from nemo_ais.embedded.warmstart import build_task, build_untrained_policy, load_warm_start
 from nemo_ais.modes import MODES
 from nemo_ais.rollout.twin import Fp8Twin
 
@@ -96,8 +70,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
 
 
 class NonFiniteError(RecipeError):
@@ -121,11 +93,7 @@ def build_optimizer(cfg: RecipeConfig, policy: torch.nn.Module) -> torch.optim.O
     """AdamW of ``policy.optimizer`` (the GRPO optimizer; a fresh one per run)."""
     opt = cfg.policy.optimizer
     return torch.optim.AdamW(
-        policy.parameters(),
-        lr=opt.lr,
-        betas=opt.betas,
-        eps=opt.eps,
-        weight_decay=opt.weight_decay,
+        policy.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
     )
 
 
@@ -149,44 +117,6 @@ def build_trainer_forward(
 
 
 # --------------------------------------------------------------------------------------
-# metrics file (rank 0)
-# --------------------------------------------------------------------------------------
-
-
-class MetricsFile:
-    """Append-only JSON lines, flushed per record; resume drops records past a checkpoint."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def write(self, record: dict[str, Any]) -> None:
-        """Append one record and flush it to disk."""
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-
-    def truncate_run(self, arm: str, seed: int, keep_through_step: int) -> None:
-        """Drop ``(arm, seed)`` records with ``step > keep_through_step`` (-1: all of them)."""
-        if not self.path.is_file():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a crash: drop it
-                continue
-            if rec.get("arm") == arm and rec.get("seed") == seed:
-                if rec.get("step", 0) > keep_through_step:
-                    continue
-            kept.append(line)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(f"{ln}\n" for ln in kept))
-        os.replace(tmp, self.path)
-
-
-# --------------------------------------------------------------------------------------
 # the recipe
 # --------------------------------------------------------------------------------------
 
@@ -205,13 +135,7 @@ class StepStats:
 class GRPORecipe:
     """One (arm, seed) GRPO run on one data-parallel rank.
 
-    Args:
-        cfg: the arm's validated config.
-        arm: arm name (e.g. ``fp8-ais``); seed: the run's seed.
-        ctx: this rank's :class:`~nemo_ais.embedded.dist.DistContext`.
-        run_dir: the run's output directory.
-        warm_start_file: cached warm-start weights (None: random init).
-        progress: rank 0's progress bar shared by all runs (or None).
+    ``warm_start_file`` None: random init; ``progress``: rank 0's progress bar, or None.
     """
 
     def __init__(
@@ -498,65 +422,9 @@ class GRPORecipe:
             )
 
     def _log_train_data(self, step, batch: RolloutBatch, logp_old, adv) -> None:
-        """Write the step's global batch as NeMo-RL's ``train_data_step{N}.jsonl`` (rank 0).
-
-        Same layout and keys as NeMo-RL v0.7.0's ``grpo_train`` logging step
-        (``Logger.log_batched_dict_as_jsonl``): one JSON object per sample, each value a
-        batch of one; per-token lists span prompt + response padded to the batch's longest
-        sequence, position j holding token j and its log-prob (0 on the prompt, where we
-        keep no trainer log-probs, and on padding), so the loss's ``[:, 1:]`` alignment
-        applies; ``content`` holds the prompt and the response text.
-        ``nemo-ais analyze <run_dir>/logs/<arm>_seed<seed>`` reads them. The rows of all
-        ranks are gathered with one all-reduce (rank order = chunk order).
-        """
-        prompt_len = self.task.prompt_len
-        n, resp_len = batch.mask.shape
-        fields = [
-            batch.sequences.to(torch.float64),
-            batch.mask.to(torch.float64),
-            batch.logp_rollout.to(torch.float64),
-            logp_old.detach().to(torch.float64),
-            adv.to(torch.float64).unsqueeze(-1),
-            batch.rewards.to(torch.float64).unsqueeze(-1),
-        ]
-        local = torch.cat(fields, dim=1)
-        rows = torch.zeros((n * self.ctx.world_size, local.shape[1]), dtype=torch.float64)
-        rows[self.ctx.rank * n : (self.ctx.rank + 1) * n] = local
-        all_reduce_sum(rows, self.ctx)
-        if not self.ctx.is_main:
-            return
-        seq, mask, logp_rollout, logp_prev, adv_all, rewards = torch.split(
-            rows, [prompt_len + resp_len, resp_len, resp_len, resp_len, 1, 1], dim=1
-        )
-        pad = [0.0] * prompt_len
-        # upstream pads to the longest sequence of the batch and zeroes log-probs on padding
-        width = int(mask.sum(dim=1).max()) if rows.shape[0] else 0
-        logp_prev = torch.where(mask > 0, logp_prev, torch.zeros_like(logp_prev))
+        """The step's global batch as NeMo-RL's ``train_data_step{N}.jsonl`` (rank 0)."""
         log_dir = self.run_dir / "logs" / f"{self.arm}_seed{self.seed}"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        path = log_dir / f"train_data_step{step}.jsonl"
-        tmp = path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as f:
-            tok = self.task.tokenizer
-            for i in range(rows.shape[0]):
-                ids = [int(t) for t in seq[i, : prompt_len + width].tolist()]
-                sample = {
-                    # one text per message: the prompt, then the response
-                    "content": [[tok.decode(ids[:prompt_len]), tok.decode(ids[prompt_len:])]],
-                    "rewards": [float(rewards[i])],
-                    "input_lengths": [prompt_len + int(mask[i].sum())],
-                    "token_ids": [ids],
-                    "token_loss_mask": [
-                        [0] * prompt_len + [int(m) for m in mask[i, :width].tolist()]
-                    ],
-                    "sample_loss_mask": [1.0],
-                    "advantages": [[float(adv_all[i])] * (prompt_len + width)],
-                    "generation_logprobs": [pad + logp_rollout[i, :width].tolist()],
-                    "prev_logprobs": [pad + logp_prev[i, :width].tolist()],
-                    "idx": i,
-                }
-                f.write(json.dumps(sample) + "\n")
-        os.replace(tmp, path)
+        log_train_data(self.ctx, self.task, log_dir, step, batch, logp_old, adv)
 
     def _applied_alpha(self, stats: list[StepStats]) -> float:
         """Position between uncorrected (0) and fully weighted (1) gradient actually used."""

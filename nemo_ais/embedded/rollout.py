@@ -11,18 +11,13 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Rollouts of the embedded recipe: chunked generation with the FP8 twin, group advantages.
+"""Rollouts of the embedded recipe: chunked generation with the twin, group advantages.
 
-World-size invariance. The step's prompts are cut into chunks of ``prompts_per_chunk``
-prompts; chunk ``c`` is generated in ONE ``generate`` call (its prompts x G samples) with
-its own generator ``seeded_generator("rollout", seed, step, c)``, and rank ``r`` of ``W``
-owns the contiguous chunks ``[r * C/W, (r+1) * C/W)``. A chunk's samples therefore never
-depend on ``W`` (same inputs, same shapes, same random stream), so a 2-process run
-samples exactly what a 1-process run samples. A group (the G samples of one prompt) lives
-in one chunk, so advantages need no communication.
-
-Every arm uses the same generators at the same (seed, step): the arms see common random
-numbers, which makes their comparison paired.
+The step's prompts are cut into chunks of ``prompts_per_chunk``; chunk ``c`` is generated in
+ONE ``generate`` call with its own generator ``seeded_generator("rollout", seed, step, c)``,
+and rank ``r`` of ``W`` owns chunks ``[r * C/W, (r+1) * C/W)``. So a chunk's samples never
+depend on ``W``, a group lives in one chunk (advantages need no communication), and every
+arm sees the same random numbers (a paired comparison).
 """
 
 from __future__ import annotations
@@ -41,13 +36,8 @@ __all__ = ["RolloutBatch", "chunk_range", "generate_rollouts", "group_advantages
 class RolloutBatch:
     """This rank's share of one GRPO step, ``n`` = local prompts x G, prompt-major.
 
-    Attributes:
-        problems: ``n`` problems (each prompt repeated G times).
-        sequences: ``[n, P + T]`` int64 prompt + response (padding after EOS).
-        mask: ``[n, T]`` float32 in {0, 1}: response tokens up to and including EOS.
-        logp_rollout: ``[n, T]`` float32 rollout-engine log-probs (0 on padding).
-        rewards: ``[n]`` float32 in [0, 1] (``data.reward``).
-        correct: ``[n]`` float32 in {0, 1}, exact match (the accuracy).
+    ``sequences`` ``[n, P + T]``; ``mask`` ``[n, T]`` {0, 1} up to and including EOS;
+    ``logp_rollout`` ``[n, T]`` (0 on padding); ``rewards`` and ``correct`` (exact match) ``[n]``.
     """
 
     problems: list[Problem]
@@ -89,16 +79,7 @@ def generate_rollouts(
     top_p: float,
     reward: str = "digits",
 ) -> RolloutBatch:
-    """Generate G samples for each prompt of ``chunks`` (of the step's global ``problems``).
-
-    Args:
-        engine: the rollout engine, already synced with the trainer's weights.
-        problems: every prompt of this step (identical on all ranks).
-        chunks: the chunk indices this rank generates.
-
-    Returns:
-        :class:`RolloutBatch` with the rewards filled in.
-    """
+    """G samples for each prompt of this rank's ``chunks`` of the step's ``problems``, rewarded."""
     tok = task.tokenizer
     parts = []
     mine: list[Problem] = []
@@ -131,25 +112,13 @@ def generate_rollouts(
 
 
 def group_advantages(
-    rewards: torch.Tensor,
-    num_generations: int,
-    *,
-    normalize: bool,
-    leave_one_out: bool,
-    eps: float,
+    rewards: torch.Tensor, num_generations: int, *, normalize: bool, leave_one_out: bool, eps: float
 ) -> torch.Tensor:
-    """GRPO advantages from rewards grouped by prompt (G consecutive samples per group).
+    """GRPO advantages ``[n]`` float32 from rewards in groups of G consecutive samples.
 
-    ``A_i = (r_i - b_i) / (std_g + eps)`` with ``b_i`` the group mean (or the mean of the
-    other G - 1 rewards if ``leave_one_out``) and ``std_g`` the unbiased group std; without
-    ``normalize`` the division is skipped. A group whose rewards are all equal gets
-    ``A = 0`` exactly (it carries no signal), never a division by zero.
-
-    Args:
-        rewards: ``[n]`` float, ``n`` a multiple of ``num_generations``.
-
-    Returns:
-        ``[n]`` float32 advantages.
+    ``A_i = (r_i - b_i) / (std_g + eps)``, ``b_i`` the group mean (or the mean of the other
+    G - 1 rewards if ``leave_one_out``), ``std_g`` the unbiased group std (skipped without
+    ``normalize``). A group of equal rewards gets ``A = 0`` exactly.
     """
     if rewards.ndim != 1 or rewards.numel() % num_generations:
         raise ValueError(

@@ -13,27 +13,17 @@
 # limitations under the License.
 """Verifiable arithmetic tasks of the embedded recipe; reward and accuracy by program.
 
-Two tasks share one interface (:class:`ArithmeticTask`):
+:class:`ChainTask` (``data.task: chain``, the default): prompt ``s+d=``, response the
+running sums ``x_k = (s + k d) mod 10^n`` for ``k = 1..chain_length``, each with exactly
+``n`` digits, separated by ``,``::
 
-* :class:`ChainTask` (the default, ``data.task: chain``) -- a long-horizon chain: prompt
-  ``<bos>37+85=``, response the running sums ``x_k = (s + k d) mod 10^n`` for
-  ``k = 1..chain_length``, each written with exactly ``n`` digits, separated by ``,``::
+    37+85=22,07,92,77,62,47,32,17,02,87,72<eos>      (reverse_answer=False)
 
-      37+85=22,07,92,77,62,47,32,17,02,87,72<eos>      (reverse_answer=False)
-
-  Every value is computed from the one written just before it, so one wrong digit makes
-  every later value wrong: the reward depends on the whole chain and a per-token error
-  compounds over the ``chain_length * (n + 1)`` response tokens (33 for the default
-  ``n = 2, chain_length = 11``).
-* :class:`AdditionTask` (``data.task: addition``) -- ``a+b=`` with ``num_digits``-digit
-  operands, response ``str(a + b)``: 3-4 response tokens.
-
-With ``reverse_answer`` every number of the response is written least-significant digit
-first (``22`` -> ``22``, ``07`` -> ``70``), which a small transformer learns much faster.
-Problems are drawn from counter-based generators (:func:`seeded_generator`), so the
-problems of step ``s`` depend only on ``(seed, s)`` -- never on how many processes draw
-them or on what ran before (resume-exact). The held-out evaluation set is fixed by
-``eval_seed`` and excluded from training draws.
+so one wrong digit makes every later value wrong. :class:`AdditionTask` (``addition``):
+``a+b=`` -> ``str(a + b)``. ``reverse_answer`` writes every number least-significant digit
+first. The problems of step ``s`` depend only on ``(seed, s)`` (:func:`seeded_generator`),
+never on the process count or on what ran before; the held-out set (``eval_seed``) is
+excluded from training draws. docs/embedded.md describes the tasks and rewards.
 """
 
 from __future__ import annotations
@@ -69,13 +59,6 @@ class ArithmeticTask:
 
     Subclasses define :meth:`answer`, :meth:`_range` and :attr:`max_response_len`; drawing,
     tokenisation, teacher-forcing batches, exact match and the rewards are shared.
-
-    Args:
-        num_digits: digits per operand (>= 1).
-        eval_size: size of the held-out evaluation set.
-        eval_seed: seed of the evaluation set.
-        reverse_answer: write every number of the response least-significant digit first.
-        tokenizer: the character tokenizer.
     """
 
     num_digits: int
@@ -158,16 +141,11 @@ class ArithmeticTask:
     def sft_batch(
         self, problems: list[Problem], alt: list[bool] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forcing batch for the warm start.
+        """Teacher-forcing batch for the warm start: ``(input_ids, labels)``.
 
-        Args:
-            problems: the demonstrations' problems.
-            alt: per problem, write the demonstration in :meth:`alt_answer`'s notation
-                (None: none).
-
-        Returns:
-            input_ids ``[n, prompt_len + max_response_len]`` int64 (right-padded with pad_id) and
-            labels of the same shape: the response tokens (answer and ``<eos>``), -100 elsewhere.
+        ``alt[i]`` writes demonstration ``i`` in :meth:`alt_answer`'s notation. Both are
+        ``[n, prompt_len + max_response_len]`` int64, right-padded; labels hold the response
+        tokens (answer and ``<eos>``), -100 elsewhere.
         """
         tok = self.tokenizer
         width = self.prompt_len + self.max_response_len
@@ -210,18 +188,13 @@ class ArithmeticTask:
     def rewards(
         self, problems: list[Problem], response_ids: torch.Tensor, kind: str = "digits"
     ) -> torch.Tensor:
-        """Programmatic reward ``[n]`` float32 in [0, 1].
+        """Programmatic reward ``[n]`` float32 in [0, 1]; every kind is 1 iff exact, 0 without ``<eos>``.
 
-        ``kind="exact"``: :meth:`correct`. ``kind="digits"`` (dense partial credit): the
-        number of positions where the response character equals the answer character,
-        divided by ``max(len(response), len(answer))``; 1 iff exact, 0 without ``<eos>``.
-        E.g. answer ``"18"``: ``"18"`` -> 1, ``"17"`` -> 0.5, ``"180"`` -> 2/3.
-        ``kind="prefix"`` (credit up to the first mistake): the number of leading steps
-        (:meth:`_steps`: chain values for :class:`ChainTask`, characters otherwise) equal
-        to the answer's, divided by ``max(steps in response, steps in answer)``; 1 iff
-        exact, 0 without ``<eos>``. E.g. answer ``"22,70,29"``: ``"22,70,29"`` -> 1,
-        ``"22,71,29"`` -> 1/3 (the right ``29`` after a mistake earns nothing),
-        ``"22,70"`` -> 2/3.
+        ``exact``: :meth:`correct`. ``digits``: positions where the response character equals the
+        answer's / ``max(len(response), len(answer))`` (``"18"``: ``"17"`` -> 0.5, ``"180"`` ->
+        2/3). ``prefix``: leading steps (:meth:`_steps`: chain values, else characters) equal to
+        the answer's / ``max(steps in response, steps in answer)`` (``"22,70,29"``: ``"22,71,29"``
+        -> 1/3). ``steps`` (chain): :meth:`ChainTask._step_credit`.
         """
         if kind == "exact":
             return self.correct(problems, response_ids)
@@ -284,13 +257,8 @@ class AdditionTask(ArithmeticTask):
 class ChainTask(ArithmeticTask):
     """Running sums modulo ``10^num_digits``: ``s+d=`` -> ``x_1,...,x_L``, ``x_k = (s + k d) mod 10^n``.
 
-    Operands (and every value of the chain) are written with exactly ``num_digits`` digits
-    (leading zeros kept), so every prompt and every correct response have fixed lengths:
-    ``2 n + 3`` and ``L (n + 1)`` tokens (``<eos>`` included). ``x_k`` follows from
-    ``x_{k-1}`` and ``d`` alone: an error anywhere propagates to the end of the chain.
-
-    Args:
-        chain_length: ``L``, values in the chain (>= 1).
+    Every value has exactly ``n`` digits, so a prompt has ``2 n + 3`` tokens and a correct
+    response ``L (n + 1)`` (``<eos>`` included).
     """
 
     chain_length: int = 11

@@ -41,11 +41,7 @@ class CharTokenizer:
         self.vocab_size = -(-len(self.itos) // 8) * 8
 
     def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
-        """Ids of ``text`` (optionally framed by ``<bos>``/``<eos>``).
-
-        Raises:
-            ValueError: ``text`` holds a character outside the vocabulary.
-        """
+        """Ids of ``text`` (``<bos>``/``<eos>`` if asked); ``ValueError`` names bad characters."""
         bad = sorted({c for c in text if c not in self.stoi or c in _SPECIALS})
         if bad:
             raise ValueError(f"text={text!r} is invalid: characters {bad} are not in {_CHARS!r}")

@@ -35,16 +35,7 @@ __all__ = ["TwinSetup", "twin_setup"]
 
 
 class TwinSetup(NamedTuple):
-    """A model and a prompt batch for the twin.
-
-    Attributes:
-        model: the fp32 policy, eval mode.
-        ids, mask: ``[B, P]`` int64 prompts and their attention mask.
-        max_new_tokens: the task's longest response (EOS included).
-        eos, pad: the tokenizer's EOS and pad ids.
-        what: one line describing model and batch (for tables).
-        warm_started: whether the warm-start weights were loaded.
-    """
+    """A model (fp32, eval mode) and a prompt batch (``ids``, ``mask`` ``[B, P]``) for the twin."""
 
     model: nn.Module
     ids: torch.Tensor
@@ -63,17 +54,10 @@ def twin_setup(
     train_warm_start: bool = False,
     progress: bool = False,
 ) -> TwinSetup:
-    """The policy of ``cfg`` (warm-started if cached, module doc) and its held-out prompts.
+    """The policy of ``cfg`` (warm-started if cached) and ``num_prompts`` held-out prompts.
 
-    Args:
-        cfg: a validated recipe config (its ``policy``, ``data`` and warm-start cache).
-        num_prompts: prompts taken from the task's held-out set (at most ``data.eval_size``).
-        train_warm_start: train the warm start when its cache file is missing (minutes).
-        progress: show the warm start's progress bar when training it.
-
-    Raises:
-        ValueError: ``num_prompts`` outside ``[1, data.eval_size]``.
-        UnreadableFileError: the warm-start cache file exists but cannot be used.
+    Raises ``ValueError`` for ``num_prompts`` outside ``[1, data.eval_size]`` and
+    ``UnreadableFileError`` for an unusable warm-start cache file.
     """
     if not 1 <= num_prompts <= cfg.data.eval_size:
         raise ValueError(

@@ -13,23 +13,13 @@
 # limitations under the License.
 """Supervised warm start of the embedded policy, cached on disk by a hash of its config.
 
-GRPO needs a policy that already solves part of the task (reward ~0.2-0.6), otherwise
-almost every group has zero reward variance and no gradient. A few hundred AdamW steps of
-teacher forcing on the response tokens give that. The result depends only on the model
-shape, the task and the warm-start section, so it is cached as
-``<cache_dir>/warmstart-<hash>.pt`` and shared by every arm and seed (and by later runs).
-The file is written atomically (temporary file + rename). ``cache_dir`` is relative to the
-working directory by default (``runs/.cache``): a run from another directory or clone
-trains the warm start again unless ``policy.warm_start.cache_dir`` names the same
-directory. :func:`warm_start` says on stderr which file it trains or reuses, and how long
-training took (the default preset's 550 steps are most of a first run's time on a 2-core
-CPU: docs/benchmarks.md, section ``warm_start``).
-
-A cache file that exists but cannot be used (truncated, garbled, no read permission, not a
-warm-start file, weights that do not fit the policy) raises
-:class:`~nemo_ais.embedded.checkpoint.UnreadableFileError`, whose one-line message names
-the file and says to delete it; ``nemo-ais run`` prints it and exits 1 before any
-(arm, seed) run starts, so no checkpoint or metric is touched.
+GRPO needs a policy that already solves part of the task, else almost every group has
+zero reward variance. A few hundred AdamW steps of teacher forcing give that; the result
+depends only on the model shape, the task and ``policy.warm_start``, so it is cached
+atomically as ``<cache_dir>/warmstart-<hash>.pt`` (relative to the working directory by
+default) and shared by every arm, seed and later run. A cache file that cannot be used
+raises :class:`~nemo_ais.embedded.checkpoint.UnreadableFileError` naming the file, before
+any (arm, seed) run starts.
 """
 
 from __future__ import annotations
@@ -191,13 +181,9 @@ def _say(message: str) -> None:
 def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True) -> Path:
     """Train (or reuse) the warm-start weights and return the cache file's path.
 
-    The file holds ``{"state_dict", "key", "greedy_accuracy", "final_loss"}``. A cache hit
-    is only trusted if its stored key equals this config's key.
-
-    Raises:
-        UnreadableFileError: the cache file exists but cannot be read, is not a warm-start
-            file, or its weights do not fit the policy (one line naming the file; delete it).
-        RecipeError: the cache directory is not writable (named, with the config key).
+    The file holds ``{"state_dict", "key", "greedy_accuracy", "final_loss"}``; a hit is trusted
+    only if its key equals this config's. Raises ``UnreadableFileError`` for an unusable file
+    and ``RecipeError`` for an unwritable cache directory.
     """
     path = warm_start_path(cfg)
     key = _cache_key(cfg)

@@ -66,18 +66,8 @@ def nemo_rl_loader() -> ModuleType | None:
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Load a config exactly as NeMo-RL's entry point does, apply overrides, resolve.
 
-    With NeMo-RL importable this IS its loader: ``register_omegaconf_resolvers``,
-    ``load_config`` and ``parse_hydra_overrides`` from ``nemo_rl.utils.config``, then
-    ``OmegaConf.to_container(resolve=True)`` (``examples/run_grpo.py``). Without it (a
-    laptop, the launchers' pre-flight check) :func:`load_config_fallback`.
-
-    Returns:
-        A plain, fully interpolated ``dict`` (without the ``defaults`` key).
-
-    Raises:
-        FileNotFoundError: the file or one of its ``defaults`` does not exist.
-        ValueError: a malformed or unknown-key override (NeMo-RL's message), or (fallback)
-            an inheritance cycle.
+    With NeMo-RL importable this IS its loader (``nemo_rl.utils.config``), else
+    :func:`load_config_fallback`. Returns a plain, interpolated dict (no ``defaults`` key).
     """
     upstream = nemo_rl_loader()
     if upstream is None:
@@ -222,16 +212,9 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
 def load_config_fallback(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """NeMo-RL's ``load_config`` + ``parse_hydra_overrides``, re-implemented (no NeMo-RL, no hydra).
 
-    ``defaults:`` (a path or a list of paths, relative to the file that names them or
-    absolute) is resolved depth-first, later entries and the child winning; a section
-    with ``_override_: true`` replaces the inherited one; then :func:`apply_overrides`.
-
-    Returns:
-        A plain, fully interpolated ``dict`` (without the ``defaults`` key).
-
-    Raises:
-        FileNotFoundError: the file or one of its ``defaults`` does not exist.
-        ValueError: an inheritance cycle, or a malformed / unknown-key override.
+    ``defaults:`` (paths relative to the file, or absolute) resolve depth-first, later entries
+    and the child winning; ``_override_: true`` replaces the inherited section; then
+    :func:`apply_overrides`. Raises ``FileNotFoundError`` or ``ValueError`` (cycle, override).
     """
     _register_resolvers()
     cfg = _load_tree(Path(path).resolve(), ())

@@ -13,58 +13,14 @@
 # limitations under the License.
 """Per-GPU and per-node memory budget of a colocated NeMo-RL v0.7.0 GRPO config (an ESTIMATE).
 
-Pure Python (no NeMo-RL, Megatron, vLLM or torch): reads a resolved config dict
-(:func:`nemo_ais.preflight.load_config`) and the model's shapes (its ``config.json``,
-else the table: :func:`nemo_ais.preflight.resolve_model_shape`) and adds up, per GPU, in GiB (2**30 bytes):
-
-1. Megatron trainer state on the busiest pipeline stage. Parameters: attention, dense MLP
-   and embeddings split by TP, experts by EP x ETP, norms and the MoE router replicated;
-   stage 0 holds the input embedding, the last stage the output layer (both when PP = 1).
-   weights = 2 B/param (BF16); grads = 2 B/param (4 with ``grad_reduce_in_fp32``); Adam =
-   fp32 master + 2 fp32 moments = 12 B/param, or 10 B/param with
-   ``use_precision_aware_optimizer`` (TE FusedAdam keeps only the 16 low bits of the fp32
-   master, ``store_param_remainders``), sharded by the distributed optimizer over DP x CP
-   (dense) or expert DP = GPUs / (PP x EP x ETP) (experts). ``optimizer_cpu_offload``
-   moves all of it (12 B/param) to host RAM.
-2. Activations of the micro-batches in flight (1F1B: PP on stage 0), T = the micro-batch's
-   tokens / CP, BF16, per token and layer, in elements [estimate, flash attention, no
-   dropout, after Korthikanti et al. 2022 adapted to GQA + SwiGLU + MoE]:
-   ``4h`` (both norms' input and output; / TP with sequence parallel) + ``2 (nq + nkv) d``
-   (q, k, v, attention output; / TP) + ``3 I`` (gate, up, SwiGLU output; / TP) + for MoE
-   ``k (h + 3 I_moe)`` (the k routed copies and their gate/up/SwiGLU; / (TP x ETP)).
-   With full activation checkpointing each layer keeps only its input (``h``, / TP with SP)
-   plus one layer's activations during its recompute.
-3. Logits on the last stage: T x V / TP x 12 B (fp32 logits, fp32 log-softmax and the
-   fp32 softmax that NeMo-RL's ``DistributedLogprob`` saves), + 2 B with
-   ``defer_fp32_logits`` (the caller then holds BF16 logits). The logprob pass
-   (``logprob_batch_size``) holds weights, the optimizer (unless
-   ``offload_optimizer_for_logprob``) and its logits; grads are on the host.
-4. vLLM (colocated, weights re-quantized at every refit): its share is
-   ``gpu_memory_utilization`` x ``gpu_gib``; its decoder linears are in the rollout format
-   (block FP8: 1 B/param + one fp32 scale per 128 x 128 block; MXFP8 1 + 1/32 B; NVFP4
-   0.5 + 1/16 B: :data:`~nemo_ais.preflight.checks.formats.WEIGHT_BYTES`) except where the
-   format keeps them BF16 (``num_first/last_layers_in_bf16``, ``real_quant_ignore``,
-   ``quantization_ignored_layer_kws``); embeddings, lm_head, norms and router are BF16;
-   split by vLLM TP (experts by vLLM EP when set). KV cache = share - weights -
-   :data:`VLLM_RUNTIME_GIB`; K and V per token =
-   2 x layers x max(nkv / TP, 1) x d x (1 B FP8 | 2 B BF16).
-
-Phases of a colocated step (``grpo.py`` and ``megatron_policy_worker.py`` at v0.7.0):
-``offload_before_refit`` moves grads and ``optimizer.state`` to the host, the trainer's
-BF16 params stay for the refit; ``offload_after_refit`` moves the params too. What is not
-in ``optimizer.state`` stays on the GPU: without the precision-aware optimizer that is the
-fp32 master shard (Megatron keeps it as the inner optimizer's params). During training vLLM
-sleeps (level 1: KV cache dropped, weights backed up in host RAM). So
-
-* train    = weights + grads + optimizer + activations + logits + trainer runtime + asleep vLLM
-* logprob  = weights + optimizer + logprob logits + trainer runtime + asleep vLLM
-* refit    = weights + resident master + vLLM weights + trainer runtime
-* generate = vLLM share + resident master + idle trainer
-* host / node = GPUs per node x (offloaded trainer state + vLLM weight backup), counted
-  together (pinned host buffers are cached between phases) — an upper estimate.
-
-The fixed runtime terms (:data:`TRAINER_RUNTIME_GIB` ...) are estimates too. Validate on
-the cluster with NeMo-RL's own memory logs ("GPU Memory before/after optimizer offload").
+Pure Python: from a resolved config dict (:func:`nemo_ais.preflight.load_config`) and the
+model's shapes (:func:`nemo_ais.preflight.resolve_model_shape`) it adds up, per GPU in GiB
+(2**30 bytes), the Megatron trainer state of the busiest pipeline stage, the activations
+and logits of the micro-batches in flight, and vLLM's share (weights in the rollout
+format, KV cache), per phase of a colocated step (train, logprob, refit, generate) and
+the host RAM per node. The terms, the phases and the fixed runtime estimates are listed
+in docs/cluster.md ("What is counted"); validate on the cluster with NeMo-RL's own memory
+logs.
 """
 
 from __future__ import annotations
@@ -229,7 +185,7 @@ def _optimizer_bytes(cfg: Mapping[str, Any]) -> tuple[float, float]:
 
 
 def activation_bytes_per_token_layer(cfg: Mapping[str, Any], shape: ModelShape) -> float:
-    """BF16 bytes one token keeps for one layer's backward, no checkpointing (module docstring)."""
+    """BF16 bytes one token keeps for one layer's backward, no checkpointing (docs/cluster.md)."""
     lay = parallel_layout(dict(cfg))
     sp = bool(get(cfg, "policy.megatron_cfg.sequence_parallel", False)) or lay.tp == 1
     h, d = shape.hidden_size, shape.head_dim
@@ -316,7 +272,7 @@ class TrainerState:
 
 
 def trainer_state(config: Mapping[str, Any], shape: ModelShape) -> TrainerState:
-    """Weights, grads and Adam shards of one trainer GPU (module docstring, step 1)."""
+    """Weights, grads and Adam shards of one trainer GPU (docs/cluster.md)."""
     lay = parallel_layout(dict(config))
     dense, expert = trainer_params(config, shape)
     # Distributed optimizer shards: dense parameters over DP x CP, experts over expert DP.
@@ -340,7 +296,7 @@ def trainer_state(config: Mapping[str, Any], shape: ModelShape) -> TrainerState:
 
 
 def budget(config: Mapping[str, Any], name: str = "config", gpu_gib: float = HBM_GIB) -> Budget:
-    """Memory budget of one resolved, colocated Megatron + vLLM config (module docstring).
+    """Memory budget of one resolved, colocated Megatron + vLLM config (docs/cluster.md).
 
     Raises:
         KeyError: the model's shapes are unknown (:func:`model_shape`).

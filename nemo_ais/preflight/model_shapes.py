@@ -13,16 +13,11 @@
 # limitations under the License.
 """Shapes of the decoder-only model a config trains: its ``config.json``, else ONE table.
 
-:class:`ModelShape` holds what fixes which parallel sizes are legal (heads, layers,
-experts, the per-rank FP8 block shards) and what the memory budget counts (parameters,
-per-token activations, KV cache). :func:`resolve_model_shape` reads them from the model's
-own ``config.json``: ``policy.model_name`` as a local checkpoint directory, else the
-Hugging Face cache (``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-``~/.cache/huggingface/hub``; the ``models--org--name/snapshots/<refs/main>/`` layout of
-``huggingface_hub``), never downloading. Only when neither holds one does it fall back to
-:data:`MODEL_SHAPES`, and says so: a 10-name table keyed by the lower-cased basename of
-the model id (``Qwen/Qwen3-8B`` and ``/ckpt/Qwen3-8B/`` are ``qwen3-8b``), each value
-stating its source.
+:class:`ModelShape` holds what fixes the legal parallel sizes and what the memory budget
+counts. :func:`resolve_model_shape` reads the model's own ``config.json`` (a local
+checkpoint directory, else the Hugging Face hub cache, never downloading) and only then
+falls back to :data:`MODEL_SHAPES`, saying so; the table is keyed by the lower-cased
+basename of the model id (``Qwen/Qwen3-8B`` and ``/ckpt/Qwen3-8B/`` are ``qwen3-8b``).
 """
 
 from __future__ import annotations
@@ -94,90 +89,33 @@ class ModelShape:
         return self.num_layers * layer + n_embed * self.embedding_params() + self.hidden_size
 
 
-def _qwen3(name: str, **shape: int | bool) -> ModelShape:
-    """A Qwen3 model: head_dim 128, vocab 151936, q/k norms."""
-    return ModelShape(
-        head_dim=128, vocab_size=151936, qk_norm=True, source=f"hf:{name} config.json", **shape
-    )
-
-
-# From each model's config.json: hidden_size, num_hidden_layers, num_attention_heads,
-# num_key_value_heads, head_dim (Llama: hidden / heads), intermediate_size, vocab_size,
-# tie_word_embeddings, num_experts, moe_intermediate_size, num_experts_per_tok.
-# total_params() gives the published sizes: 596,049,920 (Qwen3-0.6B), 8.19 B, 30.5 B, 8.03 B.
+# From each model's config.json (Llama: head_dim = hidden / heads; every row has head_dim 128).
+# Qwen2.5's q/k/v biases are not counted by attention_params(). total_params() gives the
+# published sizes: 596,049,920 (Qwen3-0.6B), 8.19 B, 30.5 B, 8.03 B. A row: HF id, hidden,
+# layers, heads, kv heads, intermediate, vocab, tied embeddings, qk_norm[, experts,
+# moe_intermediate, experts_per_token]; the key is model_key(HF id).
+_QWEN_VOCAB = 151936
+_SHAPE_ROWS = (
+    ("Qwen/Qwen3-0.6B", 1024, 28, 16, 8, 3072, _QWEN_VOCAB, True, True),
+    ("Qwen/Qwen3-1.7B", 2048, 28, 16, 8, 6144, _QWEN_VOCAB, True, True),
+    ("Qwen/Qwen3-8B", 4096, 36, 32, 8, 12288, _QWEN_VOCAB, False, True),
+    ("Qwen/Qwen3-30B-A3B", 2048, 48, 32, 4, 6144, _QWEN_VOCAB, False, True, 128, 768, 8),
+    ("Qwen/Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, _QWEN_VOCAB, True, False),
+    ("meta-llama/Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256, False, False),
+)
 MODEL_SHAPES: dict[str, ModelShape] = {
-    "qwen3-0.6b": _qwen3(
-        "Qwen/Qwen3-0.6B",
-        hidden_size=1024,
-        num_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        intermediate_size=3072,
-        tie_word_embeddings=True,
-    ),
-    "qwen3-1.7b": _qwen3(
-        "Qwen/Qwen3-1.7B",
-        hidden_size=2048,
-        num_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        intermediate_size=6144,
-        tie_word_embeddings=True,
-    ),
-    "qwen3-8b": _qwen3(
-        "Qwen/Qwen3-8B",
-        hidden_size=4096,
-        num_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=12288,
-        tie_word_embeddings=False,
-    ),
-    "qwen3-30b-a3b": _qwen3(
-        "Qwen/Qwen3-30B-A3B",
-        hidden_size=2048,
-        num_layers=48,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        intermediate_size=6144,
-        tie_word_embeddings=False,
-        num_experts=128,
-        moe_intermediate_size=768,
-        experts_per_token=8,
-    ),
-    # q/k/v biases (attention_bias) are not counted by attention_params().
-    "qwen2.5-1.5b": ModelShape(
-        hidden_size=1536,
-        num_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        head_dim=128,
-        intermediate_size=8960,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        qk_norm=False,
-        source="hf:Qwen/Qwen2.5-1.5B config.json",
-    ),
-    "llama-3.1-8b": ModelShape(
-        hidden_size=4096,
-        num_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=14336,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-        qk_norm=False,
-        source="hf:meta-llama/Llama-3.1-8B config.json",
-    ),
+    hf_id.split("/")[-1].lower(): ModelShape(
+        hidden, layers, heads, kv, 128, inter, vocab, *flags, source=f"hf:{hf_id} config.json"
+    )
+    for hf_id, hidden, layers, heads, kv, inter, vocab, *flags in _SHAPE_ROWS
 }
-for _alias, _key in (
-    ("qwen3-8b-base", "qwen3-8b"),
-    ("qwen3-30b-a3b-base", "qwen3-30b-a3b"),
-    ("qwen2.5-1.5b-instruct", "qwen2.5-1.5b"),
-    ("llama-3.1-8b-instruct", "llama-3.1-8b"),
+for _alias in (
+    "qwen3-8b-base",
+    "qwen3-30b-a3b-base",
+    "qwen2.5-1.5b-instruct",
+    "llama-3.1-8b-instruct",
 ):
-    MODEL_SHAPES[_alias] = MODEL_SHAPES[_key]
+    MODEL_SHAPES[_alias] = MODEL_SHAPES[_alias.removesuffix("-base").removesuffix("-instruct")]
 
 
 def model_key(model_name: str) -> str:
@@ -197,13 +135,9 @@ _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 def shape_from_config_json(path: Path) -> ModelShape:
-    """A :class:`ModelShape` from a Hugging Face ``config.json`` (``text_config`` if nested).
+    """A :class:`ModelShape` from a HF ``config.json`` (``text_config`` if nested).
 
-    Defaults as ``transformers`` applies them: ``num_key_value_heads`` = heads,
-    ``head_dim`` = hidden / heads, ``tie_word_embeddings`` = true, no experts.
-
-    Raises:
-        ValueError: the file is not JSON, or a required key is missing (named).
+    ``transformers``' defaults apply; ``ValueError`` names a missing key or an unreadable file.
     """
     try:
         raw: dict[str, Any] = json.loads(path.read_text())

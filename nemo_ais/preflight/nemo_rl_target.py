@@ -13,33 +13,13 @@
 # limitations under the License.
 """Which NeMo-RL a config will run on, and which low-precision rollout formats it has.
 
-The offline check runs where NeMo-RL may not be importable (a login node, no torch), so
-it never imports ``nemo_rl``. It learns the target in this order, and says which:
-
-1. ``--nemo-rl-version v0.7.0|main`` (the CLI) or ``nemo_rl_version=`` (the API; the
-   launcher passes :func:`nemo_ais.nemo_rl.compat.detect`'s answer): the table
-   :data:`ROLLOUT_FORMATS`;
-2. else the ``NEMO_RL_DIR`` environment variable (the launchers require it): the checkout's
-   source is read, never imported. Each format has one probe, a file and a text that only
-   a NeMo-RL supporting it contains (:class:`FormatSupport`); a directory without
-   ``nemo_rl/algorithms/grpo.py`` is not a NeMo-RL checkout and tells nothing;
-3. else unknown: the format checks warn, naming the versions that support the format.
-
-==================== ================= ==========================================================
-format               NeMo-RL           probe (text in the checkout)
-==================== ================= ==========================================================
-``nvfp4_w4a16``      v0.7.0, main      ``def build_vllm_modelopt_nvfp4_config`` in
-                                       ``nemo_rl/modelopt/utils.py``
-``nvfp4_w4a4``       main              ``def resolve_nvfp4_real_quant_mode`` in
-                                       ``nemo_rl/modelopt/utils.py`` (v0.7.0 builds a
-                                       W4A16 vLLM config whatever ``quant_cfg`` says)
-``mxfp8``            main              ``is_mx`` in
-                                       ``nemo_rl/models/generation/vllm/quantization/fp8.py``
-                                       (v0.7.0 never reads it: block FP8 instead)
-==================== ================= ==========================================================
-
-BF16 and block-FP8 rollouts run on both. ``tests/upstream/test_rollout_format_support.py``
-runs every probe on both vendored sources and checks this table against them.
+Never imports ``nemo_rl``. The target comes from ``--nemo-rl-version`` / ``nemo_rl_version=``
+(the table :data:`ROLLOUT_FORMATS`), else from the checkout at ``NEMO_RL_DIR``, read for one
+probe text per format (:class:`FormatSupport`; a directory without
+``nemo_rl/algorithms/grpo.py`` tells nothing), else it is unknown and the format checks
+warn. ``nvfp4_w4a16`` runs on v0.7.0 and main; ``nvfp4_w4a4`` and ``mxfp8`` on main only
+(docs/cluster.md, "Which NeMo-RL"; tests/upstream/test_rollout_format_support.py runs
+every probe on both vendored sources).
 """
 
 from __future__ import annotations
@@ -90,10 +70,7 @@ ROLLOUT_FORMATS: dict[str, FormatSupport] = {
         "def resolve_nvfp4_real_quant_mode",
     ),
     "mxfp8": FormatSupport(
-        "MXFP8 rollout",
-        ("main",),
-        "nemo_rl/models/generation/vllm/quantization/fp8.py",
-        "is_mx",
+        "MXFP8 rollout", ("main",), "nemo_rl/models/generation/vllm/quantization/fp8.py", "is_mx"
     ),
 }
 """The rollout formats only some supported NeMo-RL versions have (module table)."""
@@ -108,11 +85,7 @@ class NeMoRLTarget:
 
 
 def target_from_version(version: str) -> NeMoRLTarget:
-    """The target of a supported version name, from :data:`ROLLOUT_FORMATS`.
-
-    Raises:
-        ValueError: ``version`` is not one of :data:`NEMO_RL_VERSIONS`.
-    """
+    """The target of a supported version name (:data:`NEMO_RL_VERSIONS`; else ``ValueError``)."""
     if version not in NEMO_RL_VERSIONS:
         raise ValueError(
             f"--nemo-rl-version={version!r} is invalid: expected one of {list(NEMO_RL_VERSIONS)}"
@@ -137,11 +110,7 @@ def target_from_checkout(path: str | Path) -> NeMoRLTarget | None:
 def resolve_target(
     version: str | None = None, environ: Mapping[str, str] | None = None
 ) -> tuple[NeMoRLTarget | None, str]:
-    """(target, how it was found): ``version``, else ``NEMO_RL_DIR``'s source, else None.
-
-    Raises:
-        ValueError: ``version`` is given and unknown (see :func:`target_from_version`).
-    """
+    """(target, how it was found): ``version``, else ``NEMO_RL_DIR``'s source, else None."""
     if version is not None:
         return target_from_version(version), f"checked against NeMo-RL {version} (given)"
     env = os.environ if environ is None else environ

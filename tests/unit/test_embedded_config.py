@@ -103,14 +103,14 @@ def test_default_yaml_is_an_exemplar_of_every_section_model():
     from nemo_ais.embedded import config as cfg_mod
 
     data = yaml.safe_load(DEFAULT.read_text())
-    for name, model in cfg_mod._SECTION_MODELS.items():
+    for name, model in cfg_mod.SECTION_MODELS.items():
         assert set(data[name]) == set(model.model_fields), name
-    for (section, sub), model in cfg_mod._NESTED_MODELS.items():
+    for (section, sub), model in cfg_mod.NESTED_MODELS.items():
         assert set(data[section][sub]) == set(model.model_fields), f"{section}.{sub}"
     # and the YAML values are the models' defaults, every section without exception, so
     # docs and code cannot drift apart
     base = resolve_arm(load_config(DEFAULT), None)
-    for name, model in cfg_mod._SECTION_MODELS.items():
+    for name, model in cfg_mod.SECTION_MODELS.items():
         assert getattr(base, name) == model(), name
 
 

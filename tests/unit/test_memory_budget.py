@@ -2,7 +2,7 @@
 """nemo_ais.preflight.memory_budget: hand-worked arithmetic, and every shipped config fits.
 
 Hand values are computed in the comments from the model's config.json numbers
-(nemo_ais.preflight.MODEL_SHAPES) and the formulas in the module docstring; GiB = 2**30 bytes.
+(nemo_ais.preflight.MODEL_SHAPES) and the formulas in docs/cluster.md; GiB = 2**30 bytes.
 """
 
 from __future__ import annotations

@@ -13,11 +13,7 @@
 # limitations under the License.
 """The pre-flight checks, run by :func:`check_config` in registration order.
 
-Output order = registration order: the modules of :data:`RULE_MODULES` in turn
-(:mod:`.loss`, :mod:`.upstream`, :mod:`.parallel`, :mod:`.fp8`, :mod:`.formats`,
-:mod:`.trainer`), each
-module's checks in definition order. How to add one: the docstring of
-:mod:`nemo_ais.preflight`.
+Output order: the modules of :data:`RULE_MODULES` in turn, each one's checks in definition order.
 """
 
 from __future__ import annotations
@@ -67,18 +63,10 @@ def check_config(
 ) -> list[CheckResult]:
     """Run every registered check on a loaded config; never raises on content.
 
-    ``nemo_rl_version`` (``v0.7.0`` | ``main``) names the NeMo-RL the config will run on;
-    None: the source at ``NEMO_RL_DIR`` in ``environ`` (default ``os.environ``) is read,
-    else the version-dependent checks warn
-    (:func:`~nemo_ais.preflight.nemo_rl_target.resolve_target`).
-
-    Arm mixins (``loss_fn.ais``, no ``policy``/``cluster``) get only the checks registered
-    with ``mixins=True`` (``loss_fn.ais``). A full config first needs every section of
-    NeMo-RL's ``MasterConfig``: if one is missing, a ``sections`` failure naming them is the
-    only result. Otherwise the first result, ``model_shapes``, says where the model's shapes
-    came from (:func:`~nemo_ais.preflight.model_shapes.resolve_model_shape`: its
-    config.json, else the table, else unknown: a warning, and the checks registered with
-    ``needs_shape=True`` are skipped).
+    ``nemo_rl_version`` None: the source at ``NEMO_RL_DIR`` is read, else version checks warn.
+    An arm mixin gets only the ``mixins=True`` checks; a full config missing a ``MasterConfig``
+    section gets one ``sections`` failure. The first result, ``model_shapes``, says where the
+    shapes came from; unknown shapes skip the ``needs_shape=True`` checks.
     """
     mixin = is_mixin(cfg)
     missing = [] if mixin else missing_sections(cfg)
@@ -124,11 +112,7 @@ def validate_config(
     nemo_rl_version: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> list[CheckResult]:
-    """Run :func:`check_config`; raise one ``ValueError`` listing every failed check.
-
-    Raises:
-        ValueError: ``"<source>: N check(s) failed:"`` then one ``[FAIL] name: detail`` line each.
-    """
+    """Run :func:`check_config`; one ``ValueError`` (``<source>: N check(s) failed:``) lists all."""
     results = check_config(cfg, nemo_rl_version, environ)
     failed = [r for r in results if r.status == "fail"]
     if failed:

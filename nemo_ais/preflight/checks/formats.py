@@ -13,31 +13,12 @@
 # limitations under the License.
 """NVFP4 (W4A16, W4A4) and MXFP8 rollouts with a BF16 trainer: NeMo-RL's switches and shards.
 
-What each needs, read in NeMo-RL v0.7.0 and main (docs/cluster.md, "Low-precision rollout
-formats"):
-
-* **NVFP4, ModelOpt real-quant** (``policy.generation.quant_cfg`` + ``real_quant: true``):
-  NeMo-RL builds vLLM with a ModelOpt NVFP4 ``quantization_config``; every linear not
-  matched by ``real_quant_ignore`` holds ``weight`` uint8 [out, in/2], ``weight_scale``
-  e4m3 [out, in/16] and fp32 global scales (W4A4: ``input_scale`` too). main derives W4A16
-  or W4A4 from the recipe's quantizers (``resolve_nvfp4_real_quant_mode``); v0.7.0 always
-  builds W4A16. NeMo-RL exports packed NVFP4 only from its ModelOpt QAT worker
-  (``MegatronQuantPolicyWorker``, picked by ``policy.quant_cfg``); its BF16 worker streams
-  [out, in] BF16 tensors those parameters cannot take. A BF16 trainer therefore needs
-  nemo_ais's NVFP4 refit (the ``ais_nvfp4_refit`` section, issue 16 item 4), as an FP8
-  rollout uses ``ais_fp8_refit``.
-* **QARL** (``policy.quant_cfg``, v0.7.0 and main): NeMo-RL's own rollout-aligned trainer.
-  ``Policy`` picks the ModelOpt QAT Megatron worker (fake quant of the recipe in the
-  trainer's forward), which nemo_ais wraps (``workers/megatron_quant.py``); with a
-  real-quant rollout of the SAME recipe it exports packed NVFP4 itself (main checks the
-  two recipes' modes match), so nemo_ais's NVFP4 refit stays off.
-* **MXFP8** (main: ``vllm_cfg.precision: fp8`` + ``is_mx: true``): main's
-  ``fp8.load_weights`` quantizes the BF16 stream to MXFP8 in the vLLM worker itself.
-
-Divisibility: each quantized linear's input dim per vLLM TP rank (K: q/k/v and gate/up
-take ``hidden``, o_proj ``heads x head_dim / TP``, down_proj ``intermediate / TP``) must
-be a multiple of the format's block along K: 16 for NVFP4, 32 for MXFP8
-(docs/low_precision_formats.md; vLLM rejects ``input_size_per_partition % 16``).
+NVFP4 is ModelOpt real-quant (``policy.generation.quant_cfg`` + ``real_quant: true``); a
+BF16 trainer needs nemo_ais's NVFP4 refit (``ais_nvfp4_refit``), since NeMo-RL packs NVFP4
+only in its ModelOpt QAT worker, which QARL (``policy.quant_cfg``) uses instead. MXFP8 is
+main's ``precision: fp8`` + ``is_mx: true``. Each quantized linear's input dim per vLLM TP
+rank must be a multiple of the format's block: 16 (NVFP4), 32 (MXFP8). docs/cluster.md,
+"Low-precision rollout formats", has the details read in NeMo-RL v0.7.0 and main.
 """
 
 from __future__ import annotations
@@ -125,11 +106,10 @@ def _nvfp4_mode(cfg: Mapping[str, Any]) -> str | None:
 
 
 def rollout_format(cfg: Mapping[str, Any]) -> str:
-    """The vLLM rollout's weight format, from NeMo-RL's switches.
+    """The vLLM rollout's weight format from NeMo-RL's switches.
 
-    Returns:
-        ``nvfp4_w4a16`` | ``nvfp4_w4a4`` | ``nvfp4`` (real-quant, recipe mode unknown
-        offline) | ``mxfp8`` | ``fp8`` (128 x 128 block FP8) | ``bf16``.
+    ``nvfp4_w4a16`` | ``nvfp4_w4a4`` | ``nvfp4`` (real-quant, mode unknown offline) | ``mxfp8``
+    | ``fp8`` (128 x 128 block FP8) | ``bf16``.
     """
     if get(cfg, _GEN + ".real_quant", False):
         mode = _nvfp4_mode(cfg)
@@ -184,13 +164,10 @@ def _nvfp4_transport_problems(cfg: Mapping[str, Any]) -> list[str]:
 
 
 def rollout_format_problems(cfg: Mapping[str, Any], nemo_rl_version: str) -> list[str]:
-    """What the launcher refuses before Ray for this NeMo-RL version (one line each).
+    """What the launcher refuses before Ray for this NeMo-RL version, one line each.
 
-    A rollout format the version lacks (:data:`~nemo_ais.preflight.nemo_rl_target.
-    ROLLOUT_FORMATS`), and a real-quant NVFP4 rollout on a non-default refit transport.
-
-    Raises:
-        ValueError: ``nemo_rl_version`` is not a supported version name.
+    A rollout format the version lacks, an NVFP4 MoE refit on v0.7.0, and a real-quant NVFP4
+    rollout on a non-default refit transport. ``ValueError`` for an unknown version.
     """
     target = target_from_version(nemo_rl_version)
     return (
@@ -288,7 +265,7 @@ def _real_quant_problems(ctx: Context) -> list[str]:
     problems += _nvfp4_transport_problems(ctx.cfg)
     refit = ctx.get("ais_nvfp4_refit")
     qarl = ctx.get("policy.quant_cfg") is not None  # its QAT worker packs NVFP4: check_qarl_trainer
-    if not qarl and isinstance(refit, Mapping) and refit.get("enabled") is True:
+    if not qarl and _enabled(refit):
         problems += _nvfp4_refit_problems(ctx.cfg, refit)
     elif not qarl:
         problems.append(
@@ -306,6 +283,11 @@ def _real_quant_problems(ctx: Context) -> list[str]:
             "expert on every vLLM rank)"
         )
     return problems
+
+
+def _enabled(section: Any) -> bool:
+    """A refit section (a mapping) with ``enabled: true``."""
+    return isinstance(section, Mapping) and section.get("enabled") is True
 
 
 def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> list[str]:
@@ -392,15 +374,13 @@ def _qarl_rollout_problems(ctx: Context, quant_cfg: Any) -> list[str]:
             "NeMo-RL main raises 'Real-quant refit requires matching policy and generation "
             "quantization modes')"
         )
-    for section in ("ais_nvfp4_refit", "ais_fp8_refit"):
-        refit = ctx.get(section)
-        if isinstance(refit, Mapping) and refit.get("enabled") is True:
-            problems.append(
-                f"{section}.enabled=True is invalid with policy.quant_cfg={quant_cfg!r}: "
-                "expected false (NeMo-RL's QAT worker exports the rollout's weights itself: "
-                "packed NVFP4 for a real-quant rollout, weight_quantizer(weight) otherwise)"
-            )
-    return problems
+    enabled = [s for s in ("ais_nvfp4_refit", "ais_fp8_refit") if _enabled(ctx.get(s))]
+    return problems + [
+        f"{section}.enabled=True is invalid with policy.quant_cfg={quant_cfg!r}: expected false "
+        "(NeMo-RL's QAT worker exports the rollout's weights itself: packed NVFP4 for a "
+        "real-quant rollout, weight_quantizer(weight) otherwise)"
+        for section in enabled
+    ]
 
 
 @check("qarl_trainer")
@@ -525,12 +505,10 @@ def quantized_linears(shape: ModelShape, tp: int, ep: int) -> list[QuantizedLine
 def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str], bool]:
     """``(layer, HF module name) -> True`` where the config's rollout keeps a linear BF16.
 
-    The rule of :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` (the one the twin and the
-    refit call), with the exclusions NeMo-RL's engine applies in this format. NVFP4:
-    ``real_quant_ignore`` (NeMo-RL's default list when absent), globs on the name with or
-    without ``model.``. Block FP8 and MXFP8: ``num_first_layers_in_bf16`` /
-    ``num_last_layers_in_bf16``; MXFP8 also a ``quantization_ignored_layer_kws`` keyword
-    inside the name. BF16 rollout: every linear.
+    :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` (the twin's and the refit's rule) with the
+    exclusions NeMo-RL's engine applies in this format: NVFP4 ``real_quant_ignore`` (its
+    default list when absent); FP8 and MXFP8 the first / last layers, MXFP8 also
+    ``quantization_ignored_layer_kws``. BF16 rollout: every linear.
     """
     fmt = rollout_format(cfg)
     if fmt == "bf16":

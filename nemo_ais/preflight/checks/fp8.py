@@ -37,15 +37,10 @@ _KV_DTYPES = ("auto", *_FP8_KV_DTYPES)
 
 
 def fp8_kv_refit_problems(cfg: Mapping[str, Any]) -> list[str]:
-    """Settings with which calibrated FP8 KV scales cannot reach vLLM at every refit.
+    """Settings with which calibrated FP8 KV scales cannot reach vLLM at every refit, one line each.
 
-    NeMo-RL v0.7.0's ``grpo_train`` refits before the first KV calibration when
-    ``grpo.val_at_start`` is true (a TODO in its source): the engine would validate, and
-    the first step would roll out, with every q/k/v scale at 1.0. The AIS Megatron worker
-    refuses such a refit; the launcher refuses the config before Ray starts.
-
-    Returns:
-        One message per problem, naming the field (empty if fine or no FP8 KV cache).
+    NeMo-RL v0.7.0 refits before the first KV calibration when ``grpo.val_at_start`` is true,
+    so the first rollout would run with every scale at 1.0.
     """
     kv = str(get(cfg, "policy.generation.vllm_cfg.kv_cache_dtype", "auto") or "auto")
     if not kv.startswith("fp8") or not get(cfg, "grpo.val_at_start", False):

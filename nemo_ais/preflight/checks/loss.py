@@ -19,20 +19,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_ais.alarms import AISAlarmsConfig
-from nemo_ais.config import (
-    CorrectionConfig,
-    pg_loss_section,
-    surrogate_conflicts,
-    validate_section,
-)
+from nemo_ais.config import CorrectionConfig, pg_loss_section, surrogate_conflicts, validate_section
 from nemo_ais.modes import MODES
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
-from nemo_ais.rules.loss_conflicts import (
-    AIS_CONFLICTS,
-    ais_conflicts,
-    bypass_kl_in_reward_problems,
-)
+from nemo_ais.rules.loss_conflicts import AIS_CONFLICTS, ais_conflicts, bypass_kl_in_reward_problems
 
 __all__ = [
     "AIS_CONFLICTS",
@@ -54,27 +45,17 @@ NO_CORRECTION_HINT = (
 def setup_sees_importance_sampling(cfg: Mapping[str, Any]) -> bool:
     """``loss_fn.use_importance_sampling_correction`` as NeMo-RL reads it under our launcher.
 
-    NeMo-RL asserts the flag for an FP8 rollout (``grpo.setup``) and for async GRPO
-    (``async_grpo_train``). ``launchers/run_grpo_ais.py`` hands ``setup()`` a view with the
-    flag on whenever ``loss_fn.ais`` owns the correction, which is whenever the section is
-    present (``nemo_rl_view``; a test compares the two on every case); without the
-    section the flag is the user's.
+    The launcher turns the flag on whenever ``loss_fn.ais`` is present (``nemo_rl_view``);
+    NeMo-RL asserts it for an FP8 rollout and for async GRPO.
     """
     loss = get(cfg, "loss_fn", {})
     return bool(loss.get("use_importance_sampling_correction", False)) or "ais" in loss
 
 
 def tbpo_unused_warnings(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
-    """Warnings for the ``loss_fn`` options set that ``mode``'s own surrogate does not read.
+    """A warning naming the ``loss_fn`` options set that ``mode``'s own surrogate does not read.
 
-    Args:
-        loss_fn: the ``loss_fn`` section.
-        mode: the validated ``loss_fn.ais.mode``.
-
-    Returns:
-        One line naming every option of the mode record's ``unused_options`` that is set
-        (not null), e.g. ``loss_fn.ratio_clip_*`` with mode ``tbpo``, whose band is
-        ``loss_fn.ais.tbpo``; empty otherwise (and for an unknown mode).
+    The record's ``unused_options`` that are not null (e.g. ``ratio_clip_*`` for tbpo).
     """
     record = MODES.get(mode)
     unused = [f for f in record.unused_options if loss_fn.get(f) is not None] if record else []
@@ -88,10 +69,8 @@ def tbpo_unused_warnings(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
 def check_loss_sections(ctx: Context) -> Verdict:
     """``loss_fn.ais`` is a CorrectionConfig, ``loss_fn.ais_alarms`` an AISAlarmsConfig, no conflict.
 
-    With a mode other than ``none`` (core's loss) the surrogate knobs of ``loss_fn`` are
-    validated as :class:`~nemo_ais.config.PGLossConfig` too, and against the mode, as
-    ``AISLossConfig`` does; a mode with its own surrogate (``tbpo``) warns for the
-    token-clip knobs it does not read.
+    With a mode other than ``none`` the ``loss_fn`` surrogate knobs are validated as
+    :class:`~nemo_ais.config.PGLossConfig` and against the mode, as ``AISLossConfig`` does.
     """
     loss = ctx.get("loss_fn", {})
     if "ais" not in loss:
@@ -131,11 +110,9 @@ def check_loss_sections(ctx: Context) -> Verdict:
 def bypass_problems(cfg: Mapping[str, Any]) -> list[str]:
     """``loss_fn.ais.bypass`` (pi_old := mu) on NeMo-RL: what its ``prev_logprobs`` skip needs.
 
-    The launcher turns on NeMo-RL's ``loss_fn.force_on_policy_ratio`` for the driver
-    (``nemo_rl_view``), so ``grpo_train`` skips the trainer's ``prev_logprobs`` forward and
-    ``setup()`` asserts one update per rollout batch; with mode ``none`` the loss is
-    NeMo-RL's own, which would read the zeros it fills in, and so would a KL term in the
-    reward (:func:`bypass_kl_in_reward_problems`).
+    The launcher sets ``force_on_policy_ratio``, so ``grpo_train`` skips the ``prev_logprobs``
+    forward and asserts one update per rollout batch; mode ``none`` (NeMo-RL's loss) and a KL
+    term in the reward would read the zeros it fills in.
     """
     if get(cfg, "loss_fn.ais.bypass", False) is not True:
         return []

@@ -102,15 +102,10 @@ CHECKS: dict[str, Check] = {}
 def check(
     name: str, *, needs_shape: bool = False, mixins: bool = False
 ) -> Callable[[CheckFn], CheckFn]:
-    """Register the decorated function as the check ``name``.
+    """Register the decorated function as the check ``name`` (unique: ``ValueError`` otherwise).
 
-    Args:
-        name: the result's name (``[FAIL] <name>: ...``); unique.
-        needs_shape: skip the check when the model's shapes are unknown.
-        mixins: run it on arm mixins too (a ``loss_fn.ais`` delta, no policy/cluster).
-
-    Raises:
-        ValueError: ``name`` is registered already.
+    ``needs_shape``: skipped when the model's shapes are unknown; ``mixins``: also run on arm
+    mixins (a ``loss_fn.ais`` delta).
     """
 
     def register(fn: CheckFn) -> CheckFn:

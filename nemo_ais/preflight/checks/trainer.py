@@ -13,17 +13,10 @@
 # limitations under the License.
 """What the run's trainer is: its precision and its off-policyness, and what that means.
 
-The method (docs/method.md) and the diagnostics assume a BF16 trainer updated once per
-rollout batch: rho = pi_old / mu is then the rollout engine's mismatch with the BF16
-policy the trainer is about to update. A recipe can differ in two ways the AIS loss
-accepts silently, so the offline check says so:
-
-* an FP8 trainer (``policy.megatron_cfg.fp8_cfg.enabled``, e.g. upstream's
-  ``grpo_math_8B_megatron_fp8.yaml``): pi_old is the FP8 trainer's log-prob, so the
-  diagnostics compare two FP8 engines, not the rollout with BF16;
-* several optimizer steps per rollout batch (rollouts per step / train_global_batch_size
-  > 1): from the second global batch on pi_theta != pi_old, a lag the PPO clip bounds and
-  the AIS weights (formed from pi_old / mu) do not measure.
+The method (docs/method.md) assumes a BF16 trainer updated once per rollout batch. Two
+departures the AIS loss accepts silently are reported: an FP8 trainer (pi_old is then an
+FP8 log-prob, so the diagnostics compare two FP8 engines) and several optimizer steps per
+rollout batch (pi_theta != pi_old from the second, a lag the AIS weights do not measure).
 """
 
 from __future__ import annotations

@@ -1,0 +1,367 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The sections of the embedded recipe's YAML (``nemo-ais run``), one pydantic model each.
+
+Every model forbids unknown keys; :mod:`nemo_ais.embedded.config` validates a config with
+them (``loss_fn`` is :class:`~nemo_ais.config.PGLossConfig` plus ``ais:``
+:class:`~nemo_ais.config.CorrectionConfig`). The defaults are those of ``default.yaml``
+(tests/unit/test_embedded_config.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nemo_ais.rollout.config import KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
+from nemo_ais.sections import validate_section
+
+__all__ = [
+    "DEFAULT_ARMS",
+    "DEFAULT_QUANTIZER",
+    "CheckpointingSection",
+    "ClusterSection",
+    "DataSection",
+    "ExperimentSection",
+    "GRPOSection",
+    "LoggerSection",
+    "ModelSection",
+    "OptimizerSection",
+    "PolicySection",
+    "RolloutSection",
+    "WarmStartSection",
+    "rollout_precision",
+]
+
+DEFAULT_QUANTIZER: dict[str, Any] = {
+    "weight_block": [128, 128],
+    "activation_group": 128,
+    "ue8m0": False,
+}
+DEFAULT_ARMS: dict[str, dict[str, Any]] = {
+    "bf16": {
+        "rollout": {"format": "bf16", "kv_cache": "bf16"},
+        "loss_fn": {"ais": {"mode": "none"}},
+    },
+    "fp8-none": {"loss_fn": {"ais": {"mode": "none"}}},
+    "fp8-tis": {"loss_fn": {"ais": {"mode": "tis"}}},
+    "fp8-ais": {"loss_fn": {"ais": {"mode": "ais"}}},
+}
+# rollout.<key> that RolloutPrecisionConfig takes as is (the rest comes from rollout.quantizer)
+PRECISION_KEYS = (
+    "format",
+    "kv_cache",
+    "num_first_layers_in_bf16",
+    "num_last_layers_in_bf16",
+    "attention_in_bf16",
+    "keep_patterns",
+)
+_PRECISION = RolloutPrecisionConfig.model_fields
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class GRPOSection(_Section):
+    """``grpo``: one step = ``num_prompts_per_step`` prompts x ``num_generations_per_prompt``."""
+
+    num_prompts_per_step: int = Field(8, ge=1, description="Prompts per step (NeMo-RL key).")
+    num_generations_per_prompt: int = Field(
+        8, ge=2, description="G samples per prompt; the group baseline needs G >= 2."
+    )
+    max_num_steps: int = Field(60, ge=1, description="GRPO steps per (arm, seed) run.")
+    normalize_rewards: bool = Field(
+        True, description="Divide group-centred rewards by the group std (NeMo-RL key)."
+    )
+    use_leave_one_out_baseline: bool = Field(
+        False, description="Baseline = mean of the OTHER G-1 rewards (NeMo-RL key)."
+    )
+    advantage_std_eps: float = Field(
+        1e-6, gt=0.0, description="A = (r - mean) / (std + eps); a zero-std group gets A = 0."
+    )
+    val_period: int = Field(
+        10, ge=0, description="Held-out evaluation every N steps (0: only at start and end)."
+    )
+
+
+class ModelSection(_Section):
+    """``policy.model``: the tiny ``Qwen2Config`` (random init, fp32)."""
+
+    hidden_size: int = Field(256, ge=8, description="Multiple of 128 keeps FP8 blocks real.")
+    intermediate_size: int = Field(512, ge=8, description="MLP width.")
+    num_hidden_layers: int = Field(2, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(4, ge=1, description="Query heads.")
+    num_key_value_heads: int = Field(4, ge=1, description="KV heads (GQA if fewer).")
+    init_seed: int = Field(0, ge=0, description="Seed of the random initialisation.")
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelSection:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be divisible by "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be divisible by "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        return self
+
+
+class OptimizerSection(_Section):
+    """``policy.optimizer``: AdamW."""
+
+    lr: float = Field(1e-4, gt=0.0, description="Learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    eps: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
+
+
+class WarmStartSection(_Section):
+    """``policy.warm_start``: supervised fine-tuning before GRPO, cached by config hash."""
+
+    steps: int = Field(550, ge=0, description="SFT steps (0: GRPO starts from random init).")
+    batch_size: int = Field(128, ge=1, description="SFT problems per step.")
+    lr: float = Field(1e-3, gt=0.0, description="SFT AdamW peak learning rate.")
+    warmup_steps: int = Field(
+        20, ge=0, description="Linear learning-rate warmup steps (then constant)."
+    )
+    seed: int = Field(0, ge=0, description="Seed of the SFT problem stream.")
+    num_threads: int = Field(
+        2,
+        ge=1,
+        description="torch threads of the warm start (one process, before the DP ranks "
+        "start); part of the cache key, since fp32 sums depend on the thread count.",
+    )
+    cache_dir: str = Field(
+        "runs/.cache", description="Where warmstart-<hash>.pt is cached (shared by runs)."
+    )
+
+
+class PolicySection(_Section):
+    """``policy``: model, optimizer and batch sizes (NeMo-RL key names)."""
+
+    model: ModelSection = Field(default_factory=ModelSection, description="Model shape.")
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="AdamW.")
+    warm_start: WarmStartSection = Field(
+        default_factory=WarmStartSection, description="Supervised warm start."
+    )
+    train_global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Samples per optimizer step; must divide the rollout batch "
+        "(None: the whole rollout batch, one optimizer step per GRPO step).",
+    )
+    train_micro_batch_size: int = Field(
+        32, ge=1, description="Samples per forward/backward on one rank."
+    )
+    max_grad_norm: float | None = Field(
+        1.0, gt=0.0, description="Clip the global gradient norm (None: no clipping)."
+    )
+    rollout_aligned_quantization: bool = Field(
+        False,
+        description="QaRL [reconstruction]: the trainer's forward runs the rollout format's "
+        "fake quantization (weights, activations, KV cache) with a straight-through backward, "
+        "so pi_old and pi_theta come from the rollout's arithmetic (nemo_ais.embedded.aligned).",
+    )
+
+
+class RolloutSection(_Section):
+    """``rollout``: the simulated rollout engine (the twin): sampling and precision."""
+
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
+    top_k: int = Field(0, ge=0, description="Top-k filter (0: off).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Top-p filter (1: off).")
+    prompts_per_chunk: int = Field(
+        4,
+        ge=1,
+        description="Prompts per generate() call; each chunk has its own RNG stream, so "
+        "results do not depend on the DP world size.",
+    )
+    # format and the BF16 exclusions are RolloutPrecisionConfig's fields (its kv_cache: bf16)
+    format: RolloutFormat = _PRECISION["format"]
+    kv_cache: KVCacheFormat = Field(
+        "fp8", description="KV cache of the rollout engine: bf16, fp8 (E4M3) or nvfp4."
+    )
+    num_first_layers_in_bf16: int = _PRECISION["num_first_layers_in_bf16"]
+    num_last_layers_in_bf16: int = _PRECISION["num_last_layers_in_bf16"]
+    attention_in_bf16: bool = _PRECISION["attention_in_bf16"]
+    keep_patterns: tuple[str, ...] = _PRECISION["keep_patterns"]
+    quantizer: dict[str, Any] = Field(
+        default_factory=lambda: copy.deepcopy(DEFAULT_QUANTIZER),
+        description="The format's other knobs: RolloutPrecisionConfig fields (weight_block, "
+        "activation_group, ue8m0, KV calibration, ...), validated there.",
+    )
+
+
+class DataSection(_Section):
+    """``data``: the verifiable arithmetic task (:mod:`nemo_ais.embedded.task`)."""
+
+    task: Literal["chain", "addition"] = Field(
+        "chain",
+        description="chain: running sums mod 10^num_digits, chain_length values written "
+        "(long responses); addition: a+b (3-4 response tokens).",
+    )
+    num_digits: int = Field(2, ge=1, le=6, description="Digits per operand.")
+    chain_length: int = Field(
+        11,
+        ge=1,
+        le=64,
+        description="task=chain: values in the written chain; the response-length knob: a "
+        "correct response is chain_length * (num_digits + 1) tokens, <eos> included "
+        "(11 -> 33, 33 -> 99).",
+    )
+    sft_alt_fraction: float = Field(
+        0.7,
+        ge=0.0,
+        lt=1.0,
+        description="task=chain: share of warm-start demonstrations that close the chain "
+        "with a stray '=' (a form the verifier rejects); GRPO has to unlearn it.",
+    )
+    reverse_answer: bool = Field(
+        True, description="Write the sum least-significant digit first (easier to learn)."
+    )
+    reward: Literal["steps", "prefix", "digits", "exact"] = Field(
+        "exact",
+        description="steps (task=chain): share of values computed right from the value "
+        "written before them; prefix: share of steps right before the first mistake; "
+        "digits: per-position credit; exact: exact match. All are 1 iff exact.",
+    )
+    eval_size: int = Field(256, ge=1, description="Held-out evaluation problems.")
+    eval_seed: int = Field(1234, ge=0, description="Seed of the held-out set.")
+
+    @model_validator(mode="after")
+    def _check_task_keys(self) -> DataSection:
+        if self.task != "chain" and self.sft_alt_fraction > 0:
+            raise ValueError(
+                f"sft_alt_fraction={self.sft_alt_fraction} applies to task=chain only: "
+                f"expected 0 for task={self.task}"
+            )
+        if self.task != "chain" and self.reward == "steps":
+            raise ValueError(
+                f"reward='steps' applies to task=chain only: expected 'prefix', 'digits' or "
+                f"'exact' for task={self.task}"
+            )
+        return self
+
+
+class LoggerSection(_Section):
+    """``logger``: where outputs go."""
+
+    run_dir: str = Field("runs", description="Parent directory of runs.")
+    name: str = Field(
+        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name: outputs go to run_dir/name."
+    )
+    progress_bar: bool = Field(True, description="Show tqdm progress bars.")
+    plots: bool = Field(True, description="Write PNG plots and summary.md at the end.")
+
+
+class CheckpointingSection(_Section):
+    """``checkpointing``: atomic per-(arm, seed) checkpoints for resume."""
+
+    enabled: bool = Field(True, description="Write checkpoints (needed to resume).")
+    save_period: int = Field(10, ge=1, description="Checkpoint every N steps (and at the end).")
+
+
+class ClusterSection(_Section):
+    """``cluster``: the data-parallel trainer processes (gloo on 127.0.0.1)."""
+
+    dp_size: int = Field(2, ge=1, description="Trainer processes (1: run in this process).")
+    num_threads_per_rank: int = Field(1, ge=1, description="torch intra-op threads per rank.")
+    timeout_s: float = Field(600.0, gt=0.0, description="gloo collective timeout.")
+
+
+class ExperimentSection(_Section):
+    """``experiment``: every arm runs with every seed; an arm is a config override."""
+
+    seeds: list[int] = Field([0, 1], min_length=1, description="Seeds of the runs.")
+    arms: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: copy.deepcopy(DEFAULT_ARMS),
+        description="Arm name -> nested override of this config (default: the four arms of "
+        "default.yaml).",
+    )
+    include: list[str] | None = Field(None, description="Arms to run (None: all, in order).")
+    reference_arm: str = Field(
+        "bf16", description="Arm the others are compared with, seed by seed, in summary.md."
+    )
+
+    @model_validator(mode="after")
+    def _check_arms(self) -> ExperimentSection:
+        if not self.arms:
+            raise ValueError("arms is empty: expected at least one arm (e.g. bf16: {})")
+        for name, override in self.arms.items():
+            if "experiment" in (override or {}):
+                raise ValueError(f"arms.{name} must not override the experiment section")
+        unknown = [a for a in self.include or [] if a not in self.arms]
+        if unknown:
+            raise ValueError(f"include={unknown} names unknown arms (known: {list(self.arms)})")
+        if self.reference_arm not in self.arms:
+            raise ValueError(
+                f"reference_arm={self.reference_arm!r} is not an arm (known: {list(self.arms)})"
+            )
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds={self.seeds} has duplicates")
+        return self
+
+    @property
+    def arm_names(self) -> list[str]:
+        """Arms to run, in order."""
+        return list(self.include) if self.include is not None else list(self.arms)
+
+
+SECTION_MODELS: dict[str, type[BaseModel]] = {
+    "grpo": GRPOSection,
+    "policy": PolicySection,
+    "rollout": RolloutSection,
+    "data": DataSection,
+    "logger": LoggerSection,
+    "checkpointing": CheckpointingSection,
+    "cluster": ClusterSection,
+    "experiment": ExperimentSection,
+}
+NESTED_MODELS: dict[tuple[str, str], type[BaseModel]] = {
+    ("policy", "model"): ModelSection,
+    ("policy", "optimizer"): OptimizerSection,
+    ("policy", "warm_start"): WarmStartSection,
+}
+
+
+def rollout_precision(rollout: RolloutSection) -> RolloutPrecisionConfig:
+    """The twin's :class:`RolloutPrecisionConfig` of a validated ``rollout`` section.
+
+    Raises:
+        ValueError: ``rollout.quantizer`` has an unknown key, a key that lives at
+            ``rollout.<key>``, or an invalid value (named by its path).
+    """
+    knobs = tuple(k for k in RolloutPrecisionConfig.model_fields if k not in PRECISION_KEYS)
+    for key in rollout.quantizer:
+        if key in PRECISION_KEYS:
+            raise ValueError(
+                f"rollout.quantizer.{key} is invalid: {key} is set at rollout.{key}, not in "
+                "rollout.quantizer"
+            )
+        if key not in knobs:
+            raise ValueError(
+                f"rollout.quantizer.{key} is not a known field (allowed: {', '.join(knobs)})"
+            )
+    validate_section(RolloutPrecisionConfig, rollout.quantizer, "rollout.quantizer")
+    return validate_section(
+        RolloutPrecisionConfig,
+        {**rollout.quantizer, **rollout.model_dump(include=set(PRECISION_KEYS))},
+        "rollout",
+    )
