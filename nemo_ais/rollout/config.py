@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from nemo_ais.formats.checks import check_regexes
 from nemo_ais.formats.fp8_block import Family
 from nemo_ais.refit.kv_scales import KVReduction
+from nemo_ais.rollout.faults import RefitFault
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 
 __all__ = [
@@ -131,6 +132,11 @@ class RolloutPrecisionConfig(BaseModel):
     )
     compute_dtype: Literal["float32", "bfloat16", "float64"] | None = Field(
         None, description="Cast the twin to this dtype before quantizing; None keeps the model's."
+    )
+    refit_fault: RefitFault | None = Field(
+        None,
+        description="TEST/BENCH ONLY: a planted refit bug (nemo_ais.rollout.faults; refused "
+        "unless NEMO_AIS_PLANT_REFIT_FAULT=1).",
     )
 
     @field_validator("keep_patterns")
