@@ -10,6 +10,8 @@ the transposed scale layout, ``bf16_layer`` = a twin that keeps those linears un
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -18,7 +20,7 @@ from nemo_ais.embedded.config import CONFIG_DIR, load_config
 from nemo_ais.formats.fp8_block import dequantize_blockwise
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.faults import FAULT_ENV, RefitFault
-from nemo_ais.rollout.twin import RolloutTwin
+from nemo_ais.rollout.twin import RolloutTwin, score_responses
 
 GATE_UP = r"mlp\.(gate|up)_proj"
 
@@ -155,6 +157,15 @@ def test_bf16_layer_computes_what_a_twin_keeping_those_linears_computes(allowed,
     # the oracle: the same linears excluded by the keep rule (nn.Linear in fp32)
     torch.testing.assert_close(planted[2], kept[2], rtol=0, atol=2e-6)
     assert not torch.allclose(planted[1], kept[1], rtol=0, atol=1e-4)  # quantized before
+    # with an unquantized trainer the planted rollout is CLOSER to it: the mismatch falls
+    _, healthy = _run(qwen, _cfg())
+    ids, mask, resp = _batch()
+    model = copy.deepcopy(qwen)
+    model.load_state_dict(_refits(qwen)[2])  # the weights of refit 3
+    with torch.no_grad():
+        trainer = score_responses(model, ids, mask, resp)
+    gap = lambda logp: float((trainer - logp).abs().mean())  # noqa: E731
+    assert gap(planted[2]) < gap(healthy[2])
 
 
 def test_stale_kv_scale_keeps_the_previous_refits_scales(allowed, qwen):
