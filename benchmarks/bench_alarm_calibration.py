@@ -36,7 +36,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -197,6 +199,16 @@ def calibrate(healthy_dirs: list[Path], planted_dir: Path | None) -> str:
     return body
 
 
+def _jumps(steps: list[tuple[int, dict, bool]]) -> tuple[float, float]:
+    """Severity D over the median of the 10 steps before: at FROM_REFIT, and the largest after."""
+    ratios = {}
+    for i, (step, diag, _) in enumerate(steps):
+        if step >= FROM_REFIT and i >= 1:
+            median = statistics.median(d["severity"] for _, d, _ in steps[max(0, i - 10) : i])
+            ratios[step] = diag["severity"] / median if median > 0 else math.inf
+    return ratios.get(FROM_REFIT, math.nan), max(ratios.values(), default=math.nan)
+
+
 def _caught(delays: list[int | None]) -> str:
     hit = [d for d in delays if d is not None]
     lag = f"; delay {', '.join(map(str, hit))}" if hit else ""
@@ -217,13 +229,16 @@ def _table(healthy, planted, rows, best, default, analyse_s) -> str:
         f"caught when an alarm fires at a step >= {FROM_REFIT}; delay = that step - "
         f"{FROM_REFIT}. Analysis of all logs: {analyse_s:.0f} s.",
         "",
-        "| plant | preset | arm | fault |",
-        "|---|---|---|---|",
+        "| plant | preset | arm | fault | D at the bad refit / median D of the 10 steps "
+        "before (per seed) | largest such ratio from the bad refit on |",
+        "|---|---|---|---|---|---|",
     ]
-    for plant in planted:
+    for plant, logs in planted.items():
+        first, later = zip(*(_jumps(steps) for steps in logs.values()), strict=True)
         lines.append(
             f"| {plant.name} | `{plant.preset}` | {', '.join(plant.arms)} | "
-            f"`{plant.kind}` on `{plant.modules}` |"
+            f"`{plant.kind}` on `{plant.modules}` | {', '.join(f'{r:.2f}' for r in first)} | "
+            f"{', '.join(f'{r:.2f}' for r in later)} |"
         )
     head = "| jump_factor | min_jump | min_history | healthy steps with an alarm |"
     lines += ["", head + "".join(f" {p.name} |" for p in planted)]
