@@ -67,6 +67,12 @@ class Plant:
     kind: str
     modules: str = "."
     expected_visible: bool = True  # False: the bug lowers or keeps the mismatch (see note)
+    extra: tuple[str, ...] = ()  # further overrides of the run
+
+    @property
+    def slug(self) -> str:
+        """The run's directory name: preset and plant."""
+        return _slug(f"{self.preset} {self.name}")
 
 
 PLANTS = (
@@ -98,6 +104,45 @@ PLANTS = (
     Plant("stale_kv_scale (NVFP4 KV)", "fp4", ("nvfp4_w4a4-none",), "stale_kv_scale"),
 )
 
+# The same bugs on fp4-long (99-token chain responses, 16 per step; its 100-step warm start
+# is 5x cheaper than default's 550): quick's FP8 arm, and QaRL's trainer on it by override.
+ALIGNED = ("policy.rollout_aligned_quantization=true",)
+PLANTS_LONG = (
+    Plant("scale_layout (all linears)", "fp4-long", ("fp8-none",), "scale_layout"),
+    Plant(
+        "scale_layout (layer 1 down_proj)",
+        "fp4-long",
+        ("fp8-none",),
+        "scale_layout",
+        r"layers\.1\.mlp\.down_proj",
+    ),
+    Plant(
+        "bf16_layer gate/up (QaRL, FP8)",
+        "fp4-long",
+        ("fp8-none",),
+        "bf16_layer",
+        GATE_UP,
+        extra=ALIGNED,
+    ),
+    Plant(
+        "bf16_layer gate/up (QaRL, NVFP4 W4A4)",
+        "fp4-long",
+        ("nvfp4_w4a4-qarl",),
+        "bf16_layer",
+        GATE_UP,
+    ),
+    Plant(
+        "bf16_layer gate/up (BF16 trainer)",
+        "fp4-long",
+        ("fp8-none",),
+        "bf16_layer",
+        GATE_UP,
+        expected_visible=False,
+    ),
+    Plant("stale_kv_scale (FP8 KV)", "fp4-long", ("fp8-none",), "stale_kv_scale"),
+    Plant("stale_kv_scale (NVFP4 KV)", "fp4-long", ("nvfp4_w4a4-none",), "stale_kv_scale"),
+)
+
 # (jump_factor, min_jump, min_history) replayed over every log
 GRID = tuple(itertools.product((1.5, 2.0, 2.5, 3.0, 4.0), (0.001, 0.003, 0.01), (3, 5)))
 
@@ -106,11 +151,11 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
-def run_plants(out_root: Path) -> dict[str, float]:
-    """Run every :data:`PLANTS` entry (``nemo-ais run`` subprocesses); wall seconds per plant."""
+def run_plants(out_root: Path, plants: tuple[Plant, ...] = PLANTS) -> dict[str, float]:
+    """Run ``plants`` (``nemo-ais run`` subprocesses); wall seconds per plant."""
     env = {**os.environ, FAULT_ENV: "1"}
     walls = {}
-    for plant in PLANTS:
+    for plant in plants:
         fault = f"{{kind: {plant.kind}, from_refit: {FROM_REFIT}, modules: '{plant.modules}'}}"
         cmd = [
             sys.executable,
@@ -120,7 +165,7 @@ def run_plants(out_root: Path) -> dict[str, float]:
             *(["--preset", plant.preset] if plant.preset != "default" else []),
             "--overwrite",
             f"logger.run_dir={out_root}",
-            f"logger.name={_slug(plant.name)}",
+            f"logger.name={plant.slug}",
             "logger.progress_bar=false",
             "logger.plots=false",
             f"grpo.max_num_steps={PLANT_STEPS}",
@@ -129,6 +174,7 @@ def run_plants(out_root: Path) -> dict[str, float]:
             f"experiment.include=[{','.join(plant.arms)}]",
             f"experiment.seeds=[{','.join(map(str, PLANT_SEEDS))}]",
             f"rollout.quantizer.refit_fault={fault}",
+            *plant.extra,
         ]
         start = time.perf_counter()
         subprocess.run(cmd, env=env, check=True)
@@ -164,8 +210,8 @@ def calibrate(healthy_dirs: list[Path], planted_dir: Path | None) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         healthy = {d: _diagnostics(d, Path(tmp)) for r in healthy_dirs for d in _log_dirs(r)}
         planted = {}
-        for plant in PLANTS if planted_dir is not None else ():
-            run = Path(planted_dir, _slug(plant.name))
+        for plant in (*PLANTS, *PLANTS_LONG) if planted_dir is not None else ():
+            run = Path(planted_dir, plant.slug)
             if run.is_dir():
                 planted[plant] = {d: _diagnostics(d, Path(tmp)) for d in _log_dirs(run)}
     analyse_s = time.perf_counter() - t0
@@ -236,7 +282,7 @@ def _table(healthy, planted, rows, best, default, analyse_s) -> str:
     for plant, logs in planted.items():
         first, later = zip(*(_jumps(steps) for steps in logs.values()), strict=True)
         lines.append(
-            f"| {plant.name} | `{plant.preset}` | {', '.join(plant.arms)} | "
+            f"| {plant.name} | `{plant.preset}` | {', '.join((*plant.arms, *plant.extra))} | "
             f"`{plant.kind}` on `{plant.modules}` | {', '.join(f'{r:.2f}' for r in first)} | "
             f"{', '.join(f'{r:.2f}' for r in later)} |"
         )
@@ -264,9 +310,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("healthy", nargs="*", type=Path)
     parser.add_argument("--planted", type=Path, default=None)
     parser.add_argument("--run-plants", type=Path, default=None)
+    parser.add_argument("--family", choices=("default", "fp4-long"), default="default")
     args = parser.parse_args(argv)
     if args.run_plants is not None:
-        walls = run_plants(args.run_plants)
+        walls = run_plants(args.run_plants, PLANTS if args.family == "default" else PLANTS_LONG)
         return json.dumps(walls)
     return calibrate(args.healthy, args.planted)
 
