@@ -215,12 +215,19 @@ def calibrate(healthy_dirs: list[Path], planted_dir: Path | None) -> str:
             if run.is_dir():
                 planted[plant] = {d: _diagnostics(d, Path(tmp)) for d in _log_dirs(run)}
     analyse_s = time.perf_counter() - t0
+    # the planted runs' steps before their bad refit are healthy too (one copy per arm x seed)
+    prefixes = {}
+    for plant, logs in planted.items():
+        for d, steps in logs.items():
+            key = (plant.preset, plant.arms, plant.extra, d.name)
+            prefixes.setdefault(key, [s for s in steps if s[0] < FROM_REFIT])
+    healthy_logs = [*healthy.values(), *prefixes.values()]
     default = AlarmConfig()
     rows = []
     for jump, floor, history in GRID:
         config = AlarmConfig(jump_factor=jump, min_jump=floor, min_history=history)
         fp = n = 0
-        for steps in healthy.values():
+        for steps in healthy_logs:
             for i, (_, fired) in enumerate(_alarmed(steps, config)):
                 if i >= history:
                     n, fp = n + 1, fp + fired
@@ -240,7 +247,7 @@ def calibrate(healthy_dirs: list[Path], planted_dir: Path | None) -> str:
         return (fp, -hits, -row[0], -row[1], row[2])
 
     best = min(rows, key=score)
-    body = _table(healthy, planted, rows, best, default, analyse_s)
+    body = _table(healthy, prefixes, planted, rows, best, default, analyse_s)
     record_section("alarm_calibration", "Refit-guard calibration (nemo-ais analyze)", body)
     return body
 
@@ -261,14 +268,17 @@ def _caught(delays: list[int | None]) -> str:
     return f"{len(hit)}/{len(delays)}{lag}"
 
 
-def _table(healthy, planted, rows, best, default, analyse_s) -> str:
+def _table(healthy, prefixes, planted, rows, best, default, analyse_s) -> str:
     runs: dict[str, list[int]] = {}
     for d, steps in healthy.items():
         runs.setdefault(d.parent.parent.name, []).append(len(steps))
+    arms = sorted({f"`{p}` {' '.join((*a, *e))}" for p, a, e, _ in prefixes})
     lines = [
         "Healthy runs (exact simulated refit, no bug; every arm x seed log of each): "
         + "; ".join(f"`{r}` {len(v)} logs, {sum(v)} steps" for r, v in sorted(runs.items()))
-        + ".",
+        + f"; and the steps 1-{FROM_REFIT - 1} of the planted runs ({len(prefixes)} arm x "
+        f"seed logs, {sum(map(len, prefixes.values()))} steps: {', '.join(arms)}). A healthy "
+        "step counts once it has `min_history` steps before it.",
         "",
         f"Planted runs: {len(PLANT_SEEDS)} seeds x {PLANT_STEPS} steps each, the twin's refit "
         f"wrong from refit (= step) {FROM_REFIT} on (`nemo_ais.rollout.faults`); a run is "

@@ -117,7 +117,7 @@ class AlarmConfig(BaseModel):
         ),
     )
     min_jump: float = Field(
-        0.01,
+        0.003,
         ge=0.0,
         description="...and value - median >= min_jump (tmpe excess or D; also the KV check).",
     )
