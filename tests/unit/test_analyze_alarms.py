@@ -48,10 +48,10 @@ def test_jump_fires_only_after_history_and_above_both_thresholds():
     tmpe, sev = monitor.observe(6, _diag(1.10, 0.10))  # both 0.10 = 5x the median 0.02
     assert (tmpe.kind, tmpe.step, sev.kind) == ("tmpe_jump", 6, "severity_jump")
     assert "0.1 vs 0.02 median of the previous 5 steps (5.0x; threshold 3.0x)" in tmpe.evidence
-    # 4x a tiny median but only +0.003: below min_jump
+    # 3.5x a tiny median but only +0.0025: below min_jump (0.003)
     quiet = AlarmMonitor(AlarmConfig(min_history=1))
     quiet.observe(1, _diag(1.001, 0.001))
-    assert quiet.observe(2, _diag(1.004, 0.004)) == []
+    assert quiet.observe(2, _diag(1.0035, 0.0035)) == []
 
 
 def test_empty_batch_neither_fires_nor_enters_the_history():
@@ -197,12 +197,12 @@ def test_offline_fail_on_alarm_exits_3_after_writing_the_report(tmp_path, capsys
     from nemo_ais.cli import main
 
     log_dir = tmp_path / "logs"
-    write_run(log_dir, {s: ({"jump": 0.8} if s == 5 else {}) for s in range(1, 7)})
+    write_run(log_dir, {s: ({"jump": 0.8} if s == 6 else {}) for s in range(1, 8)})
     out = tmp_path / "out"
     got = main(["analyze", str(log_dir), "--out", str(out), "--no-progress", "--no-plots", *args])
     assert got == code, capsys.readouterr()
-    assert "| 5 | tmpe_jump |" in (out / "report.md").read_text()  # written in every case
-    assert "alarm: step 5: tmpe_jump" in capsys.readouterr().out
+    assert "| 6 | tmpe_jump |" in (out / "report.md").read_text()  # written in every case
+    assert "alarm: step 6: tmpe_jump" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------- where the alarm lives
