@@ -144,7 +144,7 @@ PLANTS_LONG = (
 )
 
 # (jump_factor, min_jump, min_history) replayed over every log
-GRID = tuple(itertools.product((1.5, 2.0, 2.5, 3.0, 4.0), (0.001, 0.003, 0.01), (3, 5)))
+GRID = tuple(itertools.product((2.0, 3.0, 4.0, 6.0, 8.0), (0.001, 0.003, 0.01), (3, 5, 8)))
 
 
 def _slug(name: str) -> str:

@@ -108,18 +108,22 @@ class RefitFaultInjector:
                 )
             self.names: tuple[str, ...] = ()
             return
-        from nemo_ais.rollout.linear import Fp8Linear, QuantLinear
-
-        wanted = Fp8Linear if fault.kind == "scale_layout" else QuantLinear
+        # Fp8Linear holds its block scales; every QuantLinear its dequantized weight (duck
+        # typing: nemo_ais.rollout.linear imports the config, which imports this module)
+        wanted, attr = (
+            ("Fp8Linear", "weight_scale_inv")
+            if fault.kind == "scale_layout"
+            else ("QuantLinear", "weight_dequant")
+        )
         self.names = tuple(
             n
             for n in twin.quantized_module_names
-            if re.search(fault.modules, n) and isinstance(twin.model.get_submodule(n), wanted)
+            if re.search(fault.modules, n) and hasattr(twin.model.get_submodule(n), attr)
         )
         if not self.names:
             raise ValueError(
-                f"refit_fault {fault.kind}: modules={fault.modules!r} matches no "
-                f"{wanted.__name__} of the twin (format {twin.config.format})"
+                f"refit_fault {fault.kind}: modules={fault.modules!r} matches no {wanted} of "
+                f"the twin (format {twin.config.format})"
             )
 
     @property
