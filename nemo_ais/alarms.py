@@ -103,10 +103,10 @@ class AlarmConfig(BaseModel):
 
     window: int = Field(10, ge=1, description="Steps in the recent baseline (median).")
     min_history: int = Field(
-        5, ge=1, description="Earlier steps needed before a jump alarm can fire."
+        3, ge=1, description="Earlier steps needed before a jump alarm can fire."
     )
     jump_factor: float = Field(
-        3.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
+        8.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
     )
     tail_jump_factor: float = Field(
         6.0,
