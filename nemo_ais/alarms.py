@@ -25,7 +25,9 @@ step. The offline pre-flight check (:mod:`nemo_ais.preflight`) validates
 l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
 
 Alarms (thresholds are :class:`AlarmConfig` fields; a heuristic of this project, not of
-the AIS paper):
+the AIS paper; the defaults are calibrated on every shipped embedded preset and on refit
+bugs planted into the simulated engine: ``benchmarks/bench_alarm_calibration.py``,
+docs/benchmarks.md ``alarm_calibration``):
 
 1. ``nonfinite``: valid positions whose ``prev_logprobs`` or ``generation_logprobs`` is
    NaN or +-inf (a broken refit or engine). The analysis excludes them from the
@@ -34,20 +36,22 @@ the AIS paper):
    inf or NaN as soon as one log-prob of the micro-batch is (inf * 0 is NaN); only its
    importance weights, exp(prev - gen) and the KL term's, go through
    ``nan_to_num(nan=0, posinf=0, neginf=0)``.
-2. ``tmpe_jump`` / ``severity_jump``: ``token_mult_prob_error - 1`` (resp. the severity D)
-   exceeds ``jump_factor`` x its median over the previous ``window`` steps and that
-   median by at least ``min_jump`` (needs ``min_history`` earlier steps). A refit that
-   left stale or mis-scaled FP8 weights shows up as such a jump. ``tmpe_jump`` also needs
-   the bulk to have moved: the step's p99.9 |l| (``abs_log_ratio_p999``, when the
-   diagnostics carry it) above its recent median. The mean exp|l| is dominated by single
-   tokens (one |l| = 10 among 4096 adds 5.4 to it), and a single outlier token is a tail
-   statistic (``ais/abs_log_ratio_peak``), not a jump in the mean.
+2. ``severity_jump`` / ``tmpe_jump``: the severity D (mean |l|; resp.
+   ``token_mult_prob_error - 1``) exceeds ``jump_factor`` x its median over the previous
+   ``window`` steps and that median by at least ``min_jump`` (needs ``min_history``
+   earlier steps). A refit that left stale or mis-scaled weights shows up as such a jump.
+   ``tmpe_jump`` fires only together with ``severity_jump``: the mean exp|l| is dominated
+   by single tokens (one |l| = 10 among 4096 adds 5.4 to it; a 4-bit rollout has such
+   tokens every few steps), and a few outlier tokens are a tail statistic
+   (``ais/abs_log_ratio_peak``), not a jump in the mean; D, the bulk, must have moved.
 3. ``tail_jump``: the p99.9 of |l| (``abs_log_ratio_p999``) exceeds ``tail_jump_factor``
    x its median over the previous ``window`` steps, by at least ``min_jump``: a tail that
    moved while the means may not have (veRL #7986: a wrong layout in some experts). It is a
    histogram bin edge (bins a factor 2 apart), so the default 6 means a rise of >= 3 bins
-   (8x). The peaks (``abs_log_ratio_peak``, ``seq_kl_peak``) are reported, not alarmed
-   on: one outlier token moves them, and healthy runs have such tokens.
+   (8x). Checked only on global batches of at least ``tail_min_tokens`` valid tokens: below
+   ~5000 the p99.9 is one of the batch's two or three largest tokens, a single-token
+   statistic again. The peaks (``abs_log_ratio_peak``, ``seq_kl_peak``) are reported, not
+   alarmed on: one outlier token moves them, and healthy runs have such tokens.
 4. ``kv_scale_position``: over the sequences whose valid span (first to last valid
    position) is at least ``kv_min_length``, each cut into :data:`QUARTERS` quarters of its
    OWN span, the mean |l| over the last quarters is ``kv_ratio`` x that over the first
@@ -102,7 +106,7 @@ class AlarmConfig(BaseModel):
         3, ge=1, description="Earlier steps needed before a jump alarm can fire."
     )
     jump_factor: float = Field(
-        3.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
+        8.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
     )
     tail_jump_factor: float = Field(
         6.0,
@@ -113,9 +117,17 @@ class AlarmConfig(BaseModel):
         ),
     )
     min_jump: float = Field(
-        0.01,
+        0.003,
         ge=0.0,
         description="...and value - median >= min_jump (tmpe excess or D; also the KV check).",
+    )
+    tail_min_tokens: int = Field(
+        5000,
+        ge=1,
+        description=(
+            "tail_jump: only on a global batch of >= this many valid tokens (below ~5000 the "
+            "p99.9 is one of the batch's few largest tokens: a single-token statistic)."
+        ),
     )
     kv_min_length: int = Field(
         256,
@@ -236,13 +248,6 @@ class AlarmMonitor:
             )
         return None
 
-    def _bulk_moved(self, p999: float) -> bool:
-        """True if p99.9 |l| rose above its recent median (or is unknown: no gate)."""
-        history = self._history[_P999]
-        if not math.isfinite(p999) or not history:
-            return True
-        return p999 > statistics.median(history)
-
     def _kv(self, step: int, profile: PositionQuarters | None) -> Alarm | None:
         quarters = profile.quarters() if profile is not None else None
         if quarters is None:
@@ -304,19 +309,21 @@ class AlarmMonitor:
         tmpe_excess = _get(diagnostics, "token_mult_prob_error") - 1
         severity = _get(diagnostics, "severity")
         p999 = _get(diagnostics, _P999, math.nan)  # nan: absent (an older log)
+        n_tok = _get(diagnostics, "n_tok", math.inf)
         if not empty:
             tmpe = self._jump(
                 step, "tmpe_excess", "tmpe_jump", tmpe_excess, "token_mult_prob_error - 1"
             )
-            if tmpe is not None and not self._bulk_moved(p999):
-                tmpe = None  # a few outlier tokens: a tail, reported as ais/abs_log_ratio_peak
+            sev = self._jump(step, "severity", "severity_jump", severity, "severity D")
+            if sev is None:
+                tmpe = None  # the bulk (mean |l|) did not move: a few outlier tokens, a tail
             tail = None
-            if math.isfinite(p999):
+            if math.isfinite(p999) and n_tok >= self.config.tail_min_tokens:
                 factor = self.config.tail_jump_factor
                 tail = self._jump(step, _P999, "tail_jump", p999, "p99.9 |log-ratio|", factor)
             for alarm in (
                 tmpe,
-                self._jump(step, "severity", "severity_jump", severity, "severity D"),
+                sev,
                 tail,
                 self._kv(step, profile),
             ):

@@ -42,6 +42,7 @@ from nemo_ais.formats.fp8_block import Family
 from nemo_ais.formats.registry import get_format
 from nemo_ais.refit.config import KeepInBf16Fields
 from nemo_ais.refit.kv_scales import KVReduction, kv_field
+from nemo_ais.rollout.faults import RefitFault
 
 __all__ = [
     "KV_CACHE_FORMATS",
@@ -101,6 +102,11 @@ class RolloutPrecisionConfig(KeepInBf16Fields):
     kv_amax_floor: float = kv_field("amax_floor")
     compute_dtype: Literal["float32", "bfloat16", "float64"] | None = Field(
         None, description="Cast the twin to this dtype before quantizing; None keeps the model's."
+    )
+    refit_fault: RefitFault | None = Field(
+        None,
+        description="TEST/BENCH ONLY: a planted refit bug (nemo_ais.rollout.faults; refused "
+        "unless NEMO_AIS_PLANT_REFIT_FAULT=1).",
     )
 
     @model_validator(mode="after")

@@ -53,6 +53,7 @@ from nemo_ais.rollout.calibration import (
 from nemo_ais.rollout.config import Fp8RolloutConfig, RolloutPrecisionConfig
 from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant
 from nemo_ais.rollout.fake_quant import shared_weight_amax as _shared_weight_amax
+from nemo_ais.rollout.faults import RefitFaultInjector
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
 from nemo_ais.rollout.modules import (
     head_dim,
@@ -128,6 +129,8 @@ class RolloutTwin:
         self._loader = WeightLoader(
             twin, self.quantized_module_names, self.fake_quant.shared_weight_amax
         )
+        fault = self.config.refit_fault  # TEST/BENCH ONLY (nemo_ais.rollout.faults)
+        self._fault = None if fault is None else RefitFaultInjector(fault, self)
 
     # ---- build ----------------------------------------------------------------------
 
@@ -191,10 +194,15 @@ class RolloutTwin:
                 scales, a fused NVFP4 group incomplete, or KV scales missing for a layer.
         """
         items = weights.items() if isinstance(weights, Mapping) else weights
+        if self._fault is not None:
+            items = list(items)
         n_loaded, kv_sent = self._loader.load(items)
         for module in static_input_modules(self.model, self.fake_quant).values():
             module.input_amax = None  # stale: the weights moved
+        previous_kv_scales = self.kv_scales
         self.kv_scales = received_kv_scales(kv_sent, self.num_layers) if kv_sent else None
+        if self._fault is not None:  # TEST/BENCH ONLY: a planted refit bug
+            self._fault.after_load(self, dict(items), previous_kv_scales)
         if calibration_input_ids is not None:
             if calibration_attention_mask is None:
                 calibration_attention_mask = torch.ones_like(calibration_input_ids)

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.nemo_rl
 B, S = 8, 16
 GBS = 8
 BASE = {"reference_policy_kl_penalty": 0.0}
-ALARMS = {"min_history": 3, "fail_on_alarm": False}
+# a small test batch: the tail alarm opted in below its default tail_min_tokens
+ALARMS = {"min_history": 3, "fail_on_alarm": False, "tail_min_tokens": 1}
 
 
 def _data(step, sigma):

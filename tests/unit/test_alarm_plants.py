@@ -1,0 +1,75 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The refit guard's default thresholds on a short embedded run, healthy and with a planted bug.
+
+A 9-step run of the tiny recipe (quick.yaml, one process), its logs analysed by
+``nemo-ais analyze`` with the default :class:`~nemo_ais.alarms.AlarmConfig`: silent on the
+healthy run; a BF16-kept gate/up projection planted at refit 6
+(:mod:`nemo_ais.rollout.faults`) is caught at step 6 when the trainer's forward runs the
+rollout's quantization (QaRL), and cannot be seen with a plain trainer (it lowers the
+mismatch, the engine's per-layer report is the guard there).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from embedded_recipes import tiny_recipe
+
+from nemo_ais.alarms import AlarmConfig
+from nemo_ais.analyze import analyze_run
+from nemo_ais.rollout.faults import FAULT_ENV
+
+FROM_REFIT = 6
+BF16_GATE_UP = (
+    f"rollout.quantizer.refit_fault={{kind: bf16_layer, from_refit: {FROM_REFIT}, "
+    "modules: 'mlp\\.(gate|up)_proj'}"
+)
+
+
+@pytest.fixture(autouse=True)
+def _setup(monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _run(tmp_path, aligned: bool, *extra: str) -> list[dict]:
+    """Per-step analysis rows of a 9-step fp8 + FP8-KV run (default alarm thresholds)."""
+    tmp_path.mkdir()
+    r = tiny_recipe(
+        tmp_path,
+        "grpo.max_num_steps=9",
+        "grpo.val_period=0",
+        f"policy.rollout_aligned_quantization={str(aligned).lower()}",
+        *extra,
+        arm="fp8-none",
+    )
+    r.train()
+    (logs,) = (tmp_path / "logs").iterdir()
+    return analyze_run(logs, tmp_path / "an", alarm_config=AlarmConfig(), plots=False).rows
+
+
+def _alarmed(rows: list[dict]) -> list[int]:
+    return [row["step"] for row in rows if row["alarms"]]
+
+
+def test_default_alarms_catch_a_bf16_kept_layer_at_its_refit_with_a_qarl_trainer(tmp_path):
+    healthy = _run(tmp_path / "healthy", True)
+    planted = _run(tmp_path / "planted", True, BF16_GATE_UP)
+    assert _alarmed(healthy) == []
+    assert _alarmed(planted)[0] == FROM_REFIT, planted[FROM_REFIT - 1]["alarms"]
+    # steps before the plant are the healthy run's, bit for bit
+    for a, b in zip(healthy[: FROM_REFIT - 1], planted[: FROM_REFIT - 1], strict=True):
+        assert a["ais/token_mult_prob_error"] == b["ais/token_mult_prob_error"]
+    # the aligned trainer matches the rollout to float32 rounding; the BF16-kept layer does not
+    bad = planted[FROM_REFIT - 1]["ais/token_mult_prob_error"] - 1
+    good = healthy[FROM_REFIT - 1]["ais/token_mult_prob_error"] - 1
+    assert bad > 1000 * good and bad > 1e-3
+
+
+def test_a_bf16_kept_layer_is_not_seen_with_a_plain_trainer(tmp_path):
+    # the rollout is then closer to the fp32 trainer (test_rollout_faults): no jump to see
+    planted = _run(tmp_path / "planted", False, BF16_GATE_UP)
+    assert _alarmed(planted) == []
