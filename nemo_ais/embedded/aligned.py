@@ -142,7 +142,10 @@ class RolloutAlignedPolicy(nn.Module):
                 f"the twin's {self.engine.config.kv_cache} KV-cache scales are not calibrated; "
                 "sync the engine with calibration_input_ids first"
             )
-        return StraightThroughKVCache(self.engine.config.kv_cache, self.engine.kv_scales)
+        config = self.engine.config
+        return StraightThroughKVCache(
+            config.kv_cache, self.engine.kv_scales, error_scale=config.error_scale
+        )
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = False, **kwargs):
         """The model's forward in the rollout arithmetic (steps 1-4); ``use_cache`` is ignored."""

@@ -68,6 +68,7 @@ PRECISION_KEYS = (
     "num_last_layers_in_bf16",
     "attention_in_bf16",
     "keep_patterns",
+    "error_scale",
 )
 _PRECISION = RolloutPrecisionConfig.model_fields
 
@@ -202,6 +203,7 @@ class RolloutSection(_Section):
     num_last_layers_in_bf16: int = _PRECISION["num_last_layers_in_bf16"]
     attention_in_bf16: bool = _PRECISION["attention_in_bf16"]
     keep_patterns: tuple[str, ...] = _PRECISION["keep_patterns"]
+    error_scale: float = _PRECISION["error_scale"]
     quantizer: dict[str, Any] = Field(
         default_factory=lambda: copy.deepcopy(DEFAULT_QUANTIZER),
         description="The format's other knobs: RolloutPrecisionConfig fields (weight_block, "

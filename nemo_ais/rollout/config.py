@@ -103,6 +103,14 @@ class RolloutPrecisionConfig(KeepInBf16Fields):
     compute_dtype: Literal["float32", "bfloat16", "float64"] | None = Field(
         None, description="Cast the twin to this dtype before quantizing; None keeps the model's."
     )
+    error_scale: float = Field(
+        1.0,
+        ge=0.0,
+        le=64.0,
+        allow_inf_nan=False,
+        description="The mismatch dial k: every fake quantization (weights, activations, KV "
+        "cache) returns x + k (q(x) - x). 0 = the BF16 engine exactly, 1 = the format as is.",
+    )
     refit_fault: RefitFault | None = Field(
         None,
         description="TEST/BENCH ONLY: a planted refit bug (nemo_ais.rollout.faults; refused "
@@ -117,6 +125,12 @@ class RolloutPrecisionConfig(KeepInBf16Fields):
                 "(vLLM block FP8 uses (128, 128))"
             )
         return self
+
+    def simulated(self) -> RolloutPrecisionConfig:
+        """The config the twin runs: with ``error_scale == 0``, the BF16 engine (bf16 + bf16)."""
+        if self.error_scale != 0.0:
+            return self
+        return self.model_copy(update={"format": "bf16", "kv_cache": "bf16", "error_scale": 1.0})
 
     @property
     def enabled(self) -> bool:

@@ -49,6 +49,7 @@ __all__ = [
     "LinearFakeQuant",
     "fused_shard_group",
     "linear_fake_quant",
+    "scale_error",
     "shared_weight_amax",
     "straight_through",
 ]
@@ -87,6 +88,19 @@ def linear_fake_quant(config: RolloutPrecisionConfig) -> LinearFakeQuant:
     )
 
 
+def scale_error(x: torch.Tensor, q: torch.Tensor, k: float) -> torch.Tensor:
+    """``x + k (q - x)`` in ``q``'s dtype: the quantization error of ``q = fq(x)`` times ``k``.
+
+    The mismatch dial of ``error_scale``: ``k = 1`` returns ``q`` itself (bit for bit),
+    ``k = 0`` returns ``x``; in between and above, the error keeps the format's structure
+    (blocks, scales, saturation) and only its size changes.
+    """
+    if k == 1.0:
+        return q
+    x = x.to(q.dtype)
+    return x + k * (q - x)
+
+
 def _bind(
     fn: Callable[..., torch.Tensor], default: str, knobs: RolloutPrecisionConfig
 ) -> Callable[..., torch.Tensor]:
@@ -103,7 +117,8 @@ def _with_default_name(
     amax: Any = None,
     name: str | None = None,
 ) -> torch.Tensor:
-    return fn(t, amax=amax, name=default if name is None else name, knobs=knobs)
+    q = fn(t, amax=amax, name=default if name is None else name, knobs=knobs)
+    return scale_error(t, q, knobs.error_scale)
 
 
 LINEAR_FAKE_QUANT: Mapping[str, LinearFakeQuant] = {

@@ -32,6 +32,7 @@ from transformers import DynamicCache
 from nemo_ais.formats.grids import E4M3_MAX
 from nemo_ais.formats.nvfp4 import NVFP4_BLOCK, fake_quantize_nvfp4
 from nemo_ais.refit.kv_scales import KVSaturationCounter, KVScales
+from nemo_ais.rollout.fake_quant import scale_error
 
 __all__ = ["QuantizedKVCache", "fake_quant_kv_fp8"]
 
@@ -46,7 +47,8 @@ class QuantizedKVCache(DynamicCache):
     """HF ``DynamicCache`` whose writes are fake-quantized per layer (``kind``: fp8 or nvfp4).
 
     ``k_scale`` / ``v_scale``: fp32 ``[layers]`` dequant scales; ``k_amax`` / ``v_amax``:
-    ``scale * 448``; ``saturation``: the counter, or None.
+    ``scale * 448``; ``saturation``: the counter, or None;
+    ``error_scale``: the mismatch dial k (``x + k (q(x) - x)``; 1: the format as is).
     """
 
     def __init__(
@@ -54,9 +56,11 @@ class QuantizedKVCache(DynamicCache):
         kind: Literal["fp8", "nvfp4"],
         scales: KVScales,
         saturation: KVSaturationCounter | None = None,
+        error_scale: float = 1.0,
     ) -> None:
         super().__init__()
         self.saturation = saturation
+        self.error_scale = error_scale
         if kind not in ("fp8", "nvfp4"):
             raise ValueError(f"kind={kind!r} is invalid: expected 'fp8' or 'nvfp4'")
         self.kind = kind
@@ -69,6 +73,9 @@ class QuantizedKVCache(DynamicCache):
     def _quantize(self, x: torch.Tensor, layer: int, which: str) -> torch.Tensor:
         if self.saturation is not None:
             self.saturation.observe(layer, which, x)
+        return scale_error(x, self._round_trip(x, layer, which), self.error_scale)
+
+    def _round_trip(self, x: torch.Tensor, layer: int, which: str) -> torch.Tensor:
         if self.kind == "fp8":
             return fake_quant_kv_fp8(x, getattr(self, f"{which}_scale")[layer])
         if x.shape[-1] % NVFP4_BLOCK:

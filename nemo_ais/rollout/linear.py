@@ -32,7 +32,7 @@ from torch import nn
 
 from nemo_ais.formats.fp8_block import Family, dequantize_blockwise, quantize_blockwise
 from nemo_ais.rollout.config import RolloutPrecisionConfig
-from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant
+from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant, scale_error
 
 __all__ = ["Fp8Experts", "Fp8Linear", "QuantExperts", "QuantLinear", "load_bias"]
 
@@ -216,6 +216,7 @@ class Fp8Linear(QuantLinear):
         weight_eps: float = 1e-4,
         activation_eps: float = 1e-10,
         ue8m0: bool = False,
+        error_scale: float = 1.0,
         name: str = "weight",
     ) -> None:
         self.knobs = RolloutPrecisionConfig(
@@ -227,6 +228,7 @@ class Fp8Linear(QuantLinear):
             weight_eps=weight_eps,
             activation_eps=activation_eps,
             ue8m0=ue8m0,
+            error_scale=error_scale,
         )
         self.weight_block = tuple(weight_block)
         super().__init__(weight, bias, linear_fake_quant(self.knobs), name=name)
@@ -247,10 +249,16 @@ class Fp8Linear(QuantLinear):
             weight.detach(), k.weight_block, k.weight_family, k.weight_eps, k.ue8m0, name=self.name
         )
         self._store(w_q, s_w)
+        self.weight_dequant = scale_error(weight.detach(), self.weight_dequant, k.error_scale)
 
     @torch.no_grad()
     def load_quantized(self, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> None:
         """Load vLLM-format codes and scales as is (ValueError: wrong dtype/shape, bad scales)."""
+        if self.knobs.error_scale != 1.0:
+            raise ValueError(
+                f"{self.name}: error_scale={self.knobs.error_scale} needs the high-precision "
+                "weight (x + k (q(x) - x)); load it with load_weight, not as FP8 codes"
+            )
         expected = (self.out_features, self.in_features)
         if weight.dtype != torch.float8_e4m3fn or tuple(weight.shape) != expected:
             raise ValueError(

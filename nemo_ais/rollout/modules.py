@@ -121,6 +121,7 @@ def quantized_module(
             weight_eps=config.weight_eps,
             activation_eps=config.activation_eps,
             ue8m0=config.ue8m0,
+            error_scale=config.error_scale,
         )
         if isinstance(module, nn.Linear):
             return Fp8Linear.from_linear(module, name=f"{name}.weight", **quant)

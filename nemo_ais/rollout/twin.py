@@ -105,7 +105,8 @@ class RolloutTwin:
 
     def __init__(self, model: nn.Module, config: RolloutPrecisionConfig | None = None) -> None:
         require_config(config, RolloutPrecisionConfig, "RolloutTwin(config)", optional=True)
-        self.config = config if config is not None else RolloutPrecisionConfig()
+        # error_scale 0 is the BF16 engine itself (the dial's k = 0), not an fp32 replay of it
+        self.config = (config if config is not None else RolloutPrecisionConfig()).simulated()
         self.fake_quant: LinearFakeQuant = linear_fake_quant(self.config)
         twin = copy.deepcopy(model)
         # eval() only: flipping requires_grad can change the CPU GEMM kernel (last bits).
@@ -281,7 +282,9 @@ class RolloutTwin:
             return None
         assert self.kv_scales is not None
         self.kv_saturation = KVSaturationCounter(self.kv_scales)
-        return QuantizedKVCache(self.config.kv_cache, self.kv_scales, self.kv_saturation)
+        return QuantizedKVCache(
+            self.config.kv_cache, self.kv_scales, self.kv_saturation, self.config.error_scale
+        )
 
     def generate(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **sampling: Any
