@@ -173,6 +173,11 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
             "--skip-bad-rows": {**_FLAG, "help": "Count and skip bad rows instead of failing."},
             "--no-progress": {**_FLAG, "help": "No progress bar."},
             "--no-plots": {**_FLAG, "help": "Skip the PNG plots."},
+            "--tolerance": {
+                **_PATH,
+                "help": "A dose-response run's tolerance.json (nemo-ais run --preset dose) to "
+                "place the run's mismatch on (default: the study shipped with nemo_ais, if any).",
+            },
             "--fail-on-alarm": {
                 **_FLAG,
                 "help": "Exit with code 3 if an alarm fired, after writing the report (also "
@@ -468,6 +473,7 @@ def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> i
             progress=not args.no_progress,
             plots=not args.no_plots,
             global_batches_per_step=batches,
+            tolerance=args.tolerance,
         )
     except KeyboardInterrupt:
         return _fail(130, "analyze", "interrupted; outputs written so far are incomplete.")

@@ -34,6 +34,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from nemo_ais.alarms import AlarmConfig, AlarmMonitor, alarm_metrics
+from nemo_ais.analyze.placement import load_study
 from nemo_ais.analyze.reader import (
     BadInputError,
     StepFile,
@@ -202,6 +203,7 @@ def analyze_run(
     chunk_tokens: int = 1 << 20,
     memory_budget_bytes: int = 128 << 20,
     global_batches_per_step: int = 1,
+    tolerance: Path | str | None = None,
 ) -> AnalysisResult:
     """Analyse every step of ``log_dir``; write ``analysis.jsonl``, ``report.md`` and plots.
 
@@ -239,6 +241,7 @@ def analyze_run(
     require_config(config, CorrectionConfig, "analyze_run(config)", optional=True)
     require_config(alarm_config, AlarmConfig, "analyze_run(alarm_config)", optional=True)
     log_dir = Path(log_dir)
+    study = load_study(None if tolerance is None else Path(tolerance))
     config = config if config is not None else CorrectionConfig()
     alarm_config = alarm_config if alarm_config is not None else AlarmConfig()
     monitor_config = alarm_config.model_copy(update={"fail_on_alarm": False})  # never raise
@@ -321,6 +324,7 @@ def analyze_run(
         "alarm_config": alarm_config.model_dump(exclude_defaults=True, exclude={"fail_on_alarm"}),
         "missing_steps": gaps,
         "global_batches_per_step": global_batches_per_step,
+        "tolerance": study,
     }
     write_report(out, rows, meta, plots=plots)
     return AnalysisResult(

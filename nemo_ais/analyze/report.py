@@ -27,6 +27,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from nemo_ais.analyze.placement import placement_md
 from nemo_ais.analyze.reader import format_steps
 from nemo_ais.analyze.replay import MODES
 from nemo_ais.analyze.trend import Trend, fit_trend
@@ -293,7 +294,8 @@ def write_report(
         rows: the ``analysis.jsonl`` rows, ordered by step (at least one).
         meta: ``log_dir``, ``files``, ``rows_read``, ``bad_rows``, ``bad_examples``,
             ``config`` and ``alarm_config`` (dicts of the fields not at their default);
-            optionally ``missing_steps`` and ``global_batches_per_step`` (warned about).
+            optionally ``missing_steps`` and ``global_batches_per_step`` (warned about),
+            and ``tolerance`` (the study levels the run is placed on).
         plots: also draw the PNGs.
 
     Returns:
@@ -347,6 +349,7 @@ def write_report(
     else:
         md.append("No alarm fired.")
     md += ["", "## What each correction mode would have applied", "", *_modes_table(rows)]
+    md += ["", *placement_md(rows, meta.get("tolerance"))]
     md += ["", "## Recommendation", ""]
     md += [f"- {line}" for line in recommendations(rows, alarms)]
     if written:

@@ -262,9 +262,16 @@ def write_report(run_dir: str | Path) -> list[Path]:
         fig.savefig(run_dir / name, dpi=110)
         plt.close(fig)
         written.append(run_dir / name)
-    (run_dir / "summary.md").write_text(_summary_md(run_dir, records, _reference_arm(run_dir)))
+    from nemo_ais.embedded.tolerance import tolerance_md, tolerance_table, write_tolerance
+
+    reference = _reference_arm(run_dir)
+    levels = tolerance_table(records, reference)
+    summary = _summary_md(run_dir, records, reference)
+    if levels:  # a dose-response run: the tolerance curve (nemo_ais.embedded.tolerance)
+        summary += "\n" + tolerance_md(levels, reference)
+    (run_dir / "summary.md").write_text(summary)
     written.append(run_dir / "summary.md")
-    return written
+    return written + write_tolerance(run_dir, records, reference)
 
 
 def _reference_arm(run_dir: Path) -> str:

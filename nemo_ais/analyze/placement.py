@@ -1,0 +1,125 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Place an analysed run on the embedded dose-response study's tolerance curve.
+
+The study (``nemo-ais run --preset dose``) writes ``tolerance.json``
+(:mod:`nemo_ais.embedded.tolerance`): per level of the mismatch dial, the uncorrected
+arm's measured mismatch and every correction's paired Δ vs BF16. ``nemo-ais analyze
+--tolerance PATH`` (default: :data:`STUDY`, the study recorded with this release, when it
+is shipped) states the run's own mismatch and what the study found at the level whose D
+is nearest. A small model on a synthetic task on one CPU: a result to read the run
+against, not a prediction for the run's model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from nemo_ais.analyze.reader import BadInputError
+
+__all__ = ["STUDY", "load_study", "placement_md"]
+
+STUDY = Path(__file__).with_name("tolerance_study.json")
+_KEYS = {"D": "ais/severity", "gen_kl": "ais/kl_k3", "tmpe": "ais/token_mult_prob_error"}
+
+
+def load_study(path: Path | None) -> list[dict[str, Any]] | None:
+    """The levels of a ``tolerance.json`` (None: ``path`` is None and none is shipped).
+
+    Raises:
+        BadInputError: the file is missing (when named), unreadable or not a study table.
+    """
+    if path is None:
+        if not STUDY.is_file():
+            return None
+        path = STUDY
+    path = Path(path)
+    try:
+        levels = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise BadInputError(path, 0, f"cannot read the tolerance study ({err})") from None
+    ok = isinstance(levels, list) and all(
+        isinstance(lv, dict) and {"k", "mismatch", "delta"} <= lv.keys() for lv in levels
+    )
+    if not ok or not levels:
+        raise BadInputError(
+            path, 0, "not a tolerance study: expected the tolerance.json of a dose-response run"
+        )
+    return levels
+
+
+def _nearest(levels: list[dict[str, Any]], d: float) -> dict[str, Any] | None:
+    usable = [lv for lv in levels if math.isfinite(lv["mismatch"]["D"]) and lv["mismatch"]["D"] > 0]
+    if not usable or not d > 0:
+        return None
+    return min(usable, key=lambda lv: abs(math.log(lv["mismatch"]["D"] / d)))
+
+
+def _ci(delta: list[float]) -> str:
+    _, mean, half = delta
+    if mean is None or math.isnan(mean):
+        return "n/a"
+    if half is None or math.isnan(half):
+        return f"{mean:+.3f} (one seed)"
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
+def placement_md(rows: list[dict[str, Any]], levels: list[dict[str, Any]] | None) -> list[str]:
+    """The report section: the run's mismatch and the study's finding at the nearest level."""
+    run = {
+        name: statistics.fmean(v)
+        for name, key in _KEYS.items()
+        if (v := [float(r[key]) for r in rows if math.isfinite(float(r.get(key, math.nan)))])
+    }
+    md = ["## This run on the embedded tolerance curve", ""]
+    md.append(
+        "This run's mismatch, mean over its steps: "
+        + ", ".join(f"{name} = {run[name]:.4g}" for name in _KEYS if name in run)
+        + "."
+    )
+    if levels is None:
+        return [
+            *md,
+            "",
+            "No dose-response study is recorded with this install: run `nemo-ais run --preset "
+            "dose` and pass its `tolerance.json` with `--tolerance`.",
+        ]
+    level = _nearest(levels, run.get("D", math.nan))
+    if level is None:
+        return [*md, "", "The run's D is not positive: nothing to place."]
+    d = level["mismatch"]["D"]
+    md += [
+        "",
+        f"Nearest level of the study: k = {level['k']:g}, where the uncorrected arm measured "
+        f"D = {d:.4g} ({run['D'] / d:.2g}x this run's). What the study found there (paired "
+        "Δ of held-out accuracy vs BF16, 95% interval):",
+        "",
+        "| arm | Δ vs bf16 |",
+        "|---|---|",
+        *(f"| {arm} | {_ci(delta)} |" for arm, delta in level["delta"].items()),
+        "",
+        "A small-model result (the embedded CPU study: a tiny Qwen2-style policy on a "
+        "synthetic task), to read this run against; not a prediction for this run's model.",
+    ]
+    lo, hi = min(lv["mismatch"]["D"] for lv in levels), max(lv["mismatch"]["D"] for lv in levels)
+    if not lo <= run["D"] <= hi:
+        md.append(
+            f"The run's D lies outside the study's range [{lo:.4g}, {hi:.4g}]: the nearest "
+            "level is an extrapolation."
+        )
+    return md

@@ -1,0 +1,202 @@
+# Copyright (c) 2026, nemo_ais contributors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The tolerance curve of a dose-response run: paired Δ vs BF16 against the measured mismatch.
+
+A dose-response run (``--preset dose``) names its arms ``k<level>-<correction>``: the
+rollout engine's quantization error scaled by ``rollout.error_scale = level``
+(:func:`~nemo_ais.rollout.fake_quant.scale_error`), trained with one correction
+(``none``, ``tis``, ``ais``, ``const``, ``qarl``, ...), next to the reference arm
+(``bf16``: level 0). Per level, the x-axis is the mismatch the uncorrected arm measured
+(``ais/severity`` D, ``ais/kl_k3`` = NeMo-RL's ``gen_kl_error``,
+``ais/token_mult_prob_error``: means over its steps and seeds), so a cluster user reads
+their own run's numbers on it; per correction, the paired Δ of the primary metric to the
+reference with its 95% t-interval (:func:`~nemo_ais.embedded.report.paired_differences`).
+
+"Significantly below BF16" at a level: the interval's upper end is below 0. For each
+correction, the smallest such level (or none), the statistic declared in the preset
+before its runs. ``tolerance.json`` holds the table for ``nemo-ais analyze`` to place a
+cluster run on it (:mod:`nemo_ais.analyze.placement`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from nemo_ais.embedded.stats import arm_summary, paired_differences
+
+__all__ = [
+    "ARM_NAME",
+    "MISMATCH_KEYS",
+    "Level",
+    "first_significant_level",
+    "tolerance_md",
+    "tolerance_table",
+    "write_tolerance",
+]
+
+ARM_NAME = re.compile(r"^k(?P<level>\d+(?:\.\d+)?)-(?P<correction>[a-z0-9_]+)$")
+# the x-axes: our D, NeMo-RL's gen_kl_error and token_mult_prob_error (arm_summary keys)
+MISMATCH_KEYS = {"D": "severity", "gen_kl": "kl_k3", "tmpe": "token_mult_prob_error"}
+UNCORRECTED = "none"
+
+
+class Level(NamedTuple):
+    """One level of the dial: the uncorrected arm's mismatch and every correction's Δ.
+
+    Attributes:
+        k: ``rollout.error_scale``.
+        mismatch: ``{"D", "gen_kl", "tmpe"}`` of the uncorrected arm (nan: not run).
+        delta: ``correction -> (pairs, mean, 95% half-width)`` of the paired Δ vs reference.
+    """
+
+    k: float
+    mismatch: dict[str, float]
+    delta: dict[str, tuple[int, float, float]]
+
+
+def tolerance_table(records: list[dict[str, Any]], reference: str = "bf16") -> list[Level]:
+    """Levels of the run's ``k<level>-<correction>`` arms, ascending (empty: no such arm)."""
+    diffs = paired_differences(records, reference)
+    summary = arm_summary(records)
+    by_k: dict[float, dict[str, str]] = {}
+    for arm in summary:
+        m = ARM_NAME.match(arm)
+        if m:
+            by_k.setdefault(float(m["level"]), {})[m["correction"]] = arm
+    levels = []
+    for k in sorted(by_k):
+        arms = by_k[k]
+        none = summary.get(arms.get(UNCORRECTED, ""), {})
+        mismatch = {x: float(none.get(key, math.nan)) for x, key in MISMATCH_KEYS.items()}
+        delta = {c: diffs.get(arm, (0, math.nan, math.nan)) for c, arm in arms.items()}
+        levels.append(Level(k, mismatch, delta))
+    return levels
+
+
+def first_significant_level(levels: list[Level], correction: str) -> float | None:
+    """The smallest ``k`` at which ``correction``'s Δ interval lies below 0 (None: none)."""
+    for level in levels:
+        _, mean, half = level.delta.get(correction, (0, math.nan, math.nan))
+        if not math.isnan(half) and mean + half < 0:
+            return level.k
+    return None
+
+
+def _corrections(levels: list[Level]) -> list[str]:
+    seen = dict.fromkeys(c for lv in levels for c in lv.delta)
+    return sorted(seen, key=lambda c: (c != UNCORRECTED, c))
+
+
+def _cell(pairs: int, mean: float, half: float) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    if math.isnan(half):
+        return f"{mean:+.3f} (one seed: no CI)"
+    star = " *" if mean + half < 0 else ""
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]{star}"
+
+
+def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
+    """The section of ``summary.md``: the curve's table and the smallest significant levels."""
+    if not levels:
+        return ""
+    corrections = _corrections(levels)
+    head = ["k", "D (none)", "gen_kl k3 (none)", "token_mult_prob_error (none)"]
+    lines = [
+        "## Tolerance curve (dose-response)",
+        "",
+        f"Per level k of the mismatch dial (`rollout.error_scale`): the uncorrected arm's "
+        f"measured mismatch (means over its steps and seeds), and per correction the paired Δ "
+        f"of the primary metric vs `{reference}` with its 95% t-interval "
+        f"(`*`: the interval lies below 0).",
+        "",
+        "| " + " | ".join(head + corrections) + " |",
+        "|" + "---|" * (len(head) + len(corrections)),
+    ]
+    for lv in levels:
+        m = lv.mismatch
+        cells = [f"{lv.k:g}", f"{m['D']:.4f}", f"{m['gen_kl']:.2e}", f"{m['tmpe']:.4f}"]
+        cells += [_cell(*lv.delta.get(c, (0, math.nan, math.nan))) for c in corrections]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Smallest level at which an arm is significantly below the reference (the statistic "
+        "declared before the runs):",
+        "",
+        "| arm | smallest k below reference | D (none) there |",
+        "|---|---|---|",
+    ]
+    for c in corrections:
+        k = first_significant_level(levels, c)
+        d = next((lv.mismatch["D"] for lv in levels if lv.k == k), math.nan)
+        lines.append(
+            f"| {c} | {'none of the levels run' if k is None else f'{k:g}'} | "
+            f"{'—' if k is None else f'{d:.4f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _plot(levels: list[Level], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from nemo_ais.plotting import series_style, style_axes
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for i, c in enumerate(_corrections(levels)):
+        pts = [
+            (lv.mismatch["D"], *lv.delta[c][1:])
+            for lv in levels
+            if c in lv.delta and not math.isnan(lv.delta[c][1])
+        ]
+        if pts:
+            x, y, h = zip(*pts, strict=True)
+            err = [0.0 if math.isnan(e) else e for e in h]
+            style = series_style(i, len(x))
+            style.pop("markevery", None)
+            ax.errorbar(x, y, yerr=err, capsize=3, label=c, **style)
+    ax.axhline(0.0, color="0.5", lw=0.8)
+    ax.set_xscale("log")
+    style_axes(
+        ax,
+        xlabel="mismatch D of the uncorrected arm (mean |log-ratio|)",
+        ylabel="Δ primary metric vs bf16 (95% CI)",
+        steps=False,
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_tolerance(
+    run_dir: Path, records: list[dict[str, Any]], reference: str = "bf16", plots: bool = True
+) -> list[Path]:
+    """``tolerance.json`` (and ``tolerance.png``) of a dose-response run; [] for another run."""
+    levels = tolerance_table(records, reference)
+    if not levels:
+        return []
+    out = Path(run_dir) / "tolerance.json"
+    out.write_text(json.dumps([lv._asdict() for lv in levels], indent=1))
+    written = [out]
+    if plots:
+        _plot(levels, Path(run_dir) / "tolerance.png")
+        written.append(Path(run_dir) / "tolerance.png")
+    return written
