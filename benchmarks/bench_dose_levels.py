@@ -40,7 +40,7 @@ from nemo_ais.embedded.config import CONFIG_DIR, load_config
 from nemo_ais.embedded.experiment import run_experiment
 
 GRID = {
-    ("fp8", "fp8"): (1.0, 4.0, 16.0, 64.0),
+    ("fp8", "fp8"): (1.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0, 64.0),
     ("nvfp4_w4a4", "nvfp4"): (0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
 }
 STEPS, SEEDS = 3, (0, 1)

@@ -34,7 +34,17 @@ from typing import Any
 __all__ = ["PRESETS", "main", "version_string"]
 
 # nemo_ais/embedded/presets/<name>.yaml selectable with --preset (default.yaml: no flag)
-PRESETS = ("quick", "fp4-quick", "fp4-long", "fp4", "fp4-evidence", "evidence", "addition")
+PRESETS = (
+    "quick",
+    "fp4-quick",
+    "fp4-long",
+    "fp4",
+    "fp4-evidence",
+    "evidence",
+    "addition",
+    "dose",
+    "dose-quick",
+)
 
 _EPILOG = """\
 examples:
@@ -101,7 +111,8 @@ _PRESET_HELP = (
     "fp4-quick (quick with NVFP4 W4A4 / W4A16 rollout arms, <= 90 s), fp4-long (fp4-quick's "
     "arms on 99-token chain responses), fp4 (every correction with NVFP4 W4A4 / W4A16 "
     "rollouts, 2 seeds), fp4-evidence (the same, 8 seeds), evidence (FP8 rollouts, 8 seeds, "
-    "every correction), addition (the 2-digit task)."
+    "every correction), addition (the 2-digit task), dose (the mismatch dose-response study: "
+    "levels of rollout.error_scale x corrections, 6 seeds), dose-quick (its smoke form)."
 )
 _FLAG = {"action": "store_true"}
 _OVERRIDES = {"nargs": "*", "metavar": "key=value"}

@@ -68,3 +68,42 @@ def test_fp4_arm_matrix_and_evidence_seeds():
     assert {k: v for k, v in evidence["experiment"].items() if k != "seeds"} == {
         k: v for k, v in raw["experiment"].items() if k != "seeds"
     }
+
+
+DOSE_CORRECTIONS = {"none": "none", "tis": "tis", "ais": "ais", "const": "ais", "qarl": "tbpo"}
+
+
+@pytest.mark.parametrize(("preset", "base"), [("dose", "default"), ("dose-quick", "quick")])
+def test_dose_presets_are_levels_times_corrections(preset, base):
+    """Issue 26: the dial's levels x {none, tis, ais, const, qarl} + bf16 on the base preset.
+
+    Only ``experiment`` and ``logger`` differ from the base (every hyperparameter chosen on
+    the bf16 arm alone); every arm's ``rollout.error_scale`` is the level its name says.
+    """
+    raw, ref = load_config(CONFIG_DIR / f"{preset}.yaml"), load_config(CONFIG_DIR / f"{base}.yaml")
+    for section in set(raw) | set(ref):
+        if section not in ("experiment", "logger", "grpo"):
+            assert raw[section] == ref[section], section
+    include = raw["experiment"]["include"]
+    assert include[0] == "bf16"
+    levels = sorted({float(a.split("-")[0][1:]) for a in include[1:]})
+    corrections = DOSE_CORRECTIONS if preset == "dose" else {"none": "none", "ais": "ais"}
+    assert include[1:] == [f"k{k:g}-{c}" for k in levels for c in corrections]
+    for k in levels:
+        for name, mode in corrections.items():
+            cfg = resolve_arm(raw, f"k{k:g}-{name}")
+            assert (cfg.precision.format, cfg.precision.kv_cache) == ("fp8", "fp8")
+            assert cfg.precision.error_scale == k and cfg.correction.mode == mode
+            assert cfg.policy.rollout_aligned_quantization is (name == "qarl")
+            if name == "const":
+                assert (cfg.correction.mixer, cfg.correction.constant_alpha) == ("constant", 0.5)
+    assert resolve_arm(raw, "bf16").precision.enabled is False
+    if preset == "dose":
+        # >= 60 GRPO steps, >= 6 paired seeds (issue 26); the run length is default.yaml's
+        assert raw["grpo"] == ref["grpo"] and raw["grpo"]["max_num_steps"] >= 60
+        assert raw["experiment"]["seeds"] == list(range(6)) and len(levels) == 3
+        header = (CONFIG_DIR / "dose.yaml").read_text()
+        assert all(f"k = {k:g}:" in header for k in levels)  # the choice, written down
+    else:
+        quick = load_config(CONFIG_DIR / "dose.yaml")["experiment"]["include"]
+        assert set(include) <= set(quick)  # the smoke form runs arms of the study itself
