@@ -21,6 +21,7 @@ per-phase split from metrics.jsonl.
     python -m benchmarks.bench_embedded                         # --quick, then the default run
     python -m benchmarks.bench_embedded --presets default       # only the default run
     python -m benchmarks.bench_embedded --presets quick default evidence --keep-cache
+    python -m benchmarks.bench_embedded --presets dose --keep-cache --section run_dose
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def main() -> None:
         "--presets",
         nargs="+",
         default=["quick", "default"],
-        choices=["quick", "default", "evidence", "addition"],
+        choices=["quick", "default", "evidence", "addition", "dose"],
         help="Presets to time, in order (default: quick default).",
     )
     parser.add_argument(
@@ -130,6 +131,9 @@ def main() -> None:
     )
     parser.add_argument("--run-root", default="runs/bench")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument(
+        "--section", default="run", help="docs/benchmarks.md section to record (default run)."
+    )
     parser.add_argument("--overrides", nargs="*", default=[], help="key=value for every run.")
     args = parser.parse_args()
 
@@ -160,7 +164,10 @@ def main() -> None:
     )
     print(body)
     if not args.no_record:
-        record_section("run", "Embedded experiment wall time (`nemo-ais run`)", body)
+        title = "Embedded experiment wall time (`nemo-ais run`)"
+        if args.section != "run":
+            title += f": {', '.join(args.presets)}"
+        record_section(args.section, title, body)
 
 
 if __name__ == "__main__":
