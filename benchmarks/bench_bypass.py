@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """What ``loss_fn.ais.bypass`` saves in the embedded recipe: s/step with and without.
 
 With bypass the recipe skips the trainer's pi_old forward over the rollout batch (pi_old :=

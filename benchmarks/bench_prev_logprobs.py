@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """What ``loss_fn.ais.bypass`` saves on the cluster path: the trainer's ``prev_logprobs``
 forward against its training pass, on a Qwen3-8B-shaped decoder.
 

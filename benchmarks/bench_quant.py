@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """Throughput of every quantizer on CPU vs a vectorised reference and a copy.
 
 Formats: FP8 blockwise (128x128, :func:`nemo_ais.fp8.quantize_blockwise`, family "a"),

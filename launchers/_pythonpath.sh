@@ -1,17 +1,6 @@
 # shellcheck shell=bash
-# Copyright (c) 2026, nemo_ais contributors.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 #
 # Defines `pythonpath_with DIR`: prints DIR, then every non-empty entry of the inherited
 # $PYTHONPATH except DIR itself, joined by ':'. Never an empty entry: an empty entry (a

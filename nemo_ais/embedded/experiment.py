@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """``nemo-ais run``: the experiment driver around :class:`~nemo_ais.embedded.recipe.GRPORecipe`.
 
 :func:`run_experiment` validates the config, pins it in the run directory (a rerun with the

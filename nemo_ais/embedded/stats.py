@@ -1,16 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """The statistics of an embedded run's ``metrics.jsonl`` (what ``summary.md`` reports).
 
 Records: ``kind: train`` (one per GRPO step: reward, loss, ``ais/*`` diagnostics, applied

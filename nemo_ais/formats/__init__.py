@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """Low-precision formats: one record per format (PyTorch; TE and the CPU kernels load lazily)."""
 
 from nemo_ais.formats.fp8_block import (

@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """One low-precision format as one record: everything the rest of the code asks about it.
 
 :data:`nemo_ais.formats.registry.FORMATS` maps a config's format name to its record; no

@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """Fused CPU kernels for the four weight quantizers, compiled on first use.
 
 PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchmarks.md

@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """Compatibility face of the former ``nemo_ais.fp8`` package (issue 24 split it by what it holds).
 
 Its public names and every former submodule path (``nemo_ais.fp8.twin``, ...) keep

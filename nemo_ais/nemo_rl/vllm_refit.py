@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """The core of the vLLM refit patch, shared by every format: names, markers, the pair loop.
 
 The patch wraps ``load_weights`` of :data:`TARGET_MODULE` so what the engine holds

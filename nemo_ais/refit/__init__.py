@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """The refit into vLLM: the weight stream of every format and the KV-cache scales sent with it."""
 
 from nemo_ais.refit.kv_scales import (

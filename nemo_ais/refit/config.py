@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """What a refit sends to vLLM: :class:`RefitConfig` (``ais_fp8_refit`` / ``ais_nvfp4_refit``).
 
 :class:`Fp8SyncConfig` and :class:`BlockSyncConfig` are its per-engine forms.

@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """Dotted-key lookup in a nested config mapping (a NeMo-RL YAML as dicts)."""
 
 from __future__ import annotations

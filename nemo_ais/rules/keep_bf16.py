@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """Which linear layers stay in BF16: one rule, called by every place that needs to know.
 
 The twin, the refit stream, the vLLM refit patch and ``nemo_ais.preflight`` all ask

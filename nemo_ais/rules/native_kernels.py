@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """The GPU each rollout format needs to run as named, and what vLLM runs below it.
 
 vLLM (0.20.0 and 0.25.1) picks a kernel at engine build and only logs a fallback: NVFP4

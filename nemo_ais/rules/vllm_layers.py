@@ -1,4 +1,5 @@
-# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
 """vLLM's view of a HF parameter name: its decoder layer, its projection, its fused layer.
 
 q/k/v_proj load into one column-parallel ``qkv_proj``, gate/up_proj into ``gate_up_proj``;
