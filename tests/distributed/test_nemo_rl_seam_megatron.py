@@ -81,6 +81,28 @@ def _rank_fn(rank, world_size, **parallel):
     }
 
 
+# Both layouts of the tests below, in one spawn of 4 ranks (starting 4 processes that import
+# Megatron-Core costs far more than the checks): Megatron's groups are torn down in between.
+LAYOUTS = {"cp2": {"context_parallel_size": 2}, "pp2": {"pipeline_model_parallel_size": 2}}
+
+
+def _layouts_fn(rank, world_size):
+    from megatron.core import parallel_state
+
+    out = {}
+    for name, parallel in LAYOUTS.items():
+        out[name] = _rank_fn(rank, world_size, **parallel)
+        parallel_state.destroy_model_parallel()
+    return out
+
+
+@pytest.fixture(scope="module")
+def layouts():
+    """``{layout: [result of rank 0, ..., rank 3]}`` for every layout of :data:`LAYOUTS`."""
+    per_rank = run_distributed(_layouts_fn, world_size=4, timeout=240)
+    return {name: [r[name] for r in per_rank] for name in LAYOUTS}
+
+
 def _upstream_valid_toks(shard: dict, parallel_state) -> list[float]:
     """``global_valid_toks`` of each global batch from NeMo-RL's own ``process_global_batch``."""
     from _megatron_worker import placeholder_imports
@@ -108,10 +130,8 @@ def _upstream_valid_toks(shard: dict, parallel_state) -> list[float]:
         torch.Tensor.cuda = cuda
 
 
-def test_megatron_dp_group_excludes_cp_siblings():
-    results = run_distributed(
-        _rank_fn, world_size=4, kwargs={"context_parallel_size": 2}, timeout=150
-    )
+def test_megatron_dp_group_excludes_cp_siblings(layouts):
+    results = layouts["cp2"]
     groups = {tuple(r["dp_ranks"]) for r in results}
     assert len(groups) == 2 and all(len(g) == 2 for g in groups)
     assert all(r["dp_size"] == 2 for r in results)
@@ -135,13 +155,11 @@ def test_megatron_dp_group_excludes_cp_siblings():
 LLAMA_PP2 = Path(__file__).resolve().parents[2] / "configs/nemo_rl/llama3.1_8b_2n8g_fp8_pp2.yaml"
 
 
-def test_pp2_every_stage_all_reduces_over_its_own_dp_group():
+def test_pp2_every_stage_all_reduces_over_its_own_dp_group(layouts):
     # the claim of configs/nemo_rl/llama3.1_8b_2n8g_fp8_pp2.yaml's header
     assert "all-reduce over the DP group on EVERY stage" in LLAMA_PP2.read_text()
     # PP = 2 x DP = 2: every rank of both stages prepares (NeMo-RL replicates data over PP)
-    results = run_distributed(
-        _rank_fn, world_size=4, kwargs={"pipeline_model_parallel_size": 2}, timeout=150
-    )
+    results = layouts["pp2"]
     stages = [r["stage"] for r in results]
     assert sorted(stages) == [0, 0, 1, 1]
     assert [r["last_stage"] for r in results] == [s == 1 for s in stages]

@@ -28,7 +28,8 @@ from nemo_ais.embedded.warmstart import load_warm_start, warm_start_path
 
 pytestmark = pytest.mark.timeout(300)
 
-# Two arms x one seed, 2 GRPO steps each (checkpoint at step 2), a short warm start.
+# Two arms x one seed, 2 GRPO steps each (checkpoint at step 2), the quick preset's warm
+# start (data and warm start as quick.yaml: its cache file is shared, tests/e2e/conftest.py).
 ARMS = ("bf16", "fp8-ais")
 SMALL = [
     "grpo.num_prompts_per_step=4",
@@ -37,9 +38,7 @@ SMALL = [
     "grpo.max_num_steps=2",
     "grpo.val_period=2",
     "checkpointing.save_period=2",
-    "data.eval_size=16",
     "policy.train_micro_batch_size=8",
-    "policy.warm_start.steps=20",
     f"experiment.include=[{','.join(ARMS)}]",
     "experiment.seeds=[0]",
     "cluster.dp_size=1",
@@ -100,12 +99,21 @@ def _one_line_error(capsys, *needles):
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """A finished two-arm run and its warm-start cache, pristine; copied by ``run_copy``."""
+def finished_run(tmp_path_factory, cache_dir):
+    """A finished two-arm run and its warm-start cache, pristine; copied by ``run_copy``.
+
+    Its cache starts as a copy of the session's (``cache_dir``), and the session's gets the
+    warm start this run trained, if it trained one.
+    """
     root = tmp_path_factory.mktemp("bad_files")
+    shutil.copytree(cache_dir, root / CACHE)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
         assert main(ARGV) == 0
+        trained = root / _warm_start_file()
+    assert trained.is_file()
+    if not (cache_dir / trained.name).exists():
+        shutil.copy2(trained, cache_dir / trained.name)
     return root
 
 

@@ -44,12 +44,6 @@ TINY = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    # one warm start for the whole module (its cache is keyed by config, not by run)
-    return tmp_path_factory.mktemp("warmstart_cache")
-
-
 def _run(tmp_path, cache_dir, name, *extra):
     argv = [
         "run",
@@ -69,6 +63,24 @@ def _records(run_dir, kind=None):
 
 def _strip_times(records):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+# The uninterrupted TINY runs, one per process count, shared by the tests that compare
+# against them (cache_dir: tests/e2e/conftest.py, one warm start per config and session).
+@pytest.fixture(scope="module")
+def tiny_dp1(tmp_path_factory, cache_dir):
+    """The run directory of TINY on one process (the quick preset's ``cluster.dp_size=1``)."""
+    root = tmp_path_factory.mktemp("tiny_dp1")
+    assert _run(root, cache_dir, "dp1", *TINY, "cluster.dp_size=1") == 0
+    return root / "dp1"
+
+
+@pytest.fixture(scope="module")
+def tiny_dp2(tmp_path_factory, cache_dir):
+    """The run directory of TINY on two data-parallel processes."""
+    root = tmp_path_factory.mktemp("tiny_dp2")
+    assert _run(root, cache_dir, "dp2", *TINY, "cluster.dp_size=2") == 0
+    return root / "dp2"
 
 
 def test_quick_preset_outputs_are_sensible(tmp_path, cache_dir, capsys):
@@ -186,9 +198,10 @@ def test_fp4_quick_preset_shows_the_4bit_mismatch(tmp_path, cache_dir):
     assert seconds < 180, f"fp4-quick took {seconds:.0f} s (budget 90 s on 2 idle cores)"
 
 
-def test_interrupt_then_resume_equals_uninterrupted(tmp_path, cache_dir, monkeypatch, capsys):
-    assert _run(tmp_path, cache_dir, "straight", *TINY) == 0
-    straight = _records(tmp_path / "straight")
+def test_interrupt_then_resume_equals_uninterrupted(
+    tmp_path, cache_dir, tiny_dp1, monkeypatch, capsys
+):
+    straight = _records(tiny_dp1)
 
     original_log = recipe_mod.GRPORecipe._log
 
@@ -214,10 +227,8 @@ def test_interrupt_then_resume_equals_uninterrupted(tmp_path, cache_dir, monkeyp
 
 
 @pytest.mark.distributed
-def test_two_dp_processes_equal_one(tmp_path, cache_dir):
-    assert _run(tmp_path, cache_dir, "dp1", *TINY, "cluster.dp_size=1") == 0
-    assert _run(tmp_path, cache_dir, "dp2", *TINY, "cluster.dp_size=2") == 0
-    one, two = _records(tmp_path / "dp1"), _records(tmp_path / "dp2")
+def test_two_dp_processes_equal_one(tiny_dp1, tiny_dp2):
+    one, two = _records(tiny_dp1), _records(tiny_dp2)
     assert [(r["kind"], r["step"]) for r in one] == [(r["kind"], r["step"]) for r in two]
     # Same samples by construction (per-chunk generators). What differs is fp32 summation
     # order: gradients (sum of two rank sums vs one sum) and per-rank float32 reward sums,
@@ -297,12 +308,17 @@ def _wait_for(proc, marker, timeout_s):
 
 
 @pytest.mark.distributed
-def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_path, cache_dir):
+def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(
+    tmp_path, cache_dir, tiny_dp2
+):
     # A real SIGINT to the whole process group (what Ctrl-C does) while 2 ranks train. It is
-    # sent as soon as the first checkpoint (step 2 of 8) appears: then 6 steps and 3
-    # evaluations are left, seconds of work against a 50 ms poll, and a slower machine
-    # stretches both alike. If the signal still lands too late, the test fails.
-    steps, save_period = 8, 2
+    # sent as soon as the first checkpoint (step 1 of 4, save_period 1) appears: then 3
+    # steps and 2 evaluations are left, seconds of work against a 50 ms poll, and a slower
+    # machine stretches both alike. If the signal still lands too late, the test fails.
+    # The reference is the uninterrupted TINY run on 2 ranks (tiny_dp2, save_period 2):
+    # checkpoints are written and read outside every random stream, so where they fall
+    # does not change a record.
+    steps, save_period = 4, 1
     args = [
         f"logger.run_dir={tmp_path}",
         f"policy.warm_start.cache_dir={cache_dir}",
@@ -311,7 +327,6 @@ def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_pat
         f"checkpointing.save_period={save_period}",
         "cluster.dp_size=2",
     ]
-    assert _run(tmp_path, cache_dir, "straight2", *args) == 0  # also fills the warm-start cache
     cmd = [sys.executable, "-m", "nemo_ais", "run", "--quick", "logger.name=ctrlc", *args]
     proc = subprocess.Popen(
         cmd,
@@ -338,12 +353,10 @@ def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_pat
     logged = [r["step"] for r in _records(tmp_path / "ctrlc", "train")]
     assert blob["step"] <= max(logged) < steps, logged
     assert _run(tmp_path, cache_dir, "ctrlc", *args) == 0
-    assert _strip_times(_records(tmp_path / "ctrlc")) == _strip_times(
-        _records(tmp_path / "straight2")
-    )
+    assert _strip_times(_records(tmp_path / "ctrlc")) == _strip_times(_records(tiny_dp2))
 
 
-def test_bypass_skips_the_trainers_pi_old_forward(tmp_path, cache_dir):
+def test_bypass_skips_the_trainers_pi_old_forward(tmp_path, cache_dir, tiny_dp1):
     """loss_fn.ais.bypass: pi_old := mu, so the trainer's pi_old forward is not run.
 
     The step's logged batch (NeMo-RL's train_data layout) has prev_logprobs equal to the
@@ -352,8 +365,7 @@ def test_bypass_skips_the_trainers_pi_old_forward(tmp_path, cache_dir):
     """
     arm = "experiment.arms.fp8-ais.loss_fn.ais.bypass=true"
     assert _run(tmp_path, cache_dir, "bypass", *TINY, arm) == 0
-    assert _run(tmp_path, cache_dir, "plain", *TINY) == 0
-    by, plain = (_records(tmp_path / n, "train") for n in ("bypass", "plain"))
+    by, plain = _records(tmp_path / "bypass", "train"), _records(tiny_dp1, "train")
     assert len(by) == len(plain) > 0
     assert all(math.isnan(r["entropy"]) for r in by)
     assert all(math.isfinite(r["entropy"]) for r in plain)
