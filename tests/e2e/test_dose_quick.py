@@ -18,9 +18,9 @@ from nemo_ais.cli import main
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_dose_quick_writes_the_curve_and_analyze_places_a_run(tmp_path):
+def test_dose_quick_writes_the_curve_and_analyze_places_a_run(tmp_path, cache_dir):
     argv = ["run", "--preset", "dose-quick", f"logger.run_dir={tmp_path}"]
-    argv += [f"policy.warm_start.cache_dir={tmp_path / 'cache'}", "logger.progress_bar=false"]
+    argv += [f"policy.warm_start.cache_dir={cache_dir}", "logger.progress_bar=false"]
     assert main(argv) == 0
     run_dir = tmp_path / "dose-quick"
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
