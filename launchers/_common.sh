@@ -12,7 +12,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_pythonpath.sh"
 
 # The calling script's header comment, from its "Usage:" line down to `set -euo`.
-usage() { sed -n '16,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+usage() { sed -n '/^# Usage:/,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 # Shell-quote one word, readably: bare if safe, else in single quotes.
 shq() {
   if [[ "$1" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then
