@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from nemo_rl_sources import NEMO_RL_SOURCES, REPO_ROOT
 from repo_guard import writes_stay_in_tmp
 
 # Skips and xfails: only the exact reasons of tests/skip_policy.py; anything else (NeMo-RL
@@ -41,14 +42,7 @@ from skip_policy import (  # noqa: F401  (imported hooks are registered hooks)
     pytest_runtest_makereport,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIM_DIR = Path(__file__).resolve().parent / "_nemo_rl_env"
-VENDOR_DIR = REPO_ROOT.parent / "shared" / "vendor"
-# --nemo-rl choice -> vendored source directory
-NEMO_RL_SOURCES = {
-    "v0.7.0": VENDOR_DIR / "nemo-rl-v0.7.0",
-    "main": VENDOR_DIR / "nemo-rl-main-7ea279a",
-}
 VERSION_ENV = "NEMO_AIS_TEST_NEMO_RL"
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NEMO_RL_SOURCES
+from nemo_rl_sources import NEMO_RL_SOURCES
 from packaging.requirements import Requirement
 from packaging.version import Version
 
