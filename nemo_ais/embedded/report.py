@@ -25,6 +25,7 @@ from nemo_ais.embedded.stats import (
     arm_summary,
     collapse_steps,
     early_metric,
+    fmt_ci,
     load_metrics,
     mean_std,
     paired_ci,
@@ -70,19 +71,11 @@ def _collapse_cells(collapse: dict[str, Collapse], arm: str, reference: str) -> 
     return f"{first} | {c.seeds_collapsed} / {c.seeds} | {steps or 'n/a'}"
 
 
-def _fmt_ci(mean: float, half: float, digits: int = 3) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    if math.isnan(half):
-        return f"{mean:+.{digits}f} (one seed: no CI)"
-    return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
-
-
 def _delta_cell(diffs: dict[str, tuple[int, float, float]], arm: str, reference: str) -> str:
     """The "Δ vs reference" table cell of ``arm``: "—" for the reference itself."""
     if arm == reference:
         return "—"
-    return _fmt_ci(*diffs.get(arm, (0, math.nan, math.nan))[1:])
+    return fmt_ci(*diffs.get(arm, (0, math.nan, math.nan))[1:])
 
 
 def _fmt_corr(value: float) -> str:

@@ -27,6 +27,7 @@ __all__ = [
     "arm_summary",
     "collapse_steps",
     "early_metric",
+    "fmt_ci",
     "load_metrics",
     "mean_std",
     "paired_ci",
@@ -315,3 +316,12 @@ def smoke_reasons(records: list[dict[str, Any]]) -> list[str]:
     if seeds < EVIDENCE_MIN_SEEDS:
         reasons.append(f"{seeds} seed (no paired confidence interval; evidence: >= 2)")
     return reasons
+
+
+def fmt_ci(mean: float, half: float, digits: int = 3) -> str:
+    """``mean [lo, hi]`` of a paired 95% interval ("n/a", or "one seed: no CI")."""
+    if math.isnan(mean):
+        return "n/a"
+    if math.isnan(half):
+        return f"{mean:+.{digits}f} (one seed: no CI)"
+    return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from nemo_ais.embedded.stats import arm_summary, paired_differences
+from nemo_ais.embedded.stats import arm_summary, fmt_ci, paired_differences
 
 __all__ = [
     "ARM_NAME",
@@ -92,12 +92,8 @@ def _corrections(levels: list[Level]) -> list[str]:
 
 
 def _cell(pairs: int, mean: float, half: float) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    if math.isnan(half):
-        return f"{mean:+.3f} (one seed: no CI)"
-    star = " *" if mean + half < 0 else ""
-    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]{star}"
+    """summary.md's Δ cell (:func:`~nemo_ais.embedded.stats.fmt_ci`), ``*`` below 0."""
+    return fmt_ci(mean, half) + (" *" if mean + half < 0 else "")
 
 
 def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
