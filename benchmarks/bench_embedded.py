@@ -112,7 +112,7 @@ def main() -> None:
         "--presets",
         nargs="+",
         default=["quick", "default"],
-        choices=["quick", "default", "evidence", "addition", "dose"],
+        choices=["quick", "default", "evidence", "addition", "dose", "dose-long"],
         help="Presets to time, in order (default: quick default).",
     )
     parser.add_argument(

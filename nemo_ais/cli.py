@@ -33,6 +33,7 @@ PRESETS = (
     "addition",
     "dose",
     "dose-quick",
+    "dose-long",
 )
 
 _EPILOG = """\
@@ -101,7 +102,8 @@ _PRESET_HELP = (
     "arms on 99-token chain responses), fp4 (every correction with NVFP4 W4A4 / W4A16 "
     "rollouts, 2 seeds), fp4-evidence (the same, 8 seeds), evidence (FP8 rollouts, 8 seeds, "
     "every correction), addition (the 2-digit task), dose (the mismatch dose-response study: "
-    "levels of rollout.error_scale x corrections, 6 seeds), dose-quick (its smoke form)."
+    "levels of rollout.error_scale x corrections, 6 seeds), dose-quick (its smoke form), "
+    "dose-long (its two highest levels for 200 steps, 2 seeds)."
 )
 _FLAG = {"action": "store_true"}
 _OVERRIDES = {"nargs": "*", "metavar": "key=value"}

@@ -107,3 +107,24 @@ def test_dose_presets_are_levels_times_corrections(preset, base):
     else:
         quick = load_config(CONFIG_DIR / "dose.yaml")["experiment"]["include"]
         assert set(include) <= set(quick)  # the smoke form runs arms of the study itself
+
+
+def test_dose_long_is_the_two_highest_levels_for_200_steps():
+    """Issue 26 item 5: the two highest levels of dose.yaml, every arm, >= 200 steps, 2 seeds."""
+    raw, dose = load_config(CONFIG_DIR / "dose-long.yaml"), load_config(CONFIG_DIR / "dose.yaml")
+    for section in set(raw) | set(dose):
+        if section not in ("experiment", "logger", "grpo", "checkpointing"):
+            assert raw[section] == dose[section], section
+    assert {k: v for k, v in raw["grpo"].items() if k not in ("max_num_steps", "val_period")} == {
+        k: v for k, v in dose["grpo"].items() if k not in ("max_num_steps", "val_period")
+    }
+    assert raw["grpo"]["max_num_steps"] >= 200 and raw["experiment"]["seeds"] == [0, 1]
+    levels = sorted(
+        {a.split("-")[0] for a in dose["experiment"]["include"][1:]}, key=lambda a: float(a[1:])
+    )
+    top = levels[-2:]
+    want = ["bf16"] + [f"{k}-{c}" for k in top for c in DOSE_CORRECTIONS]
+    assert raw["experiment"]["include"] == want
+    for arm in want:  # the same arm definitions as the 60-step study
+        a, b = resolve_arm(raw, arm), resolve_arm(dose, arm)
+        assert (a.precision, a.correction, a.policy) == (b.precision, b.correction, b.policy)
