@@ -71,8 +71,15 @@ def _pytorch_path(fn, x, kwargs, monkeypatch):
         return fn(x, **kwargs)
 
 
-@pytest.mark.parametrize("shape", [(1000, 2048), (4, 384, 512)])  # ragged FP8 tiles
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+# 1000 rows: ragged FP8 tiles; [4, 384, 512]: an expert stack
+@pytest.mark.parametrize(
+    ("dtype", "shape"),
+    [
+        (torch.bfloat16, (1000, 2048)),
+        (torch.bfloat16, (4, 384, 512)),
+        (torch.float32, (1000, 2048)),
+    ],
+)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_public_quantizer_on_cuda_is_triton_with_the_pytorch_bits(
     case, dtype, shape, triton_calls, monkeypatch
