@@ -10,7 +10,8 @@ call, median of ``--repeats`` after a warm-up):
 * ``triton``: :mod:`nemo_ais.kernels.triton_quant` (one launch; experts on the grid);
 * ``compiled``: ``torch.compile`` (Inductor) of the short vectorised reference
   (:data:`COMPILABLE`: DeepGEMM's ``per_block_cast_to_fp8`` formulation for FP8);
-* ``current``: the public quantizer of :mod:`nemo_ais.fp8` on the GPU (banded PyTorch);
+* ``current``: the public quantizer of :mod:`nemo_ais.fp8` on the GPU as it was, the banded
+  PyTorch path (``without_triton``: on CUDA it now dispatches to the Triton kernels);
 * ``reference``: the same short reference, eager;
 * ``copy_``: ``y.copy_(x)`` of the same tensor (the bandwidth bound).
 
@@ -31,6 +32,7 @@ import torch
 from benchmarks._record import record_section
 from benchmarks._timing import cpu_timer, cuda_timer, interleaved_medians
 from benchmarks.bench_quant import _L2_FLUSH_BYTES, _hbm_peak
+from nemo_ais.formats.dispatch import without_triton
 from nemo_ais.formats.grids import (
     E2M1_MAX,
     E4M3_MAX,
@@ -112,12 +114,22 @@ def nvfp4_compilable(x: torch.Tensor) -> NVFP4Tensor:
     return NVFP4Tensor(pack_nibbles(code.reshape(x.shape)), block_scale, s_g)
 
 
+def pytorch_path(quantize):
+    """``quantize`` with the Triton dispatch off: the banded PyTorch path on the GPU."""
+
+    def run(x):
+        with without_triton():
+            return quantize(x)
+
+    return run
+
+
 # format -> (triton, current, short reference)
 COMPILABLE = {
-    "fp8 128x128": (quantize_blockwise_triton, quantize_blockwise, fp8_compilable),
-    "mxfp8": (quantize_mxfp8_triton, quantize_mxfp8, mxfp8_compilable),
-    "nvfp4": (quantize_nvfp4_triton, quantize_nvfp4, nvfp4_compilable),
-    "mxfp4": (quantize_mxfp4_triton, quantize_mxfp4, mxfp4_compilable),
+    "fp8 128x128": (quantize_blockwise_triton, pytorch_path(quantize_blockwise), fp8_compilable),
+    "mxfp8": (quantize_mxfp8_triton, pytorch_path(quantize_mxfp8), mxfp8_compilable),
+    "nvfp4": (quantize_nvfp4_triton, pytorch_path(quantize_nvfp4), nvfp4_compilable),
+    "mxfp4": (quantize_mxfp4_triton, pytorch_path(quantize_mxfp4), mxfp4_compilable),
 }
 
 
@@ -203,7 +215,7 @@ def main() -> None:
             "`compiled`: torch.compile (Inductor) of the short vectorised reference (FP8: "
             "DeepGEMM's per_block_cast_to_fp8 formulation, family a; the others: the module "
             "references without their input checks); `current`: the nemo_ais.fp8 quantizer on "
-            "the GPU; `reference`: the short reference, eager; `copy_`: y.copy_(x). "
+            "the GPU with the Triton dispatch off (its PyTorch path); `reference`: the short reference, eager; `copy_`: y.copy_(x). "
             "X / copy_ bandwidth = t(copy_) / t(X). Moved GB/s = (input + output bytes) / "
             "t(triton). Every triton output was checked bit-equal to `current` first (from a "
             "mismatch on, nothing more is recorded); the compiled outputs' comparison is the last column.\n\nFirst call, seconds (Triton JIT incl. autotune-free compile / Inductor "

@@ -8,11 +8,16 @@ state dict, one TP rank's shard of every quantized linear weight (q/k/v/o, gate/
 each of the 128 experts), random bf16 in the real shapes (``nemo_ais.preflight.MODEL_SHAPES``),
 resident on the device as a trainer holds it. Per format, timed in one process:
 
-* ``current``: the current refit stream (``fp8_weight_stream`` / ``block_weight_stream``),
-  one HF tensor at a time (each expert separately), outputs dropped as they are yielded;
-* ``fused``: :mod:`nemo_ais.kernels.triton_quant`, one launch per dense weight and per
-  expert stack ``[128, N, K]``; NVFP4's fused layers (q/k/v, gate/up, each expert's
-  gate/up) share one amax as in the stream, taken by one absmax launch per tensor;
+* ``current``: the refit stream as it was (``fp8_weight_stream`` / ``block_weight_stream``
+  with Triton off, ``without_triton``, and no ``num_experts``): one HF tensor at a time
+  (each expert separately) on the PyTorch path, outputs dropped as they are yielded;
+* ``stream``: the refit stream now: the public quantizers take the Triton kernels on CUDA
+  and ``num_experts`` quantizes each layer's ``[128, N, K]`` expert stack of one projection
+  in one call (the per-expert views of one buffer are stacked without a copy);
+* ``fused``: :mod:`nemo_ais.kernels.triton_quant` called directly, one launch per dense
+  weight and per expert stack ``[128, N, K]``; NVFP4's fused layers (q/k/v, gate/up, each
+  expert's gate/up) share one amax as in the stream, taken by one absmax launch per
+  tensor (the stream's floor: no names, no checks, no Python per tensor);
 * ``copy_``: ``y.copy_(x)`` of the same tensors into preallocated buffers (the device's
   achievable bandwidth); fraction of copy_ bandwidth = t(copy_) / t(fused).
 
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks._record import record_section
+from nemo_ais.formats.dispatch import without_triton
 from nemo_ais.fp8 import BlockSyncConfig, Fp8SyncConfig, block_weight_stream, fp8_weight_stream
 from nemo_ais.kernels.triton_quant import (
     quantize_blockwise_triton,
@@ -104,15 +110,23 @@ def named_tensors(layers: list[Layer]):
                 yield f"model.layers.{li}.mlp.experts.{e}.{name}.weight", stack[e]
 
 
-def current_refit(fmt: str, layers: list[Layer]) -> None:
-    """The current stream, consumed tensor by tensor."""
+def stream_refit(fmt: str, layers: list[Layer], num_experts: int | None = None) -> None:
+    """The refit stream, consumed tensor by tensor (``num_experts``: expert stacks)."""
     if fmt == "fp8":
-        stream = fp8_weight_stream(named_tensors(layers), Fp8SyncConfig(backend="torch"))
+        config = Fp8SyncConfig(backend="torch", num_experts=num_experts)
+        stream = fp8_weight_stream(named_tensors(layers), config)
     else:
         fmt_name = "mxfp8" if fmt == "mxfp8" else "nvfp4_w4a16"
-        stream = block_weight_stream(named_tensors(layers), BlockSyncConfig(format=fmt_name))
+        config = BlockSyncConfig(format=fmt_name, num_experts=num_experts)
+        stream = block_weight_stream(named_tensors(layers), config)
     for _ in stream:
         pass
+
+
+def current_refit(fmt: str, layers: list[Layer]) -> None:
+    """The stream as it was: PyTorch path, one expert at a time."""
+    with without_triton():
+        stream_refit(fmt, layers)
 
 
 def _amax(t: torch.Tensor, dim=None) -> torch.Tensor:
@@ -188,10 +202,10 @@ def main() -> None:
     device = torch.device("cuda" if cuda else "cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     head = (
-        "| model (vLLM TP) | format | quantized params / GPU | current s | fused s | copy_ s | "
-        "current / fused | fused / copy_ bandwidth |"
+        "| model (vLLM TP) | format | quantized params / GPU | current s | stream s | fused s | "
+        "copy_ s | current / stream | stream / copy_ bandwidth | fused / copy_ bandwidth |"
     )
-    rows = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def write(rows: list[str]) -> str:
         """The section's body so far; recorded after every row (a cut-off run keeps its rows)."""
@@ -201,13 +215,15 @@ def main() -> None:
             f"\n\n{dev}{scale}. One TP rank's shard of every quantized linear weight of the "
             "shipped configs (Qwen3-8B: vLLM TP 1; Qwen3-30B-A3B: vLLM TP 2, EP 1, 128 experts of "
             "moe_intermediate 768 / 2), random bf16, resident on the device. `current`: the refit "
-            "stream of nemo_ais.fp8 (fp8_weight_stream, block_weight_stream nvfp4_w4a16 / mxfp8), "
-            "one HF tensor at a time; `fused`: nemo_ais.kernels.triton_quant, one launch per "
-            "dense weight and per [128, N, K] expert stack (NVFP4 fused layers share one amax, as "
+            "stream of nemo_ais.fp8 (fp8_weight_stream, block_weight_stream nvfp4_w4a16 / mxfp8) "
+            "as it was: the PyTorch path (Triton off), one HF tensor at a time; `stream`: the same "
+            "stream now (Triton on CUDA, num_experts=128: one call per layer's [128, N, K] expert "
+            "stack of one projection); `fused`: nemo_ais.kernels.triton_quant called directly, one "
+            "launch per dense weight and per expert stack (NVFP4 fused layers share one amax, as "
             "in the stream); `copy_`: y.copy_(x) of the same tensors. Wall seconds per refit, "
-            f"synchronized; median of {args.repeats} (fused, copy_) and {args.current_repeats} "
-            "(current) runs after a one-layer warm-up. Fraction of copy_ bandwidth = "
-            "t(copy_) / t(fused)."
+            f"synchronized; median of {args.repeats} (stream, fused, copy_) and "
+            f"{args.current_repeats} (current) runs after a one-layer warm-up. Fraction of copy_ "
+            "bandwidth = t(copy_) / t(stream or fused)."
         )
         if not args.no_record:
             record_section("refit_scale", "Model-scale refit per GPU: FP8, MXFP8, NVFP4", body)
@@ -221,15 +237,20 @@ def main() -> None:
         targets = [torch.empty_like(t) for t in tensors]
         t_copy = timed(lambda la=layers, y=targets: copy_refit(la, y), sync, args.repeats)
         del targets
+        n_experts = max((s.shape[0] for la in layers for s in la.experts.values()), default=None)
         for fmt in args.formats:
             fused_refit(fmt, layers[:1])  # JIT warm-up
+            stream_refit(fmt, layers[:1], n_experts)
             current_refit(fmt, layers[:1])
             t_fused = timed(lambda f=fmt, la=layers: fused_refit(f, la), sync, args.repeats)
+            t_stream = timed(
+                lambda f=fmt, la=layers, e=n_experts: stream_refit(f, la, e), sync, args.repeats
+            )
             t_cur = timed(lambda f=fmt, la=layers: current_refit(f, la), sync, args.current_repeats)
             rows.append(
                 f"| {model} (TP {tp}) | {fmt} | {params / 1e6:.0f} M | {t_cur:.3f} | "
-                f"{t_fused:.3f} | {t_copy:.3f} | **{t_cur / t_fused:.1f}x** | "
-                f"**{t_copy / t_fused:.2f}** |"
+                f"{t_stream:.3f} | {t_fused:.3f} | {t_copy:.3f} | **{t_cur / t_stream:.1f}x** | "
+                f"**{t_copy / t_stream:.2f}** | {t_copy / t_fused:.2f} |"
             )
             print(rows[-1], flush=True)
             write(rows)

@@ -9,15 +9,39 @@ here exporting its record (``fp8_block.py`` is the model) and one row in ``regis
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["BF16", "Format", "RefitPairs", "unchanged"]
+__all__ = ["BF16", "Format", "RefitPairs", "stack_label", "unchanged", "weight_pairs"]
 
 RefitPairs = list[tuple[str, torch.Tensor]]
+
+
+def stack_label(name: str | Sequence[str]) -> str:
+    """``name``, or ``"<first name> (stack of E)"`` for an expert stack (error messages)."""
+    return name if isinstance(name, str) else f"{name[0]} (stack of {len(name)})"
+
+
+def weight_pairs(
+    name: str | Sequence[str], tensors: Sequence[tuple[str, torch.Tensor]]
+) -> RefitPairs:
+    """The refit pairs of one weight, or of each expert of a stack, in order.
+
+    ``name``: a weight ``<m>.weight`` and ``tensors`` ``[("weight", codes), (leaf, t), ...]``
+    -> ``[(<m>.weight, codes), (<m>.<leaf>, t), ...]``; a sequence of E expert weight names
+    and tensors with a leading expert dim -> those pairs of expert 0 (``t[0]``), then 1, ...
+    """
+    if not isinstance(name, str):
+        return [
+            pair
+            for e, expert in enumerate(name)
+            for pair in weight_pairs(expert, [(leaf, t[e]) for leaf, t in tensors])
+        ]
+    module = name.removesuffix(".weight")
+    return [(name if leaf == "weight" else f"{module}.{leaf}", t) for leaf, t in tensors]
 
 
 def unchanged(
@@ -42,7 +66,10 @@ class Format:
         fake_weight: ``(w, *, amax, name, knobs) -> fp32``, the twin's weight round trip.
         fake_activation: ``(x, *, amax, name, knobs)``, the twin's input round trip.
         refit_pairs: ``(name, w, config, *, weight_amax, input_scale) -> [(name, t)]`` that
-            vLLM's loader takes for one weight; None: no refit format.
+            vLLM's loader takes for one weight ``w [out, in]``, or for an expert stack
+            ``w [E, out, in]`` named by a sequence of E names (``weight_amax`` and
+            ``input_scale`` then ``[E]``): one quantizer call, the pairs of each expert in
+            turn (:func:`weight_pairs`); None: no refit format.
         refit_bytes: ``(numel, shape, config) -> bytes`` sent for one weight.
         pads: partial blocks are zero-padded (FP8); else the in-dim must be a block multiple.
         shared_global_scale: fused vLLM shards (q/k/v, gate/up) share one global scale.

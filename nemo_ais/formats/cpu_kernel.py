@@ -6,7 +6,8 @@ PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchma
 "quant"), so each format's whole rule runs in one C++ loop per row (``csrc/quantize_cpu.cpp``,
 package data), bit-equal to the PyTorch paths (tests/unit/test_fp8_cpu_kernel.py). Built
 with ``load_inline`` for contiguous fp32 / bf16 / fp16 CPU input; without a compiler or
-with ``NEMO_AIS_CPU_KERNEL=0`` the PyTorch paths run, with the same bits. A block with
+with ``NEMO_AIS_CPU_KERNEL=0`` the PyTorch paths run, with the same bits (which tensors
+take the kernels: :mod:`nemo_ais.formats.dispatch`). A block with
 NaN / inf is reported and the PyTorch path raises. One thread (no second OpenMP runtime).
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["cpu_kernel", "kernel_for"]
+__all__ = ["cpu_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,15 +150,3 @@ def cpu_kernel():
             err,
         )
         return None
-
-
-def kernel_for(x: torch.Tensor):
-    """The extension if it applies to ``x`` (non-empty contiguous fp32/bf16/fp16 CPU), or None."""
-    if (
-        x.device.type != "cpu"
-        or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)
-        or not x.is_contiguous()
-        or x.numel() == 0
-    ):
-        return None
-    return cpu_kernel()

@@ -17,8 +17,8 @@ vLLM's W8A8 block FP8 (DeepSeek-V3 style); conventions in ``docs/low_precision.m
 4. Clamp ``q`` to ``[-448, 448]`` and cast to ``float8_e4m3fn`` (round to nearest even).
 
 ``s`` is the DEQUANT multiplier (vLLM's ``weight_scale_inv``). Non-finite input raises.
-On CPU one fused C++ loop (:mod:`nemo_ais.formats.cpu_kernel`, bit-equal). Empty input is
-defined: empty codes and scales of ``ceil(dim / tile)`` per tiled dim.
+On CPU one fused C++ loop, on CUDA one Triton launch (:mod:`nemo_ais.formats.dispatch`),
+bit-equal. Empty input is defined: empty codes and scales of ``ceil(dim / tile)`` per tiled dim.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from nemo_ais.formats.base import Format, RefitPairs
+from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_finite
-from nemo_ais.formats.cpu_kernel import kernel_for
+from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import E4M3_MAX, band_elems
 
 __all__ = [
@@ -234,6 +234,9 @@ def quantize_blockwise(
         use_te = te_backend.use_te(x, backend, name=name, family=family, block=block)
         if use_te and x.numel() > 0:  # empty: no kernel to run, the reference result
             return te_backend.quantize_blockwise_te(x, block, family, eps, ue8m0, name=name)
+    fast = triton_quantize("quantize_blockwise_triton", x, block, family, eps, ue8m0, name=name)
+    if fast is not None:  # CUDA: one Triton launch (nemo_ais.formats.dispatch), same bits
+        return fast
     with torch.no_grad():
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
         # CPU: the fused kernel (same bits); a NaN / inf tile goes on to raise below
@@ -387,9 +390,15 @@ def _refit_pairs(
 ) -> RefitPairs:
     """The pairs of vLLM block FP8: ``(<m>.weight, codes)``, ``(<m>.weight_scale_inv, s)``."""
     q, s = quantize_blockwise(
-        w, config.block, config.family, config.eps, config.ue8m0, name=name, backend=config.backend
+        w,
+        config.block,
+        config.family,
+        config.eps,
+        config.ue8m0,
+        name=stack_label(name),
+        backend=config.backend,
     )
-    return [(name, q), (name.removesuffix(".weight") + ".weight_scale_inv", s)]
+    return weight_pairs(name, [("weight", q), ("weight_scale_inv", s)])
 
 
 def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any) -> int:

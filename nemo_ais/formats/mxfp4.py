@@ -20,7 +20,7 @@ import torch
 
 from nemo_ais.formats.base import Format
 from nemo_ais.formats.checks import check_finite, check_last_dim
-from nemo_ais.formats.cpu_kernel import kernel_for
+from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import (
     E2M1_MAX,
     E8M0_BIAS,
@@ -78,6 +78,11 @@ def quantize_mxfp4(
         ValueError: ``K % 32 != 0``, a non-floating ``x``, or non-finite values.
     """
     check_last_dim(x, name, MX_BLOCK, "MXFP4")
+    fast = triton_quantize(
+        "quantize_mxfp4_triton", x, round_ties_toward_zero=round_ties_toward_zero, name=name
+    )
+    if fast is not None:  # CUDA: one Triton launch (nemo_ais.formats.dispatch), same bits
+        return fast
     k = x.shape[-1]
     kb = k // MX_BLOCK
     rows = math.prod(x.shape[:-1])

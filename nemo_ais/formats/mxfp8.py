@@ -12,7 +12,8 @@ What vLLM's ModelOpt MXFP8 loader takes and NeMo-RL main streams (``is_mx``), fo
 
 Dequantization: ``fp32(q) * 2^(b - 127)``. NeMo-RL main rewrites byte 0 to 1 for its
 TRT-LLM kernel (same values). :func:`quantize_mxfp8_reference` is the reference;
-:func:`quantize_mxfp8` the banded fast path (one C++ loop on CPU), bit-equal.
+:func:`quantize_mxfp8` the banded fast path (one C++ loop on CPU, one Triton launch on CUDA:
+:mod:`~nemo_ais.formats.dispatch`), bit-equal.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from typing import Any
 
 import torch
 
-from nemo_ais.formats.base import Format, RefitPairs
+from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
 from nemo_ais.formats.checks import check_finite, check_last_dim
-from nemo_ais.formats.cpu_kernel import kernel_for
+from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import (
     E4M3_MAX,
     E8M0_BIAS,
@@ -95,6 +96,9 @@ def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
         ValueError: ``K % 32 != 0``, a non-floating ``x``, or non-finite values.
     """
     check_last_dim(x, name, MX_BLOCK, "MXFP8")
+    fast = triton_quantize("quantize_mxfp8_triton", x, name=name)
+    if fast is not None:  # CUDA: one Triton launch (nemo_ais.formats.dispatch), same bits
+        return fast
     k = x.shape[-1]
     rows = math.prod(x.shape[:-1])
     x2 = x.reshape(rows, k)
@@ -162,12 +166,13 @@ def _refit_pairs(
     name: str, w: torch.Tensor, config: Any, *, weight_amax: Any = None, input_scale: Any = None
 ) -> RefitPairs:
     """ModelOpt MXFP8 pairs; scale byte 0 becomes ``config.mxfp8_zero_scale_byte``."""
-    q = quantize_mxfp8(w, name=name)
+    q = quantize_mxfp8(w, name=stack_label(name))
     scale = q.scale
     if config.mxfp8_zero_scale_byte:
         scale.masked_fill_(scale == 0, config.mxfp8_zero_scale_byte)
-    scale_name = config.mxfp8_scale_name or "weight_scale"
-    return [(name, q.data), (f"{name.removesuffix('.weight')}.{scale_name}", scale)]
+    return weight_pairs(
+        name, [("weight", q.data), (config.mxfp8_scale_name or "weight_scale", scale)]
+    )
 
 
 def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any) -> int:

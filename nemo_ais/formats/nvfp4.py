@@ -14,7 +14,9 @@ ModelOpt's export rule (vLLM's ``weight`` / ``weight_scale`` / ``weight_scale_2`
 Dequantization: ``E2M1(code) * d``. ``rows_per_block=16``: TE's 16x16 weight tiles (one
 amax per tile, stored on each of its rows: still valid 1x16 NVFP4).
 :func:`quantize_nvfp4_reference` is the reference; :func:`quantize_nvfp4` and
-:func:`fake_quantize_nvfp4` the banded fast paths (two C++ passes on CPU), bit-equal.
+:func:`fake_quantize_nvfp4` the banded fast paths (two C++ passes on CPU; Triton on CUDA:
+:mod:`~nemo_ais.formats.dispatch`), bit-equal; :func:`quantize_nvfp4_experts` an expert
+stack with a global scale per expert.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nemo_ais.formats.base import Format, RefitPairs, unchanged
+from nemo_ais.formats.base import Format, RefitPairs, stack_label, unchanged, weight_pairs
 from nemo_ais.formats.checks import check_amax, check_finite, check_last_dim
-from nemo_ais.formats.cpu_kernel import kernel_for
+from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import (
     E2M1_MAX,
     E4M3_MAX,
@@ -48,10 +50,12 @@ __all__ = [
     "NVFP4_W4A4",
     "NVFP4_W4A16",
     "NVFP4Tensor",
+    "check_experts_args",
     "dequantize_nvfp4",
     "fake_quantize_nvfp4",
     "nvfp4_global_scale",
     "quantize_nvfp4",
+    "quantize_nvfp4_experts",
     "quantize_nvfp4_reference",
 ]
 
@@ -255,12 +259,73 @@ def quantize_nvfp4(
         ValueError: ``K % 16 != 0``, a non-floating ``x``, non-finite values, a bad ``amax``
             or ``rows_per_block``.
     """
+    fast = triton_quantize(
+        "quantize_nvfp4_triton", x, amax, rows_per_block=rows_per_block, name=name
+    )
+    if fast is not None:  # CUDA: Triton (nemo_ais.formats.dispatch), same bits
+        return fast
+    return _quantize_eager(x, amax, rows_per_block, name)
+
+
+def _quantize_eager(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor:
+    """:func:`quantize_nvfp4` without Triton: the C++ kernel on CPU, else the banded path."""
     with torch.no_grad():
         fused = _quantize_fused(x, amax, rows_per_block, name)
         if fused is not None:
             return fused
         data, block_scale, s_g = _quantize_bands(x, amax, rows_per_block, name, fake=False)
     return NVFP4Tensor(data, block_scale, s_g)
+
+
+def check_experts_args(
+    x: torch.Tensor, amax: torch.Tensor | None, rows_per_block: int, name: str
+) -> None:
+    """The arguments of :func:`quantize_nvfp4_experts` (ValueError)."""
+    check_last_dim(x, name, NVFP4_BLOCK, "NVFP4")
+    if x.dim() != 3 or rows_per_block not in TILE_ROWS:
+        raise ValueError(
+            f"{name}: got {list(x.shape)} with rows_per_block={rows_per_block}, expected "
+            "[E, N, K] and rows_per_block 1 or 16"
+        )
+    e = x.shape[0]
+    if amax is not None and (tuple(amax.shape) != (e,) or not amax.is_floating_point()):
+        raise ValueError(f"amax: got {list(amax.shape)} {amax.dtype}, expected floating [{e}]")
+
+
+def quantize_nvfp4_experts(
+    x: torch.Tensor,
+    amax: torch.Tensor | None = None,
+    *,
+    rows_per_block: int = 1,
+    name: str = "x",
+) -> NVFP4Tensor:
+    """NVFP4 of an expert stack ``x [E, N, K]``, one global scale per expert (vLLM's ModelOpt MoE).
+
+    Expert ``e`` is ``quantize_nvfp4(x[e], amax[e], rows_per_block=...)`` bit for bit;
+    ``amax``: floating ``[E]``, or None for ``max |x[e]|`` each. One Triton launch on CUDA
+    (:mod:`~nemo_ais.formats.dispatch`), one quantizer call per expert elsewhere.
+
+    Returns:
+        :class:`NVFP4Tensor` with ``data [E, N, K/2]``, ``block_scale [E, N, K/16]`` and
+        ``global_scale`` fp32 ``[E]``.
+
+    Raises:
+        ValueError: as :func:`quantize_nvfp4` (naming ``name[e]``), not 3-D, a bad ``amax``.
+    """
+    fast = triton_quantize(
+        "quantize_nvfp4_experts_triton", x, amax, rows_per_block=rows_per_block, name=name
+    )
+    if fast is not None:
+        return fast
+    check_experts_args(x, amax, rows_per_block, name)
+    e, n, k = x.shape
+    data = torch.empty(e, n, k // 2, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(e, n, k // NVFP4_BLOCK, dtype=torch.float8_e4m3fn, device=x.device)
+    s_g = torch.empty(e, dtype=torch.float32, device=x.device)
+    for i in range(e):
+        q = _quantize_eager(x[i], None if amax is None else amax[i], rows_per_block, f"{name}[{i}]")
+        data[i], scales[i], s_g[i] = q.data, q.block_scale, q.global_scale
+    return NVFP4Tensor(data, scales, s_g)
 
 
 def _quantize_fused(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor | None:
@@ -344,17 +409,21 @@ def _fake_activation(
 def _refit_pairs(
     name: str, w: torch.Tensor, config: Any, *, weight_amax: Any = None, input_scale: Any = None
 ) -> RefitPairs:
-    """ModelOpt NVFP4 pairs (+ W4A4 ``input_scale``); ``weight_amax``: the fused group's amax."""
-    q = quantize_nvfp4(w, weight_amax, rows_per_block=config.nvfp4_rows_per_block, name=name)
-    module = name.removesuffix(".weight")
-    pairs = [
-        (name, q.data),
-        (f"{module}.weight_scale", q.block_scale),
-        (f"{module}.weight_scale_2", q.global_scale),
+    """ModelOpt NVFP4 pairs (+ W4A4 ``input_scale``); ``weight_amax``: the fused group's amax.
+
+    An expert stack has a global scale per expert (:func:`quantize_nvfp4_experts`).
+    """
+    quantize = quantize_nvfp4 if isinstance(name, str) else quantize_nvfp4_experts
+    rows = config.nvfp4_rows_per_block
+    q = quantize(w, weight_amax, rows_per_block=rows, name=stack_label(name))
+    tensors = [
+        ("weight", q.data),
+        ("weight_scale", q.block_scale),
+        ("weight_scale_2", q.global_scale),
     ]
     if input_scale is not None:
-        pairs.append((f"{module}.input_scale", input_scale.clone()))
-    return pairs
+        tensors.append(("input_scale", input_scale.clone()))
+    return weight_pairs(name, tensors)
 
 
 def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any, n_scalars: int = 1) -> int:

@@ -32,7 +32,7 @@ from nemo_ais.formats import (
 )
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_amax, check_last_dim
 from nemo_ais.formats.fp8_block import check_blockwise_args
-from nemo_ais.formats.nvfp4 import nvfp4_global_scale
+from nemo_ais.formats.nvfp4 import check_experts_args, nvfp4_global_scale
 
 __all__ = [
     "quantize_blockwise_triton",
@@ -277,15 +277,8 @@ def quantize_nvfp4_experts_triton(
     ``amax``: fp32 ``[E]`` or None for ``max |x[e]|``. Returns an NVFP4 tensor whose
     ``global_scale`` is fp32 ``[E]``; ValueError as the reference, or not 3-D / bad ``amax``.
     """
-    check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
-    if x.dim() != 3 or rows_per_block not in (1, 16):
-        raise ValueError(
-            f"{name}: got {list(x.shape)} with rows_per_block={rows_per_block}, expected "
-            "[E, N, K] and rows_per_block 1 or 16"
-        )
+    check_experts_args(x, amax, rows_per_block, name)
     e, n, k = x.shape
-    if amax is not None and (tuple(amax.shape) != (e,) or not amax.is_floating_point()):
-        raise ValueError(f"amax: got {list(amax.shape)} {amax.dtype}, expected floating [{e}]")
     if x.numel() == 0:
         experts = [quantize_nvfp4(x[i], None if amax is None else amax[i]) for i in range(e)]
         s_g = torch.stack([q.global_scale for q in experts]) if e else torch.ones(0)

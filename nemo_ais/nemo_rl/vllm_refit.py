@@ -136,4 +136,5 @@ def engine_pairs(
                 "keep_patterns, num_first/last_layers_in_bf16)"
             )
         yield from stream.push(name, tensor)
+    yield from stream.flush()  # expert stacks are not held across chunks
     stream.end_chunk()  # the chunk's buffers are reused: copy the shards still held

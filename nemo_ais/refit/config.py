@@ -122,6 +122,13 @@ class RefitConfig(KeepInBf16Fields):
         description="Fused groups (q/k/v, gate/up) whose shards the stream may hold at once "
         "(memory bound); more means the tensors arrive interleaved across layers.",
     )
+    num_experts: int | None = Field(
+        None,
+        ge=1,
+        description="Routed experts per MoE layer (the model's num_experts): the stream "
+        "quantizes the experts of one layer and projection as one [E, N, K] stack, one "
+        "quantizer call (it then holds one layer's experts); None: one expert at a time.",
+    )
     input_amax_file: str | None = Field(
         None,
         description="JSON {module or fused group name: calibrated input amax} for "

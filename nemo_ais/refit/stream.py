@@ -21,7 +21,17 @@ format record says what a quantized ``<m>.weight [out, in]`` becomes
    until the group is complete, then quantized with the group's amax, in arrival order.
 4. Non-finite values raise ``ValueError`` naming the tensor, before it is yielded.
 
-Memory: one tensor's outputs plus at most ``max_open_groups`` held groups.
+5. MoE experts (``num_experts`` set): the experts of one layer and projection (NVFP4: of
+   one fused layer, each expert its own global scale) are held until all have arrived,
+   then quantized as one ``[E, N, K]`` stack, one quantizer call (one Triton launch on
+   CUDA), and sent under their own names, bit for bit what one expert at a time sends
+   (:mod:`nemo_ais.refit.experts`). A stack still open when another layer's experts
+   arrive, or at :meth:`RefitStream.flush` (the end of a chunk or of the refit: a partial
+   refit), is sent with the experts it holds; none is dropped or held past the refit.
+
+Memory: one tensor's outputs plus at most ``max_open_groups`` held groups; with
+``num_experts``, also one layer's held experts (HF order interleaves a layer's gate, up and
+down experts) and one stack's outputs (each expert's tensors are views of them).
 :class:`RefitStream` is the stateful form for a chunked refit; :func:`plan_refit` the dry run.
 """
 
@@ -39,6 +49,7 @@ from nemo_ais.formats.checks import check_amax, check_finite
 from nemo_ais.formats.nvfp4 import nvfp4_global_scale
 from nemo_ais.formats.registry import get_format
 from nemo_ais.refit.config import BlockSyncConfig, Fp8SyncConfig, RefitConfig
+from nemo_ais.refit.experts import ExpertStack, ExpertStacks, expert_amax, stack_experts
 from nemo_ais.rules.vllm_layers import (
     COLUMN_PARALLEL,
     fused_shard_group,
@@ -216,8 +227,9 @@ plan_fp8_sync = plan_block_sync = plan_refit
 class RefitStream:
     """The stream's state across chunks of one refit: fused groups still waiting for shards.
 
-    :meth:`push` one pair at a time (yields the pairs that are ready), :meth:`end_chunk`
-    before the caller's tensors become invalid, :meth:`close` at the end of a refit.
+    :meth:`push` one pair at a time (yields the pairs that are ready), :meth:`flush` and
+    :meth:`end_chunk` before the caller's tensors become invalid, :meth:`close` at the end
+    of a refit (after :meth:`flush`).
 
     Args:
         config: what to quantize and how.
@@ -240,13 +252,18 @@ class RefitStream:
             k: check_amax(v, f"input_amax[{k!r}]") for k, v in (input_amax or {}).items()
         }
         self._open: dict[str, dict[str, torch.Tensor]] = {}
+        self._stacks = (
+            None
+            if config.num_experts is None
+            else ExpertStacks(config.num_experts, self.format.shared_global_scale)
+        )
 
     def plan(self, name: str, tensor: torch.Tensor) -> PlanEntry:
         """:func:`plan_tensor` for ``tensor`` under this stream's config."""
         return plan_tensor(name, tensor.shape, tensor.dtype, self.config)
 
     def push(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        """The pairs ``(name, tensor)`` completes: itself kept, its quantized pairs, or a group.
+        """The pairs ``(name, tensor)`` completes: itself kept, its pairs, a group or a stack.
 
         Raises:
             ValueError: NaN/Inf, a bad TP shard, fused siblings that disagree, too many open
@@ -258,18 +275,36 @@ class RefitStream:
                 check_finite(tensor, name, action=_REFUSE_NAN)
             yield name, tensor
             return
+        if self.format.shared_global_scale:
+            self._check_siblings(name, tensor)
+        if self._stacks is not None and fused_shard_group(name) not in self._open:
+            shape = tuple(tensor.shape)
+            taken = self._stacks.add(name, tensor, lambda n: _keep(n, shape, self.config) is None)
+            if taken is not None:
+                del tensor
+                flush, done = taken
+                for stack in [*flush, *([] if done is None else [done])]:
+                    yield from self._send_stack(stack)
+                return
+        yield from self._one(name, tensor)
+
+    def _one(
+        self, name: str, tensor: torch.Tensor, *, check_open: bool = True
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """One quantized weight: its pairs, or held until its fused group is complete."""
         if not self.format.shared_global_scale:
             pairs = self.format.refit_pairs(name, tensor, self.config)
             del tensor  # the input is no longer needed by the stream
             yield from _hand_over(pairs)
             return
-        siblings = self._check_siblings(name, tensor)
+        siblings = fused_siblings(name)
         group = fused_shard_group(name)
         held = self._open.setdefault(group, {})
         held[name] = tensor
         del tensor
         if set(held) != set(siblings):
-            self._check_open_groups(group)
+            if check_open:
+                self._check_open_groups(group)
             return
         shards = self._open.pop(group)
         amaxes = {shard_name: _amax(t) for shard_name, t in shards.items()}
@@ -287,14 +322,34 @@ class RefitStream:
             )
             yield from _hand_over(pairs)
 
+    def flush(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Send what the expert stacks hold (end of a chunk or of a refit).
+
+        Each stack with the experts it has; fused groups still missing a shard stay held.
+        """
+        if self._stacks is not None:
+            for stack in self._stacks.pop_all():
+                yield from self._send_stack(stack)
+
     def end_chunk(self) -> None:
-        """Copy the shards held for open groups (the caller's buffers are about to be reused)."""
+        """Copy the tensors held for open groups and stacks (the caller's buffers are reused)."""
         for shards in self._open.values():
             for shard_name, t in shards.items():
                 shards[shard_name] = t.clone()
+        if self._stacks is not None:
+            self._stacks.clone_held()
 
     def close(self) -> None:
-        """End of a refit: ValueError naming each fused group that never received all its shards."""
+        """End of a refit: ValueError naming each fused group that never received all its shards.
+
+        Expert stacks must be sent first (:meth:`flush`); ValueError naming any still held.
+        """
+        if self._stacks is not None and self._stacks.open:
+            held = sorted(n for stack in self._stacks.pop_all() for n in stack.held)
+            raise ValueError(
+                f"{len(held)} MoE expert weight(s) still held in expert stacks at close() "
+                f"({held[:4]}...): yield from stream.flush() before stream.close()"
+            )
         if not self._open:
             return
         lines = [
@@ -307,6 +362,50 @@ class RefitStream:
             f"{len(lines)} fused layer(s) incomplete at the end of the refit (NVFP4 shards "
             "of one vLLM layer share one global scale, so none was sent):\n" + "\n".join(lines)
         )
+
+    def _send_stack(self, stack: ExpertStack) -> Iterator[tuple[str, torch.Tensor]]:
+        """A stack's pairs: one quantizer call per projection for its whole experts.
+
+        Pairs in expert order; a fused group missing a shard goes on to :meth:`_one`, held.
+        """
+        experts = stack.whole_experts()
+        names = {leaf: [stack.name(e, leaf) for e in experts] for leaf in stack.leaves}
+        tensors = {leaf: [stack.held[n] for n in ns] for leaf, ns in names.items()}
+        if experts and all(
+            len({(t.shape, t.dtype, t.device) for t in ts}) == 1 for ts in tensors.values()
+        ):
+            yield from self._quantize_stack(stack, names, tensors)
+        for name in list(stack.held):  # partial groups, unlike shapes, or a stack that raised
+            yield from self._one(name, stack.held.pop(name), check_open=False)
+
+    def _quantize_stack(self, stack, names, tensors) -> Iterator[tuple[str, torch.Tensor]]:
+        x = {leaf: stack_experts(ts) for leaf, ts in tensors.items()}
+        tensors.clear()
+        weight_amax = input_scale = None
+        if self.format.shared_global_scale:
+            amax = [expert_amax(x3) for x3 in x.values()]
+            weight_amax = torch.stack(amax).amax(dim=0)
+            if not bool(torch.isfinite(weight_amax).all()):
+                return  # one expert at a time: the group names the shard with NaN/Inf
+            if self.format.static_input_amax:
+                groups = [[ns[i] for ns in names.values()] for i in range(len(weight_amax))]
+                input_scale = torch.stack(
+                    [self._input_scale(fused_shard_group(g[0]), tuple(g)) for g in groups]
+                )
+        for leaf in stack.leaves:
+            try:
+                pairs = self.format.refit_pairs(
+                    names[leaf],
+                    x.pop(leaf),
+                    self.config,
+                    weight_amax=weight_amax,
+                    input_scale=input_scale,
+                )
+            except ValueError:  # NaN/Inf: one expert at a time names the tensor
+                return
+            for n in names[leaf]:
+                del stack.held[n]
+            yield from _hand_over(pairs)
 
     def _check_siblings(self, name: str, tensor: torch.Tensor) -> tuple[str, ...]:
         siblings = fused_siblings(name)
@@ -384,6 +483,7 @@ def _stream(
     for name, tensor in named_tensors:
         yield from stream.push(name, tensor)
         del tensor
+    yield from stream.flush()
     stream.close()
 
 

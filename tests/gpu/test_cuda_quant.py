@@ -1,5 +1,5 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""The pure-torch quantizers give the same bits on CUDA as on CPU (no TE needed).
+"""The pure-torch quantizers give the same bits on CUDA as on CPU (no TE, no Triton).
 
 FP8 (activations, the twin's fused fake quant), NVFP4 (1x16 and 16x16 tiles, static
 amax, fake quant), MXFP8 and MXFP4: every byte of codes and scales, every bit of the
@@ -30,6 +30,12 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _pytorch_path(monkeypatch):
+    """The PyTorch path on CUDA: Triton off (tests/gpu/test_triton_dispatch_cuda.py has it on)."""
+    monkeypatch.setenv("NEMO_AIS_TRITON", "0")
 
 
 def _mismatch(a: torch.Tensor, b: torch.Tensor) -> str | None:

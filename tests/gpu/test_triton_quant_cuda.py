@@ -4,14 +4,17 @@
 
 Edge-case tensors are compared with the CPU quantizers (the reference bits); real weight
 shapes and a Qwen3-30B-A3B-shaped expert stack with the PyTorch path on the same device
-(itself tested equal to CPU in tests/gpu/test_cuda_quant.py). Run by benchmarks/gpu_checks.sh.
+(``without_triton``: the public quantizers would dispatch to these kernels; itself tested
+equal to CPU in tests/gpu/test_cuda_quant.py). Run by benchmarks/gpu_checks.sh.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from bit_equal import assert_same_bits as _assert_same
 
+from nemo_ais.formats.dispatch import without_triton
 from nemo_ais.fp8 import quantize_blockwise, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
 from nemo_ais.kernels.triton_quant import (
     quantize_blockwise_triton,
@@ -25,26 +28,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous().cpu()
-    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int32)
-
-
-def _assert_same(got, want, what: str) -> None:
-    got_parts = got if isinstance(got, tuple) else tuple(vars(got).values())
-    want_parts = want if isinstance(want, tuple) else tuple(vars(want).values())
-    for i, (g, w) in enumerate(zip(got_parts, want_parts, strict=True)):
-        assert g.shape == w.shape and g.dtype == w.dtype, f"{what}[{i}]: {g.shape} {g.dtype}"
-        gb, wb = _bits(g), _bits(w)
-        diff = (gb != wb).nonzero()
-        if diff.numel():
-            idx = tuple(diff[0].tolist())
-            raise AssertionError(
-                f"{what}[{i}]: {diff.shape[0]} mismatch(es), first at {idx}: "
-                f"triton {gb[idx].item():#x}, reference {wb[idx].item():#x}"
-            )
 
 
 def _wide_range(shape, seed: int) -> torch.Tensor:
@@ -91,13 +74,21 @@ def test_weights_and_expert_stacks_equal_the_pytorch_path(shape, dtype):
     # (128, 1536, 2048): Qwen3-30B-A3B's gate_up experts of one layer, one launch
     g = torch.Generator(device="cuda").manual_seed(3)
     x = (torch.randn(shape, generator=g, device="cuda") * 0.02).to(dtype)
-    _assert_same(quantize_blockwise_triton(x), quantize_blockwise(x), "fp8")
-    _assert_same(quantize_blockwise_triton(x, ue8m0=True), quantize_blockwise(x, ue8m0=True), "ue")
-    _assert_same(quantize_mxfp8_triton(x), quantize_mxfp8(x), "mxfp8")
-    _assert_same(quantize_mxfp4_triton(x), quantize_mxfp4(x), "mxfp4")
-    _assert_same(quantize_nvfp4_triton(x), quantize_nvfp4(x), "nvfp4")
-    rows = quantize_nvfp4(x, rows_per_block=16)
-    _assert_same(quantize_nvfp4_triton(x, rows_per_block=16), rows, "nvfp4 16x16")
+    with without_triton():  # the public quantizers' PyTorch path on the same device
+        want = [
+            quantize_blockwise(x),
+            quantize_blockwise(x, ue8m0=True),
+            quantize_mxfp8(x),
+            quantize_mxfp4(x),
+            quantize_nvfp4(x),
+            quantize_nvfp4(x, rows_per_block=16),
+        ]
+    _assert_same(quantize_blockwise_triton(x), want[0], "fp8")
+    _assert_same(quantize_blockwise_triton(x, ue8m0=True), want[1], "ue")
+    _assert_same(quantize_mxfp8_triton(x), want[2], "mxfp8")
+    _assert_same(quantize_mxfp4_triton(x), want[3], "mxfp4")
+    _assert_same(quantize_nvfp4_triton(x), want[4], "nvfp4")
+    _assert_same(quantize_nvfp4_triton(x, rows_per_block=16), want[5], "nvfp4 16x16")
 
 
 @pytest.mark.parametrize("rows_per_block", [1, 16])
@@ -108,7 +99,8 @@ def test_nvfp4_expert_stack_with_a_scale_per_expert(rows_per_block):
     x = (torch.randn(128, 384, 2048, generator=g, device="cuda") * scales).bfloat16()
     got = quantize_nvfp4_experts_triton(x, rows_per_block=rows_per_block)
     for e in (0, 1, 77, 127):
-        want = quantize_nvfp4(x[e], rows_per_block=rows_per_block)
+        with without_triton():
+            want = quantize_nvfp4(x[e], rows_per_block=rows_per_block)
         one = type(got)(got.data[e], got.block_scale[e], got.global_scale[e])
         _assert_same(one, want, f"expert {e}")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from bit_equal import assert_same_bits as _assert_same
 
 from nemo_ais.formats.mxfp4 import quantize_mxfp4_reference
 from nemo_ais.formats.mxfp8 import quantize_mxfp8_reference
@@ -41,25 +42,6 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # load's cast to fp32; the 36-case cross product costs 3x the interpreter time for no pair
 # left uncovered)
 FAMILY_EPS_UE8M0_DTYPE = [(*c, DTYPES[i % 3]) for i, c in enumerate(FAMILY_EPS_UE8M0)]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
-    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int32)
-
-
-def _assert_same(got, want, what: str) -> None:
-    got_parts = got if isinstance(got, tuple) else tuple(vars(got).values())
-    want_parts = want if isinstance(want, tuple) else tuple(vars(want).values())
-    for i, (g, w) in enumerate(zip(got_parts, want_parts, strict=True)):
-        assert g.shape == w.shape and g.dtype == w.dtype, f"{what}[{i}]: {g.shape} {g.dtype}"
-        diff = (_bits(g) != _bits(w)).nonzero()
-        if diff.numel():
-            idx = tuple(diff[0].tolist())
-            raise AssertionError(
-                f"{what}[{i}]: {diff.shape[0]} mismatch(es), first at {idx}: "
-                f"triton {_bits(g)[idx].item():#x}, reference {_bits(w)[idx].item():#x}"
-            )
 
 
 def _wide_range(shape, seed: int) -> torch.Tensor:

@@ -1,0 +1,118 @@
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
+"""Which implementation runs a public quantizer: ONE decision for every format.
+
+:func:`backend_for` picks, for a tensor's device, dtype and layout:
+
+* ``"triton"``: a CUDA tensor with Triton importable: the fused kernels of
+  :mod:`nemo_ais.kernels.triton_quant` (one launch per weight or ``[E, N, K]`` expert
+  stack, bit-equal to the PyTorch paths). ``NEMO_AIS_TRITON=0`` turns them off.
+* ``"cpu"``: a non-empty contiguous fp32 / bf16 / fp16 CPU tensor with the fused C++
+  kernels built (:mod:`nemo_ais.formats.cpu_kernel`; ``NEMO_AIS_CPU_KERNEL=0`` turns them off).
+* ``"torch"``: the PyTorch path, with the same bits, everywhere else.
+
+``kernels/`` builds on ``formats/`` (it falls back to these quantizers), so the Triton module
+is loaded by name on the first CUDA call, never by an import statement here (no import
+circle). A Triton kernel that meets non-finite input calls the public quantizer to raise
+its error; :func:`without_triton` makes that call take the PyTorch path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib
+import importlib.util
+import os
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+
+from nemo_ais.formats import cpu_kernel as _cpu
+
+__all__ = [
+    "Backend",
+    "backend_for",
+    "backend_of",
+    "kernel_for",
+    "triton_enabled",
+    "triton_quantize",
+    "without_triton",
+]
+
+Backend = Literal["triton", "cpu", "torch"]
+
+TRITON_MODULE = "nemo_ais.kernels.triton_quant"
+_TRITON_DEVICES = ("cuda",)  # device types the Triton kernels are compiled for
+_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_NO_TRITON = contextvars.ContextVar("nemo_ais_no_triton", default=False)
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_enabled() -> bool:
+    """Triton is importable, ``NEMO_AIS_TRITON`` is not ``0`` and no :func:`without_triton` is active."""
+    if os.environ.get("NEMO_AIS_TRITON", "1") == "0" or _NO_TRITON.get():
+        return False
+    return _triton_importable()
+
+
+def backend_for(
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    *,
+    contiguous: bool = True,
+    numel: int = 1,
+) -> Backend:
+    """The implementation that quantizes a tensor of ``device``, ``dtype`` and layout (module doc)."""
+    kind = torch.device(device).type
+    if kind in _TRITON_DEVICES and triton_enabled():
+        return "triton"
+    if (
+        kind == "cpu"
+        and dtype in _CPU_DTYPES
+        and contiguous
+        and numel > 0
+        and _cpu.cpu_kernel() is not None
+    ):
+        return "cpu"
+    return "torch"
+
+
+def backend_of(x: torch.Tensor) -> Backend:
+    """:func:`backend_for` of tensor ``x``."""
+    return backend_for(x.device, x.dtype, contiguous=x.is_contiguous(), numel=x.numel())
+
+
+def kernel_for(x: torch.Tensor) -> Any:
+    """The fused C++ extension where :func:`backend_of` ``x`` is ``"cpu"``, else None."""
+    return _cpu.cpu_kernel() if backend_of(x) == "cpu" else None
+
+
+@contextlib.contextmanager
+def without_triton() -> Iterator[None]:
+    """Within the block the public quantizers take no Triton path (this thread / task only)."""
+    token = _NO_TRITON.set(True)
+    try:
+        yield
+    finally:
+        _NO_TRITON.reset(token)
+
+
+def triton_quantize(kernel: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """``nemo_ais.kernels.triton_quant.<kernel>(x, *args, **kwargs)``, or None (no Triton path).
+
+    None where :func:`backend_for` of ``x`` is not ``"triton"``: the caller's path runs.
+    The kernel's own fallback (non-finite input: the public quantizer raises) runs
+    :func:`without_triton`.
+    """
+    if backend_of(x) != "triton":
+        return None
+    module = importlib.import_module(TRITON_MODULE)
+    with without_triton():
+        return getattr(module, kernel)(x, *args, **kwargs)
