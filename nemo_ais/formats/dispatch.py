@@ -14,7 +14,9 @@
 ``kernels/`` builds on ``formats/`` (it falls back to these quantizers), so the Triton module
 is loaded by name on the first CUDA call, never by an import statement here (no import
 circle). A Triton kernel that meets non-finite input calls the public quantizer to raise
-its error; :func:`without_triton` makes that call take the PyTorch path.
+its error; :func:`without_triton` makes that call take the PyTorch path. A kernel that
+fails for any other reason (a Triton or driver version that cannot compile or launch it) is
+logged once and Triton is switched off for the process: the PyTorch path gives the same bits.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import contextvars
 import functools
 import importlib
 import importlib.util
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -48,6 +51,9 @@ TRITON_MODULE = "nemo_ais.kernels.triton_quant"
 _TRITON_DEVICES = ("cuda",)  # device types the Triton kernels are compiled for
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _NO_TRITON = contextvars.ContextVar("nemo_ais_no_triton", default=False)
+_BROKEN: list[str] = []  # the first failure of a Triton kernel in this process, if any
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -56,8 +62,12 @@ def _triton_importable() -> bool:
 
 
 def triton_enabled() -> bool:
-    """Triton is importable, ``NEMO_AIS_TRITON`` is not ``0`` and no :func:`without_triton` is active."""
-    if os.environ.get("NEMO_AIS_TRITON", "1") == "0" or _NO_TRITON.get():
+    """Whether the Triton kernels may run (module doc).
+
+    Triton is importable, ``NEMO_AIS_TRITON`` is not ``0``, no :func:`without_triton` is
+    active and no Triton kernel has failed in this process.
+    """
+    if os.environ.get("NEMO_AIS_TRITON", "1") == "0" or _NO_TRITON.get() or _BROKEN:
         return False
     return _triton_importable()
 
@@ -114,5 +124,19 @@ def triton_quantize(kernel: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> 
     if backend_of(x) != "triton":
         return None
     module = importlib.import_module(TRITON_MODULE)
-    with without_triton():
-        return getattr(module, kernel)(x, *args, **kwargs)
+    try:
+        with without_triton():
+            return getattr(module, kernel)(x, *args, **kwargs)
+    except (ValueError, TypeError):
+        raise  # the caller's input: the same error as the PyTorch path's
+    except Exception as err:  # compile / launch failure: same bits on the PyTorch path
+        _BROKEN.append(f"{kernel}: {type(err).__name__}: {err}")
+        logger.warning(
+            "nemo_ais.formats: the Triton kernel %s failed (%s: %s); the PyTorch path runs "
+            "from now on in this process (same bits, slower). NEMO_AIS_TRITON=0 skips the "
+            "attempt.",
+            kernel,
+            type(err).__name__,
+            err,
+        )
+        return None

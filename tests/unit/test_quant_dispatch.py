@@ -197,3 +197,29 @@ def test_nvfp4_experts_errors_and_empty():
         quantize_nvfp4_experts(torch.ones(2, 4, 40), name="w")
     empty = quantize_nvfp4_experts(torch.ones(2, 0, 32))
     assert empty.data.shape == (2, 0, 16) and empty.global_scale.tolist() == [1.0, 1.0]
+
+
+def test_a_triton_kernel_that_fails_is_logged_once_and_the_pytorch_path_runs(
+    cpu_routed_to_triton, monkeypatch, caplog
+):
+    # a Triton / driver that cannot compile or launch a kernel: the same bits from the
+    # PyTorch path, one warning naming the kernel and the error, no second attempt
+    from nemo_ais.kernels import triton_quant
+
+    def broken(*args, **kwargs):
+        cpu_routed_to_triton.append("broken")
+        raise RuntimeError("PTX .version 8.7 does not support .target sm_90a")
+
+    monkeypatch.setattr(triton_quant, "quantize_mxfp8_triton", broken)
+    monkeypatch.setattr(dispatch, "_BROKEN", [])
+    x = _input((24, 96))
+    want = _reference(quantize_mxfp8, x, {}, monkeypatch)
+    with caplog.at_level("WARNING", logger="nemo_ais.formats.dispatch"):
+        assert_same_bits(quantize_mxfp8(x), want, "after a failed launch")
+        assert_same_bits(quantize_mxfp8(x), want, "second call")
+    assert cpu_routed_to_triton == ["broken"]  # tried once, then off for the process
+    (record,) = caplog.records
+    assert "quantize_mxfp8_triton failed (RuntimeError: PTX .version 8.7" in record.getMessage()
+    assert backend_for("cuda") == "torch"
+    with pytest.raises(ValueError, match="K=48"):  # the caller's own errors still raise
+        quantize_mxfp8(torch.ones(2, 48))
