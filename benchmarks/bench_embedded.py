@@ -11,6 +11,12 @@ per-phase split from metrics.jsonl.
     python -m benchmarks.bench_embedded --presets default       # only the default run
     python -m benchmarks.bench_embedded --presets quick default evidence --keep-cache
     python -m benchmarks.bench_embedded --presets dose --keep-cache --section run_dose
+    python -m benchmarks.bench_embedded --arm-times runs/dose --preset-include dose
+
+``--arm-times RUN_DIR`` times nothing: it tabulates the per-arm wall time of a finished run
+(``time/step`` + ``time/eval`` of rank 0 from its metrics.jsonl, summed over seeds) and the
+sum over the arms a preset includes by default (``--preset-include``): what a run of that
+subset would spend in its GRPO steps, as measured in the same run (arms are independent runs).
 """
 
 from __future__ import annotations
@@ -59,6 +65,36 @@ def _warm_start_file(preset: str, cache: Path, overrides: list[str]) -> Path:
         CONFIG_DIR / f"{preset}.yaml", [f"policy.warm_start.cache_dir={cache}", *overrides]
     )
     return warm_start_path(resolve_arm(raw, None))
+
+
+def arm_minutes(run_dir: Path) -> dict[str, float]:
+    """Minutes of ``time/step`` + ``time/eval`` (rank 0) per arm of a finished run, all seeds."""
+    minutes: dict[str, float] = defaultdict(float)
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        minutes[rec["arm"]] += (rec.get("time/step", 0.0) + rec.get("time/eval", 0.0)) / 60
+    return dict(minutes)
+
+
+def arm_times_md(run_dir: Path, preset: str) -> str:
+    """Per-arm minutes of ``run_dir`` and their sum over ``preset``'s default ``include``."""
+    from nemo_ais.embedded.config import CONFIG_DIR, load_config
+
+    minutes = arm_minutes(run_dir)
+    include = load_config(CONFIG_DIR / f"{preset}.yaml")["experiment"]["include"]
+    missing = [a for a in include if a not in minutes]
+    if missing:
+        raise SystemExit(f"{run_dir}: no records of the arms {missing} of --preset {preset}")
+    rows = [f"| {a} | {m:.1f} | {'yes' if a in include else 'no'} |" for a, m in minutes.items()]
+    total, subset = sum(minutes.values()), sum(minutes[a] for a in include)
+    return (
+        f"Per-arm wall time of `{run_dir}` (rank 0, `time/step` + `time/eval` summed over its "
+        "seeds; process start-up and warm-start loading not included):\n\n"
+        f"| arm | minutes | in `--preset {preset}`'s default include |\n|---|---|---|\n"
+        + "\n".join(rows)
+        + f"\n\nAll arms: **{total:.1f} min**; the {len(include)} arms `--preset {preset}` "
+        f"runs by default: **{subset:.1f} min** ({subset / total:.2f} of the run)."
+    )
 
 
 def run_command(
@@ -124,7 +160,21 @@ def main() -> None:
         "--section", default="run", help="docs/benchmarks.md section to record (default run)."
     )
     parser.add_argument("--overrides", nargs="*", default=[], help="key=value for every run.")
+    parser.add_argument(
+        "--arm-times", type=Path, default=None, help="Tabulate a finished run's per-arm times."
+    )
+    parser.add_argument("--preset-include", default="dose", help="With --arm-times.")
     args = parser.parse_args()
+    if args.arm_times is not None:
+        body = arm_times_md(args.arm_times, args.preset_include)
+        print(body)
+        if not args.no_record:
+            record_section(
+                args.section,
+                f"Per-arm time of a finished run: --preset {args.preset_include}",
+                body,
+            )
+        return
 
     root = Path(args.run_root)
     rows = []
