@@ -126,7 +126,8 @@ def test_dose_long_is_the_two_highest_levels_for_200_steps():
         {a.split("-")[0] for a in dose["experiment"]["include"][1:]}, key=lambda a: float(a[1:])
     )
     top = levels[-2:]
-    want = ["bf16"] + [f"{k}-{c}" for k in top for c in DOSE_CORRECTIONS]
+    # none, tis, ais (const and qarl left out on timing, defined in dose.yaml)
+    want = ["bf16"] + [f"{k}-{c}" for k in top for c in ("none", "tis", "ais")]
     assert raw["experiment"]["include"] == want
     for arm in want:  # the same arm definitions as the 60-step study
         a, b = resolve_arm(raw, arm), resolve_arm(dose, arm)
