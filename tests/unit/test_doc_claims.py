@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from nemo_ais.embedded.report import _summary_md
+from nemo_ais.embedded.tolerance import tolerance_md, tolerance_table
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results.md"
@@ -55,10 +56,12 @@ def _tables(lines: list[str]) -> list[tuple[int, str, str | None]]:
 
 
 def _summary_headers() -> set[str]:
-    """The header rows ``summary.md`` has (a two-arm, two-seed, 20-step record set: long
-    enough not to be a smoke run, whose summary leaves tables out)."""
+    """The header rows ``summary.md`` has (two seeds, 20 steps: long enough not to be a
+    smoke run, whose summary leaves tables out; the arms of a dose run, whose summary adds
+    the tolerance curve's tables: every correction of ``--preset dose`` at two levels)."""
     recs = []
-    for arm in ("bf16", "fp8-none"):
+    dose = [f"k{k}-{c}" for k in (1, 4) for c in ("none", "tis", "ais", "const", "qarl")]
+    for arm in ("bf16", "fp8-none", *dose):
         for seed in (0, 1):
             recs += [
                 {"kind": "val", "arm": arm, "seed": seed, "step": s, "accuracy": 0.01 * s}
@@ -68,7 +71,11 @@ def _summary_headers() -> set[str]:
                 {"kind": "train", "arm": arm, "seed": seed, "step": s, "reward": 0.5}
                 for s in range(1, 21)
             ]
+    for r in recs:
+        if r["kind"] == "train" and r["arm"] != "bf16":  # the x-axes of the curve
+            r.update({"ais/severity": 0.01, "ais/kl_k3": 0.001, "ais/token_mult_prob_error": 1.01})
     text = _summary_md(Path("run"), recs, "bf16")
+    text += "\n" + tolerance_md(tolerance_table(recs, "bf16"), "bf16")
     lines = text.splitlines()
     return {
         line.strip()

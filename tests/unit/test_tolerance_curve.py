@@ -164,3 +164,18 @@ def test_a_bad_study_file_is_named(tmp_path, content):
         load_study(path)
     with pytest.raises(BadInputError, match=r"missing\.json:0: cannot read"):
         load_study(tmp_path / "missing.json")
+
+
+def test_the_shipped_study_is_the_default_and_a_dose_run():
+    """``nemo_ais/analyze/tolerance_study.json``: the recorded dose run (docs/results.md)."""
+    from nemo_ais.analyze.placement import STUDY
+
+    assert STUDY.is_file(), "the recorded study ships with the package"
+    levels = load_study(None)
+    assert levels == json.loads(STUDY.read_text())
+    assert [lv["k"] for lv in levels] == [1.0, 4.0, 8.0]  # dose.yaml's levels
+    d = [lv["mismatch"]["D"] for lv in levels]
+    assert d == sorted(d) and d[0] > 0  # the dial raises the uncorrected arm's mismatch
+    for lv in levels:
+        assert set(lv["delta"]) == {"none", "tis", "ais", "const", "qarl"}
+        assert all(pairs == 6 for pairs, _, _ in lv["delta"].values())  # 6 paired seeds
