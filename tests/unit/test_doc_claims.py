@@ -19,6 +19,7 @@ table is governed by a ``copied from`` source (issue 17: nothing assembled by ha
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from pathlib import Path
@@ -55,13 +56,11 @@ def _tables(lines: list[str]) -> list[tuple[int, str, str | None]]:
     return out
 
 
-def _summary_headers() -> set[str]:
-    """The header rows ``summary.md`` has (two seeds, 20 steps: long enough not to be a
-    smoke run, whose summary leaves tables out; the arms of a dose run, whose summary adds
-    the tolerance curve's tables: every correction of ``--preset dose`` at two levels)."""
+def _records(arms) -> list[dict]:
+    """Two seeds x 20 steps of ``arms`` (long enough not to be a smoke run, whose summary
+    leaves tables out); a dial level's arms carry the curve's x-axes."""
     recs = []
-    dose = [f"k{k}-{c}" for k in (1, 4) for c in ("none", "tis", "ais", "const", "qarl")]
-    for arm in ("bf16", "fp8-none", *dose):
+    for arm in arms:
         for seed in (0, 1):
             recs += [
                 {"kind": "val", "arm": arm, "seed": seed, "step": s, "accuracy": 0.01 * s}
@@ -72,16 +71,35 @@ def _summary_headers() -> set[str]:
                 for s in range(1, 21)
             ]
     for r in recs:
-        if r["kind"] == "train" and r["arm"] != "bf16":  # the x-axes of the curve
+        if r["kind"] == "train" and r["arm"] != "bf16":
             r.update({"ais/severity": 0.01, "ais/kl_k3": 0.001, "ais/token_mult_prob_error": 1.01})
-    text = _summary_md(Path("run"), recs, "bf16")
-    text += "\n" + tolerance_md(tolerance_table(recs, "bf16"), "bf16")
-    lines = text.splitlines()
-    return {
-        line.strip()
-        for line, nxt in itertools.pairwise(lines)
-        if line.startswith("|") and nxt.startswith("|---")
-    }
+    return recs
+
+
+@functools.cache
+def _summary_headers() -> frozenset[str]:
+    """The header rows ``summary.md`` has: a two-arm run's, and those of the dose presets'
+    runs (their summary adds the tolerance curve, one column per correction they run: the
+    default include and every arm the preset defines)."""
+    from nemo_ais.embedded.config import CONFIG_DIR, load_config
+
+    arm_sets = [("bf16", "fp8-none")]
+    for preset in ("dose", "dose-long", "dose-quick"):
+        experiment = load_config(CONFIG_DIR / f"{preset}.yaml")["experiment"]
+        arm_sets.append(tuple(experiment["include"]))
+        arm_sets.append(("bf16", *(a for a in experiment["arms"] if a.startswith("k"))))
+    headers = set()
+    for arms in arm_sets:
+        recs = _records(arms)
+        text = _summary_md(Path("run"), recs, "bf16")
+        text += "\n" + tolerance_md(tolerance_table(recs, "bf16"), "bf16")
+        lines = text.splitlines()
+        headers |= {
+            line.strip()
+            for line, nxt in itertools.pairwise(lines)
+            if line.startswith("|") and nxt.startswith("|---")
+        }
+    return frozenset(headers)
 
 
 TABLES = _tables(RESULTS.read_text().splitlines())
