@@ -10,6 +10,14 @@ cache file is missing, into an empty temporary cache directory: wall time, CPU t
 
     python -m benchmarks.bench_warm_start                  # the default preset
     python -m benchmarks.bench_warm_start --preset fp4     # another preset's warm start
+    python -m benchmarks.bench_warm_start --curve 50 --steps 1000 --section warm_start_curve
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 python -m benchmarks.bench_warm_start \
+        --curve 50 --steps 1000 --section warm_start_curve_avx2
+
+``--curve N`` trains the preset's warm start (``--steps`` overrides its step count) with the
+held-out greedy accuracy every N steps, not cached: the SFT transition curve on this CPU
+(issue 26, item 6: where the default's warm start lands, and how far another instruction
+set, emulated by the two variables, moves it).
 """
 
 from __future__ import annotations
@@ -57,11 +65,47 @@ def measure(preset: str) -> dict:
     }
 
 
+def curve(preset: str, every: int, steps: int | None) -> str:
+    """The SFT transition curve of ``preset``'s warm start on this CPU, as markdown."""
+    from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
+    from nemo_ais.embedded.warmstart import build_task, train_sft
+
+    overrides = [f"policy.warm_start.steps={steps}"] if steps else []
+    cfg = resolve_arm(load_config(CONFIG_DIR / f"{preset}.yaml", overrides), None)
+    torch.set_num_threads(cfg.policy.warm_start.num_threads)  # as nemo-ais run does
+    t0 = time.perf_counter()
+    _, loss, points = train_sft(cfg, build_task(cfg), progress=True, curve_every=every)
+    wall = time.perf_counter() - t0
+    env = {
+        k: os.environ.get(k, "unset") for k in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+    }
+    rows = "\n".join(f"| {step} | {acc:.3f} |" for step, acc in points)
+    return (
+        f"`{preset}` preset's warm start, {cfg.policy.warm_start.steps} SFT steps (batch "
+        f"{cfg.policy.warm_start.batch_size}, {cfg.policy.warm_start.num_threads} torch threads), "
+        f"held-out greedy exact match on the {len(build_task(cfg).eval_problems)} held-out "
+        f"problems every {every} steps; ATEN_CPU_CAPABILITY={env['ATEN_CPU_CAPABILITY']}, "
+        f"MKL_ENABLE_INSTRUCTIONS={env['MKL_ENABLE_INSTRUCTIONS']} (torch's CPU capability: "
+        f"{torch.backends.cpu.get_cpu_capability()}). Final loss {loss:.4f}; {wall:.0f} s "
+        f"wall time with the evaluations.\n\n| SFT step | held-out exact match |\n|---|---|\n"
+        + rows
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="default")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--curve", type=int, default=0, help="Evaluate every N steps.")
+    parser.add_argument("--steps", type=int, default=None, help="With --curve: SFT steps.")
+    parser.add_argument("--section", default="warm_start_curve", help="With --curve.")
     args = parser.parse_args()
+    if args.curve:
+        body = curve(args.preset, args.curve, args.steps)
+        print(body)
+        if not args.no_record:
+            record_section(args.section, "Warm-start SFT transition curve on this CPU", body)
+        return
     r = measure(args.preset)
     body = (
         "| preset | SFT steps x batch | torch threads | wall time (s) | CPU time (s) "

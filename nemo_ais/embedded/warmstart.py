@@ -161,6 +161,44 @@ def _sft_step(
     return float(loss.detach())
 
 
+def train_sft(
+    cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True, curve_every: int = 0
+) -> tuple[torch.nn.Module, float, list[tuple[int, float]]]:
+    """The warm start's SFT loop: ``policy.warm_start.steps`` AdamW steps from the untrained policy.
+
+    Returns the model, the last loss and, with ``curve_every > 0``, the held-out greedy
+    accuracy after every ``curve_every`` steps (the SFT transition curve,
+    ``benchmarks/bench_warm_start.py --curve``; greedy decoding draws no random numbers, so
+    the trained weights are the same with or without it).
+    """
+    ws = cfg.policy.warm_start
+    model = build_untrained_policy(cfg, task)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
+    # linear warmup: without it the tiny model often stalls on a plateau for hundreds of steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / max(1, ws.warmup_steps))
+    )
+    bar = tqdm(range(ws.steps), desc="warm start (SFT)", disable=not progress, leave=False)
+    loss, curve = float("nan"), []
+    for step in bar:
+        loss = _sft_step(
+            model, optimizer, task, step, ws.batch_size, ws.seed, cfg.data.sft_alt_fraction
+        )
+        schedule.step()
+        if not torch.isfinite(torch.tensor(loss)):
+            raise FloatingPointError(
+                f"warm start: non-finite SFT loss at step {step}; lower policy.warm_start.lr"
+                f" (now {ws.lr})"
+            )
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{loss:.3f}")
+        if curve_every and (step + 1) % curve_every == 0:
+            curve.append((step + 1, greedy_accuracy(model, task, task.eval_problems)))
+    bar.close()
+    return model, loss, curve
+
+
 def _say(message: str) -> None:
     """One line on stderr (between progress bars), and in the log."""
     tqdm.write(message, file=sys.stderr)
@@ -191,28 +229,7 @@ def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True
         "or clone trains it again unless it points there)"
     )
     t0 = time.perf_counter()
-    model = build_untrained_policy(cfg, task)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
-    # linear warmup: without it the tiny model often stalls on a plateau for hundreds of steps
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / max(1, ws.warmup_steps))
-    )
-    bar = tqdm(range(ws.steps), desc="warm start (SFT)", disable=not progress, leave=False)
-    loss = float("nan")
-    for step in bar:
-        loss = _sft_step(
-            model, optimizer, task, step, ws.batch_size, ws.seed, cfg.data.sft_alt_fraction
-        )
-        schedule.step()
-        if not torch.isfinite(torch.tensor(loss)):
-            raise FloatingPointError(
-                f"warm start: non-finite SFT loss at step {step}; lower policy.warm_start.lr"
-                f" (now {ws.lr})"
-            )
-        if step % 20 == 0:
-            bar.set_postfix(loss=f"{loss:.3f}")
-    bar.close()
+    model, loss, _ = train_sft(cfg, task, progress=progress)
     acc = greedy_accuracy(model, task, task.eval_problems)
     _say(
         f"warm start: {ws.steps} steps in {time.perf_counter() - t0:.0f} s, loss {loss:.4f}, "

@@ -49,3 +49,20 @@ def test_the_default_cache_is_per_working_directory(tmp_path, capsys, monkeypatc
         assert "warm start: training 2 SFT steps once" in capsys.readouterr().err
     assert paths[0].parent == tmp_path / "clone_a" / "runs" / ".cache"
     assert paths[1].parent == tmp_path / "clone_b" / "runs" / ".cache"
+
+
+def test_the_transition_curve_does_not_change_the_trained_weights(tmp_path):
+    """``train_sft(curve_every=...)`` (bench_warm_start --curve) trains the same bits."""
+    import torch
+
+    from nemo_ais.embedded.warmstart import greedy_accuracy, train_sft
+
+    cfg = _cfg("policy.warm_start.steps=4")
+    task = build_task(cfg)
+    plain, loss, none = train_sft(cfg, task, progress=False)
+    traced, loss2, points = train_sft(cfg, task, progress=False, curve_every=2)
+    assert none == [] and loss2 == loss and [s for s, _ in points] == [2, 4]
+    traced_state = traced.state_dict()
+    for name, a in plain.state_dict().items():
+        assert torch.equal(a, traced_state[name]), name
+    assert points[-1][1] == greedy_accuracy(plain, task, task.eval_problems)
