@@ -73,8 +73,9 @@ def curve(preset: str, every: int, steps: int | None) -> str:
     overrides = [f"policy.warm_start.steps={steps}"] if steps else []
     cfg = resolve_arm(load_config(CONFIG_DIR / f"{preset}.yaml", overrides), None)
     torch.set_num_threads(cfg.policy.warm_start.num_threads)  # as nemo-ais run does
+    task = build_task(cfg)
     t0 = time.perf_counter()
-    _, loss, points = train_sft(cfg, build_task(cfg), progress=True, curve_every=every)
+    _, loss, points = train_sft(cfg, task, progress=True, curve_every=every)
     wall = time.perf_counter() - t0
     env = {
         k: os.environ.get(k, "unset") for k in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
@@ -83,7 +84,7 @@ def curve(preset: str, every: int, steps: int | None) -> str:
     return (
         f"`{preset}` preset's warm start, {cfg.policy.warm_start.steps} SFT steps (batch "
         f"{cfg.policy.warm_start.batch_size}, {cfg.policy.warm_start.num_threads} torch threads), "
-        f"held-out greedy exact match on the {len(build_task(cfg).eval_problems)} held-out "
+        f"held-out greedy exact match on the {len(task.eval_problems)} held-out "
         f"problems every {every} steps; ATEN_CPU_CAPABILITY={env['ATEN_CPU_CAPABILITY']}, "
         f"MKL_ENABLE_INSTRUCTIONS={env['MKL_ENABLE_INSTRUCTIONS']} (torch's CPU capability: "
         f"{torch.backends.cpu.get_cpu_capability()}). Final loss {loss:.4f}; {wall:.0f} s "
