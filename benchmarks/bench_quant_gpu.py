@@ -13,7 +13,11 @@ call, median of ``--repeats`` after a warm-up):
 * ``current``: the public quantizer of :mod:`nemo_ais.fp8` on the GPU as it was, the banded
   PyTorch path (``without_triton``: on CUDA it now dispatches to the Triton kernels);
 * ``reference``: the same short reference, eager;
-* ``copy_``: ``y.copy_(x)`` of the same tensor (the bandwidth bound).
+* ``copy_``: ``y.copy_(x)`` of the same tensor (the bandwidth bound);
+* ``triton graph`` / ``copy_ graph``: the same launches captured once in a CUDA graph and
+  replayed (the Triton wrapper without its counter read-back, ``_launches_only``): the GPU's
+  work alone, without the host's Python, allocation and launch overhead or the
+  synchronization, which ``triton`` includes.
 
 Every Triton output is checked bit-equal to ``current`` first (from a mismatch on, the
 run records nothing more); Inductor's bits are reported. First-call times (Triton JIT,
@@ -52,6 +56,7 @@ from nemo_ais.fp8 import (
     quantize_nvfp4,
 )
 from nemo_ais.kernels.triton_quant import (
+    _launches_only,
     quantize_blockwise_triton,
     quantize_mxfp4_triton,
     quantize_mxfp8_triton,
@@ -162,6 +167,21 @@ def first_call(fn, x, sync) -> float:
     return time.perf_counter() - t0
 
 
+def graphed(fn, x):
+    """``fn(x)``'s launches captured once in a CUDA graph: its replay (None: capture failed)."""
+    try:
+        with _launches_only():
+            fn(x)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn(x)
+    except RuntimeError as err:
+        print(f"CUDA graph capture failed: {type(err).__name__}: {err}", flush=True)
+        return None
+    return graph.replay
+
+
 def _nbytes(parts: list[torch.Tensor]) -> int:
     return sum(p.numel() * p.element_size() for p in parts)
 
@@ -199,7 +219,8 @@ def main() -> None:
     head = (
         "| format | shape | dtype | triton ms | compiled ms | current ms | reference ms | "
         "copy_ ms | triton / copy_ bandwidth | compiled / copy_ | current / copy_ | "
-        "triton moved GB/s | triton / HBM peak | current / triton | compiled bits = current |"
+        "triton moved GB/s | triton / HBM peak | current / triton | compiled bits = current | "
+        "triton graph ms | copy_ graph ms | graph triton / copy_ bandwidth |"
     )
     rows = [head, "|---|---|---|" + "---:|" * (head.count("|") - 4)]
     firsts, problems, notes = [], [], []
@@ -216,7 +237,9 @@ def main() -> None:
             "DeepGEMM's per_block_cast_to_fp8 formulation, family a; the others: the module "
             "references without their input checks); `current`: the nemo_ais.fp8 quantizer on "
             "the GPU with the Triton dispatch off (its PyTorch path); `reference`: the short reference, eager; `copy_`: y.copy_(x). "
-            "X / copy_ bandwidth = t(copy_) / t(X). Moved GB/s = (input + output bytes) / "
+            "`triton graph` / `copy_ graph`: the same launches captured in a CUDA graph and replayed "
+            "(the wrapper without its 4-byte counter read-back): the GPU's work without the host's "
+            "overhead and synchronization. X / copy_ bandwidth = t(copy_) / t(X). Moved GB/s = (input + output bytes) / "
             "t(triton). Every triton output was checked bit-equal to `current` first (from a "
             "mismatch on, nothing more is recorded); the compiled outputs' comparison is the last column.\n\nFirst call, seconds (Triton JIT incl. autotune-free compile / Inductor "
             "compile; nan: not compiled):\n\n" + "\n".join(f"- {f}" for f in firsts)
@@ -266,7 +289,16 @@ def main() -> None:
                 }
                 if with_compile:
                     fns["compiled"] = lambda x=x, f=compiled: f(x)
+                if not args.smoke:
+                    for name, replay in (
+                        ("triton graph", graphed(triton_fn, x)),
+                        ("copy_ graph", graphed(lambda x, y=y: y.copy_(x), x)),
+                    ):
+                        if replay is not None:
+                            fns[name] = replay
                 t = interleaved_medians(fns, args.repeats, timer)
+                for name in ("triton graph", "copy_ graph"):
+                    t.setdefault(name, float("nan"))
                 t.setdefault("compiled", float("nan"))
                 moved = (_nbytes([x]) + _nbytes(fields(want))) / 1e9 / t["triton"]
                 comp = "-" if not with_compile else f"{t['copy_'] / t['compiled']:.2f}"
@@ -278,7 +310,9 @@ def main() -> None:
                     f"{t['copy_'] * 1e3:.3f} | **{t['copy_'] / t['triton']:.2f}** | "
                     f"{comp} | {t['copy_'] / t['current']:.2f} | "
                     f"{moved:.0f} | {'-' if peak is None else f'{moved / peak:.2f}'} | "
-                    f"**{t['current'] / t['triton']:.1f}x** | {bits} |"
+                    f"**{t['current'] / t['triton']:.1f}x** | {bits} | "
+                    f"{t['triton graph'] * 1e3:.3f} | {t['copy_ graph'] * 1e3:.3f} | "
+                    f"**{t['copy_ graph'] / t['triton graph']:.2f}** |"
                 )
                 if with_compile and compiled_bad:
                     notes.append(f"{fmt} {shape_s} {dtype}: compiled {compiled_bad}")

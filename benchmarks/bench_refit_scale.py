@@ -101,12 +101,14 @@ def build_layers(key: str, tp: int, layers: int | None, device, experts: int | N
 
 
 def named_tensors(layers: list[Layer]):
-    """Unfused HF ``(name, tensor)`` pairs, each expert separately (what the stream takes)."""
+    """Unfused HF ``(name, tensor)`` pairs in the checkpoint's order: each expert's
+    gate/up/down together, expert by expert (what the stream takes)."""
     for li, layer in enumerate(layers):
         for name, t in layer.dense.items():
             yield f"model.layers.{li}.{name}.weight", t
-        for name, stack in layer.experts.items():
-            for e in range(stack.shape[0]):
+        n_experts = next(iter(layer.experts.values())).shape[0] if layer.experts else 0
+        for e in range(n_experts):
+            for name, stack in layer.experts.items():
                 yield f"model.layers.{li}.mlp.experts.{e}.{name}.weight", stack[e]
 
 

@@ -9,7 +9,7 @@
 #   2. benchmarks.bench_refit_scale                (Qwen3-8B TP1 / Qwen3-30B-A3B TP2 refits)
 #   3. benchmarks.bench_quant_gpu                  (per weight; Inductor compiles bf16 only)
 #
-# Each step has its own time limit (140 + 90 + 60 s), so a slow step cannot take the others'
+# Each step has its own time limit (120 + 100 + 80 s), so a slow step cannot take the others'
 # results with it, and the benchmarks record each row as it is measured;
 # the logs, the junit XML and docs/benchmarks.md (rewritten by the benchmarks) land in $OUT
 # (default: /tmp/gpu_checks_out). Exit status: the first failing step's.
@@ -49,10 +49,10 @@ print(f"{torch.cuda.get_device_name()}; Python {platform.python_version()}, torc
       f"{torch.__version__}, Triton {triton.__version__}, CUDA {torch.version.cuda}")
 EOF
 
-step pytest_gpu 140 "$PY" -m pytest -m gpu tests/gpu tests/unit/test_fp8_stream.py -q -p no:cacheprovider \
+step pytest_gpu 120 "$PY" -m pytest -m gpu tests/gpu tests/unit/test_fp8_stream.py --nemo-rl none -q -p no:cacheprovider \
   --junitxml="$OUT/pytest_gpu.xml"
-step bench_refit_scale 90 "$PY" -m benchmarks.bench_refit_scale --repeats 3
-step bench_quant_gpu 60 "$PY" -m benchmarks.bench_quant_gpu --repeats 10 \
+step bench_refit_scale 100 "$PY" -m benchmarks.bench_refit_scale --repeats 3
+step bench_quant_gpu 80 "$PY" -m benchmarks.bench_quant_gpu --repeats 10 \
   --compile-dtypes bfloat16 --compile-shapes 14336x4096
 cp docs/benchmarks.md "$OUT/benchmarks.md"
 echo "== all steps: $((SECONDS - start))s, exit $status"

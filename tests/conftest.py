@@ -49,9 +49,10 @@ VERSION_ENV = "NEMO_AIS_TEST_NEMO_RL"
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--nemo-rl",
-        choices=sorted(NEMO_RL_SOURCES),
+        choices=[*sorted(NEMO_RL_SOURCES), "none"],
         default="v0.7.0",
-        help="NeMo-RL version the tests drive (vendored source; NEMO_RL_DIR overrides the path)",
+        help="NeMo-RL version the tests drive (vendored source; NEMO_RL_DIR overrides the path); "
+        "'none' only with -m gpu, on the GPU machine, whose kernel tests need no NeMo-RL",
     )
 
 
@@ -77,6 +78,18 @@ def _install_nemo_rl(nemo_rl_dir: Path) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     version = config.getoption("--nemo-rl")
+    if version == "none":
+        # The GPU machine (benchmarks/gpu_checks.sh) has neither the vendored source nor
+        # NeMo-RL's dependencies (Ray, ...): only its kernel tests run there, and a test that
+        # imports NeMo-RL fails with ModuleNotFoundError rather than skipping.
+        if config.option.markexpr != "gpu":
+            raise pytest.UsageError(
+                f"--nemo-rl none: got -m {config.option.markexpr!r}, expected -m gpu (every "
+                "other test drives NeMo-RL: pick --nemo-rl "
+                f"{{{','.join(sorted(NEMO_RL_SOURCES))}}})"
+            )
+        _prepend_pythonpath(REPO_ROOT)
+        return
     nemo_rl_dir = Path(os.environ.get("NEMO_RL_DIR") or NEMO_RL_SOURCES[version]).resolve()
     os.environ[VERSION_ENV] = version
     _install_nemo_rl(nemo_rl_dir)
@@ -101,6 +114,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    if "nemo_rl" not in sys.modules:
+        return "NeMo-RL: none (-m gpu)"
     return f"NeMo-RL: {config.getoption('--nemo-rl')} ({sys.modules['nemo_rl'].__path__[0]})"
 
 

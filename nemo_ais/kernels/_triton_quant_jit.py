@@ -6,7 +6,8 @@ Loaded compiled (CUDA) and under Triton's interpreter (CPU, the CI path); every 
 is written out so both give the PyTorch references' bits: ``tl.math.div_rn`` divisions,
 E4M3 encoded from the fp32 bits with integer arithmetic (the interpreter's float8 cast
 rounds ties up and turns 470 into NaN), powers of two from exponent bits. Each program
-writes its count of non-finite inputs; the wrappers hand such input to PyTorch, which raises.
+adds its count of non-finite inputs to one int32 (an atomic add, only where it is non-zero:
+the common case costs no atomic); the wrappers hand such input to PyTorch, which raises.
 """
 
 import triton
@@ -133,6 +134,12 @@ def _count_bad(x):
 
 
 @triton.jit
+def _flag_bad(bad_ptr, count):
+    """Add a program's non-finite ``count`` to the call's one int32 counter (zeroed by the caller)."""
+    tl.atomic_add(bad_ptr, count, mask=count > 0)
+
+
+@triton.jit
 def fp8_blockwise_kernel(
     x_ptr,
     q_ptr,
@@ -206,7 +213,7 @@ def fp8_blockwise_kernel(
         y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
         tl.store(qbase + roffs, _e4m3_code(y).to(tl.uint8), mask=mask)
     tl.store(s_ptr + e * nb * kb + tile, s)
-    tl.store(bad_ptr + e * nb * kb + tile, _sum(_sum(bad, 1), 0))
+    _flag_bad(bad_ptr, _sum(_sum(bad, 1), 0))
 
 
 @triton.jit
@@ -249,7 +256,7 @@ def mx_kernel(
     smask = rmask[:, None] & (scols < k // 32)[None, :]
     sbytes = (expo + 127).to(tl.uint8)
     tl.store(s_ptr + rows64[:, None] * (k // 32) + scols[None, :], sbytes, smask)
-    tl.store(bad_ptr + pr * tl.num_programs(1) + pk, _count_bad(x))
+    _flag_bad(bad_ptr, _count_bad(x))
 
 
 @triton.jit
@@ -314,5 +321,4 @@ def nvfp4_kernel(
     smask = rmask[:, None] & (scols < k // 16)[None, :]
     sbytes = scale_code.to(tl.uint8)
     tl.store(s_ptr + rows64[:, None] * (k // 16) + scols[None, :], sbytes, smask)
-    pid = (e * tl.num_programs(0) + pr) * tl.num_programs(1) + pk
-    tl.store(bad_ptr + pid, _count_bad(x))
+    _flag_bad(bad_ptr, _count_bad(x))

@@ -12,10 +12,13 @@ Triton is imported on first use: ``pip install 'nemo-ais[triton]'``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib.util
 import math
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Literal
 
@@ -54,6 +57,34 @@ _ABSMAX_BLOCK = 8192
 _FP8_CHUNK = 16
 # 16x256 blocks at 8 warps: 128 (MX) / 120 (NVFP4) registers, no spills.
 _WARPS = 8
+
+
+# False only inside :func:`_launches_only` (benchmarks: the launches alone, graph-capturable)
+_READ_BACK = contextvars.ContextVar("nemo_ais_triton_read_back", default=True)
+
+
+def _counter(device: torch.device) -> torch.Tensor:
+    """The call's non-finite counter: one zeroed int32 the kernel adds to atomically."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def _nonfinite(bad: torch.Tensor) -> bool:
+    """Whether the kernel counted non-finite input: one 4-byte read back (a synchronization)."""
+    return _READ_BACK.get() and bool(bad.item())
+
+
+@contextlib.contextmanager
+def _launches_only() -> Iterator[None]:
+    """Within the block the wrappers do not read their counters back (no host synchronization).
+
+    For benchmarks only (``benchmarks.bench_quant_gpu`` captures the launches in a CUDA
+    graph to time them without host overhead): non-finite input then goes undetected.
+    """
+    token = _READ_BACK.set(False)
+    try:
+        yield
+    finally:
+        _READ_BACK.reset(token)
 
 
 def triton_available() -> bool:
@@ -129,7 +160,7 @@ def quantize_blockwise_triton(
     q = torch.empty(e, n, k, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(e, nb, kb, dtype=torch.float32, device=x.device)
     if x3.numel():
-        bad = torch.empty(e, nb, kb, dtype=torch.int32, device=x.device)
+        bad = _counter(x.device)
         tile_n, tile_k = triton_next_pow2(bn), triton_next_pow2(bk)
         _kernels_for(x).fp8_blockwise_kernel[(nb * kb, e)](
             x3, q.view(torch.uint8), s, bad, n, k, nb, kb, float(eps),
@@ -137,7 +168,7 @@ def quantize_blockwise_triton(
             FAMILY=_FAMILY_INDEX[family], UE8M0=bool(ue8m0), CHUNK=min(tile_n, _FP8_CHUNK),
             num_warps=8 if tile_n * tile_k >= 8192 else 4,
         )  # fmt: skip
-        if bool(bad.any()):  # the PyTorch path raises, naming the count and first index
+        if _nonfinite(bad):  # the PyTorch path raises, naming the count and first index
             return quantize_blockwise(x, block, family, eps, ue8m0, name=name)
     return (q, s) if x.dim() == 3 else (q[0], s[0])
 
@@ -158,7 +189,7 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
         return q, scale, False
     cols = min(_COLS, triton_next_pow2(k))
     grid = (-(-r // _ROWS), -(-k // cols))
-    bad = torch.empty(grid, dtype=torch.int32, device=x.device)
+    bad = _counter(x.device)
     _kernels_for(x).mx_kernel[grid](
         x2,
         q,
@@ -172,7 +203,7 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
         TIES_TO_ZERO=ties_toward_zero,
         num_warps=_WARPS,
     )
-    return q, scale, bool(bad.any())
+    return q, scale, _nonfinite(bad)
 
 
 @_on_x_device
@@ -216,13 +247,13 @@ def _nvfp4(x, s_g, n, e, rows_per_block, jit):
     scale = torch.empty(*x.shape[:-1], k // 16, dtype=torch.uint8, device=x.device)
     cols = min(_COLS, triton_next_pow2(k))
     grid = (-(-n // _ROWS), -(-k // cols), e)
-    bad = torch.empty(grid[::-1], dtype=torch.int32, device=x.device)
+    bad = _counter(x.device)
     sg_stride = 0 if s_g.numel() == 1 else 1
     jit.nvfp4_kernel[grid](
         x, s_g.reshape(-1).contiguous(), data, scale, bad, n, k, sg_stride,
         BR=_ROWS, BK=cols, TILE_ROWS=rows_per_block, num_warps=_WARPS,
     )  # fmt: skip
-    return data, scale.view(torch.float8_e4m3fn), bool(bad.any())
+    return data, scale.view(torch.float8_e4m3fn), _nonfinite(bad)
 
 
 @_on_x_device
@@ -292,7 +323,11 @@ def quantize_nvfp4_experts_triton(
     expert_amax = _matrix_amax(xc, e, jit) if amax is None else amax.to(x.device, torch.float32)
     s_g = nvfp4_global_scale(expert_amax)
     data, scale, bad = _nvfp4(xc, s_g, n, e, rows_per_block, jit)
-    if bad or not bool(torch.isfinite(expert_amax).all()):
+    # A non-finite x also makes its computed amax inf (counted by the kernel); a given amax
+    # is checked here
+    if bad or (
+        amax is not None and _READ_BACK.get() and not bool(torch.isfinite(expert_amax).all())
+    ):
         for i in range(e):  # the PyTorch path raises, naming the expert
             quantize_nvfp4(x[i], None if amax is None else amax[i], name=f"{name}[{i}]")
         raise ValueError(f"amax: got non-finite values {expert_amax.tolist()}")
