@@ -38,6 +38,7 @@ down experts) and one stack's outputs (each expert's tensors are views of them).
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -197,7 +198,7 @@ def plan_tensor(
     numel = 1
     for s in shape:
         numel *= s
-    before = numel * torch.empty((), dtype=dtype).element_size()
+    before = numel * dtype.itemsize
     reason = _keep(name, shape, config)
     if reason is not None:
         return PlanEntry(name, shape, dtype, "keep", reason, before, before)
@@ -222,6 +223,21 @@ def plan_refit(named_tensors: Iterable[tuple[str, torch.Tensor]], config: RefitC
 
 
 plan_fp8_sync = plan_block_sync = plan_refit
+
+# Every training step refits the same names: the plans (and keep decisions) one stream made
+# serve the next stream of an equal config. Its planning is Python per tensor (~100 us; a
+# Qwen3-30B-A3B rank pushes ~18k expert tensors a refit). Bounded to the last few configs.
+_PLAN_CACHES: OrderedDict[RefitConfig, dict[tuple, PlanEntry | str | None]] = OrderedDict()
+_PLAN_CACHE_CONFIGS = 4
+
+
+def _plans_for(config: RefitConfig) -> dict[tuple, PlanEntry | str | None]:
+    """The plan cache of ``config`` (a frozen, hashable model: equal configs share it)."""
+    plans = _PLAN_CACHES.pop(config, None)
+    _PLAN_CACHES[config] = plans = {} if plans is None else plans
+    while len(_PLAN_CACHES) > _PLAN_CACHE_CONFIGS:
+        _PLAN_CACHES.popitem(last=False)
+    return plans
 
 
 class RefitStream:
@@ -252,6 +268,7 @@ class RefitStream:
             k: check_amax(v, f"input_amax[{k!r}]") for k, v in (input_amax or {}).items()
         }
         self._open: dict[str, dict[str, torch.Tensor]] = {}
+        self._plans = _plans_for(config)
         self._stacks = (
             None
             if config.num_experts is None
@@ -259,8 +276,19 @@ class RefitStream:
         )
 
     def plan(self, name: str, tensor: torch.Tensor) -> PlanEntry:
-        """:func:`plan_tensor` for ``tensor`` under this stream's config."""
-        return plan_tensor(name, tensor.shape, tensor.dtype, self.config)
+        """:func:`plan_tensor` for ``tensor`` under this stream's config (cached; errors are not)."""
+        key = ("plan", name, tuple(tensor.shape), tensor.dtype)
+        entry = self._plans.get(key)
+        if entry is None:
+            entry = self._plans[key] = plan_tensor(name, tensor.shape, tensor.dtype, self.config)
+        return entry
+
+    def _kept(self, name: str, shape: tuple[int, ...]) -> str | None:
+        """:func:`_keep` under this stream's config (cached)."""
+        key = ("keep", name, shape)
+        if key not in self._plans:
+            self._plans[key] = _keep(name, shape, self.config)
+        return self._plans[key]
 
     def push(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """The pairs ``(name, tensor)`` completes: itself kept, its pairs, a group or a stack.
@@ -279,7 +307,7 @@ class RefitStream:
             self._check_siblings(name, tensor)
         if self._stacks is not None and fused_shard_group(name) not in self._open:
             shape = tuple(tensor.shape)
-            taken = self._stacks.add(name, tensor, lambda n: _keep(n, shape, self.config) is None)
+            taken = self._stacks.add(name, tensor, lambda n: self._kept(n, shape) is None)
             if taken is not None:
                 del tensor
                 flush, done = taken
@@ -409,7 +437,7 @@ class RefitStream:
 
     def _check_siblings(self, name: str, tensor: torch.Tensor) -> tuple[str, ...]:
         siblings = fused_siblings(name)
-        kept = {s: _keep(s, tuple(tensor.shape), self.config) for s in siblings}
+        kept = {s: self._kept(s, tuple(tensor.shape)) for s in siblings}
         kept = {s: reason for s, reason in kept.items() if reason is not None}
         if kept:
             raise ValueError(

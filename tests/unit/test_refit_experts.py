@@ -257,3 +257,31 @@ def test_stacks_through_the_triton_kernels_send_the_pytorch_bytes(fmt, monkeypat
     monkeypatch.setenv("NEMO_AIS_TRITON", "1")
     monkeypatch.setattr(dispatch, "_TRITON_DEVICES", ("cuda", "cpu"))
     _assert_same(_run(fmt, _state_dict(layers=1), num_experts=E), want)
+
+
+def test_a_refit_reuses_the_previous_refits_plans_not_its_errors(monkeypatch):
+    """Every step refits the same names: the second stream of an equal config plans nothing
+    (Python per tensor was the refit's cost on a GPU, docs/benchmarks.md `refit_scale`),
+    sends the same bytes, and a config that differs plans afresh; a failing TP check is
+    not cached (it raises again)."""
+    import nemo_ais.refit.stream as stream_mod
+
+    calls: list[str] = []
+    real = stream_mod.plan_tensor
+    monkeypatch.setattr(
+        stream_mod, "plan_tensor", lambda name, *a, **k: calls.append(name) or real(name, *a, **k)
+    )
+    monkeypatch.setattr(stream_mod, "_PLAN_CACHES", type(stream_mod._PLAN_CACHES)())
+    tensors = _state_dict()
+    first = _run("nvfp4_w4a16", tensors, num_experts=E)
+    assert len(calls) == len(tensors)
+    calls.clear()
+    _assert_same(_run("nvfp4_w4a16", tensors, num_experts=E), first)
+    assert calls == []
+    _run("nvfp4_w4a16", tensors, num_experts=E, num_first_layers_in_bf16=1)
+    assert len(calls) == len(tensors)
+    # q_proj's 64 rows over tp_size=2 are no multiple of the 128 block: raises every time
+    config = RefitConfig(format="fp8", tp_size=2)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="q_proj.weight: shape"):
+            list(refit_stream(tensors, config))
