@@ -55,6 +55,7 @@ _ABSMAX_BLOCK = 8192
 # FP8 tiles are read in slices of this many rows (sm_90a ptxas: a whole 128x128 tile
 # spilled at 255 registers; 8-row slices take 64, no spills).
 _FP8_CHUNK = 16
+_FP8_WARPS = 8
 # 16x256 blocks at 8 warps: 128 (MX) / 120 (NVFP4) registers, no spills.
 _WARPS = 8
 
@@ -166,7 +167,7 @@ def quantize_blockwise_triton(
             x3, q.view(torch.uint8), s, bad, n, k, nb, kb, float(eps),
             BN=bn, BK=bk, TILE_N=tile_n, TILE_K=tile_k,
             FAMILY=_FAMILY_INDEX[family], UE8M0=bool(ue8m0), CHUNK=min(tile_n, _FP8_CHUNK),
-            num_warps=8 if tile_n * tile_k >= 8192 else 4,
+            num_warps=_FP8_WARPS if tile_n * tile_k >= 8192 else 4,
         )  # fmt: skip
         if _nonfinite(bad):  # the PyTorch path raises, naming the count and first index
             return quantize_blockwise(x, block, family, eps, ue8m0, name=name)
