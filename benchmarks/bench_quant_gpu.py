@@ -33,6 +33,7 @@ import time
 
 import torch
 
+import nemo_ais.kernels.triton_quant as tq
 from benchmarks._record import record_section
 from benchmarks._timing import cpu_timer, cuda_timer, interleaved_medians
 from benchmarks.bench_quant import _L2_FLUSH_BYTES, _hbm_peak
@@ -63,6 +64,7 @@ from nemo_ais.kernels.triton_quant import (
     quantize_nvfp4_triton,
 )
 
+E4M3_CODES = ("fp8 128x128", "mxfp8")  # formats whose codes are E4M3
 SHAPES = [(4096, 4096), (14336, 4096), (128, 384, 2048)]
 SMOKE_SHAPES = [(256, 256), (2, 128, 256)]
 DTYPES = [torch.bfloat16, torch.float32]
@@ -220,7 +222,8 @@ def main() -> None:
         "| format | shape | dtype | triton ms | compiled ms | current ms | reference ms | "
         "copy_ ms | triton / copy_ bandwidth | compiled / copy_ | current / copy_ | "
         "triton moved GB/s | triton / HBM peak | current / triton | compiled bits = current | "
-        "triton graph ms | copy_ graph ms | graph triton / copy_ bandwidth |"
+        "triton graph ms | copy_ graph ms | graph triton / copy_ bandwidth | "
+        "graph, integer E4M3 ms |"
     )
     rows = [head, "|---|---|---|" + "---:|" * (head.count("|") - 4)]
     firsts, problems, notes = [], [], []
@@ -239,7 +242,9 @@ def main() -> None:
             "the GPU with the Triton dispatch off (its PyTorch path); `reference`: the short reference, eager; `copy_`: y.copy_(x). "
             "`triton graph` / `copy_ graph`: the same launches captured in a CUDA graph and replayed "
             "(the wrapper without its 4-byte counter read-back): the GPU's work without the host's "
-            "overhead and synchronization. X / copy_ bandwidth = t(copy_) / t(X). Moved GB/s = (input + output bytes) / "
+            "overhead and synchronization; `graph, integer E4M3`: the FP8 and MXFP8 kernels captured "
+            "with the integer E4M3 encoder instead of the GPU's cvt instruction (the interpreter's "
+            "path; same bits). X / copy_ bandwidth = t(copy_) / t(X). Moved GB/s = (input + output bytes) / "
             "t(triton). Every triton output was checked bit-equal to `current` first (from a "
             "mismatch on, nothing more is recorded); the compiled outputs' comparison is the last column.\n\nFirst call, seconds (Triton JIT incl. autotune-free compile / Inductor "
             "compile; nan: not compiled):\n\n" + "\n".join(f"- {f}" for f in firsts)
@@ -290,14 +295,21 @@ def main() -> None:
                 if with_compile:
                     fns["compiled"] = lambda x=x, f=compiled: f(x)
                 if not args.smoke:
-                    for name, replay in (
+                    replays = [
                         ("triton graph", graphed(triton_fn, x)),
                         ("copy_ graph", graphed(lambda x, y=y: y.copy_(x), x)),
-                    ):
+                    ]
+                    if fmt in E4M3_CODES:  # the same kernel with the integer E4M3 encoder
+                        tq._HW_E4M3 = False
+                        try:
+                            replays.append(("int e4m3 graph", graphed(triton_fn, x)))
+                        finally:
+                            tq._HW_E4M3 = True
+                    for name, replay in replays:
                         if replay is not None:
                             fns[name] = replay
                 t = interleaved_medians(fns, args.repeats, timer)
-                for name in ("triton graph", "copy_ graph"):
+                for name in ("triton graph", "copy_ graph", "int e4m3 graph"):
                     t.setdefault(name, float("nan"))
                 t.setdefault("compiled", float("nan"))
                 moved = (_nbytes([x]) + _nbytes(fields(want))) / 1e9 / t["triton"]
@@ -312,7 +324,8 @@ def main() -> None:
                     f"{moved:.0f} | {'-' if peak is None else f'{moved / peak:.2f}'} | "
                     f"**{t['current'] / t['triton']:.1f}x** | {bits} | "
                     f"{t['triton graph'] * 1e3:.3f} | {t['copy_ graph'] * 1e3:.3f} | "
-                    f"**{t['copy_ graph'] / t['triton graph']:.2f}** |"
+                    f"**{t['copy_ graph'] / t['triton graph']:.2f}** | "
+                    f"{t['int e4m3 graph'] * 1e3:.3f} |"
                 )
                 if with_compile and compiled_bad:
                     notes.append(f"{fmt} {shape_s} {dtype}: compiled {compiled_bad}")

@@ -51,6 +51,19 @@ def _e4m3_code(q):
 
 
 @triton.jit
+def _e4m3_byte(q, HW_CAST: tl.constexpr):
+    """uint8 E4M3 byte of fp32 ``q``, |q| <= 448, rounded to nearest even.
+
+    ``HW_CAST``: the GPU's conversion (sm_89+: ``cvt.rn.satfinite.e4m3x2.f32``, the bits of
+    torch's cast in that range); else :func:`_e4m3_code`'s integer arithmetic (the
+    interpreter's float8 cast is wrong, module doc).
+    """
+    if HW_CAST:
+        return q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return _e4m3_code(q).to(tl.uint8)
+
+
+@triton.jit
 def _e4m3_value(code):
     """fp32 value of a positive E4M3 code 0..126 (int32)."""
     expo = code >> 3
@@ -156,6 +169,7 @@ def fp8_blockwise_kernel(
     TILE_K: tl.constexpr,
     FAMILY: tl.constexpr,
     UE8M0: tl.constexpr,
+    HW_CAST: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     """One ``BN x BK`` tile of expert ``program_id(1)`` of ``x [E, n, k]`` per program.
@@ -211,7 +225,7 @@ def fp8_blockwise_kernel(
         else:
             y = x * m
         y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
-        tl.store(qbase + roffs, _e4m3_code(y).to(tl.uint8), mask=mask)
+        tl.store(qbase + roffs, _e4m3_byte(y, HW_CAST), mask=mask)
     tl.store(s_ptr + e * nb * kb + tile, s)
     _flag_bad(bad_ptr, _sum(_sum(bad, 1), 0))
 
@@ -228,6 +242,7 @@ def mx_kernel(
     BK: tl.constexpr,
     FP4: tl.constexpr,
     TIES_TO_ZERO: tl.constexpr,
+    HW_CAST: tl.constexpr,
 ):
     """MXFP8 (``FP4`` False) or MXFP4 of a ``BR x BK`` block: codes, UE8M0 bytes, bad count."""
     pr = tl.program_id(0)
@@ -250,8 +265,8 @@ def mx_kernel(
         _store_e2m1_pairs(q_ptr, y, xb, rows64, rmask, pk, k, BR, BK, TIES_TO_ZERO)
     else:
         y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
-        code = tl.reshape(_e4m3_code(y), (BR, BK))
-        tl.store(q_ptr + rows64[:, None] * k + cols[None, :], code.to(tl.uint8), mask)
+        code = tl.reshape(_e4m3_byte(y, HW_CAST), (BR, BK))
+        tl.store(q_ptr + rows64[:, None] * k + cols[None, :], code, mask)
     scols = pk * (BK // 32) + tl.arange(0, BK // 32)
     smask = rmask[:, None] & (scols < k // 32)[None, :]
     sbytes = (expo + 127).to(tl.uint8)

@@ -56,12 +56,23 @@ _ABSMAX_BLOCK = 8192
 # spilled at 255 registers; 8-row slices take 64, no spills).
 _FP8_CHUNK = 16
 _FP8_WARPS = 8
+# E4M3 codes by the GPU's cvt instruction where it has one (benchmarks: False compares)
+_HW_E4M3 = True
 # 16x256 blocks at 8 warps: 128 (MX) / 120 (NVFP4) registers, no spills.
 _WARPS = 8
 
 
 # False only inside :func:`_launches_only` (benchmarks: the launches alone, graph-capturable)
 _READ_BACK = contextvars.ContextVar("nemo_ais_triton_read_back", default=True)
+
+
+def _hw_e4m3(x: torch.Tensor) -> bool:
+    """Whether the kernels encode E4M3 with the GPU's conversion instruction.
+
+    CUDA with compute capability 8.9+ (Ada, Hopper, Blackwell); else integer arithmetic
+    (older GPUs, the interpreter), with the same bits.
+    """
+    return _HW_E4M3 and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9)
 
 
 def _counter(device: torch.device) -> torch.Tensor:
@@ -167,6 +178,7 @@ def quantize_blockwise_triton(
             x3, q.view(torch.uint8), s, bad, n, k, nb, kb, float(eps),
             BN=bn, BK=bk, TILE_N=tile_n, TILE_K=tile_k,
             FAMILY=_FAMILY_INDEX[family], UE8M0=bool(ue8m0), CHUNK=min(tile_n, _FP8_CHUNK),
+            HW_CAST=_hw_e4m3(x),
             num_warps=_FP8_WARPS if tile_n * tile_k >= 8192 else 4,
         )  # fmt: skip
         if _nonfinite(bad):  # the PyTorch path raises, naming the count and first index
@@ -202,6 +214,7 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
         BK=cols,
         FP4=fp4,
         TIES_TO_ZERO=ties_toward_zero,
+        HW_CAST=_hw_e4m3(x),
         num_warps=_WARPS,
     )
     return q, scale, _nonfinite(bad)
