@@ -80,16 +80,17 @@ def curve(preset: str, every: int, steps: int | None) -> str:
     env = {
         k: os.environ.get(k, "unset") for k in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
     }
-    rows = "\n".join(f"| {step} | {acc:.3f} |" for step, acc in points)
+    rows = "\n".join(f"| {step} | {acc:.3f} | {chains:.3f} |" for step, acc, chains in points)
     return (
         f"`{preset}` preset's warm start, {cfg.policy.warm_start.steps} SFT steps (batch "
         f"{cfg.policy.warm_start.batch_size}, {cfg.policy.warm_start.num_threads} torch threads), "
-        f"held-out greedy exact match on the {len(task.eval_problems)} held-out "
+        f"held-out greedy exact match and chains right in either notation (the stray `=` "
+        f"of the demonstrations allowed) on the {len(task.eval_problems)} held-out "
         f"problems every {every} steps; ATEN_CPU_CAPABILITY={env['ATEN_CPU_CAPABILITY']}, "
         f"MKL_ENABLE_INSTRUCTIONS={env['MKL_ENABLE_INSTRUCTIONS']} (torch's CPU capability: "
         f"{torch.backends.cpu.get_cpu_capability()}). Final loss {loss:.4f}; {wall:.0f} s "
-        f"wall time with the evaluations.\n\n| SFT step | held-out exact match |\n|---|---|\n"
-        + rows
+        f"wall time with the evaluations.\n\n| SFT step | held-out exact match | "
+        "held-out chains right |\n|---|---|---|\n" + rows
     )
 
 

@@ -163,6 +163,23 @@ class ArithmeticTask:
                 out.append(None)
         return out
 
+    def chains_right(self, problems: list[Problem], response_ids: torch.Tensor) -> torch.Tensor:
+        """``[n]`` float32 in {0, 1}: the response is the answer in either notation.
+
+        :meth:`answer` or :meth:`alt_answer` (the stray ``=`` the warm start's demonstrations
+        mix in); exact match for a task without an alternative notation. What the warm start
+        is judged by: the arithmetic, not the terminator (a near-tie rounding can flip).
+        """
+        texts = self._texts(problems, response_ids)
+        out = []
+        for p, text in zip(problems, texts, strict=True):
+            try:
+                forms = (self.answer(p), self.alt_answer(p))
+            except NotImplementedError:
+                forms = (self.answer(p),)
+            out.append(float(text in forms))
+        return torch.tensor(out, dtype=torch.float32)
+
     def correct(self, problems: list[Problem], response_ids: torch.Tensor) -> torch.Tensor:
         """Exact match ``[n]`` float32 in {0, 1}: the response up to ``<eos>`` is the answer.
 

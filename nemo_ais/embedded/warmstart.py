@@ -120,11 +120,18 @@ def _check_fits(policy: torch.nn.Module, path: Path, state: Any) -> None:
         )
 
 
-@torch.no_grad()
 def greedy_accuracy(model: torch.nn.Module, task: ArithmeticTask, problems: list) -> float:
     """Fraction of ``problems`` solved exactly by greedy decoding."""
+    return greedy_scores(model, task, problems)[0]
+
+
+@torch.no_grad()
+def greedy_scores(
+    model: torch.nn.Module, task: ArithmeticTask, problems: list
+) -> tuple[float, float]:
+    """(exact match, chains right in either notation) of greedy decoding on ``problems``."""
     if not problems:
-        return 0.0
+        return 0.0, 0.0
     was_training = model.training
     model.eval()
     responses = greedy_decode(
@@ -135,7 +142,8 @@ def greedy_accuracy(model: torch.nn.Module, task: ArithmeticTask, problems: list
         pad_token_id=task.tokenizer.pad_id,
     )
     model.train(was_training)
-    return float(task.correct(problems, responses).mean())
+    exact = float(task.correct(problems, responses).mean())
+    return exact, float(task.chains_right(problems, responses).mean())
 
 
 def _sft_step(
@@ -166,8 +174,8 @@ def train_sft(
 ) -> tuple[torch.nn.Module, float, list[tuple[int, float]]]:
     """The warm start's SFT loop: ``policy.warm_start.steps`` AdamW steps from the untrained policy.
 
-    Returns the model, the last loss and, with ``curve_every > 0``, the held-out greedy
-    accuracy after every ``curve_every`` steps (the SFT transition curve,
+    Returns the model, the last loss and, with ``curve_every > 0``, ``(step, exact match,
+    chains right)`` of held-out greedy decoding after every ``curve_every`` steps (the SFT transition curve,
     ``benchmarks/bench_warm_start.py --curve``; greedy decoding draws no random numbers, so
     the trained weights are the same with or without it).
     """
@@ -194,7 +202,7 @@ def train_sft(
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss:.3f}")
         if curve_every and (step + 1) % curve_every == 0:
-            curve.append((step + 1, greedy_accuracy(model, task, task.eval_problems)))
+            curve.append((step + 1, *greedy_scores(model, task, task.eval_problems)))
     bar.close()
     return model, loss, curve
 
@@ -208,7 +216,7 @@ def _say(message: str) -> None:
 def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True) -> Path:
     """Train (or reuse) the warm-start weights and return the cache file's path.
 
-    The file holds ``{"state_dict", "key", "greedy_accuracy", "final_loss"}``; a hit is trusted
+    The file holds ``{"state_dict", "key", "greedy_accuracy", "chain_accuracy", "final_loss"}``; a hit is trusted
     only if its key equals this config's. Raises ``UnreadableFileError`` for an unusable file
     and ``RecipeError`` for an unwritable cache directory.
     """
@@ -230,15 +238,16 @@ def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True
     )
     t0 = time.perf_counter()
     model, loss, _ = train_sft(cfg, task, progress=progress)
-    acc = greedy_accuracy(model, task, task.eval_problems)
+    acc, chains = greedy_scores(model, task, task.eval_problems)
     _say(
         f"warm start: {ws.steps} steps in {time.perf_counter() - t0:.0f} s, loss {loss:.4f}, "
-        f"held-out greedy accuracy {acc:.3f}"
+        f"held-out greedy accuracy {acc:.3f} (chains right in either notation: {chains:.3f})"
     )
     blob = {
         "state_dict": model.state_dict(),
         "key": key,
         "greedy_accuracy": acc,
+        "chain_accuracy": chains,
         "final_loss": loss,
     }
     try:

@@ -32,7 +32,8 @@ def test_the_warm_start_names_its_cache_file_and_its_time(tmp_path, capsys):
         f"run with policy.warm_start.cache_dir={tmp_path / 'cache'}"
     )
     assert re.fullmatch(
-        r"warm start: 2 steps in \d+ s, loss \d+\.\d{4}, held-out greedy accuracy \d\.\d{3}",
+        r"warm start: 2 steps in \d+ s, loss \d+\.\d{4}, held-out greedy accuracy \d\.\d{3} "
+        r"\(chains right in either notation: \d\.\d{3}\)",
         err[1],
     ), err[1]
     assert warm_start(cfg, build_task(cfg), progress=False) == path  # the second run reuses it
@@ -55,14 +56,38 @@ def test_the_transition_curve_does_not_change_the_trained_weights(tmp_path):
     """``train_sft(curve_every=...)`` (bench_warm_start --curve) trains the same bits."""
     import torch
 
-    from nemo_ais.embedded.warmstart import greedy_accuracy, train_sft
+    from nemo_ais.embedded.warmstart import greedy_scores, train_sft
 
     cfg = _cfg("policy.warm_start.steps=4")
     task = build_task(cfg)
     plain, loss, none = train_sft(cfg, task, progress=False)
     traced, loss2, points = train_sft(cfg, task, progress=False, curve_every=2)
-    assert none == [] and loss2 == loss and [s for s, _ in points] == [2, 4]
+    assert none == [] and loss2 == loss and [s for s, *_ in points] == [2, 4]
     traced_state = traced.state_dict()
     for name, a in plain.state_dict().items():
         assert torch.equal(a, traced_state[name]), name
-    assert points[-1][1] == greedy_accuracy(plain, task, task.eval_problems)
+    assert points[-1][1:] == greedy_scores(plain, task, task.eval_problems)
+
+
+def test_chains_right_accepts_either_notation_and_nothing_else():
+    """The warm start's criterion: the chain, closed by <eos> or by the stray `=` + <eos>."""
+    import torch
+
+    cfg = resolve_arm(load_config(CONFIG_DIR / "default.yaml", TINY), None)  # the chain task
+    task = build_task(cfg)
+    problems = task.eval_problems[:4]
+    tok = task.tokenizer
+    texts = [
+        task.answer(problems[0]),  # exact
+        task.alt_answer(problems[1]),  # the stray '='
+        task.answer(problems[2])[:-1] + ("1" if task.answer(problems[2])[-1] != "1" else "2"),
+        task.alt_answer(problems[3]) + "=",  # two '=': neither notation
+    ]
+    width = max(len(tok.encode(t, eos=True)) for t in texts)
+    rows = [tok.encode(t, eos=True) for t in texts]
+    ids = torch.tensor([r + [tok.pad_id] * (width - len(r)) for r in rows])
+    assert task.chains_right(problems, ids).tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert task.correct(problems, ids).tolist() == [1.0, 0.0, 0.0, 0.0]
+    no_eos = ids.clone()
+    no_eos[no_eos == tok.eos_id] = tok.pad_id
+    assert task.chains_right(problems, no_eos).tolist() == [0.0] * 4
