@@ -144,6 +144,5 @@ def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
         num_threads=base.cluster.num_threads_per_rank,
         timeout_s=base.cluster.timeout_s,
     )
-    if base.logger.plots:
-        write_report(run_dir)
+    write_report(run_dir, plots=base.logger.plots)  # summary.md always (the CLI names it)
     return run_dir

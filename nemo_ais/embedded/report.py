@@ -233,14 +233,17 @@ def _non_stationarity_md(summ, n_steps: int) -> list[str]:
     return lines
 
 
-def write_report(run_dir: str | Path) -> list[Path]:
-    """(Re)draw the plots (:func:`build_figures`) and ``summary.md`` of ``run_dir``; the files written."""
+def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
+    """(Re)draw ``summary.md`` and the plots of ``run_dir``; the files written.
+
+    ``plots=False`` (``logger.plots: false``) skips the PNGs of :func:`build_figures`.
+    """
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
     records = load_metrics(run_dir)
     written = []
-    for name, fig in build_figures(records).items():
+    for name, fig in (build_figures(records) if plots else {}).items():
         fig.savefig(run_dir / name, dpi=110)
         plt.close(fig)
         written.append(run_dir / name)
