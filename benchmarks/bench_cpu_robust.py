@@ -58,14 +58,21 @@ def capability(env: dict[str, str]) -> str:
     return out.stdout.strip() or f"unknown ({out.stderr.strip()[-200:]})"
 
 
-def run_one(preset: str, name: str, env: dict, root: Path, overrides: list[str]) -> dict:
-    """Train the warm start and run the reference arm in fresh processes under ``env``."""
+def run_one(
+    preset: str, name: str, env: dict, root: Path, overrides: list[str], reuse: bool = False
+) -> dict:
+    """Train the warm start and run the reference arm in fresh processes under ``env``.
+
+    ``reuse``: keep a warm start this bench trained before under the same emulation (its
+    cache key holds every warm-start setting; the GRPO settings are not part of it).
+    """
     from nemo_ais.embedded.config import CONFIG_DIR, load_config
     from nemo_ais.embedded.stats import primary_metric
 
     reference = load_config(CONFIG_DIR / f"{preset}.yaml")["experiment"]["reference_arm"]
     cache = root / f".cache-{name}"
-    shutil.rmtree(cache, ignore_errors=True)
+    if not reuse:
+        shutil.rmtree(cache, ignore_errors=True)
     flag = [] if preset == "default" else ["--preset", preset]
     run_name = f"{preset}-{name}"
     overrides = [*overrides, f"experiment.include=[{reference}]"]
@@ -120,11 +127,23 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("runs/cpu-robust"))
     parser.add_argument("--section", default="cpu_robust")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument(
+        "--reuse-warm-start",
+        action="store_true",
+        help="keep the warm starts an earlier run of this bench trained (same --root)",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for both runs")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     results = {
-        name: run_one(args.preset, name.replace(" ", "-"), env, args.root, args.overrides)
+        name: run_one(
+            args.preset,
+            name.replace(" ", "-"),
+            env,
+            args.root,
+            args.overrides,
+            args.reuse_warm_start,
+        )
         for name, env in EMULATIONS.items()
     }
     table, ok = compare(results)
@@ -133,7 +152,14 @@ def main() -> None:
         f"{' '.join(args.overrides)}: its warm start and its reference arm, each trained "
         "afresh in new processes, once as this machine is and once with "
         "ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 (an AVX2-only CPU's kernels). "
-        "Tolerances declared in benchmarks/bench_cpu_robust.py before the first run.\n\n"
+        "Tolerances declared in benchmarks/bench_cpu_robust.py before the first run."
+        + (
+            " Warm starts reused from an earlier run of this bench (trained under the same "
+            "emulation; `wall s` is then the GRPO run alone)."
+            if args.reuse_warm_start
+            else ""
+        )
+        + "\n\n"
         + table
         + f"\n\nVerdict: {'within' if ok else 'OUTSIDE'} the declared tolerances."
     )

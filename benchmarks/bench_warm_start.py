@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Wall time of the warm start a first `nemo-ais run` trains -> docs/benchmarks.md "warm_start".
 
-The default preset's warm start (550 SFT steps, batch 128, ``policy.warm_start.num_threads``
+The default preset's warm start (1000 SFT steps, batch 128, ``policy.warm_start.num_threads``
 torch threads), trained alone, as ``nemo-ais run`` trains it before any GRPO step when its
 cache file is missing, into an empty temporary cache directory: wall time, CPU time
 (user + sys of this process), and the machine's 1-minute load average before and after
@@ -10,9 +10,9 @@ cache file is missing, into an empty temporary cache directory: wall time, CPU t
 
     python -m benchmarks.bench_warm_start                  # the default preset
     python -m benchmarks.bench_warm_start --preset fp4     # another preset's warm start
-    python -m benchmarks.bench_warm_start --curve 50 --steps 1000 --section warm_start_curve
+    python -m benchmarks.bench_warm_start --curve 50 --steps 1500 --section warm_start_curve
     ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 python -m benchmarks.bench_warm_start \
-        --curve 50 --steps 1000 --section warm_start_curve_avx2
+        --curve 50 --steps 1500 --section warm_start_curve_avx2
 
 ``--curve N`` trains the preset's warm start (``--steps`` overrides its step count) with the
 held-out greedy accuracy every N steps, not cached: the SFT transition curve on this CPU

@@ -125,7 +125,7 @@ class OptimizerSection(_Section):
 class WarmStartSection(_Section):
     """``policy.warm_start``: supervised fine-tuning before GRPO, cached by config hash."""
 
-    steps: int = Field(550, ge=0, description="SFT steps (0: GRPO starts from random init).")
+    steps: int = Field(1000, ge=0, description="SFT steps (0: GRPO starts from random init).")
     batch_size: int = Field(128, ge=1, description="SFT problems per step.")
     lr: float = Field(1e-3, gt=0.0, description="SFT AdamW peak learning rate.")
     warmup_steps: int = Field(

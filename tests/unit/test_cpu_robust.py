@@ -41,6 +41,9 @@ def test_the_emulated_cpu_reaches_pytorch_and_its_numbers_are_compared(tmp_path)
         for name, env in EMULATIONS.items()
     }
     native, avx2 = results["this CPU"], results["AVX2"]
+    # logger.plots=false skips the PNGs, not summary.md (the CLI's last line names it)
+    assert (tmp_path / "default-this-CPU" / "summary.md").is_file()
+    assert not list((tmp_path / "default-this-CPU").glob("*.png"))
     assert avx2["capability"] == "AVX2"
     a = torch.load(native["warm_start_file"], weights_only=False)["state_dict"]
     b = torch.load(avx2["warm_start_file"], weights_only=False)["state_dict"]

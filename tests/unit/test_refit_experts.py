@@ -283,5 +283,5 @@ def test_a_refit_reuses_the_previous_refits_plans_not_its_errors(monkeypatch):
     # q_proj's 64 rows over tp_size=2 are no multiple of the 128 block: raises every time
     config = RefitConfig(format="fp8", tp_size=2)
     for _ in range(2):
-        with pytest.raises(ValueError, match="q_proj.weight: shape"):
+        with pytest.raises(ValueError, match=r"q_proj\.weight: shape"):
             list(refit_stream(tensors, config))

@@ -1,8 +1,8 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """A first run says what it is doing before GRPO: the warm start, its cache file, its time.
 
-Issue 28, item 3: the first ``nemo-ais run`` of a fresh clone trains the 550-step warm
-start (most of its time on a 2-core CPU) without saying so or where it goes. It now names
+Issue 28, item 3: the first ``nemo-ais run`` of a fresh clone trains the warm start
+(1000 steps) (most of its time on a 2-core CPU) without saying so or where it goes. It now names
 the absolute cache file it trains or reuses, and the time training took; the cache is
 relative to the working directory (``runs/.cache``), so a run from another directory
 trains it again, as the message says.
