@@ -116,7 +116,7 @@ class ModelSection(_Section):
 class OptimizerSection(_Section):
     """``policy.optimizer``: AdamW."""
 
-    lr: float = Field(1e-4, gt=0.0, description="Learning rate.")
+    lr: float = Field(3e-5, gt=0.0, description="GRPO AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
     eps: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
