@@ -65,8 +65,9 @@ def test_rank_exception_is_reported_with_traceback():
 
 def test_deadlock_fails_with_timeout_and_kills_ranks():
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"did not finish within 10 s"):
-        run_distributed(_hang_worker, 1, timeout=10)
+    # the harness's timeout path is the same whether the rank still imports or already hangs
+    with pytest.raises(TimeoutError, match=r"did not finish within 4 s"):
+        run_distributed(_hang_worker, 1, timeout=4)
     assert time.monotonic() - start < 60
 
 
