@@ -16,9 +16,12 @@
 #
 # The machine needs nemo_ais's base dependencies (pydantic, omegaconf, ...). Where they
 # are missing and nothing can be downloaded, carry wheels: on a machine with network,
-#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-#       -d .gpu_wheels pydantic omegaconf
-# and the script installs them from .gpu_wheels (offline) before it starts.
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux2014_x86_64 -d .gpu_wheels pydantic==2.12.5 pydantic-core==2.41.5 \
+#       annotated-types typing-inspection omegaconf==2.3.0
+#   pip wheel --no-deps -w .gpu_wheels antlr4-python3-runtime==4.9.3   # sdist only on PyPI
+# and the script installs them from .gpu_wheels (offline) before it starts (what ran on the
+# H200 on 2026-11-28). No NeMo-RL there: pytest runs with --nemo-rl none (-m gpu only).
 #
 #   bash benchmarks/gpu_checks.sh
 set -uo pipefail
