@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._record import record_section
-from benchmarks.bench_embedded import _warm_start_file, run_command
+from benchmarks.bench_embedded import _warm_start_file, preset_flags, run_command
 
 # Declared before the first run (2026-11-28): the warm start's chain accuracy on 256
 # held-out prompts within 0.05 (about 2.5 binomial standard errors at p = 0.9); the bf16
@@ -73,7 +73,7 @@ def run_one(
     cache = root / f".cache-{name}"
     if not reuse:
         shutil.rmtree(cache, ignore_errors=True)
-    flag = [] if preset == "default" else ["--preset", preset]
+    flag = preset_flags(preset)
     run_name = f"{preset}-{name}"
     overrides = [*overrides, f"experiment.include=[{reference}]"]
     cmd = run_command(flag, root, run_name, cache, overrides)

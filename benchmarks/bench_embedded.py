@@ -97,6 +97,11 @@ def arm_times_md(run_dir: Path, preset: str) -> str:
     )
 
 
+def preset_flags(preset: str) -> list[str]:
+    """The ``nemo-ais run`` flags that select ``preset`` (none for the default)."""
+    return [] if preset == "default" else ["--quick"] if preset == "quick" else ["--preset", preset]
+
+
 def run_command(
     flags: list[str], root: Path, name: str, cache: Path, overrides: list[str]
 ) -> list[str]:
@@ -121,7 +126,7 @@ def measure(preset: str, root: Path, keep_cache: bool, overrides: list[str]) -> 
     cache = root / ".cache"
     if not keep_cache:
         shutil.rmtree(cache, ignore_errors=True)
-    flag = [] if preset == "default" else ["--quick"] if preset == "quick" else ["--preset", preset]
+    flag = preset_flags(preset)
     cmd = run_command(flag, root, preset, cache, overrides)
     warm = "reused" if _warm_start_file(preset, cache, overrides).is_file() else "trained"
     load0 = os.getloadavg()[0]
