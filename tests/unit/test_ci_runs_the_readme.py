@@ -27,8 +27,8 @@ def test_the_readme_has_two_install_commands_each_in_a_fresh_virtualenv():
         assert cmd.startswith(VENV), cmd
         assert "\n" not in cmd and "torch==2.13.0" in cmd  # pinned in the same pip command
     assert run.endswith("python3 -m nemo_ais run")
-    assert test.endswith("python3 -m pytest --nemo-rl main -m nemo_rl")
-    assert "python3 -m pytest && " in test  # the v0.7.0 pass, then main's
+    assert test.endswith("python3 -m pytest -n 2 --nemo-rl main -m nemo_rl")
+    assert "python3 -m pytest -n 2 && " in test  # the v0.7.0 pass, then main's
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
