@@ -44,6 +44,9 @@ FROM_REFIT = 14  # the first bad refit: 13 healthy steps of history before it
 PLANT_STEPS = 22  # GRPO steps of a planted run
 PLANT_SEEDS = (0, 1)
 GATE_UP = r"mlp\.(gate|up)_proj"  # veRL #7519: 'mlp.gate' also matched gate_up_proj
+# alarms without a jump threshold to replay: taken as analyze logged them (refit_readback:
+# exact, threshold 0; the KV position check; non-finite log-probs)
+OFFLINE_KINDS = ("kv_scale_position", "nonfinite", "refit_readback")
 
 
 @dataclass(frozen=True)
@@ -176,21 +179,22 @@ def _log_dirs(run_dir: Path) -> list[Path]:
     return sorted(d for d in Path(run_dir, "logs").iterdir() if any(d.glob("*.jsonl")))
 
 
-def _diagnostics(log_dir: Path, tmp: Path) -> list[tuple[int, dict, bool]]:
-    """Per step: (step, the ``ais/*`` diagnostics, whether the offline-only alarms fired)."""
+def _diagnostics(log_dir: Path, tmp: Path) -> list[tuple[int, dict, bool, bool]]:
+    """Per step: (step, the ``ais/*`` diagnostics, whether the offline-only alarms fired,
+    whether ``refit_readback`` did)."""
     result = analyze_run(log_dir, tmp / "out", plots=False)
     out = []
     for row in result.rows:
         diag = {k.removeprefix("ais/"): v for k, v in row.items() if k.startswith("ais/")}
-        offline = bool(row["ais_alarm/kv_scale_position"] or row["ais_alarm/nonfinite"])
-        out.append((row["step"], diag, offline))
+        offline = any(row[f"ais_alarm/{kind}"] for kind in OFFLINE_KINDS)
+        out.append((row["step"], diag, offline, bool(row["ais_alarm/refit_readback"])))
     return out
 
 
-def _alarmed(steps: list[tuple[int, dict, bool]], config: AlarmConfig) -> list[tuple[int, bool]]:
-    """(step, any alarm) with ``config``'s jump thresholds (the KV / nonfinite ones as logged)."""
+def _alarmed(steps: list[tuple], config: AlarmConfig) -> list[tuple[int, bool]]:
+    """(step, any alarm) with ``config``'s jump thresholds (:data:`OFFLINE_KINDS` as logged)."""
     monitor = AlarmMonitor(config)
-    return [(step, bool(monitor.observe(step, diag)) or offline) for step, diag, offline in steps]
+    return [(step, bool(monitor.observe(step, diag)) or off) for step, diag, off, _ in steps]
 
 
 def calibrate(healthy_dirs: list[Path], planted_dir: Path | None) -> str:
@@ -241,14 +245,20 @@ def calibrate(healthy_dirs: list[Path], planted_dir: Path | None) -> str:
     return body
 
 
-def _jumps(steps: list[tuple[int, dict, bool]]) -> tuple[float, float]:
+def _jumps(steps: list[tuple]) -> tuple[float, float]:
     """Severity D over the median of the 10 steps before: at FROM_REFIT, and the largest after."""
     ratios = {}
-    for i, (step, diag, _) in enumerate(steps):
+    for i, (step, diag, *_) in enumerate(steps):
         if step >= FROM_REFIT and i >= 1:
-            median = statistics.median(d["severity"] for _, d, _ in steps[max(0, i - 10) : i])
+            median = statistics.median(d["severity"] for _, d, *_ in steps[max(0, i - 10) : i])
             ratios[step] = diag["severity"] / median if median > 0 else math.inf
     return ratios.get(FROM_REFIT, math.nan), max(ratios.values(), default=math.nan)
+
+
+def _readback_cell(logs: dict[Path, list[tuple]]) -> str:
+    at = sum(any(s == FROM_REFIT and rb for s, *_, rb in steps) for steps in logs.values())
+    early = sum(rb for steps in logs.values() for s, *_, rb in steps if s < FROM_REFIT)
+    return f"{at}/{len(logs)}; {early}"
 
 
 def _caught(delays: list[int | None]) -> str:
@@ -275,15 +285,16 @@ def _table(healthy, prefixes, planted, rows, best, default, analyse_s) -> str:
         f"{FROM_REFIT}. Analysis of all logs: {analyse_s:.0f} s.",
         "",
         "| plant | preset | arm | fault | D at the bad refit / median D of the 10 steps "
-        "before (per seed) | largest such ratio from the bad refit on |",
-        "|---|---|---|---|---|---|",
+        "before (per seed) | largest such ratio from the bad refit on | `refit_readback` "
+        "(runs caught at their bad refit; steps before it with one) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for plant, logs in planted.items():
         first, later = zip(*(_jumps(steps) for steps in logs.values()), strict=True)
         lines.append(
             f"| {plant.name} | `{plant.preset}` | {', '.join((*plant.arms, *plant.extra))} | "
             f"`{plant.kind}` on `{plant.modules}` | {', '.join(f'{r:.2f}' for r in first)} | "
-            f"{', '.join(f'{r:.2f}' for r in later)} |"
+            f"{', '.join(f'{r:.2f}' for r in later)} | {_readback_cell(logs)} |"
         )
     head = "| jump_factor | min_jump | min_history | healthy steps with an alarm |"
     lines += ["", head + "".join(f" {p.name} |" for p in planted)]

@@ -52,6 +52,11 @@ docs/benchmarks.md ``alarm_calibration``):
    late-position growth). Its input, the per-quarter sums, is computed from the step's
    tensors offline (:func:`nemo_ais.analyze.position_profile`); the AIS worker runs
    alarms 1-2 on its diagnostics (docs/analyze.md).
+5. ``refit_readback``: the refit read back (:mod:`nemo_ais.rollout.readback`) differs from
+   a correct refit of the sent weights by more than ``readback_tol`` (default 0: a healthy
+   readback is exact): a quantized weight (a scale grid in the wrong layout, a layer left
+   in BF16) or the KV-cache scales (not recalibrated). No history and no threshold to
+   calibrate; it fires at the refit itself, where the mismatch may not move at all.
 """
 
 from __future__ import annotations
@@ -79,7 +84,14 @@ __all__ = [
     "alarm_metrics",
 ]
 
-ALARM_KINDS = ("nonfinite", "tmpe_jump", "severity_jump", "tail_jump", "kv_scale_position")
+ALARM_KINDS = (
+    "nonfinite",
+    "tmpe_jump",
+    "severity_jump",
+    "tail_jump",
+    "kv_scale_position",
+    "refit_readback",
+)
 ALARM_PREFIX = "ais_alarm/"
 QUARTERS = 4
 """Quarters each long sequence's valid span is cut into by the ``kv_scale_position`` check."""
@@ -131,6 +143,12 @@ class AlarmConfig(BaseModel):
     kv_min_tokens: int = Field(
         256, ge=1, description="KV check: valid tokens needed in the first and last quarters."
     )
+    readback_tol: float = Field(
+        0.0,
+        ge=0.0,
+        description="refit_readback: largest relative readback error taken as healthy (an "
+        "exact readback is 0).",
+    )
     fail_on_alarm: bool = Field(
         False, description="Online: raise RefitAlarmError (fail the step) when an alarm fires."
     )
@@ -167,6 +185,14 @@ class Alarm:
 
 class RefitAlarmError(RuntimeError):
     """Raised by :meth:`AlarmMonitor.observe` when ``fail_on_alarm`` is set and alarms fired."""
+
+
+class Readback(Protocol):
+    """What the ``refit_readback`` check reads (:class:`nemo_ais.rollout.readback.RefitReadback`)."""
+
+    weight_error: float | None
+    weight_module: str | None
+    kv_scale_error: float | None
 
 
 class PositionQuarters(Protocol):
@@ -256,6 +282,24 @@ class AlarmMonitor:
             )
         return None
 
+    def _readback(self, step: int, readback: Readback | None) -> Alarm | None:
+        if readback is None:
+            return None
+        tol, bad = self.config.readback_tol, []
+        if readback.weight_error is not None and not readback.weight_error <= tol:
+            bad.append(f"weight {readback.weight_module} off by {readback.weight_error:.3g}")
+        if readback.kv_scale_error is not None and not readback.kv_scale_error <= tol:
+            bad.append(f"KV-cache scales off by {readback.kv_scale_error:.3g}")
+        if not bad:
+            return None
+        return Alarm(
+            "refit_readback",
+            step,
+            f"the engine read back after the refit differs from a correct refit of the sent "
+            f"weights ({'; '.join(bad)}, relative; threshold {tol:g}): check the refit "
+            "(scale layout, layers kept in BF16, KV-scale recalibration)",
+        )
+
     def observe(
         self,
         step: int,
@@ -264,6 +308,7 @@ class AlarmMonitor:
         n_nonfinite: int = 0,
         nonfinite_where: str = "",
         profile: PositionQuarters | None = None,
+        readback: Readback | None = None,
     ) -> list[Alarm]:
         """Check one step and add it to the history.
 
@@ -276,6 +321,7 @@ class AlarmMonitor:
             profile: per-quarter |l| sums of long sequences
                 (:func:`nemo_ais.analyze.position_profile`), or None (no
                 ``kv_scale_position`` check, as online).
+            readback: the step's refit readback, or None (no ``refit_readback`` check).
 
         Returns:
             The fired alarms, in :data:`ALARM_KINDS` order (empty if none).
@@ -323,6 +369,9 @@ class AlarmMonitor:
                 self._history["severity"].append(severity)
             if math.isfinite(p999):
                 self._history[_P999].append(p999)
+        readback_alarm = self._readback(step, readback)
+        if readback_alarm is not None:
+            alarms.append(readback_alarm)
         if alarms and self.config.fail_on_alarm:
             raise RefitAlarmError(
                 "AIS refit guard (alarms.fail_on_alarm=true): " + "; ".join(map(str, alarms))

@@ -35,6 +35,7 @@ from nemo_ais.analyze.replay import StepResult, replay_step
 from nemo_ais.analyze.report import write_report
 from nemo_ais.config import CorrectionConfig, require_config, validate_section
 from nemo_ais.core import METRICS
+from nemo_ais.rollout.readback import READBACK_FILE, read_readback
 
 __all__ = [
     "ANALYSIS_FILE",
@@ -263,6 +264,10 @@ def analyze_run(
     from nemo_ais.core import AISState
 
     state, monitor = AISState(), AlarmMonitor(monitor_config)
+    readback_file = log_dir / READBACK_FILE
+    readbacks, problems = read_readback(readback_file)
+    if problems:
+        raise BadInputError(readback_file, *problems[0])
     rows: list[dict[str, Any]] = []
     bad_rows, rows_read, bad_examples = 0, 0, []
     bar = tqdm(
@@ -293,6 +298,7 @@ def analyze_run(
                     n_nonfinite=result.n_nonfinite,
                     nonfinite_where=result.first_nonfinite,
                     profile=result.profile,
+                    readback=readbacks.get(result.step),
                 )
                 row = analysis_row(result, fired)
                 f.write(json.dumps(row) + "\n")

@@ -13,8 +13,9 @@ import torch
 
 from nemo_ais.embedded.dist import DistContext, all_reduce_sum
 from nemo_ais.embedded.task import ArithmeticTask
+from nemo_ais.rollout.readback import READBACK_FILE, RefitReadback, readback_row
 
-__all__ = ["METRICS_FILE", "MetricsFile", "log_train_data"]
+__all__ = ["METRICS_FILE", "MetricsFile", "log_readback", "log_train_data"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -107,3 +108,20 @@ def log_train_data(
             }
             f.write(json.dumps(sample) + "\n")
     os.replace(tmp, path)
+
+
+def log_readback(
+    ctx: DistContext, log_dir: Path, step: int, readback: RefitReadback | None
+) -> None:
+    """Append the step's refit readback to ``log_dir/refit_readback.jsonl`` (rank 0).
+
+    Nothing when the engine checked nothing (the BF16 arm, ``verify_refit: false``). A
+    resumed run writes its re-run steps again; the reader keeps a step's last row.
+    """
+    if not ctx.is_main or readback is None:
+        return
+    if not readback.weights_checked and readback.kv_scale_error is None:
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / READBACK_FILE).open("a") as f:
+        f.write(readback_row(step, readback) + "\n")

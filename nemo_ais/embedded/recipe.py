@@ -41,7 +41,7 @@ from nemo_ais.embedded.checkpoint import (
 from nemo_ais.embedded.config import RecipeConfig
 from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum
 from nemo_ais.embedded.error_tokens import ErrorTokenCounts, error_token_counts, response_alphabet
-from nemo_ais.embedded.logs import METRICS_FILE, MetricsFile, log_train_data
+from nemo_ais.embedded.logs import METRICS_FILE, MetricsFile, log_readback, log_train_data
 from nemo_ais.embedded.model import greedy_decode, response_logprobs
 from nemo_ais.embedded.rollout import RolloutBatch, chunk_range, generate_rollouts, group_advantages
 from nemo_ais.embedded.task import ArithmeticTask, seeded_generator
@@ -411,9 +411,10 @@ class GRPORecipe:
             )
 
     def _log_train_data(self, step, batch: RolloutBatch, logp_old, adv) -> None:
-        """The step's global batch as NeMo-RL's ``train_data_step{N}.jsonl`` (rank 0)."""
+        """The step's batch as NeMo-RL's ``train_data_step{N}.jsonl`` + refit readback (rank 0)."""
         log_dir = self.run_dir / "logs" / f"{self.arm}_seed{self.seed}"
         log_train_data(self.ctx, self.task, log_dir, step, batch, logp_old, adv)
+        log_readback(self.ctx, log_dir, step, self.engine.readback)
 
     def _applied_alpha(self, stats: list[StepStats]) -> float:
         """Position between uncorrected (0) and fully weighted (1) gradient actually used."""

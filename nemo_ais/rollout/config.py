@@ -100,6 +100,11 @@ class RolloutPrecisionConfig(KeepInBf16Fields):
         description="The mismatch dial k: every fake quantization (weights, activations, KV "
         "cache) returns x + k (q(x) - x). 0 = the BF16 engine exactly, 1 = the format as is.",
     )
+    verify_refit: bool = Field(
+        True,
+        description="Read every refit back (nemo_ais.rollout.readback): each quantized weight "
+        "and the KV scales against a correct refit of the sent weights; 0.0 when healthy.",
+    )
     refit_fault: RefitFault | None = Field(
         None,
         description="TEST/BENCH ONLY: a planted refit bug (nemo_ais.rollout.faults; refused "

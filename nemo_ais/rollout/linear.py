@@ -74,7 +74,12 @@ class QuantLinear(nn.Module):
         if tuple(weight.shape) != expected:
             raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
         self.weight_amax = amax
-        self.weight_dequant = self.fake_quant.weight(weight.detach(), amax=amax, name=self.name)
+        self.weight_dequant = self.expected_weight(weight, amax)
+
+    @torch.no_grad()
+    def expected_weight(self, weight: torch.Tensor, amax: torch.Tensor | None) -> torch.Tensor:
+        """The fp32 weight a correct refit of ``weight`` gives (the refit readback's oracle)."""
+        return self.fake_quant.weight(weight.detach(), amax=amax, name=self.name)
 
     def load_bias(self, bias: torch.Tensor) -> None:
         """Copy a new bias (kept in high precision, as vLLM does)."""
@@ -233,12 +238,22 @@ class Fp8Linear(QuantLinear):
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
             raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
+        self._store(*self._quantize(weight))
+        self.weight_dequant = scale_error(
+            weight.detach(), self.weight_dequant, self.knobs.error_scale
+        )
+
+    def _quantize(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         k = self.knobs
-        w_q, s_w = quantize_blockwise(
+        return quantize_blockwise(
             weight.detach(), k.weight_block, k.weight_family, k.weight_eps, k.ue8m0, name=self.name
         )
-        self._store(w_q, s_w)
-        self.weight_dequant = scale_error(weight.detach(), self.weight_dequant, k.error_scale)
+
+    @torch.no_grad()
+    def expected_weight(self, weight: torch.Tensor, amax: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`QuantLinear.expected_weight` (``amax`` unused: FP8 scales are per tile)."""
+        w_dq = dequantize_blockwise(*self._quantize(weight), self.weight_block, torch.float32)
+        return scale_error(weight.detach(), w_dq, self.knobs.error_scale)
 
     @torch.no_grad()
     def load_quantized(self, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> None:

@@ -50,6 +50,11 @@ from nemo_ais.rollout.modules import (
     quantized_module,
     quantized_module_names,
 )
+from nemo_ais.rollout.readback import (
+    RefitReadback,
+    kv_scale_readback,
+    weight_readback,
+)
 from nemo_ais.rollout.sampling import (
     GenerationOutput,
     LogprobsMode,
@@ -114,6 +119,7 @@ class RolloutTwin:
             self._replace_module(twin, name, amax)
         self.model = twin
         self.kv_scales: KVScales | None = None
+        self.readback: RefitReadback | None = None  # of the last refit (config.verify_refit)
         # K/V elements the last generate / score's quantized cache saturated (|x| > s * 448)
         self.kv_saturation: KVSaturationCounter | None = None
         self._loader = WeightLoader(
@@ -184,7 +190,7 @@ class RolloutTwin:
                 scales, a fused NVFP4 group incomplete, or KV scales missing for a layer.
         """
         items = weights.items() if isinstance(weights, Mapping) else weights
-        if self._fault is not None:
+        if self._fault is not None or self.config.verify_refit:
             items = list(items)
         n_loaded, kv_sent = self._loader.load(items)
         for module in static_input_modules(self.model, self.fake_quant).values():
@@ -197,7 +203,27 @@ class RolloutTwin:
             if calibration_attention_mask is None:
                 calibration_attention_mask = torch.ones_like(calibration_input_ids)
             self._calibrate_stale(calibration_input_ids, calibration_attention_mask)
+        if self.config.verify_refit:
+            self.readback = self._read_back(
+                dict(items), None if kv_sent else calibration_input_ids, calibration_attention_mask
+            )
         return n_loaded
+
+    def _read_back(
+        self,
+        weights: dict[str, torch.Tensor],
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+    ) -> RefitReadback:
+        """This refit read back (:mod:`nemo_ais.rollout.readback`); KV only with a batch."""
+        error, module, count = weight_readback(self.model, self.quantized_module_names, weights)
+        kv_error = None
+        if self.kv_cache_quantized and input_ids is not None:
+            expected = kv_scales_from_forward(
+                self.model, self.num_layers, self.config, input_ids, attention_mask
+            )
+            kv_error = kv_scale_readback(self.kv_scales, expected)
+        return RefitReadback(error, module, kv_error, count)
 
     # ---- calibration ----------------------------------------------------------------
 

@@ -3,10 +3,10 @@
 
 A 9-step run of the tiny recipe (quick.yaml, one process), its logs analysed by
 ``nemo-ais analyze`` with the default :class:`~nemo_ais.alarms.AlarmConfig`: silent on the
-healthy run; a BF16-kept gate/up projection planted at refit 6
-(:mod:`nemo_ais.rollout.faults`) is caught at step 6 when the trainer's forward runs the
-rollout's quantization (QaRL), and cannot be seen with a plain trainer (it lowers the
-mismatch, the engine's per-layer report is the guard there).
+healthy run; each refit bug planted at refit 6 (:mod:`nemo_ais.rollout.faults`) is caught
+at step 6 by the refit readback (``refit_readback``); a BF16-kept gate/up projection also
+moves the mismatch when the trainer's forward runs the rollout's quantization (QaRL), and
+lowers it with a plain trainer (no jump to see there: only the readback catches it).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 from embedded_recipes import tiny_recipe
 
-from nemo_ais.alarms import AlarmConfig
+from nemo_ais.alarms import ALARM_KINDS, AlarmConfig
 from nemo_ais.analyze import analyze_run
 from nemo_ais.rollout.faults import FAULT_ENV
 
@@ -72,4 +72,24 @@ def test_default_alarms_catch_a_bf16_kept_layer_at_its_refit_with_a_qarl_trainer
 def test_a_bf16_kept_layer_is_not_seen_with_a_plain_trainer(tmp_path):
     # the rollout is then closer to the fp32 trainer (test_rollout_faults): no jump to see
     planted = _run(tmp_path / "planted", False, BF16_GATE_UP)
-    assert _alarmed(planted) == []
+    assert not any(_kinds(row) - {"refit_readback"} for row in planted)
+
+
+def _kinds(row: dict) -> set[str]:
+    return {kind for kind in ALARM_KINDS if row[f"ais_alarm/{kind}"]}
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        BF16_GATE_UP,
+        f"rollout.quantizer.refit_fault={{kind: scale_layout, from_refit: {FROM_REFIT}}}",
+        f"rollout.quantizer.refit_fault={{kind: stale_kv_scale, from_refit: {FROM_REFIT}}}",
+    ],
+    ids=["bf16_layer", "scale_layout", "stale_kv_scale"],
+)
+def test_the_readback_catches_every_planted_bug_at_its_refit(tmp_path, fault):
+    planted = _run(tmp_path / "planted", False, fault)
+    readback = [row["step"] for row in planted if "refit_readback" in _kinds(row)]
+    assert readback == list(range(FROM_REFIT, 10)), [row["alarms"] for row in planted]
+    assert all(not row["alarms"] for row in planted[: FROM_REFIT - 1])
