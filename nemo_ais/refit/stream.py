@@ -195,11 +195,17 @@ def plan_tensor(
     """Quantize or keep one tensor; checks its TP shard (ValueError; TypeError: bad config)."""
     require_config(config, RefitConfig, "plan_tensor(config)")
     shape = tuple(int(s) for s in shape)
+    return _plan_entry(name, shape, dtype, config, _keep(name, shape, config))
+
+
+def _plan_entry(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, config: RefitConfig, reason: str | None
+) -> PlanEntry:
+    """:func:`plan_tensor` once :func:`_keep` has given ``reason``."""
     numel = 1
     for s in shape:
         numel *= s
     before = numel * dtype.itemsize
-    reason = _keep(name, shape, config)
     if reason is not None:
         return PlanEntry(name, shape, dtype, "keep", reason, before, before)
     _check_tp_shard(name, shape, config)
@@ -280,7 +286,10 @@ class RefitStream:
         key = ("plan", name, tuple(tensor.shape), tensor.dtype)
         entry = self._plans.get(key)
         if entry is None:
-            entry = self._plans[key] = plan_tensor(name, tensor.shape, tensor.dtype, self.config)
+            shape = tuple(tensor.shape)
+            reason = self._kept(name, shape)  # an expert stack may have asked it already
+            entry = _plan_entry(name, shape, tensor.dtype, self.config, reason)
+            self._plans[key] = entry
         return entry
 
     def _kept(self, name: str, shape: tuple[int, ...]) -> str | None:

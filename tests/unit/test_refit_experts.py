@@ -267,17 +267,27 @@ def test_a_refit_reuses_the_previous_refits_plans_not_its_errors(monkeypatch):
     import nemo_ais.refit.stream as stream_mod
 
     calls: list[str] = []
-    real = stream_mod.plan_tensor
+    real = stream_mod._plan_entry
     monkeypatch.setattr(
-        stream_mod, "plan_tensor", lambda name, *a, **k: calls.append(name) or real(name, *a, **k)
+        stream_mod, "_plan_entry", lambda name, *a, **k: calls.append(name) or real(name, *a, **k)
+    )
+    keeps: list[tuple] = []
+    real_keep = stream_mod._keep
+    monkeypatch.setattr(
+        stream_mod, "_keep", lambda name, *a: keeps.append((name, *a[:1])) or real_keep(name, *a)
     )
     monkeypatch.setattr(stream_mod, "_PLAN_CACHES", type(stream_mod._PLAN_CACHES)())
     tensors = _state_dict()
     first = _run("nvfp4_w4a16", tensors, num_experts=E)
     assert len(calls) == len(tensors)
+    # the keep rule runs once per (name, shape) on the first refit, also where an expert
+    # stack asked it of a sibling before its plan
+    assert len(set(keeps)) == len(keeps)
+    assert {name for name, _ in keeps} == {name for name, _ in tensors}
     calls.clear()
+    keeps.clear()
     _assert_same(_run("nvfp4_w4a16", tensors, num_experts=E), first)
-    assert calls == []
+    assert calls == [] and keeps == []
     _run("nvfp4_w4a16", tensors, num_experts=E, num_first_layers_in_bf16=1)
     assert len(calls) == len(tensors)
     # q_proj's 64 rows over tp_size=2 are no multiple of the 128 block: raises every time
