@@ -107,7 +107,7 @@ class AlarmConfig(BaseModel):
         3, ge=1, description="Earlier steps needed before a jump alarm can fire."
     )
     jump_factor: float = Field(
-        8.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
+        48.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
     )
     tail_jump_factor: float = Field(
         6.0,

@@ -31,7 +31,8 @@ B, S = 8, 16
 GBS = 8
 BASE = {"reference_policy_kl_penalty": 0.0}
 # a small test batch: the tail alarm opted in below its default tail_min_tokens
-ALARMS = {"min_history": 3, "fail_on_alarm": False, "tail_min_tokens": 1}
+# jump_factor 8 (the default is 48): these tests drive the plumbing with a 20x jump
+ALARMS = {"min_history": 3, "fail_on_alarm": False, "tail_min_tokens": 1, "jump_factor": 8.0}
 
 
 def _data(step, sigma):

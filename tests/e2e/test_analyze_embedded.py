@@ -51,8 +51,12 @@ def test_analysis_equals_the_diagnostics_logged_in_training(tmp_path, cache_dir,
     run_dir = tmp_path / "run"
     log_dir = run_dir / "logs" / "fp8-ais_seed0"
     assert sorted(p.name for p in log_dir.glob("*.jsonl")) == [
-        f"train_data_step{s}.jsonl" for s in range(1, steps + 1)
+        "refit_readback.jsonl",  # the twin's refit readback, one row per step, all exact
+        *(f"train_data_step{s}.jsonl" for s in range(1, steps + 1)),
     ]
+    readback = (log_dir / "refit_readback.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in readback] == list(range(1, steps + 1))
+    assert {json.loads(row)["weight_error"] for row in readback} == {0.0}
     first = json.loads((log_dir / "train_data_step1.jsonl").read_text().splitlines()[0])
     assert list(first) == [
         "content",

@@ -140,7 +140,7 @@ def test_position_profile_is_additive_and_relative_to_each_sequence():
 def test_online_use_in_a_worker_logs_metrics_and_fails_when_configured():
     """What the AIS worker would do once per global batch, after compute_diagnostics."""
     cfg = CorrectionConfig()
-    monitor = AlarmMonitor(AlarmConfig(min_history=2, fail_on_alarm=True))
+    monitor = AlarmMonitor(AlarmConfig(min_history=2, fail_on_alarm=True, jump_factor=8.0))
     g = torch.Generator().manual_seed(1)
     for step, sigma in enumerate([0.01, 0.01, 0.01, 0.3], start=1):
         old = -torch.rand(8, 32, generator=g) - 0.1
@@ -154,7 +154,7 @@ def test_online_use_in_a_worker_logs_metrics_and_fails_when_configured():
         with pytest.raises(RefitAlarmError, match=r"step 4: tmpe_jump: .*step 4: severity_jump"):
             monitor.observe(step, diag)
     assert len(monitor.state_dict()["severity"]) == 4  # the failing step entered the history
-    restored = AlarmMonitor(AlarmConfig(min_history=2))
+    restored = AlarmMonitor(AlarmConfig(min_history=2, jump_factor=8.0))
     restored.load_state_dict(monitor.state_dict())
     assert restored.state_dict() == monitor.state_dict()
 
@@ -171,7 +171,8 @@ def test_offline_report_names_each_alarm_with_its_step(tmp_path):
     row["prev_logprobs"][0][10] = float("nan")  # a valid position (token_loss_mask = 1)
     lines[1] = json.dumps(row) + "\n"
     path.write_text("".join(lines))
-    result = analyze_run(log_dir, tmp_path / "out", plots=False)
+    eight = AlarmConfig(jump_factor=8.0)  # the synthetic jump is ~20x (default 48)
+    result = analyze_run(log_dir, tmp_path / "out", alarm_config=eight, plots=False)
     fired = {(r["step"], a.split(": ")[1]) for r in result.rows for a in r["alarms"]}
     assert fired == {
         (4, "nonfinite"),
@@ -199,7 +200,8 @@ def test_offline_fail_on_alarm_exits_3_after_writing_the_report(tmp_path, capsys
     log_dir = tmp_path / "logs"
     write_run(log_dir, {s: ({"jump": 0.8} if s == 6 else {}) for s in range(1, 8)})
     out = tmp_path / "out"
-    got = main(["analyze", str(log_dir), "--out", str(out), "--no-progress", "--no-plots", *args])
+    argv = ["analyze", str(log_dir), "--out", str(out), "--no-progress", "--no-plots"]
+    got = main([*argv, "alarms.jump_factor=8", *args])  # the synthetic jump is ~20x
     assert got == code, capsys.readouterr()
     assert "| 6 | tmpe_jump |" in (out / "report.md").read_text()  # written in every case
     assert "alarm: step 6: tmpe_jump" in capsys.readouterr().out
