@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from planted_refits import three_refits, tiny_qwen
 
 from nemo_ais.alarms import AlarmConfig, AlarmMonitor
 from nemo_ais.formats.fp8_block import dequantize_blockwise, quantize_blockwise
@@ -41,26 +41,11 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def qwen():
-    cfg = Qwen2Config(
-        vocab_size=256,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_qwen()
 
 
 def _refits(model):
-    sd1 = {k: v.clone() for k, v in model.state_dict().items()}
-    g = torch.Generator().manual_seed(3)
-    sd2 = {k: v + 1e-3 * torch.randn(v.shape, generator=g) for k, v in sd1.items()}
-    sd3 = {k: v * 1.5 if ("k_proj" in k or "v_proj" in k) else v for k, v in sd2.items()}
-    return sd1, sd2, sd3
+    return three_refits(model)
 
 
 IDS = torch.randint(4, 256, (4, 12), generator=torch.Generator().manual_seed(1))

@@ -14,7 +14,7 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from planted_refits import three_refits, tiny_qwen
 
 from nemo_ais.embedded.config import CONFIG_DIR, load_config
 from nemo_ais.formats.fp8_block import dequantize_blockwise
@@ -40,28 +40,11 @@ def allowed(monkeypatch):
 
 @pytest.fixture(scope="module")
 def qwen():
-    # hidden 256: a 2 x 2 grid of 128 x 128 FP8 weight tiles (a transposed layout moves scales)
-    cfg = Qwen2Config(
-        vocab_size=256,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_qwen()
 
 
 def _refits(model):
-    """Three refits' weights: the model's, a small drift, then K/V projections x 1.5."""
-    sd1 = {k: v.clone() for k, v in model.state_dict().items()}
-    g = torch.Generator().manual_seed(3)
-    sd2 = {k: v + 1e-3 * torch.randn(v.shape, generator=g) for k, v in sd1.items()}
-    sd3 = {k: v * 1.5 if ("k_proj" in k or "v_proj" in k) else v for k, v in sd2.items()}
-    return sd1, sd2, sd3
+    return three_refits(model)
 
 
 def _batch():
