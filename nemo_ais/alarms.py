@@ -14,9 +14,9 @@ step. The offline pre-flight check (:mod:`nemo_ais.preflight`) validates
 l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
 
 Alarms (thresholds are :class:`AlarmConfig` fields; a heuristic of this project, not of
-the AIS paper; the defaults are calibrated on every shipped embedded preset and on refit
-bugs planted into the simulated engine: ``benchmarks/bench_alarm_calibration.py``,
-docs/benchmarks.md ``alarm_calibration``):
+the AIS paper; the defaults are calibrated on healthy runs of the shipped embedded
+presets (which ones: docs/benchmarks.md ``alarm_calibration``) and on refit bugs planted
+into the simulated engine: ``benchmarks/bench_alarm_calibration.py``):
 
 1. ``nonfinite``: valid positions whose ``prev_logprobs`` or ``generation_logprobs`` is
    NaN or +-inf (a broken refit or engine). The analysis excludes them from the
