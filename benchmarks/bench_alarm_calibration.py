@@ -236,20 +236,19 @@ def calibrate(healthy_dirs: list[Path], planted_dir: Path | None) -> str:
             for i, (_, fired) in enumerate(_alarmed(steps, config)):
                 if i >= history:
                     n, fp = n + 1, fp + fired
-        caught, by_jump = {}, {}
+        by_jump = {}  # the readback catches every plant at every grid point (first table)
         for plant, logs in planted.items():
-            for out, offline in ((caught, True), (by_jump, False)):
-                delays = []
-                for steps in logs.values():
-                    fired = _alarmed(steps, config, offline)
-                    late = [s for s, hit in fired if hit and s >= FROM_REFIT]
-                    delays.append(late[0] - FROM_REFIT if late else None)
-                out[plant] = delays
-        rows.append((jump, floor, history, fp, n, caught, by_jump))
+            delays = []
+            for steps in logs.values():
+                fired = _alarmed(steps, config, offline=False)
+                late = [s for s, hit in fired if hit and s >= FROM_REFIT]
+                delays.append(late[0] - FROM_REFIT if late else None)
+            by_jump[plant] = delays
+        rows.append((jump, floor, history, fp, n, by_jump))
     visible = [p for p in planted if p.expected_visible]
 
     def score(row):  # zero false positives, most visible plants caught by the mismatch
-        fp, by_jump = row[3], row[6]  # alarms (the readback's catches do not depend on
+        fp, by_jump = row[3], row[5]  # alarms (the readback's catches do not depend on
         hits = sum(d is not None for p in visible for d in by_jump[p])  # the grid), then
         # the highest thresholds
         return (fp, -hits, -row[0], -row[1], row[2])
@@ -322,7 +321,7 @@ def _table(healthy, prefixes, planted, rows, best, default, analyse_s) -> str:
     ]
     lines.append("|---" * (4 + len(planted)) + "|")
     current = (default.jump_factor, default.min_jump, default.min_history)
-    for jump, floor, history, fp, n, _, by_jump in rows:
+    for jump, floor, history, fp, n, by_jump in rows:
         note = " (default)" if (jump, floor, history) == current else ""
         note += " (best)" if (jump, floor, history) == best[:3] else ""
         cells = [f"{jump:g}{note}", f"{floor:g}", f"{history}", f"{fp}/{n} ({fp / max(n, 1):.4f})"]

@@ -190,22 +190,24 @@ class RolloutTwin:
                 scales, a fused NVFP4 group incomplete, or KV scales missing for a layer.
         """
         items = weights.items() if isinstance(weights, Mapping) else weights
+        sent = None  # the refit's tensors by name, for the fault and the readback
         if self._fault is not None or self.config.verify_refit:
             items = list(items)
+            sent = dict(items)
         n_loaded, kv_sent = self._loader.load(items)
         for module in static_input_modules(self.model, self.fake_quant).values():
             module.input_amax = None  # stale: the weights moved
         previous_kv_scales = self.kv_scales
         self.kv_scales = received_kv_scales(kv_sent, self.num_layers) if kv_sent else None
         if self._fault is not None:  # TEST/BENCH ONLY: a planted refit bug
-            self._fault.after_load(self, dict(items), previous_kv_scales)
+            self._fault.after_load(self, sent, previous_kv_scales)
         if calibration_input_ids is not None:
             if calibration_attention_mask is None:
                 calibration_attention_mask = torch.ones_like(calibration_input_ids)
             self._calibrate_stale(calibration_input_ids, calibration_attention_mask)
         if self.config.verify_refit:
             self.readback = self._read_back(
-                dict(items), None if kv_sent else calibration_input_ids, calibration_attention_mask
+                sent, None if kv_sent else calibration_input_ids, calibration_attention_mask
             )
         return n_loaded
 
