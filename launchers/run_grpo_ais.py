@@ -195,61 +195,30 @@ def ensure_worker_pythonpath(environ: dict[str, str] | None = None) -> str:
 
 
 def configure_fp8_refit(config: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
-    """Arm the AIS FP8 refit hook in the vLLM workers from the ``ais_fp8_refit`` section.
+    """Arm the AIS refit of an FP8 engine in the vLLM workers (``ais_fp8_refit``).
 
-    The section holds :class:`nemo_ais.fp8.Fp8SyncConfig` fields (absent: NeMo-RL's own
-    FP8 refit). Defaults from ``policy.generation.vllm_cfg``, so the stream matches the
-    engine: ``tp_size`` = ``tensor_parallel_size`` (each rank's shard must be a multiple
-    of the 128 block), ``ue8m0`` = ``pow2_weight_scaling_factors``,
-    ``num_first_layers_in_bf16`` / ``num_last_layers_in_bf16`` = the same keys. Sets
-    ``NEMO_AIS_FP8_REFIT`` and puts ``nemo_ais/nemo_rl/_vllm_hook`` (its
-    ``sitecustomize``) first on ``PYTHONPATH``.
-
-    Returns:
-        The validated config, or None when the section is absent or ``enabled: false``.
+    :func:`nemo_ais.nemo_rl.refit.configure`: validates the section's
+    :class:`~nemo_ais.fp8.Fp8SyncConfig` with defaults from ``policy.generation.vllm_cfg``
+    (``tp_size``, ``ue8m0`` = ``pow2_weight_scaling_factors``, ``num_first/last_layers_in_bf16``),
+    sets ``NEMO_AIS_REFIT`` and puts ``nemo_ais/nemo_rl/_vllm_hook`` (its ``sitecustomize``)
+    first on ``PYTHONPATH``. Returns the config, or None when the section is absent or
+    ``enabled: false`` (NeMo-RL's own FP8 refit).
     """
-    from nemo_ais.config import validate_section
-    from nemo_ais.fp8 import Fp8SyncConfig
-    from nemo_ais.nemo_rl.refit import ENV_VAR
+    from nemo_ais.nemo_rl import refit
 
-    section = config.get("ais_fp8_refit")
-    if section is None:
-        return None
-    vllm_cfg = get(config, "policy.generation.vllm_cfg", {})
-    engine = {
-        "tp_size": vllm_cfg.get("tensor_parallel_size", 1),
-        "ue8m0": vllm_cfg.get("pow2_weight_scaling_factors", False),
-        "num_first_layers_in_bf16": vllm_cfg.get("num_first_layers_in_bf16", 0),
-        "num_last_layers_in_bf16": vllm_cfg.get("num_last_layers_in_bf16", 0),
-    }
-    section = {**engine, **section}
-    refit = validate_section(Fp8SyncConfig, section, "ais_fp8_refit")
-    if not refit.enabled:
-        return None
-    if vllm_cfg.get("precision") != "fp8":
-        raise ValueError(
-            f"ais_fp8_refit.enabled=True needs policy.generation.vllm_cfg.precision: fp8 "
-            f"(got {vllm_cfg.get('precision')!r}): it replaces the FP8 engine's weight refit"
-        )
-    environ = os.environ if environ is None else environ
-    environ[ENV_VAR] = refit.model_dump_json()
-    hook_dir = str(REPO_ROOT / "nemo_ais" / "nemo_rl" / "_vllm_hook")
-    parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    environ["PYTHONPATH"] = os.pathsep.join([hook_dir, *(p for p in parts if p != hook_dir)])
-    return refit
+    return refit.configure(config, environ, section="ais_fp8_refit")
 
 
 def configure_block_refit(config: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
     """Arm the NVFP4 refit of a BF16 trainer in the vLLM workers (``ais_nvfp4_refit``).
 
-    :func:`nemo_ais.nemo_rl.refit_block.configure`: sets ``NEMO_AIS_BLOCK_REFIT`` and puts
-    the hook first on ``PYTHONPATH`` (before Ray: the workers inherit the environment).
+    :func:`nemo_ais.nemo_rl.refit.configure`, the same hook as :func:`configure_fp8_refit`.
     Returns the validated :class:`~nemo_ais.fp8.BlockSyncConfig`, or None when the section
     is absent or disabled (NeMo-RL's NVFP4 engine then cannot load a BF16 refit).
     """
-    from nemo_ais.nemo_rl import refit_block
+    from nemo_ais.nemo_rl import refit
 
-    return refit_block.configure(config, environ)
+    return refit.configure(config, environ, section="ais_nvfp4_refit")
 
 
 def configure_kv_calibration(config: dict[str, Any], environ: dict[str, str] | None = None) -> str:

@@ -1,43 +1,52 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""FP8 refit seam: the vLLM worker quantizes synced weights with :mod:`nemo_ais.refit`.
+"""The vLLM refit patch: a BF16 trainer's weights quantized in the vLLM worker, any format.
 
-NeMo-RL's vLLM worker extension (hard-coded ``worker_extension_cls``) refits an FP8 engine
-through ``nemo_rl.models.generation.vllm.quantization.fp8.load_weights``, which quantizes
-with upstream's own blockwise quantizer. This module WRAPS that ONE attribute, in the vLLM
-worker process only, after checking :data:`RECORDED_SIGNATURES` (v0.7.0 and main):
+NeMo-RL's vLLM worker extension refits a low-precision engine through
+``nemo_rl.models.generation.vllm.quantization.fp8.load_weights``: FP8 with upstream's own
+blockwise quantizer, NVFP4 only from a ModelOpt trainer that exports packed NVFP4. This
+module WRAPS that function, in the vLLM worker process only, after checking the recorded
+signatures (v0.7.0 and main), so what the engine holds quantized goes through ONE
+:class:`~nemo_ais.refit.stream.RefitStream` and everything else through upstream.
+What differs between the engines is one row of :data:`ENGINES` (which tensors the engine
+holds quantized, where the others go, which upstream functions the patch needs):
 
-* :func:`refit_pairs` -- the :class:`~nemo_ais.refit.stream.RefitStream` pairs of each
-  tensor the engine holds in FP8; every other tensor goes to ``passthrough``.
-* :func:`install` -- wraps ``load_weights`` (idempotent); upstream's own function handles
-  what the engine does not hold as an FP8 linear weight (grouped MoE slabs on main) and
-  the whole stream when its FP8 config is MXFP8 (main's ``is_mx``).
-* :func:`install_on_import` / :func:`patched_spec` -- a ``sys.meta_path`` hook, armed in
-  every Ray worker by ``_vllm_hook/sitecustomize.py`` when :data:`ENV_VAR` (the JSON of an
-  :class:`~nemo_ais.refit.config.Fp8SyncConfig`) is set (``launchers/run_grpo_ais.py``
-  sets it from ``ais_fp8_refit``).
-* :func:`require_active` -- the driver asks every vLLM worker process (:func:`hook_status`)
-  and stops the run where the refit would use NeMo-RL's quantizer.
+* ``fp8``: ``_is_fp8_weight`` says what the engine holds in FP8; the rest (grouped MoE
+  slabs on main) goes through upstream's ``load_weights``; an MXFP8 engine (main's
+  ``is_mx``) keeps upstream's refit, which gives the same bytes.
+* ``nvfp4`` (W4A16 / W4A4): layers whose quant method is ModelOpt's NVFP4, found with
+  upstream's ``_get_module_from_param_name``; ``is_fp8_model`` is wrapped too (True for a
+  ``ModelOptNvFp4Config`` engine, so the refit reaches ``load_weights``).
+* ``mxfp8``: ``_is_fp8_weight`` of main's ``is_mx`` engine; scale named
+  ``weight_scale_from_checkpoint`` unless configured.
 
-The same hook carries the NVFP4 / MXFP8 refit (:mod:`nemo_ais.nemo_rl.refit_block`,
-``NEMO_AIS_BLOCK_REFIT``; :func:`refit_config_from_env` reads either).
+The launcher's step is :func:`configure` (the ``ais_fp8_refit`` or ``ais_nvfp4_refit``
+section -> :data:`ENV_VAR` and :data:`HOOK_DIR` first on ``PYTHONPATH``); every Ray worker's
+``_vllm_hook/sitecustomize.py`` then arms :func:`install_on_import`, and the driver asks
+each vLLM worker process (:func:`hook_status`) through :func:`require_active`.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.util
+import json
 import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NamedTuple
 
 import torch
+from pydantic import Field, TypeAdapter
 
 from nemo_ais.config import require_config
+from nemo_ais.formats.registry import get_format
 from nemo_ais.nemo_rl import compat, vllm_refit
 from nemo_ais.nemo_rl.vllm_refit import (
     PATCHED,
@@ -45,32 +54,145 @@ from nemo_ais.nemo_rl.vllm_refit import (
     TARGET_MODULE,
     engine_pairs,
     unchanged,
-    upstream_pairs,
 )
-from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, RefitStream
+from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, RefitConfig, RefitStream
+from nemo_ais.rules.config_keys import get
+from nemo_ais.rules.native_kernels import NATIVE_KERNELS
 
 __all__ = [
+    "ENGINES",
     "ENV_VAR",
+    "HOOK_DIR",
     "RECORDED_SIGNATURES",
+    "SECTIONS",
     "TARGET_MODULE",
     "HookStatus",
-    "ais_load_weights",
     "check_signatures",
     "config_from_env",
+    "configure",
     "decide_backend",
+    "engine_is_nvfp4",
+    "holds_nvfp4",
     "hook_status",
     "install",
     "install_on_import",
     "patched_spec",
-    "refit_config_from_env",
     "refit_pairs",
     "require_active",
 ]
 
 logger = logging.getLogger(__name__)
 
-ENV_VAR = "NEMO_AIS_FP8_REFIT"
-BLOCK_ENV_VAR = "NEMO_AIS_BLOCK_REFIT"  # nemo_ais.nemo_rl.refit_block.ENV_VAR
+ENV_VAR = "NEMO_AIS_REFIT"
+"""The JSON of the :class:`~nemo_ais.refit.config.RefitConfig` the vLLM workers refit with."""
+HOOK_DIR = Path(__file__).resolve().parent / "_vllm_hook"  # its sitecustomize arms the hook
+SECTIONS = {"ais_fp8_refit": Fp8SyncConfig, "ais_nvfp4_refit": BlockSyncConfig}
+"""The config sections that arm the patch, and the config each validates as."""
+# vLLM's ModelOpt NVFP4 classes, matched by name in the MRO (no vLLM import)
+NVFP4_QUANT_CONFIG = "ModelOptNvFp4Config"
+NVFP4_METHODS = frozenset({"ModelOptNvFp4LinearMethod", "ModelOptNvFp4FusedMoE"})
+_GROUPED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _mro_names(obj: Any) -> set[str]:
+    return {cls.__name__ for cls in type(obj).__mro__} if obj is not None else set()
+
+
+def engine_is_nvfp4(vllm_config: Any) -> bool:
+    """True when vLLM's quant config is ModelOpt NVFP4 (W4A4 or W4A16, any subclass)."""
+    return NVFP4_QUANT_CONFIG in _mro_names(getattr(vllm_config, "quant_config", None))
+
+
+def holds_nvfp4(upstream: Any, model: Any, name: str) -> bool:
+    """True when the engine holds ``name`` in NVFP4 (its layer's quant method is ModelOpt NVFP4).
+
+    Raises:
+        ValueError: ``name`` is a grouped expert slab of NVFP4 experts (export per-expert names).
+    """
+    grouped = name.endswith(_GROUPED_EXPERTS)
+    if not name.endswith(".weight") and not grouped:
+        return False
+    layer = upstream._get_module_from_param_name(model, name)
+    nvfp4 = bool(_mro_names(getattr(layer, "quant_method", None)) & NVFP4_METHODS)
+    if grouped and nvfp4:
+        raise ValueError(
+            f"{name}: a grouped expert slab of NVFP4 experts; the NVFP4 refit quantizes "
+            "per-expert weights (...mlp.experts.<e>.gate_proj.weight), export those"
+        )
+    return nvfp4 and not grouped
+
+
+def _fp8_engine(upstream: Any, model_runner: Any, config: RefitConfig) -> bool:
+    return not compat.upstream_quantizes_mx(upstream)  # MXFP8: upstream's quantizer, unchanged
+
+
+def _mxfp8_engine(upstream: Any, model_runner: Any, config: RefitConfig) -> bool:
+    if not compat.upstream_quantizes_mx(upstream):
+        raise RuntimeError(
+            f"{ENV_VAR}: format=mxfp8 but NeMo-RL's FP8 config is not MXFP8 (needs "
+            "policy.generation.vllm_cfg.precision: fp8 and is_mx: true, NeMo-RL main)"
+        )
+    return True
+
+
+def _nvfp4_engine(upstream: Any, model_runner: Any, config: RefitConfig) -> bool:
+    vllm_config = getattr(model_runner, "vllm_config", None)
+    if vllm_config is not None and not engine_is_nvfp4(vllm_config):
+        found = type(getattr(vllm_config, "quant_config", None)).__name__
+        raise RuntimeError(
+            f"{ENV_VAR}: format={config.format} but the vLLM engine's quant config is "
+            f"{found}, expected a {NVFP4_QUANT_CONFIG} (a ModelOpt NVFP4 engine)"
+        )
+    return True
+
+
+def _holds_fp8(upstream: Any, model: Any) -> Callable[[str], bool]:
+    return functools.partial(upstream._is_fp8_weight, model=model)
+
+
+def _holds_nvfp4(upstream: Any, model: Any) -> Callable[[str], bool]:
+    return functools.partial(holds_nvfp4, upstream, model)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the patch needs to know about one vLLM method family (``fp8``, ``nvfp4``, ``mxfp8``)."""
+
+    holds: Callable[[Any, Any], Callable[[str], bool]]  # (upstream, model) -> name -> quantized?
+    ours: Callable[..., bool]  # (upstream, model_runner, config) -> refit with ours (or raise)
+    upstream_passthrough: bool = True  # tensors kept in BF16 go through upstream's load_weights
+    wraps_is_fp8_model: bool = False  # also wrap is_fp8_model (NeMo-RL does not call it FP8)
+    decides_backend: bool = False  # backend auto -> TE or torch once per process (block FP8)
+    defaults: tuple[tuple[str, Any], ...] = ()  # config fields left None -> the hook's value
+    signatures: tuple[str, ...] = (
+        "load_weights",
+        "_is_fp8_weight",
+        "is_fp8_model",
+        "_get_module_from_param_name",
+    )
+
+
+ENGINES = {
+    "fp8": Engine(
+        _holds_fp8,
+        _fp8_engine,
+        decides_backend=True,
+        signatures=("load_weights", "_is_fp8_weight"),
+    ),
+    "mxfp8": Engine(
+        _holds_fp8,
+        _mxfp8_engine,
+        defaults=(("mxfp8_scale_name", "weight_scale_from_checkpoint"),),
+    ),
+    "nvfp4": Engine(
+        _holds_nvfp4, _nvfp4_engine, upstream_passthrough=False, wraps_is_fp8_model=True
+    ),
+}
+"""The engine side of each vLLM method family (``NATIVE_KERNELS[format].family``)."""
+
+
+def _engine(config: RefitConfig) -> Engine:
+    return ENGINES[NATIVE_KERNELS[config.format].family]
 
 
 def check_signatures(
@@ -78,48 +200,30 @@ def check_signatures(
 ) -> None:
     """Raise ``RuntimeError`` if an upstream function differs from :data:`RECORDED_SIGNATURES`."""
     fix = (
-        "(NeMo-RL v0.7.0). The AIS FP8 refit patch targets v0.7.0; re-check "
-        f"nemo_ais/nemo_rl/refit.py against this NeMo-RL version or unset {ENV_VAR}."
+        "(NeMo-RL v0.7.0 and main). Re-check nemo_ais/nemo_rl/refit.py against this NeMo-RL "
+        f"version or unset {ENV_VAR}."
     )
     vllm_refit.check_signatures(module, names, RECORDED_SIGNATURES, fix)
 
 
 def refit_pairs(
     weights: Iterable[tuple[str, torch.Tensor]],
-    is_fp8_weight: Callable[[str], bool],
-    config: Fp8SyncConfig,
+    holds: Callable[[str], bool],
+    config: RefitConfig,
     passthrough: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = unchanged,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` -> vLLM ``load_weights`` pairs, quantizing what the engine holds in FP8.
+    """``(name, tensor)`` -> vLLM ``load_weights`` pairs, quantizing what the engine ``holds`` so.
 
     Raises:
-        ValueError: the engine holds ``name`` in FP8 but the stream would keep it in BF16, or
-            the stream's own errors (NaN/Inf, TP shard).
+        ValueError: the engine holds ``name`` quantized but the stream would keep it in
+            BF16, or the stream's own errors (NaN/Inf, TP shard).
     """
-    return engine_pairs(weights, is_fp8_weight, RefitStream(config), passthrough)
+    return engine_pairs(weights, holds, RefitStream(config), passthrough)
 
 
-def ais_load_weights(
-    weights: Iterable[tuple[str, torch.Tensor]],
-    model_runner: Any,
-    *,
-    config: Fp8SyncConfig,
-    is_fp8_weight: Callable[[str, Any], bool],
-    upstream_load_weights: Callable[[Any, Any], None] | None = None,
-) -> None:
-    """NeMo-RL's ``fp8.load_weights`` by :func:`refit_pairs`, in ONE ``model.load_weights``."""
-    model = model_runner.model
-    passthrough = unchanged
-    if upstream_load_weights is not None:
-        passthrough = upstream_pairs(upstream_load_weights, model)
-    model.load_weights(
-        refit_pairs(weights, lambda name: is_fp8_weight(name, model), config, passthrough)
-    )
-
-
-def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
+def decide_backend(config: RefitConfig) -> RefitConfig:
     """``backend: auto`` decided once per process (``te`` or ``torch``), not once per tensor."""
-    if config.backend != "auto":
+    if config.backend != "auto" or not _engine(config).decides_backend:
         return config
     from nemo_ais.formats import te_backend
 
@@ -129,60 +233,83 @@ def decide_backend(config: Fp8SyncConfig) -> Fp8SyncConfig:
     return config.model_copy(update={"backend": "te" if te else "torch"})
 
 
-def _require_refit_config(config: Any, where: str) -> None:
-    if not isinstance(config, BlockSyncConfig):
-        require_config(config, Fp8SyncConfig, where)
+def _input_amax(config: RefitConfig) -> dict[str, float] | None:
+    if not get_format(config.format).static_input_amax:
+        return None
+    if config.input_amax_file is None:
+        raise ValueError(
+            f"{ENV_VAR}: format nvfp4_w4a4 needs input_amax_file (JSON {{module or fused group: "
+            "calibrated input amax}}): the refit streams input_scale = amax / (6 * 448)"
+        )
+    return json.loads(Path(config.input_amax_file).read_text())
 
 
-def install(module: Any, config: Fp8SyncConfig | BlockSyncConfig) -> bool:
-    """Wrap ``module.load_weights`` with :func:`ais_load_weights`; False if already patched.
+def _hook_config(config: RefitConfig) -> RefitConfig:
+    """The backend decided, and fields left None set as the engine's hook needs them."""
+    update = {k: v for k, v in _engine(config).defaults if getattr(config, k) is None}
+    return decide_backend(config.model_copy(update=update) if update else config)
 
-    A :class:`BlockSyncConfig` installs :func:`nemo_ais.nemo_rl.refit_block.install` instead.
+
+def install(module: Any, config: RefitConfig) -> bool:
+    """Wrap ``module.load_weights`` (and what :data:`ENGINES` says); False if already patched.
 
     Raises:
         RuntimeError: the upstream signatures differ from the recorded ones.
-        TypeError: ``config`` is not an :class:`Fp8SyncConfig`.
+        ValueError: W4A4 without ``input_amax_file``.
+        TypeError: ``config`` is not a :class:`~nemo_ais.refit.config.RefitConfig`.
     """
-    if isinstance(config, BlockSyncConfig):
-        from nemo_ais.nemo_rl import refit_block
-
-        return refit_block.install(module, config)
-    require_config(config, Fp8SyncConfig, "install(config)")
+    require_config(config, RefitConfig, "refit.install(config)")
     if getattr(module.load_weights, PATCHED, False):
         return False
+    engine = _engine(config)
     try:
-        check_signatures(module)
-    except RuntimeError as err:
-        logger.warning("nemo_ais: AIS FP8 refit NOT installed in pid %d: %s", os.getpid(), err)
+        check_signatures(module, engine.signatures)
+        config = _hook_config(config)  # once per process, not once per tensor
+        stream = RefitStream(config, _input_amax(config))
+    except (RuntimeError, ValueError) as err:
+        logger.warning(
+            "nemo_ais: AIS %s refit NOT installed in pid %d: %s", config.format, os.getpid(), err
+        )
         raise
-    config = decide_backend(config)  # once per process, not once per tensor
-    original = module.load_weights
+    original_load, original_is_fp8_model = module.load_weights, module.is_fp8_model
+    held: dict[tuple[int, str], bool] = {}  # as upstream caches _is_fp8_weight
 
     def load_weights(weights, model_runner):
-        if compat.upstream_quantizes_mx(module):  # MXFP8: upstream's quantizer, unchanged
-            return original(weights, model_runner)
-        return ais_load_weights(
-            weights,
-            model_runner,
-            config=config,
-            is_fp8_weight=module._is_fp8_weight,
-            upstream_load_weights=original,
-        )
+        if not engine.ours(module, model_runner, config):
+            return original_load(weights, model_runner)
+        model = model_runner.model
+        holds_name = engine.holds(module, model)
+
+        def holds(name: str) -> bool:
+            key = (id(model), name)
+            if key not in held:
+                held[key] = holds_name(name)
+            return held[key]
+
+        passthrough = unchanged
+        if engine.upstream_passthrough:
+            passthrough = vllm_refit.upstream_pairs(original_load, model)
+        model.load_weights(engine_pairs(weights, holds, stream, passthrough))
+
+    def is_fp8_model(vllm_config):
+        return engine_is_nvfp4(vllm_config) or original_is_fp8_model(vllm_config)
 
     vllm_refit.patch(module, "load_weights", load_weights)
+    if engine.wraps_is_fp8_model:
+        vllm_refit.patch(module, "is_fp8_model", is_fp8_model)
     logger.warning(
-        "nemo_ais: %s.load_weights wrapped in pid %d: FP8 linear weights are quantized by "
-        "nemo_ais.fp8 (family %s, backend %s)",
+        "nemo_ais: %s.load_weights wrapped in pid %d: the BF16 refit is quantized to %s by "
+        "nemo_ais (backend %s)",
         module.__name__,
         os.getpid(),
-        config.family,
+        config.format,
         config.backend,
     )
     return True
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, config: Fp8SyncConfig):
+    def __init__(self, inner: importlib.abc.Loader, config: RefitConfig):
         self.inner, self.config = inner, config
 
     def create_module(self, spec):
@@ -193,9 +320,9 @@ class _Loader(importlib.abc.Loader):
         install(module, self.config)
 
 
-def patched_spec(fullname: str, config: Fp8SyncConfig | BlockSyncConfig | None) -> Any:
+def patched_spec(fullname: str, config: RefitConfig | None) -> Any:
     """The spec of ``fullname`` whose loader then runs :func:`install` (TypeError: no config)."""
-    _require_refit_config(config, "patched_spec(config)")
+    require_config(config, RefitConfig, "patched_spec(config)")
     ours = [f for f in sys.meta_path if isinstance(f, _Finder) and f.target == fullname]
     for finder in ours:  # find the real spec without recursing into this hook
         sys.meta_path.remove(finder)
@@ -209,7 +336,7 @@ def patched_spec(fullname: str, config: Fp8SyncConfig | BlockSyncConfig | None) 
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    def __init__(self, target: str, config: Fp8SyncConfig):
+    def __init__(self, target: str, config: RefitConfig):
         self.target, self.config = target, config
 
     def find_spec(self, fullname, path, target=None):
@@ -218,9 +345,9 @@ class _Finder(importlib.abc.MetaPathFinder):
         return patched_spec(fullname, self.config)
 
 
-def install_on_import(config: Fp8SyncConfig | BlockSyncConfig, target: str = TARGET_MODULE) -> None:
+def install_on_import(config: RefitConfig, target: str = TARGET_MODULE) -> None:
     """Patch ``target`` when it is imported (now, if it already is); the config is checked now."""
-    _require_refit_config(config, "install_on_import(config)")
+    require_config(config, RefitConfig, "install_on_import(config)")
     module = sys.modules.get(target)
     if module is not None:
         install(module, config)
@@ -230,11 +357,11 @@ def install_on_import(config: Fp8SyncConfig | BlockSyncConfig, target: str = TAR
 
 
 class HookStatus(NamedTuple):
-    """The AIS FP8 refit in one process (a vLLM worker), as :func:`hook_status` sees it."""
+    """The AIS refit in one process (a vLLM worker), as :func:`hook_status` sees it."""
 
     pid: int
     host: str
-    configured: bool  # NEMO_AIS_FP8_REFIT (or NEMO_AIS_BLOCK_REFIT) set in this process
+    configured: bool  # NEMO_AIS_REFIT set in this process
     armed: bool  # an import hook waits for NeMo-RL's FP8 refit module
     imported: bool  # that module is imported here
     patched: bool  # and its load_weights is ours
@@ -242,7 +369,7 @@ class HookStatus(NamedTuple):
 
     @property
     def active(self) -> bool:
-        """The next refit in this process quantizes with nemo_ais.fp8."""
+        """The next refit in this process quantizes with nemo_ais."""
         return self.error is None and (self.patched or (self.armed and not self.imported))
 
     def problem(self) -> str:
@@ -262,7 +389,7 @@ class HookStatus(NamedTuple):
 
 
 def hook_status(worker: Any = None) -> HookStatus:
-    """This process's AIS FP8 refit state (``worker``: what vLLM's ``collective_rpc`` passes)."""
+    """This process's AIS refit state (``worker``: what vLLM's ``collective_rpc`` passes)."""
     module = sys.modules.get(TARGET_MODULE)
     hooks = [f for f in sys.meta_path if getattr(f, "nemo_ais_fp8_refit", False)]
     finders = [f for f in sys.meta_path if isinstance(f, _Finder) and f.target == TARGET_MODULE]
@@ -270,7 +397,7 @@ def hook_status(worker: Any = None) -> HookStatus:
     return HookStatus(
         pid=os.getpid(),
         host=socket.gethostname(),
-        configured=bool(os.environ.get(ENV_VAR) or os.environ.get(BLOCK_ENV_VAR)),
+        configured=bool(os.environ.get(ENV_VAR)),
         armed=bool(hooks or finders),
         imported=module is not None,
         patched=module is not None and getattr(module.load_weights, PATCHED, False),
@@ -307,7 +434,7 @@ def require_active(policy_generation: Any) -> list[HookStatus]:
         if not s.active
     ]
     if problems:
-        logger.warning("nemo_ais: AIS FP8 refit NOT active: %s", "; ".join(problems))
+        logger.warning("nemo_ais: AIS refit NOT active: %s", "; ".join(problems))
         raise RuntimeError(
             "ais_fp8_refit (or ais_nvfp4_refit).enabled=true but the AIS refit hook is not "
             "active in every vLLM worker, which would refit with NeMo-RL's own quantizer (or, "
@@ -315,28 +442,114 @@ def require_active(policy_generation: Any) -> list[HookStatus]:
         )
     statuses = [s for group in per_worker for s in group]
     logger.warning(
-        "nemo_ais: AIS FP8 refit armed in %d vLLM worker processes of %d generation workers",
+        "nemo_ais: AIS refit armed in %d vLLM worker processes of %d generation workers",
         len(statuses),
         len(per_worker),
     )
     return statuses
 
 
-def config_from_env(environ: dict[str, str] | None = None) -> Fp8SyncConfig | None:
-    """The :class:`Fp8SyncConfig` in :data:`ENV_VAR` (None when unset)."""
-    return vllm_refit.config_from_env(ENV_VAR, Fp8SyncConfig, environ)
+_ENV_CONFIG = TypeAdapter(
+    Annotated[Fp8SyncConfig | BlockSyncConfig, Field(discriminator="format")]
+)  # the section's own config class, told apart by its format
 
 
-def refit_config_from_env(
-    environ: dict[str, str] | None = None,
-) -> Fp8SyncConfig | BlockSyncConfig | None:
-    """The hook's config: :data:`ENV_VAR`'s or ``NEMO_AIS_BLOCK_REFIT``'s (ValueError: both)."""
-    from nemo_ais.nemo_rl import refit_block
+def config_from_env(environ: Mapping[str, str] | None = None) -> RefitConfig | None:
+    """The :class:`~nemo_ais.refit.config.RefitConfig` in :data:`ENV_VAR` (None when unset)."""
+    raw = (os.environ if environ is None else environ).get(ENV_VAR)
+    return _ENV_CONFIG.validate_json(raw) if raw else None
 
-    fp8, block = config_from_env(environ), refit_block.config_from_env(environ)
-    if fp8 is not None and block is not None:
-        raise ValueError(
-            f"{ENV_VAR} and {BLOCK_ENV_VAR} are both set: the FP8 and the NVFP4/MXFP8 refit "
-            "replace the same vLLM refit; set one (ais_fp8_refit or ais_nvfp4_refit)"
+
+def configure(
+    config: Mapping[str, Any], environ: dict[str, str] | None = None, section: str = "ais_fp8_refit"
+) -> RefitConfig | None:
+    """Arm the refit from one of :data:`SECTIONS` (None: the section is absent or disabled).
+
+    Defaults come from the engine config, so the stream keeps in BF16 what vLLM keeps and
+    checks what each rank holds: ``tp_size`` = ``vllm_cfg.tensor_parallel_size``; FP8:
+    ``ue8m0`` = ``pow2_weight_scaling_factors`` and ``num_first/last_layers_in_bf16`` the
+    same keys; NVFP4: ``ignore`` = ``policy.generation.real_quant_ignore`` (else NeMo-RL's
+    ``DEFAULT_NVFP4_IGNORE``). Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on
+    ``PYTHONPATH`` (before Ray starts: the workers inherit the environment).
+
+    Raises:
+        ValueError: naming the field: an invalid section, a format the section does not
+            refit, W4A4 without ``input_amax_file``, an engine not in the section's format,
+            or both sections enabled.
+    """
+    from nemo_ais.sections import validate_section
+
+    if section not in SECTIONS:
+        raise ValueError(f"section={section!r} is invalid: expected one of {sorted(SECTIONS)}")
+    raw = config.get(section)
+    if raw is None:
+        return None
+    generation = get(config, "policy.generation", {})
+    vllm_cfg = get(generation, "vllm_cfg", {})
+    engine: dict[str, Any] = {"tp_size": vllm_cfg.get("tensor_parallel_size", 1)}
+    if section == "ais_fp8_refit":
+        engine["ue8m0"] = vllm_cfg.get("pow2_weight_scaling_factors", False)
+        for key in ("num_first_layers_in_bf16", "num_last_layers_in_bf16"):
+            engine[key] = vllm_cfg.get(key, 0)
+    elif "ignore" not in raw:
+        engine["ignore"] = tuple(_engine_ignore(generation))
+    refit_cfg = validate_section(SECTIONS[section], {**engine, **raw}, section)
+    if not refit_cfg.enabled:
+        return None
+    problems = _configure_problems(config, generation, refit_cfg, section)
+    if problems:
+        raise ValueError("; ".join(problems))
+    environ = os.environ if environ is None else environ
+    environ[ENV_VAR] = refit_cfg.model_dump_json()
+    parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    hook = str(HOOK_DIR)
+    environ["PYTHONPATH"] = os.pathsep.join([hook, *(p for p in parts if p != hook)])
+    return refit_cfg
+
+
+def _engine_ignore(generation: Mapping[str, Any]) -> list[str]:
+    ignore = generation.get("real_quant_ignore")
+    if ignore is not None:
+        return list(ignore)
+    from nemo_rl.modelopt.utils import DEFAULT_NVFP4_IGNORE  # NeMo-RL's own default
+
+    return list(DEFAULT_NVFP4_IGNORE)
+
+
+def _configure_problems(
+    config: Mapping[str, Any], generation: Mapping[str, Any], refit_cfg: RefitConfig, section: str
+) -> list[str]:
+    precision = get(generation, "vllm_cfg.precision")
+    if section == "ais_fp8_refit":
+        if precision == "fp8":
+            return []
+        return [
+            f"ais_fp8_refit.enabled=True needs policy.generation.vllm_cfg.precision: fp8 "
+            f"(got {precision!r}): it replaces the FP8 engine's weight refit"
+        ]
+    problems = []
+    if _engine(refit_cfg) is not ENGINES["nvfp4"]:
+        problems.append(
+            f"{section}.format={refit_cfg.format!r} is invalid: expected nvfp4_w4a16 or "
+            "nvfp4_w4a4 (MXFP8 rollouts refit through NeMo-RL main's own MXFP8 quantizer, the "
+            "same bytes)"
         )
-    return fp8 if fp8 is not None else block
+    if get_format(refit_cfg.format).static_input_amax and refit_cfg.input_amax_file is None:
+        problems.append(
+            f"{section}.input_amax_file=None is invalid with format nvfp4_w4a4: expected a "
+            "JSON {module or fused group: calibrated input amax} (the refit streams "
+            "input_scale = amax / (6 * 448))"
+        )
+    if generation.get("real_quant") is not True:
+        problems.append(
+            f"{section}.enabled=true needs policy.generation.real_quant: true (got "
+            f"{generation.get('real_quant')!r}): it quantizes the refit for NeMo-RL's "
+            "ModelOpt NVFP4 vLLM engine"
+        )
+    fp8 = config.get("ais_fp8_refit")
+    if isinstance(fp8, Mapping) and fp8.get("enabled", True):
+        problems.append(
+            f"ais_fp8_refit and {section} are both enabled: one engine has one weight "
+            "format (set ais_fp8_refit.enabled: false)"
+        )
+    return problems

@@ -21,7 +21,6 @@ import torch
 from nemo_ais.refit.stream import RefitStream
 
 __all__ = [
-    "BLOCK_RECORDED_SIGNATURES",
     "PATCHED",
     "RECORDED_SIGNATURES",
     "TARGET_MODULE",
@@ -38,16 +37,12 @@ TARGET_MODULE = "nemo_rl.models.generation.vllm.quantization.fp8"
 RECORDED_SIGNATURES = {
     f"{TARGET_MODULE}.load_weights": "(weights, model_runner)",
     f"{TARGET_MODULE}._is_fp8_weight": "(name, model)",
+    f"{TARGET_MODULE}.is_fp8_model": "(vllm_config)",  # NVFP4: wrapped too
+    f"{TARGET_MODULE}._get_module_from_param_name": "(model, name: str)",  # NVFP4: its layers
     "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension._load_weights": (
         "(self, weights)"
     ),
 }
-BLOCK_RECORDED_SIGNATURES = {
-    **RECORDED_SIGNATURES,
-    f"{TARGET_MODULE}.is_fp8_model": "(vllm_config)",
-    f"{TARGET_MODULE}._get_module_from_param_name": "(model, name: str)",
-}
-"""The NVFP4 / MXFP8 patch also wraps ``is_fp8_model`` and walks the module tree."""
 PATCHED = "__nemo_ais_refit__"
 """Attribute set on every wrapper the patch installs (installing twice is a no-op)."""
 

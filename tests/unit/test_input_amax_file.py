@@ -16,7 +16,7 @@ from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from nemo_ais.cli import main
-from nemo_ais.nemo_rl.refit_block import _input_amax
+from nemo_ais.nemo_rl.refit import _input_amax
 from nemo_ais.refit.stream import BlockSyncConfig, block_weight_stream
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.twin import RolloutTwin

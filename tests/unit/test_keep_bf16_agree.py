@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from nemo_ais.nemo_rl import refit_block
+from nemo_ais.nemo_rl import vllm_refit
 from nemo_ais.preflight.checks.formats import kept_in_bf16
 from nemo_ais.refit.stream import BlockSyncConfig, RefitStream, plan_refit
 from nemo_ais.rollout.config import RolloutPrecisionConfig
@@ -70,7 +70,7 @@ def _patch_kept() -> set[str]:
         stream = RefitStream(BlockSyncConfig(ignore=IGNORE))
         pairs = [(f"{m}.weight", torch.ones(K, K))]
         try:
-            list(refit_block.refit_block_pairs(pairs, lambda name: True, stream))
+            list(vllm_refit.engine_pairs(pairs, lambda name: True, stream))
         except ValueError as err:
             assert "would keep it in BF16" in str(err), err
             kept.add(m)

@@ -128,7 +128,7 @@ class DriverBoundary:
         return found
 
     def init_ray(self, *args, **kwargs):
-        env = {k: os.environ.get(k) for k in ("PYTHONPATH", "NEMO_AIS_FP8_REFIT")}
+        env = {k: os.environ.get(k) for k in ("PYTHONPATH", "NEMO_AIS_REFIT")}
         self.events.append(("init_ray", {"args": args, "kwargs": kwargs, "env": env}))
 
     def get_tokenizer(self, tokenizer_config, *args, **kwargs):
@@ -250,7 +250,7 @@ class _EngineWorkerProcess:
         env["STANDIN_CUDA_DEVICE"] = pickle.dumps(ENGINE_GPU["gpu"]).hex()
         key = (
             env["PYTHONPATH"],
-            env.get("NEMO_AIS_FP8_REFIT", ""),
+            env.get("NEMO_AIS_REFIT", ""),
             pickle.dumps(method),
             env["STANDIN_CUDA_DEVICE"],
         )

@@ -83,10 +83,8 @@ def driver(monkeypatch, tmp_path, local_ray):
     monkeypatch.setattr(grpo, "setup", setup)
     # main() edits the worker environment; restore it after each test.
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    monkeypatch.setenv("NEMO_AIS_FP8_REFIT", "")  # recorded: removed at teardown
-    monkeypatch.delenv("NEMO_AIS_FP8_REFIT")
-    monkeypatch.setenv("NEMO_AIS_BLOCK_REFIT", "")  # recorded: removed at teardown
-    monkeypatch.delenv("NEMO_AIS_BLOCK_REFIT")
+    monkeypatch.setenv("NEMO_AIS_REFIT", "")  # recorded: removed at teardown
+    monkeypatch.delenv("NEMO_AIS_REFIT")
     monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
     return d
 

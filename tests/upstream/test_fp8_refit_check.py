@@ -82,7 +82,7 @@ def test_every_vllm_worker_reports_the_armed_refit(workers, caplog):
     )
     assert status.pid != os.getpid()  # asked in the worker's process, not the driver's
     assert ray.get(workers["launched"].rpc_calls.remote()) == ["hook_status"]
-    assert "AIS FP8 refit armed in 1 vLLM worker processes of 1 generation workers" in caplog.text
+    assert "AIS refit armed in 1 vLLM worker processes of 1 generation workers" in caplog.text
 
 
 def test_a_worker_without_the_hook_fails_the_run_naming_it(workers, caplog):
@@ -100,4 +100,4 @@ def test_a_worker_without_the_hook_fails_the_run_naming_it(workers, caplog):
     assert (
         "generation worker 2, vLLM process" in message and f"{refit.ENV_VAR} is not set" in message
     )
-    assert "AIS FP8 refit NOT active" in caplog.text  # logged at WARNING as well
+    assert "AIS refit NOT active" in caplog.text  # logged at WARNING as well

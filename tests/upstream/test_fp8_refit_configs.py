@@ -6,7 +6,7 @@ with the launcher's ``load_config_dict`` (NeMo-RL's real ``load_config``, resolv
 ``OmegaConf.to_container``) and passed to the launcher's real ``configure_fp8_refit``
 with a private environment dict. For an FP8 rollout (``vllm_cfg.precision: fp8``) it must
 return an enabled :class:`~nemo_ais.fp8.Fp8SyncConfig` with ``backend: auto`` whose JSON is
-in ``NEMO_AIS_FP8_REFIT`` and put ``nemo_ais/nemo_rl/_vllm_hook`` first on ``PYTHONPATH``;
+in ``NEMO_AIS_REFIT`` and put ``nemo_ais/nemo_rl/_vllm_hook`` first on ``PYTHONPATH``;
 for a BF16 rollout it must leave the environment untouched. Then, for the smoke config:
 NeMo-RL's real ``init_ray`` (the Ray start stubbed: ``ray.init`` records its
 ``runtime_env``, ``ray.cluster_resources`` is an external cluster's) hands
@@ -92,9 +92,8 @@ def test_every_fp8_config_arms_the_refit_hook_and_bf16_ones_do_not(path):
 @pytest.fixture
 def smoke_env(monkeypatch):
     """The launcher's environment after configure_fp8_refit on the smoke config."""
-    for var in (ENV_VAR, "NEMO_AIS_BLOCK_REFIT"):  # recorded: removed again at teardown
-        monkeypatch.setenv(var, "")
-        monkeypatch.delenv(var)
+    monkeypatch.setenv(ENV_VAR, "")  # recorded: removed again at teardown
+    monkeypatch.delenv(ENV_VAR)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     refit = run.configure_fp8_refit(_load(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"))
     assert refit is not None
@@ -174,7 +173,7 @@ def test_the_vllm_worker_gets_the_patch_when_it_imports_nemo_rls_fp8_module(smok
     )
     assert status["error"] is None and status["is_ours"] is True
     # success is logged at WARNING (seen with Python's default logging level)
-    assert "load_weights wrapped in pid" in stderr and "nemo_ais.fp8" in stderr
+    assert "load_weights wrapped in pid" in stderr and "quantized to fp8 by nemo_ais" in stderr
 
 
 def test_a_broken_refit_config_fails_the_vllm_worker_loudly(smoke_env):

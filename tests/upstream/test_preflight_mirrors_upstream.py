@@ -37,10 +37,8 @@ class PastTheAsserts(Exception):
 def rig(monkeypatch, tmp_path, local_ray):
     """Boundaries installed; ``rig(path, overrides, stop=...)`` runs ``main()``."""
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    monkeypatch.setenv("NEMO_AIS_FP8_REFIT", "")  # recorded: removed at teardown
-    monkeypatch.delenv("NEMO_AIS_FP8_REFIT")
-    monkeypatch.setenv("NEMO_AIS_BLOCK_REFIT", "")  # recorded: removed at teardown
-    monkeypatch.delenv("NEMO_AIS_BLOCK_REFIT")
+    monkeypatch.setenv("NEMO_AIS_REFIT", "")  # recorded: removed at teardown
+    monkeypatch.delenv("NEMO_AIS_REFIT")
     monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
 
     def main(path, overrides, *, stop: bool, real_async: bool = False):

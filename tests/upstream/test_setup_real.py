@@ -159,10 +159,8 @@ def real_setup(monkeypatch, tmp_path, local_ray):
 
         monkeypatch.setattr(CheckpointManager, "shutdown", spy_shutdown)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    monkeypatch.setenv("NEMO_AIS_FP8_REFIT", "")  # recorded: removed at teardown
-    monkeypatch.delenv("NEMO_AIS_FP8_REFIT")
-    monkeypatch.setenv("NEMO_AIS_BLOCK_REFIT", "")  # recorded: removed at teardown
-    monkeypatch.delenv("NEMO_AIS_BLOCK_REFIT")
+    monkeypatch.setenv("NEMO_AIS_REFIT", "")  # recorded: removed at teardown
+    monkeypatch.delenv("NEMO_AIS_REFIT")
     monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
     return rec
 

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Arms the AIS refit in processes started with this folder on PYTHONPATH (stdlib only).
 
-With ``NEMO_AIS_FP8_REFIT`` (or ``NEMO_AIS_BLOCK_REFIT``) set by the launcher, it puts a
+With ``NEMO_AIS_REFIT`` set by the launcher, it puts a
 trampoline on ``sys.meta_path`` that waits until a process imports NeMo-RL's FP8 refit
 module (the vLLM workers), then wraps its ``load_weights``
 (:func:`nemo_ais.nemo_rl.refit.patched_spec`); a failure is logged and raised.
@@ -35,7 +35,7 @@ class AISFp8RefitTrampoline(importlib.abc.MetaPathFinder):
         try:
             from nemo_ais.nemo_rl import refit
 
-            return refit.patched_spec(fullname, refit.refit_config_from_env())
+            return refit.patched_spec(fullname, refit.config_from_env())
         except Exception as err:
             self.error = f"{type(err).__name__}: {err}"
             _log.warning(
@@ -47,6 +47,6 @@ class AISFp8RefitTrampoline(importlib.abc.MetaPathFinder):
             raise
 
 
-_ARMED = os.environ.get("NEMO_AIS_FP8_REFIT") or os.environ.get("NEMO_AIS_BLOCK_REFIT")
+_ARMED = os.environ.get("NEMO_AIS_REFIT")  # nemo_ais.nemo_rl.refit.ENV_VAR
 if _ARMED and not any(getattr(f, "nemo_ais_fp8_refit", False) for f in sys.meta_path):
     sys.meta_path.insert(0, AISFp8RefitTrampoline())

@@ -50,7 +50,7 @@ from torch import nn
 from torch.nn import Parameter
 
 from nemo_ais.fp8 import NVFP4Tensor, dequantize_nvfp4, quantize_nvfp4
-from nemo_ais.nemo_rl import refit, refit_block
+from nemo_ais.nemo_rl import refit
 from nemo_ais.refit.stream import BlockSyncConfig, block_weight_stream
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 
@@ -273,7 +273,9 @@ def _assert_same_pairs(got, want):
 
 # --- the hook on upstream's real refit module
 def test_block_hook_is_installed_through_the_fp8_seam_with_its_recorded_signatures(upstream_fp8):
-    refit_block._check_signatures(upstream_fp8)  # raises on any difference, both versions
+    refit.check_signatures(
+        upstream_fp8, refit.ENGINES["nvfp4"].signatures
+    )  # raises on any difference, both versions
     assert refit.install(upstream_fp8, BlockSyncConfig()) is True
     assert refit.install(upstream_fp8, BlockSyncConfig()) is False  # idempotent
     assert refit.hook_status().patched
@@ -377,20 +379,17 @@ def test_mxfp8_refit_equals_upstreams_mxfp8_refit_bit_for_bit(upstream_fp8):
 
 
 def test_block_config_reaches_the_vllm_worker_through_env_and_trampoline(monkeypatch):
-    env = {refit_block.ENV_VAR: BlockSyncConfig(format="mxfp8", tp_size=2).model_dump_json()}
-    assert refit.refit_config_from_env(env) == BlockSyncConfig(format="mxfp8", tp_size=2)
-    with pytest.raises(ValueError, match="are both set"):
-        refit.refit_config_from_env({**env, refit.ENV_VAR: refit.Fp8SyncConfig().model_dump_json()})
+    env = {refit.ENV_VAR: BlockSyncConfig(format="mxfp8", tp_size=2).model_dump_json()}
+    assert refit.config_from_env(env) == BlockSyncConfig(format="mxfp8", tp_size=2)
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     refit.install_on_import(BlockSyncConfig())  # the hook's finder, before the import
     module = next(import_upstream_fp8(monkeypatch))  # what the vLLM worker's import does
     assert getattr(module.load_weights, "__nemo_ais_refit__", False)
     assert getattr(module.is_fp8_model, "__nemo_ais_refit__", False)
     sys.modules.pop(refit.TARGET_MODULE, None)
-    # the stdlib trampoline arms on NEMO_AIS_BLOCK_REFIT alone (a fresh interpreter)
+    # the stdlib trampoline arms on NEMO_AIS_REFIT (a fresh interpreter)
     hook = str(REPO / "nemo_ais" / "nemo_rl" / "_vllm_hook")
-    child = {**os.environ, "PYTHONPATH": hook, refit_block.ENV_VAR: env[refit_block.ENV_VAR]}
-    child.pop(refit.ENV_VAR, None)
+    child = {**os.environ, "PYTHONPATH": hook, refit.ENV_VAR: env[refit.ENV_VAR]}
     code = "import sys; print(any(getattr(f, 'nemo_ais_fp8_refit', False) for f in sys.meta_path))"
     out = subprocess.run(
         [sys.executable, "-c", code], env=child, capture_output=True, text=True, check=True
@@ -740,17 +739,21 @@ def _nvfp4_run_config(**section):
 
 def test_configure_arms_the_hook_from_the_section_with_the_engines_defaults():
     env = {"PYTHONPATH": "/x"}
-    assert refit_block.configure({"policy": {}}, env) is None and env == {"PYTHONPATH": "/x"}
-    assert refit_block.configure(_nvfp4_run_config(enabled=False), env) is None
-    cfg = refit_block.configure(_nvfp4_run_config(enabled=True), env)
+    assert refit.configure({"policy": {}}, env, section="ais_nvfp4_refit") is None and env == {
+        "PYTHONPATH": "/x"
+    }
+    assert refit.configure(_nvfp4_run_config(enabled=False), env, section="ais_nvfp4_refit") is None
+    cfg = refit.configure(_nvfp4_run_config(enabled=True), env, section="ais_nvfp4_refit")
     assert cfg == BlockSyncConfig(tp_size=2, ignore=("lm_head", "*self_attn*"))  # the engine's
-    assert refit.refit_config_from_env(env) == cfg
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(refit_block.HOOK_DIR), "/x"]
-    assert (refit_block.HOOK_DIR / "sitecustomize.py").is_file()
+    assert refit.config_from_env(env) == cfg
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(refit.HOOK_DIR), "/x"]
+    assert (refit.HOOK_DIR / "sitecustomize.py").is_file()
     run = _nvfp4_run_config(enabled=True)
     del run["policy"]["generation"]["real_quant_ignore"]  # NeMo-RL's default list then
     utils = importlib.import_module("nemo_rl.modelopt.utils")
-    assert refit_block.configure(run, {}).ignore == tuple(utils.DEFAULT_NVFP4_IGNORE)
+    assert refit.configure(run, {}, section="ais_nvfp4_refit").ignore == tuple(
+        utils.DEFAULT_NVFP4_IGNORE
+    )
 
 
 @pytest.mark.parametrize(
@@ -774,4 +777,16 @@ def test_configure_refuses_naming_the_field(change, match):
         run["ais_fp8_refit"] = {}
     run["ais_nvfp4_refit"].update(change)
     with pytest.raises(ValueError, match=match):
-        refit_block.configure(run, {})
+        refit.configure(run, {}, section="ais_nvfp4_refit")
+
+
+def test_one_patch_has_an_engine_row_for_every_format_and_one_environment_variable():
+    from nemo_ais.rules.native_kernels import NATIVE_KERNELS
+
+    assert {k.family for k in NATIVE_KERNELS.values()} == set(refit.ENGINES)
+    for section, model in refit.SECTIONS.items():  # each section's config comes back as itself
+        cfg = model(tp_size=2)
+        assert type(refit.config_from_env({refit.ENV_VAR: cfg.model_dump_json()})) is model
+        assert section in refit.SECTIONS
+    with pytest.raises(ValueError, match=r"section='ais_fp4_refit' is invalid"):
+        refit.configure({}, {}, section="ais_fp4_refit")
