@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Throughput of every quantizer on CPU vs a vectorised reference and a copy.
 
-Formats: FP8 blockwise (128x128, :func:`nemo_ais.fp8.quantize_blockwise`, family "a"),
+Formats: FP8 blockwise (128x128, :func:`nemo_ais.fp8.quantize_blockwise`, family "reciprocal"),
 NVFP4 (:func:`nemo_ais.fp8.quantize_nvfp4`), MXFP8 (:func:`nemo_ais.fp8.quantize_mxfp8`)
 and MXFP4 (:func:`nemo_ais.fp8.quantize_mxfp4`). For each weight shape and input dtype it
 times, interleaved within every repeat (the machine is shared), median of ``--repeats``
@@ -48,7 +48,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 def reference_quantize(x: torch.Tensor, block: int = 128, eps: float = 1e-4):
-    """Vectorised reference, family "a": per 128x128 tile s = amax / 448, q = x * (1/s).
+    """Vectorised reference, family "reciprocal": per 128x128 tile s = amax / 448, q = x * (1/s).
 
     The straightforward formulation: view ``[N, K]`` as ``[N/b, b, K/b, b]`` tiles, amax
     over each tile, scale, clamp to the E4M3 range, cast. N and K must be multiples of b.

@@ -113,7 +113,7 @@ def main() -> None:
         f"\n\n{args.threads} torch thread(s); compiled, c++, pytorch and `y.copy_(x)` timed in "
         f"turn within each of {args.repeats} repeats after a warm-up (median). `compiled`: "
         "torch.compile (Inductor's C++ codegen) of the short vectorised reference (FP8: "
-        "DeepGEMM's per_block_cast_to_fp8 formulation, family a; NVFP4 / MXFP8 / MXFP4: the "
+        "DeepGEMM's per_block_cast_to_fp8 formulation, family reciprocal; NVFP4 / MXFP8 / MXFP4: the "
         "module references without their input checks); `c++`: the public quantizer, which "
         "runs the hand C++ kernel; `pytorch`: the same with the kernel switched off. "
         "X / copy_ = t(copy_) / t(X). First call: the compiled function's first call for "

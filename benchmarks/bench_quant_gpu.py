@@ -72,7 +72,7 @@ _SIGN = 8
 
 
 def fp8_compilable(x: torch.Tensor, block: int = 128, eps: float = 1e-4):
-    """FP8 128x128, family "a": DeepGEMM's ``per_block_cast_to_fp8`` formulation.
+    """FP8 128x128, family "reciprocal": DeepGEMM's ``per_block_cast_to_fp8`` formulation.
 
     ``[..., N, K]`` (N, K multiples of 128) viewed as tiles, amax per tile, ``s = amax /
     448``, ``q = x * (1 / s)`` clamped and cast; the leading dims (experts) vectorised.
@@ -237,7 +237,7 @@ def main() -> None:
             "nemo_ais.kernels.triton_quant, one launch per weight (an expert stack [128, 384, "
             "2048], Qwen3-30B-A3B's gate_proj of one layer on a TP-2 rank, is one launch); "
             "`compiled`: torch.compile (Inductor) of the short vectorised reference (FP8: "
-            "DeepGEMM's per_block_cast_to_fp8 formulation, family a; the others: the module "
+            "DeepGEMM's per_block_cast_to_fp8 formulation, family reciprocal; the others: the module "
             "references without their input checks); `current`: the nemo_ais.fp8 quantizer on "
             "the GPU with the Triton dispatch off (its PyTorch path); `reference`: the short reference, eager; `copy_`: y.copy_(x). "
             "`triton graph` / `copy_ graph`: the same launches captured in a CUDA graph and replayed "

@@ -91,7 +91,7 @@ def tile_scale(amax: float, family: str, eps: float, ue8m0: bool) -> tuple[float
     if amax == 0.0:  # only with eps = 0: TE's rule, scale 1
         return 1.0, 1.0
     fmax = float(np.finfo(np.float32).max)
-    if family == "c":
+    if family == "multiplier":
         m = float(f32(E4M3_MAX / amax))
         if ue8m0:
             m = _pow2_floor(m)
@@ -126,7 +126,7 @@ def quantize_oracle(
             amax = float(np.max(np.abs(tile))) if tile.size else 0.0
             s, m = tile_scale(amax, family, eps, ue8m0)
             scales[i, j] = s
-            q = tile / s if family == "b" else tile * m
+            q = tile / s if family == "divide" else tile * m
             q32[rows, cols] = np.clip(f32(q).astype(np.float64), -E4M3_MAX, E4M3_MAX)
     return encode_e4m3(q32), scales
 

@@ -7,13 +7,14 @@ vLLM's W8A8 block FP8 (DeepSeek-V3 style); conventions in ``docs/low_precision.m
 1. Tile the last two dims into ``block = (bn, bk)`` tiles (weights 128x128, activations
    1x128), zero-padding partial tiles.
 2. ``amax`` per tile in fp32, floored at ``eps`` (``eps = 0``: TE's rule, amax 0 -> scale 1).
-3. Dequant scale ``s`` and code ``q`` by one of three families (they differ by at most one
-   FP8 step; :data:`FAMILY_FORMULAS`):
-   ``"a"``: ``s = amax / 448``, ``q = x * (1 / s)`` (DeepGEMM, vLLM weights);
-   ``"b"``: ``s = amax / 448``, ``q = x / s`` (vLLM per-token-group activations);
-   ``"c"``: ``m = 448 / amax``, ``q = x * m``, ``s = 1 / m`` (TE, NeMo-RL).
-   ``ue8m0``: ``s = 2^ceil(log2(amax / 448))`` ("a"/"b") or ``m = 2^floor(log2(448 / amax))``
-   ("c"), taken exactly with ``frexp``.
+3. Dequant scale ``s`` and code ``q`` by one of three families, named after what they do
+   (they differ by at most one FP8 step; :data:`FAMILY_FORMULAS`):
+   ``"reciprocal"``: ``s = amax / 448``, ``q = x * (1 / s)`` (DeepGEMM, vLLM weights);
+   ``"divide"``: ``s = amax / 448``, ``q = x / s`` (vLLM per-token-group activations);
+   ``"multiplier"``: ``m = 448 / amax``, ``q = x * m``, ``s = 1 / m`` (TE, NeMo-RL).
+   ``ue8m0``: ``s = 2^ceil(log2(amax / 448))`` or, ``"multiplier"``,
+   ``m = 2^floor(log2(448 / amax))``, taken exactly with ``frexp``. The former one-letter
+   names ``a`` / ``b`` / ``c`` are refused with the new name (:data:`RENAMED_FAMILIES`).
 4. Clamp ``q`` to ``[-448, 448]`` and cast to ``float8_e4m3fn`` (round to nearest even).
 
 ``s`` is the DEQUANT multiplier (vLLM's ``weight_scale_inv``). Non-finite input raises.
@@ -24,10 +25,11 @@ bit-equal. Empty input is defined: empty codes and scales of ``ceil(dim / tile)`
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import BeforeValidator
 
 from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_finite
@@ -38,6 +40,7 @@ __all__ = [
     "E4M3_MAX",
     "FAMILY_FORMULAS",
     "FP8_BLOCK",
+    "RENAMED_FAMILIES",
     "Family",
     "check_finite",
     "dequantize_activations",
@@ -47,22 +50,39 @@ __all__ = [
     "quantize_blockwise_reference",
 ]
 
-Family = Literal["a", "b", "c"]
 FAMILY_FORMULAS = {
-    "a": "multiply by the reciprocal: s = amax / 448, q = x * (1 / s) (DeepGEMM, vLLM weights)",
-    "b": "divide by the scale: s = amax / 448, q = x / s (vLLM per-token-group activations)",
-    "c": "multiplier first: m = 448 / amax, q = x * m, s = 1 / m (Transformer Engine, NeMo-RL)",
+    "reciprocal": "s = amax / 448, q = x * (1 / s): multiply by the reciprocal (DeepGEMM, "
+    "vLLM weights)",
+    "divide": "s = amax / 448, q = x / s: divide by the scale (vLLM per-token-group activations)",
+    "multiplier": "m = 448 / amax, q = x * m, s = 1 / m: the multiplier first (Transformer "
+    "Engine, NeMo-RL)",
 }
-"""What each scale formula family does (config values keep their one-letter names)."""
+"""What each scale formula family does; its name says it."""
+RENAMED_FAMILIES = {"a": "reciprocal", "b": "divide", "c": "multiplier"}
+"""The former one-letter names, refused with the new one."""
+
+
+def _not_renamed(family: Any) -> Any:
+    """Refuse a former one-letter family name, naming its new name."""
+    if isinstance(family, str) and family in RENAMED_FAMILIES:
+        raise ValueError(
+            f"family={family!r} was renamed {RENAMED_FAMILIES[family]!r}: the families are "
+            f"named after what they do, expected one of {tuple(FAMILY_FORMULAS)}"
+        )
+    return family
+
+
+Family = Annotated[Literal["reciprocal", "divide", "multiplier"], BeforeValidator(_not_renamed)]
 
 FP8_DTYPE = torch.float8_e4m3fn
 _FP32_MAX = float(torch.finfo(torch.float32).max)
-_FAMILIES = ("a", "b", "c")
+_FAMILIES = tuple(FAMILY_FORMULAS)
 _BAND_ELEMS = 1 << 20  # fp32 elements of the per-band working copy (4 MiB)
 
 
 def check_blockwise_args(name: str, family: str, eps: float, block: tuple[int, int]) -> None:
     """Validate the scalar arguments shared by every entry point."""
+    _not_renamed(family)
     if family not in _FAMILIES:
         raise ValueError(f"{name}: family={family!r} is invalid: expected one of {_FAMILIES}")
     if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
@@ -104,7 +124,7 @@ def _scales(
     amax = amax.clamp_min(eps) if eps > 0 else amax
     zero = amax == 0
     one = torch.ones_like(amax)
-    if family == "c":
+    if family == "multiplier":
         # NOT `E4M3_MAX / amax` (reciprocal then multiply, two roundings): one fp32 division.
         m = torch.full_like(amax, E4M3_MAX).div_(amax)
         m = _floor_pow2(m) if ue8m0 else m
@@ -165,7 +185,7 @@ def _quantize_tiles(
             a = torch.maximum(t.amax(dim=3).amax(dim=1), t.amin(dim=3).amin(dim=1).neg())
             # step 3: scales and q = x * m (or x / s) in place
             sb, mb = _scales(a, family, eps, ue8m0)
-            if family == "b":
+            if family == "divide":
                 t.div_(sb[:, None, :, None])
             else:
                 t.mul_(mb[:, None, :, None])
@@ -177,7 +197,7 @@ def _quantize_tiles(
     return q8, s
 
 
-_FAMILY_INDEX = {"a": 0, "b": 1, "c": 2}  # the C++ kernel's family argument
+_FAMILY_INDEX = {"reciprocal": 0, "divide": 1, "multiplier": 2}  # the kernels' argument
 
 
 def _quantize_fused(
@@ -196,7 +216,7 @@ def _quantize_fused(
 def quantize_blockwise(
     x: torch.Tensor,
     block: tuple[int, int] = (128, 128),
-    family: Family = "a",
+    family: Family = "reciprocal",
     eps: float = 1e-4,
     ue8m0: bool = False,
     *,
@@ -208,7 +228,8 @@ def quantize_blockwise(
     Args:
         x: ``[N, K]`` or ``[E, N, K]`` (MoE experts); any float dtype (computed in fp32).
         block: tile ``(bn, bk)``; 128x128 is vLLM's block FP8.
-        family: the scale formula, ``"a"`` (canonical), ``"b"`` or ``"c"`` (module doc).
+        family: the scale formula, ``"reciprocal"`` (canonical), ``"divide"`` or
+            ``"multiplier"`` (module doc).
         eps: floor of the per-tile amax; 0 selects TE's rule.
         ue8m0: power-of-two scales.
         name: tensor name used in error messages.
@@ -284,7 +305,7 @@ def dequantize_blockwise(
     name: str = "q",
 ) -> torch.Tensor:
     """Inverse of :func:`quantize_blockwise`: ``x = q * s`` per ``block`` tile, in ``dtype``."""
-    check_blockwise_args(name, "a", 0.0, block)
+    check_blockwise_args(name, "reciprocal", 0.0, block)
     if q.dim() not in (2, 3):
         raise ValueError(f"{name}: got {list(q.shape)}, expected [N, K] or [E, N, K]")
     _check_dequant(q, scale, block, q.dim() - 2, name)
@@ -297,7 +318,7 @@ def dequantize_blockwise(
 def quantize_activations(
     x: torch.Tensor,
     group: int = 128,
-    family: Family = "b",
+    family: Family = "divide",
     eps: float = 1e-10,
     ue8m0: bool = False,
     *,
@@ -306,7 +327,7 @@ def quantize_activations(
     """Dynamic per-token-group FP8 quantization of activations ``x [..., K]`` (1 x ``group`` tiles).
 
     As :func:`quantize_blockwise` with defaults of vLLM's per-token-group quant (family
-    ``"b"``, eps 1e-10). Returns ``(q, s)`` with ``s`` fp32 ``[..., ceil(K/group)]``.
+    ``"divide"``, eps 1e-10). Returns ``(q, s)`` with ``s`` fp32 ``[..., ceil(K/group)]``.
 
     Raises:
         ValueError: non-finite input (count and first index), bad dtype or arguments.
@@ -332,7 +353,7 @@ def dequantize_activations(
     name: str = "q",
 ) -> torch.Tensor:
     """Inverse of :func:`quantize_activations`: ``x = q * s`` per 1 x ``group``, in ``dtype``."""
-    check_blockwise_args(name, "a", 0.0, (1, group))
+    check_blockwise_args(name, "reciprocal", 0.0, (1, group))
     if q.dim() < 1:
         raise ValueError(f"{name}: got a 0-dim tensor, expected [..., K]")
     _check_dequant(q, scale, (group,), q.dim() - 1, name)
@@ -345,7 +366,7 @@ def dequantize_activations(
 def quantize_blockwise_reference(
     x: torch.Tensor, block: tuple[int, int] = (128, 128), eps: float = 1e-4
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepGEMM's ``per_block_cast_to_fp8`` of ``x [N, K]``: the reference of the "a" fast path."""
+    """DeepGEMM's ``per_block_cast_to_fp8`` of ``x [N, K]``: the "reciprocal" fast path's reference."""
     (n, k), (bn, bk) = x.shape, block
     xp = F.pad(x.to(torch.float32), (0, -k % bk, 0, -n % bn))
     tiles = xp.view(xp.shape[0] // bn, bn, xp.shape[1] // bk, bk)
@@ -355,8 +376,8 @@ def quantize_blockwise_reference(
     return q.view_as(xp)[:n, :k].contiguous(), s.view(tiles.shape[0], tiles.shape[2])
 
 
-def _fake_quant_groups_b(x: torch.Tensor, group: int, eps: float, name: str) -> torch.Tensor:
-    """``dequantize_activations(*quantize_activations(x, group, "b", eps))``, fused, same op order.
+def _fake_quant_groups_divide(x: torch.Tensor, group: int, eps: float, name: str) -> torch.Tensor:
+    """``dequantize_activations(*quantize_activations(x, group, "divide", eps))``, fused, same op order.
 
     Preconditions: ``K % group == 0`` and ``eps > 0``. Raises ``ValueError`` on non-finite input.
     """
@@ -379,8 +400,8 @@ def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) ->
 def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
     """Per-token 1x``group`` FP8 fake-quant ``dequant(quant(x))`` in fp32 (fused by default)."""
     group, family, eps = knobs.activation_group, knobs.activation_family, knobs.activation_eps
-    if family == "b" and not knobs.ue8m0 and eps > 0 and x.shape[-1] % group == 0:
-        return _fake_quant_groups_b(x, group, eps, name)
+    if family == "divide" and not knobs.ue8m0 and eps > 0 and x.shape[-1] % group == 0:
+        return _fake_quant_groups_divide(x, group, eps, name)
     x_q, s_x = quantize_activations(x, group, family, eps, knobs.ue8m0, name=name)
     return dequantize_activations(x_q, s_x, group, torch.float32)
 

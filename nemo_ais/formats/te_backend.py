@@ -3,7 +3,7 @@
 """Transformer Engine backend of :func:`~nemo_ais.formats.fp8_block.quantize_blockwise` (CUDA only).
 
 Wraps TE 2.x's ``Float8BlockQuantizer`` (128x128 blocks) and returns our convention (TE's
-row-wise ``scale_inv``, cropped). TE's formula is family ``"c"`` (``force_pow_2_scales``
+row-wise ``scale_inv``, cropped). TE's formula is family ``"multiplier"`` (``force_pow_2_scales``
 is our ``ue8m0``); other families or tiles: ``backend="te"`` raises, ``"auto"`` uses
 torch. ``tests/gpu/test_te_backend.py`` compares them bit for bit. TE is imported lazily,
 only here (``pip install 'nemo-ais[te]'``).
@@ -20,7 +20,7 @@ from nemo_ais.formats.checks import check_finite
 __all__ = ["is_available", "quantize_blockwise_te", "use_te"]
 
 _TE_BLOCK = (128, 128)
-_TE_FAMILY = "c"
+_TE_FAMILY = "multiplier"
 
 
 def _import_te() -> tuple[Any, Any]:
@@ -57,7 +57,7 @@ def use_te(
     family: str = _TE_FAMILY,
     block: tuple[int, int] = _TE_BLOCK,
 ) -> bool:
-    """Resolve ``backend`` for ``x``: True is TE (``auto``: importable, CUDA, family "c", 128x128).
+    """Resolve ``backend`` for ``x``: True is TE (``auto``: importable, CUDA, family "multiplier", 128x128).
 
     Raises:
         ValueError: unknown backend, or ``"te"`` with a CPU tensor or another family / block.
@@ -77,7 +77,7 @@ def use_te(
         raise ValueError(f"{name}: backend='te' needs a CUDA tensor, got device {x.device}")
     if family != _TE_FAMILY or tuple(block) != _TE_BLOCK:
         raise ValueError(
-            f"{name}: backend='te' implements family='c' with block=(128, 128) only, got "
+            f"{name}: backend='te' implements family='multiplier' with block=(128, 128) only, got "
             f"family={family!r} block={tuple(block)}; use backend='torch' for the others"
         )
     return True

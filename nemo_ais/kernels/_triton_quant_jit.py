@@ -175,7 +175,7 @@ def fp8_blockwise_kernel(
     """One ``BN x BK`` tile of expert ``program_id(1)`` of ``x [E, n, k]`` per program.
 
     The tile is walked in ``CHUNK``-row slices twice (amax, then quantize), so it never sits
-    in registers whole. FAMILY 0/1/2 = "a"/"b"/"c". Writes codes, the tile's fp32 scale and
+    in registers whole. FAMILY 0/1/2 = reciprocal / divide / multiplier. Writes codes, the tile's fp32 scale and
     its non-finite count.
     """
     tile = tl.program_id(0)

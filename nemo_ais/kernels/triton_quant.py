@@ -46,7 +46,7 @@ __all__ = [
     "triton_available",
 ]
 
-_FAMILY_INDEX = {"a": 0, "b": 1, "c": 2}
+_FAMILY_INDEX = {"reciprocal": 0, "divide": 1, "multiplier": 2}
 _MX_BLOCK, _NVFP4_BLOCK = 32, 16
 _KERNELS = "nemo_ais.kernels._triton_quant_jit"
 # Elements per program: a 128x128 FP8 tile, or 16 rows x 256 columns for the 1-D formats.
@@ -157,7 +157,7 @@ def _check_blockwise_args(x, block, family, eps, name) -> None:
 def quantize_blockwise_triton(
     x: torch.Tensor,
     block: tuple[int, int] = (128, 128),
-    family: Literal["a", "b", "c"] = "a",
+    family: Literal["reciprocal", "divide", "multiplier"] = "reciprocal",
     eps: float = 1e-4,
     ue8m0: bool = False,
     *,

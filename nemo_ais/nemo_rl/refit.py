@@ -258,7 +258,7 @@ def install(module: Any, config: RefitConfig) -> bool:
         ValueError: W4A4 without ``input_amax_file``.
         TypeError: ``config`` is not a :class:`~nemo_ais.refit.config.RefitConfig`.
     """
-    require_config(config, RefitConfig, "refit.install(config)")
+    require_config(config, RefitConfig, "install(config)")
     if getattr(module.load_weights, PATCHED, False):
         return False
     engine = _engine(config)

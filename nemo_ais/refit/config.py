@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nemo_ais.formats.checks import check_regexes
+from nemo_ais.formats.fp8_block import Family
 from nemo_ais.formats.registry import get_format
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 
@@ -81,10 +82,10 @@ class RefitConfig(KeepInBf16Fields):
     block: tuple[int, int] = Field(
         (128, 128), description="fp8: weight tile [out, in]; vLLM block-FP8 uses 128x128."
     )
-    family: Literal["a", "b", "c"] = Field(
-        "a",
-        description="fp8: scale formula family (formats.fp8_block.FAMILY_FORMULAS); 'a' is "
-        "what vLLM itself uses.",
+    family: Family = Field(
+        "reciprocal",
+        description="fp8: scale formula family (formats.fp8_block.FAMILY_FORMULAS): "
+        "reciprocal (what vLLM itself uses), divide or multiplier (TE, NeMo-RL).",
     )
     ue8m0: bool = Field(False, description="fp8: power-of-two scales (DeepGEMM UE8M0 path).")
     eps: float = Field(1e-4, ge=0.0, description="fp8: floor of the per-tile amax.")
@@ -97,7 +98,7 @@ class RefitConfig(KeepInBf16Fields):
     backend: Literal["auto", "torch", "te"] = Field(
         "auto",
         description="fp8 quantizer: 'auto' = Transformer Engine when importable, on CUDA and "
-        "family 'c' with 128x128 tiles (same bits as the torch reference), else torch; "
+        "family 'multiplier' with 128x128 tiles (same bits as the torch reference), else torch; "
         "'te' requires TE (pip install 'nemo-ais[te]'), 'torch' never uses it.",
     )
     nvfp4_rows_per_block: Literal[1, 16] = Field(
@@ -143,11 +144,13 @@ class RefitConfig(KeepInBf16Fields):
         return block
 
     @model_validator(mode="after")
-    def _te_implements_family_c(self) -> RefitConfig:
-        if self.backend == "te" and (self.family != "c" or tuple(self.block) != (128, 128)):
+    def _te_implements_multiplier(self) -> RefitConfig:
+        if self.backend == "te" and (
+            self.family != "multiplier" or tuple(self.block) != (128, 128)
+        ):
             raise ValueError(
                 f"backend='te' with family={self.family!r} block={tuple(self.block)} is "
-                "invalid: Transformer Engine implements family 'c' with 128x128 tiles only "
+                "invalid: Transformer Engine implements family 'multiplier' with 128x128 tiles only "
                 "(use backend 'auto' or 'torch' for the others)"
             )
         return self

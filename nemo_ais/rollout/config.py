@@ -72,10 +72,10 @@ class RolloutPrecisionConfig(KeepInBf16Fields):
         128, gt=0, description="format fp8: per-token activation group along the hidden dim."
     )
     weight_family: Family = Field(
-        "a", description="format fp8: weight quant formula family; 'a' = vLLM/DeepGEMM."
+        "reciprocal", description="format fp8: weight quant formula family (vLLM/DeepGEMM's)."
     )
     activation_family: Family = Field(
-        "b", description="format fp8: activation formula family; 'b' = vLLM per-token-group."
+        "divide", description="format fp8: activation formula family (vLLM per-token-group's)."
     )
     ue8m0: bool = Field(False, description="format fp8: power-of-two (UE8M0) scales.")
     weight_eps: float = Field(1e-4, ge=0.0, description="format fp8: floor of a tile's amax.")

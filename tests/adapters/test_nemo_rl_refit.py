@@ -142,11 +142,11 @@ def test_install_patches_upstreams_module_once_and_streams_into_vllm(upstream_fp
 
 
 def test_family_c_refit_equals_upstreams_quantizer_bit_for_bit(upstream_fp8):
-    # NeMo-RL scales by m = 448 / amax and stores 1 / m: our family c, the shipped default.
+    # NeMo-RL scales by m = 448 / amax and stores 1 / m: our family multiplier, the shipped default.
     upstream_fp8.global_fp8_config = upstream_fp8.FP8Config()
     w = torch.randn(256, 384, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     q_up, s_up = upstream_fp8.cast_tensor_to_fp8_blockwise(w.to(torch.float), [128, 128])
-    q, s = quantize_blockwise(w, family="c")
+    q, s = quantize_blockwise(w, family="multiplier")
     assert torch.equal(q.view(torch.uint8), q_up.view(torch.uint8))
     assert torch.equal(s, torch.squeeze(s_up, dim=-1))
 

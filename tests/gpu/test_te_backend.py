@@ -41,8 +41,8 @@ def test_te_matches_torch_family_c(shape, eps, ue8m0, dtype):
     g = torch.Generator(device="cuda").manual_seed(shape[0])
     x = torch.randn(shape, generator=g, device="cuda").to(dtype)
     x[:128, :128] = 0.0  # an all-zero tile: TE's amax == 0 rule
-    q_te, s_te = quantize_blockwise(x, family="c", eps=eps, ue8m0=ue8m0, backend="te")
-    q_ref, s_ref = quantize_blockwise(x.cpu(), family="c", eps=eps, ue8m0=ue8m0)
+    q_te, s_te = quantize_blockwise(x, family="multiplier", eps=eps, ue8m0=ue8m0, backend="te")
+    q_ref, s_ref = quantize_blockwise(x.cpu(), family="multiplier", eps=eps, ue8m0=ue8m0)
     assert q_te.dtype == torch.float8_e4m3fn and q_te.shape == x.shape
     assert s_te.shape == s_ref.shape and s_te.dtype == torch.float32
     msg = _first_mismatch(s_te.view(torch.int32), s_ref.view(torch.int32), "scale bits")
@@ -55,28 +55,28 @@ def test_te_matches_torch_family_c(shape, eps, ue8m0, dtype):
 @pytest.mark.usefixtures("_needs_te")
 def test_auto_picks_te_for_family_c_on_cuda_and_torch_otherwise():
     x = torch.randn(256, 384, device="cuda")
-    q_auto, s_auto = quantize_blockwise(x, family="c", eps=0.0, backend="auto")
-    q_te, s_te = quantize_blockwise(x, family="c", eps=0.0, backend="te")
+    q_auto, s_auto = quantize_blockwise(x, family="multiplier", eps=0.0, backend="auto")
+    q_te, s_te = quantize_blockwise(x, family="multiplier", eps=0.0, backend="te")
     assert torch.equal(q_auto.view(torch.uint8), q_te.view(torch.uint8))
     assert torch.equal(s_auto, s_te)
-    with pytest.raises(ValueError, match="family='c' with block=\\(128, 128\\) only"):
-        quantize_blockwise(x, family="a", backend="te")
+    with pytest.raises(ValueError, match="family='multiplier' with block=\\(128, 128\\) only"):
+        quantize_blockwise(x, family="reciprocal", backend="te")
 
 
 @pytest.mark.te
 @pytest.mark.usefixtures("_needs_te")
 def test_te_backend_rejects_nan_and_handles_experts():
     x = torch.randn(2, 200, 300, device="cuda")
-    q, s = quantize_blockwise(x, family="c", eps=0.0, backend="te")
-    q0, s0 = quantize_blockwise(x[1].cpu(), family="c", eps=0.0)
+    q, s = quantize_blockwise(x, family="multiplier", eps=0.0, backend="te")
+    q0, s0 = quantize_blockwise(x[1].cpu(), family="multiplier", eps=0.0)
     assert torch.equal(q[1].cpu().view(torch.uint8), q0.view(torch.uint8))
     assert torch.equal(s[1].cpu(), s0)
     x[1, 5, 7] = float("nan")
     with pytest.raises(ValueError, match="w: got 1 non-finite"):
-        quantize_blockwise(x, family="c", eps=0.0, backend="te", name="w")
+        quantize_blockwise(x, family="multiplier", eps=0.0, backend="te", name="w")
 
 
-@pytest.mark.parametrize("family", ["a", "b", "c"])
+@pytest.mark.parametrize("family", ["reciprocal", "divide", "multiplier"])
 def test_torch_reference_on_cuda_matches_cpu(family, monkeypatch):
     # the pure-torch path (Triton off) runs unchanged on CUDA tensors: the CPU bits
     monkeypatch.setenv("NEMO_AIS_TRITON", "0")

@@ -39,7 +39,7 @@ CASES = {
     "fp8 c ue8m0 eps 0": (
         quantize_blockwise,
         "quantize_blockwise_triton",
-        {"family": "c", "ue8m0": True, "eps": 0.0},
+        {"family": "multiplier", "ue8m0": True, "eps": 0.0},
     ),
     "mxfp8": (quantize_mxfp8, "quantize_mxfp8_triton", {}),
     "mxfp4": (quantize_mxfp4, "quantize_mxfp4_triton", {}),

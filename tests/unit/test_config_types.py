@@ -36,7 +36,7 @@ from nemo_ais.refit.stream import RefitConfig, plan_fp8_sync, plan_tensor
 from nemo_ais.rollout.twin import Fp8RolloutConfig, Fp8Twin, RolloutPrecisionConfig
 
 AIS = {"mode": "tis", "weight_cap": 2.0}  # a loss_fn.ais section as YAML gives it
-SYNC = {"family": "c"}
+SYNC = {"family": "multiplier"}
 ROLLOUT = {"kv_cache_fp8": False}
 KV = {"percentile": 99.0}
 ALARMS = {"window": 5}
@@ -186,13 +186,13 @@ CASES = {
     "refit.install": (
         lambda: refit.install(object(), SYNC),
         "install(config)",
-        Fp8SyncConfig,
+        RefitConfig,
         "nemo_ais.refit.config",
     ),
     "refit.install_on_import": (
         lambda: refit.install_on_import(SYNC, target="nemo_ais_no_such_module"),
         "install_on_import(config)",
-        Fp8SyncConfig,
+        RefitConfig,
         "nemo_ais.refit.config",
     ),
 }

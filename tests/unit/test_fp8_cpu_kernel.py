@@ -30,12 +30,12 @@ def test_the_kernel_builds_on_this_machine():
     assert cpu_kernel() is not None
 
 
-def _torch_path(x, block=(128, 128), family="a", eps=1e-4, ue8m0=False):
+def _torch_path(x, block=(128, 128), family="reciprocal", eps=1e-4, ue8m0=False):
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
     return quant._quantize_tiles(x, x3, block, family, eps, ue8m0, "x")
 
 
-def _kernel(x, block=(128, 128), family="a", eps=1e-4, ue8m0=False):
+def _kernel(x, block=(128, 128), family="reciprocal", eps=1e-4, ue8m0=False):
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
     fused = quant._quantize_fused(x3.contiguous(), block, family, eps, ue8m0)
     assert fused is not None  # the kernel ran and every tile was finite
@@ -59,7 +59,7 @@ def _wide_range(shape, seed):
     return x
 
 
-@pytest.mark.parametrize("family", ["a", "b", "c"])
+@pytest.mark.parametrize("family", ["reciprocal", "divide", "multiplier"])
 @pytest.mark.parametrize(("eps", "ue8m0"), [(1e-4, False), (0.0, False), (1e-4, True), (0.0, True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_kernel_equals_the_torch_path(family, eps, ue8m0, dtype):
@@ -81,7 +81,9 @@ def test_e4m3_rounding_ties_go_to_even():
     mids = (codes[:-1] + codes[1:]) / 2  # exact in fp32
     x = torch.cat([mids, -mids, torch.tensor([448.0])])
     x = torch.nn.functional.pad(x, (0, 256 - x.numel())).view(2, 128)
-    _assert_same(_kernel(x, family="c", eps=0.0), _torch_path(x, family="c", eps=0.0))
+    _assert_same(
+        _kernel(x, family="multiplier", eps=0.0), _torch_path(x, family="multiplier", eps=0.0)
+    )
 
 
 def test_public_quantizer_uses_the_kernel_and_raises_on_nan(monkeypatch):
@@ -102,7 +104,10 @@ def test_switched_off_by_the_environment(monkeypatch):
     cpu_kernel.cache_clear()
     try:
         assert cpu_kernel_mod.cpu_kernel() is None
-        assert quant._quantize_fused(torch.ones(1, 4, 4), (128, 128), "a", 1e-4, False) is None
+        assert (
+            quant._quantize_fused(torch.ones(1, 4, 4), (128, 128), "reciprocal", 1e-4, False)
+            is None
+        )
     finally:
         monkeypatch.delenv("NEMO_AIS_CPU_KERNEL")
         cpu_kernel.cache_clear()

@@ -24,7 +24,11 @@ from nemo_ais.fp8 import (
     quantize_blockwise,
 )
 
-FAMILY_EPS = [("a", 1e-4), ("b", 1e-4), ("c", 0.0)]  # DeepGEMM/vLLM, vLLM act-style, TE
+FAMILY_EPS = [
+    ("reciprocal", 1e-4),
+    ("divide", 1e-4),
+    ("multiplier", 0.0),
+]  # DeepGEMM/vLLM, vLLM act-style, TE
 
 
 def _codes(q: torch.Tensor) -> np.ndarray:
@@ -83,7 +87,7 @@ def test_te_shapes_bit_exact(shape, family, eps):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("ue8m0", [False, True])
-@pytest.mark.parametrize("family", ["a", "b", "c"])
+@pytest.mark.parametrize("family", ["reciprocal", "divide", "multiplier"])
 def test_dtypes_and_ue8m0_bit_exact(dtype, ue8m0, family):
     x = _weight((305, 300), dtype)
     if dtype == torch.float64:  # oracle input is the fp32 rounding of x, as the convention says
@@ -96,7 +100,7 @@ def test_random_shapes_and_blocks_bit_exact():
     for trial in range(12):
         n, k = (int(v) for v in rng.integers(1, 400, size=2))
         block = [(128, 128), (64, 32), (1, 128), (7, 5)][trial % 4]
-        family = "abc"[trial % 3]
+        family = ("reciprocal", "divide", "multiplier")[trial % 3]
         _assert_matches_oracle(_weight((n, k), seed=trial), block, family, [1e-4, 0.0][trial % 2])
 
 
@@ -105,7 +109,7 @@ def test_expert_stack_equals_per_expert():
     q, s = quantize_blockwise(x)
     assert q.shape == x.shape and s.shape == (3, 2, 3)
     for e in range(3):
-        codes, scales = quantize_oracle(x[e].numpy(), (128, 128), "a", 1e-4)
+        codes, scales = quantize_oracle(x[e].numpy(), (128, 128), "reciprocal", 1e-4)
         _assert_equal(_codes(q[e]), codes, f"expert {e} codes")
         _assert_equal(_bits(s[e]), scales.view(np.int32), f"expert {e} scales")
     _assert_equal(
@@ -138,7 +142,7 @@ def _near_ties(n_blocks: int, seed: int) -> torch.Tensor:
 def test_families_within_one_fp8_step():
     for x in (_weight((2000, 1024), seed=3), _near_ties(8, seed=4)):
         mags = []
-        for family in "abc":
+        for family in ("reciprocal", "divide", "multiplier"):
             q, _ = quantize_blockwise(x, family=family, eps=1e-4)
             c = _codes(q).astype(np.int64)
             mags.append(np.where(c & 0x80, -(c & 0x7F), c & 0x7F))  # signed, monotone in value
@@ -153,7 +157,7 @@ def test_families_within_one_fp8_step():
 
 @pytest.mark.parametrize(
     ("family", "eps", "scale"),
-    [("a", 1e-4, 1e-4 / 448), ("b", 1e-10, 1e-10 / 448), ("c", 0.0, 1.0)],
+    [("reciprocal", 1e-4, 1e-4 / 448), ("divide", 1e-10, 1e-10 / 448), ("multiplier", 0.0, 1.0)],
 )
 def test_all_zero_block_gives_zero_codes_and_finite_scale(family, eps, scale):
     x = _weight((256, 256))
@@ -177,7 +181,7 @@ def test_block_max_maps_to_448_and_out_of_range_saturates():
     assert got.tolist() == [448.0, 448.0, 448.0, -448.0, 448.0, -448.0]
 
 
-@pytest.mark.parametrize("family", ["a", "b"])
+@pytest.mark.parametrize("family", ["reciprocal", "divide"])
 def test_ue8m0_scales_are_powers_of_two_at_least_amax_over_448(family):
     x = _weight((384, 512)) * 1e-3
     x[0, 0] = 448.0 * 2.0**-5  # amax/448 exactly a power of two: ceil keeps it
@@ -192,7 +196,7 @@ def test_ue8m0_scales_are_powers_of_two_at_least_amax_over_448(family):
 
 def test_ue8m0_family_c_rounds_multiplier_down():
     x = _weight((128, 256))
-    _, s = quantize_blockwise(x, family="c", eps=0.0, ue8m0=True)
+    _, s = quantize_blockwise(x, family="multiplier", eps=0.0, ue8m0=True)
     m = 1.0 / s
     assert (torch.frexp(m).mantissa == 0.5).all()
     amax = x.abs().reshape(128, 2, 128).amax(dim=(0, 2))
@@ -219,13 +223,13 @@ def test_input_is_not_modified_and_non_contiguous_ok():
     quantize_blockwise(x)
     assert torch.equal(x, before)
     xt = _weight((300, 260)).t()
-    _assert_matches_oracle(xt, (128, 128), "a", 1e-4)
+    _assert_matches_oracle(xt, (128, 128), "reciprocal", 1e-4)
 
 
 def test_tiny_amax_with_eps_zero_stays_finite():
     x = torch.zeros(128, 128)
     x[0, 0] = 1e-44  # denormal amax: amax / 448 underflows, 448 / amax overflows fp32
-    for family in "abc":
+    for family in ("reciprocal", "divide", "multiplier"):
         q, s = quantize_blockwise(x, family=family, eps=0.0)
         # documented result: a finite positive scale and codes 0 (the value is below what
         # fp32 scales can resolve; TE's max-float clamp of the multiplier gives the same)
@@ -259,7 +263,7 @@ def test_bad_shapes_and_dtypes():
         dequantize_blockwise(q.float(), s)
 
 
-@pytest.mark.parametrize("family", ["a", "b", "c"])
+@pytest.mark.parametrize("family", ["reciprocal", "divide", "multiplier"])
 def test_activations_bit_exact_per_token_group(family):
     x = _weight((2, 7, 300)).reshape(2, 7, 300)
     q, s = quantize_activations(x, family=family)
@@ -277,15 +281,17 @@ def test_activation_1d_and_group_size():
     x = _weight((1, 100))[0]
     q, s = quantize_activations(x, group=32, ue8m0=True)
     assert s.shape == (4,)
-    codes, scales = quantize_oracle(x[None].numpy(), (1, 32), "b", 1e-10, True)
+    codes, scales = quantize_oracle(x[None].numpy(), (1, 32), "divide", 1e-10, True)
     _assert_equal(_codes(q), codes[0], "1-D codes")
     _assert_equal(_bits(s), scales[0].view(np.int32), "1-D scales")
 
 
 def test_backend_selection_without_te_or_cuda():
     x = _weight((200, 300))
-    q, s = quantize_blockwise(x, family="c", eps=0.0, backend="auto")  # CPU: torch reference
-    q_ref, s_ref = quantize_blockwise(x, family="c", eps=0.0)
+    q, s = quantize_blockwise(
+        x, family="multiplier", eps=0.0, backend="auto"
+    )  # CPU: torch reference
+    q_ref, s_ref = quantize_blockwise(x, family="multiplier", eps=0.0)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
     with pytest.raises(ValueError, match=r"w: backend='cuda' is invalid"):
         quantize_blockwise(x, backend="cuda", name="w")
@@ -293,16 +299,36 @@ def test_backend_selection_without_te_or_cuda():
         import transformer_engine  # noqa: F401
     except ImportError:
         with pytest.raises(ImportError, match=r"nemo-ais\[te\]"):
-            quantize_blockwise(x, family="c", backend="te")
+            quantize_blockwise(x, family="multiplier", backend="te")
     else:
         with pytest.raises(ValueError, match="needs a CUDA tensor"):
-            quantize_blockwise(x, family="c", backend="te")
+            quantize_blockwise(x, family="multiplier", backend="te")
 
 
 def test_activations_spanning_several_bands_bit_exact():
     # 3000 rows x 384: the quantizer's ~4 MiB working bands hold 2730 rows, so two bands
     x = _weight((2, 1500, 384)).reshape(2, 1500, 384)
-    q, s = quantize_activations(x, family="a", eps=1e-4)
-    codes, scales = quantize_oracle(x.reshape(3000, 384).numpy(), (1, 128), "a", 1e-4)
+    q, s = quantize_activations(x, family="reciprocal", eps=1e-4)
+    codes, scales = quantize_oracle(x.reshape(3000, 384).numpy(), (1, 128), "reciprocal", 1e-4)
     _assert_equal(_codes(q).reshape(3000, 384), codes, "multi-band activation codes")
     _assert_equal(_bits(s).reshape(3000, 3), scales.view(np.int32), "multi-band activation scales")
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), [("a", "reciprocal"), ("b", "divide"), ("c", "multiplier")]
+)
+def test_former_family_letters_are_refused_naming_the_new_name(old, new):
+    from nemo_ais.formats.fp8_block import FAMILY_FORMULAS, RENAMED_FAMILIES
+    from nemo_ais.fp8 import Fp8SyncConfig
+    from nemo_ais.rollout.config import RolloutPrecisionConfig
+    from nemo_ais.sections import validate_section
+
+    assert RENAMED_FAMILIES[old] == new and new in FAMILY_FORMULAS
+    renamed = rf"family='{old}' was renamed '{new}'"
+    with pytest.raises(ValueError, match=renamed):
+        quantize_blockwise(torch.ones(4, 4), family=old)
+    with pytest.raises(ValueError, match=rf"ais_fp8_refit\.family=.*{renamed}"):
+        validate_section(Fp8SyncConfig, {"family": old}, "ais_fp8_refit")
+    with pytest.raises(ValueError, match=rf"rollout\.weight_family=.*{renamed}"):
+        validate_section(RolloutPrecisionConfig, {"weight_family": old}, "rollout")
+    assert validate_section(Fp8SyncConfig, {"family": new}, "ais_fp8_refit").family == new

@@ -279,8 +279,11 @@ def test_stream_holds_at_most_one_quantized_tensor():
         ({"tp_size": 0}, "tp_size"),
         ({"family": "d"}, "family"),
         ({"bogus": 1}, "bogus"),
-        ({"backend": "te"}, r"backend='te' with family='a' block=\(128, 128\) is invalid"),
-        ({"backend": "te", "family": "c", "block": (64, 128)}, "implements family 'c' with"),
+        ({"backend": "te"}, r"backend='te' with family='reciprocal' block=\(128, 128\) is invalid"),
+        (
+            {"backend": "te", "family": "multiplier", "block": (64, 128)},
+            "implements family 'multiplier' with",
+        ),
         ({"backend": "triton"}, "backend"),
     ],
 )
@@ -307,7 +310,7 @@ def backend_calls(monkeypatch):
     calls = {"use_te": [], "te": []}
     real_use_te, real_te = te_backend.use_te, te_backend.quantize_blockwise_te
 
-    def use_te(x, backend, *, name="x", family="c", block=(128, 128)):
+    def use_te(x, backend, *, name="x", family="multiplier", block=(128, 128)):
         picked = real_use_te(x, backend, name=name, family=family, block=block)
         calls["use_te"].append((name, backend, family, tuple(block), x.device.type, picked))
         return picked
@@ -322,7 +325,7 @@ def backend_calls(monkeypatch):
 
 
 @pytest.mark.skipif(_te_importable(), reason=TE_INSTALLED)
-@pytest.mark.parametrize("family", ["a", "c"])
+@pytest.mark.parametrize("family", ["reciprocal", "multiplier"])
 def test_auto_backend_without_te_is_the_torch_reference(backend_calls, family):
     assert Fp8SyncConfig().backend == "auto"  # the default
     tensors = _tensors(_qwen2_shapes(n_layers=1))
@@ -343,10 +346,12 @@ def test_auto_backend_without_te_is_the_torch_reference(backend_calls, family):
 @pytest.mark.skipif(_te_importable(), reason=TE_INSTALLED)
 def test_te_backend_without_te_names_the_extra(backend_calls):
     tensors = _tensors(_qwen2_shapes(n_layers=1))
-    stream = fp8_weight_stream(tensors, Fp8SyncConfig(backend="te", family="c"))
+    stream = fp8_weight_stream(tensors, Fp8SyncConfig(backend="te", family="multiplier"))
     with pytest.raises(ImportError, match=r"pip install 'nemo-ais\[te\]'"):
         list(stream)
-    torch_only = list(fp8_weight_stream(tensors, Fp8SyncConfig(backend="torch", family="c")))
+    torch_only = list(
+        fp8_weight_stream(tensors, Fp8SyncConfig(backend="torch", family="multiplier"))
+    )
     assert len(torch_only) == len(tensors) + 7
     assert backend_calls["use_te"] == [] and backend_calls["te"] == []  # never consulted
 
@@ -359,14 +364,14 @@ def test_auto_backend_uses_te_on_cuda_with_the_same_bits(backend_calls):
         pytest.skip(NO_CUDA)
     tensors = [(n, x.cuda()) for n, x in _tensors(_qwen2_shapes(n_layers=1))]
     quantized = [n for n, _ in tensors if n.endswith("_proj.weight")]
-    out = dict(fp8_weight_stream(tensors, Fp8SyncConfig(family="c", eps=0.0)))
+    out = dict(fp8_weight_stream(tensors, Fp8SyncConfig(family="multiplier", eps=0.0)))
     assert backend_calls["te"] == quantized  # TE quantized every projection
     for name, x in tensors:
         if name in quantized:
-            q_ref, s_ref = quantize_blockwise(x.cpu(), family="c", eps=0.0, name=name)
+            q_ref, s_ref = quantize_blockwise(x.cpu(), family="multiplier", eps=0.0, name=name)
             assert torch.equal(out[name].cpu().view(torch.uint8), q_ref.view(torch.uint8))
             assert torch.equal(out[scale_name(name)].cpu(), s_ref), name
-    # family 'a' is not TE's formula: auto keeps the torch reference on CUDA too
+    # family 'reciprocal' is not TE's formula: auto keeps the torch reference on CUDA too
     backend_calls["te"].clear()
-    list(fp8_weight_stream(tensors, Fp8SyncConfig(family="a")))
+    list(fp8_weight_stream(tensors, Fp8SyncConfig(family="reciprocal")))
     assert backend_calls["te"] == []

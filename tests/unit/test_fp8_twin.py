@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from nemo_ais.formats.fp8_block import (
-    _fake_quant_groups_b,
+    _fake_quant_groups_divide,
     dequantize_activations,
     dequantize_blockwise,
     quantize_activations,
@@ -111,7 +111,7 @@ def test_disabled_twin_is_exact_copy(kind):
 
 
 def _ref_blockwise_fake_quant(w, block=128, eps=1e-4):
-    """Family "a" per 128x128 tile with plain loops: s = amax/448, q = rne(x * (1/s)) * s."""
+    """Family "reciprocal" per 128x128 tile with plain loops: s = amax/448, q = rne(x * (1/s)) * s."""
     out = torch.empty_like(w)
     for i in range(0, w.shape[0], block):
         for j in range(0, w.shape[1], block):
@@ -131,8 +131,8 @@ def test_fp8_linear_equals_independent_reference(k):
     fp8 = Fp8Linear.from_linear(lin, name="proj.weight")
     x = torch.randn(3, 5, k) * 3.0
     # composed separately from the quantizer's public functions
-    w_q, s_w = quantize_blockwise(lin.weight.detach(), (128, 128), "a", 1e-4)
-    x_q, s_x = quantize_activations(x, 128, "b", 1e-10)
+    w_q, s_w = quantize_blockwise(lin.weight.detach(), (128, 128), "reciprocal", 1e-4)
+    x_q, s_x = quantize_activations(x, 128, "divide", 1e-10)
     w_dq = dequantize_blockwise(w_q, s_w, (128, 128))
     x_dq = dequantize_activations(x_q, s_x, 128)
     ref = (x_dq.reshape(-1, k) @ w_dq.t()).reshape(3, 5, 300) + lin.bias.detach()
@@ -156,15 +156,15 @@ def test_fused_activation_fake_quant_is_bit_identical(dtype):
     x[0, 0, :128] = 0.0  # an all-zero group: q = 0, finite scale
     x[1, 2, 130] = -1e30  # one huge value: its group saturates nothing, others unaffected
     x = x.to(dtype)
-    ref = dequantize_activations(*quantize_activations(x, 128, "b", 1e-10), 128)
-    got = _fake_quant_groups_b(x, 128, 1e-10, "x")
+    ref = dequantize_activations(*quantize_activations(x, 128, "divide", 1e-10), 128)
+    got = _fake_quant_groups_divide(x, 128, 1e-10, "x")
     assert torch.equal(got, ref), (got - ref).abs().max()
     bad = x.clone()
     bad[2, 1, 7] = float("nan")
     with pytest.raises(
         ValueError, match=r"x: got 1 non-finite value\(s\).*first at index \(2, 1, 7\)"
     ):
-        _fake_quant_groups_b(bad, 128, 1e-10, "x")
+        _fake_quant_groups_divide(bad, 128, 1e-10, "x")
 
 
 def test_fp8_linear_rejects_bad_weight():

@@ -13,7 +13,7 @@ blocks and inline backtick spans; prose is not parsed):
   (``nemo_ais.m.f(model, ...)``) checks ``nemo_ais.m.f``; a brace list
   (``nemo_ais.workers.{a,b}``) checks each of ``nemo_ais.workers.a`` and ``...b``;
   a module run with ``python -m nemo_ais.x.y`` is a dotted name like any other. Names in
-  code comments count (``family: c  # nemo_ais.fp8.Fp8SyncConfig fields``).
+  code comments count (``family: multiplier  # nemo_ais.fp8.Fp8SyncConfig fields``).
 * A module that exists but cannot be imported on this CPU machine because a third-party
   package is absent (the NeMo-RL DTensor-v2 and Megatron workers need nemo_automodel and
   Megatron-Bridge) is checked from its source instead: the file must exist and the

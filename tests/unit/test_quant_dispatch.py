@@ -74,7 +74,7 @@ CASES = {
         quantize_blockwise,
         "quantize_blockwise_triton",
         (130, 160),
-        {"family": "c", "ue8m0": True},
+        {"family": "multiplier", "ue8m0": True},
     ),
     "mxfp8": (quantize_mxfp8, "quantize_mxfp8_triton", (2, 24, 96), {}),
     "mxfp4": (quantize_mxfp4, "quantize_mxfp4_triton", (24, 96), {"round_ties_toward_zero": True}),

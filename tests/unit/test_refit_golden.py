@@ -90,11 +90,11 @@ FP8_CASES = {
         "af21c64ed497d1f3df1c0029ff9a440f1cc4f284788bf21978fc4d027398b610",
     ),
     "fp8_b": (
-        dict(backend="torch", family="b"),
+        dict(backend="torch", family="divide"),
         "c3ce9b2ffb723ab316b138da211c7f7980e952218aa19f0c0337ac9bacfbf070",
     ),
     "fp8_c": (
-        dict(backend="torch", family="c"),
+        dict(backend="torch", family="multiplier"),
         "7466437248e65c080c3766ec91cb32f5f665156ab9f8e756c9b9bb20e6868f21",
     ),
     "fp8_a_ue8m0": (

@@ -79,7 +79,7 @@ def test_every_fp8_config_arms_the_refit_hook_and_bf16_ones_do_not(path):
         return
     assert isinstance(refit, Fp8SyncConfig) and refit.enabled
     assert refit.backend == "auto"
-    assert refit.family == "c"  # Transformer Engine's formula: auto may pick TE
+    assert refit.family == "multiplier"  # Transformer Engine's formula: auto may pick TE
     assert refit.tp_size == vllm_cfg["tensor_parallel_size"]
     assert refit.ue8m0 == vllm_cfg["pow2_weight_scaling_factors"]
     assert refit.num_first_layers_in_bf16 == vllm_cfg["num_first_layers_in_bf16"]
