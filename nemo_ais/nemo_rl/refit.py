@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Annotated, Any, NamedTuple
 
 import torch
-from pydantic import Field, TypeAdapter
+from pydantic import Discriminator, Tag, TypeAdapter
 
 from nemo_ais.config import require_config
 from nemo_ais.formats.registry import get_format
@@ -271,7 +271,7 @@ def install(module: Any, config: RefitConfig) -> bool:
             "nemo_ais: AIS %s refit NOT installed in pid %d: %s", config.format, os.getpid(), err
         )
         raise
-    original_load, original_is_fp8_model = module.load_weights, module.is_fp8_model
+    original_load = module.load_weights
     held: dict[tuple[int, str], bool] = {}  # as upstream caches _is_fp8_weight
 
     def load_weights(weights, model_runner):
@@ -289,13 +289,19 @@ def install(module: Any, config: RefitConfig) -> bool:
         passthrough = unchanged
         if engine.upstream_passthrough:
             passthrough = vllm_refit.upstream_pairs(original_load, model)
-        model.load_weights(engine_pairs(weights, holds, stream, passthrough))
-
-    def is_fp8_model(vllm_config):
-        return engine_is_nvfp4(vllm_config) or original_is_fp8_model(vllm_config)
+        try:
+            model.load_weights(engine_pairs(weights, holds, stream, passthrough))
+        except BaseException:
+            stream.reset()  # held shards may point into the transport's reused buffers
+            raise
 
     vllm_refit.patch(module, "load_weights", load_weights)
     if engine.wraps_is_fp8_model:
+        original_is_fp8_model = module.is_fp8_model
+
+        def is_fp8_model(vllm_config):
+            return engine_is_nvfp4(vllm_config) or original_is_fp8_model(vllm_config)
+
         vllm_refit.patch(module, "is_fp8_model", is_fp8_model)
     logger.warning(
         "nemo_ais: %s.load_weights wrapped in pid %d: the BF16 refit is quantized to %s by "
@@ -449,9 +455,17 @@ def require_active(policy_generation: Any) -> list[HookStatus]:
     return statuses
 
 
+def _section_of(value: Any) -> str:
+    fmt = value.get("format", "fp8") if isinstance(value, Mapping) else value.format
+    return "fp8" if fmt == Fp8SyncConfig.model_fields["format"].default else "block"
+
+
 _ENV_CONFIG = TypeAdapter(
-    Annotated[Fp8SyncConfig | BlockSyncConfig, Field(discriminator="format")]
-)  # the section's own config class, told apart by its format
+    Annotated[
+        Annotated[Fp8SyncConfig, Tag("fp8")] | Annotated[BlockSyncConfig, Tag("block")],
+        Discriminator(_section_of),
+    ]
+)  # the section's own config class, told apart by its format (absent: fp8)
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> RefitConfig | None:

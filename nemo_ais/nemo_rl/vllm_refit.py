@@ -10,8 +10,6 @@ quantized goes through ONE :class:`~nemo_ais.refit.stream.RefitStream`
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -25,7 +23,6 @@ __all__ = [
     "RECORDED_SIGNATURES",
     "TARGET_MODULE",
     "check_signatures",
-    "config_from_env",
     "engine_pairs",
     "patch",
     "unchanged",
@@ -66,12 +63,6 @@ def patch(module: Any, name: str, wrapper: Callable) -> None:
     setattr(wrapper, PATCHED, True)
     wrapper.__wrapped__ = getattr(module, name)
     setattr(module, name, wrapper)
-
-
-def config_from_env(env_var: str, model: type, environ: dict[str, str] | None = None) -> Any:
-    """The ``model`` config in the JSON of ``env_var`` (None when unset)."""
-    raw = (os.environ if environ is None else environ).get(env_var)
-    return model.model_validate(json.loads(raw)) if raw else None
 
 
 def unchanged(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:

@@ -376,6 +376,12 @@ class RefitStream:
         if self._stacks is not None:
             self._stacks.clone_held()
 
+    def reset(self) -> None:
+        """Drop every held shard and expert (a failed chunk: nothing stale reaches the next)."""
+        self._open.clear()
+        if self._stacks is not None:
+            self._stacks.pop_all()
+
     def close(self) -> None:
         """End of a refit: ValueError naming each fused group that never received all its shards.
 

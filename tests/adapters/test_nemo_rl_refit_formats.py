@@ -51,7 +51,7 @@ from torch.nn import Parameter
 
 from nemo_ais.fp8 import NVFP4Tensor, dequantize_nvfp4, quantize_nvfp4
 from nemo_ais.nemo_rl import refit
-from nemo_ais.refit.stream import BlockSyncConfig, block_weight_stream
+from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, block_weight_stream
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 
 pytestmark = pytest.mark.nemo_rl
@@ -788,5 +788,30 @@ def test_one_patch_has_an_engine_row_for_every_format_and_one_environment_variab
         cfg = model(tp_size=2)
         assert type(refit.config_from_env({refit.ENV_VAR: cfg.model_dump_json()})) is model
         assert section in refit.SECTIONS
+    assert refit.config_from_env({refit.ENV_VAR: '{"tp_size": 2}'}) == Fp8SyncConfig(tp_size=2)
+    with pytest.raises(ValueError, match=r"famly\n  Extra inputs are not permitted"):
+        refit.config_from_env({refit.ENV_VAR: '{"famly": "a"}'})  # the field named
     with pytest.raises(ValueError, match=r"section='ais_fp4_refit' is invalid"):
         refit.configure({}, {}, section="ais_fp4_refit")
+
+
+def test_a_failed_refit_chunk_leaves_nothing_held_for_the_next_refit(upstream_fp8):
+    runner = _runner(_Engine("nvfp4"), ModelOptNvFp4Config())
+    assert refit.install(upstream_fp8, BlockSyncConfig()) is True
+    weights = _hf_weights()
+    o_proj = next(i for i, (n, _) in enumerate(weights) if n.endswith("o_proj.weight"))
+    bad = [
+        weights[0],
+        weights[1],
+        (weights[o_proj][0], torch.full_like(weights[o_proj][1], float("nan"))),
+    ]
+    with pytest.raises(ValueError, match="NaN"):  # q_proj is held for its fused group by then
+        upstream_fp8.load_weights(bad, runner)
+    for _, t in bad:
+        t.fill_(7.0)  # the transport reuses the failed chunk's buffers
+    # the next refit sends q_proj after k_proj and v_proj: a stale q_proj still held would
+    # complete the group with the failed chunk's overwritten buffer
+    second = [weights[0], weights[2], weights[3], weights[1], *weights[4:]]
+    want = list(block_weight_stream([(n, t.clone()) for n, t in second], BlockSyncConfig()))
+    upstream_fp8.load_weights(second, runner)
+    _assert_same_pairs(runner.model.loaded, want)

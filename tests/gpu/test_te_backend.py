@@ -37,7 +37,7 @@ def _first_mismatch(a: torch.Tensor, b: torch.Tensor, what: str) -> str | None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.te
 @pytest.mark.usefixtures("_needs_te")
-def test_te_matches_torch_family_c(shape, eps, ue8m0, dtype):
+def test_te_matches_torch_family_multiplier(shape, eps, ue8m0, dtype):
     g = torch.Generator(device="cuda").manual_seed(shape[0])
     x = torch.randn(shape, generator=g, device="cuda").to(dtype)
     x[:128, :128] = 0.0  # an all-zero tile: TE's amax == 0 rule

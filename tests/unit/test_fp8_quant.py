@@ -24,6 +24,7 @@ from nemo_ais.fp8 import (
     quantize_blockwise,
 )
 
+FAMILIES = ("reciprocal", "divide", "multiplier")
 FAMILY_EPS = [
     ("reciprocal", 1e-4),
     ("divide", 1e-4),
@@ -142,17 +143,19 @@ def _near_ties(n_blocks: int, seed: int) -> torch.Tensor:
 def test_families_within_one_fp8_step():
     for x in (_weight((2000, 1024), seed=3), _near_ties(8, seed=4)):
         mags = []
-        for family in ("reciprocal", "divide", "multiplier"):
+        for family in FAMILIES:
             q, _ = quantize_blockwise(x, family=family, eps=1e-4)
             c = _codes(q).astype(np.int64)
             mags.append(np.where(c & 0x80, -(c & 0x7F), c & 0x7F))  # signed, monotone in value
         for i, j in [(0, 1), (0, 2), (1, 2)]:
             step = np.abs(mags[i] - mags[j])
             assert step.max() <= 1, (
-                f"families {'abc'[i]} vs {'abc'[j]} differ by {step.max()} steps"
+                f"families {FAMILIES[i]} vs {FAMILIES[j]} differ by {step.max()} steps"
             )
     # near the rounding midpoints the three formulas are genuinely not bit-identical
-    assert all((mags[0] != m).any() for m in mags[1:]), "expected a/b and a/c to differ somewhere"
+    assert all((mags[0] != m).any() for m in mags[1:]), (
+        "expected reciprocal/divide and reciprocal/multiplier to differ somewhere"
+    )
 
 
 @pytest.mark.parametrize(

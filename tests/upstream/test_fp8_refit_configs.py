@@ -187,4 +187,5 @@ def test_a_broken_refit_config_fails_the_vllm_worker_loudly(smoke_env):
         timeout=120,
     )
     assert out.returncode != 0  # the import of NeMo-RL's FP8 module fails: no silent fallback
-    assert "AIS FP8 refit could NOT be armed" in out.stderr and "famly" in out.stderr
+    assert "AIS FP8 refit could NOT be armed" in out.stderr
+    assert "famly" in out.stderr and "Extra inputs are not permitted" in out.stderr
