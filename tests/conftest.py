@@ -124,6 +124,19 @@ def pytest_report_header(config: pytest.Config) -> str:
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny GEMMs (``pytest.mark.usefixtures``).
+
+    As fast on an idle machine, and no >10x slowdown from OpenMP spin-waiting when the
+    cores are shared (pytest-xdist's workers, a background run).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

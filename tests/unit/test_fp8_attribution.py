@@ -36,12 +36,7 @@ PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pr
 W4A4_NVFP4_KV = RolloutPrecisionConfig(format="nvfp4_w4a4", kv_cache="nvfp4")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _tiny(layers=3):

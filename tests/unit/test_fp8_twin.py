@@ -54,14 +54,7 @@ def _tiny(kind="qwen2", hidden=128, layers=3, seed=0, init=0.02):
     return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # These GEMMs are tiny: one intra-op thread is as fast on an idle machine and avoids
-    # a >10x slowdown from OpenMP spin-waiting when the cores are shared.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -58,12 +58,7 @@ def _tiny(layers=3, hidden=128, seed=0):
     return Qwen2ForCausalLM(cfg).eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

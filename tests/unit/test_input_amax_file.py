@@ -42,12 +42,7 @@ MAX_LENGTH = 40  # bytes: the second (69) and fourth (51) prompts are truncated
 BATCH = 3  # 7 prompts: batches of 3, 3, 1 (uneven left padding)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _tokenizer() -> PreTrainedTokenizerFast:

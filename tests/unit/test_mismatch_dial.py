@@ -31,12 +31,7 @@ from nemo_ais.rollout.twin import (
 FORMATS = [("fp8", "fp8"), ("mxfp8", "bf16"), ("nvfp4_w4a16", "fp8"), ("nvfp4_w4a4", "nvfp4")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,7 @@ from nemo_ais.rollout.twin import RolloutTwin, score_responses
 GATE_UP = r"mlp\.(gate|up)_proj"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture
