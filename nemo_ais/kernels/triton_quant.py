@@ -20,7 +20,6 @@ import math
 import sys
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Literal
 
 import torch
 
@@ -34,7 +33,7 @@ from nemo_ais.formats import (
     quantize_nvfp4,
 )
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_amax, check_last_dim
-from nemo_ais.formats.fp8_block import check_blockwise_args
+from nemo_ais.formats.fp8_block import _FAMILY_INDEX, Family, check_blockwise_args
 from nemo_ais.formats.nvfp4 import check_experts_args, nvfp4_global_scale
 
 __all__ = [
@@ -46,7 +45,6 @@ __all__ = [
     "triton_available",
 ]
 
-_FAMILY_INDEX = {"reciprocal": 0, "divide": 1, "multiplier": 2}
 _MX_BLOCK, _NVFP4_BLOCK = 32, 16
 _KERNELS = "nemo_ais.kernels._triton_quant_jit"
 # Elements per program: a 128x128 FP8 tile, or 16 rows x 256 columns for the 1-D formats.
@@ -157,7 +155,7 @@ def _check_blockwise_args(x, block, family, eps, name) -> None:
 def quantize_blockwise_triton(
     x: torch.Tensor,
     block: tuple[int, int] = (128, 128),
-    family: Literal["reciprocal", "divide", "multiplier"] = "reciprocal",
+    family: Family = "reciprocal",
     eps: float = 1e-4,
     ue8m0: bool = False,
     *,
