@@ -47,6 +47,7 @@ from nemo_ais.embedded.sections import (
     RolloutSection,
     rollout_precision,
 )
+from nemo_ais.refit.config import RENAMED_KEYS
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 
 __all__ = [
@@ -95,7 +96,8 @@ def migrate_rollout(rollout: dict[str, Any], *, warn: bool = True) -> dict[str, 
         return out
     if not isinstance(block, dict):
         raise ValueError(f"rollout.fp8: expected a mapping, got {type(block).__name__}")
-    allowed = (*_FORMER_FP8_KEYS, *RolloutPrecisionConfig.model_fields)
+    # a renamed knob passes here and is refused, with its new name, by rollout_precision
+    allowed = (*_FORMER_FP8_KEYS, *RolloutPrecisionConfig.model_fields, *RENAMED_KEYS)
     unknown = [k for k in block if k not in allowed]
     if unknown:
         raise ValueError(

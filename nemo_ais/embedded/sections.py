@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nemo_ais.refit.config import RENAMED_KEYS
 from nemo_ais.rollout.config import KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
 from nemo_ais.sections import validate_section
 
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 DEFAULT_QUANTIZER: dict[str, Any] = {
-    "weight_block": [128, 128],
+    "block": [128, 128],
     "activation_group": 128,
     "ue8m0": False,
 }
@@ -195,7 +196,7 @@ class RolloutSection(_Section):
     error_scale: float = _PRECISION["error_scale"]
     quantizer: dict[str, Any] = Field(
         default_factory=lambda: copy.deepcopy(DEFAULT_QUANTIZER),
-        description="The format's other knobs: RolloutPrecisionConfig fields (weight_block, "
+        description="The format's other knobs: RolloutPrecisionConfig fields (block, "
         "activation_group, ue8m0, KV calibration, ...), validated there.",
     )
 
@@ -345,6 +346,11 @@ def rollout_precision(rollout: RolloutSection) -> RolloutPrecisionConfig:
             raise ValueError(
                 f"rollout.quantizer.{key} is invalid: {key} is set at rollout.{key}, not in "
                 "rollout.quantizer"
+            )
+        if key in RENAMED_KEYS:
+            raise ValueError(
+                f"rollout.quantizer.{key} was renamed rollout.quantizer.{RENAMED_KEYS[key]} "
+                "(the refit's name of the same knob)"
             )
         if key not in knobs:
             raise ValueError(

@@ -392,7 +392,7 @@ def _fake_quant_groups_divide(x: torch.Tensor, group: int, eps: float, name: str
 
 def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
     """``dequantize_blockwise(*quantize_blockwise(W))`` in fp32: what the twin multiplies by."""
-    block, family, eps = knobs.weight_block, knobs.weight_family, knobs.weight_eps
+    block, family, eps = knobs.weight_block, knobs.family, knobs.eps
     w_q, s_w = quantize_blockwise(w.detach(), block, family, eps, knobs.ue8m0, name=name)
     return dequantize_blockwise(w_q, s_w, block, torch.float32)
 

@@ -395,7 +395,7 @@ def dequantize_nvfp4(q: NVFP4Tensor, *, name: str = "q") -> torch.Tensor:
 
 
 def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
-    return fake_quantize_nvfp4(w, amax, rows_per_block=knobs.nvfp4_weight_rows_per_block, name=name)
+    return fake_quantize_nvfp4(w, amax, rows_per_block=knobs.nvfp4_rows_per_block, name=name)
 
 
 def _fake_activation(

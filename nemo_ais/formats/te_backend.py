@@ -17,7 +17,7 @@ import torch
 
 from nemo_ais.formats.checks import check_finite
 
-__all__ = ["is_available", "quantize_blockwise_te", "use_te"]
+__all__ = ["is_available", "quantize_blockwise_te", "te_refuses", "use_te"]
 
 _TE_BLOCK = (128, 128)
 _TE_FAMILY = "multiplier"
@@ -66,8 +66,7 @@ def use_te(
     if backend == "torch":
         return False
     if backend == "auto":
-        supported = family == _TE_FAMILY and tuple(block) == _TE_BLOCK
-        return bool(supported and x.is_cuda and is_available())
+        return bool(te_refuses(family, block) is None and x.is_cuda and is_available())
     if backend != "te":
         raise ValueError(
             f"{name}: backend={backend!r} is invalid: expected 'torch', 'te' or 'auto'"
@@ -75,12 +74,20 @@ def use_te(
     _import_te()
     if not x.is_cuda:
         raise ValueError(f"{name}: backend='te' needs a CUDA tensor, got device {x.device}")
-    if family != _TE_FAMILY or tuple(block) != _TE_BLOCK:
-        raise ValueError(
-            f"{name}: backend='te' implements family='multiplier' with block=(128, 128) only, got "
-            f"family={family!r} block={tuple(block)}; use backend='torch' for the others"
-        )
+    refused = te_refuses(family, block)
+    if refused is not None:
+        raise ValueError(f"{name}: {refused}; use backend='torch' for the others")
     return True
+
+
+def te_refuses(family: str, block: tuple[int, int]) -> str | None:
+    """Why ``backend='te'`` cannot quantize ``family`` / ``block``, or None if it can."""
+    if family == _TE_FAMILY and tuple(block) == _TE_BLOCK:
+        return None
+    return (
+        f"backend='te' implements family={_TE_FAMILY!r} with block={_TE_BLOCK} only, got "
+        f"family={family!r} block={tuple(block)}"
+    )
 
 
 def _quantize_2d(x2: torch.Tensor, quantizer: Any) -> tuple[torch.Tensor, torch.Tensor]:

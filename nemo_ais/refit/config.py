@@ -3,6 +3,10 @@
 """What a refit sends to vLLM: :class:`RefitConfig` (``ais_fp8_refit`` / ``ais_nvfp4_refit``).
 
 :class:`Fp8SyncConfig` and :class:`BlockSyncConfig` are its per-engine forms.
+:class:`WeightFormatFields` holds what a rollout's weight format is (the format's knobs and
+the BF16 exclusions): the refit's config and the simulated engine's
+(:class:`~nemo_ais.rollout.config.RolloutPrecisionConfig`) both derive from it, so each
+knob has one name, one default and one check in both.
 """
 
 from __future__ import annotations
@@ -14,9 +18,25 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from nemo_ais.formats.checks import check_regexes
 from nemo_ais.formats.fp8_block import Family
 from nemo_ais.formats.registry import get_format
+from nemo_ais.formats.te_backend import te_refuses
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 
-__all__ = ["BlockSyncConfig", "Fp8SyncConfig", "KeepInBf16Fields", "RefitConfig"]
+__all__ = [
+    "RENAMED_KEYS",
+    "BlockSyncConfig",
+    "Fp8SyncConfig",
+    "KeepInBf16Fields",
+    "RefitConfig",
+    "WeightFormatFields",
+]
+
+RENAMED_KEYS = {
+    "weight_block": "block",
+    "weight_family": "family",
+    "weight_eps": "eps",
+    "nvfp4_weight_rows_per_block": "nvfp4_rows_per_block",
+}
+"""The simulated engine's former names of the weight-format knobs -> their one name."""
 
 
 class KeepInBf16Fields(BaseModel):
@@ -52,7 +72,59 @@ class KeepInBf16Fields(BaseModel):
         return {}
 
 
-class RefitConfig(KeepInBf16Fields):
+class WeightFormatFields(KeepInBf16Fields):
+    """The weight format's knobs, shared by the refit and the simulated engine (module doc).
+
+    ``format`` is each subclass's own (the simulated engine also runs ``bf16``); knobs of
+    another format are ignored.
+    """
+
+    block: tuple[int, int] = Field(
+        (128, 128), description="fp8: weight tile [out, in]; vLLM block-FP8 uses 128x128."
+    )
+    family: Family = Field(
+        "reciprocal",
+        description="fp8: weight scale formula family (formats.fp8_block.FAMILY_FORMULAS): "
+        "reciprocal (what vLLM itself uses), divide or multiplier (TE, NeMo-RL).",
+    )
+    ue8m0: bool = Field(False, description="fp8: power-of-two (UE8M0, DeepGEMM) scales.")
+    eps: float = Field(1e-4, ge=0.0, description="fp8: floor of a weight tile's amax.")
+    nvfp4_rows_per_block: Literal[1, 16] = Field(
+        1,
+        description="NVFP4 weight blocks: 1 = 1x16 (ModelOpt export), 16 = Transformer "
+        "Engine's 16x16 tiles (still valid 1x16 NVFP4).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_renamed(cls, data: object) -> object:
+        if isinstance(data, dict):
+            old = next((k for k in RENAMED_KEYS if k in data), None)
+            if old is not None:
+                raise ValueError(
+                    f"{old} was renamed {RENAMED_KEYS[old]} (one name for the simulated "
+                    "engine and the refit): write "
+                    f"{RENAMED_KEYS[old]}={data[old]!r}"
+                )
+        return data
+
+    @field_validator("block")
+    @classmethod
+    def _positive_block(cls, block: tuple[int, int]) -> tuple[int, int]:
+        if min(block) <= 0:
+            raise ValueError(
+                f"expected two positive ints (vLLM block FP8 uses (128, 128)), got {block}"
+            )
+        return block
+
+    @property
+    def weight_block(self) -> tuple[int, int]:
+        """The ``(out, in)`` block of one scale: ``block`` for fp8, else the format's."""
+        fmt = get_format(self.format)
+        return tuple(self.block) if fmt.pads else fmt.block
+
+
+class RefitConfig(WeightFormatFields):
     """Which weights the refit stream quantizes, to which format, and how (module doc)."""
 
     enabled: bool = Field(True, description="Quantize at all; False passes every tensor through.")
@@ -79,16 +151,6 @@ class RefitConfig(KeepInBf16Fields):
     check_finite: bool = Field(
         True, description="Also refuse NaN/Inf in tensors kept in BF16 (one extra pass)."
     )
-    block: tuple[int, int] = Field(
-        (128, 128), description="fp8: weight tile [out, in]; vLLM block-FP8 uses 128x128."
-    )
-    family: Family = Field(
-        "reciprocal",
-        description="fp8: scale formula family (formats.fp8_block.FAMILY_FORMULAS): "
-        "reciprocal (what vLLM itself uses), divide or multiplier (TE, NeMo-RL).",
-    )
-    ue8m0: bool = Field(False, description="fp8: power-of-two scales (DeepGEMM UE8M0 path).")
-    eps: float = Field(1e-4, ge=0.0, description="fp8: floor of the per-tile amax.")
     head_dim: int | None = Field(
         None,
         ge=1,
@@ -100,11 +162,6 @@ class RefitConfig(KeepInBf16Fields):
         description="fp8 quantizer: 'auto' = Transformer Engine when importable, on CUDA and "
         "family 'multiplier' with 128x128 tiles (same bits as the torch reference), else torch; "
         "'te' requires TE (pip install 'nemo-ais[te]'), 'torch' never uses it.",
-    )
-    nvfp4_rows_per_block: Literal[1, 16] = Field(
-        1,
-        description="NVFP4 weight blocks: 1 = 1x16 (ModelOpt export), 16 = Transformer "
-        "Engine's 16x16 tiles (still valid 1x16 NVFP4).",
     )
     mxfp8_zero_scale_byte: Literal[0, 1] = Field(
         1,
@@ -136,23 +193,11 @@ class RefitConfig(KeepInBf16Fields):
         "nvfp4_w4a4 in the NeMo-RL refit hook (the stream takes input_amax directly).",
     )
 
-    @field_validator("block")
-    @classmethod
-    def _positive_block(cls, block: tuple[int, int]) -> tuple[int, int]:
-        if min(block) <= 0:
-            raise ValueError(f"block={block} is invalid: expected two positive ints")
-        return block
-
     @model_validator(mode="after")
     def _te_implements_multiplier(self) -> RefitConfig:
-        if self.backend == "te" and (
-            self.family != "multiplier" or tuple(self.block) != (128, 128)
-        ):
-            raise ValueError(
-                f"backend='te' with family={self.family!r} block={tuple(self.block)} is "
-                "invalid: Transformer Engine implements family 'multiplier' with 128x128 tiles only "
-                "(use backend 'auto' or 'torch' for the others)"
-            )
+        refused = te_refuses(self.family, self.block) if self.backend == "te" else None
+        if refused is not None:
+            raise ValueError(f"{refused} (use backend 'auto' or 'torch' for the others)")
         return self
 
     @model_validator(mode="after")
@@ -163,12 +208,6 @@ class RefitConfig(KeepInBf16Fields):
                 "(the stream sees one tensor at a time and cannot count the layers)"
             )
         return self
-
-    @property
-    def weight_block(self) -> tuple[int, int]:
-        """The ``(out, in)`` block of one scale: ``block`` for fp8, else the format's."""
-        fmt = get_format(self.format)
-        return tuple(self.block) if fmt.pads else fmt.block
 
     def _keep_options(self) -> dict:
         return {

@@ -14,7 +14,11 @@
 
 ``kv_cache``: ``bf16``, ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after
 every refit, :mod:`nemo_ais.refit.kv_scales`) or ``nvfp4`` (E2M1 blocks of 16 along the
-head dim, global amax calibrated the same way). :class:`Fp8RolloutConfig` is the earlier
+head dim, global amax calibrated the same way). The weight format's knobs (``block``,
+``family``, ``ue8m0``, ``eps``, ``nvfp4_rows_per_block``) and the BF16 exclusions are
+:class:`~nemo_ais.refit.config.WeightFormatFields`', the refit's own: one name each (the
+former ``weight_block``, ``weight_family``, ``weight_eps`` and
+``nvfp4_weight_rows_per_block`` are refused with the new name). :class:`Fp8RolloutConfig` is the earlier
 FP8-only config: it also reads ``enabled`` (false = ``format: bf16, kv_cache: bf16``) and
 ``kv_cache_fp8`` (true = ``kv_cache: fp8``).
 """
@@ -29,7 +33,7 @@ from pydantic import Field, model_validator
 from nemo_ais.formats.base import BF16
 from nemo_ais.formats.fp8_block import Family
 from nemo_ais.formats.registry import get_format
-from nemo_ais.refit.config import KeepInBf16Fields
+from nemo_ais.refit.config import WeightFormatFields
 from nemo_ais.refit.kv_scales import KVReduction, kv_field
 from nemo_ais.rollout.faults import RefitFault
 
@@ -49,7 +53,7 @@ KV_CACHE_FORMATS: tuple[str, ...] = KVCacheFormat.__args__
 _COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
-class RolloutPrecisionConfig(KeepInBf16Fields):
+class RolloutPrecisionConfig(WeightFormatFields):
     """How the twin simulates vLLM's low-precision rollout (module doc)."""
 
     format: RolloutFormat = Field(
@@ -65,25 +69,14 @@ class RolloutPrecisionConfig(KeepInBf16Fields):
         description="Keep every layer's q/k/v/o projections unquantized (NeMo-RL's NVFP4 "
         "real-quant default ignores *self_attn*); the KV cache format still applies.",
     )
-    weight_block: tuple[int, int] = Field(
-        (128, 128), description="format fp8: weight tile (out, in); 128x128 as in vLLM."
-    )
     activation_group: int = Field(
         128, gt=0, description="format fp8: per-token activation group along the hidden dim."
-    )
-    weight_family: Family = Field(
-        "reciprocal", description="format fp8: weight quant formula family (vLLM/DeepGEMM's)."
     )
     activation_family: Family = Field(
         "divide", description="format fp8: activation formula family (vLLM per-token-group's)."
     )
-    ue8m0: bool = Field(False, description="format fp8: power-of-two (UE8M0) scales.")
-    weight_eps: float = Field(1e-4, ge=0.0, description="format fp8: floor of a tile's amax.")
     activation_eps: float = Field(
         1e-10, ge=0.0, description="format fp8: floor of an activation group's amax."
-    )
-    nvfp4_weight_rows_per_block: Literal[1, 16] = Field(
-        1, description="nvfp4 formats: 1 = 1x16 weight blocks; 16 = TE's 16x16 weight tiles."
     )
     kv_calibration_reduction: KVReduction = kv_field("reduction")
     kv_calibration_percentile: float = kv_field("percentile")
@@ -110,15 +103,6 @@ class RolloutPrecisionConfig(KeepInBf16Fields):
         description="TEST/BENCH ONLY: a planted refit bug (nemo_ais.rollout.faults; refused "
         "unless NEMO_AIS_PLANT_REFIT_FAULT=1).",
     )
-
-    @model_validator(mode="after")
-    def _check_block(self) -> RolloutPrecisionConfig:
-        if any(b <= 0 for b in self.weight_block):
-            raise ValueError(
-                f"weight_block={self.weight_block} is invalid: expected two positive ints "
-                "(vLLM block FP8 uses (128, 128))"
-            )
-        return self
 
     def simulated(self) -> RolloutPrecisionConfig:
         """The config the twin runs: with ``error_scale == 0``, the BF16 engine (bf16 + bf16)."""

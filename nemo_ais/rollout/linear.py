@@ -215,11 +215,11 @@ class Fp8Linear(QuantLinear):
     ) -> None:
         self.knobs = RolloutPrecisionConfig(
             format="fp8",
-            weight_block=tuple(weight_block),
+            block=tuple(weight_block),
             activation_group=activation_group,
-            weight_family=weight_family,
+            family=weight_family,
             activation_family=activation_family,
-            weight_eps=weight_eps,
+            eps=weight_eps,
             activation_eps=activation_eps,
             ue8m0=ue8m0,
             error_scale=error_scale,
@@ -246,7 +246,7 @@ class Fp8Linear(QuantLinear):
     def _quantize(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         k = self.knobs
         return quantize_blockwise(
-            weight.detach(), k.weight_block, k.weight_family, k.weight_eps, k.ue8m0, name=self.name
+            weight.detach(), k.weight_block, k.family, k.eps, k.ue8m0, name=self.name
         )
 
     @torch.no_grad()

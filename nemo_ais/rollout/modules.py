@@ -105,9 +105,9 @@ def quantized_module(
         quant = dict(
             weight_block=config.weight_block,
             activation_group=config.activation_group,
-            weight_family=config.weight_family,
+            weight_family=config.family,
             activation_family=config.activation_family,
-            weight_eps=config.weight_eps,
+            weight_eps=config.eps,
             activation_eps=config.activation_eps,
             ue8m0=config.ue8m0,
             error_scale=config.error_scale,

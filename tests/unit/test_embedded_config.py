@@ -38,7 +38,15 @@ def test_overrides_apply_dotted_and_to_arms():
         ("rollout.kv_cache=int8", r"rollout\.kv_cache='int8' is invalid: .*'nvfp4'"),
         ("rollout.quantizer.bogus=1", r"rollout\.quantizer\.bogus is not a known field"),
         ("rollout.quantizer.format=fp8", r"rollout\.quantizer\.format .* set at rollout\.format"),
-        ("rollout.quantizer.weight_block=[0,128]", r"rollout\.quantizer\.weight_block"),
+        (
+            "rollout.quantizer.block=[0,128]",
+            r"rollout\.quantizer\.block=\[0, 128\] is invalid: expected two positive",
+        ),
+        (
+            "rollout.quantizer.weight_block=[128,128]",
+            r"rollout\.quantizer\.weight_block was renamed rollout\.quantizer\.block",
+        ),
+        ("rollout.fp8.weight_eps=0.1", r"weight_eps was renamed rollout\.quantizer\.eps"),
         ("rollout.keep_patterns=['(']", r"rollout\.keep_patterns"),
         ("rollout.num_first_layers_in_bf16=-1", r"rollout\.num_first_layers_in_bf16=-1"),
         ("rollout.fp8.enabled=2", r"rollout\.fp8\.enabled=2 is invalid: expected true or"),

@@ -332,6 +332,6 @@ def test_former_family_letters_are_refused_naming_the_new_name(old, new):
         quantize_blockwise(torch.ones(4, 4), family=old)
     with pytest.raises(ValueError, match=rf"ais_fp8_refit\.family=.*{renamed}"):
         validate_section(Fp8SyncConfig, {"family": old}, "ais_fp8_refit")
-    with pytest.raises(ValueError, match=rf"rollout\.weight_family=.*{renamed}"):
-        validate_section(RolloutPrecisionConfig, {"weight_family": old}, "rollout")
+    with pytest.raises(ValueError, match=rf"rollout\.family=.*{renamed}"):
+        validate_section(RolloutPrecisionConfig, {"family": old}, "rollout")
     assert validate_section(Fp8SyncConfig, {"family": new}, "ais_fp8_refit").family == new

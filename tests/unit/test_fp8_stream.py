@@ -275,14 +275,18 @@ def test_stream_holds_at_most_one_quantized_tensor():
         ({"num_last_layers_in_bf16": 2}, "num_last_layers_in_bf16=2 needs num_layers"),
         ({"keep_patterns": ("(",)}, r"keep_patterns: '\(' is not a valid regex"),
         ({"eps": -1.0}, "eps"),
-        ({"block": (128, 0)}, r"block=\(128, 0\) is invalid"),
+        ({"block": (128, 0)}, r"block\n.*expected two positive ints .*, got \(128, 0\)"),
         ({"tp_size": 0}, "tp_size"),
         ({"family": "d"}, "family"),
         ({"bogus": 1}, "bogus"),
-        ({"backend": "te"}, r"backend='te' with family='reciprocal' block=\(128, 128\) is invalid"),
+        (
+            {"backend": "te"},
+            r"backend='te' implements family='multiplier' with block=\(128, 128\) only, got "
+            r"family='reciprocal' block=\(128, 128\)",
+        ),
         (
             {"backend": "te", "family": "multiplier", "block": (64, 128)},
-            "implements family 'multiplier' with",
+            r"only, got family='multiplier' block=\(64, 128\)",
         ),
         ({"backend": "triton"}, "backend"),
     ],

@@ -216,8 +216,8 @@ def test_bf16_layer_counts_validated(qwen):
 def test_config_validation():
     with pytest.raises(ValidationError, match="extra"):
         Fp8RolloutConfig(unknown_field=1)
-    with pytest.raises(ValidationError, match="weight_block"):
-        Fp8RolloutConfig(weight_block=(128, 0))
+    with pytest.raises(ValidationError, match=r"block\n.*expected two positive ints"):
+        Fp8RolloutConfig(block=(128, 0))
     with pytest.raises(ValidationError, match="kv_calibration_margin"):
         Fp8RolloutConfig(kv_calibration_margin=0.5)
     with pytest.raises(ValidationError, match="kv_calibration_reduction"):

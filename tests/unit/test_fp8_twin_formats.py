@@ -20,6 +20,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from nemo_ais.config import validate_section
 from nemo_ais.formats.nvfp4 import fake_quantize_nvfp4
+from nemo_ais.refit.config import RENAMED_KEYS, RefitConfig, WeightFormatFields
 from nemo_ais.rollout.fake_quant import (
     LINEAR_FAKE_QUANT,
     fused_shard_group,
@@ -90,8 +91,8 @@ def _gen(seed):
         ({"format": "nvfp8"}, r"rollout\.format="),
         ({"kv_cache": "int8"}, r"rollout\.kv_cache="),
         ({"keep_patterns": ["(unclosed"]}, r"rollout\.keep_patterns"),
-        ({"weight_block": [128, 0]}, r"weight_block="),
-        ({"nvfp4_weight_rows_per_block": 8}, r"rollout\.nvfp4_weight_rows_per_block="),
+        ({"block": [128, 0]}, r"rollout\.block="),
+        ({"nvfp4_rows_per_block": 8}, r"rollout\.nvfp4_rows_per_block="),
         ({"num_first_layers_in_bf16": -1}, r"rollout\.num_first_layers_in_bf16="),
         ({"compute_dtype": "float16"}, r"rollout\.compute_dtype="),
     ],
@@ -99,6 +100,27 @@ def _gen(seed):
 def test_config_rejects_bad_values_by_field(data, match):
     with pytest.raises(ValueError, match=match):
         validate_section(RolloutPrecisionConfig, data, "rollout")
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED_KEYS))
+def test_weight_format_knobs_have_one_name_in_the_twin_and_the_refit(old):
+    """One spelling of each weight-format knob: the twin's config and the refit's agree."""
+    new = RENAMED_KEYS[old]
+    shared = WeightFormatFields.model_fields
+    assert new in shared
+    for cls in (RolloutPrecisionConfig, RefitConfig):
+        assert old not in cls.model_fields
+        assert cls.model_fields[new].default == shared[new].default
+        with pytest.raises(ValueError, match=rf"^rollout\.{old} was renamed {new} "):
+            validate_section(cls, {old: shared[new].default}, "rollout")
+    twin = RolloutPrecisionConfig(format="fp8", block=(64, 32), family="divide", eps=0.5)
+    refit = RefitConfig(format="fp8", block=(64, 32), family="divide", eps=0.5)
+    assert twin.weight_block == refit.weight_block == (64, 32)
+    assert (twin.family, twin.eps) == (refit.family, refit.eps)
+    assert (
+        RolloutPrecisionConfig(format="mxfp8").weight_block
+        == RefitConfig(format="mxfp8").weight_block
+    )
 
 
 def test_former_fp8_keys_translate():
