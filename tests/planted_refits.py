@@ -9,22 +9,11 @@ the K/V projections x 1.5 (the KV-cache scales move by a third).
 from __future__ import annotations
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_lm
 
 
-def tiny_qwen() -> Qwen2ForCausalLM:
-    cfg = Qwen2Config(
-        vocab_size=256,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).eval()
+def tiny_qwen() -> torch.nn.Module:
+    return tiny_lm(hidden_size=256, num_key_value_heads=4)
 
 
 def three_refits(model) -> tuple[dict, dict, dict]:

@@ -234,12 +234,9 @@ def test_following_the_hint_works_and_gives_the_real_values():
 
 
 def _tiny_qwen2():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tiny_models import tiny_lm
 
-    dims = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4)
-    return Qwen2ForCausalLM(
-        Qwen2Config(vocab_size=32, num_hidden_layers=1, num_key_value_heads=2, **dims)
-    )
+    return tiny_lm(vocab_size=32, hidden_size=128, num_hidden_layers=1)
 
 
 def test_none_stays_the_default_where_it_is_allowed():

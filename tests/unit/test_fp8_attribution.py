@@ -14,8 +14,7 @@ import json
 
 import pytest
 import torch
-from test_fp8_twin import _tiny_moe
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_lm, tiny_moe
 
 from nemo_ais.cli import main
 from nemo_ais.rollout.twin import (
@@ -40,18 +39,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _tiny(layers=3):
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_lm(vocab_size=VOCAB, num_hidden_layers=layers)
 
 
 def _prompts(batch=8, length=12):
@@ -169,7 +157,7 @@ def test_one_weight_alone_equals_a_twin_quantizing_only_that_module():
 
 
 def test_moe_experts_are_one_source_per_projection():
-    model = _tiny_moe()
+    model = tiny_moe()
     ids = torch.randint(4, 256, (4, 8), generator=torch.Generator().manual_seed(2))
     config = RolloutPrecisionConfig(format="nvfp4_w4a16")
     att = attribute_mismatch(

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from pydantic import ValidationError
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_lm, tiny_moe
 
 from nemo_ais.formats.fp8_block import (
     _fake_quant_groups_divide,
@@ -37,21 +37,15 @@ E4M3_MAX = 448.0
 
 
 def _tiny(kind="qwen2", hidden=128, layers=3, seed=0, init=0.02):
-    common = dict(
+    return tiny_lm(
+        kind,
+        seed=seed,
         vocab_size=VOCAB,
         hidden_size=hidden,
-        intermediate_size=2 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=128,
-        tie_word_embeddings=False,
         initializer_range=init,
     )
-    torch.manual_seed(seed)
-    if kind == "llama":
-        return LlamaForCausalLM(LlamaConfig(**common)).eval()
-    return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -704,24 +698,7 @@ def test_generate_rejects_bad_input(qwen):
 
 
 def _tiny_moe():
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    cfg = Qwen3MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return Qwen3MoeForCausalLM(cfg).eval()
+    return tiny_moe(VOCAB)
 
 
 def test_moe_experts_w8a8_against_per_token_reference():

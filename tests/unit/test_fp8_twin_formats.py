@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_fp8_twin import _tiny_moe
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_lm, tiny_moe
 
 from nemo_ais.config import validate_section
 from nemo_ais.formats.nvfp4 import fake_quantize_nvfp4
@@ -45,18 +44,13 @@ PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pr
 
 
 def _tiny(layers=3, hidden=128, seed=0):
-    cfg = Qwen2Config(
+    return tiny_lm(
+        seed=seed,
         vocab_size=VOCAB,
         hidden_size=hidden,
-        intermediate_size=2 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=128,
-        tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(cfg).eval()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -363,7 +357,7 @@ def test_gen_kl_error_is_nemo_rls(qwen):
 
 def test_fp8_twin_name_and_moe_in_nvfp4_w4a4():
     assert Fp8Twin is RolloutTwin
-    model = _tiny_moe()  # the MoE model of test_fp8_twin.py
+    model = tiny_moe()  # the MoE model of test_fp8_twin.py
     twin = RolloutTwin(model, RolloutPrecisionConfig(format="nvfp4_w4a4", kv_cache="fp8"))
     experts = twin.model.model.layers[0].mlp.experts
     assert isinstance(experts, QuantExperts)

@@ -11,9 +11,10 @@ import json
 
 import pytest
 import torch
+from tiny_models import tiny_lm
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from torch import nn
-from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from nemo_ais.cli import main
 from nemo_ais.nemo_rl.refit import _input_amax
@@ -56,19 +57,8 @@ def _tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
 
 
-def _tiny_qwen(seed: int = 0) -> Qwen2ForCausalLM:
-    cfg = Qwen2Config(
-        vocab_size=272,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(cfg).eval()
+def _tiny_qwen(seed: int = 0) -> torch.nn.Module:
+    return tiny_lm(seed=seed, vocab_size=272)
 
 
 @pytest.fixture(scope="module")
