@@ -33,6 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks._record import record_section
+from nemo_ais.cli import PRESETS
 
 
 def _cpu_children() -> float:
@@ -153,7 +154,7 @@ def main() -> None:
         "--presets",
         nargs="+",
         default=["quick", "default"],
-        choices=["quick", "default", "evidence", "addition", "dose", "dose-long"],
+        choices=["default", *PRESETS],
         help="Presets to time, in order (default: quick default).",
     )
     parser.add_argument(

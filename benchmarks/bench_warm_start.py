@@ -81,8 +81,15 @@ def curve(preset: str, every: int, steps: int | None) -> str:
         k: os.environ.get(k, "unset") for k in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
     }
     rows = "\n".join(f"| {step} | {acc:.3f} | {chains:.3f} |" for step, acc, chains in points)
+    stage = cfg.policy.warm_start.curriculum
+    first = (
+        ""
+        if stage is None
+        else f" after its curriculum's first stage ({stage.steps} SFT steps on chains of "
+        f"{stage.chain_length} values, cached; the steps below count from there)"
+    )
     return (
-        f"`{preset}` preset's warm start, {cfg.policy.warm_start.steps} SFT steps (batch "
+        f"`{preset}` preset's warm start{first}, {cfg.policy.warm_start.steps} SFT steps (batch "
         f"{cfg.policy.warm_start.batch_size}, {cfg.policy.warm_start.num_threads} torch threads), "
         f"held-out greedy exact match and chains right in either notation (the stray `=` "
         f"of the demonstrations allowed) on the {len(task.eval_problems)} held-out "

@@ -34,6 +34,7 @@ PRESETS = (
     "dose",
     "dose-quick",
     "dose-long",
+    "dose-99",
 )
 
 _EPILOG = """\
@@ -103,7 +104,8 @@ _PRESET_HELP = (
     "rollouts, 2 seeds), fp4-evidence (the same, 8 seeds), evidence (FP8 rollouts, 8 seeds, "
     "every correction), addition (the 2-digit task), dose (the mismatch dose-response study: "
     "levels of rollout.error_scale x corrections, 6 seeds), dose-quick (its smoke form), "
-    "dose-long (its two highest levels x none/tis/ais for 200 steps, 2 seeds)."
+    "dose-long (its two highest levels x none/tis/ais for 200 steps, 2 seeds), dose-99 (the "
+    "same levels and arms on 99-token responses, 60 steps, 2 seeds)."
 )
 _FLAG = {"action": "store_true"}
 _OVERRIDES = {"nargs": "*", "metavar": "key=value"}

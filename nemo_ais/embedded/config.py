@@ -309,7 +309,21 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
     cfg = RecipeConfig(pg=pg, correction=correction, precision=precision, raw=data, **sec)
     _check_batching(cfg)
     _check_rollout_alignment(cfg)
+    _check_curriculum(cfg)
     return cfg
+
+
+def _check_curriculum(cfg: RecipeConfig) -> None:
+    """``policy.warm_start.curriculum`` needs the chain task and shorter chains."""
+    stage = cfg.policy.warm_start.curriculum
+    if stage is None:
+        return
+    if cfg.data.task != "chain" or stage.chain_length >= cfg.data.chain_length:
+        raise ValueError(
+            f"policy.warm_start.curriculum.chain_length={stage.chain_length} is invalid: "
+            f"expected data.task=chain (got {cfg.data.task}) and fewer values than "
+            f"data.chain_length={cfg.data.chain_length}"
+        )
 
 
 def _check_rollout_alignment(cfg: RecipeConfig) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_QUANTIZER",
     "CheckpointingSection",
     "ClusterSection",
+    "CurriculumSection",
     "DataSection",
     "ExperimentSection",
     "GRPOSection",
@@ -123,6 +124,15 @@ class OptimizerSection(_Section):
     eps: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
 
 
+class CurriculumSection(_Section):
+    """``policy.warm_start.curriculum``: a first SFT stage on shorter chains."""
+
+    chain_length: int = Field(
+        ..., ge=1, description="Values per chain of the first stage (< data.chain_length)."
+    )
+    steps: int = Field(..., ge=1, description="SFT steps of the first stage.")
+
+
 class WarmStartSection(_Section):
     """``policy.warm_start``: supervised fine-tuning before GRPO, cached by config hash."""
 
@@ -141,6 +151,13 @@ class WarmStartSection(_Section):
     )
     cache_dir: str = Field(
         "runs/.cache", description="Where warmstart-<hash>.pt is cached (shared by runs)."
+    )
+    curriculum: CurriculumSection | None = Field(
+        None,
+        description="task chain: first the warm start of the same config on chains of "
+        "curriculum.chain_length values for curriculum.steps steps (cached as its own), then "
+        "`steps` more on data.chain_length (the 33-value chain is not learned from scratch: "
+        "docs/results.md); null: one stage from the untrained policy.",
     )
 
 

@@ -13,6 +13,7 @@ any (arm, seed) run starts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -32,6 +33,7 @@ from nemo_ais.embedded.task import ArithmeticTask, seeded_generator, task_from_c
 __all__ = [
     "build_task",
     "build_untrained_policy",
+    "first_stage",
     "load_warm_start",
     "warm_start",
     "warm_start_path",
@@ -62,7 +64,9 @@ def build_untrained_policy(cfg: RecipeConfig, task: ArithmeticTask) -> torch.nn.
 
 
 def _cache_key(cfg: RecipeConfig) -> dict[str, Any]:
-    ws = cfg.policy.warm_start.model_dump(exclude={"cache_dir"})
+    # without a curriculum the key is what it was before the field existed (same cache files)
+    no_stage = {"curriculum"} if cfg.policy.warm_start.curriculum is None else set()
+    ws = cfg.policy.warm_start.model_dump(exclude={"cache_dir", *no_stage})
     return {
         "version": _WARM_START_VERSION,
         "model": cfg.policy.model.model_dump(),
@@ -169,10 +173,34 @@ def _sft_step(
     return float(loss.detach())
 
 
+def first_stage(cfg: RecipeConfig) -> RecipeConfig | None:
+    """The config of ``policy.warm_start.curriculum``'s first stage, or None without one.
+
+    The same config on chains of ``curriculum.chain_length`` values for ``curriculum.steps``
+    SFT steps, without a curriculum: its warm start is cached under its own key, so a preset
+    whose first stage equals another preset's warm start shares that file.
+    """
+    ws = cfg.policy.warm_start
+    if ws.curriculum is None:
+        return None
+    stage = ws.curriculum
+    return dataclasses.replace(
+        cfg,
+        data=cfg.data.model_copy(update={"chain_length": stage.chain_length}),
+        policy=cfg.policy.model_copy(
+            update={"warm_start": ws.model_copy(update={"steps": stage.steps, "curriculum": None})}
+        ),
+    )
+
+
 def train_sft(
     cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True, curve_every: int = 0
 ) -> tuple[torch.nn.Module, float, list[tuple[int, float]]]:
     """The warm start's SFT loop: ``policy.warm_start.steps`` AdamW steps from the untrained policy.
+
+    With ``policy.warm_start.curriculum`` the loop starts from the first stage's weights
+    (:func:`first_stage`, trained and cached first if missing) with a fresh optimizer and
+    warmup, and its problem stream continues the first stage's (step ``curriculum.steps`` on).
 
     Returns the model, the last loss and, with ``curve_every > 0``, ``(step, exact match,
     chains right)`` of held-out greedy decoding after every ``curve_every`` steps (the SFT transition curve,
@@ -181,6 +209,11 @@ def train_sft(
     """
     ws = cfg.policy.warm_start
     model = build_untrained_policy(cfg, task)
+    first, offset = first_stage(cfg), 0
+    if first is not None:
+        path = warm_start(first, build_task(first), progress=progress)
+        model.load_state_dict(load_warm_start(path))
+        offset = first.policy.warm_start.steps
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
     # linear warmup: without it the tiny model often stalls on a plateau for hundreds of steps
@@ -191,7 +224,7 @@ def train_sft(
     loss, curve = float("nan"), []
     for step in bar:
         loss = _sft_step(
-            model, optimizer, task, step, ws.batch_size, ws.seed, cfg.data.sft_alt_fraction
+            model, optimizer, task, offset + step, ws.batch_size, ws.seed, cfg.data.sft_alt_fraction
         )
         schedule.step()
         if not torch.isfinite(torch.tensor(loss)):

@@ -84,7 +84,7 @@ def _summary_headers() -> frozenset[str]:
     from nemo_ais.embedded.config import CONFIG_DIR, load_config
 
     arm_sets = [("bf16", "fp8-none")]
-    for preset in ("dose", "dose-long", "dose-quick"):
+    for preset in ("dose", "dose-long", "dose-99", "dose-quick"):
         experiment = load_config(CONFIG_DIR / f"{preset}.yaml")["experiment"]
         arm_sets.append(tuple(experiment["include"]))
         arm_sets.append(("bf16", *(a for a in experiment["arms"] if a.startswith("k"))))

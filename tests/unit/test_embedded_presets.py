@@ -137,3 +137,26 @@ def test_dose_long_is_the_two_highest_levels_for_200_steps():
     for arm in want:  # the same arm definitions as the 60-step study
         a, b = resolve_arm(raw, arm), resolve_arm(dose, arm)
         assert (a.precision, a.correction, a.policy) == (b.precision, b.correction, b.policy)
+
+
+def test_dose_99_is_dose_long_on_99_token_responses():
+    """Issue 26 item 5: dose-long's arms at 60 steps on 33-value chains (99 response tokens),
+    from a curriculum warm start whose first stage is default.yaml's own warm start."""
+    from nemo_ais.embedded.warmstart import first_stage, warm_start_path
+
+    raw, long_ = (
+        load_config(CONFIG_DIR / "dose-99.yaml"),
+        load_config(CONFIG_DIR / "dose-long.yaml"),
+    )
+    dose = load_config(CONFIG_DIR / "dose.yaml")
+    assert raw["experiment"]["include"] == long_["experiment"]["include"]
+    assert raw["experiment"]["seeds"] == [0, 1] and raw["grpo"] == dose["grpo"]
+    default = resolve_arm(load_config(CONFIG_DIR / "default.yaml"), None)
+    for arm in raw["experiment"]["include"]:
+        a, b = resolve_arm(raw, arm), resolve_arm(dose, arm)
+        assert a.data.chain_length == 33 and a.data.num_digits == 2  # 99 tokens + <eos>
+        assert a.data.model_copy(update={"chain_length": 11}) == b.data
+        assert (a.precision, a.correction) == (b.precision, b.correction)
+        assert a.policy.optimizer.lr == default.policy.optimizer.lr  # chosen on bf16: 3e-5
+        assert a.policy.model == b.policy.model
+        assert warm_start_path(first_stage(a)) == warm_start_path(default)
