@@ -99,6 +99,7 @@ __all__ = [
     "refit_transport_problems",
     "register_ais_workers",
     "require_fp8_refit_active",
+    "require_native_cluster",
     "require_native_kernels",
     "swap_loss",
     "validate_ais",
@@ -252,6 +253,10 @@ def configure_kv_calibration(config: dict[str, Any], environ: dict[str, str] | N
     return reduction
 
 
+def _async_engine(config: Any) -> bool:
+    return bool((config.policy["generation"].get("vllm_cfg") or {}).get("async_engine", False))
+
+
 def require_fp8_refit_active(config: Any, policy_generation: Any) -> None:
     """After ``setup()``: ask every vLLM worker process whether the AIS FP8 refit is armed.
 
@@ -261,8 +266,7 @@ def require_fp8_refit_active(config: Any, policy_generation: Any) -> None:
     """
     from nemo_ais.nemo_rl import refit as ais_refit
 
-    vllm_cfg = config.policy["generation"].get("vllm_cfg") or {}
-    if vllm_cfg.get("async_engine", False):
+    if _async_engine(config):
         ais_refit.logger.warning(
             "nemo_ais: policy.generation.vllm_cfg.async_engine=true: the vLLM workers are not "
             "asked whether the AIS FP8 refit is armed (their import hook still is)"
@@ -271,13 +275,28 @@ def require_fp8_refit_active(config: Any, policy_generation: Any) -> None:
     ais_refit.require_active(policy_generation)
 
 
+def require_native_cluster(raw: dict[str, Any]) -> str:
+    """After ``init_ray()``, before ``setup()``: stop if no GPU of the cluster runs the format.
+
+    :func:`nemo_ais.nemo_rl.engine_report.require_native_nodes`: every Ray node reads its
+    GPUs by NVML (no GPU reserved, no CUDA context), so a W4A4 or MXFP8 run on an all-Hopper
+    cluster stops in seconds, naming the format and each node's GPUs and compute capability,
+    before any engine loads a model. Returns the config's rollout format.
+    """
+    from nemo_ais.nemo_rl import engine_report
+
+    fmt = rollout_format(raw)
+    engine_report.require_native_nodes(fmt)
+    return fmt
+
+
 def require_native_kernels(config: Any, raw: dict[str, Any], policy_generation: Any) -> str:
     """After ``setup()``: stop if the engines' GPUs cannot run the rollout format as named.
 
     vLLM only logs a kernel fallback (W4A4 on Hopper runs W4A16, :mod:`nemo_ais.rules.
     native_kernels`); :func:`nemo_ais.nemo_rl.engine_report.require_native_gpu` asks every
-    vLLM worker process for its GPU and raises naming the format, each GPU and its compute
-    capability. With ``vllm_cfg.async_engine`` the workers are not asked (a WARNING says so).
+    vLLM worker process for its GPU (with ``vllm_cfg.async_engine``: every generation actor,
+    by NVML) and raises naming the format, each GPU and its compute capability.
 
     Returns:
         The config's rollout format (``nemo_ais.preflight.rollout_format``).
@@ -287,14 +306,7 @@ def require_native_kernels(config: Any, raw: dict[str, Any], policy_generation: 
     fmt = rollout_format(raw)
     if fmt not in NATIVE_KERNELS:
         return fmt
-    if (config.policy["generation"].get("vllm_cfg") or {}).get("async_engine", False):
-        engine_report.logger.warning(
-            "nemo_ais: vllm_cfg.async_engine=true: the vLLM workers' GPUs and layer formats "
-            "are not checked against rollout format %s",
-            fmt,
-        )
-        return fmt
-    engine_report.require_native_gpu(policy_generation, fmt)
+    engine_report.require_native_gpu(policy_generation, fmt, async_engine=_async_engine(config))
     return fmt
 
 
@@ -313,6 +325,8 @@ def check_engines_after_first_refit(
     policy_generation: Any,
     refit_cfg: Any,
     nemo_rl_version: str,
+    *,
+    async_engine: bool = False,
 ) -> None:
     """After the first refit, every layer of every engine must hold what the run quantizes.
 
@@ -321,12 +335,21 @@ def check_engines_after_first_refit(
     :func:`nemo_ais.nemo_rl.engine_report.require_engine_formats` compares each vLLM
     layer's quant method and kernel with the run's keep-in-BF16 rule
     (:func:`engine_keep_rule`) and raises naming every layer that differs, before the first
-    rollout trains anything; later calls only refit.
+    rollout trains anything; later calls only refit. With ``async_engine`` (vLLM's
+    ``AsyncLLM``, whose ``collective_rpc`` is a coroutine ``__ray_call__`` cannot await)
+    the layers are not read: a WARNING says so and the refit is left as it is.
     """
     from nemo_ais.nemo_rl import engine_report
 
     fmt = rollout_format(raw)
     if fmt not in NATIVE_KERNELS:
+        return
+    if async_engine:
+        engine_report.logger.warning(
+            "nemo_ais: vllm_cfg.async_engine=true: the engines' layer formats are not read "
+            "after the first refit (their GPUs were checked); %s is not verified per layer",
+            fmt,
+        )
         return
     real = grpo_module.refit_policy_generation
     rule = engine_keep_rule(raw, refit_cfg)
@@ -437,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if block_refit is not None:
         print(f"ais_nvfp4_refit: {block_refit.model_dump()}")
     init_ray()
+    require_native_cluster(raw)  # W4A4 / MXFP8 on GPUs without their kernels: stop here
     tokenizer = get_tokenizer(config.policy["tokenizer"])
     if config.policy["generation"] is None:  # upstream asserts it here
         raise ValueError("policy.generation is null: GRPO needs a generation config (vllm_cfg)")
@@ -475,7 +499,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         require_fp8_refit_active(config, policy_generation)  # nemo_ais.fp8, or stop here
     if require_native_kernels(config, raw, policy_generation) in NATIVE_KERNELS:
         check_engines_after_first_refit(
-            grpo, raw, policy_generation, refit or block_refit, version.name
+            grpo,
+            raw,
+            policy_generation,
+            refit or block_refit,
+            version.name,
+            async_engine=_async_engine(config),
         )
     loss_fn = swap_loss(loss_fn, ais_cfg)
 

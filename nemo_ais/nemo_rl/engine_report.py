@@ -11,19 +11,24 @@ Two silent failures peers shipped:
   substring, so ``...mlp.gate`` keeps ``...mlp.gate_up_proj`` in BF16 too (veRL #7519: 56
   tensors rolled out in BF16 that training treated as quantized).
 
-The driver asks every vLLM worker (the dispatch of
-:func:`nemo_ais.nemo_rl.refit.require_active`): after ``setup()`` for the GPU
-(:func:`require_native_gpu`), after the first refit for every layer's quant method and
-kernel (:func:`engine_layers`, :func:`require_engine_formats`). Read from vLLM 0.20.0 and
-0.25.1: ``quant_method`` (MRO names), ``kernel``, ``fp8_linear`` / ``use_marlin`` and the
-MoE ``*_backend``.
+The driver asks three times. Before ``setup()`` spends GPU time, every Ray node reads its
+GPUs by NVML (:func:`require_native_nodes`: no CUDA context, no GPU reserved) and a
+cluster where no GPU runs the format natively is refused. After ``setup()`` every vLLM
+worker (the dispatch of :func:`nemo_ais.nemo_rl.refit.require_active`) names its GPU
+(:func:`require_native_gpu`; an ``async_engine`` actor, whose ``collective_rpc`` is a
+coroutine, reads its visible GPUs by NVML instead). After the first refit every layer's
+quant method and kernel (:func:`engine_layers`, :func:`require_engine_formats`; engines
+with ``collective_rpc`` only). Read from vLLM 0.20.0 and 0.25.1: ``quant_method`` (MRO
+names), ``kernel``, ``fp8_linear`` / ``use_marlin`` and the MoE ``*_backend``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -40,8 +45,10 @@ __all__ = [
     "format_problems",
     "gpu_problems",
     "held_format",
+    "nvml_gpus",
     "require_engine_formats",
     "require_native_gpu",
+    "require_native_nodes",
 ]
 
 
@@ -127,6 +134,116 @@ def engine_layers(worker: Any = None) -> EngineLayers:
     return EngineLayers(os.getpid(), socket.gethostname(), device, capability, tuple(layers))
 
 
+GpuReader = Callable[[str | None], "list[tuple[str, tuple[int, int]]] | None"]
+
+
+def nvml_gpus(visible: str | None = None) -> list[tuple[str, tuple[int, int]]] | None:
+    """This node's NVIDIA GPUs as NVML reads them (no CUDA context): ``[(name, capability)]``.
+
+    ``visible``: a ``CUDA_VISIBLE_DEVICES`` value (indices or ``GPU-`` UUIDs), or None for
+    every GPU of the node. None when NVML cannot be read here (no driver, no ``pynvml``).
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no NVIDIA driver, or no nvidia-ml-py (vLLM's dependency) here
+        return None
+    try:
+        if visible is None:
+            ids: list[str] = [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        else:
+            ids = [v.strip() for v in visible.split(",") if v.strip()]
+        gpus = []
+        for gpu in ids:
+            handle = (
+                pynvml.nvmlDeviceGetHandleByUUID(gpu)
+                if gpu.startswith(("GPU-", "MIG-"))
+                else pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
+            )
+            name = pynvml.nvmlDeviceGetName(handle)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            gpus.append((name.decode() if isinstance(name, bytes) else name, (major, minor)))
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _read_node(read: GpuReader) -> tuple[str, list[tuple[str, tuple[int, int]]] | None]:
+    return socket.gethostname(), read(None)
+
+
+def require_native_nodes(
+    rollout_format: str, *, read: GpuReader | None = None, timeout_s: float = 120.0
+) -> dict[str, list[tuple[str, tuple[int, int]]]]:
+    """Before ``setup()``: RuntimeError if no GPU of the Ray cluster runs the format natively.
+
+    One zero-resource Ray task per alive node reads its GPUs (``read``; None: :func:`nvml_gpus`).
+    Returns ``{host: [(gpu, capability)]}``; a cluster with some native GPUs, or where no
+    GPU could be read, is left to :func:`require_native_gpu` after ``setup()`` (a WARNING
+    says which).
+    """
+    need = NATIVE_KERNELS.get(rollout_format)
+    if need is None:
+        return {}
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0)(_read_node)
+    refs = [
+        probe.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        ).remote(read or nvml_gpus)
+        for node in ray.nodes()
+        if node.get("Alive")
+    ]
+    try:
+        found = ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        logger.warning(
+            "nemo_ais: the Ray nodes did not report their GPUs in %.0f s; the engines' GPUs "
+            "are checked for %s after setup()",
+            timeout_s,
+            rollout_format,
+        )
+        return {}
+    gpus = {host: listed for host, listed in found if listed}
+    if not gpus:
+        logger.warning(
+            "nemo_ais: NVML read no GPU on the %d Ray node(s); the engines' GPUs are checked "
+            "for %s after setup()",
+            len(found),
+            rollout_format,
+        )
+    elif all(cap < need.min_capability for listed in gpus.values() for _, cap in listed):
+        held = "; ".join(
+            f"{host}: "
+            + ", ".join(
+                f"{k} x {name} (compute capability {'.'.join(map(str, cap))})"
+                for (name, cap), k in sorted(Counter(listed).items())
+            )
+            for host, listed in sorted(gpus.items())
+        )
+        raise RuntimeError(
+            f"rollout format {rollout_format} needs a GPU of compute capability >= "
+            f"{need.min_text} ({need.gpus}), and no GPU of the Ray cluster has it ({held}): "
+            f"vLLM would run {need.fallback} instead. Refused before setup() starts the "
+            "engines; choose a format these GPUs run natively (the offline check: nemo-ais "
+            "check --config ...)"
+        )
+    return gpus
+
+
+def _actor_gpus(generation_worker: Any, read: GpuReader = nvml_gpus) -> list[EngineLayers]:
+    """On a generation worker (Ray actor), sync or async engine: its visible GPUs by NVML."""
+    gpus = read(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if gpus is None:
+        return []
+    return [EngineLayers(os.getpid(), socket.gethostname(), n, c, ()) for n, c in gpus]
+
+
 def _engine_gpus(generation_worker: Any) -> list[EngineLayers]:
     """On a generation worker (Ray actor): every vLLM worker process's GPU (no layers)."""
     llm = generation_worker.llm
@@ -166,10 +283,28 @@ def gpu_problems(rollout_format: str, reports: Iterable[EngineLayers]) -> list[s
     ]
 
 
-def require_native_gpu(policy_generation: Any, rollout_format: str) -> list[EngineLayers]:
-    """After ``setup()``: RuntimeError if the engines' GPUs run the rollout format as another."""
-    per_worker = _ask(policy_generation, _engine_gpus)
+def require_native_gpu(
+    policy_generation: Any,
+    rollout_format: str,
+    *,
+    async_engine: bool = False,
+    read: GpuReader = nvml_gpus,
+) -> list[EngineLayers]:
+    """After ``setup()``: RuntimeError if the engines' GPUs run the rollout format as another.
+
+    ``async_engine``: vLLM's ``AsyncLLM`` (its ``collective_rpc`` is a coroutine, which
+    ``__ray_call__`` cannot await): each generation actor reads its visible GPUs with
+    ``read`` (NVML) instead of asking its vLLM workers.
+    """
+    fn = functools.partial(_actor_gpus, read=read) if async_engine else _engine_gpus
+    per_worker = _ask(policy_generation, fn)
     reports = [r for group in per_worker for r in group]
+    if async_engine and not reports:
+        logger.warning(
+            "nemo_ais: NVML could not be read in the async generation workers; their GPUs "
+            "are not checked for %s",
+            rollout_format,
+        )
     problems = gpu_problems(rollout_format, reports)
     if problems:
         raise RuntimeError(

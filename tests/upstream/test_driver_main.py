@@ -255,6 +255,28 @@ def test_a_w4a4_or_mxfp8_rollout_on_hopper_stops_main_before_training(driver):
             assert driver.names()[-1] == "setup"  # after setup(), before any training
 
 
+def test_a_cluster_of_hopper_nodes_stops_a_w4a4_run_before_setup(driver, monkeypatch):
+    # every Ray node reads its GPUs by NVML right after init_ray(): an all-Hopper cluster
+    # cannot run W4A4 natively anywhere, so main() stops before setup() loads any engine
+    from nemo_ais.nemo_rl import engine_report
+
+    h100 = _ray_boundary.H100  # the reader runs in a Ray task: it carries the value
+    monkeypatch.setattr(engine_report, "nvml_gpus", lambda visible: [h100] * 8)
+    path = CONFIG_DIR / "experiments" / "qwen3_8b_nvfp4_w4a4_ais.yaml"
+    if NEMO_RL == "v0.7.0":  # no W4A4 there: refused before Ray (test_setup_real.py)
+        with pytest.raises(ValueError, match="needs NeMo-RL main"):
+            run.main(["--config", str(path)])
+        return
+    with pytest.raises(RuntimeError, match="Refused before setup") as err:
+        run.main(["--config", str(path)])
+    assert "8 x NVIDIA H100 80GB HBM3 (compute capability 9.0)" in str(err.value)
+    assert driver.names() == ["init_ray"]  # no tokenizer, no data, no setup()
+    # a BF16 or FP8 rollout runs on the same nodes
+    driver.events.clear()
+    run.main(["--config", str(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml")])
+    assert "setup" in driver.names()
+
+
 def test_after_the_first_refit_main_checks_every_engine_layer_once(driver, monkeypatch):
     refits = []
     monkeypatch.setattr(

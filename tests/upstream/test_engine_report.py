@@ -14,6 +14,7 @@ vLLM's quant-method classes (``tests/_vllm_layers.py``, named as vLLM's).
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -190,3 +191,82 @@ def test_the_driver_refuses_a_format_the_engines_gpu_cannot_run(engines):
         er.require_native_gpu(generation, "nvfp4_w4a4")
     assert "no GPU has none" in str(err.value)  # this CPU actor has no CUDA device
     assert er.require_native_gpu(generation, "bf16")[0].capability is None
+
+
+# --- before setup(): the Ray cluster's GPUs, read by NVML on each node ---------------------
+
+
+def test_a_cluster_without_a_native_gpu_is_refused_before_setup(local_ray):
+    hopper = lambda visible: [H100, H100, ("NVIDIA H200", (9, 0))]  # noqa: E731 (by value)
+    with pytest.raises(RuntimeError, match="Refused before setup") as err:
+        er.require_native_nodes("nvfp4_w4a4", read=hopper)
+    message = str(err.value)
+    assert "nvfp4_w4a4 needs a GPU of compute capability >= 10.0 (Blackwell (SM100))" in message
+    host = socket.gethostname()  # the node's own name, read in a Ray task on it
+    assert f"{host}: 2 x NVIDIA H100 80GB HBM3 (compute capability 9.0), 1 x NVIDIA H200" in message
+    assert "weight-only Marlin NVFP4 (W4A16)" in message
+    with pytest.raises(RuntimeError, match=r"mxfp8 needs a GPU of compute capability >= 10\.0"):
+        er.require_native_nodes("mxfp8", read=hopper)
+    # Hopper runs block FP8 and NVFP4 W4A16 natively; bf16 has no kernel to check
+    assert er.require_native_nodes("fp8", read=hopper) == {
+        host: [H100, H100, ("NVIDIA H200", (9, 0))]
+    }
+    assert er.require_native_nodes("nvfp4_w4a16", read=hopper)[host][0] == H100
+    assert er.require_native_nodes("bf16", read=hopper) == {}
+
+
+def test_a_cluster_with_a_native_gpu_or_none_read_is_left_to_the_engines(local_ray, caplog):
+    blackwell = lambda visible: [B200]  # noqa: E731
+    assert er.require_native_nodes("nvfp4_w4a4", read=blackwell) == {socket.gethostname(): [B200]}
+    unreadable = lambda visible: None  # noqa: E731 (no NVIDIA driver on the node)
+    with caplog.at_level("WARNING", logger=er.logger.name):
+        assert er.require_native_nodes("nvfp4_w4a4", read=unreadable) == {}
+    assert "NVML read no GPU on the 1 Ray node(s)" in caplog.text
+    assert "checked for nvfp4_w4a4 after setup()" in caplog.text
+
+
+def test_nvml_is_read_for_the_visible_gpus_by_index_or_uuid(monkeypatch):
+    calls = []
+
+    class Nvml:  # NVML, the driver library a CPU machine lacks: records what crosses
+        def __getattr__(self, name):
+            def call(*args):
+                calls.append((name, args))
+                return {
+                    "nvmlDeviceGetCount": 2,
+                    "nvmlDeviceGetName": b"NVIDIA H100 80GB HBM3"
+                    if args == ("h1",)
+                    else "NVIDIA B200",
+                    "nvmlDeviceGetCudaComputeCapability": (9, 0) if args == ("h1",) else (10, 0),
+                    "nvmlDeviceGetHandleByIndex": f"h{args[0]}" if args else None,
+                    "nvmlDeviceGetHandleByUUID": "hu",
+                }.get(name)
+
+            return call
+
+    monkeypatch.setitem(sys.modules, "pynvml", Nvml())
+    assert er.nvml_gpus("1, GPU-5f2c") == [H100, B200]
+    assert ("nvmlDeviceGetHandleByIndex", (1,)) in calls
+    assert ("nvmlDeviceGetHandleByUUID", ("GPU-5f2c",)) in calls
+    assert [c[0] for c in calls][:: len(calls) - 1] == ["nvmlInit", "nvmlShutdown"]
+    calls.clear()
+    assert er.nvml_gpus(None) == [("NVIDIA B200", (10, 0)), H100]  # every GPU: h0, h1
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: not readable, no error
+    assert er.nvml_gpus(None) is None
+
+
+def test_an_async_engine_is_checked_by_its_actors_gpus_without_collective_rpc(engines, caplog):
+    generation = generation_over([engines["good"]])
+    before = ray.get(engines["good"].rpc_calls.remote())
+    hopper = lambda visible: [H100]  # noqa: E731
+    with pytest.raises(RuntimeError, match="cannot run nvfp4_w4a4 natively") as err:
+        er.require_native_gpu(generation, "nvfp4_w4a4", async_engine=True, read=hopper)
+    assert "NVIDIA H100 80GB HBM3 has 9.0" in str(err.value)
+    (report,) = er.require_native_gpu(generation, "fp8", async_engine=True, read=hopper)
+    assert report.pid != os.getpid() and report.capability == (9, 0)  # the actor's process
+    assert ray.get(engines["good"].rpc_calls.remote()) == before  # no collective_rpc call
+    with caplog.at_level("WARNING", logger=er.logger.name):
+        assert (
+            er.require_native_gpu(generation, "fp8", async_engine=True, read=lambda v: None) == []
+        )
+    assert "NVML could not be read in the async generation workers" in caplog.text
