@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from nemo_ais.rollout.sampling import GrowingKVCache
+
 __all__ = ["build_model", "greedy_decode", "response_logprobs"]
 
 
@@ -79,7 +81,7 @@ def greedy_decode(
     pad_token_id: int,
 ) -> torch.Tensor:
     """Greedy decoding with the KV cache: ``[B, max_new_tokens]`` ids, ``pad_token_id`` after ``<eos>``."""
-    out = model(input_ids=prompt_ids, use_cache=True)
+    out = model(input_ids=prompt_ids, past_key_values=GrowingKVCache(), use_cache=True)
     past = out.past_key_values
     next_tok = out.logits[:, -1].argmax(-1)
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)

@@ -16,12 +16,12 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from transformers import DynamicCache
 
 from nemo_ais.formats.grids import E4M3_MAX
 from nemo_ais.formats.nvfp4 import NVFP4_BLOCK, fake_quantize_nvfp4
 from nemo_ais.refit.kv_scales import KVSaturationCounter, KVScales
 from nemo_ais.rollout.fake_quant import scale_error
+from nemo_ais.rollout.sampling import GrowingKVCache
 
 __all__ = ["QuantizedKVCache", "fake_quant_kv_fp8"]
 
@@ -32,8 +32,8 @@ def fake_quant_kv_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.float() * scale).to(x.dtype)
 
 
-class QuantizedKVCache(DynamicCache):
-    """HF ``DynamicCache`` whose writes are fake-quantized per layer (``kind``: fp8 or nvfp4).
+class QuantizedKVCache(GrowingKVCache):
+    """HF ``DynamicCache`` (growing in place) whose writes are fake-quantized per layer (``kind``: fp8 or nvfp4).
 
     ``k_scale`` / ``v_scale``: fp32 ``[layers]`` dequant scales; ``k_amax`` / ``v_amax``:
     ``scale * 448``; ``saturation``: the counter, or None;

@@ -11,9 +11,11 @@ from typing import Literal, NamedTuple
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 __all__ = [
     "GenerationOutput",
+    "GrowingKVCache",
     "LogprobsMode",
     "MismatchStats",
     "check_prompt",
@@ -24,6 +26,51 @@ __all__ = [
 ]
 
 LogprobsMode = Literal["unfiltered", "processed"]
+
+
+class _GrowingLayer(DynamicLayer):
+    """HF's ``DynamicLayer`` with K and V in a buffer that doubles when full.
+
+    A decode step copies its one token in instead of concatenating the whole cache
+    (``torch.cat``: quadratic in the length); ``keys`` / ``values`` are views of the filled
+    part, the same values and shapes, so attention computes the same numbers.
+    """
+
+    _k: torch.Tensor | None = None
+    _v: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Append ``[B, H, t, D]`` K and V; return views of every cached position."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, t = self.get_seq_length(), key_states.shape[-2]
+        if (
+            self._k is None
+            or self.keys.data_ptr() != self._k.data_ptr()
+            or n + t > self._k.shape[-2]
+        ):
+            self._k = self._grown(self.keys, key_states, n + t)
+            self._v = self._grown(self.values, value_states, n + t)
+        self._k[..., n : n + t, :].copy_(key_states)
+        self._v[..., n : n + t, :].copy_(value_states)
+        self.keys, self.values = self._k[..., : n + t, :], self._v[..., : n + t, :]
+        return self.keys, self.values
+
+    @staticmethod
+    def _grown(old: torch.Tensor, new: torch.Tensor, length: int) -> torch.Tensor:
+        shape = (*new.shape[:-2], max(2 * length, 64), new.shape[-1])
+        buffer = new.new_empty(shape)
+        if old.numel():  # the cached positions (a layer whose keys another method replaced)
+            buffer[..., : old.shape[-2], :].copy_(old)
+        return buffer
+
+
+class GrowingKVCache(DynamicCache):
+    """HF's ``DynamicCache`` whose layers grow in place (:class:`_GrowingLayer`): same values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer_class_to_replicate = _GrowingLayer
 
 
 class GenerationOutput(NamedTuple):
@@ -201,7 +248,7 @@ def generate(
     eos = _eos_ids(eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
     batch, device = input_ids.shape[0], input_ids.device
-    cache = past_key_values if past_key_values is not None else DynamicCache()
+    cache = past_key_values if past_key_values is not None else GrowingKVCache()
     eos_t = torch.tensor(eos, dtype=torch.int64, device=device)
 
     tokens = torch.full((batch, max_new_tokens), pad, dtype=torch.int64, device=device)

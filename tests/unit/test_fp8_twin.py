@@ -533,6 +533,34 @@ def test_generate_logprobs_match_teacher_forcing(qwen):
     assert out.logprobs.dtype == torch.float32 and bool((out.logprobs <= 0).all())
 
 
+@pytest.mark.parametrize("prompt_len", [12, 70])  # 70 + 40 tokens: the buffer doubles twice
+def test_the_growing_kv_cache_generates_what_hf_dynamic_cache_does(qwen, prompt_len):
+    from transformers import DynamicCache
+
+    from nemo_ais.rollout.sampling import GrowingKVCache
+
+    ids, mask = _prompts(length=prompt_len)
+    hf = generate(
+        qwen, ids, mask, max_new_tokens=40, generator=_gen(3), past_key_values=DynamicCache()
+    )
+    cache = GrowingKVCache()
+    ours = generate(qwen, ids, mask, max_new_tokens=40, generator=_gen(3), past_key_values=cache)
+    assert all(
+        torch.equal(x, y) for x, y in zip(hf, ours, strict=True)
+    )  # tokens, mask, log-probs: bits
+    filled = ours.response_mask.shape[1] + prompt_len - 1  # the last token is never written
+    for layer in cache.layers:
+        assert layer.keys.shape[-2] == filled and layer._k.shape[-2] >= filled
+        assert layer.keys.data_ptr() == layer._k.data_ptr()  # a view of the buffer: no copy
+    # a layer whose keys another cache method replaced (beam reorder) starts a new buffer
+    layer = cache.layers[0]
+    layer.reorder_cache(torch.arange(ids.shape[0]).flip(0))
+    keys = layer.keys.clone()
+    new_k = torch.randn(ids.shape[0], *keys.shape[1:2], 1, keys.shape[-1])
+    k, _ = layer.update(new_k, new_k.clone())
+    assert torch.equal(k, torch.cat([keys, new_k], dim=-2))
+
+
 def test_generation_is_deterministic_given_generator(qwen):
     ids, mask = _prompts()
     a = generate(qwen, ids, mask, max_new_tokens=8, generator=_gen(11))
