@@ -1,8 +1,8 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""Fused CPU kernels for the four weight quantizers, compiled on first use.
+"""Fused CPU kernels for the weight quantizers and FP8 activation fake quant, built on first use.
 
-PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchmarks.md
+The twin's per-token FP8 activation fake quantization is one of them. PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchmarks.md
 "quant"), so each format's whole rule runs in one C++ loop per row (``csrc/quantize_cpu.cpp``,
 package data), bit-equal to the PyTorch paths (tests/unit/test_fp8_cpu_kernel.py). Built
 with ``load_inline`` for contiguous fp32 / bf16 / fp16 CPU input; without a compiler or
@@ -33,6 +33,7 @@ _FUNCTIONS = [
     "nvfp4_block_amax",
     "nvfp4_encode",
     "quantize_mxfp4",
+    "fake_quant_groups_divide",
 ]
 
 

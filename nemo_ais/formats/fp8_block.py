@@ -380,7 +380,13 @@ def _fake_quant_groups_divide(x: torch.Tensor, group: int, eps: float, name: str
     """``dequantize_activations(*quantize_activations(x, group, "divide", eps))``, fused, same op order.
 
     Preconditions: ``K % group == 0`` and ``eps > 0``. Raises ``ValueError`` on non-finite input.
+    The fused C++ kernel runs where it is built (:func:`~nemo_ais.formats.dispatch.kernel_for`).
     """
+    ext = kernel_for(x)
+    if ext is not None:
+        y, finite = ext.fake_quant_groups_divide(x.reshape(-1, x.shape[-1]), group, eps)
+        if bool(finite):
+            return y.view(x.shape)
     xg = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // group, group)
     amax = xg.abs().amax(dim=-1, keepdim=True)
     check_finite(x, name, amax=amax, what="activations", action="")

@@ -353,3 +353,48 @@ def test_the_build_name_depends_on_the_cpu(monkeypatch):
     here = cpu_kernel_mod._cpu_fingerprint()
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     assert cpu_kernel_mod._cpu_fingerprint() != here
+
+
+def _fake_activation_both(x, group, eps, monkeypatch):
+    """(fused kernel, PyTorch path) of ``_fake_quant_groups_divide(x)``; the kernel must run."""
+    calls = []
+    real = quant.kernel_for
+    monkeypatch.setattr(quant, "kernel_for", lambda t: calls.append(t.shape) or real(t))
+    fused = quant._fake_quant_groups_divide(x, group, eps, "x")
+    assert calls == [x.shape] and fused.dtype == torch.float32
+    monkeypatch.setattr(quant, "kernel_for", lambda t: None)
+    want = quant._fake_quant_groups_divide(x, group, eps, "x")
+    monkeypatch.setattr(quant, "kernel_for", real)
+    return fused, want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("shape", "group", "eps"),
+    [((300, 1024), 128, 1e-10), ((2, 7, 256), 128, 1e-4), ((5, 64), 32, 1e-10)],
+)
+def test_activation_fake_quant_kernel_equals_the_torch_path(dtype, shape, group, eps, monkeypatch):
+    # the twin's per-token FP8 activations: dequant(quant(x)) per 1 x group, "divide" family;
+    # zero rows, fp32 subnormals, 34 decades of magnitude, an exact 448 and a -0.0
+    x = _wide_range((300, 1024), seed=4).flatten()[: torch.Size(shape).numel()].reshape(shape)
+    x.view(-1)[:3] = torch.tensor([448.0, 0.5, -0.0])
+    x = x.to(dtype)
+    fused, want = _fake_activation_both(x, group, eps, monkeypatch)
+    assert torch.equal(fused.view(torch.int32), want.view(torch.int32))  # every bit, -0.0 too
+
+
+def test_activation_fake_quant_kernel_rounds_ties_as_the_torch_path(monkeypatch):
+    # a group whose amax is 448 (s = 1): every midpoint between neighbouring E4M3 codes
+    codes = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = torch.cat([(codes[:-1] + codes[1:]) / 2, torch.tensor([448.0, 448.0])])  # 128
+    x = torch.stack([mids, -mids])
+    fused, want = _fake_activation_both(x, 128, 1e-10, monkeypatch)
+    assert torch.equal(fused.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(fused[0, :2], torch.tensor([0.0, 0.00390625]))  # ties to even codes
+
+
+def test_activation_fake_quant_kernel_leaves_nan_to_the_torch_paths_error():
+    x = torch.randn(4, 256)
+    x[2, 130] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        quant._fake_quant_groups_divide(x, 128, 1e-10, "layer 0 input")

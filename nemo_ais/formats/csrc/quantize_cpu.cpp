@@ -1,7 +1,7 @@
 // Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 //
-// Fused CPU kernels of the four weight quantizers (FP8 blockwise, MXFP8, NVFP4, MXFP4):
-// each format's whole rule in one loop per row, bit-equal to the PyTorch paths of
+// Fused CPU kernels of the four weight quantizers (FP8 blockwise, MXFP8, NVFP4, MXFP4) and
+// of the twin's FP8 activation fake quantization: each rule in one loop per row, bit-equal to the PyTorch paths of
 // nemo_ais/formats/ (tests/unit/test_fp8_cpu_kernel.py). Built on first use by
 // nemo_ais/formats/cpu_kernel.py (torch.utils.cpp_extension.load_inline, which writes
 // the Python bindings of the functions it names).
@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -256,6 +257,24 @@ inline float e4m3_value(uint8_t c) {
   return (c & 0x80) ? -v : v;
 }
 
+// fp32 value of e4m3(v), |v| <= 448 and finite: e4m3_value(e4m3(v)) without the code, so the
+// loop over a group vectorises (the rounding of e4m3(); its bits masked, not shifted).
+inline float e4m3_round(float v) {
+  const uint32_t b = bits_of(v);
+  const uint32_t sign = b & 0x80000000u;
+  const uint32_t a = b & 0x7FFFFFFFu;
+  const uint32_t normal = (a + 0x7FFFFu + ((a >> 20) & 1u)) & 0xFFF00000u;
+  const float t = ((float_of(a) * 512.0f + 8388608.0f) - 8388608.0f) * 0.001953125f;
+  return float_of(sign | (a < 0x3C800000u ? bits_of(t) : normal));
+}
+
+// y[c] = fp32(e4m3(clamp(x[c] / s, +-448))) * s for one group (pointers by value, __restrict__).
+template <typename T>
+void fake_fp8_group(const T* __restrict__ x, int64_t g, float s, float* __restrict__ y) {
+  for (int64_t c = 0; c < g; ++c)
+    y[c] = e4m3_round(std::min(std::max(to_f(x[c]) / s, -448.0f), 448.0f)) * s;
+}
+
 template <typename T>
 void nvfp4_row(const T* __restrict__ row, int64_t k, const float* __restrict__ amax, float s_g,
                uint8_t* __restrict__ packed, uint8_t* __restrict__ scale,
@@ -352,4 +371,34 @@ std::vector<torch::Tensor> quantize_mxfp4(torch::Tensor x, bool ties_toward_zero
     });
   });
   return {packed, scale, bad.eq(0).all()};
+}
+
+// dequant(quant(x)) of FP8 activations per 1 x g group, "divide" family, in one pass:
+// s = max(amax, eps) / 448; y = fp32(e4m3(clamp(x / s, +-448))) * s, operation for operation
+// nemo_ais.formats.fp8_block._fake_quant_groups_divide (eps > 0). x [R, K] contiguous CPU
+// fp32 / bf16 / fp16, K % g == 0 -> (y fp32 [R, K], finite: 0-dim bool; a group with NaN
+// or inf is left unwritten and reported).
+std::vector<torch::Tensor> fake_quant_groups_divide(torch::Tensor x, int64_t g, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x: [R, K] CPU");
+  TORCH_CHECK(g > 0 && x.size(1) % g == 0 && eps > 0.0, "g divides K, eps > 0");
+  const int64_t groups = x.numel() / g;
+  auto y = torch::empty({x.size(0), x.size(1)}, x.options().dtype(torch::kFloat32));
+  const float epsf = static_cast<float>(eps);
+  std::atomic<bool> finite{true};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fake_fp8", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, groups, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const float amax = float_of(amax_bits_of(xp + b * g, g));
+        if (!std::isfinite(amax)) {
+          finite = false;
+          continue;
+        }
+        const float s = std::max(amax, epsf) / 448.0f;
+        fake_fp8_group(xp + b * g, g, s, yp + b * g);
+      }
+    });
+  });
+  return {y, torch::scalar_tensor(finite.load(), x.options().dtype(torch::kBool))};
 }
