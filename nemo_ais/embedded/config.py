@@ -96,13 +96,15 @@ def migrate_rollout(rollout: dict[str, Any], *, warn: bool = True) -> dict[str, 
         return out
     if not isinstance(block, dict):
         raise ValueError(f"rollout.fp8: expected a mapping, got {type(block).__name__}")
-    # a renamed knob passes here and is refused, with its new name, by rollout_precision
-    allowed = (*_FORMER_FP8_KEYS, *RolloutPrecisionConfig.model_fields, *RENAMED_KEYS)
-    unknown = [k for k in block if k not in allowed]
+    allowed = (*_FORMER_FP8_KEYS, *RolloutPrecisionConfig.model_fields)
+    unknown = [k for k in block if k not in allowed and k not in RENAMED_KEYS]
     if unknown:
         raise ValueError(
             f"rollout.fp8.{unknown[0]} is not a known field (allowed: {', '.join(allowed)})"
         )
+    renamed = {k: v for k, v in block.items() if k in RENAMED_KEYS}
+    if renamed:  # the config's own refusal, with the new name, at the path the user wrote
+        validate_section(RolloutPrecisionConfig, renamed, "rollout.fp8")
     former = {k: block[k] for k in _FORMER_FP8_KEYS if k in block}
     for key, value in former.items():
         if not isinstance(value, bool):

@@ -355,7 +355,8 @@ def rollout_precision(rollout: RolloutSection) -> RolloutPrecisionConfig:
 
     Raises:
         ValueError: ``rollout.quantizer`` has an unknown key, a key that lives at
-            ``rollout.<key>``, or an invalid value (named by its path).
+            ``rollout.<key>``, a renamed key (the config's own refusal, with the new name),
+            or an invalid value (named by its path).
     """
     knobs = tuple(k for k in RolloutPrecisionConfig.model_fields if k not in PRECISION_KEYS)
     for key in rollout.quantizer:
@@ -364,12 +365,7 @@ def rollout_precision(rollout: RolloutSection) -> RolloutPrecisionConfig:
                 f"rollout.quantizer.{key} is invalid: {key} is set at rollout.{key}, not in "
                 "rollout.quantizer"
             )
-        if key in RENAMED_KEYS:
-            raise ValueError(
-                f"rollout.quantizer.{key} was renamed rollout.quantizer.{RENAMED_KEYS[key]} "
-                "(the refit's name of the same knob)"
-            )
-        if key not in knobs:
+        if key not in knobs and key not in RENAMED_KEYS:  # renamed: refused by the config
             raise ValueError(
                 f"rollout.quantizer.{key} is not a known field (allowed: {', '.join(knobs)})"
             )
