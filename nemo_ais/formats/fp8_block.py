@@ -48,6 +48,7 @@ __all__ = [
     "quantize_activations",
     "quantize_blockwise",
     "quantize_blockwise_reference",
+    "quantize_weight",
 ]
 
 FAMILY_FORMULAS = {
@@ -396,11 +397,16 @@ def _fake_quant_groups_divide(x: torch.Tensor, group: int, eps: float, name: str
     return (q.to(torch.float32) * s).reshape(x.shape)
 
 
+def quantize_weight(w: torch.Tensor, knobs: Any, *, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_blockwise` of ``w`` with a weight-format config's knobs (the twin's)."""
+    return quantize_blockwise(
+        w.detach(), knobs.weight_block, knobs.family, knobs.eps, knobs.ue8m0, name=name
+    )
+
+
 def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
-    """``dequantize_blockwise(*quantize_blockwise(W))`` in fp32: what the twin multiplies by."""
-    block, family, eps = knobs.weight_block, knobs.family, knobs.eps
-    w_q, s_w = quantize_blockwise(w.detach(), block, family, eps, knobs.ue8m0, name=name)
-    return dequantize_blockwise(w_q, s_w, block, torch.float32)
+    """``dequantize_blockwise(*quantize_weight(W))`` in fp32: what the twin multiplies by."""
+    return dequantize_blockwise(*quantize_weight(w, knobs, name=name), knobs.weight_block)
 
 
 def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:

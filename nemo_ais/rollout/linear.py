@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_ais.formats.fp8_block import Family, dequantize_blockwise, quantize_blockwise
+from nemo_ais.formats.fp8_block import Family, dequantize_blockwise, quantize_weight
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant, scale_error
 
@@ -224,8 +224,12 @@ class Fp8Linear(QuantLinear):
             ue8m0=ue8m0,
             error_scale=error_scale,
         )
-        self.weight_block = tuple(weight_block)
         super().__init__(weight, bias, linear_fake_quant(self.knobs), name=name)
+
+    @property
+    def weight_block(self) -> tuple[int, int]:
+        """The scale tile of the held weight (the config's ``weight_block``)."""
+        return self.knobs.weight_block
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, name: str = "weight", **kwargs) -> Fp8Linear:
@@ -244,10 +248,7 @@ class Fp8Linear(QuantLinear):
         )
 
     def _quantize(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k = self.knobs
-        return quantize_blockwise(
-            weight.detach(), k.weight_block, k.family, k.eps, k.ue8m0, name=self.name
-        )
+        return quantize_weight(weight, self.knobs, name=self.name)
 
     @torch.no_grad()
     def expected_weight(self, weight: torch.Tensor, amax: torch.Tensor | None) -> torch.Tensor:
