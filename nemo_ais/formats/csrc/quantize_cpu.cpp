@@ -77,6 +77,18 @@ inline void scales(float amax, int family, float eps, bool ue8m0, float* s, floa
   *s = ss; *m = std::min(1.0f / ss, FLT_MAX);
 }
 
+// out[c] = e4m3(clamp(x[c] / f or x[c] * f, +-448)): pointers by value and __restrict__, so
+// gcc vectorises the loop (a uint8_t store through an unrestricted pointer may alias x).
+template <typename T>
+void encode_e4m3(const T* __restrict__ x, int64_t n, float f, bool divide,
+                 uint8_t* __restrict__ out) {
+  if (divide) {
+    for (int64_t c = 0; c < n; ++c) out[c] = e4m3(std::min(std::max(to_f(x[c]) / f, -448.0f), 448.0f));
+  } else {
+    for (int64_t c = 0; c < n; ++c) out[c] = e4m3(std::min(std::max(to_f(x[c]) * f, -448.0f), 448.0f));
+  }
+}
+
 template <typename T>
 void quantize_rows(const T* x, int64_t n, int64_t k, int64_t bn, int64_t bk, int family,
                    float eps, bool ue8m0, uint8_t* q, float* s_out, float* amax_out,
@@ -105,19 +117,9 @@ void quantize_rows(const T* x, int64_t n, int64_t k, int64_t bn, int64_t bk, int
     amax_out[tile_row * kb + j] = amax[j];
   }
   for (int64_t r = r0; r < r1; ++r) {  // pass 2: scale, clamp, encode (the rows are cached)
-    const T* row = x + r * k;
-    uint8_t* out = q + r * k;
     for (int64_t j = 0; j < kb; ++j) {
-      const int64_t c0 = j * bk, c1 = std::min(c0 + bk, k);
-      if (family == 1) {
-        const float sj = s[j];
-        for (int64_t c = c0; c < c1; ++c)
-          out[c] = e4m3(std::min(std::max(to_f(row[c]) / sj, -448.0f), 448.0f));
-      } else {
-        const float mj = m[j];
-        for (int64_t c = c0; c < c1; ++c)
-          out[c] = e4m3(std::min(std::max(to_f(row[c]) * mj, -448.0f), 448.0f));
-      }
+      const int64_t c0 = j * bk, n_c = std::min(c0 + bk, k) - c0;
+      encode_e4m3(x + r * k + c0, n_c, family == 1 ? s[j] : m[j], family == 1, q + r * k + c0);
     }
   }
 }
