@@ -4,23 +4,25 @@
 
 Usage::
 
-    python -m benchmarks.bench_dose_levels OUT_DIR
+    python -m benchmarks.bench_dose_levels OUT_DIR [--base recorded|default] [--formats fp8 ...]
 
-Runs default.yaml's uncorrected arm (``loss_fn.ais.mode: none``) for a few GRPO steps at
+Runs the study's base config's uncorrected arm (``loss_fn.ais.mode: none``) for a few GRPO steps at
 each level k of ``rollout.error_scale`` on a grid, for two rollout settings (FP8 W8A8 + FP8
 KV cache, NVFP4 W4A4 + NVFP4 KV cache), and records the measured mismatch only: D
 (``ais/severity``), NeMo-RL's ``gen_kl_error`` (``ais/kl_k3``) and
 ``token_mult_prob_error``, means over steps and seeds. Nothing else of the runs is read
 (no accuracy, no reward): the format and the levels of ``--preset dose`` are chosen from
-this table alone, before any arm of the study runs (issue 26). Written to the
-``dose_levels`` section of ``docs/benchmarks.md``.
+this table alone, before any arm of the study runs (issue 26). ``--base recorded`` (the
+default): ``_recorded.yaml``, the 550-step warm start ``--preset dose`` pins, written to the
+``dose_levels`` section of ``docs/benchmarks.md``; ``--base default``: default.yaml's plateau
+warm start (1000 steps, lr 3e-5), section ``dose_levels_plateau``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -33,13 +35,17 @@ GRID = {
     ("nvfp4_w4a4", "nvfp4"): (0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
 }
 STEPS, SEEDS = 3, (0, 1)
+BASES = {
+    "recorded": ("_recorded.yaml", "dose_levels"),
+    "default": ("default.yaml", "dose_levels_plateau"),
+}
 KEYS = {"D": "ais/severity", "gen_kl k3": "ais/kl_k3", "tmpe": "ais/token_mult_prob_error"}
 
 
-def pilot_config(out: Path) -> dict:
-    """default.yaml with one uncorrected arm per (format, level) and nothing else."""
+def pilot_config(out: Path, base: str = "recorded", formats: tuple[str, ...] | None = None) -> dict:
+    """The base config with one uncorrected arm per (format, level) and nothing else."""
     raw = load_config(
-        CONFIG_DIR / "default.yaml",
+        CONFIG_DIR / BASES[base][0],
         [
             f"logger.run_dir={out}",
             "logger.name=dose-levels",
@@ -56,6 +62,7 @@ def pilot_config(out: Path) -> dict:
             "loss_fn": {"ais": {"mode": "none"}},
         }
         for (fmt, kv), levels in GRID.items()
+        if formats is None or fmt in formats
         for k in levels
     }
     raw["experiment"]["arms"] = arms
@@ -79,14 +86,20 @@ def mismatch_rows(metrics: Path) -> list[tuple[str, dict[str, float]]]:
     ]
 
 
-def main() -> None:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="runs", type=Path)
+    parser.add_argument("--base", choices=sorted(BASES), default="recorded")
+    parser.add_argument("--formats", nargs="+", choices=[f for f, _ in GRID], default=None)
+    args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    run_dir = run_experiment(pilot_config(out), overwrite=True)
+    config = pilot_config(args.out, args.base, tuple(args.formats) if args.formats else None)
+    run_dir = run_experiment(config, overwrite=True)
     wall = time.perf_counter() - t0
     rows = mismatch_rows(run_dir / "metrics.jsonl")
+    base_file, section = BASES[args.base]
     lines = [
-        f"default.yaml's uncorrected arm, {STEPS} GRPO steps x seeds {list(SEEDS)} per level; "
+        f"{base_file}'s uncorrected arm, {STEPS} GRPO steps x seeds {list(SEEDS)} per level; "
         f"means over steps and seeds ({wall:.0f} s wall). Only these three columns are read "
         "from the runs.",
         "",
@@ -97,7 +110,9 @@ def main() -> None:
         fmt, k, _ = arm.rsplit("-", 2)
         lines.append(f"| {fmt} | {k[1:]} | {m['D']:.4f} | {m['gen_kl k3']:.2e} | {m['tmpe']:.4f} |")
     title = "Dose-response pilot: the uncorrected arm's mismatch per level of the dial"
-    record_section("dose_levels", title, "\n".join(lines))
+    if args.base == "default":
+        title += ", at the plateau warm start"
+    record_section(section, title, "\n".join(lines))
 
 
 if __name__ == "__main__":
