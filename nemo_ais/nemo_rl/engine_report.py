@@ -165,6 +165,9 @@ def nvml_gpus(visible: str | None = None) -> list[tuple[str, tuple[int, int]]] |
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             gpus.append((name.decode() if isinstance(name, bytes) else name, (major, minor)))
         return gpus
+    except Exception as err:  # a device NVML cannot open (e.g. a MIG UUID): not readable
+        logger.warning("nemo_ais: NVML could not read the GPUs %s: %s", visible or "(all)", err)
+        return None
     finally:
         pynvml.nvmlShutdown()
 
@@ -179,9 +182,9 @@ def require_native_nodes(
     """Before ``setup()``: RuntimeError if no GPU of the Ray cluster runs the format natively.
 
     One zero-resource Ray task per alive node reads its GPUs (``read``; None: :func:`nvml_gpus`).
-    Returns ``{host: [(gpu, capability)]}``; a cluster with some native GPUs, or where no
-    GPU could be read, is left to :func:`require_native_gpu` after ``setup()`` (a WARNING
-    says which).
+    Returns ``{host: [(gpu, capability)]}``; a cluster with some native GPUs is left to
+    :func:`require_native_gpu` after ``setup()``, and so is one where no GPU could be read
+    (a WARNING says so).
     """
     need = NATIVE_KERNELS.get(rollout_format)
     if need is None:

@@ -232,6 +232,8 @@ def test_nvml_is_read_for_the_visible_gpus_by_index_or_uuid(monkeypatch):
         def __getattr__(self, name):
             def call(*args):
                 calls.append((name, args))
+                if args == ("MIG-0",):
+                    raise RuntimeError("NVML_ERROR_NOT_FOUND")  # pynvml's NVMLError
                 return {
                     "nvmlDeviceGetCount": 2,
                     "nvmlDeviceGetName": b"NVIDIA H100 80GB HBM3"
@@ -251,6 +253,7 @@ def test_nvml_is_read_for_the_visible_gpus_by_index_or_uuid(monkeypatch):
     assert [c[0] for c in calls][:: len(calls) - 1] == ["nvmlInit", "nvmlShutdown"]
     calls.clear()
     assert er.nvml_gpus(None) == [("NVIDIA B200", (10, 0)), H100]  # every GPU: h0, h1
+    assert er.nvml_gpus("MIG-0") is None  # a handle NVML refuses: not readable, no error
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: not readable, no error
     assert er.nvml_gpus(None) is None
 
