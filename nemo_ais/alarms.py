@@ -157,7 +157,7 @@ class AlarmConfig(BaseModel):
 class AISAlarmsConfig(AlarmConfig):
     """``loss_fn.ais_alarms``: the refit guard in the AIS worker (docs/analyze.md).
 
-    Validated by ``AISLossConfig`` and offline by ``nemo_ais.nemo_rl.cluster_check``. The
+    Validated by ``AISLossConfig`` and offline by ``nemo_ais.preflight``. The
     thresholds of :class:`AlarmConfig`, plus ``enabled``. Online the
     worker runs the diagnostics-based alarms (``tmpe_jump``, ``severity_jump``,
     ``tail_jump``) on the

@@ -20,7 +20,7 @@ from nemo_rl.algorithms import grpo  # noqa: E402  (Python 3.11: tests/_nemo_rl_
 from omegaconf import OmegaConf  # noqa: E402
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS  # noqa: E402
 
-from nemo_ais.nemo_rl import cluster_check as cc  # noqa: E402
+from nemo_ais import preflight as cc  # noqa: E402
 from nemo_ais.preflight.loader import nemo_rl_loader  # noqa: E402
 
 

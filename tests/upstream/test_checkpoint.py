@@ -28,7 +28,7 @@ from nemo_rl.utils.checkpoint import CheckpointManager
 from nemo_rl_version import per_version
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS, launcher
 
-from nemo_ais.nemo_rl import cluster_check as cc
+from nemo_ais import preflight as cc
 
 pytestmark = pytest.mark.nemo_rl
 

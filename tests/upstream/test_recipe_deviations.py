@@ -248,7 +248,7 @@ def test_the_keys_main_requires_are_what_mains_recipes_set():
 
 
 def test_every_full_config_is_compared():
-    from nemo_ais.nemo_rl import cluster_check as cc
+    from nemo_ais import preflight as cc
 
     full = {
         str(p.relative_to(CONFIG_DIR))

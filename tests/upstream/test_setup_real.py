@@ -70,8 +70,8 @@ from nemo_rl_version import NEMO_RL, per_version
 from pydantic import ValidationError
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS, RUNS_ON, configs_for, flat, launcher
 
+from nemo_ais import preflight as cc
 from nemo_ais.nemo_rl import AISClippedPGLossFn
-from nemo_ais.nemo_rl import cluster_check as cc
 from nemo_ais.nemo_rl.policy_factory import ais_worker_fqn
 from nemo_ais.nemo_rl.run_config import RUN_MARKER_KEY, AISMasterConfig
 from nemo_ais.preflight.checks.formats import rollout_format
