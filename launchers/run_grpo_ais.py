@@ -325,8 +325,6 @@ def check_engines_after_first_refit(
     policy_generation: Any,
     refit_cfg: Any,
     nemo_rl_version: str,
-    *,
-    async_engine: bool = False,
 ) -> None:
     """After the first refit, every layer of every engine must hold what the run quantizes.
 
@@ -335,7 +333,7 @@ def check_engines_after_first_refit(
     :func:`nemo_ais.nemo_rl.engine_report.require_engine_formats` compares each vLLM
     layer's quant method and kernel with the run's keep-in-BF16 rule
     (:func:`engine_keep_rule`) and raises naming every layer that differs, before the first
-    rollout trains anything; later calls only refit. With ``async_engine`` (vLLM's
+    rollout trains anything; later calls only refit. With ``vllm_cfg.async_engine`` (vLLM's
     ``AsyncLLM``, whose ``collective_rpc`` is a coroutine ``__ray_call__`` cannot await)
     the layers are not read: a WARNING says so and the refit is left as it is.
     """
@@ -344,7 +342,7 @@ def check_engines_after_first_refit(
     fmt = rollout_format(raw)
     if fmt not in NATIVE_KERNELS:
         return
-    if async_engine:
+    if get(raw, "policy.generation.vllm_cfg.async_engine", False):
         engine_report.logger.warning(
             "nemo_ais: vllm_cfg.async_engine=true: the engines' layer formats are not read "
             "after the first refit (their GPUs were checked); %s is not verified per layer",
@@ -499,12 +497,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         require_fp8_refit_active(config, policy_generation)  # nemo_ais.fp8, or stop here
     if require_native_kernels(config, raw, policy_generation) in NATIVE_KERNELS:
         check_engines_after_first_refit(
-            grpo,
-            raw,
-            policy_generation,
-            refit or block_refit,
-            version.name,
-            async_engine=_async_engine(config),
+            grpo, raw, policy_generation, refit or block_refit, version.name
         )
     loss_fn = swap_loss(loss_fn, ais_cfg)
 

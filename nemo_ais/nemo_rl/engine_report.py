@@ -24,6 +24,7 @@ names), ``kernel``, ``fp8_linear`` / ``use_marlin`` and the MoE ``*_backend``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -169,7 +170,8 @@ def nvml_gpus(visible: str | None = None) -> list[tuple[str, tuple[int, int]]] |
         logger.warning("nemo_ais: NVML could not read the GPUs %s: %s", visible or "(all)", err)
         return None
     finally:
-        pynvml.nvmlShutdown()
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
 
 
 def _read_node(read: GpuReader) -> tuple[str, list[tuple[str, tuple[int, int]]] | None]:
@@ -233,15 +235,15 @@ def require_native_nodes(
             f"rollout format {rollout_format} needs a GPU of compute capability >= "
             f"{need.min_text} ({need.gpus}), and no GPU of the Ray cluster has it ({held}): "
             f"vLLM would run {need.fallback} instead. Refused before setup() starts the "
-            "engines; choose a format these GPUs run natively (the offline check: nemo-ais "
-            "check --config ...)"
+            "engines; choose a format these GPUs run natively (the offline check: python -m "
+            "nemo_ais.preflight CONFIG)"
         )
     return gpus
 
 
 def _actor_gpus(generation_worker: Any, read: GpuReader = nvml_gpus) -> list[EngineLayers]:
     """On a generation worker (Ray actor), sync or async engine: its visible GPUs by NVML."""
-    gpus = read(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    gpus = read(os.environ.get("CUDA_VISIBLE_DEVICES") or None)  # unset or "": the node's
     if gpus is None:
         return []
     return [EngineLayers(os.getpid(), socket.gethostname(), n, c, ()) for n, c in gpus]
@@ -262,11 +264,15 @@ def _engine_layers_all(generation_worker: Any) -> list[EngineLayers]:
     return list(generation_worker.llm.collective_rpc(engine_layers))
 
 
-def _ask(policy_generation: Any, fn: Callable[[Any], list[EngineLayers]]) -> list[list[Any]]:
+def _ask(
+    policy_generation: Any, fn: Callable[[Any], list[EngineLayers]], *, every_actor: bool = False
+) -> list[list[Any]]:
+    """``fn`` on each model-owning generation actor (``every_actor``: on all of them)."""
     import ray
 
+    rank_0_only = None if every_actor else ["tensor_parallel", "pipeline_parallel"]
     futures = policy_generation.worker_group.run_all_workers_single_data(
-        "__ray_call__", fn=fn, run_rank_0_only_axes=["tensor_parallel", "pipeline_parallel"]
+        "__ray_call__", fn=fn, run_rank_0_only_axes=rank_0_only
     )
     return ray.get(futures)
 
@@ -296,11 +302,17 @@ def require_native_gpu(
     """After ``setup()``: RuntimeError if the engines' GPUs run the rollout format as another.
 
     ``async_engine``: vLLM's ``AsyncLLM`` (its ``collective_rpc`` is a coroutine, which
-    ``__ray_call__`` cannot await): each generation actor reads its visible GPUs with
-    ``read`` (NVML) instead of asking its vLLM workers.
+    ``__ray_call__`` cannot await): EVERY generation actor, the tensor / pipeline parallel
+    ones too (one per node an engine spans), reads its GPUs with ``read`` (NVML): its
+    ``CUDA_VISIBLE_DEVICES``, or every GPU of its node where upstream unset it (parallel
+    engines: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
     """
-    fn = functools.partial(_actor_gpus, read=read) if async_engine else _engine_gpus
-    per_worker = _ask(policy_generation, fn)
+    if async_engine:
+        per_worker = _ask(
+            policy_generation, functools.partial(_actor_gpus, read=read), every_actor=True
+        )
+    else:
+        per_worker = _ask(policy_generation, _engine_gpus)
     reports = [r for group in per_worker for r in group]
     if async_engine and not reports:
         logger.warning(

@@ -43,10 +43,11 @@ class GenerationWorker:
         return self.llm.calls
 
 
-def generation_over(actors: list) -> object:
+def generation_over(actors: list, layout: list | None = None) -> object:
     """Upstream's real ``VllmGeneration`` / ``RayWorkerGroup`` dispatch over these actors.
 
-    Built with ``__new__`` (no engine is started): one data-parallel rank per actor, so
+    Built with ``__new__`` (no engine is started). ``layout``: ``[dp][pp][tp]`` actor
+    indices; default one data-parallel rank per actor, so
     ``run_all_workers_single_data(..., run_rank_0_only_axes=[tp, pp])`` reaches each.
     """
     from nemo_rl.distributed.named_sharding import NamedSharding
@@ -56,7 +57,7 @@ def generation_over(actors: list) -> object:
     group = RayWorkerGroup.__new__(RayWorkerGroup)
     group._workers = actors
     group.sharding_annotations = NamedSharding(
-        layout=[[[i]] for i in range(len(actors))],
+        layout=layout if layout is not None else [[[i]] for i in range(len(actors))],
         names=["data_parallel", "pipeline_parallel", "tensor_parallel"],
     )
     generation = VllmGeneration.__new__(VllmGeneration)

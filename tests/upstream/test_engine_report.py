@@ -265,11 +265,22 @@ def test_an_async_engine_is_checked_by_its_actors_gpus_without_collective_rpc(en
     with pytest.raises(RuntimeError, match="cannot run nvfp4_w4a4 natively") as err:
         er.require_native_gpu(generation, "nvfp4_w4a4", async_engine=True, read=hopper)
     assert "NVIDIA H100 80GB HBM3 has 9.0" in str(err.value)
-    (report,) = er.require_native_gpu(generation, "fp8", async_engine=True, read=hopper)
+    named = lambda visible: [(f"visible={visible}", (9, 0))]  # noqa: E731 (what it was asked)
+    (report,) = er.require_native_gpu(generation, "fp8", async_engine=True, read=named)
     assert report.pid != os.getpid() and report.capability == (9, 0)  # the actor's process
+    assert report.device == "visible=None"  # no CUDA_VISIBLE_DEVICES on this CPU actor: all
     assert ray.get(engines["good"].rpc_calls.remote()) == before  # no collective_rpc call
     with caplog.at_level("WARNING", logger=er.logger.name):
         assert (
             er.require_native_gpu(generation, "fp8", async_engine=True, read=lambda v: None) == []
         )
     assert "NVML could not be read in the async generation workers" in caplog.text
+
+
+def test_an_async_engine_over_two_tensor_parallel_actors_asks_both(engines):
+    # one engine spanning two actors (TP 2): the sync check asks the TP rank 0 (its vLLM
+    # workers answer for the rest); the async check reads each actor's node by NVML
+    generation = generation_over([engines["good"], engines["collided"]], layout=[[[0, 1]]])
+    named = lambda visible: [(f"visible={visible}", (9, 0))]  # noqa: E731
+    assert len(er.require_native_gpu(generation, "fp8", async_engine=True, read=named)) == 2
+    assert len(er.require_native_gpu(generation, "bf16")) == 1  # bf16: nothing to refuse
