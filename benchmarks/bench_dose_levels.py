@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     title = "Dose-response pilot: the uncorrected arm's mismatch per level of the dial"
     if args.base == "default":
         title += ", at the plateau warm start"
+    if args.formats:
+        title += f" ({', '.join(args.formats)} only)"
     record_section(section, title, "\n".join(lines))
 
 

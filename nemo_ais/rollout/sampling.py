@@ -33,34 +33,35 @@ class _GrowingLayer(DynamicLayer):
 
     A decode step copies its one token in instead of concatenating the whole cache
     (``torch.cat``: quadratic in the length); ``keys`` / ``values`` are views of the filled
-    part, the same values and shapes, so attention computes the same numbers.
+    part, the same values and shapes, so attention computes the same numbers. The first
+    write allocates exactly its length (a single forward holds no spare memory). Keys that
+    another cache method replaced (``crop``, ``reorder_cache``, a batch selection) start a
+    new buffer from them, so no view handed out before is written into.
     """
 
     _k: torch.Tensor | None = None
     _v: torch.Tensor | None = None
+    _handed: torch.Tensor | None = None  # the keys view this layer last returned
 
     def update(self, key_states, value_states, *args, **kwargs):
         """Append ``[B, H, t, D]`` K and V; return views of every cached position."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n, t = self.get_seq_length(), key_states.shape[-2]
-        if (
-            self._k is None
-            or self.keys.data_ptr() != self._k.data_ptr()
-            or n + t > self._k.shape[-2]
-        ):
-            self._k = self._grown(self.keys, key_states, n + t)
-            self._v = self._grown(self.values, value_states, n + t)
+        if self.keys is not self._handed or n + t > self._k.shape[-2]:
+            capacity = max(2 * (n + t), 64) if n else t
+            self._k = self._grown(self.keys, key_states, capacity)
+            self._v = self._grown(self.values, value_states, capacity)
         self._k[..., n : n + t, :].copy_(key_states)
         self._v[..., n : n + t, :].copy_(value_states)
         self.keys, self.values = self._k[..., : n + t, :], self._v[..., : n + t, :]
+        self._handed = self.keys
         return self.keys, self.values
 
     @staticmethod
-    def _grown(old: torch.Tensor, new: torch.Tensor, length: int) -> torch.Tensor:
-        shape = (*new.shape[:-2], max(2 * length, 64), new.shape[-1])
-        buffer = new.new_empty(shape)
-        if old.numel():  # the cached positions (a layer whose keys another method replaced)
+    def _grown(old: torch.Tensor, new: torch.Tensor, capacity: int) -> torch.Tensor:
+        buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
+        if old.numel():  # the cached positions
             buffer[..., : old.shape[-2], :].copy_(old)
         return buffer
 

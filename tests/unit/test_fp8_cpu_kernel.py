@@ -393,8 +393,12 @@ def test_activation_fake_quant_kernel_rounds_ties_as_the_torch_path(monkeypatch)
     assert torch.equal(fused[0, :2], torch.tensor([0.0, 0.00390625]))  # ties to even codes
 
 
-def test_activation_fake_quant_kernel_leaves_nan_to_the_torch_paths_error():
+def test_activation_fake_quant_kernel_leaves_nan_to_the_torch_paths_error(monkeypatch):
+    ran = []
+    real = quant.kernel_for
+    monkeypatch.setattr(quant, "kernel_for", lambda t: ran.append(real(t)) or ran[-1])
     x = torch.randn(4, 256)
     x[2, 130] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
         quant._fake_quant_groups_divide(x, 128, 1e-10, "layer 0 input")
+    assert ran and ran[0] is not None  # the kernel ran, found the NaN, the PyTorch path raised

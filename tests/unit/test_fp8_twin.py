@@ -533,32 +533,61 @@ def test_generate_logprobs_match_teacher_forcing(qwen):
     assert out.logprobs.dtype == torch.float32 and bool((out.logprobs <= 0).all())
 
 
-@pytest.mark.parametrize("prompt_len", [12, 70])  # 70 + 40 tokens: the buffer doubles twice
-def test_the_growing_kv_cache_generates_what_hf_dynamic_cache_does(qwen, prompt_len):
+def _shipped_attention():
+    """The embedded preset's attention: 4 / 4 heads (no GQA copy of K / V), eager."""
+    return tiny_lm(
+        "qwen2",
+        vocab_size=VOCAB,
+        hidden_size=128,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        initializer_range=0.02,
+        attn_implementation="eager",
+    )
+
+
+@pytest.mark.parametrize("kind", ["gqa", "shipped"])
+def test_the_growing_kv_cache_generates_what_hf_dynamic_cache_does(qwen, kind):
     from transformers import DynamicCache
 
     from nemo_ais.rollout.sampling import GrowingKVCache
 
-    ids, mask = _prompts(length=prompt_len)
+    model = qwen if kind == "gqa" else _shipped_attention()
+    ids, mask = _prompts(length=12)
     hf = generate(
-        qwen, ids, mask, max_new_tokens=40, generator=_gen(3), past_key_values=DynamicCache()
+        model, ids, mask, max_new_tokens=60, generator=_gen(3), past_key_values=DynamicCache()
     )
     cache = GrowingKVCache()
-    ours = generate(qwen, ids, mask, max_new_tokens=40, generator=_gen(3), past_key_values=cache)
-    assert all(
-        torch.equal(x, y) for x, y in zip(hf, ours, strict=True)
-    )  # tokens, mask, log-probs: bits
-    filled = ours.response_mask.shape[1] + prompt_len - 1  # the last token is never written
-    for layer in cache.layers:
-        assert layer.keys.shape[-2] == filled and layer._k.shape[-2] >= filled
+    ours = generate(model, ids, mask, max_new_tokens=60, generator=_gen(3), past_key_values=cache)
+    assert all(torch.equal(x, y) for x, y in zip(hf, ours, strict=True))  # every bit
+    for layer in cache.layers:  # capacity 12 (the prefill, exact), 64, then 130 at token 65
+        assert layer.keys.shape[-2] == 12 + 60 - 1 and layer._k.shape[-2] == 130
         assert layer.keys.data_ptr() == layer._k.data_ptr()  # a view of the buffer: no copy
-    # a layer whose keys another cache method replaced (beam reorder) starts a new buffer
+    # keys another cache method replaced (a crop, a beam reorder) start a new buffer from
+    # them: a view handed out before is never written into
     layer = cache.layers[0]
+    handed = layer.keys
+    before = handed.clone()
+    layer.crop(20)
     layer.reorder_cache(torch.arange(ids.shape[0]).flip(0))
-    keys = layer.keys.clone()
-    new_k = torch.randn(ids.shape[0], *keys.shape[1:2], 1, keys.shape[-1])
+    kept = layer.keys.clone()
+    new_k = torch.randn(ids.shape[0], kept.shape[1], 1, kept.shape[-1])
     k, _ = layer.update(new_k, new_k.clone())
-    assert torch.equal(k, torch.cat([keys, new_k], dim=-2))
+    assert torch.equal(k, torch.cat([kept, new_k], dim=-2))
+    assert torch.equal(handed, before)
+
+
+def test_greedy_eval_decoding_is_the_same_with_hf_dynamic_cache(monkeypatch):
+    from transformers import DynamicCache
+
+    import nemo_ais.embedded.model as embedded_model
+
+    model = _shipped_attention()
+    ids = _prompts(length=10, pad_rows=())[0]
+    kwargs = dict(max_new_tokens=30, eos_token_id=3, pad_token_id=0)
+    ours = embedded_model.greedy_decode(model, ids, **kwargs)
+    monkeypatch.setattr(embedded_model, "GrowingKVCache", DynamicCache)
+    assert torch.equal(ours, embedded_model.greedy_decode(model, ids, **kwargs))
 
 
 def test_generation_is_deterministic_given_generator(qwen):
