@@ -35,6 +35,7 @@ PRESETS = (
     "dose-quick",
     "dose-long",
     "dose-99",
+    "dose-plateau",
 )
 
 _EPILOG = """\
@@ -105,7 +106,8 @@ _PRESET_HELP = (
     "every correction), addition (the 2-digit task), dose (the mismatch dose-response study: "
     "levels of rollout.error_scale x corrections, 6 seeds), dose-quick (its smoke form), "
     "dose-long (its two highest levels x none/tis/ais for 200 steps, 2 seeds), dose-99 (the "
-    "same levels and arms on 99-token responses, 60 steps, 2 seeds)."
+    "same levels and arms on 99-token responses, 60 steps, 2 seeds), dose-plateau (dose at "
+    "the default run's plateau warm start and lr)."
 )
 _FLAG = {"action": "store_true"}
 _OVERRIDES = {"nargs": "*", "metavar": "key=value"}
