@@ -160,3 +160,20 @@ def test_dose_99_is_dose_long_on_99_token_responses():
         assert a.policy.optimizer.lr == default.policy.optimizer.lr  # chosen on bf16: 3e-5
         assert a.policy.model == b.policy.model
         assert warm_start_path(first_stage(a)) == warm_start_path(default)
+
+
+def test_dose_plateau_is_dose_at_the_default_runs_warm_start_and_lr():
+    """Issue 26 item 6: dose.yaml's study (arms, levels, seeds, steps, statistics) at
+    default.yaml's plateau warm start and GRPO lr, both chosen on the bf16 arm alone."""
+    from nemo_ais.embedded.warmstart import warm_start_path
+
+    raw, dose = load_config(CONFIG_DIR / "dose-plateau.yaml"), load_config(CONFIG_DIR / "dose.yaml")
+    default = load_config(CONFIG_DIR / "default.yaml")
+    for section in set(raw) | set(dose):
+        if section not in ("policy", "logger"):
+            assert raw[section] == dose[section], section
+    assert raw["policy"] == default["policy"]  # 1000 SFT steps, lr 3e-5
+    assert dose["policy"]["warm_start"]["steps"] == 550  # what dose.yaml was recorded at
+    assert raw["logger"]["name"] == "dose-plateau"
+    plateau, recorded = resolve_arm(raw, None), resolve_arm(default, None)
+    assert warm_start_path(plateau) == warm_start_path(recorded)  # the default run's cache
