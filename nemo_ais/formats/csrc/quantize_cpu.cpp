@@ -78,7 +78,8 @@ inline void scales(float amax, int family, float eps, bool ue8m0, float* s, floa
 }
 
 // out[c] = e4m3(clamp(x[c] / f or x[c] * f, +-448)): pointers by value and __restrict__, so
-// gcc vectorises the loop (a uint8_t store through an unrestricted pointer may alias x).
+// gcc vectorises the loop without a runtime alias check (a uint8_t store through an
+// unrestricted pointer may alias x; gcc then versions the loop, no measured speed-up).
 template <typename T>
 void encode_e4m3(const T* __restrict__ x, int64_t n, float f, bool divide,
                  uint8_t* __restrict__ out) {
