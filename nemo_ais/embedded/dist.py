@@ -5,7 +5,9 @@
 ``launch(fn, world_size, ...)`` runs ``fn(ctx, *args)`` on every rank: in this process when
 ``world_size == 1`` (no process group, every collective is skipped), else in
 ``world_size`` processes started with ``torch.multiprocessing`` (spawn) that join one gloo
-group on a free local port. A rank's :class:`RecipeError` reaches the parent as the same
+group through a rendezvous file in a private temporary directory (no TCP port is picked in
+advance, so nothing else on the machine can take it between the pick and the bind; gloo's
+own connections listen on ports the kernel assigns). A rank's :class:`RecipeError` reaches the parent as the same
 exception with the same message (through a queue), not as a wrapped traceback.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["DistContext", "RecipeError", "all_reduce_sum", "find_free_port", "launch"]
+__all__ = ["DistContext", "RecipeError", "all_reduce_sum", "launch"]
 
 
 class RecipeError(RuntimeError):
@@ -51,17 +53,10 @@ def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return tensor
 
 
-def find_free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _worker(
     rank: int,
     world_size: int,
-    port: int,
+    store: str,
     timeout_s: float,
     num_threads: int,
     errors: Any,
@@ -72,7 +67,7 @@ def _worker(
     os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{store}",
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
@@ -117,19 +112,20 @@ def launch(
         return
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    port = find_free_port()
-    try:
-        mp.start_processes(
-            _worker,
-            args=(world_size, port, timeout_s, num_threads, errors, fn, args),
-            nprocs=world_size,
-            join=True,
-            start_method="spawn",
-        )
-    except mp.ProcessRaisedException as err:
-        _reraise(errors, err)
-    except mp.ProcessExitedException as err:
-        _reraise(errors, err)
+    with tempfile.TemporaryDirectory(prefix="nemo_ais_rdzv_") as rdzv:
+        store = os.path.join(rdzv, "store")
+        try:
+            mp.start_processes(
+                _worker,
+                args=(world_size, store, timeout_s, num_threads, errors, fn, args),
+                nprocs=world_size,
+                join=True,
+                start_method="spawn",
+            )
+        except mp.ProcessRaisedException as err:
+            _reraise(errors, err)
+        except mp.ProcessExitedException as err:
+            _reraise(errors, err)
 
 
 def _reraise(errors: Any, err: Exception) -> None:

@@ -49,7 +49,6 @@ Stubbed, each at the narrowest boundary and recording what crosses it:
 from __future__ import annotations
 
 import contextlib
-import socket
 import types
 
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)
@@ -122,14 +121,16 @@ def cpu_shims(monkeypatch, worker_modules):
 
 
 @pytest.fixture
-def one_rank():
-    """One gloo rank with megatron-core's model-parallel groups (TP = PP = 1)."""
+def one_rank(tmp_path):
+    """One gloo rank with megatron-core's model-parallel groups (TP = PP = 1).
+
+    A file rendezvous, not a TCP port picked in advance: another process (Ray starts
+    many) can take such a port between the pick and the bind (EADDRINUSE, seen in CI).
+    """
     from megatron.core import parallel_state
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    store = tmp_path / "gloo_store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(create_gloo_process_groups=False)
     yield
     parallel_state.destroy_model_parallel()
