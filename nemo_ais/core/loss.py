@@ -37,13 +37,12 @@ weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 7. metrics      summable form (:mod:`nemo_ais.core.metrics`); ``rollout_metrics=True`` adds
                 ``mismatch/*`` (:mod:`nemo_ais.core.mismatch`)
 
-Steps 4-6 are written as CleanRL's ``ppo.py`` (autograd forms the gradient), with NeMo-RL's
-``max`` / ``min`` / ``clamp`` / ``where`` so ties get upstream's gradient. Departures from
-NeMo-RL (v0.7.0 and main) besides the AIS weight are numerical guards: the log-ratio clamp
-L, no + 1e-8 in denominators, clamp_min(count, 1) for the NLL count, and a zero (not NaN)
-gradient where the on-policy KL weight overflows. ``tests/hand_gradient.py`` holds an
-independent hand-derived gradient. alpha = 0 reproduces mode ``none`` and alpha = 1 mode
-``tis`` exactly. No valid token: loss 0 and finite metrics (-inf padding is safe).
+Steps 4-6 follow CleanRL's ``ppo.py`` (autograd forms the gradient; ``tests/hand_gradient.py``
+derives it by hand) with NeMo-RL's ``max`` / ``min`` / ``clamp`` / ``where``, so ties get
+upstream's gradient. Besides the AIS weight, the departures from NeMo-RL (v0.7.0 and main)
+are numerical guards: the clamp L, no + 1e-8 in denominators, clamp_min(count, 1) for the
+NLL count, a zero (not NaN) gradient where the on-policy KL weight overflows. alpha = 0 is
+mode ``none``, alpha = 1 mode ``tis``; no valid token: loss 0, finite metrics.
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ from nemo_ais.core import validation
 from nemo_ais.core.diagnostics import AISDiagnostics, AISState, compute_diagnostics
 from nemo_ais.core.mismatch import mismatch_metrics
 from nemo_ais.core.surrogate import SURROGATES, LossInputs, kl_penalty
+from nemo_ais.core.validation import describe
 from nemo_ais.core.weights import compute_dtype
 from nemo_ais.modes import MODES
 
@@ -82,8 +82,7 @@ class _Counts(NamedTuple):
     clean: bool  # every input finite at every position: masking by multiplication is safe
 
 
-def _what(t: object) -> str:
-    return validation.describe(t) if isinstance(t, torch.Tensor) else type(t).__name__
+_KL_INPUTS = ("reference_logprobs", "kl_logprobs")
 
 
 def _check_structure(named: dict[str, torch.Tensor | None], mask, pg: PGLossConfig) -> dict:
@@ -95,16 +94,12 @@ def _check_structure(named: dict[str, torch.Tensor | None], mask, pg: PGLossConf
             "reference_logprobs: got None, expected [B, T] log-probs because "
             f"reference_policy_kl_penalty={pg.reference_policy_kl_penalty} > 0"
         )
-    if pg.reference_policy_kl_penalty == 0:  # the KL inputs are not read
-        named = {k: v for k, v in named.items() if k not in _KL_INPUTS}
-    named = {k: v for k, v in named.items() if not (k == "kl_logprobs" and v is None)}
+    kl_off = pg.reference_policy_kl_penalty == 0  # the KL inputs are not read
+    named = {k: v for k, v in named.items() if not (k in _KL_INPUTS and (kl_off or v is None))}
     for name, t in named.items():
         validation.check_like(name, t, prev, "prev_logprobs")
     validation.check_mask(mask, prev, "prev_logprobs")
     return named
-
-
-_KL_INPUTS = ("reference_logprobs", "kl_logprobs")
 
 
 def _check_rewards(rewards, prev: torch.Tensor, pg: PGLossConfig) -> None:
@@ -113,10 +108,10 @@ def _check_rewards(rewards, prev: torch.Tensor, pg: PGLossConfig) -> None:
         return
     need = f"because positive_example_nll_weight={pg.positive_example_nll_weight} > 0"
     if not isinstance(rewards, torch.Tensor) or rewards.is_complex():
-        raise TypeError(f"rewards: got {_what(rewards)}, expected a real [B] tensor {need}")
+        raise TypeError(f"rewards: got {describe(rewards)}, expected a real [B] tensor {need}")
     if tuple(rewards.shape) != tuple(prev.shape[:1]):
         raise ValueError(
-            f"rewards: got {validation.describe(rewards)}, expected [{prev.shape[0]}] (one "
+            f"rewards: got {describe(rewards)}, expected [{prev.shape[0]}] (one "
             f"reward per row of prev_logprobs) {need}"
         )
     if rewards.device != prev.device:
@@ -127,12 +122,12 @@ def _check_advantages(advantages, prev: torch.Tensor) -> None:
     """Step 1a: advantages are a floating ``[B, T]`` or ``[B]`` tensor on prev's device."""
     if not isinstance(advantages, torch.Tensor) or not advantages.is_floating_point():
         raise TypeError(
-            f"advantages: got {_what(advantages)}, expected a floating tensor [B, T] or [B]"
+            f"advantages: got {describe(advantages)}, expected a floating tensor [B, T] or [B]"
         )
     shape = tuple(prev.shape)
     if tuple(advantages.shape) not in (shape, shape[:1]):
         raise ValueError(
-            f"advantages: got {validation.describe(advantages)}, expected {list(shape)} or "
+            f"advantages: got {describe(advantages)}, expected {list(shape)} or "
             f"[{shape[0]}] (broadcast over T) like prev_logprobs"
         )
     if advantages.device != prev.device:
@@ -209,15 +204,16 @@ def _check_values(
     if x.m.numel() > 0:  # every m in {0, 1} iff 0 <= m <= 1 and sum m^2 = sum m (exact sums)
         flat = x.m.reshape(-1)
         checks += [*torch.aminmax(flat), torch.dot(flat, flat) - n_tok_local]
+    else:
+        checks += [n_tok_local] * 3  # 0: no element
     given = [_given(global_tok, "global_valid_tokens"), _given(global_seq, "global_valid_seqs")]
-    tensors = [g for g in given if isinstance(g, torch.Tensor)]
     # one vector by type promotion (float32 holds every count exactly up to 2^24; a
     # float64 input promotes it all to float64), one read
+    tensors = [g for g in given if isinstance(g, torch.Tensor)]
     values = torch.cat([c.reshape(1).to(x.m.device) for c in checks + tensors]).tolist()
-    bad_any, bad_valid, n_tok_local, n_seq_local, *read = values
-    m_min, m_max, m_excess = read[:3] if x.m.numel() > 0 else (0, 0, 0)
-    read = read[3:] if x.m.numel() > 0 else read
-    given = [read.pop(0) if isinstance(g, torch.Tensor) else g for g in given]
+    bad_any, bad_valid, n_tok_local, n_seq_local, m_min, m_max, m_excess, *read = values
+    read = iter(read)
+    given = [next(read) if isinstance(g, torch.Tensor) else g for g in given]
     if bad_valid != 0 or m_min < 0 or m_max > 1 or m_excess != 0:
         _raise_for_bad_values(named, mask, advantages)  # else: an overflow, not bad input
     global_n_tok = n_tok_local if given[0] is None else given[0]
@@ -253,23 +249,11 @@ def _sanitised(
     valid = m.bool()
     adv_valid = valid if advantages.dim() == 2 else valid.any(dim=-1)
 
-    def clean(t, where=valid):
-        return None if t is None else torch.where(where, t.detach().to(m.dtype), 0)
+    def clean(t, where=valid):  # keeps the graph (0 gradient where m = 0); _inputs detaches
+        return None if t is None else torch.where(where, t.to(m.dtype), 0)
 
-    def clean_graph(t):  # keeps the graph: 0 gradient where m = 0
-        return None if t is None else torch.where(valid, t.to(m.dtype), 0)
-
-    adv = clean(advantages, adv_valid)
-    return _inputs(
-        clean_graph(curr),
-        clean(prev),
-        clean(rollout),
-        clean(ref),
-        adv,
-        m,
-        clean_graph(kl_curr),
-        on_policy_kl,
-    )
+    curr, prev, rollout, ref, kl_curr = (clean(t) for t in (curr, prev, rollout, ref, kl_curr))
+    return _inputs(curr, prev, rollout, ref, clean(advantages, adv_valid), m, kl_curr, on_policy_kl)
 
 
 def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.Tensor:
@@ -416,22 +400,17 @@ def clipped_pg_loss(
     counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs, need)
     if not counts.clean:
         x = _sanitised(*terms, logp_kl, on_policy_kl)
-    batch_value = None  # alpha (ais) or q* (m2po) of the global batch
-    if mode.batch_field is not None:
-        batch_value = getattr(diagnostics, mode.batch_field)
-    valid = m.bool()
-    w_hat = mode.weight(prev_logprobs, generation_logprobs, valid, config, batch_value)  # 3
-    w_hat = w_hat.to(dtype)
+    # step 3, with alpha (ais) or q* (m2po) of the global batch
+    batch_value = getattr(diagnostics, mode.batch_field) if mode.needs_alpha else None
+    w_hat = mode.weight(prev_logprobs, generation_logprobs, m.bool(), config, batch_value).to(dtype)
     if config.batch_normalize:
         w_hat = w_hat / diagnostics.w_norm
     sur = SURROGATES[mode.surrogate](x, pg, config)  # step 4
-    kl_tok = None if logp_ref is None else kl_penalty(x, pg, m)  # step 5
     coef = _coefficients(m, counts, pg.token_level_loss)  # step 6
     loss = (sur.clip_loss * (w_hat * coef)).sum()
     kl_value = None
-    if kl_tok is not None:
-        beta = pg.reference_policy_kl_penalty
-        kl_loss = (kl_tok * (coef * beta)).sum()
+    if logp_ref is not None:  # step 5
+        kl_loss = (kl_penalty(x, pg, m) * (coef * pg.reference_policy_kl_penalty)).sum()
         loss = loss + kl_loss
         kl_value = kl_loss.detach()
     nll = None

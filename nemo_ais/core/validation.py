@@ -31,16 +31,17 @@ __all__ = [
 ]
 
 
-def describe(t: torch.Tensor) -> str:
-    """``[4, 128] float32`` style description of a tensor."""
+def describe(t: object) -> str:
+    """``[4, 128] float32`` style description of a tensor; the type name of anything else."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
     return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
 def check_2d(name: str, t: object) -> None:
     """Raise ``ValueError`` unless ``t`` is a ``[B, T]`` tensor."""
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
-        got = describe(t) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name}: got {got}, expected a [B, T] floating tensor")
+        raise ValueError(f"{name}: got {describe(t)}, expected a [B, T] floating tensor")
 
 
 def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:
@@ -52,9 +53,7 @@ def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:
             f"{name}: got {describe(t)}, expected a floating tensor {list(ref.shape)} like {ref_name}"
         )
     if t.shape != ref.shape:
-        raise ValueError(
-            f"{name}: got {describe(t)}, expected {list(ref.shape)} {str(ref.dtype).removeprefix('torch.')} like {ref_name}"
-        )
+        raise ValueError(f"{name}: got {describe(t)}, expected {describe(ref)} like {ref_name}")
     if t.device != ref.device:
         raise ValueError(f"{name}: got device {t.device}, expected {ref.device} like {ref_name}")
 
@@ -130,11 +129,6 @@ def valid_positions(mask: torch.Tensor) -> torch.Tensor:
     return mask.bool() if mask.dtype == torch.bool else mask == 1
 
 
-def _bad_logprob(t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Bool ``[B, T]``: NaN or +-inf at a valid position."""
-    return ~torch.isfinite(t) & valid
-
-
 def _bad_mask(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return torch.zeros_like(mask)
@@ -145,15 +139,8 @@ def bad_value_counts(
     logprobs: Mapping[str, torch.Tensor], mask: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
     """Bad values per tensor: float64 ``[len(logprobs) + 1]`` (mask last), no host sync."""
-    counts = [_bad_logprob(t, valid).sum() for t in logprobs.values()]
-    counts.append(_bad_mask(mask).sum())
-    return torch.stack(counts).to(torch.float64)
-
-
-def _bad_positions(name: str, t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    if name == "mask":
-        return _bad_mask(t)
-    return _bad_logprob(t, valid)
+    counts = [(~torch.isfinite(t) & valid).sum() for t in logprobs.values()]
+    return torch.stack([*counts, _bad_mask(mask).sum()]).to(torch.float64)
 
 
 def raise_for_bad_values(
@@ -166,16 +153,18 @@ def raise_for_bad_values(
     for (name, t), count in zip(tensors.items(), counts, strict=True):
         if count == 0:
             continue
-        bad = _bad_positions(name, t, valid if t.dim() == valid.dim() else valid.any(-1))
+        if name == "mask":
+            bad = _bad_mask(t)
+        else:  # NaN or +-inf at a valid position
+            bad = ~torch.isfinite(t) & (valid if t.dim() == valid.dim() else valid.any(-1))
         idx = torch.nonzero(bad)
         first = tuple(idx[0].tolist()) if idx.numel() else "none on this rank"
+        value = t[first].item() if idx.numel() else "-"
         if name == "mask":
-            value = t[first].item() if idx.numel() else "-"
             raise ValueError(
                 f"mask: {int(count)} values not in {{0, 1}}{where}; first at index {first} "
                 f"(value {value}); expected token_mask * sample_mask with values 0 or 1"
             )
-        value = t[first].item() if idx.numel() else "-"
         raise ValueError(
             f"{name}: {int(count)} non-finite values (NaN or +-inf) at valid positions{where}; "
             f"first at index {first} (value {value}); expected finite values where mask == 1 "
