@@ -301,7 +301,6 @@ def diagnostics_from_stats(
 
     Args:
         global_stats: statistics already summed over the data-parallel group.
-        config: the ``loss_fn.ais`` section.
         state: EMA state; advanced once (an empty batch keeps its alpha).
 
     Raises:
@@ -384,7 +383,6 @@ def compute_diagnostics(
         prev_logprobs: ``[B, T]`` pi_old log-probs; ignored (may be None) with ``bypass``.
         generation_logprobs: ``[B, T]`` rollout-engine log-probs mu.
         mask: ``[B, T]`` bool or float in {0, 1}.
-        config: the ``loss_fn.ais`` section.
         group: data-parallel group; None = single process, no collective.
         state: EMA state of alpha, advanced exactly once.
         input_error: an error met while building this rank's inputs (e.g. a missing key);

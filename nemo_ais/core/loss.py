@@ -143,9 +143,7 @@ def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor, kl_theta, on_policy_
     dtype = m.dtype
     theta = theta.to(dtype)
     kl_theta = theta if kl_theta is None else kl_theta.to(dtype)
-    old = old.detach().to(dtype)
-    rollout = rollout.detach().to(dtype)
-    adv = adv.detach().to(dtype)
+    old, rollout, adv = (t.detach().to(dtype) for t in (old, rollout, adv))
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     log_q = log_kl_is = None
     if ref is not None:
@@ -284,16 +282,14 @@ def _dot(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg):
+def _metrics(loss, kl_metric, sur, w_hat, x, tok_coef, counts, diagnostics):
     """Step 7: summable metrics, 0-dim detached tensors (no host sync)."""
     out = {
         "loss": loss.detach(),
         "num_valid_samples": _full(counts.n_seq_local, x.m),
         "probs_ratio": _dot(sur.r, tok_coef),
         "probs_ratio_clamped": _dot(sur.r_clip, tok_coef),
-        "kl_penalty": kl_value / pg.reference_policy_kl_penalty
-        if kl_value is not None
-        else _full(0, x.m),
+        "kl_penalty": kl_metric,
         "sampling_importance_ratio": _dot(w_hat, tok_coef),
     }
     if diagnostics is not None:
@@ -329,7 +325,6 @@ def clipped_pg_loss(
         generation_logprobs: ``[B, T]`` log mu (rollout engine), detached.
         advantages: ``[B, T]`` or ``[B]``, detached.
         mask: ``[B, T]`` bool or float in {0, 1}: token_mask x sample_mask.
-        config: the ``loss_fn.ais`` section.
         pg: clipped-surrogate knobs (None: ``PGLossConfig()``, no KL term).
         reference_logprobs: ``[B, T]`` log pi_ref, required when the KL penalty is > 0.
         kl_logprobs: ``[B, T]`` log pi_theta of the KL term (NeMo-RL's
@@ -408,17 +403,17 @@ def clipped_pg_loss(
     sur = SURROGATES[mode.surrogate](x, pg, config)  # step 4
     coef = _coefficients(m, counts, pg.token_level_loss)  # step 6
     loss = (sur.clip_loss * (w_hat * coef)).sum()
-    kl_value = None
+    kl_metric = _full(0, m)
     if logp_ref is not None:  # step 5
         kl_loss = (kl_penalty(x, pg, m) * (coef * pg.reference_policy_kl_penalty)).sum()
         loss = loss + kl_loss
-        kl_value = kl_loss.detach()
+        kl_metric = kl_loss.detach() / pg.reference_policy_kl_penalty
     nll = None
     if pg.positive_example_nll_weight > 0:  # VAPO: not weighted by w_hat, local count
         nll = _positive_nll(x, rewards)
         loss = loss + pg.positive_example_nll_weight * nll
     tok_coef = coef if pg.token_level_loss else _coefficients(m, counts, True)
-    metrics = _metrics(loss, kl_value, sur, w_hat, x, tok_coef, counts, diagnostics, pg)  # step 7
+    metrics = _metrics(loss, kl_metric, sur, w_hat, x, tok_coef, counts, diagnostics)  # step 7
     if nll is not None:
         metrics["positive_nll_loss"] = nll.detach()
     if rollout_metrics:

@@ -77,15 +77,9 @@ class Slot(enum.IntEnum):
     W_MODE_CAPPED = enum.auto()
 
 
-# Slots that flag bad input; any of them > 0 after the all-reduce fails the global batch.
-BAD_INPUT_SLOTS = (
-    Slot.N_BAD_LOGPROBS,
-    Slot.N_BAD_MASK,
-    Slot.N_BAD_RANKS,
-    Slot.N_MISSING_KEY,
-    Slot.N_BAD_DTYPE,
-    Slot.N_BAD_SHAPE,
-)
+# Slots that flag bad input (N_BAD_LOGPROBS .. N_BAD_SHAPE); any > 0 after the all-reduce
+# fails the global batch.
+BAD_INPUT_SLOTS = tuple(Slot)[Slot.N_BAD_LOGPROBS : Slot.N_BAD_SHAPE + 1]
 # Structural error type -> its flag (KeyError: missing key; TypeError: type or dtype;
 # ValueError: shape, rank or device), checked in this order.
 _ERROR_KIND_SLOTS = (
@@ -291,7 +285,6 @@ def compute_statistics(
         logp_old: ``[B, T]`` trainer log-probs (``prev_logprobs``), any float dtype.
         logp_rollout: ``[B, T]`` rollout log-probs (``generation_logprobs``).
         mask: ``[B, T]`` bool or float in {0, 1}.
-        config: the ``loss_fn.ais`` section.
 
     Returns:
         :class:`AISStats` (float64 on ``logp_old.device``); zeros for an empty batch; bad

@@ -55,7 +55,6 @@ def correction_weights(
         logp_old: ``[B, T]`` trainer log-probs (``prev_logprobs``).
         logp_rollout: ``[B, T]`` rollout-engine log-probs (``generation_logprobs``).
         mask: ``[B, T]`` bool or float in {0, 1}.
-        config: the ``loss_fn.ais`` section.
         alpha: the mode's global-batch value (``batch_field``: alpha, m2po's q*).
 
     Returns:
