@@ -14,8 +14,7 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; rho = pi_old / mu):
    Every summand vanishes at l = 0 (masked positions drop out without a multiply, and the
    small differences CV^2 and k3 keep float64 precision).
 4. Bad-input flags (non-finite l at a valid position, mask not in {0, 1}, a structural
-   error of a kind), so every rank raises together after step 5;
-   :meth:`AISStats.from_input_error` is a bad rank's vector.
+   error by kind: :meth:`AISStats.from_input_error`); every rank raises after step 5.
 4b. the mode's own sums (``mode_stats``, or batch_normalize without a closed form): n,
    sum w, sum w^2, #{w = 0}, #{w = C_seq} (over sequences for a ``seq_level`` mode).
 4c. two log-spaced tail histograms (factor-2 bins from 2^-14 to 256): |l| over tokens and

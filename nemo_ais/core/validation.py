@@ -2,12 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Input checks at the core boundary (the NeMo-RL adapter and the recipe call through here).
 
-Log-prob tensors are floating and shaped and placed like the reference one; ``mask`` is
-bool, integer or floating in {0, 1}; ``advantages`` is ``[B, T]`` or ``[B]``; a value is
-*bad* when NaN or +-inf at a valid position (masked positions never enter arithmetic).
-Structural errors raise at once (a distributed caller flags them in its all-reduce);
-values are counted in one fused reduction, and the message (count and first index) is
-built on the error path only.
+Structural errors (type, shape, device) raise at once; a distributed caller flags them in
+its all-reduce. A value is *bad* when NaN or +-inf at a valid position; bad values are
+counted in one fused reduction, the message (count and first index) built on the error
+path only.
 """
 
 from __future__ import annotations
@@ -97,7 +95,7 @@ def check_global_count(
             f"{split_api_refusal}, which it cannot give. Set data_plane.enabled=false, or "
             "use a mode without a global-batch statistic"
         )
-    if math.isnan(value) or math.isinf(value):
+    if not math.isfinite(value):
         why = "it is not finite"
     elif value <= 0:
         why = f"it is <= 0 while this call has {n_local:g} valid {what}"
