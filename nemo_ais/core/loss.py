@@ -189,8 +189,7 @@ def _check_values(
 
     ``nan_to_num(v - v, nan=-1)`` is -1 where a term is NaN / inf: its sum counts bad terms
     anywhere (``clean=False``: zero them by ``where``), its masked sum at valid positions (raise).
-    The mask is in {0, 1} iff 0 <= m <= 1 and sum m^2 = sum m. ``need``: the global-batch
-    statistic of the mode (refuses NeMo-RL main's placeholder count of 1).
+    ``need``: the mode's global-batch statistic (refuses NeMo-RL main's placeholder count 1).
     """
     terms = [t.detach() for t in (x.log_r, x.log_rho, x.log_q, x.adv) if t is not None]
     v = terms[0] + terms[1]

@@ -81,11 +81,9 @@ def token_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -
 
 
 def tbpo_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -> Surrogate:
-    """Step 4, mode tbpo: the sequence-ratio trust-band surrogate ``[B, T]`` **[reconstruction]**.
+    """Step 4, mode tbpo: the trust band of the loss's box ``[B, T]`` **[reconstruction]**.
 
-    s_i = exp(clamp(mean_t log r_it, +-L)); A >= 0: max(-A s, -A clip(s, 1 - clip_low,
-    1 + clip_high)); A < 0: -A clip(s, 1 - neg_clip_low, 1 + neg_clip_high). No gradient
-    outside the band.
+    No gradient outside the band.
     """
     s = sequence_log_ratio(x, config.log_ratio_clamp).exp().expand_as(x.m)
     band = config.tbpo
