@@ -2,13 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """MoE expert stacks of the refit stream: the experts of one layer and projection, one call.
 
-A trainer sends MoE experts by per-expert HF names
-(``model.layers.0.mlp.experts.3.gate_proj.weight``). With ``RefitConfig.num_experts`` set,
-:class:`~nemo_ais.refit.stream.RefitStream` holds them here, per layer and projection (NVFP4:
-per fused layer, gate and up together, whose experts each share one global scale), and
-quantizes each stack ``[E, N, K]`` in one quantizer call (one Triton launch on CUDA), then
+With ``RefitConfig.num_experts`` set, :class:`~nemo_ais.refit.stream.RefitStream` holds the
+per-expert HF weights (``model.layers.0.mlp.experts.3.gate_proj.weight``) here, per layer and
+projection (NVFP4: gate and up together), quantizes each ``[E, N, K]`` stack in one call and
 sends every expert's pairs under its own names, bit for bit what one expert at a time sends.
-
 Only one layer's experts are held: a stack still open when another layer's experts arrive,
 or at :meth:`~nemo_ais.refit.stream.RefitStream.flush`, is sent with the experts it has.
 """
@@ -54,12 +51,7 @@ class ExpertStack:
 
 
 class ExpertStacks:
-    """The open stacks of one stream.
-
-    Args:
-        num_experts: routed experts per MoE layer (indices ``0 .. num_experts - 1``).
-        grouped: a fused layer's projections share a stack (NVFP4's shared global scale).
-    """
+    """The open stacks of one stream (``grouped``: a fused layer's projections share one)."""
 
     def __init__(self, num_experts: int, grouped: bool) -> None:
         self.num_experts = num_experts
@@ -113,10 +105,7 @@ class ExpertStacks:
 
 
 def stack_experts(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.stack(tensors)`` (same shape and dtype), as a view where it can be.
-
-    No copy where they are consecutive slices of one buffer (a trainer's ``[E, N, K]``).
-    """
+    """``torch.stack(tensors)``; a view where they are consecutive slices of one buffer."""
     first = tensors[0]
     step, base = first.numel(), first.storage_offset()
     if step and all(

@@ -2,41 +2,26 @@
 # SPDX-License-Identifier: Apache-2.0
 """The refit stream: a BF16 trainer's weights as the tensors vLLM's loader takes, any format.
 
-At every weight sync the trainer's unfused HF ``(name, tensor)`` pairs become the pairs
-``model.load_weights`` of a low-precision vLLM engine expects, one tensor at a time; the
-format record says what a quantized ``<m>.weight [out, in]`` becomes
-(:attr:`~nemo_ais.formats.base.Format.refit_pairs`):
+The trainer's unfused HF ``(name, tensor)`` pairs become the pairs ``model.load_weights`` of
+a low-precision vLLM engine expects, one tensor at a time; a quantized ``<m>.weight [out, in]``
+becomes (:attr:`~nemo_ais.formats.base.Format.refit_pairs`):
 
 * ``fp8``: ``weight`` float8_e4m3fn, ``weight_scale_inv`` fp32 ``[ceil(out/128), ceil(in/128)]``;
 * ``nvfp4_w4a16``: ``weight`` uint8 ``[out, in/2]``, ``weight_scale`` float8_e4m3fn
   ``[out, in/16]``, ``weight_scale_2`` fp32 0-dim; ``nvfp4_w4a4`` adds ``input_scale``;
 * ``mxfp8``: ``weight`` float8_e4m3fn, ``weight_scale`` (or ``mxfp8_scale_name``) uint8 E8M0.
 
-1. Plan each tensor (:func:`plan_tensor`): quantize the linear projections (MoE experts
-   included); keep the rest, and what :class:`~nemo_ais.rules.keep_bf16.KeepInBf16`
-   keeps (the rule the twin and the offline check call), in BF16.
-2. Check each TP rank's shard is whole and a block multiple (all but FP8: the whole in
-   dim of a column-parallel weight too).
-3. Fused shards sharing one global scale (NVFP4 ``qkv_proj`` / ``gate_up_proj``) are held
-   until the group is complete, then quantized with the group's amax, in arrival order.
-4. Non-finite values raise ``ValueError`` naming the tensor, before it is yielded.
-
-5. MoE experts (``num_experts`` set): the experts of one layer and projection (NVFP4: of
-   one fused layer, each expert its own global scale) are held until all have arrived,
-   then quantized as one ``[E, N, K]`` stack, one quantizer call (one Triton launch on
-   CUDA), and sent under their own names, bit for bit what one expert at a time sends
-   (:mod:`nemo_ais.refit.experts`). A stack still open when another layer's experts
-   arrive, or at :meth:`RefitStream.flush` (the end of a chunk or of the refit: a partial
-   refit), is sent with the experts it holds; none is dropped or held past the refit.
-
-Memory: one tensor's outputs plus at most ``max_open_groups`` held groups; with
-``num_experts``, also one layer's held experts (HF order interleaves a layer's gate, up and
-down experts) and one stack's outputs (each expert's tensors are views of them).
-:class:`RefitStream` is the stateful form for a chunked refit; :func:`plan_refit` the dry run.
+Linear projections (MoE experts included) are quantized; the rest, and what
+:class:`~nemo_ais.rules.keep_bf16.KeepInBf16` keeps, stay BF16. Each TP shard must be whole
+and a block multiple. Fused shards sharing one global scale (NVFP4 ``qkv_proj`` /
+``gate_up_proj``) are held until the group is complete; with ``num_experts``, one layer's
+experts are quantized as one ``[E, N, K]`` stack (:mod:`nemo_ais.refit.experts`). NaN/Inf
+raise ``ValueError`` naming the tensor. Memory and chunking: ``docs/low_precision.md``.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
@@ -101,7 +86,7 @@ class RefitPlan:
 
     @property
     def bytes_before(self) -> int:
-        """Bytes of the tensors as the trainer holds them."""
+        """Bytes as the trainer holds them."""
         return sum(e.bytes_before for e in self.entries)
 
     @property
@@ -202,9 +187,7 @@ def _plan_entry(
     name: str, shape: tuple[int, ...], dtype: torch.dtype, config: RefitConfig, reason: str | None
 ) -> PlanEntry:
     """:func:`plan_tensor` once :func:`_keep` has given ``reason``."""
-    numel = 1
-    for s in shape:
-        numel *= s
+    numel = math.prod(shape)
     before = numel * dtype.itemsize
     if reason is not None:
         return PlanEntry(name, shape, dtype, "keep", reason, before, before)
@@ -230,9 +213,8 @@ def plan_refit(named_tensors: Iterable[tuple[str, torch.Tensor]], config: RefitC
 
 plan_fp8_sync = plan_block_sync = plan_refit
 
-# Every training step refits the same names: the plans (and keep decisions) one stream made
-# serve the next stream of an equal config. Its planning is Python per tensor (~100 us; a
-# Qwen3-30B-A3B rank pushes ~18k expert tensors a refit). Bounded to the last few configs.
+# Every step refits the same names: one stream's plans serve the next of an equal config
+# (planning is ~100 us of Python per tensor; a Qwen3-30B-A3B rank pushes ~18k a refit).
 _PLAN_CACHES: OrderedDict[RefitConfig, dict[tuple, PlanEntry | str | None]] = OrderedDict()
 _PLAN_CACHE_CONFIGS = 4
 
@@ -250,11 +232,9 @@ class RefitStream:
     """The stream's state across chunks of one refit: fused groups still waiting for shards.
 
     :meth:`push` one pair at a time (yields the pairs that are ready), :meth:`flush` and
-    :meth:`end_chunk` before the caller's tensors become invalid, :meth:`close` at the end
-    of a refit (after :meth:`flush`).
+    :meth:`end_chunk` before the caller's tensors become invalid, :meth:`close` at the end.
 
     Args:
-        config: what to quantize and how.
         input_amax: ``{module or fused group: calibrated input amax}`` (W4A4); a module takes
             the max of its group's entries.
 
@@ -344,7 +324,7 @@ class RefitStream:
                 self._check_open_groups(group)
             return
         shards = self._open.pop(group)
-        amaxes = {shard_name: _amax(t) for shard_name, t in shards.items()}
+        amaxes = {shard_name: expert_amax(t[None])[0] for shard_name, t in shards.items()}
         for shard_name, amax in amaxes.items():  # NaN/Inf reach the amax: name the shard
             check_finite(shards[shard_name], shard_name, amax=amax, action=_REFUSE_NAN)
         weight_amax = torch.stack(list(amaxes.values())).amax()
@@ -360,10 +340,7 @@ class RefitStream:
             yield from _hand_over(pairs)
 
     def flush(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Send what the expert stacks hold (end of a chunk or of a refit).
-
-        Each stack with the experts it has; fused groups still missing a shard stay held.
-        """
+        """Send what the expert stacks hold (fused groups missing a shard stay held)."""
         if self._stacks is not None:
             for stack in self._stacks.pop_all():
                 yield from self._send_stack(stack)
@@ -383,10 +360,7 @@ class RefitStream:
             self._stacks.pop_all()
 
     def close(self) -> None:
-        """End of a refit: ValueError naming each fused group that never received all its shards.
-
-        Expert stacks must be sent first (:meth:`flush`); ValueError naming any still held.
-        """
+        """End of a refit: ValueError naming each incomplete fused group or unflushed stack."""
         if self._stacks is not None and self._stacks.open:
             held = sorted(n for stack in self._stacks.pop_all() for n in stack.held)
             raise ValueError(
@@ -407,10 +381,7 @@ class RefitStream:
         )
 
     def _send_stack(self, stack: ExpertStack) -> Iterator[tuple[str, torch.Tensor]]:
-        """A stack's pairs: one quantizer call per projection for its whole experts.
-
-        Pairs in expert order; a fused group missing a shard goes on to :meth:`_one`, held.
-        """
+        """A stack's pairs in expert order, one quantizer call per projection (the rest: :meth:`_one`)."""
         experts = stack.whole_experts()
         names = {leaf: [stack.name(e, leaf) for e in experts] for leaf in stack.leaves}
         tensors = {leaf: [stack.held[n] for n in ns] for leaf, ns in names.items()}
@@ -450,7 +421,7 @@ class RefitStream:
                 del stack.held[n]
             yield from _hand_over(pairs)
 
-    def _check_siblings(self, name: str, tensor: torch.Tensor) -> tuple[str, ...]:
+    def _check_siblings(self, name: str, tensor: torch.Tensor) -> None:
         siblings = fused_siblings(name)
         kept = {s: self._kept(s, tuple(tensor.shape)) for s in siblings}
         kept = {s: reason for s, reason in kept.items() if reason is not None}
@@ -461,7 +432,6 @@ class RefitStream:
                 "or not; make the exclusions (ignore, ignored_layer_kws, keep_patterns) "
                 "cover all of them or none"
             )
-        return siblings
 
     def _check_open_groups(self, group: str) -> None:
         if len(self._open) > self.config.max_open_groups:
@@ -497,23 +467,14 @@ def _hand_over(pairs: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, tor
         yield pairs.pop(0)
 
 
-def _amax(t: torch.Tensor) -> torch.Tensor:
-    """``max |t|`` as 0-dim fp32 (0 for an empty tensor; NaN/Inf propagate to the quantizer)."""
-    if t.numel() == 0:
-        return torch.zeros((), dtype=torch.float32, device=t.device)
-    lo, hi = torch.aminmax(t)
-    return torch.maximum(hi, lo.neg()).to(torch.float32)
-
-
 def refit_stream(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     config: RefitConfig,
     *,
     input_amax: Mapping[str, float | torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream ``(name, tensor)`` into vLLM ``load_weights`` pairs: push each, then close.
+    """Stream unfused HF ``(name, tensor)`` pairs into vLLM ``load_weights`` pairs.
 
-    ``named_tensors``: unfused HF names and full tensors (MoE experts by per-expert names).
     ``config`` is checked at the call (TypeError), the rest as :meth:`RefitStream.push`.
     """
     require_config(config, RefitConfig, "refit_stream(config)")

@@ -14,13 +14,10 @@
 
 ``kv_cache``: ``bf16``, ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after
 every refit, :mod:`nemo_ais.refit.kv_scales`) or ``nvfp4`` (E2M1 blocks of 16 along the
-head dim, global amax calibrated the same way). The weight format's knobs (``block``,
-``family``, ``ue8m0``, ``eps``, ``nvfp4_rows_per_block``) and the BF16 exclusions are
-:class:`~nemo_ais.refit.config.WeightFormatFields`', the refit's own: one name each (the
-former ``weight_block``, ``weight_family``, ``weight_eps`` and
-``nvfp4_weight_rows_per_block`` are refused with the new name). :class:`Fp8RolloutConfig` is the earlier
-FP8-only config: it also reads ``enabled`` (false = ``format: bf16, kv_cache: bf16``) and
-``kv_cache_fp8`` (true = ``kv_cache: fp8``).
+head dim, global amax calibrated the same way). The weight format's knobs and the BF16
+exclusions are the refit's own (:class:`~nemo_ais.refit.config.WeightFormatFields`).
+:class:`Fp8RolloutConfig`, the earlier FP8-only config, also reads ``enabled`` (false =
+``format: bf16, kv_cache: bf16``) and ``kv_cache_fp8`` (true = ``kv_cache: fp8``).
 """
 
 from __future__ import annotations

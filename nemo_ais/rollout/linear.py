@@ -70,11 +70,14 @@ class QuantLinear(nn.Module):
     @torch.no_grad()
     def load_weight(self, weight: torch.Tensor, amax: torch.Tensor | None = None) -> None:
         """Re-quantize from a high-precision ``[out, in]`` weight (ValueError: shape, NaN)."""
+        self._check_shape(weight)
+        self.weight_amax = amax
+        self.weight_dequant = self.expected_weight(weight, amax)
+
+    def _check_shape(self, weight: torch.Tensor) -> None:
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
             raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
-        self.weight_amax = amax
-        self.weight_dequant = self.expected_weight(weight, amax)
 
     @torch.no_grad()
     def expected_weight(self, weight: torch.Tensor, amax: torch.Tensor | None) -> torch.Tensor:
@@ -86,7 +89,7 @@ class QuantLinear(nn.Module):
         load_bias(self, bias)
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
-        """Step 2: the format's activation fake quant (raw ``x`` while calibrating)."""
+        """The format's activation fake quant (raw ``x`` while calibrating)."""
         if self.calibrating:
             return x
         if self.fake_quant.static_input_amax and self.input_amax is None:
@@ -239,9 +242,7 @@ class Fp8Linear(QuantLinear):
     @torch.no_grad()
     def load_weight(self, weight: torch.Tensor, amax: torch.Tensor | None = None) -> None:
         """Re-quantize from a high-precision ``[out, in]`` weight (ValueError: shape, NaN)."""
-        expected = (self.out_features, self.in_features)
-        if tuple(weight.shape) != expected:
-            raise ValueError(f"{self.name}: got {list(weight.shape)}, expected {list(expected)}")
+        self._check_shape(weight)
         self._store(*self._quantize(weight))
         self.weight_dequant = scale_error(
             weight.detach(), self.weight_dequant, self.knobs.error_scale

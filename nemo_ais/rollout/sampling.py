@@ -31,12 +31,10 @@ LogprobsMode = Literal["unfiltered", "processed"]
 class _GrowingLayer(DynamicLayer):
     """HF's ``DynamicLayer`` with K and V in a buffer that doubles when full.
 
-    A decode step copies its one token in instead of concatenating the whole cache
-    (``torch.cat``: quadratic in the length); ``keys`` / ``values`` are views of the filled
-    part, the same values and shapes, so attention computes the same numbers. The first
-    write allocates exactly its length (a single forward holds no spare memory). Keys that
-    another cache method replaced (``crop``, ``reorder_cache``, a batch selection) start a
-    new buffer from them, so no view handed out before is written into.
+    A decode step copies its token in instead of ``torch.cat`` (quadratic in the length);
+    ``keys`` / ``values`` are views of the filled part, so attention computes the same numbers.
+    The first write allocates exactly its length. Keys another cache method replaced
+    (``crop``, ``reorder_cache``) start a new buffer, so no view handed out is written into.
     """
 
     _k: torch.Tensor | None = None
@@ -105,11 +103,8 @@ class MismatchStats(NamedTuple):
     gen_kl_error: float = 0.0
 
 
-# ---- log-probs and sampling ----------------------------------------------------------
-
-
 def _check_sampling(temperature: float, top_k: int, top_p: float, mode: str) -> None:
-    """Validate the sampling arguments shared by :func:`generate` and :func:`score_responses`."""
+    """Validate the sampling arguments of :func:`generate` and :func:`score_responses`."""
     if not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(
             f"temperature={temperature!r} is invalid: expected a finite float > 0 "
@@ -168,9 +163,6 @@ def _sample(
     return (probs / race).argmax(dim=-1)
 
 
-# ---- generation and scoring ----------------------------------------------------------
-
-
 def check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     """Prompts must be ``[B, P]`` int with a LEFT-padded {0, 1} mask of the same shape."""
     if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
@@ -185,8 +177,9 @@ def check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     mask = attention_mask.to(torch.int64)
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("attention_mask: expected values in {0, 1}")
-    if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask.sum(-1) == 0).any()):
-        row = int(((mask[:, 1:] < mask[:, :-1]).any(-1) | (mask.sum(-1) == 0)).nonzero()[0])
+    bad = (mask[:, 1:] < mask[:, :-1]).any(-1) | (mask.sum(-1) == 0)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0])
         raise ValueError(
             f"attention_mask: row {row} is not a non-empty LEFT-padded prompt "
             "(expected zeros, then at least one 1, then ones only)"
@@ -233,10 +226,8 @@ def generate(
         model: a HF causal LM (call ``eval()``).
         input_ids: ``[B, P]`` int64 prompts, LEFT-padded; attention_mask: ``[B, P]``.
         max_new_tokens: T >= 1. temperature: > 0. top_k: 0 = off. top_p: 1 = off.
-        generator: same state -> same tokens.
         eos_token_id: id(s) ending a response (None: never).
         pad_token_id: fills positions after EOS (default: the first EOS id, else 0).
-        logprobs_mode: "unfiltered" or "processed".
         past_key_values: an empty cache to use (the twin's quantized KV cache).
 
     Raises:

@@ -2,19 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Simulated low-precision rollout engine: the "twin" of a Hugging Face causal LM.
 
-The twin stands in for vLLM in one rollout format with a ``bf16``, ``fp8`` or ``nvfp4`` KV
-cache, on CPU, so the mismatch AIS corrects is real without a GPU
-(``docs/low_precision.md``, "Twin"):
-
-1. Build (:mod:`~nemo_ais.rollout.modules`): a deep copy whose decoder linears run the
-   format; embeddings, ``lm_head``, norms, routers and the BF16 exclusions stay.
-2. Refit (:meth:`RolloutTwin.sync_weights`, :mod:`~nemo_ais.rollout.weight_loader`): the
-   trainer's weights re-quantized each step (NVFP4 fused shards share one amax).
-3. Calibration, stale after every refit (:mod:`~nemo_ais.rollout.calibration`): KV-cache
-   scales (or those sent with the refit) and the W4A4 static input amax.
-4. KV cache (:mod:`~nemo_ais.rollout.kv_cache`): K after RoPE and V fake-quantized as written.
-5. Generation (:mod:`~nemo_ais.rollout.sampling`): log-probs of the UNFILTERED distribution.
-
+The twin stands in for vLLM in one rollout format and KV cache, on CPU, so the mismatch AIS
+corrects is real without a GPU (``docs/low_precision.md``, "Twin"): build
+(:mod:`~nemo_ais.rollout.modules`), refit (:mod:`~nemo_ais.rollout.weight_loader`),
+calibration, stale after every refit (:mod:`~nemo_ais.rollout.calibration`), quantized KV
+cache (:mod:`~nemo_ais.rollout.kv_cache`), generation (:mod:`~nemo_ais.rollout.sampling`).
 With nothing to simulate (``format: bf16``, ``kv_cache: bf16``) the twin is an exact copy
 of the model (the BF16 arm): bit-identical log-probs.
 """
@@ -88,13 +80,10 @@ class RolloutTwin:
 
     Attributes:
         model: the twin (a deep copy, eval mode; never ``.to(dtype)``: use ``compute_dtype``).
-        config: its :class:`RolloutPrecisionConfig`.
-        fake_quant: the format's :class:`~nemo_ais.rollout.fake_quant.LinearFakeQuant`.
         quantized_module_names: the modules running the format (empty for ``bf16``).
         kv_scales: the current :class:`~nemo_ais.refit.kv_scales.KVScales`, or None.
         kv_saturation: the last quantized-cache call's
             :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` (``.metrics()``), or None.
-        num_layers: decoder layers.
     """
 
     def __init__(self, model: nn.Module, config: RolloutPrecisionConfig | None = None) -> None:
@@ -113,10 +102,19 @@ class RolloutTwin:
                 f"kv_cache='nvfp4' needs a head dim that is a multiple of {NVFP4_BLOCK}, "
                 f"got {head_dim(twin)}"
             )
-        self.quantized_module_names = tuple(quantized_module_names(twin, self.config))
-        amax = self._initial_weight_amax(twin)
-        for name in self.quantized_module_names:
-            self._replace_module(twin, name, amax)
+        names = self.quantized_module_names = tuple(quantized_module_names(twin, self.config))
+        amax = {}
+        if self.fake_quant.shared_weight_amax:
+            linears = {n: m for n in names if isinstance(m := twin.get_submodule(n), nn.Linear)}
+            amax = _shared_weight_amax({f"{n}.weight": m.weight for n, m in linears.items()})
+        for name in names:
+            parent_name, _, child = name.rpartition(".")
+            parent = twin.get_submodule(parent_name)
+            weight_amax = amax.get(f"{name}.weight")
+            new = quantized_module(
+                getattr(parent, child), name, self.config, self.fake_quant, weight_amax
+            )
+            setattr(parent, child, new)
         self.model = twin
         self.kv_scales: KVScales | None = None
         self.readback: RefitReadback | None = None  # of the last refit (config.verify_refit)
@@ -127,8 +125,6 @@ class RolloutTwin:
         )
         fault = self.config.refit_fault  # TEST/BENCH ONLY (nemo_ais.rollout.faults)
         self._fault = None if fault is None else RefitFaultInjector(fault, self)
-
-    # ---- build ----------------------------------------------------------------------
 
     @property
     def fp8_module_names(self) -> tuple[str, ...]:
@@ -145,30 +141,6 @@ class RolloutTwin:
         """Whether the KV cache is quantized at all (``fp8`` or ``nvfp4``)."""
         return self.config.kv_cache != "bf16"
 
-    def _linear_weights(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """``{"<module>.weight": weight}`` of the quantized ``nn.Linear`` modules of ``model``."""
-        out = {}
-        for name in self.quantized_module_names:
-            module = model.get_submodule(name)
-            if isinstance(module, nn.Linear):
-                out[f"{name}.weight"] = module.weight
-        return out
-
-    def _initial_weight_amax(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        if not self.fake_quant.shared_weight_amax:
-            return {}
-        return _shared_weight_amax(self._linear_weights(model))
-
-    def _replace_module(self, twin: nn.Module, name: str, amax: dict[str, torch.Tensor]) -> None:
-        parent_name, _, child = name.rpartition(".")
-        parent = twin.get_submodule(parent_name)
-        module = getattr(parent, child)
-        weight_amax = amax.get(f"{name}.weight")
-        new = quantized_module(module, name, self.config, self.fake_quant, weight_amax)
-        setattr(parent, child, new)
-
-    # ---- refit ----------------------------------------------------------------------
-
     @torch.no_grad()
     def sync_weights(
         self,
@@ -179,11 +151,10 @@ class RolloutTwin:
     ) -> int:
         """Refit: load the trainer's current weights by HF name, re-quantizing; returns the count.
 
-        A partial set updates only those tensors (NVFP4's fused shards come together). In format
-        ``fp8`` a weight may also arrive as codes plus ``<name>_scale_inv``
-        (:func:`~nemo_ais.refit.stream.fp8_weight_stream`). KV scales sent with the refit
-        become :attr:`kv_scales`; else the KV scales and input amax are recalibrated on the
-        calibration batch, if given, or the next :meth:`generate` / :meth:`score` batch.
+        A partial set updates only those tensors (NVFP4's fused shards come together); format
+        ``fp8`` also takes codes plus ``<name>_scale_inv``. KV scales sent with the refit become
+        :attr:`kv_scales`; else they and the input amax are recalibrated on the calibration
+        batch, if given, or the next :meth:`generate` / :meth:`score` batch.
 
         Raises:
             ValueError: an unknown name, a shape mismatch, non-finite values, codes without
@@ -226,8 +197,6 @@ class RolloutTwin:
             )
             kv_error = kv_scale_readback(self.kv_scales, expected)
         return RefitReadback(error, module, kv_error, count)
-
-    # ---- calibration ----------------------------------------------------------------
 
     @property
     def input_amax(self) -> dict[str, torch.Tensor | None]:
@@ -277,8 +246,7 @@ class RolloutTwin:
         """Per-layer KV scales from one forward (KV unquantized) of the twin or ``model``, stored.
 
         ``scale = max(amax, floor) * margin / 448`` of the ``k_proj`` / ``v_proj`` outputs at
-        non-padding positions (:class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator`); the NVFP4
-        cache uses ``scale * 448`` as its static global amax. Used until the next refit.
+        non-padding positions; the NVFP4 cache uses ``scale * 448`` as its static global amax.
         """
         check_prompt(input_ids, attention_mask)
         if model is None and any(a is None for a in self.input_amax.values()):
@@ -289,8 +257,6 @@ class RolloutTwin:
         )
         logger.debug("calibrated KV scales (q, k, v): %s", self.kv_scales.scale)
         return self.kv_scales
-
-    # ---- generation -----------------------------------------------------------------
 
     def _cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DynamicCache | None:
         """Calibrate what is stale on these prompts; a fresh quantized KV cache or None."""
@@ -308,8 +274,7 @@ class RolloutTwin:
     ) -> GenerationOutput:
         """:func:`~nemo_ais.rollout.sampling.generate` with the twin (keyword arguments as there).
 
-        Stale calibration (after a refit: KV scales, W4A4 input amax) is first redone on
-        these prompts, as vLLM's ``calculate_kv_scales`` does on its first batch.
+        Stale calibration is first redone on these prompts (vLLM's ``calculate_kv_scales``).
         """
         cache = self._cache(input_ids, attention_mask)
         return generate(self.model, input_ids, attention_mask, past_key_values=cache, **sampling)
