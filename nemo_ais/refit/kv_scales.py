@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -150,23 +150,6 @@ def nearest_rank_percentile(values: torch.Tensor, percentile: float) -> torch.Te
     return values.sort().values[rank]
 
 
-def _max_over(values: torch.Tensor, percentile: float) -> torch.Tensor:
-    """The max over observations (``element_percentile``; ``percentile`` was applied per one)."""
-    return values.max()
-
-
-def _observation_amax(x: torch.Tensor, percentile: float) -> torch.Tensor:
-    """``max |x|`` of one observation (``percentile_of_amax``), float64, on ``x``'s device."""
-    return x.detach().abs().amax().double()
-
-
-# rule -> (statistic of one observation, reduction over this rank's observations)
-_RULES: dict[str, tuple[Callable, Callable]] = {
-    "percentile_of_amax": (_observation_amax, nearest_rank_percentile),
-    "element_percentile": (percentile_amax, _max_over),
-}
-
-
 @dataclass(frozen=True)
 class KVScales:
     """Globally combined calibration result.
@@ -282,9 +265,11 @@ class KVScaleCalibrator:
             x = x[mask.to(torch.bool)]
         if x.numel() == 0:
             return
-        statistic, _ = _RULES[self.config.reduction]
-        amax = _observation_amax(x, self.config.percentile)
-        stat = amax if statistic is _observation_amax else statistic(x, self.config.percentile)
+        amax = x.detach().abs().amax().double()
+        if self.config.reduction == "element_percentile":  # else the statistic is the amax
+            stat = percentile_amax(x, self.config.percentile)
+        else:
+            stat = amax
         self._observations.append((layer, KINDS.index(kind), amax, stat))
 
     def local_tables(self) -> torch.Tensor:
@@ -294,7 +279,6 @@ class KVScaleCalibrator:
         if not self._observations:
             return table
         values = torch.stack([torch.stack([a, s]) for _, _, a, s in self._observations]).cpu()
-        _, reduce = _RULES[self.config.reduction]
         cells: dict[tuple[int, int], list[int]] = {}
         for i, (layer, j, _, _) in enumerate(self._observations):
             cells.setdefault((layer, j), []).append(i)
@@ -303,7 +287,10 @@ class KVScaleCalibrator:
             if not bool(torch.isfinite(amax).all() and torch.isfinite(stat).all()):
                 table[2, layer, j] = 1.0
                 continue
-            table[0, layer, j] = reduce(stat, self.config.percentile)
+            if self.config.reduction == "element_percentile":
+                table[0, layer, j] = stat.max()  # the percentile was taken per observation
+            else:
+                table[0, layer, j] = nearest_rank_percentile(stat, self.config.percentile)
             table[1, layer, j] = amax.max()
         return table
 

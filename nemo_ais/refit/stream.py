@@ -136,10 +136,7 @@ def _keep(name: str, shape: tuple[int, ...], config: RefitConfig) -> str | None:
         ("lm_head" in name, "lm_head"),
         (_NORM_RE.search(name) is not None, "norm"),
     )
-    reason = next((why for hit, why in checks if hit), None)
-    if reason is not None:
-        return reason
-    reason = config.keep_rule().reason(name)
+    reason = next((why for hit, why in checks if hit), None) or config.keep_rule().reason(name)
     if reason is not None:
         return reason
     if projection(name) is None:
@@ -263,14 +260,12 @@ class RefitStream:
 
     def plan(self, name: str, tensor: torch.Tensor) -> PlanEntry:
         """:func:`plan_tensor` for ``tensor`` under this stream's config (cached; errors are not)."""
-        key = ("plan", name, tuple(tensor.shape), tensor.dtype)
-        entry = self._plans.get(key)
-        if entry is None:
-            shape = tuple(tensor.shape)
+        shape = tuple(tensor.shape)
+        key = ("plan", name, shape, tensor.dtype)
+        if key not in self._plans:
             reason = self._kept(name, shape)  # an expert stack may have asked it already
-            entry = _plan_entry(name, shape, tensor.dtype, self.config, reason)
-            self._plans[key] = entry
-        return entry
+            self._plans[key] = _plan_entry(name, shape, tensor.dtype, self.config, reason)
+        return self._plans[key]
 
     def _kept(self, name: str, shape: tuple[int, ...]) -> str | None:
         """:func:`_keep` under this stream's config (cached)."""

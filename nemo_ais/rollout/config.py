@@ -2,16 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the simulated rollout engine runs in: format, KV cache, BF16 exclusions.
 
-=================  ==========================================================  ==========
-``format``         linear layers (weights / activations)                        vLLM path
-=================  ==========================================================  ==========
-``bf16``           unquantized (with ``kv_cache: bf16``: the BF16 arm, exact)   BF16
-``fp8``            W8A8 E4M3, 128x128 weight tiles, 1x128 dynamic act groups    ``precision: fp8``
-``mxfp8``          W8A8 MXFP8: E4M3 + UE8M0 per 32 (weights and activations)    ``is_mx``
-``nvfp4_w4a16``    NVFP4 weights (1x16, or TE's 16x16 tiles), BF16 activations  ModelOpt W4A16
-``nvfp4_w4a4``     NVFP4 weights and activations, static calibrated input amax  ModelOpt NVFP4
-=================  ==========================================================  ==========
-
+``format`` (the linear layers; what each is and its vLLM path: ``docs/low_precision.md``,
+"Formats"): ``bf16``, ``fp8``, ``mxfp8``, ``nvfp4_w4a16`` or ``nvfp4_w4a4``.
 ``kv_cache``: ``bf16``, ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after
 every refit, :mod:`nemo_ais.refit.kv_scales`) or ``nvfp4`` (E2M1 blocks of 16 along the
 head dim, global amax calibrated the same way). The weight format's knobs and the BF16

@@ -3,17 +3,9 @@
 """Per-format fake quantization of a linear layer: the registry the twin and a trainer share.
 
 ``LINEAR_FAKE_QUANT[format]`` (default knobs) or :func:`linear_fake_quant` (a config's)
-gives a :class:`LinearFakeQuant`, the two functions the twin's linear layers apply:
-
-=================  ===============================================  ================================
-format             ``weight(w, amax=None)``                         ``activation(x, amax=None)``
-=================  ===============================================  ================================
-``bf16``           ``w`` unchanged                                  ``x`` unchanged
-``fp8``            128x128 blockwise E4M3 round trip (fp32)         1x128 per-token E4M3 round trip
-``mxfp8``          MXFP8 round trip along ``in``                    MXFP8 round trip along hidden
-``nvfp4_w4a16``    NVFP4 round trip, global amax ``amax``           ``x`` unchanged
-``nvfp4_w4a4``     NVFP4 round trip, global amax ``amax``           NVFP4 round trip, static amax
-=================  ===============================================  ================================
+gives a :class:`LinearFakeQuant`, the ``weight(w, amax=None)`` and ``activation(x,
+amax=None)`` round trips the twin's linear layers apply (``bf16``: identities; NVFP4: the
+global ``amax``; W4A4 activations: the static calibrated amax).
 
 A rollout-aligned trainer (QARL) computes ``F.linear(activation(x), weight(W))`` with
 :func:`straight_through` around each call and gets the twin's numbers bit for bit in fp32
