@@ -87,9 +87,7 @@ class ExpertStacks:
             )
             stack = self.open[key] = ExpertStack(prefix, leaves, experts)
         stack.held[name] = tensor
-        if not stack.complete:
-            return flush, None
-        return flush, self.open.pop(key)
+        return flush, self.open.pop(key) if stack.complete else None
 
     def pop_all(self) -> list[ExpertStack]:
         """Every open stack, removed."""

@@ -118,8 +118,7 @@ class RefitPlan:
         )
         return "\n".join(rows)
 
-    def __str__(self) -> str:
-        return self.to_markdown()
+    __str__ = to_markdown
 
 
 def scale_name(name: str) -> str:

@@ -71,8 +71,8 @@ def observe_input_amax(
         def record(_module: nn.Module, inputs: tuple) -> None:
             x = inputs[0]
             rows = x[mask] if tuple(x.shape[:-1]) == tuple(mask.shape) else x
-            amax = rows.detach().abs().amax().to(torch.float32) if rows.numel() else None
-            if amax is not None:
+            if rows.numel():
+                amax = rows.detach().abs().amax().to(torch.float32)
                 seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
 
         return record
