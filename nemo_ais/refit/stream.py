@@ -375,7 +375,7 @@ class RefitStream:
         )
 
     def _send_stack(self, stack: ExpertStack) -> Iterator[tuple[str, torch.Tensor]]:
-        """A stack's pairs in expert order, one quantizer call per projection (the rest: :meth:`_one`)."""
+        """A stack's pairs in expert order: one quantizer call per projection, else :meth:`_one`."""
         experts = stack.whole_experts()
         names = {leaf: [stack.name(e, leaf) for e in experts] for leaf in stack.leaves}
         tensors = {leaf: [stack.held[n] for n in ns] for leaf, ns in names.items()}
