@@ -4,59 +4,19 @@
 
 Pure logic, torch-free (no I/O, no module state; imports pydantic and
 :mod:`nemo_ais.config` only): :class:`AlarmMonitor` keeps the recent history of one run
-and :meth:`AlarmMonitor.observe` names every alarm of a step with its evidence. Both
-users sit above this module: ``nemo-ais analyze`` (:mod:`nemo_ais.analyze`) calls it
-once per ``train_data_step{N}.jsonl``; the AIS worker (:mod:`nemo_ais.nemo_rl.workers`)
-calls the same method once per global batch, after ``compute_diagnostics``, logs
-:func:`alarm_metrics` and (``fail_on_alarm: true``) lets :class:`RefitAlarmError` fail the
-step. The offline pre-flight check (:mod:`nemo_ais.preflight`) validates
-``loss_fn.ais_alarms`` as :class:`AISAlarmsConfig` without torch. Ratio direction:
-l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
+and :meth:`AlarmMonitor.observe` names every alarm of a step with its evidence.
+``nemo-ais analyze`` calls it once per ``train_data_step{N}.jsonl``; the AIS worker
+(:mod:`nemo_ais.nemo_rl.workers`) once per global batch, logging :func:`alarm_metrics`
+and (``fail_on_alarm: true``) failing the step with :class:`RefitAlarmError`. Ratio
+direction: l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
 
-Alarms (thresholds are :class:`AlarmConfig` fields; a heuristic of this project, not of
-the AIS paper; the defaults are calibrated on healthy runs of the shipped embedded
-presets (which ones: docs/benchmarks.md ``alarm_calibration``) and on refit bugs planted
-into the simulated engine: ``benchmarks/bench_alarm_calibration.py``):
-
-1. ``nonfinite``: valid positions whose ``prev_logprobs`` or ``generation_logprobs`` is
-   NaN or +-inf (a broken refit or engine). The analysis excludes them from the
-   diagnostics and counts them. NeMo-RL v0.7.0's ``ClippedPGLossFn`` does not mask
-   them: its ``token_mult_prob_error`` is the masked mean of exp(|gen - prev| * mask),
-   inf or NaN as soon as one log-prob of the micro-batch is (inf * 0 is NaN); only its
-   importance weights, exp(prev - gen) and the KL term's, go through
-   ``nan_to_num(nan=0, posinf=0, neginf=0)``.
-2. ``severity_jump`` / ``tmpe_jump``: the severity D (mean |l|; resp.
-   ``token_mult_prob_error - 1``) exceeds ``jump_factor`` x its median over the previous
-   ``window`` steps and that median by at least ``min_jump`` (needs ``min_history``
-   earlier steps). A refit that left stale or mis-scaled weights shows up as such a jump.
-   ``tmpe_jump`` fires only together with ``severity_jump``: the mean exp|l| is dominated
-   by single tokens (one |l| = 10 among 4096 adds 5.4 to it; a 4-bit rollout has such
-   tokens every few steps), and a few outlier tokens are a tail statistic
-   (``ais/abs_log_ratio_peak``), not a jump in the mean; D, the bulk, must have moved.
-3. ``tail_jump``: the p99.9 of |l| (``abs_log_ratio_p999``) exceeds ``tail_jump_factor``
-   x its median over the previous ``window`` steps, by at least ``min_jump``: a tail that
-   moved while the means may not have (veRL #7986: a wrong layout in some experts). It is a
-   histogram bin edge (bins a factor 2 apart), so the default 6 means a rise of >= 3 bins
-   (8x). Checked only on global batches of at least ``tail_min_tokens`` valid tokens: below
-   ~5000 the p99.9 is one of the batch's two or three largest tokens, a single-token
-   statistic again. The peaks (``abs_log_ratio_peak``, ``seq_kl_peak``) are reported, not
-   alarmed on: one outlier token moves them, and healthy runs have such tokens.
-4. ``kv_scale_position``: over the sequences whose valid span (first to last valid
-   position) is at least ``kv_min_length``, each cut into :data:`QUARTERS` quarters of its
-   OWN span, the mean |l| over the last quarters is ``kv_ratio`` x that over the first
-   quarters (and higher by ``min_jump``): mismatch growing with position within a
-   sequence, the signature of FP8 KV-cache scales left at their default of 1.0
-   (quantization error accumulating in the attention over a long context). Quarters
-   relative to each sequence's length keep sequences of different lengths from being
-   compared with each other (a long, uniformly mismatched sequence does not look like
-   late-position growth). Its input, the per-quarter sums, is computed from the step's
-   tensors offline (:func:`nemo_ais.analyze.position_profile`); the AIS worker runs
-   alarms 1-2 on its diagnostics (docs/analyze.md).
-5. ``refit_readback``: the refit read back (:mod:`nemo_ais.rollout.readback`) differs from
-   a correct refit of the sent weights by more than ``readback_tol`` (default 0: a healthy
-   readback is exact): a quantized weight (a scale grid in the wrong layout, a layer left
-   in BF16) or the KV-cache scales (not recalibrated). No history and no threshold to
-   calibrate; it fires at the refit itself, where the mismatch may not move at all.
+The alarms (``nonfinite``, ``severity_jump`` / ``tmpe_jump``, ``tail_jump``,
+``kv_scale_position``, ``refit_readback``), their rules and the calibration of the
+:class:`AlarmConfig` defaults (``benchmarks/bench_alarm_calibration.py``) are tabled in
+docs/analyze.md; a heuristic of this project, not of the AIS paper. ``tmpe_jump`` fires
+only with ``severity_jump``: one outlier token (|l| = 10 among 4096 adds 5.4 to the mean
+exp|l|) is a tail statistic, not a jump of the bulk. ``tail_jump`` needs
+``tail_min_tokens`` valid tokens: below ~5000 the p99.9 is a single-token statistic.
 """
 
 from __future__ import annotations
@@ -155,15 +115,10 @@ class AlarmConfig(BaseModel):
 
 
 class AISAlarmsConfig(AlarmConfig):
-    """``loss_fn.ais_alarms``: the refit guard in the AIS worker (docs/analyze.md).
+    """``loss_fn.ais_alarms``: :class:`AlarmConfig` plus ``enabled``, for the AIS worker.
 
-    Validated by ``AISLossConfig`` and offline by ``nemo_ais.preflight``. The
-    thresholds of :class:`AlarmConfig`, plus ``enabled``. Online the
-    worker runs the diagnostics-based alarms (``tmpe_jump``, ``severity_jump``,
-    ``tail_jump``) on the
-    global batch's diagnostics, identical on every rank: no extra collective. The
-    ``kv_*`` thresholds are used offline only (``nemo-ais analyze``); non-finite
-    log-probs at valid positions already fail the prepare step with a ``ValueError``.
+    Online only the diagnostics-based alarms run (identical on every rank: no collective);
+    the ``kv_*`` thresholds are offline only (docs/analyze.md).
     """
 
     enabled: bool = Field(
@@ -196,10 +151,7 @@ class Readback(Protocol):
 
 
 class PositionQuarters(Protocol):
-    """What the ``kv_scale_position`` check reads from a step's per-quarter |l| sums.
-
-    :class:`nemo_ais.analyze.PositionProfile` (built from the step's tensors) is one.
-    """
+    """What ``kv_scale_position`` reads (:class:`nemo_ais.analyze.PositionProfile`)."""
 
     n_seq: int  # sequences long enough to be counted
     min_length: int  # the shortest valid span counted
@@ -215,19 +167,16 @@ _P999 = "abs_log_ratio_p999"
 def _get(diagnostics: Any, name: str, default: float | None = None) -> float:
     """A diagnostic by name; ``default`` (if given) when it is absent (an older log)."""
     if isinstance(diagnostics, Mapping):
-        value = diagnostics.get(name, default) if default is not None else diagnostics[name]
-        return float(value)
-    if default is not None:
-        return float(getattr(diagnostics, name, default))
-    return float(getattr(diagnostics, name))
+        return float(diagnostics[name] if default is None else diagnostics.get(name, default))
+    return float(getattr(diagnostics, name, *(() if default is None else (default,))))
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"{value / base:.1f}x" if base > 0 else "from 0"
 
 
 class AlarmMonitor:
-    """Recent history of one run and the alarm rules; one :meth:`observe` per step.
-
-    Args:
-        config: the thresholds.
-    """
+    """Recent history of one run and the alarm rules; one :meth:`observe` per step."""
 
     def __init__(self, config: AlarmConfig | None = None) -> None:
         require_config(config, AlarmConfig, "AlarmMonitor(config)", optional=True)
@@ -254,12 +203,11 @@ class AlarmMonitor:
         median = statistics.median(history)
         factor = self.config.jump_factor if factor is None else factor
         if value > factor * median and value - median >= self.config.min_jump:
-            ratio = f"{value / median:.1f}x" if median > 0 else "from 0"
             return Alarm(
                 kind,
                 step,
                 f"{label} {value:.4g} vs {median:.4g} median of the previous {len(history)} "
-                f"steps ({ratio}; threshold {factor}x)",
+                f"steps ({_ratio(value, median)}; threshold {factor}x)",
             )
         return None
 
@@ -271,13 +219,12 @@ class AlarmMonitor:
         if min(n0, n3) < self.config.kv_min_tokens:
             return None
         if late > self.config.kv_ratio * early and late - early >= self.config.min_jump:
-            ratio = f"{late / early:.1f}x" if early > 0 else "from 0"
             return Alarm(
                 "kv_scale_position",
                 step,
                 f"mean |log-ratio| {late:.4g} in the last quarter of each sequence vs {early:.4g} "
-                f"in the first ({ratio}; threshold {self.config.kv_ratio}x; {profile.n_seq} "
-                f"sequences spanning >= {profile.min_length} positions, {int(n3)} and {int(n0)} "
+                f"in the first ({_ratio(late, early)}; threshold {self.config.kv_ratio}x; "
+                f"{profile.n_seq} sequences spanning >= {profile.min_length} positions, {int(n3)} and {int(n0)} "
                 "tokens): mismatch grows with position, as with FP8 KV-cache scales left at 1.0",
             )
         return None
@@ -316,10 +263,9 @@ class AlarmMonitor:
             step: the step number (for the evidence).
             diagnostics: :class:`~nemo_ais.core.AISDiagnostics` (or a mapping with the same
                 field names) of the step's global batch.
-            n_nonfinite: valid positions with a NaN / inf log-prob (excluded upstream).
-            nonfinite_where: where the first one is (for the evidence).
-            profile: per-quarter |l| sums of long sequences
-                (:func:`nemo_ais.analyze.position_profile`), or None (no
+            n_nonfinite: valid positions with a NaN / inf log-prob (excluded upstream);
+                ``nonfinite_where``: where the first one is.
+            profile: per-quarter |l| sums of long sequences, or None (no
                 ``kv_scale_position`` check, as online).
             readback: the step's refit readback, or None (no ``refit_readback`` check).
 
@@ -330,16 +276,11 @@ class AlarmMonitor:
             RefitAlarmError: ``fail_on_alarm`` is set and an alarm fired (the history is
                 updated first).
         """
-        alarms: list[Alarm] = []
+        alarms: list[Alarm | None] = []
         if n_nonfinite > 0:
             where = f"; first {nonfinite_where}" if nonfinite_where else ""
-            alarms.append(
-                Alarm(
-                    "nonfinite",
-                    step,
-                    f"{n_nonfinite} valid positions with a NaN/inf log-prob{where}",
-                )
-            )
+            what = f"{n_nonfinite} valid positions with a NaN/inf log-prob{where}"
+            alarms.append(Alarm("nonfinite", step, what))
         empty = _get(diagnostics, "empty_batch") > 0
         tmpe_excess = _get(diagnostics, "token_mult_prob_error") - 1
         severity = _get(diagnostics, "severity")
@@ -356,27 +297,18 @@ class AlarmMonitor:
             if math.isfinite(p999) and n_tok >= self.config.tail_min_tokens:
                 factor = self.config.tail_jump_factor
                 tail = self._jump(step, _P999, "tail_jump", p999, "p99.9 |log-ratio|", factor)
-            for alarm in (
-                tmpe,
-                sev,
-                tail,
-                self._kv(step, profile),
-            ):
-                if alarm is not None:
-                    alarms.append(alarm)
+            alarms += [tmpe, sev, tail, self._kv(step, profile)]
             if math.isfinite(tmpe_excess) and math.isfinite(severity):
                 self._history["tmpe_excess"].append(tmpe_excess)
                 self._history["severity"].append(severity)
             if math.isfinite(p999):
                 self._history[_P999].append(p999)
-        readback_alarm = self._readback(step, readback)
-        if readback_alarm is not None:
-            alarms.append(readback_alarm)
-        if alarms and self.config.fail_on_alarm:
+        fired = [a for a in (*alarms, self._readback(step, readback)) if a is not None]
+        if fired and self.config.fail_on_alarm:
             raise RefitAlarmError(
-                "AIS refit guard (alarms.fail_on_alarm=true): " + "; ".join(map(str, alarms))
+                "AIS refit guard (alarms.fail_on_alarm=true): " + "; ".join(map(str, fired))
             )
-        return alarms
+        return fired
 
 
 def alarm_metrics(alarms: list[Alarm]) -> dict[str, float]:
