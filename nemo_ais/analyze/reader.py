@@ -9,13 +9,9 @@ JSON object per sample, each value wrapped as a batch of one: ``token_ids``,
 the prompt), ``sample_loss_mask``, ``rewards``, ``input_lengths`` are ``[x]``, plus
 ``content`` and ``idx``. NaN and +-inf are written as ``NaN`` / ``Infinity``.
 
-The reader aligns each row as NeMo-RL's loss does: ``x[:, 1:]`` for the log-probs and
-``mask = token_loss_mask[:, 1:] * sample_loss_mask``, and yields chunks of at most
-``chunk_tokens`` positions (``[B, T]`` float64 tensors, rows padded with mask 0), so the
-memory held is bounded by the chunk, never by the file.
-
-Bad input raises :class:`BadInputError` (``file:line: problem``); with
-``skip_bad_rows`` a bad row is counted and skipped instead.
+Each row is aligned as NeMo-RL's loss does (``x[:, 1:]``, ``mask = token_loss_mask[:, 1:]
+* sample_loss_mask``) into chunks of at most ``chunk_tokens`` positions, so the memory
+held is bounded by the chunk, never by the file. Bad input raises :class:`BadInputError`.
 """
 
 from __future__ import annotations
@@ -53,8 +49,8 @@ _PER_TOKEN_KEYS = (
 )
 _DTYPE = torch.float64
 _MAX_HINTS = 3  # sub-directories named when log_dir itself holds no step file
-# Levels below LOG_DIR searched for runs: a NeMo-RL log root (logs/exp_001: 1), a nemo-ais
-# run directory (runs/default/logs/bf16_seed0: 2), the runs/ directory above it (3), + 1.
+# a NeMo-RL log root (logs/exp_001: 1), a nemo-ais run (runs/default/logs/bf16_seed0: 2),
+# the runs/ directory above it (3), + 1
 SEARCH_DEPTH = 4
 _SKIP_BAD_ROWS_HINT = "--skip-bad-rows skips and counts such rows"
 
@@ -92,8 +88,8 @@ class StepFile:
 class Chunk:
     """Aligned rows of one step: ``[B, T]`` float64 log-probs and the bool mask.
 
-    ``valid`` excludes the non-finite positions (counted in ``n_nonfinite``; the first
-    one is described by ``first_nonfinite``). ``lines`` are the file's line numbers.
+    ``valid`` excludes the non-finite positions (counted, the first one described);
+    ``lines`` are the file's line numbers.
     """
 
     logp_old: torch.Tensor
@@ -119,6 +115,11 @@ class ReadCounts:
     bad_examples: list[str] = field(default_factory=list)
 
 
+def _require_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise BadInputError(path, 0, "not a directory (expected a NeMo-RL log_dir)")
+
+
 def _has_step_file(directory: Path) -> bool:
     try:
         return any(STEP_FILE.match(p.name) and p.is_file() for p in directory.iterdir())
@@ -129,18 +130,13 @@ def _has_step_file(directory: Path) -> bool:
 def find_log_dirs(root: Path | str, max_depth: int = SEARCH_DEPTH) -> list[Path]:
     """The run log directories at or below ``root``: those holding step files, sorted.
 
-    ``root`` itself, if it holds a ``train_data_step{N}.jsonl`` (a NeMo-RL
-    ``logger.log_dir``); otherwise every directory up to ``max_depth`` levels below it that
-    holds one (a NeMo-RL log root with one directory per run, a ``nemo-ais run``
-    directory with ``logs/<arm>_seed<n>/``, or the ``runs/`` directory above those). The
-    search does not descend into a run's own log directory or follow symbolic links.
-
-    Raises:
-        BadInputError: ``root`` is not a directory.
+    ``root`` itself if it holds a ``train_data_step{N}.jsonl``, else every directory up to
+    ``max_depth`` levels below it that holds one; the search neither descends into a run's
+    log directory nor follows symbolic links. Raises :class:`BadInputError` if ``root`` is
+    not a directory.
     """
     root = Path(root)
-    if not root.is_dir():
-        raise BadInputError(root, 0, "not a directory (expected a NeMo-RL log_dir)")
+    _require_dir(root)
     if _has_step_file(root):
         return [root]
     found, level = [], [root]
@@ -148,12 +144,12 @@ def find_log_dirs(root: Path | str, max_depth: int = SEARCH_DEPTH) -> list[Path]
         below = []
         for directory in level:
             try:
-                children = sorted(p for p in directory.iterdir() if p.is_dir())
+                children = sorted(
+                    p for p in directory.iterdir() if p.is_dir() and not p.is_symlink()
+                )
             except OSError:
                 continue
             for child in children:
-                if child.is_symlink():
-                    continue
                 (found if _has_step_file(child) else below).append(child)
         level = below
     return sorted(found)
@@ -168,8 +164,7 @@ def find_step_files(log_dir: Path | str) -> list[StepFile]:
             then "and N more"), or two files have the same N.
     """
     log_dir = Path(log_dir)
-    if not log_dir.is_dir():
-        raise BadInputError(log_dir, 0, "not a directory (expected a NeMo-RL log_dir)")
+    _require_dir(log_dir)
     found: dict[int, Path] = {}
     for path in log_dir.iterdir():
         match = STEP_FILE.match(path.name)
@@ -193,15 +188,10 @@ def find_step_files(log_dir: Path | str) -> list[StepFile]:
 
 
 def missing_steps(files: list[StepFile]) -> list[int]:
-    """Steps between the first and the last step file that have no file (ordered).
-
-    Steps 1, 2, 4 -> ``[3]``. NeMo-RL writes one file per GRPO step, so a gap is a file
-    lost (or a run logged elsewhere for a while); the analysis goes on over the rest.
-    """
+    """Steps between the first and the last step file that have no file: 1, 2, 4 -> ``[3]``."""
     present = {f.step for f in files}
-    if not present:
-        return []
-    return [s for s in range(min(present), max(present) + 1) if s not in present]
+    first, last = min(present, default=0), max(present, default=-1)
+    return [s for s in range(first, last + 1) if s not in present]
 
 
 def format_steps(steps: list[int], limit: int = 10) -> str:
@@ -273,12 +263,12 @@ def _vector(key: str, value: object, has_bool: bool) -> torch.Tensor:
     return out
 
 
-def _parse_row(raw: bytes, is_last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _parse_row(raw: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(prev, gen, mask) of one row, aligned ``[1:]``; raises :class:`_RowError`."""
     try:
         row = _loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        cut = is_last and not raw.endswith(b"\n")
+        cut = not raw.endswith(b"\n")  # only a file's last line can lack it
         what = "truncated line (no newline at the end of the file)" if cut else "not valid JSON"
         raise _RowError(f"{what}: {err}") from None
     if not isinstance(row, dict):
@@ -375,28 +365,22 @@ def iter_chunks(
     counts = counts if counts is not None else ReadCounts()
     path = step_file.path
     rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    width = 0
+    width = lineno = 0
+    blank = 0  # first blank line not yet followed by a row (trailing ones are skipped)
     with path.open("rb") as f:
-        lineno = 0
-        blank = 0  # first blank line not yet followed by a row (trailing ones are skipped)
-        raw = f.readline()
-        while raw:
-            nxt = f.readline()
-            lineno += 1
+        for lineno, raw in enumerate(f, start=1):
             if on_bytes is not None:
                 on_bytes(len(raw))
             if not raw.strip():
                 blank = blank or lineno
-                raw = nxt
                 continue
             if blank:  # a blank line followed by a row: bad input at the blank line
                 _bad_row(path, blank, _RowError("empty line"), skip_bad_rows, counts)
                 blank = 0
             try:
-                prev, gen, mask = _parse_row(raw, is_last=not nxt)
+                prev, gen, mask = _parse_row(raw)
             except _RowError as err:
                 _bad_row(path, lineno, err, skip_bad_rows, counts)
-                raw = nxt
                 continue
             counts.rows += 1
             if rows and max(width, prev.numel()) * (len(rows) + 1) > chunk_tokens:
@@ -404,8 +388,7 @@ def iter_chunks(
                 rows, width = [], 0
             rows.append((lineno, prev, gen, mask))
             width = max(width, prev.numel())
-            raw = nxt
-        counts.lines = lineno
+    counts.lines = lineno
     if counts.rows + counts.bad_rows == 0:
         raise BadInputError(path, 0, "empty file (no rows)")
     if rows:
