@@ -2,12 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """``nemo-ais analyze``: replay every correction mode over a NeMo-RL run's step logs.
 
-For each ``LOG_DIR/train_data_step{N}.jsonl`` in order of N (:mod:`.reader`), the core
-code computes the AIS statistics, diagnostics and alpha (EMA state carried across steps)
-and the weights of ``tis``, ``icepop``, ``seq_mask_geo`` and ``ais`` (:mod:`.replay`);
-the refit guard (:mod:`nemo_ais.alarms`) checks the step. Outputs in ``OUT`` (default
-``LOG_DIR/ais_analysis``): ``analysis.jsonl`` (one row per step, written as the steps are
-read), ``report.md`` and PNG plots (:mod:`.report`).
+Per ``LOG_DIR/train_data_step{N}.jsonl`` in order of N (:mod:`.reader`): the core's AIS
+diagnostics, alpha and mode weights (:mod:`.replay`) and the refit guard
+(:mod:`nemo_ais.alarms`); written to ``analysis.jsonl`` as the steps are read, then
+``report.md`` and PNG plots (:mod:`.report`).
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ from nemo_ais.analyze.reader import (
 from nemo_ais.analyze.replay import StepResult, replay_step
 from nemo_ais.analyze.report import write_report
 from nemo_ais.config import CorrectionConfig, require_config, validate_section
-from nemo_ais.core import METRICS
+from nemo_ais.core import METRICS, AISState
 from nemo_ais.rollout.readback import READBACK_FILE, read_readback
 
 __all__ = [
@@ -134,27 +132,17 @@ def load_analysis_config(
             node[name] = yaml.safe_load(raw)
         except yaml.YAMLError as err:
             raise ValueError(f"override {item!r}: value is not YAML ({err})") from None
-    return (
-        validate_section(CorrectionConfig, sections["loss_fn.ais"], "loss_fn.ais"),
-        validate_section(AlarmConfig, sections["alarms"], "alarms"),
-    )
+    return tuple(validate_section(model, sections[n], n) for n, model in _SECTIONS.items())
 
 
 def global_batches_per_step(path: Path | str) -> int:
     """Optimizer steps per GRPO step of a run config: rollout batch / train_global_batch_size.
 
-    ``grpo.num_prompts_per_step x grpo.num_generations_per_prompt`` samples per step,
-    ``policy.train_global_batch_size`` per global batch (NeMo-RL keys; the embedded
-    recipe's ``null`` means the whole step). Online, AIS forms alpha once per global
-    batch; ``nemo-ais analyze`` replays one step file as one global batch, so with more
-    than one per step the replayed alpha differs from the online one.
-
-    Returns:
-        The number of global batches per step, rounded up; 1 when the config does not
-        give the batch sizes.
-
-    Raises:
-        FileNotFoundError: the file (or a ``defaults:`` parent) does not exist.
+    ``grpo.num_prompts_per_step x grpo.num_generations_per_prompt`` over
+    ``policy.train_global_batch_size``, rounded up; 1 when the config does not give them
+    (the embedded recipe's ``null``: the whole step). Above 1 the replayed alpha (one per
+    step file) differs from the online one (one per global batch). Raises
+    ``FileNotFoundError`` if the file (or a ``defaults:`` parent) does not exist.
     """
     from nemo_ais.preflight import load_config
 
@@ -200,33 +188,26 @@ def analyze_run(
     Args:
         log_dir: a NeMo-RL ``logger.log_dir`` holding ``train_data_step{N}.jsonl`` files.
         out_dir: output directory (default ``log_dir/ais_analysis``).
-        config: the ``loss_fn.ais`` section (default: the defaults of CorrectionConfig).
-        alarm_config: refit-guard thresholds. ``fail_on_alarm`` does not stop the analysis
-            (every step is analysed and the report written); ``nemo-ais analyze`` maps it,
-            like ``--fail-on-alarm``, to exit code 3 when an alarm fired.
+        config: the ``loss_fn.ais`` section (default: CorrectionConfig's defaults).
+        alarm_config: refit-guard thresholds; ``fail_on_alarm`` does not stop the analysis
+            (``nemo-ais analyze`` maps it to exit code 3).
         skip_bad_rows: count and skip bad rows instead of stopping at the first.
         progress: show a progress bar (bytes read) on stderr.
-        plots: draw the PNG plots.
         chunk_tokens: positions per chunk read at once (bounds the memory).
         memory_budget_bytes: per step, aligned chunks kept in memory for the ``ais`` pass;
             the rest is spilled to a temporary directory.
-        global_batches_per_step: of the run (:func:`global_batches_per_step` of its
-            config); above 1, a warning and the report say that the replayed alpha (one
-            per step file) differs from the online one (one per global batch).
+        global_batches_per_step: of the run (:func:`global_batches_per_step`); above 1, a
+            warning and the report say that the replayed alpha differs from the online one.
+        tolerance: a dose-response study's ``tolerance.json`` (default: the shipped one).
 
-    A gap in the step files (steps 1, 2, 4) is logged as a warning and listed in the
-    report and in :attr:`AnalysisResult.missing_steps`; the steps present are analysed.
-
-    Returns:
-        :class:`AnalysisResult`.
+    A gap in the step files (steps 1, 2, 4) is warned about and listed in the report and
+    :attr:`AnalysisResult.missing_steps`; the steps present are analysed.
 
     Raises:
         BadInputError: ``file:line: problem`` for the first bad input; any other error
             while a step file is analysed (except ``OSError`` and ``KeyboardInterrupt``)
             becomes ``file:0: unexpected <type>: <first line>``.
-        TypeError: ``config`` or ``alarm_config`` is not the config object (e.g. a dict:
-            build it with ``CorrectionConfig(**d)`` / ``AlarmConfig(**d)``, or use
-            :func:`load_analysis_config`).
+        TypeError: ``config`` or ``alarm_config`` is not the config object (e.g. a dict).
     """
     require_config(config, CorrectionConfig, "analyze_run(config)", optional=True)
     require_config(alarm_config, AlarmConfig, "analyze_run(alarm_config)", optional=True)
@@ -261,8 +242,6 @@ def analyze_run(
         raise BadInputError(
             out, 0, f"cannot create the output directory ({err.strerror})"
         ) from None
-    from nemo_ais.core import AISState
-
     state, monitor = AISState(), AlarmMonitor(monitor_config)
     readback_file = log_dir / READBACK_FILE
     readbacks, problems = read_readback(readback_file)
@@ -278,37 +257,34 @@ def analyze_run(
         disable=None if progress else True,  # None: off when stderr is not a terminal
         leave=False,
     )
-    try:
-        with (out / ANALYSIS_FILE).open("w") as f:
-            for step_file in files:
-                bar.set_postfix_str(f"step {step_file.step}", refresh=False)
-                result = _replay(
-                    step_file,
-                    config,
-                    state,
-                    chunk_tokens=chunk_tokens,
-                    memory_budget_bytes=memory_budget_bytes,
-                    skip_bad_rows=skip_bad_rows,
-                    on_bytes=bar.update,
-                    kv_min_length=alarm_config.kv_min_length,
-                )
-                fired = monitor.observe(
-                    result.step,
-                    result.diagnostics,
-                    n_nonfinite=result.n_nonfinite,
-                    nonfinite_where=result.first_nonfinite,
-                    profile=result.profile,
-                    readback=readbacks.get(result.step),
-                )
-                row = analysis_row(result, fired)
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                rows.append(row)
-                bad_rows += result.counts.bad_rows
-                rows_read += result.counts.rows
-                bad_examples += result.counts.bad_examples[: 3 - len(bad_examples)]
-    finally:
-        bar.close()
+    with bar, (out / ANALYSIS_FILE).open("w") as f:
+        for step_file in files:
+            bar.set_postfix_str(f"step {step_file.step}", refresh=False)
+            result = _replay(
+                step_file,
+                config,
+                state,
+                chunk_tokens=chunk_tokens,
+                memory_budget_bytes=memory_budget_bytes,
+                skip_bad_rows=skip_bad_rows,
+                on_bytes=bar.update,
+                kv_min_length=alarm_config.kv_min_length,
+            )
+            fired = monitor.observe(
+                result.step,
+                result.diagnostics,
+                n_nonfinite=result.n_nonfinite,
+                nonfinite_where=result.first_nonfinite,
+                profile=result.profile,
+                readback=readbacks.get(result.step),
+            )
+            row = analysis_row(result, fired)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            rows.append(row)
+            bad_rows += result.counts.bad_rows
+            rows_read += result.counts.rows
+            bad_examples += result.counts.bad_examples[: 3 - len(bad_examples)]
     meta = {
         "log_dir": str(log_dir),
         "files": len(files),
