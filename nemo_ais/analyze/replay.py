@@ -4,25 +4,18 @@
 
 Per ``train_data_step{N}.jsonl`` (one global batch), with the core code only:
 
-1. pass 1, per chunk of rows: :func:`~nemo_ais.core.compute_statistics` (the float64
-   sufficient-statistics vector, summed over chunks exactly as the all-reduce sums it over
-   data-parallel ranks), :func:`~nemo_ais.core.correction_weights` of every replayed mode
-   that needs no global-batch value (``tis``, ``icepop``, ``seq_mask_geo``), and the
-   per-position |l| profile of the refit guard;
-2. :func:`~nemo_ais.core.diagnostics_from_stats` on the summed vector: R, D, CV^2, KL,
-   ``token_mult_prob_error``, the gates and alpha (the EMA ``state`` is carried from
-   step to step, as the AIS worker carries it);
-3. pass 2, over the chunks kept from pass 1 (in memory up to a budget, then spilled to a
-   temporary directory): the weights of the replayed modes that need a global-batch value
-   (``ais``, with that alpha).
+1. pass 1, per chunk: :func:`~nemo_ais.core.compute_statistics` (the float64 vector,
+   summed over chunks as the all-reduce sums it over ranks), the weights of the replayed
+   modes that need no global-batch value (``tis``, ``icepop``, ``seq_mask_geo``) and the
+   refit guard's position profile;
+2. :func:`~nemo_ais.core.diagnostics_from_stats` on the sum, the EMA ``state`` carried
+   from step to step as the AIS worker carries it;
+3. pass 2, over the chunks kept from pass 1 (spilled to disk past a budget): the modes
+   that need a global-batch value (``ais``, with that alpha).
 
-The replayed modes are those whose record has a ``replay`` (:mod:`nemo_ais.modes`).
-
-Weight summary of a mode (w_hat over the n valid tokens): mean, max, the fraction capped
-or masked and the effective sample size ratio (sum w_hat)^2 / (n sum w_hat^2). Capped
-follows core's ``frac_capped`` (rho > C, from the step's diagnostics): ``tis``: rho > C or
-rho < floor (core's floor: ``tis.floor``, or 0 when unset, so never); ``ais``: rho > C
-when alpha > 0 (else 0: the weights are all 1); ``icepop``/``seq_mask_geo``: w_hat = 0.
+A mode's weight summary over the n valid tokens: mean, max, the fraction capped or masked
+(capped: core's ``frac_capped``, rho > C, or rho < ``tis.floor``; ``ais`` only when
+alpha > 0) and the ESS ratio (sum w_hat)^2 / (n sum w_hat^2).
 """
 
 from __future__ import annotations
@@ -53,16 +46,6 @@ __all__ = ["MODES", "StepResult", "WeightSums", "replay_step"]
 # the modes a step is replayed with, in the registry's order (tis, icepop, seq_mask_geo, ais)
 MODES = tuple(name for name, mode in ALL_MODES.items() if mode.replay is not None)
 _BYTES_PER_POSITION = 2 * 8 + 1  # two float64 log-probs and a bool mask
-
-
-def _affected(mode: str, old, rollout, valid, config, w_hat) -> torch.Tensor:
-    """Valid tokens the mode masks or floors (its record's ``replay.affected``; None: none)."""
-    affected = ALL_MODES[mode].replay.affected
-    return (
-        torch.zeros_like(valid)
-        if affected is None
-        else affected(old, rollout, valid, config, w_hat)
-    )
 
 
 @dataclass
@@ -165,12 +148,8 @@ def replay_step(
         state: AIS EMA state, advanced once (carry it across steps).
         chunk_tokens: positions per chunk (bounds the memory of pass 1).
         memory_budget_bytes: chunks kept in memory for pass 2; the rest is spilled.
-        skip_bad_rows: count and skip bad rows instead of raising.
         on_bytes: progress callback (bytes read).
         kv_min_length: shortest valid span of a sequence in the position profile.
-
-    Returns:
-        :class:`StepResult`.
 
     Raises:
         BadInputError: a bad row (unless skipped), an empty file, or no valid token.
@@ -186,6 +165,13 @@ def replay_step(
     n_tok = n_positions = n_nonfinite = 0
     first_nonfinite = ""
     store = _ChunkStore(memory_budget_bytes)
+
+    def add(m: str, old, rollout, valid, **alpha: float) -> None:
+        w_hat = correction_weights(old, rollout, valid, modes[m], **alpha)
+        fn = ALL_MODES[m].replay.affected  # the tokens it masks or floors; None: none
+        mask = fn(old, rollout, valid, modes[m], w_hat) if fn else torch.zeros_like(valid)
+        sums[m].add(w_hat, valid, mask)
+
     try:
         for chunk in iter_chunks(  # step 1 (pass 1)
             step_file,
@@ -198,8 +184,7 @@ def replay_step(
             local = compute_statistics(old, rollout, valid, config).vector
             vector = local if vector is None else vector + local
             for m in pass_1:
-                w_hat = correction_weights(old, rollout, valid, modes[m])
-                sums[m].add(w_hat, valid, _affected(m, old, rollout, valid, modes[m], w_hat))
+                add(m, old, rollout, valid)
             profile = profile.merge(position_profile(old, rollout, valid, min_length=kv_min_length))
             n_tok += int(valid.sum())
             n_positions += chunk.num_positions
@@ -219,9 +204,7 @@ def replay_step(
         pass_2 = [m for m in MODES if m not in pass_1]
         for old, rollout, valid in store:  # step 3 (pass 2)
             for m in pass_2:
-                value = getattr(diagnostics, ALL_MODES[m].batch_field)  # ais: alpha
-                w_hat = correction_weights(old, rollout, valid, modes[m], alpha=value)
-                sums[m].add(w_hat, valid, _affected(m, old, rollout, valid, modes[m], w_hat))
+                add(m, old, rollout, valid, alpha=getattr(diagnostics, ALL_MODES[m].batch_field))
     finally:
         store.close()
     weights = {m: s.summary() for m, s in sums.items()}
