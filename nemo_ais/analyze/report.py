@@ -1,12 +1,10 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""``report.md`` and the PNG plots of an analysis, from its per-step rows alone.
+"""``report.md`` and the PNG plots of an analysis, from its ``analysis.jsonl`` rows alone.
 
-The rows are those of ``analysis.jsonl`` (``step``, the ``ais/*`` names of
-``docs/metrics.md``, ``weights/<mode>/*``, ``analysis/*``, ``ais_alarm/*``, ``alarms``).
 Every statement of the report is a number read off these rows: the fitted trend of the
-mismatch (:mod:`nemo_ais.analyze.trend`), the steps where an alarm fired, and the
-recommendation (e.g. "alpha > 0.5 on 85% of steps from step 120 on").
+mismatch (:mod:`.trend`), the alarms and the recommendation ("alpha > 0.5 on 85% of steps
+from step 120 on").
 """
 
 from __future__ import annotations
@@ -73,9 +71,7 @@ def onset(
 ) -> tuple[int, float, int, int] | None:
     """Earliest step where ``test(v)`` holds and keeps holding on >= ``share`` of the rest.
 
-    The onset step itself satisfies the condition (a run that starts low and turns high
-    reports the first high step, not a low step before it), and the condition holds on at
-    least ``share`` of the steps from it to the end, so "holds on k of m steps from step s
+    The onset step itself satisfies the condition, so "holds on k of m steps from step s
     on" is a true statement about the data.
 
     Returns:
@@ -83,8 +79,7 @@ def onset(
         step leaves at least ``min_steps`` steps.
     """
     hits = [1 if test(v) else 0 for v in values]
-    suffix = 0
-    best = None
+    suffix, best = 0, None
     for i in range(len(values) - 1, -1, -1):
         suffix += hits[i]
         remaining = len(values) - i
@@ -157,7 +152,6 @@ def recommendations(rows: list[dict[str, Any]], alarms: list[str]) -> list[str]:
 
 
 def _plot_series(ax, steps: list[int], series: dict[str, list[float]]) -> None:
-    """One line per series, each with its own colour, marker and line style."""
     for i, (label, values) in enumerate(series.items()):
         ax.plot(steps, values, label=label, **series_style(i, len(steps)))
 
@@ -165,8 +159,8 @@ def _plot_series(ax, steps: list[int], series: dict[str, list[float]]) -> None:
 def build_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The analysis' matplotlib figures by file name (:data:`PLOTS`); the caller saves them.
 
-    Every panel has a y label with its unit, integer step ticks, a legend naming its series
-    (each with its own marker and line style) and a red dashed line at each alarm's step.
+    Every panel has a y label with its unit, integer step ticks, a legend and a red dashed
+    line at each alarm's step.
     """
     import matplotlib
 
@@ -252,7 +246,6 @@ def _modes_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
-    """Report lines for a gap in the step files and for several global batches per step."""
     lines = []
     gaps = meta.get("missing_steps") or []
     if gaps:
@@ -276,19 +269,16 @@ def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
 def write_report(
     out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *, plots: bool = True
 ) -> list[Path]:
-    """Write ``report.md`` (and the PNG plots) for the analysed rows.
+    """Write ``report.md`` (and the PNG plots) for the analysed rows; return the files.
 
     Args:
         out_dir: the analysis directory.
         rows: the ``analysis.jsonl`` rows, ordered by step (at least one).
         meta: ``log_dir``, ``files``, ``rows_read``, ``bad_rows``, ``bad_examples``,
             ``config`` and ``alarm_config`` (dicts of the fields not at their default);
-            optionally ``missing_steps`` and ``global_batches_per_step`` (warned about),
-            and ``tolerance`` (the study levels the run is placed on).
+            optionally ``missing_steps``, ``global_batches_per_step`` and ``tolerance``
+            (the study levels the run is placed on).
         plots: also draw the PNGs.
-
-    Returns:
-        The files written.
     """
     out_dir = Path(out_dir)
     steps = [int(r["step"]) for r in rows]

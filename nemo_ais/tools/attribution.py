@@ -378,27 +378,12 @@ def plot_attribution(att: Attribution, path: str | Path, top: int = 16) -> Path:
     )
     for ax, (title, rows) in zip(axes, panels, strict=True):
         y = list(range(len(rows)))[::-1]
-        ax.barh(
-            [v + 0.2 for v in y],
-            [r.alone.mean_abs_delta for r in rows],
-            0.4,
-            label="alone (only this quantized)",
-            color="tab:red",
-        )
-        ax.barh(
-            [v - 0.2 for v in y],
-            [r.buys for r in rows],
-            0.4,
-            label="buys (kept in BF16)",
-            color="tab:blue",
-        )
-        ax.axvline(
-            att.full.mean_abs_delta,
-            color="black",
-            linestyle="--",
-            linewidth=1,
-            label="all quantized",
-        )
+        for dy, values, label, color in (
+            (0.2, [r.alone.mean_abs_delta for r in rows], "alone (only this quantized)", "tab:red"),
+            (-0.2, [r.buys for r in rows], "buys (kept in BF16)", "tab:blue"),
+        ):
+            ax.barh([v + dy for v in y], values, 0.4, label=label, color=color)
+        ax.axvline(att.full.mean_abs_delta, color="black", ls="--", lw=1, label="all quantized")
         ax.set_yticks(y, [r.label for r in rows], fontsize=8)
         ax.set_xlabel("mean |Δ log p| vs the unquantized model (nats/token)")
         ax.set_title(f"{_describe(att.config)}: {title}", fontsize=9)
