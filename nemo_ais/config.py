@@ -2,13 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Validated configuration of the AIS correction (``loss_fn.ais``) and the clipped GRPO loss.
 
-:class:`CorrectionConfig` holds the correction mode and the constants of the AIS mixer (a
-documented **[reconstruction]** of arXiv 2605.13907, docs/method.md); each mode's own knobs
-are its sub-section ``loss_fn.ais.<mode>``, the ``config`` of its record
-(:mod:`nemo_ais.modes`), and the flat keys of the earlier layout are refused with the new
-name. :class:`PGLossConfig` holds the clipped-surrogate knobs, named as NeMo-RL v0.7.0's
-``ClippedPGLossConfig``. Everywhere ``rho = pi_old / mu``. The section machinery
-(:func:`validate_section`, :func:`require_config`) is :mod:`nemo_ais.sections`'s.
+:class:`CorrectionConfig`: the correction mode and the AIS mixer constants (a documented
+**[reconstruction]** of arXiv 2605.13907, docs/method.md); each mode's own knobs are its
+sub-section ``loss_fn.ais.<mode>`` (its record's ``config``, :mod:`nemo_ais.modes`).
+:class:`PGLossConfig`: the clipped surrogate, named as NeMo-RL v0.7.0's
+``ClippedPGLossConfig``. Everywhere ``rho = pi_old / mu``.
 """
 
 from __future__ import annotations
@@ -61,9 +59,8 @@ def _cap(description: str) -> Any:
 class CorrectionConfig(_ModeSections):
     """The ``loss_fn.ais`` section: correction mode and AIS mixer constants.
 
-    The modes' weights and knobs are tabled in docs/method.md. Shared knobs stay flat
-    (``weight_cap``: tis and ais; ``seq_weight_cap``: seq_tis, seq_mis and tbpo; the switches
-    ``batch_normalize`` and ``bypass``, the diagnostics and the mixer).
+    The modes' weights and knobs are tabled in docs/method.md; knobs shared by several
+    modes, the diagnostics and the mixer stay flat.
     """
 
     moved_keys: ClassVar[Mapping[str, str]] = _MOVED_KEYS
@@ -145,8 +142,7 @@ class PGLossConfig(Section):
     ``L = -sum w_hat * max-side-clipped(r * A) * m / N``, ``r = exp(logp_theta - logp_old)``
     clipped to ``[1 - ratio_clip_min, 1 + ratio_clip_max]`` (dual clip ``c`` for A < 0), plus
     ``reference_policy_kl_penalty * KL(pi_theta || pi_ref)``; CISPO, GSPO, the on-policy KL
-    approximation and VAPO's NLL term as in NeMo-RL v0.7.0 (:mod:`nemo_ais.core.loss`), whose
-    assertions on their combinations are validation errors naming the fields.
+    approximation and VAPO's NLL term as in NeMo-RL v0.7.0 (:mod:`nemo_ais.core.loss`).
     """
 
     ratio_clip_min: float = Field(0.2, ge=0.0, lt=1.0, description="eps_low of the ratio clip.")
@@ -207,24 +203,14 @@ class PGLossConfig(Section):
             )
         if not self.use_cispo:
             return self
-        rules = (  # field, set against CISPO, the value CISPO needs, why
-            ("disable_ppo_ratio", self.disable_ppo_ratio, "false", "CISPO needs the ratio"),
-            (
-                "sequence_level_importance_ratios",
-                self.sequence_level_importance_ratios,
-                "false",
-                "CISPO uses token-level ratios",
-            ),
-            (
-                "ratio_clip_c",
-                self.ratio_clip_c is not None,
-                "null",
-                "the dual clip would overwrite the CISPO loss",
-            ),
-            ("token_level_loss", not self.token_level_loss, "true", "CISPO is token-level"),
-        )
-        for field, conflicting, expected, why in rules:
-            if conflicting:
+        rules = {  # field: the value CISPO needs (and as YAML), why
+            "disable_ppo_ratio": (False, "false", "CISPO needs the ratio"),
+            "sequence_level_importance_ratios": (False, "false", "CISPO uses token-level ratios"),
+            "ratio_clip_c": (None, "null", "the dual clip would overwrite the CISPO loss"),
+            "token_level_loss": (True, "true", "CISPO is token-level"),
+        }
+        for field, (needed, expected, why) in rules.items():
+            if getattr(self, field) is not needed:
                 raise ValueError(
                     f"{field}={getattr(self, field)!r} is invalid with use_cispo=True: "
                     f"expected {expected} ({why}; NeMo-RL's ClippedPGLossFn asserts the same)"
@@ -235,9 +221,8 @@ class PGLossConfig(Section):
 def surrogate_conflicts(config: CorrectionConfig, pg: PGLossConfig) -> list[str]:
     """One message per ``pg`` surrogate option that ``config.mode``'s own surrogate excludes.
 
-    The record's ``surrogate_conflicts`` (tbpo: ``disable_ppo_ratio``, ``use_cispo``,
-    ``sequence_level_importance_ratios``), in field order: ``loss_fn.<field>=True is invalid
-    with loss_fn.ais.mode='tbpo': expected False (why)``.
+    The mode record's ``surrogate_conflicts``, in field order: ``loss_fn.<field>=True is
+    invalid with loss_fn.ais.mode='tbpo': expected False (why)``.
     """
     return [
         f"loss_fn.{field}=True is invalid with loss_fn.ais.mode={config.mode!r}: expected "

@@ -2,10 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The shared look of the PNG plots of ``nemo-ais report`` and ``nemo-ais analyze``.
 
-Plots a reader can publish: every y axis names its quantity and unit, the step axis has
-integer ticks, and every series has its own colour, marker and line style, so series that
-coincide (two arms that train identically) stay visible as distinct markers on one line.
-matplotlib is imported by the callers (lazily); this module only holds the styles.
+Every series has its own colour, marker and line style, so series that coincide (two arms
+that train identically) stay visible as distinct markers on one line.
 """
 
 from __future__ import annotations

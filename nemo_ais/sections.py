@@ -2,12 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The machinery of every config section: the strict base model and its errors at a boundary.
 
-A leaf module (pydantic and the standard library only), below :mod:`nemo_ais.config` and
-the correction modes. :func:`validate_section` turns pydantic's error into a ``ValueError``
-naming the field path, the value, the allowed range and a hint
-(``loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)``); a moved key
-(:attr:`Section.moved_keys`) is refused with its new path. :func:`require_config` makes a
-plain dict passed for a config object a ``TypeError`` naming the parameter and the fix.
+A leaf module (pydantic and the standard library only). :func:`validate_section` turns
+pydantic's error into a ``ValueError`` naming the field path, the value, the allowed range
+and a hint (``loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)``);
+:func:`require_config` makes a plain dict passed for a config object a ``TypeError``.
 """
 
 from __future__ import annotations
@@ -59,24 +57,21 @@ def moved_key_errors(model: type[BaseModel], data: Any, path: str) -> list[str]:
 
 def plain_mapping(data: Any) -> Any:
     """``data`` with every nested mapping (e.g. an OmegaConf ``DictConfig``) as a plain dict."""
-    if isinstance(data, Mapping):
-        return {k: plain_mapping(v) for k, v in data.items()}
-    return data
+    return {k: plain_mapping(v) for k, v in data.items()} if isinstance(data, Mapping) else data
 
 
 _M = TypeVar("_M", bound=BaseModel)
 
 
 def validate_section(model: type[_M], data: Any, path: str) -> _M:
-    """Validate ``data`` (a mapping or an instance) as ``model``.
+    """Validate ``data`` (a mapping, None or an instance) as ``model``.
 
     On failure one ``ValueError``, a line per problem: ``<path>.field=value is invalid:
     reason (hint)``, ``path`` being the section's dotted prefix (``"loss_fn.ais"``).
     """
     if isinstance(data, model):
         return data
-    if data is None:
-        data = {}
+    data = {} if data is None else data
     if not isinstance(data, Mapping):
         raise TypeError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     data = plain_mapping(data)  # e.g. an OmegaConf DictConfig with nested sub-sections
@@ -125,8 +120,7 @@ def config_type_error(
 ) -> TypeError | None:
     """The ``TypeError`` :func:`require_config` raises for ``value``, or None if it is fine.
 
-    For callers that must not raise at once (a distributed entry point that turns a local
-    error into flags so that every rank raises together).
+    For callers that must not raise at once (every rank of a distributed call raises together).
     """
     if isinstance(value, expected) or (optional and value is None):
         return None

@@ -1,13 +1,9 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""Offline analysis of NeMo-RL step logs (``nemo-ais analyze``) and the refit guard.
+"""Offline analysis of NeMo-RL step logs (``nemo-ais analyze``, docs/analyze.md).
 
-* :func:`analyze_run`: replay the AIS diagnostics, alpha and every correction mode's
-  weights over ``<log_dir>/train_data_step{N}.jsonl`` with the core code; write
-  ``analysis.jsonl``, ``report.md`` and plots (``docs/analyze.md``).
-* :class:`AlarmMonitor` / :class:`AlarmConfig`: the refit guard, re-exported from
-  :mod:`nemo_ais.alarms` (torch-free pure logic, which the AIS worker uses online too);
-  :func:`position_profile` computes its ``kv_scale_position`` input from a step's tensors.
+:func:`analyze_run` replays the AIS diagnostics and every correction mode over a run's
+step logs; the refit guard is re-exported from :mod:`nemo_ais.alarms`.
 """
 
 from nemo_ais.alarms import (

@@ -2,13 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Place an analysed run on the embedded dose-response study's tolerance curve.
 
-The study (``nemo-ais run --preset dose``) writes ``tolerance.json``
-(:mod:`nemo_ais.embedded.tolerance`): per level of the mismatch dial, the uncorrected
-arm's measured mismatch and every correction's paired Δ vs BF16. ``nemo-ais analyze
---tolerance PATH`` (default: :data:`STUDY`, the study recorded with this release, when it
-is shipped) states the run's own mismatch and what the study found at the level whose D
-is nearest. A small model on a synthetic task on one CPU: a result to read the run
-against, not a prediction for the run's model.
+The study's ``tolerance.json`` (``nemo-ais run --preset dose``,
+:mod:`nemo_ais.embedded.tolerance`) holds per level of the mismatch dial the uncorrected
+arm's mismatch and every correction's paired Δ vs BF16; the report states what it found at
+the level whose D is nearest the run's (default study: :data:`STUDY`, when shipped).
 """
 
 from __future__ import annotations

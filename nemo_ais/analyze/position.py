@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-quarter |log-ratio| profile of a step's long sequences: the ``kv_scale_position`` input.
 
-Offline only (``nemo-ais analyze``): :func:`position_profile` sums |l| = |log pi_old -
-log mu| and the valid tokens over each quarter of every long sequence's own valid span;
-:meth:`nemo_ais.alarms.AlarmMonitor.observe` compares the last quarters with the first.
+Offline only: sums of |l| = |log pi_old - log mu| and valid tokens over each quarter of
+every long sequence's own valid span.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ class PositionProfile:
     """Per-quarter sums over valid tokens of long sequences: sum |l|, tokens, sequences.
 
     Quarter q of a sequence covers its valid span's positions with
-    floor(4 (j - first) / span) = q. Additive: profiles of chunks (or of data-parallel
-    ranks, all-reduced) merge by :meth:`merge`.
+    floor(4 (j - first) / span) = q. Profiles of chunks (or ranks) add up by :meth:`merge`.
     """
 
     abs_log_rho_sum: torch.Tensor
