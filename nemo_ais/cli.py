@@ -440,8 +440,7 @@ def _analyze(args: argparse.Namespace) -> int:
     except BadInputError as err:
         return _fail(1, "analyze", err)
     if args.list:
-        for log_dir in log_dirs:
-            print(log_dir)
+        print(*log_dirs, sep="\n")
         return 0
     if log_dirs == [args.log_dir]:  # LOG_DIR is one run's log_dir
         return _analyze_one(args, args.log_dir, args.out, "", config, alarm_config, batches)

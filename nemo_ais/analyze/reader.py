@@ -350,14 +350,11 @@ def iter_chunks(
     """Stream one step file as aligned chunks of at most ``chunk_tokens`` positions.
 
     Args:
-        step_file: the file.
         chunk_tokens: positions (rows x aligned length) per chunk; a longer row is its own chunk.
-        skip_bad_rows: count and skip bad rows instead of raising.
         counts: filled with rows read / bad rows skipped.
         on_bytes: called with the bytes of each line read (progress bar).
 
-    Blank lines at the end of the file are skipped; a blank line followed by a row is a
-    bad row.
+    Trailing blank lines are skipped; a blank line followed by a row is a bad row.
 
     Raises:
         BadInputError: the first bad row (unless ``skip_bad_rows``), or an empty file.
