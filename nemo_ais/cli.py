@@ -111,7 +111,7 @@ _PRESET_HELP = (
 )
 _FLAG = {"action": "store_true"}
 _OVERRIDES = {"nargs": "*", "metavar": "key=value"}
-_PATH = {"type": Path, "default": None}
+_PATH = {"type": Path}  # argparse's default: None
 # Each subcommand: (help, description, {flag: add_argument keywords}); flags in a tuple are
 # mutually exclusive. The parser is built from this table by build_parser.
 _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
@@ -132,7 +132,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
                     "help": "A YAML config file (default: the shipped preset default.yaml).",
                 },
                 "--quick": {**_FLAG, "help": "The <= 60 s shipped preset quick.yaml."},
-                "--preset": {"choices": PRESETS, "default": None, "help": _PRESET_HELP},
+                "--preset": {"choices": PRESETS, "help": _PRESET_HELP},
             },
             "--overwrite": {
                 **_FLAG,
@@ -207,16 +207,9 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
             },
             ("--config", "--preset"): {
                 "--config": {**_PATH, "help": "A recipe YAML config."},
-                "--preset": {
-                    "choices": ("default", *PRESETS),
-                    "default": None,
-                    "help": "A shipped preset.",
-                },
+                "--preset": {"choices": ("default", *PRESETS), "help": "A shipped preset."},
             },
-            "--arm": {
-                "default": None,
-                "help": "Take the precision of this experiment arm (default: base).",
-            },
+            "--arm": {"help": "Take the precision of this experiment arm (default: base)."},
             "--prompts": {"type": int, "default": 64, "help": "Held-out prompts (64)."},
             "--seed": {"type": int, "default": 0, "help": "Sampling seed (0)."},
             "--top": {"type": int, "default": 16, "help": "Sources printed and plotted."},
