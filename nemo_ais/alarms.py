@@ -168,7 +168,9 @@ def _get(diagnostics: Any, name: str, default: float | None = None) -> float:
     """A diagnostic by name; ``default`` (if given) when it is absent (an older log)."""
     if isinstance(diagnostics, Mapping):
         return float(diagnostics[name] if default is None else diagnostics.get(name, default))
-    return float(getattr(diagnostics, name, *(() if default is None else (default,))))
+    if default is None:
+        return float(getattr(diagnostics, name))
+    return float(getattr(diagnostics, name, default))
 
 
 def _ratio(value: float, base: float) -> str:
