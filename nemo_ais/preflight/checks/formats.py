@@ -2,12 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """NVFP4 (W4A16, W4A4) and MXFP8 rollouts with a BF16 trainer: NeMo-RL's switches and shards.
 
-NVFP4 is ModelOpt real-quant (``policy.generation.quant_cfg`` + ``real_quant: true``); a
-BF16 trainer needs nemo_ais's NVFP4 refit (``ais_nvfp4_refit``), since NeMo-RL packs NVFP4
-only in its ModelOpt QAT worker, which QARL (``policy.quant_cfg``) uses instead. MXFP8 is
-main's ``precision: fp8`` + ``is_mx: true``. Each quantized linear's input dim per vLLM TP
-rank must be a multiple of the format's block: 16 (NVFP4), 32 (MXFP8). docs/cluster.md,
-"Low-precision rollout formats", has the details read in NeMo-RL v0.7.0 and main.
+NeMo-RL packs NVFP4 only in its ModelOpt QAT worker (QARL, ``policy.quant_cfg``), so a
+BF16 trainer needs nemo_ais's NVFP4 refit (``ais_nvfp4_refit``). Details: docs/cluster.md,
+"Low-precision rollout formats".
 """
 
 from __future__ import annotations
@@ -88,10 +85,9 @@ _VLLM = "policy.generation.vllm_cfg"
 _SET_VERSION = "set NEMO_RL_DIR to the NeMo-RL checkout or pass --nemo-rl-version"
 
 
-def _nvfp4_mode(cfg: Mapping[str, Any]) -> str | None:
-    """``w4a16`` / ``w4a4`` of the config's real-quant recipe; None if not known offline."""
-    quant_cfg = str(get(cfg, _GEN + ".quant_cfg") or "")
-    return NVFP4_QUANT_CFG_MODES.get(quant_cfg.removeprefix("./"))
+def _recipe_mode(quant_cfg: Any) -> str | None:
+    """``w4a16`` / ``w4a4`` of a ModelOpt recipe path; None if not known offline."""
+    return NVFP4_QUANT_CFG_MODES.get(str(quant_cfg or "").removeprefix("./"))
 
 
 def rollout_format(cfg: Mapping[str, Any]) -> str:
@@ -101,7 +97,7 @@ def rollout_format(cfg: Mapping[str, Any]) -> str:
     | ``fp8`` (128 x 128 block FP8) | ``bf16``.
     """
     if get(cfg, _GEN + ".real_quant", False):
-        mode = _nvfp4_mode(cfg)
+        mode = _recipe_mode(get(cfg, _GEN + ".quant_cfg"))
         return f"nvfp4_{mode}" if mode else "nvfp4"
     if get(cfg, _VLLM + ".precision") == "fp8":
         return "mxfp8" if get(cfg, _VLLM + ".is_mx", False) else "fp8"
@@ -175,10 +171,8 @@ def is_moe(cfg: Mapping[str, Any]) -> bool:
 
 def _nvfp4_moe_refit_problems(cfg: Mapping[str, Any], version: str) -> list[str]:
     """v0.7.0 re-processes only dense NVFP4 layers after a refit: no NVFP4 MoE refit there."""
-    refit = get(cfg, "ais_nvfp4_refit") or {}
-    if version != "v0.7.0" or not refit.get("enabled", True) or not get(cfg, "ais_nvfp4_refit"):
-        return []
-    if not is_moe(cfg):
+    refit = get(cfg, "ais_nvfp4_refit")
+    if version != "v0.7.0" or not refit or not refit.get("enabled", True) or not is_moe(cfg):
         return []
     return [
         f"ais_nvfp4_refit with an MoE policy ({get(cfg, 'policy.model_name')!r}) is invalid on "
@@ -283,11 +277,12 @@ def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> l
     """The ``ais_nvfp4_refit`` format matches the engine's; W4A4 has its input amax."""
     problems = []
     fmt = refit.get("format", "nvfp4_w4a16")  # BlockSyncConfig's default
-    mode = _nvfp4_mode(cfg)
+    quant_cfg = get(cfg, _GEN + ".quant_cfg")
+    mode = _recipe_mode(quant_cfg)
     if mode is not None and fmt != f"nvfp4_{mode}":
         problems.append(
             f"ais_nvfp4_refit.format={fmt!r} is invalid with {_GEN}.quant_cfg="
-            f"{get(cfg, _GEN + '.quant_cfg')!r}: expected 'nvfp4_{mode}' (the refit must "
+            f"{quant_cfg!r}: expected 'nvfp4_{mode}' (the refit must "
             "stream the tensors of the NVFP4 mode vLLM is built in; W4A4 linears also take "
             "input_scale)"
         )
@@ -330,7 +325,7 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
             "ais_nvfp4_refit with an MoE policy needs NeMo-RL main (v0.7.0 re-processes dense "
             f"NVFP4 layers only after a refit); {ctx.nemo_rl_detail}: not checked"
         )
-    mode = _nvfp4_mode(ctx.cfg)
+    mode = _recipe_mode(quant_cfg)
     if mode is None and quant_cfg:
         warnings.append(
             f"{_GEN}.quant_cfg={quant_cfg!r} is not one of NeMo-RL's recipes whose NVFP4 mode "
@@ -392,7 +387,7 @@ def check_qarl_trainer(ctx: Context) -> Verdict | None:
             "absent means Megatron-Bridge's default, true)"
         )
     problems += _qarl_rollout_problems(ctx, quant_cfg)
-    mode = NVFP4_QUANT_CFG_MODES.get(str(quant_cfg).removeprefix("./"))
+    mode = _recipe_mode(quant_cfg)
     if mode is None:
         warnings.append(
             f"policy.quant_cfg={quant_cfg!r} is not one of NeMo-RL's NVFP4 recipes known "
@@ -516,8 +511,8 @@ def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str]
     return lambda layer, name: rule.keeps(name)
 
 
-def _shard_problems(ctx: Context, block: int, why: str) -> tuple[list[str], list[str]]:
-    """(problems, checked modules): K % block of every linear some layer quantizes."""
+def _shard_verdict(ctx: Context, block: int, why: str) -> Verdict:
+    """K % block of every linear some layer quantizes; the detail names the checked ones."""
     assert ctx.shape is not None  # needs_shape
     lay, layers = ctx.layout, range(ctx.shape.num_layers)
     bf16 = kept_in_bf16(ctx.cfg, ctx.shape.num_layers)
@@ -532,7 +527,11 @@ def _shard_problems(ctx: Context, block: int, why: str) -> tuple[list[str], list
                 f"= {lin.k:g} is not divisible by {block}: expected a multiple of {block} per "
                 f"TP rank ({why})"
             )
-    return problems, checked
+    return Verdict(
+        problems,
+        f"{', '.join(checked) or 'no linear'}: input dims at TP={lay.vllm_tp} are "
+        f"multiples of {block}",
+    )
 
 
 @check("vllm_nvfp4_shards", needs_shape=True)
@@ -540,13 +539,8 @@ def check_vllm_nvfp4_shards(ctx: Context) -> Verdict | None:
     """NVFP4: every quantized linear's input dim per vLLM TP rank is a multiple of 16."""
     if not rollout_format(ctx.cfg).startswith("nvfp4"):
         return None
-    problems, checked = _shard_problems(
+    return _shard_verdict(
         ctx, NVFP4_BLOCK, "one E4M3 scale per 16 inputs; vLLM refuses input_size_per_partition % 16"
-    )
-    return Verdict(
-        problems,
-        f"{', '.join(checked) or 'no linear'}: input dims at TP={ctx.layout.vllm_tp} are "
-        f"multiples of {NVFP4_BLOCK}",
     )
 
 
@@ -555,9 +549,4 @@ def check_vllm_mxfp8_shards(ctx: Context) -> Verdict | None:
     """MXFP8: every quantized linear's input dim per vLLM TP rank is a multiple of 32."""
     if rollout_format(ctx.cfg) != "mxfp8":
         return None
-    problems, checked = _shard_problems(ctx, MXFP8_BLOCK, "one UE8M0 scale per 32 inputs")
-    return Verdict(
-        problems,
-        f"{', '.join(checked) or 'no linear'}: input dims at TP={ctx.layout.vllm_tp} are "
-        f"multiples of {MXFP8_BLOCK}",
-    )
+    return _shard_verdict(ctx, MXFP8_BLOCK, "one UE8M0 scale per 32 inputs")

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nemo_ais.alarms import AISAlarmsConfig
@@ -54,6 +54,15 @@ def tbpo_unused_warnings(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
     return [f"{named} not used by loss_fn.ais.mode={mode!r}: {record.unused_why}"]
 
 
+def _validated(problems: list[str], validate: Callable[..., Any], *args: Any) -> Any:
+    """``validate(*args)``, or None with its error added to ``problems`` on one line."""
+    try:
+        return validate(*args)
+    except (TypeError, ValueError) as err:
+        problems.append(str(err).replace("\n", "; "))
+        return None
+
+
 @check("loss_fn.ais", mixins=True)
 def check_loss_sections(ctx: Context) -> Verdict:
     """``loss_fn.ais`` is a CorrectionConfig, ``loss_fn.ais_alarms`` an AISAlarmsConfig, no conflict.
@@ -64,27 +73,18 @@ def check_loss_sections(ctx: Context) -> Verdict:
     loss = ctx.get("loss_fn", {})
     if "ais" not in loss:
         return Verdict(warnings=["no loss_fn.ais section: the AIS loss is not configured"])
-    problems = []
-    try:
-        ais = validate_section(CorrectionConfig, loss["ais"], "loss_fn.ais")
-    except (TypeError, ValueError) as err:
-        problems.append(str(err).replace("\n", "; "))
-        ais = None
+    problems: list[str] = []
+    ais = _validated(problems, validate_section, CorrectionConfig, loss["ais"], "loss_fn.ais")
     raw = loss["ais"] if isinstance(loss["ais"], dict) else {}
     mode = ais.mode if ais else raw.get("mode", "ais")
     problems += ais_conflicts(loss, mode)
     if mode != "none":  # core's loss reads the surrogate knobs
-        try:
-            pg = pg_loss_section(loss)
-        except (TypeError, ValueError) as err:
-            problems.append(str(err).replace("\n", "; "))
-        else:
-            problems += surrogate_conflicts(ais, pg) if ais else []
+        pg = _validated(problems, pg_loss_section, loss)
+        problems += surrogate_conflicts(ais, pg) if ais and pg is not None else []
     if loss.get("ais_alarms") is not None:  # the refit guard (absent: off)
-        try:
-            validate_section(AISAlarmsConfig, loss["ais_alarms"], "loss_fn.ais_alarms")
-        except (TypeError, ValueError) as err:
-            problems.append(str(err).replace("\n", "; "))
+        _validated(
+            problems, validate_section, AISAlarmsConfig, loss["ais_alarms"], "loss_fn.ais_alarms"
+        )
     warnings = tbpo_unused_warnings(loss, mode)
     nll = loss.get("positive_example_nll_weight") or 0
     if isinstance(nll, int | float) and nll > 0:
