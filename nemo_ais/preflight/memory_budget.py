@@ -2,21 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-GPU and per-node memory budget of a colocated NeMo-RL v0.7.0 GRPO config (an ESTIMATE).
 
-Pure Python: from a resolved config dict (:func:`nemo_ais.preflight.load_config`) and the
-model's shapes (:func:`nemo_ais.preflight.resolve_model_shape`) it adds up, per GPU in GiB
-(2**30 bytes), the Megatron trainer state of the busiest pipeline stage, the activations
-and logits of the micro-batches in flight, and vLLM's share (weights in the rollout
-format, KV cache), per phase of a colocated step (train, logprob, refit, generate) and
-the host RAM per node. The terms, the phases and the fixed runtime estimates are listed
-in docs/cluster.md ("What is counted"); validate on the cluster with NeMo-RL's own memory
-logs.
+Pure Python, in GiB (2**30 bytes) per GPU for each phase of a colocated step (train,
+logprob, refit, generate), and host RAM per node. The terms, phases and fixed runtime
+estimates: docs/cluster.md ("What is counted"); validate with NeMo-RL's own memory logs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,11 +147,10 @@ def trainer_params(cfg: Mapping[str, Any], shape: ModelShape) -> tuple[int, int]
     per_layer_expert = shape.expert_params() / (lay.ep * lay.etp)
     best = (0, 0)
     for i, n_layers in enumerate(stages):
-        embeds = (i == 0) + (
-            i == len(stages) - 1 and not (shape.tie_word_embeddings and lay.pp == 1)
-        )
+        last = i == len(stages) - 1
+        embeds = (i == 0) + (last and not (shape.tie_word_embeddings and lay.pp == 1))
         dense = n_layers * per_layer_dense + embeds * shape.embedding_params() / lay.tp
-        dense += shape.hidden_size if i == len(stages) - 1 else 0  # final norm
+        dense += shape.hidden_size if last else 0  # final norm
         expert = n_layers * per_layer_expert
         if dense + expert > sum(best):
             best = (round(dense), round(expert))
@@ -335,46 +329,33 @@ def budget(config: Mapping[str, Any], name: str = "config", gpu_gib: float = HBM
     )
 
 
-_COLUMNS = (
-    "config",
-    "model / layout",
-    "params/GPU",
-    "weights + grads + Adam",
-    "activations",
-    "logits",
-    "**train**",
-    "logprob",
-    "refit",
-    "vLLM share (weights, KV)",
-    "KV seqs",
-    "**generate**",
-    "**host/node**",
-    "fits",
+_COLUMNS: tuple[tuple[str, Callable[[Budget], str]], ...] = (
+    ("config", lambda b: b.name),
+    ("model / layout", lambda b: f"{b.model}; {b.layout}"),
+    ("params/GPU", lambda b: f"{b.params_per_gpu / 1e9:.2f} B"),
+    ("weights + grads + Adam", lambda b: f"{b.weights:.1f} + {b.grads:.1f} + {b.optimizer:.1f}"),
+    ("activations", lambda b: f"{b.activations:.1f}" + " (ckpt)" * b.activation_checkpointing),
+    ("logits", lambda b: f"{b.logits:.1f}"),
+    ("**train**", lambda b: f"**{b.train:.1f}**"),
+    ("logprob", lambda b: f"{b.logprob:.1f}"),
+    ("refit", lambda b: f"{b.refit:.1f}"),
+    (
+        "vLLM share (weights, KV)",
+        lambda b: f"{b.vllm_share:.1f} ({b.vllm_weights:.1f}, {b.kv_cache:.1f})",
+    ),
+    ("KV seqs", lambda b: f"{b.kv_max_len_seqs:.0f}"),
+    ("**generate**", lambda b: f"**{b.generate:.1f}**"),
+    ("**host/node**", lambda b: f"**{b.host_per_node:.0f}**"),
+    ("fits", lambda b: "yes" if not b.problems() else "**NO**"),
 )
+"""The budget table's columns: (header, the cell of one :class:`Budget`)."""
 
 
 def markdown_table(budgets: Sequence[Budget]) -> str:
     """One markdown row per budget (GiB per GPU; host RAM in GiB per node)."""
-    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-    for b in budgets:
-        ckpt = " (ckpt)" if b.activation_checkpointing else ""
-        row = (
-            b.name,
-            f"{b.model}; {b.layout}",
-            f"{b.params_per_gpu / 1e9:.2f} B",
-            f"{b.weights:.1f} + {b.grads:.1f} + {b.optimizer:.1f}",
-            f"{b.activations:.1f}{ckpt}",
-            f"{b.logits:.1f}",
-            f"**{b.train:.1f}**",
-            f"{b.logprob:.1f}",
-            f"{b.refit:.1f}",
-            f"{b.vllm_share:.1f} ({b.vllm_weights:.1f}, {b.kv_cache:.1f})",
-            f"{b.kv_max_len_seqs:.0f}",
-            f"**{b.generate:.1f}**",
-            f"**{b.host_per_node:.0f}**",
-            "yes" if not b.problems() else "**NO**",
-        )
-        lines.append("| " + " | ".join(row) + " |")
+    rows = [[h for h, _ in _COLUMNS], *([cell(b) for _, cell in _COLUMNS] for b in budgets)]
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    lines.insert(1, "|" + "---|" * len(_COLUMNS))
     return "\n".join(lines)
 
 
