@@ -2,12 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Load a NeMo-RL GRPO config the way NeMo-RL's entry point does, and read dotted keys.
 
-:func:`load_config` IS NeMo-RL's loader when NeMo-RL is importable
-(``nemo_rl.utils.config``: ``register_omegaconf_resolvers``, ``load_config``,
-``parse_hydra_overrides``), else :func:`load_config_fallback`, a re-implementation (omegaconf
-and pyyaml only; no hydra) that ``tests/adapters/test_master_config.py`` proves equal on
-every shipped config and override example. :func:`get` is the one dotted-key reader of the
-pre-flight package.
+:func:`load_config` IS NeMo-RL's loader (``nemo_rl.utils.config``) when NeMo-RL is
+importable, else :func:`load_config_fallback`, a re-implementation (omegaconf and pyyaml
+only) that ``tests/adapters/test_master_config.py`` proves equal on every shipped config.
 """
 
 from __future__ import annotations
@@ -55,8 +52,7 @@ def nemo_rl_loader() -> ModuleType | None:
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Load a config exactly as NeMo-RL's entry point does, apply overrides, resolve.
 
-    With NeMo-RL importable this IS its loader (``nemo_rl.utils.config``), else
-    :func:`load_config_fallback`. Returns a plain, interpolated dict (no ``defaults`` key).
+    Returns a plain, interpolated dict (no ``defaults`` key).
     """
     upstream = nemo_rl_loader()
     if upstream is None:
@@ -206,8 +202,7 @@ def load_config_fallback(path: str | Path, overrides: Sequence[str] = ()) -> dic
     :func:`apply_overrides`. Raises ``FileNotFoundError`` or ``ValueError`` (cycle, override).
     """
     _register_resolvers()
-    cfg = _load_tree(Path(path).resolve(), ())
-    cfg = apply_overrides(cfg, overrides)
+    cfg = apply_overrides(_load_tree(Path(path).resolve(), ()), overrides)
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     return data

@@ -2,11 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Shapes of the decoder-only model a config trains: its ``config.json``, else ONE table.
 
-:class:`ModelShape` holds what fixes the legal parallel sizes and what the memory budget
-counts. :func:`resolve_model_shape` reads the model's own ``config.json`` (a local
-checkpoint directory, else the Hugging Face hub cache, never downloading) and only then
-falls back to :data:`MODEL_SHAPES`, saying so; the table is keyed by the lower-cased
-basename of the model id (``Qwen/Qwen3-8B`` and ``/ckpt/Qwen3-8B/`` are ``qwen3-8b``).
+:func:`resolve_model_shape` reads the model's own ``config.json`` (a local checkpoint
+directory, else the Hugging Face hub cache, never downloading), else :data:`MODEL_SHAPES`,
+keyed by the lower-cased basename of the model id (``Qwen/Qwen3-8B``, ``/ckpt/Qwen3-8B/``).
 """
 
 from __future__ import annotations
@@ -213,11 +211,8 @@ def resolve_model_shape(model_name: str, environ: Mapping[str, str] | None = Non
         "(nothing is downloaded)"
     )
     if table is None:
-        return ResolvedShape(
-            None,
-            f"{problem}policy.model_name={model_name!r}: {where}, and not in MODEL_SHAPES",
-            False,
-        )
+        detail = f"{problem}policy.model_name={model_name!r}: {where}, and not in MODEL_SHAPES"
+        return ResolvedShape(None, detail, False)
     why = problem.removesuffix("; ") if problem else where
     detail = f"{model_name}: shapes from the built-in table ({table.source}): {why}"
     return ResolvedShape(table, detail, not problem)

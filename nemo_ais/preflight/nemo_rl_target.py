@@ -108,6 +108,5 @@ def resolve_target(
         return None, "NeMo-RL version unknown (NEMO_RL_DIR unset, no --nemo-rl-version)"
     target = target_from_checkout(checkout)
     if target is None:
-        why = f"NEMO_RL_DIR={checkout} has no {_CHECKOUT_MARKER}"
-        return None, f"NeMo-RL version unknown ({why})"
+        return None, f"NeMo-RL version unknown (NEMO_RL_DIR={checkout} has no {_CHECKOUT_MARKER})"
     return target, f"checked against {target.name} (its source)"

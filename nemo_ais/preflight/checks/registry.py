@@ -2,11 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The check registry: a check is one function, registered with :func:`check`.
 
-A check takes the :class:`Context` of one loaded config and returns a :class:`Verdict`
-(problems, each one failure; else a one-line detail; warnings), or None when it does not
-apply to that config. :func:`nemo_ais.preflight.checks.check_config` runs every
-registered check in registration order and turns each verdict into
-:class:`CheckResult` lines.
+It takes the :class:`Context` of one loaded config and returns a :class:`Verdict`, or None
+when it does not apply to that config.
 """
 
 from __future__ import annotations
