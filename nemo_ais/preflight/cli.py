@@ -98,9 +98,7 @@ def _yaml_word(value: Any) -> str:
     """``None`` -> ``null``, ``True`` -> ``true``; anything else as ``str``."""
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _layout_line(cfg: Mapping[str, Any]) -> str:

@@ -123,10 +123,7 @@ def block_quantized_shards(shape: ModelShape, tp: int, ep: int) -> dict[str, flo
 
 @check("vllm_fp8_shards", needs_shape=True)
 def check_vllm_fp8_shards(ctx: Context) -> Verdict | None:
-    """With ``precision: fp8`` every per-rank block-quantized dim is a multiple of 128.
-
-    Not for MXFP8 (``is_mx``): its blocks are 1 x 32 along K (``vllm_mxfp8_shards``).
-    """
+    """Block FP8 (MXFP8: ``vllm_mxfp8_shards``): every per-rank block dim is a multiple of 128."""
     vllm = ctx.get("policy.generation.vllm_cfg", {})
     if vllm.get("precision") != "fp8" or vllm.get("is_mx", False):
         return None

@@ -42,10 +42,7 @@ def setup_sees_importance_sampling(cfg: Mapping[str, Any]) -> bool:
 
 
 def tbpo_unused_warnings(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
-    """A warning naming the ``loss_fn`` options set that ``mode``'s own surrogate does not read.
-
-    The record's ``unused_options`` that are not null (e.g. ``ratio_clip_*`` for tbpo).
-    """
+    """A warning naming the ``loss_fn`` options set that ``mode``'s own surrogate does not read."""
     record = MODES.get(mode)
     unused = [f for f in record.unused_options if loss_fn.get(f) is not None] if record else []
     if not unused:
@@ -67,8 +64,7 @@ def _validated(problems: list[str], validate: Callable[..., Any], *args: Any) ->
 def check_loss_sections(ctx: Context) -> Verdict:
     """``loss_fn.ais`` is a CorrectionConfig, ``loss_fn.ais_alarms`` an AISAlarmsConfig, no conflict.
 
-    With a mode other than ``none`` the ``loss_fn`` surrogate knobs are validated as
-    :class:`~nemo_ais.config.PGLossConfig` and against the mode, as ``AISLossConfig`` does.
+    The surrogate knobs: :class:`~nemo_ais.config.PGLossConfig`, as ``AISLossConfig`` checks them.
     """
     loss = ctx.get("loss_fn", {})
     if "ais" not in loss:

@@ -34,10 +34,7 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What one check found: ``problems`` (the check fails), else ``detail``; ``warnings``.
-
-    No problem and an empty ``detail``: only the warnings are reported.
-    """
+    """What one check found: ``problems`` (the check fails), else ``detail``; ``warnings``."""
 
     problems: Sequence[str] = ()
     detail: str = ""
