@@ -110,10 +110,9 @@ def checkpoint_remedy(path: Path) -> str:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
-    """The dict :func:`save_checkpoint` wrote at ``path`` (tensors on CPU), or None if absent.
+    """The dict :func:`save_checkpoint` wrote at ``path`` (CPU), None if absent.
 
-    ``UnreadableFileError`` (naming ``path`` and the fix) if it cannot be read or is not a
-    checkpoint (a dict holding ``CHECKPOINT_KEYS`` with an integer ``step``).
+    ``UnreadableFileError`` if it cannot be read or is not a checkpoint.
     """
     if not path.exists():
         return None

@@ -2,19 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Validated configuration of the embedded recipe (``nemo-ais run``).
 
-The YAML (a shipped preset ``nemo_ais/embedded/presets/*.yaml`` or a user file) has
-NeMo-RL-style sections, each a model of :mod:`nemo_ais.embedded.sections`; an unknown or
-malformed key is a ``ValueError`` naming its path (``grpo.num_prompts_per_step=0 is
-invalid: ...``). :func:`load_config` reads a YAML (``defaults:`` inheritance) with dotted
-``key=value`` overrides; :func:`resolve_arm` merges one arm's override and validates the
-result into a :class:`RecipeConfig`.
-
-The former ``rollout.fp8:`` block is deprecated and still read, with a ``FutureWarning``
-(:func:`migrate_rollout`), so an old config or run directory means what it meant:
-``enabled: false`` -> ``format: bf16``, ``kv_cache: bf16`` (``compute_dtype`` dropped);
-``kv_cache_fp8`` -> ``kv_cache: fp8`` / ``bf16`` on a quantizing arm; ``format``,
-``kv_cache`` and the exclusions -> ``rollout.<key>``; any other key ->
-``rollout.quantizer.<key>``.
+NeMo-RL-style YAML sections, each a model of :mod:`nemo_ais.embedded.sections`; an unknown
+or malformed key is a ``ValueError`` naming its path (``grpo.num_prompts_per_step=0 is
+invalid: ...``). The deprecated ``rollout.fp8:`` block is still read, with a
+``FutureWarning`` (:func:`migrate_rollout`).
 """
 
 from __future__ import annotations
@@ -87,8 +78,12 @@ _FP8_BLOCK_DEPRECATED = (
 def migrate_rollout(rollout: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
     """A copy of ``rollout`` with its deprecated ``fp8:`` block folded into the current keys.
 
-    Raises ``ValueError`` (named) for a block that is not a mapping, has an unknown key or a
-    non-bool former key, or mixes a former key with ``format`` / ``kv_cache``.
+    So an old config means what it meant: ``enabled: false`` -> ``format: bf16``, ``kv_cache:
+    bf16`` (``compute_dtype`` dropped); ``kv_cache_fp8`` -> ``kv_cache: fp8`` / ``bf16`` on a
+    quantizing arm; ``format``, ``kv_cache`` and the exclusions -> ``rollout.<key>``; any other
+    key -> ``rollout.quantizer.<key>``. Raises ``ValueError`` (named) for a block that is not
+    a mapping, has an unknown key or a non-bool former key, or mixes a former key with
+    ``format`` / ``kv_cache``.
     """
     out = copy.deepcopy(rollout)
     block = out.pop("fp8", None)
@@ -149,10 +144,8 @@ def migrate_config(data: dict[str, Any], *, warn: bool = True) -> dict[str, Any]
     top level, so :func:`resolve_arm` validates ``data`` and the result alike (tested).
     """
     base = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
-    arms = (
-        data.get("experiment", {}).get("arms") if isinstance(data.get("experiment"), dict) else None
-    )
-    arms = arms if isinstance(arms, dict) else {}
+    experiment = data.get("experiment") if isinstance(data.get("experiment"), dict) else {}
+    arms = experiment.get("arms") if isinstance(experiment.get("arms"), dict) else {}
     legacy = [
         a for a, o in arms.items() if isinstance(o, dict) and _has_fp8_block(o.get("rollout"))
     ]
@@ -257,12 +250,6 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return resolved
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, DictConfig | ListConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
 def validate_config(data: dict[str, Any]) -> RecipeConfig:
     """Validate the base config and every arm's merged config; return the base one.
 
@@ -279,7 +266,8 @@ def validate_config(data: dict[str, Any]) -> RecipeConfig:
 
 def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
     """Merge arm ``arm``'s override (None: none) into ``data``; validate (errors name the path)."""
-    data = _plain(data)
+    if isinstance(data, DictConfig | ListConfig):
+        data = OmegaConf.to_container(data, resolve=True)
     if not isinstance(data, dict):
         raise ValueError(f"config: expected a mapping of sections, got {type(data).__name__}")
     unknown = [k for k in data if k not in SECTIONS]
@@ -329,11 +317,7 @@ def _check_curriculum(cfg: RecipeConfig) -> None:
 
 
 def _check_rollout_alignment(cfg: RecipeConfig) -> None:
-    """Cross-section rules of ``policy.rollout_aligned_quantization`` (QaRL's trainer).
-
-    A BF16 rollout (``format`` and ``kv_cache`` bf16) is allowed: nothing is quantized, and
-    the aligned forward is the plain one (so the key can be set for every arm at once).
-    """
+    """``policy.rollout_aligned_quantization`` needs an fp32 compute dtype (BF16 arms: a no-op)."""
     if not cfg.policy.rollout_aligned_quantization:
         return
     if cfg.precision.compute_dtype not in (None, "float32"):

@@ -4,11 +4,10 @@
 
 ``launch(fn, world_size, ...)`` runs ``fn(ctx, *args)`` on every rank: in this process when
 ``world_size == 1`` (no process group, every collective is skipped), else in
-``world_size`` processes started with ``torch.multiprocessing`` (spawn) that join one gloo
-group through a rendezvous file in a private temporary directory (no TCP port is picked in
-advance, so nothing else on the machine can take it between the pick and the bind; gloo's
-own connections listen on ports the kernel assigns). A rank's :class:`RecipeError` reaches the parent as the same
-exception with the same message (through a queue), not as a wrapped traceback.
+``world_size`` spawned processes that join one gloo group through a rendezvous file in a
+private temporary directory (no TCP port picked in advance that another process could take
+before the bind). A rank's :class:`RecipeError` reaches the parent as the same exception
+with the same message (through a queue), not as a wrapped traceback.
 """
 
 from __future__ import annotations
@@ -122,9 +121,7 @@ def launch(
                 join=True,
                 start_method="spawn",
             )
-        except mp.ProcessRaisedException as err:
-            _reraise(errors, err)
-        except mp.ProcessExitedException as err:
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
             _reraise(errors, err)
 
 
@@ -132,13 +129,13 @@ def _reraise(errors: Any, err: Exception) -> None:
     reports = []
     while not errors.empty():
         reports.append(errors.get())
-    for _, kind, _ in reports:
-        if kind == "KeyboardInterrupt":
-            raise KeyboardInterrupt
-    for _rank, kind, message in sorted(reports):
+    reports.sort()
+    if any(kind == "KeyboardInterrupt" for _, kind, _ in reports):
+        raise KeyboardInterrupt
+    for _rank, kind, message in reports:
         if kind == "RecipeError":
             raise RecipeError(message) from None
     if reports:
-        rank, kind, message = sorted(reports)[0]
+        rank, kind, message = reports[0]
         raise RecipeError(f"trainer rank {rank} failed with {kind}:\n{message}") from None
     raise RecipeError(f"a trainer process failed: {err}") from None

@@ -39,15 +39,9 @@ class ErrorTokenCounts(NamedTuple):
 
     def rates(self) -> dict[str, float]:
         """``{"error_tokens/<kind>_frac": count / n_content}``; all 0 for no content."""
-        n = self.n_content
-        return {
-            f"error_tokens/{kind}_frac": (count / n if n else 0.0)
-            for kind, count in (
-                ("repeat", self.n_repeat),
-                ("invalid", self.n_invalid),
-                ("error", self.n_error),
-            )
-        }
+        n, kinds = self.n_content, ("repeat", "invalid", "error")
+        counts = zip(kinds, self[1:], strict=True)
+        return {f"error_tokens/{k}_frac": (c / n if n else 0.0) for k, c in counts}
 
 
 def response_alphabet(task: ArithmeticTask) -> frozenset[int]:

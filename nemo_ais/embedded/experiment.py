@@ -33,15 +33,11 @@ CONFIG_FILE = "config.yaml"
 _RESUME_FREE_KEYS = ("logger.progress_bar", "logger.plots", "cluster", "experiment.include")
 
 
-def _runs(base: RecipeConfig) -> list[tuple[str, int]]:
-    return [(arm, seed) for arm in base.experiment.arm_names for seed in base.experiment.seeds]
-
-
 def _worker(ctx: DistContext, raw: dict[str, Any], run_dir: str, warm_file: str | None) -> None:
     """Every (arm, seed) run, in order, on this rank."""
     base = resolve_arm(raw, None)
     torch.set_num_threads(base.cluster.num_threads_per_rank)
-    runs = _runs(base)
+    runs = [(arm, seed) for arm in base.experiment.arm_names for seed in base.experiment.seeds]
     progress = None
     if ctx.is_main and base.logger.progress_bar:
         progress = tqdm(total=len(runs) * base.grpo.max_num_steps, desc="GRPO steps", unit="step")

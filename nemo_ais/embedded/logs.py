@@ -44,10 +44,9 @@ class MetricsFile:
                 rec = json.loads(line)
             except json.JSONDecodeError:  # a line cut by a crash: drop it
                 continue
-            if rec.get("arm") == arm and rec.get("seed") == seed:
-                if rec.get("step", 0) > keep_through_step:
-                    continue
-            kept.append(line)
+            mine = (rec.get("arm"), rec.get("seed")) == (arm, seed)
+            if not mine or rec.get("step", 0) <= keep_through_step:
+                kept.append(line)
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(f"{ln}\n" for ln in kept))
         os.replace(tmp, self.path)

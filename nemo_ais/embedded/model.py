@@ -81,20 +81,18 @@ def greedy_decode(
     pad_token_id: int,
 ) -> torch.Tensor:
     """Greedy decoding with the KV cache: ``[B, max_new_tokens]`` ids, ``pad_token_id`` after ``<eos>``."""
-    out = model(input_ids=prompt_ids, past_key_values=GrowingKVCache(), use_cache=True)
-    past = out.past_key_values
-    next_tok = out.logits[:, -1].argmax(-1)
+    past, inputs = GrowingKVCache(), prompt_ids
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
     tokens = []
-    for t in range(max_new_tokens):
+    for _ in range(max_new_tokens):
+        out = model(input_ids=inputs, past_key_values=past, use_cache=True)
+        past, next_tok = out.past_key_values, out.logits[:, -1].argmax(-1)
         tok = torch.where(done, torch.full_like(next_tok, pad_token_id), next_tok)
         tokens.append(tok)
         done = done | (tok == eos_token_id)
-        if t + 1 == max_new_tokens or bool(done.all()):
+        if bool(done.all()):
             break
-        out = model(input_ids=tok[:, None], past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        next_tok = out.logits[:, -1].argmax(-1)
+        inputs = tok[:, None]
     resp = torch.full((prompt_ids.shape[0], max_new_tokens), pad_token_id, dtype=torch.long)
     resp[:, : len(tokens)] = torch.stack(tokens, dim=1)
     return resp

@@ -65,11 +65,6 @@ class NonFiniteError(RecipeError):
     """A loss, gradient or parameter became NaN/inf during training."""
 
 
-# --------------------------------------------------------------------------------------
-# builders
-# --------------------------------------------------------------------------------------
-
-
 def build_policy(cfg: RecipeConfig, task: ArithmeticTask, warm_start_file: Path | None):
     """The fp32 Qwen2 policy: random init, then the warm-start weights if given."""
     policy = build_untrained_policy(cfg, task)
@@ -94,20 +89,10 @@ def build_rollout_engine(cfg: RecipeConfig, policy: torch.nn.Module) -> Fp8Twin:
 def build_trainer_forward(
     cfg: RecipeConfig, policy: torch.nn.Module, engine: Fp8Twin
 ) -> torch.nn.Module:
-    """The module the trainer's log-probs come from: ``policy``, or its rollout-aligned view.
-
-    With ``policy.rollout_aligned_quantization`` (QaRL), a
-    :class:`~nemo_ais.embedded.aligned.RolloutAlignedPolicy` that shares ``policy``'s
-    parameters and runs ``engine``'s fake quantization with a straight-through backward.
-    """
+    """The module of the trainer's log-probs: ``policy``, or (QaRL) its rollout-aligned view."""
     if not cfg.policy.rollout_aligned_quantization:
         return policy
     return RolloutAlignedPolicy(policy, engine)
-
-
-# --------------------------------------------------------------------------------------
-# the recipe
-# --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -122,10 +107,7 @@ class StepStats:
 
 
 class GRPORecipe:
-    """One (arm, seed) GRPO run on one data-parallel rank.
-
-    ``warm_start_file`` None: random init; ``progress``: rank 0's progress bar, or None.
-    """
+    """One (arm, seed) GRPO run on one DP rank (``warm_start_file`` None: random init)."""
 
     def __init__(
         self,
@@ -145,31 +127,24 @@ class GRPORecipe:
         self.metrics = MetricsFile(self.run_dir / METRICS_FILE) if ctx.is_main else None
         self.ckpt_path = checkpoint_path(self.run_dir, arm, seed)
 
-    # ---------------------------------------------------------------- setup
     def setup(self) -> None:
         """Build everything; the order of the calls matters where commented."""
         cfg = self.cfg
-        # 1. the task first: its tokenizer fixes the model's vocabulary and lengths.
+        # the task first: its tokenizer fixes the model's vocabulary and lengths
         self.task = build_task(cfg)
-        # 2. the policy: random init, then the warm start (trained by the launcher).
         self.policy = build_policy(cfg, self.task, self.warm_start_file)
-        # 3. the optimizer after the policy: it holds the policy's parameters.
         self.optimizer = build_optimizer(cfg, self.policy)
-        # 4. the rollout engine after the policy is final: the twin deep-copies its modules
-        #    (it is re-synced from the trainer before every rollout anyway).
+        # the twin deep-copies the final policy's modules (re-synced before every rollout)
         self.engine = build_rollout_engine(cfg, self.policy)
-        # 5. the trainer's forward after the engine: the aligned one (QaRL) quantizes the
-        #    twin's modules with the twin's calibration; it shares the policy's parameters.
+        # the aligned forward (QaRL) quantizes the twin's modules with the twin's calibration
         self.trainer_forward = build_trainer_forward(cfg, self.policy, self.engine)
         self.alphabet = response_alphabet(self.task)  # error tokens: valid response tokens
-        # 6. the AIS EMA state (persistent across steps, saved in checkpoints).
         self.ais_state = AISState()
-        # 7. last: the checkpoint restores policy, optimizer, AIS state and RNG in place.
+        # last: the checkpoint restores policy, optimizer, AIS state and RNG in place
         self.start_step, self.finished = self._load_checkpoint()
         self.num_chunks = cfg.grpo.num_prompts_per_step // cfg.rollout.prompts_per_chunk
         self.my_chunks = chunk_range(self.num_chunks, self.ctx.rank, self.ctx.world_size)
 
-    # ---------------------------------------------------------------- train
     def train(self) -> None:
         """The GRPO loop: rollout -> logprobs -> advantages -> core loss -> step -> log -> ckpt."""
         cfg = self.cfg
@@ -202,23 +177,16 @@ class GRPORecipe:
                     StepStats(core.pop("loss"), grad_norm, core, diag.as_dict(), diag.ess_tok)
                 )
             t3 = time.perf_counter()
-            self._log(
-                step,
-                batch,
-                entropy,
-                stats,
-                {"rollout": t1 - t0, "logprobs": t2 - t1, "train": t3 - t2, "step": t3 - t0},
-            )  # 6.
+            times = {"rollout": t1 - t0, "logprobs": t2 - t1, "train": t3 - t2, "step": t3 - t0}
+            self._log(step, batch, entropy, stats, times)  # 6.
             self._log_train_data(step, batch, logp_old, adv)  # 6b. NeMo-RL-layout batch log
-            if (
-                cfg.grpo.val_period and step % cfg.grpo.val_period == 0
-            ) or step == cfg.grpo.max_num_steps:
+            last = step == cfg.grpo.max_num_steps
+            if last or (cfg.grpo.val_period and step % cfg.grpo.val_period == 0):
                 self._evaluate(step)
             self._save_checkpoint(step)  # 7.
             if self.progress is not None:
                 self.progress.update(1)
 
-    # ---------------------------------------------------------------- steps of the loop
     def _rollout(self, step: int) -> RolloutBatch:
         cfg = self.cfg
         problems = self.task.sample_train(
@@ -245,11 +213,7 @@ class GRPORecipe:
         )
 
     def _logprobs(self, sequences: torch.Tensor, *, grad: bool):
-        """Trainer log-probs of the response tokens, in micro-batches.
-
-        Without grad (pi_old) also the per-token entropy of the trainer's distribution:
-        returns ``(logp, entropy)``; with grad only ``logp``.
-        """
+        """Trainer log-probs of the response tokens, in micro-batches (no grad: ``(logp, H)``)."""
         mbs = self.cfg.policy.train_micro_batch_size
         with torch.set_grad_enabled(grad):
             parts = [
@@ -269,8 +233,7 @@ class GRPORecipe:
     def _minibatches(self, n_local: int) -> list[torch.Tensor]:
         """Local sample indices of each global batch: the k-th slice of every local chunk.
 
-        Global batch k is the k-th slice of EVERY chunk, so its composition does not depend
-        on the DP world size (``config._check_batching`` guarantees the slices are whole).
+        So a global batch does not depend on the DP world size (``_check_batching``: whole slices).
         """
         k_total = self.cfg.rollout_batch_size // self.cfg.train_global_batch_size
         chunk = self.cfg.rollout.prompts_per_chunk * self.cfg.grpo.num_generations_per_prompt
@@ -334,11 +297,8 @@ class GRPORecipe:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         all_reduce_sum(flat, self.ctx)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p))
-            offset += n
+        for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
+            p.grad.copy_(g.view_as(p))
         max_norm = self.cfg.policy.max_grad_norm
         grad_norm = float(
             torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
@@ -456,11 +416,10 @@ class GRPORecipe:
                 }
             )
 
-    # ---------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, step: int) -> None:
         cfg = self.cfg
         last = step == cfg.grpo.max_num_steps
-        if not self.ctx.is_main or not cfg.checkpointing.enabled:
+        if not (self.ctx.is_main and cfg.checkpointing.enabled):
             return
         if step % cfg.checkpointing.save_period and not last:
             return

@@ -2,11 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Plots and ``summary.md`` of an embedded run, from its ``metrics.jsonl`` alone.
 
-``nemo-ais report RUN_DIR`` calls :func:`write_report`: the figures of
-:mod:`nemo_ais.embedded.plots` and the tables of the statistics of
-:mod:`nemo_ais.embedded.stats`. A smoke run's summary opens with a line saying why it is
-not evidence, and leaves out the tables the run is too short for (the collapse step, the
-first / last :data:`EARLY_LATE_STEPS` steps).
+``nemo-ais report RUN_DIR`` calls :func:`write_report`. A smoke run's summary opens with a
+line saying why it is not evidence, and leaves out the tables the run is too short for.
 """
 
 from __future__ import annotations
@@ -15,11 +12,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nemo_ais.embedded.plots import DIAGNOSTICS, PLOTS, Panel, build_figures
+import yaml
+
+from nemo_ais.embedded.plots import DIAGNOSTICS, PLOTS, build_figures
 from nemo_ais.embedded.stats import (
     EARLY_LATE_STEPS,
     ERROR_TOKEN_KEYS,
-    EVIDENCE_MIN_SEEDS,
     EVIDENCE_MIN_STEPS,
     Collapse,
     arm_summary,
@@ -38,12 +36,8 @@ from nemo_ais.embedded.stats import (
 
 __all__ = [
     "DIAGNOSTICS",
-    "EARLY_LATE_STEPS",
-    "EVIDENCE_MIN_SEEDS",
-    "EVIDENCE_MIN_STEPS",
     "PLOTS",
     "Collapse",
-    "Panel",
     "arm_summary",
     "build_figures",
     "collapse_steps",
@@ -52,7 +46,6 @@ __all__ = [
     "paired_ci",
     "paired_differences",
     "primary_metric",
-    "run_extent",
     "smoke_reasons",
     "t_quantile_975",
     "write_report",
@@ -262,11 +255,5 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
 def _reference_arm(run_dir: Path) -> str:
     """``experiment.reference_arm`` of the run's pinned ``config.yaml`` (default ``bf16``)."""
     cfg_file = run_dir / "config.yaml"
-    if cfg_file.is_file():
-        import yaml
-
-        cfg = yaml.safe_load(cfg_file.read_text()) or {}
-        ref = (cfg.get("experiment") or {}).get("reference_arm")
-        if ref:
-            return str(ref)
-    return "bf16"
+    cfg = (yaml.safe_load(cfg_file.read_text()) or {}) if cfg_file.is_file() else {}
+    return str((cfg.get("experiment") or {}).get("reference_arm") or "bf16")

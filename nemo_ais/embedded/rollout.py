@@ -88,11 +88,10 @@ def generate_rollouts(
         )
         parts.append(out)
         mine.extend(p for p in chunk for _ in range(num_generations))
-    sequences = torch.cat([o.sequences for o in parts])
     response_ids = torch.cat([o.response_ids for o in parts])
     return RolloutBatch(
         problems=mine,
-        sequences=sequences,
+        sequences=torch.cat([o.sequences for o in parts]),
         mask=torch.cat([o.response_mask for o in parts]).to(torch.float32),
         logp_rollout=torch.cat([o.logprobs for o in parts]).to(torch.float32),
         rewards=task.rewards(mine, response_ids, kind=reward),
@@ -115,9 +114,8 @@ def group_advantages(
             f"num_generations={num_generations}"
         )
     r = rewards.to(torch.float64).view(-1, num_generations)
-    g = num_generations
     mean = r.mean(dim=1, keepdim=True)
-    baseline = (r.sum(dim=1, keepdim=True) - r) / (g - 1) if leave_one_out else mean
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (num_generations - 1) if leave_one_out else mean
     adv = r - baseline
     if normalize:
         std = r.std(dim=1, keepdim=True, correction=1)

@@ -353,10 +353,7 @@ NESTED_MODELS: dict[tuple[str, str], type[BaseModel]] = {
 def rollout_precision(rollout: RolloutSection) -> RolloutPrecisionConfig:
     """The twin's :class:`RolloutPrecisionConfig` of a validated ``rollout`` section.
 
-    Raises:
-        ValueError: ``rollout.quantizer`` has an unknown key, a key that lives at
-            ``rollout.<key>``, a renamed key (the config's own refusal, with the new name),
-            or an invalid value (named by its path).
+    ``ValueError`` (named by its path) for an unknown, misplaced, renamed or invalid key.
     """
     knobs = tuple(k for k in RolloutPrecisionConfig.model_fields if k not in PRECISION_KEYS)
     for key in rollout.quantizer:

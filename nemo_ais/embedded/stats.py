@@ -214,10 +214,7 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def early_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
-    """Per arm and seed: the held-out accuracy at the first evaluation after step 0.
-
-    A secondary metric (how fast an arm learns), reported next to the primary one.
-    """
+    """Per arm and seed: the held-out accuracy at the first evaluation after step 0."""
     out: dict[str, dict[int, float]] = defaultdict(dict)
     for arm, seeds in series(records, "val", "accuracy").items():
         for seed, by_step in seeds.items():
@@ -304,11 +301,7 @@ def run_extent(records: list[dict[str, Any]]) -> tuple[int, int]:
 
 
 def smoke_reasons(records: list[dict[str, Any]]) -> list[str]:
-    """Why the run is a smoke run, not evidence (empty: it is long enough to be evidence).
-
-    A run is a smoke run when it has fewer than :data:`EVIDENCE_MIN_STEPS` GRPO steps or
-    fewer than :data:`EVIDENCE_MIN_SEEDS` seeds.
-    """
+    """Why the run is a smoke run, not evidence (empty: it is long enough to be evidence)."""
     steps, seeds = run_extent(records)
     reasons = []
     if steps < EVIDENCE_MIN_STEPS:

@@ -100,14 +100,10 @@ class ArithmeticTask:
         seen: set[Problem] = set()
         while len(out) < n:
             ab = torch.randint(lo, hi, (2 * (n - len(out)), 2), generator=gen).tolist()
-            for a, b in ab:
-                p = (a, b)
-                if p in exclude or (unique and p in seen):
-                    continue
-                seen.add(p)
-                out.append(p)
-                if len(out) == n:
-                    break
+            for p in map(tuple, ab):
+                if len(out) < n and p not in exclude and not (unique and p in seen):
+                    seen.add(p)
+                    out.append(p)
         return out
 
     def sample_train(self, n: int, gen: torch.Generator) -> list[Problem]:
@@ -154,21 +150,14 @@ class ArithmeticTask:
             raise ValueError(
                 f"response_ids: got {tuple(response_ids.shape)}, expected [{len(problems)}, T]"
             )
-        eos = self.tokenizer.eos_id
-        out: list[str | None] = []
-        for row in response_ids.tolist():
-            if eos in row:
-                out.append(self.tokenizer.decode(row[: row.index(eos)], stop_at_eos=False))
-            else:
-                out.append(None)
-        return out
+        eos, decode = self.tokenizer.eos_id, self.tokenizer.decode
+        rows = response_ids.tolist()
+        return [decode(r[: r.index(eos)], stop_at_eos=False) if eos in r else None for r in rows]
 
     def chains_right(self, problems: list[Problem], response_ids: torch.Tensor) -> torch.Tensor:
-        """``[n]`` float32 in {0, 1}: the response is the answer in either notation.
+        """``[n]`` float32 in {0, 1}: the response is :meth:`answer` or :meth:`alt_answer`.
 
-        :meth:`answer` or :meth:`alt_answer` (the stray ``=`` the warm start's demonstrations
-        mix in); exact match for a task without an alternative notation. What the warm start
-        is judged by: the arithmetic, not the terminator (a near-tie rounding can flip).
+        What the warm start is judged by: the arithmetic, not the terminator.
         """
         texts = self._texts(problems, response_ids)
         out = []
@@ -181,10 +170,7 @@ class ArithmeticTask:
         return torch.tensor(out, dtype=torch.float32)
 
     def correct(self, problems: list[Problem], response_ids: torch.Tensor) -> torch.Tensor:
-        """Exact match ``[n]`` float32 in {0, 1}: the response up to ``<eos>`` is the answer.
-
-        A response without ``<eos>`` (truncated) is wrong.
-        """
+        """Exact match ``[n]`` float32 in {0, 1} of the response up to ``<eos>`` (none: wrong)."""
         texts = self._texts(problems, response_ids)
         return torch.tensor(
             [float(t == self.answer(p)) for p, t in zip(problems, texts, strict=True)],
@@ -216,18 +202,14 @@ class ArithmeticTask:
             ans = self.answer(p)
             if kind == "steps":
                 out[i] = self._step_credit(p, text)
-                continue
-            if kind == "digits":
+            elif kind == "digits":
                 hits = sum(a == b for a, b in zip(text, ans, strict=False))
                 out[i] = hits / max(len(text), len(ans))
-                continue
-            got, want = self._steps(text), self._steps(ans)
-            lead = 0
-            for a, b in zip(got, want, strict=False):
-                if a != b:
-                    break
-                lead += 1
-            out[i] = lead / max(len(got), len(want))
+            else:
+                got, want = self._steps(text), self._steps(ans)
+                pairs = enumerate(zip(got, want, strict=False))
+                lead = next((j for j, (a, b) in pairs if a != b), min(len(got), len(want)))
+                out[i] = lead / max(len(got), len(want))
         return out
 
     def _steps(self, text: str) -> list[str]:
@@ -276,11 +258,7 @@ class ChainTask(ArithmeticTask):
 
     @property
     def max_response_len(self) -> int:
-        """Tokens of the longest response: ``L (n + 1)``, plus one for a stray token.
-
-        ``chain_length`` values of ``num_digits`` digits, ``,`` between them, ``<eos>``, and
-        room for the stray ``=`` of :meth:`alt_answer`.
-        """
+        """Longest response: ``L (n + 1)`` tokens, plus the stray ``=`` of :meth:`alt_answer`."""
         return self.chain_length * (self.num_digits + 1) + 1
 
     def _range(self) -> tuple[int, int]:
@@ -297,10 +275,7 @@ class ChainTask(ArithmeticTask):
         return [(p[0] + k * p[1]) % mod for k in range(1, self.chain_length + 1)]
 
     def alt_answer(self, p: Problem) -> str:
-        """The chain closed by a stray ``=`` (same arithmetic; the verifier rejects it).
-
-        The warm start's demonstrations mix both forms (``data.sft_alt_fraction``).
-        """
+        """The chain closed by a stray ``=`` (the verifier rejects it)."""
         return self.answer(p) + "="
 
     def _steps(self, text: str) -> list[str]:
@@ -326,7 +301,7 @@ class ChainTask(ArithmeticTask):
         values = [self._parse(v) for v in text.split(",")]
         prev: int | None = p[0]
         right = 0
-        for v in values[: self.chain_length]:  # a value past the chain is never right
+        for v in values[: self.chain_length]:
             right += prev is not None and v is not None and v == (prev + p[1]) % mod
             prev = v
         return right / max(len(values), self.chain_length)

@@ -39,12 +39,7 @@ class CharTokenizer:
 
     def decode(self, ids: Sequence[int] | torch.Tensor, *, stop_at_eos: bool = True) -> str:
         """Text of ``ids``: special tokens are dropped; stops at the first ``<eos>`` by default."""
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
-        out = []
-        for i in ids:
-            if i == self.eos_id and stop_at_eos:
-                break
-            if i >= len(_SPECIALS) and i < len(self.itos):
-                out.append(self.itos[i])
-        return "".join(out)
+        ids = list(ids.tolist() if isinstance(ids, torch.Tensor) else ids)
+        if stop_at_eos and self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
+        return "".join(self.itos[i] for i in ids if len(_SPECIALS) <= i < len(self.itos))

@@ -2,11 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The twin's default model and batch: the embedded recipe's policy on held-out prompts.
 
-Shared by ``nemo-ais attribute`` and ``benchmarks/bench_fp8_twin.py``: the policy of a
-recipe config (``default.yaml``: the tiny Qwen2, hidden 256, 2 layers) with its
-supervised warm start loaded from ``policy.warm_start.cache_dir`` when the cache file is
-there (or trained, with ``train_warm_start``), else the recipe's random init; and the
-task's first held-out prompts (equal length, no padding).
+Shared by ``nemo-ais attribute`` and ``benchmarks/bench_fp8_twin.py``.
 """
 
 from __future__ import annotations

@@ -3,12 +3,9 @@
 """Supervised warm start of the embedded policy, cached on disk by a hash of its config.
 
 GRPO needs a policy that already solves part of the task, else almost every group has
-zero reward variance. A few hundred AdamW steps of teacher forcing give that; the result
-depends only on the model shape, the task and ``policy.warm_start``, so it is cached
-atomically as ``<cache_dir>/warmstart-<hash>.pt`` (relative to the working directory by
-default) and shared by every arm, seed and later run. A cache file that cannot be used
-raises :class:`~nemo_ais.embedded.checkpoint.UnreadableFileError` naming the file, before
-any (arm, seed) run starts.
+zero reward variance. The result depends only on the model shape, the task and
+``policy.warm_start``, so it is cached atomically as ``<cache_dir>/warmstart-<hash>.pt``
+and shared by every arm, seed and later run.
 """
 
 from __future__ import annotations
@@ -88,7 +85,6 @@ def _remedy(path: Path) -> str:
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
-    """The cache file's dict; UnreadableFileError if it cannot be read or is not one."""
     blob = load_file(path, what="warm-start cache", remedy=_remedy(path), weights_only=True)
     if not isinstance(blob, dict) or "key" not in blob or "state_dict" not in blob:
         raise UnreadableFileError(
@@ -99,34 +95,21 @@ def _read_cache(path: Path) -> dict[str, Any]:
 
 
 def load_warm_start(path: Path) -> dict[str, torch.Tensor]:
-    """The policy ``state_dict`` stored in the warm-start cache file ``path`` (CPU tensors).
-
-    Raises:
-        UnreadableFileError: ``path`` cannot be read or is not a warm-start file (one line
-            naming ``path``; the fix is to delete it).
-    """
+    """The policy ``state_dict`` (CPU) of the cache file ``path``; else ``UnreadableFileError``."""
     return _read_cache(Path(path))["state_dict"]
 
 
 def _check_fits(policy: torch.nn.Module, path: Path, state: Any) -> None:
     """UnreadableFileError unless ``state`` has exactly ``policy``'s tensor names and shapes."""
     expected = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
-    got = (
-        {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
-        if isinstance(state, dict)
-        else {}
-    )
+    state = state if isinstance(state, dict) else {}
+    got = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
     if got != expected:
         bad = sorted(set(got) ^ set(expected)) or sorted(k for k in got if got[k] != expected[k])
         raise UnreadableFileError(
             f"warm-start cache {path} does not fit policy.model (first mismatching tensor: "
             f"{bad[0] if bad else '?'}); {_remedy(path)}"
         )
-
-
-def greedy_accuracy(model: torch.nn.Module, task: ArithmeticTask, problems: list) -> float:
-    """Fraction of ``problems`` solved exactly by greedy decoding."""
-    return greedy_scores(model, task, problems)[0]
 
 
 @torch.no_grad()
@@ -150,20 +133,12 @@ def greedy_scores(
     return exact, float(task.chains_right(problems, responses).mean())
 
 
-def _sft_step(
-    model,
-    optimizer,
-    task: ArithmeticTask,
-    step: int,
-    batch_size: int,
-    seed: int,
-    alt_fraction: float = 0.0,
-) -> float:
-    problems = task.sample_train(batch_size, seeded_generator("warm_start", seed, step))
+def _sft_step(model, optimizer, task: ArithmeticTask, step: int, ws, alt_fraction: float) -> float:
+    problems = task.sample_train(ws.batch_size, seeded_generator("warm_start", ws.seed, step))
     alt = None
     if alt_fraction > 0:
-        draw = torch.rand(batch_size, generator=seeded_generator("warm_start_alt", seed, step))
-        alt = (draw < alt_fraction).tolist()
+        gen = seeded_generator("warm_start_alt", ws.seed, step)
+        alt = (torch.rand(ws.batch_size, generator=gen) < alt_fraction).tolist()
     input_ids, labels = task.sft_batch(problems, alt)
     logits = model(input_ids=input_ids, use_cache=False).logits[:, :-1]
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
@@ -176,9 +151,8 @@ def _sft_step(
 def first_stage(cfg: RecipeConfig) -> RecipeConfig | None:
     """The config of ``policy.warm_start.curriculum``'s first stage, or None without one.
 
-    The same config on chains of ``curriculum.chain_length`` values for ``curriculum.steps``
-    SFT steps, without a curriculum: its warm start is cached under its own key, so a preset
-    whose first stage equals another preset's warm start shares that file.
+    Its warm start is cached under its own key, so a preset whose first stage equals another
+    preset's warm start shares that file.
     """
     ws = cfg.policy.warm_start
     if ws.curriculum is None:
@@ -198,14 +172,11 @@ def train_sft(
 ) -> tuple[torch.nn.Module, float, list[tuple[int, float]]]:
     """The warm start's SFT loop: ``policy.warm_start.steps`` AdamW steps from the untrained policy.
 
-    With ``policy.warm_start.curriculum`` the loop starts from the first stage's weights
-    (:func:`first_stage`, trained and cached first if missing) with a fresh optimizer and
-    warmup, and its problem stream continues the first stage's (step ``curriculum.steps`` on).
-
-    Returns the model, the last loss and, with ``curve_every > 0``, ``(step, exact match,
-    chains right)`` of held-out greedy decoding after every ``curve_every`` steps (the SFT transition curve,
-    ``benchmarks/bench_warm_start.py --curve``; greedy decoding draws no random numbers, so
-    the trained weights are the same with or without it).
+    With a curriculum it starts from the first stage's weights (:func:`first_stage`) with a
+    fresh optimizer, continuing the first stage's problem stream. Returns the model, the last
+    loss and, with ``curve_every > 0``, ``(step, exact match, chains right)`` of held-out
+    greedy decoding every ``curve_every`` steps (greedy decoding draws no random numbers, so
+    the trained weights do not depend on it).
     """
     ws = cfg.policy.warm_start
     model = build_untrained_policy(cfg, task)
@@ -223,9 +194,7 @@ def train_sft(
     bar = tqdm(range(ws.steps), desc="warm start (SFT)", disable=not progress, leave=False)
     loss, curve = float("nan"), []
     for step in bar:
-        loss = _sft_step(
-            model, optimizer, task, offset + step, ws.batch_size, ws.seed, cfg.data.sft_alt_fraction
-        )
+        loss = _sft_step(model, optimizer, task, offset + step, ws, cfg.data.sft_alt_fraction)
         schedule.step()
         if not torch.isfinite(torch.tensor(loss)):
             raise FloatingPointError(
@@ -247,11 +216,10 @@ def _say(message: str) -> None:
 
 
 def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True) -> Path:
-    """Train (or reuse) the warm-start weights and return the cache file's path.
+    """Train (or reuse: only if its key equals this config's) the warm start; its cache path.
 
-    The file holds ``{"state_dict", "key", "greedy_accuracy", "chain_accuracy", "final_loss"}``; a hit is trusted
-    only if its key equals this config's. Raises ``UnreadableFileError`` for an unusable file
-    and ``RecipeError`` for an unwritable cache directory.
+    Raises ``UnreadableFileError`` for an unusable file and ``RecipeError`` for an unwritable
+    cache directory.
     """
     path = warm_start_path(cfg)
     key = _cache_key(cfg)
