@@ -18,7 +18,6 @@ ranks' gradients are summed.
 
 from __future__ import annotations
 
-import logging
 import math
 import statistics
 import time
@@ -57,8 +56,6 @@ __all__ = [
     "build_rollout_engine",
     "build_trainer_forward",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 class NonFiniteError(RecipeError):
@@ -246,13 +243,12 @@ class GRPORecipe:
 
     def _diagnostics(self, step, logp_old, batch: RolloutBatch, idx) -> AISDiagnostics:
         """AIS diagnostics of one global batch: local statistics -> ONE all-reduce -> alpha."""
-        cfg = self.cfg
         try:
             return compute_diagnostics(
                 logp_old,
                 batch.logp_rollout[idx],
                 batch.mask[idx],
-                cfg.correction,
+                self.cfg.correction,
                 group=self.ctx.group,
                 state=self.ais_state,
             )
@@ -349,8 +345,7 @@ class GRPORecipe:
             "reward": reward_sum / n,
             "accuracy": correct_sum / n,  # fraction of rollout samples exactly right
             "response_length": len_sum / n,
-            # mean per-token entropy of the trainer policy on the sampled responses (nats)
-            # (bypass: not computed, NaN: the trainer's pi_old forward is skipped)
+            # mean per-token entropy (nats) of the trainer on the responses (bypass: NaN)
             "entropy": math.nan if entropy is None else entropy_sum / len_sum if len_sum else 0.0,
             # QaRL's error tokens: repeated 3-grams / off-alphabet tokens per content token
             **ErrorTokenCounts(*error_sums).rates(),

@@ -214,11 +214,8 @@ def _non_stationarity_md(summ, n_steps: int) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for arm, s in summ.items():
-        (d0, d1), (e0, e1), (h0, h1) = (
-            s["severity_early_late"],
-            s["ess_seq_early_late"],
-            s["entropy_early_late"],
-        )
+        windows = ("severity", "ess_seq", "entropy")
+        (d0, d1), (e0, e1), (h0, h1) = (s[f"{m}_early_late"] for m in windows)
         lines.append(
             f"| {arm} | {d0:.2e} → {d1:.2e} | {e0:.4f} → {e1:.4f} | {h0:.4f} → {h1:.4f} | "
             f"{_fmt_corr(s['corr_d_step'])} | {_fmt_corr(s['corr_d_entropy'])} |"

@@ -172,8 +172,7 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     val = series(records, "val", "accuracy")
     primary = primary_metric(records)
     out = {}
-    arms = list(dict.fromkeys(r["arm"] for r in records))
-    for arm in arms:
+    for arm in dict.fromkeys(r["arm"] for r in records):
         seeds = val.get(arm, {})
         final = [v[max(v)] for v in seeds.values() if v]
         initial = [v[min(v)] for v in seeds.values() if v]
