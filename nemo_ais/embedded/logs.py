@@ -64,15 +64,8 @@ def log_train_data(
     """
     prompt_len = task.prompt_len
     n, resp_len = batch.mask.shape
-    fields = [
-        batch.sequences.to(torch.float64),
-        batch.mask.to(torch.float64),
-        batch.logp_rollout.to(torch.float64),
-        logp_old.detach().to(torch.float64),
-        adv.to(torch.float64).unsqueeze(-1),
-        batch.rewards.to(torch.float64).unsqueeze(-1),
-    ]
-    local = torch.cat(fields, dim=1)
+    cols = [batch.sequences, batch.mask, batch.logp_rollout, logp_old.detach(), adv[:, None]]
+    local = torch.cat([c.to(torch.float64) for c in (*cols, batch.rewards[:, None])], dim=1)
     rows = torch.zeros((n * ctx.world_size, local.shape[1]), dtype=torch.float64)
     rows[ctx.rank * n : (ctx.rank + 1) * n] = local
     all_reduce_sum(rows, ctx)
