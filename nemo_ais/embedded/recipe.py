@@ -212,16 +212,11 @@ class GRPORecipe:
     def _logprobs(self, sequences: torch.Tensor, *, grad: bool):
         """Trainer log-probs of the response tokens, in micro-batches (no grad: ``(logp, H)``)."""
         mbs = self.cfg.policy.train_micro_batch_size
+        args = (self.task.prompt_len, self.cfg.rollout.temperature)
         with torch.set_grad_enabled(grad):
             parts = [
-                response_logprobs(
-                    self.trainer_forward,
-                    sequences[i : i + mbs],
-                    self.task.prompt_len,
-                    self.cfg.rollout.temperature,
-                    return_entropy=not grad,
-                )
-                for i in range(0, sequences.shape[0], mbs)
+                response_logprobs(self.trainer_forward, mb, *args, return_entropy=not grad)
+                for mb in sequences.split(mbs)
             ]
         if grad:
             return torch.cat(parts)
@@ -262,9 +257,7 @@ class GRPORecipe:
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=False)
         sums: dict[str, torch.Tensor] = {}
-        mbs = cfg.policy.train_micro_batch_size
-        for i in range(0, len(idx), mbs):
-            mb = idx[i : i + mbs]
+        for mb in idx.split(cfg.policy.train_micro_batch_size):
             logp_theta = self._logprobs(batch.sequences[mb], grad=True)
             out = clipped_pg_loss(
                 logp_theta,
