@@ -7,14 +7,9 @@ vLLM's W8A8 block FP8 (DeepSeek-V3 style); conventions in ``docs/low_precision.m
 1. Tile the last two dims into ``block = (bn, bk)`` tiles (weights 128x128, activations
    1x128), zero-padding partial tiles.
 2. ``amax`` per tile in fp32, floored at ``eps`` (``eps = 0``: TE's rule, amax 0 -> scale 1).
-3. Dequant scale ``s`` and code ``q`` by one of three families, named after what they do
-   (they differ by at most one FP8 step; :data:`FAMILY_FORMULAS`):
-   ``"reciprocal"``: ``s = amax / 448``, ``q = x * (1 / s)`` (DeepGEMM, vLLM weights);
-   ``"divide"``: ``s = amax / 448``, ``q = x / s`` (vLLM per-token-group activations);
-   ``"multiplier"``: ``m = 448 / amax``, ``q = x * m``, ``s = 1 / m`` (TE, NeMo-RL).
-   ``ue8m0``: ``s = 2^ceil(log2(amax / 448))`` or, ``"multiplier"``,
-   ``m = 2^floor(log2(448 / amax))``, taken exactly with ``frexp``. The former one-letter
-   names ``a`` / ``b`` / ``c`` are refused with the new name (:data:`RENAMED_FAMILIES`).
+3. Dequant scale ``s`` and code ``q`` by one of three families (:data:`FAMILY_FORMULAS`;
+   they differ by at most one FP8 step). ``ue8m0``: ``s = 2^ceil(log2(amax / 448))`` or,
+   ``"multiplier"``, ``m = 2^floor(log2(448 / amax))``, taken exactly with ``frexp``.
 4. Clamp ``q`` to ``[-448, 448]`` and cast to ``float8_e4m3fn`` (round to nearest even).
 
 ``s`` is the DEQUANT multiplier (vLLM's ``weight_scale_inv``). Non-finite input raises.
@@ -34,7 +29,7 @@ from pydantic import BeforeValidator
 from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_finite
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
-from nemo_ais.formats.grids import E4M3_MAX, band_elems
+from nemo_ais.formats.grids import E4M3_MAX, band_elems, e8m0_ceil_exponent, pow2
 
 __all__ = [
     "E4M3_MAX",
@@ -64,7 +59,6 @@ RENAMED_FAMILIES = {"a": "reciprocal", "b": "divide", "c": "multiplier"}
 
 
 def _not_renamed(family: Any) -> Any:
-    """Refuse a former one-letter family name, naming its new name."""
     if isinstance(family, str) and family in RENAMED_FAMILIES:
         raise ValueError(
             f"family={family!r} was renamed {RENAMED_FAMILIES[family]!r}: the families are "
@@ -92,30 +86,21 @@ def check_blockwise_args(name: str, family: str, eps: float, block: tuple[int, i
         raise ValueError(f"{name}: block={block!r} is invalid: expected two positive ints")
 
 
+def check_weight_args(
+    x: torch.Tensor, name: str, family: str, eps: float, block: tuple[int, int]
+) -> None:
+    """:func:`check_blockwise_args`, and ``x`` a floating ``[N, K]`` or ``[E, N, K]``."""
+    check_blockwise_args(name, family, eps, block)
+    if x.dim() not in (2, 3) or x.dtype not in FLOAT_INPUTS:
+        raise ValueError(
+            f"{name}: got {list(x.shape)} {x.dtype}, expected a 2-D [N, K] or 3-D [E, N, K] "
+            f"floating tensor ({', '.join(str(d) for d in FLOAT_INPUTS)})"
+        )
+
+
 def _saturate_(q: torch.Tensor) -> torch.Tensor:
     """Clamp fp32 ``q`` to [-448, 448] in place: PyTorch's E4M3 cast need not saturate."""
     return q.clamp_(-E4M3_MAX, E4M3_MAX)
-
-
-def _tiles(x3: torch.Tensor, bn: int, bk: int) -> torch.Tensor:
-    """Zero-pad ``[E, N, K]`` to whole tiles and view it as ``[E, N/bn, bn, K/bk, bk]``."""
-    e, n, k = x3.shape
-    pad_n, pad_k = -n % bn, -k % bk
-    if pad_n or pad_k:
-        x3 = F.pad(x3, (0, pad_k, 0, pad_n))
-    return x3.view(e, (n + pad_n) // bn, bn, (k + pad_k) // bk, bk)
-
-
-def _ceil_pow2(v: torch.Tensor) -> torch.Tensor:
-    """Smallest power of two >= v (v > 0), exactly: v = m * 2^e with m in [0.5, 1)."""
-    mant, expo = torch.frexp(v)
-    return torch.ldexp(torch.ones_like(v), expo - (mant == 0.5).to(expo.dtype))
-
-
-def _floor_pow2(v: torch.Tensor) -> torch.Tensor:
-    """Largest power of two <= v (v > 0), exactly."""
-    _, expo = torch.frexp(v)
-    return torch.ldexp(torch.ones_like(v), expo - 1)
 
 
 def _scales(
@@ -128,22 +113,17 @@ def _scales(
     if family == "multiplier":
         # NOT `E4M3_MAX / amax` (reciprocal then multiply, two roundings): one fp32 division.
         m = torch.full_like(amax, E4M3_MAX).div_(amax)
-        m = _floor_pow2(m) if ue8m0 else m
+        m = pow2(torch.frexp(m)[1] - 1) if ue8m0 else m  # largest power of two <= m
         m = torch.where(zero, one, m).clamp_max(_FP32_MAX)
         return torch.reciprocal(m), m
     # Tensor / tensor: CUDA divides by a Python scalar as a multiply by its reciprocal, which
     # moved 376 of 2M codes by one FP8 step on an H100 (tests/gpu/test_te_backend.py).
     s = amax / torch.full_like(amax, E4M3_MAX)
-    s = _ceil_pow2(s) if ue8m0 else s
+    s = pow2(e8m0_ceil_exponent(s)) if ue8m0 else s
     s = torch.where(zero, one, s)
     # A tiny nonzero amax (eps = 0) can underflow s to 0; keep 0 / s and 0 * m finite.
     s = torch.where(s == 0, torch.full_like(s, torch.finfo(torch.float32).smallest_normal), s)
     return s, torch.reciprocal(s).clamp_max(_FP32_MAX)
-
-
-def _band_rows(bn: int, k_pad: int, device: torch.device) -> int:
-    """Rows per band: whole tile rows, ~``_BAND_ELEMS`` fp32 elements on CPU, all on a GPU."""
-    return bn * max(1, band_elems(device, _BAND_ELEMS) // (bn * k_pad))
 
 
 def _quantize_tiles(
@@ -163,16 +143,14 @@ def _quantize_tiles(
     bn, bk = block
     nb, kb = -(-n // bn), -(-k // bk)
     dev = x3.device
-    if x3.numel() == 0:  # no tile: empty codes, one (absent) scale per tile
-        return (
-            torch.empty(e, n, k, dtype=FP8_DTYPE, device=dev),
-            torch.empty(e, nb, kb, dtype=torch.float32, device=dev),
-        )
-    rows_per_band = _band_rows(bn, kb * bk, dev)
-    scratch = torch.zeros(min(rows_per_band, nb * bn), kb * bk, dtype=torch.float32, device=dev)
     q8 = torch.empty(e, n, k, dtype=FP8_DTYPE, device=dev)
-    amax = torch.empty(e, nb, kb, dtype=torch.float32, device=dev)
     s = torch.empty(e, nb, kb, dtype=torch.float32, device=dev)
+    if x3.numel() == 0:  # no tile: empty codes, one (absent) scale per tile
+        return q8, s
+    # whole tile rows, ~_BAND_ELEMS fp32 elements on CPU, all on a GPU
+    rows_per_band = bn * max(1, band_elems(dev, _BAND_ELEMS) // (bn * kb * bk))
+    scratch = torch.zeros(min(rows_per_band, nb * bn), kb * bk, dtype=torch.float32, device=dev)
+    amax = torch.empty(e, nb, kb, dtype=torch.float32, device=dev)
     for ei in range(e):
         for r0 in range(0, n, rows_per_band):
             r1 = min(r0 + rows_per_band, n)
@@ -244,12 +222,7 @@ def quantize_blockwise(
         ValueError: non-finite values (count and first index), a bad shape, dtype, family,
             eps or block.
     """
-    check_blockwise_args(name, family, eps, block)
-    if x.dim() not in (2, 3) or x.dtype not in FLOAT_INPUTS:
-        raise ValueError(
-            f"{name}: got {list(x.shape)} {x.dtype}, expected a 2-D [N, K] or 3-D [E, N, K] "
-            f"floating tensor ({', '.join(str(d) for d in FLOAT_INPUTS)})"
-        )
+    check_weight_args(x, name, family, eps, block)
     if backend != "torch":
         from nemo_ais.formats import te_backend
 
@@ -263,10 +236,7 @@ def quantize_blockwise(
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
         # CPU: the fused kernel (same bits); a NaN / inf tile goes on to raise below
         fused = _quantize_fused(x3, tuple(block), family, eps, ue8m0)
-        if fused is not None:
-            q, s = fused
-        else:
-            q, s = _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
+        q, s = fused or _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
     return (q, s) if x.dim() == 3 else (q[0], s[0])
 
 
@@ -274,9 +244,9 @@ def _dequantize_tiles(
     q3: torch.Tensor, s3: torch.Tensor, block: tuple[int, int], dtype: torch.dtype
 ) -> torch.Tensor:
     """``q3 [E, N, K] * s3 [E, nb, kb]`` broadcast per tile, computed in fp32."""
-    e, n, k = q3.shape
-    t = _tiles(q3.to(torch.float32), *block)
-    x = t.mul_(s3[:, :, None, :, None]).view(e, t.shape[1] * block[0], t.shape[3] * block[1])
+    (e, n, k), (bn, bk) = q3.shape, block
+    x = F.pad(q3.to(torch.float32), (0, -k % bk, 0, -n % bn))
+    x.view(e, x.shape[1] // bn, bn, x.shape[2] // bk, bk).mul_(s3[:, :, None, :, None])
     return x[:, :n, :k].to(dtype)
 
 

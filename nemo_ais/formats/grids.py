@@ -40,6 +40,7 @@ __all__ = [
     "e2m1_codes",
     "e2m1_codes_reference",
     "e2m1_encode_",
+    "e2m1_pack_",
     "e2m1_signed_values_",
     "e2m1_values",
     "e8m0_block_exponent",
@@ -47,6 +48,7 @@ __all__ = [
     "e8m0_values",
     "pack_code_pairs",
     "pack_nibbles",
+    "pow2",
     "row_bands",
     "to_uint8",
     "unpack_nibbles",
@@ -160,6 +162,17 @@ def e2m1_encode_(
     return torch.index_select(codes, 0, idx.view(-1), out=out.view(-1)).view(out.shape)
 
 
+def e2m1_pack_(
+    y: torch.Tensor, out: torch.Tensor, scratch: Scratch, *, ties_toward_zero: bool = False
+) -> torch.Tensor:
+    """:func:`e2m1_encode_` of fp32 ``y [R, K]`` packed two a byte into ``out [R, K/2]``."""
+    h, k = y.shape
+    codes = scratch.get("codes", (h, k), torch.uint8)
+    tmp = scratch.get("tmp", (h, k), torch.int32)
+    e2m1_encode_(y, codes, tmp, ties_toward_zero=ties_toward_zero)
+    return pack_code_pairs(codes, out, scratch.get("pairs", (h, k // 2), torch.int16))
+
+
 def e2m1_signed_values_(y: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
     """fp32 signed E2M1 values of contiguous fp32 ``y`` into ``tmp`` (as :func:`e2m1_encode_`)."""
     _, values = _e2m1_tables(False, y.device)
@@ -241,7 +254,11 @@ def e8m0_block_exponent(block_amax: torch.Tensor, element_max: float) -> torch.T
     return expo.clamp_(-E8M0_BIAS, E8M0_BIAS)
 
 
+def pow2(expo: torch.Tensor) -> torch.Tensor:
+    """fp32 ``2^expo`` of int32 ``expo``, exactly (2^-127 is an fp32 subnormal)."""
+    return torch.ldexp(torch.ones(expo.shape, dtype=torch.float32, device=expo.device), expo)
+
+
 def e8m0_values(scale: torch.Tensor) -> torch.Tensor:
-    """fp32 ``2^(b - 127)`` of UE8M0 bytes ``b`` in [0, 254] (exact; 2^-127 is an fp32 subnormal)."""
-    expo = scale.to(torch.int32) - E8M0_BIAS
-    return torch.ldexp(torch.ones(scale.shape, dtype=torch.float32, device=scale.device), expo)
+    """fp32 ``2^(b - 127)`` of UE8M0 bytes ``b`` in [0, 254], exactly."""
+    return pow2(scale.to(torch.int32) - E8M0_BIAS)

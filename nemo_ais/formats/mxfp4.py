@@ -13,6 +13,7 @@ even, as FlashInfer). Dequantization: ``E2M1(code) * 2^(b - 127)``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -24,18 +25,16 @@ from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import (
     E2M1_MAX,
     E8M0_BIAS,
-    Scratch,
     e2m1_codes_reference,
-    e2m1_encode_,
+    e2m1_pack_,
     e2m1_values,
     e8m0_block_exponent,
     e8m0_values,
-    pack_code_pairs,
     pack_nibbles,
-    row_bands,
+    pow2,
     unpack_nibbles,
 )
-from nemo_ais.formats.mxfp8 import MX_BLOCK, _pow2, check_mx_scale
+from nemo_ais.formats.mxfp8 import MX_BLOCK, check_mx_scale, mx_bands
 
 __all__ = ["MXFP4", "MXFP4Tensor", "dequantize_mxfp4", "quantize_mxfp4", "quantize_mxfp4_reference"]
 
@@ -63,7 +62,7 @@ def quantize_mxfp4_reference(
     check_finite(x, "x", action="refusing to quantize NaN/Inf")
     blocks = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
     expo = e8m0_block_exponent(blocks.abs().amax(-1), E2M1_MAX)
-    y = blocks * _pow2(-expo).unsqueeze(-1)
+    y = blocks * pow2(-expo).unsqueeze(-1)
     code = e2m1_codes_reference(y.abs(), ties_toward_zero=round_ties_toward_zero)
     code = code | ((blocks < 0).to(torch.uint8) * _SIGN)
     return MXFP4Tensor(pack_nibbles(code.reshape(x.shape)), (expo + E8M0_BIAS).to(torch.uint8))
@@ -83,40 +82,15 @@ def quantize_mxfp4(
     )
     if fast is not None:  # CUDA: one Triton launch (nemo_ais.formats.dispatch), same bits
         return fast
-    k = x.shape[-1]
-    kb = k // MX_BLOCK
-    rows = math.prod(x.shape[:-1])
-    x2 = x.reshape(rows, k)
-    lead = x.shape[:-1]
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(math.prod(lead), k)
     fused = _quantize_fused(x2, round_ties_toward_zero)  # CPU: same bits (NaN: raise below)
-    if fused is not None:
-        return MXFP4Tensor(fused[0].view(*lead, k // 2), fused[1].view(*lead, kb))
-    data = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
-    scale = torch.empty(rows, kb, dtype=torch.uint8, device=x.device)
-    finite = torch.ones((), dtype=torch.bool, device=x.device)
-    scratch = Scratch(x.device)
-    with torch.no_grad():
-        for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k, device=x.device):
-            h = r1 - r0
-            y = torch.add(x2[r0:r1], 0.0, out=scratch.get("x", (h, k), torch.float32))  # -0 -> +0
-            blocks = y.view(h, kb, MX_BLOCK)
-            block_amax = torch.maximum(blocks.amax(-1), blocks.amin(-1).neg_())
-            finite &= torch.isfinite(block_amax).all()
-            expo = e8m0_block_exponent(block_amax, E2M1_MAX)
-            # exact but for subnormal results, as in the reference
-            blocks.mul_(_pow2(-expo).unsqueeze(-1))
-            codes = scratch.get("codes", (h, k), torch.uint8)
-            e2m1_encode_(
-                y,
-                codes,
-                scratch.get("tmp", (h, k), torch.int32),
-                ties_toward_zero=round_ties_toward_zero,
-            )
-            pack_code_pairs(codes, data[r0:r1], scratch.get("pairs", (h, k // 2), torch.int16))
-            scale[r0:r1] = (expo + E8M0_BIAS).to(torch.uint8)
-    if not bool(finite):
-        check_finite(x, name, action="refusing to quantize NaN/Inf")
-    return MXFP4Tensor(data.view(*lead, k // 2), scale.view(*lead, kb))
+    if fused is None:
+        data = torch.empty(x2.shape[0], k // 2, dtype=torch.uint8, device=x.device)
+        encode = functools.partial(e2m1_pack_, ties_toward_zero=round_ties_toward_zero)
+        # x + 0.0: -0.0 gets code 0, not 8
+        fused = data, mx_bands(x, x2, name, E2M1_MAX, data, encode, plus_zero=True)
+    return MXFP4Tensor(fused[0].view(*lead, k // 2), fused[1].view(*lead, k // MX_BLOCK))
 
 
 def _quantize_fused(x2: torch.Tensor, ties_toward_zero: bool):

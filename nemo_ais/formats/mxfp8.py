@@ -19,6 +19,7 @@ TRT-LLM kernel (same values). :func:`quantize_mxfp8_reference` is the reference;
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +35,8 @@ from nemo_ais.formats.grids import (
     Scratch,
     e8m0_block_exponent,
     e8m0_values,
+    pow2,
     row_bands,
-    to_uint8,
 )
 
 __all__ = [
@@ -64,18 +65,13 @@ class MXFP8Tensor:
         return tuple(self.data.shape)
 
 
-def _pow2(expo: torch.Tensor) -> torch.Tensor:
-    """fp32 ``2^expo`` for int32 ``expo`` in [-127, 127], exactly."""
-    return torch.ldexp(torch.ones(expo.shape, dtype=torch.float32, device=expo.device), expo)
-
-
 def quantize_mxfp8_reference(x: torch.Tensor) -> MXFP8Tensor:
     """Reference of :func:`quantize_mxfp8`: steps 1-3 of the module doc, written plainly."""
     check_last_dim(x, "x", MX_BLOCK, "MXFP8")
     check_finite(x, "x", action="refusing to quantize NaN/Inf")
     blocks = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
     expo = e8m0_block_exponent(blocks.abs().amax(-1), E4M3_MAX)
-    scaled = blocks * _pow2(-expo).unsqueeze(-1)
+    scaled = blocks * pow2(-expo).unsqueeze(-1)
     data = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).reshape(x.shape)
     return MXFP8Tensor(data, (expo + E8M0_BIAS).to(torch.uint8))
 
@@ -89,6 +85,10 @@ def _quantize_fused(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | Non
     return (q.view(torch.float8_e4m3fn), scale) if bool(finite) else None
 
 
+def _saturate_into(y: torch.Tensor, out: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+    return out.copy_(y.clamp_(-E4M3_MAX, E4M3_MAX))  # E4M3 codes, round to nearest even
+
+
 def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     """MXFP8 quantization of ``x [..., K]`` (module doc); empty in, empty out.
 
@@ -99,30 +99,52 @@ def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     fast = triton_quantize("quantize_mxfp8_triton", x, name=name)
     if fast is not None:  # CUDA: one Triton launch (nemo_ais.formats.dispatch), same bits
         return fast
-    k = x.shape[-1]
-    rows = math.prod(x.shape[:-1])
-    x2 = x.reshape(rows, k)
-    lead = x.shape[:-1]
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(math.prod(lead), k)
     fused = _quantize_fused(x2)  # CPU: the fused kernel, same bits (NaN: raise below)
-    if fused is not None:
-        return MXFP8Tensor(fused[0].view(*lead, k), fused[1].view(*lead, k // MX_BLOCK))
-    data = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
+    if fused is None:
+        data = torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        fused = data, mx_bands(x, x2, name, E4M3_MAX, data, _saturate_into)
+    return MXFP8Tensor(fused[0].view(*lead, k), fused[1].view(*lead, k // MX_BLOCK))
+
+
+def mx_bands(
+    x: torch.Tensor,
+    x2: torch.Tensor,
+    name: str,
+    element_max: float,
+    out: torch.Tensor,
+    encode: Callable[[torch.Tensor, torch.Tensor, Scratch], Any],
+    *,
+    plus_zero: bool = False,
+) -> torch.Tensor:
+    """The banded PyTorch path of an MX format: the scale bytes of ``x2 = x [R, K]``.
+
+    Per band of rows, ``y = x * 2^-E`` in one fp32 scratch copy, whose codes
+    ``encode(y, out[band], scratch)`` writes; ``plus_zero``: ``x + 0.0`` (-0.0 -> +0.0).
+    ValueError (naming ``name``) on non-finite input.
+    """
+    rows, k = x2.shape
     scale = torch.empty(rows, k // MX_BLOCK, dtype=torch.uint8, device=x.device)
     finite = torch.ones((), dtype=torch.bool, device=x.device)
     scratch = Scratch(x.device)
     with torch.no_grad():
         for r0, r1 in [] if x.numel() == 0 else row_bands(rows, k, device=x.device):
-            xf = scratch.get("x", (r1 - r0, k), torch.float32).copy_(x2[r0:r1])
-            blocks = xf.view(r1 - r0, k // MX_BLOCK, MX_BLOCK)
+            y = scratch.get("x", (r1 - r0, k), torch.float32)
+            if plus_zero:
+                torch.add(x2[r0:r1], 0.0, out=y)
+            else:
+                y.copy_(x2[r0:r1])
+            blocks = y.view(r1 - r0, k // MX_BLOCK, MX_BLOCK)
             block_amax = torch.maximum(blocks.amax(-1), blocks.amin(-1).neg_())
             finite &= torch.isfinite(block_amax).all()
-            expo = e8m0_block_exponent(block_amax, E4M3_MAX)
-            blocks.mul_(_pow2(-expo).unsqueeze(-1))
-            data[r0:r1] = xf.clamp_(-E4M3_MAX, E4M3_MAX)
-            scale[r0:r1] = to_uint8((expo + E8M0_BIAS).to(torch.float32))
+            expo = e8m0_block_exponent(block_amax, element_max)
+            blocks.mul_(pow2(-expo).unsqueeze(-1))  # exact but for subnormal results
+            encode(y, out[r0:r1], scratch)
+            scale[r0:r1] = (expo + E8M0_BIAS).to(torch.uint8)
     if not bool(finite):
         check_finite(x, name, action="refusing to quantize NaN/Inf")
-    return MXFP8Tensor(data.view(*lead, k), scale.view(*lead, k // MX_BLOCK))
+    return scale
 
 
 def check_mx_scale(data: torch.Tensor, scale: torch.Tensor, block_k: int, name: str) -> None:

@@ -13,14 +13,14 @@ ModelOpt's export rule (vLLM's ``weight`` / ``weight_scale`` / ``weight_scale_2`
 
 Dequantization: ``E2M1(code) * d``. ``rows_per_block=16``: TE's 16x16 weight tiles (one
 amax per tile, stored on each of its rows: still valid 1x16 NVFP4).
-:func:`quantize_nvfp4_reference` is the reference; :func:`quantize_nvfp4` and
-:func:`fake_quantize_nvfp4` the banded fast paths (two C++ passes on CPU; Triton on CUDA:
-:mod:`~nemo_ais.formats.dispatch`), bit-equal; :func:`quantize_nvfp4_experts` an expert
-stack with a global scale per expert.
+:func:`quantize_nvfp4` and :func:`fake_quantize_nvfp4` are bit-equal to the reference
+:func:`quantize_nvfp4_reference` (two C++ passes on CPU; Triton on CUDA:
+:mod:`~nemo_ais.formats.dispatch`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -36,10 +36,9 @@ from nemo_ais.formats.grids import (
     E4M3_MAX,
     Scratch,
     e2m1_codes_reference,
-    e2m1_encode_,
+    e2m1_pack_,
     e2m1_signed_values_,
     e2m1_values,
-    pack_code_pairs,
     pack_nibbles,
     row_bands,
     unpack_nibbles,
@@ -186,15 +185,11 @@ def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
     scales = torch.empty(rows, kb, dtype=torch.float8_e4m3fn, device=dev)
     tile = rows_per_block
     n = x.shape[-2] if tile > 1 else rows  # a 16x16 tile never straddles two matrices
-    bands = (
-        []
-        if x.numel() == 0
-        else [
-            (m0 + b0, m0 + b1)
-            for m0 in range(0, rows, n)
-            for b0, b1 in row_bands(n, k, tile, device=dev)
-        ]
-    )
+    bands = [
+        (m0 + b0, m0 + b1)
+        for m0 in (range(0, rows, n) if x.numel() else ())
+        for b0, b1 in row_bands(n, k, tile, device=dev)
+    ]
     scratch = Scratch(dev)
     block_amax = None
     if given is None:  # pass 1: block amax of the whole tensor, its max the tensor amax
@@ -212,10 +207,7 @@ def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
     for r0, r1 in bands:
         h = r1 - r0
         y = scratch.get("x", (h, k), torch.float32)
-        if block_amax is None:
-            ba = _block_amax_(x2, r0, r1, y)
-        else:
-            ba = block_amax[r0:r1]
+        ba = _block_amax_(x2, r0, r1, y) if block_amax is None else block_amax[r0:r1]
         finite &= torch.isfinite(ba).all()
         block_scale = _block_scale(_tile_max(ba, tile), s_g)
         scales[r0:r1] = block_scale
@@ -228,9 +220,7 @@ def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
             v = e2m1_signed_values_(y, out[r0:r1])
             v.view(h, kb, NVFP4_BLOCK).mul_(d.unsqueeze(-1))
         else:
-            codes = scratch.get("codes", (h, k), torch.uint8)
-            e2m1_encode_(y, codes, scratch.get("tmp", (h, k), torch.int32))
-            pack_code_pairs(codes, out[r0:r1], scratch.get("pairs", (h, k // 2), torch.int16))
+            e2m1_pack_(y, out[r0:r1], scratch)
     if not bool(finite):
         check_finite(x, name, action="refusing to quantize NaN/Inf")
     lead = x.shape[:-1]
@@ -268,13 +258,10 @@ def quantize_nvfp4(
 
 
 def _quantize_eager(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor:
-    """:func:`quantize_nvfp4` without Triton: the C++ kernel on CPU, else the banded path."""
+    """:func:`quantize_nvfp4` without Triton: the C++ kernel, else (or on NaN) the banded path."""
     with torch.no_grad():
         fused = _quantize_fused(x, amax, rows_per_block, name)
-        if fused is not None:
-            return fused
-        data, block_scale, s_g = _quantize_bands(x, amax, rows_per_block, name, fake=False)
-    return NVFP4Tensor(data, block_scale, s_g)
+        return fused or NVFP4Tensor(*_quantize_bands(x, amax, rows_per_block, name, fake=False))
 
 
 def check_experts_args(
@@ -447,19 +434,12 @@ NVFP4_W4A16 = Format(
 )
 """NVFP4 weights, BF16 activations (ModelOpt W4A16)."""
 
-NVFP4_W4A4 = Format(
-    "nvfp4_w4a4",
-    (1, NVFP4_BLOCK),
-    "E2M1",
-    _NVFP4_SCALES + "; inputs with a static calibrated amax",
-    reference=quantize_nvfp4_reference,
-    quantize=quantize_nvfp4,
-    dequantize=dequantize_nvfp4,
-    fake_weight=_fake_weight,
+NVFP4_W4A4 = dataclasses.replace(
+    NVFP4_W4A16,
+    name="nvfp4_w4a4",
+    scale_rule=_NVFP4_SCALES + "; inputs with a static calibrated amax",
     fake_activation=_fake_activation,
-    refit_pairs=_refit_pairs,
     refit_bytes=lambda numel, shape, config: _refit_bytes(numel, shape, config, n_scalars=2),
-    shared_global_scale=True,
     static_input_amax=True,
 )
 """NVFP4 weights and activations (ModelOpt NVFP4, + ``input_scale``)."""

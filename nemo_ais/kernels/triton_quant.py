@@ -32,8 +32,8 @@ from nemo_ais.formats import (
     quantize_mxfp8,
     quantize_nvfp4,
 )
-from nemo_ais.formats.checks import FLOAT_INPUTS, check_amax, check_last_dim
-from nemo_ais.formats.fp8_block import _FAMILY_INDEX, Family, check_blockwise_args
+from nemo_ais.formats.checks import check_amax, check_last_dim
+from nemo_ais.formats.fp8_block import _FAMILY_INDEX, Family, check_weight_args
 from nemo_ais.formats.nvfp4 import check_experts_args, nvfp4_global_scale
 
 __all__ = [
@@ -142,15 +142,6 @@ def _kernels_for(x: torch.Tensor) -> ModuleType:
     return _jit(x.device.type == "cpu")
 
 
-def _check_blockwise_args(x, block, family, eps, name) -> None:
-    check_blockwise_args(name, family, eps, block)
-    if x.dim() not in (2, 3) or x.dtype not in FLOAT_INPUTS:
-        raise ValueError(
-            f"{name}: got {list(x.shape)} {x.dtype}, expected a 2-D [N, K] or 3-D [E, N, K] "
-            f"floating tensor ({', '.join(str(d) for d in FLOAT_INPUTS)})"
-        )
-
-
 @_on_x_device
 def quantize_blockwise_triton(
     x: torch.Tensor,
@@ -162,7 +153,7 @@ def quantize_blockwise_triton(
     name: str = "x",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Blockwise FP8 by one Triton launch; arguments, bits and errors of ``quantize_blockwise``."""
-    _check_blockwise_args(x, block, family, eps, name)
+    check_weight_args(x, name, family, eps, block)
     x3 = (x if x.dim() == 3 else x.unsqueeze(0)).contiguous()
     e, n, k = x3.shape
     bn, bk = block
