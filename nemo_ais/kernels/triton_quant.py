@@ -34,7 +34,11 @@ from nemo_ais.formats import (
 )
 from nemo_ais.formats.checks import check_amax, check_last_dim
 from nemo_ais.formats.fp8_block import _FAMILY_INDEX, Family, check_weight_args
-from nemo_ais.formats.nvfp4 import check_experts_args, nvfp4_global_scale
+from nemo_ais.formats.nvfp4 import (
+    check_experts_args,
+    nvfp4_global_scale,
+    quantize_nvfp4_experts,
+)
 
 __all__ = [
     "quantize_blockwise_triton",
@@ -47,29 +51,21 @@ __all__ = [
 
 _MX_BLOCK, _NVFP4_BLOCK = 32, 16
 _KERNELS = "nemo_ais.kernels._triton_quant_jit"
-# Elements per program: a 128x128 FP8 tile, or 16 rows x 256 columns for the 1-D formats.
-_ROWS, _COLS = 16, 256
+# Elements per program of the 1-D formats: 16 rows x 256 columns (8 warps: 128 (MX) / 120
+# (NVFP4) registers, no spills).
+_ROWS, _COLS, _WARPS = 16, 256, 8
 _ABSMAX_BLOCK = 8192
 # FP8 tiles are read in slices of this many rows (sm_90a ptxas: a whole 128x128 tile
 # spilled at 255 registers; 8-row slices take 64, no spills).
 _FP8_CHUNK = 16
 _FP8_WARPS = 8
-# E4M3 codes by the GPU's cvt instruction where it has one (benchmarks: False compares)
-_HW_E4M3 = True
-# 16x256 blocks at 8 warps: 128 (MX) / 120 (NVFP4) registers, no spills.
-_WARPS = 8
-
-
+_HW_E4M3 = True  # E4M3 codes by the GPU's cvt instruction where it has one (benchmarks: False)
 # False only inside :func:`_launches_only` (benchmarks: the launches alone, graph-capturable)
 _READ_BACK = contextvars.ContextVar("nemo_ais_triton_read_back", default=True)
 
 
 def _hw_e4m3(x: torch.Tensor) -> bool:
-    """Whether the kernels encode E4M3 with the GPU's conversion instruction.
-
-    CUDA with compute capability 8.9+ (Ada, Hopper, Blackwell); else integer arithmetic
-    (older GPUs, the interpreter), with the same bits.
-    """
+    """E4M3 by the GPU's conversion (CUDA, sm_89+), else by integer arithmetic (same bits)."""
     return _HW_E4M3 and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9)
 
 
@@ -273,19 +269,11 @@ def quantize_nvfp4_triton(
     16x16 tiles never straddle two experts.
     """
     check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
-    if rows_per_block not in (1, 16) or (rows_per_block > 1 and x.dim() < 2):
-        return quantize_nvfp4(x, amax, rows_per_block=rows_per_block, name=name)  # raises
+    bad_tiles = rows_per_block not in (1, 16) or (rows_per_block > 1 and x.dim() < 2)
+    if bad_tiles or x.numel() == 0:  # the PyTorch path: its error, or the empty result
+        return quantize_nvfp4(x, amax, rows_per_block=rows_per_block, name=name)
     given = check_amax(amax, "amax")
     lead = x.shape[:-1]
-    if x.numel() == 0:
-        s_g = nvfp4_global_scale(
-            torch.zeros((), device=x.device) if given is None else given.to(x.device)
-        )
-        return NVFP4Tensor(
-            torch.empty(*lead, x.shape[-1] // 2, dtype=torch.uint8, device=x.device),
-            torch.empty(*lead, x.shape[-1] // 16, dtype=torch.float8_e4m3fn, device=x.device),
-            s_g,
-        )
     jit = _kernels_for(x)
     xc = x.contiguous()
     tensor_amax = _matrix_amax(xc, 1, jit)[0] if given is None else given.to(x.device)
@@ -312,15 +300,9 @@ def quantize_nvfp4_experts_triton(
     ``global_scale`` is fp32 ``[E]``; ValueError as the reference, or not 3-D / bad ``amax``.
     """
     check_experts_args(x, amax, rows_per_block, name)
-    e, n, k = x.shape
-    if x.numel() == 0:
-        experts = [quantize_nvfp4(x[i], None if amax is None else amax[i]) for i in range(e)]
-        s_g = torch.stack([q.global_scale for q in experts]) if e else torch.ones(0)
-        return NVFP4Tensor(
-            torch.empty(e, n, k // 2, dtype=torch.uint8, device=x.device),
-            torch.empty(e, n, k // 16, dtype=torch.float8_e4m3fn, device=x.device),
-            s_g.to(x.device),
-        )
+    if x.numel() == 0:  # the PyTorch path's empty result
+        return quantize_nvfp4_experts(x, amax, rows_per_block=rows_per_block, name=name)
+    e, n = x.shape[:2]
     jit = _kernels_for(x)
     xc = x.contiguous()
     expert_amax = _matrix_amax(xc, e, jit) if amax is None else amax.to(x.device, torch.float32)
