@@ -1,14 +1,13 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""Fused CPU kernels for the weight quantizers and FP8 activation fake quant, built on first use.
+"""Fused CPU kernels of the quantizers and the FP8 activation fake quant, built on first use.
 
-The twin's per-token FP8 activation fake quantization is one of them. PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchmarks.md
-"quant"), so each format's whole rule runs in one C++ loop per row (``csrc/quantize_cpu.cpp``,
-package data), bit-equal to the PyTorch paths (tests/unit/test_fp8_cpu_kernel.py). Built
-with ``load_inline`` for contiguous fp32 / bf16 / fp16 CPU input; without a compiler or
-with ``NEMO_AIS_CPU_KERNEL=0`` the PyTorch paths run, with the same bits (which tensors
-take the kernels: :mod:`nemo_ais.formats.dispatch`). A block with
-NaN / inf is reported and the PyTorch path raises. One thread (no second OpenMP runtime).
+PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchmarks.md
+"quant"), so each format's rule runs in one C++ loop per row (``csrc/quantize_cpu.cpp``),
+bit-equal to the PyTorch paths. Built with ``load_inline``; without a compiler or with
+``NEMO_AIS_CPU_KERNEL=0`` the PyTorch paths run (which tensors take the kernels:
+:mod:`nemo_ais.formats.dispatch`). A block with NaN / inf is reported and the PyTorch path
+raises. One thread (no second OpenMP runtime).
 """
 
 from __future__ import annotations
@@ -35,8 +34,6 @@ _FUNCTIONS = [
     "quantize_mxfp4",
     "fake_quant_groups_divide",
 ]
-
-
 _CPUINFO_KEYS = ("model name", "flags", "Features", "CPU implementer", "CPU part")
 _GUARD_FILE = "nemo_ais.flock"  # beside PyTorch's own ``lock`` in the build directory
 

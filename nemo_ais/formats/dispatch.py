@@ -4,19 +4,16 @@
 
 :func:`backend_for` picks, for a tensor's device, dtype and layout:
 
-* ``"triton"``: a CUDA tensor with Triton importable: the fused kernels of
-  :mod:`nemo_ais.kernels.triton_quant` (one launch per weight or ``[E, N, K]`` expert
-  stack, bit-equal to the PyTorch paths). ``NEMO_AIS_TRITON=0`` turns them off.
-* ``"cpu"``: a non-empty contiguous fp32 / bf16 / fp16 CPU tensor with the fused C++
-  kernels built (:mod:`nemo_ais.formats.cpu_kernel`; ``NEMO_AIS_CPU_KERNEL=0`` turns them off).
-* ``"torch"``: the PyTorch path, with the same bits, everywhere else.
+* ``"triton"``: a CUDA tensor with Triton importable: :mod:`nemo_ais.kernels.triton_quant`
+  (one launch per weight or expert stack). ``NEMO_AIS_TRITON=0`` turns it off.
+* ``"cpu"``: a non-empty contiguous fp32 / bf16 / fp16 CPU tensor with the C++ kernels
+  built (:mod:`nemo_ais.formats.cpu_kernel`; ``NEMO_AIS_CPU_KERNEL=0`` turns them off).
+* ``"torch"``: the PyTorch path everywhere else. All three give the same bits.
 
-``kernels/`` builds on ``formats/`` (it falls back to these quantizers), so the Triton module
-is loaded by name on the first CUDA call, never by an import statement here (no import
-circle). A Triton kernel that meets non-finite input calls the public quantizer to raise
-its error; :func:`without_triton` makes that call take the PyTorch path. A kernel that
-fails for any other reason (a Triton or driver version that cannot compile or launch it) is
-logged once and Triton is switched off for the process: the PyTorch path gives the same bits.
+``kernels/`` imports ``formats/``, so the Triton module is loaded by name on first use (no
+import cycle). A Triton kernel meeting non-finite input calls the public quantizer, under
+:func:`without_triton`, to raise its error; one failing otherwise (a Triton or driver that
+cannot compile or launch it) is logged once and Triton is off for the process.
 """
 
 from __future__ import annotations
@@ -62,11 +59,7 @@ def _triton_importable() -> bool:
 
 
 def triton_enabled() -> bool:
-    """Whether the Triton kernels may run (module doc).
-
-    Triton is importable, ``NEMO_AIS_TRITON`` is not ``0``, no :func:`without_triton` is
-    active and no Triton kernel has failed in this process.
-    """
+    """Triton importable, ``NEMO_AIS_TRITON`` not 0, no :func:`without_triton`, no failure yet."""
     if os.environ.get("NEMO_AIS_TRITON", "1") == "0" or _NO_TRITON.get() or _BROKEN:
         return False
     return _triton_importable()
@@ -83,13 +76,8 @@ def backend_for(
     kind = torch.device(device).type
     if kind in _TRITON_DEVICES and triton_enabled():
         return "triton"
-    if (
-        kind == "cpu"
-        and dtype in _CPU_DTYPES
-        and contiguous
-        and numel > 0
-        and _cpu.cpu_kernel() is not None
-    ):
+    fits = dtype in _CPU_DTYPES and contiguous and numel > 0
+    if kind == "cpu" and fits and _cpu.cpu_kernel() is not None:
         return "cpu"
     return "torch"
 
@@ -115,11 +103,9 @@ def without_triton() -> Iterator[None]:
 
 
 def triton_quantize(kernel: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """``nemo_ais.kernels.triton_quant.<kernel>(x, *args, **kwargs)``, or None (no Triton path).
+    """``nemo_ais.kernels.triton_quant.<kernel>(x, *args, **kwargs)`` :func:`without_triton`.
 
-    None where :func:`backend_for` of ``x`` is not ``"triton"``: the caller's path runs.
-    The kernel's own fallback (non-finite input: the public quantizer raises) runs
-    :func:`without_triton`.
+    None where :func:`backend_of` ``x`` is not ``"triton"`` or the kernel failed (module doc).
     """
     if backend_of(x) != "triton":
         return None

@@ -135,10 +135,7 @@ def _quantize_tiles(
     ue8m0: bool,
     name: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize ``x3 [E, N, K]`` band by band in one reusable zero-padded fp32 scratch buffer.
-
-    Returns q ``[E, N, K]`` and s ``[E, nb, kb]``; no full-size fp32 temporary is allocated.
-    """
+    """``(q [E, N, K], s [E, nb, kb])`` of ``x3``, band by band in one zero-padded fp32 scratch."""
     e, n, k = x3.shape
     bn, bk = block
     nb, kb = -(-n // bn), -(-k // bk)
@@ -253,7 +250,7 @@ def _dequantize_tiles(
 def _check_dequant(
     q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], lead: int, name: str
 ) -> None:
-    """Validate ``q``/``scale`` dtypes and that ``scale`` has one entry per tile."""
+    """``q`` is E4M3 and ``scale`` fp32 with one entry per tile (ValueError)."""
     if q.dtype != FP8_DTYPE:
         raise ValueError(f"{name}: got q of dtype {q.dtype}, expected {FP8_DTYPE}")
     expected = (
@@ -348,10 +345,9 @@ def quantize_blockwise_reference(
 
 
 def _fake_quant_groups_divide(x: torch.Tensor, group: int, eps: float, name: str) -> torch.Tensor:
-    """``dequantize_activations(*quantize_activations(x, group, "divide", eps))``, fused, same op order.
+    """``dequantize_activations(*quantize_activations(x, group, "divide", eps))``, fused.
 
-    Preconditions: ``K % group == 0`` and ``eps > 0``. Raises ``ValueError`` on non-finite input.
-    The fused C++ kernel runs where it is built (:func:`~nemo_ais.formats.dispatch.kernel_for`).
+    Same op order (the C++ kernel where built); needs ``K % group == 0`` and ``eps > 0``.
     """
     ext = kernel_for(x)
     if ext is not None:
@@ -392,15 +388,8 @@ def _refit_pairs(
     name: str, w: torch.Tensor, config: Any, *, weight_amax: Any = None, input_scale: Any = None
 ) -> RefitPairs:
     """The pairs of vLLM block FP8: ``(<m>.weight, codes)``, ``(<m>.weight_scale_inv, s)``."""
-    q, s = quantize_blockwise(
-        w,
-        config.block,
-        config.family,
-        config.eps,
-        config.ue8m0,
-        name=stack_label(name),
-        backend=config.backend,
-    )
+    args = (config.block, config.family, config.eps, config.ue8m0)
+    q, s = quantize_blockwise(w, *args, name=stack_label(name), backend=config.backend)
     return weight_pairs(name, [("weight", q), ("weight_scale_inv", s)])
 
 

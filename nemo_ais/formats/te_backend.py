@@ -2,11 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Transformer Engine backend of :func:`~nemo_ais.formats.fp8_block.quantize_blockwise` (CUDA only).
 
-Wraps TE 2.x's ``Float8BlockQuantizer`` (128x128 blocks) and returns our convention (TE's
-row-wise ``scale_inv``, cropped). TE's formula is family ``"multiplier"`` (``force_pow_2_scales``
-is our ``ue8m0``); other families or tiles: ``backend="te"`` raises, ``"auto"`` uses
-torch. ``tests/gpu/test_te_backend.py`` compares them bit for bit. TE is imported lazily,
-only here (``pip install 'nemo-ais[te]'``).
+TE 2.x's ``Float8BlockQuantizer`` (128x128 blocks, its row-wise ``scale_inv`` cropped) is
+family ``"multiplier"`` (``force_pow_2_scales`` is our ``ue8m0``); other families or tiles:
+``backend="te"`` raises, ``"auto"`` uses torch. TE is imported lazily, only here
+(``pip install 'nemo-ais[te]'``).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ _TE_FAMILY = "multiplier"
 
 
 def _import_te() -> tuple[Any, Any]:
-    """Return (``Float8BlockQuantizer``, ``transformer_engine_torch``) or raise ImportError."""
+    """(``Float8BlockQuantizer``, ``transformer_engine_torch``), else ImportError."""
     try:
         import transformer_engine_torch as tex
         from transformer_engine.pytorch.tensor.float8_blockwise_tensor import (
@@ -57,7 +56,7 @@ def use_te(
     family: str = _TE_FAMILY,
     block: tuple[int, int] = _TE_BLOCK,
 ) -> bool:
-    """Resolve ``backend`` for ``x``: True is TE (``auto``: importable, CUDA, family "multiplier", 128x128).
+    """Whether ``backend`` quantizes ``x`` by TE (``auto``: importable, CUDA, TE's family and block).
 
     Raises:
         ValueError: unknown backend, or ``"te"`` with a CPU tensor or another family / block.
@@ -91,7 +90,7 @@ def te_refuses(family: str, block: tuple[int, int]) -> str | None:
 
 
 def _quantize_2d(x2: torch.Tensor, quantizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """One 2-D tensor through TE; returns (q as float8_e4m3fn, cropped fp32 scale)."""
+    """(float8_e4m3fn q, cropped fp32 scale) of one 2-D tensor by TE."""
     n, k = x2.shape
     qt = quantizer(x2.contiguous())
     q = qt._rowwise_data.view(torch.float8_e4m3fn).reshape(n, k)
@@ -114,10 +113,10 @@ def quantize_blockwise_te(
     *,
     name: str = "x",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TE's 128x128 blockwise E4M3 quantization, ``(q, s)`` as :func:`quantize_blockwise`.
+    """``(q, s)`` of :func:`quantize_blockwise` by TE (one expert of ``[E, N, K]`` at a time).
 
-    Experts of ``[E, N, K]`` are quantized one by one. ValueError: non-finite input (checked
-    here: TE would sync an infinite amax silently) or an unsupported family / block.
+    ValueError: non-finite input (checked here: TE would sync an infinite amax silently) or
+    an unsupported family / block.
     """
     use_te(x, "te", name=name, family=family, block=block)
     check_finite(x, name, amax=x.abs().amax())
