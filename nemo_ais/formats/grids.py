@@ -78,7 +78,7 @@ _E2M1_SIGNED = torch.tensor([*E2M1_GRID, *(-v for v in E2M1_GRID)], dtype=torch.
 def e2m1_codes_reference(a: torch.Tensor, *, ties_toward_zero: bool = False) -> torch.Tensor:
     """Reference: E2M1 magnitude codes (uint8 0..7) of ``a >= 0``, counting the thresholds passed.
 
-    Values above 6 get code 7; with ``ties_toward_zero`` no tie goes up.
+    Above 6: code 7; ``ties_toward_zero``: no tie goes up.
     """
     code = torch.zeros(a.shape, dtype=torch.uint8, device=a.device)
     for threshold, tie_up in _E2M1_THRESHOLDS:
@@ -111,19 +111,12 @@ def _class_members() -> tuple[torch.Tensor, torch.Tensor]:
     odd = j - 2 * f  # 1: the bit patterns strictly inside (f, f + 1) * 2^20
     base = f * (1 << _CLASS_SHIFT)
     first, last = base + odd, base + odd * _CLASS_LOW
-    return (
-        first.to(torch.int32).view(torch.float32),
-        last.to(torch.int32).view(torch.float32),
-    )
+    return first.to(torch.int32).view(torch.float32), last.to(torch.int32).view(torch.float32)
 
 
 @functools.cache
 def _e2m1_tables(ties_toward_zero: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 signed code, fp32 signed value) of every class on ``device`` (-0.0 gets code 8).
-
-    Raises:
-        AssertionError: a class whose extreme members round differently (cannot happen).
-    """
+    """(uint8 signed code, fp32 signed value) of every class on ``device`` (-0.0 gets code 8)."""
     first, last = _class_members()
 
     def signed_codes(v: torch.Tensor) -> torch.Tensor:
@@ -146,16 +139,11 @@ def e2m1_class_index_(y: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_encode_(
-    y: torch.Tensor,
-    out: torch.Tensor,
-    tmp: torch.Tensor,
-    *,
-    ties_toward_zero: bool = False,
+    y: torch.Tensor, out: torch.Tensor, tmp: torch.Tensor, *, ties_toward_zero: bool = False
 ) -> torch.Tensor:
     """Signed E2M1 codes (uint8, sign bit 8) of contiguous fp32 ``y`` into ``out`` (consumes ``y``).
 
-    Bit-equal to :func:`e2m1_codes_reference` with the sign bit; ``tmp`` is int32 of ``y``'s
-    shape; ``ties_toward_zero``: ModelOpt's MXFP4 ``cast_fp4``.
+    ``tmp``: int32 of ``y``'s shape; ``ties_toward_zero``: ModelOpt's MXFP4 ``cast_fp4``.
     """
     codes, _ = _e2m1_tables(ties_toward_zero, y.device)
     idx = e2m1_class_index_(y, tmp)
@@ -244,8 +232,7 @@ def e8m0_ceil_exponent(ratio: torch.Tensor) -> torch.Tensor:
 def e8m0_block_exponent(block_amax: torch.Tensor, element_max: float) -> torch.Tensor:
     """MX scale exponent ``ceil(log2(amax_b / element_max))`` per block, int32 in [-127, 127].
 
-    NVIDIA's rule (FlashInfer, TE, ModelOpt), not OCP's: nothing saturates. An all-zero block
-    gets -127 (scale byte 0).
+    NVIDIA's rule (FlashInfer, TE, ModelOpt), not OCP's: nothing saturates; all-zero: -127.
     """
     ratio = block_amax / torch.full_like(block_amax, element_max)  # tensor / tensor: one rounding
     expo = e8m0_ceil_exponent(ratio)

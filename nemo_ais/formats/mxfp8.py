@@ -11,9 +11,8 @@ What vLLM's ModelOpt MXFP8 loader takes and NeMo-RL main streams (``is_mx``), fo
 2. Scale byte ``E + 127``; codes ``e4m3(clamp(x * 2^-E, ±448))`` (exact product).
 
 Dequantization: ``fp32(q) * 2^(b - 127)``. NeMo-RL main rewrites byte 0 to 1 for its
-TRT-LLM kernel (same values). :func:`quantize_mxfp8_reference` is the reference;
-:func:`quantize_mxfp8` the banded fast path (one C++ loop on CPU, one Triton launch on CUDA:
-:mod:`~nemo_ais.formats.dispatch`), bit-equal.
+TRT-LLM kernel (same values). :func:`quantize_mxfp8` is bit-equal to the reference
+:func:`quantize_mxfp8_reference` (C++ on CPU, Triton on CUDA: :mod:`~nemo_ais.formats.dispatch`).
 """
 
 from __future__ import annotations
@@ -189,12 +188,10 @@ def _refit_pairs(
 ) -> RefitPairs:
     """ModelOpt MXFP8 pairs; scale byte 0 becomes ``config.mxfp8_zero_scale_byte``."""
     q = quantize_mxfp8(w, name=stack_label(name))
-    scale = q.scale
     if config.mxfp8_zero_scale_byte:
-        scale.masked_fill_(scale == 0, config.mxfp8_zero_scale_byte)
-    return weight_pairs(
-        name, [("weight", q.data), (config.mxfp8_scale_name or "weight_scale", scale)]
-    )
+        q.scale.masked_fill_(q.scale == 0, config.mxfp8_zero_scale_byte)
+    scale_name = config.mxfp8_scale_name or "weight_scale"
+    return weight_pairs(name, [("weight", q.data), (scale_name, q.scale)])
 
 
 def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any) -> int:

@@ -280,11 +280,7 @@ def check_experts_args(
 
 
 def quantize_nvfp4_experts(
-    x: torch.Tensor,
-    amax: torch.Tensor | None = None,
-    *,
-    rows_per_block: int = 1,
-    name: str = "x",
+    x: torch.Tensor, amax: torch.Tensor | None = None, *, rows_per_block: int = 1, name: str = "x"
 ) -> NVFP4Tensor:
     """NVFP4 of an expert stack ``x [E, N, K]``, one global scale per expert (vLLM's ModelOpt MoE).
 

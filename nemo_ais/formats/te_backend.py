@@ -26,9 +26,7 @@ def _import_te() -> tuple[Any, Any]:
     """(``Float8BlockQuantizer``, ``transformer_engine_torch``), else ImportError."""
     try:
         import transformer_engine_torch as tex
-        from transformer_engine.pytorch.tensor.float8_blockwise_tensor import (
-            Float8BlockQuantizer,
-        )
+        from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
     except ImportError as err:
         raise ImportError(
             "backend='te' needs Transformer Engine 2.x with PyTorch support: "
@@ -56,7 +54,7 @@ def use_te(
     family: str = _TE_FAMILY,
     block: tuple[int, int] = _TE_BLOCK,
 ) -> bool:
-    """Whether ``backend`` quantizes ``x`` by TE (``auto``: importable, CUDA, TE's family and block).
+    """Whether ``backend`` quantizes ``x`` by TE (``auto``: importable, CUDA, multiplier, 128x128).
 
     Raises:
         ValueError: unknown backend, or ``"te"`` with a CPU tensor or another family / block.

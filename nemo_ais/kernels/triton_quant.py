@@ -34,11 +34,7 @@ from nemo_ais.formats import (
 )
 from nemo_ais.formats.checks import check_amax, check_last_dim
 from nemo_ais.formats.fp8_block import _FAMILY_INDEX, Family, check_weight_args
-from nemo_ais.formats.nvfp4 import (
-    check_experts_args,
-    nvfp4_global_scale,
-    quantize_nvfp4_experts,
-)
+from nemo_ais.formats.nvfp4 import check_experts_args, nvfp4_global_scale, quantize_nvfp4_experts
 
 __all__ = [
     "quantize_blockwise_triton",
@@ -81,10 +77,9 @@ def _nonfinite(bad: torch.Tensor) -> bool:
 
 @contextlib.contextmanager
 def _launches_only() -> Iterator[None]:
-    """Within the block the wrappers do not read their counters back (no host synchronization).
+    """Within the block the wrappers read no counter back (no host synchronization).
 
-    For benchmarks only (``benchmarks.bench_quant_gpu`` captures the launches in a CUDA
-    graph to time them without host overhead): non-finite input then goes undetected.
+    For benchmarks only (CUDA graph capture): non-finite input then goes undetected.
     """
     token = _READ_BACK.set(False)
     try:
@@ -124,9 +119,7 @@ def _on_x_device(fn):
 
     @functools.wraps(fn)
     def wrapper(x: torch.Tensor, *args, **kwargs):
-        if not x.is_cuda:
-            return fn(x, *args, **kwargs)
-        with torch.cuda.device(x.device):
+        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
             return fn(x, *args, **kwargs)
 
     return wrapper
@@ -287,18 +280,9 @@ def quantize_nvfp4_triton(
 
 @_on_x_device
 def quantize_nvfp4_experts_triton(
-    x: torch.Tensor,
-    amax: torch.Tensor | None = None,
-    *,
-    rows_per_block: int = 1,
-    name: str = "x",
+    x: torch.Tensor, amax: torch.Tensor | None = None, *, rows_per_block: int = 1, name: str = "x"
 ) -> NVFP4Tensor:
-    """NVFP4 of ``x [E, N, K]``, a global scale per expert (vLLM's ModelOpt MoE), one launch.
-
-    Expert ``e`` equals ``quantize_nvfp4(x[e], amax[e], rows_per_block=...)`` (tested);
-    ``amax``: fp32 ``[E]`` or None for ``max |x[e]|``. Returns an NVFP4 tensor whose
-    ``global_scale`` is fp32 ``[E]``; ValueError as the reference, or not 3-D / bad ``amax``.
-    """
+    """``quantize_nvfp4_experts`` of ``x [E, N, K]`` by one launch (its bits and errors)."""
     check_experts_args(x, amax, rows_per_block, name)
     if x.numel() == 0:  # the PyTorch path's empty result
         return quantize_nvfp4_experts(x, amax, rows_per_block=rows_per_block, name=name)
@@ -308,8 +292,7 @@ def quantize_nvfp4_experts_triton(
     expert_amax = _matrix_amax(xc, e, jit) if amax is None else amax.to(x.device, torch.float32)
     s_g = nvfp4_global_scale(expert_amax)
     data, scale, bad = _nvfp4(xc, s_g, n, e, rows_per_block, jit)
-    # A non-finite x also makes its computed amax inf (counted by the kernel); a given amax
-    # is checked here
+    # a non-finite x is counted by the kernel; a given amax is checked here
     if bad or (
         amax is not None and _READ_BACK.get() and not bool(torch.isfinite(expert_amax).all())
     ):
