@@ -170,8 +170,8 @@ def _block_amax_(x2: torch.Tensor, r0: int, r1: int, s: torch.Tensor) -> torch.T
 def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
     """The fast path: per band of rows, in-place passes over one cache-sized fp32 copy.
 
-    ``amax=None``: a first pass takes the block amaxes. Then ``y = (x + 0.0) / d`` and the
-    class-table encoder and pair packing (``fake``: the table's signed values times ``d``).
+    ``amax=None``: a first pass takes the block amaxes. Then ``y = (x + 0.0) / d``, encoded
+    and packed (``fake``: the signed E2M1 values times ``d``).
     """
     _check_args(x, rows_per_block, name)
     k = x.shape[-1]
@@ -312,10 +312,7 @@ def quantize_nvfp4_experts(
 
 
 def _quantize_fused(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor | None:
-    """:func:`quantize_nvfp4` by the fused CPU kernel (block amax pass, then scales and codes).
-
-    None where the kernel does not apply or a block holds NaN / inf.
-    """
+    """:func:`quantize_nvfp4` by the fused CPU kernel; None where it cannot, or on NaN / inf."""
     ext = kernel_for(x)
     if ext is None:
         return None
@@ -344,8 +341,7 @@ def fake_quantize_nvfp4(
 ) -> torch.Tensor:
     """``dequantize_nvfp4(quantize_nvfp4(x, amax))`` without packing: fp32, bit-equal (tested)."""
     with torch.no_grad():
-        out, _, _ = _quantize_bands(x, amax, rows_per_block, name, fake=True)
-    return out
+        return _quantize_bands(x, amax, rows_per_block, name, fake=True)[0]
 
 
 def dequantize_nvfp4(q: NVFP4Tensor, *, name: str = "q") -> torch.Tensor:
@@ -397,13 +393,9 @@ def _refit_pairs(
     An expert stack has a global scale per expert (:func:`quantize_nvfp4_experts`).
     """
     quantize = quantize_nvfp4 if isinstance(name, str) else quantize_nvfp4_experts
-    rows = config.nvfp4_rows_per_block
-    q = quantize(w, weight_amax, rows_per_block=rows, name=stack_label(name))
-    tensors = [
-        ("weight", q.data),
-        ("weight_scale", q.block_scale),
-        ("weight_scale_2", q.global_scale),
-    ]
+    q = quantize(w, weight_amax, rows_per_block=config.nvfp4_rows_per_block, name=stack_label(name))
+    scales = [("weight_scale", q.block_scale), ("weight_scale_2", q.global_scale)]
+    tensors = [("weight", q.data), *scales]
     if input_scale is not None:
         tensors.append(("input_scale", input_scale.clone()))
     return weight_pairs(name, tensors)

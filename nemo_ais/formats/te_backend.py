@@ -37,13 +37,10 @@ def _import_te() -> tuple[Any, Any]:
 
 def is_available() -> bool:
     """True if Transformer Engine's blockwise quantizer imports and CUDA is available."""
-    if not torch.cuda.is_available():
-        return False
     try:
-        _import_te()
+        return torch.cuda.is_available() and bool(_import_te())
     except ImportError:
         return False
-    return True
 
 
 def use_te(

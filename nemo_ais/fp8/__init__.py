@@ -1,9 +1,9 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""Compatibility face of the former ``nemo_ais.fp8`` package (issue 24 split it by what it holds).
+"""Compatibility face of the former ``nemo_ais.fp8`` package: its public names keep importing.
 
-Its public names and every former submodule path (``nemo_ais.fp8.twin``, ...) keep
-importing: a former submodule resolves to the module that replaced it (the same object).
+So does every former submodule path (``nemo_ais.fp8.twin``, ...): it resolves to the module
+that replaced it (the same object).
 """
 
 import importlib
