@@ -59,6 +59,7 @@ RENAMED_FAMILIES = {"a": "reciprocal", "b": "divide", "c": "multiplier"}
 
 
 def _not_renamed(family: Any) -> Any:
+    """Refuse a former one-letter family name, naming its new name."""
     if isinstance(family, str) and family in RENAMED_FAMILIES:
         raise ValueError(
             f"family={family!r} was renamed {RENAMED_FAMILIES[family]!r}: the families are "

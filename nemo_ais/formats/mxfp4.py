@@ -64,7 +64,7 @@ def quantize_mxfp4_reference(
     expo = e8m0_block_exponent(blocks.abs().amax(-1), E2M1_MAX)
     y = blocks * pow2(-expo).unsqueeze(-1)
     code = e2m1_codes_reference(y.abs(), ties_toward_zero=round_ties_toward_zero)
-    code = code | ((blocks < 0).to(torch.uint8) * _SIGN)
+    code |= (blocks < 0).to(torch.uint8) * _SIGN
     return MXFP4Tensor(pack_nibbles(code.reshape(x.shape)), (expo + E8M0_BIAS).to(torch.uint8))
 
 

@@ -2,12 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Fused Triton quantizers, bit-equal to the PyTorch references of :mod:`nemo_ais.formats`.
 
-One launch per weight (MoE expert stacks ``[E, N, K]`` included) for FP8 blockwise,
-MXFP8, NVFP4 (also one global scale per expert: :func:`quantize_nvfp4_experts_triton`)
-and MXFP4, each with its reference's signature and bits. A CPU tensor runs the same
-kernels under Triton's interpreter (scoped to this module), for CI on small shapes.
-Non-finite input goes to the PyTorch quantizer, which raises (one host read a call).
-Triton is imported on first use: ``pip install 'nemo-ais[triton]'``.
+One launch per weight or MoE expert stack ``[E, N, K]`` (NVFP4: also with a global scale per
+expert), each with its reference's signature and bits. A CPU tensor runs the kernels under
+Triton's interpreter (scoped to this module; CI, small shapes). Non-finite input goes to the
+PyTorch quantizer, which raises (one host read a call). ``pip install 'nemo-ais[triton]'``.
 """
 
 from __future__ import annotations
