@@ -243,7 +243,9 @@ def _dequantize_tiles(
 ) -> torch.Tensor:
     """``q3 [E, N, K] * s3 [E, nb, kb]`` broadcast per tile, computed in fp32."""
     (e, n, k), (bn, bk) = q3.shape, block
-    x = F.pad(q3.to(torch.float32), (0, -k % bk, 0, -n % bn))
+    x = q3.to(torch.float32)
+    if n % bn or k % bk:  # zero-pad to whole tiles (F.pad copies even when it adds nothing)
+        x = F.pad(x, (0, -k % bk, 0, -n % bn))
     x.view(e, x.shape[1] // bn, bn, x.shape[2] // bk, bk).mul_(s3[:, :, None, :, None])
     return x[:, :n, :k].to(dtype)
 
