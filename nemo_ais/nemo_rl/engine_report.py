@@ -2,24 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """What each vLLM worker really holds, held against what the run asked for.
 
-Two silent failures peers shipped:
+Two silent failures: a kernel fallback (below compute capability 10.0 vLLM runs NVFP4 with
+the weight-only Marlin kernel and only logs it, so "W4A4" rolls out as W4A16), and a
+keep-in-BF16 disagreement (vLLM's ModelOpt exclusion matches an entry as a substring, so
+``...mlp.gate`` keeps ``...mlp.gate_up_proj`` in BF16 too; veRL #7519).
 
-* **A kernel fallback.** Below compute capability 10.0 (H100, H200) vLLM runs ModelOpt
-  NVFP4 layers with the weight-only Marlin kernel and only logs it, so a "W4A4" arm rolls
-  out as W4A16; MXFP8 needs SM100 too, and block FP8 runs weight-only Marlin below 8.9.
-* **A keep-in-BF16 disagreement.** vLLM's ModelOpt exclusion matches an entry as a
-  substring, so ``...mlp.gate`` keeps ``...mlp.gate_up_proj`` in BF16 too (veRL #7519: 56
-  tensors rolled out in BF16 that training treated as quantized).
-
-The driver asks three times. Before ``setup()`` spends GPU time, every Ray node reads its
-GPUs by NVML (:func:`require_native_nodes`: no CUDA context, no GPU reserved) and a
-cluster where no GPU runs the format natively is refused. After ``setup()`` every vLLM
-worker (the dispatch of :func:`nemo_ais.nemo_rl.refit.require_active`) names its GPU
-(:func:`require_native_gpu`; an ``async_engine`` actor, whose ``collective_rpc`` is a
-coroutine, reads its visible GPUs by NVML instead). After the first refit every layer's
-quant method and kernel (:func:`engine_layers`, :func:`require_engine_formats`; engines
-with ``collective_rpc`` only). Read from vLLM 0.20.0 and 0.25.1: ``quant_method`` (MRO
-names), ``kernel``, ``fp8_linear`` / ``use_marlin`` and the MoE ``*_backend``.
+The driver asks three times: before ``setup()`` every Ray node by NVML
+(:func:`require_native_nodes`), after ``setup()`` every vLLM worker's GPU
+(:func:`require_native_gpu`), after the first refit every layer's quant method and kernel
+(:func:`require_engine_formats`). Read from vLLM 0.20.0 and 0.25.1.
 """
 
 from __future__ import annotations
@@ -126,13 +117,12 @@ def engine_layers(worker: Any = None) -> EngineLayers:
     if worker is not None:
         get_model = getattr(worker, "get_model", None)
         model = get_model() if callable(get_model) else worker.model_runner.model
-    layers = []
-    for name, module in model.named_modules() if model is not None else ():
-        method = getattr(module, "quant_method", None)
-        if method is None:
-            continue
-        layers.append(HeldLayer(name, type(method).__name__, held_format(method), _is_moe(method)))
-    return EngineLayers(os.getpid(), socket.gethostname(), device, capability, tuple(layers))
+    layers = tuple(
+        HeldLayer(name, type(m).__name__, held_format(m), _is_moe(m))
+        for name, module in (model.named_modules() if model is not None else ())
+        if (m := getattr(module, "quant_method", None)) is not None
+    )
+    return EngineLayers(os.getpid(), socket.gethostname(), device, capability, layers)
 
 
 GpuReader = Callable[[str | None], "list[tuple[str, tuple[int, int]]] | None"]
@@ -184,9 +174,7 @@ def require_native_nodes(
     """Before ``setup()``: RuntimeError if no GPU of the Ray cluster runs the format natively.
 
     One zero-resource Ray task per alive node reads its GPUs (``read``; None: :func:`nvml_gpus`).
-    Returns ``{host: [(gpu, capability)]}``; a cluster with some native GPUs is left to
-    :func:`require_native_gpu` after ``setup()``, and so is one where no GPU could be read
-    (a WARNING says so).
+    Returns ``{host: [(gpu, capability)]}``; unreadable GPUs are left to :func:`require_native_gpu`.
     """
     need = NATIVE_KERNELS.get(rollout_format)
     if need is None:
@@ -249,19 +237,13 @@ def _actor_gpus(generation_worker: Any, read: GpuReader = nvml_gpus) -> list[Eng
     return [EngineLayers(os.getpid(), socket.gethostname(), n, c, ()) for n, c in gpus]
 
 
-def _engine_gpus(generation_worker: Any) -> list[EngineLayers]:
-    """On a generation worker (Ray actor): every vLLM worker process's GPU (no layers)."""
-    llm = generation_worker.llm
-    return list(llm.collective_rpc(_gpu_only))
-
-
 def _gpu_only(worker: Any = None) -> EngineLayers:
     return engine_layers(None)
 
 
-def _engine_layers_all(generation_worker: Any) -> list[EngineLayers]:
-    """On a generation worker (Ray actor): every vLLM worker process's layers."""
-    return list(generation_worker.llm.collective_rpc(engine_layers))
+def _on_engine(generation_worker: Any, fn: Callable = engine_layers) -> list[EngineLayers]:
+    """On a generation worker (Ray actor): ``fn`` in every vLLM worker process."""
+    return list(generation_worker.llm.collective_rpc(fn))
 
 
 def _ask(
@@ -301,18 +283,16 @@ def require_native_gpu(
 ) -> list[EngineLayers]:
     """After ``setup()``: RuntimeError if the engines' GPUs run the rollout format as another.
 
-    ``async_engine``: vLLM's ``AsyncLLM`` (its ``collective_rpc`` is a coroutine, which
-    ``__ray_call__`` cannot await): EVERY generation actor, the tensor / pipeline parallel
-    ones too (one per node an engine spans), reads its GPUs with ``read`` (NVML): its
-    ``CUDA_VISIBLE_DEVICES``, or every GPU of its node where upstream unset it (parallel
-    engines: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
+    ``async_engine``: vLLM's ``AsyncLLM``, whose ``collective_rpc`` is a coroutine
+    ``__ray_call__`` cannot await: EVERY generation actor (the parallel ones too) reads its
+    visible GPUs with ``read`` (NVML) instead.
     """
     if async_engine:
         per_worker = _ask(
             policy_generation, functools.partial(_actor_gpus, read=read), every_actor=True
         )
     else:
-        per_worker = _ask(policy_generation, _engine_gpus)
+        per_worker = _ask(policy_generation, functools.partial(_on_engine, fn=_gpu_only))
     reports = [r for group in per_worker for r in group]
     if async_engine and not reports:
         logger.warning(
@@ -344,8 +324,8 @@ def format_problems(
 ) -> list[str]:
     """One line per layer whose held format is not the one the run's rule gives it.
 
-    ``kept_in_bf16`` is the run's keep-in-BF16 rule on a HF name (the refit stream's);
-    ``nemo_rl_version`` matters because v0.7.0 never re-processes NVFP4 experts after a refit.
+    ``kept_in_bf16``: the run's keep-in-BF16 rule on a HF name (the refit stream's);
+    ``nemo_rl_version``: v0.7.0 never re-processes NVFP4 experts after a refit.
     """
     kernel = NATIVE_KERNELS[rollout_format]
     problems = []
@@ -398,7 +378,7 @@ def require_engine_formats(
     nemo_rl_version: str,
 ) -> list[EngineLayers]:
     """After the first refit: RuntimeError naming each layer not held as the run's rule says."""
-    per_worker = _ask(policy_generation, _engine_layers_all)
+    per_worker = _ask(policy_generation, _on_engine)
     reports = [r for group in per_worker for r in group]
     problems = format_problems(
         rollout_format, reports, kept_in_bf16, nemo_rl_version=nemo_rl_version

@@ -2,28 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """NeMo-RL loss adapter (v0.7.0 and main): ``AISLossConfig`` and ``AISClippedPGLossFn`` (no loss math).
 
-* ``loss_fn.ais.mode: none`` (or no ``ais`` section): ``ClippedPGLossFn.__call__``
-  unchanged (bit-identical, NeMo-RL's own ``tis`` / ``icepop`` / ``seq-mask-tis`` included),
-  plus the ``ais/*`` telemetry of the prepared diagnostics when the AIS worker ran its
-  prepare step.
-* any other mode: :func:`nemo_ais.core.clipped_pg_loss` on :func:`~nemo_ais.nemo_rl.seam.
-  core_inputs`, with the diagnostics the worker attached for the call's global batch. No
-  collective runs inside a loss call.
+* ``loss_fn.ais.mode: none``: ``ClippedPGLossFn.__call__`` unchanged (bit-identical), plus
+  the ``ais/*`` telemetry when the AIS worker ran its prepare step.
+* any other mode: :func:`nemo_ais.core.clipped_pg_loss` with the diagnostics the worker
+  attached for the call's global batch; no collective inside a loss call.
 
-Metrics come from core's one loss call, in one host sync, already in GRPO's summable
-form: NeMo-RL's rollout-mismatch keys with NeMo-RL's definitions (a test checks them
-against ``ClippedPGLossFn``), ``num_valid_samples``, ``positive_nll_loss``, ``loss``,
-``probs_ratio*``, ``kl_penalty``, ``sampling_importance_ratio`` and ``ais/*``.
-
-Global counts NaN, inf or below the call's own are refused in every mode. NeMo-RL main's
-split train-step API passes placeholder counts of 1 (rescaled at ``finish_train_step``):
-accepted unless the weight needs a global-batch statistic (``ais``, ``m2po``,
-``batch_normalize``).
-
-Refit guard (``loss_fn.ais_alarms``): the worker attaches each global batch's alarm
-outcome (:meth:`AISClippedPGLossFn.attach_alarms`); every call emits ``ais_alarm/<kind>``
-in summable form. With several global batches per ``train()``, upstream averages each
-metric over them; ``ais/alpha_gb<g>`` (:data:`PER_GLOBAL_BATCH_ALPHA`) keeps each batch's alpha.
+Metrics come in one host sync, in GRPO's summable form (NeMo-RL's keys and definitions, a
+test checks them against ``ClippedPGLossFn``). Global counts NaN, inf or below the call's
+own are refused; main's split train-step placeholder counts of 1 pass unless the weight
+needs a global-batch statistic. Upstream averages each metric over the global batches of
+a ``train()``; ``ais/alpha_gb<g>`` (:data:`PER_GLOBAL_BATCH_ALPHA`) keeps each batch's alpha.
 """
 
 from __future__ import annotations
@@ -146,9 +134,8 @@ def _validate_section(key: str, value: Any) -> CorrectionConfig | AISAlarmsConfi
 class AISLossConfig(ClippedPGLossConfig):
     """NeMo-RL's ``ClippedPGLossConfig`` plus the validated ``loss_fn.ais`` / ``ais_alarms``.
 
-    No ``ais``: ``mode: none``; no ``ais_alarms``: no refit guard. Other modes also validate
-    the surrogate knobs (:func:`pg_loss_config`), the mode's conflicts and NeMo-RL's own
-    importance-sampling options (:data:`~nemo_ais.rules.loss_conflicts.AIS_CONFLICTS`).
+    Modes other than ``none`` also validate the surrogate knobs and the mode's conflicts
+    (:data:`~nemo_ais.rules.loss_conflicts.AIS_CONFLICTS`).
     """
 
     ais: CorrectionConfig = Field(
@@ -234,11 +221,6 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         cfg: an :class:`AISLossConfig`, or anything :func:`validate_loss_config` accepts.
         **upstream_flags: passed to ``ClippedPGLossFn.__init__`` (main:
             ``use_fused_linear_logprobs``).
-
-    Attributes:
-        ais: the ``loss_fn.ais`` section; ais_alarms: the ``loss_fn.ais_alarms`` section.
-        metric_normalizations: metric -> normaliser in NeMo-RL's spelling (upstream's,
-            then core's keys, ``ais/*`` and ``ais_alarm/*``).
     """
 
     def __init__(
@@ -286,11 +268,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver pickles the loss to the workers at every train(): ship no stale state.
-        state = self.__dict__.copy()
-        state["_diagnostics"] = ()
-        state["_telemetry_values"] = ()
-        state["_alarms"] = ()
-        return state
+        return {**self.__dict__, "_diagnostics": (), "_telemetry_values": (), "_alarms": ()}
 
     def __call__(
         self,
@@ -305,10 +283,8 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             loss, metrics = super().__call__(
                 next_token_logprobs, data, global_valid_seqs, global_valid_toks
             )
-            metrics = {
-                **metrics,
-                **self._telemetry(_metric_dtype(next_token_logprobs, data), counts),
-            }
+            dtype = _metric_dtype(next_token_logprobs, data)
+            metrics = {**metrics, **self._telemetry(dtype, counts)}
             return loss, {**metrics, **self._per_global_batch_alpha(metrics, counts.index)}
         index = global_batch_index(data)  # one host sync; read once for the loss and alpha_gb
         out = loss_from_prepared(

@@ -2,33 +2,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """The vLLM refit patch: a BF16 trainer's weights quantized in the vLLM worker, any format.
 
-NeMo-RL's vLLM worker extension refits a low-precision engine through
-``nemo_rl.models.generation.vllm.quantization.fp8.load_weights``: FP8 with upstream's own
-blockwise quantizer, NVFP4 only from a ModelOpt trainer that exports packed NVFP4. This
-module WRAPS that function, in the vLLM worker process only, after checking the recorded
-signatures (v0.7.0 and main), so what the engine holds quantized goes through ONE
-:class:`~nemo_ais.refit.stream.RefitStream` and everything else through upstream.
-What differs between the engines is one row of :data:`ENGINES` (which tensors the engine
-holds quantized, where the others go, which upstream functions the patch needs):
+This module WRAPS NeMo-RL's ``...vllm.quantization.fp8.load_weights`` in the vLLM worker
+process, after checking the recorded signatures (v0.7.0 and main): what the engine holds
+quantized goes through ONE :class:`~nemo_ais.refit.stream.RefitStream`, everything else
+through upstream. What differs between vLLM method families is one row of :data:`ENGINES`.
 
-* ``fp8``: ``_is_fp8_weight`` says what the engine holds in FP8; the rest (grouped MoE
-  slabs on main) goes through upstream's ``load_weights``; an MXFP8 engine (main's
-  ``is_mx``) keeps upstream's refit, which gives the same bytes.
-* ``nvfp4`` (W4A16 / W4A4): layers whose quant method is ModelOpt's NVFP4, found with
-  upstream's ``_get_module_from_param_name``; ``is_fp8_model`` is wrapped too (True for a
-  ``ModelOptNvFp4Config`` engine, so the refit reaches ``load_weights``).
-* ``mxfp8``: ``_is_fp8_weight`` of main's ``is_mx`` engine; scale named
-  ``weight_scale_from_checkpoint`` unless configured.
-
-The launcher's step is :func:`configure` (the ``ais_fp8_refit`` or ``ais_nvfp4_refit``
-section -> :data:`ENV_VAR` and :data:`HOOK_DIR` first on ``PYTHONPATH``); every Ray worker's
-``_vllm_hook/sitecustomize.py`` then arms :func:`install_on_import`, and the driver asks
-each vLLM worker process (:func:`hook_status`) through :func:`require_active`.
+The launcher calls :func:`configure` (sets :data:`ENV_VAR`, puts :data:`HOOK_DIR` first on
+``PYTHONPATH``); each worker's ``_vllm_hook/sitecustomize.py`` arms the hook, and the driver
+checks every vLLM worker process with :func:`require_active`.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -104,11 +89,7 @@ def engine_is_nvfp4(vllm_config: Any) -> bool:
 
 
 def holds_nvfp4(upstream: Any, model: Any, name: str) -> bool:
-    """True when the engine holds ``name`` in NVFP4 (its layer's quant method is ModelOpt NVFP4).
-
-    Raises:
-        ValueError: ``name`` is a grouped expert slab of NVFP4 experts (export per-expert names).
-    """
+    """True when the engine holds ``name`` in NVFP4 (ValueError: a grouped NVFP4 expert slab)."""
     grouped = name.endswith(_GROUPED_EXPERTS)
     if not name.endswith(".weight") and not grouped:
         return False
@@ -146,19 +127,15 @@ def _nvfp4_engine(upstream: Any, model_runner: Any, config: RefitConfig) -> bool
     return True
 
 
-def _holds_fp8(upstream: Any, model: Any) -> Callable[[str], bool]:
-    return functools.partial(upstream._is_fp8_weight, model=model)
-
-
-def _holds_nvfp4(upstream: Any, model: Any) -> Callable[[str], bool]:
-    return functools.partial(holds_nvfp4, upstream, model)
+def _holds_fp8(upstream: Any, model: Any, name: str) -> bool:
+    return upstream._is_fp8_weight(name, model=model)
 
 
 @dataclass(frozen=True)
 class Engine:
     """What the patch needs to know about one vLLM method family (``fp8``, ``nvfp4``, ``mxfp8``)."""
 
-    holds: Callable[[Any, Any], Callable[[str], bool]]  # (upstream, model) -> name -> quantized?
+    holds: Callable[[Any, Any, str], bool]  # (upstream, model, name) -> quantized?
     ours: Callable[..., bool]  # (upstream, model_runner, config) -> refit with ours (or raise)
     upstream_passthrough: bool = True  # tensors kept in BF16 go through upstream's load_weights
     wraps_is_fp8_model: bool = False  # also wrap is_fp8_model (NeMo-RL does not call it FP8)
@@ -185,7 +162,7 @@ ENGINES = {
         defaults=(("mxfp8_scale_name", "weight_scale_from_checkpoint"),),
     ),
     "nvfp4": Engine(
-        _holds_nvfp4, _nvfp4_engine, upstream_passthrough=False, wraps_is_fp8_model=True
+        holds_nvfp4, _nvfp4_engine, upstream_passthrough=False, wraps_is_fp8_model=True
     ),
 }
 """The engine side of each vLLM method family (``NATIVE_KERNELS[format].family``)."""
@@ -212,12 +189,7 @@ def refit_pairs(
     config: RefitConfig,
     passthrough: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = unchanged,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` -> vLLM ``load_weights`` pairs, quantizing what the engine ``holds`` so.
-
-    Raises:
-        ValueError: the engine holds ``name`` quantized but the stream would keep it in
-            BF16, or the stream's own errors (NaN/Inf, TP shard).
-    """
+    """``(name, tensor)`` -> vLLM ``load_weights`` pairs (:func:`engine_pairs` on a new stream)."""
     return engine_pairs(weights, holds, RefitStream(config), passthrough)
 
 
@@ -255,8 +227,7 @@ def install(module: Any, config: RefitConfig) -> bool:
 
     Raises:
         RuntimeError: the upstream signatures differ from the recorded ones.
-        ValueError: W4A4 without ``input_amax_file``.
-        TypeError: ``config`` is not a :class:`~nemo_ais.refit.config.RefitConfig`.
+        ValueError: W4A4 without ``input_amax_file``. TypeError: not a ``RefitConfig``.
     """
     require_config(config, RefitConfig, "install(config)")
     if getattr(module.load_weights, PATCHED, False):
@@ -278,12 +249,11 @@ def install(module: Any, config: RefitConfig) -> bool:
         if not engine.ours(module, model_runner, config):
             return original_load(weights, model_runner)
         model = model_runner.model
-        holds_name = engine.holds(module, model)
 
         def holds(name: str) -> bool:
             key = (id(model), name)
             if key not in held:
-                held[key] = holds_name(name)
+                held[key] = engine.holds(module, model, name)
             return held[key]
 
         passthrough = unchanged
@@ -420,11 +390,7 @@ def _engine_statuses(generation_worker: Any) -> list[HookStatus]:
 
 
 def require_active(policy_generation: Any) -> list[HookStatus]:
-    """Ask every vLLM worker process whether the AIS refit is active; return their statuses.
-
-    Raises:
-        RuntimeError: naming each generation worker / vLLM process where it is not, and why.
-    """
+    """Every vLLM worker process's refit status (RuntimeError naming each one not active)."""
     import ray
 
     futures = policy_generation.worker_group.run_all_workers_single_data(
@@ -479,17 +445,12 @@ def configure(
 ) -> RefitConfig | None:
     """Arm the refit from one of :data:`SECTIONS` (None: the section is absent or disabled).
 
-    Defaults come from the engine config, so the stream keeps in BF16 what vLLM keeps and
-    checks what each rank holds: ``tp_size`` = ``vllm_cfg.tensor_parallel_size``; FP8:
-    ``ue8m0`` = ``pow2_weight_scaling_factors`` and ``num_first/last_layers_in_bf16`` the
-    same keys; NVFP4: ``ignore`` = ``policy.generation.real_quant_ignore`` (else NeMo-RL's
-    ``DEFAULT_NVFP4_IGNORE``). Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on
-    ``PYTHONPATH`` (before Ray starts: the workers inherit the environment).
+    Defaults come from the engine config (``tp_size``; FP8: ``ue8m0`` and the BF16 first /
+    last layers; NVFP4: ``ignore``), so the stream keeps in BF16 what vLLM keeps. Sets
+    :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on ``PYTHONPATH`` (before Ray starts).
 
     Raises:
-        ValueError: naming the field: an invalid section, a format the section does not
-            refit, W4A4 without ``input_amax_file``, an engine not in the section's format,
-            or both sections enabled.
+        ValueError: naming the field (invalid section, format or engine, both enabled).
     """
     from nemo_ais.sections import validate_section
 
