@@ -16,10 +16,8 @@ difference                              v0.7.0               main
 after training (``run_grpo.py``)        nothing              :func:`shutdown_after_training`
 ====================================== ==================== ===========================
 
-Not supported on main: the split train-step API (``begin_train_step`` /
-``train_microbatch``, TransferQueue's ``TQPolicy``): the prepare step needs the whole
-global batch before the first loss call. ``launchers/run_grpo_ais.py`` refuses
-``data_plane.enabled=true`` and the AIS workers' ``begin_train_step`` raises.
+Not supported on main: the split train-step API (``begin_train_step``, TransferQueue's
+``TQPolicy``): the prepare step needs the whole global batch before the first loss call.
 """
 
 from __future__ import annotations
@@ -100,17 +98,13 @@ def require_supported() -> NeMoRLVersion:
     return detect()
 
 
-def _metric_normalizer_enum() -> Any:
-    from nemo_rl.algorithms.loss import interfaces
-
-    return getattr(interfaces, "MetricNormalizer", None)
-
-
 def normalizer(kind: str) -> Any:
     """``tokens`` / ``sequences`` / ``none`` as NeMo-RL spells it (main: ``MetricNormalizer``)."""
     if kind not in ("tokens", "sequences", "none"):
         raise ValueError(f"metric normaliser {kind!r}: expected tokens, sequences or none")
-    enum = _metric_normalizer_enum()
+    from nemo_rl.algorithms.loss import interfaces
+
+    enum = getattr(interfaces, "MetricNormalizer", None)
     return kind if enum is None else enum[kind.upper()]
 
 
@@ -145,10 +139,7 @@ def upstream_quantizes_mx(fp8_module: Any) -> bool:
 def grpo_option(config: Any, key: str, default: Any = None) -> Any:
     """``master_config.grpo[key]``: a pydantic model on main, a dict on v0.7.0."""
     grpo = config.grpo
-    if isinstance(grpo, Mapping):
-        value = grpo.get(key, default)
-    else:
-        value = getattr(grpo, key, default)
+    value = grpo.get(key, default) if isinstance(grpo, Mapping) else getattr(grpo, key, default)
     if value is not None and not isinstance(value, Mapping) and hasattr(value, "model_dump"):
         return value.model_dump()  # nested sections (async_grpo) as dicts, as on v0.7.0
     return value

@@ -15,7 +15,6 @@ deadlock. So each worker runs this step at the top of ``train()``::
 
 A rank with bad input joins the all-reduce flagged and every rank raises the same
 ``ValueError``. The loss looks ``d_g`` up through the row tags and never communicates.
-:func:`core_inputs` is the ONE map of NeMo-RL's data keys to core names.
 """
 
 from __future__ import annotations
@@ -66,7 +65,6 @@ NEMO_RL_MISMATCH_NAMES = {
     "mismatch/ratio_clamped_max": "probs_ratio_clamped_max",
 }
 ROLLOUT_METRIC_KEYS = tuple(NEMO_RL_MISMATCH_NAMES.values())
-"""NeMo-RL's rollout-mismatch keys, emitted by :func:`loss_from_prepared` with ``rollout_metrics``."""
 
 # [B] int64 row tag: the row's global batch (slicing, packing and micro-batching keep it).
 GLOBAL_BATCH_KEY = "ais_global_batch"
@@ -113,11 +111,9 @@ def _tensor(data: Mapping[str, Any], key: str, ndim: int) -> torch.Tensor:
 def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> CoreInputs:
     """Map NeMo-RL's ``ClippedPGLossDataDict`` keys to the core tensor names.
 
-    ``[:, 1:]`` drops the first position, as ``ClippedPGLossFn``;
-    ``curr_logprobs_unfiltered`` is already response-aligned and taken as is.
-    ``mask = token_mask[:, 1:] * sample_mask[:, None]`` in the dtype of ``prev_logprobs``.
-    ``with_loss_terms`` also maps ``advantages``, ``reference_policy_logprobs``,
-    ``curr_logprobs_unfiltered`` and ``rewards``.
+    ``[:, 1:]`` drops the first position, as ``ClippedPGLossFn`` (``curr_logprobs_unfiltered``
+    is already aligned); ``mask = token_mask[:, 1:] * sample_mask[:, None]`` in the dtype of
+    ``prev_logprobs``. ``with_loss_terms`` also maps the loss-only keys.
 
     Raises:
         KeyError: a required key is missing. ValueError: a wrong rank or mismatched shape.
@@ -192,25 +188,23 @@ def global_batch_diagnostics(
 
     Args:
         batches: this rank's rows of each global batch (same count on every rank).
-        config: the ``loss_fn.ais`` section.
         group: the data-parallel group (None: one process).
         state: EMA state of alpha, advanced once per global batch (None: eval).
         device: where the statistics are reduced (``cuda`` for NCCL; None: the inputs').
 
     Raises:
-        ValueError: with a group, bad input on any rank (the same message on every rank);
-            without one, the local error. TypeError: ``config`` of the wrong type.
+        ValueError: bad input on any rank (the same message on every rank of a group).
+        TypeError: ``config`` of the wrong type.
     """
     require_config(config, CorrectionConfig, "global_batch_diagnostics(config)")
-    out = []
-    for g, batch in enumerate(batches):
-        inputs, input_error = _statistics_inputs(batch, device)
-        # the ONE collective of this global batch (statistics -> all_reduce -> alpha)
-        out.append(_agreed_diagnostics(g, inputs, config, group, state, input_error))
-    return out
+    # the ONE collective of each global batch (statistics -> all_reduce -> alpha)
+    return [
+        _agreed_diagnostics(g, *_statistics_inputs(batch, device), config, group, state)
+        for g, batch in enumerate(batches)
+    ]
 
 
-def _agreed_diagnostics(g, inputs, config, group, state, input_error) -> AISDiagnostics:
+def _agreed_diagnostics(g, inputs, input_error, config, group, state) -> AISDiagnostics:
     """``compute_diagnostics``; with a group, its agreed error names the global batch g."""
     try:
         return compute_diagnostics(*inputs, config, group, state, input_error=input_error)
@@ -264,16 +258,15 @@ def prepare_global_batches(
 ) -> list[AISDiagnostics]:
     """The worker's prepare step: diagnostics per global batch, row tags, attach to ``sink``.
 
-    ``data`` gains :data:`GLOBAL_BATCH_KEY` (-1 past the last full global batch) and
-    :data:`VALID_TOKENS_KEY`; ``local_batch_size`` is ``gbs // dp_size``; ``split`` cuts
-    ``data`` into global batches. Other arguments and errors as :func:`global_batch_diagnostics`.
+    ``data`` gains :data:`GLOBAL_BATCH_KEY` and :data:`VALID_TOKENS_KEY`; ``local_batch_size``
+    is ``gbs // dp_size``. Other arguments and errors as :func:`global_batch_diagnostics`.
     """
     require_config(config, CorrectionConfig, "prepare_global_batches(config)")
     try:
         batches = split(data, local_batch_size)
     except (KeyError, TypeError, ValueError) as err:
         # join the first global batch's all-reduce, flagged: raises on every rank
-        _agreed_diagnostics(0, _no_inputs(data, device), config, group, state, err)
+        _agreed_diagnostics(0, _no_inputs(data, device), err, config, group, state)
         raise  # not reached: compute_diagnostics raises whenever input_error is given
     diagnostics = global_batch_diagnostics(batches, config, group=group, state=state, device=device)
     tags = _row_tags(batches, _rows(data))
@@ -323,8 +316,6 @@ def loss_from_prepared(
         logp_theta: ``[B, S - 1]`` current log-probs (with grad).
         data: the call's NeMo-RL data (keys as :func:`core_inputs`, plus the row tags).
         diagnostics: what the prepare step produced for this ``train()`` call.
-        config: the ``loss_fn.ais`` section; pg: the clipped-surrogate knobs.
-        global_valid_seqs / global_valid_toks: NeMo-RL's global counts.
         rollout_metrics: also compute :data:`ROLLOUT_METRIC_KEYS`.
         index: the call's global-batch index if already read (None: read here).
 
