@@ -247,7 +247,7 @@ def _on_engine(generation_worker: Any, fn: Callable = engine_layers) -> list[Eng
 
 
 def _ask(
-    policy_generation: Any, fn: Callable[[Any], list[EngineLayers]], *, every_actor: bool = False
+    policy_generation: Any, fn: Callable[[Any], list[Any]], *, every_actor: bool = False
 ) -> list[list[Any]]:
     """``fn`` on each model-owning generation actor (``every_actor``: on all of them)."""
     import ray

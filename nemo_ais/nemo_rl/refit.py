@@ -316,9 +316,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         self.target, self.config = target, config
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != self.target:
-            return None
-        return patched_spec(fullname, self.config)
+        return patched_spec(fullname, self.config) if fullname == self.target else None
 
 
 def install_on_import(config: RefitConfig, target: str = TARGET_MODULE) -> None:
@@ -391,14 +389,9 @@ def _engine_statuses(generation_worker: Any) -> list[HookStatus]:
 
 def require_active(policy_generation: Any) -> list[HookStatus]:
     """Every vLLM worker process's refit status (RuntimeError naming each one not active)."""
-    import ray
+    from nemo_ais.nemo_rl.engine_report import _ask
 
-    futures = policy_generation.worker_group.run_all_workers_single_data(
-        "__ray_call__",
-        fn=_engine_statuses,
-        run_rank_0_only_axes=["tensor_parallel", "pipeline_parallel"],
-    )
-    per_worker = ray.get(futures)
+    per_worker = _ask(policy_generation, _engine_statuses)
     problems = [
         f"generation worker {w}, vLLM process {s.pid} on {s.host}: {s.problem()}"
         for w, statuses in enumerate(per_worker)

@@ -2,12 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The ``MasterConfig`` the launcher hands NeMo-RL: driver view inside, the user's config outside.
 
-The launcher gives ``grpo.setup()`` a view of the user's config (NeMo-RL's IS correction
-flag on, and ``force_on_policy_ratio`` under ``bypass``). NeMo-RL logs and checkpoints
-``master_config.model_dump()``; a dump of the view, re-run with upstream's ``run_grpo.py``,
-would correct twice. :class:`AISMasterConfig` therefore dumps the user's ``loss_fn`` plus
-:data:`RUN_MARKER_KEY` (which loss ran, how to re-run, which keys the driver saw
-differently); attribute access still reads the view.
+``grpo.setup()`` gets a view of the user's config (NeMo-RL's IS correction flag on); a dump
+of that view, re-run with upstream's ``run_grpo.py``, would correct twice, so
+:class:`AISMasterConfig` dumps the user's ``loss_fn`` plus :data:`RUN_MARKER_KEY`.
 """
 
 from __future__ import annotations
@@ -43,28 +40,24 @@ class AISMasterConfig(MasterConfig):
         return out
 
 
-def _changed(user: Mapping[str, Any], view: Mapping[str, Any]) -> dict[str, Any]:
-    """``loss_fn.<key>: value`` for every key whose value the driver view changed."""
-    return {f"loss_fn.{k}": v for k, v in view.items() if k not in user or user[k] != v}
-
-
 def ais_master_config(
     config: Mapping[str, Any], view: Mapping[str, Any], ais_cfg: Any
 ) -> AISMasterConfig:
     """``MasterConfig`` of the driver ``view`` that logs and saves the user's ``config``.
 
-    ``ais_cfg`` is the validated ``loss_fn``; the marker holds ``loss``, ``mode``, ``bypass``,
-    ``relaunch`` and ``driver_view`` (the keys upstream's driver read with another value).
+    ``ais_cfg`` is the validated ``loss_fn``; the marker's ``driver_view`` holds the
+    ``loss_fn`` keys upstream's driver read with another value.
     """
     view = {k: v for k, v in view.items() if k != RUN_MARKER_KEY}  # a re-run saved config
     master = AISMasterConfig(**view)
-    user_loss_fn = dict(config.get("loss_fn") or {})
-    master._user_loss_fn = copy.deepcopy(user_loss_fn)
+    user = dict(config.get("loss_fn") or {})
+    master._user_loss_fn = copy.deepcopy(user)
+    changed = (view.get("loss_fn") or {}).items()
     master._marker = {
         "loss": LOSS_CLASS,
         "mode": ais_cfg.ais.mode,
         "bypass": ais_cfg.ais.bypass,
         "relaunch": RELAUNCH,
-        "driver_view": _changed(user_loss_fn, view.get("loss_fn") or {}),
+        "driver_view": {f"loss_fn.{k}": v for k, v in changed if k not in user or user[k] != v},
     }
     return master

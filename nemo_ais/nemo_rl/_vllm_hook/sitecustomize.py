@@ -2,11 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Arms the AIS refit in processes started with this folder on PYTHONPATH (stdlib only).
 
-With ``NEMO_AIS_REFIT`` set by the launcher, it puts a
-trampoline on ``sys.meta_path`` that waits until a process imports NeMo-RL's FP8 refit
-module (the vLLM workers), then wraps its ``load_weights``
+With ``NEMO_AIS_REFIT`` set, a trampoline on ``sys.meta_path`` waits until the process
+imports NeMo-RL's FP8 refit module, then wraps its ``load_weights``
 (:func:`nemo_ais.nemo_rl.refit.patched_spec`); a failure is logged and raised.
-:func:`nemo_ais.nemo_rl.refit.require_active` catches a process where this never ran.
 """
 
 import importlib.abc

@@ -2,11 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """AIS policy workers for NeMo-RL v0.7.0 and main (``worker_extension_cls_fqn`` targets).
 
-Each subclasses a NeMo-RL worker with :class:`~nemo_ais.nemo_rl.workers.mixin.AISTrainMixin`
-(the prepare step at the top of ``train()``); the Megatron workers also override
-``calibrate_qkv_fp8_scales`` (:mod:`nemo_ais.megatron.kv_calibration`). They are imported
-by fqn inside the Ray worker processes only. :data:`AIS_WORKER_FQNS` maps each NeMo-RL
-worker to its AIS worker.
+Each subclasses a NeMo-RL worker with :class:`~nemo_ais.nemo_rl.workers.mixin.AISTrainMixin`;
+they are imported by fqn inside the Ray worker processes only.
 """
 
 __all__ = ["AIS_WORKER_FQNS"]
