@@ -73,18 +73,15 @@ def _mro_names(obj: Any) -> tuple[str, ...]:
     return tuple(c.__name__ for c in type(obj).__mro__)
 
 
+def _first(obj: Any, *names: str) -> Any:
+    return next((v for name in names if (v := getattr(obj, name, None))), None)
+
+
 def held_format(quant_method: Any) -> str:
     """The format a vLLM quant method runs (``bf16``, ``fp8_weight_only``, ..., ``unknown:<c>``)."""
     names = _mro_names(quant_method)
-    kernel = type(
-        getattr(quant_method, "kernel", None) or getattr(quant_method, "fp8_linear", None)
-    ).__name__
-    backend = str(
-        getattr(quant_method, "nvfp4_backend", None)
-        or getattr(quant_method, "mxfp8_backend", None)
-        or getattr(quant_method, "fp8_backend", None)
-        or ""
-    )
+    kernel = type(_first(quant_method, "kernel", "fp8_linear")).__name__
+    backend = str(_first(quant_method, "nvfp4_backend", "mxfp8_backend", "fp8_backend") or "")
     weight_only = (
         "Marlin" in kernel
         or "MARLIN" in backend.upper()

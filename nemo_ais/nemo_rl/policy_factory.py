@@ -18,12 +18,8 @@ __all__ = [
     "register_ais_workers",
 ]
 
-_MEGATRON = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
-_DTENSOR = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
-_DTENSOR_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"
-_MEGATRON_QUANT = (
-    "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker.MegatronQuantPolicyWorker"
-)
+# NeMo-RL's worker fqns, in the order of AIS_WORKER_FQNS
+_MEGATRON, _MEGATRON_QUANT, _DTENSOR, _DTENSOR_V2 = AIS_WORKER_FQNS
 
 
 def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:

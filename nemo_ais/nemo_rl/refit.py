@@ -367,7 +367,6 @@ def hook_status(worker: Any = None) -> HookStatus:
     module = sys.modules.get(TARGET_MODULE)
     hooks = [f for f in sys.meta_path if getattr(f, "nemo_ais_fp8_refit", False)]
     finders = [f for f in sys.meta_path if isinstance(f, _Finder) and f.target == TARGET_MODULE]
-    error = next((f.error for f in hooks if getattr(f, "error", None)), None)
     return HookStatus(
         pid=os.getpid(),
         host=socket.gethostname(),
@@ -375,7 +374,7 @@ def hook_status(worker: Any = None) -> HookStatus:
         armed=bool(hooks or finders),
         imported=module is not None,
         patched=module is not None and getattr(module.load_weights, PATCHED, False),
-        error=error,
+        error=next((f.error for f in hooks if getattr(f, "error", None)), None),
     )
 
 
