@@ -234,13 +234,18 @@ def _actor_gpus(generation_worker: Any, read: GpuReader = nvml_gpus) -> list[Eng
     return [EngineLayers(os.getpid(), socket.gethostname(), n, c, ()) for n, c in gpus]
 
 
+def _engine_gpus(generation_worker: Any) -> list[EngineLayers]:
+    """On a generation worker (Ray actor): every vLLM worker process's GPU (no layers)."""
+    return list(generation_worker.llm.collective_rpc(_gpu_only))
+
+
 def _gpu_only(worker: Any = None) -> EngineLayers:
     return engine_layers(None)
 
 
-def _on_engine(generation_worker: Any, fn: Callable = engine_layers) -> list[EngineLayers]:
-    """On a generation worker (Ray actor): ``fn`` in every vLLM worker process."""
-    return list(generation_worker.llm.collective_rpc(fn))
+def _engine_layers_all(generation_worker: Any) -> list[EngineLayers]:
+    """On a generation worker (Ray actor): every vLLM worker process's layers."""
+    return list(generation_worker.llm.collective_rpc(engine_layers))
 
 
 def _ask(
@@ -289,7 +294,7 @@ def require_native_gpu(
             policy_generation, functools.partial(_actor_gpus, read=read), every_actor=True
         )
     else:
-        per_worker = _ask(policy_generation, functools.partial(_on_engine, fn=_gpu_only))
+        per_worker = _ask(policy_generation, _engine_gpus)
     reports = [r for group in per_worker for r in group]
     if async_engine and not reports:
         logger.warning(
@@ -375,7 +380,7 @@ def require_engine_formats(
     nemo_rl_version: str,
 ) -> list[EngineLayers]:
     """After the first refit: RuntimeError naming each layer not held as the run's rule says."""
-    per_worker = _ask(policy_generation, _on_engine)
+    per_worker = _ask(policy_generation, _engine_layers_all)
     reports = [r for group in per_worker for r in group]
     problems = format_problems(
         rollout_format, reports, kept_in_bf16, nemo_rl_version=nemo_rl_version
