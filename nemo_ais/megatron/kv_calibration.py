@@ -3,16 +3,11 @@
 """FP8 KV-cache scale calibration of a Megatron-Core GPT model, in NeMo-RL's result format.
 
 The trainer-side half of NeMo-RL's ``calibrate_qkv_fp8_scales`` (v0.7.0 and main), with
-:class:`nemo_ais.refit.kv_scales.KVScaleCalibrator`:
-
-1. Forward pre-hooks on every ``decoder.layers.N.self_attention.core_attention``: its
-   inputs are what vLLM's FP8 KV cache stores (K after k-norm and RoPE, V as projected).
-2. Per observation the rule's statistic, keyed by the GLOBAL ``layer_number - 1``.
-3. ONE ``all_reduce(MAX)`` of the table over ``group``; layers of other stages hold -1, so
-   every rank makes the same collective.
-4. ``scale = max(amax, 1e-4) * margin / 448``, as ``{vLLM name: float}``.
-
-No Megatron or NeMo-RL import: modules are found by name.
+:class:`nemo_ais.refit.kv_scales.KVScaleCalibrator`: forward pre-hooks on every
+``core_attention`` (its inputs are what vLLM's FP8 KV cache stores: K after k-norm and
+RoPE), keyed by the GLOBAL ``layer_number - 1``; ONE ``all_reduce(MAX)`` over ``group``
+(other stages' layers hold -1); ``scale = max(amax, 1e-4) * margin / 448``. No Megatron or
+NeMo-RL import: modules are found by name.
 """
 
 from __future__ import annotations

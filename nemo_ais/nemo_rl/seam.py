@@ -2,19 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The per-global-batch AIS "prepare" step, independent of NeMo-RL (plain torch).
 
-A worker calls the loss once per micro-batch or packed sequence, on the last pipeline
-stage only, with dummy micro-batches on some ranks: a collective inside the loss would
-deadlock. So each worker runs this step at the top of ``train()``::
-
-    for every global batch g (same count on every rank of the DP group):
-        s_g = compute_statistics(this rank's rows of g)   # local
-        S_g = reduce_statistics(s_g, dp_group)            # exactly ONE all_reduce
-        d_g = diagnostics_from_stats(S_g, config, state)  # identical everywhere
-    tag every row with g (GLOBAL_BATCH_KEY) and its valid tokens (VALID_TOKENS_KEY)
-    loss_fn.attach_diagnostics([d_0, d_1, ...])
-
-A rank with bad input joins the all-reduce flagged and every rank raises the same
-``ValueError``. The loss looks ``d_g`` up through the row tags and never communicates.
+A collective inside the loss would deadlock (uneven call counts per rank, last pipeline
+stage only, dummy micro-batches), so at the top of ``train()`` each worker reduces every
+global batch's statistics with exactly ONE all-reduce, tags every row with its global
+batch (:data:`GLOBAL_BATCH_KEY`) and attaches the diagnostics to the loss, which looks
+them up through the tags. A rank with bad input joins the all-reduce flagged and every
+rank raises the same ``ValueError``. The design: docs/nemo_rl.md, "The seam".
 """
 
 from __future__ import annotations
