@@ -50,7 +50,6 @@ __all__ = [
     "pack_nibbles",
     "pow2",
     "row_bands",
-    "to_uint8",
     "unpack_nibbles",
 ]
 
@@ -183,11 +182,6 @@ def pack_code_pairs(codes: torch.Tensor, out: torch.Tensor, tmp: torch.Tensor) -
     pairs = codes.view(torch.int16)
     torch.bitwise_right_shift(pairs, 4, out=tmp).bitwise_or_(pairs)
     return out.copy_(tmp)
-
-
-def to_uint8(v: torch.Tensor) -> torch.Tensor:
-    """fp32 holding integers in [0, 255] -> uint8 (through int32: several times faster on CPU)."""
-    return v.to(torch.int32).to(torch.uint8)
 
 
 def band_elems(device: torch.device, cpu_elems: int | None = None) -> int:
