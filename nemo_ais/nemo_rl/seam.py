@@ -3,11 +3,18 @@
 """The per-global-batch AIS "prepare" step, independent of NeMo-RL (plain torch).
 
 A collective inside the loss would deadlock (uneven call counts per rank, last pipeline
-stage only, dummy micro-batches), so at the top of ``train()`` each worker reduces every
-global batch's statistics with exactly ONE all-reduce, tags every row with its global
-batch (:data:`GLOBAL_BATCH_KEY`) and attaches the diagnostics to the loss, which looks
-them up through the tags. A rank with bad input joins the all-reduce flagged and every
-rank raises the same ``ValueError``. The design: docs/nemo_rl.md, "The seam".
+stage only, dummy micro-batches), so each worker runs this step at the top of ``train()``::
+
+    for every global batch g (same count on every rank of the DP group):
+        s_g = compute_statistics(this rank's rows of g)   # local
+        S_g = reduce_statistics(s_g, dp_group)            # exactly ONE all_reduce
+        d_g = diagnostics_from_stats(S_g, config, state)  # identical everywhere
+    tag every row with g (GLOBAL_BATCH_KEY) and its valid tokens (VALID_TOKENS_KEY)
+    loss_fn.attach_diagnostics([d_0, d_1, ...])
+
+A rank with bad input joins the all-reduce flagged and every rank raises the same
+``ValueError``; the loss looks ``d_g`` up through the row tags and never communicates.
+The design: docs/nemo_rl.md, "The seam".
 """
 
 from __future__ import annotations
@@ -251,8 +258,9 @@ def prepare_global_batches(
 ) -> list[AISDiagnostics]:
     """The worker's prepare step: diagnostics per global batch, row tags, attach to ``sink``.
 
-    ``data`` gains :data:`GLOBAL_BATCH_KEY` and :data:`VALID_TOKENS_KEY`; ``local_batch_size``
-    is ``gbs // dp_size``. Other arguments and errors as :func:`global_batch_diagnostics`.
+    ``data`` gains :data:`GLOBAL_BATCH_KEY` (-1 past the last full global batch) and
+    :data:`VALID_TOKENS_KEY`; ``local_batch_size`` is ``gbs // dp_size``. Other arguments
+    and errors as :func:`global_batch_diagnostics`.
     """
     require_config(config, CorrectionConfig, "prepare_global_batches(config)")
     try:
