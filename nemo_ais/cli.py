@@ -419,7 +419,7 @@ def _report(args: argparse.Namespace) -> int:
 def _analyze(args: argparse.Namespace) -> int:
     from nemo_ais.analyze import BadInputError, load_analysis_config
     from nemo_ais.analyze.analysis import global_batches_per_step
-    from nemo_ais.analyze.reader import find_log_dirs, find_step_files
+    from nemo_ais.analyze.reader import SEARCH_DEPTH, find_log_dirs
 
     try:
         config, alarm_config = load_analysis_config(args.config, args.overrides)
@@ -428,10 +428,16 @@ def _analyze(args: argparse.Namespace) -> int:
         return _fail(2, "analyze", f"invalid config: {err}")
     try:
         log_dirs = find_log_dirs(args.log_dir)
-        if not log_dirs:
-            find_step_files(args.log_dir)  # raises: no step file in it or below it
     except BadInputError as err:
         return _fail(1, "analyze", err)
+    if not log_dirs:
+        return _fail(
+            1,
+            "analyze",
+            f"{args.log_dir}:0: no train_data_step{{N}}.jsonl files in it or {SEARCH_DEPTH} "
+            "levels below it (NeMo-RL writes them to logger.log_dir during GRPO training; "
+            "nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
+        )
     if args.list:
         print(*log_dirs, sep="\n")
         return 0
