@@ -25,16 +25,16 @@ Also: KL(mu || pi_old) k1 = mean(-l), k3 = mean(exp(l) - 1 - l); w_mean, frac_ca
 token_mult_prob_error = mean exp|l|, raw_ratio_mean = mean exp(l).
 
 The reduced float64 vector is read to the host ONCE and every formula runs in Python
-floats, so alpha is bit-identical on every rank. A rank with bad input joins the all-reduce
-flagged; every rank then raises the same ``ValueError`` naming each bad rank (one
-``all_gather_object`` of the error texts). An empty global batch gives alpha = 0,
-empty_batch = 1 and neutral values (R = 1, D = 0, w_mean = 1, ...); the EMA value is kept.
+floats, so alpha is bit-identical on every rank. A rank with bad input still joins the
+all-reduce with flags set; every rank then takes the failure path together (one
+``all_gather_object`` of the error texts) and raises the same ``ValueError`` naming each
+bad rank. An empty global batch gives alpha = 0, empty_batch = 1 and finite neutral values
+(R = 1, D = 0, w_mean = 1, ...); the EMA value is kept, its counter advances.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -137,6 +137,11 @@ def _reliability(n_seq: float, w_seq_sum: float, w_seq_sq_sum: float) -> float:
     return min(1.0, w_seq_sum * w_seq_sum / (n_seq * w_seq_sq_sum))
 
 
+def _severity(n_tok: float, abs_log_rho_sum: float) -> float:
+    """Step 2: D = sum |l| / n; 0 if n = 0."""
+    return abs_log_rho_sum / n_tok if n_tok > 0 else 0.0
+
+
 def _cv2(n_tok: float, w_dev_sum: float, w_dev_sq_sum: float) -> float:
     """Step 3: CV^2 from u = w - 1 (n sum u^2 - (sum u)^2 avoids cancellation); 0 if n = 0."""
     w_sum = n_tok + w_dev_sum
@@ -156,6 +161,12 @@ def _gates(severity: float, ess_seq: float, cv2: float, config: CorrectionConfig
         g_rel if config.use_reliability_gate else 1.0,
         g_var if config.use_variance_gate else 1.0,
     )
+
+
+_MIXERS = {
+    "product": lambda g_sev, g_rel, g_var, config: g_sev * g_rel * g_var,
+    "constant": lambda g_sev, g_rel, g_var, config: config.constant_alpha,
+}
 
 
 def _smooth(alpha_raw: float, config: CorrectionConfig, state: AISState | None) -> float:
@@ -181,8 +192,12 @@ def _sums(global_stats: AISStats) -> dict[Slot, float]:
 
 def _bin_of_rank(counts: list[float], rank: float) -> int:
     """The bin holding the ``rank``-th smallest value (1-based) of a histogram."""
-    cumulative = itertools.accumulate(counts)
-    return next((b for b, seen in enumerate(cumulative) if seen >= rank), len(counts) - 1)
+    seen = 0.0
+    for b, count in enumerate(counts):
+        seen += count
+        if seen >= rank:
+            return b
+    return len(counts) - 1
 
 
 def _tail_values(s) -> dict[str, float]:
@@ -218,15 +233,28 @@ def _mode_values(s, config: CorrectionConfig, alpha: float, w_mean: float) -> di
     return out
 
 
-# Neutral values of a globally empty batch; every other field without a default is 0.
-_EMPTY_ONES = ("g_rel", "g_var", "ess_seq", "w_mean", "token_mult_prob_error", "raw_ratio_mean")
-
-
 def _empty_diagnostics() -> AISDiagnostics:
     """Defined result for a globally empty batch (see the module docstring)."""
-    fields = dataclasses.fields(AISDiagnostics)
-    zeros = {f.name: 0.0 for f in fields if f.default is dataclasses.MISSING}
-    return AISDiagnostics(**{**zeros, **dict.fromkeys(_EMPTY_ONES, 1.0), "empty_batch": 1.0})
+    return AISDiagnostics(
+        alpha=0.0,
+        alpha_raw=0.0,
+        g_sev=0.0,
+        g_rel=1.0,
+        g_var=1.0,
+        ess_seq=1.0,
+        severity=0.0,
+        cv_w=0.0,
+        cv2=0.0,
+        kl_k1=0.0,
+        kl_k3=0.0,
+        w_mean=1.0,
+        frac_capped=0.0,
+        token_mult_prob_error=1.0,
+        raw_ratio_mean=1.0,
+        n_seq=0.0,
+        n_tok=0.0,
+        empty_batch=1.0,
+    )
 
 
 def _diagnostics_from_sums(
@@ -240,11 +268,10 @@ def _diagnostics_from_sums(
             state.num_updates += 1
         return _empty_diagnostics()
     ess_seq = _reliability(s[Slot.N_SEQ], s[Slot.W_SEQ_SUM], s[Slot.W_SEQ_SQ_SUM])  # step 1
-    severity = s[Slot.ABS_LOG_RHO_SUM] / n_tok  # step 2
+    severity = _severity(n_tok, s[Slot.ABS_LOG_RHO_SUM])  # step 2
     cv2 = _cv2(n_tok, s[Slot.W_TOK_DEV_SUM], s[Slot.W_TOK_DEV_SQ_SUM])  # step 3
     g_sev, g_rel, g_var = _gates(severity, ess_seq, cv2, config)  # step 4
-    product = config.mixer == "product"
-    alpha_raw = g_sev * g_rel * g_var if product else config.constant_alpha  # step 5
+    alpha_raw = _MIXERS[config.mixer](g_sev, g_rel, g_var, config)  # step 5
     alpha = _smooth(alpha_raw, config, state)  # step 6
     w_mean = 1 + s[Slot.W_TOK_DEV_SUM] / n_tok
     return AISDiagnostics(
@@ -301,6 +328,7 @@ def diagnostics_from_stats(
 
     Args:
         global_stats: statistics already summed over the data-parallel group.
+        config: the ``loss_fn.ais`` section.
         state: EMA state; advanced once (an empty batch keeps its alpha).
 
     Raises:
@@ -383,6 +411,7 @@ def compute_diagnostics(
         prev_logprobs: ``[B, T]`` pi_old log-probs; ignored (may be None) with ``bypass``.
         generation_logprobs: ``[B, T]`` rollout-engine log-probs mu.
         mask: ``[B, T]`` bool or float in {0, 1}.
+        config: the ``loss_fn.ais`` section.
         group: data-parallel group; None = single process, no collective.
         state: EMA state of alpha, advanced exactly once.
         input_error: an error met while building this rank's inputs (e.g. a missing key);

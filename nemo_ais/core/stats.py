@@ -14,7 +14,8 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; rho = pi_old / mu):
    Every summand vanishes at l = 0 (masked positions drop out without a multiply, and the
    small differences CV^2 and k3 keep float64 precision).
 4. Bad-input flags (non-finite l at a valid position, mask not in {0, 1}, a structural
-   error by kind: :meth:`AISStats.from_input_error`); every rank raises after step 5.
+   error of a kind), so every rank raises together after step 5;
+   :meth:`AISStats.from_input_error` is a bad rank's vector.
 4b. the mode's own sums (``mode_stats``, or batch_normalize without a closed form): n,
    sum w, sum w^2, #{w = 0}, #{w = C_seq} (over sequences for a ``seq_level`` mode).
 4c. two log-spaced tail histograms (factor-2 bins from 2^-14 to 256): |l| over tokens and
@@ -76,9 +77,15 @@ class Slot(enum.IntEnum):
     W_MODE_CAPPED = enum.auto()
 
 
-# Slots that flag bad input (N_BAD_LOGPROBS .. N_BAD_SHAPE); any > 0 after the all-reduce
-# fails the global batch.
-BAD_INPUT_SLOTS = tuple(Slot)[Slot.N_BAD_LOGPROBS : Slot.N_BAD_SHAPE + 1]
+# Slots that flag bad input; any of them > 0 after the all-reduce fails the global batch.
+BAD_INPUT_SLOTS = (
+    Slot.N_BAD_LOGPROBS,
+    Slot.N_BAD_MASK,
+    Slot.N_BAD_RANKS,
+    Slot.N_MISSING_KEY,
+    Slot.N_BAD_DTYPE,
+    Slot.N_BAD_SHAPE,
+)
 # Structural error type -> its flag (KeyError: missing key; TypeError: type or dtype;
 # ValueError: shape, rank or device), checked in this order.
 _ERROR_KIND_SLOTS = (
@@ -284,6 +291,7 @@ def compute_statistics(
         logp_old: ``[B, T]`` trainer log-probs (``prev_logprobs``), any float dtype.
         logp_rollout: ``[B, T]`` rollout log-probs (``generation_logprobs``).
         mask: ``[B, T]`` bool or float in {0, 1}.
+        config: the ``loss_fn.ais`` section.
 
     Returns:
         :class:`AISStats` (float64 on ``logp_old.device``); zeros for an empty batch; bad

@@ -18,8 +18,12 @@ __all__ = [
     "register_ais_workers",
 ]
 
-# NeMo-RL's worker fqns, in the order of AIS_WORKER_FQNS
-_MEGATRON, _MEGATRON_QUANT, _DTENSOR, _DTENSOR_V2 = AIS_WORKER_FQNS
+_MEGATRON = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
+_DTENSOR = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
+_DTENSOR_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"
+_MEGATRON_QUANT = (
+    "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker.MegatronQuantPolicyWorker"
+)
 
 
 def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
@@ -50,8 +54,10 @@ def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
 def ais_worker_python(base_fqn: str) -> str:
     """The Python executable of the NeMo-RL worker ``base_fqn``, for the AIS worker on top.
 
-    Venvs are prebuilt only under upstream's fqns, so the AIS worker runs in its base
-    worker's venv (built under the BASE name if missing; needs Ray started).
+    The container prebuilds venvs only under upstream's fqns, so the AIS worker runs in its
+    base worker's venv: a non-``uv`` registry entry as is; else the prebuilt
+    ``<venv dir>/<base_fqn>/bin/python`` (unless ``NRL_FORCE_REBUILD_VENVS=true``); else
+    upstream's ``create_local_venv_on_each_node`` under the BASE name (needs Ray started).
     """
     from nemo_rl.distributed.ray_actor_environment_registry import get_actor_python_env
     from nemo_rl.utils import venvs
