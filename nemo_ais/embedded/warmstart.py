@@ -25,6 +25,7 @@ from nemo_ais.embedded.checkpoint import UnreadableFileError, atomic_torch_save,
 from nemo_ais.embedded.config import RecipeConfig, config_hash
 from nemo_ais.embedded.dist import RecipeError
 from nemo_ais.embedded.model import build_model, greedy_decode
+from nemo_ais.embedded.sections import WarmStartSection
 from nemo_ais.embedded.task import ArithmeticTask, seeded_generator, task_from_config
 
 __all__ = [
@@ -133,7 +134,14 @@ def greedy_scores(
     return exact, float(task.chains_right(problems, responses).mean())
 
 
-def _sft_step(model, optimizer, task: ArithmeticTask, step: int, ws, alt_fraction: float) -> float:
+def _sft_step(
+    model,
+    optimizer,
+    task: ArithmeticTask,
+    step: int,
+    ws: WarmStartSection,
+    alt_fraction: float = 0.0,
+) -> float:
     problems = task.sample_train(ws.batch_size, seeded_generator("warm_start", ws.seed, step))
     alt = None
     if alt_fraction > 0:

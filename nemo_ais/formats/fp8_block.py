@@ -234,7 +234,9 @@ def quantize_blockwise(
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
         # CPU: the fused kernel (same bits); a NaN / inf tile goes on to raise below
         fused = _quantize_fused(x3, tuple(block), family, eps, ue8m0)
-        q, s = fused or _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
+        if fused is None:
+            fused = _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
+        q, s = fused
     return (q, s) if x.dim() == 3 else (q[0], s[0])
 
 

@@ -334,7 +334,10 @@ _COLUMNS: tuple[tuple[str, Callable[[Budget], str]], ...] = (
     ("model / layout", lambda b: f"{b.model}; {b.layout}"),
     ("params/GPU", lambda b: f"{b.params_per_gpu / 1e9:.2f} B"),
     ("weights + grads + Adam", lambda b: f"{b.weights:.1f} + {b.grads:.1f} + {b.optimizer:.1f}"),
-    ("activations", lambda b: f"{b.activations:.1f}" + " (ckpt)" * b.activation_checkpointing),
+    (
+        "activations",
+        lambda b: f"{b.activations:.1f}" + (" (ckpt)" if b.activation_checkpointing else ""),
+    ),
     ("logits", lambda b: f"{b.logits:.1f}"),
     ("**train**", lambda b: f"**{b.train:.1f}**"),
     ("logprob", lambda b: f"{b.logprob:.1f}"),
