@@ -4,18 +4,25 @@
 
 Per ``train_data_step{N}.jsonl`` (one global batch), with the core code only:
 
-1. pass 1, per chunk: :func:`~nemo_ais.core.compute_statistics` (the float64 vector,
-   summed over chunks as the all-reduce sums it over ranks), the weights of the replayed
-   modes that need no global-batch value (``tis``, ``icepop``, ``seq_mask_geo``) and the
-   refit guard's position profile;
-2. :func:`~nemo_ais.core.diagnostics_from_stats` on the sum, the EMA ``state`` carried
-   from step to step as the AIS worker carries it;
-3. pass 2, over the chunks kept from pass 1 (spilled to disk past a budget): the modes
-   that need a global-batch value (``ais``, with that alpha).
+1. pass 1, per chunk of rows: :func:`~nemo_ais.core.compute_statistics` (the float64
+   sufficient-statistics vector, summed over chunks exactly as the all-reduce sums it over
+   data-parallel ranks), :func:`~nemo_ais.core.correction_weights` of every replayed mode
+   that needs no global-batch value (``tis``, ``icepop``, ``seq_mask_geo``), and the
+   per-position |l| profile of the refit guard;
+2. :func:`~nemo_ais.core.diagnostics_from_stats` on the summed vector: R, D, CV^2, KL,
+   ``token_mult_prob_error``, the gates and alpha (the EMA ``state`` is carried from
+   step to step, as the AIS worker carries it);
+3. pass 2, over the chunks kept from pass 1 (in memory up to a budget, then spilled to a
+   temporary directory): the weights of the replayed modes that need a global-batch value
+   (``ais``, with that alpha).
 
-A mode's weight summary over the n valid tokens: mean, max, the fraction capped or masked
-(capped: core's ``frac_capped``, rho > C, or rho < ``tis.floor``; ``ais`` only when
-alpha > 0) and the ESS ratio (sum w_hat)^2 / (n sum w_hat^2).
+The replayed modes are those whose record has a ``replay`` (:mod:`nemo_ais.modes`).
+
+Weight summary of a mode (w_hat over the n valid tokens): mean, max, the fraction capped
+or masked and the effective sample size ratio (sum w_hat)^2 / (n sum w_hat^2). Capped
+follows core's ``frac_capped`` (rho > C, from the step's diagnostics): ``tis``: rho > C or
+rho < floor (core's floor: ``tis.floor``, or 0 when unset, so never); ``ais``: rho > C
+when alpha > 0 (else 0: the weights are all 1); ``icepop``/``seq_mask_geo``: w_hat = 0.
 """
 
 from __future__ import annotations

@@ -157,7 +157,8 @@ class ArithmeticTask:
     def chains_right(self, problems: list[Problem], response_ids: torch.Tensor) -> torch.Tensor:
         """``[n]`` float32 in {0, 1}: the response is :meth:`answer` or :meth:`alt_answer`.
 
-        What the warm start is judged by: the arithmetic, not the terminator.
+        What the warm start is judged by: the arithmetic, not the terminator (a near-tie
+        rounding can flip).
         """
         texts = self._texts(problems, response_ids)
         out = []
@@ -301,7 +302,7 @@ class ChainTask(ArithmeticTask):
         values = [self._parse(v) for v in text.split(",")]
         prev: int | None = p[0]
         right = 0
-        for v in values[: self.chain_length]:
+        for v in values[: self.chain_length]:  # a value past the chain is never right
             right += prev is not None and v is not None and v == (prev + p[1]) % mod
             prev = v
         return right / max(len(values), self.chain_length)

@@ -85,6 +85,7 @@ def _quantize_fused(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | Non
 
 
 def _saturate_into(y: torch.Tensor, out: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+    """:func:`mx_bands`'s ``encode`` for MXFP8 (``scratch`` unused): saturate, cast to E4M3."""
     return out.copy_(y.clamp_(-E4M3_MAX, E4M3_MAX))  # E4M3 codes, round to nearest even
 
 

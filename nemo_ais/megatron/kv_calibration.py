@@ -2,12 +2,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """FP8 KV-cache scale calibration of a Megatron-Core GPT model, in NeMo-RL's result format.
 
-The trainer-side half of NeMo-RL's ``calibrate_qkv_fp8_scales`` (v0.7.0 and main), with
-:class:`nemo_ais.refit.kv_scales.KVScaleCalibrator`: forward pre-hooks on every
-``core_attention`` (its inputs are what vLLM's FP8 KV cache stores: K after k-norm and
-RoPE), keyed by the GLOBAL ``layer_number - 1``; ONE ``all_reduce(MAX)`` over ``group``
-(other stages' layers hold -1); ``scale = max(amax, 1e-4) * margin / 448``. No Megatron or
-NeMo-RL import: modules are found by name.
+The trainer-side half of NeMo-RL's ``calibrate_qkv_fp8_scales`` (v0.7.0 and main),
+computed with :class:`nemo_ais.refit.kv_scales.KVScaleCalibrator`:
+
+1. Forward pre-hooks on every ``decoder.layers.N.self_attention.core_attention``: its
+   inputs are what vLLM's FP8 KV cache stores (K after k-norm and RoPE, V as projected).
+2. Per observation the rule's statistic (default upstream's ``max |x|``, then the
+   nearest-rank percentile); the layer key is the GLOBAL ``layer_number - 1``.
+3. ONE ``all_reduce(MAX)`` of the ``[3, num_layers, 3]`` table over ``group`` (every rank
+   of the model: the default group in a NeMo-RL worker); layers of other stages hold -1,
+   so every rank makes the same collective. Upstream also merges by max.
+4. ``scale = max(amax, 1e-4) * margin / 448``, as ``{vLLM name: float}``.
+
+No Megatron or NeMo-RL import: modules are found by name, so any tree of that shape tests it.
 """
 
 from __future__ import annotations
@@ -215,10 +222,12 @@ def calibrate_qkv_fp8_scales(
     ``kv_cache/saturated_frac_<kind>`` (one more ``all_reduce(SUM)``; WARNING above 0.1 %).
 
     Args:
+        model: this rank's Megatron-Core model.
         run_forward: runs every calibration forward on this rank (result discarded).
         num_layers: the global number of transformer layers.
         percentile: p of the rule, in (0, 100]. margin: in [1, 4].
-        group: spans every rank of the model (None: one process).
+        include_q: also calibrate Q. reduction: the rule.
+        group: spans every rank of the model (None: one process). device: of the collective.
         previous_scales: ``{vLLM scale name: float}`` in use until now, or None.
     """
     config = kv_calibration_config(percentile, margin, include_q, reduction)  # validated

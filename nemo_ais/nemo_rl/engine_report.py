@@ -286,8 +286,10 @@ def require_native_gpu(
     """After ``setup()``: RuntimeError if the engines' GPUs run the rollout format as another.
 
     ``async_engine``: vLLM's ``AsyncLLM``, whose ``collective_rpc`` is a coroutine
-    ``__ray_call__`` cannot await: EVERY generation actor (the parallel ones too) reads its
-    visible GPUs with ``read`` (NVML) instead.
+    ``__ray_call__`` cannot await: EVERY generation actor (the parallel ones too: one per
+    node an engine spans) reads its GPUs with ``read`` (NVML) instead: its
+    ``CUDA_VISIBLE_DEVICES``, or every GPU of its node where upstream unset it (parallel
+    engines: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
     """
     if async_engine:
         per_worker = _ask(

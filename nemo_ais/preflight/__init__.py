@@ -4,8 +4,10 @@
 
 Catches, without NeMo-RL, a GPU or torch, what otherwise fails minutes into a Slurm job: an
 ``assert`` in ``grpo.setup``, a ``KeyError`` after Ray started, a DeepGEMM shape error in
-vLLM's FP8 layers, a dropped tail of the rollout batch, a config that does not fit the GPUs.
-Needs only pydantic, omegaconf and pyyaml (:mod:`.requirements`).
+vLLM's FP8 layers, a dropped tail of the rollout batch, a config that does not fit the GPUs
+(:mod:`.memory_budget`). Needs only pydantic, omegaconf and pyyaml (:mod:`.requirements`;
+tests/unit/test_preflight_torch_free.py); inside ``nemo_ais`` it imports only the
+torch-free :mod:`nemo_ais.config`, :mod:`nemo_ais.rules` and :mod:`nemo_ais.alarms`.
 
 CLI::
 
@@ -13,8 +15,10 @@ CLI::
                                  [--nemo-rl-version v0.7.0|main]
     python -m nemo_ais.preflight.memory_budget CONFIG [...] [--gpu-gib 80]
 
-A check is one function decorated with :func:`~nemo_ais.preflight.checks.check` in
-:mod:`.checks` (docs/cluster.md).
+Layout: :mod:`.loader` (config loading, dotted keys), :mod:`.model_shapes`, :mod:`.layout`
+(parallel sizes), :mod:`.nemo_rl_target` (which NeMo-RL the config runs on), :mod:`.checks`
+(the registry, one module per subject), :mod:`.memory_budget`, :mod:`.cli`. Adding a check
+is one function decorated with :func:`~nemo_ais.preflight.checks.check` (docs/cluster.md).
 """
 
 from nemo_ais.preflight.checks import (

@@ -2,8 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The check registry: a check is one function, registered with :func:`check`.
 
-It takes the :class:`Context` of one loaded config and returns a :class:`Verdict`, or None
-when it does not apply to that config.
+A check takes the :class:`Context` of one loaded config and returns a :class:`Verdict`
+(problems, each one failure; else a one-line detail; warnings), or None when it does not
+apply to that config. :func:`nemo_ais.preflight.checks.check_config` runs every
+registered check in registration order and turns each verdict into
+:class:`CheckResult` lines.
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What one check found: ``problems`` (the check fails), else ``detail``; ``warnings``."""
+    """What one check found: ``problems`` (the check fails), else ``detail``; ``warnings``.
+
+    No problem and an empty ``detail``: only the warnings are reported.
+    """
 
     problems: Sequence[str] = ()
     detail: str = ""
