@@ -98,3 +98,24 @@ def test_a_bad_run_is_reported_and_the_others_still_analysed(capsys, run_dir):
     assert "logs/bf16_seed0: 3 steps" in captured.out
     assert "logs/fp8-ais_seed1: 3 steps" in captured.out
     assert (run_dir / "logs" / "fp8-ais_seed1" / "ais_analysis" / "report.md").is_file()
+
+
+def test_an_unreadable_log_dir_is_the_no_step_file_error_not_a_traceback(
+    capsys, monkeypatch, tmp_path
+):
+    """A LOG_DIR whose listing fails (permissions) is a one-line error with exit 1."""
+    from pathlib import Path
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    listing = Path.iterdir
+
+    def iterdir(self):
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listing(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    assert main(["analyze", str(locked)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no train_data_step{N}.jsonl files in it" in err
