@@ -32,6 +32,7 @@ __all__ = [
     "EngineLayers",
     "HeldLayer",
     "NativeKernel",
+    "ask_generation_actors",
     "engine_layers",
     "expects_bf16",
     "format_problems",
@@ -248,7 +249,7 @@ def _engine_layers_all(generation_worker: Any) -> list[EngineLayers]:
     return list(generation_worker.llm.collective_rpc(engine_layers))
 
 
-def _ask(
+def ask_generation_actors(
     policy_generation: Any, fn: Callable[[Any], list[Any]], *, every_actor: bool = False
 ) -> list[list[Any]]:
     """``fn`` on each model-owning generation actor (``every_actor``: on all of them)."""
@@ -292,11 +293,11 @@ def require_native_gpu(
     engines: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
     """
     if async_engine:
-        per_worker = _ask(
+        per_worker = ask_generation_actors(
             policy_generation, functools.partial(_actor_gpus, read=read), every_actor=True
         )
     else:
-        per_worker = _ask(policy_generation, _engine_gpus)
+        per_worker = ask_generation_actors(policy_generation, _engine_gpus)
     reports = [r for group in per_worker for r in group]
     if async_engine and not reports:
         logger.warning(
@@ -382,7 +383,7 @@ def require_engine_formats(
     nemo_rl_version: str,
 ) -> list[EngineLayers]:
     """After the first refit: RuntimeError naming each layer not held as the run's rule says."""
-    per_worker = _ask(policy_generation, _engine_layers_all)
+    per_worker = ask_generation_actors(policy_generation, _engine_layers_all)
     reports = [r for group in per_worker for r in group]
     problems = format_problems(
         rollout_format, reports, kept_in_bf16, nemo_rl_version=nemo_rl_version

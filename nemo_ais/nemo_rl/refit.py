@@ -388,9 +388,9 @@ def _engine_statuses(generation_worker: Any) -> list[HookStatus]:
 
 def require_active(policy_generation: Any) -> list[HookStatus]:
     """Every vLLM worker process's refit status (RuntimeError naming each one not active)."""
-    from nemo_ais.nemo_rl.engine_report import _ask
+    from nemo_ais.nemo_rl.engine_report import ask_generation_actors
 
-    per_worker = _ask(policy_generation, _engine_statuses)
+    per_worker = ask_generation_actors(policy_generation, _engine_statuses)
     problems = [
         f"generation worker {w}, vLLM process {s.pid} on {s.host}: {s.problem()}"
         for w, statuses in enumerate(per_worker)
