@@ -15,7 +15,8 @@ Three tools, all plain functions (no pytest fixtures, so adapter tests can reuse
     # results[r] is what rank r returned (anything picklable)
 
 * :func:`run_distributed` spawns ``world_size`` fresh processes (``spawn`` start method),
-  joins them into one gloo process group over TCP on a free 127.0.0.1 port, runs
+  joins them into one gloo process group (a ``file://`` rendezvous in a private temporary
+  directory: no port to race for), runs
   ``fn(rank, world_size, *args, **kwargs)`` in each with ``torch.set_num_threads(1)`` and
   returns the per-rank return values in rank order. A rank that raises makes the call
   raise ``RuntimeError`` with every rank's traceback; a rank that does not finish within
@@ -53,7 +54,6 @@ import importlib.util
 import inspect
 import os
 import pickle
-import socket
 import struct
 import sys
 import tempfile
@@ -76,7 +76,6 @@ __all__ = [
     "assert_same_bits",
     "count_collectives",
     "float_bits",
-    "free_port",
     "run_distributed",
 ]
 
@@ -307,29 +306,24 @@ def assert_same_bits(per_rank: Sequence[dict[str, float]], what: str = "value") 
 # ---- process launcher -----------------------------------------------------------------------
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind to port 0, read, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def _worker(
     rank: int,
     world_size: int,
     fn: Callable[..., Any],
     args: tuple,
     kwargs: dict,
-    port: int,
     result_dir: str,
     timeout_s: float,
     backend: str,
 ) -> None:
-    """Body of one spawned rank: init the group, run ``fn``, write ``rank{r}.pkl``."""
+    """Body of one spawned rank: init the group, run ``fn``, write ``rank{r}.pkl``.
+
+    The ranks meet through a file in the run's private directory (``file://``), not a TCP
+    port chosen in advance: nothing another process can take first (gloo's own sockets
+    listen on ports the kernel assigns).
+    """
     torch.set_num_threads(1)
     os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -339,7 +333,7 @@ def _worker(
     try:
         dist.init_process_group(
             backend=backend,
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method="file://" + os.path.join(result_dir, "rendezvous"),
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
@@ -371,9 +365,6 @@ def _read_result(result_dir: str, rank: int) -> dict[str, Any] | None:
         return None
     with open(path, "rb") as f:
         return pickle.load(f)
-
-
-_PORT_IN_USE = ("address already in use", "eaddrinuse")
 
 
 def run_distributed(
@@ -408,23 +399,13 @@ def run_distributed(
     """
     if world_size < 1:
         raise ValueError(f"world_size: got {world_size}, expected >= 1")
-    try:
-        return _run_once(fn, world_size, args, dict(kwargs or {}), timeout, backend)
-    except RuntimeError as err:
-        # free_port() is racy on a shared machine: retry once on a fresh port.
-        if not any(s in str(err).lower() for s in _PORT_IN_USE):
-            raise
-        return _run_once(fn, world_size, args, dict(kwargs or {}), timeout, backend)
-
-
-def _run_once(fn, world_size, args, kwargs, timeout, backend) -> list[Any]:
+    kwargs = dict(kwargs or {})
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="nemo_ais_dist_") as result_dir:
-        port = free_port()
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(rank, world_size, fn, args, kwargs, port, result_dir, timeout, backend),
+                args=(rank, world_size, fn, args, kwargs, result_dir, timeout, backend),
                 daemon=True,
                 name=f"nemo_ais-rank{rank}",
             )
