@@ -34,7 +34,7 @@ from nemo_ais.formats.grids import (
     pow2,
     unpack_nibbles,
 )
-from nemo_ais.formats.mxfp8 import MX_BLOCK, check_mx_scale, mx_bands
+from nemo_ais.formats.mx import MX_BLOCK, check_mx_scale, mx_bands
 
 __all__ = ["MXFP4", "MXFP4Tensor", "dequantize_mxfp4", "quantize_mxfp4", "quantize_mxfp4_reference"]
 
