@@ -261,18 +261,23 @@ def require_fp8_refit_active(config: Any, policy_generation: Any) -> None:
     """After ``setup()``: ask every vLLM worker process whether the AIS FP8 refit is armed.
 
     :func:`nemo_ais.nemo_rl.refit.require_active`; raises ``RuntimeError`` naming each
-    worker where it is not. With ``vllm_cfg.async_engine`` (vLLM's ``AsyncLLM``) the
-    workers are not asked (not implemented): a WARNING says so.
+    worker where it is not. ``config`` (NeMo-RL's master config) is not read: every engine
+    kind is asked. With ``vllm_cfg.async_engine`` (vLLM's ``AsyncLLM``) the
+    workers are asked on the engine's event loop
+    (:func:`nemo_ais.nemo_rl.engine_report.engine_rpc`); an engine whose loop cannot be
+    found is left unasked, with a WARNING.
     """
     from nemo_ais.nemo_rl import refit as ais_refit
+    from nemo_ais.nemo_rl.engine_report import AsyncEngineUnreachable
 
-    if _async_engine(config):
+    try:
+        ais_refit.require_active(policy_generation)
+    except AsyncEngineUnreachable as err:
         ais_refit.logger.warning(
-            "nemo_ais: policy.generation.vllm_cfg.async_engine=true: the vLLM workers are not "
-            "asked whether the AIS FP8 refit is armed (their import hook still is)"
+            "nemo_ais: the vLLM workers are not asked whether the AIS refit is armed (their "
+            "import hook still is): %s",
+            err,
         )
-        return
-    ais_refit.require_active(policy_generation)
 
 
 def require_native_cluster(raw: dict[str, Any]) -> str:
@@ -334,20 +339,14 @@ def check_engines_after_first_refit(
     layer's quant method and kernel with the run's keep-in-BF16 rule
     (:func:`engine_keep_rule`) and raises naming every layer that differs, before the first
     rollout trains anything; later calls only refit. With ``vllm_cfg.async_engine`` (vLLM's
-    ``AsyncLLM``, whose ``collective_rpc`` is a coroutine ``__ray_call__`` cannot await)
-    the layers are not read: a WARNING says so and the refit is left as it is.
+    ``AsyncLLM``) the layers are read on the engine's event loop
+    (:func:`nemo_ais.nemo_rl.engine_report.engine_rpc`); an engine whose loop cannot be
+    found is left unread, with a WARNING.
     """
     from nemo_ais.nemo_rl import engine_report
 
     fmt = rollout_format(raw)
     if fmt not in NATIVE_KERNELS:
-        return
-    if get(raw, "policy.generation.vllm_cfg.async_engine", False):
-        engine_report.logger.warning(
-            "nemo_ais: vllm_cfg.async_engine=true: the engines' layer formats are not read "
-            "after the first refit (their GPUs were checked); %s is not verified per layer",
-            fmt,
-        )
         return
     real = grpo_module.refit_policy_generation
     rule = engine_keep_rule(raw, refit_cfg)
@@ -358,9 +357,18 @@ def check_engines_after_first_refit(
         out = real(*args, **kwargs)
         if not checked:
             checked = True
-            reports = engine_report.require_engine_formats(
-                policy_generation, fmt, rule, nemo_rl_version=nemo_rl_version
-            )
+            try:
+                reports = engine_report.require_engine_formats(
+                    policy_generation, fmt, rule, nemo_rl_version=nemo_rl_version
+                )
+            except engine_report.AsyncEngineUnreachable as err:
+                engine_report.logger.warning(
+                    "nemo_ais: the engines' layer formats are not read after the first refit "
+                    "(their GPUs were checked); %s is not verified per layer: %s",
+                    fmt,
+                    err,
+                )
+                return out
             engine_report.logger.warning(
                 "nemo_ais: after the first refit %d vLLM worker processes hold %s as the run "
                 "quantizes it",

@@ -11,12 +11,18 @@ The driver asks three times: before ``setup()`` every Ray node by NVML
 (:func:`require_native_nodes`), after ``setup()`` every vLLM worker's GPU
 (:func:`require_native_gpu`), after the first refit every layer's quant method and kernel
 (:func:`require_engine_formats`). Read from vLLM 0.20.0 and 0.25.1.
+
+An engine is reached through its generation actor (:func:`engine_rpc`), synchronous
+(``vllm.LLM``) or asynchronous (``AsyncLLM``, ``vllm_cfg.async_engine``) alike.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import socket
@@ -29,11 +35,14 @@ from nemo_ais.rules.vllm_layers import fused_parts, layer_index
 
 __all__ = [
     "NATIVE_KERNELS",
+    "RPC_TIMEOUT_S",
+    "AsyncEngineUnreachable",
     "EngineLayers",
     "HeldLayer",
     "NativeKernel",
     "ask_generation_actors",
     "engine_layers",
+    "engine_rpc",
     "expects_bf16",
     "format_problems",
     "gpu_problems",
@@ -235,9 +244,69 @@ def _actor_gpus(generation_worker: Any, read: GpuReader = nvml_gpus) -> list[Eng
     return [EngineLayers(os.getpid(), socket.gethostname(), n, c, ()) for n, c in gpus]
 
 
+RPC_TIMEOUT_S = 120.0
+"""How long :func:`engine_rpc` waits for an async engine's ``collective_rpc`` (seconds)."""
+
+
+class AsyncEngineUnreachable(RuntimeError):
+    """An async (``AsyncLLM``) engine whose event loop :func:`engine_rpc` cannot find."""
+
+
+def _engine_loop(llm: Any) -> asyncio.AbstractEventLoop | None:
+    """The loop an ``AsyncLLM`` delivers results on: its output tasks' (vLLM 0.20.0, 0.25.1)."""
+    resources = getattr(getattr(llm, "engine_core", None), "resources", None)
+    for task in (
+        getattr(llm, "output_handler", None),
+        getattr(resources, "output_queue_task", None),
+    ):
+        if isinstance(task, asyncio.Future) and not task.done():
+            return task.get_loop()
+    return None
+
+
+async def _awaited_rpc(llm: Any, method: Callable[..., Any]) -> Any:
+    result = await llm.collective_rpc(method)
+    return await result if asyncio.iscoroutine(result) else result  # as NeMo-RL awaits it
+
+
+def engine_rpc(generation_worker: Any, method: Callable[..., Any]) -> list[Any]:
+    """On a generation actor: ``method`` in every vLLM worker process of its engine (a list).
+
+    ``vllm.LLM.collective_rpc`` answers directly. ``AsyncLLM``'s is a coroutine, and Ray runs
+    ``__ray_call__`` outside the actor's event loop (another thread, no running loop); vLLM
+    sets the result on the engine's loop without waking any other, so a new loop here would
+    wait forever. The coroutine goes to the engine's own loop (``run_coroutine_threadsafe``,
+    as NeMo-RL main's sparse refit does) and is waited for at most :data:`RPC_TIMEOUT_S`.
+
+    Raises:
+        AsyncEngineUnreachable: an async engine without a running output task.
+        TimeoutError: the async engine did not answer in time (the call is cancelled).
+    """
+    llm = generation_worker.llm
+    if not inspect.iscoroutinefunction(llm.collective_rpc):
+        return list(llm.collective_rpc(method))
+    loop = _engine_loop(llm)
+    name = getattr(method, "__qualname__", repr(method))
+    if loop is None:
+        raise AsyncEngineUnreachable(
+            f"the async vLLM engine in generation actor pid {os.getpid()} has no running "
+            f"output task (AsyncLLM.output_handler), so collective_rpc({name}) cannot be "
+            "run on its event loop"
+        )
+    future = asyncio.run_coroutine_threadsafe(_awaited_rpc(llm, method), loop)
+    try:
+        return list(future.result(RPC_TIMEOUT_S))
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(
+            f"collective_rpc({name}) on the async vLLM engine in pid {os.getpid()} did not "
+            f"answer within {RPC_TIMEOUT_S:.0f} s"
+        ) from None
+
+
 def _engine_gpus(generation_worker: Any) -> list[EngineLayers]:
     """On a generation worker (Ray actor): every vLLM worker process's GPU (no layers)."""
-    return list(generation_worker.llm.collective_rpc(_gpu_only))
+    return engine_rpc(generation_worker, _gpu_only)
 
 
 def _gpu_only(worker: Any = None) -> EngineLayers:
@@ -246,7 +315,7 @@ def _gpu_only(worker: Any = None) -> EngineLayers:
 
 def _engine_layers_all(generation_worker: Any) -> list[EngineLayers]:
     """On a generation worker (Ray actor): every vLLM worker process's layers."""
-    return list(generation_worker.llm.collective_rpc(engine_layers))
+    return engine_rpc(generation_worker, engine_layers)
 
 
 def ask_generation_actors(
@@ -286,9 +355,9 @@ def require_native_gpu(
 ) -> list[EngineLayers]:
     """After ``setup()``: RuntimeError if the engines' GPUs run the rollout format as another.
 
-    ``async_engine``: vLLM's ``AsyncLLM``, whose ``collective_rpc`` is a coroutine
-    ``__ray_call__`` cannot await: EVERY generation actor (the parallel ones too: one per
-    node an engine spans) reads its GPUs with ``read`` (NVML) instead: its
+    ``async_engine``: vLLM's ``AsyncLLM``, asked without reading vLLM's internals (the
+    output task :func:`engine_rpc` needs): EVERY generation actor (the parallel ones too:
+    one per node an engine spans) reads its GPUs with ``read`` (NVML) instead: its
     ``CUDA_VISIBLE_DEVICES``, or every GPU of its node where upstream unset it (parallel
     engines: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
     """

@@ -33,6 +33,7 @@ from pydantic import Discriminator, Tag, TypeAdapter
 from nemo_ais.config import require_config
 from nemo_ais.formats.registry import get_format
 from nemo_ais.nemo_rl import compat, vllm_refit
+from nemo_ais.nemo_rl.engine_report import ask_generation_actors, engine_rpc
 from nemo_ais.nemo_rl.vllm_refit import (
     PATCHED,
     RECORDED_SIGNATURES,
@@ -380,16 +381,13 @@ def hook_status(worker: Any = None) -> HookStatus:
 
 def _engine_statuses(generation_worker: Any) -> list[HookStatus]:
     """On a NeMo-RL vLLM generation worker (Ray actor): every vLLM worker process's status."""
-    llm = getattr(generation_worker, "llm", None)
-    if llm is None:  # no engine in this actor: the actor's own process
+    if getattr(generation_worker, "llm", None) is None:  # no engine: the actor's own process
         return [hook_status()]
-    return list(llm.collective_rpc(hook_status))
+    return engine_rpc(generation_worker, hook_status)
 
 
 def require_active(policy_generation: Any) -> list[HookStatus]:
     """Every vLLM worker process's refit status (RuntimeError naming each one not active)."""
-    from nemo_ais.nemo_rl.engine_report import ask_generation_actors
-
     per_worker = ask_generation_actors(policy_generation, _engine_statuses)
     problems = [
         f"generation worker {w}, vLLM process {s.pid} on {s.host}: {s.problem()}"

@@ -8,9 +8,16 @@ tests check); :func:`generation_over` (driver side) imports NeMo-RL when called.
 process (where vLLM's in-process executor would run it) and records its name; it hands
 the callable vLLM's ``Worker`` (``tests/_vllm_layers.py``: a model whose layers carry
 vLLM's quant-method classes) when the actor is given a ``model_spec``, else None.
+
+:class:`AsyncGenerationWorker` stands in for ``VllmAsyncGenerationWorker`` (an async Ray
+actor) and :class:`AsyncLLM` for vLLM's: a coroutine ``collective_rpc`` whose result the
+engine's output task sets on the engine's event loop, waking no other loop (as vLLM 0.20.0
+and 0.25.1 do), so a caller that awaits it on a loop of its own waits forever.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import ray
 
@@ -25,6 +32,45 @@ class LLM:
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.calls.append(getattr(method, "__qualname__", repr(method)))
         return [method(self.worker, *args, **(kwargs or {}))]  # one engine worker (TP = 1)
+
+
+class AsyncLLM:
+    """vLLM's ``AsyncLLM`` as the check uses it: ``collective_rpc`` and ``output_handler``."""
+
+    def __init__(self, worker=None, output_task: bool = True) -> None:
+        self.calls: list[str] = []
+        self.worker = worker
+        self._requests: asyncio.Queue = asyncio.Queue()
+        # started on the running loop when the engine is built, as vLLM's output handler
+        loop = asyncio.get_running_loop()
+        self.output_handler = loop.create_task(self._serve()) if output_task else None
+
+    async def _serve(self) -> None:
+        while True:
+            future, method, args, kwargs = await self._requests.get()
+            future.set_result([method(self.worker, *args, **(kwargs or {}))])  # TP = 1
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(getattr(method, "__qualname__", repr(method)))
+        future = asyncio.get_running_loop().create_future()
+        self._requests.put_nowait((future, method, args, kwargs))
+        return await future
+
+
+@ray.remote(num_cpus=0)
+class AsyncGenerationWorker:
+    """Stands in for upstream's ``VllmAsyncGenerationWorker`` (``vllm_cfg.async_engine``)."""
+
+    def __init__(self, model_spec: dict[str, str] | None = None, output_task: bool = True):
+        worker = None
+        if model_spec is not None:
+            from _vllm_layers import Worker
+
+            worker = Worker(model_spec)
+        self.llm = AsyncLLM(worker, output_task)
+
+    async def rpc_calls(self) -> list[str]:
+        return self.llm.calls
 
 
 @ray.remote(num_cpus=0)

@@ -13,6 +13,7 @@ vLLM's quant-method classes (``tests/_vllm_layers.py``, named as vLLM's).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -24,7 +25,7 @@ import ray
 from nemo_ais.nemo_rl import engine_report as er
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _generation_worker import GenerationWorker, generation_over
+from _generation_worker import AsyncGenerationWorker, GenerationWorker, generation_over
 from _vllm_layers import METHODS, Worker, dense_spec
 
 pytestmark = pytest.mark.nemo_rl
@@ -183,6 +184,70 @@ def test_the_driver_refuses_a_collision_in_one_engine_naming_it(engines):
     message = str(err.value)
     assert "1 problem(s)" in message
     assert "model.layers.1.mlp.gate_up_proj is held in BF16" in message
+
+
+@pytest.fixture(scope="module")
+def async_engines(local_ray):
+    env = {"PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO_ROOT), str(REPO_ROOT / "tests"), str(REPO_ROOT / "tests" / "upstream")])}  # fmt: skip
+    good = dense_spec(2, "fp8_cutlass")
+    collided = {**good, "model.layers.1.mlp.gate_up_proj": "bf16"}
+    actors = {
+        "good": AsyncGenerationWorker.options(runtime_env={"env_vars": env}).remote(good),
+        "collided": AsyncGenerationWorker.options(runtime_env={"env_vars": env}).remote(collided),
+        "no_output_task": AsyncGenerationWorker.options(runtime_env={"env_vars": env}).remote(
+            good, output_task=False
+        ),
+    }
+    yield actors
+    for actor in actors.values():
+        ray.kill(actor)
+
+
+def test_an_async_engine_is_read_on_its_own_event_loop(async_engines):
+    # __ray_call__ runs outside the async actor's loop; the engine answers only on its own
+    generation = generation_over([async_engines["good"]])
+    (report,) = er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
+    assert report.pid != os.getpid() and len(report.layers) == 2 * 4 + 2
+    assert ray.get(async_engines["good"].rpc_calls.remote())[-1] == "engine_layers"
+    generation = generation_over([async_engines["good"], async_engines["collided"]])
+    with pytest.raises(RuntimeError, match="1 problem") as err:
+        er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
+    assert "model.layers.1.mlp.gate_up_proj is held in BF16" in str(err.value)
+
+
+def test_an_async_engine_without_its_output_task_is_named_unreachable(async_engines):
+    generation = generation_over([async_engines["no_output_task"]])
+    with pytest.raises(er.AsyncEngineUnreachable, match=r"no running output task") as err:
+        er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
+    assert "collective_rpc(engine_layers)" in str(err.value)
+    assert ray.get(async_engines["no_output_task"].rpc_calls.remote()) == []  # never called
+
+
+def test_the_launchers_first_refit_check_reads_async_engines_or_warns(async_engines, caplog):
+    import types
+
+    from shipped_configs import CONFIG_DIR, launcher
+
+    run = launcher()
+    raw = run.load_config_dict(str(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"), [])
+    refits = []
+    for name, outcome in (("collided", "refuse"), ("no_output_task", "warn"), ("good", "pass")):
+        grpo = types.SimpleNamespace(refit_policy_generation=lambda *a: refits.append(a) or "out")
+        generation = generation_over([async_engines[name]])
+        run.check_engines_after_first_refit(grpo, raw, generation, None, "main")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="nemo_ais.nemo_rl.engine_report"):
+            if outcome == "refuse":
+                with pytest.raises(RuntimeError, match="gate_up_proj is held in BF16"):
+                    grpo.refit_policy_generation("policy", generation, True)
+                continue
+            assert grpo.refit_policy_generation("policy", generation, True) == "out"
+        if outcome == "warn":
+            assert "layer formats are not read after the first refit" in caplog.text
+            assert "no running output task" in caplog.text
+        else:
+            assert "after the first refit 1 vLLM worker processes hold fp8" in caplog.text
+    assert len(refits) == 3  # the refit itself ran every time, before the check
 
 
 def test_the_driver_refuses_a_format_the_engines_gpu_cannot_run(engines):

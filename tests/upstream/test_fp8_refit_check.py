@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from _generation_worker import GenerationWorker, generation_over
+from _generation_worker import AsyncGenerationWorker, GenerationWorker, generation_over
 from shipped_configs import CONFIG_DIR, launcher
 
 from nemo_ais.nemo_rl import refit
@@ -101,3 +101,39 @@ def test_a_worker_without_the_hook_fails_the_run_naming_it(workers, caplog):
         "generation worker 2, vLLM process" in message and f"{refit.ENV_VAR} is not set" in message
     )
     assert "AIS refit NOT active" in caplog.text  # logged at WARNING as well
+
+
+@pytest.fixture(scope="module")
+def async_workers(local_ray, launcher_env):
+    """``vllm_cfg.async_engine``: async generation actors, as launched and without the hook."""
+    actors = {
+        drop or "launched": AsyncGenerationWorker.options(
+            runtime_env={"env_vars": _env(launcher_env, drop)}
+        ).remote()
+        for drop in (None, "hook_dir")
+    }
+    actors["no_output_task"] = AsyncGenerationWorker.options(
+        runtime_env={"env_vars": _env(launcher_env, None)}
+    ).remote(output_task=False)
+    yield actors
+    for actor in actors.values():
+        ray.kill(actor)
+
+
+def test_async_engines_are_asked_too_and_one_without_the_hook_fails_the_run(async_workers):
+    # AsyncLLM.collective_rpc is a coroutine: asked on the engine's own event loop
+    (status,) = refit.require_active(generation_over([async_workers["launched"]]))
+    assert status.active and status.pid != os.getpid()
+    assert ray.get(async_workers["launched"].rpc_calls.remote()) == ["hook_status"]
+    generation = generation_over([async_workers["launched"], async_workers["hook_dir"]])
+    with pytest.raises(RuntimeError, match="generation worker 1, vLLM process") as err:
+        run.require_fp8_refit_active(None, generation)
+    assert "sitecustomize.py did not run" in str(err.value)
+
+
+def test_an_async_engine_whose_loop_cannot_be_found_is_left_with_a_warning(async_workers, caplog):
+    generation = generation_over([async_workers["no_output_task"]])
+    with caplog.at_level(logging.WARNING, logger="nemo_ais.nemo_rl.refit"):
+        run.require_fp8_refit_active(None, generation)  # the run goes on
+    assert "not asked whether the AIS refit is armed" in caplog.text
+    assert "no running output task" in caplog.text
