@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import socket
 
 import pytest
 import torch
@@ -31,17 +30,15 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def nccl_group():
+def nccl_group(tmp_path_factory):
     if dist.is_initialized():  # pragma: no cover - another module owns the default group
         yield dist.new_group(backend="nccl")
         return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    rendezvous = tmp_path_factory.mktemp("nccl") / "rendezvous"  # a file: no port to race for
     torch.cuda.set_device(0)
     dist.init_process_group(
         "nccl",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{rendezvous}",
         rank=0,
         world_size=1,
         timeout=datetime.timedelta(seconds=60),
