@@ -265,7 +265,8 @@ def require_fp8_refit_active(config: Any, policy_generation: Any) -> None:
     kind is asked. With ``vllm_cfg.async_engine`` (vLLM's ``AsyncLLM``) the
     workers are asked on the engine's event loop
     (:func:`nemo_ais.nemo_rl.engine_report.engine_rpc`); an engine whose loop cannot be
-    found is left unasked, with a WARNING.
+    found is left unasked, with a WARNING naming it (a dead engine, or one that does not
+    answer in ``engine_report.RPC_TIMEOUT_S``, stops the run).
     """
     from nemo_ais.nemo_rl import refit as ais_refit
     from nemo_ais.nemo_rl.engine_report import AsyncEngineUnreachable
@@ -274,7 +275,7 @@ def require_fp8_refit_active(config: Any, policy_generation: Any) -> None:
         ais_refit.require_active(policy_generation)
     except AsyncEngineUnreachable as err:
         ais_refit.logger.warning(
-            "nemo_ais: the vLLM workers are not asked whether the AIS refit is armed (their "
+            "nemo_ais: these vLLM workers are not asked whether the AIS refit is armed (their "
             "import hook still is): %s",
             err,
         )
@@ -341,7 +342,8 @@ def check_engines_after_first_refit(
     rollout trains anything; later calls only refit. With ``vllm_cfg.async_engine`` (vLLM's
     ``AsyncLLM``) the layers are read on the engine's event loop
     (:func:`nemo_ais.nemo_rl.engine_report.engine_rpc`); an engine whose loop cannot be
-    found is left unread, with a WARNING.
+    found is left unread, with a WARNING naming it, after the others were compared (a dead
+    engine, or one that does not answer in ``engine_report.RPC_TIMEOUT_S``, stops the run).
     """
     from nemo_ais.nemo_rl import engine_report
 
@@ -363,8 +365,8 @@ def check_engines_after_first_refit(
                 )
             except engine_report.AsyncEngineUnreachable as err:
                 engine_report.logger.warning(
-                    "nemo_ais: the engines' layer formats are not read after the first refit "
-                    "(their GPUs were checked); %s is not verified per layer: %s",
+                    "nemo_ais: these engines' layer formats are not read after the first refit "
+                    "(their GPUs were checked; the others hold %s as the run quantizes it): %s",
                     fmt,
                     err,
                 )

@@ -40,6 +40,8 @@ __all__ = [
     "EngineLayers",
     "HeldLayer",
     "NativeKernel",
+    "Unreached",
+    "ask_engines",
     "ask_generation_actors",
     "engine_layers",
     "engine_rpc",
@@ -252,56 +254,93 @@ class AsyncEngineUnreachable(RuntimeError):
     """An async (``AsyncLLM``) engine whose event loop :func:`engine_rpc` cannot find."""
 
 
+class Unreached(NamedTuple):
+    """An actor's answer when :func:`engine_rpc` could not reach its async engine."""
+
+    reason: str
+
+
 def _engine_loop(llm: Any) -> asyncio.AbstractEventLoop | None:
-    """The loop an ``AsyncLLM`` delivers results on: its output tasks' (vLLM 0.20.0, 0.25.1)."""
+    """The running loop an ``AsyncLLM`` delivers results on: its output tasks' (vLLM 0.20.0, 0.25.1)."""
     resources = getattr(getattr(llm, "engine_core", None), "resources", None)
     for task in (
         getattr(llm, "output_handler", None),
         getattr(resources, "output_queue_task", None),
     ):
         if isinstance(task, asyncio.Future) and not task.done():
-            return task.get_loop()
+            loop = task.get_loop()
+            if loop.is_running() and not loop.is_closed():
+                return loop
     return None
 
 
-async def _awaited_rpc(llm: Any, method: Callable[..., Any]) -> Any:
-    result = await llm.collective_rpc(method)
+async def _awaited_rpc(llm: Any, method: Callable[..., Any], timeout_s: float) -> Any:
+    result = await llm.collective_rpc(method, timeout=timeout_s)
     return await result if asyncio.iscoroutine(result) else result  # as NeMo-RL awaits it
 
 
-def engine_rpc(generation_worker: Any, method: Callable[..., Any]) -> list[Any]:
+def engine_rpc(
+    generation_worker: Any, method: Callable[..., Any], timeout_s: float = RPC_TIMEOUT_S
+) -> list[Any]:
     """On a generation actor: ``method`` in every vLLM worker process of its engine (a list).
 
     ``vllm.LLM.collective_rpc`` answers directly. ``AsyncLLM``'s is a coroutine, and Ray runs
     ``__ray_call__`` outside the actor's event loop (another thread, no running loop); vLLM
     sets the result on the engine's loop without waking any other, so a new loop here would
     wait forever. The coroutine goes to the engine's own loop (``run_coroutine_threadsafe``,
-    as NeMo-RL main's sparse refit does) and is waited for at most :data:`RPC_TIMEOUT_S`.
+    as NeMo-RL main's sparse refit does) and is waited for at most ``timeout_s``, during
+    which the actor takes no other call (Ray runs one ``__ray_call__`` at a time).
 
     Raises:
         AsyncEngineUnreachable: an async engine without a running output task.
+        RuntimeError: the async engine is dead (``AsyncLLM.errored``), or this is its own
+            event loop's thread (the wait would block the loop it waits on).
         TimeoutError: the async engine did not answer in time (the call is cancelled).
     """
     llm = generation_worker.llm
     if not inspect.iscoroutinefunction(llm.collective_rpc):
         return list(llm.collective_rpc(method))
-    loop = _engine_loop(llm)
     name = getattr(method, "__qualname__", repr(method))
+    where = f"the async vLLM engine in generation actor pid {os.getpid()}"
+    if getattr(llm, "errored", False):
+        raise RuntimeError(f"{where} is dead (AsyncLLM.errored): collective_rpc({name}) not sent")
+    loop = _engine_loop(llm)
     if loop is None:
         raise AsyncEngineUnreachable(
-            f"the async vLLM engine in generation actor pid {os.getpid()} has no running "
-            f"output task (AsyncLLM.output_handler), so collective_rpc({name}) cannot be "
-            "run on its event loop"
+            f"{where} has no running output task (AsyncLLM.output_handler), so "
+            f"collective_rpc({name}) cannot be run on its event loop"
         )
-    future = asyncio.run_coroutine_threadsafe(_awaited_rpc(llm, method), loop)
+    if asyncio._get_running_loop() is loop:
+        raise RuntimeError(f"engine_rpc({name}) called on the event loop of {where}")
+    future = asyncio.run_coroutine_threadsafe(_awaited_rpc(llm, method, timeout_s), loop)
     try:
-        return list(future.result(RPC_TIMEOUT_S))
+        return list(future.result(timeout_s))
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise TimeoutError(
-            f"collective_rpc({name}) on the async vLLM engine in pid {os.getpid()} did not "
-            f"answer within {RPC_TIMEOUT_S:.0f} s"
+            f"collective_rpc({name}) on {where} did not answer within {timeout_s:.0f} s"
         ) from None
+
+
+def _answer_or_unreached(fn: Callable[[Any], list[Any]], generation_worker: Any) -> list[Any]:
+    try:
+        return fn(generation_worker)
+    except AsyncEngineUnreachable as err:
+        return [Unreached(str(err))]
+
+
+def ask_engines(
+    policy_generation: Any, fn: Callable[[Any], list[Any]]
+) -> tuple[list[list[Any]], list[str]]:
+    """``fn`` (an :func:`engine_rpc` call) on each model-owning generation actor.
+
+    Returns the answers per actor (an unreachable actor's: ``[]``) and why each actor that
+    could not be reached was not, so one such actor hides nothing the others answered.
+    """
+    answer = functools.update_wrapper(functools.partial(_answer_or_unreached, fn), fn)
+    per_worker = ask_generation_actors(policy_generation, answer)  # named as ``fn``
+    unreached = [r.reason for group in per_worker for r in group if isinstance(r, Unreached)]
+    return [[r for r in group if not isinstance(r, Unreached)] for group in per_worker], unreached
 
 
 def _engine_gpus(generation_worker: Any) -> list[EngineLayers]:
@@ -451,8 +490,12 @@ def require_engine_formats(
     *,
     nemo_rl_version: str,
 ) -> list[EngineLayers]:
-    """After the first refit: RuntimeError naming each layer not held as the run's rule says."""
-    per_worker = ask_generation_actors(policy_generation, _engine_layers_all)
+    """After the first refit: RuntimeError naming each layer not held as the run's rule says.
+
+    AsyncEngineUnreachable: no layer problem among the engines read, and some async engine
+    could not be read (each named).
+    """
+    per_worker, unreached = ask_engines(policy_generation, _engine_layers_all)
     reports = [r for group in per_worker for r in group]
     problems = format_problems(
         rollout_format, reports, kept_in_bf16, nemo_rl_version=nemo_rl_version
@@ -460,6 +503,9 @@ def require_engine_formats(
     if problems:
         raise RuntimeError(
             f"the rollout engines do not hold what the run quantizes ({rollout_format}); "
-            f"{len(problems)} problem(s):\n  " + "\n  ".join(problems)
+            f"{len(problems)} problem(s):\n  "
+            + "\n  ".join(problems + [f"not read: {u}" for u in unreached])
         )
+    if unreached:
+        raise AsyncEngineUnreachable("; ".join(unreached))
     return reports

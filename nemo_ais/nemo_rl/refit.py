@@ -33,7 +33,7 @@ from pydantic import Discriminator, Tag, TypeAdapter
 from nemo_ais.config import require_config
 from nemo_ais.formats.registry import get_format
 from nemo_ais.nemo_rl import compat, vllm_refit
-from nemo_ais.nemo_rl.engine_report import ask_generation_actors, engine_rpc
+from nemo_ais.nemo_rl.engine_report import AsyncEngineUnreachable, ask_engines, engine_rpc
 from nemo_ais.nemo_rl.vllm_refit import (
     PATCHED,
     RECORDED_SIGNATURES,
@@ -387,8 +387,12 @@ def _engine_statuses(generation_worker: Any) -> list[HookStatus]:
 
 
 def require_active(policy_generation: Any) -> list[HookStatus]:
-    """Every vLLM worker process's refit status (RuntimeError naming each one not active)."""
-    per_worker = ask_generation_actors(policy_generation, _engine_statuses)
+    """Every vLLM worker process's refit status (RuntimeError naming each one not active).
+
+    AsyncEngineUnreachable: every process read is active, and some async engine could not
+    be read (each named).
+    """
+    per_worker, unreached = ask_engines(policy_generation, _engine_statuses)
     problems = [
         f"generation worker {w}, vLLM process {s.pid} on {s.host}: {s.problem()}"
         for w, statuses in enumerate(per_worker)
@@ -400,8 +404,11 @@ def require_active(policy_generation: Any) -> list[HookStatus]:
         raise RuntimeError(
             "ais_fp8_refit (or ais_nvfp4_refit).enabled=true but the AIS refit hook is not "
             "active in every vLLM worker, which would refit with NeMo-RL's own quantizer (or, "
-            "NVFP4, not at all):\n  " + "\n  ".join(problems)
+            "NVFP4, not at all):\n  "
+            + "\n  ".join(problems + [f"not read: {u}" for u in unreached])
         )
+    if unreached:
+        raise AsyncEngineUnreachable("; ".join(unreached))
     statuses = [s for group in per_worker for s in group]
     logger.warning(
         "nemo_ais: AIS refit armed in %d vLLM worker processes of %d generation workers",

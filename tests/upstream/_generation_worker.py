@@ -18,6 +18,7 @@ and 0.25.1 do), so a caller that awaits it on a loop of its own waits forever.
 from __future__ import annotations
 
 import asyncio
+import types
 
 import ray
 
@@ -35,25 +36,35 @@ class LLM:
 
 
 class AsyncLLM:
-    """vLLM's ``AsyncLLM`` as the check uses it: ``collective_rpc`` and ``output_handler``."""
+    """vLLM's ``AsyncLLM`` as the check uses it: ``collective_rpc``, its output task, ``errored``.
 
-    def __init__(self, worker=None, output_task: bool = True) -> None:
+    ``mode``: ``handler`` (the output task is ``output_handler``), ``resources`` (only
+    ``engine_core.resources.output_queue_task``), ``none`` (no output task), ``dead``
+    (``errored``) or ``silent`` (the task never answers).
+    """
+
+    def __init__(self, worker=None, mode: str = "handler") -> None:
         self.calls: list[str] = []
         self.worker = worker
+        self.errored = mode == "dead"
         self._requests: asyncio.Queue = asyncio.Queue()
         # started on the running loop when the engine is built, as vLLM's output handler
         loop = asyncio.get_running_loop()
-        self.output_handler = loop.create_task(self._serve()) if output_task else None
+        task = loop.create_task(self._serve(mode != "silent")) if mode != "none" else None
+        self.output_handler = task if mode != "resources" else None
+        resources = types.SimpleNamespace(output_queue_task=task)
+        self.engine_core = types.SimpleNamespace(resources=resources)
 
-    async def _serve(self) -> None:
+    async def _serve(self, answer: bool) -> None:
         while True:
             future, method, args, kwargs = await self._requests.get()
-            future.set_result([method(self.worker, *args, **(kwargs or {}))])  # TP = 1
+            if answer:
+                future.set_result([method(self.worker, *args, **(kwargs or {}))])  # TP = 1
 
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.calls.append(getattr(method, "__qualname__", repr(method)))
         future = asyncio.get_running_loop().create_future()
-        self._requests.put_nowait((future, method, args, kwargs))
+        self._requests.put_nowait((future, method, args, kwargs))  # not thread-safe: vLLM's isn't
         return await future
 
 
@@ -61,13 +72,13 @@ class AsyncLLM:
 class AsyncGenerationWorker:
     """Stands in for upstream's ``VllmAsyncGenerationWorker`` (``vllm_cfg.async_engine``)."""
 
-    def __init__(self, model_spec: dict[str, str] | None = None, output_task: bool = True):
+    def __init__(self, model_spec: dict[str, str] | None = None, mode: str = "handler"):
         worker = None
         if model_spec is not None:
             from _vllm_layers import Worker
 
             worker = Worker(model_spec)
-        self.llm = AsyncLLM(worker, output_task)
+        self.llm = AsyncLLM(worker, mode)
 
     async def rpc_calls(self) -> list[str]:
         return self.llm.calls

@@ -13,6 +13,7 @@ vLLM's quant-method classes (``tests/_vllm_layers.py``, named as vLLM's).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -191,12 +192,17 @@ def async_engines(local_ray):
     env = {"PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO_ROOT), str(REPO_ROOT / "tests"), str(REPO_ROOT / "tests" / "upstream")])}  # fmt: skip
     good = dense_spec(2, "fp8_cutlass")
     collided = {**good, "model.layers.1.mlp.gate_up_proj": "bf16"}
+    specs = {
+        "good": (good, "handler"),
+        "collided": (collided, "handler"),
+        "no_output_task": (good, "none"),
+        "resources_only": (good, "resources"),
+        "dead": (good, "dead"),
+        "silent": (good, "silent"),
+    }
     actors = {
-        "good": AsyncGenerationWorker.options(runtime_env={"env_vars": env}).remote(good),
-        "collided": AsyncGenerationWorker.options(runtime_env={"env_vars": env}).remote(collided),
-        "no_output_task": AsyncGenerationWorker.options(runtime_env={"env_vars": env}).remote(
-            good, output_task=False
-        ),
+        name: AsyncGenerationWorker.options(runtime_env={"env_vars": env}).remote(spec, mode)
+        for name, (spec, mode) in specs.items()
     }
     yield actors
     for actor in actors.values():
@@ -205,10 +211,13 @@ def async_engines(local_ray):
 
 def test_an_async_engine_is_read_on_its_own_event_loop(async_engines):
     # __ray_call__ runs outside the async actor's loop; the engine answers only on its own
-    generation = generation_over([async_engines["good"]])
-    (report,) = er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
-    assert report.pid != os.getpid() and len(report.layers) == 2 * 4 + 2
-    assert ray.get(async_engines["good"].rpc_calls.remote())[-1] == "engine_layers"
+    for name in ("good", "resources_only"):  # output_handler, or the client's output task
+        generation = generation_over([async_engines[name]])
+        (report,) = er.require_engine_formats(
+            generation, "fp8", _router_rule, nemo_rl_version="main"
+        )
+        assert report.pid != os.getpid() and len(report.layers) == 2 * 4 + 2
+        assert ray.get(async_engines[name].rpc_calls.remote())[-1] == "engine_layers"
     generation = generation_over([async_engines["good"], async_engines["collided"]])
     with pytest.raises(RuntimeError, match="1 problem") as err:
         er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
@@ -223,13 +232,35 @@ def test_an_async_engine_without_its_output_task_is_named_unreachable(async_engi
     assert ray.get(async_engines["no_output_task"].rpc_calls.remote()) == []  # never called
 
 
+def test_an_unreachable_async_engine_hides_no_problem_of_the_others(async_engines):
+    generation = generation_over([async_engines["no_output_task"], async_engines["collided"]])
+    with pytest.raises(RuntimeError, match="1 problem") as err:
+        er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
+    assert not isinstance(err.value, er.AsyncEngineUnreachable)
+    assert "model.layers.1.mlp.gate_up_proj is held in BF16" in str(err.value)
+    assert "not read: the async vLLM engine in generation actor pid" in str(err.value)
+
+
+def test_a_dead_or_silent_async_engine_stops_the_check(async_engines):
+    generation = generation_over([async_engines["dead"]])
+    with pytest.raises(RuntimeError, match=r"is dead \(AsyncLLM.errored\)") as err:
+        er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
+    assert not isinstance(err.value, er.AsyncEngineUnreachable)
+    rpc = functools.partial(er.engine_rpc, method=er.engine_layers, timeout_s=1.0)
+    with pytest.raises(TimeoutError, match=r"collective_rpc\(engine_layers\) on the async .* 1 s"):
+        ray.get(async_engines["silent"].__ray_call__.remote(rpc))
+
+
 def test_the_launchers_first_refit_check_reads_async_engines_or_warns(async_engines, caplog):
     import types
 
     from shipped_configs import CONFIG_DIR, launcher
 
     run = launcher()
-    raw = run.load_config_dict(str(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"), [])
+    raw = run.load_config_dict(
+        str(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"),
+        ["policy.generation.vllm_cfg.async_engine=true"],
+    )
     refits = []
     for name, outcome in (("collided", "refuse"), ("no_output_task", "warn"), ("good", "pass")):
         grpo = types.SimpleNamespace(refit_policy_generation=lambda *a: refits.append(a) or "out")

@@ -114,7 +114,7 @@ def async_workers(local_ray, launcher_env):
     }
     actors["no_output_task"] = AsyncGenerationWorker.options(
         runtime_env={"env_vars": _env(launcher_env, None)}
-    ).remote(output_task=False)
+    ).remote(mode="none")
     yield actors
     for actor in actors.values():
         ray.kill(actor)
