@@ -56,15 +56,20 @@ def launcher_env():
     return env
 
 
+def _started(actor_class, launcher_env, drops, **kwargs):
+    """One actor per environment (``drops``: what each lacks, None: as launched)."""
+    return {
+        drop or "launched": actor_class.options(
+            runtime_env={"env_vars": _env(launcher_env, drop)}
+        ).remote(**kwargs)
+        for drop in drops
+    }
+
+
 @pytest.fixture(scope="module")
 def workers(local_ray, launcher_env):
     """One generation worker per environment: as launched, hook dir missing, env var unset."""
-    actors = {
-        drop or "launched": GenerationWorker.options(
-            runtime_env={"env_vars": _env(launcher_env, drop)}
-        ).remote()
-        for drop in (None, "hook_dir", "env_var")
-    }
+    actors = _started(GenerationWorker, launcher_env, (None, "hook_dir", "env_var"))
     yield actors
     for actor in actors.values():
         ray.kill(actor)
@@ -106,15 +111,9 @@ def test_a_worker_without_the_hook_fails_the_run_naming_it(workers, caplog):
 @pytest.fixture(scope="module")
 def async_workers(local_ray, launcher_env):
     """``vllm_cfg.async_engine``: async generation actors, as launched and without the hook."""
-    actors = {
-        drop or "launched": AsyncGenerationWorker.options(
-            runtime_env={"env_vars": _env(launcher_env, drop)}
-        ).remote()
-        for drop in (None, "hook_dir")
-    }
-    actors["no_output_task"] = AsyncGenerationWorker.options(
-        runtime_env={"env_vars": _env(launcher_env, None)}
-    ).remote(mode="none")
+    actors = _started(AsyncGenerationWorker, launcher_env, (None, "hook_dir"))
+    no_output_task = _started(AsyncGenerationWorker, launcher_env, (None,), mode="none")
+    actors["no_output_task"] = no_output_task["launched"]  # its engine has no running loop
     yield actors
     for actor in actors.values():
         ray.kill(actor)
