@@ -261,7 +261,7 @@ class Unreached(NamedTuple):
 
 
 def _engine_loop(llm: Any) -> asyncio.AbstractEventLoop | None:
-    """The running loop an ``AsyncLLM`` delivers results on: its output tasks' (vLLM 0.20.0, 0.25.1)."""
+    """The running loop an ``AsyncLLM`` answers on: its output task's (vLLM 0.20.0, 0.25.1)."""
     resources = getattr(getattr(llm, "engine_core", None), "resources", None)
     for task in (
         getattr(llm, "output_handler", None),
@@ -310,7 +310,11 @@ def engine_rpc(
             f"{where} has no running output task (AsyncLLM.output_handler), so "
             f"collective_rpc({name}) cannot be run on its event loop"
         )
-    if asyncio._get_running_loop() is loop:
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:  # no running loop in this thread: the usual case
+        running = None
+    if running is loop:
         raise RuntimeError(f"engine_rpc({name}) called on the event loop of {where}")
     future = asyncio.run_coroutine_threadsafe(_awaited_rpc(llm, method, timeout_s), loop)
     try:

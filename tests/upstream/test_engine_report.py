@@ -13,11 +13,13 @@ vLLM's quant-method classes (``tests/_vllm_layers.py``, named as vLLM's).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
 import socket
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ import ray
 from nemo_ais.nemo_rl import engine_report as er
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _generation_worker import AsyncGenerationWorker, GenerationWorker, generation_over
+from _generation_worker import AsyncGenerationWorker, AsyncLLM, GenerationWorker, generation_over
 from _vllm_layers import METHODS, Worker, dense_spec
 
 pytestmark = pytest.mark.nemo_rl
@@ -251,9 +253,18 @@ def test_a_dead_or_silent_async_engine_stops_the_check(async_engines):
         ray.get(async_engines["silent"].__ray_call__.remote(rpc))
 
 
-def test_the_launchers_first_refit_check_reads_async_engines_or_warns(async_engines, caplog):
-    import types
+def test_engine_rpc_refuses_to_wait_on_the_loop_it_would_block():
+    async def on_the_engines_loop():
+        llm = AsyncLLM()  # its output task runs on this loop
+        with pytest.raises(RuntimeError, match="called on the event loop of the async vLLM"):
+            er.engine_rpc(types.SimpleNamespace(llm=llm), er.engine_layers)
+        llm.output_handler.cancel()
+        assert llm.calls == []
 
+    asyncio.run(on_the_engines_loop())
+
+
+def test_the_launchers_first_refit_check_reads_async_engines_or_warns(async_engines, caplog):
     from shipped_configs import CONFIG_DIR, launcher
 
     run = launcher()
