@@ -11,6 +11,7 @@ steps or with fewer than :data:`EVIDENCE_MIN_SEEDS` seeds is a smoke run
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -75,13 +76,10 @@ def series(records, kind: str, key: str) -> dict[str, dict[int, dict[int, float]
 
 
 def band(per_seed: dict[int, dict[int, float]]) -> tuple[list[int], list[float], list[float]]:
+    """The steps every seed has, with the mean and sample std over seeds at each."""
     steps = sorted(set.intersection(*(set(v) for v in per_seed.values())))
-    mean, std = [], []
-    for s in steps:
-        vals = [per_seed[seed][s] for seed in per_seed]
-        mean.append(statistics.fmean(vals))
-        std.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
-    return steps, mean, std
+    stats = [mean_std([v[s] for v in per_seed.values()]) for s in steps]
+    return steps, [m for m, _ in stats], [sd for _, sd in stats]
 
 
 def mean_std(vals: list[float]) -> tuple[float, float]:
@@ -141,15 +139,20 @@ def primary_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]
     return out
 
 
+def _avg(rows: list[dict[str, Any]], key: str) -> float:
+    """Mean of ``key`` over the rows that hold a value (nan: none does)."""
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.fmean(vals) if vals else math.nan
+
+
 def _early_late(
     train: list[dict[str, Any]], key: str, k: int = EARLY_LATE_STEPS
 ) -> tuple[float, float]:
     """Mean of ``key`` over the first ``k`` and the last ``k`` steps (all seeds pooled)."""
     steps = sorted({r["step"] for r in train})
-    first, last = set(steps[:k]), set(steps[-k:])
-    pick = lambda sel: [r[key] for r in train if r["step"] in sel and r.get(key) is not None]  # noqa: E731
-    a, b = pick(first), pick(last)
-    return (statistics.fmean(a) if a else math.nan), (statistics.fmean(b) if b else math.nan)
+    windows = (set(steps[:k]), set(steps[-k:]))
+    first, last = ([r for r in train if r["step"] in w] for w in windows)
+    return _avg(first, key), _avg(last, key)
 
 
 def _corr(train: list[dict[str, Any]], x: str, y: str) -> float:
@@ -179,18 +182,14 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         train = [r for r in records if r.get("kind") == "train" and r["arm"] == arm]
         last_step = max((r["step"] for r in train), default=0)
         tail = [r for r in train if r["step"] > last_step - EARLY_LATE_STEPS]
-
-        def avg(key, rows=train):
-            vals = [r[key] for r in rows if r.get(key) is not None]
-            return statistics.fmean(vals) if vals else math.nan
-
+        avg = functools.partial(_avg, train)
         out[arm] = {
             "seeds": len(final),
             "final_accuracy": mean_std(final),
             "initial_accuracy": mean_std(initial),
             "primary": mean_std(list(primary.get(arm, {}).values())),
             "final_steps": sorted({max(v) for v in seeds.values() if v}),
-            "reward_last10": avg("reward", tail),
+            "reward_last10": _avg(tail, "reward"),
             "severity": avg("ais/severity"),
             "ess_seq": avg("ais/ess_seq"),
             "ess_seq_min": min(
