@@ -119,11 +119,10 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     blob = load_file(path, what="checkpoint", remedy=checkpoint_remedy(path), weights_only=False)
     if not isinstance(blob, dict):
         problem = f"holds a {type(blob).__name__}, not a checkpoint dict"
+    elif missing := [k for k in CHECKPOINT_KEYS if k not in blob]:
+        problem = f"lacks {', '.join(missing)}"
+    elif isinstance(blob["step"], bool) or not isinstance(blob["step"], int):
+        problem = f"has step={blob['step']!r}, expected an int"
     else:
-        missing = [k for k in CHECKPOINT_KEYS if k not in blob]
-        problem = f"lacks {', '.join(missing)}" if missing else ""
-        if not missing and (isinstance(blob["step"], bool) or not isinstance(blob["step"], int)):
-            problem = f"has step={blob['step']!r}, expected an int"
-    if problem:
-        raise UnreadableFileError(f"checkpoint {path} {problem}; {checkpoint_remedy(path)}")
-    return blob
+        return blob
+    raise UnreadableFileError(f"checkpoint {path} {problem}; {checkpoint_remedy(path)}")

@@ -214,7 +214,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise FileNotFoundError(f"config file {path} does not exist")
     try:
         node = OmegaConf.load(path)
-    except (OmegaConfBaseException, Exception) as err:
+    except Exception as err:
         raise ValueError(f"{path}: malformed YAML: {err}") from None
     if not isinstance(node, DictConfig):
         raise ValueError(f"{path}: expected a mapping of sections at the top level")
@@ -276,7 +276,7 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
         if arm not in arms:
             raise ValueError(f"experiment.arms.{arm}: unknown arm (known: {list(arms)})")
         data = _merge(data, arms[arm] or {})
-    if isinstance(data.get("rollout"), dict) and "fp8" in data["rollout"]:
+    if _has_fp8_block(data.get("rollout")):
         data = {**data, "rollout": migrate_rollout(data["rollout"])}
     for (section, sub), model in NESTED_MODELS.items():  # nested first: precise key paths
         parent = data.get(section)

@@ -53,13 +53,13 @@ def response_alphabet(task: ArithmeticTask) -> frozenset[int]:
 
 def repeat_flags(tokens: list[int], n: int = NGRAM) -> list[bool]:
     """Per token: does it complete an n-gram already completed earlier in ``tokens``?"""
+    first = max(n - 1, 0)  # the first token that can complete an n-gram
     seen: set[tuple[int, ...]] = set()
-    flags = []
-    for t in range(len(tokens)):
-        gram = tuple(tokens[t + 1 - n : t + 1]) if t + 1 >= n else None
-        flags.append(gram is not None and gram in seen)
-        if gram is not None:
-            seen.add(gram)
+    flags = [False] * min(first, len(tokens))
+    for t in range(first, len(tokens)):
+        gram = tuple(tokens[t + 1 - n : t + 1])
+        flags.append(gram in seen)
+        seen.add(gram)
     return flags
 
 
