@@ -41,10 +41,15 @@ from nemo_ais.embedded.config import RecipeConfig
 from nemo_ais.embedded.dist import DistContext, RecipeError, all_reduce_sum
 from nemo_ais.embedded.error_tokens import ErrorTokenCounts, error_token_counts, response_alphabet
 from nemo_ais.embedded.logs import METRICS_FILE, MetricsFile, log_readback, log_train_data
-from nemo_ais.embedded.model import greedy_decode, response_logprobs
+from nemo_ais.embedded.model import response_logprobs
 from nemo_ais.embedded.rollout import RolloutBatch, chunk_range, generate_rollouts, group_advantages
 from nemo_ais.embedded.task import ArithmeticTask, seeded_generator
-from nemo_ais.embedded.warmstart import build_task, build_untrained_policy, load_warm_start
+from nemo_ais.embedded.warmstart import (
+    build_task,
+    build_untrained_policy,
+    greedy_responses,
+    load_warm_start,
+)
 from nemo_ais.modes import MODES
 from nemo_ais.rollout.twin import Fp8Twin
 
@@ -378,15 +383,7 @@ class GRPORecipe:
         mine = problems[self.ctx.rank * per : (self.ctx.rank + 1) * per]
         correct, reward = 0.0, 0.0
         if mine:
-            self.policy.eval()
-            responses = greedy_decode(
-                self.policy,
-                self.task.prompt_ids(mine),
-                max_new_tokens=self.task.max_response_len,
-                eos_token_id=self.task.tokenizer.eos_id,
-                pad_token_id=self.task.tokenizer.pad_id,
-            )
-            self.policy.train()
+            responses = greedy_responses(self.policy, self.task, mine)
             correct = float(self.task.correct(mine, responses).sum())
             reward = float(self.task.rewards(mine, responses, kind=self.cfg.data.reward).sum())
         vec = all_reduce_sum(torch.tensor([correct, reward], dtype=torch.float64), self.ctx)

@@ -114,12 +114,8 @@ def _check_fits(policy: torch.nn.Module, path: Path, state: Any) -> None:
 
 
 @torch.no_grad()
-def greedy_scores(
-    model: torch.nn.Module, task: ArithmeticTask, problems: list
-) -> tuple[float, float]:
-    """(exact match, chains right in either notation) of greedy decoding on ``problems``."""
-    if not problems:
-        return 0.0, 0.0
+def greedy_responses(model: torch.nn.Module, task: ArithmeticTask, problems: list) -> torch.Tensor:
+    """Greedy responses ``[n, max_response_len]`` to ``problems``, ``model`` in eval mode."""
     was_training = model.training
     model.eval()
     responses = greedy_decode(
@@ -130,6 +126,16 @@ def greedy_scores(
         pad_token_id=task.tokenizer.pad_id,
     )
     model.train(was_training)
+    return responses
+
+
+def greedy_scores(
+    model: torch.nn.Module, task: ArithmeticTask, problems: list
+) -> tuple[float, float]:
+    """(exact match, chains right in either notation) of greedy decoding on ``problems``."""
+    if not problems:
+        return 0.0, 0.0
+    responses = greedy_responses(model, task, problems)
     exact = float(task.correct(problems, responses).mean())
     return exact, float(task.chains_right(problems, responses).mean())
 
