@@ -78,12 +78,9 @@ _FP8_BLOCK_DEPRECATED = (
 def migrate_rollout(rollout: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
     """A copy of ``rollout`` with its deprecated ``fp8:`` block folded into the current keys.
 
-    So an old config means what it meant: ``enabled: false`` -> ``format: bf16``, ``kv_cache:
-    bf16`` (``compute_dtype`` dropped); ``kv_cache_fp8`` -> ``kv_cache: fp8`` / ``bf16`` on a
-    quantizing arm; ``format``, ``kv_cache`` and the exclusions -> ``rollout.<key>``; any other
-    key -> ``rollout.quantizer.<key>``. Raises ``ValueError`` (named) for a block that is not
-    a mapping, has an unknown key or a non-bool former key, or mixes a former key with
-    ``format`` / ``kv_cache``.
+    An old config means what it meant (the mapping: docs/embedded.md). Raises ``ValueError``
+    (named) for a block that is not a mapping, has an unknown key or a non-bool former key,
+    or mixes a former key with ``format`` / ``kv_cache``.
     """
     out = copy.deepcopy(rollout)
     block = out.pop("fp8", None)

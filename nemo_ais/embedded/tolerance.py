@@ -3,19 +3,14 @@
 """The tolerance curve of a dose-response run: paired Δ vs BF16 against the measured mismatch.
 
 A dose-response run (``--preset dose``) names its arms ``k<level>-<correction>``: the
-rollout engine's quantization error scaled by ``rollout.error_scale = level``
-(:func:`~nemo_ais.rollout.fake_quant.scale_error`), trained with one correction
-(``none``, ``tis``, ``ais``, ``const``, ``qarl``, ...), next to the reference arm
-(``bf16``: level 0). Per level, the x-axis is the mismatch the uncorrected arm measured
-(``ais/severity`` D, ``ais/kl_k3`` = NeMo-RL's ``gen_kl_error``,
-``ais/token_mult_prob_error``: means over its steps and seeds), so a cluster user reads
-their own run's numbers on it; per correction, the paired Δ of the primary metric to the
-reference with its 95% t-interval (:func:`~nemo_ais.embedded.report.paired_differences`).
-
-"Significantly below BF16" at a level: the interval's upper end is below 0. For each
-correction, the smallest such level (or none), the statistic declared in the preset
-before its runs. ``tolerance.json`` holds the table for ``nemo-ais analyze`` to place a
-cluster run on it (:mod:`nemo_ais.analyze.placement`).
+rollout error scaled by ``rollout.error_scale = level``, trained with one correction
+(``none``, ``tis``, ``ais``, ...), next to the reference arm (``bf16``: level 0). Per level,
+the x-axis is the mismatch the uncorrected arm measured (``ais/severity`` D, ``ais/kl_k3`` =
+NeMo-RL's ``gen_kl_error``, ``ais/token_mult_prob_error``); per correction, the paired Δ of
+the primary metric to the reference with its 95% t-interval. "Significantly below BF16" at
+a level: the interval's upper end is below 0. The statistics, declared before the runs:
+docs/results.md. ``tolerance.json`` is what ``nemo-ais analyze`` places a cluster run on
+(:mod:`nemo_ais.analyze.placement`).
 """
 
 from __future__ import annotations
