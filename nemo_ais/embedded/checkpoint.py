@@ -3,10 +3,8 @@
 """Atomic checkpoints of one (arm, seed) run: policy, optimizer, AIS state, RNG, step.
 
 Rank 0 writes ``<run_dir>/checkpoints/<arm>/seed<seed>/latest.pt`` through a temporary file
-and ``os.replace``; every rank loads it on resume. All randomness comes from counter-based
-generators keyed by ``(seed, step, chunk)``, so "N steps == N/2 + resume + N/2" is exact. A
-file that cannot be read raises :class:`UnreadableFileError` (a :class:`RecipeError` whose
-message names the file and the fix); nothing is deleted on the way.
+and ``os.replace``; every rank loads it on resume (exact: docs/embedded.md). A file that
+cannot be read raises :class:`UnreadableFileError`; nothing is deleted on the way.
 """
 
 from __future__ import annotations
