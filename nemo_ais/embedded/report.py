@@ -33,6 +33,7 @@ from nemo_ais.embedded.stats import (
     smoke_reasons,
     t_quantile_975,
 )
+from nemo_ais.embedded.tolerance import tolerance_md, tolerance_table, write_tolerance
 
 __all__ = [
     "DIAGNOSTICS",
@@ -237,8 +238,6 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
         fig.savefig(run_dir / name, dpi=110)
         plt.close(fig)
         written.append(run_dir / name)
-    from nemo_ais.embedded.tolerance import tolerance_md, tolerance_table, write_tolerance
-
     reference = _reference_arm(run_dir)
     levels = tolerance_table(records, reference)
     summary = _summary_md(run_dir, records, reference)
