@@ -246,10 +246,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 
 def validate_config(data: dict[str, Any]) -> RecipeConfig:
-    """Validate the base config and every arm's merged config; return the base one.
-
-    An arm's error is prefixed ``experiment.arms.<name>:``.
-    """
+    """Validate the base config and every arm's (errors prefixed ``experiment.arms.<name>:``)."""
     base = resolve_arm(data, None)
     for arm in base.experiment.arms:
         try:
