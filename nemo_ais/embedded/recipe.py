@@ -404,9 +404,8 @@ class GRPORecipe:
     def _save_checkpoint(self, step: int) -> None:
         cfg = self.cfg
         last = step == cfg.grpo.max_num_steps
-        if not (self.ctx.is_main and cfg.checkpointing.enabled):
-            return
-        if step % cfg.checkpointing.save_period and not last:
+        due = last or step % cfg.checkpointing.save_period == 0
+        if not (self.ctx.is_main and cfg.checkpointing.enabled and due):
             return
         save_checkpoint(
             self.ckpt_path,
