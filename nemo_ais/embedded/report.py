@@ -245,7 +245,7 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
         summary += "\n" + tolerance_md(levels, reference)
     (run_dir / "summary.md").write_text(summary)
     written.append(run_dir / "summary.md")
-    return written + write_tolerance(run_dir, records, reference)
+    return written + write_tolerance(run_dir, records, reference, plots=plots)
 
 
 def _reference_arm(run_dir: Path) -> str:

@@ -129,6 +129,14 @@ def test_summary_section_renders_the_numbers(tmp_path):
     assert [lv["k"] for lv in study] == [1.0, 4.0, 16.0]
 
 
+def test_plots_off_writes_the_tolerance_table_but_no_png(tmp_path):
+    records = _records()
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    written = write_report(tmp_path, plots=False)  # logger.plots: false
+    assert {p.name for p in written} == {"summary.md", "tolerance.json"}
+    assert not list(tmp_path.glob("*.png"))
+
+
 def test_a_run_without_levels_gets_no_tolerance_section(tmp_path):
     records = [r for r in _records() if not r["arm"].startswith("k")]
     records += [dict(r, arm="fp8-none") for r in records]
