@@ -84,7 +84,6 @@ def check_config(
 
 
 def _run(ctx: Context, mixin: bool) -> list[CheckResult]:
-    """The registered checks that apply: mixins only ``mixins=True``, shapes ``needs_shape``."""
     results = []
     for registered in CHECKS.values():
         if (mixin and not registered.mixins) or (registered.needs_shape and ctx.shape is None):
