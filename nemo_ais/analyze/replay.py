@@ -144,7 +144,6 @@ def replay_step(
     """Steps 1-3 of the module docstring for one step file.
 
     Args:
-        step_file: the ``train_data_step{N}.jsonl`` file.
         config: the ``loss_fn.ais`` section the diagnostics and weights use.
         state: AIS EMA state, advanced once (carry it across steps).
         chunk_tokens: positions per chunk (bounds the memory of pass 1).
