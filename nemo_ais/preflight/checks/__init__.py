@@ -1,9 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""The pre-flight checks, run by :func:`check_config` in registration order.
-
-Output order: the modules of :data:`RULE_MODULES` in turn, each one's checks in definition order.
-"""
+"""The pre-flight checks, run by :func:`check_config` in registration order (:data:`CHECKS`)."""
 
 from __future__ import annotations
 
