@@ -138,11 +138,10 @@ def load_analysis_config(
 def global_batches_per_step(path: Path | str) -> int:
     """Optimizer steps per GRPO step of a run config: rollout batch / train_global_batch_size.
 
-    ``grpo.num_prompts_per_step x grpo.num_generations_per_prompt`` over
-    ``policy.train_global_batch_size``, rounded up; 1 when the config does not give them
-    (the embedded recipe's ``null``: the whole step). Above 1 the replayed alpha (one per
-    step file) differs from the online one (one per global batch). Raises
-    ``FileNotFoundError`` if the file (or a ``defaults:`` parent) does not exist.
+    Rounded up; 1 when the config does not give them (the embedded recipe's ``null``: the
+    whole step). Above 1 the replayed alpha (one per step file) differs from the online one
+    (one per global batch). Raises ``FileNotFoundError`` if the file (or a ``defaults:``
+    parent) does not exist.
     """
     from nemo_ais.preflight import load_config
 

@@ -16,13 +16,7 @@ Per ``train_data_step{N}.jsonl`` (one global batch), with the core code only:
    temporary directory): the weights of the replayed modes that need a global-batch value
    (``ais``, with that alpha).
 
-The replayed modes are those whose record has a ``replay`` (:mod:`nemo_ais.modes`).
-
-Weight summary of a mode (w_hat over the n valid tokens): mean, max, the fraction capped
-or masked and the effective sample size ratio (sum w_hat)^2 / (n sum w_hat^2). Capped
-follows core's ``frac_capped`` (rho > C, from the step's diagnostics): ``tis``: rho > C or
-rho < floor (core's floor: ``tis.floor``, or 0 when unset, so never); ``ais``: rho > C
-when alpha > 0 (else 0: the weights are all 1); ``icepop``/``seq_mask_geo``: w_hat = 0.
+A mode's weight summary and what counts as capped or masked: docs/analyze.md.
 """
 
 from __future__ import annotations
@@ -50,7 +44,7 @@ from nemo_ais.modes import MODES as ALL_MODES
 
 __all__ = ["MODES", "StepResult", "WeightSums", "replay_step"]
 
-# the modes a step is replayed with, in the registry's order (tis, icepop, seq_mask_geo, ais)
+# the modes whose record has a ``replay``, in the registry's order (tis, icepop, seq_mask_geo, ais)
 MODES = tuple(name for name, mode in ALL_MODES.items() if mode.replay is not None)
 _BYTES_PER_POSITION = 2 * 8 + 1  # two float64 log-probs and a bool mask
 
@@ -150,7 +144,6 @@ def replay_step(
     """Steps 1-3 of the module docstring for one step file.
 
     Args:
-        step_file: the ``train_data_step{N}.jsonl`` file.
         config: the ``loss_fn.ais`` section the diagnostics and weights use.
         state: AIS EMA state, advanced once (carry it across steps).
         chunk_tokens: positions per chunk (bounds the memory of pass 1).
@@ -195,8 +188,7 @@ def replay_step(
             profile = profile.merge(position_profile(old, rollout, valid, min_length=kv_min_length))
             n_tok += int(valid.sum())
             n_positions += chunk.num_positions
-            if chunk.n_nonfinite and not first_nonfinite:
-                first_nonfinite = chunk.first_nonfinite
+            first_nonfinite = first_nonfinite or chunk.first_nonfinite
             n_nonfinite += chunk.n_nonfinite
             store.add(chunk)
         if vector is None or n_tok == 0:

@@ -272,13 +272,11 @@ def write_report(
     """Write ``report.md`` (and the PNG plots) for the analysed rows; return the files.
 
     Args:
-        out_dir: the analysis directory.
         rows: the ``analysis.jsonl`` rows, ordered by step (at least one).
         meta: ``log_dir``, ``files``, ``rows_read``, ``bad_rows``, ``bad_examples``,
             ``config`` and ``alarm_config`` (dicts of the fields not at their default);
             optionally ``missing_steps``, ``global_batches_per_step`` and ``tolerance``
             (the study levels the run is placed on).
-        plots: also draw the PNGs.
     """
     out_dir = Path(out_dir)
     steps = [int(r["step"]) for r in rows]

@@ -15,10 +15,8 @@ CLI::
                                  [--nemo-rl-version v0.7.0|main]
     python -m nemo_ais.preflight.memory_budget CONFIG [...] [--gpu-gib 80]
 
-Layout: :mod:`.loader` (config loading, dotted keys), :mod:`.model_shapes`, :mod:`.layout`
-(parallel sizes), :mod:`.nemo_rl_target` (which NeMo-RL the config runs on), :mod:`.checks`
-(the registry, one module per subject), :mod:`.memory_budget`, :mod:`.cli`. Adding a check
-is one function decorated with :func:`~nemo_ais.preflight.checks.check` (docs/cluster.md).
+Adding a check is one function decorated with :func:`~nemo_ais.preflight.checks.check`
+(docs/cluster.md).
 """
 
 from nemo_ais.preflight.checks import (

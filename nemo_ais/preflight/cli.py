@@ -1,10 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY] ...``.
-
-``--nemo-rl-version`` (``v0.7.0`` | ``main``): the NeMo-RL the job runs on; absent, the
-source at ``NEMO_RL_DIR`` is read (:mod:`nemo_ais.preflight.nemo_rl_target`).
-"""
+"""``python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY] ...``."""
 
 from __future__ import annotations
 

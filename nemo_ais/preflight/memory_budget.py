@@ -125,11 +125,10 @@ class Budget:
 
 def _stage_layers(cfg: Mapping[str, Any], num_layers: int, pp: int) -> list[int]:
     """Decoder layers per pipeline stage (uneven first/last stage sizes honoured)."""
-    first = get(cfg, "policy.megatron_cfg.num_layers_in_first_pipeline_stage")
-    last = get(cfg, "policy.megatron_cfg.num_layers_in_last_pipeline_stage")
     if pp == 1:
         return [num_layers]
-    ends = [int(first) if first else None, int(last) if last else None]
+    stage = "policy.megatron_cfg.num_layers_in_{}_pipeline_stage"
+    ends = [int(n) if (n := get(cfg, stage.format(end))) else None for end in ("first", "last")]
     rest = num_layers - sum(e or 0 for e in ends)
     n_even = pp - sum(e is not None for e in ends)
     even = [rest // n_even + (i < rest % n_even) for i in range(n_even)] if n_even else []
@@ -140,7 +139,7 @@ def _stage_layers(cfg: Mapping[str, Any], num_layers: int, pp: int) -> list[int]
 
 def trainer_params(cfg: Mapping[str, Any], shape: ModelShape) -> tuple[int, int]:
     """(dense, expert) parameters on the busiest pipeline stage of one trainer GPU."""
-    lay = parallel_layout(dict(cfg))
+    lay = parallel_layout(cfg)
     stages = _stage_layers(cfg, shape.num_layers, lay.pp)
     per_layer_dense = (shape.attention_params() + shape.mlp_params()) / lay.tp
     per_layer_dense += shape.replicated_params()
@@ -167,12 +166,16 @@ def _optimizer_bytes(cfg: Mapping[str, Any]) -> tuple[float, float]:
     return (10.0 if get(cfg, opt + "use_precision_aware_optimizer", False) else 12.0), 0.0
 
 
+def _sequence_split(cfg: Mapping[str, Any], tp: int) -> int:
+    """How many ways the norms' activations are split: TP with sequence parallelism, else 1."""
+    return tp if get(cfg, "policy.megatron_cfg.sequence_parallel", False) else 1
+
+
 def activation_bytes_per_token_layer(cfg: Mapping[str, Any], shape: ModelShape) -> float:
     """BF16 bytes one token keeps for one layer's backward, no checkpointing (docs/cluster.md)."""
-    lay = parallel_layout(dict(cfg))
-    sp = bool(get(cfg, "policy.megatron_cfg.sequence_parallel", False)) or lay.tp == 1
+    lay = parallel_layout(cfg)
     h, d = shape.hidden_size, shape.head_dim
-    norms = 4 * h / (lay.tp if sp else 1)
+    norms = 4 * h / _sequence_split(cfg, lay.tp)
     attention = 2 * (shape.num_attention_heads + shape.num_key_value_heads) * d / lay.tp
     mlp = 3 * shape.intermediate_size / lay.tp if not shape.num_experts else 0.0
     moe = shape.experts_per_token * (h + 3 * shape.moe_intermediate_size) / (lay.tp * lay.etp)
@@ -189,7 +192,7 @@ def _micro_batch_tokens(cfg: Mapping[str, Any], kind: str) -> int:
 
 def activations_gib(cfg: Mapping[str, Any], shape: ModelShape, stage_layers: int) -> float:
     """Activations held on pipeline stage 0 for the micro-batches in flight (estimate)."""
-    lay = parallel_layout(dict(cfg))
+    lay = parallel_layout(cfg)
     tokens = _micro_batch_tokens(cfg, "train") / lay.cp
     n_micro = int(get(cfg, "policy.train_global_batch_size")) // (
         lay.dp * int(get(cfg, "policy.train_micro_batch_size"))
@@ -197,15 +200,14 @@ def activations_gib(cfg: Mapping[str, Any], shape: ModelShape, stage_layers: int
     in_flight = max(1, min(lay.pp, n_micro))
     full = activation_bytes_per_token_layer(cfg, shape)
     if get(cfg, "policy.megatron_cfg.activation_checkpointing", False):
-        sp = bool(get(cfg, "policy.megatron_cfg.sequence_parallel", False)) or lay.tp == 1
-        kept = 2 * shape.hidden_size / (lay.tp if sp else 1)
+        kept = 2 * shape.hidden_size / _sequence_split(cfg, lay.tp)
         return tokens * (in_flight * stage_layers * kept + full) / GIB
     return tokens * in_flight * stage_layers * full / GIB
 
 
 def logits_gib(cfg: Mapping[str, Any], shape: ModelShape, tokens: float, grad: bool) -> float:
     """fp32 logits + fp32 log-softmax (+ the saved fp32 softmax) (+ BF16 logits if deferred)."""
-    lay = parallel_layout(dict(cfg))
+    lay = parallel_layout(cfg)
     per_elem = 12.0 if grad else 8.0
     per_elem += 2.0 if get(cfg, "policy.megatron_cfg.defer_fp32_logits", False) else 0.0
     return tokens / lay.cp * shape.vocab_size / lay.tp * per_elem / GIB
@@ -213,7 +215,7 @@ def logits_gib(cfg: Mapping[str, Any], shape: ModelShape, tokens: float, grad: b
 
 def vllm_weights_gib(cfg: Mapping[str, Any], shape: ModelShape) -> float:
     """One vLLM rank's weights: quantized decoder linears (+ scales), BF16 elsewhere."""
-    lay = parallel_layout(dict(cfg))
+    lay = parallel_layout(cfg)
     per_param = WEIGHT_BYTES[rollout_format(cfg)]
     bf16 = kept_in_bf16(cfg, shape.num_layers)
     total = 0.0
@@ -229,14 +231,14 @@ def vllm_weights_gib(cfg: Mapping[str, Any], shape: ModelShape) -> float:
 
 def kv_bytes_per_token(cfg: Mapping[str, Any], shape: ModelShape) -> float:
     """K and V of one token on one vLLM rank (FP8 KV cache: 1 B, else 2 B)."""
-    lay = parallel_layout(dict(cfg))
+    lay = parallel_layout(cfg)
     fp8 = str(get(cfg, "policy.generation.vllm_cfg.kv_cache_dtype", "auto")).startswith("fp8")
     kv_heads = max(shape.num_key_value_heads / lay.vllm_tp, 1)
     return 2 * shape.num_layers / lay.vllm_pp * kv_heads * shape.head_dim * (1 if fp8 else 2)
 
 
 def _layout(cfg: Mapping[str, Any]) -> str:
-    lay = parallel_layout(dict(cfg))
+    lay = parallel_layout(cfg)
     ep = f" EP{lay.ep}" if lay.ep > 1 else ""
     gpus = f"{lay.world} GPU" + ("s" if lay.world > 1 else "")
     return f"{gpus}: TP{lay.tp} PP{lay.pp} CP{lay.cp}{ep} DP{lay.dp}; vLLM TP{lay.vllm_tp}"
@@ -256,7 +258,7 @@ class TrainerState:
 
 def trainer_state(config: Mapping[str, Any], shape: ModelShape) -> TrainerState:
     """Weights, grads and Adam shards of one trainer GPU (docs/cluster.md)."""
-    lay = parallel_layout(dict(config))
+    lay = parallel_layout(config)
     dense, expert = trainer_params(config, shape)
     # Distributed optimizer shards: dense parameters over DP x CP, experts over expert DP.
     distributed = get(config, "policy.megatron_cfg.optimizer.use_distributed_optimizer", True)
@@ -291,7 +293,7 @@ def budget(config: Mapping[str, Any], name: str = "config", gpu_gib: float = HBM
         raise ValueError(f"{name}: policy.generation.colocated.enabled is false; only colocated")
     shape = model_shape(get(config, "policy.model_name"))
     st = trainer_state(config, shape)
-    layers = max(_stage_layers(config, shape.num_layers, parallel_layout(dict(config)).pp))
+    layers = max(_stage_layers(config, shape.num_layers, parallel_layout(config).pp))
     activations = activations_gib(config, shape, layers)
     logits = logits_gib(config, shape, _micro_batch_tokens(config, "train"), grad=True)
     lp_logits = logits_gib(config, shape, _micro_batch_tokens(config, "logprob"), grad=False)

@@ -2,13 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which NeMo-RL a config will run on, and which low-precision rollout formats it has.
 
-Never imports ``nemo_rl``. The target comes from ``--nemo-rl-version`` / ``nemo_rl_version=``
-(the table :data:`ROLLOUT_FORMATS`), else from the checkout at ``NEMO_RL_DIR``, read for one
-probe text per format (:class:`FormatSupport`; a directory without
-``nemo_rl/algorithms/grpo.py`` tells nothing), else it is unknown and the format checks
-warn. ``nvfp4_w4a16`` runs on v0.7.0 and main; ``nvfp4_w4a4`` and ``mxfp8`` on main only
-(docs/cluster.md, "Which NeMo-RL"; tests/upstream/test_rollout_format_support.py runs
-every probe on both vendored sources).
+Never imports ``nemo_rl``. The target comes from ``--nemo-rl-version`` (the table
+:data:`ROLLOUT_FORMATS`), else from reading one probe text per format in the checkout at
+``NEMO_RL_DIR``, else it is unknown and the format checks warn (docs/cluster.md, "Which
+NeMo-RL").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""The pre-flight checks, run by :func:`check_config` in registration order.
-
-Output order: the modules of :data:`RULE_MODULES` in turn, each one's checks in definition order.
-"""
+"""The pre-flight checks, run by :func:`check_config` in registration order (:data:`CHECKS`)."""
 
 from __future__ import annotations
 
@@ -84,7 +81,6 @@ def check_config(
 
 
 def _run(ctx: Context, mixin: bool) -> list[CheckResult]:
-    """The registered checks that apply: mixins only ``mixins=True``, shapes ``needs_shape``."""
     results = []
     for registered in CHECKS.values():
         if (mixin and not registered.mixins) or (registered.needs_shape and ctx.shape is None):

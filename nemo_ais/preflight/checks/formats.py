@@ -208,9 +208,9 @@ def check_rollout_format(ctx: Context) -> Verdict | None:
     if support is None:  # bf16, block fp8, or an NVFP4 recipe whose mode is unknown
         return None
     runs_on = f"{support.label}: NeMo-RL {', '.join(support.versions)}"
-    if ctx.nemo_rl is None and set(support.versions) == set(NEMO_RL_VERSIONS):
-        return Verdict(detail=f"{runs_on} (every supported version)")
     if ctx.nemo_rl is None:
+        if set(support.versions) == set(NEMO_RL_VERSIONS):
+            return Verdict(detail=f"{runs_on} (every supported version)")
         return Verdict(
             detail=runs_on,
             warnings=[
@@ -318,9 +318,10 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
         )
         return Verdict(problems)
     problems += _real_quant_problems(ctx)
+    moe_refit = _nvfp4_moe_refit_problems(ctx.cfg, "v0.7.0")
     if ctx.nemo_rl is not None and "nvfp4_w4a4" not in ctx.nemo_rl.formats:  # v0.7.0's reload
-        problems += _nvfp4_moe_refit_problems(ctx.cfg, "v0.7.0")
-    elif ctx.nemo_rl is None and _nvfp4_moe_refit_problems(ctx.cfg, "v0.7.0"):
+        problems += moe_refit
+    elif ctx.nemo_rl is None and moe_refit:
         warnings.append(
             "ais_nvfp4_refit with an MoE policy needs NeMo-RL main (v0.7.0 re-processes dense "
             f"NVFP4 layers only after a refit); {ctx.nemo_rl_detail}: not checked"

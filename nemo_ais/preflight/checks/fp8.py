@@ -82,17 +82,13 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
         problems += fp8_kv_refit_problems(ctx.cfg)
     warnings = []
     if precision == "fp8":
-        n_bf16 = int(vllm.get("num_first_layers_in_bf16", 0)) + int(
-            vllm.get("num_last_layers_in_bf16", 0)
-        )
+        n_bf16 = sum(int(vllm.get(f"num_{end}_layers_in_bf16", 0)) for end in ("first", "last"))
         if ctx.shape is not None and n_bf16 > ctx.shape.num_layers:
             problems.append(
                 f"num_first_layers_in_bf16 + num_last_layers_in_bf16 = {n_bf16} exceeds the "
                 f"model's {ctx.shape.num_layers} layers"
             )
-        if not vllm.get("use_deep_gemm", False) and not vllm.get(
-            "is_mx", False
-        ):  # MXFP8 never uses DeepGEMM
+        if not (vllm.get("use_deep_gemm") or vllm.get("is_mx")):  # MXFP8 never uses DeepGEMM
             warnings.append(
                 "policy.generation.vllm_cfg.use_deep_gemm is false: FP8 runs on vLLM's slower "
                 "CUTLASS block-FP8 kernels"

@@ -2,11 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The check registry: a check is one function, registered with :func:`check`.
 
-A check takes the :class:`Context` of one loaded config and returns a :class:`Verdict`
-(problems, each one failure; else a one-line detail; warnings), or None when it does not
-apply to that config. :func:`nemo_ais.preflight.checks.check_config` runs every
-registered check in registration order and turns each verdict into
-:class:`CheckResult` lines.
+A check takes the :class:`Context` of one loaded config and returns a :class:`Verdict`,
+or None when it does not apply to that config.
 """
 
 from __future__ import annotations
@@ -37,10 +34,7 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What one check found: ``problems`` (the check fails), else ``detail``; ``warnings``.
-
-    No problem and an empty ``detail``: only the warnings are reported.
-    """
+    """What one check found: ``problems`` (the check fails), else ``detail``; ``warnings``."""
 
     problems: Sequence[str] = ()
     detail: str = ""
@@ -67,7 +61,7 @@ class Context:
     nemo_rl_detail: str = ""  # how the target was found (nemo_rl_target.resolve_target)
 
     def get(self, dotted: str, default: Any = None) -> Any:
-        """:func:`nemo_ais.preflight.loader.get` on this config."""
+        """A dotted key of the config (:func:`~nemo_ais.preflight.loader.get`)."""
         return get(self.cfg, dotted, default)
 
 

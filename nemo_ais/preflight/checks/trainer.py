@@ -19,8 +19,7 @@ _FP8_CFG = "policy.megatron_cfg.fp8_cfg"
 
 def _precision(ctx: Context) -> tuple[str, str]:
     """(the trainer's compute precision in words, its kind: ``fp8``, ``qat`` or ``high``)."""
-    if ctx.get("policy.quant_cfg") is not None:
-        quant_cfg = ctx.get("policy.quant_cfg")
+    if (quant_cfg := ctx.get("policy.quant_cfg")) is not None:
         return f"ModelOpt fake-quant (policy.quant_cfg={quant_cfg!r}; QARL)", "qat"
     if ctx.get("policy.megatron_cfg.enabled", False) and ctx.get(f"{_FP8_CFG}.enabled", False):
         fp8 = ctx.get(f"{_FP8_CFG}.fp8", "e4m3")

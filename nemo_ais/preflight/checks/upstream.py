@@ -103,14 +103,14 @@ def check_checkpointing(ctx: Context) -> Verdict:
     """A ``model_save_format`` only with DTensor v2 (else the first save raises)."""
     fmt = ctx.get("checkpointing.model_save_format")
     problems = []
-    if ctx.get("checkpointing.enabled", False) and fmt is not None:
-        if not ctx.get("policy.dtensor_cfg._v2", False):
-            problems.append(
-                f"checkpointing.model_save_format={fmt!r} is invalid without "
-                f"policy.dtensor_cfg._v2=true: expected null (NeMo-RL v0.7.0's "
-                f"Policy.save_checkpoint raises at the first save; the Megatron and DTensor v1 "
-                f"workers take no format, torch_save | safetensors are for DTensor v2)"
-            )
+    v2 = ctx.get("policy.dtensor_cfg._v2", False)
+    if ctx.get("checkpointing.enabled", False) and fmt is not None and not v2:
+        problems.append(
+            f"checkpointing.model_save_format={fmt!r} is invalid without "
+            f"policy.dtensor_cfg._v2=true: expected null (NeMo-RL v0.7.0's "
+            f"Policy.save_checkpoint raises at the first save; the Megatron and DTensor v1 "
+            f"workers take no format, torch_save | safetensors are for DTensor v2)"
+        )
     return Verdict(problems, f"model_save_format={fmt!r}")
 
 
