@@ -50,6 +50,7 @@ __all__ = [
     "gpu_problems",
     "held_format",
     "nvml_gpus",
+    "raise_engine_problems",
     "require_engine_formats",
     "require_native_gpu",
     "require_native_nodes",
@@ -347,6 +348,19 @@ def ask_engines(
     return [[r for r in group if not isinstance(r, Unreached)] for group in per_worker], unreached
 
 
+def raise_engine_problems(head: str, problems: list[str], unreached: list[str]) -> None:
+    """What :func:`ask_engines`' callers found, raised.
+
+    RuntimeError: ``head``, then one line per problem and per engine not read;
+    AsyncEngineUnreachable: no problem, but some engine not read (each named).
+    """
+    if problems:
+        lines = problems + [f"not read: {u}" for u in unreached]
+        raise RuntimeError(head + "\n  " + "\n  ".join(lines))
+    if unreached:
+        raise AsyncEngineUnreachable("; ".join(unreached))
+
+
 def _engine_gpus(generation_worker: Any) -> list[EngineLayers]:
     """On a generation worker (Ray actor): every vLLM worker process's GPU (no layers)."""
     return engine_rpc(generation_worker, _gpu_only)
@@ -504,12 +518,9 @@ def require_engine_formats(
     problems = format_problems(
         rollout_format, reports, kept_in_bf16, nemo_rl_version=nemo_rl_version
     )
-    if problems:
-        raise RuntimeError(
-            f"the rollout engines do not hold what the run quantizes ({rollout_format}); "
-            f"{len(problems)} problem(s):\n  "
-            + "\n  ".join(problems + [f"not read: {u}" for u in unreached])
-        )
-    if unreached:
-        raise AsyncEngineUnreachable("; ".join(unreached))
+    head = (
+        f"the rollout engines do not hold what the run quantizes ({rollout_format}); "
+        f"{len(problems)} problem(s):"
+    )
+    raise_engine_problems(head, problems, unreached)
     return reports

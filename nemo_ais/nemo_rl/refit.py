@@ -33,7 +33,7 @@ from pydantic import Discriminator, Tag, TypeAdapter
 from nemo_ais.config import require_config
 from nemo_ais.formats.registry import get_format
 from nemo_ais.nemo_rl import compat, vllm_refit
-from nemo_ais.nemo_rl.engine_report import AsyncEngineUnreachable, ask_engines, engine_rpc
+from nemo_ais.nemo_rl.engine_report import ask_engines, engine_rpc, raise_engine_problems
 from nemo_ais.nemo_rl.vllm_refit import (
     PATCHED,
     RECORDED_SIGNATURES,
@@ -401,14 +401,12 @@ def require_active(policy_generation: Any) -> list[HookStatus]:
     ]
     if problems:
         logger.warning("nemo_ais: AIS refit NOT active: %s", "; ".join(problems))
-        raise RuntimeError(
-            "ais_fp8_refit (or ais_nvfp4_refit).enabled=true but the AIS refit hook is not "
-            "active in every vLLM worker, which would refit with NeMo-RL's own quantizer (or, "
-            "NVFP4, not at all):\n  "
-            + "\n  ".join(problems + [f"not read: {u}" for u in unreached])
-        )
-    if unreached:
-        raise AsyncEngineUnreachable("; ".join(unreached))
+    head = (
+        "ais_fp8_refit (or ais_nvfp4_refit).enabled=true but the AIS refit hook is not active "
+        "in every vLLM worker, which would refit with NeMo-RL's own quantizer (or, NVFP4, not "
+        "at all):"
+    )
+    raise_engine_problems(head, problems, unreached)
     statuses = [s for group in per_worker for s in group]
     logger.warning(
         "nemo_ais: AIS refit armed in %d vLLM worker processes of %d generation workers",

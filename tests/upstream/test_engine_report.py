@@ -151,20 +151,17 @@ def test_nvfp4_experts_are_refused_on_v0_7_0_only():
 # --- the driver side, through upstream's real dispatch ------------------------------------
 
 
+# the stand-in actors' Ray processes import the repo, tests/ and tests/upstream/
+ACTOR_ENV = {"env_vars": {"PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO_ROOT), str(REPO_ROOT / "tests"), str(REPO_ROOT / "tests" / "upstream")])}}  # fmt: skip
+GOOD = dense_spec(2, "fp8_cutlass")
+COLLIDED = {**GOOD, "model.layers.1.mlp.gate_up_proj": "bf16"}  # veRL #7519's collision
+
+
 @pytest.fixture(scope="module")
 def engines(local_ray):
-    env = {
-        "PYTHONPATH": os.pathsep.join(
-            [os.environ.get("PYTHONPATH", ""), str(REPO_ROOT), str(REPO_ROOT / "tests"),
-             str(REPO_ROOT / "tests" / "upstream")]
-        )
-    }  # fmt: skip
-    good = dense_spec(2, "fp8_cutlass")
-    collided = dict(good)
-    collided["model.layers.1.mlp.gate_up_proj"] = "bf16"
     actors = {
-        name: GenerationWorker.options(runtime_env={"env_vars": env}).remote(model_spec=spec)
-        for name, spec in (("good", good), ("collided", collided))
+        name: GenerationWorker.options(runtime_env=ACTOR_ENV).remote(model_spec=spec)
+        for name, spec in (("good", GOOD), ("collided", COLLIDED))
     }
     yield actors
     for actor in actors.values():
@@ -191,19 +188,16 @@ def test_the_driver_refuses_a_collision_in_one_engine_naming_it(engines):
 
 @pytest.fixture(scope="module")
 def async_engines(local_ray):
-    env = {"PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO_ROOT), str(REPO_ROOT / "tests"), str(REPO_ROOT / "tests" / "upstream")])}  # fmt: skip
-    good = dense_spec(2, "fp8_cutlass")
-    collided = {**good, "model.layers.1.mlp.gate_up_proj": "bf16"}
     specs = {
-        "good": (good, "handler"),
-        "collided": (collided, "handler"),
-        "no_output_task": (good, "none"),
-        "resources_only": (good, "resources"),
-        "dead": (good, "dead"),
-        "silent": (good, "silent"),
+        "good": (GOOD, "handler"),
+        "collided": (COLLIDED, "handler"),
+        "no_output_task": (GOOD, "none"),
+        "resources_only": (GOOD, "resources"),
+        "dead": (GOOD, "dead"),
+        "silent": (GOOD, "silent"),
     }
     actors = {
-        name: AsyncGenerationWorker.options(runtime_env={"env_vars": env}).remote(spec, mode)
+        name: AsyncGenerationWorker.options(runtime_env=ACTOR_ENV).remote(spec, mode)
         for name, (spec, mode) in specs.items()
     }
     yield actors
