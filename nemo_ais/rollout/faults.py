@@ -33,15 +33,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nemo_ais.refit.kv_scales import KVScales
-
-if TYPE_CHECKING:  # the twin builds the injector (a runtime import would be circular)
-    from nemo_ais.rollout.twin import RolloutTwin
 
 __all__ = ["FAULT_ENV", "RefitFault", "RefitFaultInjector"]
 
@@ -84,10 +81,25 @@ class RefitFault(BaseModel):
         return pattern
 
 
+class _Twin(Protocol):
+    """What the injector touches of :class:`~nemo_ais.rollout.twin.RolloutTwin`.
+
+    The twin builds the injector: importing it here, even for typing, closes a circle.
+    """
+
+    config: Any
+    model: torch.nn.Module
+    quantized_module_names: tuple[str, ...]
+    kv_scales: KVScales | None
+
+    @property
+    def kv_cache_quantized(self) -> bool: ...
+
+
 class RefitFaultInjector:
     """Applies a :class:`RefitFault` to one twin, refit by refit."""
 
-    def __init__(self, fault: RefitFault, twin: RolloutTwin) -> None:
+    def __init__(self, fault: RefitFault, twin: _Twin) -> None:
         self.fault = fault
         self.refits = 0
         if fault.kind == "stale_kv_scale":
@@ -123,7 +135,7 @@ class RefitFaultInjector:
 
     def after_load(
         self,
-        twin: RolloutTwin,
+        twin: _Twin,
         weights: Mapping[str, torch.Tensor],
         previous_kv_scales: KVScales | None,
     ) -> None:
