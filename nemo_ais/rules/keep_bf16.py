@@ -27,7 +27,15 @@ __all__ = ["ROUTER_MODULES", "KeepInBf16", "module_name"]
 
 ROUTER_MODULES = frozenset({"gate", "router", "shared_expert_gate"})
 """Last name parts of the MoE routers vLLM keeps in BF16."""
-_PARAM_SUFFIXES = (".weight", ".weight_scale", ".weight_scale_2", ".input_scale")
+# every tensor a format's refit sends for a linear (tests/unit/test_keep_bf16_agree.py)
+_PARAM_SUFFIXES = (
+    ".weight",
+    ".weight_scale",
+    ".weight_scale_2",
+    ".weight_scale_inv",
+    ".weight_scale_from_checkpoint",
+    ".input_scale",
+)
 
 
 def module_name(name: str) -> str:

@@ -17,12 +17,13 @@ import pytest
 import torch
 from torch import nn
 
+from nemo_ais.formats.registry import REFIT_FORMATS, get_format
 from nemo_ais.nemo_rl import vllm_refit
 from nemo_ais.preflight.checks.formats import kept_in_bf16
-from nemo_ais.refit.stream import BlockSyncConfig, RefitStream, plan_refit
+from nemo_ais.refit.stream import BlockSyncConfig, RefitConfig, RefitStream, plan_refit
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.modules import quantized_module_names
-from nemo_ais.rules.keep_bf16 import KeepInBf16
+from nemo_ais.rules.keep_bf16 import KeepInBf16, module_name
 
 N_LAYERS, K = 2, 32
 LEAVES = (
@@ -109,3 +110,23 @@ def test_a_prefix_is_not_a_match():
     assert KeepInBf16(keywords=("mlp.gate",)).reason("model.layers.0.mlp.gate_up_proj") == (
         "ignored_layer_kws 'mlp.gate'"
     )
+
+
+@pytest.mark.parametrize("fmt", sorted(REFIT_FORMATS))
+@pytest.mark.parametrize("scale_name", [None, "weight_scale_from_checkpoint"])
+def test_every_refit_tensor_of_a_linear_is_judged_as_its_module(fmt, scale_name):
+    # A scale tensor the rule did not strip would be judged by its own last name part:
+    # "mlp.gate.weight_scale_inv" is not a router and would be quantized (veRL #7519's class).
+    config = RefitConfig(format=fmt, mxfp8_scale_name=scale_name)
+    rule = KeepInBf16(num_layers=N_LAYERS, keywords=("shared_expert",))
+    w = torch.randn(32, 64)
+    for module in MODULES:
+        amax = w.abs().amax().float() if fmt.startswith("nvfp4") else None
+        scale = torch.ones((), dtype=torch.float32) if fmt == "nvfp4_w4a4" else None
+        pairs = get_format(fmt).refit_pairs(
+            f"{module}.weight", w, config, weight_amax=amax, input_scale=scale
+        )
+        assert len(pairs) >= 2
+        for name, _ in pairs:
+            assert module_name(name) == module, name
+            assert rule.reason(name) == rule.reason(module), name
