@@ -18,6 +18,8 @@ from nemo_ais.analyze.placement import placement_md
 from nemo_ais.analyze.reader import format_steps
 from nemo_ais.analyze.replay import MODES
 from nemo_ais.analyze.trend import Trend, fit_trend
+from nemo_ais.modes import MODES as ALL_MODES
+from nemo_ais.modes import masked
 from nemo_ais.plotting import series_style, style_axes
 
 __all__ = [
@@ -135,7 +137,7 @@ def recommendations(rows: list[dict[str, Any]], alarms: list[str]) -> list[str]:
             "the uncorrected rollout's sequence weights are degenerate there (the AIS paper "
             "reports this decay for uncorrected FP8 runs)."
         )
-    for mode in ("icepop", "seq_mask_geo"):
+    for mode in (m for m in MODES if ALL_MODES[m].replay.affected is masked):  # they discard
         frac = _col(rows, f"weights/{mode}/frac_capped_or_masked")
         worst = max(range(len(frac)), key=frac.__getitem__)
         out.append(

@@ -15,6 +15,7 @@ from nemo_ais.modes._base import (
     Replay,
     compute_dtype,
     log_ratio,
+    masked,
     where_valid,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "Replay",
     "compute_dtype",
     "log_ratio",
+    "masked",
     "where_valid",
 ]
 

@@ -25,6 +25,7 @@ TESTS = Path(__file__).resolve().parents[1]
 
 _SCRIPT = textwrap.dedent(
     """
+    import dataclasses
     import math
     import sys
 
@@ -103,6 +104,18 @@ _SCRIPT = textwrap.dedent(
     result = replay.replay_step(step, cfg)
     assert 0 < result.weights["power"]["mean"] <= 2.0 ** 0.25, result.weights["power"]
     assert tbpo_unused_warnings({"ratio_clip_c": 3.0}, "power") == []
+
+    # a mode whose replay masks tokens gets the report's "would mask" line, like icepop
+    modes.MODES["power"] = dataclasses.replace(
+        modes.MODES["power"], replay=Replay(affected=modes.masked)
+    )
+    from nemo_ais.analyze.report import recommendations
+
+    row = {"step": 1, "ais/alpha": 0.5, "ais/ess_seq": 1.0}
+    row |= {f"weights/{m}/frac_capped_or_masked": 0.25 for m in replay.MODES}
+    lines = recommendations([row], [])
+    masking = [line.split()[0] for line in lines if " would mask " in line]
+    assert masking == ["icepop", "seq_mask_geo", "power"], lines
     print("ok")
     """
 )
