@@ -50,3 +50,19 @@ def test_fp8_reference_is_the_fast_path_bit_for_bit(shape, dtype):
         f"{q[tuple(diff[0])].item()} vs reference {q_ref[tuple(diff[0])].item()}"
     )
     assert torch.equal(s, s_ref)
+
+
+@pytest.mark.parametrize("name", sorted(REFIT_FORMATS))
+def test_the_offline_checks_torch_free_tables_agree_with_the_records(name):
+    # preflight never imports torch, so it keeps its own bytes-per-weight and block tables
+    from nemo_ais.preflight.checks.formats import MXFP8_BLOCK, NVFP4_BLOCK, WEIGHT_BYTES
+
+    shape = (4096, 4096)
+    numel = shape[0] * shape[1]
+    sent = get_format(name).refit_bytes(numel, shape, RefitConfig(format=name))
+    # the table leaves out NVFP4's per-tensor fp32 scales (global, W4A4's input_scale)
+    assert 0 <= sent - WEIGHT_BYTES[name] * numel <= 8
+    assert (NVFP4_BLOCK, MXFP8_BLOCK) == (
+        get_format("nvfp4_w4a4").block[1],
+        get_format("mxfp8").block[1],
+    )
