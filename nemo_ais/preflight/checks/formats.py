@@ -491,18 +491,18 @@ def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str]
     """``(layer, HF module name) -> True`` where the config's rollout keeps a linear BF16.
 
     :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` (the twin's and the refit's rule) with the
-    exclusions NeMo-RL's engine applies in this format: NVFP4 ``real_quant_ignore`` (its
-    default list when absent); FP8 and MXFP8 the first / last layers, MXFP8 also
-    ``quantization_ignored_layer_kws``. BF16 rollout: every linear.
+    exclusions NeMo-RL's engine applies: ModelOpt's real-quant engine (NVFP4)
+    ``real_quant_ignore`` (its default list when absent); NeMo-RL's FP8 engine (block FP8 and
+    MXFP8, ``init_fp8``) the first / last layers and ``quantization_ignored_layer_kws``
+    (tests/adapters/test_preflight_bf16_layers.py). BF16 rollout: every linear.
     """
-    fmt = rollout_format(cfg)
-    if fmt == "bf16":
+    if rollout_format(cfg) == "bf16":
         return lambda layer, name: True
-    if fmt.startswith("nvfp4"):
+    if get(cfg, _GEN + ".real_quant", False):
         ignore = get(cfg, _GEN + ".real_quant_ignore")
         rule = KeepInBf16(ignore=NVFP4_DEFAULT_IGNORE if ignore is None else tuple(ignore))
     else:
-        keywords = get(cfg, _VLLM + ".quantization_ignored_layer_kws") if fmt == "mxfp8" else ()
+        keywords = get(cfg, _VLLM + ".quantization_ignored_layer_kws")
         rule = KeepInBf16(
             first_layers=int(get(cfg, _VLLM + ".num_first_layers_in_bf16", 0) or 0),
             last_layers=int(get(cfg, _VLLM + ".num_last_layers_in_bf16", 0) or 0),

@@ -1,0 +1,95 @@
+# Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
+"""The offline check keeps in BF16 exactly the linears NeMo-RL's FP8 engine does.
+
+Upstream's real ``init_fp8`` (``nemo_rl.models.generation.vllm.quantization.fp8``, v0.7.0's
+and main's) builds vLLM's ``ignored_layers`` from ``num_first_layers_in_bf16``,
+``num_last_layers_in_bf16`` and ``quantization_ignored_layer_kws``, for block FP8 and MXFP8
+alike; :func:`nemo_ais.preflight.checks.formats.kept_in_bf16` (the shard checks and the memory
+budget) must name the same linears. Stubbed: vLLM's names (``_vllm_boundary``) and the engine
+patch ``monkey_patch_vllm_ray_executor`` (GPU work), which records the config it gets.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _vllm_boundary import import_upstream_fp8
+from nemo_rl_version import per_version
+from transformers import Qwen3Config
+
+from nemo_ais.preflight.checks.formats import kept_in_bf16
+
+pytestmark = pytest.mark.nemo_rl
+
+N_LAYERS = 4
+
+
+@pytest.fixture
+def upstream_fp8(monkeypatch):
+    yield from import_upstream_fp8(monkeypatch)
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    ).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def _linears() -> list[str]:
+    leaves = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    return [
+        f"model.layers.{i}.{'self_attn' if leaf.endswith(('q_proj', 'k_proj', 'v_proj', 'o_proj')) else 'mlp'}.{leaf}"
+        for i in range(N_LAYERS)
+        for leaf in leaves
+    ]
+
+
+@pytest.mark.parametrize("is_mx", per_version(v0_7_0=[False], main=[False, True]))  # MXFP8: main
+@pytest.mark.parametrize(
+    "exclusions",
+    [
+        {},
+        {"num_first_layers_in_bf16": 1, "num_last_layers_in_bf16": 1},
+        {"num_first_layers_in_bf16": 1},
+        {"num_last_layers_in_bf16": 2},
+        {"quantization_ignored_layer_kws": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+        {"num_first_layers_in_bf16": 1, "quantization_ignored_layer_kws": ["down_proj"]},
+    ],
+)
+def test_offline_bf16_linears_are_upstreams_ignored_layers(
+    upstream_fp8, model_dir, monkeypatch, is_mx, exclusions
+):
+    patched = []
+    monkeypatch.setattr(upstream_fp8, "monkey_patch_vllm_ray_executor", patched.append)
+    vllm_cfg = {
+        "precision": "fp8",
+        "kv_cache_dtype": "auto",
+        "async_engine": False,
+        "is_mx": is_mx,
+        **exclusions,
+    }
+    kwargs = upstream_fp8.init_fp8(vllm_cfg, str(model_dir), 1)
+    assert len(patched) == 1 and getattr(patched[0], "is_mx", False) is is_mx
+    ignored = kwargs["hf_overrides"]["quantization_config"].get("ignored_layers", [])
+    nested = [n for n in ignored if isinstance(n, list)]
+    # v0.7.0 appends the first / last layers' list as one element (main extends): a nested
+    # list vLLM's ignored_layers membership test does not look into. Compared here is what
+    # upstream means; the refit's engine_pairs stops the first refit if vLLM quantized them.
+    counts = (
+        exclusions.get("num_first_layers_in_bf16", 0),
+        exclusions.get("num_last_layers_in_bf16", 0),
+    )
+    assert len(nested) == per_version(v0_7_0=sum(c > 0 for c in counts), main=0)
+    names = {n for n in ignored if isinstance(n, str)} | {n for group in nested for n in group}
+    upstream_bf16 = {m for m in _linears() if m in names}
+    cfg = {"policy": {"generation": {"vllm_cfg": vllm_cfg}}}
+    bf16 = kept_in_bf16(cfg, N_LAYERS)
+    ours = {m for m in _linears() if bf16(int(m.split(".")[2]), m)}
+    assert ours == upstream_bf16
