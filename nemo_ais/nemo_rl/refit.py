@@ -440,8 +440,9 @@ def configure(
 ) -> RefitConfig | None:
     """Arm the refit from one of :data:`SECTIONS` (None: the section is absent or disabled).
 
-    Defaults come from the engine config (``tp_size``; FP8: ``ue8m0`` and the BF16 first /
-    last layers; NVFP4: ``ignore``), so the stream keeps in BF16 what vLLM keeps. Sets
+    Defaults come from the engine config (``tp_size``; FP8: ``ue8m0``, the BF16 first / last
+    layers and ``quantization_ignored_layer_kws``; NVFP4: ``ignore``), so the stream keeps in
+    BF16 what vLLM keeps. Sets
     :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on ``PYTHONPATH`` (before Ray starts).
 
     Raises:
@@ -461,6 +462,7 @@ def configure(
         engine["ue8m0"] = vllm_cfg.get("pow2_weight_scaling_factors", False)
         for key in ("num_first_layers_in_bf16", "num_last_layers_in_bf16"):
             engine[key] = vllm_cfg.get(key, 0)
+        engine["ignored_layer_kws"] = tuple(vllm_cfg.get("quantization_ignored_layer_kws") or ())
     elif "ignore" not in raw:
         engine["ignore"] = tuple(_engine_ignore(generation))
     refit_cfg = validate_section(SECTIONS[section], {**engine, **raw}, section)

@@ -16,6 +16,7 @@ from _vllm_boundary import import_upstream_fp8
 from nemo_rl_version import per_version
 from transformers import Qwen3Config
 
+from nemo_ais.nemo_rl import refit
 from nemo_ais.preflight.checks.formats import kept_in_bf16
 
 pytestmark = pytest.mark.nemo_rl
@@ -51,45 +52,65 @@ def _linears() -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("is_mx", per_version(v0_7_0=[False], main=[False, True]))  # MXFP8: main
-@pytest.mark.parametrize(
-    "exclusions",
-    [
-        {},
-        {"num_first_layers_in_bf16": 1, "num_last_layers_in_bf16": 1},
-        {"num_first_layers_in_bf16": 1},
-        {"num_last_layers_in_bf16": 2},
-        {"quantization_ignored_layer_kws": ["q_proj", "k_proj", "v_proj", "o_proj"]},
-        {"num_first_layers_in_bf16": 1, "quantization_ignored_layer_kws": ["down_proj"]},
-    ],
-)
-def test_offline_bf16_linears_are_upstreams_ignored_layers(
-    upstream_fp8, model_dir, monkeypatch, is_mx, exclusions
-):
+EXCLUSIONS = [
+    {},
+    {"num_first_layers_in_bf16": 1, "num_last_layers_in_bf16": 1},
+    {"num_first_layers_in_bf16": 1},
+    {"num_last_layers_in_bf16": 2},
+    {"quantization_ignored_layer_kws": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+    {"num_first_layers_in_bf16": 1, "quantization_ignored_layer_kws": ["down_proj"]},
+]
+
+
+def _upstream_bf16(upstream_fp8, model_dir, monkeypatch, vllm_cfg) -> set[str]:
+    """The linears upstream's init_fp8 tells vLLM to keep unquantized (its ignored_layers)."""
     patched = []
     monkeypatch.setattr(upstream_fp8, "monkey_patch_vllm_ray_executor", patched.append)
-    vllm_cfg = {
+    kwargs = upstream_fp8.init_fp8(vllm_cfg, str(model_dir), 1)
+    assert len(patched) == 1 and getattr(patched[0], "is_mx", False) is vllm_cfg["is_mx"]
+    ignored = kwargs["hf_overrides"]["quantization_config"].get("ignored_layers", [])
+    nested = [n for n in ignored if isinstance(n, list)]
+    # v0.7.0 appends the first / last layers' list as one element (main extends): a nested
+    # list vLLM's ignored_layers membership test does not look into. Compared here is what
+    # upstream means; the refit's engine_pairs stops the first refit if vLLM quantized them.
+    counts = [vllm_cfg.get(f"num_{end}_layers_in_bf16", 0) for end in ("first", "last")]
+    assert len(nested) == per_version(v0_7_0=sum(c > 0 for c in counts), main=0)
+    names = {n for n in ignored if isinstance(n, str)} | {n for group in nested for n in group}
+    return {m for m in _linears() if m in names}
+
+
+def _vllm_cfg(is_mx: bool, exclusions: dict) -> dict:
+    return {
         "precision": "fp8",
         "kv_cache_dtype": "auto",
         "async_engine": False,
         "is_mx": is_mx,
         **exclusions,
     }
-    kwargs = upstream_fp8.init_fp8(vllm_cfg, str(model_dir), 1)
-    assert len(patched) == 1 and getattr(patched[0], "is_mx", False) is is_mx
-    ignored = kwargs["hf_overrides"]["quantization_config"].get("ignored_layers", [])
-    nested = [n for n in ignored if isinstance(n, list)]
-    # v0.7.0 appends the first / last layers' list as one element (main extends): a nested
-    # list vLLM's ignored_layers membership test does not look into. Compared here is what
-    # upstream means; the refit's engine_pairs stops the first refit if vLLM quantized them.
-    counts = (
-        exclusions.get("num_first_layers_in_bf16", 0),
-        exclusions.get("num_last_layers_in_bf16", 0),
-    )
-    assert len(nested) == per_version(v0_7_0=sum(c > 0 for c in counts), main=0)
-    names = {n for n in ignored if isinstance(n, str)} | {n for group in nested for n in group}
-    upstream_bf16 = {m for m in _linears() if m in names}
-    cfg = {"policy": {"generation": {"vllm_cfg": vllm_cfg}}}
-    bf16 = kept_in_bf16(cfg, N_LAYERS)
-    ours = {m for m in _linears() if bf16(int(m.split(".")[2]), m)}
-    assert ours == upstream_bf16
+
+
+@pytest.mark.parametrize("is_mx", per_version(v0_7_0=[False], main=[False, True]))  # MXFP8: main
+@pytest.mark.parametrize("exclusions", EXCLUSIONS)
+def test_offline_bf16_linears_are_upstreams_ignored_layers(
+    upstream_fp8, model_dir, monkeypatch, is_mx, exclusions
+):
+    vllm_cfg = _vllm_cfg(is_mx, exclusions)
+    want = _upstream_bf16(upstream_fp8, model_dir, monkeypatch, vllm_cfg)
+    bf16 = kept_in_bf16({"policy": {"generation": {"vllm_cfg": vllm_cfg}}}, N_LAYERS)
+    assert {m for m in _linears() if bf16(int(m.split(".")[2]), m)} == want
+
+
+@pytest.mark.parametrize("exclusions", EXCLUSIONS)
+def test_the_fp8_refit_keeps_in_bf16_what_upstreams_engine_does(
+    upstream_fp8, model_dir, monkeypatch, exclusions
+):
+    # configure() takes the exclusions from vllm_cfg: the refit stream and the launcher's
+    # after-first-refit layer check (engine_keep_rule) use this rule
+    vllm_cfg = _vllm_cfg(False, exclusions)
+    want = _upstream_bf16(upstream_fp8, model_dir, monkeypatch, vllm_cfg)
+    run = {
+        "policy": {"generation": {"vllm_cfg": vllm_cfg}},
+        "ais_fp8_refit": {"enabled": True, "num_layers": N_LAYERS},
+    }
+    refit_cfg = refit.configure(run, {}, section="ais_fp8_refit")
+    assert {m for m in _linears() if refit_cfg.keep_rule().keeps(m)} == want
