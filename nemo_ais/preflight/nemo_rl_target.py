@@ -17,6 +17,7 @@ from pathlib import Path
 
 __all__ = [
     "NEMO_RL_VERSIONS",
+    "NESTED_BF16_LAYERS",
     "ROLLOUT_FORMATS",
     "FormatSupport",
     "NeMoRLTarget",
@@ -61,6 +62,15 @@ ROLLOUT_FORMATS: dict[str, FormatSupport] = {
 }
 """The rollout formats only some supported NeMo-RL versions have (module table)."""
 
+NESTED_BF16_LAYERS = FormatSupport(
+    "num_first_layers_in_bf16 / num_last_layers_in_bf16 as one nested list",
+    ("v0.7.0",),
+    "nemo_rl/models/generation/vllm/quantization/fp8.py",
+    "bf16_params.append(_get_params_in_layers",
+)
+"""v0.7.0's ``init_fp8`` appends the BF16 layers' names to vLLM's ``ignored_layers`` as ONE
+list element (main extends the list): vLLM's by-name match does not look into it."""
+
 
 @dataclass(frozen=True)
 class NeMoRLTarget:
@@ -68,6 +78,7 @@ class NeMoRLTarget:
 
     name: str  # "NeMo-RL v0.7.0", "NeMo-RL main", or "the NeMo-RL at NEMO_RL_DIR=/path"
     formats: frozenset[str]  # keys of ROLLOUT_FORMATS
+    nests_bf16_layers: bool = False  # NESTED_BF16_LAYERS
 
 
 def target_from_version(version: str) -> NeMoRLTarget:
@@ -77,7 +88,7 @@ def target_from_version(version: str) -> NeMoRLTarget:
             f"--nemo-rl-version={version!r} is invalid: expected one of {list(NEMO_RL_VERSIONS)}"
         )
     formats = frozenset(k for k, f in ROLLOUT_FORMATS.items() if version in f.versions)
-    return NeMoRLTarget(f"NeMo-RL {version}", formats)
+    return NeMoRLTarget(f"NeMo-RL {version}", formats, version in NESTED_BF16_LAYERS.versions)
 
 
 def target_from_checkout(path: str | Path) -> NeMoRLTarget | None:
@@ -85,12 +96,14 @@ def target_from_checkout(path: str | Path) -> NeMoRLTarget | None:
     root = Path(path).expanduser()
     if not (root / _CHECKOUT_MARKER).is_file():
         return None
-    formats = set()
-    for key, support in ROLLOUT_FORMATS.items():
+
+    def has(support: FormatSupport) -> bool:
         probe = root / support.probe_file
-        if probe.is_file() and support.probe_text in probe.read_text(errors="replace"):
-            formats.add(key)
-    return NeMoRLTarget(f"the NeMo-RL at NEMO_RL_DIR={root}", frozenset(formats))
+        return probe.is_file() and support.probe_text in probe.read_text(errors="replace")
+
+    formats = frozenset(key for key, support in ROLLOUT_FORMATS.items() if has(support))
+    name = f"the NeMo-RL at NEMO_RL_DIR={root}"
+    return NeMoRLTarget(name, formats, has(NESTED_BF16_LAYERS))
 
 
 def resolve_target(

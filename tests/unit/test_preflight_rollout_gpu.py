@@ -92,3 +92,18 @@ def test_an_nvfp4_refit_of_an_moe_policy_is_refused_on_v0_7_0_only():
     off = copy.deepcopy(moe)
     off["ais_nvfp4_refit"]["enabled"] = False
     assert pf.rollout_format_problems(off, "v0.7.0") == []
+
+
+@pytest.mark.parametrize("version", ["v0.7.0", "main", None])
+@pytest.mark.parametrize("key", ["num_first_layers_in_bf16", "num_last_layers_in_bf16"])
+def test_v070s_nested_bf16_layers_warn_on_v070_only(version, key):
+    cfg = _load(EXPERIMENTS / "qwen3_8b_fp8_ais.yaml")
+    cfg["policy"]["generation"]["vllm_cfg"][key] = 1
+    results = [r for r in pf.check_config(cfg, version, {}) if r.name == "fp8_rollout"]
+    nested = [r for r in results if "its init_fp8 hands vLLM those layers' names" in r.detail]
+    if version == "v0.7.0":
+        (warning,) = nested
+        assert warning.status == "warn" and "on NeMo-RL v0.7.0: " in warning.detail
+    else:  # main flattens the list; an unknown version says nothing it cannot know
+        assert nested == []
+    assert all(r.status != "fail" for r in results)

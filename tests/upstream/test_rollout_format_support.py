@@ -26,6 +26,7 @@ import yaml
 
 from nemo_ais.preflight import NEMO_RL_VERSIONS, ROLLOUT_FORMATS, resolve_target
 from nemo_ais.preflight.checks.formats import NVFP4_QUANT_CFG_MODES
+from nemo_ais.preflight.nemo_rl_target import NESTED_BF16_LAYERS
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -51,11 +52,21 @@ def test_each_probe_finds_its_text_in_exactly_the_versions_the_table_names(fmt):
     assert found == support.versions, (fmt, found)
 
 
+def test_the_nested_bf16_layers_probe_finds_v070_only():
+    # tests/adapters/test_preflight_bf16_layers.py runs both init_fp8s: v0.7.0 nests the list
+    probe = NESTED_BF16_LAYERS
+    found = tuple(
+        v for v, t in TREES.items() if probe.probe_text in (t / probe.probe_file).read_text()
+    )
+    assert found == probe.versions == ("v0.7.0",)
+
+
 @pytest.mark.parametrize("version", NEMO_RL_VERSIONS)
 def test_nemo_rl_dir_gives_the_target_of_the_version_name(version):
     by_source, how = resolve_target(None, {"NEMO_RL_DIR": str(TREES[version])})
     by_name, _ = resolve_target(version)
     assert by_source is not None and by_source.formats == by_name.formats, how
+    assert by_source.nests_bf16_layers == by_name.nests_bf16_layers == (version == "v0.7.0")
     assert how == f"checked against the NeMo-RL at NEMO_RL_DIR={TREES[version]} (its source)"
 
 

@@ -88,6 +88,15 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
                 f"num_first_layers_in_bf16 + num_last_layers_in_bf16 = {n_bf16} exceeds the "
                 f"model's {ctx.shape.num_layers} layers"
             )
+        if n_bf16 and ctx.nemo_rl is not None and ctx.nemo_rl.nests_bf16_layers:
+            warnings.append(
+                f"policy.generation.vllm_cfg.num_first_layers_in_bf16 / num_last_layers_in_bf16 "
+                f"on {ctx.nemo_rl.name}: its init_fp8 hands vLLM those layers' names as one "
+                "nested list in ignored_layers (NeMo-RL main flattens it), which vLLM's by-name "
+                "match does not look into, so they are likely quantized anyway; nemo_ais's FP8 "
+                "refit keeps them in BF16 and stops at the first refit naming the layer. Use "
+                "NeMo-RL main, or name the linears in quantization_ignored_layer_kws"
+            )
         if not (vllm.get("use_deep_gemm") or vllm.get("is_mx")):  # MXFP8 never uses DeepGEMM
             warnings.append(
                 "policy.generation.vllm_cfg.use_deep_gemm is false: FP8 runs on vLLM's slower "
