@@ -2,7 +2,8 @@
 """Layout of ``nemo_ais``: no import circle, no upward import, every module imports alone.
 
 The import graph is read from the source with ``ast``: every ``import`` statement that
-runs (module level or inside a function; ``if TYPE_CHECKING:`` blocks never run). A
+runs (module level or inside a function); the circle check also reads those under
+``if TYPE_CHECKING:`` (a circle drawn for the type checker is still a circle). A
 package may import only the packages :data:`MAY_IMPORT` lists for it (docs/architecture.md,
 "What each package may import"); the runtime adapters never import the offline check.
 """
@@ -32,6 +33,7 @@ MAY_IMPORT = {
     "tools": {"config", "formats", "refit", "rollout", "rules"},
     "kernels": {"formats"},  # GPU (Triton) fast paths of the formats' quantizers
     "fp8": {"formats", "refit"},  # the compatibility face (former submodules resolve lazily)
+    "core": {"config", "modes"},  # the method: its config and the correction-mode records
 }
 """``{package: the nemo_ais packages and top-level modules it may import}``."""
 
