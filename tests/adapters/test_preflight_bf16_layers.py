@@ -1,15 +1,19 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
-"""The offline check keeps in BF16 exactly the linears NeMo-RL's FP8 engine does.
+"""The offline check keeps in BF16 exactly the linears NeMo-RL's engines do.
 
 Upstream's real ``init_fp8`` (``nemo_rl.models.generation.vllm.quantization.fp8``, v0.7.0's
 and main's) builds vLLM's ``ignored_layers`` from ``num_first_layers_in_bf16``,
 ``num_last_layers_in_bf16`` and ``quantization_ignored_layer_kws``, for block FP8 and MXFP8
 alike; :func:`nemo_ais.preflight.checks.formats.kept_in_bf16` (the shard checks and the memory
 budget) must name the same linears. Stubbed: vLLM's names (``_vllm_boundary``) and the engine
-patch ``monkey_patch_vllm_ray_executor`` (GPU work), which records the config it gets.
+patch ``monkey_patch_vllm_ray_executor`` (GPU work), which records the config it gets. The
+AIS FP8 refit's rule (``refit.configure``) is held to the same lists, and the NVFP4 rule (the
+offline check's copy of ``DEFAULT_NVFP4_IGNORE``) to upstream's ``matches_quant_ignore_pattern``.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 from _vllm_boundary import import_upstream_fp8
@@ -17,7 +21,7 @@ from nemo_rl_version import per_version
 from transformers import Qwen3Config
 
 from nemo_ais.nemo_rl import refit
-from nemo_ais.preflight.checks.formats import kept_in_bf16
+from nemo_ais.preflight.checks.formats import NVFP4_DEFAULT_IGNORE, kept_in_bf16
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -114,3 +118,20 @@ def test_the_fp8_refit_keeps_in_bf16_what_upstreams_engine_does(
     }
     refit_cfg = refit.configure(run, {}, section="ais_fp8_refit")
     assert {m for m in _linears() if refit_cfg.keep_rule().keeps(m)} == want
+
+
+@pytest.mark.parametrize("ignore", [None, ["lm_head", "*self_attn*"]])
+def test_offline_nvfp4_bf16_linears_are_upstreams_ignore_list(ignore):
+    # the torch-free offline check keeps its own copy of NeMo-RL's default list
+    utils = importlib.import_module("nemo_rl.modelopt.utils")
+    assert NVFP4_DEFAULT_IGNORE == tuple(utils.DEFAULT_NVFP4_IGNORE)
+    generation = {"real_quant": True, "vllm_cfg": {"precision": "bfloat16"}}
+    if ignore is not None:
+        generation["real_quant_ignore"] = ignore
+    patterns = ignore if ignore is not None else list(utils.DEFAULT_NVFP4_IGNORE)
+    bf16 = kept_in_bf16({"policy": {"generation": generation}}, N_LAYERS)
+    # (MoE routers stay BF16 whatever the list says: vLLM builds them unquantized; rule 1 of
+    # nemo_ais.rules.keep_bf16, tested in tests/unit/test_keep_bf16_agree.py)
+    for name in [*_linears(), "lm_head"]:
+        want = utils.matches_quant_ignore_pattern(name, patterns)
+        assert bf16(0, name) == want, name
