@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -81,6 +81,7 @@ class RefitFault(BaseModel):
         return pattern
 
 
+@runtime_checkable
 class _Twin(Protocol):
     """What the injector touches of :class:`~nemo_ais.rollout.twin.RolloutTwin`.
 

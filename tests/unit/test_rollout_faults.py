@@ -157,3 +157,10 @@ def test_stale_kv_scale_keeps_the_previous_refits_scales(allowed, qwen):
         scales.append(healthy.kv_scales.scale.clone())
     assert torch.equal(planted.kv_scales.scale, scales[1])  # not recalibrated at refit 3
     assert not torch.allclose(scales[2][:, 1:], scales[1][:, 1:])  # K/V x 1.5 moved them
+
+
+def test_the_twin_is_what_the_injector_types_it_as(qwen):
+    # the injector names the twin by a Protocol (an import would close a circle): keep them equal
+    from nemo_ais.rollout.faults import _Twin
+
+    assert isinstance(RolloutTwin(qwen, RolloutPrecisionConfig(format="fp8")), _Twin)
