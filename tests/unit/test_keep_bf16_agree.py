@@ -112,8 +112,10 @@ def test_a_prefix_is_not_a_match():
     )
 
 
-@pytest.mark.parametrize("fmt", sorted(REFIT_FORMATS))
-@pytest.mark.parametrize("scale_name", [None, "weight_scale_from_checkpoint"])
+@pytest.mark.parametrize(
+    ("fmt", "scale_name"),
+    [*((f, None) for f in sorted(REFIT_FORMATS)), ("mxfp8", "weight_scale_from_checkpoint")],
+)
 def test_every_refit_tensor_of_a_linear_is_judged_as_its_module(fmt, scale_name):
     # A scale tensor the rule did not strip would be judged by its own last name part:
     # "mlp.gate.weight_scale_inv" is not a router and would be quantized (veRL #7519's class).
