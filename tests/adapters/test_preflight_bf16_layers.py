@@ -135,3 +135,24 @@ def test_offline_nvfp4_bf16_linears_are_upstreams_ignore_list(ignore):
     for name in [*_linears(), "lm_head"]:
         want = utils.matches_quant_ignore_pattern(name, patterns)
         assert bf16(0, name) == want, name
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["nemo_rl_refit", "ais_fp8_refit"])
+def test_the_launchers_first_refit_check_expects_upstreams_bf16_linears(
+    upstream_fp8, model_dir, monkeypatch, armed
+):
+    # launchers/run_grpo_ais.py engine_keep_rule: what every engine must hold after the first
+    # refit (the AIS refit's rule when armed, else the offline one over the model's shapes)
+    from shipped_configs import launcher
+
+    exclusions = {"num_first_layers_in_bf16": 1, "quantization_ignored_layer_kws": ["o_proj"]}
+    vllm_cfg = _vllm_cfg(False, exclusions)
+    want = _upstream_bf16(upstream_fp8, model_dir, monkeypatch, vllm_cfg)
+    raw = {"policy": {"model_name": str(model_dir), "generation": {"vllm_cfg": vllm_cfg}}}
+    refit_cfg = None
+    if armed:
+        raw["ais_fp8_refit"] = {"enabled": True, "num_layers": N_LAYERS}
+        refit_cfg = refit.configure(raw, {}, section="ais_fp8_refit")
+    keeps = launcher().engine_keep_rule(raw, refit_cfg)
+    assert {m for m in _linears() if keeps(m)} == want
+    assert len(want) == 7 + (N_LAYERS - 1)  # layer 0 whole, o_proj of the other layers
