@@ -43,6 +43,7 @@ from nemo_ais.nemo_rl.vllm_refit import (
 )
 from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, RefitConfig, RefitStream
 from nemo_ais.rules.config_keys import get
+from nemo_ais.rules.keep_bf16 import fp8_engine_exclusions
 from nemo_ais.rules.native_kernels import NATIVE_KERNELS
 
 __all__ = [
@@ -440,10 +441,10 @@ def configure(
 ) -> RefitConfig | None:
     """Arm the refit from one of :data:`SECTIONS` (None: the section is absent or disabled).
 
-    Defaults come from the engine config (``tp_size``; FP8: ``ue8m0``, the BF16 first / last
-    layers and ``quantization_ignored_layer_kws``; NVFP4: ``ignore``), so the stream keeps in
-    BF16 what vLLM keeps. Sets
-    :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on ``PYTHONPATH`` (before Ray starts).
+    Defaults come from the engine config (``tp_size``; FP8: ``ue8m0`` and
+    :func:`~nemo_ais.rules.keep_bf16.fp8_engine_exclusions`; NVFP4: ``ignore``), so the stream
+    keeps in BF16 what vLLM keeps. Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on
+    ``PYTHONPATH`` (before Ray starts).
 
     Raises:
         ValueError: naming the field (invalid section, format or engine, both enabled).
@@ -460,9 +461,7 @@ def configure(
     engine: dict[str, Any] = {"tp_size": vllm_cfg.get("tensor_parallel_size", 1)}
     if section == "ais_fp8_refit":
         engine["ue8m0"] = vllm_cfg.get("pow2_weight_scaling_factors", False)
-        for key in ("num_first_layers_in_bf16", "num_last_layers_in_bf16"):
-            engine[key] = vllm_cfg.get(key, 0)
-        engine["ignored_layer_kws"] = tuple(vllm_cfg.get("quantization_ignored_layer_kws") or ())
+        engine.update(fp8_engine_exclusions(vllm_cfg))
     elif "ignore" not in raw:
         engine["ignore"] = tuple(_engine_ignore(generation))
     refit_cfg = validate_section(SECTIONS[section], {**engine, **raw}, section)

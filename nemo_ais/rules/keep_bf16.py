@@ -18,12 +18,14 @@ treated as FP8). Rules, in priority order, on a HF module or parameter name:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 from nemo_ais.rules.vllm_layers import layer_index
 
-__all__ = ["ROUTER_MODULES", "KeepInBf16", "module_name"]
+__all__ = ["ROUTER_MODULES", "KeepInBf16", "fp8_engine_exclusions", "module_name"]
 
 ROUTER_MODULES = frozenset({"gate", "router", "shared_expert_gate"})
 """Last name parts of the MoE routers vLLM keeps in BF16."""
@@ -36,6 +38,20 @@ _PARAM_SUFFIXES = (
     ".weight_scale_from_checkpoint",
     ".input_scale",
 )
+
+
+def fp8_engine_exclusions(vllm_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The BF16 exclusions NeMo-RL's FP8 engine (``init_fp8``: block FP8 and MXFP8) reads.
+
+    From ``policy.generation.vllm_cfg``, under the refit config's field names, values as the
+    config gives them (absent: 0, 0, ()). The AIS FP8 refit (``nemo_rl.refit.configure``)
+    and the offline check both read them here, so they keep in BF16 what the engine does.
+    """
+    return {
+        "num_first_layers_in_bf16": vllm_cfg.get("num_first_layers_in_bf16", 0),
+        "num_last_layers_in_bf16": vllm_cfg.get("num_last_layers_in_bf16", 0),
+        "ignored_layer_kws": tuple(vllm_cfg.get("quantization_ignored_layer_kws") or ()),
+    }
 
 
 def module_name(name: str) -> str:

@@ -21,7 +21,7 @@ from nemo_ais.preflight.nemo_rl_target import (
     NeMoRLTarget,
     target_from_version,
 )
-from nemo_ais.rules.keep_bf16 import KeepInBf16
+from nemo_ais.rules.keep_bf16 import KeepInBf16, fp8_engine_exclusions
 from nemo_ais.rules.native_kernels import HOPPER, NATIVE_KERNELS
 
 __all__ = [
@@ -502,12 +502,12 @@ def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str]
         ignore = get(cfg, _GEN + ".real_quant_ignore")
         rule = KeepInBf16(ignore=NVFP4_DEFAULT_IGNORE if ignore is None else tuple(ignore))
     else:
-        keywords = get(cfg, _VLLM + ".quantization_ignored_layer_kws")
+        engine = fp8_engine_exclusions(get(cfg, _VLLM) or {})
         rule = KeepInBf16(
-            first_layers=int(get(cfg, _VLLM + ".num_first_layers_in_bf16", 0) or 0),
-            last_layers=int(get(cfg, _VLLM + ".num_last_layers_in_bf16", 0) or 0),
+            first_layers=int(engine["num_first_layers_in_bf16"] or 0),
+            last_layers=int(engine["num_last_layers_in_bf16"] or 0),
             num_layers=num_layers,
-            keywords=tuple(keywords or ()),
+            keywords=engine["ignored_layer_kws"],
         )
     return lambda layer, name: rule.keeps(name)
 
