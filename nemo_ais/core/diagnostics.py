@@ -37,7 +37,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,8 +58,7 @@ from nemo_ais.core.stats import (
     reduce_statistics,
     tail_bin_lower_edges,
 )
-from nemo_ais.modes import MODES
-from nemo_ais.modes.m2po import M2PO_OFF
+from nemo_ais.modes import MODES, batch_values
 
 __all__ = [
     "AISDiagnostics",
@@ -94,7 +94,6 @@ class AISDiagnostics:
     empty_batch: float
     # batch-level values of the other modes (identical on every rank, like alpha)
     w_norm: float = 1.0  # batch_normalize: global mean of the mode's weight (1: off)
-    m2po_threshold: float = M2PO_OFF  # m2po: tokens with l^2 >= q* are masked (1e4: none)
     mode_frac_masked: float = 0.0  # seq_mis / kl_rs / m2po: fraction whose weight is 0
     mode_frac_capped: float = 0.0  # seq_tis / seq_mis / tbpo: fraction of sequences at C_seq
     mode_ess: float = 1.0  # seq_tis / seq_mis / kl_rs / tbpo: (sum w)^2 / (n sum w^2)
@@ -102,10 +101,25 @@ class AISDiagnostics:
     abs_log_ratio_p999: float = 0.0  # the 99.9th percentile of |l| over valid tokens
     abs_log_ratio_peak: float = 0.0  # max |l| over valid tokens
     seq_kl_peak: float = 0.0  # max over sequences of k3_i, the sequence's mean k3
+    # the modes' own global-batch values (m2po's q*, ``BatchValue``), each read as an attribute
+    mode_values: Mapping[str, float] = field(default_factory=lambda: _mode_values_off())
+
+    def __getattr__(self, name: str) -> float:
+        """A mode's own value (``diagnostics.m2po_threshold``) from :attr:`mode_values`."""
+        values = self.__dict__.get("mode_values", {})
+        if name in values:
+            return values[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def as_dict(self) -> dict[str, float]:
-        """Field name -> value."""
-        return dataclasses.asdict(self)
+        """Name -> value; the modes' own values follow ``w_norm``, as in the metrics table."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name != "mode_values":
+                out[f.name] = getattr(self, f.name)
+            if f.name == "w_norm":
+                out.update(self.mode_values)
+        return out
 
     @property
     def ess_tok(self) -> float:
@@ -128,6 +142,11 @@ class AISState:
         """Restore from :meth:`state_dict`."""
         self.alpha = None if state["alpha"] is None else float(state["alpha"])
         self.num_updates = int(state["num_updates"])
+
+
+def _mode_values_off() -> dict[str, float]:
+    """Every registered mode's own values at their "off" value."""
+    return {value.name: value.off for value in batch_values()}
 
 
 def _reliability(n_seq: float, w_seq_sum: float, w_seq_sq_sum: float) -> float:
@@ -229,7 +248,10 @@ def _mode_values(s, config: CorrectionConfig, alpha: float, w_mean: float) -> di
         out["mode_frac_capped"] = s[Slot.W_MODE_CAPPED] / n_w
         out["mode_ess"] = w_sum * w_sum / (n_w * w_sq) if w_sq > 0 else 0.0
     if mode.batch_statistic is not None:
-        out.update(mode.batch_statistic.values(s["tail"], s[Slot.N_TOK], config))
+        values = mode.batch_statistic.values(s["tail"], s[Slot.N_TOK], config)
+        own = {value.name for value in mode.batch_statistic.new_values}
+        out.update({k: v for k, v in values.items() if k not in own})
+        out["mode_values"] = _mode_values_off() | {k: values[k] for k in own}
     return out
 
 

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 
 from nemo_ais.core.diagnostics import AISDiagnostics
+from nemo_ais.modes import batch_values
 
 __all__ = [
     "AIS_METRIC_NAMES",
@@ -92,12 +93,7 @@ METRICS: tuple[MetricSpec, ...] = (
         TOKENS,
         "~1",
     ),
-    MetricSpec(
-        "ais/m2po_threshold",
-        "m2po: q*, tokens with l^2 >= q* masked (1e4 when nothing is masked / not m2po)",
-        TOKENS,
-        "> 0",
-    ),
+    *(MetricSpec(AIS_PREFIX + v.name, v.formula, TOKENS, v.healthy) for v in batch_values()),
     MetricSpec(
         "ais/mode_frac_masked",
         "seq_mis / kl_rs: sequences / tokens with w_hat = 0; m2po: tokens masked",

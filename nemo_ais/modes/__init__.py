@@ -10,6 +10,7 @@ mode is one module here exporting ``MODE`` and one line below (``docs/architectu
 from nemo_ais.modes import ais, icepop, kl_rs, m2po, none, seq_mask_geo, seq_mis, seq_tis, tbpo, tis
 from nemo_ais.modes._base import (
     BatchStatistic,
+    BatchValue,
     Interval,
     Mode,
     Replay,
@@ -22,9 +23,11 @@ from nemo_ais.modes._base import (
 __all__ = [
     "MODES",
     "BatchStatistic",
+    "BatchValue",
     "Interval",
     "Mode",
     "Replay",
+    "batch_values",
     "compute_dtype",
     "log_ratio",
     "masked",
@@ -35,3 +38,13 @@ MODES: dict[str, Mode] = {
     module.MODE.name: module.MODE
     for module in (none, tis, icepop, seq_mask_geo, ais, seq_tis, seq_mis, kl_rs, m2po, tbpo)
 }
+
+
+def batch_values() -> tuple[BatchValue, ...]:
+    """Every registered mode's new global-batch values, in registry order (read at call time)."""
+    return tuple(
+        value
+        for mode in MODES.values()
+        if mode.batch_statistic is not None
+        for value in mode.batch_statistic.new_values
+    )

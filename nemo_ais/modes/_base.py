@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import model_validator
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchStatistic",
+    "BatchValue",
     "Interval",
     "Mode",
     "Replay",
@@ -50,6 +51,15 @@ def uncorrected(diagnostics: Mapping[str, float]) -> float:
     return 0.0
 
 
+class BatchValue(NamedTuple):
+    """A global-batch value a mode adds to the diagnostics and to the ``ais/<name>`` metrics."""
+
+    name: str
+    off: float  # its value when the mode is not the one running, or the batch is empty
+    formula: str  # the metrics table's formula column (docs/metrics.md)
+    healthy: str
+
+
 @dataclass(frozen=True)
 class BatchStatistic:
     """A global-batch value beyond the fixed statistics (m2po's q*): ``size`` more reduced slots."""
@@ -57,8 +67,9 @@ class BatchStatistic:
     size: int
     # (log_rho_c [B, T] float64, ok [B, T] bool, n_tok 0-dim float64) -> [size] local sums
     sums: Callable[..., torch.Tensor]
-    # (reduced slots as python floats, n_tok, config) -> {AISDiagnostics field: value}
+    # (reduced slots as python floats, n_tok, config) -> {AISDiagnostics field or new value: value}
     values: Callable[[list[float], float, Any], dict[str, float]]
+    new_values: tuple[BatchValue, ...] = ()  # values no AISDiagnostics field holds
 
 
 @dataclass(frozen=True)
@@ -80,7 +91,7 @@ class Mode:
         importance_weight: ``batch_normalize`` may divide w_hat by its batch mean.
         applied_alpha: diagnostics -> the position between the uncorrected (0) and the fully
             weighted (1) gradient.
-        batch_field: the ``AISDiagnostics`` field passed as ``batch_value`` (None: none).
+        batch_field: the diagnostics value passed as ``batch_value`` (None: none).
         batch_statistic: extra global-batch sums ``batch_field`` is formed from.
         batch_mean: ``(alpha, w_mean) -> mean of w_hat`` in closed form (ais); None: summed.
         mode_stats: sum the weight in the statistics (``ais/mode_*``).

@@ -13,7 +13,7 @@ import math
 
 from pydantic import Field
 
-from nemo_ais.modes._base import BatchStatistic, Mode, log_ratio
+from nemo_ais.modes._base import BatchStatistic, BatchValue, Mode, log_ratio
 from nemo_ais.sections import Section
 
 __all__ = ["M2PO_BINS", "M2PO_BIN_RATIO", "M2PO_OFF", "M2PO_Q0", "MODE", "M2poConfig"]
@@ -84,7 +84,19 @@ MODE = Mode(
     weight=weight,
     importance_weight=False,
     batch_field="m2po_threshold",
-    batch_statistic=BatchStatistic(size=2 * M2PO_BINS, sums=histogram, values=threshold),
+    batch_statistic=BatchStatistic(
+        size=2 * M2PO_BINS,
+        sums=histogram,
+        values=threshold,
+        new_values=(
+            BatchValue(
+                "m2po_threshold",
+                M2PO_OFF,
+                "m2po: q*, tokens with l^2 >= q* masked (1e4 when nothing is masked / not m2po)",
+                "> 0",
+            ),
+        ),
+    ),
     config=M2poConfig,
     moved_keys={"m2po_tau": "tau"},
 )

@@ -43,7 +43,7 @@ MODES = ["none", "tis", "icepop", "seq_mask_geo", "ais"]
 
 
 def _diag(alpha: float) -> AISDiagnostics:
-    fields = {f.name: 0.0 for f in dataclasses.fields(AISDiagnostics)}
+    fields = {f.name: 0.0 for f in dataclasses.fields(AISDiagnostics) if f.name != "mode_values"}
     return AISDiagnostics(**{**fields, "alpha": alpha, "alpha_raw": alpha})
 
 

@@ -1,15 +1,18 @@
 # Copyright (c) 2026, nemo_ais contributors. SPDX-License-Identifier: Apache-2.0
 """A correction mode is one record (issue 24, item 4): the readers iterate the registry.
 
-The main test registers a throwaway mode, ``power`` (w_hat = min(rho, C)^exponent, knob
-``loss_fn.ais.power.exponent``), in a fresh interpreter BEFORE ``nemo_ais.config`` is
-imported, as a new module listed in ``nemo_ais/modes/__init__.py`` would be, and checks that
-the config, the weights, the statistics, the diagnostics, the loss, ``analyze``'s replay and
-the pre-flight checks take it with no other change.
+The main test registers two throwaway modes in a fresh interpreter BEFORE ``nemo_ais.config``
+is imported, as new modules listed in ``nemo_ais/modes/__init__.py`` would be: ``power``
+(w_hat = min(rho, C)^exponent, knob ``loss_fn.ais.power.exponent``) and ``trim``, a mode with
+a value of its own from the global batch (w_hat = 1[abs(l^c) < b], b = mean abs(l^c), logged
+as ``ais/trim_bound``). It checks that the config, the weights, the statistics, the
+diagnostics, the metrics, the loss, ``analyze``'s replay and the pre-flight checks take them
+with no other change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -19,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from nemo_ais.config import CorrectionConfig, CorrectionMode
+from nemo_ais.core import AISDiagnostics
 from nemo_ais.modes import MODES
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -33,7 +37,7 @@ _SCRIPT = textwrap.dedent(
     from pydantic import Field
 
     import nemo_ais.modes as modes
-    from nemo_ais.modes import Mode, Replay, log_ratio, where_valid
+    from nemo_ais.modes import BatchStatistic, BatchValue, Mode, Replay, log_ratio, where_valid
     from nemo_ais.sections import Section
 
 
@@ -53,6 +57,29 @@ _SCRIPT = textwrap.dedent(
         config=PowerConfig,
         moved_keys={"power_exponent": "exponent"},
         replay=Replay(),
+    )
+
+    def trim_sums(log_rho_c, ok, n_tok):
+        return log_rho_c.abs().where(ok, 0.0).sum().reshape(1)
+
+
+    def trim_weight(logp_old, logp_rollout, valid, config, bound):
+        c = config.log_ratio_clamp
+        log_rho = log_ratio(logp_old, logp_rollout, valid).clamp_(min=-c, max=c)
+        return (valid & (log_rho.abs() < bound)).to(log_rho.dtype)
+
+
+    modes.MODES["trim"] = Mode(
+        name="trim",
+        weight=trim_weight,
+        importance_weight=False,
+        batch_field="trim_bound",
+        batch_statistic=BatchStatistic(
+            size=1,
+            sums=trim_sums,
+            values=lambda tail, n_tok, config: {"trim_bound": tail[0] / n_tok},
+            new_values=(BatchValue("trim_bound", 1e4, "trim: mean abs(l^c)", "> 0"),),
+        ),
     )
 
     from nemo_ais.analyze import replay
@@ -97,6 +124,30 @@ _SCRIPT = textwrap.dedent(
     out = clipped_pg_loss(old.clone().requires_grad_(True), old, rollout, adv, mask, bn)
     mean = kept.mean()
     assert math.isclose(out.loss.item(), (want_loss / mean).item(), rel_tol=1e-12)
+
+    # trim: its global-batch value in the diagnostics, the metrics table and the loss's metrics
+    from nemo_ais.core import METRICS
+
+    names = [m.name for m in METRICS]
+    assert names[names.index("ais/w_norm") + 1 : names.index("ais/mode_frac_masked")] == [
+        "ais/m2po_threshold",
+        "ais/trim_bound",
+    ], names
+    tcfg = validate_section(CorrectionConfig, {"mode": "trim"}, "loss_fn.ais")
+    d = compute_diagnostics(old, rollout, mask, tcfg)
+    ell = (old - rollout).clamp(-20.0, 20.0)[mask == 1]
+    bound = ell.abs().sum().item() / ell.numel()
+    assert math.isclose(d.trim_bound, bound, rel_tol=1e-12), (d.trim_bound, bound)
+    assert d.as_dict()["trim_bound"] == d.trim_bound and d.m2po_threshold == 1e4
+    assert compute_diagnostics(old, rollout, mask, cfg).trim_bound == 1e4  # not running: off
+    want_t = ((old - rollout).abs() < bound).to(old.dtype) * mask
+    assert 0 < want_t.sum() < mask.sum(), want_t  # some tokens trimmed, some kept
+    w = correction_weights(old, rollout, mask, tcfg, d.trim_bound)
+    assert torch.equal(w, want_t), (w, want_t)
+    out = clipped_pg_loss(old.clone().requires_grad_(True), old, rollout, adv, mask, tcfg)
+    want_loss = -(want_t * adv[:, None]).sum() / mask.sum()
+    assert math.isclose(out.loss.item(), want_loss.item(), rel_tol=1e-12)
+    assert out.metrics["ais/trim_bound"].item() == d.trim_bound, out.metrics
 
     # analyze replays it (its record has a replay), the pre-flight has nothing to warn
     assert replay.MODES == ("tis", "icepop", "seq_mask_geo", "ais", "power"), replay.MODES
@@ -151,7 +202,10 @@ def test_every_record_is_complete(name):
     mode = MODES[name]
     assert mode.name == name
     assert mode.surrogate in ("token", "tbpo")
-    assert mode.batch_field in (None, "alpha", "m2po_threshold")
+    fixed = {f.name for f in dataclasses.fields(AISDiagnostics)} - {"mode_values"}
+    own = [v.name for v in mode.batch_statistic.new_values] if mode.batch_statistic else []
+    assert mode.batch_field in {None, "alpha", *own}
+    assert not fixed & set(own) and len(set(own)) == len(own)  # no value shadows a field
     for old, new in mode.moved_keys.items():
         assert CorrectionConfig.moved_keys[old] == f"{name}.{new}"
         assert new in mode.config.model_fields
