@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,6 +235,11 @@ def _short(value: object) -> str:
     return f"{type(value).__name__} {value!r}"[:60]
 
 
+def _huge(value: object) -> bool:
+    """An int (JSON allows any) that no float64 holds."""
+    return type(value) is int and abs(value) > sys.float_info.max
+
+
 def _vector(key: str, value: object, has_bool: bool) -> torch.Tensor:
     """``[[v_0, ..., v_{S-1}]]`` -> a 1-D float64 tensor; only numbers (no bool, no lists)."""
     inner = _unwrap(key, value)
@@ -241,19 +247,20 @@ def _vector(key: str, value: object, has_bool: bool) -> torch.Tensor:
         raise _RowError(f"{key}: expected [[numbers]], got [{_short(inner)}]")
     try:
         out = torch.tensor(inner, dtype=_DTYPE)
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError, OverflowError):
         out = None
     if out is None or out.dim() != 1 or has_bool:
         j, bad = next(
             (
                 (j, v)
                 for j, v in enumerate(inner)
-                if isinstance(v, bool) or not isinstance(v, int | float)
+                if isinstance(v, bool) or not isinstance(v, int | float) or _huge(v)
             ),
             (None, None),
         )
         if j is not None:
-            what = "a nested list" if isinstance(bad, list) else _short(bad)
+            what = "a nested list" if isinstance(bad, list) else None
+            what = what or ("an integer beyond float64 range" if _huge(bad) else _short(bad))
             raise _RowError(
                 f"{key}: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found "
                 f"{what} at position {j}"
@@ -267,7 +274,7 @@ def _parse_row(raw: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(prev, gen, mask) of one row, aligned ``[1:]``; raises :class:`_RowError`."""
     try:
         row = _loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError; an int over 4300 digits
         cut = not raw.endswith(b"\n")  # only a file's last line can lack it
         what = "truncated line (no newline at the end of the file)" if cut else "not valid JSON"
         raise _RowError(f"{what}: {err}") from None

@@ -167,11 +167,29 @@ def test_empty_file(capsys, log_dir):
             "bool True at position 6",
         ),
         (lambda r: r.update(sample_loss_mask=[True]), "sample_loss_mask: expected [0 or 1]"),
+        (  # JSON allows any integer; float64 does not (once an OverflowError traceback)
+            lambda r: r["prev_logprobs"][0].__setitem__(4, -(10**400)),
+            "prev_logprobs: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found "
+            "an integer beyond float64 range at position 4",
+        ),
+        (lambda r: r.update(sample_loss_mask=[10**400]), "sample_loss_mask: expected"),
+        (lambda r: r["token_loss_mask"][0].__setitem__(6, 10**400), "token_loss_mask: expected"),
     ],
 )
 def test_malformed_values(capsys, log_dir, edit, problem):
     _edit_row(log_dir / "train_data_step1.jsonl", 2, edit)
     _fails_with(capsys, log_dir, "train_data_step1.jsonl:2:", problem)
+
+
+def test_an_integer_beyond_the_int_string_limit_is_not_valid_json(capsys, log_dir):
+    # json.loads raises a plain ValueError here, not JSONDecodeError (once a traceback)
+    path = log_dir / "train_data_step1.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace(
+        '"generation_logprobs": [[', '"generation_logprobs": [[' + "9" * 5000 + ", ", 1
+    )
+    path.write_text("".join(lines))
+    _fails_with(capsys, log_dir, "train_data_step1.jsonl:2:", "not valid JSON: Exceeds the limit")
 
 
 def test_skip_bad_rows_counts_and_equals_the_clean_analysis(tmp_path, log_dir, capsys):
