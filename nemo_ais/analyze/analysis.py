@@ -32,7 +32,8 @@ from nemo_ais.analyze.reader import (
 from nemo_ais.analyze.replay import StepResult, replay_step
 from nemo_ais.analyze.report import write_report
 from nemo_ais.config import CorrectionConfig, require_config, validate_section
-from nemo_ais.core import METRICS, AISState
+from nemo_ais.core import AISState
+from nemo_ais.core.metrics import AIS_METRIC_NAMES
 from nemo_ais.rollout.readback import READBACK_FILE, read_readback
 
 __all__ = [
@@ -49,7 +50,6 @@ logger = logging.getLogger(__name__)
 
 ANALYSIS_FILE = "analysis.jsonl"
 DEFAULT_OUT = "ais_analysis"
-_AIS_FIELDS = [m.name for m in METRICS if m.name.startswith("ais/")]
 _SECTIONS = {"loss_fn.ais": CorrectionConfig, "alarms": AlarmConfig}
 
 
@@ -75,7 +75,7 @@ def analysis_row(result: StepResult, alarms: Sequence[Any]) -> dict[str, Any]:
     diag = result.diagnostics.as_dict()
     quarters = result.profile.quarters()
     row: dict[str, Any] = {"step": result.step}
-    row.update({name: diag[name.removeprefix("ais/")] for name in _AIS_FIELDS})
+    row.update({name: diag[name.removeprefix("ais/")] for name in AIS_METRIC_NAMES})
     row["analysis/ess_tok"] = result.diagnostics.ess_tok  # 1 / (1 + CV^2) (docs/method.md)
     for mode, summary in result.weights.items():
         row.update({f"weights/{mode}/{k}": v for k, v in summary.items()})

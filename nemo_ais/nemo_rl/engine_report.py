@@ -82,7 +82,8 @@ class EngineLayers(NamedTuple):
     layers: tuple[HeldLayer, ...]
 
 
-def _mro_names(obj: Any) -> tuple[str, ...]:
+def mro_names(obj: Any) -> tuple[str, ...]:
+    """Class names of ``type(obj)`` and its bases, most derived first (vLLM's quant classes)."""
     return tuple(c.__name__ for c in type(obj).__mro__)
 
 
@@ -92,7 +93,7 @@ def _first(obj: Any, *names: str) -> Any:
 
 def held_format(quant_method: Any) -> str:
     """The format a vLLM quant method runs (``bf16``, ``fp8_weight_only``, ..., ``unknown:<c>``)."""
-    names = _mro_names(quant_method)
+    names = mro_names(quant_method)
     kernel = type(_first(quant_method, "kernel", "fp8_linear")).__name__
     backend = str(_first(quant_method, "nvfp4_backend", "mxfp8_backend", "fp8_backend") or "")
     weight_only = (
@@ -112,10 +113,6 @@ def held_format(quant_method: Any) -> str:
     return f"unknown:{names[0]}"
 
 
-def _is_moe(quant_method: Any) -> bool:
-    return any("MoE" in n for n in _mro_names(quant_method))
-
-
 def engine_layers(worker: Any = None) -> EngineLayers:
     """In a vLLM worker (``collective_rpc``): its GPU and every layer's format (None: GPU only)."""
     import torch
@@ -128,7 +125,7 @@ def engine_layers(worker: Any = None) -> EngineLayers:
         get_model = getattr(worker, "get_model", None)
         model = get_model() if callable(get_model) else worker.model_runner.model
     layers = tuple(
-        HeldLayer(name, type(m).__name__, held_format(m), _is_moe(m))
+        HeldLayer(name, type(m).__name__, held_format(m), any("MoE" in n for n in mro_names(m)))
         for name, module in (model.named_modules() if model is not None else ())
         if (m := getattr(module, "quant_method", None)) is not None
     )

@@ -33,7 +33,12 @@ from pydantic import Discriminator, Tag, TypeAdapter
 from nemo_ais.config import require_config
 from nemo_ais.formats.registry import get_format
 from nemo_ais.nemo_rl import compat, vllm_refit
-from nemo_ais.nemo_rl.engine_report import ask_engines, engine_rpc, raise_engine_problems
+from nemo_ais.nemo_rl.engine_report import (
+    ask_engines,
+    engine_rpc,
+    mro_names,
+    raise_engine_problems,
+)
 from nemo_ais.nemo_rl.vllm_refit import (
     PATCHED,
     RECORDED_SIGNATURES,
@@ -81,13 +86,9 @@ NVFP4_METHODS = frozenset({"ModelOptNvFp4LinearMethod", "ModelOptNvFp4FusedMoE"}
 _GROUPED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
-def _mro_names(obj: Any) -> set[str]:
-    return {cls.__name__ for cls in type(obj).__mro__} if obj is not None else set()
-
-
 def engine_is_nvfp4(vllm_config: Any) -> bool:
     """True when vLLM's quant config is ModelOpt NVFP4 (W4A4 or W4A16, any subclass)."""
-    return NVFP4_QUANT_CONFIG in _mro_names(getattr(vllm_config, "quant_config", None))
+    return NVFP4_QUANT_CONFIG in mro_names(getattr(vllm_config, "quant_config", None))
 
 
 def holds_nvfp4(upstream: Any, model: Any, name: str) -> bool:
@@ -96,7 +97,7 @@ def holds_nvfp4(upstream: Any, model: Any, name: str) -> bool:
     if not name.endswith(".weight") and not grouped:
         return False
     layer = upstream._get_module_from_param_name(model, name)
-    nvfp4 = bool(_mro_names(getattr(layer, "quant_method", None)) & NVFP4_METHODS)
+    nvfp4 = not NVFP4_METHODS.isdisjoint(mro_names(getattr(layer, "quant_method", None)))
     if grouped and nvfp4:
         raise ValueError(
             f"{name}: a grouped expert slab of NVFP4 experts; the NVFP4 refit quantizes "
