@@ -23,7 +23,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from nemo_ais.config import require_config
-from nemo_ais.formats.nvfp4 import NVFP4_BLOCK
+from nemo_ais.formats.kv_cache import get_kv_format
 from nemo_ais.refit.kv_scales import KVSaturationCounter, KVScales
 from nemo_ais.rollout.calibration import (
     kv_scales_from_forward,
@@ -97,11 +97,8 @@ class RolloutTwin:
         if self.config.torch_compute_dtype is not None:
             twin.to(self.config.torch_compute_dtype)
         self.num_layers = num_layers(twin)
-        if self.config.kv_cache == "nvfp4" and head_dim(twin) % NVFP4_BLOCK:
-            raise ValueError(
-                f"kv_cache='nvfp4' needs a head dim that is a multiple of {NVFP4_BLOCK}, "
-                f"got {head_dim(twin)}"
-            )
+        if self.kv_cache_quantized:
+            get_kv_format(self.config.kv_cache).check_head_dim(head_dim(twin), "RolloutTwin")
         names = self.quantized_module_names = tuple(quantized_module_names(twin, self.config))
         amax = {}
         if self.fake_quant.shared_weight_amax:
