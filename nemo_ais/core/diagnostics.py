@@ -101,8 +101,12 @@ class AISDiagnostics:
     abs_log_ratio_p999: float = 0.0  # the 99.9th percentile of |l| over valid tokens
     abs_log_ratio_peak: float = 0.0  # max |l| over valid tokens
     seq_kl_peak: float = 0.0  # max over sequences of k3_i, the sequence's mean k3
-    # the modes' own global-batch values (m2po's q*, ``BatchValue``), each read as an attribute
-    mode_values: Mapping[str, float] = field(default_factory=lambda: _mode_values_off())
+    # the modes' own global-batch values (m2po's q*, ``BatchValue``), each read as an attribute;
+    # read-only (a private copy, left out of the hash)
+    mode_values: Mapping[str, float] = field(default_factory=lambda: _mode_values_off(), hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode_values", dict(self.mode_values))
 
     def __getattr__(self, name: str) -> float:
         """A mode's own value (``diagnostics.m2po_threshold``) from :attr:`mode_values`."""
@@ -147,6 +151,25 @@ class AISState:
 def _mode_values_off() -> dict[str, float]:
     """Every registered mode's own values at their "off" value."""
     return {value.name: value.off for value in batch_values()}
+
+
+def _check_mode_value_names() -> None:
+    """A mode's own value may not hide a diagnostics name, nor repeat another mode's."""
+    seen: dict[str, str] = {}
+    for mode in MODES.values():
+        for value in mode.batch_statistic.new_values if mode.batch_statistic else ():
+            taken = hasattr(AISDiagnostics, value.name) or value.name in _FIELD_NAMES
+            if taken or value.name in seen:
+                owner = f"mode {seen[value.name]}" if value.name in seen else "AISDiagnostics"
+                raise ValueError(
+                    f"mode {mode.name}: batch_statistic.new_values name {value.name!r} is "
+                    f"taken by {owner}: expected a name of its own (it becomes ais/<name>)"
+                )
+            seen[value.name] = mode.name
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(AISDiagnostics))
+_check_mode_value_names()  # at import, as the registry is read (METRICS, the config Literal)
 
 
 def _reliability(n_seq: float, w_seq_sum: float, w_seq_sq_sum: float) -> float:

@@ -12,7 +12,6 @@ single-process CPU float64 ones. Skips without CUDA.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 
 import pytest
@@ -84,7 +83,7 @@ def test_ais_statistics_reduce_over_nccl_on_the_cuda_device(nccl_group, dtype):
     assert len(got) == len(ref) == 2
     assert cuda["ais_global_batch"].device.type == "cuda"
     for g_diag, r_diag in zip(got, ref, strict=True):
-        g, r = dataclasses.asdict(g_diag), dataclasses.asdict(r_diag)
+        g, r = g_diag.as_dict(), r_diag.as_dict()
         assert 0.0 < r["alpha"] <= 1.0
         for key in r:  # same float64 statistics, reduced on another device
             assert g[key] == pytest.approx(r[key], rel=1e-12, abs=1e-15), key

@@ -209,3 +209,21 @@ def test_every_record_is_complete(name):
     for old, new in mode.moved_keys.items():
         assert CorrectionConfig.moved_keys[old] == f"{name}.{new}"
         assert new in mode.config.model_fields
+
+
+@pytest.mark.parametrize(
+    ("name", "owner"),
+    [("ess_tok", "AISDiagnostics"), ("alpha", "AISDiagnostics"), ("m2po_threshold", "mode m2po")],
+)
+def test_a_mode_value_may_not_hide_a_name(monkeypatch, name, owner):
+    from nemo_ais.core import diagnostics
+    from nemo_ais.modes import BatchStatistic, BatchValue, Mode
+
+    stat = BatchStatistic(1, sums=None, values=None, new_values=(BatchValue(name, 0.0, "", ""),))
+    monkeypatch.setitem(MODES, "clash", Mode("clash", weight=None, batch_statistic=stat))
+    with pytest.raises(ValueError) as err:
+        diagnostics._check_mode_value_names()
+    assert str(err.value) == (
+        f"mode clash: batch_statistic.new_values name {name!r} is taken by {owner}: "
+        "expected a name of its own (it becomes ais/<name>)"
+    )
