@@ -32,12 +32,7 @@ def fake_quant_kv_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.float() * scale).to(x.dtype)
 
 
-def _fp8_round_trip(x: torch.Tensor, scale: torch.Tensor, name: str) -> torch.Tensor:
-    return fake_quant_kv_fp8(x, scale.to(torch.float32))  # the engine holds s_l as fp32
-
-
-def _nvfp4_round_trip(x: torch.Tensor, scale: torch.Tensor, name: str) -> torch.Tensor:
-    amax = (scale * E4M3_MAX).to(torch.float32)  # the static amax, formed before the cast
+def _nvfp4_round_trip(x: torch.Tensor, amax: torch.Tensor, name: str) -> torch.Tensor:
     return fake_quantize_nvfp4(x, amax, name=name).to(x.dtype)
 
 
@@ -47,13 +42,16 @@ class KVFormat:
 
     Attributes:
         name: the ``kv_cache`` config value.
-        round_trip: ``(x, s_l, name) -> x`` quantized and dequantized, in ``x``'s dtype
-            (``s_l``: the layer's calibrated float64 dequant scale, 0-dim; ``name`` labels
-            errors).
+        held: calibrated float64 dequant scales ``s`` (any shape) -> what the engine holds
+            per layer (fp32: ``s`` for fp8, the static amax ``s * 448`` for nvfp4); formed
+            once per calibration, not per write.
+        round_trip: ``(x, held_l, name) -> x`` quantized and dequantized, in ``x``'s dtype
+            (``held_l``: the layer's held value, 0-dim; ``name`` labels errors).
         head_dim_multiple: the head dim must be a multiple of this (the block width).
     """
 
     name: str
+    held: Callable[[torch.Tensor], torch.Tensor]
     round_trip: Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
     head_dim_multiple: int = 1
 
@@ -67,8 +65,17 @@ class KVFormat:
 
 
 KV_FORMATS: dict[str, KVFormat] = {
-    "fp8": KVFormat("fp8", _fp8_round_trip),
-    "nvfp4": KVFormat("nvfp4", _nvfp4_round_trip, head_dim_multiple=NVFP4_BLOCK),
+    "fp8": KVFormat(
+        "fp8",
+        held=lambda scale: scale.to(torch.float32),
+        round_trip=lambda x, scale, name: fake_quant_kv_fp8(x, scale),
+    ),
+    "nvfp4": KVFormat(
+        "nvfp4",
+        held=lambda scale: (scale * E4M3_MAX).to(torch.float32),  # s * 448 before the cast
+        round_trip=_nvfp4_round_trip,
+        head_dim_multiple=NVFP4_BLOCK,
+    ),
 }
 
 

@@ -27,7 +27,8 @@ class QuantizedKVCache(GrowingKVCache):
     """HF ``DynamicCache`` (growing in place) whose writes take a KV-cache format's round trip.
 
     ``kind``: the format (``fp8``, ``nvfp4``); ``scales``: the calibrated table (float64
-    ``[layers, 3]`` dequant scales); ``saturation``: the counter, or None; ``error_scale``:
+    ``[layers, 3]`` dequant scales; ``held``: the record's per-layer K and V values from it);
+    ``saturation``: the counter, or None; ``error_scale``:
     the mismatch dial k (``x + k (q(x) - x)``; 1: the format as is).
     """
 
@@ -41,7 +42,8 @@ class QuantizedKVCache(GrowingKVCache):
         super().__init__()
         self.format = get_kv_format(kind)
         self.kind = kind
-        self.scale = scales.scale
+        # what the engine holds per layer and K / V (fp32), formed once for every write
+        self.held = {which: self.format.held(scales.scale[:, j]) for which, j in _COLUMNS.items()}
         self.saturation = saturation
         self.error_scale = error_scale
 
@@ -49,8 +51,9 @@ class QuantizedKVCache(GrowingKVCache):
         if self.saturation is not None:
             self.saturation.observe(layer, which, x)
         name = f"layer {layer} {which.upper()}"
-        self.format.check_head_dim(x.shape[-1], f"{name} of the KV cache")
-        q = self.format.round_trip(x, self.scale[layer, _COLUMNS[which]], name)
+        if x.shape[-1] % self.format.head_dim_multiple:
+            self.format.check_head_dim(x.shape[-1], f"{name} of the KV cache")
+        q = self.format.round_trip(x, self.held[which][layer], name)
         return scale_error(x, q, self.error_scale)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):

@@ -97,8 +97,9 @@ class RolloutTwin:
         if self.config.torch_compute_dtype is not None:
             twin.to(self.config.torch_compute_dtype)
         self.num_layers = num_layers(twin)
-        if self.kv_cache_quantized:
-            get_kv_format(self.config.kv_cache).check_head_dim(head_dim(twin), "RolloutTwin")
+        kv = get_kv_format(self.config.kv_cache) if self.kv_cache_quantized else None
+        if kv is not None and kv.head_dim_multiple > 1:  # read the head dim only where it matters
+            kv.check_head_dim(head_dim(twin), "RolloutTwin")
         names = self.quantized_module_names = tuple(quantized_module_names(twin, self.config))
         amax = {}
         if self.fake_quant.shared_weight_amax:

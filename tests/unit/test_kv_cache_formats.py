@@ -14,8 +14,9 @@ import torch
 from block_format_oracles import nvfp4_oracle
 from fp8_oracles import decode_e4m3, encode_e4m3, f32
 
+from nemo_ais.formats import fake_quantize_nvfp4
 from nemo_ais.formats.grids import E4M3_MAX
-from nemo_ais.formats.kv_cache import KV_FORMATS, KVFormat, get_kv_format
+from nemo_ais.formats.kv_cache import KV_FORMATS, KVFormat, fake_quant_kv_fp8, get_kv_format
 from nemo_ais.refit.kv_scales import KVScales
 from nemo_ais.rollout.config import KV_CACHE_FORMATS
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
@@ -38,33 +39,48 @@ def test_the_config_offers_exactly_the_records():
     assert all(record.name == name for name, record in KV_FORMATS.items())
 
 
-def test_fp8_round_trip_is_the_per_tensor_e4m3_oracle():
-    x, s = _states(), 0.05
-    got = KV_FORMATS["fp8"].round_trip(x, torch.tensor(s, dtype=torch.float64), "layer 0 K")
+def _round_trip(kind: str, x: torch.Tensor, s: float) -> torch.Tensor:
+    record = KV_FORMATS[kind]
+    return record.round_trip(x, record.held(torch.tensor(s, dtype=torch.float64)), "layer 0 K")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_round_trip_is_the_per_tensor_e4m3_oracle(dtype):
+    x, s = _states().to(dtype), 0.05
+    got = _round_trip("fp8", x, s)
     s32 = float(f32(s))
-    ratio = f32(x.numpy().astype(np.float64) / s32)  # one fp32 division, as the engine does
+    ratio = f32(x.float().numpy().astype(np.float64) / s32)  # one fp32 division, as the engine
     codes = encode_e4m3(np.clip(ratio, -E4M3_MAX, E4M3_MAX))
-    want = f32(decode_e4m3(codes) * s32)
-    np.testing.assert_array_equal(got.numpy(), want)
-    assert got.dtype == x.dtype and got[0, 0, 0, 0].item() == pytest.approx(E4M3_MAX * s32)
+    want = torch.from_numpy(f32(decode_e4m3(codes) * s32)).to(dtype)
+    assert got.dtype == dtype and torch.equal(got, want)
+    assert got[0, 0, 0, 0].item() == pytest.approx(E4M3_MAX * s32, rel=1e-2)  # saturated
 
 
 def test_nvfp4_round_trip_is_the_modelopt_oracle_with_the_static_amax():
     x, s = _states(1), 0.011
-    got = KV_FORMATS["nvfp4"].round_trip(x, torch.tensor(s, dtype=torch.float64), "layer 1 V")
+    got = _round_trip("nvfp4", x, s)
     amax = float(f32(s * E4M3_MAX))  # the static amax s * 448, formed in float64
     *_, want = nvfp4_oracle(x.reshape(-1, x.shape[-1]).numpy(), amax=amax)
     np.testing.assert_array_equal(got.reshape(-1, x.shape[-1]).numpy(), want)
 
 
-def test_the_cache_applies_each_layers_k_and_v_scale():
-    scales, k, v = _scales(), _states(2), _states(3)
-    for kind, record in KV_FORMATS.items():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cache_writes_what_it_wrote_before_the_records(dtype):
+    """Each layer's K and V against the arithmetic of the cache before issue 24's records."""
+    scales, k, v = _scales(), _states(2).to(dtype), _states(3).to(dtype)
+    s = scales.scale
+    before = {  # (x, layer, column) -> the former QuantizedKVCache._round_trip
+        "fp8": lambda x, i, j: fake_quant_kv_fp8(x, s[:, j].to(torch.float32)[i]),
+        "nvfp4": lambda x, i, j: fake_quantize_nvfp4(
+            x, (s[:, j] * E4M3_MAX).to(torch.float32)[i], name="x"
+        ).to(x.dtype),
+    }
+    for kind in KV_FORMATS:
         cache = QuantizedKVCache(kind, scales)
-        k_out, v_out = cache.update(k.clone(), v.clone(), 1)
-        s = scales.scale
-        assert torch.equal(k_out, record.round_trip(k, s[1, 1], "k"))
-        assert torch.equal(v_out, record.round_trip(v, s[1, 2], "v"))
+        for layer in (0, 1):
+            k_out, v_out = cache.update(k.clone(), v.clone(), layer)
+            assert torch.equal(k_out[:, :, -5:], before[kind](k, layer, 1)), (kind, layer)
+            assert torch.equal(v_out[:, :, -5:], before[kind](v, layer, 2)), (kind, layer)
 
 
 def test_head_dim_and_unknown_format_errors_name_the_field():
@@ -85,7 +101,12 @@ def test_head_dim_and_unknown_format_errors_name_the_field():
 
 
 def test_a_new_kv_format_is_one_record(monkeypatch):
-    halves = KVFormat("halves", lambda x, scale, name: (x / scale).round() * scale, 8)
+    halves = KVFormat(
+        "halves",
+        held=lambda scale: scale.to(torch.float32),
+        round_trip=lambda x, scale, name: (x / scale).round() * scale,
+        head_dim_multiple=8,
+    )
     monkeypatch.setitem(KV_FORMATS, "halves", halves)
     cache = QuantizedKVCache("halves", _scales())
     k = _states(4, head_dim=16)
