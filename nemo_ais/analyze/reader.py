@@ -302,7 +302,7 @@ def _parse_row(raw: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if isinstance(sample_mask, bool) or not isinstance(sample_mask, int | float):
         raise _RowError(f"sample_loss_mask: expected [0 or 1], got [{_short(sample_mask)}]")
     if sample_mask not in (0, 1):
-        raise _RowError(f"sample_loss_mask: expected 0 or 1, got {sample_mask}")
+        raise _RowError(f"sample_loss_mask: expected 0 or 1, got {str(sample_mask)[:60]}")
     bad_mask = torch.nonzero((token_mask != 0) & (token_mask != 1))
     if bad_mask.numel():
         j = int(bad_mask[0])
