@@ -259,8 +259,12 @@ def _vector(key: str, value: object, has_bool: bool) -> torch.Tensor:
             (None, None),
         )
         if j is not None:
-            what = "a nested list" if isinstance(bad, list) else None
-            what = what or ("an integer beyond float64 range" if _huge(bad) else _short(bad))
+            if isinstance(bad, list):
+                what = "a nested list"
+            elif _huge(bad):
+                what = "an integer beyond float64 range"
+            else:
+                what = _short(bad)
             raise _RowError(
                 f"{key}: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found "
                 f"{what} at position {j}"
