@@ -103,7 +103,7 @@ class AISDiagnostics:
     seq_kl_peak: float = 0.0  # max over sequences of k3_i, the sequence's mean k3
     # the modes' own global-batch values (m2po's q*, ``BatchValue``), each read as an attribute;
     # read-only (a private copy, left out of the hash)
-    mode_values: Mapping[str, float] = field(default_factory=lambda: _mode_values_off(), hash=False)
+    mode_values: Mapping[str, float] = field(default_factory=lambda: _MODE_VALUES_OFF, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode_values", dict(self.mode_values))
@@ -148,11 +148,6 @@ class AISState:
         self.num_updates = int(state["num_updates"])
 
 
-def _mode_values_off() -> dict[str, float]:
-    """Every registered mode's own values at their "off" value."""
-    return {value.name: value.off for value in batch_values()}
-
-
 def _check_mode_value_names() -> None:
     """A mode's own value may not hide a diagnostics name, nor repeat another mode's."""
     seen: dict[str, str] = {}
@@ -170,6 +165,8 @@ def _check_mode_value_names() -> None:
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(AISDiagnostics))
 _check_mode_value_names()  # at import, as the registry is read (METRICS, the config Literal)
+# every registered mode's own values at their "off" value: the same registry read as METRICS
+_MODE_VALUES_OFF = {value.name: value.off for value in batch_values()}
 
 
 def _reliability(n_seq: float, w_seq_sum: float, w_seq_sq_sum: float) -> float:
@@ -274,7 +271,7 @@ def _mode_values(s, config: CorrectionConfig, alpha: float, w_mean: float) -> di
         values = mode.batch_statistic.values(s["tail"], s[Slot.N_TOK], config)
         own = {value.name for value in mode.batch_statistic.new_values}
         out.update({k: v for k, v in values.items() if k not in own})
-        out["mode_values"] = _mode_values_off() | {k: values[k] for k in own}
+        out["mode_values"] = _MODE_VALUES_OFF | {k: values[k] for k in own}
     return out
 
 
