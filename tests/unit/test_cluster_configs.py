@@ -862,6 +862,19 @@ def test_cli_prints_results_and_exit_codes(capsys):
     assert "[FAIL] batch:" in capsys.readouterr().out
 
 
+def test_docs_list_every_registered_check_and_print_what_the_command_prints(capsys, hf_cache):
+    """docs/cluster.md's check table has a row per registered check; its sample run is current."""
+    from nemo_ais.preflight.checks import CHECKS
+
+    doc = (Path(__file__).parents[2] / "docs" / "cluster.md").read_text()
+    rows = {line.split("`")[1] for line in doc.splitlines() if line.startswith("| `")}
+    assert set(CHECKS) - rows == set(), "docs/cluster.md's check table lacks these checks"
+    assert pf.main([str(MOE)]) == 0
+    printed = capsys.readouterr().out.splitlines()[2:]  # the model_shapes line names the cache
+    sample = doc.split(f"$ python -m nemo_ais.preflight configs/nemo_rl/{MOE.name}\n")[1]
+    assert "\n".join(printed) in sample, "docs/cluster.md's sample output is stale"
+
+
 def test_cli_get_prints_yaml_spellings_and_refuses_absent_keys(capsys):
     keys = ["checkpointing.checkpoint_must_save_by", "checkpointing.enabled", "cluster.num_nodes"]
     assert pf.main([*(f"--get={k}" for k in keys), str(QWEN8B)]) == 0
