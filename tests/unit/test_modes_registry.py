@@ -197,6 +197,21 @@ def test_the_config_offers_exactly_the_registered_modes():
         assert CorrectionConfig.model_fields[name].annotation is MODES[name].config
 
 
+def test_every_mode_list_in_the_docs_names_every_mode():
+    """A ``mode: ais  # none | tis | ...`` comment in the docs or configs lists all modes."""
+    repo = Path(__file__).parents[2]
+    files = [repo / "README.md", *repo.glob("docs/*.md"), *repo.glob("configs/**/*.yaml")]
+    lists = [
+        (f.name, line.split("#", 1)[1].split(";")[0].split())
+        for f in files
+        for line in f.read_text().splitlines()
+        if "mode:" in line and "# none |" in line
+    ]
+    assert len(lists) >= 3
+    for name, words in lists:
+        assert [w for w in words if w != "|"] == list(MODES), name
+
+
 @pytest.mark.parametrize("name", list(MODES))
 def test_every_record_is_complete(name):
     mode = MODES[name]
