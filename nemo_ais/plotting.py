@@ -8,9 +8,10 @@ that train identically) stay visible as distinct markers on one line.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-__all__ = ["LINESTYLES", "MARKERS", "series_style", "style_axes"]
+__all__ = ["LINESTYLES", "MARKERS", "pyplot", "save_figures", "series_style", "style_axes"]
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
@@ -51,3 +52,23 @@ def style_axes(
     if steps:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figures(figures: dict[str, Any], out_dir: Path, dpi: int) -> list[Path]:
+    """Save each ``{file name: figure}`` under ``out_dir`` and close it; the paths written."""
+    plt, written = pyplot(), []
+    for name, fig in figures.items():
+        written.append(Path(out_dir) / name)
+        fig.savefig(written[-1], dpi=dpi)
+        plt.close(fig)
+    return written

@@ -20,7 +20,7 @@ from nemo_ais.analyze.replay import MODES
 from nemo_ais.analyze.trend import Trend, fit_trend
 from nemo_ais.modes import MODES as ALL_MODES
 from nemo_ais.modes import masked
-from nemo_ais.plotting import series_style, style_axes
+from nemo_ais.plotting import pyplot, save_figures, series_style, style_axes
 
 __all__ = [
     "PLOTS",
@@ -164,11 +164,7 @@ def build_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     Every panel has a y label with its unit, integer step ticks, a legend and a red dashed
     line at each alarm's step.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     steps = [int(r["step"]) for r in rows]
     alarm_steps = [int(r["step"]) for r in rows if r.get("alarms")]
 
@@ -205,17 +201,6 @@ def build_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     fig.tight_layout()
     figures[PLOTS[2]] = fig
     return figures
-
-
-def _plot(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    import matplotlib.pyplot as plt
-
-    written = []
-    for name, fig in build_figures(rows).items():
-        written.append(out_dir / name)
-        fig.savefig(written[-1], dpi=100)
-        plt.close(fig)
-    return written
 
 
 def _summary_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -285,7 +270,7 @@ def write_report(
     alarms = [a for r in rows for a in r.get("alarms", [])]
     jumps = {int(r["step"]) for r in rows for a in r.get("alarms", []) if "_jump: " in a}
     fit_rows = [r for r in rows if int(r["step"]) not in jumps]
-    written = _plot(rows, out_dir) if plots else []
+    written = save_figures(build_figures(rows), out_dir, dpi=100) if plots else []
     md = [
         "# AIS analysis of a NeMo-RL run",
         "",

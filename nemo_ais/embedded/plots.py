@@ -12,7 +12,7 @@ import statistics
 from typing import Any, NamedTuple
 
 from nemo_ais.embedded.stats import band, series
-from nemo_ais.plotting import series_style, style_axes
+from nemo_ais.plotting import pyplot, series_style, style_axes
 
 __all__ = ["DIAGNOSTICS", "PLOTS", "Panel", "build_figures"]
 
@@ -90,11 +90,7 @@ def build_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     Every arm keeps one colour, marker and line style in all of them, in order of appearance.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     arms = list(dict.fromkeys(r["arm"] for r in records))
     figures = {}
     for name, panel in PLOTS.items():

@@ -34,6 +34,7 @@ from nemo_ais.embedded.stats import (
     t_quantile_975,
 )
 from nemo_ais.embedded.tolerance import tolerance_md, tolerance_table, write_tolerance
+from nemo_ais.plotting import save_figures
 
 __all__ = [
     "DIAGNOSTICS",
@@ -229,15 +230,9 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
 
     ``plots=False`` (``logger.plots: false``) skips the PNGs of :func:`build_figures`.
     """
-    import matplotlib.pyplot as plt
-
     run_dir = Path(run_dir)
     records = load_metrics(run_dir)
-    written = []
-    for name, fig in (build_figures(records) if plots else {}).items():
-        fig.savefig(run_dir / name, dpi=110)
-        plt.close(fig)
-        written.append(run_dir / name)
+    written = save_figures(build_figures(records), run_dir, dpi=110) if plots else []
     reference = _reference_arm(run_dir)
     levels = tolerance_table(records, reference)
     summary = _summary_md(run_dir, records, reference)

@@ -132,14 +132,9 @@ def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
 
 
 def _plot(levels: list[Level], path: Path) -> None:
-    import matplotlib
+    from nemo_ais.plotting import pyplot, save_figures, series_style, style_axes
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from nemo_ais.plotting import series_style, style_axes
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = pyplot().subplots(figsize=(6.4, 4.0))
     for i, c in enumerate(_corrections(levels)):
         pts = [
             (lv.mismatch["D"], *lv.delta[c][1:])
@@ -162,8 +157,7 @@ def _plot(levels: list[Level], path: Path) -> None:
     )
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figures({path.name: fig}, path.parent, dpi=110)
 
 
 def write_tolerance(

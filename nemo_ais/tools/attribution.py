@@ -158,17 +158,15 @@ class _SourceSwitch:
             orig = copy.deepcopy(original.get_submodule(name))
             if dtype is not None:
                 orig.to(dtype)
-            parent_name, _, child = name.rpartition(".")
-            parent = twin.model.get_submodule(parent_name)
-            quant = getattr(parent, child)
+            quant = twin.model.get_submodule(name)
             if isinstance(quant, QuantExperts):
                 leaves = self._wrap_experts(quant, orig, layer, rel)
-                setattr(parent, child, _SwitchableModule(quant, orig, leaves))
+                twin.model.set_submodule(name, _SwitchableModule(quant, orig, leaves))
             else:
                 assert isinstance(quant, QuantLinear | Fp8Linear), type(quant)
                 leaf = _Switchable(quant, orig.weight, orig.bias)
                 self.leaves.setdefault((layer, rel), []).append(leaf)
-                setattr(parent, child, _SwitchableModule(leaf, orig, [leaf]))
+                twin.model.set_submodule(name, _SwitchableModule(leaf, orig, [leaf]))
         # formats whose activations stay in high precision (W4A16) have no activation source
         self.activations = twin.fake_quant.activation is not LINEAR_FAKE_QUANT["bf16"].activation
         self.kv_layers = range(twin.num_layers) if twin.kv_cache_quantized else range(0)
@@ -366,14 +364,11 @@ def attribution_markdown(att: Attribution, top: int | None = None) -> str:
 
 def plot_attribution(att: Attribution, path: str | Path, top: int = 16) -> Path:
     """Horizontal bars of *alone* and *buys* (mean |dlogp|) per group and top source; PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from nemo_ais.plotting import pyplot, save_figures
 
     panels = [("by kind, layer and module", att.groups), (f"top {top} sources", att.rows[:top])]
     heights = [max(2.0, 0.28 * len(rows) + 1.0) for _, rows in panels]
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         2, 1, figsize=(8.0, sum(heights)), gridspec_kw={"height_ratios": heights}
     )
     for ax, (title, rows) in zip(axes, panels, strict=True):
@@ -391,9 +386,7 @@ def plot_attribution(att: Attribution, path: str | Path, top: int = 16) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figures({path.name: fig}, path.parent, dpi=120)[0]
 
 
 def attribution_records(att: Attribution) -> list[dict]:

@@ -30,7 +30,7 @@ MAY_IMPORT = {
     "formats": {"config"},
     "refit": {"config", "formats", "rules"},
     "rollout": {"config", "formats", "refit", "rules"},
-    "tools": {"config", "formats", "refit", "rollout", "rules"},
+    "tools": {"config", "formats", "plotting", "refit", "rollout", "rules"},
     "kernels": {"formats"},  # GPU (Triton) fast paths of the formats' quantizers
     "fp8": {"formats", "refit"},  # the compatibility face (former submodules resolve lazily)
     "core": {"config", "modes"},  # the method: its config and the correction-mode records
