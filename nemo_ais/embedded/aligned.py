@@ -103,9 +103,8 @@ class RolloutAlignedPolicy(nn.Module):
                     f"{name}: policy.rollout_aligned_quantization supports nn.Linear layers, "
                     f"got {type(module).__name__} (fused MoE experts are not aligned)"
                 )
-            parent, _, child = name.rpartition(".")
             self.linears[name] = StraightThroughLinear(module, engine.fake_quant, f"{name}.weight")
-            setattr(self.model.get_submodule(parent), child, self.linears[name])
+            self.model.set_submodule(name, self.linears[name])
 
     def _load_calibration(self) -> None:
         """Set each linear's weight amax (current ``W``) and the twin's input amax."""

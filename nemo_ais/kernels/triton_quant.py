@@ -32,7 +32,13 @@ from nemo_ais.formats import (
 )
 from nemo_ais.formats.checks import check_amax, check_last_dim
 from nemo_ais.formats.fp8_block import _FAMILY_INDEX, Family, check_weight_args
-from nemo_ais.formats.nvfp4 import check_experts_args, nvfp4_global_scale, quantize_nvfp4_experts
+from nemo_ais.formats.mx import MX_BLOCK
+from nemo_ais.formats.nvfp4 import (
+    NVFP4_BLOCK,
+    check_experts_args,
+    nvfp4_global_scale,
+    quantize_nvfp4_experts,
+)
 
 __all__ = [
     "quantize_blockwise_triton",
@@ -43,7 +49,6 @@ __all__ = [
     "triton_available",
 ]
 
-_MX_BLOCK, _NVFP4_BLOCK = 32, 16
 _KERNELS = "nemo_ais.kernels._triton_quant_jit"
 # Elements per program of the 1-D formats: 16 rows x 256 columns (8 warps: 128 (MX) / 120
 # (NVFP4) registers, no spills).
@@ -173,7 +178,7 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
     r = math.prod(x.shape[:-1])
     x2 = x.reshape(r, k).contiguous()
     q = torch.empty(r, k // 2 if fp4 else k, dtype=torch.uint8, device=x.device)
-    scale = torch.empty(r, k // _MX_BLOCK, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(r, k // MX_BLOCK, dtype=torch.uint8, device=x.device)
     if x2.numel() == 0:
         return q, scale, False
     cols = min(_COLS, triton_next_pow2(k))
@@ -199,12 +204,12 @@ def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
 @_on_x_device
 def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     """MXFP8 of ``x [..., K]`` by one Triton launch; the bits of ``quantize_mxfp8``."""
-    check_last_dim(x, name, _MX_BLOCK, "MXFP8")
+    check_last_dim(x, name, MX_BLOCK, "MXFP8")
     q, scale, bad = _mx(x, fp4=False, ties_toward_zero=False)
     if bad:
         return quantize_mxfp8(x, name=name)
     lead, k = x.shape[:-1], x.shape[-1]
-    return MXFP8Tensor(q.view(torch.float8_e4m3fn).view(*lead, k), scale.view(*lead, k // 32))
+    return MXFP8Tensor(q.view(torch.float8_e4m3fn).view(*lead, k), scale.view(*lead, k // MX_BLOCK))
 
 
 @_on_x_device
@@ -212,12 +217,12 @@ def quantize_mxfp4_triton(
     x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
 ) -> MXFP4Tensor:
     """MXFP4 of ``x [..., K]`` by one Triton launch; the bits of ``quantize_mxfp4``."""
-    check_last_dim(x, name, _MX_BLOCK, "MXFP4")
+    check_last_dim(x, name, MX_BLOCK, "MXFP4")
     q, scale, bad = _mx(x, fp4=True, ties_toward_zero=bool(round_ties_toward_zero))
     if bad:
         return quantize_mxfp4(x, round_ties_toward_zero=round_ties_toward_zero, name=name)
     lead, k = x.shape[:-1], x.shape[-1]
-    return MXFP4Tensor(q.view(*lead, k // 2), scale.view(*lead, k // 32))
+    return MXFP4Tensor(q.view(*lead, k // 2), scale.view(*lead, k // MX_BLOCK))
 
 
 def _matrix_amax(x: torch.Tensor, matrices: int, jit: ModuleType) -> torch.Tensor:
@@ -234,7 +239,7 @@ def _nvfp4(x, s_g, n, e, rows_per_block, jit):
     """Launch the NVFP4 kernel over ``x`` as ``[e, n, K]``; ``s_g`` 1 or ``e`` global scales."""
     k = x.shape[-1]
     data = torch.empty(*x.shape[:-1], k // 2, dtype=torch.uint8, device=x.device)
-    scale = torch.empty(*x.shape[:-1], k // 16, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(*x.shape[:-1], k // NVFP4_BLOCK, dtype=torch.uint8, device=x.device)
     cols = min(_COLS, triton_next_pow2(k))
     grid = (-(-n // _ROWS), -(-k // cols), e)
     bad = _counter(x.device)
@@ -259,7 +264,7 @@ def quantize_nvfp4_triton(
     Two launches with ``amax=None`` (the amax, then the quantizer), one with a static amax;
     16x16 tiles never straddle two experts.
     """
-    check_last_dim(x, name, _NVFP4_BLOCK, "NVFP4")
+    check_last_dim(x, name, NVFP4_BLOCK, "NVFP4")
     bad_tiles = rows_per_block not in (1, 16) or (rows_per_block > 1 and x.dim() < 2)
     if bad_tiles or x.numel() == 0:  # the PyTorch path: its error, or the empty result
         return quantize_nvfp4(x, amax, rows_per_block=rows_per_block, name=name)

@@ -106,13 +106,11 @@ class RolloutTwin:
             linears = {n: m for n in names if isinstance(m := twin.get_submodule(n), nn.Linear)}
             amax = _shared_weight_amax({f"{n}.weight": m.weight for n, m in linears.items()})
         for name in names:
-            parent_name, _, child = name.rpartition(".")
-            parent = twin.get_submodule(parent_name)
             weight_amax = amax.get(f"{name}.weight")
             new = quantized_module(
-                getattr(parent, child), name, self.config, self.fake_quant, weight_amax
+                twin.get_submodule(name), name, self.config, self.fake_quant, weight_amax
             )
-            setattr(parent, child, new)
+            twin.set_submodule(name, new)
         self.model = twin
         self.kv_scales: KVScales | None = None
         self.readback: RefitReadback | None = None  # of the last refit (config.verify_refit)
