@@ -55,12 +55,15 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     Returns a plain, interpolated dict (no ``defaults`` key).
     """
     upstream = nemo_rl_loader()
-    if upstream is None:
-        return load_config_fallback(path, overrides)
-    upstream.register_omegaconf_resolvers()
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"config {path} does not exist")
-    cfg = upstream.load_config(str(path))
+    try:
+        if upstream is None:
+            return load_config_fallback(path, overrides)
+        upstream.register_omegaconf_resolvers()
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config {path} does not exist")
+        cfg = upstream.load_config(str(path))
+    except yaml.YAMLError as err:  # the file (or a defaults: parent) named in the message
+        raise ValueError(f"malformed YAML: {' '.join(str(err).split())}") from None
     if overrides:
         try:
             cfg = upstream.parse_hydra_overrides(cfg, list(overrides))

@@ -848,6 +848,23 @@ def test_loader_errors(tmp_path):
         pf.load_config_fallback(listy)
 
 
+@pytest.mark.parametrize("upstream", [True, False], ids=["nemo_rl_loader", "fallback"])
+def test_malformed_yaml_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, upstream):
+    """A YAML syntax error (here, or in a defaults: parent) is a ValueError, not a traceback."""
+    if not upstream:
+        monkeypatch.setattr(pf.loader, "nemo_rl_loader", lambda: None)
+    else:
+        assert pf.loader.nemo_rl_loader() is not None  # the vendored NeMo-RL's own loader
+    bad = _write(tmp_path / "bad.yaml", "a: [1, 2\n")
+    child = _write(tmp_path / "child.yaml", "defaults: bad.yaml\n")
+    for path in (bad, child):
+        with pytest.raises(ValueError, match=r"malformed YAML: .* in \".*bad\.yaml\", line 1"):
+            pf.load_config(path)
+    assert pf.main([str(child)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{child}: cannot load: malformed YAML:") and err.count("\n") == 1
+
+
 # ---------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------
