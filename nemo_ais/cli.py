@@ -142,7 +142,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
     ),
     "report": (
         "Redraw plots and summary.md of a run directory from its metrics.jsonl.",
-        "Redraw reward.png, accuracy.png, diagnostics.png and summary.md from "
+        "Redraw reward.png, accuracy.png, diagnostics.png, mismatch_vs_entropy.png and "
+        "summary.md (and a dose-response run's tolerance.json / .png) from "
         "RUN_DIR/metrics.jsonl (or a metrics file).",
         {"run_dir": {"type": Path, "help": "A run directory (or its metrics.jsonl)."}},
     ),

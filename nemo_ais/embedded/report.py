@@ -230,8 +230,8 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
 
     ``plots=False`` (``logger.plots: false``) skips the PNGs of :func:`build_figures`.
     """
-    run_dir = Path(run_dir)
-    records = load_metrics(run_dir)
+    records = load_metrics(Path(run_dir))
+    run_dir = Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
     written = save_figures(build_figures(records), run_dir, dpi=110) if plots else []
     reference = _reference_arm(run_dir)
     levels = tolerance_table(records, reference)

@@ -48,19 +48,39 @@ EVIDENCE_MIN_STEPS = 2 * EARLY_LATE_STEPS
 EVIDENCE_MIN_SEEDS = 2
 
 
+_RECORD_KEYS = ("kind", "arm", "seed", "step")
+
+
 def load_metrics(path: Path) -> list[dict[str, Any]]:
-    """Records of a ``metrics.jsonl`` (a line cut by a crash is skipped; none: ``ValueError``)."""
+    """Records of a ``metrics.jsonl``.
+
+    A last line cut by a crash (no newline at its end) is skipped; any other line that is not
+    a record (a JSON object with ``kind``, ``arm``, ``seed`` and ``step``) is a ``ValueError``
+    naming ``file:line``, as is a file with no record.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: expected a run directory of nemo-ais run")
+    text = path.read_text()
+    lines = text.splitlines()
     records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
             continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            if lineno == len(lines) and not text.endswith("\n"):
+                break  # the write a crash cut short
+            raise ValueError(f"{path}:{lineno}: not a JSON record ({err})") from None
+        if not isinstance(rec, dict) or (missing := [k for k in _RECORD_KEYS if k not in rec]):
+            what = f"lacks {', '.join(missing)}" if isinstance(rec, dict) else "is not an object"
+            raise ValueError(
+                f"{path}:{lineno}: expected a record with {', '.join(_RECORD_KEYS)}; it {what}"
+            )
+        records.append(rec)
     if not records:
         raise ValueError(f"{path} holds no metrics record")
     return records

@@ -74,6 +74,37 @@ def test_summary_is_mean_and_sample_std_over_seeds(tmp_path):
     assert "| a | 2 | 0.100 ± 0.000 | 0.600 ± 0.141 | **0.600 ± 0.141** | n/a |" in text
 
 
+@pytest.mark.parametrize(
+    ("bad", "where", "why"),
+    [
+        ('{"kind": "train", "arm": "a"\n', 2, "not a JSON record"),  # a torn line, not last
+        ("[1, 2]\n", 2, "it is not an object"),
+        ('{"kind": "train", "arm": "a", "seed": 0}\n', 2, "it lacks step"),
+    ],
+)
+def test_a_bad_line_other_than_a_cut_last_one_names_file_and_line(tmp_path, bad, where, why):
+    """Only the last write a crash cut short is skipped; a report never drops records silently."""
+    good = [json.dumps(r) + "\n" for r in _records()[:3]]
+    (tmp_path / "metrics.jsonl").write_text(good[0] + bad + "".join(good[1:]))
+    with pytest.raises(ValueError, match=rf"metrics\.jsonl:{where}: .*{why}"):
+        load_metrics(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("".join(good) + good[0][:20])  # cut, no newline
+    assert load_metrics(tmp_path) == _records()[:3]
+
+
+def test_report_takes_the_metrics_file_as_its_help_says(tmp_path, capsys):
+    _write(tmp_path / "metrics.jsonl", _records())
+    from nemo_ais.cli import main
+
+    assert main(["report", str(tmp_path / "metrics.jsonl")]) == 0
+    assert (tmp_path / "summary.md").is_file() and (tmp_path / "reward.png").is_file()
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train"}\n')
+    assert main(["report", str(tmp_path)]) == 2
+    assert (
+        "metrics.jsonl:1: expected a record with kind, arm, seed, step" in capsys.readouterr().err
+    )
+
+
 def test_empty_metrics_file_is_an_error(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="holds no metrics record"):
