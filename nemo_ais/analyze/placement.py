@@ -92,7 +92,7 @@ def placement_md(rows: list[dict[str, Any]], levels: list[dict[str, Any]] | None
     md += [
         "",
         f"Nearest level of the study: k = {level['k']:g}, where the uncorrected arm measured "
-        f"D = {d:.4g} ({run['D'] / d:.2g}x this run's). What the study found there (paired "
+        f"D = {d:.4g} ({d / run['D']:.2g}x this run's). What the study found there (paired "
         "Δ of held-out accuracy vs BF16, 95% interval):",
         "",
         "| arm | Δ vs bf16 |",

@@ -156,6 +156,8 @@ def test_placement_names_the_nearest_level(tmp_path):
     # D = 0.05 is nearest (log scale) to k = 4 (D = 0.05 x 1.25)
     assert "This run's mismatch, mean over its steps: D = 0.05, gen_kl = 0.001, tmpe = 1.05." in md
     assert "k = 4, where the uncorrected arm measured D = 0.05" in md
+    low = "\n".join(placement_md([{"ais/severity": 0.04}], study))  # still nearest to k = 4
+    assert "k = 4, where the uncorrected arm measured D = 0.05 (1.2x this run's)" in low
     none = study[1]["delta"]["none"]
     assert f"| none | {none[1]:+.3f} [{none[1] - none[2]:+.3f}, {none[1] + none[2]:+.3f}] |" in md
     assert "not a prediction" in md and "extrapolation" not in md
