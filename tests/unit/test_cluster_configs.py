@@ -396,6 +396,24 @@ BROKEN = [
         "vllm_parallel",
         "vLLM TP x PP = 3 x 1 = 3 must divide the 16 GPUs",
     ),
+    *(
+        (QWEN8B, [f"{key}={value}"], "batch", f"{key}={value} is invalid: expected an integer >= 1")
+        for key, value in (
+            ("policy.train_micro_batch_size", 0),  # passed before as "gbs/DP = 64 = 512 x mbs 0"
+            ("policy.logprob_batch_size", -1),
+            ("grpo.num_prompts_per_step", -4),
+            ("grpo.max_num_steps", -5),
+        )
+    ),
+    *(
+        (
+            QWEN8B,
+            [f"policy.generation.vllm_cfg.gpu_memory_utilization={share}"],
+            "vllm_parallel",
+            f"gpu_memory_utilization={share} is invalid: expected a fraction in (0, 1]",
+        )
+        for share in (1.5, -0.5, 0)
+    ),
     (
         MOE,
         ["policy.generation.vllm_cfg.expert_parallel_size=3"],

@@ -75,9 +75,27 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
     return Verdict(problems, detail)
 
 
+_COUNTS = (
+    "grpo.num_prompts_per_step",
+    "grpo.num_generations_per_prompt",
+    "grpo.max_num_steps",
+    "policy.train_global_batch_size",
+    "policy.train_micro_batch_size",
+    "policy.logprob_batch_size",
+)
+
+
 @check("batch")
 def check_batch(ctx: Context) -> Verdict:
     """Rollouts per step are whole global batches; each splits into DP x micro-batches."""
+    bad = [
+        f"{key}={value!r} is invalid: expected an integer >= 1"
+        for key in _COUNTS
+        if (value := ctx.get(key)) is not None
+        and (type(value) is not int or value < 1)  # bool is no count either
+    ]
+    if bad:  # the arithmetic below would read them as sizes
+        return Verdict(bad)
     lay = ctx.layout
     prompts = int(ctx.get("grpo.num_prompts_per_step", 0))
     gens = int(ctx.get("grpo.num_generations_per_prompt", 0))
@@ -137,6 +155,12 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
                 f"{vcfg}.tensor_parallel_size={lay.vllm_tp} must divide the {heads} query heads "
                 f"and divide or be a multiple of the {kv} KV heads"
             )
+    share = ctx.get(vcfg + ".gpu_memory_utilization")
+    if share is not None and not (type(share) in (int, float) and 0 < share <= 1):
+        problems.append(
+            f"{vcfg}.gpu_memory_utilization={share!r} is invalid: expected a fraction in (0, 1] "
+            "(vLLM's share of each GPU's memory)"
+        )
     warnings = []
     if ctx.get("policy.generation.colocated.enabled", True) is False:
         warnings.append("non-colocated generation: the GPU split is not checked")
