@@ -211,9 +211,17 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
                 "--preset": {"choices": ("default", *PRESETS), "help": "A shipped preset."},
             },
             "--arm": {"help": "Take the precision of this experiment arm (default: base)."},
-            "--prompts": {"type": int, "default": 64, "help": "Held-out prompts (64)."},
+            "--prompts": {
+                "type": _positive_int,
+                "help": "Held-out prompts, at most data.eval_size (64, or data.eval_size if "
+                "smaller).",
+            },
             "--seed": {"type": int, "default": 0, "help": "Sampling seed (0)."},
-            "--top": {"type": int, "default": 16, "help": "Sources printed and plotted."},
+            "--top": {
+                "type": _positive_int,
+                "default": 16,
+                "help": "Sources printed and plotted (16).",
+            },
             "--out": {**_PATH, "help": "Output directory (<logger.run_dir>/attribution)."},
             "--train-warm-start": {
                 **_FLAG,
@@ -314,7 +322,13 @@ def _attribute(args: argparse.Namespace) -> int:
     path = args.config or _config_dir() / f"{args.preset or 'default'}.yaml"
     try:
         cfg = resolve_arm(load_config(path, args.overrides), args.arm)
-        setup = twin_setup(cfg, args.prompts, train_warm_start=args.train_warm_start)
+        prompts = min(64, cfg.data.eval_size) if args.prompts is None else args.prompts
+        if prompts > cfg.data.eval_size:
+            raise ValueError(
+                f"--prompts {prompts} is invalid: expected at most data.eval_size="
+                f"{cfg.data.eval_size} (the held-out prompts)"
+            )
+        setup = twin_setup(cfg, prompts, train_warm_start=args.train_warm_start)
     except (ValueError, FileNotFoundError) as err:
         return _fail(2, "attribute", f"invalid config or arguments ({path}):\n{err}")
     except UnreadableFileError as err:

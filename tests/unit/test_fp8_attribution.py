@@ -188,4 +188,12 @@ def test_write_attribution_and_the_cli(tmp_path, capsys):
     assert "| layer 0 self_attn.q_proj weights |" in (tmp_path / "cli/attribution.md").read_text()
     assert main(["attribute", "--preset", "quick", "rollout.format=fp4"]) == 2
     assert "rollout.format='fp4' is invalid" in capsys.readouterr().err
+    assert main(["attribute", "--preset", "quick", "--prompts", "33"]) == 2  # eval_size 32
+    assert "--prompts 33 is invalid: expected at most data.eval_size=32" in capsys.readouterr().err
+    for flag in ("--prompts", "--top"):
+        with pytest.raises(SystemExit, match="2"):
+            main(["attribute", "--preset", "quick", flag, "0"])
+        assert f"{flag}: got '0', expected an integer >= 1" in capsys.readouterr().err
+    assert main(["attribute", "--preset", "quick", "rollout.format=fp4"]) == 2
+    assert "rollout.format='fp4' is invalid" in capsys.readouterr().err
     assert main(["attribute", "--preset", "quick", "--arm", "nope"]) == 2
