@@ -30,7 +30,15 @@ __all__ = ["CONFIG_FILE", "prepare_run_dir", "run_experiment"]
 
 CONFIG_FILE = "config.yaml"
 # Keys that may change between an interrupted run and its resumption.
-_RESUME_FREE_KEYS = ("logger.progress_bar", "logger.plots", "cluster", "experiment.include")
+# keys a resumed run may change: none changes a result (the warm-start cache file is named
+# by the settings that do)
+_RESUME_FREE_KEYS = (
+    "logger.progress_bar",
+    "logger.plots",
+    "cluster",
+    "experiment.include",
+    "policy.warm_start.cache_dir",
+)
 
 
 def _worker(ctx: DistContext, raw: dict[str, Any], run_dir: str, warm_file: str | None) -> None:

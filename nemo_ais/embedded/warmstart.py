@@ -244,6 +244,13 @@ def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True
             _say(f"warm start: reusing {path.resolve()}")
             return path
         logger.warning("warm start: %s has a different key; retraining", path)
+    try:  # an unwritable cache directory fails now, not after the training
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.with_name(f".{path.name}.probe")
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise _unwritable(path, err) from None
     ws = cfg.policy.warm_start
     _say(
         f"warm start: training {ws.steps} SFT steps once (batch {ws.batch_size}); cached at "
@@ -268,8 +275,12 @@ def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True
     try:
         atomic_torch_save(blob, path)
     except OSError as err:
-        raise RecipeError(
-            f"warm-start cache {path} cannot be written ({err.strerror or err}); choose a "
-            "writable directory with policy.warm_start.cache_dir=<dir>"
-        ) from None
+        raise _unwritable(path, err) from None
     return path
+
+
+def _unwritable(path: Path, err: OSError) -> RecipeError:
+    return RecipeError(
+        f"warm-start cache {path} cannot be written ({err.strerror or err}); choose a "
+        "writable directory with policy.warm_start.cache_dir=<dir>"
+    )

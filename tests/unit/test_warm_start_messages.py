@@ -10,9 +10,14 @@ trains it again, as the message says.
 
 from __future__ import annotations
 
+import copy
 import re
 
-from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
+import pytest
+
+from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm, validate_config
+from nemo_ais.embedded.dist import RecipeError
+from nemo_ais.embedded.experiment import prepare_run_dir
 from nemo_ais.embedded.warmstart import build_task, warm_start
 
 TINY = ["policy.warm_start.steps=2", "policy.warm_start.batch_size=4", "data.eval_size=8"]
@@ -91,3 +96,24 @@ def test_chains_right_accepts_either_notation_and_nothing_else():
     no_eos = ids.clone()
     no_eos[no_eos == tok.eos_id] = tok.pad_id
     assert task.chains_right(problems, no_eos).tolist() == [0.0] * 4
+
+
+def test_an_unwritable_cache_fails_before_the_warm_start_trains(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    cfg = _cfg(f"policy.warm_start.cache_dir={blocker / 'cache'}")
+    with pytest.raises(RecipeError, match=f"warm-start cache {blocker / 'cache'}/warmstart-"):
+        warm_start(cfg, build_task(cfg), progress=False)
+    assert "warm start: training" not in capsys.readouterr().err  # nothing trained, then lost
+
+
+def test_a_run_resumes_with_another_cache_dir(tmp_path):
+    """The cache file is named by the settings that change results; its folder changes none."""
+    raw = load_config(CONFIG_DIR / "quick.yaml", [*TINY, f"logger.run_dir={tmp_path}"])
+    prepare_run_dir(raw, validate_config(raw), overwrite=False)
+    moved = copy.deepcopy(raw)
+    moved["policy"]["warm_start"]["cache_dir"] = str(tmp_path / "shared_cache")
+    prepare_run_dir(moved, validate_config(moved), overwrite=False)  # accepted
+    moved["grpo"]["max_num_steps"] = 99
+    with pytest.raises(RecipeError, match="different config"):
+        prepare_run_dir(moved, validate_config(moved), overwrite=False)
