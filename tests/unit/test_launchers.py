@@ -201,7 +201,11 @@ def test_local_refuses_a_broken_layout(nemo_rl_dir):
         "[FAIL] trainer_parallel: GPUs = cluster.num_nodes x cluster.gpus_per_node = 1"
         in res.stderr
     )
-    assert "fails the offline checks above" in res.stderr
+    # the command it names reproduces the failure: the overrides are part of it
+    assert (
+        f"fails the offline checks above (python -m nemo_ais.preflight {SMOKE} "
+        "policy.megatron_cfg.tensor_model_parallel_size=3)" in res.stderr
+    )
 
 
 # ------------------------------------------------------------------------------- slurm
@@ -323,6 +327,10 @@ def test_slurm_refuses_a_broken_layout(nemo_rl_dir):
     assert (
         "[FAIL] vllm_fp8_shards: expert gate/up out / down in = moe_intermediate / 4 = 192"
         in res.stderr
+    )
+    assert (
+        f"fails the offline checks above (python -m nemo_ais.preflight {MOE} "
+        "policy.generation.vllm_cfg.tensor_parallel_size=4)" in res.stderr
     )
 
 
