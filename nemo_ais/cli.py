@@ -297,6 +297,14 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(
             name, help=help_text, description=description, **(extra if name == "run" else {})
         )
+        # -v after the subcommand too; SUPPRESS keeps a -v given before it
+        cmd.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="Log at INFO level.",
+        )
         for flag, kwargs in options.items():
             if isinstance(flag, tuple):  # mutually exclusive options
                 group = cmd.add_mutually_exclusive_group()

@@ -118,7 +118,8 @@ class ReadCounts:
 
 def _require_dir(path: Path) -> None:
     if not path.is_dir():
-        raise BadInputError(path, 0, "not a directory (expected a NeMo-RL log_dir)")
+        what = "not a directory" if path.exists() else "does not exist"
+        raise BadInputError(path, 0, f"{what} (expected a NeMo-RL log_dir)")
 
 
 def _has_step_file(directory: Path) -> bool:

@@ -88,6 +88,12 @@ def test_empty_directory(capsys, tmp_path):
     _fails_with(capsys, tmp_path, str(tmp_path), "no train_data_step{N}.jsonl files")
 
 
+def test_a_missing_path_and_a_file_are_told_apart(capsys, tmp_path):
+    _fails_with(capsys, tmp_path / "nope", f"{tmp_path / 'nope'}:0: ", "does not exist")
+    (tmp_path / "a_file").write_text("")
+    _fails_with(capsys, tmp_path / "a_file", f"{tmp_path / 'a_file'}:0: ", "not a directory")
+
+
 def test_truncated_line_names_the_skip_option(capsys, log_dir):
     path = log_dir / "train_data_step2.jsonl"
     blob = path.read_bytes()

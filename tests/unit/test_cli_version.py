@@ -47,3 +47,18 @@ def test_module_entry_point_prints_it():
         check=True,
     )
     assert out.stdout.startswith(f"nemo-ais {metadata.version('nemo-ais')} from ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "verbose"),
+    [
+        (["analyze", "logs"], False),
+        (["-v", "analyze", "logs"], True),
+        (["analyze", "logs", "-v"], True),  # after the subcommand too (docs/analyze.md: -v)
+        (["run", "--quick", "grpo.max_num_steps=2", "--verbose"], True),
+    ],
+)
+def test_verbose_is_read_before_and_after_the_subcommand(argv, verbose):
+    from nemo_ais.cli import build_parser
+
+    assert build_parser().parse_args(argv).verbose is verbose
