@@ -100,7 +100,8 @@ def load_analysis_config(
     """The ``loss_fn.ais`` and ``alarms`` sections from a YAML file and ``key=value`` overrides.
 
     The file may be a NeMo-RL run config (``defaults:`` inheritance is resolved; only
-    ``loss_fn.ais`` and a top-level ``alarms`` section are read) or an embedded one.
+    ``loss_fn.ais`` and the alarms are read: a top-level ``alarms`` section, else the online
+    guard's ``loss_fn.ais_alarms`` without ``enabled``) or an embedded one.
     Overrides are ``loss_fn.ais.<field>=value`` (a mode's knob:
     ``loss_fn.ais.<mode>.<field>=value``) or ``alarms.<field>=value`` (YAML values).
 
@@ -113,8 +114,10 @@ def load_analysis_config(
         from nemo_ais.preflight import load_config
 
         data = load_config(path)
-        sections["loss_fn.ais"] = dict((data.get("loss_fn") or {}).get("ais") or {})
-        sections["alarms"] = dict(data.get("alarms") or {})
+        loss_fn = data.get("loss_fn") or {}
+        sections["loss_fn.ais"] = dict(loss_fn.get("ais") or {})
+        online = {k: v for k, v in (loss_fn.get("ais_alarms") or {}).items() if k != "enabled"}
+        sections["alarms"] = dict(data.get("alarms") or online)  # the run's own thresholds
     for item in overrides:
         key, sep, raw = item.partition("=")
         section = next((name for name in _SECTIONS if key.startswith(f"{name}.")), None)

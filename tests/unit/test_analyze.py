@@ -18,6 +18,7 @@ import pytest
 from plot_checks import assert_publishable
 from test_analyze_logs import aligned, write_run
 
+from nemo_ais.alarms import AlarmConfig
 from nemo_ais.analyze import analyze_run, load_analysis_config
 from nemo_ais.analyze.analysis import global_batches_per_step
 from nemo_ais.analyze.replay import MODES
@@ -165,6 +166,15 @@ def test_config_file_and_overrides(tmp_path):
     # a NeMo-RL cluster config of this project (defaults: inheritance): its loss_fn.ais
     nemo_rl_cfg = Path(__file__).parents[2] / "configs" / "nemo_rl" / "qwen3_8b_2n8g_fp8.yaml"
     assert load_analysis_config(nemo_rl_cfg)[0].mode == "ais"
+    # its alarms: the online guard's loss_fn.ais_alarms (without enabled), unless alarms: is set
+    online = tmp_path / "online.yaml"
+    online.write_text(
+        f"defaults: {nemo_rl_cfg}\nloss_fn:\n  ais_alarms:\n    enabled: true\n"
+        "    jump_factor: 20\n"
+    )
+    assert load_analysis_config(online)[1].jump_factor == 20.0
+    online.write_text(online.read_text() + "alarms:\n  window: 4\n")
+    assert load_analysis_config(online)[1].jump_factor == AlarmConfig().jump_factor
     with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
         load_analysis_config(None, ["loss_fn.ais.weight_cap=0.5"])
     with pytest.raises(ValueError, match=r"expected loss_fn\.ais\.<field>=value"):
