@@ -232,6 +232,13 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     malformed YAML or override, or an invalid / unknown key.
     """
     data = _read_yaml(Path(path).resolve())
+    cluster = data.get("cluster")
+    if "env" in data or (isinstance(cluster, dict) and "gpus_per_node" in cluster):
+        raise ValueError(
+            f"{path} is a NeMo-RL run config (it has NeMo-RL's env / cluster.gpus_per_node "
+            "keys): nemo-ais run takes an embedded recipe config (--preset, or a copy of "
+            "one); NeMo-RL configs run through launchers/ (docs/cluster.md)"
+        )
     bad = [o for o in overrides if "=" not in o or o.startswith("=")]
     if bad:
         raise ValueError(f"override {bad[0]!r} is invalid: expected key.path=value")

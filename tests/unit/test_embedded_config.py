@@ -86,6 +86,15 @@ def test_malformed_yaml_and_override(tmp_path):
     assert load_config(child)["grpo"]["max_num_steps"] == 3
 
 
+@pytest.mark.parametrize("name", ["qwen3_8b_2n8g_fp8.yaml", "smoke_qwen3_0.6b_1n.yaml"])
+def test_a_nemo_rl_config_is_named_as_such(name, capsys):
+    """A cluster config given to nemo-ais run points to the launchers, not to a resolver."""
+    path = CONFIG_DIR.parents[2] / "configs" / "nemo_rl" / name
+    assert main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path} is a NeMo-RL run config" in err and "launchers/" in err
+
+
 def test_cli_reports_config_errors(capsys):
     assert main(["run", "grpo.nope=1"]) == 2
     err = capsys.readouterr().err
