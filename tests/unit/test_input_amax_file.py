@@ -265,6 +265,8 @@ def test_bad_prompts_and_model_name_the_argument(checkpoint, tmp_path, capsys):
     empty_dir.mkdir()
     code, err = _run(["calibrate-input-amax", str(empty_dir), *out], capsys)
     assert code == 2 and "MODEL" in err and str(empty_dir) in err
+    code, err = _run(["calibrate-input-amax", str(tmp_path / "no_such_model"), *out], capsys)
+    assert code == 2 and f"MODEL '{tmp_path / 'no_such_model'}': no such directory" in err
     assert not (tmp_path / "a.json").exists()
 
 
