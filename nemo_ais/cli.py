@@ -297,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(
             name, help=help_text, description=description, **(extra if name == "run" else {})
         )
+        cmd.set_defaults(command_parser=cmd)  # its usage on an error (main)
         # -v after the subcommand too; SUPPRESS keeps a -v given before it
         cmd.add_argument(
             "-v",
@@ -544,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command not in ("analyze", "attribute") or any(
             e.startswith("-") or "=" not in e for e in extra
         ):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides += extra
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

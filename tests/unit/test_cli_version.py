@@ -62,3 +62,12 @@ def test_verbose_is_read_before_and_after_the_subcommand(argv, verbose):
     from nemo_ais.cli import build_parser
 
     assert build_parser().parse_args(argv).verbose is verbose
+
+
+@pytest.mark.parametrize("argv", [["run", "--resume"], ["analyze", "logs", "--nope"]])
+def test_an_unknown_option_prints_its_subcommands_usage(argv, capsys):
+    with pytest.raises(SystemExit, match="2"):
+        main(argv)
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: nemo-ais {argv[0]} ")
+    assert f"nemo-ais {argv[0]}: error: unrecognized arguments: {argv[-1]}" in err
