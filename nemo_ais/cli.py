@@ -498,7 +498,9 @@ def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> i
             tolerance=args.tolerance,
         )
     except KeyboardInterrupt:
-        return _fail(130, "analyze", "interrupted; outputs written so far are incomplete.")
+        return _fail(
+            130, "analyze", "interrupted; the steps analysed so far are in analysis.jsonl.partial."
+        )
     except BadInputError as err:
         return _fail(1, "analyze", err)
     except OSError as err:  # unreadable file, full disk: one line, no traceback

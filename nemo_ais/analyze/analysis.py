@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,7 +260,10 @@ def analyze_run(
         disable=None if progress else True,  # None: off when stderr is not a terminal
         leave=False,
     )
-    with bar, (out / ANALYSIS_FILE).open("w") as f:
+    # rows stream into a .partial file, renamed when every step is in: a failed or interrupted
+    # analysis never leaves an analysis.jsonl that looks complete (or pairs with an old report)
+    partial = out / f"{ANALYSIS_FILE}.partial"
+    with bar, partial.open("w") as f:
         for step_file in files:
             bar.set_postfix_str(f"step {step_file.step}", refresh=False)
             result = _replay(
@@ -299,6 +303,7 @@ def analyze_run(
         "global_batches_per_step": global_batches_per_step,
         "tolerance": study,
     }
+    os.replace(partial, out / ANALYSIS_FILE)
     write_report(out, rows, meta, plots=plots)
     return AnalysisResult(
         out, rows, [f.path for f in files], bad_rows, gaps, global_batches_per_step
