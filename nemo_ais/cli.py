@@ -319,8 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _attribute(args: argparse.Namespace) -> int:
     import torch
 
-    from nemo_ais.embedded.checkpoint import UnreadableFileError
     from nemo_ais.embedded.config import load_config, resolve_arm
+    from nemo_ais.embedded.dist import RecipeError
     from nemo_ais.embedded.twin_setup import twin_setup
     from nemo_ais.tools.attribution import (
         attribute_mismatch,
@@ -340,7 +340,7 @@ def _attribute(args: argparse.Namespace) -> int:
         setup = twin_setup(cfg, prompts, train_warm_start=args.train_warm_start)
     except (ValueError, FileNotFoundError) as err:
         return _fail(2, "attribute", f"invalid config or arguments ({path}):\n{err}")
-    except UnreadableFileError as err:
+    except RecipeError as err:  # an unreadable warm-start file, an unwritable cache
         return _fail(1, "attribute", err)
     torch.set_num_threads(cfg.cluster.num_threads_per_rank)  # 1: tiny GEMMs, no spin-waits
     try:
@@ -483,6 +483,7 @@ def _analyze(args: argparse.Namespace) -> int:
 def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> int:
     """Analyse one run's ``log_dir``; print its summary (``prefix``: the run's name)."""
     from nemo_ais.analyze import BadInputError, analyze_run
+    from nemo_ais.analyze.analysis import ANALYSIS_FILE, DEFAULT_OUT
     from nemo_ais.analyze.reader import format_steps
 
     try:
@@ -498,8 +499,9 @@ def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> i
             tolerance=args.tolerance,
         )
     except KeyboardInterrupt:
+        partial = (out or log_dir / DEFAULT_OUT) / f"{ANALYSIS_FILE}.partial"
         return _fail(
-            130, "analyze", "interrupted; the steps analysed so far are in analysis.jsonl.partial."
+            130, "analyze", f"{prefix}interrupted; the steps analysed so far, if any: {partial}"
         )
     except BadInputError as err:
         return _fail(1, "analyze", err)

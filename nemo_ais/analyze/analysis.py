@@ -102,7 +102,8 @@ def load_analysis_config(
 
     The file may be a NeMo-RL run config (``defaults:`` inheritance is resolved; only
     ``loss_fn.ais`` and the alarms are read: a top-level ``alarms`` section, else the online
-    guard's ``loss_fn.ais_alarms`` without ``enabled``) or an embedded one.
+    guard's ``loss_fn.ais_alarms`` without ``enabled`` and ``fail_on_alarm``) or an embedded
+    one.
     Overrides are ``loss_fn.ais.<field>=value`` (a mode's knob:
     ``loss_fn.ais.<mode>.<field>=value``) or ``alarms.<field>=value`` (YAML values).
 
@@ -117,8 +118,12 @@ def load_analysis_config(
         data = load_config(path)
         loss_fn = data.get("loss_fn") or {}
         sections["loss_fn.ais"] = dict(loss_fn.get("ais") or {})
-        online = {k: v for k, v in (loss_fn.get("ais_alarms") or {}).items() if k != "enabled"}
-        sections["alarms"] = dict(data.get("alarms") or online)  # the run's own thresholds
+        online = loss_fn.get("ais_alarms") or {}
+        if not isinstance(online, dict):
+            raise ValueError(f"loss_fn.ais_alarms={online!r} is invalid: expected a mapping")
+        # the run's own thresholds; whether the training step failed on an alarm is not ours
+        online = {k: v for k, v in online.items() if k not in ("enabled", "fail_on_alarm")}
+        sections["alarms"] = dict(data.get("alarms") or online)
     for item in overrides:
         key, sep, raw = item.partition("=")
         section = next((name for name in _SECTIONS if key.startswith(f"{name}.")), None)
@@ -303,8 +308,8 @@ def analyze_run(
         "global_batches_per_step": global_batches_per_step,
         "tolerance": study,
     }
-    os.replace(partial, out / ANALYSIS_FILE)
     write_report(out, rows, meta, plots=plots)
+    os.replace(partial, out / ANALYSIS_FILE)  # last: a failed report leaves the .partial
     return AnalysisResult(
         out, rows, [f.path for f in files], bad_rows, gaps, global_batches_per_step
     )

@@ -236,8 +236,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if "env" in data or (isinstance(cluster, dict) and "gpus_per_node" in cluster):
         raise ValueError(
             f"{path} is a NeMo-RL run config (it has NeMo-RL's env / cluster.gpus_per_node "
-            "keys): nemo-ais run takes an embedded recipe config (--preset, or a copy of "
-            "one); NeMo-RL configs run through launchers/ (docs/cluster.md)"
+            "keys): nemo-ais run and attribute take an embedded recipe config (--preset, or "
+            "a copy of one); NeMo-RL configs run through launchers/ (docs/cluster.md)"
         )
     bad = [o for o in overrides if "=" not in o or o.startswith("=")]
     if bad:

@@ -29,9 +29,8 @@ from nemo_ais.embedded.warmstart import build_task, warm_start
 __all__ = ["CONFIG_FILE", "prepare_run_dir", "run_experiment"]
 
 CONFIG_FILE = "config.yaml"
-# Keys that may change between an interrupted run and its resumption.
-# keys a resumed run may change: none changes a result (the warm-start cache file is named
-# by the settings that do)
+# Keys that may change between an interrupted run and its resumption: none changes a result
+# (the warm-start cache file is named by the settings that do).
 _RESUME_FREE_KEYS = (
     "logger.progress_bar",
     "logger.plots",

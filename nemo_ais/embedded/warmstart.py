@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -246,9 +248,9 @@ def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True
         logger.warning("warm start: %s has a different key; retraining", path)
     try:  # an unwritable cache directory fails now, not after the training
         path.parent.mkdir(parents=True, exist_ok=True)
-        probe = path.with_name(f".{path.name}.probe")
-        probe.write_bytes(b"")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)  # a name of its own: runs sharing the cache cannot race on it
     except OSError as err:
         raise _unwritable(path, err) from None
     ws = cfg.policy.warm_start

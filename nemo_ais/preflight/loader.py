@@ -55,15 +55,15 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     Returns a plain, interpolated dict (no ``defaults`` key).
     """
     upstream = nemo_rl_loader()
+    if upstream is None:
+        return load_config_fallback(path, overrides)
+    upstream.register_omegaconf_resolvers()
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"config {path} does not exist")
     try:
-        if upstream is None:
-            return load_config_fallback(path, overrides)
-        upstream.register_omegaconf_resolvers()
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"config {path} does not exist")
         cfg = upstream.load_config(str(path))
     except yaml.YAMLError as err:  # the file (or a defaults: parent) named in the message
-        raise ValueError(f"malformed YAML: {' '.join(str(err).split())}") from None
+        raise _malformed(err) from None
     if overrides:
         try:
             cfg = upstream.parse_hydra_overrides(cfg, list(overrides))
@@ -100,6 +100,10 @@ def _merge(base: DictConfig, child: DictConfig) -> DictConfig:
     return merged
 
 
+def _malformed(err: yaml.YAMLError) -> ValueError:
+    return ValueError(f"malformed YAML: {' '.join(str(err).split())}")
+
+
 def _load_tree(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     if path in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path))
@@ -107,7 +111,10 @@ def _load_tree(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     if not path.is_file():
         where = f" (a defaults: entry of {chain[-1]})" if chain else ""
         raise FileNotFoundError(f"config {path} does not exist{where}")
-    cfg = OmegaConf.load(path)
+    try:
+        cfg = OmegaConf.load(path)
+    except yaml.YAMLError as err:  # names the file, line and column
+        raise _malformed(err) from None
     if not isinstance(cfg, DictConfig):
         raise TypeError(f"{path}: expected a YAML mapping at the top level, got a list")
     if "defaults" not in cfg:
@@ -147,10 +154,20 @@ def _parse_value(raw: str) -> Any:
     if _FLOAT.fullmatch(text):
         return float(text.replace("_", ""))
     if text.startswith(("[", "{")):
-        return yaml.safe_load(text)
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ValueError(f"{raw!r} is no YAML list or mapping ({err.problem})") from None
     if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return text
+
+
+def _override_value(item: str, raw: str) -> Any:
+    try:
+        return _parse_value(raw)
+    except ValueError as err:
+        raise ValueError(f"override {item!r}: {err}") from None
 
 
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
@@ -168,7 +185,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
             current = OmegaConf.select(cfg, key, throw_on_missing=False)
             if current is None:
                 raise ValueError(f"override {item!r}: {key} is not in the config (or is null)")
-            if eq and _parse_value(raw) != current:
+            if eq and _override_value(item, raw) != current:
                 raise ValueError(f"override {item!r}: {key} is {current!r}, not {raw}")
             parent_key, _, leaf = key.rpartition(".")
             parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
@@ -176,7 +193,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
             continue
         if not eq:
             raise ValueError(f"override {item!r}: expected key=value, +key=value or ~key")
-        value = _parse_value(raw)
+        value = _override_value(item, raw)
         if key.startswith("++"):
             OmegaConf.update(cfg, key[2:], value, merge=True, force_add=True)
         elif key.startswith("+"):

@@ -207,7 +207,9 @@ def load_causal_lm(model: str, *, device: str = "cpu", dtype: str = "bfloat16"):
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(dtype)
     if torch_dtype is None:
         raise ValueError(f"--dtype {dtype!r} is invalid: expected 'bfloat16' or 'float32'")
-    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().is_dir():
+    if model.startswith("~"):
+        model = str(Path(model).expanduser())
+    if model.startswith(("/", "./", "../")) and not Path(model).is_dir():
         raise ValueError(
             f"MODEL {model!r}: no such directory (expected a local checkpoint directory or a "
             "Hugging Face model id such as Qwen/Qwen3-8B)"

@@ -170,9 +170,10 @@ def test_config_file_and_overrides(tmp_path):
     online = tmp_path / "online.yaml"
     online.write_text(
         f"defaults: {nemo_rl_cfg}\nloss_fn:\n  ais_alarms:\n    enabled: true\n"
-        "    jump_factor: 20\n"
+        "    jump_factor: 20\n    fail_on_alarm: true\n"
     )
-    assert load_analysis_config(online)[1].jump_factor == 20.0
+    alarms = load_analysis_config(online)[1]
+    assert alarms.jump_factor == 20.0 and not alarms.fail_on_alarm  # the step's, not ours
     online.write_text(online.read_text() + "alarms:\n  window: 4\n")
     assert load_analysis_config(online)[1].jump_factor == AlarmConfig().jump_factor
     with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):

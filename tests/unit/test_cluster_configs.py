@@ -881,6 +881,9 @@ def test_malformed_yaml_is_one_line_naming_the_file(tmp_path, monkeypatch, capsy
     assert pf.main([str(child)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"{child}: cannot load: malformed YAML:") and err.count("\n") == 1
+    with pytest.raises(ValueError, match=r"'(grpo\.max_num_steps=)?\[1,'") as bad_override:
+        pf.load_config(QWEN8B, ["grpo.max_num_steps=[1,"])  # names the override, not a file
+    assert "malformed YAML" not in str(bad_override.value)
 
 
 # ---------------------------------------------------------------------------------------

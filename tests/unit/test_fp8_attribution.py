@@ -172,7 +172,7 @@ def test_moe_experts_are_one_source_per_projection():
     assert experts.alone.mean_abs_delta > 0.0
 
 
-def test_write_attribution_and_the_cli(tmp_path, capsys):
+def test_write_attribution_and_the_cli(tmp_path, capsys, monkeypatch):
     att = _attribute(_tiny(layers=2), W4A4_NVFP4_KV)
     written = write_attribution(att, tmp_path / "lib", top=4)
     assert [p.name for p in written] == ["attribution.md", "attribution.json", "attribution.png"]
@@ -186,10 +186,19 @@ def test_write_attribution_and_the_cli(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "format nvfp4_w4a16, KV cache bf16" in printed and "random init" in printed
     assert "| layer 0 self_attn.q_proj weights |" in (tmp_path / "cli/attribution.md").read_text()
-    assert main(["attribute", "--preset", "quick", "rollout.format=fp4"]) == 2
-    assert "rollout.format='fp4' is invalid" in capsys.readouterr().err
     assert main(["attribute", "--preset", "quick", "--prompts", "33"]) == 2  # eval_size 32
     assert "--prompts 33 is invalid: expected at most data.eval_size=32" in capsys.readouterr().err
+    asked = []  # the default: as many held-out prompts as the preset has, at most 64
+
+    def stop(cfg, num_prompts, **kwargs):
+        asked.append(num_prompts)
+        raise ValueError("stopped before the model is built")
+
+    monkeypatch.setattr("nemo_ais.embedded.twin_setup.twin_setup", stop)
+    assert main(["attribute", "--preset", "quick"]) == 2
+    assert main(["attribute", "--preset", "default"]) == 2
+    assert asked == [32, 64] and "stopped before" in capsys.readouterr().err
+    monkeypatch.undo()
     for flag in ("--prompts", "--top"):
         with pytest.raises(SystemExit, match="2"):
             main(["attribute", "--preset", "quick", flag, "0"])
