@@ -3,8 +3,9 @@
 """NeMo-RL adapter for AIS, for NeMo-RL v0.7.0 and main (:mod:`nemo_ais.nemo_rl.compat`).
 
 ``import nemo_ais.nemo_rl`` needs neither NeMo-RL nor torch; every public name resolves on
-first use. ``from nemo_ais.nemo_rl import AISClippedPGLossFn, AISLossConfig`` needs NeMo-RL
-and otherwise raises :class:`NeMoRLNotInstalledError` with installation instructions.
+first use. ``AISClippedPGLossFn`` and ``AISLossConfig`` need NeMo-RL: without it the
+attribute raises :class:`NeMoRLNotInstalledError` with installation instructions (the
+``from ... import`` form gets Python's plain "cannot import name": it drops the text).
 """
 
 from __future__ import annotations
