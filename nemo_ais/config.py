@@ -68,7 +68,8 @@ class CorrectionConfig(_ModeSections):
     mode: CorrectionMode = Field("ais", description=f"Correction mode; one of {', '.join(MODES)}.")
     # --- truncation (tis and ais) -------------------------------------------------------
     weight_cap: float = _cap(
-        "C: token weights are min(rho, C) in tis and ais (C <= 1 removes up-weighting)."
+        "C: token weights are min(rho, C) in tis and ais; C must exceed 1, since a cap of 1 or "
+        "less would only ever down-weight."
     )
     # --- sequence-level weights (seq_tis, seq_mis, tbpo) ----------------------------------
     seq_weight_cap: float = _cap(

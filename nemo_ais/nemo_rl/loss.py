@@ -49,6 +49,7 @@ from nemo_ais.rules.loss_conflicts import (
     AIS_CONFLICTS,
     ais_conflicts,
     bypass_kl_in_reward_problems,
+    unknown_ais_sections,
 )
 
 __all__ = [
@@ -154,7 +155,8 @@ class AISLossConfig(ClippedPGLossConfig):
 
     @model_validator(mode="after")
     def _check_conflicts(self) -> AISLossConfig:
-        problems = ais_conflicts({f: getattr(self, f) for f in AIS_CONFLICTS}, self.ais.mode)
+        problems = unknown_ais_sections(self.model_extra or {})  # NeMo-RL keeps extra keys
+        problems += ais_conflicts({f: getattr(self, f) for f in AIS_CONFLICTS}, self.ais.mode)
         if self.ais.bypass and self.ais.mode == "none":  # none is ClippedPGLossFn, unchanged
             problems.append(
                 "loss_fn.ais.bypass=True is invalid with loss_fn.ais.mode='none': mode none "
@@ -173,14 +175,19 @@ class AISLossConfig(ClippedPGLossConfig):
             except ValueError as err:
                 problems.append(str(err))
         if problems:
-            raise ValueError(problems[0])
+            raise ValueError("\n".join(problems))
         return self
 
 
 def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AISLossConfig:
-    """Validate a ``loss_fn`` section as :class:`AISLossConfig` (ValueError: a line a problem)."""
+    """Validate a ``loss_fn`` section as :class:`AISLossConfig`.
+
+    Raises ``ValueError`` (a line a problem) or ``TypeError`` (a section that is no mapping).
+    """
     if isinstance(loss_fn, AISLossConfig):
         return loss_fn
+    if not isinstance(loss_fn, Mapping | ClippedPGLossConfig):
+        raise TypeError(f"loss_fn: expected a mapping of fields, got {type(loss_fn).__name__}")
     data = loss_fn.model_dump() if isinstance(loss_fn, ClippedPGLossConfig) else dict(loss_fn)
     for key in _SECTIONS:
         data[key] = _validate_section(key, data.get(key))

@@ -5,9 +5,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from difflib import get_close_matches
 from typing import Any
 
-__all__ = ["AIS_CONFLICTS", "ais_conflicts", "bypass_kl_in_reward_problems"]
+__all__ = [
+    "AIS_CONFLICTS",
+    "AIS_SECTIONS",
+    "ais_conflicts",
+    "bypass_kl_in_reward_problems",
+    "unknown_ais_sections",
+]
+
+AIS_SECTIONS = ("ais", "ais_alarms")
+"""The ``loss_fn`` sub-sections nemo_ais reads (NeMo-RL's ``loss_fn`` allows extra keys)."""
 
 # NeMo-RL loss_fn options that must stay at their "off" value when loss_fn.ais.mode is not
 # none: (off value, why). With mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged.
@@ -27,6 +37,17 @@ _AIS_CONFLICT_TABLE: dict[str, tuple[Any, str]] = {
 }
 AIS_CONFLICTS: dict[str, Any] = {knob: off for knob, (off, _) in _AIS_CONFLICT_TABLE.items()}
 """NeMo-RL ``loss_fn`` option -> the value it must keep when ``loss_fn.ais.mode`` is not none."""
+
+
+def unknown_ais_sections(loss_fn: Mapping[str, Any]) -> list[str]:
+    """``loss_fn`` keys named like ours that are not (a typo NeMo-RL's loss config keeps)."""
+    return [
+        f"loss_fn.{key} is not a known section: nemo_ais reads "
+        f"{' and '.join('loss_fn.' + s for s in AIS_SECTIONS)}"
+        + "".join(f" (did you mean loss_fn.{m}?)" for m in get_close_matches(key, AIS_SECTIONS, 1))
+        for key in loss_fn
+        if key.startswith("ais") and key not in AIS_SECTIONS
+    ]
 
 
 def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:

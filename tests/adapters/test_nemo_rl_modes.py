@@ -121,6 +121,19 @@ def test_bad_new_keys_name_their_path(ais, message):
         validate_loss_config({"ais": ais})
 
 
+def test_a_misspelt_ais_section_every_conflict_and_a_non_mapping_are_named():
+    """NeMo-RL's loss config keeps unknown keys: ours must not ride along unread."""
+    with pytest.raises(ValueError, match=r"loss_fn\.ais_alarm is not a known section.*"
+                       r"\(did you mean loss_fn\.ais_alarms\?\)"):  # fmt: skip
+        validate_loss_config({"ais": {"mode": "ais"}, "ais_alarm": {"enabled": True}})
+    both = {"use_importance_sampling_correction": True, "force_on_policy_ratio": True}
+    with pytest.raises(ValueError) as err:
+        validate_loss_config({**both, "ais": {"mode": "ais"}})
+    assert all(f"loss_fn.{k}=True conflicts" in str(err.value) for k in both)  # all, not first
+    with pytest.raises(TypeError, match="loss_fn: expected a mapping of fields, got NoneType"):
+        validate_loss_config(None)
+
+
 def test_tbpo_refuses_disable_ppo_ratio_at_config_time():
     with pytest.raises(ValueError, match=r"loss_fn\.disable_ppo_ratio=True is invalid"):
         validate_loss_config({"disable_ppo_ratio": True, "ais": {"mode": "tbpo"}})

@@ -439,6 +439,13 @@ BROKEN = [
         "policy.train_global_batch_size=32 is not divisible by DP x policy.train_micro_batch_size = 8 x 8 = 64",
     ),
     (SMOKE, ["+loss_fn.ais.bogus=1"], "loss_fn.ais", "loss_fn.ais.bogus is not a known field"),
+    (
+        SMOKE,
+        ["+loss_fn.ais_alarm.enabled=true"],  # NeMo-RL's loss_fn keeps it, unread
+        "loss_fn.ais",
+        "loss_fn.ais_alarm is not a known section: nemo_ais reads loss_fn.ais and "
+        "loss_fn.ais_alarms (did you mean loss_fn.ais_alarms?)",
+    ),
     (SMOKE, ["loss_fn.ais.weight_cap=0.8"], "loss_fn.ais", "loss_fn.ais.weight_cap=0.8 is invalid"),
     (
         SMOKE,

@@ -12,7 +12,12 @@ from nemo_ais.config import CorrectionConfig, pg_loss_section, surrogate_conflic
 from nemo_ais.modes import MODES
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
-from nemo_ais.rules.loss_conflicts import AIS_CONFLICTS, ais_conflicts, bypass_kl_in_reward_problems
+from nemo_ais.rules.loss_conflicts import (
+    AIS_CONFLICTS,
+    ais_conflicts,
+    bypass_kl_in_reward_problems,
+    unknown_ais_sections,
+)
 
 __all__ = [
     "AIS_CONFLICTS",
@@ -69,7 +74,7 @@ def check_loss_sections(ctx: Context) -> Verdict:
     loss = ctx.get("loss_fn", {})
     if "ais" not in loss:
         return Verdict(warnings=["no loss_fn.ais section: the AIS loss is not configured"])
-    problems: list[str] = []
+    problems = unknown_ais_sections(loss)
     ais = _validated(problems, validate_section, CorrectionConfig, loss["ais"], "loss_fn.ais")
     raw = loss["ais"] if isinstance(loss["ais"], dict) else {}
     mode = ais.mode if ais else raw.get("mode", "ais")
