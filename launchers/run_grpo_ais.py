@@ -84,6 +84,7 @@ from nemo_ais.preflight.model_shapes import resolve_model_shape  # noqa: E402
 from nemo_ais.rules.native_kernels import NATIVE_KERNELS  # noqa: E402
 
 __all__ = [
+    "ConfigError",
     "ais_worker_fqn",
     "check_engines_after_first_refit",
     "configure_block_refit",
@@ -110,9 +111,17 @@ _ASYNC_UNSUPPORTED = ("use_dynamic_sampling", "reward_scaling", "reward_shaping"
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     """``--config PATH`` plus Hydra-style overrides (``a.b=1``, ``+new.key=2``)."""
-    parser = argparse.ArgumentParser(description="GRPO + AIS on NeMo-RL (v0.7.0 or main)")
+    parser = argparse.ArgumentParser(
+        description="GRPO + AIS on NeMo-RL (v0.7.0 or main)",
+        epilog="Overrides follow --config as in NeMo-RL's run_grpo.py: key=value, "
+        "+new.key=value, ~key (Hydra's grammar). docs/migration.md, docs/cluster.md.",
+    )
     parser.add_argument("--config", required=True, help="NeMo-RL GRPO YAML (defaults: allowed)")
     return parser.parse_known_args(argv)
+
+
+class ConfigError(ValueError):
+    """A config ``main`` refuses before Ray starts (``python run_grpo_ais.py``: one line)."""
 
 
 def load_config_dict(config_path: str, overrides: Sequence[str]) -> dict[str, Any]:
@@ -417,7 +426,11 @@ def _check_async(config: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Load + validate the config, start Ray, ``setup()``, swap the loss, train."""
+    """Load + validate the config, start Ray, ``setup()``, swap the loss, train.
+
+    Raises ``ConfigError`` (a ``ValueError``) for a config refused before Ray starts.
+    """
+    args, overrides = parse_args(argv)  # --help: before NeMo-RL is imported
     try:
         from nemo_rl.algorithms import grpo
     except ImportError as err:
@@ -426,22 +439,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     from nemo_rl.data.utils import setup_response_data
     from nemo_rl.distributed.virtual_cluster import init_ray
     from nemo_rl.models.generation import configure_generation_config
-    from nemo_rl.utils.config import register_omegaconf_resolvers
+    from nemo_rl.utils.config import OverridesError, register_omegaconf_resolvers
     from nemo_rl.utils.logger import get_next_experiment_dir
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
 
     from nemo_ais.nemo_rl.run_config import ais_master_config
 
     version = compat.require_supported()  # names the supported versions otherwise
     print(f"NeMo-RL: {compat.SUPPORTED[version.name]} at {version.location}")
     register_omegaconf_resolvers()
-    args, overrides = parse_args(argv)
-    raw = load_config_dict(args.config, overrides)
-    ais_cfg = validate_ais(raw)  # before Ray: config errors surface in seconds
-    problems = fp8_kv_refit_problems(raw) + refit_transport_problems(raw)
-    problems += rollout_format_problems(raw, version.name)  # NVFP4 W4A4 / MXFP8: main only
-    problems += bypass_problems(raw)  # one update per rollout batch
+    try:  # before Ray: config errors surface in seconds
+        raw = load_config_dict(args.config, overrides)
+        ais_cfg = validate_ais(raw)
+        problems = fp8_kv_refit_problems(raw) + refit_transport_problems(raw)
+        problems += rollout_format_problems(raw, version.name)  # NVFP4 W4A4 / MXFP8: main only
+        problems += bypass_problems(raw)  # one update per rollout batch
+    except (
+        OSError,
+        TypeError,
+        ValueError,
+        OverridesError,
+        YAMLError,
+        OmegaConfBaseException,
+    ) as err:
+        raise ConfigError(" ".join(str(err).split()) or type(err).__name__) from err
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ConfigError("; ".join(problems))
     print(f"ais_kv_calibration.reduction: {configure_kv_calibration(raw)}")
     print(f"loss_fn.ais: {ais_cfg.ais.model_dump()}")
     # Upstream picks the policy factory in the launcher too (TQPolicy when data_plane.enabled,
@@ -553,4 +577,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as err:  # refused before Ray: the message, not a traceback
+        print(f"run_grpo_ais.py: invalid config: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import copy
 import os
+import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import _ray_boundary
@@ -36,7 +39,7 @@ from nemo_rl.algorithms import grpo
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
 from nemo_rl.models.generation import configure_generation_config
 from nemo_rl_version import NEMO_RL, per_version
-from shipped_configs import CONFIG_DIR, FULL_CONFIGS, configs_for, launcher
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS, LAUNCHER, configs_for, launcher
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
 
@@ -192,11 +195,34 @@ def test_main_runs_async_grpo_with_the_ais_loss(driver):
     assert enabled() is True
 
 
-def test_bad_ais_config_fails_before_ray(driver):
+def test_bad_ais_config_fails_before_ray(driver, monkeypatch, capsys):
     path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
     with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
         run.main(["--config", str(path), "loss_fn.ais.weight_cap=0.5"])
+    with pytest.raises(run.ConfigError, match=r"loss_fn\.ais: expected a mapping"):
+        run.main(["--config", str(path), "loss_fn.ais=ais"])  # a TypeError, as a ConfigError
     assert driver.events == []
+    # as a script: one line and exit 2, not a traceback
+    monkeypatch.setattr(
+        sys, "argv", [str(LAUNCHER), "--config", str(path), "loss_fn.ais.weight_cap=0.5"]
+    )
+    with pytest.raises(SystemExit, match="2"):
+        runpy.run_path(str(LAUNCHER), run_name="__main__")
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("run_grpo_ais.py: invalid config: loss_fn.ais.weight_cap=0.5 is")
+    assert not any("Traceback" in line for line in err) and driver.events == []
+
+
+def test_help_needs_no_nemo_rl():
+    """--help is parsed before NeMo-RL is imported: it works (fast) on a login node."""
+    code = (
+        "import runpy, sys; sys.modules['nemo_rl'] = None; "
+        f"sys.argv = [{str(LAUNCHER)!r}, '--help']; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())  # argparse wraps the epilog
+    assert "--config CONFIG" in text and "key=value, +new.key=value, ~key" in text
 
 
 def test_data_plane_is_refused_before_ray_for_every_mode(driver):
