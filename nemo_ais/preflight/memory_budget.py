@@ -298,7 +298,13 @@ def budget(config: Mapping[str, Any], name: str = "config", gpu_gib: float = HBM
     logits = logits_gib(config, shape, _micro_batch_tokens(config, "train"), grad=True)
     lp_logits = logits_gib(config, shape, _micro_batch_tokens(config, "logprob"), grad=False)
     lp_optimizer = 0.0 if get(config, "policy.offload_optimizer_for_logprob") else st.optimizer
-    share = float(get(config, "policy.generation.vllm_cfg.gpu_memory_utilization")) * gpu_gib
+    gmu = float(get(config, "policy.generation.vllm_cfg.gpu_memory_utilization"))
+    if not 0 < gmu <= 1:
+        raise ValueError(
+            f"policy.generation.vllm_cfg.gpu_memory_utilization={gmu!r} is invalid: expected a "
+            "fraction in (0, 1]"
+        )
+    share = gmu * gpu_gib
     vllm_weights = vllm_weights_gib(config, shape)
     kv_cache = share - vllm_weights - VLLM_RUNTIME_GIB
     max_len = int(get(config, "policy.generation.vllm_cfg.max_model_len"))
@@ -382,6 +388,11 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
                 budgets.append(budget(cfg, name=Path(path).stem, gpu_gib=args.gpu_gib))
         except (OSError, KeyError, TypeError, ValueError) as err:
             problems.append(f"{path}: cannot budget: {err}")
+        except ZeroDivisionError:  # a parallel size or GPU count of 0
+            problems.append(
+                f"{path}: cannot budget: a GPU count or parallel size is 0 (python -m "
+                f"nemo_ais.preflight {' '.join([path, *overrides])} names it)"
+            )
     print(markdown_table(budgets))
     for model in sorted({b.model for b in budgets}):  # where each model's shapes came from
         print(f"shapes: {resolve_model_shape(model).detail}", file=sys.stderr)

@@ -285,6 +285,22 @@ def test_cli_prints_the_table_and_fails_on_overflow(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("cluster.gpus_per_node=0", "a GPU count or parallel size is 0 (python -m "),
+        (
+            "policy.generation.vllm_cfg.gpu_memory_utilization=2",
+            "gpu_memory_utilization=2.0 is invalid: expected a fraction in (0, 1]",
+        ),
+    ],
+)
+def test_sizes_it_cannot_budget_are_one_line_not_a_traceback(capsys, override, said):
+    assert mb.main([str(QWEN8B), override]) == 1  # was ZeroDivisionError / "needs 161 GiB"
+    err = capsys.readouterr().err
+    assert "qwen3_8b_2n8g_fp8.yaml: cannot budget: " in err and said in err
+
+
 def test_docs_table_is_the_generated_one():
     """docs/cluster.md carries the table this command prints for the shipped configs."""
     # The command's order: configs/nemo_rl/*.yaml, then configs/nemo_rl/experiments/*.yaml.
