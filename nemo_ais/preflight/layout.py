@@ -10,7 +10,20 @@ from typing import Any, Literal
 
 from nemo_ais.preflight.loader import get
 
-__all__ = ["TRAINER_KEYS", "ParallelLayout", "parallel_layout"]
+__all__ = ["TRAINER_KEYS", "ParallelLayout", "memory_share_problem", "parallel_layout"]
+
+_SHARE_KEY = "policy.generation.vllm_cfg.gpu_memory_utilization"
+
+
+def memory_share_problem(share: Any) -> str | None:
+    """VLLM's share of each GPU's memory (``gpu_memory_utilization``) is a fraction in (0, 1]."""
+    if share is None or (type(share) in (int, float) and 0 < share <= 1):
+        return None
+    return (
+        f"{_SHARE_KEY}={share!r} is invalid: expected a fraction in (0, 1] (vLLM's share of "
+        "each GPU's memory)"
+    )
+
 
 TRAINER_KEYS: dict[str, dict[str, str]] = {
     "megatron": {

@@ -23,7 +23,7 @@ from nemo_ais.preflight.checks.formats import (
     rollout_format,
 )
 from nemo_ais.preflight.cli import split_args
-from nemo_ais.preflight.layout import parallel_layout
+from nemo_ais.preflight.layout import memory_share_problem, parallel_layout
 from nemo_ais.preflight.loader import get, is_mixin, load_config
 from nemo_ais.preflight.model_shapes import ModelShape, resolve_model_shape
 
@@ -299,11 +299,8 @@ def budget(config: Mapping[str, Any], name: str = "config", gpu_gib: float = HBM
     lp_logits = logits_gib(config, shape, _micro_batch_tokens(config, "logprob"), grad=False)
     lp_optimizer = 0.0 if get(config, "policy.offload_optimizer_for_logprob") else st.optimizer
     gmu = float(get(config, "policy.generation.vllm_cfg.gpu_memory_utilization"))
-    if not 0 < gmu <= 1:
-        raise ValueError(
-            f"policy.generation.vllm_cfg.gpu_memory_utilization={gmu!r} is invalid: expected a "
-            "fraction in (0, 1]"
-        )
+    if problem := memory_share_problem(gmu):
+        raise ValueError(problem)
     share = gmu * gpu_gib
     vllm_weights = vllm_weights_gib(config, shape)
     kv_cache = share - vllm_weights - VLLM_RUNTIME_GIB

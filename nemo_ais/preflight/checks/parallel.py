@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
+from nemo_ais.preflight.layout import memory_share_problem
 
 __all__: list[str] = []
 
@@ -155,12 +156,8 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
                 f"{vcfg}.tensor_parallel_size={lay.vllm_tp} must divide the {heads} query heads "
                 f"and divide or be a multiple of the {kv} KV heads"
             )
-    share = ctx.get(vcfg + ".gpu_memory_utilization")
-    if share is not None and not (type(share) in (int, float) and 0 < share <= 1):
-        problems.append(
-            f"{vcfg}.gpu_memory_utilization={share!r} is invalid: expected a fraction in (0, 1] "
-            "(vLLM's share of each GPU's memory)"
-        )
+    share = memory_share_problem(ctx.get(vcfg + ".gpu_memory_utilization"))
+    problems += [share] if share else []
     warnings = []
     if ctx.get("policy.generation.colocated.enabled", True) is False:
         warnings.append("non-colocated generation: the GPU split is not checked")
