@@ -483,7 +483,7 @@ def _analyze(args: argparse.Namespace) -> int:
 def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> int:
     """Analyse one run's ``log_dir``; print its summary (``prefix``: the run's name)."""
     from nemo_ais.analyze import BadInputError, analyze_run
-    from nemo_ais.analyze.analysis import ANALYSIS_FILE, DEFAULT_OUT
+    from nemo_ais.analyze.analysis import ANALYSIS_FILE, output_dir
     from nemo_ais.analyze.reader import format_steps
 
     try:
@@ -499,7 +499,7 @@ def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> i
             tolerance=args.tolerance,
         )
     except KeyboardInterrupt:
-        partial = (out or log_dir / DEFAULT_OUT) / f"{ANALYSIS_FILE}.partial"
+        partial = output_dir(log_dir, out) / f"{ANALYSIS_FILE}.partial"
         return _fail(
             130, "analyze", f"{prefix}interrupted; the steps analysed so far, if any: {partial}"
         )

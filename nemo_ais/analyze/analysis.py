@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
-from nemo_ais.alarms import AlarmConfig, AlarmMonitor, alarm_metrics
+from nemo_ais.alarms import AISAlarmsConfig, AlarmConfig, AlarmMonitor, alarm_metrics
 from nemo_ais.analyze.placement import load_study
 from nemo_ais.analyze.reader import (
     BadInputError,
@@ -45,6 +45,7 @@ __all__ = [
     "analyze_run",
     "global_batches_per_step",
     "load_analysis_config",
+    "output_dir",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ logger = logging.getLogger(__name__)
 ANALYSIS_FILE = "analysis.jsonl"
 DEFAULT_OUT = "ais_analysis"
 _SECTIONS = {"loss_fn.ais": CorrectionConfig, "alarms": AlarmConfig}
+
+
+def output_dir(log_dir: Path | str, out_dir: Path | str | None = None) -> Path:
+    """Where an analysis of ``log_dir`` writes: ``out_dir``, else ``log_dir/ais_analysis``."""
+    return Path(out_dir) if out_dir is not None else Path(log_dir) / DEFAULT_OUT
 
 
 @dataclass
@@ -118,11 +124,10 @@ def load_analysis_config(
         data = load_config(path)
         loss_fn = data.get("loss_fn") or {}
         sections["loss_fn.ais"] = dict(loss_fn.get("ais") or {})
-        online = loss_fn.get("ais_alarms") or {}
-        if not isinstance(online, dict):
-            raise ValueError(f"loss_fn.ais_alarms={online!r} is invalid: expected a mapping")
         # the run's own thresholds; whether the training step failed on an alarm is not ours
-        online = {k: v for k, v in online.items() if k not in ("enabled", "fail_on_alarm")}
+        online = validate_section(
+            AISAlarmsConfig, loss_fn.get("ais_alarms"), "loss_fn.ais_alarms"
+        ).model_dump(exclude_unset=True, exclude={"enabled", "fail_on_alarm"})
         sections["alarms"] = dict(data.get("alarms") or online)
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -243,7 +248,7 @@ def analyze_run(
             "the online one",
             global_batches_per_step,
         )
-    out = Path(out_dir) if out_dir is not None else log_dir / DEFAULT_OUT
+    out = output_dir(log_dir, out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
