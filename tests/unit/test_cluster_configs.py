@@ -873,23 +873,24 @@ def test_loader_errors(tmp_path):
         pf.load_config_fallback(listy)
 
 
-@pytest.mark.parametrize("upstream", [True, False], ids=["nemo_rl_loader", "fallback"])
-def test_malformed_yaml_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, upstream):
-    """A YAML syntax error (here, or in a defaults: parent) is a ValueError, not a traceback."""
-    if not upstream:
-        monkeypatch.setattr(pf.loader, "nemo_rl_loader", lambda: None)
-    else:
-        assert pf.loader.nemo_rl_loader() is not None  # the vendored NeMo-RL's own loader
+@pytest.mark.parametrize("loader", ["load_config", "load_config_fallback"])
+def test_malformed_yaml_is_one_line_naming_the_file(tmp_path, capsys, loader):
+    """A YAML syntax error (here, or in a defaults: parent) is a ValueError, not a traceback.
+
+    ``load_config`` is NeMo-RL's own loader here (the vendored tree); the fallback is ours.
+    """
+    assert pf.loader.nemo_rl_loader() is not None
+    load = getattr(pf, loader)
     bad = _write(tmp_path / "bad.yaml", "a: [1, 2\n")
     child = _write(tmp_path / "child.yaml", "defaults: bad.yaml\n")
     for path in (bad, child):
         with pytest.raises(ValueError, match=r"malformed YAML: .* in \".*bad\.yaml\", line 1"):
-            pf.load_config(path)
+            load(path)
     assert pf.main([str(child)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"{child}: cannot load: malformed YAML:") and err.count("\n") == 1
     with pytest.raises(ValueError, match=r"'(grpo\.max_num_steps=)?\[1,'") as bad_override:
-        pf.load_config(QWEN8B, ["grpo.max_num_steps=[1,"])  # names the override, not a file
+        load(QWEN8B, ["grpo.max_num_steps=[1,"])  # names the override, not a file
     assert "malformed YAML" not in str(bad_override.value)
 
 

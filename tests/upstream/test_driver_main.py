@@ -213,14 +213,20 @@ def test_bad_ais_config_fails_before_ray(driver, monkeypatch, capsys):
     assert not any("Traceback" in line for line in err) and driver.events == []
 
 
-def test_help_needs_no_nemo_rl():
-    """--help is parsed before NeMo-RL is imported: it works (fast) on a login node."""
+def test_help_is_parsed_before_nemo_rl_is_imported():
+    """--help answers before NeMo-RL is imported: fast, and on a login node without it."""
     code = (
-        "import runpy, sys; sys.modules['nemo_rl'] = None; "
-        f"sys.argv = [{str(LAUNCHER)!r}, '--help']; runpy.run_path(sys.argv[0], run_name='__main__')"
+        "import importlib.util, runpy, sys\n"
+        "assert importlib.util.find_spec('nemo_rl') is not None  # the vendored NeMo-RL\n"
+        f"sys.argv = [{str(LAUNCHER)!r}, '--help']\n"
+        "try:\n"
+        "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "finally:\n"
+        "    print('NEMO_RL_IMPORTED', 'nemo_rl' in sys.modules)\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+    assert "NEMO_RL_IMPORTED False" in res.stdout
     text = " ".join(res.stdout.split())  # argparse wraps the epilog
     assert "--config CONFIG" in text and "key=value, +new.key=value, ~key" in text
 
