@@ -24,6 +24,10 @@ shq() {
 }
 shq_words() { local w out=(); for w in "$@"; do out+=("$(shq "$w")"); done; printf '%s' "${out[*]}"; }
 die() { echo "$SCRIPT_NAME: error: $*" >&2; exit 2; }
+# The offline check failed: stop, naming the command that reproduces it (overrides too).
+die_check_failed() {
+  die "$config fails the offline checks above (python -m nemo_ais.preflight $(shq_words "$config" "${overrides[@]}"))"
+}
 
 # What the offline check needs (nemo_ais/preflight/requirements.py describe(); a test keeps
 # the two equal).

@@ -37,7 +37,7 @@ if ((check)); then
   # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py)
   nodes="$(PYTHONPATH="$pythonpath" "${PYTHON:-python3}" -P -m nemo_ais.preflight \
     --get cluster.num_nodes "$config" "${overrides[@]}")" \
-    || die "$config fails the offline checks above (python -m nemo_ais.preflight $config${overrides[*]:+$(printf ' %q' "${overrides[@]}")})"
+    || die_check_failed
   [[ "$nodes" == 1 ]] || die "$config runs on cluster.num_nodes=$nodes: use launchers/slurm_grpo_ais.sh"
 fi
 

@@ -69,7 +69,7 @@ if ((check)); then
     --get cluster.num_nodes --get cluster.gpus_per_node --get checkpointing.enabled \
     --get checkpointing.checkpoint_must_save_by "$config" "${overrides[@]}") || true
   [[ -n "${cfg_save_by:-}" ]] \
-    || die "$config fails the offline checks above (python -m nemo_ais.preflight $config${overrides[*]:+$(printf ' %q' "${overrides[@]}")})"
+    || die_check_failed
   for pair in "NUM_NODES:$cfg_nodes:num_nodes" "GPUS_PER_NODE:$cfg_gpus:gpus_per_node"; do
     IFS=: read -r var want key <<< "$pair"
     [[ -z "${!var:-}" || "${!var}" == "$want" ]] \
