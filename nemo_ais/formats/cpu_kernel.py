@@ -4,7 +4,8 @@
 
 PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchmarks.md
 "quant"), so each format's rule runs in one C++ loop per row (``csrc/quantize_cpu.cpp``),
-bit-equal to the PyTorch paths. Built with ``load_inline``; without a compiler or with
+bit-equal to the PyTorch paths. Built with ``torch.utils.cpp_extension.load`` and registered as
+PyTorch operators (``torch.ops.<build name>.*``, ATen headers only); without a compiler or with
 ``NEMO_AIS_CPU_KERNEL=0`` the PyTorch paths run (which tensors take the kernels:
 :mod:`nemo_ais.formats.dispatch`). A block with NaN / inf is reported and the PyTorch path
 raises. One thread (no second OpenMP runtime).
@@ -26,14 +27,6 @@ __all__ = ["cpu_kernel"]
 logger = logging.getLogger(__name__)
 
 _SOURCE_FILE = Path(__file__).with_name("csrc") / "quantize_cpu.cpp"
-_FUNCTIONS = [
-    "quantize_blockwise",
-    "quantize_mxfp8",
-    "nvfp4_block_amax",
-    "nvfp4_encode",
-    "quantize_mxfp4",
-    "fake_quant_groups_divide",
-]
 _CPUINFO_KEYS = ("model name", "flags", "Features", "CPU implementer", "CPU part")
 _GUARD_FILE = "nemo_ais.flock"  # beside PyTorch's own ``lock`` in the build directory
 
@@ -70,7 +63,7 @@ def _cpu_fingerprint() -> str:
 def _build_guard(build_dir: str, wait_s: float):
     """Hold the build directory exclusively (``flock``) for one build or load.
 
-    A killed ``load_inline`` build leaves its ``lock`` file and every later process would wait
+    A killed ``cpp_extension`` build leaves its ``lock`` file and every later process would wait
     forever; holding our flock proves no live build, so a stale ``lock`` is removed. A live
     build elsewhere is waited for ``wait_s`` seconds, then :class:`TimeoutError`.
     """
@@ -114,14 +107,14 @@ def _build_guard(build_dir: str, wait_s: float):
 
 @functools.cache
 def cpu_kernel():
-    """The compiled extension, or None (switched off, or it could not be built: logged once)."""
+    """The built operators (``torch.ops.<build name>``); None if switched off or unbuildable."""
     if os.environ.get("NEMO_AIS_CPU_KERNEL", "1") == "0":
         return None
     wait_s = _build_wait_s()  # a malformed value is the user's error, raised as such
     try:
         import platform
 
-        from torch.utils.cpp_extension import _get_build_directory, load_inline
+        from torch.utils.cpp_extension import _get_build_directory, load
 
         name = f"nemo_ais_fp8_cpu_{_cpu_fingerprint()}"
         build_dir = _get_build_directory(name, verbose=False)
@@ -130,16 +123,17 @@ def cpu_kernel():
             if not os.path.exists(os.path.join(build_dir, f"{name}.so")):
                 logger.warning(
                     "nemo_ais.formats: building the fused CPU quantizer in %s (first use on this "
-                    "machine, about a minute on 2 cores; later runs load it)",
+                    "machine, about 20 s on 2 cores; later runs load it)",
                     build_dir,
                 )
-            return load_inline(
+            load(
                 name=name,
-                cpp_sources=_SOURCE_FILE.read_text(),
-                functions=_FUNCTIONS,
+                sources=[str(_SOURCE_FILE)],
                 extra_cflags=["-O3", *native, "-fno-fast-math"],
+                is_python_module=False,  # TORCH_LIBRARY operators: torch.ops.load_library
                 verbose=False,
             )
+        return getattr(torch.ops, name)
     except Exception as err:  # no compiler / ninja / headers / fcntl, or a build still
         # running elsewhere past the bound: the PyTorch path is exact too
         logger.warning(
