@@ -5,7 +5,7 @@ Three tools, all plain functions (no pytest fixtures, so adapter tests can reuse
 
     from tests.distributed._harness import run_distributed, count_collectives
 
-    def _check(rank, world_size, scale):          # module level: spawn pickles it by name
+    def _check(rank, world_size, scale):          # module level: pickled by name
         with count_collectives() as counter:
             t = torch.full((2,), float(rank), dtype=torch.float64)
             torch.distributed.all_reduce(t)
@@ -14,15 +14,18 @@ Three tools, all plain functions (no pytest fixtures, so adapter tests can reuse
     results = run_distributed(_check, world_size=2, args=(1.0,), timeout=60)
     # results[r] is what rank r returned (anything picklable)
 
-* :func:`run_distributed` spawns ``world_size`` fresh processes (``spawn`` start method),
-  joins them into one gloo process group (a ``file://`` rendezvous in a private temporary
+* :func:`run_distributed` starts ``world_size`` fresh processes (``forkserver`` start
+  method: each rank is forked from a server that imported :data:`PRELOAD` once, so a rank
+  does not pay torch's and Megatron-Core's imports again; the server itself ran nothing, so
+  no thread pool or process group is inherited; the ranks get the caller's ``sys.path``,
+  working directory and environment of the call), joins them into one gloo process group (a ``file://`` rendezvous in a private temporary
   directory: no port to race for), runs
   ``fn(rank, world_size, *args, **kwargs)`` in each with ``torch.set_num_threads(1)`` and
   returns the per-rank return values in rank order. A rank that raises makes the call
   raise ``RuntimeError`` with every rank's traceback; a rank that does not finish within
   ``timeout`` seconds (a deadlock: one rank skipped a collective) makes it raise
-  ``TimeoutError`` naming the stuck ranks, after killing all of them. Spawned processes
-  cost ~2-3 s each on a 2-core CI box: run several checks in one ``fn``.
+  ``TimeoutError`` naming the stuck ranks, after killing all of them. A rank still costs
+  its test module's imports and the gloo rendezvous: run several checks in one ``fn``.
 * :func:`count_collectives` is a context manager that wraps every collective of
   ``torch.distributed`` (all_reduce, all_gather, broadcast, barrier, send/recv, ...) and
   records each call as a :class:`CollectiveCall` (name, group, payload bytes, dtypes).
@@ -36,7 +39,7 @@ Three tools, all plain functions (no pytest fixtures, so adapter tests can reuse
       sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "distributed"))
       from _harness import run_distributed
 
-  The function given to :func:`run_distributed` must be importable by the spawned ranks
+  The function given to :func:`run_distributed` must be importable by the ranks
   under its module name (a module-level function of a test module is; a lambda or a
   closure is not). The ranks inherit the parent's ``sys.path``.
 * :func:`float_bits` / :func:`assert_same_bits` compare floats by their IEEE-754 bit
@@ -125,6 +128,9 @@ COLLECTIVE_NAMES: tuple[str, ...] = (
 # Grace period after the first rank fails before the others (probably blocked in a
 # collective that the failed rank never reached) are killed.
 _FAIL_GRACE_S = 5.0
+# Imported once by the fork server the ranks are forked from (a missing one is skipped):
+# ~2 s for torch.distributed and ~7 s for Megatron-Core on a 2-core box, per rank otherwise.
+PRELOAD = ("torch.distributed", "megatron.core.parallel_state")
 
 
 # ---- collective counter --------------------------------------------------------------------
@@ -315,13 +321,16 @@ def _worker(
     result_dir: str,
     timeout_s: float,
     backend: str,
+    environ: dict[str, str],
 ) -> None:
-    """Body of one spawned rank: init the group, run ``fn``, write ``rank{r}.pkl``.
+    """Body of one rank: init the group, run ``fn``, write ``rank{r}.pkl``.
 
     The ranks meet through a file in the run's private directory (``file://``), not a TCP
     port chosen in advance: nothing another process can take first (gloo's own sockets
     listen on ports the kernel assigns).
     """
+    os.environ.clear()  # the caller's environment now, not the fork server's at its start
+    os.environ.update(environ)
     torch.set_num_threads(1)
     os.environ.update(
         RANK=str(rank),
@@ -376,10 +385,10 @@ def run_distributed(
     timeout: float = 90.0,
     backend: str = "gloo",
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` spawned gloo ranks.
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` gloo ranks.
 
     Args:
-        fn: a module-level function (spawn pickles it by qualified name). It runs after
+        fn: a module-level function (pickled by qualified name). It runs after
             ``torch.distributed.init_process_group`` (default group = all ranks) with one
             intra-op thread, and may return anything picklable.
         world_size: number of processes (>= 1).
@@ -400,12 +409,14 @@ def run_distributed(
     if world_size < 1:
         raise ValueError(f"world_size: got {world_size}, expected >= 1")
     kwargs = dict(kwargs or {})
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))  # read when the server starts (first call)
+    environ = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="nemo_ais_dist_") as result_dir:
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(rank, world_size, fn, args, kwargs, result_dir, timeout, backend),
+                args=(rank, world_size, fn, args, kwargs, result_dir, timeout, backend, environ),
                 daemon=True,
                 name=f"nemo_ais-rank{rank}",
             )

@@ -49,6 +49,23 @@ def test_results_and_collective_counts_two_ranks():
         assert res["env"] == (rank, 2, 1)
 
 
+def _setup_worker(rank: int, world_size: int) -> dict:
+    import os
+    import sys
+
+    return {"probe": os.environ.get("NEMO_AIS_HARNESS_PROBE"), "path": list(sys.path)}
+
+
+def test_ranks_get_the_callers_environment_and_path_at_the_call(monkeypatch, tmp_path):
+    # forked from a server started earlier: what the caller set since must still arrive
+    run_distributed(_setup_worker, 1, timeout=120)  # the server is running from here on
+    monkeypatch.setenv("NEMO_AIS_HARNESS_PROBE", "set after the server started")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (res,) = run_distributed(_setup_worker, 1, timeout=120)
+    assert res["probe"] == "set after the server started"
+    assert str(tmp_path) in res["path"]
+
+
 def _raise_worker(rank: int, world_size: int) -> None:
     raise ValueError(f"boom on rank {rank}")
 
