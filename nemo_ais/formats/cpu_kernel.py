@@ -120,20 +120,31 @@ def cpu_kernel():
         build_dir = _get_build_directory(name, verbose=False)
         native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
         with _build_guard(build_dir, wait_s):
-            if not os.path.exists(os.path.join(build_dir, f"{name}.so")):
+            # the build reads its copy of the source: build.ninja names one path whichever
+            # install (checkout, wheel) shares this cache, so none of them rebuilds it
+            source = Path(build_dir) / _SOURCE_FILE.name
+            text = _SOURCE_FILE.read_text()
+            if not source.is_file() or source.read_text() != text:
+                source.write_text(text)
+            if not list(Path(build_dir).glob(f"{name}*.so")):
                 logger.warning(
                     "nemo_ais.formats: building the fused CPU quantizer in %s (first use on this "
                     "machine, about 20 s on 2 cores; later runs load it)",
                     build_dir,
                 )
-            load(
+            # registers the operators as it loads (a duplicate namespace aborts in C++: never
+            # the case here, cpp_extension renames a second build of one name in a process
+            # "<name>_v1"). Not traceable by torch.compile: nothing compiles the quantizers.
+            library = load(
                 name=name,
-                sources=[str(_SOURCE_FILE)],
+                sources=[str(source)],
                 extra_cflags=["-O3", *native, "-fno-fast-math"],
-                is_python_module=False,  # TORCH_LIBRARY operators: torch.ops.load_library
+                is_python_module=False,
                 verbose=False,
             )
-        return getattr(torch.ops, name)
+        ops = getattr(torch.ops, Path(library).stem)  # the namespace is the library's name
+        ops.quantize_blockwise.default  # noqa: B018 -- an empty namespace raises here
+        return ops
     except Exception as err:  # no compiler / ninja / headers / fcntl, or a build still
         # running elsewhere past the bound: the PyTorch path is exact too
         logger.warning(

@@ -11,10 +11,12 @@ E4M3 rounding ties. A NaN still raises the PyTorch path's error.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,10 +26,13 @@ import nemo_ais.formats.fp8_block as quant
 from nemo_ais.formats.cpu_kernel import cpu_kernel
 from nemo_ais.fp8 import quantize_blockwise
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_the_kernel_builds_on_this_machine():
     # CI's machine has gcc and ninja: a build failure there is a failure, not a skip
-    assert cpu_kernel() is not None
+    ext = cpu_kernel()
+    assert ext is not None and hasattr(ext, "quantize_blockwise")
 
 
 def _torch_path(x, block=(128, 128), family="reciprocal", eps=1e-4, ue8m0=False):
@@ -97,6 +102,22 @@ def test_public_quantizer_uses_the_kernel_and_raises_on_nan(monkeypatch):
     x[17, 200] = float("nan")
     with pytest.raises(ValueError, match=r"x: .*NaN"):
         quantize_blockwise(x)
+
+
+def test_a_library_that_registers_nothing_falls_back(monkeypatch, caplog):
+    # the namespace comes from the library cpp_extension loaded; one without the operators
+    # (a renamed build, a stale file) is the PyTorch path, not an AttributeError later
+    import torch.utils.cpp_extension as cpp
+
+    monkeypatch.setattr(cpp, "load", lambda **kw: "/nowhere/nemo_ais_registers_nothing.so")
+    cpu_kernel.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert cpu_kernel_mod.cpu_kernel() is None
+        assert "could not be built" in caplog.text and "quantize_blockwise" in caplog.text
+    finally:
+        monkeypatch.undo()
+        cpu_kernel.cache_clear()
 
 
 def test_switched_off_by_the_environment(monkeypatch):
@@ -305,6 +326,7 @@ logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
 from nemo_ais.formats import cpu_kernel as ck
 from nemo_ais.fp8 import quantize_blockwise
 ext = ck.cpu_kernel()
+print("FROM", ck.__file__, flush=True)
 print("LOADED", ext is not None and [p for p in torch.ops.loaded_libraries if ext.name in p][0], flush=True)
 x = torch.randn(256, 384, generator=torch.Generator().manual_seed(0))
 q, s = quantize_blockwise(x)
@@ -345,6 +367,20 @@ def test_a_run_after_a_build_killed_midway_builds_and_finishes(tmp_path):
     qsum = next(ln for ln in second.stdout.splitlines() if ln.startswith("QSUM"))
     assert qsum == f"QSUM {float(q.float().sum())} {float(s.sum())}"
     assert not list((tmp_path / "ext").glob("*/lock"))
+    # another install of the same source (a wheel beside this checkout) shares the build
+    other = tmp_path / "other"
+    shutil.copytree(
+        REPO_ROOT / "nemo_ais", other / "nemo_ais", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    so = next((tmp_path / "ext").glob("*/*.so"))
+    built = so.stat().st_mtime_ns
+    third = subprocess.run(
+        [sys.executable, "-c", _BUILD], env={**env, "PYTHONPATH": str(other)}, cwd=other,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert str(other) in third.stdout and "building" not in third.stdout, third.stdout
+    assert so.stat().st_mtime_ns == built and qsum in third.stdout
 
 
 def test_the_build_name_depends_on_the_cpu(monkeypatch):
