@@ -15,11 +15,13 @@ Three tools, all plain functions (no pytest fixtures, so adapter tests can reuse
     # results[r] is what rank r returned (anything picklable)
 
 * :func:`run_distributed` starts ``world_size`` fresh processes (``forkserver`` start
-  method: each rank is forked from a server that imported :data:`PRELOAD` once, so a rank
-  does not pay torch's and Megatron-Core's imports again; the server itself ran nothing, so
-  no thread pool or process group is inherited; the ranks get the caller's ``sys.path``,
-  working directory and environment of the call), joins them into one gloo process group (a ``file://`` rendezvous in a private temporary
-  directory: no port to race for), runs
+  method: each rank is forked from a server that only imported ``_rank_preload`` -- torch,
+  Megatron-Core where it imports -- once per test process, so a rank does not pay those
+  imports again and inherits no process group or thread pool; each rank sets the caller's
+  ``sys.path``, working directory and environment of the call before it unpickles ``fn``,
+  so ``fn``'s module is imported as a spawned rank would import it), joins them into one
+  gloo process group (a ``file://`` rendezvous in a private temporary directory: no port
+  to race for), runs
   ``fn(rank, world_size, *args, **kwargs)`` in each with ``torch.set_num_threads(1)`` and
   returns the per-rank return values in rank order. A rank that raises makes the call
   raise ``RuntimeError`` with every rank's traceback; a rank that does not finish within
@@ -128,9 +130,9 @@ COLLECTIVE_NAMES: tuple[str, ...] = (
 # Grace period after the first rank fails before the others (probably blocked in a
 # collective that the failed rank never reached) are killed.
 _FAIL_GRACE_S = 5.0
-# Imported once by the fork server the ranks are forked from (a missing one is skipped):
+# The fork server the ranks are forked from imports _rank_preload.py (this directory) once:
 # ~2 s for torch.distributed and ~7 s for Megatron-Core on a 2-core box, per rank otherwise.
-PRELOAD = ("torch.distributed", "megatron.core.parallel_state")
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # ---- collective counter --------------------------------------------------------------------
@@ -315,13 +317,11 @@ def assert_same_bits(per_rank: Sequence[dict[str, float]], what: str = "value") 
 def _worker(
     rank: int,
     world_size: int,
-    fn: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
     result_dir: str,
     timeout_s: float,
     backend: str,
     environ: dict[str, str],
+    call: bytes,
 ) -> None:
     """Body of one rank: init the group, run ``fn``, write ``rank{r}.pkl``.
 
@@ -331,6 +331,7 @@ def _worker(
     """
     os.environ.clear()  # the caller's environment now, not the fork server's at its start
     os.environ.update(environ)
+    fn, args, kwargs = pickle.loads(call)  # imports fn's module under that environment
     torch.set_num_threads(1)
     os.environ.update(
         RANK=str(rank),
@@ -368,6 +369,22 @@ def _worker(
     os._exit(0)
 
 
+def _start(procs: list) -> None:
+    """Start the ranks. The first start launches the fork server, which imports its preload
+    from its own ``PYTHONPATH`` (Python 3.11's ignores the caller's ``sys.path``): this
+    directory goes first there, for that launch only (each rank resets the environment)."""
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_HERE, saved) if p)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
 def _read_result(result_dir: str, rank: int) -> dict[str, Any] | None:
     path = os.path.join(result_dir, f"rank{rank}.pkl")
     if not os.path.exists(path):
@@ -394,7 +411,8 @@ def run_distributed(
         world_size: number of processes (>= 1).
         args: positional arguments after ``(rank, world_size)``; must be picklable.
         kwargs: keyword arguments; must be picklable.
-        timeout: seconds for the whole run (process start included); also the gloo
+        timeout: seconds for the whole run (the ranks' start included, not the fork
+            server's one-time preload at the first call of a process); also the gloo
             collective timeout inside the ranks.
         backend: ``torch.distributed`` backend (``"gloo"`` on CPU).
 
@@ -410,20 +428,20 @@ def run_distributed(
         raise ValueError(f"world_size: got {world_size}, expected >= 1")
     kwargs = dict(kwargs or {})
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))  # read when the server starts (first call)
+    ctx.set_forkserver_preload(["_rank_preload"])  # read when the server starts (first call)
     environ = dict(os.environ)
+    call = pickle.dumps((fn, args, kwargs))
     with tempfile.TemporaryDirectory(prefix="nemo_ais_dist_") as result_dir:
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(rank, world_size, fn, args, kwargs, result_dir, timeout, backend, environ),
+                args=(rank, world_size, result_dir, timeout, backend, environ, call),
                 daemon=True,
                 name=f"nemo_ais-rank{rank}",
             )
             for rank in range(world_size)
         ]
-        for p in procs:
-            p.start()
+        _start(procs)
         deadline = time.monotonic() + timeout
         first_failure: float | None = None
         try:

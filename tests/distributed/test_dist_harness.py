@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import pytest
@@ -17,6 +19,9 @@ from _harness import (
 from torch.distributed import all_reduce as imported_all_reduce
 
 pytestmark = pytest.mark.distributed
+
+# read when a rank imports this module to unpickle its function (see the test below)
+_PROBE_AT_IMPORT = os.environ.get("NEMO_AIS_HARNESS_PROBE")
 
 
 def _count_worker(rank: int, world_size: int, scale: float) -> dict:
@@ -50,19 +55,23 @@ def test_results_and_collective_counts_two_ranks():
 
 
 def _setup_worker(rank: int, world_size: int) -> dict:
-    import os
-    import sys
-
-    return {"probe": os.environ.get("NEMO_AIS_HARNESS_PROBE"), "path": list(sys.path)}
+    return {
+        "probe": os.environ.get("NEMO_AIS_HARNESS_PROBE"),
+        "probe_at_import": _PROBE_AT_IMPORT,
+        "path": list(sys.path),
+        "preloaded": "_rank_preload" in sys.modules,
+    }
 
 
 def test_ranks_get_the_callers_environment_and_path_at_the_call(monkeypatch, tmp_path):
-    # forked from a server started earlier: what the caller set since must still arrive
-    run_distributed(_setup_worker, 1, timeout=120)  # the server is running from here on
+    # forked from a server started earlier: what the caller set since must still arrive,
+    # in fn and in fn's module as a rank imports it
+    (first,) = run_distributed(_setup_worker, 1, timeout=120)  # the server runs from here on
+    assert first["preloaded"]  # the ranks are forked with the preload done
     monkeypatch.setenv("NEMO_AIS_HARNESS_PROBE", "set after the server started")
     monkeypatch.syspath_prepend(str(tmp_path))
     (res,) = run_distributed(_setup_worker, 1, timeout=120)
-    assert res["probe"] == "set after the server started"
+    assert res["probe"] == res["probe_at_import"] == "set after the server started"
     assert str(tmp_path) in res["path"]
 
 
