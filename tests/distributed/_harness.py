@@ -331,7 +331,6 @@ def _worker(
     """
     os.environ.clear()  # the caller's environment now, not the fork server's at its start
     os.environ.update(environ)
-    fn, args, kwargs = pickle.loads(call)  # imports fn's module under that environment
     torch.set_num_threads(1)
     os.environ.update(
         RANK=str(rank),
@@ -341,6 +340,8 @@ def _worker(
     )
     outcome: dict[str, Any]
     try:
+        # imports fn's module under that environment; a failing import is this rank's error
+        fn, args, kwargs = pickle.loads(call)
         dist.init_process_group(
             backend=backend,
             init_method="file://" + os.path.join(result_dir, "rendezvous"),

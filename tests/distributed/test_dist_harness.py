@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -81,6 +82,26 @@ def _raise_worker(rank: int, world_size: int) -> None:
 
 def _hang_worker(rank: int, world_size: int) -> None:
     time.sleep(600)
+
+
+def test_a_function_whose_module_fails_to_import_is_reported_with_traceback(tmp_path, monkeypatch):
+    # the rank imports fn's module itself (to unpickle fn): a failure there is its report
+    (tmp_path / "_harness_broken_mod.py").write_text(
+        "import os\n"
+        "if os.environ.get('NEMO_AIS_HARNESS_BREAK'):\n"
+        "    raise RuntimeError('broken at import')\n"
+        "def fn(rank, world_size):\n"
+        "    return rank\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        fn = importlib.import_module("_harness_broken_mod").fn
+        assert run_distributed(fn, 2, timeout=120) == [0, 1]
+        monkeypatch.setenv("NEMO_AIS_HARNESS_BREAK", "1")
+        with pytest.raises(RuntimeError, match=r"(?s)rank 0 ---.*RuntimeError: broken at import"):
+            run_distributed(fn, 2, timeout=120)
+    finally:
+        sys.modules.pop("_harness_broken_mod", None)
 
 
 def test_rank_exception_is_reported_with_traceback():
