@@ -136,7 +136,7 @@ void quantize_rows(const T* x, int64_t n, int64_t k, int64_t bn, int64_t bk, int
 // x [E, N, K] contiguous CPU fp32 / bf16 / fp16 -> (q uint8 [E, N, K], s fp32 [E, nb, kb],
 // finite: 0-dim bool). A non-finite value shows up as a non-finite tile amax.
 std::vector<at::Tensor> quantize_blockwise(at::Tensor x, int64_t bn, int64_t bk,
-                                              int64_t family, double eps, bool ue8m0) {
+                                           int64_t family, double eps, bool ue8m0) {
   TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu(), "x: [E, N, K] CPU");
   const int64_t e = x.size(0), n = x.size(1), k = x.size(2);
   const int64_t nb = (n + bn - 1) / bn, kb = (k + bk - 1) / bk;
