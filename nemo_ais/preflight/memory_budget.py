@@ -298,7 +298,10 @@ def budget(config: Mapping[str, Any], name: str = "config", gpu_gib: float = HBM
     logits = logits_gib(config, shape, _micro_batch_tokens(config, "train"), grad=True)
     lp_logits = logits_gib(config, shape, _micro_batch_tokens(config, "logprob"), grad=False)
     lp_optimizer = 0.0 if get(config, "policy.offload_optimizer_for_logprob") else st.optimizer
-    gmu = float(get(config, "policy.generation.vllm_cfg.gpu_memory_utilization"))
+    # The raw value, as the offline check reads it: float() would pass a YAML true or "0.5".
+    gmu = get(config, "policy.generation.vllm_cfg.gpu_memory_utilization")
+    if gmu is None:
+        raise ValueError("policy.generation.vllm_cfg.gpu_memory_utilization is not set")
     if problem := memory_share_problem(gmu):
         raise ValueError(problem)
     share = gmu * gpu_gib

@@ -291,7 +291,20 @@ def test_cli_prints_the_table_and_fails_on_overflow(capsys):
         ("cluster.gpus_per_node=0", "a GPU count or parallel size is 0 (python -m "),
         (
             "policy.generation.vllm_cfg.gpu_memory_utilization=2",
-            "gpu_memory_utilization=2.0 is invalid: expected a fraction in (0, 1]",
+            "gpu_memory_utilization=2 is invalid: expected a fraction in (0, 1]",
+        ),
+        # what the offline check refuses, the budget refuses (float() took both)
+        (
+            "policy.generation.vllm_cfg.gpu_memory_utilization=true",
+            "gpu_memory_utilization=True is invalid: expected a fraction in (0, 1]",
+        ),
+        (
+            "policy.generation.vllm_cfg.gpu_memory_utilization='0.5'",
+            "gpu_memory_utilization='0.5' is invalid: expected a fraction in (0, 1]",
+        ),
+        (
+            "policy.generation.vllm_cfg.gpu_memory_utilization=null",
+            "policy.generation.vllm_cfg.gpu_memory_utilization is not set",
         ),
     ],
 )
