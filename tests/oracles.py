@@ -183,7 +183,7 @@ def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
     ess = min(1.0, sum(big_w) ** 2 / (n_seq * sum(w * w for w in big_w)))
     severity = sum(abs(ell) for ell in toks) / n_tok
     lcs = [min(max(ell, -c), c) for ell in toks]
-    w = [min(math.exp(lc), cap) for lc in lcs]
+    w = [min(math.exp(min(ell, 700.0)), cap) for ell in toks]  # the applied weight: raw l
     mean_w = math.fsum(w) / n_tok
     var_w = math.fsum((x - mean_w) ** 2 for x in w) / n_tok  # two-pass, no cancellation
     cv2 = var_w / (mean_w * mean_w)  # = (sum w^2 / n) / (sum w / n)^2 - 1
@@ -208,7 +208,7 @@ def diagnostics(logp_old, logp_rollout, mask, cfg, prev_alpha=None):
         kl_k1=sum(-ell for ell in toks) / n_tok,
         kl_k3=sum(math.exp(lc) - 1 - lc for lc in lcs) / n_tok,
         w_mean=mean_w,
-        frac_capped=sum(1 for lc in lcs if math.exp(lc) > cap) / n_tok,
+        frac_capped=sum(1 for ell in toks if math.exp(min(ell, 700.0)) > cap) / n_tok,
         token_mult_prob_error=sum(math.exp(abs(lc)) for lc in lcs) / n_tok,
         raw_ratio_mean=sum(math.exp(lc) for lc in lcs) / n_tok,
         n_seq=float(n_seq),

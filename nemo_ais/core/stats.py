@@ -8,8 +8,8 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; rho = pi_old / mu):
 2. Sequence sums over the N sequences with a valid token:
        log W_i = clamp(mean_t l^c_it, -L, L) (geometric) or clamp(sum_t l^c_it, -L, L) (product)
        n_seq = N,  sum W_i,  sum W_i^2
-3. Token sums over valid tokens, w_it = min(exp l^c_it, C):
-       n_tok, sum |l|, sum l, sum l^c, n_capped = #{l^c > log C},
+3. Token sums over valid tokens, w_it = min(exp l_it, C) (the weight tis and ais apply):
+       n_tok, sum |l|, sum l, sum l^c, n_capped = #{l > log C},
        sum (w - 1), sum (w - 1)^2, sum expm1(l^c), sum expm1(|l^c|)
    Every summand vanishes at l = 0 (masked positions drop out without a multiply, and the
    small differences CV^2 and k3 keep float64 precision).
@@ -213,9 +213,11 @@ def _token_sums(log_rho, log_rho_c, n_tok, config):
     abs_sum = abs_log_rho.sum()
     exp_abs_dev = abs_log_rho.clamp_(max=config.log_ratio_clamp).expm1_()  # reuses |l|
     rho_dev = torch.expm1(log_rho_c)
-    n_capped = torch.count_nonzero(rho_dev > cap_dev).to(STATS_DTYPE)
     rho_dev_sum = rho_dev.sum()
-    w_dev = rho_dev.clamp_(max=cap_dev).reshape(-1)  # reuses rho - 1
+    # the weights the loss applies: min(exp(l), C) of the RAW l (inf above ~709 is capped)
+    w_dev = torch.expm1(log_rho, out=rho_dev)  # reuses rho - 1
+    n_capped = torch.count_nonzero(w_dev > cap_dev).to(STATS_DTYPE)
+    w_dev = w_dev.clamp_(max=cap_dev).reshape(-1)
     return [
         n_tok,
         abs_sum,

@@ -255,3 +255,28 @@ def test_field_named_errors(data, message):
     with pytest.raises(ValueError) as err:
         validate_section(CorrectionConfig, data, "loss_fn.ais")
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("clamp", [20.0, 1.0])  # 1.0 < log C: the clamp binds below the cap
+@pytest.mark.parametrize("mode", ["tis", "ais"])
+def test_token_statistics_describe_the_applied_weights(mode, clamp):
+    # tokens beyond -L, between L and log C, and far above the cap: the diagnostics' w_mean,
+    # CV^2 and frac_capped are those of min(rho, C) as applied, so batch_normalize averages
+    # the weights to 1 (ais normalised by (1 - alpha) + alpha w_mean was 1.19 at L = 1)
+    mixer = {"mixer": "constant", "constant_alpha": 0.75} if mode == "ais" else {}
+    cfg = CorrectionConfig(
+        mode=mode, weight_cap=5.0, log_ratio_clamp=clamp, batch_normalize=True, **mixer
+    )
+    log_rho = torch.tensor([[-30.0, -1.5, 0.3, 1.2, 1.5, 30.0], [0.9, -0.2, 1.4, 0.0, 2.0, -25.0]])
+    gen = torch.full_like(log_rho, -2.0, dtype=torch.float64)
+    old, mask = gen + log_rho, torch.ones_like(log_rho)
+    d = compute_diagnostics(old, gen, mask, cfg)
+    w = [min(math.exp(ell), 5.0) for ell in log_rho.reshape(-1).tolist()]
+    mean = math.fsum(w) / len(w)
+    assert d.w_mean == pytest.approx(mean, rel=1e-14)
+    assert d.frac_capped == sum(x == 5.0 for x in w) / len(w) == 2 / 12
+    assert d.cv2 == pytest.approx(
+        math.fsum((x - mean) ** 2 for x in w) / len(w) / mean**2, rel=1e-12
+    )
+    w_hat = correction_weights(old, gen, mask, cfg, d.alpha if mode == "ais" else None)
+    assert (w_hat / d.w_norm).mean().item() == pytest.approx(1.0, rel=1e-14)
