@@ -51,9 +51,13 @@ _MOVED_KEYS = {
 }
 
 
+# far above any useful cap (peers ship 2-5), far below float32's overflow at the weight clamp
+_MAX_WEIGHT_CAP = 1e6
+
+
 def _cap(description: str) -> Any:
-    """A weight cap: 2.0 by default, > 1 (C <= 1 would only down-weight)."""
-    return Field(2.0, gt=1.0, description=description)
+    """A weight cap: 2.0 by default, in (1, 1e6] (C <= 1 would only down-weight)."""
+    return Field(2.0, gt=1.0, le=_MAX_WEIGHT_CAP, description=description)
 
 
 class CorrectionConfig(_ModeSections):

@@ -39,6 +39,9 @@ CORRECTION_BAD = [
     ("weight_cap", -2.0, "greater than 1"),
     ("weight_cap", math.nan, "finite number"),  # strict + allow_inf_nan=False
     ("weight_cap", math.inf, "finite number"),
+    # float32 overflow at the loss' clamp was torch's "cannot be converted to type float"
+    ("weight_cap", 1e39, "less than or equal to 1000000"),
+    ("seq_weight_cap", 1e7, "less than or equal to 1000000"),
     ("weight_cap", "3", "valid number"),  # no string coercion (strict)
     ("severity_scale", math.inf, "finite number"),
     ("alpha_min", True, "valid number"),  # a bool is not a float (strict)
