@@ -75,8 +75,10 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
 
 
 def _register_resolvers() -> None:
-    # Same names and meaning as NeMo-RL's resolvers, so its YAML interpolations resolve here.
+    # Same names and meaning as NeMo-RL's resolvers (main's: v0.7.0 lacks add), so its YAML
+    # interpolations resolve here.
     for name, fn in (
+        ("add", lambda a, b: a + b),
         ("mul", lambda a, b: a * b),
         ("div", lambda a, b: a / b),
         ("max", lambda a, b: max(a, b)),
@@ -88,8 +90,12 @@ def _register_resolvers() -> None:
 
 
 def _merge(base: DictConfig, child: DictConfig) -> DictConfig:
-    # A section marked `_override_: true` replaces the inherited one instead of merging.
+    # A section marked `_override_: true` replaces the inherited one instead of merging. A
+    # mandatory value (`???`) stays for a child or an override to set (NeMo-RL main; v0.7.0
+    # raised).
     for key in list(child.keys()):
+        if OmegaConf.is_missing(child, key):
+            continue
         node = child[key]
         if isinstance(node, DictConfig) and node.get("_override_", False):
             node.pop("_override_")
@@ -170,6 +176,13 @@ def _override_value(item: str, raw: str) -> Any:
         raise ValueError(f"override {item!r}: {err}") from None
 
 
+def _present(cfg: DictConfig, key: str) -> bool:
+    """``key`` is in ``cfg``, a mandatory value (``???``) included (``select`` says absent)."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
+    return isinstance(parent, DictConfig) and leaf in parent.keys()  # `in parent` skips ???
+
+
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     """Apply Hydra overrides as NeMo-RL's ``parse_hydra_overrides`` does (struct mode).
 
@@ -206,7 +219,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
                 )
             OmegaConf.update(cfg, key, value, merge=True, force_add=True)
         else:
-            if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+            if not _present(cfg, key):
                 raise ValueError(
                     f"override {item!r}: {key} is not in the config (write +{key}=... to add a key)"
                 )
@@ -218,8 +231,8 @@ def load_config_fallback(path: str | Path, overrides: Sequence[str] = ()) -> dic
     """NeMo-RL's ``load_config`` + ``parse_hydra_overrides``, re-implemented (no NeMo-RL, no hydra).
 
     ``defaults:`` (paths relative to the file, or absolute) resolve depth-first, later entries
-    and the child winning; ``_override_: true`` replaces the inherited section; then
-    :func:`apply_overrides`. Raises ``FileNotFoundError`` or ``ValueError`` (cycle, override).
+    and the child winning; ``_override_: true`` replaces the inherited section; a ``???``
+    value waits for a child or an override (NeMo-RL main); then :func:`apply_overrides`. Raises ``FileNotFoundError`` or ``ValueError`` (cycle, override).
     """
     _register_resolvers()
     cfg = apply_overrides(_load_tree(Path(path).resolve(), ()), overrides)

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.nemo_rl
 
 import nemo_rl.utils.config as nemo_rl_config  # noqa: E402
 from nemo_rl.algorithms import grpo  # noqa: E402  (Python 3.11: tests/_nemo_rl_env shim)
+from nemo_rl_version import per_version  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS  # noqa: E402
 
@@ -151,6 +152,36 @@ def test_examples_exercise_both_outcomes():
     merged = _nemo_rl_load(path, OVERRIDE_EXAMPLES["dict value merges"][1])
     base = _nemo_rl_load(path)["policy"]["megatron_cfg"]["optimizer"]
     assert merged["policy"]["megatron_cfg"]["optimizer"] == {**base, "lr": 2.0e-6}  # merged
+
+
+@pytest.mark.parametrize(
+    ("body", "overrides", "v0_7_0"),
+    [
+        # examples/nemo_gym/nemotron-3-ultra/*.yaml on main interpolate with ${add:...}
+        (
+            "grpo:\n  max_num_steps: ${add:${grpo.val_period}, 1}\n",
+            [],
+            "UnsupportedInterpolationType",
+        ),
+        # a mandatory value an override sets, and one left unset (the dict holds "???")
+        ("run_tag: ???\n", ["run_tag=x"], "MissingMandatoryValue"),
+        ("run_tag: ???\n", [], "MissingMandatoryValue"),
+    ],
+)
+def test_fallback_composes_as_main_does(tmp_path, body, overrides, v0_7_0):
+    # the launchers' offline check runs the fallback on a login node without NeMo-RL: it
+    # follows main, which loads what v0.7.0 loads and these two more
+    child = tmp_path / "child.yaml"
+    child.write_text(f"defaults: {CONFIG_DIR / QWEN8B}\n{body}")
+    OmegaConf.clear_resolver("add")  # resolvers are process-wide: as on a fresh start
+    upstream = _outcome(_nemo_rl_load, child, overrides)
+    fallback = cc.load_config_fallback(child, overrides)
+    assert upstream == per_version(v0_7_0=("raises", v0_7_0), main=fallback)
+    base = cc.load_config_fallback(CONFIG_DIR / QWEN8B)
+    if "add" in body:
+        assert fallback["grpo"]["max_num_steps"] == base["grpo"]["val_period"] + 1
+    else:
+        assert fallback == {**base, "run_tag": "x" if overrides else "???"}
 
 
 def test_load_config_is_nemo_rl_loader_when_importable():
