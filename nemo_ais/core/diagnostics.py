@@ -345,7 +345,7 @@ _BAD_INPUT_LABELS = {
     Slot.N_MISSING_KEY: "rank(s) with a missing key",
     Slot.N_BAD_DTYPE: "rank(s) with a wrong type or dtype",
     Slot.N_BAD_SHAPE: "rank(s) with a wrong shape or device",
-    Slot.N_BAD_LOGPROBS: "non-finite prev_logprobs/generation_logprobs value(s)",
+    Slot.N_BAD_LOGPROBS: "non-finite input value(s) at valid positions",
     Slot.N_BAD_MASK: "mask value(s) not in {0, 1}",
 }
 

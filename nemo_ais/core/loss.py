@@ -372,6 +372,20 @@ def clipped_pg_loss(
         named = _check_structure(named, mask, pg)  # step 1a
         _check_advantages(advantages, prev_logprobs)
         _check_rewards(rewards, prev_logprobs, pg)
+        logp_ref = named.get("reference_logprobs")
+        logp_kl = named.get("kl_logprobs")  # None: curr_logprobs
+        dtype = compute_dtype(
+            *(t for t in (curr_logprobs, prev_logprobs, logp_ref, logp_kl) if t is not None),
+            advantages,
+        )
+        m = mask.to(dtype)
+        on_policy_kl = logp_ref is not None and pg.use_on_policy_kl_approximation
+        terms = (curr_logprobs, prev_logprobs, generation_logprobs, logp_ref, advantages, m)
+        x = _inputs(*terms, logp_kl, on_policy_kl)  # step 1b
+        need = _global_batch_need(config)
+        counts = _check_values(
+            named, mask, advantages, x, global_valid_tokens, global_valid_seqs, need
+        )
     except (TypeError, ValueError) as err:
         if not collective:
             raise
@@ -380,18 +394,6 @@ def clipped_pg_loss(
         diagnostics = compute_diagnostics(
             prev_logprobs, generation_logprobs, mask, config, group, state, input_error=input_error
         )
-    logp_ref = named.get("reference_logprobs")
-    logp_kl = named.get("kl_logprobs")  # None: curr_logprobs
-    dtype = compute_dtype(
-        *(t for t in (curr_logprobs, prev_logprobs, logp_ref, logp_kl) if t is not None),
-        advantages,
-    )
-    m = mask.to(dtype)
-    on_policy_kl = logp_ref is not None and pg.use_on_policy_kl_approximation
-    terms = (curr_logprobs, prev_logprobs, generation_logprobs, logp_ref, advantages, m)
-    x = _inputs(*terms, logp_kl, on_policy_kl)  # step 1b
-    need = _global_batch_need(config)
-    counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs, need)
     if not counts.clean:
         x = _sanitised(*terms, logp_kl, on_policy_kl)
     # step 3, with alpha (ais) or q* (m2po) of the global batch

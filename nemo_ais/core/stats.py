@@ -176,14 +176,18 @@ class AISStats:
     def from_input_error(
         cls, error: Exception, device: torch.device | str | None = None, size: int = NUM_SLOTS
     ) -> AISStats:
-        """Step 4 for a rank whose input failed a structural check: zeros plus its flags.
+        """Step 4 for a rank whose input failed a check: zeros plus its flags.
 
-        ``error``: ``KeyError`` (missing key), ``TypeError`` (type or dtype) or other (shape);
+        ``error``: ``KeyError`` (missing key), ``TypeError`` (type or dtype),
+        :class:`~nemo_ais.core.validation.BadValuesError` (its count) or other (shape);
         ``size``: :func:`num_slots` of the config; ``device``: the reduction device (None: CPU).
         """
-        kind = next((slot for t, slot in _ERROR_KIND_SLOTS if isinstance(error, t)), None)
         vector = torch.zeros(size, dtype=STATS_DTYPE, device=device)
         vector[Slot.N_BAD_RANKS] = 1
+        if isinstance(error, validation.BadValuesError):  # values of a loss input, counted
+            vector[Slot.N_BAD_MASK if error.in_mask else Slot.N_BAD_LOGPROBS] = error.count
+            return cls(vector)
+        kind = next((slot for t, slot in _ERROR_KIND_SLOTS if isinstance(error, t)), None)
         vector[Slot.N_BAD_SHAPE if kind is None else kind] = 1
         return cls(vector)
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import torch
 
 __all__ = [
+    "BadValuesError",
     "bad_value_counts",
     "check_2d",
     "check_global_count",
@@ -27,6 +28,15 @@ __all__ = [
     "raise_for_bad_values",
     "valid_positions",
 ]
+
+
+class BadValuesError(ValueError):
+    """Bad values in one input: ``count`` of them; ``in_mask``: mask values not in {0, 1}."""
+
+    def __init__(self, message: str, count: int = 1, in_mask: bool = False) -> None:
+        super().__init__(message)
+        self.count = count
+        self.in_mask = in_mask
 
 
 def describe(t: object) -> str:
@@ -147,7 +157,7 @@ def raise_for_bad_values(
     counts: list[float],
     where: str = "",
 ) -> None:
-    """Raise ``ValueError`` for the first tensor whose count is non-zero (count and first index)."""
+    """Raise :class:`BadValuesError` for the first tensor whose count is non-zero (count, first index)."""
     for (name, t), count in zip(tensors.items(), counts, strict=True):
         if count == 0:
             continue
@@ -159,12 +169,15 @@ def raise_for_bad_values(
         first = tuple(idx[0].tolist()) if idx.numel() else "none on this rank"
         value = t[first].item() if idx.numel() else "-"
         if name == "mask":
-            raise ValueError(
+            raise BadValuesError(
                 f"mask: {int(count)} values not in {{0, 1}}{where}; first at index {first} "
-                f"(value {value}); expected token_mask * sample_mask with values 0 or 1"
+                f"(value {value}); expected token_mask * sample_mask with values 0 or 1",
+                int(count),
+                in_mask=True,
             )
-        raise ValueError(
+        raise BadValuesError(
             f"{name}: {int(count)} non-finite values (NaN or +-inf) at valid positions{where}; "
             f"first at index {first} (value {value}); expected finite values where mask == 1 "
-            f"(mask out tokens excluded by top-k/top-p sampling, whose log-prob is -inf)"
+            f"(mask out tokens excluded by top-k/top-p sampling, whose log-prob is -inf)",
+            int(count),
         )

@@ -38,6 +38,7 @@ from nemo_ais.core.weights import compute_dtype
 from nemo_ais.nemo_rl import compat
 from nemo_ais.nemo_rl.seam import (
     GLOBAL_BATCH_KEY,
+    LOSS_KEYS,
     UNUSED_ROW,
     VALID_TOKENS_KEY,
     checked_index,
@@ -256,6 +257,12 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         self._diagnostics: tuple[AISDiagnostics, ...] = ()
         self._telemetry_values: tuple[list[float], ...] = ()  # ais_values, per global batch
         self._alarms: tuple[Mapping[str, float], ...] = ()
+
+    @property
+    def loss_keys(self) -> tuple[str, ...]:
+        """``[B, S]`` data keys the prepare step checks for this loss (seam.LOSS_KEYS, + KL's)."""
+        kl = self.reference_policy_kl_penalty > 0  # upstream's: 0 with use_kl_in_reward
+        return (*LOSS_KEYS, "reference_policy_logprobs") if kl else LOSS_KEYS
 
     @property
     def enabled(self) -> bool:

@@ -31,10 +31,12 @@ from nemo_ais.core import (
     LossOutput,
     clipped_pg_loss,
     compute_diagnostics,
+    validation,
 )
 
 __all__ = [
     "GLOBAL_BATCH_KEY",
+    "LOSS_KEYS",
     "NEMO_RL_MISMATCH_NAMES",
     "ROLLOUT_METRIC_KEYS",
     "UNUSED_ROW",
@@ -72,6 +74,9 @@ GLOBAL_BATCH_KEY = "ais_global_batch"
 UNUSED_ROW = -1
 # [B] float64 row column: the row's valid tokens (a loss call sums it for its local count).
 VALID_TOKENS_KEY = "ais_valid_tokens"
+# [B, S] keys only the loss reads that the prepare step checks (the loss adds
+# reference_policy_logprobs when its KL term reads them: AISClippedPGLossFn.loss_keys)
+LOSS_KEYS = ("advantages",)
 
 
 class CoreInputs(NamedTuple):
@@ -183,6 +188,7 @@ def global_batch_diagnostics(
     group: torch.distributed.ProcessGroup | None,
     state: AISState | None = None,
     device: torch.device | str | None = None,
+    loss_keys: Sequence[str] = LOSS_KEYS,
 ) -> list[AISDiagnostics]:
     """Diagnostics of each global batch: local statistics -> ONE all-reduce -> alpha.
 
@@ -191,6 +197,8 @@ def global_batch_diagnostics(
         group: the data-parallel group (None: one process).
         state: EMA state of alpha, advanced once per global batch (None: eval).
         device: where the statistics are reduced (``cuda`` for NCCL; None: the inputs').
+        loss_keys: ``[B, S]`` keys only the loss reads, checked finite at valid tokens here,
+            so that a bad value fails every rank together instead of one rank's loss call.
 
     Raises:
         ValueError: bad input on any rank (the same message on every rank of a group).
@@ -199,7 +207,7 @@ def global_batch_diagnostics(
     require_config(config, CorrectionConfig, "global_batch_diagnostics(config)")
     # the ONE collective of each global batch (statistics -> all_reduce -> alpha)
     return [
-        _agreed_diagnostics(g, *_statistics_inputs(batch, device), config, group, state)
+        _agreed_diagnostics(g, *_statistics_inputs(batch, device, loss_keys), config, group, state)
         for g, batch in enumerate(batches)
     ]
 
@@ -214,13 +222,30 @@ def _agreed_diagnostics(g, inputs, input_error, config, group, state) -> AISDiag
         raise ValueError(f"global batch {g}: {err}") from err  # g is the same on every rank
 
 
-def _statistics_inputs(batch: Mapping[str, Any], device) -> tuple[tuple, Exception | None]:
-    """``((logp_old, logp_rollout, mask), None)``, or empty tensors and the mapping error."""
+def _statistics_inputs(
+    batch: Mapping[str, Any], device, loss_keys
+) -> tuple[tuple, Exception | None]:
+    """``((logp_old, logp_rollout, mask), None)``, or empty tensors and the input error."""
     try:
         x = core_inputs(batch, with_loss_terms=False)
+        _check_loss_values(batch, x.mask, loss_keys)
     except (KeyError, TypeError, ValueError) as err:
         return _no_inputs(batch, device), err
     return tuple(t.to(device) if device else t for t in x[:3]), None
+
+
+def _check_loss_values(batch: Mapping[str, Any], mask: torch.Tensor, keys: Sequence[str]) -> None:
+    """Raise ``BadValuesError`` for a non-finite ``batch[key]`` at a valid token (NeMo-RL's index).
+
+    A key that is absent or not ``[B, S]`` is left to the loss call, which names it.
+    """
+    valid = torch.nn.functional.pad(validation.valid_positions(mask), (1, 0))  # [B, S]
+    for key in keys:
+        t = batch.get(key)
+        if isinstance(t, torch.Tensor) and t.shape == valid.shape and t.is_floating_point():
+            count = (~torch.isfinite(t) & valid).sum().item()
+            if count:
+                validation.raise_for_bad_values({key: t}, valid, [count])
 
 
 def _no_inputs(data: Any, device) -> tuple[torch.Tensor, ...]:
@@ -255,6 +280,7 @@ def prepare_global_batches(
     state: AISState | None = None,
     device: torch.device | str | None = None,
     split: Callable[[Any, int], Sequence[Mapping[str, Any]]] = split_global_batches,
+    loss_keys: Sequence[str] = LOSS_KEYS,
 ) -> list[AISDiagnostics]:
     """The worker's prepare step: diagnostics per global batch, row tags, attach to ``sink``.
 
@@ -269,7 +295,9 @@ def prepare_global_batches(
         # join the first global batch's all-reduce, flagged: raises on every rank
         _agreed_diagnostics(0, _no_inputs(data, device), err, config, group, state)
         raise  # not reached: compute_diagnostics raises whenever input_error is given
-    diagnostics = global_batch_diagnostics(batches, config, group=group, state=state, device=device)
+    diagnostics = global_batch_diagnostics(
+        batches, config, group=group, state=state, device=device, loss_keys=loss_keys
+    )
     tags = _row_tags(batches, _rows(data))
     data[GLOBAL_BATCH_KEY] = tags.to(_tensor(data, "sample_mask", 1).device)
     data[VALID_TOKENS_KEY] = row_valid_tokens(data)

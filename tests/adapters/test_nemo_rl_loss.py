@@ -209,6 +209,21 @@ def test_micro_batches_sum_to_the_global_batch():
         assert math.isclose(total, value, rel_tol=1e-9, abs_tol=1e-12), key
 
 
+@pytest.mark.parametrize(
+    ("cfg", "keys"),
+    [
+        ({"reference_policy_kl_penalty": 0.0}, ("advantages",)),
+        ({"reference_policy_kl_penalty": 0.01}, ("advantages", "reference_policy_logprobs")),
+        # upstream's rule: the KL term moves into the reward, the loss reads no reference
+        ({"reference_policy_kl_penalty": 0.01, "use_kl_in_reward": True}, ("advantages",)),
+    ],
+)
+@pytest.mark.parametrize("mode", ["none", "ais"])
+def test_loss_keys_are_what_the_loss_reads(cfg, keys, mode):
+    # what the worker's prepare step checks before the all-reduce (seam.LOSS_KEYS)
+    assert AISClippedPGLossFn({**cfg, "ais": {"mode": mode}}).loss_keys == keys
+
+
 def test_unprepared_loss_raises_with_instructions():
     data, curr = _data()
     with pytest.raises(RuntimeError, match="prepare_global_batches"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -26,6 +27,7 @@ from nemo_ais.config import CorrectionConfig, PGLossConfig
 from nemo_ais.core import AISState, compute_diagnostics
 from nemo_ais.nemo_rl.seam import (
     GLOBAL_BATCH_KEY,
+    LOSS_KEYS,
     core_inputs,
     global_batch_index,
     loss_from_prepared,
@@ -196,6 +198,35 @@ def test_prepared_diagnostics_equal_core_on_each_global_batch():
         ref = compute_diagnostics(x.logp_old, x.logp_rollout, x.mask, CONFIG, state=ref_state)
         assert sink.diagnostics[g] == ref
     assert state.state_dict() == ref_state.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("key", "where", "loss_keys", "index"),
+    [
+        ("advantages", (2, 3), LOSS_KEYS, (0, 3)),  # global batch 1's row 0: a valid token
+        ("advantages", (1, 2), LOSS_KEYS, False),  # sample_mask 0
+        ("advantages", (0, 0), LOSS_KEYS, False),  # the first position, never a loss token
+        ("advantages", (0, 4), LOSS_KEYS, False),  # token_mask 0
+        ("reference_policy_logprobs", (0, 2), LOSS_KEYS, False),  # not read without a KL term
+        ("reference_policy_logprobs", (0, 2), (*LOSS_KEYS, "reference_policy_logprobs"), (0, 2)),
+    ],
+)
+def test_prepare_checks_loss_only_keys_at_valid_tokens(key, where, loss_keys, index):
+    # a value only the loss reads fails the prepare step (before the all-reduce, so every
+    # rank raises together), named by NeMo-RL's key and [B, S] index in its global batch
+    d = _data(b=4)
+    d["reference_policy_logprobs"] = d["prev_logprobs"].clone()
+    d[key][where] = float("nan")
+    prepare = lambda: prepare_global_batches(  # noqa: E731
+        d, _Sink(), CONFIG, local_batch_size=2, group=None, loss_keys=loss_keys
+    )
+    if index is False:
+        prepare()
+        return
+    with pytest.raises(
+        ValueError, match=rf"{key}: 1 non-finite .* first at index {re.escape(str(index))}"
+    ):
+        prepare()
 
 
 def test_loss_from_prepared_requires_preparation():

@@ -19,11 +19,12 @@ One spawn per world size runs every scenario (ranks are expensive on a 2-core bo
 harness timeout bounds the run, so a hang fails the test instead of blocking it.
 
 * world 2, bad rank 1: core ``compute_diagnostics`` (shape, dtype, NaN, +inf, mask value),
-  core ``clipped_pg_loss(group=...)`` (advantages shape), and the NeMo-RL seam
-  ``prepare_global_batches`` on upstream's real ``BatchedDataDict`` (missing
-  ``generation_logprobs``, missing ``sample_mask``, ``token_mask`` shape, integer
-  ``prev_logprobs``, NaN ``generation_logprobs`` in global batch 1, a shard that fails to
-  split into global batches).
+  core ``clipped_pg_loss(group=...)`` (advantages shape, NaN advantages, NaN current
+  log-probs), and the NeMo-RL seam ``prepare_global_batches`` on upstream's real
+  ``BatchedDataDict`` (missing ``generation_logprobs``, missing ``sample_mask``,
+  ``token_mask`` shape, integer ``prev_logprobs``, NaN ``generation_logprobs`` in global
+  batch 1, NaN ``advantages`` and -inf ``reference_policy_logprobs``, which only the loss
+  reads, a shard that fails to split into global batches).
 * world 4, uneven shards, rank 1 with B = 0 (core) / no valid sample (seam): bad rank 2
   (missing key, NaN), and two bad ranks at once (2 and 3, different errors).
 """
@@ -134,6 +135,15 @@ def _nan_generation_logprobs(data):
     data["generation_logprobs"][GB_ROWS, 3] = float("nan")  # global batch 1, valid position
 
 
+def _nan_advantages(data):
+    data["advantages"][GB_ROWS + 1, 4] = float("nan")  # global batch 1, row 1: a valid token
+
+
+def _inf_reference_logprobs(data):
+    data["reference_policy_logprobs"] = data["prev_logprobs"].clone()
+    data["reference_policy_logprobs"][0, 5] = float("-inf")
+
+
 def _failing_split(data, local_batch_size):
     raise ValueError("get_batch: expected 2 global batches in this shard, found 3 (a split error)")
 
@@ -144,6 +154,9 @@ SEAM_CASES = {
     "seam_shape": _short_token_mask,
     "seam_dtype": _integer_prev_logprobs,
     "seam_nan": _nan_generation_logprobs,
+    # keys only the loss reads: checked before the all-reduce, not in one rank's loss call
+    "seam_nan_advantages": _nan_advantages,
+    "seam_inf_reference": _inf_reference_logprobs,
 }
 
 # scenario -> fragments every rank's message must contain (besides "rank <bad>")
@@ -160,6 +173,16 @@ EXPECT = {
     "seam_shape": ["global batch 0: ", "token_mask: got [2, 5]", "expected [2, 6] like prev"],
     "seam_dtype": ["global batch 0: ", "prev_logprobs: got [2, 5] int64", "a floating tensor"],
     "seam_nan": ["global batch 1: ", "generation_logprobs: 1 non-finite", "index (0, 2)"],
+    # NeMo-RL's key and index ([B, S]), the summary's count of values
+    "seam_nan_advantages": [
+        "global batch 1: ",
+        "1 non-finite input value(s)",
+        "advantages: 1 non-finite",
+        "first at index (1, 4)",
+    ],
+    "seam_inf_reference": ["global batch 0: ", "reference_policy_logprobs: 1 non-finite", "(0, 5)"],
+    "loss_nan_advantages": ["1 non-finite input value(s)", "advantages: 1 non-finite", "(0,)"],
+    "loss_nan_curr": ["curr_logprobs: 1 non-finite", "first at index (0, 3)"],
     # the bad rank cannot split its shard: it joins global batch 0's all-reduce, flagged
     "seam_split": ["global batch 0: ", "get_batch: expected 2 global batches", "found 3"],
 }
@@ -198,9 +221,15 @@ def _core_call(rank, bad_ranks, x, case):
     return lambda: compute_diagnostics(prev, gen, mask, CONFIG, group=dist.group.WORLD)
 
 
-def _loss_call(rank, bad_ranks, x):
-    adv = x.adv[:1] if rank in bad_ranks else x.adv
-    curr = x.curr.clone().requires_grad_(True)
+def _loss_call(rank, bad_ranks, x, bad="shape"):
+    adv, curr = x.adv.clone(), x.curr.clone()
+    if rank in bad_ranks and bad == "shape":
+        adv = adv[:1]
+    elif rank in bad_ranks and bad == "advantages":  # [B]: row 0 has valid tokens
+        adv[0] = float("nan")
+    elif rank in bad_ranks:  # a valid position (row 0 is full)
+        curr[0, 3] = float("nan")
+    curr.requires_grad_(True)
     return lambda: clipped_pg_loss(curr, x.prev, x.gen, adv, x.mask, CONFIG, group=dist.group.WORLD)
 
 
@@ -212,7 +241,13 @@ def _seam_call(rank, bad_ranks, case, no_valid_sample=False):
     elif rank in bad_ranks:
         case(data)
     return lambda: prepare_global_batches(
-        data, _Sink(), CONFIG, local_batch_size=GB_ROWS, group=dist.group.WORLD, **split
+        data,
+        _Sink(),
+        CONFIG,
+        local_batch_size=GB_ROWS,
+        group=dist.group.WORLD,
+        loss_keys=("advantages", "reference_policy_logprobs"),
+        **split,
     )
 
 
@@ -221,6 +256,8 @@ def _rank_main_2(rank: int, world_size: int) -> dict:
     x = make_shards(SPECS[world_size], SEED)[rank]
     out = {name: _attempt(_core_call(rank, bad, x, case)) for name, case in CORE_CASES.items()}
     out["loss_shape"] = _attempt(_loss_call(rank, bad, x))
+    out["loss_nan_advantages"] = _attempt(_loss_call(rank, bad, x, "advantages"))
+    out["loss_nan_curr"] = _attempt(_loss_call(rank, bad, x, "curr"))
     for name, case in SEAM_CASES.items():
         out[name] = _attempt(_seam_call(rank, bad, case))
     out["seam_split"] = _attempt(_seam_call(rank, bad, _failing_split))
@@ -274,7 +311,10 @@ def _check_agreement(results: list[dict], name: str, bad_ranks: list[int], expec
     return message
 
 
-@pytest.mark.parametrize("name", [*CORE_CASES, "loss_shape", *SEAM_CASES, "seam_split"])
+LOSS_CASES = ["loss_shape", "loss_nan_advantages", "loss_nan_curr"]
+
+
+@pytest.mark.parametrize("name", [*CORE_CASES, *LOSS_CASES, *SEAM_CASES, "seam_split"])
 def test_one_bad_rank_of_two_every_rank_raises_the_same_error(two_ranks, name):
     message = _check_agreement(two_ranks, name, [1], EXPECT[name])
     assert "rank 0:" not in message  # the clean rank is not blamed

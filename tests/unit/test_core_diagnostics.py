@@ -206,7 +206,7 @@ def test_bf16_diagnostics_match_float64_of_the_same_values():
 @pytest.mark.parametrize(
     ("slot", "match"),
     [
-        (Slot.N_BAD_LOGPROBS, r"2 non-finite prev_logprobs/generation_logprobs value"),
+        (Slot.N_BAD_LOGPROBS, r"2 non-finite input value\(s\) at valid positions"),
         (Slot.N_BAD_MASK, r"2 mask value\(s\) not in \{0, 1\}"),
         (Slot.N_MISSING_KEY, r"2 rank\(s\) with a missing key"),
         (Slot.N_BAD_DTYPE, r"2 rank\(s\) with a wrong type or dtype"),

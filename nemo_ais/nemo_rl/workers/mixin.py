@@ -13,7 +13,7 @@ import torch
 
 from nemo_ais.alarms import AlarmConfig, AlarmMonitor, RefitAlarmError, alarm_metrics
 from nemo_ais.core import AISDiagnostics, AISState
-from nemo_ais.nemo_rl.seam import prepare_global_batches
+from nemo_ais.nemo_rl.seam import LOSS_KEYS, prepare_global_batches
 
 __all__ = ["AISDTensorMixin", "AISTrainMixin", "ais_alarm_state_path", "ais_state_path"]
 
@@ -86,6 +86,7 @@ class AISTrainMixin:
                 group=group,
                 state=None if eval_mode else self.ais_state,
                 device=self._ais_device(),
+                loss_keys=getattr(loss_fn, "loss_keys", LOSS_KEYS),
             )
             alarms = getattr(loss_fn, "ais_alarms", None)
             if alarms is not None and alarms.enabled and not eval_mode:
