@@ -198,20 +198,20 @@ def _check_values(
     bad = v.sub_(v).nan_to_num_(nan=-1.0)  # in place: v is ours
     n_tok_local = x.m.sum()
     checks = [bad.sum(), bad.mul_(x.m).sum(), n_tok_local, (x.m.sum(dim=-1) > 0).sum()]
-    if x.m.numel() > 0:  # every m in {0, 1} iff 0 <= m <= 1 and sum m^2 = sum m (exact sums)
-        flat = x.m.reshape(-1)
-        checks += [*torch.aminmax(flat), torch.dot(flat, flat) - n_tok_local]
-    else:
-        checks += [n_tok_local] * 3  # 0: no element
+    # masks not in {0, 1}: m (1 - m) is 0 exactly at 0 and 1, on the caller's values (a
+    # float64 mask cast to float32 rounds 1e-60 to 0; sums of m^2 and m round it away)
+    wide = mask.is_floating_point() and mask.dtype != x.m.dtype
+    flat = mask if wide else x.m
+    checks.append(torch.count_nonzero(flat * (1 - flat)))
     given = [_given(global_tok, "global_valid_tokens"), _given(global_seq, "global_valid_seqs")]
     # one vector by type promotion (float32 holds every count exactly up to 2^24; a
     # float64 input promotes it all to float64), one read
     tensors = [g for g in given if isinstance(g, torch.Tensor)]
     values = torch.cat([c.reshape(1).to(x.m.device) for c in checks + tensors]).tolist()
-    bad_any, bad_valid, n_tok_local, n_seq_local, m_min, m_max, m_excess, *read = values
+    bad_any, bad_valid, n_tok_local, n_seq_local, n_bad_mask, *read = values
     read = iter(read)
     given = [next(read) if isinstance(g, torch.Tensor) else g for g in given]
-    if bad_valid != 0 or m_min < 0 or m_max > 1 or m_excess != 0:
+    if bad_valid != 0 or n_bad_mask != 0:
         _raise_for_bad_values(named, mask, advantages)  # else: an overflow, not bad input
     global_n_tok = n_tok_local if given[0] is None else given[0]
     global_n_seq = n_seq_local if given[1] is None else given[1]

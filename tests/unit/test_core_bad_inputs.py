@@ -192,6 +192,21 @@ def test_mask_values_not_binary(value):
         compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], AIS)
 
 
+@pytest.mark.parametrize(
+    ("value", "dtype"),
+    [(1e-60, torch.float64), (1 + 1e-12, torch.float64), (1e-30, torch.float32)],
+)
+@pytest.mark.parametrize("mode", ["none", "tis", "tbpo", "ais"])
+def test_mask_values_a_cast_or_a_sum_would_round_away(mode, value, dtype):
+    # float32 log-probs: a float64 mask cast to float32 rounds 1e-60 to 0 and 1 + 1e-12 to
+    # 1; in float32, 1e-30 squared underflows and sum(m^2) = sum(m) held
+    b = _batch()
+    b["mask"] = b["mask"].to(dtype)
+    b["mask"][1, 2] = value
+    with pytest.raises(ValueError, match=r"mask: 1 values not in \{0, 1\}.*\(1, 2\)"):
+        _loss(b, CorrectionConfig(mode=mode))
+
+
 def test_bool_and_integer_masks_equal_float_mask():
     b = _batch()
     ref, g_ref = _loss(b)
