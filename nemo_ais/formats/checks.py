@@ -13,6 +13,7 @@ __all__ = ["FLOAT_INPUTS", "check_amax", "check_finite", "check_last_dim", "chec
 
 # Input dtypes every quantizer accepts; all of them are computed in fp32.
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_F32_MAX = torch.finfo(torch.float32).max
 
 
 def check_finite(
@@ -28,14 +29,23 @@ def check_finite(
     ``amax``: an |x| reduction already computed (the finite case then checks it alone);
     ``what`` / ``action``: wording of the message.
     """
-    probe = x if amax is None else amax
-    if not x.is_floating_point() or bool(torch.isfinite(probe).all()):
+    if not x.is_floating_point():
         return
-    bad = ~torch.isfinite(x)
+    if x.dtype == torch.float64:  # computed in fp32: |x| > FLT_MAX would become inf there
+        bad = ~(x.abs() <= _F32_MAX)
+        if not bool(bad.any()):
+            return
+        kind, expected = "non-finite or beyond float32", f"{what} with |x| <= {_F32_MAX:.4g}"
+    else:
+        probe = x if amax is None else amax
+        if bool(torch.isfinite(probe).all()):
+            return
+        bad = ~torch.isfinite(x)
+        kind, expected = "non-finite", f"finite {what}"
     first = tuple(int(i) for i in bad.nonzero()[0])
     raise ValueError(
-        f"{name}: got {int(bad.sum())} non-finite value(s) in {list(x.shape)} {x.dtype} "
-        f"(first at index {first}: {x[first].item()}), expected finite {what}"
+        f"{name}: got {int(bad.sum())} {kind} value(s) in {list(x.shape)} {x.dtype} "
+        f"(first at index {first}: {x[first].item()}), expected {expected}"
         + (f"; {action}" if action else "")
     )
 

@@ -265,9 +265,10 @@ class KVScaleCalibrator:
             x = x[mask.to(torch.bool)]
         if x.numel() == 0:
             return
-        amax = x.detach().abs().amax().double()
+        # through float32, the scales' dtype: an fp64 value beyond its range becomes inf here
+        amax = x.detach().abs().amax().float().double()
         if self.config.reduction == "element_percentile":  # else the statistic is the amax
-            stat = percentile_amax(x, self.config.percentile)
+            stat = percentile_amax(x, self.config.percentile)  # computed in float32
         else:
             stat = amax
         self._observations.append((layer, KINDS.index(kind), amax, stat))
@@ -320,7 +321,8 @@ class KVScaleCalibrator:
             where = ", ".join(f"layer {i} {kinds[j]}" for i, j in bad[:8])
             raise ValueError(
                 f"KV-scale calibration: non-finite activations in {len(bad)} layer/kind "
-                f"pair(s) ({where}); refusing to send scales derived from NaN/Inf"
+                f"pair(s) ({where}); refusing to send scales derived from NaN/Inf (or from "
+                "values beyond float32's range)"
             )
         missing = (amax[:, cols] < 0).nonzero().tolist()
         if missing:

@@ -22,6 +22,9 @@ from nemo_ais.fp8 import (
     dequantize_blockwise,
     quantize_activations,
     quantize_blockwise,
+    quantize_mxfp4,
+    quantize_mxfp8,
+    quantize_nvfp4,
 )
 
 FAMILIES = ("reciprocal", "divide", "multiplier")
@@ -218,6 +221,23 @@ def test_non_finite_weight_raises_naming_tensor(bad):
     y[2, 200] = bad
     with pytest.raises(ValueError, match=r"hidden: got 1 non-finite.*\(2, 200\)"):
         quantize_activations(y, name="hidden")
+
+
+@pytest.mark.parametrize(
+    "quantize",
+    [quantize_blockwise, quantize_activations, quantize_mxfp8, quantize_mxfp4, quantize_nvfp4],
+)
+def test_float64_beyond_float32_range_is_refused_by_name(quantize):
+    # finite in float64, inf in the float32 the formats compute in: was an IndexError
+    # (FP8), a NaN block scale (NVFP4) or a silent clamp to the format max (MX)
+    x = torch.ones(2, 256, dtype=torch.float64)
+    x[1, 37] = -1e39
+    with pytest.raises(
+        ValueError, match=r"w: got 1 non-finite or beyond float32 value\(s\) .*\(1, 37\): -1e\+39"
+    ):
+        quantize(x, name="w")
+    x[1, 37] = 3e38  # within range: quantized
+    quantize(x, name="w")
 
 
 def test_input_is_not_modified_and_non_contiguous_ok():

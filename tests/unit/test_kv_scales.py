@@ -197,6 +197,14 @@ def test_missing_and_nonfinite_observations_raise():
             match=r"non-finite activations in 2 layer/kind pair\(s\) \(layer 0 k, layer 0 v\)",
         ):
             cal.compute_scales()
+    for config in (KVScaleConfig(), ELEMENT):  # finite in float64, inf as a float32 scale
+        cal = KVScaleCalibrator(1, config)
+        for kind in "qkv":
+            cal.observe(
+                0, kind, torch.tensor([1.0, 1e300 if kind == "k" else 2.0], dtype=torch.float64)
+            )
+        with pytest.raises(ValueError, match=r"non-finite activations in 1 .*\(layer 0 k\)"):
+            cal.compute_scales()
     with pytest.raises(ValueError, match=r"layer=2 kind='k' is invalid"):
         cal.observe(2, "k", torch.ones(1))
     with pytest.raises(ValueError, match=r"kind='o' is invalid"):
