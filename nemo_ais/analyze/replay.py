@@ -162,7 +162,7 @@ def replay_step(
     sums = {m: WeightSums() for m in MODES}
     vector: torch.Tensor | None = None
     profile = PositionProfile.empty(kv_min_length)
-    n_tok = n_positions = n_nonfinite = 0
+    n_tok = n_positions = n_nonfinite = n_old_nonzero = 0
     first_nonfinite = ""
     store = _ChunkStore(memory_budget_bytes)
 
@@ -187,6 +187,7 @@ def replay_step(
                 add(m, old, rollout, valid)
             profile = profile.merge(position_profile(old, rollout, valid, min_length=kv_min_length))
             n_tok += int(valid.sum())
+            n_old_nonzero += int(torch.count_nonzero(old[valid]))
             n_positions += chunk.num_positions
             first_nonfinite = first_nonfinite or chunk.first_nonfinite
             n_nonfinite += chunk.n_nonfinite
@@ -198,6 +199,14 @@ def replay_step(
                 counts.lines,
                 f"no valid token in {counts.rows} rows{skipped} (token_loss_mask[1:] x "
                 "sample_loss_mask is 0 everywhere, or every valid log-prob is NaN/inf)",
+            )
+        if n_old_nonzero == 0:  # log pi_old = 0 (p = 1) at every token: no trainer forward
+            raise BadInputError(
+                step_file.path,
+                0,
+                f"prev_logprobs is 0 at all {n_tok} valid tokens: NeMo-RL's placeholder when "
+                "loss_fn.force_on_policy_ratio is on (loss_fn.ais.bypass sets it), which skips "
+                "the trainer's log-probs; there is no rollout-training mismatch to replay",
             )
         diagnostics = diagnostics_from_stats(AISStats(vector), config, state)  # step 2
         pass_2 = [m for m in MODES if m not in pass_1]

@@ -143,6 +143,19 @@ def test_file_with_no_valid_token(capsys, log_dir):
     _fails_with(capsys, log_dir, "train_data_step2.jsonl:8:", "no valid token in 8 rows")
 
 
+def test_placeholder_prev_logprobs_of_a_bypass_run(capsys, log_dir):
+    # NeMo-RL writes prev_logprobs = zeros_like(generation_logprobs) when
+    # loss_fn.force_on_policy_ratio is on (grpo.py, v0.7.0 and main); replayed as pi_old,
+    # the report said D ~ 1 and advised AIS
+    path = log_dir / "train_data_step2.jsonl"
+    for line in range(1, 9):
+        _edit_row(
+            path, line, lambda r: r.update(prev_logprobs=[[0.0] * len(r["prev_logprobs"][0])])
+        )
+    err = _fails_with(capsys, log_dir, "train_data_step2.jsonl:0:", "prev_logprobs is 0 at all")
+    assert "force_on_policy_ratio" in err and "loss_fn.ais.bypass" in err
+
+
 def test_empty_file(capsys, log_dir):
     (log_dir / "train_data_step3.jsonl").write_text("")
     _fails_with(capsys, log_dir, "train_data_step3.jsonl:0:", "empty file")
