@@ -17,7 +17,6 @@ held is bounded by the chunk, never by the file. Bad input raises :class:`BadInp
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -49,6 +48,7 @@ _PER_TOKEN_KEYS = (
     "advantages",
 )
 _DTYPE = torch.float64
+_F32_MAX = torch.finfo(torch.float32).max
 _MAX_HINTS = 3  # sub-directories named when log_dir itself holds no step file
 # a NeMo-RL log root (logs/exp_001: 1), a nemo-ais run (runs/default/logs/bf16_seed0: 2),
 # the runs/ directory above it (3), + 1
@@ -325,7 +325,8 @@ def _chunk(rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], pat
     for i, (_, prev, gen, mask) in enumerate(rows):
         n = prev.numel()
         logp_old[i, :n], logp_rollout[i, :n], valid[i, :n] = prev, gen, mask == 1
-    finite = torch.isfinite(logp_old) & torch.isfinite(logp_rollout)
+    # NeMo-RL logs float32 log-probs: beyond float32's range is as corrupt as NaN / inf
+    finite = (logp_old.abs() <= _F32_MAX) & (logp_rollout.abs() <= _F32_MAX)
     bad = valid & ~finite
     chunk = Chunk(
         logp_old=torch.where(finite, logp_old, 0.0),
@@ -336,7 +337,7 @@ def _chunk(rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], pat
     if bad.any():
         i, j = (int(v) for v in torch.nonzero(bad)[0])
         chunk.n_nonfinite = int(bad.sum())
-        which = "prev_logprobs" if not math.isfinite(logp_old[i, j]) else "generation_logprobs"
+        which = "prev_logprobs" if not abs(logp_old[i, j]) <= _F32_MAX else "generation_logprobs"
         value = float(logp_old[i, j] if which == "prev_logprobs" else logp_rollout[i, j])
         chunk.first_nonfinite = f"{path.name}:{rows[i][0]} {which}[{j + 1}] = {value}"
     return chunk

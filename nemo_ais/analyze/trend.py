@@ -52,7 +52,7 @@ class Trend:
 
 
 def fit_trend(steps: list[float], values: list[float], level: float = 0.95) -> Trend | None:
-    """OLS slope of ``values`` over ``steps`` with its ``level`` CI; None if n < 3 or S_xx = 0."""
+    """OLS slope of ``values`` over ``steps`` with its ``level`` CI; None if n < 3, S_xx = 0 or overflow."""
     pairs = [(s, v) for s, v in zip(steps, values, strict=True) if math.isfinite(v)]
     n = len(pairs)
     if n < 3:
@@ -62,8 +62,13 @@ def fit_trend(steps: list[float], values: list[float], level: float = 0.95) -> T
     s_xx = math.fsum((s - mean_s) ** 2 for s, _ in pairs)
     if s_xx == 0:
         return None
-    slope = math.fsum((s - mean_s) * (v - mean_v) for s, v in pairs) / s_xx
-    sse = math.fsum((v - mean_v - slope * (s - mean_s)) ** 2 for s, v in pairs)
+    try:
+        slope = math.fsum((s - mean_s) * (v - mean_v) for s, v in pairs) / s_xx
+        sse = math.fsum((v - mean_v - slope * (s - mean_s)) ** 2 for s, v in pairs)
+    except OverflowError:  # values near float64's limit: no trend to report
+        return None
     se = math.sqrt(sse / (n - 2) / s_xx)
     half = t_quantile((1 + level) / 2, n - 2) * se
+    if not math.isfinite(slope - half) or not math.isfinite(slope + half):
+        return None
     return Trend(slope, slope - half, slope + half, n, level)

@@ -154,6 +154,7 @@ def test_t_quantile_and_trend_ci():
     assert trend.hi - trend.slope == pytest.approx(4.302653 * math.sqrt(0.18), rel=1e-6)
     assert trend.direction == "flat"
     assert fit_trend([1, 2], [1, 2]) is None
+    assert fit_trend([1, 2, 3, 4], [1, 1e300, 2, 3]) is None  # squares overflow: no trend
 
 
 def test_config_file_and_overrides(tmp_path):

@@ -170,6 +170,10 @@ def test_offline_report_names_each_alarm_with_its_step(tmp_path):
     row = json.loads(lines[1])
     row["prev_logprobs"][0][10] = float("nan")  # a valid position (token_loss_mask = 1)
     lines[1] = json.dumps(row) + "\n"
+    # NeMo-RL logs float32: beyond its range is corrupt too (the report crashed on -1e300)
+    row = json.loads(lines[2])
+    row["generation_logprobs"][0][10] = -1e300
+    lines[2] = json.dumps(row) + "\n"
     path.write_text("".join(lines))
     eight = AlarmConfig(jump_factor=8.0)  # the synthetic jump is ~20x (default 48)
     result = analyze_run(log_dir, tmp_path / "out", alarm_config=eight, plots=False)
@@ -183,7 +187,7 @@ def test_offline_report_names_each_alarm_with_its_step(tmp_path):
     }
     nonfinite = next(a for a in result.alarms if "nonfinite" in a)
     assert "first train_data_step4.jsonl:2 prev_logprobs[10] = nan" in nonfinite
-    assert result.rows[3]["analysis/nonfinite"] == 1 and result.rows[3]["ais_alarm/nonfinite"] == 1
+    assert result.rows[3]["analysis/nonfinite"] == 2 and result.rows[3]["ais_alarm/nonfinite"] == 1
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| 6 | tmpe_jump |" in report and "| 8 | kv_scale_position |" in report
     assert "Steps with a jump alarm (6) are left out of the fit" in report
