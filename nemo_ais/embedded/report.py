@@ -54,6 +54,16 @@ __all__ = [
 ]
 
 
+def _num(value: float, spec: str) -> str:
+    """``value`` formatted by ``spec``; "—" if it is not finite (no data: a cut-short run)."""
+    return format(value, spec) if math.isfinite(value) else "—"
+
+
+def _pm(mean: float, std: float, spec: str = ".3f") -> str:
+    """``mean ± std`` (std "—"-less when the mean has no data)."""
+    return f"{_num(mean, spec)} ± {_num(std, spec)}" if math.isfinite(mean) else "—"
+
+
 def _collapse_cells(collapse: dict[str, Collapse], arm: str, reference: str) -> str:
     """The collapse table's cells of ``arm``: "—" for the reference itself."""
     if arm == reference:
@@ -114,8 +124,8 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         pm, ps = s["primary"]
         delta = _delta_cell(diffs, arm, reference)
         lines.append(
-            f"| {arm} | {s['seeds']} | {im:.3f} ± {is_:.3f} | {fm:.3f} ± {fs:.3f} | "
-            f"**{pm:.3f} ± {ps:.3f}** | {delta} |"
+            f"| {arm} | {s['seeds']} | {_pm(im, is_)} | {_pm(fm, fs)} | **{_pm(pm, ps)}** | "
+            f"{delta} |"
         )
     early = early_metric(records)
     early_diffs = paired_differences(records, reference, early_metric)
@@ -131,9 +141,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     ]
     for arm in summ:
         em, es = mean_std(list(early.get(arm, {}).values()))
-        lines.append(
-            f"| {arm} | {em:.3f} ± {es:.3f} | {_delta_cell(early_diffs, arm, reference)} |"
-        )
+        lines.append(f"| {arm} | {_pm(em, es)} | {_delta_cell(early_diffs, arm, reference)} |")
     lines += _collapse_md(records, summ, reference, n_steps)
     tail = f"last {EARLY_LATE_STEPS}" if n_steps > EARLY_LATE_STEPS else f"all {n_steps} steps"
     lines += [
@@ -148,10 +156,11 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     ]
     for arm, s in summ.items():
         lines.append(
-            f"| {arm} | {s['severity']:.2e} | {s['ess_seq']:.4f} / {s['ess_seq_min']:.4f} | "
-            f"{s['ess_tok']:.4f} | {s['kl_k3']:.2e} | {s['token_mult_prob_error']:.4f} | "
-            f"{s['alpha']:.3f} | {s['reward_last10']:.3f} | {s['response_length']:.1f} | "
-            f"{s['step_time']:.2f} |"
+            f"| {arm} | {_num(s['severity'], '.2e')} | {_num(s['ess_seq'], '.4f')} / "
+            f"{_num(s['ess_seq_min'], '.4f')} | {_num(s['ess_tok'], '.4f')} | "
+            f"{_num(s['kl_k3'], '.2e')} | {_num(s['token_mult_prob_error'], '.4f')} | "
+            f"{_num(s['alpha'], '.3f')} | {_num(s['reward_last10'], '.3f')} | "
+            f"{_num(s['response_length'], '.1f')} | {_num(s['step_time'], '.2f')} |"
         )
     lines += _non_stationarity_md(summ, n_steps)
     lines += [
@@ -163,7 +172,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         "|---|---|---|---|",
     ]
     lines += [
-        f"| {arm} | " + " | ".join(f"{s[k]:.4f}" for k in ERROR_TOKEN_KEYS) + " |"
+        f"| {arm} | " + " | ".join(_num(s[k], ".4f") for k in ERROR_TOKEN_KEYS) + " |"
         for arm, s in summ.items()
     ]
     lines += [

@@ -80,6 +80,9 @@ def load_metrics(path: Path) -> list[dict[str, Any]]:
             raise ValueError(
                 f"{path}:{lineno}: expected a record with {', '.join(_RECORD_KEYS)}; it {what}"
             )
+        for key in ("seed", "step"):  # the tables sort and pair by them
+            if type(rec[key]) is not int:
+                raise ValueError(f"{path}:{lineno}: {key}={rec[key]!r}, expected an integer")
         records.append(rec)
     if not records:
         raise ValueError(f"{path} holds no metrics record")

@@ -74,12 +74,25 @@ def test_summary_is_mean_and_sample_std_over_seeds(tmp_path):
     assert "| a | 2 | 0.100 ± 0.000 | 0.600 ± 0.141 | **0.600 ± 0.141** | n/a |" in text
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_run_cut_short_has_no_nan_in_its_tables(tmp_path, n):
+    # only the step-0 evaluation, or a train step without an evaluation after step 0
+    _write(tmp_path / "metrics.jsonl", _records()[:n])
+    write_report(tmp_path, plots=False)
+    text = (tmp_path / "summary.md").read_text()
+    assert "nan" not in text.lower(), text
+    assert "| a | 1 | 0.100 ± 0.000 |" in text  # what there is, is reported
+
+
 @pytest.mark.parametrize(
     ("bad", "where", "why"),
     [
         ('{"kind": "train", "arm": "a"\n', 2, "not a JSON record"),  # a torn line, not last
         ("[1, 2]\n", 2, "it is not an object"),
         ('{"kind": "train", "arm": "a", "seed": 0}\n', 2, "it lacks step"),
+        # the tables sort steps and pair seeds: a TypeError traceback before
+        ('{"kind": "train", "arm": "a", "seed": 0, "step": "3"}\n', 2, "step='3', expected an"),
+        ('{"kind": "train", "arm": "a", "seed": null, "step": 3}\n', 2, "seed=None, expected"),
     ],
 )
 def test_a_bad_line_other_than_a_cut_last_one_names_file_and_line(tmp_path, bad, where, why):
