@@ -110,7 +110,8 @@ def engine_pairs(
             or the stream's own errors (NaN/Inf, TP shard, fused siblings, W4A4 input amax).
     """
     for name, tensor in weights:
-        if not holds(name):
+        if not holds(name):  # kept in BF16 by the engine: checked as the stream checks its own
+            stream.check_kept(name, tensor)
             yield from passthrough(name, tensor)
             continue
         entry = stream.plan(name, tensor)

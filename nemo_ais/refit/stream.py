@@ -289,6 +289,11 @@ class RefitStream:
             self._plans[key] = _keep(name, shape, self.config)
         return self._plans[key]
 
+    def check_kept(self, name: str, tensor: torch.Tensor) -> None:
+        """What a tensor sent in BF16 is checked for: NaN/Inf with ``check_finite``, else nothing."""
+        if self.config.check_finite:
+            check_finite(tensor, name, action=_REFUSE_NAN)
+
     def push(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """The pairs ``(name, tensor)`` completes: itself kept, its pairs, a group or a stack.
 
@@ -298,8 +303,7 @@ class RefitStream:
         """
         entry = self.plan(name, tensor)
         if entry.action == "keep":
-            if self.config.check_finite:
-                check_finite(tensor, name, action=_REFUSE_NAN)
+            self.check_kept(name, tensor)
             yield name, tensor
             return
         if self.format.shared_global_scale:

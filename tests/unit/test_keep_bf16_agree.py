@@ -132,3 +132,22 @@ def test_every_refit_tensor_of_a_linear_is_judged_as_its_module(fmt, scale_name)
         for name, _ in pairs:
             assert module_name(name) == module, name
             assert rule.reason(name) == rule.reason(module), name
+
+
+@pytest.mark.parametrize("fmt", REFIT_FORMATS)
+@pytest.mark.parametrize("check", [True, False])
+def test_the_engines_bf16_tensors_are_checked_as_the_streams_own(fmt, check):
+    # check_finite is documented to refuse NaN/Inf in tensors kept in BF16; the refit hook
+    # sent the ones the engine keeps (lm_head, embeddings, norms) without the check
+    bad = torch.full((8, 8), float("nan"), dtype=torch.bfloat16)
+    stream = RefitStream(RefitConfig(format=fmt, check_finite=check))
+    pairs = [("lm_head.weight", bad)]
+    if check:
+        with pytest.raises(ValueError, match=r"lm_head\.weight: got 64 non-finite"):
+            list(vllm_refit.engine_pairs(pairs, lambda name: False, stream))
+        with pytest.raises(ValueError, match=r"lm_head\.weight: got 64 non-finite"):
+            list(RefitStream(RefitConfig(format=fmt)).push(*pairs[0]))
+    else:
+        assert [n for n, _ in vllm_refit.engine_pairs(pairs, lambda name: False, stream)] == [
+            "lm_head.weight"
+        ]
