@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from nemo_ais.formats.base import BF16
 from nemo_ais.formats.fp8_block import Family
@@ -39,6 +39,7 @@ RolloutFormat = Literal["bf16", "fp8", "mxfp8", "nvfp4_w4a16", "nvfp4_w4a4"]
 KVCacheFormat = Literal["bf16", "fp8", "nvfp4"]
 ROLLOUT_FORMATS: tuple[str, ...] = RolloutFormat.__args__
 KV_CACHE_FORMATS: tuple[str, ...] = KVCacheFormat.__args__
+_MIN_ACTIVATION_EPS = 1e-35  # > 448 * 2^-126: eps / 448 is a normal float32
 _COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -65,8 +66,23 @@ class RolloutPrecisionConfig(WeightFormatFields):
         "divide", description="format fp8: activation formula family (vLLM per-token-group's)."
     )
     activation_eps: float = Field(
-        1e-10, ge=0.0, description="format fp8: floor of an activation group's amax."
+        1e-10,
+        ge=0.0,
+        description="format fp8: floor of an activation group's amax (0 or >= 1e-35).",
     )
+
+    @field_validator("activation_eps")
+    @classmethod
+    def _eps_scale_is_normal(cls, eps: float) -> float:
+        # below 448 x float32's smallest normal, an all-zero group's scale eps / 448 underflows
+        # to 0 and its fake-quant is 0 / 0 (0 itself is the zero group's own rule: scale 1)
+        if 0 < eps < _MIN_ACTIVATION_EPS:
+            raise ValueError(
+                f"expected 0 or >= {_MIN_ACTIVATION_EPS:g} (an all-zero group's scale eps / 448 "
+                "would underflow to 0 in float32)"
+            )
+        return eps
+
     kv_calibration_reduction: KVReduction = kv_field("reduction")
     kv_calibration_percentile: float = kv_field("percentile")
     kv_calibration_margin: float = kv_field("margin")

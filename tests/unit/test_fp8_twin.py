@@ -219,6 +219,16 @@ def test_config_validation():
     assert Fp8RolloutConfig().kv_calibration_reduction == "percentile_of_amax"  # NeMo-RL's
     with pytest.raises(ValidationError, match="activation_family"):
         Fp8RolloutConfig(activation_family="d")
+    # an all-zero group's scale eps / 448 underflowed to 0: NaN from the fused fake quant
+    with pytest.raises(ValidationError, match=r"activation_eps\n.*expected 0 or >= 1e-35"):
+        Fp8RolloutConfig(activation_eps=1e-45)
+    x = torch.randn(4, 128)
+    x[1] = 0.0
+    for eps in (0.0, 1e-35):  # the bound and the zero group's own rule: finite
+        lin = Fp8Linear(
+            torch.randn(64, 128), activation_eps=Fp8RolloutConfig(activation_eps=eps).activation_eps
+        )
+        assert torch.isfinite(lin(x)).all()
     cfg = Fp8RolloutConfig()
     with pytest.raises(ValidationError, match="frozen"):
         cfg.enabled = False
