@@ -118,7 +118,7 @@ MXFP4 = Format(
     "mxfp4",
     (1, MX_BLOCK),
     "E2M1",
-    "UE8M0 power-of-two scale per 1x32 block: 2^(ceil(log2(amax)) - 2) (OCP MX)",
+    "UE8M0 power-of-two scale per 1x32 block: 2^ceil(log2(amax / 6)) in [2^-127, 2^127] (NVIDIA's rule, not OCP's floor)",
     reference=quantize_mxfp4_reference,
     quantize=quantize_mxfp4,
     dequantize=dequantize_mxfp4,

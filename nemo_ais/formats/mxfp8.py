@@ -144,7 +144,7 @@ MXFP8 = Format(
     "mxfp8",
     (1, MX_BLOCK),
     "E4M3",
-    "UE8M0 power-of-two scale per 1x32 block: 2^(ceil(log2(amax)) - 8) (OCP MX)",
+    "UE8M0 power-of-two scale per 1x32 block: 2^ceil(log2(amax / 448)) in [2^-127, 2^127] (NVIDIA's rule, not OCP's floor)",
     reference=quantize_mxfp8_reference,
     quantize=quantize_mxfp8,
     dequantize=dequantize_mxfp8,

@@ -166,7 +166,8 @@ class RefitConfig(WeightFormatFields):
     mxfp8_zero_scale_byte: Literal[0, 1] = Field(
         1,
         description="E8M0 byte of an all-zero MXFP8 block: 1 = NeMo-RL main's rewrite "
-        "(TRT-LLM rejects 0), 0 = what FlashInfer emits; the codes are 0 either way.",
+        "(TRT-LLM rejects 0), 0 = what FlashInfer emits. Byte 0 is also the scale of a "
+        "nonzero block with amax < 448 * 2^-127, which byte 1 decodes at twice its value.",
     )
     mxfp8_scale_name: Literal["weight_scale", "weight_scale_from_checkpoint"] | None = Field(
         None,
