@@ -113,7 +113,8 @@ def _scales(
     one = torch.ones_like(amax)
     if family == "multiplier":
         # NOT `E4M3_MAX / amax` (reciprocal then multiply, two roundings): one fp32 division.
-        m = torch.full_like(amax, E4M3_MAX).div_(amax)
+        # inf (amax < 448 / FLT_MAX) -> FLT_MAX before the power of two, as TE: 2^127
+        m = torch.full_like(amax, E4M3_MAX).div_(amax).clamp_max_(_FP32_MAX)
         m = pow2(torch.frexp(m)[1] - 1) if ue8m0 else m  # largest power of two <= m
         m = torch.where(zero, one, m).clamp_max(_FP32_MAX)
         return torch.reciprocal(m), m

@@ -201,7 +201,8 @@ def fp8_blockwise_kernel(
     zero = amax == 0
     if FAMILY == 2:
         # one correctly rounded division, as the reference's tensor / tensor
-        m = tl.math.div_rn(tl.full(amax.shape, E4M3_MAX, tl.float32), amax)
+        # inf (amax < 448 / FLT_MAX) -> FLT_MAX before the power of two, as TE: 2^127
+        m = tl.minimum(tl.math.div_rn(tl.full(amax.shape, E4M3_MAX, tl.float32), amax), FP32_MAX)
         if UE8M0:
             m = _floor_pow2(m)
         m = tl.minimum(tl.where(zero, 1.0, m), FP32_MAX)

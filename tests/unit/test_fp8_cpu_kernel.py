@@ -73,6 +73,18 @@ def test_kernel_equals_the_torch_path(family, eps, ue8m0, dtype):
     _assert_same(_kernel(x, **args), _torch_path(x, **args))
 
 
+def test_multiplier_ue8m0_keeps_a_tile_below_448_over_flt_max():
+    # 448 / amax overflows to inf; TE (compute_scale_from_amax) takes FLT_MAX, then the power
+    # of two: m = 2^127. frexp(inf) made it 0.5 and every code 0, while 2e-36 kept them all
+    x = torch.full((128, 256), 1e-37)
+    x[0, 128] = 2e-36
+    args = dict(family="multiplier", eps=0.0, ue8m0=True)
+    got = _kernel(x, **args)
+    _assert_same(got, _torch_path(x, **args))
+    q, s = got  # [1, 128, 256] codes, [1, 1, 2] scales
+    assert s.reshape(-1)[0] == 2.0**-127 and bool((q.float() != 0).all())
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (7, 5), (128, 128), (129, 257), (3, 200, 130)])
 @pytest.mark.parametrize("block", [(128, 128), (1, 128), (64, 32)])
 def test_ragged_shapes_and_blocks(shape, block):

@@ -69,7 +69,7 @@ inline void scales(float amax, int family, float eps, bool ue8m0, float* s, floa
   if (eps > 0.0f) amax = std::max(amax, eps);
   const bool zero = amax == 0.0f;
   if (family == 2) {
-    float mm = 448.0f / amax;
+    float mm = std::min(448.0f / amax, FLT_MAX);  // inf -> FLT_MAX first, as TE: 2^127
     if (ue8m0) mm = floor_pow2(mm);
     mm = zero ? 1.0f : mm;
     mm = std::min(mm, FLT_MAX);
