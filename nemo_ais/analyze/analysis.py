@@ -25,6 +25,7 @@ from nemo_ais.alarms import AISAlarmsConfig, AlarmConfig, AlarmMonitor, alarm_me
 from nemo_ais.analyze.placement import load_study
 from nemo_ais.analyze.reader import (
     BadInputError,
+    EmptyStepError,
     StepFile,
     find_step_files,
     format_steps,
@@ -273,19 +274,27 @@ def analyze_run(
     # rows stream into a .partial file, renamed when every step is in: a failed or interrupted
     # analysis never leaves an analysis.jsonl that looks complete (or pairs with an old report)
     partial = out / f"{ANALYSIS_FILE}.partial"
+    empty: list[str] = []  # with skip_bad_rows: steps without a valid token, skipped
     with bar, partial.open("w") as f:
         for step_file in files:
             bar.set_postfix_str(f"step {step_file.step}", refresh=False)
-            result = _replay(
-                step_file,
-                config,
-                state,
-                chunk_tokens=chunk_tokens,
-                memory_budget_bytes=memory_budget_bytes,
-                skip_bad_rows=skip_bad_rows,
-                on_bytes=bar.update,
-                kv_min_length=alarm_config.kv_min_length,
-            )
+            try:
+                result = _replay(
+                    step_file,
+                    config,
+                    state,
+                    chunk_tokens=chunk_tokens,
+                    memory_budget_bytes=memory_budget_bytes,
+                    skip_bad_rows=skip_bad_rows,
+                    on_bytes=bar.update,
+                    kv_min_length=alarm_config.kv_min_length,
+                )
+            except EmptyStepError as err:
+                if not skip_bad_rows:
+                    raise
+                logger.warning("skipping step %d: %s", step_file.step, err)
+                empty.append(f"{step_file.path.name}: {err.problem}")
+                continue
             fired = monitor.observe(
                 result.step,
                 result.diagnostics,
@@ -301,8 +310,11 @@ def analyze_run(
             bad_rows += result.counts.bad_rows
             rows_read += result.counts.rows
             bad_examples += result.counts.bad_examples[: 3 - len(bad_examples)]
+    if not rows:
+        raise BadInputError(log_dir, 0, f"no step file with a valid token ({len(empty)} skipped)")
     meta = {
         "log_dir": str(log_dir),
+        "empty_steps": empty,
         "files": len(files),
         "rows_read": rows_read,
         "bad_rows": bad_rows,

@@ -29,6 +29,7 @@ __all__ = [
     "REQUIRED_KEYS",
     "BadInputError",
     "Chunk",
+    "EmptyStepError",
     "StepFile",
     "find_log_dirs",
     "find_step_files",
@@ -70,6 +71,10 @@ class BadInputError(ValueError):
     def __init__(self, path: Path | str, line: int, problem: str) -> None:
         self.path, self.line, self.problem = Path(path), line, problem
         super().__init__(f"{path}:{line}: {problem}")
+
+
+class EmptyStepError(BadInputError):
+    """A step file with no valid token (or no row): ``--skip-bad-rows`` skips the step."""
 
 
 class _RowError(ValueError):
@@ -400,6 +405,6 @@ def iter_chunks(
             width = max(width, prev.numel())
     counts.lines = lineno
     if counts.rows + counts.bad_rows == 0:
-        raise BadInputError(path, 0, "empty file (no rows)")
+        raise EmptyStepError(path, 0, "empty file (no rows)")
     if rows:
         yield _chunk(rows, path)

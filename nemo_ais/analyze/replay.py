@@ -30,7 +30,14 @@ from pathlib import Path
 import torch
 
 from nemo_ais.analyze.position import PositionProfile, position_profile
-from nemo_ais.analyze.reader import BadInputError, Chunk, ReadCounts, StepFile, iter_chunks
+from nemo_ais.analyze.reader import (
+    BadInputError,
+    Chunk,
+    EmptyStepError,
+    ReadCounts,
+    StepFile,
+    iter_chunks,
+)
 from nemo_ais.config import CorrectionConfig, require_config
 from nemo_ais.core import (
     AISDiagnostics,
@@ -194,7 +201,7 @@ def replay_step(
             store.add(chunk)
         if vector is None or n_tok == 0:
             skipped = f", {counts.bad_rows} bad rows skipped" if counts.bad_rows else ""
-            raise BadInputError(
+            raise EmptyStepError(
                 step_file.path,
                 counts.lines,
                 f"no valid token in {counts.rows} rows{skipped} (token_loss_mask[1:] x "

@@ -241,6 +241,12 @@ def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
             f"(steps {format_steps(gaps)}); the {len(steps)} steps present are analysed, "
             "the EMA of alpha and the alarm windows run over them as if consecutive."
         )
+    empty = meta.get("empty_steps") or []
+    if empty:
+        lines.append(
+            f"- **Steps without a valid token, skipped** (`--skip-bad-rows`): {len(empty)}, "
+            f"first {empty[0]}; the EMA of alpha and the alarm windows run over the others."
+        )
     batches = meta.get("global_batches_per_step", 1)
     if batches > 1:
         lines.append(

@@ -161,6 +161,23 @@ def test_empty_file(capsys, log_dir):
     _fails_with(capsys, log_dir, "train_data_step3.jsonl:0:", "empty file")
 
 
+def test_skip_bad_rows_skips_a_step_without_a_valid_token(tmp_path, log_dir):
+    # a collapsed run (every response cut by overlong filtering), or the empty file of a
+    # writer killed at its start: analysed without that step, which report.md names
+    path = log_dir / "train_data_step2.jsonl"
+    for line in range(1, 9):
+        _edit_row(path, line, lambda r: r.update(sample_loss_mask=[0.0]))
+    (log_dir / "train_data_step3.jsonl").write_text("")
+    result = analyze_run(log_dir, tmp_path / "out", skip_bad_rows=True, plots=False)
+    assert [r["step"] for r in result.rows] == [1]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Steps without a valid token, skipped** (`--skip-bad-rows`): 2, first " in report
+    assert "train_data_step2.jsonl: no valid token in 8 rows" in report
+    (log_dir / "train_data_step1.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"no step file with a valid token \(3 skipped\)"):
+        analyze_run(log_dir, tmp_path / "out2", skip_bad_rows=True, plots=False)
+
+
 @pytest.mark.parametrize(
     ("edit", "problem"),
     [
