@@ -60,7 +60,7 @@ def _num(value: float, spec: str) -> str:
 
 
 def _pm(mean: float, std: float, spec: str = ".3f") -> str:
-    """``mean ± std`` (std "—"-less when the mean has no data)."""
+    """``mean ± std`` by ``spec``; one "—" when the mean has no data."""
     return f"{_num(mean, spec)} ± {_num(std, spec)}" if math.isfinite(mean) else "—"
 
 
