@@ -41,9 +41,7 @@ def machine_line(threads: str | None = None) -> str:
     )
 
 
-def record_section(
-    name: str, title: str, body_md: str, path: Path = BENCH_MD, threads: str | None = None
-) -> None:
+def record_section(name: str, title: str, body_md: str, path: Path = BENCH_MD, threads: str | None = None) -> None:
     """Replace (or append) section ``name`` of ``docs/benchmarks.md``.
 
     ``threads`` describes the torch thread counts of the run (default: the current one).
@@ -59,13 +57,7 @@ def record_section(
         f"{body_md.strip()}\n<!-- /bench:{name} -->\n"
     )
     text = path.read_text() if path.exists() else _TITLE
-    pattern = re.compile(
-        rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->\n?", re.S
-    )
-    text = (
-        pattern.sub(lambda _: block, text)
-        if pattern.search(text)
-        else text.rstrip() + "\n\n" + block
-    )
+    pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->\n?", re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

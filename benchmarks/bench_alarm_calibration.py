@@ -69,29 +69,10 @@ class Plant:
 
 PLANTS = (
     Plant("scale_layout (all linears)", "default", ("fp8-none",), "scale_layout"),
-    Plant(
-        "scale_layout (layer 1 down_proj)",
-        "default",
-        ("fp8-none",),
-        "scale_layout",
-        r"layers\.1\.mlp\.down_proj",
-    ),
+    Plant("scale_layout (layer 1 down_proj)", "default", ("fp8-none",), "scale_layout", r"layers\.1\.mlp\.down_proj"),
     Plant("bf16_layer gate/up (QaRL, FP8)", "evidence", ("fp8-qarl",), "bf16_layer", GATE_UP),
-    Plant(
-        "bf16_layer gate/up (QaRL, NVFP4 W4A4)",
-        "fp4",
-        ("nvfp4_w4a4-qarl",),
-        "bf16_layer",
-        GATE_UP,
-    ),
-    Plant(
-        "bf16_layer gate/up (BF16 trainer)",
-        "default",
-        ("fp8-none",),
-        "bf16_layer",
-        GATE_UP,
-        expected_visible=False,
-    ),
+    Plant("bf16_layer gate/up (QaRL, NVFP4 W4A4)", "fp4", ("nvfp4_w4a4-qarl",), "bf16_layer", GATE_UP),
+    Plant("bf16_layer gate/up (BF16 trainer)", "default", ("fp8-none",), "bf16_layer", GATE_UP, expected_visible=False),
     Plant("stale_kv_scale (FP8 KV)", "default", ("fp8-none",), "stale_kv_scale"),
     Plant("stale_kv_scale (NVFP4 KV)", "fp4", ("nvfp4_w4a4-none",), "stale_kv_scale"),
 )
@@ -101,35 +82,11 @@ PLANTS = (
 ALIGNED = ("policy.rollout_aligned_quantization=true",)
 PLANTS_LONG = (
     Plant("scale_layout (all linears)", "fp4-long", ("fp8-none",), "scale_layout"),
+    Plant("scale_layout (layer 1 down_proj)", "fp4-long", ("fp8-none",), "scale_layout", r"layers\.1\.mlp\.down_proj"),
+    Plant("bf16_layer gate/up (QaRL, FP8)", "fp4-long", ("fp8-none",), "bf16_layer", GATE_UP, extra=ALIGNED),
+    Plant("bf16_layer gate/up (QaRL, NVFP4 W4A4)", "fp4-long", ("nvfp4_w4a4-qarl",), "bf16_layer", GATE_UP),
     Plant(
-        "scale_layout (layer 1 down_proj)",
-        "fp4-long",
-        ("fp8-none",),
-        "scale_layout",
-        r"layers\.1\.mlp\.down_proj",
-    ),
-    Plant(
-        "bf16_layer gate/up (QaRL, FP8)",
-        "fp4-long",
-        ("fp8-none",),
-        "bf16_layer",
-        GATE_UP,
-        extra=ALIGNED,
-    ),
-    Plant(
-        "bf16_layer gate/up (QaRL, NVFP4 W4A4)",
-        "fp4-long",
-        ("nvfp4_w4a4-qarl",),
-        "bf16_layer",
-        GATE_UP,
-    ),
-    Plant(
-        "bf16_layer gate/up (BF16 trainer)",
-        "fp4-long",
-        ("fp8-none",),
-        "bf16_layer",
-        GATE_UP,
-        expected_visible=False,
+        "bf16_layer gate/up (BF16 trainer)", "fp4-long", ("fp8-none",), "bf16_layer", GATE_UP, expected_visible=False
     ),
     Plant("stale_kv_scale (FP8 KV)", "fp4-long", ("fp8-none",), "stale_kv_scale"),
     Plant("stale_kv_scale (NVFP4 KV)", "fp4-long", ("nvfp4_w4a4-none",), "stale_kv_scale"),
@@ -138,9 +95,7 @@ PLANTS_LONG = (
 # (jump_factor, min_jump, min_history) replayed over every log
 GRID = tuple(
     itertools.product(
-        (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0),
-        (0.001, 0.003, 0.01, 0.02, 0.03),
-        (3, 5, 8),
+        (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0), (0.001, 0.003, 0.01, 0.02, 0.03), (3, 5, 8)
     )
 )
 
@@ -197,16 +152,11 @@ def _diagnostics(log_dir: Path, tmp: Path) -> list[tuple[int, dict, bool, bool]]
     return out
 
 
-def _alarmed(
-    steps: list[tuple], config: AlarmConfig, offline: bool = True
-) -> list[tuple[int, bool]]:
+def _alarmed(steps: list[tuple], config: AlarmConfig, offline: bool = True) -> list[tuple[int, bool]]:
     """(step, any alarm) with ``config``'s jump thresholds (:data:`OFFLINE_KINDS` as logged,
     or left out with ``offline=False``: what the mismatch alarms alone see)."""
     monitor = AlarmMonitor(config)
-    return [
-        (step, bool(monitor.observe(step, diag)) or (offline and off))
-        for step, diag, off, _ in steps
-    ]
+    return [(step, bool(monitor.observe(step, diag)) or (offline and off)) for step, diag, off, _ in steps]
 
 
 def calibrate(healthy_dirs: list[Path], planted_dir: Path | None) -> str:

@@ -76,9 +76,7 @@ def _child_maxrss_mb(cmd: list[str]) -> tuple[float, float]:
         "rc = subprocess.run(sys.argv[1:]).returncode; w = time.perf_counter() - t; "
         "print(w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024); sys.exit(rc)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe, *cmd], check=True, capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-c", probe, *cmd], check=True, capture_output=True, text=True)
     wall, rss = out.stdout.split()[-2:]
     return float(wall), float(rss)
 
@@ -141,9 +139,7 @@ def main() -> None:
     for steps, rows, length in cases:
         r = run_case(steps, rows, length)
         gen_s += r["gen_s"]
-        above.append(
-            f"{r['size'] / steps / 2**20:.0f} MiB step files: +{r['rss'] - r['base_rss']:.0f} MiB"
-        )
+        above.append(f"{r['size'] / steps / 2**20:.0f} MiB step files: +{r['rss'] - r['base_rss']:.0f} MiB")
         lines.append(
             f"| {r['size'] / 2**30:.2f} GiB ({r['size'] / steps / 2**20:.0f} MiB per step) | "
             f"{steps} x {rows} x {length} | {r['wall']:.1f} | {r['cpu']:.1f} | "
@@ -170,9 +166,7 @@ def main() -> None:
     )
     print(table + notes)
     if not args.no_record:
-        record_section(
-            "analyze", "Offline analysis (`nemo-ais analyze`) of ~1 GB logs", table + notes
-        )
+        record_section("analyze", "Offline analysis (`nemo-ais analyze`) of ~1 GB logs", table + notes)
 
 
 if __name__ == "__main__":

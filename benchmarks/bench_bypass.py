@@ -70,9 +70,7 @@ def main() -> None:
         "|---|---:|---:|---:|",
     ]
     for b in (False, True):
-        rows.append(
-            f"| {str(b).lower()} | {len(recs[b])} | {med[b]['step']:.3f} | {med[b]['logprobs']:.3f} |"
-        )
+        rows.append(f"| {str(b).lower()} | {len(recs[b])} | {med[b]['step']:.3f} | {med[b]['logprobs']:.3f} |")
     saved = 1.0 - med[True]["step"] / med[False]["step"]
     body = "\n".join(rows) + (
         f"\n\nSaved: **{saved:.1%}** of the step time (s/step with bypass / without = "
@@ -90,9 +88,7 @@ def main() -> None:
     )
     print(body)
     if not args.no_record:
-        record_section(
-            "bypass_embedded", "Bypass in the embedded recipe: s/step with and without", body
-        )
+        record_section("bypass_embedded", "Bypass in the embedded recipe: s/step with and without", body)
 
 
 if __name__ == "__main__":

@@ -43,24 +43,17 @@ from benchmarks.bench_embedded import _warm_start_file, preset_flags, run_comman
 # run, 0.468 +- 0.021: a CPU's rounding changes the trajectory as a seed does).
 CHAIN_TOLERANCE = 0.05
 PRIMARY_TOLERANCE = 0.08
-EMULATIONS = {
-    "this CPU": {},
-    "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-}
+EMULATIONS = {"this CPU": {}, "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 
 
 def capability(env: dict[str, str]) -> str:
     """``torch.backends.cpu.get_cpu_capability()`` in a fresh process with ``env``."""
     code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
-    out = subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
     return out.stdout.strip() or f"unknown ({out.stderr.strip()[-200:]})"
 
 
-def run_one(
-    preset: str, name: str, env: dict, root: Path, overrides: list[str], reuse: bool = False
-) -> dict:
+def run_one(preset: str, name: str, env: dict, root: Path, overrides: list[str], reuse: bool = False) -> dict:
     """Train the warm start and run the reference arm in fresh processes under ``env``.
 
     ``reuse``: keep a warm start this bench trained before under the same emulation (its
@@ -136,14 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     results = {
-        name: run_one(
-            args.preset,
-            name.replace(" ", "-"),
-            env,
-            args.root,
-            args.overrides,
-            args.reuse_warm_start,
-        )
+        name: run_one(args.preset, name.replace(" ", "-"), env, args.root, args.overrides, args.reuse_warm_start)
         for name, env in EMULATIONS.items()
     }
     table, ok = compare(results)

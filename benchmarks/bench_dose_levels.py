@@ -35,10 +35,7 @@ GRID = {
     ("nvfp4_w4a4", "nvfp4"): (0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
 }
 STEPS, SEEDS = 3, (0, 1)
-BASES = {
-    "recorded": ("_recorded.yaml", "dose_levels"),
-    "default": ("default.yaml", "dose_levels_plateau"),
-}
+BASES = {"recorded": ("_recorded.yaml", "dose_levels"), "default": ("default.yaml", "dose_levels_plateau")}
 KEYS = {"D": "ais/severity", "gen_kl k3": "ais/kl_k3", "tmpe": "ais/token_mult_prob_error"}
 
 
@@ -81,9 +78,7 @@ def mismatch_rows(metrics: Path) -> list[tuple[str, dict[str, float]]]:
         vals = per_arm.setdefault(rec["arm"], {name: [] for name in KEYS})
         for name, key in KEYS.items():
             vals[name].append(float(rec[key]))
-    return [
-        (arm, {n: statistics.fmean(v) for n, v in vals.items()}) for arm, vals in per_arm.items()
-    ]
+    return [(arm, {n: statistics.fmean(v) for n, v in vals.items()}) for arm, vals in per_arm.items()]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -62,9 +62,7 @@ def _warm_start_file(preset: str, cache: Path, overrides: list[str]) -> Path:
     from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
     from nemo_ais.embedded.warmstart import warm_start_path
 
-    raw = load_config(
-        CONFIG_DIR / f"{preset}.yaml", [f"policy.warm_start.cache_dir={cache}", *overrides]
-    )
+    raw = load_config(CONFIG_DIR / f"{preset}.yaml", [f"policy.warm_start.cache_dir={cache}", *overrides])
     return warm_start_path(resolve_arm(raw, None))
 
 
@@ -103,9 +101,7 @@ def preset_flags(preset: str) -> list[str]:
     return [] if preset == "default" else ["--quick"] if preset == "quick" else ["--preset", preset]
 
 
-def run_command(
-    flags: list[str], root: Path, name: str, cache: Path, overrides: list[str]
-) -> list[str]:
+def run_command(flags: list[str], root: Path, name: str, cache: Path, overrides: list[str]) -> list[str]:
     """``python -m nemo_ais run FLAGS --overwrite`` into ``root/name``, no progress bar."""
     return [
         sys.executable,
@@ -157,29 +153,19 @@ def main() -> None:
         choices=["default", *PRESETS],
         help="Presets to time, in order (default: quick default).",
     )
-    parser.add_argument(
-        "--keep-cache", action="store_true", help="Reuse a cached warm start (first run too)."
-    )
+    parser.add_argument("--keep-cache", action="store_true", help="Reuse a cached warm start (first run too).")
     parser.add_argument("--run-root", default="runs/bench")
     parser.add_argument("--no-record", action="store_true")
-    parser.add_argument(
-        "--section", default="run", help="docs/benchmarks.md section to record (default run)."
-    )
+    parser.add_argument("--section", default="run", help="docs/benchmarks.md section to record (default run).")
     parser.add_argument("--overrides", nargs="*", default=[], help="key=value for every run.")
-    parser.add_argument(
-        "--arm-times", type=Path, default=None, help="Tabulate a finished run's per-arm times."
-    )
+    parser.add_argument("--arm-times", type=Path, default=None, help="Tabulate a finished run's per-arm times.")
     parser.add_argument("--preset-include", default="dose", help="With --arm-times.")
     args = parser.parse_args()
     if args.arm_times is not None:
         body = arm_times_md(args.arm_times, args.preset_include)
         print(body)
         if not args.no_record:
-            record_section(
-                args.section,
-                f"Per-arm time of a finished run: --preset {args.preset_include}",
-                body,
-            )
+            record_section(args.section, f"Per-arm time of a finished run: --preset {args.preset_include}", body)
         return
 
     root = Path(args.run_root)

@@ -33,13 +33,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from benchmarks._record import BENCH_MD, record_section
-from nemo_ais.rollout.twin import (
-    RolloutPrecisionConfig,
-    RolloutTwin,
-    generate,
-    logprob_mismatch,
-    score_responses,
-)
+from nemo_ais.rollout.twin import RolloutPrecisionConfig, RolloutTwin, generate, logprob_mismatch, score_responses
 
 VOCAB, BATCH, PROMPT, NEW = 512, 64, 16, 24
 LOW_PRECISION_MD = BENCH_MD.parent / "low_precision.md"
@@ -52,10 +46,7 @@ EXCLUSIONS = [
     ("last layer in BF16", {"num_last_layers_in_bf16": 1}),
 ]
 # NeMo-RL's CI bounds per format, as issue 16 quotes them (the vendored trees omit tests/)
-BOUNDS = {
-    "nvfp4_w4a16": {"gen_kl_error": 0.03},
-    "nvfp4_w4a4": {"gen_kl_error": 0.1, "token_mult_prob_error": 1.15},
-}
+BOUNDS = {"nvfp4_w4a16": {"gen_kl_error": 0.03}, "nvfp4_w4a4": {"gen_kl_error": 0.1, "token_mult_prob_error": 1.15}}
 
 
 def tiny_qwen2(hidden: int, layers: int = 4, seed: int = 0) -> Qwen2ForCausalLM:
@@ -111,9 +102,7 @@ def _bound_cell(fmt: str, stats) -> str:
     bounds = BOUNDS.get(fmt)
     if not bounds:
         return "-"
-    cells = [
-        f"{k} < {v}: {'pass' if getattr(stats, k) < v else '**FAIL**'}" for k, v in bounds.items()
-    ]
+    cells = [f"{k} < {v}: {'pass' if getattr(stats, k) < v else '**FAIL**'}" for k, v in bounds.items()]
     return "; ".join(cells)
 
 
@@ -205,10 +194,7 @@ def main() -> None:
     print(speed)
     if not args.no_record:
         record_section(
-            "twin_formats",
-            "Twin mismatch per rollout format (written by code)",
-            mismatch,
-            path=Path(LOW_PRECISION_MD),
+            "twin_formats", "Twin mismatch per rollout format (written by code)", mismatch, path=Path(LOW_PRECISION_MD)
         )
         record_section(
             "fp8_twin",

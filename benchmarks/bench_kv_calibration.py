@@ -42,13 +42,7 @@ from nemo_ais.refit.kv_scales import (
     KVScaleConfig,
     KVScales,
 )
-from nemo_ais.rollout.twin import (
-    RolloutPrecisionConfig,
-    RolloutTwin,
-    generate,
-    logprob_mismatch,
-    score_responses,
-)
+from nemo_ais.rollout.twin import RolloutPrecisionConfig, RolloutTwin, generate, logprob_mismatch, score_responses
 
 MICRO_BATCH = 8
 FORMATS = ("bf16", "fp8")
@@ -81,9 +75,7 @@ def trainer_side_scales(model, previous: dict, reduction: str, num_layers: int) 
     calibrator = KVScaleCalibrator(num_layers, KVScaleConfig(reduction=reduction, include_q=False))
     with calibrator.install_hooks(model):
         for ids, mask in zip(
-            previous["sequences"].split(MICRO_BATCH),
-            previous["full_mask"].split(MICRO_BATCH),
-            strict=True,
+            previous["sequences"].split(MICRO_BATCH), previous["full_mask"].split(MICRO_BATCH), strict=True
         ):
             pos = (mask.cumsum(-1) - 1).clamp_min(0)
             model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1)
@@ -121,9 +113,7 @@ def measure(setup: dict, fmt: str, kv: str, reduction: str, steps: int) -> dict:
     twin = RolloutTwin(model, RolloutPrecisionConfig(format=fmt, kv_cache=kv))
     prev, gen, masks, saturated = [], [], [], []
     for step in range(steps):
-        twin.kv_scales = trainer_side_scales(
-            model, setup["rollouts"][step], reduction, twin.num_layers
-        )
+        twin.kv_scales = trainer_side_scales(model, setup["rollouts"][step], reduction, twin.num_layers)
         current = setup["rollouts"][step + 1]
         gen.append(twin.score(ids, mask, current["response_ids"]))
         prev.append(score_responses(model, ids, mask, current["response_ids"]))

@@ -249,14 +249,9 @@ def main() -> None:
             ms = " | ".join(f"{sec[v] * 1e3:.2f}" for v in VARIANTS)
             ratio = " | ".join(f"**{sec[v] / sec['upstream']:.2f}**" for v in VARIANTS[1:])
             cpu_ratio = cpu["ours ais"] / cpu["upstream"]
-            lines.append(
-                f"| {threads} | {batch} x {length} | {ms} | {ratio} | {cpu_ratio:.2f} "
-                f"| {load[-1]:.1f} |"
-            )
+            lines.append(f"| {threads} | {batch} x {length} | {ms} | {ratio} | {cpu_ratio:.2f} | {load[-1]:.1f} |")
             print(lines[-1], flush=True)
-            t_prep, step = time_prepare(
-                batch, length, args.micro_batches, max(3, args.repeats // 3), calls["ours ais"]
-            )
+            t_prep, step = time_prepare(batch, length, args.micro_batches, max(3, args.repeats // 3), calls["ours ais"])
             prepare_lines.append(
                 f"| {threads} | {args.micro_batches * batch} x {length} | {t_prep * 1e3:.2f} | "
                 f"{step * 1e3:.2f} | {t_prep / step:.3f} |"

@@ -80,10 +80,7 @@ def measure(layers: int, args: argparse.Namespace, device: torch.device) -> str:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, foreach=True)
     gen = torch.Generator().manual_seed(1)
     shape = (args.micro_batch, args.seq_len)
-    batches = [
-        torch.randint(0, cfg.vocab_size, shape, generator=gen).to(device)
-        for _ in range(args.micro_batches)
-    ]
+    batches = [torch.randint(0, cfg.vocab_size, shape, generator=gen).to(device) for _ in range(args.micro_batches)]
     adv = torch.randn(args.micro_batch, args.seq_len - 1, generator=gen).to(device)
 
     def prev_logprobs():  # what bypass skips: the no-grad get_logprobs forward
@@ -149,9 +146,7 @@ def main() -> None:
     )
     print(body)
     if not args.no_record:
-        record_section(
-            "prev_logprobs", "Bypass on the cluster path: prev_logprobs forward vs train pass", body
-        )
+        record_section("prev_logprobs", "Bypass on the cluster path: prev_logprobs forward vs train pass", body)
 
 
 if __name__ == "__main__":

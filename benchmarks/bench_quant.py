@@ -98,9 +98,7 @@ _L2_FLUSH_BYTES = 256 << 20
 def _hbm_peak(device: torch.device) -> tuple[str, float | None]:
     """Device name and its nominal HBM GB/s (None: not in ``HBM_GBPS``)."""
     name = torch.cuda.get_device_name(device)
-    peak = next(
-        (v for k, v in sorted(HBM_GBPS.items(), key=lambda kv: -len(kv[0])) if k in name), None
-    )
+    peak = next((v for k, v in sorted(HBM_GBPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
     return name, peak
 
 
@@ -237,9 +235,7 @@ def main() -> None:
     else:
         body = "\n".join(rows) + (
             f"\n\n{args.threads} torch thread(s); ours, the reference and `y.copy_(x)` timed "
-            "in "
-            + common
-            + " The GPU numbers (GB/s against HBM bandwidth) are section `quant_cuda`. "
+            "in " + common + " The GPU numbers (GB/s against HBM bandwidth) are section `quant_cuda`. "
             "Load average (1 min): "
             f"{min(load):.1f} to {max(load):.1f} on {os.cpu_count()} cores (shared machine: "
             "the ratios, measured side by side, are the meaningful numbers)."
@@ -262,9 +258,7 @@ def main() -> None:
             "run (PyTorch's switch for huge-page CPU allocations of 2 MiB and more).\n\n" + bound
         )
     if mismatches:
-        raise SystemExit(
-            "not bit-equal to the reference (nothing recorded): " + ", ".join(mismatches)
-        )
+        raise SystemExit("not bit-equal to the reference (nothing recorded): " + ", ".join(mismatches))
     print(body)
     if not args.no_record:
         name, title = ("quant_cuda", "GPU") if cuda else ("quant", "CPU")

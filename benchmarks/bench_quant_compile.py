@@ -38,12 +38,7 @@ from benchmarks.bench_quant_gpu import COMPILABLE, mismatch
 
 SHAPES = [(4096, 4096), (14336, 4096)]
 DTYPES = [torch.float32, torch.bfloat16]
-_KERNEL_USERS = (
-    nemo_ais.formats.fp8_block,
-    nemo_ais.formats.mxfp8,
-    nemo_ais.formats.nvfp4,
-    nemo_ais.formats.mxfp4,
-)
+_KERNEL_USERS = (nemo_ais.formats.fp8_block, nemo_ais.formats.mxfp8, nemo_ais.formats.nvfp4, nemo_ais.formats.mxfp4)
 
 
 @contextlib.contextmanager
@@ -126,9 +121,7 @@ def main() -> None:
     print(body)
     if not args.no_record:
         record_section(
-            "quant_compiled_cpu",
-            "Compiled references against the C++ kernel (CPU): FP8, NVFP4, MXFP8, MXFP4",
-            body,
+            "quant_compiled_cpu", "Compiled references against the C++ kernel (CPU): FP8, NVFP4, MXFP8, MXFP4", body
         )
 
 

@@ -143,9 +143,7 @@ COMPILABLE = {
 def fields(q) -> list[torch.Tensor]:
     """The output tensors of a quantizer, as comparable byte / bit views."""
     parts = q if isinstance(q, tuple) else tuple(vars(q).values())
-    return [
-        p.contiguous().view(torch.uint8 if p.element_size() == 1 else torch.int32) for p in parts
-    ]
+    return [p.contiguous().view(torch.uint8 if p.element_size() == 1 else torch.int32) for p in parts]
 
 
 def mismatch(got, want) -> str | None:
@@ -250,15 +248,9 @@ def main() -> None:
             "compile; nan: not compiled):\n\n" + "\n".join(f"- {f}" for f in firsts)
         )
         if notes:
-            body += "\n\nCompiled outputs that differ from `current`:\n\n" + "\n".join(
-                f"- {n}" for n in notes
-            )
+            body += "\n\nCompiled outputs that differ from `current`:\n\n" + "\n".join(f"- {n}" for n in notes)
         if not args.no_record and not problems:
-            record_section(
-                "quant_fused_cuda",
-                "Fused quantizers (GPU): Triton and Inductor against copy_",
-                body,
-            )
+            record_section("quant_fused_cuda", "Fused quantizers (GPU): Triton and Inductor against copy_", body)
         return body
 
     for fmt in args.formats:

@@ -38,9 +38,7 @@ def measure(repeats: int) -> list[tuple[str, float, float, float]]:
     rows = []
     for fmt in FORMATS:
         twins = {
-            verify: RolloutTwin(
-                model, RolloutPrecisionConfig(format=fmt, kv_cache="fp8", verify_refit=verify)
-            )
+            verify: RolloutTwin(model, RolloutPrecisionConfig(format=fmt, kv_cache="fp8", verify_refit=verify))
             for verify in (False, True)
         }
 
@@ -50,9 +48,7 @@ def measure(repeats: int) -> list[tuple[str, float, float, float]]:
         def rollout(twin=twins[False]):
             twin.generate(ids, mask, max_new_tokens=NEW, generator=torch.Generator().manual_seed(1))
 
-        t = interleaved_medians(
-            {"off": refit(twins[False]), "on": refit(twins[True]), "rollout": rollout}, repeats
-        )
+        t = interleaved_medians({"off": refit(twins[False]), "on": refit(twins[True]), "rollout": rollout}, repeats)
         assert twins[True].readback.exact  # healthy: the readback is exact
         rows.append((fmt, t["off"], t["on"], t["rollout"]))
     return rows
@@ -70,14 +66,12 @@ def main(argv: list[str] | None = None) -> str:
         f"{PROMPTS} prompts x {NEW} new tokens; medians of {args.repeats} interleaved repeats, "
         "2 torch threads, fp32.",
         "",
-        "| format | refit (s) | refit + readback (s) | readback / refit | rollout (s) | "
-        "readback / (refit + rollout) |",
+        "| format | refit (s) | refit + readback (s) | readback / refit | rollout (s) | readback / (refit + rollout) |",
         "|---|---|---|---|---|---|",
     ]
     for fmt, off, on, roll in measure(args.repeats):
         lines.append(
-            f"| {fmt} | {off:.4f} | {on:.4f} | {(on - off) / off:+.0%} | {roll:.3f} | "
-            f"{(on - off) / (off + roll):.1%} |"
+            f"| {fmt} | {off:.4f} | {on:.4f} | {(on - off) / off:+.0%} | {roll:.3f} | {(on - off) / (off + roll):.1%} |"
         )
     body = "\n".join(lines)
     if not args.no_record:

@@ -251,9 +251,7 @@ def main() -> None:
             t_fused = timed(lambda f=fmt, la=layers: fused_refit(f, la), sync, args.repeats)
             _PLAN_CACHES.clear()  # the first refit of a run plans every tensor
             t_first = timed(lambda f=fmt, la=layers, e=n_experts: stream_refit(f, la, e), sync, 1)
-            t_stream = timed(
-                lambda f=fmt, la=layers, e=n_experts: stream_refit(f, la, e), sync, args.repeats
-            )
+            t_stream = timed(lambda f=fmt, la=layers, e=n_experts: stream_refit(f, la, e), sync, args.repeats)
             t_cur = timed(lambda f=fmt, la=layers: current_refit(f, la), sync, args.current_repeats)
             rows.append(
                 f"| {model} (TP {tp}) | {fmt} | {params / 1e6:.0f} M | {t_cur:.3f} | "

@@ -77,9 +77,7 @@ def curve(preset: str, every: int, steps: int | None) -> str:
     t0 = time.perf_counter()
     _, loss, points = train_sft(cfg, task, progress=True, curve_every=every)
     wall = time.perf_counter() - t0
-    env = {
-        k: os.environ.get(k, "unset") for k in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
-    }
+    env = {k: os.environ.get(k, "unset") for k in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")}
     rows = "\n".join(f"| {step} | {acc:.3f} | {chains:.3f} |" for step, acc, chains in points)
     stage = cfg.policy.warm_start.curriculum
     first = (
@@ -132,9 +130,7 @@ def main() -> None:
     )
     print(body)
     if not args.no_record:
-        record_section(
-            "warm_start", "Warm start of a first `nemo-ais run` (trained once, cached)", body
-        )
+        record_section("warm_start", "Warm start of a first `nemo-ais run` (trained once, cached)", body)
 
 
 if __name__ == "__main__":

@@ -51,9 +51,7 @@ def main() -> None:
     parser.add_argument("--title", default=None, help="section title (default: the run dir)")
     args = parser.parse_args()
     title = args.title or f"Tables of `runs/{args.run_dir.name}` (copied by code)"
-    record_section(
-        args.name, title, section_body(args.run_dir), path=RESULTS_MD, threads="1 per rank"
-    )
+    record_section(args.name, title, section_body(args.run_dir), path=RESULTS_MD, threads="1 per rank")
 
 
 if __name__ == "__main__":

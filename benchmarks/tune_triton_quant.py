@@ -34,22 +34,10 @@ SHAPES = [(4096, 4096), (14336, 4096)]
 # format -> (wrapper, {constant: values}); NVFP4 16x16 tiles need _ROWS % 16 == 0, and the
 # shipped default of each constant comes first
 SWEEPS = {
-    "fp8 128x128": (
-        tq.quantize_blockwise_triton,
-        {"_FP8_CHUNK": (16, 8, 32, 64), "_FP8_WARPS": (8, 4, 16)},
-    ),
-    "mxfp8": (
-        tq.quantize_mxfp8_triton,
-        {"_ROWS": (16, 32, 64), "_COLS": (256, 512), "_WARPS": (8, 4, 16)},
-    ),
-    "nvfp4": (
-        tq.quantize_nvfp4_triton,
-        {"_ROWS": (16, 32, 64), "_COLS": (256, 512), "_WARPS": (8, 4, 16)},
-    ),
-    "mxfp4": (
-        tq.quantize_mxfp4_triton,
-        {"_ROWS": (16, 32, 64), "_COLS": (256, 512), "_WARPS": (8, 4, 16)},
-    ),
+    "fp8 128x128": (tq.quantize_blockwise_triton, {"_FP8_CHUNK": (16, 8, 32, 64), "_FP8_WARPS": (8, 4, 16)}),
+    "mxfp8": (tq.quantize_mxfp8_triton, {"_ROWS": (16, 32, 64), "_COLS": (256, 512), "_WARPS": (8, 4, 16)}),
+    "nvfp4": (tq.quantize_nvfp4_triton, {"_ROWS": (16, 32, 64), "_COLS": (256, 512), "_WARPS": (8, 4, 16)}),
+    "mxfp4": (tq.quantize_mxfp4_triton, {"_ROWS": (16, 32, 64), "_COLS": (256, 512), "_WARPS": (8, 4, 16)}),
 }
 
 
@@ -79,16 +67,14 @@ def main() -> None:
     flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     t0 = time.perf_counter()
     rows = [
-        "| format | shape | configuration | ms | copy_ ms | / copy_ bandwidth | "
-        "first call s | bits = shipped |",
+        "| format | shape | configuration | ms | copy_ ms | / copy_ bandwidth | first call s | bits = shipped |",
         "|---|---|---|---:|---:|---:|---:|---|",
     ]
     best: dict[tuple[str, str], tuple[float, str]] = {}
 
     def write() -> None:
         summary = "\n".join(
-            f"- {fmt} {shape}: best {cfg} at **{ratio:.2f}** of copy_"
-            for (fmt, shape), (ratio, cfg) in best.items()
+            f"- {fmt} {shape}: best {cfg} at **{ratio:.2f}** of copy_" for (fmt, shape), (ratio, cfg) in best.items()
         )
         body = "\n".join(rows) + (
             f"\n\n{torch.cuda.get_device_name()}; bf16 weights; each configuration's launches "

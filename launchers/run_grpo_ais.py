@@ -335,11 +335,7 @@ def engine_keep_rule(raw: dict[str, Any], refit_cfg: Any) -> Any:
 
 
 def check_engines_after_first_refit(
-    grpo_module: Any,
-    raw: dict[str, Any],
-    policy_generation: Any,
-    refit_cfg: Any,
-    nemo_rl_version: str,
+    grpo_module: Any, raw: dict[str, Any], policy_generation: Any, refit_cfg: Any, nemo_rl_version: str
 ) -> None:
     """After the first refit, every layer of every engine must hold what the run quantizes.
 
@@ -381,8 +377,7 @@ def check_engines_after_first_refit(
                 )
                 return out
             engine_report.logger.warning(
-                "nemo_ais: after the first refit %d vLLM worker processes hold %s as the run "
-                "quantizes it",
+                "nemo_ais: after the first refit %d vLLM worker processes hold %s as the run quantizes it",
                 len(reports),
                 fmt,
             )
@@ -402,9 +397,7 @@ def refit_transport_problems(config: dict[str, Any]) -> list[str]:
     """
     transport = get(config, "policy.generation.refit_transport")
     vllm_cfg = get(config, "policy.generation.vllm_cfg", {})
-    fp8 = vllm_cfg.get("precision") == "fp8" or str(vllm_cfg.get("kv_cache_dtype")).startswith(
-        "fp8"
-    )
+    fp8 = vllm_cfg.get("precision") == "fp8" or str(vllm_cfg.get("kv_cache_dtype")).startswith("fp8")
     if transport is None or not fp8:
         return []
     return [
@@ -455,14 +448,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         problems = fp8_kv_refit_problems(raw) + refit_transport_problems(raw)
         problems += rollout_format_problems(raw, version.name)  # NVFP4 W4A4 / MXFP8: main only
         problems += bypass_problems(raw)  # one update per rollout batch
-    except (
-        OSError,
-        TypeError,
-        ValueError,
-        OverridesError,
-        YAMLError,
-        OmegaConfBaseException,
-    ) as err:
+    except (OSError, TypeError, ValueError, OverridesError, YAMLError, OmegaConfBaseException) as err:
         raise ConfigError(" ".join(str(err).split()) or type(err).__name__) from err
     if problems:
         raise ConfigError("; ".join(problems))
@@ -503,9 +489,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         has_refit_draft_weights=bool(config.policy["draft"]["enabled"]),
         trains_mtp=bool(megatron_cfg.get("mtp_num_layers")),
     )
-    dataset, val_dataset, task_to_env, val_task_to_env = setup_response_data(
-        tokenizer, config.data, config.env
-    )
+    dataset, val_dataset, task_to_env, val_task_to_env = setup_response_data(tokenizer, config.data, config.env)
     (
         policy,
         policy_generation,
@@ -520,19 +504,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         master_config,
         teacher_worker_groups,
         alias_to_group_alias,
-    ) = grpo.setup(
-        config,
-        tokenizer,
-        dataset,
-        val_dataset,
-        policy_factory=policy_factory,
-    )
+    ) = grpo.setup(config, tokenizer, dataset, val_dataset, policy_factory=policy_factory)
     if refit is not None or block_refit is not None:  # every vLLM worker refits through
         require_fp8_refit_active(config, policy_generation)  # nemo_ais.fp8, or stop here
     if require_native_kernels(config, raw, policy_generation) in NATIVE_KERNELS:
-        check_engines_after_first_refit(
-            grpo, raw, policy_generation, refit or block_refit, version.name
-        )
+        check_engines_after_first_refit(grpo, raw, policy_generation, refit or block_refit, version.name)
     loss_fn = swap_loss(loss_fn, ais_cfg)
 
     async_cfg = compat.grpo_option(config, "async_grpo") or {}

@@ -44,14 +44,7 @@ __all__ = [
     "alarm_metrics",
 ]
 
-ALARM_KINDS = (
-    "nonfinite",
-    "tmpe_jump",
-    "severity_jump",
-    "tail_jump",
-    "kv_scale_position",
-    "refit_readback",
-)
+ALARM_KINDS = ("nonfinite", "tmpe_jump", "severity_jump", "tail_jump", "kv_scale_position", "refit_readback")
 ALARM_PREFIX = "ais_alarm/"
 QUARTERS = 4
 """Quarters each long sequence's valid span is cut into by the ``kv_scale_position`` check."""
@@ -63,12 +56,8 @@ class AlarmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     window: int = Field(10, ge=1, description="Steps in the recent baseline (median).")
-    min_history: int = Field(
-        3, ge=1, description="Earlier steps needed before a jump alarm can fire."
-    )
-    jump_factor: float = Field(
-        48.0, gt=1.0, description="A jump: value > jump_factor x the recent median."
-    )
+    min_history: int = Field(3, ge=1, description="Earlier steps needed before a jump alarm can fire.")
+    jump_factor: float = Field(48.0, gt=1.0, description="A jump: value > jump_factor x the recent median.")
     tail_jump_factor: float = Field(
         6.0,
         gt=1.0,
@@ -78,9 +67,7 @@ class AlarmConfig(BaseModel):
         ),
     )
     min_jump: float = Field(
-        0.003,
-        ge=0.0,
-        description="...and value - median >= min_jump (tmpe excess or D; also the KV check).",
+        0.003, ge=0.0, description="...and value - median >= min_jump (tmpe excess or D; also the KV check)."
     )
     tail_min_tokens: int = Field(
         5000,
@@ -91,27 +78,18 @@ class AlarmConfig(BaseModel):
         ),
     )
     kv_min_length: int = Field(
-        256,
-        ge=QUARTERS,
-        description="KV check: only sequences whose valid span has >= this many positions.",
+        256, ge=QUARTERS, description="KV check: only sequences whose valid span has >= this many positions."
     )
     kv_ratio: float = Field(
-        2.0,
-        gt=1.0,
-        description="KV alarm: last- / first-quarter mean |l| (quarters of each sequence).",
+        2.0, gt=1.0, description="KV alarm: last- / first-quarter mean |l| (quarters of each sequence)."
     )
-    kv_min_tokens: int = Field(
-        256, ge=1, description="KV check: valid tokens needed in the first and last quarters."
-    )
+    kv_min_tokens: int = Field(256, ge=1, description="KV check: valid tokens needed in the first and last quarters.")
     readback_tol: float = Field(
         0.0,
         ge=0.0,
-        description="refit_readback: largest relative readback error taken as healthy (an "
-        "exact readback is 0).",
+        description="refit_readback: largest relative readback error taken as healthy (an exact readback is 0).",
     )
-    fail_on_alarm: bool = Field(
-        False, description="Online: raise RefitAlarmError (fail the step) when an alarm fires."
-    )
+    fail_on_alarm: bool = Field(False, description="Online: raise RefitAlarmError (fail the step) when an alarm fires.")
 
 
 class AISAlarmsConfig(AlarmConfig):
@@ -121,9 +99,7 @@ class AISAlarmsConfig(AlarmConfig):
     the ``kv_*`` thresholds are offline only (docs/analyze.md).
     """
 
-    enabled: bool = Field(
-        True, description="Observe every global batch and log ais_alarm/* (absent section: off)."
-    )
+    enabled: bool = Field(True, description="Observe every global batch and log ais_alarm/* (absent section: off).")
 
 
 @dataclass(frozen=True)
@@ -289,9 +265,7 @@ class AlarmMonitor:
         p999 = _get(diagnostics, _P999, math.nan)  # nan: absent (an older log)
         n_tok = _get(diagnostics, "n_tok", math.inf)
         if not empty:
-            tmpe = self._jump(
-                step, "tmpe_excess", "tmpe_jump", tmpe_excess, "token_mult_prob_error - 1"
-            )
+            tmpe = self._jump(step, "tmpe_excess", "tmpe_jump", tmpe_excess, "token_mult_prob_error - 1")
             sev = self._jump(step, "severity", "severity_jump", severity, "severity D")
             if sev is None:
                 tmpe = None  # the bulk (mean |l|) did not move: a few outlier tokens, a tail
@@ -307,9 +281,7 @@ class AlarmMonitor:
                 self._history[_P999].append(p999)
         fired = [a for a in (*alarms, self._readback(step, readback)) if a is not None]
         if fired and self.config.fail_on_alarm:
-            raise RefitAlarmError(
-                "AIS refit guard (alarms.fail_on_alarm=true): " + "; ".join(map(str, fired))
-            )
+            raise RefitAlarmError("AIS refit guard (alarms.fail_on_alarm=true): " + "; ".join(map(str, fired)))
         return fired
 
 

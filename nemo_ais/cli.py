@@ -123,21 +123,14 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
         {
             "overrides": {
                 **_OVERRIDES,
-                "help": "Dotted OmegaConf overrides, e.g. grpo.max_num_steps=20 "
-                "loss_fn.ais.ema=0.5.",
+                "help": "Dotted OmegaConf overrides, e.g. grpo.max_num_steps=20 loss_fn.ais.ema=0.5.",
             },
             ("--config", "--quick", "--preset"): {
-                "--config": {
-                    **_PATH,
-                    "help": "A YAML config file (default: the shipped preset default.yaml).",
-                },
+                "--config": {**_PATH, "help": "A YAML config file (default: the shipped preset default.yaml)."},
                 "--quick": {**_FLAG, "help": "The <= 60 s shipped preset quick.yaml."},
                 "--preset": {"choices": PRESETS, "help": _PRESET_HELP},
             },
-            "--overwrite": {
-                **_FLAG,
-                "help": "Delete the run directory's metrics and checkpoints and start over.",
-            },
+            "--overwrite": {**_FLAG, "help": "Delete the run directory's metrics and checkpoints and start over."},
         },
     ),
     "report": (
@@ -158,13 +151,11 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
         {
             "log_dir": {
                 "type": Path,
-                "help": "NeMo-RL logger.log_dir of one run, or a directory above runs (each "
-                "is analysed).",
+                "help": "NeMo-RL logger.log_dir of one run, or a directory above runs (each is analysed).",
             },
             "overrides": {
                 **_OVERRIDES,
-                "help": "loss_fn.ais.<field>=value or alarms.<field>=value, e.g. "
-                "loss_fn.ais.ema=0.9.",
+                "help": "loss_fn.ais.<field>=value or alarms.<field>=value, e.g. loss_fn.ais.ema=0.9.",
             },
             "--out": {
                 **_PATH,
@@ -174,8 +165,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
             "--list": {**_FLAG, "help": "List the run directories found and exit."},
             "--config": {
                 **_PATH,
-                "help": "YAML with loss_fn.ais (e.g. the run's NeMo-RL config) and/or alarms "
-                "sections.",
+                "help": "YAML with loss_fn.ais (e.g. the run's NeMo-RL config) and/or alarms sections.",
             },
             "--skip-bad-rows": {**_FLAG, "help": "Count and skip bad rows instead of failing."},
             "--no-progress": {**_FLAG, "help": "No progress bar."},
@@ -203,8 +193,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
         {
             "overrides": {
                 **_OVERRIDES,
-                "help": "Dotted config overrides, e.g. rollout.format=nvfp4_w4a4 "
-                "rollout.kv_cache=nvfp4.",
+                "help": "Dotted config overrides, e.g. rollout.format=nvfp4_w4a4 rollout.kv_cache=nvfp4.",
             },
             ("--config", "--preset"): {
                 "--config": {**_PATH, "help": "A recipe YAML config."},
@@ -213,20 +202,14 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
             "--arm": {"help": "Take the precision of this experiment arm (default: base)."},
             "--prompts": {
                 "type": _positive_int,
-                "help": "Held-out prompts, at most data.eval_size (64, or data.eval_size if "
-                "smaller).",
+                "help": "Held-out prompts, at most data.eval_size (64, or data.eval_size if smaller).",
             },
             "--seed": {"type": int, "default": 0, "help": "Sampling seed (0)."},
-            "--top": {
-                "type": _positive_int,
-                "default": 16,
-                "help": "Sources printed and plotted (16).",
-            },
+            "--top": {"type": _positive_int, "default": 16, "help": "Sources printed and plotted (16)."},
             "--out": {**_PATH, "help": "Output directory (<logger.run_dir>/attribution)."},
             "--train-warm-start": {
                 **_FLAG,
-                "help": "Train the warm start when its cache file is missing (else: the "
-                "random init).",
+                "help": "Train the warm start when its cache file is missing (else: the random init).",
             },
             "--no-plot": {**_FLAG, "help": "Skip attribution.png."},
         },
@@ -239,9 +222,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
         "name: amax}: the file ais_nvfp4_refit.input_amax_file names (input_scale = amax / "
         "(6 * 448); fused q/k/v and gate/up take the max).",
         {
-            "model": {
-                "help": "The BF16 checkpoint the trainer starts from: a local HF dir or hub name."
-            },
+            "model": {"help": "The BF16 checkpoint the trainer starts from: a local HF dir or hub name."},
             "--out": {"type": Path, "required": True, "help": "The JSON file to write."},
             "--prompts": {
                 **_PATH,
@@ -250,31 +231,16 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
                 "tests only).",
             },
             "--prompt-key": {"default": "prompt", "help": "Field of a .jsonl object (prompt)."},
-            "--num-samples": {
-                "type": _positive_int,
-                "default": 512,
-                "help": "First N prompts (512).",
-            },
-            "--max-length": {
-                "type": _positive_int,
-                "default": 2048,
-                "help": "Tokens per prompt (2048).",
-            },
-            "--batch-size": {
-                "type": _positive_int,
-                "default": 8,
-                "help": "Prompts per forward (8).",
-            },
+            "--num-samples": {"type": _positive_int, "default": 512, "help": "First N prompts (512)."},
+            "--max-length": {"type": _positive_int, "default": 2048, "help": "Tokens per prompt (2048)."},
+            "--batch-size": {"type": _positive_int, "default": 8, "help": "Prompts per forward (8)."},
             "--device": {"choices": ("cpu", "cuda"), "default": "cpu", "help": "(cpu)"},
             "--dtype": {
                 "choices": ("bfloat16", "float32"),
                 "default": "bfloat16",
                 "help": "Weights and activations dtype (bfloat16, as the trainer's checkpoint).",
             },
-            "--chat-template": {
-                **_FLAG,
-                "help": "Render each prompt as a user turn of the tokenizer's chat template.",
-            },
+            "--chat-template": {**_FLAG, "help": "Render each prompt as a user turn of the tokenizer's chat template."},
         },
     ),
 }
@@ -294,18 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, (help_text, description, options) in _SUBCOMMANDS.items():
         extra = {"epilog": _EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
-        cmd = sub.add_parser(
-            name, help=help_text, description=description, **(extra if name == "run" else {})
-        )
+        cmd = sub.add_parser(name, help=help_text, description=description, **(extra if name == "run" else {}))
         cmd.set_defaults(command_parser=cmd)  # its usage on an error (main)
         # -v after the subcommand too; SUPPRESS keeps a -v given before it
-        cmd.add_argument(
-            "-v",
-            "--verbose",
-            action="store_true",
-            default=argparse.SUPPRESS,
-            help="Log at INFO level.",
-        )
+        cmd.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="Log at INFO level.")
         for flag, kwargs in options.items():
             if isinstance(flag, tuple):  # mutually exclusive options
                 group = cmd.add_mutually_exclusive_group()
@@ -322,11 +280,7 @@ def _attribute(args: argparse.Namespace) -> int:
     from nemo_ais.embedded.config import load_config, resolve_arm
     from nemo_ais.embedded.dist import RecipeError
     from nemo_ais.embedded.twin_setup import twin_setup
-    from nemo_ais.tools.attribution import (
-        attribute_mismatch,
-        attribution_markdown,
-        write_attribution,
-    )
+    from nemo_ais.tools.attribution import attribute_mismatch, attribution_markdown, write_attribution
 
     path = args.config or _config_dir() / f"{args.preset or 'default'}.yaml"
     try:
@@ -375,16 +329,10 @@ def _calibrate_input_amax(args: argparse.Namespace) -> int:
     )
 
     try:
-        prompts = read_prompts(
-            args.prompts, num_samples=args.num_samples, prompt_key=args.prompt_key
-        )
+        prompts = read_prompts(args.prompts, num_samples=args.num_samples, prompt_key=args.prompt_key)
         model, tokenizer = load_causal_lm(args.model, device=args.device, dtype=args.dtype)
         batches = calibration_batches(
-            tokenizer,
-            prompts,
-            max_length=args.max_length,
-            batch_size=args.batch_size,
-            chat_template=args.chat_template,
+            tokenizer, prompts, max_length=args.max_length, batch_size=args.batch_size, chat_template=args.chat_template
         )
     except ValueError as err:
         return _fail(2, "calibrate-input-amax", f"invalid arguments: {err}")
@@ -417,10 +365,7 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("", file=sys.stderr)  # below the progress bar
         return _fail(
-            130,
-            "run",
-            "interrupted. Checkpoints written so far are kept; re-run the same command to "
-            "resume from them.",
+            130, "run", "interrupted. Checkpoints written so far are kept; re-run the same command to resume from them."
         )
     except RecipeError as err:
         return _fail(1, "run", err)
@@ -500,26 +445,18 @@ def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> i
         )
     except KeyboardInterrupt:
         partial = output_dir(log_dir, out) / f"{ANALYSIS_FILE}.partial"
-        return _fail(
-            130, "analyze", f"{prefix}interrupted; the steps analysed so far, if any: {partial}"
-        )
+        return _fail(130, "analyze", f"{prefix}interrupted; the steps analysed so far, if any: {partial}")
     except BadInputError as err:
         return _fail(1, "analyze", err)
     except OSError as err:  # unreadable file, full disk: one line, no traceback
         return _fail(1, "analyze", f"{err.filename or log_dir}: {err.strerror or err}")
     except Exception as err:  # backstop: one line naming the input, never a traceback
         first = (str(err).strip().splitlines() or [""])[0][:200]
-        return _fail(
-            1,
-            "analyze",
-            f"{log_dir}: unexpected {type(err).__name__}: {first} (run with -v and report it)",
-        )
+        return _fail(1, "analyze", f"{log_dir}: unexpected {type(err).__name__}: {first} (run with -v and report it)")
     skipped = f"; {result.bad_rows} bad rows skipped" if result.bad_rows else ""
     steps = [r["step"] for r in result.rows]
     missing = (
-        f", {len(result.missing_steps)} missing: {format_steps(result.missing_steps)}"
-        if result.missing_steps
-        else ""
+        f", {len(result.missing_steps)} missing: {format_steps(result.missing_steps)}" if result.missing_steps else ""
     )
     print(
         f"nemo-ais analyze: {prefix}{len(steps)} steps ({steps[0]}..{steps[-1]}{missing}), "
@@ -546,9 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # analyze, attribute: key=value overrides may follow the options
-        if args.command not in ("analyze", "attribute") or any(
-            e.startswith("-") or "=" not in e for e in extra
-        ):
+        if args.command not in ("analyze", "attribute") or any(e.startswith("-") or "=" not in e for e in extra):
             args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides += extra
     logging.basicConfig(

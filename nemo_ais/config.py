@@ -46,9 +46,7 @@ _ModeSections = create_model(
     },
 )
 # the flat keys of the earlier layout -> their place in the mode's sub-section
-_MOVED_KEYS = {
-    old: f"{name}.{new}" for name, mode in MODES.items() for old, new in mode.moved_keys.items()
-}
+_MOVED_KEYS = {old: f"{name}.{new}" for name, mode in MODES.items() for old, new in mode.moved_keys.items()}
 
 
 # far above any useful cap (peers ship 2-5), far below float32's overflow at the weight clamp
@@ -86,14 +84,11 @@ class CorrectionConfig(_ModeSections):
         "sequence mean for seq_tis / seq_mis).",
     )
     bypass: bool = Field(
-        False,
-        description="pi_old := mu (rollout log-probs as prev_logprobs): rho = 1, PPO ratio "
-        "pi_theta / mu.",
+        False, description="pi_old := mu (rollout log-probs as prev_logprobs): rho = 1, PPO ratio pi_theta / mu."
     )
     # --- AIS diagnostics [reconstruction] --------------------------------------------------
     seq_weight: Literal["geometric", "product"] = Field(
-        "geometric",
-        description="Sequence weight W_i for the ESS: exp(mean_t l) (geometric) or exp(sum_t l).",
+        "geometric", description="Sequence weight W_i for the ESS: exp(mean_t l) (geometric) or exp(sum_t l)."
     )
     log_ratio_clamp: float = Field(
         20.0,
@@ -105,13 +100,10 @@ class CorrectionConfig(_ModeSections):
     reliability_floor: float = Field(
         0.5, ge=0.0, lt=1.0, description="r_min: g_rel = clip((R - r_min) / (1 - r_min), 0, 1)."
     )
-    variance_tolerance: float = Field(
-        1.0, gt=0.0, description="kappa: g_var = 1 / (1 + CV^2 / kappa)."
-    )
+    variance_tolerance: float = Field(1.0, gt=0.0, description="kappa: g_var = 1 / (1 + CV^2 / kappa).")
     # --- mixer ----------------------------------------------------------------------------
     mixer: Literal["product", "constant"] = Field(
-        "product",
-        description="product: alpha = g_sev * g_rel * g_var; constant: alpha = constant_alpha.",
+        "product", description="product: alpha = g_sev * g_rel * g_var; constant: alpha = constant_alpha."
     )
     constant_alpha: float = Field(
         1.0, ge=0.0, le=1.0, description="alpha used by mixer=constant (fixed-alpha ablations)."
@@ -164,21 +156,15 @@ class PGLossConfig(Section):
     kl_input_clamp_value: float | None = Field(
         20.0, gt=0.0, description="Clamp of log(pi_ref/pi_theta) before the KL estimator."
     )
-    kl_output_clamp_value: float | None = Field(
-        10.0, gt=0.0, description="Clamp of each per-token KL value."
-    )
+    kl_output_clamp_value: float | None = Field(10.0, gt=0.0, description="Clamp of each per-token KL value.")
     token_level_loss: bool = Field(
         True,
         description="True: normalise by global valid tokens; False: per-sequence mean, "
         "normalised by global valid sequences.",
     )
-    disable_ppo_ratio: bool = Field(
-        False, description="Use logp_theta * A (REINFORCE) instead of the clipped ratio."
-    )
+    disable_ppo_ratio: bool = Field(False, description="Use logp_theta * A (REINFORCE) instead of the clipped ratio.")
     use_cispo: bool = Field(
-        False,
-        description="CISPO: loss -A * sg(clip(r, 1 - eps_low, 1 + eps_high)) * "
-        "logp_theta, without the PPO max.",
+        False, description="CISPO: loss -A * sg(clip(r, 1 - eps_low, 1 + eps_high)) * logp_theta, without the PPO max."
     )
     sequence_level_importance_ratios: bool = Field(
         False,
@@ -230,8 +216,7 @@ def surrogate_conflicts(config: CorrectionConfig, pg: PGLossConfig) -> list[str]
     invalid with loss_fn.ais.mode='tbpo': expected False (why)``.
     """
     return [
-        f"loss_fn.{field}=True is invalid with loss_fn.ais.mode={config.mode!r}: expected "
-        f"False ({why})"
+        f"loss_fn.{field}=True is invalid with loss_fn.ais.mode={config.mode!r}: expected False ({why})"
         for field, why in MODES[config.mode].surrogate_conflicts.items()
         if getattr(pg, field)
     ]

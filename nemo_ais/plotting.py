@@ -39,9 +39,7 @@ def series_style(index: int, num_points: int) -> dict[str, Any]:
     }
 
 
-def style_axes(
-    ax, *, ylabel: str, xlabel: str = "GRPO step", title: str | None = None, steps: bool = True
-) -> None:
+def style_axes(ax, *, ylabel: str, xlabel: str = "GRPO step", title: str | None = None, steps: bool = True) -> None:
     """Axis labels, a light grid and (``steps``: x is a step count) integer x ticks."""
     from matplotlib.ticker import MaxNLocator
 

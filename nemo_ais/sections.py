@@ -15,14 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-__all__ = [
-    "Section",
-    "config_type_error",
-    "moved_key_errors",
-    "plain_mapping",
-    "require_config",
-    "validate_section",
-]
+__all__ = ["Section", "config_type_error", "moved_key_errors", "plain_mapping", "require_config", "validate_section"]
 
 
 class Section(BaseModel):
@@ -32,9 +25,7 @@ class Section(BaseModel):
     allow_inf_nan=False: a non-finite constant never reaches the mixer.
     """
 
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False)
     moved_keys: ClassVar[Mapping[str, str]] = {}
 
     @model_validator(mode="before")
@@ -135,9 +126,7 @@ def config_type_error(
     return TypeError(f"{where}: got {got}, expected {accepted}{hint}")
 
 
-def require_config(
-    value: object, expected: type[BaseModel], where: str, *, optional: bool = False
-) -> None:
+def require_config(value: object, expected: type[BaseModel], where: str, *, optional: bool = False) -> None:
     """Raise ``TypeError`` unless ``value`` is an ``expected`` instance (or None if ``optional``).
 
     E.g. ``compute_statistics(config): got dict, expected nemo_ais.config.CorrectionConfig;

@@ -40,10 +40,7 @@ MCORE_MISSING = {
     "megatron.core.inference.utils": ("device_memory_summary",),
     # main only
     "megatron.core.dist_checkpointing.strategies.torch": ("get_async_strategy",),
-    "megatron.core.distributed.fsdp.mcore_fsdp_adapter": (
-        "FullyShardedDataParallelV1",
-        "FullyShardedDataParallelV2",
-    ),
+    "megatron.core.distributed.fsdp.mcore_fsdp_adapter": ("FullyShardedDataParallelV1", "FullyShardedDataParallelV2"),
     "megatron.core.resharding.refit": ("prepare_swap_model_weights",),
 }
 MCORE_MISSING_MODULES = (
@@ -139,9 +136,7 @@ def megatron_worker_modules(quant: bool = False) -> Iterator[types.SimpleNamespa
             base = importlib.import_module(UPSTREAM_WORKER)
             upstream = importlib.import_module(UPSTREAM_QUANT_WORKER) if quant else base
             ours = importlib.import_module(OUR_QUANT_WORKER if quant else OUR_WORKER)
-        yield types.SimpleNamespace(
-            upstream=upstream, ours=ours, base=base, placeholders=finder.created
-        )
+        yield types.SimpleNamespace(upstream=upstream, ours=ours, base=base, placeholders=finder.created)
     finally:
         sys.meta_path.remove(finder)
         for mod, name in added:

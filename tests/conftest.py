@@ -69,9 +69,7 @@ def _install_nemo_rl(nemo_rl_dir: Path) -> None:
     # SHIM_DIR first: its sitecustomize runs in every child process (spawned gloo ranks,
     # launcher subprocesses); in this process we apply it directly.
     _prepend_pythonpath(SHIM_DIR, nemo_rl_dir, REPO_ROOT)
-    spec = importlib.util.spec_from_file_location(
-        "_nemo_ais_test_shim", SHIM_DIR / "sitecustomize.py"
-    )
+    spec = importlib.util.spec_from_file_location("_nemo_ais_test_shim", SHIM_DIR / "sitecustomize.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 

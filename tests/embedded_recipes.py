@@ -23,12 +23,7 @@ def tiny_recipe(run_dir, *extra: str, arm: str = "fp8-ais") -> GRPORecipe:
     """quick.yaml with :data:`TINY_OVERRIDES` and ``extra``, arm ``arm``, seed 0, set up."""
     raw = load_config(CONFIG_DIR / "quick.yaml", [*TINY_OVERRIDES, *extra])
     recipe = GRPORecipe(
-        resolve_arm(raw, arm),
-        arm=arm,
-        seed=0,
-        ctx=DistContext(0, 1, None),
-        run_dir=run_dir,
-        warm_start_file=None,
+        resolve_arm(raw, arm), arm=arm, seed=0, ctx=DistContext(0, 1, None), run_dir=run_dir, warm_start_file=None
     )
     recipe.setup()
     return recipe

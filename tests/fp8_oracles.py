@@ -54,11 +54,7 @@ def decode_e4m3(codes: np.ndarray) -> np.ndarray:
     sign = np.where(c & 0x80, -1.0, 1.0)
     exp_field = (c >> _MANT_BITS) & 0xF
     mant = c & 0x7
-    val = np.where(
-        exp_field == 0,
-        mant * 2.0**-9,
-        (1 + mant / 8.0) * np.ldexp(1.0, exp_field - _BIAS),
-    )
+    val = np.where(exp_field == 0, mant * 2.0**-9, (1 + mant / 8.0) * np.ldexp(1.0, exp_field - _BIAS))
     val = np.where((c & 0x7F) == 0x7F, np.nan, val)
     return sign * val
 
@@ -106,11 +102,7 @@ def tile_scale(amax: float, family: str, eps: float, ue8m0: bool) -> tuple[float
 
 
 def quantize_oracle(
-    x: np.ndarray,
-    block: tuple[int, int],
-    family: str,
-    eps: float,
-    ue8m0: bool = False,
+    x: np.ndarray, block: tuple[int, int], family: str, eps: float, ue8m0: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Oracle of a 2-D float32 array: (uint8 E4M3 codes [N, K], float32 scales [nb, kb])."""
     x = np.asarray(x, dtype=np.float32)
@@ -147,20 +139,9 @@ def first_mismatch(actual: np.ndarray, expected: np.ndarray, what: str) -> str |
     if diff.size == 0:
         return None
     idx = tuple(int(i) for i in diff[0])
-    return (
-        f"{what}: {len(diff)} mismatch(es), first at index {idx}: "
-        f"got {actual[idx]!r}, expected {expected[idx]!r}"
-    )
+    return f"{what}: {len(diff)} mismatch(es), first at index {idx}: got {actual[idx]!r}, expected {expected[idx]!r}"
 
 
 # Transformer Engine's exact-match suite (fp8_conventions.md): the shapes every quantizer
 # backend is checked on, bit for bit.
-TE_SHAPES = [
-    (128, 128),
-    (256, 272),
-    (303, 300),
-    (305, 256),
-    (2000, 2000),
-    (2048, 2000),
-    (2000, 1024),
-]
+TE_SHAPES = [(128, 128), (256, 272), (303, 300), (305, 256), (2000, 2000), (2048, 2000), (2000, 1024)]

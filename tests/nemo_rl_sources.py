@@ -10,7 +10,4 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VENDOR_DIR = REPO_ROOT.parent / "shared" / "vendor"
-NEMO_RL_SOURCES = {
-    "v0.7.0": VENDOR_DIR / "nemo-rl-v0.7.0",
-    "main": VENDOR_DIR / "nemo-rl-main-7ea279a",
-}
+NEMO_RL_SOURCES = {"v0.7.0": VENDOR_DIR / "nemo-rl-v0.7.0", "main": VENDOR_DIR / "nemo-rl-main-7ea279a"}

@@ -18,10 +18,7 @@ def _valid(mask, i, t):
 def log_ratio(logp_old, logp_rollout, mask):
     """l_it = logp_old - logp_rollout at valid positions, 0 elsewhere."""
     return [
-        [
-            (logp_old[i][t] - logp_rollout[i][t]) if _valid(mask, i, t) else 0.0
-            for t in range(len(mask[i]))
-        ]
+        [(logp_old[i][t] - logp_rollout[i][t]) if _valid(mask, i, t) else 0.0 for t in range(len(mask[i]))]
         for i in range(len(mask))
     ]
 
@@ -55,9 +52,7 @@ def weights(mode, logp_old, logp_rollout, mask, cfg, alpha=None):
             elif mode in ("seq_tis", "seq_mis"):
                 s_i = sum(ls)  # log prod_t rho_t
                 w = _capped_exp(s_i, cfg)
-                if mode == "seq_mis" and not (
-                    cfg.seq_mis.min <= math.exp(min(s_i, 700.0)) <= cfg.seq_mis.max
-                ):
+                if mode == "seq_mis" and not (cfg.seq_mis.min <= math.exp(min(s_i, 700.0)) <= cfg.seq_mis.max):
                     w = 0.0
             elif mode == "kl_rs":
                 w = 1.0 if _kl_rs_kept(ls, cfg) else 0.0
@@ -92,9 +87,7 @@ def _kl_rs_kept(ls, cfg):
         stat = abs(sum(ks) / len(ks))
     else:
         stat = max(abs(k) for k in ks)
-    veto = cfg.kl_rs.veto_min_ratio is not None and any(
-        ell < math.log(cfg.kl_rs.veto_min_ratio) for ell in ls
-    )
+    veto = cfg.kl_rs.veto_min_ratio is not None and any(ell < math.log(cfg.kl_rs.veto_min_ratio) for ell in ls)
     return stat <= cfg.kl_rs.threshold and not veto
 
 
@@ -451,11 +444,6 @@ def random_batch(batch, length, *, scale=0.05, p_mask=0.2, seed=0, dtype=None):
         mask[:, 0] = 1
     logp_rollout = torch.where(mask == 1, logp_rollout, -torch.inf)
     out = dict(
-        logp_old=logp_old,
-        logp_rollout=logp_rollout,
-        logp_theta=logp_theta,
-        logp_ref=logp_ref,
-        adv=adv,
-        mask=mask,
+        logp_old=logp_old, logp_rollout=logp_rollout, logp_theta=logp_theta, logp_ref=logp_ref, adv=adv, mask=mask
     )
     return {k: v.to(dtype) if k != "mask" else v for k, v in out.items()}

@@ -24,9 +24,7 @@ _KINDS = {
 }
 
 
-def tiny_lm(
-    kind: str = "qwen2", *, seed: int = 0, hidden_size: int = 64, **config
-) -> torch.nn.Module:
+def tiny_lm(kind: str = "qwen2", *, seed: int = 0, hidden_size: int = 64, **config) -> torch.nn.Module:
     """A randomly initialised ``kind`` model in eval mode (``torch.manual_seed(seed)`` first)."""
     config_cls, model_cls = _KINDS[kind]
     cfg = config_cls(

@@ -56,9 +56,7 @@ sys.meta_path.insert(0, _AllowList())
 '''
 
 
-def torch_free_env(
-    tmp_path: Path, base: dict[str, str], allowed: Iterable[str] = ALLOWED
-) -> dict[str, str]:
+def torch_free_env(tmp_path: Path, base: dict[str, str], allowed: Iterable[str] = ALLOWED) -> dict[str, str]:
     """``base`` with ``PYTHONPATH`` = the blocker's folder, then this repository.
 
     ``allowed``: the importable top-level modules besides the standard library (default

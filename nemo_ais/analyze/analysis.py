@@ -126,9 +126,9 @@ def load_analysis_config(
         loss_fn = data.get("loss_fn") or {}
         sections["loss_fn.ais"] = dict(loss_fn.get("ais") or {})
         # the run's own thresholds; whether the training step failed on an alarm is not ours
-        online = validate_section(
-            AISAlarmsConfig, loss_fn.get("ais_alarms"), "loss_fn.ais_alarms"
-        ).model_dump(exclude_unset=True, exclude={"enabled", "fail_on_alarm"})
+        online = validate_section(AISAlarmsConfig, loss_fn.get("ais_alarms"), "loss_fn.ais_alarms").model_dump(
+            exclude_unset=True, exclude={"enabled", "fail_on_alarm"}
+        )
         sections["alarms"] = dict(data.get("alarms") or online)
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -178,9 +178,7 @@ def _replay(step_file: StepFile, *args: Any, **kwargs: Any) -> StepResult:
         raise
     except Exception as err:  # a backstop: name the file, keep the first line only
         first = (str(err).strip().splitlines() or [""])[0][:200]
-        raise BadInputError(
-            step_file.path, 0, f"unexpected {type(err).__name__} while analysing it: {first}"
-        ) from err
+        raise BadInputError(step_file.path, 0, f"unexpected {type(err).__name__} while analysing it: {first}") from err
 
 
 def analyze_run(
@@ -253,9 +251,7 @@ def analyze_run(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise BadInputError(
-            out, 0, f"cannot create the output directory ({err.strerror})"
-        ) from None
+        raise BadInputError(out, 0, f"cannot create the output directory ({err.strerror})") from None
     state, monitor = AISState(), AlarmMonitor(monitor_config)
     readback_file = log_dir / READBACK_FILE
     readbacks, problems = read_readback(readback_file)
@@ -327,6 +323,4 @@ def analyze_run(
     }
     write_report(out, rows, meta, plots=plots)
     os.replace(partial, out / ANALYSIS_FILE)  # last: a failed report leaves the .partial
-    return AnalysisResult(
-        out, rows, [f.path for f in files], bad_rows, gaps, global_batches_per_step
-    )
+    return AnalysisResult(out, rows, [f.path for f in files], bad_rows, gaps, global_batches_per_step)

@@ -43,9 +43,7 @@ def load_study(path: Path | None) -> list[dict[str, Any]] | None:
         isinstance(lv, dict) and {"k", "mismatch", "delta"} <= lv.keys() for lv in levels
     )
     if not ok or not levels:
-        raise BadInputError(
-            path, 0, "not a tolerance study: expected the tolerance.json of a dose-response run"
-        )
+        raise BadInputError(path, 0, "not a tolerance study: expected the tolerance.json of a dose-response run")
     return levels
 
 
@@ -105,7 +103,6 @@ def placement_md(rows: list[dict[str, Any]], levels: list[dict[str, Any]] | None
     lo, hi = min(lv["mismatch"]["D"] for lv in levels), max(lv["mismatch"]["D"] for lv in levels)
     if not lo <= run["D"] <= hi:
         md.append(
-            f"The run's D lies outside the study's range [{lo:.4g}, {hi:.4g}]: the nearest "
-            "level is an extrapolation."
+            f"The run's D lies outside the study's range [{lo:.4g}, {hi:.4g}]: the nearest level is an extrapolation."
         )
     return md

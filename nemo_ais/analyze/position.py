@@ -57,11 +57,7 @@ class PositionProfile:
 
 @torch.no_grad()
 def position_profile(
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    min_length: int = 256,
+    logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor, *, min_length: int = 256
 ) -> PositionProfile:
     """Per-quarter sum |l| and token count of a ``[B, T]`` batch's long sequences (core ``log_ratio``).
 

@@ -41,13 +41,7 @@ __all__ = [
 STEP_FILE = re.compile(r"^train_data_step(\d+)\.jsonl$")
 REQUIRED_KEYS = ("prev_logprobs", "generation_logprobs", "token_loss_mask", "sample_loss_mask")
 # Per-position lists that NeMo-RL writes with one value per token of the sequence.
-_PER_TOKEN_KEYS = (
-    "token_ids",
-    "token_loss_mask",
-    "generation_logprobs",
-    "prev_logprobs",
-    "advantages",
-)
+_PER_TOKEN_KEYS = ("token_ids", "token_loss_mask", "generation_logprobs", "prev_logprobs", "advantages")
 _DTYPE = torch.float64
 _F32_MAX = torch.finfo(torch.float32).max
 _MAX_HINTS = 3  # sub-directories named when log_dir itself holds no step file
@@ -151,9 +145,7 @@ def find_log_dirs(root: Path | str, max_depth: int = SEARCH_DEPTH) -> list[Path]
         below = []
         for directory in level:
             try:
-                children = sorted(
-                    p for p in directory.iterdir() if p.is_dir() and not p.is_symlink()
-                )
+                children = sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
             except OSError:
                 continue
             for child in children:
@@ -229,10 +221,7 @@ def _unwrap(key: str, value: object) -> object:
     """NeMo-RL wraps each value as a batch of one: ``[[...]]`` -> ``[...]``, ``[x]`` -> ``x``."""
     if isinstance(value, list) and len(value) == 1:
         return value[0]
-    raise _RowError(
-        f"{key}: expected a batch of one ([[...]] or [x], as NeMo-RL's logger writes), got "
-        f"{_short(value)}"
-    )
+    raise _RowError(f"{key}: expected a batch of one ([[...]] or [x], as NeMo-RL's logger writes), got {_short(value)}")
 
 
 def _short(value: object) -> str:
@@ -257,11 +246,7 @@ def _vector(key: str, value: object, has_bool: bool) -> torch.Tensor:
         out = None
     if out is None or out.dim() != 1 or has_bool:
         j, bad = next(
-            (
-                (j, v)
-                for j, v in enumerate(inner)
-                if isinstance(v, bool) or not isinstance(v, int | float) or _huge(v)
-            ),
+            ((j, v) for j, v in enumerate(inner) if isinstance(v, bool) or not isinstance(v, int | float) or _huge(v)),
             (None, None),
         )
         if j is not None:
@@ -272,8 +257,7 @@ def _vector(key: str, value: object, has_bool: bool) -> torch.Tensor:
             else:
                 what = _short(bad)
             raise _RowError(
-                f"{key}: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found "
-                f"{what} at position {j}"
+                f"{key}: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found {what} at position {j}"
             )
         if out is None:  # pragma: no cover - every non-number is caught above
             raise _RowError(f"{key}: expected a flat list of numbers")
@@ -293,8 +277,7 @@ def _parse_row(raw: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     missing = [k for k in REQUIRED_KEYS if k not in row]
     if missing:
         raise _RowError(
-            f"missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)}; has "
-            f"{', '.join(sorted(row))})"
+            f"missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)}; has {', '.join(sorted(row))})"
         )
     has_bool = b"true" in raw or b"false" in raw  # JSON booleans (cheap pre-check)
     prev = _vector("prev_logprobs", row["prev_logprobs"], has_bool)
@@ -316,9 +299,7 @@ def _parse_row(raw: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     bad_mask = torch.nonzero((token_mask != 0) & (token_mask != 1))
     if bad_mask.numel():
         j = int(bad_mask[0])
-        raise _RowError(
-            f"token_loss_mask: value {float(token_mask[j])} at position {j}, expected 0 or 1"
-        )
+        raise _RowError(f"token_loss_mask: value {float(token_mask[j])} at position {j}, expected 0 or 1")
     return prev[1:], gen[1:], token_mask[1:] * sample_mask
 
 

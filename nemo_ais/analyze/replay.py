@@ -30,14 +30,7 @@ from pathlib import Path
 import torch
 
 from nemo_ais.analyze.position import PositionProfile, position_profile
-from nemo_ais.analyze.reader import (
-    BadInputError,
-    Chunk,
-    EmptyStepError,
-    ReadCounts,
-    StepFile,
-    iter_chunks,
-)
+from nemo_ais.analyze.reader import BadInputError, Chunk, EmptyStepError, ReadCounts, StepFile, iter_chunks
 from nemo_ais.config import CorrectionConfig, require_config
 from nemo_ais.core import (
     AISDiagnostics,
@@ -181,11 +174,7 @@ def replay_step(
 
     try:
         for chunk in iter_chunks(  # step 1 (pass 1)
-            step_file,
-            chunk_tokens=chunk_tokens,
-            skip_bad_rows=skip_bad_rows,
-            counts=counts,
-            on_bytes=on_bytes,
+            step_file, chunk_tokens=chunk_tokens, skip_bad_rows=skip_bad_rows, counts=counts, on_bytes=on_bytes
         ):
             old, rollout, valid = chunk.logp_old, chunk.logp_rollout, chunk.valid
             local = compute_statistics(old, rollout, valid, config).vector

@@ -22,14 +22,7 @@ from nemo_ais.modes import MODES as ALL_MODES
 from nemo_ais.modes import masked
 from nemo_ais.plotting import pyplot, save_figures, series_style, style_axes
 
-__all__ = [
-    "PLOTS",
-    "REPORT_FILE",
-    "build_figures",
-    "onset",
-    "recommendations",
-    "write_report",
-]
+__all__ = ["PLOTS", "REPORT_FILE", "build_figures", "onset", "recommendations", "write_report"]
 
 REPORT_FILE = "report.md"
 PLOTS = ("diagnostics.png", "alpha.png", "weights.png")
@@ -98,10 +91,7 @@ def _trend_line(label: str, trend: Trend | None) -> str:
     if trend is None:
         return f"| {label} | - | - | too few steps |"
     pct = round(trend.level * 100)
-    return (
-        f"| {label} | {_fmt(trend.slope)} | [{_fmt(trend.lo)}, {_fmt(trend.hi)}] ({pct}%) | "
-        f"{trend.direction} |"
-    )
+    return f"| {label} | {_fmt(trend.slope)} | [{_fmt(trend.lo)}, {_fmt(trend.hi)}] ({pct}%) | {trend.direction} |"
 
 
 def recommendations(rows: list[dict[str, Any]], alarms: list[str]) -> list[str]:
@@ -193,9 +183,7 @@ def build_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     _plot_series(axes[0], steps, {m: _col(rows, f"weights/{m}/ess") for m in MODES})
-    _plot_series(
-        axes[1], steps, {m: _col(rows, f"weights/{m}/frac_capped_or_masked") for m in MODES}
-    )
+    _plot_series(axes[1], steps, {m: _col(rows, f"weights/{m}/frac_capped_or_masked") for m in MODES})
     finish(axes[0], "ESS / valid tokens (0-1)", "token ESS ratio of each mode's weights")
     finish(axes[1], "fraction of valid tokens (0-1)", "fraction of valid tokens capped or masked")
     fig.tight_layout()
@@ -216,8 +204,7 @@ def _summary_table(rows: list[dict[str, Any]]) -> list[str]:
 
 def _modes_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| mode | mean w (median over steps) | max w (max) | capped or masked (median) | "
-        "ESS ratio (median, last) |",
+        "| mode | mean w (median over steps) | max w (max) | capped or masked (median) | ESS ratio (median, last) |",
         "|---|---|---|---|---|",
     ]
     for mode in MODES:
@@ -259,9 +246,7 @@ def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
     return lines
 
 
-def write_report(
-    out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *, plots: bool = True
-) -> list[Path]:
+def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *, plots: bool = True) -> list[Path]:
     """Write ``report.md`` (and the PNG plots) for the analysed rows; return the files.
 
     Args:

@@ -7,12 +7,7 @@ pi_old / mu everywhere; [reconstruction] formulas: ``docs/method.md``.
 """
 
 from nemo_ais.config import CorrectionConfig
-from nemo_ais.core.diagnostics import (
-    AISDiagnostics,
-    AISState,
-    compute_diagnostics,
-    diagnostics_from_stats,
-)
+from nemo_ais.core.diagnostics import AISDiagnostics, AISState, compute_diagnostics, diagnostics_from_stats
 from nemo_ais.core.loss import LossOutput, clipped_pg_loss
 from nemo_ais.core.metrics import METRICS, MetricSpec, metric_normalizations
 from nemo_ais.core.stats import (

@@ -60,12 +60,7 @@ from nemo_ais.core.stats import (
 )
 from nemo_ais.modes import MODES, batch_values
 
-__all__ = [
-    "AISDiagnostics",
-    "AISState",
-    "compute_diagnostics",
-    "diagnostics_from_stats",
-]
+__all__ = ["AISDiagnostics", "AISState", "compute_diagnostics", "diagnostics_from_stats"]
 
 logger = logging.getLogger(__name__)
 
@@ -299,9 +294,7 @@ def _empty_diagnostics() -> AISDiagnostics:
     )
 
 
-def _diagnostics_from_sums(
-    s: dict[Slot, float], config: CorrectionConfig, state: AISState | None
-) -> AISDiagnostics:
+def _diagnostics_from_sums(s: dict[Slot, float], config: CorrectionConfig, state: AISState | None) -> AISDiagnostics:
     """Steps 1-6 on host floats."""
     n_tok = s[Slot.N_TOK]
     if n_tok == 0:

@@ -111,8 +111,7 @@ def _check_rewards(rewards, prev: torch.Tensor, pg: PGLossConfig) -> None:
         raise TypeError(f"rewards: got {describe(rewards)}, expected a real [B] tensor {need}")
     if tuple(rewards.shape) != tuple(prev.shape[:1]):
         raise ValueError(
-            f"rewards: got {describe(rewards)}, expected [{prev.shape[0]}] (one "
-            f"reward per row of prev_logprobs) {need}"
+            f"rewards: got {describe(rewards)}, expected [{prev.shape[0]}] (one reward per row of prev_logprobs) {need}"
         )
     if rewards.device != prev.device:
         raise ValueError(f"rewards: got device {rewards.device}, expected {prev.device}")
@@ -121,9 +120,7 @@ def _check_rewards(rewards, prev: torch.Tensor, pg: PGLossConfig) -> None:
 def _check_advantages(advantages, prev: torch.Tensor) -> None:
     """Step 1a: advantages are a floating ``[B, T]`` or ``[B]`` tensor on prev's device."""
     if not isinstance(advantages, torch.Tensor) or not advantages.is_floating_point():
-        raise TypeError(
-            f"advantages: got {describe(advantages)}, expected a floating tensor [B, T] or [B]"
-        )
+        raise TypeError(f"advantages: got {describe(advantages)}, expected a floating tensor [B, T] or [B]")
     shape = tuple(prev.shape)
     if tuple(advantages.shape) not in (shape, shape[:1]):
         raise ValueError(
@@ -175,16 +172,11 @@ def _global_batch_need(config: CorrectionConfig) -> str | None:
     if field is not None:
         return f"loss_fn.ais.mode={config.mode!r} needs the global batch's {field} before the first loss call"
     if config.batch_normalize:
-        return (
-            "loss_fn.ais.batch_normalize=True needs the global batch's mean weight w_norm "
-            "before the first loss call"
-        )
+        return "loss_fn.ais.batch_normalize=True needs the global batch's mean weight w_norm before the first loss call"
     return None
 
 
-def _check_values(
-    named, mask, advantages, x: LossInputs, global_tok, global_seq, need: str | None
-) -> _Counts:
+def _check_values(named, mask, advantages, x: LossInputs, global_tok, global_seq, need: str | None) -> _Counts:
     """Step 1b: ONE fused host sync; the error paths name the input, count and first index.
 
     ``nan_to_num(v - v, nan=-1)`` is -1 where a term is NaN / inf: its sum counts bad terms
@@ -239,9 +231,7 @@ def _raise_for_bad_values(named, mask, advantages) -> None:
         validation.raise_for_bad_values(tensors, valid, counts)
 
 
-def _sanitised(
-    curr, prev, rollout, ref, advantages, m: torch.Tensor, kl_curr, on_policy_kl
-) -> LossInputs:
+def _sanitised(curr, prev, rollout, ref, advantages, m: torch.Tensor, kl_curr, on_policy_kl) -> LossInputs:
     """Step 1b, slow path (NaN / inf at masked positions): zero masked values, then derive."""
     valid = m.bool()
     adv_valid = valid if advantages.dim() == 2 else valid.any(dim=-1)
@@ -375,17 +365,14 @@ def clipped_pg_loss(
         logp_ref = named.get("reference_logprobs")
         logp_kl = named.get("kl_logprobs")  # None: curr_logprobs
         dtype = compute_dtype(
-            *(t for t in (curr_logprobs, prev_logprobs, logp_ref, logp_kl) if t is not None),
-            advantages,
+            *(t for t in (curr_logprobs, prev_logprobs, logp_ref, logp_kl) if t is not None), advantages
         )
         m = mask.to(dtype)
         on_policy_kl = logp_ref is not None and pg.use_on_policy_kl_approximation
         terms = (curr_logprobs, prev_logprobs, generation_logprobs, logp_ref, advantages, m)
         x = _inputs(*terms, logp_kl, on_policy_kl)  # step 1b
         need = _global_batch_need(config)
-        counts = _check_values(
-            named, mask, advantages, x, global_valid_tokens, global_valid_seqs, need
-        )
+        counts = _check_values(named, mask, advantages, x, global_valid_tokens, global_valid_seqs, need)
     except (TypeError, ValueError) as err:
         if not collective:
             raise

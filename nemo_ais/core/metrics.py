@@ -62,9 +62,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("probs_ratio", "mean_t r, r = pi_theta / pi_old", TOKENS, "~1 (0.9-1.1)"),
     MetricSpec("probs_ratio_clamped", "mean_t clip(r, 1 - eps_low, 1 + eps_high)", TOKENS, "~1"),
     MetricSpec("kl_penalty", "KL term / reference_policy_kl_penalty (0 if off)", LOSS, ">= 0"),
-    MetricSpec(
-        "sampling_importance_ratio", "mean_t w_hat (the applied correction weight)", TOKENS, "~1"
-    ),
+    MetricSpec("sampling_importance_ratio", "mean_t w_hat (the applied correction weight)", TOKENS, "~1"),
     MetricSpec("ais/alpha", "clamp(EMA(alpha_raw), alpha_min, alpha_max)", TOKENS, "[0, 1]"),
     MetricSpec("ais/alpha_raw", "g_sev * g_rel * g_var (or constant_alpha)", TOKENS, "[0, 1]"),
     MetricSpec("ais/g_sev", "1 - exp(-D / tau)", TOKENS, "[0, 1]; rises with mismatch"),
@@ -74,25 +72,16 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ais/severity", "D = mean_t abs(l)", TOKENS, ">= 0; < 0.05 for FP8"),
     MetricSpec("ais/cv_w", "sqrt(CV^2) of w = min(rho, C)", TOKENS, ">= 0; < 0.3"),
     MetricSpec("ais/cv2", "n sum w^2 / (sum w)^2 - 1", TOKENS, ">= 0; < 0.1"),
-    MetricSpec(
-        "ais/kl_k1", "mean_t -l (KL(mu ‖ pi_old), samples from mu)", TOKENS, "~0; abs < 1e-2"
-    ),
+    MetricSpec("ais/kl_k1", "mean_t -l (KL(mu ‖ pi_old), samples from mu)", TOKENS, "~0; abs < 1e-2"),
     MetricSpec("ais/kl_k3", "mean_t exp(l) - 1 - l", TOKENS, ">= 0; < 1e-2"),
     MetricSpec("ais/w_mean", "mean_t min(rho, C)", TOKENS, "~1"),
     MetricSpec("ais/frac_capped", "#{rho > C} / n_tok", TOKENS, "[0, 1]; < 1e-3"),
-    MetricSpec(
-        "ais/token_mult_prob_error", "mean_t exp(abs(l)) (NeMo-RL's metric)", TOKENS, ">= 1; < 1.05"
-    ),
+    MetricSpec("ais/token_mult_prob_error", "mean_t exp(abs(l)) (NeMo-RL's metric)", TOKENS, ">= 1; < 1.05"),
     MetricSpec("ais/raw_ratio_mean", "mean_t exp(l) (not capped; E_mu[rho] = 1)", TOKENS, "~1"),
     MetricSpec("ais/n_seq", "N: sequences with >= 1 valid token (global)", TOKENS, "> 0"),
     MetricSpec("ais/n_tok", "n: valid tokens (global)", TOKENS, "> 0"),
     MetricSpec("ais/empty_batch", "1 if no valid token in the global batch", TOKENS, "0"),
-    MetricSpec(
-        "ais/w_norm",
-        "batch_normalize: global mean of the mode's weight (1 when off)",
-        TOKENS,
-        "~1",
-    ),
+    MetricSpec("ais/w_norm", "batch_normalize: global mean of the mode's weight (1 when off)", TOKENS, "~1"),
     *(MetricSpec(AIS_PREFIX + v.name, v.formula, TOKENS, v.healthy) for v in batch_values()),
     MetricSpec(
         "ais/mode_frac_masked",
@@ -100,12 +89,7 @@ METRICS: tuple[MetricSpec, ...] = (
         TOKENS,
         "[0, 1]; small",
     ),
-    MetricSpec(
-        "ais/mode_frac_capped",
-        "seq_tis / seq_mis / tbpo: sequences with w_i = C_seq",
-        TOKENS,
-        "[0, 1]",
-    ),
+    MetricSpec("ais/mode_frac_capped", "seq_tis / seq_mis / tbpo: sequences with w_i = C_seq", TOKENS, "[0, 1]"),
     MetricSpec(
         "ais/mode_ess",
         "seq_tis / seq_mis / kl_rs / tbpo: (sum w)^2 / (n sum w^2) of the mode's weight (else 1)",

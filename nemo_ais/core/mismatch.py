@@ -51,12 +51,7 @@ def _weighted_sum_(values: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def mismatch_metrics(
-    x: LossInputs,
-    sur: Surrogate,
-    tok_coef: torch.Tensor,
-    n_tok_local: float,
-    pg: PGLossConfig,
-    log_ratio_clamp: float,
+    x: LossInputs, sur: Surrogate, tok_coef: torch.Tensor, n_tok_local: float, pg: PGLossConfig, log_ratio_clamp: float
 ) -> dict[str, torch.Tensor]:
     """The module table's metrics, 0-dim detached tensors (no host sync; +-inf if empty)."""
     c = log_ratio_clamp
@@ -75,9 +70,7 @@ def mismatch_metrics(
         "mismatch/kl_old_rollout": _weighted_sum_(kl_value(-log_rho, exp_neg_l), tok_coef),
         "mismatch/js_divergence": _weighted_sum_(js, tok_coef),
         "mismatch/entropy": -_weighted_sum_(entropy, tok_coef),
-        "mismatch/mult_prob_error": _weighted_sum_(
-            torch.maximum(exp_l, exp_neg_l, out=exp_l), tok_coef
-        ),
+        "mismatch/mult_prob_error": _weighted_sum_(torch.maximum(exp_l, exp_neg_l, out=exp_l), tok_coef),
     }
     return {**out, **_ratio_extremes(sur, x.m, n_tok_local, pg)}
 

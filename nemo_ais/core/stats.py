@@ -88,11 +88,7 @@ BAD_INPUT_SLOTS = (
 )
 # Structural error type -> its flag (KeyError: missing key; TypeError: type or dtype;
 # ValueError: shape, rank or device), checked in this order.
-_ERROR_KIND_SLOTS = (
-    (KeyError, Slot.N_MISSING_KEY),
-    (TypeError, Slot.N_BAD_DTYPE),
-    (ValueError, Slot.N_BAD_SHAPE),
-)
+_ERROR_KIND_SLOTS = ((KeyError, Slot.N_MISSING_KEY), (TypeError, Slot.N_BAD_DTYPE), (ValueError, Slot.N_BAD_SHAPE))
 # tails: two histograms of TAIL_BINS counts after the Slot scalars; bin 0 = [0, TAIL_Q0),
 # bin b = [TAIL_Q0 2^(b-1), TAIL_Q0 2^b), the last open above 256
 TAIL_BINS = 24
@@ -286,10 +282,7 @@ def _bad_counts(valid, n_tok, mask):
 
 @torch.no_grad()
 def compute_statistics(
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    mask: torch.Tensor,
-    config: CorrectionConfig,
+    logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor, config: CorrectionConfig
 ) -> AISStats:
     """Steps 1-4: this rank's sufficient statistics (no communication, no host sync).
 
@@ -332,9 +325,7 @@ def compute_statistics(
     return AISStats(vector)
 
 
-def reduce_statistics(
-    stats: AISStats, group: torch.distributed.ProcessGroup | None = None
-) -> AISStats:
+def reduce_statistics(stats: AISStats, group: torch.distributed.ProcessGroup | None = None) -> AISStats:
     """Step 5: global :class:`AISStats` by ONE ``all_reduce(SUM)`` over ``group`` (None: a copy)."""
     if group is None:
         return stats

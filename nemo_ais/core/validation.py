@@ -57,9 +57,7 @@ def check_like(name: str, t: object, ref: torch.Tensor, ref_name: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: got {type(t).__name__}, expected a torch.Tensor like {ref_name}")
     if not t.is_floating_point():
-        raise TypeError(
-            f"{name}: got {describe(t)}, expected a floating tensor {list(ref.shape)} like {ref_name}"
-        )
+        raise TypeError(f"{name}: got {describe(t)}, expected a floating tensor {list(ref.shape)} like {ref_name}")
     if t.shape != ref.shape:
         raise ValueError(f"{name}: got {describe(t)}, expected {describe(ref)} like {ref_name}")
     if t.device != ref.device:
@@ -76,8 +74,7 @@ def check_scalar_count(name: str, value: object) -> None:
             )
     elif value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(
-            f"{name}: got {type(value).__name__} {value!r}, expected a scalar count (a 0-dim "
-            "tensor or a number)"
+            f"{name}: got {type(value).__name__} {value!r}, expected a scalar count (a 0-dim tensor or a number)"
         )
 
 
@@ -125,9 +122,7 @@ def check_mask(mask: object, ref: torch.Tensor, ref_name: str) -> None:
     if mask.is_complex():
         raise TypeError(f"mask: got {describe(mask)}, expected bool or floating values in {{0, 1}}")
     if mask.shape != ref.shape:
-        raise ValueError(
-            f"mask: got {describe(mask)}, expected {list(ref.shape)} (bool or float) like {ref_name}"
-        )
+        raise ValueError(f"mask: got {describe(mask)}, expected {list(ref.shape)} (bool or float) like {ref_name}")
     if mask.device != ref.device:
         raise ValueError(f"mask: got device {mask.device}, expected {ref.device} like {ref_name}")
 
@@ -143,19 +138,14 @@ def _bad_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask != 0) & (mask != 1)
 
 
-def bad_value_counts(
-    logprobs: Mapping[str, torch.Tensor], mask: torch.Tensor, valid: torch.Tensor
-) -> torch.Tensor:
+def bad_value_counts(logprobs: Mapping[str, torch.Tensor], mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Bad values per tensor: float64 ``[len(logprobs) + 1]`` (mask last), no host sync."""
     counts = [(~torch.isfinite(t) & valid).sum() for t in logprobs.values()]
     return torch.stack([*counts, _bad_mask(mask).sum()]).to(torch.float64)
 
 
 def raise_for_bad_values(
-    tensors: Mapping[str, torch.Tensor],
-    valid: torch.Tensor,
-    counts: list[float],
-    where: str = "",
+    tensors: Mapping[str, torch.Tensor], valid: torch.Tensor, counts: list[float], where: str = ""
 ) -> None:
     """Raise :class:`BadValuesError` for the first tensor whose count is non-zero (count, first index)."""
     for (name, t), count in zip(tensors.items(), counts, strict=True):

@@ -67,8 +67,7 @@ def correction_weights(
     mode = MODES[config.mode]
     if mode.needs_alpha and alpha is None:
         raise ValueError(
-            f"correction_weights: mode {config.mode!r} needs alpha (pass AISDiagnostics.alpha "
-            "from compute_diagnostics)"
+            f"correction_weights: mode {config.mode!r} needs alpha (pass AISDiagnostics.alpha from compute_diagnostics)"
         )
     valid = mask if mask.dtype == torch.bool else mask == 1
     return mode.weight(logp_old, logp_rollout, valid, config, alpha)

@@ -131,15 +131,11 @@ class RolloutAlignedPolicy(nn.Module):
                 "sync the engine with calibration_input_ids first"
             )
         config = self.engine.config
-        return StraightThroughKVCache(
-            config.kv_cache, self.engine.kv_scales, error_scale=config.error_scale
-        )
+        return StraightThroughKVCache(config.kv_cache, self.engine.kv_scales, error_scale=config.error_scale)
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = False, **kwargs):
         """The model's forward in the rollout arithmetic (steps 1-4); ``use_cache`` is ignored."""
         del use_cache
         self._load_calibration()
         cache = self._kv_cache()
-        return self.model(
-            input_ids=input_ids, past_key_values=cache, use_cache=cache is not None, **kwargs
-        )
+        return self.model(input_ids=input_ids, past_key_values=cache, use_cache=cache is not None, **kwargs)

@@ -94,9 +94,7 @@ def load_file(path: Path, *, what: str, remedy: str, weights_only: bool) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=weights_only)
     except Exception as err:  # truncated zip, garbled pickle, EACCES, EISDIR, ...
-        raise UnreadableFileError(
-            f"{what} {path} cannot be read ({error_cause(err)}); {remedy}"
-        ) from None
+        raise UnreadableFileError(f"{what} {path} cannot be read ({error_cause(err)}); {remedy}") from None
 
 
 def checkpoint_remedy(path: Path) -> str:

@@ -55,17 +55,7 @@ __all__ = [
 
 # The shipped presets are package data (pyproject.toml), so a wheel install finds them.
 CONFIG_DIR = Path(str(resources.files("nemo_ais.embedded") / "presets"))
-SECTIONS = (
-    "grpo",
-    "loss_fn",
-    "policy",
-    "rollout",
-    "data",
-    "logger",
-    "checkpointing",
-    "cluster",
-    "experiment",
-)
+SECTIONS = ("grpo", "loss_fn", "policy", "rollout", "data", "logger", "checkpointing", "cluster", "experiment")
 _FORMER_FP8_KEYS = ("enabled", "kv_cache_fp8")
 _FP8_BLOCK_DEPRECATED = (
     "rollout.fp8 (the former FP8 rollout block) is deprecated and will be removed: write "
@@ -91,9 +81,7 @@ def migrate_rollout(rollout: dict[str, Any], *, warn: bool = True) -> dict[str, 
     allowed = (*_FORMER_FP8_KEYS, *RolloutPrecisionConfig.model_fields)
     unknown = [k for k in block if k not in allowed and k not in RENAMED_KEYS]
     if unknown:
-        raise ValueError(
-            f"rollout.fp8.{unknown[0]} is not a known field (allowed: {', '.join(allowed)})"
-        )
+        raise ValueError(f"rollout.fp8.{unknown[0]} is not a known field (allowed: {', '.join(allowed)})")
     renamed = {k: v for k, v in block.items() if k in RENAMED_KEYS}
     if renamed:  # the config's own refusal, with the new name, at the path the user wrote
         validate_section(RolloutPrecisionConfig, renamed, "rollout.fp8")
@@ -143,9 +131,7 @@ def migrate_config(data: dict[str, Any], *, warn: bool = True) -> dict[str, Any]
     base = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
     experiment = data.get("experiment") if isinstance(data.get("experiment"), dict) else {}
     arms = experiment.get("arms") if isinstance(experiment.get("arms"), dict) else {}
-    legacy = [
-        a for a, o in arms.items() if isinstance(o, dict) and _has_fp8_block(o.get("rollout"))
-    ]
+    legacy = [a for a, o in arms.items() if isinstance(o, dict) and _has_fp8_block(o.get("rollout"))]
     if not _has_fp8_block(base) and not legacy:
         return data
     if warn:
@@ -156,9 +142,7 @@ def migrate_config(data: dict[str, Any], *, warn: bool = True) -> dict[str, Any]
         out["rollout"] = new_base
     for arm in legacy:
         merged = migrate_rollout(_merge(base, arms[arm]["rollout"]), warn=False)
-        out["experiment"]["arms"][arm]["rollout"] = {
-            k: v for k, v in merged.items() if new_base.get(k) != v
-        }
+        out["experiment"]["arms"][arm]["rollout"] = {k: v for k, v in merged.items() if new_base.get(k) != v}
     return out
 
 
@@ -283,10 +267,7 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
         parent = data.get(section)
         if isinstance(parent, dict) and parent.get(sub) is not None:
             validate_section(model, parent[sub], f"{section}.{sub}")
-    sec = {
-        name: validate_section(model, data.get(name), name)
-        for name, model in SECTION_MODELS.items()
-    }
+    sec = {name: validate_section(model, data.get(name), name) for name, model in SECTION_MODELS.items()}
     loss_fn = dict(data.get("loss_fn") or {})
     ais = loss_fn.pop("ais", None)
     pg = validate_section(PGLossConfig, loss_fn, "loss_fn")

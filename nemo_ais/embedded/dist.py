@@ -88,12 +88,7 @@ def _worker(
 
 
 def launch(
-    fn: Callable[..., None],
-    args: tuple,
-    *,
-    world_size: int,
-    num_threads: int = 1,
-    timeout_s: float = 600.0,
+    fn: Callable[..., None], args: tuple, *, world_size: int, num_threads: int = 1, timeout_s: float = 600.0
 ) -> None:
     """Run ``fn(ctx, *args)`` on ``world_size`` data-parallel ranks.
 

@@ -64,12 +64,7 @@ def repeat_flags(tokens: list[int], n: int = NGRAM) -> list[bool]:
 
 
 def error_token_counts(
-    response_ids: torch.Tensor,
-    mask: torch.Tensor,
-    alphabet: Iterable[int],
-    *,
-    eos_id: int,
-    n: int = NGRAM,
+    response_ids: torch.Tensor, mask: torch.Tensor, alphabet: Iterable[int], *, eos_id: int, n: int = NGRAM
 ) -> ErrorTokenCounts:
     """Repeat / invalid / error counts of ``[B, T]`` responses (module doc); zeros when empty.
 
@@ -78,8 +73,7 @@ def error_token_counts(
     """
     if response_ids.dim() != 2 or mask.shape != response_ids.shape:
         raise ValueError(
-            f"response_ids: got {list(response_ids.shape)}, expected a [B, T] tensor like "
-            f"mask {list(mask.shape)}"
+            f"response_ids: got {list(response_ids.shape)}, expected a [B, T] tensor like mask {list(mask.shape)}"
         )
     valid = frozenset(alphabet)
     n_content = n_repeat = n_invalid = n_error = 0

@@ -52,9 +52,7 @@ class MetricsFile:
         os.replace(tmp, self.path)
 
 
-def log_train_data(
-    ctx: DistContext, task: ArithmeticTask, log_dir: Path, step: int, batch, logp_old, adv
-) -> None:
+def log_train_data(ctx: DistContext, task: ArithmeticTask, log_dir: Path, step: int, batch, logp_old, adv) -> None:
     """Write the step's global batch as NeMo-RL's ``train_data_step{N}.jsonl`` (rank 0).
 
     NeMo-RL v0.7.0's ``grpo_train`` layout: one JSON object per sample, each value a batch of
@@ -102,9 +100,7 @@ def log_train_data(
     os.replace(tmp, path)
 
 
-def log_readback(
-    ctx: DistContext, log_dir: Path, step: int, readback: RefitReadback | None
-) -> None:
+def log_readback(ctx: DistContext, log_dir: Path, step: int, readback: RefitReadback | None) -> None:
     """Append the step's refit readback to ``log_dir/refit_readback.jsonl`` (rank 0).
 
     Nothing when the engine checked nothing (the BF16 arm, ``verify_refit: false``). A

@@ -73,12 +73,7 @@ def response_logprobs(
 
 @torch.no_grad()
 def greedy_decode(
-    model: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    *,
-    max_new_tokens: int,
-    eos_token_id: int,
-    pad_token_id: int,
+    model: torch.nn.Module, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_id: int, pad_token_id: int
 ) -> torch.Tensor:
     """Greedy decoding with the KV cache: ``[B, max_new_tokens]`` ids, ``pad_token_id`` after ``<eos>``."""
     past, inputs = GrowingKVCache(), prompt_ids

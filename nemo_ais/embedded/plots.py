@@ -33,12 +33,8 @@ class Panel(NamedTuple):
 
 
 PLOTS = {
-    "reward.png": Panel(
-        "train", "reward", "rollout reward (mean over the batch)", "reward (0-1)", 0.0, 1.0
-    ),
-    "accuracy.png": Panel(
-        "val", "accuracy", "held-out greedy accuracy", "exact-match accuracy (0-1)", 0.0, 1.0
-    ),
+    "reward.png": Panel("train", "reward", "rollout reward (mean over the batch)", "reward (0-1)", 0.0, 1.0),
+    "accuracy.png": Panel("val", "accuracy", "held-out greedy accuracy", "exact-match accuracy (0-1)", 0.0, 1.0),
 }
 DIAGNOSTICS = (
     Panel("train", "ais/severity", "severity D = mean |log rho|", "D (nats / token)"),
@@ -112,12 +108,7 @@ def build_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
             handles.setdefault(label, handle)
     if handles:
         fig.legend(
-            list(handles.values()),
-            list(handles),
-            title="arm",
-            loc="upper center",
-            ncol=len(handles),
-            fontsize=9,
+            list(handles.values()), list(handles), title="arm", loc="upper center", ncol=len(handles), fontsize=9
         )
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     figures["diagnostics.png"] = fig
@@ -131,12 +122,7 @@ def build_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
         if pts:
             style = series_style(i, len(pts))
             ax.scatter(
-                *zip(*pts, strict=True),
-                s=12,
-                alpha=0.6,
-                label=arm,
-                color=style["color"],
-                marker=style["marker"],
+                *zip(*pts, strict=True), s=12, alpha=0.6, label=arm, color=style["color"], marker=style["marker"]
             )
     style_axes(
         ax,

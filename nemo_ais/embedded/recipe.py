@@ -44,12 +44,7 @@ from nemo_ais.embedded.logs import METRICS_FILE, MetricsFile, log_readback, log_
 from nemo_ais.embedded.model import response_logprobs
 from nemo_ais.embedded.rollout import RolloutBatch, chunk_range, generate_rollouts, group_advantages
 from nemo_ais.embedded.task import ArithmeticTask, seeded_generator
-from nemo_ais.embedded.warmstart import (
-    build_task,
-    build_untrained_policy,
-    greedy_responses,
-    load_warm_start,
-)
+from nemo_ais.embedded.warmstart import build_task, build_untrained_policy, greedy_responses, load_warm_start
 from nemo_ais.modes import MODES
 from nemo_ais.rollout.twin import Fp8Twin
 
@@ -88,9 +83,7 @@ def build_rollout_engine(cfg: RecipeConfig, policy: torch.nn.Module) -> Fp8Twin:
     return Fp8Twin(policy, cfg.precision)
 
 
-def build_trainer_forward(
-    cfg: RecipeConfig, policy: torch.nn.Module, engine: Fp8Twin
-) -> torch.nn.Module:
+def build_trainer_forward(cfg: RecipeConfig, policy: torch.nn.Module, engine: Fp8Twin) -> torch.nn.Module:
     """The module of the trainer's log-probs: ``policy``, or (QaRL) its rollout-aligned view."""
     if not cfg.policy.rollout_aligned_quantization:
         return policy
@@ -175,9 +168,7 @@ class GRPORecipe:
                 diag = self._diagnostics(step, logp_old[idx], batch, idx)  # ONE all-reduce
                 core = self._accumulate_gradients(step, batch, idx, logp_old, adv, diag)  # 4.
                 grad_norm = self._optimizer_step(step)  # 5. grad all-reduce, clip, step
-                stats.append(
-                    StepStats(core.pop("loss"), grad_norm, core, diag.as_dict(), diag.ess_tok)
-                )
+                stats.append(StepStats(core.pop("loss"), grad_norm, core, diag.as_dict(), diag.ess_tok))
             t3 = time.perf_counter()
             times = {"rollout": t1 - t0, "logprobs": t2 - t1, "train": t3 - t2, "step": t3 - t0}
             self._log(step, batch, entropy, stats, times)  # 6.
@@ -191,14 +182,10 @@ class GRPORecipe:
 
     def _rollout(self, step: int) -> RolloutBatch:
         cfg = self.cfg
-        problems = self.task.sample_train(
-            cfg.grpo.num_prompts_per_step, seeded_generator("prompts", self.seed, step)
-        )
+        problems = self.task.sample_train(cfg.grpo.num_prompts_per_step, seeded_generator("prompts", self.seed, step))
         # Refit: every rank re-quantizes the same trainer weights; the FP8 KV scales (if
         # any) are calibrated on the step's GLOBAL prompts, identical on every rank.
-        self.engine.sync_weights(
-            self.policy.state_dict(), calibration_input_ids=self.task.prompt_ids(problems)
-        )
+        self.engine.sync_weights(self.policy.state_dict(), calibration_input_ids=self.task.prompt_ids(problems))
         return generate_rollouts(
             self.engine,
             self.task,
@@ -236,10 +223,7 @@ class GRPORecipe:
         chunk = self.cfg.rollout.prompts_per_chunk * self.cfg.grpo.num_generations_per_prompt
         per = chunk // k_total
         starts = range(0, n_local, chunk)
-        return [
-            torch.cat([torch.arange(s + k * per, s + (k + 1) * per) for s in starts])
-            for k in range(k_total)
-        ]
+        return [torch.cat([torch.arange(s + k * per, s + (k + 1) * per) for s in starts]) for k in range(k_total)]
 
     def _diagnostics(self, step, logp_old, batch: RolloutBatch, idx) -> AISDiagnostics:
         """AIS diagnostics of one global batch: local statistics -> ONE all-reduce -> alpha."""
@@ -253,9 +237,7 @@ class GRPORecipe:
                 state=self.ais_state,
             )
         except ValueError as err:  # raised on every rank alike (from reduced values)
-            raise NonFiniteError(
-                self._where(step, f"bad log-probs in the rollout batch: {err}")
-            ) from None
+            raise NonFiniteError(self._where(step, f"bad log-probs in the rollout batch: {err}")) from None
 
     def _accumulate_gradients(self, step, batch, idx, logp_old, adv, diag) -> dict[str, float]:
         """Core clipped loss on each micro-batch of this rank's share; gradients accumulate."""
@@ -294,27 +276,20 @@ class GRPORecipe:
         for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
             p.grad.copy_(g.view_as(p))
         max_norm = self.cfg.policy.max_grad_norm
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
-        )
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf))
         if not math.isfinite(grad_norm):
             raise NonFiniteError(self._where(step, f"non-finite gradient norm ({grad_norm})"))
         self.optimizer.step()
         norm = float(torch.stack([p.detach().norm() for p in params]).norm())
         if not math.isfinite(norm):
-            raise NonFiniteError(
-                self._where(step, "non-finite parameters after the optimizer step")
-            )
+            raise NonFiniteError(self._where(step, "non-finite parameters after the optimizer step"))
         return grad_norm
 
     def _log(self, step, batch: RolloutBatch, entropy, stats: list[StepStats], times) -> None:
         """One ``train`` record per step (rank 0); rollout statistics are summed over ranks."""
         lengths = batch.mask.sum(dim=1)
         errors = error_token_counts(
-            batch.sequences[:, self.task.prompt_len :],
-            batch.mask,
-            self.alphabet,
-            eos_id=self.task.tokenizer.eos_id,
+            batch.sequences[:, self.task.prompt_len :], batch.mask, self.alphabet, eos_id=self.task.tokenizer.eos_id
         )
         vec = torch.tensor(
             [
@@ -359,9 +334,7 @@ class GRPORecipe:
         }
         self.metrics.write(record)
         if self.progress is not None:
-            self.progress.set_postfix(
-                arm=self.arm, seed=self.seed, reward=f"{record['reward']:.2f}"
-            )
+            self.progress.set_postfix(arm=self.arm, seed=self.seed, reward=f"{record['reward']:.2f}")
 
     def _log_train_data(self, step, batch: RolloutBatch, logp_old, adv) -> None:
         """The step's batch as NeMo-RL's ``train_data_step{N}.jsonl`` + refit readback (rank 0)."""

@@ -114,8 +114,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         f"seeds and per seed (paired with the same seed of `{reference}`); none if it never "
         "does.",
         "",
-        f"| arm | seeds | initial acc. | final acc. | primary metric | Δ vs {reference} "
-        "(paired, 95% CI) |",
+        f"| arm | seeds | initial acc. | final acc. | primary metric | Δ vs {reference} (paired, 95% CI) |",
         "|---|---|---|---|---|---|",
     ]
     for arm, s in summ.items():
@@ -123,10 +122,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         im, is_ = s["initial_accuracy"]
         pm, ps = s["primary"]
         delta = _delta_cell(diffs, arm, reference)
-        lines.append(
-            f"| {arm} | {s['seeds']} | {_pm(im, is_)} | {_pm(fm, fs)} | **{_pm(pm, ps)}** | "
-            f"{delta} |"
-        )
+        lines.append(f"| {arm} | {s['seeds']} | {_pm(im, is_)} | {_pm(fm, fs)} | **{_pm(pm, ps)}** | {delta} |")
     early = early_metric(records)
     early_diffs = paired_differences(records, reference, early_metric)
     lines += [
@@ -171,10 +167,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         "| arm | repeated 3-gram | off-alphabet | either |",
         "|---|---|---|---|",
     ]
-    lines += [
-        f"| {arm} | " + " | ".join(_num(s[k], ".4f") for k in ERROR_TOKEN_KEYS) + " |"
-        for arm, s in summ.items()
-    ]
+    lines += [f"| {arm} | " + " | ".join(_num(s[k], ".4f") for k in ERROR_TOKEN_KEYS) + " |" for arm, s in summ.items()]
     lines += [
         "",
         "Plots: `reward.png`, `accuracy.png`, `diagnostics.png` (against the GRPO step), "
@@ -220,8 +213,7 @@ def _non_stationarity_md(summ, n_steps: int) -> list[str]:
         "Pearson correlation of D with the step and with the policy entropy over every "
         "(step, seed) (n/a: undefined, D or the entropy constant or fewer than 3 points):",
         "",
-        "| arm | severity D | ESS seq | policy entropy (nats/token) | corr(D, step) "
-        "| corr(D, entropy) |",
+        "| arm | severity D | ESS seq | policy entropy (nats/token) | corr(D, step) | corr(D, entropy) |",
         "|---|---|---|---|---|---|",
     ]
     for arm, s in summ.items():

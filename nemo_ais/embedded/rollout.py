@@ -110,8 +110,7 @@ def group_advantages(
     """
     if rewards.ndim != 1 or rewards.numel() % num_generations:
         raise ValueError(
-            f"rewards: got {tuple(rewards.shape)}, expected [n] with n a multiple of "
-            f"num_generations={num_generations}"
+            f"rewards: got {tuple(rewards.shape)}, expected [n] with n a multiple of num_generations={num_generations}"
         )
     r = rewards.to(torch.float64).view(-1, num_generations)
     mean = r.mean(dim=1, keepdim=True)

@@ -37,16 +37,9 @@ __all__ = [
     "rollout_precision",
 ]
 
-DEFAULT_QUANTIZER: dict[str, Any] = {
-    "block": [128, 128],
-    "activation_group": 128,
-    "ue8m0": False,
-}
+DEFAULT_QUANTIZER: dict[str, Any] = {"block": [128, 128], "activation_group": 128, "ue8m0": False}
 DEFAULT_ARMS: dict[str, dict[str, Any]] = {
-    "bf16": {
-        "rollout": {"format": "bf16", "kv_cache": "bf16"},
-        "loss_fn": {"ais": {"mode": "none"}},
-    },
+    "bf16": {"rollout": {"format": "bf16", "kv_cache": "bf16"}, "loss_fn": {"ais": {"mode": "none"}}},
     "fp8-none": {"loss_fn": {"ais": {"mode": "none"}}},
     "fp8-tis": {"loss_fn": {"ais": {"mode": "tis"}}},
     "fp8-ais": {"loss_fn": {"ais": {"mode": "ais"}}},
@@ -76,18 +69,14 @@ class GRPOSection(_Section):
         8, ge=2, description="G samples per prompt; the group baseline needs G >= 2."
     )
     max_num_steps: int = Field(60, ge=1, description="GRPO steps per (arm, seed) run.")
-    normalize_rewards: bool = Field(
-        True, description="Divide group-centred rewards by the group std (NeMo-RL key)."
-    )
+    normalize_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (NeMo-RL key).")
     use_leave_one_out_baseline: bool = Field(
         False, description="Baseline = mean of the OTHER G-1 rewards (NeMo-RL key)."
     )
     advantage_std_eps: float = Field(
         1e-6, gt=0.0, description="A = (r - mean) / (std + eps); a zero-std group gets A = 0."
     )
-    val_period: int = Field(
-        10, ge=0, description="Held-out evaluation every N steps (0: only at start and end)."
-    )
+    val_period: int = Field(10, ge=0, description="Held-out evaluation every N steps (0: only at start and end).")
 
 
 class ModelSection(_Section):
@@ -104,8 +93,7 @@ class ModelSection(_Section):
     def _check_heads(self) -> ModelSection:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
-                f"hidden_size={self.hidden_size} must be divisible by "
-                f"num_attention_heads={self.num_attention_heads}"
+                f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}"
             )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
@@ -127,9 +115,7 @@ class OptimizerSection(_Section):
 class CurriculumSection(_Section):
     """``policy.warm_start.curriculum``: a first SFT stage on shorter chains."""
 
-    chain_length: int = Field(
-        ..., ge=1, description="Values per chain of the first stage (< data.chain_length)."
-    )
+    chain_length: int = Field(..., ge=1, description="Values per chain of the first stage (< data.chain_length).")
     steps: int = Field(..., ge=1, description="SFT steps of the first stage.")
 
 
@@ -139,9 +125,7 @@ class WarmStartSection(_Section):
     steps: int = Field(1000, ge=0, description="SFT steps (0: GRPO starts from random init).")
     batch_size: int = Field(128, ge=1, description="SFT problems per step.")
     lr: float = Field(1e-3, gt=0.0, description="SFT AdamW peak learning rate.")
-    warmup_steps: int = Field(
-        20, ge=0, description="Linear learning-rate warmup steps (then constant)."
-    )
+    warmup_steps: int = Field(20, ge=0, description="Linear learning-rate warmup steps (then constant).")
     seed: int = Field(0, ge=0, description="Seed of the SFT problem stream.")
     num_threads: int = Field(
         2,
@@ -149,9 +133,7 @@ class WarmStartSection(_Section):
         description="torch threads of the warm start (one process, before the DP ranks "
         "start); part of the cache key, since fp32 sums depend on the thread count.",
     )
-    cache_dir: str = Field(
-        "runs/.cache", description="Where warmstart-<hash>.pt is cached (shared by runs)."
-    )
+    cache_dir: str = Field("runs/.cache", description="Where warmstart-<hash>.pt is cached (shared by runs).")
     curriculum: CurriculumSection | None = Field(
         None,
         description="task chain: first the warm start of the same config on chains of "
@@ -166,21 +148,15 @@ class PolicySection(_Section):
 
     model: ModelSection = Field(default_factory=ModelSection, description="Model shape.")
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="AdamW.")
-    warm_start: WarmStartSection = Field(
-        default_factory=WarmStartSection, description="Supervised warm start."
-    )
+    warm_start: WarmStartSection = Field(default_factory=WarmStartSection, description="Supervised warm start.")
     train_global_batch_size: int | None = Field(
         None,
         ge=1,
         description="Samples per optimizer step; must divide the rollout batch "
         "(None: the whole rollout batch, one optimizer step per GRPO step).",
     )
-    train_micro_batch_size: int = Field(
-        32, ge=1, description="Samples per forward/backward on one rank."
-    )
-    max_grad_norm: float | None = Field(
-        1.0, gt=0.0, description="Clip the global gradient norm (None: no clipping)."
-    )
+    train_micro_batch_size: int = Field(32, ge=1, description="Samples per forward/backward on one rank.")
+    max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip the global gradient norm (None: no clipping).")
     rollout_aligned_quantization: bool = Field(
         False,
         description="QaRL [reconstruction]: the trainer's forward runs the rollout format's "
@@ -203,9 +179,7 @@ class RolloutSection(_Section):
     )
     # format and the BF16 exclusions are RolloutPrecisionConfig's fields (its kv_cache: bf16)
     format: RolloutFormat = _PRECISION["format"]
-    kv_cache: KVCacheFormat = Field(
-        "fp8", description="KV cache of the rollout engine: bf16, fp8 (E4M3) or nvfp4."
-    )
+    kv_cache: KVCacheFormat = Field("fp8", description="KV cache of the rollout engine: bf16, fp8 (E4M3) or nvfp4.")
     num_first_layers_in_bf16: int = _PRECISION["num_first_layers_in_bf16"]
     num_last_layers_in_bf16: int = _PRECISION["num_last_layers_in_bf16"]
     attention_in_bf16: bool = _PRECISION["attention_in_bf16"]
@@ -242,9 +216,7 @@ class DataSection(_Section):
         description="task=chain: share of warm-start demonstrations that close the chain "
         "with a stray '=' (a form the verifier rejects); GRPO has to unlearn it.",
     )
-    reverse_answer: bool = Field(
-        True, description="Write the sum least-significant digit first (easier to learn)."
-    )
+    reverse_answer: bool = Field(True, description="Write the sum least-significant digit first (easier to learn).")
     reward: Literal["steps", "prefix", "digits", "exact"] = Field(
         "exact",
         description="steps (task=chain): share of values computed right from the value "
@@ -258,8 +230,7 @@ class DataSection(_Section):
     def _check_task_keys(self) -> DataSection:
         if self.task != "chain" and self.sft_alt_fraction > 0:
             raise ValueError(
-                f"sft_alt_fraction={self.sft_alt_fraction} applies to task=chain only: "
-                f"expected 0 for task={self.task}"
+                f"sft_alt_fraction={self.sft_alt_fraction} applies to task=chain only: expected 0 for task={self.task}"
             )
         if self.task != "chain" and self.reward == "steps":
             raise ValueError(
@@ -273,9 +244,7 @@ class LoggerSection(_Section):
     """``logger``: where outputs go."""
 
     run_dir: str = Field("runs", description="Parent directory of runs.")
-    name: str = Field(
-        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name: outputs go to run_dir/name."
-    )
+    name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name: outputs go to run_dir/name.")
     progress_bar: bool = Field(True, description="Show tqdm progress bars.")
     plots: bool = Field(True, description="Write PNG plots and summary.md at the end.")
 
@@ -301,13 +270,10 @@ class ExperimentSection(_Section):
     seeds: list[int] = Field([0, 1], min_length=1, description="Seeds of the runs.")
     arms: dict[str, dict[str, Any]] = Field(
         default_factory=lambda: copy.deepcopy(DEFAULT_ARMS),
-        description="Arm name -> nested override of this config (default: the four arms of "
-        "default.yaml).",
+        description="Arm name -> nested override of this config (default: the four arms of default.yaml).",
     )
     include: list[str] | None = Field(None, description="Arms to run (None: all, in order).")
-    reference_arm: str = Field(
-        "bf16", description="Arm the others are compared with, seed by seed, in summary.md."
-    )
+    reference_arm: str = Field("bf16", description="Arm the others are compared with, seed by seed, in summary.md.")
 
     @model_validator(mode="after")
     def _check_arms(self) -> ExperimentSection:
@@ -320,9 +286,7 @@ class ExperimentSection(_Section):
         if unknown:
             raise ValueError(f"include={unknown} names unknown arms (known: {list(self.arms)})")
         if self.reference_arm not in self.arms:
-            raise ValueError(
-                f"reference_arm={self.reference_arm!r} is not an arm (known: {list(self.arms)})"
-            )
+            raise ValueError(f"reference_arm={self.reference_arm!r} is not an arm (known: {list(self.arms)})")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds={self.seeds} has duplicates")
         return self
@@ -359,16 +323,11 @@ def rollout_precision(rollout: RolloutSection) -> RolloutPrecisionConfig:
     for key in rollout.quantizer:
         if key in PRECISION_KEYS:
             raise ValueError(
-                f"rollout.quantizer.{key} is invalid: {key} is set at rollout.{key}, not in "
-                "rollout.quantizer"
+                f"rollout.quantizer.{key} is invalid: {key} is set at rollout.{key}, not in rollout.quantizer"
             )
         if key not in knobs and key not in RENAMED_KEYS:  # renamed: refused by the config
-            raise ValueError(
-                f"rollout.quantizer.{key} is not a known field (allowed: {', '.join(knobs)})"
-            )
+            raise ValueError(f"rollout.quantizer.{key} is not a known field (allowed: {', '.join(knobs)})")
     validate_section(RolloutPrecisionConfig, rollout.quantizer, "rollout.quantizer")
     return validate_section(
-        RolloutPrecisionConfig,
-        {**rollout.quantizer, **rollout.model_dump(include=set(PRECISION_KEYS))},
-        "rollout",
+        RolloutPrecisionConfig, {**rollout.quantizer, **rollout.model_dump(include=set(PRECISION_KEYS))}, "rollout"
     )

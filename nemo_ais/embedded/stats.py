@@ -77,9 +77,7 @@ def load_metrics(path: Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}:{lineno}: not a JSON record ({err})") from None
         if not isinstance(rec, dict) or (missing := [k for k in _RECORD_KEYS if k not in rec]):
             what = f"lacks {', '.join(missing)}" if isinstance(rec, dict) else "is not an object"
-            raise ValueError(
-                f"{path}:{lineno}: expected a record with {', '.join(_RECORD_KEYS)}; it {what}"
-            )
+            raise ValueError(f"{path}:{lineno}: expected a record with {', '.join(_RECORD_KEYS)}; it {what}")
         for key in ("seed", "step"):  # the tables sort and pair by them
             if type(rec[key]) is not int:
                 raise ValueError(f"{path}:{lineno}: {key}={rec[key]!r}, expected an integer")
@@ -168,9 +166,7 @@ def _avg(rows: list[dict[str, Any]], key: str) -> float:
     return statistics.fmean(vals) if vals else math.nan
 
 
-def _early_late(
-    train: list[dict[str, Any]], key: str, k: int = EARLY_LATE_STEPS
-) -> tuple[float, float]:
+def _early_late(train: list[dict[str, Any]], key: str, k: int = EARLY_LATE_STEPS) -> tuple[float, float]:
     """Mean of ``key`` over the first ``k`` and the last ``k`` steps (all seeds pooled)."""
     steps = sorted({r["step"] for r in train})
     windows = (set(steps[:k]), set(steps[-k:]))
@@ -215,9 +211,7 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "reward_last10": _avg(tail, "reward"),
             "severity": avg("ais/severity"),
             "ess_seq": avg("ais/ess_seq"),
-            "ess_seq_min": min(
-                (r["ais/ess_seq"] for r in train if "ais/ess_seq" in r), default=math.nan
-            ),
+            "ess_seq_min": min((r["ais/ess_seq"] for r in train if "ais/ess_seq" in r), default=math.nan),
             "ess_tok": avg("ess_tok"),
             "kl_k3": avg("ais/kl_k3"),
             "alpha": avg("alpha"),

@@ -24,14 +24,7 @@ import torch
 
 from nemo_ais.embedded.tokenizer import CharTokenizer
 
-__all__ = [
-    "AdditionTask",
-    "ArithmeticTask",
-    "ChainTask",
-    "Problem",
-    "seeded_generator",
-    "task_from_config",
-]
+__all__ = ["AdditionTask", "ArithmeticTask", "ChainTask", "Problem", "seeded_generator", "task_from_config"]
 
 Problem = tuple[int, int]
 
@@ -92,9 +85,7 @@ class ArithmeticTask:
         text = str(value) if width is None else f"{value:0{width}d}"
         return text[::-1] if self.reverse_answer else text
 
-    def _draw(
-        self, n: int, gen: torch.Generator, exclude: set[Problem], unique: bool = False
-    ) -> list[Problem]:
+    def _draw(self, n: int, gen: torch.Generator, exclude: set[Problem], unique: bool = False) -> list[Problem]:
         lo, hi = self._range()
         out: list[Problem] = []
         seen: set[Problem] = set()
@@ -123,9 +114,7 @@ class ArithmeticTask:
         """The answer in the task's alternative notation (wrong for the verifier)."""
         raise NotImplementedError(f"{type(self).__name__} has no alternative notation")
 
-    def sft_batch(
-        self, problems: list[Problem], alt: list[bool] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def sft_batch(self, problems: list[Problem], alt: list[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forcing batch for the warm start: ``(input_ids, labels)``.
 
         ``alt[i]`` writes demonstration ``i`` in :meth:`alt_answer`'s notation. Both are
@@ -147,9 +136,7 @@ class ArithmeticTask:
     def _texts(self, problems: list[Problem], response_ids: torch.Tensor) -> list[str | None]:
         """Decoded responses up to the first ``<eos>`` (None if the response has no ``<eos>``)."""
         if response_ids.ndim != 2 or response_ids.shape[0] != len(problems):
-            raise ValueError(
-                f"response_ids: got {tuple(response_ids.shape)}, expected [{len(problems)}, T]"
-            )
+            raise ValueError(f"response_ids: got {tuple(response_ids.shape)}, expected [{len(problems)}, T]")
         eos, decode = self.tokenizer.eos_id, self.tokenizer.decode
         rows = response_ids.tolist()
         return [decode(r[: r.index(eos)], stop_at_eos=False) if eos in r else None for r in rows]
@@ -174,13 +161,10 @@ class ArithmeticTask:
         """Exact match ``[n]`` float32 in {0, 1} of the response up to ``<eos>`` (none: wrong)."""
         texts = self._texts(problems, response_ids)
         return torch.tensor(
-            [float(t == self.answer(p)) for p, t in zip(problems, texts, strict=True)],
-            dtype=torch.float32,
+            [float(t == self.answer(p)) for p, t in zip(problems, texts, strict=True)], dtype=torch.float32
         )
 
-    def rewards(
-        self, problems: list[Problem], response_ids: torch.Tensor, kind: str = "digits"
-    ) -> torch.Tensor:
+    def rewards(self, problems: list[Problem], response_ids: torch.Tensor, kind: str = "digits") -> torch.Tensor:
         """Programmatic reward ``[n]`` float32 in [0, 1]; every kind is 1 iff exact, 0 without ``<eos>``.
 
         ``exact``: :meth:`correct`. ``digits``: positions where the response character equals the
@@ -192,9 +176,7 @@ class ArithmeticTask:
         if kind == "exact":
             return self.correct(problems, response_ids)
         if kind not in ("digits", "prefix", "steps"):
-            raise ValueError(
-                f"data.reward={kind!r} is invalid: expected 'steps', 'prefix', 'digits' or 'exact'"
-            )
+            raise ValueError(f"data.reward={kind!r} is invalid: expected 'steps', 'prefix', 'digits' or 'exact'")
         texts = self._texts(problems, response_ids)
         out = torch.zeros(len(problems), dtype=torch.float32)
         for i, (p, text) in enumerate(zip(problems, texts, strict=True)):

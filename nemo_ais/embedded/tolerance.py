@@ -115,8 +115,7 @@ def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Smallest level at which an arm is significantly below the reference (the statistic "
-        "declared before the runs):",
+        "Smallest level at which an arm is significantly below the reference (the statistic declared before the runs):",
         "",
         "| arm | smallest k below reference | D (none) there |",
         "|---|---|---|",
@@ -125,8 +124,7 @@ def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
         k = first_significant_level(levels, c)
         d = next((lv.mismatch["D"] for lv in levels if lv.k == k), math.nan)
         lines.append(
-            f"| {c} | {'none of the levels run' if k is None else f'{k:g}'} | "
-            f"{'—' if k is None else f'{d:.4f}'} |"
+            f"| {c} | {'none of the levels run' if k is None else f'{k:g}'} | {'—' if k is None else f'{d:.4f}'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -137,9 +135,7 @@ def _plot(levels: list[Level], path: Path) -> None:
     fig, ax = pyplot().subplots(figsize=(6.4, 4.0))
     for i, c in enumerate(_corrections(levels)):
         pts = [
-            (lv.mismatch["D"], *lv.delta[c][1:])
-            for lv in levels
-            if c in lv.delta and not math.isnan(lv.delta[c][1])
+            (lv.mismatch["D"], *lv.delta[c][1:]) for lv in levels if c in lv.delta and not math.isnan(lv.delta[c][1])
         ]
         if pts:
             x, y, h = zip(*pts, strict=True)

@@ -33,11 +33,7 @@ class TwinSetup(NamedTuple):
 
 
 def twin_setup(
-    cfg: RecipeConfig,
-    num_prompts: int = 64,
-    *,
-    train_warm_start: bool = False,
-    progress: bool = False,
+    cfg: RecipeConfig, num_prompts: int = 64, *, train_warm_start: bool = False, progress: bool = False
 ) -> TwinSetup:
     """The policy of ``cfg`` (warm-started if cached) and ``num_prompts`` held-out prompts.
 
@@ -45,10 +41,7 @@ def twin_setup(
     ``UnreadableFileError`` for an unusable warm-start cache file.
     """
     if not 1 <= num_prompts <= cfg.data.eval_size:
-        raise ValueError(
-            f"num_prompts={num_prompts} is invalid: expected 1 to data.eval_size="
-            f"{cfg.data.eval_size}"
-        )
+        raise ValueError(f"num_prompts={num_prompts} is invalid: expected 1 to data.eval_size={cfg.data.eval_size}")
     task = build_task(cfg)
     warm = cfg.policy.warm_start.steps > 0 and (train_warm_start or warm_start_path(cfg).is_file())
     warm_file = warm_start(cfg, task, progress=progress) if warm else None

@@ -30,14 +30,7 @@ from nemo_ais.embedded.model import build_model, greedy_decode
 from nemo_ais.embedded.sections import WarmStartSection
 from nemo_ais.embedded.task import ArithmeticTask, seeded_generator, task_from_config
 
-__all__ = [
-    "build_task",
-    "build_untrained_policy",
-    "first_stage",
-    "load_warm_start",
-    "warm_start",
-    "warm_start_path",
-]
+__all__ = ["build_task", "build_untrained_policy", "first_stage", "load_warm_start", "warm_start", "warm_start_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +124,7 @@ def greedy_responses(model: torch.nn.Module, task: ArithmeticTask, problems: lis
     return responses
 
 
-def greedy_scores(
-    model: torch.nn.Module, task: ArithmeticTask, problems: list
-) -> tuple[float, float]:
+def greedy_scores(model: torch.nn.Module, task: ArithmeticTask, problems: list) -> tuple[float, float]:
     """(exact match, chains right in either notation) of greedy decoding on ``problems``."""
     if not problems:
         return 0.0, 0.0
@@ -143,12 +134,7 @@ def greedy_scores(
 
 
 def _sft_step(
-    model,
-    optimizer,
-    task: ArithmeticTask,
-    step: int,
-    ws: WarmStartSection,
-    alt_fraction: float = 0.0,
+    model, optimizer, task: ArithmeticTask, step: int, ws: WarmStartSection, alt_fraction: float = 0.0
 ) -> float:
     problems = task.sample_train(ws.batch_size, seeded_generator("warm_start", ws.seed, step))
     alt = None
@@ -204,9 +190,7 @@ def train_sft(
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
     # linear warmup: without it the tiny model often stalls on a plateau for hundreds of steps
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / max(1, ws.warmup_steps))
-    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, ws.warmup_steps)))
     bar = tqdm(range(ws.steps), desc="warm start (SFT)", disable=not progress, leave=False)
     loss, curve = float("nan"), []
     for step in bar:
@@ -214,8 +198,7 @@ def train_sft(
         schedule.step()
         if not torch.isfinite(torch.tensor(loss)):
             raise FloatingPointError(
-                f"warm start: non-finite SFT loss at step {step}; lower policy.warm_start.lr"
-                f" (now {ws.lr})"
+                f"warm start: non-finite SFT loss at step {step}; lower policy.warm_start.lr (now {ws.lr})"
             )
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss:.3f}")

@@ -10,18 +10,8 @@ from nemo_ais.formats.fp8_block import (
     quantize_blockwise,
 )
 from nemo_ais.formats.mxfp4 import MXFP4Tensor, dequantize_mxfp4, quantize_mxfp4
-from nemo_ais.formats.mxfp8 import (
-    MXFP8Tensor,
-    dequantize_mxfp8,
-    fake_quantize_mxfp8,
-    quantize_mxfp8,
-)
-from nemo_ais.formats.nvfp4 import (
-    NVFP4Tensor,
-    dequantize_nvfp4,
-    fake_quantize_nvfp4,
-    quantize_nvfp4,
-)
+from nemo_ais.formats.mxfp8 import MXFP8Tensor, dequantize_mxfp8, fake_quantize_mxfp8, quantize_mxfp8
+from nemo_ais.formats.nvfp4 import NVFP4Tensor, dequantize_nvfp4, fake_quantize_nvfp4, quantize_nvfp4
 
 __all__ = [
     "E4M3_MAX",

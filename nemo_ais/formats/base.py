@@ -25,9 +25,7 @@ def stack_label(name: str | Sequence[str]) -> str:
     return name if isinstance(name, str) else f"{name[0]} (stack of {len(name)})"
 
 
-def weight_pairs(
-    name: str | Sequence[str], tensors: Sequence[tuple[str, torch.Tensor]]
-) -> RefitPairs:
+def weight_pairs(name: str | Sequence[str], tensors: Sequence[tuple[str, torch.Tensor]]) -> RefitPairs:
     """The refit pairs of one weight, or of each expert of a stack, in order.
 
     ``name``: a weight ``<m>.weight`` and ``tensors`` ``[("weight", codes), (leaf, t), ...]``
@@ -44,9 +42,7 @@ def weight_pairs(
     return [(name if leaf == "weight" else f"{module}.{leaf}", t) for leaf, t in tensors]
 
 
-def unchanged(
-    t: torch.Tensor, *, amax: Any = None, name: str = "", knobs: Any = None
-) -> torch.Tensor:
+def unchanged(t: torch.Tensor, *, amax: Any = None, name: str = "", knobs: Any = None) -> torch.Tensor:
     """The identity fake quantization (high-precision weights or activations)."""
     return t
 
@@ -99,7 +95,5 @@ class Format:
         return 1 if self.pads else self.block[1]
 
 
-BF16 = Format(
-    "bf16", (1, 1), "BF16", "none: the weights and inputs stay in high precision", pads=True
-)
+BF16 = Format("bf16", (1, 1), "BF16", "none: the weights and inputs stay in high precision", pads=True)
 """No quantization: the BF16 arm of the twin."""

@@ -45,8 +45,7 @@ def check_finite(
     first = tuple(int(i) for i in bad.nonzero()[0])
     raise ValueError(
         f"{name}: got {int(bad.sum())} {kind} value(s) in {list(x.shape)} {x.dtype} "
-        f"(first at index {first}: {x[first].item()}), expected {expected}"
-        + (f"; {action}" if action else "")
+        f"(first at index {first}: {x[first].item()}), expected {expected}" + (f"; {action}" if action else "")
     )
 
 

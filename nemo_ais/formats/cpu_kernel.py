@@ -39,9 +39,7 @@ def _build_wait_s() -> float:
     except ValueError:
         wait = float("nan")
     if not wait >= 0:  # NaN too
-        raise ValueError(
-            f"NEMO_AIS_CPU_KERNEL_WAIT_S: expected a number of seconds >= 0, got {raw!r}"
-        )
+        raise ValueError(f"NEMO_AIS_CPU_KERNEL_WAIT_S: expected a number of seconds >= 0, got {raw!r}")
     return wait
 
 
@@ -97,9 +95,7 @@ def _build_guard(build_dir: str, wait_s: float):
         stale = os.path.join(build_dir, "lock")
         if os.path.exists(stale):
             os.remove(stale)
-            logger.warning(
-                "nemo_ais.formats: removed the build lock %s left by an interrupted build", stale
-            )
+            logger.warning("nemo_ais.formats: removed the build lock %s left by an interrupted build", stale)
         yield
     finally:
         os.close(fd)  # releases the flock

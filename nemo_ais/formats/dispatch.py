@@ -32,15 +32,7 @@ import torch
 
 from nemo_ais.formats import cpu_kernel as _cpu
 
-__all__ = [
-    "Backend",
-    "backend_for",
-    "backend_of",
-    "kernel_for",
-    "triton_enabled",
-    "triton_quantize",
-    "without_triton",
-]
+__all__ = ["Backend", "backend_for", "backend_of", "kernel_for", "triton_enabled", "triton_quantize", "without_triton"]
 
 Backend = Literal["triton", "cpu", "torch"]
 
@@ -66,11 +58,7 @@ def triton_enabled() -> bool:
 
 
 def backend_for(
-    device: torch.device | str,
-    dtype: torch.dtype = torch.float32,
-    *,
-    contiguous: bool = True,
-    numel: int = 1,
+    device: torch.device | str, dtype: torch.dtype = torch.float32, *, contiguous: bool = True, numel: int = 1
 ) -> Backend:
     """The implementation that quantizes a tensor of ``device``, ``dtype`` and layout (module doc)."""
     kind = torch.device(device).type

@@ -47,11 +47,9 @@ __all__ = [
 ]
 
 FAMILY_FORMULAS = {
-    "reciprocal": "s = amax / 448, q = x * (1 / s): multiply by the reciprocal (DeepGEMM, "
-    "vLLM weights)",
+    "reciprocal": "s = amax / 448, q = x * (1 / s): multiply by the reciprocal (DeepGEMM, vLLM weights)",
     "divide": "s = amax / 448, q = x / s: divide by the scale (vLLM per-token-group activations)",
-    "multiplier": "m = 448 / amax, q = x * m, s = 1 / m: the multiplier first (Transformer "
-    "Engine, NeMo-RL)",
+    "multiplier": "m = 448 / amax, q = x * m, s = 1 / m: the multiplier first (Transformer Engine, NeMo-RL)",
 }
 """What each scale formula family does; its name says it."""
 RENAMED_FAMILIES = {"a": "reciprocal", "b": "divide", "c": "multiplier"}
@@ -87,9 +85,7 @@ def check_blockwise_args(name: str, family: str, eps: float, block: tuple[int, i
         raise ValueError(f"{name}: block={block!r} is invalid: expected two positive ints")
 
 
-def check_weight_args(
-    x: torch.Tensor, name: str, family: str, eps: float, block: tuple[int, int]
-) -> None:
+def check_weight_args(x: torch.Tensor, name: str, family: str, eps: float, block: tuple[int, int]) -> None:
     """:func:`check_blockwise_args`, and ``x`` a floating ``[N, K]`` or ``[E, N, K]``."""
     check_blockwise_args(name, family, eps, block)
     if x.dim() not in (2, 3) or x.dtype not in FLOAT_INPUTS:
@@ -104,9 +100,7 @@ def _saturate_(q: torch.Tensor) -> torch.Tensor:
     return q.clamp_(-E4M3_MAX, E4M3_MAX)
 
 
-def _scales(
-    amax: torch.Tensor, family: str, eps: float, ue8m0: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _scales(amax: torch.Tensor, family: str, eps: float, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tile (dequant scale s, multiplier m) in fp32; a floored amax of 0 gets s = m = 1."""
     amax = amax.clamp_min(eps) if eps > 0 else amax
     zero = amax == 0
@@ -129,13 +123,7 @@ def _scales(
 
 
 def _quantize_tiles(
-    x: torch.Tensor,
-    x3: torch.Tensor,
-    block: tuple[int, int],
-    family: str,
-    eps: float,
-    ue8m0: bool,
-    name: str,
+    x: torch.Tensor, x3: torch.Tensor, block: tuple[int, int], family: str, eps: float, ue8m0: bool, name: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q [E, N, K], s [E, nb, kb])`` of ``x3``, band by band in one zero-padded fp32 scratch."""
     e, n, k = x3.shape
@@ -185,9 +173,7 @@ def _quantize_fused(
     ext = kernel_for(x3)
     if ext is None:
         return None
-    q, s, finite = ext.quantize_blockwise(
-        x3, block[0], block[1], _FAMILY_INDEX[family], float(eps), bool(ue8m0)
-    )
+    q, s, finite = ext.quantize_blockwise(x3, block[0], block[1], _FAMILY_INDEX[family], float(eps), bool(ue8m0))
     return (q.view(torch.float8_e4m3fn), s) if bool(finite) else None
 
 
@@ -241,9 +227,7 @@ def quantize_blockwise(
     return (q, s) if x.dim() == 3 else (q[0], s[0])
 
 
-def _dequantize_tiles(
-    q3: torch.Tensor, s3: torch.Tensor, block: tuple[int, int], dtype: torch.dtype
-) -> torch.Tensor:
+def _dequantize_tiles(q3: torch.Tensor, s3: torch.Tensor, block: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     """``q3 [E, N, K] * s3 [E, nb, kb]`` broadcast per tile, computed in fp32."""
     (e, n, k), (bn, bk) = q3.shape, block
     x = q3.to(torch.float32)
@@ -253,16 +237,11 @@ def _dequantize_tiles(
     return x[:, :n, :k].to(dtype)
 
 
-def _check_dequant(
-    q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], lead: int, name: str
-) -> None:
+def _check_dequant(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], lead: int, name: str) -> None:
     """``q`` is E4M3 and ``scale`` fp32 with one entry per tile (ValueError)."""
     if q.dtype != FP8_DTYPE:
         raise ValueError(f"{name}: got q of dtype {q.dtype}, expected {FP8_DTYPE}")
-    expected = (
-        *q.shape[:lead],
-        *(-(-q.shape[lead + i] // block[i]) for i in range(q.dim() - lead)),
-    )
+    expected = (*q.shape[:lead], *(-(-q.shape[lead + i] // block[i]) for i in range(q.dim() - lead)))
     if tuple(scale.shape) != expected or scale.dtype != torch.float32:
         raise ValueError(
             f"{name}: got scale {list(scale.shape)} {scale.dtype}, expected "
@@ -308,9 +287,7 @@ def quantize_activations(
     """
     check_blockwise_args(name, family, eps, (1, group))
     if x.dim() < 1 or x.dtype not in FLOAT_INPUTS:
-        raise ValueError(
-            f"{name}: got {list(x.shape)} {x.dtype}, expected a [..., K] floating tensor"
-        )
+        raise ValueError(f"{name}: got {list(x.shape)} {x.dtype}, expected a [..., K] floating tensor")
     with torch.no_grad():
         # rows spelled out: reshape(1, -1, 0) is ambiguous for empty x
         x3 = x.reshape(1, math.prod(x.shape[:-1]), x.shape[-1])
@@ -319,12 +296,7 @@ def quantize_activations(
 
 
 def dequantize_activations(
-    q: torch.Tensor,
-    scale: torch.Tensor,
-    group: int = 128,
-    dtype: torch.dtype = torch.float32,
-    *,
-    name: str = "q",
+    q: torch.Tensor, scale: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float32, *, name: str = "q"
 ) -> torch.Tensor:
     """Inverse of :func:`quantize_activations`: ``x = q * s`` per 1 x ``group``, in ``dtype``."""
     check_blockwise_args(name, "reciprocal", 0.0, (1, group))
@@ -371,9 +343,7 @@ def _fake_quant_groups_divide(x: torch.Tensor, group: int, eps: float, name: str
 
 def quantize_weight(w: torch.Tensor, knobs: Any, *, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_blockwise` of ``w`` with a weight-format config's knobs (the twin's)."""
-    return quantize_blockwise(
-        w.detach(), knobs.weight_block, knobs.family, knobs.eps, knobs.ue8m0, name=name
-    )
+    return quantize_blockwise(w.detach(), knobs.weight_block, knobs.family, knobs.eps, knobs.ue8m0, name=name)
 
 
 def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:

@@ -149,9 +149,7 @@ def e2m1_encode_(
     return torch.index_select(codes, 0, idx.view(-1), out=out.view(-1)).view(out.shape)
 
 
-def e2m1_pack_(
-    y: torch.Tensor, out: torch.Tensor, scratch: Scratch, *, ties_toward_zero: bool = False
-) -> torch.Tensor:
+def e2m1_pack_(y: torch.Tensor, out: torch.Tensor, scratch: Scratch, *, ties_toward_zero: bool = False) -> torch.Tensor:
     """:func:`e2m1_encode_` of fp32 ``y [R, K]`` packed two a byte into ``out [R, K/2]``."""
     h, k = y.shape
     codes = scratch.get("codes", (h, k), torch.uint8)
@@ -191,9 +189,7 @@ def band_elems(device: torch.device, cpu_elems: int | None = None) -> int:
     return _BAND_ELEMS if cpu_elems is None else cpu_elems
 
 
-def row_bands(
-    rows: int, k: int, multiple: int = 1, *, device: torch.device | None = None
-) -> list[tuple[int, int]]:
+def row_bands(rows: int, k: int, multiple: int = 1, *, device: torch.device | None = None) -> list[tuple[int, int]]:
     """``[(r0, r1), ...]`` covering ``rows`` rows of length ``k`` in bands of ``multiple`` rows."""
     elems = _BAND_ELEMS if device is None else band_elems(device)
     height = max(multiple, elems // max(k, 1) // multiple * multiple)

@@ -66,9 +66,7 @@ class KVFormat:
 
 KV_FORMATS: dict[str, KVFormat] = {
     "fp8": KVFormat(
-        "fp8",
-        held=lambda scale: scale.to(torch.float32),
-        round_trip=lambda x, scale, name: fake_quant_kv_fp8(x, scale),
+        "fp8", held=lambda scale: scale.to(torch.float32), round_trip=lambda x, scale, name: fake_quant_kv_fp8(x, scale)
     ),
     "nvfp4": KVFormat(
         "nvfp4",

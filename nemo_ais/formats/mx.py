@@ -15,14 +15,7 @@ from typing import Any
 import torch
 
 from nemo_ais.formats.checks import check_finite
-from nemo_ais.formats.grids import (
-    E8M0_BIAS,
-    E8M0_NAN,
-    Scratch,
-    e8m0_block_exponent,
-    pow2,
-    row_bands,
-)
+from nemo_ais.formats.grids import E8M0_BIAS, E8M0_NAN, Scratch, e8m0_block_exponent, pow2, row_bands
 
 __all__ = ["MX_BLOCK", "check_mx_scale", "mx_bands"]
 
@@ -79,6 +72,4 @@ def check_mx_scale(data: torch.Tensor, scale: torch.Tensor, block_k: int, name: 
         )
     if bool((scale == E8M0_NAN).any()):
         first = tuple(int(i) for i in (scale == E8M0_NAN).nonzero()[0])
-        raise ValueError(
-            f"{name}: scale byte 255 (UE8M0 NaN) at index {first}, expected bytes in [0, 254]"
-        )
+        raise ValueError(f"{name}: scale byte 255 (UE8M0 NaN) at index {first}, expected bytes in [0, 254]")

@@ -54,9 +54,7 @@ class MXFP4Tensor:
         return (*self.data.shape[:-1], 2 * self.data.shape[-1])
 
 
-def quantize_mxfp4_reference(
-    x: torch.Tensor, *, round_ties_toward_zero: bool = False
-) -> MXFP4Tensor:
+def quantize_mxfp4_reference(x: torch.Tensor, *, round_ties_toward_zero: bool = False) -> MXFP4Tensor:
     """Reference of :func:`quantize_mxfp4`: steps 1-2 of the module doc, written plainly."""
     check_last_dim(x, "x", MX_BLOCK, "MXFP4")
     check_finite(x, "x", action="refusing to quantize NaN/Inf")
@@ -68,18 +66,14 @@ def quantize_mxfp4_reference(
     return MXFP4Tensor(pack_nibbles(code.reshape(x.shape)), (expo + E8M0_BIAS).to(torch.uint8))
 
 
-def quantize_mxfp4(
-    x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
-) -> MXFP4Tensor:
+def quantize_mxfp4(x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x") -> MXFP4Tensor:
     """MXFP4 quantization of ``x [..., K]`` (module doc); bit-equal to the reference.
 
     Raises:
         ValueError: ``K % 32 != 0``, a non-floating ``x``, or non-finite values.
     """
     check_last_dim(x, name, MX_BLOCK, "MXFP4")
-    fast = triton_quantize(
-        "quantize_mxfp4_triton", x, round_ties_toward_zero=round_ties_toward_zero, name=name
-    )
+    fast = triton_quantize("quantize_mxfp4_triton", x, round_ties_toward_zero=round_ties_toward_zero, name=name)
     if fast is not None:  # CUDA: one Triton launch (nemo_ais.formats.dispatch), same bits
         return fast
     lead, k = x.shape[:-1], x.shape[-1]
@@ -105,9 +99,7 @@ def _quantize_fused(x2: torch.Tensor, ties_toward_zero: bool):
 def dequantize_mxfp4(q: MXFP4Tensor, *, name: str = "q") -> torch.Tensor:
     """``E2M1(code) * 2^(scale - 127)`` per block, fp32 (ValueError: bad tensors, byte 255)."""
     if q.data.dtype != torch.uint8 or q.data.dim() < 1:
-        raise ValueError(
-            f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected uint8 [..., K/2]"
-        )
+        raise ValueError(f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected uint8 [..., K/2]")
     check_mx_scale(q.data, q.scale, 2, name)
     k = 2 * q.data.shape[-1]
     values = e2m1_values(unpack_nibbles(q.data)).view(*q.data.shape[:-1], k // MX_BLOCK, MX_BLOCK)

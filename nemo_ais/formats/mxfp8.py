@@ -26,14 +26,7 @@ import torch
 from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
 from nemo_ais.formats.checks import check_finite, check_last_dim
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
-from nemo_ais.formats.grids import (
-    E4M3_MAX,
-    E8M0_BIAS,
-    Scratch,
-    e8m0_block_exponent,
-    e8m0_values,
-    pow2,
-)
+from nemo_ais.formats.grids import E4M3_MAX, E8M0_BIAS, Scratch, e8m0_block_exponent, e8m0_values, pow2
 from nemo_ais.formats.mx import MX_BLOCK, check_mx_scale, mx_bands
 
 __all__ = [
@@ -107,9 +100,7 @@ def quantize_mxfp8(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
 def dequantize_mxfp8(q: MXFP8Tensor, *, name: str = "q") -> torch.Tensor:
     """``fp32(data) * 2^(scale - 127)`` per block, fp32 (ValueError: bad tensors, byte 255)."""
     if q.data.dtype != torch.float8_e4m3fn or q.data.dim() < 1:
-        raise ValueError(
-            f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected float8_e4m3fn [..., K]"
-        )
+        raise ValueError(f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected float8_e4m3fn [..., K]")
     check_mx_scale(q.data, q.scale, 1, name)
     k = q.data.shape[-1]
     blocks = q.data.to(torch.float32).view(*q.data.shape[:-1], k // MX_BLOCK, MX_BLOCK)

@@ -197,9 +197,7 @@ def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
         for r0, r1 in bands:
             s = scratch.get("x", (r1 - r0, k), torch.float32)
             block_amax[r0:r1] = _block_amax_(x2, r0, r1, s)
-        tensor_amax = (
-            block_amax.amax() if rows * kb else torch.zeros((), dtype=torch.float32, device=dev)
-        )
+        tensor_amax = block_amax.amax() if rows * kb else torch.zeros((), dtype=torch.float32, device=dev)
     else:
         tensor_amax = given.to(dev)
     finite = torch.ones((), dtype=torch.bool, device=dev)
@@ -213,9 +211,7 @@ def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
         scales[r0:r1] = block_scale
         d = _divisor(block_scale, s_g)
         torch.add(x2[r0:r1], 0.0, out=y)  # fp32, and -0.0 -> +0.0 (code 0, not 8)
-        y.view(h, kb, NVFP4_BLOCK).div_(
-            torch.where(d == 0, torch.full_like(d, math.inf), d).unsqueeze(-1)
-        )
+        y.view(h, kb, NVFP4_BLOCK).div_(torch.where(d == 0, torch.full_like(d, math.inf), d).unsqueeze(-1))
         if fake:
             v = e2m1_signed_values_(y, out[r0:r1])
             v.view(h, kb, NVFP4_BLOCK).mul_(d.unsqueeze(-1))
@@ -228,11 +224,7 @@ def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
 
 
 def quantize_nvfp4(
-    x: torch.Tensor,
-    amax: float | torch.Tensor | None = None,
-    *,
-    rows_per_block: int = 1,
-    name: str = "x",
+    x: torch.Tensor, amax: float | torch.Tensor | None = None, *, rows_per_block: int = 1, name: str = "x"
 ) -> NVFP4Tensor:
     """NVFP4 quantization of ``x [..., K]`` (ModelOpt export rule, module doc).
 
@@ -249,9 +241,7 @@ def quantize_nvfp4(
         ValueError: ``K % 16 != 0``, a non-floating ``x``, non-finite values, a bad ``amax``
             or ``rows_per_block``.
     """
-    fast = triton_quantize(
-        "quantize_nvfp4_triton", x, amax, rows_per_block=rows_per_block, name=name
-    )
+    fast = triton_quantize("quantize_nvfp4_triton", x, amax, rows_per_block=rows_per_block, name=name)
     if fast is not None:  # CUDA: Triton (nemo_ais.formats.dispatch), same bits
         return fast
     return _quantize_eager(x, amax, rows_per_block, name)
@@ -266,9 +256,7 @@ def _quantize_eager(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor:
         return NVFP4Tensor(*_quantize_bands(x, amax, rows_per_block, name, fake=False))
 
 
-def check_experts_args(
-    x: torch.Tensor, amax: torch.Tensor | None, rows_per_block: int, name: str
-) -> None:
+def check_experts_args(x: torch.Tensor, amax: torch.Tensor | None, rows_per_block: int, name: str) -> None:
     """The arguments of :func:`quantize_nvfp4_experts` (ValueError)."""
     check_last_dim(x, name, NVFP4_BLOCK, "NVFP4")
     if x.dim() != 3 or rows_per_block not in TILE_ROWS:
@@ -297,9 +285,7 @@ def quantize_nvfp4_experts(
     Raises:
         ValueError: as :func:`quantize_nvfp4` (naming ``name[e]``), not 3-D, a bad ``amax``.
     """
-    fast = triton_quantize(
-        "quantize_nvfp4_experts_triton", x, amax, rows_per_block=rows_per_block, name=name
-    )
+    fast = triton_quantize("quantize_nvfp4_experts_triton", x, amax, rows_per_block=rows_per_block, name=name)
     if fast is not None:
         return fast
     check_experts_args(x, amax, rows_per_block, name)
@@ -329,17 +315,11 @@ def _quantize_fused(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor | No
     s_g = nvfp4_global_scale(block_amax.amax() if given is None else given.to(x.device))
     tiles = _tile_max(block_amax.view(*lead, kb), rows_per_block).reshape(-1, kb)
     data, scales = ext.nvfp4_encode(x2, tiles.contiguous(), float(s_g))
-    return NVFP4Tensor(
-        data.view(*lead, k // 2), scales.view(torch.float8_e4m3fn).view(*lead, kb), s_g
-    )
+    return NVFP4Tensor(data.view(*lead, k // 2), scales.view(torch.float8_e4m3fn).view(*lead, kb), s_g)
 
 
 def fake_quantize_nvfp4(
-    x: torch.Tensor,
-    amax: float | torch.Tensor | None = None,
-    *,
-    rows_per_block: int = 1,
-    name: str = "x",
+    x: torch.Tensor, amax: float | torch.Tensor | None = None, *, rows_per_block: int = 1, name: str = "x"
 ) -> torch.Tensor:
     """``dequantize_nvfp4(quantize_nvfp4(x, amax))`` without packing: fp32, bit-equal (tested)."""
     with torch.no_grad():
@@ -379,9 +359,7 @@ def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) ->
     return fake_quantize_nvfp4(w, amax, rows_per_block=knobs.nvfp4_rows_per_block, name=name)
 
 
-def _fake_activation(
-    x: torch.Tensor, *, amax: Any = None, name: str = "input", knobs: Any = None
-) -> torch.Tensor:
+def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str = "input", knobs: Any = None) -> torch.Tensor:
     if amax is None:
         raise ValueError(f"{name}: NVFP4 W4A4 activations need the calibrated static input amax")
     return fake_quantize_nvfp4(x, amax, name=name)

@@ -44,12 +44,7 @@ def is_available() -> bool:
 
 
 def use_te(
-    x: torch.Tensor,
-    backend: str,
-    *,
-    name: str = "x",
-    family: str = _TE_FAMILY,
-    block: tuple[int, int] = _TE_BLOCK,
+    x: torch.Tensor, backend: str, *, name: str = "x", family: str = _TE_FAMILY, block: tuple[int, int] = _TE_BLOCK
 ) -> bool:
     """Whether ``backend`` quantizes ``x`` by TE (``auto``: importable, CUDA, multiplier, 128x128).
 
@@ -62,9 +57,7 @@ def use_te(
     if backend == "auto":
         return bool(te_refuses(family, block) is None and x.is_cuda and is_available())
     if backend != "te":
-        raise ValueError(
-            f"{name}: backend={backend!r} is invalid: expected 'torch', 'te' or 'auto'"
-        )
+        raise ValueError(f"{name}: backend={backend!r} is invalid: expected 'torch', 'te' or 'auto'")
     _import_te()
     if not x.is_cuda:
         raise ValueError(f"{name}: backend='te' needs a CUDA tensor, got device {x.device}")

@@ -128,9 +128,7 @@ def _floor_pow2(m):
 
 
 @triton.jit
-def _store_e2m1_pairs(
-    q_ptr, y, xb, rows64, rmask, pk, k, BR: tl.constexpr, BK: tl.constexpr, TIES: tl.constexpr
-):
+def _store_e2m1_pairs(q_ptr, y, xb, rows64, rmask, pk, k, BR: tl.constexpr, BK: tl.constexpr, TIES: tl.constexpr):
     """Signed E2M1 codes of ``y`` (sign of ``xb``), two a byte, into block ``pk`` of ``q``."""
     code = _e2m1_code(tl.abs(y), TIES) | tl.where(xb < 0, 8, 0)
     pairs = tl.reshape(code, (BR, BK // 2, 2)) << (tl.arange(0, 2) * 4)[None, None, :]
@@ -289,17 +287,7 @@ def absmax_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
 
 @triton.jit
 def nvfp4_kernel(
-    x_ptr,
-    sg_ptr,
-    q_ptr,
-    s_ptr,
-    bad_ptr,
-    n,
-    k,
-    sg_stride,
-    BR: tl.constexpr,
-    BK: tl.constexpr,
-    TILE_ROWS: tl.constexpr,
+    x_ptr, sg_ptr, q_ptr, s_ptr, bad_ptr, n, k, sg_stride, BR: tl.constexpr, BK: tl.constexpr, TILE_ROWS: tl.constexpr
 ):
     """NVFP4 (:mod:`nemo_ais.formats.nvfp4` steps 2-5) of a ``BR x BK`` block of matrix ``e``.
 
@@ -320,10 +308,7 @@ def nvfp4_kernel(
     amax = _max(tl.abs(xb), 2)
     if TILE_ROWS > 1:
         tiles = _max(tl.reshape(amax, (BR // TILE_ROWS, TILE_ROWS, BK // 16)), 1)
-        amax = tl.reshape(
-            tl.broadcast_to(tiles[:, None, :], (BR // TILE_ROWS, TILE_ROWS, BK // 16)),
-            (BR, BK // 16),
-        )
+        amax = tl.reshape(tl.broadcast_to(tiles[:, None, :], (BR // TILE_ROWS, TILE_ROWS, BK // 16)), (BR, BK // 16))
     s_g = tl.load(sg_ptr + e * sg_stride)
     ratio = tl.math.div_rn(amax, tl.broadcast_to(s_g * 6.0, amax.shape))
     ratio = tl.where(ratio == 0, 1.0, ratio)

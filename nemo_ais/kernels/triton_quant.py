@@ -33,12 +33,7 @@ from nemo_ais.formats import (
 from nemo_ais.formats.checks import check_amax, check_last_dim
 from nemo_ais.formats.fp8_block import _FAMILY_INDEX, Family, check_weight_args
 from nemo_ais.formats.mx import MX_BLOCK
-from nemo_ais.formats.nvfp4 import (
-    NVFP4_BLOCK,
-    check_experts_args,
-    nvfp4_global_scale,
-    quantize_nvfp4_experts,
-)
+from nemo_ais.formats.nvfp4 import NVFP4_BLOCK, check_experts_args, nvfp4_global_scale, quantize_nvfp4_experts
 
 __all__ = [
     "quantize_blockwise_triton",
@@ -102,9 +97,7 @@ def _jit(interpret: bool) -> ModuleType:
     try:
         import triton
     except ImportError as err:
-        raise ImportError(
-            "nemo_ais.kernels.triton_quant needs Triton: pip install 'nemo-ais[triton]'"
-        ) from err
+        raise ImportError("nemo_ais.kernels.triton_quant needs Triton: pip install 'nemo-ais[triton]'") from err
     if not interpret:
         return importlib.import_module(_KERNELS)
     # A second copy of the module whose @triton.jit functions are interpreter functions
@@ -213,9 +206,7 @@ def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
 
 
 @_on_x_device
-def quantize_mxfp4_triton(
-    x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x"
-) -> MXFP4Tensor:
+def quantize_mxfp4_triton(x: torch.Tensor, *, round_ties_toward_zero: bool = False, name: str = "x") -> MXFP4Tensor:
     """MXFP4 of ``x [..., K]`` by one Triton launch; the bits of ``quantize_mxfp4``."""
     check_last_dim(x, name, MX_BLOCK, "MXFP4")
     q, scale, bad = _mx(x, fp4=True, ties_toward_zero=bool(round_ties_toward_zero))
@@ -253,11 +244,7 @@ def _nvfp4(x, s_g, n, e, rows_per_block, jit):
 
 @_on_x_device
 def quantize_nvfp4_triton(
-    x: torch.Tensor,
-    amax: float | torch.Tensor | None = None,
-    *,
-    rows_per_block: int = 1,
-    name: str = "x",
+    x: torch.Tensor, amax: float | torch.Tensor | None = None, *, rows_per_block: int = 1, name: str = "x"
 ) -> NVFP4Tensor:
     """NVFP4 of ``x [..., K]``; bits of :func:`nemo_ais.formats.quantize_nvfp4` (one global scale).
 
@@ -296,9 +283,7 @@ def quantize_nvfp4_experts_triton(
     s_g = nvfp4_global_scale(expert_amax)
     data, scale, bad = _nvfp4(xc, s_g, n, e, rows_per_block, jit)
     # a non-finite x is counted by the kernel; a given amax is checked here
-    if bad or (
-        amax is not None and _READ_BACK.get() and not bool(torch.isfinite(expert_amax).all())
-    ):
+    if bad or (amax is not None and _READ_BACK.get() and not bool(torch.isfinite(expert_amax).all())):
         for i in range(e):  # the PyTorch path raises, naming the expert
             quantize_nvfp4(x[i], None if amax is None else amax[i], name=f"{name}[{i}]")
         raise ValueError(f"amax: got non-finite values {expert_amax.tolist()}")

@@ -11,12 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "MEGATRON_INSTALL_HINT",
-    "get_data_parallel_group",
-    "get_data_parallel_world_size",
-    "is_pipeline_last_stage",
-]
+__all__ = ["MEGATRON_INSTALL_HINT", "get_data_parallel_group", "get_data_parallel_world_size", "is_pipeline_last_stage"]
 
 MEGATRON_INSTALL_HINT = (
     "megatron-core is required for nemo_ais.megatron: `pip install nemo-ais[megatron]` "

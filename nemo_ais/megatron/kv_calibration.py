@@ -71,22 +71,16 @@ SATURATION_WARN_FRACTION = 1e-3  # the share of elements the element P99.9 rule 
 
 
 def kv_calibration_config(
-    percentile: float,
-    margin: float,
-    include_q: bool,
-    reduction: KVReduction = "percentile_of_amax",
+    percentile: float, margin: float, include_q: bool, reduction: KVReduction = "percentile_of_amax"
 ) -> KVScaleConfig:
     """Validated calibration constants; a bad value raises ``ValueError`` naming the argument."""
     if not isinstance(include_q, bool):
         raise ValueError(f"include_q={include_q!r} is invalid: expected a bool")
     try:
-        return KVScaleConfig(
-            percentile=percentile, margin=margin, include_q=include_q, reduction=reduction
-        )
+        return KVScaleConfig(percentile=percentile, margin=margin, include_q=include_q, reduction=reduction)
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc']))}={e.get('input')!r} is invalid: {e['msg']}"
-            for e in err.errors()
+            f"{'.'.join(map(str, e['loc']))}={e.get('input')!r} is invalid: {e['msg']}" for e in err.errors()
         )
         raise ValueError(
             f"calibrate_qkv_fp8_scales: {problems} (percentile in (0, 100], margin in [1, 4], "
@@ -96,9 +90,7 @@ def kv_calibration_config(
 
 def kv_reduction_from_env(environ: Mapping[str, str] | None = None) -> KVReduction:
     """The rule in ``NEMO_AIS_KV_REDUCTION`` (unset: ``percentile_of_amax``; else ValueError)."""
-    value = (os.environ if environ is None else environ).get(KV_REDUCTION_ENV) or (
-        "percentile_of_amax"
-    )
+    value = (os.environ if environ is None else environ).get(KV_REDUCTION_ENV) or ("percentile_of_amax")
     if value not in KV_REDUCTIONS:
         raise ValueError(
             f"{KV_REDUCTION_ENV}={value!r} is invalid: expected one of {list(KV_REDUCTIONS)} "
@@ -137,9 +129,7 @@ def find_attention_layers(model: nn.Module | Sequence[nn.Module]) -> dict[int, n
 
 
 def install_core_attention_hooks(
-    model: nn.Module | Sequence[nn.Module],
-    calibrator: KVScaleCalibrator,
-    counter: KVSaturationCounter | None = None,
+    model: nn.Module | Sequence[nn.Module], calibrator: KVScaleCalibrator, counter: KVSaturationCounter | None = None
 ) -> list[torch.utils.hooks.RemovableHandle]:
     """Pre-hooks feeding each ``core_attention``'s q / k / v to ``calibrator`` (and ``counter``).
 
@@ -150,8 +140,7 @@ def install_core_attention_hooks(
     for layer, attention in find_attention_layers(model).items():
         if not 0 <= layer < calibrator.num_layers:
             raise ValueError(
-                f"attention layer_number={layer + 1} is outside the model's "
-                f"num_layers={calibrator.num_layers}"
+                f"attention layer_number={layer + 1} is outside the model's num_layers={calibrator.num_layers}"
             )
         hook = _qkv_pre_hook(calibrator, layer, kinds, counter)
         handles.append(attention.core_attention.register_forward_pre_hook(hook, with_kwargs=True))
@@ -159,10 +148,7 @@ def install_core_attention_hooks(
 
 
 def _qkv_pre_hook(
-    calibrator: KVScaleCalibrator,
-    layer: int,
-    kinds: tuple[str, ...],
-    counter: KVSaturationCounter | None = None,
+    calibrator: KVScaleCalibrator, layer: int, kinds: tuple[str, ...], counter: KVSaturationCounter | None = None
 ) -> Callable:
     def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
         qkv = list(args[:3]) + [kwargs.get(name) for name in _QKV_ARGS[len(args[:3]) :]]
@@ -182,24 +168,15 @@ def _qkv_pre_hook(
 
 
 def reduce_kv_scales(
-    calibrator: KVScaleCalibrator,
-    group: dist.ProcessGroup | None,
-    device: torch.device | None = None,
+    calibrator: KVScaleCalibrator, group: dist.ProcessGroup | None, device: torch.device | None = None
 ) -> KVScales:
     """ONE ``all_reduce(MAX)`` of the table on ``device`` (``KVScaleCalibrator.compute_scales``)."""
     return calibrator.compute_scales(group=group, device=device)
 
 
-def nemo_rl_calibration_result(
-    scales: KVScales, percentile: float, margin: float
-) -> dict[str, Any]:
+def nemo_rl_calibration_result(scales: KVScales, percentile: float, margin: float) -> dict[str, Any]:
     """NeMo-RL's result ``{"format", "percentile", "margin", "layers": {vLLM name: float}}``."""
-    return {
-        "format": FP8_FORMAT,
-        "percentile": float(percentile),
-        "margin": float(margin),
-        "layers": scales.to_vllm(),
-    }
+    return {"format": FP8_FORMAT, "percentile": float(percentile), "margin": float(margin), "layers": scales.to_vllm()}
 
 
 def calibrate_qkv_fp8_scales(
@@ -261,9 +238,7 @@ def previous_kv_scales(layers: Mapping[str, float], num_layers: int) -> KVScales
 
 
 def log_saturated_fraction(
-    counter: KVSaturationCounter,
-    group: dist.ProcessGroup | None,
-    device: torch.device | None = None,
+    counter: KVSaturationCounter, group: dist.ProcessGroup | None, device: torch.device | None = None
 ) -> dict[str, float]:
     """``kv_cache/saturated_frac_<kind>`` summed over ranks, logged (WARNING > 0.1 %), returned."""
     table = torch.stack([counter.saturated, counter.total])

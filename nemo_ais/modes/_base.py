@@ -133,9 +133,7 @@ class Interval(Section):
     @model_validator(mode="after")
     def _check_interval(self) -> Interval:
         if not self.min < self.max:
-            raise ValueError(
-                f"min={self.min} must be < max={self.max} (the kept interval [min, max] is empty)"
-            )
+            raise ValueError(f"min={self.min} must be < max={self.max} (the kept interval [min, max] is empty)")
         return self
 
 
@@ -149,9 +147,7 @@ def masked(old, rollout, valid, config, w_hat):
     return valid & (w_hat == 0)
 
 
-def interval_mode(
-    name: str, weight: WeightFn, config: type[Interval], prefix: str, **fields
-) -> Mode:
+def interval_mode(name: str, weight: WeightFn, config: type[Interval], prefix: str, **fields) -> Mode:
     """A mode keeping an interval ``[min, max]`` (flat ``<prefix>min`` / ``max`` before).
 
     ``fields``: the record's other fields; ``replay`` defaults to the masked share.
@@ -175,9 +171,7 @@ def where_valid(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return values.where(valid, values.new_zeros(()))
 
 
-def log_ratio(
-    logp_old: torch.Tensor, logp_rollout: torch.Tensor, valid: torch.Tensor
-) -> torch.Tensor:
+def log_ratio(logp_old: torch.Tensor, logp_rollout: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Step 1: l = log pi_old - log mu at ``valid`` positions, 0 elsewhere (detached, fp32/fp64)."""
     dtype = compute_dtype(logp_old, logp_rollout)
     log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)

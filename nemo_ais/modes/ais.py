@@ -29,7 +29,5 @@ MODE = Mode(
     applied_alpha=lambda diagnostics: diagnostics["alpha"],
     batch_field="alpha",
     batch_mean=batch_mean,
-    replay=Replay(
-        frac_capped=lambda diagnostics: diagnostics.frac_capped if diagnostics.alpha > 0 else 0.0
-    ),
+    replay=Replay(frac_capped=lambda diagnostics: diagnostics.frac_capped if diagnostics.alpha > 0 else 0.0),
 )

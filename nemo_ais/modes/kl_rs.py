@@ -22,29 +22,18 @@ class KlRsConfig(Section):
     """``loss_fn.ais.kl_rs``: the per-sequence KL statistic, its threshold and the token veto."""
 
     estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3",
-        description="kl_rs: per-token KL(mu || pi_old) estimate k1 = -l, k2 = l^2 / 2, "
-        "k3 = rho - 1 - l.",
+        "k3", description="kl_rs: per-token KL(mu || pi_old) estimate k1 = -l, k2 = l^2 / 2, k3 = rho - 1 - l."
     )
     aggregation: Literal["mean", "max"] = Field(
         "mean", description="kl_rs: per-sequence statistic abs(mean_t k) or max_t abs(k)."
     )
-    threshold: float = Field(
-        0.01, gt=0.0, description="kl_rs: a sequence is rejected if its statistic > this."
-    )
+    threshold: float = Field(0.01, gt=0.0, description="kl_rs: a sequence is rejected if its statistic > this.")
     veto_min_ratio: float | None = Field(
-        None,
-        gt=0.0,
-        lt=1.0,
-        description="kl_rs: also reject a sequence with any token rho < this (None: no veto).",
+        None, gt=0.0, lt=1.0, description="kl_rs: also reject a sequence with any token rho < this (None: no veto)."
     )
 
 
-_ESTIMATORS = {
-    "k1": lambda ell: -ell,
-    "k2": lambda ell: ell.square() / 2,
-    "k3": lambda ell: ell.expm1() - ell,
-}
+_ESTIMATORS = {"k1": lambda ell: -ell, "k2": lambda ell: ell.square() / 2, "k3": lambda ell: ell.expm1() - ell}
 
 
 def _statistic(log_rho, valid, config):

@@ -28,11 +28,7 @@ M2PO_OFF = 1e4
 class M2poConfig(Section):
     """``loss_fn.ais.m2po``: the bound of the kept tokens' second moment."""
 
-    tau: float = Field(
-        0.04,
-        gt=0.0,
-        description="m2po: bound of the batch second moment mean(l^2) of the kept tokens.",
-    )
+    tau: float = Field(0.04, gt=0.0, description="m2po: bound of the batch second moment mean(l^2) of the kept tokens.")
 
 
 def bin_lower_edges() -> list[float]:

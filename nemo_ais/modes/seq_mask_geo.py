@@ -14,12 +14,8 @@ __all__ = ["MODE", "SeqMaskGeoConfig"]
 class SeqMaskGeoConfig(Interval):
     """``loss_fn.ais.seq_mask_geo``: the kept interval of the geometric-mean ratio."""
 
-    min: float = Field(
-        0.999, gt=0.0, description="seq_mask_geo: lower bound of the geometric-mean ratio."
-    )
-    max: float = Field(
-        1.002, gt=0.0, description="seq_mask_geo: upper bound of the geometric-mean ratio."
-    )
+    min: float = Field(0.999, gt=0.0, description="seq_mask_geo: lower bound of the geometric-mean ratio.")
+    max: float = Field(1.002, gt=0.0, description="seq_mask_geo: upper bound of the geometric-mean ratio.")
 
 
 def weight(logp_old, logp_rollout, valid, config, batch_value):

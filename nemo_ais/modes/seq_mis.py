@@ -16,9 +16,7 @@ __all__ = ["MODE", "SeqMisConfig"]
 class SeqMisConfig(Interval):
     """``loss_fn.ais.seq_mis``: the kept interval of the sequence ratio prod_t rho_t."""
 
-    min: float = Field(
-        0.5, gt=0.0, description="seq_mis: a sequence is kept iff lo <= prod_t rho_t <= hi."
-    )
+    min: float = Field(0.5, gt=0.0, description="seq_mis: a sequence is kept iff lo <= prod_t rho_t <= hi.")
     max: float = Field(2.0, gt=0.0, description="seq_mis: upper bound hi of prod_t rho_t.")
 
 
@@ -29,6 +27,4 @@ def weight(logp_old, logp_rollout, valid, config, batch_value):
     return capped_exp(log_w, config).mul(valid & kept)
 
 
-MODE = interval_mode(
-    "seq_mis", weight, SeqMisConfig, "seq_mis_", replay=None, mode_stats=True, seq_level=True
-)
+MODE = interval_mode("seq_mis", weight, SeqMisConfig, "seq_mis_", replay=None, mode_stats=True, seq_level=True)

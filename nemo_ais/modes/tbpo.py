@@ -19,21 +19,12 @@ __all__ = ["MODE", "TbpoConfig"]
 class TbpoConfig(Section):
     """``loss_fn.ais.tbpo``: the trust band of the sequence ratio s_i, by the sign of A."""
 
-    clip_low: float = Field(
-        3e-4, gt=0.0, lt=1.0, description="tbpo, A >= 0: s_i clipped below at 1 - this (GSPO)."
-    )
-    clip_high: float = Field(
-        4e-4, gt=0.0, description="tbpo, A >= 0: s_i clipped above at 1 + this (QaRL 4e-4)."
-    )
+    clip_low: float = Field(3e-4, gt=0.0, lt=1.0, description="tbpo, A >= 0: s_i clipped below at 1 - this (GSPO).")
+    clip_high: float = Field(4e-4, gt=0.0, description="tbpo, A >= 0: s_i clipped above at 1 + this (QaRL 4e-4).")
     neg_clip_low: float = Field(
-        3e-4,
-        gt=0.0,
-        lt=1.0,
-        description="tbpo, A < 0: lower edge 1 - this of the two-sided band (QaRL 3e-4).",
+        3e-4, gt=0.0, lt=1.0, description="tbpo, A < 0: lower edge 1 - this of the two-sided band (QaRL 3e-4)."
     )
-    neg_clip_high: float = Field(
-        7e-4, gt=0.0, description="tbpo, A < 0: upper edge 1 + this of the band (QaRL 7e-4)."
-    )
+    neg_clip_high: float = Field(7e-4, gt=0.0, description="tbpo, A < 0: upper edge 1 + this of the band (QaRL 7e-4).")
 
 
 def weight(logp_old, logp_rollout, valid, config, batch_value):
@@ -52,8 +43,7 @@ MODE = Mode(
     surrogate_conflicts={
         "disable_ppo_ratio": "tbpo's surrogate is built on the sequence ratio",
         "use_cispo": "tbpo has its own sequence-ratio surrogate, CISPO's replaces the PPO clip",
-        "sequence_level_importance_ratios": "tbpo has its own sequence-ratio surrogate (its "
-        "band is loss_fn.ais.tbpo)",
+        "sequence_level_importance_ratios": "tbpo has its own sequence-ratio surrogate (its band is loss_fn.ais.tbpo)",
     },
     unused_options=("ratio_clip_min", "ratio_clip_max", "ratio_clip_c"),
     unused_why="its surrogate clips the sequence ratio to the band loss_fn.ais.tbpo.clip_low/"

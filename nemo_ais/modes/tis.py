@@ -16,10 +16,7 @@ class TisConfig(Section):
     """``loss_fn.ais.tis``; the cap C is the shared ``loss_fn.ais.weight_cap``."""
 
     floor: float | None = Field(
-        None,
-        ge=0.0,
-        lt=1.0,
-        description="Optional lower clamp of the tis weight (None = no floor, as NeMo-RL's tis).",
+        None, ge=0.0, lt=1.0, description="Optional lower clamp of the tis weight (None = no floor, as NeMo-RL's tis)."
     )
 
 

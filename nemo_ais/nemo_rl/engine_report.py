@@ -96,11 +96,7 @@ def held_format(quant_method: Any) -> str:
     names = mro_names(quant_method)
     kernel = type(_first(quant_method, "kernel", "fp8_linear")).__name__
     backend = str(_first(quant_method, "nvfp4_backend", "mxfp8_backend", "fp8_backend") or "")
-    weight_only = (
-        "Marlin" in kernel
-        or "MARLIN" in backend.upper()
-        or bool(getattr(quant_method, "use_marlin", False))
-    )
+    weight_only = "Marlin" in kernel or "MARLIN" in backend.upper() or bool(getattr(quant_method, "use_marlin", False))
     if any(n.startswith("Unquantized") for n in names):
         return "bf16"
     if any("NvFp4" in n for n in names):
@@ -191,9 +187,9 @@ def require_native_nodes(
 
     probe = ray.remote(num_cpus=0)(_read_node)
     refs = [
-        probe.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        ).remote(read or nvml_gpus)
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+            read or nvml_gpus
+        )
         for node in ray.nodes()
         if node.get("Alive")
     ]
@@ -212,8 +208,7 @@ def require_native_nodes(
     gpus = {host: listed for host, listed in found if listed}
     if not gpus:
         logger.warning(
-            "nemo_ais: NVML read no GPU on the %d Ray node(s); the engines' GPUs are checked "
-            "for %s after setup()",
+            "nemo_ais: NVML read no GPU on the %d Ray node(s); the engines' GPUs are checked for %s after setup()",
             len(found),
             rollout_format,
         )
@@ -261,10 +256,7 @@ class Unreached(NamedTuple):
 def _engine_loop(llm: Any) -> asyncio.AbstractEventLoop | None:
     """The running loop an ``AsyncLLM`` answers on: its output task's (vLLM 0.20.0, 0.25.1)."""
     resources = getattr(getattr(llm, "engine_core", None), "resources", None)
-    for task in (
-        getattr(llm, "output_handler", None),
-        getattr(resources, "output_queue_task", None),
-    ):
+    for task in (getattr(llm, "output_handler", None), getattr(resources, "output_queue_task", None)):
         if isinstance(task, asyncio.Future) and not task.done():
             loop = task.get_loop()
             if loop.is_running() and not loop.is_closed():
@@ -277,9 +269,7 @@ async def _awaited_rpc(llm: Any, method: Callable[..., Any], timeout_s: float) -
     return await result if asyncio.iscoroutine(result) else result  # as NeMo-RL awaits it
 
 
-def engine_rpc(
-    generation_worker: Any, method: Callable[..., Any], timeout_s: float = RPC_TIMEOUT_S
-) -> list[Any]:
+def engine_rpc(generation_worker: Any, method: Callable[..., Any], timeout_s: float = RPC_TIMEOUT_S) -> list[Any]:
     """On a generation actor: ``method`` in every vLLM worker process of its engine (a list).
 
     ``vllm.LLM.collective_rpc`` answers directly. ``AsyncLLM``'s is a coroutine, and Ray runs
@@ -319,9 +309,7 @@ def engine_rpc(
         return list(future.result(timeout_s))
     except concurrent.futures.TimeoutError:
         future.cancel()
-        raise TimeoutError(
-            f"collective_rpc({name}) on {where} did not answer within {timeout_s:.0f} s"
-        ) from None
+        raise TimeoutError(f"collective_rpc({name}) on {where} did not answer within {timeout_s:.0f} s") from None
 
 
 def _answer_or_unreached(fn: Callable[[Any], list[Any]], generation_worker: Any) -> list[Any]:
@@ -331,9 +319,7 @@ def _answer_or_unreached(fn: Callable[[Any], list[Any]], generation_worker: Any)
         return [Unreached(str(err))]
 
 
-def ask_engines(
-    policy_generation: Any, fn: Callable[[Any], list[Any]]
-) -> tuple[list[list[Any]], list[str]]:
+def ask_engines(policy_generation: Any, fn: Callable[[Any], list[Any]]) -> tuple[list[list[Any]], list[str]]:
     """``fn`` (an :func:`engine_rpc` call) on each model-owning generation actor.
 
     Returns the answers per actor (an unreachable actor's: ``[]``) and why each actor that
@@ -401,11 +387,7 @@ def gpu_problems(rollout_format: str, reports: Iterable[EngineLayers]) -> list[s
 
 
 def require_native_gpu(
-    policy_generation: Any,
-    rollout_format: str,
-    *,
-    async_engine: bool = False,
-    read: GpuReader = nvml_gpus,
+    policy_generation: Any, rollout_format: str, *, async_engine: bool = False, read: GpuReader = nvml_gpus
 ) -> list[EngineLayers]:
     """After ``setup()``: RuntimeError if the engines' GPUs run the rollout format as another.
 
@@ -424,15 +406,12 @@ def require_native_gpu(
     reports = [r for group in per_worker for r in group]
     if async_engine and not reports:
         logger.warning(
-            "nemo_ais: NVML could not be read in the async generation workers; their GPUs "
-            "are not checked for %s",
+            "nemo_ais: NVML could not be read in the async generation workers; their GPUs are not checked for %s",
             rollout_format,
         )
     problems = gpu_problems(rollout_format, reports)
     if problems:
-        raise RuntimeError(
-            f"the rollout engines cannot run {rollout_format} natively:\n  " + "\n  ".join(problems)
-        )
+        raise RuntimeError(f"the rollout engines cannot run {rollout_format} natively:\n  " + "\n  ".join(problems))
     return reports
 
 
@@ -444,11 +423,7 @@ def expects_bf16(kept_in_bf16: Callable[[str], bool], vllm_name: str) -> bool:
 
 
 def format_problems(
-    rollout_format: str,
-    reports: Sequence[EngineLayers],
-    kept_in_bf16: Callable[[str], bool],
-    *,
-    nemo_rl_version: str,
+    rollout_format: str, reports: Sequence[EngineLayers], kept_in_bf16: Callable[[str], bool], *, nemo_rl_version: str
 ) -> list[str]:
     """One line per layer whose held format is not the one the run's rule gives it.
 
@@ -470,8 +445,7 @@ def format_problems(
                 )
             elif layer.held != "bf16" and want_bf16:
                 problems.append(
-                    f"{where}: {layer.name} is held as {layer.held} ({layer.method}) but the "
-                    "run keeps it in BF16"
+                    f"{where}: {layer.name} is held as {layer.held} ({layer.method}) but the run keeps it in BF16"
                 )
             elif layer.held not in ("bf16", rollout_format):
                 if layer.held.startswith(kernel.family) or layer.held == kernel.weight_only:
@@ -481,8 +455,7 @@ def format_problems(
                     )
                 else:
                     problems.append(
-                        f"{where}: {layer.name} is held as {layer.held} ({layer.method}), "
-                        f"expected {rollout_format}"
+                        f"{where}: {layer.name} is held as {layer.held} ({layer.method}), expected {rollout_format}"
                     )
             if (
                 layer.moe
@@ -499,11 +472,7 @@ def format_problems(
 
 
 def require_engine_formats(
-    policy_generation: Any,
-    rollout_format: str,
-    kept_in_bf16: Callable[[str], bool],
-    *,
-    nemo_rl_version: str,
+    policy_generation: Any, rollout_format: str, kept_in_bf16: Callable[[str], bool], *, nemo_rl_version: str
 ) -> list[EngineLayers]:
     """After the first refit: RuntimeError naming each layer not held as the run's rule says.
 
@@ -512,12 +481,7 @@ def require_engine_formats(
     """
     per_worker, unreached = ask_engines(policy_generation, _engine_layers_all)
     reports = [r for group in per_worker for r in group]
-    problems = format_problems(
-        rollout_format, reports, kept_in_bf16, nemo_rl_version=nemo_rl_version
-    )
-    head = (
-        f"the rollout engines do not hold what the run quantizes ({rollout_format}); "
-        f"{len(problems)} problem(s):"
-    )
+    problems = format_problems(rollout_format, reports, kept_in_bf16, nemo_rl_version=nemo_rl_version)
+    head = f"the rollout engines do not hold what the run quantizes ({rollout_format}); {len(problems)} problem(s):"
     raise_engine_problems(head, problems, unreached)
     return reports

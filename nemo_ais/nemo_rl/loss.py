@@ -25,13 +25,7 @@ from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedP
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from nemo_ais.alarms import ALARM_KINDS, ALARM_PREFIX, AISAlarmsConfig
-from nemo_ais.config import (
-    CorrectionConfig,
-    PGLossConfig,
-    pg_loss_section,
-    surrogate_conflicts,
-    validate_section,
-)
+from nemo_ais.config import CorrectionConfig, PGLossConfig, pg_loss_section, surrogate_conflicts, validate_section
 from nemo_ais.core import AISDiagnostics, metric_normalizations, validation
 from nemo_ais.core.metrics import AIS_METRIC_NAMES, ais_values
 from nemo_ais.core.weights import compute_dtype
@@ -66,13 +60,7 @@ __all__ = [
 ]
 
 # Keys core computes in AIS mode (NeMo-RL's definitions); the others are NeMo-RL's.
-_CORE_KEYS = (
-    "loss",
-    "probs_ratio",
-    "probs_ratio_clamped",
-    "kl_penalty",
-    "sampling_importance_ratio",
-)
+_CORE_KEYS = ("loss", "probs_ratio", "probs_ratio_clamped", "kl_penalty", "sampling_importance_ratio")
 # ClippedPGLossFn's keys (v0.7.0 and main; no truncated IS): what grpo_train may read.
 NEMO_RL_METRIC_KEYS = (
     "loss",
@@ -121,10 +109,7 @@ class _CallCounts(NamedTuple):
 
 
 # our loss_fn sections -> (model, the section when absent: off, not the model's default)
-_SECTIONS = {
-    "ais": (CorrectionConfig, {"mode": "none"}),
-    "ais_alarms": (AISAlarmsConfig, {"enabled": False}),
-}
+_SECTIONS = {"ais": (CorrectionConfig, {"mode": "none"}), "ais_alarms": (AISAlarmsConfig, {"enabled": False})}
 
 
 def _validate_section(key: str, value: Any) -> CorrectionConfig | AISAlarmsConfig:
@@ -165,10 +150,7 @@ class AISLossConfig(ClippedPGLossConfig):
                 "mode: tis; with pi_old := mu every IS mode's weight is 1)"
             )
         problems += bypass_kl_in_reward_problems(
-            {
-                f: getattr(self, f)
-                for f in ("ais", "use_kl_in_reward", "reference_policy_kl_penalty")
-            }
+            {f: getattr(self, f) for f in ("ais", "use_kl_in_reward", "reference_policy_kl_penalty")}
         )
         if self.ais.mode != "none":  # core's loss: its knobs, and those the mode excludes
             try:
@@ -231,9 +213,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             ``use_fused_linear_logprobs``).
     """
 
-    def __init__(
-        self, cfg: AISLossConfig | Mapping[str, Any] | ClippedPGLossConfig, **upstream_flags: Any
-    ):
+    def __init__(self, cfg: AISLossConfig | Mapping[str, Any] | ClippedPGLossConfig, **upstream_flags: Any):
         cfg = validate_loss_config(cfg)
         super().__init__(cfg, **upstream_flags)
         self.ais = cfg.ais
@@ -294,9 +274,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         """NeMo-RL's loss contract: ``(loss, metrics)`` with float metrics (module doc)."""
         if not self.enabled:
             counts = self._call_counts(data, global_valid_seqs, global_valid_toks)
-            loss, metrics = super().__call__(
-                next_token_logprobs, data, global_valid_seqs, global_valid_toks
-            )
+            loss, metrics = super().__call__(next_token_logprobs, data, global_valid_seqs, global_valid_toks)
             dtype = _metric_dtype(next_token_logprobs, data)
             metrics = {**metrics, **self._telemetry(dtype, counts)}
             return loss, {**metrics, **self._per_global_batch_alpha(metrics, counts.index)}
@@ -345,9 +323,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             ordered.update(self._alarm_telemetry(_metric_dtype(next_token_logprobs, data), counts))
         return ordered
 
-    def _call_counts(
-        self, data: Mapping[str, Any], global_valid_seqs: Any, global_valid_toks: Any
-    ) -> _CallCounts:
+    def _call_counts(self, data: Mapping[str, Any], global_valid_seqs: Any, global_valid_toks: Any) -> _CallCounts:
         """This call's valid tokens and global batch, global counts checked, in ONE host sync."""
         row_toks = data.get(VALID_TOKENS_KEY)  # prepared once per train() call by the seam
         if row_toks is None:  # not prepared: one pass over the masks
@@ -356,9 +332,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         validation.check_scalar_count("global_valid_seqs", global_valid_seqs)
         scalars = [row_toks.sum(dtype=torch.float64), torch.count_nonzero(row_toks)]
         scalars += [
-            v.reshape(())
-            if isinstance(v, torch.Tensor)
-            else torch.as_tensor(v, device=row_toks.device)
+            v.reshape(()) if isinstance(v, torch.Tensor) else torch.as_tensor(v, device=row_toks.device)
             for v in (global_valid_toks, global_valid_seqs)
         ]
         tags = data.get(GLOBAL_BATCH_KEY)

@@ -11,19 +11,12 @@ from typing import Any
 from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS
 from nemo_ais.rules.config_keys import get
 
-__all__ = [
-    "ais_worker_fqn",
-    "ais_worker_python",
-    "make_policy_factory",
-    "register_ais_workers",
-]
+__all__ = ["ais_worker_fqn", "ais_worker_python", "make_policy_factory", "register_ais_workers"]
 
 _MEGATRON = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
 _DTENSOR = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
 _DTENSOR_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"
-_MEGATRON_QUANT = (
-    "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker.MegatronQuantPolicyWorker"
-)
+_MEGATRON_QUANT = "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker.MegatronQuantPolicyWorker"
 
 
 def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
@@ -46,8 +39,7 @@ def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
     if dtensor.get("enabled", False):
         return AIS_WORKER_FQNS[_DTENSOR_V2 if dtensor.get("_v2", False) else _DTENSOR]
     raise ValueError(
-        "policy.megatron_cfg.enabled or policy.dtensor_cfg.enabled must be true "
-        "(NeMo-RL needs a training backend)"
+        "policy.megatron_cfg.enabled or policy.dtensor_cfg.enabled must be true (NeMo-RL needs a training backend)"
     )
 
 

@@ -33,19 +33,8 @@ from pydantic import Discriminator, Tag, TypeAdapter
 from nemo_ais.config import require_config
 from nemo_ais.formats.registry import get_format
 from nemo_ais.nemo_rl import compat, vllm_refit
-from nemo_ais.nemo_rl.engine_report import (
-    ask_engines,
-    engine_rpc,
-    mro_names,
-    raise_engine_problems,
-)
-from nemo_ais.nemo_rl.vllm_refit import (
-    PATCHED,
-    RECORDED_SIGNATURES,
-    TARGET_MODULE,
-    engine_pairs,
-    unchanged,
-)
+from nemo_ais.nemo_rl.engine_report import ask_engines, engine_rpc, mro_names, raise_engine_problems
+from nemo_ais.nemo_rl.vllm_refit import PATCHED, RECORDED_SIGNATURES, TARGET_MODULE, engine_pairs, unchanged
 from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, RefitConfig, RefitStream
 from nemo_ais.rules.config_keys import get
 from nemo_ais.rules.keep_bf16 import fp8_engine_exclusions
@@ -144,29 +133,13 @@ class Engine:
     wraps_is_fp8_model: bool = False  # also wrap is_fp8_model (NeMo-RL does not call it FP8)
     decides_backend: bool = False  # backend auto -> TE or torch once per process (block FP8)
     defaults: tuple[tuple[str, Any], ...] = ()  # config fields left None -> the hook's value
-    signatures: tuple[str, ...] = (
-        "load_weights",
-        "_is_fp8_weight",
-        "is_fp8_model",
-        "_get_module_from_param_name",
-    )
+    signatures: tuple[str, ...] = ("load_weights", "_is_fp8_weight", "is_fp8_model", "_get_module_from_param_name")
 
 
 ENGINES = {
-    "fp8": Engine(
-        _holds_fp8,
-        _fp8_engine,
-        decides_backend=True,
-        signatures=("load_weights", "_is_fp8_weight"),
-    ),
-    "mxfp8": Engine(
-        _holds_fp8,
-        _mxfp8_engine,
-        defaults=(("mxfp8_scale_name", "weight_scale_from_checkpoint"),),
-    ),
-    "nvfp4": Engine(
-        holds_nvfp4, _nvfp4_engine, upstream_passthrough=False, wraps_is_fp8_model=True
-    ),
+    "fp8": Engine(_holds_fp8, _fp8_engine, decides_backend=True, signatures=("load_weights", "_is_fp8_weight")),
+    "mxfp8": Engine(_holds_fp8, _mxfp8_engine, defaults=(("mxfp8_scale_name", "weight_scale_from_checkpoint"),)),
+    "nvfp4": Engine(holds_nvfp4, _nvfp4_engine, upstream_passthrough=False, wraps_is_fp8_model=True),
 }
 """The engine side of each vLLM method family (``NATIVE_KERNELS[format].family``)."""
 
@@ -175,9 +148,7 @@ def _engine(config: RefitConfig) -> Engine:
     return ENGINES[NATIVE_KERNELS[config.format].family]
 
 
-def check_signatures(
-    module: Any, names: Iterable[str] = ("load_weights", "_is_fp8_weight")
-) -> None:
+def check_signatures(module: Any, names: Iterable[str] = ("load_weights", "_is_fp8_weight")) -> None:
     """Raise ``RuntimeError`` if an upstream function differs from :data:`RECORDED_SIGNATURES`."""
     fix = (
         "(NeMo-RL v0.7.0 and main). Re-check nemo_ais/nemo_rl/refit.py against this NeMo-RL "
@@ -241,9 +212,7 @@ def install(module: Any, config: RefitConfig) -> bool:
         config = _hook_config(config)  # once per process, not once per tensor
         stream = RefitStream(config, _input_amax(config))
     except (RuntimeError, ValueError) as err:
-        logger.warning(
-            "nemo_ais: AIS %s refit NOT installed in pid %d: %s", config.format, os.getpid(), err
-        )
+        logger.warning("nemo_ais: AIS %s refit NOT installed in pid %d: %s", config.format, os.getpid(), err)
         raise
     original_load = module.load_weights
     held: dict[tuple[int, str], bool] = {}  # as upstream caches _is_fp8_weight
@@ -277,8 +246,7 @@ def install(module: Any, config: RefitConfig) -> bool:
 
         vllm_refit.patch(module, "is_fp8_model", is_fp8_model)
     logger.warning(
-        "nemo_ais: %s.load_weights wrapped in pid %d: the BF16 refit is quantized to %s by "
-        "nemo_ais (backend %s)",
+        "nemo_ais: %s.load_weights wrapped in pid %d: the BF16 refit is quantized to %s by nemo_ais (backend %s)",
         module.__name__,
         os.getpid(),
         config.format,
@@ -411,9 +379,7 @@ def require_active(policy_generation: Any) -> list[HookStatus]:
     raise_engine_problems(head, problems, unreached)
     statuses = [s for group in per_worker for s in group]
     logger.warning(
-        "nemo_ais: AIS refit armed in %d vLLM worker processes of %d generation workers",
-        len(statuses),
-        len(per_worker),
+        "nemo_ais: AIS refit armed in %d vLLM worker processes of %d generation workers", len(statuses), len(per_worker)
     )
     return statuses
 
@@ -425,8 +391,7 @@ def _section_of(value: Any) -> str:
 
 _ENV_CONFIG = TypeAdapter(
     Annotated[
-        Annotated[Fp8SyncConfig, Tag("fp8")] | Annotated[BlockSyncConfig, Tag("block")],
-        Discriminator(_section_of),
+        Annotated[Fp8SyncConfig, Tag("fp8")] | Annotated[BlockSyncConfig, Tag("block")], Discriminator(_section_of)
     ]
 )  # the section's own config class, told apart by its format (absent: fp8)
 

@@ -40,9 +40,7 @@ class AISMasterConfig(MasterConfig):
         return out
 
 
-def ais_master_config(
-    config: Mapping[str, Any], view: Mapping[str, Any], ais_cfg: Any
-) -> AISMasterConfig:
+def ais_master_config(config: Mapping[str, Any], view: Mapping[str, Any], ais_cfg: Any) -> AISMasterConfig:
     """``MasterConfig`` of the driver ``view`` that logs and saves the user's ``config``.
 
     ``ais_cfg`` is the validated ``loss_fn``; the marker's ``driver_view`` holds the

@@ -25,14 +25,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig, require_config
-from nemo_ais.core import (
-    AISDiagnostics,
-    AISState,
-    LossOutput,
-    clipped_pg_loss,
-    compute_diagnostics,
-    validation,
-)
+from nemo_ais.core import AISDiagnostics, AISState, LossOutput, clipped_pg_loss, compute_diagnostics, validation
 
 __all__ = [
     "GLOBAL_BATCH_KEY",
@@ -107,9 +100,7 @@ def _tensor(data: Mapping[str, Any], key: str, ndim: int) -> torch.Tensor:
             f"{form} tensor, which NeMo-RL's GRPO puts in every training batch"
         )
     if value.dim() != ndim:
-        raise ValueError(
-            f"{key}: got {list(value.shape)} {value.dtype}, expected a {ndim}-D tensor ({form})"
-        )
+        raise ValueError(f"{key}: got {list(value.shape)} {value.dtype}, expected a {ndim}-D tensor ({form})")
     return value
 
 
@@ -129,9 +120,7 @@ def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> Cor
     sample_mask = _tensor(data, "sample_mask", 1)
     for name, t in (("generation_logprobs", gen), ("token_mask", token_mask)):
         if t.shape != prev.shape:
-            raise ValueError(
-                f"{name}: got {list(t.shape)}, expected {list(prev.shape)} like prev_logprobs"
-            )
+            raise ValueError(f"{name}: got {list(t.shape)}, expected {list(prev.shape)} like prev_logprobs")
     if sample_mask.shape[0] != prev.shape[0]:
         raise ValueError(
             f"sample_mask: got {list(sample_mask.shape)}, expected [{prev.shape[0]}] "
@@ -222,9 +211,7 @@ def _agreed_diagnostics(g, inputs, input_error, config, group, state) -> AISDiag
         raise ValueError(f"global batch {g}: {err}") from err  # g is the same on every rank
 
 
-def _statistics_inputs(
-    batch: Mapping[str, Any], device, loss_keys
-) -> tuple[tuple, Exception | None]:
+def _statistics_inputs(batch: Mapping[str, Any], device, loss_keys) -> tuple[tuple, Exception | None]:
     """``((logp_old, logp_rollout, mask), None)``, or empty tensors and the input error."""
     try:
         x = core_inputs(batch, with_loss_terms=False)

@@ -19,15 +19,7 @@ Adding a check is one function decorated with :func:`~nemo_ais.preflight.checks.
 (docs/cluster.md).
 """
 
-from nemo_ais.preflight.checks import (
-    CHECKS,
-    CheckResult,
-    Context,
-    Verdict,
-    check,
-    check_config,
-    validate_config,
-)
+from nemo_ais.preflight.checks import CHECKS, CheckResult, Context, Verdict, check, check_config, validate_config
 from nemo_ais.preflight.checks.formats import (
     MXFP8_BLOCK,
     NVFP4_BLOCK,
@@ -48,14 +40,7 @@ from nemo_ais.preflight.checks.loss import (
 from nemo_ais.preflight.checks.upstream import ENTRY_POINT_KEYS
 from nemo_ais.preflight.cli import main
 from nemo_ais.preflight.layout import ParallelLayout, parallel_layout
-from nemo_ais.preflight.loader import (
-    apply_overrides,
-    get,
-    has,
-    is_mixin,
-    load_config,
-    load_config_fallback,
-)
+from nemo_ais.preflight.loader import apply_overrides, get, has, is_mixin, load_config, load_config_fallback
 from nemo_ais.preflight.model_shapes import (
     MODEL_SHAPES,
     ModelShape,
@@ -63,12 +48,7 @@ from nemo_ais.preflight.model_shapes import (
     find_model_shape,
     resolve_model_shape,
 )
-from nemo_ais.preflight.nemo_rl_target import (
-    NEMO_RL_VERSIONS,
-    ROLLOUT_FORMATS,
-    NeMoRLTarget,
-    resolve_target,
-)
+from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS, ROLLOUT_FORMATS, NeMoRLTarget, resolve_target
 
 __all__ = [
     "AIS_CONFLICTS",

@@ -32,9 +32,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     ``null``, ``true``) and exits 0; an absent key fails.
     """
     parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Check NeMo-RL GRPO+AIS configs offline (parallel sizes, FP8 shards, "
-        "loss_fn.ais).",
+        prog=prog, description="Check NeMo-RL GRPO+AIS configs offline (parallel sizes, FP8 shards, loss_fn.ais)."
     )
     parser.add_argument("configs", nargs="+", help="YAML files, then Hydra-style overrides (k=v)")
     parser.add_argument(

@@ -19,10 +19,7 @@ def memory_share_problem(share: Any) -> str | None:
     """VLLM's share of each GPU's memory (``gpu_memory_utilization``) is a fraction in (0, 1]."""
     if share is None or (type(share) in (int, float) and 0 < share <= 1):
         return None
-    return (
-        f"{_SHARE_KEY}={share!r} is invalid: expected a fraction in (0, 1] (vLLM's share of "
-        "each GPU's memory)"
-    )
+    return f"{_SHARE_KEY}={share!r} is invalid: expected a fraction in (0, 1] (vLLM's share of each GPU's memory)"
 
 
 TRAINER_KEYS: dict[str, dict[str, str]] = {
@@ -33,10 +30,7 @@ TRAINER_KEYS: dict[str, dict[str, str]] = {
         "ep": "policy.megatron_cfg.expert_model_parallel_size",
         "etp": "policy.megatron_cfg.expert_tensor_parallel_size",
     },
-    "dtensor": {
-        "tp": "policy.dtensor_cfg.tensor_parallel_size",
-        "cp": "policy.dtensor_cfg.context_parallel_size",
-    },
+    "dtensor": {"tp": "policy.dtensor_cfg.tensor_parallel_size", "cp": "policy.dtensor_cfg.context_parallel_size"},
 }
 """Trainer backend -> size -> the config key it is read from (absent: 1)."""
 
@@ -69,8 +63,7 @@ def parallel_layout(cfg: Mapping[str, Any]) -> ParallelLayout:
     trainer = "megatron" if get(cfg, "policy.megatron_cfg.enabled", False) else "dtensor"
     keys = TRAINER_KEYS[trainer]
     tp, pp, cp, ep, etp = (
-        int(get(cfg, keys[size], 1)) if size in keys else 1
-        for size in ("tp", "pp", "cp", "ep", "etp")
+        int(get(cfg, keys[size], 1)) if size in keys else 1 for size in ("tp", "pp", "cp", "ep", "etp")
     )
     vcfg = "policy.generation.vllm_cfg."
     vllm_tp = int(get(cfg, vcfg + "tensor_parallel_size", 1))

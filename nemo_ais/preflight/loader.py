@@ -21,15 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nemo_ais.rules.config_keys import get, has
 
-__all__ = [
-    "apply_overrides",
-    "get",
-    "has",
-    "is_mixin",
-    "load_config",
-    "load_config_fallback",
-    "nemo_rl_loader",
-]
+__all__ = ["apply_overrides", "get", "has", "is_mixin", "load_config", "load_config_fallback", "nemo_rl_loader"]
 
 
 def is_mixin(cfg: Mapping[str, Any]) -> bool:
@@ -220,9 +212,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
             OmegaConf.update(cfg, key, value, merge=True, force_add=True)
         else:
             if not _present(cfg, key):
-                raise ValueError(
-                    f"override {item!r}: {key} is not in the config (write +{key}=... to add a key)"
-                )
+                raise ValueError(f"override {item!r}: {key} is not in the config (write +{key}=... to add a key)")
             OmegaConf.update(cfg, key, value, merge=True)
     return cfg
 

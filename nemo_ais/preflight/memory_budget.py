@@ -16,12 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_ais.preflight.checks.formats import (
-    WEIGHT_BYTES,
-    kept_in_bf16,
-    quantized_linears,
-    rollout_format,
-)
+from nemo_ais.preflight.checks.formats import WEIGHT_BYTES, kept_in_bf16, quantized_linears, rollout_format
 from nemo_ais.preflight.cli import split_args
 from nemo_ais.preflight.layout import memory_share_problem, parallel_layout
 from nemo_ais.preflight.loader import get, is_mixin, load_config
@@ -342,18 +337,12 @@ _COLUMNS: tuple[tuple[str, Callable[[Budget], str]], ...] = (
     ("model / layout", lambda b: f"{b.model}; {b.layout}"),
     ("params/GPU", lambda b: f"{b.params_per_gpu / 1e9:.2f} B"),
     ("weights + grads + Adam", lambda b: f"{b.weights:.1f} + {b.grads:.1f} + {b.optimizer:.1f}"),
-    (
-        "activations",
-        lambda b: f"{b.activations:.1f}" + (" (ckpt)" if b.activation_checkpointing else ""),
-    ),
+    ("activations", lambda b: f"{b.activations:.1f}" + (" (ckpt)" if b.activation_checkpointing else "")),
     ("logits", lambda b: f"{b.logits:.1f}"),
     ("**train**", lambda b: f"**{b.train:.1f}**"),
     ("logprob", lambda b: f"{b.logprob:.1f}"),
     ("refit", lambda b: f"{b.refit:.1f}"),
-    (
-        "vLLM share (weights, KV)",
-        lambda b: f"{b.vllm_share:.1f} ({b.vllm_weights:.1f}, {b.kv_cache:.1f})",
-    ),
+    ("vLLM share (weights, KV)", lambda b: f"{b.vllm_share:.1f} ({b.vllm_weights:.1f}, {b.kv_cache:.1f})"),
     ("KV seqs", lambda b: f"{b.kv_max_len_seqs:.0f}"),
     ("**generate**", lambda b: f"**{b.generate:.1f}**"),
     ("**host/node**", lambda b: f"**{b.host_per_node:.0f}**"),
@@ -373,8 +362,7 @@ def markdown_table(budgets: Sequence[Budget]) -> str:
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     """CLI: print the markdown budget table of each full config; exit 1 if one does not fit."""
     parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Estimated per-GPU / per-node memory of NeMo-RL GRPO configs (colocated).",
+        prog=prog, description="Estimated per-GPU / per-node memory of NeMo-RL GRPO configs (colocated)."
     )
     parser.add_argument("configs", nargs="+", help="YAML files, then Hydra-style overrides (k=v)")
     parser.add_argument("--gpu-gib", type=float, default=HBM_GIB, help="GPU memory (GiB)")

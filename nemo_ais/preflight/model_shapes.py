@@ -96,12 +96,7 @@ MODEL_SHAPES: dict[str, ModelShape] = {
     )
     for hf_id, hidden, layers, heads, kv, inter, vocab, *flags in _SHAPE_ROWS
 }
-for _alias in (
-    "qwen3-8b-base",
-    "qwen3-30b-a3b-base",
-    "qwen2.5-1.5b-instruct",
-    "llama-3.1-8b-instruct",
-):
+for _alias in ("qwen3-8b-base", "qwen3-30b-a3b-base", "qwen2.5-1.5b-instruct", "llama-3.1-8b-instruct"):
     MODEL_SHAPES[_alias] = MODEL_SHAPES[_alias.removesuffix("-base").removesuffix("-instruct")]
 
 
@@ -200,16 +195,11 @@ def resolve_model_shape(model_name: str, environ: Mapping[str, str] | None = Non
     problem = ""
     if found is not None:
         try:
-            return ResolvedShape(
-                shape_from_config_json(found), f"{model_name}: shapes from {found}", True
-            )
+            return ResolvedShape(shape_from_config_json(found), f"{model_name}: shapes from {found}", True)
         except ValueError as err:
             problem = f"{err}; "
     table = find_model_shape(model_name)
-    where = (
-        f"no config.json in a local directory {model_name} or in the HF cache {hub} "
-        "(nothing is downloaded)"
-    )
+    where = f"no config.json in a local directory {model_name} or in the HF cache {hub} (nothing is downloaded)"
     if table is None:
         detail = f"{problem}policy.model_name={model_name!r}: {where}, and not in MODEL_SHAPES"
         return ResolvedShape(None, detail, False)

@@ -56,9 +56,7 @@ ROLLOUT_FORMATS: dict[str, FormatSupport] = {
         "nemo_rl/modelopt/utils.py",
         "def resolve_nvfp4_real_quant_mode",
     ),
-    "mxfp8": FormatSupport(
-        "MXFP8 rollout", ("main",), "nemo_rl/models/generation/vllm/quantization/fp8.py", "is_mx"
-    ),
+    "mxfp8": FormatSupport("MXFP8 rollout", ("main",), "nemo_rl/models/generation/vllm/quantization/fp8.py", "is_mx"),
 }
 """The rollout formats only some supported NeMo-RL versions have (module table)."""
 
@@ -84,9 +82,7 @@ class NeMoRLTarget:
 def target_from_version(version: str) -> NeMoRLTarget:
     """The target of a supported version name (:data:`NEMO_RL_VERSIONS`; else ``ValueError``)."""
     if version not in NEMO_RL_VERSIONS:
-        raise ValueError(
-            f"--nemo-rl-version={version!r} is invalid: expected one of {list(NEMO_RL_VERSIONS)}"
-        )
+        raise ValueError(f"--nemo-rl-version={version!r} is invalid: expected one of {list(NEMO_RL_VERSIONS)}")
     formats = frozenset(k for k, f in ROLLOUT_FORMATS.items() if version in f.versions)
     return NeMoRLTarget(f"NeMo-RL {version}", formats, version in NESTED_BF16_LAYERS.versions)
 

@@ -16,11 +16,7 @@ import sys
 PYTHON = (3, 11)
 """The oldest Python the package supports (``requires-python`` in pyproject.toml)."""
 
-REQUIREMENTS = (
-    ("pydantic", "pydantic", (2, 7)),
-    ("omegaconf", "omegaconf", (2, 3)),
-    ("yaml", "pyyaml", (6, 0)),
-)
+REQUIREMENTS = (("pydantic", "pydantic", (2, 7)), ("omegaconf", "omegaconf", (2, 3)), ("yaml", "pyyaml", (6, 0)))
 """(module, distribution, oldest version) of each package the pre-flight tool imports."""
 
 

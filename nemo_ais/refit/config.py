@@ -21,14 +21,7 @@ from nemo_ais.formats.registry import get_format
 from nemo_ais.formats.te_backend import te_refuses
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 
-__all__ = [
-    "RENAMED_KEYS",
-    "BlockSyncConfig",
-    "Fp8SyncConfig",
-    "KeepInBf16Fields",
-    "RefitConfig",
-    "WeightFormatFields",
-]
+__all__ = ["RENAMED_KEYS", "BlockSyncConfig", "Fp8SyncConfig", "KeepInBf16Fields", "RefitConfig", "WeightFormatFields"]
 
 RENAMED_KEYS = {
     "weight_block": "block",
@@ -44,12 +37,8 @@ class KeepInBf16Fields(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    num_first_layers_in_bf16: int = Field(
-        0, ge=0, description="Keep decoder layers [0, n) in BF16 (NeMo-RL key)."
-    )
-    num_last_layers_in_bf16: int = Field(
-        0, ge=0, description="Keep the last n decoder layers in BF16 (NeMo-RL key)."
-    )
+    num_first_layers_in_bf16: int = Field(0, ge=0, description="Keep decoder layers [0, n) in BF16 (NeMo-RL key).")
+    num_last_layers_in_bf16: int = Field(0, ge=0, description="Keep the last n decoder layers in BF16 (NeMo-RL key).")
     keep_patterns: tuple[str, ...] = Field(
         (), description="Regexes (re.search on the HF name) of extra linears kept in BF16."
     )
@@ -79,9 +68,7 @@ class WeightFormatFields(KeepInBf16Fields):
     another format are ignored.
     """
 
-    block: tuple[int, int] = Field(
-        (128, 128), description="fp8: weight tile [out, in]; vLLM block-FP8 uses 128x128."
-    )
+    block: tuple[int, int] = Field((128, 128), description="fp8: weight tile [out, in]; vLLM block-FP8 uses 128x128.")
     family: Family = Field(
         "reciprocal",
         description="fp8: weight scale formula family (formats.fp8_block.FAMILY_FORMULAS): "
@@ -112,9 +99,7 @@ class WeightFormatFields(KeepInBf16Fields):
     @classmethod
     def _positive_block(cls, block: tuple[int, int]) -> tuple[int, int]:
         if min(block) <= 0:
-            raise ValueError(
-                f"expected two positive ints (vLLM block FP8 uses (128, 128)), got {block}"
-            )
+            raise ValueError(f"expected two positive ints (vLLM block FP8 uses (128, 128)), got {block}")
         return block
 
     @property
@@ -133,9 +118,7 @@ class RefitConfig(WeightFormatFields):
         description="The engine's weight format: fp8 (W8A8 block FP8), NVFP4 weights with "
         "BF16 (nvfp4_w4a16) or NVFP4 (nvfp4_w4a4, + input_scale) activations, or mxfp8.",
     )
-    num_layers: int | None = Field(
-        None, ge=1, description="Decoder layer count; required by num_last_layers_in_bf16."
-    )
+    num_layers: int | None = Field(None, ge=1, description="Decoder layer count; required by num_last_layers_in_bf16.")
     ignore: tuple[str, ...] = Field(
         (),
         description="ModelOpt real-quant fnmatch patterns kept in BF16, as NeMo-RL's "
@@ -143,14 +126,10 @@ class RefitConfig(WeightFormatFields):
         "routers); matched on the name, without .weight, and with 'model.' toggled.",
     )
     ignored_layer_kws: tuple[str, ...] = Field(
-        (),
-        description="Substrings of names kept in BF16, as NeMo-RL's "
-        "vllm_cfg.quantization_ignored_layer_kws.",
+        (), description="Substrings of names kept in BF16, as NeMo-RL's vllm_cfg.quantization_ignored_layer_kws."
     )
     tp_size: int = Field(1, ge=1, description="vLLM tensor-parallel size (shard check).")
-    check_finite: bool = Field(
-        True, description="Also refuse NaN/Inf in tensors kept in BF16 (one extra pass)."
-    )
+    check_finite: bool = Field(True, description="Also refuse NaN/Inf in tensors kept in BF16 (one extra pass).")
     head_dim: int | None = Field(
         None,
         ge=1,
@@ -211,11 +190,7 @@ class RefitConfig(WeightFormatFields):
         return self
 
     def _keep_options(self) -> dict:
-        return {
-            "num_layers": self.num_layers,
-            "keywords": self.ignored_layer_kws,
-            "ignore": self.ignore,
-        }
+        return {"num_layers": self.num_layers, "keywords": self.ignored_layer_kws, "ignore": self.ignore}
 
 
 class Fp8SyncConfig(RefitConfig):

@@ -45,9 +45,7 @@ class ExpertStack:
 
     def whole_experts(self) -> list[int]:
         """The experts of which every projection is held, ascending."""
-        return [
-            e for e in self.experts if all(self.name(e, leaf) in self.held for leaf in self.leaves)
-        ]
+        return [e for e in self.experts if all(self.name(e, leaf) in self.held for leaf in self.leaves)]
 
 
 class ExpertStacks:

@@ -98,9 +98,7 @@ class KVScaleConfig(BaseModel):
     percentile: float = kv_field("percentile")
     margin: float = kv_field("margin")
     amax_floor: float = kv_field("amax_floor")
-    include_q: bool = Field(
-        True, description="Also calibrate and require q_scale (FP8 attention); else K/V only."
-    )
+    include_q: bool = Field(True, description="Also calibrate and require q_scale (FP8 attention); else K/V only.")
 
 
 def kv_scale_names(layer: int) -> dict[str, str]:
@@ -191,10 +189,7 @@ def kv_saturation_metrics(scales: KVScales) -> dict[str, float]:
     """``kv_cache/peak_over_range_<kind>``: max over layers of :meth:`KVScales.peak_over_range`."""
     ratio = scales.peak_over_range()
     kinds = KINDS if scales.include_q else KINDS[1:]
-    return {
-        f"{KV_METRIC_PREFIX}peak_over_range_{kind}": float(ratio[:, KINDS.index(kind)].max())
-        for kind in kinds
-    }
+    return {f"{KV_METRIC_PREFIX}peak_over_range_{kind}": float(ratio[:, KINDS.index(kind)].max()) for kind in kinds}
 
 
 class KVSaturationCounter:
@@ -247,9 +242,7 @@ class KVScaleCalibrator:
         # (layer, kind column, max |x|, the rule's statistic), 0-dim tensors on x's device
         self._observations: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
 
-    def observe(
-        self, layer: int, kind: KVKind, x: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> None:
+    def observe(self, layer: int, kind: KVKind, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Record one activation ``x [..., D]`` of ``layer`` / ``kind`` (rows where ``mask``)."""
         if not 0 <= layer < self.num_layers or kind not in KINDS:
             raise ValueError(
@@ -259,8 +252,7 @@ class KVScaleCalibrator:
         if mask is not None:
             if tuple(mask.shape) != tuple(x.shape[:-1]):
                 raise ValueError(
-                    f"observe: mask {list(mask.shape)} does not match x {list(x.shape)}: "
-                    "expected x.shape[:-1]"
+                    f"observe: mask {list(mask.shape)} does not match x {list(x.shape)}: expected x.shape[:-1]"
                 )
             x = x[mask.to(torch.bool)]
         if x.numel() == 0:
@@ -396,9 +388,7 @@ def collect_engine_kv_scales(model: nn.Module) -> dict[str, float]:
 
 
 def verify_kv_scales(
-    engine_scales: Mapping[str, float | torch.Tensor],
-    expected: Mapping[str, float],
-    rtol: float = 1e-6,
+    engine_scales: Mapping[str, float | torch.Tensor], expected: Mapping[str, float], rtol: float = 1e-6
 ) -> None:
     """Raise ``ValueError`` listing every sent scale the engine does not hold.
 
@@ -422,8 +412,7 @@ def verify_kv_scales(
             problems.append(f"{name}: engine holds {got:.9g}, sent {want:.9g}")
     if problems:
         raise ValueError(
-            f"FP8 KV-cache scales not loaded correctly ({len(problems)} of {len(expected)}):\n"
-            + "\n".join(problems)
+            f"FP8 KV-cache scales not loaded correctly ({len(problems)} of {len(expected)}):\n" + "\n".join(problems)
         )
 
 

@@ -52,12 +52,7 @@ from nemo_ais.formats.nvfp4 import nvfp4_global_scale
 from nemo_ais.formats.registry import get_format
 from nemo_ais.refit.config import BlockSyncConfig, Fp8SyncConfig, RefitConfig
 from nemo_ais.refit.experts import ExpertStack, ExpertStacks, expert_amax, stack_experts
-from nemo_ais.rules.vllm_layers import (
-    COLUMN_PARALLEL,
-    fused_shard_group,
-    fused_siblings,
-    projection,
-)
+from nemo_ais.rules.vllm_layers import COLUMN_PARALLEL, fused_shard_group, fused_siblings, projection
 
 __all__ = [
     "BlockSyncConfig",
@@ -186,9 +181,7 @@ def _check_tp_shard(name: str, shape: tuple[int, ...], config: RefitConfig) -> N
             )
 
 
-def plan_tensor(
-    name: str, shape: Iterable[int], dtype: torch.dtype, config: RefitConfig
-) -> PlanEntry:
+def plan_tensor(name: str, shape: Iterable[int], dtype: torch.dtype, config: RefitConfig) -> PlanEntry:
     """Quantize or keep one tensor; checks its TP shard (ValueError; TypeError: bad config)."""
     require_config(config, RefitConfig, "plan_tensor(config)")
     shape = tuple(int(s) for s in shape)
@@ -254,23 +247,15 @@ class RefitStream:
         TypeError: ``config`` is not a :class:`RefitConfig`. ValueError: a bad ``input_amax``.
     """
 
-    def __init__(
-        self,
-        config: RefitConfig,
-        input_amax: Mapping[str, float | torch.Tensor] | None = None,
-    ) -> None:
+    def __init__(self, config: RefitConfig, input_amax: Mapping[str, float | torch.Tensor] | None = None) -> None:
         require_config(config, RefitConfig, f"{type(self).__name__}(config)")
         self.config = config
         self.format = get_format(config.format)
-        self.input_amax = {
-            k: check_amax(v, f"input_amax[{k!r}]") for k, v in (input_amax or {}).items()
-        }
+        self.input_amax = {k: check_amax(v, f"input_amax[{k!r}]") for k, v in (input_amax or {}).items()}
         self._open: dict[str, dict[str, torch.Tensor]] = {}
         self._plans = _plans_for(config)
         self._stacks = (
-            None
-            if config.num_experts is None
-            else ExpertStacks(config.num_experts, self.format.shared_global_scale)
+            None if config.num_experts is None else ExpertStacks(config.num_experts, self.format.shared_global_scale)
         )
 
     def plan(self, name: str, tensor: torch.Tensor) -> PlanEntry:
@@ -319,9 +304,7 @@ class RefitStream:
                 return
         yield from self._one(name, tensor)
 
-    def _one(
-        self, name: str, tensor: torch.Tensor, *, check_open: bool = True
-    ) -> Iterator[tuple[str, torch.Tensor]]:
+    def _one(self, name: str, tensor: torch.Tensor, *, check_open: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """One quantized weight: its pairs, or held until its fused group is complete."""
         if not self.format.shared_global_scale:
             pairs = self.format.refit_pairs(name, tensor, self.config)
@@ -345,11 +328,7 @@ class RefitStream:
         input_scale = self._input_scale(group, tuple(shards))
         for shard_name in list(shards):
             pairs = self.format.refit_pairs(
-                shard_name,
-                shards.pop(shard_name),
-                self.config,
-                weight_amax=weight_amax,
-                input_scale=input_scale,
+                shard_name, shards.pop(shard_name), self.config, weight_amax=weight_amax, input_scale=input_scale
             )
             yield from _hand_over(pairs)
 
@@ -384,8 +363,7 @@ class RefitStream:
         if not self._open:
             return
         lines = [
-            f"{group}: got {sorted(shards)}, missing "
-            f"{sorted(set(fused_siblings(next(iter(shards)))) - set(shards))}"
+            f"{group}: got {sorted(shards)}, missing {sorted(set(fused_siblings(next(iter(shards)))) - set(shards))}"
             for group, shards in self._open.items()
         ]
         self._open.clear()
@@ -399,9 +377,7 @@ class RefitStream:
         experts = stack.whole_experts()
         names = {leaf: [stack.name(e, leaf) for e in experts] for leaf in stack.leaves}
         tensors = {leaf: [stack.held[n] for n in ns] for leaf, ns in names.items()}
-        if experts and all(
-            len({(t.shape, t.dtype, t.device) for t in ts}) == 1 for ts in tensors.values()
-        ):
+        if experts and all(len({(t.shape, t.dtype, t.device) for t in ts}) == 1 for ts in tensors.values()):
             yield from self._quantize_stack(stack, names, tensors)
         for name in list(stack.held):  # partial groups, unlike shapes, or a stack that raised
             yield from self._one(name, stack.held.pop(name), check_open=False)
@@ -417,17 +393,11 @@ class RefitStream:
                 return  # one expert at a time: the group names the shard with NaN/Inf
             if self.format.static_input_amax:
                 groups = [[ns[i] for ns in names.values()] for i in range(len(weight_amax))]
-                input_scale = torch.stack(
-                    [self._input_scale(fused_shard_group(g[0]), tuple(g)) for g in groups]
-                )
+                input_scale = torch.stack([self._input_scale(fused_shard_group(g[0]), tuple(g)) for g in groups])
         for leaf in stack.leaves:
             try:
                 pairs = self.format.refit_pairs(
-                    names[leaf],
-                    x.pop(leaf),
-                    self.config,
-                    weight_amax=weight_amax,
-                    input_scale=input_scale,
+                    names[leaf], x.pop(leaf), self.config, weight_amax=weight_amax, input_scale=input_scale
                 )
             except ValueError:  # NaN/Inf: one expert at a time names the tensor
                 return

@@ -34,30 +34,18 @@ __all__ = [
 
 
 def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-    model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions(attention_mask),
-        logits_to_keep=1,
-    )
+    model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask), logits_to_keep=1)
 
 
 def static_input_modules(model: nn.Module, fake_quant: LinearFakeQuant) -> dict[str, QuantLinear]:
     """The quantized linears of ``model`` whose activations need a calibrated static amax."""
     if not fake_quant.static_input_amax:
         return {}
-    return {
-        n: m
-        for n, m in model.named_modules()
-        if isinstance(m, QuantLinear) and m.fake_quant.static_input_amax
-    }
+    return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.fake_quant.static_input_amax}
 
 
 def observe_input_amax(
-    observed: nn.Module,
-    modules: Mapping[str, nn.Module],
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    observed: nn.Module, modules: Mapping[str, nn.Module], input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     """``{name: max |x|}`` of the inputs of ``observed``'s modules named as ``modules``.
 
@@ -91,9 +79,7 @@ def observe_input_amax(
     return seen
 
 
-def shared_input_amax(
-    names: Iterable[str], seen: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+def shared_input_amax(names: Iterable[str], seen: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``{name: amax}`` of ``names`` (experts share their projection's); ValueError: unseen, bad."""
     expert_max: dict[str, torch.Tensor] = {}
     for name, amax in seen.items():
@@ -115,9 +101,7 @@ def shared_input_amax(
     return out
 
 
-def store_input_amax(
-    modules: dict[str, QuantLinear], seen: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+def store_input_amax(modules: dict[str, QuantLinear], seen: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """:func:`shared_input_amax` of ``modules``, stored on them (``input_amax``) and returned."""
     out = shared_input_amax(modules, seen)
     for name, module in modules.items():

@@ -51,24 +51,18 @@ class RolloutPrecisionConfig(WeightFormatFields):
         description="Linear layers of the decoder: bf16, fp8 (W8A8 blockwise), mxfp8, "
         "nvfp4_w4a16 (NVFP4 weights) or nvfp4_w4a4 (+ NVFP4 activations, static input amax).",
     )
-    kv_cache: KVCacheFormat = Field(
-        "bf16", description="KV cache: bf16, fp8 (E4M3 per-tensor) or nvfp4 (1x16 blocks)."
-    )
+    kv_cache: KVCacheFormat = Field("bf16", description="KV cache: bf16, fp8 (E4M3 per-tensor) or nvfp4 (1x16 blocks).")
     attention_in_bf16: bool = Field(
         False,
         description="Keep every layer's q/k/v/o projections unquantized (NeMo-RL's NVFP4 "
         "real-quant default ignores *self_attn*); the KV cache format still applies.",
     )
-    activation_group: int = Field(
-        128, gt=0, description="format fp8: per-token activation group along the hidden dim."
-    )
+    activation_group: int = Field(128, gt=0, description="format fp8: per-token activation group along the hidden dim.")
     activation_family: Family = Field(
         "divide", description="format fp8: activation formula family (vLLM per-token-group's)."
     )
     activation_eps: float = Field(
-        1e-10,
-        ge=0.0,
-        description="format fp8: floor of an activation group's amax (0 or >= 1e-35).",
+        1e-10, ge=0.0, description="format fp8: floor of an activation group's amax (0 or >= 1e-35)."
     )
 
     @field_validator("activation_eps")

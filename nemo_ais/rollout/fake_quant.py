@@ -82,9 +82,7 @@ def scale_error(x: torch.Tensor, q: torch.Tensor, k: float) -> torch.Tensor:
     return x + k * (q - x)
 
 
-def _bind(
-    fn: Callable[..., torch.Tensor], default: str, knobs: RolloutPrecisionConfig
-) -> Callable[..., torch.Tensor]:
+def _bind(fn: Callable[..., torch.Tensor], default: str, knobs: RolloutPrecisionConfig) -> Callable[..., torch.Tensor]:
     """``fn`` with the config's knobs bound (the identity stays itself: nothing to bind)."""
     return fn if fn is unchanged else partial(_with_default_name, fn, default, knobs)
 
@@ -133,8 +131,6 @@ class _StraightThrough(torch.autograd.Function):
         return grad.to(ctx.dtype), None, None
 
 
-def straight_through(
-    fn: Callable[..., torch.Tensor], t: torch.Tensor, **kwargs: Any
-) -> torch.Tensor:
+def straight_through(fn: Callable[..., torch.Tensor], t: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """``fn(t, **kwargs)`` in the forward (bit for bit), identity gradient (straight-through)."""
     return _StraightThrough.apply(t, fn, kwargs)

@@ -54,12 +54,8 @@ class RefitFault(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     kind: FaultKind = Field(description="scale_layout | bf16_layer | stale_kv_scale.")
-    from_refit: int = Field(
-        ge=2, description="First refit that goes wrong (1 = the first; >= 2: healthy history)."
-    )
-    modules: str = Field(
-        ".", description="scale_layout / bf16_layer: regex (re.search) of the linears hit."
-    )
+    from_refit: int = Field(ge=2, description="First refit that goes wrong (1 = the first; >= 2: healthy history).")
+    modules: str = Field(".", description="scale_layout / bf16_layer: regex (re.search) of the linears hit.")
 
     @field_validator("kind", mode="before")
     @classmethod
@@ -106,17 +102,14 @@ class RefitFaultInjector:
         if fault.kind == "stale_kv_scale":
             if not twin.kv_cache_quantized:
                 raise ValueError(
-                    f"refit_fault stale_kv_scale needs a quantized KV cache, got kv_cache "
-                    f"{twin.config.kv_cache!r}"
+                    f"refit_fault stale_kv_scale needs a quantized KV cache, got kv_cache {twin.config.kv_cache!r}"
                 )
             self.names: tuple[str, ...] = ()
             return
         # Fp8Linear holds its block scales; every QuantLinear its dequantized weight (duck
         # typing: nemo_ais.rollout.linear imports the config, which imports this module)
         wanted, attr = (
-            ("Fp8Linear", "weight_scale_inv")
-            if fault.kind == "scale_layout"
-            else ("QuantLinear", "weight_dequant")
+            ("Fp8Linear", "weight_scale_inv") if fault.kind == "scale_layout" else ("QuantLinear", "weight_dequant")
         )
         self.names = tuple(
             n
@@ -134,12 +127,7 @@ class RefitFaultInjector:
         """Whether the current refit goes wrong."""
         return self.refits >= self.fault.from_refit
 
-    def after_load(
-        self,
-        twin: _Twin,
-        weights: Mapping[str, torch.Tensor],
-        previous_kv_scales: KVScales | None,
-    ) -> None:
+    def after_load(self, twin: _Twin, weights: Mapping[str, torch.Tensor], previous_kv_scales: KVScales | None) -> None:
         """Called by ``sync_weights`` after the weights are loaded, before calibration."""
         self.refits += 1
         if not self.active:

@@ -33,11 +33,7 @@ class QuantizedKVCache(GrowingKVCache):
     """
 
     def __init__(
-        self,
-        kind: str,
-        scales: KVScales,
-        saturation: KVSaturationCounter | None = None,
-        error_scale: float = 1.0,
+        self, kind: str, scales: KVScales, saturation: KVSaturationCounter | None = None, error_scale: float = 1.0
     ) -> None:
         super().__init__()
         self.format = get_kv_format(kind)

@@ -123,11 +123,7 @@ class QuantExperts(nn.Module):
     """
 
     def __init__(
-        self,
-        experts: nn.Module,
-        make_linear: Callable[[torch.Tensor, str], nn.Module],
-        *,
-        name: str = "experts",
+        self, experts: nn.Module, make_linear: Callable[[torch.Tensor, str], nn.Module], *, name: str = "experts"
     ) -> None:
         super().__init__()
         layout = {
@@ -159,17 +155,12 @@ class QuantExperts(nn.Module):
         self.gate_up_proj = nn.ModuleList(
             make_linear(w, f"{name}.gate_up_proj[{e}]") for e, w in enumerate(gate_up.detach())
         )
-        self.down_proj = nn.ModuleList(
-            make_linear(w, f"{name}.down_proj[{e}]") for e, w in enumerate(down.detach())
-        )
+        self.down_proj = nn.ModuleList(make_linear(w, f"{name}.down_proj[{e}]") for e, w in enumerate(down.detach()))
 
     def _loader(self, linears: nn.ModuleList, param: str):
         def load(weight: torch.Tensor) -> None:
             if weight.dim() != 3 or weight.shape[0] != self.num_experts:
-                raise ValueError(
-                    f"{self.name}.{param}: got {list(weight.shape)}, expected "
-                    f"[{self.num_experts}, N, K]"
-                )
+                raise ValueError(f"{self.name}.{param}: got {list(weight.shape)}, expected [{self.num_experts}, N, K]")
             for linear, w in zip(linears, weight, strict=True):
                 linear.load_weight(w)
 
@@ -244,9 +235,7 @@ class Fp8Linear(QuantLinear):
         """Re-quantize from a high-precision ``[out, in]`` weight (ValueError: shape, NaN)."""
         self._check_shape(weight)
         self._store(*self._quantize(weight))
-        self.weight_dequant = scale_error(
-            weight.detach(), self.weight_dequant, self.knobs.error_scale
-        )
+        self.weight_dequant = scale_error(weight.detach(), self.weight_dequant, self.knobs.error_scale)
 
     def _quantize(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_weight(weight, self.knobs, name=self.name)

@@ -20,13 +20,7 @@ from nemo_ais.rollout.fake_quant import LinearFakeQuant
 from nemo_ais.rollout.linear import Fp8Experts, Fp8Linear, QuantExperts, QuantLinear
 from nemo_ais.rules.vllm_layers import fused_shard_group, layer_index
 
-__all__ = [
-    "head_dim",
-    "num_layers",
-    "quantized_module",
-    "quantized_module_names",
-    "shared_amax_groups",
-]
+__all__ = ["head_dim", "num_layers", "quantized_module", "quantized_module_names", "shared_amax_groups"]
 
 
 def _text_config(model: nn.Module):
@@ -76,9 +70,7 @@ def quantized_module_names(model: nn.Module, config: RolloutPrecisionConfig) -> 
     keep = dataclasses.replace(config.keep_rule(), num_layers=n_layers)
     names = []
     for name, module in model.named_modules():
-        if layer_index(name) is None or not (
-            isinstance(module, nn.Linear) or _is_fused_experts(module)
-        ):
+        if layer_index(name) is None or not (isinstance(module, nn.Linear) or _is_fused_experts(module)):
             continue
         if keep.keeps(name):
             continue
@@ -117,11 +109,7 @@ def quantized_module(
         return Fp8Experts(module, name=name, **quant)
     if isinstance(module, nn.Linear):
         return QuantLinear(
-            module.weight.detach(),
-            module.bias,
-            fake_quant,
-            name=f"{name}.weight",
-            weight_amax=weight_amax,
+            module.weight.detach(), module.bias, fake_quant, name=f"{name}.weight", weight_amax=weight_amax
         )
     return QuantExperts(module, lambda w, n: QuantLinear(w, None, fake_quant, name=n), name=name)
 

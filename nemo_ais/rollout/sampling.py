@@ -107,8 +107,7 @@ def _check_sampling(temperature: float, top_k: int, top_p: float, mode: str) -> 
     """Validate the sampling arguments of :func:`generate` and :func:`score_responses`."""
     if not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(
-            f"temperature={temperature!r} is invalid: expected a finite float > 0 "
-            "(use top_k=1 for greedy decoding)"
+            f"temperature={temperature!r} is invalid: expected a finite float > 0 (use top_k=1 for greedy decoding)"
         )
     if not (isinstance(top_k, int) and top_k >= 0):
         raise ValueError(f"top_k={top_k!r} is invalid: expected an int >= 0 (0 = off)")
@@ -134,12 +133,7 @@ def _filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch
 
 
 def _token_logprobs(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    mode: LogprobsMode,
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int, top_p: float, mode: LogprobsMode
 ) -> torch.Tensor:
     """``log softmax(logits / temperature)[tokens]`` in fp32 (filtered first if "processed")."""
     scaled = logits.float() / temperature
@@ -150,11 +144,7 @@ def _token_logprobs(
 
 
 def _sample(
-    logits: torch.Tensor,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    generator: torch.Generator | None,
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator | None
 ) -> torch.Tensor:
     """One token per row: ``argmax(p / E)``, ``E ~ Exp(1)`` (an exact categorical draw)."""
     scaled = _filter_top_k_top_p(logits.float() / temperature, top_k, top_p)
@@ -166,13 +156,10 @@ def _sample(
 def check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     """Prompts must be ``[B, P]`` int with a LEFT-padded {0, 1} mask of the same shape."""
     if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(
-            f"input_ids: got {list(input_ids.shape)} {input_ids.dtype}, expected [B, P] int64"
-        )
+        raise ValueError(f"input_ids: got {list(input_ids.shape)} {input_ids.dtype}, expected [B, P] int64")
     if attention_mask.shape != input_ids.shape:
         raise ValueError(
-            f"attention_mask: got {list(attention_mask.shape)}, expected "
-            f"{list(input_ids.shape)} like input_ids"
+            f"attention_mask: got {list(attention_mask.shape)}, expected {list(input_ids.shape)} like input_ids"
         )
     mask = attention_mask.to(torch.int64)
     if not bool(((mask == 0) | (mask == 1)).all()):
@@ -298,9 +285,7 @@ def score_responses(
     check_prompt(input_ids, attention_mask)
     _check_sampling(temperature, top_k, top_p, logprobs_mode)
     if response_ids.dim() != 2 or response_ids.shape[0] != input_ids.shape[0]:
-        raise ValueError(
-            f"response_ids: got {list(response_ids.shape)}, expected [{input_ids.shape[0]}, T]"
-        )
+        raise ValueError(f"response_ids: got {list(response_ids.shape)}, expected [{input_ids.shape[0]}, T]")
     prompt_len, resp_len = input_ids.shape[1], response_ids.shape[1]
     ids = torch.cat([input_ids, response_ids], dim=-1).to(torch.int64)
     attn = torch.cat([attention_mask, torch.ones_like(response_ids)], dim=-1).to(torch.int64)
@@ -314,14 +299,10 @@ def score_responses(
     )
     logits = out.logits[:, :resp_len]
     assert logits.shape[1] == resp_len and prompt_len >= 1
-    return _token_logprobs(
-        logits, response_ids.to(torch.int64), temperature, top_k, top_p, logprobs_mode
-    )
+    return _token_logprobs(logits, response_ids.to(torch.int64), temperature, top_k, top_p, logprobs_mode)
 
 
-def logprob_mismatch(
-    logp_a: torch.Tensor, logp_b: torch.Tensor, mask: torch.Tensor
-) -> MismatchStats:
+def logprob_mismatch(logp_a: torch.Tensor, logp_b: torch.Tensor, mask: torch.Tensor) -> MismatchStats:
     """:class:`MismatchStats` of ``logp_a`` (trainer) against ``logp_b`` (engine) over ``mask``.
 
     An empty mask gives zeros, ``token_mult_prob_error = 1`` and ``n_tok = 0``.

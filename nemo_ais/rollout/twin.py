@@ -36,17 +36,8 @@ from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant
 from nemo_ais.rollout.fake_quant import shared_weight_amax as _shared_weight_amax
 from nemo_ais.rollout.faults import RefitFaultInjector
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
-from nemo_ais.rollout.modules import (
-    head_dim,
-    num_layers,
-    quantized_module,
-    quantized_module_names,
-)
-from nemo_ais.rollout.readback import (
-    RefitReadback,
-    kv_scale_readback,
-    weight_readback,
-)
+from nemo_ais.rollout.modules import head_dim, num_layers, quantized_module, quantized_module_names
+from nemo_ais.rollout.readback import RefitReadback, kv_scale_readback, weight_readback
 from nemo_ais.rollout.sampling import (
     GenerationOutput,
     LogprobsMode,
@@ -107,18 +98,14 @@ class RolloutTwin:
             amax = _shared_weight_amax({f"{n}.weight": m.weight for n, m in linears.items()})
         for name in names:
             weight_amax = amax.get(f"{name}.weight")
-            new = quantized_module(
-                twin.get_submodule(name), name, self.config, self.fake_quant, weight_amax
-            )
+            new = quantized_module(twin.get_submodule(name), name, self.config, self.fake_quant, weight_amax)
             twin.set_submodule(name, new)
         self.model = twin
         self.kv_scales: KVScales | None = None
         self.readback: RefitReadback | None = None  # of the last refit (config.verify_refit)
         # K/V elements the last generate / score's quantized cache saturated (|x| > s * 448)
         self.kv_saturation: KVSaturationCounter | None = None
-        self._loader = WeightLoader(
-            twin, self.quantized_module_names, self.fake_quant.shared_weight_amax
-        )
+        self._loader = WeightLoader(twin, self.quantized_module_names, self.fake_quant.shared_weight_amax)
         fault = self.config.refit_fault  # TEST/BENCH ONLY (nemo_ais.rollout.faults)
         self._fault = None if fault is None else RefitFaultInjector(fault, self)
 
@@ -179,27 +166,20 @@ class RolloutTwin:
         return n_loaded
 
     def _read_back(
-        self,
-        weights: dict[str, torch.Tensor],
-        input_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
+        self, weights: dict[str, torch.Tensor], input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
     ) -> RefitReadback:
         """This refit read back (:mod:`nemo_ais.rollout.readback`); KV only with a batch."""
         error, module, count = weight_readback(self.model, self.quantized_module_names, weights)
         kv_error = None
         if self.kv_cache_quantized and input_ids is not None:
-            expected = kv_scales_from_forward(
-                self.model, self.num_layers, self.config, input_ids, attention_mask
-            )
+            expected = kv_scales_from_forward(self.model, self.num_layers, self.config, input_ids, attention_mask)
             kv_error = kv_scale_readback(self.kv_scales, expected)
         return RefitReadback(error, module, kv_error, count)
 
     @property
     def input_amax(self) -> dict[str, torch.Tensor | None]:
         """``{module name: static input amax}`` (``nvfp4_w4a4``; None = not calibrated)."""
-        return {
-            n: m.input_amax for n, m in static_input_modules(self.model, self.fake_quant).items()
-        }
+        return {n: m.input_amax for n, m in static_input_modules(self.model, self.fake_quant).items()}
 
     def _calibrate_stale(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         if any(a is None for a in self.input_amax.values()):
@@ -209,11 +189,7 @@ class RolloutTwin:
 
     @torch.no_grad()
     def calibrate_input_amax(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        *,
-        model: nn.Module | None = None,
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, model: nn.Module | None = None
     ) -> dict[str, torch.Tensor]:
         """Static input amax of every W4A4 linear, stored and returned as ``{name: 0-dim fp32}``.
 
@@ -227,17 +203,11 @@ class RolloutTwin:
         if not modules:
             return {}
         observed = self.model if model is None else model
-        return store_input_amax(
-            modules, observe_input_amax(observed, modules, input_ids, attention_mask)
-        )
+        return store_input_amax(modules, observe_input_amax(observed, modules, input_ids, attention_mask))
 
     @torch.no_grad()
     def calibrate_kv_scales(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        *,
-        model: nn.Module | None = None,
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, model: nn.Module | None = None
     ) -> KVScales:
         """Per-layer KV scales from one forward (KV unquantized) of the twin or ``model``, stored.
 
@@ -248,9 +218,7 @@ class RolloutTwin:
         if model is None and any(a is None for a in self.input_amax.values()):
             self.calibrate_input_amax(input_ids, attention_mask)
         observed = self.model if model is None else model
-        self.kv_scales = kv_scales_from_forward(
-            observed, self.num_layers, self.config, input_ids, attention_mask
-        )
+        self.kv_scales = kv_scales_from_forward(observed, self.num_layers, self.config, input_ids, attention_mask)
         logger.debug("calibrated KV scales (q, k, v): %s", self.kv_scales.scale)
         return self.kv_scales
 
@@ -261,13 +229,9 @@ class RolloutTwin:
             return None
         assert self.kv_scales is not None
         self.kv_saturation = KVSaturationCounter(self.kv_scales)
-        return QuantizedKVCache(
-            self.config.kv_cache, self.kv_scales, self.kv_saturation, self.config.error_scale
-        )
+        return QuantizedKVCache(self.config.kv_cache, self.kv_scales, self.kv_saturation, self.config.error_scale)
 
-    def generate(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **sampling: Any
-    ) -> GenerationOutput:
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **sampling: Any) -> GenerationOutput:
         """:func:`~nemo_ais.rollout.sampling.generate` with the twin (keyword arguments as there).
 
         Stale calibration is first redone on these prompts (vLLM's ``calculate_kv_scales``).
@@ -276,17 +240,11 @@ class RolloutTwin:
         return generate(self.model, input_ids, attention_mask, past_key_values=cache, **sampling)
 
     def score(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        response_ids: torch.Tensor,
-        **sampling: Any,
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_ids: torch.Tensor, **sampling: Any
     ) -> torch.Tensor:
         """:func:`~nemo_ais.rollout.sampling.score_responses` under the twin: ``[B, T]`` fp32."""
         cache = self._cache(input_ids, attention_mask)
-        return score_responses(
-            self.model, input_ids, attention_mask, response_ids, past_key_values=cache, **sampling
-        )
+        return score_responses(self.model, input_ids, attention_mask, response_ids, past_key_values=cache, **sampling)
 
 
 Fp8Twin = RolloutTwin  # the earlier name, kept: the twin was FP8-only

@@ -29,9 +29,7 @@ _SYNC_NONFINITE = "refusing to sync NaN/Inf into the engine"
 def _copier(name: str, target: torch.Tensor) -> Callable[[torch.Tensor], None]:
     def copy_(tensor: torch.Tensor) -> None:
         if tensor.shape != target.shape:
-            raise ValueError(
-                f"sync_weights: {name} got {list(tensor.shape)}, expected {list(target.shape)}"
-            )
+            raise ValueError(f"sync_weights: {name} got {list(tensor.shape)}, expected {list(target.shape)}")
         target.copy_(tensor)
 
     return copy_
@@ -64,9 +62,7 @@ class WeightLoader:
     def __init__(self, model: nn.Module, names: tuple[str, ...], shared_amax: bool) -> None:
         self.model = model
         self.targets = _sync_targets(model, names)
-        self.fp8_weights = {
-            f"{n}.weight": m for n in names if isinstance(m := model.get_submodule(n), Fp8Linear)
-        }
+        self.fp8_weights = {f"{n}.weight": m for n in names if isinstance(m := model.get_submodule(n), Fp8Linear)}
         self.weight_groups = shared_amax_groups(model, names) if shared_amax else {}
 
     def _load_group(self, weights: dict[str, torch.Tensor]) -> None:
@@ -76,9 +72,7 @@ class WeightLoader:
             module = self.model.get_submodule(name.removesuffix(".weight"))
             module.load_weight(tensor, amax=amax[name])
 
-    def load(
-        self, items: Iterable[tuple[str, torch.Tensor]]
-    ) -> tuple[int, dict[tuple[int, str], float]]:
+    def load(self, items: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, dict[tuple[int, str], float]]:
         """Load ``(name, tensor)`` pairs; returns (tensors loaded, KV scales by (layer, kind))."""
         n_loaded = 0
         pending: dict[str, dict[str, torch.Tensor]] = {}  # FP8 weight name -> codes/scale
@@ -87,9 +81,7 @@ class WeightLoader:
         for name, tensor in items:
             weight_name = name[: -len(_SCALE_SUFFIX)] if name.endswith(_SCALE_SUFFIX) else name
             kv_match = _KV_SCALE_RE.search(name)
-            if weight_name in self.fp8_weights and (
-                name != weight_name or tensor.dtype == FP8_DTYPE
-            ):
+            if weight_name in self.fp8_weights and (name != weight_name or tensor.dtype == FP8_DTYPE):
                 part = "scale" if name != weight_name else "codes"
                 pending.setdefault(weight_name, {})[part] = tensor
                 if len(pending[weight_name]) == 2:
@@ -132,12 +124,7 @@ class WeightLoader:
 
 def received_kv_scales(sent: dict[tuple[int, str], float], num_layers: int) -> KVScales:
     """KV scales sent with the refit -> :class:`KVScales` (ValueError: missing or <= 0)."""
-    missing = [
-        f"layer {i} {kind}"
-        for i in range(num_layers)
-        for kind in ("k", "v")
-        if (i, kind) not in sent
-    ]
+    missing = [f"layer {i} {kind}" for i in range(num_layers) for kind in ("k", "v") if (i, kind) not in sent]
     bad = {k: v for k, v in sent.items() if not v > 0}
     if missing or bad:
         raise ValueError(

@@ -80,14 +80,8 @@ class KeepInBf16:
         checks = (
             (module.rpartition(".")[2] in ROUTER_MODULES, "MoE router"),
             (self._matches_pattern(module, name), "matches keep_patterns"),
-            (
-                layer is not None and layer < self.first_layers,
-                f"first {self.first_layers} layers in BF16",
-            ),
-            (
-                layer is not None and last > 0 and layer >= (self.num_layers or 0) - last,
-                f"last {last} layers in BF16",
-            ),
+            (layer is not None and layer < self.first_layers, f"first {self.first_layers} layers in BF16"),
+            (layer is not None and last > 0 and layer >= (self.num_layers or 0) - last, f"last {last} layers in BF16"),
             (self.attention and ".self_attn." in f".{module}.", "attention_in_bf16"),
         )
         return next((why for hit, why in checks if hit), None) or self.ignored(name)

@@ -36,11 +36,7 @@ class NativeKernel(NamedTuple):
 
 NATIVE_KERNELS: dict[str, NativeKernel] = {
     "fp8": NativeKernel(
-        (8, 9),
-        "Ada, Hopper or newer",
-        "weight-only Marlin FP8 (W8A16)",
-        family="fp8",
-        weight_only="fp8_weight_only",
+        (8, 9), "Ada, Hopper or newer", "weight-only Marlin FP8 (W8A16)", family="fp8", weight_only="fp8_weight_only"
     ),
     "mxfp8": NativeKernel(
         (10, 0),

@@ -171,9 +171,7 @@ class _SourceSwitch:
         self.activations = twin.fake_quant.activation is not LINEAR_FAKE_QUANT["bf16"].activation
         self.kv_layers = range(twin.num_layers) if twin.kv_cache_quantized else range(0)
 
-    def _wrap_experts(
-        self, experts: QuantExperts, orig: nn.Module, layer: int, rel: str
-    ) -> list[_Switchable]:
+    def _wrap_experts(self, experts: QuantExperts, orig: nn.Module, layer: int, rel: str) -> list[_Switchable]:
         out = []
         for proj in ("gate_up_proj", "down_proj"):
             linears = getattr(experts, proj)
@@ -201,9 +199,7 @@ class _SourceSwitch:
         for (layer, rel), leaves in self.leaves.items():
             for leaf in leaves:
                 leaf.weights_on = Source("weights", layer, rel) in on
-                leaf.activations_on = (
-                    Source("activations", layer, rel) in on if self.activations else leaf.weights_on
-                )
+                leaf.activations_on = Source("activations", layer, rel) in on if self.activations else leaf.weights_on
         kv = frozenset(s.layer for s in on if s.kind == "kv_cache")
         if not kv:
             return None
@@ -217,9 +213,7 @@ def _groups(sources: Sequence[Source]) -> list[tuple[str, str, tuple[Source, ...
     for kind in ("weights", "activations", "kv_cache"):
         members = tuple(s for s in sources if s.kind == kind)
         if members:
-            out.append(
-                ("KV cache (all layers)" if kind == "kv_cache" else f"all {kind}", "kind", members)
-            )
+            out.append(("KV cache (all layers)" if kind == "kv_cache" else f"all {kind}", "kind", members))
     for layer in sorted({s.layer for s in sources}):
         out.append((f"layer {layer} (all)", "layer", tuple(s for s in sources if s.layer == layer)))
     modules = dict.fromkeys(s.module for s in sources if s.kind != "kv_cache")
@@ -275,19 +269,12 @@ def attribute_mismatch(
         twin.score(input_ids, attention_mask, response_ids, temperature=temperature)
     switch = _SourceSwitch(twin, model)  # 2. the sources
     sources = switch.sources()
-    reference = score_responses(
-        model, input_ids, attention_mask, response_ids, temperature=temperature
-    )
+    reference = score_responses(model, input_ids, attention_mask, response_ids, temperature=temperature)
 
     def mismatch(quantized: Iterable[Source]) -> MismatchStats:  # 3. + 4.
         cache = switch.set(quantized)
         logp = score_responses(
-            twin.model,
-            input_ids,
-            attention_mask,
-            response_ids,
-            temperature=temperature,
-            past_key_values=cache,
+            twin.model, input_ids, attention_mask, response_ids, temperature=temperature, past_key_values=cache
         )
         return logprob_mismatch(reference, logp, response_mask)
 
@@ -304,9 +291,7 @@ def attribute_mismatch(
 
     rows = ranked([row(s.label, "source", (s,)) for s in sources])
     groups = [row(label, group, members) for label, group, members in _groups(sources)]
-    by_group = tuple(
-        r for k in ("kind", "layer", "module") for r in ranked([g for g in groups if g.group == k])
-    )
+    by_group = tuple(r for k in ("kind", "layer", "module") for r in ranked([g for g in groups if g.group == k]))
     return Attribution(config, full, none, rows, by_group, what)
 
 
@@ -368,9 +353,7 @@ def plot_attribution(att: Attribution, path: str | Path, top: int = 16) -> Path:
 
     panels = [("by kind, layer and module", att.groups), (f"top {top} sources", att.rows[:top])]
     heights = [max(2.0, 0.28 * len(rows) + 1.0) for _, rows in panels]
-    fig, axes = pyplot().subplots(
-        2, 1, figsize=(8.0, sum(heights)), gridspec_kw={"height_ratios": heights}
-    )
+    fig, axes = pyplot().subplots(2, 1, figsize=(8.0, sum(heights)), gridspec_kw={"height_ratios": heights})
     for ax, (title, rows) in zip(axes, panels, strict=True):
         y = list(range(len(rows)))[::-1]
         for dy, values, label, color in (
@@ -401,9 +384,7 @@ def attribution_records(att: Attribution) -> list[dict]:
     ]
 
 
-def write_attribution(
-    att: Attribution, out_dir: str | Path, *, top: int = 16, plot: bool = True
-) -> list[Path]:
+def write_attribution(att: Attribution, out_dir: str | Path, *, top: int = 16, plot: bool = True) -> list[Path]:
     """Write ``attribution.md`` (all sources), ``attribution.json`` and ``attribution.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

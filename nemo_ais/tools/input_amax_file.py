@@ -57,9 +57,7 @@ DEFAULT_PROMPTS = (
 )
 
 
-def read_prompts(
-    path: str | Path | None, *, num_samples: int | None = None, prompt_key: str = "prompt"
-) -> list[str]:
+def read_prompts(path: str | Path | None, *, num_samples: int | None = None, prompt_key: str = "prompt") -> list[str]:
     """Step 1: the first ``num_samples`` prompts of ``path`` (``.txt``, ``.jsonl``; None: defaults).
 
     Raises:
@@ -101,22 +99,14 @@ def _jsonl_prompt(line: str, path: Path, line_no: int, prompt_key: str) -> str:
 
 
 def calibration_batches(
-    tokenizer,
-    prompts: Sequence[str],
-    *,
-    max_length: int,
-    batch_size: int,
-    chat_template: bool = False,
+    tokenizer, prompts: Sequence[str], *, max_length: int, batch_size: int, chat_template: bool = False
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Step 2: left-padded ``(input_ids, attention_mask)`` int64 ``[B, <= max_length]``, lazily.
 
     Raises:
         ValueError: ``max_length`` or ``batch_size`` < 1, or no pad nor EOS token.
     """
-    for field, flag, value in (
-        ("max_length", "--max-length", max_length),
-        ("batch_size", "--batch-size", batch_size),
-    ):
+    for field, flag, value in (("max_length", "--max-length", max_length), ("batch_size", "--batch-size", batch_size)):
         if value < 1:
             raise ValueError(f"{field} ({flag})={value} is invalid: expected >= 1")
     if tokenizer.pad_token is None:
@@ -126,9 +116,7 @@ def calibration_batches(
     tokenizer.padding_side = "left"
     if chat_template:
         prompts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-            )
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
             for p in prompts
         ]
     return _batches(tokenizer, prompts, max_length, batch_size)
@@ -161,9 +149,7 @@ def input_amax_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 @torch.no_grad()
-def calibrate_input_amax(
-    model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
-) -> dict[str, float]:
+def calibrate_input_amax(model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
     """Steps 3-4: ``{module name: max |x|}`` (python floats) over every batch, in model order.
 
     Raises:
@@ -174,9 +160,7 @@ def calibrate_input_amax(
     seen: dict[str, torch.Tensor] = {}
     n_batches = 0
     for input_ids, attention_mask in batches:
-        observed = observe_input_amax(
-            model, modules, input_ids.to(device), attention_mask.to(device)
-        )
+        observed = observe_input_amax(model, modules, input_ids.to(device), attention_mask.to(device))
         for name, amax in observed.items():
             seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
         n_batches += 1
@@ -219,7 +203,5 @@ def load_causal_lm(model: str, *, device: str = "cpu", dtype: str = "bfloat16"):
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
     except (OSError, ValueError) as err:
         first = (str(err).strip().splitlines() or [""])[0]
-        raise ValueError(
-            f"MODEL {model!r}: cannot load a causal LM and its tokenizer ({first})"
-        ) from err
+        raise ValueError(f"MODEL {model!r}: cannot load a causal LM and its tokenizer ({first})") from err
     return lm.to(device).eval(), tokenizer

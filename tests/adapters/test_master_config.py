@@ -69,10 +69,7 @@ OVERRIDE_EXAMPLES: dict[str, tuple[str, list[str]]] = {
     "mode on a mixin": ("arms/fp8_none.yaml", ["loss_fn.ais.mode=tis"]),
     "bad cap (docs/nemo_rl.md)": (QWEN8B, ["loss_fn.ais.weight_cap=0.8"]),
     # docs/nemo_rl.md: "+" on a key the YAML has; NeMo-RL refuses it, so must the fallback
-    "plus on existing (docs/nemo_rl.md)": (
-        QWEN8B,
-        ["loss_fn.ais.mode=ais", "+loss_fn.ais.ema=0.9"],
-    ),
+    "plus on existing (docs/nemo_rl.md)": (QWEN8B, ["loss_fn.ais.mode=ais", "+loss_fn.ais.ema=0.9"]),
     "new key (docs/cluster.md)": (QWEN8B, ["+new.k=v"]),
     "new key (launchers/README.md)": ("arms/bf16.yaml", ["+new.key=value"]),
     "unknown key": (QWEN8B, ["new.k=v"]),
@@ -125,9 +122,7 @@ def test_fallback_loader_equals_nemo_rl_loader(path):
     assert isinstance(_same(path, []), dict)
 
 
-@pytest.mark.parametrize(
-    ("config", "overrides"), OVERRIDE_EXAMPLES.values(), ids=OVERRIDE_EXAMPLES.keys()
-)
+@pytest.mark.parametrize(("config", "overrides"), OVERRIDE_EXAMPLES.values(), ids=OVERRIDE_EXAMPLES.keys())
 def test_fallback_overrides_equal_nemo_rl_overrides(config, overrides):
     _same(CONFIG_DIR / config, overrides)
 
@@ -158,11 +153,7 @@ def test_examples_exercise_both_outcomes():
     ("body", "overrides", "v0_7_0"),
     [
         # examples/nemo_gym/nemotron-3-ultra/*.yaml on main interpolate with ${add:...}
-        (
-            "grpo:\n  max_num_steps: ${add:${grpo.val_period}, 1}\n",
-            [],
-            "UnsupportedInterpolationType",
-        ),
+        ("grpo:\n  max_num_steps: ${add:${grpo.val_period}, 1}\n", [], "UnsupportedInterpolationType"),
         # a mandatory value an override sets, and one left unset (the dict holds "???")
         ("run_tag: ???\n", ["run_tag=x"], "MissingMandatoryValue"),
         ("run_tag: ???\n", [], "MissingMandatoryValue"),

@@ -85,9 +85,7 @@ class _Worker(AISTrainMixin, _FakeWorker):
 
 @pytest.fixture
 def one_rank_world(tmp_path):
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 
@@ -111,11 +109,7 @@ def test_alarm_metric_is_logged_on_the_jump_step_only(one_rank_world, mode):
             assert fired == set(), (step, metrics)
         else:  # the summed micro-batch values recover the global 0/1 scalar
             # a 20x wider mismatch moves the tails (p99.9 |l|) by >= 3 bins too
-            assert fired == {
-                "ais_alarm/tmpe_jump",
-                "ais_alarm/severity_jump",
-                "ais_alarm/tail_jump",
-            }
+            assert fired == {"ais_alarm/tmpe_jump", "ais_alarm/severity_jump", "ais_alarm/tail_jump"}
             for key in fired:
                 assert metrics[key] == pytest.approx(1.0, rel=1e-12)
 
@@ -123,9 +117,7 @@ def test_alarm_metric_is_logged_on_the_jump_step_only(one_rank_world, mode):
 def test_disabled_or_absent_section_logs_no_alarm_metric(one_rank_world):
     worker = _Worker({"train_global_batch_size": GBS})
     for step, sigma in enumerate(SIGMAS, start=1):
-        worker.train(
-            _data(step, sigma), AISClippedPGLossFn({**BASE, "ais": {"mode": "ais"}}), gbs=GBS
-        )
+        worker.train(_data(step, sigma), AISClippedPGLossFn({**BASE, "ais": {"mode": "ais"}}), gbs=GBS)
     assert not any(k.startswith("ais_alarm/") for m in worker.metrics for k in m)
     assert worker.ais_alarm_monitor is None
     loss = _loss(enabled=False)

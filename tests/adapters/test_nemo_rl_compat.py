@@ -66,9 +66,7 @@ def test_loss_init_kwargs_reads_back_what_setup_passed():
         upstream = ClippedPGLossFn(cfg, use_fused_linear_logprobs=True)
     else:
         upstream = ClippedPGLossFn(cfg)
-    assert compat.loss_init_kwargs(upstream) == per_version(
-        v0_7_0={}, main={"use_fused_linear_logprobs": True}
-    )
+    assert compat.loss_init_kwargs(upstream) == per_version(v0_7_0={}, main={"use_fused_linear_logprobs": True})
 
 
 def test_grpo_option_reads_dict_and_model_sections():

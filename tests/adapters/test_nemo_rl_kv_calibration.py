@@ -99,9 +99,7 @@ class _StandInWorker:
 
     def __init__(self) -> None:
         self.model = _Wrapped(LAYERS)
-        self.megatron_bridge = types.SimpleNamespace(
-            transformer_config=types.SimpleNamespace(num_layers=LAYERS)
-        )
+        self.megatron_bridge = types.SimpleNamespace(transformer_config=types.SimpleNamespace(num_layers=LAYERS))
         self.calls = []
 
     def _ais_device(self):
@@ -160,9 +158,7 @@ def test_override_scales_equal_the_rules_oracle(worker_cls, include_q, reduction
         monkeypatch.delenv(KV_REDUCTION_ENV, raising=False)
     else:
         monkeypatch.setenv(KV_REDUCTION_ENV, reduction)
-    worker, out = _calibrate(
-        worker_cls, micro_batch_size=3, percentile=PERCENTILE, margin=MARGIN, include_q=include_q
-    )
+    worker, out = _calibrate(worker_cls, micro_batch_size=3, percentile=PERCENTILE, margin=MARGIN, include_q=include_q)
     assert worker.calls == [({"seeds": [1, 2]}, 3, False)]  # no router replay, mbs passed on
     assert set(out) == {"format", "percentile", "margin", "layers"}
     assert out["format"] == "fp8" and out["percentile"] == PERCENTILE and out["margin"] == MARGIN
@@ -181,9 +177,7 @@ def test_second_calibration_logs_what_the_previous_scales_saturate(worker_cls, m
     # the rollout's FP8 cache held (the previous calibration's), over this step's data
     monkeypatch.setenv(KV_REDUCTION_ENV, "element_percentile")  # clips the top 1 % (p = 99)
     worker = _StandInWorker()
-    calibrate = functools.partial(
-        worker_cls.calibrate_qkv_fp8_scales, worker, percentile=PERCENTILE, margin=1.0
-    )
+    calibrate = functools.partial(worker_cls.calibrate_qkv_fp8_scales, worker, percentile=PERCENTILE, margin=1.0)
     with caplog.at_level(logging.INFO, logger="nemo_ais.megatron.kv_calibration"):
         first = calibrate(data={"seeds": [1, 2]})
         assert "saturation under the previous scales" not in caplog.text  # nothing before
@@ -251,21 +245,13 @@ def _upstream_method() -> ast.FunctionDef:
     root = Path(next(iter(spec.submodule_search_locations)))
     tree = ast.parse((root / "models/policy/workers/megatron_policy_worker.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == UPSTREAM_CLASS)
-    return next(
-        n
-        for n in cls.body
-        if isinstance(n, ast.FunctionDef) and n.name == "calibrate_qkv_fp8_scales"
-    )
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "calibrate_qkv_fp8_scales")
 
 
 def _ours() -> ast.FunctionDef:
     tree = ast.parse(OUR_WORKER.read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef))
-    return next(
-        n
-        for n in cls.body
-        if isinstance(n, ast.FunctionDef) and n.name == "calibrate_qkv_fp8_scales"
-    )
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "calibrate_qkv_fp8_scales")
 
 
 def _shape(fn: ast.FunctionDef) -> list[tuple[str, str, str | None]]:
@@ -273,8 +259,7 @@ def _shape(fn: ast.FunctionDef) -> list[tuple[str, str, str | None]]:
     a = fn.args
     pos = [(p.arg, "pos", None) for p in a.posonlyargs + a.args]
     kw = [
-        (p.arg, "kw", None if d is None else ast.unparse(d))
-        for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+        (p.arg, "kw", None if d is None else ast.unparse(d)) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
     ]
     return pos + kw + ([("**", a.kwarg.arg, None)] if a.kwarg else [])
 

@@ -50,17 +50,13 @@ _counts = global_counts
 def _run(loss_fn, data, curr, counts=None):
     lp = curr.clone().requires_grad_(True)
     gvs, gvt = counts if counts is not None else _counts(data)
-    loss, metrics = loss_fn(
-        next_token_logprobs=lp, data=data, global_valid_seqs=gvs, global_valid_toks=gvt
-    )
+    loss, metrics = loss_fn(next_token_logprobs=lp, data=data, global_valid_seqs=gvs, global_valid_toks=gvt)
     loss.backward()
     return loss.detach(), lp.grad, metrics
 
 
 def _prepared(loss_fn, data):
-    prepare_global_batches(
-        data, loss_fn, loss_fn.ais, local_batch_size=data.size, group=None, state=None
-    )
+    prepare_global_batches(data, loss_fn, loss_fn.ais, local_batch_size=data.size, group=None, state=None)
     return loss_fn
 
 
@@ -75,12 +71,7 @@ ALPHA1 = {"mode": "ais", "mixer": "constant", "constant_alpha": 1.0, "weight_cap
 
 @pytest.mark.parametrize(
     "cfg",
-    [
-        {},
-        {"ais": {"mode": "none"}},
-        {**BASE, "token_level_loss": False},
-        {**BASE, **NEMO_TIS, "ais": {"mode": "none"}},
-    ],
+    [{}, {"ais": {"mode": "none"}}, {**BASE, "token_level_loss": False}, {**BASE, **NEMO_TIS, "ais": {"mode": "none"}}],
     ids=["no-section", "mode-none", "seq-level", "nemo-rl-tis"],
 )
 def test_ais_off_is_exactly_clipped_pg_loss(cfg):
@@ -96,9 +87,7 @@ def test_ais_off_is_exactly_clipped_pg_loss(cfg):
 def test_prepared_mode_none_is_clipped_pg_loss_plus_telemetry(nemo_cfg):
     data, curr = _data(seed=5)
     ref = _run(ClippedPGLossFn(ClippedPGLossConfig(**nemo_cfg)), data, curr)
-    ours = _run(
-        _prepared(AISClippedPGLossFn({**nemo_cfg, "ais": {"mode": "none"}}), data), data, curr
-    )
+    ours = _run(_prepared(AISClippedPGLossFn({**nemo_cfg, "ais": {"mode": "none"}}), data), data, curr)
     assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])  # weights exactly 1
     assert {k: ours[2][k] for k in ref[2]} == ref[2]
     ais_keys = {k for k in ours[2] if k.startswith("ais/")}
@@ -172,8 +161,7 @@ def test_ais_metrics_keys_and_normalizations():
 # with `is MetricNormalizer.TOKENS` (else it falls back to the gradient's normaliser).
 _MetricNormalizer = getattr(loss_interfaces, "MetricNormalizer", None)
 _NORMALIZERS = per_version(
-    v0_7_0=("tokens", "sequences", "none"),
-    main=tuple(_MetricNormalizer) if _MetricNormalizer else (),
+    v0_7_0=("tokens", "sequences", "none"), main=tuple(_MetricNormalizer) if _MetricNormalizer else ()
 )
 
 
@@ -198,9 +186,7 @@ def test_micro_batches_sum_to_the_global_batch():
     loss_fn = _prepared(AISClippedPGLossFn({**BASE, "ais": {"mode": "ais"}}), data)
     whole = _run(loss_fn, data, curr)
     counts = _counts(data)
-    parts = [
-        _run(loss_fn, data.slice(a, b), curr[a:b], counts) for a, b in ((0, 2), (2, 5), (5, B))
-    ]
+    parts = [_run(loss_fn, data.slice(a, b), curr[a:b], counts) for a, b in ((0, 2), (2, 5), (5, B))]
     assert math.isclose(sum(float(p[0]) for p in parts), float(whole[0]), rel_tol=1e-12)
     for key, value in whole[2].items():
         if "_min" in key or "_max" in key:
@@ -312,16 +298,10 @@ def test_nemo_rl_metric_keys_equal_clipped_pg_loss(mode, nemo_cfg):
     # in closed form, softplus(l) - l / 2 - log 2).
     data, curr = _data(seed=6, mismatch=0.4)
     ref = _run(ClippedPGLossFn(ClippedPGLossConfig(**nemo_cfg)), data, curr)
-    ours = _run(
-        _prepared(AISClippedPGLossFn({**nemo_cfg, "ais": {"mode": mode}}), data), data, curr
-    )
+    ours = _run(_prepared(AISClippedPGLossFn({**nemo_cfg, "ais": {"mode": mode}}), data), data, curr)
     for key in ROLLOUT_KEYS:
         assert type(ours[2][key]) is type(ref[2][key]), key
-        assert math.isclose(ours[2][key], ref[2][key], rel_tol=RTOL, abs_tol=1e-15), (
-            key,
-            ours[2][key],
-            ref[2][key],
-        )
+        assert math.isclose(ours[2][key], ref[2][key], rel_tol=RTOL, abs_tol=1e-15), (key, ours[2][key], ref[2][key])
     assert list(ours[2])[: len(NEMO_RL_METRIC_KEYS)] == list(NEMO_RL_METRIC_KEYS)
 
 

@@ -42,9 +42,7 @@ pytestmark = pytest.mark.nemo_rl
 B, S = 6, 12
 RTOL = 1e-12  # float64; only the order of the sums differs
 BASE = {"reference_policy_kl_penalty": 0.01, "ratio_clip_c": 3.0}
-TBPO_WIDE = {
-    "tbpo": {"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06}
-}
+TBPO_WIDE = {"tbpo": {"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06}}
 IS_MODES = {
     "seq_tis": {"mode": "seq_tis"},
     "seq_mis": {"mode": "seq_mis"},
@@ -71,18 +69,14 @@ _counts = global_counts
 def _run(loss_fn, data, curr):
     lp = curr.clone().requires_grad_(True)
     gvs, gvt = _counts(data)
-    loss, metrics = loss_fn(
-        next_token_logprobs=lp, data=data, global_valid_seqs=gvs, global_valid_toks=gvt
-    )
+    loss, metrics = loss_fn(next_token_logprobs=lp, data=data, global_valid_seqs=gvs, global_valid_toks=gvt)
     loss.backward()
     return loss.detach(), lp.grad, metrics
 
 
 def _ours(ais, data, curr):
     loss_fn = AISClippedPGLossFn({**BASE, "ais": ais})
-    prepare_global_batches(
-        data, loss_fn, loss_fn.ais, local_batch_size=data.size, group=None, state=None
-    )
+    prepare_global_batches(data, loss_fn, loss_fn.ais, local_batch_size=data.size, group=None, state=None)
     return _run(loss_fn, data, curr)
 
 
@@ -100,15 +94,9 @@ def test_new_keys_validate_under_loss_fn_ais(name):
 @pytest.mark.parametrize(
     ("ais", "message"),
     [
-        (
-            {"mode": "kl_rs", "kl_rs": {"threshold": -1.0}},
-            r"loss_fn\.ais\.kl_rs\.threshold=-1\.0 is invalid",
-        ),
+        ({"mode": "kl_rs", "kl_rs": {"threshold": -1.0}}, r"loss_fn\.ais\.kl_rs\.threshold=-1\.0 is invalid"),
         ({"mode": "kl_rs", "batch_normalize": True}, r"loss_fn\.ais\.batch_normalize=True"),
-        (
-            {"mode": "tbpo", "tbpo": {"clip_low": 1.0}},
-            r"loss_fn\.ais\.tbpo\.clip_low=1\.0 is invalid",
-        ),
+        ({"mode": "tbpo", "tbpo": {"clip_low": 1.0}}, r"loss_fn\.ais\.tbpo\.clip_low=1\.0 is invalid"),
         (
             {"mode": "tbpo", "tbpo_clip_low": 0.1},
             r"loss_fn\.ais\.tbpo_clip_low moved: use loss_fn\.ais\.tbpo\.clip_low",
@@ -190,11 +178,7 @@ OPTIONS = {
         "ratio_clip_min": 0.02,
         "ratio_clip_max": 0.03,
     },
-    "gspo_reinforce": {
-        "sequence_level_importance_ratios": True,
-        "token_level_loss": False,
-        "disable_ppo_ratio": True,
-    },
+    "gspo_reinforce": {"sequence_level_importance_ratios": True, "token_level_loss": False, "disable_ppo_ratio": True},
     "on_policy_kl_clamped": {
         "use_on_policy_kl_approximation": True,
         "reference_policy_kl_penalty": 0.1,
@@ -315,9 +299,7 @@ def _run_unfiltered(loss_fn, data, curr, unfiltered):
     unfiltered = unfiltered.detach().double().requires_grad_(True)
     data = BatchedDataDict({**data, "curr_logprobs_unfiltered": unfiltered})
     gvs, gvt = _counts(data)
-    loss, metrics = loss_fn(
-        next_token_logprobs=curr, data=data, global_valid_seqs=gvs, global_valid_toks=gvt
-    )
+    loss, metrics = loss_fn(next_token_logprobs=curr, data=data, global_valid_seqs=gvs, global_valid_toks=gvt)
     loss.backward()
     return loss.detach(), curr.grad, unfiltered.grad, metrics
 
@@ -354,17 +336,12 @@ def test_unfiltered_logprobs_end_to_end_through_upstreams_logits_path(monkeypatc
     # (upstream's log-probs are float32: compared at float32 precision)
     cfg = {**BASE, "reference_policy_kl_penalty": 0.1, "use_on_policy_kl_approximation": True}
     grads = []
-    for loss_fn in (
-        ClippedPGLossFn(ClippedPGLossConfig(**cfg)),
-        AISClippedPGLossFn({**cfg, "ais": {"mode": "tis"}}),
-    ):
+    for loss_fn in (ClippedPGLossFn(ClippedPGLossConfig(**cfg)), AISClippedPGLossFn({**cfg, "ais": {"mode": "tis"}})):
         data, curr, logits = _unfiltered_data(monkeypatch, loss_fn, seed=11, top_k=4)
         if isinstance(loss_fn, AISClippedPGLossFn):
             prepare_global_batches(data, loss_fn, loss_fn.ais, local_batch_size=B, group=None)
         gvs, gvt = _counts(data)
-        loss, _ = loss_fn(
-            next_token_logprobs=curr, data=data, global_valid_seqs=gvs, global_valid_toks=gvt
-        )
+        loss, _ = loss_fn(next_token_logprobs=curr, data=data, global_valid_seqs=gvs, global_valid_toks=gvt)
         loss.backward()
         grads.append(logits.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-6, atol=1e-9)
@@ -377,11 +354,7 @@ def test_unfiltered_logprobs_end_to_end_through_upstreams_logits_path(monkeypatc
         ({"use_cispo": True, "ratio_clip_c": 3.0}, "ratio_clip_c"),
         ({"use_cispo": True, "token_level_loss": False}, "token_level_loss"),
         (
-            {
-                "use_cispo": True,
-                "sequence_level_importance_ratios": True,
-                "token_level_loss": False,
-            },
+            {"use_cispo": True, "sequence_level_importance_ratios": True, "token_level_loss": False},
             "sequence_level_importance_ratios",
         ),
         ({"sequence_level_importance_ratios": True}, "sequence_level_importance_ratios"),
@@ -401,16 +374,11 @@ def test_combinations_nemo_rl_asserts_against_are_config_errors(option, field):
     ("option", "field"),
     [
         ({"use_cispo": True}, "use_cispo"),
-        (
-            {"sequence_level_importance_ratios": True, "token_level_loss": False},
-            "sequence_level_importance_ratios",
-        ),
+        ({"sequence_level_importance_ratios": True, "token_level_loss": False}, "sequence_level_importance_ratios"),
     ],
 )
 def test_tbpo_refuses_cispo_and_gspo_naming_the_field(option, field):
-    with pytest.raises(
-        ValueError, match=rf"loss_fn\.{field}=True is invalid with loss_fn\.ais\.mode='tbpo'"
-    ):
+    with pytest.raises(ValueError, match=rf"loss_fn\.{field}=True is invalid with loss_fn\.ais\.mode='tbpo'"):
         validate_loss_config({**option, "ais": {"mode": "tbpo"}})
 
 

@@ -86,9 +86,7 @@ def test_packed_loss_calls_sum_to_the_unpacked_global_batch_loss():
     )
     shard["input_ids"] = shard["input_ids"].as_subclass(_HostIds)  # what upstream moves
     rows_of = shard["input_ids"]  # the shard is re-ordered: map rows back to logits
-    row_index = [
-        next(j for j in range(N) if torch.equal(data["input_ids"][j], rows_of[i])) for i in range(N)
-    ]
+    row_index = [next(j for j in range(N) if torch.equal(data["input_ids"][j], rows_of[i])) for i in range(N)]
     shard["logits"] = logits_all[row_index]  # rides along like any per-row tensor
     loss_fn = AISClippedPGLossFn({"reference_policy_kl_penalty": 0.01, "ais": {"mode": "ais"}})
     prepare_global_batches(shard, loss_fn, loss_fn.ais, local_batch_size=GBS, group=None)
@@ -112,9 +110,7 @@ def test_packed_loss_calls_sum_to_the_unpacked_global_batch_loss():
         # reference: the whole global batch in ONE unpacked call, same logits
         lp = get_next_token_logprobs_from_logits(batch["input_ids"], batch["logits"])
         lp = lp.as_subclass(torch.Tensor)
-        ref, _ = loss_fn(
-            next_token_logprobs=lp, data=batch, global_valid_seqs=gvs, global_valid_toks=gvt
-        )
+        ref, _ = loss_fn(next_token_logprobs=lp, data=batch, global_valid_seqs=gvs, global_valid_toks=gvt)
         assert math.isclose(packed_total, float(ref), rel_tol=1e-6, abs_tol=1e-7)
         # independent: alpha of this global batch from core on its rows
         x = core_inputs(batch, with_loss_terms=False)

@@ -77,9 +77,7 @@ class _VllmModel(nn.Module):
         self.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
         attn = nn.Module()
         attn.qkv_proj = LinearBase()
-        attn.qkv_proj.weight = nn.Parameter(
-            torch.zeros(768, 200).to(torch.float8_e4m3fn), requires_grad=False
-        )
+        attn.qkv_proj.weight = nn.Parameter(torch.zeros(768, 200).to(torch.float8_e4m3fn), requires_grad=False)
         layer = nn.Module()
         layer.self_attn = attn
         layer.input_layernorm = nn.Module()
@@ -130,11 +128,7 @@ def test_install_patches_upstreams_module_once_and_streams_into_vllm(upstream_fp
     assert [(n, t.shape, t.dtype) for n, t in ours.model.loaded] == [
         (n, t.shape, t.dtype) for n, t in theirs.model.loaded
     ]
-    assert [n for n, _ in ours.model.loaded] == [
-        Q,
-        Q.removesuffix(".weight") + ".weight_scale_inv",
-        NORM,
-    ]
+    assert [n for n, _ in ours.model.loaded] == [Q, Q.removesuffix(".weight") + ".weight_scale_inv", NORM]
     q_ref, s_ref = quantize_blockwise(_weights()[0][1])
     assert torch.equal(ours.model.loaded[0][1].view(torch.uint8), q_ref.view(torch.uint8))
     assert torch.equal(ours.model.loaded[1][1], s_ref)
@@ -255,11 +249,7 @@ def test_import_hook_patches_upstreams_module_on_first_import(monkeypatch):
     runner = types.SimpleNamespace(model=_VllmModel())
     fp8.load_weights(_weights(), runner)
     assert seen == [Q]  # the hook's patch quantized it, upstream's did not
-    assert [n for n, _ in runner.model.loaded] == [
-        Q,
-        Q.removesuffix(".weight") + ".weight_scale_inv",
-        NORM,
-    ]
+    assert [n for n, _ in runner.model.loaded] == [Q, Q.removesuffix(".weight") + ".weight_scale_inv", NORM]
     sys.modules.pop(refit.TARGET_MODULE, None)
 
 

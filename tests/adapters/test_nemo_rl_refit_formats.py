@@ -164,9 +164,7 @@ def upstream_fp8(monkeypatch):
         monkeypatch,
         {
             "vllm.model_executor.layers.quantization.fp8": {"Fp8Config": Fp8Config},
-            "vllm.model_executor.layers.quantization.modelopt": {
-                "ModelOptMxFp8Config": ModelOptMxFp8Config
-            },
+            "vllm.model_executor.layers.quantization.modelopt": {"ModelOptMxFp8Config": ModelOptMxFp8Config},
         },
     )
     yield module
@@ -208,12 +206,8 @@ class _Engine(nn.Module):
         if moe:
             experts = (RoutedExperts if NEMO_RL == "main" else FusedMoE)()
             experts.quant_method = ModelOptNvFp4FusedMoE()
-            experts.w13_weight = Parameter(
-                torch.zeros(E, 2 * FF, H // 2, dtype=torch.uint8), requires_grad=False
-            )
-            experts.w2_weight = Parameter(
-                torch.zeros(E, H, FF // 2, dtype=torch.uint8), requires_grad=False
-            )
+            experts.w13_weight = Parameter(torch.zeros(E, 2 * FF, H // 2, dtype=torch.uint8), requires_grad=False)
+            experts.w2_weight = Parameter(torch.zeros(E, H, FF // 2, dtype=torch.uint8), requires_grad=False)
             mlp.experts = experts
             mlp.gate = _linear(E, H, "bf16")
         else:
@@ -232,9 +226,7 @@ class _Engine(nn.Module):
 
 
 def _runner(engine: _Engine, quant_config) -> types.SimpleNamespace:
-    return types.SimpleNamespace(
-        model=engine, vllm_config=types.SimpleNamespace(quant_config=quant_config)
-    )
+    return types.SimpleNamespace(model=engine, vllm_config=types.SimpleNamespace(quant_config=quant_config))
 
 
 def _hf_weights(seed: int = 0, moe: bool = False) -> list[tuple[str, torch.Tensor]]:
@@ -245,19 +237,12 @@ def _hf_weights(seed: int = 0, moe: bool = False) -> list[tuple[str, torch.Tenso
     if moe:
         shapes += [(f"{L0}mlp.gate.weight", (E, H))]
         for e in range(E):
-            shapes += [
-                (f"{L0}mlp.experts.{e}.{p}.weight", (FF, H)) for p in ("gate_proj", "up_proj")
-            ]
+            shapes += [(f"{L0}mlp.experts.{e}.{p}.weight", (FF, H)) for p in ("gate_proj", "up_proj")]
             shapes += [(f"{L0}mlp.experts.{e}.down_proj.weight", (H, FF))]
     else:
-        shapes += [(f"{m}.weight", (FF, H)) for m in GATE_UP] + [
-            (f"{L0}mlp.down_proj.weight", (H, FF))
-        ]
+        shapes += [(f"{m}.weight", (FF, H)) for m in GATE_UP] + [(f"{L0}mlp.down_proj.weight", (H, FF))]
     g = torch.Generator().manual_seed(seed)
-    return [
-        (n, ((1 + j % 3) * torch.randn(s, generator=g)).to(torch.bfloat16))
-        for j, (n, s) in enumerate(shapes)
-    ]
+    return [(n, ((1 + j % 3) * torch.randn(s, generator=g)).to(torch.bfloat16)) for j, (n, s) in enumerate(shapes)]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -273,9 +258,7 @@ def _assert_same_pairs(got, want):
 
 # --- the hook on upstream's real refit module
 def test_block_hook_is_installed_through_the_fp8_seam_with_its_recorded_signatures(upstream_fp8):
-    refit.check_signatures(
-        upstream_fp8, refit.ENGINES["nvfp4"].signatures
-    )  # raises on any difference, both versions
+    refit.check_signatures(upstream_fp8, refit.ENGINES["nvfp4"].signatures)  # raises on any difference, both versions
     assert refit.install(upstream_fp8, BlockSyncConfig()) is True
     assert refit.install(upstream_fp8, BlockSyncConfig()) is False  # idempotent
     assert refit.hook_status().patched
@@ -315,13 +298,10 @@ def test_nvfp4_engine_layout_decides_and_must_agree_with_the_exclusions(upstream
     # the engine holds attention in NVFP4 but the stream would keep it: refused, named
     engine = _Engine("nvfp4")
     with pytest.raises(
-        ValueError,
-        match=r"q_proj.weight: the vLLM engine holds it in nvfp4_w4a16 but .*ignore '\*self_attn\*'",
+        ValueError, match=r"q_proj.weight: the vLLM engine holds it in nvfp4_w4a16 but .*ignore '\*self_attn\*'"
     ):
         upstream_fp8.load_weights(weights, _runner(engine, ModelOptNvFp4Config()))
-    with pytest.raises(
-        RuntimeError, match=r"format=nvfp4_w4a16 but the vLLM engine's quant config is Fp8Config"
-    ):
+    with pytest.raises(RuntimeError, match=r"format=nvfp4_w4a16 but the vLLM engine's quant config is Fp8Config"):
         upstream_fp8.load_weights(weights, _runner(_Engine("nvfp4"), Fp8Config()))
 
 
@@ -335,13 +315,9 @@ def test_nvfp4_moe_per_expert_refit_and_grouped_slabs_refused(upstream_fp8):
     for e in range(E):
         p = f"{L0}mlp.experts.{e}."
         assert loaded[p + "gate_proj.weight"].shape == (FF, H // 2)
-        assert float(loaded[p + "gate_proj.weight_scale_2"]) == float(
-            loaded[p + "up_proj.weight_scale_2"]
-        )
+        assert float(loaded[p + "gate_proj.weight_scale_2"]) == float(loaded[p + "up_proj.weight_scale_2"])
     slab = torch.zeros(E, 2 * FF, H, dtype=torch.bfloat16)
-    with pytest.raises(
-        ValueError, match=r"mlp.experts.gate_up_proj: a grouped expert slab of NVFP4 experts"
-    ):
+    with pytest.raises(ValueError, match=r"mlp.experts.gate_up_proj: a grouped expert slab of NVFP4 experts"):
         upstream_fp8.load_weights([(f"{L0}mlp.experts.gate_up_proj", slab)], runner)
 
 
@@ -349,18 +325,14 @@ def test_mxfp8_refit_equals_upstreams_mxfp8_refit_bit_for_bit(upstream_fp8):
     if NEMO_RL == "v0.7.0":  # no MXFP8 rollouts on v0.7.0: the hook refuses the format
         assert refit.install(upstream_fp8, BlockSyncConfig(format="mxfp8")) is True
         upstream_fp8.global_fp8_config = upstream_fp8.FP8Config()
-        with pytest.raises(
-            RuntimeError, match=r"format=mxfp8 but NeMo-RL's FP8 config is not MXFP8"
-        ):
+        with pytest.raises(RuntimeError, match=r"format=mxfp8 but NeMo-RL's FP8 config is not MXFP8"):
             upstream_fp8.load_weights(_hf_weights(), _runner(_Engine("mxfp8"), Fp8Config()))
         return
     upstream_fp8.global_fp8_config = upstream_fp8.FP8Config(is_mx=True)
     weights = _hf_weights()
     weights[1][1][3, 32:64] = 0  # an all-zero block: byte 0 -> 1
     theirs = _runner(_Engine("mxfp8"), ModelOptMxFp8Config())
-    upstream_fp8.load_weights(
-        [(n, t.clone()) for n, t in weights], theirs
-    )  # vLLM kernel: the oracle
+    upstream_fp8.load_weights([(n, t.clone()) for n, t in weights], theirs)  # vLLM kernel: the oracle
     n_kernel_calls = len(MXFP8_QUANTIZED)
     assert n_kernel_calls == 7  # every linear weight went through upstream's quantize_mxfp8_weight
     assert refit.install(upstream_fp8, BlockSyncConfig(format="mxfp8")) is True
@@ -391,9 +363,7 @@ def test_block_config_reaches_the_vllm_worker_through_env_and_trampoline(monkeyp
     hook = str(REPO / "nemo_ais" / "nemo_rl" / "_vllm_hook")
     child = {**os.environ, "PYTHONPATH": hook, refit.ENV_VAR: env[refit.ENV_VAR]}
     code = "import sys; print(any(getattr(f, 'nemo_ais_fp8_refit', False) for f in sys.meta_path))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=child, capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", code], env=child, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
 
 
@@ -457,9 +427,7 @@ def _fused_linear(pairs: dict[str, torch.Tensor], modules: list[str]) -> nn.Modu
     return layer
 
 
-def _dequantized_rows(
-    snapshot: dict[str, torch.Tensor], global_scale: torch.Tensor
-) -> torch.Tensor:
+def _dequantized_rows(snapshot: dict[str, torch.Tensor], global_scale: torch.Tensor) -> torch.Tensor:
     q = NVFP4Tensor(snapshot["weight"], snapshot["weight_scale"], global_scale.reshape(()))
     return dequantize_nvfp4(q)
 
@@ -468,9 +436,7 @@ def _own_dequant(pairs, modules):
     return torch.cat(
         [
             dequantize_nvfp4(
-                NVFP4Tensor(
-                    pairs[f"{m}.weight"], pairs[f"{m}.weight_scale"], pairs[f"{m}.weight_scale_2"]
-                )
+                NVFP4Tensor(pairs[f"{m}.weight"], pairs[f"{m}.weight_scale"], pairs[f"{m}.weight_scale_2"])
             )
             for m in modules
         ]
@@ -482,11 +448,7 @@ def _per_shard_amax_pairs(weights, modules):
     pairs = {}
     for m in modules:
         q = quantize_nvfp4(dict(weights)[f"{m}.weight"])
-        pairs |= {
-            f"{m}.weight": q.data,
-            f"{m}.weight_scale": q.block_scale,
-            f"{m}.weight_scale_2": q.global_scale,
-        }
+        pairs |= {f"{m}.weight": q.data, f"{m}.weight_scale": q.block_scale, f"{m}.weight_scale_2": q.global_scale}
     return pairs
 
 
@@ -503,11 +465,7 @@ def test_v0_7_0_modelopt_reload_of_the_streamed_nvfp4_loses_nothing(monkeypatch)
 
     _stub(
         monkeypatch,
-        {
-            "vllm.model_executor.layers.quantization.utils.marlin_utils_fp4": {
-                "prepare_fp4_layer_for_marlin": prepare
-            }
-        },
+        {"vllm.model_executor.layers.quantization.utils.marlin_utils_fp4": {"prepare_fp4_layer_for_marlin": prepare}},
     )
     patch = importlib.import_module(name)
     weights = _hf_weights()
@@ -531,33 +489,22 @@ def test_v0_7_0_modelopt_reload_of_the_streamed_nvfp4_loses_nothing(monkeypatch)
         assert set(seen) == {"weight", "weight_scale", "weight_global_scale"}  # no input scale
         assert torch.equal(seen["weight_scale"].view(torch.uint8), scale_bytes)  # no sign bits
         assert seen["weight_global_scale"].dtype == torch.float32
-        assert all(
-            float(seen["weight_global_scale"]) == float(pairs[f"{m}.weight_scale_2"])
-            for m in modules
-        )
-        assert torch.equal(
-            _dequantized_rows(seen, seen["weight_global_scale"]), _own_dequant(pairs, modules)
-        )
+        assert all(float(seen["weight_global_scale"]) == float(pairs[f"{m}.weight_scale_2"]) for m in modules)
+        assert torch.equal(_dequantized_rows(seen, seen["weight_global_scale"]), _own_dequant(pairs, modules))
     # W4A4 through v0.7.0's dense reload: its kernel sees alpha = 1 * weight global scale,
     # i.e. v0.7.0 sets input_global_scale = 1 and does not use the streamed input_scale
     kernel = _RecordingKernel()
     layer = _fused_linear(pairs, QKV)
-    patch._modelopt_dense_process_weights(
-        types.SimpleNamespace(quant_config=None, kernel=kernel), layer
-    )
+    patch._modelopt_dense_process_weights(types.SimpleNamespace(quant_config=None, kernel=kernel), layer)
     seen = kernel.seen.pop()
-    assert float(seen["input_global_scale"]) == 1.0 and float(seen["alpha"]) == float(
-        seen["weight_global_scale"]
-    )
+    assert float(seen["input_global_scale"]) == 1.0 and float(seen["alpha"]) == float(seen["weight_global_scale"])
     assert torch.equal(seen["input_scale"], torch.full((3,), 4.0 / 2688.0))  # loaded, unused
     # control: per-shard global scales (no shared amax) are NOT reproduced after the max
     naive = _per_shard_amax_pairs(weights, QKV)
     layer = _fused_linear(naive, QKV)
     patch._modelopt_dense_process_w4a16_weights(types.SimpleNamespace(), layer)
     seen = marlin.pop()
-    assert not torch.equal(
-        _dequantized_rows(seen, seen["weight_global_scale"]), _own_dequant(naive, QKV)
-    )
+    assert not torch.equal(_dequantized_rows(seen, seen["weight_global_scale"]), _own_dequant(naive, QKV))
 
 
 @pytest.fixture
@@ -582,17 +529,11 @@ def vllm_modelopt(monkeypatch):
                 "MarlinNvFp4LinearKernel": _RecordingKernel,
                 "NvFp4LinearLayerConfig": lambda: None,
             },
-            "vllm.model_executor.layers.fused_moe.oracle.nvfp4": {
-                "NvFp4MoeBackend": NvFp4MoeBackend
-            },
+            "vllm.model_executor.layers.fused_moe.oracle.nvfp4": {"NvFp4MoeBackend": NvFp4MoeBackend},
             "vllm.model_executor.layers.linear": {
-                "register_weight_loader_v2_supported_method": lambda cls: registered.setdefault(
-                    "linear", cls
-                )
+                "register_weight_loader_v2_supported_method": lambda cls: registered.setdefault("linear", cls)
             },
-            "vllm.model_executor.layers.quantization": {
-                "register_quantization_config": register_quantization_config
-            },
+            "vllm.model_executor.layers.quantization": {"register_quantization_config": register_quantization_config},
             "vllm.model_executor.layers.quantization.modelopt": {
                 "ModelOptNvFp4Config": ModelOptNvFp4Config,
                 "ModelOptNvFp4FusedMoE": ModelOptNvFp4FusedMoE,
@@ -621,13 +562,8 @@ def test_main_w4a16_linear_reload_of_the_streamed_nvfp4_loses_nothing(vllm_model
         seen = _RecordingKernel.seen.pop()
         assert set(seen) == {"weight", "weight_scale", "weight_global_scale"}
         assert torch.equal(seen["weight_scale"].view(torch.uint8), scale_bytes)
-        assert all(
-            float(seen["weight_global_scale"]) == float(pairs[f"{m}.weight_scale_2"])
-            for m in modules
-        )
-        assert torch.equal(
-            _dequantized_rows(seen, seen["weight_global_scale"]), _own_dequant(pairs, modules)
-        )
+        assert all(float(seen["weight_global_scale"]) == float(pairs[f"{m}.weight_scale_2"]) for m in modules)
+        assert torch.equal(_dequantized_rows(seen, seen["weight_global_scale"]), _own_dequant(pairs, modules))
     # upstream's sign-bit canonicalization recovers our (unsigned) scales from signed ones
     scale = pairs[f"{QKV[0]}.weight_scale"]
     signed = (scale.view(torch.uint8) | 0x80).view(torch.float8_e4m3fn)
@@ -649,20 +585,12 @@ def _fused_moe(pairs: dict[str, torch.Tensor], layer: nn.Module) -> nn.Module:
     for suffix in ("weight", "weight_scale"):
         put(
             f"w13_{suffix}",
-            stack(
-                lambda e, s=suffix: torch.cat(
-                    [pairs[f"{p}{e}.gate_proj.{s}"], pairs[f"{p}{e}.up_proj.{s}"]]
-                )
-            ),
+            stack(lambda e, s=suffix: torch.cat([pairs[f"{p}{e}.gate_proj.{s}"], pairs[f"{p}{e}.up_proj.{s}"]])),
         )
         put(f"w2_{suffix}", stack(lambda e, s=suffix: pairs[f"{p}{e}.down_proj.{s}"]))
     put(
         "w13_weight_scale_2",
-        stack(
-            lambda e: torch.stack(
-                [pairs[f"{p}{e}.{m}.weight_scale_2"] for m in ("gate_proj", "up_proj")]
-            )
-        ),
+        stack(lambda e: torch.stack([pairs[f"{p}{e}.{m}.weight_scale_2"] for m in ("gate_proj", "up_proj")])),
     )
     put("w2_weight_scale_2", stack(lambda e: pairs[f"{p}{e}.down_proj.weight_scale_2"]))
     return layer
@@ -675,11 +603,7 @@ def test_main_moe_reload_and_input_scales_of_the_streamed_nvfp4_experts(vllm_mod
     p = f"{L0}mlp.experts."
     amax = {f"{p}{e}.{m}": 1.0 + e for e in range(E) for m in ("gate_up_proj", "down_proj")}
     amax |= {f"{L0}self_attn.qkv_proj": 1.0, f"{L0}self_attn.o_proj": 1.0}
-    pairs = dict(
-        block_weight_stream(
-            _hf_weights(moe=True), BlockSyncConfig(format="nvfp4_w4a4"), input_amax=amax
-        )
-    )
+    pairs = dict(block_weight_stream(_hf_weights(moe=True), BlockSyncConfig(format="nvfp4_w4a4"), input_amax=amax))
     # W4A4: NeMo-RL's MoE method binds its input-scale loader; our per-expert input_scale
     # pairs go through it with vLLM's shard ids (w1 = gate, w3 = up, w2 = down)
     layer = nn.Module()
@@ -688,32 +612,19 @@ def test_main_moe_reload_and_input_scales_of_the_streamed_nvfp4_experts(vllm_mod
     w4a4 = registered[module.NEMO_MODELOPT_W4A4].FusedMoEMethodCls()
     w4a4.create_weights(layer, E, H, FF, torch.bfloat16)
     for e in range(E):
-        for proj, shard, param in (
-            ("gate_proj", "w1", "w13"),
-            ("up_proj", "w3", "w13"),
-            ("down_proj", "w2", "w2"),
-        ):
+        for proj, shard, param in (("gate_proj", "w1", "w13"), ("up_proj", "w3", "w13"), ("down_proj", "w2", "w2")):
             target = getattr(layer, f"{param}_input_scale")
-            target.weight_loader(
-                target, pairs[f"{p}{e}.{proj}.input_scale"], f"{p}{e}.{proj}.input_scale", shard, e
-            )
+            target.weight_loader(target, pairs[f"{p}{e}.{proj}.input_scale"], f"{p}{e}.{proj}.input_scale", shard, e)
     want = torch.tensor([(1.0 + e) / 2688.0 for e in range(E)], dtype=torch.float32)
     assert layer.w13_input_scale.shape == (E, 2) and torch.equal(layer.w13_input_scale[:, 0], want)
-    assert torch.equal(layer.w13_input_scale[:, 1], want) and torch.equal(
-        layer.w2_input_scale.data, want
-    )
+    assert torch.equal(layer.w13_input_scale[:, 1], want) and torch.equal(layer.w2_input_scale.data, want)
     # W4A16 MoE reload (Marlin): canonicalized scales, then vLLM's own processing
     w4a16 = registered[module.NEMO_MODELOPT_W4A16].FusedMoEMethodCls()
     layer = _fused_moe(pairs, nn.Module())
     assert layer.w13_weight.shape == (E, 2 * FF, H // 2) and layer.w13_weight.dtype == torch.uint8
-    assert (
-        layer.w13_weight_scale.shape == (E, 2 * FF, H // 16)
-        and layer.w13_weight_scale.dtype == torch.float8_e4m3fn
-    )
+    assert layer.w13_weight_scale.shape == (E, 2 * FF, H // 16) and layer.w13_weight_scale.dtype == torch.float8_e4m3fn
     assert layer.w13_weight_scale_2.shape == (E, 2) and layer.w2_weight_scale_2.shape == (E,)
-    assert torch.equal(
-        layer.w13_weight_scale_2[:, 0], layer.w13_weight_scale_2[:, 1]
-    )  # column 0 == max
+    assert torch.equal(layer.w13_weight_scale_2[:, 0], layer.w13_weight_scale_2[:, 1])  # column 0 == max
     w4a16.process_weights_after_loading(layer)
     seen = ModelOptNvFp4FusedMoE.processed.pop()
     assert layer.w13_input_scale is None and layer.w2_input_scale is None
@@ -730,18 +641,12 @@ def _nvfp4_run_config(**section):
         "real_quant_ignore": ["lm_head", "*self_attn*"],
         "vllm_cfg": {"precision": "bfloat16", "tensor_parallel_size": 2},
     }
-    return {
-        "policy": {"generation": generation},
-        "ais_fp8_refit": {"enabled": False},
-        "ais_nvfp4_refit": section,
-    }
+    return {"policy": {"generation": generation}, "ais_fp8_refit": {"enabled": False}, "ais_nvfp4_refit": section}
 
 
 def test_configure_arms_the_hook_from_the_section_with_the_engines_defaults():
     env = {"PYTHONPATH": "/x"}
-    assert refit.configure({"policy": {}}, env, section="ais_nvfp4_refit") is None and env == {
-        "PYTHONPATH": "/x"
-    }
+    assert refit.configure({"policy": {}}, env, section="ais_nvfp4_refit") is None and env == {"PYTHONPATH": "/x"}
     assert refit.configure(_nvfp4_run_config(enabled=False), env, section="ais_nvfp4_refit") is None
     cfg = refit.configure(_nvfp4_run_config(enabled=True), env, section="ais_nvfp4_refit")
     assert cfg == BlockSyncConfig(tp_size=2, ignore=("lm_head", "*self_attn*"))  # the engine's
@@ -751,19 +656,14 @@ def test_configure_arms_the_hook_from_the_section_with_the_engines_defaults():
     run = _nvfp4_run_config(enabled=True)
     del run["policy"]["generation"]["real_quant_ignore"]  # NeMo-RL's default list then
     utils = importlib.import_module("nemo_rl.modelopt.utils")
-    assert refit.configure(run, {}, section="ais_nvfp4_refit").ignore == tuple(
-        utils.DEFAULT_NVFP4_IGNORE
-    )
+    assert refit.configure(run, {}, section="ais_nvfp4_refit").ignore == tuple(utils.DEFAULT_NVFP4_IGNORE)
 
 
 @pytest.mark.parametrize(
     ("change", "match"),
     [
         ({"format": "mxfp8"}, r"ais_nvfp4_refit.format='mxfp8' is invalid"),
-        (
-            {"format": "nvfp4_w4a4"},
-            r"ais_nvfp4_refit.input_amax_file=None is invalid with format nvfp4_w4a4",
-        ),
+        ({"format": "nvfp4_w4a4"}, r"ais_nvfp4_refit.input_amax_file=None is invalid with format nvfp4_w4a4"),
         ({"famly": 1}, r"ais_nvfp4_refit\.famly"),
         ({"real_quant": None}, r"needs policy.generation.real_quant: true \(got None\)"),
         ({"fp8": True}, r"ais_fp8_refit and ais_nvfp4_refit are both enabled"),
@@ -800,11 +700,7 @@ def test_a_failed_refit_chunk_leaves_nothing_held_for_the_next_refit(upstream_fp
     assert refit.install(upstream_fp8, BlockSyncConfig()) is True
     weights = _hf_weights()
     o_proj = next(i for i, (n, _) in enumerate(weights) if n.endswith("o_proj.weight"))
-    bad = [
-        weights[0],
-        weights[1],
-        (weights[o_proj][0], torch.full_like(weights[o_proj][1], float("nan"))),
-    ]
+    bad = [weights[0], weights[1], (weights[o_proj][0], torch.full_like(weights[o_proj][1], float("nan")))]
     with pytest.raises(ValueError, match="NaN"):  # q_proj is held for its fused group by then
         upstream_fp8.load_weights(bad, runner)
     for _, t in bad:

@@ -77,9 +77,7 @@ except AttributeError as err:
 def test_import_without_nemo_rl_and_lazy_error():
     assert ais_nemo_rl.GLOBAL_BATCH_KEY == "ais_global_batch"
     assert hasattr(ais_nemo_rl, "AISLossConfig")  # NeMo-RL is importable here
-    res = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_NEMO_RL], capture_output=True, text=True, timeout=120
-    )
+    res = subprocess.run([sys.executable, "-c", _WITHOUT_NEMO_RL], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     hint, unknown = res.stdout.strip().splitlines()
     assert hint.startswith(
@@ -111,16 +109,8 @@ def test_core_inputs_maps_keys_and_masks():
             ValueError,
             r"generation_logprobs: got \[4, 4\], expected \[4, 5\] like prev_logprobs",
         ),
-        (
-            lambda d: d.update(sample_mask=d["sample_mask"][:3]),
-            ValueError,
-            r"sample_mask: got \[3\], expected \[4\]",
-        ),
-        (
-            lambda d: d.update(token_mask=d["token_mask"][0]),
-            ValueError,
-            "token_mask: got .* expected a 2-D tensor",
-        ),
+        (lambda d: d.update(sample_mask=d["sample_mask"][:3]), ValueError, r"sample_mask: got \[3\], expected \[4\]"),
+        (lambda d: d.update(token_mask=d["token_mask"][0]), ValueError, "token_mask: got .* expected a 2-D tensor"),
     ],
 )
 def test_core_inputs_errors_name_the_tensor(mutate, error, match):
@@ -223,9 +213,7 @@ def test_prepare_checks_loss_only_keys_at_valid_tokens(key, where, loss_keys, in
     if index is False:
         prepare()
         return
-    with pytest.raises(
-        ValueError, match=rf"{key}: 1 non-finite .* first at index {re.escape(str(index))}"
-    ):
+    with pytest.raises(ValueError, match=rf"{key}: 1 non-finite .* first at index {re.escape(str(index))}"):
         prepare()
 
 
@@ -233,9 +221,7 @@ def test_loss_from_prepared_requires_preparation():
     d = _data()
     lp = d["prev_logprobs"][:, 1:].clone()
     with pytest.raises(RuntimeError, match="no AIS diagnostics were prepared"):
-        loss_from_prepared(
-            lp, d, (), CONFIG, PGLossConfig(), global_valid_seqs=3.0, global_valid_toks=9.0
-        )
+        loss_from_prepared(lp, d, (), CONFIG, PGLossConfig(), global_valid_seqs=3.0, global_valid_toks=9.0)
 
 
 class _FakeWorker:
@@ -265,9 +251,7 @@ class _Loss(_Sink):
 
 @pytest.fixture
 def one_rank_world(tmp_path):
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

@@ -37,9 +37,7 @@ B, S, MBS = 6, 12, 2
 # masked means round through float32); core's weighted modes agree to float64 rounding
 UPSTREAM_RTOL = 1e-6
 BASE = {"reference_policy_kl_penalty": 0.01, "ratio_clip_c": 3.0}
-TBPO_WIDE = {
-    "tbpo": {"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06}
-}
+TBPO_WIDE = {"tbpo": {"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06}}
 # modes whose weight needs no statistic of the global batch
 NO_GLOBAL_STATISTIC = {
     "none": {"mode": "none"},
@@ -88,8 +86,7 @@ def _split_step(loss_fn, data, curr):
     out = []
     for loss, grad, metrics in calls:
         scaled = {
-            k: v if "_min" in k or "_max" in k else v * inv.get(_kind(norms.get(k)), inv_n)
-            for k, v in metrics.items()
+            k: v if "_min" in k or "_max" in k else v * inv.get(_kind(norms.get(k)), inv_n) for k, v in metrics.items()
         }
         out.append((loss * inv_n, grad * inv_n, scaled))
     return out
@@ -119,9 +116,7 @@ def _prepared(ais, token_level=True):
 
     def make():
         loss_fn = AISClippedPGLossFn({**BASE, "token_level_loss": token_level, "ais": ais})
-        prepare_global_batches(
-            data, loss_fn, loss_fn.ais, local_batch_size=data.size, group=None, state=None
-        )
+        prepare_global_batches(data, loss_fn, loss_fn.ais, local_batch_size=data.size, group=None, state=None)
         return loss_fn
 
     return make, data, curr

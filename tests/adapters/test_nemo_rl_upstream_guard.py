@@ -24,9 +24,7 @@ from nemo_ais.nemo_rl.refit import RECORDED_SIGNATURES
 pytestmark = pytest.mark.nemo_rl
 
 _SPEC = importlib.util.find_spec("nemo_rl")
-assert _SPEC is not None and _SPEC.submodule_search_locations, (
-    "tests/conftest.py puts NeMo-RL on the path"
-)
+assert _SPEC is not None and _SPEC.submodule_search_locations, "tests/conftest.py puts NeMo-RL on the path"
 ROOT = Path(next(iter(_SPEC.submodule_search_locations)))
 
 
@@ -39,9 +37,7 @@ def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.ClassDef:
     node: ast.AST = tree
     for part in qualname.split("."):
         matches = [
-            n
-            for n in ast.iter_child_nodes(node)
-            if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part
+            n for n in ast.iter_child_nodes(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part
         ]
         assert matches, f"{qualname}: {part} not found in NeMo-RL's source"
         node = matches[0]
@@ -112,11 +108,7 @@ def test_worker_methods_the_ais_mixin_overrides(module):
     scaling = src if "v2" not in module else (ROOT / "models/automodel/train.py").read_text()
     assert "'_min' in k or '_max' in k" in scaling or '"_min" in k or "_max" in k' in scaling
     # the valid-token counts are summed over the group the AIS workers use
-    group = (
-        "parallel_state.get_data_parallel_group()"
-        if "megatron" in module
-        else "self.dp_mesh.get_group()"
-    )
+    group = "parallel_state.get_data_parallel_group()" if "megatron" in module else "self.dp_mesh.get_group()"
     assert group in src
 
 
@@ -142,8 +134,7 @@ def test_policy_and_setup_seams():
     # main passes the Megatron flag on (the launcher's swap_loss keeps it: compat)
     assert per_version(
         v0_7_0="loss_fn = ClippedPGLossFn(loss_config)",
-        main="loss_fn = ClippedPGLossFn(loss_config, "
-        "use_fused_linear_logprobs=use_fused_linear_logprobs)",
+        main="loss_fn = ClippedPGLossFn(loss_config, use_fused_linear_logprobs=use_fused_linear_logprobs)",
     ) in ast.unparse(setup)
     loss = _module("nemo_rl.algorithms.loss.loss_functions")
     assert _params(_find(loss, "ClippedPGLossFn.__call__")) == [

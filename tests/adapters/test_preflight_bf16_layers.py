@@ -84,20 +84,12 @@ def _upstream_bf16(upstream_fp8, model_dir, monkeypatch, vllm_cfg) -> set[str]:
 
 
 def _vllm_cfg(is_mx: bool, exclusions: dict) -> dict:
-    return {
-        "precision": "fp8",
-        "kv_cache_dtype": "auto",
-        "async_engine": False,
-        "is_mx": is_mx,
-        **exclusions,
-    }
+    return {"precision": "fp8", "kv_cache_dtype": "auto", "async_engine": False, "is_mx": is_mx, **exclusions}
 
 
 @pytest.mark.parametrize("is_mx", per_version(v0_7_0=[False], main=[False, True]))  # MXFP8: main
 @pytest.mark.parametrize("exclusions", EXCLUSIONS)
-def test_offline_bf16_linears_are_upstreams_ignored_layers(
-    upstream_fp8, model_dir, monkeypatch, is_mx, exclusions
-):
+def test_offline_bf16_linears_are_upstreams_ignored_layers(upstream_fp8, model_dir, monkeypatch, is_mx, exclusions):
     vllm_cfg = _vllm_cfg(is_mx, exclusions)
     want = _upstream_bf16(upstream_fp8, model_dir, monkeypatch, vllm_cfg)
     bf16 = kept_in_bf16({"policy": {"generation": {"vllm_cfg": vllm_cfg}}}, N_LAYERS)
@@ -105,17 +97,12 @@ def test_offline_bf16_linears_are_upstreams_ignored_layers(
 
 
 @pytest.mark.parametrize("exclusions", EXCLUSIONS)
-def test_the_fp8_refit_keeps_in_bf16_what_upstreams_engine_does(
-    upstream_fp8, model_dir, monkeypatch, exclusions
-):
+def test_the_fp8_refit_keeps_in_bf16_what_upstreams_engine_does(upstream_fp8, model_dir, monkeypatch, exclusions):
     # configure() takes the exclusions from vllm_cfg: the refit stream and the launcher's
     # after-first-refit layer check (engine_keep_rule) use this rule
     vllm_cfg = _vllm_cfg(False, exclusions)
     want = _upstream_bf16(upstream_fp8, model_dir, monkeypatch, vllm_cfg)
-    run = {
-        "policy": {"generation": {"vllm_cfg": vllm_cfg}},
-        "ais_fp8_refit": {"enabled": True, "num_layers": N_LAYERS},
-    }
+    run = {"policy": {"generation": {"vllm_cfg": vllm_cfg}}, "ais_fp8_refit": {"enabled": True, "num_layers": N_LAYERS}}
     refit_cfg = refit.configure(run, {}, section="ais_fp8_refit")
     assert {m for m in _linears() if refit_cfg.keep_rule().keeps(m)} == want
 
@@ -138,9 +125,7 @@ def test_offline_nvfp4_bf16_linears_are_upstreams_ignore_list(ignore):
 
 
 @pytest.mark.parametrize("armed", [False, True], ids=["nemo_rl_refit", "ais_fp8_refit"])
-def test_the_launchers_first_refit_check_expects_upstreams_bf16_linears(
-    upstream_fp8, model_dir, monkeypatch, armed
-):
+def test_the_launchers_first_refit_check_expects_upstreams_bf16_linears(upstream_fp8, model_dir, monkeypatch, armed):
     # launchers/run_grpo_ais.py engine_keep_rule: what every engine must hold after the first
     # refit (the AIS refit's rule when armed, else the offline one over the model's shapes)
     from shipped_configs import launcher

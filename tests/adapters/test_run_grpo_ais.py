@@ -27,17 +27,13 @@ run = launcher()
 
 
 def test_parse_args_keeps_hydra_overrides():
-    args, overrides = run.parse_args(
-        ["--config", "x.yaml", "loss_fn.ais.mode=ais", "+loss_fn.ais.weight_cap=3.0"]
-    )
+    args, overrides = run.parse_args(["--config", "x.yaml", "loss_fn.ais.mode=ais", "+loss_fn.ais.weight_cap=3.0"])
     assert args.config == "x.yaml"
     assert overrides == ["loss_fn.ais.mode=ais", "+loss_fn.ais.weight_cap=3.0"]
 
 
 def test_load_config_dict_inherits_and_overrides(tmp_path):
-    (tmp_path / "base.yaml").write_text(
-        "loss_fn:\n  ratio_clip_min: 0.2\n  ais:\n    mode: none\npolicy:\n  x: 1\n"
-    )
+    (tmp_path / "base.yaml").write_text("loss_fn:\n  ratio_clip_min: 0.2\n  ais:\n    mode: none\npolicy:\n  x: 1\n")
     (tmp_path / "arm.yaml").write_text("defaults: base.yaml\nloss_fn:\n  ais:\n    mode: ais\n")
     cfg = run.load_config_dict(
         str(tmp_path / "arm.yaml"), ["+loss_fn.ais.weight_cap=3.0", "loss_fn.ratio_clip_min=0.1"]
@@ -54,9 +50,7 @@ def test_validation_fails_before_ray_with_the_field_path():
     with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
         run.validate_ais({"loss_fn": {"ais": {"mode": "ais", "weight_cap": 0.5}}})
     with pytest.raises(ValueError, match=r"loss_fn\.use_importance_sampling_correction=True"):
-        run.validate_ais(
-            {"loss_fn": {"use_importance_sampling_correction": True, "ais": {"mode": "ais"}}}
-        )
+        run.validate_ais({"loss_fn": {"use_importance_sampling_correction": True, "ais": {"mode": "ais"}}})
 
 
 def test_nemo_rl_view_sets_the_is_flag_only_when_ais_owns_the_correction():
@@ -90,9 +84,7 @@ def test_ais_worker_follows_the_backend(policy, worker):
 
 
 def test_ais_worker_errors():
-    with pytest.raises(
-        ValueError, match=r"policy\.quant_cfg='q\.yaml' is invalid with policy\.dtensor"
-    ):
+    with pytest.raises(ValueError, match=r"policy\.quant_cfg='q\.yaml' is invalid with policy\.dtensor"):
         run.ais_worker_fqn({"quant_cfg": "q.yaml", "dtensor_cfg": {"enabled": True, "_v2": True}})
     with pytest.raises(ValueError, match=r"megatron_cfg\.enabled or policy\.dtensor_cfg\.enabled"):
         run.ais_worker_fqn({})
@@ -102,9 +94,7 @@ def test_register_ais_workers_uses_the_prebuilt_base_venvs(tmp_path, monkeypatch
     # upstream's worker-group resolution of these entries: tests/upstream/test_worker_venv.py
     from nemo_rl.distributed import ray_actor_environment_registry as registry
 
-    monkeypatch.setattr(
-        registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY)
-    )
+    monkeypatch.setattr(registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY))
     monkeypatch.setenv("NEMO_RL_VENV_DIR", str(tmp_path))
     monkeypatch.delenv("NRL_FORCE_REBUILD_VENVS", raising=False)
     for base in AIS_WORKER_FQNS:
@@ -161,10 +151,7 @@ def test_swap_loss_keeps_the_flags_setup_gave_upstreams_loss():
 def test_refit_transports_that_bypass_the_fp8_refit_are_refused(transport, precision, kv, refused):
     cfg = {
         "policy": {
-            "generation": {
-                "refit_transport": transport,
-                "vllm_cfg": {"precision": precision, "kv_cache_dtype": kv},
-            }
+            "generation": {"refit_transport": transport, "vllm_cfg": {"precision": precision, "kv_cache_dtype": kv}}
         }
     }
     problems = run.refit_transport_problems(cfg)

@@ -89,8 +89,7 @@ MEGATRON_MARKS = [
     pytest.mark.distributed,
     pytest.mark.megatron,
     pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None
-        or importlib.util.find_spec("megatron.core") is None,
+        importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
         reason="megatron-core not installed (pip install 'nemo-ais[megatron]')",
     ),
 ]
@@ -233,9 +232,7 @@ def _wrap(name: str, original: Callable, counter: CollectiveCounter) -> Callable
 
 
 @contextlib.contextmanager
-def count_collectives(
-    module_prefixes: Sequence[str] = ("nemo_ais",),
-) -> Iterator[CollectiveCounter]:
+def count_collectives(module_prefixes: Sequence[str] = ("nemo_ais",)) -> Iterator[CollectiveCounter]:
     """Count every ``torch.distributed`` collective called inside the block.
 
     Patches the collectives in ``torch.distributed``, ``torch.distributed.distributed_c10d``
@@ -305,8 +302,7 @@ def assert_same_bits(per_rank: Sequence[dict[str, float]], what: str = "value") 
         bits = [float_bits(values[key]) for values in per_rank]
         if len(set(bits)) != 1:
             detail = ", ".join(
-                f"rank {r}: {values[key]!r} (0x{b})"
-                for r, (values, b) in enumerate(zip(per_rank, bits, strict=True))
+                f"rank {r}: {values[key]!r} (0x{b})" for r, (values, b) in enumerate(zip(per_rank, bits, strict=True))
             )
             raise AssertionError(f"{what} {key!r} differs across ranks: {detail}")
 
@@ -315,13 +311,7 @@ def assert_same_bits(per_rank: Sequence[dict[str, float]], what: str = "value") 
 
 
 def _worker(
-    rank: int,
-    world_size: int,
-    result_dir: str,
-    timeout_s: float,
-    backend: str,
-    environ: dict[str, str],
-    call: bytes,
+    rank: int, world_size: int, result_dir: str, timeout_s: float, backend: str, environ: dict[str, str], call: bytes
 ) -> None:
     """Body of one rank: init the group, run ``fn``, write ``rank{r}.pkl``.
 
@@ -333,10 +323,7 @@ def _worker(
     os.environ.update(environ)
     torch.set_num_threads(1)
     os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size)
     )
     outcome: dict[str, Any]
     try:
@@ -355,9 +342,7 @@ def _worker(
     try:
         payload = pickle.dumps(outcome)
     except Exception as err:
-        payload = pickle.dumps(
-            {"ok": False, "error": f"result of rank {rank} not picklable: {err}"}
-        )
+        payload = pickle.dumps({"ok": False, "error": f"result of rank {rank} not picklable: {err}"})
     tmp = os.path.join(result_dir, f"rank{rank}.tmp")
     with open(tmp, "wb") as f:
         f.write(payload)
@@ -471,9 +456,7 @@ def run_distributed(
         results = [_read_result(result_dir, rank) for rank in range(world_size)]
 
     errors = [
-        f"--- rank {rank} ---\n{res['error']}"
-        for rank, res in enumerate(results)
-        if res is not None and not res["ok"]
+        f"--- rank {rank} ---\n{res['error']}" for rank, res in enumerate(results) if res is not None and not res["ok"]
     ]
     died = [
         f"--- rank {rank} --- exited with code {procs[rank].exitcode} without a result"
@@ -483,9 +466,7 @@ def run_distributed(
     if errors or died:
         hung = f"\n(ranks {stuck} were still running and were killed)" if stuck else ""
         raise RuntimeError(
-            f"{getattr(fn, '__name__', fn)} failed on {world_size} ranks:\n"
-            + "\n".join(errors + died)
-            + hung
+            f"{getattr(fn, '__name__', fn)} failed on {world_size} ranks:\n" + "\n".join(errors + died) + hung
         )
     if stuck:
         raise TimeoutError(

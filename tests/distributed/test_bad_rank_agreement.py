@@ -206,12 +206,7 @@ def _attempt(call) -> dict:
         elapsed = time.perf_counter() - start
     alive = torch.ones(1, dtype=torch.float64)
     dist.all_reduce(alive)  # every rank must get here, in step, after the error
-    return {
-        "error": error,
-        "elapsed_s": elapsed,
-        "alive": alive.item(),
-        "calls": counter.names(),
-    }
+    return {"error": error, "elapsed_s": elapsed, "alive": alive.item(), "calls": counter.names()}
 
 
 def _core_call(rank, bad_ranks, x, case):
@@ -271,9 +266,7 @@ def _rank_main_4(rank: int, world_size: int) -> dict:
     return {
         "nan": _attempt(_core_call(rank, {2}, x, _nan)),
         "seam_missing_key": _attempt(_seam_call(rank, {2}, _drop_generation_logprobs, empty)),
-        "two_bad": _attempt(
-            _core_call(rank, {2}, x, _shape) if rank != 3 else _core_call(3, {3}, x, _nan)
-        ),
+        "two_bad": _attempt(_core_call(rank, {2}, x, _shape) if rank != 3 else _core_call(3, {3}, x, _nan)),
         "clean": _attempt(_core_call(rank, set(), x, None)),
     }
 
@@ -332,16 +325,11 @@ def test_clean_batch_after_failures_still_one_all_reduce(world, request):
 
 def test_one_bad_rank_of_four_with_an_empty_rank(four_ranks):
     _check_agreement(four_ranks, "nan", [2], ["generation_logprobs: 1 non-finite", "1 of 4 ranks"])
-    _check_agreement(
-        four_ranks, "seam_missing_key", [2], ["generation_logprobs: missing", "1 of 4 ranks"]
-    )
+    _check_agreement(four_ranks, "seam_missing_key", [2], ["generation_logprobs: missing", "1 of 4 ranks"])
 
 
 def test_two_bad_ranks_of_four_are_both_listed(four_ranks):
     message = _check_agreement(
-        four_ranks,
-        "two_bad",
-        [2, 3],
-        ["2 of 4 ranks", "generation_logprobs: got [4, 5] float64", "1 non-finite"],
+        four_ranks, "two_bad", [2, 3], ["2 of 4 ranks", "generation_logprobs: got [4, 5] float64", "1 non-finite"]
     )
     assert message.index("rank 2:") < message.index("rank 3:"), message

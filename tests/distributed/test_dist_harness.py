@@ -11,12 +11,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from _harness import (
-    assert_same_bits,
-    count_collectives,
-    float_bits,
-    run_distributed,
-)
+from _harness import assert_same_bits, count_collectives, float_bits, run_distributed
 from torch.distributed import all_reduce as imported_all_reduce
 
 pytestmark = pytest.mark.distributed

@@ -44,9 +44,7 @@ def _megatron_main(rank: int, world_size: int, specs, seed: int) -> dict:
     warnings.filterwarnings("ignore")  # megatron warns about missing TE / Apex on CPU
     from megatron.core import parallel_state
 
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=TP, create_gloo_process_groups=False
-    )
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, create_gloo_process_groups=False)
     try:
         dp_group = parallel_state.get_data_parallel_group()
         dp_rank = parallel_state.get_data_parallel_rank()
@@ -55,8 +53,7 @@ def _megatron_main(rank: int, world_size: int, specs, seed: int) -> dict:
         with count_collectives() as counter:
             d_dp = compute_diagnostics(x.prev, x.gen, x.mask, CONFIG, group=dp_group)
         calls = [
-            {"name": c.name, "nbytes": c.nbytes, "ranks": dist.get_process_group_ranks(c.group)}
-            for c in counter.calls
+            {"name": c.name, "nbytes": c.nbytes, "ranks": dist.get_process_group_ranks(c.group)} for c in counter.calls
         ]
         d_world = compute_diagnostics(x.prev, x.gen, x.mask, CONFIG, group=dist.group.WORLD)
 
@@ -78,9 +75,7 @@ def _megatron_main(rank: int, world_size: int, specs, seed: int) -> dict:
             "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
             "dp_rank": dp_rank,
             "dp_ranks": dist.get_process_group_ranks(dp_group),
-            "tp_ranks": dist.get_process_group_ranks(
-                parallel_state.get_tensor_model_parallel_group()
-            ),
+            "tp_ranks": dist.get_process_group_ranks(parallel_state.get_tensor_model_parallel_group()),
             "calls": calls,
             "d_dp": d_dp.as_dict(),
             "d_world": d_world.as_dict(),
@@ -120,9 +115,7 @@ def test_dp_group_reduction_matches_single_process_over_dp_shards(results):
             if not math.isclose(res["d_dp"][k], v, rel_tol=RTOL, abs_tol=ATOL)
         }
         assert not bad, f"rank {r}: DP-reduced diagnostics differ from the oracle: {bad}"
-        assert res["calls"] == [
-            {"name": "all_reduce", "nbytes": STATS_BYTES, "ranks": res["dp_ranks"]}
-        ]
+        assert res["calls"] == [{"name": "all_reduce", "nbytes": STATS_BYTES, "ranks": res["dp_ranks"]}]
         assert STATS_BYTES <= 1024  # 568 B: 23 sums and the two tail histograms
 
 
@@ -153,8 +146,6 @@ def test_world_reduction_double_counts_tp_replicas(results):
         assert res["d_world"]["n_seq"] == TP * true_n_seq != res["d_dp"]["n_seq"]
         assert res["d_world"] != res["d_dp"]
         # ...and the summable ais/n_tok metric of the loss is off by the TP factor.
-        assert res["losses"]["world"]["n_tok"] == pytest.approx(
-            TP * res["losses"]["dp"]["n_tok"], rel=RTOL
-        )
+        assert res["losses"]["world"]["n_tok"] == pytest.approx(TP * res["losses"]["dp"]["n_tok"], rel=RTOL)
         # Ratio-form diagnostics are invariant under uniform duplication (see module doc).
         assert math.isclose(res["d_world"]["alpha"], res["d_dp"]["alpha"], rel_tol=1e-12)

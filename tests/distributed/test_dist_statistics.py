@@ -65,9 +65,7 @@ EMA_CONFIG = CorrectionConfig(severity_scale=4.0, seq_weight="product", ema=0.5)
 EMA_STEPS = 3
 PG = {
     "loss_tok": PGLossConfig(ratio_clip_c=3.0, reference_policy_kl_penalty=0.05),
-    "loss_seq": PGLossConfig(
-        ratio_clip_c=3.0, reference_policy_kl_penalty=0.05, token_level_loss=False
-    ),
+    "loss_seq": PGLossConfig(ratio_clip_c=3.0, reference_policy_kl_penalty=0.05, token_level_loss=False),
 }
 # Float64 everywhere; sums over ranks are only re-associated, so 1e-12 relative holds
 # with a wide margin (observed ~1e-16). ABS covers quantities that cancel to ~0.
@@ -133,9 +131,7 @@ def _loss_run(x: Shard, diagnostics, pg: PGLossConfig, n_tok, n_seq, group=None,
 
 def _ema_batches(specs, seed) -> list[list[Shard]]:
     """Shards of EMA_STEPS successive global batches with a growing mismatch."""
-    return [
-        make_shards(specs, seed + 1 + step, mismatch=0.1 + 0.2 * step) for step in range(EMA_STEPS)
-    ]
+    return [make_shards(specs, seed + 1 + step, mismatch=0.1 + 0.2 * step) for step in range(EMA_STEPS)]
 
 
 def _rank_main(rank: int, world_size: int, specs, empty_specs, seed: int) -> dict:
@@ -219,9 +215,7 @@ def _rank_main(rank: int, world_size: int, specs, empty_specs, seed: int) -> dic
 def world(request):
     """(world_size, per-rank results) from one spawn per world size."""
     n = request.param
-    results = run_distributed(
-        _rank_main, n, args=(SHARD_SPECS[n], EMPTY_SPECS[n], SEED), timeout=TIMEOUT_S
-    )
+    results = run_distributed(_rank_main, n, args=(SHARD_SPECS[n], EMPTY_SPECS[n], SEED), timeout=TIMEOUT_S)
     return n, results
 
 
@@ -256,9 +250,7 @@ def test_diagnostics_bit_identical_across_ranks(world):
     _, results = world
     assert_same_bits([r["diag"]["values"] for r in results], "compute_diagnostics")
     assert_same_bits([r["split"]["values"] for r in results], "diagnostics_from_stats")
-    assert_same_bits(
-        [dict(enumerate(r["split"]["global_vector"])) for r in results], "reduced statistics"
-    )
+    assert_same_bits([dict(enumerate(r["split"]["global_vector"])) for r in results], "reduced statistics")
 
 
 def test_diagnostics_match_single_process_concatenated_batch(world):
@@ -305,9 +297,7 @@ def _assert_one_stats_all_reduce(calls: list[dict], sum_op: str, what: str) -> N
     assert call["dtypes"] == ["torch.float64"], f"{what}: {call}"
     assert call["op"] == sum_op, f"{what}: {call}"
     assert call["group_is_world"], f"{what}: ran on another group: {call}"
-    assert call["nbytes"] <= 1024, (
-        f"{what}: payload {call['nbytes']} B > 1 KiB"
-    )  # 568 B: 23 sums + 2 tail histograms
+    assert call["nbytes"] <= 1024, f"{what}: payload {call['nbytes']} B > 1 KiB"  # 568 B: 23 sums + 2 tail histograms
     assert call["nbytes"] == STATS_BYTES, f"{what}: payload {call['nbytes']} != {STATS_BYTES}"
 
 
@@ -350,15 +340,7 @@ def test_loss_and_gradients_sum_to_single_process(world, key):
     diag = compute_diagnostics(g.prev, g.gen, g.mask, CONFIG)
     curr = g.curr.clone().requires_grad_(True)
     out = clipped_pg_loss(
-        curr,
-        g.prev,
-        g.gen,
-        g.adv,
-        g.mask,
-        CONFIG,
-        pg=PG[key],
-        reference_logprobs=g.ref,
-        diagnostics=diag,
+        curr, g.prev, g.gen, g.adv, g.mask, CONFIG, pg=PG[key], reference_logprobs=g.ref, diagnostics=diag
     )
     out.loss.backward()
     assert out.loss.item() != 0.0 and curr.grad.abs().sum().item() > 0  # non-vacuous

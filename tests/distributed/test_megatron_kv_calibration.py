@@ -121,11 +121,7 @@ def _rope(x: np.ndarray) -> np.ndarray:
 
 def _norm(x: np.ndarray, module) -> np.ndarray:
     y = F.layer_norm(
-        torch.from_numpy(x),
-        (x.shape[-1],),
-        module.weight.detach().double(),
-        module.bias.detach().double(),
-        eps=1e-5,
+        torch.from_numpy(x), (x.shape[-1],), module.weight.detach().double(), module.bias.detach().double(), eps=1e-5
     )
     return y.numpy()
 
@@ -154,8 +150,7 @@ def _oracle_scales(attns, captured, percentile=PERCENTILE, **variant) -> dict[st
         names = kv_scale_names(layer)
         for kind in ("q", "k", "v"):
             amax = max(
-                float(np.percentile(np.abs(_oracle_qkv(attn, h, **variant)[kind]), percentile))
-                for h in captured[layer]
+                float(np.percentile(np.abs(_oracle_qkv(attn, h, **variant)[kind]), percentile)) for h in captured[layer]
             )
             out[names[kind]] = max(amax, FLOOR) * MARGIN / E4M3_MAX
     return out
@@ -219,9 +214,7 @@ def _phase(tp: int, pp: int, seed: int) -> dict:
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        create_gloo_process_groups=False,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, create_gloo_process_groups=False
     )
     try:
         first = parallel_state.is_pipeline_first_stage()
@@ -260,11 +253,7 @@ def _phase(tp: int, pp: int, seed: int) -> dict:
 
 def _main(rank: int, world_size: int) -> dict:
     _cpu_shims()
-    return {
-        "dp": _phase(tp=1, pp=1, seed=11),
-        "tp": _phase(tp=2, pp=1, seed=22),
-        "pp": _phase(tp=1, pp=2, seed=33),
-    }
+    return {"dp": _phase(tp=1, pp=1, seed=11), "tp": _phase(tp=2, pp=1, seed=22), "pp": _phase(tp=1, pp=2, seed=33)}
 
 
 @pytest.fixture(scope="module")

@@ -37,12 +37,7 @@ from _harness import assert_same_bits, count_collectives, run_distributed
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig
 from nemo_ais.core import AISState, clipped_pg_loss, compute_diagnostics
-from nemo_ais.nemo_rl.seam import (
-    GLOBAL_BATCH_KEY,
-    core_inputs,
-    loss_from_prepared,
-    prepare_global_batches,
-)
+from nemo_ais.nemo_rl.seam import GLOBAL_BATCH_KEY, core_inputs, loss_from_prepared, prepare_global_batches
 
 pytestmark = pytest.mark.distributed
 
@@ -124,9 +119,7 @@ def _train_call(data, group, state, all_rank_batches, calls_loss, eval_mode=Fals
             data, sink, CONFIG, local_batch_size=1, group=group, state=None if eval_mode else state
         )
     out = {"alpha": [d.alpha for d in diags], "prep": prep.count(), "prep_all_reduce": 0}
-    out["prep_all_reduce"] = sum(
-        1 for c in prep.calls if c.name == "all_reduce" and c.group is group
-    )
+    out["prep_all_reduce"] = sum(1 for c in prep.calls if c.name == "all_reduce" and c.group is group)
     losses, calls = [], 0
     with count_collectives() as in_loss:
         for g in range(N_GB):
@@ -147,13 +140,7 @@ def _train_call(data, group, state, all_rank_batches, calls_loss, eval_mode=Fals
                 ]
                 logp_theta = row["curr"][:, 1:].clone().requires_grad_(True)
                 res = loss_from_prepared(
-                    logp_theta,
-                    row,
-                    sink.diagnostics,
-                    CONFIG,
-                    PG,
-                    global_valid_seqs=gvs,
-                    global_valid_toks=gvt,
+                    logp_theta, row, sink.diagnostics, CONFIG, PG, global_valid_seqs=gvs, global_valid_toks=gvt
                 )
                 if j < n_rows:
                     total += float(res.loss)
@@ -177,9 +164,7 @@ def _rank_fn(rank, world_size):
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     stage, dp_rank = divmod(rank, 2)
     pp_batches = [_pp_shard_batches(r) for r in range(2)]
-    pp_res = _train_call(
-        PackedShard(pp_batches[dp_rank]), groups[stage], AISState(), pp_batches, stage == 1
-    )
+    pp_res = _train_call(PackedShard(pp_batches[dp_rank]), groups[stage], AISState(), pp_batches, stage == 1)
     return {"dp4": dp4_res, "eval": eval_res, "pp": pp_res}
 
 

@@ -56,11 +56,7 @@ def _rank_fn(rank, world_size, **parallel):
     """Megatron's groups for ``parallel`` sizes; this rank's prepare step over its DP group."""
     from megatron.core import parallel_state
 
-    from nemo_ais.megatron import (
-        get_data_parallel_group,
-        get_data_parallel_world_size,
-        is_pipeline_last_stage,
-    )
+    from nemo_ais.megatron import get_data_parallel_group, get_data_parallel_world_size, is_pipeline_last_stage
 
     parallel_state.initialize_model_parallel(**parallel)
     group = get_data_parallel_group()

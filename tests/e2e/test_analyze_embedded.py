@@ -75,9 +75,7 @@ def test_analysis_equals_the_diagnostics_logged_in_training(tmp_path, cache_dir,
     assert main(["analyze", str(log_dir), "--out", str(out), "--config", str(config)]) == 0
     rows = [json.loads(x) for x in (out / "analysis.jsonl").read_text().splitlines()]
     train = [
-        json.loads(x)
-        for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if json.loads(x)["kind"] == "train"
+        json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(x)["kind"] == "train"
     ]
     assert [r["step"] for r in rows] == [r["step"] for r in train] == list(range(1, steps + 1))
     assert rows[0]["ais/n_tok"] == train[0]["ais/n_tok"] > 0

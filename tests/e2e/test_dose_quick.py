@@ -37,9 +37,7 @@ def test_dose_quick_writes_the_curve_and_analyze_places_a_run(tmp_path, cache_di
 
     def primary(arm, seed):
         val = {
-            r["step"]: r["accuracy"]
-            for r in records
-            if r["kind"] == "val" and r["arm"] == arm and r["seed"] == seed
+            r["step"]: r["accuracy"] for r in records if r["kind"] == "val" and r["arm"] == arm and r["seed"] == seed
         }
         return statistics.fmean(v for s, v in val.items() if s >= max(val) / 2)
 
@@ -61,10 +59,7 @@ def test_dose_quick_writes_the_curve_and_analyze_places_a_run(tmp_path, cache_di
     out = tmp_path / "analysis"
     log_dir = run_dir / "logs" / "k8-none_seed0"
     tol = str(run_dir / "tolerance.json")
-    assert main(["analyze", str(log_dir), "--out", str(out), "--no-plots", "--tolerance", tol]) in (
-        0,
-        3,
-    )
+    assert main(["analyze", str(log_dir), "--out", str(out), "--no-plots", "--tolerance", tol]) in (0, 3)
     report = (out / "report.md").read_text()
     assert "## This run on the embedded tolerance curve" in report
     assert "Nearest level of the study: k = 8," in report and "not a prediction" in report

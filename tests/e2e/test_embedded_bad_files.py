@@ -16,12 +16,7 @@ import pytest
 import torch
 
 from nemo_ais.cli import main
-from nemo_ais.embedded.checkpoint import (
-    UnreadableFileError,
-    checkpoint_path,
-    load_checkpoint,
-    save_checkpoint,
-)
+from nemo_ais.embedded.checkpoint import UnreadableFileError, checkpoint_path, load_checkpoint, save_checkpoint
 from nemo_ais.embedded.config import CONFIG_DIR, load_config, validate_config
 from nemo_ais.embedded.dist import RecipeError
 from nemo_ais.embedded.warmstart import load_warm_start, warm_start_path
@@ -68,21 +63,12 @@ DAMAGE = {"truncated": _truncate, "garbled": _garble, "not_a_dict": _not_a_dict}
 # Relative paths (every test runs in its own cwd), so that a copy of the finished run has
 # the very config the run directory pins and resumes instead of being refused.
 RUNS, CACHE = Path("runs"), Path("cache")
-ARGV = [
-    "run",
-    "--quick",
-    f"logger.run_dir={RUNS}",
-    "logger.name=run",
-    f"policy.warm_start.cache_dir={CACHE}",
-    *SMALL,
-]
+ARGV = ["run", "--quick", f"logger.run_dir={RUNS}", "logger.name=run", f"policy.warm_start.cache_dir={CACHE}", *SMALL]
 
 
 def _digests(root):
     return {
-        p.relative_to(root): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
+        p.relative_to(root): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
     }
 
 
@@ -192,11 +178,7 @@ def test_following_the_checkpoint_remedy_redoes_only_that_run(run_copy, capsys):
 
     def strip(lines, arm):
         rows = [json.loads(x) for x in lines]
-        return [
-            {k: v for k, v in r.items() if not k.startswith("time/")}
-            for r in rows
-            if r.get("arm") == arm
-        ]
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if r.get("arm") == arm]
 
     for arm in ARMS:  # same seeded streams: the redone arm reproduces its records exactly
         assert strip(again, arm) == strip(records, arm), arm

@@ -183,8 +183,7 @@ def test_fp4_quick_preset_shows_the_4bit_mismatch(tmp_path, cache_dir):
     assert len({tuple(v) for v in losses.values()}) == 3, losses  # the corrections differ
     # at theta = theta_old TBPO's loss value is the uncorrected one; the update is not
     none, aligned = (
-        load_checkpoint(checkpoint_path(run_dir, a, 0))["policy"]
-        for a in ("nvfp4_w4a4-none", "nvfp4_w4a4-qarl")
+        load_checkpoint(checkpoint_path(run_dir, a, 0))["policy"] for a in ("nvfp4_w4a4-none", "nvfp4_w4a4-qarl")
     )
     assert not all(torch.equal(none[k], aligned[k]) for k in none)
     summary = (run_dir / "summary.md").read_text()
@@ -198,9 +197,7 @@ def test_fp4_quick_preset_shows_the_4bit_mismatch(tmp_path, cache_dir):
     assert seconds < 180, f"fp4-quick took {seconds:.0f} s (budget 90 s on 2 idle cores)"
 
 
-def test_interrupt_then_resume_equals_uninterrupted(
-    tmp_path, cache_dir, tiny_dp1, monkeypatch, capsys
-):
+def test_interrupt_then_resume_equals_uninterrupted(tmp_path, cache_dir, tiny_dp1, monkeypatch, capsys):
     straight = _records(tiny_dp1)
 
     original_log = recipe_mod.GRPORecipe._log
@@ -297,10 +294,7 @@ def _wait_for(proc, marker, timeout_s):
     deadline = time.monotonic() + timeout_s
     while not marker.is_file():
         if proc.poll() is not None:
-            pytest.fail(
-                f"the run exited ({proc.returncode}) before writing {marker}:\n"
-                f"{proc.communicate()[0]}"
-            )
+            pytest.fail(f"the run exited ({proc.returncode}) before writing {marker}:\n{proc.communicate()[0]}")
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"no {marker} within {timeout_s} s:\n{proc.communicate()[0]}")
@@ -308,9 +302,7 @@ def _wait_for(proc, marker, timeout_s):
 
 
 @pytest.mark.distributed
-def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(
-    tmp_path, cache_dir, tiny_dp2
-):
+def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_path, cache_dir, tiny_dp2):
     # A real SIGINT to the whole process group (what Ctrl-C does) while 2 ranks train. It is
     # sent as soon as the first checkpoint (step 1 of 4, save_period 1) appears: then 3
     # steps and 2 evaluations are left, seconds of work against a 50 ms poll, and a slower
@@ -343,9 +335,7 @@ def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # never leave the ranks running
         pytest.fail(f"the run did not stop within 60 s of SIGINT:\n{proc.communicate()[0]}")
-    assert proc.returncode == 130, (
-        f"SIGINT did not interrupt the run (exit {proc.returncode}):\n{out}"
-    )
+    assert proc.returncode == 130, f"SIGINT did not interrupt the run (exit {proc.returncode}):\n{out}"
     assert "re-run the same command to resume" in out
     # interrupted mid-run: an unfinished checkpoint, and metrics that stop before the end
     blob = load_checkpoint(ckpt)

@@ -61,13 +61,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def _tracked_package_files() -> list[str]:
     """``nemo_ais/...`` files in git that the wheel must carry (sources and package data)."""
-    out = subprocess.run(
-        ["git", "ls-files", "nemo_ais"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    out = subprocess.run(["git", "ls-files", "nemo_ais"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     return [f for f in out.stdout.split() if f.endswith(SHIPPED_SUFFIXES)]
 
 
@@ -83,9 +77,7 @@ def _dependency_dirs() -> list[str]:
 def _clean_env(venv: Path, home: Path) -> dict[str, str]:
     """This process's environment minus whatever could point Python at the checkout."""
     drop = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "VIRTUAL_ENV")
-    env = {
-        k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("PIP_", "NEMO_"))
-    }
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("PIP_", "NEMO_"))}
     env.update(
         PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]),
         VIRTUAL_ENV=str(venv),
@@ -111,9 +103,7 @@ def wheel(tmp_path_factory) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO_ROOT / name, src / name)
     shutil.copytree(
-        REPO_ROOT / "nemo_ais",
-        src / "nemo_ais",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+        REPO_ROOT / "nemo_ais", src / "nemo_ais", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     )
     dist = tmp_path_factory.mktemp("dist")
     _sh(
@@ -146,17 +136,7 @@ def test_installed_wheel_runs_quick_from_another_directory(wheel, tmp_path):
                     cwd=tmp_path, env=env).strip())  # fmt: skip
     (site / "_test_dependencies.pth").write_text("\n".join(_dependency_dirs()) + "\n")
     _sh(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-index",
-            "--ignore-installed",
-            str(wheel),
-        ],
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)],
         cwd=tmp_path,
         env=env,
     )
@@ -164,17 +144,13 @@ def test_installed_wheel_runs_quick_from_another_directory(wheel, tmp_path):
     assert package_dir.is_dir() and not list(site.glob("__editable__*nemo_ais*"))
     # the dependencies resolve from the test environment (a venv or not), nemo_ais from here
     probe = "import omegaconf, torch, nemo_ais; print(nemo_ais.__file__)"
-    assert _sh([python, "-c", probe], cwd=tmp_path, env=env).strip() == str(
-        package_dir / "__init__.py"
-    )
+    assert _sh([python, "-c", probe], cwd=tmp_path, env=env).strip() == str(package_dir / "__init__.py")
 
     work = tmp_path / "work"  # neither the repository nor the venv
     work.mkdir()
     version = _sh(["nemo-ais", "--version"], cwd=work, env=env).strip()
     python_xy = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    assert version == (
-        f"nemo-ais {metadata.version('nemo-ais')} from {package_dir} (python {python_xy})"
-    )
+    assert version == (f"nemo-ais {metadata.version('nemo-ais')} from {package_dir} (python {python_xy})")
     assert shutil.which("nemo-ais", path=env["PATH"]) == str(venv / "bin" / "nemo-ais")
 
     # the command a user types, the console script of the venv

@@ -22,10 +22,7 @@ from nemo_ais.config import CorrectionConfig
 from nemo_ais.nemo_rl.seam import prepare_global_batches
 from nemo_ais.refit.kv_scales import KVScaleCalibrator, KVScaleConfig
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +73,7 @@ def test_ais_statistics_reduce_over_nccl_on_the_cuda_device(nccl_group, dtype):
     cpu = _batch(16, 96, dtype, seed=3)
     cuda = {k: v.cuda() for k, v in cpu.items()}
     sink_gpu, sink_cpu = _Sink(), _Sink()
-    got = prepare_global_batches(
-        cuda, sink_gpu, config, local_batch_size=8, group=nccl_group, device="cuda"
-    )
+    got = prepare_global_batches(cuda, sink_gpu, config, local_batch_size=8, group=nccl_group, device="cuda")
     ref = prepare_global_batches(cpu, sink_cpu, config, local_batch_size=8, group=None)
     assert len(got) == len(ref) == 2
     assert cuda["ais_global_batch"].device.type == "cuda"

@@ -26,10 +26,7 @@ from nemo_ais.fp8 import (
     quantize_nvfp4,
 )
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 @pytest.fixture(autouse=True)
@@ -77,13 +74,8 @@ def test_nvfp4_on_cuda_matches_cpu(dtype, rows_per_block, static_amax):
     q_gpu = quantize_nvfp4(x.cuda(), amax, rows_per_block=rows_per_block)
     q_cpu = quantize_nvfp4(x, amax, rows_per_block=rows_per_block)
     assert _mismatch(q_gpu.data, q_cpu.data) is None
-    assert (
-        _mismatch(q_gpu.block_scale.view(torch.uint8), q_cpu.block_scale.view(torch.uint8)) is None
-    )
-    assert (
-        _mismatch(q_gpu.global_scale.view(torch.int32), q_cpu.global_scale.view(torch.int32))
-        is None
-    )
+    assert _mismatch(q_gpu.block_scale.view(torch.uint8), q_cpu.block_scale.view(torch.uint8)) is None
+    assert _mismatch(q_gpu.global_scale.view(torch.int32), q_cpu.global_scale.view(torch.int32)) is None
     deq_gpu, deq_cpu = dequantize_nvfp4(q_gpu), dequantize_nvfp4(q_cpu)
     assert _mismatch(deq_gpu.view(torch.int32), deq_cpu.view(torch.int32)) is None
     fake = fake_quantize_nvfp4(x.cuda(), amax, rows_per_block=rows_per_block)
@@ -96,10 +88,7 @@ def test_mx_formats_on_cuda_match_cpu(dtype):
     g8, c8 = quantize_mxfp8(x.cuda()), quantize_mxfp8(x)
     assert _mismatch(g8.data.view(torch.uint8), c8.data.view(torch.uint8)) is None
     assert _mismatch(g8.scale, c8.scale) is None
-    assert (
-        _mismatch(dequantize_mxfp8(g8).view(torch.int32), dequantize_mxfp8(c8).view(torch.int32))
-        is None
-    )
+    assert _mismatch(dequantize_mxfp8(g8).view(torch.int32), dequantize_mxfp8(c8).view(torch.int32)) is None
     for ties in (False, True):
         g4 = quantize_mxfp4(x.cuda(), round_ties_toward_zero=ties)
         c4 = quantize_mxfp4(x, round_ties_toward_zero=ties)

@@ -11,10 +11,7 @@ from skip_policy import NO_CUDA, require_te
 
 from nemo_ais.fp8 import quantize_blockwise
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,7 @@ from nemo_ais.formats.nvfp4 import quantize_nvfp4_experts
 from nemo_ais.fp8 import quantize_blockwise, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
 from nemo_ais.refit.stream import RefitConfig, refit_stream
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def _weight(shape, seed: int) -> torch.Tensor:
@@ -43,17 +40,9 @@ CASES = {
     ),
     "mxfp8": (quantize_mxfp8, "quantize_mxfp8_triton", {}),
     "mxfp4": (quantize_mxfp4, "quantize_mxfp4_triton", {}),
-    "mxfp4 ties to zero": (
-        quantize_mxfp4,
-        "quantize_mxfp4_triton",
-        {"round_ties_toward_zero": True},
-    ),
+    "mxfp4 ties to zero": (quantize_mxfp4, "quantize_mxfp4_triton", {"round_ties_toward_zero": True}),
     "nvfp4": (quantize_nvfp4, "quantize_nvfp4_triton", {}),
-    "nvfp4 16x16 static": (
-        quantize_nvfp4,
-        "quantize_nvfp4_triton",
-        {"amax": 3.0, "rows_per_block": 16},
-    ),
+    "nvfp4 16x16 static": (quantize_nvfp4, "quantize_nvfp4_triton", {"amax": 3.0, "rows_per_block": 16}),
 }
 
 
@@ -73,17 +62,10 @@ def _pytorch_path(fn, x, kwargs, monkeypatch):
 
 # 1000 rows: ragged FP8 tiles; [4, 384, 512]: an expert stack
 @pytest.mark.parametrize(
-    ("dtype", "shape"),
-    [
-        (torch.bfloat16, (1000, 2048)),
-        (torch.bfloat16, (4, 384, 512)),
-        (torch.float32, (1000, 2048)),
-    ],
+    ("dtype", "shape"), [(torch.bfloat16, (1000, 2048)), (torch.bfloat16, (4, 384, 512)), (torch.float32, (1000, 2048))]
 )
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_public_quantizer_on_cuda_is_triton_with_the_pytorch_bits(
-    case, dtype, shape, triton_calls, monkeypatch
-):
+def test_public_quantizer_on_cuda_is_triton_with_the_pytorch_bits(case, dtype, shape, triton_calls, monkeypatch):
     assert backend_for("cuda") == "triton"
     fn, kernel, kwargs = CASES[case]
     x = _weight(shape, seed=1).to(dtype).cuda()

@@ -24,10 +24,7 @@ from nemo_ais.kernels.triton_quant import (
     quantize_nvfp4_triton,
 )
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def _wide_range(shape, seed: int) -> torch.Tensor:

@@ -99,11 +99,7 @@ def configs(draw, mode=None) -> CorrectionConfig:
 def _log_ratios(clamp: float):
     """Typical FP8 mismatch, values at / just beyond / far beyond the clamp, and huge ones."""
     edges = [0.0, clamp, -clamp, clamp * (1 + 1e-9), -clamp * (1 + 1e-9), 2 * clamp, -2 * clamp]
-    return st.one_of(
-        _unit(-0.5, 0.5),
-        st.sampled_from(edges),
-        _unit(-1e4, 1e4),
-    )
+    return st.one_of(_unit(-0.5, 0.5), st.sampled_from(edges), _unit(-1e4, 1e4))
 
 
 def _batch(gen, log_rho, log_r, valid, adv, dtype):
@@ -144,9 +140,7 @@ def batches(draw, clamp: float = 20.0, max_b: int = 5, max_t: int = 6, dtype=tor
     def shaped(values):
         return torch.tensor(values, dtype=torch.float64).reshape(b, t)
 
-    return _batch(
-        shaped(logp_rollout), shaped(log_rho), shaped(log_r), shaped(mask).bool(), adv, dtype
-    )
+    return _batch(shaped(logp_rollout), shaped(log_rho), shaped(log_r), shaped(mask).bool(), adv, dtype)
 
 
 def _diag(x, cfg, state=None):
@@ -214,12 +208,7 @@ _PG_CONFIGS = st.builds(
 
 
 @_settings(60)
-@given(
-    cfg=configs(),
-    dtype=st.sampled_from([torch.float32, torch.float64]),
-    pg=_PG_CONFIGS,
-    data=st.data(),
-)
+@given(cfg=configs(), dtype=st.sampled_from([torch.float32, torch.float64]), pg=_PG_CONFIGS, data=st.data())
 def test_loss_and_grads_finite_for_finite_inputs(cfg, dtype, pg, data):
     x = data.draw(batches(clamp=cfg.log_ratio_clamp, dtype=dtype))
     curr = x["curr"].clone().requires_grad_(True)
@@ -277,12 +266,7 @@ def _finite_loss_and_metrics(x, cfg, pg, rollout_metrics):
 
 @pytest.mark.parametrize("rollout_metrics", [False, True])
 @_settings(40)
-@given(
-    cfg=configs(),
-    dtype=st.sampled_from([torch.float32, torch.float64]),
-    pg=_PG_CONFIGS,
-    data=st.data(),
-)
+@given(cfg=configs(), dtype=st.sampled_from([torch.float32, torch.float64]), pg=_PG_CONFIGS, data=st.data())
 def test_loss_and_every_metric_finite_up_to_t16384(rollout_metrics, cfg, dtype, pg, data):
     # Every metric is finite whenever the loss is: sums are taken of terms already divided
     # by their normaliser, so T = 16384 ratios of e^80 (log_ratio_clamp = 80) stay finite.
@@ -454,9 +438,7 @@ def test_permutation_of_sequences_changes_nothing(cfg, x, data):
     _assert_diag_close(dp, d, "permuted diagnostics")
     curr, curr_p = x["curr"].clone().requires_grad_(True), xp["curr"].clone().requires_grad_(True)
     loss = clipped_pg_loss(curr, x["prev"], x["gen"], x["adv"], x["mask"], cfg, diagnostics=d)
-    loss_p = clipped_pg_loss(
-        curr_p, xp["prev"], xp["gen"], xp["adv"], xp["mask"], cfg, diagnostics=d
-    )
+    loss_p = clipped_pg_loss(curr_p, xp["prev"], xp["gen"], xp["adv"], xp["mask"], cfg, diagnostics=d)
     (loss.loss + loss_p.loss).backward()
     assert _close(loss_p.loss.item(), loss.loss.item())
     torch.testing.assert_close(curr_p.grad, curr.grad[perm], rtol=RTOL, atol=1e-300)
@@ -470,9 +452,7 @@ def test_rebatching_sums_statistics_and_losses(cfg, x, data):
     bounds = [0, *cuts, b]
     parts = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]  # B=0 parts too
     whole = compute_statistics(x["prev"], x["gen"], x["mask"], cfg)
-    summed = sum(
-        compute_statistics(x["prev"][s], x["gen"][s], x["mask"][s], cfg).vector for s in parts
-    )
+    summed = sum(compute_statistics(x["prev"][s], x["gen"][s], x["mask"][s], cfg).vector for s in parts)
     torch.testing.assert_close(summed, whole.vector, rtol=RTOL, atol=0)
     d_whole = diagnostics_from_stats(whole, cfg)
     _assert_diag_close(diagnostics_from_stats(AISStats(summed), cfg), d_whole, "re-batched")
@@ -505,11 +485,7 @@ def test_padding_t_with_masked_garbage_changes_nothing(cfg, x, pad):
 
 
 @_settings(25)
-@given(
-    ema=_unit(0.05, 0.95),
-    n_before=st.integers(0, 3),
-    data=st.data(),
-)
+@given(ema=_unit(0.05, 0.95), n_before=st.integers(0, 3), data=st.data())
 def test_ema_state_round_trips(ema, n_before, data):
     cfg = CorrectionConfig(ema=ema, severity_scale=1.0)
     steps = [data.draw(batches()) for _ in range(n_before + 3)]

@@ -21,8 +21,7 @@ from nemo_ais.rollout.faults import FAULT_ENV
 
 FROM_REFIT = 6
 BF16_GATE_UP = (
-    f"rollout.quantizer.refit_fault={{kind: bf16_layer, from_refit: {FROM_REFIT}, "
-    "modules: 'mlp\\.(gate|up)_proj'}"
+    f"rollout.quantizer.refit_fault={{kind: bf16_layer, from_refit: {FROM_REFIT}, modules: 'mlp\\.(gate|up)_proj'}}"
 )
 
 

@@ -39,12 +39,7 @@ def _close(got, want, key):
 def _oracle_weights(mode, old, roll, mask, cfg, alpha):
     w = oracles.weights(mode, old, roll, mask, cfg, alpha)
     vals = [w[i][t] for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t] == 1]
-    rho = [
-        math.exp(old[i][t] - roll[i][t])
-        for i in range(len(mask))
-        for t in range(len(mask[i]))
-        if mask[i][t] == 1
-    ]
+    rho = [math.exp(old[i][t] - roll[i][t]) for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t] == 1]
     # capped as core's frac_capped: rho > C; tis also rho < floor (core: 0 when unset)
     floor = cfg.tis.floor if cfg.tis.floor is not None else 0.0
     if mode == "tis":
@@ -159,9 +154,7 @@ def test_t_quantile_and_trend_ci():
 
 def test_config_file_and_overrides(tmp_path):
     cfg_file = tmp_path / "run.yaml"
-    cfg_file.write_text(
-        "loss_fn:\n  ais:\n    ema: 0.5\n    weight_cap: 3.0\nalarms:\n  window: 4\n"
-    )
+    cfg_file.write_text("loss_fn:\n  ais:\n    ema: 0.5\n    weight_cap: 3.0\nalarms:\n  window: 4\n")
     cfg, alarms = load_analysis_config(cfg_file, ["loss_fn.ais.ema=0.25", "alarms.jump_factor=5"])
     assert (cfg.ema, cfg.weight_cap, alarms.window, alarms.jump_factor) == (0.25, 3.0, 4, 5.0)
     # a NeMo-RL cluster config of this project (defaults: inheritance): its loss_fn.ais
@@ -205,9 +198,7 @@ def test_spilled_chunks_give_the_same_rows(run, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     in_memory = analyze_run(log_dir, tmp_path / "a", plots=False)
-    spilled = analyze_run(
-        log_dir, tmp_path / "b", plots=False, chunk_tokens=40, memory_budget_bytes=0
-    )
+    spilled = analyze_run(log_dir, tmp_path / "b", plots=False, chunk_tokens=40, memory_budget_bytes=0)
     for got, want in zip(spilled.rows, in_memory.rows, strict=True):
         assert got.keys() == want.keys()
         for key, value in want.items():
@@ -236,12 +227,8 @@ def test_plots_are_publishable(tmp_path):
         plt.close(fig)
 
 
-@pytest.mark.parametrize(
-    ("global_batch", "batches"), [(8, 4), (32, 1), (24, 2), ("null", 1)], ids=str
-)
-def test_config_with_several_global_batches_per_step_says_alpha_differs(
-    run, tmp_path, caplog, global_batch, batches
-):
+@pytest.mark.parametrize(("global_batch", "batches"), [(8, 4), (32, 1), (24, 2), ("null", 1)], ids=str)
+def test_config_with_several_global_batches_per_step_says_alpha_differs(run, tmp_path, caplog, global_batch, batches):
     log_dir, _ = run
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(

@@ -57,11 +57,7 @@ def test_jump_fires_only_after_history_and_above_both_thresholds():
 def test_empty_batch_neither_fires_nor_enters_the_history():
     monitor = AlarmMonitor(AlarmConfig(min_history=1))
     assert monitor.observe(1, _diag(1.0, 0.0, empty=1.0)) == []
-    assert monitor.state_dict() == {
-        "tmpe_excess": [],
-        "severity": [],
-        "abs_log_ratio_p999": [],
-    }
+    assert monitor.state_dict() == {"tmpe_excess": [], "severity": [], "abs_log_ratio_p999": []}
 
 
 def test_nonfinite_names_the_count_and_first_position():
@@ -69,8 +65,7 @@ def test_nonfinite_names_the_count_and_first_position():
         7, _diag(1.01, 0.01), n_nonfinite=3, nonfinite_where="f.jsonl:2 prev_logprobs[5] = nan"
     )
     assert str(alarm) == (
-        "step 7: nonfinite: 3 valid positions with a NaN/inf log-prob; first "
-        "f.jsonl:2 prev_logprobs[5] = nan"
+        "step 7: nonfinite: 3 valid positions with a NaN/inf log-prob; first f.jsonl:2 prev_logprobs[5] = nan"
     )
 
 
@@ -229,9 +224,7 @@ def test_the_alarm_imports_without_torch_and_both_users_sit_above_it(tmp_path):
         "print(*m.observe(2, d))\n"
     )
     env = torch_free_env(tmp_path, {"PATH": os.environ["PATH"]})
-    res = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
-    )
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
     # 0.5 = 50x the median 0.01 of 1 earlier step (min_history=1)
     assert res.stdout.startswith("step 2: tmpe_jump: token_mult_prob_error - 1 0.5 vs 0.01")

@@ -74,8 +74,7 @@ def test_mismatched_lengths(capsys, log_dir):
         capsys,
         log_dir,
         "train_data_step2.jsonl:5:",
-        "mismatched lengths: token_ids 24, token_loss_mask 24, generation_logprobs 24, "
-        "prev_logprobs 23",
+        "mismatched lengths: token_ids 24, token_loss_mask 24, generation_logprobs 24, prev_logprobs 23",
     )
 
 
@@ -105,9 +104,7 @@ def test_no_run_within_the_search_depth(capsys, tmp_path, pristine):
     deep = tmp_path / "a" / "b" / "c" / "d" / "e"  # 5 levels below: beyond the search
     deep.mkdir(parents=True)
     (deep / "train_data_step1.jsonl").write_bytes(pristine["train_data_step1.jsonl"])
-    _fails_with(
-        capsys, tmp_path, str(tmp_path), "no train_data_step{N}.jsonl files in it or 4 levels"
-    )
+    _fails_with(capsys, tmp_path, str(tmp_path), "no train_data_step{N}.jsonl files in it or 4 levels")
 
 
 def test_missing_step_file_is_warned_and_listed(capsys, caplog, tmp_path, log_dir):
@@ -149,9 +146,7 @@ def test_placeholder_prev_logprobs_of_a_bypass_run(capsys, log_dir):
     # the report said D ~ 1 and advised AIS
     path = log_dir / "train_data_step2.jsonl"
     for line in range(1, 9):
-        _edit_row(
-            path, line, lambda r: r.update(prev_logprobs=[[0.0] * len(r["prev_logprobs"][0])])
-        )
+        _edit_row(path, line, lambda r: r.update(prev_logprobs=[[0.0] * len(r["prev_logprobs"][0])]))
     err = _fails_with(capsys, log_dir, "train_data_step2.jsonl:0:", "prev_logprobs is 0 at all")
     assert "force_on_policy_ratio" in err and "loss_fn.ais.bypass" in err
 
@@ -184,14 +179,10 @@ def test_skip_bad_rows_skips_a_step_without_a_valid_token(tmp_path, log_dir):
         (lambda r: r["prev_logprobs"][0].__setitem__(5, None), "prev_logprobs: expected numbers"),
         (lambda r: r.update(sample_loss_mask=[0.5]), "sample_loss_mask: expected 0 or 1"),
         (lambda r: r["token_loss_mask"][0].__setitem__(6, 2), "token_loss_mask: value 2.0"),
-        (
-            lambda r: r.update(prev_logprobs=[[0.0], [0.0]]),
-            "prev_logprobs: expected a batch of one",
-        ),
+        (lambda r: r.update(prev_logprobs=[[0.0], [0.0]]), "prev_logprobs: expected a batch of one"),
         (  # nested three deep: once a traceback (RuntimeError: expand(...) in _chunk)
             lambda r: r.update(prev_logprobs=[[[v] for v in r["prev_logprobs"][0]]]),
-            "prev_logprobs: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found "
-            "a nested list at position 0",
+            "prev_logprobs: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found a nested list at position 0",
         ),
         (  # ragged nesting
             lambda r: r.update(generation_logprobs=[[[0.0], [1.0, 2.0]]]),
@@ -199,8 +190,7 @@ def test_skip_bad_rows_skips_a_step_without_a_valid_token(tmp_path, log_dir):
         ),
         (  # booleans are not numbers (torch would read them as 1.0 silently)
             lambda r: r["token_loss_mask"][0].__setitem__(6, True),
-            "token_loss_mask: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found "
-            "bool True at position 6",
+            "token_loss_mask: expected numbers in one flat list ([[v_0, ..., v_S-1]]), found bool True at position 6",
         ),
         (lambda r: r.update(sample_loss_mask=[True]), "sample_loss_mask: expected [0 or 1]"),
         (  # JSON allows any integer; float64 does not (once an OverflowError traceback)
@@ -225,9 +215,7 @@ def test_an_integer_beyond_the_int_string_limit_is_not_valid_json(capsys, log_di
     # json.loads raises a plain ValueError here, not JSONDecodeError (once a traceback)
     path = log_dir / "train_data_step1.jsonl"
     lines = path.read_text().splitlines(keepends=True)
-    lines[1] = lines[1].replace(
-        '"generation_logprobs": [[', '"generation_logprobs": [[' + "9" * 5000 + ", ", 1
-    )
+    lines[1] = lines[1].replace('"generation_logprobs": [[', '"generation_logprobs": [[' + "9" * 5000 + ", ", 1)
     path.write_text("".join(lines))
     _fails_with(capsys, log_dir, "train_data_step1.jsonl:2:", "not valid JSON: Exceeds the limit")
 
@@ -238,9 +226,7 @@ def test_skip_bad_rows_counts_and_equals_the_clean_analysis(tmp_path, log_dir, c
     clean_dir = tmp_path / "clean"
     clean_dir.mkdir()
     (clean_dir / "train_data_step1.jsonl").write_text("".join(lines[:2] + lines[4:]))
-    (clean_dir / "train_data_step2.jsonl").write_bytes(
-        (log_dir / "train_data_step2.jsonl").read_bytes()
-    )
+    (clean_dir / "train_data_step2.jsonl").write_bytes((log_dir / "train_data_step2.jsonl").read_bytes())
     lines[2] = "{not json\n"
     lines[3] = json.dumps({k: v for k, v in json.loads(lines[3]).items() if k != "prev_logprobs"})
     path.write_text("".join(lines[:3]) + lines[3] + "\n" + "".join(lines[4:]))
@@ -295,9 +281,7 @@ def test_unexpected_error_in_a_step_is_one_line_naming_the_file(capsys, log_dir,
         raise RuntimeError("expand(torch.DoubleTensor{[3, 1]}, size=[3]): bad\nsecond line")
 
     monkeypatch.setattr(analysis, "replay_step", boom)
-    err = _fails_with(
-        capsys, log_dir, "train_data_step1.jsonl:0:", "unexpected RuntimeError while analysing"
-    )
+    err = _fails_with(capsys, log_dir, "train_data_step1.jsonl:0:", "unexpected RuntimeError while analysing")
     assert "second line" not in err
 
 

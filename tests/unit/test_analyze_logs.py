@@ -114,9 +114,7 @@ def test_reader_aligns_like_the_loss_and_orders_by_step(tmp_path):
     valid = torch.tensor(mask) == 1
     assert torch.equal(chunks[0].valid, valid)
     assert torch.equal(chunks[0].logp_old[valid], torch.tensor(old, dtype=torch.float64)[valid])
-    assert torch.equal(
-        chunks[0].logp_rollout[valid], torch.tensor(roll, dtype=torch.float64)[valid]
-    )
+    assert torch.equal(chunks[0].logp_rollout[valid], torch.tensor(roll, dtype=torch.float64)[valid])
     assert chunks[0].n_nonfinite == 0  # -inf only at masked positions
 
 

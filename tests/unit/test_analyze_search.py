@@ -50,12 +50,7 @@ def test_a_run_directory_analyses_each_arm_and_seed(capsys, tmp_path, run_dir):
         direct = analyze_run(run_dir / "logs" / name, tmp_path / "direct" / name, plots=False)
         found = _rows(run_dir / "logs" / name / "ais_analysis" / "analysis.jsonl")
         assert found == direct.rows
-    assert (
-        _rows(run_dir / "logs" / "fp8-ais_seed1" / "ais_analysis" / "analysis.jsonl")[0][
-            "ais/severity"
-        ]
-        > 0
-    )
+    assert _rows(run_dir / "logs" / "fp8-ais_seed1" / "ais_analysis" / "analysis.jsonl")[0]["ais/severity"] > 0
     assert not (run_dir / "ais_analysis").exists()
 
 
@@ -100,9 +95,7 @@ def test_a_bad_run_is_reported_and_the_others_still_analysed(capsys, run_dir):
     assert (run_dir / "logs" / "fp8-ais_seed1" / "ais_analysis" / "report.md").is_file()
 
 
-def test_an_unreadable_log_dir_is_the_no_step_file_error_not_a_traceback(
-    capsys, monkeypatch, tmp_path
-):
+def test_an_unreadable_log_dir_is_the_no_step_file_error_not_a_traceback(capsys, monkeypatch, tmp_path):
     """A LOG_DIR whose listing fails (permissions) is a one-line error with exit 1."""
     from pathlib import Path
 

@@ -18,14 +18,10 @@ def test_experts_come_expert_by_expert_with_gate_up_down_together():
     (layer,) = build_layers("qwen3-30b-a3b", 2, 1, torch.device("cpu"), experts=3, shrink=16)
     names = [name for name, _ in named_tensors([layer])]
     experts = [n.removeprefix("model.layers.0.mlp.experts.") for n in names if ".experts." in n]
-    assert experts == [
-        f"{e}.{proj}.weight" for e in range(3) for proj in ("gate_proj", "up_proj", "down_proj")
-    ]
+    assert experts == [f"{e}.{proj}.weight" for e in range(3) for proj in ("gate_proj", "up_proj", "down_proj")]
     # the tensors are views of the stacks, in the same order
     stacked = dict(named_tensors([layer]))
-    assert torch.equal(
-        stacked["model.layers.0.mlp.experts.2.up_proj.weight"], layer.experts["up_proj"][2]
-    )
+    assert torch.equal(stacked["model.layers.0.mlp.experts.2.up_proj.weight"], layer.experts["up_proj"][2])
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "mxfp8"])

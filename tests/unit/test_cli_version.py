@@ -40,11 +40,7 @@ def test_version_needs_no_subcommand_and_leaves_verbose_alone(capsys):
 
 def test_module_entry_point_prints_it():
     out = subprocess.run(
-        [sys.executable, "-m", "nemo_ais", "--version"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+        [sys.executable, "-m", "nemo_ais", "--version"], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.startswith(f"nemo-ais {metadata.version('nemo-ais')} from ")
 

@@ -261,9 +261,7 @@ def test_qarl_arm_differs_from_the_w4a16_arm_in_trainer_loss_and_refit_only():
     assert leaves["loss_fn.ais.mode"] == "tbpo"
     assert leaves["policy.quant_cfg"] == leaves["policy.generation.quant_cfg"]
     assert pf.rollout_format(_load(QARL)) == pf.rollout_format(_load(W4A16)) == "nvfp4_w4a16"
-    assert (
-        leaves["policy.generation.real_quant_ignore"] == ref["policy.generation.real_quant_ignore"]
-    )
+    assert leaves["policy.generation.real_quant_ignore"] == ref["policy.generation.real_quant_ignore"]
 
 
 @pytest.mark.parametrize(
@@ -295,15 +293,11 @@ def test_main_only_formats_fail_on_v0_7_0_naming_the_switch(path, refused):
 def test_unknown_nemo_rl_version_warns_only_for_formats_some_versions_lack():
     env = {}  # no NEMO_RL_DIR, no --nemo-rl-version
     for fmt, path in FORMATS.items():
-        results = [
-            r for r in pf.check_config(_load(path), environ=env) if r.name == "rollout_format"
-        ]
+        results = [r for r in pf.check_config(_load(path), environ=env) if r.name == "rollout_format"]
         statuses = [r.status for r in results]
         assert statuses == (["ok"] if fmt == "nvfp4_w4a16" else ["ok", "warn"]), results
         if fmt != "nvfp4_w4a16":
-            assert "needs NeMo-RL main; NeMo-RL version unknown (NEMO_RL_DIR unset" in (
-                results[1].detail
-            )
+            assert "needs NeMo-RL main; NeMo-RL version unknown (NEMO_RL_DIR unset" in (results[1].detail)
     # not a NeMo-RL checkout: nothing is learned from it
     results = pf.check_config(_load(MXFP8), environ={"NEMO_RL_DIR": str(CONFIG_DIR)})
     (warn,) = [r for r in results if r.status == "warn" and r.name != "rollout_gpu"]
@@ -314,9 +308,7 @@ def test_unknown_nemo_rl_version_warns_only_for_formats_some_versions_lack():
 
 def test_cli_takes_the_nemo_rl_version(capsys):
     assert pf.main(["--nemo-rl-version", "v0.7.0", "--quiet", str(MXFP8)]) == 1
-    assert "[FAIL] rollout_format: policy.generation.vllm_cfg.is_mx=true" in (
-        capsys.readouterr().err
-    )
+    assert "[FAIL] rollout_format: policy.generation.vllm_cfg.is_mx=true" in (capsys.readouterr().err)
     assert pf.main(["--nemo-rl-version", "main", "--quiet", str(MXFP8), str(W4A4)]) == 0
 
 
@@ -447,18 +439,8 @@ BROKEN = [
         "loss_fn.ais_alarms (did you mean loss_fn.ais_alarms?)",
     ),
     (SMOKE, ["loss_fn.ais.weight_cap=0.8"], "loss_fn.ais", "loss_fn.ais.weight_cap=0.8 is invalid"),
-    (
-        SMOKE,
-        ["loss_fn.ais.icepop.min=6.0"],
-        "loss_fn.ais",
-        "loss_fn.ais.icepop.min=6.0 must be < max=5.0",
-    ),
-    (
-        SMOKE,
-        ["+loss_fn.ais.icepop_min=0.6"],
-        "loss_fn.ais",
-        "loss_fn.ais.icepop_min moved: use loss_fn.ais.icepop.min",
-    ),
+    (SMOKE, ["loss_fn.ais.icepop.min=6.0"], "loss_fn.ais", "loss_fn.ais.icepop.min=6.0 must be < max=5.0"),
+    (SMOKE, ["+loss_fn.ais.icepop_min=0.6"], "loss_fn.ais", "loss_fn.ais.icepop_min moved: use loss_fn.ais.icepop.min"),
     (
         SMOKE,
         ["loss_fn.use_importance_sampling_correction=true"],
@@ -483,12 +465,7 @@ BROKEN = [
         "fp8_rollout",
         "kv_cache_dtype='fp8' needs policy.generation.vllm_cfg.precision='fp8'",
     ),
-    (
-        SMOKE,
-        ["policy.generation.vllm_cfg.kv_cache_dtype=int8"],
-        "fp8_rollout",
-        "kv_cache_dtype='int8' is invalid",
-    ),
+    (SMOKE, ["policy.generation.vllm_cfg.kv_cache_dtype=int8"], "fp8_rollout", "kv_cache_dtype='int8' is invalid"),
     (
         SMOKE,
         ["policy.generation.vllm_cfg.num_last_layers_in_bf16=29"],
@@ -499,15 +476,13 @@ BROKEN = [
         QWEN8B,
         ["~policy.draft"],
         "entry_point_keys",
-        "policy.draft.enabled is missing: NeMo-RL v0.7.0 reads it unguarded "
-        "(examples/run_grpo.py main())",
+        "policy.draft.enabled is missing: NeMo-RL v0.7.0 reads it unguarded (examples/run_grpo.py main())",
     ),
     (
         SMOKE,
         ["logger.mlflow_enabled=true", "~logger.mlflow"],
         "entry_point_keys",
-        "logger.mlflow is missing: NeMo-RL v0.7.0 reads it unguarded (Logger, with "
-        "logger.mlflow_enabled=true)",
+        "logger.mlflow is missing: NeMo-RL v0.7.0 reads it unguarded (Logger, with logger.mlflow_enabled=true)",
     ),
     (
         SMOKE,
@@ -515,18 +490,12 @@ BROKEN = [
         "entry_point_keys",
         "data_plane.enabled=true (TransferQueue: TQPolicy + grpo_train_sync) is not supported",
     ),
-    (
-        SMOKE,
-        ["loss_fn.ais_alarms.jump_factor=0.5"],
-        "loss_fn.ais",
-        "loss_fn.ais_alarms.jump_factor=0.5 is invalid",
-    ),
+    (SMOKE, ["loss_fn.ais_alarms.jump_factor=0.5"], "loss_fn.ais", "loss_fn.ais_alarms.jump_factor=0.5 is invalid"),
     (
         QWEN8B,
         ["grpo.val_at_start=true"],
         "fp8_rollout",
-        "grpo.val_at_start=true with policy.generation.vllm_cfg.kv_cache_dtype='fp8' is "
-        "invalid: expected false",
+        "grpo.val_at_start=true with policy.generation.vllm_cfg.kv_cache_dtype='fp8' is invalid: expected false",
     ),
     # a DTensor trainer: the messages name the dtensor_cfg fields, not Megatron's
     (
@@ -548,8 +517,7 @@ BROKEN = [
         SMOKE,
         ["~loss_fn.ais"],
         "fp8_rollout",
-        "policy.generation.vllm_cfg.precision='fp8' needs an importance-sampling correction: "
-        "add a loss_fn.ais section",
+        "policy.generation.vllm_cfg.precision='fp8' needs an importance-sampling correction: add a loss_fn.ais section",
     ),
     # ...async GRPO without vLLM's async engine, without a correction, with DAPO options
     (
@@ -566,11 +534,7 @@ BROKEN = [
     ),
     (
         SMOKE,
-        [
-            *ASYNC_BF16_KV,
-            "policy.generation.vllm_cfg.async_engine=true",
-            "grpo.use_dynamic_sampling=true",
-        ],
+        [*ASYNC_BF16_KV, "policy.generation.vllm_cfg.async_engine=true", "grpo.use_dynamic_sampling=true"],
         "async_grpo",
         "grpo.use_dynamic_sampling=true is not supported with grpo.async_grpo.enabled=true",
     ),
@@ -578,8 +542,7 @@ BROKEN = [
         QWEN8B,
         ["checkpointing.model_save_format=safetensors"],
         "checkpointing",
-        "checkpointing.model_save_format='safetensors' is invalid without "
-        "policy.dtensor_cfg._v2=true: expected null",
+        "checkpointing.model_save_format='safetensors' is invalid without policy.dtensor_cfg._v2=true: expected null",
     ),
     # Low-precision rollout formats: a vLLM TP whose shards break the format's block along K
     # (a model whose expert down_proj splits below it; Qwen3-8B never does at a legal TP)...
@@ -672,8 +635,7 @@ BROKEN = [
         QARL,
         ["policy.megatron_cfg.gradient_accumulation_fusion=true"],
         "qarl_trainer",
-        "policy.megatron_cfg.gradient_accumulation_fusion=True is invalid with policy.quant_cfg: "
-        "expected false",
+        "policy.megatron_cfg.gradient_accumulation_fusion=True is invalid with policy.quant_cfg: expected false",
     ),
     (
         QARL,
@@ -695,12 +657,7 @@ BROKEN = [
         "nvfp4_rollout",
         "ais_nvfp4_refit.enabled is False: expected true with a BF16 trainer",
     ),
-    (
-        W4A4,
-        ["~ais_nvfp4_refit"],
-        "nvfp4_rollout",
-        "ais_nvfp4_refit.enabled is None: expected true with a BF16 trainer",
-    ),
+    (W4A4, ["~ais_nvfp4_refit"], "nvfp4_rollout", "ais_nvfp4_refit.enabled is None: expected true with a BF16 trainer"),
     (
         W4A4,
         ["~ais_nvfp4_refit.format"],
@@ -719,16 +676,13 @@ BROKEN = [
         W4A4,
         ["ais_nvfp4_refit.input_amax_file=null"],
         "nvfp4_rollout",
-        "ais_nvfp4_refit.input_amax_file=None is invalid with format 'nvfp4_w4a4': expected a "
-        "JSON file",
+        "ais_nvfp4_refit.input_amax_file=None is invalid with format 'nvfp4_w4a4': expected a JSON file",
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("path", "overrides", "check", "fragment"),
-    BROKEN,
-    ids=[f"{b[2]}-{i}" for i, b in enumerate(BROKEN)],
+    ("path", "overrides", "check", "fragment"), BROKEN, ids=[f"{b[2]}-{i}" for i, b in enumerate(BROKEN)]
 )
 def test_broken_variant_fails_named_check(path, overrides, check, fragment):
     cfg = _load(path, overrides)
@@ -756,18 +710,12 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
         # vLLM expert parallelism keeps experts whole: TP=4 is fine for the MoE then.
         (
             MOE,
-            [
-                "policy.generation.vllm_cfg.tensor_parallel_size=4",
-                "policy.generation.vllm_cfg.expert_parallel_size=4",
-            ],
+            ["policy.generation.vllm_cfg.tensor_parallel_size=4", "policy.generation.vllm_cfg.expert_parallel_size=4"],
         ),
         # More KV-head replication than heads (TP 8 > 8 kv heads is not needed; 4 kv at TP 8).
         (
             MOE,
-            [
-                "policy.generation.vllm_cfg.tensor_parallel_size=8",
-                "policy.generation.vllm_cfg.expert_parallel_size=8",
-            ],
+            ["policy.generation.vllm_cfg.tensor_parallel_size=8", "policy.generation.vllm_cfg.expert_parallel_size=8"],
         ),
         (QWEN8B, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
         (LLAMA, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
@@ -780,22 +728,13 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
         (SMOKE, [*ASYNC_BF16_KV, "policy.generation.vllm_cfg.async_engine=true"]),
         # MXFP8 blocks are 1 x 32, not 128 x 128: intermediate / 4 = 2240 = 70 x 32 is fine
         # (vllm_fp8_shards fails the block-FP8 smoke config on the same shard, BROKEN above)
-        (
-            MXFP8,
-            [
-                "policy.model_name=Qwen/Qwen2.5-1.5B",
-                "policy.generation.vllm_cfg.tensor_parallel_size=4",
-            ],
-        ),
+        (MXFP8, ["policy.model_name=Qwen/Qwen2.5-1.5B", "policy.generation.vllm_cfg.tensor_parallel_size=4"]),
         # vLLM TP 8 on Qwen3-8B: o_proj 512 and down_proj 1536 in, multiples of 16 and 32
         (MXFP8, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
         (W4A16, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
         (W4A4, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
         # NVFP4 with the MoE at TP 16: 768 / 16 = 48 = 3 x 16 (MXFP8 fails there, BROKEN)
-        (
-            W4A16,
-            [MOE_MODEL, "policy.generation.vllm_cfg.tensor_parallel_size=16"],
-        ),
+        (W4A16, [MOE_MODEL, "policy.generation.vllm_cfg.tensor_parallel_size=16"]),
     ],
 )
 def test_legal_variants_pass(path, overrides):
@@ -864,9 +803,7 @@ def test_loader_errors(tmp_path):
     with pytest.raises(ValueError, match="inheritance cycle"):
         pf.load_config_fallback(tmp_path / "x.yaml")
     missing = _write(tmp_path / "m.yaml", "defaults: nope.yaml\n")
-    with pytest.raises(
-        FileNotFoundError, match=r"nope\.yaml does not exist \(a defaults: entry of"
-    ):
+    with pytest.raises(FileNotFoundError, match=r"nope\.yaml does not exist \(a defaults: entry of"):
         pf.load_config_fallback(missing)
     listy = _write(tmp_path / "l.yaml", "- 1\n- 2\n")
     with pytest.raises(TypeError, match="expected a YAML mapping"):
@@ -1039,15 +976,8 @@ def test_the_table_is_what_each_config_json_says(hf_cache, model_id):
 
 def test_config_json_in_the_hf_cache_wins_over_the_table(hf_cache):
     # a Qwen3-8B whose config.json says 20 heads: the check uses config.json's numbers
-    _cache_model(
-        hf_cache, "Qwen/Qwen3-8B", {**HF_CONFIGS["Qwen/Qwen3-8B"], "num_attention_heads": 20}
-    )
-    results = {
-        r.name: r
-        for r in pf.check_config(
-            _load(QWEN8B, ["policy.megatron_cfg.tensor_model_parallel_size=8"])
-        )
-    }
+    _cache_model(hf_cache, "Qwen/Qwen3-8B", {**HF_CONFIGS["Qwen/Qwen3-8B"], "num_attention_heads": 20})
+    results = {r.name: r for r in pf.check_config(_load(QWEN8B, ["policy.megatron_cfg.tensor_model_parallel_size=8"]))}
     assert results["model_shapes"].status == "ok"
     assert results["model_shapes"].detail.startswith("Qwen/Qwen3-8B: shapes from " + str(hf_cache))
     assert "must divide the 20 query heads and 8 KV heads" in results["trainer_parallel"].detail
@@ -1064,9 +994,7 @@ def test_hf_hub_cache_takes_precedence_over_hf_home(hf_cache, tmp_path, monkeypa
 def test_a_local_checkpoint_directory_is_read(hf_cache, tmp_path):
     ckpt = tmp_path / "ckpt" / "my-model"
     _write(ckpt / "config.json", json.dumps(HF_CONFIGS["Qwen/Qwen3-30B-A3B"]))
-    cfg = _load(
-        SMOKE, [f"policy.model_name={ckpt}", "policy.generation.vllm_cfg.tensor_parallel_size=1"]
-    )
+    cfg = _load(SMOKE, [f"policy.model_name={ckpt}", "policy.generation.vllm_cfg.tensor_parallel_size=1"])
     results = {r.name: r for r in pf.check_config(cfg)}
     assert results["model_shapes"].detail == f"{ckpt}: shapes from {ckpt / 'config.json'}"
     assert "vllm_fp8_shards" in results  # the shape checks ran on the MoE's numbers
@@ -1150,9 +1078,7 @@ def test_quantized_linears_hand_worked_qwen3_8b_at_tp2():
     moe = pf.MODEL_SHAPES["qwen3-30b-a3b"]  # 128 experts of 768; with vLLM EP 4 kept whole
     experts = {lin.module: lin.k for lin in pf.quantized_linears(moe, 4, 4)}
     assert experts["experts down_proj"] == 768
-    assert {lin.module: lin.k for lin in pf.quantized_linears(moe, 4, 1)}[
-        "experts down_proj"
-    ] == 192
+    assert {lin.module: lin.k for lin in pf.quantized_linears(moe, 4, 1)}["experts down_proj"] == 192
 
 
 def _local_model(tmp_path: Path, **config) -> str:
@@ -1188,24 +1114,17 @@ def test_excluded_attention_is_not_held_to_the_block(tmp_path):
     model = _local_model(tmp_path, num_attention_heads=12, num_key_value_heads=12, head_dim=80)
     overrides = [f"policy.model_name={model}", "policy.generation.vllm_cfg.tensor_parallel_size=4"]
     assert _failed(_load(MXFP8, overrides)) == {}  # the arm keeps q/k/v/o_proj BF16
-    failed = _failed(
-        _load(MXFP8, [*overrides, "policy.generation.vllm_cfg.quantization_ignored_layer_kws=[]"])
-    )
+    failed = _failed(_load(MXFP8, [*overrides, "policy.generation.vllm_cfg.quantization_ignored_layer_kws=[]"]))
     assert (
-        "o_proj in = heads x head_dim / TP = 12 x 80 / 4 = 240 is not divisible by 32"
-        in (failed["vllm_mxfp8_shards"])
+        "o_proj in = heads x head_dim / TP = 12 x 80 / 4 = 240 is not divisible by 32" in (failed["vllm_mxfp8_shards"])
     )
-    assert (
-        _failed(_load(W4A16, [*overrides, "policy.generation.real_quant_ignore=[lm_head]"])) == {}
-    )
+    assert _failed(_load(W4A16, [*overrides, "policy.generation.real_quant_ignore=[lm_head]"])) == {}
     # ...and BF16 in every layer means BF16: NeMo-RL's per-layer switches count too
     every_layer = [*overrides, "policy.generation.vllm_cfg.quantization_ignored_layer_kws=[]",
                    "policy.generation.vllm_cfg.num_first_layers_in_bf16=4"]  # fmt: skip
     checked = [r for r in pf.check_config(_load(MXFP8, every_layer), "main")
                if r.name == "vllm_mxfp8_shards"]  # fmt: skip
-    assert [(r.status, r.detail) for r in checked] == [
-        ("ok", "no linear: input dims at TP=4 are multiples of 32")
-    ]
+    assert [(r.status, r.detail) for r in checked] == [("ok", "no linear: input dims at TP=4 are multiples of 32")]
 
 
 def test_kept_in_bf16_follows_nemo_rls_switches():

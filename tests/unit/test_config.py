@@ -28,8 +28,7 @@ CORRECTION_BAD = [
     (
         "mode",
         "foo",
-        "expected 'none', 'tis', 'icepop', 'seq_mask_geo', 'ais', 'seq_tis', 'seq_mis', "
-        "'kl_rs', 'm2po' or 'tbpo'",
+        "expected 'none', 'tis', 'icepop', 'seq_mask_geo', 'ais', 'seq_tis', 'seq_mis', 'kl_rs', 'm2po' or 'tbpo'",
     ),
     ("mode", None, "expected 'none'"),
     ("mode", "AIS", "expected 'none'"),  # choices are case-sensitive
@@ -201,8 +200,7 @@ def test_pg_field_rejected_with_full_path(case):
 def test_every_field_has_an_invalid_case(model, bad, path):
     covered = {field for field, _, _ in bad}
     assert covered == _all_fields(model), (
-        f"fields of {model.__name__} without a validator test: "
-        f"{sorted(_all_fields(model) - covered)}"
+        f"fields of {model.__name__} without a validator test: {sorted(_all_fields(model) - covered)}"
     )
 
 
@@ -213,43 +211,19 @@ def test_every_field_has_an_invalid_case(model, bad, path):
     ("data", "field", "expected"),
     [
         # lo > hi and lo == hi: the kept interval [lo, hi] is empty
-        (
-            {"icepop": {"min": 2.0, "max": 1.0}},
-            "icepop.min",
-            "loss_fn.ais.icepop.min=2.0 must be < max=1.0",
-        ),
-        (
-            {"icepop": {"min": 1.0, "max": 1.0}},
-            "icepop.min",
-            "loss_fn.ais.icepop.min=1.0 must be < max=1.0",
-        ),
+        ({"icepop": {"min": 2.0, "max": 1.0}}, "icepop.min", "loss_fn.ais.icepop.min=2.0 must be < max=1.0"),
+        ({"icepop": {"min": 1.0, "max": 1.0}}, "icepop.min", "loss_fn.ais.icepop.min=1.0 must be < max=1.0"),
         # only one side given: checked against the other side's default (5.0)
         ({"icepop": {"min": 6.0}}, "icepop.min", "loss_fn.ais.icepop.min=6.0 must be < max=5.0"),
-        (
-            {"seq_mask_geo": {"min": 1.01}},
-            "seq_mask_geo.min",
-            "loss_fn.ais.seq_mask_geo.min=1.01 must be < max=1.002",
-        ),
+        ({"seq_mask_geo": {"min": 1.01}}, "seq_mask_geo.min", "loss_fn.ais.seq_mask_geo.min=1.01 must be < max=1.002"),
         (
             {"seq_mask_geo": {"min": 1.0, "max": 0.9}},
             "seq_mask_geo.min",
             "loss_fn.ais.seq_mask_geo.min=1.0 must be < max=0.9",
         ),
-        (
-            {"seq_mis": {"max": 0.4}},
-            "seq_mis.min",
-            "loss_fn.ais.seq_mis.min=0.5 must be < max=0.4",
-        ),
-        (
-            {"alpha_min": 0.6, "alpha_max": 0.5},
-            "alpha_min",
-            "loss_fn.ais.alpha_min=0.6 must be <= alpha_max=0.5",
-        ),
-        (
-            {"alpha_max": 0.0, "alpha_min": 0.1},
-            "alpha_min",
-            "alpha_min=0.1 must be <= alpha_max=0.0",
-        ),
+        ({"seq_mis": {"max": 0.4}}, "seq_mis.min", "loss_fn.ais.seq_mis.min=0.5 must be < max=0.4"),
+        ({"alpha_min": 0.6, "alpha_max": 0.5}, "alpha_min", "loss_fn.ais.alpha_min=0.6 must be <= alpha_max=0.5"),
+        ({"alpha_max": 0.0, "alpha_min": 0.1}, "alpha_min", "alpha_min=0.1 must be <= alpha_max=0.0"),
     ],
 )
 def test_cross_field_rules(data, field, expected):
@@ -309,8 +283,7 @@ def test_style_guide_example_message():
     with pytest.raises(ValueError) as info:
         validate_section(CorrectionConfig, {"weight_cap": 0.8}, AIS_PATH)
     assert re.fullmatch(
-        r"loss_fn\.ais\.weight_cap=0\.8 is invalid: expected greater than 1 \(C: .*\)",
-        str(info.value),
+        r"loss_fn\.ais\.weight_cap=0\.8 is invalid: expected greater than 1 \(C: .*\)", str(info.value)
     ), str(info.value)
 
 
@@ -447,9 +420,7 @@ def test_the_new_key_takes_the_old_value():
 def test_nested_sections_validate_from_omegaconf():
     # NeMo-RL hands the loss_fn section over as an OmegaConf DictConfig (nested ones too)
     omegaconf = pytest.importorskip("omegaconf")
-    data = omegaconf.OmegaConf.create(
-        {"mode": "kl_rs", "kl_rs": {"threshold": 0.02, "veto_min_ratio": 0.5}}
-    )
+    data = omegaconf.OmegaConf.create({"mode": "kl_rs", "kl_rs": {"threshold": 0.02, "veto_min_ratio": 0.5}})
     cfg = validate_section(CorrectionConfig, data, AIS_PATH)
     assert (cfg.kl_rs.threshold, cfg.kl_rs.veto_min_ratio) == (0.02, 0.5)
 

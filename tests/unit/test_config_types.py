@@ -27,11 +27,7 @@ from nemo_ais.core import (
 )
 from nemo_ais.fp8 import Fp8SyncConfig, KVScaleCalibrator, KVScaleConfig, fp8_weight_stream
 from nemo_ais.nemo_rl import refit
-from nemo_ais.nemo_rl.seam import (
-    global_batch_diagnostics,
-    loss_from_prepared,
-    prepare_global_batches,
-)
+from nemo_ais.nemo_rl.seam import global_batch_diagnostics, loss_from_prepared, prepare_global_batches
 from nemo_ais.refit.stream import RefitConfig, plan_fp8_sync, plan_tensor
 from nemo_ais.rollout.twin import Fp8RolloutConfig, Fp8Twin, RolloutPrecisionConfig
 
@@ -76,9 +72,7 @@ CASES = {
         "nemo_ais.config",
     ),
     "diagnostics_from_stats": (
-        lambda: diagnostics_from_stats(
-            compute_statistics(LOGP, ROLLOUT_LOGP, MASK, CorrectionConfig()), AIS
-        ),
+        lambda: diagnostics_from_stats(compute_statistics(LOGP, ROLLOUT_LOGP, MASK, CorrectionConfig()), AIS),
         "diagnostics_from_stats(config)",
         CorrectionConfig,
         "nemo_ais.config",
@@ -96,9 +90,7 @@ CASES = {
         "nemo_ais.config",
     ),
     "loss_from_prepared_config": (  # raised before the prepared diagnostics are looked up
-        lambda: loss_from_prepared(
-            LOGP, {}, (), AIS, PGLossConfig(), global_valid_seqs=None, global_valid_toks=None
-        ),
+        lambda: loss_from_prepared(LOGP, {}, (), AIS, PGLossConfig(), global_valid_seqs=None, global_valid_toks=None),
         "loss_from_prepared(config)",
         CorrectionConfig,
         "nemo_ais.config",
@@ -153,12 +145,7 @@ CASES = {
         KVScaleConfig,
         "nemo_ais.refit.kv_scales",
     ),
-    "AlarmMonitor": (
-        lambda: AlarmMonitor(ALARMS),
-        "AlarmMonitor(config)",
-        AlarmConfig,
-        "nemo_ais.alarms",
-    ),
+    "AlarmMonitor": (lambda: AlarmMonitor(ALARMS), "AlarmMonitor(config)", AlarmConfig, "nemo_ais.alarms"),
     "AlarmMonitor_empty_dict": (  # {} is falsy: it used to become the defaults silently
         lambda: AlarmMonitor({}),
         "AlarmMonitor(config)",
@@ -177,18 +164,8 @@ CASES = {
         AlarmConfig,
         "nemo_ais.alarms",
     ),
-    "replay_step": (
-        lambda: replay_step(None, AIS),
-        "replay_step(config)",
-        CorrectionConfig,
-        "nemo_ais.config",
-    ),
-    "refit.install": (
-        lambda: refit.install(object(), SYNC),
-        "install(config)",
-        RefitConfig,
-        "nemo_ais.refit.config",
-    ),
+    "replay_step": (lambda: replay_step(None, AIS), "replay_step(config)", CorrectionConfig, "nemo_ais.config"),
+    "refit.install": (lambda: refit.install(object(), SYNC), "install(config)", RefitConfig, "nemo_ais.refit.config"),
     "refit.install_on_import": (
         lambda: refit.install_on_import(SYNC, target="nemo_ais_no_such_module"),
         "install_on_import(config)",
@@ -218,15 +195,11 @@ def test_following_the_hint_works_and_gives_the_real_values():
     cfg = CorrectionConfig(**AIS)
     # tis: w = min(exp(logp_old - logp_rollout), C) on valid tokens, 0 elsewhere
     w = correction_weights(LOGP, ROLLOUT_LOGP, MASK, cfg)
-    expected = torch.tensor(
-        [[min(2.0, float(torch.exp(torch.tensor(0.5)))), 1.0, 0.0], [1.0, 2.0, 1.0]]
-    )
+    expected = torch.tensor([[min(2.0, float(torch.exp(torch.tensor(0.5)))), 1.0, 0.0], [1.0, 2.0, 1.0]])
     torch.testing.assert_close(w, expected, rtol=0, atol=1e-6)  # exp(0.7) = 2.01 capped at 2
     d = compute_diagnostics(LOGP, ROLLOUT_LOGP, MASK, CorrectionConfig.model_validate(AIS))
     assert (d.n_seq, d.n_tok) == (2.0, 5.0)
-    assert plan_tensor(WEIGHT, (256, 256), torch.bfloat16, Fp8SyncConfig(**SYNC)).action == (
-        "quantize"
-    )
+    assert plan_tensor(WEIGHT, (256, 256), torch.bfloat16, Fp8SyncConfig(**SYNC)).action == ("quantize")
     assert AlarmMonitor(AlarmConfig(**ALARMS)).config.window == 5
     assert KVScaleCalibrator(2, KVScaleConfig(**KV)).config.percentile == 99.0
     twin = Fp8Twin(_tiny_qwen2(), Fp8RolloutConfig(**ROLLOUT))

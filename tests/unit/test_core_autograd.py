@@ -36,9 +36,7 @@ def _autograd(b, cfg, pg):
 
 def _by_hand(b, cfg, pg):
     w = torch.tensor(
-        oracles.weights(
-            cfg.mode, b["logp_old"].tolist(), b["logp_rollout"].tolist(), b["mask"].tolist(), cfg
-        ),
+        oracles.weights(cfg.mode, b["logp_old"].tolist(), b["logp_rollout"].tolist(), b["mask"].tolist(), cfg),
         dtype=torch.float64,
     )
     return hand_gradient.loss_and_grad(
@@ -68,9 +66,7 @@ def _check_all_three(b, cfg, pg):
 PG = {
     "default": PGLossConfig(),
     "dual_kl_k3": PGLossConfig(ratio_clip_c=2.5, reference_policy_kl_penalty=0.2),
-    "seq_kl_k2": PGLossConfig(
-        token_level_loss=False, reference_policy_kl_penalty=0.3, reference_policy_kl_type="k2"
-    ),
+    "seq_kl_k2": PGLossConfig(token_level_loss=False, reference_policy_kl_penalty=0.3, reference_policy_kl_type="k2"),
     "kl_k1_unclamped": PGLossConfig(
         reference_policy_kl_penalty=0.1,
         reference_policy_kl_type="k1",
@@ -110,13 +106,7 @@ def _tie_batch():
     ref = theta.clone()
     ref[:, 4] = theta[:, 4] + 0.5  # KL input exactly on its clamp (0.5)
     ref[:, 5] = theta[:, 5] + 0.25  # k2 = 0.25^2 / 2 exactly on the output clamp
-    b.update(
-        logp_old=old,
-        logp_theta=theta,
-        logp_ref=ref,
-        adv=adv,
-        mask=torch.ones(4, 6, dtype=torch.float64),
-    )
+    b.update(logp_old=old, logp_theta=theta, logp_ref=ref, adv=adv, mask=torch.ones(4, 6, dtype=torch.float64))
     b["logp_rollout"] = old - 0.01
     pg = PGLossConfig(
         ratio_clip_min=1 - lo,

@@ -19,11 +19,7 @@ def _batch(dtype=torch.float32):
 
 
 def _loss(b, cfg=AIS, pg=None, **kw):
-    theta = (
-        b["logp_theta"].clone().requires_grad_()
-        if b["logp_theta"].is_floating_point()
-        else b["logp_theta"]
-    )
+    theta = b["logp_theta"].clone().requires_grad_() if b["logp_theta"].is_floating_point() else b["logp_theta"]
     args = dict(
         curr_logprobs=theta,
         prev_logprobs=b["logp_old"],
@@ -49,11 +45,7 @@ def _assert_finite(out, grad):
 
 @pytest.mark.parametrize(
     "name,key",
-    [
-        ("curr_logprobs", "logp_theta"),
-        ("prev_logprobs", "logp_old"),
-        ("generation_logprobs", "logp_rollout"),
-    ],
+    [("curr_logprobs", "logp_theta"), ("prev_logprobs", "logp_old"), ("generation_logprobs", "logp_rollout")],
 )
 @pytest.mark.parametrize("bad", [torch.nan, torch.inf, -torch.inf])
 def test_non_finite_logprob_at_valid_position(name, key, bad):
@@ -63,9 +55,7 @@ def test_non_finite_logprob_at_valid_position(name, key, bad):
     b[key][2, 3] = bad
     b[key][3, 5] = bad
     b["mask"][2, 3] = b["mask"][3, 5] = 1
-    with pytest.raises(
-        ValueError, match=rf"{name}: 2 non-finite values .* first at index \(2, 3\)"
-    ):
+    with pytest.raises(ValueError, match=rf"{name}: 2 non-finite values .* first at index \(2, 3\)"):
         _loss(b)
 
 
@@ -193,8 +183,7 @@ def test_mask_values_not_binary(value):
 
 
 @pytest.mark.parametrize(
-    ("value", "dtype"),
-    [(1e-60, torch.float64), (1 + 1e-12, torch.float64), (1e-30, torch.float32)],
+    ("value", "dtype"), [(1e-60, torch.float64), (1 + 1e-12, torch.float64), (1e-30, torch.float32)]
 )
 @pytest.mark.parametrize("mode", ["none", "tis", "tbpo", "ais"])
 def test_mask_values_a_cast_or_a_sum_would_round_away(mode, value, dtype):
@@ -244,9 +233,7 @@ def test_all_tokens_masked(token_level):
     b["mask"].zero_()
     b["logp_rollout"].fill_(-torch.inf)
     b["ref"] = b["logp_ref"]
-    out, grad = _loss(
-        b, pg=PGLossConfig(token_level_loss=token_level, reference_policy_kl_penalty=0.1)
-    )
+    out, grad = _loss(b, pg=PGLossConfig(token_level_loss=token_level, reference_policy_kl_penalty=0.1))
     _assert_finite(out, grad)
     assert out.loss.item() == 0.0 and (grad == 0).all()
     assert out.metrics["ais/empty_batch"].item() == 1.0 and out.metrics["ais/alpha"].item() == 0.0
@@ -343,18 +330,14 @@ _BAD_COUNTS = {
 
 @pytest.mark.parametrize("as_tensor", [True, False], ids=["0-dim-tensor", "python-float"])
 @pytest.mark.parametrize("bad", list(_BAD_COUNTS))
-@pytest.mark.parametrize(
-    "arg,local", [("global_valid_tokens", "tokens"), ("global_valid_seqs", "sequences")]
-)
+@pytest.mark.parametrize("arg,local", [("global_valid_tokens", "tokens"), ("global_valid_seqs", "sequences")])
 def test_bad_global_count_names_the_argument(arg, local, bad, as_tensor):
     b = _batch()
     n_local = {"tokens": b["mask"].sum().item(), "sequences": float(B)}[local]  # every row valid
     make, why = _BAD_COUNTS[bad]
     value = make(n_local)
     value = torch.tensor(value) if as_tensor else value
-    with pytest.raises(
-        ValueError, match=rf"^{arg}=.* is invalid: expected a finite count >= "
-    ) as e:
+    with pytest.raises(ValueError, match=rf"^{arg}=.* is invalid: expected a finite count >= ") as e:
         _loss(b, **{arg: value})
     assert why in str(e.value) and f">= {n_local:g} (the valid {local}" in str(e.value)
 
@@ -386,16 +369,12 @@ def test_probs_ratio_finite_at_t16384_with_clamp_80(mode):
     # log pi_theta - log pi_old = 100 -> clamped to 80, so every r = e^80 ~ 5.54e34. The mean
     # is e^80, but the float32 SUM of 16384 of them (9.1e38) exceeds float32 max (3.4e38):
     # summing before dividing gave probs_ratio = inf next to a finite loss.
-    cfg = CorrectionConfig(
-        mode=mode, log_ratio_clamp=80.0, weight_cap=2.0, seq_mask_geo={"min": 0.5, "max": 2.0}
-    )
+    cfg = CorrectionConfig(mode=mode, log_ratio_clamp=80.0, weight_cap=2.0, seq_mask_geo={"min": 0.5, "max": 2.0})
     t = 16384
     gen = torch.full((1, t), -1.0)
     prev = gen + 0.01
     curr = (prev + 100.0).requires_grad_(True)
-    out = clipped_pg_loss(
-        curr, prev, gen, torch.tensor([-1.0]), torch.ones(1, t), cfg, rollout_metrics=True
-    )
+    out = clipped_pg_loss(curr, prev, gen, torch.tensor([-1.0]), torch.ones(1, t), cfg, rollout_metrics=True)
     out.loss.backward()
     assert torch.isfinite(curr.grad).all()
     bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
@@ -416,9 +395,7 @@ def test_rollout_metrics_saturate_at_the_clamp_instead_of_overflowing(mode):
     gen = torch.full((2, t), -100.0)
     prev = gen + 95.0
     curr = prev + 3.0  # log pi_theta = -2
-    out = clipped_pg_loss(
-        curr, prev, gen, torch.tensor([1.0, -1.0]), torch.ones(2, t), cfg, rollout_metrics=True
-    )
+    out = clipped_pg_loss(curr, prev, gen, torch.tensor([1.0, -1.0]), torch.ones(2, t), cfg, rollout_metrics=True)
     assert torch.isfinite(out.loss)
     bad = {k: v.item() for k, v in out.metrics.items() if not torch.isfinite(v)}
     assert not bad, bad
@@ -433,9 +410,7 @@ def test_global_count_of_the_wrong_kind_names_the_argument(arg):
     logp = torch.full((2, 4), -1.0)
     args = (logp.clone().requires_grad_(True), logp, logp, torch.ones(2), torch.ones(2, 4))
     cfg = CorrectionConfig(mode="ais")
-    with pytest.raises(
-        ValueError, match=rf"^{arg}: got a tensor of shape \[2\], expected a scalar"
-    ):
+    with pytest.raises(ValueError, match=rf"^{arg}: got a tensor of shape \[2\], expected a scalar"):
         clipped_pg_loss(*args, cfg, **{arg: torch.tensor([8.0, 8.0])})
     for bad in ("8", True):
         with pytest.raises(TypeError, match=rf"^{arg}: got (str|bool) .*expected a scalar count"):

@@ -37,9 +37,7 @@ CONFIGS = [
 
 
 def _oracle(b, cfg, prev_alpha=None):
-    return oracles.diagnostics(
-        b["logp_old"].tolist(), b["logp_rollout"].tolist(), b["mask"].tolist(), cfg, prev_alpha
-    )
+    return oracles.diagnostics(b["logp_old"].tolist(), b["logp_rollout"].tolist(), b["mask"].tolist(), cfg, prev_alpha)
 
 
 def _assert_diag(diag, expected):
@@ -150,15 +148,10 @@ def test_no_state_means_no_smoothing():
 
 def test_alpha_clamp():
     b = oracles.random_batch(4, 6, scale=0.001)  # tiny mismatch -> g_sev ~ 0.05
-    d = compute_diagnostics(
-        b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig(alpha_min=0.3)
-    )
+    d = compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig(alpha_min=0.3))
     assert d.alpha_raw < 0.3 and d.alpha == 0.3
     d = compute_diagnostics(
-        b["logp_old"],
-        b["logp_rollout"],
-        b["mask"],
-        CorrectionConfig(mixer="constant", alpha_max=0.7),
+        b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig(mixer="constant", alpha_max=0.7)
     )
     assert d.alpha_raw == 1.0 and d.alpha == 0.7
 

@@ -25,9 +25,7 @@ CLAMPED = [
     CorrectionConfig(mode="tis", batch_normalize=True),
     CorrectionConfig(mode="seq_tis", batch_normalize=True),
     CorrectionConfig(mode="tbpo", batch_normalize=True),
-    CorrectionConfig(
-        mode="kl_rs", kl_rs={"estimator": "k3", "aggregation": "max", "threshold": 50.0}
-    ),
+    CorrectionConfig(mode="kl_rs", kl_rs={"estimator": "k3", "aggregation": "max", "threshold": 50.0}),
     CorrectionConfig(mode="m2po", m2po={"tau": 0.5}),
     CorrectionConfig(mode="seq_mis", seq_mis={"min": 1e-12, "max": 1e12}),
 ]
@@ -110,9 +108,7 @@ def test_a_sequence_ratio_exactly_on_a_seq_mis_bound_is_kept(bound):
     assert diag.mode_frac_masked == 0.0
     # the loss keeps the on-bound sequence: its gradient is not zero
     theta = old.clone().requires_grad_()
-    clipped_pg_loss(
-        theta, old, rollout, torch.ones(1), mask, cfg, pg=PGLossConfig()
-    ).loss.backward()
+    clipped_pg_loss(theta, old, rollout, torch.ones(1), mask, cfg, pg=PGLossConfig()).loss.backward()
     assert (theta.grad[0, :2] != 0).all()
     outside = _just_outside(half, bound.endswith("min"), factor=2)
     old, rollout, mask = _one_row([outside, outside])

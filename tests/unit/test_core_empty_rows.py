@@ -15,13 +15,7 @@ import pytest
 import torch
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig
-from nemo_ais.core import (
-    AISStats,
-    clipped_pg_loss,
-    compute_diagnostics,
-    compute_statistics,
-    diagnostics_from_stats,
-)
+from nemo_ais.core import AISStats, clipped_pg_loss, compute_diagnostics, compute_statistics, diagnostics_from_stats
 
 F64 = dict(rtol=1e-12, atol=1e-15)
 EMPTY_ROWS = (1, 4)  # of 7
@@ -30,9 +24,7 @@ PG = {
     "seq_level": PGLossConfig(token_level_loss=False),
     "dual_kl": PGLossConfig(ratio_clip_c=2.0, reference_policy_kl_penalty=0.1),
 }
-TBPO_WIDE = dict(
-    tbpo={"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06}
-)
+TBPO_WIDE = dict(tbpo={"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06})
 CONFIGS = {
     "none": CorrectionConfig(mode="none"),
     "tis": CorrectionConfig(mode="tis"),
@@ -139,9 +131,7 @@ def _ranks(b):
 def test_all_empty_ranks_match_the_oracle_of_the_whole_batch(name, pg_name):
     b, ranks = _ranks(_batch(2, empty_rows=(6,)))
     cfg, pg = CONFIGS[name], PG[pg_name]
-    parts = [
-        compute_statistics(b["logp_old"][r], b["logp_rollout"][r], b["mask"][r], cfg) for r in ranks
-    ]
+    parts = [compute_statistics(b["logp_old"][r], b["logp_rollout"][r], b["mask"][r], cfg) for r in ranks]
     assert parts[1].vector.abs().sum() == 0 and parts[3].vector.abs().sum() == 0
     diagnostics = diagnostics_from_stats(AISStats(sum(p.vector for p in parts)), cfg)
     mask = b["mask"]

@@ -142,18 +142,9 @@ def test_token_vs_sequence_normalisation_by_hand():
     assert tok.loss.item() == pytest.approx(5 / 4, rel=1e-15)
     assert seq.loss.item() == pytest.approx(1 / 2, rel=1e-15)
     # global normalisers: N_tok = 8 halves the token loss; N_seq = 4 halves the sequence loss
-    assert clipped_pg_loss(
-        logp, logp, logp, adv, mask, cfg, global_valid_tokens=8
-    ).loss.item() == pytest.approx(5 / 8)
+    assert clipped_pg_loss(logp, logp, logp, adv, mask, cfg, global_valid_tokens=8).loss.item() == pytest.approx(5 / 8)
     seq4 = clipped_pg_loss(
-        logp,
-        logp,
-        logp,
-        adv,
-        mask,
-        cfg,
-        pg=PGLossConfig(token_level_loss=False),
-        global_valid_seqs=4,
+        logp, logp, logp, adv, mask, cfg, pg=PGLossConfig(token_level_loss=False), global_valid_seqs=4
     )
     assert seq4.loss.item() == pytest.approx(1 / 4)
 
@@ -188,9 +179,7 @@ def test_kl_term_is_not_importance_weighted():
         none_plain, _ = _run(b, CorrectionConfig(mode="none"), PGLossConfig())
         kl_mode = with_kl.loss - without.loss
         torch.testing.assert_close(kl_mode, none_kl.loss - none_plain.loss, rtol=1e-12, atol=1e-15)
-        assert with_kl.metrics["kl_penalty"].item() == pytest.approx(
-            kl_mode.item() / 0.5, rel=1e-10
-        )
+        assert with_kl.metrics["kl_penalty"].item() == pytest.approx(kl_mode.item() / 0.5, rel=1e-10)
 
 
 def test_advantages_per_sequence_broadcast():
@@ -208,9 +197,7 @@ def test_microbatches_with_global_normaliser_sum_to_whole_batch():
     diag = compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], cfg)
     n_tok = b["mask"].sum()
     theta = b["logp_theta"].clone().requires_grad_()
-    whole = clipped_pg_loss(
-        theta, b["logp_old"], b["logp_rollout"], b["adv"], b["mask"], cfg, diagnostics=diag
-    )
+    whole = clipped_pg_loss(theta, b["logp_old"], b["logp_rollout"], b["adv"], b["mask"], cfg, diagnostics=diag)
     whole.loss.backward()
     g_whole, theta.grad = theta.grad.clone(), None
     total = 0

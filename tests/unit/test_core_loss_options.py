@@ -54,9 +54,7 @@ def test_cispo_gradient_is_minus_a_times_the_clipped_ratio_exactly():
     assert ppo[0, 2] == 0
     # value: -A sg(clip(r)) log pi_theta, token mean
     assert out.loss.item() == pytest.approx((want * theta).sum().item(), rel=1e-15)
-    assert out.metrics["probs_ratio_clamped"].item() == pytest.approx(
-        (r_clip * mask).sum().item() / 4, rel=1e-15
-    )
+    assert out.metrics["probs_ratio_clamped"].item() == pytest.approx((r_clip * mask).sum().item() / 4, rel=1e-15)
 
 
 def test_cispo_is_refused_with_the_options_nemo_rl_asserts_against():
@@ -110,9 +108,7 @@ def _kl_case():
 
 def _kl_loss(pg, theta, old, mu, mask, adv, ref, **kw):
     theta = theta.clone().requires_grad_(True)
-    out = clipped_pg_loss(
-        theta, old, mu, adv, mask, CorrectionConfig(mode="tis"), pg=pg, reference_logprobs=ref, **kw
-    )
+    out = clipped_pg_loss(theta, old, mu, adv, mask, CorrectionConfig(mode="tis"), pg=pg, reference_logprobs=ref, **kw)
     out.loss.backward()
     return out, theta.grad
 
@@ -120,11 +116,7 @@ def _kl_loss(pg, theta, old, mu, mask, adv, ref, **kw):
 def test_on_policy_kl_weight_is_pi_theta_over_mu_with_its_gradient():
     theta, old, mu, mask, adv, ref = _kl_case()
     beta = 0.5
-    pg = PGLossConfig(
-        reference_policy_kl_penalty=beta,
-        use_on_policy_kl_approximation=True,
-        kl_input_clamp_value=0.35,
-    )
+    pg = PGLossConfig(reference_policy_kl_penalty=beta, use_on_policy_kl_approximation=True, kl_input_clamp_value=0.35)
     out, grad = _kl_loss(pg, theta, old, mu, mask, adv, ref)
     x = (ref - theta).clamp(-0.35, 0.35)
     w = (theta - mu).exp()
@@ -184,9 +176,7 @@ def test_kl_logprobs_take_the_kl_term_and_curr_logprobs_the_surrogate(on_policy)
         theta, old, mu, adv, mask, CorrectionConfig(mode="tis"), pg=pg, reference_logprobs=ref,
         kl_logprobs=theta + 0.05,
     )  # fmt: skip
-    assert moved.metrics["probs_ratio"].item() == pytest.approx(
-        out.metrics["probs_ratio"].item(), rel=1e-15
-    )
+    assert moved.metrics["probs_ratio"].item() == pytest.approx(out.metrics["probs_ratio"].item(), rel=1e-15)
     assert moved.metrics["kl_penalty"].item() != pytest.approx(out.metrics["kl_penalty"].item())
     assert moved.loss.item() != pytest.approx(shifted)
 
@@ -220,9 +210,7 @@ def test_nll_term_is_the_mean_nll_of_the_positive_rows_with_a_local_count():
     torch.testing.assert_close(grad, want, rtol=1e-15, atol=0)
 
 
-@pytest.mark.parametrize(
-    "rewards", [[0.0, -1.0], [math.nan, 0.0], [-2.0, 3.0]], ids=["none", "nan", "masked_only"]
-)
+@pytest.mark.parametrize("rewards", [[0.0, -1.0], [math.nan, 0.0], [-2.0, 3.0]], ids=["none", "nan", "masked_only"])
 def test_nll_term_without_a_positive_valid_token_is_zero_not_nan(rewards):
     theta, old, mask, adv = _hand_batch()
     if rewards == [-2.0, 3.0]:
@@ -256,9 +244,7 @@ def test_nll_weight_needs_rewards_naming_them():
         PGLossConfig(use_cispo=True, reference_policy_kl_penalty=0.1),
         PGLossConfig(sequence_level_importance_ratios=True, token_level_loss=False),
         PGLossConfig(
-            reference_policy_kl_penalty=0.1,
-            use_on_policy_kl_approximation=True,
-            positive_example_nll_weight=0.2,
+            reference_policy_kl_penalty=0.1, use_on_policy_kl_approximation=True, positive_example_nll_weight=0.2
         ),
     ],
     ids=["cispo_kl", "gspo", "on_policy_kl_nll"],

@@ -45,10 +45,7 @@ def test_microbatch_sums_equal_whole_batch(mode, token_level):
     n_tok = b["mask"].sum()
     n_seq = (b["mask"].sum(-1) > 0).sum().to(torch.float64)
     whole = _call(b, slice(None), cfg, pg, diag, n_tok, n_seq).metrics
-    parts = [
-        _call(b, s, cfg, pg, diag, n_tok, n_seq).metrics
-        for s in (slice(0, 4), slice(4, 6), slice(6, 9))
-    ]
+    parts = [_call(b, s, cfg, pg, diag, n_tok, n_seq).metrics for s in (slice(0, 4), slice(4, 6), slice(6, 9))]
     assert set(whole) == {m.name for m in METRICS}
     for key, value in whole.items():
         total = sum(p[key] for p in parts)
@@ -60,9 +57,7 @@ def test_microbatch_sums_equal_whole_batch(mode, token_level):
 def test_metrics_are_detached_zero_dim_tensors():
     b = oracles.random_batch(3, 5, dtype=torch.float32)
     theta = b["logp_theta"].clone().requires_grad_()
-    out = clipped_pg_loss(
-        theta, b["logp_old"], b["logp_rollout"], b["adv"], b["mask"], CorrectionConfig()
-    )
+    out = clipped_pg_loss(theta, b["logp_old"], b["logp_rollout"], b["adv"], b["mask"], CorrectionConfig())
     for name, value in out.metrics.items():
         assert isinstance(value, torch.Tensor) and value.dim() == 0, name
         assert not value.requires_grad, name
@@ -71,12 +66,7 @@ def test_metrics_are_detached_zero_dim_tensors():
 def test_keys_without_diagnostics_are_the_non_ais_rows():
     b = oracles.random_batch(3, 5)
     out = clipped_pg_loss(
-        b["logp_theta"],
-        b["logp_old"],
-        b["logp_rollout"],
-        b["adv"],
-        b["mask"],
-        CorrectionConfig(mode="tis"),
+        b["logp_theta"], b["logp_old"], b["logp_rollout"], b["adv"], b["mask"], CorrectionConfig(mode="tis")
     )
     assert set(out.metrics) == {m.name for m in METRICS if not m.name.startswith(AIS_PREFIX)}
 
@@ -87,21 +77,15 @@ def test_token_mult_prob_error_is_nemo_rl_formula():
     m = b["mask"]
     gen = torch.where(m == 1, b["logp_rollout"], 0)
     expected = (torch.exp((gen - b["logp_old"]).abs() * m) * m).sum() / m.sum()
-    out = clipped_pg_loss(
-        b["logp_theta"], b["logp_old"], b["logp_rollout"], b["adv"], m, CorrectionConfig()
-    )
-    torch.testing.assert_close(
-        out.metrics["ais/token_mult_prob_error"], expected, rtol=1e-12, atol=0
-    )
+    out = clipped_pg_loss(b["logp_theta"], b["logp_old"], b["logp_rollout"], b["adv"], m, CorrectionConfig())
+    torch.testing.assert_close(out.metrics["ais/token_mult_prob_error"], expected, rtol=1e-12, atol=0)
 
 
 def test_globally_empty_batch_metrics_flag_it():
     b = oracles.random_batch(4, 5, p_mask=1.0)
     cfg = CorrectionConfig()
     diag = compute_diagnostics(b["logp_old"], b["logp_rollout"], b["mask"], cfg)
-    parts = [
-        _call(b, s, cfg, PGLossConfig(), diag, 0, 0).metrics for s in (slice(0, 2), slice(2, 4))
-    ]
+    parts = [_call(b, s, cfg, PGLossConfig(), diag, 0, 0).metrics for s in (slice(0, 2), slice(2, 4))]
     assert sum(p["ais/empty_batch"] for p in parts).item() == 2.0  # >= 1 flags the batch
     for key in parts[0]:
         if key != "ais/empty_batch":

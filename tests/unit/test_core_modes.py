@@ -21,19 +21,13 @@ PG = {
     "seq_level": PGLossConfig(token_level_loss=False),
 }
 # bands wide enough that the test data's sequence ratios fall on both sides of them
-TBPO_WIDE = dict(
-    tbpo={"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06}
-)
+TBPO_WIDE = dict(tbpo={"clip_low": 0.05, "clip_high": 0.08, "neg_clip_low": 0.04, "neg_clip_high": 0.06})
 CONFIGS = {
     "seq_tis": CorrectionConfig(mode="seq_tis", seq_weight_cap=1.5),
     "seq_mis": CorrectionConfig(mode="seq_mis", seq_mis={"min": 0.7, "max": 1.4}),
     "kl_rs_k1_mean": CorrectionConfig(mode="kl_rs", kl_rs={"estimator": "k1", "threshold": 0.05}),
-    "kl_rs_k2_max": CorrectionConfig(
-        mode="kl_rs", kl_rs={"estimator": "k2", "aggregation": "max", "threshold": 0.1}
-    ),
-    "kl_rs_k3_veto": CorrectionConfig(
-        mode="kl_rs", kl_rs={"threshold": 0.05, "veto_min_ratio": 0.7}
-    ),
+    "kl_rs_k2_max": CorrectionConfig(mode="kl_rs", kl_rs={"estimator": "k2", "aggregation": "max", "threshold": 0.1}),
+    "kl_rs_k3_veto": CorrectionConfig(mode="kl_rs", kl_rs={"threshold": 0.05, "veto_min_ratio": 0.7}),
     "m2po": CorrectionConfig(mode="m2po", m2po={"tau": 0.03}),
     "tis_bn": CorrectionConfig(mode="tis", batch_normalize=True),
     "seq_tis_bn": CorrectionConfig(mode="seq_tis", batch_normalize=True),
@@ -44,9 +38,7 @@ CONFIGS = {
     "tbpo_wide": CorrectionConfig(mode="tbpo", seq_weight_cap=1.05, **TBPO_WIDE),
     "tbpo_bn_bypass": CorrectionConfig(mode="tbpo", batch_normalize=True, bypass=True, **TBPO_WIDE),
 }
-IS_AND_REJECTION = [
-    CorrectionConfig(mode=m) for m in ("tis", "icepop", "seq_mask_geo", "ais", "seq_tis")
-] + [
+IS_AND_REJECTION = [CorrectionConfig(mode=m) for m in ("tis", "icepop", "seq_mask_geo", "ais", "seq_tis")] + [
     CorrectionConfig(mode="seq_mis"),
     CorrectionConfig(mode="kl_rs", kl_rs={"aggregation": "max", "veto_min_ratio": 0.5}),
     CorrectionConfig(mode="m2po", m2po={"tau": 1e-3}),
@@ -188,9 +180,7 @@ def test_kl_rs_hand_worked():
     k1 = CorrectionConfig(mode="kl_rs", kl_rs={"estimator": "k1", "threshold": 0.21})
     assert correction_weights(ell, zeros, mask, k1)[:, 0].tolist() == [1.0, 1.0, 0.0]
     # k2 = l^2 / 2, max: row 0 0.005; row 1 0.02; row 2 0.125
-    k2 = CorrectionConfig(
-        mode="kl_rs", kl_rs={"estimator": "k2", "aggregation": "max", "threshold": 0.01}
-    )
+    k2 = CorrectionConfig(mode="kl_rs", kl_rs={"estimator": "k2", "aggregation": "max", "threshold": 0.01})
     assert correction_weights(ell, zeros, mask, k2)[:, 0].tolist() == [1.0, 0.0, 0.0]
     # k3 = e^l - 1 - l, mean: row 2 (0 + e^-0.5 - 1 + 0.5) / 2 = 0.0532653; veto rho < 0.7:
     # row 2 has rho = e^-0.5 = 0.6065 < 0.7, vetoed even under a threshold it passes
@@ -264,9 +254,7 @@ def test_token_statistics_describe_the_applied_weights(mode, clamp):
     # CV^2 and frac_capped are those of min(rho, C) as applied, so batch_normalize averages
     # the weights to 1 (ais normalised by (1 - alpha) + alpha w_mean was 1.19 at L = 1)
     mixer = {"mixer": "constant", "constant_alpha": 0.75} if mode == "ais" else {}
-    cfg = CorrectionConfig(
-        mode=mode, weight_cap=5.0, log_ratio_clamp=clamp, batch_normalize=True, **mixer
-    )
+    cfg = CorrectionConfig(mode=mode, weight_cap=5.0, log_ratio_clamp=clamp, batch_normalize=True, **mixer)
     log_rho = torch.tensor([[-30.0, -1.5, 0.3, 1.2, 1.5, 30.0], [0.9, -0.2, 1.4, 0.0, 2.0, -25.0]])
     gen = torch.full_like(log_rho, -2.0, dtype=torch.float64)
     old, mask = gen + log_rho, torch.ones_like(log_rho)
@@ -275,8 +263,6 @@ def test_token_statistics_describe_the_applied_weights(mode, clamp):
     mean = math.fsum(w) / len(w)
     assert d.w_mean == pytest.approx(mean, rel=1e-14)
     assert d.frac_capped == sum(x == 5.0 for x in w) / len(w) == 2 / 12
-    assert d.cv2 == pytest.approx(
-        math.fsum((x - mean) ** 2 for x in w) / len(w) / mean**2, rel=1e-12
-    )
+    assert d.cv2 == pytest.approx(math.fsum((x - mean) ** 2 for x in w) / len(w) / mean**2, rel=1e-12)
     w_hat = correction_weights(old, gen, mask, cfg, d.alpha if mode == "ais" else None)
     assert (w_hat / d.w_norm).mean().item() == pytest.approx(1.0, rel=1e-14)

@@ -96,8 +96,7 @@ def test_tails_are_additive_over_ranks_with_empty_ranks():
     old, roll, mask = _healthy(3, b=9, t=40, sigma=0.3)
     mask[5:7] = 0  # an all-empty "rank"
     parts = [
-        compute_statistics(old[r], roll[r], mask[r], CFG)
-        for r in (slice(0, 5), slice(5, 7), slice(7, 9), slice(9, 9))
+        compute_statistics(old[r], roll[r], mask[r], CFG) for r in (slice(0, 5), slice(5, 7), slice(7, 9), slice(9, 9))
     ]
     summed = AISStats(sum(p.vector for p in parts))
     whole = compute_statistics(old, roll, mask, CFG)

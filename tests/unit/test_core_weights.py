@@ -16,9 +16,7 @@ F64_TOL = dict(rtol=1e-12, atol=1e-14)
 
 
 def _oracle_weights(cfg, b, alpha=None):
-    w = oracles.weights(
-        cfg.mode, b["logp_old"].tolist(), b["logp_rollout"].tolist(), b["mask"].tolist(), cfg, alpha
-    )
+    w = oracles.weights(cfg.mode, b["logp_old"].tolist(), b["logp_rollout"].tolist(), b["mask"].tolist(), cfg, alpha)
     return torch.tensor(w, dtype=torch.float64)
 
 
@@ -90,9 +88,7 @@ def test_ais_hand_worked():
 def test_masked_positions_are_zero_and_padding_never_leaks(mode):
     b = oracles.random_batch(4, 7, p_mask=0.5, seed=3)
     b["logp_old"] = torch.where(b["mask"] == 1, b["logp_old"], torch.nan)  # garbage in padding
-    w = correction_weights(
-        b["logp_old"], b["logp_rollout"], b["mask"].bool(), CorrectionConfig(mode=mode), 0.5
-    )
+    w = correction_weights(b["logp_old"], b["logp_rollout"], b["mask"].bool(), CorrectionConfig(mode=mode), 0.5)
     assert torch.isfinite(w).all()
     assert (w[b["mask"] == 0] == 0).all()
 
@@ -105,16 +101,12 @@ def test_huge_log_ratios_give_finite_weights(mode):
     w = correction_weights(ell, torch.zeros_like(ell), torch.ones_like(ell), cfg, 0.5)
     assert torch.isfinite(w).all()
     if mode in ("tis", "ais"):
-        assert w[1].tolist() == pytest.approx(
-            [cfg.weight_cap if mode == "tis" else 0.5 + 0.5 * cfg.weight_cap] * 3
-        )
+        assert w[1].tolist() == pytest.approx([cfg.weight_cap if mode == "tis" else 0.5 + 0.5 * cfg.weight_cap] * 3)
 
 
 def test_weights_follow_input_dtype():
     b = oracles.random_batch(2, 5, dtype=torch.bfloat16)
-    w = correction_weights(
-        b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig(mode="tis")
-    )
+    w = correction_weights(b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig(mode="tis"))
     assert w.dtype == torch.float32
     ref = correction_weights(
         b["logp_old"].double(), b["logp_rollout"].double(), b["mask"], CorrectionConfig(mode="tis")
@@ -125,9 +117,7 @@ def test_weights_follow_input_dtype():
 def test_ais_without_alpha_is_an_error():
     b = oracles.random_batch(2, 3)
     with pytest.raises(ValueError, match="alpha"):
-        correction_weights(
-            b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig(mode="ais")
-        )
+        correction_weights(b["logp_old"], b["logp_rollout"], b["mask"], CorrectionConfig(mode="ais"))
 
 
 def test_registry_covers_every_mode():

@@ -13,13 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from benchmarks.bench_cpu_robust import (
-    CHAIN_TOLERANCE,
-    EMULATIONS,
-    PRIMARY_TOLERANCE,
-    compare,
-    run_one,
-)
+from benchmarks.bench_cpu_robust import CHAIN_TOLERANCE, EMULATIONS, PRIMARY_TOLERANCE, compare, run_one
 
 TINY = [
     "policy.warm_start.steps=6",

@@ -84,9 +84,7 @@ def test_our_kv_cache_decoding_warns_nothing_under_the_installed_transformers(ca
             eos_token_id=2,
             past_key_values=DynamicCache(),
         )
-        scored = score_responses(
-            model, prompts, mask, out.response_ids, past_key_values=DynamicCache()
-        )
+        scored = score_responses(model, prompts, mask, out.response_ids, past_key_values=DynamicCache())
     assert greedy.shape == (2, 4) and scored.shape == out.response_ids.shape
     ours = [str(w.message) for w in caught if "transformers" in w.filename or "torch" in w.filename]
     assert not ours, ours

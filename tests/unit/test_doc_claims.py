@@ -62,14 +62,8 @@ def _records(arms) -> list[dict]:
     recs = []
     for arm in arms:
         for seed in (0, 1):
-            recs += [
-                {"kind": "val", "arm": arm, "seed": seed, "step": s, "accuracy": 0.01 * s}
-                for s in (0, 10, 20)
-            ]
-            recs += [
-                {"kind": "train", "arm": arm, "seed": seed, "step": s, "reward": 0.5}
-                for s in range(1, 21)
-            ]
+            recs += [{"kind": "val", "arm": arm, "seed": seed, "step": s, "accuracy": 0.01 * s} for s in (0, 10, 20)]
+            recs += [{"kind": "train", "arm": arm, "seed": seed, "step": s, "reward": 0.5} for s in range(1, 21)]
     for r in recs:
         if r["kind"] == "train" and r["arm"] != "bf16":
             r.update({"ais/severity": 0.01, "ais/kl_k3": 0.001, "ais/token_mult_prob_error": 1.01})
@@ -95,9 +89,7 @@ def _summary_headers() -> frozenset[str]:
         text += "\n" + tolerance_md(tolerance_table(recs, "bf16"), "bf16")
         lines = text.splitlines()
         headers |= {
-            line.strip()
-            for line, nxt in itertools.pairwise(lines)
-            if line.startswith("|") and nxt.startswith("|---")
+            line.strip() for line, nxt in itertools.pairwise(lines) if line.startswith("|") and nxt.startswith("|---")
         }
     return frozenset(headers)
 
@@ -140,11 +132,7 @@ _TE = re.compile(r"\bTE\b|Transformer Engine")
 
 @pytest.mark.parametrize(
     "path",
-    [
-        ROOT / "README.md",
-        *sorted((ROOT / "docs").glob("*.md")),
-        *sorted(ROOT.glob("configs/**/*.yaml")),
-    ],
+    [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("configs/**/*.yaml"))],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_te_bit_equality_is_labelled_unverified(path):
@@ -190,9 +178,7 @@ def test_statistics_vector_size_in_the_docs_is_the_codes():
     assert {"README.md", "nemo_rl.md", "method.md", "architecture.md", "benchmarks.md"} <= files
     wrong = [c for c in claims if (c[1], c[2]) not in allowed]
     assert not wrong, f"slots/bytes differ from NUM_SLOTS={NUM_SLOTS}, STATS_BYTES={STATS_BYTES}"
-    histogram = re.compile(
-        r"(\d+)[- ]bin histogram|histogram, (\d+) more slots|(\d+)-slot histogram"
-    )
+    histogram = re.compile(r"(\d+)[- ]bin histogram|histogram, (\d+) more slots|(\d+)-slot histogram")
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for m in histogram.finditer(" ".join(path.read_text().split())):
             n = int(next(g for g in m.groups() if g))
@@ -216,9 +202,7 @@ def test_kv_calibration_table_and_default_rule_in_the_docs_are_the_codes():
 def test_te_backend_is_never_claimed_verified_on_a_gpu():
     # tests/gpu/test_te_backend.py skipped every test on the GPU machine (TE absent)
     text = (ROOT / "docs" / "nemo_rl.md").read_text()
-    rows = [
-        line for line in text.splitlines() if line.startswith("|") and "test_te_backend" in line
-    ]
+    rows = [line for line in text.splitlines() if line.startswith("|") and "test_te_backend" in line]
     assert rows
     for row in rows:
         gpu_cell = row.split("|")[4]

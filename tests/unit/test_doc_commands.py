@@ -149,31 +149,19 @@ def workdir(tmp_path_factory) -> Path:
     records = []
     for arm in ("bf16", "fp8-ais"):
         write_run(run / "logs" / f"{arm}_seed0", [1, 2], scale=0.004)
-        records += [
-            {"kind": "val", "arm": arm, "seed": 0, "step": s, "accuracy": 0.1 * s} for s in (0, 2)
-        ]
-        records += [
-            {"kind": "train", "arm": arm, "seed": 0, "step": s, "reward": 0.5, "alpha": 0.0}
-            for s in (1, 2)
-        ]
+        records += [{"kind": "val", "arm": arm, "seed": 0, "step": s, "accuracy": 0.1 * s} for s in (0, 2)]
+        records += [{"kind": "train", "arm": arm, "seed": 0, "step": s, "reward": 0.5, "alpha": 0.0} for s in (1, 2)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return work
 
 
 @pytest.mark.parametrize(("where", "lang", "body"), BLOCKS, ids=[b[0] for b in BLOCKS])
-def test_every_documented_command_runs_as_written(
-    where, lang, body, workdir, tmp_path, monkeypatch
-):
+def test_every_documented_command_runs_as_written(where, lang, body, workdir, tmp_path, monkeypatch):
     if _not_run(body):
         return  # listed in NOT_RUN, checked by the test below
     env = _env(tmp_path)
     res = subprocess.run(
-        ["bash", "-c", _script(lang, body)],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ["bash", "-c", _script(lang, body)], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
     )
     shown_failure = lang == "console" and "[FAIL]" in body
     out = f"{where}:\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
@@ -242,7 +230,5 @@ def test_every_inline_command_runs_as_written(where, cmd, workdir, tmp_path, mon
 def test_inline_commands_are_found():
     cmds = {cmd for _, cmd in INLINE}
     assert {"nemo-ais run --preset evidence", "nemo-ais run --preset fp4-evidence"} <= cmds
-    assert (
-        "python -m nemo_ais.preflight examples/configs/grpo_math_8B_megatron_fp8_ais.yaml" in cmds
-    )
+    assert "python -m nemo_ais.preflight examples/configs/grpo_math_8B_megatron_fp8_ais.yaml" in cmds
     assert not any("LOG_DIR" in c or "<" in c for c in cmds)

@@ -18,11 +18,7 @@ from embedded_recipes import tiny_recipe
 from torch import nn
 
 from nemo_ais.config import CorrectionMode
-from nemo_ais.embedded.aligned import (
-    RolloutAlignedPolicy,
-    StraightThroughKVCache,
-    StraightThroughLinear,
-)
+from nemo_ais.embedded.aligned import RolloutAlignedPolicy, StraightThroughKVCache, StraightThroughLinear
 from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
 from nemo_ais.embedded.model import response_logprobs
 from nemo_ais.modes import MODES

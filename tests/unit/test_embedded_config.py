@@ -20,9 +20,7 @@ def test_shipped_configs_validate_every_arm(name):
 
 
 def test_overrides_apply_dotted_and_to_arms():
-    raw = load_config(
-        DEFAULT, ["grpo.max_num_steps=7", "experiment.arms.fp8-ais.loss_fn.ais.ema=0.5"]
-    )
+    raw = load_config(DEFAULT, ["grpo.max_num_steps=7", "experiment.arms.fp8-ais.loss_fn.ais.ema=0.5"])
     assert resolve_arm(raw, "bf16").grpo.max_num_steps == 7
     assert resolve_arm(raw, "fp8-ais").correction.ema == 0.5
     assert resolve_arm(raw, "fp8-tis").correction.ema == 0.0
@@ -38,10 +36,7 @@ def test_overrides_apply_dotted_and_to_arms():
         ("rollout.kv_cache=int8", r"rollout\.kv_cache='int8' is invalid: .*'nvfp4'"),
         ("rollout.quantizer.bogus=1", r"rollout\.quantizer\.bogus is not a known field"),
         ("rollout.quantizer.format=fp8", r"rollout\.quantizer\.format .* set at rollout\.format"),
-        (
-            "rollout.quantizer.block=[0,128]",
-            r"rollout\.quantizer\.block=\[0, 128\] is invalid: expected two positive",
-        ),
+        ("rollout.quantizer.block=[0,128]", r"rollout\.quantizer\.block=\[0, 128\] is invalid: expected two positive"),
         (
             "rollout.quantizer.weight_block=[128,128]",
             r"rollout\.quantizer\.weight_block was renamed block .*write block=\[128, 128\]",
@@ -53,10 +48,7 @@ def test_overrides_apply_dotted_and_to_arms():
         ("loss_fn.ais.weight_cap=0.5", r"loss_fn\.ais\.weight_cap=0\.5 is invalid"),
         ("loss_fn.ratio_clip_min=2", r"loss_fn\.ratio_clip_min=2 is invalid"),
         ("policy.model.num_attention_heads=3", r"policy\.model\..*divisible"),
-        (
-            "experiment.arms.bf16.loss_fn.ais.mode=bad",
-            r"experiment\.arms\.bf16: loss_fn\.ais\.mode",
-        ),
+        ("experiment.arms.bf16.loss_fn.ais.mode=bad", r"experiment\.arms\.bf16: loss_fn\.ais\.mode"),
         ("experiment.include=[nope]", r"experiment\..*unknown arms"),
         ("cluster.dp_size=4", r"cluster\.dp_size=4 must divide"),
         ("policy.train_global_batch_size=24", r"policy\.train_global_batch_size=24 must divide"),
@@ -238,14 +230,5 @@ def test_bypass_needs_one_optimizer_step_per_rollout_batch():
     # pi_old := mu holds only before the first update of a rollout batch
     ok = load_config(DEFAULT, ["experiment.arms.fp8-ais.loss_fn.ais.bypass=true"])
     assert resolve_arm(ok, "fp8-ais").correction.bypass is True
-    with pytest.raises(
-        ValueError,
-        match=r"experiment\.arms\.fp8-ais: loss_fn\.ais\.bypass=true needs one optimizer",
-    ):
-        load_config(
-            DEFAULT,
-            [
-                "experiment.arms.fp8-ais.loss_fn.ais.bypass=true",
-                "policy.train_global_batch_size=32",
-            ],
-        )
+    with pytest.raises(ValueError, match=r"experiment\.arms\.fp8-ais: loss_fn\.ais\.bypass=true needs one optimizer"):
+        load_config(DEFAULT, ["experiment.arms.fp8-ais.loss_fn.ais.bypass=true", "policy.train_global_batch_size=32"])

@@ -7,12 +7,7 @@ import pytest
 import torch
 
 from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
-from nemo_ais.embedded.error_tokens import (
-    ErrorTokenCounts,
-    error_token_counts,
-    repeat_flags,
-    response_alphabet,
-)
+from nemo_ais.embedded.error_tokens import ErrorTokenCounts, error_token_counts, repeat_flags, response_alphabet
 from nemo_ais.embedded.tokenizer import CharTokenizer
 from nemo_ais.embedded.warmstart import build_task
 
@@ -64,17 +59,13 @@ def test_masked_tokens_and_empty_batches_do_not_count():
     ids = torch.tensor([TOK.encode("1+1", eos=False)])
     mask = torch.tensor([[1.0, 0.0, 0.0]])  # only "1" is a valid token
     assert error_token_counts(ids, mask, DIGITS_AND_COMMA, eos_id=TOK.eos_id) == (1, 0, 0, 0)
-    empty = error_token_counts(
-        torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, 4), DIGITS_AND_COMMA, eos_id=2
-    )
+    empty = error_token_counts(torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, 4), DIGITS_AND_COMMA, eos_id=2)
     assert empty == (0, 0, 0, 0) and set(empty.rates().values()) == {0.0}
     with pytest.raises(ValueError, match="response_ids: got"):
         error_token_counts(ids, mask[:, :2], DIGITS_AND_COMMA, eos_id=2)
 
 
-@pytest.mark.parametrize(
-    ("preset", "chars"), [("default.yaml", "0123456789,"), ("quick.yaml", "0123456789")]
-)
+@pytest.mark.parametrize(("preset", "chars"), [("default.yaml", "0123456789,"), ("quick.yaml", "0123456789")])
 def test_response_alphabet_is_digits_and_the_answers_separators(preset, chars):
     task = build_task(resolve_arm(load_config(CONFIG_DIR / preset), None))
     assert response_alphabet(task) == frozenset(TOK.stoi[c] for c in chars)

@@ -29,10 +29,7 @@ def test_every_included_arm_of_every_preset_validates(preset):
 
 @pytest.mark.parametrize("preset", ["fp4", "fp4-evidence"])
 def test_fp4_presets_keep_default_hyperparameters(preset):
-    raw, default = (
-        load_config(CONFIG_DIR / f"{preset}.yaml"),
-        load_config(CONFIG_DIR / "default.yaml"),
-    )
+    raw, default = (load_config(CONFIG_DIR / f"{preset}.yaml"), load_config(CONFIG_DIR / "default.yaml"))
     for section in set(raw) | set(default):
         if section not in ("experiment", "logger", "grpo", "policy"):
             assert raw[section] == default[section], section
@@ -63,10 +60,7 @@ def test_fp4_arm_matrix_and_evidence_seeds():
     bf16 = resolve_arm(raw, "bf16")
     assert bf16.precision.enabled is False and bf16.correction.mode == "none"
     evidence = load_config(CONFIG_DIR / "fp4-evidence.yaml")
-    assert evidence["experiment"]["seeds"] == list(range(8)) and raw["experiment"]["seeds"] == [
-        0,
-        1,
-    ]
+    assert evidence["experiment"]["seeds"] == list(range(8)) and raw["experiment"]["seeds"] == [0, 1]
     assert {k: v for k, v in evidence["experiment"].items() if k != "seeds"} == {
         k: v for k, v in raw["experiment"].items() if k != "seeds"
     }
@@ -127,9 +121,7 @@ def test_dose_long_is_the_two_highest_levels_for_200_steps():
         k: v for k, v in dose["grpo"].items() if k not in ("max_num_steps", "val_period")
     }
     assert raw["grpo"]["max_num_steps"] >= 200 and raw["experiment"]["seeds"] == [0, 1]
-    levels = sorted(
-        {a.split("-")[0] for a in dose["experiment"]["include"][1:]}, key=lambda a: float(a[1:])
-    )
+    levels = sorted({a.split("-")[0] for a in dose["experiment"]["include"][1:]}, key=lambda a: float(a[1:]))
     top = levels[-2:]
     # none, tis, ais (const and qarl left out on timing, defined in dose.yaml)
     want = ["bf16"] + [f"{k}-{c}" for k in top for c in ("none", "tis", "ais")]
@@ -144,10 +136,7 @@ def test_dose_99_is_dose_long_on_99_token_responses():
     from a curriculum warm start whose first stage is default.yaml's own warm start."""
     from nemo_ais.embedded.warmstart import first_stage, warm_start_path
 
-    raw, long_ = (
-        load_config(CONFIG_DIR / "dose-99.yaml"),
-        load_config(CONFIG_DIR / "dose-long.yaml"),
-    )
+    raw, long_ = (load_config(CONFIG_DIR / "dose-99.yaml"), load_config(CONFIG_DIR / "dose-long.yaml"))
     dose = load_config(CONFIG_DIR / "dose.yaml")
     assert raw["experiment"]["include"] == long_["experiment"]["include"]
     assert raw["experiment"]["seeds"] == [0, 1] and raw["grpo"] == dose["grpo"]

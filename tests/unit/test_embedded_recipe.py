@@ -50,12 +50,7 @@ def test_minibatches_take_the_kth_slice_of_every_chunk(tmp_path):
     r = _recipe(tmp_path, "policy.train_global_batch_size=4")  # 16 samples -> 4 optimizer steps
     parts = r._minibatches(16)
     # chunks of 2 prompts x 4 samples = 8 samples; each global batch: 2 from each chunk
-    assert [p.tolist() for p in parts] == [
-        [0, 1, 8, 9],
-        [2, 3, 10, 11],
-        [4, 5, 12, 13],
-        [6, 7, 14, 15],
-    ]
+    assert [p.tolist() for p in parts] == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7, 14, 15]]
 
 
 def test_bf16_engine_reproduces_trainer_logprobs(tmp_path):
@@ -66,9 +61,7 @@ def test_bf16_engine_reproduces_trainer_logprobs(tmp_path):
     # same weights, fp32; only KV-cached decode vs full forward rounding differs
     torch.testing.assert_close(logp_old[m], batch.logp_rollout[m], rtol=0, atol=1e-5)
     fp8 = _recipe(tmp_path, arm="fp8-none")._rollout(step=1)
-    assert torch.equal(
-        fp8.sequences[:, : r.task.prompt_len], batch.sequences[:, : r.task.prompt_len]
-    )
+    assert torch.equal(fp8.sequences[:, : r.task.prompt_len], batch.sequences[:, : r.task.prompt_len])
 
 
 @pytest.mark.parametrize("normalize", [True, False])
@@ -88,9 +81,7 @@ def test_positive_example_nll_term_reaches_the_recipe_gradient(tmp_path):
     from nemo_ais.core import clipped_pg_loss
 
     torch.manual_seed(0)
-    r = _recipe(
-        tmp_path, "policy.train_micro_batch_size=16", "loss_fn.positive_example_nll_weight=0.5"
-    )
+    r = _recipe(tmp_path, "policy.train_micro_batch_size=16", "loss_fn.positive_example_nll_weight=0.5")
     batch = r._rollout(step=1)
     batch.rewards[::2] = 1.0  # half the samples positive: the NLL term is active
     logp_old, _ = r._logprobs(batch.sequences, grad=False)
@@ -115,7 +106,5 @@ def test_positive_example_nll_term_reaches_the_recipe_gradient(tmp_path):
 
 
 def test_tbpo_with_a_token_surrogate_option_is_a_config_error(tmp_path):
-    with pytest.raises(
-        ValueError, match=r"loss_fn\.use_cispo=True is invalid with loss_fn\.ais\.mode='tbpo'"
-    ):
+    with pytest.raises(ValueError, match=r"loss_fn\.use_cispo=True is invalid with loss_fn\.ais\.mode='tbpo'"):
         _recipe(tmp_path, "loss_fn.ais.mode=tbpo", "loss_fn.use_cispo=true")

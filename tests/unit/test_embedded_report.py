@@ -113,9 +113,7 @@ def test_report_takes_the_metrics_file_as_its_help_says(tmp_path, capsys):
     assert (tmp_path / "summary.md").is_file() and (tmp_path / "reward.png").is_file()
     (tmp_path / "metrics.jsonl").write_text('{"kind": "train"}\n')
     assert main(["report", str(tmp_path)]) == 2
-    assert (
-        "metrics.jsonl:1: expected a record with kind, arm, seed, step" in capsys.readouterr().err
-    )
+    assert "metrics.jsonl:1: expected a record with kind, arm, seed, step" in capsys.readouterr().err
 
 
 def test_empty_metrics_file_is_an_error(tmp_path):
@@ -136,9 +134,7 @@ def test_t_quantile_matches_scipy(df):
 def test_paired_ci_against_scipy_float64():
     diffs = [0.12, -0.03, 0.07, 0.2, 0.01, 0.05, -0.02, 0.09]
     mean, half = paired_ci(diffs)
-    lo, hi = stats.t.interval(
-        0.95, len(diffs) - 1, loc=statistics.fmean(diffs), scale=stats.sem(diffs)
-    )
+    lo, hi = stats.t.interval(0.95, len(diffs) - 1, loc=statistics.fmean(diffs), scale=stats.sem(diffs))
     assert mean == pytest.approx(statistics.fmean(diffs), abs=1e-15)
     assert (mean - half, mean + half) == pytest.approx((lo, hi), abs=5e-4 * stats.sem(diffs))
     one = paired_ci([0.3])
@@ -198,9 +194,7 @@ def test_mismatch_correlations_with_step_and_entropy():
     assert s["corr_d_step"] == pytest.approx(statistics.correlation(xs, ys))
     assert s["corr_d_step"] > 0.99 and s["corr_d_entropy"] < -0.99
     d0, d1 = s["severity_early_late"]  # steps 1-10 and 11-20, both seeds pooled
-    assert d0 == pytest.approx(0.001 * 5.5 + 0.00005) and d1 == pytest.approx(
-        0.001 * 15.5 + 0.00005
-    )
+    assert d0 == pytest.approx(0.001 * 5.5 + 0.00005) and d1 == pytest.approx(0.001 * 15.5 + 0.00005)
     # a constant series has no correlation: nan, not an error
     assert math.isnan(arm_summary(_records())["a"]["corr_d_step"])
 
@@ -278,9 +272,7 @@ def test_collapse_step_is_first_eval_below_half_of_reference(tmp_path):
         ("fp4-ais", 1): [0.4, 0.3, 0.2, 0.2, 0.0],
         ("fp4-ais", 2): [0.4, 0.3, 0.2, 0.2, 0.0],
     }
-    recs = [
-        _val(arm, seed, 10 * i, a) for (arm, seed), row in accs.items() for i, a in enumerate(row)
-    ]
+    recs = [_val(arm, seed, 10 * i, a) for (arm, seed), row in accs.items() for i, a in enumerate(row)]
     got = collapse_steps(recs, "bf16")
     assert set(got) == {"fp4-none", "fp4-ais"}
     assert got["fp4-none"] == Collapse(30, 2, 3, {0: 20, 1: 10, 2: None})
@@ -344,8 +336,7 @@ def test_a_smoke_run_says_so_and_leaves_out_what_it_is_too_short_for(tmp_path):
     assert "Collapse step: left out. A 4-step run has too few evaluations" in text
     assert (
         "first 10 steps →" not in text
-        and "Non-stationarity (first 10 → last 10 steps): "
-        "left out, a 4-step run has no two disjoint 10-step windows."
+        and "Non-stationarity (first 10 → last 10 steps): left out, a 4-step run has no two disjoint 10-step windows."
         in text
     )
     assert "nan" not in text.lower() and "FP8 twin" not in text
@@ -370,14 +361,7 @@ def test_a_run_long_enough_is_not_a_smoke_run_and_marks_undefined_correlations(t
 @pytest.mark.parametrize(
     ("steps", "seeds", "reasons"),
     [
-        (
-            4,
-            [0],
-            [
-                "4 GRPO steps (evidence: >= 20)",
-                "1 seed (no paired confidence interval; evidence: >= 2)",
-            ],
-        ),
+        (4, [0], ["4 GRPO steps (evidence: >= 20)", "1 seed (no paired confidence interval; evidence: >= 2)"]),
         (20, [0], ["1 seed (no paired confidence interval; evidence: >= 2)"]),
         (19, [0, 1], ["19 GRPO steps (evidence: >= 20)"]),
         (20, [0, 1], []),

@@ -50,17 +50,13 @@ def _records():
                 )  # fmt: skip
             for step in EVALS:
                 acc = rng.uniform(0.0, 0.8)
-                recs.append(
-                    {"kind": "val", "arm": arm, "seed": seed, "step": step, "accuracy": acc}
-                )
+                recs.append({"kind": "val", "arm": arm, "seed": seed, "step": step, "accuracy": acc})
     return recs
 
 
 def _acc(recs, arm, seed, step):
     (value,) = [
-        r["accuracy"]
-        for r in recs
-        if r["kind"] == "val" and (r["arm"], r["seed"], r["step"]) == (arm, seed, step)
+        r["accuracy"] for r in recs if r["kind"] == "val" and (r["arm"], r["seed"], r["step"]) == (arm, seed, step)
     ]
     return value
 
@@ -160,9 +156,7 @@ def test_primary_table_numbers(rendered):
         if arm == "bf16":
             assert cells[4] == "—"
             continue
-        _close(
-            _numbers(cells[4]), _paired(exp[arm]["primary_by_seed"], exp["bf16"]["primary_by_seed"])
-        )
+        _close(_numbers(cells[4]), _paired(exp[arm]["primary_by_seed"], exp["bf16"]["primary_by_seed"]))
 
 
 def test_early_table_numbers_are_the_early_metric_not_the_primary(rendered):

@@ -111,17 +111,13 @@ def test_chain_rewards_prefix_digits_exact():
     # prefix: leading values right / max(#values): 3/3, 1/3 (the right 92 after a mistake
     # earns nothing), 2/3, 3/4, 2/3 (the stray "=" spoils the last value), 0
     torch.testing.assert_close(
-        task.rewards(p, resp, kind="prefix"),
-        torch.tensor([1.0, 1 / 3, 2 / 3, 3 / 4, 2 / 3, 0.0]),
+        task.rewards(p, resp, kind="prefix"), torch.tensor([1.0, 1 / 3, 2 / 3, 3 / 4, 2 / 3, 0.0])
     )
     # digits: positional characters / max(len): 8/8, 7/8, 5/8, 8/11, 8/9, 7/8
     torch.testing.assert_close(
-        task.rewards(p, resp, kind="digits"),
-        torch.tensor([1.0, 7 / 8, 5 / 8, 8 / 11, 8 / 9, 7 / 8]),
+        task.rewards(p, resp, kind="digits"), torch.tensor([1.0, 7 / 8, 5 / 8, 8 / 11, 8 / 9, 7 / 8])
     )
-    torch.testing.assert_close(
-        task.rewards(p, resp, kind="exact"), torch.tensor([1.0, 0, 0, 0, 0, 0])
-    )
+    torch.testing.assert_close(task.rewards(p, resp, kind="exact"), torch.tensor([1.0, 0, 0, 0, 0, 0]))
     with pytest.raises(ValueError, match=r"data\.reward='bogus'"):
         task.rewards(p, resp, kind="bogus")
     with pytest.raises(ValueError, match=r"data\.chain_length=0"):
@@ -140,8 +136,7 @@ def test_chain_steps_reward_credits_each_step_from_the_written_value():
     torch.testing.assert_close(task.rewards([p] * len(texts), resp, kind="steps"), expected)
     rev = ChainTask(num_digits=2, eval_size=1, eval_seed=0, chain_length=2, reverse_answer=True)
     torch.testing.assert_close(  # reversed digits: 22, 70 (= 07)
-        rev.rewards([p, p], _resp(rev, ["22,70", "22,07"]), kind="steps"),
-        torch.tensor([1.0, 0.5]),
+        rev.rewards([p, p], _resp(rev, ["22,70", "22,07"]), kind="steps"), torch.tensor([1.0, 0.5])
     )
     add = AdditionTask(num_digits=2, eval_size=1, eval_seed=0)
     with pytest.raises(ValueError, match=r"data\.reward='steps' is invalid for AdditionTask"):

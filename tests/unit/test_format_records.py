@@ -62,7 +62,4 @@ def test_the_offline_checks_torch_free_tables_agree_with_the_records(name):
     sent = get_format(name).refit_bytes(numel, shape, RefitConfig(format=name))
     # the table leaves out NVFP4's per-tensor fp32 scales (global, W4A4's input_scale)
     assert 0 <= sent - WEIGHT_BYTES[name] * numel <= 8
-    assert (NVFP4_BLOCK, MXFP8_BLOCK) == (
-        get_format("nvfp4_w4a4").block[1],
-        get_format("mxfp8").block[1],
-    )
+    assert (NVFP4_BLOCK, MXFP8_BLOCK) == (get_format("nvfp4_w4a4").block[1], get_format("mxfp8").block[1])

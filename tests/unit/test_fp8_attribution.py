@@ -17,18 +17,8 @@ import torch
 from tiny_models import tiny_lm, tiny_moe
 
 from nemo_ais.cli import main
-from nemo_ais.rollout.twin import (
-    RolloutPrecisionConfig,
-    RolloutTwin,
-    logprob_mismatch,
-    score_responses,
-)
-from nemo_ais.tools.attribution import (
-    Source,
-    attribute_mismatch,
-    attribution_markdown,
-    write_attribution,
-)
+from nemo_ais.rollout.twin import RolloutPrecisionConfig, RolloutTwin, logprob_mismatch, score_responses
+from nemo_ais.tools.attribution import Source, attribute_mismatch, attribution_markdown, write_attribution
 
 VOCAB = 128
 PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -140,18 +130,12 @@ def test_one_weight_alone_equals_a_twin_quantizing_only_that_module():
     config = RolloutPrecisionConfig(format="nvfp4_w4a16")
     att = _attribute(model, config)
     row = next(r for r in att.rows if r.sources == (Source("weights", 1, "mlp.down_proj"),))
-    only = RolloutPrecisionConfig(
-        format="nvfp4_w4a16", keep_patterns=[r"^(?!model\.layers\.1\.mlp\.down_proj$).*$"]
-    )
+    only = RolloutPrecisionConfig(format="nvfp4_w4a16", keep_patterns=[r"^(?!model\.layers\.1\.mlp\.down_proj$).*$"])
     twin = RolloutTwin(model, only)
     assert twin.quantized_module_names == ("model.layers.1.mlp.down_proj",)
-    out = RolloutTwin(model, config).generate(
-        ids, mask, max_new_tokens=10, generator=torch.Generator().manual_seed(0)
-    )
+    out = RolloutTwin(model, config).generate(ids, mask, max_new_tokens=10, generator=torch.Generator().manual_seed(0))
     expected = logprob_mismatch(
-        score_responses(model, ids, mask, out.response_ids),
-        twin.score(ids, mask, out.response_ids),
-        out.response_mask,
+        score_responses(model, ids, mask, out.response_ids), twin.score(ids, mask, out.response_ids), out.response_mask
     )
     assert row.alone == expected
 

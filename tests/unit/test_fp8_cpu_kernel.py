@@ -98,9 +98,7 @@ def test_e4m3_rounding_ties_go_to_even():
     mids = (codes[:-1] + codes[1:]) / 2  # exact in fp32
     x = torch.cat([mids, -mids, torch.tensor([448.0])])
     x = torch.nn.functional.pad(x, (0, 256 - x.numel())).view(2, 128)
-    _assert_same(
-        _kernel(x, family="multiplier", eps=0.0), _torch_path(x, family="multiplier", eps=0.0)
-    )
+    _assert_same(_kernel(x, family="multiplier", eps=0.0), _torch_path(x, family="multiplier", eps=0.0))
 
 
 def test_public_quantizer_uses_the_kernel_and_raises_on_nan(monkeypatch):
@@ -137,10 +135,7 @@ def test_switched_off_by_the_environment(monkeypatch):
     cpu_kernel.cache_clear()
     try:
         assert cpu_kernel_mod.cpu_kernel() is None
-        assert (
-            quant._quantize_fused(torch.ones(1, 4, 4), (128, 128), "reciprocal", 1e-4, False)
-            is None
-        )
+        assert quant._quantize_fused(torch.ones(1, 4, 4), (128, 128), "reciprocal", 1e-4, False) is None
     finally:
         monkeypatch.delenv("NEMO_AIS_CPU_KERNEL")
         cpu_kernel.cache_clear()
@@ -246,9 +241,7 @@ def test_mxfp4_kernel_nan_still_raises():
         quantize_mxfp4(x)
 
 
-@pytest.mark.parametrize(
-    ("fmt", "tiny"), [("mxfp8", 2.0**-149), ("mxfp8", 224 * 2.0**-149), ("mxfp4", 3 * 2.0**-149)]
-)
+@pytest.mark.parametrize(("fmt", "tiny"), [("mxfp8", 2.0**-149), ("mxfp8", 224 * 2.0**-149), ("mxfp4", 3 * 2.0**-149)])
 def test_mx_block_whose_ratio_underflows_gets_scale_byte_0(fmt, tiny, monkeypatch):
     # amax / element_max rounds to 0 in fp32: the block is below 2^-127, so E = -127 (the
     # float64 oracle's answer), in the kernel and in the PyTorch path alike
@@ -301,9 +294,7 @@ def test_a_live_build_is_waited_for_with_a_bound_and_a_message(tmp_path, monkeyp
     build_dir = _guard_dir(tmp_path, monkeypatch)
     os.makedirs(build_dir, exist_ok=True)
     guard = os.path.join(build_dir, cpu_kernel_mod._GUARD_FILE)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD, guard], stdout=subprocess.PIPE, text=True
-    )
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, guard], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         lock = os.path.join(build_dir, "lock")
@@ -366,9 +357,7 @@ def test_a_run_after_a_build_killed_midway_builds_and_finishes(tmp_path):
         os.killpg(first.pid, signal.SIGKILL)  # the build's ninja and compiler too
         first.wait()
     assert list((tmp_path / "ext").glob("*/lock")), "the killed build must leave its lock"
-    second = subprocess.run(
-        [sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True, timeout=600
-    )
+    second = subprocess.run([sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "left by an interrupted build" in second.stdout
     loaded = next(ln for ln in second.stdout.splitlines() if ln.startswith("LOADED"))
@@ -381,9 +370,7 @@ def test_a_run_after_a_build_killed_midway_builds_and_finishes(tmp_path):
     assert not list((tmp_path / "ext").glob("*/lock"))
     # another install of the same source (a wheel beside this checkout) shares the build
     other = tmp_path / "other"
-    shutil.copytree(
-        REPO_ROOT / "nemo_ais", other / "nemo_ais", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    shutil.copytree(REPO_ROOT / "nemo_ais", other / "nemo_ais", ignore=shutil.ignore_patterns("__pycache__"))
     so = next((tmp_path / "ext").glob("*/*.so"))
     built = so.stat().st_mtime_ns
     third = subprocess.run(
@@ -418,8 +405,7 @@ def _fake_activation_both(x, group, eps, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    ("shape", "group", "eps"),
-    [((300, 1024), 128, 1e-10), ((2, 7, 256), 128, 1e-4), ((5, 64), 32, 1e-10)],
+    ("shape", "group", "eps"), [((300, 1024), 128, 1e-10), ((2, 7, 256), 128, 1e-4), ((5, 64), 32, 1e-10)]
 )
 def test_activation_fake_quant_kernel_equals_the_torch_path(dtype, shape, group, eps, monkeypatch):
     # the twin's per-token FP8 activations: dequant(quant(x)) per 1 x group, "divide" family;

@@ -52,12 +52,7 @@ def test_quantize_blockwise_of_an_empty_tensor(shape, block, scale_shape, family
 def test_empty_blockwise_with_ue8m0_and_auto_backend(eps):
     # the "auto" backend takes the reference on CPU; UE8M0 and TE's eps = 0 rule alike
     q, s = quantize_blockwise(torch.empty(0, 7), eps=eps, ue8m0=True, backend="auto")
-    assert (tuple(q.shape), q.dtype, tuple(s.shape), s.dtype) == (
-        (0, 7),
-        FP8,
-        (0, 1),
-        torch.float32,
-    )
+    assert (tuple(q.shape), q.dtype, tuple(s.shape), s.dtype) == ((0, 7), FP8, (0, 1), torch.float32)
 
 
 def test_empty_slice_has_the_scale_rows_of_its_tiles():
@@ -110,16 +105,9 @@ def test_non_empty_results_are_unchanged_next_to_an_empty_batch():
 
 def test_refit_stream_yields_an_empty_projection():
     name = "model.layers.0.self_attn.q_proj.weight"
-    out = dict(
-        fp8_weight_stream([(name, torch.empty(0, 256, dtype=torch.bfloat16))], Fp8SyncConfig())
-    )
+    out = dict(fp8_weight_stream([(name, torch.empty(0, 256, dtype=torch.bfloat16))], Fp8SyncConfig()))
     q, s = out[name], out[name + "_scale_inv"]
-    assert (tuple(q.shape), q.dtype, tuple(s.shape), s.dtype) == (
-        (0, 256),
-        FP8,
-        (0, 2),
-        torch.float32,
-    )
+    assert (tuple(q.shape), q.dtype, tuple(s.shape), s.dtype) == ((0, 256), FP8, (0, 2), torch.float32)
 
 
 def test_fp8_linear_on_an_empty_batch():

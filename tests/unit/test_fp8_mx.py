@@ -11,12 +11,7 @@ import torch
 from block_format_oracles import mx_exponent, mxfp4_oracle, mxfp8_oracle
 from fp8_oracles import first_mismatch
 
-from nemo_ais.formats.mxfp4 import (
-    MXFP4Tensor,
-    dequantize_mxfp4,
-    quantize_mxfp4,
-    quantize_mxfp4_reference,
-)
+from nemo_ais.formats.mxfp4 import MXFP4Tensor, dequantize_mxfp4, quantize_mxfp4, quantize_mxfp4_reference
 from nemo_ais.formats.mxfp8 import MXFP8Tensor, fake_quantize_mxfp8, quantize_mxfp8_reference
 from nemo_ais.fp8 import dequantize_mxfp8, quantize_mxfp8  # the public names
 

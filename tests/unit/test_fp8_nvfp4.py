@@ -213,9 +213,7 @@ def test_global_scale_is_amax_over_2688_in_fp32():
     expected = np.float32(np.float64(np.float32(amax)) / 2688.0)  # one rounded division
     assert quantize_nvfp4(x).global_scale.item() == float(expected)
     assert quantize_nvfp4(x, amax=5376.0).global_scale.item() == 2.0
-    assert quantize_nvfp4(x).global_scale.shape == () and quantize_nvfp4(x).global_scale.dtype == (
-        torch.float32
-    )
+    assert quantize_nvfp4(x).global_scale.shape == () and quantize_nvfp4(x).global_scale.dtype == (torch.float32)
 
 
 def test_2d_tiles_share_one_scale_per_16x16():
@@ -353,9 +351,7 @@ def test_qwen_sized_round_trip_within_the_grid_bound(shape):
 def test_nemo_rl_marlin_scale_canonicalisation_leaves_our_scales_unchanged():
     # NeMo-RL v0.7.0 clears the E4M3 sign bit of `weight_scale` before Marlin's unsigned
     # conversion; our block scales are non-negative, so its real function is a no-op on them
-    from nemo_rl.modelopt.models.generation.vllm_modelopt_patch import (
-        _canonicalize_nvfp4_weight_scale,
-    )
+    from nemo_rl.modelopt.models.generation.vllm_modelopt_patch import _canonicalize_nvfp4_weight_scale
 
     q = quantize_nvfp4(_weight((64, 128), seed=13))
     layer = torch.nn.Module()

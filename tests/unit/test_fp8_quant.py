@@ -6,14 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fp8_oracles import (
-    TE_SHAPES,
-    decode_e4m3,
-    dequantize_oracle,
-    encode_e4m3,
-    first_mismatch,
-    quantize_oracle,
-)
+from fp8_oracles import TE_SHAPES, decode_e4m3, dequantize_oracle, encode_e4m3, first_mismatch, quantize_oracle
 
 from nemo_ais.formats.fp8_block import _saturate_
 from nemo_ais.fp8 import (
@@ -28,11 +21,7 @@ from nemo_ais.fp8 import (
 )
 
 FAMILIES = ("reciprocal", "divide", "multiplier")
-FAMILY_EPS = [
-    ("reciprocal", 1e-4),
-    ("divide", 1e-4),
-    ("multiplier", 0.0),
-]  # DeepGEMM/vLLM, vLLM act-style, TE
+FAMILY_EPS = [("reciprocal", 1e-4), ("divide", 1e-4), ("multiplier", 0.0)]  # DeepGEMM/vLLM, vLLM act-style, TE
 
 
 def _codes(q: torch.Tensor) -> np.ndarray:
@@ -57,9 +46,7 @@ def _assert_matches_oracle(x, block, family, eps, ue8m0=False):
     _assert_equal(_codes(q), codes, f"codes {tag}")
     _assert_equal(_bits(s), scales.view(np.int32), f"scale bits {tag}")
     deq = dequantize_blockwise(q, s, block)
-    _assert_equal(
-        _bits(deq), dequantize_oracle(codes, scales, block).view(np.int32), f"dequant {tag}"
-    )
+    _assert_equal(_bits(deq), dequantize_oracle(codes, scales, block).view(np.int32), f"dequant {tag}")
 
 
 def _weight(shape, dtype=torch.float32, seed=0):
@@ -116,11 +103,7 @@ def test_expert_stack_equals_per_expert():
         codes, scales = quantize_oracle(x[e].numpy(), (128, 128), "reciprocal", 1e-4)
         _assert_equal(_codes(q[e]), codes, f"expert {e} codes")
         _assert_equal(_bits(s[e]), scales.view(np.int32), f"expert {e} scales")
-    _assert_equal(
-        dequantize_blockwise(q, s)[1].numpy(),
-        dequantize_blockwise(q[1], s[1]).numpy(),
-        "3-D dequant",
-    )
+    _assert_equal(dequantize_blockwise(q, s)[1].numpy(), dequantize_blockwise(q[1], s[1]).numpy(), "3-D dequant")
 
 
 def _near_ties(n_blocks: int, seed: int) -> torch.Tensor:
@@ -152,9 +135,7 @@ def test_families_within_one_fp8_step():
             mags.append(np.where(c & 0x80, -(c & 0x7F), c & 0x7F))  # signed, monotone in value
         for i, j in [(0, 1), (0, 2), (1, 2)]:
             step = np.abs(mags[i] - mags[j])
-            assert step.max() <= 1, (
-                f"families {FAMILIES[i]} vs {FAMILIES[j]} differ by {step.max()} steps"
-            )
+            assert step.max() <= 1, f"families {FAMILIES[i]} vs {FAMILIES[j]} differ by {step.max()} steps"
     # near the rounding midpoints the three formulas are genuinely not bit-identical
     assert all((mags[0] != m).any() for m in mags[1:]), (
         "expected reciprocal/divide and reciprocal/multiplier to differ somewhere"
@@ -213,9 +194,7 @@ def test_ue8m0_family_c_rounds_multiplier_down():
 def test_non_finite_weight_raises_naming_tensor(bad):
     x = _weight((300, 130))
     x[257, 3] = bad
-    with pytest.raises(
-        ValueError, match=r"model\.layers\.3\.mlp\.up_proj\.weight: got 1 non-finite.*\(257, 3\)"
-    ):
+    with pytest.raises(ValueError, match=r"model\.layers\.3\.mlp\.up_proj\.weight: got 1 non-finite.*\(257, 3\)"):
         quantize_blockwise(x, name="model.layers.3.mlp.up_proj.weight")
     y = _weight((4, 256))
     y[2, 200] = bad
@@ -224,17 +203,14 @@ def test_non_finite_weight_raises_naming_tensor(bad):
 
 
 @pytest.mark.parametrize(
-    "quantize",
-    [quantize_blockwise, quantize_activations, quantize_mxfp8, quantize_mxfp4, quantize_nvfp4],
+    "quantize", [quantize_blockwise, quantize_activations, quantize_mxfp8, quantize_mxfp4, quantize_nvfp4]
 )
 def test_float64_beyond_float32_range_is_refused_by_name(quantize):
     # finite in float64, inf in the float32 the formats compute in: was an IndexError
     # (FP8), a NaN block scale (NVFP4) or a silent clamp to the format max (MX)
     x = torch.ones(2, 256, dtype=torch.float64)
     x[1, 37] = -1e39
-    with pytest.raises(
-        ValueError, match=r"w: got 1 non-finite or beyond float32 value\(s\) .*\(1, 37\): -1e\+39"
-    ):
+    with pytest.raises(ValueError, match=r"w: got 1 non-finite or beyond float32 value\(s\) .*\(1, 37\): -1e\+39"):
         quantize(x, name="w")
     x[1, 37] = 3e38  # within range: quantized
     quantize(x, name="w")
@@ -311,9 +287,7 @@ def test_activation_1d_and_group_size():
 
 def test_backend_selection_without_te_or_cuda():
     x = _weight((200, 300))
-    q, s = quantize_blockwise(
-        x, family="multiplier", eps=0.0, backend="auto"
-    )  # CPU: torch reference
+    q, s = quantize_blockwise(x, family="multiplier", eps=0.0, backend="auto")  # CPU: torch reference
     q_ref, s_ref = quantize_blockwise(x, family="multiplier", eps=0.0)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
     with pytest.raises(ValueError, match=r"w: backend='cuda' is invalid"):
@@ -337,9 +311,7 @@ def test_activations_spanning_several_bands_bit_exact():
     _assert_equal(_bits(s).reshape(3000, 3), scales.view(np.int32), "multi-band activation scales")
 
 
-@pytest.mark.parametrize(
-    ("old", "new"), [("a", "reciprocal"), ("b", "divide"), ("c", "multiplier")]
-)
+@pytest.mark.parametrize(("old", "new"), [("a", "reciprocal"), ("b", "divide"), ("c", "multiplier")])
 def test_former_family_letters_are_refused_naming_the_new_name(old, new):
     from nemo_ais.formats.fp8_block import FAMILY_FORMULAS, RENAMED_FAMILIES
     from nemo_ais.fp8 import Fp8SyncConfig

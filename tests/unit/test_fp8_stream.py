@@ -15,14 +15,7 @@ from skip_policy import NO_CUDA, TE_INSTALLED, TE_MODULE, require_te
 from nemo_ais.fp8 import quantize_blockwise
 from nemo_ais.refit.stream import Fp8SyncConfig, fp8_weight_stream, plan_fp8_sync, scale_name
 
-H, FF, Q, KV, V, L = (
-    256,
-    384,
-    256,
-    128,
-    512,
-    4,
-)  # hidden, intermediate, q out, kv out, vocab, layers
+H, FF, Q, KV, V, L = (256, 384, 256, 128, 512, 4)  # hidden, intermediate, q out, kv out, vocab, layers
 
 
 def _qwen2_shapes(n_layers: int = L) -> list[tuple[str, tuple[int, ...]]]:
@@ -133,9 +126,7 @@ def test_moe_router_kept_experts_quantized():
         for proj in ("gate_proj", "up_proj", "down_proj"):
             n = f"model.layers.0.mlp.experts.{e}.{proj}.weight"
             assert names[n].dtype == torch.float8_e4m3fn
-            assert names[n.replace(".weight", ".weight_scale_inv")].shape == (
-                (1, 2) if proj != "down_proj" else (2, 1)
-            )
+            assert names[n.replace(".weight", ".weight_scale_inv")].shape == ((1, 2) if proj != "down_proj" else (2, 1))
     assert names["model.layers.0.mlp.shared_expert.gate_proj.weight"].dtype == torch.float8_e4m3fn
     plan = plan_fp8_sync(_tensors(_moe_shapes()), Fp8SyncConfig())
     reasons = {e.name: e.reason for e in plan.entries}
@@ -154,9 +145,7 @@ def test_tp_divisibility_errors_name_tensor_shape_tp_and_dim():
         list(fp8_weight_stream(_tensors(_qwen2_shapes(1)), cfg))
     # down_proj [256, 384] is row-parallel: in dim 384 / 2 = 192
     shapes = [("model.layers.0.mlp.down_proj.weight", (H, FF))]
-    with pytest.raises(
-        ValueError, match=r"row-parallel in dim 1 of size 384 gives a per-rank shard of 192"
-    ):
+    with pytest.raises(ValueError, match=r"row-parallel in dim 1 of size 384 gives a per-rank shard of 192"):
         list(fp8_weight_stream(_tensors(shapes), cfg))
     # the dry run lists every failing tensor at once: k, v, gate, up, down
     with pytest.raises(ValueError, match=r"^5 tensor\(s\) fail the TP check") as info:
@@ -164,9 +153,7 @@ def test_tp_divisibility_errors_name_tensor_shape_tp_and_dim():
     assert str(info.value).count("tp_size=2") == 5
     # non-integer shard: 384 / 5
     with pytest.raises(ValueError, match=r"gate_proj.*shard of 76\.8"):
-        plan_fp8_sync(
-            _tensors([("model.layers.0.mlp.gate_proj.weight", (FF, H))]), Fp8SyncConfig(tp_size=5)
-        )
+        plan_fp8_sync(_tensors([("model.layers.0.mlp.gate_proj.weight", (FF, H))]), Fp8SyncConfig(tp_size=5))
 
 
 def test_tp_replicated_kv_heads_and_bf16_layers_are_not_checked():
@@ -180,8 +167,7 @@ def test_tp_replicated_kv_heads_and_bf16_layers_are_not_checked():
 
 
 @pytest.mark.parametrize(
-    "name",
-    ["model.layers.1.self_attn.o_proj.weight", "model.layers.1.post_attention_layernorm.weight"],
+    "name", ["model.layers.1.self_attn.o_proj.weight", "model.layers.1.post_attention_layernorm.weight"]
 )
 def test_nan_weight_raises_naming_tensor(name):
     tensors = _tensors(_qwen2_shapes(2))
@@ -202,12 +188,7 @@ def test_dry_run_report_content():
     plan = plan_fp8_sync(meta, Fp8SyncConfig())
     # bf16 = 2 bytes; fp8 = 1 byte + one fp32 scale per 128x128 tile
     assert [e.bytes_before for e in plan.entries] == [V * H * 2, Q * H * 2, H * FF * 2, H * 2]
-    assert [e.bytes_after for e in plan.entries] == [
-        V * H * 2,
-        Q * H + 2 * 2 * 4,
-        H * FF + 2 * 3 * 4,
-        H * 2,
-    ]
+    assert [e.bytes_after for e in plan.entries] == [V * H * 2, Q * H + 2 * 2 * 4, H * FF + 2 * 3 * 4, H * 2]
     assert plan.bytes_before == 262144 + 131072 + 196608 + 512
     assert plan.bytes_after == 262144 + 65552 + 98328 + 512
     text = str(plan)
@@ -215,19 +196,14 @@ def test_dry_run_report_content():
         "| model.layers.0.self_attn.q_proj.weight | [256, 256] | bfloat16 | quantize | linear projection (fp8) | 131072 | 65552 |"
         in text
     )
-    assert (
-        "| model.embed_tokens.weight | [512, 256] | bfloat16 | keep | embedding | 262144 | 262144 |"
-        in text
-    )
+    assert "| model.embed_tokens.weight | [512, 256] | bfloat16 | keep | embedding | 262144 | 262144 |" in text
     assert "2 of 4 tensors quantized; 590336 -> 426536 bytes (0.723x)" in text
 
 
 def test_disabled_passes_everything_through():
     tensors = _tensors(_qwen2_shapes(1))
     out = list(fp8_weight_stream(tensors, Fp8SyncConfig(enabled=False)))
-    assert len(out) == len(tensors) and all(
-        a is b for (_, a), (_, b) in zip(out, tensors, strict=True)
-    )
+    assert len(out) == len(tensors) and all(a is b for (_, a), (_, b) in zip(out, tensors, strict=True))
 
 
 def test_stream_holds_at_most_one_quantized_tensor():
@@ -250,9 +226,7 @@ def test_stream_holds_at_most_one_quantized_tensor():
         alive = [r() for r in refs]
         return [t.numel() * t.element_size() for t in alive if t is not None]
 
-    largest = max(
-        (s[0] * s[1] + (-(-s[0] // 128)) * (-(-s[1] // 128)) * 4) for _, s in shapes if len(s) == 2
-    )
+    largest = max((s[0] * s[1] + (-(-s[0] // 128)) * (-(-s[1] // 128)) * 4) for _, s in shapes if len(s) == 2)
     max_live_out, max_live_in, max_out_bytes = 0, 0, 0
     for _name, t in fp8_weight_stream(producer(), Fp8SyncConfig()):
         if t.dtype in (torch.float8_e4m3fn, torch.float32):
@@ -336,9 +310,7 @@ def test_auto_backend_without_te_is_the_torch_reference(backend_calls, family):
     out = dict(fp8_weight_stream(tensors, Fp8SyncConfig(family=family)))
     quantized = [n for n, _ in tensors if n.endswith("_proj.weight")]
     # the stream asks the backend switch once per quantized tensor, with its config ...
-    assert backend_calls["use_te"] == [
-        (n, "auto", family, (128, 128), "cpu", False) for n in quantized
-    ]
+    assert backend_calls["use_te"] == [(n, "auto", family, (128, 128), "cpu", False) for n in quantized]
     assert backend_calls["te"] == []  # ... and TE is absent: the torch reference runs
     for name, x in tensors:
         if name in quantized:
@@ -353,9 +325,7 @@ def test_te_backend_without_te_names_the_extra(backend_calls):
     stream = fp8_weight_stream(tensors, Fp8SyncConfig(backend="te", family="multiplier"))
     with pytest.raises(ImportError, match=r"pip install 'nemo-ais\[te\]'"):
         list(stream)
-    torch_only = list(
-        fp8_weight_stream(tensors, Fp8SyncConfig(backend="torch", family="multiplier"))
-    )
+    torch_only = list(fp8_weight_stream(tensors, Fp8SyncConfig(backend="torch", family="multiplier")))
     assert len(torch_only) == len(tensors) + 7
     assert backend_calls["use_te"] == [] and backend_calls["te"] == []  # never consulted
 

@@ -13,12 +13,7 @@ from block_format_oracles import mxfp8_oracle, nvfp4_oracle
 from pydantic import ValidationError
 
 from nemo_ais.fp8 import NVFP4Tensor, dequantize_nvfp4
-from nemo_ais.refit.stream import (
-    BlockSyncConfig,
-    BlockWeightStream,
-    block_weight_stream,
-    plan_block_sync,
-)
+from nemo_ais.refit.stream import BlockSyncConfig, BlockWeightStream, block_weight_stream, plan_block_sync
 
 H, FF, Q, KV, V = 64, 96, 64, 32, 100  # hidden, intermediate, q out, kv out, vocab
 P = "model.layers.{i}."
@@ -62,11 +57,7 @@ def _module(name: str) -> str:
 def _first_mismatch(got: torch.Tensor, want: np.ndarray) -> str:
     got = got.view(torch.uint8).numpy() if got.dtype != torch.uint8 else got.numpy()
     bad = np.argwhere(got != want)
-    return (
-        ""
-        if not len(bad)
-        else f"first mismatch at {tuple(bad[0])}: {got[tuple(bad[0])]} vs {want[tuple(bad[0])]}"
-    )
+    return "" if not len(bad) else f"first mismatch at {tuple(bad[0])}: {got[tuple(bad[0])]} vs {want[tuple(bad[0])]}"
 
 
 def test_nvfp4_names_dtypes_shapes_in_vllm_modelopt_layout():
@@ -82,9 +73,7 @@ def test_nvfp4_names_dtypes_shapes_in_vllm_modelopt_layout():
     assert got[down + ".weight"] == ((H, FF // 2), torch.uint8)
     assert got[down + ".weight_scale"] == ((H, FF // 16), torch.float8_e4m3fn)
     kept = [n for n, t in out if t.dtype == torch.bfloat16]
-    assert kept == [
-        n for n, _ in weights if not n.endswith("proj.weight")
-    ]  # embed, norms, bias, lm_head
+    assert kept == [n for n, _ in weights if not n.endswith("proj.weight")]  # embed, norms, bias, lm_head
     for name, tensor in weights:  # kept tensors pass through as the same object
         if name in kept:
             assert next(t for n, t in out if n == name) is tensor
@@ -96,22 +85,15 @@ def test_nvfp4_bits_equal_the_float64_oracle_with_the_fused_layers_amax():
     w = dict(weights)
     for i in range(2):
         for members in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
-            names = [
-                f"{P.format(i=i)}{'self_attn' if 'q' in members[0] else 'mlp'}.{m}.weight"
-                for m in members
-            ]
+            names = [f"{P.format(i=i)}{'self_attn' if 'q' in members[0] else 'mlp'}.{m}.weight" for m in members]
             group_amax = max(float(w[n].float().abs().max()) for n in names)
             scales_2 = {float(out[_module(n) + ".weight_scale_2"]) for n in names}
-            assert scales_2 == {
-                float(np.float32(group_amax) / np.float32(2688.0))
-            }  # equal over shards
+            assert scales_2 == {float(np.float32(group_amax) / np.float32(2688.0))}  # equal over shards
             for n in names:  # each shard: the ModelOpt rule with the group's amax, bit for bit
                 data, scale_bytes, _, deq = nvfp4_oracle(w[n].float().numpy(), amax=group_amax)
                 assert not _first_mismatch(out[n], data), n + _first_mismatch(out[n], data)
                 assert not _first_mismatch(out[_module(n) + ".weight_scale"], scale_bytes), n
-                q = NVFP4Tensor(
-                    out[n], out[_module(n) + ".weight_scale"], out[_module(n) + ".weight_scale_2"]
-                )
+                q = NVFP4Tensor(out[n], out[_module(n) + ".weight_scale"], out[_module(n) + ".weight_scale_2"])
                 assert np.array_equal(dequantize_nvfp4(q).numpy(), deq), n  # E2M1 x e4m3 x global
     o = P.format(i=0) + "self_attn.o_proj.weight"  # unfused: its own amax
     assert float(out[_module(o) + ".weight_scale_2"]) == float(
@@ -144,9 +126,7 @@ def test_w4a4_input_scale_is_the_groups_calibrated_amax_over_2688():
         scale = out[_module(name) + ".input_scale"]
         assert scale.dtype == torch.float32 and scale.shape == ()
         assert float(scale) == float(np.float32(a) / np.float32(2688.0)), proj
-    with pytest.raises(
-        ValueError, match=r"down_proj.weight: nvfp4_w4a4 needs the calibrated input amax"
-    ):
+    with pytest.raises(ValueError, match=r"down_proj.weight: nvfp4_w4a4 needs the calibrated input amax"):
         no_down = {k: v for k, v in amax.items() if "down" not in k}
         list(block_weight_stream(weights, BlockSyncConfig(format="nvfp4_w4a4"), input_amax=no_down))
 
@@ -189,9 +169,7 @@ def test_exclusions_first_last_layers_patterns_ignore_and_keywords():
     }
     # NeMo-RL's real_quant_ignore (fnmatch; its default keeps attention in BF16)
     assert quantized(ignore=("*self_attn*",)) == {n for n in every if ".mlp." in n}
-    assert quantized(ignore=("layers.0.mlp.*",)) == every - {
-        n for n in every if "layers.0.mlp" in n
-    }
+    assert quantized(ignore=("layers.0.mlp.*",)) == every - {n for n in every if "layers.0.mlp" in n}
     assert quantized(ignored_layer_kws=("down_proj",)) == {n for n in every if "down" not in n}
     assert quantized(keep_patterns=(r"layers\.3\.",)) == {n for n in every if ".layers.3." not in n}
     plan = plan_block_sync(weights, BlockSyncConfig(num_layers=4, ignore=("*self_attn*",)))
@@ -201,12 +179,8 @@ def test_exclusions_first_last_layers_patterns_ignore_and_keywords():
 
 
 def test_fused_siblings_must_agree_on_quantize_or_keep():
-    with pytest.raises(
-        ValueError, match=r"q_proj.weight is quantized but its fused siblings .*k_proj"
-    ):
-        list(
-            block_weight_stream(_weights(_layer(0)), BlockSyncConfig(ignored_layer_kws=("k_proj",)))
-        )
+    with pytest.raises(ValueError, match=r"q_proj.weight is quantized but its fused siblings .*k_proj"):
+        list(block_weight_stream(_weights(_layer(0)), BlockSyncConfig(ignored_layer_kws=("k_proj",))))
 
 
 def test_tp_shard_of_the_in_dim_must_be_a_multiple_of_the_block():
@@ -218,25 +192,19 @@ def test_tp_shard_of_the_in_dim_must_be_a_multiple_of_the_block():
     ):
         list(block_weight_stream(weights, BlockSyncConfig(tp_size=8)))
     with pytest.raises(
-        ValueError,
-        match=r"o_proj.weight: .*tp_size=4: .* shard of 16, expected a multiple of the 32 block",
+        ValueError, match=r"o_proj.weight: .*tp_size=4: .* shard of 16, expected a multiple of the 32 block"
     ):
         list(block_weight_stream(weights, BlockSyncConfig(format="mxfp8", tp_size=4)))
     list(block_weight_stream(weights, BlockSyncConfig(tp_size=2)))  # 64 / 2, 96 / 2: fine
     q = P.format(i=0) + "self_attn.q_proj.weight"
-    with pytest.raises(
-        ValueError,
-        match=r"q_proj.weight: .*column-parallel in dim 1 .* shard of 40, expected a mul",
-    ):
+    with pytest.raises(ValueError, match=r"q_proj.weight: .*column-parallel in dim 1 .* shard of 40, expected a mul"):
         list(block_weight_stream([(q, torch.ones(8, 40))], BlockSyncConfig()))
 
 
 def test_nan_weight_raises_naming_the_tensor():
     weights = _weights(_layer(0))
     weights[3][1][2, 5] = float("nan")  # k_proj
-    with pytest.raises(
-        ValueError, match=r"k_proj.weight: got 1 non-finite value\(s\) .*\(first at index \(2, 5\)"
-    ):
+    with pytest.raises(ValueError, match=r"k_proj.weight: got 1 non-finite value\(s\) .*\(first at index \(2, 5\)"):
         list(block_weight_stream(weights, BlockSyncConfig()))
 
 
@@ -253,17 +221,13 @@ def test_a_refit_in_chunks_equals_one_stream_even_when_buffers_are_reused():
     stream.close()
     assert [n for n, _ in got] == [n for n, _ in want]
     for (n, a), (_, b) in zip(got, want, strict=True):
-        assert torch.equal(
-            a.view(torch.uint8) if a.dim() else a, b.view(torch.uint8) if b.dim() else b
-        ), n
+        assert torch.equal(a.view(torch.uint8) if a.dim() else a, b.view(torch.uint8) if b.dim() else b), n
 
 
 def test_unfinished_and_interleaved_fused_layers_are_refused():
     weights = _weights(_layer(0))
     without_v = [(n, t) for n, t in weights if "v_proj" not in n]
-    with pytest.raises(
-        ValueError, match=r"self_attn.qkv_proj: got .*q_proj.weight.*missing .*v_proj.weight"
-    ):
+    with pytest.raises(ValueError, match=r"self_attn.qkv_proj: got .*q_proj.weight.*missing .*v_proj.weight"):
         list(block_weight_stream(without_v, BlockSyncConfig()))
     layers = _weights(_layer(0) + _layer(1) + _layer(2))
     q_of_each = [(n, t) for n, t in layers if "q_proj.weight" in n]

@@ -148,9 +148,7 @@ def test_fused_activation_fake_quant_is_bit_identical(dtype):
     assert torch.equal(got, ref), (got - ref).abs().max()
     bad = x.clone()
     bad[2, 1, 7] = float("nan")
-    with pytest.raises(
-        ValueError, match=r"x: got 1 non-finite value\(s\).*first at index \(2, 1, 7\)"
-    ):
+    with pytest.raises(ValueError, match=r"x: got 1 non-finite value\(s\).*first at index \(2, 1, 7\)"):
         _fake_quant_groups_divide(bad, 128, 1e-10, "x")
 
 
@@ -201,9 +199,7 @@ def test_bf16_kept_modules_are_bit_identical(qwen):
 
 
 def test_bf16_layer_counts_validated(qwen):
-    with pytest.raises(
-        ValueError, match="num_first_layers_in_bf16=2 \\+ num_last_layers_in_bf16=2"
-    ):
+    with pytest.raises(ValueError, match="num_first_layers_in_bf16=2 \\+ num_last_layers_in_bf16=2"):
         Fp8Twin(qwen, Fp8RolloutConfig(num_first_layers_in_bf16=2, num_last_layers_in_bf16=2))
 
 
@@ -225,9 +221,7 @@ def test_config_validation():
     x = torch.randn(4, 128)
     x[1] = 0.0
     for eps in (0.0, 1e-35):  # the bound and the zero group's own rule: finite
-        lin = Fp8Linear(
-            torch.randn(64, 128), activation_eps=Fp8RolloutConfig(activation_eps=eps).activation_eps
-        )
+        lin = Fp8Linear(torch.randn(64, 128), activation_eps=Fp8RolloutConfig(activation_eps=eps).activation_eps)
         assert torch.isfinite(lin(x)).all()
     cfg = Fp8RolloutConfig()
     with pytest.raises(ValidationError, match="frozen"):
@@ -253,9 +247,7 @@ def test_w8a8_mismatch_is_nonzero_and_bounded(qwen):
     # scoring under the twin sees the same engine (up to FP8 rounding flips caused by
     # the different fp32 summation order of a full forward vs the incremental one)
     twin_scored = twin.score(ids, mask, out.response_ids)
-    assert logprob_mismatch(twin_scored, out.logprobs, out.response_mask).mean_abs_delta < (
-        stats.mean_abs_delta / 2
-    )
+    assert logprob_mismatch(twin_scored, out.logprobs, out.response_mask).mean_abs_delta < (stats.mean_abs_delta / 2)
 
 
 def test_logprob_mismatch_hand_worked():
@@ -310,10 +302,7 @@ def test_sync_weights_requantizes_and_is_idempotent():
 
 
 def _fp8_state(twin):
-    return {
-        k: v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v
-        for k, v in twin.model.state_dict().items()
-    }
+    return {k: v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v for k, v in twin.model.state_dict().items()}
 
 
 def test_sync_weights_from_the_vllm_refit_stream():
@@ -372,9 +361,7 @@ def test_sync_weights_rejects_bad_tensors(qwen):
         twin.sync_weights({"model.layers.0.foo.weight": torch.zeros(1)})
     bad = qwen.model.layers[0].mlp.up_proj.weight.detach().clone()
     bad[1, 2] = float("inf")
-    with pytest.raises(
-        ValueError, match=r"sync_weights: model\.layers\.0\.mlp\.up_proj\.weight: got 1 non-finite"
-    ):
+    with pytest.raises(ValueError, match=r"sync_weights: model\.layers\.0\.mlp\.up_proj\.weight: got 1 non-finite"):
         twin.sync_weights([("model.layers.0.mlp.up_proj.weight", bad)])
     with pytest.raises(ValueError, match=r"model.norm.weight got \[3\], expected \[128\]"):
         twin.sync_weights([("model.norm.weight", torch.ones(3))])
@@ -402,11 +389,7 @@ def _kv_scale_oracle(model, ids, mask, percentile=99.9, margin=1.05):
         h.remove()
     scales = [
         [
-            float(
-                torch.quantile(
-                    seen[(i, kind)][mask.bool()].abs().double().flatten(), percentile / 100
-                )
-            )
+            float(torch.quantile(seen[(i, kind)][mask.bool()].abs().double().flatten(), percentile / 100))
             * margin
             / E4M3_MAX
             for kind in ("k", "v")
@@ -429,17 +412,13 @@ def test_fp8_kv_cache_scales_and_mismatch(qwen):
     oracle = _kv_scale_oracle(w8a8.model, ids, mask, percentile=100.0)
     torch.testing.assert_close(scales, oracle, rtol=1e-6, atol=0)
     # the element rule: P99.9 of the same outputs
-    element = Fp8Twin(
-        qwen, Fp8RolloutConfig(kv_cache_fp8=True, kv_calibration_reduction="element_percentile")
-    )
+    element = Fp8Twin(qwen, Fp8RolloutConfig(kv_cache_fp8=True, kv_calibration_reduction="element_percentile"))
     got = element.calibrate_kv_scales(ids, mask).scale[:, 1:]
     torch.testing.assert_close(got, _kv_scale_oracle(w8a8.model, ids, mask), rtol=1e-6, atol=0)
     # trainer-side calibration (NeMo-RL): observe the fp32 model instead
     trainer_side = Fp8Twin(qwen, Fp8RolloutConfig(kv_cache_fp8=True))
     got = trainer_side.calibrate_kv_scales(ids, mask, model=qwen).scale[:, 1:]
-    torch.testing.assert_close(
-        got, _kv_scale_oracle(qwen, ids, mask, percentile=100.0), rtol=1e-6, atol=0
-    )
+    torch.testing.assert_close(got, _kv_scale_oracle(qwen, ids, mask, percentile=100.0), rtol=1e-6, atol=0)
 
     out = w8a8.generate(ids, mask, max_new_tokens=16, generator=_gen(0))
     ref = score_responses(qwen, ids, mask, out.response_ids)
@@ -478,8 +457,7 @@ def test_kv_cache_counts_the_elements_it_saturates(qwen, kv_cache):
     frac = {}
     for rule in ("percentile_of_amax", "element_percentile"):
         twin = RolloutTwin(
-            qwen,
-            RolloutPrecisionConfig(format="bf16", kv_cache=kv_cache, kv_calibration_reduction=rule),
+            qwen, RolloutPrecisionConfig(format="bf16", kv_cache=kv_cache, kv_calibration_reduction=rule)
         )
         assert twin.kv_saturation is None
         out = twin.generate(ids, mask, max_new_tokens=4, generator=_gen(0))
@@ -492,9 +470,7 @@ def test_kv_cache_counts_the_elements_it_saturates(qwen, kv_cache):
         for kind in "kv":
             xs = [(layer, x) for layer, which, x in seen if which == kind]
             col = "qkv".index(kind)
-            over = sum(
-                int(((x.float() / counted.scale[layer, col]).abs() > 448).sum()) for layer, x in xs
-            )
+            over = sum(int(((x.float() / counted.scale[layer, col]).abs() > 448).sum()) for layer, x in xs)
             assert counted.fractions()[kind] == over / sum(x.numel() for _, x in xs)
         frac[rule] = counted.metrics()
         assert set(frac[rule]) == {"kv_cache/saturated_frac_k", "kv_cache/saturated_frac_v"}
@@ -564,9 +540,7 @@ def test_the_growing_kv_cache_generates_what_hf_dynamic_cache_does(qwen, kind):
 
     model = qwen if kind == "gqa" else _shipped_attention()
     ids, mask = _prompts(length=12)
-    hf = generate(
-        model, ids, mask, max_new_tokens=60, generator=_gen(3), past_key_values=DynamicCache()
-    )
+    hf = generate(model, ids, mask, max_new_tokens=60, generator=_gen(3), past_key_values=DynamicCache())
     cache = GrowingKVCache()
     ours = generate(model, ids, mask, max_new_tokens=60, generator=_gen(3), past_key_values=cache)
     assert all(torch.equal(x, y) for x, y in zip(hf, ours, strict=True))  # every bit
@@ -628,9 +602,7 @@ def test_exponential_race_samples_the_softmax():
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5])
     model = _ScriptedLM([logits] * 1)
     ids = torch.zeros(4000, 1, dtype=torch.long)
-    out = generate(
-        model, ids, torch.ones_like(ids), max_new_tokens=1, temperature=1.5, generator=_gen(0)
-    )
+    out = generate(model, ids, torch.ones_like(ids), max_new_tokens=1, temperature=1.5, generator=_gen(0))
     freq = torch.bincount(out.response_ids[:, 0], minlength=5).double() / 4000
     p = torch.softmax(logits.double() / 1.5, -1)
     # 4 sigma of a binomial proportion at n = 4000
@@ -646,9 +618,7 @@ class _ScriptedLM(torch.nn.Module):
         self.script = script
         self.calls = 0
 
-    def forward(
-        self, input_ids, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep
-    ):
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep):
         step = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
         b = input_ids.shape[0]
@@ -669,14 +639,7 @@ def test_eos_and_response_mask_hand_built():
     ids = torch.tensor([[0, 7, 8], [6, 7, 8], [0, 0, 8]])
     mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
     out = generate(
-        _ScriptedLM(script),
-        ids,
-        mask,
-        max_new_tokens=4,
-        top_k=1,
-        eos_token_id=4,
-        pad_token_id=0,
-        generator=_gen(0),
+        _ScriptedLM(script), ids, mask, max_new_tokens=4, top_k=1, eos_token_id=4, pad_token_id=0, generator=_gen(0)
     )
     assert out.response_ids.tolist() == [[1, 4, 0, 0], [2, 2, 4, 0], [3, 3, 3, 3]]
     assert out.response_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
@@ -691,9 +654,7 @@ def test_generation_stops_when_all_rows_end():
     script = [torch.tensor([0.0, 0.0, 0.0, 0.0, 20.0])]  # EOS first, every row
     lm = _ScriptedLM(script)
     ids = torch.ones(2, 2, dtype=torch.long)
-    out = generate(
-        lm, ids, torch.ones_like(ids), max_new_tokens=5, top_k=1, eos_token_id=4, pad_token_id=1
-    )
+    out = generate(lm, ids, torch.ones_like(ids), max_new_tokens=5, top_k=1, eos_token_id=4, pad_token_id=1)
     assert lm.calls == 1
     assert out.response_ids.tolist() == [[4, 1, 1, 1, 1]] * 2
     assert out.response_mask.tolist() == [[1, 0, 0, 0, 0]] * 2
@@ -707,13 +668,7 @@ def test_left_padding_equals_unpadded(qwen):
         batch = generate(engine, ids, mask, max_new_tokens=8, top_k=1)
         for row in (1, 2):
             start = int((mask[row] == 0).sum())
-            alone = generate(
-                engine,
-                ids[row : row + 1, start:],
-                mask[row : row + 1, start:],
-                max_new_tokens=8,
-                top_k=1,
-            )
+            alone = generate(engine, ids[row : row + 1, start:], mask[row : row + 1, start:], max_new_tokens=8, top_k=1)
             assert torch.equal(alone.response_ids[0], batch.response_ids[row])
             # fp32 with different batch shapes: only the GEMM summation order differs.
             # Under W8A8 a last-bit difference can flip one activation's FP8 rounding
@@ -773,9 +728,7 @@ def test_moe_experts_w8a8_against_per_token_reference():
     twin = Fp8Twin(model, Fp8RolloutConfig())
     assert "model.layers.1.mlp.experts" in twin.fp8_module_names
     assert "model.layers.1.mlp.gate" not in twin.fp8_module_names  # router stays
-    assert torch.equal(
-        twin.model.model.layers[1].mlp.gate.weight, model.model.layers[1].mlp.gate.weight
-    )
+    assert torch.equal(twin.model.model.layers[1].mlp.gate.weight, model.model.layers[1].mlp.gate.weight)
     fp8 = twin.model.model.layers[1].mlp.experts
     assert isinstance(fp8, Fp8Experts)
     src = model.model.layers[1].mlp.experts
@@ -821,9 +774,7 @@ def test_moe_twin_sync_and_mismatch():
     for e, linear in enumerate(twin.model.model.layers[0].mlp.experts.down_proj):
         assert torch.equal(linear.weight.view(torch.uint8), q[e].view(torch.uint8))
         assert torch.equal(linear.weight_scale_inv, s[e])
-    with pytest.raises(
-        ValueError, match=r"experts\.down_proj: got \[128, 128\], expected \[4, N, K\]"
-    ):
+    with pytest.raises(ValueError, match=r"experts\.down_proj: got \[128, 128\], expected \[4, N, K\]"):
         twin.sync_weights({name: new[0]})
 
 

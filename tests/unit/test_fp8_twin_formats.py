@@ -20,12 +20,7 @@ from tiny_models import tiny_lm, tiny_moe
 from nemo_ais.config import validate_section
 from nemo_ais.formats.nvfp4 import fake_quantize_nvfp4
 from nemo_ais.refit.config import RENAMED_KEYS, RefitConfig, WeightFormatFields
-from nemo_ais.rollout.fake_quant import (
-    LINEAR_FAKE_QUANT,
-    fused_shard_group,
-    shared_weight_amax,
-    straight_through,
-)
+from nemo_ais.rollout.fake_quant import LINEAR_FAKE_QUANT, fused_shard_group, shared_weight_amax, straight_through
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
 from nemo_ais.rollout.linear import Fp8Linear, QuantExperts, QuantLinear
 from nemo_ais.rollout.twin import (
@@ -45,11 +40,7 @@ PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pr
 
 def _tiny(layers=3, hidden=128, seed=0):
     return tiny_lm(
-        seed=seed,
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        max_position_embeddings=128,
+        seed=seed, vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, max_position_embeddings=128
     )
 
 
@@ -111,34 +102,18 @@ def test_weight_format_knobs_have_one_name_in_the_twin_and_the_refit(old):
     refit = RefitConfig(format="fp8", block=(64, 32), family="divide", eps=0.5)
     assert twin.weight_block == refit.weight_block == (64, 32)
     assert (twin.family, twin.eps) == (refit.family, refit.eps)
-    assert (
-        RolloutPrecisionConfig(format="mxfp8").weight_block
-        == RefitConfig(format="mxfp8").weight_block
-    )
+    assert RolloutPrecisionConfig(format="mxfp8").weight_block == RefitConfig(format="mxfp8").weight_block
 
 
 def test_former_fp8_keys_translate():
     assert Fp8RolloutConfig().format == "fp8" and Fp8RolloutConfig().kv_cache == "bf16"
     on = Fp8RolloutConfig(kv_cache_fp8=True, ue8m0=True)
-    assert (on.format, on.kv_cache, on.ue8m0, on.kv_cache_fp8, on.enabled) == (
-        "fp8",
-        "fp8",
-        True,
-        True,
-        True,
-    )
+    assert (on.format, on.kv_cache, on.ue8m0, on.kv_cache_fp8, on.enabled) == ("fp8", "fp8", True, True, True)
     off = Fp8RolloutConfig(enabled=False, kv_cache_fp8=True, compute_dtype="bfloat16")
-    assert (off.format, off.kv_cache, off.compute_dtype, off.enabled) == (
-        "bf16",
-        "bf16",
-        None,
-        False,
-    )
+    assert (off.format, off.kv_cache, off.compute_dtype, off.enabled) == ("bf16", "bf16", None, False)
     assert isinstance(off, RolloutPrecisionConfig)
     assert Fp8RolloutConfig(**off.model_dump()) == off  # round trip through the new keys
-    with pytest.raises(
-        ValueError, match=r"rollout\.fp8\.enabled .* cannot be combined with format"
-    ):
+    with pytest.raises(ValueError, match=r"rollout\.fp8\.enabled .* cannot be combined with format"):
         validate_section(Fp8RolloutConfig, {"enabled": False, "format": "fp8"}, "rollout.fp8")
     with pytest.raises(ValueError, match=r"kv_cache_fp8='yes' is invalid"):
         Fp8RolloutConfig(kv_cache_fp8="yes")
@@ -150,8 +125,7 @@ def test_former_fp8_keys_translate():
 
 
 @pytest.mark.parametrize(
-    "config",
-    [RolloutPrecisionConfig(format="bf16"), Fp8RolloutConfig(enabled=False, kv_cache_fp8=True)],
+    "config", [RolloutPrecisionConfig(format="bf16"), Fp8RolloutConfig(enabled=False, kv_cache_fp8=True)]
 )
 def test_bf16_arm_is_bit_identical(qwen, config):
     twin = RolloutTwin(qwen, config)
@@ -184,18 +158,11 @@ def test_exclusions_match_nemo_rl_ignore_patterns(qwen):
     from nemo_rl.modelopt.utils import DEFAULT_NVFP4_IGNORE, matches_quant_ignore_pattern
 
     twin = RolloutTwin(qwen, RolloutPrecisionConfig(format="nvfp4_w4a16", attention_in_bf16=True))
-    decoder_linears = [
-        n for n, m in qwen.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n
-    ]
-    upstream = [
-        n for n in decoder_linears if not matches_quant_ignore_pattern(n, DEFAULT_NVFP4_IGNORE)
-    ]
+    decoder_linears = [n for n, m in qwen.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n]
+    upstream = [n for n in decoder_linears if not matches_quant_ignore_pattern(n, DEFAULT_NVFP4_IGNORE)]
     assert list(twin.quantized_module_names) == upstream
     cfg = RolloutPrecisionConfig(
-        format="mxfp8",
-        num_first_layers_in_bf16=1,
-        num_last_layers_in_bf16=1,
-        keep_patterns=(r"mlp\.down_proj$",),
+        format="mxfp8", num_first_layers_in_bf16=1, num_last_layers_in_bf16=1, keep_patterns=(r"mlp\.down_proj$",)
     )
     names = RolloutTwin(qwen, cfg).quantized_module_names
     assert names == tuple(f"model.layers.1.{b}.{p}" for b, p in _blocks() if p != "down_proj")
@@ -250,12 +217,8 @@ def test_nvfp4_fused_shards_share_one_global_amax(qwen):
     tl = twin.model.model.layers[1]
     assert [float(getattr(tl.self_attn, p).weight_amax) for p in PROJ[:3]] == [qkv] * 3
     assert [float(getattr(tl.mlp, p).weight_amax) for p in PROJ[4:6]] == [gate_up] * 2
-    assert float(tl.mlp.down_proj.weight_amax) == float(
-        layer.mlp.down_proj.weight.detach().abs().max()
-    )
-    assert fused_shard_group("model.layers.1.self_attn.v_proj.weight") == (
-        "model.layers.1.self_attn.qkv_proj"
-    )
+    assert float(tl.mlp.down_proj.weight_amax) == float(layer.mlp.down_proj.weight.detach().abs().max())
+    assert fused_shard_group("model.layers.1.self_attn.v_proj.weight") == ("model.layers.1.self_attn.qkv_proj")
     # refit: a partial fused group is refused; the whole model re-quantizes like a fresh twin
     name = "model.layers.1.self_attn.q_proj.weight"
     with pytest.raises(ValueError, match=r"k_proj\.weight, .*v_proj\.weight missing"):
@@ -283,10 +246,7 @@ def test_w4a4_input_amax_is_the_max_over_valid_tokens(qwen):
 
         return record
 
-    handles = [
-        qwen.get_submodule(n).register_forward_pre_hook(hook(n))
-        for n in twin.quantized_module_names
-    ]
+    handles = [qwen.get_submodule(n).register_forward_pre_hook(hook(n)) for n in twin.quantized_module_names]
     with torch.no_grad():
         qwen(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0))
     for h in handles:
@@ -300,9 +260,7 @@ def test_w4a4_input_amax_is_the_max_over_valid_tokens(qwen):
     engine = twin.input_amax
     assert all(a is not None and float(a) > 0 for a in engine.values())
     # the first layer's q/k/v input is the same normed embedding on both sides
-    assert (
-        float(engine["model.layers.0.self_attn.q_proj"]) == seen["model.layers.0.self_attn.q_proj"]
-    )
+    assert float(engine["model.layers.0.self_attn.q_proj"]) == seen["model.layers.0.self_attn.q_proj"]
 
 
 # --------------------------------------------------------------------------------------

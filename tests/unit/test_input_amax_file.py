@@ -184,9 +184,7 @@ def test_refit_stream_input_scale_from_file(checkpoint, written, tmp_path):
     path = tmp_path / "amax.json"
     path.write_text(json.dumps(written))
     config = BlockSyncConfig(format="nvfp4_w4a4", input_amax_file=str(path))
-    out = dict(
-        block_weight_stream(model.state_dict().items(), config, input_amax=_input_amax(config))
-    )
+    out = dict(block_weight_stream(model.state_dict().items(), config, input_amax=_input_amax(config)))
     fused = {"q_proj": ("q_proj", "k_proj", "v_proj"), "gate_proj": ("gate_proj", "up_proj")}
     fused |= {"k_proj": fused["q_proj"], "v_proj": fused["q_proj"], "up_proj": fused["gate_proj"]}
     n_checked = 0
@@ -195,9 +193,7 @@ def test_refit_stream_input_scale_from_file(checkpoint, written, tmp_path):
             prefix = f"model.layers.{i}.{blk}."
             members = fused.get(proj, (proj,))
             amax = max(written[prefix + p] for p in members)  # fused: max over the shards
-            expected = torch.tensor(amax, dtype=torch.float32) / torch.tensor(
-                6 * 448, dtype=torch.float32
-            )
+            expected = torch.tensor(amax, dtype=torch.float32) / torch.tensor(6 * 448, dtype=torch.float32)
             got = out[f"{prefix}{proj}.input_scale"]
             assert got.dtype == torch.float32 and got.shape == ()
             assert torch.equal(got, expected), (prefix + proj, got.item(), expected.item())

@@ -92,9 +92,7 @@ def _offline_kept() -> set[str]:
     return {m for m in MODULES if keeps(int(m.split(".")[2]), m)}
 
 
-@pytest.mark.parametrize(
-    "consumer", [_twin_kept, _stream_kept, _patch_kept, _offline_kept], ids=lambda f: f.__name__
-)
+@pytest.mark.parametrize("consumer", [_twin_kept, _stream_kept, _patch_kept, _offline_kept], ids=lambda f: f.__name__)
 def test_every_consumer_keeps_exactly_the_same_layers(consumer):
     kept = consumer()
     assert kept == KEPT, f"kept {sorted(kept - KEPT)} wrongly, quantized {sorted(KEPT - kept)}"
@@ -113,8 +111,7 @@ def test_a_prefix_is_not_a_match():
 
 
 @pytest.mark.parametrize(
-    ("fmt", "scale_name"),
-    [*((f, None) for f in sorted(REFIT_FORMATS)), ("mxfp8", "weight_scale_from_checkpoint")],
+    ("fmt", "scale_name"), [*((f, None) for f in sorted(REFIT_FORMATS)), ("mxfp8", "weight_scale_from_checkpoint")]
 )
 def test_every_refit_tensor_of_a_linear_is_judged_as_its_module(fmt, scale_name):
     # A scale tensor the rule did not strip would be judged by its own last name part:
@@ -125,9 +122,7 @@ def test_every_refit_tensor_of_a_linear_is_judged_as_its_module(fmt, scale_name)
     for module in MODULES:
         amax = w.abs().amax().float() if fmt.startswith("nvfp4") else None
         scale = torch.ones((), dtype=torch.float32) if fmt == "nvfp4_w4a4" else None
-        pairs = get_format(fmt).refit_pairs(
-            f"{module}.weight", w, config, weight_amax=amax, input_scale=scale
-        )
+        pairs = get_format(fmt).refit_pairs(f"{module}.weight", w, config, weight_amax=amax, input_scale=scale)
         assert len(pairs) >= 2
         for name, _ in pairs:
             assert module_name(name) == module, name
@@ -148,6 +143,4 @@ def test_the_engines_bf16_tensors_are_checked_as_the_streams_own(fmt, check):
         with pytest.raises(ValueError, match=r"lm_head\.weight: got 64 non-finite"):
             list(RefitStream(RefitConfig(format=fmt)).push(*pairs[0]))
     else:
-        assert [n for n, _ in vllm_refit.engine_pairs(pairs, lambda name: False, stream)] == [
-            "lm_head.weight"
-        ]
+        assert [n for n, _ in vllm_refit.engine_pairs(pairs, lambda name: False, stream)] == ["lm_head.weight"]

@@ -71,9 +71,9 @@ def test_the_cache_writes_what_it_wrote_before_the_records(dtype):
     s = scales.scale
     before = {  # (x, layer, column) -> the former QuantizedKVCache._round_trip
         "fp8": lambda x, i, j: fake_quant_kv_fp8(x, s[:, j].to(torch.float32)[i]),
-        "nvfp4": lambda x, i, j: fake_quantize_nvfp4(
-            x, (s[:, j] * E4M3_MAX).to(torch.float32)[i], name="x"
-        ).to(x.dtype),
+        "nvfp4": lambda x, i, j: fake_quantize_nvfp4(x, (s[:, j] * E4M3_MAX).to(torch.float32)[i], name="x").to(
+            x.dtype
+        ),
     }
     for kind in KV_FORMATS:
         cache = QuantizedKVCache(kind, scales)
@@ -85,8 +85,7 @@ def test_the_cache_writes_what_it_wrote_before_the_records(dtype):
 
 def test_head_dim_and_unknown_format_errors_name_the_field():
     with pytest.raises(
-        ValueError,
-        match=r"RolloutTwin: kv_cache='nvfp4' needs a head dim that is a multiple of 16, got 20",
+        ValueError, match=r"RolloutTwin: kv_cache='nvfp4' needs a head dim that is a multiple of 16, got 20"
     ):
         get_kv_format("nvfp4").check_head_dim(20, "RolloutTwin")
     get_kv_format("fp8").check_head_dim(20, "RolloutTwin")  # per-tensor: any head dim
@@ -94,8 +93,7 @@ def test_head_dim_and_unknown_format_errors_name_the_field():
     with pytest.raises(ValueError, match=r"layer 0 K of the KV cache: kv_cache='nvfp4' .* got 20"):
         cache.update(torch.zeros(1, 1, 2, 20), torch.zeros(1, 1, 2, 20), 0)
     with pytest.raises(
-        ValueError,
-        match=r"kv_cache='bf16' is not a quantized KV-cache format: expected 'fp8' or 'nvfp4'",
+        ValueError, match=r"kv_cache='bf16' is not a quantized KV-cache format: expected 'fp8' or 'nvfp4'"
     ):
         QuantizedKVCache("bf16", _scales())
 

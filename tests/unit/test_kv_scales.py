@@ -117,9 +117,7 @@ def test_element_rule_clips_what_the_default_keeps():
     assert scales["percentile_of_amax"].amax[0, 1].item() == 50.0
     # P99.9 at position 0.999 * 9999 = 9989.001: between the last 1 and the first 50
     assert scales["element_percentile"].amax[0, 1].item() == pytest.approx(1.049, rel=1e-9)
-    assert kv_saturation_metrics(scales["percentile_of_amax"])[
-        "kv_cache/peak_over_range_k"
-    ] == pytest.approx(1 / 1.05)
+    assert kv_saturation_metrics(scales["percentile_of_amax"])["kv_cache/peak_over_range_k"] == pytest.approx(1 / 1.05)
     counter = KVSaturationCounter(scales["element_percentile"])
     counter.observe(0, "k", x)
     assert counter.fractions() == {"k": 10 / 10000}  # every outlier saturates
@@ -165,9 +163,7 @@ def test_element_rule_max_over_observations_and_scale_formula():
 
 
 def test_custom_percentile_margin_and_kv_only():
-    cfg = KVScaleConfig(
-        reduction="element_percentile", percentile=50.0, margin=2.0, include_q=False
-    )
+    cfg = KVScaleConfig(reduction="element_percentile", percentile=50.0, margin=2.0, include_q=False)
     cal = KVScaleCalibrator(1, cfg)
     cal.observe(0, "k", torch.arange(11.0))  # median 5
     cal.observe(0, "v", torch.arange(5.0))  # median 2
@@ -182,8 +178,7 @@ def test_missing_and_nonfinite_observations_raise():
     cal = KVScaleCalibrator(2)
     cal.observe(0, "k", torch.ones(3))
     with pytest.raises(
-        ValueError,
-        match=r"no activations observed for 5 layer/kind pair\(s\) \(layer 0 q, layer 0 v, layer 1 q",
+        ValueError, match=r"no activations observed for 5 layer/kind pair\(s\) \(layer 0 q, layer 0 v, layer 1 q"
     ):
         cal.compute_scales()
     for config in (KVScaleConfig(), ELEMENT):
@@ -193,16 +188,13 @@ def test_missing_and_nonfinite_observations_raise():
         cal.observe(0, "v", torch.tensor([1.0, float("nan")]))
         cal.observe(0, "k", torch.tensor([float("-inf")]))
         with pytest.raises(
-            ValueError,
-            match=r"non-finite activations in 2 layer/kind pair\(s\) \(layer 0 k, layer 0 v\)",
+            ValueError, match=r"non-finite activations in 2 layer/kind pair\(s\) \(layer 0 k, layer 0 v\)"
         ):
             cal.compute_scales()
     for config in (KVScaleConfig(), ELEMENT):  # finite in float64, inf as a float32 scale
         cal = KVScaleCalibrator(1, config)
         for kind in "qkv":
-            cal.observe(
-                0, kind, torch.tensor([1.0, 1e300 if kind == "k" else 2.0], dtype=torch.float64)
-            )
+            cal.observe(0, kind, torch.tensor([1.0, 1e300 if kind == "k" else 2.0], dtype=torch.float64))
         with pytest.raises(ValueError, match=r"non-finite activations in 1 .*\(layer 0 k\)"):
             cal.compute_scales()
     with pytest.raises(ValueError, match=r"layer=2 kind='k' is invalid"):
@@ -214,11 +206,7 @@ def test_missing_and_nonfinite_observations_raise():
 class _Attn(nn.Module):
     def __init__(self, d: int) -> None:
         super().__init__()
-        self.q_proj, self.k_proj, self.v_proj = (
-            nn.Linear(d, d),
-            nn.Linear(d, d // 2),
-            nn.Linear(d, d // 2),
-        )
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, d), nn.Linear(d, d // 2), nn.Linear(d, d // 2))
         self.o_proj = nn.Linear(d, d)
 
     def forward(self, h):
@@ -275,9 +263,7 @@ def test_hooks_record_projection_outputs_with_token_mask():
         attn = model.model.layers[1].self_attn
         for j, proj in enumerate((attn.q_proj, attn.k_proj, attn.v_proj)):
             valid = proj(h1)[mask.bool()].abs().double().numpy()
-            assert cal.local_amax()[1, j].item() == pytest.approx(
-                np.percentile(valid, 99.0), rel=1e-6
-            )
+            assert cal.local_amax()[1, j].item() == pytest.approx(np.percentile(valid, 99.0), rel=1e-6)
             assert default.local_amax()[1, j].item() == pytest.approx(valid.max(), rel=1e-6)
     scales = cal.compute_scales()
     assert len(scales.to_vllm()) == 9
@@ -342,10 +328,7 @@ def test_verify_detects_default_sentinel_and_mismatch():
     with pytest.raises(ValueError, match="not found in the engine"):
         verify_kv_scales({}, {"model.layers.0.self_attn.k_scale": 0.5})
     with pytest.raises(ValueError, match=r"invalid value -0\.5"):
-        verify_kv_scales(
-            {"model.layers.0.self_attn.attn.k_scale": -0.5},
-            {"model.layers.0.self_attn.k_scale": 0.5},
-        )
+        verify_kv_scales({"model.layers.0.self_attn.attn.k_scale": -0.5}, {"model.layers.0.self_attn.k_scale": 0.5})
 
 
 @pytest.mark.parametrize(

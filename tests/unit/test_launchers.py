@@ -31,9 +31,7 @@ ENTRY = REPO / "launchers" / "run_grpo_ais.py"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 # What the Slurm COMMAND runs first: PYTHONPATH is joined in the job, by _pythonpath.sh.
-_JOB_PYTHONPATH = (
-    f'source {REPO}/launchers/_pythonpath.sh && export PYTHONPATH="$(pythonpath_with {REPO})"'
-)
+_JOB_PYTHONPATH = f'source {REPO}/launchers/_pythonpath.sh && export PYTHONPATH="$(pythonpath_with {REPO})"'
 
 # Records argv (one per line), cwd and selected environment variables.
 _RECORDER = """#!/usr/bin/env bash
@@ -78,12 +76,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _run(script: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(script), *map(str, args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        ["bash", str(script), *map(str, args)], env=env, capture_output=True, text=True, timeout=120, check=False
     )
 
 
@@ -180,9 +173,7 @@ def test_local_errors(nemo_rl_dir, tmp_path):
 
 
 def test_local_refuses_an_arm_mixin(nemo_rl_dir):
-    res = _run(
-        LOCAL, "--dry-run", CFG / "arms" / "fp8_ais.yaml", env=_env(NEMO_RL_DIR=str(nemo_rl_dir))
-    )
+    res = _run(LOCAL, "--dry-run", CFG / "arms" / "fp8_ais.yaml", env=_env(NEMO_RL_DIR=str(nemo_rl_dir)))
     assert res.returncode == 2 and res.stdout == ""
     assert "fp8_ais.yaml: an arm mixin (no policy/cluster section), not a full config" in res.stderr
 
@@ -197,10 +188,7 @@ def test_local_refuses_a_broken_layout(nemo_rl_dir):
     )
     assert res.returncode == 2
     assert res.stdout == ""  # nothing printed as "would run"
-    assert (
-        "[FAIL] trainer_parallel: GPUs = cluster.num_nodes x cluster.gpus_per_node = 1"
-        in res.stderr
-    )
+    assert "[FAIL] trainer_parallel: GPUs = cluster.num_nodes x cluster.gpus_per_node = 1" in res.stderr
     # the command it names reproduces the failure: the overrides are part of it
     assert (
         f"fails the offline checks above (python -m nemo_ais.preflight {SMOKE} "
@@ -254,9 +242,7 @@ def test_slurm_dry_run_options_and_node_override(nemo_rl_dir):
         f"&& uv run python {ENTRY} --config {MOE} cluster.num_nodes=4 "
         "checkpointing.checkpoint_must_save_by=00:00:40:00'"  # TIME 1:00:00 - 20 min
     )
-    assert lines[3] == (
-        f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO},/data/hf:/data/hf,/scratch:/scratch"
-    )
+    assert lines[3] == (f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir},{REPO}:{REPO},/data/hf:/data/hf,/scratch:/scratch")
     assert lines[5] == (
         f"sbatch --nodes=4 --account=my_acct --partition=batch --job-name=moe4 --time=1:00:00 "
         f"--gres=gpu:8 --exclusive --mem=0 {nemo_rl_dir}/ray.sub"
@@ -276,9 +262,7 @@ def test_slurm_real_run_matches_dry_run(nemo_rl_dir, tmp_path):
     assert dry.returncode == 0 and real.returncode == 0, (dry.stderr, real.stderr)
     lines = record.read_text().splitlines()
     argv = [line.removeprefix("arg=") for line in lines if line.startswith("arg=")]
-    recorded_env = dict(
-        line.removeprefix("env:").split("=", 1) for line in lines if line.startswith("env:")
-    )
+    recorded_env = dict(line.removeprefix("env:").split("=", 1) for line in lines if line.startswith("env:"))
     # Re-play the dry-run's exports in a shell and compare with what sbatch received.
     replay = subprocess.run(
         ["bash", "-c", dry.stdout.rsplit("\n", 2)[0] + '\nprintf "%s\\n" "$COMMAND" "$MOUNTS"'],
@@ -307,27 +291,17 @@ def test_slurm_missing_env_names_every_variable(nemo_rl_dir):
 def test_slurm_node_count_must_match_config(nemo_rl_dir):
     res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, NUM_NODES="4"))
     assert res.returncode == 2
-    assert (
-        "NUM_NODES=4 but the config has cluster.num_nodes=2 (override it: cluster.num_nodes=4)"
-        in res.stderr
-    )
+    assert "NUM_NODES=4 but the config has cluster.num_nodes=2 (override it: cluster.num_nodes=4)" in res.stderr
     res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, GPUS_PER_NODE="4"))
     assert "GPUS_PER_NODE=4 but the config has cluster.gpus_per_node=8" in res.stderr
 
 
 def test_slurm_refuses_a_broken_layout(nemo_rl_dir):
     res = _run(
-        SLURM,
-        "--dry-run",
-        MOE,
-        "policy.generation.vllm_cfg.tensor_parallel_size=4",
-        env=_slurm_env(nemo_rl_dir),
+        SLURM, "--dry-run", MOE, "policy.generation.vllm_cfg.tensor_parallel_size=4", env=_slurm_env(nemo_rl_dir)
     )
     assert res.returncode == 2 and res.stdout == ""
-    assert (
-        "[FAIL] vllm_fp8_shards: expert gate/up out / down in = moe_intermediate / 4 = 192"
-        in res.stderr
-    )
+    assert "[FAIL] vllm_fp8_shards: expert gate/up out / down in = moe_intermediate / 4 = 192" in res.stderr
     assert (
         f"fails the offline checks above (python -m nemo_ais.preflight {MOE} "
         "policy.generation.vllm_cfg.tensor_parallel_size=4)" in res.stderr
@@ -338,13 +312,7 @@ def test_slurm_skip_check_needs_sizes_and_then_runs_without_python(nemo_rl_dir):
     env = _slurm_env(nemo_rl_dir, PYTHON="/nonexistent/python")
     res = _run(SLURM, "--dry-run", "--skip-check", QWEN8B, env=env)
     assert res.returncode == 2 and "--skip-check needs NUM_NODES and GPUS_PER_NODE" in res.stderr
-    res = _run(
-        SLURM,
-        "--dry-run",
-        "--skip-check",
-        QWEN8B,
-        env={**env, "NUM_NODES": "2", "GPUS_PER_NODE": "8"},
-    )
+    res = _run(SLURM, "--dry-run", "--skip-check", QWEN8B, env={**env, "NUM_NODES": "2", "GPUS_PER_NODE": "8"})
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[-1].startswith("sbatch --nodes=2 ")
 
@@ -398,9 +366,7 @@ def _env_with_pythonpath(inherited: str | None, **extra: str) -> dict[str, str]:
     ],
 )
 def test_pythonpath_with_never_has_an_empty_entry(inherited, expected):
-    script = (
-        f"source {shlex.quote(str(REPO / 'launchers' / '_pythonpath.sh'))}; pythonpath_with /repo"
-    )
+    script = f"source {shlex.quote(str(REPO / 'launchers' / '_pythonpath.sh'))}; pythonpath_with /repo"
     res = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script],
         env=_env_with_pythonpath(inherited),
@@ -437,11 +403,7 @@ def test_slurm_job_pythonpath_has_no_empty_entry(nemo_rl_dir, tmp_path, containe
     assert res.returncode == 0, res.stderr
     exports = res.stdout.rsplit("\n", 2)[0]
     command = subprocess.run(
-        ["bash", "-c", exports + '\nprintf "%s" "$COMMAND"'],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=_env(),
+        ["bash", "-c", exports + '\nprintf "%s" "$COMMAND"'], capture_output=True, text=True, check=True, env=_env()
     ).stdout
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -474,12 +436,7 @@ def test_slurm_job_pythonpath_has_no_empty_entry(nemo_rl_dir, tmp_path, containe
 
 
 def test_nemo_ais_dir_with_a_colon_is_refused(nemo_rl_dir, tmp_path):
-    res = _run(
-        LOCAL,
-        "--dry-run",
-        SMOKE,
-        env=_env(NEMO_RL_DIR=str(nemo_rl_dir), NEMO_AIS_DIR=f"{tmp_path}/a:b"),
-    )
+    res = _run(LOCAL, "--dry-run", SMOKE, env=_env(NEMO_RL_DIR=str(nemo_rl_dir), NEMO_AIS_DIR=f"{tmp_path}/a:b"))
     assert res.returncode == 2 and res.stdout == ""
     assert "contains ':' (it must be one PYTHONPATH entry)" in res.stderr
 
@@ -503,9 +460,7 @@ def _no_pydantic_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("script", [LOCAL, SLURM], ids=lambda p: p.name)
 @pytest.mark.parametrize("case", ["missing", "no-pydantic", "python2"])
-def test_a_python_that_cannot_run_the_check_is_named_in_one_line(
-    script, case, nemo_rl_dir, tmp_path
-):
+def test_a_python_that_cannot_run_the_check_is_named_in_one_line(script, case, nemo_rl_dir, tmp_path):
     env = _slurm_env(nemo_rl_dir) if script == SLURM else _env(NEMO_RL_DIR=str(nemo_rl_dir))
     if case == "missing":
         env["PYTHON"] = "/nonexistent/python3"
@@ -579,9 +534,7 @@ def test_a_node_local_directory_is_refused_naming_its_variable(nemo_rl_dir, tmp_
     )
     not_yet = tmp_path / "local" / "new" / "hf"  # does not exist: its nearest parent's filesystem
     res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, **{var: str(not_yet)}))
-    assert f"{var}={not_yet} is on a node-local filesystem (ext2/ext3 at {tmp_path / 'local'}" in (
-        res.stderr
-    )
+    assert f"{var}={not_yet} is on a node-local filesystem (ext2/ext3 at {tmp_path / 'local'}" in (res.stderr)
     relative = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, **{var: "hf"}))
     assert relative.returncode == 2
     assert f"error: {var}=hf is not an absolute path: with cluster.num_nodes=2" in relative.stderr

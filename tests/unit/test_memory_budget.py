@@ -145,12 +145,8 @@ def test_moe_experts_split_by_ep_dense_by_tp_and_adam_by_expert_dp():
 
 def test_optimizer_variants():
     # Same config, three optimizer settings: the ratios follow from 10 / 12 B per param.
-    pa = mb.budget(
-        _cfg(QWEN8B, policy__megatron_cfg__optimizer__use_precision_aware_optimizer=True)
-    )
-    plain = mb.budget(
-        _cfg(QWEN8B, policy__megatron_cfg__optimizer__use_precision_aware_optimizer=False)
-    )
+    pa = mb.budget(_cfg(QWEN8B, policy__megatron_cfg__optimizer__use_precision_aware_optimizer=True))
+    plain = mb.budget(_cfg(QWEN8B, policy__megatron_cfg__optimizer__use_precision_aware_optimizer=False))
     offload = mb.budget(
         _cfg(
             QWEN8B,
@@ -186,9 +182,7 @@ def test_activation_estimate_with_and_without_checkpointing():
     # 2 x (4 x 4096 + 2 x 40 x 128 + 3 x 14336) = 2 x 69,632 = 139,264 B (TP 1)
     # -> 2 x 16 x 4,096 x 139,264 = 18,253,611,008 B.
     llama = _cfg(LLAMA, policy__megatron_cfg__activation_checkpointing=False)
-    assert mb.activations_gib(llama, MODEL_SHAPES["llama-3.1-8b"], 16) == pytest.approx(
-        18_253_611_008 / GIB
-    )
+    assert mb.activations_gib(llama, MODEL_SHAPES["llama-3.1-8b"], 16) == pytest.approx(18_253_611_008 / GIB)
 
 
 def test_logits_bytes():
@@ -200,9 +194,7 @@ def test_logits_bytes():
     deferred = _cfg(LLAMA, policy__megatron_cfg__defer_fp32_logits=True)
     assert mb.logits_gib(deferred, shape, 4096, grad=True) == pytest.approx(7_354_712_064 / GIB)
     # logprob pass (no saved softmax), 8,192 tokens: 8,192 x 128,256 x (8 + 2) B.
-    assert mb.logits_gib(deferred, shape, 8192, grad=False) == pytest.approx(
-        8192 * 128_256 * 10 / GIB
-    )
+    assert mb.logits_gib(deferred, shape, 8192, grad=False) == pytest.approx(8192 * 128_256 * 10 / GIB)
 
 
 def test_vllm_weights_and_kv_cache():
@@ -227,9 +219,7 @@ def test_vllm_weights_and_kv_cache():
 def test_phases_add_up():
     b = mb.budget(_cfg(QWEN8B), name="qwen3_8b")
     runtime = mb.TRAINER_RUNTIME_GIB + mb.VLLM_ASLEEP_GIB
-    assert b.train == pytest.approx(
-        b.weights + b.grads + b.optimizer + b.activations + b.logits + runtime
-    )
+    assert b.train == pytest.approx(b.weights + b.grads + b.optimizer + b.activations + b.logits + runtime)
     assert b.logprob == pytest.approx(b.weights + b.optimizer + b.logprob_logits + runtime)
     assert b.generate == pytest.approx(b.vllm_share + b.resident_master + mb.TRAINER_IDLE_GIB)
     assert b.host_per_node == pytest.approx(8 * b.host_per_gpu)
@@ -267,9 +257,7 @@ def test_an_overflow_names_the_config_phase_and_amount():
         for p in problems
     ), problems
     tiny = mb.budget(_cfg(MOE, policy__generation__vllm_cfg__gpu_memory_utilization=0.2))
-    assert any(
-        "holds" in p and "max_model_len sequences, vLLM needs >= 1" in p for p in tiny.problems()
-    )
+    assert any("holds" in p and "max_model_len sequences, vLLM needs >= 1" in p for p in tiny.problems())
 
 
 def test_cli_prints_the_table_and_fails_on_overflow(capsys):
@@ -280,9 +268,7 @@ def test_cli_prints_the_table_and_fails_on_overflow(capsys):
     assert mb.main([str(MOE), "--gpu-gib", "40"]) == 1
     assert "qwen3_30b_a3b_2n8g_fp8_ep8: train needs" in capsys.readouterr().err
     assert mb.main([str(QWEN8B), "policy.model_name=org/Mystery-7B"]) == 1
-    assert "qwen3_8b_2n8g_fp8.yaml: cannot budget: \"policy.model_name='org/Mystery-7B'" in (
-        capsys.readouterr().err
-    )
+    assert "qwen3_8b_2n8g_fp8.yaml: cannot budget: \"policy.model_name='org/Mystery-7B'" in (capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(

@@ -20,13 +20,7 @@ from nemo_ais.embedded.config import CONFIG_DIR, load_config, validate_config
 from nemo_ais.rollout.fake_quant import linear_fake_quant, scale_error
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
 from nemo_ais.rollout.linear import Fp8Linear
-from nemo_ais.rollout.twin import (
-    RolloutPrecisionConfig,
-    RolloutTwin,
-    generate,
-    logprob_mismatch,
-    score_responses,
-)
+from nemo_ais.rollout.twin import RolloutPrecisionConfig, RolloutTwin, generate, logprob_mismatch, score_responses
 
 FORMATS = [("fp8", "fp8"), ("mxfp8", "bf16"), ("nvfp4_w4a16", "fp8"), ("nvfp4_w4a4", "nvfp4")]
 
@@ -94,10 +88,7 @@ def test_every_fake_quantization_is_scaled_alike():
         one = linear_fake_quant(RolloutPrecisionConfig(format=fmt))
         half = linear_fake_quant(RolloutPrecisionConfig(format=fmt, error_scale=0.5))
         amax = x.abs().amax() if one.static_input_amax else None
-        for fn1, fnk, t, a in (
-            (one.weight, half.weight, w, None),
-            (one.activation, half.activation, x, amax),
-        ):
+        for fn1, fnk, t, a in ((one.weight, half.weight, w, None), (one.activation, half.activation, x, amax)):
             q1, qk = fn1(t, amax=a), fnk(t, amax=a)
             # float64 oracle of x + k (q - x)
             expected = t.double() + 0.5 * (q1.double() - t.double())

@@ -17,12 +17,7 @@ import pytest
 import torch
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig
-from nemo_ais.core import (
-    clipped_pg_loss,
-    compute_diagnostics,
-    compute_statistics,
-    correction_weights,
-)
+from nemo_ais.core import clipped_pg_loss, compute_diagnostics, compute_statistics, correction_weights
 from nemo_ais.core.stats import NUM_SLOTS, TAIL_START
 
 # case -> loss_fn.ais section (nested keys); every mode, its knobs off their defaults where
@@ -167,9 +162,7 @@ def digest(config: CorrectionConfig, dtype: torch.dtype) -> str:
     out.loss.backward()
     _hash(h, out.loss)
     metrics = {
-        PINNED_NAMES.get(k, k): v
-        for k, v in out.metrics.items()
-        if not any(k.endswith(field) for field in TAIL_FIELDS)
+        PINNED_NAMES.get(k, k): v for k, v in out.metrics.items() if not any(k.endswith(field) for field in TAIL_FIELDS)
     }
     for name in sorted(metrics):
         h.update(name.encode())

@@ -180,11 +180,7 @@ def test_a_new_mode_is_one_record(tmp_path):
         sys.path.pop(0)
     write_run(tmp_path, [1])
     res = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        [sys.executable, "-c", _SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=300, check=False
     )
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
@@ -227,8 +223,7 @@ def test_every_record_is_complete(name):
 
 
 @pytest.mark.parametrize(
-    ("name", "owner"),
-    [("ess_tok", "AISDiagnostics"), ("alpha", "AISDiagnostics"), ("m2po_threshold", "mode m2po")],
+    ("name", "owner"), [("ess_tok", "AISDiagnostics"), ("alpha", "AISDiagnostics"), ("m2po_threshold", "mode m2po")]
 )
 def test_a_mode_value_may_not_hide_a_name(monkeypatch, name, owner):
     from nemo_ais.core import diagnostics

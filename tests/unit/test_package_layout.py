@@ -123,10 +123,7 @@ def test_the_runtime_adapters_import_nothing_from_the_offline_check():
 def test_a_package_imports_only_what_it_may(package: str):
     allowed = MAY_IMPORT[package] | {package, "nemo_ais"}
     upward = sorted(
-        f"{m} -> {dep}"
-        for m, deps in _graph({package}).items()
-        for dep in deps
-        if _package(dep) not in allowed
+        f"{m} -> {dep}" for m, deps in _graph({package}).items() for dep in deps if _package(dep) not in allowed
     )
     assert not upward, f"{package} may import {sorted(MAY_IMPORT[package])}; found {upward}"
 
@@ -157,7 +154,5 @@ def test_every_module_of_the_split_packages_imports_on_its_own():
         "        del sys.modules[key]\n"
         "    importlib.import_module(name)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -33,9 +33,7 @@ def test_bypass_with_one_update_per_rollout_batch_passes():
 def test_bypass_with_several_updates_fails_naming_the_fields():
     result = _result(["loss_fn.ais.bypass=true", "policy.train_global_batch_size=16"])
     assert result.status == "fail"
-    assert "policy.train_global_batch_size=16 must equal grpo.num_prompts_per_step * " in (
-        result.detail
-    )
+    assert "policy.train_global_batch_size=16 must equal grpo.num_prompts_per_step * " in (result.detail)
     assert "grpo.num_generations_per_prompt = 32" in result.detail
 
 
@@ -45,12 +43,8 @@ def test_bypass_with_mode_none_fails():
 
 
 def test_a_seq_logprob_error_threshold_warns_that_nothing_is_saved():
-    cfg = pf.load_config(
-        str(SMOKE), ["loss_fn.ais.bypass=true", "+grpo.seq_logprob_error_threshold=2.0"]
-    )
-    warnings = [
-        r for r in pf.check_config(cfg) if r.name == "loss_fn.ais.bypass" and r.status == "warn"
-    ]
+    cfg = pf.load_config(str(SMOKE), ["loss_fn.ais.bypass=true", "+grpo.seq_logprob_error_threshold=2.0"])
+    warnings = [r for r in pf.check_config(cfg) if r.name == "loss_fn.ais.bypass" and r.status == "warn"]
     assert warnings and "no time saved" in warnings[0].detail
 
 

@@ -37,9 +37,7 @@ def test_nemo_rl_options_core_implements_pass_offline():
 
 
 def test_cispo_with_dual_clip_fails_offline_naming_the_field():
-    results = _results(
-        ["loss_fn.ais.mode=ais", "loss_fn.use_cispo=true", "loss_fn.ratio_clip_c=3.0"]
-    )
+    results = _results(["loss_fn.ais.mode=ais", "loss_fn.use_cispo=true", "loss_fn.ratio_clip_c=3.0"])
     (detail,) = results["fail"]
     assert "loss_fn.ratio_clip_c=3.0 is invalid with use_cispo=True: expected null" in detail
 
@@ -47,9 +45,7 @@ def test_cispo_with_dual_clip_fails_offline_naming_the_field():
 def test_gspo_with_token_level_loss_fails_offline():
     results = _results(["loss_fn.ais.mode=ais", "loss_fn.sequence_level_importance_ratios=true"])
     (detail,) = results["fail"]
-    assert "loss_fn.sequence_level_importance_ratios=True is invalid with token_level_loss" in (
-        detail
-    )
+    assert "loss_fn.sequence_level_importance_ratios=True is invalid with token_level_loss" in (detail)
 
 
 def test_tbpo_with_cispo_fails_offline():
@@ -60,9 +56,7 @@ def test_tbpo_with_cispo_fails_offline():
 
 def test_mode_none_leaves_the_surrogate_to_nemo_rl():
     # mode none runs ClippedPGLossFn unchanged: its own asserts, not ours
-    results = _results(
-        ["loss_fn.ais.mode=none", "loss_fn.use_cispo=true", "loss_fn.ratio_clip_c=3.0"]
-    )
+    results = _results(["loss_fn.ais.mode=none", "loss_fn.use_cispo=true", "loss_fn.ratio_clip_c=3.0"])
     assert "fail" not in results
 
 

@@ -33,21 +33,17 @@ def _gpu_results(cfg: dict):
 
 
 @pytest.mark.parametrize(
-    ("name", "fmt"),
-    [("qwen3_8b_nvfp4_w4a4_ais.yaml", "nvfp4_w4a4"), ("qwen3_8b_mxfp8_ais.yaml", "mxfp8")],
+    ("name", "fmt"), [("qwen3_8b_nvfp4_w4a4_ais.yaml", "nvfp4_w4a4"), ("qwen3_8b_mxfp8_ais.yaml", "mxfp8")]
 )
 def test_a_format_hopper_cannot_run_warns_naming_the_gpus_it_needs(name, fmt):
     (result,) = _gpu_results(_load(EXPERIMENTS / name))
     assert result.status == "warn"
-    assert f"({fmt}) needs GPUs of compute capability >= 10.0 (Blackwell (SM100))" in (
-        result.detail
-    )
+    assert f"({fmt}) needs GPUs of compute capability >= 10.0 (Blackwell (SM100))" in (result.detail)
     assert "on H100 / H200 (9.0) vLLM runs weight-only Marlin" in result.detail
 
 
 @pytest.mark.parametrize(
-    ("name", "fmt"),
-    [("qwen3_8b_fp8_ais.yaml", "fp8"), ("qwen3_8b_nvfp4_w4a16_ais.yaml", "nvfp4_w4a16")],
+    ("name", "fmt"), [("qwen3_8b_fp8_ais.yaml", "fp8"), ("qwen3_8b_nvfp4_w4a16_ais.yaml", "nvfp4_w4a16")]
 )
 def test_formats_hopper_runs_natively_say_so_without_a_warning(name, fmt):
     (result,) = _gpu_results(_load(EXPERIMENTS / name))

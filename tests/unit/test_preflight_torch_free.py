@@ -30,13 +30,7 @@ def env(tmp_path) -> dict[str, str]:
 
 def _python(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, *args],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        [sys.executable, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False
     )
 
 
@@ -46,9 +40,7 @@ def test_the_blocker_blocks(env):
         assert res.returncode == 1 and f"No module named '{module}'" in res.stderr, module
 
 
-@pytest.mark.parametrize(
-    "module", ["nemo_ais.preflight", "nemo_ais.nemo_rl.cluster_check"], ids=["name", "alias"]
-)
+@pytest.mark.parametrize("module", ["nemo_ais.preflight", "nemo_ais.nemo_rl.cluster_check"], ids=["name", "alias"])
 def test_every_shipped_config_is_checked_without_torch(env, module):
     # nemo_ais.nemo_rl.cluster_check: the former name, kept as a documented alias
     res = _python(env, "-m", module, *map(str, ALL_YAML))
@@ -60,16 +52,12 @@ def test_every_shipped_config_is_checked_without_torch(env, module):
 
 
 def test_a_failing_config_fails_without_torch(env):
-    res = _python(
-        env, "-m", "nemo_ais.preflight", str(QWEN8B), "policy.train_global_batch_size=384"
-    )
+    res = _python(env, "-m", "nemo_ais.preflight", str(QWEN8B), "policy.train_global_batch_size=384")
     assert res.returncode == 1
     assert "[FAIL] batch: grpo.num_prompts_per_step x" in res.stdout
 
 
-@pytest.mark.parametrize(
-    "module", ["nemo_ais.preflight.memory_budget", "nemo_ais.nemo_rl.memory_budget"]
-)
+@pytest.mark.parametrize("module", ["nemo_ais.preflight.memory_budget", "nemo_ais.nemo_rl.memory_budget"])
 def test_memory_budget_runs_without_torch(env, module):
     res = _python(env, "-m", module, str(QWEN8B))
     assert res.returncode == 0, res.stderr
@@ -111,8 +99,7 @@ def test_both_launchers_dry_run_with_a_python_without_torch(env, tmp_path):
 
 
 FORMAT_CONFIGS = [
-    CONFIG_DIR / "experiments" / f"qwen3_8b_{fmt}_ais.yaml"
-    for fmt in ("nvfp4_w4a16", "nvfp4_w4a4", "mxfp8")
+    CONFIG_DIR / "experiments" / f"qwen3_8b_{fmt}_ais.yaml" for fmt in ("nvfp4_w4a16", "nvfp4_w4a4", "mxfp8")
 ]
 MAIN_TREE = REPO.parent / "shared" / "vendor" / "nemo-rl-main-7ea279a"
 

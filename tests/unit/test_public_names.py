@@ -167,9 +167,7 @@ def test_resolver_rejects_a_missing_name():
     with pytest.raises(AttributeError, match="no_such_module"):
         _resolve("nemo_ais.no_such_module.Thing")
     with pytest.raises(AttributeError, match="defines no 'NoSuchWorker'"):
-        _resolve_from_source(
-            "nemo_ais.nemo_rl.workers.megatron", ["NoSuchWorker"], ImportError("megatron.bridge")
-        )
+        _resolve_from_source("nemo_ais.nemo_rl.workers.megatron", ["NoSuchWorker"], ImportError("megatron.bridge"))
 
 
 def test_correction_config_is_exported_from_core():

@@ -79,12 +79,7 @@ CASES = {
     "mxfp8": (quantize_mxfp8, "quantize_mxfp8_triton", (2, 24, 96), {}),
     "mxfp4": (quantize_mxfp4, "quantize_mxfp4_triton", (24, 96), {"round_ties_toward_zero": True}),
     "nvfp4": (quantize_nvfp4, "quantize_nvfp4_triton", (40, 64), {}),
-    "nvfp4 16x16 static": (
-        quantize_nvfp4,
-        "quantize_nvfp4_triton",
-        (2, 40, 64),
-        {"amax": 2.0, "rows_per_block": 16},
-    ),
+    "nvfp4 16x16 static": (quantize_nvfp4, "quantize_nvfp4_triton", (2, 40, 64), {"amax": 2.0, "rows_per_block": 16}),
     "nvfp4 experts": (quantize_nvfp4_experts, "quantize_nvfp4_experts_triton", (3, 20, 64), {}),
     "nvfp4 experts 16x16": (
         quantize_nvfp4_experts,
@@ -119,9 +114,7 @@ def _input(shape, seed=0):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_public_quantizer_takes_triton_with_the_pytorch_bits(
-    case, cpu_routed_to_triton, monkeypatch
-):
+def test_public_quantizer_takes_triton_with_the_pytorch_bits(case, cpu_routed_to_triton, monkeypatch):
     fn, kernel, shape, kwargs = CASES[case]
     x = _input(shape)
     want = _reference(fn, x, kwargs, monkeypatch)
@@ -152,9 +145,7 @@ def test_non_finite_input_through_triton_raises_the_pytorch_error(case, cpu_rout
     x[index] = float("nan")
     # an expert stack names the expert (w[1]) and the index within it
     name, index = ("w[1]", index[1:]) if "experts" in case else ("w", index)
-    with pytest.raises(
-        ValueError, match=re.escape(name) + r": got 1 non-finite.*" + re.escape(str(index))
-    ):
+    with pytest.raises(ValueError, match=re.escape(name) + r": got 1 non-finite.*" + re.escape(str(index))):
         fn(x, **kwargs, name="w")
     assert cpu_routed_to_triton == [kernel]
 
@@ -172,22 +163,14 @@ def test_nvfp4_experts_is_each_expert_with_its_own_global_scale(rows_per_block, 
     got = quantize_nvfp4_experts(x, amax, rows_per_block=rows_per_block)
     assert got.global_scale.shape == (4,)
     for e in range(4):
-        want = quantize_nvfp4(
-            x[e], None if amax is None else amax[e], rows_per_block=rows_per_block
-        )
-        assert_same_bits(
-            (got.data[e], got.block_scale[e], got.global_scale[e]),
-            tuple(vars(want).values()),
-            f"{e}",
-        )
+        want = quantize_nvfp4(x[e], None if amax is None else amax[e], rows_per_block=rows_per_block)
+        assert_same_bits((got.data[e], got.block_scale[e], got.global_scale[e]), tuple(vars(want).values()), f"{e}")
     if not static:  # experts of different scales: a global scale each
         assert len(set(got.global_scale.tolist())) == 4
 
 
 def test_nvfp4_experts_errors_and_empty():
-    with pytest.raises(
-        ValueError, match=r"w: got \[4, 32\] with rows_per_block=1, expected \[E, N, K\]"
-    ):
+    with pytest.raises(ValueError, match=r"w: got \[4, 32\] with rows_per_block=1, expected \[E, N, K\]"):
         quantize_nvfp4_experts(torch.ones(4, 32), name="w")
     with pytest.raises(ValueError, match="rows_per_block=8"):
         quantize_nvfp4_experts(torch.ones(2, 4, 32), rows_per_block=8)
@@ -199,9 +182,7 @@ def test_nvfp4_experts_errors_and_empty():
     assert empty.data.shape == (2, 0, 16) and empty.global_scale.tolist() == [1.0, 1.0]
 
 
-def test_a_triton_kernel_that_fails_is_logged_once_and_the_pytorch_path_runs(
-    cpu_routed_to_triton, monkeypatch, caplog
-):
+def test_a_triton_kernel_that_fails_is_logged_once_and_the_pytorch_path_runs(cpu_routed_to_triton, monkeypatch, caplog):
     # a Triton / driver that cannot compile or launch a kernel: the same bits from the
     # PyTorch path, one warning naming the kernel and the error, no second attempt
     from nemo_ais.kernels import triton_quant

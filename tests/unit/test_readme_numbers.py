@@ -34,9 +34,7 @@ def _readme_rows() -> list[list[str]]:
 
 def _section_of(command: str) -> str:
     """The copied tables of the results.md section whose ``## `` heading names ``command``."""
-    pattern = (
-        rf"^## [^\n]*\(`{re.escape(command)}`\)\n(.*?)<!-- bench:(\w+) -->\n(.*?)<!-- /bench:\2 -->"
-    )
+    pattern = rf"^## [^\n]*\(`{re.escape(command)}`\)\n(.*?)<!-- bench:(\w+) -->\n(.*?)<!-- /bench:\2 -->"
     found = re.findall(pattern, RESULTS, re.S | re.M)
     assert len(found) == 1, f"docs/results.md: {len(found)} sections for `{command}`"
     return found[0][2]
@@ -65,11 +63,7 @@ ROWS = _readme_rows()
 
 def test_one_row_per_command_with_results():
     commands = [re.match(r"`([^`]+)`", row[0])[1] for row in ROWS]
-    assert commands == [
-        "nemo-ais run",
-        "nemo-ais run --preset evidence",
-        "nemo-ais run --preset fp4-evidence",
-    ]
+    assert commands == ["nemo-ais run", "nemo-ais run --preset evidence", "nemo-ais run --preset fp4-evidence"]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
@@ -86,9 +80,7 @@ def test_the_readme_numbers_are_the_commands_results(row):
     for arm, delta in re.findall(r"([\w.-]+) ([+-]\d\.\d{3} \[[^\]]+\])", row[2]):
         assert delta == primary[arm][4], (command, arm)
         named.add(arm)
-    others = [
-        float(cells[4].split()[0]) for a, cells in primary.items() if a not in named | {"bf16"}
-    ]
+    others = [float(cells[4].split()[0]) for a, cells in primary.items() if a not in named | {"bf16"}]
     rest = re.search(r"the other (\d+) arms within (\S+) … (\S+)", row[2])
     if rest:
         assert int(rest[1]) == len(others), command

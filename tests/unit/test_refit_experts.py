@@ -100,9 +100,7 @@ def test_order_of_arrival_does_not_change_what_is_sent(fmt):
     perm = torch.randperm(len(tensors), generator=torch.Generator().manual_seed(5)).tolist()
     layer0 = [tensors[j] for j in perm if ".layers.0." in tensors[j][0]]
     layer1 = [tensors[j] for j in perm if ".layers.1." in tensors[j][0]]
-    _assert_same(
-        _run(fmt, layer0 + layer1, num_experts=E, max_open_groups=20), _run(fmt, _state_dict())
-    )
+    _assert_same(_run(fmt, layer0 + layer1, num_experts=E, max_open_groups=20), _run(fmt, _state_dict()))
 
 
 @pytest.fixture
@@ -187,9 +185,7 @@ def test_close_refuses_stacks_still_held_and_end_chunk_copies_them():
     ref = dict(refit_stream([(name, want)], RefitConfig(format="fp8")))
     _assert_same(sent, ref)
     assert list(stream.push(name, t)) == []
-    with pytest.raises(
-        ValueError, match=r"1 MoE expert weight\(s\) still held .*stream\.flush\(\)"
-    ):
+    with pytest.raises(ValueError, match=r"1 MoE expert weight\(s\) still held .*stream\.flush\(\)"):
         stream.close()
 
 
@@ -268,14 +264,10 @@ def test_a_refit_reuses_the_previous_refits_plans_not_its_errors(monkeypatch):
 
     calls: list[str] = []
     real = stream_mod._plan_entry
-    monkeypatch.setattr(
-        stream_mod, "_plan_entry", lambda name, *a, **k: calls.append(name) or real(name, *a, **k)
-    )
+    monkeypatch.setattr(stream_mod, "_plan_entry", lambda name, *a, **k: calls.append(name) or real(name, *a, **k))
     keeps: list[tuple] = []
     real_keep = stream_mod._keep
-    monkeypatch.setattr(
-        stream_mod, "_keep", lambda name, *a: keeps.append((name, *a[:1])) or real_keep(name, *a)
-    )
+    monkeypatch.setattr(stream_mod, "_keep", lambda name, *a: keeps.append((name, *a[:1])) or real_keep(name, *a))
     monkeypatch.setattr(stream_mod, "_PLAN_CACHES", type(stream_mod._PLAN_CACHES)())
     tensors = _state_dict()
     first = _run("nvfp4_w4a16", tensors, num_experts=E)

@@ -85,10 +85,7 @@ _INPUT_AMAX = {
 }
 
 FP8_CASES = {
-    "fp8_a": (
-        dict(backend="torch"),
-        "af21c64ed497d1f3df1c0029ff9a440f1cc4f284788bf21978fc4d027398b610",
-    ),
+    "fp8_a": (dict(backend="torch"), "af21c64ed497d1f3df1c0029ff9a440f1cc4f284788bf21978fc4d027398b610"),
     "fp8_b": (
         dict(backend="torch", family="divide"),
         "c3ce9b2ffb723ab316b138da211c7f7980e952218aa19f0c0337ac9bacfbf070",
@@ -108,26 +105,17 @@ FP8_CASES = {
 }
 
 BLOCK_CASES = {
-    "nvfp4_w4a16": (
-        dict(format="nvfp4_w4a16"),
-        "b0aae041502e7467d6a9f76de7af67f123fad7690b438fb77a9ae263b790eb91",
-    ),
+    "nvfp4_w4a16": (dict(format="nvfp4_w4a16"), "b0aae041502e7467d6a9f76de7af67f123fad7690b438fb77a9ae263b790eb91"),
     "nvfp4_w4a16_16x16": (
         dict(format="nvfp4_w4a16", nvfp4_rows_per_block=16),
         "64f59e23b209c60d9c00a71c5692cee13a9a8dd15c1bd8e9fd9e863799641557",
     ),
-    "nvfp4_w4a4": (
-        dict(format="nvfp4_w4a4"),
-        "0fa85a154fdb0e6551077f175f57989cb47bdd253b905f6dc8b6b3f2504bb4ac",
-    ),
+    "nvfp4_w4a4": (dict(format="nvfp4_w4a4"), "0fa85a154fdb0e6551077f175f57989cb47bdd253b905f6dc8b6b3f2504bb4ac"),
     "nvfp4_w4a16_ignore": (
         dict(format="nvfp4_w4a16", ignore=("*self_attn*",), ignored_layer_kws=("experts",)),
         "4673fbcf1abd40029554259a5edd34b6dd8c3caf8aca38ff0aa30fee02487f29",
     ),
-    "mxfp8": (
-        dict(format="mxfp8"),
-        "ae5b8cf46bc78e563da7721d8c74a80b0db1b592919b3b14fb401b739a46af2d",
-    ),
+    "mxfp8": (dict(format="mxfp8"), "ae5b8cf46bc78e563da7721d8c74a80b0db1b592919b3b14fb401b739a46af2d"),
     "mxfp8_zero_byte_0_ckpt_name": (
         dict(
             format="mxfp8",
@@ -142,10 +130,7 @@ BLOCK_CASES = {
 
 MXFP4_CASES = {
     "mxfp4_ties_even": (False, "241876aa0535d3aeaf5220e3ee7348be0ad6f194794f0afd197f6378b90f3876"),
-    "mxfp4_ties_toward_zero": (
-        True,
-        "4aeee4d7f7ce4c2ee64525b608ae1556fdb46473e6e2a583d6d578565246f3bd",
-    ),
+    "mxfp4_ties_toward_zero": (True, "4aeee4d7f7ce4c2ee64525b608ae1556fdb46473e6e2a583d6d578565246f3bd"),
 }
 
 

@@ -20,12 +20,7 @@ from nemo_ais.formats.fp8_block import dequantize_blockwise, quantize_blockwise
 from nemo_ais.refit.stream import Fp8SyncConfig, fp8_weight_stream
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.faults import FAULT_ENV
-from nemo_ais.rollout.readback import (
-    READBACK_FILE,
-    RefitReadback,
-    read_readback,
-    readback_row,
-)
+from nemo_ais.rollout.readback import READBACK_FILE, RefitReadback, read_readback, readback_row
 from nemo_ais.rollout.twin import RolloutTwin
 
 GATE_UP = r"mlp\.(gate|up)_proj"

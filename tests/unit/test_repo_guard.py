@@ -55,10 +55,7 @@ def test_the_guard_closes_the_writer_where_the_test_ran(tmp_path):
         mp.undo()  # pytest undoes the test's monkeypatch after the guard, as here
     assert writers == [logger.loggers[0].writer]
     assert writers[0].file_writer is None  # closed: flushed, its thread stopped
-    assert _scalars(work / "logs/grpo_ais/run/tensorboard") == {
-        "train/loss": [(3, 0.5)],
-        "train/reward": [(3, 0.25)],
-    }
+    assert _scalars(work / "logs/grpo_ais/run/tensorboard") == {"train/loss": [(3, 0.5)], "train/reward": [(3, 0.25)]}
     assert list(repo.iterdir()) == []
 
 

@@ -75,10 +75,7 @@ def test_the_fault_is_refused_without_its_environment_variable(monkeypatch):
     # the embedded recipe's path: rollout.quantizer.refit_fault
     monkeypatch.delenv(FAULT_ENV)
     with pytest.raises(ValueError, match=r"rollout\.quantizer\.refit_fault\.kind=.*" + FAULT_ENV):
-        load_config(
-            CONFIG_DIR / "quick.yaml",
-            ["rollout.quantizer.refit_fault={kind: stale_kv_scale, from_refit: 3}"],
-        )
+        load_config(CONFIG_DIR / "quick.yaml", ["rollout.quantizer.refit_fault={kind: stale_kv_scale, from_refit: 3}"])
 
 
 @pytest.mark.parametrize(

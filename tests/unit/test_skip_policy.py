@@ -7,14 +7,7 @@ import types
 
 import pytest
 import skip_policy
-from skip_policy import (
-    ALLOWED_SKIP_REASONS,
-    NO_CUDA,
-    TE_ABSENT,
-    TE_INSTALLED,
-    refusal,
-    require_te,
-)
+from skip_policy import ALLOWED_SKIP_REASONS, NO_CUDA, TE_ABSENT, TE_INSTALLED, refusal, require_te
 
 pytest_plugins = ["pytester"]
 
@@ -57,9 +50,7 @@ def _fake_importlib(monkeypatch, *, spec, module=None, error=None):
             raise error
         return module
 
-    fake = types.SimpleNamespace(
-        util=types.SimpleNamespace(find_spec=lambda name: spec), import_module=import_module
-    )
+    fake = types.SimpleNamespace(util=types.SimpleNamespace(find_spec=lambda name: spec), import_module=import_module)
     monkeypatch.setattr(skip_policy, "importlib", fake)
 
 
@@ -84,9 +75,7 @@ def test_working_te_is_returned(monkeypatch):
 
 
 def test_hooks_fail_a_run_that_skips_or_xfails_for_another_reason(pytester):
-    pytester.makeconftest(
-        "from skip_policy import pytest_make_collect_report, pytest_runtest_makereport\n"
-    )
+    pytester.makeconftest("from skip_policy import pytest_make_collect_report, pytest_runtest_makereport\n")
     pytester.makepyfile(
         test_cases=f"""
         import pytest

@@ -42,15 +42,7 @@ def _records() -> list[dict]:
         k = 0.0 if arm == "bf16" else float(arm.split("-")[0][1:])
         for seed in SEEDS:
             for step in (0, 10, 20, 30, 40):
-                out.append(
-                    dict(
-                        kind="val",
-                        arm=arm,
-                        seed=seed,
-                        step=step,
-                        accuracy=_accuracy(arm, seed, step),
-                    )
-                )
+                out.append(dict(kind="val", arm=arm, seed=seed, step=step, accuracy=_accuracy(arm, seed, step)))
             for step in range(1, 41):
                 sev = 0.01 * k * (1 + 0.1 * seed) + (0.001 if arm.endswith("ais") else 0.0)
                 out.append(
@@ -70,14 +62,8 @@ def _records() -> list[dict]:
 
 def _oracle(records, arm):
     def primary(a, s):
-        vals = [
-            r["accuracy"]
-            for r in records
-            if r["kind"] == "val" and r["arm"] == a and r["seed"] == s
-        ]
-        steps = [
-            r["step"] for r in records if r["kind"] == "val" and r["arm"] == a and r["seed"] == s
-        ]
+        vals = [r["accuracy"] for r in records if r["kind"] == "val" and r["arm"] == a and r["seed"] == s]
+        steps = [r["step"] for r in records if r["kind"] == "val" and r["arm"] == a and r["seed"] == s]
         return np.mean([v for v, st in zip(vals, steps, strict=True) if st >= max(steps) / 2])
 
     d = np.array([primary(arm, s) - primary("bf16", s) for s in SEEDS])
@@ -119,9 +105,7 @@ def test_summary_section_renders_the_numbers(tmp_path):
         row = next(line for line in section.splitlines() if line.startswith(f"| {lv.k:g} |"))
         assert f"{lv.mismatch['D']:.4f}" in row
         assert f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]" in row
-        cell = f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]" + (
-            " *" if mean + half < 0 else ""
-        )
+        cell = f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]" + (" *" if mean + half < 0 else "")
         assert f"| {cell} |" in row
     assert "| none | 4 |" in section and "| ais | 16 |" in section
     assert tolerance_md([]) == ""

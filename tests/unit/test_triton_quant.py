@@ -36,10 +36,7 @@ from nemo_ais.kernels.triton_quant import (
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 
 FAMILY_EPS_UE8M0 = [
-    (f, eps, ue)
-    for f in ("reciprocal", "divide", "multiplier")
-    for eps in (1e-4, 0.0)
-    for ue in (False, True)
+    (f, eps, ue) for f in ("reciprocal", "divide", "multiplier") for eps in (1e-4, 0.0) for ue in (False, True)
 ]
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # a pairwise design: each (family, eps, ue8m0) once, the input dtype cycling through DTYPES,
@@ -123,9 +120,7 @@ def test_blockwise_fp64_input_and_odd_tiles():
     for block in [(64, 32), (1, 128), (7, 5)]:
         for family in ("reciprocal", "divide", "multiplier"):
             args = dict(block=block, family=family)
-            _assert_same(
-                quantize_blockwise_triton(x, **args), quantize_blockwise(x, **args), f"{block}"
-            )
+            _assert_same(quantize_blockwise_triton(x, **args), quantize_blockwise(x, **args), f"{block}")
 
 
 def test_blockwise_expert_stack_is_one_launch_and_equals_per_expert():
@@ -168,11 +163,7 @@ def test_blockwise_bad_arguments_empty_and_non_contiguous():
     with pytest.raises(ValueError, match="expected a 2-D"):
         quantize_blockwise_triton(torch.ones(4))
     for shape in [(0, 300), (300, 0), (2, 0, 5)]:
-        _assert_same(
-            quantize_blockwise_triton(torch.ones(shape)),
-            quantize_blockwise(torch.ones(shape)),
-            f"{shape}",
-        )
+        _assert_same(quantize_blockwise_triton(torch.ones(shape)), quantize_blockwise(torch.ones(shape)), f"{shape}")
     x = _weight((260, 200), seed=6).t()
     _assert_same(quantize_blockwise_triton(x), quantize_blockwise(x), "transposed")
 
@@ -319,9 +310,7 @@ def test_nvfp4_experts_have_one_global_scale_each(rows_per_block):
         got = quantize_nvfp4_experts_triton(x, amax, rows_per_block=rows_per_block)
         assert got.global_scale.shape == (3,)
         for e in range(3):
-            want = quantize_nvfp4(
-                x[e], None if amax is None else amax[e], rows_per_block=rows_per_block
-            )
+            want = quantize_nvfp4(x[e], None if amax is None else amax[e], rows_per_block=rows_per_block)
             one = type(got)(got.data[e], got.block_scale[e], got.global_scale[e])
             _assert_same(one, want, f"expert {e} amax {amax}")
 

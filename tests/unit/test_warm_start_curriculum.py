@@ -80,18 +80,12 @@ def test_a_config_without_a_curriculum_keeps_its_cache_key(tmp_path):
             ["data.task=addition", "data.sft_alt_fraction=0", STAGE],
             r"curriculum\.chain_length=2 is invalid: expected data\.task=chain \(got addition\)",
         ),
-        (
-            ["policy.warm_start.curriculum={chain_length: 3, steps: 3}"],
-            r"fewer values than data\.chain_length=3",
-        ),
+        (["policy.warm_start.curriculum={chain_length: 3, steps: 3}"], r"fewer values than data\.chain_length=3"),
         (
             ["policy.warm_start.curriculum={chain_length: 2, steps: 0}"],
             r"policy\.warm_start\.curriculum\.steps=0 is invalid",
         ),
-        (
-            ["policy.warm_start.curriculum={chain_length: 2}"],
-            r"policy\.warm_start\.curriculum\.steps",
-        ),
+        (["policy.warm_start.curriculum={chain_length: 2}"], r"policy\.warm_start\.curriculum\.steps"),
     ],
 )
 def test_a_bad_curriculum_is_named(tmp_path, extra, match):

@@ -46,9 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MEGATRON_BASE = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
 MEGATRON_AIS_WORKER = "nemo_ais.nemo_rl.workers.megatron.AISMegatronPolicyWorker"
 # NeMo-RL's ModelOpt QAT Megatron worker (policy.quant_cfg: QARL) and ours on it
-MEGATRON_QUANT_BASE = (
-    "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker.MegatronQuantPolicyWorker"
-)
+MEGATRON_QUANT_BASE = "nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker.MegatronQuantPolicyWorker"
 MEGATRON_QUANT_AIS_WORKER = "nemo_ais.nemo_rl.workers.megatron_quant.AISMegatronQuantPolicyWorker"
 # what the stand-in workers answer to prepare_refit_info (name -> (shape, dtype))
 REFIT_INFO = {"model.embed_tokens.weight": ((16, 8), "torch.bfloat16")}
@@ -107,9 +105,7 @@ def tiny_datasets(raw: dict) -> tuple[list[dict], list[dict]]:
     per_step = grpo_cfg.get("num_prompts_per_step", 1)
     if grpo_cfg.get("use_dynamic_sampling"):
         per_step = int(per_step * grpo_cfg.get("batch_multiplier", 1))
-    return [datum(i) for i in range(2 * per_step)], [
-        datum(i) for i in range(grpo_cfg.get("val_batch_size", 1))
-    ]
+    return [datum(i) for i in range(2 * per_step)], [datum(i) for i in range(grpo_cfg.get("val_batch_size", 1))]
 
 
 class DriverBoundary:
@@ -136,12 +132,7 @@ class DriverBoundary:
         return self.tokenizer
 
     def setup_response_data(self, tokenizer, data_config, env_configs=None, *args, **kwargs):
-        self.events.append(
-            (
-                "setup_response_data",
-                {"tokenizer": tokenizer, "data": data_config, "env": env_configs},
-            )
-        )
+        self.events.append(("setup_response_data", {"tokenizer": tokenizer, "data": data_config, "env": env_configs}))
         return self.datasets
 
     def grpo_train(self, *args):
@@ -196,9 +187,7 @@ class _WorkerGroup:
         import ray
 
         self.calls.append((method_name, args, kwargs))
-        return [
-            ray.put(self._answer(method_name, rank)) for rank in range(self.cluster.world_size())
-        ]
+        return [ray.put(self._answer(method_name, rank)) for rank in range(self.cluster.world_size())]
 
     def shutdown(self, *args, **kwargs) -> bool:
         self.calls.append(("shutdown", args, kwargs))
@@ -248,19 +237,10 @@ class _EngineWorkerProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([env.get("PYTHONPATH", ""), str(REPO_ROOT)])
         env["STANDIN_CUDA_DEVICE"] = pickle.dumps(ENGINE_GPU["gpu"]).hex()
-        key = (
-            env["PYTHONPATH"],
-            env.get("NEMO_AIS_REFIT", ""),
-            pickle.dumps(method),
-            env["STANDIN_CUDA_DEVICE"],
-        )
+        key = (env["PYTHONPATH"], env.get("NEMO_AIS_REFIT", ""), pickle.dumps(method), env["STANDIN_CUDA_DEVICE"])
         if key not in _WORKER_ANSWERS:
             out = subprocess.run(
-                [sys.executable, "-c", _RUN_IN_WORKER],
-                input=key[2],
-                env=env,
-                capture_output=True,
-                timeout=120,
+                [sys.executable, "-c", _RUN_IN_WORKER], input=key[2], env=env, capture_output=True, timeout=120
             )
             assert out.returncode == 0, out.stderr.decode()
             _WORKER_ANSWERS[key] = out.stdout
@@ -375,13 +355,8 @@ class ActorBoundary:
         # (see test_worker_venv.py)
         monkeypatch.setenv("NEMO_RL_VENV_DIR", str(tmp_path / "venvs"))
         monkeypatch.delenv("NRL_FORCE_REBUILD_VENVS", raising=False)
-        monkeypatch.setattr(
-            registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY)
-        )
-        extras = {
-            MEGATRON_BASE: "--extra mcore",
-            MEGATRON_QUANT_BASE: "--extra modelopt --extra mcore",
-        }
+        monkeypatch.setattr(registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY))
+        extras = {MEGATRON_BASE: "--extra mcore", MEGATRON_QUANT_BASE: "--extra modelopt --extra mcore"}
         for base, extra in extras.items():
             venv_python = tmp_path / "venvs" / base / "bin" / "python"
             venv_python.parent.mkdir(parents=True)
@@ -410,7 +385,5 @@ def hf_config_of(model_name: str):
     if "llama" in name:
         return LlamaConfig(**common)
     if dims.num_experts:
-        return Qwen3MoeConfig(
-            **common, num_experts=dims.num_experts, moe_intermediate_size=dims.moe_intermediate_size
-        )
+        return Qwen3MoeConfig(**common, num_experts=dims.num_experts, moe_intermediate_size=dims.moe_intermediate_size)
     return Qwen3Config(**common)

@@ -28,11 +28,7 @@ import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
 import torch
 import torch.distributed as dist
-from _ray_boundary import (
-    MEGATRON_AIS_WORKER,
-    ActorBoundary,
-    build_policy,
-)
+from _ray_boundary import MEGATRON_AIS_WORKER, ActorBoundary, build_policy
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_rl.distributed import ray_actor_environment_registry as registry
 from nemo_rl.distributed.batched_data_dict import BatchedDataDict
@@ -155,9 +151,7 @@ class _MegatronStandIn:
             logprobs = self.curr[start : start + mbs].clone().requires_grad_(True)
             loss, metrics = loss_fn(logprobs, mb, global_valid_seqs, global_valid_toks)
             loss.backward()
-            self.calls.append(
-                {"data": mb, "loss": loss.detach(), "grad": logprobs.grad, "metrics": metrics}
-            )
+            self.calls.append({"data": mb, "loss": loss.detach(), "grad": logprobs.grad, "metrics": metrics})
         return {"calls": len(self.calls)}
 
 

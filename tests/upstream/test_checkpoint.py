@@ -62,8 +62,7 @@ def _master_config(path: Path) -> grpo.MasterConfig:
 def _save_state() -> dict:
     """What grpo_train hands ``init_tmp_checkpoint`` at the first save of a fresh run."""
     return per_version(  # v0.7.0: a dict; main: vars() of its GRPOSaveState dataclass
-        v0_7_0=lambda: grpo._default_grpo_save_state(),
-        main=lambda: vars(grpo._initial_grpo_save_state()),
+        v0_7_0=lambda: grpo._default_grpo_save_state(), main=lambda: vars(grpo._initial_grpo_save_state())
     )()
 
 
@@ -72,9 +71,7 @@ def _save_like_grpo_train(policy: Policy, master_config: grpo.MasterConfig, step
     checkpoint_path = checkpointer.init_tmp_checkpoint(step, _save_state(), master_config)
     policy.save_checkpoint(
         weights_path=os.path.join(checkpoint_path, "policy", "weights"),
-        optimizer_path=os.path.join(checkpoint_path, "policy", "optimizer")
-        if checkpointer.save_optimizer
-        else None,
+        optimizer_path=os.path.join(checkpoint_path, "policy", "optimizer") if checkpointer.save_optimizer else None,
         tokenizer_path=os.path.join(checkpoint_path, "policy", "tokenizer"),
         checkpointing_cfg=master_config.checkpointing,
     )
@@ -95,9 +92,7 @@ def test_checkpoint_save_is_accepted_by_upstreams_policy(path, local_ray, tmp_pa
 
     checkpoint_path = _save_like_grpo_train(policy, master_config, step=3)
 
-    assert (
-        checkpoint_path == tmp_path / master_config.checkpointing["checkpoint_dir"] / "tmp_step_3"
-    )
+    assert checkpoint_path == tmp_path / master_config.checkpointing["checkpoint_dir"] / "tmp_step_3"
     assert (checkpoint_path / "training_info.json").is_file()
     assert (checkpoint_path / "config.yaml").is_file()
     policy_dir = checkpoint_path / "policy"
@@ -119,9 +114,7 @@ def test_checkpoint_save_is_accepted_by_upstreams_policy(path, local_ray, tmp_pa
     del policy.worker_group  # Policy.__del__ would shut the stand-in down
 
 
-def test_a_save_format_without_dtensor_v2_is_what_upstream_rejects(
-    local_ray, tmp_path, monkeypatch
-):
+def test_a_save_format_without_dtensor_v2_is_what_upstream_rejects(local_ray, tmp_path, monkeypatch):
     # The defect this guards: NeMo-RL raises at the FIRST checkpoint save, hours into a run.
     monkeypatch.chdir(tmp_path)
     master_config = _master_config(CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml")

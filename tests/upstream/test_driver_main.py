@@ -188,10 +188,7 @@ def test_main_runs_async_grpo_with_the_ais_loss(driver):
     assert isinstance(kwargs["loss_fn"], AISClippedPGLossFn)
     assert kwargs["max_trajectory_age_steps"] == 2
     grpo_cfg = kwargs["master_config"].grpo  # v0.7.0: a dict; main: a pydantic model
-    enabled = per_version(
-        v0_7_0=lambda: grpo_cfg["async_grpo"]["enabled"],
-        main=lambda: grpo_cfg.async_grpo.enabled,
-    )
+    enabled = per_version(v0_7_0=lambda: grpo_cfg["async_grpo"]["enabled"], main=lambda: grpo_cfg.async_grpo.enabled)
     assert enabled() is True
 
 
@@ -203,9 +200,7 @@ def test_bad_ais_config_fails_before_ray(driver, monkeypatch, capsys):
         run.main(["--config", str(path), "loss_fn.ais=ais"])  # a TypeError, as a ConfigError
     assert driver.events == []
     # as a script: one line and exit 2, not a traceback
-    monkeypatch.setattr(
-        sys, "argv", [str(LAUNCHER), "--config", str(path), "loss_fn.ais.weight_cap=0.5"]
-    )
+    monkeypatch.setattr(sys, "argv", [str(LAUNCHER), "--config", str(path), "loss_fn.ais.weight_cap=0.5"])
     with pytest.raises(SystemExit, match="2"):
         runpy.run_path(str(LAUNCHER), run_name="__main__")
     err = capsys.readouterr().err.splitlines()
@@ -236,12 +231,8 @@ def test_data_plane_is_refused_before_ray_for_every_mode(driver):
     # the AIS worker is not composed with TQPolicy, so every arm refuses it, before Ray starts.
     path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
     for mode in ("none", "tis", "ais"):
-        with pytest.raises(
-            ValueError, match=r"data_plane\.enabled=true .*set data_plane\.enabled=false"
-        ):
-            run.main(
-                ["--config", str(path), f"loss_fn.ais.mode={mode}", "+data_plane.enabled=true"]
-            )
+        with pytest.raises(ValueError, match=r"data_plane\.enabled=true .*set data_plane\.enabled=false"):
+            run.main(["--config", str(path), f"loss_fn.ais.mode={mode}", "+data_plane.enabled=true"])
     assert driver.events == []
 
 
@@ -273,9 +264,7 @@ def test_a_w4a4_or_mxfp8_rollout_on_hopper_stops_main_before_training(driver):
     # vLLM would run the NVFP4 W4A4 arm as W4A16 (Marlin) on an H100, silently: the
     # engines' GPUs are asked after setup() and main() stops, naming format and GPU
     # (v0.7.0 has neither format: refused before Ray, as test_setup_real.py checks)
-    refused = per_version(
-        v0_7_0=(ValueError, "needs NeMo-RL main"), main=(RuntimeError, "natively")
-    )
+    refused = per_version(v0_7_0=(ValueError, "needs NeMo-RL main"), main=(RuntimeError, "natively"))
     for name in ("qwen3_8b_nvfp4_w4a4_ais.yaml", "qwen3_8b_mxfp8_ais.yaml"):
         driver.events.clear()
         with pytest.raises(refused[0], match=refused[1]) as err:
@@ -311,9 +300,7 @@ def test_a_cluster_of_hopper_nodes_stops_a_w4a4_run_before_setup(driver, monkeyp
 
 def test_after_the_first_refit_main_checks_every_engine_layer_once(driver, monkeypatch):
     refits = []
-    monkeypatch.setattr(
-        grpo, "refit_policy_generation", lambda *a, **k: refits.append(len(refits)) or {}
-    )
+    monkeypatch.setattr(grpo, "refit_policy_generation", lambda *a, **k: refits.append(len(refits)) or {})
     run.main(["--config", str(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml")])
     wrapped = grpo.refit_policy_generation
     assert wrapped.__wrapped__ is not None  # installed by main(), around upstream's name
@@ -346,7 +333,5 @@ def test_bypass_makes_upstreams_grpo_train_skip_the_prev_logprobs_forward(driver
 def test_bypass_with_several_updates_per_rollout_batch_is_refused_before_ray(driver):
     path = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
     with pytest.raises(ValueError, match=r"policy\.train_global_batch_size=16 must equal grpo"):
-        run.main(
-            ["--config", str(path), "loss_fn.ais.bypass=true", "policy.train_global_batch_size=16"]
-        )
+        run.main(["--config", str(path), "loss_fn.ais.bypass=true", "policy.train_global_batch_size=16"])
     assert driver.events == []

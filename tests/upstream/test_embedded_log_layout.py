@@ -104,26 +104,18 @@ def _upstream_log_data(rows, tok):
         assert response and tok.decode(prompt)[-1] == "=", (prompt, response)
         message_logs.append(
             [
-                {
-                    "role": "user",
-                    "content": tok.decode(prompt),
-                    "token_ids": torch.tensor(prompt, dtype=torch.long),
-                },
+                {"role": "user", "content": tok.decode(prompt), "token_ids": torch.tensor(prompt, dtype=torch.long)},
                 {
                     "role": "assistant",
                     "content": tok.decode(response),
                     "token_ids": torch.tensor(response, dtype=torch.long),
-                    "generation_logprobs": torch.tensor(
-                        r["generation_logprobs"][0][PROMPT_LEN:n], dtype=torch.float32
-                    ),
+                    "generation_logprobs": torch.tensor(r["generation_logprobs"][0][PROMPT_LEN:n], dtype=torch.float32),
                 },
             ]
         )
     add_grpo_token_loss_masks_and_generation_logprobs(message_logs)
     flat_messages, input_lengths = batched_message_log_to_flat_message(
-        message_logs,
-        pad_value_dict={"token_ids": tok.pad_id},
-        make_sequence_length_divisible_by=1,
+        message_logs, pad_value_dict={"token_ids": tok.pad_id}, make_sequence_length_divisible_by=1
     )
     train_data = BatchedDataDict(
         {
@@ -131,9 +123,7 @@ def _upstream_log_data(rows, tok):
             "input_lengths": input_lengths,
             "generation_logprobs": flat_messages["generation_logprobs"],
             "token_mask": flat_messages["token_loss_mask"],
-            "sample_mask": torch.tensor(
-                [r["sample_loss_mask"][0] for r in rows], dtype=torch.float32
-            ),
+            "sample_mask": torch.tensor([r["sample_loss_mask"][0] for r in rows], dtype=torch.float32),
         }
     )
     width = train_data["input_ids"].shape[1]
@@ -178,10 +168,7 @@ def _differences(ours, theirs):
         for key in dict.fromkeys([*t, *o]):
             # json.dumps tells 1 from 1.0 and [x] from [[x]], which == does not
             if json.dumps(o.get(key)) != json.dumps(t.get(key)):
-                out.setdefault(
-                    key,
-                    f"line {line}: ours {_short(o.get(key))} | upstream {_short(t.get(key))}",
-                )
+                out.setdefault(key, f"line {line}: ours {_short(o.get(key))} | upstream {_short(t.get(key))}")
     return out
 
 

@@ -75,9 +75,7 @@ def test_an_unknown_method_is_named_not_guessed():
 
     assert er.held_format(SomeNewMethod()) == "unknown:SomeNewMethod"
     # a vLLM release that renames a method is refused, not guessed
-    layer = er.HeldLayer(
-        "model.layers.0.mlp.down_proj", "SomeNewMethod", "unknown:SomeNewMethod", False
-    )
+    layer = er.HeldLayer("model.layers.0.mlp.down_proj", "SomeNewMethod", "unknown:SomeNewMethod", False)
     report = er.EngineLayers(1, "host", *B200, (layer,))
     (problem,) = er.format_problems("fp8", [report], _router_rule, nemo_rl_version="main")
     assert "down_proj is held as unknown:SomeNewMethod (SomeNewMethod), expected fp8" in problem
@@ -124,16 +122,11 @@ def test_a_prefix_collision_in_the_engine_is_refused_naming_the_layer():
 
 def test_a_layer_the_run_keeps_in_bf16_but_the_engine_quantizes():
     spec = dense_spec(2, "fp8_cutlass")
-    problems = er.format_problems(
-        "fp8", [_report(spec)], lambda n: ".layers.0." in n, nemo_rl_version="main"
-    )
+    problems = er.format_problems("fp8", [_report(spec)], lambda n: ".layers.0." in n, nemo_rl_version="main")
     assert len(problems) == 4  # the four linears of layer 0
     assert all("layers.0." in p and "but the run keeps it in BF16" in p for p in problems)
     assert er.expects_bf16(lambda n: False, "lm_head")  # outside the decoder: BF16
-    assert (
-        er.expects_bf16(lambda n: n.endswith("q_proj"), "model.layers.0.self_attn.qkv_proj")
-        is False
-    )
+    assert er.expects_bf16(lambda n: n.endswith("q_proj"), "model.layers.0.self_attn.qkv_proj") is False
 
 
 def test_nvfp4_experts_are_refused_on_v0_7_0_only():
@@ -209,9 +202,7 @@ def test_an_async_engine_is_read_on_its_own_event_loop(async_engines):
     # __ray_call__ runs outside the async actor's loop; the engine answers only on its own
     for name in ("good", "resources_only"):  # output_handler, or the client's output task
         generation = generation_over([async_engines[name]])
-        (report,) = er.require_engine_formats(
-            generation, "fp8", _router_rule, nemo_rl_version="main"
-        )
+        (report,) = er.require_engine_formats(generation, "fp8", _router_rule, nemo_rl_version="main")
         assert report.pid != os.getpid() and len(report.layers) == 2 * 4 + 2
         assert ray.get(async_engines[name].rpc_calls.remote())[-1] == "engine_layers"
     generation = generation_over([async_engines["good"], async_engines["collided"]])
@@ -263,8 +254,7 @@ def test_the_launchers_first_refit_check_reads_async_engines_or_warns(async_engi
 
     run = launcher()
     raw = run.load_config_dict(
-        str(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"),
-        ["policy.generation.vllm_cfg.async_engine=true"],
+        str(CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"), ["policy.generation.vllm_cfg.async_engine=true"]
     )
     refits = []
     for name, outcome in (("collided", "refuse"), ("no_output_task", "warn"), ("good", "pass")):
@@ -309,9 +299,7 @@ def test_a_cluster_without_a_native_gpu_is_refused_before_setup(local_ray):
     with pytest.raises(RuntimeError, match=r"mxfp8 needs a GPU of compute capability >= 10\.0"):
         er.require_native_nodes("mxfp8", read=hopper)
     # Hopper runs block FP8 and NVFP4 W4A16 natively; bf16 has no kernel to check
-    assert er.require_native_nodes("fp8", read=hopper) == {
-        host: [H100, H100, ("NVIDIA H200", (9, 0))]
-    }
+    assert er.require_native_nodes("fp8", read=hopper) == {host: [H100, H100, ("NVIDIA H200", (9, 0))]}
     assert er.require_native_nodes("nvfp4_w4a16", read=hopper)[host][0] == H100
     assert er.require_native_nodes("bf16", read=hopper) == {}
 
@@ -337,9 +325,7 @@ def test_nvml_is_read_for_the_visible_gpus_by_index_or_uuid(monkeypatch):
                     raise RuntimeError("NVML_ERROR_NOT_FOUND")  # pynvml's NVMLError
                 return {
                     "nvmlDeviceGetCount": 2,
-                    "nvmlDeviceGetName": b"NVIDIA H100 80GB HBM3"
-                    if args == ("h1",)
-                    else "NVIDIA B200",
+                    "nvmlDeviceGetName": b"NVIDIA H100 80GB HBM3" if args == ("h1",) else "NVIDIA B200",
                     "nvmlDeviceGetCudaComputeCapability": (9, 0) if args == ("h1",) else (10, 0),
                     "nvmlDeviceGetHandleByIndex": f"h{args[0]}" if args else None,
                     "nvmlDeviceGetHandleByUUID": "hu",
@@ -372,9 +358,7 @@ def test_an_async_engine_is_checked_by_its_actors_gpus_without_collective_rpc(en
     assert report.device == "visible=None"  # no CUDA_VISIBLE_DEVICES on this CPU actor: all
     assert ray.get(engines["good"].rpc_calls.remote()) == before  # no collective_rpc call
     with caplog.at_level("WARNING", logger=er.logger.name):
-        assert (
-            er.require_native_gpu(generation, "fp8", async_engine=True, read=lambda v: None) == []
-        )
+        assert er.require_native_gpu(generation, "fp8", async_engine=True, read=lambda v: None) == []
     assert "NVML could not be read in the async generation workers" in caplog.text
 
 

@@ -39,9 +39,7 @@ def _env(launcher_env: dict[str, str], drop: str | None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO_ROOT), stand_in])
     if drop == "hook_dir":  # sitecustomize not on the path (or shadowed)
         hook_dir = str(REPO_ROOT / "nemo_ais" / "nemo_rl" / "_vllm_hook")
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in env["PYTHONPATH"].split(os.pathsep) if p != hook_dir
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in env["PYTHONPATH"].split(os.pathsep) if p != hook_dir)
     if drop == "env_var":
         env[refit.ENV_VAR] = ""
     return env
@@ -59,9 +57,7 @@ def launcher_env():
 def _started(actor_class, launcher_env, drops, **kwargs):
     """One actor per environment (``drops``: what each lacks, None: as launched)."""
     return {
-        drop or "launched": actor_class.options(
-            runtime_env={"env_vars": _env(launcher_env, drop)}
-        ).remote(**kwargs)
+        drop or "launched": actor_class.options(runtime_env={"env_vars": _env(launcher_env, drop)}).remote(**kwargs)
         for drop in drops
     }
 
@@ -79,12 +75,7 @@ def test_every_vllm_worker_reports_the_armed_refit(workers, caplog):
     generation = generation_over([workers["launched"]])
     with caplog.at_level(logging.WARNING, logger="nemo_ais.nemo_rl.refit"):
         (status,) = refit.require_active(generation)
-    assert (status.configured, status.armed, status.imported, status.active) == (
-        True,
-        True,
-        False,
-        True,
-    )
+    assert (status.configured, status.armed, status.imported, status.active) == (True, True, False, True)
     assert status.pid != os.getpid()  # asked in the worker's process, not the driver's
     assert ray.get(workers["launched"].rpc_calls.remote()) == ["hook_status"]
     assert "AIS refit armed in 1 vLLM worker processes of 1 generation workers" in caplog.text
@@ -99,12 +90,8 @@ def test_a_worker_without_the_hook_fails_the_run_naming_it(workers, caplog):
         refit.require_active(generation)
     message = str(err.value)
     assert "generation worker 0" not in message
-    assert (
-        "generation worker 1, vLLM process" in message and "sitecustomize.py did not run" in message
-    )
-    assert (
-        "generation worker 2, vLLM process" in message and f"{refit.ENV_VAR} is not set" in message
-    )
+    assert "generation worker 1, vLLM process" in message and "sitecustomize.py did not run" in message
+    assert "generation worker 2, vLLM process" in message and f"{refit.ENV_VAR} is not set" in message
     assert "AIS refit NOT active" in caplog.text  # logged at WARNING as well
 
 

@@ -165,12 +165,7 @@ def test_a_fresh_worker_interpreter_arms_the_hook_without_importing_torch(smoke_
 def test_the_vllm_worker_gets_the_patch_when_it_imports_nemo_rls_fp8_module(smoke_env):
     result, stderr = _fresh_worker(_worker_env(), "vllm")
     status = result["status"]
-    assert (status["configured"], status["armed"], status["imported"], status["patched"]) == (
-        True,
-        True,
-        True,
-        True,
-    )
+    assert (status["configured"], status["armed"], status["imported"], status["patched"]) == (True, True, True, True)
     assert status["error"] is None and status["is_ours"] is True
     # success is logged at WARNING (seen with Python's default logging level)
     assert "load_weights wrapped in pid" in stderr and "quantized to fp8 by nemo_ais" in stderr

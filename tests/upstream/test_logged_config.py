@@ -32,10 +32,7 @@ pytestmark = pytest.mark.nemo_rl
 run = launcher()
 SMOKE = CONFIG_DIR / "smoke_qwen3_0.6b_1n.yaml"
 BYPASS = ["loss_fn.ais.bypass=true"]
-DRIVER_ONLY = {
-    "loss_fn.use_importance_sampling_correction": True,
-    "loss_fn.force_on_policy_ratio": True,
-}
+DRIVER_ONLY = {"loss_fn.use_importance_sampling_correction": True, "loss_fn.force_on_policy_ratio": True}
 
 
 def _master(overrides):
@@ -70,9 +67,7 @@ def _tensorboard_hparams(log_dir: Path) -> dict:
             for value in event.summary.value:
                 if value.metadata.plugin_data.plugin_name != "hparams":
                     continue
-                data = plugin_data_pb2.HParamsPluginData.FromString(
-                    value.metadata.plugin_data.content
-                )
+                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
                 for name, v in data.session_start_info.hparams.items():
                     found[name] = v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
     return found
@@ -121,8 +116,7 @@ def test_the_loggers_record_the_users_loss_fn_and_the_marker(tmp_path):
 
 def _save_state() -> dict:
     return per_version(
-        v0_7_0=lambda: grpo._default_grpo_save_state(),
-        main=lambda: vars(grpo._initial_grpo_save_state()),
+        v0_7_0=lambda: grpo._default_grpo_save_state(), main=lambda: vars(grpo._initial_grpo_save_state())
     )()
 
 
@@ -133,9 +127,7 @@ def test_each_checkpoint_saves_the_users_loss_fn_and_reruns(overrides, tmp_path)
     path = Path(checkpointer.init_tmp_checkpoint(3, _save_state(), master))
     saved = yaml.safe_load((path / "config.yaml").read_text())
     assert saved["loss_fn"] == raw["loss_fn"]
-    expected_view = (
-        {**DRIVER_ONLY} if overrides else {k: DRIVER_ONLY[k] for k in list(DRIVER_ONLY)[:1]}
-    )
+    expected_view = {**DRIVER_ONLY} if overrides else {k: DRIVER_ONLY[k] for k in list(DRIVER_ONLY)[:1]}
     assert saved[RUN_MARKER_KEY]["driver_view"] == expected_view
     assert {k: v for k, v in saved.items() if k not in ("loss_fn", RUN_MARKER_KEY)} == {
         k: v for k, v in master.model_dump().items() if k not in ("loss_fn", RUN_MARKER_KEY)

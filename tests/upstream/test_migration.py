@@ -64,9 +64,7 @@ RECIPES = {  # upstream recipe -> the AIS worker its backend gets
 
 def doc_block(name: str) -> str:
     """The fenced block right after ``<!-- migration:<name> -->`` in docs/migration.md."""
-    found = re.findall(
-        rf"<!-- migration:{re.escape(name)} -->\s*\n```\w*\n(.*?)^```", DOC.read_text(), re.S | re.M
-    )
+    found = re.findall(rf"<!-- migration:{re.escape(name)} -->\s*\n```\w*\n(.*?)^```", DOC.read_text(), re.S | re.M)
     assert len(found) == 1, f"docs/migration.md: expected one migration:{name} block"
     return found[0]
 
@@ -131,14 +129,7 @@ def test_the_doc_names_the_files_it_changes():
 
 # launchers/run_grpo_ais.py's public names that are not hooks of a custom entry point: its
 # own CLI and loader, and what make_policy_factory calls itself
-NOT_HOOKS = {
-    "ConfigError",
-    "main",
-    "parse_args",
-    "load_config_dict",
-    "ais_worker_fqn",
-    "register_ais_workers",
-}
+NOT_HOOKS = {"ConfigError", "main", "parse_args", "load_config_dict", "ais_worker_fqn", "register_ais_workers"}
 
 
 def test_the_hook_table_lists_every_helper_the_launcher_adds():
@@ -190,9 +181,7 @@ def test_the_check_says_what_the_migrated_recipe_inherits_and_the_doc_fixes_it(c
     )
     assert [line[:6] for line in lines] == ["[OK  ]", "[WARN]", "[WARN]"]
     assert "measure the FP8 rollout against an FP8 trainer" in lines[1]
-    assert lines[1].endswith(
-        "For a BF16 trainer: policy.megatron_cfg.fp8_cfg.enabled=false (docs/migration.md)"
-    )
+    assert lines[1].endswith("For a BF16 trainer: policy.megatron_cfg.fp8_cfg.enabled=false (docs/migration.md)")
     assert "64 x 32 = 2048 rollouts / policy.train_global_batch_size=512" in lines[2]
     assert lines[2].endswith("policy.train_global_batch_size=2048 (docs/migration.md)")
     assert doc_block("trainer-check").splitlines() == [f"  {line}" for line in lines]

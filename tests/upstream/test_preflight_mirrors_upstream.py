@@ -109,15 +109,12 @@ def test_async_grpo_without_the_async_engine_stops_async_grpo_train_and_fails_of
     overrides = [*ASYNC]  # the bf16 arm: no FP8 KV cache (setup's own async assert)
     # main names its other async engines too (Dynamo, Megatron, TRT-LLM)
     message = per_version(
-        v0_7_0="Async GRPO requires an async vLLM",
-        main="Async GRPO requires Dynamo, Megatron, or an async vLLM",
+        v0_7_0="Async GRPO requires an async vLLM", main="Async GRPO requires Dynamo, Megatron, or an async vLLM"
     )
     with pytest.raises(AssertionError, match=message):
         rig(SMOKE_BF16, overrides, stop=False, real_async=True)
     failed = _failures(SMOKE_BF16, overrides)["async_grpo"]
-    assert (
-        "grpo.async_grpo.enabled=true needs policy.generation.vllm_cfg.async_engine=true" in failed
-    )
+    assert "grpo.async_grpo.enabled=true needs policy.generation.vllm_cfg.async_engine=true" in failed
 
 
 def test_async_grpo_without_importance_sampling_stops_and_fails_offline(rig):

@@ -20,12 +20,7 @@ import importlib
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
 from _megatron_worker import Placeholder, megatron_worker_modules
-from _ray_boundary import (
-    MEGATRON_QUANT_AIS_WORKER,
-    MEGATRON_QUANT_BASE,
-    ActorBoundary,
-    build_policy,
-)
+from _ray_boundary import MEGATRON_QUANT_AIS_WORKER, MEGATRON_QUANT_BASE, ActorBoundary, build_policy
 from nemo_rl.distributed import ray_actor_environment_registry as registry
 from nemo_rl.models.policy.utils import resolve_policy_worker_cls
 from shipped_configs import CONFIG_DIR, launcher
@@ -90,9 +85,7 @@ def test_our_class_extends_upstreams_quant_worker_with_the_prepare_step_first(qu
         assert getattr(ours, name) is getattr(upstream, name), name
 
 
-def test_upstreams_policy_builds_the_ais_worker_of_the_class_it_resolved(
-    quant_modules, monkeypatch, tmp_path
-):
+def test_upstreams_policy_builds_the_ais_worker_of_the_class_it_resolved(quant_modules, monkeypatch, tmp_path):
     run = launcher()
     raw = run.load_config_dict(str(QARL_CONFIG), [])
     boundary = ActorBoundary(stop=True).install(monkeypatch, tmp_path)

@@ -28,9 +28,7 @@ UPSTREAM = {
     "smoke_qwen3_0.6b_1n.yaml": "grpo_math_1B_megatron.yaml",
     "qwen3_8b_2n8g_fp8.yaml": "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron.yaml",
     "qwen3_30b_a3b_2n8g_fp8_ep8.yaml": "grpo_math_qwen30ba3b_megatron.yaml",
-    "llama3.1_8b_2n8g_fp8_pp2.yaml": (
-        "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-megatron-fp8-e2e.yaml"
-    ),
+    "llama3.1_8b_2n8g_fp8_pp2.yaml": ("recipes/llm/grpo-llama3.1-8b-instruct-2n8g-megatron-fp8-e2e.yaml"),
 }
 
 # Deviations every config shares (set in grpo_ais_base.yaml).
@@ -79,9 +77,7 @@ _SEQ_LEN = {
 # Per config: the keys allowed (and required) to differ from its upstream recipe.
 DEVIATIONS = {
     "grpo_ais_base.yaml": _FP8_ROLLOUT | _SMALL_RUN | _SEQ_LEN,
-    "smoke_qwen3_0.6b_1n.yaml": _FP8_ROLLOUT
-    | _SMALL_RUN
-    | {"grpo.max_val_samples", "grpo.val_batch_size"},
+    "smoke_qwen3_0.6b_1n.yaml": _FP8_ROLLOUT | _SMALL_RUN | {"grpo.max_val_samples", "grpo.val_batch_size"},
     "qwen3_8b_2n8g_fp8.yaml": {
         "cluster.num_nodes",
         "policy.megatron_cfg.tensor_model_parallel_size",
@@ -101,11 +97,7 @@ DEVIATIONS = {
     }
     | _SEQ_LEN,
     "qwen3_30b_a3b_2n8g_fp8_ep8.yaml": _FP8_ROLLOUT
-    | {
-        "cluster.num_nodes",
-        "policy.generation.vllm_cfg.tensor_parallel_size",
-        "grpo.num_generations_per_prompt",
-    },
+    | {"cluster.num_nodes", "policy.generation.vllm_cfg.tensor_parallel_size", "grpo.num_generations_per_prompt"},
     "llama3.1_8b_2n8g_fp8_pp2.yaml": {
         "policy.megatron_cfg.fp8_cfg.enabled",
         "policy.megatron_cfg.optimizer.use_precision_aware_optimizer",
@@ -134,10 +126,7 @@ _MXFP8_ROLLOUT = {
 # The comparison arms: their model config's deviations; the BF16 arm also the rollout's.
 EXPERIMENTS = {
     f"experiments/{model}_{arm}.yaml": (base, _FP8_ROLLOUT if arm == "bf16" else set())
-    for model, base in (
-        ("qwen3_8b", "qwen3_8b_2n8g_fp8.yaml"),
-        ("smoke", "smoke_qwen3_0.6b_1n.yaml"),
-    )
+    for model, base in (("qwen3_8b", "qwen3_8b_2n8g_fp8.yaml"), ("smoke", "smoke_qwen3_0.6b_1n.yaml"))
     for arm in ("bf16", "fp8_none", "fp8_tis", "fp8_ais")
 }
 EXPERIMENTS |= {
@@ -250,11 +239,7 @@ def test_the_keys_main_requires_are_what_mains_recipes_set():
 def test_every_full_config_is_compared():
     from nemo_ais import preflight as cc
 
-    full = {
-        str(p.relative_to(CONFIG_DIR))
-        for p in CONFIG_DIR.rglob("*.yaml")
-        if not cc.is_mixin(cc.load_config(p))
-    }
+    full = {str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.yaml") if not cc.is_mixin(cc.load_config(p))}
     assert full == set(UPSTREAM) | set(EXPERIMENTS)
 
 

@@ -220,9 +220,7 @@ class _ActorHandle:
     def __getattr__(self, method: str):
         def remote(*args, **kwargs):
             args = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args]
-            kwargs = {
-                k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in kwargs.items()
-            }
+            kwargs = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in kwargs.items()}
             self.calls.append((method, kwargs))
             if method in GPU_ONLY_METHODS:
                 return ray.put(None)
@@ -274,8 +272,7 @@ def _policy(worker, policies):
     from nemo_rl.models.policy.lm_policy import Policy
 
     sharding = NamedSharding(
-        layout=[[[[0]]]],
-        names=["pipeline_parallel", "data_parallel", "context_parallel", "tensor_parallel"],
+        layout=[[[[0]]]], names=["pipeline_parallel", "data_parallel", "context_parallel", "tensor_parallel"]
     )
     group = RayWorkerGroup.__new__(RayWorkerGroup)
     group._workers = [_ActorHandle(worker)]
@@ -322,9 +319,7 @@ def _calibration_data():
 
 
 def _scale_names() -> list[str]:
-    from nemo_rl.models.generation.vllm.quantization.fp8_train_utils import (
-        get_vllm_qkv_scale_names,
-    )
+    from nemo_rl.models.generation.vllm.quantization.fp8_train_utils import get_vllm_qkv_scale_names
 
     return [n for i in range(LAYERS) for n in get_vllm_qkv_scale_names(i).values()]
 
@@ -332,9 +327,7 @@ def _scale_names() -> list[str]:
 def _refit(policy, vllm, colocated: bool, kv_scales):
     from nemo_rl.algorithms.grpo import refit_policy_generation
 
-    refit_policy_generation(
-        policy, vllm, colocated, _refit_buffer_size_gb=0.001, kv_scales=kv_scales
-    )
+    refit_policy_generation(policy, vllm, colocated, _refit_buffer_size_gb=0.001, kv_scales=kv_scales)
 
 
 # ---- tests ------------------------------------------------------------------------------------
@@ -390,9 +383,7 @@ def test_refit_without_calibration_fails_naming_the_layer(
     worker = _worker(worker_modules, kv_cache_dtype="fp8")
     policy, _ = make_policy(worker)
     # what grpo_train does before the initial validation (val_at_start): no calibration yet
-    with pytest.raises(
-        ValueError, match=r"layer 0: .*model\.layers\.0\.self_attn\.k_scale never calibrated"
-    ) as err:
+    with pytest.raises(ValueError, match=r"layer 0: .*model\.layers\.0\.self_attn\.k_scale never calibrated") as err:
         _refit(policy, transport.vllm, colocated, kv_scales=None)
     assert f"layer {LAYERS - 1}: " in str(err.value)  # every layer is named
     assert "grpo.val_at_start: false" in str(err.value)  # the actionable hint
@@ -406,14 +397,10 @@ def test_partial_calibration_fails_naming_the_missing_layer(
     policy, _ = make_policy(worker)
     kv_scales = policy.calibrate_qkv_fp8_scales(_calibration_data(), include_q=True)["layers"]
     partial = {n: v for n, v in kv_scales.items() if not n.startswith("model.layers.1.")}
-    with pytest.raises(
-        ValueError, match=r"layer 1: model\.layers\.1\.self_attn\.attn\.q_scale never calibrated"
-    ):
+    with pytest.raises(ValueError, match=r"layer 1: model\.layers\.1\.self_attn\.attn\.q_scale never calibrated"):
         _refit(policy, transport.vllm, colocated=False, kv_scales=partial)
     defaults = dict(kv_scales, **{"model.layers.1.self_attn.v_scale": 1.0})
-    with pytest.raises(
-        ValueError, match=r"layer 1: model\.layers\.1\.self_attn\.v_scale left at the default 1\.0"
-    ):
+    with pytest.raises(ValueError, match=r"layer 1: model\.layers\.1\.self_attn\.v_scale left at the default 1\.0"):
         _refit(policy, transport.vllm, colocated=False, kv_scales=defaults)
 
 
@@ -424,9 +411,7 @@ def test_bf16_kv_cache_streams_no_scales_and_needs_no_calibration(
     policy, _ = make_policy(worker)
     _refit(policy, transport.vllm, colocated=True, kv_scales=None)
     assert transport.vllm.scales() == {}
-    assert [n for n, _ in transport.vllm.received] == [
-        n for n, _ in worker.model.named_parameters()
-    ]
+    assert [n for n, _ in transport.vllm.received] == [n for n, _ in worker.model.named_parameters()]
 
 
 @pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
@@ -476,9 +461,7 @@ class _ReplayWorker:
             layer.self_attention.layer_number = i + 1
             layer.self_attention.core_attention = _CoreAttention()
             self.model.module.decoder.layers.append(layer)
-        self.megatron_bridge = types.SimpleNamespace(
-            transformer_config=types.SimpleNamespace(num_layers=num_layers)
-        )
+        self.megatron_bridge = types.SimpleNamespace(transformer_config=types.SimpleNamespace(num_layers=num_layers))
 
     def _ais_device(self):
         return None
@@ -529,9 +512,7 @@ def _ours(worker_modules, standin, data):
     return cls.calibrate_qkv_fp8_scales(standin, data=data, include_q=True)
 
 
-def test_our_calibration_equals_upstreams_on_the_gpt_activations(
-    worker_modules, cpu_shims, one_rank, monkeypatch
-):
+def test_our_calibration_equals_upstreams_on_the_gpt_activations(worker_modules, cpu_shims, one_rank, monkeypatch):
     monkeypatch.delenv(KV_REDUCTION_ENV, raising=False)
     worker = _worker(worker_modules, kv_cache_dtype="fp8")
     worker.get_logprobs = _micro_batched_forward(worker, worker.model, micro_batch_size_default=1)
@@ -589,9 +570,7 @@ def test_our_calibration_equals_upstreams_on_heavy_tailed_qkv(
         _ours(worker_modules, standin, data)
 
 
-def test_upstreams_substring_match_also_hooks_core_attentions_children(
-    worker_modules, cpu_shims, one_rank
-):
+def test_upstreams_substring_match_also_hooks_core_attentions_children(worker_modules, cpu_shims, one_rank):
     # why the comparison replays the Q/K/V through a stand-in (module doc): on megatron-core's
     # local spec upstream's pre-hook also fires on core_attention.scale_mask_softmax
     # (scores, mask), taking the boolean mask for k, and on .attention_dropout

@@ -46,8 +46,7 @@ def test_each_probe_finds_its_text_in_exactly_the_versions_the_table_names(fmt):
     found = tuple(
         version
         for version, tree in TREES.items()
-        if (tree / support.probe_file).is_file()
-        and support.probe_text in (tree / support.probe_file).read_text()
+        if (tree / support.probe_file).is_file() and support.probe_text in (tree / support.probe_file).read_text()
     )
     assert found == support.versions, (fmt, found)
 
@@ -55,9 +54,7 @@ def test_each_probe_finds_its_text_in_exactly_the_versions_the_table_names(fmt):
 def test_the_nested_bf16_layers_probe_finds_v070_only():
     # tests/adapters/test_preflight_bf16_layers.py runs both init_fp8s: v0.7.0 nests the list
     probe = NESTED_BF16_LAYERS
-    found = tuple(
-        v for v, t in TREES.items() if probe.probe_text in (t / probe.probe_file).read_text()
-    )
+    found = tuple(v for v, t in TREES.items() if probe.probe_text in (t / probe.probe_file).read_text())
     assert found == probe.versions == ("v0.7.0",)
 
 

@@ -182,13 +182,7 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     rec = real_setup
     raw = _main(rec, path)
     ais_cfg = run.validate_ais(raw)
-    assert rec.driver.names() == [
-        "init_ray",
-        "get_tokenizer",
-        "setup_response_data",
-        "grpo_train",
-        *AFTER_TRAINING,
-    ]
+    assert rec.driver.names() == ["init_ray", "get_tokenizer", "setup_response_data", "grpo_train", *AFTER_TRAINING]
 
     # ---- setup() ran to its return; main swapped the loss it returned
     (setup_call,) = rec.setup_calls
@@ -250,9 +244,7 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     assert policy.flops_tracker is not None  # upstream's FLOPTracker on the model's shapes
     mcfg = raw["policy"]["megatron_cfg"]
     model_parallel = (
-        mcfg["tensor_model_parallel_size"]
-        * mcfg["pipeline_model_parallel_size"]
-        * mcfg["context_parallel_size"]
+        mcfg["tensor_model_parallel_size"] * mcfg["pipeline_model_parallel_size"] * mcfg["context_parallel_size"]
     )
     world = raw["cluster"]["num_nodes"] * raw["cluster"]["gpus_per_node"]
     assert policy.data_parallel_size == world // model_parallel
@@ -283,9 +275,7 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     assert vllm.config["vllm_cfg"] == expected["vllm_cfg"] == vllm_cfg
     assert vllm.config["vllm_cfg"]["load_format"] == "dummy"
     assert vllm.config["model_name"] == raw["policy"]["model_name"]
-    assert vllm.config["vllm_kwargs"]["hf_overrides"] == raw["policy"].get(
-        "hf_config_overrides", {}
-    )
+    assert vllm.config["vllm_kwargs"]["hf_overrides"] == raw["policy"].get("hf_config_overrides", {})
     # every FP8 config arms the AIS FP8 refit (test_fp8_refit_configs.py), every NVFP4 one
     # the NVFP4 refit (ais_nvfp4_refit); main() then asks each vLLM worker process (a fresh
     # interpreter with main()'s environment) before training
@@ -309,9 +299,7 @@ def test_main_runs_upstreams_real_setup_to_its_return(real_setup, path):
     assert isinstance(logger, Logger) and isinstance(checkpointer, CheckpointManager)
     log_dir = config.logger["log_dir"]
     assert os.path.isdir(os.path.join(log_dir, "tensorboard"))
-    assert [m.get("started") for m in rec.actors.gpu_monitors] == (
-        [True] if raw["logger"]["monitor_gpus"] else []
-    )
+    assert [m.get("started") for m in rec.actors.gpu_monitors] == ([True] if raw["logger"]["monitor_gpus"] else [])
     assert len(dataloader) == 2 and dataloader.batch_size == raw["grpo"]["num_prompts_per_step"]
     assert (val_dataloader is not None) == (raw["grpo"]["val_period"] > 0)
 
@@ -359,11 +347,7 @@ def test_upstreams_fp8_kv_cache_pipeline_guard_runs(real_setup, monkeypatch):
     """Upstream's real KV-cache / PP assert (cluster_check's twin bypassed to reach it)."""
     monkeypatch.setattr(run, "fp8_kv_refit_problems", lambda raw: [])
     with pytest.raises(AssertionError, match="pipeline_model_parallel_size=1"):
-        _main(
-            real_setup,
-            SMOKE,
-            ["policy.megatron_cfg.pipeline_model_parallel_size=2"],
-        )
+        _main(real_setup, SMOKE, ["policy.megatron_cfg.pipeline_model_parallel_size=2"])
 
 
 # ----------------------------------------------------------- cluster_check.ENTRY_POINT_KEYS
@@ -436,8 +420,7 @@ def _upstream_stopped_on(err: BaseException | None, key: str, rec: _Run) -> str:
     leaf = key.rsplit(".", 1)[-1]
     if isinstance(err, ValidationError):
         assert any(
-            e["type"] == "missing" and e["loc"][-1] == leaf and e["loc"][0] == key.split(".")[0]
-            for e in err.errors()
+            e["type"] == "missing" and e["loc"][-1] == leaf and e["loc"][0] == key.split(".")[0] for e in err.errors()
         ), err
         assert "init_ray" not in rec.driver.names()  # MasterConfig(...) runs before Ray
         return "schema"
@@ -477,13 +460,9 @@ def _entry_point_fails(cfg: dict) -> str:
 
 
 @pytest.mark.parametrize(
-    ("key", "flag"),
-    [(k, f) for k, _, f in cc.ENTRY_POINT_KEYS],
-    ids=[k for k, _, _ in cc.ENTRY_POINT_KEYS],
+    ("key", "flag"), [(k, f) for k, _, f in cc.ENTRY_POINT_KEYS], ids=[k for k, _, _ in cc.ENTRY_POINT_KEYS]
 )
-def test_every_entry_point_key_is_read_by_upstream_and_checked_offline(
-    real_setup, monkeypatch, key, flag
-):
+def test_every_entry_point_key_is_read_by_upstream_and_checked_offline(real_setup, monkeypatch, key, flag):
     overrides = [*ENABLE.get(flag, []), *KEY_OVERRIDES.get(key, [])]
     full = run.load_config_dict(str(SMOKE), overrides)
     assert flag is None or cc.get(full, flag) is True
@@ -543,9 +522,7 @@ def test_a_missing_draft_section_is_the_entry_points_key_error(real_setup, monke
     reports it offline."""
     with pytest.raises(KeyError, match="draft") as upstream:
         _upstream_run_grpo(
-            real_setup,
-            monkeypatch,
-            ["loss_fn.use_importance_sampling_correction=true", "~policy.draft"],
+            real_setup, monkeypatch, ["loss_fn.use_importance_sampling_correction=true", "~policy.draft"]
         )
     frame = traceback.extract_tb(upstream.value.__traceback__)[-1]
     assert Path(frame.filename).name == "run_grpo.py" and '["draft"]' in frame.line

@@ -95,9 +95,7 @@ class _Logits(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.table = torch.nn.Embedding(VOCAB, VOCAB)
-        torch.nn.init.normal_(
-            self.table.weight, std=0.5, generator=torch.Generator().manual_seed(0)
-        )
+        torch.nn.init.normal_(self.table.weight, std=0.5, generator=torch.Generator().manual_seed(0))
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
         return self.table(input_ids)
@@ -115,15 +113,11 @@ def _cuda_is_identity(moved: list):
         torch.Tensor.cuda = cuda
 
 
-def _step_metrics(
-    automodel_train, loss_fn: AISClippedPGLossFn, moved: list
-) -> tuple[dict[str, float], list[float]]:
+def _step_metrics(automodel_train, loss_fn: AISClippedPGLossFn, moved: list) -> tuple[dict[str, float], list[float]]:
     """One step of N_GB global batches through upstream's loop; GRPO's reduction after."""
     batches = [_global_batch(g) for g in range(N_GB)]
     data = BatchedDataDict({k: torch.cat([b[k] for b in batches]) for k in batches[0]})
-    diagnostics = prepare_global_batches(
-        data, loss_fn, loss_fn.ais, local_batch_size=ROWS, group=None
-    )
+    diagnostics = prepare_global_batches(data, loss_fn, loss_fn.ais, local_batch_size=ROWS, group=None)
     post = automodel_train.LossPostProcessor(
         loss_fn, cfg={}, device_mesh=None, cp_mesh=None, tp_mesh=None, cp_size=1, dp_size=1
     )
@@ -135,9 +129,7 @@ def _step_metrics(
         microbatches = [
             ProcessedMicrobatch(
                 data_dict=gb.slice(a, a + MB),
-                processed_inputs=ProcessedInputs(
-                    input_ids=gb["input_ids"][a : a + MB], seq_len=SEQ
-                ),
+                processed_inputs=ProcessedInputs(input_ids=gb["input_ids"][a : a + MB], seq_len=SEQ),
                 original_batch_size=MB,
                 original_seq_len=SEQ,
             )
@@ -167,9 +159,7 @@ def _oracle_alpha(g: int) -> float:
     return compute_diagnostics(x.logp_old, x.logp_rollout, x.mask, CorrectionConfig(**AIS)).alpha
 
 
-def test_upstream_divides_metrics_by_the_number_of_global_batches_and_grpo_sums_them(
-    automodel_train,
-):
+def test_upstream_divides_metrics_by_the_number_of_global_batches_and_grpo_sums_them(automodel_train):
     from _megatron_worker import megatron_worker_modules
 
     with megatron_worker_modules() as loaded:

@@ -79,9 +79,7 @@ def boundary(monkeypatch, tmp_path):
     monkeypatch.setattr(worker_groups, "create_local_venv_on_each_node", group_build)
     monkeypatch.setattr(venvs, "create_local_venv_on_each_node", factory_build)
     monkeypatch.setattr(worker_groups.RayWorkerBuilder, "IsolatedWorkerInitializer", Initializer)
-    monkeypatch.setattr(
-        registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY)
-    )
+    monkeypatch.setattr(registry, "ACTOR_ENVIRONMENT_REGISTRY", dict(registry.ACTOR_ENVIRONMENT_REGISTRY))
     monkeypatch.setenv("NEMO_RL_VENV_DIR", str(tmp_path / "venvs"))
     monkeypatch.delenv("NRL_FORCE_REBUILD_VENVS", raising=False)
     return seen
@@ -98,9 +96,7 @@ def _start_worker_group() -> None:
     """Upstream's real worker group for our worker, up to the Ray actor creation."""
     builder = worker_groups.RayWorkerBuilder(OURS, {"policy": "config"})
     with pytest.raises(_AtActorCreation):
-        worker_groups.RayWorkerGroup(
-            _Cluster(), builder, name_prefix="lm_policy", bundle_indices_list=[(0, [0, 1])]
-        )
+        worker_groups.RayWorkerGroup(_Cluster(), builder, name_prefix="lm_policy", bundle_indices_list=[(0, [0, 1])])
 
 
 def test_prebuilt_base_venv_is_used_without_a_build(boundary, tmp_path, monkeypatch):

@@ -62,9 +62,7 @@ class AISMegatronMixin(AISTrainMixin):
         self.model.eval()
         result = calibrate_qkv_fp8_scales(
             self.model,
-            lambda: self.get_logprobs(
-                data=data, micro_batch_size=micro_batch_size, require_router_replay=False
-            ),
+            lambda: self.get_logprobs(data=data, micro_batch_size=micro_batch_size, require_router_replay=False),
             num_layers=self.megatron_bridge.transformer_config.num_layers,
             percentile=percentile,
             margin=margin,
@@ -86,29 +84,20 @@ class AISMegatronMixin(AISTrainMixin):
         return scales
 
     def stream_weights_via_ipc_zmq(
-        self,
-        buffer_size_bytes: int = 0,
-        kv_scales: dict[str, float] | None = None,
-        **upstream_kwargs: Any,
+        self, buffer_size_bytes: int = 0, kv_scales: dict[str, float] | None = None, **upstream_kwargs: Any
     ) -> None:
         """Upstream's colocated refit, with the calibrated KV scales if given none (v0.7.0)."""
         super().stream_weights_via_ipc_zmq(
-            buffer_size_bytes=buffer_size_bytes,
-            kv_scales=self._ais_refit_kv_scales(kv_scales),
-            **upstream_kwargs,
+            buffer_size_bytes=buffer_size_bytes, kv_scales=self._ais_refit_kv_scales(kv_scales), **upstream_kwargs
         )
 
     def broadcast_weights_for_collective(
         self, kv_scales: dict[str, float] | None = None, **upstream_kwargs: Any
     ) -> None:
         """Upstream's non-colocated refit, with the same scale check (other keywords passed on)."""
-        super().broadcast_weights_for_collective(
-            kv_scales=self._ais_refit_kv_scales(kv_scales), **upstream_kwargs
-        )
+        super().broadcast_weights_for_collective(kv_scales=self._ais_refit_kv_scales(kv_scales), **upstream_kwargs)
 
 
-@ray.remote(
-    runtime_env=get_runtime_env_for_policy_worker("megatron_policy_worker")
-)  # pragma: no cover
+@ray.remote(runtime_env=get_runtime_env_for_policy_worker("megatron_policy_worker"))  # pragma: no cover
 class AISMegatronPolicyWorker(AISMegatronMixin, MegatronPolicyWorkerImpl):
     """``MegatronPolicyWorker`` + the AIS prepare step + our FP8 KV-scale calibration."""

@@ -13,9 +13,7 @@ closed the same way. Ray forbids subclassing an actor class, so the base is upst
 """
 
 import ray
-from nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker import (
-    MegatronQuantPolicyWorker,
-)
+from nemo_rl.modelopt.models.policy.workers.megatron_quant_policy_worker import MegatronQuantPolicyWorker
 from nemo_rl.models.policy.utils import get_runtime_env_for_policy_worker
 
 from nemo_ais.nemo_rl.workers.megatron import AISMegatronMixin
@@ -26,8 +24,6 @@ MegatronQuantPolicyWorkerImpl = MegatronQuantPolicyWorker.__ray_actor_class__
 """Upstream's ``MegatronQuantPolicyWorker`` without its ``@ray.remote`` wrapper."""
 
 
-@ray.remote(
-    runtime_env=get_runtime_env_for_policy_worker("megatron_quant_policy_worker")
-)  # pragma: no cover
+@ray.remote(runtime_env=get_runtime_env_for_policy_worker("megatron_quant_policy_worker"))  # pragma: no cover
 class AISMegatronQuantPolicyWorker(AISMegatronMixin, MegatronQuantPolicyWorkerImpl):
     """``MegatronQuantPolicyWorker`` (ModelOpt fake-quant trainer) + the AIS prepare step."""

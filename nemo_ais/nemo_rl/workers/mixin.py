@@ -61,9 +61,7 @@ class AISTrainMixin:
         raise NotImplementedError
 
     def _ais_device(self) -> torch.device | None:
-        return (
-            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        )
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
 
     def train(
         self,
@@ -119,9 +117,7 @@ class AISTrainMixin:
             monitor.load_state_dict(history)
         return monitor
 
-    def _ais_observe_alarms(
-        self, config: Any, diagnostics: list[AISDiagnostics]
-    ) -> list[dict[str, float]]:
+    def _ais_observe_alarms(self, config: Any, diagnostics: list[AISDiagnostics]) -> list[dict[str, float]]:
         """Observe each global batch (step: ``ais_state.num_updates``); ``ais_alarm/*`` per batch.
 
         Raises:

@@ -8,15 +8,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from nemo_ais.preflight.checks.registry import (
-    CHECKS,
-    Check,
-    CheckFn,
-    CheckResult,
-    Context,
-    Verdict,
-    check,
-)
+from nemo_ais.preflight.checks.registry import CHECKS, Check, CheckFn, CheckResult, Context, Verdict, check
 from nemo_ais.preflight.checks.upstream import MASTER_CONFIG_SECTIONS, missing_sections
 from nemo_ais.preflight.layout import parallel_layout
 from nemo_ais.preflight.loader import get, is_mixin
@@ -43,9 +35,7 @@ for _module in RULE_MODULES:
 
 
 def check_config(
-    cfg: Mapping[str, Any],
-    nemo_rl_version: str | None = None,
-    environ: Mapping[str, str] | None = None,
+    cfg: Mapping[str, Any], nemo_rl_version: str | None = None, environ: Mapping[str, str] | None = None
 ) -> list[CheckResult]:
     """Run every registered check on a loaded config; never raises on content.
 

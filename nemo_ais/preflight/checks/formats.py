@@ -15,12 +15,7 @@ from typing import Any, NamedTuple
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape, find_model_shape
-from nemo_ais.preflight.nemo_rl_target import (
-    NEMO_RL_VERSIONS,
-    ROLLOUT_FORMATS,
-    NeMoRLTarget,
-    target_from_version,
-)
+from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS, ROLLOUT_FORMATS, NeMoRLTarget, target_from_version
 from nemo_ais.rules.keep_bf16 import KeepInBf16, fp8_engine_exclusions
 from nemo_ais.rules.native_kernels import HOPPER, NATIVE_KERNELS
 
@@ -335,15 +330,9 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
         )
     ignore = ctx.get(_GEN + ".real_quant_ignore")
     kept = "NeMo-RL's default" if ignore is None else f"{len(ignore)} pattern(s)"
-    trainer = (
-        "ModelOpt QAT trainer (QARL), refit by NeMo-RL"
-        if qarl
-        else "BF16 trainer, refit by nemo_ais"
-    )
+    trainer = "ModelOpt QAT trainer (QARL), refit by NeMo-RL" if qarl else "BF16 trainer, refit by nemo_ais"
     return Verdict(
-        problems,
-        f"NVFP4 {(mode or 'mode unknown').upper()} real-quant, {trainer}; real_quant_ignore: {kept}",
-        warnings,
+        problems, f"NVFP4 {(mode or 'mode unknown').upper()} real-quant, {trainer}; real_quant_ignore: {kept}", warnings
     )
 
 
@@ -529,9 +518,7 @@ def _shard_verdict(ctx: Context, block: int, why: str) -> Verdict:
                 f"TP rank ({why})"
             )
     return Verdict(
-        problems,
-        f"{', '.join(checked) or 'no linear'}: input dims at TP={lay.vllm_tp} are "
-        f"multiples of {block}",
+        problems, f"{', '.join(checked) or 'no linear'}: input dims at TP={lay.vllm_tp} are multiples of {block}"
     )
 
 
@@ -540,9 +527,7 @@ def check_vllm_nvfp4_shards(ctx: Context) -> Verdict | None:
     """NVFP4: every quantized linear's input dim per vLLM TP rank is a multiple of 16."""
     if not rollout_format(ctx.cfg).startswith("nvfp4"):
         return None
-    return _shard_verdict(
-        ctx, NVFP4_BLOCK, "one E4M3 scale per 16 inputs; vLLM refuses input_size_per_partition % 16"
-    )
+    return _shard_verdict(ctx, NVFP4_BLOCK, "one E4M3 scale per 16 inputs; vLLM refuses input_size_per_partition % 16")
 
 
 @check("vllm_mxfp8_shards", needs_shape=True)

@@ -58,9 +58,7 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
             "'Importance sampling must be enabled for vLLM FP8 generation')"
         )
     if kv not in _KV_DTYPES:
-        problems.append(
-            f"policy.generation.vllm_cfg.kv_cache_dtype={kv!r} is invalid: expected one of {_KV_DTYPES}"
-        )
+        problems.append(f"policy.generation.vllm_cfg.kv_cache_dtype={kv!r} is invalid: expected one of {_KV_DTYPES}")
     elif kv in _FP8_KV_DTYPES:
         if precision != "fp8":
             problems.append(
@@ -68,9 +66,7 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
                 f"policy.generation.vllm_cfg.precision='fp8' (got {precision!r})"
             )
         if not ctx.get("policy.megatron_cfg.enabled", False):
-            problems.append(
-                "an FP8 KV cache needs the Megatron backend (policy.megatron_cfg.enabled)"
-            )
+            problems.append("an FP8 KV cache needs the Megatron backend (policy.megatron_cfg.enabled)")
         pp = ctx.get("policy.megatron_cfg.pipeline_model_parallel_size", 1)
         if pp != 1:
             problems.append(
@@ -99,8 +95,7 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
             )
         if not (vllm.get("use_deep_gemm") or vllm.get("is_mx")):  # MXFP8 never uses DeepGEMM
             warnings.append(
-                "policy.generation.vllm_cfg.use_deep_gemm is false: FP8 runs on vLLM's slower "
-                "CUTLASS block-FP8 kernels"
+                "policy.generation.vllm_cfg.use_deep_gemm is false: FP8 runs on vLLM's slower CUTLASS block-FP8 kernels"
             )
     return Verdict(problems, f"precision={precision}, kv_cache_dtype={kv}", warnings)
 
@@ -114,9 +109,7 @@ def block_quantized_shards(shape: ModelShape, tp: int, ep: int) -> dict[str, flo
     kv_per_rank = max(shape.num_key_value_heads / tp, 1)  # vLLM replicates KV heads if TP > kv
     shards: dict[str, float] = {
         "hidden_size (K of q/k/v, gate/up)": shape.hidden_size,
-        "q_proj out / o_proj in = heads x head_dim / TP": (
-            shape.num_attention_heads * shape.head_dim / tp
-        ),
+        "q_proj out / o_proj in = heads x head_dim / TP": (shape.num_attention_heads * shape.head_dim / tp),
         "k/v_proj out = max(kv_heads / TP, 1) x head_dim": kv_per_rank * shape.head_dim,
     }
     if shape.num_experts:
@@ -144,6 +137,4 @@ def check_vllm_fp8_shards(ctx: Context) -> Verdict | None:
         for name, size in block_quantized_shards(ctx.shape, lay.vllm_tp, lay.vllm_ep).items()
         if size != int(size) or int(size) % FP8_BLOCK
     ]
-    return Verdict(
-        problems, f"all block-quantized shards at TP={lay.vllm_tp} are multiples of {FP8_BLOCK}"
-    )
+    return Verdict(problems, f"all block-quantized shards at TP={lay.vllm_tp} are multiples of {FP8_BLOCK}")

@@ -83,9 +83,7 @@ def check_loss_sections(ctx: Context) -> Verdict:
         pg = _validated(problems, pg_loss_section, loss)
         problems += surrogate_conflicts(ais, pg) if ais and pg is not None else []
     if loss.get("ais_alarms") is not None:  # the refit guard (absent: off)
-        _validated(
-            problems, validate_section, AISAlarmsConfig, loss["ais_alarms"], "loss_fn.ais_alarms"
-        )
+        _validated(problems, validate_section, AISAlarmsConfig, loss["ais_alarms"], "loss_fn.ais_alarms")
     warnings = tbpo_unused_warnings(loss, mode)
     nll = loss.get("positive_example_nll_weight") or 0
     if isinstance(nll, int | float) and nll > 0:
@@ -137,6 +135,4 @@ def check_bypass(ctx: Context) -> Verdict | None:
             "loss_fn.ais.bypass=true with grpo.seq_logprob_error_threshold set: NeMo-RL then "
             "computes prev_logprobs anyway (no time saved); the loss still uses pi_old := mu"
         )
-    return Verdict(
-        bypass_problems(ctx.cfg), "pi_old := mu, prev_logprobs forward skipped", warnings
-    )
+    return Verdict(bypass_problems(ctx.cfg), "pi_old := mu, prev_logprobs forward skipped", warnings)

@@ -23,13 +23,9 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
             f"TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = {model_parallel} "
             f"({mcfg}.tensor/pipeline/context_parallel_size)"
             if megatron
-            else f"TP x CP = {lay.tp} x {lay.cp} = {model_parallel} "
-            f"({lay.key('tp')} x context_parallel_size)"
+            else f"TP x CP = {lay.tp} x {lay.cp} = {model_parallel} ({lay.key('tp')} x context_parallel_size)"
         )
-        problems.append(
-            f"GPUs = cluster.num_nodes x cluster.gpus_per_node = {lay.world} is not divisible "
-            f"by {sizes}"
-        )
+        problems.append(f"GPUs = cluster.num_nodes x cluster.gpus_per_node = {lay.world} is not divisible by {sizes}")
     if dims is not None:
         if dims.num_attention_heads % lay.tp or dims.num_key_value_heads % lay.tp:
             problems.append(
@@ -48,15 +44,10 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
         if n_experts == 0 and lay.ep > 1:
             problems.append(f"{mcfg}.expert_model_parallel_size={lay.ep} > 1 for a dense model")
         if n_experts and n_experts % lay.ep:
-            problems.append(
-                f"{mcfg}.expert_model_parallel_size={lay.ep} does not divide the "
-                f"{n_experts} experts"
-            )
+            problems.append(f"{mcfg}.expert_model_parallel_size={lay.ep} does not divide the {n_experts} experts")
         sequence_parallel = ctx.get(mcfg + ".sequence_parallel", False)
         if megatron and n_experts and lay.tp > 1 and not sequence_parallel:
-            problems.append(
-                f"MoE with tensor_model_parallel_size={lay.tp} > 1 needs {mcfg}.sequence_parallel=true"
-            )
+            problems.append(f"MoE with tensor_model_parallel_size={lay.tp} > 1 needs {mcfg}.sequence_parallel=true")
     expert_group = lay.etp * lay.ep
     if expert_group > 1 and (lay.world % lay.pp or (lay.world // lay.pp) % expert_group):
         problems.append(
@@ -92,8 +83,7 @@ def check_batch(ctx: Context) -> Verdict:
     bad = [
         f"{key}={value!r} is invalid: expected an integer >= 1"
         for key in _COUNTS
-        if (value := ctx.get(key)) is not None
-        and (type(value) is not int or value < 1)  # bool is no count either
+        if (value := ctx.get(key)) is not None and (type(value) is not int or value < 1)  # bool is no count either
     ]
     if bad:  # the arithmetic below would read them as sizes
         return Verdict(bad)
@@ -131,13 +121,9 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
     problems = []
     engine = lay.vllm_tp * lay.vllm_pp
     if engine > lay.world or lay.world % engine:
-        problems.append(
-            f"vLLM TP x PP = {lay.vllm_tp} x {lay.vllm_pp} = {engine} must divide the {lay.world} GPUs"
-        )
+        problems.append(f"vLLM TP x PP = {lay.vllm_tp} x {lay.vllm_pp} = {engine} must divide the {lay.world} GPUs")
     if lay.vllm_pp > 1 and not ctx.get(vcfg + ".async_engine", False):
-        problems.append(
-            f"{vcfg}.pipeline_parallel_size={lay.vllm_pp} > 1 needs {vcfg}.async_engine=true"
-        )
+        problems.append(f"{vcfg}.pipeline_parallel_size={lay.vllm_pp} > 1 needs {vcfg}.async_engine=true")
     if lay.vllm_ep > 1:
         if lay.vllm_ep % lay.vllm_tp:
             problems.append(
@@ -145,10 +131,7 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
                 f"tensor_parallel_size={lay.vllm_tp} (vLLM's EP = DP x TP)"
             )
         if dims is not None and (dims.num_experts == 0 or dims.num_experts % lay.vllm_ep):
-            problems.append(
-                f"{vcfg}.expert_parallel_size={lay.vllm_ep} does not divide the "
-                f"{dims.num_experts} experts"
-            )
+            problems.append(f"{vcfg}.expert_parallel_size={lay.vllm_ep} does not divide the {dims.num_experts} experts")
     if dims is not None:
         heads, kv = dims.num_attention_heads, dims.num_key_value_heads
         if heads % lay.vllm_tp or (kv % lay.vllm_tp and lay.vllm_tp % kv):
@@ -162,7 +145,5 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
     if ctx.get("policy.generation.colocated.enabled", True) is False:
         warnings.append("non-colocated generation: the GPU split is not checked")
     return Verdict(
-        problems,
-        f"{lay.vllm_engines} engine(s) of TP={lay.vllm_tp} PP={lay.vllm_pp} EP={lay.vllm_ep}",
-        warnings,
+        problems, f"{lay.vllm_engines} engine(s) of TP={lay.vllm_tp} PP={lay.vllm_pp} EP={lay.vllm_ep}", warnings
     )

@@ -82,9 +82,7 @@ CHECKS: dict[str, Check] = {}
 """Every registered check by name, in registration (= output) order."""
 
 
-def check(
-    name: str, *, needs_shape: bool = False, mixins: bool = False
-) -> Callable[[CheckFn], CheckFn]:
+def check(name: str, *, needs_shape: bool = False, mixins: bool = False) -> Callable[[CheckFn], CheckFn]:
     """Register the decorated function as the check ``name`` (unique: ``ValueError`` otherwise).
 
     ``needs_shape``: skipped when the model's shapes are unknown; ``mixins``: also run on arm

@@ -13,16 +13,7 @@ from nemo_ais.preflight.loader import has
 
 __all__ = ["ENTRY_POINT_KEYS", "MASTER_CONFIG_SECTIONS", "missing_sections"]
 
-MASTER_CONFIG_SECTIONS = (
-    "policy",
-    "loss_fn",
-    "env",
-    "data",
-    "grpo",
-    "logger",
-    "cluster",
-    "checkpointing",
-)
+MASTER_CONFIG_SECTIONS = ("policy", "loss_fn", "env", "data", "grpo", "logger", "cluster", "checkpointing")
 """The sections NeMo-RL's GRPO ``MasterConfig`` requires (v0.7.0 and main)."""
 
 
@@ -67,11 +58,7 @@ ENTRY_POINT_KEYS: tuple[tuple[str, str, str | None], ...] = (
     ("logger.tensorboard", "Logger", "logger.tensorboard_enabled"),
     ("logger.mlflow", "Logger", "logger.mlflow_enabled"),
     ("logger.gpu_monitoring.collection_interval", "Logger", "logger.monitor_gpus"),
-    (
-        "grpo.async_grpo.max_trajectory_age_steps",
-        "examples/run_grpo.py main()",
-        "grpo.async_grpo.enabled",
-    ),
+    ("grpo.async_grpo.max_trajectory_age_steps", "examples/run_grpo.py main()", "grpo.async_grpo.enabled"),
     ("policy.dynamic_batching.train_mb_tokens", "Policy", "policy.dynamic_batching.enabled"),
     ("policy.dynamic_batching.sequence_length_round", "Policy", "policy.dynamic_batching.enabled"),
     ("policy.sequence_packing.train_mb_tokens", "Policy", "policy.sequence_packing.enabled"),
