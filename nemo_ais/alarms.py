@@ -5,16 +5,14 @@
 Pure logic, torch-free (no I/O, no module state; imports pydantic and
 :mod:`nemo_ais.config` only): :class:`AlarmMonitor` keeps the recent history of one run
 and :meth:`AlarmMonitor.observe` names every alarm of a step with its evidence.
-``nemo-ais analyze`` calls it once per ``train_data_step{N}.jsonl``; the AIS worker
-(:mod:`nemo_ais.nemo_rl.workers`) once per global batch, logging :func:`alarm_metrics`
-and (``fail_on_alarm: true``) failing the step with :class:`RefitAlarmError`. Ratio
-direction: l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
+``nemo-ais analyze`` calls it once per ``train_data_step{N}.jsonl``; the AIS worker (:mod:`nemo_ais.nemo_rl.workers`)
+once per global batch, logging :func:`alarm_metrics` and (``fail_on_alarm: true``) failing the step with
+:class:`RefitAlarmError`. Ratio direction: l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
 
 The alarms (``nonfinite``, ``severity_jump`` / ``tmpe_jump``, ``tail_jump``,
-``kv_scale_position``, ``refit_readback``), their rules and the calibration of the
-:class:`AlarmConfig` defaults (``benchmarks/bench_alarm_calibration.py``) are tabled in
-docs/analyze.md; a heuristic of this project, not of the AIS paper. ``tmpe_jump`` fires
-only with ``severity_jump``: one outlier token (|l| = 10 among 4096 adds 5.4 to the mean
+``kv_scale_position``, ``refit_readback``), their rules and the calibration of the :class:`AlarmConfig` defaults
+(``benchmarks/bench_alarm_calibration.py``) are tabled in docs/analyze.md; a heuristic of this project, not of the AIS
+paper. ``tmpe_jump`` fires only with ``severity_jump``: one outlier token (|l| = 10 among 4096 adds 5.4 to the mean
 exp|l|) is a tail statistic, not a jump of the bulk. ``tail_jump`` needs
 ``tail_min_tokens`` valid tokens: below ~5000 the p99.9 is a single-token statistic.
 """
@@ -251,8 +249,7 @@ class AlarmMonitor:
             The fired alarms, in :data:`ALARM_KINDS` order (empty if none).
 
         Raises:
-            RefitAlarmError: ``fail_on_alarm`` is set and an alarm fired (the history is
-                updated first).
+            RefitAlarmError: ``fail_on_alarm`` is set and an alarm fired (the history is updated first).
         """
         alarms: list[Alarm | None] = []
         if n_nonfinite > 0:

@@ -5,11 +5,10 @@
 ``run`` (GRPO on the embedded task, every arm x seed of a preset or config), ``report``
 (redraw a run's plots and summary), ``analyze`` (replay a NeMo-RL run's step logs,
 docs/analyze.md), ``attribute`` (which quantized source carries the rollout mismatch,
-docs/low_precision.md) and ``calibrate-input-amax`` (the NVFP4 W4A4 refit's input amax
-file, docs/cluster.md); examples in :data:`_EPILOG`. Exit codes: 0 success, 1 a run
-failed or bad log input, 2 bad config or arguments, 3 ``analyze --fail-on-alarm`` (or
-``alarms.fail_on_alarm=true``) and an alarm fired, 130 interrupted (``run``: checkpoints
-kept; re-run the same command to resume).
+docs/low_precision.md) and ``calibrate-input-amax`` (the NVFP4 W4A4 refit's input amax file, docs/cluster.md); examples
+in :data:`_EPILOG`. Exit codes: 0 success, 1 a run failed or bad log input, 2 bad config or arguments, 3 ``analyze
+--fail-on-alarm`` (or ``alarms.fail_on_alarm=true``) and an alarm fired, 130 interrupted (``run``: checkpoints kept;
+re-run the same command to resume).
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Validated configuration of the AIS correction (``loss_fn.ais``) and the clipped GRPO loss.
 
-:class:`CorrectionConfig`: the correction mode and the AIS mixer constants (a documented
-**[reconstruction]** of arXiv 2605.13907, docs/method.md); each mode's own knobs are its
-sub-section ``loss_fn.ais.<mode>`` (its record's ``config``, :mod:`nemo_ais.modes`).
-:class:`PGLossConfig`: the clipped surrogate, named as NeMo-RL v0.7.0's
+:class:`CorrectionConfig`: the correction mode and the AIS mixer constants (a documented **[reconstruction]** of arXiv
+2605.13907, docs/method.md); each mode's own knobs are its sub-section ``loss_fn.ais.<mode>`` (its record's ``config``,
+:mod:`nemo_ais.modes`). :class:`PGLossConfig`: the clipped surrogate, named as NeMo-RL v0.7.0's
 ``ClippedPGLossConfig``. Everywhere ``rho = pi_old / mu``.
 """
 

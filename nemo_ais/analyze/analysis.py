@@ -107,10 +107,9 @@ def load_analysis_config(
 ) -> tuple[CorrectionConfig, AlarmConfig]:
     """The ``loss_fn.ais`` and ``alarms`` sections from a YAML file and ``key=value`` overrides.
 
-    The file may be a NeMo-RL run config (``defaults:`` inheritance is resolved; only
-    ``loss_fn.ais`` and the alarms are read: a top-level ``alarms`` section, else the online
-    guard's ``loss_fn.ais_alarms`` without ``enabled`` and ``fail_on_alarm``) or an embedded
-    one.
+    The file may be a NeMo-RL run config (``defaults:`` inheritance is resolved; only ``loss_fn.ais`` and the alarms are
+    read: a top-level ``alarms`` section, else the online guard's ``loss_fn.ais_alarms`` without ``enabled`` and
+    ``fail_on_alarm``) or an embedded one.
     Overrides are ``loss_fn.ais.<field>=value`` (a mode's knob:
     ``loss_fn.ais.<mode>.<field>=value``) or ``alarms.<field>=value`` (YAML values).
 
@@ -153,10 +152,9 @@ def load_analysis_config(
 def global_batches_per_step(path: Path | str) -> int:
     """Optimizer steps per GRPO step of a run config: rollout batch / train_global_batch_size.
 
-    Rounded up; 1 when the config does not give them (the embedded recipe's ``null``: the
-    whole step). Above 1 the replayed alpha (one per step file) differs from the online one
-    (one per global batch). Raises ``FileNotFoundError`` if the file (or a ``defaults:``
-    parent) does not exist.
+    Rounded up; 1 when the config does not give them (the embedded recipe's ``null``: the whole step). Above 1 the
+    replayed alpha (one per step file) differs from the online one (one per global batch). Raises ``FileNotFoundError``
+    if the file (or a ``defaults:`` parent) does not exist.
     """
     from nemo_ais.preflight import load_config
 
@@ -216,9 +214,8 @@ def analyze_run(
     :attr:`AnalysisResult.missing_steps`; the steps present are analysed.
 
     Raises:
-        BadInputError: ``file:line: problem`` for the first bad input; any other error
-            while a step file is analysed (except ``OSError`` and ``KeyboardInterrupt``)
-            becomes ``file:0: unexpected <type>: <first line>``.
+        BadInputError: ``file:line: problem`` for the first bad input; any other error while a step file is analysed
+            (except ``OSError`` and ``KeyboardInterrupt``) becomes ``file:0: unexpected <type>: <first line>``.
         TypeError: ``config`` or ``alarm_config`` is not the config object (e.g. a dict).
     """
     require_config(config, CorrectionConfig, "analyze_run(config)", optional=True)

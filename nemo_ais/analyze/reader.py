@@ -4,10 +4,9 @@
 
 NeMo-RL v0.7.0 (``Logger.log_batched_dict_as_jsonl``, called by ``grpo_train``) writes one
 JSON object per sample, each value wrapped as a batch of one: ``token_ids``,
-``token_loss_mask``, ``generation_logprobs``, ``prev_logprobs``, ``advantages`` are
-``[[v_0, ..., v_{S-1}]]`` (position j: token j and its log-prob given tokens < j, 0 on
-the prompt), ``sample_loss_mask``, ``rewards``, ``input_lengths`` are ``[x]``, plus
-``content`` and ``idx``. NaN and +-inf are written as ``NaN`` / ``Infinity``.
+``token_loss_mask``, ``generation_logprobs``, ``prev_logprobs``, ``advantages`` are ``[[v_0, ..., v_{S-1}]]`` (position
+j: token j and its log-prob given tokens < j, 0 on the prompt), ``sample_loss_mask``, ``rewards``, ``input_lengths`` are
+``[x]``, plus ``content`` and ``idx``. NaN and +-inf are written as ``NaN`` / ``Infinity``.
 
 Each row is aligned as NeMo-RL's loss does (``x[:, 1:]``, ``mask = token_loss_mask[:, 1:]
 * sample_loss_mask``) into chunks of at most ``chunk_tokens`` positions, so the memory
@@ -131,10 +130,9 @@ def _has_step_file(directory: Path) -> bool:
 def find_log_dirs(root: Path | str, max_depth: int = SEARCH_DEPTH) -> list[Path]:
     """The run log directories at or below ``root``: those holding step files, sorted.
 
-    ``root`` itself if it holds a ``train_data_step{N}.jsonl``, else every directory up to
-    ``max_depth`` levels below it that holds one; the search neither descends into a run's
-    log directory nor follows symbolic links. Raises :class:`BadInputError` if ``root`` is
-    not a directory.
+    ``root`` itself if it holds a ``train_data_step{N}.jsonl``, else every directory up to ``max_depth`` levels below it
+    that holds one; the search neither descends into a run's log directory nor follows symbolic links. Raises
+    :class:`BadInputError` if ``root`` is not a directory.
     """
     root = Path(root)
     _require_dir(root)

@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """``report.md`` and the PNG plots of an analysis, from its ``analysis.jsonl`` rows alone.
 
-Every statement of the report is a number read off these rows: the fitted trend of the
-mismatch (:mod:`.trend`), the alarms and the recommendation ("alpha > 0.5 on 85% of steps
-from step 120 on").
+Every statement of the report is a number read off these rows: the fitted trend of the mismatch (:mod:`.trend`), the
+alarms and the recommendation ("alpha > 0.5 on 85% of steps from step 120 on").
 """
 
 from __future__ import annotations
@@ -151,8 +150,7 @@ def _plot_series(ax, steps: list[int], series: dict[str, list[float]]) -> None:
 def build_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The analysis' matplotlib figures by file name (:data:`PLOTS`); the caller saves them.
 
-    Every panel has a y label with its unit, integer step ticks, a legend and a red dashed
-    line at each alarm's step.
+    Every panel has a y label with its unit, integer step ticks, a legend and a red dashed line at each alarm's step.
     """
     plt = pyplot()
     steps = [int(r["step"]) for r in rows]

@@ -37,12 +37,11 @@ weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
 7. metrics      summable form (:mod:`nemo_ais.core.metrics`); ``rollout_metrics=True`` adds
                 ``mismatch/*`` (:mod:`nemo_ais.core.mismatch`)
 
-Steps 4-6 follow CleanRL's ``ppo.py`` (autograd forms the gradient; ``tests/hand_gradient.py``
-derives it by hand) with NeMo-RL's ``max`` / ``min`` / ``clamp`` / ``where``, so ties get
-upstream's gradient. Besides the AIS weight, the departures from NeMo-RL (v0.7.0 and main)
-are numerical guards: the clamp L, no + 1e-8 in denominators, clamp_min(count, 1) for the
-NLL count, a zero (not NaN) gradient where the on-policy KL weight overflows. alpha = 0 is
-mode ``none``, alpha = 1 mode ``tis``; no valid token: loss 0, finite metrics.
+Steps 4-6 follow CleanRL's ``ppo.py`` (autograd forms the gradient; ``tests/hand_gradient.py`` derives it by hand) with
+NeMo-RL's ``max`` / ``min`` / ``clamp`` / ``where``, so ties get upstream's gradient. Besides the AIS weight, the
+departures from NeMo-RL (v0.7.0 and main) are numerical guards: the clamp L, no + 1e-8 in denominators, clamp_min(count,
+1) for the NLL count, a zero (not NaN) gradient where the on-policy KL weight overflows. alpha = 0 is mode ``none``,
+alpha = 1 mode ``tis``; no valid token: loss 0, finite metrics.
 """
 
 from __future__ import annotations
@@ -333,10 +332,9 @@ def clipped_pg_loss(
 
     Raises:
         TypeError, ValueError: naming the tensor or argument, what arrived and what was
-            expected (count and first index for bad values); with ``group`` one agreed
-            ``ValueError`` on every rank. Normalisers NaN, inf or below this batch's count
-            (placeholder 1 when the mode needs a global statistic); ``config`` / ``pg`` of
-            the wrong type; tbpo with ``disable_ppo_ratio``, ``use_cispo`` or GSPO; bad
+            expected (count and first index for bad values); with ``group`` one agreed ``ValueError`` on every rank.
+            Normalisers NaN, inf or below this batch's count (placeholder 1 when the mode needs a global statistic);
+            ``config`` / ``pg`` of the wrong type; tbpo with ``disable_ppo_ratio``, ``use_cispo`` or GSPO; bad
             ``rewards`` with VAPO.
     """
     require_config(config, CorrectionConfig, "clipped_pg_loss(config)")

@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Input checks at the core boundary (the NeMo-RL adapter and the recipe call through here).
 
-Structural errors (type, shape, device) raise at once; a distributed caller flags them in
-its all-reduce. A value is *bad* when NaN or +-inf at a valid position; bad values are
-counted in one fused reduction, the message (count and first index) built on the error
-path only.
+Structural errors (type, shape, device) raise at once; a distributed caller flags them in its all-reduce. A value is
+*bad* when NaN or +-inf at a valid position; bad values are counted in one fused reduction, the message (count and first
+index) built on the error path only.
 """
 
 from __future__ import annotations

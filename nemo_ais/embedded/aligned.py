@@ -2,20 +2,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """QaRL's rollout-aligned trainer forward: the trainer's log-probs in the rollout's arithmetic.
 
-**[reconstruction]** of QaRL (arXiv 2604.07853; no code is public): the learner keeps its
-fp32 master weights and runs the rollout engine's low-bit arithmetic in the forward with a
-straight-through estimator (STE) in the backward, so pi_old and pi_theta both come from the
-arithmetic that sampled the tokens. The forward applies the twin's own fake quantization
-(:data:`nemo_ais.rollout.fake_quant.LINEAR_FAKE_QUANT`) to the twin's quantized modules.
-With ``ST(f)`` = forward ``f``, backward identity, per quantized linear:
+**[reconstruction]** of QaRL (arXiv 2604.07853; no code is public): the learner keeps its fp32 master weights and runs
+the rollout engine's low-bit arithmetic in the forward with a straight-through estimator (STE) in the backward, so
+pi_old and pi_theta both come from the arithmetic that sampled the tokens. The forward applies the twin's own fake
+quantization (:data:`nemo_ais.rollout.fake_quant.LINEAR_FAKE_QUANT`) to the twin's quantized modules. With ``ST(f)`` =
+forward ``f``, backward identity, per quantized linear:
 
 1. ``W_q = ST(weight_fq)(W; amax_W)``, ``amax_W`` NVFP4's global amax of the current
    weights over vLLM's fused shards (detached);
 2. ``x_q = ST(activation_fq)(x; amax_x)``, ``amax_x`` the twin's static input amax of the
    last refit (NVFP4 W4A4; FP8 and MXFP8 scale per block; W4A16 keeps ``x``);
 3. ``y = x_q W_q^T`` in fp32, ``+ b``;
-4. KV cache (fp8 / nvfp4): K after RoPE and V pass through ``ST(kv_fq)`` with the twin's
-   KV scales of the last refit.
+4. KV cache (fp8 / nvfp4): K after RoPE and V pass through ``ST(kv_fq)`` with the twin's KV scales of the last refit.
 
 Gradient: ``dL/dW = (dL/dy)^T x_q``, ``dL/dx = (dL/dy) W_q`` (tested). At pi_old the
 trainer and the twin's teacher-forced ``score`` agree to float32 rounding (tested);
@@ -86,8 +84,7 @@ class RolloutAlignedPolicy(nn.Module):
     refit) is unchanged. ``engine``'s calibration of the last refit is read at every forward.
 
     Raises:
-        NotImplementedError: a quantized module that is not an ``nn.Linear`` (fused MoE
-            experts).
+        NotImplementedError: a quantized module that is not an ``nn.Linear`` (fused MoE experts).
     """
 
     def __init__(self, policy: nn.Module, engine: RolloutTwin) -> None:

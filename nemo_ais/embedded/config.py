@@ -299,8 +299,7 @@ def _check_curriculum(cfg: RecipeConfig) -> None:
 def _check_rollout_alignment(cfg: RecipeConfig) -> None:
     """``policy.rollout_aligned_quantization`` needs an fp32 compute dtype.
 
-    A BF16 arm is allowed (a no-op: nothing is quantized), so the key can be set for every
-    arm at once.
+    A BF16 arm is allowed (a no-op: nothing is quantized), so the key can be set for every arm at once.
     """
     if not cfg.policy.rollout_aligned_quantization:
         return

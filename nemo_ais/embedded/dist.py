@@ -4,10 +4,9 @@
 
 ``launch(fn, world_size, ...)`` runs ``fn(ctx, *args)`` on every rank: in this process when
 ``world_size == 1`` (no process group, every collective is skipped), else in
-``world_size`` spawned processes that join one gloo group through a rendezvous file in a
-private temporary directory (no TCP port picked in advance that another process could take
-before the bind). A rank's :class:`RecipeError` reaches the parent as the same exception
-with the same message (through a queue), not as a wrapped traceback.
+``world_size`` spawned processes that join one gloo group through a rendezvous file in a private temporary directory (no
+TCP port picked in advance that another process could take before the bind). A rank's :class:`RecipeError` reaches the
+parent as the same exception with the same message (through a queue), not as a wrapped traceback.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """``nemo-ais run``: the experiment driver around :class:`~nemo_ais.embedded.recipe.GRPORecipe`.
 
-:func:`run_experiment` validates the config, pins it in the run directory (a rerun with the
-same config resumes from the last checkpoints), trains the cached warm start alone, then
-launches ``cluster.dp_size`` gloo ranks that run every (arm, seed) of the config in order
-(:func:`_worker`), and writes the report. The GRPO loop itself is the recipe's.
+:func:`run_experiment` validates the config, pins it in the run directory (a rerun with the same config resumes from the
+last checkpoints), trains the cached warm start alone, then launches ``cluster.dp_size`` gloo ranks that run every (arm,
+seed) of the config in order (:func:`_worker`), and writes the report. The GRPO loop itself is the recipe's.
 """
 
 from __future__ import annotations
@@ -117,9 +116,8 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
 def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
     """``nemo-ais run``: warm start, every arm x seed on the DP ranks, then the report.
 
-    Re-running with the same config resumes from the last checkpoints. Returns the run
-    directory; raises ``ValueError`` (invalid config), ``RecipeError`` (a failed run) or
-    ``KeyboardInterrupt`` (checkpoints kept).
+    Re-running with the same config resumes from the last checkpoints. Returns the run directory; raises ``ValueError``
+    (invalid config), ``RecipeError`` (a failed run) or ``KeyboardInterrupt`` (checkpoints kept).
     """
     from nemo_ais.embedded.report import write_report
 

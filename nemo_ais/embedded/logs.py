@@ -55,10 +55,9 @@ class MetricsFile:
 def log_train_data(ctx: DistContext, task: ArithmeticTask, log_dir: Path, step: int, batch, logp_old, adv) -> None:
     """Write the step's global batch as NeMo-RL's ``train_data_step{N}.jsonl`` (rank 0).
 
-    NeMo-RL v0.7.0's ``grpo_train`` layout: one JSON object per sample, each value a batch of
-    one; per-token lists span prompt + response padded to the longest sequence, position j
-    holding token j and its log-prob (0 on the prompt and padding). The ranks' rows are
-    gathered with one all-reduce; ``nemo-ais analyze`` reads the files.
+    NeMo-RL v0.7.0's ``grpo_train`` layout: one JSON object per sample, each value a batch of one; per-token lists span
+    prompt + response padded to the longest sequence, position j holding token j and its log-prob (0 on the prompt and
+    padding). The ranks' rows are gathered with one all-reduce; ``nemo-ais analyze`` reads the files.
     """
     prompt_len = task.prompt_len
     n, resp_len = batch.mask.shape

@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The embedded policy: a tiny ``Qwen2ForCausalLM`` built offline, fp32 on CPU.
 
-Random init from a ``Qwen2Config`` (nothing fetched from a hub). ``hidden_size`` and
-``intermediate_size`` are multiples of 128 so the FP8 twin's 128x128 weight blocks and 1x128
-activation groups are real blocks, not padding.
+Random init from a ``Qwen2Config`` (nothing fetched from a hub). ``hidden_size`` and ``intermediate_size`` are multiples
+of 128 so the FP8 twin's 128x128 weight blocks and 1x128 activation groups are real blocks, not padding.
 """
 
 from __future__ import annotations

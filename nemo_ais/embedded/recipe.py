@@ -11,9 +11,8 @@ calls, in the order they need) and :meth:`GRPORecipe.train`, one visible loop::
       -> gradient all-reduce (SUM) -> optimizer step -> log -> checkpoint
 
 No loss math here: the surrogate and every correction weight are
-:func:`nemo_ais.core.clipped_pg_loss`'s, the code the NeMo-RL adapter runs. Each gloo rank
-trains on its chunks; the loss is normalised by the GLOBAL valid-token count, so the
-ranks' gradients are summed.
+:func:`nemo_ais.core.clipped_pg_loss`'s, the code the NeMo-RL adapter runs. Each gloo rank trains on its chunks; the
+loss is normalised by the GLOBAL valid-token count, so the ranks' gradients are summed.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Verifiable arithmetic tasks of the embedded recipe; reward and accuracy by program.
 
-:class:`ChainTask` (``data.task: chain``, the default): prompt ``s+d=``, response the
-running sums ``x_k = (s + k d) mod 10^n`` for ``k = 1..chain_length``, each with exactly
-``n`` digits, separated by ``,``::
+:class:`ChainTask` (``data.task: chain``, the default): prompt ``s+d=``, response the running sums ``x_k = (s + k d) mod
+10^n`` for ``k = 1..chain_length``, each with exactly ``n`` digits, separated by ``,``::
 
     37+85=22,07,92,77,62,47,32,17,02,87,72<eos>      (reverse_answer=False)
 
@@ -117,9 +116,8 @@ class ArithmeticTask:
     def sft_batch(self, problems: list[Problem], alt: list[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forcing batch for the warm start: ``(input_ids, labels)``.
 
-        ``alt[i]`` writes demonstration ``i`` in :meth:`alt_answer`'s notation. Both are
-        ``[n, prompt_len + max_response_len]`` int64, right-padded; labels hold the response
-        tokens (answer and ``<eos>``), -100 elsewhere.
+        ``alt[i]`` writes demonstration ``i`` in :meth:`alt_answer`'s notation. Both are ``[n, prompt_len +
+        max_response_len]`` int64, right-padded; labels hold the response tokens (answer and ``<eos>``), -100 elsewhere.
         """
         tok = self.tokenizer
         width = self.prompt_len + self.max_response_len
@@ -144,8 +142,7 @@ class ArithmeticTask:
     def chains_right(self, problems: list[Problem], response_ids: torch.Tensor) -> torch.Tensor:
         """``[n]`` float32 in {0, 1}: the response is :meth:`answer` or :meth:`alt_answer`.
 
-        What the warm start is judged by: the arithmetic, not the terminator (a near-tie
-        rounding can flip).
+        What the warm start is judged by: the arithmetic, not the terminator (a near-tie rounding can flip).
         """
         texts = self._texts(problems, response_ids)
         out = []
@@ -167,11 +164,10 @@ class ArithmeticTask:
     def rewards(self, problems: list[Problem], response_ids: torch.Tensor, kind: str = "digits") -> torch.Tensor:
         """Programmatic reward ``[n]`` float32 in [0, 1]; every kind is 1 iff exact, 0 without ``<eos>``.
 
-        ``exact``: :meth:`correct`. ``digits``: positions where the response character equals the
-        answer's / ``max(len(response), len(answer))`` (``"18"``: ``"17"`` -> 0.5, ``"180"`` ->
-        2/3). ``prefix``: leading steps (:meth:`_steps`: chain values, else characters) equal to
-        the answer's / ``max(steps in response, steps in answer)`` (``"22,70,29"``: ``"22,71,29"``
-        -> 1/3). ``steps`` (chain): :meth:`ChainTask._step_credit`.
+        ``exact``: :meth:`correct`. ``digits``: positions where the response character equals the answer's /
+        ``max(len(response), len(answer))`` (``"18"``: ``"17"`` -> 0.5, ``"180"`` -> 2/3). ``prefix``: leading steps
+        (:meth:`_steps`: chain values, else characters) equal to the answer's / ``max(steps in response, steps in
+        answer)`` (``"22,70,29"``: ``"22,71,29"`` -> 1/3). ``steps`` (chain): :meth:`ChainTask._step_credit`.
         """
         if kind == "exact":
             return self.correct(problems, response_ids)
@@ -274,11 +270,10 @@ class ChainTask(ArithmeticTask):
     def _step_credit(self, p: Problem, text: str) -> float:
         """Share of the chain's steps computed right from the value written before them.
 
-        Step ``k`` is right iff the ``k``-th written value equals ``(v_{k-1} + d) mod 10^n``
-        with ``v_{k-1}`` the value the response itself wrote before it (``v_0 = s``); an
-        unreadable value fails its own step and the next; a value past ``chain_length`` is
-        never right. Divided by ``max(values written, chain_length)``: 1 iff the response
-        is exactly the answer.
+        Step ``k`` is right iff the ``k``-th written value equals ``(v_{k-1} + d) mod 10^n`` with ``v_{k-1}`` the value
+        the response itself wrote before it (``v_0 = s``); an unreadable value fails its own step and the next; a value
+        past ``chain_length`` is never right. Divided by ``max(values written, chain_length)``: 1 iff the response is
+        exactly the answer.
         """
         mod = 10**self.num_digits
         values = [self._parse(v) for v in text.split(",")]

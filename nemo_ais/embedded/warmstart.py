@@ -174,11 +174,10 @@ def train_sft(
 ) -> tuple[torch.nn.Module, float, list[tuple[int, float]]]:
     """The warm start's SFT loop: ``policy.warm_start.steps`` AdamW steps from the untrained policy.
 
-    With a curriculum it starts from the first stage's weights (:func:`first_stage`) with a
-    fresh optimizer, continuing the first stage's problem stream. Returns the model, the last
-    loss and, with ``curve_every > 0``, ``(step, exact match, chains right)`` of held-out
-    greedy decoding every ``curve_every`` steps (greedy decoding draws no random numbers, so
-    the trained weights do not depend on it).
+    With a curriculum it starts from the first stage's weights (:func:`first_stage`) with a fresh optimizer, continuing
+    the first stage's problem stream. Returns the model, the last loss and, with ``curve_every > 0``, ``(step, exact
+    match, chains right)`` of held-out greedy decoding every ``curve_every`` steps (greedy decoding draws no random
+    numbers, so the trained weights do not depend on it).
     """
     ws = cfg.policy.warm_start
     model = build_untrained_policy(cfg, task)
@@ -217,8 +216,7 @@ def _say(message: str) -> None:
 def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True) -> Path:
     """Train (or reuse: only if its key equals this config's) the warm start; its cache path.
 
-    Raises ``UnreadableFileError`` for an unusable file and ``RecipeError`` for an unwritable
-    cache directory.
+    Raises ``UnreadableFileError`` for an unusable file and ``RecipeError`` for an unwritable cache directory.
     """
     path = warm_start_path(cfg)
     key = _cache_key(cfg)

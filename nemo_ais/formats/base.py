@@ -62,15 +62,13 @@ class Format:
         fake_weight: ``(w, *, amax, name, knobs) -> fp32``, the twin's weight round trip.
         fake_activation: ``(x, *, amax, name, knobs)``, the twin's input round trip.
         refit_pairs: ``(name, w, config, *, weight_amax, input_scale) -> [(name, t)]`` that
-            vLLM's loader takes for one weight ``w [out, in]``, or for an expert stack
-            ``w [E, out, in]`` named by a sequence of E names (``weight_amax`` and
-            ``input_scale`` then ``[E]``): one quantizer call, the pairs of each expert in
-            turn (:func:`weight_pairs`); None: no refit format.
+            vLLM's loader takes for one weight ``w [out, in]``, or for an expert stack ``w [E, out, in]`` named by a
+            sequence of E names (``weight_amax`` and ``input_scale`` then ``[E]``): one quantizer call, the pairs of
+            each expert in turn (:func:`weight_pairs`); None: no refit format.
         refit_bytes: ``(numel, shape, config) -> bytes`` sent for one weight.
-        pads: partial blocks are zero-padded (FP8); else the in-dim must be a block multiple.
-        shared_global_scale: fused vLLM shards (q/k/v, gate/up) share one global scale.
-        static_input_amax: the activation quantizer needs a calibrated input amax.
-        keeps_codes: the twin's layer also keeps vLLM's codes and scales (``Fp8Linear``).
+        pads: partial blocks are zero-padded (FP8); else the in-dim must be a block multiple. shared_global_scale: fused
+        vLLM shards (q/k/v, gate/up) share one global scale. static_input_amax: the activation quantizer needs a
+        calibrated input amax. keeps_codes: the twin's layer also keeps vLLM's codes and scales (``Fp8Linear``).
     """
 
     name: str

@@ -93,9 +93,8 @@ def without_triton() -> Iterator[None]:
 def triton_quantize(kernel: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """``nemo_ais.kernels.triton_quant.<kernel>(x, *args, **kwargs)``, or None (no Triton path).
 
-    None where :func:`backend_for` of ``x`` is not ``"triton"`` or the kernel failed (module
-    doc): the caller's path runs. The kernel's own fallback (non-finite input: the public
-    quantizer raises) runs :func:`without_triton`.
+    None where :func:`backend_for` of ``x`` is not ``"triton"`` or the kernel failed (module doc): the caller's path
+    runs. The kernel's own fallback (non-finite input: the public quantizer raises) runs :func:`without_triton`.
     """
     if backend_of(x) != "triton":
         return None

@@ -12,12 +12,11 @@ UE8M0 (8 bit)  byte b -> 2^(b - 127), b in [0, 254]; 255 is NaN; no zero        
 =============  ==============================================================  ==========
 
 E2M1 rounding is to nearest, ties to the even code, saturating at ±6
-(:func:`e2m1_codes_reference`). The fast path :func:`e2m1_encode_` is bit-equal by
-construction: every threshold is an fp32 whose low 20 bits are zero, so the signed code
-of ``y`` depends only on its class ``idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096``
-(``b``: the int32 bits of ``y``), and a table of the 8191 classes (checked when built)
-gives it with integer passes and one gather. Two codes share a byte, the even element in
-the LOW nibble (ModelOpt, FlashInfer, vLLM's ``break_fp4_bytes``).
+(:func:`e2m1_codes_reference`). The fast path :func:`e2m1_encode_` is bit-equal by construction: every threshold is an
+fp32 whose low 20 bits are zero, so the signed code of ``y`` depends only on its class ``idx = (b >> 20) + ((b +
+0xFFFFF) >> 20) + 4096`` (``b``: the int32 bits of ``y``), and a table of the 8191 classes (checked when built) gives it
+with integer passes and one gather. Two codes share a byte, the even element in the LOW nibble (ModelOpt, FlashInfer,
+vLLM's ``break_fp4_bytes``).
 """
 
 from __future__ import annotations
@@ -62,9 +61,8 @@ E8M0_NAN = 255
 _E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
                     (3.5, True), (5.0, False))  # fmt: skip
 _BAND_ELEMS = 1 << 18  # fp32 elements of a quantizer's per-band working copy (1 MiB: L2)
-# On a GPU the banded loop is launch-bound: up to 2^26 elements are one band (1 MiB bands
-# were 25-76x slower on an H200, docs/benchmarks.md "quant_cuda"); the cap bounds the
-# temporaries next to a colocated vLLM during a refit.
+#  On a GPU the banded loop is launch-bound: up to 2^26 elements are one band (1 MiB bands were 25-76x slower on an
+#  H200, docs/benchmarks.md "quant_cuda"); the cap bounds the temporaries next to a colocated vLLM during a refit.
 _BAND_ELEMS_GPU = 1 << 26
 # E2M1 class index (module doc): idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096 in [0, 8190]
 _CLASS_SHIFT = 20

@@ -42,9 +42,8 @@ class KVFormat:
 
     Attributes:
         name: the ``kv_cache`` config value.
-        held: calibrated float64 dequant scales ``s`` (any shape) -> what the engine holds
-            per layer (fp32: ``s`` for fp8, the static amax ``s * 448`` for nvfp4); formed
-            once per calibration, not per write.
+        held: calibrated float64 dequant scales ``s`` (any shape) -> what the engine holds per layer (fp32: ``s`` for
+            fp8, the static amax ``s * 448`` for nvfp4); formed once per calibration, not per write.
         round_trip: ``(x, held_l, name) -> x`` quantized and dequantized, in ``x``'s dtype
             (``held_l``: the layer's held value, 0-dim; ``name`` labels errors).
         head_dim_multiple: the head dim must be a multiple of this (the block width).

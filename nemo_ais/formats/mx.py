@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the two MX formats share (OCP MX: blocks of 32 along the last dim, UE8M0 scales).
 
-:mod:`~nemo_ais.formats.mxfp8` (E4M3 elements) and :mod:`~nemo_ais.formats.mxfp4` (E2M1)
-differ only in their element grid: the block, the banded PyTorch path and the scale check
-live here, below both.
+:mod:`~nemo_ais.formats.mxfp8` (E4M3 elements) and :mod:`~nemo_ais.formats.mxfp4` (E2M1) differ only in their element
+grid: the block, the banded PyTorch path and the scale check live here, below both.
 """
 
 from __future__ import annotations

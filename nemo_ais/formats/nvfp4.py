@@ -238,8 +238,7 @@ def quantize_nvfp4(
         :class:`NVFP4Tensor`; empty in, empty out (``global_scale`` 1 unless ``amax``).
 
     Raises:
-        ValueError: ``K % 16 != 0``, a non-floating ``x``, non-finite values, a bad ``amax``
-            or ``rows_per_block``.
+        ValueError: ``K % 16 != 0``, a non-floating ``x``, non-finite values, a bad ``amax`` or ``rows_per_block``.
     """
     fast = triton_quantize("quantize_nvfp4_triton", x, amax, rows_per_block=rows_per_block, name=name)
     if fast is not None:  # CUDA: Triton (nemo_ais.formats.dispatch), same bits
@@ -279,8 +278,7 @@ def quantize_nvfp4_experts(
     (:mod:`~nemo_ais.formats.dispatch`), one quantizer call per expert elsewhere.
 
     Returns:
-        :class:`NVFP4Tensor` with ``data [E, N, K/2]``, ``block_scale [E, N, K/16]`` and
-        ``global_scale`` fp32 ``[E]``.
+        :class:`NVFP4Tensor` with ``data [E, N, K/2]``, ``block_scale [E, N, K/16]`` and ``global_scale`` fp32 ``[E]``.
 
     Raises:
         ValueError: as :func:`quantize_nvfp4` (naming ``name[e]``), not 3-D, a bad ``amax``.

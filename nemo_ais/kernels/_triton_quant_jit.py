@@ -54,9 +54,8 @@ def _e4m3_code(q):
 def _e4m3_byte(q, HW_CAST: tl.constexpr):
     """uint8 E4M3 byte of fp32 ``q``, |q| <= 448, rounded to nearest even.
 
-    ``HW_CAST``: the GPU's conversion (sm_89+: ``cvt.rn.satfinite.e4m3x2.f32``, the bits of
-    torch's cast in that range); else :func:`_e4m3_code`'s integer arithmetic (the
-    interpreter's float8 cast is wrong, module doc).
+    ``HW_CAST``: the GPU's conversion (sm_89+: ``cvt.rn.satfinite.e4m3x2.f32``, the bits of torch's cast in that range);
+    else :func:`_e4m3_code`'s integer arithmetic (the interpreter's float8 cast is wrong, module doc).
     """
     if HW_CAST:
         return q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
@@ -172,9 +171,8 @@ def fp8_blockwise_kernel(
 ):
     """One ``BN x BK`` tile of expert ``program_id(1)`` of ``x [E, n, k]`` per program.
 
-    The tile is walked in ``CHUNK``-row slices twice (amax, then quantize), so it never sits
-    in registers whole. FAMILY 0/1/2 = reciprocal / divide / multiplier. Writes codes, the tile's fp32 scale and
-    its non-finite count.
+    The tile is walked in ``CHUNK``-row slices twice (amax, then quantize), so it never sits in registers whole. FAMILY
+    0/1/2 = reciprocal / divide / multiplier. Writes codes, the tile's fp32 scale and its non-finite count.
     """
     tile = tl.program_id(0)
     e = tl.program_id(1).to(tl.int64)

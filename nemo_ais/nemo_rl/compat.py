@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The NeMo-RL versions ``nemo_ais.nemo_rl`` supports, and what differs between them.
 
-Supported: NeMo-RL **v0.7.0** (81aa43d) and **main** (checked at 7ea279a). Main still
-reports ``0.6.0``, so versions are told apart by feature probes. Every difference the
-adapter depends on is answered here:
+Supported: NeMo-RL **v0.7.0** (81aa43d) and **main** (checked at 7ea279a). Main still reports ``0.6.0``, so versions are
+told apart by feature probes. Every difference the adapter depends on is answered here:
 
 ====================================== ==================== ===========================
 difference                              v0.7.0               main

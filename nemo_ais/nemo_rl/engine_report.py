@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """What each vLLM worker really holds, held against what the run asked for.
 
-Two silent failures: a kernel fallback (below compute capability 10.0 vLLM runs NVFP4 with
-the weight-only Marlin kernel and only logs it, so "W4A4" rolls out as W4A16), and a
-keep-in-BF16 disagreement (vLLM's ModelOpt exclusion matches an entry as a substring, so
-``...mlp.gate`` keeps ``...mlp.gate_up_proj`` in BF16 too; veRL #7519).
+Two silent failures: a kernel fallback (below compute capability 10.0 vLLM runs NVFP4 with the weight-only Marlin kernel
+and only logs it, so "W4A4" rolls out as W4A16), and a keep-in-BF16 disagreement (vLLM's ModelOpt exclusion matches an
+entry as a substring, so ``...mlp.gate`` keeps ``...mlp.gate_up_proj`` in BF16 too; veRL #7519).
 
 The driver asks three times: before ``setup()`` every Ray node by NVML
 (:func:`require_native_nodes`), after ``setup()`` every vLLM worker's GPU
@@ -393,9 +392,8 @@ def require_native_gpu(
 
     ``async_engine``: vLLM's ``AsyncLLM``, asked without reading vLLM's internals (the
     output task :func:`engine_rpc` needs): EVERY generation actor (the parallel ones too:
-    one per node an engine spans) reads its GPUs with ``read`` (NVML) instead: its
-    ``CUDA_VISIBLE_DEVICES``, or every GPU of its node where upstream unset it (parallel
-    engines: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
+    one per node an engine spans) reads its GPUs with ``read`` (NVML) instead: its ``CUDA_VISIBLE_DEVICES``, or every
+    GPU of its node where upstream unset it (parallel engines: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
     """
     if async_engine:
         per_worker = ask_generation_actors(

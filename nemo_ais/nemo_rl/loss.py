@@ -7,11 +7,10 @@
 * any other mode: :func:`nemo_ais.core.clipped_pg_loss` with the diagnostics the worker
   attached for the call's global batch; no collective inside a loss call.
 
-Metrics come in one host sync, in GRPO's summable form (NeMo-RL's keys and definitions, a
-test checks them against ``ClippedPGLossFn``). Global counts NaN, inf or below the call's
-own are refused; main's split train-step placeholder counts of 1 pass unless the weight
-needs a global-batch statistic. Upstream averages each metric over the global batches of
-a ``train()``; ``ais/alpha_gb<g>`` (:data:`PER_GLOBAL_BATCH_ALPHA`) keeps each batch's alpha.
+Metrics come in one host sync, in GRPO's summable form (NeMo-RL's keys and definitions, a test checks them against
+``ClippedPGLossFn``). Global counts NaN, inf or below the call's own are refused; main's split train-step placeholder
+counts of 1 pass unless the weight needs a global-batch statistic. Upstream averages each metric over the global batches
+of a ``train()``; ``ais/alpha_gb<g>`` (:data:`PER_GLOBAL_BATCH_ALPHA`) keeps each batch's alpha.
 """
 
 from __future__ import annotations

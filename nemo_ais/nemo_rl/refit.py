@@ -359,8 +359,7 @@ def _engine_statuses(generation_worker: Any) -> list[HookStatus]:
 def require_active(policy_generation: Any) -> list[HookStatus]:
     """Every vLLM worker process's refit status (RuntimeError naming each one not active).
 
-    AsyncEngineUnreachable: every process read is active, and some async engine could not
-    be read (each named).
+    AsyncEngineUnreachable: every process read is active, and some async engine could not be read (each named).
     """
     per_worker, unreached = ask_engines(policy_generation, _engine_statuses)
     problems = [
@@ -408,9 +407,8 @@ def configure(
     """Arm the refit from one of :data:`SECTIONS` (None: the section is absent or disabled).
 
     Defaults come from the engine config (``tp_size``; FP8: ``ue8m0`` and
-    :func:`~nemo_ais.rules.keep_bf16.fp8_engine_exclusions`; NVFP4: ``ignore``), so the stream
-    keeps in BF16 what vLLM keeps. Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on
-    ``PYTHONPATH`` (before Ray starts).
+    :func:`~nemo_ais.rules.keep_bf16.fp8_engine_exclusions`; NVFP4: ``ignore``), so the stream keeps in BF16 what vLLM
+    keeps. Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on ``PYTHONPATH`` (before Ray starts).
 
     Raises:
         ValueError: naming the field (invalid section, format or engine, both enabled).

@@ -271,9 +271,8 @@ def prepare_global_batches(
 ) -> list[AISDiagnostics]:
     """The worker's prepare step: diagnostics per global batch, row tags, attach to ``sink``.
 
-    ``data`` gains :data:`GLOBAL_BATCH_KEY` (-1 past the last full global batch) and
-    :data:`VALID_TOKENS_KEY`; ``local_batch_size`` is ``gbs // dp_size``. Other arguments
-    and errors as :func:`global_batch_diagnostics`.
+    ``data`` gains :data:`GLOBAL_BATCH_KEY` (-1 past the last full global batch) and :data:`VALID_TOKENS_KEY`;
+    ``local_batch_size`` is ``gbs // dp_size``. Other arguments and errors as :func:`global_batch_diagnostics`.
     """
     require_config(config, CorrectionConfig, "prepare_global_batches(config)")
     try:

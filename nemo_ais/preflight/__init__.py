@@ -15,8 +15,7 @@ CLI::
                                  [--nemo-rl-version v0.7.0|main]
     python -m nemo_ais.preflight.memory_budget CONFIG [...] [--gpu-gib 80]
 
-Adding a check is one function decorated with :func:`~nemo_ais.preflight.checks.check`
-(docs/cluster.md).
+Adding a check is one function decorated with :func:`~nemo_ais.preflight.checks.check` (docs/cluster.md).
 """
 
 from nemo_ais.preflight.checks import CHECKS, CheckResult, Context, Verdict, check, check_config, validate_config

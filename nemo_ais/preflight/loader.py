@@ -82,9 +82,8 @@ def _register_resolvers() -> None:
 
 
 def _merge(base: DictConfig, child: DictConfig) -> DictConfig:
-    # A section marked `_override_: true` replaces the inherited one instead of merging. A
-    # mandatory value (`???`) stays for a child or an override to set (NeMo-RL main; v0.7.0
-    # raised).
+    #  A section marked `_override_: true` replaces the inherited one instead of merging. A mandatory value (`???`)
+    #  stays for a child or an override to set (NeMo-RL main; v0.7.0 raised).
     for key in list(child.keys()):
         if OmegaConf.is_missing(child, key):
             continue

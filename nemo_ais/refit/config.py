@@ -64,8 +64,7 @@ class KeepInBf16Fields(BaseModel):
 class WeightFormatFields(KeepInBf16Fields):
     """The weight format's knobs, shared by the refit and the simulated engine (module doc).
 
-    ``format`` is each subclass's own (the simulated engine also runs ``bf16``); knobs of
-    another format are ignored.
+    ``format`` is each subclass's own (the simulated engine also runs ``bf16``); knobs of another format are ignored.
     """
 
     block: tuple[int, int] = Field((128, 128), description="fp8: weight tile [out, in]; vLLM block-FP8 uses 128x128.")

@@ -2,11 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """MoE expert stacks of the refit stream: the experts of one layer and projection, one call.
 
-With ``RefitConfig.num_experts`` set, :class:`~nemo_ais.refit.stream.RefitStream` holds the
-per-expert HF weights (``model.layers.0.mlp.experts.3.gate_proj.weight``) here, per layer and
-projection (NVFP4: gate and up together), quantizes each ``[E, N, K]`` stack in one call and
-sends every expert's pairs under its own names, bit for bit what one expert at a time sends.
-Only one layer's experts are held: a stack still open when another layer's experts arrive,
+With ``RefitConfig.num_experts`` set, :class:`~nemo_ais.refit.stream.RefitStream` holds the per-expert HF weights
+(``model.layers.0.mlp.experts.3.gate_proj.weight``) here, per layer and projection (NVFP4: gate and up together),
+quantizes each ``[E, N, K]`` stack in one call and sends every expert's pairs under its own names, bit for bit what one
+expert at a time sends. Only one layer's experts are held: a stack still open when another layer's experts arrive,
 or at :meth:`~nemo_ais.refit.stream.RefitStream.flush`, is sent with the experts it has.
 """
 

@@ -17,9 +17,8 @@ Weights move at every RL step, so the KV scales are recalibrated at every weight
 4. ``scale = max(amax, amax_floor) * margin / 448`` (upstream's arithmetic plus the floor).
 5. vLLM names: ``model.layers.N.self_attn.{k,v}_scale`` and ``...self_attn.attn.q_scale``.
 
-[reconstruction] :meth:`KVScaleCalibrator.install_hooks` observes K before RoPE (HF
-``k_proj`` output); NeMo-RL's Megatron worker observes it after q/k-norm and RoPE, as vLLM's
-FP8 cache stores it; the margin covers the difference.
+[reconstruction] :meth:`KVScaleCalibrator.install_hooks` observes K before RoPE (HF ``k_proj`` output); NeMo-RL's
+Megatron worker observes it after q/k-norm and RoPE, as vLLM's FP8 cache stores it; the margin covers the difference.
 """
 
 from __future__ import annotations

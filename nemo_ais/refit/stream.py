@@ -12,9 +12,8 @@ format record says what a quantized ``<m>.weight [out, in]`` becomes
   ``[out, in/16]``, ``weight_scale_2`` fp32 0-dim; ``nvfp4_w4a4`` adds ``input_scale``;
 * ``mxfp8``: ``weight`` float8_e4m3fn, ``weight_scale`` (or ``mxfp8_scale_name``) uint8 E8M0.
 
-1. Plan each tensor (:func:`plan_tensor`): quantize the linear projections (MoE experts
-   included); keep the rest, and what :class:`~nemo_ais.rules.keep_bf16.KeepInBf16`
-   keeps (the rule the twin and the offline check call), in BF16.
+1. Plan each tensor (:func:`plan_tensor`): quantize the linear projections (MoE experts included); keep the rest, and
+   what :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` keeps (the rule the twin and the offline check call), in BF16.
 2. Check each TP rank's shard is whole and a block multiple (all but FP8: the whole in
    dim of a column-parallel weight too).
 3. Fused shards sharing one global scale (NVFP4 ``qkv_proj`` / ``gate_up_proj``) are held
@@ -23,11 +22,10 @@ format record says what a quantized ``<m>.weight [out, in]`` becomes
 
 5. MoE experts (``num_experts`` set): the experts of one layer and projection (NVFP4: of
    one fused layer, each expert its own global scale) are held until all have arrived,
-   then quantized as one ``[E, N, K]`` stack, one quantizer call (one Triton launch on
-   CUDA), and sent under their own names, bit for bit what one expert at a time sends
-   (:mod:`nemo_ais.refit.experts`). A stack still open when another layer's experts
-   arrive, or at :meth:`RefitStream.flush` (the end of a chunk or of the refit: a partial
-   refit), is sent with the experts it holds; none is dropped or held past the refit.
+   then quantized as one ``[E, N, K]`` stack, one quantizer call (one Triton launch on CUDA), and sent under their own
+   names, bit for bit what one expert at a time sends (:mod:`nemo_ais.refit.experts`). A stack still open when another
+   layer's experts arrive, or at :meth:`RefitStream.flush` (the end of a chunk or of the refit: a partial refit), is
+   sent with the experts it holds; none is dropped or held past the refit.
 
 Memory: one tensor's outputs plus at most ``max_open_groups`` held groups; with
 ``num_experts``, also one layer's held experts (HF order interleaves a layer's gate, up and

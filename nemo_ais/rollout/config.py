@@ -4,12 +4,11 @@
 
 ``format`` (the linear layers; what each is and its vLLM path: ``docs/low_precision.md``,
 "Formats"): ``bf16``, ``fp8``, ``mxfp8``, ``nvfp4_w4a16`` or ``nvfp4_w4a4``.
-``kv_cache``: ``bf16``, ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after
-every refit, :mod:`nemo_ais.refit.kv_scales`) or ``nvfp4`` (E2M1 blocks of 16 along the
-head dim, global amax calibrated the same way). The weight format's knobs and the BF16
-exclusions are the refit's own (:class:`~nemo_ais.refit.config.WeightFormatFields`).
-:class:`Fp8RolloutConfig`, the earlier FP8-only config, also reads ``enabled`` (false =
-``format: bf16, kv_cache: bf16``) and ``kv_cache_fp8`` (true = ``kv_cache: fp8``).
+``kv_cache``: ``bf16``, ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after every refit,
+:mod:`nemo_ais.refit.kv_scales`) or ``nvfp4`` (E2M1 blocks of 16 along the head dim, global amax calibrated the same
+way). The weight format's knobs and the BF16 exclusions are the refit's own
+(:class:`~nemo_ais.refit.config.WeightFormatFields`). :class:`Fp8RolloutConfig`, the earlier FP8-only config, also reads
+``enabled`` (false = ``format: bf16, kv_cache: bf16``) and ``kv_cache_fp8`` (true = ``kv_cache: fp8``).
 """
 
 from __future__ import annotations

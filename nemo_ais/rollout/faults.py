@@ -3,13 +3,11 @@
 """TEST / BENCH ONLY: refit bugs planted into the twin, to calibrate the refit guard.
 
 ``RolloutPrecisionConfig.refit_fault`` (in the embedded recipe:
-``rollout.quantizer.refit_fault={kind: ..., from_refit: N}``) makes every refit of the
-twin from the ``from_refit``-th on (counted from 1 since the twin was built; in the
-embedded recipe refit N is GRPO step N of a run that did not resume) go wrong the way
-peers' refits did. It is refused unless the environment variable
-:data:`FAULT_ENV` is ``1`` (set by ``benchmarks/bench_alarm_calibration.py`` and the
-tests), so a config cannot turn it on by accident; the run then computes wrong rollouts
-on purpose. Kinds:
+``rollout.quantizer.refit_fault={kind: ..., from_refit: N}``) makes every refit of the twin from the ``from_refit``-th
+on (counted from 1 since the twin was built; in the embedded recipe refit N is GRPO step N of a run that did not resume)
+go wrong the way peers' refits did. It is refused unless the environment variable
+:data:`FAULT_ENV` is ``1`` (set by ``benchmarks/bench_alarm_calibration.py`` and the tests), so a config cannot turn it
+on by accident; the run then computes wrong rollouts on purpose. Kinds:
 
 * ``scale_layout`` (format ``fp8``): each matched linear's block-scale grid
   ``weight_scale_inv [N/128, K/128]`` is loaded in the wrong layout, its column-major

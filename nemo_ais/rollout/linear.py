@@ -3,12 +3,10 @@
 """A linear layer (and fused MoE experts) running one rollout format's fake quantization.
 
 :class:`QuantLinear` for ``x [..., K]``, ``W [N, K]``: at refit ``W_dq = weight_fq(W,
-amax)`` (cached fp32); at every forward ``x_dq = activation_fq(x, input_amax)``, then
-``y = x_dq @ W_dq^T`` in fp32 ``+ bias``, cast to ``x.dtype``. :class:`QuantExperts`
-replaces transformers-5 fused MoE experts by one linear per expert and projection.
-:class:`Fp8Linear` also keeps vLLM's block-FP8 codes and scales, so the twin loads a refit
-stream as sent; every operand being exact, only the fp32 summation order differs from a
-real FP8 GEMM.
+amax)`` (cached fp32); at every forward ``x_dq = activation_fq(x, input_amax)``, then ``y = x_dq @ W_dq^T`` in fp32 ``+
+bias``, cast to ``x.dtype``. :class:`QuantExperts` replaces transformers-5 fused MoE experts by one linear per expert
+and projection. :class:`Fp8Linear` also keeps vLLM's block-FP8 codes and scales, so the twin loads a refit stream as
+sent; every operand being exact, only the fp32 summation order differs from a real FP8 GEMM.
 """
 
 from __future__ import annotations

@@ -2,11 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Refit readback: after a refit, what the engine holds against what a correct refit gives.
 
-The refit bugs peers shipped change neither the shapes nor the dtypes the engine loads, and
-on a small batch their effect on the mismatch can sit inside its step-to-step noise (issue
-27; docs/benchmarks.md ``alarm_calibration``): a scale grid read in the wrong layout, a layer
-kept in BF16 that the trainer treats as quantized, KV-cache scales that stopped being
-recalibrated. Reading the engine back finds each of them exactly, at the refit they happen:
+The refit bugs peers shipped change neither the shapes nor the dtypes the engine loads, and on a small batch their
+effect on the mismatch can sit inside its step-to-step noise (issue 27; docs/benchmarks.md ``alarm_calibration``): a
+scale grid read in the wrong layout, a layer kept in BF16 that the trainer treats as quantized, KV-cache scales that
+stopped being recalibrated. Reading the engine back finds each of them exactly, at the refit they happen:
 
 * **weights**: every quantized linear's effective weight (the dequantized codes the forward
   multiplies by) against the format's quantization of the weight the trainer sent (or the
@@ -14,10 +13,9 @@ recalibrated. Reading the engine back finds each of them exactly, at the refit t
 * **KV-cache scales**: the scales the engine holds against those a calibration of the
   current weights on the refit's calibration batch gives, relative.
 
-Both are 0.0 exactly on a healthy refit: the engine's own quantizer and calibration, run
-again on the same input, give the same bits. So any value above 0 is a refit bug, with no
-threshold to calibrate (``alarms.readback_tol``, default 0, is there for an engine whose
-readback goes through another kernel). The simulated engine runs it when
+Both are 0.0 exactly on a healthy refit: the engine's own quantizer and calibration, run again on the same input, give
+the same bits. So any value above 0 is a refit bug, with no threshold to calibrate (``alarms.readback_tol``, default 0,
+is there for an engine whose readback goes through another kernel). The simulated engine runs it when
 ``rollout.quantizer.verify_refit`` is true; the embedded recipe writes one
 :data:`READBACK_FILE` row per refit beside NeMo-RL's step logs, and ``nemo-ais analyze``
 raises the ``refit_readback`` alarm from it. A vLLM engine is not read back yet

@@ -202,10 +202,9 @@ def generate(
 ) -> GenerationOutput:
     """Sample ``max_new_tokens`` per prompt from a HF causal LM, with log-probs.
 
-    One prefill, then one single-token forward per step through HF's KV cache. At step t
-    ``z = logits / temperature`` (fp32), the token is drawn from ``z`` filtered by top-k /
-    top-p; the reported log-prob is ``log_softmax(z)[token]`` of the UNFILTERED distribution
-    (what a trainer computes as ``prev_logprobs``; filtering would add a bias it does not
+    One prefill, then one single-token forward per step through HF's KV cache. At step t ``z = logits / temperature``
+    (fp32), the token is drawn from ``z`` filtered by top-k / top-p; the reported log-prob is ``log_softmax(z)[token]``
+    of the UNFILTERED distribution (what a trainer computes as ``prev_logprobs``; filtering would add a bias it does not
     see). ``logprobs_mode="processed"`` reports the filtered one (vLLM's
     ``processed_logprobs``). After a row's first EOS: ``pad_token_id``, mask 0, log-prob 0.
 

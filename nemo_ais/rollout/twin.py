@@ -5,10 +5,9 @@
 The twin stands in for vLLM in one rollout format and KV cache, on CPU, so the mismatch AIS
 corrects is real without a GPU (``docs/low_precision.md``, "Twin"): build
 (:mod:`~nemo_ais.rollout.modules`), refit (:mod:`~nemo_ais.rollout.weight_loader`),
-calibration, stale after every refit (:mod:`~nemo_ais.rollout.calibration`), quantized KV
-cache (:mod:`~nemo_ais.rollout.kv_cache`), generation (:mod:`~nemo_ais.rollout.sampling`).
-With nothing to simulate (``format: bf16``, ``kv_cache: bf16``) the twin is an exact copy
-of the model (the BF16 arm): bit-identical log-probs.
+calibration, stale after every refit (:mod:`~nemo_ais.rollout.calibration`), quantized KV cache
+(:mod:`~nemo_ais.rollout.kv_cache`), generation (:mod:`~nemo_ais.rollout.sampling`). With nothing to simulate (``format:
+bf16``, ``kv_cache: bf16``) the twin is an exact copy of the model (the BF16 arm): bit-identical log-probs.
 """
 
 from __future__ import annotations
@@ -70,10 +69,9 @@ class RolloutTwin:
     """Simulated low-precision rollout engine of a HF causal LM (module doc).
 
     Attributes:
-        model: the twin (a deep copy, eval mode; never ``.to(dtype)``: use ``compute_dtype``).
-        quantized_module_names: the modules running the format (empty for ``bf16``).
-        kv_scales: the current :class:`~nemo_ais.refit.kv_scales.KVScales`, or None.
-        kv_saturation: the last quantized-cache call's
+        model: the twin (a deep copy, eval mode; never ``.to(dtype)``: use ``compute_dtype``). quantized_module_names:
+        the modules running the format (empty for ``bf16``). kv_scales: the current
+        :class:`~nemo_ais.refit.kv_scales.KVScales`, or None. kv_saturation: the last quantized-cache call's
             :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` (``.metrics()``), or None.
     """
 
@@ -134,10 +132,9 @@ class RolloutTwin:
     ) -> int:
         """Refit: load the trainer's current weights by HF name, re-quantizing; returns the count.
 
-        A partial set updates only those tensors (NVFP4's fused shards come together); format
-        ``fp8`` also takes codes plus ``<name>_scale_inv``. KV scales sent with the refit become
-        :attr:`kv_scales`; else they and the input amax are recalibrated on the calibration
-        batch, if given, or the next :meth:`generate` / :meth:`score` batch.
+        A partial set updates only those tensors (NVFP4's fused shards come together); format ``fp8`` also takes codes
+        plus ``<name>_scale_inv``. KV scales sent with the refit become :attr:`kv_scales`; else they and the input amax
+        are recalibrated on the calibration batch, if given, or the next :meth:`generate` / :meth:`score` batch.
 
         Raises:
             ValueError: an unknown name, a shape mismatch, non-finite values, codes without

@@ -13,11 +13,10 @@ __all__ = ["AIS_CONFLICTS", "AIS_SECTIONS", "ais_conflicts", "bypass_kl_in_rewar
 AIS_SECTIONS = ("ais", "ais_alarms")
 """The ``loss_fn`` sub-sections nemo_ais reads (NeMo-RL's ``loss_fn`` allows extra keys)."""
 
-# NeMo-RL loss_fn options that must stay at their "off" value when loss_fn.ais.mode is not
-# none: (off value, why). With mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged.
-# The one table for both this offline check and nemo_ais.nemo_rl.loss.AISLossConfig.
-# (use_cispo, sequence_level_importance_ratios, use_on_policy_kl_approximation and
-# positive_example_nll_weight are core's: nemo_ais.config.PGLossConfig validates them.)
+#  NeMo-RL loss_fn options that must stay at their "off" value when loss_fn.ais.mode is not none: (off value, why). With
+#  mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged. The one table for both this offline check and
+#  nemo_ais.nemo_rl.loss.AISLossConfig. (use_cispo, sequence_level_importance_ratios, use_on_policy_kl_approximation and
+#  positive_example_nll_weight are core's: nemo_ais.config.PGLossConfig validates them.)
 _AIS_CONFLICT_TABLE: dict[str, tuple[Any, str]] = {
     "use_importance_sampling_correction": (
         False,

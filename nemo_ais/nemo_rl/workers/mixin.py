@@ -34,12 +34,11 @@ class AISTrainMixin:
     """Put before a NeMo-RL policy worker implementation in the bases.
 
     ``train(data, loss_fn, ...)`` with an AIS loss (any mode, ``none`` included) first runs
-    :func:`~nemo_ais.nemo_rl.seam.prepare_global_batches` over :meth:`_ais_dp_group` (one
-    all-reduce per global batch, on every pipeline stage). The EMA state advances once per
-    global batch (not in ``eval_mode``) and is saved with the checkpoint. Refit guard
-    (``loss_fn.ais_alarms.enabled``): an :class:`~nemo_ais.alarms.AlarmMonitor` observes each
-    global batch's diagnostics (identical on every rank, so with ``fail_on_alarm`` every rank
-    raises together before the optimizer step); its history is checkpointed too.
+    :func:`~nemo_ais.nemo_rl.seam.prepare_global_batches` over :meth:`_ais_dp_group` (one all-reduce per global batch,
+    on every pipeline stage). The EMA state advances once per global batch (not in ``eval_mode``) and is saved with the
+    checkpoint. Refit guard (``loss_fn.ais_alarms.enabled``): an :class:`~nemo_ais.alarms.AlarmMonitor` observes each
+    global batch's diagnostics (identical on every rank, so with ``fail_on_alarm`` every rank raises together before the
+    optimizer step); its history is checkpointed too.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

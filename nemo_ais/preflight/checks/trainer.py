@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the run's trainer is: its precision and its off-policyness, and what that means.
 
-The method (docs/method.md) assumes a BF16 trainer updated once per rollout batch. Two
-departures the AIS loss accepts silently are reported: an FP8 trainer (pi_old is then an
-FP8 log-prob, so the diagnostics compare two FP8 engines) and several optimizer steps per
-rollout batch (pi_theta != pi_old from the second, a lag the AIS weights do not measure).
+The method (docs/method.md) assumes a BF16 trainer updated once per rollout batch. Two departures the AIS loss accepts
+silently are reported: an FP8 trainer (pi_old is then an FP8 log-prob, so the diagnostics compare two FP8 engines) and
+several optimizer steps per rollout batch (pi_theta != pi_old from the second, a lag the AIS weights do not measure).
 """
 
 from __future__ import annotations
