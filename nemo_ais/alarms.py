@@ -30,18 +30,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_ais.config import require_config
 
-__all__ = [
-    "ALARM_KINDS",
-    "QUARTERS",
-    "AISAlarmsConfig",
-    "Alarm",
-    "AlarmConfig",
-    "AlarmMonitor",
-    "PositionQuarters",
-    "RefitAlarmError",
-    "alarm_metrics",
-]
-
 ALARM_KINDS = ("nonfinite", "tmpe_jump", "severity_jump", "tail_jump", "kv_scale_position", "refit_readback")
 ALARM_PREFIX = "ais_alarm/"
 QUARTERS = 4

@@ -19,8 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PRESETS", "main", "version_string"]
-
 # nemo_ais/embedded/presets/<name>.yaml selectable with --preset (default.yaml: no flag)
 PRESETS = (
     "quick",

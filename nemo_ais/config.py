@@ -16,18 +16,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, create_model, model_validator
 
 from nemo_ais.modes import MODES
-from nemo_ais.sections import Section, config_type_error, require_config, validate_section
-
-__all__ = [
-    "CorrectionConfig",
-    "CorrectionMode",
-    "PGLossConfig",
-    "config_type_error",
-    "pg_loss_section",
-    "require_config",
-    "surrogate_conflicts",
-    "validate_section",
-]
+from nemo_ais.sections import (
+    Section,
+    config_type_error as config_type_error,
+    require_config as require_config,
+    validate_section,
+)
 
 CorrectionMode = Literal[tuple(MODES)]  # type: ignore[valid-type]
 

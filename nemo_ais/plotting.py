@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LINESTYLES", "MARKERS", "pyplot", "save_figures", "series_style", "style_axes"]
-
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
 COLORS = tuple(f"C{i}" for i in range(10))

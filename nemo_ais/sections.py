@@ -15,8 +15,6 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-__all__ = ["Section", "config_type_error", "moved_key_errors", "plain_mapping", "require_config", "validate_section"]
-
 
 class Section(BaseModel):
     """A strict, frozen config section; ``moved_keys`` (old key -> new dotted key) are refused.

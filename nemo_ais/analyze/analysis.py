@@ -38,17 +38,6 @@ from nemo_ais.core import AISState
 from nemo_ais.core.metrics import AIS_METRIC_NAMES
 from nemo_ais.rollout.readback import READBACK_FILE, read_readback
 
-__all__ = [
-    "ANALYSIS_FILE",
-    "DEFAULT_OUT",
-    "AnalysisResult",
-    "analysis_row",
-    "analyze_run",
-    "global_batches_per_step",
-    "load_analysis_config",
-    "output_dir",
-]
-
 logger = logging.getLogger(__name__)
 
 ANALYSIS_FILE = "analysis.jsonl"

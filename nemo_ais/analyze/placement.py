@@ -18,8 +18,6 @@ from typing import Any
 
 from nemo_ais.analyze.reader import BadInputError
 
-__all__ = ["STUDY", "load_study", "placement_md"]
-
 STUDY = Path(__file__).with_name("tolerance_study.json")
 _KEYS = {"D": "ais/severity", "gen_kl": "ais/kl_k3", "tmpe": "ais/token_mult_prob_error"}
 

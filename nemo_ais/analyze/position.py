@@ -15,8 +15,6 @@ import torch
 from nemo_ais.alarms import QUARTERS
 from nemo_ais.core import log_ratio
 
-__all__ = ["PositionProfile", "position_profile"]
-
 
 @dataclass
 class PositionProfile:

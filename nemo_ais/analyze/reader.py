@@ -24,19 +24,6 @@ from pathlib import Path
 
 import torch
 
-__all__ = [
-    "REQUIRED_KEYS",
-    "BadInputError",
-    "Chunk",
-    "EmptyStepError",
-    "StepFile",
-    "find_log_dirs",
-    "find_step_files",
-    "format_steps",
-    "iter_chunks",
-    "missing_steps",
-]
-
 STEP_FILE = re.compile(r"^train_data_step(\d+)\.jsonl$")
 REQUIRED_KEYS = ("prev_logprobs", "generation_logprobs", "token_loss_mask", "sample_loss_mask")
 # Per-position lists that NeMo-RL writes with one value per token of the sequence.

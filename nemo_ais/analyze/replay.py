@@ -40,8 +40,6 @@ from nemo_ais.core import (
 )
 from nemo_ais.modes import MODES as ALL_MODES
 
-__all__ = ["MODES", "StepResult", "WeightSums", "replay_step"]
-
 # the modes whose record has a ``replay``, in the registry's order (tis, icepop, seq_mask_geo, ais)
 MODES = tuple(name for name, mode in ALL_MODES.items() if mode.replay is not None)
 _BYTES_PER_POSITION = 2 * 8 + 1  # two float64 log-probs and a bool mask

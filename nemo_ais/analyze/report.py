@@ -17,11 +17,8 @@ from nemo_ais.analyze.placement import placement_md
 from nemo_ais.analyze.reader import format_steps
 from nemo_ais.analyze.replay import MODES
 from nemo_ais.analyze.trend import Trend, fit_trend
-from nemo_ais.modes import MODES as ALL_MODES
-from nemo_ais.modes import masked
+from nemo_ais.modes import MODES as ALL_MODES, masked
 from nemo_ais.plotting import pyplot, save_figures, series_style, style_axes
-
-__all__ = ["PLOTS", "REPORT_FILE", "build_figures", "onset", "recommendations", "write_report"]
 
 REPORT_FILE = "report.md"
 PLOTS = ("diagnostics.png", "alpha.png", "weights.png")

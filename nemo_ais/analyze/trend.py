@@ -14,8 +14,6 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-__all__ = ["Trend", "fit_trend", "t_quantile"]
-
 
 def t_quantile(p: float, df: int) -> float:
     """Quantile of Student's t with ``df`` degrees of freedom at probability ``p`` (0.5 < p < 1)."""

@@ -60,8 +60,6 @@ from nemo_ais.core.stats import (
 )
 from nemo_ais.modes import MODES, batch_values
 
-__all__ = ["AISDiagnostics", "AISState", "compute_diagnostics", "diagnostics_from_stats"]
-
 logger = logging.getLogger(__name__)
 
 

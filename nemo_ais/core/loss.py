@@ -51,16 +51,13 @@ from typing import NamedTuple
 import torch
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig, require_config, surrogate_conflicts
-from nemo_ais.core import metrics as ais_metrics_lib
-from nemo_ais.core import validation
+from nemo_ais.core import metrics as ais_metrics_lib, validation
 from nemo_ais.core.diagnostics import AISDiagnostics, AISState, compute_diagnostics
 from nemo_ais.core.mismatch import mismatch_metrics
 from nemo_ais.core.surrogate import SURROGATES, LossInputs, kl_penalty
 from nemo_ais.core.validation import describe
 from nemo_ais.core.weights import compute_dtype
 from nemo_ais.modes import MODES
-
-__all__ = ["LossOutput", "clipped_pg_loss"]
 
 
 class LossOutput(NamedTuple):

@@ -25,21 +25,6 @@ import torch
 from nemo_ais.core.diagnostics import AISDiagnostics
 from nemo_ais.modes import batch_values
 
-__all__ = [
-    "AIS_METRIC_NAMES",
-    "AIS_PREFIX",
-    "LOSS",
-    "METRICS",
-    "NONE",
-    "SEQUENCES",
-    "TOKENS",
-    "MetricSpec",
-    "ais_metrics",
-    "ais_values",
-    "metric_normalizations",
-    "summable_scale",
-]
-
 TOKENS = "tokens"
 SEQUENCES = "sequences"
 NONE = "none"

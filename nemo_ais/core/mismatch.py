@@ -31,8 +31,6 @@ import torch
 from nemo_ais.config import PGLossConfig
 from nemo_ais.core.surrogate import KL_VALUES, LossInputs, Surrogate
 
-__all__ = ["MISMATCH_EXTREMES", "mismatch_metrics"]
-
 LOG_2 = math.log(2)
 
 # min / max-reduced across calls (every other key is summed)

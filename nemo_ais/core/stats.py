@@ -37,17 +37,6 @@ from nemo_ais.config import CorrectionConfig, require_config
 from nemo_ais.core import validation
 from nemo_ais.modes import MODES
 
-__all__ = [
-    "BAD_INPUT_SLOTS",
-    "NUM_SLOTS",
-    "STATS_BYTES",
-    "TAIL_BINS",
-    "AISStats",
-    "Slot",
-    "compute_statistics",
-    "reduce_statistics",
-]
-
 
 class Slot(enum.IntEnum):
     """Index of each sufficient statistic in :attr:`AISStats.vector`."""

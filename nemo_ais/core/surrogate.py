@@ -17,17 +17,6 @@ import torch
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig
 
-__all__ = [
-    "KL_VALUES",
-    "SURROGATES",
-    "LossInputs",
-    "Surrogate",
-    "kl_penalty",
-    "sequence_log_ratio",
-    "tbpo_surrogate",
-    "token_surrogate",
-]
-
 
 class LossInputs(NamedTuple):
     """Step-1 inputs in the compute dtype, detached, every term 0 where m = 0."""

@@ -15,19 +15,6 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = [
-    "BadValuesError",
-    "bad_value_counts",
-    "check_2d",
-    "check_global_count",
-    "check_like",
-    "check_mask",
-    "check_scalar_count",
-    "describe",
-    "raise_for_bad_values",
-    "valid_positions",
-]
-
 
 class BadValuesError(ValueError):
     """Bad values in one input: ``count`` of them; ``in_mask``: mask values not in {0, 1}."""

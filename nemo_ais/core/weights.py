@@ -33,9 +33,7 @@ from __future__ import annotations
 import torch
 
 from nemo_ais.config import CorrectionConfig, require_config
-from nemo_ais.modes import MODES, Mode, compute_dtype, log_ratio
-
-__all__ = ["WEIGHT_FNS", "compute_dtype", "correction_weights", "log_ratio"]
+from nemo_ais.modes import MODES, Mode, compute_dtype as compute_dtype, log_ratio as log_ratio
 
 # mode -> its record (weight function, global-batch value, sequence level, surrogate)
 WEIGHT_FNS: dict[str, Mode] = MODES

@@ -33,8 +33,6 @@ from nemo_ais.rollout.fake_quant import LinearFakeQuant, shared_weight_amax, str
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
 from nemo_ais.rollout.twin import RolloutTwin
 
-__all__ = ["RolloutAlignedPolicy", "StraightThroughKVCache", "StraightThroughLinear"]
-
 
 class StraightThroughLinear(nn.Module):
     """``nn.Linear`` in the rollout format's fake quantization, STE backward (steps 1-3).

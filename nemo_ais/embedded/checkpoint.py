@@ -18,16 +18,6 @@ import torch
 
 from nemo_ais.embedded.dist import RecipeError
 
-__all__ = [
-    "UnreadableFileError",
-    "atomic_torch_save",
-    "checkpoint_path",
-    "error_cause",
-    "load_checkpoint",
-    "load_file",
-    "save_checkpoint",
-]
-
 # What a run checkpoint holds (see save_checkpoint); a file without one of these is rejected.
 CHECKPOINT_KEYS = ("step", "finished", "policy", "optimizer", "ais_state", "torch_rng_state")
 # Longest excerpt of the underlying error kept in a one-line message.

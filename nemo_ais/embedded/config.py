@@ -41,18 +41,6 @@ from nemo_ais.embedded.sections import (
 from nemo_ais.refit.config import RENAMED_KEYS
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 
-__all__ = [
-    "CONFIG_DIR",
-    "RecipeConfig",
-    "config_hash",
-    "load_config",
-    "migrate_config",
-    "migrate_rollout",
-    "resolve_arm",
-    "rollout_precision",
-    "validate_config",
-]
-
 # The shipped presets are package data (pyproject.toml), so a wheel install finds them.
 CONFIG_DIR = Path(str(resources.files("nemo_ais.embedded") / "presets"))
 SECTIONS = ("grpo", "loss_fn", "policy", "rollout", "data", "logger", "checkpointing", "cluster", "experiment")

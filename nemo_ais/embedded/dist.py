@@ -23,8 +23,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["DistContext", "RecipeError", "all_reduce_sum", "launch"]
-
 
 class RecipeError(RuntimeError):
     """An expected failure of the embedded recipe, with a message for the user."""

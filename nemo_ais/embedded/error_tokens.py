@@ -24,8 +24,6 @@ import torch
 
 from nemo_ais.embedded.task import ArithmeticTask
 
-__all__ = ["NGRAM", "ErrorTokenCounts", "error_token_counts", "repeat_flags", "response_alphabet"]
-
 NGRAM = 3  # n of the repeated n-gram: a 2-digit chain value and its separator
 
 

@@ -25,8 +25,6 @@ from nemo_ais.embedded.logs import METRICS_FILE
 from nemo_ais.embedded.recipe import GRPORecipe
 from nemo_ais.embedded.warmstart import build_task, warm_start
 
-__all__ = ["CONFIG_FILE", "prepare_run_dir", "run_experiment"]
-
 CONFIG_FILE = "config.yaml"
 # Keys that may change between an interrupted run and its resumption: none changes a result
 # (the warm-start cache file is named by the settings that do).

@@ -15,8 +15,6 @@ from nemo_ais.embedded.dist import DistContext, all_reduce_sum
 from nemo_ais.embedded.task import ArithmeticTask
 from nemo_ais.rollout.readback import READBACK_FILE, RefitReadback, readback_row
 
-__all__ = ["METRICS_FILE", "MetricsFile", "log_readback", "log_train_data"]
-
 METRICS_FILE = "metrics.jsonl"
 
 

@@ -14,8 +14,6 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from nemo_ais.rollout.sampling import GrowingKVCache
 
-__all__ = ["build_model", "greedy_decode", "response_logprobs"]
-
 
 def build_model(
     *,

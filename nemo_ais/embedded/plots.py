@@ -14,8 +14,6 @@ from typing import Any, NamedTuple
 from nemo_ais.embedded.stats import band, series
 from nemo_ais.plotting import pyplot, series_style, style_axes
 
-__all__ = ["DIAGNOSTICS", "PLOTS", "Panel", "build_figures"]
-
 
 class Panel(NamedTuple):
     """One plotted metric: record kind and key, title, y label with unit, and its bounds.

@@ -47,15 +47,6 @@ from nemo_ais.embedded.warmstart import build_task, build_untrained_policy, gree
 from nemo_ais.modes import MODES
 from nemo_ais.rollout.twin import Fp8Twin
 
-__all__ = [
-    "GRPORecipe",
-    "NonFiniteError",
-    "build_optimizer",
-    "build_policy",
-    "build_rollout_engine",
-    "build_trainer_forward",
-]
-
 
 class NonFiniteError(RecipeError):
     """A loss, gradient or parameter became NaN/inf during training."""

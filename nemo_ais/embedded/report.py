@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from nemo_ais.embedded.plots import DIAGNOSTICS, PLOTS, build_figures
+from nemo_ais.embedded.plots import DIAGNOSTICS as DIAGNOSTICS, PLOTS as PLOTS, build_figures
 from nemo_ais.embedded.stats import (
     EARLY_LATE_STEPS,
     ERROR_TOKEN_KEYS,
@@ -26,32 +26,15 @@ from nemo_ais.embedded.stats import (
     fmt_ci,
     load_metrics,
     mean_std,
-    paired_ci,
+    paired_ci as paired_ci,
     paired_differences,
-    primary_metric,
+    primary_metric as primary_metric,
     run_extent,
     smoke_reasons,
-    t_quantile_975,
+    t_quantile_975 as t_quantile_975,
 )
 from nemo_ais.embedded.tolerance import tolerance_md, tolerance_table, write_tolerance
 from nemo_ais.plotting import save_figures
-
-__all__ = [
-    "DIAGNOSTICS",
-    "PLOTS",
-    "Collapse",
-    "arm_summary",
-    "build_figures",
-    "collapse_steps",
-    "early_metric",
-    "load_metrics",
-    "paired_ci",
-    "paired_differences",
-    "primary_metric",
-    "smoke_reasons",
-    "t_quantile_975",
-    "write_report",
-]
 
 
 def _num(value: float, spec: str) -> str:

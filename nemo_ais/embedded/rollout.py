@@ -17,8 +17,6 @@ import torch
 from nemo_ais.embedded.task import ArithmeticTask, Problem, seeded_generator
 from nemo_ais.rollout.twin import Fp8Twin
 
-__all__ = ["RolloutBatch", "chunk_range", "generate_rollouts", "group_advantages"]
-
 
 @dataclass
 class RolloutBatch:

@@ -19,24 +19,6 @@ from nemo_ais.refit.config import RENAMED_KEYS
 from nemo_ais.rollout.config import KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
 from nemo_ais.sections import validate_section
 
-__all__ = [
-    "DEFAULT_ARMS",
-    "DEFAULT_QUANTIZER",
-    "CheckpointingSection",
-    "ClusterSection",
-    "CurriculumSection",
-    "DataSection",
-    "ExperimentSection",
-    "GRPOSection",
-    "LoggerSection",
-    "ModelSection",
-    "OptimizerSection",
-    "PolicySection",
-    "RolloutSection",
-    "WarmStartSection",
-    "rollout_precision",
-]
-
 DEFAULT_QUANTIZER: dict[str, Any] = {"block": [128, 128], "activation_group": 128, "ue8m0": False}
 DEFAULT_ARMS: dict[str, dict[str, Any]] = {
     "bf16": {"rollout": {"format": "bf16", "kv_cache": "bf16"}, "loss_fn": {"ais": {"mode": "none"}}},

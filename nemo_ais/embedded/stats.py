@@ -19,27 +19,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = [
-    "EARLY_LATE_STEPS",
-    "ERROR_TOKEN_KEYS",
-    "EVIDENCE_MIN_SEEDS",
-    "EVIDENCE_MIN_STEPS",
-    "Collapse",
-    "arm_summary",
-    "collapse_steps",
-    "early_metric",
-    "fmt_ci",
-    "load_metrics",
-    "mean_std",
-    "paired_ci",
-    "paired_differences",
-    "primary_metric",
-    "run_extent",
-    "series",
-    "smoke_reasons",
-    "t_quantile_975",
-]
-
 # The windows of the non-stationarity table: the first and the last EARLY_LATE_STEPS steps.
 EARLY_LATE_STEPS = 10
 # Below these, a run is a smoke run (not evidence): the early and late windows overlap, the

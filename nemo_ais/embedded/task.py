@@ -23,8 +23,6 @@ import torch
 
 from nemo_ais.embedded.tokenizer import CharTokenizer
 
-__all__ = ["AdditionTask", "ArithmeticTask", "ChainTask", "Problem", "seeded_generator", "task_from_config"]
-
 Problem = tuple[int, int]
 
 

@@ -12,8 +12,6 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["CharTokenizer"]
-
 _SPECIALS = ("<pad>", "<bos>", "<eos>")
 _CHARS = "0123456789+=,"
 

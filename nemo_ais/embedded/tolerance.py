@@ -23,16 +23,6 @@ from typing import Any, NamedTuple
 
 from nemo_ais.embedded.stats import arm_summary, fmt_ci, paired_differences
 
-__all__ = [
-    "ARM_NAME",
-    "MISMATCH_KEYS",
-    "Level",
-    "first_significant_level",
-    "tolerance_md",
-    "tolerance_table",
-    "write_tolerance",
-]
-
 ARM_NAME = re.compile(r"^k(?P<level>\d+(?:\.\d+)?)-(?P<correction>[a-z0-9_]+)$")
 # the x-axes: our D, NeMo-RL's gen_kl_error and token_mult_prob_error (arm_summary keys)
 MISMATCH_KEYS = {"D": "severity", "gen_kl": "kl_k3", "tmpe": "token_mult_prob_error"}

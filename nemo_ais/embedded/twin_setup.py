@@ -16,8 +16,6 @@ from nemo_ais.embedded.config import RecipeConfig
 from nemo_ais.embedded.recipe import build_policy
 from nemo_ais.embedded.warmstart import build_task, warm_start, warm_start_path
 
-__all__ = ["TwinSetup", "twin_setup"]
-
 
 class TwinSetup(NamedTuple):
     """A model (fp32, eval mode) and a prompt batch (``ids``, ``mask`` ``[B, P]``) for the twin."""

@@ -30,8 +30,6 @@ from nemo_ais.embedded.model import build_model, greedy_decode
 from nemo_ais.embedded.sections import WarmStartSection
 from nemo_ais.embedded.task import ArithmeticTask, seeded_generator, task_from_config
 
-__all__ = ["build_task", "build_untrained_policy", "first_stage", "load_warm_start", "warm_start", "warm_start_path"]
-
 logger = logging.getLogger(__name__)
 
 # Bump when the warm-start procedure changes, so stale cache files are not reused.

@@ -15,8 +15,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["BF16", "Format", "RefitPairs", "stack_label", "unchanged", "weight_pairs"]
-
 RefitPairs = list[tuple[str, torch.Tensor]]
 
 

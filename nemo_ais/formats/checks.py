@@ -9,8 +9,6 @@ import re
 
 import torch
 
-__all__ = ["FLOAT_INPUTS", "check_amax", "check_finite", "check_last_dim", "check_regexes"]
-
 # Input dtypes every quantizer accepts; all of them are computed in fp32.
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _F32_MAX = torch.finfo(torch.float32).max

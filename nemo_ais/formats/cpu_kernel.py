@@ -22,8 +22,6 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["cpu_kernel"]
-
 logger = logging.getLogger(__name__)
 
 _SOURCE_FILE = Path(__file__).with_name("csrc") / "quantize_cpu.cpp"

@@ -32,8 +32,6 @@ import torch
 
 from nemo_ais.formats import cpu_kernel as _cpu
 
-__all__ = ["Backend", "backend_for", "backend_of", "kernel_for", "triton_enabled", "triton_quantize", "without_triton"]
-
 Backend = Literal["triton", "cpu", "torch"]
 
 TRITON_MODULE = "nemo_ais.kernels.triton_quant"

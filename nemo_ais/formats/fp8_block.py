@@ -31,21 +31,6 @@ from nemo_ais.formats.checks import FLOAT_INPUTS, check_finite
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import E4M3_MAX, band_elems, e8m0_ceil_exponent, pow2
 
-__all__ = [
-    "E4M3_MAX",
-    "FAMILY_FORMULAS",
-    "FP8_BLOCK",
-    "RENAMED_FAMILIES",
-    "Family",
-    "check_finite",
-    "dequantize_activations",
-    "dequantize_blockwise",
-    "quantize_activations",
-    "quantize_blockwise",
-    "quantize_blockwise_reference",
-    "quantize_weight",
-]
-
 FAMILY_FORMULAS = {
     "reciprocal": "s = amax / 448, q = x * (1 / s): multiply by the reciprocal (DeepGEMM, vLLM weights)",
     "divide": "s = amax / 448, q = x / s: divide by the scale (vLLM per-token-group activations)",

@@ -27,31 +27,6 @@ import sys
 
 import torch
 
-__all__ = [
-    "E2M1_GRID",
-    "E2M1_MAX",
-    "E4M3_MAX",
-    "E8M0_BIAS",
-    "E8M0_NAN",
-    "Scratch",
-    "band_elems",
-    "e2m1_class_index_",
-    "e2m1_codes",
-    "e2m1_codes_reference",
-    "e2m1_encode_",
-    "e2m1_pack_",
-    "e2m1_signed_values_",
-    "e2m1_values",
-    "e8m0_block_exponent",
-    "e8m0_ceil_exponent",
-    "e8m0_values",
-    "pack_code_pairs",
-    "pack_nibbles",
-    "pow2",
-    "row_bands",
-    "unpack_nibbles",
-]
-
 E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448.0
 E2M1_MAX = 6.0
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7

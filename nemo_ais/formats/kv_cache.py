@@ -23,8 +23,6 @@ import torch
 from nemo_ais.formats.grids import E4M3_MAX
 from nemo_ais.formats.nvfp4 import NVFP4_BLOCK, fake_quantize_nvfp4
 
-__all__ = ["KV_FORMATS", "KVFormat", "fake_quant_kv_fp8", "get_kv_format"]
-
 
 def fake_quant_kv_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Per-tensor E4M3 round trip: ``clamp(x / s, ±448) -> e4m3 -> * s`` (vLLM fp8 KV)."""

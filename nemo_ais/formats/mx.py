@@ -16,8 +16,6 @@ import torch
 from nemo_ais.formats.checks import check_finite
 from nemo_ais.formats.grids import E8M0_BIAS, E8M0_NAN, Scratch, e8m0_block_exponent, pow2, row_bands
 
-__all__ = ["MX_BLOCK", "check_mx_scale", "mx_bands"]
-
 MX_BLOCK = 32
 
 

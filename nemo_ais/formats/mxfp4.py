@@ -36,8 +36,6 @@ from nemo_ais.formats.grids import (
 )
 from nemo_ais.formats.mx import MX_BLOCK, check_mx_scale, mx_bands
 
-__all__ = ["MXFP4", "MXFP4Tensor", "dequantize_mxfp4", "quantize_mxfp4", "quantize_mxfp4_reference"]
-
 _SIGN = 0x8
 
 

@@ -29,16 +29,6 @@ from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import E4M3_MAX, E8M0_BIAS, Scratch, e8m0_block_exponent, e8m0_values, pow2
 from nemo_ais.formats.mx import MX_BLOCK, check_mx_scale, mx_bands
 
-__all__ = [
-    "MXFP8",
-    "MX_BLOCK",
-    "MXFP8Tensor",
-    "dequantize_mxfp8",
-    "fake_quantize_mxfp8",
-    "quantize_mxfp8",
-    "quantize_mxfp8_reference",
-]
-
 
 @dataclass(frozen=True)
 class MXFP8Tensor:

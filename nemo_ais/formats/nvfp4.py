@@ -44,20 +44,6 @@ from nemo_ais.formats.grids import (
     unpack_nibbles,
 )
 
-__all__ = [
-    "NVFP4_BLOCK",
-    "NVFP4_W4A4",
-    "NVFP4_W4A16",
-    "NVFP4Tensor",
-    "check_experts_args",
-    "dequantize_nvfp4",
-    "fake_quantize_nvfp4",
-    "nvfp4_global_scale",
-    "quantize_nvfp4",
-    "quantize_nvfp4_experts",
-    "quantize_nvfp4_reference",
-]
-
 NVFP4_BLOCK = 16
 TILE_ROWS = (1, 16)  # rows_per_block: 1 = 1x16 (ModelOpt, vLLM), 16 = TE 2-D 16x16 tiles
 _SCALE_MIN = 2.0**-9  # smallest positive E4M3 value (subnormal)

@@ -12,8 +12,6 @@ from nemo_ais.formats.mxfp4 import MXFP4
 from nemo_ais.formats.mxfp8 import MXFP8
 from nemo_ais.formats.nvfp4 import NVFP4_W4A4, NVFP4_W4A16
 
-__all__ = ["FORMATS", "REFIT_FORMATS", "get_format"]
-
 FORMATS: Mapping[str, Format] = {f.name: f for f in (BF16, FP8_BLOCK, MXFP8, NVFP4_W4A16, NVFP4_W4A4, MXFP4)}
 """Every format, by the name configs use (``rollout.format``, a refit's ``format``)."""
 

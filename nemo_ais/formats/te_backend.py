@@ -16,8 +16,6 @@ import torch
 
 from nemo_ais.formats.checks import check_finite
 
-__all__ = ["is_available", "quantize_blockwise_te", "te_refuses", "use_te"]
-
 _TE_BLOCK = (128, 128)
 _TE_FAMILY = "multiplier"
 

@@ -45,21 +45,6 @@ from nemo_ais.refit.kv_scales import (
     kv_scale_names,
 )
 
-__all__ = [
-    "FP8_FORMAT",
-    "KV_REDUCTION_ENV",
-    "calibrate_qkv_fp8_scales",
-    "find_attention_layers",
-    "install_core_attention_hooks",
-    "kv_calibration_config",
-    "kv_reduction_from_env",
-    "log_kv_saturation",
-    "log_saturated_fraction",
-    "nemo_rl_calibration_result",
-    "previous_kv_scales",
-    "reduce_kv_scales",
-]
-
 logger = logging.getLogger(__name__)
 
 FP8_FORMAT = "fp8"  # NeMo-RL's "format" entry

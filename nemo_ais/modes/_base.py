@@ -22,21 +22,6 @@ from nemo_ais.sections import Section
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "BatchStatistic",
-    "BatchValue",
-    "Interval",
-    "Mode",
-    "Replay",
-    "capped_exp",
-    "compute_dtype",
-    "fully_weighted",
-    "log_ratio",
-    "seq_log_weight",
-    "uncorrected",
-    "where_valid",
-]
-
 # (logp_old, logp_rollout, valid, config, batch_value) -> [B, T] detached weight, 0 where invalid
 WeightFn = Callable[..., "torch.Tensor"]
 

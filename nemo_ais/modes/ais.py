@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from nemo_ais.modes._base import Mode, Replay, compute_dtype, where_valid
 
-__all__ = ["MODE"]
-
 
 def weight(logp_old, logp_rollout, valid, config, alpha):
     """w_hat = (1 - alpha) + alpha * min(rho, C) [reconstruction]; ``where`` drops masked junk."""

@@ -8,8 +8,6 @@ from pydantic import Field
 
 from nemo_ais.modes._base import Interval, interval_mode, log_ratio, where_valid
 
-__all__ = ["MODE", "IcepopConfig"]
-
 
 class IcepopConfig(Interval):
     """``loss_fn.ais.icepop``: the kept interval of the token ratio rho."""

@@ -15,8 +15,6 @@ from pydantic import Field
 from nemo_ais.modes._base import Mode, flat_keys, log_ratio
 from nemo_ais.sections import Section
 
-__all__ = ["MODE", "KlRsConfig"]
-
 
 class KlRsConfig(Section):
     """``loss_fn.ais.kl_rs``: the per-sequence KL statistic, its threshold and the token veto."""

@@ -16,8 +16,6 @@ from pydantic import Field
 from nemo_ais.modes._base import BatchStatistic, BatchValue, Mode, log_ratio
 from nemo_ais.sections import Section
 
-__all__ = ["M2PO_BINS", "M2PO_BIN_RATIO", "M2PO_OFF", "M2PO_Q0", "MODE", "M2poConfig"]
-
 M2PO_BINS = 64
 M2PO_Q0 = 1e-6
 M2PO_BIN_RATIO = 2**0.5

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from nemo_ais.modes._base import Mode, compute_dtype, uncorrected
 
-__all__ = ["MODE"]
-
 
 def weight(logp_old, logp_rollout, valid, config, batch_value):
     """w_hat = 1 (the ratio is never computed)."""

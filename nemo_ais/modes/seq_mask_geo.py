@@ -8,8 +8,6 @@ from pydantic import Field
 
 from nemo_ais.modes._base import Interval, interval_mode, log_ratio
 
-__all__ = ["MODE", "SeqMaskGeoConfig"]
-
 
 class SeqMaskGeoConfig(Interval):
     """``loss_fn.ais.seq_mask_geo``: the kept interval of the geometric-mean ratio."""

@@ -10,8 +10,6 @@ from pydantic import Field
 
 from nemo_ais.modes._base import Interval, capped_exp, interval_mode, seq_log_weight
 
-__all__ = ["MODE", "SeqMisConfig"]
-
 
 class SeqMisConfig(Interval):
     """``loss_fn.ais.seq_mis``: the kept interval of the sequence ratio prod_t rho_t."""

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from nemo_ais.modes._base import Mode, capped_exp, seq_log_weight
 
-__all__ = ["MODE"]
-
 
 def weight(logp_old, logp_rollout, valid, config, batch_value):
     """w_hat_i = min(prod_t rho_t, C_s) = exp(clamp(S_i, -L, log C_s)) (veRL sequence TIS)."""

@@ -13,8 +13,6 @@ from pydantic import Field
 from nemo_ais.modes._base import Mode, capped_exp, flat_keys, seq_log_weight
 from nemo_ais.sections import Section
 
-__all__ = ["MODE", "TbpoConfig"]
-
 
 class TbpoConfig(Section):
     """``loss_fn.ais.tbpo``: the trust band of the sequence ratio s_i, by the sign of A."""

@@ -9,8 +9,6 @@ from pydantic import Field
 from nemo_ais.modes._base import Mode, Replay, log_ratio
 from nemo_ais.sections import Section
 
-__all__ = ["MODE", "TisConfig"]
-
 
 class TisConfig(Section):
     """``loss_fn.ais.tis``; the cap C is the shared ``loss_fn.ais.weight_cap``."""

@@ -27,21 +27,6 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = [
-    "SUPPORTED",
-    "NeMoRLVersion",
-    "UnsupportedNeMoRLError",
-    "detect",
-    "grpo_option",
-    "loss_init_kwargs",
-    "normalizer",
-    "normalizers",
-    "require_supported",
-    "shutdown_after_training",
-    "training_context",
-    "upstream_quantizes_mx",
-]
-
 # version name -> what exactly is supported (the launch guard prints it)
 SUPPORTED = {
     "v0.7.0": "NeMo-RL v0.7.0 (tag v0.7.0, commit 81aa43d)",

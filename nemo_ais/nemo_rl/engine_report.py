@@ -29,32 +29,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from nemo_ais.rules.native_kernels import NATIVE_KERNELS, NativeKernel
+from nemo_ais.rules.native_kernels import NATIVE_KERNELS
 from nemo_ais.rules.vllm_layers import fused_parts, layer_index
-
-__all__ = [
-    "NATIVE_KERNELS",
-    "RPC_TIMEOUT_S",
-    "AsyncEngineUnreachable",
-    "EngineLayers",
-    "HeldLayer",
-    "NativeKernel",
-    "Unreached",
-    "ask_engines",
-    "ask_generation_actors",
-    "engine_layers",
-    "engine_rpc",
-    "expects_bf16",
-    "format_problems",
-    "gpu_problems",
-    "held_format",
-    "nvml_gpus",
-    "raise_engine_problems",
-    "require_engine_formats",
-    "require_native_gpu",
-    "require_native_nodes",
-]
-
 
 logger = logging.getLogger(__name__)
 

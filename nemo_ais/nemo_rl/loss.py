@@ -46,18 +46,6 @@ from nemo_ais.rules.loss_conflicts import (
     unknown_ais_sections,
 )
 
-__all__ = [
-    "ALARM_METRIC_KEYS",
-    "NEMO_RL_METRIC_KEYS",
-    "PER_GLOBAL_BATCH_ALPHA",
-    "AISAlarmsConfig",
-    "AISClippedPGLossFn",
-    "AISLossConfig",
-    "core_metric_keys",
-    "pg_loss_config",
-    "validate_loss_config",
-]
-
 # Keys core computes in AIS mode (NeMo-RL's definitions); the others are NeMo-RL's.
 _CORE_KEYS = ("loss", "probs_ratio", "probs_ratio_clamped", "kl_penalty", "sampling_importance_ratio")
 # ClippedPGLossFn's keys (v0.7.0 and main; no truncated IS): what grpo_train may read.

@@ -11,8 +11,6 @@ from typing import Any
 from nemo_ais.nemo_rl.workers import AIS_WORKER_FQNS
 from nemo_ais.rules.config_keys import get
 
-__all__ = ["ais_worker_fqn", "ais_worker_python", "make_policy_factory", "register_ais_workers"]
-
 _MEGATRON = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWorker"
 _DTENSOR = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
 _DTENSOR_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"

@@ -40,28 +40,6 @@ from nemo_ais.rules.config_keys import get
 from nemo_ais.rules.keep_bf16 import fp8_engine_exclusions
 from nemo_ais.rules.native_kernels import NATIVE_KERNELS
 
-__all__ = [
-    "ENGINES",
-    "ENV_VAR",
-    "HOOK_DIR",
-    "RECORDED_SIGNATURES",
-    "SECTIONS",
-    "TARGET_MODULE",
-    "HookStatus",
-    "check_signatures",
-    "config_from_env",
-    "configure",
-    "decide_backend",
-    "engine_is_nvfp4",
-    "holds_nvfp4",
-    "hook_status",
-    "install",
-    "install_on_import",
-    "patched_spec",
-    "refit_pairs",
-    "require_active",
-]
-
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "NEMO_AIS_REFIT"

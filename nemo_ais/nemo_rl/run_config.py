@@ -16,8 +16,6 @@ from typing import Any
 from nemo_rl.algorithms.grpo import MasterConfig
 from pydantic import PrivateAttr
 
-__all__ = ["RUN_MARKER_KEY", "AISMasterConfig", "ais_master_config"]
-
 RUN_MARKER_KEY = "nemo_ais_run"
 """Top-level key of the logged / checkpointed config that says which loss ran."""
 

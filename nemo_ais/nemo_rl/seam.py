@@ -27,26 +27,6 @@ import torch
 from nemo_ais.config import CorrectionConfig, PGLossConfig, require_config
 from nemo_ais.core import AISDiagnostics, AISState, LossOutput, clipped_pg_loss, compute_diagnostics, validation
 
-__all__ = [
-    "GLOBAL_BATCH_KEY",
-    "LOSS_KEYS",
-    "NEMO_RL_MISMATCH_NAMES",
-    "ROLLOUT_METRIC_KEYS",
-    "UNUSED_ROW",
-    "VALID_TOKENS_KEY",
-    "CoreInputs",
-    "DiagnosticsSink",
-    "checked_index",
-    "core_inputs",
-    "global_batch_diagnostics",
-    "global_batch_index",
-    "loss_from_prepared",
-    "num_global_batches",
-    "prepare_global_batches",
-    "row_valid_tokens",
-    "split_global_batches",
-]
-
 # core's mismatch metrics -> ClippedPGLossFn's keys (grpo_train reads them unconditionally)
 NEMO_RL_MISMATCH_NAMES = {
     "mismatch/mult_prob_error": "token_mult_prob_error",

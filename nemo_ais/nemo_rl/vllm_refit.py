@@ -18,17 +18,6 @@ import torch
 
 from nemo_ais.refit.stream import RefitStream
 
-__all__ = [
-    "PATCHED",
-    "RECORDED_SIGNATURES",
-    "TARGET_MODULE",
-    "check_signatures",
-    "engine_pairs",
-    "patch",
-    "unchanged",
-    "upstream_pairs",
-]
-
 TARGET_MODULE = "nemo_rl.models.generation.vllm.quantization.fp8"
 # NeMo-RL v0.7.0 (and main): the functions the patch replaces or calls, with their signatures.
 RECORDED_SIGNATURES = {

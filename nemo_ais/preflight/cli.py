@@ -13,8 +13,6 @@ from nemo_ais.preflight.checks import check_config
 from nemo_ais.preflight.loader import get, has, is_mixin, load_config
 from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS
 
-__all__ = ["PROG", "main", "split_args"]
-
 PROG = "python -m nemo_ais.preflight"
 
 

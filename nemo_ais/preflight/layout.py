@@ -10,8 +10,6 @@ from typing import Any, Literal
 
 from nemo_ais.preflight.loader import get
 
-__all__ = ["TRAINER_KEYS", "ParallelLayout", "memory_share_problem", "parallel_layout"]
-
 _SHARE_KEY = "policy.generation.vllm_cfg.gpu_memory_utilization"
 
 

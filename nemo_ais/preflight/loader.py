@@ -19,9 +19,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from nemo_ais.rules.config_keys import get, has
-
-__all__ = ["apply_overrides", "get", "has", "is_mixin", "load_config", "load_config_fallback", "nemo_rl_loader"]
+from nemo_ais.rules.config_keys import get as get, has
 
 
 def is_mixin(cfg: Mapping[str, Any]) -> bool:

@@ -16,17 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = [
-    "MODEL_SHAPES",
-    "ModelShape",
-    "ResolvedShape",
-    "find_model_shape",
-    "hf_hub_cache",
-    "model_key",
-    "resolve_model_shape",
-    "shape_from_config_json",
-]
-
 
 @dataclass(frozen=True)
 class ModelShape:

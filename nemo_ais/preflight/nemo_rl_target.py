@@ -14,17 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = [
-    "NEMO_RL_VERSIONS",
-    "NESTED_BF16_LAYERS",
-    "ROLLOUT_FORMATS",
-    "FormatSupport",
-    "NeMoRLTarget",
-    "resolve_target",
-    "target_from_checkout",
-    "target_from_version",
-]
-
 NEMO_RL_VERSIONS = ("v0.7.0", "main")
 """The NeMo-RL versions nemo_ais supports (``nemo_ais.nemo_rl.compat.SUPPORTED``'s keys)."""
 

@@ -21,8 +21,6 @@ from nemo_ais.formats.registry import get_format
 from nemo_ais.formats.te_backend import te_refuses
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 
-__all__ = ["RENAMED_KEYS", "BlockSyncConfig", "Fp8SyncConfig", "KeepInBf16Fields", "RefitConfig", "WeightFormatFields"]
-
 RENAMED_KEYS = {
     "weight_block": "block",
     "weight_family": "family",

@@ -19,8 +19,6 @@ import torch
 
 from nemo_ais.rules.vllm_layers import fused_siblings, projection
 
-__all__ = ["ExpertStack", "ExpertStacks", "expert_amax", "stack_experts"]
-
 _EXPERT_RE = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.[^.]+\.weight$")
 
 

@@ -37,25 +37,6 @@ from torch import nn
 from nemo_ais.config import require_config
 from nemo_ais.formats.fp8_block import E4M3_MAX
 
-__all__ = [
-    "FP32_MIN_SENTINEL",
-    "KV_REDUCTIONS",
-    "KVReduction",
-    "KVSaturationCounter",
-    "KVScaleCalibrator",
-    "KVScaleConfig",
-    "KVScales",
-    "collect_engine_kv_scales",
-    "engine_name",
-    "kv_field",
-    "kv_saturation_metrics",
-    "kv_scale_names",
-    "nearest_rank_percentile",
-    "percentile_amax",
-    "require_calibrated_kv_scales",
-    "verify_kv_scales",
-]
-
 KVKind = Literal["q", "k", "v"]
 KVReduction = Literal["percentile_of_amax", "element_percentile"]
 KV_REDUCTIONS: tuple[str, ...] = KVReduction.__args__

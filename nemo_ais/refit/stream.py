@@ -48,27 +48,9 @@ from nemo_ais.config import require_config
 from nemo_ais.formats.checks import check_amax, check_finite
 from nemo_ais.formats.nvfp4 import nvfp4_global_scale
 from nemo_ais.formats.registry import get_format
-from nemo_ais.refit.config import BlockSyncConfig, Fp8SyncConfig, RefitConfig
+from nemo_ais.refit.config import BlockSyncConfig as BlockSyncConfig, Fp8SyncConfig as Fp8SyncConfig, RefitConfig
 from nemo_ais.refit.experts import ExpertStack, ExpertStacks, expert_amax, stack_experts
 from nemo_ais.rules.vllm_layers import COLUMN_PARALLEL, fused_shard_group, fused_siblings, projection
-
-__all__ = [
-    "BlockSyncConfig",
-    "BlockWeightStream",
-    "Fp8SyncConfig",
-    "PlanEntry",
-    "RefitConfig",
-    "RefitPlan",
-    "RefitStream",
-    "block_weight_stream",
-    "fp8_weight_stream",
-    "plan_block_sync",
-    "plan_fp8_sync",
-    "plan_refit",
-    "plan_tensor",
-    "refit_stream",
-    "scale_name",
-]
 
 _REFUSE_NAN = "refusing to sync NaN/Inf into the engine"
 _NORM_RE = re.compile(r"norm[^.]*\.weight$|\.ln_[^.]*\.weight$")

@@ -23,14 +23,6 @@ from nemo_ais.rollout.fake_quant import LinearFakeQuant
 from nemo_ais.rollout.linear import QuantLinear
 from nemo_ais.rollout.sampling import positions
 
-__all__ = [
-    "kv_scales_from_forward",
-    "observe_input_amax",
-    "shared_input_amax",
-    "static_input_modules",
-    "store_input_amax",
-]
-
 
 def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask), logits_to_keep=1)

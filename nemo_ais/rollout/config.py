@@ -25,15 +25,6 @@ from nemo_ais.refit.config import WeightFormatFields
 from nemo_ais.refit.kv_scales import KVReduction, kv_field
 from nemo_ais.rollout.faults import RefitFault
 
-__all__ = [
-    "KV_CACHE_FORMATS",
-    "ROLLOUT_FORMATS",
-    "Fp8RolloutConfig",
-    "KVCacheFormat",
-    "RolloutFormat",
-    "RolloutPrecisionConfig",
-]
-
 RolloutFormat = Literal["bf16", "fp8", "mxfp8", "nvfp4_w4a16", "nvfp4_w4a4"]
 KVCacheFormat = Literal["bf16", "fp8", "nvfp4"]
 ROLLOUT_FORMATS: tuple[str, ...] = RolloutFormat.__args__

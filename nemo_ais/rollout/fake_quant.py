@@ -25,16 +25,6 @@ from nemo_ais.formats.registry import get_format
 from nemo_ais.rollout.config import ROLLOUT_FORMATS, RolloutPrecisionConfig
 from nemo_ais.rules.vllm_layers import fused_shard_group
 
-__all__ = [
-    "LINEAR_FAKE_QUANT",
-    "LinearFakeQuant",
-    "fused_shard_group",
-    "linear_fake_quant",
-    "scale_error",
-    "shared_weight_amax",
-    "straight_through",
-]
-
 
 class LinearFakeQuant(NamedTuple):
     """One rollout format's fake quantization of a linear layer (module doc).

@@ -38,8 +38,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nemo_ais.refit.kv_scales import KVScales
 
-__all__ = ["FAULT_ENV", "RefitFault", "RefitFaultInjector"]
-
 FAULT_ENV = "NEMO_AIS_PLANT_REFIT_FAULT"
 """Environment variable that must be ``1`` for :class:`RefitFault` to validate."""
 

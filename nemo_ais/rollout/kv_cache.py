@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from nemo_ais.formats.kv_cache import fake_quant_kv_fp8, get_kv_format
+from nemo_ais.formats.kv_cache import get_kv_format
 from nemo_ais.refit.kv_scales import KVSaturationCounter, KVScales
 from nemo_ais.rollout.fake_quant import scale_error
 from nemo_ais.rollout.sampling import GrowingKVCache
-
-__all__ = ["QuantizedKVCache", "fake_quant_kv_fp8"]
 
 _COLUMNS = {"k": 1, "v": 2}  # of the calibrated (q, k, v) table
 

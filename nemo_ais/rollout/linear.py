@@ -21,8 +21,6 @@ from nemo_ais.formats.fp8_block import Family, dequantize_blockwise, quantize_we
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant, scale_error
 
-__all__ = ["Fp8Experts", "Fp8Linear", "QuantExperts", "QuantLinear", "load_bias"]
-
 
 @torch.no_grad()
 def load_bias(module: nn.Module, bias: torch.Tensor) -> None:

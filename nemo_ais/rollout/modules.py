@@ -20,8 +20,6 @@ from nemo_ais.rollout.fake_quant import LinearFakeQuant
 from nemo_ais.rollout.linear import Fp8Experts, Fp8Linear, QuantExperts, QuantLinear
 from nemo_ais.rules.vllm_layers import fused_shard_group, layer_index
 
-__all__ = ["head_dim", "num_layers", "quantized_module", "quantized_module_names", "shared_amax_groups"]
-
 
 def _text_config(model: nn.Module):
     config = model.config

@@ -37,8 +37,6 @@ from nemo_ais.formats.fp8_block import dequantize_blockwise
 from nemo_ais.refit.kv_scales import KVScales
 from nemo_ais.rollout.linear import QuantExperts, QuantLinear
 
-__all__ = ["READBACK_FILE", "RefitReadback", "kv_scale_readback", "read_readback", "weight_readback"]
-
 READBACK_FILE = "refit_readback.jsonl"
 """One JSON row per refit (``step`` and the :class:`RefitReadback` fields), in a log dir."""
 

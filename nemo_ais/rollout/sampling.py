@@ -13,18 +13,6 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = [
-    "GenerationOutput",
-    "GrowingKVCache",
-    "LogprobsMode",
-    "MismatchStats",
-    "check_prompt",
-    "generate",
-    "logprob_mismatch",
-    "positions",
-    "score_responses",
-]
-
 LogprobsMode = Literal["unfiltered", "processed"]
 
 

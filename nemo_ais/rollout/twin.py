@@ -30,37 +30,20 @@ from nemo_ais.rollout.calibration import (
     static_input_modules,
     store_input_amax,
 )
-from nemo_ais.rollout.config import Fp8RolloutConfig, RolloutPrecisionConfig
-from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant
-from nemo_ais.rollout.fake_quant import shared_weight_amax as _shared_weight_amax
+from nemo_ais.rollout.config import Fp8RolloutConfig as Fp8RolloutConfig, RolloutPrecisionConfig
+from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant, shared_weight_amax as _shared_weight_amax
 from nemo_ais.rollout.faults import RefitFaultInjector
 from nemo_ais.rollout.kv_cache import QuantizedKVCache
 from nemo_ais.rollout.modules import head_dim, num_layers, quantized_module, quantized_module_names
 from nemo_ais.rollout.readback import RefitReadback, kv_scale_readback, weight_readback
 from nemo_ais.rollout.sampling import (
     GenerationOutput,
-    LogprobsMode,
-    MismatchStats,
     check_prompt,
     generate,
-    logprob_mismatch,
+    logprob_mismatch as logprob_mismatch,
     score_responses,
 )
 from nemo_ais.rollout.weight_loader import WeightLoader, received_kv_scales
-
-__all__ = [
-    "Fp8RolloutConfig",
-    "Fp8Twin",
-    "GenerationOutput",
-    "LogprobsMode",
-    "MismatchStats",
-    "RolloutPrecisionConfig",
-    "RolloutTwin",
-    "generate",
-    "logprob_mismatch",
-    "quantized_module_names",
-    "score_responses",
-]
 
 logger = logging.getLogger(__name__)
 

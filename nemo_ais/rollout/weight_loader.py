@@ -17,8 +17,6 @@ from nemo_ais.rollout.fake_quant import shared_weight_amax
 from nemo_ais.rollout.linear import Fp8Linear, QuantExperts
 from nemo_ais.rollout.modules import shared_amax_groups
 
-__all__ = ["WeightLoader", "received_kv_scales"]
-
 FP8_DTYPE = torch.float8_e4m3fn
 # KV-cache scale names of a refit stream (kv_scales.kv_scale_names, or vLLM's remapped).
 _KV_SCALE_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(?:attn\.)?([qkv])_scale$")

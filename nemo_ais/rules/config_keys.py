@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["get", "has"]
-
 
 def get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` if a part is absent or null."""

@@ -25,8 +25,6 @@ from typing import Any
 
 from nemo_ais.rules.vllm_layers import layer_index
 
-__all__ = ["ROUTER_MODULES", "KeepInBf16", "fp8_engine_exclusions", "module_name"]
-
 ROUTER_MODULES = frozenset({"gate", "router", "shared_expert_gate"})
 """Last name parts of the MoE routers vLLM keeps in BF16."""
 # every tensor a format's refit sends for a linear (tests/unit/test_keep_bf16_agree.py)

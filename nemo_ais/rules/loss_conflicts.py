@@ -8,8 +8,6 @@ from collections.abc import Mapping
 from difflib import get_close_matches
 from typing import Any
 
-__all__ = ["AIS_CONFLICTS", "AIS_SECTIONS", "ais_conflicts", "bypass_kl_in_reward_problems", "unknown_ais_sections"]
-
 AIS_SECTIONS = ("ais", "ais_alarms")
 """The ``loss_fn`` sub-sections nemo_ais reads (NeMo-RL's ``loss_fn`` allows extra keys)."""
 

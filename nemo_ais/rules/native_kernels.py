@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["HOPPER", "NATIVE_KERNELS", "NativeKernel"]
-
 HOPPER = (9, 0)
 """H100 / H200, the GPU the shipped cluster configs target."""
 

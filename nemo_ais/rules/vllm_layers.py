@@ -10,16 +10,6 @@ from __future__ import annotations
 
 import re
 
-__all__ = [
-    "COLUMN_PARALLEL",
-    "ROW_PARALLEL",
-    "fused_parts",
-    "fused_shard_group",
-    "fused_siblings",
-    "layer_index",
-    "projection",
-]
-
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "qkv_proj", "gate_up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}

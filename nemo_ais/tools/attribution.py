@@ -37,17 +37,6 @@ from nemo_ais.rollout.linear import Fp8Linear, QuantExperts, QuantLinear
 from nemo_ais.rollout.sampling import MismatchStats, logprob_mismatch, score_responses
 from nemo_ais.rollout.twin import RolloutTwin
 
-__all__ = [
-    "Attribution",
-    "AttributionRow",
-    "Source",
-    "attribute_mismatch",
-    "attribution_markdown",
-    "attribution_records",
-    "plot_attribution",
-    "write_attribution",
-]
-
 SourceKind = Literal["weights", "activations", "kv_cache"]
 _LAYER_PREFIX = re.compile(r"^(?:.*\.)?layers\.(\d+)\.(.+)$")
 

@@ -23,16 +23,6 @@ from nemo_ais.rollout.calibration import observe_input_amax, shared_input_amax
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.modules import quantized_module_names
 
-__all__ = [
-    "DEFAULT_PROMPTS",
-    "calibrate_input_amax",
-    "calibration_batches",
-    "input_amax_modules",
-    "load_causal_lm",
-    "read_prompts",
-    "write_input_amax",
-]
-
 logger = logging.getLogger(__name__)
 
 # Used without --prompts: a smoke-test set; calibrate a run on its own training prompts.

@@ -32,8 +32,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from nemo_ais.config import CorrectionConfig, PGLossConfig
 from nemo_ais.core import (

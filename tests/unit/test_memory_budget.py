@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from shipped_configs import CONFIG_DIR, FULL_CONFIGS
 
-from nemo_ais.preflight import MODEL_SHAPES, load_config
-from nemo_ais.preflight import memory_budget as mb
+from nemo_ais.preflight import MODEL_SHAPES, load_config, memory_budget as mb
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN8B = CONFIG_DIR / "qwen3_8b_2n8g_fp8.yaml"

@@ -18,8 +18,7 @@ import sys
 
 import nemo_rl  # noqa: F401  (required: tests/conftest.py)
 import pytest
-from nemo_rl.distributed import ray_actor_environment_registry as registry
-from nemo_rl.distributed import worker_groups
+from nemo_rl.distributed import ray_actor_environment_registry as registry, worker_groups
 from nemo_rl.distributed.virtual_cluster import PY_EXECUTABLES
 from nemo_rl.utils import venvs
 from nemo_rl_version import per_version

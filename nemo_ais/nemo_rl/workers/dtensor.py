@@ -8,8 +8,6 @@ from nemo_rl.models.policy.workers.dtensor_policy_worker import DTensorPolicyWor
 
 from nemo_ais.nemo_rl.workers.mixin import AISDTensorMixin
 
-__all__ = ["AISDTensorPolicyWorker"]
-
 
 @ray.remote(runtime_env=get_runtime_env_for_policy_worker("dtensor_policy_worker"))  # pragma: no cover
 class AISDTensorPolicyWorker(AISDTensorMixin, DTensorPolicyWorkerImpl):

@@ -8,8 +8,6 @@ from nemo_rl.models.policy.workers.dtensor_policy_worker_v2 import DTensorPolicy
 
 from nemo_ais.nemo_rl.workers.mixin import AISDTensorMixin
 
-__all__ = ["AISDTensorPolicyWorkerV2"]
-
 
 @ray.remote(runtime_env=get_runtime_env_for_policy_worker("dtensor_policy_worker_v2"))  # pragma: no cover
 class AISDTensorPolicyWorkerV2(AISDTensorMixin, DTensorPolicyWorkerV2Impl):

@@ -21,8 +21,6 @@ from nemo_ais.nemo_rl.workers.mixin import AISTrainMixin
 from nemo_ais.refit.kv_scales import require_calibrated_kv_scales
 from nemo_ais.rules.config_keys import get
 
-__all__ = ["AISMegatronMixin", "AISMegatronPolicyWorker", "fp8_kv_cache_enabled"]
-
 
 def fp8_kv_cache_enabled(policy_cfg: Any) -> bool:
     """``policy.generation`` is vLLM with ``vllm_cfg.kv_cache_dtype`` fp8* (upstream's test)."""

@@ -16,8 +16,6 @@ from nemo_rl.models.policy.utils import get_runtime_env_for_policy_worker
 
 from nemo_ais.nemo_rl.workers.megatron import AISMegatronMixin
 
-__all__ = ["AISMegatronQuantPolicyWorker", "MegatronQuantPolicyWorkerImpl"]
-
 MegatronQuantPolicyWorkerImpl = MegatronQuantPolicyWorker.__ray_actor_class__
 """Upstream's ``MegatronQuantPolicyWorker`` without its ``@ray.remote`` wrapper."""
 

@@ -15,8 +15,6 @@ from nemo_ais.alarms import AlarmConfig, AlarmMonitor, RefitAlarmError, alarm_me
 from nemo_ais.core import AISDiagnostics, AISState
 from nemo_ais.nemo_rl.seam import LOSS_KEYS, prepare_global_batches
 
-__all__ = ["AISDTensorMixin", "AISTrainMixin", "ais_alarm_state_path", "ais_state_path"]
-
 logger = logging.getLogger(__name__)
 
 

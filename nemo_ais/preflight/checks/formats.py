@@ -19,21 +19,6 @@ from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS, ROLLOUT_FORMATS,
 from nemo_ais.rules.keep_bf16 import KeepInBf16, fp8_engine_exclusions
 from nemo_ais.rules.native_kernels import HOPPER, NATIVE_KERNELS
 
-__all__ = [
-    "MXFP8_BLOCK",
-    "NVFP4_BLOCK",
-    "NVFP4_DEFAULT_IGNORE",
-    "NVFP4_QUANT_CFG_MODES",
-    "WEIGHT_BYTES",
-    "QuantizedLinear",
-    "is_moe",
-    "kept_in_bf16",
-    "quantized_linears",
-    "rollout_format",
-    "rollout_format_problems",
-    "supported_versions",
-]
-
 NVFP4_BLOCK = 16
 """NVFP4: one E4M3 block scale per 16 consecutive input elements."""
 MXFP8_BLOCK = 32

@@ -16,8 +16,6 @@ from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape
 
-__all__ = ["FP8_BLOCK", "block_quantized_shards", "fp8_kv_refit_problems"]
-
 FP8_BLOCK = 128
 """Block size of DeepSeek-style FP8 weights in vLLM/DeepGEMM (128 x 128 tiles)."""
 

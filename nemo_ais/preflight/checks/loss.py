@@ -13,21 +13,11 @@ from nemo_ais.modes import MODES
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.rules.loss_conflicts import (
-    AIS_CONFLICTS,
+    AIS_CONFLICTS as AIS_CONFLICTS,
     ais_conflicts,
     bypass_kl_in_reward_problems,
     unknown_ais_sections,
 )
-
-__all__ = [
-    "AIS_CONFLICTS",
-    "NO_CORRECTION_HINT",
-    "ais_conflicts",
-    "bypass_kl_in_reward_problems",
-    "bypass_problems",
-    "setup_sees_importance_sampling",
-    "tbpo_unused_warnings",
-]
 
 NO_CORRECTION_HINT = (
     "add a loss_fn.ais section (our correction; mode: none is the deliberately uncorrected "

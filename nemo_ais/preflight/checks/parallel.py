@@ -7,8 +7,6 @@ from __future__ import annotations
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.layout import memory_share_problem
 
-__all__: list[str] = []
-
 
 @check("trainer_parallel")
 def check_trainer_parallel(ctx: Context) -> Verdict:

@@ -17,8 +17,6 @@ from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape
 from nemo_ais.preflight.nemo_rl_target import NeMoRLTarget
 
-__all__ = ["CHECKS", "Check", "CheckFn", "CheckResult", "Context", "Verdict", "check"]
-
 
 @dataclass(frozen=True)
 class CheckResult:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 
-__all__: list[str] = []
-
 _FP8_CFG = "policy.megatron_cfg.fp8_cfg"
 
 

@@ -11,8 +11,6 @@ from nemo_ais.preflight.checks.loss import NO_CORRECTION_HINT, setup_sees_import
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import has
 
-__all__ = ["ENTRY_POINT_KEYS", "MASTER_CONFIG_SECTIONS", "missing_sections"]
-
 MASTER_CONFIG_SECTIONS = ("policy", "loss_fn", "env", "data", "grpo", "logger", "cluster", "checkpointing")
 """The sections NeMo-RL's GRPO ``MasterConfig`` requires (v0.7.0 and main)."""
 
