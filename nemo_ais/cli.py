@@ -46,6 +46,7 @@ examples:
   nemo-ais run experiment.include=[bf16,fp8-ais] experiment.seeds=[0]
   nemo-ais report runs/default
   nemo-ais analyze logs/exp_001 loss_fn.ais.ema=0.9    # a NeMo-RL run's train_data_step*.jsonl
+  nemo-ais analyze logs                          # each run below; a resumed run's exp_NNN joined
   nemo-ais analyze runs/default                  # each run below: logs/<arm>_seed<n>
   nemo-ais attribute rollout.format=nvfp4_w4a4 rollout.kv_cache=nvfp4   # who carries the mismatch
   nemo-ais calibrate-input-amax Qwen/Qwen3-8B --prompts train.jsonl --device cuda \
@@ -144,7 +145,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
         "tis/icepop/seq_mask_geo/ais with the core code, run the refit guard, and write "
         "analysis.jsonl, report.md and PNG plots to OUT. If LOG_DIR holds no step file, every "
         "run directory up to 4 levels below it is analysed, each on its own (a NeMo-RL log "
-        "root, a nemo-ais run directory: <run_dir>/logs/<arm>_seed<n>).",
+        "root, a nemo-ais run directory: <run_dir>/logs/<arm>_seed<n>); a NeMo-RL run resumed "
+        "from a checkpoint (logs/exp_001, then exp_002 from step N on) is analysed as one run.",
         {
             "log_dir": {
                 "type": Path,
@@ -159,7 +161,14 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
                 "help": "Output directory (default LOG_DIR/ais_analysis; for runs found below "
                 "LOG_DIR: OUT/<run's path below LOG_DIR>, default <run>/ais_analysis).",
             },
-            "--list": {**_FLAG, "help": "List the run directories found and exit."},
+            "--list": {
+                **_FLAG,
+                "help": "List the runs found, one a line (a resumed run's launches joined by ' + '), and exit.",
+            },
+            "--separate-launches": {
+                **_FLAG,
+                "help": "Analyse each launch of a resumed NeMo-RL run (exp_NNN) on its own instead of as one run.",
+            },
             "--config": {
                 **_PATH,
                 "help": "YAML with loss_fn.ais (e.g. the run's NeMo-RL config) and/or alarms sections.",
@@ -385,7 +394,7 @@ def _report(args: argparse.Namespace) -> int:
 def _analyze(args: argparse.Namespace) -> int:
     from nemo_ais.analyze import BadInputError, load_analysis_config
     from nemo_ais.analyze.analysis import global_batches_per_step
-    from nemo_ais.analyze.reader import SEARCH_DEPTH, find_log_dirs
+    from nemo_ais.analyze.reader import SEARCH_DEPTH, find_log_dirs, join_launches
 
     try:
         config, alarm_config = load_analysis_config(args.config, args.overrides)
@@ -404,17 +413,19 @@ def _analyze(args: argparse.Namespace) -> int:
             "levels below it (NeMo-RL writes them to logger.log_dir during GRPO training; "
             "nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
         )
+    runs = [[d] for d in log_dirs] if args.separate_launches else join_launches(log_dirs)
     if args.list:
-        print(*log_dirs, sep="\n")
+        print(*(" + ".join(map(str, run)) for run in runs), sep="\n")
         return 0
     if log_dirs == [args.log_dir]:  # LOG_DIR is one run's log_dir
-        return _analyze_one(args, args.log_dir, args.out, "", config, alarm_config, batches)
-    print(f"nemo-ais analyze: {len(log_dirs)} run(s) below {args.log_dir}")
+        return _analyze_one(args, [args.log_dir], args.out, "", config, alarm_config, batches)
+    print(f"nemo-ais analyze: {len(runs)} run(s) below {args.log_dir}")
     codes = []
-    for log_dir in log_dirs:
-        rel = log_dir.relative_to(args.log_dir)
+    for run in runs:
+        rel = run[-1].relative_to(args.log_dir)  # a resumed run writes beside its last launch
         out = args.out / rel if args.out is not None else None
-        code = _analyze_one(args, log_dir, out, f"{rel}: ", config, alarm_config, batches)
+        name = " + ".join(str(d.relative_to(args.log_dir)) for d in run)
+        code = _analyze_one(args, run, out, f"{name}: ", config, alarm_config, batches)
         if code == 130:  # interrupted: stop here
             return code
         codes.append(code)
@@ -422,15 +433,16 @@ def _analyze(args: argparse.Namespace) -> int:
     return 1 if 1 in codes else max(codes)
 
 
-def _analyze_one(args, log_dir, out, prefix, config, alarm_config, batches) -> int:
-    """Analyse one run's ``log_dir``; print its summary (``prefix``: the run's name)."""
+def _analyze_one(args, launches, out, prefix, config, alarm_config, batches) -> int:
+    """Analyse one run (its ``log_dir``, or a resumed run's launches); print its summary (``prefix``: its name)."""
+    log_dir = launches[-1]
     from nemo_ais.analyze import BadInputError, analyze_run
     from nemo_ais.analyze.analysis import ANALYSIS_FILE, output_dir
     from nemo_ais.analyze.reader import format_steps
 
     try:
         result = analyze_run(
-            log_dir,
+            launches,
             out,
             config,
             alarm_config,

@@ -24,12 +24,14 @@ from tqdm.auto import tqdm
 from nemo_ais.alarms import AISAlarmsConfig, AlarmConfig, AlarmMonitor, alarm_metrics
 from nemo_ais.analyze.placement import load_study
 from nemo_ais.analyze.reader import (
+    LAUNCH_DIR,
     BadInputError,
     EmptyStepError,
     StepFile,
     find_step_files,
     format_steps,
     missing_steps,
+    stitch_launches,
 )
 from nemo_ais.analyze.replay import StepResult, replay_step
 from nemo_ais.analyze.report import write_report
@@ -168,8 +170,40 @@ def _replay(step_file: StepFile, *args: Any, **kwargs: Any) -> StepResult:
         raise BadInputError(step_file.path, 0, f"unexpected {type(err).__name__} while analysing it: {first}") from err
 
 
+def _launches(log_dir: Path | str | Sequence[Path | str]) -> list[Path]:
+    launches = [Path(log_dir)] if isinstance(log_dir, str | Path) else [Path(d) for d in log_dir]
+    if not launches:
+        raise ValueError("analyze_run(log_dir): expected a log directory or a non-empty list of a run's launches")
+    return launches
+
+
+def _read_launches(launches: list[Path]) -> tuple[list[StepFile], list[str], dict[int, Any]]:
+    """The run's step files, the rolled-back steps (``exp_001: 51-57``) and the refit readbacks by step."""
+    per_launch = [find_step_files(d) for d in launches]
+    files, rolled_back = stitch_launches(per_launch)
+    readbacks: dict[int, Any] = {}
+    for log_dir, own in zip(launches, per_launch, strict=True):
+        rows, problems = read_readback(log_dir / READBACK_FILE)
+        if problems:
+            raise BadInputError(log_dir / READBACK_FILE, *problems[0])
+        readbacks = {s: r for s, r in readbacks.items() if s < own[0].step} | rows
+    dropped = [
+        f"{d.name}: {format_steps(steps)}"
+        for d in launches
+        if (steps := sorted(f.step for f in rolled_back if f.path.parent == d))
+    ]
+    if len(launches) == 1 and LAUNCH_DIR.match(launches[0].name) and files[0].step > 1:
+        logger.warning(
+            "%s starts at step %d: a launch resumed from a checkpoint (NeMo-RL logs each launch to a new exp_NNN); "
+            "analyse its parent directory to join it with the launches before it",
+            launches[0],
+            files[0].step,
+        )
+    return files, dropped, readbacks
+
+
 def analyze_run(
-    log_dir: Path | str,
+    log_dir: Path | str | Sequence[Path | str],
     out_dir: Path | str | None = None,
     config: CorrectionConfig | None = None,
     alarm_config: AlarmConfig | None = None,
@@ -185,8 +219,11 @@ def analyze_run(
     """Analyse every step of ``log_dir``; write ``analysis.jsonl``, ``report.md`` and plots.
 
     Args:
-        log_dir: a NeMo-RL ``logger.log_dir`` holding ``train_data_step{N}.jsonl`` files.
-        out_dir: output directory (default ``log_dir/ais_analysis``).
+        log_dir: a NeMo-RL ``logger.log_dir`` holding ``train_data_step{N}.jsonl`` files, or a resumed run's
+            launches in order (``[exp_001, exp_002]``, :func:`~nemo_ais.analyze.reader.join_launches`): each replaces
+            the steps the launches before it logged from its first step on, and the EMA state and the alarm history
+            carry across them, as the AIS worker's checkpoint carries them.
+        out_dir: output directory (default ``<the last launch's log_dir>/ais_analysis``).
         config: the ``loss_fn.ais`` section (default: CorrectionConfig's defaults).
         alarm_config: refit-guard thresholds; ``fail_on_alarm`` does not stop the analysis
             (``nemo-ais analyze`` maps it to exit code 3).
@@ -209,12 +246,13 @@ def analyze_run(
     """
     require_config(config, CorrectionConfig, "analyze_run(config)", optional=True)
     require_config(alarm_config, AlarmConfig, "analyze_run(alarm_config)", optional=True)
-    log_dir = Path(log_dir)
+    launches = _launches(log_dir)
+    log_dir = launches[-1]
     study = load_study(None if tolerance is None else Path(tolerance))
     config = config if config is not None else CorrectionConfig()
     alarm_config = alarm_config if alarm_config is not None else AlarmConfig()
     monitor_config = alarm_config.model_copy(update={"fail_on_alarm": False})  # never raise
-    files = find_step_files(log_dir)
+    files, rolled_back, readbacks = _read_launches(launches)
     gaps = missing_steps(files)
     if gaps:
         logger.warning(
@@ -239,10 +277,6 @@ def analyze_run(
     except OSError as err:
         raise BadInputError(out, 0, f"cannot create the output directory ({err.strerror})") from None
     state, monitor = AISState(), AlarmMonitor(monitor_config)
-    readback_file = log_dir / READBACK_FILE
-    readbacks, problems = read_readback(readback_file)
-    if problems:
-        raise BadInputError(readback_file, *problems[0])
     rows: list[dict[str, Any]] = []
     bad_rows, rows_read, bad_examples = 0, 0, []
     bar = tqdm(
@@ -296,6 +330,8 @@ def analyze_run(
         raise BadInputError(log_dir, 0, f"no step file with a valid token ({len(empty)} skipped)")
     meta = {
         "log_dir": str(log_dir),
+        "launches": [str(d) for d in launches],
+        "rolled_back": rolled_back,
         "empty_steps": empty,
         "files": len(files),
         "rows_read": rows_read,

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 
 STEP_FILE = re.compile(r"^train_data_step(\d+)\.jsonl$")
+# NeMo-RL's get_next_experiment_dir: every launch of an entry point logs to a new <logger.log_dir>/exp_NNN
+LAUNCH_DIR = re.compile(r"^exp_(\d+)$")
 REQUIRED_KEYS = ("prev_logprobs", "generation_logprobs", "token_loss_mask", "sample_loss_mask")
 # Per-position lists that NeMo-RL writes with one value per token of the sequence.
 _PER_TOKEN_KEYS = ("token_ids", "token_loss_mask", "generation_logprobs", "prev_logprobs", "advantages")
@@ -169,6 +171,50 @@ def find_step_files(log_dir: Path | str) -> list[StepFile]:
         )
         raise BadInputError(log_dir, 0, f"no train_data_step{{N}}.jsonl files{hint}")
     return [StepFile(s, found[s], found[s].stat().st_size) for s in sorted(found)]
+
+
+def _first_step(log_dir: Path) -> int:
+    return min((int(m.group(1)) for p in log_dir.iterdir() if (m := STEP_FILE.match(p.name))), default=0)
+
+
+def _launch_order(log_dir: Path) -> tuple[str, list[int | str]]:
+    """Natural order within a directory: exp_999 before exp_1000."""
+    return str(log_dir.parent), [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", log_dir.name)]
+
+
+def join_launches(log_dirs: list[Path]) -> list[list[Path]]:
+    """Group log directories into runs, the launches of a resumed NeMo-RL run together.
+
+    Each launch logs to a new ``exp_NNN`` beside the earlier ones, and a launch resumed from a checkpoint goes on
+    counting steps. So an ``exp_NNN`` whose first step file is not step 1 continues the nearest ``exp_MMM`` (M < N) of
+    the same directory; one that starts at step 1, and any other directory, begins a run of its own.
+    ``[exp_001 (1-57), exp_002 (51-100), exp_003 (1-20)]`` -> ``[[exp_001, exp_002], [exp_003]]``.
+    """
+    runs: list[list[Path]] = []
+    newest: dict[Path, list[Path]] = {}  # directory -> the run of its newest exp_NNN so far
+    for log_dir in sorted(log_dirs, key=_launch_order):
+        if not LAUNCH_DIR.match(log_dir.name):
+            runs.append([log_dir])
+        elif log_dir.parent in newest and _first_step(log_dir) > 1:
+            newest[log_dir.parent].append(log_dir)
+        else:
+            runs.append([log_dir])
+            newest[log_dir.parent] = runs[-1]
+    return runs
+
+
+def stitch_launches(launches: list[list[StepFile]]) -> tuple[list[StepFile], list[StepFile]]:
+    """``(kept, rolled_back)``: a resumed run's step files, each launch's (``find_step_files``) in launch order.
+
+    A launch resumed from step N's checkpoint retrains from step N on, so it replaces every step >= N that the
+    launches before it logged (rolled back, whether or not it logs that step again).
+    """
+    kept: list[StepFile] = []
+    rolled_back: list[StepFile] = []
+    for files in launches:
+        rolled_back += [f for f in kept if f.step >= files[0].step]
+        kept = [f for f in kept if f.step < files[0].step] + files
+    return kept, rolled_back
 
 
 def missing_steps(files: list[StepFile]) -> list[int]:

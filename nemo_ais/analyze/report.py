@@ -216,6 +216,15 @@ def _modes_table(rows: list[dict[str, Any]]) -> list[str]:
 
 def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
     lines = []
+    launches = meta.get("launches") or []
+    if len(launches) > 1:
+        rolled_back = "; ".join(meta.get("rolled_back") or []) or "none"
+        lines.append(
+            f"- **A resumed run**: {len(launches)} launches joined ({', '.join(f'`{d}`' for d in launches)}). Each "
+            "replaces the steps the launches before it logged from its first step on (rolled back by the resume, not "
+            f"analysed: {rolled_back}); the EMA of alpha and the alarm history carry across, as the AIS worker's "
+            "checkpoint carries them."
+        )
     gaps = meta.get("missing_steps") or []
     if gaps:
         lines.append(
@@ -248,7 +257,8 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
         rows: the ``analysis.jsonl`` rows, ordered by step (at least one).
         meta: ``log_dir``, ``files``, ``rows_read``, ``bad_rows``, ``bad_examples``,
             ``config`` and ``alarm_config`` (dicts of the fields not at their default);
-            optionally ``missing_steps``, ``global_batches_per_step`` and ``tolerance``
+            optionally ``launches`` and ``rolled_back`` (a resumed run), ``missing_steps``, ``global_batches_per_step``
+            and ``tolerance``
             (the study levels the run is placed on).
     """
     out_dir = Path(out_dir)

@@ -1,0 +1,147 @@
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
+"""``nemo-ais analyze`` on a NeMo-RL run resumed from a checkpoint.
+
+Each launch of NeMo-RL's entry point logs to a new ``exp_NNN`` (``get_next_experiment_dir``); a resumed launch goes on
+counting steps from its checkpoint. The oracle: the same steps logged into ONE directory (steps before the resume from
+the first launch, the rest from the second), analysed as a plain run; joined, the launches must give the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from test_analyze_logs import write_run
+
+from nemo_ais.analyze import analyze_run
+from nemo_ais.analyze.reader import find_log_dirs, join_launches, stitch_launches
+from nemo_ais.cli import main
+from nemo_ais.config import CorrectionConfig
+from nemo_ais.rollout.readback import READBACK_FILE, RefitReadback, readback_row
+
+ARGS = ["--no-progress", "--no-plots"]
+FIRST, RESUMED = range(1, 8), range(5, 11)  # exp_001 logs 1-7, crashes; its checkpoint at 4: exp_002 logs 5-10
+
+
+def _steps(steps, seed):
+    # a growing mismatch; the second launch's batches differ from the rolled-back ones (another sampler seed)
+    return {s: {"seed": seed, "scale": 0.03} for s in steps}
+
+
+def _readbacks(log_dir, rows):
+    (log_dir / READBACK_FILE).write_text("".join(readback_row(s, r) + "\n" for s, r in rows.items()))
+
+
+@pytest.fixture
+def logs(tmp_path):
+    root = tmp_path / "logs"
+    write_run(root / "exp_001", _steps(FIRST, seed=1))
+    write_run(root / "exp_002", _steps(RESUMED, seed=2))
+    return root
+
+
+def test_join_launches_groups_a_resumed_runs_exp_dirs(tmp_path):
+    root = tmp_path / "logs"
+    for name, steps in [("exp_001", [1, 2, 3]), ("exp_002", [3, 4]), ("exp_003", [1, 2]), ("exp_999", [1])]:
+        write_run(root / name, steps)
+    write_run(root / "exp_1000", [2, 3])  # numeric order: it continues exp_999, not exp_003
+    write_run(root / "mine", [4, 5])  # not a launch directory: a run of its own
+    write_run(tmp_path / "other" / "exp_004", [5])  # another log root: nothing before it to continue
+    dirs = find_log_dirs(tmp_path)
+    assert join_launches(dirs) == [
+        [root / "exp_001", root / "exp_002"],
+        [root / "exp_003"],
+        [root / "exp_999", root / "exp_1000"],
+        [root / "mine"],
+        [tmp_path / "other" / "exp_004"],
+    ]
+
+
+def test_stitch_drops_every_step_the_resume_rolled_back(logs):
+    from nemo_ais.analyze.reader import find_step_files
+
+    write_run(logs / "exp_003", [8, 9])  # resumed again, from step 7's checkpoint
+    kept, rolled_back = stitch_launches([find_step_files(logs / d) for d in ("exp_001", "exp_002", "exp_003")])
+    assert [(f.step, f.path.parent.name) for f in kept] == [
+        *((s, "exp_001") for s in (1, 2, 3, 4)),
+        *((s, "exp_002") for s in (5, 6, 7)),
+        *((s, "exp_003") for s in (8, 9)),  # exp_002's 10 is rolled back although exp_003 never logs it
+    ]
+    assert sorted((f.step, f.path.parent.name) for f in rolled_back) == [
+        *((s, "exp_001") for s in (5, 6, 7)),
+        *((s, "exp_002") for s in (8, 9, 10)),
+    ]
+
+
+def test_joined_launches_equal_the_run_logged_in_one_directory(logs, tmp_path):
+    oracle_dir = tmp_path / "one_launch"
+    write_run(oracle_dir, {**_steps(range(1, 5), seed=1), **_steps(RESUMED, seed=2)})
+    config = CorrectionConfig(ema=0.9)  # alpha's EMA state must carry across the resume
+    oracle = analyze_run(oracle_dir, tmp_path / "oracle", config, plots=False)
+    joined = analyze_run([logs / "exp_001", logs / "exp_002"], tmp_path / "joined", config, plots=False)
+    assert [r["step"] for r in joined.rows] == list(range(1, 11))
+    # every value: the EMA of alpha and the alarm windows carry across the resume as in one launch
+    assert joined.rows == oracle.rows
+    assert joined.files == [logs / "exp_001" / f"train_data_step{s}.jsonl" for s in range(1, 5)] + [
+        logs / "exp_002" / f"train_data_step{s}.jsonl" for s in RESUMED
+    ]
+    # the rolled-back batches differ: analysed alone, exp_001's step 5 is another row
+    alone = analyze_run(logs / "exp_001", tmp_path / "alone", config, plots=False)
+    assert alone.rows[4]["ais/severity"] != joined.rows[4]["ais/severity"]
+    # and the state is carried, not restarted: exp_002 analysed alone starts a fresh EMA
+    fresh = analyze_run(logs / "exp_002", tmp_path / "fresh", config, plots=False)
+    assert fresh.rows[0]["ais/severity"] == joined.rows[4]["ais/severity"]
+    assert fresh.rows[0]["ais/alpha"] != joined.rows[4]["ais/alpha"]
+    report = (tmp_path / "joined" / "report.md").read_text()
+    assert "**A resumed run**: 2 launches joined" in report
+    assert "rolled back by the resume, not analysed: exp_001: 5-7)" in report
+    assert not (logs / "exp_002" / "ais_analysis").exists()  # out given
+
+
+def test_the_readback_of_a_rolled_back_refit_raises_no_alarm(logs, tmp_path):
+    bad = RefitReadback(
+        weight_error=0.5, weight_module="model.layers.0.mlp.down_proj", kv_scale_error=0.0, weights_checked=3
+    )
+    good = RefitReadback(weight_error=0.0, weight_module=None, kv_scale_error=0.0, weights_checked=3)
+    _readbacks(logs / "exp_001", {s: bad if s == 6 else good for s in FIRST})  # step 6 was rolled back
+    _readbacks(logs / "exp_002", {s: bad if s == 9 else good for s in RESUMED})
+    result = analyze_run([logs / "exp_001", logs / "exp_002"], tmp_path / "out", plots=False)
+    readback_alarms = [a for a in result.alarms if "refit_readback" in a]
+    assert len(readback_alarms) == 1 and readback_alarms[0].startswith("step 9: refit_readback")
+
+
+def test_a_resumed_launch_alone_says_how_to_join_it(logs, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="nemo_ais.analyze.analysis"):
+        result = analyze_run(logs / "exp_002", tmp_path / "out", plots=False)
+    assert [r["step"] for r in result.rows] == list(RESUMED)
+    assert "starts at step 5: a launch resumed from a checkpoint" in caplog.text
+    assert "analyse its parent directory to join it" in caplog.text
+
+
+def test_analyze_run_refuses_an_empty_list_of_launches(tmp_path):
+    with pytest.raises(ValueError, match=r"analyze_run\(log_dir\): expected a log directory"):
+        analyze_run([], tmp_path / "out")
+
+
+def test_cli_analyses_a_log_root_with_a_resumed_run_as_one_run(logs, capsys):
+    write_run(logs / "exp_003", [1, 2, 3])  # a new run in the same log root
+    capsys.readouterr()  # the logger's own lines
+    assert main(["analyze", str(logs), "--list"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{logs / 'exp_001'} + {logs / 'exp_002'}", str(logs / "exp_003")]
+    assert main(["analyze", str(logs), *ARGS]) == 0
+    out = capsys.readouterr().out
+    assert "2 run(s) below" in out
+    assert "exp_001 + exp_002: 10 steps (1..10)" in out and "exp_003: 3 steps (1..3)" in out
+    rows = [json.loads(x) for x in (logs / "exp_002" / "ais_analysis" / "analysis.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    assert not (logs / "exp_001" / "ais_analysis").exists()  # a resumed run writes beside its last launch
+
+
+def test_cli_separate_launches_analyses_each_on_its_own(logs, capsys, tmp_path):
+    capsys.readouterr()
+    assert main(["analyze", str(logs), "--separate-launches", "--out", str(tmp_path / "out"), *ARGS]) == 0
+    out = capsys.readouterr().out
+    assert "2 run(s) below" in out
+    assert "exp_001: 7 steps (1..7)" in out and "exp_002: 6 steps (5..10)" in out
