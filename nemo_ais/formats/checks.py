@@ -47,6 +47,21 @@ def check_finite(
     )
 
 
+def check_e4m3_codes(codes: torch.Tensor, name: str, field: str) -> None:
+    """Raise ``ValueError`` naming ``name``'s ``field``, the count and the first index of E4M3 NaN codes.
+
+    E4M3 (``float8_e4m3fn``) has no infinity and one NaN pattern, S.1111.111 (0x7F / 0xFF); a quantizer never writes it
+    (it saturates at 448), so a code tensor holding it is corrupt and would dequantize to NaN.
+    """
+    bad = (codes.view(torch.uint8) & 0x7F) == 0x7F
+    if bool(bad.any()):
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name}: got {int(bad.sum())} E4M3 NaN code(s) (0x7F / 0xFF) in {field} {list(codes.shape)} (first at "
+            f"index {first}), expected finite E4M3 codes; a quantizer never writes NaN: the tensor is corrupt"
+        )
+
+
 def check_last_dim(x: torch.Tensor, name: str, block: int, fmt: str) -> None:
     """``x`` is a floating ``[..., K]`` tensor with ``K % block == 0``, else ``ValueError``."""
     if x.dim() < 1 or x.dtype not in FLOAT_INPUTS:

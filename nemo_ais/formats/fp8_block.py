@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from pydantic import BeforeValidator
 
 from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
-from nemo_ais.formats.checks import FLOAT_INPUTS, check_finite
+from nemo_ais.formats.checks import FLOAT_INPUTS, check_e4m3_codes, check_finite
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import E4M3_MAX, band_elems, e8m0_ceil_exponent, pow2
 
@@ -232,6 +232,8 @@ def _check_dequant(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
             f"{name}: got scale {list(scale.shape)} {scale.dtype}, expected "
             f"{list(expected)} torch.float32 for q {list(q.shape)} and block {tuple(block)}"
         )
+    check_e4m3_codes(q, name, "q")
+    check_finite(scale, f"{name} scale", what="scales", action="")
 
 
 def dequantize_blockwise(

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
-from nemo_ais.formats.checks import check_finite, check_last_dim
+from nemo_ais.formats.checks import check_e4m3_codes, check_finite, check_last_dim
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import E4M3_MAX, E8M0_BIAS, Scratch, e8m0_block_exponent, e8m0_values, pow2
 from nemo_ais.formats.mx import MX_BLOCK, check_mx_scale, mx_bands
@@ -92,6 +92,7 @@ def dequantize_mxfp8(q: MXFP8Tensor, *, name: str = "q") -> torch.Tensor:
     if q.data.dtype != torch.float8_e4m3fn or q.data.dim() < 1:
         raise ValueError(f"{name}: got data {list(q.data.shape)} {q.data.dtype}, expected float8_e4m3fn [..., K]")
     check_mx_scale(q.data, q.scale, 1, name)
+    check_e4m3_codes(q.data, name, "data")
     k = q.data.shape[-1]
     blocks = q.data.to(torch.float32).view(*q.data.shape[:-1], k // MX_BLOCK, MX_BLOCK)
     return (blocks * e8m0_values(q.scale).unsqueeze(-1)).view(q.data.shape)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_ais.formats.base import Format, RefitPairs, stack_label, unchanged, weight_pairs
-from nemo_ais.formats.checks import check_amax, check_finite, check_last_dim
+from nemo_ais.formats.checks import check_amax, check_e4m3_codes, check_finite, check_last_dim
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import (
     E2M1_MAX,
@@ -332,6 +332,7 @@ def dequantize_nvfp4(q: NVFP4Tensor, *, name: str = "q") -> torch.Tensor:
             f"{name}: got global_scale {list(s_g.shape)} {s_g.dtype} = {s_g.flatten()[:1]}, "
             "expected a finite fp32 scalar"
         )
+    check_e4m3_codes(block_scale, name, "block_scale")
     with torch.no_grad():
         values = e2m1_values(unpack_nibbles(data))
         blocks = values.view(*data.shape[:-1], k // NVFP4_BLOCK, NVFP4_BLOCK)

@@ -276,7 +276,7 @@ class Fp8Linear(QuantLinear):
                 setattr(self, buffer, value)
             else:
                 self.register_buffer(buffer, value)
-        self.weight_dequant = dequantize_blockwise(w_q, s_w, self.weight_block, torch.float32)
+        self.weight_dequant = dequantize_blockwise(w_q, s_w, self.weight_block, torch.float32, name=self.name)
 
 
 class Fp8Experts(QuantExperts):
