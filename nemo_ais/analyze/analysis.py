@@ -177,15 +177,22 @@ def _launches(log_dir: Path | str | Sequence[Path | str]) -> list[Path]:
     return launches
 
 
-def _read_launches(launches: list[Path]) -> tuple[list[StepFile], list[str], dict[int, Any]]:
-    """The run's step files, the rolled-back steps (``exp_001: 51-57``) and the refit readbacks by step."""
+def _read_launches(
+    launches: list[Path], skip_bad_rows: bool
+) -> tuple[list[StepFile], list[str], dict[int, Any], list[str]]:
+    """A run's step files, rolled-back steps (``exp_001: 51-57``), refit readbacks by step, bad readback rows skipped.
+
+    A bad readback row raises unless ``skip_bad_rows``; then it is skipped and listed as ``file:line: problem``.
+    """
     per_launch = [find_step_files(d) for d in launches]
     files, rolled_back = stitch_launches(per_launch)
     readbacks: dict[int, Any] = {}
+    bad_readback: list[str] = []
     for log_dir, own in zip(launches, per_launch, strict=True):
         rows, problems = read_readback(log_dir / READBACK_FILE)
-        if problems:
+        if problems and not skip_bad_rows:
             raise BadInputError(log_dir / READBACK_FILE, *problems[0])
+        bad_readback += [str(BadInputError(log_dir / READBACK_FILE, *p)) for p in problems]
         readbacks = {s: r for s, r in readbacks.items() if s < own[0].step} | rows
     dropped = [
         f"{d.name}: {format_steps(steps)}"
@@ -199,7 +206,9 @@ def _read_launches(launches: list[Path]) -> tuple[list[StepFile], list[str], dic
             launches[0],
             files[0].step,
         )
-    return files, dropped, readbacks
+    if bad_readback:
+        logger.warning("skipping %d bad refit readback row(s), first: %s", len(bad_readback), bad_readback[0])
+    return files, dropped, readbacks, bad_readback
 
 
 def analyze_run(
@@ -227,7 +236,8 @@ def analyze_run(
         config: the ``loss_fn.ais`` section (default: CorrectionConfig's defaults).
         alarm_config: refit-guard thresholds; ``fail_on_alarm`` does not stop the analysis
             (``nemo-ais analyze`` maps it to exit code 3).
-        skip_bad_rows: count and skip bad rows instead of stopping at the first.
+        skip_bad_rows: count and skip bad rows (of the step files and of refit_readback.jsonl) instead of stopping
+            at the first.
         progress: show a progress bar (bytes read) on stderr.
         chunk_tokens: positions per chunk read at once (bounds the memory).
         memory_budget_bytes: per step, aligned chunks kept in memory for the ``ais`` pass;
@@ -252,7 +262,7 @@ def analyze_run(
     config = config if config is not None else CorrectionConfig()
     alarm_config = alarm_config if alarm_config is not None else AlarmConfig()
     monitor_config = alarm_config.model_copy(update={"fail_on_alarm": False})  # never raise
-    files, rolled_back, readbacks = _read_launches(launches)
+    files, rolled_back, readbacks, bad_readback = _read_launches(launches, skip_bad_rows)
     gaps = missing_steps(files)
     if gaps:
         logger.warning(
@@ -337,6 +347,7 @@ def analyze_run(
         "rows_read": rows_read,
         "bad_rows": bad_rows,
         "bad_examples": bad_examples,
+        "bad_readback": bad_readback,
         "config": config.model_dump(exclude_defaults=True),
         "alarm_config": alarm_config.model_dump(exclude_defaults=True, exclude={"fail_on_alarm"}),
         "missing_steps": gaps,

@@ -238,6 +238,12 @@ def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
             f"- **Steps without a valid token, skipped** (`--skip-bad-rows`): {len(empty)}, "
             f"first {empty[0]}; the EMA of alpha and the alarm windows run over the others."
         )
+    bad_readback = meta.get("bad_readback") or []
+    if bad_readback:
+        lines.append(
+            f"- **Bad refit readback rows, skipped** (`--skip-bad-rows`): {len(bad_readback)}, first "
+            f"`{bad_readback[0]}`; the `refit_readback` check does not run at their steps."
+        )
     batches = meta.get("global_batches_per_step", 1)
     if batches > 1:
         lines.append(

@@ -15,7 +15,7 @@ import logging
 import pytest
 from test_analyze_logs import write_run
 
-from nemo_ais.analyze import analyze_run
+from nemo_ais.analyze import BadInputError, analyze_run
 from nemo_ais.analyze.reader import find_log_dirs, join_launches, stitch_launches
 from nemo_ais.cli import main
 from nemo_ais.config import CorrectionConfig
@@ -145,3 +145,23 @@ def test_cli_separate_launches_analyses_each_on_its_own(logs, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "2 run(s) below" in out
     assert "exp_001: 7 steps (1..7)" in out and "exp_002: 6 steps (5..10)" in out
+
+
+def test_skip_bad_rows_skips_a_bad_readback_row_and_the_report_names_it(logs, tmp_path):
+    good = RefitReadback(weight_error=0.0, weight_module=None, kv_scale_error=0.0, weights_checked=3)
+    bad = RefitReadback(
+        weight_error=0.5, weight_module="model.layers.0.mlp.down_proj", kv_scale_error=0.0, weights_checked=3
+    )
+    path = logs / "exp_002" / READBACK_FILE
+    path.write_text(readback_row(5, good) + '\n{"step": "6"}\n' + readback_row(7, bad) + "\n")
+    with pytest.raises(
+        BadInputError, match=r"exp_002/refit_readback\.jsonl:2: expected a JSON object with an int step"
+    ):
+        analyze_run([logs / "exp_001", logs / "exp_002"], tmp_path / "strict", plots=False)
+    result = analyze_run([logs / "exp_001", logs / "exp_002"], tmp_path / "out", plots=False, skip_bad_rows=True)
+    assert [a.split(":")[0] for a in result.alarms if "refit_readback" in a] == [
+        "step 7"
+    ]  # the rows around it still read
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "**Bad refit readback rows, skipped** (`--skip-bad-rows`): 1, first" in report
+    assert "refit_readback.jsonl:2: expected a JSON object" in report
