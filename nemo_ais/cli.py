@@ -418,7 +418,7 @@ def _analyze(args: argparse.Namespace) -> int:
         print(*(" + ".join(map(str, run)) for run in runs), sep="\n")
         return 0
     if log_dirs == [args.log_dir]:  # LOG_DIR is one run's log_dir
-        return _analyze_one(args, [args.log_dir], args.out, "", config, alarm_config, batches)
+        return _analyze_one(args, args.log_dir, args.out, "", config, alarm_config, batches)
     print(f"nemo-ais analyze: {len(runs)} run(s) below {args.log_dir}")
     codes = []
     for run in runs:
@@ -435,7 +435,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 def _analyze_one(args, launches, out, prefix, config, alarm_config, batches) -> int:
     """Analyse one run (its ``log_dir``, or a resumed run's launches); print its summary (``prefix``: its name)."""
-    log_dir = launches[-1]
+    log_dir = launches if isinstance(launches, Path) else launches[-1]
     from nemo_ais.analyze import BadInputError, analyze_run
     from nemo_ais.analyze.analysis import ANALYSIS_FILE, output_dir
     from nemo_ais.analyze.reader import format_steps
@@ -463,6 +463,8 @@ def _analyze_one(args, launches, out, prefix, config, alarm_config, batches) -> 
         first = (str(err).strip().splitlines() or [""])[0][:200]
         return _fail(1, "analyze", f"{log_dir}: unexpected {type(err).__name__}: {first} (run with -v and report it)")
     skipped = f"; {result.bad_rows} bad rows skipped" if result.bad_rows else ""
+    if result.bad_readback_rows:
+        skipped += f"; {result.bad_readback_rows} bad refit readback rows skipped"
     steps = [r["step"] for r in result.rows]
     missing = (
         f", {len(result.missing_steps)} missing: {format_steps(result.missing_steps)}" if result.missing_steps else ""

@@ -28,8 +28,10 @@ from nemo_ais.analyze.reader import (
     BadInputError,
     EmptyStepError,
     StepFile,
+    find_log_dirs,
     find_step_files,
     format_steps,
+    join_launches,
     missing_steps,
     stitch_launches,
 )
@@ -62,6 +64,7 @@ class AnalysisResult:
     bad_rows: int
     missing_steps: list[int] = field(default_factory=list)
     global_batches_per_step: int = 1
+    bad_readback_rows: int = 0
 
     @property
     def alarms(self) -> list[str]:
@@ -170,10 +173,32 @@ def _replay(step_file: StepFile, *args: Any, **kwargs: Any) -> StepResult:
         raise BadInputError(step_file.path, 0, f"unexpected {type(err).__name__} while analysing it: {first}") from err
 
 
+def _warn_if_resumed(log_dir: Path) -> None:
+    """Warn when ``log_dir`` is a launch that continues earlier ones beside it (:func:`join_launches`)."""
+    if not LAUNCH_DIR.match(log_dir.name) or find_step_files(log_dir)[0].step == 1:
+        return
+    run = next((r for r in join_launches(find_log_dirs(log_dir.parent, max_depth=1)) if log_dir in r), [log_dir])
+    if len(run) > 1:
+        earlier = " + ".join(str(d) for d in run[: run.index(log_dir)])
+        logger.warning(
+            "%s is a launch resumed from a checkpoint that continues %s; analysed alone it starts a fresh alpha EMA and "
+            "alarm history: analyse %s to join the launches",
+            log_dir,
+            earlier,
+            log_dir.parent,
+        )
+
+
 def _launches(log_dir: Path | str | Sequence[Path | str]) -> list[Path]:
-    launches = [Path(log_dir)] if isinstance(log_dir, str | Path) else [Path(d) for d in log_dir]
+    """``log_dir`` as the list of a run's launches (ValueError: none, or one given twice)."""
+    if isinstance(log_dir, str | Path):
+        _warn_if_resumed(Path(log_dir))
+        return [Path(log_dir)]
+    launches = [Path(d) for d in log_dir]
     if not launches:
         raise ValueError("analyze_run(log_dir): expected a log directory or a non-empty list of a run's launches")
+    if len(set(launches)) < len(launches):
+        raise ValueError(f"analyze_run(log_dir): a launch is given twice in {[str(d) for d in launches]}")
     return launches
 
 
@@ -185,6 +210,12 @@ def _read_launches(
     A bad readback row raises unless ``skip_bad_rows``; then it is skipped and listed as ``file:line: problem``.
     """
     per_launch = [find_step_files(d) for d in launches]
+    for i, (log_dir, own) in enumerate(zip(launches, per_launch, strict=True)):
+        if i and own[0].step == 1:
+            raise ValueError(
+                f"analyze_run(log_dir): launch {i + 1} ({log_dir}) starts at step 1, so it resumed nothing; give a "
+                "run's launches in the order they ran (each after the first starts where its checkpoint left off)"
+            )
     files, rolled_back = stitch_launches(per_launch)
     readbacks: dict[int, Any] = {}
     bad_readback: list[str] = []
@@ -199,13 +230,6 @@ def _read_launches(
         for d in launches
         if (steps := sorted(f.step for f in rolled_back if f.path.parent == d))
     ]
-    if len(launches) == 1 and LAUNCH_DIR.match(launches[0].name) and files[0].step > 1:
-        logger.warning(
-            "%s starts at step %d: a launch resumed from a checkpoint (NeMo-RL logs each launch to a new exp_NNN); "
-            "analyse its parent directory to join it with the launches before it",
-            launches[0],
-            files[0].step,
-        )
     if bad_readback:
         logger.warning("skipping %d bad refit readback row(s), first: %s", len(bad_readback), bad_readback[0])
     return files, dropped, readbacks, bad_readback
@@ -267,7 +291,7 @@ def analyze_run(
     if gaps:
         logger.warning(
             "%s: %d step file(s) missing between steps %d and %d: %s (analysing the %d present)",
-            log_dir,
+            " + ".join(map(str, launches)),
             len(gaps),
             files[0].step,
             files[-1].step,
@@ -356,4 +380,6 @@ def analyze_run(
     }
     write_report(out, rows, meta, plots=plots)
     os.replace(partial, out / ANALYSIS_FILE)  # last: a failed report leaves the .partial
-    return AnalysisResult(out, rows, [f.path for f in files], bad_rows, gaps, global_batches_per_step)
+    return AnalysisResult(
+        out, rows, [f.path for f in files], bad_rows, gaps, global_batches_per_step, len(bad_readback)
+    )

@@ -16,6 +16,7 @@ held is bounded by the chunk, never by the file. Bad input raises :class:`BadInp
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 STEP_FILE = re.compile(r"^train_data_step(\d+)\.jsonl$")
 # NeMo-RL's get_next_experiment_dir: every launch of an entry point logs to a new <logger.log_dir>/exp_NNN
@@ -116,27 +119,35 @@ def _has_step_file(directory: Path) -> bool:
         return False
 
 
+def _launch_children(directory: Path) -> list[Path]:
+    try:
+        return sorted(p for p in directory.iterdir() if LAUNCH_DIR.match(p.name) and p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+
+
 def find_log_dirs(root: Path | str, max_depth: int = SEARCH_DEPTH) -> list[Path]:
     """The run log directories at or below ``root``: those holding step files, sorted.
 
     ``root`` itself if it holds a ``train_data_step{N}.jsonl``, else every directory up to ``max_depth`` levels below it
-    that holds one; the search neither descends into a run's log directory nor follows symbolic links. Raises
-    :class:`BadInputError` if ``root`` is not a directory.
+    that holds one. Below a run's log directory the search enters only ``exp_NNN`` directories (a launch resumed with
+    the checkpoint's config, whose ``logger.log_dir`` is the first launch's, logs to ``<log_dir>/exp_NNN``); it never
+    follows symbolic links. Raises :class:`BadInputError` if ``root`` is not a directory.
     """
     root = Path(root)
     _require_dir(root)
-    if _has_step_file(root):
-        return [root]
     found, level = [], [root]
-    for _ in range(max_depth):
+    for depth in range(max_depth + 1):
         below = []
         for directory in level:
-            try:
-                children = sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
-            except OSError:
-                continue
-            for child in children:
-                (found if _has_step_file(child) else below).append(child)
+            if _has_step_file(directory):
+                found.append(directory)
+                below += _launch_children(directory)
+            elif depth < max_depth:
+                try:
+                    below += sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
+                except OSError:
+                    continue
         level = below
     return sorted(found)
 
@@ -173,40 +184,59 @@ def find_step_files(log_dir: Path | str) -> list[StepFile]:
     return [StepFile(s, found[s], found[s].stat().st_size) for s in sorted(found)]
 
 
-def _first_step(log_dir: Path) -> int:
-    return min((int(m.group(1)) for p in log_dir.iterdir() if (m := STEP_FILE.match(p.name))), default=0)
+def _step_numbers(log_dir: Path) -> list[int]:
+    return sorted(int(m.group(1)) for p in log_dir.iterdir() if (m := STEP_FILE.match(p.name)))
 
 
-def _launch_order(log_dir: Path) -> tuple[str, list[int | str]]:
-    """Natural order within a directory: exp_999 before exp_1000."""
-    return str(log_dir.parent), [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", log_dir.name)]
+def _natural(log_dir: Path) -> list[list[int | str]]:
+    """Natural path order: exp_999 before exp_1000, a launch before the exp_NNN nested in it."""
+    return [[int(t) if t.isdigit() else t for t in re.split(r"(\d+)", part)] for part in log_dir.parts]
 
 
 def join_launches(log_dirs: list[Path]) -> list[list[Path]]:
     """Group log directories into runs, the launches of a resumed NeMo-RL run together.
 
-    Each launch logs to a new ``exp_NNN`` beside the earlier ones, and a launch resumed from a checkpoint goes on
-    counting steps. So an ``exp_NNN`` whose first step file is not step 1 continues the nearest ``exp_MMM`` (M < N) of
-    the same directory; one that starts at step 1, and any other directory, begins a run of its own.
-    ``[exp_001 (1-57), exp_002 (51-100), exp_003 (1-20)]`` -> ``[[exp_001, exp_002], [exp_003]]``.
+    Each launch logs to a new ``exp_NNN`` (beside the earlier ones, or inside the first launch's when resumed with the
+    checkpoint's config), and a launch resumed from step N's checkpoint logs from step N + 1 on. So an ``exp_NNN``
+    whose first step file F is not step 1 continues the one earlier run there (an ``exp_MMM`` beside it, M < N, or
+    the directory it is in) that logged step F - 1 or later; with none or several such runs it is analysed alone,
+    with a warning. Any other directory begins a run of its own.
+    ``[exp_001 (1-57), exp_002 (1-30), exp_003 (51-100)]`` -> ``[[exp_001, exp_003], [exp_002]]``.
     """
     runs: list[list[Path]] = []
-    newest: dict[Path, list[Path]] = {}  # directory -> the run of its newest exp_NNN so far
-    for log_dir in sorted(log_dirs, key=_launch_order):
-        if not LAUNCH_DIR.match(log_dir.name):
-            runs.append([log_dir])
-        elif log_dir.parent in newest and _first_step(log_dir) > 1:
-            newest[log_dir.parent].append(log_dir)
-        else:
-            runs.append([log_dir])
-            newest[log_dir.parent] = runs[-1]
+    last_step: dict[int, int] = {}  # id(run) -> the last step of the run as stitched so far
+    for log_dir in sorted(log_dirs, key=_natural):
+        steps = _step_numbers(log_dir)
+        first = steps[0] if steps else 1
+        if LAUNCH_DIR.match(log_dir.name) and first > 1:
+            candidates = [
+                run
+                for run in runs
+                if log_dir.parent in {*run, *(d.parent for d in run)}
+                and _step_numbers(run[0])[0] < first <= last_step[id(run)] + 1
+            ]
+            if len(candidates) == 1:
+                candidates[0].append(log_dir)
+                last_step[id(candidates[0])] = steps[-1]
+                continue
+            logger.warning(
+                "%s starts at step %d, a launch resumed from a checkpoint, but %s; analysed as a run of its own "
+                "(analyze_run([...]) joins launches given in order)",
+                log_dir,
+                first,
+                f"{' and '.join(str(r[-1]) for r in candidates)} each logged step {first - 1}"
+                if candidates
+                else f"no earlier launch beside it logged step {first - 1}",
+            )
+        runs.append([log_dir])
+        last_step[id(runs[-1])] = steps[-1] if steps else 0
     return runs
 
 
 def stitch_launches(launches: list[list[StepFile]]) -> tuple[list[StepFile], list[StepFile]]:
     """``(kept, rolled_back)``: a resumed run's step files, each launch's (``find_step_files``) in launch order.
 
-    A launch resumed from step N's checkpoint retrains from step N on, so it replaces every step >= N that the
+    A launch whose first step is N resumed from step N - 1's checkpoint, so it replaces every step >= N that the
     launches before it logged (rolled back, whether or not it logs that step again).
     """
     kept: list[StepFile] = []

@@ -64,9 +64,10 @@ class Format:
             sequence of E names (``weight_amax`` and ``input_scale`` then ``[E]``): one quantizer call, the pairs of
             each expert in turn (:func:`weight_pairs`); None: no refit format.
         refit_bytes: ``(numel, shape, config) -> bytes`` sent for one weight.
-        pads: partial blocks are zero-padded (FP8); else the in-dim must be a block multiple. shared_global_scale: fused
-        vLLM shards (q/k/v, gate/up) share one global scale. static_input_amax: the activation quantizer needs a
-        calibrated input amax. keeps_codes: the twin's layer also keeps vLLM's codes and scales (``Fp8Linear``).
+        pads: partial blocks are zero-padded (FP8); else the in-dim must be a block multiple.
+        shared_global_scale: fused vLLM shards (q/k/v, gate/up) share one global scale.
+        static_input_amax: the activation quantizer needs a calibrated input amax.
+        keeps_codes: the twin's layer also keeps vLLM's codes and scales (``Fp8Linear``).
     """
 
     name: str

@@ -222,8 +222,10 @@ def _dequantize_tiles(q3: torch.Tensor, s3: torch.Tensor, block: tuple[int, int]
     return x[:, :n, :k].to(dtype)
 
 
-def _check_dequant(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], lead: int, name: str) -> None:
-    """``q`` is E4M3 and ``scale`` fp32 with one entry per tile (ValueError)."""
+def _check_dequant(
+    q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], lead: int, name: str, values: bool
+) -> None:
+    """``q`` is E4M3 and ``scale`` fp32 with one entry per tile; with ``values`` no NaN code or scale (ValueError)."""
     if q.dtype != FP8_DTYPE:
         raise ValueError(f"{name}: got q of dtype {q.dtype}, expected {FP8_DTYPE}")
     expected = (*q.shape[:lead], *(-(-q.shape[lead + i] // block[i]) for i in range(q.dim() - lead)))
@@ -232,8 +234,9 @@ def _check_dequant(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
             f"{name}: got scale {list(scale.shape)} {scale.dtype}, expected "
             f"{list(expected)} torch.float32 for q {list(q.shape)} and block {tuple(block)}"
         )
-    check_e4m3_codes(q, name, "q")
-    check_finite(scale, f"{name} scale", what="scales", action="")
+    if values:
+        check_e4m3_codes(q, name, "q")
+        check_finite(scale, f"{name} scale", what="scales", action="")
 
 
 def dequantize_blockwise(
@@ -243,12 +246,17 @@ def dequantize_blockwise(
     dtype: torch.dtype = torch.float32,
     *,
     name: str = "q",
+    check: bool = True,
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize_blockwise`: ``x = q * s`` per ``block`` tile, in ``dtype``."""
+    """Inverse of :func:`quantize_blockwise`: ``x = q * s`` per ``block`` tile, in ``dtype``.
+
+    ``check=False`` skips the value checks (E4M3 NaN codes, non-finite scales: a host read) for codes a quantizer has
+    just written; shapes and dtypes are always checked.
+    """
     check_blockwise_args(name, "reciprocal", 0.0, block)
     if q.dim() not in (2, 3):
         raise ValueError(f"{name}: got {list(q.shape)}, expected [N, K] or [E, N, K]")
-    _check_dequant(q, scale, block, q.dim() - 2, name)
+    _check_dequant(q, scale, block, q.dim() - 2, name, check)
     with torch.no_grad():
         if q.dim() == 3:
             return _dequantize_tiles(q, scale, tuple(block), dtype)
@@ -283,13 +291,22 @@ def quantize_activations(
 
 
 def dequantize_activations(
-    q: torch.Tensor, scale: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float32, *, name: str = "q"
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    group: int = 128,
+    dtype: torch.dtype = torch.float32,
+    *,
+    name: str = "q",
+    check: bool = True,
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize_activations`: ``x = q * s`` per 1 x ``group``, in ``dtype``."""
+    """Inverse of :func:`quantize_activations`: ``x = q * s`` per 1 x ``group``, in ``dtype``.
+
+    ``check``: as :func:`dequantize_blockwise`.
+    """
     check_blockwise_args(name, "reciprocal", 0.0, (1, group))
     if q.dim() < 1:
         raise ValueError(f"{name}: got a 0-dim tensor, expected [..., K]")
-    _check_dequant(q, scale, (group,), q.dim() - 1, name)
+    _check_dequant(q, scale, (group,), q.dim() - 1, name, check)
     with torch.no_grad():
         q3 = q.reshape(1, math.prod(q.shape[:-1]), q.shape[-1])
         s3 = scale.reshape(1, math.prod(scale.shape[:-1]), scale.shape[-1])
@@ -335,7 +352,7 @@ def quantize_weight(w: torch.Tensor, knobs: Any, *, name: str) -> tuple[torch.Te
 
 def _fake_weight(w: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
     """``dequantize_blockwise(*quantize_weight(W))`` in fp32: what the twin multiplies by."""
-    return dequantize_blockwise(*quantize_weight(w, knobs, name=name), knobs.weight_block)
+    return dequantize_blockwise(*quantize_weight(w, knobs, name=name), knobs.weight_block, check=False)
 
 
 def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str, knobs: Any) -> torch.Tensor:
@@ -344,7 +361,7 @@ def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str, knobs: Any
     if family == "divide" and not knobs.ue8m0 and eps > 0 and x.shape[-1] % group == 0:
         return _fake_quant_groups_divide(x, group, eps, name)
     x_q, s_x = quantize_activations(x, group, family, eps, knobs.ue8m0, name=name)
-    return dequantize_activations(x_q, s_x, group, torch.float32)
+    return dequantize_activations(x_q, s_x, group, torch.float32, check=False)
 
 
 def _refit_pairs(

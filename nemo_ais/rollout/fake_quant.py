@@ -33,8 +33,9 @@ class LinearFakeQuant(NamedTuple):
         format: the format's name.
         weight: ``(w [N, K], *, amax=None, name=...) -> fp32 [N, K]``.
         activation: ``(x [..., K], *, amax=None, name=...) -> [..., K]``.
-        static_input_amax: the activation needs a calibrated ``amax`` (NVFP4 W4A4). shared_weight_amax: fused shards
-        share one weight amax (NVFP4's global scale). k_multiple: the in-dim must be a multiple of this (1: any).
+        static_input_amax: the activation needs a calibrated ``amax`` (NVFP4 W4A4).
+        shared_weight_amax: fused shards share one weight amax (NVFP4's global scale).
+        k_multiple: the in-dim must be a multiple of this (1: any).
     """
 
     format: str

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nemo_ais.formats.checks import check_e4m3_codes
 from nemo_ais.formats.fp8_block import Family, dequantize_blockwise, quantize_weight
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.fake_quant import LinearFakeQuant, linear_fake_quant, scale_error
@@ -239,7 +240,7 @@ class Fp8Linear(QuantLinear):
     @torch.no_grad()
     def expected_weight(self, weight: torch.Tensor, amax: torch.Tensor | None) -> torch.Tensor:
         """:meth:`QuantLinear.expected_weight` (``amax`` unused: FP8 scales are per tile)."""
-        w_dq = dequantize_blockwise(*self._quantize(weight), self.weight_block, torch.float32)
+        w_dq = dequantize_blockwise(*self._quantize(weight), self.weight_block, torch.float32, check=False)
         return scale_error(weight.detach(), w_dq, self.knobs.error_scale)
 
     @torch.no_grad()
@@ -268,6 +269,7 @@ class Fp8Linear(QuantLinear):
                 f"{self.name}_scale_inv: {int((~(torch.isfinite(s) & (s > 0))).sum())} "
                 "scale(s) not finite and > 0 (a never-loaded or corrupted scale)"
             )
+        check_e4m3_codes(weight, self.name, "weight")  # before anything is stored: no half-loaded layer
         self._store(weight.detach().clone(), s.detach().clone())
 
     def _store(self, w_q: torch.Tensor, s_w: torch.Tensor) -> None:
@@ -276,7 +278,7 @@ class Fp8Linear(QuantLinear):
                 setattr(self, buffer, value)
             else:
                 self.register_buffer(buffer, value)
-        self.weight_dequant = dequantize_blockwise(w_q, s_w, self.weight_block, torch.float32, name=self.name)
+        self.weight_dequant = dequantize_blockwise(w_q, s_w, self.weight_block, torch.float32, check=False)
 
 
 class Fp8Experts(QuantExperts):

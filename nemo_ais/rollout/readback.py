@@ -95,7 +95,7 @@ def weight_readback(
             if sent.dtype == _FP8:
                 if scale is None:
                     continue
-                expected = dequantize_blockwise(sent, scale, linear.weight_block, torch.float32)
+                expected = dequantize_blockwise(sent, scale, linear.weight_block, torch.float32, name=label)
             else:
                 expected = linear.expected_weight(sent, linear.weight_amax)
             error = _relative(linear.weight_dequant, expected)

@@ -52,10 +52,11 @@ class RolloutTwin:
     """Simulated low-precision rollout engine of a HF causal LM (module doc).
 
     Attributes:
-        model: the twin (a deep copy, eval mode; never ``.to(dtype)``: use ``compute_dtype``). quantized_module_names:
-        the modules running the format (empty for ``bf16``). kv_scales: the current
-        :class:`~nemo_ais.refit.kv_scales.KVScales`, or None. kv_saturation: the last quantized-cache call's
-            :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` (``.metrics()``), or None.
+        model: the twin (a deep copy, eval mode; never ``.to(dtype)``: use ``compute_dtype``).
+        quantized_module_names: the modules running the format (empty for ``bf16``).
+        kv_scales: the current :class:`~nemo_ais.refit.kv_scales.KVScales`, or None.
+        kv_saturation: the last quantized-cache call's :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter`
+            (``.metrics()``), or None.
     """
 
     def __init__(self, model: nn.Module, config: RolloutPrecisionConfig | None = None) -> None:

@@ -42,21 +42,50 @@ def logs(tmp_path):
     return root
 
 
-def test_join_launches_groups_a_resumed_runs_exp_dirs(tmp_path):
-    root = tmp_path / "logs"
-    for name, steps in [("exp_001", [1, 2, 3]), ("exp_002", [3, 4]), ("exp_003", [1, 2]), ("exp_999", [1])]:
-        write_run(root / name, steps)
-    write_run(root / "exp_1000", [2, 3])  # numeric order: it continues exp_999, not exp_003
+def test_join_launches_groups_a_resumed_runs_exp_dirs(tmp_path, caplog):
+    root = tmp_path / "logs"  # NeMo-RL's default logger.log_dir, shared by every experiment
+    for name, steps in [
+        ("exp_001", range(1, 7)),  # experiment A, crashes after step 6
+        ("exp_002", [1, 2, 3]),  # experiment B, launched meanwhile
+        ("exp_003", range(5, 9)),  # A resumed from step 4's checkpoint: B never logged step 4
+        ("exp_999", range(1, 21)),
+        ("exp_1000", range(15, 26)),  # numeric order: it continues exp_999
+    ]:
+        write_run(root / name, list(steps))
     write_run(root / "mine", [4, 5])  # not a launch directory: a run of its own
-    write_run(tmp_path / "other" / "exp_004", [5])  # another log root: nothing before it to continue
-    dirs = find_log_dirs(tmp_path)
-    assert join_launches(dirs) == [
-        [root / "exp_001", root / "exp_002"],
-        [root / "exp_003"],
+    write_run(tmp_path / "other" / "exp_004", [5])  # resumed, but nothing beside it logged step 4
+    with caplog.at_level(logging.WARNING, logger="nemo_ais.analyze.reader"):
+        runs = join_launches(find_log_dirs(tmp_path))
+    assert runs == [
+        [root / "exp_001", root / "exp_003"],
+        [root / "exp_002"],
         [root / "exp_999", root / "exp_1000"],
         [root / "mine"],
         [tmp_path / "other" / "exp_004"],
     ]
+    assert "exp_004 starts at step 5, a launch resumed from a checkpoint, but no earlier launch" in caplog.text
+
+
+def test_a_launch_two_runs_could_continue_is_not_joined(tmp_path, caplog):
+    root = tmp_path / "logs"
+    write_run(root / "exp_001", range(1, 7))
+    write_run(root / "exp_002", range(1, 7))
+    write_run(root / "exp_003", [5, 6, 7])  # both logged step 4: which one resumed is not in the logs
+    with caplog.at_level(logging.WARNING, logger="nemo_ais.analyze.reader"):
+        runs = join_launches(find_log_dirs(root))
+    assert runs == [[root / "exp_001"], [root / "exp_002"], [root / "exp_003"]]
+    assert f"{root / 'exp_001'} and {root / 'exp_002'} each logged step 4" in caplog.text
+
+
+def test_a_launch_resumed_with_the_checkpoints_config_nests_and_is_joined(tmp_path):
+    # the checkpoint's config.yaml holds the first launch's logger.log_dir (logs/exp_001): the next launch logs to
+    # logs/exp_001/exp_001 (NeMo-RL's get_next_experiment_dir)
+    root = tmp_path / "logs"
+    write_run(root / "exp_001", range(1, 7))
+    write_run(root / "exp_001" / "exp_001", range(5, 10))
+    assert find_log_dirs(root) == [root / "exp_001", root / "exp_001" / "exp_001"]
+    assert find_log_dirs(root / "exp_001") == [root / "exp_001", root / "exp_001" / "exp_001"]
+    assert join_launches(find_log_dirs(root)) == [[root / "exp_001", root / "exp_001" / "exp_001"]]
 
 
 def test_stitch_drops_every_step_the_resume_rolled_back(logs):
@@ -112,12 +141,17 @@ def test_the_readback_of_a_rolled_back_refit_raises_no_alarm(logs, tmp_path):
     assert len(readback_alarms) == 1 and readback_alarms[0].startswith("step 9: refit_readback")
 
 
-def test_a_resumed_launch_alone_says_how_to_join_it(logs, tmp_path, caplog):
+def test_a_resumed_launch_alone_names_the_launches_it_continues(logs, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="nemo_ais.analyze.analysis"):
         result = analyze_run(logs / "exp_002", tmp_path / "out", plots=False)
     assert [r["step"] for r in result.rows] == list(RESUMED)
-    assert "starts at step 5: a launch resumed from a checkpoint" in caplog.text
-    assert "analyse its parent directory to join it" in caplog.text
+    assert f"{logs / 'exp_002'} is a launch resumed from a checkpoint that continues {logs / 'exp_001'}" in caplog.text
+    assert f"analyse {logs} to join the launches" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nemo_ais.analyze.analysis"):
+        analyze_run([logs / "exp_002"], tmp_path / "list", plots=False)  # a list: the caller chose the launches
+        analyze_run(logs / "exp_001", tmp_path / "first", plots=False)  # not resumed
+    assert "resumed" not in caplog.text
 
 
 def test_analyze_run_refuses_an_empty_list_of_launches(tmp_path):
@@ -159,9 +193,16 @@ def test_skip_bad_rows_skips_a_bad_readback_row_and_the_report_names_it(logs, tm
     ):
         analyze_run([logs / "exp_001", logs / "exp_002"], tmp_path / "strict", plots=False)
     result = analyze_run([logs / "exp_001", logs / "exp_002"], tmp_path / "out", plots=False, skip_bad_rows=True)
-    assert [a.split(":")[0] for a in result.alarms if "refit_readback" in a] == [
-        "step 7"
-    ]  # the rows around it still read
+    readback_alarms = [a.split(":")[0] for a in result.alarms if "refit_readback" in a]
+    assert readback_alarms == ["step 7"]  # the rows around the bad one still read
+    assert result.bad_readback_rows == 1
     report = (tmp_path / "out" / "report.md").read_text()
     assert "**Bad refit readback rows, skipped** (`--skip-bad-rows`): 1, first" in report
     assert "refit_readback.jsonl:2: expected a JSON object" in report
+
+
+def test_analyze_run_refuses_launches_out_of_order_or_twice(logs, tmp_path):
+    with pytest.raises(ValueError, match=r"launch 2 \(.*exp_001\) starts at step 1, so it resumed nothing"):
+        analyze_run([logs / "exp_002", logs / "exp_001"], tmp_path / "out", plots=False)
+    with pytest.raises(ValueError, match=r"a launch is given twice"):
+        analyze_run([logs / "exp_001", logs / "exp_001"], tmp_path / "out", plots=False)

@@ -32,6 +32,10 @@ def _plant(codes: torch.Tensor, index: tuple[int, ...], byte: int) -> torch.Tens
     return bits.view(codes.dtype)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
 def _inputs():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(256, 256, generator=g)
@@ -97,5 +101,31 @@ def test_nvfp4_refuses_a_nan_block_scale():
 def test_the_twin_refuses_corrupt_fp8_codes_from_a_refit_naming_the_layer():
     layer = Fp8Linear.from_linear(torch.nn.Linear(256, 128, bias=False), name="model.layers.0.mlp.down_proj")
     q, s = quantize_blockwise(torch.randn(128, 256))
-    with pytest.raises(ValueError, match=r"^model\.layers\.0\.mlp\.down_proj: got 1 E4M3 NaN code"):
+    held = (layer.weight.clone(), layer.weight_scale_inv.clone(), layer.weight_dequant.clone())
+    with pytest.raises(ValueError, match=r"^model\.layers\.0\.mlp\.down_proj: got 1 E4M3 NaN code\(s\) .* in weight "):
         layer.load_quantized(_plant(q, (0, 0), 0x7F), s)
+    # refused before anything is stored: the layer still holds its last good refit
+    after = (layer.weight, layer.weight_scale_inv, layer.weight_dequant)
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(held, after, strict=True))
+
+
+def test_fresh_codes_skip_the_value_checks(monkeypatch):
+    """The fake-quant paths dequantize codes the quantizer just wrote: no NaN-code scan, no host read per forward."""
+    import nemo_ais.formats.fp8_block as fp8_block
+    import nemo_ais.formats.mxfp8 as mxfp8
+    from nemo_ais.rollout.config import RolloutPrecisionConfig
+
+    calls = []
+    for module in (fp8_block, mxfp8):
+        monkeypatch.setattr(module, "check_e4m3_codes", lambda *a, **k: calls.append(a[1]))
+    x = _inputs()
+    knobs = RolloutPrecisionConfig(format="fp8", activation_family="reciprocal")  # the unfused activation path
+    fp8_block._fake_weight(x, name="w", knobs=knobs)
+    fp8_block._fake_activation(x, name="x", knobs=knobs)
+    mxfp8.fake_quantize_mxfp8(x)
+    assert calls == []
+    q, s = quantize_blockwise(x)
+    dequantize_blockwise(q, s, name="checked")
+    assert calls == ["checked"]
+    # and check=False gives the same values bit for bit
+    assert torch.equal(dequantize_blockwise(q, s, check=False), dequantize_blockwise(q, s))
