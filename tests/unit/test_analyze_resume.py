@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 from test_analyze_logs import write_run
@@ -206,3 +207,20 @@ def test_analyze_run_refuses_launches_out_of_order_or_twice(logs, tmp_path):
         analyze_run([logs / "exp_002", logs / "exp_001"], tmp_path / "out", plots=False)
     with pytest.raises(ValueError, match=r"a launch is given twice"):
         analyze_run([logs / "exp_001", logs / "exp_001"], tmp_path / "out", plots=False)
+
+
+@pytest.mark.nemo_rl
+def test_launch_dirs_made_by_nemo_rls_own_get_next_experiment_dir(tmp_path):
+    from nemo_rl.utils.logger import get_next_experiment_dir
+
+    base = tmp_path / "logs"
+    a1 = Path(get_next_experiment_dir(str(base)))  # experiment A
+    write_run(a1, range(1, 7))
+    b1 = Path(get_next_experiment_dir(str(base)))  # experiment B, in the same logs/
+    write_run(b1, [1, 2, 3])
+    a2 = Path(get_next_experiment_dir(str(base)))  # A resubmitted with its YAML, from step 4's checkpoint
+    write_run(a2, range(5, 9))
+    a3 = Path(get_next_experiment_dir(str(a2)))  # A resumed with the checkpoint's config.yaml (log_dir: a2)
+    write_run(a3, range(8, 11))
+    assert [str(d.relative_to(base)) for d in (a1, b1, a2, a3)] == ["exp_001", "exp_002", "exp_003", "exp_003/exp_001"]
+    assert join_launches(find_log_dirs(base)) == [[a1, a2, a3], [b1]]
