@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from nemo_ais.rules.format_geometry import GEOMETRY
+
 RefitPairs = list[tuple[str, torch.Tensor]]
 
 
@@ -92,5 +94,5 @@ class Format:
         return 1 if self.pads else self.block[1]
 
 
-BF16 = Format("bf16", (1, 1), "BF16", "none: the weights and inputs stay in high precision", pads=True)
+BF16 = Format("bf16", GEOMETRY["bf16"].block, "BF16", "none: the weights and inputs stay in high precision", pads=True)
 """No quantization: the BF16 arm of the twin."""

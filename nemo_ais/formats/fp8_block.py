@@ -30,6 +30,7 @@ from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_e4m3_codes, check_finite
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import E4M3_MAX, band_elems, e8m0_ceil_exponent, pow2
+from nemo_ais.rules.format_geometry import GEOMETRY
 
 FAMILY_FORMULAS = {
     "reciprocal": "s = amax / 448, q = x * (1 / s): multiply by the reciprocal (DeepGEMM, vLLM weights)",
@@ -380,7 +381,7 @@ def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any) -> int:
 
 FP8_BLOCK = Format(
     "fp8",
-    (128, 128),
+    GEOMETRY["fp8"].block,
     "E4M3",
     "fp32 dequant scale per 128x128 weight tile and 1x128 input group (FAMILY_FORMULAS)",
     reference=quantize_blockwise_reference,

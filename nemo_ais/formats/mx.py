@@ -15,8 +15,7 @@ import torch
 
 from nemo_ais.formats.checks import check_finite
 from nemo_ais.formats.grids import E8M0_BIAS, E8M0_NAN, Scratch, e8m0_block_exponent, pow2, row_bands
-
-MX_BLOCK = 32
+from nemo_ais.rules.format_geometry import MX_BLOCK
 
 
 def mx_bands(

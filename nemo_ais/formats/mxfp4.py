@@ -35,6 +35,7 @@ from nemo_ais.formats.grids import (
     unpack_nibbles,
 )
 from nemo_ais.formats.mx import MX_BLOCK, check_mx_scale, mx_bands
+from nemo_ais.rules.format_geometry import GEOMETRY
 
 _SIGN = 0x8
 
@@ -106,7 +107,7 @@ def dequantize_mxfp4(q: MXFP4Tensor, *, name: str = "q") -> torch.Tensor:
 
 MXFP4 = Format(
     "mxfp4",
-    (1, MX_BLOCK),
+    GEOMETRY["mxfp4"].block,
     "E2M1",
     "UE8M0 power-of-two scale per 1x32 block: 2^ceil(log2(amax / 6)) in [2^-127, 2^127] (NVIDIA's rule, not OCP's floor)",
     reference=quantize_mxfp4_reference,

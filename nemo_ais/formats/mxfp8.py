@@ -28,6 +28,7 @@ from nemo_ais.formats.checks import check_e4m3_codes, check_finite, check_last_d
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import E4M3_MAX, E8M0_BIAS, Scratch, e8m0_block_exponent, e8m0_values, pow2
 from nemo_ais.formats.mx import MX_BLOCK, check_mx_scale, mx_bands
+from nemo_ais.rules.format_geometry import GEOMETRY
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any) -> int:
 
 MXFP8 = Format(
     "mxfp8",
-    (1, MX_BLOCK),
+    GEOMETRY["mxfp8"].block,
     "E4M3",
     "UE8M0 power-of-two scale per 1x32 block: 2^ceil(log2(amax / 448)) in [2^-127, 2^127] (NVIDIA's rule, not OCP's floor)",
     reference=quantize_mxfp8_reference,

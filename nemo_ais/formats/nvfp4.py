@@ -43,8 +43,8 @@ from nemo_ais.formats.grids import (
     row_bands,
     unpack_nibbles,
 )
+from nemo_ais.rules.format_geometry import GEOMETRY, NVFP4_BLOCK
 
-NVFP4_BLOCK = 16
 TILE_ROWS = (1, 16)  # rows_per_block: 1 = 1x16 (ModelOpt, vLLM), 16 = TE 2-D 16x16 tiles
 _SCALE_MIN = 2.0**-9  # smallest positive E4M3 value (subnormal)
 _SIGN = 0x8
@@ -373,7 +373,7 @@ def _refit_bytes(numel: int, shape: tuple[int, ...], config: Any, n_scalars: int
 _NVFP4_SCALES = "E4M3 scale per 1x16 block (ModelOpt rule) times one fp32 global amax / (6 * 448)"
 NVFP4_W4A16 = Format(
     "nvfp4_w4a16",
-    (1, NVFP4_BLOCK),
+    GEOMETRY["nvfp4_w4a16"].block,
     "E2M1",
     _NVFP4_SCALES,
     reference=quantize_nvfp4_reference,

@@ -11,6 +11,7 @@ from nemo_ais.formats.fp8_block import quantize_blockwise, quantize_blockwise_re
 from nemo_ais.formats.registry import FORMATS, REFIT_FORMATS, get_format
 from nemo_ais.refit.stream import RefitConfig
 from nemo_ais.rollout.config import ROLLOUT_FORMATS
+from nemo_ais.rules.format_geometry import GEOMETRY
 
 
 def test_the_table_names_every_format_the_configs_accept():
@@ -53,13 +54,19 @@ def test_fp8_reference_is_the_fast_path_bit_for_bit(shape, dtype):
 
 
 @pytest.mark.parametrize("name", sorted(REFIT_FORMATS))
-def test_the_offline_checks_torch_free_tables_agree_with_the_records(name):
-    # preflight never imports torch, so it keeps its own bytes-per-weight and block tables
-    from nemo_ais.preflight.checks.formats import MXFP8_BLOCK, NVFP4_BLOCK, WEIGHT_BYTES
+def test_the_torch_free_geometry_is_what_the_refit_sends(name):
+    # the offline check never imports torch: it reads rules.format_geometry, as the records do
+    from nemo_ais.preflight.checks.formats import WEIGHT_BYTES
 
     shape = (4096, 4096)
     numel = shape[0] * shape[1]
     sent = get_format(name).refit_bytes(numel, shape, RefitConfig(format=name))
     # the table leaves out NVFP4's per-tensor fp32 scales (global, W4A4's input_scale)
     assert 0 <= sent - WEIGHT_BYTES[name] * numel <= 8
-    assert (NVFP4_BLOCK, MXFP8_BLOCK) == (get_format("nvfp4_w4a4").block[1], get_format("mxfp8").block[1])
+    assert WEIGHT_BYTES[name] == GEOMETRY[name].weight_bytes
+
+
+def test_every_format_record_has_its_geometry():
+    assert set(GEOMETRY) == set(FORMATS)
+    for name, geometry in GEOMETRY.items():
+        assert get_format(name).block == geometry.block, name

@@ -27,7 +27,7 @@ MODULES = {
 _STDLIB_ONLY: set[str] = set()
 MAY_IMPORT = {
     "rules": _STDLIB_ONLY,
-    "formats": {"config"},
+    "formats": {"config", "rules"},  # rules.format_geometry: the torch-free block table
     "refit": {"config", "formats", "rules"},
     "rollout": {"config", "formats", "refit", "rules"},
     "tools": {"config", "formats", "plotting", "refit", "rollout", "rules"},

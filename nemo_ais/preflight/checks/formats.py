@@ -16,24 +16,12 @@ from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape, find_model_shape
 from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS, ROLLOUT_FORMATS, NeMoRLTarget, target_from_version
+from nemo_ais.rules.format_geometry import GEOMETRY, MX_BLOCK as MXFP8_BLOCK, NVFP4_BLOCK
 from nemo_ais.rules.keep_bf16 import KeepInBf16, fp8_engine_exclusions
 from nemo_ais.rules.native_kernels import HOPPER, NATIVE_KERNELS
 
-NVFP4_BLOCK = 16
-"""NVFP4: one E4M3 block scale per 16 consecutive input elements."""
-MXFP8_BLOCK = 32
-"""MXFP8: one UE8M0 block scale per 32 consecutive input elements."""
-WEIGHT_BYTES = {
-    "fp8": 1.0 + 4.0 / 128**2,
-    "mxfp8": 1.0 + 1.0 / MXFP8_BLOCK,
-    "nvfp4_w4a16": 0.5 + 1.0 / NVFP4_BLOCK,
-    "nvfp4_w4a4": 0.5 + 1.0 / NVFP4_BLOCK,
-    "nvfp4": 0.5 + 1.0 / NVFP4_BLOCK,
-    "bf16": 2.0,
-}
-"""Bytes per weight of a quantized linear in vLLM, per :func:`rollout_format`: the values
-and their block scales (fp32 per 128 x 128 tile, one byte per 32 or 16 inputs); NVFP4's
-per-tensor fp32 scales are left out."""
+WEIGHT_BYTES = {name: g.weight_bytes for name, g in GEOMETRY.items()} | {"nvfp4": GEOMETRY["nvfp4_w4a4"].weight_bytes}
+"""Bytes per weight of a quantized linear in vLLM, per :func:`rollout_format` (``nvfp4``: mode unknown offline)."""
 
 NVFP4_DEFAULT_IGNORE = (
     "lm_head",

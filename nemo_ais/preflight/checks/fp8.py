@@ -15,9 +15,7 @@ from nemo_ais.preflight.checks.loss import NO_CORRECTION_HINT, setup_sees_import
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape
-
-FP8_BLOCK = 128
-"""Block size of DeepSeek-style FP8 weights in vLLM/DeepGEMM (128 x 128 tiles)."""
+from nemo_ais.rules.format_geometry import FP8_BLOCK
 
 _FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
 _KV_DTYPES = ("auto", *_FP8_KV_DTYPES)

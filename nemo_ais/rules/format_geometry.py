@@ -1,0 +1,42 @@
+# SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
+# SPDX-License-Identifier: Apache-2.0
+"""Each rollout format's weight block and bytes per weight, torch-free.
+
+The format records (:mod:`nemo_ais.formats`, torch) take their block from :data:`GEOMETRY`, and the offline check
+(:mod:`nemo_ais.preflight`, torch-free) its shard and memory arithmetic: one table that both read.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+FP8_BLOCK = 128
+"""Block FP8 (DeepSeek-style, vLLM / DeepGEMM): one fp32 scale per 128 x 128 weight tile."""
+MX_BLOCK = 32
+"""MXFP8 / MXFP4 (OCP MX): one UE8M0 scale per 32 consecutive elements."""
+NVFP4_BLOCK = 16
+"""NVFP4: one E4M3 scale per 16 consecutive elements."""
+
+
+class Geometry(NamedTuple):
+    """A format's weight block (rows, cols that share one scale) and what vLLM holds per weight."""
+
+    block: tuple[int, int]
+    value_bits: int  # bits of one element
+    scale_bytes: int  # bytes of one block scale (NVFP4's per-tensor fp32 scales are left out)
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes per weight of a quantized linear: its value and its share of the block scale."""
+        return self.value_bits / 8 + self.scale_bytes / (self.block[0] * self.block[1])
+
+
+GEOMETRY: dict[str, Geometry] = {
+    "bf16": Geometry((1, 1), 16, 0),
+    "fp8": Geometry((FP8_BLOCK, FP8_BLOCK), 8, 4),
+    "mxfp8": Geometry((1, MX_BLOCK), 8, 1),
+    "nvfp4_w4a16": Geometry((1, NVFP4_BLOCK), 4, 1),
+    "nvfp4_w4a4": Geometry((1, NVFP4_BLOCK), 4, 1),
+    "mxfp4": Geometry((1, MX_BLOCK), 4, 1),
+}
+"""Every format of :data:`nemo_ais.formats.registry.FORMATS`, by the same name (tested)."""
