@@ -319,8 +319,11 @@ def _attribute(args: argparse.Namespace) -> int:
     except ValueError as err:  # e.g. an in-dim the format cannot block
         return _fail(1, "attribute", err)
     out = args.out or Path(cfg.logger.run_dir) / "attribution"
-    written = write_attribution(att, out, top=args.top, plot=not args.no_plot)
-    print(attribution_markdown(att, top=args.top))
+    print(attribution_markdown(att, top=args.top))  # first: an unwritable OUT loses no result
+    try:
+        written = write_attribution(att, out, top=args.top, plot=not args.no_plot)
+    except OSError as err:
+        return _fail(1, "attribute", f"cannot write {err.filename or out}: {err.strerror or err}")
     print(f"nemo-ais attribute: wrote {', '.join(str(p) for p in written)}")
     return 0
 
@@ -329,12 +332,14 @@ def _calibrate_input_amax(args: argparse.Namespace) -> int:
     from nemo_ais.tools.input_amax_file import (
         calibrate_input_amax,
         calibration_batches,
+        check_out_path,
         load_causal_lm,
         read_prompts,
         write_input_amax,
     )
 
     try:
+        check_out_path(args.out)  # before the model loads and runs
         prompts = read_prompts(args.prompts, num_samples=args.num_samples, prompt_key=args.prompt_key)
         model, tokenizer = load_causal_lm(args.model, device=args.device, dtype=args.dtype)
         batches = calibration_batches(
@@ -501,7 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return _COMMANDS[args.command](args)
+    try:
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:  # run and analyze say what they kept; the other commands write at the end
+        return _fail(130, args.command, "interrupted before its output was complete")
 
 
 if __name__ == "__main__":

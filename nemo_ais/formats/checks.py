@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 import torch
@@ -81,6 +82,8 @@ def check_amax(amax: float | torch.Tensor | None, name: str) -> torch.Tensor | N
     """A given amax as 0-dim fp32 (None passes); ValueError unless one finite value >= 0."""
     if amax is None:
         return None
+    if isinstance(amax, bool) or not isinstance(amax, numbers.Real | torch.Tensor):
+        raise ValueError(f"{name}: got {amax!r}, expected one finite value >= 0 (the tensor's calibrated max |x|)")
     value = torch.as_tensor(amax, dtype=torch.float32)
     if value.numel() != 1 or not math.isfinite(float(value)) or float(value) < 0:
         raise ValueError(

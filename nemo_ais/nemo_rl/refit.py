@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
-import json
 import logging
 import os
 import socket
@@ -35,6 +34,7 @@ from nemo_ais.formats.registry import get_format
 from nemo_ais.nemo_rl import compat, vllm_refit
 from nemo_ais.nemo_rl.engine_report import ask_engines, engine_rpc, mro_names, raise_engine_problems
 from nemo_ais.nemo_rl.vllm_refit import PATCHED, RECORDED_SIGNATURES, TARGET_MODULE, engine_pairs, unchanged
+from nemo_ais.refit.config import read_input_amax_file
 from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, RefitConfig, RefitStream
 from nemo_ais.rules.config_keys import get
 from nemo_ais.rules.keep_bf16 import fp8_engine_exclusions
@@ -165,7 +165,7 @@ def _input_amax(config: RefitConfig) -> dict[str, float] | None:
             f"{ENV_VAR}: format nvfp4_w4a4 needs input_amax_file (JSON {{module or fused group: "
             "calibrated input amax}}): the refit streams input_scale = amax / (6 * 448)"
         )
-    return json.loads(Path(config.input_amax_file).read_text())
+    return read_input_amax_file(config.input_amax_file)
 
 
 def _hook_config(config: RefitConfig) -> RefitConfig:

@@ -11,6 +11,9 @@ knob has one name, one default and one check in both.
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -204,3 +207,26 @@ class BlockSyncConfig(RefitConfig):
         description="The engine's weight format: NVFP4 weights with BF16 (w4a16) or NVFP4 "
         "(w4a4, + input_scale) activations, or MXFP8 (W8A8).",
     )
+
+
+def read_input_amax_file(path: str | Path) -> dict[str, float]:
+    """``{module or fused group: amax}`` of an ``input_amax_file`` (``nemo-ais calibrate-input-amax`` writes it).
+
+    Raises:
+        ValueError: naming the file: unreadable, not JSON, not an object, or a value that is not one finite
+            number >= 0 (the key is named).
+    """
+    path = Path(path)
+    expected = "expected a JSON object {module or fused group name: calibrated input amax}"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"input_amax_file {path}: cannot read it ({err}); {expected}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"input_amax_file {path}: got a JSON {type(data).__name__}; {expected}")
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"input_amax_file {path}: {key!r} is {value!r}, expected one finite number >= 0 (its input amax)"
+            )
+    return {key: float(value) for key, value in data.items()}

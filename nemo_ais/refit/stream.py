@@ -231,7 +231,7 @@ class RefitStream:
         require_config(config, RefitConfig, f"{type(self).__name__}(config)")
         self.config = config
         self.format = get_format(config.format)
-        self.input_amax = {k: check_amax(v, f"input_amax[{k!r}]") for k, v in (input_amax or {}).items()}
+        self.input_amax = {k: _amax_entry(k, v) for k, v in (input_amax or {}).items()}
         self._open: dict[str, dict[str, torch.Tensor]] = {}
         self._plans = _plans_for(config)
         self._stacks = (
@@ -423,6 +423,14 @@ class RefitStream:
 
 
 BlockWeightStream = RefitStream
+
+
+def _amax_entry(key: str, value: float | torch.Tensor) -> torch.Tensor:
+    """One ``input_amax`` entry as 0-dim fp32 (ValueError: None, not a number, non-finite or < 0)."""
+    amax = check_amax(value, f"input_amax[{key!r}]")
+    if amax is None:
+        raise ValueError(f"input_amax[{key!r}]: got None, expected one finite value >= 0 (the calibrated max |x|)")
+    return amax
 
 
 def _hand_over(pairs: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

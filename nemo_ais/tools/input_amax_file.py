@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -62,7 +63,13 @@ def read_prompts(path: str | Path | None, *, num_samples: int | None = None, pro
         raise ValueError(f"--prompts {path}: no such file (expected .jsonl or .txt prompts)")
     jsonl = path.suffix == ".jsonl"
     prompts = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_bytes().decode("utf-8-sig")  # a UTF-8 BOM is not part of the first prompt
+    except OSError as err:
+        raise ValueError(f"--prompts {path}: cannot read it ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--prompts {path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+    for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         prompts.append(_jsonl_prompt(line, path, line_no, prompt_key) if jsonl else line)
@@ -109,13 +116,14 @@ def calibration_batches(
             tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
             for p in prompts
         ]
-    return _batches(tokenizer, prompts, max_length, batch_size)
+    return _batches(tokenizer, prompts, max_length, batch_size, chat_template)
 
 
-def _batches(tokenizer, prompts, max_length, batch_size):
+def _batches(tokenizer, prompts, max_length, batch_size, chat_template):
     for start in range(0, len(prompts), batch_size):
         enc = tokenizer(
             list(prompts[start : start + batch_size]),
+            add_special_tokens=not chat_template,  # the template holds them (NeMo-RL's processors too)
             padding=True,
             truncation=True,
             max_length=max_length,
@@ -133,7 +141,8 @@ def input_amax_modules(model: nn.Module) -> dict[str, nn.Module]:
         raise ValueError(
             f"{fused[0]}: a fused MoE experts module ({len(fused)} in the model); "
             "calibrate-input-amax hooks nn.Linear inputs only (dense models, per-expert "
-            "linears); use RolloutTwin(format='nvfp4_w4a4').calibrate_input_amax for MoE"
+            "linears), and the W4A4 refit of fused experts needs an amax per expert "
+            "(...experts.<e>.gate_up_proj) it cannot observe: roll such a model out in nvfp4_w4a16"
         )
     return modules
 
@@ -166,9 +175,19 @@ def write_input_amax(amax: Mapping[str, float], path: str | Path) -> Path:
     bad = {k: v for k, v in amax.items() if not (math.isfinite(v) and v >= 0)}
     if bad:
         raise ValueError(f"{path}: amax must be finite and >= 0, got {bad}")
-    path = Path(path)
+    path = check_out_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(amax), indent=1) + "\n", encoding="utf-8")
+    partial = path.with_name(path.name + ".partial")  # a refit never reads a half-written file
+    partial.write_text(json.dumps(dict(amax), indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+    return path
+
+
+def check_out_path(path: str | Path) -> Path:
+    """``--out`` as a path a file can be written at (ValueError: a directory), checked before any forward."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--out {path}: a directory; expected the path of the JSON file to write")
     return path
 
 
