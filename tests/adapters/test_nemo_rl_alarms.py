@@ -202,3 +202,21 @@ def test_shipped_base_config_carries_the_section_at_its_defaults():
         raw = yaml.safe_load(f)["loss_fn"]["ais_alarms"]
     assert raw == AISAlarmsConfig().model_dump()  # keys == fields, values == defaults
     assert _validate_section("ais_alarms", raw) == AISAlarmsConfig()
+
+
+def test_a_resumed_run_with_alarms_off_keeps_the_history_in_its_next_checkpoint(one_rank_world, tmp_path, caplog):
+    worker = _Worker({"train_global_batch_size": GBS})
+    for step, sigma in enumerate(SIGMAS[:4], start=1):
+        worker.train(_data(step, sigma), _loss(), gbs=GBS)
+    first = str(tmp_path / "step_4" / "policy" / "weights")
+    worker.save_checkpoint(first)
+    resumed = _Worker({"train_global_batch_size": GBS}, weights_path=first)
+    resumed.train(_data(5, 0.01), AISClippedPGLossFn({**BASE, "ais": {"mode": "ais"}}), gbs=GBS)  # alarms off
+    assert resumed.ais_alarm_monitor is None
+    second = str(tmp_path / "step_5" / "policy" / "weights")
+    resumed.save_checkpoint(second)
+    with open(ais_alarm_state_path(first)) as a, open(ais_alarm_state_path(second)) as b:
+        assert json.load(b) == json.load(a)  # carried on, not dropped
+    with caplog.at_level("WARNING", logger="nemo_ais.nemo_rl.workers.mixin"):
+        _Worker({"train_global_batch_size": GBS}, weights_path=str(tmp_path / "upstream" / "weights"))
+    assert "no AIS state beside" in caplog.text and "starts afresh" in caplog.text

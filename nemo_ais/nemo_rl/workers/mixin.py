@@ -49,6 +49,8 @@ class AISTrainMixin:
             with open(ais_state_path(weights_path)) as f:
                 self.ais_state.load_state_dict(json.load(f))
             logger.info("restored AIS state %s", self.ais_state.state_dict())
+        elif weights_path:  # e.g. a checkpoint of upstream's entry point: alpha's EMA starts afresh
+            logger.warning("no AIS state beside %s: alpha's EMA state starts afresh", weights_path)
         if weights_path and os.path.exists(ais_alarm_state_path(weights_path)):
             with open(ais_alarm_state_path(weights_path)) as f:
                 self._ais_alarm_history = json.load(f)
@@ -148,11 +150,15 @@ class AISTrainMixin:
         """NeMo-RL's checkpoint, plus the AIS EMA state and refit-guard history (rank 0)."""
         out = super().save_checkpoint(weights_path, *args, **kwargs)
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            os.makedirs(os.path.dirname(os.path.normpath(weights_path)) or ".", exist_ok=True)
             with open(ais_state_path(weights_path), "w") as f:
                 json.dump(self.ais_state.state_dict(), f)
-            if self.ais_alarm_monitor is not None:
+            # the restored history too when no train() has built the monitor since (alarms off after a resume)
+            monitor = self.ais_alarm_monitor
+            history = monitor.state_dict() if monitor is not None else self._ais_alarm_history
+            if history:
                 with open(ais_alarm_state_path(weights_path), "w") as f:
-                    json.dump(self.ais_alarm_monitor.state_dict(), f)
+                    json.dump(history, f)
         return out
 
 
