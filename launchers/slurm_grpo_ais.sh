@@ -43,8 +43,11 @@
 #                 (default $HF_HOME/nemo_rl): mounted and exported to the job. With more
 #                 than one node one of the two must be set, and each that is set must be
 #                 on a filesystem every node mounts (refused if it is node-local here)
-#   EXTRA_MOUNTS  comma-separated src:dst container mounts to add
-#   SBATCH_ARGS   extra sbatch arguments (space-separated)
+#   EXTRA_MOUNTS  comma-separated src:dst container mounts to add (an absolute
+#                 checkpointing.checkpoint_dir or logger.log_dir is mounted, and with several
+#                 nodes refused if node-local)
+#   SBATCH_ARGS   extra sbatch arguments (space-separated; not --time, --job-name, --nodes:
+#                 TIME, JOB_NAME and the config's cluster.num_nodes set them)
 #   PYTHON        interpreter for the offline check (default: python3; Python >= 3.11
 #                 with pydantic, omegaconf, pyyaml -- not torch, not NeMo-RL)
 set -euo pipefail
@@ -61,6 +64,7 @@ done
 CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 [[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 or main checkout)"
 
+run_dirs=()  # KEY=PATH of the config's absolute checkpoint and log directories
 if ((check)); then
   check_python "$(pythonpath_with "$NEMO_AIS_DIR")"
   # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py)
@@ -77,6 +81,12 @@ if ((check)); then
   done
   NUM_NODES="$cfg_nodes"
   GPUS_PER_NODE="$cfg_gpus"
+  # one value a call: a path may hold spaces
+  for key in checkpointing.checkpoint_dir logger.log_dir; do
+    IFS= read -r value < <(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" "${PYTHON:-python3}" -P \
+      -m nemo_ais.preflight --get "$key" "$config" "${overrides[@]}") || die_check_failed
+    [[ "$value" != /* ]] || run_dirs+=("$key=$value")  # relative: under NEMO_RL_DIR, ray.sub's cwd
+  done
 else
   [[ -n "${NUM_NODES:-}" && -n "${GPUS_PER_NODE:-}" ]] \
     || die "--skip-check needs NUM_NODES and GPUS_PER_NODE (the config's cluster.num_nodes / gpus_per_node)"
@@ -87,10 +97,11 @@ fi
 # Filesystem types (as `stat -f -c %T` prints them) that live on one node only.
 NODE_LOCAL_FS=" tmpfs ramfs overlayfs overlay ext2/ext3 ext4 xfs btrfs zfs squashfs devtmpfs "
 
-# `check_shared VAR`: with several nodes, stop unless $VAR is a directory every node sees,
-# judged from this node by the filesystem of the path or of its nearest existing parent.
+# `check_shared VAR [PATH]`: with several nodes, stop unless $VAR (or the config key VAR's PATH)
+# is a directory every node sees, judged from this node by the filesystem of the path or of its
+# nearest existing parent.
 check_shared() {
-  local var="$1" path="${!1}" dir fstype top
+  local var="$1" path="${2-${!1}}" dir fstype top
   local need="with cluster.num_nodes=$NUM_NODES it must be on a filesystem every node mounts \
 (NFS, Lustre, GPFS, ...)"
   [[ "$path" == /* ]] || die "$var=$path is not an absolute path: $need"
@@ -107,6 +118,7 @@ filesystem every node mounts (/${top%%/*} does not exist here)" >&2
     || die "$var=$path is on a node-local filesystem ($fstype at $dir on this node): $need"
 }
 if ((NUM_NODES > 1)); then
+  for dir in "${run_dirs[@]}"; do check_shared "${dir%%=*}" "${dir#*=}"; done  # every node saves there
   [[ -n "${HF_HOME:-}${NRL_MEGATRON_CHECKPOINT_DIR:-}" ]] || die "cluster.num_nodes=$NUM_NODES: \
 set HF_HOME (or NRL_MEGATRON_CHECKPOINT_DIR) to a directory on a filesystem every node mounts \
 (e.g. HF_HOME=/lustre/\$USER/hf): NeMo-RL converts the model to Megatron format once, in \
@@ -159,6 +171,10 @@ most $(dd_hh_mm_ss "$limit_s"), e.g. $key=$deadline, SAVE_MARGIN=$margin before 
 fi
 
 mounts="$NEMO_RL_DIR:$NEMO_RL_DIR,$NEMO_AIS_DIR:$NEMO_AIS_DIR"
+for dir in "${run_dirs[@]}"; do  # an absolute checkpoint or log directory: mounted, so it outlives the job
+  dir="${dir#*=}"
+  case "$dir" in "$NEMO_RL_DIR"/* | "$NEMO_AIS_DIR"/*) ;; *) mounts+=",$dir:$dir" ;; esac
+done
 case "$config" in
   "$NEMO_AIS_DIR"/* | "$NEMO_RL_DIR"/*) ;;
   *) mounts+=",$(dirname "$config"):$(dirname "$config")" ;;
@@ -184,6 +200,11 @@ sbatch_cmd=(sbatch "--nodes=$NUM_NODES" "--account=$ACCOUNT" "--partition=$PARTI
 [[ -z "${GRES:-}" ]] || sbatch_cmd+=("--gres=$GRES")
 if [[ -n "${SBATCH_ARGS:-}" ]]; then
   read -r -a extra <<< "$SBATCH_ARGS"
+  for arg in "${extra[@]}"; do  # sbatch takes the last value: these would undo the deadline, the chain, the size
+    [[ ! "$arg" =~ ^(--time|--job-name|--nodes)(=.*)?$ && ! "$arg" =~ ^-[tJN] ]] || die "SBATCH_ARGS: $arg is \
+set by this script (use TIME=..., JOB_NAME=... or the config's cluster.num_nodes): TIME sets the save deadline \
+checkpointing.checkpoint_must_save_by, JOB_NAME the --dependency=singleton chain of resumed jobs"
+  done
   sbatch_cmd+=("${extra[@]}")
 fi
 sbatch_cmd+=("$NEMO_RL_DIR/ray.sub")

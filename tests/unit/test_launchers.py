@@ -643,3 +643,32 @@ def test_skip_check_sets_no_deadline(nemo_rl_dir):
     assert _save_by_override(res) is None
     mine = _run(SLURM, "--dry-run", "--skip-check", QWEN8B, f"{SAVE_BY}=00:02:00:00", env=env)
     assert _save_by_override(mine) == "00:02:00:00" and mine.stdout.count(SAVE_BY) == 1
+
+
+# ------------------------------------------- the run's own directories, and what SBATCH_ARGS may not set
+
+
+def test_an_absolute_checkpoint_or_log_dir_is_mounted_and_must_be_shared(nemo_rl_dir, tmp_path):
+    shared = tmp_path / "lustre" / "runs" / "my run"  # a space in the path
+    overrides = [f"checkpointing.checkpoint_dir={shared}/ckpt", f"logger.log_dir={shared}/logs"]
+    res = _run(SLURM, "--dry-run", QWEN8B, *overrides, env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0, res.stderr
+    mounts = next(line for line in res.stdout.splitlines() if line.startswith("export MOUNTS="))
+    assert f",{shared}/ckpt:{shared}/ckpt,{shared}/logs:{shared}/logs," in mounts
+    local = tmp_path / "local" / "ckpt"  # every node would write its shards into its own copy
+    res = _run(SLURM, "--dry-run", QWEN8B, f"checkpointing.checkpoint_dir={local}", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == (
+        f"slurm_grpo_ais.sh: error: checkpointing.checkpoint_dir={local} is on a node-local filesystem (ext2/ext3 "
+        f"at {tmp_path} on this node): with cluster.num_nodes=2 it must be on a filesystem every node mounts "
+        "(NFS, Lustre, GPFS, ...)\n"
+    )
+    relative = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir))  # the shipped relative paths
+    assert relative.returncode == 0, relative.stderr
+
+
+@pytest.mark.parametrize("arg", ["--time=02:00:00", "-t", "-t02:00:00", "--job-name=other", "-J", "--nodes=4", "-N2"])
+def test_sbatch_args_may_not_undo_the_deadline_the_chain_or_the_size(nemo_rl_dir, arg):
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, SBATCH_ARGS=f"--exclusive {arg}"))
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith(f"slurm_grpo_ais.sh: error: SBATCH_ARGS: {arg} is set by this script (use TIME=")
