@@ -60,7 +60,7 @@ def main() -> None:
         parts.append(
             f"### {config.format} + {config.kv_cache} KV cache\n\n"
             f"{attribution_markdown(att, top=top)}\n![attribution](img/{png})\n\n"
-            f"({len(att.rows)} sources, {2 * (len(att.rows) + len(att.groups)) + 2} scoring "
+            f"({len(att.rows)} sources, {2 * (len(att.rows) + len(att.groups)) + 3} scoring "
             f"forwards in {seconds:.0f} s.)"
         )
         print(parts[-1], flush=True)

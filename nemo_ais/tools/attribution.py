@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -373,15 +374,27 @@ def attribution_records(att: Attribution) -> list[dict]:
     ]
 
 
+def _strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float as None: strict JSON (``inf`` is no JSON number)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict_json(v) for v in value]
+    return value
+
+
 def write_attribution(att: Attribution, out_dir: str | Path, *, top: int = 16, plot: bool = True) -> list[Path]:
-    """Write ``attribution.md`` (all sources), ``attribution.json`` and ``attribution.png``."""
+    """Write ``attribution.md`` (all sources), ``attribution.json`` (a non-finite value as null) and the PNG."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = out / "attribution.md"
     md.write_text("# Mismatch attribution\n\n" + attribution_markdown(att))
     data = out / "attribution.json"
     record = {"config": att.config.model_dump(mode="json"), "what": att.what}
-    data.write_text(json.dumps({**record, "rows": attribution_records(att)}, indent=1) + "\n")
+    rows = _strict_json(attribution_records(att))
+    data.write_text(json.dumps({**record, "rows": rows}, indent=1, allow_nan=False) + "\n")
     written = [md, data]
     if plot:
         written.append(plot_attribution(att, out / "attribution.png", top=top))

@@ -190,3 +190,17 @@ def test_write_attribution_and_the_cli(tmp_path, capsys, monkeypatch):
     assert main(["attribute", "--preset", "quick", "rollout.format=fp4"]) == 2
     assert "rollout.format='fp4' is invalid" in capsys.readouterr().err
     assert main(["attribute", "--preset", "quick", "--arm", "nope"]) == 2
+
+
+def test_attribution_json_is_strict_json_with_null_for_a_non_finite_value(tmp_path):
+    att = _attribute(_tiny(layers=2), W4A4_NVFP4_KV)
+    att = att._replace(full=att.full._replace(gen_kl_error=float("inf"), max_abs_delta=float("nan")))
+    written = write_attribution(att, tmp_path, plot=False)
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+
+    rows = json.loads(written[1].read_text(), parse_constant=refuse)["rows"]
+    assert rows[0]["label"] == "all quantized"
+    assert rows[0]["alone"]["gen_kl_error"] is None and rows[0]["alone"]["max_abs_delta"] is None
+    assert rows[0]["alone"]["mean_abs_delta"] == att.full.mean_abs_delta  # finite values unchanged
