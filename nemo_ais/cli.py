@@ -352,6 +352,9 @@ def _calibrate_input_amax(args: argparse.Namespace) -> int:
         path = write_input_amax(amax, args.out)
     except (ValueError, OSError) as err:  # non-finite activations, an unwritable --out
         return _fail(1, "calibrate-input-amax", err)
+    except RuntimeError as err:  # e.g. out of memory in a forward: one line, not a traceback
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        return _fail(1, "calibrate-input-amax", f"the calibration forward failed: {type(err).__name__}: {first}")
     values = list(amax.values())
     print(
         f"nemo-ais calibrate-input-amax: {len(amax)} modules, {len(prompts)} prompts, amax "

@@ -145,3 +145,19 @@ def test_attribute_prints_its_table_before_an_unwritable_out_fails(monkeypatch, 
     assert code == 1
     assert "| layer 0 self_attn.q_proj weights |" in captured.out  # the result is printed, not lost
     assert f"nemo-ais attribute: cannot write {out}: File exists" in captured.err
+
+
+def test_a_failed_calibration_forward_is_one_line(monkeypatch, capsys, tmp_path):
+    import nemo_ais.tools.input_amax_file as tool
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    monkeypatch.setattr(tool, "load_causal_lm", lambda *a, **k: (None, None))
+    monkeypatch.setattr(tool, "calibration_batches", lambda *a, **k: iter(()))
+    monkeypatch.setattr(tool, "calibrate_input_amax", out_of_memory)
+    assert main(["calibrate-input-amax", "any/model", "--out", str(tmp_path / "a.json")]) == 1
+    assert capsys.readouterr().err == (
+        "nemo-ais calibrate-input-amax: the calibration forward failed: RuntimeError: CUDA out of memory. "
+        "Tried to allocate 2.00 GiB\n"
+    )
