@@ -24,6 +24,8 @@
 #
 # Environment (required):
 #   NEMO_RL_DIR   NeMo-RL v0.7.0 or main checkout, on a filesystem the compute nodes see
+#                 (with several nodes a warning if node-local while the config's checkpoint or
+#                 log directory is relative: those resolve under it)
 #   CONTAINER     container image for ray.sub (e.g. a NeMo-RL v0.7.0 or main .sqsh)
 #   ACCOUNT       Slurm account
 #   PARTITION     Slurm partition
@@ -65,6 +67,7 @@ CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 [[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 or main checkout)"
 
 run_dirs=()  # KEY=PATH of the config's absolute checkpoint and log directories
+relative_dirs=()  # the keys of the relative ones: under NEMO_RL_DIR, ray.sub's working directory
 if ((check)); then
   check_python "$(pythonpath_with "$NEMO_AIS_DIR")"
   # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py)
@@ -85,7 +88,7 @@ if ((check)); then
   for key in checkpointing.checkpoint_dir logger.log_dir; do
     IFS= read -r value < <(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" "${PYTHON:-python3}" -P \
       -m nemo_ais.preflight --get "$key" "$config" "${overrides[@]}") || die_check_failed
-    [[ "$value" != /* ]] || run_dirs+=("$key=$value")  # relative: under NEMO_RL_DIR, ray.sub's cwd
+    if [[ "$value" == /* ]]; then run_dirs+=("$key=$value"); else relative_dirs+=("$key"); fi
   done
 else
   [[ -n "${NUM_NODES:-}" && -n "${GPUS_PER_NODE:-}" ]] \
@@ -97,13 +100,13 @@ fi
 # Filesystem types (as `stat -f -c %T` prints them) that live on one node only.
 NODE_LOCAL_FS=" tmpfs ramfs overlayfs overlay ext2/ext3 ext4 xfs btrfs zfs squashfs devtmpfs "
 
-# `check_shared VAR [PATH]`: with several nodes, stop unless $VAR (or the config key VAR's PATH)
-# is a directory every node sees, judged from this node by the filesystem of the path or of its
-# nearest existing parent.
+# `check_shared VAR [PATH [WHY [warn]]]`: with several nodes, stop (or with `warn`, warn) unless $VAR
+# (or the config key VAR's PATH) is a directory every node sees, judged from this node by the
+# filesystem of the path or of its nearest existing parent.
 check_shared() {
   local var="$1" path="${2-${!1}}" dir fstype top
   local need="with cluster.num_nodes=$NUM_NODES it must be on a filesystem every node mounts \
-(NFS, Lustre, GPFS, ...)"
+(NFS, Lustre, GPFS, ...)${3:+: $3}"
   [[ "$path" == /* ]] || die "$var=$path is not an absolute path: $need"
   dir="$path"
   while [[ ! -e "$dir" ]]; do dir="$(dirname "$dir")"; done
@@ -114,11 +117,17 @@ filesystem every node mounts (/${top%%/*} does not exist here)" >&2
     return 0
   fi
   fstype="$(stat -f -c %T "$dir" 2>/dev/null)" || return 0  # no GNU stat: cannot tell
-  [[ "$NODE_LOCAL_FS" != *" $fstype "* ]] \
-    || die "$var=$path is on a node-local filesystem ($fstype at $dir on this node): $need"
+  [[ "$NODE_LOCAL_FS" != *" $fstype "* ]] && return 0
+  local problem="$var=$path is on a node-local filesystem ($fstype at $dir on this node): $need"
+  [[ "${4:-}" == warn ]] || die "$problem"
+  echo "$SCRIPT_NAME: warning: $problem" >&2
 }
 if ((NUM_NODES > 1)); then
   for dir in "${run_dirs[@]}"; do check_shared "${dir%%=*}" "${dir#*=}"; done  # every node saves there
+  # a warning only: a checkout the container image holds at the same path on every node is fine
+  ((${#relative_dirs[@]} == 0)) || check_shared NEMO_RL_DIR "$NEMO_RL_DIR" "the config's \
+${relative_dirs[*]} resolve under it, the job's working directory (each node would keep its own \
+part of every checkpoint)" warn
   [[ -n "${HF_HOME:-}${NRL_MEGATRON_CHECKPOINT_DIR:-}" ]] || die "cluster.num_nodes=$NUM_NODES: \
 set HF_HOME (or NRL_MEGATRON_CHECKPOINT_DIR) to a directory on a filesystem every node mounts \
 (e.g. HF_HOME=/lustre/\$USER/hf): NeMo-RL converts the model to Megatron format once, in \

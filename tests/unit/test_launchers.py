@@ -43,10 +43,11 @@ _RECORDER = """#!/usr/bin/env bash
 """
 
 
-# A fake `stat -f -c %T DIR` (first on PATH in _slurm_env): "lustre" under ROOT/lustre,
-# a node-local type elsewhere, so the shared-filesystem check is independent of this machine.
+# A fake `stat -f -c %T DIR` (first on PATH in _slurm_env): "lustre" under ROOT/lustre and
+# the fixture's checkout ROOT/NeMo-RL, a node-local type elsewhere, so the shared-filesystem check is independent of this machine.
 _FAKE_STAT = """#!/usr/bin/env bash
-case "${{@: -1}}" in {root}/lustre | {root}/lustre/*) echo lustre ;; *) echo ext2/ext3 ;; esac
+case "${{@: -1}}" in {root}/lustre | {root}/lustre/* | {root}/NeMo-RL | {root}/NeMo-RL/*) echo lustre ;;
+  *) echo ext2/ext3 ;; esac
 """
 
 
@@ -672,3 +673,22 @@ def test_sbatch_args_may_not_undo_the_deadline_the_chain_or_the_size(nemo_rl_dir
     res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, SBATCH_ARGS=f"--exclusive {arg}"))
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith(f"slurm_grpo_ais.sh: error: SBATCH_ARGS: {arg} is set by this script (use TIME=")
+
+
+def test_a_node_local_nemo_rl_dir_is_warned_about_when_the_run_writes_into_it(nemo_rl_dir, tmp_path):
+    local = tmp_path / "local" / "NeMo-RL"  # e.g. one clone per node on its scratch disk
+    local.mkdir(parents=True)
+    (local / "ray.sub").write_text("#!/bin/bash\n")
+    env = _slurm_env(nemo_rl_dir, NEMO_RL_DIR=str(local))
+    res = _run(SLURM, "--dry-run", QWEN8B, env=env)  # the shipped configs: relative checkpoint and log dirs
+    assert res.returncode == 0 and res.stdout.startswith(f"cd {local}\n")
+    assert res.stderr == (
+        f"slurm_grpo_ais.sh: warning: NEMO_RL_DIR={local} is on a node-local filesystem (ext2/ext3 at {local} on "
+        "this node): with cluster.num_nodes=2 it must be on a filesystem every node mounts (NFS, Lustre, GPFS, ...): "
+        "the config's checkpointing.checkpoint_dir logger.log_dir resolve under it, the job's working directory "
+        "(each node would keep its own part of every checkpoint)\n"
+    )
+    shared = tmp_path / "lustre" / "runs"
+    elsewhere = [f"checkpointing.checkpoint_dir={shared}/ckpt", f"logger.log_dir={shared}/logs"]
+    assert _run(SLURM, "--dry-run", QWEN8B, *elsewhere, env=env).stderr == ""  # nothing of the run in it
+    assert _run(SLURM, "--dry-run", SMOKE, env=env).stderr == ""  # one node
