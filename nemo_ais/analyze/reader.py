@@ -204,7 +204,7 @@ def join_launches(log_dirs: list[Path]) -> list[list[Path]]:
     ``[exp_001 (1-57), exp_002 (1-30), exp_003 (51-100)]`` -> ``[[exp_001, exp_003], [exp_002]]``.
     """
     runs: list[list[Path]] = []
-    last_step: dict[int, int] = {}  # id(run) -> the last step of the run as stitched so far
+    span: dict[int, tuple[int, int]] = {}  # id(run) -> its first step and its last as stitched so far
     for log_dir in sorted(log_dirs, key=_natural):
         steps = _step_numbers(log_dir)
         first = steps[0] if steps else 1
@@ -213,11 +213,11 @@ def join_launches(log_dirs: list[Path]) -> list[list[Path]]:
                 run
                 for run in runs
                 if log_dir.parent in {*run, *(d.parent for d in run)}
-                and _step_numbers(run[0])[0] < first <= last_step[id(run)] + 1
+                and span[id(run)][0] < first <= span[id(run)][1] + 1
             ]
             if len(candidates) == 1:
                 candidates[0].append(log_dir)
-                last_step[id(candidates[0])] = steps[-1]
+                span[id(candidates[0])] = (span[id(candidates[0])][0], steps[-1])
                 continue
             logger.warning(
                 "%s starts at step %d, a launch resumed from a checkpoint, but %s; analysed as a run of its own "
@@ -229,7 +229,7 @@ def join_launches(log_dirs: list[Path]) -> list[list[Path]]:
                 else f"no earlier launch beside it logged step {first - 1}",
             )
         runs.append([log_dir])
-        last_step[id(runs[-1])] = steps[-1] if steps else 0
+        span[id(runs[-1])] = (first, steps[-1] if steps else 0)  # each directory is listed once
     return runs
 
 
