@@ -201,7 +201,7 @@ def fp8_blockwise_kernel(
         m = tl.minimum(tl.math.div_rn(tl.full(amax.shape, E4M3_MAX, tl.float32), amax), FP32_MAX)
         if UE8M0:
             m = _floor_pow2(m)
-        m = tl.minimum(tl.where(zero, 1.0, m), FP32_MAX)
+        m = tl.where(zero, 1.0, m)  # <= FLT_MAX: clamped above, and a power of two <= m
         s = tl.math.div_rn(tl.full(m.shape, 1.0, tl.float32), m)
     else:
         s = tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32))

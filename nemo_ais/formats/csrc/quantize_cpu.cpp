@@ -71,8 +71,7 @@ inline void scales(float amax, int family, float eps, bool ue8m0, float* s, floa
   if (family == 2) {
     float mm = std::min(448.0f / amax, FLT_MAX);  // inf -> FLT_MAX first, as TE: 2^127
     if (ue8m0) mm = floor_pow2(mm);
-    mm = zero ? 1.0f : mm;
-    mm = std::min(mm, FLT_MAX);
+    mm = zero ? 1.0f : mm;  // <= FLT_MAX: clamped above, and a power of two <= mm
     *m = mm; *s = 1.0f / mm;
     return;
   }
