@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from nemo_ais.formats.grids import FP32_MAX
+
 logger = logging.getLogger(__name__)
 
 STEP_FILE = re.compile(r"^train_data_step(\d+)\.jsonl$")
@@ -34,7 +36,6 @@ REQUIRED_KEYS = ("prev_logprobs", "generation_logprobs", "token_loss_mask", "sam
 # Per-position lists that NeMo-RL writes with one value per token of the sequence.
 _PER_TOKEN_KEYS = ("token_ids", "token_loss_mask", "generation_logprobs", "prev_logprobs", "advantages")
 _DTYPE = torch.float64
-_F32_MAX = torch.finfo(torch.float32).max
 _MAX_HINTS = 3  # sub-directories named when log_dir itself holds no step file
 # a NeMo-RL log root (logs/exp_001: 1), a nemo-ais run (runs/default/logs/bf16_seed0: 2),
 # the runs/ directory above it (3), + 1
@@ -373,7 +374,7 @@ def _chunk(rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], pat
         n = prev.numel()
         logp_old[i, :n], logp_rollout[i, :n], valid[i, :n] = prev, gen, mask == 1
     # NeMo-RL logs float32 log-probs: beyond float32's range is as corrupt as NaN / inf
-    finite = (logp_old.abs() <= _F32_MAX) & (logp_rollout.abs() <= _F32_MAX)
+    finite = (logp_old.abs() <= FP32_MAX) & (logp_rollout.abs() <= FP32_MAX)
     bad = valid & ~finite
     chunk = Chunk(
         logp_old=torch.where(finite, logp_old, 0.0),
@@ -384,7 +385,7 @@ def _chunk(rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], pat
     if bad.any():
         i, j = (int(v) for v in torch.nonzero(bad)[0])
         chunk.n_nonfinite = int(bad.sum())
-        which = "prev_logprobs" if not abs(logp_old[i, j]) <= _F32_MAX else "generation_logprobs"
+        which = "prev_logprobs" if not abs(logp_old[i, j]) <= FP32_MAX else "generation_logprobs"
         value = float(logp_old[i, j] if which == "prev_logprobs" else logp_rollout[i, j])
         chunk.first_nonfinite = f"{path.name}:{rows[i][0]} {which}[{j + 1}] = {value}"
     return chunk

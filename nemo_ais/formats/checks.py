@@ -10,9 +10,10 @@ import re
 
 import torch
 
+from nemo_ais.formats.grids import FP32_MAX
+
 # Input dtypes every quantizer accepts; all of them are computed in fp32.
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_F32_MAX = torch.finfo(torch.float32).max
 
 
 def check_finite(
@@ -31,10 +32,10 @@ def check_finite(
     if not x.is_floating_point():
         return
     if x.dtype == torch.float64:  # computed in fp32: |x| > FLT_MAX would become inf there
-        bad = ~(x.abs() <= _F32_MAX)
+        bad = ~(x.abs() <= FP32_MAX)
         if not bool(bad.any()):
             return
-        kind, expected = "non-finite or beyond float32", f"{what} with |x| <= {_F32_MAX:.4g}"
+        kind, expected = "non-finite or beyond float32", f"{what} with |x| <= {FP32_MAX:.4g}"
     else:
         probe = x if amax is None else amax
         if bool(torch.isfinite(probe).all()):

@@ -29,7 +29,7 @@ from pydantic import BeforeValidator
 from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_e4m3_codes, check_finite
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
-from nemo_ais.formats.grids import E4M3_MAX, band_elems, e8m0_ceil_exponent, pow2
+from nemo_ais.formats.grids import E4M3_MAX, FP32_MAX, band_elems, e8m0_ceil_exponent, pow2
 from nemo_ais.rules.format_geometry import GEOMETRY
 
 FAMILY_FORMULAS = {
@@ -55,7 +55,6 @@ def _not_renamed(family: Any) -> Any:
 Family = Annotated[Literal["reciprocal", "divide", "multiplier"], BeforeValidator(_not_renamed)]
 
 FP8_DTYPE = torch.float8_e4m3fn
-_FP32_MAX = float(torch.finfo(torch.float32).max)
 _FAMILIES = tuple(FAMILY_FORMULAS)
 _BAND_ELEMS = 1 << 20  # fp32 elements of the per-band working copy (4 MiB)
 
@@ -94,7 +93,7 @@ def _scales(amax: torch.Tensor, family: str, eps: float, ue8m0: bool) -> tuple[t
     if family == "multiplier":
         # NOT `E4M3_MAX / amax` (reciprocal then multiply, two roundings): one fp32 division.
         # inf (amax < 448 / FLT_MAX) -> FLT_MAX before the power of two, as TE: 2^127
-        m = torch.full_like(amax, E4M3_MAX).div_(amax).clamp_max_(_FP32_MAX)
+        m = torch.full_like(amax, E4M3_MAX).div_(amax).clamp_max_(FP32_MAX)
         m = pow2(torch.frexp(m)[1] - 1) if ue8m0 else m  # largest power of two <= m
         m = torch.where(zero, one, m)  # <= FLT_MAX: clamped above, and a power of two <= m
         return torch.reciprocal(m), m
@@ -105,7 +104,7 @@ def _scales(amax: torch.Tensor, family: str, eps: float, ue8m0: bool) -> tuple[t
     s = torch.where(zero, one, s)
     # A tiny nonzero amax (eps = 0) can underflow s to 0; keep 0 / s and 0 * m finite.
     s = torch.where(s == 0, torch.full_like(s, torch.finfo(torch.float32).smallest_normal), s)
-    return s, torch.reciprocal(s).clamp_max(_FP32_MAX)
+    return s, torch.reciprocal(s).clamp_max(FP32_MAX)
 
 
 def _quantize_tiles(

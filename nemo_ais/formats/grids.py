@@ -28,6 +28,7 @@ import sys
 import torch
 
 E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448.0
+FP32_MAX = float(torch.finfo(torch.float32).max)  # every format computes in float32
 E2M1_MAX = 6.0
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7
 E8M0_BIAS = 127
