@@ -173,9 +173,9 @@ def _replay(step_file: StepFile, *args: Any, **kwargs: Any) -> StepResult:
         raise BadInputError(step_file.path, 0, f"unexpected {type(err).__name__} while analysing it: {first}") from err
 
 
-def _warn_if_resumed(log_dir: Path) -> None:
-    """Warn when ``log_dir`` is a launch that continues earlier ones beside it (:func:`join_launches`)."""
-    if not LAUNCH_DIR.match(log_dir.name) or find_step_files(log_dir)[0].step == 1:
+def _warn_if_resumed(log_dir: Path, first_step: int) -> None:
+    """Warn when ``log_dir`` (first step file ``first_step``) continues launches beside it (:func:`join_launches`)."""
+    if not LAUNCH_DIR.match(log_dir.name) or first_step == 1:
         return
     run = next((r for r in join_launches(find_log_dirs(log_dir.parent, max_depth=1)) if log_dir in r), [log_dir])
     if len(run) > 1:
@@ -192,7 +192,6 @@ def _warn_if_resumed(log_dir: Path) -> None:
 def _launches(log_dir: Path | str | Sequence[Path | str]) -> list[Path]:
     """``log_dir`` as the list of a run's launches (ValueError: none, or one given twice)."""
     if isinstance(log_dir, str | Path):
-        _warn_if_resumed(Path(log_dir))
         return [Path(log_dir)]
     launches = [Path(d) for d in log_dir]
     if not launches:
@@ -281,12 +280,15 @@ def analyze_run(
     require_config(config, CorrectionConfig, "analyze_run(config)", optional=True)
     require_config(alarm_config, AlarmConfig, "analyze_run(alarm_config)", optional=True)
     launches = _launches(log_dir)
+    one_dir = isinstance(log_dir, str | Path)  # not a list: the caller did not choose the launches
     log_dir = launches[-1]
     study = load_study(None if tolerance is None else Path(tolerance))
     config = config if config is not None else CorrectionConfig()
     alarm_config = alarm_config if alarm_config is not None else AlarmConfig()
     monitor_config = alarm_config.model_copy(update={"fail_on_alarm": False})  # never raise
     files, rolled_back, readbacks, bad_readback = _read_launches(launches, skip_bad_rows)
+    if one_dir:
+        _warn_if_resumed(log_dir, files[0].step)
     gaps = missing_steps(files)
     if gaps:
         logger.warning(
