@@ -80,6 +80,11 @@ def _fail(code: int, command: str, message: object) -> int:
     return code
 
 
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, at most 200 characters: a failure is one line on stderr."""
+    return (str(err).strip().splitlines() or [""])[0][:200]
+
+
 def _config_dir() -> Path:
     from nemo_ais.embedded.config import CONFIG_DIR
 
@@ -353,8 +358,9 @@ def _calibrate_input_amax(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as err:  # non-finite activations, an unwritable --out
         return _fail(1, "calibrate-input-amax", err)
     except RuntimeError as err:  # e.g. out of memory in a forward: one line, not a traceback
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        return _fail(1, "calibrate-input-amax", f"the calibration forward failed: {type(err).__name__}: {first}")
+        return _fail(
+            1, "calibrate-input-amax", f"the calibration forward failed: {type(err).__name__}: {_first_line(err)}"
+        )
     values = list(amax.values())
     print(
         f"nemo-ais calibrate-input-amax: {len(amax)} modules, {len(prompts)} prompts, amax "
@@ -468,7 +474,7 @@ def _analyze_one(args, launches, out, prefix, config, alarm_config, batches) -> 
     except OSError as err:  # unreadable file, full disk: one line, no traceback
         return _fail(1, "analyze", f"{err.filename or log_dir}: {err.strerror or err}")
     except Exception as err:  # backstop: one line naming the input, never a traceback
-        first = (str(err).strip().splitlines() or [""])[0][:200]
+        first = _first_line(err)
         return _fail(1, "analyze", f"{log_dir}: unexpected {type(err).__name__}: {first} (run with -v and report it)")
     skipped = f"; {result.bad_rows} bad rows skipped" if result.bad_rows else ""
     if result.bad_readback_rows:
