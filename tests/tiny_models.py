@@ -56,3 +56,46 @@ def tiny_moe(vocab_size: int = 512) -> torch.nn.Module:
         num_experts_per_tok=2,
         max_position_embeddings=128,
     )
+
+
+class _PerExpertMoE(torch.nn.Module):
+    """Top-1 MoE with one ``nn.Linear`` per expert and projection (``experts.<e>.gate_proj``), as
+    transformers-4 and remote-code MoE checkpoints lay them out; expert ``unrouted`` is never chosen."""
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, unrouted: int) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(hidden, num_experts)
+        with torch.no_grad():
+            self.gate.bias.zero_()
+            self.gate.bias[unrouted] = -1e4
+        self.experts = torch.nn.ModuleList(
+            torch.nn.ModuleDict(
+                {
+                    "gate_proj": torch.nn.Linear(hidden, intermediate, bias=False),
+                    "up_proj": torch.nn.Linear(hidden, intermediate, bias=False),
+                    "down_proj": torch.nn.Linear(intermediate, hidden, bias=False),
+                }
+            )
+            for _ in range(num_experts)
+        )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+        choice = self.gate(flat).argmax(-1)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            rows = (choice == e).nonzero().squeeze(-1)
+            if rows.numel():
+                x = flat[rows]
+                out[rows] = expert["down_proj"](torch.nn.functional.silu(expert["gate_proj"](x)) * expert["up_proj"](x))
+        return out.view_as(hidden_states)
+
+
+def tiny_per_expert_moe(*, seed: int = 0, num_experts: int = 4, unrouted: int = 3) -> torch.nn.Module:
+    """:func:`tiny_lm`'s Qwen2 with every MLP a :class:`_PerExpertMoE` (hidden 64, 4 experts, top-1)."""
+    model = tiny_lm(seed=seed)
+    hidden = model.config.hidden_size
+    torch.manual_seed(seed + 1)
+    for layer in model.model.layers:
+        layer.mlp = _PerExpertMoE(hidden, 2 * hidden, num_experts, unrouted)
+    return model.eval()

@@ -35,24 +35,37 @@ def static_input_modules(model: nn.Module, fake_quant: LinearFakeQuant) -> dict[
     return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.fake_quant.static_input_amax}
 
 
+def max_into(seen: dict[str, torch.Tensor], name: str, amax: torch.Tensor) -> None:
+    """``seen[name] = max(seen[name], amax)``, or ``amax`` for a name not yet seen."""
+    seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
+
+
 def observe_input_amax(
     observed: nn.Module, modules: Mapping[str, nn.Module], input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     """``{name: max |x|}`` of the inputs of ``observed``'s modules named as ``modules``.
 
-    Rows count where ``attention_mask`` is 1 (routed expert inputs all count); a module that
-    saw no row is absent. ``modules`` may be plain linears (BF16 calibration).
+    Rows count where ``attention_mask`` is 1; a module that saw no row is absent. ``modules`` may be plain linears
+    (BF16 calibration). A routed expert's input gathers rows of the whole batch, so no mask can drop its padding: with
+    MoE experts among ``modules``, each row of a padded batch runs alone, without its padding.
     """
-    mask = attention_mask.to(torch.bool)
     seen: dict[str, torch.Tensor] = {}
+    if any(".experts." in f".{n}" for n in modules) and not bool(attention_mask.all()):
+        for ids, valid in zip(input_ids, attention_mask.to(torch.bool), strict=True):
+            if not valid.any():  # an all-padding row: masked out, as in one batched forward
+                continue
+            row = ids[valid][None]
+            for name, amax in observe_input_amax(observed, modules, row, torch.ones_like(row)).items():
+                max_into(seen, name, amax)
+        return seen
+    mask = attention_mask.to(torch.bool)
 
     def hook(name: str):
         def record(_module: nn.Module, inputs: tuple) -> None:
             x = inputs[0]
             rows = x[mask] if tuple(x.shape[:-1]) == tuple(mask.shape) else x
             if rows.numel():
-                amax = rows.detach().abs().amax().to(torch.float32)
-                seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
+                max_into(seen, name, rows.detach().abs().amax().to(torch.float32))
 
         return record
 
@@ -70,18 +83,23 @@ def observe_input_amax(
     return seen
 
 
+def _projection(name: str) -> str:
+    """An expert's MoE projection: its name without the expert index (``experts.3.gate_proj``, ``up_proj.3``)."""
+    return re.sub(r"\.\d+$", "", re.sub(r"\.experts\.\d+\.", ".experts.", name))
+
+
 def shared_input_amax(names: Iterable[str], seen: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``{name: amax}`` of ``names`` (experts share their projection's); ValueError: unseen, bad."""
-    expert_max: dict[str, torch.Tensor] = {}
+    """``{name: amax}`` of ``names``; an expert takes its projection's max over the experts that saw a row.
+
+    Raises:
+        ValueError: a module (a projection of experts) that saw no row, or a non-finite amax.
+    """
+    projection_max: dict[str, torch.Tensor] = {}
     for name, amax in seen.items():
-        key = re.sub(r"\.\d+$", "", name)  # "...experts.gate_up_proj.3" -> per projection
-        expert_max[key] = amax if key not in expert_max else torch.maximum(expert_max[key], amax)
+        max_into(projection_max, _projection(name), amax)
     out = {}
     for name in names:
-        key = re.sub(r"\.\d+$", "", name)
-        amax = seen.get(name)
-        if ".experts." in f".{name}" and key in expert_max:
-            amax = expert_max[key]
+        amax = projection_max.get(_projection(name)) if ".experts." in f".{name}" else seen.get(name)
         if amax is None:
             raise ValueError(
                 f"calibrate_input_amax: no input observed for {name}; expected every "

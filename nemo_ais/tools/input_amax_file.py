@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nemo_ais.rollout.calibration import observe_input_amax, shared_input_amax
+from nemo_ais.rollout.calibration import max_into, observe_input_amax, shared_input_amax
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.modules import quantized_module_names
 
@@ -161,7 +161,7 @@ def calibrate_input_amax(model: nn.Module, batches: Iterator[tuple[torch.Tensor,
     for input_ids, attention_mask in batches:
         observed = observe_input_amax(model, modules, input_ids.to(device), attention_mask.to(device))
         for name, amax in observed.items():
-            seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
+            max_into(seen, name, amax)
         n_batches += 1
     if n_batches == 0:
         raise ValueError("calibrate_input_amax: no calibration batch (expected >= 1 prompt)")

@@ -263,6 +263,27 @@ def test_w4a4_input_amax_is_the_max_over_valid_tokens(qwen):
     assert float(engine["model.layers.0.self_attn.q_proj"]) == seen["model.layers.0.self_attn.q_proj"]
 
 
+def test_w4a4_moe_input_amax_ignores_padding():
+    """A routed expert's input gathers rows of the whole batch, so the mask cannot drop its padding: a padded batch
+    must calibrate as its prompts do alone. The pad token's one-hot embedding would give every layer-0 expert
+    ``sqrt(hidden) = 11.3`` after the RMSNorm (what the batched forward recorded before the fix)."""
+    moe = tiny_moe()
+    with torch.no_grad():
+        moe.model.embed_tokens.weight[0] = 0.0
+        moe.model.embed_tokens.weight[0, 5] = 50.0
+    ids, mask = _prompts()  # row 0: three pads (token 0)
+    config = RolloutPrecisionConfig(format="nvfp4_w4a4")
+    got = RolloutTwin(moe, config).calibrate_input_amax(ids, mask)
+    alone: dict[str, float] = {}  # each prompt its own unpadded batch of one (no padding to leak)
+    for row, valid in zip(ids, mask.bool(), strict=True):
+        prompt = row[valid][None]
+        for name, amax in RolloutTwin(moe, config).calibrate_input_amax(prompt, torch.ones_like(prompt)).items():
+            alone[name] = max(alone.get(name, 0.0), float(amax))
+    assert {n: float(a) for n, a in got.items()} == alone
+    experts = [n for n in got if ".experts." in n]
+    assert experts and all(alone[n] < 11.3 / 2 for n in experts if ".layers.0." in n)
+
+
 # --------------------------------------------------------------------------------------
 # KV cache and mismatch
 # --------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import tiny_lm
+from tiny_models import tiny_lm, tiny_per_expert_moe
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -165,6 +165,38 @@ def test_padding_does_not_leak_into_amax(checkpoint, written):
     alone = _oracle_amax(model, _oracle_batches(tokenizer, PROMPTS, MAX_LENGTH, 1))
     for name, value in written.items():
         assert value == pytest.approx(alone[name], rel=1e-5, abs=0), name
+
+
+def test_per_expert_linears_share_their_projection_max_without_padding():
+    """Per-expert linears (``mlp.experts.<e>.gate_proj``): every expert of a layer's projection takes the max over the
+    experts that saw a row, so an expert no calibration token reaches (expert 3: never routed) still gets an amax;
+    and no padding reaches an expert's input (the pad token's one-hot embedding would give ``sqrt(64) = 8`` after
+    the RMSNorm). Oracle: float64 hooks over each prompt alone, unpadded, grouped by projection by hand."""
+    model, tokenizer = tiny_per_expert_moe(), _tokenizer()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tokenizer.pad_token_id] = 0.0
+        model.model.embed_tokens.weight[tokenizer.pad_token_id, 5] = 50.0
+    got = calibrate_input_amax(model, calibration_batches(tokenizer, PROMPTS, max_length=MAX_LENGTH, batch_size=BATCH))
+    seen: dict[str, float] = {}
+
+    def hook(name):
+        def record(_module, inputs):
+            seen[name] = max(seen.get(name, 0.0), inputs[0].double().abs().max().item())
+
+        return record
+
+    experts = {n: m for n, m in model.named_modules() if ".experts." in n and isinstance(m, nn.Linear)}
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in experts.items()]
+    with torch.no_grad():
+        for input_ids, _ in _oracle_batches(tokenizer, PROMPTS, MAX_LENGTH, 1):
+            model(input_ids=input_ids, position_ids=torch.arange(input_ids.shape[1])[None])
+    for h in handles:
+        h.remove()
+    assert not any(".experts.3." in n for n in seen)  # never routed
+    for name in experts:
+        layer, proj = name.split(".mlp.experts.")[0], name.rsplit(".", 1)[1]
+        expected = max(v for n, v in seen.items() if n.startswith(f"{layer}.mlp.experts.") and n.endswith(proj))
+        assert got[name] == expected < 8.0 / 2, name
 
 
 def test_twin_w4a4_calibration_agrees(checkpoint):
