@@ -52,7 +52,7 @@ def _collapse_cells(collapse: dict[str, Collapse], arm: str, reference: str) -> 
     if arm == reference:
         return "— | — | —"
     c = collapse.get(arm)
-    if c is None:
+    if c is None or not c.seeds:  # no seed shared with the reference
         return "n/a | n/a | n/a"
     steps = ", ".join(f"{seed}: {'none' if s is None else s}" for seed, s in c.per_seed.items())
     first = "none" if c.step is None else str(c.step)
@@ -85,6 +85,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
             "(docs/results.md).",
             "",
         ]
+    lines += _caveats_md(summ, records, reference)
     lines += [
         "Computed from `metrics.jsonl` by `nemo_ais.embedded.report` (nothing edited by hand).",
         "",
@@ -160,6 +161,29 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     return "\n".join(lines) + "\n"
 
 
+def _caveats_md(summ, records, reference: str) -> list[str]:
+    """Lines naming what the tables leave out: unfinished seeds, a reference arm without evaluations."""
+    lines = []
+    cut = [
+        f"{arm} seed {seed} (last evaluation at step {step})"
+        for arm, s in summ.items()
+        for seed, step in s["unfinished"].items()
+    ]
+    if cut:
+        lines += [
+            f"**Unfinished seeds, left out of every accuracy statistic:** {', '.join(cut)}; the run's last "
+            f"evaluation is at step {max(r['step'] for r in records if r.get('kind') == 'val')}. Re-running the "
+            "same command finishes them (it resumes).",
+            "",
+        ]
+    if reference not in summ or not summ[reference]["seeds"]:
+        lines += [
+            f"**No finished `{reference}` arm** (`experiment.reference_arm`): every Δ and collapse cell is n/a.",
+            "",
+        ]
+    return lines
+
+
 def _collapse_md(records, summ, reference: str, n_steps: int) -> list[str]:
     """The collapse table, or (a run shorter than EVIDENCE_MIN_STEPS) why it is left out."""
     if n_steps < EVIDENCE_MIN_STEPS:
@@ -194,7 +218,8 @@ def _non_stationarity_md(summ, n_steps: int) -> list[str]:
         "",
         f"Non-stationarity: first {k} steps → last {k} steps (all seeds pooled), and the "
         "Pearson correlation of D with the step and with the policy entropy over every "
-        "(step, seed) (n/a: undefined, D or the entropy constant or fewer than 3 points):",
+        "(step, seed) (n/a: undefined, D or the entropy constant or fewer than 3 points; —: no "
+        f"value, or an arm with fewer than {2 * k} steps):",
         "",
         "| arm | severity D | ESS seq | policy entropy (nats/token) | corr(D, step) | corr(D, entropy) |",
         "|---|---|---|---|---|---|",
@@ -203,7 +228,8 @@ def _non_stationarity_md(summ, n_steps: int) -> list[str]:
         windows = ("severity", "ess_seq", "entropy")
         (d0, d1), (e0, e1), (h0, h1) = (s[f"{m}_early_late"] for m in windows)
         lines.append(
-            f"| {arm} | {d0:.2e} → {d1:.2e} | {e0:.4f} → {e1:.4f} | {h0:.4f} → {h1:.4f} | "
+            f"| {arm} | {_num(d0, '.2e')} → {_num(d1, '.2e')} | {_num(e0, '.4f')} → {_num(e1, '.4f')} | "
+            f"{_num(h0, '.4f')} → {_num(h1, '.4f')} | "
             f"{_fmt_corr(s['corr_d_step'])} | {_fmt_corr(s['corr_d_entropy'])} |"
         )
     return lines

@@ -123,15 +123,40 @@ def paired_ci(diffs: list[float]) -> tuple[float, float]:
     return mean, t_quantile_975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
 
 
+def unfinished_seeds(records: list[dict[str, Any]]) -> dict[str, dict[int, int]]:
+    """``{arm: {seed: its last evaluated step}}`` of the seeds that stopped before the run's last evaluation.
+
+    An interrupted (arm, seed) whose held-out curve ends early: every accuracy statistic leaves it out (its second
+    half and final step are not the others'), and ``summary.md`` names it.
+    """
+    val = series(records, "val", "accuracy")
+    last = max((step for seeds in val.values() for by_step in seeds.values() for step in by_step), default=0)
+    return {
+        arm: cut
+        for arm, seeds in val.items()
+        if (cut := {seed: max(by_step) for seed, by_step in seeds.items() if max(by_step) < last})
+    }
+
+
+def finished_accuracy(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[int, float]]]:
+    """Held-out accuracy by arm, seed and step, of the seeds evaluated up to the run's last evaluation."""
+    cut = unfinished_seeds(records)
+    return {
+        arm: {seed: by_step for seed, by_step in seeds.items() if seed not in cut.get(arm, {})}
+        for arm, seeds in series(records, "val", "accuracy").items()
+    }
+
+
 def primary_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
-    """The primary metric (declared before any run), per arm and seed.
+    """The primary metric (declared before any run), per arm and finished seed.
 
     The mean held-out greedy accuracy over the evaluations in the second half of training.
     "Second half": the evaluations at steps ``s >= S / 2``, ``S`` the run's last evaluated
-    step (with ``grpo.val_period = 10`` and 60 steps: steps 30, 40, 50, 60).
+    step (with ``grpo.val_period = 10`` and 60 steps: steps 30, 40, 50, 60); a seed evaluated
+    last before ``S`` is left out (:func:`unfinished_seeds`).
     """
     out: dict[str, dict[int, float]] = defaultdict(dict)
-    for arm, seeds in series(records, "val", "accuracy").items():
+    for arm, seeds in finished_accuracy(records).items():
         for seed, by_step in seeds.items():
             last = max(by_step)
             vals = [v for step, v in by_step.items() if step >= last / 2]
@@ -146,8 +171,10 @@ def _avg(rows: list[dict[str, Any]], key: str) -> float:
 
 
 def _early_late(train: list[dict[str, Any]], key: str, k: int = EARLY_LATE_STEPS) -> tuple[float, float]:
-    """Mean of ``key`` over the first ``k`` and the last ``k`` steps (all seeds pooled)."""
+    """Mean of ``key`` over the first ``k`` and the last ``k`` steps (all seeds pooled); nan: under ``2 k`` steps."""
     steps = sorted({r["step"] for r in train})
+    if len(steps) < 2 * k:  # the windows would overlap
+        return math.nan, math.nan
     windows = (set(steps[:k]), set(steps[-k:]))
     first, last = ([r for r in train if r["step"] in w] for w in windows)
     return _avg(first, key), _avg(last, key)
@@ -169,9 +196,13 @@ ERROR_TOKEN_KEYS = ("repeat_frac", "invalid_frac", "error_frac")
 
 
 def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per arm: held-out accuracy (initial, final, primary metric) and step averages."""
-    val = series(records, "val", "accuracy")
+    """Per arm: held-out accuracy of its finished seeds (initial, final, primary metric) and step averages.
+
+    ``unfinished``: ``{seed: last evaluated step}`` of the seeds the accuracy statistics leave out.
+    """
+    val = finished_accuracy(records)
     primary = primary_metric(records)
+    unfinished = unfinished_seeds(records)
     out = {}
     for arm in dict.fromkeys(r["arm"] for r in records):
         seeds = val.get(arm, {})
@@ -187,6 +218,7 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "initial_accuracy": mean_std(initial),
             "primary": mean_std(list(primary.get(arm, {}).values())),
             "final_steps": sorted({max(v) for v in seeds.values() if v}),
+            "unfinished": unfinished.get(arm, {}),
             "reward_last10": _avg(tail, "reward"),
             "severity": avg("ais/severity"),
             "ess_seq": avg("ais/ess_seq"),
@@ -208,9 +240,9 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def early_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
-    """Per arm and seed: the held-out accuracy at the first evaluation after step 0."""
+    """Per arm and finished seed: the held-out accuracy at the first evaluation after step 0."""
     out: dict[str, dict[int, float]] = defaultdict(dict)
-    for arm, seeds in series(records, "val", "accuracy").items():
+    for arm, seeds in finished_accuracy(records).items():
         for seed, by_step in seeds.items():
             later = [s for s in by_step if s > 0]
             if later:
@@ -260,9 +292,9 @@ def collapse_steps(records: list[dict[str, Any]], reference: str = "bf16") -> di
 
     Declared before the runs: at evaluation step s an arm collapses iff ``acc_arm(s) <
     acc_reference(s) / 2``, on the mean over the seeds both arms ran and per seed (paired); a
-    reference accuracy of 0 never counts. No shared seed: ``Collapse(None, 0, 0, {})``.
+    reference accuracy of 0 never counts; finished seeds only. No shared seed: ``Collapse(None, 0, 0, {})``.
     """
-    val = series(records, "val", "accuracy")
+    val = finished_accuracy(records)
     ref = val.get(reference, {})
     out = {}
     for arm, per_seed in val.items():

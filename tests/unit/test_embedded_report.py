@@ -371,3 +371,52 @@ def test_smoke_reasons(steps, seeds, reasons):
     from nemo_ais.embedded.report import smoke_reasons
 
     assert smoke_reasons(_run_records(steps, seeds)) == reasons
+
+
+def _cut(recs, arm, seed, last):
+    """``recs`` without the records of (``arm``, ``seed``) after step ``last`` (an interrupted run)."""
+    return [r for r in recs if not (r["arm"] == arm and r["seed"] == seed and r["step"] > last)]
+
+
+def test_an_unfinished_seed_is_left_out_of_the_accuracy_statistics_and_named(tmp_path):
+    """Every arm and seed has the same curve (accuracy = step / 60); W4A4 seed 1 stopped at step 20 of 30. Its own
+    "second half" (evaluations at steps 10..20, mean 0.25) is not the others' (16..30, mean 23 / 60): pairing it
+    would invent a difference of -0.133 between identical arms."""
+    recs = [dict(r, accuracy=r["step"] / 60) if r["kind"] == "val" else r for r in _run_records(30, [0, 1])]
+    recs = _cut(recs, "nvfp4_w4a4-none", 1, 20)
+    assert primary_metric(recs)["nvfp4_w4a4-none"] == {0: pytest.approx(23 / 60)}
+    assert paired_differences(recs, "bf16")["nvfp4_w4a4-none"][:2] == (1, 0.0)
+    assert arm_summary(recs)["nvfp4_w4a4-none"]["unfinished"] == {1: 20}
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(tmp_path, plots=False)
+    text = (tmp_path / "summary.md").read_text()
+    assert (
+        "**Unfinished seeds, left out of every accuracy statistic:** nvfp4_w4a4-none seed 1 (last evaluation at "
+        "step 20); the run's last evaluation is at step 30. Re-running the same command finishes them (it resumes)."
+    ) in text
+    assert "| nvfp4_w4a4-none | 1 | 0.000 ± 0.000 | 0.500 ± 0.000 | **0.383 ± 0.000** |" in text
+    assert "| nvfp4_w4a4-none | none | 0 / 1 | 0: none |" in text  # the collapse table: seed 0 only
+
+
+def test_an_arm_too_short_for_two_windows_and_a_nan_entropy_print_a_dash(tmp_path):
+    """A bypass arm logs entropy = NaN by design; an arm cut at step 12 of 30 has no two disjoint 10-step windows."""
+    recs = _cut(_run_records(30, [0, 1]), "nvfp4_w4a4-none", 0, 12)
+    recs = _cut(recs, "nvfp4_w4a4-none", 1, 12)
+    recs = [dict(r, entropy=math.nan) if r["arm"] == "bf16" and "entropy" in r else r for r in recs]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(tmp_path, plots=False)
+    text = (tmp_path / "summary.md").read_text()
+    assert "nan" not in text.lower()
+    bf16 = next(line for line in text.splitlines() if line.startswith("| bf16 | 0.00e+00 →"))
+    assert "| — → — |" in bf16
+    short = next(line for line in text.splitlines() if line.startswith("| nvfp4_w4a4-none | — → — |"))
+    assert short.startswith("| nvfp4_w4a4-none | — → — | — → — | — → — |"), short
+
+
+def test_without_the_reference_arm_the_collapse_cells_are_na_not_never(tmp_path):
+    recs = [r for r in _run_records(20, [0, 1], drop_at=12) if r["arm"] != "bf16"]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(tmp_path, plots=False)
+    text = (tmp_path / "summary.md").read_text()
+    assert "**No finished `bf16` arm** (`experiment.reference_arm`): every Δ and collapse cell is n/a." in text
+    assert "| nvfp4_w4a4-none | n/a | n/a | n/a |" in text and "none | 0 / 0" not in text
