@@ -92,11 +92,6 @@ def normalizer(kind: str) -> Any:
     return kind if enum is None else enum[kind.upper()]
 
 
-def normalizers(kinds: Mapping[str, str]) -> dict[str, Any]:
-    """``{metric: normaliser}`` with each value converted by :func:`normalizer`."""
-    return {name: normalizer(kind) for name, kind in kinds.items()}
-
-
 def loss_init_kwargs(loss_fn: Any) -> dict[str, Any]:
     """The flags ``setup()`` passed to ``ClippedPGLossFn(cfg, ...)``, read back from the instance.
 

@@ -207,7 +207,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         # mode none must construct whatever ClippedPGLossFn constructs: no core checks then
         self.pg = pg_loss_config(cfg) if cfg.ais.mode != "none" else None
         inherited = dict(getattr(self, "metric_normalizations", None) or {})
-        ours = compat.normalizers(core_metric_keys(cfg.token_level_loss))
+        ours = {k: compat.normalizer(v) for k, v in core_metric_keys(cfg.token_level_loss).items()}
         first, last = (inherited, ours) if self.enabled else (ours, inherited)
         self.metric_normalizations = {**first, **last}
         self.ais_alarms = cfg.ais_alarms
