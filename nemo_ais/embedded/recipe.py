@@ -156,7 +156,7 @@ class GRPORecipe:
             stats = []
             for idx in self._minibatches(len(batch)):  # one optimizer step per global batch
                 diag = self._diagnostics(step, logp_old[idx], batch, idx)  # ONE all-reduce
-                core = self._accumulate_gradients(step, batch, idx, logp_old, adv, diag)  # 4.
+                core = self._accumulate_gradients(batch, idx, logp_old, adv, diag)  # 4.
                 grad_norm = self._optimizer_step(step)  # 5. grad all-reduce, clip, step
                 stats.append(StepStats(core.pop("loss"), grad_norm, core, diag.as_dict(), diag.ess_tok))
             t3 = time.perf_counter()
@@ -229,7 +229,7 @@ class GRPORecipe:
         except ValueError as err:  # raised on every rank alike (from reduced values)
             raise NonFiniteError(self._where(step, f"bad log-probs in the rollout batch: {err}")) from None
 
-    def _accumulate_gradients(self, step, batch, idx, logp_old, adv, diag) -> dict[str, float]:
+    def _accumulate_gradients(self, batch, idx, logp_old, adv, diag) -> dict[str, float]:
         """Core clipped loss on each micro-batch of this rank's share; gradients accumulate."""
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=False)

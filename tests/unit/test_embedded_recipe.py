@@ -22,7 +22,7 @@ def test_micro_batches_accumulate_to_the_full_batch_core_loss(tmp_path):
     adv = torch.randn(len(batch))
     idx = torch.arange(len(batch))
     diag = r._diagnostics(1, logp_old, batch, idx)
-    r._accumulate_gradients(1, batch, idx, logp_old, adv, diag)
+    r._accumulate_gradients(batch, idx, logp_old, adv, diag)
     got = [p.grad.clone() for p in r.policy.parameters()]
 
     # oracle: the same core loss on the whole batch at once (its own token count)
@@ -87,7 +87,7 @@ def test_positive_example_nll_term_reaches_the_recipe_gradient(tmp_path):
     logp_old, _ = r._logprobs(batch.sequences, grad=False)
     adv, idx = torch.randn(len(batch)), torch.arange(len(batch))
     diag = r._diagnostics(1, logp_old, batch, idx)
-    r._accumulate_gradients(1, batch, idx, logp_old, adv, diag)
+    r._accumulate_gradients(batch, idx, logp_old, adv, diag)
     got = [p.grad.clone() for p in r.policy.parameters()]
 
     def core_grads(rewards, pg):
