@@ -330,8 +330,7 @@ def engine_keep_rule(raw: dict[str, Any], refit_cfg: Any) -> Any:
     if refit_cfg is not None:
         return refit_cfg.keep_rule().keeps
     shape = resolve_model_shape(str(get(raw, "policy.model_name", ""))).shape
-    rule = kept_in_bf16(raw, shape.num_layers if shape is not None else 0)
-    return lambda name: rule(None, name)
+    return kept_in_bf16(raw, shape.num_layers if shape is not None else 0)
 
 
 def check_engines_after_first_refit(

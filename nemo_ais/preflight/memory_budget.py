@@ -216,7 +216,7 @@ def vllm_weights_gib(cfg: Mapping[str, Any], shape: ModelShape) -> float:
     total = 0.0
     for lin in quantized_linears(shape, lay.vllm_tp, lay.vllm_ep):
         for i in range(shape.num_layers):
-            kept = all(bf16(i, name.format(i=i)) for name in lin.names)
+            kept = all(bf16(name.format(i=i)) for name in lin.names)
             total += lin.params * (2.0 if kept else per_param)
     n_embed = 1 if shape.tie_word_embeddings else 2
     other = shape.num_layers * shape.replicated_params() + shape.hidden_size

@@ -93,7 +93,7 @@ def test_offline_bf16_linears_are_upstreams_ignored_layers(upstream_fp8, model_d
     vllm_cfg = _vllm_cfg(is_mx, exclusions)
     want = _upstream_bf16(upstream_fp8, model_dir, monkeypatch, vllm_cfg)
     bf16 = kept_in_bf16({"policy": {"generation": {"vllm_cfg": vllm_cfg}}}, N_LAYERS)
-    assert {m for m in _linears() if bf16(int(m.split(".")[2]), m)} == want
+    assert {m for m in _linears() if bf16(m)} == want
 
 
 @pytest.mark.parametrize("exclusions", EXCLUSIONS)
@@ -121,7 +121,7 @@ def test_offline_nvfp4_bf16_linears_are_upstreams_ignore_list(ignore):
     # nemo_ais.rules.keep_bf16, tested in tests/unit/test_keep_bf16_agree.py)
     for name in [*_linears(), "lm_head"]:
         want = utils.matches_quant_ignore_pattern(name, patterns)
-        assert bf16(0, name) == want, name
+        assert bf16(name) == want, name
 
 
 @pytest.mark.parametrize("armed", [False, True], ids=["nemo_rl_refit", "ais_fp8_refit"])

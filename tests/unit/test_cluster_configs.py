@@ -1131,10 +1131,10 @@ def test_kept_in_bf16_follows_nemo_rls_switches():
     from nemo_ais.preflight.checks.formats import kept_in_bf16
 
     w4a16 = kept_in_bf16(_load(W4A16), 36)
-    assert w4a16(0, "model.layers.0.self_attn.q_proj") and w4a16(0, "lm_head")
-    assert not w4a16(0, "model.layers.0.mlp.down_proj")
+    assert w4a16("model.layers.0.self_attn.q_proj") and w4a16("lm_head")
+    assert not w4a16("model.layers.0.mlp.down_proj")
     mx = kept_in_bf16(_load(MXFP8, ["policy.generation.vllm_cfg.num_last_layers_in_bf16=2"]), 36)
-    assert mx(3, "model.layers.3.self_attn.o_proj") and mx(34, "model.layers.34.mlp.up_proj")
-    assert not mx(33, "model.layers.33.mlp.up_proj")
+    assert mx("model.layers.3.self_attn.o_proj") and mx("model.layers.34.mlp.up_proj")
+    assert not mx("model.layers.33.mlp.up_proj")
     bf16 = kept_in_bf16(_load(CONFIG_DIR / "experiments" / "qwen3_8b_bf16.yaml"), 36)
-    assert bf16(0, "model.layers.0.mlp.down_proj")
+    assert bf16("model.layers.0.mlp.down_proj")

@@ -449,8 +449,8 @@ def quantized_linears(shape: ModelShape, tp: int, ep: int) -> list[QuantizedLine
     return linears
 
 
-def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str], bool]:
-    """``(layer, HF module name) -> True`` where the config's rollout keeps a linear BF16.
+def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[str], bool]:
+    """``HF module name -> True`` where the config's rollout keeps a linear BF16.
 
     :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` (the twin's and the refit's rule) with the
     exclusions NeMo-RL's engine applies: ModelOpt's real-quant engine (NVFP4)
@@ -459,7 +459,7 @@ def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str]
     (tests/adapters/test_preflight_bf16_layers.py). BF16 rollout: every linear.
     """
     if rollout_format(cfg) == "bf16":
-        return lambda layer, name: True
+        return lambda name: True
     if get(cfg, _GEN + ".real_quant", False):
         ignore = get(cfg, _GEN + ".real_quant_ignore")
         rule = KeepInBf16(ignore=NVFP4_DEFAULT_IGNORE if ignore is None else tuple(ignore))
@@ -471,7 +471,7 @@ def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[int, str]
             num_layers=num_layers,
             keywords=engine["ignored_layer_kws"],
         )
-    return lambda layer, name: rule.keeps(name)
+    return rule.keeps
 
 
 def _shard_verdict(ctx: Context, block: int, why: str) -> Verdict:
@@ -481,7 +481,7 @@ def _shard_verdict(ctx: Context, block: int, why: str) -> Verdict:
     bf16 = kept_in_bf16(ctx.cfg, ctx.shape.num_layers)
     problems, checked = [], []
     for lin in quantized_linears(ctx.shape, lay.vllm_tp, lay.vllm_ep):
-        if all(bf16(i, n.format(i=i)) for n in lin.names for i in layers):
+        if all(bf16(n.format(i=i)) for n in lin.names for i in layers):
             continue  # BF16 in every layer: no block constraint
         checked.append(lin.module)
         if lin.k != int(lin.k) or int(lin.k) % block:
