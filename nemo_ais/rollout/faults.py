@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from nemo_ais.formats.checks import check_regexes
 from nemo_ais.refit.kv_scales import KVScales
 
 FAULT_ENV = "NEMO_AIS_PLANT_REFIT_FAULT"
@@ -66,11 +67,7 @@ class RefitFault(BaseModel):
     @field_validator("modules")
     @classmethod
     def _regex(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise ValueError(f"modules={pattern!r} is not a regex: {err}") from None
-        return pattern
+        return check_regexes((pattern,), "modules")[0]
 
 
 @runtime_checkable

@@ -84,7 +84,7 @@ def test_the_fault_is_refused_without_its_environment_variable(monkeypatch):
         ({"kind": "scale_layout", "from_refit": 1}, "from_refit"),
         ({"kind": "scale_layout", "from_refit": "3"}, "from_refit"),
         ({"kind": "transpose", "from_refit": 3}, "kind"),
-        ({"kind": "bf16_layer", "from_refit": 3, "modules": "(gate"}, "not a regex"),
+        ({"kind": "bf16_layer", "from_refit": 3, "modules": "(gate"}, r"modules: '\(gate' is not a valid regex"),
         ({"kind": "bf16_layer", "from_refit": 3, "layer": 1}, "layer"),
         ({"kind": "bf16_layer"}, "from_refit"),
     ],
