@@ -152,18 +152,6 @@ def _qkv_pre_hook(
     return hook
 
 
-def reduce_kv_scales(
-    calibrator: KVScaleCalibrator, group: dist.ProcessGroup | None, device: torch.device | None = None
-) -> KVScales:
-    """ONE ``all_reduce(MAX)`` of the table on ``device`` (``KVScaleCalibrator.compute_scales``)."""
-    return calibrator.compute_scales(group=group, device=device)
-
-
-def nemo_rl_calibration_result(scales: KVScales, percentile: float, margin: float) -> dict[str, Any]:
-    """NeMo-RL's result ``{"format", "percentile", "margin", "layers": {vLLM name: float}}``."""
-    return {"format": FP8_FORMAT, "percentile": float(percentile), "margin": float(margin), "layers": scales.to_vllm()}
-
-
 def calibrate_qkv_fp8_scales(
     model: nn.Module | Sequence[nn.Module],
     run_forward: Callable[[], Any],
@@ -204,11 +192,12 @@ def calibrate_qkv_fp8_scales(
     finally:
         for handle in handles:
             handle.remove()
-    scales = reduce_kv_scales(calibrator, group, device)  # steps 3-4
+    scales = calibrator.compute_scales(group=group, device=device)  # steps 3-4: ONE all_reduce(MAX)
     log_kv_saturation(scales, reduction)
     if counter is not None:
         log_saturated_fraction(counter, group, device)
-    return nemo_rl_calibration_result(scales, percentile, margin)
+    # NeMo-RL's result: {"format", "percentile", "margin", "layers": {vLLM name: float}}
+    return {"format": FP8_FORMAT, "percentile": float(percentile), "margin": float(margin), "layers": scales.to_vllm()}
 
 
 def previous_kv_scales(layers: Mapping[str, float], num_layers: int) -> KVScales:
