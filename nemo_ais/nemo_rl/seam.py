@@ -319,7 +319,7 @@ def loss_from_prepared(
         TypeError: ``config`` or ``pg`` of the wrong type.
     """
     require_config(config, CorrectionConfig, "loss_from_prepared(config)")
-    require_config(pg, PGLossConfig, "loss_from_prepared(pg)", optional=True)
+    require_config(pg, PGLossConfig, "loss_from_prepared(pg)")
     if index is None:
         index = global_batch_index(data)
     if index is None or not 0 <= index < len(diagnostics):

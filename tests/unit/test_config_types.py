@@ -246,3 +246,11 @@ def test_stats_object_is_not_a_config():
     stats = compute_statistics(LOGP, ROLLOUT_LOGP, MASK, CorrectionConfig())
     with pytest.raises(TypeError, match=r"^correction_weights\(config\): got AISStats, expected"):
         correction_weights(LOGP, ROLLOUT_LOGP, MASK, stats)
+
+
+def test_loss_from_prepared_refuses_no_pg():
+    """``pg`` is required (an AttributeError on ``pg.positive_example_nll_weight`` before)."""
+    with pytest.raises(
+        TypeError, match=r"^loss_from_prepared\(pg\): got NoneType, expected nemo_ais\.config\.PGLossConfig"
+    ):
+        loss_from_prepared(LOGP, {}, (), CorrectionConfig(), None, global_valid_seqs=None, global_valid_toks=None)
