@@ -31,7 +31,7 @@ die_check_failed() {
 
 # What the offline check needs (nemo_ais/preflight/requirements.py describe(); a test keeps
 # the two equal).
-PREFLIGHT_NEEDS="Python >= 3.11 with pydantic>=2.7, omegaconf>=2.3, pyyaml>=6.0"
+PREFLIGHT_NEEDS="Python >= 3.11 with pydantic>=2.7, omegaconf>=2.3, pyyaml>=6.0, hydra-core>=1.3"
 
 # `check_python PYTHONPATH`: stop, in one line naming PYTHON, unless ${PYTHON:-python3} can run
 # the offline check (nemo_ais/preflight/requirements.py: version and packages, or why not).

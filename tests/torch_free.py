@@ -21,9 +21,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# Top-level modules of pydantic>=2.7, omegaconf>=2.3 and pyyaml>=6.0 and of what pip
-# installs with them (pydantic-core, typing-extensions, annotated-types, typing-inspection,
-# antlr4-python3-runtime); ``_yaml`` is PyYAML's optional C extension.
+# Top-level modules of pydantic>=2.7, omegaconf>=2.3, pyyaml>=6.0 and hydra-core>=1.3 and of
+# what pip installs with them (pydantic-core, typing-extensions, annotated-types,
+# typing-inspection, antlr4-python3-runtime, packaging); ``_yaml`` is PyYAML's optional C extension.
 ALLOWED = (
     "nemo_ais",
     "pydantic",
@@ -33,6 +33,8 @@ ALLOWED = (
     "typing_inspection",
     "omegaconf",
     "antlr4",
+    "hydra",
+    "packaging",
     "yaml",
     "_yaml",
 )

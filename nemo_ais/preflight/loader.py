@@ -9,7 +9,6 @@ only) that ``tests/adapters/test_master_config.py`` proves equal on every shippe
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -100,8 +99,10 @@ def _malformed(err: yaml.YAMLError) -> ValueError:
 
 
 def _load_tree(path: Path, chain: tuple[Path, ...]) -> DictConfig:
-    if path in chain:
-        cycle = " -> ".join(str(p) for p in (*chain, path))
+    # A parent resolves against the directory ``path`` is named in, a symlink's (as NeMo-RL's loader does); the
+    # chain holds resolved paths, for the cycle check.
+    if path.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
         raise ValueError(f"defaults: inheritance cycle {cycle}")
     if not path.is_file():
         where = f" (a defaults: entry of {chain[-1]})" if chain else ""
@@ -124,105 +125,46 @@ def _load_tree(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     merged = OmegaConf.create({})
     for parent in parents:
         parent_path = Path(parent) if parent.startswith("/") else path.parent / parent
-        merged = _merge(merged, _load_tree(parent_path.resolve(), (*chain, path)))
+        merged = _merge(merged, _load_tree(parent_path, (*chain, path.resolve())))
     return _merge(merged, cfg)
 
 
-# Hydra's override grammar for unquoted scalars (what parse_hydra_overrides produces).
-_INT = re.compile(r"[+-]?(0|[1-9](_?[0-9])*)")
-_FLOAT = re.compile(
-    r"[+-]?(([0-9](_?[0-9])*)?\.[0-9](_?[0-9])*|[0-9](_?[0-9])*\.?)([eE][+-]?[0-9](_?[0-9])*)?"
-    r"|[+-]?(inf|nan)",
-    re.IGNORECASE,
-)
-
-
-def _parse_value(raw: str) -> Any:
-    """An override value as Hydra types it (null, bool, int, float, list/dict, else str)."""
-    text = raw.strip()
-    if text.lower() == "null":
-        return None
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if _INT.fullmatch(text):
-        return int(text.replace("_", ""))
-    if _FLOAT.fullmatch(text):
-        return float(text.replace("_", ""))
-    if text.startswith(("[", "{")):
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ValueError(f"{raw!r} is no YAML list or mapping ({err.problem})") from None
-    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
-
-
-def _override_value(item: str, raw: str) -> Any:
-    try:
-        return _parse_value(raw)
-    except ValueError as err:
-        raise ValueError(f"override {item!r}: {err}") from None
-
-
-def _present(cfg: DictConfig, key: str) -> bool:
-    """``key`` is in ``cfg``, a mandatory value (``???``) included (``select`` says absent)."""
-    parent_key, _, leaf = key.rpartition(".")
-    parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
-    return isinstance(parent, DictConfig) and leaf in parent.keys()  # `in parent` skips ???
-
-
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
-    """Apply Hydra overrides as NeMo-RL's ``parse_hydra_overrides`` does (struct mode).
+    """Apply Hydra overrides as NeMo-RL's ``parse_hydra_overrides`` does: Hydra's own parser, struct mode.
 
-    ``a.b=v`` sets an existing key (merging a dict value), ``+a.b=v`` adds a key that is
-    absent or null, ``++a.b=v`` adds or sets, ``~a.b`` (or ``~a.b=v``, if the value is v)
-    deletes. Values are typed like Hydra's (``null``, ``true``, ``8``, ``1e-6``, ``[1, 2]``;
-    anything else, e.g. ``00:03:45:00``, a string).
+    ``a.b=v`` sets an existing key, ``+a.b=v`` adds one, ``++a.b=v`` adds or sets, ``~a.b`` deletes; values are typed
+    by Hydra's grammar (``null``, ``true``, ``8``, ``[1, 2]``, ``{a: 1}``; ``007``, ``00:03:45:00``: strings).
+
+    Raises:
+        ValueError: an override Hydra refuses, with Hydra's reason.
     """
-    for item in overrides:
-        key, eq, raw = item.partition("=")
-        if key.startswith("~"):
-            key = key[1:]
-            current = OmegaConf.select(cfg, key, throw_on_missing=False)
-            if current is None:
-                raise ValueError(f"override {item!r}: {key} is not in the config (or is null)")
-            if eq and _override_value(item, raw) != current:
-                raise ValueError(f"override {item!r}: {key} is {current!r}, not {raw}")
-            parent_key, _, leaf = key.rpartition(".")
-            parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-            parent.pop(leaf)
-            continue
-        if not eq:
-            raise ValueError(f"override {item!r}: expected key=value, +key=value or ~key")
-        value = _override_value(item, raw)
-        if key.startswith("++"):
-            OmegaConf.update(cfg, key[2:], value, merge=True, force_add=True)
-        elif key.startswith("+"):
-            key = key[1:]
-            current = OmegaConf.select(cfg, key, throw_on_missing=False)
-            if current is not None and not isinstance(value, (dict, list)):
-                raise ValueError(
-                    f"override {item!r}: {key} is already in the config (write {item[1:]} to "
-                    f"set it, or +{item} to add or set)"
-                )
-            OmegaConf.update(cfg, key, value, merge=True, force_add=True)
-        else:
-            if not _present(cfg, key):
-                raise ValueError(f"override {item!r}: {key} is not in the config (write +{key}=... to add a key)")
-            OmegaConf.update(cfg, key, value, merge=True)
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides)
+    if not overrides:
+        return cfg
+    OmegaConf.set_struct(cfg, True)  # a plain key=value cannot add a key, nested in a dict value either
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(
+            overrides=OverridesParser.create().parse_overrides(overrides), cfg=cfg
+        )
+    except (HydraException, OmegaConfBaseException, ValueError, TypeError) as err:
+        raise ValueError(f"overrides {overrides}: {' '.join(str(err).split())}") from None
     return cfg
 
 
 def load_config_fallback(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """NeMo-RL's ``load_config`` + ``parse_hydra_overrides``, re-implemented (no NeMo-RL, no hydra).
+    """NeMo-RL's ``load_config`` + ``parse_hydra_overrides``, re-implemented (no NeMo-RL; Hydra's override parser).
 
     ``defaults:`` (paths relative to the file, or absolute) resolve depth-first, later entries
     and the child winning; ``_override_: true`` replaces the inherited section; a ``???``
     value waits for a child or an override (NeMo-RL main); then :func:`apply_overrides`. Raises ``FileNotFoundError`` or ``ValueError`` (cycle, override).
     """
     _register_resolvers()
-    cfg = apply_overrides(_load_tree(Path(path).resolve(), ()), overrides)
+    cfg = apply_overrides(_load_tree(Path(path), ()), overrides)
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     return data

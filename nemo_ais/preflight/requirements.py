@@ -15,12 +15,17 @@ import sys
 PYTHON = (3, 11)
 """The oldest Python the package supports (``requires-python`` in pyproject.toml)."""
 
-REQUIREMENTS = (("pydantic", "pydantic", (2, 7)), ("omegaconf", "omegaconf", (2, 3)), ("yaml", "pyyaml", (6, 0)))
+REQUIREMENTS = (
+    ("pydantic", "pydantic", (2, 7)),
+    ("omegaconf", "omegaconf", (2, 3)),
+    ("yaml", "pyyaml", (6, 0)),
+    ("hydra", "hydra-core", (1, 3)),
+)
 """(module, distribution, oldest version) of each package the pre-flight tool imports."""
 
 
 def describe():
-    """``Python >= 3.11 with pydantic>=2.7, omegaconf>=2.3, pyyaml>=6.0``."""
+    """``Python >= 3.11 with pydantic>=2.7, omegaconf>=2.3, pyyaml>=6.0, hydra-core>=1.3``."""
     packages = ", ".join(f"{dist}>={'.'.join(map(str, floor))}" for _, dist, floor in REQUIREMENTS)
     return f"Python >= {'.'.join(map(str, PYTHON))} with {packages}"
 

@@ -83,6 +83,19 @@ OVERRIDE_EXAMPLES: dict[str, tuple[str, list[str]]] = {
             "policy.megatron_cfg.env_vars={A: '1'}",
         ],
     ),
+    # where a YAML reading or a plain dict merge differs from Hydra's grammar and struct mode
+    "dict value adds a key": (QWEN8B, ["policy.generation.vllm_kwargs={moe_backend: triton}"]),
+    "dict without a space": (QWEN8B, ["++policy.generation.vllm_kwargs={moe_backend:triton}"]),
+    "leading zeros": (QWEN8B, ["++grpo.tag=007", "++grpo.tag2=01.5"]),
+    "a sweep": (QWEN8B, ["grpo.seed=1,2"]),
+    "an unquoted equals sign": (QWEN8B, ["++grpo.tag=a=b"]),
+    "a cast": (QWEN8B, ["++grpo.tag=int(3.0)"]),
+    "an escaped space": (QWEN8B, ["++grpo.tag=a\\ b"]),
+    "a list index": (QWEN8B, ["++policy.generation.stop_token_ids=[1, 2]", "policy.generation.stop_token_ids.0=7"]),
+    "an index past the end": (
+        QWEN8B,
+        ["++policy.generation.stop_token_ids=[1]", "+policy.generation.stop_token_ids.3=7"],
+    ),
     "delete / force-add / add-to-null": (
         QWEN8B,
         [
@@ -136,6 +149,10 @@ def test_examples_exercise_both_outcomes():
     assert refused == [
         "plus on existing (docs/nemo_rl.md)",
         "unknown key",
+        "dict value adds a key",
+        "a sweep",
+        "an unquoted equals sign",
+        "an index past the end",
         "delete with a wrong value",
         "delete a null",
     ]
@@ -208,3 +225,14 @@ def test_adapter_rejects_what_cluster_check_rejects():
         validate_loss_config(bad["loss_fn"])
     with pytest.raises(ValueError, match="use_importance_sampling_correction"):
         cc.validate_config(bad)
+
+
+def test_fallback_finds_a_parent_beside_a_symlink_as_upstream(tmp_path):
+    """``a/child.yaml`` links to ``../b/child.yaml``: its ``defaults: parent.yaml`` is ``a/parent.yaml`` upstream."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "parent.yaml").write_text(f"v: from_{folder}\n")
+    (tmp_path / "b" / "child.yaml").write_text("defaults: parent.yaml\nw: 1\n")
+    (tmp_path / "a" / "child.yaml").symlink_to(Path("..") / "b" / "child.yaml")
+    assert _nemo_rl_load(tmp_path / "a" / "child.yaml") == {"v": "from_a", "w": 1}
+    assert cc.load_config_fallback(tmp_path / "a" / "child.yaml") == {"v": "from_a", "w": 1}

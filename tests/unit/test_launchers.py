@@ -122,17 +122,17 @@ def test_local_dry_run_exact(nemo_rl_dir):
         "--dry-run",
         SMOKE,
         "grpo.max_num_steps=2",
-        "logger.wandb.name=it's me",
+        'logger.wandb.name="it\'s me"',  # Hydra's grammar: a quote in a quoted value
         env=_env(NEMO_RL_DIR=str(nemo_rl_dir)),
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [
         f"cd {nemo_rl_dir}",
         f"export PYTHONPATH={REPO}",
-        f"uv run python {ENTRY} --config {SMOKE} grpo.max_num_steps=2 'logger.wandb.name=it'\\''s me'",
+        f"uv run python {ENTRY} --config {SMOKE} grpo.max_num_steps=2 'logger.wandb.name=\"it'\\''s me\"'",
     ]
     # The printed lines are valid shell that re-creates the same argv.
-    assert shlex.split(res.stdout.splitlines()[2])[-1] == "logger.wandb.name=it's me"
+    assert shlex.split(res.stdout.splitlines()[2])[-1] == 'logger.wandb.name="it\'s me"'
 
 
 def test_local_real_run_matches_dry_run(nemo_rl_dir, tmp_path):
@@ -481,7 +481,7 @@ def test_a_python_that_cannot_run_the_check_is_named_in_one_line(script, case, n
     assert why in line
     assert line.endswith(
         "set PYTHON=/path/to/python (Python >= 3.11 with pydantic>=2.7, omegaconf>=2.3, "
-        "pyyaml>=6.0; launchers/README.md), or pass --skip-check"
+        "pyyaml>=6.0, hydra-core>=1.3; launchers/README.md), or pass --skip-check"
     )
     assert "fails the offline checks" not in line
 
