@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nemo_ais.preflight.loader import get
+from nemo_ais.rules.config_keys import get, has
 
 _SHARE_KEY = "policy.generation.vllm_cfg.gpu_memory_utilization"
 
@@ -55,8 +55,25 @@ class ParallelLayout:
         return TRAINER_KEYS[self.trainer][size]
 
 
+def size_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """A message per GPU count or parallel size set to anything but an integer >= 1 (NeMo-RL types them ``int``)."""
+    trainer = "megatron" if get(cfg, "policy.megatron_cfg.enabled", False) else "dtensor"
+    vcfg = "policy.generation.vllm_cfg."
+    keys = (
+        "cluster.num_nodes",
+        "cluster.gpus_per_node",
+        *TRAINER_KEYS[trainer].values(),
+        *(vcfg + size for size in ("tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size")),
+    )
+    return [
+        f"{key}={value!r} is invalid: expected an integer >= 1"
+        for key in keys
+        if has(cfg, key) and (type(value := get(cfg, key, None)) is not int or value < 1)
+    ]
+
+
 def parallel_layout(cfg: Mapping[str, Any]) -> ParallelLayout:
-    """Trainer (Megatron if enabled, else DTensor) and rollout (vLLM) sizes of a config."""
+    """Trainer (Megatron if enabled, else DTensor) and rollout (vLLM) sizes of a config (:func:`size_problems` none)."""
     world = int(get(cfg, "cluster.num_nodes", 1)) * int(get(cfg, "cluster.gpus_per_node", 1))
     trainer = "megatron" if get(cfg, "policy.megatron_cfg.enabled", False) else "dtensor"
     keys = TRAINER_KEYS[trainer]
@@ -81,3 +98,35 @@ def parallel_layout(cfg: Mapping[str, Any]) -> ParallelLayout:
         vllm_ep=vllm_ep,
         vllm_engines=world // max(1, vllm_tp * vllm_pp),
     )
+
+
+_STAGE = "policy.megatron_cfg.num_layers_in_{}_pipeline_stage"
+
+
+def pipeline_stages(cfg: Mapping[str, Any], num_layers: int, pp: int) -> list[int]:
+    """Decoder layers per pipeline stage, by Megatron-Core's ``TransformerConfig`` rule.
+
+    Uneven first / last stages leave the other layers to split evenly over the middle stages, each stage >= 1 layer.
+
+    Raises:
+        ValueError: a stage size that is not an integer >= 1, or a split Megatron-Core refuses (names the fields).
+    """
+    if pp == 1:
+        return [num_layers]
+    first, last = (get(cfg, _STAGE.format(end)) for end in ("first", "last"))
+    for end, size in (("first", first), ("last", last)):
+        if size is not None and (type(size) is not int or size < 1):
+            raise ValueError(f"{_STAGE.format(end)}={size!r} is invalid: expected an integer >= 1")
+    middle_layers = num_layers - (first or 0) - (last or 0)
+    middle_stages = pp - (first is not None) - (last is not None)
+    pp_key = TRAINER_KEYS["megatron"]["pp"]
+    if middle_layers < 0 or bool(middle_layers) != bool(middle_stages) or middle_layers % max(1, middle_stages):
+        set_ = [f"{_STAGE.format(end)}={size}" for end, size in (("first", first), ("last", last)) if size is not None]
+        uneven = f" after {', '.join(set_)}" if set_ else ""
+        raise ValueError(
+            f"{pp_key}={pp} does not split the {num_layers} layers{uneven}: {middle_layers} layers left for "
+            f"{middle_stages} stage(s), expected an equal number >= 1 each (Megatron-Core's rule; set "
+            "num_layers_in_first/last_pipeline_stage for an uneven first or last stage)"
+        )
+    middle = [middle_layers // middle_stages] * middle_stages if middle_stages else []
+    return [first] * (first is not None) + middle + [last] * (last is not None)

@@ -3,7 +3,7 @@
 """Load a NeMo-RL GRPO config the way NeMo-RL's entry point does, and read dotted keys.
 
 :func:`load_config` IS NeMo-RL's loader (``nemo_rl.utils.config``) when NeMo-RL is
-importable, else :func:`load_config_fallback`, a re-implementation (omegaconf and pyyaml
+importable, else :func:`load_config_fallback`, a re-implementation (omegaconf, pyyaml and Hydra's parser
 only) that ``tests/adapters/test_master_config.py`` proves equal on every shipped config.
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from nemo_ais.preflight.checks.formats import WEIGHT_BYTES, kept_in_bf16, quantized_linears, rollout_format
 from nemo_ais.preflight.cli import split_args
-from nemo_ais.preflight.layout import memory_share_problem, parallel_layout
+from nemo_ais.preflight.layout import memory_share_problem, parallel_layout, pipeline_stages, size_problems
 from nemo_ais.preflight.loader import get, is_mixin, load_config
 from nemo_ais.preflight.model_shapes import ModelShape, resolve_model_shape
 
@@ -118,24 +118,10 @@ class Budget:
         return out
 
 
-def _stage_layers(cfg: Mapping[str, Any], num_layers: int, pp: int) -> list[int]:
-    """Decoder layers per pipeline stage (uneven first/last stage sizes honoured)."""
-    if pp == 1:
-        return [num_layers]
-    stage = "policy.megatron_cfg.num_layers_in_{}_pipeline_stage"
-    ends = [int(n) if (n := get(cfg, stage.format(end))) else None for end in ("first", "last")]
-    rest = num_layers - sum(e or 0 for e in ends)
-    n_even = pp - sum(e is not None for e in ends)
-    even = [rest // n_even + (i < rest % n_even) for i in range(n_even)] if n_even else []
-    head = [ends[0]] if ends[0] is not None else [even.pop(0)]
-    tail = [ends[1]] if ends[1] is not None else [even.pop()]
-    return head + even + tail
-
-
 def trainer_params(cfg: Mapping[str, Any], shape: ModelShape) -> tuple[int, int]:
     """(dense, expert) parameters on the busiest pipeline stage of one trainer GPU."""
     lay = parallel_layout(cfg)
-    stages = _stage_layers(cfg, shape.num_layers, lay.pp)
+    stages = pipeline_stages(cfg, shape.num_layers, lay.pp)
     per_layer_dense = (shape.attention_params() + shape.mlp_params()) / lay.tp
     per_layer_dense += shape.replicated_params()
     per_layer_expert = shape.expert_params() / (lay.ep * lay.etp)
@@ -284,11 +270,13 @@ def budget(config: Mapping[str, Any], name: str = "config", gpu_gib: float = HBM
     """
     if not get(config, "policy.megatron_cfg.enabled", False):
         raise ValueError(f"{name}: policy.megatron_cfg.enabled is false; only Megatron is budgeted")
+    if sizes := size_problems(config):
+        raise ValueError("; ".join(sizes))
     if not get(config, "policy.generation.colocated.enabled", True):
         raise ValueError(f"{name}: policy.generation.colocated.enabled is false; only colocated")
     shape = model_shape(get(config, "policy.model_name"))
     st = trainer_state(config, shape)
-    layers = max(_stage_layers(config, shape.num_layers, parallel_layout(config).pp))
+    layers = max(pipeline_stages(config, shape.num_layers, parallel_layout(config).pp))
     activations = activations_gib(config, shape, layers)
     logits = logits_gib(config, shape, _micro_batch_tokens(config, "train"), grad=True)
     lp_logits = logits_gib(config, shape, _micro_batch_tokens(config, "logprob"), grad=False)
@@ -376,10 +364,10 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
                 budgets.append(budget(cfg, name=Path(path).stem, gpu_gib=args.gpu_gib))
         except (OSError, KeyError, TypeError, ValueError) as err:
             problems.append(f"{path}: cannot budget: {err}")
-        except ZeroDivisionError:  # a parallel size or GPU count of 0
+        except ZeroDivisionError:  # the sizes themselves are checked (size_problems): a derived one is 0
             problems.append(
-                f"{path}: cannot budget: a GPU count or parallel size is 0 (python -m "
-                f"nemo_ais.preflight {' '.join([path, *overrides])} names it)"
+                f"{path}: cannot budget: the parallel sizes leave no data-parallel rank (DP = GPUs / (TP x PP x CP) < 1;"
+                f" python -m nemo_ais.preflight {' '.join([path, *overrides])} names the sizes)"
             )
     print(markdown_table(budgets))
     for model in sorted({b.model for b in budgets}):  # where each model's shapes came from

@@ -358,7 +358,51 @@ BROKEN = [
         LLAMA,
         ["cluster.num_nodes=3", "policy.megatron_cfg.pipeline_model_parallel_size=3"],
         "trainer_parallel",
-        "pipeline_model_parallel_size=3 does not divide the 32 layers",
+        "pipeline_model_parallel_size=3 does not split the 32 layers: 32 layers left for 3 stage(s)",
+    ),
+    (  # Megatron-Core's TransformerConfig refuses each of these three (uneven pipeline stages)
+        LLAMA,
+        [
+            "policy.megatron_cfg.pipeline_model_parallel_size=4",
+            "+policy.megatron_cfg.num_layers_in_first_pipeline_stage=3",
+        ],
+        "trainer_parallel",
+        "after policy.megatron_cfg.num_layers_in_first_pipeline_stage=3: 29 layers left for 3 stage(s)",
+    ),
+    (
+        LLAMA,
+        [
+            "+policy.megatron_cfg.num_layers_in_first_pipeline_stage=20",
+            "+policy.megatron_cfg.num_layers_in_last_pipeline_stage=20",
+        ],
+        "trainer_parallel",
+        "-8 layers left for 0 stage(s)",
+    ),
+    (
+        LLAMA,
+        ["+policy.megatron_cfg.num_layers_in_first_pipeline_stage=0"],
+        "trainer_parallel",
+        "num_layers_in_first_pipeline_stage=0 is invalid: expected an integer >= 1",
+    ),
+    (  # a size the layout reads: one failure before any check divides by it
+        MOE,
+        ["policy.megatron_cfg.tensor_model_parallel_size=0", "policy.megatron_cfg.expert_tensor_parallel_size=null"],
+        "parallel_sizes",
+        "policy.megatron_cfg.tensor_model_parallel_size=0 is invalid: expected an integer >= 1; "
+        "policy.megatron_cfg.expert_tensor_parallel_size=None is invalid",
+    ),
+    (
+        QWEN8B,
+        ["cluster.num_nodes=two", "policy.generation.vllm_cfg.tensor_parallel_size=2.5"],
+        "parallel_sizes",
+        "cluster.num_nodes='two' is invalid: expected an integer >= 1; "
+        "policy.generation.vllm_cfg.tensor_parallel_size=2.5 is invalid",
+    ),
+    (
+        QWEN8B,
+        ["grpo.num_prompts_per_step=abc"],
+        "batch",
+        "grpo.num_prompts_per_step='abc' is invalid: expected an integer >= 1",
     ),
     (
         QWEN8B,

@@ -117,11 +117,11 @@ def test_uneven_pipeline_stages():
         LLAMA,
         policy__megatron_cfg__pipeline_model_parallel_size=4,
         policy__megatron_cfg__num_layers_in_first_pipeline_stage=7,
-        policy__megatron_cfg__num_layers_in_last_pipeline_stage=6,
+        policy__megatron_cfg__num_layers_in_last_pipeline_stage=5,
     )
-    # 32 - 7 - 6 = 19 layers over the 2 middle stages: 10 and 9.
-    assert mb._stage_layers(cfg, 32, 4) == [7, 10, 9, 6]
-    assert mb._stage_layers(_cfg(LLAMA), 32, 2) == [16, 16]
+    # 32 - 7 - 5 = 20 layers over the 2 middle stages: 10 each.
+    assert mb.pipeline_stages(cfg, 32, 4) == [7, 10, 10, 5]
+    assert mb.pipeline_stages(_cfg(LLAMA), 32, 2) == [16, 16]
 
 
 def test_moe_experts_split_by_ep_dense_by_tp_and_adam_by_expert_dp():
@@ -273,7 +273,11 @@ def test_cli_prints_the_table_and_fails_on_overflow(capsys):
 @pytest.mark.parametrize(
     ("override", "said"),
     [
-        ("cluster.gpus_per_node=0", "a GPU count or parallel size is 0 (python -m "),
+        ("cluster.gpus_per_node=0", "cluster.gpus_per_node=0 is invalid: expected an integer >= 1"),
+        (
+            "policy.megatron_cfg.pipeline_model_parallel_size=36",
+            "no data-parallel rank (DP = GPUs / (TP x PP x CP) < 1",
+        ),
         (
             "policy.generation.vllm_cfg.gpu_memory_utilization=2",
             "gpu_memory_utilization=2 is invalid: expected a fraction in (0, 1]",

@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
-from nemo_ais.preflight.layout import memory_share_problem
+from nemo_ais.preflight.layout import memory_share_problem, pipeline_stages
+from nemo_ais.rules.config_keys import has
 
 
 @check("trainer_parallel")
@@ -30,14 +31,10 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
                 f"{lay.key('tp')}={lay.tp} must divide the "
                 f"{dims.num_attention_heads} query heads and {dims.num_key_value_heads} KV heads"
             )
-        staged = ctx.get(mcfg + ".num_layers_in_first_pipeline_stage") is not None or (
-            ctx.get(mcfg + ".num_layers_in_last_pipeline_stage") is not None
-        )
-        if lay.pp > 1 and dims.num_layers % lay.pp and not staged:
-            problems.append(
-                f"{mcfg}.pipeline_model_parallel_size={lay.pp} does not divide the "
-                f"{dims.num_layers} layers (or set num_layers_in_first/last_pipeline_stage)"
-            )
+        try:
+            pipeline_stages(ctx.cfg, dims.num_layers, lay.pp)
+        except ValueError as err:
+            problems.append(str(err))
         n_experts = dims.num_experts
         if n_experts == 0 and lay.ep > 1:
             problems.append(f"{mcfg}.expert_model_parallel_size={lay.ep} > 1 for a dense model")
@@ -81,7 +78,7 @@ def check_batch(ctx: Context) -> Verdict:
     bad = [
         f"{key}={value!r} is invalid: expected an integer >= 1"
         for key in _COUNTS
-        if (value := ctx.get(key)) is not None and (type(value) is not int or value < 1)  # bool is no count either
+        if has(ctx.cfg, key) and (type(value := ctx.get(key)) is not int or value < 1)  # null or bool is no count
     ]
     if bad:  # the arithmetic below would read them as sizes
         return Verdict(bad)

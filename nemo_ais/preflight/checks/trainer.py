@@ -12,6 +12,7 @@ from __future__ import annotations
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 
 _FP8_CFG = "policy.megatron_cfg.fp8_cfg"
+_GBS = "policy.train_global_batch_size"
 
 
 def _precision(ctx: Context) -> tuple[str, str]:
@@ -29,9 +30,9 @@ def _precision(ctx: Context) -> tuple[str, str]:
 def check_trainer(ctx: Context) -> Verdict:
     """The trainer's precision and optimizer steps per rollout batch, and their meaning."""
     precision, kind = _precision(ctx)
-    prompts = int(ctx.get("grpo.num_prompts_per_step", 0))
-    gens = int(ctx.get("grpo.num_generations_per_prompt", 0))
-    gbs = int(ctx.get("policy.train_global_batch_size", 0))
+    prompts, gens, gbs = (ctx.get(k, 0) for k in ("grpo.num_prompts_per_step", "grpo.num_generations_per_prompt", _GBS))
+    if not all(type(n) is int for n in (prompts, gens, gbs)):  # the batch check names the bad count
+        return Verdict((), f"{precision} trainer (optimizer steps per rollout batch: see the batch check)")
     rollouts = prompts * gens
     steps = rollouts // gbs if gbs > 0 else 0
     warnings = []
