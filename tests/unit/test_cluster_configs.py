@@ -470,9 +470,42 @@ BROKEN = [
     ),
     (
         SMOKE,
-        ["cluster.gpus_per_node=8", "policy.train_micro_batch_size=8"],
+        ["cluster.gpus_per_node=8", "policy.train_micro_batch_size=8", "policy.sequence_packing.enabled=false"],
         "batch",
         "policy.train_global_batch_size=32 is not divisible by DP x policy.train_micro_batch_size = 8 x 8 = 64",
+    ),
+    (  # what NeMo-RL's Policy, Megatron setup and VllmGeneration assert
+        QWEN8B,
+        ["policy.megatron_cfg.context_parallel_size=2", "policy.sequence_packing.enabled=false"],
+        "trainer_parallel",
+        "context_parallel_size=2 > 1 needs policy.sequence_packing.enabled=true",
+    ),
+    (
+        QWEN8B,
+        ["policy.dynamic_batching.enabled=true"],
+        "trainer_parallel",
+        "policy.sequence_packing.enabled and policy.dynamic_batching.enabled are exclusive",
+    ),
+    (
+        LLAMA,
+        ["policy.dynamic_batching.enabled=true", "policy.sequence_packing.enabled=false"],
+        "trainer_parallel",
+        "policy.dynamic_batching.enabled needs pipeline_model_parallel_size=1, got 2",
+    ),
+    (
+        MOE,
+        ["policy.generation.vllm_cfg.expert_parallel_size=4", "policy.generation.vllm_cfg.async_engine=true"],
+        "vllm_parallel",
+        "expert_parallel_size=4 != tensor_parallel_size=2 (DP inside vLLM) needs "
+        "policy.generation.vllm_cfg.async_engine=false",
+    ),
+    (QWEN8B, ["policy.generation.top_p=0"], "vllm_parallel", "policy.generation.top_p=0 is invalid"),
+    (QWEN8B, ["policy.generation.top_k=0"], "vllm_parallel", "policy.generation.top_k=0 is invalid"),
+    (
+        QWEN8B,
+        ["policy.train_global_batch_size=500", "grpo.num_prompts_per_step=125", "grpo.num_generations_per_prompt=4"],
+        "batch",
+        "policy.train_global_batch_size=500 is not divisible by DP = 8",
     ),
     (SMOKE, ["+loss_fn.ais.bogus=1"], "loss_fn.ais", "loss_fn.ais.bogus is not a known field"),
     (
@@ -1185,3 +1218,10 @@ def test_kept_in_bf16_follows_nemo_rls_switches():
     assert not mx("model.layers.33.mlp.up_proj")
     bf16 = kept_in_bf16(_load(CONFIG_DIR / "experiments" / "qwen3_8b_bf16.yaml"), 36)
     assert bf16("model.layers.0.mlp.down_proj")
+
+
+def test_packed_micro_batches_are_cut_by_tokens_not_by_the_micro_batch_size():
+    """With sequence packing NeMo-RL shards the global batch over DP and never reads train_micro_batch_size."""
+    results = {r.name: r for r in pf.check_config(pf.load_config(QWEN8B, ["policy.train_micro_batch_size=3"]))}
+    assert results["batch"].status == "ok", results["batch"]
+    assert results["batch"].detail.endswith("gbs/DP = 64 = micro-batches by tokens (sequence_packing)")

@@ -49,6 +49,7 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
             f"ETP x EP = {lay.etp} x {lay.ep} = {expert_group} must divide GPUs / PP = "
             f"{lay.world} / {lay.pp} (expert data parallel = GPUs / (ETP x EP x PP))"
         )
+    problems += _batching_problems(ctx, lay.cp, megatron, lay.pp)
     mbs = ctx.get("policy.train_micro_batch_size", 1)
     lbs = ctx.get("policy.logprob_batch_size", mbs)
     if lay.tp >= 4 and mbs != lbs:
@@ -72,6 +73,24 @@ _COUNTS = (
 )
 
 
+_TOKEN_BATCHING = ("sequence_packing", "dynamic_batching")
+
+
+def _batching_problems(ctx: Context, cp: int, megatron: bool, pp: int) -> list[str]:
+    """What NeMo-RL's Policy and workers assert of sequence packing, dynamic batching and context parallelism."""
+    packing, dynamic = (bool(ctx.get(f"policy.{k}.enabled", False)) for k in _TOKEN_BATCHING)
+    problems = []
+    if packing and dynamic:
+        problems.append("policy.sequence_packing.enabled and policy.dynamic_batching.enabled are exclusive (Policy)")
+    if dynamic and pp > 1:
+        problems.append(f"policy.dynamic_batching.enabled needs pipeline_model_parallel_size=1, got {pp} (Policy)")
+    if megatron and cp > 1 and not packing:
+        problems.append(f"context_parallel_size={cp} > 1 needs policy.sequence_packing.enabled=true (Megatron setup)")
+    if not megatron and cp > 1 and packing:
+        problems.append(f"policy.dtensor_cfg.context_parallel_size={cp} > 1 with sequence packing (DTensor worker)")
+    return problems
+
+
 @check("batch")
 def check_batch(ctx: Context) -> Verdict:
     """Rollouts per step are whole global batches; each splits into DP x micro-batches."""
@@ -93,18 +112,22 @@ def check_batch(ctx: Context) -> Verdict:
         problems.append(
             f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt = {prompts} x {gens} "
             f"= {rollouts} is not a multiple of policy.train_global_batch_size={gbs} "
-            f"(NeMo-RL would silently drop the last {rollouts % gbs if gbs > 0 else rollouts} rollouts)"
+            f"(NeMo-RL asserts it at the first train step: {rollouts % gbs if gbs > 0 else rollouts} rollouts left over)"
         )
-    if gbs % max(1, lay.dp * mbs):
+    # packed or dynamic micro-batches are cut by tokens: NeMo-RL then shards gbs over DP and never reads mbs
+    by_tokens = next((k for k in _TOKEN_BATCHING if ctx.get(f"policy.{k}.enabled", False)), None)
+    split = lay.dp if by_tokens else lay.dp * mbs
+    if gbs % max(1, split):
         problems.append(
-            f"policy.train_global_batch_size={gbs} is not divisible by DP x "
-            f"policy.train_micro_batch_size = {lay.dp} x {mbs} = {lay.dp * mbs}"
+            f"policy.train_global_batch_size={gbs} is not divisible by DP = {lay.dp}"
+            if by_tokens
+            else f"policy.train_global_batch_size={gbs} is not divisible by DP x "
+            f"policy.train_micro_batch_size = {lay.dp} x {mbs} = {split}"
         )
     steps = rollouts // gbs if gbs > 0 else 0
+    micro = f"micro-batches by tokens ({by_tokens})" if by_tokens else f"{gbs // max(1, split)} x mbs {mbs}"
     return Verdict(
-        problems,
-        f"{rollouts} rollouts/step = {steps} x gbs {gbs}; gbs/DP = {gbs // max(1, lay.dp)} "
-        f"= {gbs // max(1, lay.dp * mbs)} x mbs {mbs}",
+        problems, f"{rollouts} rollouts/step = {steps} x gbs {gbs}; gbs/DP = {gbs // max(1, lay.dp)} = {micro}"
     )
 
 
@@ -125,6 +148,11 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
                 f"{vcfg}.expert_parallel_size={lay.vllm_ep} must be a multiple of "
                 f"tensor_parallel_size={lay.vllm_tp} (vLLM's EP = DP x TP)"
             )
+        if lay.vllm_ep != lay.vllm_tp and ctx.get(vcfg + ".async_engine", False):
+            problems.append(
+                f"{vcfg}.expert_parallel_size={lay.vllm_ep} != tensor_parallel_size={lay.vllm_tp} (DP inside vLLM) "
+                f"needs {vcfg}.async_engine=false (NeMo-RL's VllmGeneration)"
+            )
         if dims is not None and (dims.num_experts == 0 or dims.num_experts % lay.vllm_ep):
             problems.append(f"{vcfg}.expert_parallel_size={lay.vllm_ep} does not divide the {dims.num_experts} experts")
     if dims is not None:
@@ -134,6 +162,11 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
                 f"{vcfg}.tensor_parallel_size={lay.vllm_tp} must divide the {heads} query heads "
                 f"and divide or be a multiple of the {kv} KV heads"
             )
+    top_k, top_p = ctx.get("policy.generation.top_k"), ctx.get("policy.generation.top_p", 1.0)
+    if top_k is not None and top_k != -1 and not (type(top_k) is int and top_k >= 1):
+        problems.append(f"policy.generation.top_k={top_k!r} is invalid: expected null or -1 (off) or an integer >= 1")
+    if type(top_p) not in (int, float) or not 0 < top_p <= 1:
+        problems.append(f"policy.generation.top_p={top_p!r} is invalid: expected a fraction in (0, 1] (1.0: off)")
     share = memory_share_problem(ctx.get(vcfg + ".gpu_memory_utilization"))
     problems += [share] if share else []
     warnings = []
