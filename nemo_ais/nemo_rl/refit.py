@@ -174,6 +174,12 @@ def _hook_config(config: RefitConfig) -> RefitConfig:
     return decide_backend(config.model_copy(update=update) if update else config)
 
 
+def engine_head_dim(model_runner: Any) -> int | None:
+    """The engine's attention head dim (vLLM's ``ModelConfig.get_head_size()``); None if the runner has none."""
+    get_head_size = getattr(getattr(model_runner, "model_config", None), "get_head_size", None)
+    return int(get_head_size()) if callable(get_head_size) else None
+
+
 def install(module: Any, config: RefitConfig) -> bool:
     """Wrap ``module.load_weights`` (and what :data:`ENGINES` says); False if already patched.
 
@@ -196,8 +202,11 @@ def install(module: Any, config: RefitConfig) -> bool:
     held: dict[tuple[int, str], bool] = {}  # as upstream caches _is_fp8_weight
 
     def load_weights(weights, model_runner):
+        nonlocal stream
         if not engine.ours(module, model_runner, config):
             return original_load(weights, model_runner)
+        if stream.config.head_dim is None and (head_dim := engine_head_dim(model_runner)) is not None:
+            stream = RefitStream(stream.config.model_copy(update={"head_dim": head_dim}), stream.input_amax)
         model = model_runner.model
 
         def holds(name: str) -> bool:
@@ -401,6 +410,8 @@ def configure(
     generation = get(config, "policy.generation", {})
     vllm_cfg = get(generation, "vllm_cfg", {})
     engine: dict[str, Any] = {"tp_size": vllm_cfg.get("tensor_parallel_size", 1)}
+    if (vllm_cfg.get("expert_parallel_size") or 1) > 1:  # vLLM's enable_expert_parallel: experts whole on a rank
+        engine["expert_tp_size"] = 1
     if section == "ais_fp8_refit":
         engine["ue8m0"] = vllm_cfg.get("pow2_weight_scaling_factors", False)
         engine.update(fp8_engine_exclusions(vllm_cfg))

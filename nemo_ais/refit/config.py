@@ -133,8 +133,16 @@ class RefitConfig(WeightFormatFields):
     head_dim: int | None = Field(
         None,
         ge=1,
-        description="fp8: attention head dim; if set, K/V with fewer KV heads than tp_size are "
-        "checked as replicated (one head per rank), as vLLM does.",
+        description="Attention head dim; if set, K/V with fewer KV heads than tp_size are "
+        "checked as replicated (one head per rank), as vLLM does. The NeMo-RL refit hook sets it from the "
+        "engine's model config when left None.",
+    )
+    expert_tp_size: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM tensor-parallel size of MoE expert weights (shard check): 1 with vLLM expert "
+        "parallelism (each expert whole on one rank; the NeMo-RL refit hook sets it from "
+        "vllm_cfg.expert_parallel_size > 1); None: tp_size.",
     )
     backend: Literal["auto", "torch", "te"] = Field(
         "auto",

@@ -138,7 +138,8 @@ def _keep(name: str, shape: tuple[int, ...], config: RefitConfig) -> str | None:
 
 def _check_tp_shard(name: str, shape: tuple[int, ...], config: RefitConfig) -> None:
     """Each rank's shard: the split dim whole and a multiple of the block (module doc, 2)."""
-    tp, fmt = config.tp_size, get_format(config.format)
+    expert = ".experts." in name and config.expert_tp_size is not None
+    tp, fmt = (config.expert_tp_size if expert else config.tp_size), get_format(config.format)
     proj = projection(name)
     column = proj in COLUMN_PARALLEL
     for dim in (0, 1):
@@ -151,13 +152,15 @@ def _check_tp_shard(name: str, shape: tuple[int, ...], config: RefitConfig) -> N
             if size // config.head_dim < tp:  # vLLM replicates KV heads: one head per rank
                 shard = config.head_dim
         if shard != int(shard) or int(shard) % block:
-            kind = "column" if column else "row"
+            kind, field = ("column" if column else "row"), ("expert_tp_size" if expert else "tp_size")
+            kv_hint = proj in ("k_proj", "v_proj") and not config.head_dim
             raise ValueError(
-                f"{name}: shape {list(shape)} with tp_size={tp}: {kind}-parallel "
+                f"{name}: shape {list(shape)} with {field}={tp}: {kind}-parallel "
                 f"{'out' if dim == 0 else 'in'} dim {dim} of size {size} gives a per-rank "
                 f"shard of {shard:g}, expected a multiple of the {block} block "
                 f"({config.format} scales blocks of each rank's shard); keep this tensor in "
-                "BF16 (keep_patterns / ignore) or use another tp_size"
+                f"BF16 (keep_patterns / ignore) or use another {field}"
+                + (" (or set head_dim: vLLM replicates KV heads when tp_size exceeds them)" if kv_hint else "")
             )
 
 

@@ -318,3 +318,26 @@ def test_backend_auto_is_decided_once_per_process_not_per_tensor(upstream_fp8, m
         assert torch.equal(runner.model.loaded[0][1].view(torch.uint8), q_ref.view(torch.uint8))
     assert asked == [("auto", 0)]  # once, at install, on an empty probe tensor
     assert refit.decide_backend(CONFIG).backend == "torch"  # CPU: no TE
+
+
+K = "model.layers.0.self_attn.k_proj.weight"
+
+
+def test_the_hook_takes_head_dim_from_the_engine_so_replicated_kv_heads_refit(upstream_fp8):
+    """2 KV heads of 128 at vLLM TP 4: vLLM gives each rank one whole head (replicated), a 128-row shard. Without
+    head_dim the shard check took 256 / 4 = 64 rows and refused the first refit; the hook now reads the head dim
+    from the engine's model config (vLLM's ``ModelConfig.get_head_size()``)."""
+    upstream_fp8.global_fp8_config = upstream_fp8.FP8Config()
+    assert refit.engine_head_dim(types.SimpleNamespace()) is None
+    assert refit.install(upstream_fp8, Fp8SyncConfig(tp_size=4)) is True
+    k = torch.randn(256, 200, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    bare = types.SimpleNamespace(model=_VllmModel())  # a runner without a model config: the old behaviour
+    with pytest.raises(ValueError, match=r"shard of 64, .* \(or set head_dim: vLLM replicates KV heads"):
+        upstream_fp8.load_weights([(K, k)], bare)
+    runner = types.SimpleNamespace(model=_VllmModel(), model_config=types.SimpleNamespace(get_head_size=lambda: 128))
+    assert refit.engine_head_dim(runner) == 128
+    upstream_fp8.load_weights([(K, k)], runner)
+    q_ref, s_ref = quantize_blockwise(k)
+    assert [n for n, _ in runner.model.loaded] == [K, K.removesuffix(".weight") + ".weight_scale_inv"]
+    assert torch.equal(runner.model.loaded[0][1].view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(runner.model.loaded[1][1], s_ref)

@@ -51,7 +51,7 @@ from torch.nn import Parameter
 
 from nemo_ais.fp8 import NVFP4Tensor, dequantize_nvfp4, quantize_nvfp4
 from nemo_ais.nemo_rl import refit
-from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, block_weight_stream
+from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, block_weight_stream, plan_tensor
 from nemo_ais.rules.keep_bf16 import KeepInBf16
 
 pytestmark = pytest.mark.nemo_rl
@@ -657,6 +657,24 @@ def test_configure_arms_the_hook_from_the_section_with_the_engines_defaults():
     del run["policy"]["generation"]["real_quant_ignore"]  # NeMo-RL's default list then
     utils = importlib.import_module("nemo_rl.modelopt.utils")
     assert refit.configure(run, {}, section="ais_nvfp4_refit").ignore == tuple(utils.DEFAULT_NVFP4_IGNORE)
+
+
+def test_configure_with_vllm_expert_parallelism_checks_experts_whole():
+    """vllm_cfg.expert_parallel_size > 1 (NeMo-RL turns on vLLM's enable_expert_parallel): each expert is whole on
+    one rank, so its gate/up/down are not split by tp_size: an expert down_proj of in-dim 192 (24 per rank at TP 8,
+    not a multiple of NVFP4's 16) was refused."""
+    run = _nvfp4_run_config(enabled=True, format="nvfp4_w4a16")
+    run["policy"]["generation"]["vllm_cfg"].update(tensor_parallel_size=8)
+    name = "model.layers.0.mlp.experts.3.down_proj.weight"
+    with pytest.raises(ValueError, match=r"with tp_size=8: row-parallel in dim 1 of size 192 gives a per-rank shard"):
+        plan_tensor(name, (2048, 192), torch.bfloat16, refit.configure(run, {}, section="ais_nvfp4_refit"))
+    run["policy"]["generation"]["vllm_cfg"].update(expert_parallel_size=8)
+    cfg = refit.configure(run, {}, section="ais_nvfp4_refit")
+    assert cfg.expert_tp_size == 1 and cfg.tp_size == 8
+    assert plan_tensor(name, (2048, 192), torch.bfloat16, cfg).action == "quantize"
+    dense = "model.layers.0.mlp.down_proj.weight"  # a dense layer is still split by tp_size
+    with pytest.raises(ValueError, match=r"with tp_size=8: row-parallel"):
+        plan_tensor(dense, (2048, 192), torch.bfloat16, cfg)
 
 
 @pytest.mark.parametrize(
