@@ -13,6 +13,8 @@ from transformers import (
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
@@ -20,6 +22,7 @@ from transformers import (
 _KINDS = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),  # q_norm / k_norm on each head
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
 }
 

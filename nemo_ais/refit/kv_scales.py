@@ -5,9 +5,9 @@
 Weights move at every RL step, so the KV scales are recalibrated at every weight sync
 (vLLM's ``calculate_kv_scales`` uses its first batch only). Steps:
 
-1. Observe Q/K/V per attention layer (HF ``{q,k,v}_proj`` hooks, or Megatron's
-   ``core_attention`` inputs in :mod:`nemo_ais.megatron.kv_calibration`), optionally at
-   valid tokens only. One call = one observation.
+1. Observe Q/K/V per attention layer (HF attention: K and V as the KV cache receives them, Q at ``q_proj``; or
+   Megatron's ``core_attention`` inputs in :mod:`nemo_ais.megatron.kv_calibration`), optionally at valid tokens
+   only. One call = one observation.
 2. Per layer and kind, this rank's amax by ``KVScaleConfig.reduction``:
    ``percentile_of_amax`` (NeMo-RL's ``calibrate_qkv_fp8_scales``): the nearest-rank
    percentile ``sorted(a)[round(p / 100 * (n - 1))]`` of the per-observation ``max |x|``;
@@ -17,12 +17,14 @@ Weights move at every RL step, so the KV scales are recalibrated at every weight
 4. ``scale = max(amax, amax_floor) * margin / 448`` (upstream's arithmetic plus the floor).
 5. vLLM names: ``model.layers.N.self_attn.{k,v}_scale`` and ``...self_attn.attn.q_scale``.
 
-[reconstruction] :meth:`KVScaleCalibrator.install_hooks` observes K before RoPE (HF ``k_proj`` output); NeMo-RL's
-Megatron worker observes it after q/k-norm and RoPE, as vLLM's FP8 cache stores it; the margin covers the difference.
+K and V are observed where they are cached, after ``k_norm`` and RoPE, as NeMo-RL's Megatron worker observes them
+and vLLM's FP8 cache stores them (a ``k_proj`` hook misses both: Qwen3's ``k_norm`` rescales K without bound, RoPE
+alone moves its peak by up to sqrt(2)). [reconstruction] Q (``include_q``) is read at the ``q_proj`` output.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Mapping
@@ -311,19 +313,26 @@ class KVScaleCalibrator:
         return KVScales(amax, scale, self.config.include_q, peak)
 
     def install_hooks(self, model: nn.Module) -> _HookHandles:
-        """Forward hooks on each ``*.layers.N.self_attn.{q,k,v}_proj``; ``.remove()`` the result."""
+        """Hooks on each ``*.layers.N.self_attn`` (HF layout); ``.remove()`` the result.
+
+        K and V at the attention's ``past_key_values.update`` call (a forward without a cache gets a pass-through one
+        while hooked), Q at the ``q_proj`` output (module doc, 1).
+        """
         handles = []
         for name, module in model.named_modules():
             match = _ATTN_RE.search(name)
-            if match is None:
+            if match is None or not all(hasattr(module, f"{kind}_proj") for kind in KINDS):
                 continue
             layer = int(match.group(1))
             if layer >= self.num_layers:
                 raise ValueError(f"{name}: layer {layer} >= num_layers={self.num_layers}")
-            for kind in KINDS:
-                proj = getattr(module, f"{kind}_proj", None)
-                if proj is not None:
-                    handles.append(proj.register_forward_hook(self._hook(layer, kind)))
+            if "past_key_values" not in inspect.signature(module.forward).parameters:
+                raise ValueError(
+                    f"{name}: its forward takes no past_key_values; install_hooks reads K and V at the HF attention's "
+                    "KV-cache update (transformers >= 5 attention layout expected)"
+                )
+            handles.append(module.register_forward_pre_hook(self._cache_hook(layer), with_kwargs=True))
+            handles.append(module.q_proj.register_forward_hook(self._q_hook(layer)))
         if not handles:
             raise ValueError(
                 "install_hooks: found no '*.layers.N.self_attn' module with q_proj/k_proj/"
@@ -331,11 +340,38 @@ class KVScaleCalibrator:
             )
         return _HookHandles(handles)
 
-    def _hook(self, layer: int, kind: str):
-        def hook(_module: nn.Module, _inputs: tuple, output: torch.Tensor) -> None:
-            self.observe(layer, kind, output, self.token_mask)
+    def _cache_hook(self, layer: int):
+        def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            return args, {**kwargs, "past_key_values": _ObservedCache(kwargs.get("past_key_values"), layer, self)}
 
         return hook
+
+    def _q_hook(self, layer: int):
+        def hook(_module: nn.Module, _inputs: tuple, output: torch.Tensor) -> None:
+            self.observe(layer, "q", output, self.token_mask)
+
+        return hook
+
+
+class _ObservedCache:
+    """The KV cache an attention layer writes to (or None), seen by :meth:`KVScaleCalibrator.install_hooks`.
+
+    ``update`` observes K and V (``[B, heads, T, D]``, as ``[B, T, heads * D]`` rows), then hands them to the cache,
+    or back unchanged when there is none. Anything else is the cache's.
+    """
+
+    def __init__(self, inner: Any, layer: int, calibrator: KVScaleCalibrator) -> None:
+        self.inner, self.layer, self.calibrator = inner, layer, calibrator
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        for kind, states in (("k", key_states), ("v", value_states)):
+            self.calibrator.observe(self.layer, kind, states.transpose(1, 2).flatten(2), self.calibrator.token_mask)
+        if self.inner is None:
+            return key_states, value_states
+        return self.inner.update(key_states, value_states, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class _HookHandles:

@@ -5,7 +5,7 @@
 One forward of a left-padded batch (``logits_to_keep=1``), of the twin or a trainer model with the same module names.
 Input amax (``nvfp4_w4a4``): ``max |x|`` of each quantized linear's input over valid tokens, activation quantization off
 (ModelOpt's ``max``); a MoE projection's experts share the max [reconstruction]. KV scales:
-:class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator` on the ``k_proj`` / ``v_proj`` outputs.
+:class:`~nemo_ais.refit.kv_scales.KVScaleCalibrator` on K and V as the KV cache receives them (after RoPE).
 """
 
 from __future__ import annotations

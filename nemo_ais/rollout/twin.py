@@ -192,7 +192,7 @@ class RolloutTwin:
     ) -> KVScales:
         """Per-layer KV scales from one forward (KV unquantized) of the twin or ``model``, stored.
 
-        ``scale = max(amax, floor) * margin / 448`` of the ``k_proj`` / ``v_proj`` outputs at
+        ``scale = max(amax, floor) * margin / 448`` of K and V as the cache receives them (after RoPE) at
         non-padding positions; the NVFP4 cache uses ``scale * 448`` as its static global amax.
         """
         check_prompt(input_ids, attention_mask)

@@ -373,28 +373,19 @@ def test_sync_weights_rejects_bad_tensors(qwen):
 
 
 def _kv_scale_oracle(model, ids, mask, percentile=99.9, margin=1.05):
-    """numpy-style percentile (torch.quantile, float64) of the non-pad k/v_proj outputs."""
-    seen = {}
-    hooks = [
-        layer.self_attn.get_submodule(f"{kind}_proj").register_forward_hook(
-            lambda _m, _i, out, key=(i, kind): seen.__setitem__(key, out)
-        )
-        for i, layer in enumerate(model.model.layers)
-        for kind in ("k", "v")
-    ]
+    """numpy-style percentile (torch.quantile, float64) of the non-pad K and V the forward leaves in its HF cache
+    (after RoPE: what vLLM's FP8 cache stores)."""
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, position_ids=pos)
-    for h in hooks:
-        h.remove()
+        cache = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True).past_key_values
     scales = [
         [
-            float(torch.quantile(seen[(i, kind)][mask.bool()].abs().double().flatten(), percentile / 100))
+            float(torch.quantile(states.transpose(1, 2)[mask.bool()].abs().double().flatten(), percentile / 100))
             * margin
             / E4M3_MAX
-            for kind in ("k", "v")
+            for states in (layer.keys, layer.values)
         ]
-        for i in range(len(model.model.layers))
+        for layer in cache.layers
     ]
     return torch.tensor(scales, dtype=torch.float64)
 
@@ -408,7 +399,7 @@ def test_fp8_kv_cache_scales_and_mismatch(qwen):
     assert bool(torch.isfinite(scales).all()) and bool((scales > 0).all())
     assert bool((scales != 1.0).all())  # never the silent default
     # oracle of the default rule (NeMo-RL's: one forward = one observation, so its amax):
-    # the max (percentile 100) of the k/v_proj outputs of the same (W8A8) forward
+    # the max (percentile 100) of the cached K / V of the same (W8A8) forward
     oracle = _kv_scale_oracle(w8a8.model, ids, mask, percentile=100.0)
     torch.testing.assert_close(scales, oracle, rtol=1e-6, atol=0)
     # the element rule: P99.9 of the same outputs

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
+from tiny_models import tiny_lm
 from torch import nn
 
 from nemo_ais.refit.kv_scales import (
@@ -244,33 +245,44 @@ class _TinyHF(nn.Module):
         return self.model(h)
 
 
-def test_hooks_record_projection_outputs_with_token_mask():
-    torch.manual_seed(0)
-    model = _TinyHF()
-    h = torch.randn(2, 5, 16)
-    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    h[0, 3:] = 100.0  # padding with huge activations must be ignored under the mask
-    cal = KVScaleCalibrator(3, KVScaleConfig(reduction="element_percentile", percentile=99.0))
-    default = KVScaleCalibrator(3)
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_hooks_record_k_and_v_as_cached_and_q_at_q_proj_with_token_mask(kind):
+    """K and V as the forward's HF cache holds them (after Qwen3's k_norm and RoPE: what vLLM's FP8 cache stores), Q
+    at the q_proj output; padded rows ignored. A k_proj hook saw neither k_norm nor RoPE."""
+    model = tiny_lm(kind, seed=0)
+    ids = torch.randint(3, 256, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
+    q_out = {}
+    q_hooks = [
+        layer.self_attn.q_proj.register_forward_hook(lambda _m, _i, out, i=i: q_out.__setitem__(i, out))
+        for i, layer in enumerate(model.model.layers)
+    ]
+    cal = KVScaleCalibrator(2, KVScaleConfig(reduction="element_percentile", percentile=99.0))
+    default, no_cache = KVScaleCalibrator(2), KVScaleCalibrator(2)
     with torch.no_grad(), cal.install_hooks(model), default.install_hooks(model):
         cal.token_mask = default.token_mask = mask
-        model(h)
-    cal.token_mask = None
-    assert all(not m._forward_hooks for m in model.modules())  # removed on exit
-    # oracle: recompute layer 1 inputs and projection outputs by hand
-    with torch.no_grad():
-        h1 = model.model.layers[0](h)
-        attn = model.model.layers[1].self_attn
-        for j, proj in enumerate((attn.q_proj, attn.k_proj, attn.v_proj)):
-            valid = proj(h1)[mask.bool()].abs().double().numpy()
-            assert cal.local_amax()[1, j].item() == pytest.approx(np.percentile(valid, 99.0), rel=1e-6)
-            assert default.local_amax()[1, j].item() == pytest.approx(valid.max(), rel=1e-6)
-    scales = cal.compute_scales()
-    assert len(scales.to_vllm()) == 9
+        cache = model(**kwargs, use_cache=True).past_key_values
+    with torch.no_grad(), no_cache.install_hooks(model):  # no cache: a pass-through one while hooked
+        no_cache.token_mask = mask
+        model(**kwargs, use_cache=False)
+    for h in q_hooks:
+        h.remove()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())  # removed on exit
+    for i, layer in enumerate(cache.layers):
+        observed = (q_out[i], *(x.transpose(1, 2).flatten(2) for x in (layer.keys, layer.values)))
+        for j, x in enumerate(observed):
+            valid = x[mask.bool()].abs().double().numpy()
+            assert cal.local_amax()[i, j].item() == pytest.approx(np.percentile(valid, 99.0), rel=1e-6)
+            assert default.local_amax()[i, j].item() == pytest.approx(valid.max(), rel=1e-6)
+    assert torch.equal(no_cache.local_amax(), default.local_amax())
+    assert len(cal.compute_scales().to_vllm()) == 6
     with pytest.raises(ValueError, match="found no"):
         cal.install_hooks(nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="layer 2 >= num_layers=2"):
-        KVScaleCalibrator(2).install_hooks(model)
+    with pytest.raises(ValueError, match="layer 1 >= num_layers=1"):
+        KVScaleCalibrator(1).install_hooks(model)
+    with pytest.raises(ValueError, match="its forward takes no past_key_values"):
+        KVScaleCalibrator(3).install_hooks(_TinyHF())  # the HF names without HF's attention
 
 
 def test_names_and_engine_remap():
