@@ -38,7 +38,7 @@ from nemo_ais.preflight.checks.loss import (
 )
 from nemo_ais.preflight.checks.upstream import ENTRY_POINT_KEYS
 from nemo_ais.preflight.cli import main
-from nemo_ais.preflight.layout import ParallelLayout, parallel_layout
+from nemo_ais.preflight.layout import ParallelLayout, gpu_split, parallel_layout, pipeline_stages
 from nemo_ais.preflight.loader import apply_overrides, get, has, is_mixin, load_config, load_config_fallback
 from nemo_ais.preflight.model_shapes import (
     MODEL_SHAPES,
@@ -76,6 +76,7 @@ __all__ = [
     "find_model_shape",
     "fp8_kv_refit_problems",
     "get",
+    "gpu_split",
     "has",
     "is_mixin",
     "is_moe",
@@ -83,6 +84,7 @@ __all__ = [
     "load_config_fallback",
     "main",
     "parallel_layout",
+    "pipeline_stages",
     "quantized_linears",
     "resolve_model_shape",
     "resolve_target",

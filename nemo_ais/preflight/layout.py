@@ -1,6 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""Parallel sizes of a colocated config: the trainer (Megatron or DTensor) and the vLLM engines."""
+"""Parallel sizes of a config: the trainer (Megatron or DTensor) and the vLLM engines, on their GPUs."""
 
 from __future__ import annotations
 
@@ -35,10 +35,15 @@ TRAINER_KEYS: dict[str, dict[str, str]] = {
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """Sizes derived from a config (trainer and colocated vLLM engine); DP is floor-divided."""
+    """Sizes derived from a config (trainer and vLLM engines); DP is floor-divided.
+
+    ``world``: the training GPUs; ``rollout_gpus``: the vLLM engines' (both the whole cluster when colocated).
+    """
 
     trainer: Literal["megatron", "dtensor"]
     world: int
+    rollout_gpus: int
+    colocated: bool
     tp: int
     pp: int
     cp: int
@@ -72,9 +77,64 @@ def size_problems(cfg: Mapping[str, Any]) -> list[str]:
     ]
 
 
+_RESOURCES = "policy.generation.colocated.resources."
+
+
+def _colocated(cfg: Mapping[str, Any]) -> bool:
+    return get(cfg, "policy.generation.colocated.enabled", True) is not False
+
+
+def gpu_split(cfg: Mapping[str, Any]) -> tuple[int, int]:
+    """``(training GPUs, rollout GPUs)`` as NeMo-RL's GRPO ``setup`` splits the cluster.
+
+    Colocated: the whole cluster for both. Otherwise one node gives the engines
+    ``colocated.resources.gpus_per_node`` of its GPUs, several nodes give them ``colocated.resources.num_nodes``
+    whole nodes (reward-model GPUs not counted). :func:`split_problems` says when the split is invalid.
+    """
+    nodes, gpus_per_node = int(get(cfg, "cluster.num_nodes", 1)), int(get(cfg, "cluster.gpus_per_node", 1))
+    if _colocated(cfg):
+        return nodes * gpus_per_node, nodes * gpus_per_node
+    if nodes == 1:
+        rollout = get(cfg, _RESOURCES + "gpus_per_node")
+        rollout = rollout if type(rollout) is int else 0
+        return gpus_per_node - rollout, rollout
+    rollout_nodes = get(cfg, _RESOURCES + "num_nodes")
+    rollout_nodes = rollout_nodes if type(rollout_nodes) is int else 0
+    return (nodes - rollout_nodes) * gpus_per_node, rollout_nodes * gpus_per_node
+
+
+def split_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """What NeMo-RL's GRPO ``setup`` asserts of a non-colocated GPU split (none when colocated)."""
+    if _colocated(cfg):
+        return []
+    nodes, gpus_per_node = int(get(cfg, "cluster.num_nodes", 1)), int(get(cfg, "cluster.gpus_per_node", 1))
+    rollout_gpus, rollout_nodes = get(cfg, _RESOURCES + "gpus_per_node"), get(cfg, _RESOURCES + "num_nodes")
+    problems = []
+    if nodes == 1:
+        if type(rollout_gpus) is not int or not 0 < rollout_gpus < gpus_per_node:
+            problems.append(
+                f"{_RESOURCES}gpus_per_node={rollout_gpus!r} is invalid on one node: expected the engines' GPUs, "
+                f"an integer in [1, cluster.gpus_per_node={gpus_per_node}) (the rest train)"
+            )
+        if rollout_nodes not in (None, 1):
+            problems.append(f"{_RESOURCES}num_nodes={rollout_nodes!r} is invalid on one node: expected 1 or null")
+        return problems
+    if type(rollout_nodes) is not int or not 0 < rollout_nodes < nodes:
+        problems.append(
+            f"{_RESOURCES}num_nodes={rollout_nodes!r} is invalid: expected the engines' nodes, an integer in "
+            f"[1, cluster.num_nodes={nodes}) (the rest train)"
+        )
+    if rollout_gpus != gpus_per_node:
+        problems.append(
+            f"{_RESOURCES}gpus_per_node={rollout_gpus!r} is invalid with {nodes} nodes: expected "
+            f"cluster.gpus_per_node={gpus_per_node} (the engines take whole nodes)"
+        )
+    return problems
+
+
 def parallel_layout(cfg: Mapping[str, Any]) -> ParallelLayout:
     """Trainer (Megatron if enabled, else DTensor) and rollout (vLLM) sizes of a config (:func:`size_problems` none)."""
-    world = int(get(cfg, "cluster.num_nodes", 1)) * int(get(cfg, "cluster.gpus_per_node", 1))
+    world, rollout_gpus = gpu_split(cfg)
     trainer = "megatron" if get(cfg, "policy.megatron_cfg.enabled", False) else "dtensor"
     keys = TRAINER_KEYS[trainer]
     tp, pp, cp, ep, etp = (
@@ -87,6 +147,8 @@ def parallel_layout(cfg: Mapping[str, Any]) -> ParallelLayout:
     return ParallelLayout(
         trainer=trainer,
         world=world,
+        rollout_gpus=rollout_gpus,
+        colocated=_colocated(cfg),
         tp=tp,
         pp=pp,
         cp=cp,
@@ -96,7 +158,7 @@ def parallel_layout(cfg: Mapping[str, Any]) -> ParallelLayout:
         vllm_tp=vllm_tp,
         vllm_pp=vllm_pp,
         vllm_ep=vllm_ep,
-        vllm_engines=world // max(1, vllm_tp * vllm_pp),
+        vllm_engines=rollout_gpus // max(1, vllm_tp * vllm_pp),
     )
 
 

@@ -507,6 +507,36 @@ BROKEN = [
         "batch",
         "policy.train_global_batch_size=500 is not divisible by DP = 8",
     ),
+    (  # non-colocated generation: NeMo-RL's GRPO setup splits the GPUs, and Policy trains on its share only
+        QWEN8B,
+        ["policy.generation.colocated.enabled=false"],
+        "gpu_split",
+        "policy.generation.colocated.resources.num_nodes=None is invalid: expected the engines' nodes, an integer "
+        "in [1, cluster.num_nodes=2)",
+    ),
+    (
+        QWEN8B,
+        [
+            "cluster.num_nodes=1",
+            "cluster.gpus_per_node=8",
+            "policy.generation.colocated.enabled=false",
+            "policy.generation.colocated.resources.gpus_per_node=8",
+        ],
+        "gpu_split",
+        "gpus_per_node=8 is invalid on one node: expected the engines' GPUs, an integer in [1, cluster.gpus_per_node=8)",
+    ),
+    (
+        QWEN8B,
+        [
+            "cluster.num_nodes=1",
+            "cluster.gpus_per_node=8",
+            "policy.megatron_cfg.tensor_model_parallel_size=8",
+            "policy.generation.colocated.enabled=false",
+            "policy.generation.colocated.resources.gpus_per_node=4",
+        ],
+        "trainer_parallel",
+        "training GPUs (gpu_split) = 4 is not divisible by TP x PP x CP = 8 x 1 x 1 = 8",
+    ),
     (SMOKE, ["+loss_fn.ais.bogus=1"], "loss_fn.ais", "loss_fn.ais.bogus is not a known field"),
     (
         SMOKE,
@@ -1225,3 +1255,18 @@ def test_packed_micro_batches_are_cut_by_tokens_not_by_the_micro_batch_size():
     results = {r.name: r for r in pf.check_config(pf.load_config(QWEN8B, ["policy.train_micro_batch_size=3"]))}
     assert results["batch"].status == "ok", results["batch"]
     assert results["batch"].detail.endswith("gbs/DP = 64 = micro-batches by tokens (sequence_packing)")
+
+
+def test_a_non_colocated_split_checks_training_and_rollout_gpus_apart():
+    cfg = pf.load_config(
+        QWEN8B,
+        [
+            "policy.generation.colocated.enabled=false",
+            "policy.generation.colocated.resources.num_nodes=1",
+            "policy.generation.colocated.resources.gpus_per_node=8",
+        ],
+    )
+    results = {r.name: r for r in pf.check_config(cfg) if r.status != "warn"}
+    assert results["trainer_parallel"].detail == "megatron, GPUs=8: TP=2 PP=1 CP=1 -> DP=4"
+    assert results["vllm_parallel"].detail == "8 engine(s) of TP=1 PP=1 EP=1 on 8 rollout GPUs (8 train)"
+    assert pf.gpu_split(cfg) == (8, 8) and pf.gpu_split(pf.load_config(QWEN8B)) == (16, 16)

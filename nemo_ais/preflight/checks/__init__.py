@@ -10,7 +10,7 @@ from typing import Any
 
 from nemo_ais.preflight.checks.registry import CHECKS, Check, CheckFn, CheckResult, Context, Verdict, check
 from nemo_ais.preflight.checks.upstream import MASTER_CONFIG_SECTIONS, missing_sections
-from nemo_ais.preflight.layout import parallel_layout, size_problems
+from nemo_ais.preflight.layout import parallel_layout, size_problems, split_problems
 from nemo_ais.preflight.loader import get, is_mixin
 from nemo_ais.preflight.model_shapes import resolve_model_shape
 from nemo_ais.preflight.nemo_rl_target import resolve_target
@@ -61,6 +61,9 @@ def check_config(
     sizes = [] if mixin else size_problems(cfg)
     if sizes:  # every check reads the layout
         return [CheckResult("parallel_sizes", "fail", "; ".join(sizes))]
+    split = [] if mixin else split_problems(cfg)
+    if split:  # and its GPU counts
+        return [CheckResult("gpu_split", "fail", "; ".join(split))]
     target, how = resolve_target(nemo_rl_version, environ)
     if mixin:
         return _run(Context(cfg, parallel_layout(cfg), None, target, how), mixin=True)

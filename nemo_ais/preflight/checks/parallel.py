@@ -24,7 +24,8 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
             if megatron
             else f"TP x CP = {lay.tp} x {lay.cp} = {model_parallel} ({lay.key('tp')} x context_parallel_size)"
         )
-        problems.append(f"GPUs = cluster.num_nodes x cluster.gpus_per_node = {lay.world} is not divisible by {sizes}")
+        gpus = "GPUs = cluster.num_nodes x cluster.gpus_per_node" if lay.colocated else "training GPUs (gpu_split)"
+        problems.append(f"{gpus} = {lay.world} is not divisible by {sizes}")
     if dims is not None:
         if dims.num_attention_heads % lay.tp or dims.num_key_value_heads % lay.tp:
             problems.append(
@@ -138,8 +139,11 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
     vcfg = "policy.generation.vllm_cfg"
     problems = []
     engine = lay.vllm_tp * lay.vllm_pp
-    if engine > lay.world or lay.world % engine:
-        problems.append(f"vLLM TP x PP = {lay.vllm_tp} x {lay.vllm_pp} = {engine} must divide the {lay.world} GPUs")
+    if engine > lay.rollout_gpus or lay.rollout_gpus % engine:
+        gpus = "GPUs" if lay.colocated else "rollout GPUs (gpu_split)"
+        problems.append(
+            f"vLLM TP x PP = {lay.vllm_tp} x {lay.vllm_pp} = {engine} must divide the {lay.rollout_gpus} {gpus}"
+        )
     if lay.vllm_pp > 1 and not ctx.get(vcfg + ".async_engine", False):
         problems.append(f"{vcfg}.pipeline_parallel_size={lay.vllm_pp} > 1 needs {vcfg}.async_engine=true")
     if lay.vllm_ep > 1:
@@ -169,9 +173,7 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
         problems.append(f"policy.generation.top_p={top_p!r} is invalid: expected a fraction in (0, 1] (1.0: off)")
     share = memory_share_problem(ctx.get(vcfg + ".gpu_memory_utilization"))
     problems += [share] if share else []
-    warnings = []
-    if ctx.get("policy.generation.colocated.enabled", True) is False:
-        warnings.append("non-colocated generation: the GPU split is not checked")
+    where = "" if lay.colocated else f" on {lay.rollout_gpus} rollout GPUs ({lay.world} train)"
     return Verdict(
-        problems, f"{lay.vllm_engines} engine(s) of TP={lay.vllm_tp} PP={lay.vllm_pp} EP={lay.vllm_ep}", warnings
+        problems, f"{lay.vllm_engines} engine(s) of TP={lay.vllm_tp} PP={lay.vllm_pp} EP={lay.vllm_ep}{where}"
     )
