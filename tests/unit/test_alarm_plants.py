@@ -62,10 +62,11 @@ def test_default_alarms_catch_a_bf16_kept_layer_at_its_refit_with_a_qarl_trainer
     # steps before the plant are the healthy run's, bit for bit
     for a, b in zip(healthy[: FROM_REFIT - 1], planted[: FROM_REFIT - 1], strict=True):
         assert a["ais/token_mult_prob_error"] == b["ais/token_mult_prob_error"]
-    # the aligned trainer matches the rollout to float32 rounding; the BF16-kept layer does not
+    # the aligned trainer matches the rollout but for float32 rounding, which can flip a later FP8 rounding of a few
+    # tokens (healthy steps: 1e-7 to 3e-4 here); the BF16-kept layer moves every step after the plant far beyond that
     bad = planted[FROM_REFIT - 1]["ais/token_mult_prob_error"] - 1
-    good = healthy[FROM_REFIT - 1]["ais/token_mult_prob_error"] - 1
-    assert bad > 1000 * good and bad > 1e-3
+    good = max(row["ais/token_mult_prob_error"] - 1 for row in healthy)
+    assert bad > 10 * good and bad > 1e-3
 
 
 def test_a_bf16_kept_layer_is_not_seen_with_a_plain_trainer(tmp_path):
