@@ -42,9 +42,21 @@ def unknown_ais_sections(loss_fn: Mapping[str, Any]) -> list[str]:
 
 
 def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
-    """One message per NeMo-RL ``loss_fn`` option conflicting with ``mode`` (absent keys: off)."""
+    """One message per NeMo-RL ``loss_fn`` option conflicting with ``mode`` (absent keys: off).
+
+    Mode ``none`` is NeMo-RL's own loss, so only ``force_on_policy_ratio`` conflicts with it: the ``ais/*`` telemetry
+    would be formed from the zeros that option leaves in ``prev_logprobs``.
+    """
     if mode == "none":
-        return []
+        return (
+            [
+                "loss_fn.force_on_policy_ratio=True conflicts with loss_fn.ais (mode none too): NeMo-RL then skips "
+                "the prev_logprobs forward and leaves zeros, from which the ais/* diagnostics and the refit guard "
+                "would read log(pi_old / mu) = -log(mu) (drop loss_fn.ais to run NeMo-RL's loss alone with it)"
+            ]
+            if loss_fn.get("force_on_policy_ratio", False)
+            else []
+        )
     return [
         f"loss_fn.{knob}={loss_fn[knob]!r} conflicts with loss_fn.ais.mode={mode!r}: {why} "
         f"(set loss_fn.{knob}: {'null' if off is None else str(off).lower()}, or "

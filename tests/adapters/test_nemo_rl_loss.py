@@ -239,6 +239,17 @@ def test_conflicting_nemo_rl_options_are_config_errors(field, value):
         validate_loss_config({field: value, "ais": {"mode": "ais"}})
 
 
+def test_mode_none_refuses_force_on_policy_ratio_whose_zeros_its_telemetry_would_read():
+    """NeMo-RL's loss ignores the zero prev_logprobs this option leaves (prev := curr); the ais/* telemetry and the
+    refit guard of mode none read them, so every diagnostic would be formed from -log(mu)."""
+    with pytest.raises(
+        ValueError, match=r"loss_fn\.force_on_policy_ratio=True conflicts with loss_fn\.ais \(mode none"
+    ):
+        validate_loss_config({"force_on_policy_ratio": True, "ais": {"mode": "none"}})
+    for field, value in (("use_importance_sampling_correction", True), ("truncated_importance_sampling_type", "tis")):
+        assert getattr(validate_loss_config({field: value, "ais": {"mode": "none"}}), field) == value  # NeMo-RL's
+
+
 def test_invalid_ais_field_names_the_path():
     with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.8 is invalid"):
         validate_loss_config({"ais": {"weight_cap": 0.8}})
