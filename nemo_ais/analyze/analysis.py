@@ -326,7 +326,8 @@ def analyze_run(
     # rows stream into a .partial file, renamed when every step is in: a failed or interrupted
     # analysis never leaves an analysis.jsonl that looks complete (or pairs with an old report)
     partial = out / f"{ANALYSIS_FILE}.partial"
-    empty: list[str] = []  # with skip_bad_rows: steps without a valid token, skipped
+    empty: list[str] = []  # with skip_bad_rows: steps without a row to analyse, skipped
+    masked: list[str] = []  # steps whose rows hold no valid token, analysed as empty global batches
     with bar, partial.open("w") as f:
         for step_file in files:
             bar.set_postfix_str(f"step {step_file.step}", refresh=False)
@@ -355,6 +356,11 @@ def analyze_run(
                 profile=result.profile,
                 readback=readbacks.get(result.step),
             )
+            if result.n_tok == 0:  # NeMo-RL masked every sequence (seq_logprob_error_threshold, overlong filtering)
+                logger.warning(
+                    "step %d: no valid token in %d rows: an empty global batch", result.step, result.counts.rows
+                )
+                masked.append(f"{step_file.path.name} ({result.counts.rows} rows)")
             row = analysis_row(result, fired)
             f.write(json.dumps(row) + "\n")
             f.flush()
@@ -363,12 +369,13 @@ def analyze_run(
             rows_read += result.counts.rows
             bad_examples += result.counts.bad_examples[: 3 - len(bad_examples)]
     if not rows:
-        raise BadInputError(log_dir, 0, f"no step file with a valid token ({len(empty)} skipped)")
+        raise BadInputError(log_dir, 0, f"no step file with a row to analyse ({len(empty)} skipped)")
     meta = {
         "log_dir": str(log_dir),
         "launches": [str(d) for d in launches],
         "rolled_back": rolled_back,
         "empty_steps": empty,
+        "masked_steps": masked,
         "files": len(files),
         "rows_read": rows_read,
         "bad_rows": bad_rows,

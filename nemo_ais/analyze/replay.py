@@ -184,15 +184,11 @@ def replay_step(
             first_nonfinite = first_nonfinite or chunk.first_nonfinite
             n_nonfinite += chunk.n_nonfinite
             store.add(chunk)
-        if vector is None or n_tok == 0:
-            skipped = f", {counts.bad_rows} bad rows skipped" if counts.bad_rows else ""
+        if vector is None:  # rows with no valid token are an empty global batch, as the loss saw it (step 2)
             raise EmptyStepError(
-                step_file.path,
-                counts.lines,
-                f"no valid token in {counts.rows} rows{skipped} (token_loss_mask[1:] x "
-                "sample_loss_mask is 0 everywhere, or every valid log-prob is NaN/inf)",
+                step_file.path, counts.lines, f"no row to analyse ({counts.bad_rows} bad rows skipped)"
             )
-        if n_old_nonzero == 0:  # log pi_old = 0 (p = 1) at every token: no trainer forward
+        if n_tok and n_old_nonzero == 0:  # log pi_old = 0 (p = 1) at every token: no trainer forward
             raise BadInputError(
                 step_file.path,
                 0,

@@ -235,8 +235,16 @@ def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
     empty = meta.get("empty_steps") or []
     if empty:
         lines.append(
-            f"- **Steps without a valid token, skipped** (`--skip-bad-rows`): {len(empty)}, "
+            f"- **Steps without a row to analyse, skipped** (`--skip-bad-rows`): {len(empty)}, "
             f"first {empty[0]}; the EMA of alpha and the alarm windows run over the others."
+        )
+    masked = meta.get("masked_steps") or []
+    if masked:
+        lines.append(
+            f"- **Steps whose every sequence was masked** (`sample_loss_mask` or `token_loss_mask` 0 at every row: "
+            f"NeMo-RL's `grpo.seq_logprob_error_threshold` drops the sequences whose mismatch exceeds it, which a "
+            f"broken refit can make all of them; also overlong filtering): {len(masked)}, first {masked[0]}. Each is "
+            "analysed as the loss saw it, an empty global batch (alpha 0, `ais/empty_batch` 1)."
         )
     bad_readback = meta.get("bad_readback") or []
     if bad_readback:

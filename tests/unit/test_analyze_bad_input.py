@@ -133,11 +133,18 @@ def test_format_steps():
     assert format_steps([]) == ""
 
 
-def test_file_with_no_valid_token(capsys, log_dir):
+def test_a_step_whose_every_sequence_is_masked_is_an_empty_global_batch(tmp_path, log_dir):
+    """NeMo-RL's seq_logprob_error_threshold masks the sequences whose mismatch exceeds it (a broken refit: all of
+    them) before it logs the step; the loss then saw an empty global batch, and so does the replay (it stopped)."""
     path = log_dir / "train_data_step2.jsonl"
     for line in range(1, 9):
         _edit_row(path, line, lambda r: r.update(sample_loss_mask=[0.0]))
-    _fails_with(capsys, log_dir, "train_data_step2.jsonl:8:", "no valid token in 8 rows")
+    result = analyze_run(log_dir, tmp_path / "out", plots=False)
+    (step2,) = [r for r in result.rows if r["step"] == 2]
+    assert step2["ais/empty_batch"] == 1.0 and step2["ais/alpha"] == 0.0 and step2["ais/n_tok"] == 0.0
+    assert all(math.isfinite(v) for v in step2.values() if isinstance(v, float)), step2
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "**Steps whose every sequence was masked**" in report and "train_data_step2.jsonl (8 rows)" in report
 
 
 def test_placeholder_prev_logprobs_of_a_bypass_run(capsys, log_dir):
@@ -156,20 +163,17 @@ def test_empty_file(capsys, log_dir):
     _fails_with(capsys, log_dir, "train_data_step3.jsonl:0:", "empty file")
 
 
-def test_skip_bad_rows_skips_a_step_without_a_valid_token(tmp_path, log_dir):
-    # a collapsed run (every response cut by overlong filtering), or the empty file of a
-    # writer killed at its start: analysed without that step, which report.md names
-    path = log_dir / "train_data_step2.jsonl"
-    for line in range(1, 9):
-        _edit_row(path, line, lambda r: r.update(sample_loss_mask=[0.0]))
+def test_skip_bad_rows_skips_a_step_without_a_row(tmp_path, log_dir):
+    # the empty file of a writer killed at its start: analysed without that step, which report.md names
+    (log_dir / "train_data_step2.jsonl").write_text("")
     (log_dir / "train_data_step3.jsonl").write_text("")
     result = analyze_run(log_dir, tmp_path / "out", skip_bad_rows=True, plots=False)
     assert [r["step"] for r in result.rows] == [1]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "Steps without a valid token, skipped** (`--skip-bad-rows`): 2, first " in report
-    assert "train_data_step2.jsonl: no valid token in 8 rows" in report
+    assert "Steps without a row to analyse, skipped** (`--skip-bad-rows`): 2, first " in report
+    assert "train_data_step2.jsonl: empty file (no rows)" in report
     (log_dir / "train_data_step1.jsonl").write_text("")
-    with pytest.raises(ValueError, match=r"no step file with a valid token \(3 skipped\)"):
+    with pytest.raises(ValueError, match=r"no step file with a row to analyse \(3 skipped\)"):
         analyze_run(log_dir, tmp_path / "out2", skip_bad_rows=True, plots=False)
 
 
