@@ -407,12 +407,13 @@ def _report(args: argparse.Namespace) -> int:
 
 def _analyze(args: argparse.Namespace) -> int:
     from nemo_ais.analyze import BadInputError, load_analysis_config
-    from nemo_ais.analyze.analysis import global_batches_per_step
+    from nemo_ais.analyze.analysis import global_batches_per_step, trains_with_filtered_sampling
     from nemo_ais.analyze.reader import SEARCH_DEPTH, find_log_dirs, join_launches
 
     try:
         config, alarm_config = load_analysis_config(args.config, args.overrides)
         batches = global_batches_per_step(args.config) if args.config else 1
+        batches = (batches, trains_with_filtered_sampling(args.config) if args.config else False)
     except (ValueError, TypeError, FileNotFoundError) as err:
         return _fail(2, "analyze", f"invalid config: {err}")
     try:
@@ -448,7 +449,10 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _analyze_one(args, launches, out, prefix, config, alarm_config, batches) -> int:
-    """Analyse one run (its ``log_dir``, or a resumed run's launches); print its summary (``prefix``: its name)."""
+    """Analyse one run (its ``log_dir``, or a resumed run's launches); print its summary (``prefix``: its name).
+
+    ``batches``: ``(global batches per step, filtered sampling)`` of the run config.
+    """
     log_dir = launches if isinstance(launches, Path) else launches[-1]
     from nemo_ais.analyze import BadInputError, analyze_run
     from nemo_ais.analyze.analysis import ANALYSIS_FILE, output_dir
@@ -463,8 +467,9 @@ def _analyze_one(args, launches, out, prefix, config, alarm_config, batches) -> 
             skip_bad_rows=args.skip_bad_rows,
             progress=not args.no_progress,
             plots=not args.no_plots,
-            global_batches_per_step=batches,
+            global_batches_per_step=batches[0],
             tolerance=args.tolerance,
+            filtered_sampling=batches[1],
         )
     except KeyboardInterrupt:
         partial = output_dir(log_dir, out) / f"{ANALYSIS_FILE}.partial"

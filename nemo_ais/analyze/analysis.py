@@ -87,6 +87,7 @@ def analysis_row(result: StepResult, alarms: Sequence[Any]) -> dict[str, Any]:
             "analysis/bad_rows": result.counts.bad_rows,
             "analysis/positions": result.n_positions,
             "analysis/nonfinite": result.n_nonfinite,
+            "analysis/filtered_placeholders": result.n_filtered,
             "analysis/kv_sequences": result.profile.n_seq,
             "analysis/abs_log_rho_by_quarter": [q[0] for q in quarters] if quarters else [],
         }
@@ -160,6 +161,19 @@ def global_batches_per_step(path: Path | str) -> int:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
         return 1
     return -(-prompts * generations // global_batch)
+
+
+def trains_with_filtered_sampling(path: Path | str) -> bool:
+    """Whether a NeMo-RL run config samples with top-k or top-p filtering (NeMo-RL's ``need_top_k_or_top_p_filtering``).
+
+    ``policy.generation.top_k`` >= 1 or ``top_p`` != 1: the trainer then logs the placeholder ``prev_logprobs`` 0
+    where its filtered distribution excludes the sampled token. FileNotFoundError: no file.
+    """
+    from nemo_ais.preflight import load_config
+
+    generation = (load_config(path).get("policy") or {}).get("generation") or {}
+    top_k, top_p = generation.get("top_k"), generation.get("top_p")
+    return (isinstance(top_k, int) and top_k > 0) or (top_p is not None and top_p != 1.0)
 
 
 def _replay(step_file: StepFile, *args: Any, **kwargs: Any) -> StepResult:
@@ -247,6 +261,7 @@ def analyze_run(
     memory_budget_bytes: int = 128 << 20,
     global_batches_per_step: int = 1,
     tolerance: Path | str | None = None,
+    filtered_sampling: bool = False,
 ) -> AnalysisResult:
     """Analyse every step of ``log_dir``; write ``analysis.jsonl``, ``report.md`` and plots.
 
@@ -268,6 +283,9 @@ def analyze_run(
         global_batches_per_step: of the run (:func:`global_batches_per_step`); above 1, a
             warning and the report say that the replayed alpha differs from the online one.
         tolerance: a dose-response study's ``tolerance.json`` (default: the shipped one).
+        filtered_sampling: the run trained with top-k / top-p filtering (:func:`trains_with_filtered_sampling`): a
+            valid position with ``prev_logprobs`` 0 is NeMo-RL's placeholder, left out as its loss leaves it out
+            (``analysis/filtered_placeholders`` counts them).
 
     A gap in the step files (steps 1, 2, 4) is warned about and listed in the report and
     :attr:`AnalysisResult.missing_steps`; the steps present are analysed.
@@ -341,6 +359,7 @@ def analyze_run(
                     skip_bad_rows=skip_bad_rows,
                     on_bytes=bar.update,
                     kv_min_length=alarm_config.kv_min_length,
+                    filtered_sampling=filtered_sampling,
                 )
             except EmptyStepError as err:
                 if not skip_bad_rows:
@@ -385,6 +404,8 @@ def analyze_run(
         "alarm_config": alarm_config.model_dump(exclude_defaults=True, exclude={"fail_on_alarm"}),
         "missing_steps": gaps,
         "global_batches_per_step": global_batches_per_step,
+        "filtered_sampling": filtered_sampling,
+        "filtered_placeholders": sum(r["analysis/filtered_placeholders"] for r in rows),
         "tolerance": study,
     }
     write_report(out, rows, meta, plots=plots)

@@ -90,6 +90,7 @@ class Chunk:
     lines: list[int]
     n_nonfinite: int = 0
     first_nonfinite: str = ""
+    n_filtered: int = 0  # valid positions whose prev_logprobs is the top-k/top-p placeholder 0 (left out)
 
     @property
     def num_positions(self) -> int:
@@ -365,7 +366,9 @@ def _parse_row(raw: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return prev[1:], gen[1:], token_mask[1:] * sample_mask
 
 
-def _chunk(rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], path: Path) -> Chunk:
+def _chunk(
+    rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], path: Path, filtered_sampling: bool = False
+) -> Chunk:
     width = max((r[1].numel() for r in rows), default=0)
     shape = (len(rows), width)
     logp_old, logp_rollout = torch.zeros(shape, dtype=_DTYPE), torch.zeros(shape, dtype=_DTYPE)
@@ -376,11 +379,17 @@ def _chunk(rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], pat
     # NeMo-RL logs float32 log-probs: beyond float32's range is as corrupt as NaN / inf
     finite = (logp_old.abs() <= FP32_MAX) & (logp_rollout.abs() <= FP32_MAX)
     bad = valid & ~finite
+    # top-k / top-p training: NeMo-RL writes 0.0 where the trainer's filtered distribution excludes the sampled token
+    # (mask_out_neg_inf_logprobs), and its loss gives those positions ratio 1 and no gradient
+    placeholder = (
+        valid & finite & (logp_old == 0) & (logp_rollout < 0) if filtered_sampling else torch.zeros_like(valid)
+    )
     chunk = Chunk(
         logp_old=torch.where(finite, logp_old, 0.0),
         logp_rollout=torch.where(finite, logp_rollout, 0.0),
-        valid=valid & finite,
+        valid=valid & finite & ~placeholder,
         lines=[r[0] for r in rows],
+        n_filtered=int(placeholder.sum()),
     )
     if bad.any():
         i, j = (int(v) for v in torch.nonzero(bad)[0])
@@ -407,11 +416,14 @@ def iter_chunks(
     skip_bad_rows: bool = False,
     counts: ReadCounts | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    filtered_sampling: bool = False,
 ) -> Iterator[Chunk]:
     """Stream one step file as aligned chunks of at most ``chunk_tokens`` positions.
 
     Args:
         chunk_tokens: positions (rows x aligned length) per chunk; a longer row is its own chunk.
+        filtered_sampling: the run trained with top-k / top-p filtering: a valid position with ``prev_logprobs`` 0
+            and ``generation_logprobs`` < 0 is NeMo-RL's placeholder, left out (counted in ``Chunk.n_filtered``).
         counts: filled with rows read / bad rows skipped.
         on_bytes: called with the bytes of each line read (progress bar).
 
@@ -442,7 +454,7 @@ def iter_chunks(
                 continue
             counts.rows += 1
             if rows and max(width, prev.numel()) * (len(rows) + 1) > chunk_tokens:
-                yield _chunk(rows, path)
+                yield _chunk(rows, path, filtered_sampling)
                 rows, width = [], 0
             rows.append((lineno, prev, gen, mask))
             width = max(width, prev.numel())
@@ -450,4 +462,4 @@ def iter_chunks(
     if counts.rows + counts.bad_rows == 0:
         raise EmptyStepError(path, 0, "empty file (no rows)")
     if rows:
-        yield _chunk(rows, path)
+        yield _chunk(rows, path, filtered_sampling)

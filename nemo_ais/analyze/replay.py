@@ -91,6 +91,7 @@ class StepResult:
     n_nonfinite: int = 0
     first_nonfinite: str = ""
     profile: PositionProfile = field(default_factory=PositionProfile.empty)
+    n_filtered: int = 0
 
 
 class _ChunkStore:
@@ -136,6 +137,7 @@ def replay_step(
     skip_bad_rows: bool = False,
     on_bytes: Callable[[int], None] | None = None,
     kv_min_length: int = 256,
+    filtered_sampling: bool = False,
 ) -> StepResult:
     """Steps 1-3 of the module docstring for one step file.
 
@@ -146,6 +148,7 @@ def replay_step(
         memory_budget_bytes: chunks kept in memory for pass 2; the rest is spilled.
         on_bytes: progress callback (bytes read).
         kv_min_length: shortest valid span of a sequence in the position profile.
+        filtered_sampling: the run trained with top-k / top-p filtering (:func:`~nemo_ais.analyze.reader.iter_chunks`).
 
     Raises:
         BadInputError: a bad row (unless skipped), an empty file, or no valid token.
@@ -158,7 +161,7 @@ def replay_step(
     sums = {m: WeightSums() for m in MODES}
     vector: torch.Tensor | None = None
     profile = PositionProfile.empty(kv_min_length)
-    n_tok = n_positions = n_nonfinite = n_old_nonzero = 0
+    n_tok = n_positions = n_nonfinite = n_old_nonzero = n_filtered = 0
     first_nonfinite = ""
     store = _ChunkStore(memory_budget_bytes)
 
@@ -170,7 +173,12 @@ def replay_step(
 
     try:
         for chunk in iter_chunks(  # step 1 (pass 1)
-            step_file, chunk_tokens=chunk_tokens, skip_bad_rows=skip_bad_rows, counts=counts, on_bytes=on_bytes
+            step_file,
+            chunk_tokens=chunk_tokens,
+            skip_bad_rows=skip_bad_rows,
+            counts=counts,
+            on_bytes=on_bytes,
+            filtered_sampling=filtered_sampling,
         ):
             old, rollout, valid = chunk.logp_old, chunk.logp_rollout, chunk.valid
             local = compute_statistics(old, rollout, valid, config).vector
@@ -183,6 +191,7 @@ def replay_step(
             n_positions += chunk.num_positions
             first_nonfinite = first_nonfinite or chunk.first_nonfinite
             n_nonfinite += chunk.n_nonfinite
+            n_filtered += chunk.n_filtered
             store.add(chunk)
         if vector is None:  # rows with no valid token are an empty global batch, as the loss saw it (step 2)
             raise EmptyStepError(
@@ -219,4 +228,5 @@ def replay_step(
         n_nonfinite=n_nonfinite,
         first_nonfinite=first_nonfinite,
         profile=profile,
+        n_filtered=n_filtered,
     )

@@ -252,6 +252,14 @@ def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
             f"- **Bad refit readback rows, skipped** (`--skip-bad-rows`): {len(bad_readback)}, first "
             f"`{bad_readback[0]}`; the `refit_readback` check does not run at their steps."
         )
+    if meta.get("filtered_sampling"):
+        n_filtered = meta.get("filtered_placeholders", 0)
+        lines.append(
+            "- **Top-k / top-p sampling** (the run config's `policy.generation`): a valid token whose `prev_logprobs` "
+            "is 0 while the rollout's is below 0 is NeMo-RL's placeholder for a token the trainer's filtered "
+            f"distribution excludes; its loss gives it ratio 1 and no gradient, and the replay leaves it out: "
+            f"{n_filtered} such token(s) (`analysis/filtered_placeholders`)."
+        )
     batches = meta.get("global_batches_per_step", 1)
     if batches > 1:
         lines.append(

@@ -154,6 +154,6 @@ def raise_for_bad_values(
         raise BadValuesError(
             f"{name}: {int(count)} non-finite values (NaN or +-inf) at valid positions{where}; "
             f"first at index {first} (value {value}); expected finite values where mask == 1 "
-            f"(mask out tokens excluded by top-k/top-p sampling, whose log-prob is -inf)",
+            f"(mask out tokens excluded by top-k/top-p sampling, whose log-prob is -inf; NeMo-RL writes 0 there)",
             int(count),
         )

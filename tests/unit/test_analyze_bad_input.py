@@ -329,3 +329,56 @@ def test_progress_bar_never_leaks_into_the_error_line(log_dir, tmp_path):
     assert proc.returncode == 1
     assert text.count("\n") == 1 and "\r" not in text, repr(text)
     assert text.startswith("nemo-ais analyze: ") and "train_data_step2.jsonl:5:" in text
+
+
+def _placeholders(row, where):
+    """NeMo-RL's mask_out_neg_inf_logprobs: prev_logprobs 0.0 at valid positions the trainer's top-k/top-p excludes."""
+    prev, mask = row["prev_logprobs"][0], row["token_loss_mask"][0]
+    valid = [j for j in range(1, len(prev)) if mask[j] == 1 and row["generation_logprobs"][0][j] < 0]
+    for j in valid[:2]:
+        where.append(j)
+        prev[j] = 0.0
+
+
+def test_top_k_top_p_placeholders_are_left_out_as_nemo_rl_s_loss_leaves_them_out(tmp_path, log_dir):
+    """With filtered sampling NeMo-RL writes prev_logprobs = 0.0 where the trainer's filtered distribution excludes
+    the sampled token, and its loss gives those tokens ratio 1 and no gradient. Oracle: the same log with those
+    positions masked (token_loss_mask 0) gives the same ais/* rows; read as log-probs they inflate the mismatch."""
+    path = log_dir / "train_data_step2.jsonl"
+    masked = tmp_path / "masked"
+    masked.mkdir()
+    for name in ("train_data_step1.jsonl", "train_data_step2.jsonl"):
+        (masked / name).write_bytes((log_dir / name).read_bytes())
+    for line in range(1, 9):
+        where: list[int] = []
+        _edit_row(path, line, lambda r, w=where: _placeholders(r, w))
+        _edit_row(masked / path.name, line, lambda r, w=where: [r["token_loss_mask"][0].__setitem__(j, 0) for j in w])
+    naive = analyze_run(log_dir, tmp_path / "naive", plots=False).rows[1]
+    got = analyze_run(log_dir, tmp_path / "got", plots=False, filtered_sampling=True).rows[1]
+    want = analyze_run(masked, tmp_path / "want", plots=False).rows[1]
+    n = got["analysis/filtered_placeholders"]  # 2 a row; rows NeMo-RL masked (sample_loss_mask 0) do not count
+    assert 0 < n == naive["ais/n_tok"] - got["ais/n_tok"] and want["analysis/filtered_placeholders"] == 0
+    assert {k: v for k, v in got.items() if k.startswith("ais/")} == {
+        k: v for k, v in want.items() if k.startswith("ais/")
+    }
+    assert naive["ais/severity"] > got["ais/severity"]
+    report = (tmp_path / "got" / "report.md").read_text()
+    assert "**Top-k / top-p sampling**" in report and f"{n} such token(s)" in report
+
+
+@pytest.mark.parametrize(
+    ("generation", "filtered"),
+    [
+        ({}, False),
+        ({"top_k": None, "top_p": 1.0}, False),
+        ({"top_k": -1}, False),
+        ({"top_k": 50}, True),
+        ({"top_p": 0.95}, True),
+    ],
+)
+def test_trains_with_filtered_sampling_reads_the_run_config(tmp_path, generation, filtered):
+    from nemo_ais.analyze.analysis import trains_with_filtered_sampling
+
+    path = tmp_path / "run.yaml"
+    path.write_text(json.dumps({"policy": {"generation": generation}}))
+    assert trains_with_filtered_sampling(path) is filtered
