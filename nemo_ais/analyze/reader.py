@@ -60,7 +60,7 @@ class BadInputError(ValueError):
 
 
 class EmptyStepError(BadInputError):
-    """A step file with no valid token (or no row): ``--skip-bad-rows`` skips the step."""
+    """A step file with no row to analyse (empty, or every row bad): ``--skip-bad-rows`` skips the step."""
 
 
 class _RowError(ValueError):

@@ -151,7 +151,8 @@ def replay_step(
         filtered_sampling: the run trained with top-k / top-p filtering (:func:`~nemo_ais.analyze.reader.iter_chunks`).
 
     Raises:
-        BadInputError: a bad row (unless skipped), an empty file, or no valid token.
+        BadInputError: a bad row (unless skipped), an empty file, or no row left to analyse (rows without a valid
+            token are an empty global batch).
         TypeError: ``config`` is not a :class:`~nemo_ais.config.CorrectionConfig`.
     """
     require_config(config, CorrectionConfig, "replay_step(config)")

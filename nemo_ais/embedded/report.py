@@ -85,7 +85,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
             "(docs/results.md).",
             "",
         ]
-    lines += _caveats_md(summ, records, reference)
+    lines += _caveats_md(summ, reference)
     lines += [
         "Computed from `metrics.jsonl` by `nemo_ais.embedded.report` (nothing edited by hand).",
         "",
@@ -161,19 +161,18 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     return "\n".join(lines) + "\n"
 
 
-def _caveats_md(summ, records, reference: str) -> list[str]:
+def _caveats_md(summ, reference: str) -> list[str]:
     """Lines naming what the tables leave out: unfinished seeds, a reference arm without evaluations."""
     lines = []
     cut = [
-        f"{arm} seed {seed} (last evaluation at step {step})"
+        f"{arm} seed {seed} (last evaluation at step {step} of {s['final_steps'][-1]})"
         for arm, s in summ.items()
         for seed, step in s["unfinished"].items()
     ]
     if cut:
         lines += [
-            f"**Unfinished seeds, left out of every accuracy statistic:** {', '.join(cut)}; the run's last "
-            f"evaluation is at step {max(r['step'] for r in records if r.get('kind') == 'val')}. Re-running the "
-            "same command finishes them (it resumes).",
+            f"**Unfinished seeds, left out of every accuracy statistic:** {', '.join(cut)}; re-running the same "
+            "command finishes them (it resumes).",
             "",
         ]
     if reference not in summ or not summ[reference]["seeds"]:

@@ -124,22 +124,22 @@ def paired_ci(diffs: list[float]) -> tuple[float, float]:
 
 
 def unfinished_seeds(records: list[dict[str, Any]]) -> dict[str, dict[int, int]]:
-    """``{arm: {seed: its last evaluated step}}`` of the seeds that stopped before the run's last evaluation.
+    """``{arm: {seed: its last evaluated step}}`` of the seeds that stopped before their arm's last evaluation.
 
     An interrupted (arm, seed) whose held-out curve ends early: every accuracy statistic leaves it out (its second
-    half and final step are not the others'), and ``summary.md`` names it.
+    half and final step are not its arm's), and ``summary.md`` names it. Per arm, since an arm may set its own
+    ``grpo.max_num_steps``; an arm whose every seed stopped at the same step is not told apart from such an arm.
     """
-    val = series(records, "val", "accuracy")
-    last = max((step for seeds in val.values() for by_step in seeds.values() for step in by_step), default=0)
-    return {
-        arm: cut
-        for arm, seeds in val.items()
-        if (cut := {seed: max(by_step) for seed, by_step in seeds.items() if max(by_step) < last})
-    }
+    out = {}
+    for arm, seeds in series(records, "val", "accuracy").items():
+        last = max(max(by_step) for by_step in seeds.values())
+        if cut := {seed: max(by_step) for seed, by_step in seeds.items() if max(by_step) < last}:
+            out[arm] = cut
+    return out
 
 
 def finished_accuracy(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[int, float]]]:
-    """Held-out accuracy by arm, seed and step, of the seeds evaluated up to the run's last evaluation."""
+    """Held-out accuracy by arm, seed and step, of the seeds evaluated up to their arm's last evaluation."""
     cut = unfinished_seeds(records)
     return {
         arm: {seed: by_step for seed, by_step in seeds.items() if seed not in cut.get(arm, {})}
@@ -151,7 +151,7 @@ def primary_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]
     """The primary metric (declared before any run), per arm and finished seed.
 
     The mean held-out greedy accuracy over the evaluations in the second half of training.
-    "Second half": the evaluations at steps ``s >= S / 2``, ``S`` the run's last evaluated
+    "Second half": the evaluations at steps ``s >= S / 2``, ``S`` the arm's last evaluated
     step (with ``grpo.val_period = 10`` and 60 steps: steps 30, 40, 50, 60); a seed evaluated
     last before ``S`` is left out (:func:`unfinished_seeds`).
     """

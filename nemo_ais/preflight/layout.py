@@ -173,9 +173,9 @@ def pipeline_stages(cfg: Mapping[str, Any], num_layers: int, pp: int) -> list[in
     Raises:
         ValueError: a stage size that is not an integer >= 1, or a split Megatron-Core refuses (names the fields).
     """
-    if pp == 1:
-        return [num_layers]
     first, last = (get(cfg, _STAGE.format(end)) for end in ("first", "last"))
+    if pp == 1 and first is None and last is None:
+        return [num_layers]
     for end, size in (("first", first), ("last", last)):
         if size is not None and (type(size) is not int or size < 1):
             raise ValueError(f"{_STAGE.format(end)}={size!r} is invalid: expected an integer >= 1")

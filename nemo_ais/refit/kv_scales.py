@@ -356,21 +356,26 @@ class KVScaleCalibrator:
 class _ObservedCache:
     """The KV cache an attention layer writes to (or None), seen by :meth:`KVScaleCalibrator.install_hooks`.
 
-    ``update`` observes K and V (``[B, heads, T, D]``, as ``[B, T, heads * D]`` rows), then hands them to the cache,
-    or back unchanged when there is none. Anything else is the cache's.
+    ``update`` observes K and V (``[B, heads, T, D]``, as ``[B, T, heads * D]`` rows), then hands them to the cache:
+    the layer's own, or a fresh HF ``DynamicCache`` for this call when the forward has none (an attention may ask an
+    empty cache its length). Anything else is the cache's.
     """
 
     def __init__(self, inner: Any, layer: int, calibrator: KVScaleCalibrator) -> None:
+        if inner is None:
+            from transformers import DynamicCache
+
+            inner = DynamicCache()
         self.inner, self.layer, self.calibrator = inner, layer, calibrator
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         for kind, states in (("k", key_states), ("v", value_states)):
             self.calibrator.observe(self.layer, kind, states.transpose(1, 2).flatten(2), self.calibrator.token_mask)
-        if self.inner is None:
-            return key_states, value_states
         return self.inner.update(key_states, value_states, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copy, unpickling)
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 

@@ -378,6 +378,12 @@ BROKEN = [
         "trainer_parallel",
         "-8 layers left for 0 stage(s)",
     ),
+    (  # NeMo-RL copies the stage sizes into the model config at any PP, PP 1 included
+        QWEN8B,
+        ["+policy.megatron_cfg.num_layers_in_first_pipeline_stage=2"],
+        "trainer_parallel",
+        "after policy.megatron_cfg.num_layers_in_first_pipeline_stage=2: 34 layers left for 0 stage(s)",
+    ),
     (
         LLAMA,
         ["+policy.megatron_cfg.num_layers_in_first_pipeline_stage=0"],

@@ -20,6 +20,7 @@ from nemo_ais.embedded.report import (
     t_quantile_975,
     write_report,
 )
+from nemo_ais.embedded.stats import unfinished_seeds
 
 
 def _write(path, records):
@@ -392,10 +393,17 @@ def test_an_unfinished_seed_is_left_out_of_the_accuracy_statistics_and_named(tmp
     text = (tmp_path / "summary.md").read_text()
     assert (
         "**Unfinished seeds, left out of every accuracy statistic:** nvfp4_w4a4-none seed 1 (last evaluation at "
-        "step 20); the run's last evaluation is at step 30. Re-running the same command finishes them (it resumes)."
+        "step 20 of 30); re-running the same command finishes them (it resumes)."
     ) in text
     assert "| nvfp4_w4a4-none | 1 | 0.000 ± 0.000 | 0.500 ± 0.000 | **0.383 ± 0.000** |" in text
     assert "| nvfp4_w4a4-none | none | 0 / 1 | 0: none |" in text  # the collapse table: seed 0 only
+
+
+def test_an_arm_with_its_own_shorter_run_is_not_unfinished():
+    """An arm may set its own grpo.max_num_steps: every seed of it ending at step 20 of a 30-step run is finished."""
+    recs = _cut(_cut(_run_records(30, [0, 1]), "nvfp4_w4a4-none", 0, 20), "nvfp4_w4a4-none", 1, 20)
+    assert unfinished_seeds(recs) == {}
+    assert set(primary_metric(recs)["nvfp4_w4a4-none"]) == {0, 1}
 
 
 def test_an_arm_too_short_for_two_windows_and_a_nan_entropy_print_a_dash(tmp_path):

@@ -8,6 +8,8 @@ against hand-worked cases.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -359,3 +361,15 @@ def test_config_validation(kwargs, match):
         KVScaleConfig(**kwargs)
     with pytest.raises(ValueError, match="num_layers=0"):
         KVScaleCalibrator(0)
+
+
+def test_the_pass_through_cache_is_an_empty_hf_cache_and_copies():
+    """Without a cache the hooked attention gets a fresh DynamicCache for the call: an attention that asks its length
+    first (Llama4's NoPE layers) reads 0 as without hooks; a copy does not recurse into ``__getattr__``."""
+    from nemo_ais.refit.kv_scales import _ObservedCache
+
+    cache = _ObservedCache(None, 0, KVScaleCalibrator(1))
+    assert cache.get_seq_length() == 0
+    k = torch.randn(1, 2, 3, 4)
+    assert torch.equal(cache.update(k, k + 1, 0)[0], k) and cache.get_seq_length() == 3
+    assert copy.deepcopy(cache).get_seq_length() == 3
