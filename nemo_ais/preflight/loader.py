@@ -138,14 +138,17 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     Raises:
         ValueError: an override Hydra refuses, with Hydra's reason.
     """
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides)
     if not overrides:
         return cfg
+    try:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import HydraException
+    except ImportError as err:
+        raise ValueError(f"overrides {overrides} need hydra-core>=1.3 (pip install 'hydra-core>=1.3'): {err}") from None
     OmegaConf.set_struct(cfg, True)  # a plain key=value cannot add a key, nested in a dict value either
     try:
         ConfigLoaderImpl._apply_overrides_to_config(

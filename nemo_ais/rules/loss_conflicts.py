@@ -50,9 +50,10 @@ def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
     if mode == "none":
         return (
             [
-                "loss_fn.force_on_policy_ratio=True conflicts with loss_fn.ais (mode none too): NeMo-RL then skips "
-                "the prev_logprobs forward and leaves zeros, from which the ais/* diagnostics and the refit guard "
-                "would read log(pi_old / mu) = -log(mu) (drop loss_fn.ais to run NeMo-RL's loss alone with it)"
+                "loss_fn.force_on_policy_ratio=True conflicts with the AIS loss (loss_fn.ais.mode none, or no "
+                "loss_fn.ais, too): NeMo-RL then skips the prev_logprobs forward and leaves zeros, from which the "
+                "ais/* diagnostics and the refit guard would read log(pi_old / mu) = -log(mu) (set it to false, or "
+                "run it with NeMo-RL's own entry point, without nemo_ais)"
             ]
             if loss_fn.get("force_on_policy_ratio", False)
             else []

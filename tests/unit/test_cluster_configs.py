@@ -543,6 +543,12 @@ BROKEN = [
         "trainer_parallel",
         "training GPUs (gpu_split) = 4 is not divisible by TP x PP x CP = 8 x 1 x 1 = 8",
     ),
+    (  # the launcher's loss without loss_fn.ais is mode none: NeMo-RL's zeros would feed its telemetry
+        SMOKE,
+        ["~loss_fn.ais", "loss_fn.force_on_policy_ratio=true"],
+        "loss_fn.ais",
+        "loss_fn.force_on_policy_ratio=True conflicts with the AIS loss (loss_fn.ais.mode none, or no loss_fn.ais",
+    ),
     (SMOKE, ["+loss_fn.ais.bogus=1"], "loss_fn.ais", "loss_fn.ais.bogus is not a known field"),
     (
         SMOKE,

@@ -62,8 +62,8 @@ def check_loss_sections(ctx: Context) -> Verdict:
     The surrogate knobs: :class:`~nemo_ais.config.PGLossConfig`, as ``AISLossConfig`` checks them.
     """
     loss = ctx.get("loss_fn", {})
-    if "ais" not in loss:
-        return Verdict(warnings=["no loss_fn.ais section: the AIS loss is not configured"])
+    if "ais" not in loss:  # the launcher's loss is then mode none: its one conflict still holds
+        return Verdict(ais_conflicts(loss, "none"), warnings=["no loss_fn.ais section: the AIS loss is not configured"])
     problems = unknown_ais_sections(loss)
     ais = _validated(problems, validate_section, CorrectionConfig, loss["ais"], "loss_fn.ais")
     raw = loss["ais"] if isinstance(loss["ais"], dict) else {}
