@@ -9,7 +9,7 @@ random-init one), rollout format (``bf16`` linears, so the KV cache is the only 
 
 1. Calibrate as NeMo-RL's GRPO does, trainer-side on the PREVIOUS step's rollouts (prompt
    + response, padding included, as upstream), one observation per micro-batch of 8
-   sequences, observed at the fp32 model's ``k_proj`` / ``v_proj`` outputs
+   sequences, observed on the fp32 model's K and V as its KV cache receives them, after RoPE
    (:meth:`~nemo_ais.refit.kv_scales.KVScaleCalibrator.install_hooks`).
 2. Score THIS step's responses (sampled from the fp32 model, so every rule is measured
    on the same tokens) with the twin holding those scales, teacher-forced through its
@@ -31,11 +31,11 @@ from __future__ import annotations
 import argparse
 
 import torch
+from transformers import DynamicCache
 
 from benchmarks._record import record_section
 from benchmarks.bench_fp8_twin import LOW_PRECISION_MD, embedded_setup, random_setup
 from nemo_ais.refit.kv_scales import (
-    _ATTN_RE,
     KV_REDUCTIONS,
     KVSaturationCounter,
     KVScaleCalibrator,
@@ -82,29 +82,27 @@ def trainer_side_scales(model, previous: dict, reduction: str, num_layers: int) 
     return calibrator.compute_scales()
 
 
+class _SaturationCache(DynamicCache):
+    """HF's cache, counting the K / V it is handed (after RoPE: what the twin's cache quantizes) at valid positions."""
+
+    def __init__(self, counter: KVSaturationCounter, valid: torch.Tensor) -> None:
+        super().__init__()
+        self.counter, self.valid = counter, valid
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        rows = self.valid[:, : key_states.shape[2]]
+        for kind, states in (("k", key_states), ("v", value_states)):
+            self.counter.observe(layer_idx, kind, states.transpose(1, 2)[rows])
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
 @torch.no_grad()
 def count_saturated(model, ids, mask, current: dict, scales: KVScales) -> KVSaturationCounter:
-    """The K / V elements of this step's tokens (the fp32 model's ``k_proj`` / ``v_proj``
-    outputs at valid positions) with ``|x| > scale * 448``."""
+    """The K / V elements of this step's tokens (the fp32 model's, after RoPE, at valid positions) with
+    ``|x| > scale * 448``."""
     counter = KVSaturationCounter(scales)
-    valid = current["full_mask"].bool()
-    handles = []
-    for name, module in model.named_modules():
-        match = _ATTN_RE.search(name)
-        if match is None:
-            continue
-        layer_index = int(match.group(1))
-        for kind in ("k", "v"):
-
-            def hook(_m, _i, out, layer=layer_index, kind=kind):
-                counter.observe(layer, kind, out[valid[:, : out.shape[1]]])
-
-            handles.append(getattr(module, f"{kind}_proj").register_forward_hook(hook))
-    try:
-        score_responses(model, ids, mask, current["response_ids"])
-    finally:
-        for h in handles:
-            h.remove()
+    cache = _SaturationCache(counter, current["full_mask"].bool())
+    score_responses(model, ids, mask, current["response_ids"], past_key_values=cache)
     return counter
 
 
