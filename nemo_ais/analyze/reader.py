@@ -379,17 +379,16 @@ def _chunk(
     # NeMo-RL logs float32 log-probs: beyond float32's range is as corrupt as NaN / inf
     finite = (logp_old.abs() <= FP32_MAX) & (logp_rollout.abs() <= FP32_MAX)
     bad = valid & ~finite
-    # top-k / top-p training: NeMo-RL writes 0.0 where the trainer's filtered distribution excludes the sampled token
-    # (mask_out_neg_inf_logprobs), and its loss gives those positions ratio 1 and no gradient
-    placeholder = (
-        valid & finite & (logp_old == 0) & (logp_rollout < 0) if filtered_sampling else torch.zeros_like(valid)
-    )
+    kept, n_filtered = valid & finite, 0
+    if filtered_sampling:  # NeMo-RL writes 0.0 where the trainer's filtered distribution excludes the sampled token
+        placeholder = kept & (logp_old == 0) & (logp_rollout < 0)  # (mask_out_neg_inf_logprobs); its loss: ratio 1
+        kept, n_filtered = kept & ~placeholder, int(placeholder.sum())
     chunk = Chunk(
         logp_old=torch.where(finite, logp_old, 0.0),
         logp_rollout=torch.where(finite, logp_rollout, 0.0),
-        valid=valid & finite & ~placeholder,
+        valid=kept,
         lines=[r[0] for r in rows],
-        n_filtered=int(placeholder.sum()),
+        n_filtered=n_filtered,
     )
     if bad.any():
         i, j = (int(v) for v in torch.nonzero(bad)[0])
