@@ -413,7 +413,7 @@ def _analyze(args: argparse.Namespace) -> int:
     try:
         config, alarm_config = load_analysis_config(args.config, args.overrides)
         batches = global_batches_per_step(args.config) if args.config else 1
-        batches = (batches, trains_with_filtered_sampling(args.config) if args.config else False)
+        filtered = trains_with_filtered_sampling(args.config) if args.config else False
     except (ValueError, TypeError, FileNotFoundError) as err:
         return _fail(2, "analyze", f"invalid config: {err}")
     try:
@@ -433,14 +433,14 @@ def _analyze(args: argparse.Namespace) -> int:
         print(*(" + ".join(map(str, run)) for run in runs), sep="\n")
         return 0
     if log_dirs == [args.log_dir]:  # LOG_DIR is one run's log_dir
-        return _analyze_one(args, args.log_dir, args.out, "", config, alarm_config, batches)
+        return _analyze_one(args, args.log_dir, args.out, "", config, alarm_config, batches, filtered)
     print(f"nemo-ais analyze: {len(runs)} run(s) below {args.log_dir}")
     codes = []
     for run in runs:
         rel = run[-1].relative_to(args.log_dir)  # a resumed run writes beside its last launch
         out = args.out / rel if args.out is not None else None
         name = " + ".join(str(d.relative_to(args.log_dir)) for d in run)
-        code = _analyze_one(args, run, out, f"{name}: ", config, alarm_config, batches)
+        code = _analyze_one(args, run, out, f"{name}: ", config, alarm_config, batches, filtered)
         if code == 130:  # interrupted: stop here
             return code
         codes.append(code)
@@ -448,10 +448,10 @@ def _analyze(args: argparse.Namespace) -> int:
     return 1 if 1 in codes else max(codes)
 
 
-def _analyze_one(args, launches, out, prefix, config, alarm_config, batches) -> int:
+def _analyze_one(args, launches, out, prefix, config, alarm_config, batches, filtered) -> int:
     """Analyse one run (its ``log_dir``, or a resumed run's launches); print its summary (``prefix``: its name).
 
-    ``batches``: ``(global batches per step, filtered sampling)`` of the run config.
+    ``batches``, ``filtered``: the run config's global batches per step and whether it filtered its sampling.
     """
     log_dir = launches if isinstance(launches, Path) else launches[-1]
     from nemo_ais.analyze import BadInputError, analyze_run
@@ -467,9 +467,9 @@ def _analyze_one(args, launches, out, prefix, config, alarm_config, batches) -> 
             skip_bad_rows=args.skip_bad_rows,
             progress=not args.no_progress,
             plots=not args.no_plots,
-            global_batches_per_step=batches[0],
+            global_batches_per_step=batches,
             tolerance=args.tolerance,
-            filtered_sampling=batches[1],
+            filtered_sampling=filtered,
         )
     except KeyboardInterrupt:
         partial = output_dir(log_dir, out) / f"{ANALYSIS_FILE}.partial"
