@@ -130,8 +130,13 @@ def unfinished_seeds(records: list[dict[str, Any]]) -> dict[str, dict[int, int]]
     half and final step are not its arm's), and ``summary.md`` names it. Per arm, since an arm may set its own
     ``grpo.max_num_steps``; an arm whose every seed stopped at the same step is not told apart from such an arm.
     """
+    return _unfinished(series(records, "val", "accuracy"))
+
+
+def _unfinished(val: dict[str, dict[int, dict[int, float]]]) -> dict[str, dict[int, int]]:
+    """:func:`unfinished_seeds` of the held-out accuracy series ``val``."""
     out = {}
-    for arm, seeds in series(records, "val", "accuracy").items():
+    for arm, seeds in val.items():
         last = max(max(by_step) for by_step in seeds.values())
         if cut := {seed: max(by_step) for seed, by_step in seeds.items() if max(by_step) < last}:
             out[arm] = cut
@@ -140,11 +145,9 @@ def unfinished_seeds(records: list[dict[str, Any]]) -> dict[str, dict[int, int]]
 
 def finished_accuracy(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[int, float]]]:
     """Held-out accuracy by arm, seed and step, of the seeds evaluated up to their arm's last evaluation."""
-    cut = unfinished_seeds(records)
-    return {
-        arm: {seed: by_step for seed, by_step in seeds.items() if seed not in cut.get(arm, {})}
-        for arm, seeds in series(records, "val", "accuracy").items()
-    }
+    val = series(records, "val", "accuracy")
+    cut = _unfinished(val)
+    return {arm: {seed: v for seed, v in seeds.items() if seed not in cut.get(arm, {})} for arm, seeds in val.items()}
 
 
 def primary_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
