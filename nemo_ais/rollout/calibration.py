@@ -50,7 +50,7 @@ def observe_input_amax(
     MoE experts among ``modules``, each row of a padded batch runs alone, without its padding.
     """
     seen: dict[str, torch.Tensor] = {}
-    if any(".experts." in f".{n}" for n in modules) and not bool(attention_mask.all()):
+    if any(map(_is_expert, modules)) and not bool(attention_mask.all()):
         for ids, valid in zip(input_ids, attention_mask.to(torch.bool), strict=True):
             if not valid.any():  # an all-padding row: masked out, as in one batched forward
                 continue
@@ -83,6 +83,11 @@ def observe_input_amax(
     return seen
 
 
+def _is_expert(name: str) -> bool:
+    """A MoE expert's linear (``...mlp.experts.3.gate_proj``, the twin's ``...experts.gate_up_proj.3``)."""
+    return ".experts." in f".{name}"
+
+
 def _projection(name: str) -> str:
     """An expert's MoE projection: its name without the expert index (``experts.3.gate_proj``, ``up_proj.3``)."""
     return re.sub(r"\.\d+$", "", re.sub(r"\.experts\.\d+\.", ".experts.", name))
@@ -99,7 +104,7 @@ def shared_input_amax(names: Iterable[str], seen: Mapping[str, torch.Tensor]) ->
         max_into(projection_max, _projection(name), amax)
     out = {}
     for name in names:
-        amax = projection_max.get(_projection(name)) if ".experts." in f".{name}" else seen.get(name)
+        amax = projection_max.get(_projection(name)) if _is_expert(name) else seen.get(name)
         if amax is None:
             raise ValueError(
                 f"calibrate_input_amax: no input observed for {name}; expected every "
