@@ -854,6 +854,8 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
         (W4A4, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
         # NVFP4 with the MoE at TP 16: 768 / 16 = 48 = 3 x 16 (MXFP8 fails there, BROKEN)
         (W4A16, [MOE_MODEL, "policy.generation.vllm_cfg.tensor_parallel_size=16"]),
+        # the DTensor trainer has no pipeline stages: a Megatron stage key left in the YAML is inert
+        (SMOKE, [*DTENSOR, "+policy.megatron_cfg.num_layers_in_first_pipeline_stage=2"]),
     ],
 )
 def test_legal_variants_pass(path, overrides):

@@ -33,7 +33,8 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
                 f"{dims.num_attention_heads} query heads and {dims.num_key_value_heads} KV heads"
             )
         try:
-            pipeline_stages(ctx.cfg, dims.num_layers, lay.pp)
+            if megatron:  # DTensor has no pipeline stages: Megatron's stage keys are inert there
+                pipeline_stages(ctx.cfg, dims.num_layers, lay.pp)
         except ValueError as err:
             problems.append(str(err))
         n_experts = dims.num_experts
