@@ -344,7 +344,7 @@ def analyze_run(
     # rows stream into a .partial file, renamed when every step is in: a failed or interrupted
     # analysis never leaves an analysis.jsonl that looks complete (or pairs with an old report)
     partial = out / f"{ANALYSIS_FILE}.partial"
-    empty: list[str] = []  # with skip_bad_rows: steps without a row to analyse, skipped
+    empty: list[str] = []  # with skip_bad_rows: steps without a row to analyse or cut off mid-row, skipped
     masked: list[str] = []  # steps whose rows hold no valid token, analysed as empty global batches
     with bar, partial.open("w") as f:
         for step_file in files:

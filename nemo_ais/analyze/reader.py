@@ -63,6 +63,14 @@ class EmptyStepError(BadInputError):
     """A step file with no row to analyse (empty, or every row bad): ``--skip-bad-rows`` skips the step."""
 
 
+class CutOffStepError(EmptyStepError):
+    """A step file whose last row is cut off mid-row (a run stopped mid-write, or a file still being written).
+
+    An unknown number of rows after it is missing, so the step is no global batch: ``--skip-bad-rows`` skips
+    the whole step rather than analyse the rows before the cut as if they were all.
+    """
+
+
 class _RowError(ValueError):
     """A problem with one row (becomes a :class:`BadInputError` with the line number)."""
 
@@ -430,6 +438,8 @@ def iter_chunks(
 
     Raises:
         BadInputError: the first bad row (unless ``skip_bad_rows``), or an empty file.
+        CutOffStepError: with ``skip_bad_rows``, the file ends in a bad row without its newline (after the chunks
+            before it: a caller that keeps a step's chunks drops them).
     """
     counts = counts if counts is not None else ReadCounts()
     path = step_file.path
@@ -450,6 +460,10 @@ def iter_chunks(
                 prev, gen, mask = _parse_row(raw)
             except _RowError as err:
                 _bad_row(path, lineno, err, skip_bad_rows, counts)
+                if not raw.endswith(b"\n"):  # the last line (only it can lack a newline): cut off
+                    raise CutOffStepError(
+                        path, lineno, f"cut off mid-row ({err}): the rows after it are missing, not one step"
+                    ) from None
                 continue
             counts.rows += 1
             if rows and max(width, prev.numel()) * (len(rows) + 1) > chunk_tokens:

@@ -235,7 +235,7 @@ def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
     empty = meta.get("empty_steps") or []
     if empty:
         lines.append(
-            f"- **Steps without a row to analyse, skipped** (`--skip-bad-rows`): {len(empty)}, "
+            f"- **Steps skipped** (`--skip-bad-rows`: no row to analyse, or the file cut off mid-row): {len(empty)}, "
             f"first {empty[0]}; the EMA of alpha and the alarm windows run over the others."
         )
     masked = meta.get("masked_steps") or []

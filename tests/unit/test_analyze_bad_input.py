@@ -170,11 +170,27 @@ def test_skip_bad_rows_skips_a_step_without_a_row(tmp_path, log_dir):
     result = analyze_run(log_dir, tmp_path / "out", skip_bad_rows=True, plots=False)
     assert [r["step"] for r in result.rows] == [1]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "Steps without a row to analyse, skipped** (`--skip-bad-rows`): 2, first " in report
+    assert "Steps skipped** (`--skip-bad-rows`: no row to analyse, or the file cut off mid-row): 2, first " in report
     assert "train_data_step2.jsonl: empty file (no rows)" in report
     (log_dir / "train_data_step1.jsonl").write_text("")
     with pytest.raises(ValueError, match=r"no step file with a row to analyse \(3 skipped\)"):
         analyze_run(log_dir, tmp_path / "out2", skip_bad_rows=True, plots=False)
+
+
+def test_skip_bad_rows_skips_a_step_cut_off_mid_row_not_just_the_row(tmp_path, log_dir):
+    # a run killed while NeMo-RL's logger wrote step 2: the rows before the cut are not the step's global batch
+    path = log_dir / "train_data_step2.jsonl"
+    blob = path.read_bytes()
+    path.write_bytes(blob[: len(blob) - 100])
+    result = analyze_run(log_dir, tmp_path / "out", skip_bad_rows=True, plots=False)
+    assert [r["step"] for r in result.rows] == [1] and result.bad_rows == 0
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "train_data_step2.jsonl: cut off mid-row (truncated line" in report
+    # a bad row that ends in its newline is one bad row: the step is analysed without it
+    lines = blob.decode().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]) + lines[-1][:-100] + "\n")
+    result = analyze_run(log_dir, tmp_path / "out2", skip_bad_rows=True, plots=False)
+    assert [r["step"] for r in result.rows] == [1, 2] and result.bad_rows == 1
 
 
 @pytest.mark.parametrize(
