@@ -315,7 +315,8 @@ def _vector(key: str, value: object, has_bool: bool) -> torch.Tensor:
         out = torch.tensor(inner, dtype=_DTYPE)
     except (TypeError, ValueError, RuntimeError, OverflowError):
         out = None
-    if out is None or out.dim() != 1 or has_bool:
+    # has_bool: the line holds a JSON boolean somewhere, perhaps only in its text; map(type) finds one here at C speed
+    if out is None or out.dim() != 1 or (has_bool and bool in set(map(type, inner))):
         j, bad = next(
             ((j, v) for j, v in enumerate(inner) if isinstance(v, bool) or not isinstance(v, int | float) or _huge(v)),
             (None, None),
