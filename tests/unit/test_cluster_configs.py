@@ -43,6 +43,8 @@ DTENSOR = (
 )
 # async GRPO needs a BF16 KV cache (fp8_rollout) and vLLM's async engine (async_grpo)
 ASYNC_BF16_KV = ("grpo.async_grpo.enabled=true", "policy.generation.vllm_cfg.kv_cache_dtype=auto")
+# NeMo-Gym rollouts (main): an async vLLM engine
+NEMO_GYM = (*ASYNC_BF16_KV, "policy.generation.vllm_cfg.async_engine=true", "+env.should_use_nemo_gym=true")
 
 
 @functools.cache
@@ -389,6 +391,19 @@ BROKEN = [
         ["+policy.megatron_cfg.num_layers_in_first_pipeline_stage=0"],
         "trainer_parallel",
         "num_layers_in_first_pipeline_stage=0 is invalid: expected an integer >= 1",
+    ),
+    (  # NeMo-RL main's grpo setup() asserts validation sampling = training outside NeMo-Gym (v0.7.0 ignores it)
+        SMOKE,
+        ["policy.generation.val_temperature=0.6"],
+        "vllm_parallel",
+        "policy.generation.val_temperature=0.6 vs temperature=1.0: validation sampling that differs from training "
+        "runs only on NeMo-Gym vLLM rollouts",
+    ),
+    (
+        SMOKE,
+        [*NEMO_GYM, "policy.generation.val_top_k=20"],
+        "vllm_parallel",
+        "policy.generation.val_top_k=20: NeMo-Gym rollouts honour only val_temperature and val_top_p",
     ),
     (  # a size the layout reads: one failure before any check divides by it
         MOE,
@@ -854,6 +869,11 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
         (W4A4, ["policy.generation.vllm_cfg.tensor_parallel_size=8"]),
         # NVFP4 with the MoE at TP 16: 768 / 16 = 48 = 3 x 16 (MXFP8 fails there, BROKEN)
         (W4A16, [MOE_MODEL, "policy.generation.vllm_cfg.tensor_parallel_size=16"]),
+        # validation sampling of its own on NeMo-Gym vLLM rollouts (NeMo-RL main)
+        (
+            SMOKE,
+            [*NEMO_GYM, "policy.generation.val_temperature=0.6", "policy.generation.val_top_p=0.95"],
+        ),
         # the DTensor trainer has no pipeline stages: a Megatron stage key left in the YAML is inert
         (SMOKE, [*DTENSOR, "+policy.megatron_cfg.num_layers_in_first_pipeline_stage=2"]),
     ],

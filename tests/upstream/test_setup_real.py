@@ -350,6 +350,20 @@ def test_upstreams_fp8_kv_cache_pipeline_guard_runs(real_setup, monkeypatch):
         _main(real_setup, SMOKE, ["policy.megatron_cfg.pipeline_model_parallel_size=2"])
 
 
+def test_validation_sampling_of_its_own_is_mains_setup_assert_and_the_offline_checks_failure(real_setup):
+    """Outside NeMo-Gym, main's real setup() stops on val_temperature != temperature; v0.7.0 ignores the key."""
+    override = ["policy.generation.val_temperature=0.6"]
+    failed = {r.name: r.detail for r in cc.check_config(cc.load_config(SMOKE, override)) if r.status == "fail"}
+    assert "validation sampling that differs from training" in failed["vllm_parallel"]
+    if NEMO_RL == "main":
+        with pytest.raises(AssertionError, match="val_temperature/val_top_p/val_top_k differing"):
+            _main(real_setup, SMOKE, override)
+    else:
+        _main(real_setup, SMOKE, override)  # v0.7.0's setup() runs to its return: validation samples at 1.0
+        (call,) = real_setup.setup_calls
+        assert "returned" in call and call["args"][0].model_dump()["policy"]["generation"]["val_temperature"] == 0.6
+
+
 # ----------------------------------------------------------- cluster_check.ENTRY_POINT_KEYS
 #
 # Each key is dropped (deleted from the loaded dict, so no interpolation breaks first) from

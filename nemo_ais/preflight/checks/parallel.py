@@ -172,9 +172,34 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
         problems.append(f"policy.generation.top_k={top_k!r} is invalid: expected null or -1 (off) or an integer >= 1")
     if type(top_p) not in (int, float) or not 0 < top_p <= 1:
         problems.append(f"policy.generation.top_p={top_p!r} is invalid: expected a fraction in (0, 1] (1.0: off)")
+    problems += _val_sampling_problems(ctx)
     share = memory_share_problem(ctx.get(vcfg + ".gpu_memory_utilization"))
     problems += [share] if share else []
     where = "" if lay.colocated else f" on {lay.rollout_gpus} rollout GPUs ({lay.world} train)"
     return Verdict(
         problems, f"{lay.vllm_engines} engine(s) of TP={lay.vllm_tp} PP={lay.vllm_pp} EP={lay.vllm_ep}{where}"
     )
+
+
+def _val_sampling_problems(ctx: Context) -> list[str]:
+    """NeMo-RL main's ``grpo.setup()`` rule for ``policy.generation.val_*`` (v0.7.0 ignores the keys)."""
+    gen = "policy.generation."
+    differ = [
+        f"val_{name}={ctx.get(gen + 'val_' + name)!r} vs {name}={ctx.get(gen + name, default)!r}"
+        for name, default in (("temperature", None), ("top_p", 1.0), ("top_k", None))
+        if has(ctx.cfg, gen + "val_" + name) and ctx.get(gen + "val_" + name) != ctx.get(gen + name, default)
+    ]
+    if not differ:
+        return []
+    if not (ctx.get(gen + "backend", "vllm") == "vllm" and ctx.get("env.should_use_nemo_gym", False)):
+        return [
+            f"{gen}{', '.join(differ)}: validation sampling that differs from training runs only on NeMo-Gym vLLM "
+            "rollouts (env.should_use_nemo_gym=true); NeMo-RL main's grpo setup() asserts it and v0.7.0 ignores the "
+            "val_* keys (expected val_temperature: ${.temperature}, val_top_p: ${.top_p}, val_top_k: ${.top_k})"
+        ]
+    if ctx.get(gen + "val_top_k"):
+        return [
+            f"{gen}val_top_k={ctx.get(gen + 'val_top_k')!r}: NeMo-Gym rollouts honour only val_temperature and "
+            "val_top_p (NeMo-RL main's grpo setup() asserts val_top_k null)"
+        ]
+    return []
