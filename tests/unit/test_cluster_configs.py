@@ -44,7 +44,12 @@ DTENSOR = (
 # async GRPO needs a BF16 KV cache (fp8_rollout) and vLLM's async engine (async_grpo)
 ASYNC_BF16_KV = ("grpo.async_grpo.enabled=true", "policy.generation.vllm_cfg.kv_cache_dtype=auto")
 # NeMo-Gym rollouts (main): an async vLLM engine
-NEMO_GYM = (*ASYNC_BF16_KV, "policy.generation.vllm_cfg.async_engine=true", "+env.should_use_nemo_gym=true")
+NEMO_GYM = (
+    *ASYNC_BF16_KV,
+    "policy.generation.vllm_cfg.async_engine=true",
+    "+policy.generation.vllm_cfg.expose_http_server=true",
+    "+env.should_use_nemo_gym=true",
+)
 
 
 @functools.cache
@@ -404,6 +409,12 @@ BROKEN = [
         [*NEMO_GYM, "policy.generation.val_top_k=20"],
         "vllm_parallel",
         "policy.generation.val_top_k=20: NeMo-Gym rollouts honour only val_temperature and val_top_p",
+    ),
+    (  # NeMo-RL's should_use_nemo_gym (v0.7.0 and main) asserts an async engine that serves HTTP
+        SMOKE,
+        [*ASYNC_BF16_KV, "policy.generation.vllm_cfg.async_engine=true", "+env.should_use_nemo_gym=true"],
+        "vllm_parallel",
+        "env.should_use_nemo_gym=true needs policy.generation.vllm_cfg.expose_http_server=true",
     ),
     (  # a size the layout reads: one failure before any check divides by it
         MOE,

@@ -73,7 +73,7 @@ from shipped_configs import CONFIG_DIR, FULL_CONFIGS, RUNS_ON, configs_for, flat
 from nemo_ais import preflight as cc
 from nemo_ais.nemo_rl import AISClippedPGLossFn
 from nemo_ais.nemo_rl.policy_factory import ais_worker_fqn
-from nemo_ais.nemo_rl.run_config import RUN_MARKER_KEY, AISMasterConfig
+from nemo_ais.nemo_rl.run_config import RUN_MARKER_KEY, AISMasterConfig, ais_master_config
 from nemo_ais.preflight.checks.formats import rollout_format
 from nemo_ais.rules.native_kernels import NATIVE_KERNELS
 
@@ -362,6 +362,32 @@ def test_validation_sampling_of_its_own_is_mains_setup_assert_and_the_offline_ch
         _main(real_setup, SMOKE, override)  # v0.7.0's setup() runs to its return: validation samples at 1.0
         (call,) = real_setup.setup_calls
         assert "returned" in call and call["args"][0].model_dump()["policy"]["generation"]["val_temperature"] == 0.6
+
+
+@pytest.mark.parametrize("serves_http", [True, False])
+def test_the_nemo_gym_rule_is_upstreams_should_use_nemo_gym(serves_http):
+    """cluster_check fails a NeMo-Gym config exactly when upstream's real should_use_nemo_gym asserts."""
+    overrides = [
+        "grpo.async_grpo.enabled=true",
+        "policy.generation.vllm_cfg.kv_cache_dtype=auto",
+        "policy.generation.vllm_cfg.async_engine=true",
+        f"+policy.generation.vllm_cfg.expose_http_server={str(serves_http).lower()}",
+        "+env.should_use_nemo_gym=true",
+    ]
+    raw = run.load_config_dict(str(SMOKE), overrides)
+    ais_cfg = run.validate_ais(raw)
+    master = ais_master_config(raw, run.nemo_rl_view(raw, ais_cfg), ais_cfg)
+    if NEMO_RL == "main":
+        from nemo_rl.environments.nemo_gym import should_use_nemo_gym
+    else:
+        should_use_nemo_gym = grpo._should_use_nemo_gym
+    failed = {r.name: r.detail for r in cc.check_config(cc.load_config(SMOKE, overrides)) if r.status == "fail"}
+    if serves_http:
+        assert should_use_nemo_gym(master) is True and failed == {}
+    else:
+        with pytest.raises(AssertionError, match="expose_http_server"):
+            should_use_nemo_gym(master)
+        assert "vllm_cfg.expose_http_server=true (NeMo-RL's should_use_nemo_gym" in failed["vllm_parallel"]
 
 
 # ----------------------------------------------------------- cluster_check.ENTRY_POINT_KEYS

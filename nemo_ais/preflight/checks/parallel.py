@@ -182,22 +182,29 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
 
 
 def _val_sampling_problems(ctx: Context) -> list[str]:
-    """NeMo-RL main's ``grpo.setup()`` rule for ``policy.generation.val_*`` (v0.7.0 ignores the keys)."""
-    gen = "policy.generation."
+    """NeMo-Gym's asserts (``should_use_nemo_gym``) and main's ``grpo.setup()`` rule for ``generation.val_*``."""
+    gen, vcfg = "policy.generation.", "policy.generation.vllm_cfg."
+    vllm = ctx.get(gen + "backend", "vllm") == "vllm"
+    gym = bool(ctx.get("env.should_use_nemo_gym", False))
+    if gym and vllm:
+        needs = [key for key in ("async_engine", "expose_http_server") if not ctx.get(vcfg + key, False)]
+        if needs:
+            return [
+                f"env.should_use_nemo_gym=true needs {', '.join(f'{vcfg}{key}=true' for key in needs)} "
+                "(NeMo-RL's should_use_nemo_gym asserts it in grpo setup())"
+            ]
     differ = [
-        f"val_{name}={ctx.get(gen + 'val_' + name)!r} vs {name}={ctx.get(gen + name, default)!r}"
-        for name, default in (("temperature", None), ("top_p", 1.0), ("top_k", None))
-        if has(ctx.cfg, gen + "val_" + name) and ctx.get(gen + "val_" + name) != ctx.get(gen + name, default)
+        f"val_{name}={ctx.get(gen + 'val_' + name)!r} vs {name}={ctx.get(gen + name)!r}"
+        for name in ("temperature", "top_p", "top_k")
+        if has(ctx.cfg, gen + "val_" + name) and ctx.get(gen + "val_" + name) != ctx.get(gen + name)
     ]
-    if not differ:
-        return []
-    if not (ctx.get(gen + "backend", "vllm") == "vllm" and ctx.get("env.should_use_nemo_gym", False)):
+    if differ and not (gym and vllm):
         return [
             f"{gen}{', '.join(differ)}: validation sampling that differs from training runs only on NeMo-Gym vLLM "
             "rollouts (env.should_use_nemo_gym=true); NeMo-RL main's grpo setup() asserts it and v0.7.0 ignores the "
             "val_* keys (expected val_temperature: ${.temperature}, val_top_p: ${.top_p}, val_top_k: ${.top_k})"
         ]
-    if ctx.get(gen + "val_top_k"):
+    if differ and ctx.get(gen + "val_top_k"):
         return [
             f"{gen}val_top_k={ctx.get(gen + 'val_top_k')!r}: NeMo-Gym rollouts honour only val_temperature and "
             "val_top_p (NeMo-RL main's grpo setup() asserts val_top_k null)"
