@@ -417,6 +417,14 @@ def _bad_row(path: Path, lineno: int, err: _RowError, skip: bool, counts: ReadCo
         counts.bad_examples.append(f"{path.name}:{lineno}: {err}")
 
 
+def _cut_off(path: Path, lineno: int, what: str, skip: bool) -> BadInputError:
+    """The last line lacks its newline: NeMo-RL's logger ends every row with one, so the writer stopped there."""
+    problem = f"{what}; the writer stopped there, the rows it had yet to write are missing"
+    if skip:
+        return CutOffStepError(path, lineno, problem)
+    return BadInputError(path, lineno, f"{problem} (--skip-bad-rows skips such a step)")
+
+
 def iter_chunks(
     step_file: StepFile,
     *,
@@ -439,8 +447,8 @@ def iter_chunks(
 
     Raises:
         BadInputError: the first bad row (unless ``skip_bad_rows``), or an empty file.
-        CutOffStepError: with ``skip_bad_rows``, the file ends in a bad row without its newline (after the chunks
-            before it: a caller that keeps a step's chunks drops them).
+        CutOffStepError: with ``skip_bad_rows``, the file's last line lacks its newline (raised after the chunks
+            before it: a caller that keeps a step's chunks drops them); without, a :class:`BadInputError`.
     """
     counts = counts if counts is not None else ReadCounts()
     path = step_file.path
@@ -460,12 +468,14 @@ def iter_chunks(
             try:
                 prev, gen, mask = _parse_row(raw)
             except _RowError as err:
+                if not raw.endswith(b"\n"):
+                    raise _cut_off(path, lineno, str(err), skip_bad_rows) from None
                 _bad_row(path, lineno, err, skip_bad_rows, counts)
-                if not raw.endswith(b"\n"):  # the last line (only it can lack a newline): cut off
-                    raise CutOffStepError(
-                        path, lineno, f"cut off mid-row ({err}): the rows after it are missing, not one step"
-                    ) from None
                 continue
+            if not raw.endswith(b"\n"):  # a whole row, its newline not written
+                raise _cut_off(
+                    path, lineno, "the last row has no newline (NeMo-RL's logger ends each with one)", skip_bad_rows
+                )
             counts.rows += 1
             if rows and max(width, prev.numel()) * (len(rows) + 1) > chunk_tokens:
                 yield _chunk(rows, path, filtered_sampling)

@@ -97,7 +97,7 @@ def test_truncated_line_names_the_skip_option(capsys, log_dir):
     path = log_dir / "train_data_step2.jsonl"
     blob = path.read_bytes()
     path.write_bytes(blob[: len(blob) - 100])
-    _fails_with(capsys, log_dir, "truncated line", "--skip-bad-rows skips and counts such rows")
+    _fails_with(capsys, log_dir, "truncated line", "--skip-bad-rows skips such a step")
 
 
 def test_no_run_within_the_search_depth(capsys, tmp_path, pristine):
@@ -185,12 +185,21 @@ def test_skip_bad_rows_skips_a_step_cut_off_mid_row_not_just_the_row(tmp_path, l
     result = analyze_run(log_dir, tmp_path / "out", skip_bad_rows=True, plots=False)
     assert [r["step"] for r in result.rows] == [1] and result.bad_rows == 0
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "train_data_step2.jsonl: cut off mid-row (truncated line" in report
+    assert "train_data_step2.jsonl: truncated line (no newline at the end of the file): " in report
+    assert "; the writer stopped there, the rows it had yet to write are missing" in report
     # a bad row that ends in its newline is one bad row: the step is analysed without it
     lines = blob.decode().splitlines(keepends=True)
     path.write_text("".join(lines[:-1]) + lines[-1][:-100] + "\n")
     result = analyze_run(log_dir, tmp_path / "out2", skip_bad_rows=True, plots=False)
     assert [r["step"] for r in result.rows] == [1, 2] and result.bad_rows == 1
+    # a whole last row whose newline the writer had yet to write: cut off all the same
+    path.write_bytes(blob[:-1])
+    result = analyze_run(log_dir, tmp_path / "out3", skip_bad_rows=True, plots=False)
+    assert [r["step"] for r in result.rows] == [1]
+    report = (tmp_path / "out3" / "report.md").read_text()
+    assert "train_data_step2.jsonl: the last row has no newline (NeMo-RL's logger ends each with one); the" in report
+    with pytest.raises(ValueError, match=r"step2.jsonl:8: the last row has no newline.*--skip-bad-rows skips such"):
+        analyze_run(log_dir, tmp_path / "out4", plots=False)
 
 
 @pytest.mark.parametrize(
