@@ -410,6 +410,12 @@ BROKEN = [
         "vllm_parallel",
         "policy.generation.val_top_k=20: NeMo-Gym rollouts honour only val_temperature and val_top_p",
     ),
+    (  # VllmGeneration compares top_p with 0 and 1: null is a TypeError there
+        SMOKE,
+        ["policy.generation.top_p=null"],
+        "vllm_parallel",
+        "policy.generation.top_p=None is invalid: expected a fraction in (0, 1]",
+    ),
     (  # NeMo-RL's should_use_nemo_gym (v0.7.0 and main) asserts an async engine that serves HTTP
         SMOKE,
         [*ASYNC_BF16_KV, "policy.generation.vllm_cfg.async_engine=true", "+env.should_use_nemo_gym=true"],

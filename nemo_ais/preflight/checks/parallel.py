@@ -167,7 +167,9 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
                 f"{vcfg}.tensor_parallel_size={lay.vllm_tp} must divide the {heads} query heads "
                 f"and divide or be a multiple of the {kv} KV heads"
             )
-    top_k, top_p = ctx.get("policy.generation.top_k"), ctx.get("policy.generation.top_p", 1.0)
+    top_k = ctx.get("policy.generation.top_k")
+    # a null top_p is no "off": VllmGeneration compares it with 0 and 1 (TypeError)
+    top_p = ctx.cfg["policy"]["generation"]["top_p"] if has(ctx.cfg, "policy.generation.top_p") else 1.0
     if top_k is not None and top_k != -1 and not (type(top_k) is int and top_k >= 1):
         problems.append(f"policy.generation.top_k={top_k!r} is invalid: expected null or -1 (off) or an integer >= 1")
     if type(top_p) not in (int, float) or not 0 < top_p <= 1:
