@@ -359,6 +359,13 @@ def _tbpo_sequence(theta, old, advs, ws, coefs, cfg):
     return loss, [d_log_s / n if inside else 0.0] * n
 
 
+def pg_for(cfg, pg):
+    """``pg`` as a test may pair it with ``cfg``: tbpo refuses a token-level loss (a mean over sequences)."""
+    if cfg.mode == "tbpo" and pg.token_level_loss:
+        return pg.model_copy(update={"token_level_loss": False})
+    return pg
+
+
 def clipped_pg_loss(
     logp_theta,
     logp_old,

@@ -42,6 +42,8 @@ MODE = Mode(
         "disable_ppo_ratio": "tbpo's surrogate is built on the sequence ratio",
         "use_cispo": "tbpo has its own sequence-ratio surrogate, CISPO's replaces the PPO clip",
         "sequence_level_importance_ratios": "tbpo has its own sequence-ratio surrogate (its band is loss_fn.ais.tbpo)",
+        "token_level_loss": "tbpo's objective is a mean over sequences, -mean_i[m_i f_i], as GSPO's (NeMo-RL asserts "
+        "token_level_loss false for it): a token mean would weigh each sequence by its length",
     },
     unused_options=("ratio_clip_min", "ratio_clip_max", "ratio_clip_c"),
     unused_why="its surrogate clips the sequence ratio to the band loss_fn.ais.tbpo.clip_low/"

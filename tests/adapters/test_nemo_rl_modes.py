@@ -74,8 +74,13 @@ def _run(loss_fn, data, curr):
     return loss.detach(), lp.grad, metrics
 
 
+def _section(ais):
+    """BASE + ``ais``; tbpo's loss is a mean over sequences (it refuses token_level_loss)."""
+    return {**BASE, "ais": ais, **({"token_level_loss": False} if ais.get("mode") == "tbpo" else {})}
+
+
 def _ours(ais, data, curr):
-    loss_fn = AISClippedPGLossFn({**BASE, "ais": ais})
+    loss_fn = AISClippedPGLossFn(_section(ais))
     prepare_global_batches(data, loss_fn, loss_fn.ais, local_batch_size=data.size, group=None, state=None)
     return _run(loss_fn, data, curr)
 
@@ -87,7 +92,7 @@ def _assert_same(ours, ref):
 
 @pytest.mark.parametrize("name", list(ALL_MODES))
 def test_new_keys_validate_under_loss_fn_ais(name):
-    cfg = validate_loss_config({**BASE, "ais": ALL_MODES[name]})
+    cfg = validate_loss_config(_section(ALL_MODES[name]))
     assert cfg.ais == CorrectionConfig(**ALL_MODES[name])
 
 
@@ -146,7 +151,7 @@ def test_bypass_equals_nemo_rl_with_pi_old_set_to_mu():
 def test_adapter_equals_core_on_the_mapped_tensors(name):
     data, curr = _data(seed=5)
     ours = _ours(ALL_MODES[name], data, curr)
-    cfg = validate_loss_config({**BASE, "ais": ALL_MODES[name]})
+    cfg = validate_loss_config(_section(ALL_MODES[name]))
     x = core_inputs(data)
     diagnostics = compute_diagnostics(x.logp_old, x.logp_rollout, x.mask, cfg.ais)
     lp = curr.clone().requires_grad_(True)

@@ -67,6 +67,13 @@ PG = {
     "loss_tok": PGLossConfig(ratio_clip_c=3.0, reference_policy_kl_penalty=0.05),
     "loss_seq": PGLossConfig(ratio_clip_c=3.0, reference_policy_kl_penalty=0.05, token_level_loss=False),
 }
+
+
+def _batch_pg(cfg: CorrectionConfig) -> PGLossConfig:
+    """The loss of a batch-statistic config: tbpo's is a mean over sequences (it refuses a token mean)."""
+    return PG["loss_seq" if cfg.mode == "tbpo" else "loss_tok"]
+
+
 # Float64 everywhere; sums over ranks are only re-associated, so 1e-12 relative holds
 # with a wide margin (observed ~1e-16). ABS covers quantities that cancel to ~0.
 RTOL = 1e-12
@@ -179,7 +186,7 @@ def _rank_main(rank: int, world_size: int, specs, empty_specs, seed: int) -> dic
     for name, cfg in BATCH_CONFIGS.items():
         with count_collectives() as counter:
             d = compute_diagnostics(x.prev, x.gen, x.mask, cfg, group=group)
-        loss = _loss_run(x, None, PG["loss_tok"], n_tok, n_seq, group, cfg)
+        loss = _loss_run(x, None, _batch_pg(cfg), n_tok, n_seq, group, cfg)
         res[f"batch_{name}"] = {"values": d.as_dict(), "calls": _calls(counter), "loss": loss}
 
     state = AISState()
@@ -456,7 +463,7 @@ def test_batch_level_values_identical_on_ranks_and_equal_to_concatenated(world, 
         assert 0 < oracle["mode_frac_masked"] < 1 and oracle["m2po_threshold"] < 1e4
     curr = g.curr.clone().requires_grad_(True)
     want = clipped_pg_loss(
-        curr, g.prev, g.gen, g.adv, g.mask, cfg, pg=PG["loss_tok"], reference_logprobs=g.ref,
+        curr, g.prev, g.gen, g.adv, g.mask, cfg, pg=_batch_pg(cfg), reference_logprobs=g.ref,
     )  # fmt: skip
     want.loss.backward()
     total = math.fsum(r[f"batch_{name}"]["loss"]["loss"] for r in results)

@@ -263,6 +263,7 @@ def test_qarl_arm_differs_from_the_w4a16_arm_in_trainer_loss_and_refit_only():
         "policy.quant_cfg",  # NeMo-RL's QAT worker (QARL), upstream's 8B QARL recipe's file
         "policy.generation.quant_cfg",  # the same recipe (MLP-only; attention ignored anyway)
         "loss_fn.ais.mode",  # tbpo
+        "loss_fn.token_level_loss",  # false: TBPO's objective is a mean over sequences
         "ais_nvfp4_refit.enabled",  # the QAT worker exports packed NVFP4 itself
     }
     assert leaves["loss_fn.ais.mode"] == "tbpo"

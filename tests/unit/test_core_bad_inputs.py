@@ -193,7 +193,7 @@ def test_mask_values_a_cast_or_a_sum_would_round_away(mode, value, dtype):
     b["mask"] = b["mask"].to(dtype)
     b["mask"][1, 2] = value
     with pytest.raises(ValueError, match=r"mask: 1 values not in \{0, 1\}.*\(1, 2\)"):
-        _loss(b, CorrectionConfig(mode=mode))
+        _loss(b, CorrectionConfig(mode=mode), PGLossConfig(token_level_loss=mode != "tbpo"))
 
 
 def test_bool_and_integer_masks_equal_float_mask():

@@ -80,7 +80,8 @@ def _oracle(b, cfg, pg):
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_loss_grad_and_diagnostics_match_oracle(name, pg_name, seed):
-    b, cfg, pg = _batch(seed), CONFIGS[name], PG[pg_name]
+    b, cfg = _batch(seed), CONFIGS[name]
+    pg = oracles.pg_for(cfg, PG[pg_name])
     out, grad = _core(b, cfg, pg)
     loss, grad_ref, diag = _oracle(b, cfg, pg)
     assert out.loss.item() == pytest.approx(loss, rel=1e-12, abs=1e-15)
@@ -105,20 +106,20 @@ def test_modes_are_not_vacuous_on_the_test_data():
     assert oracles.diagnostics(*lists, CONFIGS["tis_bn"])["w_norm"] != 1
     assert 0 < oracles.diagnostics(*lists, CONFIGS["tbpo_wide"])["mode_frac_capped"] < 1
     # tbpo_wide: some sequences inside their band (gradient) and some outside (none)
-    _, grad = _core(b, CONFIGS["tbpo_wide"], PG["default"])
+    _, grad = _core(b, CONFIGS["tbpo_wide"], PG["seq_level"])
     moving = (grad != 0).any(dim=-1)
     assert 0 < moving.sum() < moving.numel()
 
 
 def test_tbpo_hand_worked():
     # one sequence, 2 valid tokens, log r = theta - old = [0.01, 0.03]: s = e^0.02 = 1.020201;
-    # mu = pi_old, so the mismatch weight is 1; token-level loss: c_t = 1 / 2
+    # mu = pi_old, so the mismatch weight is 1; a mean over sequences: c_t = 1 / (n_i N_seq) = 1 / 2
     old = torch.tensor([[-1.0, -2.0, -1.0]], dtype=torch.float64)
     theta = (old + torch.tensor([[0.01, 0.03, 5.0]], dtype=torch.float64)).requires_grad_()
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     s = math.exp(0.02)
     cfg = CorrectionConfig(mode="tbpo", **TBPO_WIDE)  # A >= 0 band [0.95, 1.08]: s inside
-    out = clipped_pg_loss(theta, old, old, torch.tensor([2.0], dtype=torch.float64), mask, cfg)
+    out = clipped_pg_loss(theta, old, old, torch.tensor([2.0], dtype=torch.float64), mask, cfg, pg=PG["seq_level"])
     out.loss.backward()
     # loss = -A s = -2.040403; d loss / d theta_t = -A s / n = -1.020201 per valid token
     assert out.loss.item() == pytest.approx(-2 * s, rel=1e-15)
@@ -127,10 +128,18 @@ def test_tbpo_hand_worked():
     # no gradient (PPO's pessimistic max would keep -A s = 1.0202 and its gradient)
     tight = CorrectionConfig(mode="tbpo", tbpo={**TBPO_WIDE["tbpo"], "neg_clip_high": 0.01})
     theta.grad = None
-    out = clipped_pg_loss(theta, old, old, torch.tensor([-1.0], dtype=torch.float64), mask, tight)
+    out = clipped_pg_loss(theta, old, old, torch.tensor([-1.0], dtype=torch.float64), mask, tight, pg=PG["seq_level"])
     out.loss.backward()
     assert out.loss.item() == pytest.approx(1.01, rel=1e-15)
     assert theta.grad.abs().sum().item() == 0.0
+
+
+def test_tbpo_refuses_a_token_level_loss():
+    # -mean_i[m_i f_i]: a token mean would weigh each sequence by its length (a 1- and a 9-token
+    # sequence in their band, A = 1: -(1 + 9) s / 10 weighs the long one 9 times)
+    b = _batch(0)
+    with pytest.raises(ValueError, match=r"token_level_loss=True is invalid with .*mode='tbpo'.*mean over sequences"):
+        _core(b, CorrectionConfig(mode="tbpo"), PGLossConfig())
 
 
 def test_tbpo_refuses_disable_ppo_ratio():

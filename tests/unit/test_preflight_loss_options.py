@@ -61,7 +61,7 @@ def test_mode_none_leaves_the_surrogate_to_nemo_rl():
 
 
 def test_tbpo_warns_that_the_token_clip_knobs_are_unused_naming_them():
-    results = _results(["loss_fn.ais.mode=tbpo", "loss_fn.ratio_clip_c=3.0"])
+    results = _results(["loss_fn.ais.mode=tbpo", "loss_fn.token_level_loss=false", "loss_fn.ratio_clip_c=3.0"])
     assert "fail" not in results
     (warning,) = results["warn"]
     for field in ("loss_fn.ratio_clip_min=", "loss_fn.ratio_clip_max=", "loss_fn.ratio_clip_c=3.0"):
@@ -71,7 +71,9 @@ def test_tbpo_warns_that_the_token_clip_knobs_are_unused_naming_them():
 
 
 def test_tbpo_without_dual_clip_names_only_the_knobs_that_are_set():
-    (warning,) = _results(["loss_fn.ais.mode=tbpo", "loss_fn.ratio_clip_c=null"])["warn"]
+    (warning,) = _results(["loss_fn.ais.mode=tbpo", "loss_fn.token_level_loss=false", "loss_fn.ratio_clip_c=null"])[
+        "warn"
+    ]
     assert "loss_fn.ratio_clip_c" not in warning and "loss_fn.ratio_clip_min=" in warning
 
 

@@ -114,7 +114,7 @@ _NVFP4_ROLLOUT = _FP8_ROLLOUT | {
     "policy.generation.real_quant_export_cpu_offload",
     "policy.generation.real_quant_ignore",
 }
-_QARL = _NVFP4_ROLLOUT | {"policy.quant_cfg"}
+_QARL = _NVFP4_ROLLOUT | {"policy.quant_cfg", "loss_fn.token_level_loss"}  # TBPO: a mean over sequences
 _MXFP8_ROLLOUT = {
     "policy.generation.vllm_cfg.is_mx",
     "policy.generation.vllm_cfg.kv_cache_dtype",
