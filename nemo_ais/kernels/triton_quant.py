@@ -282,9 +282,10 @@ def quantize_nvfp4_experts_triton(
     expert_amax = _matrix_amax(xc, e, jit) if amax is None else amax.to(x.device, torch.float32)
     s_g = nvfp4_global_scale(expert_amax)
     data, scale, bad = _nvfp4(xc, s_g, n, e, rows_per_block, jit)
-    # a non-finite x is counted by the kernel; a given amax is checked here
-    if bad or (amax is not None and _READ_BACK.get() and not bool(torch.isfinite(expert_amax).all())):
+    # a non-finite x is counted by the kernel; a given amax (finite, >= 0) is checked here
+    valid = torch.isfinite(expert_amax) & (expert_amax >= 0)
+    if bad or (amax is not None and _READ_BACK.get() and not bool(valid.all())):
         for i in range(e):  # the PyTorch path raises, naming the expert
             quantize_nvfp4(x[i], None if amax is None else amax[i], name=f"{name}[{i}]")
-        raise ValueError(f"amax: got non-finite values {expert_amax.tolist()}")
+        raise ValueError(f"amax: got {expert_amax.tolist()}, expected finite values >= 0")
     return NVFP4Tensor(data, scale, s_g)

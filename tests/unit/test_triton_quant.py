@@ -13,6 +13,8 @@ the interpreter runs each program in numpy.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,7 @@ from bit_equal import assert_same_bits as _assert_same
 
 from nemo_ais.formats.mxfp4 import quantize_mxfp4_reference
 from nemo_ais.formats.mxfp8 import quantize_mxfp8_reference
-from nemo_ais.formats.nvfp4 import quantize_nvfp4_reference
+from nemo_ais.formats.nvfp4 import quantize_nvfp4_experts, quantize_nvfp4_reference
 from nemo_ais.fp8 import quantize_blockwise, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
 from nemo_ais.kernels.triton_quant import (
     quantize_blockwise_triton,
@@ -321,6 +323,13 @@ def test_nvfp4_experts_errors():
     with pytest.raises(ValueError, match=r"amax: got \[2\]"):
         quantize_nvfp4_experts_triton(torch.ones(3, 4, 32), torch.ones(2))
     x = torch.ones(3, 4, 32)
+    # a negative or non-finite amax: refused as the PyTorch path refuses it (once garbage codes)
+    for bad in (-1.0, float("nan")):
+        amax = torch.tensor([1.0, 2.0, bad])
+        with pytest.raises(ValueError, match=r"amax: got .*expected one finite value >= 0") as err:
+            quantize_nvfp4_experts_triton(x, amax)
+        with pytest.raises(ValueError, match=re.escape(str(err.value))):
+            quantize_nvfp4_experts(x, amax)
     x[2, 1, 5] = float("nan")
     with pytest.raises(ValueError, match=r"w\[2\]: got 1 non-finite.*\(1, 5\)"):
         quantize_nvfp4_experts_triton(x, name="w")
