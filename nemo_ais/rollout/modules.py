@@ -18,7 +18,7 @@ from nemo_ais.formats.registry import get_format
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 from nemo_ais.rollout.fake_quant import LinearFakeQuant
 from nemo_ais.rollout.linear import Fp8Experts, Fp8Linear, QuantExperts, QuantLinear
-from nemo_ais.rules.vllm_layers import fused_shard_group, layer_index
+from nemo_ais.rules.vllm_layers import fused_shard_group, layer_index, projection
 
 
 def _text_config(model: nn.Module):
@@ -70,7 +70,8 @@ def quantized_module_names(model: nn.Module, config: RolloutPrecisionConfig) -> 
     for name, module in model.named_modules():
         if layer_index(name) is None or not (isinstance(module, nn.Linear) or _is_fused_experts(module)):
             continue
-        if keep.keeps(name):
+        # as the refit stream: a linear the refit cannot place (no projection vLLM's loader names) stays BF16
+        if keep.keeps(name) or (isinstance(module, nn.Linear) and projection(f"{name}.weight") is None):
             continue
         bad = [k for k in _in_features(module) if k % k_multiple]
         if bad:

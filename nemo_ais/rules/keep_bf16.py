@@ -7,7 +7,9 @@ The twin, the refit stream, the vLLM refit patch and ``nemo_ais.preflight`` all 
 ``mlp.gate`` also matched ``mlp.gate_up_proj``, and rollout ran in BF16 what training
 treated as FP8). Rules, in priority order, on a HF module or parameter name:
 
-1. MoE routers: the LAST name part is ``gate``, ``router`` or ``shared_expert_gate``.
+1. MoE routers: a name part after the decoder layer's index is ``gate``, ``router`` or
+   ``shared_expert_gate`` (the router itself, or a linear nested in it: GraniteMoE's
+   ``router.layer``, HunYuan's ``gate.wg``).
 2. ``patterns``: regexes, ``re.search`` on the module name or the full name.
 3. The first ``first_layers`` and the last ``last_layers`` decoder layers.
 4. ``attention``: every ``self_attn`` projection.
@@ -26,7 +28,8 @@ from typing import Any
 from nemo_ais.rules.vllm_layers import layer_index
 
 ROUTER_MODULES = frozenset({"gate", "router", "shared_expert_gate"})
-"""Last name parts of the MoE routers vLLM keeps in BF16."""
+"""Name parts of the MoE routers vLLM keeps in BF16."""
+_LAYER_PART = re.compile(r"(?:^|\.)layers\.\d+\.")
 # every tensor a format's refit sends for a linear (tests/unit/test_keep_bf16_agree.py)
 _PARAM_SUFFIXES = (
     ".weight",
@@ -75,8 +78,9 @@ class KeepInBf16:
         module = module_name(name)
         layer = layer_index(name)
         last = self.last_layers
+        in_layer = _LAYER_PART.split(module, maxsplit=1)[-1].split(".")
         checks = (
-            (module.rpartition(".")[2] in ROUTER_MODULES, "MoE router"),
+            (not ROUTER_MODULES.isdisjoint(in_layer), "MoE router"),
             (self._matches_pattern(module, name), "matches keep_patterns"),
             (layer is not None and layer < self.first_layers, f"first {self.first_layers} layers in BF16"),
             (layer is not None and last > 0 and layer >= (self.num_layers or 0) - last, f"last {last} layers in BF16"),

@@ -34,14 +34,19 @@ LEAVES = (
     "mlp.gate_up_proj",  # a fused MLP linear: "mlp.gate" is a prefix of its name
     "mlp.down_proj",
 )
+# linears the refit cannot place (no projection vLLM's loader names; DeepSeek's MLA, a router
+# nested one level down): kept BF16 by the twin and the stream, refused by the patch when the
+# engine quantizes them; the offline check sees only the projections of a model's shapes
+UNPLACED = ("self_attn.q_a_proj", "mlp.router.layer")
 MODULES = [f"model.layers.{i}.{leaf}" for i in range(N_LAYERS) for leaf in LEAVES]
 KEPT = {m for m in MODULES if m.endswith(("q_proj", "o_proj", "mlp.gate", "expert_gate"))}
+UNPLACED_MODULES = [f"model.layers.{i}.{leaf}" for i in range(N_LAYERS) for leaf in UNPLACED]
 IGNORE = ("*mlp.gate", "*self_attn*")  # NeMo-RL's NVFP4 default has both
 
 
 def _twin_model() -> nn.Module:
     root = nn.Module()
-    for name in MODULES:
+    for name in MODULES + UNPLACED_MODULES:
         *path, leaf = name.split(".")
         parent = root
         for part in path:
@@ -53,21 +58,21 @@ def _twin_model() -> nn.Module:
     return root
 
 
-def _twin_kept() -> set[str]:
+def _twin_kept(modules=MODULES) -> set[str]:
     config = RolloutPrecisionConfig(format="nvfp4_w4a16", attention_in_bf16=True)
-    return set(MODULES) - set(quantized_module_names(_twin_model(), config))
+    return set(modules) - set(quantized_module_names(_twin_model(), config))
 
 
-def _stream_kept() -> set[str]:
-    weights = [(f"{m}.weight", torch.empty(K, K, device="meta")) for m in MODULES]
+def _stream_kept(modules=MODULES) -> set[str]:
+    weights = [(f"{m}.weight", torch.empty(K, K, device="meta")) for m in modules]
     plan = plan_refit(weights, BlockSyncConfig(ignore=IGNORE))
     return {e.name.removesuffix(".weight") for e in plan.entries if e.action == "keep"}
 
 
-def _patch_kept() -> set[str]:
+def _patch_kept(modules=MODULES) -> set[str]:
     """The patch refuses a layer the engine holds in NVFP4 that the stream keeps in BF16."""
     kept = set()
-    for m in MODULES:
+    for m in modules:
         stream = RefitStream(BlockSyncConfig(ignore=IGNORE))
         pairs = [(f"{m}.weight", torch.ones(K, K))]
         try:
@@ -98,12 +103,22 @@ def test_every_consumer_keeps_exactly_the_same_layers(consumer):
     assert kept == KEPT, f"kept {sorted(kept - KEPT)} wrongly, quantized {sorted(KEPT - kept)}"
 
 
+@pytest.mark.parametrize("consumer", [_twin_kept, _stream_kept, _patch_kept], ids=lambda f: f.__name__)
+def test_a_linear_the_refit_cannot_place_is_bf16_in_the_twin_and_the_stream_and_refused_by_the_patch(consumer):
+    # once: the twin quantized every nn.Linear of a decoder layer, the stream only the named projections
+    assert consumer(UNPLACED_MODULES) == set(UNPLACED_MODULES)
+
+
 def test_a_prefix_is_not_a_match():
     rule = KeepInBf16(ignore=("*mlp.gate",), patterns=(r"mlp\.gate\b",))
     assert rule.reason("model.layers.0.mlp.gate") == "MoE router"
     assert rule.reason("model.layers.0.mlp.gate.weight") == "MoE router"
     assert rule.reason("model.layers.0.mlp.gate_up_proj.weight") is None
     assert rule.reason("model.layers.0.mlp.gate_proj") is None
+    # a linear nested in the router (GraniteMoE, HunYuan); a part before the layer index is no router
+    assert KeepInBf16().reason("model.layers.3.block_sparse_moe.router.layer.weight") == "MoE router"
+    assert KeepInBf16().reason("model.layers.3.mlp.gate.wg") == "MoE router"
+    assert KeepInBf16().reason("router.layers.3.mlp.up_proj") is None
     # NeMo-RL's keyword form IS a substring match (the engine does it): reported as such
     assert KeepInBf16(keywords=("mlp.gate",)).reason("model.layers.0.mlp.gate_up_proj") == (
         "ignored_layer_kws 'mlp.gate'"
