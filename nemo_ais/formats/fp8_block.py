@@ -85,6 +85,9 @@ def _saturate_(q: torch.Tensor) -> torch.Tensor:
     return q.clamp_(-E4M3_MAX, E4M3_MAX)
 
 
+_SMALLEST_NORMAL = torch.finfo(torch.float32).smallest_normal
+
+
 def _scales(amax: torch.Tensor, family: str, eps: float, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tile (dequant scale s, multiplier m) in fp32; a floored amax of 0 gets s = m = 1."""
     amax = amax.clamp_min(eps) if eps > 0 else amax
@@ -102,8 +105,10 @@ def _scales(amax: torch.Tensor, family: str, eps: float, ue8m0: bool) -> tuple[t
     s = amax / torch.full_like(amax, E4M3_MAX)
     s = pow2(e8m0_ceil_exponent(s)) if ue8m0 else s
     s = torch.where(zero, one, s)
-    # A tiny nonzero amax (eps = 0) can underflow s to 0; keep 0 / s and 0 * m finite.
-    s = torch.where(s == 0, torch.full_like(s, torch.finfo(torch.float32).smallest_normal), s)
+    # A tiny amax (eps = 0) gives a subnormal s, or 0: 1 / s would overflow and m = FLT_MAX would no
+    # longer invert s (codes 256x too small at amax 5e-39). The smallest normal 2^-126 has the exact
+    # reciprocal 2^126 and holds every code (|x| <= 448 * 2^-126).
+    s = torch.where(s < _SMALLEST_NORMAL, torch.full_like(s, _SMALLEST_NORMAL), s)
     return s, torch.reciprocal(s).clamp_max(FP32_MAX)
 
 

@@ -208,7 +208,7 @@ def fp8_blockwise_kernel(
         if UE8M0:
             s = _ceil_pow2(s)
         s = tl.where(zero, 1.0, s)
-        s = tl.where(s == 0, SMALLEST_NORMAL, s)
+        s = tl.where(s < SMALLEST_NORMAL, SMALLEST_NORMAL, s)  # subnormal or 0: 1 / s would overflow
         m = tl.minimum(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s), FP32_MAX)
     qbase = q_ptr + e * n * k + cols[None, :]
     for r0 in range(0, TILE_N, CHUNK):  # pass 2: scale, saturate, encode, store

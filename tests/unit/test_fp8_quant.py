@@ -236,6 +236,22 @@ def test_tiny_amax_with_eps_zero_stays_finite():
         assert (_codes(q) == 0).all()
 
 
+@pytest.mark.parametrize("ue8m0", [False, True])
+@pytest.mark.parametrize("family", ["reciprocal", "divide", "multiplier"])
+def test_a_tiny_amax_with_eps_zero_dequantizes_to_its_values(family, ue8m0):
+    # amax 5e-39: amax / 448 is an fp32 subnormal whose reciprocal overflows; the applied
+    # multiplier FLT_MAX then no longer inverted the stored scale (reciprocal: 5e-39 came back
+    # 1.95e-41). The scale floors at 2^-126 (exact reciprocal 2^126): dequantize inverts it.
+    x = torch.zeros(1, 16)
+    x[0, :4] = torch.tensor([1e-39, 2e-39, 5e-39, -3e-40])
+    q, s = quantize_blockwise(x, (1, 16), family, eps=0.0, ue8m0=ue8m0)
+    back = dequantize_blockwise(q, s, (1, 16))
+    nonzero = x != 0
+    torch.testing.assert_close(back[nonzero], x[nonzero], rtol=2**-3, atol=0)  # E4M3: 3 mantissa bits
+    if family != "multiplier":  # TE's rule stores s = 1 / m, m clamped to FLT_MAX: consistent already
+        assert s.item() >= torch.finfo(torch.float32).smallest_normal
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -78,7 +78,7 @@ inline void scales(float amax, int family, float eps, bool ue8m0, float* s, floa
   float ss = amax / 448.0f;
   if (ue8m0) ss = ceil_pow2(ss);
   ss = zero ? 1.0f : ss;
-  ss = ss == 0.0f ? FLT_MIN : ss;
+  ss = ss < FLT_MIN ? FLT_MIN : ss;  // subnormal or 0 (eps = 0): 1 / ss would overflow
   *s = ss; *m = std::min(1.0f / ss, FLT_MAX);
 }
 
