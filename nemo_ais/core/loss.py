@@ -331,7 +331,8 @@ def clipped_pg_loss(
         TypeError, ValueError: naming the tensor or argument, what arrived and what was
             expected (count and first index for bad values); with ``group`` one agreed ``ValueError`` on every rank.
             Normalisers NaN, inf or below this batch's count (placeholder 1 when the mode needs a global statistic);
-            ``config`` / ``pg`` of the wrong type; tbpo with ``disable_ppo_ratio``, ``use_cispo`` or GSPO; bad
+            ``config`` / ``pg`` of the wrong type; tbpo with ``disable_ppo_ratio``, ``use_cispo``, GSPO or a
+            token-level loss; bad
             ``rewards`` with VAPO.
     """
     require_config(config, CorrectionConfig, "clipped_pg_loss(config)")
