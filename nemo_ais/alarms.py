@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nemo_ais.config import require_config
 
@@ -76,6 +76,15 @@ class AlarmConfig(BaseModel):
         description="refit_readback: largest relative readback error taken as healthy (an exact readback is 0).",
     )
     fail_on_alarm: bool = Field(False, description="Online: raise RefitAlarmError (fail the step) when an alarm fires.")
+
+    @model_validator(mode="after")
+    def _history_fits_the_window(self) -> AlarmConfig:
+        if self.min_history > self.window:  # the baseline holds `window` steps: no jump alarm could fire
+            raise ValueError(
+                f"min_history={self.min_history} must be <= window={self.window} (the recent baseline holds "
+                "window steps, so a jump alarm would never fire)"
+            )
+        return self
 
 
 class AISAlarmsConfig(AlarmConfig):

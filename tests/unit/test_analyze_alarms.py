@@ -54,6 +54,16 @@ def test_jump_fires_only_after_history_and_above_both_thresholds():
     assert quiet.observe(2, _diag(1.0035, 0.0035)) == []
 
 
+def test_a_window_shorter_than_the_history_it_needs_is_refused():
+    # the baseline holds `window` steps: with window 2 < min_history 3 no jump could ever fire
+    with pytest.raises(ValueError, match=r"min_history=3 must be <= window=2"):
+        AlarmConfig(window=2)
+    monitor = AlarmMonitor(AlarmConfig(window=3, min_history=3))  # equal: fires once the window is full
+    for step in range(1, 10):
+        assert monitor.observe(step, _diag(1.01, 0.01)) == []
+    assert [a.kind for a in monitor.observe(10, _diag(2.0, 1.0))] == ["tmpe_jump", "severity_jump"]
+
+
 def test_empty_batch_neither_fires_nor_enters_the_history():
     monitor = AlarmMonitor(AlarmConfig(min_history=1))
     assert monitor.observe(1, _diag(1.0, 0.0, empty=1.0)) == []
