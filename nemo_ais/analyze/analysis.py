@@ -147,7 +147,8 @@ def load_analysis_config(
 def global_batches_per_step(path: Path | str) -> int:
     """Optimizer steps per GRPO step of a run config: rollout batch / train_global_batch_size.
 
-    Rounded up; 1 when the config does not give them (the embedded recipe's ``null``: the whole step). Above 1 the
+    Rounded down, as NeMo-RL's workers count them (``total // gbs``: rows past the last whole global batch are not
+    trained); at least 1; 1 when the config does not give them (the embedded recipe's ``null``: the whole step). Above 1 the
     replayed alpha (one per step file) differs from the online one (one per global batch). Raises ``FileNotFoundError``
     if the file (or a ``defaults:`` parent) does not exist.
     """
@@ -160,7 +161,7 @@ def global_batches_per_step(path: Path | str) -> int:
     sizes = (prompts, generations, global_batch)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
         return 1
-    return -(-prompts * generations // global_batch)
+    return max(1, prompts * generations // global_batch)
 
 
 def trains_with_filtered_sampling(path: Path | str) -> bool:
