@@ -376,8 +376,8 @@ def analyze_run(
                 profile=result.profile,
                 readback=readbacks.get(result.step),
             )
-            if result.n_tok == 0:  # NeMo-RL masked every sequence (seq_logprob_error_threshold, overlong filtering)
-                logger.warning(
+            if result.n_tok == 0 and result.n_nonfinite == 0:  # NeMo-RL masked every sequence (seq_logprob_error_
+                logger.warning(  # threshold, overlong filtering); non-finite log-probs are the nonfinite alarm's
                     "step %d: no valid token in %d rows: an empty global batch", result.step, result.counts.rows
                 )
                 masked.append(f"{step_file.path.name} ({result.counts.rows} rows)")

@@ -198,11 +198,12 @@ def replay_step(
             raise EmptyStepError(
                 step_file.path, counts.lines, f"no row to analyse ({counts.bad_rows} bad rows skipped)"
             )
-        if n_tok and n_old_nonzero == 0:  # log pi_old = 0 (p = 1) at every token: no trainer forward
+        # log pi_old = 0 (p = 1) at every finite valid token, top-k/top-p placeholders included: no trainer forward
+        if n_tok + n_filtered and n_old_nonzero == 0:
             raise BadInputError(
                 step_file.path,
                 0,
-                f"prev_logprobs is 0 at all {n_tok} valid tokens: NeMo-RL's placeholder when "
+                f"prev_logprobs is 0 at all {n_tok + n_filtered} valid tokens: NeMo-RL's placeholder when "
                 "loss_fn.force_on_policy_ratio is on (loss_fn.ais.bypass sets it), which skips "
                 "the trainer's log-probs; there is no rollout-training mismatch to replay",
             )

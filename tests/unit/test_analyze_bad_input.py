@@ -156,6 +156,21 @@ def test_placeholder_prev_logprobs_of_a_bypass_run(capsys, log_dir):
         _edit_row(path, line, lambda r: r.update(prev_logprobs=[[0.0] * len(r["prev_logprobs"][0])]))
     err = _fails_with(capsys, log_dir, "train_data_step2.jsonl:0:", "prev_logprobs is 0 at all")
     assert "force_on_policy_ratio" in err and "loss_fn.ais.bypass" in err
+    # with top-k / top-p sampling every such token also looks like a filtered placeholder: refused all the same
+    # (once: all left out, then analysed as an empty global batch, "every sequence masked")
+    with pytest.raises(ValueError, match=r"step2.jsonl:0: prev_logprobs is 0 at all \d+ valid tokens"):
+        analyze_run(log_dir, log_dir.parent / "out", plots=False, filtered_sampling=True)
+
+
+def test_a_step_whose_every_valid_log_prob_is_non_finite_is_no_masked_step(tmp_path, log_dir):
+    path = log_dir / "train_data_step2.jsonl"
+    for line in range(1, 9):
+        _edit_row(path, line, lambda r: r.update(generation_logprobs=[[float("nan")] * len(r["prev_logprobs"][0])]))
+    result = analyze_run(log_dir, tmp_path / "out", plots=False)
+    (step2,) = [r for r in result.rows if r["step"] == 2]
+    assert any(": nonfinite: 64 valid positions" in a for a in step2["alarms"]), step2["alarms"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Steps whose every sequence was masked" not in report
 
 
 def test_empty_file(capsys, log_dir):
