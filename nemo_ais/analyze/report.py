@@ -286,8 +286,11 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
     out_dir = Path(out_dir)
     steps = [int(r["step"]) for r in rows]
     alarms = [a for r in rows for a in r.get("alarms", [])]
+    # an empty global batch (every sequence masked) has stand-in values (D 0, alpha 0, R 1): no measurement
+    measured = [r for r in rows if not float(r.get("ais/empty_batch", 0.0))]
+    n_empty = len(rows) - len(measured)
     jumps = {int(r["step"]) for r in rows for a in r.get("alarms", []) if "_jump: " in a}
-    fit_rows = [r for r in rows if int(r["step"]) not in jumps]
+    fit_rows = [r for r in measured if int(r["step"]) not in jumps]
     written = save_figures(build_figures(rows), out_dir, dpi=100) if plots else []
     md = [
         "# AIS analysis of a NeMo-RL run",
@@ -306,12 +309,9 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
         "## Trend of the mismatch",
         "",
         "Least-squares slope per step; `grows`/`falls` when the confidence interval excludes 0"
-        + (
-            f". Steps with a jump alarm ({', '.join(map(str, sorted(jumps)))}) are left out "
-            f"of the fit ({len(fit_rows)} of {len(rows)} steps fitted)."
-            if jumps
-            else f" ({len(rows)} steps fitted)."
-        ),
+        + (f". Steps with a jump alarm ({', '.join(map(str, sorted(jumps)))}) are left out of the fit" if jumps else "")
+        + (f". The {n_empty} empty global batch(es) are left out of every statistic below" if n_empty else "")
+        + f" ({len(fit_rows)} of {len(rows)} steps fitted).",
         "",
         "| metric | slope / step | CI | trend |",
         "|---|---|---|---|",
@@ -319,7 +319,9 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
     fit_steps = [int(r["step"]) for r in fit_rows]
     for key, label in TREND_KEYS:
         md.append(_trend_line(f"`{key}` ({label})", fit_trend(fit_steps, _col(fit_rows, key))))
-    md += ["", "## Per-step values", "", *_summary_table(rows), "", "## Alarms", ""]
+    if not measured:  # every step an empty global batch: nothing measured to summarise
+        md += ["", "Every step was an empty global batch: no mismatch was measured."]
+    md += ["", "## Per-step values", "", *_summary_table(measured or rows), "", "## Alarms", ""]
     if alarms:
         md += ["| step | alarm | evidence |", "|---|---|---|"]
         shown = [(r["step"], a) for r in rows for a in r.get("alarms", [])][:_MAX_ALARM_ROWS]
@@ -330,10 +332,10 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
             md.append(f"\n... {len(alarms)} alarms in all; every one is in analysis.jsonl.")
     else:
         md.append("No alarm fired.")
-    md += ["", "## What each correction mode would have applied", "", *_modes_table(rows)]
-    md += ["", *placement_md(rows, meta.get("tolerance"))]
+    md += ["", "## What each correction mode would have applied", "", *_modes_table(measured or rows)]
+    md += ["", *placement_md(measured or rows, meta.get("tolerance"))]
     md += ["", "## Recommendation", ""]
-    md += [f"- {line}" for line in recommendations(rows, alarms)]
+    md += [f"- {line}" for line in recommendations(measured, alarms)] if measured else ["- None: nothing was measured."]
     if written:
         md += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in written]
     report = out_dir / REPORT_FILE

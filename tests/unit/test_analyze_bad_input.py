@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 
@@ -145,6 +146,22 @@ def test_a_step_whose_every_sequence_is_masked_is_an_empty_global_batch(tmp_path
     assert all(math.isfinite(v) for v in step2.values() if isinstance(v, float)), step2
     report = (tmp_path / "out" / "report.md").read_text()
     assert "**Steps whose every sequence was masked**" in report and "train_data_step2.jsonl (8 rows)" in report
+
+
+def test_empty_global_batches_are_no_measurements_in_the_report(tmp_path):
+    # D grows with the step; steps 15-20 masked whole: their stand-ins (D 0, alpha 0) once made the trend "flat"
+    log_dir = tmp_path / "logs"
+    write_run(log_dir, list(range(1, 21)))
+    for step in range(15, 21):
+        for line in range(1, 9):
+            _edit_row(log_dir / f"train_data_step{step}.jsonl", line, lambda r: r.update(sample_loss_mask=[0.0]))
+    result = analyze_run(log_dir, tmp_path / "out", plots=False)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "The 6 empty global batch(es) are left out of every statistic below (14 of 20 steps fitted)" in report
+    (severity,) = [line for line in report.splitlines() if line.startswith("| `ais/severity` (severity")]
+    assert severity.endswith("| grows |"), severity
+    measured = [r["ais/severity"] for r in result.rows if r["step"] < 15]
+    assert f"D = {statistics.fmean(measured):.4g}" in report  # the placement's mean: measured steps only
 
 
 def test_placeholder_prev_logprobs_of_a_bypass_run(capsys, log_dir):
