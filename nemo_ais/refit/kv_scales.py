@@ -308,6 +308,9 @@ class KVScaleCalibrator:
             )
         floor = self.config.amax_floor
         scale = amax.clamp_min(floor) * self.config.margin / E4M3_MAX
+        # 1.0 marks a scale never calibrated (vLLM's default; the refit guard refuses it): a calibrated one that
+        # rounds to 1.0 in fp32 (amax * margin = 448, e.g. margin 2 and amax 224) moves one fp32 ulp up (1.2e-7)
+        scale = torch.where(scale.float() == 1.0, torch.full_like(scale, 1.0 + 2.0**-23), scale)
         if not self.config.include_q:
             scale[:, 0] = 1.0  # q not calibrated: not sent (to_vllm skips it)
         return KVScales(amax, scale, self.config.include_q, peak)

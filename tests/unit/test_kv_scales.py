@@ -29,6 +29,7 @@ from nemo_ais.refit.kv_scales import (
     kv_scale_names,
     nearest_rank_percentile,
     percentile_amax,
+    require_calibrated_kv_scales,
     verify_kv_scales,
 )
 
@@ -82,6 +83,16 @@ def test_default_rule_is_upstreams():
 def test_nearest_rank_is_upstreams_index(n, p, index):
     values = torch.randperm(n).double()  # order does not matter: sorted first
     assert nearest_rank_percentile(values, p).item() == index
+
+
+def test_a_calibrated_scale_of_exactly_one_is_not_taken_for_the_default():
+    # margin 2, amax 224 (a bf16 value): 224 * 2 / 448 = 1.0, which the refit guard reads as "never calibrated"
+    cal = KVScaleCalibrator(1, KVScaleConfig(margin=2.0))
+    for kind in ("q", "k", "v"):
+        cal.observe(0, kind, torch.tensor([224.0, -3.0]))
+    layers = cal.compute_scales().to_vllm()
+    assert set(layers.values()) == {1.0 + 2.0**-23}  # one fp32 ulp above the placeholder
+    require_calibrated_kv_scales(layers, 1)  # no "left at the default 1.0"
 
 
 def test_default_rule_takes_max_abs_per_observation_then_nearest_rank():
