@@ -40,3 +40,14 @@ GEOMETRY: dict[str, Geometry] = {
     "mxfp4": Geometry((1, MX_BLOCK), 4, 1),
 }
 """Every format of :data:`nemo_ais.formats.registry.FORMATS`, by the same name (tested)."""
+
+
+def fp8_refit_block_problem(block: tuple[int, int] | list[int] | None) -> str | None:
+    """``ais_fp8_refit.block`` against NeMo-RL's FP8 engine (``weight_block_size`` 128 x 128, v0.7.0 and main)."""
+    engine = GEOMETRY["fp8"].block
+    if block is None or tuple(block) == engine:
+        return None
+    return (
+        f"ais_fp8_refit.block={list(block)} is invalid: expected {list(engine)}, the weight_block_size of "
+        "NeMo-RL's FP8 engine (its weight_scale_inv is [N/128, K/128])"
+    )

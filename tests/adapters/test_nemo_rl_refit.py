@@ -23,6 +23,7 @@ from torch import nn
 from nemo_ais.fp8 import Fp8SyncConfig, quantize_blockwise, quantize_mxfp8
 from nemo_ais.nemo_rl import refit
 from nemo_ais.refit.stream import RefitStream
+from nemo_ais.rules.format_geometry import GEOMETRY
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -293,6 +294,17 @@ def test_launcher_arms_the_hook_only_for_fp8_rollouts():
     with pytest.raises(ValueError, match=r"ais_fp8_refit\.famly is not a known field"):
         run.configure_fp8_refit({**fp8, "ais_fp8_refit": {"famly": "a"}}, {})
     assert run.configure_fp8_refit({**fp8, "ais_fp8_refit": {"enabled": False}}, {}) is None
+
+
+def test_the_fp8_refit_block_is_the_engines(upstream_fp8):
+    # the engine's weight_scale_inv is [N/128, K/128]: a [64, 64] block once streamed [N/64, K/64] scales,
+    # which vLLM's loader refused at the first refit, inside the engine
+    run = _launcher()
+    fp8 = {"policy": {"generation": {"vllm_cfg": {"precision": "fp8"}}}}
+    assert GEOMETRY["fp8"].block == tuple(upstream_fp8.FP8_BLOCK_QUANT_KWARGS["weight_block_size"])
+    assert run.configure_fp8_refit({**fp8, "ais_fp8_refit": {"block": [128, 128]}}, {}).block == (128, 128)
+    with pytest.raises(ValueError, match=r"ais_fp8_refit\.block=\[64, 64\] is invalid: expected \[128, 128\]"):
+        run.configure_fp8_refit({**fp8, "ais_fp8_refit": {"block": [64, 64]}}, {})
 
 
 def test_backend_auto_is_decided_once_per_process_not_per_tensor(upstream_fp8, monkeypatch):

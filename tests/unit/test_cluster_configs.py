@@ -411,6 +411,12 @@ BROKEN = [
         "vllm_parallel",
         "policy.generation.val_top_k=20: NeMo-Gym rollouts honour only val_temperature and val_top_p",
     ),
+    (  # NeMo-RL's FP8 engine holds [N/128, K/128] weight scales (FP8_BLOCK_QUANT_KWARGS)
+        QWEN8B,
+        ["+ais_fp8_refit.block=[64,64]"],
+        "fp8_rollout",
+        "ais_fp8_refit.block=[64, 64] is invalid: expected [128, 128]",
+    ),
     (  # VllmGeneration compares top_p with 0 and 1: null is a TypeError there
         SMOKE,
         ["policy.generation.top_p=null"],

@@ -15,7 +15,7 @@ from nemo_ais.preflight.checks.loss import NO_CORRECTION_HINT, setup_sees_import
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape
-from nemo_ais.rules.format_geometry import FP8_BLOCK
+from nemo_ais.rules.format_geometry import FP8_BLOCK, fp8_refit_block_problem
 
 _FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
 _KV_DTYPES = ("auto", *_FP8_KV_DTYPES)
@@ -72,6 +72,13 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
         if ctx.get("grpo.async_grpo.enabled", False):
             problems.append("an FP8 KV cache does not support grpo.async_grpo.enabled=true")
         problems += fp8_kv_refit_problems(ctx.cfg)
+    refit = ctx.get("ais_fp8_refit")
+    if (
+        isinstance(refit, dict)
+        and refit.get("enabled", True)
+        and (block := fp8_refit_block_problem(refit.get("block")))
+    ):
+        problems.append(block)
     warnings = []
     if precision == "fp8":
         n_bf16 = sum(int(vllm.get(f"num_{end}_layers_in_bf16", 0)) for end in ("first", "last"))
