@@ -131,12 +131,16 @@ def recommendations(rows: list[dict[str, Any]], alarms: list[str]) -> list[str]:
             f"step (max {frac[worst]:.1%} at step {steps[worst]})"
             + (": a large share of the batch would be discarded." if frac[worst] > 0.2 else ".")
         )
-    if alarms:
-        out.append(
-            f"{len(alarms)} alarm(s), the first: {alarms[0]}. Check the FP8 refit (weights and "
-            "KV-cache scales) around that step."
-        )
-    return out
+    return out + _alarm_advice(alarms)
+
+
+def _alarm_advice(alarms: list[str]) -> list[str]:
+    if not alarms:
+        return []
+    return [
+        f"{len(alarms)} alarm(s), the first: {alarms[0]}. Check the FP8 refit (weights and KV-cache scales) around "
+        "that step."
+    ]
 
 
 def _plot_series(ax, steps: list[int], series: dict[str, list[float]]) -> None:
@@ -286,7 +290,8 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
     out_dir = Path(out_dir)
     steps = [int(r["step"]) for r in rows]
     alarms = [a for r in rows for a in r.get("alarms", [])]
-    # an empty global batch (every sequence masked) has stand-in values (D 0, alpha 0, R 1): no measurement
+    # a step without a usable token (every sequence masked, or every valid log-prob non-finite) has stand-in values
+    # (D 0, alpha 0, R 1): no measurement
     measured = [r for r in rows if not float(r.get("ais/empty_batch", 0.0))]
     n_empty = len(rows) - len(measured)
     jumps = {int(r["step"]) for r in rows for a in r.get("alarms", []) if "_jump: " in a}
@@ -310,7 +315,12 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
         "",
         "Least-squares slope per step; `grows`/`falls` when the confidence interval excludes 0"
         + (f". Steps with a jump alarm ({', '.join(map(str, sorted(jumps)))}) are left out of the fit" if jumps else "")
-        + (f". The {n_empty} empty global batch(es) are left out of every statistic below" if n_empty else "")
+        + (
+            f". The {n_empty} step(s) without a usable token (every sequence masked, or every valid log-prob "
+            "non-finite) are left out of every statistic below"
+            if n_empty
+            else ""
+        )
         + f" ({len(fit_rows)} of {len(rows)} steps fitted).",
         "",
         "| metric | slope / step | CI | trend |",
@@ -319,9 +329,8 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
     fit_steps = [int(r["step"]) for r in fit_rows]
     for key, label in TREND_KEYS:
         md.append(_trend_line(f"`{key}` ({label})", fit_trend(fit_steps, _col(fit_rows, key))))
-    if not measured:  # every step an empty global batch: nothing measured to summarise
-        md += ["", "Every step was an empty global batch: no mismatch was measured."]
-    md += ["", "## Per-step values", "", *_summary_table(measured or rows), "", "## Alarms", ""]
+    nothing = ["No step had a usable token: nothing was measured."]
+    md += ["", "## Per-step values", "", *(_summary_table(measured) if measured else nothing), "", "## Alarms", ""]
     if alarms:
         md += ["| step | alarm | evidence |", "|---|---|---|"]
         shown = [(r["step"], a) for r in rows for a in r.get("alarms", [])][:_MAX_ALARM_ROWS]
@@ -332,10 +341,12 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
             md.append(f"\n... {len(alarms)} alarms in all; every one is in analysis.jsonl.")
     else:
         md.append("No alarm fired.")
-    md += ["", "## What each correction mode would have applied", "", *_modes_table(measured or rows)]
-    md += ["", *placement_md(measured or rows, meta.get("tolerance"))]
+    md += ["", "## What each correction mode would have applied", ""]
+    md += _modes_table(measured) if measured else nothing
+    md += ["", *placement_md(measured, meta.get("tolerance"))] if measured else []
     md += ["", "## Recommendation", ""]
-    md += [f"- {line}" for line in recommendations(measured, alarms)] if measured else ["- None: nothing was measured."]
+    advice = recommendations(measured, alarms) if measured else [*nothing, *_alarm_advice(alarms)]
+    md += [f"- {line}" for line in advice]
     if written:
         md += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in written]
     report = out_dir / REPORT_FILE

@@ -157,7 +157,10 @@ def test_empty_global_batches_are_no_measurements_in_the_report(tmp_path):
             _edit_row(log_dir / f"train_data_step{step}.jsonl", line, lambda r: r.update(sample_loss_mask=[0.0]))
     result = analyze_run(log_dir, tmp_path / "out", plots=False)
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "The 6 empty global batch(es) are left out of every statistic below (14 of 20 steps fitted)" in report
+    assert (
+        "The 6 step(s) without a usable token (every sequence masked, or every valid log-prob non-finite) are "
+        "left out of every statistic below (14 of 20 steps fitted)" in report
+    )
     (severity,) = [line for line in report.splitlines() if line.startswith("| `ais/severity` (severity")]
     assert severity.endswith("| grows |"), severity
     measured = [r["ais/severity"] for r in result.rows if r["step"] < 15]
@@ -188,6 +191,18 @@ def test_a_step_whose_every_valid_log_prob_is_non_finite_is_no_masked_step(tmp_p
     assert any(": nonfinite: 64 valid positions" in a for a in step2["alarms"]), step2["alarms"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "Steps whose every sequence was masked" not in report
+    # every step so: nothing measured, no stand-in numbers, and the alarms still lead the advice
+    for line in range(1, 9):
+        _edit_row(
+            log_dir / "train_data_step1.jsonl",
+            line,
+            lambda r: r.update(generation_logprobs=[[float("nan")] * len(r["prev_logprobs"][0])]),
+        )
+    analyze_run(log_dir, tmp_path / "all", plots=False)
+    report = (tmp_path / "all" / "report.md").read_text()
+    assert report.count("No step had a usable token: nothing was measured.") == 3
+    assert "This run's mismatch" not in report and "| `ais/alpha` |" not in report
+    assert "- 2 alarm(s), the first: step 1: nonfinite:" in report
 
 
 def test_empty_file(capsys, log_dir):
