@@ -42,12 +42,13 @@ GEOMETRY: dict[str, Geometry] = {
 """Every format of :data:`nemo_ais.formats.registry.FORMATS`, by the same name (tested)."""
 
 
-def fp8_refit_block_problem(block: tuple[int, int] | list[int] | None) -> str | None:
-    """``ais_fp8_refit.block`` against NeMo-RL's FP8 engine (``weight_block_size`` 128 x 128, v0.7.0 and main)."""
+def fp8_refit_block_problem(block: object) -> str | None:
+    """``ais_fp8_refit.block`` (as given) against NeMo-RL's FP8 engine (``weight_block_size`` 128 x 128)."""
     engine = GEOMETRY["fp8"].block
-    if block is None or tuple(block) == engine:
+    if isinstance(block, list | tuple) and tuple(block) == engine:
         return None
+    shown = list(block) if isinstance(block, list | tuple) else repr(block)
     return (
-        f"ais_fp8_refit.block={list(block)} is invalid: expected {list(engine)}, the weight_block_size of "
-        "NeMo-RL's FP8 engine (its weight_scale_inv is [N/128, K/128])"
+        f"ais_fp8_refit.block={shown} is invalid: expected {list(engine)}, the weight_block_size of NeMo-RL's FP8 "
+        "engine (its weight_scale_inv is [N/128, K/128])"
     )

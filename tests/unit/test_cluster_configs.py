@@ -417,6 +417,8 @@ BROKEN = [
         "fp8_rollout",
         "ais_fp8_refit.block=[64, 64] is invalid: expected [128, 128]",
     ),
+    (QWEN8B, ["+ais_fp8_refit.block=128"], "fp8_rollout", "ais_fp8_refit.block=128 is invalid: expected [128, 128]"),
+    (QWEN8B, ["+ais_fp8_refit.block=null"], "fp8_rollout", "ais_fp8_refit.block=None is invalid: expected [128, 128]"),
     (  # VllmGeneration compares top_p with 0 and 1: null is a TypeError there
         SMOKE,
         ["policy.generation.top_p=null"],

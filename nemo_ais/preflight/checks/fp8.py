@@ -73,11 +73,8 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
             problems.append("an FP8 KV cache does not support grpo.async_grpo.enabled=true")
         problems += fp8_kv_refit_problems(ctx.cfg)
     refit = ctx.get("ais_fp8_refit")
-    if (
-        isinstance(refit, dict)
-        and refit.get("enabled", True)
-        and (block := fp8_refit_block_problem(refit.get("block")))
-    ):
+    enabled = isinstance(refit, dict) and refit.get("enabled", True)
+    if enabled and "block" in refit and (block := fp8_refit_block_problem(refit["block"])):
         problems.append(block)
     warnings = []
     if precision == "fp8":
