@@ -144,6 +144,15 @@ def load_analysis_config(
     return tuple(validate_section(model, sections[n], n) for n, model in _SECTIONS.items())
 
 
+def _short_last_step(n_rows: int, earlier: list[int]) -> bool:
+    """The last step file holds fewer rows than every earlier one, which all agree (at least two): cut off.
+
+    NeMo-RL logs every step's whole rollout batch (``num_prompts_per_step x num_generations_per_prompt``), one row per
+    sample, so a shorter last file is one its writer did not finish (one cut mid-row is :class:`CutOffStepError`).
+    """
+    return len(earlier) >= 2 and len(set(earlier)) == 1 and n_rows < earlier[0]
+
+
 def global_batches_per_step(path: Path | str) -> int:
     """Optimizer steps per GRPO step of a run config: rollout batch / train_global_batch_size.
 
@@ -347,6 +356,7 @@ def analyze_run(
     partial = out / f"{ANALYSIS_FILE}.partial"
     empty: list[str] = []  # with skip_bad_rows: steps without a row to analyse or cut off mid-row, skipped
     masked: list[str] = []  # steps whose rows hold no valid token, analysed as empty global batches
+    row_counts: list[int] = []  # rows (bad ones included) of each step analysed
     with bar, partial.open("w") as f:
         for step_file in files:
             bar.set_postfix_str(f"step {step_file.step}", refresh=False)
@@ -368,6 +378,18 @@ def analyze_run(
                 logger.warning("skipping step %d: %s", step_file.step, err)
                 empty.append(f"{step_file.path.name}: {err.problem}")
                 continue
+            n_rows = result.counts.rows + result.counts.bad_rows
+            if step_file is files[-1] and _short_last_step(n_rows, row_counts):
+                problem = (
+                    f"{n_rows} rows where each of the {len(row_counts)} earlier steps has {row_counts[0]}: the writer "
+                    "stopped at a row boundary (a run killed while logging, or a file still being written)"
+                )
+                if not skip_bad_rows:
+                    raise BadInputError(step_file.path, 0, f"{problem} (--skip-bad-rows skips such a step)")
+                logger.warning("skipping step %d: %s", step_file.step, problem)
+                empty.append(f"{step_file.path.name}: {problem}")
+                continue
+            row_counts.append(n_rows)
             fired = monitor.observe(
                 result.step,
                 result.diagnostics,

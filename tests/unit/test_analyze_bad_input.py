@@ -249,6 +249,23 @@ def test_skip_bad_rows_skips_a_step_cut_off_mid_row_not_just_the_row(tmp_path, l
         analyze_run(log_dir, tmp_path / "out4", plots=False)
 
 
+def test_a_last_step_cut_at_a_row_boundary_is_skipped_as_a_step(tmp_path):
+    # the logger killed between two rows: every line ends in its newline, 5 of the 8 rows are there
+    log_dir = tmp_path / "logs"
+    write_run(log_dir, [1, 2, 3])
+    path = log_dir / "train_data_step3.jsonl"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:5]))
+    result = analyze_run(log_dir, tmp_path / "out", skip_bad_rows=True, plots=False)
+    assert [r["step"] for r in result.rows] == [1, 2]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "train_data_step3.jsonl: 5 rows where each of the 2 earlier steps has 8: the writer stopped" in report
+    with pytest.raises(ValueError, match=r"step3.jsonl:0: 5 rows where .*--skip-bad-rows skips such a step"):
+        analyze_run(log_dir, tmp_path / "out2", plots=False)
+    # a shorter step that is not the last is no cut: analysed (a missing row elsewhere is bad input of its own)
+    write_run(log_dir, [4])
+    assert [r["step"] for r in analyze_run(log_dir, tmp_path / "out3", plots=False).rows] == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize(
     ("edit", "problem"),
     [
