@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from nemo_ais.rules.vllm_layers import layer_index
+from nemo_ais.rules.vllm_layers import layer_index, within_layer
 
 ROUTER_MODULES = frozenset({"gate", "router", "shared_expert_gate"})
 """Name parts of the MoE routers vLLM keeps in BF16."""
-_LAYER_PART = re.compile(r"(?:^|\.)layers\.\d+\.")
 # every tensor a format's refit sends for a linear (tests/unit/test_keep_bf16_agree.py)
 _PARAM_SUFFIXES = (
     ".weight",
@@ -78,9 +77,8 @@ class KeepInBf16:
         module = module_name(name)
         layer = layer_index(name)
         last = self.last_layers
-        in_layer = _LAYER_PART.split(module, maxsplit=1)[-1].split(".")
         checks = (
-            (not ROUTER_MODULES.isdisjoint(in_layer), "MoE router"),
+            (not ROUTER_MODULES.isdisjoint(within_layer(module).split(".")), "MoE router"),
             (self._matches_pattern(module, name), "matches keep_patterns"),
             (layer is not None and layer < self.first_layers, f"first {self.first_layers} layers in BF16"),
             (layer is not None and last > 0 and layer >= (self.num_layers or 0) - last, f"last {last} layers in BF16"),

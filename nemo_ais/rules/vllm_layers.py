@@ -23,6 +23,12 @@ def layer_index(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def within_layer(name: str) -> str:
+    """The part of ``name`` after its decoder layer (``model.layers.3.mlp.gate`` -> ``mlp.gate``); all of it if none."""
+    match = _LAYER_RE.search(name)
+    return name[match.end() :] if match else name
+
+
 def projection(name: str) -> str | None:
     """The linear projection a ``*.weight`` belongs to (``q_proj`` ...), else None."""
     parts = name.split(".")
