@@ -28,6 +28,7 @@ from nemo_ais.analyze.reader import (
     BadInputError,
     EmptyStepError,
     StepFile,
+    cut_off_error,
     find_log_dirs,
     find_step_files,
     format_steps,
@@ -372,22 +373,15 @@ def analyze_run(
                     kv_min_length=alarm_config.kv_min_length,
                     filtered_sampling=filtered_sampling,
                 )
+                n_rows = result.counts.rows + result.counts.bad_rows
+                if step_file is files[-1] and _short_last_step(n_rows, row_counts):
+                    what = f"{n_rows} rows where each of the {len(row_counts)} earlier steps has {row_counts[0]}"
+                    raise cut_off_error(step_file.path, 0, f"{what} (cut at a row boundary)", skip_bad_rows)
             except EmptyStepError as err:
                 if not skip_bad_rows:
                     raise
                 logger.warning("skipping step %d: %s", step_file.step, err)
                 empty.append(f"{step_file.path.name}: {err.problem}")
-                continue
-            n_rows = result.counts.rows + result.counts.bad_rows
-            if step_file is files[-1] and _short_last_step(n_rows, row_counts):
-                problem = (
-                    f"{n_rows} rows where each of the {len(row_counts)} earlier steps has {row_counts[0]}: the writer "
-                    "stopped at a row boundary (a run killed while logging, or a file still being written)"
-                )
-                if not skip_bad_rows:
-                    raise BadInputError(step_file.path, 0, f"{problem} (--skip-bad-rows skips such a step)")
-                logger.warning("skipping step %d: %s", step_file.step, problem)
-                empty.append(f"{step_file.path.name}: {problem}")
                 continue
             row_counts.append(n_rows)
             fired = monitor.observe(

@@ -417,8 +417,8 @@ def _bad_row(path: Path, lineno: int, err: _RowError, skip: bool, counts: ReadCo
         counts.bad_examples.append(f"{path.name}:{lineno}: {err}")
 
 
-def _cut_off(path: Path, lineno: int, what: str, skip: bool) -> BadInputError:
-    """The last line lacks its newline: NeMo-RL's logger ends every row with one, so the writer stopped there."""
+def cut_off_error(path: Path, lineno: int, what: str, skip: bool) -> BadInputError:
+    """A step file its writer did not finish (``what``: the evidence): :class:`CutOffStepError` if ``skip``."""
     problem = f"{what}; the writer stopped there, the rows it had yet to write are missing"
     if skip:
         return CutOffStepError(path, lineno, problem)
@@ -469,11 +469,11 @@ def iter_chunks(
                 prev, gen, mask = _parse_row(raw)
             except _RowError as err:
                 if not raw.endswith(b"\n"):
-                    raise _cut_off(path, lineno, str(err), skip_bad_rows) from None
+                    raise cut_off_error(path, lineno, str(err), skip_bad_rows) from None
                 _bad_row(path, lineno, err, skip_bad_rows, counts)
                 continue
             if not raw.endswith(b"\n"):  # a whole row, its newline not written
-                raise _cut_off(
+                raise cut_off_error(
                     path, lineno, "the last row has no newline (NeMo-RL's logger ends each with one)", skip_bad_rows
                 )
             counts.rows += 1

@@ -258,7 +258,10 @@ def test_a_last_step_cut_at_a_row_boundary_is_skipped_as_a_step(tmp_path):
     result = analyze_run(log_dir, tmp_path / "out", skip_bad_rows=True, plots=False)
     assert [r["step"] for r in result.rows] == [1, 2]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "train_data_step3.jsonl: 5 rows where each of the 2 earlier steps has 8: the writer stopped" in report
+    assert (
+        "train_data_step3.jsonl: 5 rows where each of the 2 earlier steps has 8 (cut at a row boundary); the "
+        "writer stopped there" in report
+    )
     with pytest.raises(ValueError, match=r"step3.jsonl:0: 5 rows where .*--skip-bad-rows skips such a step"):
         analyze_run(log_dir, tmp_path / "out2", plots=False)
     # a shorter step that is not the last is no cut: analysed (a missing row elsewhere is bad input of its own)
