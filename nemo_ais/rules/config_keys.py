@@ -26,3 +26,8 @@ def has(cfg: Mapping[str, Any], dotted: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def section_enabled(section: Any) -> bool:
+    """A section (a mapping) that is on: ``enabled`` true or absent, as the refit sections' models default it."""
+    return isinstance(section, Mapping) and section.get("enabled", True) is True

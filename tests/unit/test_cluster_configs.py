@@ -900,6 +900,8 @@ def test_broken_variant_fails_named_check(path, overrides, check, fragment):
             SMOKE,
             [*NEMO_GYM, "policy.generation.val_temperature=0.6", "policy.generation.val_top_p=0.95"],
         ),
+        # a refit section without `enabled` is on, as RefitConfig defaults it (once: "enabled is None")
+        (W4A16, ["~ais_nvfp4_refit.enabled"]),
         # the DTensor trainer has no pipeline stages: a Megatron stage key left in the YAML is inert
         (SMOKE, [*DTENSOR, "+policy.megatron_cfg.num_layers_in_first_pipeline_stage=2"]),
     ],

@@ -16,6 +16,7 @@ from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape, find_model_shape
 from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS, ROLLOUT_FORMATS, NeMoRLTarget, target_from_version
+from nemo_ais.rules.config_keys import section_enabled
 from nemo_ais.rules.format_geometry import GEOMETRY, MX_BLOCK as MXFP8_BLOCK, NVFP4_BLOCK
 from nemo_ais.rules.keep_bf16 import KeepInBf16, fp8_engine_exclusions
 from nemo_ais.rules.native_kernels import HOPPER, NATIVE_KERNELS
@@ -216,7 +217,7 @@ def _real_quant_problems(ctx: Context) -> list[str]:
     problems += _nvfp4_transport_problems(ctx.cfg)
     refit = ctx.get("ais_nvfp4_refit")
     qarl = ctx.get("policy.quant_cfg") is not None  # its QAT worker packs NVFP4: check_qarl_trainer
-    if not qarl and _enabled(refit):
+    if not qarl and section_enabled(refit):
         problems += _nvfp4_refit_problems(ctx.cfg, refit)
     elif not qarl:
         problems.append(
@@ -234,11 +235,6 @@ def _real_quant_problems(ctx: Context) -> list[str]:
             "expert on every vLLM rank)"
         )
     return problems
-
-
-def _enabled(section: Any) -> bool:
-    """A refit section (a mapping) with ``enabled: true``."""
-    return isinstance(section, Mapping) and section.get("enabled") is True
 
 
 def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> list[str]:
@@ -321,7 +317,7 @@ def _qarl_rollout_problems(ctx: Context, quant_cfg: Any) -> list[str]:
             "NeMo-RL main raises 'Real-quant refit requires matching policy and generation "
             "quantization modes')"
         )
-    enabled = [s for s in ("ais_nvfp4_refit", "ais_fp8_refit") if _enabled(ctx.get(s))]
+    enabled = [s for s in ("ais_nvfp4_refit", "ais_fp8_refit") if section_enabled(ctx.get(s))]
     return problems + [
         f"{section}.enabled=True is invalid with policy.quant_cfg={quant_cfg!r}: expected false "
         "(NeMo-RL's QAT worker exports the rollout's weights itself: packed NVFP4 for a "

@@ -15,6 +15,7 @@ from nemo_ais.preflight.checks.loss import NO_CORRECTION_HINT, setup_sees_import
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape
+from nemo_ais.rules.config_keys import section_enabled
 from nemo_ais.rules.format_geometry import FP8_BLOCK, fp8_refit_block_problem
 
 _FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
@@ -73,8 +74,7 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
             problems.append("an FP8 KV cache does not support grpo.async_grpo.enabled=true")
         problems += fp8_kv_refit_problems(ctx.cfg)
     refit = ctx.get("ais_fp8_refit")
-    enabled = isinstance(refit, dict) and refit.get("enabled", True)
-    if enabled and "block" in refit and (block := fp8_refit_block_problem(refit["block"])):
+    if section_enabled(refit) and "block" in refit and (block := fp8_refit_block_problem(refit["block"])):
         problems.append(block)
     warnings = []
     if precision == "fp8":
