@@ -104,6 +104,21 @@ def test_rank_exception_is_reported_with_traceback():
         run_distributed(_raise_worker, 1, timeout=120)
 
 
+def _raise_on_rank1_worker(rank: int, world_size: int) -> int:
+    if rank == 1:
+        raise ValueError("boom on rank 1")
+    return rank
+
+
+def test_a_finished_rank_waiting_for_a_failed_peer_is_not_reported_stuck():
+    # rank 0 finishes and waits at the closing barrier; rank 1's error is the report
+    with pytest.raises(RuntimeError) as info:
+        run_distributed(_raise_on_rank1_worker, 2, timeout=120)
+    message = str(info.value)
+    assert "ValueError: boom on rank 1" in message
+    assert "rank 0 ---" not in message and "still running" not in message
+
+
 def test_deadlock_fails_with_timeout_and_kills_ranks():
     start = time.monotonic()
     # the harness's timeout path is the same whether the rank still imports or already hangs
