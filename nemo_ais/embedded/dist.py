@@ -11,6 +11,7 @@ parent as the same exception with the same message (through a queue), not as a w
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import tempfile
@@ -79,6 +80,12 @@ def _worker(
     except BaseException as err:
         errors.put((rank, type(err).__name__, traceback.format_exc()))
         raise
+    else:
+        # Leave together: init_process_group can return here while a peer still finishes
+        # gloo's connectFullMesh, and a rank that then exits (fn without a collective, e.g.
+        # a finished run resumed) closes the pair under it. A failed peer is reported by itself.
+        with contextlib.suppress(Exception):
+            dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
