@@ -87,7 +87,9 @@ class RolloutTwin:
         self.readback: RefitReadback | None = None  # of the last refit (config.verify_refit)
         # K/V elements the last generate / score's quantized cache saturated (|x| > s * 448)
         self.kv_saturation: KVSaturationCounter | None = None
-        self._loader = WeightLoader(twin, self.quantized_module_names, self.fake_quant.shared_weight_amax)
+        self._loader = WeightLoader(
+            twin, self.quantized_module_names, self.fake_quant.shared_weight_amax, self.config.torch_compute_dtype
+        )
         fault = self.config.refit_fault  # TEST/BENCH ONLY (nemo_ais.rollout.faults)
         self._fault = None if fault is None else RefitFaultInjector(fault, self)
 
@@ -124,7 +126,7 @@ class RolloutTwin:
             ValueError: an unknown name, a shape mismatch, non-finite values, codes without
                 scales, a fused NVFP4 group incomplete, or KV scales missing for a layer.
         """
-        items = weights.items() if isinstance(weights, Mapping) else weights
+        items = self._loader.as_held(weights.items() if isinstance(weights, Mapping) else weights)
         sent = None  # the refit's tensors by name, for the fault and the readback
         if self._fault is not None or self.config.verify_refit:
             items = list(items)

@@ -57,11 +57,30 @@ def _sync_targets(model: nn.Module, names: tuple[str, ...]) -> dict[str, Callabl
 class WeightLoader:
     """Loads the trainer's tensors into the twin ``model`` (``shared_amax``: NVFP4 fused shards)."""
 
-    def __init__(self, model: nn.Module, names: tuple[str, ...], shared_amax: bool) -> None:
+    def __init__(
+        self, model: nn.Module, names: tuple[str, ...], shared_amax: bool, dtype: torch.dtype | None = None
+    ) -> None:
         self.model = model
+        self.dtype = dtype  # the twin's compute dtype (None: kept as sent)
         self.targets = _sync_targets(model, names)
         self.fp8_weights = {f"{n}.weight": m for n in names if isinstance(m := model.get_submodule(n), Fp8Linear)}
         self.weight_groups = shared_amax_groups(model, names) if shared_amax else {}
+
+    def as_held(self, items: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """The pairs with each weight and bias in the twin's compute dtype, as the twin was cast at build.
+
+        So a refit quantizes what vLLM would (a BF16 twin: the bf16-cast weight, not the trainer's fp32 one).
+        FP8 codes, their scales and KV scales pass as sent.
+        """
+        if self.dtype is None:
+            return items
+        return ((name, self._held_dtype(name, t)) for name, t in items)
+
+    def _held_dtype(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        weight = name in self.targets or name in self.weight_groups
+        if weight and tensor.is_floating_point() and tensor.dtype != FP8_DTYPE:
+            return tensor.to(self.dtype)
+        return tensor
 
     def _load_group(self, weights: dict[str, torch.Tensor]) -> None:
         """Load the complete fused group ``weights`` with their shared amax."""

@@ -769,6 +769,23 @@ def test_moe_twin_sync_and_mismatch():
         twin.sync_weights({name: new[0]})
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8", "nvfp4_w4a16"])
+def test_compute_dtype_bfloat16_refit_quantizes_the_bf16_cast_weights(fmt):
+    # an fp32 trainer's refit is cast as the twin was at build: the same weights change nothing
+    model = tiny_lm("qwen2", hidden_size=128)
+    twin = RolloutTwin(model, RolloutPrecisionConfig(format=fmt, compute_dtype="bfloat16", verify_refit=True))
+
+    def held():  # the fake-quantized weights are non-persistent buffers: not in state_dict()
+        return {**dict(twin.model.named_parameters()), **dict(twin.model.named_buffers())}
+
+    before = {name: t.clone() for name, t in held().items()}
+    assert any(name.endswith("weight_dequant") for name in before) or fmt == "fp8"
+    twin.sync_weights(model.state_dict())
+    changed = [name for name, t in held().items() if not torch.equal(t, before[name])]
+    assert changed == []
+    assert twin.readback.weight_error == 0.0 and twin.readback.weights_checked > 0
+
+
 def test_compute_dtype_bfloat16(qwen):
     twin = Fp8Twin(qwen, Fp8RolloutConfig(compute_dtype="bfloat16"))
     assert qwen.lm_head.weight.dtype == torch.float32  # the original is untouched
