@@ -130,12 +130,16 @@ class ArithmeticTask:
         return ids, labels
 
     def _texts(self, problems: list[Problem], response_ids: torch.Tensor) -> list[str | None]:
-        """Decoded responses up to the first ``<eos>`` (None if the response has no ``<eos>``)."""
+        """Decoded responses up to the first ``<eos>`` (None if the response has no ``<eos>``).
+
+        A ``<pad>``, ``<bos>`` or unused id before the ``<eos>`` reads as U+FFFD, which no answer holds: such a
+        response is not exact, and the partial rewards count it as a wrong character.
+        """
         if response_ids.ndim != 2 or response_ids.shape[0] != len(problems):
             raise ValueError(f"response_ids: got {tuple(response_ids.shape)}, expected [{len(problems)}, T]")
         eos, decode = self.tokenizer.eos_id, self.tokenizer.decode
         rows = response_ids.tolist()
-        return [decode(r[: r.index(eos)], stop_at_eos=False) if eos in r else None for r in rows]
+        return [decode(r[: r.index(eos)], stop_at_eos=False, unknown="\ufffd") if eos in r else None for r in rows]
 
     def chains_right(self, problems: list[Problem], response_ids: torch.Tensor) -> torch.Tensor:
         """``[n]`` float32 in {0, 1}: the response is :meth:`answer` or :meth:`alt_answer`.

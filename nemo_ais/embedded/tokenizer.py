@@ -35,9 +35,13 @@ class CharTokenizer:
         ids = [self.stoi[c] for c in text]
         return [self.bos_id] * bos + ids + [self.eos_id] * eos
 
-    def decode(self, ids: Sequence[int] | torch.Tensor, *, stop_at_eos: bool = True) -> str:
-        """Text of ``ids``: special tokens are dropped; stops at the first ``<eos>`` by default."""
+    def decode(self, ids: Sequence[int] | torch.Tensor, *, stop_at_eos: bool = True, unknown: str = "") -> str:
+        """Text of ``ids``; stops at the first ``<eos>`` by default.
+
+        An id that is no character (a special token, or one of the unused ids up to ``vocab_size``) reads as
+        ``unknown``: dropped by default, a character no answer holds where a response is scored.
+        """
         ids = list(ids.tolist() if isinstance(ids, torch.Tensor) else ids)
         if stop_at_eos and self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id)]
-        return "".join(self.itos[i] for i in ids if len(_SPECIALS) <= i < len(self.itos))
+        return "".join(self.itos[i] if len(_SPECIALS) <= i < len(self.itos) else unknown for i in ids)

@@ -143,6 +143,25 @@ def test_chain_steps_reward_credits_each_step_from_the_written_value():
         add.rewards([(23, 58)], _resp(add, ["81"]), kind="steps")
 
 
+def test_a_special_token_before_eos_is_a_wrong_character():
+    # decode drops <pad>/<bos>; scored, they must not turn a garbled response exact
+    task = ChainTask(num_digits=2, eval_size=1, eval_seed=0, chain_length=3)
+    tok = task.tokenizer
+    p = [(37, 85)] * 3  # answer "22,07,92"
+    right = tok.encode("22,07,92")
+    rows = [[*right[:1], tok.pad_id, *right[1:]], [*right[:3], tok.bos_id, *right[3:]], [*right, tok.pad_id]]
+    resp = torch.tensor([[*r, tok.eos_id] for r in rows])
+    assert tok.decode(resp[0]) == "22,07,92"  # for display: dropped, as before
+    torch.testing.assert_close(task.correct(p, resp), torch.zeros(3))
+    torch.testing.assert_close(task.rewards(p, resp, kind="exact"), torch.zeros(3))
+    # steps: the value holding the stray token is unreadable (fails its step and the next);
+    # a stray token after the last value spoils that value
+    torch.testing.assert_close(task.rewards(p, resp, kind="steps"), torch.tensor([1 / 3, 1 / 3, 2 / 3]))
+    # digits: positional matches / max(len): the shift after the stray token costs the rest
+    torch.testing.assert_close(task.rewards(p, resp, kind="digits"), torch.tensor([1 / 9, 3 / 9, 8 / 9]))
+    assert task.chains_right(p, resp).tolist() == [0.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize(("chain_length", "tokens"), [(11, 33), (33, 99), (64, 192)])
 def test_chain_length_sets_the_response_length(chain_length, tokens):
     # chain_length values of 2 digits, chain_length - 1 commas and <eos>: L * (2 + 1) tokens
