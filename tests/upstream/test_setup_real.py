@@ -350,6 +350,16 @@ def test_upstreams_fp8_kv_cache_pipeline_guard_runs(real_setup, monkeypatch):
         _main(real_setup, SMOKE, ["policy.megatron_cfg.pipeline_model_parallel_size=2"])
 
 
+def test_fp8_kv_cache_with_vllms_async_engine_is_upstreams_setup_assert_and_the_offline_checks_failure(real_setup):
+    """Upstream's "async rollouts" is vLLM's async_engine (not grpo.async_grpo): real setup() and the check agree."""
+    override = ["policy.generation.vllm_cfg.async_engine=true"]
+    failed = {r.name: r.detail for r in cc.check_config(cc.load_config(SMOKE, override)) if r.status == "fail"}
+    assert "async rollouts (policy.generation.vllm_cfg.async_engine=true" in failed["fp8_rollout"]
+    with pytest.raises(AssertionError, match="Async rollouts is not supported with kv cache fp8 enabled"):
+        _main(real_setup, SMOKE, override)
+    assert real_setup.factory_calls == []  # before any worker
+
+
 def test_validation_sampling_of_its_own_is_mains_setup_assert_and_the_offline_checks_failure(real_setup):
     """Outside NeMo-Gym, main's real setup() stops on val_temperature != temperature; v0.7.0 ignores the key."""
     override = ["policy.generation.val_temperature=0.6"]

@@ -70,8 +70,14 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
                 f"an FP8 KV cache needs policy.megatron_cfg.pipeline_model_parallel_size=1 "
                 f"(got {pp}; asserted by NeMo-RL v0.7.0 grpo.setup)"
             )
-        if ctx.get("grpo.async_grpo.enabled", False):
-            problems.append("an FP8 KV cache does not support grpo.async_grpo.enabled=true")
+        # upstream's grpo.setup asserts "not async rollouts": vLLM's async engine (async GRPO needs it too)
+        if ctx.get("policy.generation.backend", "vllm") == "vllm" and ctx.get(
+            "policy.generation.vllm_cfg.async_engine", False
+        ):
+            problems.append(
+                "an FP8 KV cache does not support async rollouts (policy.generation.vllm_cfg.async_engine=true; "
+                "NeMo-RL's grpo.setup asserts 'Async rollouts is not supported with kv cache fp8 enabled')"
+            )
         problems += fp8_kv_refit_problems(ctx.cfg)
     refit = ctx.get("ais_fp8_refit")
     if section_enabled(refit) and "block" in refit and (block := fp8_refit_block_problem(refit["block"])):
