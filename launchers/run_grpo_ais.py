@@ -451,7 +451,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise ConfigError(" ".join(str(err).split()) or type(err).__name__) from err
     if problems:
         raise ConfigError("; ".join(problems))
-    print(f"ais_kv_calibration.reduction: {configure_kv_calibration(raw)}")
+    try:  # the refit and KV sections, before the experiment directory exists
+        kv_reduction = configure_kv_calibration(raw)
+        ensure_worker_pythonpath()
+        refit = configure_fp8_refit(raw)  # the workers inherit the environment
+        block_refit = configure_block_refit(raw)  # NVFP4 engine, BF16 trainer: same hook
+    except (TypeError, ValueError) as err:
+        raise ConfigError(" ".join(str(err).split()) or type(err).__name__) from err
+    print(f"ais_kv_calibration.reduction: {kv_reduction}")
     print(f"loss_fn.ais: {ais_cfg.ais.model_dump()}")
     # Upstream picks the policy factory in the launcher too (TQPolicy when data_plane.enabled,
     # then _select_trainer -> grpo_train_sync). Every arm here trains on the AIS worker, which
@@ -470,10 +477,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     pprint.pprint(config)
     config.logger["log_dir"] = get_next_experiment_dir(config.logger["log_dir"])
 
-    ensure_worker_pythonpath()
-    refit = configure_fp8_refit(raw)  # before Ray: workers inherit the environment
     print(f"ais_fp8_refit: {refit.model_dump() if refit else 'off (NeMo-RL quantizer)'}")
-    block_refit = configure_block_refit(raw)  # NVFP4 engine, BF16 trainer: same hook
     if block_refit is not None:
         print(f"ais_nvfp4_refit: {block_refit.model_dump()}")
     init_ray()

@@ -37,7 +37,7 @@ from nemo_ais.nemo_rl.vllm_refit import PATCHED, RECORDED_SIGNATURES, TARGET_MOD
 from nemo_ais.refit.config import read_input_amax_file
 from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, RefitConfig, RefitStream
 from nemo_ais.rules.config_keys import get
-from nemo_ais.rules.format_geometry import fp8_refit_block_problem
+from nemo_ais.rules.format_geometry import fp8_refit_block_problem, fp8_refit_precision_problem
 from nemo_ais.rules.keep_bf16 import fp8_engine_exclusions
 from nemo_ais.rules.native_kernels import NATIVE_KERNELS
 
@@ -446,14 +446,9 @@ def _configure_problems(
 ) -> list[str]:
     precision = get(generation, "vllm_cfg.precision")
     if section == "ais_fp8_refit":
-        problems = []
-        if precision != "fp8":
-            problems.append(
-                f"ais_fp8_refit.enabled=True needs policy.generation.vllm_cfg.precision: fp8 "
-                f"(got {precision!r}): it replaces the FP8 engine's weight refit"
-            )
-        block = fp8_refit_block_problem(refit_cfg.block)  # the weight_scale_inv shape the engine's loader checks
-        return problems + ([block] if block else [])
+        # the weight_scale_inv shape the engine's loader checks
+        problems = [fp8_refit_precision_problem(precision), fp8_refit_block_problem(refit_cfg.block)]
+        return [p for p in problems if p]
     problems = []
     if _engine(refit_cfg) is not ENGINES["nvfp4"]:
         problems.append(

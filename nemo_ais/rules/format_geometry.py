@@ -52,3 +52,13 @@ def fp8_refit_block_problem(block: object) -> str | None:
         f"ais_fp8_refit.block={shown} is invalid: expected {list(engine)}, the weight_block_size of NeMo-RL's FP8 "
         "engine (its weight_scale_inv is [N/128, K/128])"
     )
+
+
+def fp8_refit_precision_problem(precision: object) -> str | None:
+    """An enabled ``ais_fp8_refit`` against ``policy.generation.vllm_cfg.precision`` (it replaces the FP8 engine's)."""
+    if precision == "fp8":
+        return None
+    return (
+        f"ais_fp8_refit.enabled=True needs policy.generation.vllm_cfg.precision: fp8 (got {precision!r}): it "
+        "replaces the FP8 engine's weight refit"
+    )

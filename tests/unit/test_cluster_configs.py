@@ -418,6 +418,12 @@ BROKEN = [
         "ais_fp8_refit.block=[64, 64] is invalid: expected [128, 128]",
     ),
     (QWEN8B, ["+ais_fp8_refit.block=128"], "fp8_rollout", "ais_fp8_refit.block=128 is invalid: expected [128, 128]"),
+    (  # the launcher's refit.configure refuses it before Ray: the same rule, offline
+        CONFIG_DIR / "experiments" / "smoke_bf16.yaml",
+        ["ais_fp8_refit.enabled=true"],
+        "fp8_rollout",
+        "ais_fp8_refit.enabled=True needs policy.generation.vllm_cfg.precision: fp8 (got 'bfloat16')",
+    ),
     (QWEN8B, ["+ais_fp8_refit.block=null"], "fp8_rollout", "ais_fp8_refit.block=None is invalid: expected [128, 128]"),
     (  # VllmGeneration compares top_p with 0 and 1: null is a TypeError there
         SMOKE,

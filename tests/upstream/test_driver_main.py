@@ -208,6 +208,32 @@ def test_bad_ais_config_fails_before_ray(driver, monkeypatch, capsys):
     assert not any("Traceback" in line for line in err) and driver.events == []
 
 
+@pytest.mark.parametrize(
+    ("config", "override", "error"),
+    [
+        ("qwen3_8b_2n8g_fp8.yaml", "ais_fp8_refit.backend=bogus", r"ais_fp8_refit\.backend='bogus' is invalid"),
+        (
+            "qwen3_8b_2n8g_fp8.yaml",
+            "+ais_kv_calibration.reduction=bogus",
+            r"ais_kv_calibration\.reduction='bogus' is invalid",
+        ),
+        (  # the offline check's fp8_rollout reports the same (test_cluster_configs)
+            "experiments/smoke_bf16.yaml",
+            "ais_fp8_refit.enabled=true",
+            r"ais_fp8_refit\.enabled=True needs policy\.generation\.vllm_cfg\.precision: fp8 \(got 'bfloat16'\)",
+        ),
+    ],
+)
+def test_a_bad_refit_section_is_one_config_error_before_the_experiment_directory(
+    driver, tmp_path, config, override, error
+):
+    path = CONFIG_DIR / config
+    log_dir = tmp_path / "logs"
+    with pytest.raises(run.ConfigError, match=error):
+        run.main(["--config", str(path), f"logger.log_dir={log_dir}", override])
+    assert driver.events == [] and not log_dir.exists()
+
+
 def test_help_is_parsed_before_nemo_rl_is_imported():
     """--help answers before NeMo-RL is imported: fast, and on a login node without it."""
     code = (

@@ -16,7 +16,7 @@ from nemo_ais.preflight.checks.registry import Context, Verdict, check
 from nemo_ais.preflight.loader import get
 from nemo_ais.preflight.model_shapes import ModelShape
 from nemo_ais.rules.config_keys import section_enabled
-from nemo_ais.rules.format_geometry import FP8_BLOCK, fp8_refit_block_problem
+from nemo_ais.rules.format_geometry import FP8_BLOCK, fp8_refit_block_problem, fp8_refit_precision_problem
 
 _FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
 _KV_DTYPES = ("auto", *_FP8_KV_DTYPES)
@@ -80,8 +80,9 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
             )
         problems += fp8_kv_refit_problems(ctx.cfg)
     refit = ctx.get("ais_fp8_refit")
-    if section_enabled(refit) and "block" in refit and (block := fp8_refit_block_problem(refit["block"])):
-        problems.append(block)
+    if section_enabled(refit):
+        block = fp8_refit_block_problem(refit["block"]) if "block" in refit else None
+        problems += [p for p in (fp8_refit_precision_problem(precision), block) if p]
     warnings = []
     if precision == "fp8":
         n_bf16 = sum(int(vllm.get(f"num_{end}_layers_in_bf16", 0)) for end in ("first", "last"))
