@@ -246,6 +246,17 @@ class ClusterSection(_Section):
     timeout_s: float = Field(600.0, gt=0.0, description="gloo collective timeout.")
 
 
+_SHARED_BY_ARMS = ("data", "policy.model", "policy.warm_start", "cluster")
+"""What one run trains every arm with (one task, one warm start, one launch): an arm may not set it."""
+
+
+def _nested_in(override: dict[str, Any], key: str) -> bool:
+    head, _, rest = key.partition(".")
+    if head not in override:
+        return False
+    return not rest or (isinstance(override[head], dict) and _nested_in(override[head], rest))
+
+
 class ExperimentSection(_Section):
     """``experiment``: every arm runs with every seed; an arm is a config override."""
 
@@ -264,6 +275,12 @@ class ExperimentSection(_Section):
         for name, override in self.arms.items():
             if "experiment" in (override or {}):
                 raise ValueError(f"arms.{name} must not override the experiment section")
+            shared = [key for key in _SHARED_BY_ARMS if _nested_in(override or {}, key)]
+            if shared:
+                raise ValueError(
+                    f"arms.{name}.{shared[0]} is invalid: every arm shares the task, the model, its warm start and "
+                    f"the ranks ({', '.join(_SHARED_BY_ARMS)}); expected it at the top level of the config"
+                )
         unknown = [a for a in self.include or [] if a not in self.arms]
         if unknown:
             raise ValueError(f"include={unknown} names unknown arms (known: {list(self.arms)})")

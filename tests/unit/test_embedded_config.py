@@ -58,6 +58,11 @@ def test_overrides_apply_dotted_and_to_arms():
         ("data.chain_length=0", r"data\.chain_length=0 is invalid"),
         ("data.sft_alt_fraction=1.0", r"data\.sft_alt_fraction=1\.0 is invalid"),
         ("experiment.reference_arm=nope", r"experiment\.reference_arm='nope' is not an arm"),
+        # one task, one warm start, one launch for every arm: an arm's own would be ignored or mismatched
+        ("experiment.arms.bf16.data.num_digits=3", r"experiment\.arms\.bf16\.data is invalid: every arm shares"),
+        ("experiment.arms.fp8-ais.policy.model.hidden_size=128", r"experiment\.arms\.fp8-ais\.policy\.model is inv"),
+        ("experiment.arms.fp8-tis.policy.warm_start.steps=0", r"experiment\.arms\.fp8-tis\.policy\.warm_start is"),
+        ("experiment.arms.bf16.cluster.dp_size=1", r"experiment\.arms\.bf16\.cluster is invalid"),
     ],
 )
 @pytest.mark.filterwarnings("ignore:rollout.fp8:FutureWarning")
