@@ -38,6 +38,8 @@ from nemo_ais.embedded.sections import (
     RolloutSection,
     rollout_precision,
 )
+from nemo_ais.embedded.task import task_from_config
+from nemo_ais.formats.kv_cache import get_kv_format
 from nemo_ais.refit.config import RENAMED_KEYS
 from nemo_ais.rollout.config import RolloutPrecisionConfig
 
@@ -227,6 +229,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def validate_config(data: dict[str, Any]) -> RecipeConfig:
     """Validate the base config and every arm's (errors prefixed ``experiment.arms.<name>:``)."""
     base = resolve_arm(data, None)
+    task_from_config(base.data)  # the task's own range checks (data.eval_size against num_digits, ...)
     for arm in base.experiment.arms:
         try:
             resolve_arm(data, arm)
@@ -264,6 +267,13 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
     if conflicts:
         raise ValueError("\n".join(conflicts))
     precision = rollout_precision(sec["rollout"])
+    if precision.kv_cache != "bf16":
+        model = sec["policy"].model
+        head_dim, where = (
+            model.hidden_size // model.num_attention_heads,
+            "policy.model (hidden_size / num_attention_heads)",
+        )
+        get_kv_format(precision.kv_cache).check_head_dim(head_dim, where)
     cfg = RecipeConfig(pg=pg, correction=correction, precision=precision, raw=data, **sec)
     _check_batching(cfg)
     _check_rollout_alignment(cfg)

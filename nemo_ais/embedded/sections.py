@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nemo_ais.refit.config import RENAMED_KEYS
 from nemo_ais.rollout.config import KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
@@ -77,6 +77,12 @@ class ModelSection(_Section):
             raise ValueError(
                 f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}"
             )
+        head_dim = self.hidden_size // self.num_attention_heads
+        if head_dim % 2:  # rotary embeddings rotate pairs of channels
+            raise ValueError(
+                f"hidden_size={self.hidden_size} / num_attention_heads={self.num_attention_heads} = {head_dim} is "
+                "invalid: expected an even head dim (rotary embeddings)"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} must be divisible by "
@@ -90,8 +96,15 @@ class OptimizerSection(_Section):
 
     lr: float = Field(3e-5, gt=0.0, description="GRPO AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
+
+    @field_validator("betas")
+    @classmethod
+    def _check_betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError("expected two values in [0, 1)")
+        return betas
 
 
 class CurriculumSection(_Section):
@@ -243,7 +256,7 @@ class ClusterSection(_Section):
 
     dp_size: int = Field(2, ge=1, description="Trainer processes (1: run in this process).")
     num_threads_per_rank: int = Field(1, ge=1, description="torch intra-op threads per rank.")
-    timeout_s: float = Field(600.0, gt=0.0, description="gloo collective timeout.")
+    timeout_s: float = Field(600.0, gt=0.0, le=1e6, description="gloo collective timeout (at most 1e6 s).")
 
 
 _SHARED_BY_ARMS = ("data", "policy.model", "policy.warm_start", "cluster")

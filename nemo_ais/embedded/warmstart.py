@@ -194,7 +194,7 @@ def train_sft(
         loss = _sft_step(model, optimizer, task, offset + step, ws, cfg.data.sft_alt_fraction)
         schedule.step()
         if not torch.isfinite(torch.tensor(loss)):
-            raise FloatingPointError(
+            raise RecipeError(
                 f"warm start: non-finite SFT loss at step {step}; lower policy.warm_start.lr (now {ws.lr})"
             )
         if step % 20 == 0:

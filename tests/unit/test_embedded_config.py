@@ -63,12 +63,24 @@ def test_overrides_apply_dotted_and_to_arms():
         ("experiment.arms.fp8-ais.policy.model.hidden_size=128", r"experiment\.arms\.fp8-ais\.policy\.model is inv"),
         ("experiment.arms.fp8-tis.policy.warm_start.steps=0", r"experiment\.arms\.fp8-tis\.policy\.warm_start is"),
         ("experiment.arms.bf16.cluster.dp_size=1", r"experiment\.arms\.bf16\.cluster is invalid"),
+        # refused when the config is read, not by torch or the task after config.yaml is pinned
+        ("data.eval_size=10000", r"data\.eval_size=10000 is invalid: expected 0\.\."),
+        ("policy.optimizer.betas=[1.5,0.9]", r"policy\.optimizer\.betas=\[1\.5, 0\.9\] is invalid: expected two"),
+        ("policy.model.hidden_size=12", r"hidden_size=12 / num_attention_heads=4 = 3 is invalid: expected an even"),
+        ("cluster.timeout_s=1e300", r"cluster\.timeout_s=1e\+300 is invalid"),
     ],
 )
 @pytest.mark.filterwarnings("ignore:rollout.fp8:FutureWarning")
 def test_bad_keys_and_values_name_the_path(override, match):
     with pytest.raises(ValueError, match=match):
         load_config(DEFAULT, [override])
+
+
+def test_a_kv_cache_format_the_head_dim_cannot_block_is_refused_when_read():
+    with pytest.raises(
+        ValueError, match=r"policy\.model \(hidden_size / num_attention_heads\): kv_cache='nvfp4' needs"
+    ):
+        load_config(DEFAULT, ["rollout.kv_cache=nvfp4", "policy.model.hidden_size=80"])  # head dim 20
 
 
 def test_malformed_yaml_and_override(tmp_path):

@@ -117,3 +117,15 @@ def test_a_run_resumes_with_another_cache_dir(tmp_path):
     moved["grpo"]["max_num_steps"] = 99
     with pytest.raises(RecipeError, match="different config"):
         prepare_run_dir(moved, validate_config(moved), overwrite=False)
+
+
+def test_a_diverging_warm_start_is_a_recipe_error_naming_its_lr(tmp_path):
+    # the CLI reports a RecipeError in one line (exit 1): not a FloatingPointError traceback
+    cfg = _cfg(
+        f"policy.warm_start.cache_dir={tmp_path / 'cache'}",
+        "policy.warm_start.lr=1e8",
+        "policy.warm_start.steps=10",
+        "policy.warm_start.warmup_steps=1",
+    )
+    with pytest.raises(RecipeError, match=r"non-finite SFT loss at step \d+; lower policy\.warm_start\.lr \(now 1"):
+        warm_start(cfg, build_task(cfg), progress=False)
