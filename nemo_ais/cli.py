@@ -133,7 +133,10 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
                 "--quick": {**_FLAG, "help": "The <= 60 s shipped preset quick.yaml."},
                 "--preset": {"choices": PRESETS, "help": _PRESET_HELP},
             },
-            "--overwrite": {**_FLAG, "help": "Delete the run directory's metrics and checkpoints and start over."},
+            "--overwrite": {
+                **_FLAG,
+                "help": "Delete the run directory's outputs (metrics, checkpoints, logs, plots) and start over.",
+            },
         },
     ),
     "report": (

@@ -89,8 +89,12 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
         ) from None
     cfg_file = run_dir / CONFIG_FILE
     if overwrite:
-        for name in (METRICS_FILE, CONFIG_FILE, "summary.md"):
-            (run_dir / name).unlink(missing_ok=True)
+        # every file the run and its report write: a plot or tolerance file left over would pass for the new run's
+        for path in [
+            *(run_dir / n for n in (METRICS_FILE, CONFIG_FILE, "summary.md", "tolerance.json")),
+            *run_dir.glob("*.png"),
+        ]:
+            path.unlink(missing_ok=True)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         shutil.rmtree(run_dir / "logs", ignore_errors=True)
     elif cfg_file.is_file():

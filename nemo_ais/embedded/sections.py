@@ -239,9 +239,20 @@ class LoggerSection(_Section):
     """``logger``: where outputs go."""
 
     run_dir: str = Field("runs", description="Parent directory of runs.")
-    name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name: outputs go to run_dir/name.")
+    name: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Run name: outputs go to run_dir/name (letters, digits, _ . -; not . or ..).",
+    )
     progress_bar: bool = Field(True, description="Show tqdm progress bars.")
     plots: bool = Field(True, description="Write PNG plots and summary.md at the end.")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if name in (".", ".."):  # --overwrite clears run_dir/name: never the directory itself or its parent
+            raise ValueError("expected a directory name, not . or ..")
+        return name
 
 
 class CheckpointingSection(_Section):

@@ -234,6 +234,24 @@ def test_a_run_pinned_with_the_former_block_resumes(tmp_path):
         prepare_run_dir(other, resolve_arm(other, None), overwrite=False)
 
 
+def test_overwrite_clears_every_output_of_the_run_and_nothing_outside_it(tmp_path):
+    from nemo_ais.embedded.experiment import prepare_run_dir
+
+    raw = load_config(DEFAULT, [f"logger.run_dir={tmp_path}"])
+    run_dir = prepare_run_dir(raw, resolve_arm(raw, None), overwrite=False)
+    outputs = ["metrics.jsonl", "summary.md", "reward.png", "diagnostics.png", "tolerance.json", "tolerance.png"]
+    for name in [*outputs, "checkpoints/x.pt", "logs/bf16_seed0/train_data.jsonl"]:
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_text("old run")
+    (tmp_path / "beside.png").write_text("not this run's")
+    assert prepare_run_dir(raw, resolve_arm(raw, None), overwrite=True) == run_dir
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]  # the new run's pin only
+    assert (tmp_path / "beside.png").read_text() == "not this run's"
+    for name in (".", ".."):  # run_dir/name itself or its parent would be cleared
+        with pytest.raises(ValueError, match=r"logger\.name='\.{1,2}' is invalid: expected a directory name"):
+            load_config(DEFAULT, [f"logger.name={name}"])
+
+
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4_w4a16", "nvfp4_w4a4"])
 def test_rollout_format_and_kv_cache_select_the_twin(fmt):
     raw = load_config(DEFAULT, [f"rollout.format={fmt}", "rollout.kv_cache=nvfp4"])
