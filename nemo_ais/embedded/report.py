@@ -59,11 +59,16 @@ def _collapse_cells(collapse: dict[str, Collapse], arm: str, reference: str) -> 
     return f"{first} | {c.seeds_collapsed} / {c.seeds} | {steps or 'n/a'}"
 
 
-def _delta_cell(diffs: dict[str, tuple[int, float, float]], arm: str, reference: str) -> str:
-    """The "Δ vs reference" table cell of ``arm``: "—" for the reference itself."""
+def _delta_cell(diffs: dict[str, tuple[int, float, float]], arm: str, reference: str, seeds: int) -> str:
+    """The "Δ vs reference" table cell of ``arm`` ("—" for the reference itself).
+
+    Over fewer seed pairs than the arm's ``seeds`` (the reference did not finish one), the cell says how many.
+    """
     if arm == reference:
         return "—"
-    return fmt_ci(*diffs.get(arm, (0, math.nan, math.nan))[1:])
+    pairs, mean, half = diffs.get(arm, (0, math.nan, math.nan))
+    cell = fmt_ci(mean, half)
+    return cell if pairs in (0, seeds) else f"{cell} over {pairs} paired seed(s)"
 
 
 def _fmt_corr(value: float) -> str:
@@ -73,7 +78,8 @@ def _fmt_corr(value: float) -> str:
 def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "bf16") -> str:
     summ = arm_summary(records)
     diffs = paired_differences(records, reference)
-    n_seeds = max((s["seeds"] for s in summ.values()), default=0)
+    seed_counts = {s["seeds"] for s in summ.values()}
+    over = f"{next(iter(seed_counts))} seed(s)" if len(seed_counts) == 1 else "each arm's seeds (its seeds column)"
     n_steps = run_extent(records)[0]
     smoke = smoke_reasons(records)
     lines = [f"# Summary of `{run_dir}`", ""]
@@ -105,13 +111,13 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         fm, fs = s["final_accuracy"]
         im, is_ = s["initial_accuracy"]
         pm, ps = s["primary"]
-        delta = _delta_cell(diffs, arm, reference)
+        delta = _delta_cell(diffs, arm, reference, s["seeds"])
         lines.append(f"| {arm} | {s['seeds']} | {_pm(im, is_)} | {_pm(fm, fs)} | **{_pm(pm, ps)}** | {delta} |")
     early = early_metric(records)
     early_diffs = paired_differences(records, reference, early_metric)
     lines += [
         "",
-        f"(mean ± sample std over {n_seeds} seed(s).)",
+        f"(mean ± sample std over {over}.)",
         "",
         "Secondary: held-out accuracy at the first evaluation after step 0 (how fast an "
         f"arm learns), and its paired difference to `{reference}`:",
@@ -121,7 +127,8 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     ]
     for arm in summ:
         em, es = mean_std(list(early.get(arm, {}).values()))
-        lines.append(f"| {arm} | {_pm(em, es)} | {_delta_cell(early_diffs, arm, reference)} |")
+        delta = _delta_cell(early_diffs, arm, reference, len(early.get(arm, {})))
+        lines.append(f"| {arm} | {_pm(em, es)} | {delta} |")
     lines += _collapse_md(records, summ, reference, n_steps)
     tail = f"last {EARLY_LATE_STEPS}" if n_steps > EARLY_LATE_STEPS else f"all {n_steps} steps"
     lines += [
