@@ -93,6 +93,10 @@ if ((check)); then
 else
   [[ -n "${NUM_NODES:-}" && -n "${GPUS_PER_NODE:-}" ]] \
     || die "--skip-check needs NUM_NODES and GPUS_PER_NODE (the config's cluster.num_nodes / gpus_per_node)"
+  # the directories come from the config, which only the check reads
+  echo "$SCRIPT_NAME: warning: --skip-check does not read the config: an absolute \
+checkpointing.checkpoint_dir or logger.log_dir is not mounted (the job would write it inside the container \
+and a resubmission start from step 0) nor checked; add it to EXTRA_MOUNTS (src:dst)" >&2
 fi
 
 [[ "$NUM_NODES" =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer"

@@ -316,6 +316,9 @@ def test_slurm_skip_check_needs_sizes_and_then_runs_without_python(nemo_rl_dir):
     res = _run(SLURM, "--dry-run", "--skip-check", QWEN8B, env={**env, "NUM_NODES": "2", "GPUS_PER_NODE": "8"})
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[-1].startswith("sbatch --nodes=2 ")
+    # the config is not read: an absolute checkpoint or log directory is the user's to mount
+    assert "--skip-check does not read the config: an absolute checkpointing.checkpoint_dir" in res.stderr
+    assert "add it to EXTRA_MOUNTS (src:dst)" in res.stderr
 
 
 def test_slurm_config_outside_the_repo_is_mounted(nemo_rl_dir, tmp_path):
