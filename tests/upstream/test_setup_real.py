@@ -360,6 +360,49 @@ def test_fp8_kv_cache_with_vllms_async_engine_is_upstreams_setup_assert_and_the_
     assert real_setup.factory_calls == []  # before any worker
 
 
+@pytest.mark.parametrize(
+    ("override", "check", "ours", "upstream"),
+    [
+        (
+            (  # a whole DTensor section (MasterConfig's schema wants every key), Megatron still on
+                "policy.dtensor_cfg.enabled=true",
+                "+policy.dtensor_cfg.tensor_parallel_size=1",
+                "+policy.dtensor_cfg.context_parallel_size=1",
+                "+policy.dtensor_cfg.sequence_parallel=false",
+                "+policy.dtensor_cfg.activation_checkpointing=false",
+                "+policy.dtensor_cfg.cpu_offload=false",
+                "policy.generation.vllm_cfg.kv_cache_dtype=auto",  # grpo.setup refuses DTensor with an FP8 one first
+            ),
+            "trainer_parallel",
+            "policy.megatron_cfg.enabled and policy.dtensor_cfg.enabled are exclusive",
+            (ValueError, r"Configure either Megatron .* not both"),
+        ),
+        (
+            "policy.draft.enabled=true",
+            "trainer_parallel",
+            "policy.draft.enabled=true does not support policy.sequence_packing.enabled=true",
+            (ValueError, "does not support sequence packing yet"),
+        ),
+        (
+            "grpo.batch_multiplier=2",
+            "batch",
+            "grpo.batch_multiplier=2 needs grpo.use_dynamic_sampling=true",
+            (AssertionError, "batch_multiplier>1 can only be used if use_dynamic_sampling=True"),
+        ),
+    ],
+)
+def test_what_upstreams_setup_or_policy_raises_after_ray_the_offline_check_fails(
+    real_setup, override, check, ours, upstream
+):
+    """Each stops upstream's real setup() (Policy.__init__ or grpo.setup's asserts); the check names it offline."""
+    overrides = list(override) if isinstance(override, tuple) else [override]
+    failed = {r.name: r.detail for r in cc.check_config(cc.load_config(SMOKE, overrides)) if r.status == "fail"}
+    assert ours in failed[check]
+    error, match = upstream
+    with pytest.raises(error, match=match):
+        _main(real_setup, SMOKE, overrides)
+
+
 def test_validation_sampling_of_its_own_is_mains_setup_assert_and_the_offline_checks_failure(real_setup):
     """Outside NeMo-Gym, main's real setup() stops on val_temperature != temperature; v0.7.0 ignores the key."""
     override = ["policy.generation.val_temperature=0.6"]

@@ -51,7 +51,7 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
             f"ETP x EP = {lay.etp} x {lay.ep} = {expert_group} must divide GPUs / PP = "
             f"{lay.world} / {lay.pp} (expert data parallel = GPUs / (ETP x EP x PP))"
         )
-    problems += _batching_problems(ctx, lay.cp, megatron, lay.pp)
+    problems += _policy_backend_problems(ctx) + _batching_problems(ctx, lay.cp, megatron, lay.pp)
     mbs = ctx.get("policy.train_micro_batch_size", 1)
     lbs = ctx.get("policy.logprob_batch_size", mbs)
     if lay.tp >= 4 and mbs != lbs:
@@ -76,6 +76,22 @@ _COUNTS = (
 
 
 _TOKEN_BATCHING = ("sequence_packing", "dynamic_batching")
+
+
+def _policy_backend_problems(ctx: Context) -> list[str]:
+    """What NeMo-RL's ``Policy.__init__`` (v0.7.0 and main) raises of the backend and the draft model, after Ray."""
+    megatron, dtensor, draft, packing = (
+        bool(ctx.get(f"policy.{k}.enabled", False))
+        for k in ("megatron_cfg", "dtensor_cfg", "draft", "sequence_packing")
+    )
+    problems = []
+    if megatron and dtensor:
+        problems.append("policy.megatron_cfg.enabled and policy.dtensor_cfg.enabled are exclusive: not both (Policy)")
+    if draft and not megatron:
+        problems.append("policy.draft.enabled=true needs the Megatron backend (policy.megatron_cfg.enabled) (Policy)")
+    if draft and packing:
+        problems.append("policy.draft.enabled=true does not support policy.sequence_packing.enabled=true (Policy)")
+    return problems
 
 
 def _batching_problems(ctx: Context, cp: int, megatron: bool, pp: int) -> list[str]:
@@ -110,6 +126,12 @@ def check_batch(ctx: Context) -> Verdict:
     mbs = int(ctx.get("policy.train_micro_batch_size", 1))
     rollouts = prompts * gens
     problems = []
+    multiplier = ctx.get("grpo.batch_multiplier", 1)
+    if multiplier != 1 and not ctx.get("grpo.use_dynamic_sampling", False):  # grpo.setup asserts it (v0.7.0, main)
+        problems.append(
+            f"grpo.batch_multiplier={multiplier!r} needs grpo.use_dynamic_sampling=true: expected 1 without it "
+            "(NeMo-RL's grpo.setup asserts 'batch_multiplier>1 can only be used if use_dynamic_sampling=True')"
+        )
     if gbs <= 0 or rollouts % gbs:
         problems.append(
             f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt = {prompts} x {gens} "
