@@ -95,4 +95,5 @@ def _yaml_word(value: Any) -> str:
 
 def _layout_line(cfg: Mapping[str, Any]) -> str:
     nodes, gpus = get(cfg, "cluster.num_nodes", 1), get(cfg, "cluster.gpus_per_node", 1)
-    return f" ({get(cfg, 'policy.model_name')}, {nodes} node(s) x {gpus} GPU(s) = {nodes * gpus})"
+    total = nodes * gpus if type(nodes) is int and type(gpus) is int else "?"  # parallel_sizes names a bad one
+    return f" ({get(cfg, 'policy.model_name')}, {nodes} node(s) x {gpus} GPU(s) = {total})"

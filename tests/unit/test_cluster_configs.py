@@ -418,6 +418,19 @@ BROKEN = [
         "ais_fp8_refit.block=[64, 64] is invalid: expected [128, 128]",
     ),
     (QWEN8B, ["+ais_fp8_refit.block=128"], "fp8_rollout", "ais_fp8_refit.block=128 is invalid: expected [128, 128]"),
+    (  # a value of a type no rule expected is named, not a traceback
+        QWEN8B,
+        ["policy.generation.vllm_cfg.num_first_layers_in_bf16=null"],
+        "fp8_rollout",
+        "policy.generation.vllm_cfg.num_first_layers_in_bf16=None is invalid: expected an integer >= 0",
+    ),
+    (W4A16, ["policy.generation.real_quant_ignore=5"], "nvfp4_rollout", "real_quant_ignore=5 is invalid: expected a"),
+    (  # the checks that read the same key without a rule for its type fail too, and say why
+        W4A16,
+        ["policy.generation.real_quant_ignore=5"],
+        "vllm_nvfp4_shards",
+        "could not read the config (TypeError: 'int' object is not iterable)",
+    ),
     (  # the launcher's refit.configure refuses it before Ray: the same rule, offline
         CONFIG_DIR / "experiments" / "smoke_bf16.yaml",
         ["ais_fp8_refit.enabled=true"],

@@ -58,7 +58,7 @@ def check_config(
                 "and no policy/cluster)",
             )
         ]
-    sizes = [] if mixin else size_problems(cfg)
+    sizes = size_problems(cfg)  # a mixin may set parallel sizes too
     if sizes:  # every check reads the layout
         return [CheckResult("parallel_sizes", "fail", "; ".join(sizes))]
     split = [] if mixin else split_problems(cfg)
@@ -81,7 +81,12 @@ def _run(ctx: Context, mixin: bool) -> list[CheckResult]:
     for registered in CHECKS.values():
         if (mixin and not registered.mixins) or (registered.needs_shape and ctx.shape is None):
             continue
-        verdict = registered.fn(ctx)
+        try:
+            verdict = registered.fn(ctx)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as err:
+            # a value of a type no rule expected: this check fails with what it read, the others still run
+            why = f"{type(err).__name__}: {err}"
+            verdict = Verdict([f"could not read the config ({why}); expected the types of NeMo-RL's MasterConfig"])
         if verdict is not None:
             results += verdict.results(registered.name)
     return results

@@ -298,6 +298,9 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
             "starts (resolve_nvfp4_real_quant_mode); v0.7.0 always rolls out W4A16"
         )
     ignore = ctx.get(_GEN + ".real_quant_ignore")
+    if ignore is not None and not (isinstance(ignore, list) and all(isinstance(p, str) for p in ignore)):
+        problems.append(f"{_GEN}.real_quant_ignore={ignore!r} is invalid: expected a list of module-name patterns")
+        ignore = None
     kept = "NeMo-RL's default" if ignore is None else f"{len(ignore)} pattern(s)"
     trainer = "ModelOpt QAT trainer (QARL), refit by NeMo-RL" if qarl else "BF16 trainer, refit by nemo_ais"
     return Verdict(

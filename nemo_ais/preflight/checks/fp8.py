@@ -85,7 +85,13 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
         problems += [p for p in (fp8_refit_precision_problem(precision), block) if p]
     warnings = []
     if precision == "fp8":
-        n_bf16 = sum(int(vllm.get(f"num_{end}_layers_in_bf16", 0)) for end in ("first", "last"))
+        counts = {end: vllm.get(f"num_{end}_layers_in_bf16", 0) for end in ("first", "last")}
+        bad = {end: n for end, n in counts.items() if type(n) is not int or n < 0}
+        problems += [
+            f"policy.generation.vllm_cfg.num_{end}_layers_in_bf16={n!r} is invalid: expected an integer >= 0"
+            for end, n in bad.items()
+        ]
+        n_bf16 = 0 if bad else sum(counts.values())
         if ctx.shape is not None and n_bf16 > ctx.shape.num_layers:
             problems.append(
                 f"num_first_layers_in_bf16 + num_last_layers_in_bf16 = {n_bf16} exceeds the "
