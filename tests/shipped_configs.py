@@ -13,11 +13,12 @@ the launcher before Ray (``tests/upstream/test_setup_real.py``).
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from nemo_ais.preflight import is_mixin, load_config, supported_versions
+from nemo_ais.preflight import get, is_mixin, load_config, supported_versions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "nemo_rl"
@@ -53,3 +54,18 @@ def flat(d: dict, prefix: str = "") -> dict[str, object]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def write_input_amax_files(root: Path) -> list[Path]:
+    """The ``ais_nvfp4_refit.input_amax_file`` of every shipped config, written under ``root`` (the job's working
+    directory, where a relative one is read): the launcher reads each before Ray. A readable, valid calibration
+    (``{}``: no module calibrated) -- what the stubbed engines would do with its values is not run here."""
+    written = []
+    for cfg in _LOADED.values():
+        name = get(cfg, "ais_nvfp4_refit.input_amax_file")
+        if isinstance(name, str) and name:
+            path = root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({}))
+            written.append(path)
+    return written

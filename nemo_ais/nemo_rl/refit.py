@@ -462,6 +462,11 @@ def _configure_problems(
             "JSON {module or fused group: calibrated input amax} (the refit streams "
             "input_scale = amax / (6 * 448))"
         )
+    elif get_format(refit_cfg.format).static_input_amax:
+        try:  # here, before Ray: each vLLM worker reads it again when the hook arms
+            read_input_amax_file(refit_cfg.input_amax_file)
+        except ValueError as err:
+            problems.append(f"{section}.{err}")
     if generation.get("real_quant") is not True:
         problems.append(
             f"{section}.enabled=true needs policy.generation.real_quant: true (got "

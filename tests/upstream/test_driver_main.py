@@ -39,7 +39,7 @@ from nemo_rl.algorithms import grpo
 from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
 from nemo_rl.models.generation import configure_generation_config
 from nemo_rl_version import NEMO_RL, per_version
-from shipped_configs import CONFIG_DIR, FULL_CONFIGS, LAUNCHER, configs_for, launcher
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS, LAUNCHER, configs_for, launcher, write_input_amax_files
 
 from nemo_ais.nemo_rl import AISClippedPGLossFn
 
@@ -89,6 +89,7 @@ def driver(monkeypatch, tmp_path, local_ray):
     monkeypatch.setenv("NEMO_AIS_REFIT", "")  # recorded: removed at teardown
     monkeypatch.delenv("NEMO_AIS_REFIT")
     monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
+    write_input_amax_files(tmp_path)  # W4A4: the launcher reads its calibration before Ray
     return d
 
 
@@ -232,6 +233,23 @@ def test_a_bad_refit_section_is_one_config_error_before_the_experiment_directory
     with pytest.raises(run.ConfigError, match=error):
         run.main(["--config", str(path), f"logger.log_dir={log_dir}", override])
     assert driver.events == [] and not log_dir.exists()
+
+
+@pytest.mark.parametrize("content", [None, "[1, 2]", '{"model.layers.0.mlp.down_proj": -1}'])
+def test_a_w4a4_calibration_file_that_cannot_be_read_stops_main_before_ray(driver, tmp_path, content):
+    """Missing, not an object, or a negative amax: one config error before Ray (else every engine refuses to arm)."""
+    path = tmp_path / "calibration" / "mine.json"
+    if content is not None:
+        path.write_text(content)
+    argv = ["--config", str(CONFIG_DIR / "experiments" / "qwen3_8b_nvfp4_w4a4_ais.yaml")]
+    argv.append(f"ais_nvfp4_refit.input_amax_file={path}")
+    refused = per_version(
+        v0_7_0=r"needs NeMo-RL main",  # the format itself, first
+        main=rf"ais_nvfp4_refit\.input_amax_file {path}: (cannot read it|got a JSON list|.*is -1, expected one finite)",
+    )
+    with pytest.raises(run.ConfigError, match=refused):
+        run.main(argv)
+    assert driver.events == []
 
 
 def test_help_is_parsed_before_nemo_rl_is_imported():

@@ -68,7 +68,7 @@ from nemo_rl.utils.checkpoint import CheckpointManager
 from nemo_rl.utils.logger import Logger
 from nemo_rl_version import NEMO_RL, per_version
 from pydantic import ValidationError
-from shipped_configs import CONFIG_DIR, FULL_CONFIGS, RUNS_ON, configs_for, flat, launcher
+from shipped_configs import CONFIG_DIR, FULL_CONFIGS, RUNS_ON, configs_for, flat, launcher, write_input_amax_files
 
 from nemo_ais import preflight as cc
 from nemo_ais.nemo_rl import AISClippedPGLossFn
@@ -162,6 +162,7 @@ def real_setup(monkeypatch, tmp_path, local_ray):
     monkeypatch.setenv("NEMO_AIS_REFIT", "")  # recorded: removed at teardown
     monkeypatch.delenv("NEMO_AIS_REFIT")
     monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
+    write_input_amax_files(tmp_path)  # W4A4: the launcher reads its calibration before Ray
     return rec
 
 

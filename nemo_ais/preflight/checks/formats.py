@@ -10,6 +10,7 @@ BF16 trainer needs nemo_ais's NVFP4 refit (``ais_nvfp4_refit``). Details: docs/c
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
@@ -282,6 +283,13 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
         )
         return Verdict(problems)
     problems += _real_quant_problems(ctx)
+    refit = ctx.get("ais_nvfp4_refit")
+    amax_file = refit.get("input_amax_file") if section_enabled(refit) else None
+    if isinstance(amax_file, str) and amax_file and not Path(amax_file).is_file():
+        warnings.append(
+            f"ais_nvfp4_refit.input_amax_file={amax_file!r} is not a file here: the launcher reads it before Ray "
+            "(nemo-ais calibrate-input-amax writes it)"
+        )
     moe_refit = _nvfp4_moe_refit_problems(ctx.cfg, "v0.7.0")
     if ctx.nemo_rl is not None and "nvfp4_w4a4" not in ctx.nemo_rl.formats:  # v0.7.0's reload
         problems += moe_refit
