@@ -24,9 +24,12 @@ shq() {
 }
 shq_words() { local w out=(); for w in "$@"; do out+=("$(shq "$w")"); done; printf '%s' "${out[*]}"; }
 die() { echo "$SCRIPT_NAME: error: $*" >&2; exit 2; }
-# The offline check failed: stop, naming the command that reproduces it (overrides too).
+# The offline check failed: stop, naming the command that reproduces it (overrides too, and
+# NEMO_RL_DIR: the check reads the NeMo-RL version there).
 die_check_failed() {
-  die "$config fails the offline checks above (python -m nemo_ais.preflight $(shq_words "$config" "${overrides[@]}"))"
+  local env=""
+  [[ -z "${NEMO_RL_DIR:-}" ]] || env="NEMO_RL_DIR=$(shq "$NEMO_RL_DIR") "
+  die "$config fails the offline checks above (${env}python -m nemo_ais.preflight $(shq_words "$config" "${overrides[@]}"))"
 }
 
 # What the offline check needs (nemo_ais/preflight/requirements.py describe(); a test keeps

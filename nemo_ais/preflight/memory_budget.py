@@ -356,6 +356,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     parser.add_argument("--gpu-gib", type=float, default=HBM_GIB, help="GPU memory (GiB)")
     args = parser.parse_args(argv)
     paths, overrides = split_args(args.configs)
+    if not paths:  # an argument without .yaml reads as an override: there would be nothing to budget
+        parser.error(f"give at least one .yaml config, then key=value overrides (got {args.configs})")
     budgets, problems = [], []
     for path in paths:
         try:

@@ -190,9 +190,9 @@ def test_local_refuses_a_broken_layout(nemo_rl_dir):
     assert res.returncode == 2
     assert res.stdout == ""  # nothing printed as "would run"
     assert "[FAIL] trainer_parallel: GPUs = cluster.num_nodes x cluster.gpus_per_node = 1" in res.stderr
-    # the command it names reproduces the failure: the overrides are part of it
+    # the command it names reproduces the failure: the overrides and NEMO_RL_DIR (the version) are part of it
     assert (
-        f"fails the offline checks above (python -m nemo_ais.preflight {SMOKE} "
+        f"fails the offline checks above (NEMO_RL_DIR={nemo_rl_dir} python -m nemo_ais.preflight {SMOKE} "
         "policy.megatron_cfg.tensor_model_parallel_size=3)" in res.stderr
     )
 
@@ -304,7 +304,7 @@ def test_slurm_refuses_a_broken_layout(nemo_rl_dir):
     assert res.returncode == 2 and res.stdout == ""
     assert "[FAIL] vllm_fp8_shards: expert gate/up out / down in = moe_intermediate / 4 = 192" in res.stderr
     assert (
-        f"fails the offline checks above (python -m nemo_ais.preflight {MOE} "
+        f"fails the offline checks above (NEMO_RL_DIR={nemo_rl_dir} python -m nemo_ais.preflight {MOE} "
         "policy.generation.vllm_cfg.tensor_parallel_size=4)" in res.stderr
     )
 

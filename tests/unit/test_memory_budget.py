@@ -303,6 +303,13 @@ def test_sizes_it_cannot_budget_are_one_line_not_a_traceback(capsys, override, s
     assert "qwen3_8b_2n8g_fp8.yaml: cannot budget: " in err and said in err
 
 
+def test_no_yaml_argument_is_a_usage_error_not_an_empty_table(capsys):
+    # an argument without .yaml reads as an override: the budget of nothing was an empty table and exit 0
+    with pytest.raises(SystemExit, match="2"):
+        mb.main([f"{QWEN8B}.bak"])
+    assert "give at least one .yaml config, then key=value overrides" in capsys.readouterr().err
+
+
 def test_docs_table_is_the_generated_one():
     """docs/cluster.md carries the table this command prints for the shipped configs."""
     # The command's order: configs/nemo_rl/*.yaml, then configs/nemo_rl/experiments/*.yaml.
