@@ -163,7 +163,7 @@ class PolicySection(_Section):
 class RolloutSection(_Section):
     """``rollout``: the simulated rollout engine (the twin): sampling and precision."""
 
-    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
+    temperature: float = Field(1.0, ge=1e-5, description="Sampling temperature (>= 1e-5, vLLM's sampling epsilon).")
     top_k: int = Field(0, ge=0, description="Top-k filter (0: off).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Top-p filter (1: off).")
     prompts_per_chunk: int = Field(

@@ -91,11 +91,16 @@ class MismatchStats(NamedTuple):
     gen_kl_error: float = 0.0
 
 
+MIN_TEMPERATURE = 1e-5
+"""The smallest temperature sampled as such (vLLM's ``_SAMPLING_EPS``: below it vLLM decodes greedily)."""
+
+
 def _check_sampling(temperature: float, top_k: int, top_p: float, mode: str) -> None:
     """Validate the sampling arguments of :func:`generate` and :func:`score_responses`."""
-    if not (math.isfinite(temperature) and temperature > 0):
+    if not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):
         raise ValueError(
-            f"temperature={temperature!r} is invalid: expected a finite float > 0 (use top_k=1 for greedy decoding)"
+            f"temperature={temperature!r} is invalid: expected a finite float >= {MIN_TEMPERATURE:g} (vLLM samples "
+            "greedily below it; logits / T overflow fp32; use top_k=1 for greedy decoding)"
         )
     if not (isinstance(top_k, int) and top_k >= 0):
         raise ValueError(f"top_k={top_k!r} is invalid: expected an int >= 0 (0 = off)")

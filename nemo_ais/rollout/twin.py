@@ -124,7 +124,9 @@ class RolloutTwin:
 
         Raises:
             ValueError: an unknown name, a shape mismatch, non-finite values, codes without
-                scales, a fused NVFP4 group incomplete, or KV scales missing for a layer.
+                scales or for a module held in high precision, a fused NVFP4 group incomplete, or
+                KV scales missing, not one number or for no layer (the weights are then loaded and no
+                KV scale is held: the next batch calibrates them).
         """
         items = self._loader.as_held(weights.items() if isinstance(weights, Mapping) else weights)
         sent = None  # the refit's tensors by name, for the fault and the readback
@@ -135,7 +137,12 @@ class RolloutTwin:
         for module in static_input_modules(self.model, self.fake_quant).values():
             module.input_amax = None  # stale: the weights moved
         previous_kv_scales = self.kv_scales
-        self.kv_scales = received_kv_scales(kv_sent, self.num_layers) if kv_sent else None
+        try:
+            self.kv_scales = received_kv_scales(kv_sent, self.num_layers) if kv_sent else None
+        except ValueError:
+            # the weights are in: no stale scale (or readback) of the previous refit may pass for this one's
+            self.kv_scales = self.readback = None
+            raise
         if self._fault is not None:  # TEST/BENCH ONLY: a planted refit bug
             self._fault.after_load(self, sent, previous_kv_scales)
         if calibration_input_ids is not None:

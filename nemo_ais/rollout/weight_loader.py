@@ -105,8 +105,19 @@ class WeightLoader:
                     got = pending.pop(weight_name)
                     self.fp8_weights[weight_name].load_quantized(got["codes"], got["scale"])
             elif kv_match is not None:
+                if tensor.numel() != 1 or not tensor.is_floating_point() or tensor.dtype == FP8_DTYPE:
+                    raise ValueError(
+                        f"sync_weights: {name} is a {list(tensor.shape)} {tensor.dtype} tensor, expected one "
+                        "float32 scale (vLLM's per-tensor KV-cache scale)"
+                    )
                 check_finite(tensor, f"sync_weights: {name}", action=_SYNC_NONFINITE)
                 kv_sent[(int(kv_match.group(1)), kv_match.group(2))] = float(tensor)
+            elif tensor.dtype == FP8_DTYPE and (name in self.targets or name in self.weight_groups):
+                raise ValueError(
+                    f"sync_weights: {name} arrived as float8_e4m3fn codes, but the twin holds it in high precision "
+                    "(not an FP8-format linear here: kept in BF16, or the twin's format is not fp8); expected the "
+                    "trainer's floating weight"
+                )
             elif name in self.weight_groups:
                 check_finite(tensor, f"sync_weights: {name}", action=_SYNC_NONFINITE)
                 group = groups.setdefault(self.weight_groups[name], {})
@@ -143,11 +154,13 @@ def received_kv_scales(sent: dict[tuple[int, str], float], num_layers: int) -> K
     """KV scales sent with the refit -> :class:`KVScales` (ValueError: missing or <= 0)."""
     missing = [f"layer {i} {kind}" for i in range(num_layers) for kind in ("k", "v") if (i, kind) not in sent]
     bad = {k: v for k, v in sent.items() if not v > 0}
-    if missing or bad:
+    unknown = sorted(f"layer {i} {kind}" for i, kind in sent if i >= num_layers)
+    if missing or bad or unknown:
         raise ValueError(
             f"sync_weights: KV-cache scales incomplete or invalid (missing: "
-            f"{', '.join(missing[:6]) or 'none'}; not > 0: {bad or 'none'}), expected a "
-            f"positive k_scale and v_scale for each of the {num_layers} layers"
+            f"{', '.join(missing[:6]) or 'none'}; not > 0: {bad or 'none'}; no such layer: "
+            f"{', '.join(unknown[:6]) or 'none'}), expected a positive k_scale and v_scale for each of "
+            f"the {num_layers} layers"
         )
     scale = torch.ones(num_layers, 3, dtype=torch.float64)
     for (layer, kind), value in sent.items():

@@ -786,6 +786,39 @@ def test_compute_dtype_bfloat16_refit_quantizes_the_bf16_cast_weights(fmt):
     assert twin.readback.weight_error == 0.0 and twin.readback.weights_checked > 0
 
 
+def test_a_refit_with_bad_kv_scales_names_them_and_holds_no_stale_scale():
+    model = tiny_lm("qwen2", hidden_size=128)  # 2 layers
+    twin = RolloutTwin(model, RolloutPrecisionConfig(format="fp8", kv_cache="fp8"))
+    kv = "model.layers.{}.self_attn.{}_scale"
+    good = {kv.format(i, k): torch.tensor(0.5) for i in range(2) for k in "kv"}
+    twin.sync_weights(good)
+    assert twin.kv_scales is not None
+    with pytest.raises(ValueError, match=r"missing: layer 0 v, layer 1 k, layer 1 v; .*no such layer: layer 5 k\)"):
+        twin.sync_weights(
+            {**model.state_dict(), kv.format(0, "k"): torch.tensor(0.5), kv.format(5, "k"): torch.tensor(1.0)}
+        )
+    assert twin.kv_scales is None  # not the previous refit's: the next batch calibrates them
+    with pytest.raises(ValueError, match=r"self_attn\.k_scale is a \[2\] torch\.float32 tensor, expected one float32"):
+        twin.sync_weights({kv.format(0, "k"): torch.tensor([0.5, 0.5])})
+
+
+@pytest.mark.parametrize(("fmt", "name"), [("fp8", "lm_head.weight"), ("mxfp8", "model.layers.0.mlp.down_proj.weight")])
+def test_fp8_codes_for_a_module_the_twin_holds_in_high_precision_are_refused(fmt, name):
+    model = tiny_lm("qwen2", hidden_size=128)
+    twin = RolloutTwin(model, RolloutPrecisionConfig(format=fmt))
+    codes = model.state_dict()[name].to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=rf"{name} arrived as float8_e4m3fn codes, but the twin holds it in high"):
+        twin.sync_weights({name: codes})
+
+
+def test_a_temperature_below_vllms_sampling_epsilon_is_refused():
+    model = tiny_lm("qwen2", hidden_size=128)
+    twin = RolloutTwin(model, RolloutPrecisionConfig(format="bf16", kv_cache="bf16"))
+    ids, mask = torch.ones(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"temperature=1e-40 is invalid: expected a finite float >= 1e-05"):
+        twin.generate(ids, mask, max_new_tokens=2, temperature=1e-40)
+
+
 def test_compute_dtype_bfloat16(qwen):
     twin = Fp8Twin(qwen, Fp8RolloutConfig(compute_dtype="bfloat16"))
     assert qwen.lm_head.weight.dtype == torch.float32  # the original is untouched
