@@ -29,6 +29,8 @@ CONFIG_FILE = "config.yaml"
 # Keys that may change between an interrupted run and its resumption: none changes a result
 # (the warm-start cache file is named by the settings that do).
 _RESUME_FREE_KEYS = (
+    "logger.run_dir",  # where the run is: its pinned config.yaml was found there ("runs", "./runs", a moved one)
+    "logger.name",
     "logger.progress_bar",
     "logger.plots",
     "cluster",

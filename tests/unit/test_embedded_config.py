@@ -234,6 +234,16 @@ def test_a_run_pinned_with_the_former_block_resumes(tmp_path):
         prepare_run_dir(other, resolve_arm(other, None), overwrite=False)
 
 
+def test_a_run_resumes_under_another_spelling_of_its_directory(tmp_path, monkeypatch):
+    from nemo_ais.embedded.experiment import prepare_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    raw = load_config(DEFAULT, ["logger.run_dir=runs"])
+    run_dir = prepare_run_dir(raw, resolve_arm(raw, None), overwrite=False)
+    again = load_config(DEFAULT, ["logger.run_dir=./runs/../runs"])  # the same directory
+    assert prepare_run_dir(again, resolve_arm(again, None), overwrite=False).resolve() == run_dir.resolve()
+
+
 def test_overwrite_clears_every_output_of_the_run_and_nothing_outside_it(tmp_path):
     from nemo_ais.embedded.experiment import prepare_run_dir
 
