@@ -270,8 +270,16 @@ class ClusterSection(_Section):
     timeout_s: float = Field(600.0, gt=0.0, le=1e6, description="gloo collective timeout (at most 1e6 s).")
 
 
-_SHARED_BY_ARMS = ("data", "policy.model", "policy.warm_start", "cluster")
-"""What one run trains every arm with (one task, one warm start, one launch): an arm may not set it."""
+_SHARED_BY_ARMS = (
+    *(f"data.{key}" for key in ("task", "num_digits", "chain_length", "sft_alt_fraction", "reverse_answer")),
+    *(f"data.{key}" for key in ("eval_size", "eval_seed")),
+    "policy.model",
+    "policy.warm_start",
+    "cluster",
+)
+"""What one run trains every arm with (one task and held-out set, one warm start, one launch): an arm may not set it.
+
+An arm's own ``data.reward`` is allowed: it only scores that arm's rollouts."""
 
 
 def _nested_in(override: dict[str, Any], key: str) -> bool:
@@ -302,8 +310,9 @@ class ExperimentSection(_Section):
             shared = [key for key in _SHARED_BY_ARMS if _nested_in(override or {}, key)]
             if shared:
                 raise ValueError(
-                    f"arms.{name}.{shared[0]} is invalid: every arm shares the task, the model, its warm start and "
-                    f"the ranks ({', '.join(_SHARED_BY_ARMS)}); expected it at the top level of the config"
+                    f"arms.{name}.{shared[0]} is invalid: every arm shares the task and held-out set, the model, "
+                    "its warm start and the ranks (data.* but data.reward, policy.model, policy.warm_start, cluster); "
+                    "expected it at the top level of the config"
                 )
         unknown = [a for a in self.include or [] if a not in self.arms]
         if unknown:

@@ -59,7 +59,8 @@ def test_overrides_apply_dotted_and_to_arms():
         ("data.sft_alt_fraction=1.0", r"data\.sft_alt_fraction=1\.0 is invalid"),
         ("experiment.reference_arm=nope", r"experiment\.reference_arm='nope' is not an arm"),
         # one task, one warm start, one launch for every arm: an arm's own would be ignored or mismatched
-        ("experiment.arms.bf16.data.num_digits=3", r"experiment\.arms\.bf16\.data is invalid: every arm shares"),
+        ("experiment.arms.bf16.data.num_digits=3", r"experiment\.arms\.bf16\.data\.num_digits is invalid: every arm"),
+        ("experiment.arms.bf16.data.eval_seed=3", r"experiment\.arms\.bf16\.data\.eval_seed is invalid: every arm"),
         ("experiment.arms.fp8-ais.policy.model.hidden_size=128", r"experiment\.arms\.fp8-ais\.policy\.model is inv"),
         ("experiment.arms.fp8-tis.policy.warm_start.steps=0", r"experiment\.arms\.fp8-tis\.policy\.warm_start is"),
         ("experiment.arms.bf16.cluster.dp_size=1", r"experiment\.arms\.bf16\.cluster is invalid"),
@@ -74,6 +75,11 @@ def test_overrides_apply_dotted_and_to_arms():
 def test_bad_keys_and_values_name_the_path(override, match):
     with pytest.raises(ValueError, match=match):
         load_config(DEFAULT, [override])
+
+
+def test_an_arm_may_score_with_its_own_reward():
+    raw = load_config(DEFAULT, ["experiment.arms.fp8-ais.data.reward=digits"])
+    assert resolve_arm(raw, "fp8-ais").data.reward == "digits" and resolve_arm(raw, None).data.reward != "digits"
 
 
 def test_a_kv_cache_format_the_head_dim_cannot_block_is_refused_when_read():
