@@ -133,16 +133,17 @@ class RolloutTwin:
         if self._fault is not None or self.config.verify_refit:
             items = list(items)
             sent = dict(items)
-        n_loaded, kv_sent = self._loader.load(items)
-        for module in static_input_modules(self.model, self.fake_quant).values():
-            module.input_amax = None  # stale: the weights moved
         previous_kv_scales = self.kv_scales
         try:
+            n_loaded, kv_sent = self._loader.load(items)
             self.kv_scales = received_kv_scales(kv_sent, self.num_layers) if kv_sent else None
         except ValueError:
-            # the weights are in: no stale scale (or readback) of the previous refit may pass for this one's
+            # weights may be in: no scale or readback of the previous refit may pass for this one's
             self.kv_scales = self.readback = None
             raise
+        finally:
+            for module in static_input_modules(self.model, self.fake_quant).values():
+                module.input_amax = None  # stale: the weights moved
         if self._fault is not None:  # TEST/BENCH ONLY: a planted refit bug
             self._fault.after_load(self, sent, previous_kv_scales)
         if calibration_input_ids is not None:

@@ -798,8 +798,11 @@ def test_a_refit_with_bad_kv_scales_names_them_and_holds_no_stale_scale():
             {**model.state_dict(), kv.format(0, "k"): torch.tensor(0.5), kv.format(5, "k"): torch.tensor(1.0)}
         )
     assert twin.kv_scales is None  # not the previous refit's: the next batch calibrates them
+    twin.sync_weights(good)
+    assert twin.kv_scales is not None
     with pytest.raises(ValueError, match=r"self_attn\.k_scale is a \[2\] torch\.float32 tensor, expected one float32"):
         twin.sync_weights({kv.format(0, "k"): torch.tensor([0.5, 0.5])})
+    assert twin.kv_scales is None  # a refusal inside the load too
 
 
 @pytest.mark.parametrize(("fmt", "name"), [("fp8", "lm_head.weight"), ("mxfp8", "model.layers.0.mlp.down_proj.weight")])
