@@ -435,6 +435,10 @@ def configure(
 def _engine_ignore(generation: Mapping[str, Any]) -> list[str]:
     ignore = generation.get("real_quant_ignore")
     if ignore is not None:
+        if not (isinstance(ignore, list | tuple) and all(isinstance(p, str) for p in ignore)):
+            raise ValueError(
+                f"policy.generation.real_quant_ignore={ignore!r} is invalid: expected a list of module-name patterns"
+            )
         return list(ignore)
     from nemo_rl.modelopt.utils import DEFAULT_NVFP4_IGNORE  # NeMo-RL's own default
 

@@ -218,6 +218,11 @@ def test_bad_ais_config_fails_before_ray(driver, monkeypatch, capsys):
             "+ais_kv_calibration.reduction=bogus",
             r"ais_kv_calibration\.reduction='bogus' is invalid",
         ),
+        (  # the NVFP4 refit's ignore list defaults from it: named, not "'int' object is not iterable"
+            "experiments/qwen3_8b_nvfp4_w4a16_ais.yaml",
+            "policy.generation.real_quant_ignore=5",
+            r"policy\.generation\.real_quant_ignore=5 is invalid: expected a list of module-name patterns",
+        ),
         (  # the offline check's fp8_rollout reports the same (test_cluster_configs)
             "experiments/smoke_bf16.yaml",
             "ais_fp8_refit.enabled=true",
