@@ -59,16 +59,17 @@ def _collapse_cells(collapse: dict[str, Collapse], arm: str, reference: str) -> 
     return f"{first} | {c.seeds_collapsed} / {c.seeds} | {steps or 'n/a'}"
 
 
-def _delta_cell(diffs: dict[str, tuple[int, float, float]], arm: str, reference: str, seeds: int) -> str:
+def _delta_cell(diffs: dict[str, tuple[int, float, float]], arm: str, reference: str, seeds: tuple[int, int]) -> str:
     """The "Δ vs reference" table cell of ``arm`` ("—" for the reference itself).
 
-    Over fewer seed pairs than the arm's ``seeds`` (the reference did not finish one), the cell says how many.
+    ``seeds``: the arm's and the reference's. Over fewer seed pairs than either has (one did not finish a seed), the
+    difference is not the difference of the shown means: the cell says how many pairs it rests on.
     """
     if arm == reference:
         return "—"
     pairs, mean, half = diffs.get(arm, (0, math.nan, math.nan))
     cell = fmt_ci(mean, half)
-    return cell if pairs in (0, seeds) else f"{cell} over {pairs} paired seed(s)"
+    return cell if pairs == 0 or pairs == max(seeds) else f"{cell} over {pairs} paired seed(s)"
 
 
 def _fmt_corr(value: float) -> str:
@@ -111,7 +112,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         fm, fs = s["final_accuracy"]
         im, is_ = s["initial_accuracy"]
         pm, ps = s["primary"]
-        delta = _delta_cell(diffs, arm, reference, s["seeds"])
+        delta = _delta_cell(diffs, arm, reference, (s["seeds"], summ.get(reference, {}).get("seeds", 0)))
         lines.append(f"| {arm} | {s['seeds']} | {_pm(im, is_)} | {_pm(fm, fs)} | **{_pm(pm, ps)}** | {delta} |")
     early = early_metric(records)
     early_diffs = paired_differences(records, reference, early_metric)
@@ -127,7 +128,7 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     ]
     for arm in summ:
         em, es = mean_std(list(early.get(arm, {}).values()))
-        delta = _delta_cell(early_diffs, arm, reference, len(early.get(arm, {})))
+        delta = _delta_cell(early_diffs, arm, reference, (len(early.get(arm, {})), len(early.get(reference, {}))))
         lines.append(f"| {arm} | {_pm(em, es)} | {delta} |")
     lines += _collapse_md(records, summ, reference, n_steps)
     tail = f"last {EARLY_LATE_STEPS}" if n_steps > EARLY_LATE_STEPS else f"all {n_steps} steps"

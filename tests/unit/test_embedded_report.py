@@ -175,7 +175,8 @@ def test_primary_metric_is_the_second_half_mean_and_pairs_by_seed(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "Δ vs fp8" in text and "| fp8 | 3 |" in text and "| bf16 | 2 |" in text
     bf16_row = next(line for line in text.splitlines() if line.startswith("| bf16 | 2 |"))
-    assert bf16_row.endswith("] |")  # both bf16 seeds are paired: no count
+    # both bf16 seeds are paired, but fp8's shown mean is over 3: the cell says it rests on 2 pairs
+    assert bf16_row.endswith("] over 2 paired seed(s) |")
     assert "(mean ± sample std over each arm's seeds (its seeds column).)" in text
     # against bf16, fp8's third seed has no partner: the Δ cells say they rest on 2 of its 3 seeds
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"experiment": {"reference_arm": "bf16"}}))
