@@ -11,7 +11,6 @@ parent as the same exception with the same message (through a queue), not as a w
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import tempfile
@@ -69,6 +68,10 @@ def _worker(
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+    # init_process_group can return here while a peer still finishes gloo's connectFullMesh; a rank
+    # that then exits (fn without a collective, e.g. a finished run resumed) closes the pair under it.
+    # One barrier before fn, so fn's own collectives stay unmatched if a rank skips or adds one.
+    dist.barrier()
     try:
         fn(DistContext(rank, world_size, dist.group.WORLD), *args)
     except RecipeError as err:
@@ -80,12 +83,6 @@ def _worker(
     except BaseException as err:
         errors.put((rank, type(err).__name__, traceback.format_exc()))
         raise
-    else:
-        # Leave together: init_process_group can return here while a peer still finishes
-        # gloo's connectFullMesh, and a rank that then exits (fn without a collective, e.g.
-        # a finished run resumed) closes the pair under it. A failed peer is reported by itself.
-        with contextlib.suppress(Exception):
-            dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

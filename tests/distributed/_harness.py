@@ -336,6 +336,10 @@ def _worker(
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+        # init_process_group can return here while a peer still finishes gloo's connectFullMesh: a rank
+        # whose fn runs no collective would exit and close the pair under it ("Connection closed by peer",
+        # ~2% of 2-rank runs on 2 loaded cores). One barrier before fn; fn's own collectives stay unmatched.
+        dist.barrier()
         outcome = {"ok": True, "value": fn(rank, world_size, *args, **kwargs)}
     except BaseException as err:  # report everything, including assertion failures
         outcome = {"ok": False, "error": f"{type(err).__name__}: {err}\n{traceback.format_exc()}"}
@@ -348,13 +352,6 @@ def _worker(
         f.write(payload)
     os.replace(tmp, os.path.join(result_dir, f"rank{rank}.pkl"))
     if outcome["ok"] and dist.is_initialized():
-        # Leave together. init_process_group returns on one rank while a peer may still be
-        # finishing gloo's connectFullMesh; a rank that exits then closes the pair under it
-        # ("Connection closed by peer" on the peer, ~2% of 2-rank runs on 2 loaded cores).
-        # The result is already written: a rank waiting here for a failed peer is killed
-        # after the grace period, not reported as stuck.
-        with contextlib.suppress(Exception):
-            dist.barrier()
         dist.destroy_process_group()
     # Skip interpreter teardown: a rank whose peers died can hang in gloo's destructors.
     sys.stdout.flush()
@@ -454,8 +451,7 @@ def run_distributed(
                     break
                 time.sleep(0.05)
         finally:
-            # a rank that wrote its result and still runs waits at the closing barrier
-            stuck = [r for r, p in enumerate(procs) if p.is_alive() and _read_result(result_dir, r) is None]
+            stuck = [rank for rank, p in enumerate(procs) if p.is_alive()]
             for p in procs:
                 if p.is_alive():
                     p.kill()

@@ -110,13 +110,25 @@ def _raise_on_rank1_worker(rank: int, world_size: int) -> int:
     return rank
 
 
-def test_a_finished_rank_waiting_for_a_failed_peer_is_not_reported_stuck():
-    # rank 0 finishes and waits at the closing barrier; rank 1's error is the report
+def test_a_rank_that_fails_alone_is_the_whole_report():
+    # rank 0 finishes; rank 1's error is the report, and rank 0 is neither failed nor stuck
     with pytest.raises(RuntimeError) as info:
         run_distributed(_raise_on_rank1_worker, 2, timeout=120)
     message = str(info.value)
     assert "ValueError: boom on rank 1" in message
     assert "rank 0 ---" not in message and "still running" not in message
+
+
+def _extra_barrier_worker(rank: int, world_size: int) -> int:
+    if rank == 0:
+        dist.barrier()  # a collective the other rank never runs
+    return rank
+
+
+def test_a_rank_that_adds_a_collective_is_not_matched_by_the_harness():
+    # the harness's own barrier runs before fn: nothing after fn can pair with a rank's extra one
+    with pytest.raises((RuntimeError, TimeoutError)):
+        run_distributed(_extra_barrier_worker, 2, timeout=20)
 
 
 def test_deadlock_fails_with_timeout_and_kills_ranks():
