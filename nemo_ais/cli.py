@@ -298,14 +298,16 @@ def _attribute(args: argparse.Namespace) -> int:
 
     path = args.config or _config_dir() / f"{args.preset or 'default'}.yaml"
     try:
-        cfg = resolve_arm(load_config(path, args.overrides), args.arm)
+        raw = load_config(path, args.overrides)
+        cfg = resolve_arm(raw, args.arm)
         prompts = min(64, cfg.data.eval_size) if args.prompts is None else args.prompts
         if prompts > cfg.data.eval_size:
             raise ValueError(
                 f"--prompts {prompts} is invalid: expected at most data.eval_size="
                 f"{cfg.data.eval_size} (the held-out prompts)"
             )
-        setup = twin_setup(cfg, prompts, train_warm_start=args.train_warm_start)
+        # every arm runs from the base config's warm start (nemo-ais run): the same cache file here
+        setup = twin_setup(cfg, prompts, train_warm_start=args.train_warm_start, warm_start_cfg=resolve_arm(raw, None))
     except (ValueError, FileNotFoundError) as err:
         return _fail(2, "attribute", f"invalid config or arguments ({path}):\n{err}")
     except RecipeError as err:  # an unreadable warm-start file, an unwritable cache

@@ -282,11 +282,15 @@ _SHARED_BY_ARMS = (
 An arm's own ``data.reward`` is allowed: it only scores that arm's rollouts."""
 
 
-def _nested_in(override: dict[str, Any], key: str) -> bool:
+def _overridden(override: dict[str, Any], key: str, prefix: str = "") -> str | None:
+    """The path at which ``override`` sets ``key`` (a section it replaces by a non-mapping, e.g. ``data: null``)."""
     head, _, rest = key.partition(".")
     if head not in override:
-        return False
-    return not rest or (isinstance(override[head], dict) and _nested_in(override[head], rest))
+        return None
+    path = prefix + head
+    if not rest or not isinstance(override[head], dict):
+        return path
+    return _overridden(override[head], rest, path + ".")
 
 
 class ExperimentSection(_Section):
@@ -307,7 +311,7 @@ class ExperimentSection(_Section):
         for name, override in self.arms.items():
             if "experiment" in (override or {}):
                 raise ValueError(f"arms.{name} must not override the experiment section")
-            shared = [key for key in _SHARED_BY_ARMS if _nested_in(override or {}, key)]
+            shared = [path for key in _SHARED_BY_ARMS if (path := _overridden(override or {}, key))]
             if shared:
                 raise ValueError(
                     f"arms.{name}.{shared[0]} is invalid: every arm shares the task and held-out set, the model, "

@@ -31,18 +31,26 @@ class TwinSetup(NamedTuple):
 
 
 def twin_setup(
-    cfg: RecipeConfig, num_prompts: int = 64, *, train_warm_start: bool = False, progress: bool = False
+    cfg: RecipeConfig,
+    num_prompts: int = 64,
+    *,
+    train_warm_start: bool = False,
+    progress: bool = False,
+    warm_start_cfg: RecipeConfig | None = None,
 ) -> TwinSetup:
     """The policy of ``cfg`` (warm-started if cached) and ``num_prompts`` held-out prompts.
 
+    ``warm_start_cfg``: the config whose warm start the run trained (an arm's: the base config's, as
+    ``nemo-ais run`` does; an arm's own ``data.reward`` would give another cache file). Default ``cfg``.
     Raises ``ValueError`` for ``num_prompts`` outside ``[1, data.eval_size]`` and
     ``UnreadableFileError`` for an unusable warm-start cache file.
     """
+    ws_cfg = cfg if warm_start_cfg is None else warm_start_cfg
     if not 1 <= num_prompts <= cfg.data.eval_size:
         raise ValueError(f"num_prompts={num_prompts} is invalid: expected 1 to data.eval_size={cfg.data.eval_size}")
     task = build_task(cfg)
-    warm = cfg.policy.warm_start.steps > 0 and (train_warm_start or warm_start_path(cfg).is_file())
-    warm_file = warm_start(cfg, task, progress=progress) if warm else None
+    warm = ws_cfg.policy.warm_start.steps > 0 and (train_warm_start or warm_start_path(ws_cfg).is_file())
+    warm_file = warm_start(ws_cfg, task, progress=progress) if warm else None
     policy = build_policy(cfg, task, warm_file).eval()
     ids = task.prompt_ids(task.eval_problems[:num_prompts])
     m = cfg.policy.model

@@ -137,7 +137,7 @@ class RolloutTwin:
         try:
             n_loaded, kv_sent = self._loader.load(items)
             self.kv_scales = received_kv_scales(kv_sent, self.num_layers) if kv_sent else None
-        except ValueError:
+        except BaseException:
             # weights may be in: no scale or readback of the previous refit may pass for this one's
             self.kv_scales = self.readback = None
             raise

@@ -61,6 +61,7 @@ def test_overrides_apply_dotted_and_to_arms():
         # one task, one warm start, one launch for every arm: an arm's own would be ignored or mismatched
         ("experiment.arms.bf16.data.num_digits=3", r"experiment\.arms\.bf16\.data\.num_digits is invalid: every arm"),
         ("experiment.arms.bf16.data.eval_seed=3", r"experiment\.arms\.bf16\.data\.eval_seed is invalid: every arm"),
+        ("experiment.arms.bf16.data=null", r"experiment\.arms\.bf16\.data is invalid: every arm"),  # all defaults
         ("experiment.arms.fp8-ais.policy.model.hidden_size=128", r"experiment\.arms\.fp8-ais\.policy\.model is inv"),
         ("experiment.arms.fp8-tis.policy.warm_start.steps=0", r"experiment\.arms\.fp8-tis\.policy\.warm_start is"),
         ("experiment.arms.bf16.cluster.dp_size=1", r"experiment\.arms\.bf16\.cluster is invalid"),

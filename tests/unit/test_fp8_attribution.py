@@ -192,6 +192,20 @@ def test_write_attribution_and_the_cli(tmp_path, capsys, monkeypatch):
     assert main(["attribute", "--preset", "quick", "--arm", "nope"]) == 2
 
 
+def test_an_arm_with_its_own_reward_is_attributed_from_the_runs_warm_start(tmp_path):
+    from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm
+    from nemo_ais.embedded.twin_setup import twin_setup
+    from nemo_ais.embedded.warmstart import build_task, warm_start, warm_start_path
+
+    tiny = ["policy.warm_start.steps=2", "policy.warm_start.batch_size=4", f"policy.warm_start.cache_dir={tmp_path}"]
+    raw = load_config(CONFIG_DIR / "quick.yaml", [*tiny, "experiment.arms.fp8-ais.data.reward=prefix"])
+    base, arm = resolve_arm(raw, None), resolve_arm(raw, "fp8-ais")
+    trained = warm_start(base, build_task(base), progress=False)  # what nemo-ais run trains, for every arm
+    assert warm_start_path(arm) != trained  # the arm's own key: not the file the run trained
+    assert twin_setup(arm, 4, warm_start_cfg=base).warm_started
+    assert not twin_setup(arm, 4).warm_started  # without it: the random init, silently
+
+
 def test_attribution_json_is_strict_json_with_null_for_a_non_finite_value(tmp_path):
     att = _attribute(_tiny(layers=2), W4A4_NVFP4_KV)
     att = att._replace(full=att.full._replace(gen_kl_error=float("inf"), max_abs_delta=float("nan")))
