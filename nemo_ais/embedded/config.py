@@ -269,11 +269,8 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
     precision = rollout_precision(sec["rollout"])
     if precision.kv_cache != "bf16":
         model = sec["policy"].model
-        head_dim, where = (
-            model.hidden_size // model.num_attention_heads,
-            "policy.model (hidden_size / num_attention_heads)",
-        )
-        get_kv_format(precision.kv_cache).check_head_dim(head_dim, where)
+        where = "policy.model (hidden_size / num_attention_heads)"
+        get_kv_format(precision.kv_cache).check_head_dim(model.hidden_size // model.num_attention_heads, where)
     cfg = RecipeConfig(pg=pg, correction=correction, precision=precision, raw=data, **sec)
     _check_batching(cfg)
     _check_rollout_alignment(cfg)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nemo_ais.refit.config import RENAMED_KEYS
-from nemo_ais.rollout.config import KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
+from nemo_ais.rollout.config import MIN_TEMPERATURE, KVCacheFormat, RolloutFormat, RolloutPrecisionConfig
 from nemo_ais.sections import validate_section
 
 DEFAULT_QUANTIZER: dict[str, Any] = {"block": [128, 128], "activation_group": 128, "ue8m0": False}
@@ -163,7 +163,9 @@ class PolicySection(_Section):
 class RolloutSection(_Section):
     """``rollout``: the simulated rollout engine (the twin): sampling and precision."""
 
-    temperature: float = Field(1.0, ge=1e-5, description="Sampling temperature (>= 1e-5, vLLM's sampling epsilon).")
+    temperature: float = Field(
+        1.0, ge=MIN_TEMPERATURE, description=f"Sampling temperature (>= {MIN_TEMPERATURE:g}, vLLM's sampling epsilon)."
+    )
     top_k: int = Field(0, ge=0, description="Top-k filter (0: off).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Top-p filter (1: off).")
     prompts_per_chunk: int = Field(
@@ -271,8 +273,7 @@ class ClusterSection(_Section):
 
 
 _SHARED_BY_ARMS = (
-    *(f"data.{key}" for key in ("task", "num_digits", "chain_length", "sft_alt_fraction", "reverse_answer")),
-    *(f"data.{key}" for key in ("eval_size", "eval_seed")),
+    *(f"data.{key}" for key in DataSection.model_fields if key != "reward"),
     "policy.model",
     "policy.warm_start",
     "cluster",

@@ -33,6 +33,10 @@ _MIN_ACTIVATION_EPS = 1e-35  # > 448 * 2^-126: eps / 448 is a normal float32
 _COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
+MIN_TEMPERATURE = 1e-5
+"""The smallest sampling temperature (vLLM's ``_SAMPLING_EPS``: below it vLLM decodes greedily; logits / T overflow)."""
+
+
 class RolloutPrecisionConfig(WeightFormatFields):
     """How the twin simulates vLLM's low-precision rollout (module doc)."""
 

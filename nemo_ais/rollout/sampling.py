@@ -13,6 +13,8 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from nemo_ais.rollout.config import MIN_TEMPERATURE
+
 LogprobsMode = Literal["unfiltered", "processed"]
 
 
@@ -89,10 +91,6 @@ class MismatchStats(NamedTuple):
     max_abs_delta: float
     n_tok: int
     gen_kl_error: float = 0.0
-
-
-MIN_TEMPERATURE = 1e-5
-"""The smallest temperature sampled as such (vLLM's ``_SAMPLING_EPS``: below it vLLM decodes greedily)."""
 
 
 def _check_sampling(temperature: float, top_k: int, top_p: float, mode: str) -> None:
