@@ -123,6 +123,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
 class ConfigError(ValueError):
     """A config ``main`` refuses before Ray starts (``python run_grpo_ais.py``: one line)."""
 
+    @classmethod
+    def of(cls, err: Exception) -> ConfigError:
+        """``err``'s message on one line (its type's name if it has none)."""
+        return cls(" ".join(str(err).split()) or type(err).__name__)
+
 
 def load_config_dict(config_path: str, overrides: Sequence[str]) -> dict[str, Any]:
     """NeMo-RL's loader: ``defaults:`` inheritance, Hydra overrides, resolved to a dict."""
@@ -448,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         problems += rollout_format_problems(raw, version.name)  # NVFP4 W4A4 / MXFP8: main only
         problems += bypass_problems(raw)  # one update per rollout batch
     except (OSError, TypeError, ValueError, OverridesError, YAMLError, OmegaConfBaseException) as err:
-        raise ConfigError(" ".join(str(err).split()) or type(err).__name__) from err
+        raise ConfigError.of(err) from err
     if problems:
         raise ConfigError("; ".join(problems))
     try:  # the refit and KV sections, before the experiment directory exists
@@ -457,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         refit = configure_fp8_refit(raw)  # the workers inherit the environment
         block_refit = configure_block_refit(raw)  # NVFP4 engine, BF16 trainer: same hook
     except (TypeError, ValueError) as err:
-        raise ConfigError(" ".join(str(err).split()) or type(err).__name__) from err
+        raise ConfigError.of(err) from err
     print(f"ais_kv_calibration.reduction: {kv_reduction}")
     print(f"loss_fn.ais: {ais_cfg.ais.model_dump()}")
     # Upstream picks the policy factory in the launcher too (TQPolicy when data_plane.enabled,

@@ -76,9 +76,12 @@ class WeightLoader:
             return items
         return ((name, self._held_dtype(name, t)) for name, t in items)
 
+    def _high_precision(self, name: str) -> bool:
+        """``name`` is a weight or bias the twin holds in high precision (FP8-format linears take codes too)."""
+        return name in self.targets or name in self.weight_groups
+
     def _held_dtype(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        weight = name in self.targets or name in self.weight_groups
-        if weight and tensor.is_floating_point() and tensor.dtype != FP8_DTYPE:
+        if self._high_precision(name) and tensor.is_floating_point() and tensor.dtype != FP8_DTYPE:
             return tensor.to(self.dtype)
         return tensor
 
@@ -112,7 +115,7 @@ class WeightLoader:
                     )
                 check_finite(tensor, f"sync_weights: {name}", action=_SYNC_NONFINITE)
                 kv_sent[(int(kv_match.group(1)), kv_match.group(2))] = float(tensor)
-            elif tensor.dtype == FP8_DTYPE and (name in self.targets or name in self.weight_groups):
+            elif tensor.dtype == FP8_DTYPE and self._high_precision(name):
                 raise ValueError(
                     f"sync_weights: {name} arrived as float8_e4m3fn codes, but the twin holds it in high precision "
                     "(not an FP8-format linear here: kept in BF16, or the twin's format is not fp8); expected the "
