@@ -76,7 +76,8 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
     """Create (or reopen) ``logger.run_dir/logger.name`` and pin its config.
 
     Raises:
-        RecipeError: the directory is not writable, or holds a run with another config.
+        RecipeError: the directory is not writable, or holds results of a run with another config (a
+            config pinned by a run that failed before its first result, e.g. in the warm start, is re-pinned).
     """
     run_dir = Path(base.logger.run_dir) / base.logger.name
     try:
@@ -99,7 +100,7 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
             path.unlink(missing_ok=True)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         shutil.rmtree(run_dir / "logs", ignore_errors=True)
-    elif cfg_file.is_file():
+    elif cfg_file.is_file() and ((run_dir / METRICS_FILE).is_file() or (run_dir / "checkpoints").is_dir()):
         # a run pinned with the former rollout.fp8 block compares in the current keys
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)

@@ -284,6 +284,7 @@ def test_unwritable_run_dir_and_config_mismatch(tmp_path, cache_dir, capsys):
     old = load_config(CONFIG_DIR / "quick.yaml", [*overrides, "grpo.max_num_steps=99"])
     old["policy"]["warm_start"]["cache_dir"] = str(cache_dir)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(old))
+    (run_dir / "metrics.jsonl").write_text("")  # the pinned config's results (none yet: an interrupted first step)
     assert _run(tmp_path, cache_dir, "mix", *TINY) == 1
     err = capsys.readouterr().err
     assert "different config" in err and "grpo.max_num_steps: 99 -> 4" in err

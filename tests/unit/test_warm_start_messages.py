@@ -14,6 +14,7 @@ import copy
 import re
 
 import pytest
+import yaml
 
 from nemo_ais.embedded.config import CONFIG_DIR, load_config, resolve_arm, validate_config
 from nemo_ais.embedded.dist import RecipeError
@@ -110,13 +111,27 @@ def test_an_unwritable_cache_fails_before_the_warm_start_trains(tmp_path, capsys
 def test_a_run_resumes_with_another_cache_dir(tmp_path):
     """The cache file is named by the settings that change results; its folder changes none."""
     raw = load_config(CONFIG_DIR / "quick.yaml", [*TINY, f"logger.run_dir={tmp_path}"])
-    prepare_run_dir(raw, validate_config(raw), overwrite=False)
+    run_dir = prepare_run_dir(raw, validate_config(raw), overwrite=False)
+    (run_dir / "metrics.jsonl").write_text("{}\n")  # a result of the pinned config
     moved = copy.deepcopy(raw)
     moved["policy"]["warm_start"]["cache_dir"] = str(tmp_path / "shared_cache")
     prepare_run_dir(moved, validate_config(moved), overwrite=False)  # accepted
     moved["grpo"]["max_num_steps"] = 99
     with pytest.raises(RecipeError, match="different config"):
         prepare_run_dir(moved, validate_config(moved), overwrite=False)
+
+
+def test_a_config_pinned_before_any_result_is_pinned_again(tmp_path):
+    """A run that failed before its first result (a diverging warm start) reruns with another lr."""
+    raw = load_config(CONFIG_DIR / "quick.yaml", [*TINY, f"logger.run_dir={tmp_path}"])
+    run_dir = prepare_run_dir(raw, validate_config(raw), overwrite=False)
+    lower = copy.deepcopy(raw)
+    lower["policy"]["warm_start"]["lr"] = 1e-4
+    prepare_run_dir(lower, validate_config(lower), overwrite=False)
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["policy"]["warm_start"]["lr"] == 1e-4
+    (run_dir / "checkpoints").mkdir()  # a result: an (arm, seed) checkpoint
+    with pytest.raises(RecipeError, match=r"different config \(policy\.warm_start\.lr: 0\.0001 -> 0\.001\)"):
+        prepare_run_dir(raw, validate_config(raw), overwrite=False)
 
 
 def test_a_diverging_warm_start_is_a_recipe_error_naming_its_lr(tmp_path):
