@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,17 +114,19 @@ def load_analysis_config(
         ValueError: a malformed override or an invalid field (named with its path).
     """
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    online = False  # the alarms are the online guard's loss_fn.ais_alarms
     if path is not None:
         from nemo_ais.preflight import load_config
 
         data = load_config(path)
         loss_fn = data.get("loss_fn") or {}
         sections["loss_fn.ais"] = dict(loss_fn.get("ais") or {})
-        # the run's own thresholds; whether the training step failed on an alarm is not ours
-        online = validate_section(AISAlarmsConfig, loss_fn.get("ais_alarms"), "loss_fn.ais_alarms").model_dump(
-            exclude_unset=True, exclude={"enabled", "fail_on_alarm"}
-        )
-        sections["alarms"] = dict(data.get("alarms") or online)
+        online = not data.get("alarms") and loss_fn.get("ais_alarms") is not None
+        alarms = loss_fn["ais_alarms"] if online else data.get("alarms")
+        if alarms is not None and not isinstance(alarms, Mapping):
+            name = "loss_fn.ais_alarms" if online else "alarms"
+            raise ValueError(f"{name}: expected a mapping of fields, got {type(alarms).__name__}")
+        sections["alarms"] = dict(alarms or {})
     for item in overrides:
         key, sep, raw = item.partition("=")
         section = next((name for name in _SECTIONS if key.startswith(f"{name}.")), None)
@@ -142,6 +144,9 @@ def load_analysis_config(
             node[name] = yaml.safe_load(raw)
         except yaml.YAMLError as err:
             raise ValueError(f"override {item!r}: value is not YAML ({err})") from None
+    if online:  # the run's own thresholds, with the overrides; whether the step failed on an alarm is not ours
+        guard = validate_section(AISAlarmsConfig, sections["alarms"], "loss_fn.ais_alarms")
+        sections["alarms"] = guard.model_dump(exclude_unset=True, exclude={"enabled", "fail_on_alarm"})
     return tuple(validate_section(model, sections[n], n) for n, model in _SECTIONS.items())
 
 

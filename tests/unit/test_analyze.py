@@ -168,6 +168,15 @@ def test_config_file_and_overrides(tmp_path):
     )
     alarms = load_analysis_config(online)[1]
     assert alarms.jump_factor == 20.0 and not alarms.fail_on_alarm  # the step's, not ours
+    # an override fixes the run's own threshold before it is validated, which still names the run's key
+    bad = tmp_path / "bad_online.yaml"
+    bad.write_text(f"defaults: {nemo_rl_cfg}\nloss_fn:\n  ais_alarms:\n    enabled: true\n    jump_factor: -1\n")
+    with pytest.raises(ValueError, match=r"loss_fn\.ais_alarms\.jump_factor=-1 is invalid"):
+        load_analysis_config(bad)
+    assert load_analysis_config(bad, ["alarms.jump_factor=7"])[1].jump_factor == 7.0
+    bad.write_text(f"defaults: {nemo_rl_cfg}\nloss_fn:\n  ais_alarms: 3\n")
+    with pytest.raises(ValueError, match=r"loss_fn\.ais_alarms: expected a mapping of fields, got int"):
+        load_analysis_config(bad)
     online.write_text(online.read_text() + "alarms:\n  window: 4\n")
     assert load_analysis_config(online)[1].jump_factor == AlarmConfig().jump_factor
     with pytest.raises(ValueError, match=r"loss_fn\.ais\.weight_cap=0\.5 is invalid"):
