@@ -84,49 +84,96 @@ def _colocated(cfg: Mapping[str, Any]) -> bool:
     return get(cfg, "policy.generation.colocated.enabled", True) is not False
 
 
+def _int(value: Any, default: int = 0) -> int:
+    return value if type(value) is int else default
+
+
+def reserved(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
+    """``(reward-model nodes, reward-model GPUs per node, OPD teacher nodes)`` that GRPO ``setup`` keeps from the policy.
+
+    The reward model counts when a data split's ``env_name`` is ``reward_model`` (its ``env.reward_model.resources``);
+    the teachers when ``on_policy_distillation.non_colocated_teachers`` is enabled (``num_nodes`` per distinct teacher
+    model, default 1).
+    """
+    envs = {get(cfg, f"data.{split}.env_name", None) for split in ("train", "validation", "default")}
+    rm = "env.reward_model.resources."
+    rm_nodes, rm_gpus = (_int(get(cfg, rm + k, 0)) for k in ("num_nodes", "gpus_per_node"))
+    if "reward_model" not in envs:
+        rm_nodes = rm_gpus = 0
+    opd = get(cfg, "on_policy_distillation", None) or {}
+    teachers = opd.get("non_colocated_teachers") or {} if isinstance(opd, Mapping) else {}
+    if not (opd.get("enabled") and isinstance(teachers, Mapping) and teachers.get("enabled")):
+        return rm_nodes, rm_gpus, 0
+    default, overrides = teachers.get("default_teacher_cfg") or {}, teachers.get("teacher_overrides") or {}
+    models: dict[str, str] = {}  # one teacher per model when deduplicated (upstream's default)
+    dedup = opd.get("deduplicate_shared_teacher_checkpoints", True)
+    for alias, model in (opd.get("teacher_model_by_agent_name") or {}).items():
+        models.setdefault(model if dedup else alias, alias)
+    nodes = sum(_int({**default, **(overrides.get(a) or {})}.get("num_nodes", 1), 1) for a in models.values())
+    return rm_nodes, rm_gpus, nodes
+
+
+def _policy_nodes(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
+    """``(cluster nodes, policy nodes, reward-model GPUs on a one-node cluster)``, as GRPO ``setup`` derives them."""
+    nodes = int(get(cfg, "cluster.num_nodes", 1))
+    rm_nodes, rm_gpus, teacher_nodes = reserved(cfg)
+    return nodes, (nodes if nodes == 1 else nodes - rm_nodes) - teacher_nodes, rm_gpus if nodes == 1 else 0
+
+
 def gpu_split(cfg: Mapping[str, Any]) -> tuple[int, int]:
     """``(training GPUs, rollout GPUs)`` as NeMo-RL's GRPO ``setup`` splits the cluster.
 
-    Colocated: the whole cluster for both. Otherwise one node gives the engines
-    ``colocated.resources.gpus_per_node`` of its GPUs, several nodes give them ``colocated.resources.num_nodes``
-    whole nodes (reward-model GPUs not counted). :func:`split_problems` says when the split is invalid.
+    The policy gets the nodes the reward model and non-colocated OPD teachers leave (:func:`reserved`; on one node, the
+    GPUs the reward model leaves). Colocated: all of them for both. Otherwise one policy node gives the engines
+    ``colocated.resources.gpus_per_node`` of its GPUs, several give them ``colocated.resources.num_nodes`` whole nodes.
+    :func:`split_problems` says when the split is invalid.
     """
-    nodes, gpus_per_node = int(get(cfg, "cluster.num_nodes", 1)), int(get(cfg, "cluster.gpus_per_node", 1))
+    _, policy_nodes, rm_gpus = _policy_nodes(cfg)
+    gpus_per_node = int(get(cfg, "cluster.gpus_per_node", 1))
     if _colocated(cfg):
-        return nodes * gpus_per_node, nodes * gpus_per_node
-    if nodes == 1:
-        rollout = get(cfg, _RESOURCES + "gpus_per_node")
-        rollout = rollout if type(rollout) is int else 0
-        return gpus_per_node - rollout, rollout
-    rollout_nodes = get(cfg, _RESOURCES + "num_nodes")
-    rollout_nodes = rollout_nodes if type(rollout_nodes) is int else 0
-    return (nodes - rollout_nodes) * gpus_per_node, rollout_nodes * gpus_per_node
+        gpus = max(0, policy_nodes) * (gpus_per_node - rm_gpus)
+        return gpus, gpus
+    if policy_nodes == 1:
+        rollout = _int(get(cfg, _RESOURCES + "gpus_per_node"))
+        return gpus_per_node - rollout - rm_gpus, rollout
+    rollout_nodes = _int(get(cfg, _RESOURCES + "num_nodes"))
+    return max(0, policy_nodes - rollout_nodes) * gpus_per_node, rollout_nodes * gpus_per_node
 
 
 def split_problems(cfg: Mapping[str, Any]) -> list[str]:
-    """What NeMo-RL's GRPO ``setup`` asserts of a non-colocated GPU split (none when colocated)."""
+    """What NeMo-RL's GRPO ``setup`` asserts of the policy's nodes and of a non-colocated GPU split."""
+    nodes, policy_nodes, rm_gpus = _policy_nodes(cfg)
+    gpus_per_node = int(get(cfg, "cluster.gpus_per_node", 1))
+    if policy_nodes < 1 or gpus_per_node - rm_gpus < 1:
+        rm_nodes, _, teacher_nodes = reserved(cfg)
+        return [
+            f"cluster.num_nodes={nodes} x cluster.gpus_per_node={gpus_per_node} leaves the policy no GPUs: the reward "
+            f"model (env.reward_model.resources) takes {rm_nodes} node(s) or {rm_gpus} GPU(s) of one node, the "
+            f"non-colocated OPD teachers {teacher_nodes} node(s)"
+        ]
     if _colocated(cfg):
         return []
-    nodes, gpus_per_node = int(get(cfg, "cluster.num_nodes", 1)), int(get(cfg, "cluster.gpus_per_node", 1))
     rollout_gpus, rollout_nodes = get(cfg, _RESOURCES + "gpus_per_node"), get(cfg, _RESOURCES + "num_nodes")
     problems = []
-    if nodes == 1:
-        if type(rollout_gpus) is not int or not 0 < rollout_gpus < gpus_per_node:
+    if policy_nodes == 1:
+        bound = f"cluster.gpus_per_node={gpus_per_node}" + (f" - {rm_gpus} of the reward model" if rm_gpus else "")
+        if type(rollout_gpus) is not int or not 0 < rollout_gpus < gpus_per_node - rm_gpus:
             problems.append(
                 f"{_RESOURCES}gpus_per_node={rollout_gpus!r} is invalid on one node: expected the engines' GPUs, "
-                f"an integer in [1, cluster.gpus_per_node={gpus_per_node}) (the rest train)"
+                f"an integer in [1, {bound}) (the rest train)"
             )
         if rollout_nodes not in (None, 1):
             problems.append(f"{_RESOURCES}num_nodes={rollout_nodes!r} is invalid on one node: expected 1 or null")
         return problems
-    if type(rollout_nodes) is not int or not 0 < rollout_nodes < nodes:
+    bound = f"cluster.num_nodes={nodes}" + (f" - {nodes - policy_nodes} reserved" if policy_nodes < nodes else "")
+    if type(rollout_nodes) is not int or not 0 < rollout_nodes < policy_nodes:
         problems.append(
             f"{_RESOURCES}num_nodes={rollout_nodes!r} is invalid: expected the engines' nodes, an integer in "
-            f"[1, cluster.num_nodes={nodes}) (the rest train)"
+            f"[1, {bound}) (the rest train)"
         )
     if rollout_gpus != gpus_per_node:
         problems.append(
-            f"{_RESOURCES}gpus_per_node={rollout_gpus!r} is invalid with {nodes} nodes: expected "
+            f"{_RESOURCES}gpus_per_node={rollout_gpus!r} is invalid with {policy_nodes} nodes: expected "
             f"cluster.gpus_per_node={gpus_per_node} (the engines take whole nodes)"
         )
     return problems

@@ -138,3 +138,41 @@ def test_async_grpo_with_engine_and_correction_passes_both(rig, monkeypatch):
     with pytest.raises(PastTheAsserts):
         rig(SMOKE_BF16, overrides, stop=False, real_async=True)
     assert "async_grpo" not in _failures(SMOKE_BF16, overrides)
+
+
+# ------------------------------------------------------ nodes kept from the policy
+
+RM = ["++data.default.env_name=reward_model", "++env.reward_model.resources.gpus_per_node=1"]
+
+
+def test_a_reward_model_that_leaves_the_policy_no_node_stops_setup_and_fails_offline(rig):
+    overrides = [*RM, "cluster.num_nodes=2", "++env.reward_model.resources.num_nodes=2"]
+    with pytest.raises(AssertionError, match="policy_nodes must be > 0"):
+        rig(SMOKE, overrides, stop=True)
+    assert (
+        "leaves the policy no GPUs: the reward model (env.reward_model.resources) takes 2 node(s)"
+        in (_failures(SMOKE, overrides)["gpu_split"])
+    )
+
+
+def test_the_opd_teacher_nodes_are_upstreams_teacher_configs():
+    """``reserved`` counts the nodes of upstream's own teacher configs (aliases sharing a model are one teacher)."""
+    from nemo_rl.models.policy.teacher_worker_group import create_teacher_configs_from_opd_config
+
+    opd = {
+        "enabled": True,
+        "teacher_model_by_agent_name": {"math": "Qwen/Qwen3-32B", "code": "Qwen/Qwen3-32B", "chat": "Qwen/Qwen3-8B"},
+        "non_colocated_teachers": {
+            "enabled": True,
+            "default_teacher_cfg": {"num_nodes": 2},
+            "teacher_overrides": {"chat": {"num_nodes": 1}},
+        },
+    }
+    for dedup in (True, False):
+        cfg = {"on_policy_distillation": {**opd, "deduplicate_shared_teacher_checkpoints": dedup}}
+        teachers = create_teacher_configs_from_opd_config(cfg["on_policy_distillation"])
+        assert preflight.layout.reserved(cfg) == (0, 0, sum(t.num_nodes for t in teachers)) == (0, 0, 3 if dedup else 5)
+    cfg = {
+        "on_policy_distillation": {**opd, "non_colocated_teachers": {**opd["non_colocated_teachers"], "enabled": False}}
+    }
+    assert preflight.layout.reserved(cfg) == (0, 0, 0)

@@ -658,3 +658,31 @@ def test_every_key_upstream_reads_unguarded_after_ray_starts_is_listed(real_setu
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        ("cluster.num_nodes=3", "cluster.gpus_per_node=2", "++env.reward_model.resources.num_nodes=1"),
+        ("cluster.gpus_per_node=4", "++env.reward_model.resources.num_nodes=1"),
+    ],
+    ids=["a_reward_model_node", "reward_model_gpus_of_one_node"],
+)
+def test_the_policys_gpus_are_upstreams_setup_split_with_a_reward_model(real_setup, override):
+    """grpo.setup keeps the reward model's nodes (one node: its GPUs) from the policy; gpu_split agrees."""
+    overrides = [
+        *override,
+        "++env.reward_model.resources.gpus_per_node=1",
+        "++data.default.env_name=reward_model",
+        "grpo.num_prompts_per_step=4",  # divisible by the DP sizes of both splits
+        "policy.train_global_batch_size=16",
+    ]
+    cfg = cc.load_config(SMOKE, overrides)
+    assert not [r for r in cc.check_config(cfg) if r.status == "fail" and r.name in ("gpu_split", "trainer_parallel")]
+    _main(real_setup, SMOKE, overrides)
+    ((_, cluster_kwargs),) = real_setup.actors.clusters
+    train, rollout = cc.gpu_split(cfg)
+    assert sum(cluster_kwargs["bundle_ct_per_node_list"]) == train == rollout
+    assert train == (4 if "cluster.num_nodes=3" in override else 3)  # 2 of 3 nodes x 2; 4 - 1 GPUs
+    (policy,) = [c["returned"] for c in real_setup.factory_calls]
+    assert policy.data_parallel_size == cc.parallel_layout(cfg).dp
