@@ -232,6 +232,7 @@ def test_a_run_pinned_with_the_former_block_resumes(tmp_path):
     raw = load_config(DEFAULT, [f"logger.run_dir={tmp_path}"])
     run_dir = tmp_path / raw["logger"]["name"]
     run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("")  # the old run's results (a resume, not a re-pin)
     (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(_former_spelling(raw)))
     assert prepare_run_dir(raw, resolve_arm(raw, None), overwrite=False) == run_dir
     assert "kv_cache: fp8" in (run_dir / CONFIG_FILE).read_text()  # re-pinned, current keys
@@ -247,6 +248,7 @@ def test_a_run_resumes_under_another_spelling_of_its_directory(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     raw = load_config(DEFAULT, ["logger.run_dir=runs"])
     run_dir = prepare_run_dir(raw, resolve_arm(raw, None), overwrite=False)
+    (run_dir / "metrics.jsonl").write_text("")  # a result: the pinned config is compared
     again = load_config(DEFAULT, ["logger.run_dir=./runs/../runs"])  # the same directory
     assert prepare_run_dir(again, resolve_arm(again, None), overwrite=False).resolve() == run_dir.resolve()
 
