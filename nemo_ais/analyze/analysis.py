@@ -126,7 +126,9 @@ def load_analysis_config(
         if alarms is not None and not isinstance(alarms, Mapping):
             name = "loss_fn.ais_alarms" if online else "alarms"
             raise ValueError(f"{name}: expected a mapping of fields, got {type(alarms).__name__}")
-        sections["alarms"] = dict(alarms or {})
+        # the run's own thresholds; whether its training step failed on an alarm is not ours (an override's is)
+        drop = ("enabled", "fail_on_alarm") if online else ()
+        sections["alarms"] = {k: v for k, v in (alarms or {}).items() if k not in drop}
     for item in overrides:
         key, sep, raw = item.partition("=")
         section = next((name for name in _SECTIONS if key.startswith(f"{name}.")), None)
@@ -144,9 +146,9 @@ def load_analysis_config(
             node[name] = yaml.safe_load(raw)
         except yaml.YAMLError as err:
             raise ValueError(f"override {item!r}: value is not YAML ({err})") from None
-    if online:  # the run's own thresholds, with the overrides; whether the step failed on an alarm is not ours
+    if online:  # validated with the overrides, under the run's key
         guard = validate_section(AISAlarmsConfig, sections["alarms"], "loss_fn.ais_alarms")
-        sections["alarms"] = guard.model_dump(exclude_unset=True, exclude={"enabled", "fail_on_alarm"})
+        sections["alarms"] = guard.model_dump(exclude_unset=True, exclude={"enabled"})
     return tuple(validate_section(model, sections[n], n) for n, model in _SECTIONS.items())
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -164,6 +164,19 @@ def _check_tp_shard(name: str, shape: tuple[int, ...], config: RefitConfig) -> N
             )
 
 
+def check_siblings(name: str, kept: Callable[[str], str | None]) -> None:
+    """Refuse a quantized ``name`` whose fused siblings ``kept`` keeps in BF16 (every format: vLLM has one layer)."""
+    siblings = fused_siblings(name)
+    reasons = {s: reason for s in siblings if (reason := kept(s)) is not None}
+    if reasons:
+        raise ValueError(
+            f"{name} is quantized but its fused siblings {reasons} are kept in BF16: vLLM "
+            f"loads {list(siblings)} as one layer ({fused_shard_group(name)}), quantized "
+            "or not; make the exclusions (ignore, ignored_layer_kws, keep_patterns) "
+            "cover all of them or none"
+        )
+
+
 def plan_tensor(name: str, shape: Iterable[int], dtype: torch.dtype, config: RefitConfig) -> PlanEntry:
     """Quantize or keep one tensor; checks its TP shard (ValueError; TypeError: bad config)."""
     require_config(config, RefitConfig, "plan_tensor(config)")
@@ -191,11 +204,13 @@ def plan_refit(named_tensors: Iterable[tuple[str, torch.Tensor]], config: RefitC
     entries, errors = [], []
     for name, tensor in named_tensors:
         try:
-            entries.append(plan_tensor(name, tensor.shape, tensor.dtype, config))
+            entries.append(entry := plan_tensor(name, tensor.shape, tensor.dtype, config))
+            if entry.action == "quantize":
+                check_siblings(name, lambda s, shape=entry.shape: _keep(s, shape, config))
         except ValueError as err:
             errors.append(str(err))
     if errors:
-        raise ValueError(f"{len(errors)} tensor(s) fail the TP check:\n" + "\n".join(errors))
+        raise ValueError(f"{len(errors)} tensor(s) fail the TP or fused-sibling check:\n" + "\n".join(errors))
     return RefitPlan(tuple(entries))
 
 
@@ -274,8 +289,7 @@ class RefitStream:
             self.check_kept(name, tensor)
             yield name, tensor
             return
-        if self.format.shared_global_scale:
-            self._check_siblings(name, tensor)
+        check_siblings(name, lambda s: self._kept(s, tuple(tensor.shape)))
         if self._stacks is not None and fused_shard_group(name) not in self._open:
             shape = tuple(tensor.shape)
             taken = self._stacks.add(name, tensor, lambda n: self._kept(n, shape) is None)
@@ -387,18 +401,6 @@ class RefitStream:
             for n in names[leaf]:
                 del stack.held[n]
             yield from _hand_over(pairs)
-
-    def _check_siblings(self, name: str, tensor: torch.Tensor) -> None:
-        siblings = fused_siblings(name)
-        kept = {s: self._kept(s, tuple(tensor.shape)) for s in siblings}
-        kept = {s: reason for s, reason in kept.items() if reason is not None}
-        if kept:
-            raise ValueError(
-                f"{name} is quantized but its fused siblings {kept} are kept in BF16: vLLM "
-                f"loads {list(siblings)} as one layer ({fused_shard_group(name)}), quantized "
-                "or not; make the exclusions (ignore, ignored_layer_kws, keep_patterns) "
-                "cover all of them or none"
-            )
 
     def _check_open_groups(self, group: str) -> None:
         if len(self._open) > self.config.max_open_groups:

@@ -174,6 +174,8 @@ def test_config_file_and_overrides(tmp_path):
     with pytest.raises(ValueError, match=r"loss_fn\.ais_alarms\.jump_factor=-1 is invalid"):
         load_analysis_config(bad)
     assert load_analysis_config(bad, ["alarms.jump_factor=7"])[1].jump_factor == 7.0
+    # the run's fail_on_alarm is its training step's; the command line's is ours
+    assert load_analysis_config(online, ["alarms.fail_on_alarm=true"])[1].fail_on_alarm
     bad.write_text(f"defaults: {nemo_rl_cfg}\nloss_fn:\n  ais_alarms: 3\n")
     with pytest.raises(ValueError, match=r"loss_fn\.ais_alarms: expected a mapping of fields, got int"):
         load_analysis_config(bad)

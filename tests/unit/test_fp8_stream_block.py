@@ -13,7 +13,13 @@ from block_format_oracles import mxfp8_oracle, nvfp4_oracle
 from pydantic import ValidationError
 
 from nemo_ais.fp8 import NVFP4Tensor, dequantize_nvfp4
-from nemo_ais.refit.stream import BlockSyncConfig, BlockWeightStream, block_weight_stream, plan_block_sync
+from nemo_ais.refit import RefitConfig, plan_refit, refit_stream
+from nemo_ais.refit.stream import (
+    BlockSyncConfig,
+    BlockWeightStream,
+    block_weight_stream,
+    plan_block_sync,
+)
 
 H, FF, Q, KV, V = 64, 96, 64, 32, 100  # hidden, intermediate, q out, kv out, vocab
 P = "model.layers.{i}."
@@ -181,6 +187,21 @@ def test_exclusions_first_last_layers_patterns_ignore_and_keywords():
 def test_fused_siblings_must_agree_on_quantize_or_keep():
     with pytest.raises(ValueError, match=r"q_proj.weight is quantized but its fused siblings .*k_proj"):
         list(block_weight_stream(_weights(_layer(0)), BlockSyncConfig(ignored_layer_kws=("k_proj",))))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8", "nvfp4_w4a16"])
+def test_a_pattern_that_keeps_half_a_fused_layer_is_refused_in_every_format(fmt):
+    """``mlp.gate`` also matches ``mlp.gate_proj`` (veRL #7519): vLLM's gate_up_proj would hold a BF16 shard."""
+    weights = [(f"model.layers.0.mlp.{p}.weight", torch.randn(128, 128)) for p in ("gate_proj", "up_proj")]
+    config = RefitConfig(format=fmt, keep_patterns=("mlp.gate",))
+    match = r"mlp.up_proj.weight is quantized but its fused siblings \{'model.layers.0.mlp.gate_proj.weight'"
+    with pytest.raises(ValueError, match=match):
+        list(refit_stream(weights, config))
+    with pytest.raises(ValueError, match="fail the TP or fused-sibling check:\n.*" + match):
+        plan_refit(weights, config)
+    assert {
+        e.action for e in plan_refit(weights, RefitConfig(format=fmt, keep_patterns=(r"mlp\.gate\.",))).entries
+    } == {"quantize"}  # the router's own name only
 
 
 def test_tp_shard_of_the_in_dim_must_be_a_multiple_of_the_block():
