@@ -17,6 +17,7 @@ from pydantic import Field, create_model, model_validator
 
 from nemo_ais.modes import MODES
 from nemo_ais.sections import (
+    FLOAT32_MAX,
     Section,
     config_type_error as config_type_error,
     require_config as require_config,
@@ -136,20 +137,22 @@ class PGLossConfig(Section):
     """
 
     ratio_clip_min: float = Field(0.2, ge=0.0, lt=1.0, description="eps_low of the ratio clip.")
-    ratio_clip_max: float = Field(0.2, ge=0.0, description="eps_high of the ratio clip.")
+    ratio_clip_max: float = Field(0.2, ge=0.0, le=FLOAT32_MAX, description="eps_high of the ratio clip.")
     ratio_clip_c: float | None = Field(
-        None, gt=1.0, description="Dual-clip constant c (> 1) for A < 0; None disables it."
+        None, gt=1.0, le=FLOAT32_MAX, description="Dual-clip constant c (> 1) for A < 0; None disables it."
     )
     reference_policy_kl_penalty: float = Field(
-        0.0, ge=0.0, description="Coefficient of the KL penalty to the reference policy."
+        0.0, ge=0.0, le=FLOAT32_MAX, description="Coefficient of the KL penalty to the reference policy."
     )
     reference_policy_kl_type: Literal["k1", "k2", "k3"] = Field(
         "k3", description="KL estimator (http://joschu.net/blog/kl-approx.html)."
     )
     kl_input_clamp_value: float | None = Field(
-        20.0, gt=0.0, description="Clamp of log(pi_ref/pi_theta) before the KL estimator."
+        20.0, gt=0.0, le=FLOAT32_MAX, description="Clamp of log(pi_ref/pi_theta) before the KL estimator."
     )
-    kl_output_clamp_value: float | None = Field(10.0, gt=0.0, description="Clamp of each per-token KL value.")
+    kl_output_clamp_value: float | None = Field(
+        10.0, gt=0.0, le=FLOAT32_MAX, description="Clamp of each per-token KL value."
+    )
     token_level_loss: bool = Field(
         True,
         description="True: normalise by global valid tokens; False: per-sequence mean, "

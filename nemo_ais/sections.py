@@ -15,6 +15,9 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""``torch.finfo(torch.float32).max``: the bound of a loss constant (the loss computes in float32 or wider)."""
+
 
 class Section(BaseModel):
     """A strict, frozen config section; ``moved_keys`` (old key -> new dotted key) are refused.
@@ -97,6 +100,8 @@ def _format_errors(model: type[BaseModel], err: ValidationError, path: str) -> s
         value = e.get("input")
         hint = f" ({info.description})" if info is not None and info.description else ""
         reason = e["msg"].removeprefix("Value error, ").replace("Input should be ", "expected ")
+        if e.get("ctx", {}).get("le") == FLOAT32_MAX:  # pydantic writes it as 39 digits
+            reason = "expected a float32 value, at most 3.4028235e+38"
         if field and not (e["type"] == "value_error" and isinstance(value, Mapping)):
             lines.append(f"{where}={value!r} is invalid: {reason}{hint}")
         else:  # cross-field rule of a (sub-)section: the message starts with the field's name

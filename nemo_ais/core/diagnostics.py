@@ -369,6 +369,12 @@ def diagnostics_from_stats(
         TypeError: ``config`` is not a :class:`~nemo_ais.config.CorrectionConfig`.
     """
     require_config(config, CorrectionConfig, "diagnostics_from_stats(config)")
+    size, expected = getattr(getattr(global_stats, "vector", None), "shape", None), num_slots(config)
+    if size != (expected,):
+        raise ValueError(
+            f"global_stats: got a statistics vector of shape {list(size) if size is not None else size}, expected "
+            f"[{expected}] for loss_fn.ais.mode={config.mode!r} (compute_statistics with the same config)"
+        )
     s = _sums(global_stats)
     if _has_bad_input(s):
         raise ValueError(_bad_input_summary(s, None))
@@ -395,11 +401,8 @@ def _error_text(error: Exception) -> str:
 
 def _local_bad_values(logp_old, logp_rollout, mask) -> str | None:
     """Message naming the tensor, count and first index of this rank's bad values, if any."""
-    valid = validation.valid_positions(mask)
-    named = {"prev_logprobs": logp_old, "generation_logprobs": logp_rollout}
-    counts = validation.bad_value_counts(named, mask, valid).tolist()
     try:
-        validation.raise_for_bad_values({**named, "mask": mask}, valid, counts)
+        validation.check_values({"prev_logprobs": logp_old, "generation_logprobs": logp_rollout}, mask)
     except ValueError as err:
         return str(err)
     return None

@@ -112,11 +112,12 @@ def kl_penalty(x: LossInputs, pg: PGLossConfig, m: torch.Tensor) -> torch.Tensor
     k(x) - (x - sg(x)) sg(k(x)) (the same value and gradient).
     """
     raw = x.log_q
-    if pg.kl_input_clamp_value is None:
-        log_q = raw * m  # no clamp keeps a masked garbage value out of exp()
-    else:
-        log_q = raw.clamp(-pg.kl_input_clamp_value, pg.kl_input_clamp_value)
+    log_q = torch.where(m.bool(), raw, 0)  # a masked garbage value stays out of exp()
+    if pg.kl_input_clamp_value is not None:
+        log_q = log_q.clamp(-pg.kl_input_clamp_value, pg.kl_input_clamp_value)
     kind = pg.reference_policy_kl_type
+    if kind == "k3":  # exp(x) stays finite (one e-fold below overflow): inf makes the score term inf - 0 * inf = NaN
+        log_q = log_q.clamp(max=math.log(torch.finfo(log_q.dtype).max) - 1)
     k = KL_VALUES[kind](log_q, log_q.exp() if kind == "k3" else None)
     if x.log_kl_is is None:
         kl_tok = k - (log_q - log_q.detach()) * k.detach()

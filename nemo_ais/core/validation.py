@@ -130,6 +130,14 @@ def bad_value_counts(logprobs: Mapping[str, torch.Tensor], mask: torch.Tensor, v
     return torch.stack([*counts, _bad_mask(mask).sum()]).to(torch.float64)
 
 
+def check_values(logprobs: Mapping[str, torch.Tensor], mask: torch.Tensor) -> None:
+    """Raise :class:`BadValuesError` for NaN / inf at a valid position of ``logprobs`` or a mask value not in {0, 1}."""
+    valid = valid_positions(mask)
+    counts = bad_value_counts(logprobs, mask, valid).tolist()
+    if any(counts):
+        raise_for_bad_values({**logprobs, "mask": mask}, valid, counts)
+
+
 def raise_for_bad_values(
     tensors: Mapping[str, torch.Tensor], valid: torch.Tensor, counts: list[float], where: str = ""
 ) -> None:

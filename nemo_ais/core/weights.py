@@ -30,9 +30,12 @@ Algorithm box (``docs/method.md``; **[reconstruction]** where marked):
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nemo_ais.config import CorrectionConfig, require_config
+from nemo_ais.core import validation
 from nemo_ais.modes import MODES, Mode, compute_dtype as compute_dtype, log_ratio as log_ratio
 
 # mode -> its record (weight function, global-batch value, sequence level, surrogate)
@@ -59,13 +62,19 @@ def correction_weights(
         ``[B, T]`` detached, float32 (float64 for float64 input), 0 where mask == 0.
 
     Raises:
-        ValueError: a mode that needs ``alpha`` without it. TypeError: ``config`` of the wrong type.
+        ValueError: a mode that needs ``alpha`` without it (or a non-finite one); a shape, device, mask value
+            not in {0, 1} or NaN / inf at a valid position, naming the input. TypeError: an input or ``config``
+            of the wrong type.
     """
     require_config(config, CorrectionConfig, "correction_weights(config)")
     mode = MODES[config.mode]
-    if mode.needs_alpha and alpha is None:
+    if mode.needs_alpha and (alpha is None or not math.isfinite(alpha)):
         raise ValueError(
-            f"correction_weights: mode {config.mode!r} needs alpha (pass AISDiagnostics.alpha from compute_diagnostics)"
+            f"correction_weights: mode {config.mode!r} needs a finite alpha, got {alpha!r} (pass "
+            f"AISDiagnostics.{mode.batch_field} from compute_diagnostics)"
         )
-    valid = mask if mask.dtype == torch.bool else mask == 1
-    return mode.weight(logp_old, logp_rollout, valid, config, alpha)
+    validation.check_2d("prev_logprobs", logp_old)
+    validation.check_like("generation_logprobs", logp_rollout, logp_old, "prev_logprobs")
+    validation.check_mask(mask, logp_old, "prev_logprobs")
+    validation.check_values({"prev_logprobs": logp_old, "generation_logprobs": logp_rollout}, mask)
+    return mode.weight(logp_old, logp_rollout, validation.valid_positions(mask), config, alpha)

@@ -11,18 +11,22 @@ from __future__ import annotations
 from pydantic import Field
 
 from nemo_ais.modes._base import Mode, capped_exp, flat_keys, seq_log_weight
-from nemo_ais.sections import Section
+from nemo_ais.sections import FLOAT32_MAX, Section
 
 
 class TbpoConfig(Section):
     """``loss_fn.ais.tbpo``: the trust band of the sequence ratio s_i, by the sign of A."""
 
     clip_low: float = Field(3e-4, gt=0.0, lt=1.0, description="tbpo, A >= 0: s_i clipped below at 1 - this (GSPO).")
-    clip_high: float = Field(4e-4, gt=0.0, description="tbpo, A >= 0: s_i clipped above at 1 + this (QaRL 4e-4).")
+    clip_high: float = Field(
+        4e-4, gt=0.0, le=FLOAT32_MAX, description="tbpo, A >= 0: s_i clipped above at 1 + this (QaRL 4e-4)."
+    )
     neg_clip_low: float = Field(
         3e-4, gt=0.0, lt=1.0, description="tbpo, A < 0: lower edge 1 - this of the two-sided band (QaRL 3e-4)."
     )
-    neg_clip_high: float = Field(7e-4, gt=0.0, description="tbpo, A < 0: upper edge 1 + this of the band (QaRL 7e-4).")
+    neg_clip_high: float = Field(
+        7e-4, gt=0.0, le=FLOAT32_MAX, description="tbpo, A < 0: upper edge 1 + this of the band (QaRL 7e-4)."
+    )
 
 
 def weight(logp_old, logp_rollout, valid, config, batch_value):

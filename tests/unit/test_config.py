@@ -110,6 +110,8 @@ CORRECTION_BAD = [
     ("tbpo.clip_low", 0.0, "greater than 0"),
     ("tbpo.clip_low", 1.0, "less than 1"),
     ("tbpo.clip_high", -4e-4, "greater than 0"),
+    ("tbpo.clip_high", 1e39, "expected a float32 value, at most 3.4028235e+38"),
+    ("tbpo.neg_clip_high", 1e39, "expected a float32 value, at most 3.4028235e+38"),
     ("tbpo.neg_clip_low", 1.5, "less than 1"),
     ("tbpo.neg_clip_high", 0.0, "greater than 0"),
     # switches: booleans
@@ -117,11 +119,20 @@ CORRECTION_BAD = [
     ("bypass", 1, "valid boolean"),
 ]
 
+FLOAT32_BOUNDED = (
+    "ratio_clip_max",
+    "ratio_clip_c",
+    "reference_policy_kl_penalty",
+    "kl_input_clamp_value",
+    "kl_output_clamp_value",
+)
 PG_BAD = [
     ("ratio_clip_min", 1.0, "less than 1"),
     ("ratio_clip_min", -0.1, "greater than or equal to 0"),
     ("ratio_clip_min", "eps", "valid number"),
     ("ratio_clip_max", -0.1, "greater than or equal to 0"),
+    # finite but beyond float32: the loss's clamp bounds would overflow in torch (or give 0 * inf = NaN)
+    *((f, 1e39, "expected a float32 value, at most 3.4028235e+38") for f in FLOAT32_BOUNDED),
     ("ratio_clip_c", 1.0, "greater than 1"),
     ("ratio_clip_c", 0.5, "greater than 1"),
     ("reference_policy_kl_penalty", -0.01, "greater than or equal to 0"),

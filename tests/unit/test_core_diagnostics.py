@@ -266,3 +266,23 @@ def test_from_sums_matches_computed_statistics():
     scalars = len(Slot)  # from_sums has no histogram: its tail slots stay 0
     torch.testing.assert_close(rebuilt.vector[:scalars], v[:scalars], rtol=1e-9, atol=1e-11)
     assert (rebuilt.vector[scalars:] == 0).all()
+
+
+def test_a_statistics_vector_of_another_config_is_refused_naming_both_lengths():
+    """m2po's q* needs its histogram slots: statistics of another mode would silently give q* = 1e4."""
+    from nemo_ais.core import AISStats, compute_statistics, diagnostics_from_stats
+    from nemo_ais.core.stats import num_slots
+
+    torch.manual_seed(0)
+    old = torch.randn(4, 50, dtype=torch.float64) - 1
+    gen, m = old + 0.5 * torch.randn(4, 50, dtype=torch.float64), torch.ones(4, 50, dtype=torch.float64)
+    m2po, ais = CorrectionConfig(mode="m2po"), CorrectionConfig(mode="ais")
+    assert num_slots(m2po) > num_slots(ais)
+    assert diagnostics_from_stats(compute_statistics(old, gen, m, m2po), m2po).m2po_threshold < 1.0
+    with pytest.raises(
+        ValueError,
+        match=rf"got .* shape \[{num_slots(ais)}\], expected \[{num_slots(m2po)}\] for loss_fn\.ais\.mode='m2po'",
+    ):
+        diagnostics_from_stats(compute_statistics(old, gen, m, ais), m2po)
+    with pytest.raises(ValueError, match=r"shape \[10\], expected"):
+        diagnostics_from_stats(AISStats(torch.zeros(10, dtype=torch.float64)), ais)

@@ -113,3 +113,23 @@ def test_a_sequence_ratio_exactly_on_a_seq_mis_bound_is_kept(bound):
     outside = _just_outside(half, bound.endswith("min"), factor=2)
     old, rollout, mask = _one_row([outside, outside])
     assert correction_weights(old, rollout, mask, cfg)[0, 0].item() == 0.0
+
+
+def test_correction_weights_checks_its_inputs_as_the_loss_does():
+    """The public weight function: no broadcast, no mask 0.5 read as 0, no NaN weight, no NaN alpha."""
+    old, gen, ones = torch.zeros(2, 3), torch.full((2, 3), -0.1), torch.ones(2, 3)
+    tis = CorrectionConfig(mode="tis")
+    with pytest.raises(ValueError, match=r"^mask: 6 values not in \{0, 1\}; first at index \(0, 0\) \(value 0\.5\)"):
+        correction_weights(old, gen, torch.full((2, 3), 0.5), tis)
+    for short in (gen[:, :1], gen[:, :2]):  # a broadcastable shape too
+        with pytest.raises(ValueError, match=r"generation_logprobs: got \[2, \d\] float32, expected \[2, 3\]"):
+            correction_weights(old, short, ones, tis)
+    nan_old = old.clone()
+    nan_old[1, 2] = math.nan
+    with pytest.raises(ValueError, match=r"prev_logprobs: 1 non-finite values .* first at index \(1, 2\)"):
+        correction_weights(nan_old, gen, ones, tis)
+    masked = ones.clone()
+    masked[1, 2] = 0  # a masked NaN is ignored: weight 0 there
+    assert correction_weights(nan_old, gen, masked, tis)[1].tolist() == pytest.approx([math.exp(0.1)] * 2 + [0.0])
+    with pytest.raises(ValueError, match=r"mode 'ais' needs a finite alpha, got nan"):
+        correction_weights(old, gen, ones, CorrectionConfig(mode="ais"), alpha=math.nan)

@@ -150,6 +150,20 @@ def test_default_kl_weight_has_value_one_and_the_score_function_gradient():
     torch.testing.assert_close(grad, 0.5 * mask / 4 * (k3 - (x.exp() - 1)), rtol=1e-13, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("clamp", [100.0, None])
+def test_k3_past_exps_overflow_is_its_output_clamp_not_nan(dtype, clamp):
+    """log pi_ref - log pi_theta beyond exp()'s overflow (valid, or masked garbage): NeMo-RL's finite forward."""
+    theta = torch.full((1, 4), -0.5, dtype=dtype)
+    theta[0, 0] = theta[0, 3] = -1000.0  # valid; masked
+    ref, mask = torch.full((1, 4), -0.5, dtype=dtype), torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=dtype)
+    pg = PGLossConfig(reference_policy_kl_penalty=0.1, kl_input_clamp_value=clamp, kl_output_clamp_value=10.0)
+    out, grad = _loss(theta, theta, mask, torch.zeros(1, dtype=dtype), pg, reference_logprobs=ref)
+    assert out.loss.item() == pytest.approx(0.1 * 10.0 / 3, rel=1e-6)  # k3 = +inf clamped to 10 at 1 of 3 tokens
+    assert out.metrics["kl_penalty"].item() == pytest.approx(10.0 / 3, rel=1e-6)
+    assert torch.equal(grad, torch.zeros_like(grad))  # the clamp's zero gradient; the other tokens: x = 0
+
+
 @pytest.mark.parametrize("on_policy", [False, True])
 def test_kl_logprobs_take_the_kl_term_and_curr_logprobs_the_surrogate(on_policy):
     theta, old, mu, mask, _, ref = _kl_case()
