@@ -433,11 +433,12 @@ def _analyze(args: argparse.Namespace) -> int:
             "levels below it (NeMo-RL writes them to logger.log_dir during GRPO training; "
             "nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
         )
-    runs = [[d] for d in log_dirs] if args.separate_launches else join_launches(log_dirs)
+    one = log_dirs == [args.log_dir]  # LOG_DIR is one run's log_dir: the launches beside it are _warn_if_resumed's
+    runs = [[d] for d in log_dirs] if args.separate_launches or one else join_launches(log_dirs)
     if args.list:
         print(*(" + ".join(map(str, run)) for run in runs), sep="\n")
         return 0
-    if log_dirs == [args.log_dir]:  # LOG_DIR is one run's log_dir
+    if one:
         return _analyze_one(args, args.log_dir, args.out, "", config, alarm_config, batches, filtered)
     print(f"nemo-ais analyze: {len(runs)} run(s) below {args.log_dir}")
     codes = []

@@ -98,6 +98,19 @@ def analysis_row(result: StepResult, alarms: Sequence[Any]) -> dict[str, Any]:
     return row
 
 
+def _section(data: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    """``data``'s dotted ``path`` as a mapping ({} if absent); ValueError naming the key that is not one."""
+    node: Any = data
+    for depth, key in enumerate(path.split(".")):
+        node = node.get(key)
+        if node is None:
+            return {}
+        if not isinstance(node, Mapping):
+            where = ".".join(path.split(".")[: depth + 1])
+            raise ValueError(f"{where}: expected a mapping of fields, got {type(node).__name__}")
+    return node
+
+
 def load_analysis_config(
     path: Path | str | None, overrides: Sequence[str] = ()
 ) -> tuple[CorrectionConfig, AlarmConfig]:
@@ -119,8 +132,8 @@ def load_analysis_config(
         from nemo_ais.preflight import load_config
 
         data = load_config(path)
-        loss_fn = data.get("loss_fn") or {}
-        sections["loss_fn.ais"] = dict(loss_fn.get("ais") or {})
+        loss_fn = _section(data, "loss_fn")
+        sections["loss_fn.ais"] = dict(_section(data, "loss_fn.ais"))
         online = not data.get("alarms") and loss_fn.get("ais_alarms") is not None
         alarms = loss_fn["ais_alarms"] if online else data.get("alarms")
         if alarms is not None and not isinstance(alarms, Mapping):
@@ -167,12 +180,12 @@ def global_batches_per_step(path: Path | str) -> int:
     Rounded down, as NeMo-RL's workers count them (``total // gbs``: rows past the last whole global batch are not
     trained); at least 1; 1 when the config does not give them (the embedded recipe's ``null``: the whole step). Above 1 the
     replayed alpha (one per step file) differs from the online one (one per global batch). Raises ``FileNotFoundError``
-    if the file (or a ``defaults:`` parent) does not exist.
+    if the file (or a ``defaults:`` parent) does not exist, ``ValueError`` if a section is not a mapping.
     """
     from nemo_ais.preflight import load_config
 
     data = load_config(path)
-    grpo, policy = data.get("grpo") or {}, data.get("policy") or {}
+    grpo, policy = _section(data, "grpo"), _section(data, "policy")
     prompts, generations = grpo.get("num_prompts_per_step"), grpo.get("num_generations_per_prompt")
     global_batch = policy.get("train_global_batch_size")
     sizes = (prompts, generations, global_batch)
@@ -189,7 +202,7 @@ def trains_with_filtered_sampling(path: Path | str) -> bool:
     """
     from nemo_ais.preflight import load_config
 
-    generation = (load_config(path).get("policy") or {}).get("generation") or {}
+    generation = _section(load_config(path), "policy.generation")
     top_k, top_p = generation.get("top_k"), generation.get("top_p")
     return (isinstance(top_k, int) and top_k > 0) or (top_p is not None and top_p != 1.0)
 

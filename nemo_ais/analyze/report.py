@@ -350,5 +350,5 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
     if written:
         md += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in written]
     report = out_dir / REPORT_FILE
-    report.write_text("\n".join(md) + "\n")
+    report.write_text("\n".join(md) + "\n", encoding="utf-8", errors="backslashreplace")  # a non-UTF-8 path
     return [report, *written]

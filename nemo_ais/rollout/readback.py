@@ -113,11 +113,25 @@ def kv_scale_readback(held: KVScales | None, expected: KVScales) -> float:
     return _relative(held.scale[:, 1:], expected.scale[:, 1:])
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _typed(row: dict) -> bool:
+    """The :class:`RefitReadback` field types: errors float or None, module str or None, an int count."""
+    errors = (row["weight_error"], row["kv_scale_error"])
+    return (
+        all(e is None or (isinstance(e, int | float) and not isinstance(e, bool)) for e in errors)
+        and (row["weight_module"] is None or isinstance(row["weight_module"], str))
+        and _is_int(row["weights_checked"])
+    )
+
+
 def read_readback(path: Path) -> tuple[dict[int, RefitReadback], list[tuple[int, str]]]:
     """``({step: RefitReadback}, [(line, problem)])`` of a :data:`READBACK_FILE` (empty if none).
 
     A row that is not a JSON object with an int ``step`` and the :class:`RefitReadback`
-    fields is returned as a problem (the caller names the file and line).
+    fields of their types is returned as a problem (the caller names the file and line).
     """
     path = Path(path)
     if not path.is_file():
@@ -125,13 +139,13 @@ def read_readback(path: Path) -> tuple[dict[int, RefitReadback], list[tuple[int,
     rows: dict[int, RefitReadback] = {}
     problems: list[tuple[int, str]] = []
     fields = RefitReadback.__dataclass_fields__
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(path.read_bytes().decode(errors="replace").splitlines(), 1):  # a bad byte: a bad row
         if not line.strip():
             continue
         try:
             row = json.loads(line)
             step = row.pop("step")
-            if not isinstance(step, int) or set(row) != set(fields):
+            if not _is_int(step) or set(row) != set(fields) or not _typed(row):
                 raise TypeError
             rows[step] = RefitReadback(**row)
         except (ValueError, TypeError, KeyError, AttributeError):

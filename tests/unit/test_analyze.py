@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from pathlib import Path
 
 import oracles
@@ -199,6 +201,17 @@ def test_cli_config_error_exits_2(run, tmp_path, capsys):
     assert main(["analyze", str(log_dir), "--out", str(tmp_path), "loss_fn.ais.ema=2"]) == 2
     err = capsys.readouterr().err
     assert "loss_fn.ais.ema=2" in err and "Traceback" not in err
+    # a section that is not a mapping, in any section analyze reads
+    bad = tmp_path / "bad.yaml"
+    for text, key, got in [
+        ("loss_fn: foo\n", "loss_fn", "str"),
+        ("loss_fn:\n  ais: 3\n", "loss_fn.ais", "int"),
+        ("grpo: 5\n", "grpo", "int"),
+        ("policy:\n  generation: 5\n", "policy.generation", "int"),
+    ]:
+        bad.write_text(text)
+        assert main(["analyze", str(log_dir), "--out", str(tmp_path), "--config", str(bad)]) == 2
+        assert f"invalid config: {key}: expected a mapping of fields, got {got}" in capsys.readouterr().err
 
 
 def test_spilled_chunks_give_the_same_rows(run, tmp_path, monkeypatch):
@@ -260,3 +273,12 @@ def test_config_with_several_global_batches_per_step_says_alpha_differs(run, tmp
         assert f"{batches} global batches per step" in warned and "differs" in warned
     else:
         assert "differs from the online one" not in report + warned
+
+
+def test_a_run_directory_whose_name_is_not_utf8_gets_its_report(run, tmp_path):
+    log_dir, _ = run
+    odd = tmp_path / os.fsdecode(b"run\xff") / log_dir.name
+    shutil.copytree(log_dir, odd)
+    assert main(["analyze", str(odd), "--out", str(tmp_path / "out"), "--no-plots", "--no-progress"]) == 0
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Per-step values" in report and "run\\udcff" in report

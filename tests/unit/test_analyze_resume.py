@@ -174,6 +174,13 @@ def test_cli_analyses_a_log_root_with_a_resumed_run_as_one_run(logs, capsys):
     assert not (logs / "exp_001" / "ais_analysis").exists()  # a resumed run writes beside its last launch
 
 
+def test_cli_on_one_resumed_launch_warns_only_that_it_continues_the_others(logs, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert main(["analyze", str(logs / "exp_002"), "--out", str(tmp_path / "out"), *ARGS]) == 0
+    assert f"{logs / 'exp_002'} is a launch resumed from a checkpoint that continues {logs / 'exp_001'}" in caplog.text
+    assert "no earlier launch beside it" not in caplog.text  # exp_001 is beside it
+
+
 def test_cli_separate_launches_analyses_each_on_its_own(logs, capsys, tmp_path):
     capsys.readouterr()
     assert main(["analyze", str(logs), "--separate-launches", "--out", str(tmp_path / "out"), *ARGS]) == 0

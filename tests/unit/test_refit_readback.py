@@ -9,6 +9,7 @@ quantizer on the sent weight, and a fresh calibration of the KV scales).
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -137,3 +138,10 @@ def test_the_readback_file_round_trips_and_names_a_bad_line(tmp_path):
     got, problems = read_readback(path)
     assert got == {3: rows[3]} and [line for line, _ in problems] == [2]
     assert "int step" in problems[0][1]
+    # every field of its type, and a line that is not UTF-8: a bad row each, not a crash later
+    good = json.loads(readback_row(4, rows[4]))
+    bad = [{**good, "weight_error": "0.5"}, {**good, "weight_error": [0.5]}, {**good, "kv_scale_error": True}]
+    bad += [{**good, "weight_module": 3}, {**good, "weights_checked": 1.0}, {**good, "step": True}]
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in bad) + b'{"step": 5\xff}\n')
+    got, problems = read_readback(path)
+    assert got == {} and [line for line, _ in problems] == list(range(1, len(bad) + 2))
