@@ -327,16 +327,17 @@ def dequantize_nvfp4(q: NVFP4Tensor, *, name: str = "q") -> torch.Tensor:
             f"{list(block_scale.shape)} {block_scale.dtype}; expected data uint8 [..., K/2] "
             f"with K % 16 == 0 and block_scale torch.float8_e4m3fn {list(expected)}"
         )
-    if s_g.numel() != 1 or s_g.dtype != torch.float32 or not math.isfinite(float(s_g)):
+    experts = data.dim() == 3 and tuple(s_g.shape) == data.shape[:1]  # quantize_nvfp4_experts: one per expert
+    if not (s_g.numel() == 1 or experts) or s_g.dtype != torch.float32 or not torch.isfinite(s_g).all():
         raise ValueError(
             f"{name}: got global_scale {list(s_g.shape)} {s_g.dtype} = {s_g.flatten()[:1]}, "
-            "expected a finite fp32 scalar"
+            "expected a finite fp32 scalar (or [E], one per expert, for data [E, N, K/2])"
         )
     check_e4m3_codes(block_scale, name, "block_scale")
     with torch.no_grad():
         values = e2m1_values(unpack_nibbles(data))
         blocks = values.view(*data.shape[:-1], k // NVFP4_BLOCK, NVFP4_BLOCK)
-        d = _divisor(block_scale, s_g.reshape(()))
+        d = _divisor(block_scale, s_g.reshape(-1, 1, 1) if experts else s_g.reshape(()))
         return (blocks * d.unsqueeze(-1)).view(*data.shape[:-1], k)
 
 

@@ -45,7 +45,7 @@ from typing import Literal
 import torch
 
 from nemo_ais.config import require_config
-from nemo_ais.formats.checks import check_amax, check_finite
+from nemo_ais.formats.checks import check_amax, check_finite, check_last_dim
 from nemo_ais.formats.nvfp4 import nvfp4_global_scale
 from nemo_ais.formats.registry import get_format
 from nemo_ais.refit.config import BlockSyncConfig as BlockSyncConfig, Fp8SyncConfig as Fp8SyncConfig, RefitConfig
@@ -289,6 +289,7 @@ class RefitStream:
             self.check_kept(name, tensor)
             yield name, tensor
             return
+        check_last_dim(tensor, name, self.format.k_multiple, self.format.name)  # before an amax is read from it
         check_siblings(name, lambda s: self._kept(s, tuple(tensor.shape)))
         if self._stacks is not None and fused_shard_group(name) not in self._open:
             shape = tuple(tensor.shape)

@@ -387,3 +387,19 @@ def test_negative_zero_and_tiny_negatives_match_the_oracle():
     x = torch.tensor([[6.0, -0.0, -1e-9, -0.0, 0.0, -3.0] + [0.0] * 10])
     _assert_matches_oracle(x)
     _assert_matches_oracle(torch.full((1, 16), -0.0))  # an all -0.0 tensor: amax 0
+
+
+def test_an_expert_stack_dequantizes_with_its_global_scale_per_expert():
+    from nemo_ais.formats.nvfp4 import quantize_nvfp4_experts
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, 32) * torch.tensor([1e-3, 1.0, 1e3])[:, None, None]  # three global scales
+    q = quantize_nvfp4_experts(x)
+    assert q.global_scale.shape == (3,)
+    out = dequantize_nvfp4(q)
+    for e in range(3):  # expert e as quantize_nvfp4 of it alone, bit for bit
+        assert torch.equal(out[e], dequantize_nvfp4(quantize_nvfp4(x[e])))
+    with pytest.raises(
+        ValueError, match=r"got global_scale \[2\] .* \(or \[E\], one per expert, for data \[E, N, K/2\]\)"
+    ):
+        dequantize_nvfp4(NVFP4Tensor(q.data, q.block_scale, q.global_scale[:2]))

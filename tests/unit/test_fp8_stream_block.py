@@ -318,3 +318,14 @@ def test_config_validation(kwargs, match):
 def test_config_is_checked_at_the_call():
     with pytest.raises(TypeError, match="RefitConfig"):
         block_weight_stream([], {"format": "mxfp8"})
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8", "nvfp4_w4a16"])
+def test_a_weight_of_a_dtype_no_quantizer_reads_is_refused_naming_it(fmt):
+    """NVFP4 read its amax first: an fp8 weight failed inside torch's aminmax without a name."""
+    weights = [("model.layers.0.self_attn.o_proj.weight", torch.randn(64, 64).to(torch.float8_e4m3fn))]
+    with pytest.raises(
+        ValueError,
+        match=rf"^model\.layers\.0\.self_attn\.o_proj\.weight: got \[64, 64\] torch\.float8_e4m3fn, expected a \[\.\.\., K\] floating tensor .* for {fmt}$",
+    ):
+        list(refit_stream(weights, RefitConfig(format=fmt)))
