@@ -196,12 +196,16 @@ def e8m0_ceil_exponent(ratio: torch.Tensor) -> torch.Tensor:
 def e8m0_block_exponent(block_amax: torch.Tensor, element_max: float) -> torch.Tensor:
     """MX scale exponent ``ceil(log2(amax_b / element_max))`` per block, int32 in [-127, 127].
 
-    NVIDIA's rule (FlashInfer, TE, ModelOpt), not OCP's: nothing saturates; all-zero: -127.
+    NVIDIA's rule (FlashInfer, TE, ModelOpt), not OCP's: nothing saturates; all-zero: -127. Exact, from amax's
+    bits: amax = 2^q (1 + m / 2^23) and element_max = 2^p c give q - p + [1 + m / 2^23 > c] (the fp32 quotient
+    rounds onto 2^-127 just above it). A subnormal amax is below 2^-127 once divided: -127.
     """
-    ratio = block_amax / torch.full_like(block_amax, element_max)  # tensor / tensor: one rounding
-    expo = e8m0_ceil_exponent(ratio)
-    # all-zero or underflowing blocks (frexp(0) gives 0) are below 2^-127: -127
-    expo = torch.where((block_amax == 0) | (ratio == 0), torch.full_like(expo, -E8M0_BIAS), expo)
+    mant, p = math.frexp(element_max)  # element_max = (2 mant) 2^(p - 1)
+    c_bits = round((2 * mant - 1) * 2**23)
+    b = block_amax.to(torch.float32).view(torch.int32)
+    field = b >> 23
+    expo = field - (E8M0_BIAS + p - 1) + ((b & 0x7FFFFF) > c_bits).to(torch.int32)
+    expo = torch.where(field > 0, expo, torch.full_like(expo, -E8M0_BIAS))
     return expo.clamp_(-E8M0_BIAS, E8M0_BIAS)
 
 

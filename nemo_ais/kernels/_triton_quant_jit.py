@@ -92,14 +92,15 @@ def _exp2(e):
 
 
 @triton.jit
-def _e8m0_exponent(amax, ELEM_MAX: tl.constexpr):
-    """MX exponent ``ceil(log2(amax / ELEM_MAX))`` clamped to [-127, 127]; 0 gives -127."""
-    ratio = tl.math.div_rn(amax, tl.full(amax.shape, ELEM_MAX, tl.float32))
-    b = ratio.to(tl.int32, bitcast=True)
+def _e8m0_exponent(amax, ELEM_P: tl.constexpr, ELEM_C: tl.constexpr):
+    """MX exponent ``ceil(log2(amax / (2^ELEM_P c)))``, exactly from amax's bits, as ``grids.e8m0_block_exponent``.
+
+    ``ELEM_C``: the mantissa bits of c in [1, 2); zero or subnormal amax: -127; clamped to [-127, 127].
+    """
+    b = amax.to(tl.int32, bitcast=True)
     field = b >> 23
-    normal = field - 127 + ((b & 0x7FFFFF) != 0).to(tl.int32)
-    sub = tl.where(b > 0x400000, -126, -127)  # ratio in (2^-127, 2^-126): -126
-    expo = tl.where(field > 0, normal, sub)
+    expo = field - 127 - ELEM_P + ((b & 0x7FFFFF) > ELEM_C).to(tl.int32)
+    expo = tl.where(field > 0, expo, -127)
     return tl.minimum(tl.maximum(expo, -127), 127)
 
 
@@ -254,9 +255,9 @@ def mx_kernel(
     xb = tl.reshape(x, (BR, BK // 32, 32))
     amax = _max(tl.abs(xb), 2)
     if FP4:
-        expo = _e8m0_exponent(amax, 6.0)
+        expo = _e8m0_exponent(amax, 2, 0x400000)  # 6 = 2^2 x 1.5
     else:
-        expo = _e8m0_exponent(amax, E4M3_MAX)
+        expo = _e8m0_exponent(amax, 8, 0x600000)  # 448 = 2^8 x 1.75
     y = xb * _exp2(-expo)[:, :, None]  # exact unless the product is subnormal (RNE)
     if FP4:
         _store_e2m1_pairs(q_ptr, y, xb, rows64, rmask, pk, k, BR, BK, TIES_TO_ZERO)

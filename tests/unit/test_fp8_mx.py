@@ -212,3 +212,22 @@ def test_mxfp4_tiny_blocks_match_the_oracle(amax):
     x = torch.zeros(1, 32)
     x[0, 0], x[0, 9] = amax, -amax / 2
     _check_mxfp4(x, False)
+
+
+def _just_above(value: float) -> float:
+    """The next fp32 above ``value`` (an amax whose quotient by the element max rounds down onto 2^-127)."""
+    return torch.nextafter(torch.tensor(value, dtype=torch.float32), torch.tensor(1.0)).item()
+
+
+@pytest.mark.parametrize("element", ["mxfp8", "mxfp4"])
+def test_an_amax_whose_fp32_quotient_rounds_onto_2_pow_minus_127_takes_the_exact_exponent(element):
+    """ceil(log2(amax / element_max)) of the exact quotient: -126 (byte 1), not -127 (which then doubles the value)."""
+    element_max = 448.0 if element == "mxfp8" else 6.0
+    x = torch.zeros(2, 32)
+    x[0, 0] = _just_above(element_max * 2.0**-127)
+    x[1, 0] = element_max * 2.0**-127  # exactly on it: -127
+    assert [mx_exponent(v, element_max) for v in x[:, 0].tolist()] == [-126, -127]
+    if element == "mxfp8":
+        _check_mxfp8(x)
+    else:
+        _check_mxfp4(x, False)

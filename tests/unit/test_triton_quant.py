@@ -189,6 +189,7 @@ def test_mxfp8_exponent_clamping_zero_blocks_and_ties():
     x[2, 0] = 3.0e38  # E = 120
     x[3, 0] = 2.0**-130  # x * 2^127 = 2^-3 exactly (2^127 as a subnormal multiplier's inverse)
     x[4, :6] = torch.tensor([449.0, 500.0, 480.0, 1.8, -0.0, 1e-40])
+    x[4, 32] = torch.nextafter(torch.tensor(448 * 2.0**-127), torch.tensor(1.0))  # exact E = -126
     x[5] = _e4m3_ties(1, seed=8)[0, :64]
     x[5, 32:] = _e4m3_ties(1, seed=9)[0, :32] / 1024
     got = quantize_mxfp8_triton(x)

@@ -46,14 +46,6 @@ inline uint8_t e4m3(float v) {
 
 template <typename T> inline float to_f(T v) { return static_cast<float>(v); }
 
-// ceil(log2(v)) of a positive (nonzero) fp32 from its bits, exactly (frexp's exponent, minus one for a
-// power of two): normal v = 1.f * 2^(ef - 127); subnormal v = mf * 2^-149.
-inline int ceil_log2(float v) {
-  const uint32_t b = bits_of(v), ef = b >> 23, mf = b & 0x7FFFFFu;
-  if (ef != 0) return static_cast<int>(ef) - 127 + (mf != 0 ? 1 : 0);
-  return (31 - __builtin_clz(mf)) - 149 + ((mf & (mf - 1)) != 0 ? 1 : 0);
-}
-
 // 2^e for an integer e in [-127, 127], exactly (2^-127 is the subnormal 2^22 * 2^-149).
 inline float pow2(int e) {
   return e >= -126 ? float_of(static_cast<uint32_t>(e + 127) << 23) : float_of(1u << 22);
@@ -192,11 +184,13 @@ inline uint32_t amax_bits_of(const T* __restrict__ v, int64_t n) {
 }
 
 // The MX scale exponent of nemo_ais.formats.grids.e8m0_block_exponent: ceil(log2(amax /
-// element_max)), -127 when that ratio is 0 (an all-zero block, or one below 2^-127 whose
-// ratio underflows), clamped to [-127, 127].
+// element_max)) exactly from amax's bits (amax = 2^q (1 + m 2^-23), element_max = 2^p c:
+// q - p + [1 + m 2^-23 > c]); -127 for a zero or subnormal amax; clamped to [-127, 127].
 inline int mx_exponent(float amax, float element_max) {
-  const float ratio = amax / element_max;
-  const int expo = ratio == 0.0f ? -127 : ceil_log2(ratio);
+  int p;
+  const float c = 2.0f * std::frexp(element_max, &p);  // element_max = c 2^(p - 1)
+  const uint32_t b = bits_of(amax), ef = b >> 23, c_bits = bits_of(c) & 0x7FFFFFu;
+  const int expo = ef == 0 ? -127 : static_cast<int>(ef) - 127 - (p - 1) + ((b & 0x7FFFFFu) > c_bits ? 1 : 0);
   return std::min(std::max(expo, -127), 127);
 }
 
