@@ -8,6 +8,7 @@ that train identically) stay visible as distinct markers on one line.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,18 @@ def pyplot():
 
 
 def save_figures(figures: dict[str, Any], out_dir: Path, dpi: int) -> list[Path]:
-    """Save each ``{file name: figure}`` under ``out_dir`` and close it; the paths written."""
+    """Save each ``{file name: figure}`` under ``out_dir`` and close it; the paths written.
+
+    Each file is written beside its path and renamed into place: an interrupted save leaves the old file or none.
+    """
     plt, written = pyplot(), []
     for name, fig in figures.items():
         written.append(Path(out_dir) / name)
-        fig.savefig(written[-1], dpi=dpi)
-        plt.close(fig)
+        partial = written[-1].with_name(name + ".partial")
+        try:
+            fig.savefig(partial, dpi=dpi, format=written[-1].suffix.lstrip(".") or None)
+            os.replace(partial, written[-1])
+        finally:
+            partial.unlink(missing_ok=True)
+            plt.close(fig)
     return written

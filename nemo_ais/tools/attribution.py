@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -123,8 +124,8 @@ class _SwitchableModule(nn.Module):
 class _LayerKVCache(QuantizedKVCache):
     """The twin's quantized KV cache on the layers in ``layers`` only (step 3)."""
 
-    def __init__(self, kind, scales, layers: frozenset[int]) -> None:
-        super().__init__(kind, scales)
+    def __init__(self, kind, scales, layers: frozenset[int], error_scale: float) -> None:
+        super().__init__(kind, scales, error_scale=error_scale)  # the twin's dial k, as its own cache
         self.quantized_layers = layers
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -194,7 +195,7 @@ class _SourceSwitch:
         if not kv:
             return None
         assert self.twin.kv_scales is not None
-        return _LayerKVCache(self.twin.config.kv_cache, self.twin.kv_scales, kv)
+        return _LayerKVCache(self.twin.config.kv_cache, self.twin.kv_scales, kv, self.twin.config.error_scale)
 
 
 def _groups(sources: Sequence[Source]) -> list[tuple[str, str, tuple[Source, ...]]]:
@@ -296,7 +297,8 @@ def _describe(config: RolloutPrecisionConfig) -> str:
     if config.keep_patterns:
         kept.append(f"keep_patterns {list(config.keep_patterns)}")
     extra = f", kept in BF16: {', '.join(kept)}" if kept else ""
-    return f"format {config.format}, KV cache {config.kv_cache}{extra}"
+    dial = f", error scale k={config.error_scale:g}" if config.error_scale != 1.0 else ""
+    return f"format {config.format}, KV cache {config.kv_cache}{dial}{extra}"
 
 
 def attribution_markdown(att: Attribution, top: int | None = None) -> str:
@@ -389,13 +391,28 @@ def write_attribution(att: Attribution, out_dir: str | Path, *, top: int = 16, p
     """Write ``attribution.md`` (all sources), ``attribution.json`` (a non-finite value as null) and the PNG."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    md = out / "attribution.md"
-    md.write_text("# Mismatch attribution\n\n" + attribution_markdown(att))
-    data = out / "attribution.json"
     record = {"config": att.config.model_dump(mode="json"), "what": att.what}
-    rows = _strict_json(attribution_records(att))
-    data.write_text(json.dumps({**record, "rows": rows}, indent=1, allow_nan=False) + "\n")
-    written = [md, data]
-    if plot:
-        written.append(plot_attribution(att, out / "attribution.png", top=top))
-    return written
+    texts = {
+        out / "attribution.md": "# Mismatch attribution\n\n" + attribution_markdown(att),
+        out / "attribution.json": json.dumps(
+            {**record, "rows": _strict_json(attribution_records(att))}, indent=1, allow_nan=False
+        )
+        + "\n",
+    }
+    partials = {path: path.with_name(path.name + ".partial") for path in texts}
+    try:  # every file complete beside its path first: an interrupted run leaves the old set, not a mix
+        for path, text in texts.items():
+            try:
+                partials[path].write_text(text)
+            except OSError as err:
+                raise OSError(err.errno, err.strerror, str(path)) from err
+        png = out / "attribution.png"
+        written = [plot_attribution(att, png, top=top)] if plot else []
+        if not plot:
+            png.unlink(missing_ok=True)  # an earlier run's plot is not this one's
+        for path, partial in partials.items():
+            os.replace(partial, path)
+    finally:
+        for partial in partials.values():
+            partial.unlink(missing_ok=True)
+    return [*texts, *written]

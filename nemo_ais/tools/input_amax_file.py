@@ -61,6 +61,10 @@ def read_prompts(path: str | Path | None, *, num_samples: int | None = None, pro
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--prompts {path}: no such file (expected .jsonl or .txt prompts)")
+    if path.suffix not in (".jsonl", ".txt"):
+        raise ValueError(
+            f"--prompts {path}: expected a .jsonl file (one JSON row a line) or a .txt file (one prompt a line)"
+        )
     jsonl = path.suffix == ".jsonl"
     prompts = []
     try:
@@ -69,7 +73,8 @@ def read_prompts(path: str | Path | None, *, num_samples: int | None = None, pro
         raise ValueError(f"--prompts {path}: cannot read it ({err.strerror or err})") from None
     except UnicodeDecodeError as err:
         raise ValueError(f"--prompts {path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    for line_no, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 is inside a line
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         prompts.append(_jsonl_prompt(line, path, line_no, prompt_key) if jsonl else line)
@@ -207,10 +212,20 @@ def load_causal_lm(model: str, *, device: str = "cpu", dtype: str = "bfloat16"):
             f"MODEL {model!r}: no such directory (expected a local checkpoint directory or a "
             "Hugging Face model id such as Qwen/Qwen3-8B)"
         )
+    from safetensors import SafetensorError
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)
-        lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
-    except (OSError, ValueError) as err:
+        lm, info = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype, output_loading_info=True)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # Runtime / Safetensor: a corrupt file
         first = (str(err).strip().splitlines() or [""])[0]
         raise ValueError(f"MODEL {model!r}: cannot load a causal LM and its tokenizer ({first})") from err
+    missing = [*info.get("missing_keys", ()), *info.get("mismatched_keys", ())]
+    if missing:  # left at random init: calibrating them would write a wrong file
+        raise ValueError(
+            f"MODEL {model!r}: {len(missing)} weight(s) missing from the checkpoint (e.g. {sorted(map(str, missing))[:3]}); "
+            "expected a complete checkpoint of the model its config.json names"
+        )
+    if len(tokenizer) <= 1:
+        raise ValueError(f"MODEL {model!r}: no tokenizer files in it (expected the checkpoint's tokenizer)")
     return lm.to(device).eval(), tokenizer

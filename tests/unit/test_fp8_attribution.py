@@ -85,8 +85,9 @@ def test_a_planted_bad_layer_ranks_first():
         RolloutPrecisionConfig(format="fp8", kv_cache="fp8"),
         RolloutPrecisionConfig(format="mxfp8"),
         RolloutPrecisionConfig(format="nvfp4_w4a16", kv_cache="fp8", attention_in_bf16=True),
+        RolloutPrecisionConfig(format="fp8", kv_cache="fp8", error_scale=8.0),  # the dial k on the KV cache too
     ],
-    ids=lambda c: f"{c.format}-{c.kv_cache}",
+    ids=lambda c: f"{c.format}-{c.kv_cache}-k{c.error_scale:g}",
 )
 def test_nothing_quantized_is_zero_and_everything_is_the_twin(config):
     model, (ids, mask) = _tiny(layers=2), _prompts()
@@ -204,6 +205,29 @@ def test_an_arm_with_its_own_reward_is_attributed_from_the_runs_warm_start(tmp_p
     assert warm_start_path(arm) != trained  # the arm's own key: not the file the run trained
     assert twin_setup(arm, 4, warm_start_cfg=base).warm_started
     assert not twin_setup(arm, 4).warm_started  # without it: the random init, silently
+
+
+def test_a_failed_write_keeps_the_previous_complete_set_and_no_plot_drops_an_old_one(tmp_path, monkeypatch):
+    import nemo_ais.tools.attribution as attribution
+
+    att = _attribute(_tiny(layers=2), W4A4_NVFP4_KV)
+    out = tmp_path / "att"
+    before = {p.name: p.read_bytes() for p in write_attribution(att, out, top=4)}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(attribution, "plot_attribution", full_disk)  # after the text files are written
+    with pytest.raises(OSError, match="No space left"):
+        write_attribution(att, out, top=4)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the old set, whole; no .partial
+    monkeypatch.undo()
+    written = write_attribution(att, out, top=4, plot=False)
+    assert (
+        sorted(p.name for p in out.iterdir())
+        == sorted(p.name for p in written)
+        == ["attribution.json", "attribution.md"]
+    )
 
 
 def test_attribution_json_is_strict_json_with_null_for_a_non_finite_value(tmp_path):

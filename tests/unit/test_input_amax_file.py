@@ -8,9 +8,12 @@ the W4A4 twin's trainer-side calibration, and drive the refit stream's ``input_s
 """
 
 import json
+import re
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm, tiny_per_expert_moe
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from torch import nn
@@ -296,6 +299,50 @@ def test_bad_prompts_and_model_name_the_argument(checkpoint, tmp_path, capsys):
     code, err = _run(["calibrate-input-amax", str(tmp_path / "no_such_model"), *out], capsys)
     assert code == 2 and f"MODEL '{tmp_path / 'no_such_model'}': no such directory" in err
     assert not (tmp_path / "a.json").exists()
+
+
+def _broken_copy(checkpoint, tmp_path, name, edit):
+    """A copy of the checkpoint with ``edit(directory)`` applied."""
+    path = tmp_path / name
+    shutil.copytree(checkpoint[0], path)
+    edit(path)
+    return str(path)
+
+
+def _drop_layer_1(path):
+    weights = load_file(path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if ".layers.1." not in k}, path / "model.safetensors")
+
+
+def test_a_checkpoint_that_cannot_be_read_whole_is_refused_naming_model(checkpoint, tmp_path, capsys):
+    """No silent random init of a missing weight; a corrupt file or missing tokenizer is one line, exit 2."""
+    out = ["--out", str(tmp_path / "a.json"), "--dtype", "float32"]
+    safetensors = "model.safetensors"
+    cases = [
+        ("partial", _drop_layer_1, r"weight\(s\) missing from the checkpoint \(e\.g\. \['model\.layers\.1\."),
+        ("corrupt", lambda p: (p / safetensors).write_bytes((p / safetensors).read_bytes()[:1000]), "cannot load"),
+        ("truncated", lambda p: (p / safetensors).write_bytes((p / safetensors).read_bytes()[:-5000]), "cannot load"),
+        ("no_tokenizer", lambda p: [f.unlink() for f in p.glob("*token*")], "no tokenizer files in it"),
+    ]
+    for name, edit, match in cases:
+        model = _broken_copy(checkpoint, tmp_path, name, edit)
+        code, err = _run(["calibrate-input-amax", model, *out], capsys)
+        assert code == 2 and re.search(rf"MODEL '{re.escape(model)}': .*{match}", err), (name, err)
+        assert "Traceback" not in err
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_prompts_are_lines_of_a_jsonl_or_txt_file_only(tmp_path):
+    """Split on newlines only (U+2028 and U+0085 are inside a JSON string or a line); another suffix is refused."""
+    rows = ["first\u2028still first", "second\u0085still second"]
+    jsonl, txt = tmp_path / "p.jsonl", tmp_path / "p.txt"
+    jsonl.write_text("".join(json.dumps({"prompt": r}, ensure_ascii=False) + "\r\n" for r in rows), encoding="utf-8")
+    txt.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
+    assert read_prompts(jsonl) == read_prompts(txt) == rows
+    as_json = tmp_path / "p.json"
+    as_json.write_text(json.dumps([{"prompt": r} for r in rows]))
+    with pytest.raises(ValueError, match=r"--prompts .*p\.json: expected a \.jsonl file .* or a \.txt file"):
+        read_prompts(as_json)
 
 
 def test_cuda_without_cuda_names_device(checkpoint, tmp_path, capsys, monkeypatch):
