@@ -14,6 +14,7 @@ re-run the same command to resume).
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import sys
 from pathlib import Path
@@ -516,6 +517,9 @@ _COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nemo-ais`` console script and ``python -m nemo_ais``."""
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 prints escaped, not as a UnicodeEncodeError
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # analyze, attribute: key=value overrides may follow the options

@@ -175,6 +175,7 @@ class PGLossConfig(Section):
     positive_example_nll_weight: float = Field(
         0.0,
         ge=0.0,
+        le=FLOAT32_MAX,
         description="VAPO: + this * mean NLL of the call's tokens of samples with reward > 0 "
         "(0 disables; needs the rewards).",
     )

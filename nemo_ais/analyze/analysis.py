@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,12 @@ def _section(data: Mapping[str, Any], path: str) -> Mapping[str, Any]:
     return node
 
 
+def _where_set(line: str, overridden: set[str]) -> str:
+    """An error line on ``loss_fn.ais_alarms.<field>`` as ``alarms.<field>`` when an override set the field."""
+    field = re.match(r"loss_fn\.ais_alarms\.(\w+)", line)
+    return "alarms." + line.removeprefix("loss_fn.ais_alarms.") if field and field[1] in overridden else line
+
+
 def load_analysis_config(
     path: Path | str | None, overrides: Sequence[str] = ()
 ) -> tuple[CorrectionConfig, AlarmConfig]:
@@ -159,8 +166,12 @@ def load_analysis_config(
             node[name] = yaml.safe_load(raw)
         except yaml.YAMLError as err:
             raise ValueError(f"override {item!r}: value is not YAML ({err})") from None
-    if online:  # validated with the overrides, under the run's key
-        guard = validate_section(AISAlarmsConfig, sections["alarms"], "loss_fn.ais_alarms")
+    if online:  # validated with the overrides: a bad value is named by where it was set
+        given = {item.partition("=")[0].removeprefix("alarms.") for item in overrides if item.startswith("alarms.")}
+        try:
+            guard = validate_section(AISAlarmsConfig, sections["alarms"], "loss_fn.ais_alarms")
+        except ValueError as err:
+            raise ValueError("\n".join(_where_set(line, given) for line in str(err).splitlines())) from None
         sections["alarms"] = guard.model_dump(exclude_unset=True, exclude={"enabled"})
     return tuple(validate_section(model, sections[n], n) for n, model in _SECTIONS.items())
 

@@ -88,28 +88,34 @@ def _int(value: Any, default: int = 0) -> int:
     return value if type(value) is int else default
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` if a mapping, else {} (a malformed section is upstream's schema error, not a split)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def reserved(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
     """``(reward-model nodes, reward-model GPUs per node, OPD teacher nodes)`` that GRPO ``setup`` keeps from the policy.
 
-    The reward model counts when a data split's ``env_name`` is ``reward_model`` (its ``env.reward_model.resources``);
-    the teachers when ``on_policy_distillation.non_colocated_teachers`` is enabled (``num_nodes`` per distinct teacher
-    model, default 1).
+    The reward model counts when a data split's ``env_name`` is ``reward_model`` (a split may be a list of datasets,
+    main) with its ``env.reward_model.resources``; the teachers when ``on_policy_distillation.non_colocated_teachers``
+    is enabled (``num_nodes`` per distinct teacher model, default 1).
     """
-    envs = {get(cfg, f"data.{split}.env_name", None) for split in ("train", "validation", "default")}
-    rm = "env.reward_model.resources."
-    rm_nodes, rm_gpus = (_int(get(cfg, rm + k, 0)) for k in ("num_nodes", "gpus_per_node"))
-    if "reward_model" not in envs:
-        rm_nodes = rm_gpus = 0
-    opd = get(cfg, "on_policy_distillation", None) or {}
-    teachers = opd.get("non_colocated_teachers") or {} if isinstance(opd, Mapping) else {}
-    if not (opd.get("enabled") and isinstance(teachers, Mapping) and teachers.get("enabled")):
+    data = _mapping(get(cfg, "data", None))
+    splits = [data.get(split) for split in ("train", "validation", "default")]
+    datasets = [d for s in splits for d in (s if isinstance(s, list) else [s])]
+    rm_used = any(_mapping(d).get("env_name") == "reward_model" for d in datasets)
+    rm = _mapping(get(cfg, "env.reward_model.resources", None)) if rm_used else {}
+    rm_nodes, rm_gpus = _int(rm.get("num_nodes")), _int(rm.get("gpus_per_node"))
+    opd = _mapping(get(cfg, "on_policy_distillation", None))
+    teachers = _mapping(opd.get("non_colocated_teachers"))
+    if not (opd.get("enabled") and teachers.get("enabled")):  # truthy, as upstream's bool()
         return rm_nodes, rm_gpus, 0
-    default, overrides = teachers.get("default_teacher_cfg") or {}, teachers.get("teacher_overrides") or {}
-    models: dict[str, str] = {}  # one teacher per model when deduplicated (upstream's default)
+    default, overrides = _mapping(teachers.get("default_teacher_cfg")), _mapping(teachers.get("teacher_overrides"))
+    models: dict[Any, str] = {}  # one teacher per model when deduplicated (upstream's default)
     dedup = opd.get("deduplicate_shared_teacher_checkpoints", True)
-    for alias, model in (opd.get("teacher_model_by_agent_name") or {}).items():
-        models.setdefault(model if dedup else alias, alias)
-    nodes = sum(_int({**default, **(overrides.get(a) or {})}.get("num_nodes", 1), 1) for a in models.values())
+    for alias, model in _mapping(opd.get("teacher_model_by_agent_name")).items():
+        models.setdefault(model if dedup and isinstance(model, str) else alias, alias)
+    nodes = sum(_int({**default, **_mapping(overrides.get(a))}.get("num_nodes", 1), 1) for a in models.values())
     return rm_nodes, rm_gpus, nodes
 
 

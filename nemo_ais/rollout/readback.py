@@ -139,11 +139,12 @@ def read_readback(path: Path) -> tuple[dict[int, RefitReadback], list[tuple[int,
     rows: dict[int, RefitReadback] = {}
     problems: list[tuple[int, str]] = []
     fields = RefitReadback.__dataclass_fields__
-    for i, line in enumerate(path.read_bytes().decode(errors="replace").splitlines(), 1):  # a bad byte: a bad row
-        if not line.strip():
+    for i, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        if not raw.strip():
             continue
+        line = raw.decode(errors="replace")  # shown in the problem; parsed strictly below
         try:
-            row = json.loads(line)
+            row = json.loads(raw.decode())  # a byte that is not UTF-8: UnicodeDecodeError, a ValueError
             step = row.pop("step")
             if not _is_int(step) or set(row) != set(fields) or not _typed(row):
                 raise TypeError

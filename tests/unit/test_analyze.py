@@ -13,6 +13,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import oracles
@@ -176,6 +178,8 @@ def test_config_file_and_overrides(tmp_path):
     with pytest.raises(ValueError, match=r"loss_fn\.ais_alarms\.jump_factor=-1 is invalid"):
         load_analysis_config(bad)
     assert load_analysis_config(bad, ["alarms.jump_factor=7"])[1].jump_factor == 7.0
+    with pytest.raises(ValueError, match=r"^alarms\.window=0 is invalid"):  # named where the bad value was set
+        load_analysis_config(bad, ["alarms.jump_factor=7", "alarms.window=0"])
     # the run's fail_on_alarm is its training step's; the command line's is ours
     assert load_analysis_config(online, ["alarms.fail_on_alarm=true"])[1].fail_on_alarm
     bad.write_text(f"defaults: {nemo_rl_cfg}\nloss_fn:\n  ais_alarms: 3\n")
@@ -282,3 +286,15 @@ def test_a_run_directory_whose_name_is_not_utf8_gets_its_report(run, tmp_path):
     assert main(["analyze", str(odd), "--out", str(tmp_path / "out"), "--no-plots", "--no-progress"]) == 0
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## Per-step values" in report and "run\\udcff" in report
+    # the summary line names the path, on a strict UTF-8 stdout (an ordinary UTF-8 locale), as the console script
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+    done = subprocess.run(
+        [sys.executable, "-m", "nemo_ais", "analyze", str(odd), "--no-plots", "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "run\\udcff" in done.stdout and "report.md" in done.stdout

@@ -125,6 +125,7 @@ FLOAT32_BOUNDED = (
     "reference_policy_kl_penalty",
     "kl_input_clamp_value",
     "kl_output_clamp_value",
+    "positive_example_nll_weight",
 )
 PG_BAD = [
     ("ratio_clip_min", 1.0, "less than 1"),

@@ -142,6 +142,11 @@ def test_the_readback_file_round_trips_and_names_a_bad_line(tmp_path):
     good = json.loads(readback_row(4, rows[4]))
     bad = [{**good, "weight_error": "0.5"}, {**good, "weight_error": [0.5]}, {**good, "kv_scale_error": True}]
     bad += [{**good, "weight_module": 3}, {**good, "weights_checked": 1.0}, {**good, "step": True}]
-    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in bad) + b'{"step": 5\xff}\n')
+    path.write_bytes(
+        b"".join(json.dumps(r).encode() + b"\n" for r in bad)
+        + b'{"step": 5\xff}\n'
+        + readback_row(6, rows[4]).replace('"m"', '"m\\u0000"').encode().replace(b"\\u0000", b"\xff")
+        + b"\n"
+    )
     got, problems = read_readback(path)
-    assert got == {} and [line for line, _ in problems] == list(range(1, len(bad) + 2))
+    assert got == {} and [line for line, _ in problems] == list(range(1, len(bad) + 3))  # + a bad byte in a string

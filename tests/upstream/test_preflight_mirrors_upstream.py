@@ -16,7 +16,7 @@ import os
 import pytest
 from _ray_boundary import ActorBoundary, AtRayBoundary, DriverBoundary, tiny_datasets
 from nemo_rl.algorithms import grpo
-from nemo_rl_version import per_version
+from nemo_rl_version import NEMO_RL, per_version
 from shipped_configs import CONFIG_DIR, launcher
 
 from nemo_ais import preflight
@@ -176,3 +176,43 @@ def test_the_opd_teacher_nodes_are_upstreams_teacher_configs():
         "on_policy_distillation": {**opd, "non_colocated_teachers": {**opd["non_colocated_teachers"], "enabled": False}}
     }
     assert preflight.layout.reserved(cfg) == (0, 0, 0)
+
+
+def test_a_reward_model_in_a_list_of_datasets_is_upstreams_env_name(rig):
+    """Main's data splits may be lists of datasets: ``reserved`` reads every ``env_name`` as upstream does."""
+    from nemo_rl.data.datasets.utils import extract_necessary_env_names
+
+    data = {"train": [{"env_name": "math"}, {"env_name": "reward_model"}], "validation": None}
+    cfg = {"data": data, "env": {"reward_model": {"resources": {"num_nodes": 2, "gpus_per_node": 8}}}}
+    if NEMO_RL == "main":  # v0.7.0 reads a dict per split only
+        assert "reward_model" in extract_necessary_env_names(data)
+    assert preflight.layout.reserved(cfg) == (2, 8, 0)
+    assert preflight.layout.reserved({**cfg, "data": {"train": [{"env_name": "math"}]}}) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"on_policy_distillation": True},
+        {
+            "on_policy_distillation": {
+                "enabled": True,
+                "non_colocated_teachers": {"enabled": True},
+                "teacher_model_by_agent_name": ["a"],
+            }
+        },
+        {
+            "on_policy_distillation": {
+                "enabled": True,
+                "teacher_model_by_agent_name": {"a": "m"},
+                "non_colocated_teachers": {"enabled": True, "default_teacher_cfg": "big"},
+            }
+        },
+        {"data": {"train": {"env_name": ["reward_model"]}}},
+    ],
+)
+def test_a_malformed_reserving_section_is_not_a_crash_of_the_check(section):
+    cfg = preflight.load_config(SMOKE)
+    cfg.update(section)
+    results = preflight.check_config(cfg)  # no AttributeError / TypeError: the schema is upstream's MasterConfig
+    assert results and all("could not read the config" not in r.detail for r in results)
