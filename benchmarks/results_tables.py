@@ -20,13 +20,21 @@ from benchmarks._record import record_section
 RESULTS_MD = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 
-def summary_tables(text: str) -> list[tuple[str, str]]:
-    """``(introducing paragraph, table)`` for every markdown table of ``text``, in order."""
+# summary.md's caveats (nemo_ais.embedded.report): copied above the tables, whatever table they qualify
+CAVEATS = ("**Smoke run, not evidence:**", "**Unfinished seeds", "**No finished")
+
+
+def summary_tables(text: str) -> list[tuple[str, str, str]]:
+    """``(introducing paragraph, table, its footnote)`` for every markdown table of ``text``, in order.
+
+    The footnote is the paragraph right after the table when it is one in parentheses (``(mean ± sample std ...)``).
+    """
     blocks = [b.strip("\n") for b in text.split("\n\n") if b.strip()]
     out, intro = [], ""
-    for block in blocks:
+    for i, block in enumerate(blocks):
         if block.lstrip().startswith("|"):
-            out.append((intro, block))
+            after = blocks[i + 1] if i + 1 < len(blocks) else ""
+            out.append((intro, block, after if after.startswith("(") else ""))
             intro = ""
         elif not block.startswith("#"):
             intro = block
@@ -34,13 +42,14 @@ def summary_tables(text: str) -> list[tuple[str, str]]:
 
 
 def section_body(run_dir: Path) -> str:
-    """The tables of ``run_dir/summary.md``, each under its ``Source:`` line."""
-    summary = run_dir / "summary.md"
+    """The caveats and tables of ``run_dir/summary.md`` (with their footnotes), each table under its ``Source:`` line."""
+    text = (run_dir / "summary.md").read_text()
     rel = f"runs/{run_dir.name}/summary.md"
-    parts = []
-    for intro, table in summary_tables(summary.read_text()):
+    caveats = [b.strip("\n") for b in text.split("\n\n") if b.startswith(CAVEATS)]
+    parts = [f"Caveat copied from `{rel}`: {c}" for c in caveats]
+    for intro, table, note in summary_tables(text):
         head = f"Source: copied from `{rel}` (unedited)."
-        parts.append("\n\n".join(p for p in (head, intro, table) if p))
+        parts.append("\n\n".join(p for p in (head, intro, table, note) if p))
     return "\n\n".join(parts)
 
 

@@ -8,6 +8,7 @@ line saying why it is not evidence, and leaves out the tables the run is too sho
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,12 @@ from nemo_ais.embedded.stats import (
     collapse_steps,
     early_metric,
     fmt_ci,
+    fmt_num as _num,
     load_metrics,
     mean_std,
     paired_ci as paired_ci,
     paired_differences,
+    plan_records,
     primary_metric as primary_metric,
     run_extent,
     smoke_reasons,
@@ -35,11 +38,6 @@ from nemo_ais.embedded.stats import (
 )
 from nemo_ais.embedded.tolerance import tolerance_md, tolerance_table, write_tolerance
 from nemo_ais.plotting import save_figures
-
-
-def _num(value: float, spec: str) -> str:
-    """``value`` formatted by ``spec``; "—" if it is not finite (no data: a cut-short run)."""
-    return format(value, spec) if math.isfinite(value) else "—"
 
 
 def _pm(mean: float, std: float, spec: str = ".3f") -> str:
@@ -99,7 +97,9 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         "**Primary metric (declared before the runs):** per arm and seed, the mean held-out "
         "greedy exact-match accuracy over the evaluations in the second half of training "
         f"(steps >= last/2). **Comparison:** per-seed paired difference to `{reference}`, "
-        "mean and 95% confidence interval (Student t, seeds - 1 degrees of freedom). "
+        "mean and 95% confidence interval (Student t, seeds - 1 degrees of freedom), one per arm, "
+        f"not adjusted for the {max(len(summ) - 1, 0)} comparisons of the table: read an interval that only just "
+        "excludes 0 as a hint, not a finding. "
         "**Collapse step:** per arm, the first evaluation step at which its held-out "
         f"accuracy falls below half of `{reference}`'s at the same step, on the mean over "
         f"seeds and per seed (paired with the same seed of `{reference}`); none if it never "
@@ -173,7 +173,7 @@ def _caveats_md(summ, reference: str) -> list[str]:
     """Lines naming what the tables leave out: unfinished seeds, a reference arm without evaluations."""
     lines = []
     cut = [
-        f"{arm} seed {seed} (last evaluation at step {step} of {s['final_steps'][-1]})"
+        f"{arm} seed {seed} (last evaluation at step {step} of {s['last_evaluation']})"
         for arm, s in summ.items()
         for seed, step in s["unfinished"].items()
     ]
@@ -250,6 +250,7 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
     records = load_metrics(Path(run_dir))
     run_dir = Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
     written = save_figures(build_figures(records), run_dir, dpi=110) if plots else []
+    records = records + plan_records(_planned_steps(run_dir, {r["arm"] for r in records}))
     reference = _reference_arm(run_dir)
     levels = tolerance_table(records, reference)
     summary = _summary_md(run_dir, records, reference)
@@ -258,6 +259,24 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
     (run_dir / "summary.md").write_text(summary)
     written.append(run_dir / "summary.md")
     return written + write_tolerance(run_dir, records, reference, plots=plots)
+
+
+def _planned_steps(run_dir: Path, arms: set[str]) -> dict[str, int]:
+    """Each recorded arm's ``grpo.max_num_steps`` in the run's pinned ``config.yaml`` ({}: none readable)."""
+    from nemo_ais.embedded.config import migrate_config, resolve_arm
+
+    planned = {}
+    try:
+        raw = migrate_config(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+        if "max_num_steps" not in (raw.get("grpo") or {}):  # not a pinned config (written whole): no plan
+            return planned
+        named = (raw.get("experiment") or {}).get("arms") or {}
+        for arm in arms & set(named):  # an arm the config does not name (a foreign run): the records' own extent
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                planned[arm] = resolve_arm(raw, arm).grpo.max_num_steps
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    return planned
 
 
 def _reference_arm(run_dir: Path) -> str:

@@ -83,10 +83,10 @@ def band(per_seed: dict[int, dict[int, float]]) -> tuple[list[int], list[float],
 
 
 def mean_std(vals: list[float]) -> tuple[float, float]:
-    """Mean and sample std (0 for one value, nan for none)."""
+    """Mean and sample std (nan for one value: undefined; both nan for none)."""
     if not vals:
         return math.nan, math.nan
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else math.nan)
 
 
 # two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard table values)
@@ -127,17 +127,33 @@ def unfinished_seeds(records: list[dict[str, Any]]) -> dict[str, dict[int, int]]
     """``{arm: {seed: its last evaluated step}}`` of the seeds that stopped before their arm's last evaluation.
 
     An interrupted (arm, seed) whose held-out curve ends early: every accuracy statistic leaves it out (its second
-    half and final step are not its arm's), and ``summary.md`` names it. Per arm, since an arm may set its own
-    ``grpo.max_num_steps``; an arm whose every seed stopped at the same step is not told apart from such an arm.
+    half and final step are not its arm's), and ``summary.md`` names it. The arm's last evaluation is its planned
+    ``grpo.max_num_steps`` where a ``kind: plan`` record gives it (:func:`plan_records`, from the pinned config: an
+    arm cut short on every seed is then told apart), else the last step any of its seeds reached.
     """
-    return _unfinished(series(records, "val", "accuracy"))
+    return _unfinished(series(records, "val", "accuracy"), records)
 
 
-def _unfinished(val: dict[str, dict[int, dict[int, float]]]) -> dict[str, dict[int, int]]:
+def plan_records(planned: dict[str, int]) -> list[dict[str, Any]]:
+    """``kind: plan`` records of each arm's planned last step (``grpo.max_num_steps``, always evaluated)."""
+    return [{"kind": "plan", "arm": arm, "seed": -1, "step": steps} for arm, steps in planned.items()]
+
+
+def last_evaluations(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Each arm's last evaluation: its planned last step (``kind: plan``), else the last any of its seeds reached."""
+    planned = {r["arm"]: r["step"] for r in records if r.get("kind") == "plan"}
+    val = series(records, "val", "accuracy")
+    return {arm: max(planned.get(arm, 0), *(max(by_step) for by_step in seeds.values())) for arm, seeds in val.items()}
+
+
+def _unfinished(
+    val: dict[str, dict[int, dict[int, float]]], records: list[dict[str, Any]]
+) -> dict[str, dict[int, int]]:
     """:func:`unfinished_seeds` of the held-out accuracy series ``val``."""
+    lasts = last_evaluations(records)
     out = {}
     for arm, seeds in val.items():
-        last = max(max(by_step) for by_step in seeds.values())
+        last = lasts[arm]
         if cut := {seed: max(by_step) for seed, by_step in seeds.items() if max(by_step) < last}:
             out[arm] = cut
     return out
@@ -146,7 +162,7 @@ def _unfinished(val: dict[str, dict[int, dict[int, float]]]) -> dict[str, dict[i
 def finished_accuracy(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[int, float]]]:
     """Held-out accuracy by arm, seed and step, of the seeds evaluated up to their arm's last evaluation."""
     val = series(records, "val", "accuracy")
-    cut = _unfinished(val)
+    cut = _unfinished(val, records)
     return {arm: {seed: v for seed, v in seeds.items() if seed not in cut.get(arm, {})} for arm, seeds in val.items()}
 
 
@@ -205,7 +221,7 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """
     val = finished_accuracy(records)
     primary = primary_metric(records)
-    unfinished = unfinished_seeds(records)
+    unfinished, lasts = unfinished_seeds(records), last_evaluations(records)
     out = {}
     for arm in dict.fromkeys(r["arm"] for r in records):
         seeds = val.get(arm, {})
@@ -222,6 +238,7 @@ def arm_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "primary": mean_std(list(primary.get(arm, {}).values())),
             "final_steps": sorted({max(v) for v in seeds.values() if v}),
             "unfinished": unfinished.get(arm, {}),
+            "last_evaluation": lasts.get(arm, 0),
             "reward_last10": _avg(tail, "reward"),
             "severity": avg("ais/severity"),
             "ess_seq": avg("ais/ess_seq"),
@@ -321,9 +338,10 @@ def collapse_steps(records: list[dict[str, Any]], reference: str = "bf16") -> di
 
 def run_extent(records: list[dict[str, Any]]) -> tuple[int, int]:
     """``(steps, seeds)``: the last step recorded, and the most seeds any arm ran."""
-    steps = max((int(r["step"]) for r in records if "step" in r), default=0)
+    recorded = [r for r in records if r.get("kind") != "plan"]
+    steps = max((int(r["step"]) for r in recorded if "step" in r), default=0)
     seeds: dict[str, set[int]] = defaultdict(set)
-    for r in records:
+    for r in recorded:
         if "arm" in r and "seed" in r:
             seeds[r["arm"]].add(r["seed"])
     return steps, max((len(v) for v in seeds.values()), default=0)
@@ -341,9 +359,21 @@ def smoke_reasons(records: list[dict[str, Any]]) -> list[str]:
 
 
 def fmt_ci(mean: float, half: float, digits: int = 3) -> str:
-    """``mean [lo, hi]`` of a paired 95% interval ("n/a", or "one seed: no CI")."""
+    """``mean [lo, hi]`` of a paired 95% interval ("n/a", "one seed: no CI", or "no spread: no CI")."""
     if math.isnan(mean):
         return "n/a"
     if math.isnan(half):
         return f"{mean:+.{digits}f} (one seed: no CI)"
+    if half == 0:  # every pair differs by the same amount: the t interval is undefined, not zero-width
+        return f"{mean:+.{digits}f} (no spread over the pairs: no CI)"
     return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
+
+
+def below_zero(mean: float, half: float) -> bool:
+    """The paired 95% interval lies below 0 (a real interval: not one pair, not zero spread)."""
+    return half > 0 and mean + half < 0
+
+
+def fmt_num(value: float, spec: str) -> str:
+    """``value`` formatted by ``spec``; "—" if it is not finite (no data: a cut-short run)."""
+    return format(value, spec) if math.isfinite(value) else "—"

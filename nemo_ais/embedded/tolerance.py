@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from nemo_ais.embedded.stats import arm_summary, fmt_ci, paired_differences
+from nemo_ais.embedded.stats import arm_summary, below_zero, fmt_ci, fmt_num, paired_differences
 
 ARM_NAME = re.compile(r"^k(?P<level>\d+(?:\.\d+)?)-(?P<correction>[a-z0-9_]+)$")
 # the x-axes: our D, NeMo-RL's gen_kl_error and token_mult_prob_error (arm_summary keys)
@@ -36,11 +36,13 @@ class Level(NamedTuple):
         k: ``rollout.error_scale``.
         mismatch: ``{"D", "gen_kl", "tmpe"}`` of the uncorrected arm (nan: not run).
         delta: ``correction -> (pairs, mean, 95% half-width)`` of the paired Δ vs reference.
+        seeds: ``correction -> seeds`` of the more-seeded of its arm and the reference (not in ``tolerance.json``).
     """
 
     k: float
     mismatch: dict[str, float]
     delta: dict[str, tuple[int, float, float]]
+    seeds: dict[str, int] = {}  # noqa: RUF012 (read only)
 
 
 def tolerance_table(records: list[dict[str, Any]], reference: str = "bf16") -> list[Level]:
@@ -58,7 +60,9 @@ def tolerance_table(records: list[dict[str, Any]], reference: str = "bf16") -> l
         none = summary.get(arms.get(UNCORRECTED, ""), {})
         mismatch = {x: float(none.get(key, math.nan)) for x, key in MISMATCH_KEYS.items()}
         delta = {c: diffs.get(arm, (0, math.nan, math.nan)) for c, arm in arms.items()}
-        levels.append(Level(k, mismatch, delta))
+        ref_seeds = summary.get(reference, {}).get("seeds", 0)
+        seeds = {c: max(summary[arm]["seeds"], ref_seeds) for c, arm in arms.items()}
+        levels.append(Level(k, mismatch, delta, seeds))
     return levels
 
 
@@ -66,7 +70,7 @@ def first_significant_level(levels: list[Level], correction: str) -> float | Non
     """The smallest ``k`` at which ``correction``'s Δ interval lies below 0 (None: none)."""
     for level in levels:
         _, mean, half = level.delta.get(correction, (0, math.nan, math.nan))
-        if not math.isnan(half) and mean + half < 0:
+        if below_zero(mean, half):
             return level.k
     return None
 
@@ -76,9 +80,10 @@ def _corrections(levels: list[Level]) -> list[str]:
     return sorted(seen, key=lambda c: (c != UNCORRECTED, c))
 
 
-def _cell(pairs: int, mean: float, half: float) -> str:
-    """summary.md's Δ cell (:func:`~nemo_ais.embedded.stats.fmt_ci`), ``*`` below 0."""
-    return fmt_ci(mean, half) + (" *" if mean + half < 0 else "")
+def _cell(pairs: int, mean: float, half: float, seeds: int) -> str:
+    """summary.md's Δ cell (:func:`~nemo_ais.embedded.stats.fmt_ci`), ``*`` below 0, its pairs if fewer than ``seeds``."""
+    over = f" over {pairs} paired seed(s)" if 0 < pairs < seeds else ""
+    return fmt_ci(mean, half) + over + (" *" if below_zero(mean, half) else "")
 
 
 def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
@@ -93,15 +98,16 @@ def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
         f"Per level k of the mismatch dial (`rollout.error_scale`): the uncorrected arm's "
         f"measured mismatch (means over its steps and seeds), and per correction the paired Δ "
         f"of the primary metric vs `{reference}` with its 95% t-interval "
-        f"(`*`: the interval lies below 0).",
+        f"(`*`: the interval lies below 0; one interval per cell, not adjusted for the "
+        f"{sum(len(lv.delta) for lv in levels)} cells of the table).",
         "",
         "| " + " | ".join(head + corrections) + " |",
         "|" + "---|" * (len(head) + len(corrections)),
     ]
     for lv in levels:
         m = lv.mismatch
-        cells = [f"{lv.k:g}", f"{m['D']:.4f}", f"{m['gen_kl']:.2e}", f"{m['tmpe']:.4f}"]
-        cells += [_cell(*lv.delta.get(c, (0, math.nan, math.nan))) for c in corrections]
+        cells = [f"{lv.k:g}", fmt_num(m["D"], ".4f"), fmt_num(m["gen_kl"], ".2e"), fmt_num(m["tmpe"], ".4f")]
+        cells += [_cell(*lv.delta.get(c, (0, math.nan, math.nan)), lv.seeds.get(c, 0)) for c in corrections]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -113,9 +119,7 @@ def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
     for c in corrections:
         k = first_significant_level(levels, c)
         d = next((lv.mismatch["D"] for lv in levels if lv.k == k), math.nan)
-        lines.append(
-            f"| {c} | {'none of the levels run' if k is None else f'{k:g}'} | {'—' if k is None else f'{d:.4f}'} |"
-        )
+        lines.append(f"| {c} | {'none of the levels run' if k is None else f'{k:g}'} | {fmt_num(d, '.4f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -154,7 +158,7 @@ def write_tolerance(
     if not levels:
         return []
     out = Path(run_dir) / "tolerance.json"
-    out.write_text(json.dumps([lv._asdict() for lv in levels], indent=1))
+    out.write_text(json.dumps([{k: v for k, v in lv._asdict().items() if k != "seeds"} for lv in levels], indent=1))
     written = [out]
     if plots:
         _plot(levels, Path(run_dir) / "tolerance.png")

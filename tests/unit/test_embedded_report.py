@@ -10,6 +10,7 @@ import yaml
 from plot_checks import assert_publishable
 from scipy import stats
 
+from nemo_ais.embedded.config import CONFIG_DIR, load_config
 from nemo_ais.embedded.report import (
     arm_summary,
     early_metric,
@@ -20,7 +21,7 @@ from nemo_ais.embedded.report import (
     t_quantile_975,
     write_report,
 )
-from nemo_ais.embedded.stats import unfinished_seeds
+from nemo_ais.embedded.stats import plan_records, run_extent, unfinished_seeds
 
 
 def _write(path, records):
@@ -82,7 +83,7 @@ def test_a_run_cut_short_has_no_nan_in_its_tables(tmp_path, n):
     write_report(tmp_path, plots=False)
     text = (tmp_path / "summary.md").read_text()
     assert "nan" not in text.lower(), text
-    assert "| a | 1 | 0.100 ± 0.000 |" in text  # what there is, is reported
+    assert "| a | 1 | 0.100 ± — |" in text  # what there is, is reported; one seed has no spread
 
 
 @pytest.mark.parametrize(
@@ -405,8 +406,22 @@ def test_an_unfinished_seed_is_left_out_of_the_accuracy_statistics_and_named(tmp
         "**Unfinished seeds, left out of every accuracy statistic:** nvfp4_w4a4-none seed 1 (last evaluation at "
         "step 20 of 30); re-running the same command finishes them (it resumes)."
     ) in text
-    assert "| nvfp4_w4a4-none | 1 | 0.000 ± 0.000 | 0.500 ± 0.000 | **0.383 ± 0.000** |" in text
+    assert "| nvfp4_w4a4-none | 1 | 0.000 ± — | 0.500 ± — | **0.383 ± —** |" in text
     assert "| nvfp4_w4a4-none | none | 0 / 1 | 0: none |" in text  # the collapse table: seed 0 only
+
+
+def test_the_docs_copy_of_a_summary_keeps_its_caveats_and_footnotes(tmp_path):
+    """benchmarks.results_tables copies tables into docs/results.md: a caveat or "± sample std" note must come too."""
+    from benchmarks.results_tables import section_body
+
+    run = tmp_path / "cut"
+    run.mkdir()
+    recs = _cut(_run_records(30, [0, 1]), "nvfp4_w4a4-none", 1, 20)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(run, plots=False)
+    body = section_body(run)
+    assert body.startswith("Caveat copied from `runs/cut/summary.md`: **Unfinished seeds, left out of every")
+    assert "(mean ± sample std over" in body and body.count("Source: copied from `runs/cut/summary.md`") >= 2
 
 
 def test_an_arm_with_its_own_shorter_run_is_not_unfinished():
@@ -414,6 +429,24 @@ def test_an_arm_with_its_own_shorter_run_is_not_unfinished():
     recs = _cut(_cut(_run_records(30, [0, 1]), "nvfp4_w4a4-none", 0, 20), "nvfp4_w4a4-none", 1, 20)
     assert unfinished_seeds(recs) == {}
     assert set(primary_metric(recs)["nvfp4_w4a4-none"]) == {0, 1}
+
+
+def test_an_arm_cut_short_on_every_seed_is_unfinished_by_its_pinned_plan(tmp_path):
+    """Arms run one after another: an arm stopped on its first seed (a report mid-run, a divergence) must not read as
+    an arm whose own grpo.max_num_steps is 20. The pinned config.yaml says it planned 30."""
+    recs = [dict(r, accuracy=r["step"] / 60) if r["kind"] == "val" else r for r in _run_records(30, [0])]
+    recs = _cut(recs, "nvfp4_w4a4-none", 0, 20)
+    assert unfinished_seeds(recs) == {}  # the records alone cannot tell
+    planned = recs + plan_records({"bf16": 30, "nvfp4_w4a4-none": 30})
+    assert unfinished_seeds(planned) == {"nvfp4_w4a4-none": {0: 20}}
+    assert "nvfp4_w4a4-none" not in primary_metric(planned) and run_extent(planned) == run_extent(recs)
+    raw = load_config(CONFIG_DIR / "quick.yaml", ["grpo.max_num_steps=30"])
+    raw["experiment"]["arms"] = {"bf16": raw["experiment"]["arms"]["bf16"], "nvfp4_w4a4-none": {}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(tmp_path, plots=False)
+    text = (tmp_path / "summary.md").read_text()
+    assert "nvfp4_w4a4-none seed 0 (last evaluation at step 20 of 30)" in text
 
 
 def test_an_arm_too_short_for_two_windows_and_a_nan_entropy_print_a_dash(tmp_path):

@@ -173,3 +173,24 @@ def test_the_shipped_study_is_the_default_and_a_dose_run():
     for lv in levels:
         assert set(lv["delta"]) == {"none", "tis", "ais", "const", "qarl"}
         assert all(pairs == 6 for pairs, _, _ in lv["delta"].values())  # 6 paired seeds
+
+
+def test_zero_spread_and_unpaired_seeds_are_said_in_the_cell_and_never_starred():
+    from nemo_ais.embedded.stats import below_zero, fmt_ci, paired_ci
+    from nemo_ais.embedded.tolerance import Level
+
+    mean, half = paired_ci([-1 / 64, -1 / 64])  # identical pairs: t = -inf, no interval
+    assert (mean, half) == (-1 / 64, 0.0) and not below_zero(mean, half)
+    assert fmt_ci(mean, half) == "-0.016 (no spread over the pairs: no CI)"
+    nan = {"D": math.nan, "gen_kl": math.nan, "tmpe": math.nan}  # no uncorrected arm at this level
+    levels = [
+        Level(1.0, nan, {"tis": (2, mean, half), "ais": (2, -0.3, 0.1)}, {"tis": 2, "ais": 3}),
+        Level(4.0, nan, {"tis": (3, -0.2, 0.1), "ais": (3, -0.2, 0.3)}, {"tis": 3, "ais": 3}),
+    ]
+    md = tolerance_md(levels)
+    assert (
+        "| 1 | — | — | — | -0.300 [-0.400, -0.200] over 2 paired seed(s) * | -0.016 (no spread over the pairs: no CI) |"
+        in md
+    )
+    assert "nan" not in md and "not adjusted for the 4 cells of the table" in md
+    assert first_significant_level(levels, "tis") == 4.0 and first_significant_level(levels, "ais") == 1.0
