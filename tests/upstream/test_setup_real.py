@@ -159,8 +159,9 @@ def real_setup(monkeypatch, tmp_path, local_ray):
 
         monkeypatch.setattr(CheckpointManager, "shutdown", spy_shutdown)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    monkeypatch.setenv("NEMO_AIS_REFIT", "")  # recorded: removed at teardown
-    monkeypatch.delenv("NEMO_AIS_REFIT")
+    for name in ("NEMO_AIS_REFIT", "NRL_IGNORE_TP_ACCURACY_CHECK"):  # setup() may set them: removed at teardown
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)  # logger.log_dir / checkpoint_dir are relative
     write_input_amax_files(tmp_path)  # W4A4: the launcher reads its calibration before Ray
     return rec
@@ -686,3 +687,26 @@ def test_the_policys_gpus_are_upstreams_setup_split_with_a_reward_model(real_set
     assert train == (4 if "cluster.num_nodes=3" in override else 3)  # 2 of 3 nodes x 2; 4 - 1 GPUs
     (policy,) = [c["returned"] for c in real_setup.factory_calls]
     assert policy.data_parallel_size == cc.parallel_layout(cfg).dp
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+def test_the_tp4_batch_variant_check_is_upstreams_and_bypass_lifts_it(real_setup, bypass):
+    """TP >= 4 with a logprob batch of its own: Policy's accuracy assert, unless force_on_policy_ratio (ais.bypass)."""
+    overrides = [
+        "cluster.gpus_per_node=4",
+        "policy.megatron_cfg.tensor_model_parallel_size=4",
+        "policy.logprob_batch_size=2",
+        f"loss_fn.ais.bypass={str(bypass).lower()}",
+    ]
+    failed = {r.name: r.detail for r in cc.check_config(cc.load_config(SMOKE, overrides)) if r.status == "fail"}
+    if bypass:
+        assert "trainer_parallel" not in failed
+        _main(real_setup, SMOKE, overrides)  # upstream's setup and Policy run to their return
+        assert "returned" in real_setup.setup_calls[0]
+    else:
+        assert (
+            "TP=4 >= 4 needs policy.train_micro_batch_size (4) == policy.logprob_batch_size (2)"
+            in (failed["trainer_parallel"])
+        )
+        with pytest.raises(AssertionError, match="logprob_batch_size"):
+            _main(real_setup, SMOKE, overrides)

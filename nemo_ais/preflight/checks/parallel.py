@@ -55,10 +55,13 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
     problems += _policy_backend_problems(ctx) + _batching_problems(ctx, lay.cp, megatron, lay.pp)
     mbs = ctx.get("policy.train_micro_batch_size", 1)
     lbs = ctx.get("policy.logprob_batch_size", mbs)
-    if lay.tp >= 4 and mbs != lbs:
+    # grpo.setup sets NRL_IGNORE_TP_ACCURACY_CHECK with force_on_policy_ratio (ais.bypass turns it on): no prev_logprobs
+    on_policy = ctx.get("loss_fn.force_on_policy_ratio", False) or ctx.get("loss_fn.ais.bypass", False)
+    if lay.tp >= 4 and mbs != lbs and not on_policy:
         problems.append(
             f"TP={lay.tp} >= 4 needs policy.train_micro_batch_size ({mbs}) == "
-            f"policy.logprob_batch_size ({lbs}) (NeMo-RL's batch-variant TP accuracy check)"
+            f"policy.logprob_batch_size ({lbs}) (NeMo-RL's batch-variant TP accuracy check; "
+            "loss_fn.ais.bypass=true or NRL_IGNORE_TP_ACCURACY_CHECK=1 on the cluster lifts it)"
         )
     detail = f"{lay.trainer}, GPUs={lay.world}: TP={lay.tp} PP={lay.pp} CP={lay.cp} -> DP={lay.dp}"
     if lay.ep > 1 or lay.etp > 1:
