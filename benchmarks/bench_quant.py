@@ -129,7 +129,7 @@ def _row(fmt, shape, dtype, t, gb, load, moved_gb=None, peak=None) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def cpu_limits(repeats: int, timer, device: torch.device) -> str:
+def cpu_limits(repeats: int, timer, device: torch.device) -> tuple[str, list[dict[str, float]]]:
     """What bounds a CPU quantizer's fraction of copy_ bandwidth, measured side by side.
 
     * ``cast``: ``q8.copy_(x)``, PyTorch's fp32 -> float8_e4m3fn conversion into a
@@ -141,6 +141,7 @@ def cpu_limits(repeats: int, timer, device: torch.device) -> str:
     """
     rows = ["| shape | copy_ ms | fp32 -> E4M3 cast ms | copy_ / cast | fresh 1-byte output ms |",
             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    times = []
     for shape in SHAPES:
         x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device)
         y, q8 = torch.empty_like(x), torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
@@ -157,7 +158,8 @@ def cpu_limits(repeats: int, timer, device: torch.device) -> str:
             f"| {shape[0]}x{shape[1]} | {t['copy_'] * 1e3:.2f} | {t['cast'] * 1e3:.2f} | "
             f"**{t['copy_'] / t['cast']:.2f}** | {t['fresh'] * 1e3:.2f} |"
         )
-    return "\n".join(rows)
+        times.append(t)
+    return "\n".join(rows), times
 
 
 def main() -> None:
@@ -240,20 +242,23 @@ def main() -> None:
             f"{min(load):.1f} to {max(load):.1f} on {os.cpu_count()} cores (shared machine: "
             "the ratios, measured side by side, are the meaningful numbers)."
         )
-    bound = None if cuda else cpu_limits(args.repeats, timer, device)
-    if bound is not None:
+    limits = None if cuda else cpu_limits(args.repeats, timer, device)
+    if limits is not None:
+        bound, times = limits
         print(bound)
+        cast = sorted({f"{t['cast'] / t['copy_']:.1f}" for t in times}, key=float)
+        fresh = times[-1]["fresh"] / times[-1]["copy_"]  # the largest shape
         body += (
             "\n\nOn CPU every format is a fused C++ kernel (`nemo_ais/formats/cpu_kernel.py`, "
             "compiled on first use, bit-equal to the PyTorch path: "
             "tests/unit/test_fp8_cpu_kernel.py). What bounds the fractions, measured in the same "
-            "run (below): PyTorch's fp32 -> E4M3 conversion alone takes 2-2.5x a copy, so an "
-            "eager composition (the PyTorch paths, where no kernel can be built) stays under "
-            "0.5; the kernels are compute-bound (bf16 input, whose copy_ moves half the bytes, "
+            f"run (below): PyTorch's fp32 -> E4M3 conversion alone takes {'-'.join(cast[:: len(cast) - 1 or 1])}x a copy, "
+            "which an eager composition (the PyTorch paths, where no kernel can be built) pays on top "
+            "of its own passes; the kernels are compute-bound (bf16 input, whose copy_ moves half the bytes, "
             "reaches about half the fp32 fraction; the 4-bit formats pay a division or multiply "
             "and seven comparisons per element and the nibble packing); and every "
-            "quantizer returns a freshly allocated output, whose page faults cost more than "
-            "the whole copy_ for the 14336x4096 weight unless huge pages back it. "
+            "quantizer returns a freshly allocated output, whose first touch (page faults) costs "
+            f"{fresh:.2f}x the copy_ of the {SHAPES[-1][0]}x{SHAPES[-1][1]} weight here. "
             f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')} in this "
             "run (PyTorch's switch for huge-page CPU allocations of 2 MiB and more).\n\n" + bound
         )

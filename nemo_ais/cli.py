@@ -518,7 +518,7 @@ _COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nemo-ais`` console script and ``python -m nemo_ais``."""
     for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 prints escaped, not as a UnicodeEncodeError
-        if isinstance(stream, io.TextIOWrapper):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":  # surrogateescape prints the bytes
             stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

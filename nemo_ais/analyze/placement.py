@@ -58,6 +58,8 @@ def _ci(delta: list[float]) -> str:
         return "n/a"
     if half is None or math.isnan(half):
         return f"{mean:+.3f} (one seed)"
+    if half == 0:  # the study's paired differences were all equal (embedded.stats.paired_ci): no interval
+        return f"{mean:+.3f} (no spread over the pairs: no CI)"
     return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
 
 

@@ -120,6 +120,8 @@ def paired_ci(diffs: list[float]) -> tuple[float, float]:
     mean = statistics.fmean(diffs)
     if len(diffs) < 2:
         return mean, math.nan
+    if max(diffs) - min(diffs) <= 1e-12 * max(1.0, *map(abs, diffs)):  # equal up to rounding: no spread, no interval
+        return mean, 0.0
     return mean, t_quantile_975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
 
 

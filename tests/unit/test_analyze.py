@@ -298,3 +298,12 @@ def test_a_run_directory_whose_name_is_not_utf8_gets_its_report(run, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "run\\udcff" in done.stdout and "report.md" in done.stdout
+    # a stdout that already writes such a path's own bytes (the C locale's surrogateescape) keeps doing so
+    env["PYTHONIOENCODING"] = "utf-8:surrogateescape"
+    done = subprocess.run(
+        [sys.executable, "-m", "nemo_ais", "analyze", str(odd), "--no-plots", "--no-progress"],
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert done.returncode == 0 and b"run\xff" in done.stdout

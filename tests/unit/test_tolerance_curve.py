@@ -181,6 +181,13 @@ def test_zero_spread_and_unpaired_seeds_are_said_in_the_cell_and_never_starred()
 
     mean, half = paired_ci([-1 / 64, -1 / 64])  # identical pairs: t = -inf, no interval
     assert (mean, half) == (-1 / 64, 0.0) and not below_zero(mean, half)
+    # equal up to rounding (a mean over 3 evaluations, each 4 / 256 below): the same, not a starred [x, x]
+    seeds = ([0.03515625, 0.08203125, 0.078125], [0.41015625, 0.515625, 0.62890625])
+    rounded = [np.mean([v - 4 / 256 for v in b]) - np.mean(b) for b in seeds]
+    assert rounded[0] != rounded[1] and paired_ci(rounded)[1] == 0.0
+    from nemo_ais.analyze.placement import _ci  # analyze's copy of a tolerance.json cell reads it the same way
+
+    assert _ci([2, mean, half]) == "-0.016 (no spread over the pairs: no CI)"
     assert fmt_ci(mean, half) == "-0.016 (no spread over the pairs: no CI)"
     nan = {"D": math.nan, "gen_kl": math.nan, "tmpe": math.nan}  # no uncorrected arm at this level
     levels = [
