@@ -49,6 +49,14 @@ def observe_input_amax(
     (BF16 calibration). A routed expert's input gathers rows of the whole batch, so no mask can drop its padding: with
     MoE experts among ``modules``, each row of a padded batch runs alone, without its padding.
     """
+    for name in modules:  # the twin's module names, looked up in another model (the trainer's)
+        try:
+            observed.get_submodule(name)
+        except AttributeError:
+            raise ValueError(
+                f"{name}: the observed model has no such module (a transformers-5 fused-experts MoE holds its experts "
+                "as one 3-D parameter); calibrate on the twin itself, or on a model with per-expert linears"
+            ) from None
     seen: dict[str, torch.Tensor] = {}
     if any(map(_is_expert, modules)) and not bool(attention_mask.all()):
         for ids, valid in zip(input_ids, attention_mask.to(torch.bool), strict=True):

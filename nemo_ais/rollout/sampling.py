@@ -274,10 +274,17 @@ def score_responses(
     """
     check_prompt(input_ids, attention_mask)
     _check_sampling(temperature, top_k, top_p, logprobs_mode)
-    if response_ids.dim() != 2 or response_ids.shape[0] != input_ids.shape[0]:
-        raise ValueError(f"response_ids: got {list(response_ids.shape)}, expected [{input_ids.shape[0]}, T]")
+    if response_ids.dim() != 2 or response_ids.shape[0] != input_ids.shape[0] or response_ids.is_floating_point():
+        raise ValueError(
+            f"response_ids: got {list(response_ids.shape)} {response_ids.dtype}, expected [{input_ids.shape[0]}, T] int64"
+        )
     prompt_len, resp_len = input_ids.shape[1], response_ids.shape[1]
     ids = torch.cat([input_ids, response_ids], dim=-1).to(torch.int64)
+    vocab = model.get_input_embeddings().num_embeddings
+    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
+        raise ValueError(
+            f"input_ids / response_ids: got token ids in [{int(ids.min())}, {int(ids.max())}], expected [0, {vocab})"
+        )
     attn = torch.cat([attention_mask, torch.ones_like(response_ids)], dim=-1).to(torch.int64)
     out = model(
         input_ids=ids,
@@ -303,7 +310,8 @@ def logprob_mismatch(logp_a: torch.Tensor, logp_b: torch.Tensor, mask: torch.Ten
             f"{list(logp_b.shape)}, mask {list(mask.shape)}, expected one [B, T] shape"
         )
     m = mask.to(torch.float64)
-    r = (logp_a.double() - logp_b.double()) * m
+    # where, not * m: a masked -inf (a token outside top-k past EOS, processed mode) times 0 is NaN
+    r = torch.where(m.bool(), logp_a.double() - logp_b.double(), 0.0)
     delta = r.abs()
     n_tok = int(m.sum())
     if n_tok == 0:

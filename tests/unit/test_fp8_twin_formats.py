@@ -346,3 +346,31 @@ def test_fp8_twin_name_and_moe_in_nvfp4_w4a4():
     # every expert of a projection holds the projection's one input amax
     amax = {float(linear.input_amax) for linear in experts.gate_up_proj}
     assert len(amax) == 1 and amax.pop() > 0
+
+
+def test_trainer_side_calibration_of_a_fused_experts_moe_names_the_layout():
+    moe = tiny_moe(256)
+    ids = torch.randint(4, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    twin = RolloutTwin(moe, RolloutPrecisionConfig(format="nvfp4_w4a4"))
+    with pytest.raises(
+        ValueError, match=r"mlp\.experts\..*: the observed model has no such module .* fused-experts MoE"
+    ):
+        twin.calibrate_input_amax(ids, torch.ones_like(ids), model=moe)
+
+
+def test_scoring_refuses_token_ids_it_cannot_embed_and_mismatch_ignores_masked_inf():
+    from nemo_ais.rollout.sampling import logprob_mismatch, score_responses
+
+    model = tiny_lm(vocab_size=64)
+    ids, mask = torch.randint(3, 64, (2, 5)), torch.ones(2, 5, dtype=torch.int64)
+    resp = torch.randint(3, 64, (2, 4))
+    with pytest.raises(ValueError, match=r"response_ids: got \[2, 4\] torch.float32, expected \[2, T\] int64"):
+        score_responses(model, ids, mask, resp.float() + 0.7)  # was truncated to ids silently
+    with pytest.raises(ValueError, match=r"token ids in \[\d+, 64\], expected \[0, 64\)"):
+        score_responses(model, ids, mask, torch.cat([resp[:, :3], torch.full((2, 1), 64)], dim=1))
+    logp = score_responses(model, ids, mask, resp)
+    past_eos = logp.clone()
+    past_eos[:, 2:] = -torch.inf  # a token outside top-k after EOS, processed mode: masked out
+    rmask = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]])
+    stats = logprob_mismatch(past_eos, past_eos, rmask)
+    assert (stats.mean_abs_delta, stats.token_mult_prob_error, stats.gen_kl_error, stats.n_tok) == (0.0, 1.0, 0.0, 4)
