@@ -266,6 +266,11 @@ def resolve_arm(data: dict[str, Any], arm: str | None) -> RecipeConfig:
     conflicts = surrogate_conflicts(correction, pg)  # e.g. tbpo with use_cispo
     if conflicts:
         raise ValueError("\n".join(conflicts))
+    if pg.reference_policy_kl_penalty > 0:
+        raise ValueError(
+            f"loss_fn.reference_policy_kl_penalty={pg.reference_policy_kl_penalty:g} is invalid here: expected 0 (the "
+            "embedded recipe keeps no reference policy; the KL term runs in NeMo-RL, on the cluster)"
+        )
     precision = rollout_precision(sec["rollout"])
     if precision.kv_cache != "bf16":
         model = sec["policy"].model

@@ -10,6 +10,7 @@ lives in one chunk (advantages need no communication), and every arm sees the sa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -99,21 +100,25 @@ def generate_rollouts(
 def group_advantages(
     rewards: torch.Tensor, num_generations: int, *, normalize: bool, leave_one_out: bool, eps: float
 ) -> torch.Tensor:
-    """GRPO advantages ``[n]`` float32 from rewards in groups of G consecutive samples.
+    """GRPO advantages ``[n]`` float32 from rewards in groups of G consecutive samples, as NeMo-RL's estimator.
 
-    ``A_i = (r_i - b_i) / (std_g + eps)``, ``b_i`` the group mean (or the mean of the other
-    G - 1 rewards if ``leave_one_out``), ``std_g`` the unbiased group std (skipped without
-    ``normalize``). A group of equal rewards gets ``A = 0`` exactly.
+    ``A_i = (r_i - b_i) / (s_i + eps)``: ``b_i`` and ``s_i`` the mean and unbiased std of the group, or with
+    ``leave_one_out`` of the other G - 1 rewards (NeMo-RL's ``calculate_baseline_and_std_per_prompt``). Without
+    ``normalize``, or where ``s_i = 0``, ``A_i = r_i - b_i`` (a group of equal rewards gets ``A = 0`` exactly).
     """
     if rewards.ndim != 1 or rewards.numel() % num_generations:
         raise ValueError(
             f"rewards: got {tuple(rewards.shape)}, expected [n] with n a multiple of num_generations={num_generations}"
         )
     r = rewards.to(torch.float64).view(-1, num_generations)
-    mean = r.mean(dim=1, keepdim=True)
-    baseline = (r.sum(dim=1, keepdim=True) - r) / (num_generations - 1) if leave_one_out else mean
+    if leave_one_out:  # moments of the other n = G - 1 rewards, unbiased (n / (n - 1); G = 2: no spread)
+        n = num_generations - 1
+        baseline = (r.sum(dim=1, keepdim=True) - r) / n
+        square = (r.square().sum(dim=1, keepdim=True) - r.square()) / n
+        std = ((square - baseline.square()) * (n / (n - 1) if n > 1 else math.inf)).sqrt().nan_to_num(0)
+    else:
+        baseline, std = r.mean(dim=1, keepdim=True), r.std(dim=1, keepdim=True, correction=1)
     adv = r - baseline
     if normalize:
-        std = r.std(dim=1, keepdim=True, correction=1)
-        adv = torch.where(std > 0, adv / (std + eps), torch.zeros_like(adv))
+        adv = torch.where(std > 0, adv / (std + eps), adv)
     return adv.view(-1).to(torch.float32)

@@ -277,6 +277,7 @@ _SHARED_BY_ARMS = (
     "policy.model",
     "policy.warm_start",
     "cluster",
+    "logger",
 )
 """What one run trains every arm with (one task and held-out set, one warm start, one launch): an arm may not set it.
 
@@ -316,8 +317,8 @@ class ExperimentSection(_Section):
             if shared:
                 raise ValueError(
                     f"arms.{name}.{shared[0]} is invalid: every arm shares the task and held-out set, the model, "
-                    "its warm start and the ranks (data.* but data.reward, policy.model, policy.warm_start, cluster); "
-                    "expected it at the top level of the config"
+                    "its warm start, the ranks and the run directory (data.* but data.reward, policy.model, "
+                    "policy.warm_start, cluster, logger); expected it at the top level of the config"
                 )
         unknown = [a for a in self.include or [] if a not in self.arms]
         if unknown:

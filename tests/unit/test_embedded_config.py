@@ -65,6 +65,9 @@ def test_overrides_apply_dotted_and_to_arms():
         ("experiment.arms.fp8-ais.policy.model.hidden_size=128", r"experiment\.arms\.fp8-ais\.policy\.model is inv"),
         ("experiment.arms.fp8-tis.policy.warm_start.steps=0", r"experiment\.arms\.fp8-tis\.policy\.warm_start is"),
         ("experiment.arms.bf16.cluster.dp_size=1", r"experiment\.arms\.bf16\.cluster is invalid"),
+        ("experiment.arms.bf16.logger.name=elsewhere", r"experiment\.arms\.bf16\.logger is invalid: .* run directory"),
+        # no reference policy in the recipe: a KL penalty crashed at the first step, after config.yaml was pinned
+        ("loss_fn.reference_policy_kl_penalty=0.01", r"reference_policy_kl_penalty=0\.01 is invalid here: expected 0"),
         # refused when the config is read, not by torch or the task after config.yaml is pinned
         ("data.eval_size=10000", r"data\.eval_size=10000 is invalid: expected 0\.\."),
         ("policy.optimizer.betas=[1.5,0.9]", r"policy\.optimizer\.betas=\[1\.5, 0\.9\] is invalid: expected two"),

@@ -185,3 +185,27 @@ def test_fp4_long_preset_writes_99_token_responses():
     assert (cfg.precision.format, cfg.precision.kv_cache) == ("nvfp4_w4a4", "nvfp4")
     with pytest.raises(ValueError, match=r"data\.chain_length=65 is invalid"):
         load_config(CONFIG_DIR / "fp4-long.yaml", ["data.chain_length=65"])
+
+
+@pytest.mark.nemo_rl
+@pytest.mark.parametrize("leave_one_out", [False, True])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_group_advantages_are_nemo_rls_estimator(leave_one_out, normalize):
+    """Upstream's own GRPO advantage estimator on the same groups (LOO: the others' mean and std)."""
+    from nemo_rl.algorithms.advantage_estimator import GRPOAdvantageEstimator
+
+    g = torch.Generator().manual_seed(3)
+    groups = [torch.randint(0, 3, (6,), generator=g) / 2 for _ in range(8)]
+    groups += [torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.5]), torch.full((6,), 0.5)]  # a lone success; no spread
+    rewards = torch.cat(groups)
+    prompts = torch.arange(len(groups)).repeat_interleave(6)[:, None]
+
+    class Config(dict):  # v0.7.0 reads the estimator config by key, main by attribute
+        __getattr__ = dict.__getitem__
+
+    estimator = GRPOAdvantageEstimator(
+        Config(normalize_rewards=normalize, use_leave_one_out_baseline=leave_one_out), {}
+    )
+    upstream = estimator.compute_advantage(prompts, rewards, torch.ones(len(rewards), 1))[:, 0]
+    ours = group_advantages(rewards, 6, normalize=normalize, leave_one_out=leave_one_out, eps=1e-6)
+    torch.testing.assert_close(ours, upstream.float(), rtol=1e-6, atol=1e-6)
