@@ -10,7 +10,6 @@ lives in one chunk (advantages need no communication), and every arm sees the sa
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -111,11 +110,11 @@ def group_advantages(
             f"rewards: got {tuple(rewards.shape)}, expected [n] with n a multiple of num_generations={num_generations}"
         )
     r = rewards.to(torch.float64).view(-1, num_generations)
-    if leave_one_out:  # moments of the other n = G - 1 rewards, unbiased (n / (n - 1); G = 2: no spread)
-        n = num_generations - 1
-        baseline = (r.sum(dim=1, keepdim=True) - r) / n
-        square = (r.square().sum(dim=1, keepdim=True) - r.square()) / n
-        std = ((square - baseline.square()) * (n / (n - 1) if n > 1 else math.inf)).sqrt().nan_to_num(0)
+    if leave_one_out:  # mean and unbiased std of the other G - 1 rewards, from them (no cancellation; G = 2: 0)
+        g = num_generations
+        others = r.unsqueeze(1).expand(-1, g, -1)[:, ~torch.eye(g, dtype=torch.bool)].view(-1, g, g - 1)
+        baseline = others.mean(dim=-1)
+        std = others.std(dim=-1, correction=1) if g > 2 else torch.zeros_like(baseline)
     else:
         baseline, std = r.mean(dim=1, keepdim=True), r.std(dim=1, keepdim=True, correction=1)
     adv = r - baseline

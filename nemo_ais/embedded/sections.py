@@ -53,10 +53,10 @@ class GRPOSection(_Section):
     max_num_steps: int = Field(60, ge=1, description="GRPO steps per (arm, seed) run.")
     normalize_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (NeMo-RL key).")
     use_leave_one_out_baseline: bool = Field(
-        False, description="Baseline = mean of the OTHER G-1 rewards (NeMo-RL key)."
+        False, description="Baseline and std of the OTHER G-1 rewards (NeMo-RL key)."
     )
     advantage_std_eps: float = Field(
-        1e-6, gt=0.0, description="A = (r - mean) / (std + eps); a zero-std group gets A = 0."
+        1e-6, gt=0.0, description="A = (r - b) / (std + eps); A = r - b where std = 0 (equal rewards: 0)."
     )
     val_period: int = Field(10, ge=0, description="Held-out evaluation every N steps (0: only at start and end).")
 

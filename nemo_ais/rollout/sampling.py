@@ -164,6 +164,21 @@ def check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         )
 
 
+def check_token_ids(model: nn.Module, **ids: torch.Tensor) -> None:
+    """Integer token ids ``model`` can embed, else ``ValueError`` naming the argument and the range."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(embeddings, "num_embeddings", math.inf)  # a model without an embedding table: ids >= 0 only
+    for name, t in ids.items():
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"{name}: got {list(t.shape)} {t.dtype}, expected integer token ids (int64)")
+        if t.numel():
+            lo, hi = (int(v) for v in torch.aminmax(t))
+            if lo < 0 or hi >= vocab:
+                raise ValueError(
+                    f"{name}: got token ids in [{lo}, {hi}], expected [0, {vocab}) (the model's vocabulary)"
+                )
+
+
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids for a left-padded mask: 0 at the first real token (pads get 0)."""
     return (attention_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)
@@ -211,6 +226,7 @@ def generate(
         ValueError: bad shapes, a mask that is not left-padded, bad sampling arguments.
     """
     check_prompt(input_ids, attention_mask)
+    check_token_ids(model, input_ids=input_ids)
     _check_sampling(temperature, top_k, top_p, logprobs_mode)
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: expected an int >= 1")
@@ -274,17 +290,11 @@ def score_responses(
     """
     check_prompt(input_ids, attention_mask)
     _check_sampling(temperature, top_k, top_p, logprobs_mode)
-    if response_ids.dim() != 2 or response_ids.shape[0] != input_ids.shape[0] or response_ids.is_floating_point():
-        raise ValueError(
-            f"response_ids: got {list(response_ids.shape)} {response_ids.dtype}, expected [{input_ids.shape[0]}, T] int64"
-        )
+    if response_ids.dim() != 2 or response_ids.shape[0] != input_ids.shape[0]:
+        raise ValueError(f"response_ids: got {list(response_ids.shape)}, expected [{input_ids.shape[0]}, T]")
+    check_token_ids(model, input_ids=input_ids, response_ids=response_ids)
     prompt_len, resp_len = input_ids.shape[1], response_ids.shape[1]
     ids = torch.cat([input_ids, response_ids], dim=-1).to(torch.int64)
-    vocab = model.get_input_embeddings().num_embeddings
-    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
-        raise ValueError(
-            f"input_ids / response_ids: got token ids in [{int(ids.min())}, {int(ids.max())}], expected [0, {vocab})"
-        )
     attn = torch.cat([attention_mask, torch.ones_like(response_ids)], dim=-1).to(torch.int64)
     out = model(
         input_ids=ids,

@@ -39,6 +39,7 @@ from nemo_ais.rollout.readback import RefitReadback, kv_scale_readback, weight_r
 from nemo_ais.rollout.sampling import (
     GenerationOutput,
     check_prompt,
+    check_token_ids,
     generate,
     logprob_mismatch as logprob_mismatch,
     score_responses,
@@ -227,6 +228,7 @@ class RolloutTwin:
 
         Stale calibration is first redone on these prompts (vLLM's ``calculate_kv_scales``).
         """
+        check_token_ids(self.model, input_ids=input_ids)  # before the calibration forward reads them
         cache = self._cache(input_ids, attention_mask)
         return generate(self.model, input_ids, attention_mask, past_key_values=cache, **sampling)
 
@@ -234,6 +236,7 @@ class RolloutTwin:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_ids: torch.Tensor, **sampling: Any
     ) -> torch.Tensor:
         """:func:`~nemo_ais.rollout.sampling.score_responses` under the twin: ``[B, T]`` fp32."""
+        check_token_ids(self.model, input_ids=input_ids, response_ids=response_ids)  # before the calibration forward
         cache = self._cache(input_ids, attention_mask)
         return score_responses(self.model, input_ids, attention_mask, response_ids, past_key_values=cache, **sampling)
 

@@ -209,3 +209,20 @@ def test_group_advantages_are_nemo_rls_estimator(leave_one_out, normalize):
     upstream = estimator.compute_advantage(prompts, rewards, torch.ones(len(rewards), 1))[:, 0]
     ours = group_advantages(rewards, 6, normalize=normalize, leave_one_out=leave_one_out, eps=1e-6)
     torch.testing.assert_close(ours, upstream.float(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("group", "g"),
+    [([1 / 20, 1.0], 2), ([2 / 3] + [1 / 10] * 7, 8), ([0.05, 1.0, 1.0], 3), ([0.0, 1 / 3, 1 / 3, 1 / 3], 4)],
+)
+def test_leave_one_out_spread_of_tied_others_is_exactly_zero(group, g):
+    """The others' std from the others themselves: tied others (or G = 2) give 0, so A = r - b, never a 1e6 blow-up."""
+    import statistics
+
+    want = []
+    for i, r in enumerate(group):
+        others = group[:i] + group[i + 1 :]
+        b, s = statistics.fmean(others), (statistics.stdev(others) if len(others) > 1 else 0.0)
+        want.append((r - b) / (s + 1e-6) if s > 0 else r - b)
+    got = group_advantages(torch.tensor(group), g, normalize=True, leave_one_out=True, eps=1e-6)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float32), rtol=1e-6, atol=1e-6)

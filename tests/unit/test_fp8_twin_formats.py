@@ -364,7 +364,7 @@ def test_scoring_refuses_token_ids_it_cannot_embed_and_mismatch_ignores_masked_i
     model = tiny_lm(vocab_size=64)
     ids, mask = torch.randint(3, 64, (2, 5)), torch.ones(2, 5, dtype=torch.int64)
     resp = torch.randint(3, 64, (2, 4))
-    with pytest.raises(ValueError, match=r"response_ids: got \[2, 4\] torch.float32, expected \[2, T\] int64"):
+    with pytest.raises(ValueError, match=r"response_ids: got \[2, 4\] torch.float32, expected integer token ids"):
         score_responses(model, ids, mask, resp.float() + 0.7)  # was truncated to ids silently
     with pytest.raises(ValueError, match=r"token ids in \[\d+, 64\], expected \[0, 64\)"):
         score_responses(model, ids, mask, torch.cat([resp[:, :3], torch.full((2, 1), 64)], dim=1))
@@ -374,3 +374,13 @@ def test_scoring_refuses_token_ids_it_cannot_embed_and_mismatch_ignores_masked_i
     rmask = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]])
     stats = logprob_mismatch(past_eos, past_eos, rmask)
     assert (stats.mean_abs_delta, stats.token_mult_prob_error, stats.gen_kl_error, stats.n_tok) == (0.0, 1.0, 0.0, 4)
+
+
+def test_the_twin_names_an_out_of_vocabulary_prompt_before_its_calibration_forward():
+    model = tiny_lm(vocab_size=64)
+    twin = RolloutTwin(model, RolloutPrecisionConfig(format="fp8", kv_cache="fp8"))  # calibrates on the prompts
+    ids, mask = torch.randint(3, 64, (2, 5)), torch.ones(2, 5, dtype=torch.int64)
+    ids[1, 2] = 64
+    for call in (lambda: twin.score(ids, mask, ids[:, :2]), lambda: twin.generate(ids, mask, max_new_tokens=2)):
+        with pytest.raises(ValueError, match=r"input_ids: got token ids in \[\d+, 64\], expected \[0, 64\)"):
+            call()
