@@ -290,10 +290,7 @@ def compute_statistics(
             sends :meth:`AISStats.from_input_error` instead).
     """
     require_config(config, CorrectionConfig, "compute_statistics(config)")
-    validation.check_2d("prev_logprobs", logp_old)
-    validation.check_like("prev_logprobs", logp_old, logp_old, "prev_logprobs")
-    validation.check_like("generation_logprobs", logp_rollout, logp_old, "prev_logprobs")
-    validation.check_mask(mask, logp_old, "prev_logprobs")
+    validation.check_ratio_inputs(logp_old, logp_rollout, mask)
     valid = validation.valid_positions(mask)
     log_rho, ok = _log_rho64(logp_old, logp_rollout, valid)  # step 1
     clamp = config.log_ratio_clamp

@@ -113,6 +113,14 @@ def check_mask(mask: object, ref: torch.Tensor, ref_name: str) -> None:
         raise ValueError(f"mask: got device {mask.device}, expected {ref.device} like {ref_name}")
 
 
+def check_ratio_inputs(logp_old: object, logp_rollout: object, mask: object) -> None:
+    """``prev_logprobs`` ``[B, T]`` floating, ``generation_logprobs`` and ``mask`` shaped like it (TypeError / ValueError)."""
+    check_2d("prev_logprobs", logp_old)
+    check_like("prev_logprobs", logp_old, logp_old, "prev_logprobs")
+    check_like("generation_logprobs", logp_rollout, logp_old, "prev_logprobs")
+    check_mask(mask, logp_old, "prev_logprobs")
+
+
 def valid_positions(mask: torch.Tensor) -> torch.Tensor:
     """Bool ``[B, T]``: positions where ``mask == 1``."""
     return mask.bool() if mask.dtype == torch.bool else mask == 1

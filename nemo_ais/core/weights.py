@@ -73,8 +73,6 @@ def correction_weights(
             f"correction_weights: mode {config.mode!r} needs a finite alpha, got {alpha!r} (pass "
             f"AISDiagnostics.{mode.batch_field} from compute_diagnostics)"
         )
-    validation.check_2d("prev_logprobs", logp_old)
-    validation.check_like("generation_logprobs", logp_rollout, logp_old, "prev_logprobs")
-    validation.check_mask(mask, logp_old, "prev_logprobs")
+    validation.check_ratio_inputs(logp_old, logp_rollout, mask)
     validation.check_values({"prev_logprobs": logp_old, "generation_logprobs": logp_rollout}, mask)
     return mode.weight(logp_old, logp_rollout, validation.valid_positions(mask), config, alpha)
