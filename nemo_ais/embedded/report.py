@@ -24,8 +24,8 @@ from nemo_ais.embedded.stats import (
     arm_summary,
     collapse_steps,
     early_metric,
-    fmt_ci,
     fmt_num as _num,
+    fmt_paired,
     load_metrics,
     mean_std,
     paired_ci as paired_ci,
@@ -65,9 +65,7 @@ def _delta_cell(diffs: dict[str, tuple[int, float, float]], arm: str, reference:
     """
     if arm == reference:
         return "—"
-    pairs, mean, half = diffs.get(arm, (0, math.nan, math.nan))
-    cell = fmt_ci(mean, half)
-    return cell if pairs == 0 or pairs == max(seeds) else f"{cell} over {pairs} paired seed(s)"
+    return fmt_paired(*diffs.get(arm, (0, math.nan, math.nan)), max(seeds))
 
 
 def _fmt_corr(value: float) -> str:
@@ -250,8 +248,10 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
     records = load_metrics(Path(run_dir))
     run_dir = Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
     written = save_figures(build_figures(records), run_dir, dpi=110) if plots else []
-    records = records + plan_records(_planned_steps(run_dir, {r["arm"] for r in records}))
-    reference = _reference_arm(run_dir)
+    cfg_file = run_dir / "config.yaml"  # the run's pinned config, read once
+    pinned = (yaml.safe_load(cfg_file.read_text()) or {}) if cfg_file.is_file() else {}
+    records = records + plan_records(_planned_steps(pinned, {r["arm"] for r in records}))
+    reference = _reference_arm(pinned)
     levels = tolerance_table(records, reference)
     summary = _summary_md(run_dir, records, reference)
     if levels:  # a dose-response run: the tolerance curve (nemo_ais.embedded.tolerance)
@@ -261,13 +261,13 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
     return written + write_tolerance(run_dir, records, reference, plots=plots)
 
 
-def _planned_steps(run_dir: Path, arms: set[str]) -> dict[str, int]:
+def _planned_steps(pinned: dict[str, Any], arms: set[str]) -> dict[str, int]:
     """Each recorded arm's ``grpo.max_num_steps`` in the run's pinned ``config.yaml`` ({}: none readable)."""
     from nemo_ais.embedded.config import migrate_config, resolve_arm
 
     planned = {}
     try:
-        raw = migrate_config(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+        raw = migrate_config(pinned)
         if "max_num_steps" not in (raw.get("grpo") or {}):  # not a pinned config (written whole): no plan
             return planned
         named = (raw.get("experiment") or {}).get("arms") or {}
@@ -279,8 +279,6 @@ def _planned_steps(run_dir: Path, arms: set[str]) -> dict[str, int]:
     return planned
 
 
-def _reference_arm(run_dir: Path) -> str:
+def _reference_arm(pinned: dict[str, Any]) -> str:
     """``experiment.reference_arm`` of the run's pinned ``config.yaml`` (default ``bf16``)."""
-    cfg_file = run_dir / "config.yaml"
-    cfg = (yaml.safe_load(cfg_file.read_text()) or {}) if cfg_file.is_file() else {}
-    return str((cfg.get("experiment") or {}).get("reference_arm") or "bf16")
+    return str((pinned.get("experiment") or {}).get("reference_arm") or "bf16")

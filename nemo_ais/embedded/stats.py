@@ -143,8 +143,11 @@ def plan_records(planned: dict[str, int]) -> list[dict[str, Any]]:
 
 def last_evaluations(records: list[dict[str, Any]]) -> dict[str, int]:
     """Each arm's last evaluation: its planned last step (``kind: plan``), else the last any of its seeds reached."""
+    return _last_evaluations(series(records, "val", "accuracy"), records)
+
+
+def _last_evaluations(val: dict[str, dict[int, dict[int, float]]], records: list[dict[str, Any]]) -> dict[str, int]:
     planned = {r["arm"]: r["step"] for r in records if r.get("kind") == "plan"}
-    val = series(records, "val", "accuracy")
     return {arm: max(planned.get(arm, 0), *(max(by_step) for by_step in seeds.values())) for arm, seeds in val.items()}
 
 
@@ -152,7 +155,7 @@ def _unfinished(
     val: dict[str, dict[int, dict[int, float]]], records: list[dict[str, Any]]
 ) -> dict[str, dict[int, int]]:
     """:func:`unfinished_seeds` of the held-out accuracy series ``val``."""
-    lasts = last_evaluations(records)
+    lasts = _last_evaluations(val, records)
     out = {}
     for arm, seeds in val.items():
         last = lasts[arm]
@@ -369,6 +372,15 @@ def fmt_ci(mean: float, half: float, digits: int = 3) -> str:
     if half == 0:  # every pair differs by the same amount: the t interval is undefined, not zero-width
         return f"{mean:+.{digits}f} (no spread over the pairs: no CI)"
     return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
+
+
+def fmt_paired(pairs: int, mean: float, half: float, seeds: int) -> str:
+    """:func:`fmt_ci` of a paired Δ, saying the pairs it rests on when fewer than ``seeds``.
+
+    ``seeds``: the larger of the arm's and the reference's seed counts (a seed one of them did not finish is left
+    out of the pairs, so the Δ is not the difference of the shown means).
+    """
+    return fmt_ci(mean, half) + (f" over {pairs} paired seed(s)" if 0 < pairs < seeds else "")
 
 
 def below_zero(mean: float, half: float) -> bool:

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from nemo_ais.embedded.stats import arm_summary, below_zero, fmt_ci, fmt_num, paired_differences
+from nemo_ais.embedded.stats import arm_summary, below_zero, fmt_num, fmt_paired, paired_differences
 
 ARM_NAME = re.compile(r"^k(?P<level>\d+(?:\.\d+)?)-(?P<correction>[a-z0-9_]+)$")
 # the x-axes: our D, NeMo-RL's gen_kl_error and token_mult_prob_error (arm_summary keys)
@@ -81,9 +81,8 @@ def _corrections(levels: list[Level]) -> list[str]:
 
 
 def _cell(pairs: int, mean: float, half: float, seeds: int) -> str:
-    """summary.md's Δ cell (:func:`~nemo_ais.embedded.stats.fmt_ci`), ``*`` below 0, its pairs if fewer than ``seeds``."""
-    over = f" over {pairs} paired seed(s)" if 0 < pairs < seeds else ""
-    return fmt_ci(mean, half) + over + (" *" if below_zero(mean, half) else "")
+    """summary.md's Δ cell (:func:`~nemo_ais.embedded.stats.fmt_paired`), ``*`` below 0."""
+    return fmt_paired(pairs, mean, half, seeds) + (" *" if below_zero(mean, half) else "")
 
 
 def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
