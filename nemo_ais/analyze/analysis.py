@@ -142,13 +142,10 @@ def load_analysis_config(
         loss_fn = _section(data, "loss_fn")
         sections["loss_fn.ais"] = dict(_section(data, "loss_fn.ais"))
         online = not data.get("alarms") and loss_fn.get("ais_alarms") is not None
-        alarms = loss_fn["ais_alarms"] if online else data.get("alarms")
-        if alarms is not None and not isinstance(alarms, Mapping):
-            name = "loss_fn.ais_alarms" if online else "alarms"
-            raise ValueError(f"{name}: expected a mapping of fields, got {type(alarms).__name__}")
+        alarms = _section(data, "loss_fn.ais_alarms" if online else "alarms")
         # the run's own thresholds; whether its training step failed on an alarm is not ours (an override's is)
         drop = ("enabled", "fail_on_alarm") if online else ()
-        sections["alarms"] = {k: v for k, v in (alarms or {}).items() if k not in drop}
+        sections["alarms"] = {k: v for k, v in alarms.items() if k not in drop}
     for item in overrides:
         key, sep, raw = item.partition("=")
         section = next((name for name in _SECTIONS if key.startswith(f"{name}.")), None)
