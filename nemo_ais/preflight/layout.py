@@ -38,6 +38,7 @@ class ParallelLayout:
     """Sizes derived from a config (trainer and vLLM engines); DP is floor-divided.
 
     ``world``: the training GPUs; ``rollout_gpus``: the vLLM engines' (both the whole cluster when colocated).
+    ``whole_cluster``: colocated and nothing reserved (:func:`reserved`), so both are every GPU of the cluster.
     """
 
     trainer: Literal["megatron", "dtensor"]
@@ -54,6 +55,7 @@ class ParallelLayout:
     vllm_pp: int
     vllm_ep: int
     vllm_engines: int
+    whole_cluster: bool
 
     def key(self, size: str) -> str:
         """The config key of a trainer size (``"tp"`` -> ``policy.<backend>_cfg....``)."""
@@ -212,6 +214,7 @@ def parallel_layout(cfg: Mapping[str, Any]) -> ParallelLayout:
         vllm_pp=vllm_pp,
         vllm_ep=vllm_ep,
         vllm_engines=rollout_gpus // max(1, vllm_tp * vllm_pp),
+        whole_cluster=_colocated(cfg) and not any(reserved(cfg)),
     )
 
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from nemo_ais.preflight.checks.registry import Context, Verdict, check
-from nemo_ais.preflight.layout import memory_share_problem, pipeline_stages, reserved
+from nemo_ais.preflight.layout import memory_share_problem, pipeline_stages
 from nemo_ais.rules.config_keys import has
 
 
@@ -24,8 +24,7 @@ def check_trainer_parallel(ctx: Context) -> Verdict:
             if megatron
             else f"TP x CP = {lay.tp} x {lay.cp} = {model_parallel} ({lay.key('tp')} x context_parallel_size)"
         )
-        whole = lay.colocated and not any(reserved(ctx.cfg))  # else the policy's share (gpu_split)
-        gpus = "GPUs = cluster.num_nodes x cluster.gpus_per_node" if whole else "training GPUs (gpu_split)"
+        gpus = "GPUs = cluster.num_nodes x cluster.gpus_per_node" if lay.whole_cluster else "training GPUs (gpu_split)"
         problems.append(f"{gpus} = {lay.world} is not divisible by {sizes}")
     if dims is not None:
         if dims.num_attention_heads % lay.tp or dims.num_key_value_heads % lay.tp:
@@ -167,7 +166,7 @@ def check_vllm_parallel(ctx: Context) -> Verdict:
     problems = []
     engine = lay.vllm_tp * lay.vllm_pp
     if engine > lay.rollout_gpus or lay.rollout_gpus % engine:
-        gpus = "GPUs" if lay.colocated and not any(reserved(ctx.cfg)) else "rollout GPUs (gpu_split)"
+        gpus = "GPUs" if lay.whole_cluster else "rollout GPUs (gpu_split)"
         problems.append(
             f"vLLM TP x PP = {lay.vllm_tp} x {lay.vllm_pp} = {engine} must divide the {lay.rollout_gpus} {gpus}"
         )
