@@ -103,15 +103,13 @@ def _positive_int(text: str) -> int:
 
 
 _PRESET_HELP = (
-    "A shipped preset nemo_ais/embedded/presets/<name>.yaml: quick (<= 60 s smoke run), "
-    "fp4-quick (quick with NVFP4 W4A4 / W4A16 rollout arms, <= 90 s), fp4-long (fp4-quick's "
-    "arms on 99-token chain responses), fp4 (every correction with NVFP4 W4A4 / W4A16 "
-    "rollouts, 2 seeds), fp4-evidence (the same, 8 seeds), evidence (FP8 rollouts, 8 seeds, "
-    "every correction), addition (the 2-digit task), dose (the mismatch dose-response study: "
-    "levels of rollout.error_scale x corrections, 6 seeds), dose-quick (its smoke form), "
-    "dose-long (its two highest levels x none/tis/ais for 200 steps, 2 seeds), dose-99 (the "
-    "same levels and arms on 99-token responses, 60 steps, 2 seeds), dose-plateau (dose at "
-    "the default run's plateau warm start and lr)."
+    "A shipped preset nemo_ais/embedded/presets/<name>.yaml: quick (<= 60 s smoke run), fp4-quick (quick with NVFP4 "
+    "W4A4 / W4A16 rollout arms, <= 90 s), fp4-long (fp4-quick's arms on 99-token chain responses), fp4 (every "
+    "correction with NVFP4 W4A4 / W4A16 rollouts, 2 seeds), fp4-evidence (the same, 8 seeds), evidence (FP8 rollouts, "
+    "8 seeds, every correction), addition (the 2-digit task), dose (the mismatch dose-response study: levels of "
+    "rollout.error_scale x corrections, 6 seeds), dose-quick (its smoke form), dose-long (its two highest levels x "
+    "none/tis/ais for 200 steps, 2 seeds), dose-99 (the same levels and arms on 99-token responses, 60 steps, 2 "
+    "seeds), dose-plateau (dose at the default run's plateau warm start and lr)."
 )
 _FLAG = {"action": "store_true"}
 _OVERRIDES = {"nargs": "*", "metavar": "key=value"}
@@ -121,9 +119,8 @@ _PATH = {"type": Path}  # argparse's default: None
 _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
     "run": (
         "Run the four-arm GRPO experiment (BF16, FP8 none/TIS/AIS) x seeds.",
-        "Run GRPO on the embedded arithmetic task with the simulated FP8 rollout engine, for "
-        "every arm x seed of the config; outputs go to <logger.run_dir>/<logger.name>/ "
-        "(metrics.jsonl, PNG plots, summary.md, checkpoints).",
+        "Run GRPO on the embedded arithmetic task with the simulated FP8 rollout engine, for every arm x seed of the "
+        "config; outputs go to <logger.run_dir>/<logger.name>/ (metrics.jsonl, PNG plots, summary.md, checkpoints).",
         {
             "overrides": {
                 **_OVERRIDES,
@@ -142,20 +139,18 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
     ),
     "report": (
         "Redraw plots and summary.md of a run directory from its metrics.jsonl.",
-        "Redraw reward.png, accuracy.png, diagnostics.png, mismatch_vs_entropy.png and "
-        "summary.md (and a dose-response run's tolerance.json / .png) from "
-        "RUN_DIR/metrics.jsonl (or a metrics file).",
+        "Redraw reward.png, accuracy.png, diagnostics.png, mismatch_vs_entropy.png and summary.md (and a dose-response "
+        "run's tolerance.json / .png) from RUN_DIR/metrics.jsonl (or a metrics file).",
         {"run_dir": {"type": Path, "help": "A run directory (or its metrics.jsonl)."}},
     ),
     "analyze": (
         "Replay AIS diagnostics and every correction mode over a NeMo-RL run's step logs.",
-        "Read LOG_DIR/train_data_step{N}.jsonl (NeMo-RL's per-step batch logs, in order of "
-        "N), compute per step the AIS diagnostics, alpha and the weights of "
-        "tis/icepop/seq_mask_geo/ais with the core code, run the refit guard, and write "
-        "analysis.jsonl, report.md and PNG plots to OUT. If LOG_DIR holds no step file, every "
-        "run directory up to 4 levels below it is analysed, each on its own (a NeMo-RL log "
-        "root, a nemo-ais run directory: <run_dir>/logs/<arm>_seed<n>); a NeMo-RL run resumed "
-        "from a checkpoint (logs/exp_001, then exp_002 from step N on) is analysed as one run.",
+        "Read LOG_DIR/train_data_step{N}.jsonl (NeMo-RL's per-step batch logs, in order of N), compute per step the "
+        "AIS diagnostics, alpha and the weights of tis/icepop/seq_mask_geo/ais with the core code, run the refit "
+        "guard, and write analysis.jsonl, report.md and PNG plots to OUT. If LOG_DIR holds no step file, every run "
+        "directory up to 4 levels below it is analysed, each on its own (a NeMo-RL log root, a nemo-ais run directory: "
+        "<run_dir>/logs/<arm>_seed<n>); a NeMo-RL run resumed from a checkpoint (logs/exp_001, then exp_002 from step "
+        "N on) is analysed as one run.",
         {
             "log_dir": {
                 "type": Path,
@@ -199,12 +194,11 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
     ),
     "attribute": (
         "Attribute the rollout mismatch to weights, activations and KV cache per layer.",
-        "Build the twin (simulated rollout engine) of the config's policy in its "
-        "rollout.format / rollout.kv_cache (warm-started from the cache if present, else the "
-        "recipe's init), sample held-out prompts with it, then score them with one source "
-        "quantized at a time (and with every source but one): mean |dlogp|, gen_kl_error (k3) "
-        "and token_mult_prob_error against the unquantized model on the same tokens. Prints a "
-        "markdown table; writes attribution.md, .json and .png to --out.",
+        "Build the twin (simulated rollout engine) of the config's policy in its rollout.format / rollout.kv_cache "
+        "(warm-started from the cache if present, else the recipe's init), sample held-out prompts with it, then score "
+        "them with one source quantized at a time (and with every source but one): mean |dlogp|, gen_kl_error (k3) and "
+        "token_mult_prob_error against the unquantized model on the same tokens. Prints a markdown table; writes "
+        "attribution.md, .json and .png to --out.",
         {
             "overrides": {
                 **_OVERRIDES,
@@ -231,11 +225,10 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
     ),
     "calibrate-input-amax": (
         "Write the NVFP4 W4A4 refit's input_amax_file from a BF16 checkpoint.",
-        "Run the BF16 model MODEL on calibration prompts with a hook on every linear the "
-        "NVFP4 W4A4 engine quantizes (every decoder-layer linear but MoE routers), record max "
-        "|input| over the valid tokens (ModelOpt's max calibration), and write JSON {module "
-        "name: amax}: the file ais_nvfp4_refit.input_amax_file names (input_scale = amax / "
-        "(6 * 448); fused q/k/v and gate/up take the max).",
+        "Run the BF16 model MODEL on calibration prompts with a hook on every linear the NVFP4 W4A4 engine quantizes "
+        "(every decoder-layer linear but MoE routers), record max |input| over the valid tokens (ModelOpt's max "
+        "calibration), and write JSON {module name: amax}: the file ais_nvfp4_refit.input_amax_file names (input_scale "
+        "= amax / (6 * 448); fused q/k/v and gate/up take the max).",
         {
             "model": {"help": "The BF16 checkpoint the trainer starts from: a local HF dir or hub name."},
             "--out": {"type": Path, "required": True, "help": "The JSON file to write."},
@@ -430,9 +423,8 @@ def _analyze(args: argparse.Namespace) -> int:
         return _fail(
             1,
             "analyze",
-            f"{args.log_dir}:0: no train_data_step{{N}}.jsonl files in it or {SEARCH_DEPTH} "
-            "levels below it (NeMo-RL writes them to logger.log_dir during GRPO training; "
-            "nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
+            f"{args.log_dir}:0: no train_data_step{{N}}.jsonl files in it or {SEARCH_DEPTH} levels below it (NeMo-RL "
+            "writes them to logger.log_dir during GRPO training; nemo-ais run to <run_dir>/logs/<arm>_seed<n>)",
         )
     one = log_dirs == [args.log_dir]  # LOG_DIR is one run's log_dir: the launches beside it are _warn_if_resumed's
     runs = [[d] for d in log_dirs] if args.separate_launches or one else join_launches(log_dirs)

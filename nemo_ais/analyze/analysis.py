@@ -359,9 +359,8 @@ def analyze_run(
         )
     if global_batches_per_step > 1:
         logger.warning(
-            "the run has %d global batches per step: online, alpha is formed once per global "
-            "batch; this replay forms one per step file, so the replayed alpha differs from "
-            "the online one",
+            "the run has %d global batches per step: online, alpha is formed once per global batch; this replay forms "
+            "one per step file, so the replayed alpha differs from the online one",
             global_batches_per_step,
         )
     out = output_dir(log_dir, out_dir)

@@ -119,9 +119,8 @@ def recommendations(rows: list[dict[str, Any]], alarms: list[str]) -> list[str]:
     if ess is not None:
         step, share, k, m = ess
         out.append(
-            f"ess_seq < {ESS_LOW} on {share:.0%} of steps from step {step} on ({k} of {m}): "
-            "the uncorrected rollout's sequence weights are degenerate there (the AIS paper "
-            "reports this decay for uncorrected FP8 runs)."
+            f"ess_seq < {ESS_LOW} on {share:.0%} of steps from step {step} on ({k} of {m}): the uncorrected rollout's "
+            "sequence weights are degenerate there (the AIS paper reports this decay for uncorrected FP8 runs)."
         )
     for mode in (m for m in MODES if ALL_MODES[m].replay.affected is masked):  # they discard
         frac = _col(rows, f"weights/{mode}/frac_capped_or_masked")
@@ -210,10 +209,9 @@ def _modes_table(rows: list[dict[str, Any]]) -> list[str]:
         p = f"weights/{mode}/"
         ess = _col(rows, p + "ess")
         lines.append(
-            f"| `{mode}` | {_fmt(statistics.median(_col(rows, p + 'mean')))} | "
-            f"{_fmt(max(_col(rows, p + 'max')))} | "
-            f"{statistics.median(_col(rows, p + 'frac_capped_or_masked')):.2%} | "
-            f"{_fmt(statistics.median(ess))}, {_fmt(ess[-1])} |"
+            f"| `{mode}` | {_fmt(statistics.median(_col(rows, p + 'mean')))} | {_fmt(max(_col(rows, p + 'max')))} | "
+            f"{statistics.median(_col(rows, p + 'frac_capped_or_masked')):.2%} | {_fmt(statistics.median(ess))}, "
+            f"{_fmt(ess[-1])} |"
         )
     return lines
 
@@ -267,11 +265,10 @@ def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
     batches = meta.get("global_batches_per_step", 1)
     if batches > 1:
         lines.append(
-            f"- **The replayed alpha differs from the online one**: the run's config has "
-            f"{batches} global batches per step (grpo.num_prompts_per_step x "
-            "grpo.num_generations_per_prompt > policy.train_global_batch_size). Online, AIS "
-            "forms alpha (and its EMA update) once per global batch; this replay forms it "
-            "once per step file, from the statistics of all its global batches together."
+            f"- **The replayed alpha differs from the online one**: the run's config has {batches} global batches per "
+            "step (grpo.num_prompts_per_step x grpo.num_generations_per_prompt > policy.train_global_batch_size). "
+            "Online, AIS forms alpha (and its EMA update) once per global batch; this replay forms it once per step "
+            "file, from the statistics of all its global batches together."
         )
     return lines
 
@@ -307,9 +304,8 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
         + (f" (e.g. `{meta['bad_examples'][0]}`)" if meta["bad_examples"] else ""),
         f"- `loss_fn.ais` (fields not at their default): `{meta['config'] or 'none'}`",
         f"- Alarm thresholds (not at their default): `{meta['alarm_config'] or 'none'}`",
-        "- Formulas: docs/metrics.md; the AIS diagnostics and alpha are a [reconstruction] "
-        "of arXiv 2605.13907 (docs/method.md). Each step file is one global batch; alpha "
-        "carries the EMA state from step to step.",
+        "- Formulas: docs/metrics.md; the AIS diagnostics and alpha are a [reconstruction] of arXiv 2605.13907 "
+        "(docs/method.md). Each step file is one global batch; alpha carries the EMA state from step to step.",
         "",
         "## Trend of the mismatch",
         "",

@@ -82,11 +82,10 @@ def check_global_count(
         if split_api_refusal is None:
             return
         raise ValueError(
-            f"{name}={value!r} is below this call's own {n_local:g} valid {what}: this is "
-            "NeMo-RL main's split train-step API (train_microbatch calls the loss with "
-            f"placeholder global_valid_*=1 and rescales at finish_train_step), and "
-            f"{split_api_refusal}, which it cannot give. Set data_plane.enabled=false, or "
-            "use a mode without a global-batch statistic"
+            f"{name}={value!r} is below this call's own {n_local:g} valid {what}: this is NeMo-RL main's split "
+            "train-step API (train_microbatch calls the loss with placeholder global_valid_*=1 and rescales at "
+            f"finish_train_step), and {split_api_refusal}, which it cannot give. Set data_plane.enabled=false, or use "
+            "a mode without a global-batch statistic"
         )
     if not math.isfinite(value):
         why = "it is not finite"

@@ -48,10 +48,9 @@ CONFIG_DIR = Path(str(resources.files("nemo_ais.embedded") / "presets"))
 SECTIONS = ("grpo", "loss_fn", "policy", "rollout", "data", "logger", "checkpointing", "cluster", "experiment")
 _FORMER_FP8_KEYS = ("enabled", "kv_cache_fp8")
 _FP8_BLOCK_DEPRECATED = (
-    "rollout.fp8 (the former FP8 rollout block) is deprecated and will be removed: write "
-    "rollout.format (enabled: false -> format: bf16 with kv_cache: bf16), rollout.kv_cache "
-    "(kv_cache_fp8: true -> fp8), the exclusion keys under rollout, and the format's knobs "
-    "under rollout.quantizer (docs/embedded.md)"
+    "rollout.fp8 (the former FP8 rollout block) is deprecated and will be removed: write rollout.format (enabled: "
+    "false -> format: bf16 with kv_cache: bf16), rollout.kv_cache (kv_cache_fp8: true -> fp8), the exclusion keys "
+    "under rollout, and the format's knobs under rollout.quantizer (docs/embedded.md)"
 )
 
 
@@ -290,9 +289,8 @@ def _check_curriculum(cfg: RecipeConfig) -> None:
         return
     if cfg.data.task != "chain" or stage.chain_length >= cfg.data.chain_length:
         raise ValueError(
-            f"policy.warm_start.curriculum.chain_length={stage.chain_length} is invalid: "
-            f"expected data.task=chain (got {cfg.data.task}) and fewer values than "
-            f"data.chain_length={cfg.data.chain_length}"
+            f"policy.warm_start.curriculum.chain_length={stage.chain_length} is invalid: expected data.task=chain (got "
+            f"{cfg.data.task}) and fewer values than data.chain_length={cfg.data.chain_length}"
         )
 
 
@@ -334,10 +332,9 @@ def _check_batching(cfg: RecipeConfig) -> None:
     num_minibatches = cfg.rollout_batch_size // gbs
     if cfg.correction.bypass and num_minibatches > 1:
         raise ValueError(
-            f"loss_fn.ais.bypass=true needs one optimizer step per rollout batch: "
-            f"policy.train_global_batch_size={gbs} gives {num_minibatches} (pi_old := mu holds "
-            "only before the first update); set it to null or to the rollout batch "
-            f"{cfg.rollout_batch_size}"
+            f"loss_fn.ais.bypass=true needs one optimizer step per rollout batch: policy.train_global_batch_size={gbs} "
+            f"gives {num_minibatches} (pi_old := mu holds only before the first update); set it to null or to the "
+            f"rollout batch {cfg.rollout_batch_size}"
         )
     chunk_samples = rollout.prompts_per_chunk * grpo.num_generations_per_prompt
     if chunk_samples % num_minibatches:

@@ -405,8 +405,7 @@ class GRPORecipe:
 
     def _where(self, step: int, what: str) -> str:
         return (
-            f"{what} at step {step} (arm {self.arm}, seed {self.seed}); metrics up to the last "
-            f"completed step are in {self.run_dir / METRICS_FILE}. Lower "
-            f"policy.optimizer.lr (now {self.cfg.policy.optimizer.lr}) or set "
+            f"{what} at step {step} (arm {self.arm}, seed {self.seed}); metrics up to the last completed step are in "
+            f"{self.run_dir / METRICS_FILE}. Lower policy.optimizer.lr (now {self.cfg.policy.optimizer.lr}) or set "
             "policy.max_grad_norm."
         )

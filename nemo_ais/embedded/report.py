@@ -82,26 +82,22 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     lines = [f"# Summary of `{run_dir}`", ""]
     if smoke:
         lines += [
-            f"**Smoke run, not evidence:** {'; '.join(smoke)}. It checks that the pipeline "
-            "runs end to end; differences between its arms are noise. Evidence: `nemo-ais run "
-            "--preset evidence` (FP8) or `--preset fp4-evidence` (NVFP4), 60 steps x 8 seeds "
-            "(docs/results.md).",
+            f"**Smoke run, not evidence:** {'; '.join(smoke)}. It checks that the pipeline runs end to end; "
+            "differences between its arms are noise. Evidence: `nemo-ais run --preset evidence` (FP8) or `--preset "
+            "fp4-evidence` (NVFP4), 60 steps x 8 seeds (docs/results.md).",
             "",
         ]
     lines += _caveats_md(summ, reference)
     lines += [
         "Computed from `metrics.jsonl` by `nemo_ais.embedded.report` (nothing edited by hand).",
         "",
-        "**Primary metric (declared before the runs):** per arm and seed, the mean held-out "
-        "greedy exact-match accuracy over the evaluations in the second half of training "
-        f"(steps >= last/2). **Comparison:** per-seed paired difference to `{reference}`, "
-        "mean and 95% confidence interval (Student t, seeds - 1 degrees of freedom), one per arm, "
-        f"not adjusted for the {max(len(summ) - 1, 0)} comparisons of the table: read an interval that only just "
-        "excludes 0 as a hint, not a finding. "
-        "**Collapse step:** per arm, the first evaluation step at which its held-out "
-        f"accuracy falls below half of `{reference}`'s at the same step, on the mean over "
-        f"seeds and per seed (paired with the same seed of `{reference}`); none if it never "
-        "does.",
+        "**Primary metric (declared before the runs):** per arm and seed, the mean held-out greedy exact-match "
+        "accuracy over the evaluations in the second half of training (steps >= last/2). **Comparison:** per-seed "
+        f"paired difference to `{reference}`, mean and 95% confidence interval (Student t, seeds - 1 degrees of "
+        f"freedom), one per arm, not adjusted for the {max(len(summ) - 1, 0)} comparisons of the table: read an "
+        "interval that only just excludes 0 as a hint, not a finding. **Collapse step:** per arm, the first evaluation "
+        f"step at which its held-out accuracy falls below half of `{reference}`'s at the same step, on the mean over "
+        f"seeds and per seed (paired with the same seed of `{reference}`); none if it never does.",
         "",
         f"| arm | seeds | initial acc. | final acc. | primary metric | Δ vs {reference} (paired, 95% CI) |",
         "|---|---|---|---|---|---|",
@@ -142,11 +138,10 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     ]
     for arm, s in summ.items():
         lines.append(
-            f"| {arm} | {_num(s['severity'], '.2e')} | {_num(s['ess_seq'], '.4f')} / "
-            f"{_num(s['ess_seq_min'], '.4f')} | {_num(s['ess_tok'], '.4f')} | "
-            f"{_num(s['kl_k3'], '.2e')} | {_num(s['token_mult_prob_error'], '.4f')} | "
-            f"{_num(s['alpha'], '.3f')} | {_num(s['reward_last10'], '.3f')} | "
-            f"{_num(s['response_length'], '.1f')} | {_num(s['step_time'], '.2f')} |"
+            f"| {arm} | {_num(s['severity'], '.2e')} | {_num(s['ess_seq'], '.4f')} / {_num(s['ess_seq_min'], '.4f')} | "
+            f"{_num(s['ess_tok'], '.4f')} | {_num(s['kl_k3'], '.2e')} | {_num(s['token_mult_prob_error'], '.4f')} | "
+            f"{_num(s['alpha'], '.3f')} | {_num(s['reward_last10'], '.3f')} | {_num(s['response_length'], '.1f')} | "
+            f"{_num(s['step_time'], '.2f')} |"
         )
     lines += _non_stationarity_md(summ, n_steps)
     lines += [
@@ -160,9 +155,8 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     lines += [f"| {arm} | " + " | ".join(_num(s[k], ".4f") for k in ERROR_TOKEN_KEYS) + " |" for arm, s in summ.items()]
     lines += [
         "",
-        "Plots: `reward.png`, `accuracy.png`, `diagnostics.png` (against the GRPO step), "
-        "`mismatch_vs_entropy.png` (severity D against the policy entropy); bands: ± 1 std "
-        "over seeds, clipped to each metric's range.",
+        "Plots: `reward.png`, `accuracy.png`, `diagnostics.png` (against the GRPO step), `mismatch_vs_entropy.png` "
+        "(severity D against the policy entropy); bands: ± 1 std over seeds, clipped to each metric's range.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -194,9 +188,8 @@ def _collapse_md(records, summ, reference: str, n_steps: int) -> list[str]:
     if n_steps < EVIDENCE_MIN_STEPS:
         return [
             "",
-            f"Collapse step: left out. A {n_steps}-step run has too few evaluations for a "
-            f"first drop below ½ × `{reference}`'s accuracy to mean a collapse (computed "
-            f"for runs of >= {EVIDENCE_MIN_STEPS} steps).",
+            f"Collapse step: left out. A {n_steps}-step run has too few evaluations for a first drop below ½ × "
+            f"`{reference}`'s accuracy to mean a collapse (computed for runs of >= {EVIDENCE_MIN_STEPS} steps).",
         ]
     collapse = collapse_steps(records, reference)
     lines = [
@@ -221,10 +214,9 @@ def _non_stationarity_md(summ, n_steps: int) -> list[str]:
         ]
     lines = [
         "",
-        f"Non-stationarity: first {k} steps → last {k} steps (all seeds pooled), and the "
-        "Pearson correlation of D with the step and with the policy entropy over every "
-        "(step, seed) (n/a: undefined, D or the entropy constant or fewer than 3 points; —: no "
-        f"value, or an arm with fewer than {2 * k} steps):",
+        f"Non-stationarity: first {k} steps → last {k} steps (all seeds pooled), and the Pearson correlation of D with "
+        "the step and with the policy entropy over every (step, seed) (n/a: undefined, D or the entropy constant or "
+        f"fewer than 3 points; —: no value, or an arm with fewer than {2 * k} steps):",
         "",
         "| arm | severity D | ESS seq | policy entropy (nats/token) | corr(D, step) | corr(D, entropy) |",
         "|---|---|---|---|---|---|",

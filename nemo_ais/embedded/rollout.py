@@ -41,9 +41,8 @@ def chunk_range(num_chunks: int, rank: int, world_size: int) -> range:
     """Chunks owned by ``rank``: a contiguous block of ``num_chunks / world_size``."""
     if num_chunks % world_size:
         raise ValueError(
-            f"{num_chunks} rollout chunks cannot be split over cluster.dp_size={world_size} "
-            "ranks: grpo.num_prompts_per_step / rollout.prompts_per_chunk must be a multiple "
-            "of cluster.dp_size"
+            f"{num_chunks} rollout chunks cannot be split over cluster.dp_size={world_size} ranks: "
+            "grpo.num_prompts_per_step / rollout.prompts_per_chunk must be a multiple of cluster.dp_size"
         )
     per_rank = num_chunks // world_size
     return range(rank * per_rank, (rank + 1) * per_rank)

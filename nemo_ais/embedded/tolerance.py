@@ -94,10 +94,9 @@ def tolerance_md(levels: list[Level], reference: str = "bf16") -> str:
     lines = [
         "## Tolerance curve (dose-response)",
         "",
-        f"Per level k of the mismatch dial (`rollout.error_scale`): the uncorrected arm's "
-        f"measured mismatch (means over its steps and seeds), and per correction the paired Δ "
-        f"of the primary metric vs `{reference}` with its 95% t-interval "
-        f"(`*`: the interval lies below 0; one interval per cell, not adjusted for the "
+        "Per level k of the mismatch dial (`rollout.error_scale`): the uncorrected arm's measured mismatch (means over "
+        f"its steps and seeds), and per correction the paired Δ of the primary metric vs `{reference}` with its 95% "
+        "t-interval (`*`: the interval lies below 0; one interval per cell, not adjusted for the "
         f"{sum(len(lv.delta) for lv in levels)} cells of the table).",
         "",
         "| " + " | ".join(head + corrections) + " |",

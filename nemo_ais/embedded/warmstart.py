@@ -234,10 +234,9 @@ def warm_start(cfg: RecipeConfig, task: ArithmeticTask, *, progress: bool = True
         raise _unwritable(path, err) from None
     ws = cfg.policy.warm_start
     _say(
-        f"warm start: training {ws.steps} SFT steps once (batch {ws.batch_size}); cached at "
-        f"{path.resolve()} for every later run with policy.warm_start.cache_dir="
-        f"{ws.cache_dir} (relative to the working directory: a run from another directory "
-        "or clone trains it again unless it points there)"
+        f"warm start: training {ws.steps} SFT steps once (batch {ws.batch_size}); cached at {path.resolve()} for every "
+        f"later run with policy.warm_start.cache_dir={ws.cache_dir} (relative to the working directory: a run from "
+        "another directory or clone trains it again unless it points there)"
     )
     t0 = time.perf_counter()
     model, loss, _ = train_sft(cfg, task, progress=progress)

@@ -73,9 +73,8 @@ def check_last_dim(x: torch.Tensor, name: str, block: int, fmt: str) -> None:
         )
     if x.shape[-1] % block:
         raise ValueError(
-            f"{name}: got last dim K={x.shape[-1]} in {list(x.shape)}, expected K % {block} == 0 "
-            f"({fmt} scales blocks of {block} consecutive elements along the last dim; pad "
-            f"the tensor or keep it in high precision)"
+            f"{name}: got last dim K={x.shape[-1]} in {list(x.shape)}, expected K % {block} == 0 ({fmt} scales blocks "
+            f"of {block} consecutive elements along the last dim; pad the tensor or keep it in high precision)"
         )
 
 

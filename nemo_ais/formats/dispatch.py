@@ -105,9 +105,8 @@ def triton_quantize(kernel: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> 
     except Exception as err:  # compile / launch failure: same bits on the PyTorch path
         _BROKEN.append(f"{kernel}: {type(err).__name__}: {err}")
         logger.warning(
-            "nemo_ais.formats: the Triton kernel %s failed (%s: %s); the PyTorch path runs "
-            "from now on in this process (same bits, slower). NEMO_AIS_TRITON=0 skips the "
-            "attempt.",
+            "nemo_ais.formats: the Triton kernel %s failed (%s: %s); the PyTorch path runs from now on in this process "
+            "(same bits, slower). NEMO_AIS_TRITON=0 skips the attempt.",
             kernel,
             type(err).__name__,
             err,

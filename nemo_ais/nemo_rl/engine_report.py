@@ -197,10 +197,9 @@ def require_native_nodes(
             for host, listed in sorted(gpus.items())
         )
         raise RuntimeError(
-            f"rollout format {rollout_format} needs a GPU of compute capability >= "
-            f"{need.min_text} ({need.gpus}), and no GPU of the Ray cluster has it ({held}): "
-            f"vLLM would run {need.fallback} instead. Refused before setup() starts the "
-            "engines; choose a format these GPUs run natively (the offline check: python -m "
+            f"rollout format {rollout_format} needs a GPU of compute capability >= {need.min_text} ({need.gpus}), and "
+            f"no GPU of the Ray cluster has it ({held}): vLLM would run {need.fallback} instead. Refused before "
+            "setup() starts the engines; choose a format these GPUs run natively (the offline check: python -m "
             "nemo_ais.preflight CONFIG)"
         )
     return gpus
@@ -352,10 +351,9 @@ def gpu_problems(rollout_format: str, reports: Iterable[EngineLayers]) -> list[s
     if need is None:
         return []
     return [
-        f"vLLM process {r.pid} on {r.host}: rollout format {rollout_format} needs a GPU of "
-        f"compute capability >= {need.min_text} ({need.gpus}); {r.device or 'no GPU'} has "
-        f"{'.'.join(map(str, r.capability)) if r.capability else 'none'}, where vLLM runs "
-        f"{need.fallback} instead"
+        f"vLLM process {r.pid} on {r.host}: rollout format {rollout_format} needs a GPU of compute capability >= "
+        f"{need.min_text} ({need.gpus}); {r.device or 'no GPU'} has "
+        f"{'.'.join(map(str, r.capability)) if r.capability else 'none'}, where vLLM runs {need.fallback} instead"
         for r in reports
         if r.capability is None or r.capability < need.min_capability
     ]
@@ -413,9 +411,8 @@ def format_problems(
             want_bf16 = expects_bf16(kept_in_bf16, layer.name)
             if layer.held == "bf16" and not want_bf16:
                 problems.append(
-                    f"{where}: {layer.name} is held in BF16 ({layer.method}) but the run "
-                    f"quantizes it to {rollout_format} (an engine ignore entry that also "
-                    "matches this layer?)"
+                    f"{where}: {layer.name} is held in BF16 ({layer.method}) but the run quantizes it to "
+                    f"{rollout_format} (an engine ignore entry that also matches this layer?)"
                 )
             elif layer.held != "bf16" and want_bf16:
                 problems.append(
@@ -438,9 +435,8 @@ def format_problems(
                 and nemo_rl_version == "v0.7.0"
             ):
                 problems.append(
-                    f"{where}: {layer.name} is an NVFP4 expert stack: NeMo-RL v0.7.0 "
-                    "re-processes only dense NVFP4 layers after a refit, so its experts would "
-                    "keep their first weights (use NeMo-RL main)"
+                    f"{where}: {layer.name} is an NVFP4 expert stack: NeMo-RL v0.7.0 re-processes only dense NVFP4 "
+                    "layers after a refit, so its experts would keep their first weights (use NeMo-RL main)"
                 )
     return problems
 

@@ -29,10 +29,9 @@ def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
     dtensor = policy_cfg.get("dtensor_cfg") or {}
     if dtensor.get("enabled", False) and quantized:
         raise ValueError(
-            f"policy.quant_cfg={policy_cfg['quant_cfg']!r} is invalid with "
-            "policy.dtensor_cfg.enabled=true: expected policy.megatron_cfg.enabled=true "
-            "(NeMo-RL's DTensor ModelOpt workers raise NotImplementedError; nemo_ais wraps "
-            "the Megatron one) or policy.quant_cfg=null"
+            f"policy.quant_cfg={policy_cfg['quant_cfg']!r} is invalid with policy.dtensor_cfg.enabled=true: expected "
+            "policy.megatron_cfg.enabled=true (NeMo-RL's DTensor ModelOpt workers raise NotImplementedError; nemo_ais "
+            "wraps the Megatron one) or policy.quant_cfg=null"
         )
     if dtensor.get("enabled", False):
         return AIS_WORKER_FQNS[_DTENSOR_V2 if dtensor.get("_v2", False) else _DTENSOR]
@@ -80,9 +79,8 @@ def make_policy_factory(config: dict[str, Any]) -> Callable[..., Any]:
     """
     if get(config, "data_plane.enabled", False):
         raise ValueError(
-            "data_plane.enabled=true (TransferQueue) is not supported with the nemo_ais "
-            "launcher (every arm, loss_fn.ais.mode=none included, trains on the AIS worker); "
-            "set data_plane.enabled=false"
+            "data_plane.enabled=true (TransferQueue) is not supported with the nemo_ais launcher (every arm, "
+            "loss_fn.ais.mode=none included, trains on the AIS worker); set data_plane.enabled=false"
         )
     from nemo_rl.models.policy.lm_policy import Policy
 

@@ -359,9 +359,8 @@ def require_active(policy_generation: Any) -> list[HookStatus]:
     if problems:
         logger.warning("nemo_ais: AIS refit NOT active: %s", "; ".join(problems))
     head = (
-        "ais_fp8_refit (or ais_nvfp4_refit).enabled=true but the AIS refit hook is not active "
-        "in every vLLM worker, which would refit with NeMo-RL's own quantizer (or, NVFP4, not "
-        "at all):"
+        "ais_fp8_refit (or ais_nvfp4_refit).enabled=true but the AIS refit hook is not active in every vLLM worker, "
+        "which would refit with NeMo-RL's own quantizer (or, NVFP4, not at all):"
     )
     raise_engine_problems(head, problems, unreached)
     statuses = [s for group in per_worker for s in group]
@@ -456,15 +455,13 @@ def _configure_problems(
     problems = []
     if _engine(refit_cfg) is not ENGINES["nvfp4"]:
         problems.append(
-            f"{section}.format={refit_cfg.format!r} is invalid: expected nvfp4_w4a16 or "
-            "nvfp4_w4a4 (MXFP8 rollouts refit through NeMo-RL main's own MXFP8 quantizer, the "
-            "same bytes)"
+            f"{section}.format={refit_cfg.format!r} is invalid: expected nvfp4_w4a16 or nvfp4_w4a4 (MXFP8 rollouts "
+            "refit through NeMo-RL main's own MXFP8 quantizer, the same bytes)"
         )
     if get_format(refit_cfg.format).static_input_amax and refit_cfg.input_amax_file is None:
         problems.append(
-            f"{section}.input_amax_file=None is invalid with format nvfp4_w4a4: expected a "
-            "JSON {module or fused group: calibrated input amax} (the refit streams "
-            "input_scale = amax / (6 * 448))"
+            f"{section}.input_amax_file=None is invalid with format nvfp4_w4a4: expected a JSON {{module or fused "
+            "group: calibrated input amax} (the refit streams input_scale = amax / (6 * 448))"
         )
     elif get_format(refit_cfg.format).static_input_amax:
         try:  # here, before Ray: each vLLM worker reads it again when the hook arms
@@ -473,9 +470,8 @@ def _configure_problems(
             problems.append(f"{section}.{err}")
     if generation.get("real_quant") is not True:
         problems.append(
-            f"{section}.enabled=true needs policy.generation.real_quant: true (got "
-            f"{generation.get('real_quant')!r}): it quantizes the refit for NeMo-RL's "
-            "ModelOpt NVFP4 vLLM engine"
+            f"{section}.enabled=true needs policy.generation.real_quant: true (got {generation.get('real_quant')!r}): "
+            "it quantizes the refit for NeMo-RL's ModelOpt NVFP4 vLLM engine"
         )
     fp8 = config.get("ais_fp8_refit")
     if isinstance(fp8, Mapping) and fp8.get("enabled", True):

@@ -324,11 +324,10 @@ def loss_from_prepared(
         index = global_batch_index(data)
     if index is None or not 0 <= index < len(diagnostics):
         raise RuntimeError(
-            f"loss_fn.ais.mode={config.mode!r}: no AIS diagnostics were prepared for this "
-            f"micro-batch (global batch {index}, {len(diagnostics)} prepared). Train through "
-            "the AIS policy workers (launchers/run_grpo_ais.py passes policy_factory), or call "
-            "nemo_ais.nemo_rl.prepare_global_batches(data, loss_fn, ...) on the worker's data "
-            "before its micro-batch loop."
+            f"loss_fn.ais.mode={config.mode!r}: no AIS diagnostics were prepared for this micro-batch (global batch "
+            f"{index}, {len(diagnostics)} prepared). Train through the AIS policy workers (launchers/run_grpo_ais.py "
+            "passes policy_factory), or call nemo_ais.nemo_rl.prepare_global_batches(data, loss_fn, ...) on the "
+            "worker's data before its micro-batch loop."
         )
     x = core_inputs(data)
     if pg.positive_example_nll_weight > 0 and x.rewards is None:

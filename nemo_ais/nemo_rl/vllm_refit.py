@@ -102,10 +102,9 @@ def engine_pairs(
         entry = stream.plan(name, tensor)
         if entry.action == "keep":
             raise ValueError(
-                f"{name}: the vLLM engine holds it in {stream.config.format} but the refit "
-                f"stream would keep it in BF16 ({entry.reason}); align the engine's layers "
-                "kept in BF16 with the refit section (ignore, ignored_layer_kws, "
-                "keep_patterns, num_first/last_layers_in_bf16)"
+                f"{name}: the vLLM engine holds it in {stream.config.format} but the refit stream would keep it in "
+                f"BF16 ({entry.reason}); align the engine's layers kept in BF16 with the refit section (ignore, "
+                "ignored_layer_kws, keep_patterns, num_first/last_layers_in_bf16)"
             )
         yield from stream.push(name, tensor)
     yield from stream.flush()  # expert stacks are not held across chunks

@@ -111,9 +111,8 @@ class Budget:
                 )
         if self.kv_max_len_seqs < 1:
             out.append(
-                f"{self.name}: the vLLM KV cache ({self.kv_cache:.1f} GiB) holds "
-                f"{self.kv_max_len_seqs:.2f} max_model_len sequences, vLLM needs >= 1 "
-                f"(raise gpu_memory_utilization or vLLM TP)"
+                f"{self.name}: the vLLM KV cache ({self.kv_cache:.1f} GiB) holds {self.kv_max_len_seqs:.2f} "
+                "max_model_len sequences, vLLM needs >= 1 (raise gpu_memory_utilization or vLLM TP)"
             )
         return out
 

@@ -89,8 +89,7 @@ class WeightFormatFields(KeepInBf16Fields):
             old = next((k for k in RENAMED_KEYS if k in data), None)
             if old is not None:
                 raise ValueError(
-                    f"{old} was renamed {RENAMED_KEYS[old]} (one name for the simulated "
-                    "engine and the refit): write "
+                    f"{old} was renamed {RENAMED_KEYS[old]} (one name for the simulated engine and the refit): write "
                     f"{RENAMED_KEYS[old]}={data[old]!r}"
                 )
         return data

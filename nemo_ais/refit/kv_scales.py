@@ -54,10 +54,9 @@ _KV_FIELDS: dict[str, tuple[Any, dict[str, float], str]] = {
     "reduction": (
         "percentile_of_amax",
         {},
-        "percentile_of_amax (NeMo-RL's rule): max |x| per observation, then the nearest-rank "
-        "percentile over observations (the max for <= 500 of them at 99.9); "
-        "element_percentile: percentile of |x| over each observation's elements, then the "
-        "max over observations (clips the top (100 - p) % of elements).",
+        "percentile_of_amax (NeMo-RL's rule): max |x| per observation, then the nearest-rank percentile over "
+        "observations (the max for <= 500 of them at 99.9); element_percentile: percentile of |x| over each "
+        "observation's elements, then the max over observations (clips the top (100 - p) % of elements).",
     ),
     "percentile": (99.9, {"gt": 0.0, "le": 100.0}, "p of the rule, in (0, 100] (100 = max)."),
     "margin": (1.05, {"ge": 1.0, "le": 4.0}, "Head-room factor on the percentile amax."),
@@ -294,9 +293,8 @@ class KVScaleCalibrator:
         if bad:
             where = ", ".join(f"layer {i} {kinds[j]}" for i, j in bad[:8])
             raise ValueError(
-                f"KV-scale calibration: non-finite activations in {len(bad)} layer/kind "
-                f"pair(s) ({where}); refusing to send scales derived from NaN/Inf (or from "
-                "values beyond float32's range)"
+                f"KV-scale calibration: non-finite activations in {len(bad)} layer/kind pair(s) ({where}); refusing to "
+                "send scales derived from NaN/Inf (or from values beyond float32's range)"
             )
         missing = (amax[:, cols] < 0).nonzero().tolist()
         if missing:

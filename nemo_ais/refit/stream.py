@@ -155,11 +155,10 @@ def _check_tp_shard(name: str, shape: tuple[int, ...], config: RefitConfig) -> N
             kind, field = ("column" if column else "row"), ("expert_tp_size" if expert else "tp_size")
             kv_hint = proj in ("k_proj", "v_proj") and not config.head_dim
             raise ValueError(
-                f"{name}: shape {list(shape)} with {field}={tp}: {kind}-parallel "
-                f"{'out' if dim == 0 else 'in'} dim {dim} of size {size} gives a per-rank "
-                f"shard of {shard:g}, expected a multiple of the {block} block "
-                f"({config.format} scales blocks of each rank's shard); keep this tensor in "
-                f"BF16 (keep_patterns / ignore) or use another {field}"
+                f"{name}: shape {list(shape)} with {field}={tp}: {kind}-parallel {'out' if dim == 0 else 'in'} dim "
+                f"{dim} of size {size} gives a per-rank shard of {shard:g}, expected a multiple of the {block} block "
+                f"({config.format} scales blocks of each rank's shard); keep this tensor in BF16 (keep_patterns / "
+                f"ignore) or use another {field}"
                 + (" (or set head_dim: vLLM replicates KV heads when tp_size exceeds them)" if kv_hint else "")
             )
 
@@ -170,10 +169,9 @@ def check_siblings(name: str, kept: Callable[[str], str | None]) -> None:
     reasons = {s: reason for s in siblings if (reason := kept(s)) is not None}
     if reasons:
         raise ValueError(
-            f"{name} is quantized but its fused siblings {reasons} are kept in BF16: vLLM "
-            f"loads {list(siblings)} as one layer ({fused_shard_group(name)}), quantized "
-            "or not; make the exclusions (ignore, ignored_layer_kws, keep_patterns) "
-            "cover all of them or none"
+            f"{name} is quantized but its fused siblings {reasons} are kept in BF16: vLLM loads {list(siblings)} as "
+            f"one layer ({fused_shard_group(name)}), quantized or not; make the exclusions (ignore, ignored_layer_kws, "
+            "keep_patterns) cover all of them or none"
         )
 
 
@@ -421,9 +419,8 @@ class RefitStream:
         found = [self.input_amax[k] for k in keys if k in self.input_amax]
         if not found:
             raise ValueError(
-                f"{shards[0]}: {self.config.format} needs the calibrated input amax of one "
-                f"of {keys} (input_amax, or input_amax_file in the refit hook); "
-                "input_scale = amax / (6 * 448)"
+                f"{shards[0]}: {self.config.format} needs the calibrated input amax of one of {keys} (input_amax, or "
+                "input_amax_file in the refit hook); input_scale = amax / (6 * 448)"
             )
         return nvfp4_global_scale(torch.stack(found).amax())
 

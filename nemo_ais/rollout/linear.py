@@ -141,10 +141,9 @@ class QuantExperts(nn.Module):
             or down.shape != (gate_up.shape[0], gate_up.shape[2], gate_up.shape[1] // 2)
         ):
             raise NotImplementedError(
-                f"{name}: unsupported MoE experts layout ({type(experts).__name__}, {odd or ''}"
-                f"gate_up_proj {getattr(gate_up, 'shape', None)}, down_proj "
-                f"{getattr(down, 'shape', None)}); expected gate_up_proj [E, 2I, H] and "
-                "down_proj [E, H, I], concatenated, not transposed, no bias"
+                f"{name}: unsupported MoE experts layout ({type(experts).__name__}, {odd or ''}gate_up_proj "
+                f"{getattr(gate_up, 'shape', None)}, down_proj {getattr(down, 'shape', None)}); expected gate_up_proj "
+                "[E, 2I, H] and down_proj [E, H, I], concatenated, not transposed, no bias"
             )
         self.name = name
         self.num_experts = gate_up.shape[0]

@@ -77,9 +77,8 @@ def quantized_module_names(model: nn.Module, config: RolloutPrecisionConfig) -> 
         bad = [k for k in _in_features(module) if k % k_multiple]
         if bad:
             raise ValueError(
-                f"{name}: in-dim {bad[0]} is not a multiple of {k_multiple}, which format "
-                f"{config.format!r} needs (blocks along the in-dim); keep it unquantized "
-                f"with keep_patterns=[{re.escape(name)!r}]"
+                f"{name}: in-dim {bad[0]} is not a multiple of {k_multiple}, which format {config.format!r} needs "
+                f"(blocks along the in-dim); keep it unquantized with keep_patterns=[{re.escape(name)!r}]"
             )
         names.append(name)
     return names

@@ -132,9 +132,8 @@ class WeightLoader:
                 self.targets[name](tensor.detach())
             else:
                 raise ValueError(
-                    f"sync_weights: unknown tensor name {name!r}, expected a name of the "
-                    f"original model's state_dict (e.g. {next(iter(self.targets))!r}), "
-                    "its '.weight_scale_inv' or a KV-cache scale"
+                    f"sync_weights: unknown tensor name {name!r}, expected a name of the original model's state_dict "
+                    f"(e.g. {next(iter(self.targets))!r}), its '.weight_scale_inv' or a KV-cache scale"
                 )
             n_loaded += 1
         if pending:
@@ -146,9 +145,8 @@ class WeightLoader:
         if groups:
             members, got = next(iter(groups.items()))
             raise ValueError(
-                f"sync_weights: {', '.join(sorted(set(members) - got.keys()))} missing: NVFP4 "
-                f"shards {', '.join(members)} share one global scale (vLLM fuses them), "
-                "expected all of them in the same sync"
+                f"sync_weights: {', '.join(sorted(set(members) - got.keys()))} missing: NVFP4 shards "
+                f"{', '.join(members)} share one global scale (vLLM fuses them), expected all of them in the same sync"
             )
         return n_loaded, kv_sent
 
@@ -160,10 +158,9 @@ def received_kv_scales(sent: dict[tuple[int, str], float], num_layers: int) -> K
     unknown = sorted(f"layer {i} {kind}" for i, kind in sent if i >= num_layers)
     if missing or bad or unknown:
         raise ValueError(
-            f"sync_weights: KV-cache scales incomplete or invalid (missing: "
-            f"{', '.join(missing[:6]) or 'none'}; not > 0: {bad or 'none'}; no such layer: "
-            f"{', '.join(unknown[:6]) or 'none'}), expected a positive k_scale and v_scale for each of "
-            f"the {num_layers} layers"
+            f"sync_weights: KV-cache scales incomplete or invalid (missing: {', '.join(missing[:6]) or 'none'}; not > "
+            f"0: {bad or 'none'}; no such layer: {', '.join(unknown[:6]) or 'none'}), expected a positive k_scale and "
+            f"v_scale for each of the {num_layers} layers"
         )
     scale = torch.ones(num_layers, 3, dtype=torch.float64)
     for (layer, kind), value in sent.items():

@@ -33,8 +33,7 @@ AIS_CONFLICTS: dict[str, Any] = {knob: off for knob, (off, _) in _AIS_CONFLICT_T
 def unknown_ais_sections(loss_fn: Mapping[str, Any]) -> list[str]:
     """``loss_fn`` keys named like ours that are not (a typo NeMo-RL's loss config keeps)."""
     return [
-        f"loss_fn.{key} is not a known section: nemo_ais reads "
-        f"{' and '.join('loss_fn.' + s for s in AIS_SECTIONS)}"
+        f"loss_fn.{key} is not a known section: nemo_ais reads {' and '.join('loss_fn.' + s for s in AIS_SECTIONS)}"
         + "".join(f" (did you mean loss_fn.{m}?)" for m in get_close_matches(key, AIS_SECTIONS, 1))
         for key in loss_fn
         if key.startswith("ais") and key not in AIS_SECTIONS
@@ -59,9 +58,8 @@ def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
             else []
         )
     return [
-        f"loss_fn.{knob}={loss_fn[knob]!r} conflicts with loss_fn.ais.mode={mode!r}: {why} "
-        f"(set loss_fn.{knob}: {'null' if off is None else str(off).lower()}, or "
-        "loss_fn.ais.mode: none to use NeMo-RL's own loss)"
+        f"loss_fn.{knob}={loss_fn[knob]!r} conflicts with loss_fn.ais.mode={mode!r}: {why} (set loss_fn.{knob}: "
+        f"{'null' if off is None else str(off).lower()}, or loss_fn.ais.mode: none to use NeMo-RL's own loss)"
         for knob, (off, why) in _AIS_CONFLICT_TABLE.items()
         if loss_fn.get(knob, off) != off
     ]
@@ -79,11 +77,9 @@ def bypass_kl_in_reward_problems(loss_fn: Mapping[str, Any]) -> list[str]:
     if bypass is not True or not loss_fn.get("use_kl_in_reward", False) or beta == 0:
         return []
     return [
-        f"loss_fn.ais.bypass=true with loss_fn.use_kl_in_reward=true and "
-        f"loss_fn.reference_policy_kl_penalty={beta!r} is invalid: bypass skips the "
-        "prev_logprobs forward (NeMo-RL fills zeros) and the reward's KL term reads "
-        "prev_logprobs, so the advantages would carry the KL of zeros to the reference "
-        "(NeMo-RL main asserts the same; v0.7.0 does not). Set loss_fn.use_kl_in_reward: "
-        "false (the KL term in the loss), loss_fn.reference_policy_kl_penalty: 0, or "
-        "loss_fn.ais.bypass: false"
+        f"loss_fn.ais.bypass=true with loss_fn.use_kl_in_reward=true and loss_fn.reference_policy_kl_penalty={beta!r} "
+        "is invalid: bypass skips the prev_logprobs forward (NeMo-RL fills zeros) and the reward's KL term reads "
+        "prev_logprobs, so the advantages would carry the KL of zeros to the reference (NeMo-RL main asserts the same; "
+        "v0.7.0 does not). Set loss_fn.use_kl_in_reward: false (the KL term in the loss), "
+        "loss_fn.reference_policy_kl_penalty: 0, or loss_fn.ais.bypass: false"
     ]

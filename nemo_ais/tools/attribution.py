@@ -305,14 +305,12 @@ def attribution_markdown(att: Attribution, top: int | None = None) -> str:
     """Two markdown tables (groups, then the ``top`` sources; None: all) with a caption."""
     f = att.full
     head = (
-        f"Rollout precision: {_describe(att.config)}. {att.what + '. ' if att.what else ''}"
-        f"All sources quantized: mean |dlogp| {f.mean_abs_delta:.4f}, gen_kl_error (k3) "
-        f"{f.gen_kl_error:.5f}, token_mult_prob_error {f.token_mult_prob_error:.4f} over "
-        f"{f.n_tok} tokens; nothing quantized: {att.none.mean_abs_delta:.4f}. "
-        "*alone*: only that source quantized; *kept in BF16*: every other source "
-        "quantized; *buys*: all-quantized mean |dlogp| minus kept-in-BF16's (share of the "
-        "all-quantized value). Teacher-forced log-probs against the unquantized model's on "
-        "the same tokens."
+        f"Rollout precision: {_describe(att.config)}. {att.what + '. ' if att.what else ''}All sources quantized: mean "
+        f"|dlogp| {f.mean_abs_delta:.4f}, gen_kl_error (k3) {f.gen_kl_error:.5f}, token_mult_prob_error "
+        f"{f.token_mult_prob_error:.4f} over {f.n_tok} tokens; nothing quantized: {att.none.mean_abs_delta:.4f}. "
+        "*alone*: only that source quantized; *kept in BF16*: every other source quantized; *buys*: all-quantized mean "
+        "|dlogp| minus kept-in-BF16's (share of the all-quantized value). Teacher-forced log-probs against the "
+        "unquantized model's on the same tokens."
     )
     cols = (
         "| {name} | alone: mean abs dlogp | alone: gen_kl_error | alone: token_mult_prob_error "
@@ -322,9 +320,8 @@ def attribution_markdown(att: Attribution, top: int | None = None) -> str:
     def line(r: AttributionRow) -> str:
         share = r.buys / f.mean_abs_delta if f.mean_abs_delta > 0 else 0.0
         return (
-            f"| {r.label} | {r.alone.mean_abs_delta:.4f} | {r.alone.gen_kl_error:.5f} "
-            f"| {r.alone.token_mult_prob_error:.4f} | {r.kept.mean_abs_delta:.4f} "
-            f"| {r.buys:+.4f} ({share:+.0%}) |"
+            f"| {r.label} | {r.alone.mean_abs_delta:.4f} | {r.alone.gen_kl_error:.5f} | "
+            f"{r.alone.token_mult_prob_error:.4f} | {r.kept.mean_abs_delta:.4f} | {r.buys:+.4f} ({share:+.0%}) |"
         )
 
     rows = att.rows if top is None else att.rows[:top]

@@ -144,10 +144,9 @@ def input_amax_modules(model: nn.Module) -> dict[str, nn.Module]:
     fused = [n for n, m in modules.items() if not isinstance(m, nn.Linear)]
     if fused:
         raise ValueError(
-            f"{fused[0]}: a fused MoE experts module ({len(fused)} in the model); "
-            "calibrate-input-amax hooks nn.Linear inputs only (dense models, per-expert "
-            "linears), and the W4A4 refit of fused experts needs an amax per expert "
-            "(...experts.<e>.gate_up_proj) it cannot observe: roll such a model out in nvfp4_w4a16"
+            f"{fused[0]}: a fused MoE experts module ({len(fused)} in the model); calibrate-input-amax hooks nn.Linear "
+            "inputs only (dense models, per-expert linears), and the W4A4 refit of fused experts needs an amax per "
+            "expert (...experts.<e>.gate_up_proj) it cannot observe: roll such a model out in nvfp4_w4a16"
         )
     return modules
 

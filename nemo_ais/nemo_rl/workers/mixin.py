@@ -97,10 +97,9 @@ class AISTrainMixin:
         """
         if hasattr(loss_fn, "attach_diagnostics"):
             raise NotImplementedError(
-                "begin_train_step (NeMo-RL main's split train-step API, driven by "
-                "TransferQueue's TQPolicy when data_plane.enabled=true) is not supported with "
-                "the nemo_ais loss: its per-global-batch prepare step needs the whole global "
-                "batch before the first loss call, and begin_train_step receives no data. Set "
+                "begin_train_step (NeMo-RL main's split train-step API, driven by TransferQueue's TQPolicy when "
+                "data_plane.enabled=true) is not supported with the nemo_ais loss: its per-global-batch prepare step "
+                "needs the whole global batch before the first loss call, and begin_train_step receives no data. Set "
                 "data_plane.enabled=false (train() runs the prepare step)."
             )
         return super().begin_train_step(loss_fn, *args, **kwargs)

@@ -52,10 +52,9 @@ def check_config(
             CheckResult(
                 "sections",
                 "fail",
-                f"{', '.join(missing)} {verb} missing: NeMo-RL's GRPO MasterConfig requires "
-                f"each of {', '.join(MASTER_CONFIG_SECTIONS)} (a full config is a defaults: "
-                "delta on configs/nemo_rl/grpo_ais_base.yaml; an arm mixin holds loss_fn.ais "
-                "and no policy/cluster)",
+                f"{', '.join(missing)} {verb} missing: NeMo-RL's GRPO MasterConfig requires each of "
+                f"{', '.join(MASTER_CONFIG_SECTIONS)} (a full config is a defaults: delta on "
+                "configs/nemo_rl/grpo_ais_base.yaml; an arm mixin holds loss_fn.ais and no policy/cluster)",
             )
         ]
     sizes = size_problems(cfg)  # a mixin may set parallel sizes too

@@ -112,9 +112,8 @@ def _nvfp4_transport_problems(cfg: Mapping[str, Any]) -> list[str]:
     if not get(cfg, _GEN + ".real_quant", False) or transport is None:
         return []
     return [
-        f"{_GEN}.refit_transport={transport!r} with {_GEN}.real_quant=true is invalid: "
-        f"expected null (nemo_ais's NVFP4 refit runs on the default transport; NeMo-RL "
-        "main's nccl_reshard and sparse transports refuse real_quant)"
+        f"{_GEN}.refit_transport={transport!r} with {_GEN}.real_quant=true is invalid: expected null (nemo_ais's NVFP4 "
+        "refit runs on the default transport; NeMo-RL main's nccl_reshard and sparse transports refuse real_quant)"
     ]
 
 
@@ -145,10 +144,9 @@ def _nvfp4_moe_refit_problems(cfg: Mapping[str, Any], version: str) -> list[str]
     if version != "v0.7.0" or not refit or not refit.get("enabled", True) or not is_moe(cfg):
         return []
     return [
-        f"ais_nvfp4_refit with an MoE policy ({get(cfg, 'policy.model_name')!r}) is invalid on "
-        "NeMo-RL v0.7.0: its ModelOpt reload re-processes dense NVFP4 layers only, so the "
-        "experts would keep their first weights after every refit; expected NeMo-RL main, "
-        "or a dense model"
+        f"ais_nvfp4_refit with an MoE policy ({get(cfg, 'policy.model_name')!r}) is invalid on NeMo-RL v0.7.0: its "
+        "ModelOpt reload re-processes dense NVFP4 layers only, so the experts would keep their first weights after "
+        "every refit; expected NeMo-RL main, or a dense model"
     ]
 
 
@@ -163,9 +161,8 @@ def check_rollout_gpu(ctx: Context) -> Verdict | None:
         return Verdict(detail=f"{fmt} runs natively from compute capability {need.min_text}")
     return Verdict(
         warnings=[
-            f"{_selector(ctx.cfg, fmt)} ({fmt}) needs GPUs of compute capability >= "
-            f"{need.min_text} ({need.gpus}); on H100 / H200 (9.0) vLLM runs {need.fallback} "
-            "instead, and the launcher refuses that when the engines start"
+            f"{_selector(ctx.cfg, fmt)} ({fmt}) needs GPUs of compute capability >= {need.min_text} ({need.gpus}); on "
+            f"H100 / H200 (9.0) vLLM runs {need.fallback} instead, and the launcher refuses that when the engines start"
         ]
     )
 
@@ -211,9 +208,8 @@ def _real_quant_problems(ctx: Context) -> list[str]:
     main_may_run = ctx.nemo_rl is None or "nvfp4_w4a4" in ctx.nemo_rl.formats
     if main_may_run and not isinstance(offload, bool):
         problems.append(
-            f"{_GEN}.real_quant_export_cpu_offload={offload!r} is invalid: expected true or "
-            "false (NeMo-RL main's configure_generation_config raises 'must be a boolean'; "
-            "v0.7.0 ignores it)"
+            f"{_GEN}.real_quant_export_cpu_offload={offload!r} is invalid: expected true or false (NeMo-RL main's "
+            "configure_generation_config raises 'must be a boolean'; v0.7.0 ignores it)"
         )
     problems += _nvfp4_transport_problems(ctx.cfg)
     refit = ctx.get("ais_nvfp4_refit")
@@ -222,18 +218,16 @@ def _real_quant_problems(ctx: Context) -> list[str]:
         problems += _nvfp4_refit_problems(ctx.cfg, refit)
     elif not qarl:
         problems.append(
-            f"ais_nvfp4_refit.enabled is {None if refit is None else refit.get('enabled')!r}: "
-            "expected true with a BF16 trainer (NeMo-RL packs NVFP4 only in its ModelOpt QAT "
-            "worker; its BF16 worker streams [out, in] BF16 weights that vLLM's NVFP4 "
-            "parameters, uint8 [out, in/2] + scales, cannot load: nemo_ais's NVFP4 refit "
+            f"ais_nvfp4_refit.enabled is {None if refit is None else refit.get('enabled')!r}: expected true with a "
+            "BF16 trainer (NeMo-RL packs NVFP4 only in its ModelOpt QAT worker; its BF16 worker streams [out, in] BF16 "
+            "weights that vLLM's NVFP4 parameters, uint8 [out, in/2] + scales, cannot load: nemo_ais's NVFP4 refit "
             "quantizes them in the vLLM workers)"
         )
     experts = ctx.shape is not None and ctx.shape.num_experts > 0
     if experts and ctx.layout.vllm_ep > 1:
         problems.append(
-            f"{_VLLM}.expert_parallel_size={ctx.layout.vllm_ep} with {_GEN}.real_quant=true "
-            "is invalid: expected 1 (NeMo-RL main's fused-MoE real-quant refit needs every "
-            "expert on every vLLM rank)"
+            f"{_VLLM}.expert_parallel_size={ctx.layout.vllm_ep} with {_GEN}.real_quant=true is invalid: expected 1 "
+            "(NeMo-RL main's fused-MoE real-quant refit needs every expert on every vLLM rank)"
         )
     return problems
 
@@ -246,17 +240,14 @@ def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> l
     mode = _recipe_mode(quant_cfg)
     if mode is not None and fmt != f"nvfp4_{mode}":
         problems.append(
-            f"ais_nvfp4_refit.format={fmt!r} is invalid with {_GEN}.quant_cfg="
-            f"{quant_cfg!r}: expected 'nvfp4_{mode}' (the refit must "
-            "stream the tensors of the NVFP4 mode vLLM is built in; W4A4 linears also take "
-            "input_scale)"
+            f"ais_nvfp4_refit.format={fmt!r} is invalid with {_GEN}.quant_cfg={quant_cfg!r}: expected 'nvfp4_{mode}' "
+            "(the refit must stream the tensors of the NVFP4 mode vLLM is built in; W4A4 linears also take input_scale)"
         )
     if fmt == "nvfp4_w4a4" and not refit.get("input_amax_file"):
         problems.append(
-            f"ais_nvfp4_refit.input_amax_file={refit.get('input_amax_file')!r} is invalid with "
-            "format 'nvfp4_w4a4': expected a JSON file {module or fused group: calibrated "
-            "input amax} (a BF16 trainer has no input quantizer; the refit streams "
-            "input_scale = amax / (6 * 448))"
+            f"ais_nvfp4_refit.input_amax_file={refit.get('input_amax_file')!r} is invalid with format 'nvfp4_w4a4': "
+            "expected a JSON file {module or fused group: calibrated input amax} (a BF16 trainer has no input "
+            "quantizer; the refit streams input_scale = amax / (6 * 448))"
         )
     return problems
 
@@ -277,9 +268,8 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
             else "which load weights folded by NeMo-RL's QAT worker (policy.quant_cfg)"
         )
         problems.append(
-            f"{_GEN}.quant_cfg={quant_cfg!r} without {_GEN}.real_quant=true selects ModelOpt "
-            f"fake-quant rollouts ({why}): expected {_GEN}.real_quant=true (NVFP4 kernels) "
-            f"or {_GEN}.quant_cfg=null"
+            f"{_GEN}.quant_cfg={quant_cfg!r} without {_GEN}.real_quant=true selects ModelOpt fake-quant rollouts "
+            f"({why}): expected {_GEN}.real_quant=true (NVFP4 kernels) or {_GEN}.quant_cfg=null"
         )
         return Verdict(problems)
     problems += _real_quant_problems(ctx)
@@ -323,10 +313,9 @@ def _qarl_rollout_problems(ctx: Context, quant_cfg: Any) -> list[str]:
     same = str(rollout_cfg or "").removeprefix("./") == str(quant_cfg).removeprefix("./")
     if ctx.get(_GEN + ".real_quant", False) and not same:
         problems.append(
-            f"{_GEN}.quant_cfg={rollout_cfg!r} is invalid with policy.quant_cfg={quant_cfg!r}: "
-            "expected the same recipe (QARL: the rollout runs the trainer's quantization; "
-            "NeMo-RL main raises 'Real-quant refit requires matching policy and generation "
-            "quantization modes')"
+            f"{_GEN}.quant_cfg={rollout_cfg!r} is invalid with policy.quant_cfg={quant_cfg!r}: expected the same "
+            "recipe (QARL: the rollout runs the trainer's quantization; NeMo-RL main raises 'Real-quant refit requires "
+            "matching policy and generation quantization modes')"
         )
     enabled = [s for s in ("ais_nvfp4_refit", "ais_fp8_refit") if section_enabled(ctx.get(s))]
     return problems + [
@@ -352,9 +341,8 @@ def check_qarl_trainer(ctx: Context) -> Verdict | None:
     fusion = ctx.get("policy.megatron_cfg.gradient_accumulation_fusion", True)
     if fusion is not False:
         problems.append(
-            f"policy.megatron_cfg.gradient_accumulation_fusion={fusion!r} is invalid with "
-            "policy.quant_cfg: expected false (NeMo-RL's MegatronQuantPolicyWorker asserts it; "
-            "absent means Megatron-Bridge's default, true)"
+            f"policy.megatron_cfg.gradient_accumulation_fusion={fusion!r} is invalid with policy.quant_cfg: expected "
+            "false (NeMo-RL's MegatronQuantPolicyWorker asserts it; absent means Megatron-Bridge's default, true)"
         )
     problems += _qarl_rollout_problems(ctx, quant_cfg)
     mode = _recipe_mode(quant_cfg)
@@ -493,9 +481,8 @@ def _shard_verdict(ctx: Context, block: int, why: str) -> Verdict:
         checked.append(lin.module)
         if lin.k != int(lin.k) or int(lin.k) % block:
             problems.append(
-                f"{_VLLM}.tensor_parallel_size={lay.vllm_tp}: {lin.module} in = {lin.formula} "
-                f"= {lin.k:g} is not divisible by {block}: expected a multiple of {block} per "
-                f"TP rank ({why})"
+                f"{_VLLM}.tensor_parallel_size={lay.vllm_tp}: {lin.module} in = {lin.formula} = {lin.k:g} is not "
+                f"divisible by {block}: expected a multiple of {block} per TP rank ({why})"
             )
     return Verdict(
         problems, f"{', '.join(checked) or 'no linear'}: input dims at TP={lay.vllm_tp} are multiples of {block}"

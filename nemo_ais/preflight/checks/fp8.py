@@ -50,9 +50,8 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
         # grpo.setup (v0.7.0 and main): `if vllm_cfg["precision"] == "fp8": assert
         # loss_config.use_importance_sampling_correction`
         problems.append(
-            "policy.generation.vllm_cfg.precision='fp8' needs an importance-sampling "
-            f"correction: {NO_CORRECTION_HINT} (NeMo-RL's grpo.setup asserts "
-            "'Importance sampling must be enabled for vLLM FP8 generation')"
+            f"policy.generation.vllm_cfg.precision='fp8' needs an importance-sampling correction: {NO_CORRECTION_HINT} "
+            "(NeMo-RL's grpo.setup asserts 'Importance sampling must be enabled for vLLM FP8 generation')"
         )
     if kv not in _KV_DTYPES:
         problems.append(f"policy.generation.vllm_cfg.kv_cache_dtype={kv!r} is invalid: expected one of {_KV_DTYPES}")
@@ -99,12 +98,11 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
             )
         if n_bf16 and ctx.nemo_rl is not None and ctx.nemo_rl.nests_bf16_layers:
             warnings.append(
-                f"policy.generation.vllm_cfg.num_first_layers_in_bf16 / num_last_layers_in_bf16 "
-                f"on {ctx.nemo_rl.name}: its init_fp8 hands vLLM those layers' names as one "
-                "nested list in ignored_layers (NeMo-RL main flattens it), which vLLM's by-name "
-                "match does not look into, so they are likely quantized anyway; nemo_ais's FP8 "
-                "refit keeps them in BF16 and stops at the first refit naming the layer. Use "
-                "NeMo-RL main, or name the linears in quantization_ignored_layer_kws"
+                f"policy.generation.vllm_cfg.num_first_layers_in_bf16 / num_last_layers_in_bf16 on {ctx.nemo_rl.name}: "
+                "its init_fp8 hands vLLM those layers' names as one nested list in ignored_layers (NeMo-RL main "
+                "flattens it), which vLLM's by-name match does not look into, so they are likely quantized anyway; "
+                "nemo_ais's FP8 refit keeps them in BF16 and stops at the first refit naming the layer. Use NeMo-RL "
+                "main, or name the linears in quantization_ignored_layer_kws"
             )
         if not (vllm.get("use_deep_gemm") or vllm.get("is_mx")):  # MXFP8 never uses DeepGEMM
             warnings.append(

@@ -78,9 +78,8 @@ def check_loss_sections(ctx: Context) -> Verdict:
     nll = loss.get("positive_example_nll_weight") or 0
     if isinstance(nll, int | float) and nll > 0:
         warnings.append(
-            f"loss_fn.positive_example_nll_weight={nll!r} has no effect under GRPO: NeMo-RL's "
-            "GRPO training batch carries no `rewards` (v0.7.0 and main), so the VAPO term is 0 "
-            "in NeMo-RL's own loss and in ours"
+            f"loss_fn.positive_example_nll_weight={nll!r} has no effect under GRPO: NeMo-RL's GRPO training batch "
+            "carries no `rewards` (v0.7.0 and main), so the VAPO term is 0 in NeMo-RL's own loss and in ours"
         )
     return Verdict(problems, f"mode={ais.mode if ais else '?'}, validated", warnings)
 
@@ -105,10 +104,9 @@ def bypass_problems(cfg: Mapping[str, Any]) -> list[str]:
     gbs = get(cfg, "policy.train_global_batch_size")
     if None not in (prompts, generations, gbs) and int(prompts) * int(generations) != int(gbs):
         problems.append(
-            f"loss_fn.ais.bypass=true needs one update per rollout batch: "
-            f"policy.train_global_batch_size={gbs} must equal grpo.num_prompts_per_step * "
-            f"grpo.num_generations_per_prompt = {int(prompts) * int(generations)} (pi_old := mu "
-            "holds only before the first update; NeMo-RL's setup() asserts the same for the "
+            f"loss_fn.ais.bypass=true needs one update per rollout batch: policy.train_global_batch_size={gbs} must "
+            f"equal grpo.num_prompts_per_step * grpo.num_generations_per_prompt = {int(prompts) * int(generations)} "
+            "(pi_old := mu holds only before the first update; NeMo-RL's setup() asserts the same for the "
             "force_on_policy_ratio skip it uses)"
         )
     return problems

@@ -38,21 +38,19 @@ def check_trainer(ctx: Context) -> Verdict:
     warnings = []
     if kind == "fp8":
         warnings.append(
-            f"the trainer computes in {precision}: pi_old comes from the FP8 trainer's "
-            "forward, so ais/*, token_mult_prob_error and alpha measure the FP8 rollout "
-            "against an FP8 trainer, not against the BF16 policy the method assumes "
-            "(docs/method.md), and the trainer's own FP8 error is invisible to them. For a "
+            f"the trainer computes in {precision}: pi_old comes from the FP8 trainer's forward, so ais/*, "
+            "token_mult_prob_error and alpha measure the FP8 rollout against an FP8 trainer, not against the BF16 "
+            "policy the method assumes (docs/method.md), and the trainer's own FP8 error is invisible to them. For a "
             f"BF16 trainer: {_FP8_CFG}.enabled=false (docs/migration.md)"
         )
     if steps > 1:
         warnings.append(
-            f"{steps} optimizer steps per rollout batch (grpo.num_prompts_per_step x "
-            f"grpo.num_generations_per_prompt = {prompts} x {gens} = {rollouts} rollouts / "
-            f"policy.train_global_batch_size={gbs}): global batches 2-{steps} train "
-            "off-policy (pi_theta != pi_old; the PPO ratio clip bounds that lag), while the "
-            "AIS weights and alpha, formed per global batch from pi_old / mu, measure the "
-            "rollout mismatch only, not the lag. For one on-policy step per rollout batch: "
-            f"policy.train_global_batch_size={rollouts} (docs/migration.md)"
+            f"{steps} optimizer steps per rollout batch (grpo.num_prompts_per_step x grpo.num_generations_per_prompt = "
+            f"{prompts} x {gens} = {rollouts} rollouts / policy.train_global_batch_size={gbs}): global batches "
+            f"2-{steps} train off-policy (pi_theta != pi_old; the PPO ratio clip bounds that lag), while the AIS "
+            "weights and alpha, formed per global batch from pi_old / mu, measure the rollout mismatch only, not the "
+            f"lag. For one on-policy step per rollout batch: policy.train_global_batch_size={rollouts} "
+            "(docs/migration.md)"
         )
     policy = "on-policy" if steps == 1 else f"{steps} steps, off-policy after the first"
     return Verdict(

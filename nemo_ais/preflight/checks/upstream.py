@@ -68,17 +68,15 @@ ENTRY_POINT_KEYS: tuple[tuple[str, str, str | None], ...] = (
 def check_entry_point_keys(ctx: Context) -> Verdict:
     """Every key of :data:`ENTRY_POINT_KEYS` whose flag is on is present; no data plane."""
     problems = [
-        f"{key} is missing: NeMo-RL v0.7.0 reads it unguarded ({reader}"
-        f"{f', with {flag}=true' if flag else ''}) and stops with KeyError '{key.rsplit('.', 1)[-1]}'"
-        f" (add it; configs/nemo_rl/grpo_ais_base.yaml has every one)"
+        f"{key} is missing: NeMo-RL v0.7.0 reads it unguarded ({reader}{f', with {flag}=true' if flag else ''}) and "
+        f"stops with KeyError '{key.rsplit('.', 1)[-1]}' (add it; configs/nemo_rl/grpo_ais_base.yaml has every one)"
         for key, reader, flag in ENTRY_POINT_KEYS
         if (flag is None or ctx.get(flag, False)) and not has(ctx.cfg, key)
     ]
     if ctx.get("data_plane.enabled", False):
         problems.append(
-            "data_plane.enabled=true (TransferQueue: TQPolicy + grpo_train_sync) is not "
-            "supported by launchers/run_grpo_ais.py (every arm trains on the AIS worker); "
-            "set data_plane.enabled=false"
+            "data_plane.enabled=true (TransferQueue: TQPolicy + grpo_train_sync) is not supported by "
+            "launchers/run_grpo_ais.py (every arm trains on the AIS worker); set data_plane.enabled=false"
         )
     return Verdict(problems, f"all {len(ENTRY_POINT_KEYS)} upstream lookups present")
 
@@ -91,10 +89,9 @@ def check_checkpointing(ctx: Context) -> Verdict:
     v2 = ctx.get("policy.dtensor_cfg._v2", False)
     if ctx.get("checkpointing.enabled", False) and fmt is not None and not v2:
         problems.append(
-            f"checkpointing.model_save_format={fmt!r} is invalid without "
-            f"policy.dtensor_cfg._v2=true: expected null (NeMo-RL v0.7.0's "
-            f"Policy.save_checkpoint raises at the first save; the Megatron and DTensor v1 "
-            f"workers take no format, torch_save | safetensors are for DTensor v2)"
+            f"checkpointing.model_save_format={fmt!r} is invalid without policy.dtensor_cfg._v2=true: expected null "
+            "(NeMo-RL v0.7.0's Policy.save_checkpoint raises at the first save; the Megatron and DTensor v1 workers "
+            "take no format, torch_save | safetensors are for DTensor v2)"
         )
     return Verdict(problems, f"model_save_format={fmt!r}")
 
@@ -120,9 +117,8 @@ def check_async_grpo(ctx: Context) -> Verdict | None:
     # `vllm_cfg.async_engine`; Megatron's rule differs between the versions (not checked).
     if backend == "vllm" and not ctx.get("policy.generation.vllm_cfg.async_engine", False):
         problems.append(
-            "grpo.async_grpo.enabled=true needs policy.generation.vllm_cfg.async_engine=true "
-            "(NeMo-RL's async_grpo_train asserts 'Async GRPO requires an async vLLM ... "
-            "generation engine')"
+            "grpo.async_grpo.enabled=true needs policy.generation.vllm_cfg.async_engine=true (NeMo-RL's "
+            "async_grpo_train asserts 'Async GRPO requires an async vLLM ... generation engine')"
         )
     elif backend not in ("vllm", "megatron"):
         problems.append(
@@ -131,9 +127,8 @@ def check_async_grpo(ctx: Context) -> Verdict | None:
         )
     if not setup_sees_importance_sampling(ctx.cfg):
         problems.append(
-            f"grpo.async_grpo.enabled=true needs an importance-sampling correction: "
-            f"{NO_CORRECTION_HINT} (NeMo-RL's async_grpo_train asserts 'Importance sampling "
-            "correction must be enabled for async GRPO')"
+            f"grpo.async_grpo.enabled=true needs an importance-sampling correction: {NO_CORRECTION_HINT} (NeMo-RL's "
+            "async_grpo_train asserts 'Importance sampling correction must be enabled for async GRPO')"
         )
     problems += [
         f"{key}=true is not supported with grpo.async_grpo.enabled=true (NeMo-RL's entry "
