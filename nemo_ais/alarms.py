@@ -2,19 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Refit guard: per-step alarms on the rollout-training mismatch, offline and online.
 
-Pure logic, torch-free (no I/O, no module state; imports pydantic and
-:mod:`nemo_ais.config` only): :class:`AlarmMonitor` keeps the recent history of one run
-and :meth:`AlarmMonitor.observe` names every alarm of a step with its evidence.
-``nemo-ais analyze`` calls it once per ``train_data_step{N}.jsonl``; the AIS worker (:mod:`nemo_ais.nemo_rl.workers`)
-once per global batch, logging :func:`alarm_metrics` and (``fail_on_alarm: true``) failing the step with
-:class:`RefitAlarmError`. Ratio direction: l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
+Pure logic, torch-free (no I/O, no module state; imports pydantic and :mod:`nemo_ais.config` only).
+:class:`AlarmMonitor` keeps the recent history of one run and :meth:`AlarmMonitor.observe` names every alarm of a step
+with its evidence. ``nemo-ais analyze`` calls it once per ``train_data_step{N}.jsonl``; the AIS worker
+(:mod:`nemo_ais.nemo_rl.workers`) once per global batch, logging :func:`alarm_metrics` and (``fail_on_alarm: true``)
+failing the step with :class:`RefitAlarmError`. l = log pi_old - log mu (``prev_logprobs - generation_logprobs``).
 
-The alarms (``nonfinite``, ``severity_jump`` / ``tmpe_jump``, ``tail_jump``,
-``kv_scale_position``, ``refit_readback``), their rules and the calibration of the :class:`AlarmConfig` defaults
-(``benchmarks/bench_alarm_calibration.py``) are tabled in docs/analyze.md; a heuristic of this project, not of the AIS
-paper. ``tmpe_jump`` fires only with ``severity_jump``: one outlier token (|l| = 10 among 4096 adds 5.4 to the mean
-exp|l|) is a tail statistic, not a jump of the bulk. ``tail_jump`` needs
-``tail_min_tokens`` valid tokens: below ~5000 the p99.9 is a single-token statistic.
+The alarms (``nonfinite``, ``severity_jump`` / ``tmpe_jump``, ``tail_jump``, ``kv_scale_position``, ``refit_readback``),
+their rules and the calibration of the :class:`AlarmConfig` defaults (``benchmarks/bench_alarm_calibration.py``) are
+tabled in docs/analyze.md; a heuristic of this project, not of the AIS paper. ``tmpe_jump`` fires only with
+``severity_jump``: one outlier token (|l| = 10 among 4096 adds 5.4 to the mean exp|l|) is a tail, not a bulk jump.
 """
 
 from __future__ import annotations
@@ -234,12 +231,10 @@ class AlarmMonitor:
 
         Args:
             step: the step number (for the evidence).
-            diagnostics: :class:`~nemo_ais.core.AISDiagnostics` (or a mapping with the same
-                field names) of the step's global batch.
-            n_nonfinite: valid positions with a NaN / inf log-prob (excluded upstream);
-                ``nonfinite_where``: where the first one is.
-            profile: per-quarter |l| sums of long sequences, or None (no
-                ``kv_scale_position`` check, as online).
+            diagnostics: :class:`~nemo_ais.core.AISDiagnostics` (or a mapping of its fields) of the step's global batch.
+            n_nonfinite: valid positions with a NaN / inf log-prob (excluded upstream).
+            nonfinite_where: where the first one is.
+            profile: per-quarter |l| sums of long sequences, or None (no ``kv_scale_position`` check, as online).
             readback: the step's refit readback, or None (no ``refit_readback`` check).
 
         Returns:

@@ -2,13 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """``nemo-ais``: the command line of the embedded experiment and its tools.
 
-``run`` (GRPO on the embedded task, every arm x seed of a preset or config), ``report``
-(redraw a run's plots and summary), ``analyze`` (replay a NeMo-RL run's step logs,
-docs/analyze.md), ``attribute`` (which quantized source carries the rollout mismatch,
-docs/low_precision.md) and ``calibrate-input-amax`` (the NVFP4 W4A4 refit's input amax file, docs/cluster.md); examples
-in :data:`_EPILOG`. Exit codes: 0 success, 1 a run failed or bad log input, 2 bad config or arguments, 3 ``analyze
---fail-on-alarm`` (or ``alarms.fail_on_alarm=true``) and an alarm fired, 130 interrupted (``run``: checkpoints kept;
-re-run the same command to resume).
+``run`` (GRPO on the embedded task, every arm x seed of a preset or config), ``report`` (redraw a run's plots and
+summary), ``analyze`` (replay a NeMo-RL run's step logs, docs/analyze.md), ``attribute`` (which quantized source
+carries the rollout mismatch, docs/low_precision.md) and ``calibrate-input-amax`` (the NVFP4 W4A4 refit's input amax
+file, docs/cluster.md); examples in :data:`_EPILOG`. Exit codes: 0 success, 1 a run failed or bad log input, 2 bad
+config or arguments, 3 ``analyze --fail-on-alarm`` (or ``alarms.fail_on_alarm=true``) and an alarm fired, 130
+interrupted (``run``: checkpoints kept; re-run the same command to resume).
 """
 
 from __future__ import annotations
@@ -58,11 +57,7 @@ Re-running the same command resumes an interrupted run from its last checkpoints
 
 
 def version_string() -> str:
-    """``nemo-ais <version> from <package dir> (python <X.Y>)``, like ``pip --version``.
-
-    The version is the installed distribution's (``importlib.metadata``); a source tree
-    that was never installed falls back to ``nemo_ais.__version__``.
-    """
+    """``nemo-ais <version> from <package dir> (python <X.Y>)`` as ``pip --version``; uninstalled: ``__version__``."""
     from importlib import metadata
 
     import nemo_ais
@@ -114,8 +109,7 @@ _PRESET_HELP = (
 _FLAG = {"action": "store_true"}
 _OVERRIDES = {"nargs": "*", "metavar": "key=value"}
 _PATH = {"type": Path}  # argparse's default: None
-# Each subcommand: (help, description, {flag: add_argument keywords}); flags in a tuple are
-# mutually exclusive. The parser is built from this table by build_parser.
+# Each subcommand: (help, description, {flag: add_argument keywords}); flags in a tuple are mutually exclusive.
 _SUBCOMMANDS: dict[str, tuple[str, str | None, dict[Any, Any]]] = {
     "run": (
         "Run the four-arm GRPO experiment (BF16, FP8 none/TIS/AIS) x seeds.",

@@ -55,8 +55,7 @@ def _cap(description: str) -> Any:
 class CorrectionConfig(_ModeSections):
     """The ``loss_fn.ais`` section: correction mode and AIS mixer constants.
 
-    The modes' weights and knobs are tabled in docs/method.md; knobs shared by several
-    modes, the diagnostics and the mixer stay flat.
+    The modes are tabled in docs/method.md; knobs shared by several modes, the diagnostics and the mixer stay flat.
     """
 
     moved_keys: ClassVar[Mapping[str, str]] = _MOVED_KEYS
@@ -207,11 +206,7 @@ class PGLossConfig(Section):
 
 
 def surrogate_conflicts(config: CorrectionConfig, pg: PGLossConfig) -> list[str]:
-    """One message per ``pg`` surrogate option that ``config.mode``'s own surrogate excludes.
-
-    The mode record's ``surrogate_conflicts``, in field order: ``loss_fn.<field>=True is
-    invalid with loss_fn.ais.mode='tbpo': expected False (why)``.
-    """
+    """One message per ``pg`` option that ``config.mode``'s own surrogate excludes (``surrogate_conflicts``)."""
     return [
         f"loss_fn.{field}=True is invalid with loss_fn.ais.mode={config.mode!r}: expected False ({why})"
         for field, why in MODES[config.mode].surrogate_conflicts.items()
@@ -222,9 +217,8 @@ def surrogate_conflicts(config: CorrectionConfig, pg: PGLossConfig) -> list[str]
 def pg_loss_section(loss_fn: Mapping[str, Any]) -> PGLossConfig:
     """:class:`PGLossConfig` of a NeMo-RL ``loss_fn`` section (other keys, ``ais`` included, ignored).
 
-    An absent field takes ``PGLossConfig``'s default. ``use_kl_in_reward: true`` moves the KL
-    into the reward, so ``reference_policy_kl_penalty`` is 0, as in NeMo-RL's
-    ``ClippedPGLossFn``. Raises ``ValueError`` naming ``loss_fn.<field>``.
+    An absent field takes ``PGLossConfig``'s default; ``use_kl_in_reward: true`` sets ``reference_policy_kl_penalty``
+    to 0 (KL in the reward, as in NeMo-RL's ``ClippedPGLossFn``). Raises ``ValueError`` naming ``loss_fn.<field>``.
     """
     fields = {k: loss_fn[k] for k in PGLossConfig.model_fields if k in loss_fn}
     if loss_fn.get("use_kl_in_reward", False):

@@ -1,10 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""The shared look of the PNG plots of ``nemo-ais report`` and ``nemo-ais analyze``.
-
-Every series has its own colour, marker and line style, so series that coincide (two arms
-that train identically) stay visible as distinct markers on one line.
-"""
+"""The shared look of the PNG plots of ``nemo-ais report`` and ``nemo-ais analyze``."""
 
 from __future__ import annotations
 
@@ -21,9 +17,9 @@ _MARKS_PER_LINE = 12
 def series_style(index: int, num_points: int) -> dict[str, Any]:
     """``plot()`` keywords of series ``index``: colour, marker, line style, marker spacing.
 
-    (marker, line style) pairs are distinct for the first ``8 * 4`` series. Markers are
-    hollow, thinned to about 12 per line and shifted by the index, so where lines coincide
-    each series' marker still shows (nested outlines, or side by side).
+    Every series has its own colour, marker and line style; (marker, line style) pairs are distinct for the first
+    ``8 * 4`` series. Markers are hollow, thinned to about 12 per line and shifted by the index, so where series
+    coincide (two arms that train identically) each one's marker still shows (nested outlines, or side by side).
     """
     every = max(1, num_points // _MARKS_PER_LINE)
     return {

@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The machinery of every config section: the strict base model and its errors at a boundary.
 
-A leaf module (pydantic and the standard library only). :func:`validate_section` turns
-pydantic's error into a ``ValueError`` naming the field path, the value, the allowed range
-and a hint (``loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)``);
-:func:`require_config` makes a plain dict passed for a config object a ``TypeError``.
+A leaf module (pydantic and the standard library only). :func:`validate_section` turns pydantic's error into a
+``ValueError`` naming the field path, value, allowed range and a hint; :func:`require_config` refuses a plain dict
+passed for a config object with a ``TypeError``.
 """
 
 from __future__ import annotations
@@ -58,8 +57,8 @@ _M = TypeVar("_M", bound=BaseModel)
 def validate_section(model: type[_M], data: Any, path: str) -> _M:
     """Validate ``data`` (a mapping, None or an instance) as ``model``.
 
-    On failure one ``ValueError``, a line per problem: ``<path>.field=value is invalid:
-    reason (hint)``, ``path`` being the section's dotted prefix (``"loss_fn.ais"``).
+    On failure one ``ValueError``, a line per problem: ``<path>.field=value is invalid: reason (hint)``, ``path`` being
+    the section's dotted prefix (e.g. ``loss_fn.ais.weight_cap=0.8 is invalid: expected > 1.0 (C caps rho; ...)``).
     """
     if isinstance(data, model):
         return data
@@ -112,10 +111,7 @@ def _format_errors(model: type[BaseModel], err: ValidationError, path: str) -> s
 def config_type_error(
     value: object, expected: type[BaseModel], where: str, *, optional: bool = False
 ) -> TypeError | None:
-    """The ``TypeError`` :func:`require_config` raises for ``value``, or None if it is fine.
-
-    For callers that must not raise at once (every rank of a distributed call raises together).
-    """
+    """The ``TypeError`` :func:`require_config` raises for ``value`` (None if fine), for callers that raise later."""
     if isinstance(value, expected) or (optional and value is None):
         return None
     name = expected.__name__

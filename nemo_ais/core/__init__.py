@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The AIS method: weights, statistics, diagnostics, mixer and the clipped GRPO loss.
 
-Pure torch (torch, the stdlib, :mod:`nemo_ais.config`, :mod:`nemo_ais.modes`); rho =
-pi_old / mu everywhere; [reconstruction] formulas: ``docs/method.md``.
+Pure torch (torch, the stdlib, :mod:`nemo_ais.config`, :mod:`nemo_ais.modes`); rho = pi_old / mu everywhere;
+[reconstruction] formulas: ``docs/method.md``.
 """
 
 from nemo_ais.config import CorrectionConfig

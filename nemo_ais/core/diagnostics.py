@@ -14,22 +14,19 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; rho = pi_old / mu; sums
 5. mixer          alpha_raw = g_sev * g_rel * g_var (product) or constant_alpha (constant)
 6. EMA + clamp    alpha_t = clamp(beta * alpha_{t-1} + (1 - beta) * alpha_raw, alpha_min,
                   alpha_max), beta = ``ema``; the first update takes alpha_raw.
-7. other modes    from the same vector (the mode's record, :mod:`nemo_ais.modes`):
-                  w_bar = sum w_hat / n_w (batch_normalize; ais: (1 - alpha) + alpha w_mean);
-                  the mode's batch statistic (m2po's q*); mode_frac_masked, mode_frac_capped,
-                  mode_ess = (sum w_hat)^2 / (n_w sum w_hat^2)
-8. tails          from the |l| and sequence-k3 histograms (bins a factor 2 wide, lower edges):
-                  abs_log_ratio_p999, abs_log_ratio_peak, seq_kl_peak
+7. other modes    from the same vector (the mode's record, :mod:`nemo_ais.modes`): the mode's batch statistic
+                  (m2po's q*); w_bar = sum w_hat / n_w (batch_normalize; ais: (1 - alpha) + alpha w_mean);
+                  mode_frac_masked, mode_frac_capped, mode_ess = (sum w_hat)^2 / (n_w sum w_hat^2)
+8. tails          abs_log_ratio_p999, abs_log_ratio_peak, seq_kl_peak from the |l| and k3_i histograms (lower bin edges)
 
 Also: KL(mu || pi_old) k1 = mean(-l), k3 = mean(exp(l) - 1 - l); w_mean, frac_capped,
 token_mult_prob_error = mean exp|l|, raw_ratio_mean = mean exp(l).
 
-The reduced float64 vector is read to the host ONCE and every formula runs in Python
-floats, so alpha is bit-identical on every rank. A rank with bad input still joins the
-all-reduce with flags set; every rank then takes the failure path together (one
-``all_gather_object`` of the error texts) and raises the same ``ValueError`` naming each
-bad rank. An empty global batch gives alpha = 0, empty_batch = 1 and finite neutral values
-(R = 1, D = 0, w_mean = 1, ...); the EMA value is kept, its counter advances.
+The reduced float64 vector is read to the host ONCE and every formula runs in Python floats, so alpha is bit-identical
+on every rank. A rank with bad input still joins the all-reduce with flags set; every rank then takes the failure path
+together (one ``all_gather_object`` of the error texts) and raises the same ``ValueError`` naming each bad rank. An
+empty global batch gives alpha = 0, empty_batch = 1 and finite neutral values (R = 1, D = 0, w_mean = 1, ...); the EMA
+value is kept, its counter advances.
 """
 
 from __future__ import annotations
@@ -94,8 +91,7 @@ class AISDiagnostics:
     abs_log_ratio_p999: float = 0.0  # the 99.9th percentile of |l| over valid tokens
     abs_log_ratio_peak: float = 0.0  # max |l| over valid tokens
     seq_kl_peak: float = 0.0  # max over sequences of k3_i, the sequence's mean k3
-    # the modes' own global-batch values (m2po's q*, ``BatchValue``), each read as an attribute;
-    # read-only (a private copy, left out of the hash)
+    # the modes' own global-batch values (``BatchValue``: m2po's q*), read as attributes; a read-only copy, unhashed
     mode_values: Mapping[str, float] = field(default_factory=lambda: _MODE_VALUES_OFF, hash=False)
 
     def __post_init__(self) -> None:
@@ -365,7 +361,7 @@ def diagnostics_from_stats(
         state: EMA state; advanced once (an empty batch keeps its alpha).
 
     Raises:
-        ValueError: the statistics flag bad input (the same summary on every rank).
+        ValueError: a vector of the wrong length for ``config``, or flagged bad input (the same summary on every rank).
         TypeError: ``config`` is not a :class:`~nemo_ais.config.CorrectionConfig`.
     """
     require_config(config, CorrectionConfig, "diagnostics_from_stats(config)")

@@ -23,25 +23,23 @@ weight, the rest follows NeMo-RL v0.7.0's ``ClippedPGLossFn``):
                 s_i = exp(clamp(mean_t log r_it, -L, L));
                 A >= 0: max(-A s_i, -A clip(s_i, 1 - clip_low, 1 + clip_high));
                 A < 0: -A clip(s_i, 1 - neg_clip_low, 1 + neg_clip_high); w_hat = min(rho_geo, C_s)
-5. KL penalty   x = clamp(log pi_ref - log pi_theta_kl, +-kl_input_clamp_value), pi_theta_kl =
-                kl_logprobs (NeMo-RL's curr_logprobs_unfiltered) or pi_theta;
-                k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x;
+5. KL penalty   x = clamp(log pi_ref - log pi_theta_kl, +-kl_input_clamp_value), pi_theta_kl = kl_logprobs (NeMo-RL's
+                curr_logprobs_unfiltered) or pi_theta; k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x;
                 kl_it = beta_kl * clamp(s_it * k(x), +-kl_output_clamp_value), not times w_hat;
                 s_it = exp(log pi_theta_kl - sg(.)) (value 1, score-function gradient), or with
                 use_on_policy_kl_approximation nan_to_num(exp(log pi_theta_kl - log mu))
-6. reduce       L = sum_it c_it (w_hat clip_loss + kl) + mu_nll L_nll;
-                c_it = m_it / N_tok (token level) or m_it / (n_i N_seq) (sequence level);
-                N_* = global_valid_tokens / _seqs (None: this batch's; NeMo-RL main's
-                placeholder 1 refused when the weight needs a global-batch statistic);
+6. reduce       L = sum_it c_it (w_hat clip_loss + kl) + mu_nll L_nll, c_it = m_it / N_tok (token level) or
+                m_it / (n_i N_seq) (sequence level); N_* = global_valid_tokens / _seqs (None: this batch's; NeMo-RL
+                main's placeholder 1 refused when the weight needs a global-batch statistic);
                 VAPO: L_nll = sum -p_it log pi_theta / clamp_min(sum p_it, 1), p = m [reward > 0]
 7. metrics      summable form (:mod:`nemo_ais.core.metrics`); ``rollout_metrics=True`` adds
                 ``mismatch/*`` (:mod:`nemo_ais.core.mismatch`)
 
 Steps 4-6 follow CleanRL's ``ppo.py`` (autograd forms the gradient; ``tests/hand_gradient.py`` derives it by hand) with
 NeMo-RL's ``max`` / ``min`` / ``clamp`` / ``where``, so ties get upstream's gradient. Besides the AIS weight, the
-departures from NeMo-RL (v0.7.0 and main) are numerical guards: the clamp L, no + 1e-8 in denominators, clamp_min(count,
-1) for the NLL count, a zero (not NaN) gradient where the on-policy KL weight overflows. alpha = 0 is mode ``none``,
-alpha = 1 mode ``tis``; no valid token: loss 0, finite metrics.
+departures from NeMo-RL (v0.7.0 and main) are numerical guards: the clamp L, no + 1e-8 in denominators,
+clamp_min(count, 1) for the NLL count, a zero (not NaN) gradient where the on-policy KL weight overflows. alpha = 0 is
+mode ``none``, alpha = 1 mode ``tis``; no valid token: loss 0, finite metrics.
 """
 
 from __future__ import annotations
@@ -130,8 +128,8 @@ def _check_advantages(advantages, prev: torch.Tensor) -> None:
 def _inputs(theta, old, rollout, ref, adv, m: torch.Tensor, kl_theta, on_policy_kl) -> LossInputs:
     """Step 1b: the differences the loss needs, upcast; only log pi_theta (and _kl) keep a graph.
 
-    A, l and the coefficients are 0 where m = 0; log r and the KL input are not masked but
-    finite there, so the clamps keep exp() finite and c = 0 removes them.
+    A, l and the coefficients are 0 where m = 0; log r and the KL input are not masked but finite there, so the clamps
+    keep exp() finite and c = 0 removes them.
     """
     dtype = m.dtype
     theta = theta.to(dtype)
@@ -175,9 +173,9 @@ def _global_batch_need(config: CorrectionConfig) -> str | None:
 def _check_values(named, mask, advantages, x: LossInputs, global_tok, global_seq, need: str | None) -> _Counts:
     """Step 1b: ONE fused host sync; the error paths name the input, count and first index.
 
-    ``nan_to_num(v - v, nan=-1)`` is -1 where a term is NaN / inf: its sum counts bad terms
-    anywhere (``clean=False``: zero them by ``where``), its masked sum at valid positions (raise).
-    ``need``: the mode's global-batch statistic (refuses NeMo-RL main's placeholder count 1).
+    ``nan_to_num(v - v, nan=-1)`` is -1 where a term is NaN / inf: its sum counts bad terms anywhere (``clean=False``:
+    zero them by ``where``), its masked sum those at valid positions (raise). ``need``: why the weight needs a
+    global-batch statistic (refuses NeMo-RL main's placeholder count 1).
     """
     terms = [t.detach() for t in (x.log_r, x.log_rho, x.log_q, x.adv) if t is not None]
     v = terms[0] + terms[1]
@@ -186,14 +184,13 @@ def _check_values(named, mask, advantages, x: LossInputs, global_tok, global_seq
     bad = v.sub_(v).nan_to_num_(nan=-1.0)  # in place: v is ours
     n_tok_local = x.m.sum()
     checks = [bad.sum(), bad.mul_(x.m).sum(), n_tok_local, (x.m.sum(dim=-1) > 0).sum()]
-    # masks not in {0, 1}: m (1 - m) is 0 exactly at 0 and 1, on the caller's values (a
-    # float64 mask cast to float32 rounds 1e-60 to 0; sums of m^2 and m round it away)
+    # masks not in {0, 1}: m (1 - m) is 0 exactly at 0 and 1, on the caller's values (a float64 mask cast to float32
+    # rounds 1e-60 to 0; sums of m^2 and m round it away)
     wide = mask.is_floating_point() and mask.dtype != x.m.dtype
     flat = mask if wide else x.m
     checks.append(torch.count_nonzero(flat * (1 - flat)))
     given = [_given(global_tok, "global_valid_tokens"), _given(global_seq, "global_valid_seqs")]
-    # one vector by type promotion (float32 holds every count exactly up to 2^24; a
-    # float64 input promotes it all to float64), one read
+    # one vector, one read; float32 holds every count exactly up to 2^24, a float64 input promotes it all to float64
     tensors = [g for g in given if isinstance(g, torch.Tensor)]
     values = torch.cat([c.reshape(1).to(x.m.device) for c in checks + tensors]).tolist()
     bad_any, bad_valid, n_tok_local, n_seq_local, n_bad_mask, *read = values
@@ -248,10 +245,7 @@ def _coefficients(m: torch.Tensor, counts: _Counts, token_level: bool) -> torch.
 
 
 def _positive_nll(x: LossInputs, rewards: torch.Tensor) -> torch.Tensor:
-    """Step 6b: NeMo-RL's VAPO term, mean -log pi_theta over this call's rows with reward > 0.
-
-    clamp_min(count, 1) gives 0 (not NaN) without a positive row, with no host sync.
-    """
+    """Step 6b: NeMo-RL's VAPO term, mean -log pi_theta over this call's rows with reward > 0 (0, not NaN, if none)."""
     positive = x.m * (rewards.detach() > 0).to(x.m.dtype).unsqueeze(-1)
     return -(x.logp_theta * positive).sum() / positive.sum().clamp_min(1)
 
@@ -312,11 +306,10 @@ def clipped_pg_loss(
         mask: ``[B, T]`` bool or float in {0, 1}: token_mask x sample_mask.
         pg: clipped-surrogate knobs (None: ``PGLossConfig()``, no KL term).
         reference_logprobs: ``[B, T]`` log pi_ref, required when the KL penalty is > 0.
-        kl_logprobs: ``[B, T]`` log pi_theta of the KL term (NeMo-RL's
-            ``curr_logprobs_unfiltered``); None: ``curr_logprobs``.
+        kl_logprobs: ``[B, T]`` KL-term log pi_theta (NeMo-RL's ``curr_logprobs_unfiltered``); None: ``curr_logprobs``.
         rewards: ``[B]``, required when ``pg.positive_example_nll_weight > 0``.
-        diagnostics: precomputed for the global batch; None with mode ``ais`` computes them on
-            this batch with ``group`` / ``state`` (one all-reduce).
+        diagnostics: precomputed for the global batch; None: computed on this batch with ``group`` / ``state`` (one
+            all-reduce) when the weight needs a global-batch value (alpha, m2po's q*, w_norm).
         group: data-parallel group for that computation (None: single process).
         state: EMA state of alpha for that computation.
         global_valid_tokens: N_tok (NeMo-RL's ``global_valid_toks``); None: this batch's count.
@@ -328,11 +321,10 @@ def clipped_pg_loss(
         grad; metrics as in :mod:`nemo_ais.core.metrics` (+ ``positive_nll_loss`` with VAPO).
 
     Raises:
-        TypeError, ValueError: naming the tensor or argument, what arrived and what was
-            expected (count and first index for bad values); with ``group`` one agreed ``ValueError`` on every rank.
-            Normalisers NaN, inf or below this batch's count (placeholder 1 when the mode needs a global statistic);
-            ``config`` / ``pg`` of the wrong type; tbpo with ``disable_ppo_ratio``, ``use_cispo``, GSPO or a
-            token-level loss; bad
+        TypeError, ValueError: naming the tensor or argument, what arrived and what was expected (count and first
+            index for bad values); with ``group`` one agreed ``ValueError`` on every rank. Also: normalisers NaN, inf
+            or below this batch's count (placeholder 1 when the mode needs a global statistic); ``config`` / ``pg``
+            of the wrong type; tbpo with ``disable_ppo_ratio``, ``use_cispo``, GSPO or a token-level loss; bad
             ``rewards`` with VAPO.
     """
     require_config(config, CorrectionConfig, "clipped_pg_loss(config)")

@@ -2,18 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Telemetry of :func:`~nemo_ais.core.loss.clipped_pg_loss` in NeMo-RL's *summable* form.
 
-rho = pi_old / mu; the diagnostic formulas are a **[reconstruction]** (``docs/method.md``).
-NeMo-RL SUMS every metric over micro-batches and data-parallel ranks, so each value is
-emitted already divided by the GLOBAL normaliser:
+rho = pi_old / mu; the diagnostic formulas are a **[reconstruction]** (``docs/method.md``). NeMo-RL SUMS every metric
+over micro-batches and data-parallel ranks, so each value is emitted already divided by the GLOBAL normaliser:
 
-* TOKENS:    ``sum_local(x * m) / global_valid_tokens``; a global scalar s as
-  ``s * local_valid_toks / global_valid_toks``.
+* TOKENS:    ``sum_local(x * m) / global_valid_tokens``; global scalar s: ``s * local_valid_toks / global_valid_toks``.
 * SEQUENCES: ``sum_local(x_i) / global_valid_seqs``.
 * NONE:      a count, summed as is.
 * LOSS:      TOKENS if ``token_level_loss`` else SEQUENCES.
 
-An empty global batch emits 0 everywhere but ``ais/empty_batch`` = 1. :data:`METRICS`
-is the one table; ``docs/metrics.md`` mirrors it (a test checks both).
+An empty global batch emits 0 everywhere but ``ais/empty_batch`` = 1. :data:`METRICS` is the one table;
+``docs/metrics.md`` mirrors it (a test checks both).
 """
 
 from __future__ import annotations

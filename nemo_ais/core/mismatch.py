@@ -2,8 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Step 7b of the loss: the rollout-mismatch metrics of one call, in the summable form.
 
-Per valid token (rho = pi_old / mu, l = log rho, r = pi_theta / pi_old; k the
-``reference_policy_kl_type`` estimator):
+Per valid token (rho = pi_old / mu, l = log rho, r = pi_theta / pi_old; k the ``reference_policy_kl_type`` estimator):
 
 ==================================== ===================================================
 key                                  value
@@ -17,9 +16,8 @@ key                                  value
 ``mismatch/ratio_clamped_min/_max``  min / max of clip(r) over valid tokens
 ==================================== ===================================================
 
-These are ``ClippedPGLossFn``'s metrics (the adapter renames them,
-:data:`nemo_ais.nemo_rl.seam.NEMO_RL_MISMATCH_NAMES`), except that every exponent is
-clamped at ``log_ratio_clamp`` so each is finite whenever the loss is.
+They are ``ClippedPGLossFn``'s metrics (the adapter renames them, :data:`nemo_ais.nemo_rl.seam.NEMO_RL_MISMATCH_NAMES`),
+except that every exponent is clamped at ``log_ratio_clamp`` so each is finite whenever the loss is.
 """
 
 from __future__ import annotations

@@ -11,15 +11,14 @@ Algorithm box (**[reconstruction]** of arXiv 2605.13907; rho = pi_old / mu):
 3. Token sums over valid tokens, w_it = min(exp l_it, C) (the weight tis and ais apply):
        n_tok, sum |l|, sum l, sum l^c, n_capped = #{l > log C},
        sum (w - 1), sum (w - 1)^2, sum expm1(l^c), sum expm1(|l^c|)
-   Every summand vanishes at l = 0 (masked positions drop out without a multiply, and the
-   small differences CV^2 and k3 keep float64 precision).
-4. Bad-input flags (non-finite l at a valid position, mask not in {0, 1}, a structural
-   error of a kind), so every rank raises together after step 5;
-   :meth:`AISStats.from_input_error` is a bad rank's vector.
-4b. the mode's own sums (``mode_stats``, or batch_normalize without a closed form): n,
-   sum w, sum w^2, #{w = 0}, #{w = C_seq} (over sequences for a ``seq_level`` mode).
-4c. two log-spaced tail histograms (factor-2 bins from 2^-14 to 256): |l| over tokens and
-   k3_i = mean_t (expm1(l^c) - l^c) over sequences; a SUM gives global quantiles to a bin.
+   Every summand vanishes at l = 0 (masked positions drop out without a multiply, and the small differences CV^2 and
+   k3 keep float64 precision).
+4. Bad-input flags (non-finite l at a valid position, mask not in {0, 1}, a structural error of a kind), so every rank
+   raises together after step 5; :meth:`AISStats.from_input_error` is a bad rank's vector.
+4b. the mode's own sums (``mode_stats``, or batch_normalize without a closed form; over sequences for a ``seq_level``
+   mode): n, sum w, sum w^2, #{w = 0}, #{w = C_seq}.
+4c. two log-spaced tail histograms (factor-2 bins from 2^-14 to 256), |l| over tokens and the sequences'
+   k3_i = mean_t (expm1(l^c) - l^c); a SUM gives global quantiles to a bin.
 4d. the mode's ``batch_statistic`` slots (m2po's histogram of (l^c)^2), appended.
 5. ONE ``all_reduce(SUM)`` over ``group`` (``NUM_SLOTS`` float64 = ``STATS_BYTES``).
 
@@ -75,11 +74,9 @@ BAD_INPUT_SLOTS = (
     Slot.N_BAD_DTYPE,
     Slot.N_BAD_SHAPE,
 )
-# Structural error type -> its flag (KeyError: missing key; TypeError: type or dtype;
-# ValueError: shape, rank or device), checked in this order.
+# Structural error type -> its flag, first match wins; a ValueError (or any other type) flags a shape, rank or device
 _ERROR_KIND_SLOTS = ((KeyError, Slot.N_MISSING_KEY), (TypeError, Slot.N_BAD_DTYPE), (ValueError, Slot.N_BAD_SHAPE))
-# tails: two histograms of TAIL_BINS counts after the Slot scalars; bin 0 = [0, TAIL_Q0),
-# bin b = [TAIL_Q0 2^(b-1), TAIL_Q0 2^b), the last open above 256
+# tails: two histograms of TAIL_BINS counts after the Slot scalars; bin b >= 1 is [TAIL_Q0 2^(b-1), TAIL_Q0 2^b)
 TAIL_BINS = 24
 TAIL_Q0 = 2.0**-14
 TAIL_QUANTILE = 0.999  # ais/abs_log_ratio_p999: the quantile read from the |l| histogram
@@ -163,9 +160,8 @@ class AISStats:
     ) -> AISStats:
         """Step 4 for a rank whose input failed a check: zeros plus its flags.
 
-        ``error``: ``KeyError`` (missing key), ``TypeError`` (type or dtype),
-        :class:`~nemo_ais.core.validation.BadValuesError` (its count) or other (shape);
-        ``size``: :func:`num_slots` of the config; ``device``: the reduction device (None: CPU).
+        ``error``: a :class:`~nemo_ais.core.validation.BadValuesError` adds its count, another error its kind's flag
+        (``_ERROR_KIND_SLOTS``); ``size``: :func:`num_slots` of the config; ``device``: reduction device (None: CPU).
         """
         vector = torch.zeros(size, dtype=STATS_DTYPE, device=device)
         vector[Slot.N_BAD_RANKS] = 1

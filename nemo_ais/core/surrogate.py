@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Steps 4-5 of the loss (:mod:`nemo_ais.core.loss`): the clipped surrogate by mode, and the KL.
 
-Step 4 is the record's ``surrogate``: NeMo-RL's token PPO clip (GSPO, CISPO, dual clip,
-REINFORCE) or tbpo's sequence-ratio trust band **[reconstruction]** of QaRL (arXiv
-2604.07853). Step 5 is NeMo-RL's ``calculate_kl`` times its importance weight.
+Step 4 is the record's ``surrogate``: NeMo-RL's token PPO clip (GSPO, CISPO, dual clip, REINFORCE) or tbpo's
+sequence-ratio trust band **[reconstruction]** of QaRL (arXiv 2604.07853). Step 5 is NeMo-RL's ``calculate_kl`` times
+its importance weight.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from nemo_ais.config import CorrectionConfig, PGLossConfig
 
 
 class LossInputs(NamedTuple):
-    """Step-1 inputs in the compute dtype, detached, every term 0 where m = 0."""
+    """Step-1 inputs in the compute dtype; detached and 0 where m = 0 unless the field's comment says otherwise."""
 
-    logp_theta: torch.Tensor  # log pi_theta (with its graph)
+    logp_theta: torch.Tensor  # log pi_theta (with its graph; not masked)
     log_r: torch.Tensor  # log pi_theta - log pi_old (with graph; not masked)
     log_rho: torch.Tensor  # l = log pi_old - log mu
     log_q: torch.Tensor | None  # log pi_ref - log pi_theta_kl (KL on; with graph; not masked)
@@ -70,10 +70,7 @@ def token_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -
 
 
 def tbpo_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -> Surrogate:
-    """Step 4, mode tbpo: the trust band of the loss's box ``[B, T]`` **[reconstruction]**.
-
-    No gradient outside the band.
-    """
+    """Step 4, mode tbpo: the trust band of the loss's box ``[B, T]``, no gradient outside it **[reconstruction]**."""
     s = sequence_log_ratio(x, config.log_ratio_clamp).exp().expand_as(x.m)
     band = config.tbpo
     s_pos = s.clamp(1 - band.clip_low, 1 + band.clip_high)
@@ -107,8 +104,8 @@ def _on_policy_kl_weight(log_w: torch.Tensor) -> torch.Tensor:
 def kl_penalty(x: LossInputs, pg: PGLossConfig, m: torch.Tensor) -> torch.Tensor:
     """Step 5: per-token clamp(s k(x), +-out) ``[B, T]`` (times beta in step 6).
 
-    x = clamp(log pi_ref - log pi_theta_kl); s = nan_to_num(exp(log pi_theta_kl - log mu))
-    with ``use_on_policy_kl_approximation``, else exp(log pi_theta_kl - sg(.)), written as
+    x = clamp(log pi_ref - log pi_theta_kl); s = nan_to_num(exp(log pi_theta_kl - log mu)) with
+    ``use_on_policy_kl_approximation``, else s = exp(log pi_theta_kl - sg(.)) and s k(x) is written as
     k(x) - (x - sg(x)) sg(k(x)) (the same value and gradient).
     """
     raw = x.log_q

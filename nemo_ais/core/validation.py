@@ -113,7 +113,7 @@ def check_mask(mask: object, ref: torch.Tensor, ref_name: str) -> None:
 
 
 def check_ratio_inputs(logp_old: object, logp_rollout: object, mask: object) -> None:
-    """``prev_logprobs`` ``[B, T]`` floating, ``generation_logprobs`` and ``mask`` shaped like it (TypeError / ValueError)."""
+    """``prev_logprobs`` ``[B, T]`` floating, ``generation_logprobs`` and ``mask`` like it (TypeError / ValueError)."""
     check_2d("prev_logprobs", logp_old)
     check_like("prev_logprobs", logp_old, logp_old, "prev_logprobs")
     check_like("generation_logprobs", logp_rollout, logp_old, "prev_logprobs")

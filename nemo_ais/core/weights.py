@@ -62,9 +62,9 @@ def correction_weights(
         ``[B, T]`` detached, float32 (float64 for float64 input), 0 where mask == 0.
 
     Raises:
-        ValueError: a mode that needs ``alpha`` without it (or a non-finite one); a shape, device, mask value
-            not in {0, 1} or NaN / inf at a valid position, naming the input. TypeError: an input or ``config``
-            of the wrong type.
+        ValueError: a mode that needs ``alpha`` without it (or a non-finite one); a shape, device, mask value not in
+            {0, 1} or NaN / inf at a valid position, naming the input.
+        TypeError: an input or ``config`` of the wrong type.
     """
     require_config(config, CorrectionConfig, "correction_weights(config)")
     mode = MODES[config.mode]

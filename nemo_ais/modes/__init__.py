@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The correction modes: one module each, one :class:`~nemo_ais.modes.Mode` record each.
 
-:data:`MODES` maps ``loss_fn.ais.mode`` to its record, in the order of the docs. Adding a
-mode is one module here exporting ``MODE`` and one line below (``docs/architecture.md``,
-"Where a new correction mode goes").
+:data:`MODES` maps ``loss_fn.ais.mode`` to its record, in the order of the docs. Adding a mode is one module here
+exporting ``MODE`` and one line below (``docs/architecture.md``, "Where a new correction mode goes").
 """
 
 from nemo_ais.modes import ais, icepop, kl_rs, m2po, none, seq_mask_geo, seq_mis, seq_tis, tbpo, tis

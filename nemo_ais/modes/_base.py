@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The record of a correction mode, and the tensor helpers its weight function uses.
 
-The loss, statistics, diagnostics, config, recipe, replay and pre-flight checks read the
-record (:data:`nemo_ais.modes.MODES`); none of them names a mode. Import-light: torch only
-where a tensor is formed, so the torch-free pre-flight can validate ``loss_fn.ais``.
-rho = pi_old / mu, l = log pi_old - log mu.
+The loss, statistics, diagnostics, config, recipe, replay and pre-flight checks read the record
+(:data:`nemo_ais.modes.MODES`); none of them names a mode. Import-light: torch only where a tensor is formed, so the
+torch-free pre-flight can validate ``loss_fn.ais``. rho = pi_old / mu, l = log pi_old - log mu.
 """
 
 from __future__ import annotations
@@ -71,11 +70,9 @@ class Mode:
 
     Attributes:
         name: ``loss_fn.ais.mode`` value (and the name of its sub-section, if any).
-        weight: ``(logp_old, logp_rollout, valid, config, batch_value) -> [B, T]`` detached
-            w_hat, 0 where not ``valid``.
+        weight: ``(logp_old, logp_rollout, valid, config, batch_value) -> [B, T]`` detached w_hat, 0 where invalid.
         importance_weight: ``batch_normalize`` may divide w_hat by its batch mean.
-        applied_alpha: diagnostics -> the position between the uncorrected (0) and the fully
-            weighted (1) gradient.
+        applied_alpha: diagnostics -> the position between the uncorrected (0) and the fully weighted (1) gradient.
         batch_field: the diagnostics value passed as ``batch_value`` (None: none).
         batch_statistic: extra global-batch sums ``batch_field`` is formed from.
         batch_mean: ``(alpha, w_mean) -> mean of w_hat`` in closed form (ais); None: summed.
@@ -133,10 +130,7 @@ def masked(old, rollout, valid, config, w_hat):
 
 
 def interval_mode(name: str, weight: WeightFn, config: type[Interval], prefix: str, **fields) -> Mode:
-    """A mode keeping an interval ``[min, max]`` (flat ``<prefix>min`` / ``max`` before).
-
-    ``fields``: the record's other fields; ``replay`` defaults to the masked share.
-    """
+    """A mode keeping a ratio in ``[min, max]`` (flat keys ``<prefix>min`` / ``max`` before); ``fields``: the rest."""
     fields = {"replay": Replay(affected=masked), **fields}
     return Mode(name, weight, config=config, moved_keys=flat_keys(prefix, "min", "max"), **fields)
 

@@ -1,9 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""Mode ``kl_rs``: KL rejection sampling, w_hat_i = 1[s_i <= thr] * 1[no token rho < v] (veRL).
-
-s_i = abs(mean_t k(l_it)) or max_t abs(k(l_it)), k1 = -l, k2 = l^2 / 2, k3 = rho - 1 - l.
-"""
+"""Mode ``kl_rs``: KL rejection sampling, w_hat_i = 1[s_i <= thr] * 1[no token rho < v] (veRL)."""
 
 from __future__ import annotations
 
@@ -35,7 +32,7 @@ _ESTIMATORS = {"k1": lambda ell: -ell, "k2": lambda ell: ell.square() / 2, "k3":
 
 
 def _statistic(log_rho, valid, config):
-    """s_i = abs(mean_t k(l_it)) or max_t abs(k(l_it)), ``[B, 1]``."""
+    """s_i = abs(mean_t k(l_it)) or max_t abs(k(l_it)), ``[B, 1]``; k1 = -l, k2 = l^2 / 2, k3 = rho - 1 - l."""
     c = config.log_ratio_clamp
     ell = log_rho.clamp(min=-c, max=c)
     k = _ESTIMATORS[config.kl_rs.estimator](ell).mul(valid)

@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Mode ``m2po``: w_hat_it = 1[(l^c_it)^2 < q*], q* from the global batch (AReaL M2PO, binned).
 
-Batch statistic: count and sum of q = (l^c)^2 in M2PO_BINS bins a factor sqrt 2 wide
-(from Q0, the last open above L^2), in the same all-reduce; q* drops whole bins from the
-top until the kept mean q is <= tau.
+Batch statistic: count and sum of q = (l^c)^2 in M2PO_BINS bins a factor sqrt 2 wide (from Q0, the last open above
+L^2), in the same all-reduce; q* drops whole bins from the top until the kept mean q is <= tau.
 """
 
 from __future__ import annotations
@@ -50,8 +49,7 @@ def histogram(log_rho_c, ok, n_tok):
 def threshold(tail: list[float], n_tok: float, config) -> dict[str, float]:
     """q* (lower edge of the last bin dropped) and the masked fraction, from the reduced histogram.
 
-    Binned, so it may mask one bin more than AReaL's per-token sort; the kept second moment
-    is <= tau either way.
+    Binned, so it may mask one bin more than AReaL's per-token sort; the kept second moment is <= tau either way.
     """
     counts, sums = tail[:M2PO_BINS], tail[M2PO_BINS:]
     kept_n, kept_q = n_tok, math.fsum(sums)

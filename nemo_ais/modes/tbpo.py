@@ -2,8 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Mode ``tbpo``: QaRL's trust-band policy optimisation **[reconstruction]** (arXiv 2604.07853).
 
-Weight: w_hat_i = exp(clamp(S_i / n_i, -L, log C_s)); the loss swaps the token PPO clip
-for the band of the sequence ratio (:func:`nemo_ais.core.surrogate.tbpo_surrogate`).
+The loss swaps the token PPO clip for the band of the sequence ratio (:func:`nemo_ais.core.surrogate.tbpo_surrogate`).
 """
 
 from __future__ import annotations
