@@ -28,9 +28,8 @@ def stack_label(name: str | Sequence[str]) -> str:
 def weight_pairs(name: str | Sequence[str], tensors: Sequence[tuple[str, torch.Tensor]]) -> RefitPairs:
     """The refit pairs of one weight, or of each expert of a stack, in order.
 
-    ``name``: a weight ``<m>.weight`` and ``tensors`` ``[("weight", codes), (leaf, t), ...]``
-    -> ``[(<m>.weight, codes), (<m>.<leaf>, t), ...]``; a sequence of E expert weight names
-    and tensors with a leading expert dim -> those pairs of expert 0 (``t[0]``), then 1, ...
+    ``name`` ``<m>.weight`` with ``tensors`` ``[("weight", codes), (leaf, t), ...]`` -> ``[(<m>.weight, codes),
+    (<m>.<leaf>, t), ...]``; E expert names, tensors ``[E, ...]`` -> expert 0's pairs (``t[0]``), then expert 1's, ...
     """
     if not isinstance(name, str):
         return [

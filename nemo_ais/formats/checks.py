@@ -26,8 +26,7 @@ def check_finite(
 ) -> None:
     """Raise ``ValueError`` naming ``name``, the count and the first index of NaN/Inf in ``x``.
 
-    ``amax``: an |x| reduction already computed (the finite case then checks it alone);
-    ``what`` / ``action``: wording of the message.
+    ``amax``: an |x| reduction already computed (the finite case then checks it alone); ``what`` / ``action``: wording.
     """
     if not x.is_floating_point():
         return

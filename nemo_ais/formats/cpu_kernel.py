@@ -2,13 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Fused CPU kernels of the quantizers and the FP8 activation fake quant, built on first use.
 
-PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchmarks.md
-"quant"), so each format's rule runs in one C++ loop per row (``csrc/quantize_cpu.cpp``),
-bit-equal to the PyTorch paths. Built with ``torch.utils.cpp_extension.load`` and registered as
-PyTorch operators (``torch.ops.<build name>.*``, ATen headers only); without a compiler or with
-``NEMO_AIS_CPU_KERNEL=0`` the PyTorch paths run (which tensors take the kernels:
-:mod:`nemo_ais.formats.dispatch`). A block with NaN / inf is reported and the PyTorch path
-raises. One thread (no second OpenMP runtime).
+PyTorch's eager fp32 -> E4M3 cast alone costs 2-2.5x a copy on CPU (docs/benchmarks.md "quant"), so each format's rule
+runs in one C++ loop per row (``csrc/quantize_cpu.cpp``), bit-equal to the PyTorch paths. Built with
+``torch.utils.cpp_extension.load`` as PyTorch operators (``torch.ops.<build name>.*``, ATen headers only); without a
+compiler or with ``NEMO_AIS_CPU_KERNEL=0`` the PyTorch paths run (which tensors take the kernels:
+:mod:`nemo_ais.formats.dispatch`). A block with NaN / inf is reported and the PyTorch path raises. One thread (no second
+OpenMP runtime).
 """
 
 from __future__ import annotations
@@ -114,8 +113,8 @@ def cpu_kernel():
         build_dir = _get_build_directory(name, verbose=False)
         native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
         with _build_guard(build_dir, wait_s):
-            # the build reads its copy of the source: build.ninja names one path whichever
-            # install (checkout, wheel) shares this cache, so none of them rebuilds it
+            # the build reads its copy of the source: build.ninja names one path whichever install (checkout, wheel)
+            # shares this cache, so none of them rebuilds it
             source = Path(build_dir) / _SOURCE_FILE.name
             text = _SOURCE_FILE.read_text()
             if not source.is_file() or source.read_text() != text:
@@ -126,9 +125,8 @@ def cpu_kernel():
                     "machine, about 20 s on 2 cores; later runs load it)",
                     build_dir,
                 )
-            # registers the operators as it loads (a duplicate namespace aborts in C++: never
-            # the case here, cpp_extension renames a second build of one name in a process
-            # "<name>_v1"). Not traceable by torch.compile: nothing compiles the quantizers.
+            # registers the operators as it loads (no duplicate namespace, which would abort: cpp_extension renames a
+            # second build of one name "<name>_v1"); not traceable by torch.compile, which no quantizer goes through
             library = load(
                 name=name,
                 sources=[str(source)],

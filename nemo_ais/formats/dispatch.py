@@ -2,18 +2,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which implementation runs a public quantizer: ONE decision for every format.
 
-:func:`backend_for` picks, for a tensor's device, dtype and layout:
+:func:`backend_for` picks, for a tensor's device, dtype and layout (all three give the same bits):
 
-* ``"triton"``: a CUDA tensor with Triton importable: :mod:`nemo_ais.kernels.triton_quant`
-  (one launch per weight or expert stack). ``NEMO_AIS_TRITON=0`` turns it off.
-* ``"cpu"``: a non-empty contiguous fp32 / bf16 / fp16 CPU tensor with the C++ kernels
-  built (:mod:`nemo_ais.formats.cpu_kernel`; ``NEMO_AIS_CPU_KERNEL=0`` turns them off).
-* ``"torch"``: the PyTorch path everywhere else. All three give the same bits.
+* ``"triton"``: a CUDA tensor with Triton importable: :mod:`nemo_ais.kernels.triton_quant` (one launch per weight or
+  expert stack); ``NEMO_AIS_TRITON=0`` turns it off.
+* ``"cpu"``: a non-empty contiguous fp32 / bf16 / fp16 CPU tensor with the C++ kernels built
+  (:mod:`nemo_ais.formats.cpu_kernel`; ``NEMO_AIS_CPU_KERNEL=0`` turns them off).
+* ``"torch"``: the PyTorch path everywhere else.
 
-``kernels/`` imports ``formats/``, so the Triton module is loaded by name on first use (no
-import cycle). A Triton kernel meeting non-finite input calls the public quantizer, under
-:func:`without_triton`, to raise its error; one failing otherwise (a Triton or driver that
-cannot compile or launch it) is logged once and Triton is off for the process.
+``kernels/`` imports ``formats/``, so the Triton module is loaded by name on first use (no import cycle). On non-finite
+input a Triton kernel calls the public quantizer under :func:`without_triton`, which raises; any other kernel failure
+(a Triton or driver that cannot compile or launch it) is logged once and turns Triton off for the process.
 """
 
 from __future__ import annotations
@@ -89,10 +88,9 @@ def without_triton() -> Iterator[None]:
 
 
 def triton_quantize(kernel: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """``nemo_ais.kernels.triton_quant.<kernel>(x, *args, **kwargs)``, or None (no Triton path).
+    """``nemo_ais.kernels.triton_quant.<kernel>(x, *args, **kwargs)`` under :func:`without_triton`, or None.
 
-    None where :func:`backend_for` of ``x`` is not ``"triton"`` or the kernel failed (module doc): the caller's path
-    runs. The kernel's own fallback (non-finite input: the public quantizer raises) runs :func:`without_triton`.
+    None (the caller's path runs) where ``x``'s backend is not ``"triton"`` or the kernel failed (module doc).
     """
     if backend_of(x) != "triton":
         return None

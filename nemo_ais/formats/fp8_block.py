@@ -4,17 +4,15 @@
 
 vLLM's W8A8 block FP8 (DeepSeek-V3 style); conventions in ``docs/low_precision.md``:
 
-1. Tile the last two dims into ``block = (bn, bk)`` tiles (weights 128x128, activations
-   1x128), zero-padding partial tiles.
+1. Tile the last two dims into ``(bn, bk)`` blocks (weights 128x128, activations 1x128), zero-padding partial tiles.
 2. ``amax`` per tile in fp32, floored at ``eps`` (``eps = 0``: TE's rule, amax 0 -> scale 1).
-3. Dequant scale ``s`` and code ``q`` by one of three families (:data:`FAMILY_FORMULAS`;
-   they differ by at most one FP8 step). ``ue8m0``: ``s = 2^ceil(log2(amax / 448))`` or,
-   ``"multiplier"``, ``m = 2^floor(log2(448 / amax))``, taken exactly with ``frexp``.
+3. Dequant scale ``s`` and code ``q`` by one of three families (:data:`FAMILY_FORMULAS`; they differ by at most one FP8
+   step). ``ue8m0``: ``s = 2^ceil(log2(amax / 448))`` or, ``"multiplier"``, ``m = 2^floor(log2(448 / amax))``, taken
+   exactly with ``frexp``.
 4. Clamp ``q`` to ``[-448, 448]`` and cast to ``float8_e4m3fn`` (round to nearest even).
 
-``s`` is the DEQUANT multiplier (vLLM's ``weight_scale_inv``). Non-finite input raises.
-On CPU one fused C++ loop, on CUDA one Triton launch (:mod:`nemo_ais.formats.dispatch`),
-bit-equal. Empty input is defined: empty codes and scales of ``ceil(dim / tile)`` per tiled dim.
+``s`` is the DEQUANT multiplier (vLLM's ``weight_scale_inv``). Non-finite input raises. On CPU one fused C++ loop, on
+CUDA one Triton launch, bit-equal. Empty input is defined: empty codes and scales of ``ceil(dim / tile)`` per tiled dim.
 """
 
 from __future__ import annotations
@@ -94,20 +92,18 @@ def _scales(amax: torch.Tensor, family: str, eps: float, ue8m0: bool) -> tuple[t
     zero = amax == 0
     one = torch.ones_like(amax)
     if family == "multiplier":
-        # NOT `E4M3_MAX / amax` (reciprocal then multiply, two roundings): one fp32 division.
-        # inf (amax < 448 / FLT_MAX) -> FLT_MAX before the power of two, as TE: 2^127
+        # one fp32 division, not `E4M3_MAX / amax` (two roundings); inf (amax < 448 / FLT_MAX) -> FLT_MAX, as TE: 2^127
         m = torch.full_like(amax, E4M3_MAX).div_(amax).clamp_max_(FP32_MAX)
         m = pow2(torch.frexp(m)[1] - 1) if ue8m0 else m  # largest power of two <= m
         m = torch.where(zero, one, m)  # <= FLT_MAX: clamped above, and a power of two <= m
         return torch.reciprocal(m), m
-    # Tensor / tensor: CUDA divides by a Python scalar as a multiply by its reciprocal, which
-    # moved 376 of 2M codes by one FP8 step on an H100 (tests/gpu/test_te_backend.py).
+    # Tensor / tensor: CUDA divides by a Python scalar as a multiply by its reciprocal, which moved 376 of 2M codes by
+    # one FP8 step on an H100 (tests/gpu/test_te_backend.py).
     s = amax / torch.full_like(amax, E4M3_MAX)
     s = pow2(e8m0_ceil_exponent(s)) if ue8m0 else s
     s = torch.where(zero, one, s)
-    # A tiny amax (eps = 0) gives a subnormal s, or 0: 1 / s would overflow and m = FLT_MAX would no
-    # longer invert s (codes 256x too small at amax 5e-39). The smallest normal 2^-126 has the exact
-    # reciprocal 2^126 and holds every code (|x| <= 448 * 2^-126).
+    # A tiny amax (eps = 0) gives a subnormal or zero s, whose reciprocal overflows the FLT_MAX clamp (codes 256x too
+    # small at amax 5e-39); the smallest normal 2^-126 has the exact reciprocal 2^126 and holds every code.
     s = torch.where(s < _SMALLEST_NORMAL, torch.full_like(s, _SMALLEST_NORMAL), s)
     return s, torch.reciprocal(s).clamp_max(FP32_MAX)
 
@@ -182,20 +178,18 @@ def quantize_blockwise(
     Args:
         x: ``[N, K]`` or ``[E, N, K]`` (MoE experts); any float dtype (computed in fp32).
         block: tile ``(bn, bk)``; 128x128 is vLLM's block FP8.
-        family: the scale formula, ``"reciprocal"`` (canonical), ``"divide"`` or
-            ``"multiplier"`` (module doc).
+        family: the scale formula, ``"reciprocal"`` (canonical), ``"divide"`` or ``"multiplier"`` (module doc).
         eps: floor of the per-tile amax; 0 selects TE's rule.
         ue8m0: power-of-two scales.
         name: tensor name used in error messages.
         backend: ``"torch"``, ``"te"`` (:mod:`nemo_ais.formats.te_backend`, CUDA) or ``"auto"``.
 
     Returns:
-        ``(q, s)``: float8_e4m3fn codes of ``x``'s shape and fp32 scales
-        ``[ceil(N/bn), ceil(K/bk)]`` (``[E, ...]`` for 3-D); empty in, empty out.
+        ``(q, s)``: float8_e4m3fn codes of ``x``'s shape and fp32 scales ``[ceil(N/bn), ceil(K/bk)]`` (``[E, ...]``
+        for 3-D); empty in, empty out.
 
     Raises:
-        ValueError: non-finite values (count and first index), a bad shape, dtype, family,
-            eps or block.
+        ValueError: non-finite values (count and first index), a bad shape, dtype, family, eps or block.
     """
     check_weight_args(x, name, family, eps, block)
     if backend != "torch":
@@ -209,8 +203,7 @@ def quantize_blockwise(
         return fast
     with torch.no_grad():
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
-        # CPU: the fused kernel (same bits); a NaN / inf tile goes on to raise below
-        fused = _quantize_fused(x3, tuple(block), family, eps, ue8m0)
+        fused = _quantize_fused(x3, tuple(block), family, eps, ue8m0)  # CPU: same bits; NaN / inf raises below
         if fused is None:
             fused = _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
         q, s = fused
@@ -279,8 +272,8 @@ def quantize_activations(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token-group FP8 quantization of activations ``x [..., K]`` (1 x ``group`` tiles).
 
-    As :func:`quantize_blockwise` with defaults of vLLM's per-token-group quant (family
-    ``"divide"``, eps 1e-10). Returns ``(q, s)`` with ``s`` fp32 ``[..., ceil(K/group)]``.
+    As :func:`quantize_blockwise` with defaults of vLLM's per-token-group quant (family ``"divide"``, eps 1e-10).
+    Returns ``(q, s)`` with ``s`` fp32 ``[..., ceil(K/group)]``.
 
     Raises:
         ValueError: non-finite input (count and first index), bad dtype or arguments.
@@ -332,9 +325,9 @@ def quantize_blockwise_reference(
 
 
 def _fake_quant_groups_divide(x: torch.Tensor, group: int, eps: float, name: str) -> torch.Tensor:
-    """``dequantize_activations(*quantize_activations(x, group, "divide", eps))``, fused.
+    """``dequantize_activations(*quantize_activations(x, group, "divide", eps))`` fused, same bits (C++ where built).
 
-    Same op order (the C++ kernel where built); needs ``K % group == 0`` and ``eps > 0``.
+    Needs ``K % group == 0`` and ``eps > 0``.
     """
     ext = kernel_for(x)
     if ext is not None:

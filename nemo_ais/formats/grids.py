@@ -11,12 +11,11 @@ E4M3 (8 bit)   ``torch.float8_e4m3fn``: max 448, subnormal quantum 2^-9         
 UE8M0 (8 bit)  byte b -> 2^(b - 127), b in [0, 254]; 255 is NaN; no zero        MX scales
 =============  ==============================================================  ==========
 
-E2M1 rounding is to nearest, ties to the even code, saturating at ±6
-(:func:`e2m1_codes_reference`). The fast path :func:`e2m1_encode_` is bit-equal by construction: every threshold is an
-fp32 whose low 20 bits are zero, so the signed code of ``y`` depends only on its class ``idx = (b >> 20) + ((b +
-0xFFFFF) >> 20) + 4096`` (``b``: the int32 bits of ``y``), and a table of the 8191 classes (checked when built) gives it
-with integer passes and one gather. Two codes share a byte, the even element in the LOW nibble (ModelOpt, FlashInfer,
-vLLM's ``break_fp4_bytes``).
+E2M1 rounding is to nearest, ties to the even code, saturating at ±6 (:func:`e2m1_codes_reference`). The fast path
+:func:`e2m1_encode_` is bit-equal by construction: every threshold is an fp32 whose low 20 bits are zero, so the signed
+code of ``y`` depends only on its class ``idx = (b >> 20) + ((b + 0xFFFFF) >> 20) + 4096`` (``b``: the int32 bits of
+``y``), and a table of the 8191 classes (checked when built) gives it with integer passes and one gather. Two codes
+share a byte, the even element in the LOW nibble (ModelOpt, FlashInfer, vLLM's ``break_fp4_bytes``).
 """
 
 from __future__ import annotations
@@ -49,10 +48,7 @@ _E2M1_SIGNED = torch.tensor([*E2M1_GRID, *(-v for v in E2M1_GRID)], dtype=torch.
 
 
 def e2m1_codes_reference(a: torch.Tensor, *, ties_toward_zero: bool = False) -> torch.Tensor:
-    """Reference: E2M1 magnitude codes (uint8 0..7) of ``a >= 0``, counting the thresholds passed.
-
-    Above 6: code 7; ``ties_toward_zero``: no tie goes up.
-    """
+    """Reference E2M1 magnitude codes (uint8 0..7, 7 above 6) of ``a >= 0``; ``ties_toward_zero``: no tie goes up."""
     code = torch.zeros(a.shape, dtype=torch.uint8, device=a.device)
     for threshold, tie_up in _E2M1_THRESHOLDS:
         up = tie_up and not ties_toward_zero

@@ -2,15 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """KV-cache formats: one record each, read by the twin's quantized cache.
 
-vLLM writes K (after RoPE) and V into its cache; attention reads them dequantized. Per
-layer ``l``, with the calibrated dequant scale ``s_l`` (:mod:`nemo_ais.refit.kv_scales`):
+vLLM writes K (after RoPE) and V into its cache; attention reads them dequantized. Per layer ``l``, with the calibrated
+dequant scale ``s_l`` (:mod:`nemo_ais.refit.kv_scales`):
 
 * ``fp8``:   ``e4m3(clamp(x / s_l, ±448)) * s_l`` (vLLM's per-tensor FP8 KV cache).
-* ``nvfp4``: ``fake_quantize_nvfp4(x, amax_l)``, static ``amax_l = s_l * 448``, 1x16 blocks
-  along the head dim. [reconstruction] vLLM has no native NVFP4 KV cache; NeMo-RL
-  simulates one by ModelOpt fake quantization of K/V, which is this.
-
-``bf16`` (no record) leaves the cache unquantized.
+* ``nvfp4``: ``fake_quantize_nvfp4(x, amax_l)``, static ``amax_l = s_l * 448``, 1x16 blocks along the head dim.
+  [reconstruction] vLLM has no native NVFP4 KV cache; this is NeMo-RL's ModelOpt fake quantization of K/V.
+* ``bf16``: no record; the cache stays unquantized.
 """
 
 from __future__ import annotations

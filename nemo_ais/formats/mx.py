@@ -1,10 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""What the two MX formats share (OCP MX: blocks of 32 along the last dim, UE8M0 scales).
-
-:mod:`~nemo_ais.formats.mxfp8` (E4M3 elements) and :mod:`~nemo_ais.formats.mxfp4` (E2M1) differ only in their element
-grid: the block, the banded PyTorch path and the scale check live here, below both.
-"""
+"""What MXFP8 and MXFP4 share (OCP MX: blocks of 32 along the last dim, UE8M0 scales): banded path and scale check."""
 
 from __future__ import annotations
 
@@ -30,9 +26,8 @@ def mx_bands(
 ) -> torch.Tensor:
     """The banded PyTorch path of an MX format: the scale bytes of ``x2 = x [R, K]``.
 
-    Per band of rows, ``y = x * 2^-E`` in one fp32 scratch copy, whose codes
-    ``encode(y, out[band], scratch)`` writes; ``plus_zero``: ``x + 0.0`` (-0.0 -> +0.0).
-    ValueError (naming ``name``) on non-finite input.
+    Per band of rows, ``y = x * 2^-E`` in one fp32 scratch copy, whose codes ``encode(y, out[band], scratch)`` writes;
+    ``plus_zero``: ``x + 0.0`` (-0.0 -> +0.0). ValueError (naming ``name``) on non-finite input.
     """
     rows, k = x2.shape
     scale = torch.empty(rows, k // MX_BLOCK, dtype=torch.uint8, device=x.device)

@@ -7,8 +7,8 @@ For ``x [..., K]``, ``K % 32 == 0`` (``docs/low_precision.md``):
 1. Per block: ``E = ceil(log2(amax_b / 6))`` in [-127, 127]; all-zero: ``E = -127``.
 2. ``code = e2m1(|x| * 2^-E)`` saturating at 6, sign bit ``x < 0``; two codes per byte.
 
-``round_ties_toward_zero=True`` is ModelOpt's ``cast_fp4`` tie rule (default: ties to
-even, as FlashInfer). Dequantization: ``E2M1(code) * 2^(b - 127)``.
+Dequantization: ``E2M1(code) * 2^(b - 127)``. ``round_ties_toward_zero=True`` is ModelOpt's ``cast_fp4`` tie rule
+(default: ties to even, as FlashInfer).
 """
 
 from __future__ import annotations
@@ -81,8 +81,7 @@ def quantize_mxfp4(x: torch.Tensor, *, round_ties_toward_zero: bool = False, nam
     if fused is None:
         data = torch.empty(x2.shape[0], k // 2, dtype=torch.uint8, device=x.device)
         encode = functools.partial(e2m1_pack_, ties_toward_zero=round_ties_toward_zero)
-        # x + 0.0: -0.0 gets code 0, not 8
-        fused = data, mx_bands(x, x2, name, E2M1_MAX, data, encode, plus_zero=True)
+        fused = data, mx_bands(x, x2, name, E2M1_MAX, data, encode, plus_zero=True)  # -0.0 gets code 0, not 8
     return MXFP4Tensor(fused[0].view(*lead, k // 2), fused[1].view(*lead, k // MX_BLOCK))
 
 

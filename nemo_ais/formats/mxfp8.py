@@ -2,17 +2,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """MXFP8: E4M3 elements in blocks of 32 along the last dim, one UE8M0 (power-of-two) scale each.
 
-What vLLM's ModelOpt MXFP8 loader takes and NeMo-RL main streams (``is_mx``), for
-``x [..., K]``, ``K % 32 == 0``:
+What vLLM's ModelOpt MXFP8 loader takes and NeMo-RL main streams (``is_mx``), for ``x [..., K]``, ``K % 32 == 0``:
 
-1. Per block, ``E = ceil(log2(amax_b / 448))`` exactly, in [-127, 127]
-   (:func:`~nemo_ais.formats.grids.e8m0_block_exponent`, NVIDIA's rule, not OCP's
-   ``floor(log2 amax_b) - 8``); all-zero: ``E = -127``.
+1. Per block, ``E = ceil(log2(amax_b / 448))`` exactly, in [-127, 127]; all-zero: ``E = -127`` (NVIDIA's rule, not
+   OCP's ``floor(log2 amax_b) - 8``: :func:`~nemo_ais.formats.grids.e8m0_block_exponent`).
 2. Scale byte ``E + 127``; codes ``e4m3(clamp(x * 2^-E, ±448))`` (exact product).
 
-Dequantization: ``fp32(q) * 2^(b - 127)``. NeMo-RL main rewrites byte 0 to 1 for its
-TRT-LLM kernel (same values). :func:`quantize_mxfp8` is bit-equal to the reference
-:func:`quantize_mxfp8_reference` (C++ on CPU, Triton on CUDA: :mod:`~nemo_ais.formats.dispatch`).
+Dequantization: ``fp32(q) * 2^(b - 127)``. NeMo-RL main rewrites byte 0 to 1 for its TRT-LLM kernel (same values).
+:func:`quantize_mxfp8` is bit-equal to :func:`quantize_mxfp8_reference` (C++ on CPU, Triton on CUDA).
 """
 
 from __future__ import annotations
@@ -45,7 +42,7 @@ class MXFP8Tensor:
 
 
 def quantize_mxfp8_reference(x: torch.Tensor) -> MXFP8Tensor:
-    """Reference of :func:`quantize_mxfp8`: steps 1-3 of the module doc, written plainly."""
+    """Reference of :func:`quantize_mxfp8`: steps 1-2 of the module doc, written plainly."""
     check_last_dim(x, "x", MX_BLOCK, "MXFP8")
     check_finite(x, "x", action="refusing to quantize NaN/Inf")
     blocks = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)

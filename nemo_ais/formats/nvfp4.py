@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """NVFP4: E2M1 elements in blocks of 16 along the last dim, E4M3 block scales, one fp32 global scale.
 
-ModelOpt's export rule (vLLM's ``weight`` / ``weight_scale`` / ``weight_scale_2``;
-``input_scale`` for activations), for ``x [..., K]``, ``K % 16 == 0``:
+ModelOpt's export rule (vLLM's ``weight`` / ``weight_scale`` / ``weight_scale_2``; ``input_scale`` for activations), for
+``x [..., K]``, ``K % 16 == 0``:
 
 1. ``s_g = amax / (6 * 448)`` (amax = max |x| or a calibrated value); 0 becomes 1 (TE).
 2. Per block: ``r = amax_b / (6 * s_g)`` (one product, one division, fp32).
@@ -11,11 +11,9 @@ ModelOpt's export rule (vLLM's ``weight`` / ``weight_scale`` / ``weight_scale_2`
 4. ``d = fp32(s_b) * s_g``, ``y = x / d`` (``d`` underflowing to 0 gives codes 0).
 5. ``code = rne_e2m1(|y|)`` saturating at 6, sign bit ``x < 0``; two codes per byte.
 
-Dequantization: ``E2M1(code) * d``. ``rows_per_block=16``: TE's 16x16 weight tiles (one
-amax per tile, stored on each of its rows: still valid 1x16 NVFP4).
-:func:`quantize_nvfp4` and :func:`fake_quantize_nvfp4` are bit-equal to the reference
-:func:`quantize_nvfp4_reference` (two C++ passes on CPU; Triton on CUDA:
-:mod:`~nemo_ais.formats.dispatch`).
+Dequantization: ``E2M1(code) * d``. ``rows_per_block=16``: TE's 16x16 weight tiles (one amax per tile, stored on each
+of its rows: still valid 1x16 NVFP4). :func:`quantize_nvfp4` and :func:`fake_quantize_nvfp4` are bit-equal to
+:func:`quantize_nvfp4_reference` (two C++ passes on CPU, Triton on CUDA).
 """
 
 from __future__ import annotations
@@ -156,8 +154,7 @@ def _block_amax_(x2: torch.Tensor, r0: int, r1: int, s: torch.Tensor) -> torch.T
 def _quantize_bands(x, amax, rows_per_block, name, *, fake: bool):
     """The fast path: per band of rows, in-place passes over one cache-sized fp32 copy.
 
-    ``amax=None``: a first pass takes the block amaxes. Then ``y = (x + 0.0) / d``, encoded
-    and packed (``fake``: the signed E2M1 values times ``d``).
+    ``amax=None`` adds a first pass for the block amaxes; ``fake``: fp32 values ``E2M1(code) * d``, not packed codes.
     """
     _check_args(x, rows_per_block, name)
     k = x.shape[-1]
@@ -259,9 +256,8 @@ def quantize_nvfp4_experts(
 ) -> NVFP4Tensor:
     """NVFP4 of an expert stack ``x [E, N, K]``, one global scale per expert (vLLM's ModelOpt MoE).
 
-    Expert ``e`` is ``quantize_nvfp4(x[e], amax[e], rows_per_block=...)`` bit for bit;
-    ``amax``: floating ``[E]``, or None for ``max |x[e]|`` each. One Triton launch on CUDA
-    (:mod:`~nemo_ais.formats.dispatch`), one quantizer call per expert elsewhere.
+    Expert ``e`` is ``quantize_nvfp4(x[e], amax[e], rows_per_block=...)`` bit for bit; ``amax``: floating ``[E]``, or
+    None for ``max |x[e]|`` each. One Triton launch on CUDA, one quantizer call per expert elsewhere.
 
     Returns:
         :class:`NVFP4Tensor` with ``data [E, N, K/2]``, ``block_scale [E, N, K/16]`` and ``global_scale`` fp32 ``[E]``.
@@ -354,10 +350,7 @@ def _fake_activation(x: torch.Tensor, *, amax: Any = None, name: str = "input", 
 def _refit_pairs(
     name: str, w: torch.Tensor, config: Any, *, weight_amax: Any = None, input_scale: Any = None
 ) -> RefitPairs:
-    """ModelOpt NVFP4 pairs (+ W4A4 ``input_scale``); ``weight_amax``: the fused group's amax.
-
-    An expert stack has a global scale per expert (:func:`quantize_nvfp4_experts`).
-    """
+    """ModelOpt NVFP4 pairs (+ W4A4 ``input_scale``); ``weight_amax``: the fused group's amax (a stack's: ``[E]``)."""
     quantize = quantize_nvfp4 if isinstance(name, str) else quantize_nvfp4_experts
     q = quantize(w, weight_amax, rows_per_block=config.nvfp4_rows_per_block, name=stack_label(name))
     scales = [("weight_scale", q.block_scale), ("weight_scale_2", q.global_scale)]

@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Transformer Engine backend of :func:`~nemo_ais.formats.fp8_block.quantize_blockwise` (CUDA only).
 
-TE 2.x's ``Float8BlockQuantizer`` (128x128 blocks, its row-wise ``scale_inv`` cropped) is
-family ``"multiplier"`` (``force_pow_2_scales`` is our ``ue8m0``); other families or tiles:
-``backend="te"`` raises, ``"auto"`` uses torch. TE is imported lazily, only here
-(``pip install 'nemo-ais[te]'``).
+TE 2.x's ``Float8BlockQuantizer`` (128x128 blocks, its row-wise ``scale_inv`` cropped) is family ``"multiplier"``
+(``force_pow_2_scales`` is our ``ue8m0``); other families or tiles: ``backend="te"`` raises, ``"auto"`` uses torch. TE
+is imported lazily, only here (``pip install 'nemo-ais[te]'``).
 """
 
 from __future__ import annotations
@@ -101,8 +100,7 @@ def quantize_blockwise_te(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, s)`` of :func:`quantize_blockwise` by TE (one expert of ``[E, N, K]`` at a time).
 
-    ValueError: non-finite input (checked here: TE would sync an infinite amax silently) or
-    an unsupported family / block.
+    ValueError: non-finite input (checked here: TE would sync an infinite amax silently), an unsupported family/block.
     """
     use_te(x, "te", name=name, family=family, block=block)
     check_finite(x, name, amax=x.abs().amax())

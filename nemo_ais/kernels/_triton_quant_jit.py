@@ -2,12 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Triton kernels of :mod:`nemo_ais.kernels.triton_quant` (imports Triton at module load).
 
-Loaded compiled (CUDA) and under Triton's interpreter (CPU, the CI path); every rounding
-is written out so both give the PyTorch references' bits: ``tl.math.div_rn`` divisions,
-E4M3 encoded from the fp32 bits with integer arithmetic (the interpreter's float8 cast
-rounds ties up and turns 470 into NaN), powers of two from exponent bits. Each program
-adds its count of non-finite inputs to one int32 (an atomic add, only where it is non-zero:
-the common case costs no atomic); the wrappers hand such input to PyTorch, which raises.
+Loaded compiled (CUDA) and under Triton's interpreter (CPU, the CI path); every rounding is written out so both give the
+PyTorch references' bits: ``tl.math.div_rn`` divisions, E4M3 encoded from the fp32 bits with integer arithmetic (the
+interpreter's float8 cast rounds ties up and turns 470 into NaN), powers of two from exponent bits. Each program adds
+its count of non-finite inputs to one int32 (an atomic add, only where it is non-zero: the common case costs no atomic);
+the wrappers hand such input to PyTorch, which raises.
 """
 
 import triton
@@ -54,8 +53,7 @@ def _e4m3_code(q):
 def _e4m3_byte(q, HW_CAST: tl.constexpr):
     """uint8 E4M3 byte of fp32 ``q``, |q| <= 448, rounded to nearest even.
 
-    ``HW_CAST``: the GPU's conversion (sm_89+: ``cvt.rn.satfinite.e4m3x2.f32``, the bits of torch's cast in that range);
-    else :func:`_e4m3_code`'s integer arithmetic (the interpreter's float8 cast is wrong, module doc).
+    ``HW_CAST``: the GPU's conversion (sm_89+: ``cvt.rn.satfinite.e4m3x2.f32``, torch's bits); else :func:`_e4m3_code`.
     """
     if HW_CAST:
         return q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
@@ -93,10 +91,7 @@ def _exp2(e):
 
 @triton.jit
 def _e8m0_exponent(amax, ELEM_P: tl.constexpr, ELEM_C: tl.constexpr):
-    """MX exponent ``ceil(log2(amax / (2^ELEM_P c)))``, exactly from amax's bits, as ``grids.e8m0_block_exponent``.
-
-    ``ELEM_C``: the mantissa bits of c in [1, 2); zero or subnormal amax: -127; clamped to [-127, 127].
-    """
+    """MX exponent ``ceil(log2(amax / (2^ELEM_P c)))`` (``ELEM_C``: c's mantissa bits), as ``e8m0_block_exponent``."""
     b = amax.to(tl.int32, bitcast=True)
     field = b >> 23
     expo = field - 127 - ELEM_P + ((b & 0x7FFFFF) > ELEM_C).to(tl.int32)

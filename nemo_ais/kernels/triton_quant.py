@@ -1,11 +1,10 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""Fused Triton quantizers, bit-equal to the PyTorch references of :mod:`nemo_ais.formats`.
+"""Fused Triton quantizers with the signatures and bits of the PyTorch references in :mod:`nemo_ais.formats`.
 
-One launch per weight or MoE expert stack ``[E, N, K]`` (NVFP4: also with a global scale per
-expert), each with its reference's signature and bits. A CPU tensor runs the kernels under
-Triton's interpreter (scoped to this module; CI, small shapes). Non-finite input goes to the
-PyTorch quantizer, which raises (one host read a call). ``pip install 'nemo-ais[triton]'``.
+One launch per weight or MoE expert stack ``[E, N, K]`` (NVFP4: also with a global scale per expert). A CPU tensor runs
+the kernels under Triton's interpreter (scoped to this module; CI, small shapes). Non-finite input goes to the PyTorch
+quantizer, which raises (one host read a call). ``pip install 'nemo-ais[triton]'``.
 """
 
 from __future__ import annotations
@@ -45,17 +44,15 @@ __all__ = [
 ]
 
 _KERNELS = "nemo_ais.kernels._triton_quant_jit"
-# Elements per program of the 1-D formats: 16 rows x 256 columns (8 warps: 128 (MX) / 120
-# (NVFP4) registers, no spills).
+# Elements per program of the 1-D formats: 16 rows x 256 columns (8 warps: 128 (MX) / 120 (NVFP4) registers, no spills)
 _ROWS, _COLS, _WARPS = 16, 256, 8
 _ABSMAX_BLOCK = 8192
-# FP8 tiles are read in slices of this many rows (sm_90a ptxas: a whole 128x128 tile
-# spilled at 255 registers; 8-row slices take 64, no spills).
+# FP8 tiles are read in slices of this many rows (sm_90a ptxas: a whole 128x128 tile spilled at 255 registers; 8-row
+# slices take 64, no spills).
 _FP8_CHUNK = 16
 _FP8_WARPS = 8
 _HW_E4M3 = True  # E4M3 codes by the GPU's cvt instruction where it has one (benchmarks: False)
-# False only inside :func:`_launches_only` (benchmarks: the launches alone, graph-capturable)
-_READ_BACK = contextvars.ContextVar("nemo_ais_triton_read_back", default=True)
+_READ_BACK = contextvars.ContextVar("nemo_ais_triton_read_back", default=True)  # False only inside _launches_only
 
 
 def _hw_e4m3(x: torch.Tensor) -> bool:
@@ -75,10 +72,7 @@ def _nonfinite(bad: torch.Tensor) -> bool:
 
 @contextlib.contextmanager
 def _launches_only() -> Iterator[None]:
-    """Within the block the wrappers read no counter back (no host synchronization).
-
-    For benchmarks only (CUDA graph capture): non-finite input then goes undetected.
-    """
+    """Benchmarks only (CUDA graph capture): the wrappers read no counter back, so non-finite input goes undetected."""
     token = _READ_BACK.set(False)
     try:
         yield
@@ -248,8 +242,7 @@ def quantize_nvfp4_triton(
 ) -> NVFP4Tensor:
     """NVFP4 of ``x [..., K]``; bits of :func:`nemo_ais.formats.quantize_nvfp4` (one global scale).
 
-    Two launches with ``amax=None`` (the amax, then the quantizer), one with a static amax;
-    16x16 tiles never straddle two experts.
+    Two launches with ``amax=None`` (amax, then quantizer), one with a static amax; 16x16 tiles stay within one matrix.
     """
     check_last_dim(x, name, NVFP4_BLOCK, "NVFP4")
     bad_tiles = rows_per_block not in (1, 16) or (rows_per_block > 1 and x.dim() < 2)

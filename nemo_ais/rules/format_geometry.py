@@ -2,8 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Each rollout format's weight block and bytes per weight, torch-free.
 
-The format records (:mod:`nemo_ais.formats`, torch) take their block from :data:`GEOMETRY`, and the offline check
-(:mod:`nemo_ais.preflight`, torch-free) its shard and memory arithmetic: one table that both read.
+:data:`GEOMETRY` is the one table the format records (:mod:`nemo_ais.formats`) and the offline check read.
 """
 
 from __future__ import annotations

@@ -2,19 +2,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which linear layers stay in BF16: one rule, called by every place that needs to know.
 
-The twin, the refit stream, the vLLM refit patch and ``nemo_ais.preflight`` all ask
-:meth:`KeepInBf16.reason`, so they cannot disagree (veRL #7519: an ignore pattern
-``mlp.gate`` also matched ``mlp.gate_up_proj``, and rollout ran in BF16 what training
-treated as FP8). Rules, in priority order, on a HF module or parameter name:
+The twin, the refit stream, the vLLM refit patch and ``nemo_ais.preflight`` all ask :meth:`KeepInBf16.reason`, so they
+cannot disagree (veRL #7519: an ignore pattern ``mlp.gate`` also matched ``mlp.gate_up_proj``, and rollout ran in BF16
+what training treated as FP8). Rules, in priority order, on a HF module or parameter name:
 
-1. MoE routers: a name part after the decoder layer's index is ``gate``, ``router`` or
-   ``shared_expert_gate`` (the router itself, or a linear nested in it: GraniteMoE's
-   ``router.layer``, HunYuan's ``gate.wg``).
+1. MoE routers: a name part after the decoder layer's index is ``gate``, ``router`` or ``shared_expert_gate`` (the
+   router itself, or a linear nested in it: GraniteMoE's ``router.layer``, HunYuan's ``gate.wg``).
 2. ``patterns``: regexes, ``re.search`` on the module name or the full name.
 3. The first ``first_layers`` and the last ``last_layers`` decoder layers.
 4. ``attention``: every ``self_attn`` projection.
-5. NeMo-RL's ``keywords`` (substrings) and ``ignore`` (ModelOpt fnmatch patterns), matched
-   as NeMo-RL does: with and without the parameter suffix and the ``model.`` prefix.
+5. NeMo-RL's ``keywords`` (substrings) and ``ignore`` (ModelOpt fnmatch patterns), matched as NeMo-RL does: with and
+   without the parameter suffix and the ``model.`` prefix.
 """
 
 from __future__ import annotations
@@ -43,9 +41,8 @@ _PARAM_SUFFIXES = (
 def fp8_engine_exclusions(vllm_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The BF16 exclusions NeMo-RL's FP8 engine (``init_fp8``: block FP8 and MXFP8) reads.
 
-    From ``policy.generation.vllm_cfg``, under the refit config's field names, values as the
-    config gives them (absent: 0, 0, ()). The AIS FP8 refit (``nemo_rl.refit.configure``)
-    and the offline check both read them here, so they keep in BF16 what the engine does.
+    Read from ``policy.generation.vllm_cfg`` as given (absent: 0, 0, ()), under the refit config's field names. The AIS
+    FP8 refit (``nemo_rl.refit.configure``) and the offline check read them here, to keep in BF16 what the engine does.
     """
     return {
         "num_first_layers_in_bf16": vllm_cfg.get("num_first_layers_in_bf16", 0),

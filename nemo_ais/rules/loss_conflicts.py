@@ -11,10 +11,9 @@ from typing import Any
 AIS_SECTIONS = ("ais", "ais_alarms")
 """The ``loss_fn`` sub-sections nemo_ais reads (NeMo-RL's ``loss_fn`` allows extra keys)."""
 
-#  NeMo-RL loss_fn options that must stay at their "off" value when loss_fn.ais.mode is not none: (off value, why). With
-#  mode none the AIS loss is NeMo-RL's ClippedPGLossFn unchanged. The one table for both this offline check and
-#  nemo_ais.nemo_rl.loss.AISLossConfig. (use_cispo, sequence_level_importance_ratios, use_on_policy_kl_approximation and
-#  positive_example_nll_weight are core's: nemo_ais.config.PGLossConfig validates them.)
+# (off value, why) of each option of AIS_CONFLICTS; also read by nemo_ais.nemo_rl.loss.AISLossConfig. Core's use_cispo,
+# sequence_level_importance_ratios, use_on_policy_kl_approximation and positive_example_nll_weight are validated by
+# nemo_ais.config.PGLossConfig.
 _AIS_CONFLICT_TABLE: dict[str, tuple[Any, str]] = {
     "use_importance_sampling_correction": (
         False,
@@ -68,8 +67,8 @@ def ais_conflicts(loss_fn: Mapping[str, Any], mode: str) -> list[str]:
 def bypass_kl_in_reward_problems(loss_fn: Mapping[str, Any]) -> list[str]:
     """``loss_fn.ais.bypass`` with a KL term in the reward (``use_kl_in_reward``, beta != 0).
 
-    Bypass fills ``prev_logprobs`` with zeros, and the advantage estimator would subtract
-    ``beta * KL`` of zeros (NeMo-RL main asserts against it; v0.7.0 does not).
+    Bypass fills ``prev_logprobs`` with zeros, and the advantage estimator would subtract ``beta * KL`` of zeros
+    (NeMo-RL main asserts against it; v0.7.0 does not).
     """
     ais = loss_fn.get("ais")
     bypass = getattr(ais, "bypass", None) if not isinstance(ais, Mapping) else ais.get("bypass")

@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The GPU each rollout format needs to run as named, and what vLLM runs below it.
 
-vLLM (0.20.0 and 0.25.1) picks a kernel at engine build and only logs a fallback: NVFP4
-needs compute capability >= 10.0, else weight-only Marlin (``input_scale`` dropped); MXFP8
-needs SM100; block FP8 runs weight-only Marlin below 8.9. Torch-free: the runtime check
-and ``nemo_ais.preflight`` both read this table.
+vLLM (0.20.0 and 0.25.1) picks a kernel at engine build and only logs a fallback: NVFP4 needs capability >= 10.0,
+else weight-only Marlin (``input_scale`` dropped); MXFP8 needs SM100; block FP8 runs weight-only Marlin below 8.9.
+Torch-free: the runtime check and ``nemo_ais.preflight`` both read this table.
 """
 
 from __future__ import annotations
