@@ -2,11 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """What a refit sends to vLLM: :class:`RefitConfig` (``ais_fp8_refit`` / ``ais_nvfp4_refit``).
 
-:class:`Fp8SyncConfig` and :class:`BlockSyncConfig` are its per-engine forms.
-:class:`WeightFormatFields` holds what a rollout's weight format is (the format's knobs and
-the BF16 exclusions): the refit's config and the simulated engine's
-(:class:`~nemo_ais.rollout.config.RolloutPrecisionConfig`) both derive from it, so each
-knob has one name, one default and one check in both.
+:class:`Fp8SyncConfig` and :class:`BlockSyncConfig` are its per-engine forms. :class:`WeightFormatFields` holds what a
+rollout's weight format is (the format's knobs and the BF16 exclusions): the refit's config and the simulated engine's
+(:class:`~nemo_ais.rollout.config.RolloutPrecisionConfig`) both derive from it, so each knob has one name, one default
+and one check in both.
 """
 
 from __future__ import annotations

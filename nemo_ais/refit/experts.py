@@ -3,10 +3,11 @@
 """MoE expert stacks of the refit stream: the experts of one layer and projection, one call.
 
 With ``RefitConfig.num_experts`` set, :class:`~nemo_ais.refit.stream.RefitStream` holds the per-expert HF weights
-(``model.layers.0.mlp.experts.3.gate_proj.weight``) here, per layer and projection (NVFP4: gate and up together),
-quantizes each ``[E, N, K]`` stack in one call and sends every expert's pairs under its own names, bit for bit what one
-expert at a time sends. Only one layer's experts are held: a stack still open when another layer's experts arrive,
-or at :meth:`~nemo_ais.refit.stream.RefitStream.flush`, is sent with the experts it has.
+(``model.layers.0.mlp.experts.3.gate_proj.weight``) here per layer and projection (NVFP4: gate and up together, each
+expert its own global scale), quantizes each ``[E, N, K]`` stack in one call (one Triton launch on CUDA) and sends every
+expert's pairs under its own names, bit for bit what one expert at a time sends. Only one layer's experts are held: a
+stack still open when another layer's experts arrive, or at :meth:`~nemo_ais.refit.stream.RefitStream.flush` (the end
+of a chunk or of the refit: a partial refit), is sent with the experts it has; none is dropped or held past the refit.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ class ExpertStacks:
     ) -> tuple[list[ExpertStack], ExpertStack | None] | None:
         """Hold ``name``; None if it is no stack's (a dense weight, an index past ``num_experts``).
 
-        ``quantized(name)``: the refit quantizes that weight (not kept in BF16). Returns the
-        stacks to send now with what they hold (another layer's, or one that already held
-        ``name``) and the stack ``name`` completed (None: still open).
+        ``quantized(name)``: the refit quantizes that weight (not kept in BF16). Returns the stacks to send now with
+        what they hold (another layer's, or one that already held ``name``) and the stack ``name`` completed (None:
+        still open).
         """
         match = _EXPERT_RE.match(name)
         if match is None or int(match["expert"]) >= self.num_experts:

@@ -2,24 +2,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-step FP8 KV-cache scale calibration (Q/K/V), combined across ranks with MAX.
 
-Weights move at every RL step, so the KV scales are recalibrated at every weight sync
-(vLLM's ``calculate_kv_scales`` uses its first batch only). Steps:
+Weights move at every RL step, so the KV scales are recalibrated at every weight sync (vLLM's ``calculate_kv_scales``
+uses its first batch only). Steps:
 
 1. Observe Q/K/V per attention layer (HF attention: K and V as the KV cache receives them, Q at ``q_proj``; or
-   Megatron's ``core_attention`` inputs in :mod:`nemo_ais.megatron.kv_calibration`), optionally at valid tokens
-   only. One call = one observation.
-2. Per layer and kind, this rank's amax by ``KVScaleConfig.reduction``:
-   ``percentile_of_amax`` (NeMo-RL's ``calibrate_qkv_fp8_scales``): the nearest-rank
-   percentile ``sorted(a)[round(p / 100 * (n - 1))]`` of the per-observation ``max |x|``;
-   ``element_percentile``: the max over observations of ``P_p(|x|)`` (numpy interpolation).
-3. ONE ``all_reduce(MAX)`` of the ``[3, layers, 3]`` table (amax, peak, non-finite flag), so
-   every rank raises together (upstream: ``all_gather_object``, the same values).
+   Megatron's ``core_attention`` inputs in :mod:`nemo_ais.megatron.kv_calibration`), optionally at valid tokens only.
+   One call = one observation.
+2. Per layer and kind, this rank's amax by ``KVScaleConfig.reduction``: ``percentile_of_amax`` (NeMo-RL's
+   ``calibrate_qkv_fp8_scales``): the nearest-rank percentile ``sorted(a)[round(p / 100 * (n - 1))]`` of the
+   per-observation ``max |x|``; ``element_percentile``: the max over observations of ``P_p(|x|)`` (numpy interpolation).
+3. ONE ``all_reduce(MAX)`` of the ``[3, layers, 3]`` table (amax, peak, non-finite flag), so every rank raises together
+   (upstream: ``all_gather_object``, the same values).
 4. ``scale = max(amax, amax_floor) * margin / 448`` (upstream's arithmetic plus the floor).
 5. vLLM names: ``model.layers.N.self_attn.{k,v}_scale`` and ``...self_attn.attn.q_scale``.
 
-K and V are observed where they are cached, after ``k_norm`` and RoPE, as NeMo-RL's Megatron worker observes them
-and vLLM's FP8 cache stores them (a ``k_proj`` hook misses both: Qwen3's ``k_norm`` rescales K without bound, RoPE
-alone moves its peak by up to sqrt(2)). [reconstruction] Q (``include_q``) is read at the ``q_proj`` output.
+K and V are observed after ``k_norm`` and RoPE, where NeMo-RL's Megatron worker observes them and vLLM's FP8 cache
+stores them (not at ``k_proj``: docs/low_precision.md). [reconstruction] Q (``include_q``) is the ``q_proj`` output.
 """
 
 from __future__ import annotations
@@ -357,9 +355,9 @@ class KVScaleCalibrator:
 class _ObservedCache:
     """The KV cache an attention layer writes to (or None), seen by :meth:`KVScaleCalibrator.install_hooks`.
 
-    ``update`` observes K and V (``[B, heads, T, D]``, as ``[B, T, heads * D]`` rows), then hands them to the cache:
-    the layer's own, or a fresh HF ``DynamicCache`` for this call when the forward has none (an attention may ask an
-    empty cache its length). Anything else is the cache's.
+    ``update`` observes K and V (``[B, heads, T, D]`` as ``[B, T, heads * D]`` rows), then hands them to the layer's
+    own cache, or to a fresh HF ``DynamicCache`` when the forward has none (an attention may ask an empty cache its
+    length). Every other attribute is the cache's.
     """
 
     def __init__(self, inner: Any, layer: int, calibrator: KVScaleCalibrator) -> None:
@@ -414,8 +412,8 @@ def verify_kv_scales(
 ) -> None:
     """Raise ``ValueError`` listing every sent scale the engine does not hold.
 
-    A scale missing, never loaded (``finfo(float32).min``), left at 1.0, not finite and > 0,
-    or off by more than ``rtol`` from ``expected`` (:meth:`KVScales.to_vllm`).
+    A scale missing, never loaded (``finfo(float32).min``), left at 1.0, not finite and > 0, or off by more than
+    ``rtol`` from ``expected`` (:meth:`KVScales.to_vllm`).
     """
     problems = []
     for name, want in expected.items():

@@ -2,35 +2,28 @@
 # SPDX-License-Identifier: Apache-2.0
 """The refit stream: a BF16 trainer's weights as the tensors vLLM's loader takes, any format.
 
-At every weight sync the trainer's unfused HF ``(name, tensor)`` pairs become the pairs
-``model.load_weights`` of a low-precision vLLM engine expects, one tensor at a time; the
-format record says what a quantized ``<m>.weight [out, in]`` becomes
-(:attr:`~nemo_ais.formats.base.Format.refit_pairs`):
+At every weight sync the trainer's unfused HF ``(name, tensor)`` pairs become the pairs ``model.load_weights`` of a
+low-precision vLLM engine expects, one tensor at a time; the format record says what a quantized
+``<m>.weight [out, in]`` becomes (:attr:`~nemo_ais.formats.base.Format.refit_pairs`):
 
 * ``fp8``: ``weight`` float8_e4m3fn, ``weight_scale_inv`` fp32 ``[ceil(out/128), ceil(in/128)]``;
-* ``nvfp4_w4a16``: ``weight`` uint8 ``[out, in/2]``, ``weight_scale`` float8_e4m3fn
-  ``[out, in/16]``, ``weight_scale_2`` fp32 0-dim; ``nvfp4_w4a4`` adds ``input_scale``;
+* ``nvfp4_w4a16``: ``weight`` uint8 ``[out, in/2]``, ``weight_scale`` float8_e4m3fn ``[out, in/16]``, ``weight_scale_2``
+  fp32 0-dim; ``nvfp4_w4a4`` adds ``input_scale``;
 * ``mxfp8``: ``weight`` float8_e4m3fn, ``weight_scale`` (or ``mxfp8_scale_name``) uint8 E8M0.
 
 1. Plan each tensor (:func:`plan_tensor`): quantize the linear projections (MoE experts included); keep the rest, and
    what :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` keeps (the rule the twin and the offline check call), in BF16.
-2. Check each TP rank's shard is whole and a block multiple (all but FP8: the whole in
-   dim of a column-parallel weight too).
-3. Fused shards sharing one global scale (NVFP4 ``qkv_proj`` / ``gate_up_proj``) are held
-   until the group is complete, then quantized with the group's amax, in arrival order.
+2. Check each TP rank's shard is whole and a block multiple; all formats but FP8 also check the whole in dim of a
+   column-parallel weight.
+3. Fused shards sharing one global scale (NVFP4 ``qkv_proj`` / ``gate_up_proj``) are held until the group is complete,
+   then quantized with the group's amax, in arrival order.
 4. Non-finite values raise ``ValueError`` naming the tensor, before it is yielded.
+5. MoE experts (``num_experts`` set): the experts of one layer and projection are held until all have arrived, then
+   quantized as one ``[E, N, K]`` stack and sent under their own names (:mod:`nemo_ais.refit.experts`).
 
-5. MoE experts (``num_experts`` set): the experts of one layer and projection (NVFP4: of
-   one fused layer, each expert its own global scale) are held until all have arrived,
-   then quantized as one ``[E, N, K]`` stack, one quantizer call (one Triton launch on CUDA), and sent under their own
-   names, bit for bit what one expert at a time sends (:mod:`nemo_ais.refit.experts`). A stack still open when another
-   layer's experts arrive, or at :meth:`RefitStream.flush` (the end of a chunk or of the refit: a partial refit), is
-   sent with the experts it holds; none is dropped or held past the refit.
-
-Memory: one tensor's outputs plus at most ``max_open_groups`` held groups; with
-``num_experts``, also one layer's held experts (HF order interleaves a layer's gate, up and
-down experts) and one stack's outputs (each expert's tensors are views of them).
-:class:`RefitStream` is the stateful form for a chunked refit; :func:`plan_refit` the dry run.
+Memory: one tensor's outputs plus at most ``max_open_groups`` held groups; with ``num_experts``, also one layer's held
+experts (HF order interleaves a layer's gate, up and down experts) and one stack's outputs (each expert's tensors are
+views of them). :class:`RefitStream` is the stateful form for a chunked refit; :func:`plan_refit` the dry run.
 """
 
 from __future__ import annotations
@@ -232,8 +225,8 @@ def _plans_for(config: RefitConfig) -> dict[tuple, PlanEntry | str | None]:
 class RefitStream:
     """The stream's state across chunks of one refit: fused groups still waiting for shards.
 
-    :meth:`push` one pair at a time (yields the pairs that are ready), :meth:`flush` and
-    :meth:`end_chunk` before the caller's tensors become invalid, :meth:`close` at the end.
+    :meth:`push` one pair at a time (yields the pairs that are ready), :meth:`flush` and :meth:`end_chunk` before the
+    caller's tensors become invalid, :meth:`close` at the end.
 
     Args:
         input_amax: ``{module or fused group: calibrated input amax}`` (W4A4); a module takes

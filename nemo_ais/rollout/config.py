@@ -2,11 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the simulated rollout engine runs in: format, KV cache, BF16 exclusions.
 
-``format`` (the linear layers; what each is and its vLLM path: ``docs/low_precision.md``,
-"Formats"): ``bf16``, ``fp8``, ``mxfp8``, ``nvfp4_w4a16`` or ``nvfp4_w4a4``.
-``kv_cache``: ``bf16``, ``fp8`` (E4M3, one scale per layer and K/V, recalibrated after every refit,
-:mod:`nemo_ais.refit.kv_scales`) or ``nvfp4`` (E2M1 blocks of 16 along the head dim, global amax calibrated the same
-way). The weight format's knobs and the BF16 exclusions are the refit's own
+``format`` (the linear layers; what each is and its vLLM path: ``docs/low_precision.md``, "Formats"): ``bf16``, ``fp8``,
+``mxfp8``, ``nvfp4_w4a16`` or ``nvfp4_w4a4``. ``kv_cache``: ``bf16``, ``fp8`` (E4M3, one scale per layer and K/V,
+recalibrated after every refit, :mod:`nemo_ais.refit.kv_scales`) or ``nvfp4`` (E2M1 blocks of 16 along the head dim,
+global amax calibrated the same way). The weight format's knobs and the BF16 exclusions are the refit's own
 (:class:`~nemo_ais.refit.config.WeightFormatFields`). :class:`Fp8RolloutConfig`, the earlier FP8-only config, also reads
 ``enabled`` (false = ``format: bf16, kv_cache: bf16``) and ``kv_cache_fp8`` (true = ``kv_cache: fp8``).
 """
@@ -62,8 +61,7 @@ class RolloutPrecisionConfig(WeightFormatFields):
     @field_validator("activation_eps")
     @classmethod
     def _eps_scale_is_normal(cls, eps: float) -> float:
-        # below 448 x float32's smallest normal, an all-zero group's scale eps / 448 underflows
-        # to 0 and its fake-quant is 0 / 0 (0 itself is the zero group's own rule: scale 1)
+        # 0 is the all-zero group's own rule (scale 1); 0 < eps < 1e-35 underflows its scale eps / 448 to 0 (fq 0 / 0)
         if 0 < eps < _MIN_ACTIVATION_EPS:
             raise ValueError(
                 f"expected 0 or >= {_MIN_ACTIVATION_EPS:g} (an all-zero group's scale eps / 448 "

@@ -2,14 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-format fake quantization of a linear layer: the registry the twin and a trainer share.
 
-``LINEAR_FAKE_QUANT[format]`` (default knobs) or :func:`linear_fake_quant` (a config's)
-gives a :class:`LinearFakeQuant`, the ``weight(w, amax=None)`` and ``activation(x,
-amax=None)`` round trips the twin's linear layers apply (``bf16``: identities; NVFP4: the
-global ``amax``; W4A4 activations: the static calibrated amax).
+``LINEAR_FAKE_QUANT[format]`` (default knobs) or :func:`linear_fake_quant` (a config's) gives a
+:class:`LinearFakeQuant`, the ``weight(w, amax=None)`` and ``activation(x, amax=None)`` round trips the twin's linear
+layers apply (``bf16``: identities; NVFP4: the global ``amax``; W4A4 activations: the static calibrated amax).
 
-A rollout-aligned trainer (QARL) computes ``F.linear(activation(x), weight(W))`` with
-:func:`straight_through` around each call and gets the twin's numbers bit for bit in fp32
-(tested); NVFP4's ``weight_amax`` is shared by vLLM's fused shards (:func:`shared_weight_amax`).
+A rollout-aligned trainer (QARL) computes ``F.linear(activation(x), weight(W))`` with :func:`straight_through` around
+each call and gets the twin's numbers bit for bit in fp32 (tested); NVFP4's ``weight_amax`` is shared by vLLM's fused
+shards (:func:`shared_weight_amax`).
 """
 
 from __future__ import annotations
@@ -62,9 +61,8 @@ def linear_fake_quant(config: RolloutPrecisionConfig) -> LinearFakeQuant:
 def scale_error(x: torch.Tensor, q: torch.Tensor, k: float) -> torch.Tensor:
     """``x + k (q - x)`` in ``q``'s dtype: the quantization error of ``q = fq(x)`` times ``k``.
 
-    The mismatch dial of ``error_scale``: ``k = 1`` returns ``q`` itself (bit for bit),
-    ``k = 0`` returns ``x``; in between and above, the error keeps the format's structure
-    (blocks, scales, saturation) and only its size changes.
+    The mismatch dial of ``error_scale``: ``k = 1`` returns ``q`` itself (bit for bit), ``k = 0`` returns ``x``; in
+    between and above, the error keeps the format's structure (blocks, scales, saturation) and only its size changes.
     """
     if k == 1.0:
         return q

@@ -2,28 +2,25 @@
 # SPDX-License-Identifier: Apache-2.0
 """TEST / BENCH ONLY: refit bugs planted into the twin, to calibrate the refit guard.
 
-``RolloutPrecisionConfig.refit_fault`` (in the embedded recipe:
-``rollout.quantizer.refit_fault={kind: ..., from_refit: N}``) makes every refit of the twin from the ``from_refit``-th
-on (counted from 1 since the twin was built; in the embedded recipe refit N is GRPO step N of a run that did not resume)
-go wrong the way peers' refits did. It is refused unless the environment variable
-:data:`FAULT_ENV` is ``1`` (set by ``benchmarks/bench_alarm_calibration.py`` and the tests), so a config cannot turn it
-on by accident; the run then computes wrong rollouts on purpose. Kinds:
+``RolloutPrecisionConfig.refit_fault`` (embedded recipe: ``rollout.quantizer.refit_fault={kind: ..., from_refit: N}``)
+makes every refit of the twin from the ``from_refit``-th on (counted from 1 since the twin was built; in the embedded
+recipe refit N is GRPO step N of a run that did not resume) go wrong the way peers' refits did. It is refused unless the
+environment variable :data:`FAULT_ENV` is ``1`` (set by ``benchmarks/bench_alarm_calibration.py`` and the tests), so a
+config cannot turn it on by accident; the run then computes wrong rollouts on purpose. Kinds:
 
-* ``scale_layout`` (format ``fp8``): each matched linear's block-scale grid
-  ``weight_scale_inv [N/128, K/128]`` is loaded in the wrong layout, its column-major
-  buffer read row-major (``s.t().reshape(s.shape)``; a transpose for a square grid), so
-  the FP8 codes are dequantized with another tile's scale.
-* ``bf16_layer``: the matched linears run unquantized in the rollout (weights as sent,
-  no activation quantization) while the trainer believes them quantized (veRL #7519:
-  an ignore pattern ``mlp.gate`` also matched ``mlp.gate_up_proj``). With an unquantized
-  trainer this LOWERS the mismatch; it is visible where the trainer's forward runs the
-  rollout's fake quantization (``policy.rollout_aligned_quantization``, the QaRL arms).
-* ``stale_kv_scale`` (quantized KV cache): the KV-cache scales stop being recalibrated;
-  every later refit keeps those of refit ``from_refit - 1``.
+* ``scale_layout`` (format ``fp8``): each matched linear's block-scale grid ``weight_scale_inv [N/128, K/128]`` is
+  loaded in the wrong layout, its column-major buffer read row-major (``s.t().reshape(s.shape)``; a transpose for a
+  square grid), so the FP8 codes are dequantized with another tile's scale.
+* ``bf16_layer``: the matched linears run unquantized in the rollout (weights as sent, no activation quantization) while
+  the trainer believes them quantized (veRL #7519: an ignore pattern ``mlp.gate`` also matched ``mlp.gate_up_proj``).
+  With an unquantized trainer this LOWERS the mismatch; it is visible where the trainer's forward runs the rollout's
+  fake quantization (``policy.rollout_aligned_quantization``, the QaRL arms).
+* ``stale_kv_scale`` (quantized KV cache): the KV-cache scales stop being recalibrated; every later refit keeps those of
+  refit ``from_refit - 1``.
 
-``modules`` (a regex, ``re.search`` on the twin's module name) selects the linears of
-``scale_layout`` / ``bf16_layer``. Building a twin whose fault has nothing to act on (no
-matched linear of the kind, or a BF16 KV cache for ``stale_kv_scale``) raises.
+``modules`` (a regex, ``re.search`` on the twin's module name) selects the linears of ``scale_layout`` / ``bf16_layer``.
+Building a twin whose fault has nothing to act on (no matched linear of the kind, or a BF16 KV cache for
+``stale_kv_scale``) raises.
 """
 
 from __future__ import annotations
@@ -72,10 +69,7 @@ class RefitFault(BaseModel):
 
 @runtime_checkable
 class _Twin(Protocol):
-    """What the injector touches of :class:`~nemo_ais.rollout.twin.RolloutTwin`.
-
-    The twin builds the injector: importing it here, even for typing, closes a circle.
-    """
+    """What the injector touches of :class:`~nemo_ais.rollout.twin.RolloutTwin` (an import would be circular)."""
 
     config: Any
     model: torch.nn.Module
@@ -99,8 +93,7 @@ class RefitFaultInjector:
                 )
             self.names: tuple[str, ...] = ()
             return
-        # Fp8Linear holds its block scales; every QuantLinear its dequantized weight (duck
-        # typing: nemo_ais.rollout.linear imports the config, which imports this module)
+        # Fp8Linear holds block scales, any QuantLinear its dequantized weight (duck-typed: an import would be circular)
         wanted, attr = (
             ("Fp8Linear", "weight_scale_inv") if fault.kind == "scale_layout" else ("QuantLinear", "weight_dequant")
         )

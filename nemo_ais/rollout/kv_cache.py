@@ -2,11 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The twin's quantized KV cache: K and V fake-quantized as vLLM writes them into its cache.
 
-HF's ``DynamicCache.update`` receives K after RoPE and V, what vLLM's
-``reshape_and_cache`` writes; attention reads the dequantized states. Layer ``l``'s writes
-take the KV-cache format's round trip (:mod:`nemo_ais.formats.kv_cache`: ``fp8``,
-``nvfp4``) with its calibrated scale ``s_l``. An optional
-:class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` counts the clipped elements.
+HF's ``DynamicCache.update`` receives K after RoPE and V, what vLLM's ``reshape_and_cache`` writes; attention reads the
+dequantized states. Layer ``l``'s writes take the KV-cache format's round trip (:mod:`nemo_ais.formats.kv_cache`:
+``fp8``, ``nvfp4``) with its calibrated scale ``s_l``.
 """
 
 from __future__ import annotations
@@ -24,10 +22,10 @@ _COLUMNS = {"k": 1, "v": 2}  # of the calibrated (q, k, v) table
 class QuantizedKVCache(GrowingKVCache):
     """HF ``DynamicCache`` (growing in place) whose writes take a KV-cache format's round trip.
 
-    ``kind``: the format (``fp8``, ``nvfp4``); ``scales``: the calibrated table (float64
-    ``[layers, 3]`` dequant scales; ``held``: the record's per-layer K and V values from it);
-    ``saturation``: the counter, or None; ``error_scale``:
-    the mismatch dial k (``x + k (q(x) - x)``; 1: the format as is).
+    ``kind``: the format (``fp8``, ``nvfp4``); ``scales``: the calibrated table (float64 ``[layers, 3]`` dequant scales;
+    ``held``: the record's per-layer K and V values from it); ``saturation``: an optional
+    :class:`~nemo_ais.refit.kv_scales.KVSaturationCounter` of the clipped elements; ``error_scale``: the mismatch dial
+    k (``x + k (q(x) - x)``; 1: the format as is).
     """
 
     def __init__(

@@ -2,11 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """A linear layer (and fused MoE experts) running one rollout format's fake quantization.
 
-:class:`QuantLinear` for ``x [..., K]``, ``W [N, K]``: at refit ``W_dq = weight_fq(W,
-amax)`` (cached fp32); at every forward ``x_dq = activation_fq(x, input_amax)``, then ``y = x_dq @ W_dq^T`` in fp32 ``+
-bias``, cast to ``x.dtype``. :class:`QuantExperts` replaces transformers-5 fused MoE experts by one linear per expert
-and projection. :class:`Fp8Linear` also keeps vLLM's block-FP8 codes and scales, so the twin loads a refit stream as
-sent; every operand being exact, only the fp32 summation order differs from a real FP8 GEMM.
+:class:`QuantLinear` for ``x [..., K]``, ``W [N, K]``: at refit ``W_dq = weight_fq(W, amax)`` (cached fp32); at every
+forward ``x_dq = activation_fq(x, input_amax)``, then ``y = x_dq @ W_dq^T + bias`` in fp32, cast to ``x.dtype``.
+:class:`QuantExperts` replaces transformers-5 fused MoE experts by one linear per expert and projection.
+:class:`Fp8Linear` also keeps vLLM's block-FP8 codes and scales, so the twin loads a refit stream as sent; every operand
+being exact, only the fp32 summation order differs from a real FP8 GEMM.
 """
 
 from __future__ import annotations
@@ -114,9 +114,9 @@ class QuantLinear(nn.Module):
 class QuantExperts(nn.Module):
     """Fake-quantized replacement of a transformers-5 fused MoE experts module.
 
-    The standard layout only (``gate_up_proj [E, 2I, H]`` as ``[gate; up]``, ``down_proj
-    [E, H, I]``, no bias): ``y_t += w_tk * down_e(act(gate_e(x_t)) * up_e(x_t))``, each
-    projection ``make_linear(weight, name)``; else ``NotImplementedError``.
+    The standard layout only, else ``NotImplementedError`` (``gate_up_proj [E, 2I, H]`` as ``[gate; up]``,
+    ``down_proj [E, H, I]``, no bias): ``y_t += w_tk * down_e(act(gate_e(x_t)) * up_e(x_t))``, each projection
+    ``make_linear(weight, name)``.
     """
 
     def __init__(

@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The twin's build step: which modules a rollout format quantizes, and what replaces them.
 
-Every ``nn.Linear`` in a decoder layer that is a projection vLLM's loader names (as the refit
-stream: ``rules.vllm_layers.projection``) and every fused MoE experts module, except MoE routers
-and the config's BF16 exclusions.
+Every ``nn.Linear`` in a decoder layer that is a projection vLLM's loader names (as the refit stream:
+``rules.vllm_layers.projection``) and every fused MoE experts module, but not MoE routers or the BF16 exclusions.
 """
 
 from __future__ import annotations

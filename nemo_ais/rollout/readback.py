@@ -2,24 +2,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """Refit readback: after a refit, what the engine holds against what a correct refit gives.
 
-The refit bugs peers shipped change neither the shapes nor the dtypes the engine loads, and on a small batch their
-effect on the mismatch can sit inside its step-to-step noise (issue 27; docs/benchmarks.md ``alarm_calibration``): a
-scale grid read in the wrong layout, a layer kept in BF16 that the trainer treats as quantized, KV-cache scales that
-stopped being recalibrated. Reading the engine back finds each of them exactly, at the refit they happen:
+The refit bugs peers shipped (a scale grid read in the wrong layout, a layer kept in BF16 that the trainer treats as
+quantized, KV-cache scales no longer recalibrated) change neither the shapes nor the dtypes the engine loads, and on a
+small batch their effect on the mismatch can sit inside its step-to-step noise (issue 27; docs/benchmarks.md
+``alarm_calibration``). Reading the engine back finds each of them exactly, at the refit they happen:
 
-* **weights**: every quantized linear's effective weight (the dequantized codes the forward
-  multiplies by) against the format's quantization of the weight the trainer sent (or the
-  dequantization of the FP8 codes and scales it sent), relative to the weight's amax;
-* **KV-cache scales**: the scales the engine holds against those a calibration of the
-  current weights on the refit's calibration batch gives, relative.
+* **weights**: every quantized linear's effective weight (the dequantized codes the forward multiplies by) against the
+  format's quantization of the weight the trainer sent (or the dequantization of the FP8 codes and scales it sent),
+  relative to the weight's amax;
+* **KV-cache scales**: the scales the engine holds against those a calibration of the current weights on the refit's
+  calibration batch gives, relative.
 
-Both are 0.0 exactly on a healthy refit: the engine's own quantizer and calibration, run again on the same input, give
-the same bits. So any value above 0 is a refit bug, with no threshold to calibrate (``alarms.readback_tol``, default 0,
-is there for an engine whose readback goes through another kernel). The simulated engine runs it when
-``rollout.quantizer.verify_refit`` is true; the embedded recipe writes one
-:data:`READBACK_FILE` row per refit beside NeMo-RL's step logs, and ``nemo-ais analyze``
-raises the ``refit_readback`` alarm from it. A vLLM engine is not read back yet
-(docs/analyze.md).
+Both are exactly 0.0 on a healthy refit (the engine's own quantizer and calibration, rerun on the same input, give the
+same bits), so any value above 0 is a refit bug, with no threshold to calibrate (``alarms.readback_tol``, default 0, is
+for an engine whose readback goes through another kernel). The twin runs it when ``rollout.quantizer.verify_refit`` is
+true; the embedded recipe writes one :data:`READBACK_FILE` row per refit beside NeMo-RL's step logs, from which
+``nemo-ais analyze`` raises ``refit_readback`` (docs/analyze.md; a vLLM engine is not read back yet).
 """
 
 from __future__ import annotations
@@ -130,8 +128,8 @@ def _typed(row: dict) -> bool:
 def read_readback(path: Path) -> tuple[dict[int, RefitReadback], list[tuple[int, str]]]:
     """``({step: RefitReadback}, [(line, problem)])`` of a :data:`READBACK_FILE` (empty if none).
 
-    A row that is not a JSON object with an int ``step`` and the :class:`RefitReadback`
-    fields of their types is returned as a problem (the caller names the file and line).
+    A row that is not a JSON object with an int ``step`` and the :class:`RefitReadback` fields of their types is
+    returned as a problem (the caller names the file and line).
     """
     path = Path(path)
     if not path.is_file():

@@ -21,10 +21,10 @@ LogprobsMode = Literal["unfiltered", "processed"]
 class _GrowingLayer(DynamicLayer):
     """HF's ``DynamicLayer`` with K and V in a buffer that doubles when full.
 
-    A decode step copies its token in instead of ``torch.cat`` (quadratic in the length);
-    ``keys`` / ``values`` are views of the filled part, so attention computes the same numbers.
-    The first write allocates exactly its length. Keys another cache method replaced
-    (``crop``, ``reorder_cache``) start a new buffer, so no view handed out is written into.
+    A decode step copies its token in instead of ``torch.cat`` (quadratic in the length); ``keys`` / ``values`` are
+    views of the filled part, so attention computes the same numbers. The first write allocates exactly its length.
+    Keys another cache method replaced (``crop``, ``reorder_cache``) start a new buffer, so no view handed out is
+    written into.
     """
 
     _k: torch.Tensor | None = None
@@ -81,8 +81,8 @@ class GenerationOutput(NamedTuple):
 class MismatchStats(NamedTuple):
     """Token-level mismatch of two log-prob tensors, ``r = logp_a - logp_b`` (python floats).
 
-    ``mean_abs_delta``, ``max_abs_delta``, ``exp_mean_abs_delta``, ``n_tok``, NeMo-RL's
-    ``token_mult_prob_error`` (mean ``exp(|r|)``) and ``gen_kl_error`` (mean ``exp(r) - r - 1``).
+    ``mean_abs_delta``, ``max_abs_delta``, ``exp_mean_abs_delta``, ``n_tok``, NeMo-RL's ``token_mult_prob_error`` (mean
+    ``exp(|r|)``) and ``gen_kl_error`` (mean ``exp(r) - r - 1``).
     """
 
     mean_abs_delta: float
@@ -211,13 +211,12 @@ def generate(
     One prefill, then one single-token forward per step through HF's KV cache. At step t ``z = logits / temperature``
     (fp32), the token is drawn from ``z`` filtered by top-k / top-p; the reported log-prob is ``log_softmax(z)[token]``
     of the UNFILTERED distribution (what a trainer computes as ``prev_logprobs``; filtering would add a bias it does not
-    see). ``logprobs_mode="processed"`` reports the filtered one (vLLM's
-    ``processed_logprobs``). After a row's first EOS: ``pad_token_id``, mask 0, log-prob 0.
+    see). ``logprobs_mode="processed"`` reports the filtered one (vLLM's ``processed_logprobs``).
 
     Args:
         model: a HF causal LM (call ``eval()``).
         input_ids: ``[B, P]`` int64 prompts, LEFT-padded; attention_mask: ``[B, P]``.
-        max_new_tokens: T >= 1. temperature: > 0. top_k: 0 = off. top_p: 1 = off.
+        max_new_tokens: T >= 1. temperature: >= ``MIN_TEMPERATURE``. top_k: 0 = off. top_p: 1 = off.
         eos_token_id: id(s) ending a response (None: never).
         pad_token_id: fills positions after EOS (default: the first EOS id, else 0).
         past_key_values: an empty cache to use (the twin's quantized KV cache).
@@ -312,7 +311,7 @@ def score_responses(
 def logprob_mismatch(logp_a: torch.Tensor, logp_b: torch.Tensor, mask: torch.Tensor) -> MismatchStats:
     """:class:`MismatchStats` of ``logp_a`` (trainer) against ``logp_b`` (engine) over ``mask``.
 
-    An empty mask gives zeros, ``token_mult_prob_error = 1`` and ``n_tok = 0``.
+    An empty mask gives ``n_tok = 0``, 1.0 for ``token_mult_prob_error`` and ``exp_mean_abs_delta``, else 0.0.
     """
     if logp_a.shape != logp_b.shape or mask.shape != logp_a.shape:
         raise ValueError(

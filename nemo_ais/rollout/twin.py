@@ -2,12 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Simulated low-precision rollout engine: the "twin" of a Hugging Face causal LM.
 
-The twin stands in for vLLM in one rollout format and KV cache, on CPU, so the mismatch AIS
-corrects is real without a GPU (``docs/low_precision.md``, "Twin"): build
-(:mod:`~nemo_ais.rollout.modules`), refit (:mod:`~nemo_ais.rollout.weight_loader`),
-calibration, stale after every refit (:mod:`~nemo_ais.rollout.calibration`), quantized KV cache
-(:mod:`~nemo_ais.rollout.kv_cache`), generation (:mod:`~nemo_ais.rollout.sampling`). With nothing to simulate (``format:
-bf16``, ``kv_cache: bf16``) the twin is an exact copy of the model (the BF16 arm): bit-identical log-probs.
+The twin stands in for vLLM (one rollout format and KV cache) on CPU, so the mismatch AIS corrects is real without a
+GPU (``docs/low_precision.md``, "Twin"): build (:mod:`~nemo_ais.rollout.modules`), refit
+(:mod:`~nemo_ais.rollout.weight_loader`), calibration, stale after every refit (:mod:`~nemo_ais.rollout.calibration`),
+quantized KV cache (:mod:`~nemo_ais.rollout.kv_cache`), generation (:mod:`~nemo_ais.rollout.sampling`). With nothing to
+simulate (``format`` and ``kv_cache`` both ``bf16``) the twin is an exact copy of the model (the BF16 arm):
+bit-identical log-probs.
 """
 
 from __future__ import annotations
@@ -86,7 +86,6 @@ class RolloutTwin:
         self.model = twin
         self.kv_scales: KVScales | None = None
         self.readback: RefitReadback | None = None  # of the last refit (config.verify_refit)
-        # K/V elements the last generate / score's quantized cache saturated (|x| > s * 448)
         self.kv_saturation: KVSaturationCounter | None = None
         self._loader = WeightLoader(
             twin, self.quantized_module_names, self.fake_quant.shared_weight_amax, self.config.torch_compute_dtype
@@ -124,10 +123,9 @@ class RolloutTwin:
         are recalibrated on the calibration batch, if given, or the next :meth:`generate` / :meth:`score` batch.
 
         Raises:
-            ValueError: an unknown name, a shape mismatch, non-finite values, codes without
-                scales or for a module held in high precision, a fused NVFP4 group incomplete, or
-                KV scales missing, not one number or for no layer (the weights are then loaded and no
-                KV scale is held: the next batch calibrates them).
+            ValueError: an unknown name, a shape mismatch, non-finite values, codes without scales or for a module held
+                in high precision, a fused NVFP4 group incomplete, or KV scales missing, not one number or for no layer
+                (the weights are then loaded and no KV scale is held: the next batch calibrates them).
         """
         items = self._loader.as_held(weights.items() if isinstance(weights, Mapping) else weights)
         sent = None  # the refit's tensors by name, for the fault and the readback
@@ -185,10 +183,10 @@ class RolloutTwin:
     ) -> dict[str, torch.Tensor]:
         """Static input amax of every W4A4 linear, stored and returned as ``{name: 0-dim fp32}``.
 
-        One forward of the batch with activation quantization off (ModelOpt's ``max``), of the
-        twin or of ``model`` (a trainer with the same module names); a MoE projection's experts
-        share the max [reconstruction: one input scale per fused MoE projection, as vLLM's NVFP4
-        MoE kernels apply]. ValueError: a module never observed, or non-finite inputs.
+        One forward of the batch with activation quantization off (ModelOpt's ``max``), of the twin or of ``model`` (a
+        trainer with the same module names); a MoE projection's experts share the max [reconstruction: one input scale
+        per fused MoE projection, as vLLM's NVFP4 MoE kernels apply]. ValueError: a module never observed, or
+        non-finite inputs.
         """
         check_prompt(input_ids, attention_mask)
         modules = static_input_modules(self.model, self.fake_quant)
