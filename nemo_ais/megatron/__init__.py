@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Megatron-Core process-group getters used by the NeMo-RL seam (megatron imported lazily).
 
-The AIS statistics are summed over the group NeMo-RL's Megatron worker uses for
-``global_valid_toks``: ``get_data_parallel_group()`` (context-parallel ranks excluded),
-never WORLD (it spans TP and PP ranks holding identical data).
+The AIS statistics are summed over the group NeMo-RL's Megatron worker sums ``global_valid_toks`` over, never WORLD
+(it spans TP and PP ranks holding identical data).
 """
 
 from __future__ import annotations

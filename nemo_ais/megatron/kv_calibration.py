@@ -2,16 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """FP8 KV-cache scale calibration of a Megatron-Core GPT model, in NeMo-RL's result format.
 
-The trainer-side half of NeMo-RL's ``calibrate_qkv_fp8_scales`` (v0.7.0 and main),
-computed with :class:`nemo_ais.refit.kv_scales.KVScaleCalibrator`:
+The trainer-side half of NeMo-RL's ``calibrate_qkv_fp8_scales`` (v0.7.0 and main), computed with
+:class:`nemo_ais.refit.kv_scales.KVScaleCalibrator`:
 
-1. Forward pre-hooks on every ``decoder.layers.N.self_attention.core_attention``: its
-   inputs are what vLLM's FP8 KV cache stores (K after k-norm and RoPE, V as projected).
-2. Per observation the rule's statistic (default upstream's ``max |x|``, then the
-   nearest-rank percentile); the layer key is the GLOBAL ``layer_number - 1``.
-3. ONE ``all_reduce(MAX)`` of the ``[3, num_layers, 3]`` table over ``group`` (every rank
-   of the model: the default group in a NeMo-RL worker); layers of other stages hold -1,
-   so every rank makes the same collective. Upstream also merges by max.
+1. Forward pre-hooks on every ``decoder.layers.N.self_attention.core_attention``: its inputs are what vLLM's FP8 KV
+   cache stores (K after k-norm and RoPE, V as projected).
+2. Per observation the rule's statistic (default upstream's ``max |x|``, then the nearest-rank percentile); the layer
+   key is the GLOBAL ``layer_number - 1``.
+3. ONE ``all_reduce(MAX)`` of the ``[3, num_layers, 3]`` table over ``group`` (every rank of the model: the default
+   group in a NeMo-RL worker; upstream also merges by max); other stages' layers hold -1 (same collective everywhere).
 4. ``scale = max(amax, 1e-4) * margin / 448``, as ``{vLLM name: float}``.
 
 No Megatron or NeMo-RL import: modules are found by name, so any tree of that shape tests it.
@@ -167,9 +166,8 @@ def calibrate_qkv_fp8_scales(
 ) -> dict[str, Any]:
     """Hook, run the forwards, reduce over ``group`` and return NeMo-RL's dict (every rank alike).
 
-    Logs the peak over ``scale * 448`` per kind (WARNING > 1). With ``previous_scales`` (the
-    scales the engine held while generating this data) it also logs
-    ``kv_cache/saturated_frac_<kind>`` (one more ``all_reduce(SUM)``; WARNING above 0.1 %).
+    Logs the peak over ``scale * 448`` per kind (WARNING > 1) and, given ``previous_scales`` (the engine's while it
+    generated this data), ``kv_cache/saturated_frac_<kind>`` (one more ``all_reduce(SUM)``; WARNING > 0.1 %).
 
     Args:
         model: this rank's Megatron-Core model.
@@ -196,7 +194,6 @@ def calibrate_qkv_fp8_scales(
     log_kv_saturation(scales, reduction)
     if counter is not None:
         log_saturated_fraction(counter, group, device)
-    # NeMo-RL's result: {"format", "percentile", "margin", "layers": {vLLM name: float}}
     return {"format": FP8_FORMAT, "percentile": float(percentile), "margin": float(margin), "layers": scales.to_vllm()}
 
 

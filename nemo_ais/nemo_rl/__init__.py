@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """NeMo-RL adapter for AIS, for NeMo-RL v0.7.0 and main (:mod:`nemo_ais.nemo_rl.compat`).
 
-``import nemo_ais.nemo_rl`` needs neither NeMo-RL nor torch; every public name resolves on
-first use. ``AISClippedPGLossFn`` and ``AISLossConfig`` need NeMo-RL: without it the
-attribute raises :class:`NeMoRLNotInstalledError` with installation instructions (the
-``from ... import`` form gets Python's plain "cannot import name": it drops the text).
+``import nemo_ais.nemo_rl`` needs neither NeMo-RL nor torch (names resolve on first use). Without NeMo-RL,
+``AISClippedPGLossFn`` and ``AISLossConfig`` raise :class:`NeMoRLNotInstalledError` with installation instructions
+(``from ... import`` gets Python's plain "cannot import name" instead).
 """
 
 from __future__ import annotations

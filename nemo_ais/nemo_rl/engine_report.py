@@ -6,13 +6,10 @@ Two silent failures: a kernel fallback (below compute capability 10.0 vLLM runs 
 and only logs it, so "W4A4" rolls out as W4A16), and a keep-in-BF16 disagreement (vLLM's ModelOpt exclusion matches an
 entry as a substring, so ``...mlp.gate`` keeps ``...mlp.gate_up_proj`` in BF16 too; veRL #7519).
 
-The driver asks three times: before ``setup()`` every Ray node by NVML
-(:func:`require_native_nodes`), after ``setup()`` every vLLM worker's GPU
-(:func:`require_native_gpu`), after the first refit every layer's quant method and kernel
-(:func:`require_engine_formats`). Read from vLLM 0.20.0 and 0.25.1.
-
-An engine is reached through its generation actor (:func:`engine_rpc`), synchronous
-(``vllm.LLM``) or asynchronous (``AsyncLLM``, ``vllm_cfg.async_engine``) alike.
+The driver asks three times: before ``setup()`` every Ray node by NVML (:func:`require_native_nodes`), after ``setup()``
+every vLLM worker's GPU (:func:`require_native_gpu`), after the first refit every layer's quant method and kernel
+(:func:`require_engine_formats`). An engine is reached through its generation actor (:func:`engine_rpc`), sync
+(``vllm.LLM``) or async (``AsyncLLM``, ``vllm_cfg.async_engine``) alike. Read from vLLM 0.20.0 and 0.25.1.
 """
 
 from __future__ import annotations
@@ -246,17 +243,14 @@ async def _awaited_rpc(llm: Any, method: Callable[..., Any], timeout_s: float) -
 def engine_rpc(generation_worker: Any, method: Callable[..., Any], timeout_s: float = RPC_TIMEOUT_S) -> list[Any]:
     """On a generation actor: ``method`` in every vLLM worker process of its engine (a list).
 
-    ``vllm.LLM.collective_rpc`` answers directly. ``AsyncLLM``'s is a coroutine, and Ray runs
-    ``__ray_call__`` outside the actor's event loop (another thread, no running loop); vLLM
-    sets the result on the engine's loop without waking any other, so a new loop here would
-    wait forever. The coroutine goes to the engine's own loop (``run_coroutine_threadsafe``,
-    as NeMo-RL main's sparse refit does) and is waited for at most ``timeout_s``, during
-    which the actor takes no other call (Ray runs one ``__ray_call__`` at a time).
+    ``vllm.LLM.collective_rpc`` answers directly. ``AsyncLLM``'s coroutine goes to the engine's own event loop
+    (``run_coroutine_threadsafe``, as NeMo-RL main's sparse refit does: Ray runs ``__ray_call__`` outside the actor's
+    loop, and vLLM wakes no other loop) and is waited for at most ``timeout_s``, during which the actor takes no other
+    call. See docs/nemo_rl.md, "FP8 refit seam".
 
     Raises:
         AsyncEngineUnreachable: an async engine without a running output task.
-        RuntimeError: the async engine is dead (``AsyncLLM.errored``), or this is its own
-            event loop's thread (the wait would block the loop it waits on).
+        RuntimeError: the async engine is dead (``AsyncLLM.errored``), or this is its own event loop's thread.
         TimeoutError: the async engine did not answer in time (the call is cancelled).
     """
     llm = generation_worker.llm
@@ -364,10 +358,9 @@ def require_native_gpu(
 ) -> list[EngineLayers]:
     """After ``setup()``: RuntimeError if the engines' GPUs run the rollout format as another.
 
-    ``async_engine``: vLLM's ``AsyncLLM``, asked without reading vLLM's internals (the
-    output task :func:`engine_rpc` needs): EVERY generation actor (the parallel ones too:
-    one per node an engine spans) reads its GPUs with ``read`` (NVML) instead: its ``CUDA_VISIBLE_DEVICES``, or every
-    GPU of its node where upstream unset it (parallel engines: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
+    ``async_engine`` (vLLM's ``AsyncLLM``): instead of the output task :func:`engine_rpc` needs, EVERY generation actor
+    (one per node an engine spans) reads its GPUs with ``read`` (NVML): its ``CUDA_VISIBLE_DEVICES``, or every GPU of
+    its node where upstream unset it (parallel engines: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
     """
     if async_engine:
         per_worker = ask_generation_actors(
@@ -446,8 +439,7 @@ def require_engine_formats(
 ) -> list[EngineLayers]:
     """After the first refit: RuntimeError naming each layer not held as the run's rule says.
 
-    AsyncEngineUnreachable: no layer problem among the engines read, and some async engine
-    could not be read (each named).
+    AsyncEngineUnreachable: no layer problem among the engines read, but some async engine not read (each named).
     """
     per_worker, unreached = ask_engines(policy_generation, _engine_layers_all)
     reports = [r for group in per_worker for r in group]

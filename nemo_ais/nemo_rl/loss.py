@@ -2,15 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """NeMo-RL loss adapter (v0.7.0 and main): ``AISLossConfig`` and ``AISClippedPGLossFn`` (no loss math).
 
-* ``loss_fn.ais.mode: none``: ``ClippedPGLossFn.__call__`` unchanged (bit-identical), plus
-  the ``ais/*`` telemetry when the AIS worker ran its prepare step.
-* any other mode: :func:`nemo_ais.core.clipped_pg_loss` with the diagnostics the worker
-  attached for the call's global batch; no collective inside a loss call.
+* mode ``none``: ``ClippedPGLossFn.__call__`` unchanged (bit-identical), plus ``ais/*`` telemetry once prepared.
+* other modes: :func:`nemo_ais.core.clipped_pg_loss` on the diagnostics of the call's global batch (no collective).
 
 Metrics come in one host sync, in GRPO's summable form (NeMo-RL's keys and definitions, a test checks them against
 ``ClippedPGLossFn``). Global counts NaN, inf or below the call's own are refused; main's split train-step placeholder
-counts of 1 pass unless the weight needs a global-batch statistic. Upstream averages each metric over the global batches
-of a ``train()``; ``ais/alpha_gb<g>`` (:data:`PER_GLOBAL_BATCH_ALPHA`) keeps each batch's alpha.
+counts of 1 pass unless the weight needs a global-batch statistic.
 """
 
 from __future__ import annotations
@@ -71,7 +68,7 @@ NEMO_RL_METRIC_KEYS = (
 
 # ``ais_alarm/<kind>``: 1 if the refit guard fired on the global batch (tokens normaliser).
 ALARM_METRIC_KEYS = tuple(ALARM_PREFIX + kind for kind in ALARM_KINDS)
-# alpha of global batch g of the step, emitted when a train() call has > 1 global batch
+# ais/alpha averages a train()'s global batches; ais/alpha_gb<g> keeps each one's (emitted when there are > 1)
 PER_GLOBAL_BATCH_ALPHA = "ais/alpha_gb{}"
 
 
@@ -150,10 +147,7 @@ class AISLossConfig(ClippedPGLossConfig):
 
 
 def validate_loss_config(loss_fn: Mapping[str, Any] | ClippedPGLossConfig) -> AISLossConfig:
-    """Validate a ``loss_fn`` section as :class:`AISLossConfig`.
-
-    Raises ``ValueError`` (a line a problem) or ``TypeError`` (a section that is no mapping).
-    """
+    """Validate ``loss_fn`` as :class:`AISLossConfig` (ValueError: one line a problem; TypeError: not a mapping)."""
     if isinstance(loss_fn, AISLossConfig):
         return loss_fn
     if not isinstance(loss_fn, Mapping | ClippedPGLossConfig):
@@ -196,8 +190,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
 
     Args:
         cfg: an :class:`AISLossConfig`, or anything :func:`validate_loss_config` accepts.
-        **upstream_flags: passed to ``ClippedPGLossFn.__init__`` (main:
-            ``use_fused_linear_logprobs``).
+        **upstream_flags: passed to ``ClippedPGLossFn.__init__`` (main: ``use_fused_linear_logprobs``).
     """
 
     def __init__(self, cfg: AISLossConfig | Mapping[str, Any] | ClippedPGLossConfig, **upstream_flags: Any):
@@ -325,8 +318,7 @@ class AISClippedPGLossFn(ClippedPGLossFn):
         tags = data.get(GLOBAL_BATCH_KEY)
         if tags is not None and tags.numel() > 0:
             scalars += torch.aminmax(tags)
-        # float64 by type promotion: one vector, one read
-        values = torch.stack(scalars).tolist()
+        values = torch.stack(scalars).tolist()  # float64 by type promotion: one vector, one read
         n_tok_local, n_seq_local, global_toks, global_seqs, *tag_range = values
         # mode none needs no statistic of the global batch: the split-API placeholder 1 passes
         validation.check_global_count("global_valid_toks", global_toks, n_tok_local, "tokens")

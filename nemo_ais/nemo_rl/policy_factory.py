@@ -43,10 +43,9 @@ def ais_worker_fqn(policy_cfg: dict[str, Any]) -> str:
 def ais_worker_python(base_fqn: str) -> str:
     """The Python executable of the NeMo-RL worker ``base_fqn``, for the AIS worker on top.
 
-    The container prebuilds venvs only under upstream's fqns, so the AIS worker runs in its
-    base worker's venv: a non-``uv`` registry entry as is; else the prebuilt
-    ``<venv dir>/<base_fqn>/bin/python`` (unless ``NRL_FORCE_REBUILD_VENVS=true``); else
-    upstream's ``create_local_venv_on_each_node`` under the BASE name (needs Ray started).
+    The container prebuilds venvs only under upstream's fqns, so the AIS worker runs in its base worker's venv: a
+    non-``uv`` registry entry as is, else the prebuilt ``<venv dir>/<base_fqn>/bin/python`` (unless
+    ``NRL_FORCE_REBUILD_VENVS=true``), else ``create_local_venv_on_each_node`` under ``base_fqn`` (needs Ray).
     """
     from nemo_rl.distributed.ray_actor_environment_registry import get_actor_python_env
     from nemo_rl.utils import venvs

@@ -2,13 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The vLLM refit patch: a BF16 trainer's weights quantized in the vLLM worker, any format.
 
-This module WRAPS NeMo-RL's ``...vllm.quantization.fp8.load_weights`` in the vLLM worker
-process, after checking the recorded signatures (v0.7.0 and main): what the engine holds
-quantized goes through ONE :class:`~nemo_ais.refit.stream.RefitStream`, everything else
-through upstream. What differs between vLLM method families is one row of :data:`ENGINES`.
-
-The launcher calls :func:`configure` (sets :data:`ENV_VAR`, puts :data:`HOOK_DIR` first on
-``PYTHONPATH``); each worker's ``_vllm_hook/sitecustomize.py`` arms the hook, and the driver
+It wraps NeMo-RL's ``...vllm.quantization.fp8.load_weights`` in each vLLM worker process after checking the recorded
+signatures (v0.7.0 and main); the pair loop is :mod:`~nemo_ais.nemo_rl.vllm_refit`'s, and what differs between vLLM
+method families is one row of :data:`ENGINES`. The launcher calls :func:`configure` (sets :data:`ENV_VAR`, puts
+:data:`HOOK_DIR` first on ``PYTHONPATH``); each worker's ``_vllm_hook/sitecustomize.py`` arms the hook, and the driver
 checks every vLLM worker process with :func:`require_active`.
 """
 

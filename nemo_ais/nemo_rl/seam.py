@@ -12,9 +12,8 @@ stage only, dummy micro-batches), so each worker runs this step at the top of ``
     tag every row with g (GLOBAL_BATCH_KEY) and its valid tokens (VALID_TOKENS_KEY)
     loss_fn.attach_diagnostics([d_0, d_1, ...])
 
-A rank with bad input joins the all-reduce flagged and every rank raises the same
-``ValueError``; the loss looks ``d_g`` up through the row tags and never communicates.
-The design: docs/nemo_rl.md, "The seam".
+A rank with bad input joins the all-reduce flagged and every rank raises the same ``ValueError``; the loss looks ``d_g``
+up through the row tags and never communicates. Design: docs/nemo_rl.md, "The seam".
 """
 
 from __future__ import annotations
@@ -43,12 +42,10 @@ ROLLOUT_METRIC_KEYS = tuple(NEMO_RL_MISMATCH_NAMES.values())
 
 # [B] int64 row tag: the row's global batch (slicing, packing and micro-batching keep it).
 GLOBAL_BATCH_KEY = "ais_global_batch"
-# Rows past the last full global batch (NeMo-RL never trains on them).
-UNUSED_ROW = -1
+UNUSED_ROW = -1  # tag of rows past the last full global batch (NeMo-RL never trains on them)
 # [B] float64 row column: the row's valid tokens (a loss call sums it for its local count).
 VALID_TOKENS_KEY = "ais_valid_tokens"
-# [B, S] keys only the loss reads that the prepare step checks (the loss adds
-# reference_policy_logprobs when its KL term reads them: AISClippedPGLossFn.loss_keys)
+# [B, S] loss-only keys the prepare step checks (AISClippedPGLossFn.loss_keys adds reference_policy_logprobs for KL)
 LOSS_KEYS = ("advantages",)
 
 
@@ -85,11 +82,10 @@ def _tensor(data: Mapping[str, Any], key: str, ndim: int) -> torch.Tensor:
 
 
 def core_inputs(data: Mapping[str, Any], *, with_loss_terms: bool = True) -> CoreInputs:
-    """Map NeMo-RL's ``ClippedPGLossDataDict`` keys to the core tensor names.
+    """Map NeMo-RL's ``ClippedPGLossDataDict`` keys to the core tensor names (loss-only keys if ``with_loss_terms``).
 
-    ``[:, 1:]`` drops the first position, as ``ClippedPGLossFn`` (``curr_logprobs_unfiltered``
-    is already aligned); ``mask = token_mask[:, 1:] * sample_mask[:, None]`` in the dtype of
-    ``prev_logprobs``. ``with_loss_terms`` also maps the loss-only keys.
+    ``[:, 1:]`` drops the first position, as ``ClippedPGLossFn`` (``curr_logprobs_unfiltered`` is already aligned);
+    ``mask = token_mask[:, 1:] * sample_mask[:, None]`` in the dtype of ``prev_logprobs``.
 
     Raises:
         KeyError: a required key is missing. ValueError: a wrong rank or mismatched shape.
@@ -166,15 +162,13 @@ def global_batch_diagnostics(
         group: the data-parallel group (None: one process).
         state: EMA state of alpha, advanced once per global batch (None: eval).
         device: where the statistics are reduced (``cuda`` for NCCL; None: the inputs').
-        loss_keys: ``[B, S]`` keys only the loss reads, checked finite at valid tokens here,
-            so that a bad value fails every rank together instead of one rank's loss call.
+        loss_keys: ``[B, S]`` loss-only keys, checked finite at valid tokens here so that every rank fails together.
 
     Raises:
         ValueError: bad input on any rank (the same message on every rank of a group).
         TypeError: ``config`` of the wrong type.
     """
     require_config(config, CorrectionConfig, "global_batch_diagnostics(config)")
-    # the ONE collective of each global batch (statistics -> all_reduce -> alpha)
     return [
         _agreed_diagnostics(g, *_statistics_inputs(batch, device, loss_keys), config, group, state)
         for g, batch in enumerate(batches)

@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The core of the vLLM refit patch, shared by every format: names, markers, the pair loop.
 
-The patch wraps ``load_weights`` of :data:`TARGET_MODULE` so what the engine holds
-quantized goes through ONE :class:`~nemo_ais.refit.stream.RefitStream`
-(:func:`engine_pairs`) and every other tensor through upstream (:func:`upstream_pairs`).
+The patch wraps :data:`TARGET_MODULE`'s ``load_weights``: what the engine holds quantized goes through ONE
+:class:`~nemo_ais.refit.stream.RefitStream` (:func:`engine_pairs`), the rest through upstream (:func:`upstream_pairs`).
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ its input activations, and per layer the KV cache. :func:`attribute_mismatch`:
 1. Build and calibrate the twin on the prompts; sample responses unless given.
 2. Score the responses teacher-forced with a subset ``Q`` of the sources quantized (a
    module with neither source in ``Q`` runs its original ``nn.Linear``).
-3. ``M(Q)``: the mismatch against the unquantized model on the same tokens
-   (:func:`~nemo_ais.rollout.sampling.logprob_mismatch`).
+3. ``M(Q)``: :func:`~nemo_ais.rollout.sampling.logprob_mismatch` against the unquantized model on the same tokens.
 4. Per source or group ``s``: ``alone = M({s})`` and ``buys = M(all) - M(all without s)``,
    ranked by ``alone`` (mismatches do not add up).
 
@@ -81,7 +80,7 @@ class Attribution(NamedTuple):
 
 
 class _Switchable(nn.Module):
-    """A twin linear whose weight and input quantization are switched per source (step 3)."""
+    """A twin linear whose weight and input quantization are switched per source (step 2)."""
 
     def __init__(self, quant: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -122,7 +121,7 @@ class _SwitchableModule(nn.Module):
 
 
 class _LayerKVCache(QuantizedKVCache):
-    """The twin's quantized KV cache on the layers in ``layers`` only (step 3)."""
+    """The twin's quantized KV cache on the layers in ``layers`` only (step 2)."""
 
     def __init__(self, kind, scales, layers: frozenset[int], error_scale: float) -> None:
         super().__init__(kind, scales, error_scale=error_scale)  # the twin's dial k, as its own cache
@@ -258,11 +257,11 @@ def attribute_mismatch(
         raise ValueError("response_mask: got None with response_ids, expected [B, T] 0/1")
     else:
         twin.score(input_ids, attention_mask, response_ids, temperature=temperature)
-    switch = _SourceSwitch(twin, model)  # 2. the sources
+    switch = _SourceSwitch(twin, model)  # 2. switch.set(Q) quantizes exactly Q
     sources = switch.sources()
     reference = score_responses(model, input_ids, attention_mask, response_ids, temperature=temperature)
 
-    def mismatch(quantized: Iterable[Source]) -> MismatchStats:  # 3. + 4.
+    def mismatch(quantized: Iterable[Source]) -> MismatchStats:  # 2. + 3.
         cache = switch.set(quantized)
         logp = score_responses(
             twin.model, input_ids, attention_mask, response_ids, temperature=temperature, past_key_values=cache
@@ -272,7 +271,7 @@ def attribute_mismatch(
     full, none = mismatch(sources), mismatch(())
     everything = set(sources)
 
-    def row(label: str, group: str, members: tuple[Source, ...]) -> AttributionRow:  # 5.
+    def row(label: str, group: str, members: tuple[Source, ...]) -> AttributionRow:  # 4.
         kept = mismatch(everything - set(members))
         buys = full.mean_abs_delta - kept.mean_abs_delta
         return AttributionRow(label, group, members, mismatch(members), kept, buys)

@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The NVFP4 W4A4 refit's ``input_amax_file``: static input amax of a BF16 checkpoint.
 
-The W4A4 refit streams ``<m>.input_scale = amax / (6 * 448)`` from a JSON
-``{module name: amax}``; ``nemo-ais calibrate-input-amax`` writes it (``docs/cluster.md``):
-read prompts (step 1), batch them left-padded (2), observe ``max |x|`` of each quantized
-module's input over valid tokens (3, ModelOpt's ``max``), check (4), write in model order (5).
+The W4A4 refit streams ``<m>.input_scale = amax / (6 * 448)`` from a JSON ``{module name: amax}``, written by
+``nemo-ais calibrate-input-amax`` (``docs/cluster.md``): read prompts (step 1), batch them left-padded (2), observe
+``max |x|`` of each quantized module's input over valid tokens (3, ModelOpt's ``max``), check (4), write (5).
 """
 
 from __future__ import annotations

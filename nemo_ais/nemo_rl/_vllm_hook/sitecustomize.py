@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Arms the AIS refit in processes started with this folder on PYTHONPATH (stdlib only).
 
-With ``NEMO_AIS_REFIT`` set, a trampoline on ``sys.meta_path`` waits until the process
-imports NeMo-RL's FP8 refit module, then wraps its ``load_weights``
-(:func:`nemo_ais.nemo_rl.refit.patched_spec`); a failure is logged and raised.
+With ``NEMO_AIS_REFIT`` set, a trampoline on ``sys.meta_path`` waits until the process imports NeMo-RL's FP8 refit
+module, then wraps its ``load_weights`` (:func:`nemo_ais.nemo_rl.refit.patched_spec`); a failure is logged and raised.
 """
 
 import importlib.abc

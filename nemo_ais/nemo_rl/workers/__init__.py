@@ -2,8 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """AIS policy workers for NeMo-RL v0.7.0 and main (``worker_extension_cls_fqn`` targets).
 
-Each subclasses a NeMo-RL worker with :class:`~nemo_ais.nemo_rl.workers.mixin.AISTrainMixin`;
-they are imported by fqn inside the Ray worker processes only.
+Each is a NeMo-RL worker + :class:`~nemo_ais.nemo_rl.workers.mixin.AISTrainMixin`, imported by fqn in Ray workers only.
 """
 
 __all__ = ["AIS_WORKER_FQNS"]

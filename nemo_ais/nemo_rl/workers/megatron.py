@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """AIS Megatron policy worker (import only inside a NeMo-RL Megatron worker process).
 
-NeMo-RL v0.7.0's colocated refit (``stream_weights_via_ipc_zmq``) passes no ``kv_scales``,
-so upstream streams every q/k/v scale as 1.0; main passes them on both paths. This worker streams its last calibration's
-scales when a refit passes none, and refuses (``ValueError`` naming the layer, on every worker alike) a refit with the
-FP8 KV cache whose scales would be defaults.
+NeMo-RL v0.7.0's colocated refit (``stream_weights_via_ipc_zmq``) passes no ``kv_scales``, so upstream streams every
+q/k/v scale as 1.0 (main passes them on both paths). This worker then streams its last calibration's scales, and refuses
+an FP8-KV-cache refit whose scales would be defaults (``ValueError`` naming the layer, on every worker alike).
 """
 
 from typing import Any
@@ -49,11 +48,10 @@ class AISMegatronMixin(AISTrainMixin):
         """NeMo-RL's KV-scale calibration, computed by :mod:`nemo_ais.megatron.kv_calibration`.
 
         Upstream's signature, result and default rule (a test compares the scales); Q/K/V read at the ``core_attention``
-        inputs. ``NEMO_AIS_KV_REDUCTION=element_percentile`` selects the element percentile. Differences: global layer
+        inputs; ``NEMO_AIS_KV_REDUCTION=element_percentile`` selects the element percentile. Differences: global layer
         keys across pipeline stages; only ``core_attention`` itself hooked; ONE ``all_reduce(MAX)`` over the default
-        group; the 1e-4 amax floor; ``include_q=False`` returns K/V only; ``FP8_MAX_Q/K/V`` not read. Logs the peak over
-        ``scale * 448`` per kind and, from the second calibration on,
-        ``kv_cache/saturated_frac_<kind>`` under the previous scales (WARNING above 0.1 %).
+        group; the 1e-4 amax floor; ``include_q=False`` returns K/V only; ``FP8_MAX_Q/K/V`` not read; logs the peak over
+        ``scale * 448`` and, from the second calibration on, the saturated fraction under the previous scales.
         """
         self.model.eval()
         result = calibrate_qkv_fp8_scales(

@@ -2,12 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """AIS worker on NeMo-RL's ModelOpt QAT Megatron worker (QARL; import only in that worker's venv).
 
-``policy.quant_cfg`` makes ``Policy`` pick upstream's ``MegatronQuantPolicyWorker``: its forward runs ModelOpt fake
-quantization (straight-through), ``prev_logprobs`` included, and its refit exports packed NVFP4 (QARL's rollout-aligned
-trainer, upstream's own). This adds the AIS prepare step and all of
-:class:`~nemo_ais.nemo_rl.workers.megatron.AISMegatronMixin`: the quant worker streams its FP8 KV scales from the ones
-the refit entry points are given, so the same v0.7.0 gap is closed the same way. Ray forbids subclassing an actor class,
-so the base is upstream's ``__ray_actor_class__``.
+``policy.quant_cfg`` makes ``Policy`` pick upstream's ``MegatronQuantPolicyWorker`` (QARL's rollout-aligned trainer):
+its forward runs ModelOpt fake quantization (straight-through), ``prev_logprobs`` included, and its refit exports packed
+NVFP4. This adds the AIS prepare step and :class:`~nemo_ais.nemo_rl.workers.megatron.AISMegatronMixin`: the quant worker
+streams the FP8 KV scales its refit entry points are given, so the mixin closes the same v0.7.0 gap. Ray forbids
+subclassing an actor class, so the base is upstream's ``__ray_actor_class__``.
 """
 
 import ray

@@ -31,12 +31,11 @@ def ais_alarm_state_path(weights_path: str) -> str:
 class AISTrainMixin:
     """Put before a NeMo-RL policy worker implementation in the bases.
 
-    ``train(data, loss_fn, ...)`` with an AIS loss (any mode, ``none`` included) first runs
-    :func:`~nemo_ais.nemo_rl.seam.prepare_global_batches` over :meth:`_ais_dp_group` (one all-reduce per global batch,
-    on every pipeline stage). The EMA state advances once per global batch (not in ``eval_mode``) and is saved with the
-    checkpoint. Refit guard (``loss_fn.ais_alarms.enabled``): an :class:`~nemo_ais.alarms.AlarmMonitor` observes each
-    global batch's diagnostics (identical on every rank, so with ``fail_on_alarm`` every rank raises together before the
-    optimizer step); its history is checkpointed too.
+    ``train()`` with an AIS loss (any mode) first runs :func:`~nemo_ais.nemo_rl.seam.prepare_global_batches` over
+    :meth:`_ais_dp_group` (one all-reduce per global batch, on every pipeline stage); the EMA state advances once per
+    global batch (not in ``eval_mode``). The refit guard (``loss_fn.ais_alarms.enabled``) observes each global batch's
+    diagnostics, identical on every rank: with ``fail_on_alarm`` all ranks raise together before the optimizer step.
+    Both the EMA state and the guard's history are saved with the checkpoint.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -91,10 +90,7 @@ class AISTrainMixin:
         return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, **kwargs)
 
     def begin_train_step(self, loss_fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Main's split train-step API: ``NotImplementedError`` for an AIS loss, else upstream's.
-
-        The prepare step needs the whole global batch before the first loss call.
-        """
+        """Main's split train-step API: ``NotImplementedError`` for an AIS loss (it gets no data), else upstream's."""
         if hasattr(loss_fn, "attach_diagnostics"):
             raise NotImplementedError(
                 "begin_train_step (NeMo-RL main's split train-step API, driven by TransferQueue's TQPolicy when "
