@@ -3,10 +3,9 @@
 """QaRL's rollout-aligned trainer forward: the trainer's log-probs in the rollout's arithmetic.
 
 **[reconstruction]** of QaRL (arXiv 2604.07853; no code is public): the learner keeps its fp32 master weights and runs
-the rollout engine's low-bit arithmetic in the forward with a straight-through estimator (STE) in the backward, so
-pi_old and pi_theta both come from the arithmetic that sampled the tokens. The forward applies the twin's own fake
-quantization (:data:`nemo_ais.rollout.fake_quant.LINEAR_FAKE_QUANT`) to the twin's quantized modules. With ``ST(f)`` =
-forward ``f``, backward identity, per quantized linear:
+the rollout engine's low-bit arithmetic in the forward, with a straight-through estimator (STE) in the backward, so
+pi_old and pi_theta both come from the arithmetic that sampled the tokens. Per quantized linear, with the twin's fake
+quantization (:data:`nemo_ais.rollout.fake_quant.LINEAR_FAKE_QUANT`) and ``ST(f)`` = forward ``f``, backward identity:
 
 1. ``W_q = ST(weight_fq)(W; amax_W)``, ``amax_W`` NVFP4's global amax of the current
    weights over vLLM's fused shards (detached);
@@ -15,9 +14,8 @@ forward ``f``, backward identity, per quantized linear:
 3. ``y = x_q W_q^T`` in fp32, ``+ b``;
 4. KV cache (fp8 / nvfp4): K after RoPE and V pass through ``ST(kv_fq)`` with the twin's KV scales of the last refit.
 
-Gradient: ``dL/dW = (dL/dy)^T x_q``, ``dL/dx = (dL/dy) W_q`` (tested). At pi_old the
-trainer and the twin's teacher-forced ``score`` agree to float32 rounding (tested);
-docs/embedded.md says what is left of the mismatch.
+Gradient: ``dL/dW = (dL/dy)^T x_q``, ``dL/dx = (dL/dy) W_q`` (tested). At pi_old the trainer and the twin's
+teacher-forced ``score`` agree to float32 rounding (tested); docs/embedded.md says what is left of the mismatch.
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ from nemo_ais.rollout.twin import RolloutTwin
 class StraightThroughLinear(nn.Module):
     """``nn.Linear`` in the rollout format's fake quantization, STE backward (steps 1-3).
 
-    Holds the trainer's own ``weight`` and ``bias`` parameters (shared, not copied), so the
-    gradient lands on them and ``state_dict`` keys are those of ``nn.Linear``.
+    Holds the trainer's own ``weight`` and ``bias`` parameters (shared, not copied), so the gradient lands on them and
+    ``state_dict`` keys are those of ``nn.Linear``.
 
     Attributes:
         weight_amax: 0-dim fp32 NVFP4 global amax of ``W`` (None: the format has none);
@@ -77,9 +75,9 @@ class StraightThroughKVCache(QuantizedKVCache):
 class RolloutAlignedPolicy(nn.Module):
     """The trainer's forward in the rollout engine's arithmetic (module doc).
 
-    A view of ``policy`` that SHARES its parameters, with the twin's quantized linears
-    replaced by :class:`StraightThroughLinear`; ``policy`` itself (evaluation, checkpoints,
-    refit) is unchanged. ``engine``'s calibration of the last refit is read at every forward.
+    A view of ``policy`` that SHARES its parameters, with the twin's quantized linears replaced by
+    :class:`StraightThroughLinear`; ``policy`` itself (evaluation, checkpoints, refit) is unchanged. ``engine``'s
+    calibration of the last refit is read at every forward.
 
     Raises:
         NotImplementedError: a quantized module that is not an ``nn.Linear`` (fused MoE experts).

@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Atomic checkpoints of one (arm, seed) run: policy, optimizer, AIS state, RNG, step.
 
-Rank 0 writes ``<run_dir>/checkpoints/<arm>/seed<seed>/latest.pt`` through a temporary file
-and ``os.replace``; every rank loads it on resume (exact: docs/embedded.md). A file that
-cannot be read raises :class:`UnreadableFileError`; nothing is deleted on the way.
+Rank 0 saves to :func:`checkpoint_path` through a temporary file and ``os.replace``; every rank loads it on resume
+(exact: docs/embedded.md). An unreadable file raises :class:`UnreadableFileError`; nothing is deleted.
 """
 
 from __future__ import annotations
@@ -96,10 +95,7 @@ def checkpoint_remedy(path: Path) -> str:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
-    """The dict :func:`save_checkpoint` wrote at ``path`` (CPU), None if absent.
-
-    ``UnreadableFileError`` if it cannot be read or is not a checkpoint.
-    """
+    """The dict :func:`save_checkpoint` wrote at ``path`` (CPU), None if absent; ``UnreadableFileError`` if unusable."""
     if not path.exists():
         return None
     blob = load_file(path, what="checkpoint", remedy=checkpoint_remedy(path), weights_only=False)

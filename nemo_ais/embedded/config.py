@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Validated configuration of the embedded recipe (``nemo-ais run``).
 
-NeMo-RL-style YAML sections, each a model of :mod:`nemo_ais.embedded.sections`; an unknown
-or malformed key is a ``ValueError`` naming its path (``grpo.num_prompts_per_step=0 is
-invalid: ...``). The deprecated ``rollout.fp8:`` block is still read, with a
-``FutureWarning`` (:func:`migrate_rollout`).
+NeMo-RL-style YAML sections, each a model of :mod:`nemo_ais.embedded.sections`; an unknown or malformed key is a
+``ValueError`` naming its path (``grpo.num_prompts_per_step=0 is invalid: ...``). The deprecated ``rollout.fp8:`` block
+is still read, with a ``FutureWarning`` (:func:`migrate_rollout`).
 """
 
 from __future__ import annotations
@@ -57,9 +56,8 @@ _FP8_BLOCK_DEPRECATED = (
 def migrate_rollout(rollout: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
     """A copy of ``rollout`` with its deprecated ``fp8:`` block folded into the current keys.
 
-    An old config means what it meant (the mapping: docs/embedded.md). Raises ``ValueError``
-    (named) for a block that is not a mapping, has an unknown key or a non-bool former key,
-    or mixes a former key with ``format`` / ``kv_cache``.
+    An old config means what it meant (the mapping: docs/embedded.md). Raises ``ValueError`` (named) for a block that
+    is not a mapping, has an unknown key or a non-bool former key, or mixes a former key with ``format`` / ``kv_cache``.
     """
     out = copy.deepcopy(rollout)
     block = out.pop("fp8", None)
@@ -114,8 +112,8 @@ def _has_fp8_block(section: Any) -> bool:
 def migrate_config(data: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
     """``data`` with every deprecated ``rollout.fp8`` block folded in: top level and arms.
 
-    An arm's block becomes the keys in which its migrated ``rollout`` differs from the migrated
-    top level, so :func:`resolve_arm` validates ``data`` and the result alike (tested).
+    An arm's block becomes the keys in which its migrated ``rollout`` differs from the migrated top level, so
+    :func:`resolve_arm` validates ``data`` and the result alike (tested).
     """
     base = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
     experiment = data.get("experiment") if isinstance(data.get("experiment"), dict) else {}
@@ -201,8 +199,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Load a YAML config with ``defaults:`` inheritance and dotted ``key=value`` overrides.
 
-    Returns the merged, resolved, validated config as a plain dict; ``ValueError`` names a
-    malformed YAML or override, or an invalid / unknown key.
+    Returns the merged, resolved, validated config as a plain dict; ``ValueError`` names a malformed YAML or override,
+    or an invalid / unknown key.
     """
     data = _read_yaml(Path(path).resolve())
     cluster = data.get("cluster")
@@ -295,10 +293,7 @@ def _check_curriculum(cfg: RecipeConfig) -> None:
 
 
 def _check_rollout_alignment(cfg: RecipeConfig) -> None:
-    """``policy.rollout_aligned_quantization`` needs an fp32 compute dtype.
-
-    A BF16 arm is allowed (a no-op: nothing is quantized), so the key can be set for every arm at once.
-    """
+    """``policy.rollout_aligned_quantization`` needs an fp32 compute dtype; a BF16 arm passes (nothing is quantized)."""
     if not cfg.policy.rollout_aligned_quantization:
         return
     if cfg.precision.compute_dtype not in (None, "float32"):

@@ -2,11 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Data-parallel harness of the embedded recipe: gloo processes on 127.0.0.1.
 
-``launch(fn, world_size, ...)`` runs ``fn(ctx, *args)`` on every rank: in this process when
-``world_size == 1`` (no process group, every collective is skipped), else in
-``world_size`` spawned processes that join one gloo group through a rendezvous file in a private temporary directory (no
-TCP port picked in advance that another process could take before the bind). A rank's :class:`RecipeError` reaches the
-parent as the same exception with the same message (through a queue), not as a wrapped traceback.
+:func:`launch` spawns one process per rank (none for a single rank); they join one gloo group through a rendezvous file
+in a private temporary directory (no TCP port picked in advance that another process could take before the bind).
 """
 
 from __future__ import annotations
@@ -68,9 +65,9 @@ def _worker(
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    # init_process_group can return here while a peer still finishes gloo's connectFullMesh; a rank
-    # that then exits (fn without a collective, e.g. a finished run resumed) closes the pair under it.
-    # One barrier before fn, so fn's own collectives stay unmatched if a rank skips or adds one.
+    # init_process_group can return while a peer still runs gloo's connectFullMesh; a rank that then exits (fn without a
+    # collective, e.g. a finished run resumed) closes the pair under it. One barrier, before fn only: fn's own
+    # collectives stay unmatched if a rank skips or adds one.
     dist.barrier()
     try:
         fn(DistContext(rank, world_size, dist.group.WORLD), *args)
@@ -91,10 +88,10 @@ def _worker(
 def launch(
     fn: Callable[..., None], args: tuple, *, world_size: int, num_threads: int = 1, timeout_s: float = 600.0
 ) -> None:
-    """Run ``fn(ctx, *args)`` on ``world_size`` data-parallel ranks.
+    """Run ``fn(ctx, *args)`` on ``world_size`` data-parallel ranks (1: in this process, collectives skipped).
 
     Raises:
-        RecipeError: a rank raised one (its message), or a rank failed (its traceback).
+        RecipeError: a rank raised one (the same message, not a wrapped traceback), or a rank failed (its traceback).
         KeyboardInterrupt: the run was interrupted (Ctrl-C reaches every rank).
     """
     if world_size == 1:

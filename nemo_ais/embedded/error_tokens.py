@@ -2,17 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Error tokens of the sampled responses: QaRL's "repetitive, garbled" tokens, counted.
 
-**[reconstruction]** QaRL (arXiv 2604.07853) gives no formula; ours, on the content of a
-response (its valid tokens before the first ``<eos>``):
+**[reconstruction]** QaRL (arXiv 2604.07853) gives no formula; ours, on the content of a response (its valid tokens
+before the first ``<eos>``):
 
-* repeat: token ``t`` completes an n-gram (``n =`` :data:`NGRAM` ``= 3``, one chain value
-  plus its separator) seen earlier in the same response; overlapping n-grams count;
+* repeat: token ``t`` completes an n-gram (``n =`` :data:`NGRAM` ``= 3``, one chain value plus its separator) seen
+  earlier in the same response; overlapping n-grams count;
 * invalid: the token is not in the task's response alphabet (:func:`response_alphabet`);
 * error: repeat or invalid.
 
-Each rate is a token fraction over the step's global batch:
-``error_tokens/<kind>_frac = Σ_i #{t : kind(i, t)} / Σ_i L_i`` (0 when ``Σ_i L_i = 0``).
-A correct chain may repeat a 3-gram by itself: compare arms, not the level.
+Each rate is a token fraction over the step's global batch, ``error_tokens/<kind>_frac = Σ_i #{t : kind(i, t)} /
+Σ_i L_i`` (0 when ``Σ_i L_i = 0``). A correct chain may repeat a 3-gram by itself: compare arms, not the level.
 """
 
 from __future__ import annotations

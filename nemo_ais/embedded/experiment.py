@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """``nemo-ais run``: the experiment driver around :class:`~nemo_ais.embedded.recipe.GRPORecipe`.
 
-:func:`run_experiment` validates the config, pins it in the run directory (a rerun with the same config resumes from the
-last checkpoints), trains the cached warm start alone, then launches ``cluster.dp_size`` gloo ranks that run every (arm,
-seed) of the config in order (:func:`_worker`), and writes the report. The GRPO loop itself is the recipe's.
+:func:`run_experiment` validates the config, pins it in the run directory, trains the cached warm start alone, then
+launches ``cluster.dp_size`` gloo ranks that run every (arm, seed) in order (:func:`_worker`), and writes the report.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ from nemo_ais.embedded.recipe import GRPORecipe
 from nemo_ais.embedded.warmstart import build_task, warm_start
 
 CONFIG_FILE = "config.yaml"
-# Keys that may change between an interrupted run and its resumption: none changes a result
-# (the warm-start cache file is named by the settings that do).
+# Keys free to change on resume: none changes a result (the warm-start cache file is named by the settings that do).
 _RESUME_FREE_KEYS = (
     "logger.run_dir",  # where the run is: its pinned config.yaml was found there ("runs", "./runs", a moved one)
     "logger.name",

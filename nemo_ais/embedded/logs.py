@@ -100,8 +100,8 @@ def log_train_data(ctx: DistContext, task: ArithmeticTask, log_dir: Path, step: 
 def log_readback(ctx: DistContext, log_dir: Path, step: int, readback: RefitReadback | None) -> None:
     """Append the step's refit readback to ``log_dir/refit_readback.jsonl`` (rank 0).
 
-    Nothing when the engine checked nothing (the BF16 arm, ``verify_refit: false``). A
-    resumed run writes its re-run steps again; the reader keeps a step's last row.
+    Nothing when the engine checked nothing (the BF16 arm, ``verify_refit: false``). A resumed run writes its re-run
+    steps again; the reader keeps a step's last row.
     """
     if not ctx.is_main or readback is None:
         return

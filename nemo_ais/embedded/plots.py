@@ -1,9 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""The plots of an embedded run: reward, accuracy, the diagnostics panels, D vs entropy.
-
-Seed bands are mean +- std over seeds (sample std), clipped to the metric's range.
-"""
+"""The plots of an embedded run: reward, accuracy, the diagnostics panels, D vs entropy."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ from nemo_ais.plotting import pyplot, series_style, style_axes
 class Panel(NamedTuple):
     """One plotted metric: record kind and key, title, y label with unit, and its bounds.
 
-    Seed bands (mean +- std) are clipped to ``[lo, hi]``: a non-negative metric never
-    shows a band below 0 (None: unbounded on that side).
+    The seed band (mean +- sample std over seeds) is clipped to ``[lo, hi]`` (None: unbounded on that side).
     """
 
     kind: str
@@ -80,10 +76,7 @@ def _legend(ax) -> None:
 
 
 def build_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The report's matplotlib figures by file name (the caller saves and closes them).
-
-    Every arm keeps one colour, marker and line style in all of them, in order of appearance.
-    """
+    """The report's matplotlib figures by file name (the caller saves and closes them); each arm keeps one style."""
     plt = pyplot()
     arms = list(dict.fromkeys(r["arm"] for r in records))
     figures = {}

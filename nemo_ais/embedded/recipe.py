@@ -2,17 +2,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """GRPO with a quantized rollout engine and the AIS correction, on one CPU machine.
 
-A torchtune-style recipe: ``build_*(cfg)`` functions, :meth:`GRPORecipe.setup` (the builder
-calls, in the order they need) and :meth:`GRPORecipe.train`, one visible loop::
+Torchtune-style: ``build_*(cfg)`` builders, called in order by :meth:`GRPORecipe.setup`; :meth:`GRPORecipe.train` is
+one visible loop::
 
     rollout (twin, synced) -> trainer log-probs -> group advantages
       -> per global batch: AIS statistics -> ONE all-reduce -> diagnostics
       -> per micro-batch: core clipped loss (nemo_ais.core.clipped_pg_loss) -> backward
       -> gradient all-reduce (SUM) -> optimizer step -> log -> checkpoint
 
-No loss math here: the surrogate and every correction weight are
-:func:`nemo_ais.core.clipped_pg_loss`'s, the code the NeMo-RL adapter runs. Each gloo rank trains on its chunks; the
-loss is normalised by the GLOBAL valid-token count, so the ranks' gradients are summed.
+No loss math here: the surrogate and every correction weight are :func:`nemo_ais.core.clipped_pg_loss`'s, the code the
+NeMo-RL adapter runs. Each gloo rank trains on its chunks; the loss is normalised by the GLOBAL valid-token count, so
+the ranks' gradients are summed.
 """
 
 from __future__ import annotations
@@ -173,8 +173,7 @@ class GRPORecipe:
     def _rollout(self, step: int) -> RolloutBatch:
         cfg = self.cfg
         problems = self.task.sample_train(cfg.grpo.num_prompts_per_step, seeded_generator("prompts", self.seed, step))
-        # Refit: every rank re-quantizes the same trainer weights; the FP8 KV scales (if
-        # any) are calibrated on the step's GLOBAL prompts, identical on every rank.
+        # Refit: every rank re-quantizes the same weights and calibrates any KV scales on the step's GLOBAL prompts.
         self.engine.sync_weights(self.policy.state_dict(), calibration_input_ids=self.task.prompt_ids(problems))
         return generate_rollouts(
             self.engine,
@@ -205,10 +204,7 @@ class GRPORecipe:
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _minibatches(self, n_local: int) -> list[torch.Tensor]:
-        """Local sample indices of each global batch: the k-th slice of every local chunk.
-
-        So a global batch does not depend on the DP world size (``_check_batching``: whole slices).
-        """
+        """Local sample indices of each global batch: the k-th slice of every local chunk (independent of dp_size)."""
         k_total = self.cfg.rollout_batch_size // self.cfg.train_global_batch_size
         chunk = self.cfg.rollout.prompts_per_chunk * self.cfg.grpo.num_generations_per_prompt
         per = chunk // k_total

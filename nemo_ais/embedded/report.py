@@ -1,9 +1,8 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""Plots and ``summary.md`` of an embedded run, from its ``metrics.jsonl`` alone.
+"""Plots and ``summary.md`` of an embedded run (``nemo-ais report RUN_DIR``), from its ``metrics.jsonl`` alone.
 
-``nemo-ais report RUN_DIR`` calls :func:`write_report`. A smoke run's summary opens with a
-line saying why it is not evidence, and leaves out the tables the run is too short for.
+A smoke run's summary opens by saying why it is not evidence and leaves out the tables the run is too short for.
 """
 
 from __future__ import annotations
@@ -58,11 +57,7 @@ def _collapse_cells(collapse: dict[str, Collapse], arm: str, reference: str) -> 
 
 
 def _delta_cell(diffs: dict[str, tuple[int, float, float]], arm: str, reference: str, seeds: tuple[int, int]) -> str:
-    """The "Δ vs reference" table cell of ``arm`` ("—" for the reference itself).
-
-    ``seeds``: the arm's and the reference's. Over fewer seed pairs than either has (one did not finish a seed), the
-    difference is not the difference of the shown means: the cell says how many pairs it rests on.
-    """
+    """The "Δ vs reference" cell of ``arm`` ("—" for the reference); ``seeds``: the arm's and the reference's."""
     if arm == reference:
         return "—"
     return fmt_paired(*diffs.get(arm, (0, math.nan, math.nan)), max(seeds))
@@ -233,10 +228,7 @@ def _non_stationarity_md(summ, n_steps: int) -> list[str]:
 
 
 def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
-    """(Re)draw ``summary.md`` and the plots of ``run_dir``; the files written.
-
-    ``plots=False`` (``logger.plots: false``) skips the PNGs of :func:`build_figures`.
-    """
+    """(Re)draw ``summary.md`` and, unless ``plots=False`` (``logger.plots: false``), the PNGs; the files written."""
     records = load_metrics(Path(run_dir))
     run_dir = Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
     written = save_figures(build_figures(records), run_dir, dpi=110) if plots else []

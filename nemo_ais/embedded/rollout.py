@@ -2,10 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Rollouts of the embedded recipe: chunked generation with the twin, group advantages.
 
-The step's prompts are cut into chunks of ``prompts_per_chunk``; chunk ``c`` is generated in
-ONE ``generate`` call with its own generator ``seeded_generator("rollout", seed, step, c)``,
-and rank ``r`` of ``W`` owns chunks ``[r * C/W, (r+1) * C/W)``. So a chunk's samples never depend on ``W``, a group
-lives in one chunk (advantages need no communication), and every arm sees the same random numbers (a paired comparison).
+The step's prompts are cut into chunks of ``prompts_per_chunk``; chunk ``c`` is generated in ONE ``generate`` call
+with its own generator ``seeded_generator("rollout", seed, step, c)``, and each rank owns a contiguous block of chunks
+(:func:`chunk_range`). So a chunk's samples never depend on the DP world size, a group lives in one chunk (advantages
+need no communication), and every arm sees the same random numbers (a paired comparison).
 """
 
 from __future__ import annotations

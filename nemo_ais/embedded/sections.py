@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The sections of the embedded recipe's YAML (``nemo-ais run``), one pydantic model each.
 
-Every model forbids unknown keys; :mod:`nemo_ais.embedded.config` validates a config with
-them (``loss_fn`` is :class:`~nemo_ais.config.PGLossConfig` plus ``ais:``
-:class:`~nemo_ais.config.CorrectionConfig`). The defaults are those of ``default.yaml``
-(tests/unit/test_embedded_config.py).
+Every model forbids unknown keys; :mod:`nemo_ais.embedded.config` validates a config with them (``loss_fn`` is
+:class:`~nemo_ais.config.PGLossConfig` plus ``ais:`` :class:`~nemo_ais.config.CorrectionConfig`). The defaults are those
+of ``default.yaml`` (tests/unit/test_embedded_config.py).
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The statistics of an embedded run's ``metrics.jsonl`` (what ``summary.md`` reports).
 
-Records: ``kind: train`` (one per GRPO step: reward, loss, ``ais/*`` diagnostics, applied
-``alpha``, timings) and ``kind: val`` (held-out greedy accuracy at step 0, every
-``grpo.val_period`` steps and at the end). A run shorter than :data:`EVIDENCE_MIN_STEPS`
-steps or with fewer than :data:`EVIDENCE_MIN_SEEDS` seeds is a smoke run
-(:func:`smoke_reasons`).
+Records: ``kind: train`` (one per GRPO step: reward, loss, ``ais/*`` diagnostics, applied ``alpha``, timings) and
+``kind: val`` (held-out greedy accuracy at step 0, every ``grpo.val_period`` steps and at the end). A run shorter than
+:data:`EVIDENCE_MIN_STEPS` steps or with fewer than :data:`EVIDENCE_MIN_SEEDS` seeds is a smoke run.
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ from typing import Any, NamedTuple
 
 # The windows of the non-stationarity table: the first and the last EARLY_LATE_STEPS steps.
 EARLY_LATE_STEPS = 10
-# Below these, a run is a smoke run (not evidence): the early and late windows overlap, the
-# collapse step reads one or two evaluations, and one seed gives no paired interval.
+# Below these, a run is a smoke run: the early and late windows overlap, the collapse step reads one or two
+# evaluations, and one seed gives no paired interval.
 EVIDENCE_MIN_STEPS = 2 * EARLY_LATE_STEPS
 EVIDENCE_MIN_SEEDS = 2
 
@@ -31,11 +29,10 @@ _RECORD_KEYS = ("kind", "arm", "seed", "step")
 
 
 def load_metrics(path: Path) -> list[dict[str, Any]]:
-    """Records of a ``metrics.jsonl``.
+    """Records of a ``metrics.jsonl`` (``path`` may be its run directory).
 
-    A last line cut by a crash (no newline at its end) is skipped; any other line that is not
-    a record (a JSON object with ``kind``, ``arm``, ``seed`` and ``step``) is a ``ValueError``
-    naming ``file:line``, as is a file with no record.
+    A last line cut by a crash (no newline at its end) is skipped; any other line that is not a record (a JSON object
+    with ``kind``, ``arm``, ``seed`` and ``step``) is a ``ValueError`` naming ``file:line``, as is a file without one.
     """
     path = Path(path)
     if path.is_dir():
@@ -98,10 +95,7 @@ _T975 = (
 
 
 def t_quantile_975(df: int) -> float:
-    """The two-sided 95% Student-t quantile ``t_{0.975, df}``, ``df >= 1``.
-
-    Table values for ``df <= 30``; beyond, the Cornish-Fisher expansion (error < 1e-4).
-    """
+    """Two-sided 95% t quantile ``t_{0.975, df}``, ``df >= 1``: table up to 30, then Cornish-Fisher (error < 1e-4)."""
     if df < 1:
         raise ValueError(f"df={df} is invalid: expected >= 1 (at least two seeds)")
     if df <= len(_T975):
@@ -113,7 +107,7 @@ def t_quantile_975(df: int) -> float:
 def paired_ci(diffs: list[float]) -> tuple[float, float]:
     """Mean and 95% CI half-width of paired differences (Student t, n - 1 df).
 
-    Returns ``(mean, nan)`` for a single pair (no interval) and ``(nan, nan)`` for none.
+    ``(mean, nan)`` for a single pair, ``(mean, 0.0)`` for equal differences (no spread), ``(nan, nan)`` for none.
     """
     if not diffs:
         return math.nan, math.nan
@@ -128,10 +122,9 @@ def paired_ci(diffs: list[float]) -> tuple[float, float]:
 def unfinished_seeds(records: list[dict[str, Any]]) -> dict[str, dict[int, int]]:
     """``{arm: {seed: its last evaluated step}}`` of the seeds that stopped before their arm's last evaluation.
 
-    An interrupted (arm, seed) whose held-out curve ends early: every accuracy statistic leaves it out (its second
-    half and final step are not its arm's), and ``summary.md`` names it. The arm's last evaluation is its planned
-    ``grpo.max_num_steps`` where a ``kind: plan`` record gives it (:func:`plan_records`, from the pinned config: an
-    arm cut short on every seed is then told apart), else the last step any of its seeds reached.
+    Every accuracy statistic leaves such a seed out (its second half and final step are not its arm's), and
+    ``summary.md`` names it. The arm's last evaluation is :func:`last_evaluations`'s; given ``kind: plan`` records
+    (:func:`plan_records`, from the pinned config), an arm cut short on every seed is told apart too.
     """
     return _unfinished(series(records, "val", "accuracy"), records)
 
@@ -174,10 +167,9 @@ def finished_accuracy(records: list[dict[str, Any]]) -> dict[str, dict[int, dict
 def primary_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
     """The primary metric (declared before any run), per arm and finished seed.
 
-    The mean held-out greedy accuracy over the evaluations in the second half of training.
-    "Second half": the evaluations at steps ``s >= S / 2``, ``S`` the arm's last evaluated
-    step (with ``grpo.val_period = 10`` and 60 steps: steps 30, 40, 50, 60); a seed evaluated
-    last before ``S`` is left out (:func:`unfinished_seeds`).
+    The mean held-out greedy accuracy over the second half of training: the evaluations at steps ``s >= S / 2``, ``S``
+    the arm's last evaluated step (``grpo.val_period = 10``, 60 steps: 30, 40, 50, 60). A seed evaluated last before
+    ``S`` is left out (:func:`unfinished_seeds`).
     """
     out: dict[str, dict[int, float]] = defaultdict(dict)
     for arm, seeds in finished_accuracy(records).items():
@@ -278,10 +270,9 @@ def early_metric(records: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
 def paired_differences(
     records: list[dict[str, Any]], reference: str = "bf16", metric=None
 ) -> dict[str, tuple[int, float, float]]:
-    """Per other arm, ``(pairs, mean, 95% CI half-width)`` of its differences to ``reference``.
+    """Per other arm, ``(pairs, mean, 95% CI half-width)`` of its per-seed differences to ``reference``.
 
-    The per-seed ``arm - reference`` differences of ``metric(records)`` (default
-    :func:`primary_metric`), over the seeds both ran.
+    Differences ``arm - reference`` of ``metric(records)`` (default :func:`primary_metric`), over the seeds both ran.
     """
     primary = (metric or primary_metric)(records)
     ref = primary.get(reference, {})
@@ -297,8 +288,8 @@ def paired_differences(
 class Collapse(NamedTuple):
     """Where an arm's held-out accuracy first falls below half of the reference arm's.
 
-    ``step``: on the mean over seeds (None: never); ``per_seed``: each seed paired with the
-    reference's same seed (None: never); ``seeds_collapsed`` of ``seeds`` paired seeds.
+    ``step``: on the mean over seeds (None: never); ``per_seed``: each seed paired with the reference's same seed
+    (None: never); ``seeds_collapsed`` of ``seeds`` paired seeds.
     """
 
     step: int | None
@@ -315,9 +306,9 @@ def _first_below_half(arm: dict[int, float], ref: dict[int, float]) -> int | Non
 def collapse_steps(records: list[dict[str, Any]], reference: str = "bf16") -> dict[str, Collapse]:
     """Collapse step of every other arm: held-out accuracy first below half of ``reference``'s.
 
-    Declared before the runs: at evaluation step s an arm collapses iff ``acc_arm(s) <
-    acc_reference(s) / 2``, on the mean over the seeds both arms ran and per seed (paired); a
-    reference accuracy of 0 never counts; finished seeds only. No shared seed: ``Collapse(None, 0, 0, {})``.
+    Declared before the runs: at evaluation step s an arm collapses iff ``acc_arm(s) < acc_reference(s) / 2``, on the
+    mean over the seeds both arms ran and per seed (paired); a reference accuracy of 0 never counts; finished seeds
+    only. No shared seed: ``Collapse(None, 0, 0, {})``.
     """
     val = finished_accuracy(records)
     ref = val.get(reference, {})

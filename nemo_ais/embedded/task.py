@@ -2,16 +2,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Verifiable arithmetic tasks of the embedded recipe; reward and accuracy by program.
 
-:class:`ChainTask` (``data.task: chain``, the default): prompt ``s+d=``, response the running sums ``x_k = (s + k d) mod
-10^n`` for ``k = 1..chain_length``, each with exactly ``n`` digits, separated by ``,``::
+:class:`ChainTask` (``data.task: chain``, the default) answers ``s+d=`` with running sums, so one wrong digit makes
+every later value wrong::
 
     37+85=22,07,92,77,62,47,32,17,02,87,72<eos>      (reverse_answer=False)
 
-so one wrong digit makes every later value wrong. :class:`AdditionTask` (``addition``):
-``a+b=`` -> ``str(a + b)``. ``reverse_answer`` writes every number least-significant digit
-first. The problems of step ``s`` depend only on ``(seed, s)`` (:func:`seeded_generator`),
-never on the process count or on what ran before; the held-out set (``eval_seed``) is
-excluded from training draws. docs/embedded.md describes the tasks and rewards.
+:class:`AdditionTask` (``addition``): ``a+b=`` -> ``str(a + b)``. ``reverse_answer`` writes every number lowest digit
+first. The problems of step ``s`` depend only on ``(seed, s)`` (:func:`seeded_generator`), never on the process count or
+on what ran before; training draws exclude the held-out set (``eval_seed``). See docs/embedded.md.
 """
 
 from __future__ import annotations
@@ -130,10 +128,9 @@ class ArithmeticTask:
         return ids, labels
 
     def _texts(self, problems: list[Problem], response_ids: torch.Tensor) -> list[str | None]:
-        """Decoded responses up to the first ``<eos>`` (None if the response has no ``<eos>``).
+        """Decoded responses up to the first ``<eos>`` (None: none); a special or unused id before it reads as U+FFFD.
 
-        A ``<pad>``, ``<bos>`` or unused id before the ``<eos>`` reads as U+FFFD, which no answer holds: such a
-        response is not exact, and the partial rewards count it as a wrong character.
+        U+FFFD is in no answer: such a response is not exact, and the partial rewards count it as a wrong character.
         """
         if response_ids.ndim != 2 or response_ids.shape[0] != len(problems):
             raise ValueError(f"response_ids: got {tuple(response_ids.shape)}, expected [{len(problems)}, T]")

@@ -2,15 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The tolerance curve of a dose-response run: paired Δ vs BF16 against the measured mismatch.
 
-A dose-response run (``--preset dose``) names its arms ``k<level>-<correction>``: the
-rollout error scaled by ``rollout.error_scale = level``, trained with one correction
-(``none``, ``tis``, ``ais``, ...), next to the reference arm (``bf16``: level 0). Per level,
-the x-axis is the mismatch the uncorrected arm measured (``ais/severity`` D, ``ais/kl_k3`` =
-NeMo-RL's ``gen_kl_error``, ``ais/token_mult_prob_error``); per correction, the paired Δ of
-the primary metric to the reference with its 95% t-interval. "Significantly below BF16" at
-a level: the interval's upper end is below 0. The statistics, declared before the runs:
-docs/results.md. ``tolerance.json`` is what ``nemo-ais analyze`` places a cluster run on
-(:mod:`nemo_ais.analyze.placement`).
+A dose-response run (``--preset dose``) names its arms ``k<level>-<correction>``: the rollout error scaled by
+``rollout.error_scale = level``, trained with one correction (``none``, ``tis``, ``ais``, ...), next to the reference
+arm (``bf16``: level 0). Per level, the x-axis is the mismatch the uncorrected arm measured (``ais/severity`` D,
+``ais/kl_k3`` = NeMo-RL's ``gen_kl_error``, ``ais/token_mult_prob_error``); per correction, the paired Δ of the primary
+metric to the reference with its 95% t-interval. "Significantly below BF16" at a level: the interval's upper end is
+below 0. The statistics, declared before the runs: docs/results.md. ``tolerance.json`` is what ``nemo-ais analyze``
+places a cluster run on (:mod:`nemo_ais.analyze.placement`).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from typing import Any, NamedTuple
 from nemo_ais.embedded.stats import arm_summary, below_zero, fmt_num, fmt_paired, paired_differences
 
 ARM_NAME = re.compile(r"^k(?P<level>\d+(?:\.\d+)?)-(?P<correction>[a-z0-9_]+)$")
-# the x-axes: our D, NeMo-RL's gen_kl_error and token_mult_prob_error (arm_summary keys)
 MISMATCH_KEYS = {"D": "severity", "gen_kl": "kl_k3", "tmpe": "token_mult_prob_error"}
 UNCORRECTED = "none"
 

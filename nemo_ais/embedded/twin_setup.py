@@ -1,9 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""The twin's default model and batch: the embedded recipe's policy on held-out prompts.
-
-Shared by ``nemo-ais attribute`` and ``benchmarks/bench_fp8_twin.py``.
-"""
+"""The twin's default model and batch, shared by ``nemo-ais attribute`` and ``benchmarks/bench_fp8_twin.py``."""
 
 from __future__ import annotations
 
@@ -40,10 +37,9 @@ def twin_setup(
 ) -> TwinSetup:
     """The policy of ``cfg`` (warm-started if cached) and ``num_prompts`` held-out prompts.
 
-    ``warm_start_cfg``: the config whose warm start the run trained (an arm's: the base config's, as
-    ``nemo-ais run`` does; an arm's own ``data.reward`` would give another cache file). Default ``cfg``.
-    Raises ``ValueError`` for ``num_prompts`` outside ``[1, data.eval_size]`` and
-    ``UnreadableFileError`` for an unusable warm-start cache file.
+    ``warm_start_cfg`` (default ``cfg``): the config whose warm start the run trained (for an arm, the base config's, as
+    ``nemo-ais run`` does; an arm's own ``data.reward`` would give another cache file). Raises ``ValueError`` for
+    ``num_prompts`` outside ``[1, data.eval_size]`` and ``UnreadableFileError`` for an unusable warm-start cache file.
     """
     ws_cfg = cfg if warm_start_cfg is None else warm_start_cfg
     if not 1 <= num_prompts <= cfg.data.eval_size:

@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Supervised warm start of the embedded policy, cached on disk by a hash of its config.
 
-GRPO needs a policy that already solves part of the task, else almost every group has
-zero reward variance. The result depends only on the model shape, the task and
-``policy.warm_start``, so it is cached atomically as ``<cache_dir>/warmstart-<hash>.pt``
-and shared by every arm, seed and later run.
+GRPO needs a policy that already solves part of the task, else almost every group has zero reward variance. The result
+depends only on the model shape, the task and ``policy.warm_start``, so it is cached atomically as
+``<cache_dir>/warmstart-<hash>.pt`` and shared by every arm, seed and later run.
 """
 
 from __future__ import annotations
@@ -151,8 +150,7 @@ def _sft_step(
 def first_stage(cfg: RecipeConfig) -> RecipeConfig | None:
     """The config of ``policy.warm_start.curriculum``'s first stage, or None without one.
 
-    Its warm start is cached under its own key, so a preset whose first stage equals another
-    preset's warm start shares that file.
+    Its warm start is cached under its own key, so a first stage equal to another preset's warm start shares that file.
     """
     ws = cfg.policy.warm_start
     if ws.curriculum is None:
@@ -173,9 +171,8 @@ def train_sft(
     """The warm start's SFT loop: ``policy.warm_start.steps`` AdamW steps from the untrained policy.
 
     With a curriculum it starts from the first stage's weights (:func:`first_stage`) with a fresh optimizer, continuing
-    the first stage's problem stream. Returns the model, the last loss and, with ``curve_every > 0``, ``(step, exact
-    match, chains right)`` of held-out greedy decoding every ``curve_every`` steps (greedy decoding draws no random
-    numbers, so the trained weights do not depend on it).
+    its problem stream. Returns the model, the last loss and, with ``curve_every > 0``, ``(step, exact match, chains
+    right)`` of held-out greedy decoding every ``curve_every`` steps (it draws no random numbers).
     """
     ws = cfg.policy.warm_start
     model = build_untrained_policy(cfg, task)

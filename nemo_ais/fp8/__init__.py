@@ -2,8 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Compatibility face of the former ``nemo_ais.fp8`` package: its public names keep importing.
 
-So does every former submodule path (``nemo_ais.fp8.twin``, ...): it resolves to the module
-that replaced it (the same object).
+So does every former submodule path (``nemo_ais.fp8.twin``, ...), as the module that replaced it (the same object).
 """
 
 import importlib
