@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """``nemo-ais analyze``: replay every correction mode over a NeMo-RL run's step logs.
 
-Per ``LOG_DIR/train_data_step{N}.jsonl`` in order of N (:mod:`.reader`): the core's AIS
-diagnostics, alpha and mode weights (:mod:`.replay`) and the refit guard
-(:mod:`nemo_ais.alarms`); written to ``analysis.jsonl`` as the steps are read, then
-``report.md`` and PNG plots (:mod:`.report`).
+Per ``LOG_DIR/train_data_step{N}.jsonl`` in order of N (:mod:`.reader`): the core's AIS diagnostics, alpha and mode
+weights (:mod:`.replay`) and the refit guard (:mod:`nemo_ais.alarms`); written to ``analysis.jsonl`` as the steps are
+read, then ``report.md`` and PNG plots (:mod:`.report`).
 """
 
 from __future__ import annotations
@@ -125,8 +124,7 @@ def load_analysis_config(
 
     The file may be a NeMo-RL run config (``defaults:`` inheritance is resolved; only ``loss_fn.ais`` and the alarms are
     read: a top-level ``alarms`` section, else the online guard's ``loss_fn.ais_alarms`` without ``enabled`` and
-    ``fail_on_alarm``) or an embedded one.
-    Overrides are ``loss_fn.ais.<field>=value`` (a mode's knob:
+    ``fail_on_alarm``) or an embedded one. Overrides are ``loss_fn.ais.<field>=value`` (a mode's knob:
     ``loss_fn.ais.<mode>.<field>=value``) or ``alarms.<field>=value`` (YAML values).
 
     Raises:
@@ -186,9 +184,8 @@ def global_batches_per_step(path: Path | str) -> int:
     """Optimizer steps per GRPO step of a run config: rollout batch / train_global_batch_size.
 
     Rounded down, as NeMo-RL's workers count them (``total // gbs``: rows past the last whole global batch are not
-    trained); at least 1; 1 when the config does not give them (the embedded recipe's ``null``: the whole step). Above 1 the
-    replayed alpha (one per step file) differs from the online one (one per global batch). Raises ``FileNotFoundError``
-    if the file (or a ``defaults:`` parent) does not exist, ``ValueError`` if a section is not a mapping.
+    trained); at least 1; 1 when the config does not give them (the embedded recipe's ``null``: the whole step).
+    ``FileNotFoundError``: no such file (or ``defaults:`` parent); ``ValueError``: a section is not a mapping.
     """
     from nemo_ais.preflight import load_config
 
@@ -203,7 +200,7 @@ def global_batches_per_step(path: Path | str) -> int:
 
 
 def trains_with_filtered_sampling(path: Path | str) -> bool:
-    """Whether a NeMo-RL run config samples with top-k or top-p filtering (NeMo-RL's ``need_top_k_or_top_p_filtering``).
+    """Whether a run config samples with top-k or top-p filtering (NeMo-RL's ``need_top_k_or_top_p_filtering``).
 
     ``policy.generation.top_k`` >= 1 or ``top_p`` != 1: the trainer then logs the placeholder ``prev_logprobs`` 0
     where its filtered distribution excludes the sampled token. FileNotFoundError: no file.
@@ -305,26 +302,21 @@ def analyze_run(
     """Analyse every step of ``log_dir``; write ``analysis.jsonl``, ``report.md`` and plots.
 
     Args:
-        log_dir: a NeMo-RL ``logger.log_dir`` holding ``train_data_step{N}.jsonl`` files, or a resumed run's
-            launches in order (``[exp_001, exp_002]``, :func:`~nemo_ais.analyze.reader.join_launches`): each replaces
-            the steps the launches before it logged from its first step on, and the EMA state and the alarm history
-            carry across them, as the AIS worker's checkpoint carries them.
+        log_dir: a NeMo-RL ``logger.log_dir`` holding ``train_data_step{N}.jsonl`` files, or a resumed run's launches
+            in order (``[exp_001, exp_002]``, stitched by :func:`~nemo_ais.analyze.reader.stitch_launches`); the EMA
+            state and the alarm history carry across them, as the AIS worker's checkpoint carries them.
         out_dir: output directory (default ``<the last launch's log_dir>/ais_analysis``).
         config: the ``loss_fn.ais`` section (default: CorrectionConfig's defaults).
-        alarm_config: refit-guard thresholds; ``fail_on_alarm`` does not stop the analysis
-            (``nemo-ais analyze`` maps it to exit code 3).
-        skip_bad_rows: count and skip bad rows (of the step files and of refit_readback.jsonl) instead of stopping
-            at the first.
+        alarm_config: refit-guard thresholds; ``fail_on_alarm`` never stops the analysis (``nemo-ais analyze``: exit 3).
+        skip_bad_rows: count and skip bad rows (step files, refit_readback.jsonl) instead of stopping at the first.
         progress: show a progress bar (bytes read) on stderr.
         chunk_tokens: positions per chunk read at once (bounds the memory).
-        memory_budget_bytes: per step, aligned chunks kept in memory for the ``ais`` pass;
-            the rest is spilled to a temporary directory.
-        global_batches_per_step: of the run (:func:`global_batches_per_step`); above 1, a
-            warning and the report say that the replayed alpha differs from the online one.
+        memory_budget_bytes: per step, aligned chunks kept in memory for the ``ais`` pass; the rest spills to disk.
+        global_batches_per_step: of the run (:func:`global_batches_per_step`); above 1, a warning and the report say the
+            replayed alpha differs from the online one.
         tolerance: a dose-response study's ``tolerance.json`` (default: the shipped one).
-        filtered_sampling: the run trained with top-k / top-p filtering (:func:`trains_with_filtered_sampling`): a
-            valid position with ``prev_logprobs`` 0 is NeMo-RL's placeholder, left out as its loss leaves it out
-            (``analysis/filtered_placeholders`` counts them).
+        filtered_sampling: the run trained with top-k / top-p filtering (:func:`trains_with_filtered_sampling`):
+            ``prev_logprobs`` 0 placeholders are left out, as NeMo-RL's loss does (``analysis/filtered_placeholders``).
 
     A gap in the step files (steps 1, 2, 4) is warned about and listed in the report and
     :attr:`AnalysisResult.missing_steps`; the steps present are analysed.
@@ -379,8 +371,8 @@ def analyze_run(
         disable=None if progress else True,  # None: off when stderr is not a terminal
         leave=False,
     )
-    # rows stream into a .partial file, renamed when every step is in: a failed or interrupted
-    # analysis never leaves an analysis.jsonl that looks complete (or pairs with an old report)
+    # rows stream into a .partial file, renamed when every step is in: a failed or interrupted analysis never leaves an
+    # analysis.jsonl that looks complete (or pairs with an old report)
     partial = out / f"{ANALYSIS_FILE}.partial"
     empty: list[str] = []  # with skip_bad_rows: steps without a row to analyse or cut off mid-row, skipped
     masked: list[str] = []  # steps whose rows hold no valid token, analysed as empty global batches
@@ -419,8 +411,10 @@ def analyze_run(
                 profile=result.profile,
                 readback=readbacks.get(result.step),
             )
-            if result.n_tok == 0 and result.n_nonfinite == 0:  # NeMo-RL masked every sequence (seq_logprob_error_
-                logger.warning(  # threshold, overlong filtering); non-finite log-probs are the nonfinite alarm's
+            # NeMo-RL masked every sequence (seq_logprob_error_threshold, overlong filtering); non-finite log-probs are
+            # the nonfinite alarm's
+            if result.n_tok == 0 and result.n_nonfinite == 0:
+                logger.warning(
                     "step %d: no valid token in %d rows: an empty global batch", result.step, result.counts.rows
                 )
                 masked.append(f"{step_file.path.name} ({result.counts.rows} rows)")

@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Place an analysed run on the embedded dose-response study's tolerance curve.
 
-The study's ``tolerance.json`` (``nemo-ais run --preset dose``,
-:mod:`nemo_ais.embedded.tolerance`) holds per level of the mismatch dial the uncorrected
-arm's mismatch and every correction's paired Δ vs BF16; the report states what it found at
-the level whose D is nearest the run's (default study: :data:`STUDY`, when shipped).
+The study's ``tolerance.json`` (``nemo-ais run --preset dose``, :mod:`nemo_ais.embedded.tolerance`) holds per level of
+the mismatch dial the uncorrected arm's mismatch and every correction's paired Δ vs BF16; the report states what it
+found at the level whose D is nearest the run's (default study: :data:`STUDY`, when shipped).
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-quarter |log-ratio| profile of a step's long sequences: the ``kv_scale_position`` input.
 
-Offline only: sums of |l| = |log pi_old - log mu| and valid tokens over each quarter of
-every long sequence's own valid span.
+Offline only: sums of |l| = |log pi_old - log mu| and valid tokens over each quarter of every long sequence's span.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from nemo_ais.core import log_ratio
 class PositionProfile:
     """Per-quarter sums over valid tokens of long sequences: sum |l|, tokens, sequences.
 
-    Quarter q of a sequence covers its valid span's positions with
-    floor(4 (j - first) / span) = q. Profiles of chunks (or ranks) add up by :meth:`merge`.
+    Quarter q holds the valid-span positions j with floor(4 (j - first) / span) = q; profiles add by :meth:`merge`.
     """
 
     abs_log_rho_sum: torch.Tensor
@@ -59,8 +57,7 @@ def position_profile(
 ) -> PositionProfile:
     """Per-quarter sum |l| and token count of a ``[B, T]`` batch's long sequences (core ``log_ratio``).
 
-    Each row's quarters are relative to its own valid span (first to last valid position);
-    rows whose span is shorter than ``min_length`` are left out.
+    Each row's quarters are relative to its own valid span (first to last valid position).
 
     Args:
         logp_old: ``[B, T]`` ``prev_logprobs`` (aligned like the loss: ``[:, 1:]``).

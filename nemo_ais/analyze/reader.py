@@ -2,15 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Streaming reader of NeMo-RL's ``<log_dir>/train_data_step{N}.jsonl`` files.
 
-NeMo-RL v0.7.0 (``Logger.log_batched_dict_as_jsonl``, called by ``grpo_train``) writes one
-JSON object per sample, each value wrapped as a batch of one: ``token_ids``,
-``token_loss_mask``, ``generation_logprobs``, ``prev_logprobs``, ``advantages`` are ``[[v_0, ..., v_{S-1}]]`` (position
-j: token j and its log-prob given tokens < j, 0 on the prompt), ``sample_loss_mask``, ``rewards``, ``input_lengths`` are
-``[x]``, plus ``content`` and ``idx``. NaN and +-inf are written as ``NaN`` / ``Infinity``.
+NeMo-RL v0.7.0 (``Logger.log_batched_dict_as_jsonl``, called by ``grpo_train``) writes one JSON object per sample,
+each value a batch of one: ``[[v_0, ..., v_{S-1}]]`` for ``token_ids``, ``token_loss_mask``, ``generation_logprobs``,
+``prev_logprobs``, ``advantages`` (position j: token j and its log-prob given tokens < j, 0 on the prompt), ``[x]`` for
+``sample_loss_mask``, ``rewards``, ``input_lengths``; also ``content``, ``idx``. NaN, +-inf: ``NaN``, ``Infinity``.
 
-Each row is aligned as NeMo-RL's loss does (``x[:, 1:]``, ``mask = token_loss_mask[:, 1:]
-* sample_loss_mask``) into chunks of at most ``chunk_tokens`` positions, so the memory
-held is bounded by the chunk, never by the file. Bad input raises :class:`BadInputError`.
+Rows are aligned as NeMo-RL's loss does (``x[:, 1:]``, ``mask = token_loss_mask[:, 1:] * sample_loss_mask``) into
+chunks of at most ``chunk_tokens`` positions (memory bounded by the chunk); bad input raises :class:`BadInputError`.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ REQUIRED_KEYS = ("prev_logprobs", "generation_logprobs", "token_loss_mask", "sam
 _PER_TOKEN_KEYS = ("token_ids", "token_loss_mask", "generation_logprobs", "prev_logprobs", "advantages")
 _DTYPE = torch.float64
 _MAX_HINTS = 3  # sub-directories named when log_dir itself holds no step file
-# a NeMo-RL log root (logs/exp_001: 1), a nemo-ais run (runs/default/logs/bf16_seed0: 2),
-# the runs/ directory above it (3), + 1
+# a NeMo-RL log root (logs/exp_001: 1), a nemo-ais run (runs/default/logs/bf16_seed0: 2), the runs/ above it (3), + 1
 SEARCH_DEPTH = 4
 _SKIP_BAD_ROWS_HINT = "--skip-bad-rows skips and counts such rows"
 
@@ -88,8 +85,7 @@ class StepFile:
 class Chunk:
     """Aligned rows of one step: ``[B, T]`` float64 log-probs and the bool mask.
 
-    ``valid`` excludes the non-finite positions (counted, the first one described);
-    ``lines`` are the file's line numbers.
+    ``valid`` excludes non-finite positions (counted, the first one described); ``lines`` are the file's line numbers.
     """
 
     logp_old: torch.Tensor
@@ -140,9 +136,8 @@ def find_log_dirs(root: Path | str, max_depth: int = SEARCH_DEPTH) -> list[Path]
     """The run log directories at or below ``root``: those holding step files, sorted.
 
     ``root`` itself if it holds a ``train_data_step{N}.jsonl``, else every directory up to ``max_depth`` levels below it
-    that holds one. Below a run's log directory the search enters only ``exp_NNN`` directories (a launch resumed with
-    the checkpoint's config, whose ``logger.log_dir`` is the first launch's, logs to ``<log_dir>/exp_NNN``); it never
-    follows symbolic links. Raises :class:`BadInputError` if ``root`` is not a directory.
+    that holds one; below a run's log directory only ``exp_NNN`` directories (resumed launches, :func:`join_launches`).
+    Never follows symbolic links. Raises :class:`BadInputError` if ``root`` is not a directory.
     """
     root = Path(root)
     _require_dir(root)
@@ -166,9 +161,8 @@ def find_step_files(log_dir: Path | str) -> list[StepFile]:
     """Every ``train_data_step{N}.jsonl`` directly in ``log_dir``, ordered by N.
 
     Raises:
-        BadInputError: ``log_dir`` is not a directory, holds no step file (the first three
-            directories below it, up to :data:`SEARCH_DEPTH` levels, that do are named,
-            then "and N more"), or two files have the same N.
+        BadInputError: ``log_dir`` is not a directory, holds no step file (the first three directories below it, up to
+            :data:`SEARCH_DEPTH` levels, that do are named, then "and N more"), or two files have the same N.
     """
     log_dir = Path(log_dir)
     _require_dir(log_dir)

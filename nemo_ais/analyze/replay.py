@@ -5,12 +5,10 @@
 Per ``train_data_step{N}.jsonl`` (one global batch), with the core code only:
 
 1. pass 1, per chunk of rows: :func:`~nemo_ais.core.compute_statistics` (the float64 sufficient-statistics vector,
-   summed over chunks exactly as the all-reduce sums it over data-parallel ranks),
-   :func:`~nemo_ais.core.correction_weights` of every replayed mode that needs no global-batch value (``tis``,
-   ``icepop``, ``seq_mask_geo``), and the per-position |l| profile of the refit guard;
-2. :func:`~nemo_ais.core.diagnostics_from_stats` on the summed vector: R, D, CV^2, KL,
-   ``token_mult_prob_error``, the gates and alpha (the EMA ``state`` is carried from
-   step to step, as the AIS worker carries it);
+   summed over chunks exactly as the all-reduce sums it over DP ranks), the :func:`~nemo_ais.core.correction_weights`
+   of each mode needing no global-batch value (``tis``, ``icepop``, ``seq_mask_geo``), the refit guard's |l| profile;
+2. :func:`~nemo_ais.core.diagnostics_from_stats` on the summed vector: R, D, CV^2, KL, ``token_mult_prob_error``, the
+   gates and alpha (the EMA ``state`` is carried from step to step, as the AIS worker carries it);
 3. pass 2, over the chunks kept from pass 1 (in memory up to a budget, then spilled to a temporary directory): the
    weights of the replayed modes that need a global-batch value (``ais``, with that alpha).
 

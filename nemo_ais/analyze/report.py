@@ -60,14 +60,11 @@ def _col(rows: list[dict[str, Any]], key: str) -> list[float]:
 def onset(
     steps: list[int], values: list[float], test, share: float = SHARE, min_steps: int = 3
 ) -> tuple[int, float, int, int] | None:
-    """Earliest step where ``test(v)`` holds and keeps holding on >= ``share`` of the rest.
-
-    The onset step itself satisfies the condition, so "holds on k of m steps from step s
-    on" is a true statement about the data.
+    """Earliest step where ``test(v)`` holds, and holds on >= ``share`` of the steps from it on.
 
     Returns:
-        (step, achieved share, steps where it holds, remaining steps), or None if no such
-        step leaves at least ``min_steps`` steps.
+        (step, achieved share, steps where it holds, remaining steps), or None if no such step leaves at least
+        ``min_steps`` steps.
     """
     hits = [1 if test(v) else 0 for v in values]
     suffix, best = 0, None
@@ -278,11 +275,9 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]
 
     Args:
         rows: the ``analysis.jsonl`` rows, ordered by step (at least one).
-        meta: ``log_dir``, ``files``, ``rows_read``, ``bad_rows``, ``bad_examples``,
-            ``config`` and ``alarm_config`` (dicts of the fields not at their default);
-            optionally ``launches`` and ``rolled_back`` (a resumed run), ``missing_steps``, ``global_batches_per_step``
-            and ``tolerance``
-            (the study levels the run is placed on).
+        meta: ``log_dir``, ``files``, ``rows_read``, ``bad_rows``, ``bad_examples``, ``config`` and ``alarm_config``
+            (dicts of the fields not at their default); optionally ``launches`` and ``rolled_back`` (a resumed run),
+            ``missing_steps``, ``global_batches_per_step`` and ``tolerance`` (the study levels the run is placed on).
     """
     out_dir = Path(out_dir)
     steps = [int(r["step"]) for r in rows]

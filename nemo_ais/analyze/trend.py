@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Least-squares trend of a metric over steps, with a Student-t confidence interval.
 
-y_s = a + b s + e_s; b = S_xy / S_xx, se(b) = sqrt(SSE / (n - 2) / S_xx), and the
-two-sided CI is b +- t_{(1+level)/2, n-2} se(b). The t quantile comes from the standard
-library: exact for 1 and 2 degrees of freedom, the Cornish-Fisher expansion
-(Abramowitz & Stegun 26.7.5) above (relative error 1.2e-3 at 3, < 1.1e-4 from 5).
+y_s = a + b s + e_s; b = S_xy / S_xx, se(b) = sqrt(SSE / (n - 2) / S_xx), and the two-sided CI is
+b +- t_{(1+level)/2, n-2} se(b). The t quantile needs only the standard library: exact for 1 and 2 degrees of freedom,
+the Cornish-Fisher expansion (Abramowitz & Stegun 26.7.5) above (relative error 1.2e-3 at 3, < 1.1e-4 from 5).
 """
 
 from __future__ import annotations

@@ -2,12 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Pre-flight checks of a NeMo-RL GRPO + AIS config, offline, on a login node.
 
-Catches, without NeMo-RL, a GPU or torch, what otherwise fails minutes into a Slurm job: an
-``assert`` in ``grpo.setup``, a ``KeyError`` after Ray started, a DeepGEMM shape error in
-vLLM's FP8 layers, a dropped tail of the rollout batch, a config that does not fit the GPUs
-(:mod:`.memory_budget`). Needs only pydantic, omegaconf and pyyaml (:mod:`.requirements`;
-tests/unit/test_preflight_torch_free.py); inside ``nemo_ais`` it imports only the
-torch-free :mod:`nemo_ais.config`, :mod:`nemo_ais.rules` and :mod:`nemo_ais.alarms`.
+Catches, without NeMo-RL, a GPU or torch, what otherwise fails minutes into a Slurm job: an ``assert`` in
+``grpo.setup``, a ``KeyError`` after Ray started, a DeepGEMM shape error in vLLM's FP8 layers, a dropped tail of the
+rollout batch, a config that does not fit the GPUs (:mod:`.memory_budget`). Needs only pydantic, omegaconf and pyyaml
+(:mod:`.requirements`; tests/unit/test_preflight_torch_free.py); inside ``nemo_ais`` it imports only the torch-free
+:mod:`nemo_ais.config`, :mod:`nemo_ais.rules` and :mod:`nemo_ais.alarms`.
 
 CLI::
 

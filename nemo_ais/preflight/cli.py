@@ -25,9 +25,8 @@ def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     """CLI: print the check results of each config; exit 1 if any check fails.
 
-    ``--get KEY`` (for scripts, repeatable) runs the checks silently, prints failures to
-    stderr and exits 1, or prints the resolved values (one line per config, YAML spellings:
-    ``null``, ``true``) and exits 0; an absent key fails.
+    ``--get KEY`` (for scripts, repeatable) runs the checks silently, prints failures to stderr and exits 1, or prints
+    the resolved values (one line per config, YAML spellings: ``null``, ``true``) and exits 0; an absent key fails.
     """
     parser = argparse.ArgumentParser(
         prog=prog, description="Check NeMo-RL GRPO+AIS configs offline (parallel sizes, FP8 shards, loss_fn.ais)."

@@ -22,10 +22,7 @@ from nemo_ais.rules.config_keys import get as get, has
 
 
 def is_mixin(cfg: Mapping[str, Any]) -> bool:
-    """True for an arm mixin: a ``loss_fn.ais`` delta without ``policy``/``cluster``.
-
-    Anything else is checked as a full config (a YAML without the sections fails).
-    """
+    """True for an arm mixin, a ``loss_fn.ais`` delta without ``policy``/``cluster``; anything else is a full config."""
     return has(cfg, "loss_fn.ais") and ("policy" not in cfg or "cluster" not in cfg)
 
 
@@ -39,10 +36,7 @@ def nemo_rl_loader() -> ModuleType | None:
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Load a config exactly as NeMo-RL's entry point does, apply overrides, resolve.
-
-    Returns a plain, interpolated dict (no ``defaults`` key).
-    """
+    """Load a config exactly as NeMo-RL's entry point does, apply overrides, resolve: a plain dict, no ``defaults``."""
     upstream = nemo_rl_loader()
     if upstream is None:
         return load_config_fallback(path, overrides)
@@ -64,8 +58,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
 
 
 def _register_resolvers() -> None:
-    # Same names and meaning as NeMo-RL's resolvers (main's: v0.7.0 lacks add), so its YAML
-    # interpolations resolve here.
+    # NeMo-RL's resolvers (main's: v0.7.0 lacks add), same names and meaning, so its YAML interpolations resolve here.
     for name, fn in (
         ("add", lambda a, b: a + b),
         ("mul", lambda a, b: a * b),
@@ -79,8 +72,7 @@ def _register_resolvers() -> None:
 
 
 def _merge(base: DictConfig, child: DictConfig) -> DictConfig:
-    #  A section marked `_override_: true` replaces the inherited one instead of merging. A mandatory value (`???`)
-    #  stays for a child or an override to set (NeMo-RL main; v0.7.0 raised).
+    # `_override_: true` replaces the inherited section; a `???` waits for a child or an override (main; v0.7.0 raised).
     for key in list(child.keys()):
         if OmegaConf.is_missing(child, key):
             continue
@@ -162,9 +154,9 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
 def load_config_fallback(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """NeMo-RL's ``load_config`` + ``parse_hydra_overrides``, re-implemented (no NeMo-RL; Hydra's override parser).
 
-    ``defaults:`` (paths relative to the file, or absolute) resolve depth-first, later entries
-    and the child winning; ``_override_: true`` replaces the inherited section; a ``???``
-    value waits for a child or an override (NeMo-RL main); then :func:`apply_overrides`. Raises ``FileNotFoundError`` or ``ValueError`` (cycle, override).
+    ``defaults:`` (paths relative to the file, or absolute) resolve depth-first, later entries and the child winning;
+    ``_override_: true`` replaces the inherited section; a ``???`` value waits for a child or an override (NeMo-RL
+    main); then :func:`apply_overrides`. Raises ``FileNotFoundError`` or ``ValueError`` (cycle, override).
     """
     _register_resolvers()
     cfg = apply_overrides(_load_tree(Path(path), ()), overrides)

@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-GPU and per-node memory budget of a colocated NeMo-RL v0.7.0 GRPO config (an ESTIMATE).
 
-Pure Python, in GiB (2**30 bytes) per GPU for each phase of a colocated step (train,
-logprob, refit, generate), and host RAM per node. The terms, phases and fixed runtime
-estimates: docs/cluster.md ("What is counted"); validate with NeMo-RL's own memory logs.
+GiB (2**30 bytes) per GPU for each phase of a colocated step (train, logprob, refit, generate), and host RAM per node.
+Terms, phases, fixed runtime estimates: docs/cluster.md ("What is counted"); validate with NeMo-RL's own memory logs.
 """
 
 from __future__ import annotations
@@ -247,8 +246,7 @@ def trainer_state(config: Mapping[str, Any], shape: ModelShape) -> TrainerState:
     sharded = dense / dp_dense + expert / dp_expert
     gpu_b, host_b = _optimizer_bytes(config)
     ddp = "policy.megatron_cfg.distributed_data_parallel_config.grad_reduce_in_fp32"
-    # Plain Adam keeps its fp32 master as the inner optimizer's params, not in
-    # optimizer.state, so NeMo-RL's move_optimizer("cpu") leaves it on the GPU.
+    # Plain Adam's fp32 master is the inner optimizer's params, not its state: move_optimizer("cpu") leaves it on GPU.
     resident_b = 4.0 if gpu_b == 12.0 else 0.0
     return TrainerState(
         params=dense + expert,

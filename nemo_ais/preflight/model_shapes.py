@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Shapes of the decoder-only model a config trains: its ``config.json``, else ONE table.
 
-:func:`resolve_model_shape` reads the model's own ``config.json`` (a local checkpoint
-directory, else the Hugging Face hub cache, never downloading), else :data:`MODEL_SHAPES`,
-keyed by the lower-cased basename of the model id (``Qwen/Qwen3-8B``, ``/ckpt/Qwen3-8B/``).
+:func:`resolve_model_shape` reads the model's own ``config.json`` (a local checkpoint directory, else the Hugging Face
+hub cache), else :data:`MODEL_SHAPES`, keyed by :func:`model_key` (``Qwen/Qwen3-8B``, ``/ckpt/Qwen3-8B/``: qwen3-8b).
 """
 
 from __future__ import annotations
@@ -65,11 +64,10 @@ class ModelShape:
         return self.num_layers * layer + n_embed * self.embedding_params() + self.hidden_size
 
 
-# From each model's config.json (Llama: head_dim = hidden / heads; every row has head_dim 128).
-# Qwen2.5's q/k/v biases are not counted by attention_params(). total_params() gives the
-# published sizes: 596,049,920 (Qwen3-0.6B), 8.19 B, 30.5 B, 8.03 B. A row: HF id, hidden,
-# layers, heads, kv heads, intermediate, vocab, tied embeddings, qk_norm[, experts,
-# moe_intermediate, experts_per_token]; the key is model_key(HF id).
+# From each model's config.json (Llama: head_dim = hidden / heads; every row has head_dim 128). Qwen2.5's q/k/v biases
+# are not counted by attention_params(). total_params() gives the published sizes: 596,049,920 (Qwen3-0.6B), 8.19 B,
+# 30.5 B, 8.03 B. A row: HF id, hidden, layers, heads, kv heads, intermediate, vocab, tied embeddings, qk_norm[,
+# experts, moe_intermediate, experts_per_token]; the key is model_key(HF id).
 _QWEN_VOCAB = 151936
 _SHAPE_ROWS = (
     ("Qwen/Qwen3-0.6B", 1024, 28, 16, 8, 3072, _QWEN_VOCAB, True, True),
@@ -150,10 +148,7 @@ def hf_hub_cache(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def _cached_config_json(model_name: str, hub: Path) -> Path | None:
-    """``config.json`` of ``org/name`` in the hub cache; None if the model is not cached.
-
-    The ``refs/main`` snapshot, else the newest snapshot that has one.
-    """
+    """``org/name``'s ``config.json`` in the hub cache: ``refs/main``'s snapshot, else the newest; None if uncached."""
     repo = hub / ("models--" + model_name.strip("/").replace("/", "--"))
     ref = repo / "refs" / "main"
     if ref.is_file():

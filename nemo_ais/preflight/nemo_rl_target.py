@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which NeMo-RL a config will run on, and which low-precision rollout formats it has.
 
-Never imports ``nemo_rl``. The target comes from ``--nemo-rl-version`` (the table
-:data:`ROLLOUT_FORMATS`), else from reading one probe text per format in the checkout at ``NEMO_RL_DIR``, else it is
-unknown and the format checks warn (docs/cluster.md, "Which NeMo-RL").
+Never imports ``nemo_rl``. The target comes from ``--nemo-rl-version`` (:data:`ROLLOUT_FORMATS`), else from one probe
+text per format in the ``NEMO_RL_DIR`` checkout, else unknown: format checks warn (docs/cluster.md, "Which NeMo-RL").
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 """What the pre-flight tool needs from the Python that runs it; run as a script, a probe.
 
 ``python nemo_ais/preflight/requirements.py`` exits 0 when this interpreter can run ``python -m nemo_ais.preflight``,
-else prints what is missing on one line and exits 1. The launchers run it first, so a login node's Python that lacks a
-package gets one line naming ``PYTHON`` instead of a traceback. Standard library only, and no syntax newer than Python
-3.6, so that an old interpreter still gets to say it is too old.
+else prints what is missing on one line and exits 1 (the launchers run it first: one line naming ``PYTHON``, not a
+traceback). Standard library and Python 3.6 syntax only, so that an old interpreter still gets to say it is too old.
 """
 
 import importlib

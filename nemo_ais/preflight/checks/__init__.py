@@ -39,10 +39,9 @@ def check_config(
 ) -> list[CheckResult]:
     """Run every registered check on a loaded config; never raises on content.
 
-    ``nemo_rl_version`` None: the source at ``NEMO_RL_DIR`` is read, else version checks warn.
-    An arm mixin gets only the ``mixins=True`` checks; a full config missing a ``MasterConfig``
-    section gets one ``sections`` failure. The first result, ``model_shapes``, says where the
-    shapes came from; unknown shapes skip the ``needs_shape=True`` checks.
+    ``nemo_rl_version`` None: the source at ``NEMO_RL_DIR`` is read, else version checks warn. An arm mixin gets only
+    the ``mixins=True`` checks; a full config missing a ``MasterConfig`` section gets one ``sections`` failure. The
+    first result, ``model_shapes``, says where the shapes came from; unknown shapes skip ``needs_shape=True`` checks.
     """
     mixin = is_mixin(cfg)
     missing = [] if mixin else missing_sections(cfg)

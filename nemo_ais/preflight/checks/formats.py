@@ -2,9 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """NVFP4 (W4A16, W4A4) and MXFP8 rollouts with a BF16 trainer: NeMo-RL's switches and shards.
 
-NeMo-RL packs NVFP4 only in its ModelOpt QAT worker (QARL, ``policy.quant_cfg``), so a
-BF16 trainer needs nemo_ais's NVFP4 refit (``ais_nvfp4_refit``). Details: docs/cluster.md,
-"Low-precision rollout formats".
+NeMo-RL packs NVFP4 only in its ModelOpt QAT worker (QARL, ``policy.quant_cfg``), so a BF16 trainer needs nemo_ais's
+NVFP4 refit (``ais_nvfp4_refit``). Details: docs/cluster.md, "Low-precision rollout formats".
 """
 
 from __future__ import annotations
@@ -395,9 +394,8 @@ class QuantizedLinear(NamedTuple):
 def quantized_linears(shape: ModelShape, tp: int, ep: int) -> list[QuantizedLinear]:
     """The decoder linears a low-precision format quantizes, with K per vLLM TP rank.
 
-    Column-parallel layers (q/k/v, gate/up) keep K = hidden whole; row-parallel layers
-    split it: o_proj ``heads x head_dim / TP``, down_proj ``intermediate / TP`` (MoE:
-    ``moe_intermediate / TP``, whole per expert with vLLM expert parallelism).
+    Column-parallel layers (q/k/v, gate/up) keep K = hidden whole; row-parallel layers split it: o_proj ``heads x
+    head_dim / TP``, down_proj ``intermediate / TP`` (MoE: ``moe_intermediate / TP``, whole per expert with vLLM EP).
     """
     layer, hidden = "model.layers.{i}.", shape.hidden_size
     q_dim = shape.num_attention_heads * shape.head_dim
@@ -447,10 +445,9 @@ def quantized_linears(shape: ModelShape, tp: int, ep: int) -> list[QuantizedLine
 def kept_in_bf16(cfg: Mapping[str, Any], num_layers: int) -> Callable[[str], bool]:
     """``HF module name -> True`` where the config's rollout keeps a linear BF16.
 
-    :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` (the twin's and the refit's rule) with the
-    exclusions NeMo-RL's engine applies: ModelOpt's real-quant engine (NVFP4)
-    ``real_quant_ignore`` (its default list when absent); NeMo-RL's FP8 engine (block FP8 and
-    MXFP8, ``init_fp8``) the first / last layers and ``quantization_ignored_layer_kws``
+    :class:`~nemo_ais.rules.keep_bf16.KeepInBf16` (the twin's and the refit's rule) with the exclusions NeMo-RL's
+    engine applies: ModelOpt's real-quant engine (NVFP4) ``real_quant_ignore`` (its default list when absent); NeMo-RL's
+    FP8 engine (block FP8 and MXFP8, ``init_fp8``) the first / last layers and ``quantization_ignored_layer_kws``
     (tests/adapters/test_preflight_bf16_layers.py). BF16 rollout: every linear.
     """
     if rollout_format(cfg) == "bf16":

@@ -25,8 +25,7 @@ _KV_DTYPES = ("auto", *_FP8_KV_DTYPES)
 def fp8_kv_refit_problems(cfg: Mapping[str, Any]) -> list[str]:
     """Settings with which calibrated FP8 KV scales cannot reach vLLM at every refit, one line each.
 
-    NeMo-RL v0.7.0 refits before the first KV calibration when ``grpo.val_at_start`` is true,
-    so the first rollout would run with every scale at 1.0.
+    NeMo-RL v0.7.0 refits before the first KV calibration if ``grpo.val_at_start``: the first rollout's scales are 1.0.
     """
     kv = str(get(cfg, "policy.generation.vllm_cfg.kv_cache_dtype", "auto") or "auto")
     if not kv.startswith("fp8") or not get(cfg, "grpo.val_at_start", False):
@@ -47,8 +46,7 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
     problems = []
     vllm_backend = ctx.get("policy.generation.backend", "vllm") == "vllm"
     if vllm_backend and precision == "fp8" and not setup_sees_importance_sampling(ctx.cfg):
-        # grpo.setup (v0.7.0 and main): `if vllm_cfg["precision"] == "fp8": assert
-        # loss_config.use_importance_sampling_correction`
+        # grpo.setup (v0.7.0, main) asserts use_importance_sampling_correction when vllm_cfg["precision"] == "fp8"
         problems.append(
             f"policy.generation.vllm_cfg.precision='fp8' needs an importance-sampling correction: {NO_CORRECTION_HINT} "
             "(NeMo-RL's grpo.setup asserts 'Importance sampling must be enabled for vLLM FP8 generation')"

@@ -87,9 +87,8 @@ def check_loss_sections(ctx: Context) -> Verdict:
 def bypass_problems(cfg: Mapping[str, Any]) -> list[str]:
     """``loss_fn.ais.bypass`` (pi_old := mu) on NeMo-RL: what its ``prev_logprobs`` skip needs.
 
-    The launcher sets ``force_on_policy_ratio``, so ``grpo_train`` skips the ``prev_logprobs``
-    forward and asserts one update per rollout batch; mode ``none`` (NeMo-RL's loss) and a KL
-    term in the reward would read the zeros it fills in.
+    The launcher sets ``force_on_policy_ratio``, so ``grpo_train`` skips the ``prev_logprobs`` forward and asserts one
+    update per rollout batch; mode ``none`` (NeMo-RL's loss) and a KL term in the reward read its placeholder zeros.
     """
     if get(cfg, "loss_fn.ais.bypass", False) is not True:
         return []

@@ -2,8 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The check registry: a check is one function, registered with :func:`check`.
 
-A check takes the :class:`Context` of one loaded config and returns a :class:`Verdict`,
-or None when it does not apply to that config.
+A check takes the :class:`Context` of one loaded config and returns a :class:`Verdict`, or None when it does not apply.
 """
 
 from __future__ import annotations
@@ -83,8 +82,7 @@ CHECKS: dict[str, Check] = {}
 def check(name: str, *, needs_shape: bool = False, mixins: bool = False) -> Callable[[CheckFn], CheckFn]:
     """Register the decorated function as the check ``name`` (unique: ``ValueError`` otherwise).
 
-    ``needs_shape``: skipped when the model's shapes are unknown; ``mixins``: also run on arm
-    mixins (a ``loss_fn.ais`` delta).
+    ``needs_shape``: skipped when the model's shapes are unknown; ``mixins``: also run on arm mixins.
     """
 
     def register(fn: CheckFn) -> CheckFn:

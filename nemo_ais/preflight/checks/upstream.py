@@ -20,9 +20,9 @@ def missing_sections(cfg: Mapping[str, Any]) -> list[str]:
     return [section for section in MASTER_CONFIG_SECTIONS if section not in cfg]
 
 
-# Keys NeMo-RL v0.7.0 reads unguarded (``cfg["key"]``) between its entry point and the first
-# checkpoint: (dotted key, who reads it, the flag that makes it read; None = always). A
-# missing one is a KeyError after Ray has started (examples/run_grpo.py: policy.draft).
+# Keys NeMo-RL v0.7.0 reads unguarded (``cfg["key"]``) between its entry point and the first checkpoint: (dotted key,
+# who reads it, the flag that makes it read; None = always). A missing one is a KeyError after Ray has started
+# (examples/run_grpo.py: policy.draft).
 ENTRY_POINT_KEYS: tuple[tuple[str, str, str | None], ...] = (
     ("policy.draft.enabled", "examples/run_grpo.py main()", None),
     ("policy.tokenizer.name", "algorithms/utils.py get_tokenizer()", None),
@@ -96,8 +96,7 @@ def check_checkpointing(ctx: Context) -> Verdict:
     return Verdict(problems, f"model_save_format={fmt!r}")
 
 
-# Options upstream's entry point (and ours) refuses with async GRPO, raising
-# NotImplementedError after Ray started.
+# Options upstream's entry point (and ours) refuses with async GRPO: NotImplementedError after Ray started.
 _ASYNC_UNSUPPORTED = (
     "grpo.use_dynamic_sampling",
     "grpo.reward_scaling.enabled",
@@ -113,8 +112,7 @@ def check_async_grpo(ctx: Context) -> Verdict | None:
         return None
     backend = ctx.get("policy.generation.backend", "vllm")
     problems = []
-    # async_grpo_train (v0.7.0 and main) asserts an async engine first: for vLLM
-    # `vllm_cfg.async_engine`; Megatron's rule differs between the versions (not checked).
+    # async_grpo_train (v0.7.0, main) asserts an async engine: vLLM's `async_engine`; Megatron's differs by version.
     if backend == "vllm" and not ctx.get("policy.generation.vllm_cfg.async_engine", False):
         problems.append(
             "grpo.async_grpo.enabled=true needs policy.generation.vllm_cfg.async_engine=true (NeMo-RL's "
