@@ -136,9 +136,7 @@ def _get(diagnostics: Any, name: str, default: float | None = None) -> float:
     """A diagnostic by name; ``default`` (if given) when it is absent (an older log)."""
     if isinstance(diagnostics, Mapping):
         return float(diagnostics[name] if default is None else diagnostics.get(name, default))
-    if default is None:
-        return float(getattr(diagnostics, name))
-    return float(getattr(diagnostics, name, default))
+    return float(getattr(diagnostics, name) if default is None else getattr(diagnostics, name, default))
 
 
 def _ratio(value: float, base: float) -> str:

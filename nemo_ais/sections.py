@@ -80,7 +80,7 @@ def _field_info(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel], An
     info = None
     for key in loc:
         info = model.model_fields.get(str(key)) if isinstance(model, type) else None
-        sub = getattr(info, "annotation", None) if info is not None else None
+        sub = getattr(info, "annotation", None)
         if key is not loc[-1] and isinstance(sub, type) and issubclass(sub, BaseModel):
             model = sub
     return model, info

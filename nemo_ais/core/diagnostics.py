@@ -32,6 +32,7 @@ value is kept, its counter advances.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 from collections.abc import Mapping
@@ -220,12 +221,7 @@ def _sums(global_stats: AISStats) -> dict[Slot, float]:
 
 def _bin_of_rank(counts: list[float], rank: float) -> int:
     """The bin holding the ``rank``-th smallest value (1-based) of a histogram."""
-    seen = 0.0
-    for b, count in enumerate(counts):
-        seen += count
-        if seen >= rank:
-            return b
-    return len(counts) - 1
+    return next((b for b, seen in enumerate(itertools.accumulate(counts)) if seen >= rank), len(counts) - 1)
 
 
 def _tail_values(s) -> dict[str, float]:
@@ -249,8 +245,7 @@ def _mode_values(s, config: CorrectionConfig, alpha: float, w_mean: float) -> di
     mode = MODES[config.mode]
     n_w, w_sum, w_sq = s[Slot.W_MODE_N], s[Slot.W_MODE_SUM], s[Slot.W_MODE_SQ_SUM]
     if config.batch_normalize:
-        closed_form = mode.batch_mean
-        w_norm = closed_form(alpha, w_mean) if closed_form is not None else w_sum / max(n_w, 1)
+        w_norm = mode.batch_mean(alpha, w_mean) if mode.batch_mean is not None else w_sum / max(n_w, 1)
         out["w_norm"] = w_norm if w_norm > 0 else 1.0  # every weight 0: nothing to normalise
     if n_w > 0 and mode.mode_stats:
         out["mode_frac_masked"] = s[Slot.W_MODE_ZERO] / n_w
@@ -390,11 +385,6 @@ def _local_statistics(logp_old, logp_rollout, mask, config, group, input_error):
     return AISStats.from_input_error(input_error, device, num_slots(config)), input_error
 
 
-def _error_text(error: Exception) -> str:
-    """The message of a local error (a ``KeyError``'s without the repr quotes)."""
-    return str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-
-
 def _local_bad_values(logp_old, logp_rollout, mask) -> str | None:
     """Message naming the tensor, count and first index of this rank's bad values, if any."""
     try:
@@ -414,10 +404,9 @@ def _gather_error_texts(local_text: str | None, group) -> list[tuple[int, int, s
 
 def _raise_bad_input(s, local_error, logp_old, logp_rollout, mask, group) -> None:
     """Raise on every rank: the local error (group None), else the SAME agreed message."""
-    if local_error is not None:
-        local_text = _error_text(local_error)
-    else:
-        local_text = _local_bad_values(logp_old, logp_rollout, mask)
+    local_text = str(local_error) if local_error is not None else _local_bad_values(logp_old, logp_rollout, mask)
+    if isinstance(local_error, KeyError) and local_error.args:  # its message without the repr quotes
+        local_text = str(local_error.args[0])
     if group is None:  # single process: the local message, as before
         raise ValueError(local_text or _bad_input_summary(s, None))
     bad = _gather_error_texts(local_text, group)  # same list on every rank

@@ -168,8 +168,7 @@ class AISStats:
         if isinstance(error, validation.BadValuesError):  # values of a loss input, counted
             vector[Slot.N_BAD_MASK if error.in_mask else Slot.N_BAD_LOGPROBS] = error.count
             return cls(vector)
-        kind = next((slot for t, slot in _ERROR_KIND_SLOTS if isinstance(error, t)), None)
-        vector[Slot.N_BAD_SHAPE if kind is None else kind] = 1
+        vector[next((slot for t, slot in _ERROR_KIND_SLOTS if isinstance(error, t)), Slot.N_BAD_SHAPE)] = 1
         return cls(vector)
 
 
@@ -218,11 +217,10 @@ def _token_sums(log_rho, log_rho_c, n_tok, config):
 
 def _mode_sums(logp_old, logp_rollout, ok, n_tok_seq, config):
     """Step 4b: n, sum w, sum w^2, #{w = 0}, #{w = C_seq} of w_hat (zeros if not needed)."""
-    zero = torch.zeros((), dtype=STATS_DTYPE, device=ok.device)
     mode = MODES[config.mode]
     needed = mode.mode_stats or (config.batch_normalize and mode.batch_mean is None)
     if not needed:
-        return [zero] * 5
+        return [torch.zeros((), dtype=STATS_DTYPE, device=ok.device)] * 5
     w = mode.weight(logp_old, logp_rollout, ok, config, None).to(STATS_DTYPE)
     kept = ok
     if mode.seq_level:
@@ -258,9 +256,7 @@ def _bad_counts(valid, n_tok, mask):
     """Step 4: #non-finite l at valid positions, #mask values not in {0, 1}, rank flags."""
     n_bad_logprobs = valid.sum().to(STATS_DTYPE) - n_tok
     zero = torch.zeros_like(n_bad_logprobs)
-    n_bad_mask = zero
-    if mask.dtype != torch.bool:
-        n_bad_mask = torch.count_nonzero(mask * (1 - mask)).to(STATS_DTYPE)
+    n_bad_mask = zero if mask.dtype == torch.bool else torch.count_nonzero(mask * (1 - mask)).to(STATS_DTYPE)
     n_bad_ranks = (n_bad_logprobs + n_bad_mask > 0).to(STATS_DTYPE)
     return [n_bad_logprobs, n_bad_mask, n_bad_ranks, zero, zero, zero]  # no structural error
 

@@ -65,8 +65,7 @@ def token_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -
     if pg.ratio_clip_c is not None:  # dual clip (A < 0)
         dual = torch.min(clip_loss, neg_adv * pg.ratio_clip_c)
         clip_loss = torch.where(x.adv < 0, dual, clip_loss)
-    token_ratio = not pg.sequence_level_importance_ratios
-    return Surrogate(clip_loss, r.detach(), r_clip.detach(), token_ratio)
+    return Surrogate(clip_loss, r.detach(), r_clip.detach(), token_ratio=not pg.sequence_level_importance_ratios)
 
 
 def tbpo_surrogate(x: LossInputs, pg: PGLossConfig, config: CorrectionConfig) -> Surrogate:
@@ -94,13 +93,6 @@ KL_VALUES: dict[str, Callable] = {
 }
 
 
-def _on_policy_kl_weight(log_w: torch.Tensor) -> torch.Tensor:
-    """NeMo-RL's ``nan_to_num(exp(log pi_theta_kl - log mu))``; gradient 0 (not NaN) on overflow."""
-    with torch.no_grad():
-        lost = ~torch.isfinite(log_w.exp())
-    return torch.where(lost, -math.inf, log_w).exp()
-
-
 def kl_penalty(x: LossInputs, pg: PGLossConfig, m: torch.Tensor) -> torch.Tensor:
     """Step 5: per-token clamp(s k(x), +-out) ``[B, T]`` (times beta in step 6).
 
@@ -118,8 +110,10 @@ def kl_penalty(x: LossInputs, pg: PGLossConfig, m: torch.Tensor) -> torch.Tensor
     k = KL_VALUES[kind](log_q, log_q.exp() if kind == "k3" else None)
     if x.log_kl_is is None:
         kl_tok = k - (log_q - log_q.detach()) * k.detach()
-    else:  # on-policy approximation: NeMo-RL's weight, 1 at m = 0 (exponent masked)
-        s = _on_policy_kl_weight(x.log_kl_is)
+    else:  # on-policy approximation: NeMo-RL's nan_to_num(exp(.)), 1 at m = 0 (exponent masked), gradient 0 on overflow
+        with torch.no_grad():
+            lost = ~torch.isfinite(x.log_kl_is.exp())
+        s = torch.where(lost, -math.inf, x.log_kl_is).exp()
         if pg.kl_input_clamp_value is not None:
             s = torch.where(raw == log_q, s, s.detach())
         kl_tok = s * k

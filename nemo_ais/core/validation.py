@@ -145,9 +145,7 @@ def check_values(logprobs: Mapping[str, torch.Tensor], mask: torch.Tensor) -> No
         raise_for_bad_values({**logprobs, "mask": mask}, valid, counts)
 
 
-def raise_for_bad_values(
-    tensors: Mapping[str, torch.Tensor], valid: torch.Tensor, counts: list[float], where: str = ""
-) -> None:
+def raise_for_bad_values(tensors: Mapping[str, torch.Tensor], valid: torch.Tensor, counts: list[float]) -> None:
     """Raise :class:`BadValuesError` for the first tensor whose count is non-zero (count, first index)."""
     for (name, t), count in zip(tensors.items(), counts, strict=True):
         if count == 0:
@@ -161,13 +159,13 @@ def raise_for_bad_values(
         value = t[first].item() if idx.numel() else "-"
         if name == "mask":
             raise BadValuesError(
-                f"mask: {int(count)} values not in {{0, 1}}{where}; first at index {first} "
+                f"mask: {int(count)} values not in {{0, 1}}; first at index {first} "
                 f"(value {value}); expected token_mask * sample_mask with values 0 or 1",
                 int(count),
                 in_mask=True,
             )
         raise BadValuesError(
-            f"{name}: {int(count)} non-finite values (NaN or +-inf) at valid positions{where}; "
+            f"{name}: {int(count)} non-finite values (NaN or +-inf) at valid positions; "
             f"first at index {first} (value {value}); expected finite values where mask == 1 "
             f"(mask out tokens excluded by top-k/top-p sampling, whose log-prob is -inf; NeMo-RL writes 0 there)",
             int(count),

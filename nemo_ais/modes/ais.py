@@ -4,14 +4,12 @@
 
 from __future__ import annotations
 
-from nemo_ais.modes._base import Mode, Replay, compute_dtype, where_valid
+from nemo_ais.modes._base import Mode, Replay, log_ratio, where_valid
 
 
 def weight(logp_old, logp_rollout, valid, config, alpha):
     """w_hat = (1 - alpha) + alpha * min(rho, C) [reconstruction]; ``where`` drops masked junk."""
-    dtype = compute_dtype(logp_old, logp_rollout)
-    log_rho = logp_old.detach().to(dtype) - logp_rollout.detach().to(dtype)
-    w_tok = log_rho.exp_().clamp_(max=config.weight_cap)
+    w_tok = log_ratio(logp_old, logp_rollout, valid).exp_().clamp_(max=config.weight_cap)
     w_hat = w_tok.mul_(alpha).add_(1 - alpha)
     return where_valid(valid, w_hat)
 
