@@ -17,6 +17,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 from pathlib import Path
 
 import torch
@@ -42,8 +43,6 @@ def _build_wait_s() -> float:
 
 def _cpu_fingerprint() -> str:
     """12 hex digits of CPU (model, ISA) and source: a shared cache loads no foreign build."""
-    import platform
-
     info = {platform.machine(), platform.processor()}
     try:
         with open("/proc/cpuinfo") as f:
@@ -105,8 +104,6 @@ def cpu_kernel():
         return None
     wait_s = _build_wait_s()  # a malformed value is the user's error, raised as such
     try:
-        import platform
-
         from torch.utils.cpp_extension import _get_build_directory, load
 
         name = f"nemo_ais_fp8_cpu_{_cpu_fingerprint()}"

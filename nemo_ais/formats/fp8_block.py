@@ -204,9 +204,7 @@ def quantize_blockwise(
     with torch.no_grad():
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
         fused = _quantize_fused(x3, tuple(block), family, eps, ue8m0)  # CPU: same bits; NaN / inf raises below
-        if fused is None:
-            fused = _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
-        q, s = fused
+        q, s = fused or _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
     return (q, s) if x.dim() == 3 else (q[0], s[0])
 
 

@@ -28,10 +28,6 @@ def fake_quant_kv_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.float() * scale).to(x.dtype)
 
 
-def _nvfp4_round_trip(x: torch.Tensor, amax: torch.Tensor, name: str) -> torch.Tensor:
-    return fake_quantize_nvfp4(x, amax, name=name).to(x.dtype)
-
-
 @dataclass(frozen=True)
 class KVFormat:
     """Everything the package asks about a KV-cache format.
@@ -66,7 +62,7 @@ KV_FORMATS: dict[str, KVFormat] = {
     "nvfp4": KVFormat(
         "nvfp4",
         held=lambda scale: (scale * E4M3_MAX).to(torch.float32),  # s * 448 before the cast
-        round_trip=_nvfp4_round_trip,
+        round_trip=lambda x, amax, name: fake_quantize_nvfp4(x, amax, name=name).to(x.dtype),
         head_dim_multiple=NVFP4_BLOCK,
     ),
 }

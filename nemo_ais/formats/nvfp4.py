@@ -106,7 +106,7 @@ def _tile_max(block_amax: torch.Tensor, rows_per_block: int) -> torch.Tensor:
         return block_amax
     *lead, n, kb = block_amax.shape
     pad = -n % rows_per_block
-    padded = torch.nn.functional.pad(block_amax, (0, 0, 0, pad))  # amax >= 0: 0 is neutral
+    padded = F.pad(block_amax, (0, 0, 0, pad))  # amax >= 0: 0 is neutral
     tiles = padded.view(*lead, (n + pad) // rows_per_block, rows_per_block, kb).amax(-2)
     return tiles.repeat_interleave(rows_per_block, dim=-2)[..., :n, :]
 
@@ -233,9 +233,7 @@ def _quantize_eager(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor:
     """:func:`quantize_nvfp4` without Triton: the C++ kernel, else (or on NaN) the banded path."""
     with torch.no_grad():
         fused = _quantize_fused(x, amax, rows_per_block, name)
-        if fused is not None:
-            return fused
-        return NVFP4Tensor(*_quantize_bands(x, amax, rows_per_block, name, fake=False))
+        return fused or NVFP4Tensor(*_quantize_bands(x, amax, rows_per_block, name, fake=False))
 
 
 def check_experts_args(x: torch.Tensor, amax: torch.Tensor | None, rows_per_block: int, name: str) -> None:
@@ -353,8 +351,7 @@ def _refit_pairs(
     """ModelOpt NVFP4 pairs (+ W4A4 ``input_scale``); ``weight_amax``: the fused group's amax (a stack's: ``[E]``)."""
     quantize = quantize_nvfp4 if isinstance(name, str) else quantize_nvfp4_experts
     q = quantize(w, weight_amax, rows_per_block=config.nvfp4_rows_per_block, name=stack_label(name))
-    scales = [("weight_scale", q.block_scale), ("weight_scale_2", q.global_scale)]
-    tensors = [("weight", q.data), *scales]
+    tensors = [("weight", q.data), ("weight_scale", q.block_scale), ("weight_scale_2", q.global_scale)]
     if input_scale is not None:
         tensors.append(("input_scale", input_scale.clone()))
     return weight_pairs(name, tensors)

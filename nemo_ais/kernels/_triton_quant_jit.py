@@ -72,13 +72,10 @@ def _e4m3_value(code):
 @triton.jit
 def _e2m1_code(a, TIES_TO_ZERO: tl.constexpr):
     """int32 E2M1 magnitude code 0..7 of fp32 ``a >= 0`` by the seven thresholds, saturating."""
-    if TIES_TO_ZERO:
-        code = (a > 0.25).to(tl.int32) + (a > 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-        code += (a > 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a > 3.5).to(tl.int32)
-    else:
-        code = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-        code += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-    return code + (a > 5.0).to(tl.int32)
+    code = (a > 0.25).to(tl.int32) + (a > 1.25).to(tl.int32) + (a > 2.5).to(tl.int32) + (a > 5.0).to(tl.int32)
+    if TIES_TO_ZERO:  # the thresholds a tie passes upward (the upper code is even) unless ties go toward zero
+        return code + (a > 0.75).to(tl.int32) + (a > 1.75).to(tl.int32) + (a > 3.5).to(tl.int32)
+    return code + (a >= 0.75).to(tl.int32) + (a >= 1.75).to(tl.int32) + (a >= 3.5).to(tl.int32)
 
 
 @triton.jit

@@ -160,12 +160,12 @@ def triton_next_pow2(v: int) -> int:
 
 
 def _mx(x: torch.Tensor, fp4: bool, ties_toward_zero: bool):
-    """(codes, scale bytes, non-finite count) of ``x [..., K]`` flattened to ``[R, K]``."""
-    k = x.shape[-1]
-    r = math.prod(x.shape[:-1])
+    """(uint8 codes ``[..., K or K/2]``, scale bytes ``[..., K/32]``, any non-finite) of ``x [..., K]``."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    r = math.prod(lead)
     x2 = x.reshape(r, k).contiguous()
-    q = torch.empty(r, k // 2 if fp4 else k, dtype=torch.uint8, device=x.device)
-    scale = torch.empty(r, k // MX_BLOCK, dtype=torch.uint8, device=x.device)
+    q = torch.empty(*lead, k // 2 if fp4 else k, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(*lead, k // MX_BLOCK, dtype=torch.uint8, device=x.device)
     if x2.numel() == 0:
         return q, scale, False
     cols = min(_COLS, triton_next_pow2(k))
@@ -195,8 +195,7 @@ def quantize_mxfp8_triton(x: torch.Tensor, *, name: str = "x") -> MXFP8Tensor:
     q, scale, bad = _mx(x, fp4=False, ties_toward_zero=False)
     if bad:
         return quantize_mxfp8(x, name=name)
-    lead, k = x.shape[:-1], x.shape[-1]
-    return MXFP8Tensor(q.view(torch.float8_e4m3fn).view(*lead, k), scale.view(*lead, k // MX_BLOCK))
+    return MXFP8Tensor(q.view(torch.float8_e4m3fn), scale)
 
 
 @_on_x_device
@@ -206,8 +205,7 @@ def quantize_mxfp4_triton(x: torch.Tensor, *, round_ties_toward_zero: bool = Fal
     q, scale, bad = _mx(x, fp4=True, ties_toward_zero=bool(round_ties_toward_zero))
     if bad:
         return quantize_mxfp4(x, round_ties_toward_zero=round_ties_toward_zero, name=name)
-    lead, k = x.shape[:-1], x.shape[-1]
-    return MXFP4Tensor(q.view(*lead, k // 2), scale.view(*lead, k // MX_BLOCK))
+    return MXFP4Tensor(q, scale)
 
 
 def _matrix_amax(x: torch.Tensor, matrices: int, jit: ModuleType) -> torch.Tensor:

@@ -76,7 +76,7 @@ class KeepInBf16:
         last = self.last_layers
         checks = (
             (not ROUTER_MODULES.isdisjoint(within_layer(module).split(".")), "MoE router"),
-            (self._matches_pattern(module, name), "matches keep_patterns"),
+            (any(re.search(p, module) or re.search(p, name) for p in self.patterns), "matches keep_patterns"),
             (layer is not None and layer < self.first_layers, f"first {self.first_layers} layers in BF16"),
             (layer is not None and last > 0 and layer >= (self.num_layers or 0) - last, f"last {last} layers in BF16"),
             (self.attention and ".self_attn." in f".{module}.", "attention_in_bf16"),
@@ -86,9 +86,6 @@ class KeepInBf16:
     def keeps(self, name: str) -> bool:
         """``reason(name) is not None``."""
         return self.reason(name) is not None
-
-    def _matches_pattern(self, module: str, name: str) -> bool:
-        return any(re.search(p, module) or re.search(p, name) for p in self.patterns)
 
     def ignored(self, name: str) -> str | None:
         """The ``keywords`` / ``ignore`` entry ``name`` matches (rule 5, NeMo-RL's), else None."""
