@@ -238,10 +238,8 @@ class KVScaleCalibrator:
             return
         # through float32, the scales' dtype: an fp64 value beyond its range becomes inf here
         amax = x.detach().abs().amax().float().double()
-        if self.config.reduction == "element_percentile":  # else the statistic is the amax
-            stat = percentile_amax(x, self.config.percentile)  # computed in float32
-        else:
-            stat = amax
+        # the rule's statistic: element_percentile's percentile (computed in float32), else the amax
+        stat = percentile_amax(x, self.config.percentile) if self.config.reduction == "element_percentile" else amax
         self._observations.append((layer, KINDS.index(kind), amax, stat))
 
     def local_tables(self) -> torch.Tensor:
@@ -400,8 +398,7 @@ class _HookHandles:
 def collect_engine_kv_scales(model: nn.Module) -> dict[str, float]:
     """``{name: value}`` of every ``q_scale`` / ``k_scale`` / ``v_scale`` parameter or buffer."""
     out = {}
-    tensors = [*model.named_parameters(), *model.named_buffers()]
-    for name, t in tensors:
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if name.rsplit(".", 1)[-1] in ("q_scale", "k_scale", "v_scale") and t.numel() == 1:
             out[name] = float(t.detach().reshape(()))
     return out

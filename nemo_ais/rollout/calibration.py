@@ -19,7 +19,7 @@ from torch import nn
 from nemo_ais.formats.checks import check_finite
 from nemo_ais.refit.kv_scales import KVScaleCalibrator, KVScaleConfig, KVScales
 from nemo_ais.rollout.config import RolloutPrecisionConfig
-from nemo_ais.rollout.fake_quant import LinearFakeQuant
+from nemo_ais.rollout.fake_quant import LinearFakeQuant, max_into
 from nemo_ais.rollout.linear import QuantLinear
 from nemo_ais.rollout.sampling import positions
 
@@ -33,11 +33,6 @@ def static_input_modules(model: nn.Module, fake_quant: LinearFakeQuant) -> dict[
     if not fake_quant.static_input_amax:
         return {}
     return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.fake_quant.static_input_amax}
-
-
-def max_into(seen: dict[str, torch.Tensor], name: str, amax: torch.Tensor) -> None:
-    """``seen[name] = max(seen[name], amax)``, or ``amax`` for a name not yet seen."""
-    seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
 
 
 def observe_input_amax(

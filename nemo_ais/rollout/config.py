@@ -29,7 +29,6 @@ KVCacheFormat = Literal["bf16", "fp8", "nvfp4"]
 ROLLOUT_FORMATS: tuple[str, ...] = RolloutFormat.__args__
 KV_CACHE_FORMATS: tuple[str, ...] = KVCacheFormat.__args__
 _MIN_ACTIVATION_EPS = 1e-35  # > 448 * 2^-126: eps / 448 is a normal float32
-_COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 MIN_TEMPERATURE = 1e-5
@@ -118,7 +117,7 @@ class RolloutPrecisionConfig(WeightFormatFields):
     @property
     def torch_compute_dtype(self) -> torch.dtype | None:
         """``compute_dtype`` as a ``torch.dtype`` (None = keep the model's dtype)."""
-        return None if self.compute_dtype is None else _COMPUTE_DTYPES[self.compute_dtype]
+        return None if self.compute_dtype is None else getattr(torch, self.compute_dtype)
 
 
 class Fp8RolloutConfig(RolloutPrecisionConfig):

@@ -93,6 +93,11 @@ LINEAR_FAKE_QUANT: Mapping[str, LinearFakeQuant] = {
 }
 
 
+def max_into(seen: dict[str, torch.Tensor], name: str, amax: torch.Tensor) -> None:
+    """``seen[name] = max(seen[name], amax)``, or ``amax`` for a name not yet seen."""
+    seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
+
+
 def shared_weight_amax(named_weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``{name: amax}``: max ``|W|`` of each weight's fused group (NVFP4: one global scale)."""
     own = {
@@ -101,8 +106,7 @@ def shared_weight_amax(named_weights: Mapping[str, torch.Tensor]) -> dict[str, t
     }
     groups: dict[str, torch.Tensor] = {}
     for name, amax in own.items():
-        key = fused_shard_group(name)
-        groups[key] = amax if key not in groups else torch.maximum(groups[key], amax)
+        max_into(groups, fused_shard_group(name), amax)
     return {name: groups[fused_shard_group(name)] for name in own}
 
 

@@ -43,8 +43,7 @@ class QuantizedKVCache(GrowingKVCache):
         if self.saturation is not None:
             self.saturation.observe(layer, which, x)
         name = f"layer {layer} {which.upper()}"
-        if x.shape[-1] % self.format.head_dim_multiple:
-            self.format.check_head_dim(x.shape[-1], f"{name} of the KV cache")
+        self.format.check_head_dim(x.shape[-1], f"{name} of the KV cache")
         q = self.format.round_trip(x, self.held[which][layer], name)
         return scale_error(x, q, self.error_scale)
 

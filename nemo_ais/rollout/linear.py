@@ -81,9 +81,7 @@ class QuantLinear(nn.Module):
         """The fp32 weight a correct refit of ``weight`` gives (the refit readback's oracle)."""
         return self.fake_quant.weight(weight.detach(), amax=amax, name=self.name)
 
-    def load_bias(self, bias: torch.Tensor) -> None:
-        """Copy a new bias (kept in high precision, as vLLM does)."""
-        load_bias(self, bias)
+    load_bias = load_bias  # the module function above, as a method
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         """The format's activation fake quant (raw ``x`` while calibrating)."""
@@ -164,10 +162,7 @@ class QuantExperts(nn.Module):
 
     def loaders(self) -> dict[str, object]:
         """``{relative parameter name: load function}`` for the refit (fused 3-D tensors)."""
-        return {
-            "gate_up_proj": self._loader(self.gate_up_proj, "gate_up_proj"),
-            "down_proj": self._loader(self.down_proj, "down_proj"),
-        }
+        return {param: self._loader(getattr(self, param), param) for param in ("gate_up_proj", "down_proj")}
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor

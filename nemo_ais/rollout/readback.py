@@ -38,7 +38,6 @@ from nemo_ais.rollout.linear import QuantExperts, QuantLinear
 READBACK_FILE = "refit_readback.jsonl"
 """One JSON row per refit (``step`` and the :class:`RefitReadback` fields), in a log dir."""
 
-_FP8 = torch.float8_e4m3fn
 _TINY = torch.finfo(torch.float32).tiny
 
 
@@ -90,7 +89,7 @@ def weight_readback(
         for label, linear, sent, scale in _linears(name, model.get_submodule(name), weights):
             if sent is None or not isinstance(linear, QuantLinear):
                 continue
-            if sent.dtype == _FP8:
+            if sent.dtype == torch.float8_e4m3fn:
                 if scale is None:
                     continue
                 expected = dequantize_blockwise(sent, scale, linear.weight_block, torch.float32, name=label)

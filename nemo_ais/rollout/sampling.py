@@ -241,8 +241,7 @@ def generate(
     done = torch.zeros(batch, dtype=torch.bool, device=device)
 
     attn = attention_mask.to(torch.int64)
-    position = positions(attn)
-    step_ids, step_pos = input_ids.to(torch.int64), position
+    step_ids, step_pos = input_ids.to(torch.int64), positions(attn)
     for t in range(max_new_tokens):
         out = model(
             input_ids=step_ids,

@@ -101,7 +101,7 @@ class RolloutTwin:
     @property
     def kv_cache_fp8(self) -> bool:
         """Whether the KV cache is simulated in FP8 (``kv_cache == "fp8"``)."""
-        return self.config.kv_cache == "fp8"
+        return self.config.kv_cache_fp8
 
     @property
     def kv_cache_quantized(self) -> bool:

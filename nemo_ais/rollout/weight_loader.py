@@ -35,9 +35,7 @@ def _copier(name: str, target: torch.Tensor) -> Callable[[torch.Tensor], None]:
 
 def _sync_targets(model: nn.Module, names: tuple[str, ...]) -> dict[str, Callable]:
     """Map each trainer tensor name to the function that loads it into ``model``."""
-    targets: dict[str, Callable[[torch.Tensor], None]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        targets[name] = _copier(name, param)
+    targets = {name: _copier(name, param) for name, param in model.named_parameters(remove_duplicate=False)}
     for name, buf in model.named_buffers(remove_duplicate=False):
         # codes, scales and caches are written by the load functions below
         if not name.endswith((".weight", ".weight_scale_inv", ".weight_dequant")):
@@ -99,7 +97,7 @@ class WeightLoader:
         groups: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}  # fused NVFP4 shards
         kv_sent: dict[tuple[int, str], float] = {}
         for name, tensor in items:
-            weight_name = name[: -len(_SCALE_SUFFIX)] if name.endswith(_SCALE_SUFFIX) else name
+            weight_name = name.removesuffix(_SCALE_SUFFIX)
             kv_match = _KV_SCALE_RE.search(name)
             if weight_name in self.fp8_weights and (name != weight_name or tensor.dtype == FP8_DTYPE):
                 part = "scale" if name != weight_name else "codes"
