@@ -74,7 +74,7 @@ def kv_calibration_config(
 
 def kv_reduction_from_env(environ: Mapping[str, str] | None = None) -> KVReduction:
     """The rule in ``NEMO_AIS_KV_REDUCTION`` (unset: ``percentile_of_amax``; else ValueError)."""
-    value = (os.environ if environ is None else environ).get(KV_REDUCTION_ENV) or ("percentile_of_amax")
+    value = (os.environ if environ is None else environ).get(KV_REDUCTION_ENV) or "percentile_of_amax"
     if value not in KV_REDUCTIONS:
         raise ValueError(
             f"{KV_REDUCTION_ENV}={value!r} is invalid: expected one of {list(KV_REDUCTIONS)} "
@@ -201,9 +201,9 @@ def previous_kv_scales(layers: Mapping[str, float], num_layers: int) -> KVScales
     """A previous calibration's ``{vLLM name: float}`` as a table (+inf where a kind has none)."""
     table = torch.full((num_layers, len(KINDS)), math.inf, dtype=torch.float64)
     for layer in range(num_layers):
+        names = kv_scale_names(layer)
         for j, kind in enumerate(KINDS):
-            value = layers.get(kv_scale_names(layer)[kind])
-            if value is not None:
+            if (value := layers.get(names[kind])) is not None:
                 table[layer, j] = float(value)
     return KVScales(amax=table * E4M3_MAX, scale=table, include_q=False)
 

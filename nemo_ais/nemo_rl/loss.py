@@ -270,9 +270,8 @@ class AISClippedPGLossFn(ClippedPGLossFn):
             rollout_metrics=True,
             index=index,
         )
-        counts = None  # the refit guard's values need this call's counts (one more sync)
-        if self._alarms:
-            counts = self._call_counts(data, global_valid_seqs, global_valid_toks)
+        # the refit guard's values need this call's counts (one more sync)
+        counts = self._call_counts(data, global_valid_seqs, global_valid_toks) if self._alarms else None
         metrics = self._ais_metrics(out.metrics, next_token_logprobs, data, counts)
         metrics.update(self._per_global_batch_alpha(metrics, index))
         return out.loss, metrics

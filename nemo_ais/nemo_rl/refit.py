@@ -213,9 +213,7 @@ def install(module: Any, config: RefitConfig) -> bool:
                 held[key] = engine.holds(module, model, name)
             return held[key]
 
-        passthrough = unchanged
-        if engine.upstream_passthrough:
-            passthrough = vllm_refit.upstream_pairs(original_load, model)
+        passthrough = vllm_refit.upstream_pairs(original_load, model) if engine.upstream_passthrough else unchanged
         try:
             model.load_weights(engine_pairs(weights, holds, stream, passthrough))
         except BaseException:

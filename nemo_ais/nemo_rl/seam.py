@@ -119,23 +119,15 @@ def num_global_batches(data: Any, local_batch_size: int) -> int:
         return len(counts)
     if local_batch_size <= 0:
         raise ValueError(f"local_batch_size={local_batch_size} must be > 0 (gbs // dp_size)")
-    return _shard_rows(data) // local_batch_size
+    if isinstance(data.get("sample_mask"), torch.Tensor):
+        return _rows(data) // local_batch_size
+    # rows from any batched tensor (the missing sample_mask is reported per global batch)
+    sizes = (v.shape[0] for v in data.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return int(next(sizes, 0)) // local_batch_size
 
 
 def _rows(data: Mapping[str, Any]) -> int:
     return int(_tensor(data, "sample_mask", 1).shape[0])
-
-
-def _shard_rows(data: Mapping[str, Any]) -> int:
-    """Rows of a shard from any batched tensor (a missing key is reported per global batch)."""
-    if isinstance(data.get("sample_mask"), torch.Tensor):
-        return _rows(data)
-    sizes = (v.shape[0] for v in data.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
-    return int(next(sizes, 0))
-
-
-def _slice_rows(data: Mapping[str, Any], start: int, end: int) -> dict[str, Any]:
-    return {k: v[start:end] if isinstance(v, torch.Tensor) else v for k, v in data.items()}
 
 
 def split_global_batches(data: Any, local_batch_size: int) -> list[Mapping[str, Any]]:
@@ -143,7 +135,8 @@ def split_global_batches(data: Any, local_batch_size: int) -> list[Mapping[str, 
     n = num_global_batches(data, local_batch_size)
     if hasattr(data, "get_batch"):
         return [data.get_batch(batch_idx=i, batch_size=local_batch_size) for i in range(n)]
-    return [_slice_rows(data, i * local_batch_size, (i + 1) * local_batch_size) for i in range(n)]
+    blocks = [slice(i * local_batch_size, (i + 1) * local_batch_size) for i in range(n)]
+    return [{k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in data.items()} for rows in blocks]
 
 
 def global_batch_diagnostics(

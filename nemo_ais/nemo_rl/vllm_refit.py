@@ -24,7 +24,7 @@ RECORDED_SIGNATURES = {
     f"{TARGET_MODULE}._is_fp8_weight": "(name, model)",
     f"{TARGET_MODULE}.is_fp8_model": "(vllm_config)",  # NVFP4: wrapped too
     f"{TARGET_MODULE}._get_module_from_param_name": "(model, name: str)",  # NVFP4: its layers
-    "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension._load_weights": ("(self, weights)"),
+    "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension._load_weights": "(self, weights)",
 }
 PATCHED = "__nemo_ais_refit__"
 """Attribute set on every wrapper the patch installs (installing twice is a no-op)."""

@@ -206,10 +206,8 @@ def _groups(sources: Sequence[Source]) -> list[tuple[str, str, tuple[Source, ...
             out.append(("KV cache (all layers)" if kind == "kv_cache" else f"all {kind}", "kind", members))
     for layer in sorted({s.layer for s in sources}):
         out.append((f"layer {layer} (all)", "layer", tuple(s for s in sources if s.layer == layer)))
-    modules = dict.fromkeys(s.module for s in sources if s.kind != "kv_cache")
-    for module in modules:
-        members = tuple(s for s in sources if s.module == module)
-        out.append((f"{module} (all layers)", "module", members))
+    for module in dict.fromkeys(s.module for s in sources if s.kind != "kv_cache"):
+        out.append((f"{module} (all layers)", "module", tuple(s for s in sources if s.module == module)))
     return out
 
 
