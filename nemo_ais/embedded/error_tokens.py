@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from nemo_ais.embedded.stats import ERROR_TOKEN_KEYS
 from nemo_ais.embedded.task import ArithmeticTask
 
 NGRAM = 3  # n of the repeated n-gram: a 2-digit chain value and its separator
@@ -36,9 +37,8 @@ class ErrorTokenCounts(NamedTuple):
 
     def rates(self) -> dict[str, float]:
         """``{"error_tokens/<kind>_frac": count / n_content}``; all 0 for no content."""
-        n, kinds = self.n_content, ("repeat", "invalid", "error")
-        counts = zip(kinds, self[1:], strict=True)
-        return {f"error_tokens/{k}_frac": (c / n if n else 0.0) for k, c in counts}
+        n = self.n_content
+        return {f"error_tokens/{k}": (c / n if n else 0.0) for k, c in zip(ERROR_TOKEN_KEYS, self[1:], strict=True)}
 
 
 def response_alphabet(task: ArithmeticTask) -> frozenset[int]:

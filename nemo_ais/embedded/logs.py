@@ -28,7 +28,6 @@ class MetricsFile:
         """Append one record and flush it to disk."""
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-            f.flush()
 
     def truncate_run(self, arm: str, seed: int, keep_through_step: int) -> None:
         """Drop ``(arm, seed)`` records with ``step > keep_through_step`` (-1: all of them)."""

@@ -296,6 +296,7 @@ class GRPORecipe:
         if self.metrics is None:
             return
         mean = lambda key, src: sum(getattr(s, src)[key] for s in stats) / len(stats)  # noqa: E731
+        applied_alpha = MODES[self.cfg.correction.mode].applied_alpha  # ais: the diagnostics' alpha
         record = {
             "kind": "train",
             "arm": self.arm,
@@ -310,7 +311,8 @@ class GRPORecipe:
             **ErrorTokenCounts(*error_sums).rates(),
             "loss": loss,
             "grad_norm": sum(s.grad_norm for s in stats) / len(stats),
-            "alpha": self._applied_alpha(stats),
+            # position between uncorrected (0) and fully weighted (1) gradient actually used
+            "alpha": sum(applied_alpha(s.diagnostics) for s in stats) / len(stats),
             "probs_ratio": mean("probs_ratio", "core"),
             "sampling_importance_ratio": mean("sampling_importance_ratio", "core"),
             **{f"ais/{k}": mean(k, "diagnostics") for k in stats[0].diagnostics},
@@ -327,11 +329,6 @@ class GRPORecipe:
         log_dir = self.run_dir / "logs" / f"{self.arm}_seed{self.seed}"
         log_train_data(self.ctx, self.task, log_dir, step, batch, logp_old, adv)
         log_readback(self.ctx, log_dir, step, self.engine.readback)
-
-    def _applied_alpha(self, stats: list[StepStats]) -> float:
-        """Position between uncorrected (0) and fully weighted (1) gradient actually used."""
-        applied_alpha = MODES[self.cfg.correction.mode].applied_alpha  # ais: the diagnostics' alpha
-        return sum(applied_alpha(s.diagnostics) for s in stats) / len(stats)
 
     @torch.no_grad()
     def _evaluate(self, step: int) -> None:

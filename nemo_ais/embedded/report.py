@@ -98,11 +98,9 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
         "|---|---|---|---|---|---|",
     ]
     for arm, s in summ.items():
-        fm, fs = s["final_accuracy"]
-        im, is_ = s["initial_accuracy"]
-        pm, ps = s["primary"]
+        initial, final, primary = (_pm(*s[k]) for k in ("initial_accuracy", "final_accuracy", "primary"))
         delta = _delta_cell(diffs, arm, reference, (s["seeds"], summ.get(reference, {}).get("seeds", 0)))
-        lines.append(f"| {arm} | {s['seeds']} | {_pm(im, is_)} | {_pm(fm, fs)} | **{_pm(pm, ps)}** | {delta} |")
+        lines.append(f"| {arm} | {s['seeds']} | {initial} | {final} | **{primary}** | {delta} |")
     early = early_metric(records)
     early_diffs = paired_differences(records, reference, early_metric)
     lines += [
@@ -235,7 +233,7 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
     cfg_file = run_dir / "config.yaml"  # the run's pinned config, read once
     pinned = (yaml.safe_load(cfg_file.read_text()) or {}) if cfg_file.is_file() else {}
     records = records + plan_records(_planned_steps(pinned, {r["arm"] for r in records}))
-    reference = _reference_arm(pinned)
+    reference = str((pinned.get("experiment") or {}).get("reference_arm") or "bf16")  # experiment.reference_arm
     levels = tolerance_table(records, reference)
     summary = _summary_md(run_dir, records, reference)
     if levels:  # a dose-response run: the tolerance curve (nemo_ais.embedded.tolerance)
@@ -261,8 +259,3 @@ def _planned_steps(pinned: dict[str, Any], arms: set[str]) -> dict[str, int]:
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     return planned
-
-
-def _reference_arm(pinned: dict[str, Any]) -> str:
-    """``experiment.reference_arm`` of the run's pinned ``config.yaml`` (default ``bf16``)."""
-    return str((pinned.get("experiment") or {}).get("reference_arm") or "bf16")

@@ -149,12 +149,8 @@ def _unfinished(
 ) -> dict[str, dict[int, int]]:
     """:func:`unfinished_seeds` of the held-out accuracy series ``val``."""
     lasts = _last_evaluations(val, records)
-    out = {}
-    for arm, seeds in val.items():
-        last = lasts[arm]
-        if cut := {seed: max(by_step) for seed, by_step in seeds.items() if max(by_step) < last}:
-            out[arm] = cut
-    return out
+    cuts = {arm: {seed: max(v) for seed, v in seeds.items() if max(v) < lasts[arm]} for arm, seeds in val.items()}
+    return {arm: cut for arm, cut in cuts.items() if cut}
 
 
 def finished_accuracy(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[int, float]]]:
@@ -319,9 +315,8 @@ def collapse_steps(records: list[dict[str, Any]], reference: str = "bf16") -> di
         seeds = sorted(set(per_seed) & set(ref))
         paired = {seed: _first_below_half(per_seed[seed], ref[seed]) for seed in seeds}
         mean_step = None
-        if seeds:
-            arm_mean = dict(zip(*band({s: per_seed[s] for s in seeds})[:2], strict=True))
-            ref_mean = dict(zip(*band({s: ref[s] for s in seeds})[:2], strict=True))
+        if seeds:  # the seed-mean curves of both arms over the shared seeds
+            arm_mean, ref_mean = (dict(zip(*band({s: v[s] for s in seeds})[:2], strict=True)) for v in (per_seed, ref))
             mean_step = _first_below_half(arm_mean, ref_mean)
         out[arm] = Collapse(
             step=mean_step,
