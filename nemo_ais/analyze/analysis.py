@@ -193,8 +193,7 @@ def global_batches_per_step(path: Path | str) -> int:
     grpo, policy = _section(data, "grpo"), _section(data, "policy")
     prompts, generations = grpo.get("num_prompts_per_step"), grpo.get("num_generations_per_prompt")
     global_batch = policy.get("train_global_batch_size")
-    sizes = (prompts, generations, global_batch)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (prompts, generations, global_batch)):
         return 1
     return max(1, prompts * generations // global_batch)
 

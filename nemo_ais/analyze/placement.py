@@ -69,12 +69,8 @@ def placement_md(rows: list[dict[str, Any]], levels: list[dict[str, Any]] | None
         for name, key in _KEYS.items()
         if (v := [float(r[key]) for r in rows if math.isfinite(float(r.get(key, math.nan)))])
     }
-    md = ["## This run on the embedded tolerance curve", ""]
-    md.append(
-        "This run's mismatch, mean over its steps: "
-        + ", ".join(f"{name} = {run[name]:.4g}" for name in _KEYS if name in run)
-        + "."
-    )
+    means = ", ".join(f"{name} = {run[name]:.4g}" for name in _KEYS if name in run)
+    md = ["## This run on the embedded tolerance curve", "", f"This run's mismatch, mean over its steps: {means}."]
     if levels is None:
         return [
             *md,

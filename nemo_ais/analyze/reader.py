@@ -125,9 +125,9 @@ def _has_step_file(directory: Path) -> bool:
         return False
 
 
-def _launch_children(directory: Path) -> list[Path]:
+def _subdirs(directory: Path) -> list[Path]:
     try:
-        return sorted(p for p in directory.iterdir() if LAUNCH_DIR.match(p.name) and p.is_dir() and not p.is_symlink())
+        return sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
     except OSError:
         return []
 
@@ -147,12 +147,9 @@ def find_log_dirs(root: Path | str, max_depth: int = SEARCH_DEPTH) -> list[Path]
         for directory in level:
             if _has_step_file(directory):
                 found.append(directory)
-                below += _launch_children(directory)
+                below += [p for p in _subdirs(directory) if LAUNCH_DIR.match(p.name)]
             elif depth < max_depth:
-                try:
-                    below += sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
-                except OSError:
-                    continue
+                below += _subdirs(directory)
         level = below
     return sorted(found)
 
@@ -188,10 +185,6 @@ def find_step_files(log_dir: Path | str) -> list[StepFile]:
     return [StepFile(s, found[s], found[s].stat().st_size) for s in sorted(found)]
 
 
-def _step_numbers(log_dir: Path) -> list[int]:
-    return sorted(int(m.group(1)) for p in log_dir.iterdir() if (m := STEP_FILE.match(p.name)))
-
-
 def _natural(log_dir: Path) -> list[list[int | str]]:
     """Natural path order: exp_999 before exp_1000, a launch before the exp_NNN nested in it."""
     return [[int(t) if t.isdigit() else t for t in re.split(r"(\d+)", part)] for part in log_dir.parts]
@@ -210,7 +203,7 @@ def join_launches(log_dirs: list[Path]) -> list[list[Path]]:
     runs: list[list[Path]] = []
     span: dict[int, tuple[int, int]] = {}  # id(run) -> its first step and its last as stitched so far
     for log_dir in sorted(log_dirs, key=_natural):
-        steps = _step_numbers(log_dir)
+        steps = sorted(int(m.group(1)) for p in log_dir.iterdir() if (m := STEP_FILE.match(p.name)))
         first = steps[0] if steps else 1
         if LAUNCH_DIR.match(log_dir.name) and first > 1:
             candidates = [

@@ -224,29 +224,25 @@ def _warnings(meta: dict[str, Any], steps: list[int]) -> list[str]:
             f"analysed: {rolled_back}); the EMA of alpha and the alarm history carry across, as the AIS worker's "
             "checkpoint carries them."
         )
-    gaps = meta.get("missing_steps") or []
-    if gaps:
+    if gaps := meta.get("missing_steps"):
         lines.append(
             f"- **Missing step files**: {len(gaps)} between steps {steps[0]} and {steps[-1]} "
             f"(steps {format_steps(gaps)}); the {len(steps)} steps present are analysed, "
             "the EMA of alpha and the alarm windows run over them as if consecutive."
         )
-    empty = meta.get("empty_steps") or []
-    if empty:
+    if empty := meta.get("empty_steps"):
         lines.append(
             f"- **Steps skipped** (`--skip-bad-rows`: no row to analyse, or the file cut off mid-row): {len(empty)}, "
             f"first {empty[0]}; the EMA of alpha and the alarm windows run over the others."
         )
-    masked = meta.get("masked_steps") or []
-    if masked:
+    if masked := meta.get("masked_steps"):
         lines.append(
             f"- **Steps whose every sequence was masked** (`sample_loss_mask` or `token_loss_mask` 0 at every row: "
             f"NeMo-RL's `grpo.seq_logprob_error_threshold` drops the sequences whose mismatch exceeds it, which a "
             f"broken refit can make all of them; also overlong filtering): {len(masked)}, first {masked[0]}. Each is "
             "analysed as the loss saw it, an empty global batch (alpha 0, `ais/empty_batch` 1)."
         )
-    bad_readback = meta.get("bad_readback") or []
-    if bad_readback:
+    if bad_readback := meta.get("bad_readback"):
         lines.append(
             f"- **Bad refit readback rows, skipped** (`--skip-bad-rows`): {len(bad_readback)}, first "
             f"`{bad_readback[0]}`; the `refit_readback` check does not run at their steps."

@@ -32,6 +32,8 @@ TRAINER_KEYS: dict[str, dict[str, str]] = {
 }
 """Trainer backend -> size -> the config key it is read from (absent: 1)."""
 
+_VLLM_SIZES = tuple(f"policy.generation.vllm_cfg.{size}_parallel_size" for size in ("tensor", "pipeline", "expert"))
+
 
 @dataclass(frozen=True)
 class ParallelLayout:
@@ -65,13 +67,7 @@ class ParallelLayout:
 def size_problems(cfg: Mapping[str, Any]) -> list[str]:
     """A message per GPU count or parallel size set to anything but an integer >= 1 (NeMo-RL types them ``int``)."""
     trainer = "megatron" if get(cfg, "policy.megatron_cfg.enabled", False) else "dtensor"
-    vcfg = "policy.generation.vllm_cfg."
-    keys = (
-        "cluster.num_nodes",
-        "cluster.gpus_per_node",
-        *TRAINER_KEYS[trainer].values(),
-        *(vcfg + size for size in ("tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size")),
-    )
+    keys = ("cluster.num_nodes", "cluster.gpus_per_node", *TRAINER_KEYS[trainer].values(), *_VLLM_SIZES)
     return [
         f"{key}={value!r} is invalid: expected an integer >= 1"
         for key in keys
@@ -195,10 +191,7 @@ def parallel_layout(cfg: Mapping[str, Any]) -> ParallelLayout:
     tp, pp, cp, ep, etp = (
         int(get(cfg, keys[size], 1)) if size in keys else 1 for size in ("tp", "pp", "cp", "ep", "etp")
     )
-    vcfg = "policy.generation.vllm_cfg."
-    vllm_tp = int(get(cfg, vcfg + "tensor_parallel_size", 1))
-    vllm_pp = int(get(cfg, vcfg + "pipeline_parallel_size", 1))
-    vllm_ep = int(get(cfg, vcfg + "expert_parallel_size", 1))
+    vllm_tp, vllm_pp, vllm_ep = (int(get(cfg, key, 1)) for key in _VLLM_SIZES)
     return ParallelLayout(
         trainer=trainer,
         world=world,

@@ -44,8 +44,7 @@ def check_config(
     first result, ``model_shapes``, says where the shapes came from; unknown shapes skip ``needs_shape=True`` checks.
     """
     mixin = is_mixin(cfg)
-    missing = [] if mixin else missing_sections(cfg)
-    if missing:
+    if not mixin and (missing := missing_sections(cfg)):
         verb = "is" if len(missing) == 1 else "are"
         return [
             CheckResult(
@@ -56,11 +55,9 @@ def check_config(
                 "configs/nemo_rl/grpo_ais_base.yaml; an arm mixin holds loss_fn.ais and no policy/cluster)",
             )
         ]
-    sizes = size_problems(cfg)  # a mixin may set parallel sizes too
-    if sizes:  # every check reads the layout
+    if sizes := size_problems(cfg):  # every check reads the layout (a mixin may set parallel sizes too)
         return [CheckResult("parallel_sizes", "fail", "; ".join(sizes))]
-    split = [] if mixin else split_problems(cfg)
-    if split:  # and its GPU counts
+    if not mixin and (split := split_problems(cfg)):  # and its GPU counts
         return [CheckResult("gpu_split", "fail", "; ".join(split))]
     target, how = resolve_target(nemo_rl_version, environ)
     if mixin:

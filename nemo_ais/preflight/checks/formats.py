@@ -83,8 +83,7 @@ def _selector(cfg: Mapping[str, Any], fmt: str) -> str:
     """The switches that select ``fmt``, as a reader finds them in the config."""
     if fmt == "mxfp8":
         return f"{_VLLM}.is_mx=true"
-    quant_cfg = get(cfg, _GEN + ".quant_cfg")
-    return f"{_GEN}.real_quant=true with {_GEN}.quant_cfg={quant_cfg!r}"
+    return f"{_GEN}.real_quant=true with {_GEN}.quant_cfg={get(cfg, _GEN + '.quant_cfg')!r}"
 
 
 _WHAT_INSTEAD = {

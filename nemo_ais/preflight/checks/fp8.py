@@ -68,9 +68,7 @@ def check_fp8_rollout(ctx: Context) -> Verdict:
                 f"(got {pp}; asserted by NeMo-RL v0.7.0 grpo.setup)"
             )
         # upstream's grpo.setup asserts "not async rollouts": vLLM's async engine (async GRPO needs it too)
-        if ctx.get("policy.generation.backend", "vllm") == "vllm" and ctx.get(
-            "policy.generation.vllm_cfg.async_engine", False
-        ):
+        if vllm_backend and vllm.get("async_engine", False):
             problems.append(
                 "an FP8 KV cache does not support async rollouts (policy.generation.vllm_cfg.async_engine=true; "
                 "NeMo-RL's grpo.setup asserts 'Async rollouts is not supported with kv cache fp8 enabled')"
