@@ -125,9 +125,12 @@ def _has_step_file(directory: Path) -> bool:
         return False
 
 
-def _subdirs(directory: Path) -> list[Path]:
+def _subdirs(directory: Path, name: re.Pattern | None = None) -> list[Path]:
+    """Sorted sub-directories (no symlinks) whose name matches ``name``; [] if ``directory`` cannot be listed."""
     try:
-        return sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
+        return sorted(
+            p for p in directory.iterdir() if (name is None or name.match(p.name)) and p.is_dir() and not p.is_symlink()
+        )
     except OSError:
         return []
 
@@ -147,7 +150,7 @@ def find_log_dirs(root: Path | str, max_depth: int = SEARCH_DEPTH) -> list[Path]
         for directory in level:
             if _has_step_file(directory):
                 found.append(directory)
-                below += [p for p in _subdirs(directory) if LAUNCH_DIR.match(p.name)]
+                below += _subdirs(directory, LAUNCH_DIR)
             elif depth < max_depth:
                 below += _subdirs(directory)
         level = below

@@ -32,7 +32,6 @@ value is kept, its counter advances.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import math
 from collections.abc import Mapping
@@ -221,7 +220,12 @@ def _sums(global_stats: AISStats) -> dict[Slot, float]:
 
 def _bin_of_rank(counts: list[float], rank: float) -> int:
     """The bin holding the ``rank``-th smallest value (1-based) of a histogram."""
-    return next((b for b, seen in enumerate(itertools.accumulate(counts)) if seen >= rank), len(counts) - 1)
+    seen = 0.0
+    for b, count in enumerate(counts):
+        seen += count
+        if seen >= rank:
+            return b
+    return len(counts) - 1
 
 
 def _tail_values(s) -> dict[str, float]:
@@ -404,9 +408,12 @@ def _gather_error_texts(local_text: str | None, group) -> list[tuple[int, int, s
 
 def _raise_bad_input(s, local_error, logp_old, logp_rollout, mask, group) -> None:
     """Raise on every rank: the local error (group None), else the SAME agreed message."""
-    local_text = str(local_error) if local_error is not None else _local_bad_values(logp_old, logp_rollout, mask)
     if isinstance(local_error, KeyError) and local_error.args:  # its message without the repr quotes
         local_text = str(local_error.args[0])
+    elif local_error is not None:
+        local_text = str(local_error)
+    else:
+        local_text = _local_bad_values(logp_old, logp_rollout, mask)
     if group is None:  # single process: the local message, as before
         raise ValueError(local_text or _bad_input_summary(s, None))
     bad = _gather_error_texts(local_text, group)  # same list on every rank

@@ -76,7 +76,8 @@ BAD_INPUT_SLOTS = (
 )
 # Structural error type -> its flag, first match wins; a ValueError (or any other type) flags a shape, rank or device
 _ERROR_KIND_SLOTS = ((KeyError, Slot.N_MISSING_KEY), (TypeError, Slot.N_BAD_DTYPE), (ValueError, Slot.N_BAD_SHAPE))
-# tails: two histograms of TAIL_BINS counts after the Slot scalars; bin b >= 1 is [TAIL_Q0 2^(b-1), TAIL_Q0 2^b)
+# tails: two histograms of TAIL_BINS counts after the Slot scalars; bin 0 = [0, TAIL_Q0),
+# bin b = [TAIL_Q0 2^(b-1), TAIL_Q0 2^b), the last open above 256
 TAIL_BINS = 24
 TAIL_Q0 = 2.0**-14
 TAIL_QUANTILE = 0.999  # ais/abs_log_ratio_p999: the quantile read from the |l| histogram

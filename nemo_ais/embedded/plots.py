@@ -54,13 +54,16 @@ def _clip(values: list[float], lo: float | None, hi: float | None) -> list[float
     return [min(max(v, lo), hi) for v in values]
 
 
+def _trailing_mean(values: list[float], k: int) -> list[float]:
+    return [statistics.fmean(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
+
+
 def _plot(ax, series, panel: Panel, arms: list[str], smooth: int = 1) -> None:
     """Mean over seeds per arm (the arm's own marker and line style), band +- 1 std clipped."""
     for arm, per_seed in series.items():
         steps, mean, std = band(per_seed)
-        if smooth > 1 and len(mean) >= smooth:  # trailing moving mean of both
-            k = smooth
-            mean, std = ([statistics.fmean(v[max(0, i - k + 1) : i + 1]) for i in range(len(v))] for v in (mean, std))
+        if smooth > 1 and len(mean) >= smooth:
+            mean, std = _trailing_mean(mean, smooth), _trailing_mean(std, smooth)
         style = series_style(arms.index(arm), len(steps))
         ax.plot(steps, mean, label=arm, **style)
         lower = _clip([m - s for m, s in zip(mean, std, strict=True)], panel.lo, panel.hi)

@@ -204,7 +204,7 @@ def quantize_blockwise(
     with torch.no_grad():
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
         fused = _quantize_fused(x3, tuple(block), family, eps, ue8m0)  # CPU: same bits; NaN / inf raises below
-        q, s = fused or _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
+        q, s = fused if fused is not None else _quantize_tiles(x, x3, tuple(block), family, eps, ue8m0, name)
     return (q, s) if x.dim() == 3 else (q[0], s[0])
 
 

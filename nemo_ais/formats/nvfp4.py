@@ -233,7 +233,7 @@ def _quantize_eager(x, amax, rows_per_block: int, name: str) -> NVFP4Tensor:
     """:func:`quantize_nvfp4` without Triton: the C++ kernel, else (or on NaN) the banded path."""
     with torch.no_grad():
         fused = _quantize_fused(x, amax, rows_per_block, name)
-        return fused or NVFP4Tensor(*_quantize_bands(x, amax, rows_per_block, name, fake=False))
+        return fused if fused is not None else NVFP4Tensor(*_quantize_bands(x, amax, rows_per_block, name, fake=False))
 
 
 def check_experts_args(x: torch.Tensor, amax: torch.Tensor | None, rows_per_block: int, name: str) -> None:

@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 WeightFn = Callable[..., "torch.Tensor"]
 
 
+def fully_weighted(diagnostics: Mapping[str, float]) -> float:
+    """``applied_alpha`` of a mode that applies its whole weight: 1 (every mode but none, ais)."""
+    return 1.0
+
+
+def uncorrected(diagnostics: Mapping[str, float]) -> float:
+    """``applied_alpha`` of the uncorrected arm (none): 0."""
+    return 0.0
+
+
 class BatchValue(NamedTuple):
     """A global-batch value a mode adds to the diagnostics and to the ``ais/<name>`` metrics."""
 
@@ -79,7 +89,7 @@ class Mode:
     name: str
     weight: WeightFn
     importance_weight: bool = True
-    applied_alpha: Callable[[Mapping[str, float]], float] = lambda diagnostics: 1.0  # every mode but none, ais
+    applied_alpha: Callable[[Mapping[str, float]], float] = fully_weighted
     batch_field: str | None = None
     batch_statistic: BatchStatistic | None = None
     batch_mean: Callable[[float, float], float] | None = None

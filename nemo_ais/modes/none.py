@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from nemo_ais.modes._base import Mode, compute_dtype
+from nemo_ais.modes._base import Mode, compute_dtype, uncorrected
 
 
 def weight(logp_old, logp_rollout, valid, config, batch_value):
@@ -12,4 +12,4 @@ def weight(logp_old, logp_rollout, valid, config, batch_value):
     return valid.to(compute_dtype(logp_old, logp_rollout))
 
 
-MODE = Mode(name="none", weight=weight, importance_weight=False, applied_alpha=lambda diagnostics: 0.0)
+MODE = Mode(name="none", weight=weight, importance_weight=False, applied_alpha=uncorrected)

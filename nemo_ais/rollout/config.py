@@ -60,7 +60,8 @@ class RolloutPrecisionConfig(WeightFormatFields):
     @field_validator("activation_eps")
     @classmethod
     def _eps_scale_is_normal(cls, eps: float) -> float:
-        # 0 is the all-zero group's own rule (scale 1); 0 < eps < 1e-35 underflows its scale eps / 448 to 0 (fq 0 / 0)
+        # 0 is the all-zero group's own rule (scale 1); below 448 x float32's smallest normal (~5.3e-36; 1e-35 with
+        # margin) an all-zero group's scale eps / 448 is not a normal float32
         if 0 < eps < _MIN_ACTIVATION_EPS:
             raise ValueError(
                 f"expected 0 or >= {_MIN_ACTIVATION_EPS:g} (an all-zero group's scale eps / 448 "

@@ -43,7 +43,8 @@ class QuantizedKVCache(GrowingKVCache):
         if self.saturation is not None:
             self.saturation.observe(layer, which, x)
         name = f"layer {layer} {which.upper()}"
-        self.format.check_head_dim(x.shape[-1], f"{name} of the KV cache")
+        if x.shape[-1] % self.format.head_dim_multiple:  # no message built on the hot path
+            self.format.check_head_dim(x.shape[-1], f"{name} of the KV cache")
         q = self.format.round_trip(x, self.held[which][layer], name)
         return scale_error(x, q, self.error_scale)
 

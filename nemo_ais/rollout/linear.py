@@ -81,7 +81,9 @@ class QuantLinear(nn.Module):
         """The fp32 weight a correct refit of ``weight`` gives (the refit readback's oracle)."""
         return self.fake_quant.weight(weight.detach(), amax=amax, name=self.name)
 
-    load_bias = load_bias  # the module function above, as a method
+    def load_bias(self, bias: torch.Tensor) -> None:
+        """Copy a new bias (kept in high precision, as vLLM does)."""
+        load_bias(self, bias)
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         """The format's activation fake quant (raw ``x`` while calibrating)."""
