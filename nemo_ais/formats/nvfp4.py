@@ -384,6 +384,6 @@ NVFP4_W4A4 = dataclasses.replace(
     scale_rule=_NVFP4_SCALES + "; inputs with a static calibrated amax",
     fake_activation=_fake_activation,
     refit_bytes=lambda numel, shape, config: _refit_bytes(numel, shape, config, n_scalars=2),
-    static_input_amax=True,
+    static_input_amax=GEOMETRY["nvfp4_w4a4"].static_input_amax,
 )
 """NVFP4 weights and activations (ModelOpt NVFP4, + ``input_scale``)."""

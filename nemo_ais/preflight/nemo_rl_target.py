@@ -22,28 +22,38 @@ _CHECKOUT_MARKER = "nemo_rl/algorithms/grpo.py"
 
 @dataclass(frozen=True)
 class FormatSupport:
-    """One rollout format: its name in messages, the versions that have it, its probe."""
+    """One rollout format: its name in messages, the versions that have it, its probe, the switches that select it."""
 
     label: str
     versions: tuple[str, ...]
     probe_file: str  # relative to the NeMo-RL checkout
     probe_text: str  # present in probe_file exactly when the checkout supports the format
+    selector: str = ""  # the config switches, as a reader finds them; {quant_cfg}: the config's value (repr)
 
 
+_REAL_QUANT = "policy.generation.real_quant=true with policy.generation.quant_cfg={quant_cfg}"
 ROLLOUT_FORMATS: dict[str, FormatSupport] = {
     "nvfp4_w4a16": FormatSupport(
         "NVFP4 W4A16 (ModelOpt real-quant) rollout",
         ("v0.7.0", "main"),
         "nemo_rl/modelopt/utils.py",
         "def build_vllm_modelopt_nvfp4_config",
+        _REAL_QUANT,
     ),
     "nvfp4_w4a4": FormatSupport(
         "NVFP4 W4A4 (ModelOpt real-quant) rollout",
         ("main",),
         "nemo_rl/modelopt/utils.py",
         "def resolve_nvfp4_real_quant_mode",
+        _REAL_QUANT,
     ),
-    "mxfp8": FormatSupport("MXFP8 rollout", ("main",), "nemo_rl/models/generation/vllm/quantization/fp8.py", "is_mx"),
+    "mxfp8": FormatSupport(
+        "MXFP8 rollout",
+        ("main",),
+        "nemo_rl/models/generation/vllm/quantization/fp8.py",
+        "is_mx",
+        "policy.generation.vllm_cfg.is_mx=true",
+    ),
 }
 """The rollout formats only some supported NeMo-RL versions have (module table)."""
 

@@ -18,11 +18,12 @@ NVFP4_BLOCK = 16
 
 
 class Geometry(NamedTuple):
-    """A format's weight block (rows, cols that share one scale) and what vLLM holds per weight."""
+    """A format's weight block (rows, cols that share one scale), what vLLM holds per weight, its input amax."""
 
     block: tuple[int, int]
     value_bits: int  # bits of one element
     scale_bytes: int  # bytes of one block scale (NVFP4's per-tensor fp32 scales are left out)
+    static_input_amax: bool = False  # the activation quantizer needs a calibrated input amax (the refit's file)
 
     @property
     def weight_bytes(self) -> float:
@@ -35,7 +36,7 @@ GEOMETRY: dict[str, Geometry] = {
     "fp8": Geometry((FP8_BLOCK, FP8_BLOCK), 8, 4),
     "mxfp8": Geometry((1, MX_BLOCK), 8, 1),
     "nvfp4_w4a16": Geometry((1, NVFP4_BLOCK), 4, 1),
-    "nvfp4_w4a4": Geometry((1, NVFP4_BLOCK), 4, 1),
+    "nvfp4_w4a4": Geometry((1, NVFP4_BLOCK), 4, 1, static_input_amax=True),
     "mxfp4": Geometry((1, MX_BLOCK), 4, 1),
 }
 """Every format of :data:`nemo_ais.formats.registry.FORMATS`, by the same name (tested)."""

@@ -70,3 +70,5 @@ def test_every_format_record_has_its_geometry():
     assert set(GEOMETRY) == set(FORMATS)
     for name, geometry in GEOMETRY.items():
         assert get_format(name).block == geometry.block, name
+        # the torch-free copy the offline check reads is the record's own fact
+        assert get_format(name).static_input_amax == geometry.static_input_amax, name

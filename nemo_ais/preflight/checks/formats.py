@@ -80,10 +80,8 @@ def supported_versions(cfg: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def _selector(cfg: Mapping[str, Any], fmt: str) -> str:
-    """The switches that select ``fmt``, as a reader finds them in the config."""
-    if fmt == "mxfp8":
-        return f"{_VLLM}.is_mx=true"
-    return f"{_GEN}.real_quant=true with {_GEN}.quant_cfg={get(cfg, _GEN + '.quant_cfg')!r}"
+    """The switches that select ``fmt`` (a :data:`ROLLOUT_FORMATS` name), as a reader finds them in the config."""
+    return ROLLOUT_FORMATS[fmt].selector.format(quant_cfg=repr(get(cfg, _GEN + ".quant_cfg")))
 
 
 _WHAT_INSTEAD = {
@@ -241,9 +239,9 @@ def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> l
             f"ais_nvfp4_refit.format={fmt!r} is invalid with {_GEN}.quant_cfg={quant_cfg!r}: expected 'nvfp4_{mode}' "
             "(the refit must stream the tensors of the NVFP4 mode vLLM is built in; W4A4 linears also take input_scale)"
         )
-    if fmt == "nvfp4_w4a4" and not refit.get("input_amax_file"):
+    if fmt in GEOMETRY and GEOMETRY[fmt].static_input_amax and not refit.get("input_amax_file"):
         problems.append(
-            f"ais_nvfp4_refit.input_amax_file={refit.get('input_amax_file')!r} is invalid with format 'nvfp4_w4a4': "
+            f"ais_nvfp4_refit.input_amax_file={refit.get('input_amax_file')!r} is invalid with format {fmt!r}: "
             "expected a JSON file {module or fused group: calibrated input amax} (a BF16 trainer has no input "
             "quantizer; the refit streams input_scale = amax / (6 * 448))"
         )
