@@ -32,8 +32,8 @@ NEMO_RL_VERSIONS: tuple[str, ...] = tuple(SUPPORTED)  # ("v0.7.0", "main")
 NEMO_RL_INSTALL_HINT = (
     f"{' or '.join(SUPPORTED.values())} is required for nemo_ais.nemo_rl's NeMo-RL classes. It is not on PyPI (the "
     "`nemo-rl` name there is a placeholder): `git clone https://github.com/NVIDIA-NeMo/RL`, `git checkout v0.7.0` (or "
-    "main) and use its uv environment (`uv run ...`) or put the checkout on PYTHONPATH, then `pip install "
-    "nemo-ais[nemo-rl]`"
+    "main) and use its uv environment (`uv run ...`) or put the checkout on PYTHONPATH; then, in that environment, "
+    "put this package on PYTHONPATH or `pip install --no-deps -e <nemo_ais checkout>` (keeps NeMo-RL's torch)"
 )
 
 

@@ -30,6 +30,7 @@ drives (v0.7.0, or main with ``--nemo-rl main``):
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import shlex
 import shutil
@@ -142,6 +143,14 @@ def test_the_hook_table_lists_every_helper_the_launcher_adds():
         f"launchers/run_grpo_ais.py exports {sorted(hooks - documented)}: add each to "
         "docs/migration.md section 3 (a hook of a custom entry point) or to NOT_HOOKS"
     )
+
+
+def test_the_hook_table_lists_every_check_main_runs_before_ray():
+    """Every ``*_problems`` check ``main()`` runs is in section 3's table, which says to add them all."""
+    section = DOC.read_text().split("## 3.", 1)[1].split("\n## ", 1)[0]
+    called = set(re.findall(r"\b(\w+_problems)\(raw", inspect.getsource(run.main)))
+    assert {"bypass_problems", "rollout_format_problems"} <= called  # the parse still finds the calls
+    assert {name for name in called if f"{name}(raw" not in section} == set()
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
