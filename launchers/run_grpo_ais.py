@@ -248,21 +248,9 @@ def configure_kv_calibration(config: dict[str, Any], environ: dict[str, str] | N
         ValueError: naming ``ais_kv_calibration`` / ``ais_kv_calibration.reduction``.
     """
     from nemo_ais.megatron.kv_calibration import KV_REDUCTION_ENV
-    from nemo_ais.refit.kv_scales import KV_REDUCTIONS
+    from nemo_ais.refit.config import kv_calibration_reduction
 
-    section = config.get("ais_kv_calibration")
-    section = {} if section is None else section
-    if not isinstance(section, dict) or set(section) - {"reduction"}:
-        raise ValueError(
-            f"ais_kv_calibration={section!r} is invalid: expected a mapping with the one key "
-            f"reduction ({' or '.join(KV_REDUCTIONS)})"
-        )
-    reduction = section.get("reduction") or KV_REDUCTIONS[0]
-    if reduction not in KV_REDUCTIONS:
-        raise ValueError(
-            f"ais_kv_calibration.reduction={reduction!r} is invalid: expected one of "
-            f"{list(KV_REDUCTIONS)} (percentile_of_amax is NeMo-RL's rule)"
-        )
+    reduction = kv_calibration_reduction(config)  # the offline check reads the section the same way
     (os.environ if environ is None else environ)[KV_REDUCTION_ENV] = reduction
     return reduction
 

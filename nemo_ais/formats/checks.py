@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 
 import torch
 
@@ -90,13 +89,3 @@ def check_amax(amax: float | torch.Tensor | None, name: str) -> torch.Tensor | N
             "max |x|; None computes max |x| of the tensor itself)"
         )
     return value.reshape(())
-
-
-def check_regexes(patterns: tuple[str, ...], field: str) -> tuple[str, ...]:
-    """``patterns`` unchanged if each compiles, else ``ValueError`` naming ``field`` and the pattern."""
-    for p in patterns:
-        try:
-            re.compile(p)
-        except re.error as err:
-            raise ValueError(f"{field}: {p!r} is not a valid regex ({err})") from err
-    return patterns

@@ -28,7 +28,12 @@ from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_e4m3_codes, check_finite
 from nemo_ais.formats.dispatch import kernel_for, triton_quantize
 from nemo_ais.formats.grids import E4M3_MAX, FP32_MAX, band_elems, e8m0_ceil_exponent, pow2
-from nemo_ais.rules.format_geometry import GEOMETRY
+from nemo_ais.rules.format_geometry import (
+    GEOMETRY,
+    RENAMED_FAMILIES as RENAMED_FAMILIES,
+    Fp8Family,
+    refuse_renamed_family,
+)
 
 FAMILY_FORMULAS = {
     "reciprocal": "s = amax / 448, q = x * (1 / s): multiply by the reciprocal (DeepGEMM, vLLM weights)",
@@ -36,21 +41,8 @@ FAMILY_FORMULAS = {
     "multiplier": "m = 448 / amax, q = x * m, s = 1 / m: the multiplier first (Transformer Engine, NeMo-RL)",
 }
 """What each scale formula family does; its name says it."""
-RENAMED_FAMILIES = {"a": "reciprocal", "b": "divide", "c": "multiplier"}
-"""The former one-letter names, refused with the new one."""
-
-
-def _not_renamed(family: Any) -> Any:
-    """Refuse a former one-letter family name, naming its new name."""
-    if isinstance(family, str) and family in RENAMED_FAMILIES:
-        raise ValueError(
-            f"family={family!r} was renamed {RENAMED_FAMILIES[family]!r}: the families are "
-            f"named after what they do, expected one of {tuple(FAMILY_FORMULAS)}"
-        )
-    return family
-
-
-Family = Annotated[Literal["reciprocal", "divide", "multiplier"], BeforeValidator(_not_renamed)]
+Family = Annotated[Fp8Family, BeforeValidator(refuse_renamed_family)]
+"""A config's ``family``: one of :data:`FAMILY_FORMULAS`, a former letter refused with its new name."""
 
 FP8_DTYPE = torch.float8_e4m3fn
 _FAMILIES = tuple(FAMILY_FORMULAS)
@@ -59,7 +51,7 @@ _BAND_ELEMS = 1 << 20  # fp32 elements of the per-band working copy (4 MiB)
 
 def check_blockwise_args(name: str, family: str, eps: float, block: tuple[int, int]) -> None:
     """Validate the scalar arguments shared by every entry point."""
-    _not_renamed(family)
+    refuse_renamed_family(family)
     if family not in _FAMILIES:
         raise ValueError(f"{name}: family={family!r} is invalid: expected one of {_FAMILIES}")
     if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):

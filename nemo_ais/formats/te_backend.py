@@ -14,9 +14,7 @@ from typing import Any
 import torch
 
 from nemo_ais.formats.checks import check_finite
-
-_TE_BLOCK = (128, 128)
-_TE_FAMILY = "multiplier"
+from nemo_ais.rules.format_geometry import TE_BLOCK, TE_FAMILY, te_refuses
 
 
 def _import_te() -> tuple[Any, Any]:
@@ -41,7 +39,7 @@ def is_available() -> bool:
 
 
 def use_te(
-    x: torch.Tensor, backend: str, *, name: str = "x", family: str = _TE_FAMILY, block: tuple[int, int] = _TE_BLOCK
+    x: torch.Tensor, backend: str, *, name: str = "x", family: str = TE_FAMILY, block: tuple[int, int] = TE_BLOCK
 ) -> bool:
     """Whether ``backend`` quantizes ``x`` by TE (``auto``: importable, CUDA, multiplier, 128x128).
 
@@ -64,22 +62,12 @@ def use_te(
     return True
 
 
-def te_refuses(family: str, block: tuple[int, int]) -> str | None:
-    """Why ``backend='te'`` cannot quantize ``family`` / ``block``, or None if it can."""
-    if family == _TE_FAMILY and tuple(block) == _TE_BLOCK:
-        return None
-    return (
-        f"backend='te' implements family={_TE_FAMILY!r} with block={_TE_BLOCK} only, got "
-        f"family={family!r} block={tuple(block)}"
-    )
-
-
 def _quantize_2d(x2: torch.Tensor, quantizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(float8_e4m3fn q, cropped fp32 scale) of one 2-D tensor by TE."""
     n, k = x2.shape
     qt = quantizer(x2.contiguous())
     q = qt._rowwise_data.view(torch.float8_e4m3fn).reshape(n, k)
-    nb, kb = -(-n // _TE_BLOCK[0]), -(-k // _TE_BLOCK[1])
+    nb, kb = -(-n // TE_BLOCK[0]), -(-k // TE_BLOCK[1])
     scale = qt._rowwise_scale_inv
     if scale.dim() != 2 or scale.shape[0] < nb or scale.shape[1] < kb:
         raise RuntimeError(
@@ -91,8 +79,8 @@ def _quantize_2d(x2: torch.Tensor, quantizer: Any) -> tuple[torch.Tensor, torch.
 
 def quantize_blockwise_te(
     x: torch.Tensor,
-    block: tuple[int, int] = _TE_BLOCK,
-    family: str = _TE_FAMILY,
+    block: tuple[int, int] = TE_BLOCK,
+    family: str = TE_FAMILY,
     eps: float = 0.0,
     ue8m0: bool = False,
     *,

@@ -31,11 +31,10 @@ from nemo_ais.formats.registry import get_format
 from nemo_ais.nemo_rl import compat, vllm_refit
 from nemo_ais.nemo_rl.engine_report import ask_engines, engine_rpc, mro_names, raise_engine_problems
 from nemo_ais.nemo_rl.vllm_refit import PATCHED, RECORDED_SIGNATURES, TARGET_MODULE, engine_pairs, unchanged
-from nemo_ais.refit.config import read_input_amax_file
+from nemo_ais.refit.config import SECTIONS as SECTIONS, read_input_amax_file, section_config
 from nemo_ais.refit.stream import BlockSyncConfig, Fp8SyncConfig, RefitConfig, RefitStream
 from nemo_ais.rules.config_keys import get
 from nemo_ais.rules.format_geometry import fp8_refit_block_problem, fp8_refit_precision_problem
-from nemo_ais.rules.keep_bf16 import fp8_engine_exclusions
 from nemo_ais.rules.native_kernels import NATIVE_KERNELS
 
 logger = logging.getLogger(__name__)
@@ -43,8 +42,6 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "NEMO_AIS_REFIT"
 """The JSON of the :class:`~nemo_ais.refit.config.RefitConfig` the vLLM workers refit with."""
 HOOK_DIR = Path(__file__).resolve().parent / "_vllm_hook"  # its sitecustomize arms the hook
-SECTIONS = {"ais_fp8_refit": Fp8SyncConfig, "ais_nvfp4_refit": BlockSyncConfig}
-"""The config sections that arm the patch, and the config each validates as."""
 # vLLM's ModelOpt NVFP4 classes, matched by name in the MRO (no vLLM import)
 NVFP4_QUANT_CONFIG = "ModelOptNvFp4Config"
 NVFP4_METHODS = frozenset({"ModelOptNvFp4LinearMethod", "ModelOptNvFp4FusedMoE"})
@@ -388,34 +385,16 @@ def configure(
 ) -> RefitConfig | None:
     """Arm the refit from one of :data:`SECTIONS` (None: the section is absent or disabled).
 
-    Defaults come from the engine config (``tp_size``; FP8: ``ue8m0`` and
-    :func:`~nemo_ais.rules.keep_bf16.fp8_engine_exclusions`; NVFP4: ``ignore``), so the stream keeps in BF16 what vLLM
-    keeps. Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on ``PYTHONPATH`` (before Ray starts).
+    The section is read by :func:`~nemo_ais.refit.config.section_config` (the engine's defaults; the offline check
+    reads it the same way). Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on ``PYTHONPATH`` (before Ray starts).
 
     Raises:
         ValueError: naming the field (invalid section, format or engine, both enabled).
     """
-    from nemo_ais.sections import validate_section
-
-    if section not in SECTIONS:
-        raise ValueError(f"section={section!r} is invalid: expected one of {sorted(SECTIONS)}")
-    raw = config.get(section)
-    if raw is None:
+    refit_cfg = section_config(config, section, _upstream_ignore)
+    if refit_cfg is None or not refit_cfg.enabled:
         return None
-    generation = get(config, "policy.generation", {})
-    vllm_cfg = get(generation, "vllm_cfg", {})
-    engine: dict[str, Any] = {"tp_size": vllm_cfg.get("tensor_parallel_size", 1)}
-    if (vllm_cfg.get("expert_parallel_size") or 1) > 1:  # vLLM's enable_expert_parallel: experts whole on a rank
-        engine["expert_tp_size"] = 1
-    if section == "ais_fp8_refit":
-        engine["ue8m0"] = vllm_cfg.get("pow2_weight_scaling_factors", False)
-        engine.update(fp8_engine_exclusions(vllm_cfg))
-    elif "ignore" not in raw:
-        engine["ignore"] = tuple(_engine_ignore(generation))
-    refit_cfg = validate_section(SECTIONS[section], {**engine, **raw}, section)
-    if not refit_cfg.enabled:
-        return None
-    problems = _configure_problems(config, generation, refit_cfg, section)
+    problems = _configure_problems(config, get(config, "policy.generation", {}), refit_cfg, section)
     if problems:
         raise ValueError("; ".join(problems))
     environ = os.environ if environ is None else environ
@@ -426,15 +405,8 @@ def configure(
     return refit_cfg
 
 
-def _engine_ignore(generation: Mapping[str, Any]) -> list[str]:
-    ignore = generation.get("real_quant_ignore")
-    if ignore is not None:
-        if not (isinstance(ignore, list | tuple) and all(isinstance(p, str) for p in ignore)):
-            raise ValueError(
-                f"policy.generation.real_quant_ignore={ignore!r} is invalid: expected a list of module-name patterns"
-            )
-        return list(ignore)
-    from nemo_rl.modelopt.utils import DEFAULT_NVFP4_IGNORE  # NeMo-RL's own default
+def _upstream_ignore() -> list[str]:
+    from nemo_rl.modelopt.utils import DEFAULT_NVFP4_IGNORE  # NeMo-RL's own default (real_quant_ignore absent)
 
     return list(DEFAULT_NVFP4_IGNORE)
 

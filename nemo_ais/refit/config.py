@@ -1,8 +1,10 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""What a refit sends to vLLM: :class:`RefitConfig` (``ais_fp8_refit`` / ``ais_nvfp4_refit``).
+"""What a refit sends to vLLM: :class:`RefitConfig` (``ais_fp8_refit`` / ``ais_nvfp4_refit``). Torch-free.
 
-:class:`Fp8SyncConfig` and :class:`BlockSyncConfig` are its per-engine forms. :class:`WeightFormatFields` holds what a
+:class:`Fp8SyncConfig` and :class:`BlockSyncConfig` are its per-engine forms; :func:`section_config` reads either
+section with the engine's defaults and :func:`kv_calibration_reduction` the ``ais_kv_calibration`` section, for the
+NeMo-RL entry point and the offline check alike (:mod:`nemo_ais.preflight` imports this module only). :class:`WeightFormatFields` holds what a
 rollout's weight format is (the format's knobs and the BF16 exclusions): the refit's config and the simulated engine's
 (:class:`~nemo_ais.rollout.config.RolloutPrecisionConfig`) both derive from it, so each knob has one name, one default
 and one check in both.
@@ -12,16 +14,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from nemo_ais.formats.checks import check_regexes
-from nemo_ais.formats.fp8_block import Family
-from nemo_ais.formats.registry import get_format
-from nemo_ais.formats.te_backend import te_refuses
-from nemo_ais.rules.keep_bf16 import KeepInBf16
+from nemo_ais.rules.config_keys import get
+from nemo_ais.rules.format_geometry import Fp8Family, refuse_renamed_family, te_refuses
+from nemo_ais.rules.keep_bf16 import KeepInBf16, check_regexes, fp8_engine_exclusions
+from nemo_ais.sections import validate_section
+
+Family = Annotated[Fp8Family, BeforeValidator(refuse_renamed_family)]  # as formats.fp8_block.Family (tested)
+KVReduction = Literal["percentile_of_amax", "element_percentile"]
+KV_REDUCTIONS: tuple[str, ...] = KVReduction.__args__
 
 RENAMED_KEYS = {
     "weight_block": "block",
@@ -103,6 +109,8 @@ class WeightFormatFields(KeepInBf16Fields):
     @property
     def weight_block(self) -> tuple[int, int]:
         """The ``(out, in)`` block of one scale: ``block`` for fp8, else the format's."""
+        from nemo_ais.formats.registry import get_format  # torch: only where a refit runs
+
         fmt = get_format(self.format)
         return tuple(self.block) if fmt.pads else fmt.block
 
@@ -213,6 +221,71 @@ class BlockSyncConfig(RefitConfig):
         description="The engine's weight format: NVFP4 weights with BF16 (w4a16) or NVFP4 "
         "(w4a4, + input_scale) activations, or MXFP8 (W8A8).",
     )
+
+
+SECTIONS: dict[str, type[RefitConfig]] = {"ais_fp8_refit": Fp8SyncConfig, "ais_nvfp4_refit": BlockSyncConfig}
+"""NeMo-RL config section -> its refit config class."""
+
+
+def section_config(
+    config: Mapping[str, Any], section: str, default_ignore: Callable[[], Sequence[str]]
+) -> RefitConfig | None:
+    """``config[section]`` (one of :data:`SECTIONS`) as its refit config, enabled or not; None when absent.
+
+    Defaults come from the engine config (``tp_size``, ``expert_tp_size``; FP8: ``ue8m0`` and
+    :func:`~nemo_ais.rules.keep_bf16.fp8_engine_exclusions`; NVFP4: ``ignore`` from
+    ``policy.generation.real_quant_ignore``, else ``default_ignore()``, NeMo-RL's list), so the stream keeps in BF16
+    what vLLM keeps.
+
+    Raises:
+        ValueError: naming the field (an unknown section or key, a bad value); TypeError: a section that is not a
+            mapping.
+    """
+    if section not in SECTIONS:
+        raise ValueError(f"section={section!r} is invalid: expected one of {sorted(SECTIONS)}")
+    raw = config.get(section)
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"{section}: expected a mapping of fields, got {type(raw).__name__}")
+    generation = get(config, "policy.generation", {})
+    vllm_cfg = get(generation, "vllm_cfg", {})
+    engine: dict[str, Any] = {"tp_size": vllm_cfg.get("tensor_parallel_size", 1)}
+    if (vllm_cfg.get("expert_parallel_size") or 1) > 1:  # vLLM's enable_expert_parallel: experts whole on a rank
+        engine["expert_tp_size"] = 1
+    if section == "ais_fp8_refit":
+        engine["ue8m0"] = vllm_cfg.get("pow2_weight_scaling_factors", False)
+        engine.update(fp8_engine_exclusions(vllm_cfg))
+    elif "ignore" not in raw:
+        ignore = generation.get("real_quant_ignore")
+        if ignore is not None and not (isinstance(ignore, list | tuple) and all(isinstance(p, str) for p in ignore)):
+            raise ValueError(
+                f"policy.generation.real_quant_ignore={ignore!r} is invalid: expected a list of module-name patterns"
+            )
+        engine["ignore"] = tuple(default_ignore() if ignore is None else ignore)
+    return validate_section(SECTIONS[section], {**engine, **raw}, section)
+
+
+def kv_calibration_reduction(config: Mapping[str, Any]) -> KVReduction:
+    """The FP8 KV calibration rule of ``config["ais_kv_calibration"]`` (absent: ``percentile_of_amax``, NeMo-RL's).
+
+    Raises:
+        ValueError: naming ``ais_kv_calibration`` / ``ais_kv_calibration.reduction``.
+    """
+    section = config.get("ais_kv_calibration")
+    section = {} if section is None else section
+    if not isinstance(section, Mapping) or set(section) - {"reduction"}:
+        raise ValueError(
+            f"ais_kv_calibration={section!r} is invalid: expected a mapping with the one key "
+            f"reduction ({' or '.join(KV_REDUCTIONS)})"
+        )
+    reduction = section.get("reduction") or KV_REDUCTIONS[0]
+    if reduction not in KV_REDUCTIONS:
+        raise ValueError(
+            f"ais_kv_calibration.reduction={reduction!r} is invalid: expected one of "
+            f"{list(KV_REDUCTIONS)} (percentile_of_amax is NeMo-RL's rule)"
+        )
+    return reduction
 
 
 def read_input_amax_file(path: str | Path) -> dict[str, float]:

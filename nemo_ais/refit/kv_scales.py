@@ -36,10 +36,9 @@ from torch import nn
 
 from nemo_ais.config import require_config
 from nemo_ais.formats.fp8_block import E4M3_MAX
+from nemo_ais.refit.config import KV_REDUCTIONS as KV_REDUCTIONS, KVReduction as KVReduction
 
 KVKind = Literal["q", "k", "v"]
-KVReduction = Literal["percentile_of_amax", "element_percentile"]
-KV_REDUCTIONS: tuple[str, ...] = KVReduction.__args__
 KINDS: tuple[str, ...] = ("q", "k", "v")
 FP32_MIN_SENTINEL = float(torch.finfo(torch.float32).min)  # vLLM's "never loaded" value
 KV_METRIC_PREFIX = "kv_cache/"

@@ -33,8 +33,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nemo_ais.formats.checks import check_regexes
 from nemo_ais.refit.kv_scales import KVScales
+from nemo_ais.rules.keep_bf16 import check_regexes
 
 FAULT_ENV = "NEMO_AIS_PLANT_REFIT_FAULT"
 """Environment variable that must be ``1`` for :class:`RefitFault` to validate."""

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple
 
 FP8_BLOCK = 128
 """Block FP8 (DeepSeek-style, vLLM / DeepGEMM): one fp32 scale per 128 x 128 weight tile."""
@@ -15,6 +15,33 @@ MX_BLOCK = 32
 """MXFP8 / MXFP4 (OCP MX): one UE8M0 scale per 32 consecutive elements."""
 NVFP4_BLOCK = 16
 """NVFP4: one E4M3 scale per 16 consecutive elements."""
+
+Fp8Family = Literal["reciprocal", "divide", "multiplier"]
+"""Block FP8's scale formula families (:data:`nemo_ais.formats.fp8_block.FAMILY_FORMULAS` says what each does)."""
+RENAMED_FAMILIES = {"a": "reciprocal", "b": "divide", "c": "multiplier"}
+"""The former one-letter names, refused with the new one."""
+TE_FAMILY, TE_BLOCK = "multiplier", (FP8_BLOCK, FP8_BLOCK)
+"""The one family and tile Transformer Engine's block-FP8 quantizer implements."""
+
+
+def refuse_renamed_family(family: Any) -> Any:
+    """``family`` unchanged, or ``ValueError`` for a former one-letter name, naming its new name."""
+    if isinstance(family, str) and family in RENAMED_FAMILIES:
+        raise ValueError(
+            f"family={family!r} was renamed {RENAMED_FAMILIES[family]!r}: the families are "
+            f"named after what they do, expected one of {Fp8Family.__args__}"
+        )
+    return family
+
+
+def te_refuses(family: str, block: tuple[int, int]) -> str | None:
+    """Why ``backend='te'`` cannot quantize ``family`` / ``block``, or None if it can."""
+    if family == TE_FAMILY and tuple(block) == TE_BLOCK:
+        return None
+    return (
+        f"backend='te' implements family={TE_FAMILY!r} with block={TE_BLOCK} only, got "
+        f"family={family!r} block={tuple(block)}"
+    )
 
 
 class Geometry(NamedTuple):

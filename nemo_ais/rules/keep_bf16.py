@@ -96,3 +96,13 @@ class KeepInBf16:
         candidates = {n for base in (name, toggled) for n in (base, module_name(base))}
         hit = next((p for p in self.ignore if any(fnmatchcase(c, p) for c in candidates)), None)
         return None if hit is None else f"ignore {hit!r}"
+
+
+def check_regexes(patterns: tuple[str, ...], field: str) -> tuple[str, ...]:
+    """``patterns`` unchanged if each compiles, else ``ValueError`` naming ``field`` and the pattern."""
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as err:
+            raise ValueError(f"{field}: {p!r} is not a valid regex ({err})") from err
+    return patterns

@@ -12,10 +12,11 @@ import copy
 import dataclasses
 import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
-from shipped_configs import CONFIG_DIR, flat, write_input_amax_files
+from shipped_configs import CONFIG_DIR, flat, launcher, write_input_amax_files
 
 from nemo_ais import preflight as pf
 from nemo_ais.config import CorrectionConfig
@@ -333,12 +334,36 @@ def test_cli_takes_the_nemo_rl_version(capsys):
     assert pf.main(["--nemo-rl-version", "main", "--quiet", str(MXFP8), str(W4A4)]) == 0
 
 
+REFIT_SECTION_CASES = (
+    ("ais_fp8_refit.family=multipler", "ais_fp8_refit.family='multipler' is invalid"),
+    ("ais_fp8_refit.backend=xx", "ais_fp8_refit.backend='xx' is invalid"),
+    ("+ais_fp8_refit.foo=1", "ais_fp8_refit.foo is not a known field"),
+    ("ais_fp8_refit.enabled=maybe", "ais_fp8_refit.enabled='maybe' is invalid"),
+    ("+ais_nvfp4_refit.enabled=false +ais_nvfp4_refit.formt=mxfp8", "ais_nvfp4_refit.formt is not a known field"),
+    ("+ais_kv_calibration.reduction=bogus", "ais_kv_calibration.reduction='bogus' is invalid"),
+)
+"""(override of the FP8 config, what both the offline check and the entry point say)."""
+
+
+@pytest.mark.parametrize(("override", "fragment"), REFIT_SECTION_CASES)
+def test_the_entry_point_refuses_what_the_refit_check_refuses(override, fragment):
+    """``launchers/run_grpo_ais.py`` arms the sections with the functions the check calls: the same refusal."""
+    run = launcher()
+    raw = run.load_config_dict(str(QWEN8B), override.split())
+    with pytest.raises((TypeError, ValueError), match=re.escape(fragment)):
+        run.configure_kv_calibration(raw, environ={})
+        run.configure_fp8_refit(raw, environ={})
+        run.configure_block_refit(raw, environ={})
+
+
 # ---------------------------------------------------------------------------------------
 # Broken variants: each must FAIL the named check with a message naming field and numbers.
 # ---------------------------------------------------------------------------------------
 
 BROKEN = [
     # (config, overrides, failing check, message fragment)
+    # the refit and KV-calibration sections, read as the entry point reads them before Ray (REFIT_SECTION_CASES)
+    *((QWEN8B, override.split(), "refit_sections", fragment) for override, fragment in REFIT_SECTION_CASES),
     (
         QWEN8B,
         ["policy.megatron_cfg.tensor_model_parallel_size=3"],

@@ -28,7 +28,7 @@ _STDLIB_ONLY: set[str] = set()
 MAY_IMPORT = {
     "rules": _STDLIB_ONLY,
     "formats": {"config", "rules"},  # rules.format_geometry: the torch-free block table
-    "refit": {"config", "formats", "rules"},
+    "refit": {"config", "formats", "rules", "sections"},  # refit.config: the torch-free section configs
     "rollout": {"config", "formats", "refit", "rules"},
     "tools": {"config", "formats", "plotting", "refit", "rollout", "rules"},
     "kernels": {"formats"},  # GPU (Triton) fast paths of the formats' quantizers

@@ -28,7 +28,7 @@ __all__ = [
     "validate_config",
 ]
 
-RULE_MODULES = ("loss", "upstream", "parallel", "fp8", "formats", "trainer")
+RULE_MODULES = ("loss", "upstream", "parallel", "fp8", "formats", "refit", "trainer")
 """The modules whose checks :func:`check_config` runs, imported (registered) in this order."""
 for _module in RULE_MODULES:
     importlib.import_module(f"{__name__}.{_module}")
