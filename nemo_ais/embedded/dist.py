@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +48,13 @@ def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return tensor
 
 
+def _exit_with(launcher: int) -> None:
+    """A rank's daemon thread: end the rank within a second of its launcher's death (no orphan writes on)."""
+    while os.getppid() == launcher:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def _worker(
     rank: int,
     world_size: int,
@@ -53,9 +62,11 @@ def _worker(
     timeout_s: float,
     num_threads: int,
     errors: Any,
+    launcher: int,
     fn: Callable[..., None],
     args: tuple,
 ) -> None:
+    threading.Thread(target=_exit_with, args=(launcher,), daemon=True).start()
     torch.set_num_threads(num_threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
     dist.init_process_group(
@@ -109,7 +120,7 @@ def launch(
         try:
             mp.start_processes(
                 _worker,
-                args=(world_size, store, timeout_s, num_threads, errors, fn, args),
+                args=(world_size, store, timeout_s, num_threads, errors, os.getpid(), fn, args),
                 nprocs=world_size,
                 join=True,
                 start_method="spawn",

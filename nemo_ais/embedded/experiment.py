@@ -8,9 +8,13 @@ launches ``cluster.dp_size`` gloo ranks that run every (arm, seed) in order (:fu
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,14 @@ from nemo_ais.embedded.logs import METRICS_FILE
 from nemo_ais.embedded.recipe import GRPORecipe
 from nemo_ais.embedded.warmstart import build_task, warm_start
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: one launcher per run directory is then the user's to keep
+    fcntl = None
+
 CONFIG_FILE = "config.yaml"
+_LAUNCH_LOCK, _RANKS_LOCK = ".launch.lock", ".ranks.lock"  # held by the launcher / shared by its ranks
+_RANKS_GONE_S = 5.0  # a killed launcher's ranks end within a second (dist.launch's parent watch)
 # Keys free to change on resume: none changes a result (the warm-start cache file is named by the settings that do).
 _RESUME_FREE_KEYS = (
     "logger.run_dir",  # where the run is: its pinned config.yaml was found there ("runs", "./runs", a moved one)
@@ -37,8 +48,47 @@ _RESUME_FREE_KEYS = (
 )
 
 
+def _lock(path: Path, mode: int) -> Any:
+    """``path`` opened and ``flock``-ed (``mode`` | LOCK_NB), or None if another process holds it (no fcntl: a file)."""
+    handle = path.open("a")
+    if fcntl is None:
+        return handle
+    try:
+        fcntl.flock(handle, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+@contextlib.contextmanager
+def claim_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir`` for one launch: refuse a second launcher, or ranks a killed launcher left behind.
+
+    Raises:
+        RecipeError: another ``nemo-ais run`` writes ``run_dir``, or its ranks still run after :data:`_RANKS_GONE_S`.
+    """
+    launch_lock = _lock(run_dir / _LAUNCH_LOCK, fcntl.LOCK_EX if fcntl else 0)
+    if launch_lock is None:
+        raise RecipeError(f"another nemo-ais run is writing {run_dir}: wait for it to end, or pick another logger.name")
+    with launch_lock:
+        deadline = time.monotonic() + _RANKS_GONE_S
+        while (ranks := _lock(run_dir / _RANKS_LOCK, fcntl.LOCK_EX if fcntl else 0)) is None:
+            if time.monotonic() > deadline:
+                raise RecipeError(
+                    f"trainer ranks of an earlier launch still write {run_dir} (their launcher was killed): end them "
+                    f"(`fuser {run_dir / _RANKS_LOCK}` names them), then re-run"
+                )
+            time.sleep(0.1)
+        ranks.close()  # this launch's ranks take it shared
+        yield
+
+
 def _worker(ctx: DistContext, raw: dict[str, Any], run_dir: str, warm_file: str | None) -> None:
     """Every (arm, seed) run, in order, on this rank."""
+    ranks_lock = _lock(Path(run_dir) / _RANKS_LOCK, fcntl.LOCK_SH if fcntl else 0)  # held while this rank lives
+    if ranks_lock is None:
+        raise RecipeError(f"another launch's trainer ranks hold {run_dir}")
     base = resolve_arm(raw, None)
     torch.set_num_threads(base.cluster.num_threads_per_rank)
     runs = [(arm, seed) for arm in base.experiment.arm_names for seed in base.experiment.seeds]
@@ -59,6 +109,7 @@ def _worker(ctx: DistContext, raw: dict[str, Any], run_dir: str, warm_file: str 
             recipe.setup()
             recipe.train()
     finally:
+        ranks_lock.close()
         if progress is not None:
             progress.close()
 
@@ -70,12 +121,18 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) -> Path:
-    """Create (or reopen) ``logger.run_dir/logger.name`` and pin its config.
+def prepare_run_dir(
+    raw: dict[str, Any], base: RecipeConfig, overwrite: bool, held: contextlib.ExitStack | None = None
+) -> Path:
+    """Create (or reopen) ``logger.run_dir/logger.name``, claim it and pin its config.
+
+    The claim (:func:`claim_run_dir`) lasts until ``held`` closes (None: released at once); the config is written
+    whole (a temporary file, then renamed).
 
     Raises:
-        RecipeError: the directory is not writable, or holds results of a run with another config (a
-            config pinned by a run that failed before its first result, e.g. in the warm start, is re-pinned).
+        RecipeError: the directory is not writable, another launch holds it, or it holds results of a run with
+            another config, or results without a readable pinned config (a config pinned by a run that failed before
+            its first result, e.g. in the warm start, is re-pinned).
     """
     run_dir = Path(base.logger.run_dir) / base.logger.name
     try:
@@ -88,21 +145,37 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
             f"run directory {run_dir} is not writable ({err.strerror or err}); choose another "
             "with logger.run_dir=<dir> or logger.name=<name>"
         ) from None
+    with contextlib.ExitStack() as local:
+        (held or local).enter_context(claim_run_dir(run_dir))
+        return _pin_config(raw, run_dir, overwrite)
+
+
+def _pin_config(raw: dict[str, Any], run_dir: Path, overwrite: bool) -> Path:
     cfg_file = run_dir / CONFIG_FILE
+    results = [p.name for p in (run_dir / METRICS_FILE, run_dir / "checkpoints") if p.exists()]
     if overwrite:
-        # every file the run and its report write: a plot or tolerance file left over would pass for the new run's
-        for path in [
-            *(run_dir / n for n in (METRICS_FILE, CONFIG_FILE, "summary.md", "tolerance.json")),
-            *run_dir.glob("*.png"),
-        ]:
-            path.unlink(missing_ok=True)
+        # every file the run and its report write (a plot or tolerance file left over would pass for the new run's);
+        # the pinned config last, so that an interrupted --overwrite leaves no results without it
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         shutil.rmtree(run_dir / "logs", ignore_errors=True)
-    elif cfg_file.is_file() and ((run_dir / METRICS_FILE).is_file() or (run_dir / "checkpoints").is_dir()):
+        for path in [*(run_dir / n for n in (METRICS_FILE, "summary.md", "tolerance.json")), *run_dir.glob("*.png")]:
+            path.unlink(missing_ok=True)
+        cfg_file.unlink(missing_ok=True)
+    elif results:
+        try:
+            pinned = yaml.safe_load(cfg_file.read_text()) if cfg_file.is_file() else None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            raise RecipeError(f"{cfg_file} cannot be read ({err}); pass --overwrite to start over") from None
+        if not isinstance(pinned, dict):
+            raise RecipeError(
+                f"{run_dir} holds results ({', '.join(results)}) but no config pinned beside them ({CONFIG_FILE} "
+                f"{'is empty' if cfg_file.is_file() else 'is missing'}: an interrupted --overwrite?), so a resume "
+                "cannot be told from another run; pass --overwrite to start over, or pick another logger.name"
+            )
         # a run pinned with the former rollout.fp8 block compares in the current keys
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            old = _flat(migrate_config(yaml.safe_load(cfg_file.read_text()) or {}))
+            old = _flat(migrate_config(pinned))
             new = _flat(migrate_config(json.loads(json.dumps(raw))))
         free = lambda k: any(k == f or k.startswith(f + ".") for f in _RESUME_FREE_KEYS)  # noqa: E731
         diff = sorted(k for k in set(old) | set(new) if not free(k) and old.get(k) != new.get(k))
@@ -112,7 +185,9 @@ def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) ->
                 f"{run_dir} holds a run with a different config ({shown}); resume it with the "
                 "same config, pick another logger.name, or pass --overwrite to start over"
             )
-    cfg_file.write_text(yaml.safe_dump(json.loads(json.dumps(raw)), sort_keys=False))
+    partial = cfg_file.with_name(cfg_file.name + ".partial")  # a kill or a full disk never leaves a cut config
+    partial.write_text(yaml.safe_dump(json.loads(json.dumps(raw)), sort_keys=False))
+    os.replace(partial, cfg_file)
     return run_dir
 
 
@@ -122,11 +197,17 @@ def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
     Re-running with the same config resumes from the last checkpoints. Returns the run directory; raises ``ValueError``
     (invalid config), ``RecipeError`` (a failed run) or ``KeyboardInterrupt`` (checkpoints kept).
     """
-    from nemo_ais.embedded.report import write_report
-
     raw = migrate_config(raw)  # the former rollout.fp8 block: warned about once, here
     base = validate_config(raw)
-    run_dir = prepare_run_dir(raw, base, overwrite)
+    with contextlib.ExitStack() as held:
+        run_dir = prepare_run_dir(raw, base, overwrite, held)
+        _run(raw, base, run_dir)
+    return run_dir
+
+
+def _run(raw: dict[str, Any], base: RecipeConfig, run_dir: Path) -> None:
+    from nemo_ais.embedded.report import write_report
+
     task = build_task(base)
     warm_file = None
     if base.policy.warm_start.steps > 0:
@@ -145,4 +226,3 @@ def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
         timeout_s=base.cluster.timeout_s,
     )
     write_report(run_dir, plots=base.logger.plots)  # summary.md always (the CLI names it)
-    return run_dir

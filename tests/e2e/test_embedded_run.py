@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -345,6 +346,57 @@ def test_ctrl_c_on_two_dp_processes_keeps_checkpoint_and_resumes_exactly(tmp_pat
     assert blob["step"] <= max(logged) < steps, logged
     assert _run(tmp_path, cache_dir, "ctrlc", *args) == 0
     assert _strip_times(_records(tmp_path / "ctrlc")) == _strip_times(_records(tiny_dp2))
+
+
+@pytest.mark.distributed
+def test_a_killed_launcher_takes_its_ranks_with_it(tmp_path, cache_dir):
+    """SIGKILL to the launcher alone (``kill <pid>``, not its group): its two ranks end within seconds instead of
+    training on beside a re-run, and the re-run finishes with one record per step."""
+    steps = 60  # the killed ranks, left alone, would train on for ~10 s (6 s with TINY's 12 steps: too close)
+    args = [f"logger.run_dir={tmp_path}", f"policy.warm_start.cache_dir={cache_dir}", *TINY, "cluster.dp_size=2"]
+    args += [f"grpo.max_num_steps={steps}", "checkpointing.save_period=1"]
+    cmd = [sys.executable, "-m", "nemo_ais", "run", "--quick", "logger.name=orphan", *args]
+    log = (tmp_path / "orphan.log").open("w")  # not a pipe: its reader would wait for the ranks to close it
+    # SIGINT ignored, as for a job started with `&` or nohup: torch's spawn asks the kernel for a SIGINT to each rank
+    # when its parent dies, which such a rank ignores
+    ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=ignore_sigint)
+    _wait_for(proc, checkpoint_path(tmp_path / "orphan", "fp8-ais", 0), timeout_s=200)
+    ranks = [pid for pid in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(ranks) == 2, ranks
+    proc.kill()  # the launcher only: its ranks see their parent go
+    proc.wait()
+    log.close()
+    deadline = time.monotonic() + 4  # each rank checks its parent every second
+    while alive := [pid for pid in ranks if _running(pid)]:
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the ranks {alive} of a killed launcher still run 4 s later")
+        time.sleep(0.1)
+    assert _run(tmp_path, cache_dir, "orphan", *args) == 0
+    train = [(r["arm"], r["step"]) for r in _records(tmp_path / "orphan", "train")]
+    assert sorted(train) == [("fp8-ais", step) for step in range(1, steps + 1)]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (an orphan is reaped by whoever adopts it, maybe not at once)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_bypass_skips_the_trainers_pi_old_forward(tmp_path, cache_dir, tiny_dp1):

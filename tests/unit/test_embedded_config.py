@@ -245,6 +245,46 @@ def test_a_run_pinned_with_the_former_block_resumes(tmp_path):
         prepare_run_dir(other, resolve_arm(other, None), overwrite=False)
 
 
+@pytest.mark.parametrize("pinned", [None, "", "a: [", "- a list\n"])
+def test_results_without_a_readable_pinned_config_are_refused(tmp_path, pinned):
+    """An interrupted --overwrite (config removed last now), a deleted, cut or empty config.yaml: no resume."""
+    from nemo_ais.embedded.dist import RecipeError
+    from nemo_ais.embedded.experiment import CONFIG_FILE, prepare_run_dir
+
+    raw = load_config(DEFAULT, [f"logger.run_dir={tmp_path}"])
+    run_dir = tmp_path / raw["logger"]["name"]
+    (run_dir / "checkpoints").mkdir(parents=True)  # results of some run
+    if pinned is not None:
+        (run_dir / CONFIG_FILE).write_text(pinned)
+    with pytest.raises(RecipeError, match=r"config\.yaml|pinned") as info:
+        prepare_run_dir(raw, resolve_arm(raw, None), overwrite=False)
+    assert "--overwrite" in str(info.value)
+    assert (run_dir / CONFIG_FILE).read_text() == pinned if pinned is not None else not (run_dir / CONFIG_FILE).exists()
+    assert prepare_run_dir(raw, resolve_arm(raw, None), overwrite=True) == run_dir  # the way out
+    assert not (run_dir / "checkpoints").exists() and (run_dir / CONFIG_FILE).is_file()
+
+
+def test_one_launch_at_a_time_claims_a_run_directory(tmp_path, monkeypatch):
+    """A second launcher is refused at once; live ranks of a killed one are waited for, then refused."""
+    import fcntl
+
+    from nemo_ais.embedded import experiment
+    from nemo_ais.embedded.dist import RecipeError
+
+    with experiment.claim_run_dir(tmp_path):
+        with pytest.raises(RecipeError, match="another nemo-ais run is writing"):
+            with experiment.claim_run_dir(tmp_path):
+                pass
+    monkeypatch.setattr(experiment, "_RANKS_GONE_S", 0.3)
+    with (tmp_path / experiment._RANKS_LOCK).open("a") as rank:
+        fcntl.flock(rank, fcntl.LOCK_SH)  # a rank still alive
+        with pytest.raises(RecipeError, match="trainer ranks of an earlier launch"):
+            with experiment.claim_run_dir(tmp_path):
+                pass
+    with experiment.claim_run_dir(tmp_path):  # the rank gone: claimed
+        pass
+
+
 def test_a_run_resumes_under_another_spelling_of_its_directory(tmp_path, monkeypatch):
     from nemo_ais.embedded.experiment import prepare_run_dir
 
@@ -267,7 +307,8 @@ def test_overwrite_clears_every_output_of_the_run_and_nothing_outside_it(tmp_pat
         (run_dir / name).write_text("old run")
     (tmp_path / "beside.png").write_text("not this run's")
     assert prepare_run_dir(raw, resolve_arm(raw, None), overwrite=True) == run_dir
-    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]  # the new run's pin only
+    kept = sorted(p.name for p in run_dir.iterdir())
+    assert kept == [".launch.lock", ".ranks.lock", "config.yaml"]  # the new run's pin, and the launch claim
     assert (tmp_path / "beside.png").read_text() == "not this run's"
     for name in (".", ".."):  # run_dir/name itself or its parent would be cleared
         with pytest.raises(ValueError, match=r"logger\.name='\.{1,2}' is invalid: expected a directory name"):
