@@ -226,12 +226,25 @@ def _non_stationarity_md(summ, n_steps: int) -> list[str]:
 
 
 def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
-    """(Re)draw ``summary.md`` and, unless ``plots=False`` (``logger.plots: false``), the PNGs; the files written."""
+    """(Re)draw ``summary.md`` and, unless ``plots=False`` (``logger.plots: false``), the PNGs; the files written.
+
+    Raises:
+        ValueError: the run's ``config.yaml`` cannot be read or is not a mapping (named, one line).
+    """
     records = load_metrics(Path(run_dir))
     run_dir = Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
     written = save_figures(build_figures(records), run_dir, dpi=110) if plots else []
     cfg_file = run_dir / "config.yaml"  # the run's pinned config, read once
-    pinned = (yaml.safe_load(cfg_file.read_text()) or {}) if cfg_file.is_file() else {}
+    try:
+        pinned = (yaml.safe_load(cfg_file.read_text()) or {}) if cfg_file.is_file() else {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ValueError(
+            f"{cfg_file}: cannot be read ({' '.join(str(err).split())}); the run's pinned config names its reference arm"
+        ) from None
+    if not isinstance(pinned, dict):
+        raise ValueError(
+            f"{cfg_file}: got a YAML {type(pinned).__name__}, expected the run's pinned config (a mapping)"
+        )
     records = records + plan_records(_planned_steps(pinned, {r["arm"] for r in records}))
     reference = str((pinned.get("experiment") or {}).get("reference_arm") or "bf16")  # experiment.reference_arm
     levels = tolerance_table(records, reference)

@@ -118,6 +118,17 @@ def test_report_takes_the_metrics_file_as_its_help_says(tmp_path, capsys):
     assert "metrics.jsonl:1: expected a record with kind, arm, seed, step" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("pinned", "why"), [("a: [\n", "cannot be read"), ("- a list\n", "got a YAML list")])
+def test_an_unreadable_pinned_config_is_one_named_line(tmp_path, capsys, pinned, why):
+    from nemo_ais.cli import main
+
+    _write(tmp_path / "metrics.jsonl", _records())
+    (tmp_path / "config.yaml").write_text(pinned)
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.yaml: " in err and why in err, err
+
+
 def test_empty_metrics_file_is_an_error(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="holds no metrics record"):
