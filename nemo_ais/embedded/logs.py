@@ -100,12 +100,17 @@ def log_readback(ctx: DistContext, log_dir: Path, step: int, readback: RefitRead
     """Append the step's refit readback to ``log_dir/refit_readback.jsonl`` (rank 0).
 
     Nothing when the engine checked nothing (the BF16 arm, ``verify_refit: false``). A resumed run writes its re-run
-    steps again; the reader keeps a step's last row.
+    steps again; the reader keeps a step's last row. A last row a crash cut short (no newline) is dropped first, so the
+    new row does not join it.
     """
     if not ctx.is_main or readback is None:
         return
     if not readback.weights_checked and readback.kv_scale_error is None:
         return
     log_dir.mkdir(parents=True, exist_ok=True)
-    with (log_dir / READBACK_FILE).open("a") as f:
-        f.write(readback_row(step, readback) + "\n")
+    with (log_dir / READBACK_FILE).open("a+b") as f:
+        f.seek(0)
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+        f.write((readback_row(step, readback) + "\n").encode())

@@ -128,6 +128,20 @@ def test_the_alarm_fires_on_any_inexact_readback_and_only_then():
     assert [a.kind for a in loose.observe(6, diag, readback=nan)] == ["refit_readback"]
 
 
+def test_a_resumed_run_drops_a_cut_last_readback_row_before_it_appends(tmp_path):
+    """A crash mid-write leaves a row without its newline; the resumed run's row must not join it."""
+    from nemo_ais.embedded.dist import DistContext
+    from nemo_ais.embedded.logs import log_readback
+
+    rows = {3: RefitReadback(0.0, None, 0.0, 14), 4: RefitReadback(0.5, "m", 0.0, 14)}
+    path = tmp_path / READBACK_FILE
+    path.write_text(readback_row(3, rows[3]) + "\n" + readback_row(4, rows[4])[:17])  # step 4 cut short
+    log_readback(DistContext(0, 1, None), tmp_path, 4, rows[4])  # the resumed run's step 4
+    assert read_readback(path) == (rows, [])
+    log_readback(DistContext(0, 1, None), tmp_path, 5, rows[3])  # a whole last row is kept
+    assert read_readback(path) == ({**rows, 5: rows[3]}, [])
+
+
 def test_the_readback_file_round_trips_and_names_a_bad_line(tmp_path):
     path = tmp_path / READBACK_FILE
     rows = {3: RefitReadback(0.0, None, 0.0, 14), 4: RefitReadback(0.5, "m", math.inf, 14)}
