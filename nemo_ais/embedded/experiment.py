@@ -22,6 +22,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from nemo_ais.embedded.checkpoint import checkpoint_path, load_checkpoint
 from nemo_ais.embedded.config import RecipeConfig, migrate_config, resolve_arm, validate_config
 from nemo_ais.embedded.dist import DistContext, RecipeError, launch
 from nemo_ais.embedded.logs import METRICS_FILE
@@ -208,6 +209,10 @@ def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
 def _run(raw: dict[str, Any], base: RecipeConfig, run_dir: Path) -> None:
     from nemo_ais.embedded.report import write_report
 
+    if base.checkpointing.enabled:  # an unreadable checkpoint stops the launch before any run changes a file
+        for arm in base.experiment.arm_names:
+            for seed in base.experiment.seeds:
+                load_checkpoint(checkpoint_path(run_dir, arm, seed))
     task = build_task(base)
     warm_file = None
     if base.policy.warm_start.steps > 0:

@@ -16,7 +16,13 @@ import pytest
 import torch
 
 from nemo_ais.cli import main
-from nemo_ais.embedded.checkpoint import UnreadableFileError, checkpoint_path, load_checkpoint, save_checkpoint
+from nemo_ais.embedded.checkpoint import (
+    UnreadableFileError,
+    atomic_torch_save,
+    checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+)
 from nemo_ais.embedded.config import CONFIG_DIR, load_config, validate_config
 from nemo_ais.embedded.dist import RecipeError
 from nemo_ais.embedded.warmstart import load_warm_start, warm_start_path
@@ -127,6 +133,22 @@ def test_corrupt_checkpoint_names_the_file_and_keeps_every_other_file(run_copy, 
     _one_line_error(capsys, f"checkpoint {bad}", f"rm {bad}", "--overwrite")
     # nothing was truncated, rewritten or deleted: the other arm's checkpoint, the metrics
     # of both arms and the damaged file itself are as they were
+    assert _digests(run_dir) == before
+
+
+def test_a_corrupt_checkpoint_stops_the_launch_before_an_earlier_run_resumes(run_copy, capsys):
+    """Every checkpoint is read before any run trains: an unfinished first run is not resumed (its checkpoint and
+    metrics rewritten) before a later run's damaged checkpoint stops the launch."""
+    run_dir, _ = run_copy
+    first = checkpoint_path(run_dir, ARMS[0], 0)
+    blob = load_checkpoint(first)
+    atomic_torch_save({**blob, "finished": False, "step": 1}, first)  # the first run, unfinished at step 1
+    bad = checkpoint_path(run_dir, ARMS[1], 0)
+    DAMAGE["garbled"](bad)
+    before = _digests(run_dir)
+
+    assert main(ARGV) == 1
+    _one_line_error(capsys, f"checkpoint {bad}", f"rm {bad}")
     assert _digests(run_dir) == before
 
 
