@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,9 @@ def _fmt_corr(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:+.2f}"
 
 
-def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "bf16") -> str:
+def _summary_md(
+    run_dir: Path, records: list[dict[str, Any]], reference: str = "bf16", not_started: Sequence[str] = ()
+) -> str:
     summ = arm_summary(records)
     diffs = paired_differences(records, reference)
     seed_counts = {s["seeds"] for s in summ.values()}
@@ -82,14 +85,14 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
             "fp4-evidence` (NVFP4), 60 steps x 8 seeds (docs/results.md).",
             "",
         ]
-    lines += _caveats_md(summ, reference)
+    lines += _caveats_md(summ, reference, not_started)
     lines += [
         "Computed from `metrics.jsonl` by `nemo_ais.embedded.report` (nothing edited by hand).",
         "",
         "**Primary metric (declared before the runs):** per arm and seed, the mean held-out greedy exact-match "
         "accuracy over the evaluations in the second half of training (steps >= last/2). **Comparison:** per-seed "
         f"paired difference to `{reference}`, mean and 95% confidence interval (Student t, seeds - 1 degrees of "
-        f"freedom), one per arm, not adjusted for the {max(len(summ) - 1, 0)} comparisons of the table: read an "
+        f"freedom), one per arm, not adjusted for the {_count(max(len(summ) - 1, 0), 'comparison')} of the table: read an "
         "interval that only just excludes 0 as a hint, not a finding. **Collapse step:** per arm, the first evaluation "
         f"step at which its held-out accuracy falls below half of `{reference}`'s at the same step, on the mean over "
         f"seeds and per seed (paired with the same seed of `{reference}`); none if it never does.",
@@ -154,9 +157,15 @@ def _summary_md(run_dir: Path, records: list[dict[str, Any]], reference: str = "
     return "\n".join(lines) + "\n"
 
 
-def _caveats_md(summ, reference: str) -> list[str]:
-    """Lines naming what the tables leave out: unfinished seeds, a reference arm without evaluations."""
+def _caveats_md(summ, reference: str, not_started: Sequence[str] = ()) -> list[str]:
+    """Lines naming what the tables leave out: arms not started, unfinished seeds, a reference arm without evaluations."""
     lines = []
+    if not_started:
+        lines += [
+            f"**Arms of the pinned config not started yet, absent from every table:** {', '.join(not_started)}; "
+            "re-running the same command runs them (it resumes).",
+            "",
+        ]
     cut = [
         f"{arm} seed {seed} (last evaluation at step {step} of {s['last_evaluation']})"
         for arm, s in summ.items()
@@ -245,10 +254,12 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
         raise ValueError(
             f"{cfg_file}: got a YAML {type(pinned).__name__}, expected the run's pinned config (a mapping)"
         )
-    records = records + plan_records(_planned_steps(pinned, {r["arm"] for r in records}))
+    recorded = {r["arm"] for r in records}
+    records = records + plan_records(_planned_steps(pinned, recorded))
     reference = str((pinned.get("experiment") or {}).get("reference_arm") or "bf16")  # experiment.reference_arm
     levels = tolerance_table(records, reference)
-    summary = _summary_md(run_dir, records, reference)
+    not_started = [arm for arm in _planned_arms(pinned) if arm not in recorded]
+    summary = _summary_md(run_dir, records, reference, not_started)
     if levels:  # a dose-response run: the tolerance curve (nemo_ais.embedded.tolerance)
         summary += "\n" + tolerance_md(levels, reference)
     (run_dir / "summary.md").write_text(summary)
@@ -272,3 +283,20 @@ def _planned_steps(pinned: dict[str, Any], arms: set[str]) -> dict[str, int]:
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     return planned
+
+
+def _planned_arms(pinned: dict[str, Any]) -> list[str]:
+    """The arms the run's pinned ``config.yaml`` runs, in its order ([]: none readable)."""
+    from nemo_ais.embedded.config import migrate_config, resolve_arm
+
+    if "max_num_steps" not in (pinned.get("grpo") or {}):  # not a pinned config (written whole): no plan
+        return []
+    try:
+        return list(resolve_arm(migrate_config(pinned), None).experiment.arm_names)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 comparison"``, ``"3 comparisons"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -460,6 +460,22 @@ def test_an_arm_cut_short_on_every_seed_is_unfinished_by_its_pinned_plan(tmp_pat
     assert "nvfp4_w4a4-none seed 0 (last evaluation at step 20 of 30)" in text
 
 
+def test_an_arm_of_the_pinned_config_with_no_record_yet_is_named(tmp_path):
+    """Interrupted before an arm's first record: the report names it instead of leaving it out silently."""
+    recs = _run_records(30, [0])
+    raw = load_config(CONFIG_DIR / "quick.yaml", ["grpo.max_num_steps=30"])
+    raw["experiment"]["arms"] = {"bf16": raw["experiment"]["arms"]["bf16"], "nvfp4_w4a4-none": {}, "later-arm": {}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(tmp_path, plots=False)
+    text = (tmp_path / "summary.md").read_text()
+    assert "not started yet, absent from every table:** later-arm;" in text
+    del raw["experiment"]["arms"]["later-arm"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    write_report(tmp_path, plots=False)  # every arm of the plan has records
+    assert "not started" not in (tmp_path / "summary.md").read_text()
+
+
 def test_an_arm_too_short_for_two_windows_and_a_nan_entropy_print_a_dash(tmp_path):
     """A bypass arm logs entropy = NaN by design; an arm cut at step 12 of 30 has no two disjoint 10-step windows."""
     recs = _cut(_run_records(30, [0, 1]), "nvfp4_w4a4-none", 0, 12)
