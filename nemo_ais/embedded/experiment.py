@@ -9,6 +9,7 @@ launches ``cluster.dp_size`` gloo ranks that run every (arm, seed) in order (:fu
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -37,6 +38,7 @@ except ImportError:  # not POSIX: one launcher per run directory is then the use
 CONFIG_FILE = "config.yaml"
 _LAUNCH_LOCK, _RANKS_LOCK = ".launch.lock", ".ranks.lock"  # held by the launcher / shared by its ranks
 _RANKS_GONE_S = 5.0  # a killed launcher's ranks end within a second (dist.launch's parent watch)
+_NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}  # flock unsupported where the directory is
 # Keys free to change on resume: none changes a result (the warm-start cache file is named by the settings that do).
 _RESUME_FREE_KEYS = (
     "logger.run_dir",  # where the run is: its pinned config.yaml was found there ("runs", "./runs", a moved one)
@@ -50,8 +52,13 @@ _RESUME_FREE_KEYS = (
 
 
 def _lock(path: Path, mode: int) -> Any:
-    """``path`` opened and ``flock``-ed (``mode`` | LOCK_NB), or None if another process holds it (no fcntl: a file)."""
-    handle = path.open("a")
+    """``path`` opened and ``flock``-ed (``mode`` | LOCK_NB), or None if another process holds it.
+
+    Read-write: NFS turns ``flock`` into POSIX locks, and a shared one needs a readable file. Without fcntl, or on a
+    filesystem without locks (Lustre ``noflock``, some FUSE mounts), the file unlocked, with a warning: one launch per
+    directory is then the user's to keep.
+    """
+    handle = path.open("a+")
     if fcntl is None:
         return handle
     try:
@@ -59,6 +66,13 @@ def _lock(path: Path, mode: int) -> Any:
     except BlockingIOError:
         handle.close()
         return None
+    except OSError as err:
+        if err.errno not in _NO_LOCKS:
+            handle.close()
+            raise
+        warnings.warn(
+            f"{path}: the filesystem has no file locks ({err.strerror}); run directory not claimed", stacklevel=2
+        )
     return handle
 
 
@@ -90,6 +104,11 @@ def _worker(ctx: DistContext, raw: dict[str, Any], run_dir: str, warm_file: str 
     ranks_lock = _lock(Path(run_dir) / _RANKS_LOCK, fcntl.LOCK_SH if fcntl else 0)  # held while this rank lives
     if ranks_lock is None:
         raise RecipeError(f"another launch's trainer ranks hold {run_dir}")
+    with ranks_lock:
+        _run_all(ctx, raw, run_dir, warm_file)
+
+
+def _run_all(ctx: DistContext, raw: dict[str, Any], run_dir: str, warm_file: str | None) -> None:
     base = resolve_arm(raw, None)
     torch.set_num_threads(base.cluster.num_threads_per_rank)
     runs = [(arm, seed) for arm in base.experiment.arm_names for seed in base.experiment.seeds]
@@ -110,7 +129,6 @@ def _worker(ctx: DistContext, raw: dict[str, Any], run_dir: str, warm_file: str 
             recipe.setup()
             recipe.train()
     finally:
-        ranks_lock.close()
         if progress is not None:
             progress.close()
 
@@ -138,7 +156,7 @@ def prepare_run_dir(
     run_dir = Path(base.logger.run_dir) / base.logger.name
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write_probe"
+        probe = run_dir / f".write_probe.{os.getpid()}"  # per process: two launchers race to the claim, not here
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
@@ -161,6 +179,8 @@ def _pin_config(raw: dict[str, Any], run_dir: Path, overwrite: bool) -> Path:
         shutil.rmtree(run_dir / "logs", ignore_errors=True)
         for path in [*(run_dir / n for n in (METRICS_FILE, "summary.md", "tolerance.json")), *run_dir.glob("*.png")]:
             path.unlink(missing_ok=True)
+        if cfg_file.is_dir() and not cfg_file.is_symlink():
+            shutil.rmtree(cfg_file)
         cfg_file.unlink(missing_ok=True)
     elif results:
         try:
@@ -168,10 +188,12 @@ def _pin_config(raw: dict[str, Any], run_dir: Path, overwrite: bool) -> Path:
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
             raise RecipeError(f"{cfg_file} cannot be read ({err}); pass --overwrite to start over") from None
         if not isinstance(pinned, dict):
+            state = "is missing" if not cfg_file.exists() else "is not a file" if not cfg_file.is_file() else "is empty"
+            state = f"is a YAML {type(pinned).__name__}, not a mapping" if pinned is not None else state
             raise RecipeError(
                 f"{run_dir} holds results ({', '.join(results)}) but no config pinned beside them ({CONFIG_FILE} "
-                f"{'is empty' if cfg_file.is_file() else 'is missing'}: an interrupted --overwrite?), so a resume "
-                "cannot be told from another run; pass --overwrite to start over, or pick another logger.name"
+                f"{state}: an interrupted --overwrite?), so a resume cannot be told from another run; pass "
+                "--overwrite to start over, or pick another logger.name"
             )
         # a run pinned with the former rollout.fp8 block compares in the current keys
         with warnings.catch_warnings():
@@ -209,8 +231,8 @@ def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
 def _run(raw: dict[str, Any], base: RecipeConfig, run_dir: Path) -> None:
     from nemo_ais.embedded.report import write_report
 
-    if base.checkpointing.enabled:  # an unreadable checkpoint stops the launch before any run changes a file
-        for arm in base.experiment.arm_names:
+    for arm in base.experiment.arm_names:  # an unreadable checkpoint stops the launch before any run trains
+        if resolve_arm(raw, arm).checkpointing.enabled:
             for seed in base.experiment.seeds:
                 load_checkpoint(checkpoint_path(run_dir, arm, seed))
     task = build_task(base)

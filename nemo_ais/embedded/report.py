@@ -242,7 +242,6 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
     """
     records = load_metrics(Path(run_dir))
     run_dir = Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
-    written = save_figures(build_figures(records), run_dir, dpi=110) if plots else []
     cfg_file = run_dir / "config.yaml"  # the run's pinned config, read once
     try:
         pinned = (yaml.safe_load(cfg_file.read_text()) or {}) if cfg_file.is_file() else {}
@@ -254,6 +253,7 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
         raise ValueError(
             f"{cfg_file}: got a YAML {type(pinned).__name__}, expected the run's pinned config (a mapping)"
         )
+    written = save_figures(build_figures(records), run_dir, dpi=110) if plots else []  # the config read first
     recorded = {r["arm"] for r in records}
     records = records + plan_records(_planned_steps(pinned, recorded))
     reference = str((pinned.get("experiment") or {}).get("reference_arm") or "bf16")  # experiment.reference_arm
@@ -273,7 +273,7 @@ def _planned_steps(pinned: dict[str, Any], arms: set[str]) -> dict[str, int]:
 
     planned = {}
     try:
-        raw = migrate_config(pinned)
+        raw = migrate_config(pinned, warn=False)
         if "max_num_steps" not in (raw.get("grpo") or {}):  # not a pinned config (written whole): no plan
             return planned
         named = (raw.get("experiment") or {}).get("arms") or {}
@@ -292,7 +292,7 @@ def _planned_arms(pinned: dict[str, Any]) -> list[str]:
     if "max_num_steps" not in (pinned.get("grpo") or {}):  # not a pinned config (written whole): no plan
         return []
     try:
-        return list(resolve_arm(migrate_config(pinned), None).experiment.arm_names)
+        return list(resolve_arm(migrate_config(pinned, warn=False), None).experiment.arm_names)
     except (ValueError, KeyError, TypeError, AttributeError):
         return []
 

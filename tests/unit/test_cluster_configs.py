@@ -93,7 +93,8 @@ def test_every_yaml_loads_and_passes_checks(path, tmp_path, monkeypatch):
     names = {r.name for r in results}
     if pf.is_mixin(cfg):
         assert _rel(path).startswith("arms/")
-        assert names == {"loss_fn.ais"}
+        # the checks that read a mixin's own sections: loss_fn.ais, and the refit sections where it has them
+        assert names == {"loss_fn.ais"} | ({"refit_sections"} if any(k.startswith("ais_") for k in cfg) else set())
     else:
         assert {
             "loss_fn.ais",
@@ -343,6 +344,15 @@ REFIT_SECTION_CASES = (
     ("+ais_kv_calibration.reduction=bogus", "ais_kv_calibration.reduction='bogus' is invalid"),
 )
 """(override of the FP8 config, what both the offline check and the entry point say)."""
+
+
+def test_the_refit_check_reads_an_arm_mixins_sections_too():
+    """The arm mixins carry the refit sections: a typo there fails offline, as in the config that includes it."""
+    mixin = CONFIG_DIR / "arms" / "nvfp4_w4a16.yaml"
+    results = {r.name: r for r in pf.check_config(_load(mixin, ["+ais_kv_calibration.reduction=bogus"]))}
+    assert results["refit_sections"].status == "fail"
+    assert "ais_kv_calibration.reduction='bogus' is invalid" in results["refit_sections"].detail
+    assert {r.status for r in pf.check_config(_load(mixin))} <= {"ok", "warn"}
 
 
 @pytest.mark.parametrize(("override", "fragment"), REFIT_SECTION_CASES)

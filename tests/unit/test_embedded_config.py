@@ -285,6 +285,22 @@ def test_one_launch_at_a_time_claims_a_run_directory(tmp_path, monkeypatch):
         pass
 
 
+def test_a_filesystem_without_locks_runs_unclaimed_with_a_warning(tmp_path, monkeypatch):
+    """Lustre noflock, some FUSE mounts: flock fails with ENOLCK / ENOSYS; the run goes on, the claim skipped."""
+    import errno
+    import fcntl
+
+    from nemo_ais.embedded import experiment
+
+    def no_locks(handle, mode):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.warns(UserWarning, match="has no file locks"):
+        with experiment.claim_run_dir(tmp_path):
+            pass
+
+
 def test_a_run_resumes_under_another_spelling_of_its_directory(tmp_path, monkeypatch):
     from nemo_ais.embedded.experiment import prepare_run_dir
 

@@ -127,6 +127,7 @@ def test_an_unreadable_pinned_config_is_one_named_line(tmp_path, capsys, pinned,
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "config.yaml: " in err and why in err, err
+    assert not list(tmp_path.glob("*.png"))  # refused before anything is drawn
 
 
 def test_empty_metrics_file_is_an_error(tmp_path):

@@ -11,7 +11,7 @@ from nemo_ais.refit.config import SECTIONS, kv_calibration_reduction, section_co
 _KV_SECTION = "ais_kv_calibration"
 
 
-@check("refit_sections")
+@check("refit_sections", mixins=True)
 def check_refit_sections(ctx: Context) -> Verdict | None:
     """Each ``ais_*_refit`` and ``ais_kv_calibration`` section validates as ``launchers/run_grpo_ais.py`` reads it.
 
