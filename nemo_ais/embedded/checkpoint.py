@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +41,25 @@ def checkpoint_path(run_dir: Path, arm: str, seed: int) -> Path:
     return Path(run_dir) / "checkpoints" / arm / f"seed{seed}" / "latest.pt"
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file in ``path``'s directory, then rename over ``path``."""
+def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
+    """``write(tmp)`` to a temporary file in ``path``'s directory, then rename it over ``path``.
+
+    A kill or a full disk leaves the old file or the new one, never a cut one.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(obj, tmp)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` through :func:`atomic_write`."""
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def save_checkpoint(

@@ -23,7 +23,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from nemo_ais.embedded.checkpoint import checkpoint_path, load_checkpoint
+from nemo_ais.embedded.checkpoint import atomic_write, checkpoint_path, load_checkpoint
 from nemo_ais.embedded.config import RecipeConfig, migrate_config, resolve_arm, validate_config
 from nemo_ais.embedded.dist import DistContext, RecipeError, launch
 from nemo_ais.embedded.logs import METRICS_FILE
@@ -140,19 +140,20 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def prepare_run_dir(
-    raw: dict[str, Any], base: RecipeConfig, overwrite: bool, held: contextlib.ExitStack | None = None
-) -> Path:
-    """Create (or reopen) ``logger.run_dir/logger.name``, claim it and pin its config.
-
-    The claim (:func:`claim_run_dir`) lasts until ``held`` closes (None: released at once); the config is written
-    whole (a temporary file, then renamed).
+def prepare_run_dir(raw: dict[str, Any], base: RecipeConfig, overwrite: bool) -> Path:
+    """Create (or reopen) ``logger.run_dir/logger.name`` and pin its config, under a claim released on return.
 
     Raises:
-        RecipeError: the directory is not writable, another launch holds it, or it holds results of a run with
-            another config, or results without a readable pinned config (a config pinned by a run that failed before
-            its first result, e.g. in the warm start, is re-pinned).
+        RecipeError: as :func:`_run_dir` and :func:`pin_config`, or another launch holds the directory.
     """
+    run_dir = _run_dir(base)
+    with claim_run_dir(run_dir):
+        pin_config(raw, run_dir, overwrite)
+    return run_dir
+
+
+def _run_dir(base: RecipeConfig) -> Path:
+    """``logger.run_dir/logger.name``, created; ``RecipeError`` if it is not writable."""
     run_dir = Path(base.logger.run_dir) / base.logger.name
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -164,12 +165,16 @@ def prepare_run_dir(
             f"run directory {run_dir} is not writable ({err.strerror or err}); choose another "
             "with logger.run_dir=<dir> or logger.name=<name>"
         ) from None
-    with contextlib.ExitStack() as local:
-        (held or local).enter_context(claim_run_dir(run_dir))
-        return _pin_config(raw, run_dir, overwrite)
+    return run_dir
 
 
-def _pin_config(raw: dict[str, Any], run_dir: Path, overwrite: bool) -> Path:
+def pin_config(raw: dict[str, Any], run_dir: Path, overwrite: bool) -> None:
+    """Pin ``raw`` as the run's ``config.yaml`` (written whole); ``--overwrite`` first deletes the run's outputs.
+
+    Raises:
+        RecipeError: ``run_dir`` holds results of a run with another config, or results without a readable pinned
+            config (a config pinned by a run that failed before its first result, e.g. in the warm start, is re-pinned).
+    """
     cfg_file = run_dir / CONFIG_FILE
     results = [p.name for p in (run_dir / METRICS_FILE, run_dir / "checkpoints") if p.exists()]
     if overwrite:
@@ -188,8 +193,12 @@ def _pin_config(raw: dict[str, Any], run_dir: Path, overwrite: bool) -> Path:
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
             raise RecipeError(f"{cfg_file} cannot be read ({err}); pass --overwrite to start over") from None
         if not isinstance(pinned, dict):
-            state = "is missing" if not cfg_file.exists() else "is not a file" if not cfg_file.is_file() else "is empty"
-            state = f"is a YAML {type(pinned).__name__}, not a mapping" if pinned is not None else state
+            if pinned is not None:
+                state = f"is a YAML {type(pinned).__name__}, not a mapping"
+            elif cfg_file.is_file():
+                state = "is empty"
+            else:
+                state = "is not a file" if cfg_file.exists() else "is missing"
             raise RecipeError(
                 f"{run_dir} holds results ({', '.join(results)}) but no config pinned beside them ({CONFIG_FILE} "
                 f"{state}: an interrupted --overwrite?), so a resume cannot be told from another run; pass "
@@ -208,10 +217,8 @@ def _pin_config(raw: dict[str, Any], run_dir: Path, overwrite: bool) -> Path:
                 f"{run_dir} holds a run with a different config ({shown}); resume it with the "
                 "same config, pick another logger.name, or pass --overwrite to start over"
             )
-    partial = cfg_file.with_name(cfg_file.name + ".partial")  # a kill or a full disk never leaves a cut config
-    partial.write_text(yaml.safe_dump(json.loads(json.dumps(raw)), sort_keys=False))
-    os.replace(partial, cfg_file)
-    return run_dir
+    pinned_text = yaml.safe_dump(json.loads(json.dumps(raw)), sort_keys=False)
+    atomic_write(cfg_file, lambda tmp: Path(tmp).write_text(pinned_text))
 
 
 def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
@@ -222,8 +229,9 @@ def run_experiment(raw: dict[str, Any], *, overwrite: bool = False) -> Path:
     """
     raw = migrate_config(raw)  # the former rollout.fp8 block: warned about once, here
     base = validate_config(raw)
-    with contextlib.ExitStack() as held:
-        run_dir = prepare_run_dir(raw, base, overwrite, held)
+    run_dir = _run_dir(base)
+    with claim_run_dir(run_dir):  # for the whole launch
+        pin_config(raw, run_dir, overwrite)
         _run(raw, base, run_dir)
     return run_dir
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from nemo_ais.embedded.checkpoint import atomic_write
 from nemo_ais.embedded.dist import DistContext, all_reduce_sum
 from nemo_ais.embedded.task import ArithmeticTask
 from nemo_ais.rollout.readback import READBACK_FILE, RefitReadback, readback_row
@@ -44,9 +45,7 @@ class MetricsFile:
             mine = (rec.get("arm"), rec.get("seed")) == (arm, seed)
             if not mine or rec.get("step", 0) <= keep_through_step:
                 kept.append(line)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(f"{ln}\n" for ln in kept))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, lambda tmp: Path(tmp).write_text("".join(f"{ln}\n" for ln in kept)))
 
 
 def log_train_data(ctx: DistContext, task: ArithmeticTask, log_dir: Path, step: int, batch, logp_old, adv) -> None:
