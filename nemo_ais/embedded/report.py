@@ -254,11 +254,10 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
             f"{cfg_file}: got a YAML {type(pinned).__name__}, expected the run's pinned config (a mapping)"
         )
     written = save_figures(build_figures(records), run_dir, dpi=110) if plots else []  # the config read first
-    recorded = {r["arm"] for r in records}
-    records = records + plan_records(_planned_steps(pinned, recorded))
+    planned, not_started = _pinned_plan(pinned, {r["arm"] for r in records})
+    records = records + plan_records(planned)
     reference = str((pinned.get("experiment") or {}).get("reference_arm") or "bf16")  # experiment.reference_arm
     levels = tolerance_table(records, reference)
-    not_started = [arm for arm in _planned_arms(pinned) if arm not in recorded]
     summary = _summary_md(run_dir, records, reference, not_started)
     if levels:  # a dose-response run: the tolerance curve (nemo_ais.embedded.tolerance)
         summary += "\n" + tolerance_md(levels, reference)
@@ -267,34 +266,27 @@ def write_report(run_dir: str | Path, *, plots: bool = True) -> list[Path]:
     return written + write_tolerance(run_dir, records, reference, plots=plots)
 
 
-def _planned_steps(pinned: dict[str, Any], arms: set[str]) -> dict[str, int]:
-    """Each recorded arm's ``grpo.max_num_steps`` in the run's pinned ``config.yaml`` ({}: none readable)."""
+def _pinned_plan(pinned: dict[str, Any], recorded: set[str]) -> tuple[dict[str, int], list[str]]:
+    """The run's plan from its pinned ``config.yaml`` (``({}, [])``: no pinned config readable).
+
+    Returns:
+        Each recorded arm's ``grpo.max_num_steps``, and the arms the config runs that have no record yet, in its order.
+    """
     from nemo_ais.embedded.config import migrate_config, resolve_arm
 
-    planned = {}
+    planned: dict[str, int] = {}
+    if "max_num_steps" not in (pinned.get("grpo") or {}):  # not a pinned config (written whole): no plan
+        return planned, []
     try:
         raw = migrate_config(pinned, warn=False)
-        if "max_num_steps" not in (raw.get("grpo") or {}):  # not a pinned config (written whole): no plan
-            return planned
         named = (raw.get("experiment") or {}).get("arms") or {}
-        for arm in arms & set(named):  # an arm the config does not name (a foreign run): the records' own extent
+        for arm in recorded & set(named):  # an arm the config does not name (a foreign run): the records' own extent
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
                 planned[arm] = resolve_arm(raw, arm).grpo.max_num_steps
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass
-    return planned
-
-
-def _planned_arms(pinned: dict[str, Any]) -> list[str]:
-    """The arms the run's pinned ``config.yaml`` runs, in its order ([]: none readable)."""
-    from nemo_ais.embedded.config import migrate_config, resolve_arm
-
-    if "max_num_steps" not in (pinned.get("grpo") or {}):  # not a pinned config (written whole): no plan
-        return []
-    try:
-        return list(resolve_arm(migrate_config(pinned, warn=False), None).experiment.arm_names)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return []
+        runs = resolve_arm(raw, None).experiment.arm_names
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return planned, []
+    return planned, [arm for arm in runs if arm not in recorded]
 
 
 def _count(n: int, noun: str) -> str:
