@@ -18,11 +18,10 @@ CUDA one Triton launch, bit-equal. Empty input is defined: empty codes and scale
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BeforeValidator
 
 from nemo_ais.formats.base import Format, RefitPairs, stack_label, weight_pairs
 from nemo_ais.formats.checks import FLOAT_INPUTS, check_e4m3_codes, check_finite
@@ -41,8 +40,8 @@ FAMILY_FORMULAS = {
     "multiplier": "m = 448 / amax, q = x * m, s = 1 / m: the multiplier first (Transformer Engine, NeMo-RL)",
 }
 """What each scale formula family does; its name says it."""
-Family = Annotated[Fp8Family, BeforeValidator(refuse_renamed_family)]
-"""A config's ``family``: one of :data:`FAMILY_FORMULAS`, a former letter refused with its new name."""
+Family = Fp8Family
+"""A ``family`` argument: one of :data:`FAMILY_FORMULAS` (a config field: :data:`nemo_ais.refit.config.Family`)."""
 
 FP8_DTYPE = torch.float8_e4m3fn
 _FAMILIES = tuple(FAMILY_FORMULAS)

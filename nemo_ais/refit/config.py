@@ -25,7 +25,7 @@ from nemo_ais.rules.format_geometry import Fp8Family, refuse_renamed_family, te_
 from nemo_ais.rules.keep_bf16 import KeepInBf16, check_regexes, fp8_engine_exclusions
 from nemo_ais.sections import validate_section
 
-Family = Annotated[Fp8Family, BeforeValidator(refuse_renamed_family)]  # as formats.fp8_block.Family (tested)
+Family = Annotated[Fp8Family, BeforeValidator(refuse_renamed_family)]  # a config's family: a former letter refused
 KVReduction = Literal["percentile_of_amax", "element_percentile"]
 KV_REDUCTIONS: tuple[str, ...] = KVReduction.__args__
 

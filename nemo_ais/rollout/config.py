@@ -18,9 +18,8 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from nemo_ais.formats.base import BF16
-from nemo_ais.formats.fp8_block import Family
 from nemo_ais.formats.registry import get_format
-from nemo_ais.refit.config import WeightFormatFields
+from nemo_ais.refit.config import Family, WeightFormatFields
 from nemo_ais.refit.kv_scales import KVReduction, kv_field
 from nemo_ais.rollout.faults import RefitFault
 
