@@ -108,8 +108,10 @@ def log_readback(ctx: DistContext, log_dir: Path, step: int, readback: RefitRead
         return
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / READBACK_FILE).open("a+b") as f:
-        f.seek(0)
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":  # a last row cut short (read only then: the file grows every step)
+                f.seek(0)
+                f.truncate(f.read().rfind(b"\n") + 1)
         f.write((readback_row(step, readback) + "\n").encode())
