@@ -386,7 +386,8 @@ def configure(
     """Arm the refit from one of :data:`SECTIONS` (None: the section is absent or disabled).
 
     The section is read by :func:`~nemo_ais.refit.config.section_config` (the engine's defaults; the offline check
-    reads it the same way). Sets :data:`ENV_VAR` and puts :data:`HOOK_DIR` first on ``PYTHONPATH`` (before Ray starts).
+    reads it the same way). Sets :data:`ENV_VAR` (``input_amax_file`` made absolute, from the driver's working
+    directory) and puts :data:`HOOK_DIR` first on ``PYTHONPATH`` (before Ray starts).
 
     Raises:
         ValueError: naming the field (invalid section, format or engine, both enabled).
@@ -397,6 +398,8 @@ def configure(
     problems = _configure_problems(config, get(config, "policy.generation", {}), refit_cfg, section)
     if problems:
         raise ValueError("; ".join(problems))
+    if refit_cfg.input_amax_file is not None:  # a vLLM worker's working directory need not be the driver's
+        refit_cfg = refit_cfg.model_copy(update={"input_amax_file": os.path.abspath(refit_cfg.input_amax_file)})
     environ = os.environ if environ is None else environ
     environ[ENV_VAR] = refit_cfg.model_dump_json()
     parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -387,6 +387,26 @@ def test_w4a4_hook_reads_the_calibrated_input_amax_file(upstream_fp8, tmp_path):
         assert float(loaded[f"{m}.input_scale"]) == float(torch.tensor(4.0) / torch.tensor(2688.0))
 
 
+def test_a_relative_input_amax_file_reaches_a_worker_in_another_directory(upstream_fp8, tmp_path, monkeypatch):
+    """The driver checks the file from its working directory (NEMO_RL_DIR); a vLLM worker reads it again from its
+    own, which Ray does not promise to be the driver's (a cluster started elsewhere): the launcher sends it absolute.
+    """
+    job, worker = tmp_path / "job", tmp_path / "worker"
+    (job / "calibration").mkdir(parents=True)
+    worker.mkdir()
+    (job / "calibration" / "amax.json").write_text(json.dumps({f"{L0}self_attn.qkv_proj": 4.0}))
+    run = _nvfp4_run_config(enabled=True, format="nvfp4_w4a4", input_amax_file="calibration/amax.json")
+    env = {}
+    monkeypatch.chdir(job)
+    assert refit.configure(run, env, section="ais_nvfp4_refit").input_amax_file == str(job / "calibration/amax.json")
+    monkeypatch.chdir(worker)
+    cfg = refit.config_from_env(env)
+    assert cfg.input_amax_file == str(job / "calibration" / "amax.json")
+    with pytest.raises(ValueError, match="cannot read it"):  # what a worker here did with the path as written
+        refit.install(upstream_fp8, cfg.model_copy(update={"input_amax_file": "calibration/amax.json"}))
+    assert refit.install(upstream_fp8, cfg) is True
+
+
 # --- NeMo-RL's ModelOpt ignore patterns
 def test_ignore_patterns_match_nemo_rls_real_quant_ignore():
     utils = importlib.import_module("nemo_rl.modelopt.utils")
