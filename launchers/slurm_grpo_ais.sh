@@ -25,7 +25,7 @@
 # Environment (required):
 #   NEMO_RL_DIR   NeMo-RL v0.7.0 or main checkout, on a filesystem the compute nodes see
 #                 (with several nodes a warning if node-local while the config's checkpoint or
-#                 log directory is relative: those resolve under it)
+#                 log directory or input_amax_file is relative: those resolve under it)
 #   CONTAINER     container image for ray.sub (e.g. a NeMo-RL v0.7.0 or main .sqsh)
 #   ACCOUNT       Slurm account
 #   PARTITION     Slurm partition
@@ -46,8 +46,9 @@
 #                 than one node one of the two must be set, and each that is set must be
 #                 on a filesystem every node mounts (refused if it is node-local here)
 #   EXTRA_MOUNTS  comma-separated src:dst container mounts to add (an absolute
-#                 checkpointing.checkpoint_dir or logger.log_dir is mounted, and with several
-#                 nodes refused if node-local)
+#                 checkpointing.checkpoint_dir or logger.log_dir, and the directory of an
+#                 absolute ais_nvfp4_refit.input_amax_file, is mounted, and with several nodes
+#                 refused if node-local)
 #   SBATCH_ARGS   extra sbatch arguments (space-separated; not --time, --job-name, --nodes:
 #                 TIME, JOB_NAME and the config's cluster.num_nodes set them)
 #   PYTHON        interpreter for the offline check (default: python3; Python >= 3.11
@@ -66,17 +67,21 @@ done
 CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 [[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 or main checkout)"
 
-run_dirs=()  # KEY=PATH of the config's absolute checkpoint and log directories
+run_dirs=()  # KEY=PATH of the config's absolute paths: checkpoint and log directories, files the job reads
 relative_dirs=()  # the keys of the relative ones: under NEMO_RL_DIR, ray.sub's working directory
 if ((check)); then
   check_python "$(pythonpath_with "$NEMO_AIS_DIR")"
-  # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py)
-  read -r cfg_nodes cfg_gpus cfg_checkpoints cfg_save_by < <(PYTHONPATH="$(pythonpath_with \
-    "$NEMO_AIS_DIR")" "${PYTHON:-python3}" -P -m nemo_ais.preflight \
+  # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py). One call:
+  # its warnings (stderr) are said once; the values, then KEY=PATH a line (a path may hold spaces)
+  checked="$(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" "${PYTHON:-python3}" -P -m nemo_ais.preflight \
     --get cluster.num_nodes --get cluster.gpus_per_node --get checkpointing.enabled \
-    --get checkpointing.checkpoint_must_save_by "$config" "${overrides[@]}") || true
-  [[ -n "${cfg_save_by:-}" ]] \
-    || die_check_failed
+    --get checkpointing.checkpoint_must_save_by --paths "$config" "${overrides[@]}")" || die_check_failed
+  {
+    read -r cfg_nodes cfg_gpus cfg_checkpoints cfg_save_by
+    while IFS= read -r pair; do
+      if [[ "${pair#*=}" == /* ]]; then run_dirs+=("$pair"); else relative_dirs+=("${pair%%=*}"); fi
+    done
+  } <<< "$checked"
   for pair in "NUM_NODES:$cfg_nodes:num_nodes" "GPUS_PER_NODE:$cfg_gpus:gpus_per_node"; do
     IFS=: read -r var want key <<< "$pair"
     [[ -z "${!var:-}" || "${!var}" == "$want" ]] \
@@ -84,12 +89,6 @@ if ((check)); then
   done
   NUM_NODES="$cfg_nodes"
   GPUS_PER_NODE="$cfg_gpus"
-  # one value a call: a path may hold spaces
-  for key in checkpointing.checkpoint_dir logger.log_dir; do
-    IFS= read -r value < <(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" "${PYTHON:-python3}" -P \
-      -m nemo_ais.preflight --get "$key" "$config" "${overrides[@]}") || die_check_failed
-    if [[ "$value" == /* ]]; then run_dirs+=("$key=$value"); else relative_dirs+=("$key"); fi
-  done
 else
   [[ -n "${NUM_NODES:-}" && -n "${GPUS_PER_NODE:-}" ]] \
     || die "--skip-check needs NUM_NODES and GPUS_PER_NODE (the config's cluster.num_nodes / gpus_per_node)"
@@ -127,11 +126,12 @@ filesystem every node mounts (/${top%%/*} does not exist here)" >&2
   echo "$SCRIPT_NAME: warning: $problem" >&2
 }
 if ((NUM_NODES > 1)); then
-  for dir in "${run_dirs[@]}"; do check_shared "${dir%%=*}" "${dir#*=}"; done  # every node saves there
+  for dir in "${run_dirs[@]}"; do check_shared "${dir%%=*}" "${dir#*=}"; done  # every node saves or reads there
   # a warning only: a checkout the container image holds at the same path on every node is fine
+  why="each node would keep its own part of every checkpoint"
+  [[ " ${relative_dirs[*]} " != *"_file "* ]] || why+=", and read a file only where it has its own copy"
   ((${#relative_dirs[@]} == 0)) || check_shared NEMO_RL_DIR "$NEMO_RL_DIR" "the config's \
-${relative_dirs[*]} resolve under it, the job's working directory (each node would keep its own \
-part of every checkpoint)" warn
+${relative_dirs[*]} resolve under it, the job's working directory ($why)" warn
   [[ -n "${HF_HOME:-}${NRL_MEGATRON_CHECKPOINT_DIR:-}" ]] || die "cluster.num_nodes=$NUM_NODES: \
 set HF_HOME (or NRL_MEGATRON_CHECKPOINT_DIR) to a directory on a filesystem every node mounts \
 (e.g. HF_HOME=/lustre/\$USER/hf): NeMo-RL converts the model to Megatron format once, in \
@@ -185,7 +185,9 @@ fi
 
 mounts="$NEMO_RL_DIR:$NEMO_RL_DIR,$NEMO_AIS_DIR:$NEMO_AIS_DIR"
 for dir in "${run_dirs[@]}"; do  # an absolute checkpoint or log directory: mounted, so it outlives the job
+  key="${dir%%=*}"
   dir="${dir#*=}"
+  [[ "$key" != *_file ]] || dir="$(dirname "$dir")"  # a file the job reads: its directory
   case "$dir" in "$NEMO_RL_DIR"/* | "$NEMO_AIS_DIR"/*) ;; *) mounts+=",$dir:$dir" ;; esac
 done
 case "$config" in

@@ -10,7 +10,7 @@ rollout batch, a config that does not fit the GPUs (:mod:`.memory_budget`). Need
 
 CLI::
 
-    python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY]
+    python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY] [--paths]
                                  [--nemo-rl-version v0.7.0|main]
     python -m nemo_ais.preflight.memory_budget CONFIG [...] [--gpu-gib 80]
 

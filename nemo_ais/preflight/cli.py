@@ -1,6 +1,6 @@
 # SPDX-FileCopyrightText: Copyright (c) 2026, nemo_ais contributors.
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY] ...``."""
+"""``python -m nemo_ais.preflight CONFIG [OVERRIDE ...] [--quiet] [--get KEY] [--paths] ...``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,25 @@ from typing import Any
 from nemo_ais.preflight.checks import check_config
 from nemo_ais.preflight.loader import get, has, is_mixin, load_config
 from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS
+from nemo_ais.rules.config_keys import section_enabled
 
 PROG = "python -m nemo_ais.preflight"
+
+RUN_DIR_KEYS = ("checkpointing.checkpoint_dir", "logger.log_dir")
+"""Directories the job writes (the Slurm launcher mounts an absolute one and needs it on every node)."""
+
+
+def job_paths(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, path) of each host path the job writes or reads: :data:`RUN_DIR_KEYS`, then the files it reads.
+
+    A key ending in ``_file`` names a file (its directory is what a container mounts). Read files: the NVFP4 refit's
+    ``input_amax_file``, which the driver and every vLLM worker read. Unset keys and null values are left out.
+    """
+    paths = [(key, get(cfg, key)) for key in RUN_DIR_KEYS]
+    refit = get(cfg, "ais_nvfp4_refit")
+    if isinstance(refit, Mapping) and section_enabled(refit):
+        paths.append(("ais_nvfp4_refit.input_amax_file", refit.get("input_amax_file")))
+    return [(key, path) for key, path in paths if isinstance(path, str) and path]
 
 
 def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -25,8 +42,9 @@ def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     """CLI: print the check results of each config; exit 1 if any check fails.
 
-    ``--get KEY`` (for scripts, repeatable) runs the checks silently, prints failures to stderr and exits 1, or prints
+    ``--get KEY`` (for scripts, repeatable) prints failures and warnings to stderr and exits 1 on a failure, else prints
     the resolved values (one line per config, YAML spellings: ``null``, ``true``) and exits 0; an absent key fails.
+    ``--paths`` then prints ``KEY=PATH`` a line for each of :func:`job_paths`. ``--quiet``: no warnings.
     """
     parser = argparse.ArgumentParser(
         prog=prog, description="Check NeMo-RL GRPO+AIS configs offline (parallel sizes, FP8 shards, loss_fn.ais)."
@@ -39,6 +57,12 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         help="if the checks pass, print this resolved value as YAML spells it (null, true, "
         "8, ...; repeatable: one line, space-separated); a key that is absent fails",
     )
+    parser.add_argument(
+        "--paths",
+        action="store_true",
+        help="if the checks pass, print KEY=PATH a line for each host path the job writes or reads "
+        "(checkpoint and log directories, ais_nvfp4_refit.input_amax_file), after the --get line",
+    )
     parser.add_argument("--quiet", action="store_true", help="print failures only (to stderr)")
     parser.add_argument(
         "--nemo-rl-version",
@@ -50,7 +74,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     paths, overrides = split_args(args.configs)
     if not paths:
         parser.error("give at least one .yaml config")
-    quiet = args.quiet or args.get is not None
+    script = args.get is not None or args.paths  # values on stdout, what the checks say on stderr
     n_failed = 0
     for path in paths:
         try:
@@ -62,26 +86,32 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         results = check_config(cfg, args.nemo_rl_version)
         failed = [r for r in results if r.status == "fail"]
         n_failed += bool(failed)
-        if not quiet:
+        if not (args.quiet or script):
             full = not is_mixin(cfg) and "policy" in cfg and "cluster" in cfg
             print(path + (_layout_line(cfg) if full else ""))
             print("\n".join(f"  {r}" for r in results))
-        elif failed:
-            print(f"{path}:", *(f"  {r}" for r in failed), sep="\n", file=sys.stderr)
-        if args.get and is_mixin(cfg):
+        elif told := [r for r in results if r in failed or (r.status == "warn" and not args.quiet)]:
+            print(f"{path}:", *(f"  {r}" for r in told), sep="\n", file=sys.stderr)
+        if script and is_mixin(cfg):
             print(
                 f"{path}: an arm mixin (no policy/cluster section), not a full config: name it "
                 f"after a model config in a defaults: list (see configs/nemo_rl/experiments/)",
                 file=sys.stderr,
             )
             n_failed += 1
-        elif args.get and not failed:
-            unset = [key for key in args.get if not has(cfg, key)]
+        elif script and not failed:
+            unset = [key for key in args.get or () if not has(cfg, key)]
+            paths = job_paths(cfg) if args.paths else []
             if unset:
                 print(f"{path}: {', '.join(unset)} not set", file=sys.stderr)
-                n_failed += 1
+            elif bad := [f"{k}={v!r}" for k, v in paths if "\n" in v]:
+                print(f"{path}: {', '.join(bad)} is invalid: expected a path without a newline", file=sys.stderr)
             else:
-                print(*(_yaml_word(get(cfg, key)) for key in args.get))
+                if args.get:
+                    print(*(_yaml_word(get(cfg, key)) for key in args.get))
+                print(*(f"{key}={value}" for key, value in paths), sep="\n", end="\n" if paths else "")
+                continue
+            n_failed += 1
     return 1 if n_failed else 0
 
 

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import functools
 import json
+import os
 import re
 from pathlib import Path
 
@@ -82,6 +83,7 @@ def test_config_tree_is_complete():
 @pytest.mark.parametrize("path", ALL_YAML, ids=_rel)
 def test_every_yaml_loads_and_passes_checks(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the job's working directory, with the W4A4 calibration in place
+    monkeypatch.setenv("NEMO_RL_DIR", str(tmp_path))  # where the check looks for it when set
     write_input_amax_files(tmp_path)
     cfg = _load(path)
     assert "defaults" not in cfg
@@ -118,15 +120,35 @@ def test_every_yaml_loads_and_passes_checks(path, tmp_path, monkeypatch):
         assert all(r.status == "ok" for r in rest), [str(r) for r in rest]
 
 
+def _amax_warnings(environ):
+    results = pf.check_config(_load(W4A4), nemo_rl_version="main", environ=environ)
+    assert not [r for r in results if r.status == "fail"]
+    return [r.detail for r in results if r.status == "warn" and "input_amax_file" in r.detail]
+
+
 def test_a_w4a4_calibration_file_not_found_here_is_a_warning(tmp_path, monkeypatch):
     # the launcher refuses it before Ray (test_driver_main); offline it may live on the cluster only
     monkeypatch.chdir(tmp_path)
-    results = pf.check_config(_load(W4A4), nemo_rl_version="main")
-    (told,) = [r for r in results if r.status == "warn" and r.name == "nvfp4_rollout"]
-    assert "ais_nvfp4_refit.input_amax_file='calibration/qwen3_8b_nvfp4_input_amax.json' is not a file here" in (
-        told.detail
+    (told,) = _amax_warnings({})
+    assert "ais_nvfp4_refit.input_amax_file='calibration/qwen3_8b_nvfp4_input_amax.json' is not a file here (set " in (
+        told
     )
-    assert not [r for r in results if r.status == "fail"]
+
+
+def test_a_relative_calibration_file_is_looked_for_where_the_job_runs(tmp_path, monkeypatch):
+    # both launchers run the job in NEMO_RL_DIR: a relative input_amax_file resolves there, not where the check runs
+    job_dir, here = tmp_path / "nemo-rl", tmp_path / "here"
+    rel = "calibration/qwen3_8b_nvfp4_input_amax.json"
+    (here / "calibration").mkdir(parents=True)
+    (here / rel).write_text("{}")
+    monkeypatch.chdir(here)
+    assert _amax_warnings({}) == []  # no NEMO_RL_DIR: from here
+    (told,) = _amax_warnings({"NEMO_RL_DIR": str(job_dir)})
+    assert f"{rel!r} is not a file under NEMO_RL_DIR={job_dir}, where the job runs" in told
+    (job_dir / "calibration").mkdir(parents=True)
+    (job_dir / rel).write_text("{}")
+    (here / rel).unlink()
+    assert _amax_warnings({"NEMO_RL_DIR": str(job_dir)}) == []
 
 
 @pytest.mark.parametrize("path", ALL_YAML, ids=_rel)
@@ -1114,6 +1136,35 @@ def test_cli_get_and_quiet(capsys):
     assert "[FAIL] batch: policy.train_global_batch_size=512 is not divisible by DP" in captured.err
     assert pf.main(["--quiet", str(SMOKE)]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_cli_paths_prints_each_path_the_job_writes_or_reads_after_the_get_line(capsys, tmp_path, monkeypatch):
+    from nemo_ais.preflight.cli import job_paths
+
+    monkeypatch.delenv("NEMO_RL_DIR", raising=False)
+    assert pf.main(["--get", "cluster.num_nodes", "--paths", str(QWEN8B), "logger.log_dir=/lustre/my logs"]) == 0
+    ckpt = pf.load_config(QWEN8B)["checkpointing"]["checkpoint_dir"]
+    assert capsys.readouterr().out == f"2\ncheckpointing.checkpoint_dir={ckpt}\nlogger.log_dir=/lustre/my logs\n"
+    amax = "ais_nvfp4_refit.input_amax_file"
+    w4a4 = pf.load_config(W4A4)
+    assert job_paths(w4a4)[-1] == (amax, "calibration/qwen3_8b_nvfp4_input_amax.json")
+    assert amax not in dict(job_paths(pf.load_config(W4A4, ["ais_nvfp4_refit.enabled=false"])))
+    assert amax not in dict(job_paths(pf.load_config(QWEN8B)))  # the section absent
+    newline = tmp_path / "newline.yaml"  # a YAML string may hold one (an override may not)
+    newline.write_text(
+        f'defaults: [{os.path.relpath(W4A4, tmp_path)}]\nais_nvfp4_refit:\n  input_amax_file: "/a\\nb"\n'
+    )
+    assert pf.main(["--paths", "--nemo-rl-version=main", str(newline)]) == 1
+    assert f"{amax}='/a\\nb' is invalid: expected a path without a newline" in capsys.readouterr().err
+
+
+def test_cli_get_says_the_warnings_on_stderr_and_quiet_keeps_them_back(capsys):
+    assert pf.main(["--get", "cluster.num_nodes", "--nemo-rl-version=main", str(W4A4)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "2\n"
+    assert captured.err.startswith(f"{W4A4}:\n  [WARN] ") and "[WARN] rollout_gpu: " in captured.err
+    assert pf.main(["--get", "cluster.num_nodes", "--quiet", "--nemo-rl-version=main", str(W4A4)]) == 0
+    assert capsys.readouterr() == ("2\n", "")
 
 
 @pytest.mark.parametrize(

@@ -695,3 +695,58 @@ def test_a_node_local_nemo_rl_dir_is_warned_about_when_the_run_writes_into_it(ne
     elsewhere = [f"checkpointing.checkpoint_dir={shared}/ckpt", f"logger.log_dir={shared}/logs"]
     assert _run(SLURM, "--dry-run", QWEN8B, *elsewhere, env=env).stderr == ""  # nothing of the run in it
     assert _run(SLURM, "--dry-run", SMOKE, env=env).stderr == ""  # one node
+
+
+# ------------------------------------------- the files the job reads, and what the offline check says
+
+
+W4A4 = CFG / "experiments" / "qwen3_8b_nvfp4_w4a4_ais.yaml"
+AMAX_KEY = "ais_nvfp4_refit.input_amax_file"
+
+
+def test_the_directory_of_an_absolute_input_amax_file_is_mounted_and_must_be_shared(nemo_rl_dir):
+    # every vLLM worker reads it when the refit hook arms: a path the container lacks fails on every node
+    root = nemo_rl_dir.parent
+    shared = root / "lustre" / "calibration runs"  # a space in the path
+    shared.mkdir()
+    (shared / "amax.json").write_text("{}")
+    res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}={shared}/amax.json", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0, res.stderr
+    mounts = next(line for line in res.stdout.splitlines() if line.startswith("export MOUNTS="))
+    assert shlex.split(mounts.removeprefix("export MOUNTS="))[0].split(",")[2] == f"{shared}:{shared}"
+    local = root / "local"
+    local.mkdir()
+    (local / "amax.json").write_text("{}")
+    res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}={local}/amax.json", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 2 and res.stdout == ""
+    assert (
+        f"slurm_grpo_ais.sh: error: {AMAX_KEY}={local}/amax.json is on a node-local filesystem (ext2/ext3 at "
+        f"{local}/amax.json on this node): with cluster.num_nodes=2 it must be on a filesystem every node mounts"
+    ) in res.stderr
+
+
+def test_a_relative_input_amax_file_in_a_node_local_checkout_is_warned_about(nemo_rl_dir, tmp_path):
+    local = tmp_path / "local" / "NeMo-RL"
+    local.mkdir(parents=True)
+    (local / "ray.sub").write_text("#!/bin/bash\n")
+    res = _run(SLURM, "--dry-run", W4A4, env=_slurm_env(nemo_rl_dir, NEMO_RL_DIR=str(local)))
+    assert res.returncode == 0, res.stderr
+    assert (
+        f"the config's checkpointing.checkpoint_dir logger.log_dir {AMAX_KEY} resolve under it, the job's working "
+        "directory (each node would keep its own part of every checkpoint, and read a file only where it has its "
+        "own copy)\n"
+    ) in res.stderr
+
+
+def test_the_offline_checks_warnings_are_said_once_by_either_launcher(nemo_rl_dir):
+    # they were never shown: the launchers ran the check only to --get values
+    res = _run(SLURM, "--dry-run", W4A4, env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0, res.stderr
+    head = f"{W4A4}:\n"
+    assert res.stderr.startswith(head) and res.stderr.count(head) == 1
+    said = [line.split("]")[1].split(":")[0] for line in res.stderr.splitlines()[1:] if line.startswith("  [WARN]")]
+    assert sorted(said) == [" nvfp4_rollout", " rollout_format", " rollout_gpu"]  # each once
+    assert f"{AMAX_KEY}='calibration/qwen3_8b_nvfp4_input_amax.json' is not a file under NEMO_RL_DIR=" in res.stderr
+    one_node = ["cluster.num_nodes=1", "policy.generation.vllm_cfg.tensor_parallel_size=1"]
+    res = _run(LOCAL, "--dry-run", W4A4, *one_node, env=_env(NEMO_RL_DIR=str(nemo_rl_dir)))
+    assert res.returncode == 0 and res.stderr.count(head) == 1 and "[WARN] rollout_gpu:" in res.stderr

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,14 +61,15 @@ def check_config(
     if not mixin and (split := split_problems(cfg)):  # and its GPU counts
         return [CheckResult("gpu_split", "fail", "; ".join(split))]
     target, how = resolve_target(nemo_rl_version, environ)
+    job_dir = (os.environ if environ is None else environ).get("NEMO_RL_DIR") or None
     if mixin:
-        return _run(Context(cfg, parallel_layout(cfg), None, target, how), mixin=True)
+        return _run(Context(cfg, parallel_layout(cfg), None, target, how, job_dir), mixin=True)
     found = resolve_model_shape(str(get(cfg, "policy.model_name", "")))
     detail = found.detail
     if found.shape is None:
         detail += ": head, expert and FP8 shard checks skipped (put the model's config.json there)"
     shapes = CheckResult("model_shapes", "ok" if found.ok else "warn", detail)
-    ctx = Context(cfg, parallel_layout(cfg), found.shape, target, how)
+    ctx = Context(cfg, parallel_layout(cfg), found.shape, target, how, job_dir)
     return [shapes, *_run(ctx, mixin=False)]
 
 

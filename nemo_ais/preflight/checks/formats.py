@@ -248,6 +248,15 @@ def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> l
     return problems
 
 
+def _missing_job_file(ctx: Context, path: str) -> str | None:
+    """Where ``path`` was looked for, if it is not a file there (None: it is); relative: under the job's dir."""
+    if Path(path).is_absolute():
+        return None if Path(path).is_file() else "on this node"
+    if ctx.job_dir is None:
+        return None if Path(path).is_file() else "here (set NEMO_RL_DIR: a relative path resolves where the job runs)"
+    return None if (Path(ctx.job_dir) / path).is_file() else f"under NEMO_RL_DIR={ctx.job_dir}, where the job runs"
+
+
 @check("nvfp4_rollout")
 def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
     """Real-quant NVFP4: a recipe, BF16 precision, a BF16 trainer, nemo_ais's NVFP4 refit."""
@@ -271,10 +280,10 @@ def check_nvfp4_rollout(ctx: Context) -> Verdict | None:
     problems += _real_quant_problems(ctx)
     refit = ctx.get("ais_nvfp4_refit")
     amax_file = refit.get("input_amax_file") if section_enabled(refit) else None
-    if isinstance(amax_file, str) and amax_file and not Path(amax_file).is_file():
+    if isinstance(amax_file, str) and amax_file and (missing := _missing_job_file(ctx, amax_file)):
         warnings.append(
-            f"ais_nvfp4_refit.input_amax_file={amax_file!r} is not a file here: the launcher reads it before Ray "
-            "(nemo-ais calibrate-input-amax writes it)"
+            f"ais_nvfp4_refit.input_amax_file={amax_file!r} is not a file {missing}: the launcher reads it before "
+            "Ray (nemo-ais calibrate-input-amax writes it)"
         )
     moe_refit = _nvfp4_moe_refit_problems(ctx.cfg, "v0.7.0")
     if ctx.nemo_rl is not None and "nvfp4_w4a4" not in ctx.nemo_rl.formats:  # v0.7.0's reload

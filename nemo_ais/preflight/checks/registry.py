@@ -56,6 +56,7 @@ class Context:
     shape: ModelShape | None  # None: unknown model (checks with needs_shape are skipped)
     nemo_rl: NeMoRLTarget | None = None  # None: the NeMo-RL version is unknown
     nemo_rl_detail: str = ""  # how the target was found (nemo_rl_target.resolve_target)
+    job_dir: str | None = None  # where the job runs and its relative paths resolve (NEMO_RL_DIR); None: unknown
 
     def get(self, dotted: str, default: Any = None) -> Any:
         """A dotted key of the config (:func:`~nemo_ais.preflight.loader.get`)."""
