@@ -46,9 +46,10 @@
 #                 than one node one of the two must be set, and each that is set must be
 #                 on a filesystem every node mounts (refused if it is node-local here)
 #   EXTRA_MOUNTS  comma-separated src:dst container mounts to add (an absolute
-#                 checkpointing.checkpoint_dir or logger.log_dir, and the directory of an
-#                 absolute ais_nvfp4_refit.input_amax_file, is mounted, and with several nodes
-#                 refused if node-local)
+#                 checkpointing.checkpoint_dir or logger.log_dir is created and mounted, the
+#                 directory of an absolute ais_nvfp4_refit.input_amax_file mounted, and with
+#                 several nodes each refused if node-local; a path to mount may not hold
+#                 whitespace, ',' or ':')
 #   SBATCH_ARGS   extra sbatch arguments (space-separated; not --time, --job-name, --nodes:
 #                 TIME, JOB_NAME and the config's cluster.num_nodes set them)
 #   PYTHON        interpreter for the offline check (default: python3; Python >= 3.11
@@ -67,19 +68,29 @@ done
 CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 [[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 or main checkout)"
 
+job_dir="$(realpath -m -s -- "$NEMO_RL_DIR")"  # where the job runs: its relative paths resolve there
 run_dirs=()  # KEY=PATH of the config's absolute paths: checkpoint and log directories, files the job reads
 relative_dirs=()  # the keys of the relative ones: under NEMO_RL_DIR, ray.sub's working directory
 if ((check)); then
   check_python "$(pythonpath_with "$NEMO_AIS_DIR")"
   # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py). One call:
-  # its warnings (stderr) are said once; the values, then KEY=PATH a line (a path may hold spaces)
+  # its warnings (stderr) are said once; the values, then KEY=PATH a line (no value holds a newline)
   checked="$(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" "${PYTHON:-python3}" -P -m nemo_ais.preflight \
     --get cluster.num_nodes --get cluster.gpus_per_node --get checkpointing.enabled \
     --get checkpointing.checkpoint_must_save_by --paths "$config" "${overrides[@]}")" || die_check_failed
   {
-    read -r cfg_nodes cfg_gpus cfg_checkpoints cfg_save_by
+    read -r cfg_nodes cfg_gpus cfg_checkpoints cfg_save_by more
+    [[ -n "${cfg_save_by:-}" && -z "${more:-}" ]] || die "the offline check printed '${cfg_nodes:-} ${cfg_gpus:-} \
+${cfg_checkpoints:-} ${cfg_save_by:-} ${more:-}' for cluster.num_nodes, cluster.gpus_per_node, checkpointing.enabled \
+and checkpointing.checkpoint_must_save_by (expected four words)"
     while IFS= read -r pair; do
-      if [[ "${pair#*=}" == /* ]]; then run_dirs+=("$pair"); else relative_dirs+=("${pair%%=*}"); fi
+      key="${pair%%=*}"
+      path="${pair#*=}"
+      if [[ "$path" != /* ]]; then  # where the job runs; a ../ out of the checkout counts as absolute
+        path="$(realpath -m -s -- "$job_dir/$path")"
+        [[ "$path" != "$job_dir"/* ]] || { relative_dirs+=("$key"); continue; }
+      fi
+      run_dirs+=("$key=$path")
     done
   } <<< "$checked"
   for pair in "NUM_NODES:$cfg_nodes:num_nodes" "GPUS_PER_NODE:$cfg_gpus:gpus_per_node"; do
@@ -95,7 +106,8 @@ else
   # the directories come from the config, which only the check reads
   echo "$SCRIPT_NAME: warning: --skip-check does not read the config: an absolute \
 checkpointing.checkpoint_dir or logger.log_dir is not mounted (the job would write it inside the container \
-and a resubmission start from step 0) nor checked; add it to EXTRA_MOUNTS (src:dst)" >&2
+and a resubmission start from step 0) nor checked, nor the directory of an absolute \
+ais_nvfp4_refit.input_amax_file (the job would not find it); add them to EXTRA_MOUNTS (src:dst)" >&2
 fi
 
 [[ "$NUM_NODES" =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer"
@@ -128,10 +140,13 @@ filesystem every node mounts (/${top%%/*} does not exist here)" >&2
 if ((NUM_NODES > 1)); then
   for dir in "${run_dirs[@]}"; do check_shared "${dir%%=*}" "${dir#*=}"; done  # every node saves or reads there
   # a warning only: a checkout the container image holds at the same path on every node is fine
-  why="each node would keep its own part of every checkpoint"
-  [[ " ${relative_dirs[*]} " != *"_file "* ]] || why+=", and read a file only where it has its own copy"
-  ((${#relative_dirs[@]} == 0)) || check_shared NEMO_RL_DIR "$NEMO_RL_DIR" "the config's \
-${relative_dirs[*]} resolve under it, the job's working directory ($why)" warn
+  if ((${#relative_dirs[@]})); then
+    why=""
+    [[ " ${relative_dirs[*]} " != *"_dir "* ]] || why="each node would keep its own part of every checkpoint"
+    [[ " ${relative_dirs[*]} " != *"_file "* ]] || why+="${why:+; }each node reads a file only where it has its own copy"
+    check_shared NEMO_RL_DIR "$NEMO_RL_DIR" "the config's ${relative_dirs[*]} resolve under it, the job's \
+working directory ($why)" warn
+  fi
   [[ -n "${HF_HOME:-}${NRL_MEGATRON_CHECKPOINT_DIR:-}" ]] || die "cluster.num_nodes=$NUM_NODES: \
 set HF_HOME (or NRL_MEGATRON_CHECKPOINT_DIR) to a directory on a filesystem every node mounts \
 (e.g. HF_HOME=/lustre/\$USER/hf): NeMo-RL converts the model to Megatron format once, in \
@@ -183,21 +198,40 @@ most $(dd_hh_mm_ss "$limit_s"), e.g. $key=$deadline, SAVE_MARGIN=$margin before 
   fi
 fi
 
-mounts="$NEMO_RL_DIR:$NEMO_RL_DIR,$NEMO_AIS_DIR:$NEMO_AIS_DIR"
-for dir in "${run_dirs[@]}"; do  # an absolute checkpoint or log directory: mounted, so it outlives the job
-  key="${dir%%=*}"
-  dir="${dir#*=}"
-  [[ "$key" != *_file ]] || dir="$(dirname "$dir")"  # a file the job reads: its directory
-  case "$dir" in "$NEMO_RL_DIR"/* | "$NEMO_AIS_DIR"/*) ;; *) mounts+=",$dir:$dir" ;; esac
+# `add_mount NAME PATH`: PATH into MOUNTS (once), or stop naming NAME: ray.sub splits MOUNTS (and
+# --container-workdir, NEMO_RL_DIR) at whitespace into srun's arguments, and pyxis splits MOUNTS at
+# ',' and ':' and needs each source to exist.
+mounts=""
+add_mount() {
+  [[ "$2" != *[[:space:],:]* ]] || die "$1=$2 cannot be mounted into the job's containers: ray.sub \
+splits MOUNTS at whitespace and pyxis at ',' and ':' (expected a path without them)"
+  [[ ",$mounts," == *",$2:$2,"* ]] || mounts+="${mounts:+,}$2:$2"
+}
+add_mount NEMO_RL_DIR "$NEMO_RL_DIR"
+add_mount NEMO_AIS_DIR "$NEMO_AIS_DIR"
+mkdirs=()  # the absolute checkpoint and log directories this node can create: a mount needs its source
+for pair in "${run_dirs[@]}"; do  # mounted, so they outlive the job
+  key="${pair%%=*}"
+  dir="${pair#*=}"
+  if [[ "$key" == *_file ]]; then
+    dir="$(dirname "$dir")"  # a file the job reads: its directory
+    [[ "$dir" != / ]] || die "$key=${pair#*=} is a file in /: mounting its directory would hide the \
+container's own (expected a file in a directory of its own)"
+  else
+    top="${dir#/}"
+    [[ ! -d "/${top%%/*}" ]] || mkdirs+=("$dir")  # else on the compute nodes only (warned above)
+  fi
+  [[ "$key" != *_file ]] || key="the directory of $key"
+  case "$dir" in "$job_dir" | "$job_dir"/* | "$NEMO_AIS_DIR" | "$NEMO_AIS_DIR"/*) ;; *) add_mount "$key" "$dir" ;; esac
 done
 case "$config" in
   "$NEMO_AIS_DIR"/* | "$NEMO_RL_DIR"/*) ;;
-  *) mounts+=",$(dirname "$config"):$(dirname "$config")" ;;
+  *) add_mount "the config's directory" "$(dirname "$config")" ;;
 esac
 job_env=""
 for var in HF_HOME NRL_MEGATRON_CHECKPOINT_DIR; do
   [[ -n "${!var:-}" ]] || continue
-  mounts+=",${!var}:${!var}"
+  add_mount "$var" "${!var}"
   job_env+="export $var=$(shq "${!var}") && "
 done
 [[ -z "${EXTRA_MOUNTS:-}" ]] || mounts+=",$EXTRA_MOUNTS"
@@ -230,9 +264,11 @@ MOUNTS="$mounts"
 if ((dry_run)); then
   printf 'cd %s\n' "$(shq "$NEMO_RL_DIR")"
   for var in "${job_vars[@]}"; do printf 'export %s=%s\n' "$var" "$(shq "${!var}")"; done
+  ((${#mkdirs[@]} == 0)) || printf 'mkdir -p -- %s\n' "$(shq_words "${mkdirs[@]}")"
   printf '%s\n' "$(shq_words "${sbatch_cmd[@]}")"
   exit 0
 fi
 cd "$NEMO_RL_DIR"
 export "${job_vars[@]}"
+((${#mkdirs[@]} == 0)) || mkdir -p -- "${mkdirs[@]}" || die "cannot create ${mkdirs[*]} (the job mounts them)"
 exec "${sbatch_cmd[@]}"

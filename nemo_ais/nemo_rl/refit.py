@@ -399,7 +399,8 @@ def configure(
     if problems:
         raise ValueError("; ".join(problems))
     if refit_cfg.input_amax_file is not None:  # a vLLM worker's working directory need not be the driver's
-        refit_cfg = refit_cfg.model_copy(update={"input_amax_file": os.path.abspath(refit_cfg.input_amax_file)})
+        absolute = os.path.join(os.getcwd(), refit_cfg.input_amax_file)  # no ".." folded: the file read here
+        refit_cfg = refit_cfg.model_copy(update={"input_amax_file": absolute})
     environ = os.environ if environ is None else environ
     environ[ENV_VAR] = refit_cfg.model_dump_json()
     parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]

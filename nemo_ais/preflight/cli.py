@@ -13,6 +13,7 @@ from nemo_ais.preflight.checks import check_config
 from nemo_ais.preflight.loader import get, has, is_mixin, load_config
 from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS
 from nemo_ais.rules.config_keys import section_enabled
+from nemo_ais.rules.format_geometry import GEOMETRY
 
 PROG = "python -m nemo_ais.preflight"
 
@@ -24,11 +25,12 @@ def job_paths(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, path) of each host path the job writes or reads: :data:`RUN_DIR_KEYS`, then the files it reads.
 
     A key ending in ``_file`` names a file (its directory is what a container mounts). Read files: the NVFP4 refit's
-    ``input_amax_file``, which the driver and every vLLM worker read. Unset keys and null values are left out.
+    ``input_amax_file`` (W4A4), which the driver and every vLLM worker read. Unset keys and null values are left out.
     """
     paths = [(key, get(cfg, key)) for key in RUN_DIR_KEYS]
     refit = get(cfg, "ais_nvfp4_refit")
-    if isinstance(refit, Mapping) and section_enabled(refit):
+    geometry = GEOMETRY.get(refit.get("format", "nvfp4_w4a16")) if isinstance(refit, Mapping) else None
+    if section_enabled(refit) and geometry is not None and geometry.static_input_amax:
         paths.append(("ais_nvfp4_refit.input_amax_file", refit.get("input_amax_file")))
     return [(key, path) for key, path in paths if isinstance(path, str) and path]
 
@@ -101,15 +103,16 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             n_failed += 1
         elif script and not failed:
             unset = [key for key in args.get or () if not has(cfg, key)]
-            paths = job_paths(cfg) if args.paths else []
+            values = [(key, _yaml_word(get(cfg, key))) for key in args.get or () if key not in unset]
+            job = job_paths(cfg) if args.paths else []
             if unset:
                 print(f"{path}: {', '.join(unset)} not set", file=sys.stderr)
-            elif bad := [f"{k}={v!r}" for k, v in paths if "\n" in v]:
-                print(f"{path}: {', '.join(bad)} is invalid: expected a path without a newline", file=sys.stderr)
+            elif bad := [f"{k}={v!r}" for k, v in values + job if "\n" in v]:
+                print(f"{path}: {', '.join(bad)} is invalid: expected a value without a newline", file=sys.stderr)
             else:
                 if args.get:
-                    print(*(_yaml_word(get(cfg, key)) for key in args.get))
-                print(*(f"{key}={value}" for key, value in paths), sep="\n", end="\n" if paths else "")
+                    print(*(value for _, value in values))
+                print(*(f"{key}={value}" for key, value in job), sep="\n", end="\n" if job else "")
                 continue
             n_failed += 1
     return 1 if n_failed else 0

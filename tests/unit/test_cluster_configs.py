@@ -1150,12 +1150,18 @@ def test_cli_paths_prints_each_path_the_job_writes_or_reads_after_the_get_line(c
     assert job_paths(w4a4)[-1] == (amax, "calibration/qwen3_8b_nvfp4_input_amax.json")
     assert amax not in dict(job_paths(pf.load_config(W4A4, ["ais_nvfp4_refit.enabled=false"])))
     assert amax not in dict(job_paths(pf.load_config(QWEN8B)))  # the section absent
-    newline = tmp_path / "newline.yaml"  # a YAML string may hold one (an override may not)
+    w4a16 = pf.load_config(W4A4, ["ais_nvfp4_refit.format=nvfp4_w4a16"])
+    assert amax not in dict(job_paths(w4a16))  # W4A16 streams no input scale: nothing reads the file
+    # a YAML string may hold a newline (an override may not): it would split the lines a launcher reads
+    newline = tmp_path / "newline.yaml"
     newline.write_text(
         f'defaults: [{os.path.relpath(W4A4, tmp_path)}]\nais_nvfp4_refit:\n  input_amax_file: "/a\\nb"\n'
     )
     assert pf.main(["--paths", "--nemo-rl-version=main", str(newline)]) == 1
-    assert f"{amax}='/a\\nb' is invalid: expected a path without a newline" in capsys.readouterr().err
+    assert f"{amax}='/a\\nb' is invalid: expected a value without a newline" in capsys.readouterr().err
+    newline.write_text(f'defaults: [{os.path.relpath(QWEN8B, tmp_path)}]\nlogger:\n  wandb:\n    name: "a\\n/etc"\n')
+    assert pf.main(["--get", "logger.wandb.name", str(newline)]) == 1
+    assert "logger.wandb.name='a\\n/etc' is invalid: expected a value without a newline" in capsys.readouterr().err
 
 
 def test_cli_get_says_the_warnings_on_stderr_and_quiet_keeps_them_back(capsys):

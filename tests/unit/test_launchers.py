@@ -318,7 +318,9 @@ def test_slurm_skip_check_needs_sizes_and_then_runs_without_python(nemo_rl_dir):
     assert res.stdout.splitlines()[-1].startswith("sbatch --nodes=2 ")
     # the config is not read: an absolute checkpoint or log directory is the user's to mount
     assert "--skip-check does not read the config: an absolute checkpointing.checkpoint_dir" in res.stderr
-    assert "add it to EXTRA_MOUNTS (src:dst)" in res.stderr
+    assert "ais_nvfp4_refit.input_amax_file (the job would not find it); add them to EXTRA_MOUNTS (src:dst)" in (
+        res.stderr
+    )
 
 
 def test_slurm_config_outside_the_repo_is_mounted(nemo_rl_dir, tmp_path):
@@ -652,13 +654,30 @@ def test_skip_check_sets_no_deadline(nemo_rl_dir):
 # ------------------------------------------- the run's own directories, and what SBATCH_ARGS may not set
 
 
-def test_an_absolute_checkpoint_or_log_dir_is_mounted_and_must_be_shared(nemo_rl_dir, tmp_path):
-    shared = tmp_path / "lustre" / "runs" / "my run"  # a space in the path
+def _fake_sbatch(env: dict[str, str], tmp_path: Path) -> Path:
+    """Put a recording ``sbatch`` first on ``env``'s PATH; the file it writes."""
+    record, bindir = tmp_path / "record.txt", tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "sbatch").write_text(_RECORDER.format(out=record))
+    (bindir / "sbatch").chmod(0o755)
+    env["PATH"] = f"{bindir}:{env['PATH']}"
+    return record
+
+
+def test_an_absolute_checkpoint_or_log_dir_is_created_mounted_and_must_be_shared(nemo_rl_dir, tmp_path):
+    shared = tmp_path / "lustre" / "runs" / "my_run"
     overrides = [f"checkpointing.checkpoint_dir={shared}/ckpt", f"logger.log_dir={shared}/logs"]
     res = _run(SLURM, "--dry-run", QWEN8B, *overrides, env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 0, res.stderr
     mounts = next(line for line in res.stdout.splitlines() if line.startswith("export MOUNTS="))
     assert f",{shared}/ckpt:{shared}/ckpt,{shared}/logs:{shared}/logs," in mounts
+    # pyxis bind-mounts each source, which must exist: a fresh run's directories are created first
+    assert res.stdout.splitlines()[-2] == f"mkdir -p -- {shared}/ckpt {shared}/logs"
+    env = _slurm_env(nemo_rl_dir)
+    record = _fake_sbatch(env, tmp_path)
+    real = _run(SLURM, QWEN8B, *overrides, env=env)
+    assert real.returncode == 0 and record.is_file(), real.stderr
+    assert (shared / "ckpt").is_dir() and (shared / "logs").is_dir()
     local = tmp_path / "local" / "ckpt"  # every node would write its shards into its own copy
     res = _run(SLURM, "--dry-run", QWEN8B, f"checkpointing.checkpoint_dir={local}", env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 2 and res.stdout == ""
@@ -669,6 +688,22 @@ def test_an_absolute_checkpoint_or_log_dir_is_mounted_and_must_be_shared(nemo_rl
     )
     relative = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir))  # the shipped relative paths
     assert relative.returncode == 0, relative.stderr
+    assert "mkdir" not in relative.stdout  # NeMo-RL creates them in the job, under NEMO_RL_DIR
+
+
+@pytest.mark.parametrize("name", ["my run", "a,b", "a:b"])
+def test_a_path_ray_sub_or_pyxis_would_split_is_refused_naming_it(nemo_rl_dir, tmp_path, name):
+    # ray.sub pastes MOUNTS unquoted into srun's arguments; pyxis splits it at ',' (mounts) and ':' (src:dst)
+    shared = tmp_path / "lustre" / name
+    res = _run(SLURM, "--dry-run", QWEN8B, f"logger.log_dir='{shared}'", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == (
+        f"slurm_grpo_ais.sh: error: logger.log_dir={shared} cannot be mounted into the job's containers: ray.sub "
+        "splits MOUNTS at whitespace and pyxis at ',' and ':' (expected a path without them)\n"
+    )
+    hf = tmp_path / "lustre" / f"hf {name}"
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, HF_HOME=str(hf)))
+    assert res.returncode == 2 and res.stderr.startswith(f"slurm_grpo_ais.sh: error: HF_HOME={hf} cannot be mounted")
 
 
 @pytest.mark.parametrize("arg", ["--time=02:00:00", "-t", "-t02:00:00", "--job-name=other", "-J", "--nodes=4", "-N2"])
@@ -707,13 +742,18 @@ AMAX_KEY = "ais_nvfp4_refit.input_amax_file"
 def test_the_directory_of_an_absolute_input_amax_file_is_mounted_and_must_be_shared(nemo_rl_dir):
     # every vLLM worker reads it when the refit hook arms: a path the container lacks fails on every node
     root = nemo_rl_dir.parent
-    shared = root / "lustre" / "calibration runs"  # a space in the path
+    shared = root / "lustre" / "calibration"
     shared.mkdir()
     (shared / "amax.json").write_text("{}")
     res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}={shared}/amax.json", env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 0, res.stderr
     mounts = next(line for line in res.stdout.splitlines() if line.startswith("export MOUNTS="))
-    assert shlex.split(mounts.removeprefix("export MOUNTS="))[0].split(",")[2] == f"{shared}:{shared}"
+    assert mounts.removeprefix("export MOUNTS=").split(",")[2] == f"{shared}:{shared}"
+    assert "mkdir" not in res.stdout  # a file the job reads is not created
+    spaced = root / "lustre" / "my calibration"
+    res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}='{spaced}/amax.json'", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 2
+    assert f"error: the directory of {AMAX_KEY}={spaced} cannot be mounted into the job's containers" in res.stderr
     local = root / "local"
     local.mkdir()
     (local / "amax.json").write_text("{}")
@@ -733,9 +773,40 @@ def test_a_relative_input_amax_file_in_a_node_local_checkout_is_warned_about(nem
     assert res.returncode == 0, res.stderr
     assert (
         f"the config's checkpointing.checkpoint_dir logger.log_dir {AMAX_KEY} resolve under it, the job's working "
-        "directory (each node would keep its own part of every checkpoint, and read a file only where it has its "
-        "own copy)\n"
+        "directory (each node would keep its own part of every checkpoint; each node reads a file only where it has "
+        "its own copy)\n"
     ) in res.stderr
+    shared = tmp_path / "lustre" / "runs"
+    elsewhere = [f"checkpointing.checkpoint_dir={shared}/ckpt", f"logger.log_dir={shared}/logs"]
+    res = _run(SLURM, "--dry-run", W4A4, *elsewhere, env=_slurm_env(nemo_rl_dir, NEMO_RL_DIR=str(local)))
+    assert res.returncode == 0, res.stderr
+    assert (
+        f"the config's {AMAX_KEY} resolve under it, the job's working directory (each node reads a file only where "
+        "it has its own copy)\n"
+    ) in res.stderr
+
+
+def test_an_input_amax_file_outside_the_checkout_is_mounted_once_and_one_in_it_not_again(nemo_rl_dir):
+    root = nemo_rl_dir.parent
+    (root / "lustre" / "calibration").mkdir()
+    (root / "lustre" / "calibration" / "amax.json").write_text("{}")
+    cases = {  # the override -> the mount it adds
+        "../lustre/calibration/amax.json": f"{root}/lustre/calibration",  # resolves outside the checkout
+        f"{nemo_rl_dir}/amax.json": None,  # in the checkout's top directory, which is mounted
+        "calibration/amax.json": None,  # under it
+    }
+    for path, mounted in cases.items():
+        res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}={path}", env=_slurm_env(nemo_rl_dir))
+        assert res.returncode == 0, res.stderr
+        mounts = next(line for line in res.stdout.splitlines() if line.startswith("export MOUNTS="))
+        extra = mounts.removeprefix("export MOUNTS=").split(",")[2:]
+        hf = _hf(nemo_rl_dir)
+        assert extra == ([f"{mounted}:{mounted}"] if mounted else []) + [f"{hf}:{hf}"], path
+    res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}=/amax.json", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 2
+    assert f"error: {AMAX_KEY}=/amax.json is a file in /: mounting its directory would hide the container's" in (
+        res.stderr
+    )
 
 
 def test_the_offline_checks_warnings_are_said_once_by_either_launcher(nemo_rl_dir):
@@ -750,3 +821,13 @@ def test_the_offline_checks_warnings_are_said_once_by_either_launcher(nemo_rl_di
     one_node = ["cluster.num_nodes=1", "policy.generation.vllm_cfg.tensor_parallel_size=1"]
     res = _run(LOCAL, "--dry-run", W4A4, *one_node, env=_env(NEMO_RL_DIR=str(nemo_rl_dir)))
     assert res.returncode == 0 and res.stderr.count(head) == 1 and "[WARN] rollout_gpu:" in res.stderr
+
+
+def test_a_value_that_would_shift_the_launchers_fields_is_refused(nemo_rl_dir):
+    # the launcher reads the four --get values as words: one holding a space would shift the others
+    res = _run(SLURM, "--dry-run", QWEN8B, f"{SAVE_BY}='00:01:00:00 x'", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.endswith(
+        "error: the offline check printed '2 8 true 00:01:00:00 x' for cluster.num_nodes, cluster.gpus_per_node, "
+        "checkpointing.enabled and checkpointing.checkpoint_must_save_by (expected four words)\n"
+    )
