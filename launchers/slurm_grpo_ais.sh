@@ -17,7 +17,8 @@
 #
 #   CONFIG        a YAML under configs/nemo_rl/
 #   OVERRIDE      Hydra-style: key=value, +new.key=value, ~key
-#   --dry-run     print the commands (cd, environment, sbatch line) instead of submitting
+#   --dry-run     print the commands (cd, environment, mkdir of the directories the job
+#                 writes, sbatch line) instead of submitting
 #   --skip-check  do not run the offline config check (then NUM_NODES and GPUS_PER_NODE
 #                 must be set)
 #   -h, --help    this text
@@ -68,7 +69,7 @@ done
 CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 [[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 or main checkout)"
 
-job_dir="$(realpath -m -s -- "$NEMO_RL_DIR")"  # where the job runs: its relative paths resolve there
+NEMO_RL_DIR="$(cd "$NEMO_RL_DIR" && pwd)"  # absolute: the job runs there and its relative paths resolve there
 run_dirs=()  # KEY=PATH of the config's absolute paths: checkpoint and log directories, files the job reads
 relative_dirs=()  # the keys of the relative ones: under NEMO_RL_DIR, ray.sub's working directory
 if ((check)); then
@@ -86,11 +87,14 @@ and checkpointing.checkpoint_must_save_by (expected four words)"
     while IFS= read -r pair; do
       key="${pair%%=*}"
       path="${pair#*=}"
-      if [[ "$path" != /* ]]; then  # where the job runs; a ../ out of the checkout counts as absolute
-        path="$(realpath -m -s -- "$job_dir/$path")"
-        [[ "$path" != "$job_dir"/* ]] || { relative_dirs+=("$key"); continue; }
+      relative=0
+      [[ "$path" == /* ]] || { relative=1; path="$NEMO_RL_DIR/$path"; }
+      path="$(realpath -m -s -- "$path")"  # ".." folded as in the container, where no link is followed
+      if ((relative)) && [[ "$path" == "$NEMO_RL_DIR" || "$path" == "$NEMO_RL_DIR"/* ]]; then
+        relative_dirs+=("$key")  # a ../ out of the checkout counts as absolute
+      else
+        run_dirs+=("$key=$path")
       fi
-      run_dirs+=("$key=$path")
     done
   } <<< "$checked"
   for pair in "NUM_NODES:$cfg_nodes:num_nodes" "GPUS_PER_NODE:$cfg_gpus:gpus_per_node"; do
@@ -105,9 +109,10 @@ else
     || die "--skip-check needs NUM_NODES and GPUS_PER_NODE (the config's cluster.num_nodes / gpus_per_node)"
   # the directories come from the config, which only the check reads
   echo "$SCRIPT_NAME: warning: --skip-check does not read the config: an absolute \
-checkpointing.checkpoint_dir or logger.log_dir is not mounted (the job would write it inside the container \
-and a resubmission start from step 0) nor checked, nor the directory of an absolute \
-ais_nvfp4_refit.input_amax_file (the job would not find it); add them to EXTRA_MOUNTS (src:dst)" >&2
+checkpointing.checkpoint_dir or logger.log_dir is not created, mounted (the job would write it inside the \
+container and a resubmission start from step 0) nor checked, nor the directory of an absolute \
+ais_nvfp4_refit.input_amax_file mounted (the job would not find it); create them and add them to \
+EXTRA_MOUNTS (src:dst)" >&2
 fi
 
 [[ "$NUM_NODES" =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer"
@@ -141,10 +146,14 @@ if ((NUM_NODES > 1)); then
   for dir in "${run_dirs[@]}"; do check_shared "${dir%%=*}" "${dir#*=}"; done  # every node saves or reads there
   # a warning only: a checkout the container image holds at the same path on every node is fine
   if ((${#relative_dirs[@]})); then
+    keys=" ${relative_dirs[*]} "
     why=""
-    [[ " ${relative_dirs[*]} " != *"_dir "* ]] || why="each node would keep its own part of every checkpoint"
-    [[ " ${relative_dirs[*]} " != *"_file "* ]] || why+="${why:+; }each node reads a file only where it has its own copy"
-    check_shared NEMO_RL_DIR "$NEMO_RL_DIR" "the config's ${relative_dirs[*]} resolve under it, the job's \
+    [[ "$keys" != *" checkpointing.checkpoint_dir "* ]] || why="each node would keep its own part of every checkpoint"
+    [[ "$keys" != *" logger.log_dir "* ]] || why+="${why:+; }each node would keep its own logs"
+    [[ "$keys" != *"_file "* ]] || why+="${why:+; }each node reads a file only where it has its own copy"
+    verb=resolve
+    ((${#relative_dirs[@]} > 1)) || verb=resolves
+    check_shared NEMO_RL_DIR "$NEMO_RL_DIR" "the config's ${relative_dirs[*]} $verb under it, the job's \
 working directory ($why)" warn
   fi
   [[ -n "${HF_HOME:-}${NRL_MEGATRON_CHECKPOINT_DIR:-}" ]] || die "cluster.num_nodes=$NUM_NODES: \
@@ -205,11 +214,21 @@ mounts=""
 add_mount() {
   [[ "$2" != *[[:space:],:]* ]] || die "$1=$2 cannot be mounted into the job's containers: ray.sub \
 splits MOUNTS at whitespace and pyxis at ',' and ':' (expected a path without them)"
+  [[ "$2" == /* ]] || die "$1=$2 is not an absolute path (a container mount needs one)"
   [[ ",$mounts," == *",$2:$2,"* ]] || mounts+="${mounts:+,}$2:$2"
 }
 add_mount NEMO_RL_DIR "$NEMO_RL_DIR"
 add_mount NEMO_AIS_DIR "$NEMO_AIS_DIR"
-mkdirs=()  # the absolute checkpoint and log directories this node can create: a mount needs its source
+mkdirs=()  # the directories the job writes, created here where their filesystem is: a mount needs its source
+# `create NAME DIR`: DIR into mkdirs unless it exists, or a warning when its top-level directory is not here
+create() {
+  local top="${2#/}"
+  [[ ! -d "$2" ]] || return 0
+  if [[ -d "/${top%%/*}" ]]; then mkdirs+=("$2"); return 0; fi
+  ((NUM_NODES == 1)) || return 0  # check_shared said that /${top%%/*} is not here
+  echo "$SCRIPT_NAME: warning: $1=$2 is not created here (/${top%%/*} does not exist on this node): \
+it must exist on the compute nodes before the job starts (a container mount needs its source)" >&2
+}
 for pair in "${run_dirs[@]}"; do  # mounted, so they outlive the job
   key="${pair%%=*}"
   dir="${pair#*=}"
@@ -218,11 +237,10 @@ for pair in "${run_dirs[@]}"; do  # mounted, so they outlive the job
     [[ "$dir" != / ]] || die "$key=${pair#*=} is a file in /: mounting its directory would hide the \
 container's own (expected a file in a directory of its own)"
   else
-    top="${dir#/}"
-    [[ ! -d "/${top%%/*}" ]] || mkdirs+=("$dir")  # else on the compute nodes only (warned above)
+    create "$key" "$dir"
   fi
   [[ "$key" != *_file ]] || key="the directory of $key"
-  case "$dir" in "$job_dir" | "$job_dir"/* | "$NEMO_AIS_DIR" | "$NEMO_AIS_DIR"/*) ;; *) add_mount "$key" "$dir" ;; esac
+  case "$dir" in "$NEMO_RL_DIR" | "$NEMO_RL_DIR"/* | "$NEMO_AIS_DIR" | "$NEMO_AIS_DIR"/*) ;; *) add_mount "$key" "$dir" ;; esac
 done
 case "$config" in
   "$NEMO_AIS_DIR"/* | "$NEMO_RL_DIR"/*) ;;
@@ -232,8 +250,11 @@ job_env=""
 for var in HF_HOME NRL_MEGATRON_CHECKPOINT_DIR; do
   [[ -n "${!var:-}" ]] || continue
   add_mount "$var" "${!var}"
+  create "$var" "${!var}"
   job_env+="export $var=$(shq "${!var}") && "
 done
+[[ "${EXTRA_MOUNTS:-}" != *[[:space:]]* ]] || die "EXTRA_MOUNTS=$EXTRA_MOUNTS holds whitespace: ray.sub \
+splits MOUNTS there (expected src:dst[,src:dst ...] without it)"
 [[ -z "${EXTRA_MOUNTS:-}" ]] || mounts+=",$EXTRA_MOUNTS"
 
 entry=(uv run python "$NEMO_AIS_DIR/launchers/run_grpo_ais.py" --config "$config" "${overrides[@]}"

@@ -405,6 +405,14 @@ def test_a_relative_input_amax_file_reaches_a_worker_in_another_directory(upstre
     with pytest.raises(ValueError, match="cannot read it"):  # what a worker here did with the path as written
         refit.install(upstream_fp8, cfg.model_copy(update={"input_amax_file": "calibration/amax.json"}))
     assert refit.install(upstream_fp8, cfg) is True
+    # the file the driver read: through a link, ".." is the link target's parent (the kernel's), not job/
+    (tmp_path / "shared" / "runs").mkdir(parents=True)
+    (job / "runs").symlink_to(tmp_path / "shared" / "runs")
+    (tmp_path / "shared" / "amax.json").write_text("{}")
+    monkeypatch.chdir(job)
+    run["ais_nvfp4_refit"]["input_amax_file"] = "runs/../amax.json"
+    sent = refit.configure(run, env, section="ais_nvfp4_refit").input_amax_file
+    assert Path(sent).read_text() == "{}" and Path(sent).is_absolute()
 
 
 # --- NeMo-RL's ModelOpt ignore patterns

@@ -318,7 +318,7 @@ def test_slurm_skip_check_needs_sizes_and_then_runs_without_python(nemo_rl_dir):
     assert res.stdout.splitlines()[-1].startswith("sbatch --nodes=2 ")
     # the config is not read: an absolute checkpoint or log directory is the user's to mount
     assert "--skip-check does not read the config: an absolute checkpointing.checkpoint_dir" in res.stderr
-    assert "ais_nvfp4_refit.input_amax_file (the job would not find it); add them to EXTRA_MOUNTS (src:dst)" in (
+    assert "input_amax_file mounted (the job would not find it); create them and add them to EXTRA_MOUNTS" in (
         res.stderr
     )
 
@@ -724,7 +724,7 @@ def test_a_node_local_nemo_rl_dir_is_warned_about_when_the_run_writes_into_it(ne
         f"slurm_grpo_ais.sh: warning: NEMO_RL_DIR={local} is on a node-local filesystem (ext2/ext3 at {local} on "
         "this node): with cluster.num_nodes=2 it must be on a filesystem every node mounts (NFS, Lustre, GPFS, ...): "
         "the config's checkpointing.checkpoint_dir logger.log_dir resolve under it, the job's working directory "
-        "(each node would keep its own part of every checkpoint)\n"
+        "(each node would keep its own part of every checkpoint; each node would keep its own logs)\n"
     )
     shared = tmp_path / "lustre" / "runs"
     elsewhere = [f"checkpointing.checkpoint_dir={shared}/ckpt", f"logger.log_dir={shared}/logs"]
@@ -773,15 +773,15 @@ def test_a_relative_input_amax_file_in_a_node_local_checkout_is_warned_about(nem
     assert res.returncode == 0, res.stderr
     assert (
         f"the config's checkpointing.checkpoint_dir logger.log_dir {AMAX_KEY} resolve under it, the job's working "
-        "directory (each node would keep its own part of every checkpoint; each node reads a file only where it has "
-        "its own copy)\n"
+        "directory (each node would keep its own part of every checkpoint; each node would keep its own logs; each "
+        "node reads a file only where it has its own copy)\n"
     ) in res.stderr
     shared = tmp_path / "lustre" / "runs"
     elsewhere = [f"checkpointing.checkpoint_dir={shared}/ckpt", f"logger.log_dir={shared}/logs"]
     res = _run(SLURM, "--dry-run", W4A4, *elsewhere, env=_slurm_env(nemo_rl_dir, NEMO_RL_DIR=str(local)))
     assert res.returncode == 0, res.stderr
     assert (
-        f"the config's {AMAX_KEY} resolve under it, the job's working directory (each node reads a file only where "
+        f"the config's {AMAX_KEY} resolves under it, the job's working directory (each node reads a file only where "
         "it has its own copy)\n"
     ) in res.stderr
 
@@ -831,3 +831,46 @@ def test_a_value_that_would_shift_the_launchers_fields_is_refused(nemo_rl_dir):
         "error: the offline check printed '2 8 true 00:01:00:00 x' for cluster.num_nodes, cluster.gpus_per_node, "
         "checkpointing.enabled and checkpointing.checkpoint_must_save_by (expected four words)\n"
     )
+
+
+def test_every_path_is_folded_before_it_is_mounted_or_created(nemo_rl_dir):
+    # a ".." inside an absolute path hid it from the checkout comparison, and /./x slipped past the "/" refusal
+    root = nemo_rl_dir.parent
+    via_checkout = f"{nemo_rl_dir}/../lustre/ckpt"
+    res = _run(SLURM, "--dry-run", QWEN8B, f"checkpointing.checkpoint_dir={via_checkout}", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0, res.stderr
+    assert f",{root}/lustre/ckpt:{root}/lustre/ckpt," in res.stdout
+    assert f"mkdir -p -- {root}/lustre/ckpt\n" in res.stdout
+    res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}=/./amax.json", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 2 and f"error: {AMAX_KEY}=/amax.json is a file in /" in res.stderr
+
+
+def test_a_missing_conversion_directory_is_created_and_one_that_cannot_be_is_named(nemo_rl_dir, tmp_path):
+    new = nemo_rl_dir.parent / "lustre" / "mcore_new"
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, NRL_MEGATRON_CHECKPOINT_DIR=str(new)))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-2] == f"mkdir -p -- {new}"
+    one_node = [SMOKE]  # one node: no shared-filesystem check says that /scratchX is not here
+    res = _run(
+        SLURM, "--dry-run", *one_node, "checkpointing.checkpoint_dir=/scratchX/me/ckpt", env=_slurm_env(nemo_rl_dir)
+    )
+    assert res.returncode == 0 and "mkdir" not in res.stdout
+    assert res.stderr == (
+        "slurm_grpo_ais.sh: warning: checkpointing.checkpoint_dir=/scratchX/me/ckpt is not created here (/scratchX "
+        "does not exist on this node): it must exist on the compute nodes before the job starts (a container mount "
+        "needs its source)\n"
+    )
+
+
+def test_extra_mounts_with_whitespace_and_a_relative_nemo_rl_dir(nemo_rl_dir):
+    res = _run(SLURM, "--dry-run", QWEN8B, env=_slurm_env(nemo_rl_dir, EXTRA_MOUNTS="/data/my set:/data/my set"))
+    assert res.returncode == 2
+    assert res.stderr.startswith("slurm_grpo_ais.sh: error: EXTRA_MOUNTS=/data/my set:/data/my set holds whitespace")
+    # a relative NEMO_RL_DIR (from where the launcher runs) is made absolute: sbatch runs from inside it
+    env = _slurm_env(nemo_rl_dir, NEMO_RL_DIR=nemo_rl_dir.name)
+    res = subprocess.run(
+        ["bash", str(SLURM), "--dry-run", str(SMOKE)], env=env, cwd=nemo_rl_dir.parent, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"cd {nemo_rl_dir}\n") and f"{nemo_rl_dir}/ray.sub\n" in res.stdout
+    assert f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir}," in res.stdout
