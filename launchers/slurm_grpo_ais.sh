@@ -47,10 +47,11 @@
 #                 than one node one of the two must be set, and each that is set must be
 #                 on a filesystem every node mounts (refused if it is node-local here)
 #   EXTRA_MOUNTS  comma-separated src:dst container mounts to add (an absolute
-#                 checkpointing.checkpoint_dir or logger.log_dir is created and mounted, the
-#                 directory of an absolute ais_nvfp4_refit.input_amax_file mounted, and with
-#                 several nodes each refused if node-local; a path to mount may not hold
-#                 whitespace, ',' or ':')
+#                 checkpointing.checkpoint_dir or logger.log_dir is created, mounted, and with
+#                 several nodes refused if node-local; an absolute policy.model_name directory
+#                 and the directory of an absolute ais_nvfp4_refit.input_amax_file are mounted
+#                 if this node has them, with a warning if node-local; a path to mount may not
+#                 hold whitespace, ',' or ':')
 #   SBATCH_ARGS   extra sbatch arguments (space-separated; not --time, --job-name, --nodes:
 #                 TIME, JOB_NAME and the config's cluster.num_nodes set them)
 #   PYTHON        interpreter for the offline check (default: python3; Python >= 3.11
@@ -70,12 +71,12 @@ CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 [[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 or main checkout)"
 
 NEMO_RL_DIR="$(cd "$NEMO_RL_DIR" && pwd)"  # absolute: the job runs there and its relative paths resolve there
-run_dirs=()  # KEY=PATH of the config's absolute paths: checkpoint and log directories, files the job reads
+run_dirs=()  # "writes|reads KEY=PATH" of the config's absolute paths: directories the job writes, paths it reads
 relative_dirs=()  # the keys of the relative ones: under NEMO_RL_DIR, ray.sub's working directory
 if ((check)); then
   check_python "$(pythonpath_with "$NEMO_AIS_DIR")"
   # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py). One call:
-  # its warnings (stderr) are said once; the values, then KEY=PATH a line (no value holds a newline)
+  # its warnings (stderr) are said once; the values, then "writes|reads KEY=PATH" a line (no newline in a value)
   checked="$(PYTHONPATH="$(pythonpath_with "$NEMO_AIS_DIR")" "${PYTHON:-python3}" -P -m nemo_ais.preflight \
     --get cluster.num_nodes --get cluster.gpus_per_node --get checkpointing.enabled \
     --get checkpointing.checkpoint_must_save_by --paths "$config" "${overrides[@]}")" || die_check_failed
@@ -84,7 +85,9 @@ if ((check)); then
     [[ -n "${cfg_save_by:-}" && -z "${more:-}" ]] || die "the offline check printed '${cfg_nodes:-} ${cfg_gpus:-} \
 ${cfg_checkpoints:-} ${cfg_save_by:-} ${more:-}' for cluster.num_nodes, cluster.gpus_per_node, checkpointing.enabled \
 and checkpointing.checkpoint_must_save_by (expected four words)"
-    while IFS= read -r pair; do
+    while IFS= read -r line; do
+      kind="${line%% *}"
+      pair="${line#* }"
       key="${pair%%=*}"
       path="${pair#*=}"
       relative=0
@@ -93,7 +96,7 @@ and checkpointing.checkpoint_must_save_by (expected four words)"
       if ((relative)) && [[ "$path" == "$NEMO_RL_DIR" || "$path" == "$NEMO_RL_DIR"/* ]]; then
         relative_dirs+=("$key")  # a ../ out of the checkout counts as absolute
       else
-        run_dirs+=("$key=$path")
+        run_dirs+=("$kind $key=$path")
       fi
     done
   } <<< "$checked"
@@ -143,7 +146,14 @@ filesystem every node mounts (/${top%%/*} does not exist here)" >&2
   echo "$SCRIPT_NAME: warning: $problem" >&2
 }
 if ((NUM_NODES > 1)); then
-  for dir in "${run_dirs[@]}"; do check_shared "${dir%%=*}" "${dir#*=}"; done  # every node saves or reads there
+  for line in "${run_dirs[@]}"; do
+    pair="${line#* }"
+    if [[ "$line" == writes* ]]; then  # every node saves there
+      check_shared "${pair%%=*}" "${pair#*=}"
+    else  # a warning only: each node may hold a copy at the same path
+      check_shared "${pair%%=*}" "${pair#*=}" "every node reads it, so each node needs its own copy" warn
+    fi
+  done
   # a warning only: a checkout the container image holds at the same path on every node is fine
   if ((${#relative_dirs[@]})); then
     keys=" ${relative_dirs[*]} "
@@ -229,17 +239,25 @@ create() {
   echo "$SCRIPT_NAME: warning: $1=$2 is not created here (/${top%%/*} does not exist on this node): \
 it must exist on the compute nodes before the job starts (a container mount needs its source)" >&2
 }
-for pair in "${run_dirs[@]}"; do  # mounted, so they outlive the job
+for line in "${run_dirs[@]}"; do  # mounted: what the job writes outlives it, what it reads is there
+  pair="${line#* }"
   key="${pair%%=*}"
   dir="${pair#*=}"
-  if [[ "$key" == *_file ]]; then
-    dir="$(dirname "$dir")"  # a file the job reads: its directory
-    [[ "$dir" != / ]] || die "$key=${pair#*=} is a file in /: mounting its directory would hide the \
-container's own (expected a file in a directory of its own)"
-  else
+  if [[ "$line" == writes* ]]; then
     create "$key" "$dir"
+  else  # a directory (a model) or a file (input_amax_file): the directory it is
+    if [[ ! -d "$dir" ]]; then
+      dir="$(dirname "$dir")"
+      key="the directory of $key"
+    fi
+    [[ "$dir" != / ]] || die "${pair%%=*}=${pair#*=} is in /: mounting / would hide the container's own \
+(expected a path in a directory of its own)"
+    if [[ ! -d "$dir" ]]; then
+      echo "$SCRIPT_NAME: warning: $pair is not on this node: its directory is not mounted (the job \
+finds it only if the container image holds it; else add it to EXTRA_MOUNTS)" >&2
+      continue
+    fi
   fi
-  [[ "$key" != *_file ]] || key="the directory of $key"
   case "$dir" in "$NEMO_RL_DIR" | "$NEMO_RL_DIR"/* | "$NEMO_AIS_DIR" | "$NEMO_AIS_DIR"/*) ;; *) add_mount "$key" "$dir" ;; esac
 done
 case "$config" in

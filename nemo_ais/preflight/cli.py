@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from nemo_ais.preflight.checks import check_config
 from nemo_ais.preflight.loader import get, has, is_mixin, load_config
@@ -18,21 +18,33 @@ from nemo_ais.rules.format_geometry import GEOMETRY
 PROG = "python -m nemo_ais.preflight"
 
 RUN_DIR_KEYS = ("checkpointing.checkpoint_dir", "logger.log_dir")
-"""Directories the job writes (the Slurm launcher mounts an absolute one and needs it on every node)."""
+"""Directories the job writes (the Slurm launcher creates and mounts an absolute one, shared by every node)."""
+
+MODEL_KEYS = ("policy.model_name", "policy.tokenizer.name")
+"""A Hugging Face id or a local directory every node reads: an absolute path is a directory to mount."""
 
 
-def job_paths(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(key, path) of each host path the job writes or reads: :data:`RUN_DIR_KEYS`, then the files it reads.
+class JobPath(NamedTuple):
+    """A host path the job writes (a directory) or reads (a file or a directory), and the config key naming it."""
 
-    A key ending in ``_file`` names a file (its directory is what a container mounts). Read files: the NVFP4 refit's
-    ``input_amax_file`` (W4A4), which the driver and every vLLM worker read. Unset keys and null values are left out.
+    key: str
+    path: str
+    writes: bool
+
+
+def job_paths(cfg: Mapping[str, Any]) -> list[JobPath]:
+    """The paths the job writes (:data:`RUN_DIR_KEYS`), then those it reads; unset and null ones are left out.
+
+    Read: :data:`MODEL_KEYS` when absolute, and the NVFP4 refit's ``input_amax_file`` (W4A4), which the driver and
+    every vLLM worker read.
     """
-    paths = [(key, get(cfg, key)) for key in RUN_DIR_KEYS]
+    paths = [JobPath(key, get(cfg, key), True) for key in RUN_DIR_KEYS]
+    paths += [JobPath(key, get(cfg, key), False) for key in MODEL_KEYS if str(get(cfg, key, "")).startswith("/")]
     refit = get(cfg, "ais_nvfp4_refit")
     geometry = GEOMETRY.get(refit.get("format", "nvfp4_w4a16")) if isinstance(refit, Mapping) else None
     if section_enabled(refit) and geometry is not None and geometry.static_input_amax:
-        paths.append(("ais_nvfp4_refit.input_amax_file", refit.get("input_amax_file")))
-    return [(key, path) for key, path in paths if isinstance(path, str) and path]
+        paths.append(JobPath("ais_nvfp4_refit.input_amax_file", refit.get("input_amax_file"), False))
+    return [p for p in paths if isinstance(p.path, str) and p.path]
 
 
 def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -46,7 +58,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
 
     ``--get KEY`` (for scripts, repeatable) prints failures and warnings to stderr and exits 1 on a failure, else prints
     the resolved values (one line per config, YAML spellings: ``null``, ``true``) and exits 0; an absent key fails.
-    ``--paths`` then prints ``KEY=PATH`` a line for each of :func:`job_paths`. ``--quiet``: no warnings.
+    ``--paths`` then prints ``writes KEY=PATH`` or ``reads KEY=PATH`` a line for each of :func:`job_paths`.
+    ``--quiet``: no warnings.
     """
     parser = argparse.ArgumentParser(
         prog=prog, description="Check NeMo-RL GRPO+AIS configs offline (parallel sizes, FP8 shards, loss_fn.ais)."
@@ -62,8 +75,9 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     parser.add_argument(
         "--paths",
         action="store_true",
-        help="if the checks pass, print KEY=PATH a line for each host path the job writes or reads "
-        "(checkpoint and log directories, ais_nvfp4_refit.input_amax_file), after the --get line",
+        help="if the checks pass, print 'writes KEY=PATH' or 'reads KEY=PATH' a line for each host path the job "
+        "writes or reads (checkpoint and log directories; an absolute model path, ais_nvfp4_refit.input_amax_file), "
+        "after the --get line",
     )
     parser.add_argument("--quiet", action="store_true", help="print failures only (to stderr)")
     parser.add_argument(
@@ -107,12 +121,13 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             job = job_paths(cfg) if args.paths else []
             if unset:
                 print(f"{path}: {', '.join(unset)} not set", file=sys.stderr)
-            elif bad := [f"{k}={v!r}" for k, v in values + job if "\n" in v]:
+            elif bad := [f"{k}={v!r}" for k, v, *_ in values + job if "\n" in v]:
                 print(f"{path}: {', '.join(bad)} is invalid: expected a value without a newline", file=sys.stderr)
             else:
                 if args.get:
                     print(*(value for _, value in values))
-                print(*(f"{key}={value}" for key, value in job), sep="\n", end="\n" if job else "")
+                lines = (f"{'writes' if p.writes else 'reads'} {p.key}={p.path}" for p in job)
+                print(*lines, sep="\n", end="\n" if job else "")
                 continue
             n_failed += 1
     return 1 if n_failed else 0

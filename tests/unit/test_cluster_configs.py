@@ -1138,20 +1138,31 @@ def test_cli_get_and_quiet(capsys):
     assert capsys.readouterr().out == ""
 
 
+def _keys(paths):
+    return {p.key for p in paths}
+
+
 def test_cli_paths_prints_each_path_the_job_writes_or_reads_after_the_get_line(capsys, tmp_path, monkeypatch):
     from nemo_ais.preflight.cli import job_paths
 
     monkeypatch.delenv("NEMO_RL_DIR", raising=False)
     assert pf.main(["--get", "cluster.num_nodes", "--paths", str(QWEN8B), "logger.log_dir=/lustre/my logs"]) == 0
     ckpt = pf.load_config(QWEN8B)["checkpointing"]["checkpoint_dir"]
-    assert capsys.readouterr().out == f"2\ncheckpointing.checkpoint_dir={ckpt}\nlogger.log_dir=/lustre/my logs\n"
+    out = f"2\nwrites checkpointing.checkpoint_dir={ckpt}\nwrites logger.log_dir=/lustre/my logs\n"
+    assert capsys.readouterr().out == out
     amax = "ais_nvfp4_refit.input_amax_file"
     w4a4 = pf.load_config(W4A4)
-    assert job_paths(w4a4)[-1] == (amax, "calibration/qwen3_8b_nvfp4_input_amax.json")
-    assert amax not in dict(job_paths(pf.load_config(W4A4, ["ais_nvfp4_refit.enabled=false"])))
-    assert amax not in dict(job_paths(pf.load_config(QWEN8B)))  # the section absent
+    assert job_paths(w4a4)[-1] == (amax, "calibration/qwen3_8b_nvfp4_input_amax.json", False)
+    model = pf.load_config(QWEN8B, ["policy.model_name=/lustre/models/Qwen3-8B"])
+    assert [p for p in job_paths(model) if not p.writes] == [
+        ("policy.model_name", "/lustre/models/Qwen3-8B", False),
+        ("policy.tokenizer.name", "/lustre/models/Qwen3-8B", False),  # ${policy.model_name}
+    ]
+    assert all(p.writes for p in job_paths(pf.load_config(QWEN8B)))  # Qwen/Qwen3-8B: a Hub id
+    assert amax not in _keys(job_paths(pf.load_config(W4A4, ["ais_nvfp4_refit.enabled=false"])))
+    assert amax not in _keys(job_paths(pf.load_config(QWEN8B)))  # the section absent
     w4a16 = pf.load_config(W4A4, ["ais_nvfp4_refit.format=nvfp4_w4a16"])
-    assert amax not in dict(job_paths(w4a16))  # W4A16 streams no input scale: nothing reads the file
+    assert amax not in _keys(job_paths(w4a16))  # W4A16 streams no input scale: nothing reads the file
     # a YAML string may hold a newline (an override may not): it would split the lines a launcher reads
     newline = tmp_path / "newline.yaml"
     newline.write_text(

@@ -739,7 +739,7 @@ W4A4 = CFG / "experiments" / "qwen3_8b_nvfp4_w4a4_ais.yaml"
 AMAX_KEY = "ais_nvfp4_refit.input_amax_file"
 
 
-def test_the_directory_of_an_absolute_input_amax_file_is_mounted_and_must_be_shared(nemo_rl_dir):
+def test_the_directory_of_an_absolute_input_amax_file_is_mounted_and_one_on_each_node_warned_about(nemo_rl_dir):
     # every vLLM worker reads it when the refit hook arms: a path the container lacks fails on every node
     root = nemo_rl_dir.parent
     shared = root / "lustre" / "calibration"
@@ -751,6 +751,7 @@ def test_the_directory_of_an_absolute_input_amax_file_is_mounted_and_must_be_sha
     assert mounts.removeprefix("export MOUNTS=").split(",")[2] == f"{shared}:{shared}"
     assert "mkdir" not in res.stdout  # a file the job reads is not created
     spaced = root / "lustre" / "my calibration"
+    spaced.mkdir()
     res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}='{spaced}/amax.json'", env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 2
     assert f"error: the directory of {AMAX_KEY}={spaced} cannot be mounted into the job's containers" in res.stderr
@@ -758,11 +759,32 @@ def test_the_directory_of_an_absolute_input_amax_file_is_mounted_and_must_be_sha
     local.mkdir()
     (local / "amax.json").write_text("{}")
     res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}={local}/amax.json", env=_slurm_env(nemo_rl_dir))
-    assert res.returncode == 2 and res.stdout == ""
+    assert res.returncode == 0 and f",{local}:{local}," in res.stdout  # a copy on each node's disk may be meant
     assert (
-        f"slurm_grpo_ais.sh: error: {AMAX_KEY}={local}/amax.json is on a node-local filesystem (ext2/ext3 at "
-        f"{local}/amax.json on this node): with cluster.num_nodes=2 it must be on a filesystem every node mounts"
+        f"slurm_grpo_ais.sh: warning: {AMAX_KEY}={local}/amax.json is on a node-local filesystem (ext2/ext3 at "
+        f"{local}/amax.json on this node): with cluster.num_nodes=2 it must be on a filesystem every node mounts "
+        "(NFS, Lustre, GPFS, ...): every node reads it, so each node needs its own copy\n"
     ) in res.stderr
+    missing = root / "lustre" / "nowhere" / "amax.json"  # on the compute nodes only, or in the image
+    res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}={missing}", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0 and "nowhere" not in next(line for line in res.stdout.splitlines() if "MOUNTS=" in line)
+    assert (
+        f"slurm_grpo_ais.sh: warning: {AMAX_KEY}={missing} is not on this node: its directory is not mounted (the "
+        "job finds it only if the container image holds it; else add it to EXTRA_MOUNTS)\n"
+    ) in res.stderr
+
+
+def test_an_absolute_model_directory_is_mounted_and_a_hugging_face_id_is_not(nemo_rl_dir):
+    # compute nodes often have no internet: the model is a directory on the cluster's filesystem, which the
+    # container did not see (NeMo-RL's ray.sub mounts only what MOUNTS names)
+    model = nemo_rl_dir.parent / "lustre" / "models" / "Qwen3-0.6B"
+    model.mkdir(parents=True)
+    res = _run(SLURM, "--dry-run", SMOKE, f"policy.model_name={model}", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0, res.stderr
+    mounts = next(line for line in res.stdout.splitlines() if line.startswith("export MOUNTS="))
+    assert mounts.count(f"{model}:{model}") == 1  # the tokenizer's ${policy.model_name} too, once
+    hub = _run(SLURM, "--dry-run", SMOKE, env=_slurm_env(nemo_rl_dir))  # Qwen/Qwen3-0.6B: a Hub id
+    assert "Qwen" not in next(line for line in hub.stdout.splitlines() if line.startswith("export MOUNTS="))
 
 
 def test_a_relative_input_amax_file_in_a_node_local_checkout_is_warned_about(nemo_rl_dir, tmp_path):
@@ -804,9 +826,7 @@ def test_an_input_amax_file_outside_the_checkout_is_mounted_once_and_one_in_it_n
         assert extra == ([f"{mounted}:{mounted}"] if mounted else []) + [f"{hf}:{hf}"], path
     res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}=/amax.json", env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 2
-    assert f"error: {AMAX_KEY}=/amax.json is a file in /: mounting its directory would hide the container's" in (
-        res.stderr
-    )
+    assert f"error: {AMAX_KEY}=/amax.json is in /: mounting / would hide the container's own" in res.stderr
 
 
 def test_the_offline_checks_warnings_are_said_once_by_either_launcher(nemo_rl_dir):
@@ -842,7 +862,7 @@ def test_every_path_is_folded_before_it_is_mounted_or_created(nemo_rl_dir):
     assert f",{root}/lustre/ckpt:{root}/lustre/ckpt," in res.stdout
     assert f"mkdir -p -- {root}/lustre/ckpt\n" in res.stdout
     res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}=/./amax.json", env=_slurm_env(nemo_rl_dir))
-    assert res.returncode == 2 and f"error: {AMAX_KEY}=/amax.json is a file in /" in res.stderr
+    assert res.returncode == 2 and f"error: {AMAX_KEY}=/amax.json is in /" in res.stderr
 
 
 def test_a_missing_conversion_directory_is_created_and_one_that_cannot_be_is_named(nemo_rl_dir, tmp_path):
