@@ -48,10 +48,11 @@
 #                 on a filesystem every node mounts (refused if it is node-local here)
 #   EXTRA_MOUNTS  comma-separated src:dst container mounts to add (an absolute
 #                 checkpointing.checkpoint_dir or logger.log_dir is created, mounted, and with
-#                 several nodes refused if node-local; an absolute policy.model_name directory
-#                 and the directory of an absolute ais_nvfp4_refit.input_amax_file are mounted
-#                 if this node has them, with a warning if node-local; a path to mount may not
-#                 hold whitespace, ',' or ':')
+#                 several nodes refused if node-local; what the job reads (an absolute
+#                 policy.model_name, tokenizer.name, pretrained_checkpoint.path or data file,
+#                 the W4A4 ais_nvfp4_refit.input_amax_file) is mounted if this node has it,
+#                 with a warning if not or if node-local; a path to mount may not hold
+#                 whitespace, ',' or ':')
 #   SBATCH_ARGS   extra sbatch arguments (space-separated; not --time, --job-name, --nodes:
 #                 TIME, JOB_NAME and the config's cluster.num_nodes set them)
 #   PYTHON        interpreter for the offline check (default: python3; Python >= 3.11
@@ -73,6 +74,7 @@ CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 NEMO_RL_DIR="$(cd "$NEMO_RL_DIR" && pwd)"  # absolute: the job runs there and its relative paths resolve there
 run_dirs=()  # "writes|reads KEY=PATH" of the config's absolute paths: directories the job writes, paths it reads
 relative_dirs=()  # the keys of the relative ones: under NEMO_RL_DIR, ray.sub's working directory
+read_paths=()
 if ((check)); then
   check_python "$(pythonpath_with "$NEMO_AIS_DIR")"
   # torch-free: needs pydantic, omegaconf and pyyaml only (nemo_ais/preflight/__init__.py). One call:
@@ -95,8 +97,9 @@ and checkpointing.checkpoint_must_save_by (expected four words)"
       path="$(realpath -m -s -- "$path")"  # ".." folded as in the container, where no link is followed
       if ((relative)) && [[ "$path" == "$NEMO_RL_DIR" || "$path" == "$NEMO_RL_DIR"/* ]]; then
         relative_dirs+=("$key")  # a ../ out of the checkout counts as absolute
-      else
+      elif [[ " ${read_paths[*]-} " != *" $path "* ]]; then  # a path read twice (model, tokenizer): once
         run_dirs+=("$kind $key=$path")
+        [[ "$kind" == writes ]] || read_paths+=("$path")
       fi
     done
   } <<< "$checked"
@@ -113,9 +116,9 @@ else
   # the directories come from the config, which only the check reads
   echo "$SCRIPT_NAME: warning: --skip-check does not read the config: an absolute \
 checkpointing.checkpoint_dir or logger.log_dir is not created, mounted (the job would write it inside the \
-container and a resubmission start from step 0) nor checked, nor the directory of an absolute \
-ais_nvfp4_refit.input_amax_file mounted (the job would not find it); create them and add them to \
-EXTRA_MOUNTS (src:dst)" >&2
+container and a resubmission start from step 0) nor checked, nor what the job reads mounted (an absolute \
+model, pretrained checkpoint or data path, ais_nvfp4_refit.input_amax_file: the job would not find it); \
+create them and add them to EXTRA_MOUNTS (src:dst)" >&2
 fi
 
 [[ "$NUM_NODES" =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer"
@@ -123,13 +126,15 @@ fi
 # Filesystem types (as `stat -f -c %T` prints them) that live on one node only.
 NODE_LOCAL_FS=" tmpfs ramfs overlayfs overlay ext2/ext3 ext4 xfs btrfs zfs squashfs devtmpfs "
 
-# `check_shared VAR [PATH [WHY [warn]]]`: with several nodes, stop (or with `warn`, warn) unless $VAR
+# `check_shared VAR [PATH [WHY [warn|reads]]]`: with several nodes, stop (or with `warn`, warn) unless $VAR
 # (or the config key VAR's PATH) is a directory every node sees, judged from this node by the
 # filesystem of the path or of its nearest existing parent.
 check_shared() {
   local var="$1" path="${2-${!1}}" dir fstype top
   local need="with cluster.num_nodes=$NUM_NODES it must be on a filesystem every node mounts \
 (NFS, Lustre, GPFS, ...)${3:+: $3}"
+  [[ "${4:-}" != reads ]] || need="with cluster.num_nodes=$NUM_NODES every node reads it: each node \
+needs its own copy at this path, or put it on a filesystem every node mounts"
   [[ "$path" == /* ]] || die "$var=$path is not an absolute path: $need"
   dir="$path"
   while [[ ! -e "$dir" ]]; do dir="$(dirname "$dir")"; done
@@ -142,7 +147,7 @@ filesystem every node mounts (/${top%%/*} does not exist here)" >&2
   fstype="$(stat -f -c %T "$dir" 2>/dev/null)" || return 0  # no GNU stat: cannot tell
   [[ "$NODE_LOCAL_FS" != *" $fstype "* ]] && return 0
   local problem="$var=$path is on a node-local filesystem ($fstype at $dir on this node): $need"
-  [[ "${4:-}" == warn ]] || die "$problem"
+  [[ "${4:-}" == warn || "${4:-}" == reads ]] || die "$problem"
   echo "$SCRIPT_NAME: warning: $problem" >&2
 }
 if ((NUM_NODES > 1)); then
@@ -150,9 +155,9 @@ if ((NUM_NODES > 1)); then
     pair="${line#* }"
     if [[ "$line" == writes* ]]; then  # every node saves there
       check_shared "${pair%%=*}" "${pair#*=}"
-    else  # a warning only: each node may hold a copy at the same path
-      check_shared "${pair%%=*}" "${pair#*=}" "every node reads it, so each node needs its own copy" warn
-    fi
+    elif [[ -e "${pair#*=}" ]]; then  # a warning only: each node may hold a copy at the same path
+      check_shared "${pair%%=*}" "${pair#*=}" "" reads
+    fi  # (one not here is named where it is not mounted, below)
   done
   # a warning only: a checkout the container image holds at the same path on every node is fine
   if ((${#relative_dirs[@]})); then
@@ -245,18 +250,20 @@ for line in "${run_dirs[@]}"; do  # mounted: what the job writes outlives it, wh
   dir="${pair#*=}"
   if [[ "$line" == writes* ]]; then
     create "$key" "$dir"
-  else  # a directory (a model) or a file (input_amax_file): the directory it is
-    if [[ ! -d "$dir" ]]; then
+  else  # a directory (a model, a checkpoint) or a file (a *_file or data_path): the directory it is in
+    if [[ ! -d "$dir" && ( -e "$dir" || "$key" == *_file || "$key" == *.data_path ) ]]; then
       dir="$(dirname "$dir")"
       key="the directory of $key"
+      [[ "$dir" != / ]] || die "${pair%%=*}=${pair#*=} is in /: mounting / would hide the container's own \
+(expected a file in a directory of its own)"
     fi
-    [[ "$dir" != / ]] || die "${pair%%=*}=${pair#*=} is in /: mounting / would hide the container's own \
-(expected a path in a directory of its own)"
     if [[ ! -d "$dir" ]]; then
-      echo "$SCRIPT_NAME: warning: $pair is not on this node: its directory is not mounted (the job \
-finds it only if the container image holds it; else add it to EXTRA_MOUNTS)" >&2
+      echo "$SCRIPT_NAME: warning: $pair is not on this node: not mounted (the job finds it only if the \
+container image holds it; else add it to EXTRA_MOUNTS)" >&2
       continue
     fi
+    # a Hugging Face cache snapshot's files link to ../../blobs: the model's whole cache entry
+    [[ ! "$dir" =~ ^(.+/models--[^/]+)/snapshots/[^/]+$ ]] || dir="${BASH_REMATCH[1]}"
   fi
   case "$dir" in "$NEMO_RL_DIR" | "$NEMO_RL_DIR"/* | "$NEMO_AIS_DIR" | "$NEMO_AIS_DIR"/*) ;; *) add_mount "$key" "$dir" ;; esac
 done

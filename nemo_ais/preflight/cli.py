@@ -20,12 +20,21 @@ PROG = "python -m nemo_ais.preflight"
 RUN_DIR_KEYS = ("checkpointing.checkpoint_dir", "logger.log_dir")
 """Directories the job writes (the Slurm launcher creates and mounts an absolute one, shared by every node)."""
 
-MODEL_KEYS = ("policy.model_name", "policy.tokenizer.name")
-"""A Hugging Face id or a local directory every node reads: an absolute path is a directory to mount."""
+READ_DIR_KEYS = (
+    "policy.model_name",
+    "policy.tokenizer.name",
+    "policy.pretrained_checkpoint.path",
+    "checkpointing.pretrained_checkpoint.path",
+)
+"""A Hugging Face id or a directory every node reads (the model, a Megatron checkpoint to start from): an absolute
+path is a directory to mount (``checkpointing.pretrained_checkpoint`` is copied into the policy by ``grpo.setup``)."""
+
+DATA_FILE_LEAVES = frozenset({"data_path", "prompt_file", "system_prompt_file"})
+"""Keys under ``data`` naming a file the driver reads (NeMo-RL's dataset configs); an absolute one is mounted."""
 
 
 class JobPath(NamedTuple):
-    """A host path the job writes (a directory) or reads (a file or a directory), and the config key naming it."""
+    """A host path the job writes (a directory) or reads, and the config key naming it; ``*_file`` keys name files."""
 
     key: str
     path: str
@@ -35,16 +44,27 @@ class JobPath(NamedTuple):
 def job_paths(cfg: Mapping[str, Any]) -> list[JobPath]:
     """The paths the job writes (:data:`RUN_DIR_KEYS`), then those it reads; unset and null ones are left out.
 
-    Read: :data:`MODEL_KEYS` when absolute, and the NVFP4 refit's ``input_amax_file`` (W4A4), which the driver and
-    every vLLM worker read.
+    Read, when absolute: :data:`READ_DIR_KEYS` and the ``data`` section's :data:`DATA_FILE_LEAVES`; and the NVFP4
+    refit's ``input_amax_file`` (W4A4, relative or not), which the driver and every vLLM worker read.
     """
     paths = [JobPath(key, get(cfg, key), True) for key in RUN_DIR_KEYS]
-    paths += [JobPath(key, get(cfg, key), False) for key in MODEL_KEYS if str(get(cfg, key, "")).startswith("/")]
+    reads = [(key, get(cfg, key)) for key in READ_DIR_KEYS] + _data_files(get(cfg, "data"), "data")
+    paths += [JobPath(key, path, False) for key, path in reads if isinstance(path, str) and path.startswith("/")]
     refit = get(cfg, "ais_nvfp4_refit")
     geometry = GEOMETRY.get(refit.get("format", "nvfp4_w4a16")) if isinstance(refit, Mapping) else None
     if section_enabled(refit) and geometry is not None and geometry.static_input_amax:
         paths.append(JobPath("ais_nvfp4_refit.input_amax_file", refit.get("input_amax_file"), False))
     return [p for p in paths if isinstance(p.path, str) and p.path]
+
+
+def _data_files(node: Any, prefix: str) -> list[tuple[str, Any]]:
+    """(dotted key, value) of each :data:`DATA_FILE_LEAVES` key below ``node`` (mappings and lists)."""
+    items = node.items() if isinstance(node, Mapping) else enumerate(node) if isinstance(node, list) else ()
+    found = []
+    for name, value in items:
+        key = f"{prefix}.{name}"
+        found += [(key, value)] if name in DATA_FILE_LEAVES else _data_files(value, key)
+    return found
 
 
 def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -76,7 +96,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         "--paths",
         action="store_true",
         help="if the checks pass, print 'writes KEY=PATH' or 'reads KEY=PATH' a line for each host path the job "
-        "writes or reads (checkpoint and log directories; an absolute model path, ais_nvfp4_refit.input_amax_file), "
+        "writes or reads (checkpoint and log directories; an absolute model, checkpoint or data path; the W4A4 "
+        "ais_nvfp4_refit.input_amax_file), "
         "after the --get line",
     )
     parser.add_argument("--quiet", action="store_true", help="print failures only (to stderr)")

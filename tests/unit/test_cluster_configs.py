@@ -1159,6 +1159,12 @@ def test_cli_paths_prints_each_path_the_job_writes_or_reads_after_the_get_line(c
         ("policy.tokenizer.name", "/lustre/models/Qwen3-8B", False),  # ${policy.model_name}
     ]
     assert all(p.writes for p in job_paths(pf.load_config(QWEN8B)))  # Qwen/Qwen3-8B: a Hub id
+    listed = {"data": {"train": [{"data_path": "/d/a.jsonl"}, {"prompt_file": "rel.txt"}], "default": {"x": 1}}}
+    start = {"checkpointing": {"pretrained_checkpoint": {"path": "/ckpt/iter_1"}}}
+    assert job_paths({**listed, **start}) == [  # a list of datasets (main's multiple dataloaders); relative: not
+        ("checkpointing.pretrained_checkpoint.path", "/ckpt/iter_1", False),
+        ("data.train.0.data_path", "/d/a.jsonl", False),
+    ]
     assert amax not in _keys(job_paths(pf.load_config(W4A4, ["ais_nvfp4_refit.enabled=false"])))
     assert amax not in _keys(job_paths(pf.load_config(QWEN8B)))  # the section absent
     w4a16 = pf.load_config(W4A4, ["ais_nvfp4_refit.format=nvfp4_w4a16"])

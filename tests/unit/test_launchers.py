@@ -318,9 +318,8 @@ def test_slurm_skip_check_needs_sizes_and_then_runs_without_python(nemo_rl_dir):
     assert res.stdout.splitlines()[-1].startswith("sbatch --nodes=2 ")
     # the config is not read: an absolute checkpoint or log directory is the user's to mount
     assert "--skip-check does not read the config: an absolute checkpointing.checkpoint_dir" in res.stderr
-    assert "input_amax_file mounted (the job would not find it); create them and add them to EXTRA_MOUNTS" in (
-        res.stderr
-    )
+    assert "nor what the job reads mounted (an absolute model, pretrained checkpoint or data path, " in res.stderr
+    assert res.stderr.endswith("create them and add them to EXTRA_MOUNTS (src:dst)\n")
 
 
 def test_slurm_config_outside_the_repo_is_mounted(nemo_rl_dir, tmp_path):
@@ -762,29 +761,76 @@ def test_the_directory_of_an_absolute_input_amax_file_is_mounted_and_one_on_each
     assert res.returncode == 0 and f",{local}:{local}," in res.stdout  # a copy on each node's disk may be meant
     assert (
         f"slurm_grpo_ais.sh: warning: {AMAX_KEY}={local}/amax.json is on a node-local filesystem (ext2/ext3 at "
-        f"{local}/amax.json on this node): with cluster.num_nodes=2 it must be on a filesystem every node mounts "
-        "(NFS, Lustre, GPFS, ...): every node reads it, so each node needs its own copy\n"
+        f"{local}/amax.json on this node): with cluster.num_nodes=2 every node reads it: each node needs its own "
+        "copy at this path, or put it on a filesystem every node mounts\n"
     ) in res.stderr
     missing = root / "lustre" / "nowhere" / "amax.json"  # on the compute nodes only, or in the image
     res = _run(SLURM, "--dry-run", W4A4, f"{AMAX_KEY}={missing}", env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 0 and "nowhere" not in next(line for line in res.stdout.splitlines() if "MOUNTS=" in line)
     assert (
-        f"slurm_grpo_ais.sh: warning: {AMAX_KEY}={missing} is not on this node: its directory is not mounted (the "
-        "job finds it only if the container image holds it; else add it to EXTRA_MOUNTS)\n"
+        f"slurm_grpo_ais.sh: warning: {AMAX_KEY}={missing} is not on this node: not mounted (the job finds it only "
+        "if the container image holds it; else add it to EXTRA_MOUNTS)\n"
     ) in res.stderr
 
 
-def test_an_absolute_model_directory_is_mounted_and_a_hugging_face_id_is_not(nemo_rl_dir):
-    # compute nodes often have no internet: the model is a directory on the cluster's filesystem, which the
-    # container did not see (NeMo-RL's ray.sub mounts only what MOUNTS names)
-    model = nemo_rl_dir.parent / "lustre" / "models" / "Qwen3-0.6B"
+def _mounts(res: subprocess.CompletedProcess) -> list[str]:
+    line = next(line for line in res.stdout.splitlines() if line.startswith("export MOUNTS="))
+    return line.removeprefix("export MOUNTS=").split(",")
+
+
+def test_what_the_job_reads_is_mounted_when_this_node_has_it(nemo_rl_dir):
+    # compute nodes often have no internet: the model, a checkpoint to start from and the data are directories
+    # and files on the cluster's filesystem, which the container did not see (ray.sub mounts only MOUNTS)
+    lustre = nemo_rl_dir.parent / "lustre"
+    model, tokenizer, start, data = (lustre / d for d in ("models/Qwen3-0.6B", "tok", "ckpt/iter_0000100", "data"))
+    for d in (model, tokenizer, start, data):
+        d.mkdir(parents=True)
+    reads = [
+        f"policy.model_name={model}",
+        f"+policy.pretrained_checkpoint.path={start}",
+        "data.train.dataset_name=ResponseDataset",
+        f"+data.train.data_path={data}/train.jsonl",  # a file: its directory (it may be written later)
+    ]
+    res = _run(SLURM, "--dry-run", SMOKE, *reads, env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    hf = _hf(nemo_rl_dir)
+    assert _mounts(res)[2:] == [f"{p}:{p}" for p in (model, start, data, hf)]  # the tokenizer's ${...}: once
+    res = _run(SLURM, "--dry-run", SMOKE, *reads[:1], f"policy.tokenizer.name={tokenizer}", env=_slurm_env(nemo_rl_dir))
+    assert _mounts(res)[2:4] == [f"{model}:{model}", f"{tokenizer}:{tokenizer}"]
+    hub = _run(SLURM, "--dry-run", SMOKE, env=_slurm_env(nemo_rl_dir))  # Qwen/Qwen3-0.6B: a Hub id, no path
+    assert _mounts(hub)[2:] == [f"{hf}:{hf}"]
+
+
+def test_a_read_path_this_node_lacks_is_named_and_its_parent_not_mounted(nemo_rl_dir):
+    # it may be in the container image (mounting its parent would hide the image's); or on the compute nodes only
+    (nemo_rl_dir.parent / "lustre" / "models").mkdir()
+    missing = nemo_rl_dir.parent / "lustre" / "models" / "Qwen3-8B"
+    res = _run(SLURM, "--dry-run", QWEN8B, f"policy.model_name={missing}", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0 and _mounts(res)[2:] == [f"{_hf(nemo_rl_dir)}:{_hf(nemo_rl_dir)}"]
+    assert res.stderr == (  # once, for the model and the tokenizer that names it, with two nodes too
+        f"slurm_grpo_ais.sh: warning: policy.model_name={missing} is not on this node: not mounted (the job finds "
+        "it only if the container image holds it; else add it to EXTRA_MOUNTS)\n"
+    )
+
+
+def test_a_node_local_model_is_mounted_with_a_warning_on_several_nodes(nemo_rl_dir, tmp_path):
+    model = tmp_path / "raid" / "Qwen3-8B"  # a copy on each node's local disk: a common layout
     model.mkdir(parents=True)
-    res = _run(SLURM, "--dry-run", SMOKE, f"policy.model_name={model}", env=_slurm_env(nemo_rl_dir))
-    assert res.returncode == 0, res.stderr
-    mounts = next(line for line in res.stdout.splitlines() if line.startswith("export MOUNTS="))
-    assert mounts.count(f"{model}:{model}") == 1  # the tokenizer's ${policy.model_name} too, once
-    hub = _run(SLURM, "--dry-run", SMOKE, env=_slurm_env(nemo_rl_dir))  # Qwen/Qwen3-0.6B: a Hub id
-    assert "Qwen" not in next(line for line in hub.stdout.splitlines() if line.startswith("export MOUNTS="))
+    res = _run(SLURM, "--dry-run", QWEN8B, f"policy.model_name={model}", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0 and f"{model}:{model}" in _mounts(res)
+    assert res.stderr == (
+        f"slurm_grpo_ais.sh: warning: policy.model_name={model} is on a node-local filesystem (ext2/ext3 at {model} "
+        "on this node): with cluster.num_nodes=2 every node reads it: each node needs its own copy at this path, or "
+        "put it on a filesystem every node mounts\n"
+    )
+
+
+def test_a_hugging_face_cache_snapshot_is_mounted_with_the_blobs_it_links_to(nemo_rl_dir):
+    entry = nemo_rl_dir.parent / "lustre" / "other_hf" / "hub" / "models--Qwen--Qwen3-0.6B"
+    (entry / "snapshots" / "abc123").mkdir(parents=True)
+    (entry / "blobs").mkdir()
+    res = _run(SLURM, "--dry-run", SMOKE, f"policy.model_name={entry}/snapshots/abc123", env=_slurm_env(nemo_rl_dir))
+    assert res.returncode == 0 and _mounts(res)[2] == f"{entry}:{entry}"
 
 
 def test_a_relative_input_amax_file_in_a_node_local_checkout_is_warned_about(nemo_rl_dir, tmp_path):
