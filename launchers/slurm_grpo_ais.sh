@@ -41,11 +41,12 @@
 #   SAVE_MARGIN   time kept for start-up and the last save (default: 20 = 20 minutes)
 #   NUM_NODES, GPUS_PER_NODE   must equal the config's cluster.num_nodes / gpus_per_node
 #   GRES          e.g. gpu:8, adds --gres=$GRES (clusters that need it)
-#   HF_HOME       Hugging Face cache: mounted and exported to the job
+#   HF_HOME       Hugging Face cache: created if missing, mounted and exported to the job
 #   NRL_MEGATRON_CHECKPOINT_DIR  where NeMo-RL puts the converted Megatron checkpoint
-#                 (default $HF_HOME/nemo_rl): mounted and exported to the job. With more
-#                 than one node one of the two must be set, and each that is set must be
-#                 on a filesystem every node mounts (refused if it is node-local here)
+#                 (default $HF_HOME/nemo_rl): created if missing, mounted and exported to
+#                 the job. With more than one node one of the two must be set, and each
+#                 that is set must be on a filesystem every node mounts (refused if it is
+#                 node-local here)
 #   EXTRA_MOUNTS  comma-separated src:dst container mounts to add (an absolute
 #                 checkpointing.checkpoint_dir or logger.log_dir is created, mounted, and with
 #                 several nodes refused if node-local; what the job reads (an absolute
@@ -72,7 +73,8 @@ CONTAINER=/path/to/nemo_rl.sqsh ACCOUNT=my_account PARTITION=batch $0 $config"
 [[ -f "$NEMO_RL_DIR/ray.sub" ]] || die "NEMO_RL_DIR=$NEMO_RL_DIR has no ray.sub (expected a NeMo-RL v0.7.0 or main checkout)"
 
 NEMO_RL_DIR="$(cd "$NEMO_RL_DIR" && pwd)"  # absolute: the job runs there and its relative paths resolve there
-run_dirs=()  # "writes|reads KEY=PATH" of the config's absolute paths: directories the job writes, paths it reads
+NEMO_AIS_DIR="$(cd "$NEMO_AIS_DIR" && pwd)"
+run_dirs=()  # "writes|reads KEY=PATH": directories the job writes, paths it reads, outside NEMO_RL_DIR (folded)
 relative_dirs=()  # the keys of the relative ones: under NEMO_RL_DIR, ray.sub's working directory
 read_paths=()
 if ((check)); then
@@ -90,6 +92,8 @@ and checkpointing.checkpoint_must_save_by (expected four words)"
     while IFS= read -r line; do
       kind="${line%% *}"
       pair="${line#* }"
+      [[ "$kind" == writes || "$kind" == reads ]] || die "the offline check printed '$line' (expected \
+'writes KEY=PATH' or 'reads KEY=PATH')"
       key="${pair%%=*}"
       path="${pair#*=}"
       relative=0
@@ -113,22 +117,24 @@ and checkpointing.checkpoint_must_save_by (expected four words)"
 else
   [[ -n "${NUM_NODES:-}" && -n "${GPUS_PER_NODE:-}" ]] \
     || die "--skip-check needs NUM_NODES and GPUS_PER_NODE (the config's cluster.num_nodes / gpus_per_node)"
-  # the directories come from the config, which only the check reads
-  echo "$SCRIPT_NAME: warning: --skip-check does not read the config: an absolute \
-checkpointing.checkpoint_dir or logger.log_dir is not created, mounted (the job would write it inside the \
-container and a resubmission start from step 0) nor checked, nor what the job reads mounted (an absolute \
-model, pretrained checkpoint or data path, ais_nvfp4_refit.input_amax_file: the job would not find it); \
-create them and add them to EXTRA_MOUNTS (src:dst)" >&2
+  # the paths come from the config, which only the check reads
+  echo "$SCRIPT_NAME: warning: --skip-check does not read the config, so it neither creates, mounts nor \
+checks an absolute checkpointing.checkpoint_dir or logger.log_dir (the job would write it inside the container \
+and a resubmission start from step 0), and does not mount what the job reads (an absolute model, pretrained \
+checkpoint or data path, ais_nvfp4_refit.input_amax_file). Create them and add them to EXTRA_MOUNTS (src:dst)" >&2
 fi
 
 [[ "$NUM_NODES" =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer"
 
+# Top-level directories a container image has of its own (a mount there would hide them).
+IMAGE_DIRS=" /bin /boot /dev /etc /lib /lib64 /opt /proc /root /run /sbin /srv /sys /tmp /usr /var /workspace "
 # Filesystem types (as `stat -f -c %T` prints them) that live on one node only.
 NODE_LOCAL_FS=" tmpfs ramfs overlayfs overlay ext2/ext3 ext4 xfs btrfs zfs squashfs devtmpfs "
 
-# `check_shared VAR [PATH [WHY [warn|reads]]]`: with several nodes, stop (or with `warn`, warn) unless $VAR
-# (or the config key VAR's PATH) is a directory every node sees, judged from this node by the
-# filesystem of the path or of its nearest existing parent.
+# `check_shared VAR [PATH [WHY [warn|reads]]]`: with several nodes, stop (or with `warn`, warn; with
+# `reads`, warn that each node needs its own copy) unless $VAR (or the config key VAR's PATH) is on a
+# filesystem every node sees, judged from this node by the filesystem of the path or of its nearest
+# existing parent.
 check_shared() {
   local var="$1" path="${2-${!1}}" dir fstype top
   local need="with cluster.num_nodes=$NUM_NODES it must be on a filesystem every node mounts \
@@ -240,7 +246,6 @@ create() {
   local top="${2#/}"
   [[ ! -d "$2" ]] || return 0
   if [[ -d "/${top%%/*}" ]]; then mkdirs+=("$2"); return 0; fi
-  ((NUM_NODES == 1)) || return 0  # check_shared said that /${top%%/*} is not here
   echo "$SCRIPT_NAME: warning: $1=$2 is not created here (/${top%%/*} does not exist on this node): \
 it must exist on the compute nodes before the job starts (a container mount needs its source)" >&2
 }
@@ -264,6 +269,8 @@ container image holds it; else add it to EXTRA_MOUNTS)" >&2
     fi
     # a Hugging Face cache snapshot's files link to ../../blobs: the model's whole cache entry
     [[ ! "$dir" =~ ^(.+/models--[^/]+)/snapshots/[^/]+$ ]] || dir="${BASH_REMATCH[1]}"
+    [[ "$IMAGE_DIRS" != *" $dir "* ]] || echo "$SCRIPT_NAME: warning: $key=$dir: mounting it hides the \
+container image's own $dir (put what the job reads in a directory of its own)" >&2
   fi
   case "$dir" in "$NEMO_RL_DIR" | "$NEMO_RL_DIR"/* | "$NEMO_AIS_DIR" | "$NEMO_AIS_DIR"/*) ;; *) add_mount "$key" "$dir" ;; esac
 done

@@ -232,10 +232,12 @@ def test_slurm_dry_run_options_and_node_override(nemo_rl_dir):
     )
     res = _run(SLURM, "--dry-run", MOE, "cluster.num_nodes=4", env=env)
     assert res.returncode == 0, res.stderr
-    # /data does not exist on this (login) node: not refused, but said
+    # /data does not exist on this (login) node: not refused, but said, and that it cannot be created here
     assert res.stderr == (
         "slurm_grpo_ais.sh: warning: cannot tell from this node whether HF_HOME=/data/hf is on "
         "a filesystem every node mounts (/data does not exist here)\n"
+        "slurm_grpo_ais.sh: warning: HF_HOME=/data/hf is not created here (/data does not exist on this node): it "
+        "must exist on the compute nodes before the job starts (a container mount needs its source)\n"
     )
     lines = res.stdout.splitlines()
     assert lines[1] == (
@@ -317,9 +319,9 @@ def test_slurm_skip_check_needs_sizes_and_then_runs_without_python(nemo_rl_dir):
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[-1].startswith("sbatch --nodes=2 ")
     # the config is not read: an absolute checkpoint or log directory is the user's to mount
-    assert "--skip-check does not read the config: an absolute checkpointing.checkpoint_dir" in res.stderr
-    assert "nor what the job reads mounted (an absolute model, pretrained checkpoint or data path, " in res.stderr
-    assert res.stderr.endswith("create them and add them to EXTRA_MOUNTS (src:dst)\n")
+    assert "--skip-check does not read the config, so it neither creates, mounts nor checks an absolute " in res.stderr
+    assert "does not mount what the job reads (an absolute model, pretrained checkpoint or data path, " in res.stderr
+    assert res.stderr.endswith("Create them and add them to EXTRA_MOUNTS (src:dst)\n")
 
 
 def test_slurm_config_outside_the_repo_is_mounted(nemo_rl_dir, tmp_path):
@@ -803,8 +805,8 @@ def test_what_the_job_reads_is_mounted_when_this_node_has_it(nemo_rl_dir):
 
 def test_a_read_path_this_node_lacks_is_named_and_its_parent_not_mounted(nemo_rl_dir):
     # it may be in the container image (mounting its parent would hide the image's); or on the compute nodes only
-    (nemo_rl_dir.parent / "lustre" / "models").mkdir()
-    missing = nemo_rl_dir.parent / "lustre" / "models" / "Qwen3-8B"
+    (nemo_rl_dir.parent / "raid" / "models").mkdir(parents=True)  # node-local: no shared-filesystem warning too
+    missing = nemo_rl_dir.parent / "raid" / "models" / "Qwen3-8B"
     res = _run(SLURM, "--dry-run", QWEN8B, f"policy.model_name={missing}", env=_slurm_env(nemo_rl_dir))
     assert res.returncode == 0 and _mounts(res)[2:] == [f"{_hf(nemo_rl_dir)}:{_hf(nemo_rl_dir)}"]
     assert res.stderr == (  # once, for the model and the tokenizer that names it, with two nodes too
@@ -940,3 +942,30 @@ def test_extra_mounts_with_whitespace_and_a_relative_nemo_rl_dir(nemo_rl_dir):
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"cd {nemo_rl_dir}\n") and f"{nemo_rl_dir}/ray.sub\n" in res.stdout
     assert f"export MOUNTS={nemo_rl_dir}:{nemo_rl_dir}," in res.stdout
+
+
+def test_a_directory_the_job_writes_that_this_node_cannot_create_is_named_on_several_nodes(nemo_rl_dir):
+    res = _run(
+        SLURM, "--dry-run", QWEN8B, "checkpointing.checkpoint_dir=/scratchX/me/ckpt", env=_slurm_env(nemo_rl_dir)
+    )
+    assert res.returncode == 0 and "mkdir" not in res.stdout
+    assert (
+        "slurm_grpo_ais.sh: warning: checkpointing.checkpoint_dir=/scratchX/me/ckpt is not created here (/scratchX "
+        "does not exist on this node): it must exist on the compute nodes before the job starts"
+    ) in res.stderr
+
+
+def test_a_file_read_straight_from_a_directory_the_image_has_is_warned_about(nemo_rl_dir):
+    res = _run(
+        SLURM,
+        "--dry-run",
+        QWEN8B,
+        "data.train.dataset_name=ResponseDataset",
+        "+data.train.data_path=/tmp/t.jsonl",
+        env=_slurm_env(nemo_rl_dir),
+    )
+    assert res.returncode == 0 and "/tmp:/tmp" in res.stdout
+    assert (
+        "slurm_grpo_ais.sh: warning: the directory of data.train.data_path=/tmp: mounting it hides the container "
+        "image's own /tmp (put what the job reads in a directory of its own)\n"
+    ) in res.stderr
