@@ -228,15 +228,17 @@ most $(dd_hh_mm_ss "$limit_s"), e.g. $key=$deadline, SAVE_MARGIN=$margin before 
   fi
 fi
 
-# `add_mount NAME PATH`: PATH into MOUNTS (once), or stop naming NAME: ray.sub splits MOUNTS (and
-# --container-workdir, NEMO_RL_DIR) at whitespace into srun's arguments, and pyxis splits MOUNTS at
-# ',' and ':' and needs each source to exist.
-mounts=""
+# `add_mount NAME PATH`: PATH into MOUNTS unless a mounted directory holds it, or stop naming NAME:
+# ray.sub splits MOUNTS (and --container-workdir, NEMO_RL_DIR) at whitespace into srun's arguments,
+# and pyxis splits MOUNTS at ',' and ':' and needs each source to exist.
+mounted=()
 add_mount() {
+  local src
+  for src in "${mounted[@]}"; do [[ "$2" != "$src" && "$2" != "$src"/* ]] || return 0; done
   [[ "$2" != *[[:space:],:]* ]] || die "$1=$2 cannot be mounted into the job's containers: ray.sub \
 splits MOUNTS at whitespace and pyxis at ',' and ':' (expected a path without them)"
   [[ "$2" == /* ]] || die "$1=$2 is not an absolute path (a container mount needs one)"
-  [[ ",$mounts," == *",$2:$2,"* ]] || mounts+="${mounts:+,}$2:$2"
+  mounted+=("$2")
 }
 add_mount NEMO_RL_DIR "$NEMO_RL_DIR"
 add_mount NEMO_AIS_DIR "$NEMO_AIS_DIR"
@@ -272,12 +274,9 @@ container image holds it; else add it to EXTRA_MOUNTS)" >&2
     [[ "$IMAGE_DIRS" != *" $dir "* ]] || echo "$SCRIPT_NAME: warning: $key=$dir: mounting it hides the \
 container image's own $dir (put what the job reads in a directory of its own)" >&2
   fi
-  case "$dir" in "$NEMO_RL_DIR" | "$NEMO_RL_DIR"/* | "$NEMO_AIS_DIR" | "$NEMO_AIS_DIR"/*) ;; *) add_mount "$key" "$dir" ;; esac
+  add_mount "$key" "$dir"
 done
-case "$config" in
-  "$NEMO_AIS_DIR"/* | "$NEMO_RL_DIR"/*) ;;
-  *) add_mount "the config's directory" "$(dirname "$config")" ;;
-esac
+add_mount "the config's directory" "$(dirname "$config")"
 job_env=""
 for var in HF_HOME NRL_MEGATRON_CHECKPOINT_DIR; do
   [[ -n "${!var:-}" ]] || continue
@@ -287,6 +286,8 @@ for var in HF_HOME NRL_MEGATRON_CHECKPOINT_DIR; do
 done
 [[ "${EXTRA_MOUNTS:-}" != *[[:space:]]* ]] || die "EXTRA_MOUNTS=$EXTRA_MOUNTS holds whitespace: ray.sub \
 splits MOUNTS there (expected src:dst[,src:dst ...] without it)"
+mounts=""
+for src in "${mounted[@]}"; do mounts+="${mounts:+,}$src:$src"; done
 [[ -z "${EXTRA_MOUNTS:-}" ]] || mounts+=",$EXTRA_MOUNTS"
 
 entry=(uv run python "$NEMO_AIS_DIR/launchers/run_grpo_ais.py" --config "$config" "${overrides[@]}"

@@ -10,10 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from nemo_ais.preflight.checks import check_config
+from nemo_ais.preflight.checks.formats import reads_input_amax_file
 from nemo_ais.preflight.loader import get, has, is_mixin, load_config
 from nemo_ais.preflight.nemo_rl_target import NEMO_RL_VERSIONS
-from nemo_ais.rules.config_keys import section_enabled
-from nemo_ais.rules.format_geometry import GEOMETRY
 
 PROG = "python -m nemo_ais.preflight"
 
@@ -51,8 +50,7 @@ def job_paths(cfg: Mapping[str, Any]) -> list[JobPath]:
     reads = [(key, get(cfg, key)) for key in READ_DIR_KEYS] + _data_files(get(cfg, "data"), "data")
     paths += [JobPath(key, path, False) for key, path in reads if isinstance(path, str) and path.startswith("/")]
     refit = get(cfg, "ais_nvfp4_refit")
-    geometry = GEOMETRY.get(refit.get("format", "nvfp4_w4a16")) if isinstance(refit, Mapping) else None
-    if section_enabled(refit) and geometry is not None and geometry.static_input_amax:
+    if reads_input_amax_file(refit):
         paths.append(JobPath("ais_nvfp4_refit.input_amax_file", refit.get("input_amax_file"), False))
     return [p for p in paths if isinstance(p.path, str) and p.path]
 
@@ -137,21 +135,24 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             )
             n_failed += 1
         elif script and not failed:
-            unset = [key for key in args.get or () if not has(cfg, key)]
-            values = [(key, _yaml_word(get(cfg, key))) for key in args.get or () if key not in unset]
-            job = job_paths(cfg) if args.paths else []
-            if unset:
-                print(f"{path}: {', '.join(unset)} not set", file=sys.stderr)
-            elif bad := [f"{k}={v!r}" for k, v, *_ in values + job if "\n" in v]:
-                print(f"{path}: {', '.join(bad)} is invalid: expected a value without a newline", file=sys.stderr)
-            else:
-                if args.get:
-                    print(*(value for _, value in values))
-                lines = (f"{'writes' if p.writes else 'reads'} {p.key}={p.path}" for p in job)
-                print(*lines, sep="\n", end="\n" if job else "")
-                continue
-            n_failed += 1
+            n_failed += not _print_values(path, cfg, args.get or [], job_paths(cfg) if args.paths else [])
     return 1 if n_failed else 0
+
+
+def _print_values(path: str, cfg: Mapping[str, Any], keys: Sequence[str], job: Sequence[JobPath]) -> bool:
+    """``--get``'s values line (if any keys), then ``--paths``' lines; False (said on stderr) if one cannot be."""
+    if unset := [key for key in keys if not has(cfg, key)]:
+        print(f"{path}: {', '.join(unset)} not set", file=sys.stderr)
+        return False
+    values = [(key, _yaml_word(get(cfg, key))) for key in keys]
+    if bad := [f"{k}={v!r}" for k, v in values + [(p.key, p.path) for p in job] if "\n" in v]:
+        print(f"{path}: {', '.join(bad)} is invalid: expected a value without a newline", file=sys.stderr)
+        return False
+    if keys:
+        print(*(value for _, value in values))
+    for p in job:
+        print(f"{'writes' if p.writes else 'reads'} {p.key}={p.path}")
+    return True
 
 
 def _yaml_word(value: Any) -> str:

@@ -228,10 +228,19 @@ def _real_quant_problems(ctx: Context) -> list[str]:
     return problems
 
 
+def reads_input_amax_file(refit: Any) -> bool:
+    """``ais_nvfp4_refit`` is on and its format streams static input scales (W4A4): the job reads its amax file.
+
+    The driver and every vLLM worker read ``input_amax_file``; an unset format is BlockSyncConfig's default.
+    """
+    fmt = refit.get("format", "nvfp4_w4a16") if section_enabled(refit) else None
+    return isinstance(fmt, str) and fmt in GEOMETRY and GEOMETRY[fmt].static_input_amax
+
+
 def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> list[str]:
     """The ``ais_nvfp4_refit`` format matches the engine's; W4A4 has its input amax."""
     problems = []
-    fmt = refit.get("format", "nvfp4_w4a16")  # BlockSyncConfig's default
+    fmt = refit.get("format", "nvfp4_w4a16")  # BlockSyncConfig's default (as reads_input_amax_file)
     quant_cfg = get(cfg, _GEN + ".quant_cfg")
     mode = _recipe_mode(quant_cfg)
     if mode is not None and fmt != f"nvfp4_{mode}":
@@ -239,7 +248,7 @@ def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> l
             f"ais_nvfp4_refit.format={fmt!r} is invalid with {_GEN}.quant_cfg={quant_cfg!r}: expected 'nvfp4_{mode}' "
             "(the refit must stream the tensors of the NVFP4 mode vLLM is built in; W4A4 linears also take input_scale)"
         )
-    if fmt in GEOMETRY and GEOMETRY[fmt].static_input_amax and not refit.get("input_amax_file"):
+    if reads_input_amax_file(refit) and not refit.get("input_amax_file"):
         problems.append(
             f"ais_nvfp4_refit.input_amax_file={refit.get('input_amax_file')!r} is invalid with format {fmt!r}: "
             "expected a JSON file {module or fused group: calibrated input amax} (a BF16 trainer has no input "
@@ -251,10 +260,12 @@ def _nvfp4_refit_problems(cfg: Mapping[str, Any], refit: Mapping[str, Any]) -> l
 def _missing_job_file(ctx: Context, path: str) -> str | None:
     """Where ``path`` was looked for, if it is not a file there (None: it is); relative: under the job's dir."""
     if Path(path).is_absolute():
-        return None if Path(path).is_file() else "on this node"
-    if ctx.job_dir is None:
-        return None if Path(path).is_file() else "here (set NEMO_RL_DIR: a relative path resolves where the job runs)"
-    return None if (Path(ctx.job_dir) / path).is_file() else f"under NEMO_RL_DIR={ctx.job_dir}, where the job runs"
+        candidate, where = Path(path), "on this node"
+    elif ctx.job_dir is None:
+        candidate, where = Path(path), "here (set NEMO_RL_DIR: a relative path resolves where the job runs)"
+    else:
+        candidate, where = Path(ctx.job_dir) / path, f"under NEMO_RL_DIR={ctx.job_dir}, where the job runs"
+    return None if candidate.is_file() else where
 
 
 @check("nvfp4_rollout")
